@@ -1,0 +1,76 @@
+/* kg_backend: backend selection and thin dispatch through the vtable. */
+#include "kg_backend.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "../core/kg_log.h"
+#include "kg_backend_impl.h"
+
+#ifdef KG_USE_CUDA
+#include "../../gpu/kg_backend_cuda.h"
+#endif
+
+const char *kg_backend_list(void) {
+#ifdef KG_USE_CUDA
+    return "cpu,cuda";
+#else
+    return "cpu";
+#endif
+}
+
+kg_backend_t *kg_backend_new(const char *name, const kg_model_t *model,
+                             const kg_backend_params_t *params, char *errstr, size_t errstr_size) {
+    if (strcmp(name, "cpu") == 0) {
+        return kg_backend_cpu_new(model, params, errstr, errstr_size);
+    }
+    if (strcmp(name, "cuda") == 0 || strcmp(name, "auto") == 0) {
+#ifdef KG_USE_CUDA
+        if (kg_backend_cuda_available()) {
+            return kg_backend_cuda_new(model, params, errstr, errstr_size);
+        }
+        if (strcmp(name, "cuda") == 0) {
+            snprintf(errstr, errstr_size, "backend cuda: no CUDA device is available");
+            return NULL;
+        }
+#else
+        if (strcmp(name, "cuda") == 0) {
+            snprintf(errstr, errstr_size,
+                     "backend cuda: this build has no CUDA backend (compiled in: %s)",
+                     kg_backend_list());
+            return NULL;
+        }
+#endif
+        KG_LOG_WARN("backend", "no CUDA device; using the CPU backend");
+        return kg_backend_cpu_new(model, params, errstr, errstr_size);
+    }
+    snprintf(errstr, errstr_size, "unknown backend '%s' (expected auto, cpu or cuda)", name);
+    return NULL;
+}
+
+void kg_backend_free(kg_backend_t *be) {
+    if (be) {
+        be->iface.free(be);
+    }
+}
+
+const char *kg_backend_name(const kg_backend_t *be) {
+    return be->iface.name;
+}
+
+kg_status_t kg_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
+    return be->iface.forward(be, batch, logits);
+}
+
+void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
+    memset(out, 0, sizeof(*out));
+    if (be->iface.memory) {
+        be->iface.memory(be, out);
+    }
+}
+
+size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
+    const kg_hparams_t *hp = &model->hp;
+    return (size_t)2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim *
+           sizeof(float);
+}

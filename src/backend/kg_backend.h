@@ -1,0 +1,73 @@
+/* kg_backend: what the engine calls to run the model.
+ *
+ * A backend owns the weights in its own layout, the paged KV pool and its
+ * scratch buffers; the engine owns the block tables and decides which token
+ * goes where. One call of kg_backend_forward runs one step: every token of
+ * the step batch (decode tokens and prefill chunks of many sequences)
+ * through every layer, with one GEMM per weight matrix for all tokens. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/kg_status.h"
+#include "../model/kg_model.h"
+
+typedef struct kg_backend kg_backend_t;
+
+/* One step's tokens, llama_batch-like. Token i belongs to slot seq[i] at
+ * position pos[i]; its K and V are written to the slot's block
+ * block_table[seq[i] * max_blocks_per_seq + pos[i] / block_size] at row
+ * pos[i] % block_size, then it attends to positions [0, pos[i]] of its slot
+ * (so a prefill chunk is causal by construction). Tokens of one slot appear
+ * in increasing position order. */
+typedef struct kg_step_batch {
+    int32_t n_tokens;
+    const int32_t *token;    /* (n_tokens) */
+    const int32_t *pos;      /* (n_tokens) */
+    const int32_t *seq;      /* (n_tokens) slot index, < n_slots */
+    const bool *want_logits; /* (n_tokens) */
+    int32_t n_outputs;       /* count of want_logits */
+    int32_t n_slots;
+    int32_t max_blocks_per_seq;
+    const int32_t *block_table; /* (n_slots, max_blocks_per_seq) physical block ids */
+} kg_step_batch_t;
+
+typedef struct kg_backend_params {
+    int32_t n_threads;        /* CPU threads; <= 0 means all cores */
+    int32_t n_kv_blocks;      /* blocks in the KV pool */
+    int32_t kv_block_size;    /* tokens per block */
+    int32_t max_batch_tokens; /* most tokens in one step */
+} kg_backend_params_t;
+
+typedef struct kg_backend_memory {
+    size_t weights_size;
+    size_t kv_size;
+    size_t scratch_size;
+} kg_backend_memory_t;
+
+/** The CPU backend (the reference). Converts weights as documented in
+ * cpu/kg_backend_cpu.c. `model` must outlive the backend. */
+kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_params_t *params,
+                                 char *errstr, size_t errstr_size);
+
+/** Pick and create a backend by name: "cpu", "cuda" or "auto". */
+kg_backend_t *kg_backend_new(const char *name, const kg_model_t *model,
+                             const kg_backend_params_t *params, char *errstr, size_t errstr_size);
+
+void kg_backend_free(kg_backend_t *be);
+const char *kg_backend_name(const kg_backend_t *be);
+
+/** Run one step. Writes n_outputs rows of n_vocab logits (in token order of
+ * the tokens that want them) into `logits`. @thread engine */
+KG_NODISCARD kg_status_t kg_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch,
+                                            float *logits);
+
+void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out);
+
+/** Bytes of KV cache one token takes in this backend (to size the pool). */
+size_t kg_backend_kv_bytes_per_token(const kg_model_t *model);
+
+/** Names of the backends compiled in, e.g. "cpu" or "cpu,cuda". */
+const char *kg_backend_list(void);

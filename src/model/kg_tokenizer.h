@@ -1,0 +1,59 @@
+/* kg_tokenizer: the tokenizers of GGUF files, equal to llama.cpp's.
+ *
+ * SentencePiece-style (`tokenizer.ggml.model = llama`): score-driven merges
+ * of UTF-8 characters, byte fallback to <0xXX> tokens, the leading space
+ * ("▁") added before the text. Byte-level BPE (`gpt2`): the pre-tokenizer
+ * regexes named by `tokenizer.ggml.pre` (through PCRE2), the GPT-2
+ * byte-to-unicode map and rank-ordered merges. Control tokens in the text
+ * are matched as wholes when `parse_special` is set. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kg_gguf.h"
+
+typedef struct kg_tokenizer kg_tokenizer_t;
+
+typedef enum kg_tokenizer_kind {
+    KG_TOKENIZER_SPM = 0, /* "llama" */
+    KG_TOKENIZER_BPE = 1, /* "gpt2" */
+} kg_tokenizer_kind_t;
+
+/** Build from the metadata of `g` (copies what it needs; `g` may be freed
+ * afterwards). NULL with errstr set on an unsupported or broken vocabulary. */
+kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr_size);
+void kg_tokenizer_free(kg_tokenizer_t *tok);
+
+kg_tokenizer_kind_t kg_tokenizer_kind(const kg_tokenizer_t *tok);
+int32_t kg_tokenizer_n_vocab(const kg_tokenizer_t *tok);
+int32_t kg_tokenizer_bos(const kg_tokenizer_t *tok); /* -1 when none */
+int32_t kg_tokenizer_eos(const kg_tokenizer_t *tok); /* -1 when none */
+/** Whether the metadata (or llama.cpp's default for the kind) asks for BOS/EOS. */
+bool kg_tokenizer_add_bos(const kg_tokenizer_t *tok);
+bool kg_tokenizer_add_eos(const kg_tokenizer_t *tok);
+/** End of generation: EOS, EOT, EOM and other tokens llama.cpp treats as such. */
+bool kg_tokenizer_is_eog(const kg_tokenizer_t *tok, int32_t id);
+/** Control tokens (type 3) are not printed when decoding. */
+bool kg_tokenizer_is_control(const kg_tokenizer_t *tok, int32_t id);
+
+/** Tokenize `len` bytes of `text` (not NUL-terminated; any bytes). Adds
+ * BOS/EOS when `add_special` and the vocabulary asks for them. Writes at
+ * most `n_max` ids; returns the number of ids the text needs (so a result
+ * larger than n_max means: call again with a bigger buffer), or -1 when
+ * `text` could not be tokenized. @thread any (the tokenizer is read-only) */
+int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok, const char *text, size_t len,
+                            bool add_special, bool parse_special, int32_t *ids, int64_t n_max);
+
+/** The bytes of one token as they appear in text (leading-space marker and
+ * byte tokens resolved; control tokens give "" unless `special`). Writes
+ * at most `cap` bytes; returns the length needed. */
+size_t kg_tokenizer_piece(const kg_tokenizer_t *tok, int32_t id, bool special, char *buf,
+                          size_t cap);
+
+/** The raw vocabulary string of a token (as stored in the file). */
+kg_gguf_str_t kg_tokenizer_token_text(const kg_tokenizer_t *tok, int32_t id);
+
+/** Find a token by its exact vocabulary text; -1 when absent. */
+int32_t kg_tokenizer_find(const kg_tokenizer_t *tok, const char *text, size_t len);

@@ -1,0 +1,47 @@
+/* check_common: the runner and helpers every Check test shares
+ * (postsrsd tests/unit/common.h). A test file defines
+ *     static Suite *make_suite(void) { ... }
+ * and ends with KG_CHECK_MAIN(make_suite). */
+#pragma once
+
+#include <check.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define KG_CHECK_MAIN(make)                                                                        \
+    int main(void) {                                                                               \
+        SRunner *sr = srunner_create(make());                                                      \
+        srunner_run_all(sr, CK_NORMAL);                                                            \
+        int failed = srunner_ntests_failed(sr);                                                    \
+        srunner_free(sr);                                                                          \
+        return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;                                          \
+    }
+
+/** Path under ../shared (KG_SHARED_DIR), in a static buffer per call site
+ * style: the caller copies it if it needs two. */
+const char *kg_test_shared(const char *rel);
+/** Whether a file exists. */
+bool kg_test_exists(const char *path);
+/** A fresh path under the build's test-tmp folder: "<tmp>/<name>-<pid>-<n>". */
+const char *kg_test_tmp_path(const char *name);
+/** Read a whole file; the caller frees. NULL when it cannot be read. */
+char *kg_test_read_file(const char *path, size_t *len);
+/** Run a shell command, capturing stdout into a malloc'ed string (caller
+ * frees); *status gets the exit status (or -1). */
+char *kg_test_run(const char *cmd, int *status);
+
+/** Options of a random model for tests (see kgen mkmodel). */
+typedef struct kg_test_model_opts {
+    int n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, ctx;
+    float rope_base;
+    bool tied;
+    const char *type; /* NULL/"f32", "f16", "bf16", "q8_0" */
+    const char *vocab_from; /* NULL: built-in byte vocabulary */
+    uint64_t seed;
+} kg_test_model_opts_t;
+
+/** Write a random-weight model with `kgen mkmodel` into a temp file and
+ * return its path (static storage per call: copy it to keep it). */
+const char *kg_test_make_model(const kg_test_model_opts_t *o);
