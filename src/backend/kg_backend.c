@@ -71,6 +71,7 @@ void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
 
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
     const kg_hparams_t *hp = &model->hp;
+    /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same size) */
     return (size_t)2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim *
-           sizeof(float);
+           sizeof(uint16_t);
 }

@@ -48,6 +48,7 @@ typedef struct kg_model {
     const kg_gguf_tensor_t *tok_embd;    /* (n_embd, n_vocab) */
     const kg_gguf_tensor_t *output_norm; /* (n_embd) */
     const kg_gguf_tensor_t *output;      /* (n_embd, n_vocab); == tok_embd when tied */
+    const kg_gguf_tensor_t *rope_freqs;  /* (n_rot / 2) frequency divisors (Llama 3.1) or NULL */
     kg_layer_weights_t *layers;          /* (n_layer) */
     char *chat_template;                 /* tokenizer.chat_template or NULL */
 } kg_model_t;

@@ -1,0 +1,184 @@
+/* cpu_ops: row operations of the CPU backend.
+ *
+ * GEMMs go through OpenBLAS over all tokens of a step at once. The small
+ * per-row ops are plain loops the compiler vectorizes (built for
+ * x86-64-v3), with F16C intrinsics for the fp16 KV cache where present. */
+#include "cpu_ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KG_HAVE_F16C 1
+#endif
+
+#include "../../model/kg_quant.h"
+
+void cpu_rmsnorm_rows(const float *x, const float *w, float *y, int64_t n_rows, int64_t n,
+                      float eps) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        double sum = 0.0; /* ggml sums squares in double (ggml_float) */
+        for (int64_t i = 0; i < n; i++) {
+            sum += (double)(xr[i] * xr[i]);
+        }
+        const float mean = (float)(sum / (double)n);
+        const float scale = 1.0f / sqrtf(mean + eps);
+        for (int64_t i = 0; i < n; i++) {
+            yr[i] = (xr[i] * scale) * w[i];
+        }
+    }
+}
+
+void cpu_round_fp16(float *x, int64_t n) {
+    int64_t i = 0;
+#ifdef KG_HAVE_F16C
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; i++) {
+        x[i] = kg_fp16_to_fp32(kg_fp32_to_fp16(x[i]));
+    }
+}
+
+void cpu_fp32_to_fp16(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+#ifdef KG_HAVE_F16C
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(void *)(y + i), h);
+    }
+#endif
+    for (; i < n; i++) {
+        y[i] = kg_fp32_to_fp16(x[i]);
+    }
+}
+
+void cpu_fp16_to_fp32(const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+#ifdef KG_HAVE_F16C
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(x + i));
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(h));
+    }
+#endif
+    for (; i < n; i++) {
+        y[i] = kg_fp16_to_fp32(x[i]);
+    }
+}
+
+float cpu_dot_f32_f16(const float *x, const uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    float sum = 0.0f;
+#ifdef KG_HAVE_F16C
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 yv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(y + i)));
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), yv, acc);
+    }
+    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    sum = _mm_cvtss_f32(lo);
+#endif
+    for (; i < n; i++) {
+        sum += x[i] * kg_fp16_to_fp32(y[i]);
+    }
+    return sum;
+}
+
+void cpu_axpy_f16(float a, const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+#ifdef KG_HAVE_F16C
+    __m256 av = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(y + i)));
+    }
+#endif
+    for (; i < n; i++) {
+        y[i] += a * kg_fp16_to_fp32(x[i]);
+    }
+}
+
+/* ggml's AVX2 quantize_row_q8_0: scale 127/amax, round half to even, the
+ * block scale stored as fp16. */
+static void round_q8_0(const float *x, float *y, int64_t n) {
+    for (int64_t b = 0; b < n; b += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            amax = fmaxf(amax, fabsf(x[b + j]));
+        }
+        const float d = kg_fp16_to_fp32(kg_fp32_to_fp16(amax / 127.0f));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            y[b + j] = d * nearbyintf(x[b + j] * id);
+        }
+    }
+}
+
+/* ggml's quantize_row_q8_K: the signed extreme maps to -127, float scale. */
+static void round_q8_k(const float *x, float *y, int64_t n) {
+    for (int64_t b = 0; b < n; b += 256) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 256; j++) {
+            float ax = fabsf(x[b + j]);
+            if (ax > amax) {
+                amax = ax;
+                max = x[b + j];
+            }
+        }
+        if (amax == 0.0f) {
+            memset(y + b, 0, 256 * sizeof(float));
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < 256; j++) {
+            float q = nearbyintf(iscale * x[b + j]);
+            y[b + j] = (q > 127.0f ? 127.0f : q) / iscale;
+        }
+    }
+}
+
+bool cpu_round_activations(kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows,
+                           int64_t n) {
+    switch (type) {
+    case KG_GGML_TYPE_F16:
+        memcpy(dst, x, (size_t)(n_rows * n) * sizeof(float));
+        cpu_round_fp16(dst, n_rows * n);
+        return true;
+    case KG_GGML_TYPE_BF16:
+        for (int64_t i = 0; i < n_rows * n; i++) {
+            dst[i] = kg_bf16_to_fp32(kg_fp32_to_bf16(x[i]));
+        }
+        return true;
+    case KG_GGML_TYPE_Q8_0:
+    case KG_GGML_TYPE_Q4_0:
+        if (n % 32 != 0) {
+            return false;
+        }
+        round_q8_0(x, dst, n_rows * n);
+        return true;
+    case KG_GGML_TYPE_Q4_K:
+    case KG_GGML_TYPE_Q6_K:
+        if (n % 256 != 0) {
+            return false;
+        }
+        round_q8_k(x, dst, n_rows * n);
+        return true;
+    case KG_GGML_TYPE_F32:
+        break;
+    }
+    return false;
+}
+
+void cpu_matmul(const float *a, const float *w, float *c, int64_t m, int64_t n, int64_t k) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)m, (blasint)n, (blasint)k, 1.0f,
+                a, (blasint)k, w, (blasint)k, 0.0f, c, (blasint)n);
+}

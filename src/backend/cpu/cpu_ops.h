@@ -1,0 +1,35 @@
+/* cpu_ops: the CPU backend's row operations (norms, activation rounding,
+ * fp16 conversion, GEMM through OpenBLAS, paged attention). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../model/kg_gguf.h"
+
+/** y[r] = x[r] / rms(x[r]) * w for n_rows rows of n floats (ggml rms_norm
+ * followed by the weight multiply). x and y may alias. */
+void cpu_rmsnorm_rows(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
+
+/** Round activations the way ggml converts them before a matmul with
+ * weights of `type` (F16 and BF16: to that precision; Q8_0 and Q4_0: to
+ * Q8_0 blocks; K-quants: to Q8_K blocks; F32: copy), so the products we
+ * compute equal llama.cpp's. Returns false when `type` needs no rounding
+ * (dst untouched). */
+bool cpu_round_activations(kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows,
+                           int64_t n);
+
+/** Round floats to fp16 precision in place. */
+void cpu_round_fp16(float *x, int64_t n);
+/** fp32 -> fp16 storage and back. */
+void cpu_fp32_to_fp16(const float *x, uint16_t *y, int64_t n);
+void cpu_fp16_to_fp32(const uint16_t *x, float *y, int64_t n);
+/** Dot product of a float vector with an fp16 vector. */
+float cpu_dot_f32_f16(const float *x, const uint16_t *y, int64_t n);
+/** y += a * x for an fp16 vector x. */
+void cpu_axpy_f16(float a, const uint16_t *x, float *y, int64_t n);
+
+/** C(m, n) = A(m, k) · W(n, k)^T, all row-major F32: every output row is one
+ * input row times the weight matrix in ggml layout (rows = outputs). */
+void cpu_matmul(const float *a, const float *w, float *c, int64_t m, int64_t n, int64_t k);
