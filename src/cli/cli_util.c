@@ -3,7 +3,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+
+#include "backend/kg_backend.h"
 
 bool kg_cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out) {
     char *end;
@@ -25,4 +28,8 @@ bool kg_cli_parse_f32(const char *s, float min, float max, float *out) {
     }
     *out = v;
     return true;
+}
+
+void kg_cmd_print_version(const char *prog) {
+    printf("%s %s (backends: %s)\n", prog, KGEN_VERSION, kg_backend_list());
 }

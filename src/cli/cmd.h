@@ -2,10 +2,9 @@
  * exit status (0 ok, 1 runtime failure, 2 usage error). */
 #pragma once
 
+#include "cli_util.h"
+
 int kg_cmd_generate(int argc, char **argv);
 int kg_cmd_tokenize(int argc, char **argv);
 int kg_cmd_mkmodel(int argc, char **argv);
 int kg_cmd_batch(int argc, char **argv);
-
-/** "kgen 0.1.0 (backends: cpu,cuda)" on stdout. */
-void kg_cmd_print_version(const char *prog);

@@ -2,7 +2,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backend/kg_backend.h"
 #include "cmd.h"
 
 static const struct {
@@ -15,10 +14,6 @@ static const struct {
     {"mkmodel", kg_cmd_mkmodel, "write a random-weight Llama GGUF model of any shape"},
     {"batch", kg_cmd_batch, "run a JSONL file of jobs through the engine (offline mode)"},
 };
-
-void kg_cmd_print_version(const char *prog) {
-    printf("%s %s (backends: %s)\n", prog, KGEN_VERSION, kg_backend_list());
-}
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kgen <command> [options]\n\ncommands:\n");

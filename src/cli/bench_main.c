@@ -1,0 +1,451 @@
+/* kgen-bench: throughput of the engine, comparable row by row with
+ * llama.cpp's llama-batched-bench.
+ *
+ * For each parallel count B: B sequences of PP random prompt tokens each,
+ * submitted at once, then TG decode steps for all of them (max_tokens = TG+1:
+ * the first token comes from the prefill logits, as in llama-batched-bench
+ * where the prompt pass is followed by TG decode passes). T_PP runs until
+ * every sequence has its first token, T_TG from there until all are done.
+ * With the default token budget (2048, llama-batched-bench's -b) the prompts
+ * of B*PP <= 2048 tokens go through in one step, so the two phases do not
+ * overlap; beyond that the engine starts decoding early sequences while
+ * later prompts prefill (that is what continuous batching is for) and T_PP
+ * is the time until the last first token.
+ *
+ * --arrivals RATE replays Poisson arrivals (RATE requests/s) of mixed
+ * prompt and output lengths and reports throughput, time to first token and
+ * time per output token percentiles. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/kg_backend.h"
+#include "cli_util.h"
+#include "core/kg_clock.h"
+#include "core/kg_log.h"
+#include "engine/kg_engine.h"
+#include "model/kg_model.h"
+
+#define MAX_NPL 32
+
+typedef struct bench_opts {
+    const char *model_path, *backend;
+    int64_t npp, ntg, threads, max_batch_tokens, kv_mib, n_requests, seed;
+    int32_t npl[MAX_NPL];
+    int n_npl;
+    double arrivals; /* requests per second; 0 = batched mode */
+    bool json;
+} bench_opts_t;
+
+typedef struct bench_row {
+    int64_t pp, tg, b, n_kv;
+    double t_pp, t_tg;
+} bench_row_t;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kgen-bench --model FILE [-npp P] [-ntg G] [-npl 1,4,16] [options]\n"
+            "  -m, --model FILE          GGUF model\n"
+            "  -npp P                    prompt tokens per sequence (default 128)\n"
+            "  -ntg G                    generated tokens per sequence (default 64)\n"
+            "  -npl LIST                 parallel sequence counts (default 1,4,16)\n"
+            "  -t, --threads N           CPU threads (default: all cores)\n"
+            "  -b, --max-batch-tokens N  token budget per step (default 2048)\n"
+            "  --backend auto|cpu|cuda   (default auto)\n"
+            "  --kv-memory MIB           KV pool size (default: what the runs need)\n"
+            "  --arrivals RATE           Poisson arrivals mode, RATE requests/s\n"
+            "  --n-requests N            requests in arrivals mode (default 64)\n"
+            "  --seed S                  prompt/arrival RNG seed (default 1)\n"
+            "  --json                    JSON output\n"
+            "  --version, --help\n");
+}
+
+static bool parse_npl(const char *s, bench_opts_t *o) {
+    o->n_npl = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        int64_t v;
+        if (o->n_npl == MAX_NPL || !kg_cli_parse_i64(tok, 1, 4096, &v)) {
+            return false;
+        }
+        o->npl[o->n_npl++] = (int32_t)v;
+    }
+    return o->n_npl > 0;
+}
+
+static int parse_args(int argc, char **argv, bench_opts_t *o) {
+    /* llama-batched-bench spells its flags with one dash (-npp); accept both */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-npp") == 0 || strcmp(argv[i], "-ntg") == 0 ||
+            strcmp(argv[i], "-npl") == 0) {
+            static char spelled[3][8];
+            int k = argv[i][3] == 'p' && argv[i][2] == 'p' ? 0 : (argv[i][2] == 't' ? 1 : 2);
+            snprintf(spelled[k], sizeof(spelled[k]), "-%s", argv[i]);
+            argv[i] = spelled[k];
+        }
+    }
+    enum { O_NPP = 256, O_NTG, O_NPL, O_BACKEND, O_KV, O_ARR, O_NREQ, O_SEED, O_JSON, O_VERSION };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},   {"npp", required_argument, 0, O_NPP},
+        {"ntg", required_argument, 0, O_NTG},   {"npl", required_argument, 0, O_NPL},
+        {"threads", required_argument, 0, 't'}, {"max-batch-tokens", required_argument, 0, 'b'},
+        {"backend", required_argument, 0, O_BACKEND}, {"kv-memory", required_argument, 0, O_KV},
+        {"arrivals", required_argument, 0, O_ARR}, {"n-requests", required_argument, 0, O_NREQ},
+        {"seed", required_argument, 0, O_SEED}, {"json", no_argument, 0, O_JSON},
+        {"version", no_argument, 0, O_VERSION}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int c;
+    float fv;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "m:t:b:h", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': o->model_path = optarg; break;
+        case O_NPP: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->npp); break;
+        case O_NTG: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->ntg); break;
+        case O_NPL: ok = parse_npl(optarg, o); break;
+        case 't': ok = kg_cli_parse_i64(optarg, 1, 1024, &o->threads); break;
+        case 'b': ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->max_batch_tokens); break;
+        case O_BACKEND: o->backend = optarg; break;
+        case O_KV: ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &o->kv_mib); break;
+        case O_ARR: ok = kg_cli_parse_f32(optarg, 0.001f, 1e6f, &fv); o->arrivals = fv; break;
+        case O_NREQ: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->n_requests); break;
+        case O_SEED: ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &o->seed); break;
+        case O_JSON: o->json = true; break;
+        case O_VERSION: kg_cmd_print_version("kgen-bench"); return 0;
+        case 'h': usage(stdout); return 0;
+        default:
+            fprintf(stderr, "kgen-bench: unknown or incomplete option '%s'\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kgen-bench: bad value '%s' for '%s'\n", optarg, argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind < argc || !o->model_path) {
+        fprintf(stderr, "kgen-bench: %s\n", optind < argc ? "unexpected argument" : "--model is required");
+        usage(stderr);
+        return 2;
+    }
+    return -1;
+}
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Random prompt tokens that are not end-of-generation tokens. Each prompt
+ * is different so the prefix cache does not serve any of it. */
+static void random_prompt(const kg_model_t *model, uint64_t *rng, int32_t *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        int32_t t;
+        do {
+            t = (int32_t)(splitmix(rng) % (uint64_t)model->hp.n_vocab);
+        } while (kg_tokenizer_is_eog(model->tok, t) || kg_tokenizer_is_control(model->tok, t));
+        out[i] = t;
+    }
+}
+
+typedef struct bench_env {
+    kg_model_t *model;
+    kg_backend_t *be;
+    kg_engine_t *engine;
+    kg_engine_params_t ep;
+    kg_completion_t *comps;
+    int32_t comps_cap;
+} bench_env_t;
+
+static bool env_open(bench_env_t *env, const bench_opts_t *o, int32_t max_seqs, int64_t max_ctx,
+                     char *err, size_t err_size) {
+    env->ep = kg_engine_params_default(env->model, o->kv_mib > 0 ? (size_t)o->kv_mib << 20 : 0);
+    kg_engine_params_t *ep = &env->ep;
+    ep->max_batch_size = max_seqs;
+    ep->max_queue_depth = max_seqs;
+    ep->max_batch_tokens = (int32_t)o->max_batch_tokens;
+    ep->max_seq_len = (int32_t)max_ctx;
+    ep->prefix_cache = false;
+    if (o->kv_mib == 0) {
+        int64_t tokens = (int64_t)max_seqs * (max_ctx + ep->kv_block_size);
+        ep->n_kv_blocks = (int32_t)((tokens + ep->kv_block_size - 1) / ep->kv_block_size);
+    }
+    kg_backend_params_t bp = {.n_threads = (int32_t)o->threads,
+                              .n_kv_blocks = ep->n_kv_blocks,
+                              .kv_block_size = ep->kv_block_size,
+                              .max_batch_tokens = ep->max_batch_tokens};
+    env->be = kg_backend_new(o->backend, env->model, &bp, err, err_size);
+    if (!env->be) {
+        return false;
+    }
+    env->engine = kg_engine_new(env->be, ep, err, err_size);
+    if (!env->engine) {
+        return false;
+    }
+    env->comps_cap = 2 * (ep->max_batch_size + ep->max_queue_depth) + 16;
+    env->comps = malloc((size_t)env->comps_cap * sizeof(*env->comps));
+    if (!env->comps) {
+        snprintf(err, err_size, "out of memory");
+        return false;
+    }
+    return true;
+}
+
+static void env_close(bench_env_t *env) {
+    kg_engine_free(env->engine);
+    kg_backend_free(env->be);
+    free(env->comps);
+    env->engine = NULL;
+    env->be = NULL;
+    env->comps = NULL;
+}
+
+static bool run_batched(bench_env_t *env, const bench_opts_t *o, int32_t B, bench_row_t *row) {
+    kg_engine_t *e = env->engine;
+    uint64_t rng = (uint64_t)o->seed * 7919u + (uint64_t)B;
+    int32_t *prompt = malloc((size_t)o->npp * sizeof(int32_t));
+    int32_t *n_out = calloc((size_t)B, sizeof(int32_t));
+    bool ok = prompt && n_out;
+    for (int32_t i = 0; ok && i < B; i++) {
+        random_prompt(env->model, &rng, prompt, o->npp);
+        kg_request_t req = {.id = (uint64_t)i,
+                            .prompt = prompt,
+                            .n_prompt = (int32_t)o->npp,
+                            .max_tokens = (int32_t)o->ntg + 1,
+                            .ignore_eos = true,
+                            .sampling = kg_sampling_params_default()};
+        if (kg_engine_submit(e, &req) != KG_OK) {
+            fprintf(stderr, "kgen-bench: submit failed\n");
+            ok = false;
+        }
+    }
+    int64_t t0 = kg_clock_us(), t_pp_end = 0;
+    int32_t n_first = 0, n_done = 0;
+    while (ok && n_done < B) {
+        int32_t n = kg_engine_step(e, env->comps, env->comps_cap);
+        if (n < 0) {
+            fprintf(stderr, "kgen-bench: step failed: %s\n", kg_status_str((kg_status_t)n));
+            ok = false;
+            break;
+        }
+        for (int32_t i = 0; i < n; i++) {
+            const kg_completion_t *c = &env->comps[i];
+            if (c->token >= 0 && n_out[c->id]++ == 0 && ++n_first == B) {
+                t_pp_end = kg_clock_us();
+            }
+            if (c->finish != KG_FINISH_NONE) {
+                n_done++;
+            }
+        }
+    }
+    int64_t t1 = kg_clock_us();
+    row->pp = o->npp;
+    row->tg = o->ntg;
+    row->b = B;
+    row->n_kv = (int64_t)B * (o->npp + o->ntg);
+    row->t_pp = (double)(t_pp_end - t0) / 1e6;
+    row->t_tg = (double)(t1 - t_pp_end) / 1e6;
+    free(prompt);
+    free(n_out);
+    return ok;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double percentile(double *v, int64_t n, double p) {
+    if (n == 0) {
+        return 0.0;
+    }
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    int64_t i = (int64_t)ceil(p * (double)n) - 1;
+    return v[i < 0 ? 0 : (i >= n ? n - 1 : i)];
+}
+
+/* Poisson arrivals: exponential gaps, prompt lengths uniform in
+ * [npp/4, 2*npp], output lengths uniform in [ntg/4, 2*ntg]. */
+static bool run_arrivals(bench_env_t *env, const bench_opts_t *o) {
+    const int64_t N = o->n_requests;
+    uint64_t rng = (uint64_t)o->seed;
+    int64_t *arrive = malloc((size_t)N * sizeof(int64_t)), *first = calloc((size_t)N, sizeof(int64_t));
+    int64_t *last = calloc((size_t)N, sizeof(int64_t));
+    int32_t *plen = malloc((size_t)N * sizeof(int32_t)), *olen = malloc((size_t)N * sizeof(int32_t));
+    int32_t *ngen = calloc((size_t)N, sizeof(int32_t));
+    int32_t *prompt = malloc((size_t)(2 * o->npp + 1) * sizeof(int32_t));
+    double *ttft = malloc((size_t)N * sizeof(double)), *tpot = malloc((size_t)N * sizeof(double));
+    bool ok = arrive && first && last && plen && olen && ngen && prompt && ttft && tpot;
+    double t = 0.0;
+    for (int64_t i = 0; ok && i < N; i++) {
+        double u = ((double)(splitmix(&rng) >> 11) + 0.5) / 9007199254740992.0;
+        t += -log(u) / o->arrivals;
+        arrive[i] = (int64_t)(t * 1e6);
+        int64_t lo = o->npp / 4 > 0 ? o->npp / 4 : 1, hi = 2 * o->npp;
+        plen[i] = (int32_t)(lo + (int64_t)(splitmix(&rng) % (uint64_t)(hi - lo + 1)));
+        lo = o->ntg / 4 > 0 ? o->ntg / 4 : 1;
+        hi = 2 * o->ntg;
+        olen[i] = (int32_t)(lo + (int64_t)(splitmix(&rng) % (uint64_t)(hi - lo + 1)));
+    }
+    int64_t t0 = kg_clock_us(), next = 0, n_done = 0, n_tokens = 0;
+    while (ok && n_done < N) {
+        int64_t now = kg_clock_us() - t0;
+        while (next < N && arrive[next] <= now) {
+            random_prompt(env->model, &rng, prompt, plen[next]);
+            kg_request_t req = {.id = (uint64_t)next, .prompt = prompt, .n_prompt = plen[next],
+                                .max_tokens = olen[next], .ignore_eos = true,
+                                .sampling = kg_sampling_params_default()};
+            kg_status_t st = kg_engine_submit(env->engine, &req);
+            if (st == KG_QUEUE_FULL) {
+                break; /* retry next loop: the queue is a bounded resource */
+            }
+            if (st != KG_OK) {
+                fprintf(stderr, "kgen-bench: submit failed: %s\n", kg_status_str(st));
+                ok = false;
+                break;
+            }
+            next++;
+        }
+        if (!kg_engine_busy(env->engine)) {
+            /* idle until the next arrival */
+            while (next < N && kg_clock_us() - t0 < arrive[next]) {
+            }
+            continue;
+        }
+        int32_t n = kg_engine_step(env->engine, env->comps, env->comps_cap);
+        if (n < 0) {
+            ok = false;
+            break;
+        }
+        int64_t ts = kg_clock_us() - t0;
+        for (int32_t i = 0; i < n; i++) {
+            const kg_completion_t *c = &env->comps[i];
+            if (c->token >= 0) {
+                if (ngen[c->id]++ == 0) {
+                    first[c->id] = ts;
+                }
+                last[c->id] = ts;
+                n_tokens++;
+            }
+            if (c->finish != KG_FINISH_NONE) {
+                n_done++;
+            }
+        }
+    }
+    double wall = (double)(kg_clock_us() - t0) / 1e6;
+    int64_t n_tpot = 0;
+    for (int64_t i = 0; ok && i < N; i++) {
+        ttft[i] = (double)(first[i] - arrive[i]) / 1e3;
+        if (ngen[i] > 1) {
+            tpot[n_tpot++] = (double)(last[i] - first[i]) / 1e3 / (ngen[i] - 1);
+        }
+    }
+    if (ok) {
+        double ttft50 = percentile(ttft, N, 0.5), ttft99 = percentile(ttft, N, 0.99);
+        double tpot50 = percentile(tpot, n_tpot, 0.5), tpot99 = percentile(tpot, n_tpot, 0.99);
+        if (o->json) {
+            printf("{\"mode\":\"arrivals\",\"rate\":%g,\"requests\":%lld,\"wall_s\":%.3f,"
+                   "\"tokens\":%lld,\"tokens_per_s\":%.2f,\"requests_per_s\":%.3f,"
+                   "\"ttft_ms_p50\":%.2f,\"ttft_ms_p99\":%.2f,\"tpot_ms_p50\":%.2f,"
+                   "\"tpot_ms_p99\":%.2f}\n",
+                   o->arrivals, (long long)N, wall, (long long)n_tokens, (double)n_tokens / wall,
+                   (double)N / wall, ttft50, ttft99, tpot50, tpot99);
+        } else {
+            printf("| rate req/s | requests | wall s | gen tokens | tok/s | req/s | TTFT p50 ms | "
+                   "TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |\n");
+            printf("|---|---|---|---|---|---|---|---|---|---|\n");
+            printf("| %g | %lld | %.2f | %lld | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f |\n",
+                   o->arrivals, (long long)N, wall, (long long)n_tokens, (double)n_tokens / wall,
+                   (double)N / wall, ttft50, ttft99, tpot50, tpot99);
+        }
+    }
+    free(arrive), free(first), free(last), free(plen), free(olen), free(ngen), free(prompt);
+    free(ttft), free(tpot);
+    return ok;
+}
+
+static void print_row(const bench_row_t *r, bool json, bool first) {
+    double t = r->t_pp + r->t_tg;
+    double s_pp = r->t_pp > 0 ? (double)(r->b * r->pp) / r->t_pp : 0;
+    double s_tg = r->t_tg > 0 ? (double)(r->b * r->tg) / r->t_tg : 0;
+    double s = t > 0 ? (double)r->n_kv / t : 0;
+    if (json) {
+        printf("%s{\"pp\":%lld,\"tg\":%lld,\"b\":%lld,\"n_kv\":%lld,\"t_pp\":%.6f,\"speed_pp\":%.3f,"
+               "\"t_tg\":%.6f,\"speed_tg\":%.3f,\"t\":%.6f,\"speed\":%.3f}",
+               first ? "" : ",\n", (long long)r->pp, (long long)r->tg, (long long)r->b,
+               (long long)r->n_kv, r->t_pp, s_pp, r->t_tg, s_tg, t, s);
+    } else {
+        printf("| %6lld | %6lld | %4lld | %6lld | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n",
+               (long long)r->pp, (long long)r->tg, (long long)r->b, (long long)r->n_kv, r->t_pp,
+               s_pp, r->t_tg, s_tg, t, s);
+    }
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    bench_opts_t o = {.backend = "auto", .npp = 128, .ntg = 64, .max_batch_tokens = 2048,
+                      .n_requests = 64, .seed = 1, .npl = {1, 4, 16}, .n_npl = 3};
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) {
+        return rc;
+    }
+    kg_log_setup(KG_LOG_LEVEL_WARN, KG_LOG_FORMAT_LOGFMT);
+    char err[512] = "";
+    bench_env_t env = {0};
+    env.model = kg_model_load(o.model_path, err, sizeof(err));
+    if (!env.model) {
+        fprintf(stderr, "kgen-bench: %s\n", err);
+        return 1;
+    }
+    rc = 1;
+    if (o.arrivals > 0) {
+        int64_t ctx = 2 * o.npp + 2 * o.ntg + 1;
+        int32_t seqs = o.n_npl == 1 ? o.npl[0] : 16;
+        if (!env_open(&env, &o, seqs, ctx, err, sizeof(err))) {
+            fprintf(stderr, "kgen-bench: %s\n", err);
+            goto out;
+        }
+        printf(o.json ? "" : "\nmodel %s, backend %s, max sequences %d, token budget %d\n\n",
+               o.model_path, kg_backend_name(env.be), seqs, env.ep.max_batch_tokens);
+        rc = run_arrivals(&env, &o) ? 0 : 1;
+        goto out;
+    }
+    int32_t max_b = 0;
+    for (int i = 0; i < o.n_npl; i++) {
+        max_b = o.npl[i] > max_b ? o.npl[i] : max_b;
+    }
+    if (!env_open(&env, &o, max_b, o.npp + o.ntg + 1, err, sizeof(err))) {
+        fprintf(stderr, "kgen-bench: %s\n", err);
+        goto out;
+    }
+    if (o.json) {
+        printf("[\n");
+    } else {
+        printf("\nmodel %s, backend %s, threads %lld, token budget %d\n\n", o.model_path,
+               kg_backend_name(env.be), (long long)o.threads, env.ep.max_batch_tokens);
+        printf("|     PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n");
+        printf("|--------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n");
+    }
+    for (int i = 0; i < o.n_npl; i++) {
+        bench_row_t row;
+        if (!run_batched(&env, &o, o.npl[i], &row)) {
+            goto out;
+        }
+        print_row(&row, o.json, i == 0);
+    }
+    if (o.json) {
+        printf("\n]\n");
+    }
+    rc = 0;
+out:
+    env_close(&env);
+    kg_model_free(env.model);
+    return rc;
+}
