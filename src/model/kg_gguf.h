@@ -86,6 +86,10 @@ int64_t kg_gguf_n_kv(const kg_gguf_t *g);
 int64_t kg_gguf_find_key(const kg_gguf_t *g, const char *key);
 kg_gguf_str_t kg_gguf_key(const kg_gguf_t *g, int64_t idx);
 kg_gguf_type_t kg_gguf_kv_type(const kg_gguf_t *g, int64_t idx);
+/** The serialized value of entry `idx` exactly as stored after its type tag
+ * (for an array: element type, count, elements). Borrowed from the mapping;
+ * used to copy entries between files unchanged. */
+const void *kg_gguf_kv_raw(const kg_gguf_t *g, int64_t idx, size_t *size);
 
 /* Typed getters by key. They return false when the key is absent or its type
  * cannot be converted without loss (any integer type into an integer that

@@ -1,0 +1,707 @@
+/* check_gguf: the GGUF reader on the shared model and vocabularies, on
+ * hand-built malformed files (each rejected with its own message), on
+ * every truncation and on random corruption (never a crash; the sanitizer
+ * build runs this too); and the writer's round trip of every type. */
+#include "check_common.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/kg_gguf.h"
+#include "model/kg_gguf_writer.h"
+#include "model/kg_quant.h"
+
+static char err[512];
+
+// ---- a little byte builder for hand-made files (independent of the writer) ----
+
+typedef struct buf {
+    uint8_t *p;
+    size_t n, cap;
+} buf_t;
+
+static void put(buf_t *b, const void *src, size_t n) {
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+static void put_u32(buf_t *b, uint32_t v) {
+    put(b, &v, 4);
+}
+
+static void put_u64(buf_t *b, uint64_t v) {
+    put(b, &v, 8);
+}
+
+static void put_str(buf_t *b, const char *s) {
+    put_u64(b, strlen(s));
+    put(b, s, strlen(s));
+}
+
+static void put_header(buf_t *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv) {
+    put(b, "GGUF", 4);
+    put_u32(b, version);
+    put_u64(b, n_tensors);
+    put_u64(b, n_kv);
+}
+
+static void put_kv_u32(buf_t *b, const char *key, uint32_t v) {
+    put_str(b, key);
+    put_u32(b, KG_GGUF_TYPE_UINT32);
+    put_u32(b, v);
+}
+
+static void put_tensor_info(buf_t *b, const char *name, uint32_t n_dims, const int64_t *ne,
+                            uint32_t type, uint64_t offset) {
+    put_str(b, name);
+    put_u32(b, n_dims);
+    for (uint32_t d = 0; d < n_dims; d++) {
+        put_u64(b, (uint64_t)ne[d]);
+    }
+    put_u32(b, type);
+    put_u64(b, offset);
+}
+
+static void pad_to(buf_t *b, size_t align) {
+    static const uint8_t zero[64];
+    if (b->n % align) {
+        put(b, zero, align - b->n % align);
+    }
+}
+
+/** Open an exact-size heap copy so ASan sees any read past the end. */
+static kg_gguf_t *open_copy(const void *data, size_t n, uint8_t **copy) {
+    *copy = malloc(n ? n : 1);
+    memcpy(*copy, data, n);
+    err[0] = '\0';
+    return kg_gguf_open_memory(*copy, n, err, sizeof(err));
+}
+
+/** Expect the image to be rejected with `needle` in the message. */
+static void expect_reject(buf_t *b, const char *needle) {
+    uint8_t *copy;
+    kg_gguf_t *g = open_copy(b->p, b->n, &copy);
+    ck_assert_msg(g == NULL, "accepted; wanted '%s'", needle);
+    ck_assert_msg(strstr(err, needle) != NULL, "error '%s' lacks '%s'", err, needle);
+    ck_assert_msg(strchr(err, '\n') == NULL, "multi-line error '%s'", err);
+    free(copy);
+    free(b->p);
+    memset(b, 0, sizeof(*b));
+}
+
+// ---- the shared model ----
+
+START_TEST(stories260k_keys) {
+    const char *path = kg_test_shared("models/stories260K.gguf");
+    if (!kg_test_exists(path)) {
+        ck_abort_msg("missing %s", path);
+    }
+    kg_gguf_t *g = kg_gguf_open(path, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    ck_assert_uint_eq(kg_gguf_version(g), 3);
+    ck_assert_uint_eq(kg_gguf_alignment(g), 32);
+    ck_assert_int_eq(kg_gguf_n_kv(g), 19);
+
+    kg_gguf_str_t s;
+    ck_assert(kg_gguf_get_str(g, "general.architecture", &s));
+    ck_assert_int_eq(s.len, 5);
+    ck_assert(memcmp(s.data, "llama", 5) == 0);
+    uint32_t u;
+    ck_assert(kg_gguf_get_u32(g, "llama.embedding_length", &u) && u == 64);
+    ck_assert(kg_gguf_get_u32(g, "llama.block_count", &u) && u == 5);
+    ck_assert(kg_gguf_get_u32(g, "llama.attention.head_count", &u) && u == 8);
+    ck_assert(kg_gguf_get_u32(g, "llama.attention.head_count_kv", &u) && u == 4);
+    ck_assert(kg_gguf_get_u32(g, "llama.feed_forward_length", &u) && u == 172);
+    ck_assert(kg_gguf_get_u32(g, "llama.context_length", &u) && u == 128);
+    ck_assert(kg_gguf_get_u32(g, "llama.rope.dimension_count", &u) && u == 8);
+    int64_t i64;
+    ck_assert(kg_gguf_get_i64(g, "llama.block_count", &i64) && i64 == 5);
+    float f;
+    ck_assert(kg_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &f));
+    ck_assert(fabsf(f - 1e-5f) < 1e-9f);
+    ck_assert(!kg_gguf_get_f32(g, "llama.block_count", &f)); /* integer, not float */
+    ck_assert(!kg_gguf_get_u32(g, "general.architecture", &u));
+    ck_assert(!kg_gguf_get_str(g, "llama.block_count", &s));
+    ck_assert(!kg_gguf_get_u32(g, "llama.rope.freq_base", &u)); /* absent */
+    ck_assert_int_eq(kg_gguf_find_key(g, "no.such.key"), -1);
+    int64_t k = kg_gguf_find_key(g, "llama.block_count");
+    ck_assert_int_ge(k, 0);
+    ck_assert(kg_gguf_key(g, k).len == strlen("llama.block_count"));
+    ck_assert_int_eq(kg_gguf_kv_type(g, k), KG_GGUF_TYPE_UINT32);
+
+    ck_assert(kg_gguf_get_str(g, "tokenizer.ggml.model", &s));
+    ck_assert(s.len == 5 && memcmp(s.data, "llama", 5) == 0);
+    ck_assert(kg_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &u) && u == 1);
+    ck_assert(kg_gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &u) && u == 2);
+    ck_assert(kg_gguf_get_u32(g, "tokenizer.ggml.unknown_token_id", &u) && u == 0);
+
+    kg_gguf_type_t et;
+    uint64_t n;
+    ck_assert(kg_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n));
+    ck_assert_int_eq(et, KG_GGUF_TYPE_STRING);
+    ck_assert_int_eq(n, 512);
+    s = kg_gguf_arr_str(g, "tokenizer.ggml.tokens", 1);
+    ck_assert(s.len == 3 && memcmp(s.data, "<s>", 3) == 0);
+    s = kg_gguf_arr_str(g, "tokenizer.ggml.tokens", 13);
+    ck_assert(s.len == 6 && memcmp(s.data, "<0x0A>", 6) == 0);
+    ck_assert(!kg_gguf_get_arr(g, "llama.block_count", &et, &n));
+    ck_assert(!kg_gguf_arr_f32(g, "tokenizer.ggml.tokens", NULL, 512));
+
+    int32_t types[512];
+    ck_assert(!kg_gguf_arr_i32(g, "tokenizer.ggml.token_type", types, 511)); /* wrong n */
+    ck_assert(kg_gguf_arr_i32(g, "tokenizer.ggml.token_type", types, 512));
+    int count[8] = {0};
+    for (int i = 0; i < 512; i++) {
+        ck_assert(types[i] >= 0 && types[i] < 8);
+        count[types[i]]++;
+    }
+    ck_assert_int_eq(count[1], 253);
+    ck_assert_int_eq(count[2], 1);
+    ck_assert_int_eq(count[3], 2);
+    ck_assert_int_eq(count[6], 256);
+    float scores[512];
+    ck_assert(kg_gguf_arr_f32(g, "tokenizer.ggml.scores", scores, 512));
+    ck_assert(!kg_gguf_arr_i32(g, "tokenizer.ggml.scores", types, 512)); /* float to int */
+    kg_gguf_free(g);
+}
+END_TEST
+
+static void check_shape(const kg_gguf_t *g, const char *name, int64_t ne0, int64_t ne1) {
+    const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, name);
+    ck_assert_msg(t != NULL, "no tensor %s", name);
+    ck_assert_int_eq(t->type, KG_GGML_TYPE_F32);
+    ck_assert_uint_eq(t->n_dims, ne1 ? 2 : 1);
+    ck_assert_int_eq(t->ne[0], ne0);
+    ck_assert_int_eq(t->ne[1], ne1 ? ne1 : 1);
+    ck_assert_int_eq(t->size, (size_t)(ne0 * (ne1 ? ne1 : 1) * 4));
+    ck_assert_int_eq((uintptr_t)t->data % 32, 0);
+}
+
+START_TEST(stories260k_tensors) {
+    kg_gguf_t *g = kg_gguf_open(kg_test_shared("models/stories260K.gguf"), err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    ck_assert_int_eq(kg_gguf_n_tensors(g), 48);
+    check_shape(g, "token_embd.weight", 64, 512);
+    check_shape(g, "output.weight", 64, 512);
+    check_shape(g, "output_norm.weight", 64, 0);
+    char name[64];
+    for (int l = 0; l < 5; l++) {
+        snprintf(name, sizeof(name), "blk.%d.attn_q.weight", l);
+        check_shape(g, name, 64, 64);
+        snprintf(name, sizeof(name), "blk.%d.attn_k.weight", l);
+        check_shape(g, name, 64, 32);
+        snprintf(name, sizeof(name), "blk.%d.attn_v.weight", l);
+        check_shape(g, name, 64, 32);
+        snprintf(name, sizeof(name), "blk.%d.attn_output.weight", l);
+        check_shape(g, name, 64, 64);
+        snprintf(name, sizeof(name), "blk.%d.ffn_gate.weight", l);
+        check_shape(g, name, 64, 172);
+        snprintf(name, sizeof(name), "blk.%d.ffn_up.weight", l);
+        check_shape(g, name, 64, 172);
+        snprintf(name, sizeof(name), "blk.%d.ffn_down.weight", l);
+        check_shape(g, name, 172, 64);
+        snprintf(name, sizeof(name), "blk.%d.attn_norm.weight", l);
+        check_shape(g, name, 64, 0);
+        snprintf(name, sizeof(name), "blk.%d.ffn_norm.weight", l);
+        check_shape(g, name, 64, 0);
+    }
+    ck_assert_ptr_null(kg_gguf_find_tensor(g, "blk.5.attn_q.weight"));
+    ck_assert_ptr_null(kg_gguf_find_tensor(g, "token_embd.weigh"));
+    // the README: output.weight is a copy of token_embd.weight
+    const kg_gguf_tensor_t *a = kg_gguf_find_tensor(g, "token_embd.weight");
+    const kg_gguf_tensor_t *b = kg_gguf_find_tensor(g, "output.weight");
+    ck_assert(a->data != b->data);
+    ck_assert_mem_eq(a->data, b->data, a->size);
+    // every tensor's index entry is what find_tensor returns, and lies in the file
+    size_t total = 0;
+    for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(g, i);
+        char nm[128];
+        snprintf(nm, sizeof(nm), "%.*s", (int)t->name.len, t->name.data);
+        ck_assert_ptr_eq(kg_gguf_find_tensor(g, nm), t);
+        total += t->size;
+    }
+    ck_assert_int_eq(total, 292800 * 4); /* llama.cpp counts 292.80 K, the output copy included */
+    ck_assert_str_eq(kg_ggml_type_name(a->type), "f32");
+    kg_gguf_free(g);
+}
+END_TEST
+
+START_TEST(vocab_files_open) {
+    static const struct {
+        const char *file;
+        uint64_t n_vocab;
+        const char *model;
+    } vocabs[] = {
+        {"tokenizer-vectors/ggml-vocab-phi-3.gguf", 32064, "llama"},
+        {"tokenizer-vectors/ggml-vocab-gpt-2.gguf", 50257, "gpt2"},
+        {"tokenizer-vectors/ggml-vocab-falcon.gguf", 65024, "gpt2"},
+        {"tokenizer-vectors/ggml-vocab-mpt.gguf", 50432, "gpt2"},
+    };
+    for (size_t i = 0; i < sizeof(vocabs) / sizeof(vocabs[0]); i++) {
+        kg_gguf_t *g = kg_gguf_open(kg_test_shared(vocabs[i].file), err, sizeof(err));
+        ck_assert_msg(g != NULL, "%s: %s", vocabs[i].file, err);
+        ck_assert_int_eq(kg_gguf_n_tensors(g), 0);
+        kg_gguf_type_t et;
+        uint64_t n;
+        ck_assert(kg_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n));
+        ck_assert_int_eq(et, KG_GGUF_TYPE_STRING);
+        ck_assert_int_eq(n, vocabs[i].n_vocab);
+        kg_gguf_str_t s;
+        ck_assert(kg_gguf_get_str(g, "tokenizer.ggml.model", &s));
+        ck_assert(s.len == strlen(vocabs[i].model) && memcmp(s.data, vocabs[i].model, s.len) == 0);
+        // the last token is readable and inside the file's bytes
+        s = kg_gguf_arr_str(g, "tokenizer.ggml.tokens", n - 1);
+        ck_assert(s.len > 0);
+        if (strcmp(vocabs[i].model, "gpt2") == 0) {
+            ck_assert(kg_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n));
+            ck_assert_int_eq(et, KG_GGUF_TYPE_STRING);
+            ck_assert(n > 40000);
+        }
+        kg_gguf_free(g);
+    }
+}
+END_TEST
+
+START_TEST(open_errors) {
+    ck_assert_ptr_null(kg_gguf_open("/nonexistent/x.gguf", err, sizeof(err)));
+    ck_assert_ptr_nonnull(strstr(err, "cannot open '/nonexistent/x.gguf'"));
+    ck_assert_ptr_null(kg_gguf_open(KG_TEST_TMP, err, sizeof(err)));
+    ck_assert_ptr_nonnull(strstr(err, "not a regular file"));
+    const char *empty = kg_test_tmp_path("empty");
+    FILE *f = fopen(empty, "w");
+    fclose(f);
+    ck_assert_ptr_null(kg_gguf_open(empty, err, sizeof(err)));
+    ck_assert_ptr_nonnull(strstr(err, "truncated"));
+    // a NULL / zero-size errstr is allowed
+    ck_assert_ptr_null(kg_gguf_open(empty, NULL, 0));
+    kg_gguf_free(NULL);
+}
+END_TEST
+
+// ---- hand-built malformed files ----
+
+START_TEST(malformed_headers) {
+    buf_t b = {0};
+    put(&b, "GGML", 4);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 0);
+    expect_reject(&b, "bad magic at offset 0");
+
+    put_header(&b, 1, 0, 0);
+    expect_reject(&b, "version 1 at offset 4 is not supported");
+    put_header(&b, 4, 0, 0);
+    expect_reject(&b, "version 4 at offset 4 is not supported");
+    put_header(&b, 0x03000000, 0, 0);
+    expect_reject(&b, "big-endian");
+
+    // the smallest valid file: no keys, no tensors
+    put_header(&b, 2, 0, 0);
+    uint8_t *copy;
+    kg_gguf_t *g = open_copy(b.p, b.n, &copy);
+    ck_assert_msg(g != NULL, "%s", err);
+    ck_assert_uint_eq(kg_gguf_version(g), 2);
+    ck_assert_int_eq(kg_gguf_n_kv(g), 0);
+    ck_assert_int_eq(kg_gguf_find_key(g, "x"), -1);
+    ck_assert_ptr_null(kg_gguf_find_tensor(g, "x"));
+    kg_gguf_free(g);
+    free(copy);
+    free(b.p);
+    memset(&b, 0, sizeof(b));
+
+    put_header(&b, 3, 0, 1000000000000ull);
+    expect_reject(&b, "key count 1000000000000 at offset 16 cannot fit");
+    put_header(&b, 3, UINT64_MAX, 0);
+    expect_reject(&b, "tensor count");
+
+    // a string length near 2^64 must not wrap the bounds check
+    put_header(&b, 3, 0, 1);
+    put_u64(&b, UINT64_MAX - 3);
+    put(&b, "abcdefgh", 8);
+    expect_reject(&b, "truncated file: key 0 name at offset 32 needs 18446744073709551612 bytes");
+
+    put_header(&b, 3, 0, 1);
+    put_str(&b, "k");
+    put_u32(&b, 13);
+    expect_reject(&b, "key 'k' at offset 33: unknown value type 13");
+
+    put_header(&b, 3, 0, 1);
+    put_str(&b, "k");
+    put_u32(&b, KG_GGUF_TYPE_ARRAY);
+    put_u32(&b, KG_GGUF_TYPE_UINT32);
+    put_u64(&b, 1ull << 62); /* n * 4 would wrap */
+    expect_reject(&b,
+                  "truncated file: key 'k' value at offset 49 needs 4611686018427387904 elements");
+
+    put_header(&b, 3, 0, 1);
+    put_str(&b, "k");
+    put_u32(&b, KG_GGUF_TYPE_ARRAY);
+    put_u32(&b, KG_GGUF_TYPE_STRING);
+    put_u64(&b, 1ull << 61);
+    expect_reject(&b, "strings of at least 8 bytes");
+
+    put_header(&b, 3, 0, 2);
+    put_kv_u32(&b, "a.b", 1);
+    put_kv_u32(&b, "a.b", 2);
+    expect_reject(&b, "duplicate key 'a.b' at offset 43");
+}
+END_TEST
+
+START_TEST(malformed_alignment) {
+    static const uint32_t bad[] = {0, 3, 48, 0x80000000u};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        buf_t b = {0};
+        put_header(&b, 3, 0, 1);
+        put_kv_u32(&b, "general.alignment", bad[i]);
+        expect_reject(&b, "not a power of two");
+    }
+    buf_t b = {0};
+    put_header(&b, 3, 0, 1);
+    put_str(&b, "general.alignment");
+    put_u32(&b, KG_GGUF_TYPE_FLOAT32);
+    put_u32(&b, 0);
+    expect_reject(&b, "general.alignment at offset 53 has type f32");
+
+    // alignment 64: a tensor at data offset 32 is misaligned, at 64 it is fine
+    int64_t ne[1] = {8};
+    for (int ok = 0; ok < 2; ok++) {
+        put_header(&b, 3, 1, 1);
+        put_kv_u32(&b, "general.alignment", 64);
+        put_tensor_info(&b, "t", 1, ne, KG_GGML_TYPE_F32, ok ? 64 : 32);
+        pad_to(&b, 64);
+        static const uint8_t zero[128];
+        put(&b, zero, 128);
+        if (ok) {
+            uint8_t *copy;
+            kg_gguf_t *g = open_copy(b.p, b.n, &copy);
+            ck_assert_msg(g != NULL, "%s", err);
+            ck_assert_uint_eq(kg_gguf_alignment(g), 64);
+            const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, "t");
+            ck_assert_ptr_eq(t->data, copy + 128 + 64);
+            kg_gguf_free(g);
+            free(copy);
+            free(b.p);
+            memset(&b, 0, sizeof(b));
+        } else {
+            expect_reject(&b, "data offset 32 is not a multiple of the alignment 64");
+        }
+    }
+}
+END_TEST
+
+static void tensor_file(buf_t *b, const char *name, uint32_t n_dims, const int64_t *ne,
+                        uint32_t type, uint64_t offset, size_t data_bytes) {
+    put_header(b, 3, 1, 0);
+    put_tensor_info(b, name, n_dims, ne, type, offset);
+    pad_to(b, 32);
+    uint8_t *zero = calloc(1, data_bytes + 1);
+    put(b, zero, data_bytes);
+    free(zero);
+}
+
+START_TEST(malformed_tensors) {
+    buf_t b = {0};
+    int64_t ne[5] = {32, 2, 1, 1, 1};
+    tensor_file(&b, "x", 2, ne, 13, 0, 256);
+    expect_reject(&b, "tensor 'x': unsupported type 13");
+    tensor_file(&b, "x", 2, ne, 3, 0, 256); /* q4_1: a real ggml type kgen does not read */
+    expect_reject(&b, "tensor 'x': unsupported type 3");
+    tensor_file(&b, "x", 0, ne, 0, 0, 256);
+    expect_reject(&b, "tensor 'x' at offset 33: n_dims 0 not in 1..4");
+    tensor_file(&b, "x", 5, ne, 0, 0, 256);
+    expect_reject(&b, "n_dims 5 not in 1..4");
+    int64_t neg[2] = {-32, 1};
+    tensor_file(&b, "x", 2, neg, 0, 0, 256);
+    expect_reject(&b, "tensor 'x' at offset 37: ne[0] is negative");
+    int64_t odd[2] = {48, 1};
+    tensor_file(&b, "x", 2, odd, KG_GGML_TYPE_Q8_0, 0, 256);
+    expect_reject(&b, "ne[0] = 48 is not a multiple of the q8_0 block size 32");
+    int64_t huge[4] = {1ll << 40, 1ll << 40, 1, 1};
+    tensor_file(&b, "x", 2, huge, 0, 0, 256);
+    expect_reject(&b, "element count overflows");
+    int64_t big[4] = {1ll << 30, 1ll << 31, 1, 1}; /* 2^61 elements of 4 bytes */
+    tensor_file(&b, "x", 2, big, 0, 0, 256);
+    expect_reject(&b, "truncated file: tensor 'x' data");
+    int64_t wrap[4] = {1ll << 31, 1ll << 31, 1, 1}; /* 2^62 elements: 2^64 bytes */
+    tensor_file(&b, "x", 2, wrap, 0, 0, 256);
+    expect_reject(&b, "byte size overflows");
+    tensor_file(&b, "x", 2, ne, 0, 33, 512);
+    expect_reject(&b, "data offset 33 is not a multiple of the alignment 32");
+    tensor_file(&b, "x", 2, ne, 0, 0, 255); /* one byte short */
+    expect_reject(&b, "truncated file: tensor 'x' data at offset 96 needs 256 bytes, file has 351");
+    tensor_file(&b, "x", 2, ne, 0, UINT64_MAX - 31, 256); /* offset + size wraps */
+    expect_reject(&b, "truncated file: tensor 'x' data");
+
+    // two tensors with one name
+    put_header(&b, 3, 2, 0);
+    put_tensor_info(&b, "w", 2, ne, 0, 0);
+    put_tensor_info(&b, "w", 2, ne, 0, 256);
+    pad_to(&b, 32);
+    uint8_t zero[512] = {0};
+    put(&b, zero, 512);
+    expect_reject(&b, "duplicate tensor 'w' at offset");
+
+    // a truncated tensor info names the tensor index
+    put_header(&b, 3, 2, 0);
+    put_tensor_info(&b, "w", 2, ne, 0, 0);
+    put_u64(&b, 4000);
+    put(&b, "abcdefghijabcdefghijabcdefghijabcdefghij", 40);
+    expect_reject(&b,
+                  "truncated file: tensor info 1 name at offset 73 needs 4000 bytes, file has 113");
+
+    // non-printable names are shown safely
+    tensor_file(&b, "a\nb", 2, ne, 13, 0, 256);
+    expect_reject(&b, "tensor 'a?b': unsupported type 13");
+
+    // zero-element tensors are fine
+    int64_t empty[2] = {0, 4};
+    tensor_file(&b, "e", 2, empty, KG_GGML_TYPE_Q4_K, 0, 0);
+    uint8_t *copy;
+    kg_gguf_t *g = open_copy(b.p, b.n, &copy);
+    ck_assert_msg(g != NULL, "%s", err);
+    ck_assert_int_eq(kg_gguf_tensor(g, 0)->size, 0);
+    kg_gguf_free(g);
+    free(copy);
+    free(b.p);
+}
+END_TEST
+
+static void nested_array(buf_t *b, int depth) {
+    put_header(b, 3, 0, 1);
+    put_str(b, "nest");
+    put_u32(b, KG_GGUF_TYPE_ARRAY);
+    for (int d = 1; d < depth; d++) {
+        put_u32(b, KG_GGUF_TYPE_ARRAY);
+        put_u64(b, 1);
+    }
+    put_u32(b, KG_GGUF_TYPE_INT16);
+    put_u64(b, 2);
+    put_u32(b, 0xffff0007u); /* 7, -1 */
+}
+
+START_TEST(nested_arrays) {
+    buf_t b = {0};
+    nested_array(&b, 2);
+    uint8_t *copy;
+    kg_gguf_t *g = open_copy(b.p, b.n, &copy);
+    ck_assert_msg(g != NULL, "%s", err);
+    kg_gguf_type_t et;
+    uint64_t n;
+    ck_assert(kg_gguf_get_arr(g, "nest", &et, &n));
+    ck_assert_int_eq(et, KG_GGUF_TYPE_ARRAY);
+    ck_assert_int_eq(n, 1);
+    float f[1];
+    ck_assert(!kg_gguf_arr_f32(g, "nest", f, 1));
+    kg_gguf_free(g);
+    free(copy);
+    free(b.p);
+    memset(&b, 0, sizeof(b));
+
+    nested_array(&b, 1);
+    g = open_copy(b.p, b.n, &copy);
+    ck_assert_msg(g != NULL, "%s", err);
+    int32_t v[2];
+    ck_assert(kg_gguf_arr_i32(g, "nest", v, 2));
+    ck_assert_int_eq(v[0], 7);
+    ck_assert_int_eq(v[1], -1);
+    float fv[2];
+    ck_assert(kg_gguf_arr_f32(g, "nest", fv, 2));
+    ck_assert(fv[0] == 7.0f && fv[1] == -1.0f);
+    kg_gguf_free(g);
+    free(copy);
+    free(b.p);
+    memset(&b, 0, sizeof(b));
+
+    nested_array(&b, 8);
+    g = open_copy(b.p, b.n, &copy);
+    ck_assert_msg(g != NULL, "%s", err);
+    kg_gguf_free(g);
+    free(copy);
+    free(b.p);
+    memset(&b, 0, sizeof(b));
+
+    nested_array(&b, 9);
+    expect_reject(&b, "nested deeper than 8");
+}
+END_TEST
+
+// ---- truncation and corruption of the shared model ----
+
+/** End of the tensor infos (= start of the padding before the data). */
+static size_t header_end(const uint8_t *data, size_t size) {
+    kg_gguf_t *g = kg_gguf_open_memory(data, size, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    size_t first = size;
+    for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
+        size_t off = (size_t)((const uint8_t *)kg_gguf_tensor(g, i)->data - data);
+        first = off < first ? off : first;
+    }
+    kg_gguf_free(g);
+    return first;
+}
+
+START_TEST(stories260k_truncations) {
+    size_t size;
+    uint8_t *data = (uint8_t *)kg_test_read_file(kg_test_shared("models/stories260K.gguf"), &size);
+    ck_assert_ptr_nonnull(data);
+    ck_assert_int_eq(size, 1185376);
+    size_t hdr = header_end(data, size);
+    ck_assert(hdr > 1000 && hdr < 20000);
+    int n_checked = 0;
+    // every length through the metadata and tensor infos, each in an exact-size copy
+    for (size_t len = 0; len <= hdr; len++) {
+        uint8_t *copy;
+        kg_gguf_t *g = open_copy(data, len, &copy);
+        ck_assert_msg(g == NULL, "accepted a %zu-byte prefix", len);
+        ck_assert_msg(err[0] != '\0', "no error for length %zu", len);
+        free(copy);
+        n_checked++;
+    }
+    // then every 997th length through the data (the reader does not read tensor data
+    // at open, so the original buffer with a smaller size is exact enough), and the
+    // full length minus one
+    for (size_t len = hdr + 1; len < size; len += 997) {
+        err[0] = '\0';
+        ck_assert_ptr_null(kg_gguf_open_memory(data, len, err, sizeof(err)));
+        ck_assert_ptr_nonnull(strstr(err, "truncated file: tensor"));
+        n_checked++;
+    }
+    ck_assert_ptr_null(kg_gguf_open_memory(data, size - 1, err, sizeof(err)));
+    kg_gguf_t *g = kg_gguf_open_memory(data, size, err, sizeof(err));
+    ck_assert_ptr_nonnull(g);
+    kg_gguf_free(g);
+    ck_assert_int_gt(n_checked, 2000);
+    free(data);
+}
+END_TEST
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/** Touch everything an opened file offers, as a consumer would. */
+static void touch_all(const kg_gguf_t *g) {
+    for (int64_t i = 0; i < kg_gguf_n_kv(g); i++) {
+        kg_gguf_str_t k = kg_gguf_key(g, i);
+        char key[256];
+        if (k.len >= sizeof(key) || memchr(k.data, 0, (size_t)k.len)) {
+            continue;
+        }
+        memcpy(key, k.data, (size_t)k.len);
+        key[k.len] = '\0';
+        ck_assert_int_eq(kg_gguf_find_key(g, key), i);
+        kg_gguf_type_t et;
+        uint64_t n;
+        if (kg_gguf_get_arr(g, key, &et, &n)) {
+            if (et == KG_GGUF_TYPE_STRING && n > 0) {
+                kg_gguf_str_t s = kg_gguf_arr_str(g, key, n - 1);
+                volatile char c = s.len ? s.data[s.len - 1] : 0;
+                (void)c;
+            } else if (n > 0 && n < 100000) {
+                float *f = malloc(n * sizeof(float));
+                kg_gguf_arr_f32(g, key, f, n);
+                kg_gguf_arr_i32(g, key, (int32_t *)f, n);
+                free(f);
+            }
+        }
+        uint32_t u;
+        int64_t i64;
+        float f;
+        bool bo;
+        kg_gguf_str_t s;
+        kg_gguf_get_u32(g, key, &u);
+        kg_gguf_get_i64(g, key, &i64);
+        kg_gguf_get_f32(g, key, &f);
+        kg_gguf_get_bool(g, key, &bo);
+        if (kg_gguf_get_str(g, key, &s) && s.len > 0) {
+            volatile char c = s.data[s.len - 1];
+            (void)c;
+        }
+    }
+    float row[512];
+    for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(g, i);
+        int64_t blck = kg_type_block_elems(t->type);
+        int64_t n = t->ne[0] < 256 ? t->ne[0] : 256;
+        n -= n % blck;
+        if (n > 0 && t->size > 0) {
+            kg_dequantize(t->type, t->data, row, n);
+        }
+    }
+}
+
+START_TEST(stories260k_byte_flips) {
+    size_t size;
+    uint8_t *data = (uint8_t *)kg_test_read_file(kg_test_shared("models/stories260K.gguf"), &size);
+    size_t hdr = header_end(data, size);
+    rng_state = 20240601;
+    int n_ok = 0, n_err = 0;
+    for (int it = 0; it < 3000; it++) {
+        size_t pos[4];
+        uint8_t old[4];
+        int n_flip = 1 + (int)(rng_next() % 4);
+        for (int k = 0; k < n_flip; k++) {
+            // the fixed header and the first key/tensor bytes get extra attention
+            pos[k] = (it & 1) ? rng_next() % hdr : rng_next() % 128;
+            old[k] = data[pos[k]];
+            data[pos[k]] ^= (uint8_t)(1u << (rng_next() % 8));
+            if (rng_next() % 4 == 0) {
+                data[pos[k]] = (uint8_t)rng_next();
+            }
+        }
+        err[0] = '\0';
+        kg_gguf_t *g = kg_gguf_open_memory(data, size, err, sizeof(err));
+        if (g) {
+            touch_all(g);
+            kg_gguf_free(g);
+            n_ok++;
+        } else {
+            ck_assert_msg(err[0] != '\0', "no error text");
+            ck_assert_ptr_nonnull(strstr(err, "gguf: "));
+            n_err++;
+        }
+        for (int k = n_flip - 1; k >= 0; k--) {
+            data[pos[k]] = old[k];
+        }
+    }
+    // both outcomes must occur, or the flips are not reaching the parser
+    ck_assert_int_gt(n_ok, 100);
+    ck_assert_int_gt(n_err, 100);
+    free(data);
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    Suite *s = suite_create("gguf");
+    TCase *tc = tcase_create("shared_files");
+    tcase_add_test(tc, stories260k_keys);
+    tcase_add_test(tc, stories260k_tensors);
+    tcase_add_test(tc, vocab_files_open);
+    tcase_add_test(tc, open_errors);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("malformed");
+    tcase_add_test(tc, malformed_headers);
+    tcase_add_test(tc, malformed_alignment);
+    tcase_add_test(tc, malformed_tensors);
+    tcase_add_test(tc, nested_arrays);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("robustness");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, stories260k_truncations);
+    tcase_add_test(tc, stories260k_byte_flips);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)
