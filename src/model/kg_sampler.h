@@ -18,12 +18,13 @@ typedef struct kg_sampling_params {
     float repetition_penalty; /* 1: off (divides positive logits, multiplies negative) */
     float frequency_penalty;  /* 0: off (OpenAI semantics, over generated tokens) */
     float presence_penalty;   /* 0: off */
-    int32_t penalty_last_n;   /* window for the repetition penalty over prompt+output; -1 = all */
+    int32_t penalty_last_n;   /* repetition-penalty window over prompt+output; -1 all, 0 none */
     uint64_t seed;
     int32_t n_logprobs; /* top-n logprobs to report, 0..20 */
 } kg_sampling_params_t;
 
-/** Defaults: greedy, all filters off, seed 0, no logprobs. */
+/** Defaults: greedy, all filters and penalties off (1, 0, 0), penalty
+ * window 64, seed 0, no logprobs. @thread any */
 kg_sampling_params_t kg_sampling_params_default(void);
 
 /* xoshiro256** state: small, fast, and identical on every platform. */
@@ -31,9 +32,12 @@ typedef struct kg_rng {
     uint64_t s[4];
 } kg_rng_t;
 
+/** Fill the state from `seed` with splitmix64 (as the xoshiro authors
+ * recommend), so nearby seeds give unrelated streams. @thread any */
 void kg_rng_seed(kg_rng_t *rng, uint64_t seed);
+/** Next 64 random bits. @thread any */
 uint64_t kg_rng_next(kg_rng_t *rng);
-/** Uniform in [0, 1). */
+/** Uniform in [0, 1) with 53 random bits (one kg_rng_next). @thread any */
 double kg_rng_uniform(kg_rng_t *rng);
 
 #define KG_MAX_LOGPROBS 20
@@ -50,12 +54,34 @@ typedef struct kg_sample_result {
  * startup so the step loop never allocates. Not shared between threads. */
 typedef struct kg_sampler_scratch kg_sampler_scratch_t;
 
+/** Scratch for vocabularies of up to `n_vocab` tokens (about 17 bytes per
+ * token). Returns NULL when n_vocab <= 0 or memory is short; the caller
+ * frees it with kg_sampler_scratch_free. @thread any */
 kg_sampler_scratch_t *kg_sampler_scratch_new(int32_t n_vocab);
+/** Free a scratch; NULL does nothing. @thread any */
 void kg_sampler_scratch_free(kg_sampler_scratch_t *sc);
 
-/** Sample from `logits` (n_vocab floats; modified in place by the penalties
- * and filters). `prompt`/`output` are the sequence's tokens so far, used by
- * the penalties. @thread engine */
-void kg_sampler_sample(const kg_sampling_params_t *p, kg_rng_t *rng, float *logits, int32_t n_vocab,
-                       const int32_t *prompt, int32_t n_prompt, const int32_t *output,
-                       int32_t n_output, kg_sampler_scratch_t *sc, kg_sample_result_t *out);
+/** Sample one token from `logits` (n_vocab floats, read only: penalties
+ * and filters work on a copy in `sc`). `prompt`/`output` are the sequence's
+ * tokens so far, used by the penalties; ids outside [0, n_vocab) are
+ * ignored. Draws exactly one kg_rng_uniform from `rng` when temperature > 0
+ * and none when greedy. NaN logits count as -inf, +inf as FLT_MAX; if every
+ * logit is -inf/NaN all tokens are treated as equally likely. `out->logprob`
+ * is always filled (raw log-softmax, may be -inf for a masked token);
+ * `out->top_*` only when p->n_logprobs > 0. Never allocates.
+ * Requires 0 < n_vocab <= the scratch's n_vocab. @thread engine */
+void kg_sampler_sample(const kg_sampling_params_t *p, kg_rng_t *rng, const float *logits,
+                       int32_t n_vocab, const int32_t *prompt, int32_t n_prompt,
+                       const int32_t *output, int32_t n_output, kg_sampler_scratch_t *sc,
+                       kg_sample_result_t *out);
+
+/** The distribution kg_sampler_sample draws from: the tokens that survive
+ * the penalties and filters, with their probabilities at the temperature
+ * (summing to 1), in the order the draw walks them. Greedy gives the one
+ * argmax token with probability 1. `ids` and `probs` need room for n_vocab
+ * entries. Returns the number of candidates (>= 1). For tests and for
+ * checking a device sampler against this reference. @thread engine */
+int32_t kg_sampler_candidates(const kg_sampling_params_t *p, const float *logits, int32_t n_vocab,
+                              const int32_t *prompt, int32_t n_prompt, const int32_t *output,
+                              int32_t n_output, kg_sampler_scratch_t *sc, int32_t *ids,
+                              float *probs);
