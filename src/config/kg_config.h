@@ -1,0 +1,84 @@
+/* kg_config: every setting of kgen-worker, from one options table.
+ *
+ * Precedence: defaults < --config FILE (key=value lines) < KGEN_* environment
+ * variables < command-line flags. librdkafka properties pass through
+ * unchanged (`-X key=value`, `--kafka key=value`, `KGEN_KAFKA_<KEY>` with
+ * `_` read as `.`), as kcat does, so SASL and TLS need no code of ours. The
+ * table drives parsing, --help and the README's configuration section; the
+ * config is immutable once parsed (@thread any after startup). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../core/kg_status.h"
+
+#define KG_CONFIG_MAX_KAFKA_PROPS 64
+
+typedef struct kg_config {
+    /* kafka */
+    char *brokers;
+    char *jobs_topic;
+    char *results_topic;
+    char *dlq_topic; /* "" = "<jobs_topic>.dlq" */
+    char *group_id;
+    char *group_instance_id; /* "" = dynamic membership */
+    char *assignment_strategy;
+    char *worker_id; /* "" = hostname-pid */
+    int64_t max_message_bytes;
+    /* model and engine */
+    char *model;
+    char *backend;
+    int64_t threads;
+    int64_t max_batch_size;
+    int64_t max_queue_depth;
+    int64_t max_batch_tokens;
+    int64_t kv_memory_mib;
+    int64_t kv_block_size;
+    int64_t ctx;
+    int64_t max_prompt_tokens;
+    int64_t max_tokens_limit;
+    int64_t default_max_tokens;
+    bool prefix_cache;
+    /* operations */
+    int64_t http_port;
+    char *log_level;
+    char *log_format;
+    double drain_timeout_s;
+    int64_t demo; /* -1 = off */
+    bool print_config;
+    /* librdkafka passthrough, in the order given */
+    int n_kafka_props;
+    char *kafka_keys[KG_CONFIG_MAX_KAFKA_PROPS];
+    char *kafka_values[KG_CONFIG_MAX_KAFKA_PROPS];
+} kg_config_t;
+
+/** Fill `cfg` with the defaults (strings are owned; free with kg_config_clear). */
+void kg_config_init(kg_config_t *cfg);
+void kg_config_clear(kg_config_t *cfg);
+
+/** Parse the environment (`envp`, NULL = environ) and argv. Returns KG_OK,
+ * KG_AGAIN when --help or --version was handled (exit 0), or
+ * KG_ERR_INVALID with one line in errstr (exit 2). */
+KG_NODISCARD kg_status_t kg_config_parse(kg_config_t *cfg, int argc, char **argv, char **envp,
+                                         char *errstr, size_t errstr_size);
+
+/** Set one option by its table name ("max-batch-size") from a string. */
+KG_NODISCARD kg_status_t kg_config_set(kg_config_t *cfg, const char *name, const char *value,
+                                       char *errstr, size_t errstr_size);
+
+/** Add or replace a librdkafka property. */
+KG_NODISCARD kg_status_t kg_config_set_kafka(kg_config_t *cfg, const char *key, const char *value,
+                                             char *errstr, size_t errstr_size);
+
+/** Whether a librdkafka property holds a secret (passwords, keys, tokens). */
+bool kg_config_is_secret(const char *key);
+
+/** --help text, generated from the table. */
+void kg_config_print_help(FILE *f, const char *prog);
+/** The configuration table as Markdown (for the README). */
+void kg_config_print_markdown(FILE *f);
+/** Every setting as `key=value` lines, secrets replaced by "[redacted]". */
+void kg_config_print(const kg_config_t *cfg, FILE *f);

@@ -1,0 +1,129 @@
+/* check_config: precedence (defaults < file < env < flags), librdkafka
+ * passthrough, validation and secret redaction. */
+#include "check_common.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "config/kg_config.h"
+
+static kg_status_t parse(kg_config_t *cfg, char **envp, int argc, char **argv, char *err) {
+    kg_config_init(cfg);
+    return kg_config_parse(cfg, argc, argv, envp, err, 256);
+}
+
+START_TEST(defaults) {
+    kg_config_t cfg;
+    char err[256];
+    char *argv[] = {"kgen-worker", "--demo", "3"};
+    char *envp[] = {NULL};
+    ck_assert_int_eq(parse(&cfg, envp, 3, argv, err), KG_OK);
+    ck_assert_str_eq(cfg.jobs_topic, "kgen.jobs");
+    ck_assert_str_eq(cfg.results_topic, "kgen.results");
+    ck_assert_int_eq(cfg.http_port, 9400);
+    ck_assert_int_eq(cfg.demo, 3);
+    ck_assert(cfg.prefix_cache);
+    kg_config_clear(&cfg);
+}
+END_TEST
+
+START_TEST(precedence_and_passthrough) {
+    const char *path = kg_test_tmp_path("cfg");
+    FILE *f = fopen(path, "w");
+    fprintf(f, "# comment\nmax-batch-size = 4\njobs-topic=from-file\nkafka.linger.ms=7\nlog-level=warn\n");
+    fclose(f);
+    kg_config_t cfg;
+    char err[256];
+    char *envp[] = {"KGEN_MAX_BATCH_SIZE=8", "KGEN_KAFKA_SASL_PASSWORD=hunter2",
+                    "KGEN_KAFKA_CACHE=/x", "PATH=/bin", NULL};
+    char *argv[] = {"kgen-worker", "--model", "m.gguf", "--config", (char *)path,
+                    "--max-batch-size=12", "-X", "security.protocol=SASL_SSL",
+                    "-Xsasl.mechanisms=PLAIN", "--prefix-cache", "false"};
+    ck_assert_int_eq(parse(&cfg, envp, 11, argv, err), KG_OK);
+    ck_assert_int_eq(cfg.max_batch_size, 12); /* flag beats env beats file */
+    ck_assert_str_eq(cfg.jobs_topic, "from-file");
+    ck_assert_str_eq(cfg.log_level, "warn");
+    ck_assert(!cfg.prefix_cache);
+    ck_assert_int_eq(cfg.n_kafka_props, 4);
+    ck_assert_str_eq(cfg.kafka_keys[0], "linger.ms");
+    ck_assert_str_eq(cfg.kafka_keys[1], "sasl.password");
+    ck_assert_str_eq(cfg.kafka_values[1], "hunter2");
+    ck_assert_str_eq(cfg.kafka_keys[2], "security.protocol");
+    ck_assert_str_eq(cfg.kafka_values[3], "PLAIN");
+
+    /* the dump never shows the secret */
+    char *dump = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&dump, &len);
+    kg_config_print(&cfg, mf);
+    fclose(mf);
+    ck_assert_ptr_null(strstr(dump, "hunter2"));
+    ck_assert_ptr_nonnull(strstr(dump, "kafka.sasl.password=[redacted]"));
+    ck_assert_ptr_nonnull(strstr(dump, "kafka.security.protocol=SASL_SSL"));
+    free(dump);
+    kg_config_clear(&cfg);
+}
+END_TEST
+
+START_TEST(bad_input_is_an_error) {
+    struct {
+        int argc;
+        char *argv[4];
+        const char *want;
+    } cases[] = {
+        {3, {"w", "--max-batch-size", "0"}, "max-batch-size"},
+        {3, {"w", "--max-batch-size", "12x"}, "max-batch-size"},
+        {2, {"w", "--no-such-flag"}, "unknown option"},
+        {3, {"w", "-X", "novalue"}, "key=value"},
+        {3, {"w", "--backend", "tpu"}, "backend"},
+        {3, {"w", "--log-format", "xml"}, "log-format"},
+        {1, {"w"}, "--model is required"},
+        {3, {"w", "--drain-timeout", "nan"}, "drain-timeout"},
+        {2, {"w", "--model"}, "needs a value"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kg_config_t cfg;
+        char err[256] = "";
+        char *envp[] = {NULL};
+        kg_status_t st = parse(&cfg, envp, cases[i].argc, cases[i].argv, err);
+        ck_assert_msg(st == KG_ERR_INVALID, "case %zu accepted", i);
+        ck_assert_msg(strstr(err, cases[i].want), "case %zu: '%s' lacks '%s'", i, err, cases[i].want);
+        kg_config_clear(&cfg);
+    }
+    kg_config_t cfg;
+    char err[256];
+    char *envp[] = {"KGEN_THREADS=lots", NULL};
+    char *argv[] = {"w", "--demo", "1"};
+    ck_assert_int_eq(parse(&cfg, envp, 3, argv, err), KG_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err, "environment"));
+    kg_config_clear(&cfg);
+}
+END_TEST
+
+START_TEST(help_lists_every_option) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&text, &len);
+    kg_config_print_markdown(mf);
+    fclose(mf);
+    ck_assert_ptr_nonnull(strstr(text, "`--max-batch-size` | `KGEN_MAX_BATCH_SIZE`"));
+    ck_assert_ptr_nonnull(strstr(text, "`--jobs-topic` | `KGEN_JOBS_TOPIC` | string | `kgen.jobs`"));
+    free(text);
+    ck_assert(kg_config_is_secret("ssl.key.password"));
+    ck_assert(kg_config_is_secret("sasl.password"));
+    ck_assert(!kg_config_is_secret("bootstrap.servers"));
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("config");
+    tcase_add_test(tc, defaults);
+    tcase_add_test(tc, precedence_and_passthrough);
+    tcase_add_test(tc, bad_input_is_an_error);
+    tcase_add_test(tc, help_lists_every_option);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)
