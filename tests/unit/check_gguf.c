@@ -682,6 +682,340 @@ START_TEST(stories260k_byte_flips) {
 }
 END_TEST
 
+
+// ---- the writer ----
+
+/** A small file with one entry of every metadata type and one tensor of every
+ * tensor type (Q4_K and Q6_K as raw blocks). */
+static kg_gguf_writer_t *make_all_types(void) {
+    kg_gguf_writer_t *w = kg_gguf_writer_new();
+    kg_gguf_writer_set_str(w, "general.architecture", "llama");
+    kg_gguf_writer_set_u8(w, "t.u8", 250);
+    kg_gguf_writer_set_i8(w, "t.i8", -100);
+    kg_gguf_writer_set_u16(w, "t.u16", 65000);
+    kg_gguf_writer_set_i16(w, "t.i16", -30000);
+    kg_gguf_writer_set_u32(w, "t.u32", 4000000000u);
+    kg_gguf_writer_set_i32(w, "t.i32", -2000000000);
+    kg_gguf_writer_set_u64(w, "t.u64", 18000000000000000000ull);
+    kg_gguf_writer_set_i64(w, "t.i64", INT64_MIN);
+    kg_gguf_writer_set_f32(w, "t.f32", 0.1f);
+    kg_gguf_writer_set_f64(w, "t.f64", 1e300);
+    kg_gguf_writer_set_bool(w, "t.bool", true);
+    kg_gguf_writer_set_str(w, "t.str", "h\xc3\xa9llo");
+    kg_gguf_writer_set_str(w, "t.empty", "");
+    kg_gguf_str_t strs[3] = {{"a", 1}, {"", 0}, {"with\0nul", 8}};
+    kg_gguf_writer_set_arr_str(w, "t.arr_str", strs, 3);
+    float fa[3] = {1.5f, -2.0f, 3.25f};
+    kg_gguf_writer_set_arr_f32(w, "t.arr_f32", fa, 3);
+    int32_t ia[4] = {1, -2, 3, INT32_MIN};
+    kg_gguf_writer_set_arr_i32(w, "t.arr_i32", ia, 4);
+    uint8_t u8a[2] = {0, 255};
+    kg_gguf_writer_set_arr(w, "t.arr_u8", KG_GGUF_TYPE_UINT8, u8a, 2);
+    int16_t i16a[2] = {-5, 5};
+    kg_gguf_writer_set_arr(w, "t.arr_i16", KG_GGUF_TYPE_INT16, i16a, 2);
+    uint64_t u64a[2] = {1, 1ull << 40};
+    kg_gguf_writer_set_arr(w, "t.arr_u64", KG_GGUF_TYPE_UINT64, u64a, 2);
+    double f64a[1] = {0.5};
+    kg_gguf_writer_set_arr(w, "t.arr_f64", KG_GGUF_TYPE_FLOAT64, f64a, 1);
+    uint8_t ba[2] = {1, 0};
+    kg_gguf_writer_set_arr(w, "t.arr_bool", KG_GGUF_TYPE_BOOL, ba, 2);
+    kg_gguf_writer_set_arr(w, "t.arr_empty", KG_GGUF_TYPE_INT32, NULL, 0);
+    kg_gguf_writer_set_u32(w, "t.replaced", 1);
+    kg_gguf_writer_set_u32(w, "t.replaced", 2); /* replaces in place */
+
+    static float vals[64 * 3];
+    for (int i = 0; i < 64 * 3; i++) {
+        vals[i] = (float)((i * 37) % 101 - 50) / 25.0f;
+    }
+    static const kg_ggml_type_t types[] = {KG_GGML_TYPE_F32, KG_GGML_TYPE_F16, KG_GGML_TYPE_BF16,
+                                           KG_GGML_TYPE_Q8_0, KG_GGML_TYPE_Q4_0};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "w.%s", kg_ggml_type_name(types[i]));
+        int64_t ne[2] = {64, 3};
+        ck_assert_int_eq(kg_gguf_writer_add_tensor(w, name, types[i], 2, ne, vals), KG_OK);
+    }
+    static uint8_t kblocks[2 * 210];
+    for (size_t i = 0; i < sizeof(kblocks); i++) {
+        kblocks[i] = (uint8_t)(i * 7 + 3);
+    }
+    kblocks[0] = 0x00; /* keep the fp16 scales finite: d of the Q4_K block */
+    kblocks[1] = 0x3c;
+    int64_t ne1[1] = {256};
+    ck_assert_int_eq(
+        kg_gguf_writer_add_tensor_raw(w, "w.q4_k", KG_GGML_TYPE_Q4_K, 1, ne1, kblocks, 144),
+        KG_OK);
+    int64_t ne3[3] = {256, 1, 2};
+    ck_assert_int_eq(
+        kg_gguf_writer_add_tensor_raw(w, "w.q6_k", KG_GGML_TYPE_Q6_K, 3, ne3, kblocks, 420),
+        KG_OK);
+    int64_t ne4[4] = {2, 3, 4, 5};
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "w.4d", KG_GGML_TYPE_F32, 4, ne4, vals), KG_OK);
+    return w;
+}
+
+static bool str_is(kg_gguf_str_t s, const char *want, size_t len) {
+    return s.len == len && memcmp(s.data, want, len) == 0;
+}
+
+START_TEST(writer_round_trip) {
+    kg_gguf_writer_t *w = make_all_types();
+    const char *path = kg_test_tmp_path("all-types");
+    ck_assert_int_eq(kg_gguf_writer_write(w, path, err, sizeof(err)), KG_OK);
+    kg_gguf_t *g = kg_gguf_open(path, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    ck_assert_uint_eq(kg_gguf_version(g), 3);
+    ck_assert_uint_eq(kg_gguf_alignment(g), 32);
+    ck_assert_int_eq(kg_gguf_n_kv(g), 25); /* 24 set + general.alignment */
+    ck_assert_int_eq(kg_gguf_find_key(g, "general.alignment"), 24);
+    ck_assert_int_eq(kg_gguf_find_key(g, "t.replaced"), 23);
+
+    uint32_t u;
+    int64_t i;
+    float f;
+    bool b;
+    kg_gguf_str_t s;
+    ck_assert(kg_gguf_get_u32(g, "t.u8", &u) && u == 250);
+    ck_assert_int_eq(kg_gguf_kv_type(g, kg_gguf_find_key(g, "t.u8")), KG_GGUF_TYPE_UINT8);
+    ck_assert(kg_gguf_get_i64(g, "t.i8", &i) && i == -100);
+    ck_assert(!kg_gguf_get_u32(g, "t.i8", &u)); /* negative: no u32 */
+    ck_assert(kg_gguf_get_u32(g, "t.u16", &u) && u == 65000);
+    ck_assert(kg_gguf_get_i64(g, "t.i16", &i) && i == -30000);
+    ck_assert(kg_gguf_get_u32(g, "t.u32", &u) && u == 4000000000u);
+    ck_assert(kg_gguf_get_i64(g, "t.u32", &i) && i == 4000000000ll);
+    ck_assert(kg_gguf_get_i64(g, "t.i32", &i) && i == -2000000000);
+    u = 77;
+    ck_assert(!kg_gguf_get_u32(g, "t.u64", &u)); /* too big; output untouched */
+    ck_assert_uint_eq(u, 77);
+    ck_assert(!kg_gguf_get_i64(g, "t.u64", &i));
+    ck_assert(kg_gguf_get_i64(g, "t.i64", &i) && i == INT64_MIN);
+    ck_assert(kg_gguf_get_f32(g, "t.f32", &f) && f == 0.1f);
+    ck_assert(kg_gguf_get_f32(g, "t.f64", &f) && isinf(f)); /* 1e300 as float */
+    ck_assert(kg_gguf_get_bool(g, "t.bool", &b) && b);
+    ck_assert(!kg_gguf_get_bool(g, "t.u8", &b));
+    ck_assert(kg_gguf_get_str(g, "t.str", &s) && str_is(s, "h\xc3\xa9llo", 6));
+    ck_assert(kg_gguf_get_str(g, "t.empty", &s) && s.len == 0);
+    ck_assert(kg_gguf_get_u32(g, "t.replaced", &u) && u == 2);
+
+    kg_gguf_type_t et;
+    uint64_t n;
+    ck_assert(kg_gguf_get_arr(g, "t.arr_str", &et, &n) && et == KG_GGUF_TYPE_STRING && n == 3);
+    ck_assert(str_is(kg_gguf_arr_str(g, "t.arr_str", 0), "a", 1));
+    ck_assert(str_is(kg_gguf_arr_str(g, "t.arr_str", 1), "", 0));
+    ck_assert(str_is(kg_gguf_arr_str(g, "t.arr_str", 2), "with\0nul", 8));
+    float fa[4];
+    ck_assert(kg_gguf_arr_f32(g, "t.arr_f32", fa, 3));
+    ck_assert(fa[0] == 1.5f && fa[1] == -2.0f && fa[2] == 3.25f);
+    int32_t ia[4];
+    ck_assert(kg_gguf_arr_i32(g, "t.arr_i32", ia, 4));
+    ck_assert(ia[0] == 1 && ia[1] == -2 && ia[2] == 3 && ia[3] == INT32_MIN);
+    ck_assert(kg_gguf_arr_f32(g, "t.arr_i32", fa, 4) && fa[1] == -2.0f); /* ints to float */
+    ck_assert(kg_gguf_arr_i32(g, "t.arr_u8", ia, 2) && ia[0] == 0 && ia[1] == 255);
+    ck_assert(kg_gguf_arr_i32(g, "t.arr_i16", ia, 2) && ia[0] == -5 && ia[1] == 5);
+    ia[0] = 42;
+    ck_assert(!kg_gguf_arr_i32(g, "t.arr_u64", ia, 2)); /* 2^40 does not fit int32 */
+    ck_assert_int_eq(ia[0], 42);                           /* untouched */
+    ck_assert(kg_gguf_arr_f32(g, "t.arr_u64", fa, 2) && fa[1] == 1099511627776.0f);
+    ck_assert(kg_gguf_arr_f32(g, "t.arr_f64", fa, 1) && fa[0] == 0.5f);
+    ck_assert(!kg_gguf_arr_i32(g, "t.arr_bool", ia, 2));
+    ck_assert(kg_gguf_get_arr(g, "t.arr_bool", &et, &n) && et == KG_GGUF_TYPE_BOOL && n == 2);
+    ck_assert(kg_gguf_get_arr(g, "t.arr_empty", &et, &n) && et == KG_GGUF_TYPE_INT32 && n == 0);
+    ck_assert(kg_gguf_arr_i32(g, "t.arr_empty", ia, 0));
+
+    // tensors: same bytes as a direct conversion, data aligned, shapes kept
+    ck_assert_int_eq(kg_gguf_n_tensors(g), 8);
+    static float vals[64 * 3];
+    for (int k = 0; k < 64 * 3; k++) {
+        vals[k] = (float)((k * 37) % 101 - 50) / 25.0f;
+    }
+    static const kg_ggml_type_t types[] = {KG_GGML_TYPE_F32, KG_GGML_TYPE_F16, KG_GGML_TYPE_BF16,
+                                           KG_GGML_TYPE_Q8_0, KG_GGML_TYPE_Q4_0};
+    uint8_t want[64 * 3 * 4];
+    float back[64 * 3];
+    for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+        char name[32];
+        snprintf(name, sizeof(name), "w.%s", kg_ggml_type_name(types[k]));
+        const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, name);
+        ck_assert_msg(t != NULL, "%s", name);
+        ck_assert_int_eq(t->type, types[k]);
+        ck_assert_uint_eq(t->n_dims, 2);
+        ck_assert(t->ne[0] == 64 && t->ne[1] == 3 && t->ne[2] == 1 && t->ne[3] == 1);
+        ck_assert_int_eq(t->size, kg_type_row_size(types[k], 64) * 3);
+        ck_assert_int_eq(t->offset % 32, 0);
+        ck_assert(kg_quantize(types[k], vals, want, 64 * 3));
+        ck_assert_mem_eq(t->data, want, t->size);
+        kg_dequantize(t->type, t->data, back, 64 * 3);
+        for (int e = 0; e < 64 * 3; e++) {
+            ck_assert(fabsf(back[e] - vals[e]) <= 0.3f); /* q4_0 step is 2/8 here */
+        }
+    }
+    const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, "w.q6_k");
+    ck_assert(t && t->type == KG_GGML_TYPE_Q6_K && t->n_dims == 3 && t->ne[2] == 2);
+    ck_assert_int_eq(t->size, 420);
+    t = kg_gguf_find_tensor(g, "w.q4_k");
+    ck_assert(t && t->type == KG_GGML_TYPE_Q4_K && t->size == 144);
+    t = kg_gguf_find_tensor(g, "w.4d");
+    ck_assert(t && t->n_dims == 4 && t->ne[3] == 5 && t->size == 120 * 4);
+    ck_assert_mem_eq(t->data, vals, t->size);
+    kg_gguf_free(g);
+
+    // the file holds exactly the in-memory serialization, and it is repeatable
+    uint8_t *m1, *m2;
+    size_t n1, n2, nf;
+    ck_assert_int_eq(kg_gguf_writer_to_memory(w, &m1, &n1), KG_OK);
+    ck_assert_int_eq(kg_gguf_writer_to_memory(w, &m2, &n2), KG_OK);
+    char *file = kg_test_read_file(path, &nf);
+    ck_assert_int_eq(n1, nf);
+    ck_assert_int_eq(n1 % 32, 0);
+    ck_assert_mem_eq(m1, file, n1);
+    ck_assert_int_eq(n1, n2);
+    ck_assert_mem_eq(m1, m2, n1);
+    kg_gguf_writer_t *w2 = make_all_types();
+    free(m2);
+    ck_assert_int_eq(kg_gguf_writer_to_memory(w2, &m2, &n2), KG_OK);
+    ck_assert_int_eq(n1, n2);
+    ck_assert_mem_eq(m1, m2, n1);
+    free(m1);
+    free(m2);
+    free(file);
+    kg_gguf_writer_free(w);
+    kg_gguf_writer_free(w2);
+}
+END_TEST
+
+START_TEST(writer_copy_kv) {
+    // copying every key of a vocabulary file reproduces each value byte for byte
+    kg_gguf_t *src =
+        kg_gguf_open(kg_test_shared("tokenizer-vectors/ggml-vocab-gpt-2.gguf"), err, sizeof(err));
+    ck_assert_msg(src != NULL, "%s", err);
+    kg_gguf_writer_t *w = kg_gguf_writer_new();
+    for (int64_t k = 0; k < kg_gguf_n_kv(src); k++) {
+        kg_gguf_writer_copy_kv(w, src, k);
+    }
+    uint8_t *img;
+    size_t n;
+    ck_assert_int_eq(kg_gguf_writer_to_memory(w, &img, &n), KG_OK);
+    kg_gguf_t *g = kg_gguf_open_memory(img, n, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    bool src_has_align = false;
+    for (int64_t k = 0; k < kg_gguf_n_kv(src); k++) {
+        kg_gguf_str_t key = kg_gguf_key(src, k);
+        char name[256];
+        snprintf(name, sizeof(name), "%.*s", (int)key.len, key.data);
+        src_has_align |= strcmp(name, "general.alignment") == 0;
+        int64_t j = kg_gguf_find_key(g, name);
+        ck_assert_int_eq(j, k);
+        size_t sa, sb;
+        const void *a = kg_gguf_kv_raw(src, k, &sa);
+        const void *b = kg_gguf_kv_raw(g, j, &sb);
+        ck_assert_int_eq(kg_gguf_kv_type(src, k), kg_gguf_kv_type(g, j));
+        ck_assert_int_eq(sa, sb);
+        ck_assert_mem_eq(a, b, sa);
+    }
+    ck_assert_int_eq(kg_gguf_n_kv(g), kg_gguf_n_kv(src) + (src_has_align ? 0 : 1));
+    kg_gguf_free(g);
+    kg_gguf_free(src);
+    free(img);
+    kg_gguf_writer_free(w);
+}
+END_TEST
+
+START_TEST(writer_rejects) {
+    kg_gguf_writer_t *w = kg_gguf_writer_new();
+    float v[64] = {0};
+    int64_t ne[2] = {48, 1};
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_Q8_0, 2, ne, v),
+                     KG_ERR_INVALID); /* 48 is not a multiple of 32 */
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_F32, 0, ne, v),
+                     KG_ERR_INVALID);
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_F32, 5, ne, v),
+                     KG_ERR_INVALID);
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", (kg_ggml_type_t)13, 2, ne, v),
+                     KG_ERR_INVALID);
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "", KG_GGML_TYPE_F32, 2, ne, v),
+                     KG_ERR_INVALID);
+    char long_name[80];
+    memset(long_name, 'x', 64);
+    long_name[64] = '\0';
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, long_name, KG_GGML_TYPE_F32, 2, ne, v),
+                     KG_ERR_INVALID);
+    long_name[63] = '\0';
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, long_name, KG_GGML_TYPE_F32, 2, ne, v), KG_OK);
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, long_name, KG_GGML_TYPE_F32, 2, ne, v),
+                     KG_ERR_INVALID); /* duplicate */
+    int64_t nk[1] = {256};
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "k", KG_GGML_TYPE_Q4_K, 1, nk, v),
+                     KG_ERR_INVALID); /* cannot quantize to q4_k */
+    uint8_t raw[144] = {0};
+    ck_assert_int_eq(kg_gguf_writer_add_tensor_raw(w, "k", KG_GGML_TYPE_Q4_K, 1, nk, raw, 143),
+                     KG_ERR_INVALID); /* wrong size */
+    ck_assert_int_eq(kg_gguf_writer_write(w, "/nonexistent/dir/x.gguf", err, sizeof(err)),
+                     KG_ERR_IO);
+    ck_assert_ptr_nonnull(strstr(err, "cannot create '/nonexistent/dir/x.gguf'"));
+    kg_gguf_writer_set_u32(w, "general.alignment", 48);
+    const char *path = kg_test_tmp_path("badalign");
+    ck_assert_int_eq(kg_gguf_writer_write(w, path, err, sizeof(err)), KG_ERR_INVALID);
+    ck_assert(!kg_test_exists(path));
+    // a caller-set power of two is used
+    kg_gguf_writer_set_u32(w, "general.alignment", 64);
+    uint8_t *img;
+    size_t n;
+    ck_assert_int_eq(kg_gguf_writer_to_memory(w, &img, &n), KG_OK);
+    kg_gguf_t *g = kg_gguf_open_memory(img, n, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    ck_assert_uint_eq(kg_gguf_alignment(g), 64);
+    ck_assert_int_eq(kg_gguf_n_kv(g), 1);
+    ck_assert_int_eq(n % 64, 0);
+    kg_gguf_free(g);
+    free(img);
+    kg_gguf_writer_free(w);
+    kg_gguf_writer_free(NULL);
+}
+END_TEST
+
+START_TEST(writer_file_truncations) {
+    kg_gguf_writer_t *w = make_all_types();
+    uint8_t *img;
+    size_t n;
+    ck_assert_int_eq(kg_gguf_writer_to_memory(w, &img, &n), KG_OK);
+    kg_gguf_writer_free(w);
+    // the last tensor is a 4-d F32 of 480 bytes padded to 480: any shorter prefix fails
+    for (size_t len = 0; len < n; len++) {
+        uint8_t *copy;
+        kg_gguf_t *g = open_copy(img, len, &copy);
+        ck_assert_msg(g == NULL, "accepted a %zu-byte prefix of %zu", len, n);
+        ck_assert_msg(err[0] != '\0', "no error for length %zu", len);
+        free(copy);
+    }
+    // random corruption of the whole image: an open or an error, never a crash
+    rng_state = 42;
+    int n_ok = 0, n_err = 0;
+    for (int it = 0; it < 4000; it++) {
+        uint8_t *copy = malloc(n);
+        memcpy(copy, img, n);
+        int n_flip = 1 + (int)(rng_next() % 3);
+        for (int k = 0; k < n_flip; k++) {
+            size_t pos = rng_next() % (n < 1400 ? n : 1400); /* the metadata and infos */
+            copy[pos] = (rng_next() & 1) ? (uint8_t)rng_next()
+                                         : (uint8_t)(copy[pos] ^ (1u << (rng_next() % 8)));
+        }
+        kg_gguf_t *g = kg_gguf_open_memory(copy, n, err, sizeof(err));
+        if (g) {
+            touch_all(g);
+            kg_gguf_free(g);
+            n_ok++;
+        } else {
+            ck_assert(err[0] != '\0');
+            n_err++;
+        }
+        free(copy);
+    }
+    ck_assert_int_gt(n_ok, 100);
+    ck_assert_int_gt(n_err, 100);
+    free(img);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("gguf");
     TCase *tc = tcase_create("shared_files");
@@ -700,6 +1034,12 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, stories260k_truncations);
     tcase_add_test(tc, stories260k_byte_flips);
+    tcase_add_test(tc, writer_file_truncations);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("writer");
+    tcase_add_test(tc, writer_round_trip);
+    tcase_add_test(tc, writer_copy_kv);
+    tcase_add_test(tc, writer_rejects);
     suite_add_tcase(s, tc);
     return s;
 }
