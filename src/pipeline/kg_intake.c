@@ -1,0 +1,140 @@
+/* kg_intake: tokenize or render a job and check it against the limits. */
+#include "kg_intake.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../schema/kg_chat.h"
+
+void kg_prepared_clear(kg_prepared_t *p) {
+    free(p->tokens);
+    p->tokens = NULL;
+    p->n_tokens = 0;
+}
+
+/* Tokenize text into a fresh array (grows once if the guess was short). */
+static kg_status_t tokenize(const kg_tokenizer_t *tok, const char *text, size_t len,
+                            bool add_special, kg_prepared_t *out) {
+    int64_t cap = (int64_t)len + 16;
+    out->tokens = malloc((size_t)cap * sizeof(int32_t));
+    if (!out->tokens) {
+        return KG_ERR_NOMEM;
+    }
+    int64_t n = kg_tokenizer_encode(tok, text, len, add_special, true, out->tokens, cap);
+    if (n > cap) {
+        int32_t *t = realloc(out->tokens, (size_t)n * sizeof(int32_t));
+        if (!t) {
+            return KG_ERR_NOMEM;
+        }
+        out->tokens = t;
+        n = kg_tokenizer_encode(tok, text, len, add_special, true, out->tokens, n);
+    }
+    if (n < 0) {
+        return KG_ERR_INVALID;
+    }
+    out->n_tokens = (int32_t)n;
+    return KG_OK;
+}
+
+static const char *token_text(const kg_tokenizer_t *tok, int32_t id, char *buf, size_t cap) {
+    buf[0] = '\0';
+    if (id >= 0) {
+        kg_gguf_str_t s = kg_tokenizer_token_text(tok, id);
+        snprintf(buf, cap, "%.*s", (int)s.len, s.data);
+    }
+    return buf;
+}
+
+kg_status_t kg_intake_prepare(const kg_model_t *model, const kg_intake_limits_t *lim,
+                              const kg_job_t *job, int64_t now_ms, kg_prepared_t *out,
+                              kg_error_code_t *code, char *msg, size_t msg_size) {
+    memset(out, 0, sizeof(*out));
+    const kg_tokenizer_t *tok = model->tok;
+    kg_status_t st = KG_OK;
+    *code = KG_ERROR_INVALID_JOB;
+
+    if (job->deadline_ms > 0 && job->deadline_ms <= now_ms) {
+        *code = KG_ERROR_EXPIRED;
+        snprintf(msg, msg_size, "deadline_ms %lld passed %lld ms before the job was taken",
+                 (long long)job->deadline_ms, (long long)(now_ms - job->deadline_ms));
+        return KG_ERR_INVALID;
+    }
+    if (job->max_tokens > lim->max_tokens_limit) {
+        *code = KG_ERROR_MAX_TOKENS_TOO_LARGE;
+        snprintf(msg, msg_size, "max_tokens %d exceeds this worker's limit of %d", job->max_tokens,
+                 lim->max_tokens_limit);
+        return KG_ERR_INVALID;
+    }
+
+    switch (job->prompt_kind) {
+    case KG_PROMPT_TEXT:
+        st = tokenize(tok, job->prompt, job->prompt_len, true, out);
+        break;
+    case KG_PROMPT_TOKENS:
+        out->tokens = malloc((size_t)(job->n_prompt_tokens > 0 ? job->n_prompt_tokens : 1) *
+                             sizeof(int32_t));
+        if (!out->tokens) {
+            return KG_ERR_NOMEM;
+        }
+        for (int32_t i = 0; i < job->n_prompt_tokens; i++) {
+            if (job->prompt_tokens[i] < 0 || job->prompt_tokens[i] >= model->hp.n_vocab) {
+                snprintf(msg, msg_size, "prompt_tokens[%d]: %d is not a token of this model "
+                         "(vocabulary of %d)", i, job->prompt_tokens[i], model->hp.n_vocab);
+                kg_prepared_clear(out);
+                return KG_ERR_INVALID;
+            }
+            out->tokens[i] = job->prompt_tokens[i];
+        }
+        out->n_tokens = job->n_prompt_tokens;
+        break;
+    case KG_PROMPT_MESSAGES: {
+        char bos[256], eos[256], err[256] = "";
+        char *text = NULL;
+        token_text(tok, kg_tokenizer_bos(tok), bos, sizeof(bos));
+        token_text(tok, kg_tokenizer_eos(tok), eos, sizeof(eos));
+        st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true,
+                            bos, eos, &text, err, sizeof(err));
+        if (st == KG_ERR_UNSUPPORTED || (st != KG_OK && st != KG_ERR_NOMEM)) {
+            *code = st == KG_ERR_UNSUPPORTED ? KG_ERROR_UNSUPPORTED_CHAT_TEMPLATE
+                                             : KG_ERROR_INVALID_JOB;
+            snprintf(msg, msg_size, "%s", *err ? err : "the model has no usable chat template");
+            return KG_ERR_INVALID;
+        }
+        if (st != KG_OK) {
+            return st;
+        }
+        /* the template may already start with the BOS text: do not add a second */
+        size_t bl = strlen(bos);
+        bool has_bos = bl > 0 && strncmp(text, bos, bl) == 0;
+        st = tokenize(tok, text, strlen(text), !has_bos, out);
+        free(text);
+        break;
+    }
+    }
+    if (st == KG_ERR_INVALID) {
+        snprintf(msg, msg_size, "the prompt could not be tokenized");
+    }
+    if (st != KG_OK) {
+        kg_prepared_clear(out);
+        return st;
+    }
+    if (out->n_tokens == 0) {
+        snprintf(msg, msg_size, "the prompt is empty and this model adds no BOS token");
+        kg_prepared_clear(out);
+        return KG_ERR_INVALID;
+    }
+    int32_t max_prompt = lim->max_prompt_tokens > 0 && lim->max_prompt_tokens < lim->max_seq_len
+                             ? lim->max_prompt_tokens
+                             : lim->max_seq_len - 1;
+    if (out->n_tokens > max_prompt) {
+        *code = KG_ERROR_PROMPT_TOO_LONG;
+        snprintf(msg, msg_size, "the prompt has %d tokens; this worker takes at most %d",
+                 out->n_tokens, max_prompt);
+        kg_prepared_clear(out);
+        return KG_ERR_INVALID;
+    }
+    int32_t room = lim->max_seq_len - out->n_tokens;
+    out->max_tokens = job->max_tokens < room ? job->max_tokens : room;
+    return KG_OK;
+}

@@ -1,0 +1,39 @@
+/* kg_intake: a decoded job becomes an engine request, or an error event.
+ *
+ * Shared by `kgen batch` and kgen-worker so both enforce one contract:
+ * the prompt is tokenized (BOS as the model says, special tokens parsed as
+ * llama.cpp's server and vLLM do) or rendered with the model's chat
+ * template; prompt_tokens are checked against the vocabulary; the prompt
+ * must fit the context and max_prompt_tokens; max_tokens must not exceed
+ * the limit (it is clamped to the room left in the context, as llama.cpp's
+ * server does); a job whose deadline has passed is not run. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/kg_status.h"
+#include "../model/kg_model.h"
+#include "../schema/kg_codec.h"
+#include "../schema/kg_job.h"
+
+typedef struct kg_intake_limits {
+    int32_t max_seq_len;       /* prompt + output per sequence */
+    int32_t max_prompt_tokens; /* 0 = max_seq_len - 1 */
+    int32_t max_tokens_limit;  /* jobs asking more get max_tokens_too_large */
+} kg_intake_limits_t;
+
+typedef struct kg_prepared {
+    int32_t *tokens; /* (n_tokens) owned; free with kg_prepared_clear */
+    int32_t n_tokens;
+    int32_t max_tokens; /* after clamping to the context */
+} kg_prepared_t;
+
+/** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a
+ * message for the error event; KG_ERR_NOMEM on allocation failure.
+ * `now_ms` is the epoch time used for the deadline check. @thread any */
+KG_NODISCARD kg_status_t kg_intake_prepare(const kg_model_t *model, const kg_intake_limits_t *lim,
+                                           const kg_job_t *job, int64_t now_ms, kg_prepared_t *out,
+                                           kg_error_code_t *code, char *msg, size_t msg_size);
+
+void kg_prepared_clear(kg_prepared_t *p);

@@ -1,0 +1,67 @@
+/* kg_runner: the engine thread.
+ *
+ * DESIGN
+ * The runner owns the engine and runs it on its own thread, the only one
+ * that touches the engine and the backend (and so the only one that makes
+ * CUDA calls). The kafka thread talks to it through two bounded queues:
+ * commands in (submit a request, cancel one), events out (completions, a
+ * submit that was refused, a fatal backend error). Whatever is enqueued
+ * changes owner: a submitted prompt array is freed by the runner. The
+ * engine thread never waits on Kafka except when the event queue is full,
+ * which the caller prevents by draining it every loop; when there is no
+ * work it sleeps on the command queue. */
+#pragma once
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../engine/kg_engine.h"
+
+typedef struct kg_runner kg_runner_t;
+
+typedef enum kg_runner_event_kind {
+    KG_RUNNER_COMPLETION = 0,
+    KG_RUNNER_REJECTED = 1, /* kg_engine_submit refused the request: status says why */
+    KG_RUNNER_FATAL = 2,    /* the backend failed; the runner has stopped stepping */
+} kg_runner_event_kind_t;
+
+typedef struct kg_runner_event {
+    kg_runner_event_kind_t kind;
+    kg_status_t status;
+    int64_t ts_us; /* kg_clock_us() when the step that made it ended */
+    kg_completion_t c;
+} kg_runner_event_t;
+
+/* Engine figures for metrics and health, updated by the engine thread
+ * after every step, read by anyone. */
+typedef struct kg_runner_gauges {
+    _Atomic int32_t n_waiting, n_running, kv_blocks_used, kv_blocks_total, kv_blocks_cached;
+    _Atomic int64_t n_steps, n_prefill_tokens, n_decode_tokens, n_prefix_hit_tokens,
+        n_prompt_tokens, n_preemptions;
+    _Atomic int64_t last_loop_us; /* kg_clock_us() of the last loop turn (liveness) */
+    _Atomic int64_t step_us_total;
+} kg_runner_gauges_t;
+
+/** A runner over `engine` (borrowed; must outlive the runner), with queues
+ * sized for `max_inflight` requests. The thread starts here. */
+kg_runner_t *kg_runner_new(kg_engine_t *engine, int32_t max_inflight, char *errstr,
+                           size_t errstr_size);
+/** Stop the thread (finishing the current step) and free. */
+void kg_runner_free(kg_runner_t *r);
+
+/** Hand a request to the engine; its prompt is copied. KG_QUEUE_FULL when
+ * the command queue is full. @thread kafka */
+KG_NODISCARD kg_status_t kg_runner_submit(kg_runner_t *r, const kg_request_t *req);
+/** Cancel a request by id (its CANCELLED finish comes back as an event).
+ * @thread kafka */
+KG_NODISCARD kg_status_t kg_runner_cancel(kg_runner_t *r, uint64_t id);
+
+/** Take up to `max` events, waiting up to timeout_ms for the first.
+ * @thread kafka */
+int kg_runner_poll(kg_runner_t *r, kg_runner_event_t *out, int max, int timeout_ms);
+
+/** Whether the backend failed (a FATAL event was sent). */
+bool kg_runner_is_dead(const kg_runner_t *r);
+
+const kg_runner_gauges_t *kg_runner_gauges(const kg_runner_t *r);

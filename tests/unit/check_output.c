@@ -1,0 +1,167 @@
+/* check_output: streamed text from tokens: UTF-8 held back until whole,
+ * possible stop-string prefixes held back, the cut at a stop string, and
+ * token event texts that join to the final text. */
+#include "check_common.h"
+
+#include <string.h>
+
+#include "model/kg_gguf.h"
+#include "model/kg_tokenizer.h"
+#include "pipeline/kg_output.h"
+
+static kg_gguf_t *g;
+static kg_tokenizer_t *tok;
+
+static void setup(void) {
+    char err[256];
+    g = kg_gguf_open(kg_test_shared("tokenizer-vectors/ggml-vocab-gpt-2.gguf"), err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    tok = kg_tokenizer_new(g, err, sizeof(err));
+    ck_assert_msg(tok != NULL, "%s", err);
+}
+
+static void teardown(void) {
+    kg_tokenizer_free(tok);
+    kg_gguf_free(g);
+}
+
+typedef struct run {
+    char joined[4096];
+    size_t joined_len;
+    int n_events;
+    int last_index;
+    char final_text[4096];
+    bool stopped;
+} run_t;
+
+/* Tokenize `text`, push every token, finish; collect the events. */
+static void run_text(const char *text, const char *const *stop, int n_stop, run_t *r) {
+    int32_t ids[1024];
+    int64_t n = kg_tokenizer_encode(tok, text, strlen(text), false, false, ids, 1024);
+    ck_assert(n > 0 && n <= 1024);
+    memset(r, 0, sizeof(*r));
+    r->last_index = -1;
+    kg_output_t out;
+    kg_output_init(&out, tok, stop, n_stop);
+    kg_output_event_t ev[2];
+    for (int64_t i = 0; i < n && !kg_output_stopped(&out); i++) {
+        int k = kg_output_push(&out, ids[i], NULL, ev);
+        ck_assert_int_ge(k, 0);
+        for (int j = 0; j < k; j++) {
+            size_t len;
+            const char *t = kg_output_text(&out, &len);
+            ck_assert_int_eq(ev[j].index, r->last_index + 1); /* in order, none skipped */
+            r->last_index = ev[j].index;
+            ck_assert_uint_le(ev[j].text_off + ev[j].text_len, len);
+            memcpy(r->joined + r->joined_len, t + ev[j].text_off, ev[j].text_len);
+            r->joined_len += ev[j].text_len;
+            r->n_events++;
+        }
+    }
+    r->stopped = kg_output_stopped(&out);
+    int k = kg_output_finish(&out, ev);
+    size_t len;
+    const char *t = kg_output_text(&out, &len);
+    for (int j = 0; j < k; j++) {
+        ck_assert_int_eq(ev[j].index, r->last_index + 1);
+        r->last_index = ev[j].index;
+        memcpy(r->joined + r->joined_len, t + ev[j].text_off, ev[j].text_len);
+        r->joined_len += ev[j].text_len;
+        r->n_events++;
+    }
+    memcpy(r->final_text, t, len);
+    r->final_text[len] = '\0';
+    r->joined[r->joined_len] = '\0';
+    kg_output_clear(&out);
+}
+
+START_TEST(plain_text_round_trips) {
+    run_t r;
+    run_text("Hello world, this is kgen.", NULL, 0, &r);
+    ck_assert_str_eq(r.final_text, "Hello world, this is kgen.");
+    ck_assert_str_eq(r.joined, r.final_text);
+    ck_assert(!r.stopped);
+}
+END_TEST
+
+START_TEST(utf8_split_across_tokens_is_held_back) {
+    /* byte-level BPE splits these characters over several tokens: no event
+     * may carry half a character */
+    const char *text = "日本語のテキスト 🦙🦙 Ünïcödé";
+    int32_t ids[256];
+    int64_t n = kg_tokenizer_encode(tok, text, strlen(text), false, false, ids, 256);
+    kg_output_t out;
+    kg_output_init(&out, tok, NULL, 0);
+    kg_output_event_t ev[2];
+    for (int64_t i = 0; i < n; i++) {
+        int k = kg_output_push(&out, ids[i], NULL, ev);
+        for (int j = 0; j < k; j++) {
+            size_t len;
+            const char *t = kg_output_text(&out, &len);
+            /* each event's text is whole characters: starts on a lead byte */
+            if (ev[j].text_len > 0) {
+                ck_assert((t[ev[j].text_off] & 0xC0) != 0x80);
+                size_t end = ev[j].text_off + ev[j].text_len;
+                ck_assert(end == len || (t[end] & 0xC0) != 0x80);
+            }
+        }
+    }
+    kg_output_clear(&out);
+    run_t r;
+    run_text(text, NULL, 0, &r);
+    ck_assert_str_eq(r.final_text, text);
+    ck_assert_str_eq(r.joined, text);
+    ck_assert_int_eq(r.last_index, (int)n - 1);
+}
+END_TEST
+
+START_TEST(stop_string_cuts_the_text) {
+    const char *stop[] = {"END", "\n\n"};
+    run_t r;
+    run_text("The answer is 42.\n\nNext question", stop, 2, &r);
+    ck_assert(r.stopped);
+    ck_assert_str_eq(r.final_text, "The answer is 42.");
+    ck_assert_str_eq(r.joined, r.final_text);
+}
+END_TEST
+
+START_TEST(stop_prefix_that_never_completes_is_released) {
+    const char *stop[] = {"ENDING"};
+    run_t r;
+    run_text("the END of it", stop, 1, &r);
+    ck_assert(!r.stopped);
+    ck_assert_str_eq(r.final_text, "the END of it");
+    ck_assert_str_eq(r.joined, r.final_text);
+    run_text("trailing END", stop, 1, &r); /* held back to the very end */
+    ck_assert_str_eq(r.final_text, "trailing END");
+    ck_assert_str_eq(r.joined, r.final_text);
+}
+END_TEST
+
+START_TEST(stop_inside_one_token_and_at_start) {
+    const char *stop[] = {"world"};
+    run_t r;
+    run_text("hello world again", stop, 1, &r);
+    ck_assert(r.stopped);
+    ck_assert_str_eq(r.final_text, "hello ");
+    ck_assert_str_eq(r.joined, "hello ");
+    run_text("world first", stop, 1, &r);
+    ck_assert(r.stopped);
+    ck_assert_str_eq(r.final_text, "");
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    Suite *s = suite_create("output");
+    TCase *tc = tcase_create("output");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, plain_text_round_trips);
+    tcase_add_test(tc, utf8_split_across_tokens_is_held_back);
+    tcase_add_test(tc, stop_string_cuts_the_text);
+    tcase_add_test(tc, stop_prefix_that_never_completes_is_released);
+    tcase_add_test(tc, stop_inside_one_token_and_at_start);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)
