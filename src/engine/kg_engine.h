@@ -4,21 +4,54 @@
  * The engine is owned by one thread and knows nothing of Kafka. Callers
  * submit requests (token ids + sampling parameters + limits) and call
  * kg_engine_step() in a loop; each step
- *   1. admits waiting requests into free slots (at most max_batch_size
- *      running) while the KV pool has blocks for their prompt plus headroom,
- *      reusing cached prefix blocks (full prompt blocks hashed with the
- *      prefix before them, shared read-only with reference counts);
- *   2. builds one batch: one decode token for every running sequence, then
- *      prefill chunks of admitted sequences up to max_batch_tokens;
- *   3. when a sequence needs a block and none is free, preempts the most
- *      recently admitted sequence (frees its blocks, keeps its tokens,
- *      requeues it at the front to be recomputed later);
- *   4. runs one kg_backend_forward for the whole batch, samples every
- *      sequence that produced logits with its own RNG, and reports each new
- *      token and each finish as a completion;
- *   5. frees the slot and blocks of every finished sequence the same step.
- * Nothing in the step allocates: slots, block tables, batch arrays, logits
- * and sampler scratch are sized at kg_engine_new. */
+ *   1. finishes cancelled requests and those past their deadline (waiting
+ *      ones without ever running);
+ *   2. makes sure every running sequence has a block for its next token;
+ *      when the pool (free plus evictable cached blocks) has none, it
+ *      preempts the most recently admitted sequence (frees its blocks, keeps
+ *      its tokens, requeues it at the very front of the queue to be
+ *      recomputed later) until the block is there or the needy sequence was
+ *      itself the newest and got preempted. A sequence alone in a pool it
+ *      has filled cannot grow: it finishes LENGTH rather than hang;
+ *   3. builds one batch: one decode token for every running sequence whose
+ *      prompt is done, then prefill chunks in admission order up to
+ *      max_batch_tokens (a long prompt is split over steps; decodes never
+ *      wait behind it);
+ *   4. admits waiting requests (priority, then FIFO; preempted ones first)
+ *      into free slots while the step still has token budget and the pool
+ *      can supply blocks for the part of the tokens the prefix cache does
+ *      not hold plus a headroom of max(1, n_kv_blocks / 100) blocks (none
+ *      when nothing runs). The head of the queue is never skipped for a
+ *      smaller request behind it, so no request starves. Nothing is
+ *      admitted in a step that preempted. Admission takes blocks for all of
+ *      the prompt, never a max_seq_len reservation;
+ *   5. runs one kg_backend_forward for the whole batch, registers every
+ *      newly computed full block in the prefix cache (prompt and generated
+ *      tokens), samples every sequence that produced logits with its own
+ *      RNG, and reports each new token and each finish as a completion;
+ *   6. frees the slot and blocks of every finished sequence the same step.
+ * Prefix cache: full blocks are hashed with the prefix before them (kg_kv);
+ * a new request reuses the longest cached run of its leading blocks
+ * (always leaving its last token to compute, so there are logits to
+ * sample), and a preempted one finds most of its own blocks again.
+ * Nothing in kg_engine_submit, kg_engine_cancel or kg_engine_step
+ * allocates: request records with their token buffers, slots, block tables,
+ * batch arrays, logits and sampler scratch are sized at kg_engine_new.
+ * A job's tokens depend only on (backend, prompt, parameters, seed): each
+ * request has its own RNG, seeded at submit, and the backend computes every
+ * row independently of the rest of the batch.
+ *
+ * COMPLETIONS
+ * A step reports, per request, at most one completion:
+ *   - token >= 0, finish NONE: a new output token (index = its position in
+ *     the output, from 0);
+ *   - token >= 0, finish LENGTH: a new output token that is also the last
+ *     (max_tokens reached, or the context reached max_seq_len);
+ *   - token -1: a finish without a new token (index = the output length):
+ *     STOP (the sampled end-of-generation token is not part of the output;
+ *     `sample` still describes it), DEADLINE, CANCELLED, or LENGTH when the
+ *     KV pool is too small for the context to grow.
+ * Every request gets exactly one completion with finish != NONE. */
 #pragma once
 
 #include <stdbool.h>
@@ -74,7 +107,7 @@ typedef struct kg_completion {
     kg_finish_t finish;
     int32_t n_prompt;
     int32_t n_cached;  /* prompt tokens served by the prefix cache (at first admission) */
-    kg_sample_result_t sample; /* token and logprobs when token >= 0 */
+    kg_sample_result_t sample; /* token and logprobs when token >= 0, or the EOG token on STOP */
 } kg_completion_t;
 
 typedef struct kg_engine_stats {
@@ -97,9 +130,11 @@ kg_engine_t *kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, c
                            size_t errstr_size);
 void kg_engine_free(kg_engine_t *e);
 
-/** Queue a request. KG_QUEUE_FULL when max_queue_depth are waiting,
- * KG_ERR_INVALID when the prompt is empty or leaves no room in max_seq_len.
- * @thread engine */
+/** Queue a request; the prompt is copied. KG_QUEUE_FULL when
+ * max_queue_depth are waiting. KG_ERR_INVALID when the prompt is empty,
+ * leaves no room in max_seq_len, does not fit the whole KV pool, holds a
+ * token id outside the vocabulary, when max_tokens < 1, n_logprobs is out
+ * of range or the id belongs to a live request. @thread engine */
 KG_NODISCARD kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req);
 
 /** Cancel a waiting or running request; its finish (CANCELLED) is reported
@@ -107,14 +142,22 @@ KG_NODISCARD kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *re
 bool kg_engine_cancel(kg_engine_t *e, uint64_t id);
 
 /** Run one step. Writes up to `cap` completions (cap must be at least
- * 2 * (max_batch_size + max_queue_depth)) and returns how many, or a negative
- * kg_status_t on a backend error. Returns 0 when idle. @thread engine */
+ * max_batch_size + max_queue_depth, else KG_ERR_INVALID) and returns how
+ * many (0 when idle or when the step only prefilled), or a negative
+ * kg_status_t when the backend failed. After a backend failure nothing has
+ * advanced: the finishes already decided in that step are kept and
+ * reported by the next successful step, which retries the work. @thread engine */
 int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap);
 
-/** Whether any request is waiting or running. */
+/** Whether any request is waiting or running, or a finish is still to be
+ * reported. */
 bool kg_engine_busy(const kg_engine_t *e);
 
 void kg_engine_stats(const kg_engine_t *e, kg_engine_stats_t *out);
+
+/** Replace the clock used for deadlines (default: kg_clock_us), e.g. with
+ * a fake clock in tests. @thread engine */
+void kg_engine_set_clock(kg_engine_t *e, int64_t (*now_us)(void *ctx), void *ctx);
 
 /** Default parameters for a model on a backend: batch sizes, a KV pool of
  * `kv_memory_size` bytes (0: enough for max_batch_size full contexts). */

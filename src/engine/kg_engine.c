@@ -1,0 +1,667 @@
+/* kg_engine: the continuous-batching scheduler (see kg_engine.h for the
+ * design and the completion convention). */
+#include "kg_engine.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/kg_clock.h"
+#include "../core/kg_log.h"
+#include "kg_kv.h"
+
+/* One request from submit to finish: waiting (slot -1) or running. */
+typedef struct kg_seq {
+    bool live;
+    bool cancelled;
+    bool front;          /* preempted: stays ahead of every submitted request */
+    bool admitted_once;  /* n_cached is known */
+    uint64_t id;
+    int32_t priority;
+    int64_t deadline_us; /* 0: none */
+    int32_t max_tokens;
+    bool ignore_eos;
+    kg_sampling_params_t sampling;
+    kg_rng_t rng;
+    int32_t *tokens;     /* (max_seq_len) the prompt, then the output */
+    int32_t n_prompt;
+    int32_t n_tokens;    /* prompt + output */
+    int32_t n_computed;  /* leading tokens whose K/V are in the slot's blocks */
+    int32_t prefill_end; /* tokens before it count as prefill (set at admission) */
+    int32_t n_cached;    /* prompt tokens from the prefix cache at first admission */
+    int32_t slot;        /* -1 while waiting */
+    int32_t n_sched;     /* tokens in this step's batch */
+} kg_seq_t;
+
+struct kg_engine {
+    kg_backend_t *be; /* borrowed */
+    kg_engine_params_t p;
+    int32_t max_blocks_per_seq;
+    int32_t headroom; /* blocks kept free when admitting next to running sequences */
+    kg_kv_t *kv;
+    kg_sampler_scratch_t *scratch;
+
+    // ---- requests ----
+    int32_t n_recs;      /* max_queue_depth + max_batch_size */
+    kg_seq_t *recs;      /* (n_recs) */
+    int32_t *arena;      /* (n_recs, max_seq_len) token buffers */
+    int32_t *free_recs;  /* (n_recs) stack of unused record ids */
+    int32_t n_free_recs;
+    int32_t *wait;       /* (n_recs) waiting record ids in admission order */
+    int32_t n_wait;
+    int32_t *run;        /* (max_batch_size) running record ids, oldest admission first */
+    int32_t n_run;
+    int32_t *free_slots; /* (max_batch_size) stack of unused slot ids */
+    int32_t n_free_slots;
+    uint64_t n_submitted;
+
+    // ---- the step ----
+    int32_t *b_token;   /* (max_batch_tokens) */
+    int32_t *b_pos;     /* (max_batch_tokens) */
+    int32_t *b_seq;     /* (max_batch_tokens) slot of each token */
+    bool *b_want;       /* (max_batch_tokens) */
+    int32_t *b_row_rec; /* (max_batch_size) record of each logits row */
+    float *logits;      /* (max_batch_size, n_vocab) */
+    kg_completion_t *done; /* (n_recs) finishes and tokens to report */
+    int32_t n_done;
+
+    int64_t (*now_us)(void *ctx);
+    void *now_ctx;
+    kg_engine_stats_t st;
+};
+
+const char *kg_finish_str(kg_finish_t f) {
+    switch (f) {
+    case KG_FINISH_NONE:
+        return "none";
+    case KG_FINISH_STOP:
+        return "stop";
+    case KG_FINISH_LENGTH:
+        return "length";
+    case KG_FINISH_DEADLINE:
+        return "deadline";
+    case KG_FINISH_CANCELLED:
+        return "cancelled";
+    }
+    return "unknown";
+}
+
+static int64_t default_now_us(void *ctx) {
+    (void)ctx;
+    return kg_clock_us();
+}
+
+// ---- lifecycle ----
+
+kg_engine_t *kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, char *errstr,
+                           size_t errstr_size) {
+    const kg_engine_params_t *p = params;
+    if (p->max_batch_size < 1 || p->max_queue_depth < 1 || p->max_seq_len < 2 ||
+        p->kv_block_size < 1 || p->n_kv_blocks < 1 || p->n_vocab < 1) {
+        snprintf(errstr, errstr_size,
+                 "engine: max_batch_size (%d), max_queue_depth (%d), kv_block_size (%d), "
+                 "n_kv_blocks (%d) and n_vocab (%d) must be positive and max_seq_len (%d) at "
+                 "least 2",
+                 p->max_batch_size, p->max_queue_depth, p->kv_block_size, p->n_kv_blocks,
+                 p->n_vocab, p->max_seq_len);
+        return NULL;
+    }
+    /* Every running sequence must be able to put its decode token in a step. */
+    if (p->max_batch_tokens < p->max_batch_size) {
+        snprintf(errstr, errstr_size,
+                 "engine: max_batch_tokens (%d) must be at least max_batch_size (%d)",
+                 p->max_batch_tokens, p->max_batch_size);
+        return NULL;
+    }
+    if (p->n_eog < 0 || p->n_eog > KG_MAX_EOG) {
+        snprintf(errstr, errstr_size, "engine: n_eog (%d) must be in 0..%d", p->n_eog,
+                 KG_MAX_EOG);
+        return NULL;
+    }
+    if ((int64_t)p->max_queue_depth + p->max_batch_size > INT32_MAX / 2) {
+        snprintf(errstr, errstr_size, "engine: max_queue_depth (%d) is too large",
+                 p->max_queue_depth);
+        return NULL;
+    }
+    kg_engine_t *e = calloc(1, sizeof(*e));
+    if (!e) {
+        snprintf(errstr, errstr_size, "engine: out of memory");
+        return NULL;
+    }
+    e->be = be;
+    e->p = *p;
+    e->max_blocks_per_seq = (p->max_seq_len + p->kv_block_size - 1) / p->kv_block_size;
+    e->headroom = p->n_kv_blocks / 100 > 1 ? p->n_kv_blocks / 100 : 1;
+    e->now_us = default_now_us;
+    kg_kv_params_t kp = {.n_blocks = p->n_kv_blocks,
+                         .block_size = p->kv_block_size,
+                         .n_slots = p->max_batch_size,
+                         .max_blocks_per_seq = e->max_blocks_per_seq,
+                         .prefix_cache = p->prefix_cache};
+    e->kv = kg_kv_new(&kp, errstr, errstr_size);
+    if (!e->kv) {
+        goto fail_quiet;
+    }
+    e->scratch = kg_sampler_scratch_new(p->n_vocab);
+    e->n_recs = p->max_queue_depth + p->max_batch_size;
+    size_t nr = (size_t)e->n_recs, nb = (size_t)p->max_batch_size;
+    size_t nt = (size_t)p->max_batch_tokens;
+    e->recs = calloc(nr, sizeof(*e->recs));
+    e->arena = malloc(nr * (size_t)p->max_seq_len * sizeof(*e->arena));
+    e->free_recs = malloc(nr * sizeof(*e->free_recs));
+    e->wait = malloc(nr * sizeof(*e->wait));
+    e->run = malloc(nb * sizeof(*e->run));
+    e->free_slots = malloc(nb * sizeof(*e->free_slots));
+    e->b_token = malloc(nt * sizeof(*e->b_token));
+    e->b_pos = malloc(nt * sizeof(*e->b_pos));
+    e->b_seq = malloc(nt * sizeof(*e->b_seq));
+    e->b_want = malloc(nt * sizeof(*e->b_want));
+    e->b_row_rec = malloc(nb * sizeof(*e->b_row_rec));
+    e->logits = malloc(nb * (size_t)p->n_vocab * sizeof(*e->logits));
+    e->done = calloc(nr, sizeof(*e->done));
+    if (!e->scratch || !e->recs || !e->arena || !e->free_recs || !e->wait || !e->run ||
+        !e->free_slots || !e->b_token || !e->b_pos || !e->b_seq || !e->b_want || !e->b_row_rec ||
+        !e->logits || !e->done) {
+        goto fail;
+    }
+    for (int32_t i = 0; i < e->n_recs; i++) {
+        e->recs[i].tokens = e->arena + (size_t)i * (size_t)p->max_seq_len;
+        e->recs[i].slot = -1;
+        e->free_recs[i] = e->n_recs - 1 - i;
+    }
+    e->n_free_recs = e->n_recs;
+    for (int32_t i = 0; i < p->max_batch_size; i++) {
+        e->free_slots[i] = p->max_batch_size - 1 - i;
+    }
+    e->n_free_slots = p->max_batch_size;
+    e->st.kv_blocks_total = p->n_kv_blocks;
+    return e;
+fail:
+    snprintf(errstr, errstr_size,
+             "engine: out of memory for %d requests of %d tokens and %d x %d logits", e->n_recs,
+             p->max_seq_len, p->max_batch_size, p->n_vocab);
+fail_quiet:
+    kg_engine_free(e);
+    return NULL;
+}
+
+void kg_engine_free(kg_engine_t *e) {
+    if (!e) {
+        return;
+    }
+    kg_kv_free(e->kv);
+    kg_sampler_scratch_free(e->scratch);
+    free(e->recs);
+    free(e->arena);
+    free(e->free_recs);
+    free(e->wait);
+    free(e->run);
+    free(e->free_slots);
+    free(e->b_token);
+    free(e->b_pos);
+    free(e->b_seq);
+    free(e->b_want);
+    free(e->b_row_rec);
+    free(e->logits);
+    free(e->done);
+    free(e);
+}
+
+void kg_engine_set_clock(kg_engine_t *e, int64_t (*now_us)(void *ctx), void *ctx) {
+    e->now_us = now_us ? now_us : default_now_us;
+    e->now_ctx = now_us ? ctx : NULL;
+}
+
+// ---- the waiting queue ----
+
+/* Preempted requests go to the very front, most recent first: requests are
+ * preempted newest first, so they come back in their original order. */
+static void wait_push_front(kg_engine_t *e, int32_t r) {
+    memmove(e->wait + 1, e->wait, (size_t)e->n_wait * sizeof(*e->wait));
+    e->wait[0] = r;
+    e->n_wait++;
+}
+
+/* After the preempted ones and every request of the same or a higher
+ * priority: priority order, FIFO within a priority. */
+static void wait_insert(kg_engine_t *e, int32_t r) {
+    int32_t prio = e->recs[r].priority;
+    int32_t i = 0;
+    while (i < e->n_wait && (e->recs[e->wait[i]].front || e->recs[e->wait[i]].priority >= prio)) {
+        i++;
+    }
+    memmove(e->wait + i + 1, e->wait + i, (size_t)(e->n_wait - i) * sizeof(*e->wait));
+    e->wait[i] = r;
+    e->n_wait++;
+}
+
+static void wait_remove_at(kg_engine_t *e, int32_t i) {
+    memmove(e->wait + i, e->wait + i + 1, (size_t)(e->n_wait - i - 1) * sizeof(*e->wait));
+    e->n_wait--;
+}
+
+static void run_remove_at(kg_engine_t *e, int32_t i) {
+    memmove(e->run + i, e->run + i + 1, (size_t)(e->n_run - i - 1) * sizeof(*e->run));
+    e->n_run--;
+}
+
+// ---- submit and cancel ----
+
+static bool id_is_live(const kg_engine_t *e, uint64_t id) {
+    for (int32_t i = 0; i < e->n_recs; i++) {
+        if (e->recs[i].live && e->recs[i].id == id) {
+            return true;
+        }
+    }
+    return false;
+}
+
+kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
+    const kg_engine_params_t *p = &e->p;
+    if (!req->prompt || req->n_prompt < 1 || req->n_prompt >= p->max_seq_len ||
+        req->max_tokens < 1 || req->sampling.n_logprobs < 0 ||
+        req->sampling.n_logprobs > KG_MAX_LOGPROBS) {
+        return KG_ERR_INVALID;
+    }
+    /* A prompt larger than the whole pool could never be admitted. */
+    if ((req->n_prompt + p->kv_block_size - 1) / p->kv_block_size > p->n_kv_blocks) {
+        return KG_ERR_INVALID;
+    }
+    for (int32_t i = 0; i < req->n_prompt; i++) {
+        if (req->prompt[i] < 0 || req->prompt[i] >= p->n_vocab) {
+            return KG_ERR_INVALID;
+        }
+    }
+    if (id_is_live(e, req->id)) {
+        return KG_ERR_INVALID;
+    }
+    if (e->n_wait >= p->max_queue_depth) {
+        return KG_QUEUE_FULL;
+    }
+    /* waiting < max_queue_depth and running <= max_batch_size, so a record is free. */
+    KG_ASSERT(e->n_free_recs > 0);
+    int32_t r = e->free_recs[--e->n_free_recs];
+    kg_seq_t *seq = &e->recs[r];
+    int32_t *tokens = seq->tokens;
+    memset(seq, 0, sizeof(*seq));
+    seq->tokens = tokens;
+    seq->live = true;
+    seq->id = req->id;
+    seq->priority = req->priority;
+    seq->deadline_us = req->deadline_us;
+    seq->max_tokens = req->max_tokens;
+    seq->ignore_eos = req->ignore_eos;
+    seq->sampling = req->sampling;
+    kg_rng_seed(&seq->rng, req->sampling.seed);
+    memcpy(seq->tokens, req->prompt, (size_t)req->n_prompt * sizeof(*seq->tokens));
+    seq->n_prompt = req->n_prompt;
+    seq->n_tokens = req->n_prompt;
+    seq->slot = -1;
+    e->n_submitted++;
+    wait_insert(e, r);
+    return KG_OK;
+}
+
+bool kg_engine_cancel(kg_engine_t *e, uint64_t id) {
+    for (int32_t i = 0; i < e->n_recs; i++) {
+        if (e->recs[i].live && e->recs[i].id == id) {
+            e->recs[i].cancelled = true;
+            return true;
+        }
+    }
+    return false;
+}
+
+// ---- finishing and preempting ----
+
+static void report(kg_engine_t *e, const kg_seq_t *seq, int32_t token, kg_finish_t finish,
+                   const kg_sample_result_t *sample) {
+    kg_completion_t *c = &e->done[e->n_done++];
+    c->id = seq->id;
+    c->token = token;
+    c->finish = finish;
+    c->n_prompt = seq->n_prompt;
+    c->n_cached = seq->n_cached;
+    int32_t n_output = seq->n_tokens - seq->n_prompt;
+    c->index = token >= 0 ? n_output - 1 : n_output;
+    if (sample) {
+        c->sample = *sample;
+    } else {
+        memset(&c->sample, 0, sizeof(c->sample));
+        c->sample.token = -1;
+    }
+}
+
+static void free_record(kg_engine_t *e, int32_t r) {
+    e->recs[r].live = false;
+    e->free_recs[e->n_free_recs++] = r;
+}
+
+/* Give back the slot and blocks of run[i] and take it off the run list. */
+static void unschedule(kg_engine_t *e, int32_t i) {
+    kg_seq_t *seq = &e->recs[e->run[i]];
+    kg_kv_seq_release(e->kv, seq->slot);
+    e->free_slots[e->n_free_slots++] = seq->slot;
+    seq->slot = -1;
+    seq->n_sched = 0;
+    run_remove_at(e, i);
+}
+
+static void finish_running(kg_engine_t *e, int32_t i, kg_finish_t finish) {
+    int32_t r = e->run[i];
+    report(e, &e->recs[r], -1, finish, NULL);
+    unschedule(e, i);
+    free_record(e, r);
+}
+
+static void preempt(kg_engine_t *e, int32_t i) {
+    int32_t r = e->run[i];
+    kg_seq_t *seq = &e->recs[r];
+    unschedule(e, i);
+    seq->n_computed = 0;
+    seq->front = true;
+    wait_push_front(e, r);
+    e->st.n_preemptions++;
+    KG_LOG_DEBUG("engine", "preempted id=%llu tokens=%d", (unsigned long long)seq->id,
+                 seq->n_tokens);
+}
+
+static kg_finish_t expiry(const kg_seq_t *seq, int64_t now) {
+    if (seq->cancelled) {
+        return KG_FINISH_CANCELLED;
+    }
+    if (seq->deadline_us > 0 && now >= seq->deadline_us) {
+        return KG_FINISH_DEADLINE;
+    }
+    return KG_FINISH_NONE;
+}
+
+static bool is_eog(const kg_engine_t *e, int32_t tok) {
+    for (int32_t i = 0; i < e->p.n_eog; i++) {
+        if (e->p.eog[i] == tok) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// ---- the step ----
+
+/* Step phase 1: cancels and deadlines, running and waiting. */
+static void expire(kg_engine_t *e) {
+    int64_t now = e->now_us(e->now_ctx);
+    for (int32_t i = 0; i < e->n_run;) {
+        kg_finish_t f = expiry(&e->recs[e->run[i]], now);
+        if (f != KG_FINISH_NONE) {
+            finish_running(e, i, f);
+        } else {
+            i++;
+        }
+    }
+    for (int32_t i = 0; i < e->n_wait;) {
+        int32_t r = e->wait[i];
+        kg_finish_t f = expiry(&e->recs[r], now);
+        if (f != KG_FINISH_NONE) {
+            report(e, &e->recs[r], -1, f, NULL);
+            wait_remove_at(e, i);
+            free_record(e, r);
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Step phase 2: a block for the next token of every running sequence,
+ * oldest first. Returns whether anything was preempted. */
+static bool reserve_blocks(kg_engine_t *e) {
+    bool preempted = false;
+    int32_t bs = e->p.kv_block_size;
+    for (int32_t i = 0; i < e->n_run;) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        int32_t need = (seq->n_tokens - 1) / bs + 1;
+        bool gone = false;
+        while (kg_kv_seq_n_blocks(e->kv, seq->slot) < need) {
+            if (kg_kv_seq_grow(e->kv, seq->slot)) {
+                continue;
+            }
+            if (e->n_run == 1) {
+                /* Alone in a pool full of its own blocks: the context cannot
+                 * grow here, ever. Waiting would hang. */
+                finish_running(e, i, KG_FINISH_LENGTH);
+                gone = true;
+                break;
+            }
+            int32_t victim = e->n_run - 1;
+            preempt(e, victim);
+            preempted = true;
+            if (victim == i) {
+                gone = true;
+                break;
+            }
+        }
+        if (!gone) {
+            i++;
+        }
+    }
+    return preempted;
+}
+
+static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, int32_t *n_rows) {
+    kg_seq_t *seq = &e->recs[r];
+    int32_t n = seq->n_tokens - seq->n_computed;
+    if (n > n_max) {
+        n = n_max;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        int32_t pos = seq->n_computed + k;
+        e->b_token[nt + k] = seq->tokens[pos];
+        e->b_pos[nt + k] = pos;
+        e->b_seq[nt + k] = seq->slot;
+        e->b_want[nt + k] = pos == seq->n_tokens - 1;
+    }
+    if (n > 0 && seq->n_computed + n == seq->n_tokens) {
+        e->b_row_rec[(*n_rows)++] = r;
+    }
+    seq->n_sched = n;
+    return n;
+}
+
+/* Step phase 4: admit from the head of the queue while there is a slot,
+ * token budget and blocks. Returns the new batch size. */
+static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
+    int32_t bs = e->p.kv_block_size;
+    while (e->n_wait > 0 && e->n_run < e->p.max_batch_size && nt < e->p.max_batch_tokens) {
+        int32_t r = e->wait[0];
+        kg_seq_t *seq = &e->recs[r];
+        /* Leave at least the last token to compute: its logits are needed. */
+        int32_t idle = 0;
+        int32_t hit = kg_kv_match(e->kv, seq->tokens, (seq->n_tokens - 1) / bs, &idle);
+        int32_t need = (seq->n_tokens - 1) / bs + 1;
+        int32_t headroom = e->n_run > 0 ? e->headroom : 0;
+        if (need - hit + headroom > kg_kv_n_available(e->kv) - idle) {
+            break; /* the head waits; nobody overtakes it */
+        }
+        int32_t slot = e->free_slots[--e->n_free_slots];
+        kg_status_t st = kg_kv_seq_assign(e->kv, slot, seq->tokens, hit, need);
+        KG_ASSERT(st == KG_OK);
+        wait_remove_at(e, 0);
+        e->run[e->n_run++] = r;
+        seq->slot = slot;
+        seq->front = false;
+        seq->n_computed = hit * bs;
+        /* Recomputing a preempted sequence's tokens counts as prefill, but
+         * its last token was sampled and never fed: that one is a decode. */
+        seq->prefill_end = seq->n_tokens > seq->n_prompt ? seq->n_tokens - 1 : seq->n_tokens;
+        if (!seq->admitted_once) {
+            seq->admitted_once = true;
+            seq->n_cached = hit * bs;
+            e->st.n_prompt_tokens += seq->n_prompt;
+            e->st.n_prefix_hit_tokens += hit * bs;
+        }
+        nt += schedule(e, r, e->p.max_batch_tokens - nt, nt, n_rows);
+    }
+    return nt;
+}
+
+/* Append a sampled token or finish; returns whether the sequence ended. */
+static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
+    kg_seq_t *seq = &e->recs[r];
+    int32_t tok = res->token;
+    if (!seq->ignore_eos && is_eog(e, tok)) {
+        report(e, seq, -1, KG_FINISH_STOP, res);
+        return true;
+    }
+    seq->tokens[seq->n_tokens++] = tok;
+    kg_finish_t f = KG_FINISH_NONE;
+    if (seq->n_tokens - seq->n_prompt >= seq->max_tokens || seq->n_tokens >= e->p.max_seq_len) {
+        f = KG_FINISH_LENGTH;
+    }
+    report(e, seq, tok, f, res);
+    return f != KG_FINISH_NONE;
+}
+
+static int32_t flush(kg_engine_t *e, kg_completion_t *out) {
+    int32_t n = e->n_done;
+    memcpy(out, e->done, (size_t)n * sizeof(*out));
+    e->n_done = 0;
+    return n;
+}
+
+int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
+    if (cap < e->n_recs) {
+        return KG_ERR_INVALID;
+    }
+    expire(e);
+    bool preempted = reserve_blocks(e);
+
+    /* Phase 3: decode tokens first, then prefill chunks in admission order. */
+    int32_t nt = 0, n_rows = 0, budget = e->p.max_batch_tokens;
+    for (int32_t i = 0; i < e->n_run; i++) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        seq->n_sched = 0;
+        if (seq->n_tokens - seq->n_computed == 1) {
+            nt += schedule(e, e->run[i], 1, nt, &n_rows);
+        }
+    }
+    for (int32_t i = 0; i < e->n_run; i++) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        if (seq->n_tokens - seq->n_computed > 1 && nt < budget) {
+            nt += schedule(e, e->run[i], budget - nt, nt, &n_rows);
+        }
+    }
+    /* A step that preempted is short of blocks: admitting now would only
+     * preempt again. */
+    if (!preempted) {
+        nt = admit(e, nt, &n_rows);
+    }
+    if (nt == 0) {
+        return flush(e, out);
+    }
+
+    kg_step_batch_t batch = {
+        .n_tokens = nt,
+        .token = e->b_token,
+        .pos = e->b_pos,
+        .seq = e->b_seq,
+        .want_logits = e->b_want,
+        .n_outputs = n_rows,
+        .n_slots = e->p.max_batch_size,
+        .max_blocks_per_seq = e->max_blocks_per_seq,
+        .block_table = kg_kv_block_table(e->kv),
+    };
+    kg_status_t st = kg_backend_forward(e->be, &batch, e->logits);
+    if (st != KG_OK) {
+        /* Nothing advanced; the next step schedules the same work again. */
+        for (int32_t i = 0; i < e->n_run; i++) {
+            e->recs[e->run[i]].n_sched = 0;
+        }
+        KG_LOG_ERROR("engine", "forward failed: %s tokens=%d", kg_status_str(st), nt);
+        return st < 0 ? (int32_t)st : (int32_t)KG_ERR_BACKEND;
+    }
+    e->st.n_steps++;
+    e->st.last_batch_tokens = nt;
+
+    /* Phase 5: the K/V are in the cache now; register full blocks. */
+    for (int32_t i = 0; i < e->n_run; i++) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        if (seq->n_sched == 0) {
+            continue;
+        }
+        int32_t from = seq->n_computed, to = from + seq->n_sched;
+        int32_t n_prefill = to < seq->prefill_end ? to - from : seq->prefill_end - from;
+        if (n_prefill < 0) {
+            n_prefill = 0;
+        }
+        e->st.n_prefill_tokens += n_prefill;
+        e->st.n_decode_tokens += seq->n_sched - n_prefill;
+        seq->n_computed = to;
+        seq->n_sched = 0;
+        kg_kv_seq_commit(e->kv, seq->slot, seq->tokens, seq->n_computed);
+    }
+    /* Sample every row, then end the finished sequences (the same step). */
+    for (int32_t row = 0; row < n_rows; row++) {
+        int32_t r = e->b_row_rec[row];
+        kg_seq_t *seq = &e->recs[r];
+        kg_sample_result_t res;
+        kg_sampler_sample(&seq->sampling, &seq->rng, e->logits + (size_t)row * (size_t)e->p.n_vocab,
+                          e->p.n_vocab, seq->tokens, seq->n_prompt, seq->tokens + seq->n_prompt,
+                          seq->n_tokens - seq->n_prompt, e->scratch, &res);
+        if (accept(e, r, &res)) {
+            for (int32_t i = 0; i < e->n_run; i++) {
+                if (e->run[i] == r) {
+                    unschedule(e, i);
+                    break;
+                }
+            }
+            free_record(e, r);
+        }
+    }
+    return flush(e, out);
+}
+
+// ---- queries ----
+
+bool kg_engine_busy(const kg_engine_t *e) {
+    return e->n_wait > 0 || e->n_run > 0 || e->n_done > 0;
+}
+
+void kg_engine_stats(const kg_engine_t *e, kg_engine_stats_t *out) {
+    *out = e->st;
+    out->n_waiting = e->n_wait;
+    out->n_running = e->n_run;
+    out->kv_blocks_total = kg_kv_n_total(e->kv);
+    out->kv_blocks_used = kg_kv_n_used(e->kv);
+    out->kv_blocks_cached = kg_kv_n_cached(e->kv);
+}
+
+kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_memory_size) {
+    kg_engine_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.max_batch_size = 16;
+    p.max_queue_depth = 256;
+    p.max_batch_tokens = 512;
+    p.max_seq_len = model->hp.n_ctx_train > 0 && model->hp.n_ctx_train < 4096
+                        ? model->hp.n_ctx_train
+                        : 4096;
+    p.kv_block_size = 16;
+    p.prefix_cache = true;
+    p.n_vocab = model->hp.n_vocab;
+    size_t n_blocks;
+    if (kv_memory_size > 0) {
+        size_t block_bytes = kg_backend_kv_bytes_per_token(model) * (size_t)p.kv_block_size;
+        n_blocks = block_bytes > 0 ? kv_memory_size / block_bytes : 0;
+    } else {
+        size_t n_tok = (size_t)p.max_batch_size * (size_t)p.max_seq_len;
+        n_blocks = (n_tok + (size_t)p.kv_block_size - 1) / (size_t)p.kv_block_size;
+    }
+    p.n_kv_blocks = n_blocks > (size_t)(1 << 28) ? (1 << 28) : (int32_t)n_blocks;
+    if (model->tok) {
+        for (int32_t id = 0; id < p.n_vocab && p.n_eog < KG_MAX_EOG; id++) {
+            if (kg_tokenizer_is_eog(model->tok, id)) {
+                p.eog[p.n_eog++] = id;
+            }
+        }
+    }
+    return p;
+}

@@ -1,0 +1,1065 @@
+/* check_engine: the continuous-batching scheduler on the fake backend.
+ *
+ * The fake backend's logits are a pure function of the token ids a row
+ * reads back through the block tables, so every test also checks the block
+ * tables and the prefix sharing: a wrong block changes the tokens. */
+#include "check_common.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/kg_engine.h"
+#include "fakes/fake_backend.h"
+
+// ---- counting allocator (not with ASan, which owns malloc) ----
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KG_COUNT_ALLOC 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KG_COUNT_ALLOC 0
+#endif
+#endif
+#ifndef KG_COUNT_ALLOC
+#define KG_COUNT_ALLOC 1
+#endif
+
+static long g_n_allocs; /* malloc/calloc/realloc calls in this process */
+
+#if KG_COUNT_ALLOC
+/* glibc's own entry points: the overrides below count and forward. */
+extern void *__libc_malloc(size_t size);
+extern void *__libc_calloc(size_t n, size_t size);
+extern void *__libc_realloc(void *ptr, size_t size);
+extern void __libc_free(void *ptr);
+
+void *malloc(size_t size) {
+    g_n_allocs++;
+    return __libc_malloc(size);
+}
+
+void *calloc(size_t n, size_t size) {
+    g_n_allocs++;
+    return __libc_calloc(n, size);
+}
+
+void *realloc(void *ptr, size_t size) {
+    g_n_allocs++;
+    return __libc_realloc(ptr, size);
+}
+
+void free(void *ptr) {
+    __libc_free(ptr);
+}
+#endif
+
+// ---- the test environment ----
+
+#define EOG 3
+#define VOCAB 64
+#define MAX_JOBS 256
+#define MAX_OUT 600
+
+typedef struct job_out {
+    int32_t tok[MAX_OUT];
+    int32_t n;
+    bool done;
+    kg_finish_t finish;
+    int64_t first_step; /* step that reported the first completion, -1 none */
+    int64_t done_step;
+    int32_t n_cached;
+} job_out_t;
+
+typedef struct env {
+    kg_fake_backend_params_t fp;
+    kg_engine_params_t ep;
+    kg_backend_t *be;
+    kg_engine_t *e;
+    kg_completion_t *comps;
+    int32_t cap;
+    int64_t n_steps;
+    int64_t now_us; /* the fake clock */
+    job_out_t *jobs; /* (MAX_JOBS) by request id */
+    int32_t max_running;
+    int32_t max_used;
+} env_t;
+
+static int64_t fake_clock(void *ctx) {
+    return *(const int64_t *)ctx;
+}
+
+static kg_engine_params_t base_params(void) {
+    kg_engine_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.max_batch_size = 4;
+    p.max_queue_depth = 64;
+    p.max_batch_tokens = 64;
+    p.max_seq_len = 256;
+    p.kv_block_size = 4;
+    p.n_kv_blocks = 512;
+    p.prefix_cache = true;
+    p.n_eog = 1;
+    p.eog[0] = EOG;
+    p.n_vocab = VOCAB;
+    return p;
+}
+
+/* eog_at_len: history length from which the fake makes EOG win (0: never
+ * on purpose; EOG is then suppressed so that lengths are exact). */
+static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len) {
+    memset(env, 0, sizeof(*env));
+    env->ep = *ep;
+    env->fp = (kg_fake_backend_params_t){.n_vocab = ep->n_vocab,
+                                         .n_kv_blocks = ep->n_kv_blocks,
+                                         .kv_block_size = ep->kv_block_size,
+                                         .max_batch_tokens = ep->max_batch_tokens,
+                                         .n_slots = ep->max_batch_size,
+                                         .salt = 1,
+                                         .eog_token = EOG,
+                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30)};
+    env->be = kg_fake_backend_new(&env->fp);
+    ck_assert_ptr_nonnull(env->be);
+    char err[256] = "";
+    env->e = kg_engine_new(env->be, ep, err, sizeof(err));
+    ck_assert_msg(env->e != NULL, "kg_engine_new: %s", err);
+    kg_engine_set_clock(env->e, fake_clock, &env->now_us);
+    env->now_us = 1000000;
+    env->cap = ep->max_batch_size + ep->max_queue_depth;
+    env->comps = calloc((size_t)env->cap, sizeof(*env->comps));
+    env->jobs = calloc(MAX_JOBS, sizeof(*env->jobs));
+    for (int i = 0; i < MAX_JOBS; i++) {
+        env->jobs[i].first_step = -1;
+    }
+}
+
+static void env_clear(env_t *env) {
+    kg_engine_free(env->e);
+    kg_backend_free(env->be);
+    free(env->comps);
+    free(env->jobs);
+}
+
+static void fill_prompt(int32_t *p, int32_t n, uint64_t seed) {
+    for (int32_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        p[i] = (int32_t)((seed >> 33) % VOCAB);
+    }
+}
+
+static kg_request_t make_req(uint64_t id, const int32_t *prompt, int32_t n, int32_t max_tokens) {
+    kg_request_t r;
+    memset(&r, 0, sizeof(r));
+    r.id = id;
+    r.prompt = prompt;
+    r.n_prompt = n;
+    r.max_tokens = max_tokens;
+    r.sampling = kg_sampling_params_default();
+    return r;
+}
+
+static void submit_ok(env_t *env, const kg_request_t *r) {
+    kg_status_t st = kg_engine_submit(env->e, r);
+    ck_assert_msg(st == KG_OK, "submit id=%llu: %s", (unsigned long long)r->id,
+                  kg_status_str(st));
+}
+
+/* Record one step's completions and check the completion convention. */
+static void env_collect(env_t *env, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        const kg_completion_t *c = &env->comps[i];
+        ck_assert_uint_lt(c->id, MAX_JOBS);
+        job_out_t *j = &env->jobs[c->id];
+        ck_assert_msg(!j->done, "completion after the finish of id=%llu",
+                      (unsigned long long)c->id);
+        if (j->first_step < 0) {
+            j->first_step = env->n_steps;
+            j->n_cached = c->n_cached;
+        }
+        if (c->token >= 0) {
+            ck_assert_int_lt(c->token, VOCAB);
+            ck_assert_int_eq(c->index, j->n);
+            ck_assert_int_eq(c->sample.token, c->token);
+            ck_assert_int_lt(j->n, MAX_OUT);
+            j->tok[j->n++] = c->token;
+            ck_assert(c->finish == KG_FINISH_NONE || c->finish == KG_FINISH_LENGTH);
+        } else {
+            ck_assert_int_eq(c->index, j->n);
+            ck_assert_int_ne(c->finish, KG_FINISH_NONE);
+        }
+        if (c->finish != KG_FINISH_NONE) {
+            j->done = true;
+            j->finish = c->finish;
+            j->done_step = env->n_steps;
+        }
+    }
+}
+
+static int32_t env_step(env_t *env) {
+    int32_t n = kg_engine_step(env->e, env->comps, env->cap);
+    ck_assert_msg(n >= 0, "step: %s", kg_status_str((kg_status_t)n));
+    env->n_steps++;
+    env_collect(env, n);
+    const kg_fake_backend_stats_t *fs = kg_fake_backend_stats(env->be);
+    ck_assert_msg(fs->n_violations == 0, "fake backend: %s", fs->first_violation);
+    kg_engine_stats_t st;
+    kg_engine_stats(env->e, &st);
+    ck_assert_int_le(st.n_running, env->ep.max_batch_size);
+    ck_assert_int_eq(st.kv_blocks_used + st.kv_blocks_cached <= st.kv_blocks_total, 1);
+    if (st.n_running > env->max_running) {
+        env->max_running = st.n_running;
+    }
+    if (st.kv_blocks_used > env->max_used) {
+        env->max_used = st.kv_blocks_used;
+    }
+    return n;
+}
+
+static void env_run(env_t *env, int64_t max_steps) {
+    int64_t start = env->n_steps;
+    while (kg_engine_busy(env->e)) {
+        env_step(env);
+        ck_assert_msg(env->n_steps - start < max_steps, "not idle after %lld steps",
+                      (long long)max_steps);
+    }
+    kg_engine_stats_t st;
+    kg_engine_stats(env->e, &st);
+    ck_assert_int_eq(st.n_running, 0);
+    ck_assert_int_eq(st.n_waiting, 0);
+    ck_assert_int_eq(st.kv_blocks_used, 0); /* the pool is back to full when idle */
+    ck_assert_int_eq(kg_engine_step(env->e, env->comps, env->cap), 0);
+}
+
+/* What the fake backend makes a greedy job say when it runs alone. */
+static int32_t ref_greedy(const kg_fake_backend_params_t *fp, const int32_t *prompt, int32_t n_prompt,
+                          int32_t max_tokens, int32_t max_seq_len, bool ignore_eos, int32_t *out,
+                          kg_finish_t *finish) {
+    int32_t hist[1024];
+    memcpy(hist, prompt, (size_t)n_prompt * sizeof(*hist));
+    int32_t n = n_prompt, n_out = 0;
+    for (;;) {
+        int32_t t = kg_fake_backend_argmax(fp, hist, n);
+        if (t == EOG && !ignore_eos) {
+            *finish = KG_FINISH_STOP;
+            return n_out;
+        }
+        hist[n++] = t;
+        out[n_out++] = t;
+        if (n_out >= max_tokens || n >= max_seq_len) {
+            *finish = KG_FINISH_LENGTH;
+            return n_out;
+        }
+    }
+}
+
+static void check_greedy(const env_t *env, uint64_t id, const int32_t *prompt, int32_t n_prompt,
+                         int32_t max_tokens, bool ignore_eos) {
+    int32_t ref[MAX_OUT];
+    kg_finish_t f;
+    int32_t n = ref_greedy(&env->fp, prompt, n_prompt, max_tokens, env->ep.max_seq_len, ignore_eos,
+                           ref, &f);
+    const job_out_t *j = &env->jobs[id];
+    ck_assert_msg(j->done, "id=%llu did not finish", (unsigned long long)id);
+    ck_assert_int_eq(j->finish, f);
+    ck_assert_int_eq(j->n, n);
+    for (int32_t i = 0; i < n; i++) {
+        ck_assert_msg(j->tok[i] == ref[i], "id=%llu token %d: %d, expected %d",
+                      (unsigned long long)id, i, j->tok[i], ref[i]);
+    }
+}
+
+// ---- parameters and submit ----
+
+START_TEST(bad_params) {
+    kg_engine_params_t p = base_params();
+    p.max_batch_tokens = 2; /* less than max_batch_size */
+    kg_fake_backend_params_t fp = {.n_vocab = VOCAB, .n_kv_blocks = 8, .kv_block_size = 4,
+                                   .max_batch_tokens = 8, .n_slots = 4};
+    kg_backend_t *be = kg_fake_backend_new(&fp);
+    char err[256] = "";
+    ck_assert_ptr_null(kg_engine_new(be, &p, err, sizeof(err)));
+    ck_assert_ptr_nonnull(strstr(err, "max_batch_tokens"));
+    p = base_params();
+    p.n_kv_blocks = 0;
+    ck_assert_ptr_null(kg_engine_new(be, &p, err, sizeof(err)));
+    kg_backend_free(be);
+}
+END_TEST
+
+START_TEST(submit_validation) {
+    kg_engine_params_t p = base_params();
+    p.max_seq_len = 32;
+    p.n_kv_blocks = 6; /* 24 tokens */
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompt[64];
+    fill_prompt(prompt, 64, 1);
+    kg_request_t r = make_req(1, prompt, 0, 4);
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID); /* empty */
+    r.n_prompt = 32;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID); /* no room for output */
+    r.n_prompt = 25;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID); /* larger than the pool */
+    r.n_prompt = 24;
+    r.max_tokens = 0;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    r.max_tokens = 4;
+    r.sampling.n_logprobs = KG_MAX_LOGPROBS + 1;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    r.sampling.n_logprobs = 2;
+    prompt[5] = VOCAB;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID); /* not a token id */
+    prompt[5] = 1;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_OK);
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID); /* id is live */
+    ck_assert_int_lt(kg_engine_step(env.e, env.comps, 1), 0);       /* cap too small */
+    env_run(&env, 100);
+    /* The prompt fills the pool: one token, then the context cannot grow. */
+    check_greedy(&env, 1, prompt, 24, 1, false);
+    ck_assert_int_eq(env.jobs[1].finish, KG_FINISH_LENGTH);
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_OK); /* the id is free again */
+    memset(&env.jobs[1], 0, sizeof(env.jobs[1]));
+    env.jobs[1].first_step = -1;
+    env_run(&env, 100);
+    /* Its prompt blocks came from the cache this time. */
+    ck_assert_int_eq(env.jobs[1].n_cached, 20);
+    check_greedy(&env, 1, prompt, 24, 1, false);
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(queue_full) {
+    kg_engine_params_t p = base_params();
+    p.max_queue_depth = 3;
+    p.max_batch_size = 2;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompt[8];
+    fill_prompt(prompt, 8, 2);
+    for (uint64_t id = 1; id <= 3; id++) {
+        kg_request_t r = make_req(id, prompt, 8, 5);
+        submit_ok(&env, &r);
+    }
+    kg_request_t r = make_req(4, prompt, 8, 5);
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_QUEUE_FULL);
+    env_step(&env); /* admits two */
+    kg_engine_stats_t st;
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_eq(st.n_waiting, 1);
+    ck_assert_int_eq(st.n_running, 2);
+    submit_ok(&env, &r);
+    r.id = 5;
+    submit_ok(&env, &r);
+    r.id = 6;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_QUEUE_FULL);
+    env_run(&env, 200);
+    for (uint64_t id = 1; id <= 5; id++) {
+        check_greedy(&env, id, prompt, 8, 5, false);
+    }
+    ck_assert(!env.jobs[6].done);
+    env_clear(&env);
+}
+END_TEST
+
+// ---- scheduling ----
+
+START_TEST(admission_limit) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompts[12][10];
+    for (int i = 0; i < 12; i++) {
+        fill_prompt(prompts[i], 10, 100 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 10, 6 + i);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 500);
+    ck_assert_int_eq(env.max_running, 4);
+    ck_assert_int_le(kg_fake_backend_stats(env.be)->max_step_outputs, 4);
+    for (int i = 0; i < 12; i++) {
+        check_greedy(&env, (uint64_t)i + 1, prompts[i], 10, 6 + i, false);
+    }
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(priority_order) {
+    kg_engine_params_t p = base_params();
+    p.max_batch_size = 1;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompt[6];
+    fill_prompt(prompt, 6, 3);
+    const int32_t prio[6] = {0, 5, 0, 5, 1, -2};
+    for (int i = 0; i < 6; i++) {
+        kg_request_t r = make_req((uint64_t)i + 1, prompt, 6, 3);
+        r.priority = prio[i];
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 200);
+    /* Higher priority first, FIFO within a priority: ids 2 4 5 1 3 6. */
+    const uint64_t order[6] = {2, 4, 5, 1, 3, 6};
+    for (int i = 1; i < 6; i++) {
+        ck_assert_int_lt(env.jobs[order[i - 1]].first_step, env.jobs[order[i]].first_step);
+        /* One slot: each job ran to the end before the next started. */
+        ck_assert_int_lt(env.jobs[order[i - 1]].done_step, env.jobs[order[i]].first_step);
+    }
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(chunked_prefill) {
+    kg_engine_params_t p = base_params();
+    p.max_batch_tokens = 16;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t shorts[3][4], longp[100];
+    for (int i = 0; i < 3; i++) {
+        fill_prompt(shorts[i], 4, 10 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, shorts[i], 4, 60);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    for (int i = 1; i <= 3; i++) {
+        ck_assert_int_eq(env.jobs[i].n, 1); /* 12 prompt tokens fit one step */
+    }
+    fill_prompt(longp, 100, 77);
+    kg_request_t r = make_req(9, longp, 100, 4);
+    submit_ok(&env, &r);
+    int64_t start = env.n_steps;
+    const kg_fake_backend_stats_t *fs = kg_fake_backend_stats(env.be);
+    while (env.jobs[9].n == 0) {
+        int32_t before[3] = {env.jobs[1].n, env.jobs[2].n, env.jobs[3].n};
+        env_step(&env);
+        /* Decodes are not stalled by the long prompt: one token each per step. */
+        for (int i = 0; i < 3; i++) {
+            ck_assert_int_eq(env.jobs[i + 1].n, before[i] + 1);
+        }
+        int32_t tokens = fs->step_tokens[fs->n_steps - 1];
+        ck_assert_int_le(tokens, 16);
+        if (env.jobs[9].n == 0) {
+            ck_assert_int_eq(tokens, 16); /* the prefill fills the budget */
+        }
+        ck_assert_int_lt(env.n_steps - start, 50);
+    }
+    /* 100 prompt tokens at 13 per step next to 3 decodes. */
+    ck_assert_int_eq(env.n_steps - start, (100 + 12) / 13);
+    ck_assert_int_eq(fs->max_step_tokens, 16);
+    env_run(&env, 200);
+    check_greedy(&env, 9, longp, 100, 4, false);
+    for (int i = 0; i < 3; i++) {
+        check_greedy(&env, (uint64_t)i + 1, shorts[i], 4, 60, false);
+    }
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(preemption_same_tokens) {
+    /* 12 blocks of 4 tokens for 4 slots: jobs reach 30 tokens (8 blocks). */
+    kg_engine_params_t p = base_params();
+    p.n_kv_blocks = 12;
+    env_t env;
+    env_init(&env, &p, 0);
+    enum { N = 10 };
+    int32_t prompts[N][10];
+    for (int i = 0; i < N; i++) {
+        fill_prompt(prompts[i], 6 + i % 4, 300 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 6 + i % 4, 20);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 2000);
+    kg_engine_stats_t st;
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_gt(st.n_preemptions, 0);
+    for (int i = 0; i < N; i++) {
+        check_greedy(&env, (uint64_t)i + 1, prompts[i], 6 + i % 4, 20, false);
+    }
+    /* The newest are preempted: job 1, admitted first, ran without a pause. */
+    ck_assert_int_eq(env.jobs[1].done_step - env.jobs[1].first_step, 20 - 1);
+    fprintf(stderr, "preemption: %d jobs, %lld preemptions, %lld prefill tokens, %lld steps\n", N,
+            (long long)st.n_preemptions, (long long)st.n_prefill_tokens, (long long)st.n_steps);
+    env_clear(&env);
+}
+END_TEST
+
+/* 32 jobs share a 200-token prefix; run with and without the cache. */
+static void run_shared_prefix(bool cache, kg_engine_stats_t *st, int32_t *max_used,
+                              job_out_t *outs) {
+    kg_engine_params_t p = base_params();
+    p.max_batch_size = 16;
+    p.max_batch_tokens = 512;
+    p.kv_block_size = 16;
+    p.n_kv_blocks = 400;
+    p.prefix_cache = cache;
+    env_t env;
+    env_init(&env, &p, 0);
+    static int32_t prompts[32][216];
+    for (int i = 0; i < 32; i++) {
+        fill_prompt(prompts[i], 200, 5); /* the shared system prompt */
+        fill_prompt(prompts[i] + 200, 16, 1000 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 216, 8);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 1000);
+    for (int i = 0; i < 32; i++) {
+        check_greedy(&env, (uint64_t)i + 1, prompts[i], 216, 8, false);
+        outs[i] = env.jobs[i + 1];
+    }
+    kg_engine_stats(env.e, st);
+    *max_used = env.max_used;
+    env_clear(&env);
+}
+
+START_TEST(prefix_sharing) {
+    static job_out_t with[32], without[32];
+    kg_engine_stats_t a, b;
+    int32_t used_a, used_b;
+    run_shared_prefix(true, &a, &used_a, with);
+    run_shared_prefix(false, &b, &used_b, without);
+    fprintf(stderr,
+            "prefix sharing, 32 jobs x (200 shared + 16 own) prompt tokens: prefill tokens "
+            "%lld with the cache, %lld without; cache hits %lld of %lld prompt tokens; peak "
+            "blocks in use %d vs %d; steps %lld vs %lld\n",
+            (long long)a.n_prefill_tokens, (long long)b.n_prefill_tokens,
+            (long long)a.n_prefix_hit_tokens, (long long)a.n_prompt_tokens, used_a, used_b,
+            (long long)a.n_steps, (long long)b.n_steps);
+    ck_assert_int_eq(b.n_prefill_tokens, 32 * 216);
+    ck_assert_int_eq(b.n_prefix_hit_tokens, 0);
+    ck_assert_int_eq(a.n_prompt_tokens, 32 * 216);
+    ck_assert_int_eq(a.n_prefill_tokens + a.n_prefix_hit_tokens, 32 * 216);
+    /* Only jobs admitted before the prefix was first computed redo it. */
+    ck_assert_int_lt(a.n_prefill_tokens, b.n_prefill_tokens / 3);
+    ck_assert_int_lt(used_a, used_b);
+    int32_t n_hit_jobs = 0;
+    for (int i = 0; i < 32; i++) {
+        ck_assert_int_eq(with[i].n, without[i].n);
+        ck_assert_mem_eq(with[i].tok, without[i].tok, (size_t)with[i].n * sizeof(int32_t));
+        ck_assert_int_eq(without[i].n_cached, 0);
+        ck_assert_int_eq(with[i].n_cached % 16, 0);
+        ck_assert_int_le(with[i].n_cached, 208);
+        n_hit_jobs += with[i].n_cached == 192; /* 12 full blocks of the 200 shared */
+    }
+    ck_assert_int_ge(n_hit_jobs, 28);
+    /* Idle: blocks holding prefixes stay cached, none in use. */
+    ck_assert_int_gt(a.kv_blocks_cached, 12);
+    ck_assert_int_eq(b.kv_blocks_cached, 0);
+}
+END_TEST
+
+START_TEST(lru_eviction) {
+    /* A pool of 16 blocks: a finished job's prompt stays cached until other
+     * jobs need the blocks. */
+    kg_engine_params_t p = base_params();
+    p.n_kv_blocks = 16;
+    p.max_batch_size = 2;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t a[20], other[40];
+    fill_prompt(a, 20, 50);
+    kg_request_t r = make_req(1, a, 20, 2);
+    submit_ok(&env, &r);
+    env_run(&env, 100);
+    ck_assert_int_eq(env.jobs[1].n_cached, 0);
+    kg_engine_stats_t st;
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_eq(st.kv_blocks_cached, 5); /* 21 computed tokens: 5 full blocks */
+    r.id = 2;
+    submit_ok(&env, &r);
+    env_run(&env, 100);
+    ck_assert_int_eq(env.jobs[2].n_cached, 16); /* 4 blocks; the last token is recomputed */
+    check_greedy(&env, 2, a, 20, 2, false);
+    /* A job that grows to all 16 blocks evicts every cached block of a. */
+    fill_prompt(other, 40, 51);
+    r = make_req(3, other, 40, 25);
+    submit_ok(&env, &r);
+    env_run(&env, 100);
+    r = make_req(4, a, 20, 2);
+    submit_ok(&env, &r);
+    env_run(&env, 100);
+    ck_assert_int_eq(env.jobs[4].n_cached, 0);
+    check_greedy(&env, 4, a, 20, 2, false);
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(no_starvation) {
+    /* A long job behind a stream of short ones: the shorts submitted after
+     * it must not be admitted before it, however many keep coming. */
+    kg_engine_params_t p = base_params();
+    p.n_kv_blocks = 40;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t shortp[8], longp[120];
+    fill_prompt(shortp, 8, 60);
+    fill_prompt(longp, 120, 61);
+    uint64_t id = 1;
+    for (; id <= 4; id++) {
+        /* They end at different steps, freeing slots while the long one
+         * still does not fit: that is when a short one could overtake it. */
+        kg_request_t r = make_req(id, shortp, 8, 2 + 3 * (int32_t)id);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    kg_request_t lr = make_req(100, longp, 120, 8);
+    submit_ok(&env, &lr);
+    uint64_t first_after = id;
+    for (int s = 0; s < 80; s++) {
+        kg_request_t r = make_req(id, shortp, 8, 8);
+        if (id < 100 && kg_engine_submit(env.e, &r) == KG_OK) {
+            id++;
+        }
+        env_step(&env);
+    }
+    env_run(&env, 2000);
+    ck_assert(env.jobs[100].done);
+    check_greedy(&env, 100, longp, 120, 8, false);
+    for (uint64_t i = first_after; i < id; i++) {
+        ck_assert_int_ge(env.jobs[i].first_step, env.jobs[100].first_step);
+        check_greedy(&env, i, shortp, 8, 8, false);
+    }
+    ck_assert_uint_gt(id - first_after, 10);
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(no_deadlock_tiny_pool) {
+    /* 3 blocks of 4 tokens: every job outgrows the pool. Each must end with
+     * LENGTH once it is alone and cannot grow, never hang. */
+    kg_engine_params_t p = base_params();
+    p.n_kv_blocks = 3;
+    p.max_seq_len = 64;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompts[6][5];
+    for (int i = 0; i < 6; i++) {
+        fill_prompt(prompts[i], 5, 70 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 5, 40);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 500);
+    int32_t ref[MAX_OUT];
+    kg_finish_t f;
+    for (int i = 0; i < 6; i++) {
+        const job_out_t *j = &env.jobs[i + 1];
+        ck_assert(j->done);
+        ck_assert_int_eq(j->finish, KG_FINISH_LENGTH);
+        /* 12 token rows: the 13th token is sampled, then there is no room. */
+        ck_assert_int_eq(j->n, 13 - 5);
+        ref_greedy(&env.fp, prompts[i], 5, 40, 64, false, ref, &f);
+        ck_assert_mem_eq(j->tok, ref, (size_t)j->n * sizeof(int32_t));
+    }
+    env_clear(&env);
+}
+END_TEST
+
+// ---- finishing ----
+
+START_TEST(cancel_waiting_and_running) {
+    kg_engine_params_t p = base_params();
+    p.max_batch_size = 1;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompt[9];
+    fill_prompt(prompt, 9, 80);
+    kg_request_t r = make_req(1, prompt, 9, 50);
+    submit_ok(&env, &r);
+    r.id = 2;
+    submit_ok(&env, &r);
+    ck_assert(!kg_engine_cancel(env.e, 99));
+    for (int i = 0; i < 3; i++) {
+        env_step(&env);
+    }
+    ck_assert_int_eq(env.jobs[1].n, 3);
+    ck_assert(kg_engine_cancel(env.e, 2)); /* waiting */
+    ck_assert(kg_engine_cancel(env.e, 1)); /* running */
+    kg_engine_stats_t st;
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_gt(st.kv_blocks_used, 0);
+    int64_t tokens_before = kg_fake_backend_stats(env.be)->n_tokens;
+    env_step(&env);
+    ck_assert(env.jobs[1].done && env.jobs[2].done);
+    ck_assert_int_eq(env.jobs[1].finish, KG_FINISH_CANCELLED);
+    ck_assert_int_eq(env.jobs[2].finish, KG_FINISH_CANCELLED);
+    ck_assert_int_eq(env.jobs[1].n, 3);
+    ck_assert_int_eq(env.jobs[2].n, 0);
+    ck_assert_int_eq(kg_fake_backend_stats(env.be)->n_tokens, tokens_before);
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    ck_assert(!kg_engine_busy(env.e));
+    ck_assert(!kg_engine_cancel(env.e, 1));
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(deadline) {
+    kg_engine_params_t p = base_params();
+    p.max_batch_size = 1;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompt[9];
+    fill_prompt(prompt, 9, 81);
+    kg_request_t r = make_req(1, prompt, 9, 50);
+    r.deadline_us = env.now_us + 3000;
+    submit_ok(&env, &r);
+    r.id = 2;
+    r.deadline_us = env.now_us + 1000; /* passes while it waits behind job 1 */
+    submit_ok(&env, &r);
+    r.id = 3;
+    r.deadline_us = 0;
+    r.max_tokens = 2;
+    submit_ok(&env, &r);
+    env_step(&env);
+    env_step(&env);
+    env.now_us += 1000;
+    env_step(&env);
+    ck_assert(env.jobs[2].done);
+    ck_assert_int_eq(env.jobs[2].finish, KG_FINISH_DEADLINE);
+    ck_assert_int_eq(env.jobs[2].n, 0);
+    ck_assert(!env.jobs[1].done);
+    ck_assert_int_eq(env.jobs[1].n, 3);
+    env.now_us += 2000;
+    env_step(&env);
+    ck_assert(env.jobs[1].done);
+    ck_assert_int_eq(env.jobs[1].finish, KG_FINISH_DEADLINE);
+    ck_assert_int_eq(env.jobs[1].n, 3);
+    env_run(&env, 50);
+    check_greedy(&env, 3, prompt, 9, 2, false);
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(max_tokens) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompt[7];
+    fill_prompt(prompt, 7, 82);
+    for (int32_t m = 1; m <= 5; m++) {
+        kg_request_t r = make_req((uint64_t)m, prompt, 7, m);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 50);
+    for (int32_t m = 1; m <= 5; m++) {
+        const job_out_t *j = &env.jobs[m];
+        ck_assert_int_eq(j->n, m);
+        ck_assert_int_eq(j->finish, KG_FINISH_LENGTH);
+        /* The last token and the finish arrive in one completion. */
+        ck_assert_int_eq(j->done_step, j->first_step + m - 1);
+        check_greedy(&env, (uint64_t)m, prompt, 7, m, false);
+    }
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(eog) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 10 + 3); /* EOG wins once the history has 13 tokens */
+    int32_t prompt[10];
+    fill_prompt(prompt, 10, 83);
+    kg_request_t r = make_req(1, prompt, 10, 20);
+    submit_ok(&env, &r);
+    r.id = 2;
+    r.ignore_eos = true;
+    submit_ok(&env, &r);
+    env_run(&env, 50);
+    const job_out_t *j = &env.jobs[1];
+    ck_assert_int_eq(j->finish, KG_FINISH_STOP);
+    ck_assert_int_eq(j->n, 3); /* the EOG token itself is not an output token */
+    for (int i = 0; i < j->n; i++) {
+        ck_assert_int_ne(j->tok[i], EOG);
+    }
+    check_greedy(&env, 1, prompt, 10, 20, false);
+    j = &env.jobs[2];
+    ck_assert_int_eq(j->finish, KG_FINISH_LENGTH);
+    ck_assert_int_eq(j->n, 20);
+    ck_assert_int_eq(j->tok[3], EOG);
+    check_greedy(&env, 2, prompt, 10, 20, true);
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(context_limit) {
+    kg_engine_params_t p = base_params();
+    p.max_seq_len = 32;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompt[31];
+    fill_prompt(prompt, 31, 84);
+    kg_request_t r = make_req(1, prompt, 28, 100);
+    submit_ok(&env, &r);
+    r = make_req(2, prompt, 31, 100);
+    submit_ok(&env, &r);
+    env_run(&env, 50);
+    ck_assert_int_eq(env.jobs[1].n, 4);
+    ck_assert_int_eq(env.jobs[1].finish, KG_FINISH_LENGTH);
+    ck_assert_int_eq(env.jobs[2].n, 1);
+    ck_assert_int_eq(env.jobs[2].finish, KG_FINISH_LENGTH);
+    check_greedy(&env, 1, prompt, 28, 100, false);
+    check_greedy(&env, 2, prompt, 31, 100, false);
+    env_clear(&env);
+}
+END_TEST
+
+// ---- invariance and failure ----
+
+enum { INV_JOBS = 24 };
+
+typedef struct inv_job {
+    int32_t prompt[48];
+    int32_t n_prompt;
+    kg_request_t req;
+} inv_job_t;
+
+static void make_inv_jobs(inv_job_t *jobs) {
+    uint64_t s = 99;
+    for (int i = 0; i < INV_JOBS; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        inv_job_t *j = &jobs[i];
+        j->n_prompt = 1 + (int32_t)((s >> 33) % 40);
+        /* Half share a 16-token start so the prefix cache takes part. */
+        fill_prompt(j->prompt, j->n_prompt, i % 2 ? 7 : 200 + (uint64_t)i);
+        if (i % 2 && j->n_prompt > 16) {
+            fill_prompt(j->prompt + 16, j->n_prompt - 16, 300 + (uint64_t)i);
+        }
+        j->req = make_req((uint64_t)i + 1, j->prompt, j->n_prompt, 1 + (int32_t)((s >> 45) % 30));
+        j->req.ignore_eos = i % 5 == 0;
+        if (i % 3 != 0) {
+            kg_sampling_params_t *sp = &j->req.sampling;
+            sp->temperature = 0.8f + 0.1f * (float)(i % 4);
+            sp->top_k = i % 2 ? 20 : 0;
+            sp->top_p = 0.95f;
+            sp->min_p = i % 4 == 1 ? 0.02f : 0.0f;
+            sp->repetition_penalty = i % 3 == 1 ? 1.1f : 1.0f;
+            sp->presence_penalty = i % 3 == 2 ? 0.3f : 0.0f;
+            sp->seed = 1000 + (uint64_t)i;
+            sp->n_logprobs = i % 4;
+        }
+    }
+}
+
+static void run_inv(inv_job_t *jobs, int32_t batch, int32_t n_blocks, bool cache, job_out_t *out,
+                    int64_t *n_preempt) {
+    kg_engine_params_t p = base_params();
+    p.max_batch_size = batch;
+    p.max_batch_tokens = batch > 8 ? 64 : 16;
+    p.n_kv_blocks = n_blocks;
+    p.prefix_cache = cache;
+    env_t env;
+    env_init(&env, &p, 40);
+    for (int i = 0; i < INV_JOBS; i++) {
+        submit_ok(&env, &jobs[i].req);
+    }
+    env_run(&env, 5000);
+    for (int i = 0; i < INV_JOBS; i++) {
+        ck_assert(env.jobs[i + 1].done);
+        out[i] = env.jobs[i + 1];
+        if (jobs[i].req.sampling.temperature == 0.0f) {
+            check_greedy(&env, (uint64_t)i + 1, jobs[i].prompt, jobs[i].n_prompt,
+                         jobs[i].req.max_tokens, jobs[i].req.ignore_eos);
+        }
+    }
+    kg_engine_stats_t st;
+    kg_engine_stats(env.e, &st);
+    *n_preempt = st.n_preemptions;
+    env_clear(&env);
+}
+
+START_TEST(batch_invariance) {
+    static inv_job_t jobs[INV_JOBS];
+    static job_out_t ref[INV_JOBS], got[INV_JOBS];
+    make_inv_jobs(jobs);
+    int64_t np;
+    run_inv(jobs, 1, 512, true, ref, &np);
+    const struct {
+        int32_t batch, n_blocks;
+        bool cache;
+    } cfg[] = {{16, 512, true}, {16, 512, false}, {4, 512, true}, {16, 24, true}, {3, 20, false}};
+    int64_t total_preempt = 0;
+    for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+        run_inv(jobs, cfg[c].batch, cfg[c].n_blocks, cfg[c].cache, got, &np);
+        total_preempt += np;
+        for (int i = 0; i < INV_JOBS; i++) {
+            ck_assert_int_eq(got[i].finish, ref[i].finish);
+            ck_assert_msg(got[i].n == ref[i].n, "config %zu job %d: %d tokens, alone %d", c, i,
+                          got[i].n, ref[i].n);
+            ck_assert_mem_eq(got[i].tok, ref[i].tok, (size_t)ref[i].n * sizeof(int32_t));
+        }
+    }
+    ck_assert_int_gt(total_preempt, 0); /* the small pools did preempt */
+    int32_t n_stop = 0;
+    for (int i = 0; i < INV_JOBS; i++) {
+        n_stop += ref[i].finish == KG_FINISH_STOP;
+    }
+    ck_assert_int_gt(n_stop, 0);
+}
+END_TEST
+
+START_TEST(backend_error) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompts[3][12];
+    for (int i = 0; i < 3; i++) {
+        fill_prompt(prompts[i], 12, 90 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 12, 10);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    env_step(&env);
+    ck_assert(kg_engine_cancel(env.e, 3));
+    kg_fake_backend_fail_next(env.be, 2);
+    ck_assert_int_eq(kg_engine_step(env.e, env.comps, env.cap), KG_ERR_BACKEND);
+    ck_assert_int_eq(kg_engine_step(env.e, env.comps, env.cap), KG_ERR_BACKEND);
+    ck_assert(kg_engine_busy(env.e));
+    /* The engine resumes: the cancel decided in the failed step is reported
+     * and the others continue with the tokens they would have had. */
+    env_step(&env);
+    ck_assert(env.jobs[3].done);
+    ck_assert_int_eq(env.jobs[3].finish, KG_FINISH_CANCELLED);
+    ck_assert_int_eq(env.jobs[3].n, 2);
+    env_run(&env, 100);
+    check_greedy(&env, 1, prompts[0], 12, 10, false);
+    check_greedy(&env, 2, prompts[1], 12, 10, false);
+    ck_assert_int_eq(kg_fake_backend_stats(env.be)->n_failed, 2);
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(stats_add_up) {
+    kg_engine_params_t p = base_params();
+    p.n_kv_blocks = 14;
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompts[8][20];
+    for (int i = 0; i < 8; i++) {
+        fill_prompt(prompts[i], 20, 400 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 20, 12);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 1000);
+    kg_engine_stats_t st;
+    kg_engine_stats(env.e, &st);
+    const kg_fake_backend_stats_t *fs = kg_fake_backend_stats(env.be);
+    ck_assert_int_eq(st.n_prefill_tokens + st.n_decode_tokens, fs->n_tokens);
+    ck_assert_int_eq(st.n_steps, fs->n_steps);
+    ck_assert_int_eq(st.n_prompt_tokens, 8 * 20);
+    /* Every output token but the last of each job is fed back once (more
+     * with recomputation after preemption, counted as prefill). */
+    ck_assert_int_eq(st.n_decode_tokens, 8 * (12 - 1));
+    ck_assert_int_gt(st.n_preemptions, 0);
+    ck_assert_int_gt(st.n_prefill_tokens, 8 * 20 - st.n_prefix_hit_tokens);
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(no_alloc_in_step) {
+#if KG_COUNT_ALLOC
+    kg_engine_params_t p = base_params();
+    p.n_kv_blocks = 24; /* small enough to preempt and evict */
+    env_t env;
+    env_init(&env, &p, 30);
+    static inv_job_t jobs[INV_JOBS];
+    make_inv_jobs(jobs);
+    long n_allocs = 0;
+    for (int i = 0; i < INV_JOBS; i++) {
+        long before = g_n_allocs;
+        kg_status_t st = kg_engine_submit(env.e, &jobs[i].req);
+        n_allocs += g_n_allocs - before;
+        ck_assert_int_eq(st, KG_OK);
+    }
+    int64_t steps = 0;
+    bool cancelled = false;
+    while (kg_engine_busy(env.e)) {
+        long before = g_n_allocs;
+        if (steps == 5) {
+            cancelled = kg_engine_cancel(env.e, INV_JOBS - 1) && kg_engine_cancel(env.e, INV_JOBS);
+        }
+        int32_t n = kg_engine_step(env.e, env.comps, env.cap);
+        n_allocs += g_n_allocs - before;
+        ck_assert_int_ge(n, 0);
+        env_collect(&env, n);
+        ck_assert_int_lt(++steps, 5000);
+    }
+    ck_assert(cancelled);
+    kg_engine_stats_t st;
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_gt(st.n_preemptions, 0);
+    ck_assert_int_gt(st.n_prefix_hit_tokens, 0);
+    ck_assert_int_eq(n_allocs, 0);
+    /* The counter works: creating an engine allocates. */
+    long before = g_n_allocs;
+    env_t env2;
+    env_init(&env2, &p, 0);
+    ck_assert_int_gt(g_n_allocs, before);
+    env_clear(&env2);
+    env_clear(&env);
+#else
+    fprintf(stderr, "no_alloc_in_step: skipped under AddressSanitizer (it owns malloc)\n");
+#endif
+}
+END_TEST
+
+START_TEST(params_default_from_model) {
+    const char *path = kg_test_shared("models/stories260K.gguf");
+    char err[256] = "";
+    kg_model_t *model = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(model != NULL, "%s", err);
+    kg_engine_params_t p = kg_engine_params_default(model, 0);
+    int32_t ctx = model->hp.n_ctx_train < 4096 ? model->hp.n_ctx_train : 4096;
+    ck_assert_int_eq(p.max_batch_size, 16);
+    ck_assert_int_eq(p.max_queue_depth, 256);
+    ck_assert_int_eq(p.max_batch_tokens, 512);
+    ck_assert_int_eq(p.max_seq_len, ctx);
+    ck_assert_int_eq(p.kv_block_size, 16);
+    ck_assert_int_eq(p.n_kv_blocks, (16 * ctx + 15) / 16);
+    ck_assert_int_eq(p.n_vocab, model->hp.n_vocab);
+    ck_assert(p.prefix_cache);
+    ck_assert_int_ge(p.n_eog, 1); /* </s> */
+    for (int i = 0; i < p.n_eog; i++) {
+        ck_assert(kg_tokenizer_is_eog(model->tok, p.eog[i]));
+    }
+    ck_assert(kg_tokenizer_is_eog(model->tok, kg_tokenizer_eos(model->tok)));
+    size_t per_block = kg_backend_kv_bytes_per_token(model) * 16;
+    p = kg_engine_params_default(model, per_block * 100 + per_block / 2);
+    ck_assert_int_eq(p.n_kv_blocks, 100);
+    kg_model_free(model);
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("setup");
+    tcase_add_test(tc, bad_params);
+    tcase_add_test(tc, submit_validation);
+    tcase_add_test(tc, queue_full);
+    tcase_add_test(tc, params_default_from_model);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("schedule");
+    tcase_add_test(tc, admission_limit);
+    tcase_add_test(tc, priority_order);
+    tcase_add_test(tc, chunked_prefill);
+    tcase_add_test(tc, no_starvation);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("kv");
+    tcase_add_test(tc, preemption_same_tokens);
+    tcase_add_test(tc, prefix_sharing);
+    tcase_add_test(tc, lru_eviction);
+    tcase_add_test(tc, no_deadlock_tiny_pool);
+    tcase_add_test(tc, stats_add_up);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("finish");
+    tcase_add_test(tc, cancel_waiting_and_running);
+    tcase_add_test(tc, deadline);
+    tcase_add_test(tc, max_tokens);
+    tcase_add_test(tc, eog);
+    tcase_add_test(tc, context_limit);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("invariance");
+    tcase_add_test(tc, batch_invariance);
+    tcase_add_test(tc, backend_error);
+    tcase_add_test(tc, no_alloc_in_step);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)
