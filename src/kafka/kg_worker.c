@@ -1,0 +1,1018 @@
+/* kg_worker: the kafka thread's loop, the job records and the callbacks.
+ * See kg_worker.h for the design. */
+#include "kg_worker.h"
+
+#include <librdkafka/rdkafka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../backend/kg_backend.h"
+#include "../core/kg_clock.h"
+#include "../core/kg_log.h"
+#include "../engine/kg_engine.h"
+#include "../pipeline/kg_intake.h"
+#include "../pipeline/kg_output.h"
+#include "../pipeline/kg_runner.h"
+#include "../schema/kg_codec.h"
+#include "kg_kafka_conf.h"
+#include "kg_offsets.h"
+
+#define MAX_PARTITIONS 1024
+#define POLL_BATCH 64
+
+// ---- job records ----
+
+typedef enum rec_state {
+    REC_PENDING,   /* prepared, waiting for room in the engine */
+    REC_SUBMITTED, /* in the engine */
+    REC_REVOKED,   /* partition revoked or shutdown: finish quietly */
+} rec_state_t;
+
+typedef struct job_rec {
+    uint64_t id;
+    kg_job_t *job;
+    kg_prepared_t prep;
+    kg_output_t out;
+    rec_state_t state;
+    bool stop_hit; /* a stop string matched; a cancel was sent */
+    int32_t n_cached;
+    int64_t t_taken_us, t_submit_us, t_first_us;
+    kg_sample_result_t *samples; /* (max_tokens) for done-event logprobs when !stream */
+    int32_t n_samples;
+    struct job_rec *hnext;        /* id hash chain */
+    struct job_rec *qnext;        /* pending FIFO */
+} job_rec_t;
+
+/* What a delivery report needs to mark a message done. */
+typedef struct ack {
+    int32_t partition;
+    int64_t offset;
+} ack_t;
+
+struct kg_worker {
+    const kg_config_t *cfg;
+    const kg_model_t *model;
+    char worker_id[128];
+    char dlq_topic[512];
+    kg_backend_t *be;
+    kg_engine_t *engine;
+    kg_runner_t *runner;
+    rd_kafka_t *consumer, *producer;
+    kg_offsets_t *offsets;
+    kg_intake_limits_t limits;
+    kg_codec_opts_t codec_opts;
+    int32_t max_inflight;
+    int32_t n_inflight; /* records alive: pending + submitted + revoked awaiting finish */
+    int32_t n_pending;
+    uint64_t next_id;
+    job_rec_t **table; /* (table_size) id -> record */
+    size_t table_size;
+    job_rec_t *pending_head, *pending_tail;
+    rd_kafka_topic_partition_list_t *assigned; /* owned copy of the assignment */
+    bool paused;
+    volatile sig_atomic_t stop_requested;
+    bool draining;
+    int64_t drain_deadline_us;
+    int fatal; /* non-zero: stop at once, exit non-zero */
+    _Atomic int64_t lag[MAX_PARTITIONS];
+    _Atomic int32_t lag_valid[MAX_PARTITIONS];
+    int64_t last_lag_us;
+    kg_worker_metrics_t m;
+};
+
+static job_rec_t *rec_find(kg_worker_t *w, uint64_t id) {
+    for (job_rec_t *r = w->table[id & (w->table_size - 1)]; r; r = r->hnext) {
+        if (r->id == id) {
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static void rec_insert(kg_worker_t *w, job_rec_t *r) {
+    job_rec_t **slot = &w->table[r->id & (w->table_size - 1)];
+    r->hnext = *slot;
+    *slot = r;
+    w->n_inflight++;
+    atomic_store(&w->m.inflight, w->n_inflight);
+}
+
+static void rec_free(kg_worker_t *w, job_rec_t *r) {
+    job_rec_t **p = &w->table[r->id & (w->table_size - 1)];
+    while (*p && *p != r) {
+        p = &(*p)->hnext;
+    }
+    if (*p) {
+        *p = r->hnext;
+        w->n_inflight--;
+        atomic_store(&w->m.inflight, w->n_inflight);
+    }
+    kg_output_clear(&r->out);
+    kg_prepared_clear(&r->prep);
+    kg_job_free(r->job);
+    free(r->samples);
+    free(r);
+}
+
+// ---- producing ----
+
+static void fatal(kg_worker_t *w, const char *what) {
+    if (!w->fatal) {
+        KG_LOG_ERROR("worker", "fatal: %s; stopping without storing unfinished offsets", what);
+    }
+    w->fatal = 1;
+}
+
+/* Produce one event (or DLQ copy). `ack` (may be NULL) travels as the
+ * message opaque and is freed by the delivery report. */
+static bool produce(kg_worker_t *w, const char *topic, const char *key, size_t key_len,
+                    const void *value, size_t len, ack_t *ack, rd_kafka_headers_t *hdrs) {
+    rd_kafka_resp_err_t err;
+    for (int attempt = 0;; attempt++) {
+        rd_kafka_headers_t *h = hdrs ? rd_kafka_headers_copy(hdrs) : NULL;
+        err = rd_kafka_producev(w->producer, RD_KAFKA_V_TOPIC(topic),
+                                RD_KAFKA_V_KEY((void *)key, key_len),
+                                RD_KAFKA_V_VALUE((void *)value, len),
+                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                RD_KAFKA_V_OPAQUE(ack), h ? RD_KAFKA_V_HEADERS(h) : RD_KAFKA_V_END,
+                                RD_KAFKA_V_END);
+        if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            atomic_fetch_add(&w->m.events_produced, 1);
+            return true;
+        }
+        if (h) {
+            rd_kafka_headers_destroy(h);
+        }
+        if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL || attempt > 600) {
+            break;
+        }
+        rd_kafka_poll(w->producer, 100); /* the local queue drains as the broker acks */
+    }
+    KG_LOG_ERROR("worker", "produce to %s failed: %s", topic, rd_kafka_err2str(err));
+    free(ack);
+    fatal(w, "could not produce an event");
+    return false;
+}
+
+static ack_t *ack_new(int32_t partition, int64_t offset) {
+    ack_t *a = malloc(sizeof(*a));
+    if (a) {
+        a->partition = partition;
+        a->offset = offset;
+    }
+    return a;
+}
+
+static void store_offsets(kg_worker_t *w) {
+    int32_t part;
+    int64_t next;
+    while (kg_offsets_next_committable(w->offsets, &part, &next)) {
+        rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(l, w->cfg->jobs_topic, part)->offset = next;
+        rd_kafka_resp_err_t err = rd_kafka_offsets_store(w->consumer, l);
+        if (err) {
+            KG_LOG_WARN("worker", "offsets_store failed: %s partition=%d offset=%lld",
+                        rd_kafka_err2str(err), part, (long long)next);
+        }
+        rd_kafka_topic_partition_list_destroy(l);
+    }
+}
+
+/* Delivery report (called from rd_kafka_poll on the producer, kafka thread). */
+static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaque) {
+    (void)rk;
+    kg_worker_t *w = opaque;
+    ack_t *ack = rkm->_private;
+    if (rkm->err) {
+        char what[256];
+        snprintf(what, sizeof(what), "delivery to %s failed: %s", rd_kafka_topic_name(rkm->rkt),
+                 rd_kafka_err2str(rkm->err));
+        fatal(w, what);
+    } else if (ack && !w->fatal) {
+        if (kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
+            store_offsets(w);
+        }
+    }
+    free(ack);
+}
+
+static void fill_common(kg_worker_t *w, const job_rec_t *r, kg_event_common_t *c) {
+    c->request_id = r->job->request_id;
+    c->worker_id = w->worker_id;
+    c->topic = w->cfg->jobs_topic;
+    c->partition = r->job->partition;
+    c->offset = r->job->offset;
+    c->ts_ms = kg_clock_epoch_ms();
+}
+
+static void produce_error(kg_worker_t *w, const char *request_id, int32_t partition, int64_t offset,
+                          kg_error_code_t code, const char *message, const char *metadata_json) {
+    kg_event_error_t ev = {.code = code, .message = message, .metadata_json = metadata_json};
+    ev.common.request_id = request_id;
+    ev.common.worker_id = w->worker_id;
+    ev.common.topic = w->cfg->jobs_topic;
+    ev.common.partition = partition;
+    ev.common.offset = offset;
+    ev.common.ts_ms = kg_clock_epoch_ms();
+    size_t len;
+    char *json = kg_codec_encode_error(&ev, &len);
+    if (!json) {
+        fatal(w, "out of memory encoding an error event");
+        return;
+    }
+    atomic_fetch_add(&w->m.jobs_error, 1);
+    if ((unsigned)code < 16) {
+        atomic_fetch_add(&w->m.jobs_by_error[code], 1);
+    }
+    KG_LOG_INFO("worker", "job failed request_id=%s partition=%d offset=%lld code=%s", request_id,
+                partition, (long long)offset, kg_error_code_str(code));
+    produce(w, w->cfg->results_topic, request_id, strlen(request_id), json, len,
+            ack_new(partition, offset), NULL);
+    free(json);
+}
+
+// ---- token text for logprobs ----
+
+/* Pieces of the chosen and top tokens, copied into `buf` (so the entries
+ * can point into it). */
+static void fill_logprobs(const kg_tokenizer_t *tok, const kg_sample_result_t *s,
+                          kg_token_logprobs_t *lp, char *buf, size_t cap, size_t *used) {
+    memset(lp, 0, sizeof(*lp));
+    lp->token.token_id = s->token;
+    lp->token.logprob = s->logprob;
+    lp->n_top = s->n_top;
+    for (int32_t i = -1; i < s->n_top; i++) {
+        kg_logprob_entry_t *e = i < 0 ? &lp->token : &lp->top[i];
+        int32_t id = i < 0 ? s->token : s->top_token[i];
+        e->token_id = id;
+        if (i >= 0) {
+            e->logprob = s->top_logprob[i];
+        }
+        size_t room = cap - *used;
+        size_t n = kg_tokenizer_piece(tok, id, true, buf + *used, room);
+        if (n > room) {
+            n = 0;
+        }
+        e->text = buf + *used;
+        e->text_len = n;
+        *used += n;
+    }
+}
+
+static void produce_token_event(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *oe) {
+    size_t tlen;
+    const char *text = kg_output_text(&r->out, &tlen);
+    kg_event_token_t ev = {.index = oe->index, .token_id = oe->token_id,
+                           .text = text + oe->text_off, .text_len = oe->text_len};
+    fill_common(w, r, &ev.common);
+    char buf[8192];
+    size_t used = 0;
+    if (r->job->sampling.n_logprobs > 0) {
+        ev.has_logprobs = true;
+        fill_logprobs(w->model->tok, &oe->sample, &ev.logprobs, buf, sizeof(buf), &used);
+    }
+    size_t len;
+    char *json = kg_codec_encode_token(&ev, &len);
+    if (!json) {
+        fatal(w, "out of memory encoding a token event");
+        return;
+    }
+    produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
+            NULL, NULL);
+    free(json);
+}
+
+static void emit_output_events(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *evs, int n) {
+    for (int i = 0; i < n; i++) {
+        if (r->job->sampling.n_logprobs > 0 && !r->job->stream && r->samples &&
+            r->n_samples < r->prep.max_tokens) {
+            r->samples[r->n_samples++] = evs[i].sample;
+        }
+        if (r->job->stream) {
+            produce_token_event(w, r, &evs[i]);
+        }
+    }
+}
+
+static void produce_done(kg_worker_t *w, job_rec_t *r, kg_finish_reason_t reason, int64_t now_us) {
+    size_t tlen;
+    const char *text = kg_output_text(&r->out, &tlen);
+    double total_ms = (double)(now_us - r->t_taken_us) / 1e3;
+    double ttft_ms = r->t_first_us ? (double)(r->t_first_us - r->t_taken_us) / 1e3 : total_ms;
+    double gen_s = (double)(now_us - (r->t_first_us ? r->t_first_us : now_us)) / 1e6;
+    int32_t n_gen = r->out.n_tokens;
+    kg_event_done_t ev = {.finish_reason = reason, .text = text, .text_len = tlen,
+                          .prompt_tokens = r->prep.n_tokens, .completion_tokens = n_gen,
+                          .cached_tokens = r->n_cached,
+                          .queue_ms = (double)(r->t_submit_us - r->t_taken_us) / 1e3,
+                          .ttft_ms = ttft_ms, .total_ms = total_ms,
+                          .tokens_per_s = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0.0,
+                          .metadata_json = r->job->metadata_json};
+    if (reason == KG_FINISH_REASON_STOP_SEQUENCE && r->out.stop_index >= 0) {
+        ev.stop = r->job->stop[r->out.stop_index];
+        ev.stop_len = strlen(ev.stop);
+    }
+    fill_common(w, r, &ev.common);
+    kg_token_logprobs_t *lps = NULL;
+    char *buf = NULL;
+    if (r->n_samples > 0) {
+        size_t cap = (size_t)r->n_samples * (KG_MAX_LOGPROBS + 1) * 64;
+        lps = calloc((size_t)r->n_samples, sizeof(*lps));
+        buf = malloc(cap);
+        size_t used = 0;
+        for (int32_t i = 0; lps && buf && i < r->n_samples; i++) {
+            fill_logprobs(w->model->tok, &r->samples[i], &lps[i], buf, cap, &used);
+        }
+        if (lps && buf) {
+            ev.logprobs = lps;
+            ev.n_logprobs = r->n_samples;
+        }
+    }
+    size_t len;
+    char *json = kg_codec_encode_done(&ev, &len);
+    free(lps);
+    free(buf);
+    if (!json) {
+        fatal(w, "out of memory encoding a done event");
+        return;
+    }
+    atomic_fetch_add(&w->m.jobs_done, 1);
+    atomic_fetch_add(&w->m.jobs_by_finish[reason], 1);
+    atomic_fetch_add(&w->m.prompt_tokens, r->prep.n_tokens);
+    atomic_fetch_add(&w->m.generated_tokens, n_gen);
+    KG_LOG_INFO("worker", "job done request_id=%s partition=%d offset=%lld finish=%s tokens=%d "
+                "total_ms=%.1f", r->job->request_id, r->job->partition, (long long)r->job->offset,
+                kg_finish_reason_str(reason), n_gen, total_ms);
+    produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
+            ack_new(r->job->partition, r->job->offset), NULL);
+    free(json);
+}
+
+// ---- completions from the engine ----
+
+static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
+    job_rec_t *r = rec_find(w, re->c.id);
+    if (!r) {
+        return;
+    }
+    if (re->kind == KG_RUNNER_REJECTED) {
+        /* the engine refused what intake accepted: a limit mismatch, not the job's fault */
+        if (r->state != REC_REVOKED) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "the engine refused the request: %s",
+                     kg_status_str(re->status));
+            produce_error(w, r->job->request_id, r->job->partition, r->job->offset,
+                          KG_ERROR_INTERNAL, msg, r->job->metadata_json);
+        }
+        rec_free(w, r);
+        return;
+    }
+    const kg_completion_t *c = &re->c;
+    if (r->state == REC_REVOKED) {
+        if (c->finish != KG_FINISH_NONE) {
+            rec_free(w, r); /* quietly: no events, the offset is not stored */
+        }
+        return;
+    }
+    kg_output_event_t evs[2];
+    if (c->token >= 0 && !r->stop_hit) {
+        if (!r->t_first_us) {
+            r->t_first_us = re->ts_us;
+            r->n_cached = c->n_cached;
+        }
+        int n = kg_output_push(&r->out, c->token, &c->sample, evs);
+        if (n < 0) {
+            fatal(w, "out of memory assembling output");
+            return;
+        }
+        emit_output_events(w, r, evs, n);
+        if (kg_output_stopped(&r->out) && c->finish == KG_FINISH_NONE) {
+            r->stop_hit = true;
+            if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
+                fatal(w, "engine command queue stuck");
+            }
+            return;
+        }
+    }
+    if (c->finish == KG_FINISH_NONE) {
+        return;
+    }
+    int n = kg_output_finish(&r->out, evs);
+    emit_output_events(w, r, evs, n);
+    if (r->stop_hit || kg_output_stopped(&r->out)) {
+        produce_done(w, r, KG_FINISH_REASON_STOP_SEQUENCE, re->ts_us);
+    } else if (c->finish == KG_FINISH_STOP) {
+        produce_done(w, r, KG_FINISH_REASON_STOP, re->ts_us);
+    } else if (c->finish == KG_FINISH_LENGTH) {
+        produce_done(w, r, KG_FINISH_REASON_LENGTH, re->ts_us);
+    } else if (c->finish == KG_FINISH_DEADLINE) {
+        produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_EXPIRED,
+                      "the deadline passed before the job finished", r->job->metadata_json);
+    } else {
+        produce_error(w, r->job->request_id, r->job->partition, r->job->offset,
+                      KG_ERROR_CANCELLED, "the job was cancelled", r->job->metadata_json);
+    }
+    rec_free(w, r);
+}
+
+// ---- intake ----
+
+static void submit_pending(kg_worker_t *w) {
+    int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
+    while (w->pending_head && w->n_inflight - w->n_pending < cap) {
+        job_rec_t *r = w->pending_head;
+        kg_request_t req = {.id = r->id, .prompt = r->prep.tokens, .n_prompt = r->prep.n_tokens,
+                            .max_tokens = r->prep.max_tokens, .priority = r->job->priority,
+                            .ignore_eos = r->job->ignore_eos, .sampling = r->job->sampling};
+        if (r->job->deadline_ms > 0) {
+            req.deadline_us = kg_clock_us() + (r->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
+        }
+        kg_status_t st = kg_runner_submit(w->runner, &req);
+        if (st == KG_QUEUE_FULL) {
+            return;
+        }
+        if (st != KG_OK) {
+            fatal(w, "out of memory submitting a job");
+            return;
+        }
+        w->pending_head = r->qnext;
+        if (!w->pending_head) {
+            w->pending_tail = NULL;
+        }
+        r->qnext = NULL;
+        w->n_pending--;
+        r->state = REC_SUBMITTED;
+        r->t_submit_us = kg_clock_us();
+    }
+}
+
+static void dead_letter(kg_worker_t *w, const rd_kafka_message_t *rkm, const kg_codec_error_t *err) {
+    rd_kafka_headers_t *h = rd_kafka_headers_new(4);
+    char part[16], off[24];
+    snprintf(part, sizeof(part), "%d", rkm->partition);
+    snprintf(off, sizeof(off), "%lld", (long long)rkm->offset);
+    rd_kafka_header_add(h, "kgen-error-reason", -1, kg_codec_dlq_reason_str(err->reason), -1);
+    rd_kafka_header_add(h, "kgen-error-message", -1, err->message, -1);
+    rd_kafka_header_add(h, "kgen-source-topic", -1, rd_kafka_topic_name(rkm->rkt), -1);
+    rd_kafka_header_add(h, "kgen-source-partition", -1, part, -1);
+    rd_kafka_header_add(h, "kgen-source-offset", -1, off, -1);
+    rd_kafka_header_add(h, "kgen-worker-id", -1, w->worker_id, -1);
+    atomic_fetch_add(&w->m.jobs_dlq, 1);
+    KG_LOG_WARN("worker", "dead-lettered partition=%d offset=%lld reason=%s", rkm->partition,
+                (long long)rkm->offset, kg_codec_dlq_reason_str(err->reason));
+    produce(w, w->dlq_topic, rkm->key, rkm->key_len, rkm->payload, rkm->len,
+            ack_new(rkm->partition, rkm->offset), h);
+    rd_kafka_headers_destroy(h);
+}
+
+static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
+    atomic_fetch_add(&w->m.messages_consumed, 1);
+    kg_status_t st = kg_offsets_track(w->offsets, rkm->partition, rkm->offset);
+    if (st != KG_OK) {
+        /* cannot happen while we pause at the in-flight cap; never drop a job silently */
+        KG_LOG_ERROR("worker", "cannot track partition=%d offset=%lld: %s; seeking back",
+                     rkm->partition, (long long)rkm->offset, kg_status_str(st));
+        rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(l, w->cfg->jobs_topic, rkm->partition)->offset =
+            rkm->offset;
+        rd_kafka_error_t *e = rd_kafka_seek_partitions(w->consumer, l, 1000);
+        if (e) {
+            rd_kafka_error_destroy(e);
+        }
+        rd_kafka_topic_partition_list_destroy(l);
+        return;
+    }
+    kg_job_t *job = NULL;
+    kg_codec_error_t cerr;
+    st = kg_codec_decode_job_opts(rkm->payload ? rkm->payload : "", rkm->len, &w->codec_opts, &job,
+                                  &cerr);
+    if (st == KG_ERR_NOMEM) {
+        fatal(w, "out of memory decoding a job");
+        return;
+    }
+    if (st != KG_OK) {
+        if (cerr.kind == KG_CODEC_DLQ) {
+            dead_letter(w, rkm, &cerr);
+        } else {
+            produce_error(w, cerr.request_id, rkm->partition, rkm->offset, KG_ERROR_INVALID_JOB,
+                          cerr.message, NULL);
+        }
+        return;
+    }
+    job->partition = rkm->partition;
+    job->offset = rkm->offset;
+    job_rec_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        kg_job_free(job);
+        fatal(w, "out of memory");
+        return;
+    }
+    r->job = job;
+    r->id = w->next_id++;
+    r->t_taken_us = kg_clock_us();
+    kg_error_code_t code;
+    char msg[256];
+    st = kg_intake_prepare(w->model, &w->limits, job, kg_clock_epoch_ms(), &r->prep, &code, msg,
+                           sizeof(msg));
+    if (st != KG_OK) {
+        if (st == KG_ERR_NOMEM) {
+            fatal(w, "out of memory preparing a job");
+        } else {
+            produce_error(w, job->request_id, job->partition, job->offset, code, msg,
+                          job->metadata_json);
+        }
+        kg_job_free(job);
+        free(r);
+        return;
+    }
+    kg_output_init(&r->out, w->model->tok, (const char *const *)job->stop, job->n_stop);
+    if (job->sampling.n_logprobs > 0 && !job->stream) {
+        r->samples = malloc((size_t)r->prep.max_tokens * sizeof(*r->samples));
+    }
+    r->state = REC_PENDING;
+    rec_insert(w, r);
+    if (w->pending_tail) {
+        w->pending_tail->qnext = r;
+    } else {
+        w->pending_head = r;
+    }
+    w->pending_tail = r;
+    w->n_pending++;
+    submit_pending(w);
+}
+
+// ---- partitions: pause, resume, rebalance ----
+
+static void set_paused(kg_worker_t *w, bool pause) {
+    if (w->paused == pause || !w->assigned) {
+        w->paused = pause;
+        atomic_store(&w->m.paused, pause);
+        return;
+    }
+    rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(w->consumer, w->assigned)
+                                    : rd_kafka_resume_partitions(w->consumer, w->assigned);
+    if (err) {
+        KG_LOG_WARN("worker", "%s partitions: %s", pause ? "pause" : "resume", rd_kafka_err2str(err));
+    }
+    KG_LOG_DEBUG("worker", "%s partitions inflight=%d", pause ? "paused" : "resumed", w->n_inflight);
+    w->paused = pause;
+    atomic_store(&w->m.paused, pause);
+}
+
+static void check_backpressure(kg_worker_t *w) {
+    if (w->draining) {
+        set_paused(w, true);
+        return;
+    }
+    if (!w->paused && w->n_inflight >= w->max_inflight) {
+        set_paused(w, true);
+    } else if (w->paused && w->n_inflight <= w->max_inflight * 3 / 4) {
+        set_paused(w, false);
+    }
+}
+
+/* Cancel quietly every job of the listed partitions (NULL: all). */
+static void abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
+    for (size_t i = 0; i < w->table_size; i++) {
+        for (job_rec_t *r = w->table[i], *next; r; r = next) {
+            next = r->hnext;
+            bool hit = parts == NULL;
+            for (int k = 0; parts && k < parts->cnt && !hit; k++) {
+                hit = parts->elems[k].partition == r->job->partition;
+            }
+            if (!hit || r->state == REC_REVOKED) {
+                continue;
+            }
+            if (r->state == REC_PENDING) {
+                /* never reached the engine: unlink from the FIFO and drop */
+                job_rec_t **p = &w->pending_head, *prev = NULL;
+                while (*p && *p != r) {
+                    prev = *p;
+                    p = &(*p)->qnext;
+                }
+                if (*p) {
+                    *p = r->qnext;
+                    if (w->pending_tail == r) {
+                        w->pending_tail = prev;
+                    }
+                    w->n_pending--;
+                }
+                atomic_fetch_add(&w->m.jobs_cancelled, 1);
+                rec_free(w, r);
+                continue;
+            }
+            r->state = REC_REVOKED;
+            atomic_fetch_add(&w->m.jobs_cancelled, 1);
+            if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
+                fatal(w, "engine command queue stuck");
+            }
+        }
+    }
+}
+
+static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque) {
+    kg_worker_t *w = opaque;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        for (int i = 0; i < parts->cnt; i++) {
+            if (kg_offsets_assign(w->offsets, parts->elems[i].partition) != KG_OK) {
+                fatal(w, "cannot track an assigned partition");
+            }
+        }
+        rd_kafka_assign(rk, parts);
+        if (w->assigned) {
+            rd_kafka_topic_partition_list_destroy(w->assigned);
+        }
+        w->assigned = rd_kafka_topic_partition_list_copy(parts);
+        atomic_store(&w->m.assigned_partitions, parts->cnt);
+        atomic_store(&w->m.ready, 1);
+        KG_LOG_INFO("worker", "partitions assigned count=%d", parts->cnt);
+        if (w->paused) {
+            rd_kafka_pause_partitions(rk, w->assigned);
+        }
+        return;
+    }
+    if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
+        KG_LOG_INFO("worker", "partitions revoked count=%d inflight=%d", parts->cnt, w->n_inflight);
+        /* let acks of finished jobs land and their offsets be committed first */
+        rd_kafka_flush(w->producer, 10000);
+        rd_kafka_poll(w->producer, 0);
+        if (!w->fatal) {
+            rd_kafka_commit(rk, NULL, 0);
+        }
+        abandon_jobs(w, parts);
+        for (int i = 0; i < parts->cnt; i++) {
+            kg_offsets_revoke(w->offsets, parts->elems[i].partition);
+            if (parts->elems[i].partition >= 0 && parts->elems[i].partition < MAX_PARTITIONS) {
+                atomic_store(&w->lag_valid[parts->elems[i].partition], 0);
+            }
+        }
+        rd_kafka_assign(rk, NULL);
+        if (w->assigned) {
+            rd_kafka_topic_partition_list_destroy(w->assigned);
+            w->assigned = NULL;
+        }
+        atomic_store(&w->m.assigned_partitions, 0);
+        return;
+    }
+    KG_LOG_ERROR("worker", "rebalance error: %s", rd_kafka_err2str(err));
+    rd_kafka_assign(rk, NULL);
+}
+
+static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
+    kg_worker_t *w = opaque;
+    if (err == RD_KAFKA_RESP_ERR__FATAL) {
+        char buf[512];
+        rd_kafka_fatal_error(rk, buf, sizeof(buf));
+        char what[640];
+        snprintf(what, sizeof(what), "librdkafka fatal error: %s", buf);
+        fatal(w, what);
+        return;
+    }
+    /* informational: librdkafka retries by itself (a broker that went away) */
+    KG_LOG_WARN("rdkafka", "%s client=%s error=%s", reason, rd_kafka_name(rk),
+                rd_kafka_err2name((rd_kafka_resp_err_t)err));
+}
+
+static void update_lag(kg_worker_t *w) {
+    int64_t now = kg_clock_us();
+    if (!w->assigned || now - w->last_lag_us < 1000000) {
+        return;
+    }
+    w->last_lag_us = now;
+    rd_kafka_topic_partition_list_t *pos = rd_kafka_topic_partition_list_copy(w->assigned);
+    rd_kafka_position(w->consumer, pos);
+    for (int i = 0; i < pos->cnt; i++) {
+        int32_t p = pos->elems[i].partition;
+        int64_t lo, hi;
+        if (p < 0 || p >= MAX_PARTITIONS ||
+            rd_kafka_get_watermark_offsets(w->consumer, w->cfg->jobs_topic, p, &lo, &hi) != 0 ||
+            hi < 0) {
+            continue;
+        }
+        int64_t at = pos->elems[i].offset >= 0 ? pos->elems[i].offset : lo;
+        atomic_store(&w->lag[p], hi > at ? hi - at : 0);
+        atomic_store(&w->lag_valid[p], 1);
+    }
+    rd_kafka_topic_partition_list_destroy(pos);
+}
+
+// ---- lifecycle ----
+
+static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_size) {
+    const kg_config_t *cfg = w->cfg;
+    rd_kafka_conf_t *conf = kg_kafka_conf_new(cfg, errstr, errstr_size);
+    if (!conf) {
+        return NULL;
+    }
+    /* ours first, so an explicit -X of the same key (set again below) wins */
+    struct {
+        const char *k, *v;
+    } ours[] = {{"group.id", cfg->group_id},
+                {"enable.auto.offset.store", "false"},
+                {"enable.auto.commit", "true"},
+                {"auto.offset.reset", "earliest"},
+                {"partition.assignment.strategy", cfg->assignment_strategy},
+                {"queued.max.messages.kbytes", "8192"},
+                {"client.id", w->worker_id}};
+    for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++) {
+        if (kg_kafka_conf_set(conf, ours[i].k, ours[i].v, errstr, errstr_size) != 0) {
+            rd_kafka_conf_destroy(conf);
+            return NULL;
+        }
+    }
+    if (*cfg->group_instance_id &&
+        kg_kafka_conf_set(conf, "group.instance.id", cfg->group_instance_id, errstr, errstr_size)) {
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    for (int i = 0; i < cfg->n_kafka_props; i++) {
+        if (kg_kafka_conf_set(conf, cfg->kafka_keys[i], cfg->kafka_values[i], errstr, errstr_size)) {
+            rd_kafka_conf_destroy(conf);
+            return NULL;
+        }
+    }
+    rd_kafka_conf_set_opaque(conf, w);
+    rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+    rd_kafka_conf_set_error_cb(conf, error_cb);
+    char err[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
+    if (!rk) {
+        snprintf(errstr, errstr_size, "consumer: %s", err);
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    rd_kafka_poll_set_consumer(rk);
+    return rk;
+}
+
+static rd_kafka_t *make_producer(kg_worker_t *w, char *errstr, size_t errstr_size) {
+    rd_kafka_conf_t *conf = kg_kafka_conf_new(w->cfg, errstr, errstr_size);
+    if (!conf) {
+        return NULL;
+    }
+    if (kg_kafka_conf_set(conf, "enable.idempotence", "true", errstr, errstr_size) ||
+        kg_kafka_conf_set(conf, "acks", "all", errstr, errstr_size) ||
+        kg_kafka_conf_set(conf, "linger.ms", "5", errstr, errstr_size) ||
+        kg_kafka_conf_set(conf, "client.id", w->worker_id, errstr, errstr_size)) {
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    for (int i = 0; i < w->cfg->n_kafka_props; i++) {
+        /* re-apply -X so they win over our defaults (linger.ms, ...) */
+        if (kg_kafka_conf_set(conf, w->cfg->kafka_keys[i], w->cfg->kafka_values[i], errstr,
+                              errstr_size)) {
+            rd_kafka_conf_destroy(conf);
+            return NULL;
+        }
+    }
+    rd_kafka_conf_set_opaque(conf, w);
+    rd_kafka_conf_set_dr_msg_cb(conf, dr_msg_cb);
+    rd_kafka_conf_set_error_cb(conf, error_cb);
+    char err[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+    if (!rk) {
+        snprintf(errstr, errstr_size, "producer: %s", err);
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    return rk;
+}
+
+kg_worker_t *kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr,
+                           size_t errstr_size) {
+    kg_worker_t *w = calloc(1, sizeof(*w));
+    if (!w) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return NULL;
+    }
+    w->cfg = cfg;
+    w->model = model;
+    if (*cfg->worker_id) {
+        snprintf(w->worker_id, sizeof(w->worker_id), "%s", cfg->worker_id);
+    } else {
+        char host[64] = "kgen";
+        gethostname(host, sizeof(host) - 1);
+        snprintf(w->worker_id, sizeof(w->worker_id), "%s-%d", host, (int)getpid());
+    }
+    snprintf(w->dlq_topic, sizeof(w->dlq_topic), "%s", *cfg->dlq_topic ? cfg->dlq_topic : "");
+    if (!*cfg->dlq_topic) {
+        snprintf(w->dlq_topic, sizeof(w->dlq_topic), "%s.dlq", cfg->jobs_topic);
+    }
+    w->max_inflight = (int32_t)(cfg->max_batch_size + cfg->max_queue_depth);
+    w->codec_opts = kg_codec_opts_default();
+    w->codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
+
+    /* engine */
+    size_t kv_bytes = (size_t)cfg->kv_memory_mib << 20;
+    kg_engine_params_t ep = kg_engine_params_default(model, kv_bytes);
+    ep.max_batch_size = (int32_t)cfg->max_batch_size;
+    ep.max_queue_depth = (int32_t)cfg->max_queue_depth;
+    ep.max_batch_tokens = (int32_t)cfg->max_batch_tokens;
+    ep.kv_block_size = (int32_t)cfg->kv_block_size;
+    ep.prefix_cache = cfg->prefix_cache;
+    if (cfg->ctx > 0) {
+        ep.max_seq_len = (int32_t)cfg->ctx;
+    }
+    if (kv_bytes == 0) {
+        /* enough blocks for every slot at full context */
+        int64_t per_seq = (ep.max_seq_len + ep.kv_block_size - 1) / ep.kv_block_size;
+        ep.n_kv_blocks = (int32_t)(per_seq * ep.max_batch_size);
+    } else {
+        ep.n_kv_blocks = (int32_t)(kv_bytes / (kg_backend_kv_bytes_per_token(model) *
+                                               (size_t)ep.kv_block_size));
+    }
+    kg_backend_params_t bp = {.n_threads = (int32_t)cfg->threads, .n_kv_blocks = ep.n_kv_blocks,
+                              .kv_block_size = ep.kv_block_size,
+                              .max_batch_tokens = ep.max_batch_tokens};
+    w->limits.max_seq_len = ep.max_seq_len;
+    w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
+    w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
+
+    w->be = kg_backend_new(cfg->backend, model, &bp, errstr, errstr_size);
+    if (!w->be) {
+        goto fail;
+    }
+    w->engine = kg_engine_new(w->be, &ep, errstr, errstr_size);
+    if (!w->engine) {
+        goto fail;
+    }
+    w->runner = kg_runner_new(w->engine, w->max_inflight, errstr, errstr_size);
+    if (!w->runner) {
+        goto fail;
+    }
+    w->table_size = 1;
+    while (w->table_size < (size_t)w->max_inflight * 2) {
+        w->table_size <<= 1;
+    }
+    w->table = calloc(w->table_size, sizeof(*w->table));
+    /* the fetch queue can hand us a few messages after a pause: room for them */
+    w->offsets = kg_offsets_new((size_t)w->max_inflight * 4 + 4096);
+    if (!w->table || !w->offsets) {
+        snprintf(errstr, errstr_size, "out of memory");
+        goto fail;
+    }
+    w->producer = make_producer(w, errstr, errstr_size);
+    if (!w->producer) {
+        goto fail;
+    }
+    w->consumer = make_consumer(w, errstr, errstr_size);
+    if (!w->consumer) {
+        goto fail;
+    }
+    rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(sub, cfg->jobs_topic, RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t err = rd_kafka_subscribe(w->consumer, sub);
+    rd_kafka_topic_partition_list_destroy(sub);
+    if (err) {
+        snprintf(errstr, errstr_size, "subscribe to %s: %s", cfg->jobs_topic, rd_kafka_err2str(err));
+        goto fail;
+    }
+    KG_LOG_INFO("worker", "started worker_id=%s backend=%s jobs_topic=%s results_topic=%s "
+                "max_batch_size=%d kv_blocks=%d", w->worker_id, kg_backend_name(w->be),
+                cfg->jobs_topic, cfg->results_topic, ep.max_batch_size, ep.n_kv_blocks);
+    return w;
+fail:
+    kg_worker_free(w);
+    return NULL;
+}
+
+void kg_worker_stop(kg_worker_t *w) {
+    w->stop_requested = 1;
+}
+
+static void drain_engine_events(kg_worker_t *w, int timeout_ms) {
+    kg_runner_event_t evs[POLL_BATCH];
+    int n = kg_runner_poll(w->runner, evs, POLL_BATCH, timeout_ms);
+    for (int i = 0; i < n; i++) {
+        if (evs[i].kind == KG_RUNNER_FATAL) {
+            fatal(w, "the backend failed; running jobs are not committed and will be redelivered");
+            continue;
+        }
+        on_completion(w, &evs[i]);
+    }
+}
+
+int kg_worker_run(kg_worker_t *w) {
+    while (!w->fatal) {
+        int64_t now = kg_clock_us();
+        atomic_store(&w->m.last_loop_us, now);
+        if (w->stop_requested && !w->draining) {
+            w->draining = true;
+            w->drain_deadline_us = now + (int64_t)(w->cfg->drain_timeout_s * 1e6);
+            KG_LOG_INFO("worker", "stopping: draining inflight=%d timeout_s=%g", w->n_inflight,
+                        w->cfg->drain_timeout_s);
+            /* jobs not yet in the engine are given back (not committed) */
+            for (job_rec_t *r = w->pending_head; r; r = w->pending_head) {
+                w->pending_head = r->qnext;
+                w->n_pending--;
+                rec_free(w, r);
+            }
+            w->pending_tail = NULL;
+        }
+        if (w->draining) {
+            if (w->n_inflight == 0) {
+                break;
+            }
+            if (now > w->drain_deadline_us) {
+                KG_LOG_WARN("worker", "drain timeout: cancelling inflight=%d (not committed)",
+                            w->n_inflight);
+                abandon_jobs(w, NULL);
+                w->drain_deadline_us = INT64_MAX;
+            }
+        }
+        check_backpressure(w);
+        /* consumer: messages and rebalances; short timeout so completions flow */
+        int n_taken = 0;
+        rd_kafka_message_t *rkm;
+        while (n_taken < POLL_BATCH && !w->fatal &&
+               (rkm = rd_kafka_consumer_poll(w->consumer, n_taken == 0 ? 5 : 0)) != NULL) {
+            n_taken++;
+            if (rkm->err) {
+                if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                    KG_LOG_WARN("worker", "consumer: %s", rd_kafka_message_errstr(rkm));
+                }
+            } else if (w->draining) {
+                /* after the stop: not taken, not committed; the next owner runs it */
+            } else {
+                on_message(w, rkm);
+            }
+            rd_kafka_message_destroy(rkm);
+            check_backpressure(w);
+        }
+        submit_pending(w);
+        drain_engine_events(w, n_taken ? 0 : 2);
+        rd_kafka_poll(w->producer, 0);
+        update_lag(w);
+        if (kg_runner_is_dead(w->runner)) {
+            drain_engine_events(w, 0);
+            fatal(w, "the backend failed");
+        }
+    }
+    /* flush what was produced, store and commit offsets, leave the group */
+    int rc = w->fatal ? 1 : 0;
+    if (!w->fatal) {
+        rd_kafka_flush(w->producer, 30000);
+        rd_kafka_poll(w->producer, 0);
+        if (rd_kafka_outq_len(w->producer) > 0) {
+            KG_LOG_ERROR("worker", "%d events not delivered at shutdown", rd_kafka_outq_len(w->producer));
+            rc = 1;
+        }
+        rd_kafka_commit(w->consumer, NULL, 0);
+    }
+    rd_kafka_consumer_close(w->consumer);
+    KG_LOG_INFO("worker", "stopped rc=%d", rc);
+    return rc;
+}
+
+void kg_worker_free(kg_worker_t *w) {
+    if (!w) {
+        return;
+    }
+    kg_runner_free(w->runner); /* stops the engine thread first */
+    if (w->table) {
+        for (size_t i = 0; i < w->table_size; i++) {
+            while (w->table[i]) {
+                rec_free(w, w->table[i]);
+            }
+        }
+    }
+    if (w->assigned) {
+        rd_kafka_topic_partition_list_destroy(w->assigned);
+    }
+    if (w->consumer) {
+        rd_kafka_destroy(w->consumer);
+    }
+    if (w->producer) {
+        rd_kafka_purge(w->producer, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        rd_kafka_poll(w->producer, 0);
+        rd_kafka_destroy(w->producer);
+    }
+    kg_offsets_free(w->offsets);
+    free(w->table);
+    kg_engine_free(w->engine);
+    kg_backend_free(w->be);
+    free(w);
+}
+
+const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {
+    return &w->m;
+}
+
+const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w) {
+    return kg_runner_gauges(w->runner);
+}
+
+int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max) {
+    int n = 0;
+    for (int32_t p = 0; p < MAX_PARTITIONS && n < max; p++) {
+        if (atomic_load(&w->lag_valid[p])) {
+            partitions[n] = p;
+            lags[n++] = atomic_load(&w->lag[p]);
+        }
+    }
+    return n;
+}
