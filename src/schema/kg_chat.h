@@ -1,0 +1,120 @@
+/* kg_chat: turns chat messages into one prompt string with the model's
+ * chat template, the way llama.cpp's built-in renderer does
+ * (src/llama-chat.cpp: llm_chat_detect_template + llm_chat_apply_template).
+ *
+ * It is not a Jinja engine. The template text from the GGUF metadata
+ * (tokenizer.chat_template) is recognised by marker strings it contains,
+ * in llama.cpp's order, and each known format is written by hand. A
+ * template that matches no known format, or a format llama.cpp knows but
+ * kgen does not render, is KG_ERR_UNSUPPORTED; the worker reports that as
+ * an unsupported_chat_template error instead of guessing. In particular a
+ * model without a template is not rendered as ChatML (llama.cpp's default):
+ * a silently wrong prompt format produces plausible but bad output, which
+ * is worse than an error the producer can see. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../core/kg_status.h"
+
+/* One chat turn, as llama.cpp's llama_chat_message. */
+typedef struct kg_chat_message {
+    const char *role;    /* "system", "user", "assistant", "tool"; written as given */
+    const char *content; /* NUL-terminated UTF-8 */
+} kg_chat_message_t;
+
+/* The formats llama.cpp tells apart, in its own naming. */
+typedef enum kg_chat_template {
+    KG_CHAT_TEMPLATE_UNKNOWN = 0,
+    KG_CHAT_TEMPLATE_CHATML,
+    KG_CHAT_TEMPLATE_LLAMA_2,
+    KG_CHAT_TEMPLATE_LLAMA_2_SYS,
+    KG_CHAT_TEMPLATE_LLAMA_2_SYS_BOS,
+    KG_CHAT_TEMPLATE_LLAMA_2_SYS_STRIP,
+    KG_CHAT_TEMPLATE_MISTRAL_V1,
+    KG_CHAT_TEMPLATE_MISTRAL_V3,
+    KG_CHAT_TEMPLATE_MISTRAL_V3_TEKKEN,
+    KG_CHAT_TEMPLATE_MISTRAL_V7,
+    KG_CHAT_TEMPLATE_MISTRAL_V7_TEKKEN,
+    KG_CHAT_TEMPLATE_PHI_3,
+    KG_CHAT_TEMPLATE_PHI_4,
+    KG_CHAT_TEMPLATE_FALCON_3,
+    KG_CHAT_TEMPLATE_ZEPHYR,
+    KG_CHAT_TEMPLATE_MONARCH,
+    KG_CHAT_TEMPLATE_GEMMA,
+    KG_CHAT_TEMPLATE_ORION,
+    KG_CHAT_TEMPLATE_OPENCHAT,
+    KG_CHAT_TEMPLATE_VICUNA,
+    KG_CHAT_TEMPLATE_VICUNA_ORCA,
+    KG_CHAT_TEMPLATE_DEEPSEEK,
+    KG_CHAT_TEMPLATE_DEEPSEEK_2,
+    KG_CHAT_TEMPLATE_DEEPSEEK_3,
+    KG_CHAT_TEMPLATE_COMMAND_R,
+    KG_CHAT_TEMPLATE_LLAMA_3,
+    KG_CHAT_TEMPLATE_CHATGLM_3,
+    KG_CHAT_TEMPLATE_CHATGLM_4,
+    KG_CHAT_TEMPLATE_GLMEDGE,
+    KG_CHAT_TEMPLATE_MINICPM,
+    KG_CHAT_TEMPLATE_EXAONE_3,
+    KG_CHAT_TEMPLATE_EXAONE_4,
+    KG_CHAT_TEMPLATE_RWKV_WORLD,
+    KG_CHAT_TEMPLATE_GRANITE,
+    KG_CHAT_TEMPLATE_GIGACHAT,
+    KG_CHAT_TEMPLATE_MEGREZ,
+    KG_CHAT_TEMPLATE_YANDEX,
+    KG_CHAT_TEMPLATE_BAILING,
+    KG_CHAT_TEMPLATE_BAILING_THINK,
+    KG_CHAT_TEMPLATE_BAILING2,
+    KG_CHAT_TEMPLATE_LLAMA4,
+    KG_CHAT_TEMPLATE_SMOLVLM,
+    KG_CHAT_TEMPLATE_DOTS1,
+    KG_CHAT_TEMPLATE_HUNYUAN_MOE,
+    KG_CHAT_TEMPLATE_OPENAI_MOE,
+    KG_CHAT_TEMPLATE_HUNYUAN_DENSE,
+    KG_CHAT_TEMPLATE_KIMI_K2,
+    KG_CHAT_TEMPLATE_SEED_OSS,
+    KG_CHAT_TEMPLATE_GROK_2,
+    KG_CHAT_TEMPLATE_PANGU_EMBED,
+    KG_CHAT_TEMPLATE_COUNT_,
+} kg_chat_template_t;
+
+/** Recognise a template: either a llama.cpp template name ("chatml",
+ * "llama3", "mistral-v7", ...) or Jinja template text, tested for marker
+ * strings in the same order as llm_chat_detect_template. NULL or no match:
+ * KG_CHAT_TEMPLATE_UNKNOWN. @thread any */
+kg_chat_template_t kg_chat_detect(const char *template_text);
+
+/** llama.cpp's name of a format ("chatml", "llama2-sys", ...); "unknown"
+ * for KG_CHAT_TEMPLATE_UNKNOWN. Never NULL. @thread any */
+const char *kg_chat_template_name(kg_chat_template_t tmpl);
+
+/** Whether kg_chat_render can write this format. @thread any */
+bool kg_chat_template_is_supported(kg_chat_template_t tmpl);
+
+/** Render `n` messages with the format recognised in `template_text`,
+ * appending the assistant's generation prompt when `add_generation_prompt`
+ * (formats without one, like llama.cpp's Llama 2 and Mistral, ignore it).
+ * The output is byte-for-byte what llama.cpp's llm_chat_apply_template
+ * writes, so it does not start with BOS: tokenize it with add_special as
+ * for a plain prompt.
+ *
+ * `bos_text` / `eos_text` (the vocabulary's BOS/EOS token text, may be
+ * NULL) are accepted so callers need not change when a format that uses
+ * them is added; the formats rendered now write their special tokens
+ * literally, exactly as llama.cpp does, and ignore them.
+ *
+ * Returns KG_OK with `*out` a malloc'ed NUL-terminated string (the caller
+ * frees); KG_ERR_UNSUPPORTED when the template is NULL, unrecognised, or a
+ * format kgen does not render (errstr says which); KG_ERR_NOMEM.
+ * @thread any */
+KG_NODISCARD kg_status_t kg_chat_render(const char *template_text, const kg_chat_message_t *msgs,
+                                        size_t n, bool add_generation_prompt, const char *bos_text,
+                                        const char *eos_text, char **out, char *errstr,
+                                        size_t errstr_size);
+
+/** Render with an already detected format (see kg_chat_render). */
+KG_NODISCARD kg_status_t kg_chat_render_template(kg_chat_template_t tmpl,
+                                                 const kg_chat_message_t *msgs, size_t n,
+                                                 bool add_generation_prompt, char **out,
+                                                 char *errstr, size_t errstr_size);
