@@ -227,6 +227,7 @@ int kg_cmd_generate(int argc, char **argv) {
         fflush(stdout);
     }
     printf("\n");
+    fflush(stdout);
     int64_t t_end = kg_clock_us();
     if (!quiet) {
         double pp_s = t_first > t_start ? (double)(t_first - t_start) / 1e6 : 0.0;

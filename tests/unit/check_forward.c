@@ -142,16 +142,6 @@ static double nmse(const float *a, const float *b, int64_t n) {
     return den > 0 ? num / den : num;
 }
 
-static int argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++) {
-        if (x[i] > x[best]) {
-            best = i;
-        }
-    }
-    return best;
-}
-
 static kg_backend_t *make_cpu(const kg_model_t *m, int n_blocks, int bs, int max_tokens) {
     char err[256];
     kg_backend_params_t p = {.n_threads = 2, .n_kv_blocks = n_blocks, .kv_block_size = bs,

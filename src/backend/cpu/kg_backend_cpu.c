@@ -24,12 +24,13 @@
  * computed independently of the others in the batch, so a sequence's
  * results do not depend on what shares its step. */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../core/kg_log.h"
+#include "../../core/kg_pool.h"
 #include "../../model/kg_quant.h"
 #include "../kg_backend_impl.h"
 #include "../kg_math.h"
@@ -53,6 +54,8 @@ typedef struct cpu_ctx {
     const kg_model_t *model;
     kg_hparams_t hp;
     int n_threads;
+    int blas_threads; /* what OpenBLAS was last told */
+    kg_pool_t *pool;  /* n_threads workers for attention */
     int32_t n_kv_blocks, block_size, max_tokens;
     cpu_layer_t *layers;       /* (n_layer) */
     cpu_weight_t output_norm;  /* (n_embd) */
@@ -131,6 +134,7 @@ static void cpu_free(kg_backend_t *be) {
         }
         free(ctx->k_cache);
         free(ctx->v_cache);
+        kg_pool_free(ctx->pool);
         free(ctx->layers);
         free(ctx->rope_freqs);
         float *bufs[] = {ctx->x,   ctx->xn,   ctx->xr,  ctx->q,   ctx->k,       ctx->v,
@@ -163,6 +167,13 @@ static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
 
 /* out(T, w.n_out) = in(T, w.n_in) · w^T, with in rounded for w's type. */
 static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
+    /* OpenBLAS's thread hand-off costs more than a small GEMM: below about
+     * a million multiply-adds one thread is faster */
+    int threads = (double)T * (double)w->n_out * (double)w->n_in >= 1048576.0 ? ctx->n_threads : 1;
+    if (threads != ctx->blas_threads) {
+        openblas_set_num_threads(threads);
+        ctx->blas_threads = threads;
+    }
     const float *a = in;
     if (cpu_round_activations(w->type, in, ctx->xr, T, w->n_in)) {
         a = ctx->xr;
@@ -185,48 +196,70 @@ static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads) {
 
 /* Attention of every token over its sequence's cached positions [0, pos]:
  * softmax(q·k * scale) · v per head, with q and the probabilities rounded to
- * fp16 as ggml does before its fp16 K/V matmuls. */
-static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) {
+ * fp16 as ggml does before its fp16 K/V matmuls. One task = one (token, head). */
+typedef struct attn_job {
+    cpu_ctx_t *ctx;
+    int32_t il;
+    const kg_step_batch_t *batch;
+} attn_job_t;
+
+static void attention_task(void *arg, int64_t w, int thread) {
+    const attn_job_t *job = arg;
+    cpu_ctx_t *ctx = job->ctx;
+    const kg_step_batch_t *batch = job->batch;
     const kg_hparams_t *hp = &ctx->hp;
     const int32_t hd = hp->head_dim, n_kv_dim = hp->n_head_kv * hd;
     const int32_t group = hp->n_head / hp->n_head_kv, bs = ctx->block_size;
     const float scale = 1.0f / sqrtf((float)hd);
-    const uint16_t *kc = ctx->k_cache[il], *vc = ctx->v_cache[il];
-    const int64_t n_work = (int64_t)batch->n_tokens * hp->n_head;
+    const uint16_t *kc = ctx->k_cache[job->il], *vc = ctx->v_cache[job->il];
     const int64_t max_pos = (int64_t)ctx->n_kv_blocks * bs;
 
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(dynamic, 1) if (n_work > 1)
-    for (int64_t w = 0; w < n_work; w++) {
-        const int64_t t = w / hp->n_head;
-        const int32_t h = (int32_t)(w % hp->n_head), g = h / group;
-        const int32_t n_pos = batch->pos[t] + 1;
-        const int32_t *table = batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
-        float *s = ctx->scores + (int64_t)omp_get_thread_num() * max_pos;
-        float *q = ctx->q + (t * hp->n_head + h) * hd;
-        float *out = ctx->att + (t * hp->n_head + h) * hd;
+    const int64_t t = w / hp->n_head;
+    const int32_t h = (int32_t)(w % hp->n_head), g = h / group;
+    const int32_t n_pos = batch->pos[t] + 1;
+    const int32_t *table = batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
+    float *s = ctx->scores + (int64_t)thread * max_pos;
+    float *q = ctx->q + (t * hp->n_head + h) * hd;
+    float *out = ctx->att + (t * hp->n_head + h) * hd;
 
-        float m = -INFINITY;
-        for (int32_t p = 0; p < n_pos; p++) {
-            const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
-            s[p] = cpu_dot_f32_f16(q, kc + row * n_kv_dim + (int64_t)g * hd, hd) * scale;
-            m = fmaxf(m, s[p]);
-        }
-        double sum = 0.0;
-        for (int32_t p = 0; p < n_pos; p++) {
-            s[p] = expf(s[p] - m);
-            sum += (double)s[p];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int32_t p = 0; p < n_pos; p++) {
-            s[p] *= inv;
-        }
-        cpu_round_fp16(s, n_pos);
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int32_t p = 0; p < n_pos; p++) {
-            const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
-            cpu_axpy_f16(s[p], vc + row * n_kv_dim + (int64_t)g * hd, out, hd);
-        }
+    float m = -INFINITY;
+    for (int32_t p = 0; p < n_pos; p++) {
+        const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
+        s[p] = cpu_dot_f32_f16(q, kc + row * n_kv_dim + (int64_t)g * hd, hd) * scale;
+        m = fmaxf(m, s[p]);
     }
+    double sum = 0.0;
+    for (int32_t p = 0; p < n_pos; p++) {
+        s[p] = expf(s[p] - m);
+        sum += (double)s[p];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int32_t p = 0; p < n_pos; p++) {
+        s[p] *= inv;
+    }
+    cpu_round_fp16(s, n_pos);
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int32_t p = 0; p < n_pos; p++) {
+        const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
+        cpu_axpy_f16(s[p], vc + row * n_kv_dim + (int64_t)g * hd, out, hd);
+    }
+}
+
+static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) {
+    attn_job_t job = {.ctx = ctx, .il = il, .batch = batch};
+    const int64_t n_work = (int64_t)batch->n_tokens * ctx->hp.n_head;
+    /* waking the pool costs microseconds: tiny attention runs inline */
+    int64_t flops = 0;
+    for (int32_t t = 0; t < batch->n_tokens; t++) {
+        flops += (int64_t)(batch->pos[t] + 1) * ctx->hp.n_head * ctx->hp.head_dim;
+    }
+    if (flops < 65536) {
+        for (int64_t w = 0; w < n_work; w++) {
+            attention_task(&job, w, 0);
+        }
+        return;
+    }
+    kg_pool_run(ctx->pool, n_work, attention_task, &job);
 }
 
 static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
@@ -249,8 +282,6 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
             return KG_ERR_INVALID;
         }
     }
-    openblas_set_num_threads(ctx->n_threads);
-
     /* embeddings: dequantize each token's row */
     const kg_gguf_tensor_t *emb = ctx->model->tok_embd;
     const size_t row_size = kg_type_row_size(emb->type, E);
@@ -338,7 +369,13 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_param
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;
     ctx->hp = *hp;
-    ctx->n_threads = params->n_threads > 0 ? params->n_threads : omp_get_num_procs();
+    ctx->n_threads = params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    ctx->pool = kg_pool_new(ctx->n_threads);
+    ctx->blas_threads = -1;
+    if (!ctx->pool) {
+        snprintf(errstr, errstr_size, "cpu backend: cannot start %d threads", ctx->n_threads);
+        goto fail;
+    }
     ctx->n_kv_blocks = params->n_kv_blocks;
     ctx->block_size = params->kv_block_size;
     ctx->max_tokens = params->max_batch_tokens;
