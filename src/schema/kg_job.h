@@ -1,0 +1,79 @@
+/* kg_job: one generation job as decoded from the jobs topic
+ * (schemas/job.schema.json). Plain C, no JSON: kg_codec_decode_job fills
+ * it, the intake tokenizes it and hands the engine a kg_request_t.
+ *
+ * Every pointer in a kg_job_t is owned by the job and released by
+ * kg_job_free, including the message contents (kg_chat_message_t holds
+ * them as const char * so the array can be passed to kg_chat_render
+ * directly; the roles point to static strings). */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../model/kg_sampler.h"
+#include "kg_chat.h"
+
+/* The major version of the job and event contract this build speaks. */
+#define KG_SCHEMA_VERSION 1
+
+/* Contract limits (the schema states the same numbers). */
+#define KG_JOB_REQUEST_ID_MAX 128 /* bytes of [A-Za-z0-9._:-] */
+#define KG_JOB_MAX_STOP 8         /* stop strings per job */
+#define KG_JOB_STOP_MAX_CHARS 256 /* code points per stop string */
+#define KG_JOB_DEFAULT_MAX_TOKENS 256
+
+typedef enum kg_prompt_kind {
+    KG_PROMPT_TEXT = 0,     /* prompt / prompt_len */
+    KG_PROMPT_TOKENS = 1,   /* prompt_tokens / n_prompt_tokens */
+    KG_PROMPT_MESSAGES = 2, /* messages / n_messages */
+} kg_prompt_kind_t;
+
+typedef struct kg_job {
+    char *request_id;       /* NUL-terminated, 1..128 chars of [A-Za-z0-9._:-] */
+    int32_t schema_version; /* always KG_SCHEMA_VERSION once decoded */
+
+    /* ---- the prompt: exactly one kind ---- */
+    kg_prompt_kind_t prompt_kind;
+    char *prompt;             /* KG_PROMPT_TEXT: prompt_len bytes + a NUL; may contain NUL */
+    size_t prompt_len;        /* bytes */
+    int32_t *prompt_tokens;   /* KG_PROMPT_TOKENS: (n_prompt_tokens) ids >= 0 */
+    int32_t n_prompt_tokens;
+    kg_chat_message_t *messages; /* KG_PROMPT_MESSAGES: (n_messages); contents have no NUL */
+    int32_t n_messages;
+
+    /* ---- generation ---- */
+    int32_t max_tokens;            /* >= 1; default 256 */
+    kg_sampling_params_t sampling; /* temperature 1, filters off, seed from request_id by
+                                      default; n_logprobs is the job's "logprobs" */
+    char **stop;                   /* (n_stop) NUL-terminated strings, each 1..256 code points */
+    int32_t n_stop;
+    bool stream;      /* default true: token events, then done */
+    bool ignore_eos;  /* default false */
+    int64_t deadline_ms; /* absolute epoch ms; 0 = none */
+    int32_t priority;    /* higher runs first; default 0 */
+    char *metadata_json; /* the metadata object as compact JSON text, NULL when absent */
+
+    /* ---- where the job came from: set by the caller, not by the codec ---- */
+    char *topic;       /* owned (strdup it); NULL when not from Kafka */
+    int32_t partition; /* -1 when not from Kafka (the codec's default) */
+    int64_t offset;    /* -1 when not from Kafka (the codec's default) */
+} kg_job_t;
+
+/** Free a job and everything it owns. kg_job_free(NULL) does nothing.
+ * @thread any */
+void kg_job_free(kg_job_t *job);
+
+/** The seed a job gets when it gives none: 64-bit FNV-1a of the
+ * request_id's bytes with the top bit cleared (so it fits the schema's
+ * 0..2^63-1). A redelivered job therefore samples the same tokens.
+ * @thread any */
+uint64_t kg_job_default_seed(const char *request_id);
+
+/** The sampling defaults of the contract (which differ from the sampler's
+ * greedy defaults): temperature 1, top_k -1, top_p 1, min_p 0, penalties
+ * off, repetition penalty over the whole sequence (penalty_last_n -1),
+ * seed 0 (the decoder then derives it from the request_id), no logprobs.
+ * @thread any */
+kg_sampling_params_t kg_job_sampling_defaults(void);
