@@ -24,9 +24,9 @@
 #define KG_COUNT_ALLOC 1
 #endif
 
+#if KG_COUNT_ALLOC
 static long g_n_allocs; /* malloc/calloc/realloc calls in this process */
 
-#if KG_COUNT_ALLOC
 /* glibc's own entry points: the overrides below count and forward. */
 extern void *__libc_malloc(size_t size);
 extern void *__libc_calloc(size_t n, size_t size);
