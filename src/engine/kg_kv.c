@@ -14,7 +14,7 @@ struct kg_kv {
     int32_t *ref;         /* (n_blocks) slots referencing the block */
     bool *registered;     /* (n_blocks) in the prefix cache map */
     uint64_t *hash;       /* (n_blocks) chain hash of a registered block */
-    int32_t *parent;      /* (n_blocks) parent block id of a registered block, -1 for a first block */
+    int32_t *parent;      /* (n_blocks) parent of a registered block, -1 for a first block */
     uint32_t *parent_gen; /* (n_blocks) gen[parent] when the block was registered */
     uint32_t *gen;        /* (n_blocks) bumped when the block leaves the cache */
     int32_t *tokens;      /* (n_blocks, block_size) token ids of a registered block */

@@ -230,9 +230,9 @@ static void env_run(env_t *env, int64_t max_steps) {
 }
 
 /* What the fake backend makes a greedy job say when it runs alone. */
-static int32_t ref_greedy(const kg_fake_backend_params_t *fp, const int32_t *prompt, int32_t n_prompt,
-                          int32_t max_tokens, int32_t max_seq_len, bool ignore_eos, int32_t *out,
-                          kg_finish_t *finish) {
+static int32_t ref_greedy(const kg_fake_backend_params_t *fp, const int32_t *prompt,
+                          int32_t n_prompt, int32_t max_tokens, int32_t max_seq_len,
+                          bool ignore_eos, int32_t *out, kg_finish_t *finish) {
     int32_t hist[1024];
     memcpy(hist, prompt, (size_t)n_prompt * sizeof(*hist));
     int32_t n = n_prompt, n_out = 0;
