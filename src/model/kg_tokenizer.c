@@ -95,6 +95,7 @@ struct kg_tokenizer {
     int32_t *special; /* control/user-defined/unknown tokens, longest text first */
     int32_t n_special;
     int32_t byte_tok[256]; /* SPM byte fallback: the <0xXX> token of each byte, or -1 */
+    bool isolated[128]; /* SPM: no token longer than one byte contains this ASCII byte */
 
     pcre2_code *re[MAX_REGEX]; /* BPE pre-tokenizer, applied in order */
     int n_re;
@@ -121,6 +122,17 @@ static uint32_t hash_bytes(uint32_t h, const char *s, size_t n) {
 }
 
 #define HASH_SEED 2166136261u
+
+/* Table slot of a hash: FNV-1a mixes only upwards, so its low bits (the
+ * ones a mask keeps) need the murmur3 finaliser to spread. */
+static size_t slot_of(uint32_t h) {
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    return h;
+}
 
 static size_t table_size_for(size_t n) {
     size_t cap = 16;
@@ -245,7 +257,7 @@ static const char *tok_text(const kg_tokenizer_t *tok, int32_t id, size_t *len) 
 
 static int32_t find_token(const kg_tokenizer_t *tok, const char *s, size_t n) {
     uint32_t h = hash_bytes(HASH_SEED, s, n);
-    for (size_t i = h & tok->tok_mask;; i = (i + 1) & tok->tok_mask) {
+    for (size_t i = slot_of(h) & tok->tok_mask;; i = (i + 1) & tok->tok_mask) {
         uint64_t slot = tok->tok_slots[i];
         if (!slot) {
             return -1;
@@ -272,7 +284,7 @@ static int32_t merge_rank(const kg_tokenizer_t *tok, const char *l, size_t ln, c
         return -1;
     }
     uint32_t h = hash_bytes(hash_bytes(hash_bytes(HASH_SEED, l, ln), " ", 1), r, rn);
-    for (size_t i = h & tok->merge_mask;; i = (i + 1) & tok->merge_mask) {
+    for (size_t i = slot_of(h) & tok->merge_mask;; i = (i + 1) & tok->merge_mask) {
         uint64_t slot = tok->merge_slots[i];
         if (!slot) {
             return -1;
@@ -573,7 +585,7 @@ static int32_t insert_token(kg_tokenizer_t *tok, int32_t id) {
     size_t len;
     const char *t = tok_text(tok, id, &len);
     uint32_t h = hash_bytes(HASH_SEED, t, len);
-    for (size_t i = h & tok->tok_mask;; i = (i + 1) & tok->tok_mask) {
+    for (size_t i = slot_of(h) & tok->tok_mask;; i = (i + 1) & tok->tok_mask) {
         uint64_t slot = tok->tok_slots[i];
         if (!slot) {
             tok->tok_slots[i] = ((uint64_t)h << 32) | (uint32_t)(id + 1);
@@ -603,12 +615,18 @@ static bool load_tokens(kg_tokenizer_t *tok, const kg_gguf_t *g, char *errstr, s
         return false;
     }
     tok->n_vocab = (int32_t)n;
+    kg_gguf_str_t *strs = malloc(n * sizeof(kg_gguf_str_t));
+    if (!strs) {
+        set_err(errstr, errstr_size, "%s", "out of memory loading the vocabulary");
+        return false;
+    }
     size_t total = 0;
     for (uint64_t i = 0; i < n; i++) {
-        kg_gguf_str_t s = kg_gguf_arr_str(g, "tokenizer.ggml.tokens", i);
-        total += s.len ? s.len : 32; // room for "[EMPTY_i]"
+        strs[i] = kg_gguf_arr_str(g, "tokenizer.ggml.tokens", i);
+        total += strs[i].len ? strs[i].len : 32; // room for "[EMPTY_i]"
     }
     if (total >= UINT32_MAX) {
+        free(strs);
         set_err(errstr, errstr_size, "%s", "tokenizer.ggml.tokens is too large");
         return false;
     }
@@ -617,12 +635,13 @@ static bool load_tokens(kg_tokenizer_t *tok, const kg_gguf_t *g, char *errstr, s
     tok->score = calloc(n, sizeof(float));
     tok->attr = malloc(n * sizeof(uint16_t));
     if (!tok->text || !tok->text_off || !tok->score || !tok->attr || !build_token_table(tok)) {
+        free(strs);
         set_err(errstr, errstr_size, "%s", "out of memory loading the vocabulary");
         return false;
     }
     uint32_t off = 0;
     for (uint64_t i = 0; i < n; i++) {
-        kg_gguf_str_t s = kg_gguf_arr_str(g, "tokenizer.ggml.tokens", i);
+        kg_gguf_str_t s = strs[i];
         tok->text_off[i] = off;
         if (s.len == 0) {
             // llama.cpp renames empty tokens so that they stay distinct
@@ -633,6 +652,7 @@ static bool load_tokens(kg_tokenizer_t *tok, const kg_gguf_t *g, char *errstr, s
         }
     }
     tok->text_off[n] = off;
+    free(strs);
     for (int32_t i = 0; i < tok->n_vocab; i++) {
         int32_t dup = insert_token(tok, i);
         if (dup >= 0) {
@@ -718,11 +738,18 @@ static bool load_merges(kg_tokenizer_t *tok, const kg_gguf_t *g, char *errstr, s
         set_err(errstr, errstr_size, "%s", "tokenizer.ggml.merges is not an array of strings");
         return false;
     }
+    kg_gguf_str_t *strs = malloc((n + 1) * sizeof(kg_gguf_str_t));
+    if (!strs) {
+        set_err(errstr, errstr_size, "%s", "out of memory loading the merges");
+        return false;
+    }
     size_t total = 0;
     for (uint64_t i = 0; i < n; i++) {
-        total += kg_gguf_arr_str(g, key, i).len;
+        strs[i] = kg_gguf_arr_str(g, key, i);
+        total += strs[i].len;
     }
     if (total >= UINT32_MAX) {
+        free(strs);
         set_err(errstr, errstr_size, "%s", "tokenizer.ggml.merges is too large");
         return false;
     }
@@ -732,6 +759,7 @@ static bool load_merges(kg_tokenizer_t *tok, const kg_gguf_t *g, char *errstr, s
     tok->merge_split = malloc((n + 1) * sizeof(uint32_t));
     tok->merge_slots = calloc(cap, sizeof(uint64_t));
     if (!tok->merge_text || !tok->merge_off || !tok->merge_split || !tok->merge_slots) {
+        free(strs);
         set_err(errstr, errstr_size, "%s", "out of memory loading the merges");
         return false;
     }
@@ -739,7 +767,7 @@ static bool load_merges(kg_tokenizer_t *tok, const kg_gguf_t *g, char *errstr, s
     tok->n_merges = (int32_t)n;
     uint32_t off = 0;
     for (uint64_t i = 0; i < n; i++) {
-        kg_gguf_str_t s = kg_gguf_arr_str(g, key, i);
+        kg_gguf_str_t s = strs[i];
         tok->merge_off[i] = off;
         memcpy(tok->merge_text + off, s.data, s.len);
         off += (uint32_t)s.len;
@@ -752,7 +780,7 @@ static bool load_merges(kg_tokenizer_t *tok, const kg_gguf_t *g, char *errstr, s
         size_t ln = (size_t)(sp - s.data);
         tok->merge_split[i] = (uint32_t)ln;
         uint32_t h = hash_bytes(HASH_SEED, s.data, s.len);
-        for (size_t j = h & tok->merge_mask;; j = (j + 1) & tok->merge_mask) {
+        for (size_t j = slot_of(h) & tok->merge_mask;; j = (j + 1) & tok->merge_mask) {
             uint64_t slot = tok->merge_slots[j];
             if (!slot) {
                 tok->merge_slots[j] = ((uint64_t)h << 32) | (uint32_t)(i + 1);
@@ -767,6 +795,7 @@ static bool load_merges(kg_tokenizer_t *tok, const kg_gguf_t *g, char *errstr, s
         }
     }
     tok->merge_off[n] = off;
+    free(strs);
     return true;
 }
 
@@ -1120,6 +1149,18 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
     apply_name_rules(tok, g);
 
     if (tok->kind == KG_TOKENIZER_SPM) {
+        for (int c = 0; c < 128; c++) {
+            tok->isolated[c] = true;
+        }
+        for (int32_t id = 0; id < tok->n_vocab; id++) {
+            size_t len;
+            const char *t = tok_text(tok, id, &len);
+            for (size_t i = 0; len > 1 && i < len; i++) {
+                if ((unsigned char)t[i] < 0x80) {
+                    tok->isolated[(unsigned char)t[i]] = false;
+                }
+            }
+        }
         static const char hex[] = "0123456789ABCDEF";
         for (int b = 0; b < 256; b++) {
             char name[7] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>', 0};
@@ -1218,7 +1259,9 @@ size_t kg_tokenizer_piece(const kg_tokenizer_t *tok, int32_t id, bool special, c
         return 0;
     }
     size_t len = tok->piece_off[id + 1] - tok->piece_off[id];
-    memcpy(buf, tok->piece + tok->piece_off[id], len < cap ? len : cap);
+    if (cap > 0) {
+        memcpy(buf, tok->piece + tok->piece_off[id], len < cap ? len : cap);
+    }
     return len;
 }
 
@@ -1378,8 +1421,8 @@ static bool spm_pair(session_t *s, const char *text, int32_t left, int32_t right
     return heap_push(s, (bigram_t){s->tok->score[id], left, right, l->n + r->n});
 }
 
-/* llm_tokenizer_spm_session::tokenize on already escaped text. */
-static bool spm_tokenize(session_t *s, const char *text, size_t len, out_t *o) {
+/* llm_tokenizer_spm_session::tokenize on a segment of escaped text. */
+static bool spm_segment(session_t *s, const char *text, size_t len, out_t *o) {
     const kg_tokenizer_t *tok = s->tok;
     int64_t n = split_chars(s, text, len);
     if (n < 0) {
@@ -1415,6 +1458,25 @@ static bool spm_tokenize(session_t *s, const char *text, size_t len, out_t *o) {
         }
     }
     return true;
+}
+
+/* SPM on escaped text. A character that no multi-byte token contains (a
+ * newline, in most vocabularies) can never merge with a neighbour, so the
+ * text on either side merges independently: each segment gets its own,
+ * small heap. The result is the one llama.cpp gets from the whole text. */
+static bool spm_tokenize(session_t *s, const char *text, size_t len, out_t *o) {
+    size_t start = 0;
+    for (size_t i = 0; i < len;) {
+        unsigned char c = (unsigned char)text[i];
+        if (c < 0x80 && s->tok->isolated[c]) {
+            if (!spm_segment(s, text + start, i - start, o) || !spm_segment(s, text + i, 1, o)) {
+                return false;
+            }
+            start = i + 1;
+        }
+        i += utf8_len(c);
+    }
+    return start >= len || spm_segment(s, text + start, len - start, o);
 }
 
 static bool spm_fragment(session_t *s, const char *text, size_t len, bool prefix, out_t *o) {
