@@ -60,7 +60,7 @@ static void usage(FILE *f) {
             "  --tied              no output.weight: the head reuses token_embd\n"
             "  --f16 | --bf16 | --q8_0 | --q4_0\n"
             "                      type of the 2-D weights (default f32; norms stay f32)\n"
-            "  --vocab-from FILE   copy every tokenizer.* key of FILE (n_vocab = its token count);\n"
+            "  --vocab-from FILE   copy every tokenizer.* key of FILE (n_vocab: its token count);\n"
             "                      default: a 259-token SentencePiece byte vocabulary\n"
             "  --name NAME         general.name (default \"kgen-random\")\n"
             "  --help, --version\n");
@@ -390,8 +390,10 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
         const char *flag;
         size_t off;
     } required[] = {
-        {"--n-embd", offsetof(mk_opts_t, n_embd)},   {"--n-layer", offsetof(mk_opts_t, n_layer)},
-        {"--n-head", offsetof(mk_opts_t, n_head)},   {"--n-head-kv", offsetof(mk_opts_t, n_head_kv)},
+        {"--n-embd", offsetof(mk_opts_t, n_embd)},
+        {"--n-layer", offsetof(mk_opts_t, n_layer)},
+        {"--n-head", offsetof(mk_opts_t, n_head)},
+        {"--n-head-kv", offsetof(mk_opts_t, n_head_kv)},
         {"--n-ff", offsetof(mk_opts_t, n_ff)},
     };
     if (!o->out) {
