@@ -264,11 +264,20 @@ static kg_status_t load_file(kg_config_t *cfg, const char *path, char *errstr, s
             st = KG_ERR_INVALID;
             break;
         }
-        *eq = '\0';
+        /* trim around '=' */
+        char *key_end = eq;
+        while (key_end > p && isspace((unsigned char)key_end[-1])) {
+            key_end--;
+        }
+        *key_end = '\0';
+        char *value = eq + 1;
+        while (isspace((unsigned char)*value)) {
+            value++;
+        }
         if (strncmp(p, "kafka.", 6) == 0) {
-            st = kg_config_set_kafka(cfg, p + 6, eq + 1, errstr, errstr_size);
+            st = kg_config_set_kafka(cfg, p + 6, value, errstr, errstr_size);
         } else {
-            st = kg_config_set(cfg, p, eq + 1, errstr, errstr_size);
+            st = kg_config_set(cfg, p, value, errstr, errstr_size);
         }
     }
     fclose(f);
@@ -290,13 +299,13 @@ static kg_status_t load_env(kg_config_t *cfg, char **envp, char *errstr, size_t 
             continue;
         }
         kg_status_t st;
-        if (strncmp(*e + 5, "KAFKA_", 6) == 0 && n > 6) {
-            /* KGEN_KAFKA_SASL_PASSWORD -> sasl.password */
-            for (size_t i = 0; i < n - 6; i++) {
-                char c = (*e)[11 + i];
+        if (strncmp(*e + 5, "RDKAFKA_", 8) == 0 && n > 8) {
+            /* KGEN_RDKAFKA_SASL_PASSWORD -> sasl.password */
+            for (size_t i = 0; i < n - 8; i++) {
+                char c = (*e)[13 + i];
                 name[i] = c == '_' ? '.' : (char)tolower((unsigned char)c);
             }
-            name[n - 6] = '\0';
+            name[n - 8] = '\0';
             st = kg_config_set_kafka(cfg, name, eq + 1, errstr, errstr_size);
         } else {
             for (size_t i = 0; i < n; i++) {
@@ -305,7 +314,7 @@ static kg_status_t load_env(kg_config_t *cfg, char **envp, char *errstr, size_t 
             }
             name[n] = '\0';
             if (!find_opt(name)) {
-                continue; /* KGEN_* variables of other tools (KGEN_KAFKA_CACHE, ...) */
+                continue; /* KGEN_* variables of the scripts (KGEN_KAFKA_CACHE, ...) */
             }
             st = kg_config_set(cfg, name, eq + 1, errstr, errstr_size);
         }
@@ -467,7 +476,7 @@ void kg_config_print_help(FILE *f, const char *prog) {
     }
     fprintf(f, "\nOther:\n"
                "  -X key=value, --kafka key=value  librdkafka property, passed through unchanged\n"
-               "                                   (env KGEN_KAFKA_<KEY>, '_' read as '.')\n"
+               "                                   (env KGEN_RDKAFKA_<KEY>, '_' read as '.')\n"
                "  --config FILE                    key=value lines (kafka.<key>=... for librdkafka)\n"
                "  --help, --help-markdown, --version\n");
 }
@@ -481,7 +490,7 @@ void kg_config_print_markdown(FILE *f) {
         fprintf(f, "| `--%s` | `%s` | %s | `%s` | %s |\n", o->name, env, type_name(o->type),
                 *o->def ? o->def : "\"\"", o->help);
     }
-    fprintf(f, "| `-X key=value` | `KGEN_KAFKA_<KEY>` | string | | librdkafka property, unchanged |\n");
+    fprintf(f, "| `-X key=value` | `KGEN_RDKAFKA_<KEY>` | string | | librdkafka property, unchanged |\n");
 }
 
 void kg_config_print(const kg_config_t *cfg, FILE *f) {

@@ -2,7 +2,7 @@
  *
  * Precedence: defaults < --config FILE (key=value lines) < KGEN_* environment
  * variables < command-line flags. librdkafka properties pass through
- * unchanged (`-X key=value`, `--kafka key=value`, `KGEN_KAFKA_<KEY>` with
+ * unchanged (`-X key=value`, `--kafka key=value`, `KGEN_RDKAFKA_<KEY>` with
  * `_` read as `.`), as kcat does, so SASL and TLS need no code of ours. The
  * table drives parsing, --help and the README's configuration section; the
  * config is immutable once parsed (@thread any after startup). */

@@ -34,12 +34,12 @@ START_TEST(precedence_and_passthrough) {
     fclose(f);
     kg_config_t cfg;
     char err[256];
-    char *envp[] = {"KGEN_MAX_BATCH_SIZE=8", "KGEN_KAFKA_SASL_PASSWORD=hunter2",
+    char *envp[] = {"KGEN_MAX_BATCH_SIZE=8", "KGEN_RDKAFKA_SASL_PASSWORD=hunter2",
                     "KGEN_KAFKA_CACHE=/x", "PATH=/bin", NULL};
     char *argv[] = {"kgen-worker", "--model", "m.gguf", "--config", (char *)path,
                     "--max-batch-size=12", "-X", "security.protocol=SASL_SSL",
                     "-Xsasl.mechanisms=PLAIN", "--prefix-cache", "false"};
-    ck_assert_int_eq(parse(&cfg, envp, 11, argv, err), KG_OK);
+    ck_assert_msg(parse(&cfg, envp, 11, argv, err) == KG_OK, "%s", err);
     ck_assert_int_eq(cfg.max_batch_size, 12); /* flag beats env beats file */
     ck_assert_str_eq(cfg.jobs_topic, "from-file");
     ck_assert_str_eq(cfg.log_level, "warn");

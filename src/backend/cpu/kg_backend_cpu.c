@@ -38,6 +38,10 @@
 
 void openblas_set_num_threads(int num_threads);
 
+/* Output rows per head GEMM: whole row tiles, few enough that the logits
+ * scratch stays small (4 tiles x 128k vocabulary = 24 MiB). */
+#define HEAD_ROWS (4 * KG_CPU_ROW_TILE)
+
 typedef struct cpu_weight {
     const float *data;  /* (n_out, n_in) row-major */
     float *owned;       /* non-NULL when dequantized at load */
@@ -54,7 +58,6 @@ typedef struct cpu_ctx {
     const kg_model_t *model;
     kg_hparams_t hp;
     int n_threads;
-    int blas_threads; /* what OpenBLAS was last told */
     kg_pool_t *pool;  /* n_threads workers for attention */
     int32_t n_kv_blocks, block_size, max_tokens;
     cpu_layer_t *layers;       /* (n_layer) */
@@ -63,7 +66,7 @@ typedef struct cpu_ctx {
     float *rope_freqs;         /* (n_rot / 2) or NULL */
     uint16_t **k_cache;        /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
     uint16_t **v_cache;        /* same shape as k_cache */
-    /* scratch for max_tokens tokens */
+    /* scratch for cpu_rows_padded(max_tokens) tokens: GEMMs run on whole row tiles */
     float *x;      /* (T, n_embd) residual stream */
     float *xn;     /* (T, n_embd) normed input of a block */
     float *xr;     /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
@@ -76,6 +79,7 @@ typedef struct cpu_ctx {
     float *tmp;    /* (T, n_embd) projection output before the residual add */
     float *rope_cs; /* (T, n_rot) cos | sin per token */
     float *scores; /* (n_threads, n_kv_blocks * block_size) */
+    float *head;   /* (HEAD_ROWS, n_vocab) logits of one chunk of output rows */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
 
@@ -138,7 +142,8 @@ static void cpu_free(kg_backend_t *be) {
         free(ctx->layers);
         free(ctx->rope_freqs);
         float *bufs[] = {ctx->x,   ctx->xn,   ctx->xr,  ctx->q,   ctx->k,       ctx->v,
-                         ctx->att, ctx->gate, ctx->up,  ctx->tmp, ctx->rope_cs, ctx->scores};
+                         ctx->att, ctx->gate, ctx->up,  ctx->tmp, ctx->rope_cs, ctx->scores,
+                         ctx->head};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -167,18 +172,11 @@ static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
 
 /* out(T, w.n_out) = in(T, w.n_in) · w^T, with in rounded for w's type. */
 static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
-    /* OpenBLAS's thread hand-off costs more than a small GEMM: below about
-     * a million multiply-adds one thread is faster */
-    int threads = (double)T * (double)w->n_out * (double)w->n_in >= 1048576.0 ? ctx->n_threads : 1;
-    if (threads != ctx->blas_threads) {
-        openblas_set_num_threads(threads);
-        ctx->blas_threads = threads;
-    }
     const float *a = in;
     if (cpu_round_activations(w->type, in, ctx->xr, T, w->n_in)) {
         a = ctx->xr;
     }
-    cpu_matmul(a, w->data, out, T, w->n_out, w->n_in);
+    cpu_matmul(ctx->pool, a, w->data, out, T, w->n_out, w->n_in);
 }
 
 static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads) {
@@ -342,7 +340,13 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
     }
     if (n_out > 0) {
         cpu_rmsnorm_rows(ctx->xn, ctx->output_norm.data, ctx->xn, n_out, E, hp->norm_eps);
-        matmul(ctx, &ctx->output, ctx->xn, logits, n_out);
+        /* the head in chunks of whole row tiles into our scratch, so the
+         * caller's buffer needs only n_out rows */
+        for (int64_t r0 = 0; r0 < n_out; r0 += HEAD_ROWS) {
+            int64_t nr = n_out - r0 < HEAD_ROWS ? n_out - r0 : HEAD_ROWS;
+            matmul(ctx, &ctx->output, ctx->xn + r0 * E, ctx->head, nr);
+            memcpy(logits + r0 * hp->n_vocab, ctx->head, (size_t)(nr * hp->n_vocab) * sizeof(float));
+        }
     }
     return KG_OK;
 }
@@ -371,7 +375,9 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_param
     ctx->hp = *hp;
     ctx->n_threads = params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     ctx->pool = kg_pool_new(ctx->n_threads);
-    ctx->blas_threads = -1;
+    /* our pool splits GEMMs over columns (see cpu_matmul); OpenBLAS itself
+     * runs single-threaded inside each slice */
+    openblas_set_num_threads(1);
     if (!ctx->pool) {
         snprintf(errstr, errstr_size, "cpu backend: cannot start %d threads", ctx->n_threads);
         goto fail;
@@ -437,7 +443,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_param
         ctx->kv_size += 2 * kv_rows * n_kv * sizeof(uint16_t);
     }
 
-    const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    const size_t T = (size_t)cpu_rows_padded(ctx->max_tokens), E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
     const size_t n_q = (size_t)hp->n_head * (size_t)hp->head_dim;
     size_t widest = E > F ? E : F;
     widest = widest > n_q ? widest : n_q;
@@ -454,6 +460,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_param
     ctx->tmp = scratch(ctx, T * E, &ok);
     ctx->rope_cs = scratch(ctx, T * (size_t)hp->n_rot, &ok);
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
+    ctx->head = scratch(ctx, (size_t)HEAD_ROWS * (size_t)hp->n_vocab, &ok);
     if (!ok) {
         snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
         goto fail;
