@@ -328,6 +328,17 @@ static bool parse_kv(cursor_t *c, kv_entry_t *e, int64_t idx) {
                 return false;
             }
             for (uint64_t i = 0; i < n; i++) {
+                // fast path without formatting: vocabularies have 100k+ strings
+                size_t left = c->size - c->pos;
+                if (left >= 8) {
+                    uint64_t len = rd_u64(c->base + c->pos);
+                    if (len <= left - 8) {
+                        e->strs[i].data = (const char *)c->base + c->pos + 8;
+                        e->strs[i].len = len;
+                        c->pos += 8 + (size_t)len;
+                        continue;
+                    }
+                }
                 snprintf(what, sizeof(what), "key '%s' element %llu", kbuf, (unsigned long long)i);
                 if (!take_str(c, &e->strs[i], what)) {
                     return false;
