@@ -3,14 +3,20 @@
  *
  * DESIGN: the engine samples every running sequence once per step, so for a
  * 128k vocabulary the cost per call matters as much as a small kernel. The
- * raw logits are copied once into (logit, id) candidates in the scratch;
- * everything after that touches only what it must:
+ * raw logits are copied once into candidates (logits and ids, two arrays) in
+ * the scratch; the passes over the whole vocabulary (copy, max, exp and sum)
+ * are 8-wide vector kernels, and everything else touches only what it must:
+ *   - the raw pass (e^(l - max), needed for the logprobs anyway) is kept and
+ *     patched for the few tokens the penalties change, so the filters start
+ *     with the probabilities in hand;
  *   - penalties visit the window's tokens, never the vocabulary; their
  *     per-token marks and counts are cleared by visiting the same tokens;
- *   - top-k is a bounded heap (one comparison per token for small k);
- *   - top-p without top-k does not sort the vocabulary: a histogram of
- *     probability mass over logit buckets finds the bucket where the
- *     cumulative mass crosses p, and only that bucket's tokens are sorted;
+ *   - top-k is a bounded heap; blocks of 8 that cannot enter it are
+ *     skipped with one vector compare;
+ *   - top-p without top-k first takes the best 128 by the same heap, which
+ *     settles a peaked distribution; otherwise a histogram of the mass over
+ *     logit buckets finds the bucket where the cumulative mass crosses p,
+ *     refines inside it, and sorts only the few tokens left at the boundary;
  *   - min-p is a threshold on the logit (p_i >= min_p * p_max is
  *     l_i >= l_max + log(min_p)), so it needs no sort either;
  *   - the draw walks the survivors in their current order.
@@ -18,12 +24,12 @@
  * only on the logits, the parameters and the RNG state. */
 #include "kg_sampler.h"
 
+#include "../core/kg_log.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "../core/kg_log.h"
 
 // ---- random numbers ----
 
@@ -80,11 +86,6 @@ kg_sampling_params_t kg_sampling_params_default(void) {
     return p;
 }
 
-typedef struct cand {
-    float logit;
-    int32_t id;
-} cand_t;
-
 /* Top-p histogram: buckets of equal logit width over [l_max - range, l_max].
  * Everything further below shares bucket 0; its mass is at most
  * n_vocab * e^-40 of the top token's, far below what a float p < 1 can ask
@@ -92,14 +93,23 @@ typedef struct cand {
  * it does, only slower). */
 #define HIST_BUCKETS 1024
 #define HIST_RANGE   40.0f
+/* Top-p first tries the best this many tokens, sorted by a heap. */
+#define TOP_P_FAST 128
 
 struct kg_sampler_scratch {
     int32_t n_vocab;
-    cand_t *cand;                   /* (n_vocab) candidates, filtered in place */
-    float *prob;                    /* (n_vocab) unnormalised probability of cand[i] */
+    float *val;                     /* (n_vocab) candidate logits, filtered in place */
+    int32_t *idx;                   /* (n_vocab) token id of val[i] */
+    float *prob;                    /* (n_vocab) unnormalised probability of val[i] */
     int32_t *count;                 /* (n_vocab) output-token counts; zero between calls */
     uint8_t *seen;                  /* (n_vocab) repetition-window marks; zero between calls */
     double hist_mass[HIST_BUCKETS]; /* top-p: probability mass per logit bucket */
+    /* After the penalties: prob[i] = e^(val[i] - ref) (temperature 1) over
+     * the whole vocabulary in id order and z its sum. The raw pass for the
+     * logprobs computes them and the penalties patch the few tokens they
+     * touch, so the filters need no second pass over the vocabulary. */
+    float ref;
+    double z;
 };
 
 kg_sampler_scratch_t *kg_sampler_scratch_new(int32_t n_vocab) {
@@ -111,12 +121,14 @@ kg_sampler_scratch_t *kg_sampler_scratch_new(int32_t n_vocab) {
         goto fail;
     }
     sc->n_vocab = n_vocab;
-    sc->cand = malloc((size_t)n_vocab * sizeof(*sc->cand));
+    sc->val = malloc((size_t)n_vocab * sizeof(*sc->val));
+    sc->idx = malloc((size_t)n_vocab * sizeof(*sc->idx));
     sc->prob = malloc((size_t)n_vocab * sizeof(*sc->prob));
     /* calloc: the marks and counts start at zero and every call leaves them so */
     sc->count = calloc((size_t)n_vocab, sizeof(*sc->count));
     sc->seen = calloc((size_t)n_vocab, sizeof(*sc->seen));
-    if (sc->cand == NULL || sc->prob == NULL || sc->count == NULL || sc->seen == NULL) {
+    if (sc->val == NULL || sc->idx == NULL || sc->prob == NULL || sc->count == NULL ||
+        sc->seen == NULL) {
         goto fail;
     }
     return sc;
@@ -129,17 +141,325 @@ void kg_sampler_scratch_free(kg_sampler_scratch_t *sc) {
     if (sc == NULL) {
         return;
     }
-    free(sc->cand);
+    free(sc->val);
+    free(sc->idx);
     free(sc->prob);
     free(sc->count);
     free(sc->seen);
     free(sc);
 }
 
-// ---- helpers ----
+// ---- vector kernels ----
 
-/* NaN becomes -inf (never chosen), +inf becomes FLT_MAX (so differences
- * with the max stay finite and the token is still the clear favourite). */
+/* The passes over the whole vocabulary use GCC/clang vector extensions
+ * (8 floats: one AVX register, or two SSE ones) instead of relying on the
+ * auto-vectoriser, which will not if-convert float selects under the default
+ * -ftrapping-math. A short tail is padded to a full vector, so every element
+ * goes through the same instructions wherever it sits. The vectors never
+ * cross a non-inlined call, so the -Wpsabi note about their ABI is moot. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+
+static inline v8f splat(float f) {
+    v8f v = {f, f, f, f, f, f, f, f};
+    return v;
+}
+
+/* m ? a : b, lane by lane (m lanes are all ones or all zeros) */
+static inline v8f select8(v8i m, v8f a, v8f b) {
+    return (v8f)(((v8i)a & m) | ((v8i)b & ~m));
+}
+
+static inline v8f load8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/* The last n_left < 8 floats, the other lanes set to `pad`. Kept out of the
+ * main loops: a variable-size copy there would push the accumulators
+ * through memory on every iteration. */
+static inline v8f load_tail(const float *p, int32_t n_left, float pad) {
+    float f[8];
+    for (int i = 0; i < 8; i++) {
+        f[i] = i < n_left ? p[i] : pad;
+    }
+    v8f v;
+    memcpy(&v, f, sizeof(v));
+    return v;
+}
+
+static inline void store_tail(void *p, const void *v, int32_t n_left) {
+    memcpy(p, v, (size_t)n_left * sizeof(float));
+}
+
+/* Whether any lane of a comparison result is set. */
+static inline bool any8(v8i m) {
+    uint64_t w[4];
+    memcpy(w, &m, sizeof(w));
+    return (w[0] | w[1] | w[2] | w[3]) != 0;
+}
+
+static inline float hmax8(v8f v) {
+    float f[8];
+    memcpy(f, &v, sizeof(f));
+    float m = f[0];
+    for (int i = 1; i < 8; i++) {
+        m = f[i] > m ? f[i] : m;
+    }
+    return m;
+}
+
+/* e^x for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, a degree-7
+ * polynomial for e^r, 2^n built in the exponent bits). Relative error below
+ * 1e-7; x < -87 (where e^x nears FLT_MIN) and -inf give exactly 0. The
+ * rounding of n uses the 1.5 * 2^23 trick so no libm call is needed. */
+static inline v8f exp8(v8f x) {
+    v8i under = x < splat(-87.0f);
+    v8f xc = select8(under, splat(-87.0f), x);
+    v8f n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    v8f r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v8f y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    return (v8f)((v8i)(y * (v8f)bits) & ~under);
+}
+
+/* One exp through the same kernel, for the few scalar uses. */
+static float exp1(float x) {
+    v8f e = exp8(splat(x));
+    float f[8];
+    memcpy(f, &e, sizeof(f));
+    return f[0];
+}
+
+/* NaN -> -inf (never chosen), +inf -> FLT_MAX (differences with the max
+ * stay finite and the token is still the clear favourite). */
+static inline v8f sanitize8(v8f v) {
+    v = select8(v != v, splat(-INFINITY), v);
+    return select8(v > splat(FLT_MAX), splat(FLT_MAX), v);
+}
+
+/* val[i] = the sanitised logits[i], idx[i] = i. Returns the max. */
+static float load_logits(float *val, int32_t *idx, const float *logits, int32_t n) {
+    v8f mx = splat(-INFINITY);
+    v8i id = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v = sanitize8(load8(logits + i));
+        mx = select8(v > mx, v, mx);
+        memcpy(val + i, &v, sizeof(v));
+        memcpy(idx + i, &id, sizeof(id));
+        id += 8;
+    }
+    if (i < n) {
+        v8f v = sanitize8(load_tail(logits + i, n - i, -INFINITY));
+        mx = select8(v > mx, v, mx);
+        store_tail(val + i, &v, n - i);
+        store_tail(idx + i, &id, n - i);
+    }
+    return hmax8(mx);
+}
+
+/* The max of val[0..n) and, through *first, the first position holding it. */
+static float max_at(const float *val, int32_t n, int32_t *first) {
+    v8f mx = splat(-INFINITY);
+    v8i at = {0};
+    v8i id = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f v = load8(val + i);
+        v8i gt = v > mx; /* strict: each lane keeps its earliest max */
+        mx = select8(gt, v, mx);
+        at = (at & ~gt) | (id & gt);
+        id += 8;
+    }
+    if (i < n) {
+        v8f v = load_tail(val + i, n - i, -INFINITY);
+        v8i gt = v > mx;
+        mx = select8(gt, v, mx);
+        at = (at & ~gt) | (id & gt);
+    }
+    float m = hmax8(mx);
+    if (first != NULL) {
+        float f[8];
+        int32_t a[8];
+        memcpy(f, &mx, sizeof(f));
+        memcpy(a, &at, sizeof(a));
+        int32_t best = n - 1;
+        for (int l = 0; l < 8; l++) {
+            if (f[l] == m && a[l] < best) {
+                best = a[l];
+            }
+        }
+        *first = best;
+    }
+    return m;
+}
+
+/* e^((d) * inv_t) for d = l - l_max: the max gets exactly 1 even when
+ * inv_t is infinite, and -inf exactly 0 even when inv_t is 0, so any
+ * temperature leaves a valid draw. */
+static inline v8f exp_step(v8f d, float inv_t) {
+    v8f x = d * inv_t;
+    x = select8(x == x, x, splat(0.0f)); /* 0 * inf or -inf * 0: fixed up below */
+    v8f e = exp8(x);
+    e = select8(d == splat(0.0f), splat(1.0f), e);
+    return select8(d < splat(-FLT_MAX), splat(0.0f), e);
+}
+
+static inline void add_lanes(v4d *acc, v8f e) {
+    v4f lo, hi;
+    memcpy(&lo, &e, sizeof(lo));
+    memcpy(&hi, (const char *)&e + sizeof(lo), sizeof(hi));
+    *acc += __builtin_convertvector(lo, v4d) + __builtin_convertvector(hi, v4d);
+}
+
+/* prob[i] = e^((val[i] - max) * inv_t) (prob may be NULL when only the sum
+ * is wanted); returns the sum. Runs of 64 vectors are summed in float lanes
+ * (error well under 1e-6) and the runs in double, in a fixed order. */
+static double exp_sum(float *prob, const float *val, int32_t n, float max, float inv_t) {
+    v4d acc = {0.0, 0.0, 0.0, 0.0};
+    int32_t i = 0;
+    while (i + 8 <= n) {
+        v8f run = splat(0.0f);
+        int32_t end = n - i >= 512 ? i + 512 : n - (n - i) % 8;
+        for (; i < end; i += 8) {
+            v8f e = exp_step(load8(val + i) - max, inv_t);
+            if (prob != NULL) {
+                memcpy(prob + i, &e, sizeof(e));
+            }
+            run += e;
+        }
+        add_lanes(&acc, run);
+    }
+    if (i < n) {
+        v8f e = exp_step(load_tail(val + i, n - i, -INFINITY) - max, inv_t);
+        if (prob != NULL) {
+            store_tail(prob + i, &e, n - i);
+        }
+        add_lanes(&acc, e);
+    }
+    double a[4];
+    memcpy(a, &acc, sizeof(acc));
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+// ---- ordering ----
+
+/* The one total order on candidates: higher logit first, then lower id. */
+static inline bool better(float va, int32_t ia, float vb, int32_t ib) {
+    return va > vb || (va == vb && ia < ib);
+}
+
+static inline void swap_cand(float *val, int32_t *idx, int32_t a, int32_t b) {
+    float v = val[a];
+    val[a] = val[b];
+    val[b] = v;
+    int32_t t = idx[a];
+    idx[a] = idx[b];
+    idx[b] = t;
+}
+
+/* Sift element i down a heap (val, idx)[0..n) whose root is the worst. */
+static void sift_down(float *val, int32_t *idx, int32_t n, int32_t i) {
+    float xv = val[i];
+    int32_t xi = idx[i];
+    for (;;) {
+        int32_t w = 2 * i + 1;
+        if (w >= n) {
+            break;
+        }
+        if (w + 1 < n && better(val[w], idx[w], val[w + 1], idx[w + 1])) {
+            w++;
+        }
+        if (!better(xv, xi, val[w], idx[w])) {
+            break;
+        }
+        val[i] = val[w];
+        idx[i] = idx[w];
+        i = w;
+    }
+    val[i] = xv;
+    idx[i] = xi;
+}
+
+/* Move the m best of [0..n) to [0..m), sorted best first; the others stay
+ * in [m..n). A bounded heap whose root is the worst kept candidate; a block
+ * of 8 with nothing at least as good as the root (nearly all of them once
+ * the heap has filled with good ones) costs one vector compare. */
+static void select_top(float *val, int32_t *idx, int32_t n, int32_t m) {
+    for (int32_t i = m / 2 - 1; i >= 0; i--) {
+        sift_down(val, idx, m, i);
+    }
+    int32_t j = m;
+    while (j < n) {
+        if (j + 8 <= n && !any8(load8(val + j) >= splat(val[0]))) {
+            j += 8;
+            continue;
+        }
+        for (int32_t end = j + 8 < n ? j + 8 : n; j < end; j++) {
+            if (better(val[j], idx[j], val[0], idx[0])) {
+                swap_cand(val, idx, 0, j);
+                sift_down(val, idx, m, 0);
+            }
+        }
+    }
+    for (int32_t end = m - 1; end > 0; end--) {
+        swap_cand(val, idx, 0, end);
+        sift_down(val, idx, end, 0);
+    }
+}
+
+// ---- raw logprobs ----
+
+/* Top `want` raw logprobs by an insertion list (want <= 20): scanning ids in
+ * ascending order and inserting after equal values keeps ties by lower id.
+ * Once the list is full, a block of 8 with nothing above its last entry
+ * costs one vector compare. */
+static void
+top_logprobs(const float *val, int32_t n, int32_t want, double lse, kg_sample_result_t *out) {
+    float *lp = out->top_logprob; /* holds raw logits until the end */
+    int32_t have = 0;
+    int32_t i = 0;
+    while (i < n) {
+        if (have == want && i + 8 <= n && !any8(load8(val + i) > splat(lp[want - 1]))) {
+            i += 8;
+            continue;
+        }
+        for (int32_t end = i + 8 < n ? i + 8 : n; i < end; i++) {
+            float x = val[i];
+            if (have == want && !(x > lp[want - 1])) {
+                continue;
+            }
+            int32_t pos = have < want ? have++ : want - 1;
+            while (pos > 0 && lp[pos - 1] < x) {
+                lp[pos] = lp[pos - 1];
+                out->top_token[pos] = out->top_token[pos - 1];
+                pos--;
+            }
+            lp[pos] = x;
+            out->top_token[pos] = i;
+        }
+    }
+    for (int32_t k = 0; k < have; k++) {
+        lp[k] = (float)((double)lp[k] - lse);
+    }
+    out->n_top = have;
+}
+
+// ---- penalties ----
+
+/* NaN -> -inf, +inf -> FLT_MAX, as load_logits does. */
 static inline float sanitize(float x) {
     if (x != x) {
         return -INFINITY;
@@ -147,144 +467,33 @@ static inline float sanitize(float x) {
     return x > FLT_MAX ? FLT_MAX : x;
 }
 
-/* The one total order on candidates: higher logit first, then lower id. */
-static inline bool better(cand_t a, cand_t b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+/* Set one candidate's logit (still indexed by id) and keep prob/z in step.
+ * A logit raised above ref makes z infinite, which prepare() takes as the
+ * sign to redo the pass. */
+static void set_logit(kg_sampler_scratch_t *sc, int32_t tok, float x) {
+    x = sanitize(x);
+    sc->z -= sc->prob[tok];
+    sc->val[tok] = x;
+    sc->prob[tok] = x > sc->ref ? INFINITY : exp1(x - sc->ref);
+    sc->z += sc->prob[tok];
 }
-
-/* Sift h[i] down a heap whose root is the worst element. */
-static void sift_down(cand_t *h, int32_t n, int32_t i) {
-    cand_t x = h[i];
-    for (;;) {
-        int32_t w = 2 * i + 1;
-        if (w >= n) {
-            break;
-        }
-        if (w + 1 < n && better(h[w], h[w + 1])) {
-            w++;
-        }
-        if (!better(x, h[w])) {
-            break;
-        }
-        h[i] = h[w];
-        i = w;
-    }
-    h[i] = x;
-}
-
-/* Move the m best of c[0..n) to c[0..m), sorted best first; the rest stay
- * in c[m..n) (the array remains a permutation). A bounded heap whose root is
- * the worst kept token: for small m almost every token costs one compare. */
-static void select_top(cand_t *c, int32_t n, int32_t m) {
-    for (int32_t i = m / 2 - 1; i >= 0; i--) {
-        sift_down(c, m, i);
-    }
-    for (int32_t j = m; j < n; j++) {
-        if (better(c[j], c[0])) {
-            cand_t t = c[0];
-            c[0] = c[j];
-            c[j] = t;
-            sift_down(c, m, 0);
-        }
-    }
-    for (int32_t end = m - 1; end > 0; end--) {
-        cand_t t = c[0];
-        c[0] = c[end];
-        c[end] = t;
-        sift_down(c, end, 0);
-    }
-}
-
-/* Largest logit and its position (ties: the lowest id). */
-static int32_t find_best(const cand_t *c, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++) {
-        if (better(c[i], c[best])) {
-            best = i;
-        }
-    }
-    return best;
-}
-
-/* Sum of exp(c[i].logit - max) with four partial sums, so the additions
- * do not form one long dependency chain. */
-static double sum_exp(const cand_t *c, int32_t n, float max) {
-    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-    int32_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += expf(c[i].logit - max);
-        s1 += expf(c[i + 1].logit - max);
-        s2 += expf(c[i + 2].logit - max);
-        s3 += expf(c[i + 3].logit - max);
-    }
-    for (; i < n; i++) {
-        s0 += expf(c[i].logit - max);
-    }
-    return (s0 + s1) + (s2 + s3);
-}
-
-// ---- raw logits: candidates, log-softmax, top-n ----
-
-/* Copy the sanitised logits into the candidates. Returns the max; sets
- * *all_masked when no logit is usable, in which case every candidate is 0
- * (a uniform distribution) rather than a NaN softmax. */
-static float load_candidates(cand_t *c, const float *logits, int32_t n, bool *all_masked) {
-    float max = -INFINITY;
-    for (int32_t i = 0; i < n; i++) {
-        float x = sanitize(logits[i]);
-        c[i].logit = x;
-        c[i].id = i;
-        max = x > max ? x : max;
-    }
-    *all_masked = max == -INFINITY;
-    if (*all_masked) {
-        for (int32_t i = 0; i < n; i++) {
-            c[i].logit = 0.0f;
-        }
-        max = 0.0f;
-    }
-    return max;
-}
-
-/* Top `want` raw logprobs by an insertion list (want <= 20): scanning ids in
- * ascending order and inserting after equal values keeps ties by lower id. */
-static void top_logprobs(const cand_t *c, int32_t n, int32_t want, double lse,
-                         kg_sample_result_t *out) {
-    int32_t have = 0;
-    for (int32_t i = 0; i < n; i++) {
-        float x = c[i].logit;
-        if (have == want && !(x > out->top_logprob[want - 1])) {
-            continue;
-        }
-        int32_t pos = have < want ? have++ : want - 1;
-        while (pos > 0 && out->top_logprob[pos - 1] < x) {
-            out->top_logprob[pos] = out->top_logprob[pos - 1];
-            out->top_token[pos] = out->top_token[pos - 1];
-            pos--;
-        }
-        out->top_logprob[pos] = x;
-        out->top_token[pos] = c[i].id;
-    }
-    for (int32_t i = 0; i < have; i++) {
-        out->top_logprob[i] = (float)((double)out->top_logprob[i] - lse);
-    }
-    out->n_top = have;
-}
-
-// ---- penalties ----
 
 /* Repetition penalty over toks[from..to): once per distinct token, marked
  * in `seen` (the caller clears the marks over the same range). */
-static void penalize_repeats(cand_t *c, int32_t n, const int32_t *toks, int64_t from, int64_t to,
-                             float penalty, uint8_t *seen) {
+static void penalize_repeats(kg_sampler_scratch_t *sc,
+                             int32_t n,
+                             const int32_t *toks,
+                             int64_t from,
+                             int64_t to,
+                             float penalty) {
     for (int64_t i = from; i < to; i++) {
         int32_t tok = toks[i];
-        if (tok < 0 || tok >= n || seen[tok]) {
+        if (tok < 0 || tok >= n || sc->seen[tok]) {
             continue;
         }
-        seen[tok] = 1;
-        float x = c[tok].logit;
-        c[tok].logit = sanitize(x > 0.0f ? x / penalty : x * penalty);
+        sc->seen[tok] = 1;
+        float x = sc->val[tok];
+        set_logit(sc, tok, x > 0.0f ? x / penalty : x * penalty);
     }
 }
 
@@ -296,20 +505,24 @@ static void clear_marks(const int32_t *toks, int64_t from, int64_t to, int32_t n
     }
 }
 
-static void apply_penalties(const kg_sampling_params_t *p, kg_sampler_scratch_t *sc, int32_t n,
-                            const int32_t *prompt, int32_t n_prompt, const int32_t *output,
+/* Penalties on val[0..n), which is still indexed by token id. */
+static void apply_penalties(const kg_sampling_params_t *p,
+                            kg_sampler_scratch_t *sc,
+                            int32_t n,
+                            const int32_t *prompt,
+                            int32_t n_prompt,
+                            const int32_t *output,
                             int32_t n_output) {
-    cand_t *c = sc->cand;
     float rep = p->repetition_penalty;
     if (rep != 1.0f && rep > 0.0f && p->penalty_last_n != 0) {
         /* The window is the last penalty_last_n tokens of prompt ++ output. */
         int64_t total = (int64_t)n_prompt + n_output;
-        int64_t win = p->penalty_last_n < 0 || p->penalty_last_n > total ? total
-                                                                         : p->penalty_last_n;
+        int64_t win =
+            p->penalty_last_n < 0 || p->penalty_last_n > total ? total : p->penalty_last_n;
         int64_t out_from = win > n_output ? 0 : n_output - win;
         int64_t prompt_from = win > n_output ? n_prompt - (win - n_output) : n_prompt;
-        penalize_repeats(c, n, prompt, prompt_from, n_prompt, rep, sc->seen);
-        penalize_repeats(c, n, output, out_from, n_output, rep, sc->seen);
+        penalize_repeats(sc, n, prompt, prompt_from, n_prompt, rep);
+        penalize_repeats(sc, n, output, out_from, n_output, rep);
         clear_marks(prompt, prompt_from, n_prompt, n, sc->seen);
         clear_marks(output, out_from, n_output, n, sc->seen);
     }
@@ -327,8 +540,7 @@ static void apply_penalties(const kg_sampling_params_t *p, kg_sampler_scratch_t 
             if (tok < 0 || tok >= n || sc->count[tok] == 0) {
                 continue;
             }
-            float x = c[tok].logit - ((float)sc->count[tok] * freq + pres);
-            c[tok].logit = sanitize(x);
+            set_logit(sc, tok, sc->val[tok] - ((float)sc->count[tok] * freq + pres));
             sc->count[tok] = 0;
         }
     }
@@ -338,11 +550,11 @@ static void apply_penalties(const kg_sampling_params_t *p, kg_sampler_scratch_t 
 
 /* Top-p over candidates sorted best first: keep the shortest prefix whose
  * mass reaches p of the total. */
-static int32_t top_p_sorted(const cand_t *c, int32_t n, float max, float top_p) {
-    double target = (double)top_p * sum_exp(c, n, max);
+static int32_t top_p_sorted(kg_sampler_scratch_t *sc, int32_t n, float max, float top_p) {
+    double target = (double)top_p * exp_sum(sc->prob, sc->val, n, max, 1.0f);
     double cum = 0.0;
     for (int32_t i = 0; i < n; i++) {
-        cum += expf(c[i].logit - max);
+        cum += sc->prob[i];
         if (cum >= target) {
             return i + 1;
         }
@@ -350,204 +562,344 @@ static int32_t top_p_sorted(const cand_t *c, int32_t n, float max, float top_p) 
     return n;
 }
 
-static inline int32_t hist_bucket(float x, float lo, float scale) {
-    float d = x - lo;
-    if (!(d > 0.0f)) {
-        return 0;
-    }
-    int32_t b = (int32_t)(d * scale);
-    return b >= HIST_BUCKETS ? HIST_BUCKETS - 1 : b;
+/* The top-p bucket of each lane as a float in [0, HIST_BUCKETS - 1]; its
+ * integer part is the bucket. Membership tests compare this same value, so
+ * they always agree with the histogram. */
+static inline v8f bucket8(v8f v, float lo, float scale) {
+    v8f y = (v - lo) * scale;
+    y = select8(y > splat(0.0f), y, splat(0.0f));
+    return select8(y < splat(HIST_BUCKETS - 1), y, splat(HIST_BUCKETS - 1));
 }
 
-/* Top-p over unsorted candidates without sorting them: bucket the mass by
- * logit, find the bucket where the cumulative mass (from the top) reaches
- * p, keep every bucket above it and sort only the boundary bucket to take
- * its best tokens until the mass is reached. The kept tokens end up in
- * c[0..return): first the buckets above (in scan order), then the boundary
- * bucket's best first. The set is exactly the smallest one a full sort
- * would keep, as buckets are ordered by logit. */
-static int32_t top_p_unsorted(kg_sampler_scratch_t *sc, cand_t *c, int32_t n, float max,
-                              float top_p) {
-    double *mass = sc->hist_mass;
-    memset(mass, 0, sizeof(sc->hist_mass));
-    const float lo = max - HIST_RANGE;
-    const float scale = (float)HIST_BUCKETS / HIST_RANGE;
-    double z = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        double e = expf(c[i].logit - max);
-        z += e;
-        mass[hist_bucket(c[i].logit, lo, scale)] += e;
+/* Add the mass of candidates [0..n) to the histogram by bucket. */
+static void fill_histogram(double *mass,
+                           const float *val,
+                           const int32_t *idx,
+                           int32_t n,
+                           const float *prob,
+                           float lo,
+                           float scale) {
+    memset(mass, 0, HIST_BUCKETS * sizeof(*mass));
+    for (int32_t i = 0; i < n; i += 8) {
+        int32_t left = n - i;
+        v8f v = left >= 8 ? load8(val + i) : load_tail(val + i, left, -INFINITY);
+        v8i b = __builtin_convertvector(bucket8(v, lo, scale), v8i);
+        int32_t bi[8];
+        memcpy(bi, &b, sizeof(bi));
+        for (int l = 0; l < 8 && l < left; l++) {
+            mass[bi[l]] += prob[idx[i + l]];
+        }
     }
-    double target = (double)top_p * z;
+}
+
+/* Three-way partition of [0..n) in one pass: [0, *n_above) above bucket
+ * `edge`, [*n_above, return) in it, the rest below. Blocks with nothing at
+ * or above the edge (nearly all of them at the first level) cost one vector
+ * compare. */
+static int32_t split_at_bucket(
+    float *val, int32_t *idx, int32_t n, float lo, float scale, int32_t edge, int32_t *n_above) {
+    const v8f at_edge = splat((float)edge);
+    const v8f above_edge = splat((float)(edge + 1));
+    int32_t a = 0, m = 0;
+    for (int32_t i = 0; i < n; i += 8) {
+        int32_t left = n - i;
+        v8f v = left >= 8 ? load8(val + i) : load_tail(val + i, left, -INFINITY);
+        v8f y = bucket8(v, lo, scale);
+        v8i in = y >= at_edge;
+        if (!any8(in)) {
+            continue;
+        }
+        v8i above = y >= above_edge;
+        int32_t h_in[8], h_above[8];
+        memcpy(h_in, &in, sizeof(h_in));
+        memcpy(h_above, &above, sizeof(h_above));
+        for (int l = 0; l < 8 && l < left; l++) {
+            if (h_in[l]) {
+                swap_cand(val, idx, m, i + l);
+                if (h_above[l]) {
+                    swap_cand(val, idx, a++, m);
+                }
+                m++;
+            }
+        }
+    }
+    *n_above = a;
+    return m;
+}
+
+/* Order [0..n) best first when every logit there is equal, so the order
+ * is by id: mark the ids in `seen`, then collect them in id order. O(n_ids)
+ * instead of a sort of a possibly huge run of ties (a uniform row). */
+static void order_ties_by_id(int32_t *idx, int32_t n, int32_t n_ids, uint8_t *seen) {
+    for (int32_t i = 0; i < n; i++) {
+        seen[idx[i]] = 1;
+    }
+    int32_t k = 0;
+    for (int32_t id = 0; id < n_ids && k < n; id++) {
+        if (seen[id]) {
+            seen[id] = 0;
+            idx[k++] = id;
+        }
+    }
+}
+
+/* Top-p over the unsorted vocabulary without sorting it. After a heap
+ * fast path for peaked distributions: bucket the mass by logit over
+ * [max - 40, max], find the bucket where the cumulative mass (from the
+ * top) reaches p, keep every bucket above it, and refine inside the
+ * boundary bucket the same way (1024 times finer) until few tokens remain,
+ * which are sorted and taken best first until the mass is reached. Buckets
+ * are ordered by logit, so the set is exactly the one a full sort would
+ * keep. The kept tokens end up in [0..return). Uses prob/z/ref from
+ * prepare(). */
+static int32_t top_p_unsorted(kg_sampler_scratch_t *sc, int32_t n, float max, float top_p) {
+    float *val = sc->val;
+    int32_t *idx = sc->idx;
+    const float *prob = sc->prob; /* by token id: candidates move, prob does not */
+    const double target = (double)top_p * sc->z;
+    /* Fast path: a peaked distribution, the usual case, puts p of its mass
+     * in a few tokens, which the heap finds in about one vector pass. */
+    int32_t m0 = n < TOP_P_FAST ? n : TOP_P_FAST;
+    select_top(val, idx, n, m0);
     double cum = 0.0;
-    int32_t edge = HIST_BUCKETS - 1;
-    for (; edge > 0; edge--) {
-        if (cum + mass[edge] >= target) {
-            break;
-        }
-        cum += mass[edge];
-    }
-    /* Buckets above the edge to the front, then the edge bucket after them. */
-    int32_t n_sure = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (hist_bucket(c[i].logit, lo, scale) > edge) {
-            cand_t t = c[n_sure];
-            c[n_sure++] = c[i];
-            c[i] = t;
-        }
-    }
-    int32_t n_edge = n_sure;
-    for (int32_t i = n_sure; i < n; i++) {
-        if (hist_bucket(c[i].logit, lo, scale) == edge) {
-            cand_t t = c[n_edge];
-            c[n_edge++] = c[i];
-            c[i] = t;
-        }
-    }
-    select_top(c + n_sure, n_edge - n_sure, n_edge - n_sure);
-    for (int32_t i = n_sure; i < n_edge; i++) {
-        cum += expf(c[i].logit - max);
+    for (int32_t i = 0; i < m0; i++) {
+        cum += prob[idx[i]];
         if (cum >= target) {
             return i + 1;
         }
     }
-    /* Rounding left the mass just short: keep the whole edge bucket. */
-    return n_edge;
+    if (m0 == n) {
+        return n;
+    }
+    cum = 0.0;
+    int32_t base = 0, cnt = n; /* the undecided run: [base, base + cnt) */
+    float lo = max - HIST_RANGE, width = HIST_RANGE;
+    for (int level = 0; level < 3 && cnt > TOP_P_FAST; level++) {
+        const float scale = (float)HIST_BUCKETS / width;
+        double *mass = sc->hist_mass;
+        fill_histogram(mass, val + base, idx + base, cnt, prob, lo, scale);
+        int32_t edge = HIST_BUCKETS - 1;
+        for (; edge > 0; edge--) {
+            if (cum + mass[edge] >= target) {
+                break;
+            }
+            cum += mass[edge];
+        }
+        int32_t n_above = 0;
+        int32_t m = split_at_bucket(val + base, idx + base, cnt, lo, scale, edge, &n_above);
+        base += n_above;
+        cnt = m - n_above;
+        lo += (float)edge / scale;
+        width /= (float)HIST_BUCKETS;
+    }
+    bool all_equal = true;
+    for (int32_t i = base + 1; i < base + cnt && all_equal; i++) {
+        all_equal = val[i] == val[base];
+    }
+    if (all_equal) {
+        order_ties_by_id(idx + base, cnt, n, sc->seen);
+    } else {
+        select_top(val + base, idx + base, cnt, cnt);
+    }
+    for (int32_t i = base; i < base + cnt; i++) {
+        cum += prob[idx[i]];
+        if (cum >= target) {
+            return i + 1;
+        }
+    }
+    /* Rounding left the mass just short: keep the whole run. */
+    return base + cnt;
 }
 
-/* Keep tokens with p_i >= min_p * p_max, i.e. l_i >= l_max + log(min_p);
- * compacts in place keeping the order. The max always survives. */
-static int32_t min_p_filter(cand_t *c, int32_t n, float max, float min_p) {
-    double thr = min_p >= 1.0f ? (double)max : (double)max + log((double)min_p);
+/* Keep tokens with p_i >= min_p * p_max, i.e. l_i >= l_max + log(min_p)
+ * (in float); compacts in place keeping the order. The max always
+ * survives. Blocks of 8 with no survivor cost one vector compare. */
+static int32_t min_p_filter(float *val, int32_t *idx, int32_t n, float max, float min_p) {
+    const float thr = min_p >= 1.0f ? max : max + logf(min_p);
     int32_t kept = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if ((double)c[i].logit >= thr) {
-            c[kept++] = c[i];
+    int32_t i = 0;
+    while (i < n) {
+        if (i + 8 <= n && !any8(load8(val + i) >= splat(thr))) {
+            i += 8;
+            continue;
+        }
+        for (int32_t end = i + 8 < n ? i + 8 : n; i < end; i++) {
+            if (val[i] >= thr) {
+                val[kept] = val[i];
+                idx[kept++] = idx[i];
+            }
         }
     }
     return kept;
 }
 
-/* Penalised candidates in sc->cand[0..n) -> survivors of top-k, top-p and
- * min-p in sc->cand[0..return) with their unnormalised probabilities at the
- * temperature in sc->prob; *z gets the sum. temperature > 0. */
-static int32_t filter(const kg_sampling_params_t *p, kg_sampler_scratch_t *sc, int32_t n,
-                      double *z) {
-    cand_t *c = sc->cand;
-    bool sorted = false;
+/* Penalised candidates in [0..n) -> survivors of top-k, top-p and min-p in
+ * [0..return), with their unnormalised probabilities at the temperature in
+ * sc->prob; *z gets the sum. temperature > 0. */
+static int32_t
+filter(const kg_sampling_params_t *p, kg_sampler_scratch_t *sc, int32_t n, double *z) {
+    float *val = sc->val;
+    int32_t *idx = sc->idx;
+    bool moved = false; /* whether prob[] no longer matches the candidates */
+    float max;
     if (p->top_k > 0 && p->top_k < n) {
-        select_top(c, n, p->top_k);
+        select_top(val, idx, n, p->top_k);
         n = p->top_k;
-        sorted = true;
-    }
-    float max = sorted ? c[0].logit : c[find_best(c, n)].logit;
-    if (max == -INFINITY) {
-        /* Only reachable with infinite penalties: keep the best alone. */
-        if (!sorted) {
-            c[0] = c[find_best(c, n)];
+        max = val[0];
+        moved = true;
+        if (p->top_p < 1.0f) {
+            n = top_p_sorted(sc, n, max, p->top_p);
         }
-        sc->prob[0] = 1.0f;
-        *z = 1.0;
-        return 1;
-    }
-    if (p->top_p < 1.0f) {
-        n = sorted ? top_p_sorted(c, n, max, p->top_p) : top_p_unsorted(sc, c, n, max, p->top_p);
+    } else {
+        max = max_at(val, n, NULL);
+        if (p->top_p < 1.0f) {
+            n = top_p_unsorted(sc, n, max, p->top_p);
+            moved = true;
+        }
     }
     if (p->min_p > 0.0f) {
-        n = min_p_filter(c, n, max, p->min_p);
+        int32_t kept = min_p_filter(val, idx, n, max, p->min_p);
+        moved = moved || kept != n;
+        n = kept;
     }
-    /* Temperature: p_i ∝ exp((l_i - l_max) / T). The max gets exactly 1, so
-     * even a temperature that underflows everything else leaves a valid draw. */
-    const float inv_t = 1.0f / p->temperature;
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        float d = c[i].logit - max;
-        float e = d == 0.0f ? 1.0f : d == -INFINITY ? 0.0f : expf(d * inv_t);
-        sc->prob[i] = e;
-        sum += e;
+    if (!moved && p->temperature == 1.0f) {
+        *z = sc->z; /* the whole vocabulary as prepare() left it */
+        return n;
     }
-    *z = sum;
+    /* Temperature: p_i ∝ e^((l_i - l_max) / T). */
+    *z = exp_sum(sc->prob, val, n, max, 1.0f / p->temperature);
     return n;
+}
+
+/* The first i whose cumulative mass exceeds u. Whole blocks of 8 are
+ * skipped by their sums first, which do not depend on each other, so the
+ * walk is not one long chain of dependent additions. If rounding runs past
+ * the end, the last candidate with any mass is the answer. */
+static int32_t draw(const float *prob, int32_t n, double u) {
+    double cum = 0.0;
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float *q = prob + i;
+        double b = (((double)q[0] + q[1]) + ((double)q[2] + q[3])) +
+                   (((double)q[4] + q[5]) + ((double)q[6] + q[7]));
+        if (cum + b > u) {
+            break;
+        }
+        cum += b;
+    }
+    for (; i < n; i++) {
+        cum += prob[i];
+        if (u < cum && prob[i] > 0.0f) {
+            return i;
+        }
+    }
+    for (i = n - 1; i > 0 && !(prob[i] > 0.0f); i--) {
+    }
+    return i;
 }
 
 // ---- sampling ----
 
-/* The shared front half: candidates, optional raw log-softmax / top-n,
- * penalties. Returns whether the sampling is greedy. */
-static bool prepare(const kg_sampling_params_t *p, const float *logits, int32_t n_vocab,
-                    const int32_t *prompt, int32_t n_prompt, const int32_t *output,
-                    int32_t n_output, kg_sampler_scratch_t *sc, kg_sample_result_t *out,
-                    double *lse, bool *all_masked) {
+/* The shared front half: candidates, the raw log-softmax (and top-n when
+ * asked), penalties. Returns the raw log-sum-exp. If no logit is usable
+ * (all -inf/NaN), every token counts as 0, a uniform distribution, rather
+ * than a NaN softmax. */
+static double prepare(const kg_sampling_params_t *p,
+                      const float *logits,
+                      int32_t n_vocab,
+                      const int32_t *prompt,
+                      int32_t n_prompt,
+                      const int32_t *output,
+                      int32_t n_output,
+                      kg_sampler_scratch_t *sc,
+                      kg_sample_result_t *out,
+                      bool *all_masked) {
     KG_ASSERT(n_vocab > 0 && n_vocab <= sc->n_vocab);
-    float max = load_candidates(sc->cand, logits, n_vocab, all_masked);
+    float max = load_logits(sc->val, sc->idx, logits, n_vocab);
+    *all_masked = max == -INFINITY;
+    if (*all_masked) {
+        memset(sc->val, 0, (size_t)n_vocab * sizeof(*sc->val));
+        max = 0.0f;
+    }
+    sc->ref = max;
+    sc->z = exp_sum(sc->prob, sc->val, n_vocab, max, 1.0f);
+    double lse = (double)max + log(sc->z);
     if (out != NULL) {
-        *lse = (double)max + log(sum_exp(sc->cand, n_vocab, max));
         int32_t want = p->n_logprobs;
         want = want > KG_MAX_LOGPROBS ? KG_MAX_LOGPROBS : want;
         want = want > n_vocab ? n_vocab : want;
         out->n_top = 0;
         if (want > 0) {
-            top_logprobs(sc->cand, n_vocab, want, *lse, out);
+            top_logprobs(sc->val, n_vocab, want, lse, out);
         }
     }
     apply_penalties(p, sc, n_vocab, prompt, n_prompt, output, n_output);
-    /* !(t > 0) also sends a NaN temperature to greedy. */
-    return !(p->temperature > 0.0f);
+    /* Redo the pass when a penalty raised a logit above ref (z is inf or
+     * NaN) or pushed the top so far down that the rest of the mass would sit
+     * in float underflow relative to ref. */
+    if (!(sc->z >= 1e-6 && sc->z < INFINITY)) {
+        sc->ref = max_at(sc->val, n_vocab, NULL);
+        sc->z = exp_sum(sc->prob, sc->val, n_vocab, sc->ref, 1.0f);
+    }
+    return lse;
 }
 
-void kg_sampler_sample(const kg_sampling_params_t *p, kg_rng_t *rng, const float *logits,
-                       int32_t n_vocab, const int32_t *prompt, int32_t n_prompt,
-                       const int32_t *output, int32_t n_output, kg_sampler_scratch_t *sc,
+/* Greedy: the first (lowest-id) candidate holding the max; the candidates
+ * are still in id order here. */
+static int32_t argmax(const kg_sampler_scratch_t *sc, int32_t n) {
+    int32_t at = 0;
+    (void)max_at(sc->val, n, &at);
+    return sc->idx[at];
+}
+
+void kg_sampler_sample(const kg_sampling_params_t *p,
+                       kg_rng_t *rng,
+                       const float *logits,
+                       int32_t n_vocab,
+                       const int32_t *prompt,
+                       int32_t n_prompt,
+                       const int32_t *output,
+                       int32_t n_output,
+                       kg_sampler_scratch_t *sc,
                        kg_sample_result_t *out) {
-    double lse = 0.0;
     bool all_masked = false;
-    bool greedy = prepare(p, logits, n_vocab, prompt, n_prompt, output, n_output, sc, out, &lse,
-                          &all_masked);
-    cand_t *c = sc->cand;
+    double lse =
+        prepare(p, logits, n_vocab, prompt, n_prompt, output, n_output, sc, out, &all_masked);
     int32_t token;
-    if (greedy) {
-        token = c[find_best(c, n_vocab)].id;
+    /* !(t > 0) also sends a NaN temperature to greedy. */
+    if (!(p->temperature > 0.0f)) {
+        token = argmax(sc, n_vocab);
     } else {
         double z = 0.0;
         int32_t n = filter(p, sc, n_vocab, &z);
-        double u = kg_rng_uniform(rng) * z;
-        /* Walk the cumulative mass; if rounding runs past the end, the last
-         * token with any mass is the answer. */
-        int32_t pick = -1;
-        double cum = 0.0;
-        for (int32_t i = 0; i < n; i++) {
-            if (sc->prob[i] > 0.0f) {
-                pick = i;
-                cum += sc->prob[i];
-                if (u < cum) {
-                    break;
-                }
-            }
-        }
-        token = c[pick < 0 ? 0 : pick].id;
+        token = sc->idx[draw(sc->prob, n, kg_rng_uniform(rng) * z)];
     }
     out->token = token;
     float raw = all_masked ? 0.0f : sanitize(logits[token]);
     out->logprob = (float)((double)raw - lse);
 }
 
-int32_t kg_sampler_candidates(const kg_sampling_params_t *p, const float *logits, int32_t n_vocab,
-                              const int32_t *prompt, int32_t n_prompt, const int32_t *output,
-                              int32_t n_output, kg_sampler_scratch_t *sc, int32_t *ids,
+int32_t kg_sampler_candidates(const kg_sampling_params_t *p,
+                              const float *logits,
+                              int32_t n_vocab,
+                              const int32_t *prompt,
+                              int32_t n_prompt,
+                              const int32_t *output,
+                              int32_t n_output,
+                              kg_sampler_scratch_t *sc,
+                              int32_t *ids,
                               float *probs) {
     bool all_masked = false;
-    bool greedy = prepare(p, logits, n_vocab, prompt, n_prompt, output, n_output, sc, NULL, NULL,
-                          &all_masked);
-    cand_t *c = sc->cand;
-    if (greedy) {
-        ids[0] = c[find_best(c, n_vocab)].id;
+    (void)prepare(p, logits, n_vocab, prompt, n_prompt, output, n_output, sc, NULL, &all_masked);
+    if (!(p->temperature > 0.0f)) {
+        ids[0] = argmax(sc, n_vocab);
         probs[0] = 1.0f;
         return 1;
     }
     double z = 0.0;
     int32_t n = filter(p, sc, n_vocab, &z);
     for (int32_t i = 0; i < n; i++) {
-        ids[i] = c[i].id;
+        ids[i] = sc->idx[i];
         probs[i] = (float)(sc->prob[i] / z);
     }
     return n;

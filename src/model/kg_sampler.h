@@ -70,9 +70,15 @@ void kg_sampler_scratch_free(kg_sampler_scratch_t *sc);
  * is always filled (raw log-softmax, may be -inf for a masked token);
  * `out->top_*` only when p->n_logprobs > 0. Never allocates.
  * Requires 0 < n_vocab <= the scratch's n_vocab. @thread engine */
-void kg_sampler_sample(const kg_sampling_params_t *p, kg_rng_t *rng, const float *logits,
-                       int32_t n_vocab, const int32_t *prompt, int32_t n_prompt,
-                       const int32_t *output, int32_t n_output, kg_sampler_scratch_t *sc,
+void kg_sampler_sample(const kg_sampling_params_t *p,
+                       kg_rng_t *rng,
+                       const float *logits,
+                       int32_t n_vocab,
+                       const int32_t *prompt,
+                       int32_t n_prompt,
+                       const int32_t *output,
+                       int32_t n_output,
+                       kg_sampler_scratch_t *sc,
                        kg_sample_result_t *out);
 
 /** The distribution kg_sampler_sample draws from: the tokens that survive
@@ -81,7 +87,13 @@ void kg_sampler_sample(const kg_sampling_params_t *p, kg_rng_t *rng, const float
  * argmax token with probability 1. `ids` and `probs` need room for n_vocab
  * entries. Returns the number of candidates (>= 1). For tests and for
  * checking a device sampler against this reference. @thread engine */
-int32_t kg_sampler_candidates(const kg_sampling_params_t *p, const float *logits, int32_t n_vocab,
-                              const int32_t *prompt, int32_t n_prompt, const int32_t *output,
-                              int32_t n_output, kg_sampler_scratch_t *sc, int32_t *ids,
+int32_t kg_sampler_candidates(const kg_sampling_params_t *p,
+                              const float *logits,
+                              int32_t n_vocab,
+                              const int32_t *prompt,
+                              int32_t n_prompt,
+                              const int32_t *output,
+                              int32_t n_output,
+                              kg_sampler_scratch_t *sc,
+                              int32_t *ids,
                               float *probs);

@@ -1,11 +1,10 @@
 /* check_sampler: the RNG, each filter and penalty, the seeded draw's
  * distribution and reproducibility, raw logprobs, and hostile logits. */
 #include "check_common.h"
+#include "model/kg_sampler.h"
 
 #include <math.h>
 #include <string.h>
-
-#include "model/kg_sampler.h"
 
 // ---- helpers ----
 
@@ -91,9 +90,14 @@ static int32_t ref_nucleus(const float *l, int32_t n, int32_t k, double p, bool 
     return kept;
 }
 
-static kg_sample_result_t sample_once(const kg_sampling_params_t *p, kg_rng_t *rng,
-                                      const float *l, int32_t n, const int32_t *prompt,
-                                      int32_t n_prompt, const int32_t *output, int32_t n_output) {
+static kg_sample_result_t sample_once(const kg_sampling_params_t *p,
+                                      kg_rng_t *rng,
+                                      const float *l,
+                                      int32_t n,
+                                      const int32_t *prompt,
+                                      int32_t n_prompt,
+                                      const int32_t *output,
+                                      int32_t n_output) {
     kg_sampler_scratch_t *sc = kg_sampler_scratch_new(n);
     ck_assert_ptr_nonnull(sc);
     kg_sample_result_t r;
@@ -103,8 +107,12 @@ static kg_sample_result_t sample_once(const kg_sampling_params_t *p, kg_rng_t *r
     return r;
 }
 
-static int32_t greedy_pick(const kg_sampling_params_t *p, const float *l, int32_t n,
-                           const int32_t *prompt, int32_t n_prompt, const int32_t *output,
+static int32_t greedy_pick(const kg_sampling_params_t *p,
+                           const float *l,
+                           int32_t n,
+                           const int32_t *prompt,
+                           int32_t n_prompt,
+                           const int32_t *output,
                            int32_t n_output) {
     kg_rng_t rng;
     kg_rng_seed(&rng, 1);
@@ -201,12 +209,20 @@ START_TEST(greedy_argmax_and_ties) {
     kg_rng_seed(&rng, 5);
     before = rng;
     kg_sample_result_t r = sample_once(&p, &rng, l, 5, NULL, 0, NULL, 0);
-    ck_assert_int_eq(r.token, 1); /* tie between 1 and 3: the lower id */
+    ck_assert_int_eq(r.token, 1);                 /* tie between 1 and 3: the lower id */
     ck_assert_mem_eq(&rng, &before, sizeof(rng)); /* greedy draws nothing */
     p.temperature = -1.0f;
     ck_assert_int_eq(greedy_pick(&p, l, 5, NULL, 0, NULL, 0), 1);
     enum { N = 4096 };
     static float big[N];
+    /* ties in the same vector lane (ids 8 apart) and across lanes */
+    for (int i = 0; i < N; i++) {
+        big[i] = (float)(i % 7) * 0.1f;
+    }
+    big[1003] = big[1011] = big[3003] = 5.0f;
+    ck_assert_int_eq(greedy_pick(&p, big, N, NULL, 0, NULL, 0), 1003);
+    big[1002] = 5.0f;
+    ck_assert_int_eq(greedy_pick(&p, big, N, NULL, 0, NULL, 0), 1002);
     for (uint64_t s = 1; s <= 20; s++) {
         fill_logits(big, N, s, 2.0f);
         p.temperature = 0.0f;
@@ -247,8 +263,8 @@ END_TEST
 /* Probabilities listed out of order so ids and ranks differ. */
 static const double five_probs[] = {0.15, 0.5, 0.05, 0.2, 0.1};
 
-static int32_t candidates(const kg_sampling_params_t *p, const float *l, int32_t n, int32_t *ids,
-                          float *probs) {
+static int32_t
+candidates(const kg_sampling_params_t *p, const float *l, int32_t n, int32_t *ids, float *probs) {
     kg_sampler_scratch_t *sc = kg_sampler_scratch_new(n);
     int32_t k = kg_sampler_candidates(p, l, n, NULL, 0, NULL, 0, sc, ids, probs);
     kg_sampler_scratch_free(sc);
@@ -278,7 +294,7 @@ START_TEST(top_p_smallest_set) {
         float top_p;
         int32_t n_all, n_top4;
     } cases[] = {
-        {0.3f, 1, 1}, {0.49f, 1, 1}, {0.68f, 2, 2}, {0.72f, 3, 2},
+        {0.3f, 1, 1}, {0.49f, 1, 1}, {0.68f, 2, 2},  {0.72f, 3, 2},
         {0.8f, 3, 3}, {0.9f, 4, 4},  {0.999f, 5, 4},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
@@ -341,6 +357,46 @@ START_TEST(top_p_matches_full_sort) {
     free(keep);
     free(ids);
     free(probs);
+}
+END_TEST
+
+/* Ties at the nucleus boundary go to the lower ids, also in a long run of
+ * equal logits (a uniform row). */
+START_TEST(top_p_ties_by_lower_id) {
+    enum { N = 5000 };
+    static float l[N];
+    static int32_t ids[N];
+    static float probs[N];
+    static bool keep[N];
+    kg_sampler_scratch_t *sc = kg_sampler_scratch_new(N);
+    kg_sampling_params_t p = kg_sampling_params_default();
+    p.temperature = 1.0f;
+    p.top_p = 0.5f;
+    for (int32_t i = 0; i < N; i++) {
+        l[i] = 1.0f;
+    }
+    int32_t got = kg_sampler_candidates(&p, l, N, NULL, 0, NULL, 0, sc, ids, probs);
+    ck_assert_int_eq(got, N / 2);
+    for (int32_t i = 0; i < got; i++) {
+        ck_assert_int_lt(ids[i], N / 2);
+    }
+    /* a run of 3000 ties below a few distinct leaders */
+    for (int32_t i = 0; i < N; i++) {
+        l[i] = i % 5 == 0 ? 0.5f : (i % 5 == 1 ? -3.0f : 0.0f);
+    }
+    l[4321] = 9.0f;
+    l[17] = 7.5f;
+    const float ps[] = {0.95f, 0.99f, 0.999f};
+    for (int k = 0; k < 3; k++) {
+        p.top_p = ps[k];
+        int32_t want = ref_nucleus(l, N, 0, ps[k], keep);
+        got = kg_sampler_candidates(&p, l, N, NULL, 0, NULL, 0, sc, ids, probs);
+        ck_assert_int_eq(got, want);
+        for (int32_t i = 0; i < got; i++) {
+            ck_assert(keep[ids[i]]);
+        }
+    }
+    kg_sampler_scratch_free(sc);
 }
 END_TEST
 
@@ -435,6 +491,13 @@ START_TEST(repetition_penalty_flips) {
     ck_assert_int_eq(greedy_pick(&p, l, 5, prompt, 3, output, 1), 0);
     p.penalty_last_n = -1;
     ck_assert_int_eq(greedy_pick(&p, l, 5, prompt, 3, output, 1), 1);
+    /* a window inside the output: 0 was generated, then left the window */
+    int32_t long_out[] = {0, 3, 3};
+    p.penalty_last_n = 2;
+    ck_assert_int_eq(greedy_pick(&p, l, 5, NULL, 0, long_out, 3), 0);
+    p.penalty_last_n = 3;
+    ck_assert_int_eq(greedy_pick(&p, l, 5, NULL, 0, long_out, 3), 1);
+    p.penalty_last_n = -1;
     /* negative logits are multiplied: -1.0 * 1.2 = -1.2 < -1.1 */
     float neg[] = {-1.0f, -1.1f};
     int32_t out0[] = {0};
@@ -491,8 +554,12 @@ END_TEST
 // ---- the draw ----
 
 /* Chi-square of `draws` seeded draws against the expected distribution. */
-static double chi_square(const kg_sampling_params_t *p, const float *l, int32_t n,
-                         const double *expect, int draws, uint64_t seed) {
+static double chi_square(const kg_sampling_params_t *p,
+                         const float *l,
+                         int32_t n,
+                         const double *expect,
+                         int draws,
+                         uint64_t seed) {
     kg_sampler_scratch_t *sc = kg_sampler_scratch_new(n);
     int *hits = calloc((size_t)n, sizeof(*hits));
     kg_rng_t rng;
@@ -539,6 +606,23 @@ START_TEST(draws_match_softmax) {
         double chi = chi_square(&p, l, N, expect, DRAWS, 1234 + (uint64_t)t);
         ck_assert_msg(chi < bound, "T=%g chi2=%g", temps[t], chi);
     }
+    /* a wider row, so the draw walks several blocks of 8 */
+    enum { W = 61 };
+    float wide[W];
+    double wexp[W];
+    z = 0.0;
+    for (int i = 0; i < W; i++) {
+        wide[i] = (float)((i * 37) % 11) * 0.25f;
+        wexp[i] = exp(wide[i]);
+        z += wexp[i];
+    }
+    for (int i = 0; i < W; i++) {
+        wexp[i] /= z;
+    }
+    p.temperature = 1.0f;
+    /* 60 degrees of freedom: P(chi2 > 120) is below 1e-5 */
+    double chi_w = chi_square(&p, wide, W, wexp, 40000, 77);
+    ck_assert_msg(chi_w < 120.0, "wide chi2=%g", chi_w);
     /* top-k 4 then T=1: the 4 best renormalised (sorted path) */
     p.temperature = 1.0f;
     p.top_k = 4;
@@ -617,9 +701,9 @@ START_TEST(logprobs_raw_and_sorted) {
         sum += exp(r.top_logprob[i]);
         ck_assert_double_eq_tol(r.top_logprob[i], l[r.top_token[i]] - lse, 1e-5);
         if (i > 0) {
-            ck_assert(r.top_logprob[i - 1] > r.top_logprob[i] ||
-                      (r.top_logprob[i - 1] == r.top_logprob[i] &&
-                       r.top_token[i - 1] < r.top_token[i]));
+            ck_assert(
+                r.top_logprob[i - 1] > r.top_logprob[i] ||
+                (r.top_logprob[i - 1] == r.top_logprob[i] && r.top_token[i - 1] < r.top_token[i]));
         }
     }
     ck_assert_double_eq_tol(sum, 1.0, 1e-5);
@@ -647,7 +731,7 @@ START_TEST(logprob_is_raw_under_penalties) {
     kg_rng_t rng;
     kg_rng_seed(&rng, 1);
     kg_sample_result_t r = sample_once(&p, &rng, l, 3, prompt, 1, NULL, 0);
-    ck_assert_int_eq(r.token, 1); /* the penalty moved the choice ... */
+    ck_assert_int_eq(r.token, 1);                        /* the penalty moved the choice ... */
     ck_assert_double_eq_tol(r.logprob, 1.8 - lse, 1e-5); /* ... not the logprob */
     ck_assert_int_eq(r.top_token[0], 0);
     ck_assert_double_eq_tol(r.top_logprob[0], 2.0 - lse, 1e-5);
@@ -769,6 +853,7 @@ static Suite *make_suite(void) {
     tc = tcase_create("filters");
     tcase_add_test(tc, top_p_smallest_set);
     tcase_add_test(tc, top_p_matches_full_sort);
+    tcase_add_test(tc, top_p_ties_by_lower_id);
     tcase_add_test(tc, top_k_keeps_k_best);
     tcase_add_test(tc, min_p_filter);
     tcase_add_test(tc, temperature_reshapes);
