@@ -5,7 +5,13 @@
  * ("▁") added before the text. Byte-level BPE (`gpt2`): the pre-tokenizer
  * regexes named by `tokenizer.ggml.pre` (through PCRE2), the GPT-2
  * byte-to-unicode map and rank-ordered merges. Control tokens in the text
- * are matched as wholes when `parse_special` is set. */
+ * are matched as wholes when `parse_special` is set; user-defined tokens
+ * always (as llama.cpp does).
+ *
+ * Any bytes can be tokenized. One deliberate difference from llama.cpp: in
+ * BPE, invalid UTF-8 bytes are cut as llama.cpp cuts them (as U+FFFD) but
+ * keep their own bytes, so decoding gives the input back where llama.cpp
+ * would give U+FFFD; valid UTF-8 gives llama.cpp's ids exactly. */
 #pragma once
 
 #include <stdbool.h>
@@ -47,13 +53,15 @@ int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok, const char *text, size_t 
                             bool add_special, bool parse_special, int32_t *ids, int64_t n_max);
 
 /** The bytes of one token as they appear in text (leading-space marker and
- * byte tokens resolved; control tokens give "" unless `special`). Writes
- * at most `cap` bytes; returns the length needed. */
+ * byte tokens resolved; control and unknown tokens give "" unless
+ * `special`; user-defined tokens their text). A token can end inside a
+ * UTF-8 character: concatenate pieces before treating them as text. Writes
+ * min(length, cap) bytes; returns the length. @thread any */
 size_t kg_tokenizer_piece(const kg_tokenizer_t *tok, int32_t id, bool special, char *buf,
                           size_t cap);
 
 /** The raw vocabulary string of a token (as stored in the file). */
 kg_gguf_str_t kg_tokenizer_token_text(const kg_tokenizer_t *tok, int32_t id);
 
-/** Find a token by its exact vocabulary text; -1 when absent. */
+/** Find a token by its exact vocabulary text; -1 when absent. O(len). */
 int32_t kg_tokenizer_find(const kg_tokenizer_t *tok, const char *text, size_t len);
