@@ -121,10 +121,10 @@ typedef struct marker_rule {
 } marker_rule_t;
 
 /* UTF-8 spellings of the full-width markers DeepSeek and Hunyuan use. */
-#define FW_BAR "\xef\xbd\x9c"        /* "｜" */
-#define LOW_LINE "\xe2\x96\x81"      /* "▁" */
+#define FW_BAR       "\xef\xbd\x9c" /* "｜" */
+#define LOW_LINE     "\xe2\x96\x81" /* "▁" */
 #define EOS_DEEPSEEK "<" FW_BAR "end" LOW_LINE "of" LOW_LINE "sentence" FW_BAR ">"
-#define USER_CN "<\xe7\x94\xa8\xe6\x88\xb7>" /* "<用户>" */
+#define USER_CN      "<\xe7\x94\xa8\xe6\x88\xb7>" /* "<用户>" */
 
 /* The rules after the Phi-3 / GLM / Zephyr block, in llama.cpp's order. */
 static const marker_rule_t late_rules[] = {
@@ -189,8 +189,7 @@ static kg_chat_template_t detect_early(const char *tmpl) {
             return KG_CHAT_TEMPLATE_PHI_4;
         }
         // SmolVLM uses <|im_start|> as BOS, but its turns are not ChatML.
-        return has(tmpl, "<end_of_utterance>") ? KG_CHAT_TEMPLATE_SMOLVLM
-                                                : KG_CHAT_TEMPLATE_CHATML;
+        return has(tmpl, "<end_of_utterance>") ? KG_CHAT_TEMPLATE_SMOLVLM : KG_CHAT_TEMPLATE_CHATML;
     }
     if (strncmp(tmpl, "mistral", 7) == 0 || has(tmpl, "[INST]")) {
         return detect_inst(tmpl);
@@ -403,8 +402,11 @@ static void render_llama2(sbuf_t *sb, const chat_in_t *in, kg_chat_template_t t)
 }
 
 /* Phi-3, Falcon 3, Zephyr, GLM-Edge, ChatGLM 4: "<|role|>\n" + content + tail. */
-static void render_role_bars(sbuf_t *sb, const chat_in_t *in, const char *after_role,
-                             const char *tail, const char *gen_prompt) {
+static void render_role_bars(sbuf_t *sb,
+                             const chat_in_t *in,
+                             const char *after_role,
+                             const char *tail,
+                             const char *gen_prompt) {
     for (size_t i = 0; i < in->n; i++) {
         sb_puts(sb, "<|");
         sb_puts(sb, in->msgs[i].role);
@@ -995,9 +997,13 @@ bool kg_chat_template_is_supported(kg_chat_template_t tmpl) {
 
 // ---- entry points ----
 
-kg_status_t kg_chat_render_template(kg_chat_template_t tmpl, const kg_chat_message_t *msgs,
-                                    size_t n, bool add_generation_prompt, char **out,
-                                    char *errstr, size_t errstr_size) {
+kg_status_t kg_chat_render_template(kg_chat_template_t tmpl,
+                                    const kg_chat_message_t *msgs,
+                                    size_t n,
+                                    bool add_generation_prompt,
+                                    char **out,
+                                    char *errstr,
+                                    size_t errstr_size) {
     kg_status_t st = KG_OK;
     sbuf_t sb = {0};
     chat_in_t in = {.msgs = msgs, .n = n, .add_ass = add_generation_prompt};
@@ -1027,9 +1033,15 @@ fail:
     return st;
 }
 
-kg_status_t kg_chat_render(const char *template_text, const kg_chat_message_t *msgs, size_t n,
-                           bool add_generation_prompt, const char *bos_text, const char *eos_text,
-                           char **out, char *errstr, size_t errstr_size) {
+kg_status_t kg_chat_render(const char *template_text,
+                           const kg_chat_message_t *msgs,
+                           size_t n,
+                           bool add_generation_prompt,
+                           const char *bos_text,
+                           const char *eos_text,
+                           char **out,
+                           char *errstr,
+                           size_t errstr_size) {
     (void)bos_text; // see the header: the rendered formats write their tokens literally
     (void)eos_text;
     *out = NULL;

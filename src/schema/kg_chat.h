@@ -13,10 +13,10 @@
  * is worse than an error the producer can see. */
 #pragma once
 
+#include "../core/kg_status.h"
+
 #include <stdbool.h>
 #include <stddef.h>
-
-#include "../core/kg_status.h"
 
 /* One chat turn, as llama.cpp's llama_chat_message. */
 typedef struct kg_chat_message {
@@ -108,13 +108,21 @@ bool kg_chat_template_is_supported(kg_chat_template_t tmpl);
  * frees); KG_ERR_UNSUPPORTED when the template is NULL, unrecognised, or a
  * format kgen does not render (errstr says which); KG_ERR_NOMEM.
  * @thread any */
-KG_NODISCARD kg_status_t kg_chat_render(const char *template_text, const kg_chat_message_t *msgs,
-                                        size_t n, bool add_generation_prompt, const char *bos_text,
-                                        const char *eos_text, char **out, char *errstr,
+KG_NODISCARD kg_status_t kg_chat_render(const char *template_text,
+                                        const kg_chat_message_t *msgs,
+                                        size_t n,
+                                        bool add_generation_prompt,
+                                        const char *bos_text,
+                                        const char *eos_text,
+                                        char **out,
+                                        char *errstr,
                                         size_t errstr_size);
 
 /** Render with an already detected format (see kg_chat_render). */
 KG_NODISCARD kg_status_t kg_chat_render_template(kg_chat_template_t tmpl,
-                                                 const kg_chat_message_t *msgs, size_t n,
-                                                 bool add_generation_prompt, char **out,
-                                                 char *errstr, size_t errstr_size);
+                                                 const kg_chat_message_t *msgs,
+                                                 size_t n,
+                                                 bool add_generation_prompt,
+                                                 char **out,
+                                                 char *errstr,
+                                                 size_t errstr_size);

@@ -2,6 +2,8 @@
  * The only file of kgen that includes jansson.h (see kg_codec.h). */
 #include "kg_codec.h"
 
+#include "../core/kg_log.h"
+
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
@@ -10,13 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/kg_log.h"
-
 /* Our reals have at most 9 (floats) or ~13 (rounded timings) significant
  * digits; 15 prints them short and exact. jansson's default (17) would
  * print 0.7 as 0.69999999999999996. */
-#define KG_DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(15))
-#define KG_LOAD_FLAGS (JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_ANY)
+#define KG_DUMP_FLAGS      (JSON_COMPACT | JSON_REAL_PRECISION(15))
+#define KG_LOAD_FLAGS      (JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_ANY)
 #define KG_LOGPROB_NEG_INF (-9999.0)
 
 void kg_codec_global_init(void) {
@@ -164,8 +164,8 @@ static char *dup_bytes(const char *s, size_t len) {
 }
 
 static bool is_id_char(char c) {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == ':' || c == '-';
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == ':' || c == '-';
 }
 
 static bool is_request_id(const char *s, size_t len) {
@@ -230,8 +230,7 @@ static const char *skip_value(const char *p, const char *end) {
 }
 
 /* The text of the value of the `index`-th member of the top-level object. */
-static bool member_span(const char *buf, size_t len, long index, const char **vs,
-                        const char **ve) {
+static bool member_span(const char *buf, size_t len, long index, const char **vs, const char **ve) {
     const char *end = buf + len;
     const char *p = skip_ws(buf, end);
     if (p >= end || *p != '{') {
@@ -350,9 +349,12 @@ typedef struct field_spec {
 } field_spec_t;
 
 #define JOB_OFF(m) offsetof(kg_job_t, m)
-#define INT_F(n, k, m, lo, hi, e) {n, k, JOB_OFF(m), lo, hi, 0, 0, false, e}
-#define REAL_F(n, m, lo, hi, open, e) {n, FK_REAL, JOB_OFF(m), 0, 0, lo, hi, open, e}
-#define BOOL_F(n, m) {n, FK_BOOL, JOB_OFF(m), 0, 0, 0, 0, false, "true or false"}
+#define INT_F(n, k, m, lo, hi, e)                                                                  \
+    { n, k, JOB_OFF(m), lo, hi, 0, 0, false, e }
+#define REAL_F(n, m, lo, hi, open, e)                                                              \
+    { n, FK_REAL, JOB_OFF(m), 0, 0, lo, hi, open, e }
+#define BOOL_F(n, m)                                                                               \
+    { n, FK_BOOL, JOB_OFF(m), 0, 0, 0, 0, false, "true or false" }
 
 /* Simple fields in schema order (the first bad one is reported). */
 static const field_spec_t job_fields[] = {
@@ -361,15 +363,14 @@ static const field_spec_t job_fields[] = {
     INT_F("top_k", FK_INT32, sampling.top_k, -1, INT32_MAX, "an integer >= -1 (-1 or 0: off)"),
     REAL_F("top_p", sampling.top_p, 0, 1, true, "a number in (0, 1]"),
     REAL_F("min_p", sampling.min_p, 0, 1, false, "a number in 0..1"),
-    REAL_F("repetition_penalty", sampling.repetition_penalty, 0, HUGE_VAL, true,
-           "a number > 0"),
+    REAL_F("repetition_penalty", sampling.repetition_penalty, 0, HUGE_VAL, true, "a number > 0"),
     REAL_F("frequency_penalty", sampling.frequency_penalty, -2, 2, false, "a number in -2..2"),
     REAL_F("presence_penalty", sampling.presence_penalty, -2, 2, false, "a number in -2..2"),
     INT_F("seed", FK_INT64, sampling.seed, 0, INT64_MAX, "an integer in 0..9223372036854775807"),
     BOOL_F("stream", stream),
     INT_F("logprobs", FK_INT32, sampling.n_logprobs, 0, KG_MAX_LOGPROBS, "an integer in 0..20"),
-    INT_F("deadline_ms", FK_INT64, deadline_ms, 1, INT64_MAX,
-          "an integer >= 1 (epoch milliseconds)"),
+    INT_F(
+        "deadline_ms", FK_INT64, deadline_ms, 1, INT64_MAX, "an integer >= 1 (epoch milliseconds)"),
     INT_F("priority", FK_INT32, priority, INT32_MIN, INT32_MAX, "a 32-bit integer"),
     BOOL_F("ignore_eos", ignore_eos),
 };
@@ -448,7 +449,8 @@ static kg_status_t decode_message(dec_t *d, size_t i, const json_t *m) {
         return bad_field(d, field, "one of system, user, assistant, tool",
                          role ? role : json_null());
     }
-    if (!json_is_string(content) || strlen(json_string_value(content)) != json_string_length(content)) {
+    if (!json_is_string(content) ||
+        strlen(json_string_value(content)) != json_string_length(content)) {
         snprintf(field, sizeof(field), "messages[%zu].content", i);
         return bad_field(d, field, "a string without U+0000", content ? content : json_null());
     }
@@ -646,14 +648,17 @@ static kg_job_t *job_new_defaults(const char *request_id) {
     return job;
 }
 
-kg_status_t kg_codec_decode_job(const char *buf, size_t len, kg_job_t **out,
-                                kg_codec_error_t *err) {
+kg_status_t
+kg_codec_decode_job(const char *buf, size_t len, kg_job_t **out, kg_codec_error_t *err) {
     kg_codec_opts_t opts = kg_codec_opts_default();
     return kg_codec_decode_job_opts(buf, len, &opts, out, err);
 }
 
-kg_status_t kg_codec_decode_job_opts(const char *buf, size_t len, const kg_codec_opts_t *opts,
-                                     kg_job_t **out, kg_codec_error_t *err) {
+kg_status_t kg_codec_decode_job_opts(const char *buf,
+                                     size_t len,
+                                     const kg_codec_opts_t *opts,
+                                     kg_job_t **out,
+                                     kg_codec_error_t *err) {
     kg_status_t st;
     json_error_t jerr;
     json_t *root = NULL;
@@ -812,7 +817,8 @@ static json_t *logprob_json(float lp) {
     if (isnan(lp) || isinf(lp)) {
         return json_real(KG_LOGPROB_NEG_INF);
     }
-    return json_real(float_shortest(lp < (float)KG_LOGPROB_NEG_INF ? (float)KG_LOGPROB_NEG_INF : lp));
+    return json_real(
+        float_shortest(lp < (float)KG_LOGPROB_NEG_INF ? (float)KG_LOGPROB_NEG_INF : lp));
 }
 
 /* A duration or rate rounded to 3 decimals (microseconds for ms); negative
@@ -1129,8 +1135,8 @@ static bool ev_num(evdec_t *d, json_t *o, const char *key, double *out) {
 
 /* A string member copied with its length; absent is an error unless
  * `optional` (then *s stays NULL). */
-static bool ev_str(evdec_t *d, json_t *o, const char *key, bool optional, const char **s,
-                   size_t *len) {
+static bool
+ev_str(evdec_t *d, json_t *o, const char *key, bool optional, const char **s, size_t *len) {
     json_t *v = json_object_get(o, key);
     if (!v && optional) {
         return true;
@@ -1292,8 +1298,8 @@ static bool ev_error(evdec_t *d, kg_event_error_t *e) {
            ev_metadata(d, &e->metadata_json);
 }
 
-kg_status_t kg_codec_decode_event(const char *buf, size_t len, kg_event_t **out, char *errstr,
-                                  size_t errstr_size) {
+kg_status_t kg_codec_decode_event(
+    const char *buf, size_t len, kg_event_t **out, char *errstr, size_t errstr_size) {
     json_error_t jerr;
     evdec_t d = {.buf = buf, .len = len, .errstr = errstr, .errstr_size = errstr_size};
     kg_event_t *ev = calloc(1, sizeof(*ev));

@@ -48,13 +48,13 @@
  * any thread. Everything else here is @thread any. */
 #pragma once
 
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
-
 #include "../core/kg_status.h"
 #include "../model/kg_sampler.h"
 #include "kg_job.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #define KG_CODEC_DEFAULT_MAX_MESSAGE_SIZE ((size_t)1 << 20)
 
@@ -93,14 +93,16 @@ const char *kg_codec_dlq_reason_str(kg_codec_dlq_reason_t reason);
 
 typedef struct kg_codec_error {
     kg_codec_error_kind_t kind;
-    kg_codec_dlq_reason_t reason;                /* when kind is KG_CODEC_DLQ */
+    kg_codec_dlq_reason_t reason;               /* when kind is KG_CODEC_DLQ */
     char request_id[KG_JOB_REQUEST_ID_MAX + 1]; /* "" unless the request_id is usable */
     char message[256];                          /* human-readable, names the field */
 } kg_codec_error_t;
 
 /** Decode one job message (`len` bytes, not NUL-terminated, any content)
  * with the default options. See kg_codec_decode_job_opts. */
-KG_NODISCARD kg_status_t kg_codec_decode_job(const char *buf, size_t len, kg_job_t **out,
+KG_NODISCARD kg_status_t kg_codec_decode_job(const char *buf,
+                                             size_t len,
+                                             kg_job_t **out,
                                              kg_codec_error_t *err);
 
 /** Decode one job message. On KG_OK `*out` is a new job (free it with
@@ -109,8 +111,10 @@ KG_NODISCARD kg_status_t kg_codec_decode_job(const char *buf, size_t len, kg_job
  * `err` says whether to dead-letter or answer invalid_job, and why.
  * KG_ERR_NOMEM when memory ran out (not the message's fault: do not
  * dead-letter). @thread any */
-KG_NODISCARD kg_status_t kg_codec_decode_job_opts(const char *buf, size_t len,
-                                                  const kg_codec_opts_t *opts, kg_job_t **out,
+KG_NODISCARD kg_status_t kg_codec_decode_job_opts(const char *buf,
+                                                  size_t len,
+                                                  const kg_codec_opts_t *opts,
+                                                  kg_job_t **out,
                                                   kg_codec_error_t *err);
 
 /** Encode a job with every field explicit (defaults written out, stop as
@@ -177,8 +181,8 @@ typedef struct kg_logprob_entry {
 } kg_logprob_entry_t;
 
 typedef struct kg_token_logprobs {
-    kg_logprob_entry_t token; /* the sampled token */
-    int32_t n_top;            /* 0..KG_MAX_LOGPROBS */
+    kg_logprob_entry_t token;                /* the sampled token */
+    int32_t n_top;                           /* 0..KG_MAX_LOGPROBS */
     kg_logprob_entry_t top[KG_MAX_LOGPROBS]; /* most likely first */
 } kg_token_logprobs_t;
 
@@ -240,8 +244,8 @@ typedef struct kg_event {
  * `*out` is a new event (free with kg_event_free); KG_ERR_INVALID with
  * errstr set when the bytes are not an event of this contract;
  * KG_ERR_NOMEM. @thread any */
-KG_NODISCARD kg_status_t kg_codec_decode_event(const char *buf, size_t len, kg_event_t **out,
-                                               char *errstr, size_t errstr_size);
+KG_NODISCARD kg_status_t kg_codec_decode_event(
+    const char *buf, size_t len, kg_event_t **out, char *errstr, size_t errstr_size);
 
 /** Free a decoded event. NULL does nothing. */
 void kg_event_free(kg_event_t *ev);

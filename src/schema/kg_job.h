@@ -8,20 +8,20 @@
  * directly; the roles point to static strings). */
 #pragma once
 
+#include "../model/kg_sampler.h"
+#include "kg_chat.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "../model/kg_sampler.h"
-#include "kg_chat.h"
 
 /* The major version of the job and event contract this build speaks. */
 #define KG_SCHEMA_VERSION 1
 
 /* Contract limits (the schema states the same numbers). */
-#define KG_JOB_REQUEST_ID_MAX 128 /* bytes of [A-Za-z0-9._:-] */
-#define KG_JOB_MAX_STOP 8         /* stop strings per job */
-#define KG_JOB_STOP_MAX_CHARS 256 /* code points per stop string */
+#define KG_JOB_REQUEST_ID_MAX     128 /* bytes of [A-Za-z0-9._:-] */
+#define KG_JOB_MAX_STOP           8   /* stop strings per job */
+#define KG_JOB_STOP_MAX_CHARS     256 /* code points per stop string */
 #define KG_JOB_DEFAULT_MAX_TOKENS 256
 
 typedef enum kg_prompt_kind {
@@ -36,9 +36,9 @@ typedef struct kg_job {
 
     /* ---- the prompt: exactly one kind ---- */
     kg_prompt_kind_t prompt_kind;
-    char *prompt;             /* KG_PROMPT_TEXT: prompt_len bytes + a NUL; may contain NUL */
-    size_t prompt_len;        /* bytes */
-    int32_t *prompt_tokens;   /* KG_PROMPT_TOKENS: (n_prompt_tokens) ids >= 0 */
+    char *prompt;           /* KG_PROMPT_TEXT: prompt_len bytes + a NUL; may contain NUL */
+    size_t prompt_len;      /* bytes */
+    int32_t *prompt_tokens; /* KG_PROMPT_TOKENS: (n_prompt_tokens) ids >= 0 */
     int32_t n_prompt_tokens;
     kg_chat_message_t *messages; /* KG_PROMPT_MESSAGES: (n_messages); contents have no NUL */
     int32_t n_messages;
@@ -49,8 +49,8 @@ typedef struct kg_job {
                                       default; n_logprobs is the job's "logprobs" */
     char **stop;                   /* (n_stop) NUL-terminated strings, each 1..256 code points */
     int32_t n_stop;
-    bool stream;      /* default true: token events, then done */
-    bool ignore_eos;  /* default false */
+    bool stream;         /* default true: token events, then done */
+    bool ignore_eos;     /* default false */
     int64_t deadline_ms; /* absolute epoch ms; 0 = none */
     int32_t priority;    /* higher runs first; default 0 */
     char *metadata_json; /* the metadata object as compact JSON text, NULL when absent */

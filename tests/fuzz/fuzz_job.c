@@ -3,13 +3,13 @@
  * with a chat template, and echo its metadata in events; a rejection must
  * come with a kind and a message. Any crash, leak or sanitizer report is a
  * finding. */
+#include "schema/kg_chat.h"
+#include "schema/kg_codec.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "schema/kg_chat.h"
-#include "schema/kg_codec.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -20,9 +20,12 @@ static void check(int ok) {
 }
 
 static void exercise_events(const kg_job_t *job) {
-    kg_event_error_t er = {.common = {.request_id = job->request_id, .worker_id = "fuzz",
-                                      .partition = job->partition, .offset = job->offset},
-                           .code = KG_ERROR_INVALID_JOB, .message = "m",
+    kg_event_error_t er = {.common = {.request_id = job->request_id,
+                                      .worker_id = "fuzz",
+                                      .partition = job->partition,
+                                      .offset = job->offset},
+                           .code = KG_ERROR_INVALID_JOB,
+                           .message = "m",
                            .metadata_json = job->metadata_json};
     size_t len;
     char *out = kg_codec_encode_error(&er, &len);
@@ -51,8 +54,8 @@ static void exercise_chat(const kg_job_t *job) {
     char err[128];
     char *out = NULL;
     const char *tmpl = tmpls[job->n_messages % 5];
-    check(kg_chat_render(tmpl, job->messages, (size_t)job->n_messages, true, NULL, NULL, &out,
-                         err, sizeof(err)) == KG_OK);
+    check(kg_chat_render(tmpl, job->messages, (size_t)job->n_messages, true, NULL, NULL, &out, err,
+                         sizeof(err)) == KG_OK);
     free(out);
 }
 

@@ -3,11 +3,10 @@
  * expected strings are those of llama.cpp's tests/test-chat-template.cpp;
  * formats it has no case for are written out from llm_chat_apply_template. */
 #include "check_common.h"
+#include "schema/kg_chat.h"
 
 #include <stdio.h>
 #include <string.h>
-
-#include "schema/kg_chat.h"
 
 static const kg_chat_message_t conv[] = {
     {"system", "You are a helpful assistant"},
@@ -25,7 +24,7 @@ typedef struct chat_case {
     const char *expected; /* rendering of conv with the generation prompt */
 } chat_case_t;
 
-#define FW "\xef\xbd\x9c"
+#define FW     "\xef\xbd\x9c"
 #define EOS_DS "<" FW "end\xe2\x96\x81of\xe2\x96\x81sentence" FW ">"
 
 static const chat_case_t cases[] = {
@@ -36,7 +35,8 @@ static const chat_case_t cases[] = {
      "\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n"
      "<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user\nAnother "
      "question<|im_end|>\n<|im_start|>assistant\n"},
-    {"llama2", "{{ bos_token }}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}",
+    {"llama2",
+     "{{ bos_token }}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}",
      "[INST] You are a helpful assistant\nHello [/INST]Hi there</s>[INST] Who are you [/INST]   I "
      "am an assistant   </s>[INST] Another question [/INST]"},
     {"llama2-sys", "{{ '[INST] <<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n' }}",
@@ -52,14 +52,16 @@ static const chat_case_t cases[] = {
     {"mistral-v1", "{{- ' [INST] ' + system_message + '\\n\\n' + m['content'] + ' [/INST]' }}",
      " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you [/INST]"
      "    I am an assistant   </s> [INST] Another question [/INST]"},
-    {"mistral-v3", "{{- \"[AVAILABLE_TOOLS] [\" }}{{- \"[INST] \" + m[\"content\"] + \"[/INST]\" }}",
+    {"mistral-v3",
+     "{{- \"[AVAILABLE_TOOLS] [\" }}{{- \"[INST] \" + m[\"content\"] + \"[/INST]\" }}",
      "[INST] You are a helpful assistant\n\nHello[/INST] Hi there</s>[INST] Who are you[/INST] I "
      "am an assistant</s>[INST] Another question[/INST]"},
     {"mistral-v3-tekken",
      "{{- \"[AVAILABLE_TOOLS][\" }}{{- \"[INST]\" + m[\"content\"] + \"[/INST]\" }}",
      "[INST]You are a helpful assistant\n\nHello[/INST]Hi there</s>[INST]Who are you[/INST]   I am "
      "an assistant   </s>[INST]Another question[/INST]"},
-    {"mistral-v7", "{{ '[SYSTEM_PROMPT] ' + c + '[/SYSTEM_PROMPT]' }}{{ '[INST] ' + c + '[/INST]' }}",
+    {"mistral-v7",
+     "{{ '[SYSTEM_PROMPT] ' + c + '[/SYSTEM_PROMPT]' }}{{ '[INST] ' + c + '[/INST]' }}",
      "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST] Hi there</s>"
      "[INST] Who are you[/INST]    I am an assistant   </s>[INST] Another question[/INST]"},
     {"mistral-v7-tekken", "mistral-v7-tekken",
@@ -87,7 +89,8 @@ static const chat_case_t cases[] = {
      "system\nYou are a helpful assistant</s>\n<s>user\nHello</s>\n<s>assistant\nHi there</s>\n"
      "<s>user\nWho are you</s>\n<s>assistant\n   I am an assistant   </s>\n<s>user\nAnother "
      "question</s>\n<s>assistant\n"},
-    {"gemma", "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>' }}",
+    {"gemma",
+     "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>' }}",
      "<start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n<start_of_turn>model"
      "\nHi there<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model"
      "\nI am an assistant<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n"
@@ -106,7 +109,8 @@ static const chat_case_t cases[] = {
     {"vicuna-orca", "{{-'SYSTEM: ' + c -}}{{-'USER: ' + c + '\\n'-}}{{-'ASSISTANT: ' + c -}}",
      "SYSTEM: You are a helpful assistant\nUSER: Hello\nASSISTANT: Hi there</s>\nUSER: Who are you"
      "\nASSISTANT:    I am an assistant   </s>\nUSER: Another question\nASSISTANT:"},
-    {"deepseek", "{{'### Instruction:\\n' + c + '\\n'}}{{'### Response:\\n' + c + '\\n<|EOT|>\\n'}}",
+    {"deepseek",
+     "{{'### Instruction:\\n' + c + '\\n'}}{{'### Response:\\n' + c + '\\n<|EOT|>\\n'}}",
      "You are a helpful assistant### Instruction:\nHello\n### Response:\nHi there\n<|EOT|>\n### "
      "Instruction:\nWho are you\n### Response:\n   I am an assistant   \n<|EOT|>\n### "
      "Instruction:\nAnother question\n### Response:\n"},
@@ -145,8 +149,8 @@ static const chat_case_t cases[] = {
      "\n\nAssistant:    I am an assistant   " EOS_DS "User: Another question\n\nAssistant:"},
     {"deepseek3", "<" FW "User" FW "><" FW "Assistant" FW ">" EOS_DS,
      "You are a helpful assistant\n\n<" FW "User" FW ">Hello<" FW "Assistant" FW ">Hi there" EOS_DS
-     "<" FW "User" FW ">Who are you<" FW "Assistant" FW ">   I am an assistant   " EOS_DS
-     "<" FW "User" FW ">Another question<" FW "Assistant" FW ">"},
+     "<" FW "User" FW ">Who are you<" FW "Assistant" FW ">   I am an assistant   " EOS_DS "<" FW
+     "User" FW ">Another question<" FW "Assistant" FW ">"},
     {"exaone3", "[|system|] [|assistant|] [|endofturn|]",
      "[|system|]You are a helpful assistant[|endofturn|]\n[|user|]Hello\n[|assistant|]Hi there"
      "[|endofturn|]\n[|user|]Who are you\n[|assistant|]I am an assistant[|endofturn|]\n[|user|]"
@@ -219,8 +223,8 @@ static const chat_case_t cases[] = {
 };
 #define N_CASES (sizeof(cases) / sizeof(cases[0]))
 
-static char *render(const char *tmpl, const kg_chat_message_t *msgs, size_t n, bool add_ass,
-                    kg_status_t *st) {
+static char *
+render(const char *tmpl, const kg_chat_message_t *msgs, size_t n, bool add_ass, kg_status_t *st) {
     char err[128] = "";
     char *out = NULL;
     *st = kg_chat_render(tmpl, msgs, n, add_ass, "<s>", "</s>", &out, err, sizeof(err));
@@ -291,8 +295,8 @@ START_TEST(unsupported_templates) {
     ck_assert_int_eq(st, KG_ERR_UNSUPPORTED);
     ck_assert_ptr_null(out);
     // Recognised by llama.cpp but not rendered by kgen: refused by name.
-    const char *refused[] = {"rwkv-world", "gigachat", "yandex", "hunyuan-moe", "hunyuan-dense",
-                             "pangu-embedded"};
+    const char *refused[] = {"rwkv-world",  "gigachat",      "yandex",
+                             "hunyuan-moe", "hunyuan-dense", "pangu-embedded"};
     for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
         kg_chat_template_t t = kg_chat_detect(refused[i]);
         ck_assert_str_eq(kg_chat_template_name(t), refused[i]);
@@ -348,8 +352,8 @@ END_TEST
 START_TEST(system_folding) {
     // Gemma has no system turn: the system text opens the next user turn,
     // and a system message with no user after it disappears.
-    const kg_chat_message_t msgs[] = {{"system", " be brief "}, {"assistant", "ok"},
-                                      {"user", "go"}, {"system", "unused"}};
+    const kg_chat_message_t msgs[] = {
+        {"system", " be brief "}, {"assistant", "ok"}, {"user", "go"}, {"system", "unused"}};
     kg_status_t st;
     char *out = render("gemma", msgs, 4, true, &st);
     ck_assert_str_eq(out, "<start_of_turn>model\nok<end_of_turn>\n<start_of_turn>user\nbe brief"

@@ -5,15 +5,14 @@
  * compare documents as values: it checks the codec, so it must not use the
  * codec to judge the codec's output. */
 #include "check_common.h"
+#include "schema/kg_codec.h"
+#include "schema/kg_job.h"
 
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-#include "schema/kg_codec.h"
-#include "schema/kg_job.h"
 
 #define EXAMPLES KG_SOURCE_DIR "/schemas/examples"
 
@@ -128,12 +127,27 @@ static const struct {
     const char *key;
     const char *default_json;
 } job_keys[] = {
-    {"schema_version", "1"}, {"request_id", NULL}, {"prompt", NULL}, {"prompt_tokens", NULL},
-    {"messages", NULL}, {"max_tokens", "256"}, {"temperature", "1.0"}, {"top_k", "-1"},
-    {"top_p", "1.0"}, {"min_p", "0.0"}, {"repetition_penalty", "1.0"},
-    {"frequency_penalty", "0.0"}, {"presence_penalty", "0.0"}, {"seed", NULL}, {"stop", "[]"},
-    {"stream", "true"}, {"logprobs", "0"}, {"deadline_ms", NULL}, {"priority", "0"},
-    {"ignore_eos", "false"}, {"metadata", NULL},
+    {"schema_version", "1"},
+    {"request_id", NULL},
+    {"prompt", NULL},
+    {"prompt_tokens", NULL},
+    {"messages", NULL},
+    {"max_tokens", "256"},
+    {"temperature", "1.0"},
+    {"top_k", "-1"},
+    {"top_p", "1.0"},
+    {"min_p", "0.0"},
+    {"repetition_penalty", "1.0"},
+    {"frequency_penalty", "0.0"},
+    {"presence_penalty", "0.0"},
+    {"seed", NULL},
+    {"stop", "[]"},
+    {"stream", "true"},
+    {"logprobs", "0"},
+    {"deadline_ms", NULL},
+    {"priority", "0"},
+    {"ignore_eos", "false"},
+    {"metadata", NULL},
 };
 #define N_JOB_KEYS (sizeof(job_keys) / sizeof(job_keys[0]))
 
@@ -510,15 +524,25 @@ static json_t *member(const char *text, const char *key, json_t **root) {
 START_TEST(encode_is_defensive) {
     json_t *root;
     // Invalid UTF-8 becomes U+FFFD per maximal ill-formed subpart.
-    static const char bad[] = "a\xff" "b\xe2\x82" "c\xed\xa0\x80" "d\xc0\xaf" "\xf0\x9f\x98";
-    kg_event_token_t tok = {.common = {.request_id = "r1", .worker_id = "w", .partition = 2,
-                                       .offset = 5, .ts_ms = 7},
-                            .index = 0, .token_id = 1, .text = bad, .text_len = sizeof(bad) - 1};
+    static const char bad[] = "a\xff"
+                              "b\xe2\x82"
+                              "c\xed\xa0\x80"
+                              "d\xc0\xaf"
+                              "\xf0\x9f\x98";
+    kg_event_token_t tok = {
+        .common = {.request_id = "r1", .worker_id = "w", .partition = 2, .offset = 5, .ts_ms = 7},
+        .index = 0,
+        .token_id = 1,
+        .text = bad,
+        .text_len = sizeof(bad) - 1};
     char *out = kg_codec_encode_token(&tok, NULL);
     ck_assert_ptr_nonnull(out);
     json_t *t = member(out, "text", &root);
-    ck_assert_str_eq(json_string_value(t), "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c\xef\xbf\xbd\xef\xbf"
-                                           "\xbd\xef\xbf\xbd" "d\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    ck_assert_str_eq(json_string_value(t), "a\xef\xbf\xbd"
+                                           "b\xef\xbf\xbd"
+                                           "c\xef\xbf\xbd\xef\xbf"
+                                           "\xbd\xef\xbf\xbd"
+                                           "d\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
     ck_assert_ptr_null(json_object_get(root, "topic"));
     ck_assert_ptr_null(json_object_get(root, "logprobs"));
     json_decref(root);
@@ -549,10 +573,11 @@ START_TEST(encode_is_defensive) {
     free(out);
 
     // Metadata that is not an object is left out; the event is still made.
-    kg_event_error_t er = {.common = {.request_id = "r2", .worker_id = "w", .partition = -1,
-                                      .offset = -1},
-                           .code = KG_ERROR_PROMPT_TOO_LONG, .message = "too long",
-                           .metadata_json = "[1,2]"};
+    kg_event_error_t er = {
+        .common = {.request_id = "r2", .worker_id = "w", .partition = -1, .offset = -1},
+        .code = KG_ERROR_PROMPT_TOO_LONG,
+        .message = "too long",
+        .metadata_json = "[1,2]"};
     out = kg_codec_encode_error(&er, NULL);
     ck_assert_ptr_nonnull(out);
     ck_assert_ptr_null(member(out, "metadata", &root));
@@ -570,16 +595,28 @@ START_TEST(done_timings_and_logprobs) {
     kg_token_logprobs_t lps[2] = {{.token = {10, "a", 1, -0.5f}, .n_top = 0},
                                   {.token = {11, "b", 1, -1.5f}, .n_top = 1}};
     lps[1].top[0] = (kg_logprob_entry_t){11, "b", 1, -1.5f};
-    kg_event_done_t ev = {.common = {.request_id = "r", .worker_id = "w", .topic = "t",
-                                     .partition = 1, .offset = 9, .ts_ms = 100},
-                          .finish_reason = KG_FINISH_REASON_LENGTH, .text = "ab", .text_len = 2,
-                          .prompt_tokens = 3, .completion_tokens = 2, .queue_ms = 1.23456789,
-                          .ttft_ms = -4, .total_ms = 1e6 / 3, .tokens_per_s = NAN,
-                          .logprobs = lps, .n_logprobs = 2};
+    kg_event_done_t ev = {.common = {.request_id = "r",
+                                     .worker_id = "w",
+                                     .topic = "t",
+                                     .partition = 1,
+                                     .offset = 9,
+                                     .ts_ms = 100},
+                          .finish_reason = KG_FINISH_REASON_LENGTH,
+                          .text = "ab",
+                          .text_len = 2,
+                          .prompt_tokens = 3,
+                          .completion_tokens = 2,
+                          .queue_ms = 1.23456789,
+                          .ttft_ms = -4,
+                          .total_ms = 1e6 / 3,
+                          .tokens_per_s = NAN,
+                          .logprobs = lps,
+                          .n_logprobs = 2};
     size_t len;
     char *out = kg_codec_encode_done(&ev, &len);
-    ck_assert_ptr_nonnull(strstr(out, "\"timings\":{\"queue_ms\":1.235,\"ttft_ms\":0.0,\"total_ms\":"
-                                      "333333.333,\"tokens_per_s\":0.0}"));
+    ck_assert_ptr_nonnull(strstr(out,
+                                 "\"timings\":{\"queue_ms\":1.235,\"ttft_ms\":0.0,\"total_ms\":"
+                                 "333333.333,\"tokens_per_s\":0.0}"));
     char err[128];
     kg_event_t *back = NULL;
     ck_assert_int_eq(kg_codec_decode_event(out, len, &back, err, sizeof(err)), KG_OK);
@@ -596,7 +633,11 @@ END_TEST
 
 START_TEST(decode_event_rejects) {
     static const char *bad[] = {
-        "", "[]", "42", "{}", "{\"type\":\"tok\"}",
+        "",
+        "[]",
+        "42",
+        "{}",
+        "{\"type\":\"tok\"}",
         "{\"type\":\"token\",\"request_id\":\"r\",\"worker_id\":\"w\",\"partition\":0,"
         "\"offset\":0,\"schema_version\":1,\"ts_ms\":0,\"index\":-1,\"token_id\":1,\"text\":\"\"}",
         "{\"type\":\"error\",\"request_id\":\"r\",\"worker_id\":\"w\",\"partition\":0,"
@@ -617,8 +658,8 @@ END_TEST
 
 START_TEST(names) {
     static const char *codes[] = {"invalid_job", "prompt_too_long", "max_tokens_too_large",
-                                  "expired", "cancelled", "unsupported_chat_template", "internal",
-                                  "queue_full", "shutdown"};
+                                  "expired",     "cancelled",       "unsupported_chat_template",
+                                  "internal",    "queue_full",      "shutdown"};
     for (int i = 0; i < KG_ERROR_CODE_COUNT_; i++) {
         ck_assert_str_eq(kg_error_code_str((kg_error_code_t)i), codes[i]);
     }
@@ -725,7 +766,8 @@ START_TEST(deep_nesting) {
     kg_job_t *job = expect_ok(text);
     ck_assert_uint_eq(strlen(job->metadata_json), depth * 6 + 1);
     kg_event_error_t er = {.common = {.request_id = "d", .worker_id = "w"},
-                           .code = KG_ERROR_INTERNAL, .message = "m",
+                           .code = KG_ERROR_INTERNAL,
+                           .message = "m",
                            .metadata_json = job->metadata_json};
     char *out = kg_codec_encode_error(&er, NULL);
     ck_assert_ptr_nonnull(strstr(out, job->metadata_json));
@@ -794,15 +836,18 @@ START_TEST(numbers_at_the_edges) {
     expect_invalid("{\"request_id\":\"n\",\"prompt\":\"x\",\"seed\":9223372036854775808.0}",
                    "seed:");
     expect_invalid("{\"request_id\":\"n\",\"prompt\":\"x\",\"seed\":-0.5}", "seed:");
-    expect_dlq_str("{\"request_id\":\"n\",\"prompt\":\"x\",\"seed\":9223372036854775808}", KG_DLQ_INVALID_JSON);
-    expect_dlq_str("{\"request_id\":\"n\",\"prompt\":\"x\",\"max_tokens\":1e400}", KG_DLQ_INVALID_JSON);
+    expect_dlq_str("{\"request_id\":\"n\",\"prompt\":\"x\",\"seed\":9223372036854775808}",
+                   KG_DLQ_INVALID_JSON);
+    expect_dlq_str("{\"request_id\":\"n\",\"prompt\":\"x\",\"max_tokens\":1e400}",
+                   KG_DLQ_INVALID_JSON);
     expect_invalid("{\"request_id\":\"n\",\"prompt\":\"x\",\"top_k\":2147483648}", "top_k:");
     expect_invalid("{\"request_id\":\"n\",\"prompt\":\"x\",\"max_tokens\":-3}",
                    "max_tokens: expected an integer >= 1, got -3");
     // A huge repetition penalty saturates at FLT_MAX instead of becoming inf.
     job = expect_ok("{\"request_id\":\"n\",\"prompt\":\"x\",\"repetition_penalty\":1e300,"
                     "\"temperature\":1e-320}");
-    ck_assert(isfinite(job->sampling.repetition_penalty) && job->sampling.repetition_penalty > 1e38f);
+    ck_assert(isfinite(job->sampling.repetition_penalty) &&
+              job->sampling.repetition_penalty > 1e38f);
     ck_assert(job->sampling.temperature == 0.0f);
     kg_job_free(job);
     // Strict booleans, and the first bad field in schema order is named.
@@ -816,8 +861,9 @@ START_TEST(numbers_at_the_edges) {
     // Error messages show strings safely and shortly.
     kg_codec_error_t err;
     job = NULL;
-    static const char longrole[] = "{\"request_id\":\"n\",\"messages\":[{\"role\":\"\\n"
-                                   "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\",\"content\":\"\"}]}";
+    static const char longrole[] =
+        "{\"request_id\":\"n\",\"messages\":[{\"role\":\"\\n"
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\",\"content\":\"\"}]}";
     ck_assert_int_eq(decode(longrole, sizeof(longrole) - 1, &job, &err), KG_ERR_INVALID);
     ck_assert_str_eq(err.message, "messages[0].role: expected one of system, user, assistant, "
                                   "tool, got \"?aaaaaaaaaaaaaaaaaaaaaaa\"...");
@@ -826,7 +872,8 @@ START_TEST(numbers_at_the_edges) {
 END_TEST
 
 START_TEST(duplicates_and_versions) {
-    expect_dlq_str("{\"request_id\":\"a\",\"prompt\":\"x\",\"metadata\":{\"k\":1,\"k\":2}}", KG_DLQ_INVALID_JSON);
+    expect_dlq_str("{\"request_id\":\"a\",\"prompt\":\"x\",\"metadata\":{\"k\":1,\"k\":2}}",
+                   KG_DLQ_INVALID_JSON);
     kg_job_t *job = expect_ok("{\"request_id\":\"a\",\"prompt\":\"x\",\"schema_version\":1.0}");
     ck_assert_int_eq(job->schema_version, 1);
     kg_job_free(job);
