@@ -33,6 +33,7 @@ kg_backend_t *kg_backend_new(const char *name, const kg_model_t *model,
             snprintf(errstr, errstr_size, "backend cuda: no CUDA device is available");
             return NULL;
         }
+        KG_LOG_WARN("backend", "no CUDA device; using the CPU backend");
 #else
         if (strcmp(name, "cuda") == 0) {
             snprintf(errstr, errstr_size,
@@ -41,7 +42,6 @@ kg_backend_t *kg_backend_new(const char *name, const kg_model_t *model,
             return NULL;
         }
 #endif
-        KG_LOG_WARN("backend", "no CUDA device; using the CPU backend");
         return kg_backend_cpu_new(model, params, errstr, errstr_size);
     }
     snprintf(errstr, errstr_size, "unknown backend '%s' (expected auto, cpu or cuda)", name);
@@ -60,6 +60,19 @@ const char *kg_backend_name(const kg_backend_t *be) {
 
 kg_status_t kg_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
     return be->iface.forward(be, batch, logits);
+}
+
+bool kg_backend_has_sample(const kg_backend_t *be) {
+    return be->sample != NULL;
+}
+
+kg_status_t kg_backend_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n,
+                              kg_sample_result_t *out) {
+    if (!be->sample) {
+        KG_LOG_ERROR("backend", "backend %s has no device sampler", be->iface.name);
+        return KG_ERR_UNSUPPORTED;
+    }
+    return be->sample(be, reqs, n, out);
 }
 
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out) {

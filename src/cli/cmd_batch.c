@@ -1,9 +1,382 @@
-/* placeholder until the batch command lands (replaced in this session) */
+/* kgen batch: offline mode on the worker's contract (like vLLM's
+ * run-batch). Every line of the input is a job (schemas/job.schema.json);
+ * every job gets exactly one line in the output, its done or error event
+ * (schemas/event.schema.json), in input order. Jobs go through the same
+ * intake, engine and output code as kgen-worker, on one thread. A line
+ * that is not a job with a usable request_id gets an error event with
+ * request_id "line-<N>" (1-based). */
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/kg_backend.h"
 #include "cmd.h"
+#include "core/kg_clock.h"
+#include "core/kg_log.h"
+#include "engine/kg_engine.h"
+#include "model/kg_model.h"
+#include "pipeline/kg_events.h"
+#include "pipeline/kg_intake.h"
+#include "pipeline/kg_output.h"
+#include "schema/kg_codec.h"
+
+typedef struct batch_job {
+    kg_job_t *job;
+    kg_prepared_t prep;
+    kg_output_t out;
+    kg_job_timing_t t;
+    kg_sample_result_t *samples;
+    int32_t n_samples;
+    bool submitted, stop_hit;
+    char *result; /* the final event line (owned) */
+    size_t result_len;
+} batch_job_t;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kgen batch --model FILE --input jobs.jsonl --output results.jsonl [options]\n"
+            "  --max-batch-size N     running sequences at most (default 16)\n"
+            "  --max-batch-tokens T   tokens per step (default 512)\n"
+            "  --threads N            CPU threads (default: all cores)\n"
+            "  --backend auto|cpu|cuda (default auto)\n"
+            "  --ctx N                context per sequence (default: the model's, at most 4096)\n"
+            "  --kv-memory MIB        KV pool size (default: max-batch-size full contexts)\n"
+            "  --max-tokens-limit N   larger max_tokens are refused (default 4096)\n"
+            "  --no-prefix-cache      do not share KV blocks between jobs\n"
+            "  --version, --help\n");
+}
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap + 1);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *b = realloc(buf, cap * 2 + 1);
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+    }
+    if (f != stdin) {
+        fclose(f);
+    }
+    if (buf) {
+        buf[n] = '\0';
+        *len = n;
+    }
+    return buf;
+}
+
+static void progress(int done, int total, int64_t tokens, int64_t t0) {
+    double s = (double)(kg_clock_us() - t0) / 1e6;
+    int width = 30, fill = total ? done * width / total : width;
+    fprintf(stderr, "\r[%.*s%*s] %d/%d jobs  %.1f tok/s ", fill, "##############################",
+            width - fill, "", done, total, s > 0 ? (double)tokens / s : 0.0);
+    fflush(stderr);
+}
+
+static void set_result(batch_job_t *bj, char *json, size_t len) {
+    free(bj->result);
+    bj->result = json;
+    bj->result_len = len;
+}
+
 int kg_cmd_batch(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "kgen batch: not built yet\n");
-    return 1;
+    const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *backend = "auto";
+    int64_t max_batch = 16, max_tokens_step = 512, threads = 0, ctx_len = 0, kv_mib = 0;
+    int64_t max_tokens_limit = 4096;
+    bool prefix_cache = true;
+    enum { O_MODEL = 256, O_IN, O_OUT, O_MBS, O_MBT, O_THREADS, O_BACKEND, O_CTX, O_KV, O_MTL,
+           O_NOPC, O_VERSION, O_HELP };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},          {"input", required_argument, 0, O_IN},
+        {"output", required_argument, 0, O_OUT},           {"max-batch-size", required_argument, 0, O_MBS},
+        {"max-batch-tokens", required_argument, 0, O_MBT}, {"threads", required_argument, 0, O_THREADS},
+        {"backend", required_argument, 0, O_BACKEND},      {"ctx", required_argument, 0, O_CTX},
+        {"kv-memory", required_argument, 0, O_KV},         {"max-tokens-limit", required_argument, 0, O_MTL},
+        {"no-prefix-cache", no_argument, 0, O_NOPC},       {"version", no_argument, 0, O_VERSION},
+        {"help", no_argument, 0, O_HELP},                  {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case O_MODEL: model_path = optarg; break;
+        case O_IN: in_path = optarg; break;
+        case O_OUT: out_path = optarg; break;
+        case O_MBS: ok = kg_cli_parse_i64(optarg, 1, 4096, &max_batch); break;
+        case O_MBT: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &max_tokens_step); break;
+        case O_THREADS: ok = kg_cli_parse_i64(optarg, 1, 1024, &threads); break;
+        case O_BACKEND: backend = optarg; break;
+        case O_CTX: ok = kg_cli_parse_i64(optarg, 2, 1 << 24, &ctx_len); break;
+        case O_KV: ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &kv_mib); break;
+        case O_MTL: ok = kg_cli_parse_i64(optarg, 1, 1 << 24, &max_tokens_limit); break;
+        case O_NOPC: prefix_cache = false; break;
+        case O_VERSION: kg_cmd_print_version("kgen"); return 0;
+        case O_HELP: usage(stdout); return 0;
+        default:
+            fprintf(stderr, "kgen batch: unknown or incomplete option '%s'\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kgen batch: bad value '%s' for %s\n", optarg, argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind < argc || !model_path || !in_path || !out_path) {
+        fprintf(stderr, "kgen batch: --model, --input and --output are required\n");
+        usage(stderr);
+        return 2;
+    }
+    kg_codec_global_init();
+
+    int rc = 1;
+    char err[512] = "";
+    size_t in_len = 0;
+    char *input = read_all(in_path, &in_len);
+    kg_model_t *model = NULL;
+    kg_backend_t *be = NULL;
+    kg_engine_t *engine = NULL;
+    batch_job_t *jobs = NULL;
+    kg_completion_t *comps = NULL;
+    FILE *out = NULL;
+    int n_jobs = 0;
+    if (!input) {
+        fprintf(stderr, "kgen batch: cannot read %s\n", in_path);
+        goto out;
+    }
+    model = kg_model_load(model_path, err, sizeof(err));
+    if (!model) {
+        fprintf(stderr, "kgen batch: %s\n", err);
+        goto out;
+    }
+    kg_engine_params_t ep = kg_engine_params_default(model, (size_t)kv_mib << 20);
+    ep.max_batch_size = (int32_t)max_batch;
+    ep.max_queue_depth = (int32_t)max_batch;
+    ep.max_batch_tokens = (int32_t)max_tokens_step;
+    ep.prefix_cache = prefix_cache;
+    if (ctx_len > 0) {
+        ep.max_seq_len = (int32_t)ctx_len;
+    }
+    if (kv_mib == 0) {
+        ep.n_kv_blocks = (int32_t)(max_batch * ((ep.max_seq_len + ep.kv_block_size - 1) /
+                                                ep.kv_block_size));
+    }
+    kg_backend_params_t bp = {.n_threads = (int32_t)threads, .n_kv_blocks = ep.n_kv_blocks,
+                              .kv_block_size = ep.kv_block_size,
+                              .max_batch_tokens = ep.max_batch_tokens};
+    be = kg_backend_new(backend, model, &bp, err, sizeof(err));
+    if (!be || !(engine = kg_engine_new(be, &ep, err, sizeof(err)))) {
+        fprintf(stderr, "kgen batch: %s\n", err);
+        goto out;
+    }
+    out = strcmp(out_path, "-") == 0 ? stdout : fopen(out_path, "wb");
+    if (!out) {
+        fprintf(stderr, "kgen batch: cannot write %s\n", out_path);
+        goto out;
+    }
+
+    /* split lines (blank lines are skipped) */
+    int cap_jobs = 64;
+    jobs = calloc((size_t)cap_jobs, sizeof(*jobs));
+    kg_intake_limits_t lim = {.max_seq_len = ep.max_seq_len,
+                              .max_tokens_limit = (int32_t)max_tokens_limit};
+    kg_event_origin_t origin = {.worker_id = "kgen-batch", .partition = -1, .offset = -1};
+    int64_t t0 = kg_clock_us();
+    int line_no = 0;
+    for (char *p = input, *end = input + in_len; jobs && p < end;) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        line_no++;
+        char *line = p;
+        p += len + 1;
+        size_t sp = 0;
+        while (sp < len && (line[sp] == ' ' || line[sp] == '\t' || line[sp] == '\r')) {
+            sp++;
+        }
+        if (sp == len) {
+            continue;
+        }
+        if (n_jobs == cap_jobs) {
+            batch_job_t *j = realloc(jobs, (size_t)cap_jobs * 2 * sizeof(*jobs));
+            if (!j) {
+                break;
+            }
+            memset(j + cap_jobs, 0, (size_t)cap_jobs * sizeof(*jobs));
+            jobs = j;
+            cap_jobs *= 2;
+        }
+        batch_job_t *bj = &jobs[n_jobs++];
+        kg_codec_error_t cerr;
+        bj->t.taken_us = kg_clock_us();
+        if (kg_codec_decode_job(line, len, &bj->job, &cerr) != KG_OK) {
+            char rid[32];
+            snprintf(rid, sizeof(rid), "line-%d", line_no);
+            size_t jl;
+            char *json = kg_events_error(&origin, *cerr.request_id ? cerr.request_id : rid,
+                                         KG_ERROR_INVALID_JOB, cerr.message, NULL, &jl);
+            set_result(bj, json, jl);
+            continue;
+        }
+        kg_error_code_t code;
+        char msg[256];
+        if (kg_intake_prepare(model, &lim, bj->job, kg_clock_epoch_ms(), &bj->prep, &code, msg,
+                              sizeof(msg)) != KG_OK) {
+            size_t jl;
+            char *json = kg_events_error(&origin, bj->job->request_id, code, msg,
+                                         bj->job->metadata_json, &jl);
+            set_result(bj, json, jl);
+            continue;
+        }
+        kg_output_init(&bj->out, model->tok, (const char *const *)bj->job->stop, bj->job->n_stop);
+        bj->t.n_prompt = bj->prep.n_tokens;
+        if (bj->job->sampling.n_logprobs > 0) {
+            bj->samples = calloc((size_t)bj->prep.max_tokens, sizeof(*bj->samples));
+        }
+    }
+    if (!jobs) {
+        fprintf(stderr, "kgen batch: out of memory\n");
+        goto out;
+    }
+
+    int32_t comps_cap = ep.max_batch_size + ep.max_queue_depth;
+    comps = malloc((size_t)comps_cap * sizeof(*comps));
+    bool tty = isatty(2);
+    int next = 0, n_done = 0;
+    int64_t n_tokens = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        n_done += jobs[i].result != NULL;
+    }
+    while (comps && n_done < n_jobs) {
+        /* keep the engine's queue topped up, in input order */
+        while (next < n_jobs) {
+            batch_job_t *bj = &jobs[next];
+            if (bj->result) {
+                next++;
+                continue;
+            }
+            kg_request_t req = {.id = (uint64_t)next, .prompt = bj->prep.tokens,
+                                .n_prompt = bj->prep.n_tokens, .max_tokens = bj->prep.max_tokens,
+                                .priority = bj->job->priority, .ignore_eos = bj->job->ignore_eos,
+                                .sampling = bj->job->sampling};
+            if (bj->job->deadline_ms > 0) {
+                req.deadline_us = kg_clock_us() + (bj->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
+            }
+            kg_status_t st = kg_engine_submit(engine, &req);
+            if (st == KG_QUEUE_FULL) {
+                break;
+            }
+            bj->t.submitted_us = kg_clock_us();
+            if (st != KG_OK) {
+                size_t jl;
+                char *json = kg_events_error(&origin, bj->job->request_id, KG_ERROR_INVALID_JOB,
+                                             kg_status_str(st), bj->job->metadata_json, &jl);
+                set_result(bj, json, jl);
+                n_done++;
+            }
+            next++;
+        }
+        int32_t n = kg_engine_step(engine, comps, comps_cap);
+        if (n < 0) {
+            fprintf(stderr, "kgen batch: the backend failed: %s\n", kg_status_str((kg_status_t)n));
+            goto out;
+        }
+        int64_t now = kg_clock_us();
+        for (int32_t i = 0; i < n; i++) {
+            const kg_completion_t *cp = &comps[i];
+            batch_job_t *bj = &jobs[cp->id];
+            kg_output_event_t evs[2];
+            int k = 0;
+            if (cp->token >= 0 && !bj->stop_hit) {
+                if (!bj->t.first_token_us) {
+                    bj->t.first_token_us = now;
+                    bj->t.n_cached = cp->n_cached;
+                }
+                n_tokens++;
+                k = kg_output_push(&bj->out, cp->token, &cp->sample, evs);
+                if (kg_output_stopped(&bj->out) && cp->finish == KG_FINISH_NONE) {
+                    bj->stop_hit = true;
+                    kg_engine_cancel(engine, cp->id);
+                }
+            }
+            for (int e = 0; e < k && bj->samples; e++) {
+                bj->samples[bj->n_samples++] = evs[e].sample;
+            }
+            if (cp->finish == KG_FINISH_NONE) {
+                continue;
+            }
+            k = kg_output_finish(&bj->out, evs);
+            for (int e = 0; e < k && bj->samples; e++) {
+                bj->samples[bj->n_samples++] = evs[e].sample;
+            }
+            bj->t.finished_us = now;
+            size_t jl;
+            char *json;
+            if (bj->stop_hit || kg_output_stopped(&bj->out) || cp->finish == KG_FINISH_STOP ||
+                cp->finish == KG_FINISH_LENGTH) {
+                kg_finish_reason_t r = bj->stop_hit || kg_output_stopped(&bj->out)
+                                           ? KG_FINISH_REASON_STOP_SEQUENCE
+                                       : cp->finish == KG_FINISH_STOP ? KG_FINISH_REASON_STOP
+                                                                      : KG_FINISH_REASON_LENGTH;
+                json = kg_events_done(&origin, model->tok, bj->job, &bj->out, r, &bj->t,
+                                      bj->samples, bj->n_samples, &jl);
+            } else {
+                json = kg_events_error(&origin, bj->job->request_id,
+                                       cp->finish == KG_FINISH_DEADLINE ? KG_ERROR_EXPIRED
+                                                                         : KG_ERROR_CANCELLED,
+                                       kg_finish_str(cp->finish), bj->job->metadata_json, &jl);
+            }
+            set_result(bj, json, jl);
+            n_done++;
+        }
+        if (tty) {
+            progress(n_done, n_jobs, n_tokens, t0);
+        }
+    }
+    if (tty) {
+        fprintf(stderr, "\n");
+    }
+    for (int i = 0; i < n_jobs; i++) {
+        if (!jobs[i].result) {
+            fprintf(stderr, "kgen batch: out of memory encoding job %d\n", i);
+            goto out;
+        }
+        fwrite(jobs[i].result, 1, jobs[i].result_len, out);
+        fputc('\n', out);
+    }
+    double secs = (double)(kg_clock_us() - t0) / 1e6;
+    fprintf(stderr, "kgen batch: %d jobs, %lld tokens generated in %.2f s (%.1f tok/s)\n", n_jobs,
+            (long long)n_tokens, secs, secs > 0 ? (double)n_tokens / secs : 0.0);
+    rc = fflush(out) == 0 ? 0 : 1;
+out:
+    if (out && out != stdout) {
+        fclose(out);
+    }
+    for (int i = 0; jobs && i < n_jobs; i++) {
+        kg_output_clear(&jobs[i].out);
+        kg_prepared_clear(&jobs[i].prep);
+        kg_job_free(jobs[i].job);
+        free(jobs[i].samples);
+        free(jobs[i].result);
+    }
+    free(jobs);
+    free(comps);
+    kg_engine_free(engine);
+    kg_backend_free(be);
+    kg_model_free(model);
+    free(input);
+    return rc;
 }

@@ -13,6 +13,7 @@
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 #include "../engine/kg_engine.h"
+#include "../pipeline/kg_events.h"
 #include "../pipeline/kg_intake.h"
 #include "../pipeline/kg_output.h"
 #include "../pipeline/kg_runner.h"
@@ -40,7 +41,7 @@ typedef struct job_rec {
     bool stop_hit; /* a stop string matched; a cancel was sent */
     int32_t n_cached;
     int64_t t_taken_us, t_submit_us, t_first_us;
-    kg_sample_result_t *samples; /* (max_tokens) for done-event logprobs when !stream */
+    kg_sample_result_t *samples; /* (max_tokens) done-event logprobs, when asked and !stream */
     int32_t n_samples;
     struct job_rec *hnext;        /* id hash chain */
     struct job_rec *qnext;        /* pending FIFO */
@@ -199,26 +200,17 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
     free(ack);
 }
 
-static void fill_common(kg_worker_t *w, const job_rec_t *r, kg_event_common_t *c) {
-    c->request_id = r->job->request_id;
-    c->worker_id = w->worker_id;
-    c->topic = w->cfg->jobs_topic;
-    c->partition = r->job->partition;
-    c->offset = r->job->offset;
-    c->ts_ms = kg_clock_epoch_ms();
+static kg_event_origin_t origin(const kg_worker_t *w, int32_t partition, int64_t offset) {
+    kg_event_origin_t o = {.worker_id = w->worker_id, .topic = w->cfg->jobs_topic,
+                           .partition = partition, .offset = offset};
+    return o;
 }
 
 static void produce_error(kg_worker_t *w, const char *request_id, int32_t partition, int64_t offset,
                           kg_error_code_t code, const char *message, const char *metadata_json) {
-    kg_event_error_t ev = {.code = code, .message = message, .metadata_json = metadata_json};
-    ev.common.request_id = request_id;
-    ev.common.worker_id = w->worker_id;
-    ev.common.topic = w->cfg->jobs_topic;
-    ev.common.partition = partition;
-    ev.common.offset = offset;
-    ev.common.ts_ms = kg_clock_epoch_ms();
+    kg_event_origin_t o = origin(w, partition, offset);
     size_t len;
-    char *json = kg_codec_encode_error(&ev, &len);
+    char *json = kg_events_error(&o, request_id, code, message, metadata_json, &len);
     if (!json) {
         fatal(w, "out of memory encoding an error event");
         return;
@@ -234,118 +226,47 @@ static void produce_error(kg_worker_t *w, const char *request_id, int32_t partit
     free(json);
 }
 
-// ---- token text for logprobs ----
-
-/* Pieces of the chosen and top tokens, copied into `buf` (so the entries
- * can point into it). */
-static void fill_logprobs(const kg_tokenizer_t *tok, const kg_sample_result_t *s,
-                          kg_token_logprobs_t *lp, char *buf, size_t cap, size_t *used) {
-    memset(lp, 0, sizeof(*lp));
-    lp->token.token_id = s->token;
-    lp->token.logprob = s->logprob;
-    lp->n_top = s->n_top;
-    for (int32_t i = -1; i < s->n_top; i++) {
-        kg_logprob_entry_t *e = i < 0 ? &lp->token : &lp->top[i];
-        int32_t id = i < 0 ? s->token : s->top_token[i];
-        e->token_id = id;
-        if (i >= 0) {
-            e->logprob = s->top_logprob[i];
-        }
-        size_t room = cap - *used;
-        size_t n = kg_tokenizer_piece(tok, id, true, buf + *used, room);
-        if (n > room) {
-            n = 0;
-        }
-        e->text = buf + *used;
-        e->text_len = n;
-        *used += n;
-    }
-}
-
-static void produce_token_event(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *oe) {
-    size_t tlen;
-    const char *text = kg_output_text(&r->out, &tlen);
-    kg_event_token_t ev = {.index = oe->index, .token_id = oe->token_id,
-                           .text = text + oe->text_off, .text_len = oe->text_len};
-    fill_common(w, r, &ev.common);
-    char buf[8192];
-    size_t used = 0;
-    if (r->job->sampling.n_logprobs > 0) {
-        ev.has_logprobs = true;
-        fill_logprobs(w->model->tok, &oe->sample, &ev.logprobs, buf, sizeof(buf), &used);
-    }
-    size_t len;
-    char *json = kg_codec_encode_token(&ev, &len);
-    if (!json) {
-        fatal(w, "out of memory encoding a token event");
-        return;
-    }
-    produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
-            NULL, NULL);
-    free(json);
-}
-
 static void emit_output_events(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *evs, int n) {
+    kg_event_origin_t o = origin(w, r->job->partition, r->job->offset);
     for (int i = 0; i < n; i++) {
-        if (r->job->sampling.n_logprobs > 0 && !r->job->stream && r->samples &&
-            r->n_samples < r->prep.max_tokens) {
+        if (r->samples && r->n_samples < r->prep.max_tokens) {
             r->samples[r->n_samples++] = evs[i].sample;
         }
-        if (r->job->stream) {
-            produce_token_event(w, r, &evs[i]);
+        if (!r->job->stream) {
+            continue;
         }
+        size_t len;
+        char *json = kg_events_token(&o, w->model->tok, r->job, &r->out, &evs[i], &len);
+        if (!json) {
+            fatal(w, "out of memory encoding a token event");
+            return;
+        }
+        produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json,
+                len, NULL, NULL);
+        free(json);
     }
 }
 
 static void produce_done(kg_worker_t *w, job_rec_t *r, kg_finish_reason_t reason, int64_t now_us) {
-    size_t tlen;
-    const char *text = kg_output_text(&r->out, &tlen);
-    double total_ms = (double)(now_us - r->t_taken_us) / 1e3;
-    double ttft_ms = r->t_first_us ? (double)(r->t_first_us - r->t_taken_us) / 1e3 : total_ms;
-    double gen_s = (double)(now_us - (r->t_first_us ? r->t_first_us : now_us)) / 1e6;
-    int32_t n_gen = r->out.n_tokens;
-    kg_event_done_t ev = {.finish_reason = reason, .text = text, .text_len = tlen,
-                          .prompt_tokens = r->prep.n_tokens, .completion_tokens = n_gen,
-                          .cached_tokens = r->n_cached,
-                          .queue_ms = (double)(r->t_submit_us - r->t_taken_us) / 1e3,
-                          .ttft_ms = ttft_ms, .total_ms = total_ms,
-                          .tokens_per_s = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0.0,
-                          .metadata_json = r->job->metadata_json};
-    if (reason == KG_FINISH_REASON_STOP_SEQUENCE && r->out.stop_index >= 0) {
-        ev.stop = r->job->stop[r->out.stop_index];
-        ev.stop_len = strlen(ev.stop);
-    }
-    fill_common(w, r, &ev.common);
-    kg_token_logprobs_t *lps = NULL;
-    char *buf = NULL;
-    if (r->n_samples > 0) {
-        size_t cap = (size_t)r->n_samples * (KG_MAX_LOGPROBS + 1) * 64;
-        lps = calloc((size_t)r->n_samples, sizeof(*lps));
-        buf = malloc(cap);
-        size_t used = 0;
-        for (int32_t i = 0; lps && buf && i < r->n_samples; i++) {
-            fill_logprobs(w->model->tok, &r->samples[i], &lps[i], buf, cap, &used);
-        }
-        if (lps && buf) {
-            ev.logprobs = lps;
-            ev.n_logprobs = r->n_samples;
-        }
-    }
+    kg_event_origin_t o = origin(w, r->job->partition, r->job->offset);
+    kg_job_timing_t t = {.taken_us = r->t_taken_us, .submitted_us = r->t_submit_us,
+                         .first_token_us = r->t_first_us, .finished_us = now_us,
+                         .n_prompt = r->prep.n_tokens, .n_cached = r->n_cached};
     size_t len;
-    char *json = kg_codec_encode_done(&ev, &len);
-    free(lps);
-    free(buf);
+    char *json = kg_events_done(&o, w->model->tok, r->job, &r->out, reason, &t, r->samples,
+                                r->n_samples, &len);
     if (!json) {
         fatal(w, "out of memory encoding a done event");
         return;
     }
+    int32_t n_gen = r->out.n_tokens;
     atomic_fetch_add(&w->m.jobs_done, 1);
     atomic_fetch_add(&w->m.jobs_by_finish[reason], 1);
     atomic_fetch_add(&w->m.prompt_tokens, r->prep.n_tokens);
     atomic_fetch_add(&w->m.generated_tokens, n_gen);
     KG_LOG_INFO("worker", "job done request_id=%s partition=%d offset=%lld finish=%s tokens=%d "
                 "total_ms=%.1f", r->job->request_id, r->job->partition, (long long)r->job->offset,
-                kg_finish_reason_str(reason), n_gen, total_ms);
+                kg_finish_reason_str(reason), n_gen, (double)(now_us - r->t_taken_us) / 1e3);
     produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
             ack_new(r->job->partition, r->job->offset), NULL);
     free(json);

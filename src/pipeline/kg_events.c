@@ -1,0 +1,105 @@
+/* kg_events: job state -> contract events through the codec. */
+#include "kg_events.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/kg_clock.h"
+
+static void common(const kg_event_origin_t *o, const char *request_id, kg_event_common_t *c) {
+    c->request_id = request_id;
+    c->worker_id = o->worker_id;
+    c->topic = o->topic;
+    c->partition = o->partition;
+    c->offset = o->offset;
+    c->ts_ms = kg_clock_epoch_ms();
+}
+
+/* Pieces of the chosen and top tokens, copied into `buf` (so the entries
+ * can point into it); a piece that does not fit is left empty. */
+static void fill_logprobs(const kg_tokenizer_t *tok, const kg_sample_result_t *s,
+                          kg_token_logprobs_t *lp, char *buf, size_t cap, size_t *used) {
+    memset(lp, 0, sizeof(*lp));
+    lp->n_top = s->n_top;
+    for (int32_t i = -1; i < s->n_top; i++) {
+        kg_logprob_entry_t *e = i < 0 ? &lp->token : &lp->top[i];
+        e->token_id = i < 0 ? s->token : s->top_token[i];
+        e->logprob = i < 0 ? s->logprob : s->top_logprob[i];
+        size_t room = cap - *used;
+        size_t n = kg_tokenizer_piece(tok, e->token_id, true, buf + *used, room);
+        if (n > room) {
+            n = 0;
+        }
+        e->text = buf + *used;
+        e->text_len = n;
+        *used += n;
+    }
+}
+
+char *kg_events_token(const kg_event_origin_t *o, const kg_tokenizer_t *tok, const kg_job_t *job,
+                      const kg_output_t *out, const kg_output_event_t *ev, size_t *len) {
+    size_t tlen;
+    const char *text = kg_output_text(out, &tlen);
+    kg_event_token_t e = {.index = ev->index, .token_id = ev->token_id,
+                          .text = text + ev->text_off, .text_len = ev->text_len};
+    common(o, job->request_id, &e.common);
+    char buf[(KG_MAX_LOGPROBS + 1) * 256];
+    size_t used = 0;
+    if (job->sampling.n_logprobs > 0) {
+        e.has_logprobs = true;
+        fill_logprobs(tok, &ev->sample, &e.logprobs, buf, sizeof(buf), &used);
+    }
+    return kg_codec_encode_token(&e, len);
+}
+
+char *kg_events_done(const kg_event_origin_t *o, const kg_tokenizer_t *tok, const kg_job_t *job,
+                     const kg_output_t *out, kg_finish_reason_t reason, const kg_job_timing_t *t,
+                     const kg_sample_result_t *samples, int32_t n_samples, size_t *len) {
+    size_t tlen;
+    const char *text = kg_output_text(out, &tlen);
+    int64_t first = t->first_token_us ? t->first_token_us : t->finished_us;
+    double gen_s = (double)(t->finished_us - first) / 1e6;
+    int32_t n_gen = out->n_tokens;
+    kg_event_done_t e = {.finish_reason = reason, .text = text, .text_len = tlen,
+                         .prompt_tokens = t->n_prompt, .completion_tokens = n_gen,
+                         .cached_tokens = t->n_cached,
+                         .queue_ms = (double)(t->submitted_us - t->taken_us) / 1e3,
+                         .ttft_ms = (double)(first - t->taken_us) / 1e3,
+                         .total_ms = (double)(t->finished_us - t->taken_us) / 1e3,
+                         .tokens_per_s = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0.0,
+                         .metadata_json = job->metadata_json};
+    if (reason == KG_FINISH_REASON_STOP_SEQUENCE && out->stop_index >= 0) {
+        e.stop = job->stop[out->stop_index];
+        e.stop_len = strlen(e.stop);
+    }
+    common(o, job->request_id, &e.common);
+    kg_token_logprobs_t *lps = NULL;
+    char *buf = NULL;
+    if (samples && n_samples > 0) {
+        size_t cap = (size_t)n_samples * (KG_MAX_LOGPROBS + 1) * 64;
+        lps = calloc((size_t)n_samples, sizeof(*lps));
+        buf = malloc(cap);
+        if (!lps || !buf) {
+            free(lps);
+            free(buf);
+            return NULL;
+        }
+        size_t used = 0;
+        for (int32_t i = 0; i < n_samples; i++) {
+            fill_logprobs(tok, &samples[i], &lps[i], buf, cap, &used);
+        }
+        e.logprobs = lps;
+        e.n_logprobs = n_samples;
+    }
+    char *json = kg_codec_encode_done(&e, len);
+    free(lps);
+    free(buf);
+    return json;
+}
+
+char *kg_events_error(const kg_event_origin_t *o, const char *request_id, kg_error_code_t code,
+                      const char *message, const char *metadata_json, size_t *len) {
+    kg_event_error_t e = {.code = code, .message = message, .metadata_json = metadata_json};
+    common(o, request_id, &e.common);
+    return kg_codec_encode_error(&e, len);
+}
