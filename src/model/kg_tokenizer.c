@@ -99,6 +99,7 @@ struct kg_tokenizer {
 
     pcre2_code *re[MAX_REGEX]; /* BPE pre-tokenizer, applied in order */
     int n_re;
+    pcre2_match_context *mctx; /* no match limit; only read by pcre2_match */
     char bmap[256][2]; /* GPT-2 byte -> UTF-8 of its code point (1 or 2 bytes) */
     uint8_t bmap_len[256];
     int16_t bmap_inv[324]; /* code point (< 0x144) -> byte, or -1 */
@@ -1044,6 +1045,16 @@ static void apply_name_rules(kg_tokenizer_t *tok, const kg_gguf_t *g) {
 
 static bool compile_regexes(kg_tokenizer_t *tok, const pre_def_t *pre, char *errstr,
                             size_t errstr_size) {
+    // PCRE2 stops after 10M backtracking steps by default; a long run of
+    // spaces costs one step per space in `\s*[\r\n]+` before `\s+(?!\S)`
+    // takes it whole. Every regex here is linear in the text, so the limit
+    // only breaks long inputs.
+    tok->mctx = pcre2_match_context_create(NULL);
+    if (!tok->mctx) {
+        set_err(errstr, errstr_size, "%s", "out of memory");
+        return false;
+    }
+    pcre2_set_match_limit(tok->mctx, UINT32_MAX);
     for (int i = 0; i < MAX_REGEX && pre->regex[i]; i++) {
         int err;
         PCRE2_SIZE erroff;
@@ -1187,6 +1198,7 @@ void kg_tokenizer_free(kg_tokenizer_t *tok) {
     for (int i = 0; i < tok->n_re; i++) {
         pcre2_code_free(tok->re[i]);
     }
+    pcre2_match_context_free(tok->mctx);
     free(tok->text);
     free(tok->text_off);
     free(tok->score);
@@ -1584,12 +1596,12 @@ static bool regex_split(session_t *s, const pcre2_code *re, int r, size_t n_in, 
         const char *subj = s->view + sp.off;
         size_t cur = 0, gap = 0;
         while (cur < sp.len) {
-            int rc =
-                pcre2_match(re, (PCRE2_SPTR)subj, sp.len, cur, PCRE2_NO_UTF_CHECK, s->md, NULL);
+            int rc = pcre2_match(re, (PCRE2_SPTR)subj, sp.len, cur, PCRE2_NO_UTF_CHECK, s->md,
+                                 s->tok->mctx);
             if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
                 // a JIT stack or match limit: the interpreter has larger ones
                 rc = pcre2_match(re, (PCRE2_SPTR)subj, sp.len, cur,
-                                 PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, s->md, NULL);
+                                 PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, s->md, s->tok->mctx);
             }
             if (rc == PCRE2_ERROR_NOMATCH) {
                 break;

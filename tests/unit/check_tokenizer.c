@@ -702,6 +702,25 @@ START_TEST(pretokenizer_cuts) {
 }
 END_TEST
 
+/* A whitespace run longer than PCRE2's default match limit (10M steps:
+ * `\s*[\r\n]+` backtracks once per space) still tokenizes. */
+START_TEST(long_whitespace_run) {
+    static const char *const tokens[] = {"\xc4\xa0", "a", "\xc4\xa0\xc4\xa0"};
+    static const char *const merges[] = {"a a"};
+    mini_t m = {"gpt2", "qwen2", tokens, NULL, NULL, merges, 3, 1, -1, -1};
+    kg_tokenizer_t *tok = make_mini(&m);
+    ck_assert_msg(tok != NULL, "%s", err);
+    size_t n = 10500000;
+    char *text = malloc(n + 1);
+    memset(text, ' ', n);
+    text[n] = 'a';
+    // qwen2: n - 1 spaces, then " a" (no merge for it: "Ġ" "a")
+    ck_assert_int_eq(kg_tokenizer_encode(tok, text, n + 1, false, false, NULL, 0), (int64_t)n + 1);
+    free(text);
+    kg_tokenizer_free(tok);
+}
+END_TEST
+
 // ---- kgen tokenize ----
 
 static char *run_tokenize(const char *args, const char *input, size_t len, int *status) {
@@ -870,6 +889,11 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, bpe_merge_order);
     tcase_add_test(tc, pretokenizer_cuts);
     tcase_add_test(tc, bad_vocabularies);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("long");
+    tcase_set_tags(tc, "slow");
+    tcase_add_test(tc, long_whitespace_run);
+    tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);
     tc = tcase_create("cli");
     tcase_add_test(tc, cli_vectors);
