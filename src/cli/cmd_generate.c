@@ -131,6 +131,17 @@ int kg_cmd_generate(int argc, char **argv) {
         goto out;
     }
     int64_t n_prompt = kg_tokenizer_encode(tok, prompt, plen, true, true, ids, n_cap);
+    if (n_prompt > n_cap) {
+        /* byte-fallback vocabularies can need several tokens per byte */
+        n_cap = n_prompt;
+        int32_t *bigger = realloc(ids, (size_t)(n_cap + n_predict + 1) * sizeof(int32_t));
+        if (!bigger) {
+            fprintf(stderr, "kgen generate: out of memory\n");
+            goto out;
+        }
+        ids = bigger;
+        n_prompt = kg_tokenizer_encode(tok, prompt, plen, true, true, ids, n_cap);
+    }
     if (n_prompt < 0 || n_prompt > n_cap) {
         fprintf(stderr, "kgen generate: could not tokenize the prompt\n");
         goto out;

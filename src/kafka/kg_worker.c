@@ -260,6 +260,12 @@ static void produce_done(kg_worker_t *w, job_rec_t *r, kg_finish_reason_t reason
         return;
     }
     int32_t n_gen = r->out.n_tokens;
+    int64_t first = r->t_first_us ? r->t_first_us : now_us;
+    kg_histogram_observe(&w->m.ttft, first - r->t_taken_us);
+    kg_histogram_observe(&w->m.e2e, now_us - r->t_taken_us);
+    if (n_gen > 1) {
+        kg_histogram_observe(&w->m.tpot, (now_us - first) / (n_gen - 1));
+    }
     atomic_fetch_add(&w->m.jobs_done, 1);
     atomic_fetch_add(&w->m.jobs_by_finish[reason], 1);
     atomic_fetch_add(&w->m.prompt_tokens, r->prep.n_tokens);
@@ -712,6 +718,9 @@ kg_worker_t *kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char
     }
     w->cfg = cfg;
     w->model = model;
+    kg_histogram_init(&w->m.ttft, KG_HIST_TTFT);
+    kg_histogram_init(&w->m.tpot, KG_HIST_TPOT);
+    kg_histogram_init(&w->m.e2e, KG_HIST_E2E);
     if (*cfg->worker_id) {
         snprintf(w->worker_id, sizeof(w->worker_id), "%s", cfg->worker_id);
     } else {

@@ -35,6 +35,7 @@
 
 #include "../config/kg_config.h"
 #include "../core/kg_status.h"
+#include "../metrics/kg_metrics.h"
 #include "../model/kg_model.h"
 
 typedef struct kg_worker kg_worker_t;
@@ -47,6 +48,7 @@ typedef struct kg_worker_metrics {
     _Atomic int64_t prompt_tokens, generated_tokens, messages_consumed, events_produced;
     _Atomic int32_t inflight, paused, assigned_partitions, ready;
     _Atomic int64_t last_loop_us;
+    kg_histogram_t ttft, tpot, e2e; /* per finished job */
 } kg_worker_metrics_t;
 
 /** Build the worker: backend, engine, runner, consumer, producer. `model`

@@ -163,12 +163,22 @@ static bool add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, int64_t
 
 /** The built-in vocabulary: SentencePiece "llama" with <unk> <s> </s> and
  * the 256 byte-fallback tokens, what llama.cpp needs to encode any text. */
-static int64_t add_builtin_vocab(kg_gguf_writer_t *w) {
-    enum { N = 3 + 256 };
-    static char bytes[256][7];
-    kg_gguf_str_t tokens[N];
-    float scores[N];
-    int32_t types[N];
+static int64_t add_builtin_vocab(kg_gguf_writer_t *w, int32_t n_words) {
+    /* <unk> <s> </s>, the 256 byte tokens, then n_words made-up words
+     * ("\xe2\x96\x81" + 2-4 syllables) so a random model prints readable nonsense
+     * instead of random bytes (the worker demo uses them) */
+    static const char *syl[] = {"ka", "lo", "mi", "ne", "ta", "ru", "so", "vi", "de", "po",
+                                "ha", "li", "mo", "ze", "fa", "gu", "be", "ri", "no", "sa"};
+    const int64_t N = 3 + 256 + n_words;
+    kg_gguf_str_t *tokens = calloc((size_t)N, sizeof(*tokens));
+    float *scores = calloc((size_t)N, sizeof(float));
+    int32_t *types = calloc((size_t)N, sizeof(int32_t));
+    char *text = calloc((size_t)N, 16);
+    if (!tokens || !scores || !types || !text) {
+        free(tokens), free(scores), free(types), free(text);
+        snprintf(g_err, sizeof(g_err), "out of memory");
+        return -1;
+    }
     tokens[0] = (kg_gguf_str_t){"<unk>", 5};
     tokens[1] = (kg_gguf_str_t){"<s>", 3};
     tokens[2] = (kg_gguf_str_t){"</s>", 4};
@@ -176,23 +186,48 @@ static int64_t add_builtin_vocab(kg_gguf_writer_t *w) {
     types[1] = 3; // control
     types[2] = 3;
     for (int b = 0; b < 256; b++) {
-        snprintf(bytes[b], sizeof(bytes[b]), "<0x%02X>", b);
-        tokens[3 + b] = (kg_gguf_str_t){bytes[b], 6};
+        char *t = text + (size_t)(3 + b) * 16;
+        snprintf(t, 16, "<0x%02X>", b);
+        tokens[3 + b] = (kg_gguf_str_t){t, 6};
         types[3 + b] = 6; // byte
     }
-    for (int i = 0; i < N; i++) {
-        scores[i] = 0.0f;
+    for (int32_t k = 0; k < n_words; k++) {
+        char *t = text + (size_t)(259 + k) * 16;
+        int n = snprintf(t, 16, "\xe2\x96\x81"); /* SentencePiece's word-start mark */
+        uint32_t x = (uint32_t)k;
+        for (int s = 0; s < 2 + k % 3; s++) {
+            n += snprintf(t + n, (size_t)(16 - n), "%s", syl[x % 20]);
+            x = x / 20 + (uint32_t)s * 7;
+        }
+        tokens[259 + k] = (kg_gguf_str_t){t, (uint64_t)n};
+        types[259 + k] = 1; // normal
+        scores[259 + k] = -(float)k;
+    }
+    /* made-up words may repeat; a vocabulary needs unique texts */
+    int64_t n_unique = 259;
+    for (int64_t k = 259; k < N; k++) {
+        bool dup = false;
+        for (int64_t m = 259; m < n_unique && !dup; m++) {
+            dup = tokens[m].len == tokens[k].len && memcmp(tokens[m].data, tokens[k].data, tokens[k].len) == 0;
+        }
+        if (!dup) {
+            tokens[n_unique] = tokens[k];
+            types[n_unique] = types[k];
+            scores[n_unique] = scores[k];
+            n_unique++;
+        }
     }
     kg_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
-    kg_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, N);
-    kg_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, N);
-    kg_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, N);
+    kg_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, (uint64_t)n_unique);
+    kg_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, (uint64_t)n_unique);
+    kg_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, (uint64_t)n_unique);
     kg_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
     kg_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
     kg_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
     kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
     kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
-    return N;
+    free(tokens), free(scores), free(types), free(text);
+    return n_unique;
 }
 
 /** Copy every tokenizer.* key of `path`; the vocabulary size, or -1. */
@@ -272,7 +307,7 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o, int64_t *n_vocab_out, c
     kg_gguf_writer_set_f32(w, "llama.rope.freq_base", o->rope_base);
     kg_gguf_writer_set_u32(w, "general.file_type", file_type(o->type));
 
-    int64_t n_vocab = o->vocab_from ? copy_vocab(w, o->vocab_from) : add_builtin_vocab(w);
+    int64_t n_vocab = o->vocab_from ? copy_vocab(w, o->vocab_from) : add_builtin_vocab(w, o->n_words);
     if (n_vocab < 0) {
         goto out;
     }

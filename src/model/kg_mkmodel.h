@@ -19,6 +19,7 @@ typedef struct kg_mkmodel_opts {
     bool have_seed;
     uint64_t seed;
     kg_ggml_type_t type; /* of the 2-D weights */
+    int32_t n_words;     /* built-in vocabulary only: made-up word tokens after the bytes */
 } kg_mkmodel_opts_t;
 
 /** name "kgen-random", ctx 2048, rope base 10000, F32; the caller sets the

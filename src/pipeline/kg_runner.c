@@ -71,6 +71,7 @@ static void update_gauges(kg_runner_t *r) {
     atomic_store(&g->n_prefix_hit_tokens, s.n_prefix_hit_tokens);
     atomic_store(&g->n_prompt_tokens, s.n_prompt_tokens);
     atomic_store(&g->n_preemptions, s.n_preemptions);
+    atomic_store(&g->last_batch_tokens, s.last_batch_tokens);
 }
 
 static void *run(void *arg) {
@@ -93,6 +94,7 @@ static void *run(void *arg) {
         int32_t n = kg_engine_step(r->engine, r->comps, r->comps_cap);
         int64_t t1 = kg_clock_us();
         atomic_fetch_add(&r->gauges.step_us_total, t1 - t0);
+        kg_histogram_observe(&r->gauges.step, t1 - t0);
         if (n < 0) {
             KG_LOG_ERROR("engine", "backend failed: %s; stopping the engine",
                          kg_status_str((kg_status_t)n));
@@ -120,6 +122,7 @@ kg_runner_t *kg_runner_new(kg_engine_t *engine, int32_t max_inflight, char *errs
         return NULL;
     }
     r->engine = engine;
+    kg_histogram_init(&r->gauges.step, KG_HIST_STEP);
     r->comps_cap = 2 * max_inflight + 16;
     r->comps = malloc((size_t)r->comps_cap * sizeof(*r->comps));
     r->cmds = kg_queue_new((size_t)max_inflight * 2 + 16, sizeof(cmd_t));

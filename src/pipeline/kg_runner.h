@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "../engine/kg_engine.h"
+#include "../metrics/kg_metrics.h"
 
 typedef struct kg_runner kg_runner_t;
 
@@ -41,6 +42,8 @@ typedef struct kg_runner_gauges {
         n_prompt_tokens, n_preemptions;
     _Atomic int64_t last_loop_us; /* kg_clock_us() of the last loop turn (liveness) */
     _Atomic int64_t step_us_total;
+    _Atomic int32_t last_batch_tokens;
+    kg_histogram_t step; /* duration of each step */
 } kg_runner_gauges_t;
 
 /** A runner over `engine` (borrowed; must outlive the runner), with queues

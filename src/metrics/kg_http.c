@@ -1,0 +1,192 @@
+/* kg_http: the metrics and health endpoints. */
+#include "kg_http.h"
+
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/kg_clock.h"
+#include "../pipeline/kg_runner.h"
+#include "../schema/kg_codec.h"
+
+struct kg_http {
+    struct MHD_Daemon *daemon;
+    kg_worker_t *w;
+};
+
+#define LIVENESS_US (30 * 1000000LL)
+
+static void counter(FILE *f, const char *name, const char *help, long long v) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %lld\n", name, help, name, name, v);
+}
+
+static void gauge(FILE *f, const char *name, const char *help, double v) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %g\n", name, help, name, name, v);
+}
+
+char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f) {
+        return NULL;
+    }
+    const kg_worker_metrics_t *m = kg_worker_metrics(w);
+    const kg_runner_gauges_t *g = kg_worker_engine_gauges(w);
+
+    fprintf(f, "# HELP kgen_jobs_total Jobs finished, by outcome.\n# TYPE kgen_jobs_total counter\n");
+    static const char *reasons[] = {"stop", "length", "stop_sequence"};
+    for (int i = 0; i < 3; i++) {
+        fprintf(f, "kgen_jobs_total{outcome=\"done\",finish_reason=\"%s\"} %lld\n", reasons[i],
+                (long long)atomic_load(&m->jobs_by_finish[i]));
+    }
+    for (int c = 0; c < KG_ERROR_CODE_COUNT_ && c < 16; c++) {
+        fprintf(f, "kgen_jobs_total{outcome=\"error\",code=\"%s\"} %lld\n",
+                kg_error_code_str((kg_error_code_t)c), (long long)atomic_load(&m->jobs_by_error[c]));
+    }
+    fprintf(f, "kgen_jobs_total{outcome=\"dead_letter\"} %lld\n", (long long)atomic_load(&m->jobs_dlq));
+    fprintf(f, "kgen_jobs_total{outcome=\"abandoned\"} %lld\n",
+            (long long)atomic_load(&m->jobs_cancelled));
+    counter(f, "kgen_prompt_tokens_total", "Prompt tokens of finished jobs.",
+            (long long)atomic_load(&m->prompt_tokens));
+    counter(f, "kgen_generation_tokens_total", "Generated tokens of finished jobs.",
+            (long long)atomic_load(&m->generated_tokens));
+    counter(f, "kgen_messages_consumed_total", "Messages taken from the jobs topic.",
+            (long long)atomic_load(&m->messages_consumed));
+    counter(f, "kgen_events_produced_total", "Events handed to the producer.",
+            (long long)atomic_load(&m->events_produced));
+    counter(f, "kgen_prefill_tokens_total", "Tokens computed as prefill (recomputation included).",
+            (long long)atomic_load(&g->n_prefill_tokens));
+    counter(f, "kgen_decode_tokens_total", "Tokens computed as decode.",
+            (long long)atomic_load(&g->n_decode_tokens));
+    counter(f, "kgen_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache.",
+            (long long)atomic_load(&g->n_prefix_hit_tokens));
+    counter(f, "kgen_prefix_cache_query_tokens_total", "Prompt tokens of admitted requests.",
+            (long long)atomic_load(&g->n_prompt_tokens));
+    counter(f, "kgen_preemptions_total", "Sequences preempted for lack of KV blocks.",
+            (long long)atomic_load(&g->n_preemptions));
+    counter(f, "kgen_engine_steps_total", "Engine steps (batched forward passes).",
+            (long long)atomic_load(&g->n_steps));
+    int64_t q = atomic_load(&g->n_prompt_tokens);
+    gauge(f, "kgen_prefix_cache_hit_ratio", "Prefix cache hits / prompt tokens since start.",
+          q > 0 ? (double)atomic_load(&g->n_prefix_hit_tokens) / (double)q : 0.0);
+    gauge(f, "kgen_num_requests_waiting", "Requests waiting for a slot.",
+          atomic_load(&g->n_waiting));
+    gauge(f, "kgen_num_requests_running", "Sequences running.", atomic_load(&g->n_running));
+    gauge(f, "kgen_jobs_inflight", "Jobs taken from Kafka and not finished.",
+          atomic_load(&m->inflight));
+    gauge(f, "kgen_kv_blocks_used", "KV cache blocks referenced by running sequences.",
+          atomic_load(&g->kv_blocks_used));
+    gauge(f, "kgen_kv_blocks_cached", "KV cache blocks holding a reusable prefix.",
+          atomic_load(&g->kv_blocks_cached));
+    gauge(f, "kgen_kv_blocks_total", "KV cache blocks in the pool.",
+          atomic_load(&g->kv_blocks_total));
+    int32_t total = atomic_load(&g->kv_blocks_total);
+    gauge(f, "kgen_kv_cache_usage_ratio", "Used / total KV blocks.",
+          total > 0 ? (double)atomic_load(&g->kv_blocks_used) / total : 0.0);
+    gauge(f, "kgen_batch_tokens", "Tokens in the last engine step.",
+          atomic_load(&g->last_batch_tokens));
+    gauge(f, "kgen_consumer_paused", "1 while the consumer is paused for backpressure.",
+          atomic_load(&m->paused));
+    gauge(f, "kgen_assigned_partitions", "Partitions of the jobs topic assigned to this worker.",
+          atomic_load(&m->assigned_partitions));
+    int32_t parts[256];
+    int64_t lags[256];
+    int np = kg_worker_partition_lag(w, parts, lags, 256);
+    fprintf(f, "# HELP kgen_consumer_lag_messages Messages behind the end of each assigned "
+               "partition.\n# TYPE kgen_consumer_lag_messages gauge\n");
+    for (int i = 0; i < np; i++) {
+        fprintf(f, "kgen_consumer_lag_messages{partition=\"%d\"} %lld\n", parts[i],
+                (long long)lags[i]);
+    }
+    kg_histogram_write(&m->ttft, f, "kgen_time_to_first_token_seconds",
+                       "From taking the job off Kafka to its first token.");
+    kg_histogram_write(&m->tpot, f, "kgen_time_per_output_token_seconds",
+                       "Mean time between output tokens of a job.");
+    kg_histogram_write(&m->e2e, f, "kgen_e2e_request_latency_seconds",
+                       "From taking the job off Kafka to its terminal event.");
+    kg_histogram_write(&g->step, f, "kgen_step_duration_seconds", "One engine step.");
+    fclose(f);
+    if (len) {
+        *len = n;
+    }
+    return text;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,
+                             char *body, size_t len, enum MHD_ResponseMemoryMode mode) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, mode);
+    if (!resp) {
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", type);
+    enum MHD_Result r = MHD_queue_response(conn, status, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *upload_data,
+                              size_t *upload_data_size, void **con_cls) {
+    (void)version, (void)upload_data, (void)upload_data_size, (void)con_cls;
+    kg_http_t *http = cls;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        static char msg[] = "method not allowed\n";
+        return reply(conn, 405, "text/plain", msg, sizeof(msg) - 1, MHD_RESPMEM_PERSISTENT);
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        size_t len = 0;
+        char *text = kg_http_metrics_text(http->w, &len);
+        if (!text) {
+            return MHD_NO;
+        }
+        return reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", text, len,
+                     MHD_RESPMEM_MUST_FREE);
+    }
+    const kg_worker_metrics_t *m = kg_worker_metrics(http->w);
+    const kg_runner_gauges_t *g = kg_worker_engine_gauges(http->w);
+    int64_t now = kg_clock_us();
+    if (strcmp(url, "/healthz") == 0) {
+        bool kafka_ok = now - atomic_load(&m->last_loop_us) < LIVENESS_US;
+        bool engine_ok = now - atomic_load(&g->last_loop_us) < LIVENESS_US;
+        static char ok[] = "ok\n", bad[] = "a loop is stuck\n";
+        return kafka_ok && engine_ok
+                   ? reply(conn, 200, "text/plain", ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT)
+                   : reply(conn, 503, "text/plain", bad, sizeof(bad) - 1, MHD_RESPMEM_PERSISTENT);
+    }
+    if (strcmp(url, "/readyz") == 0) {
+        static char ok[] = "ready\n", bad[] = "not ready: no partitions assigned yet\n";
+        return atomic_load(&m->ready) && atomic_load(&m->assigned_partitions) > 0
+                   ? reply(conn, 200, "text/plain", ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT)
+                   : reply(conn, 503, "text/plain", bad, sizeof(bad) - 1, MHD_RESPMEM_PERSISTENT);
+    }
+    static char nf[] = "not found: try /metrics, /healthz or /readyz\n";
+    return reply(conn, 404, "text/plain", nf, sizeof(nf) - 1, MHD_RESPMEM_PERSISTENT);
+}
+
+kg_http_t *kg_http_new(int port, kg_worker_t *w, char *errstr, size_t errstr_size) {
+    kg_http_t *http = calloc(1, sizeof(*http));
+    if (!http) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return NULL;
+    }
+    http->w = w;
+    http->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
+                                    handle, http, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                                    MHD_OPTION_END);
+    if (!http->daemon) {
+        snprintf(errstr, errstr_size, "http: cannot listen on port %d (in use?)", port);
+        free(http);
+        return NULL;
+    }
+    return http;
+}
+
+void kg_http_free(kg_http_t *http) {
+    if (!http) {
+        return;
+    }
+    MHD_stop_daemon(http->daemon);
+    free(http);
+}

@@ -1,0 +1,23 @@
+/* kg_http: /metrics, /healthz and /readyz over libmicrohttpd.
+ *
+ * Served from libmicrohttpd's own thread, reading only atomics of the
+ * worker and the engine runner (DESIGN.md §1), so a scrape never waits on a
+ * forward step or a Kafka poll.
+ *   /metrics  Prometheus text format, kgen_ prefix, units in names
+ *   /healthz  200 while both loops are turning (each turned within 30 s)
+ *   /readyz   200 once the model is loaded and partitions are assigned */
+#pragma once
+
+#include <stddef.h>
+
+#include "../kafka/kg_worker.h"
+
+typedef struct kg_http kg_http_t;
+
+/** Listen on `port` (all interfaces, so Prometheus in another container
+ * can scrape it). NULL with errstr set when the port cannot be bound. */
+kg_http_t *kg_http_new(int port, kg_worker_t *w, char *errstr, size_t errstr_size);
+void kg_http_free(kg_http_t *http);
+
+/** The /metrics text (malloc'ed; the caller frees). For tests. */
+char *kg_http_metrics_text(kg_worker_t *w, size_t *len);
