@@ -13,6 +13,7 @@
 
 #include "../core/kg_status.h"
 #include "../model/kg_model.h"
+#include "../model/kg_sampler.h"
 
 typedef struct kg_backend kg_backend_t;
 
@@ -60,9 +61,36 @@ void kg_backend_free(kg_backend_t *be);
 const char *kg_backend_name(const kg_backend_t *be);
 
 /** Run one step. Writes n_outputs rows of n_vocab logits (in token order of
- * the tokens that want them) into `logits`. @thread engine */
+ * the tokens that want them) into `logits`. A backend that samples on its
+ * device (kg_backend_has_sample) also accepts logits == NULL: the rows then
+ * stay on the device for kg_backend_sample. @thread engine */
 KG_NODISCARD kg_status_t kg_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch,
                                             float *logits);
+
+/* One output row's sampling request for kg_backend_sample: the same inputs
+ * kg_sampler_sample takes, minus the logits (they are on the device). */
+typedef struct kg_sample_request {
+    const kg_sampling_params_t *params;
+    kg_rng_t *rng;         /* in/out: advanced exactly as kg_sampler_sample does */
+    const int32_t *prompt; /* (n_prompt) for the penalties */
+    int32_t n_prompt;
+    const int32_t *output; /* (n_output) tokens generated so far */
+    int32_t n_output;
+} kg_sample_request_t;
+
+/** Whether the backend samples on its own device (kg_backend_sample), so
+ * the engine can skip copying logits to the host. @thread any */
+bool kg_backend_has_sample(const kg_backend_t *be);
+
+/** Sample the output rows of the last kg_backend_forward on the device:
+ * reqs[i] belongs to output row i (n <= that step's n_outputs). Same rules,
+ * filters and RNG use as kg_sampler_sample (one kg_rng_uniform per row when
+ * temperature > 0, none when greedy), so greedy picks are identical and a
+ * seeded draw matches the CPU sampler on the same logits. The rows' logits
+ * are consumed (penalties are applied in place). KG_ERR_UNSUPPORTED when
+ * the backend has no device sampler. @thread engine */
+KG_NODISCARD kg_status_t kg_backend_sample(kg_backend_t *be, const kg_sample_request_t *reqs,
+                                           int32_t n, kg_sample_result_t *out);
 
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out);
 

@@ -1,0 +1,44 @@
+/* rmsnorm: residual add + RMSNorm, one block per row. Built with
+ * --fmad=false so the products round as the CPU backend's do. */
+#include "rmsnorm.cuh"
+
+__global__ void __launch_bounds__(256)
+    add_rmsnorm_kernel(const kg_cuda_step_hdr_t *hdr, bool outputs, const int32_t *map,
+                       float *__restrict__ x, const float *__restrict__ add,
+                       const float *__restrict__ w, void *__restrict__ y, int dt, int32_t n,
+                       float eps) {
+    __shared__ double red[32];
+    const int32_t i = blockIdx.x;
+    if (i >= (outputs ? hdr->n_outputs : hdr->n_tokens)) {
+        return;
+    }
+    const int64_t r = map ? map[i] : i;
+    float *xr = x + r * n;
+    double sum = 0.0;
+    for (int32_t e = threadIdx.x; e < n; e += blockDim.x) {
+        float v = xr[e];
+        if (add) {
+            v += add[r * n + e];
+            xr[e] = v;
+        }
+        sum += (double)(v * v);
+    }
+    sum = kg_block_sum_d(sum, red);
+    const float mean = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int32_t e = threadIdx.x; e < n; e += blockDim.x) {
+        kg_st(y, (int64_t)i * n + e, (xr[e] * scale) * w[e], dt);
+    }
+}
+
+kg_status_t kg_cuda_add_rmsnorm(cudaStream_t stream, int32_t n_launch, const kg_cuda_step_hdr_t *hdr,
+                                bool outputs, const int32_t *map, float *x, const float *add,
+                                const float *w, void *y, kg_cuda_dtype_t dt, int32_t n, float eps) {
+    if (n_launch <= 0) {
+        return KG_OK;
+    }
+    add_rmsnorm_kernel<<<n_launch, 256, 0, stream>>>(hdr, outputs, map, x, add, w, y, (int)dt, n,
+                                                     eps);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
