@@ -565,8 +565,8 @@ static void read_id(const kg_gguf_t *g, const char *key, int32_t n_vocab, int32_
         if (v < (uint32_t)n_vocab) {
             *id = (int32_t)v;
         } else {
-            KG_LOG_DEBUG("tokenizer", "bad special token id, keeping the default key=%s id=%u", key,
-                        v);
+            KG_LOG_DEBUG("tokenizer", "bad special token id, keeping the default key=%s id=%u",
+                         key, v);
         }
     }
 }
