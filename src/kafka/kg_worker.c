@@ -133,13 +133,32 @@ static bool produce(kg_worker_t *w, const char *topic, const char *key, size_t k
                     const void *value, size_t len, ack_t *ack, rd_kafka_headers_t *hdrs) {
     rd_kafka_resp_err_t err;
     for (int attempt = 0;; attempt++) {
+        /* produceva rather than the producev macros: the varargs list cannot
+         * take an optional element, and clang -Wpedantic flags the macros */
         rd_kafka_headers_t *h = hdrs ? rd_kafka_headers_copy(hdrs) : NULL;
-        err = rd_kafka_producev(w->producer, RD_KAFKA_V_TOPIC(topic),
-                                RD_KAFKA_V_KEY((void *)key, key_len),
-                                RD_KAFKA_V_VALUE((void *)value, len),
-                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                RD_KAFKA_V_OPAQUE(ack), h ? RD_KAFKA_V_HEADERS(h) : RD_KAFKA_V_END,
-                                RD_KAFKA_V_END);
+        rd_kafka_vu_t vus[6];
+        size_t n = 0;
+        vus[n].vtype = RD_KAFKA_VTYPE_TOPIC;
+        vus[n++].u.cstr = topic;
+        vus[n].vtype = RD_KAFKA_VTYPE_KEY;
+        vus[n].u.mem.ptr = (void *)key;
+        vus[n++].u.mem.size = key_len;
+        vus[n].vtype = RD_KAFKA_VTYPE_VALUE;
+        vus[n].u.mem.ptr = (void *)value;
+        vus[n++].u.mem.size = len;
+        vus[n].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+        vus[n++].u.i = RD_KAFKA_MSG_F_COPY;
+        vus[n].vtype = RD_KAFKA_VTYPE_OPAQUE;
+        vus[n++].u.ptr = ack;
+        if (h) {
+            vus[n].vtype = RD_KAFKA_VTYPE_HEADERS;
+            vus[n++].u.headers = h;
+        }
+        rd_kafka_error_t *e = rd_kafka_produceva(w->producer, vus, n);
+        err = e ? rd_kafka_error_code(e) : RD_KAFKA_RESP_ERR_NO_ERROR;
+        if (e) {
+            rd_kafka_error_destroy(e);
+        }
         if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
             atomic_fetch_add(&w->m.events_produced, 1);
             return true;
