@@ -1,11 +1,9 @@
 /* cpu_ops: row operations of the CPU backend.
  *
- * GEMMs go through OpenBLAS over all tokens of a step at once. The small
- * per-row ops are plain loops the compiler vectorizes (built for
+ * The small per-row ops are plain loops the compiler vectorizes (built for
  * x86-64-v3), with F16C intrinsics for the fp16 KV cache where present. */
 #include "cpu_ops.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -14,7 +12,6 @@
 #define KG_HAVE_F16C 1
 #endif
 
-#include "../../core/kg_pool.h"
 #include "../../model/kg_quant.h"
 
 void cpu_rmsnorm_rows(const float *x, const float *w, float *y, int64_t n_rows, int64_t n,
@@ -177,40 +174,4 @@ bool cpu_round_activations(kg_ggml_type_t type, const float *x, float *dst, int6
         break;
     }
     return false;
-}
-
-typedef struct matmul_job {
-    const float *a, *w;
-    float *c;
-    int64_t m, n, k, cols_per_task;
-} matmul_job_t;
-
-static void matmul_task(void *arg, int64_t task, int thread) {
-    (void)thread;
-    const matmul_job_t *j = arg;
-    int64_t c0 = task * j->cols_per_task;
-    int64_t nc = j->n - c0 < j->cols_per_task ? j->n - c0 : j->cols_per_task;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)j->m, (blasint)nc, (blasint)j->k,
-                1.0f, j->a, (blasint)j->k, j->w + c0 * j->k, (blasint)j->k, 0.0f, j->c + c0,
-                (blasint)j->n);
-}
-
-void cpu_matmul(struct kg_pool *pool, const float *a, const float *w, float *c, int64_t m,
-                int64_t n, int64_t k) {
-    matmul_job_t j = {.a = a, .w = w, .c = c, .m = cpu_rows_padded(m), .n = n, .k = k};
-    /* one slice per thread, in multiples of 64 columns. The slicing depends
-     * on n only, never on m: OpenBLAS's results depend on the shape of the
-     * call, so the same columns must always be computed by the same call
-     * shape. Small GEMMs run their slices inline (waking the pool costs more
-     * than they do). */
-    int n_threads = kg_pool_n_threads(pool);
-    j.cols_per_task = ((n + n_threads - 1) / n_threads + 63) / 64 * 64;
-    int64_t n_tasks = (n + j.cols_per_task - 1) / j.cols_per_task;
-    if ((double)j.m * (double)n * (double)k < 1048576.0) {
-        for (int64_t t = 0; t < n_tasks; t++) {
-            matmul_task(&j, t, 0);
-        }
-        return;
-    }
-    kg_pool_run(pool, n_tasks, matmul_task, &j);
 }

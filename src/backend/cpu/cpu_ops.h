@@ -1,5 +1,5 @@
 /* cpu_ops: the CPU backend's row operations (norms, activation rounding,
- * fp16 conversion, GEMM through OpenBLAS, paged attention). */
+ * fp16 conversion); the GEMM is in cpu_gemm. */
 #pragma once
 
 #include <stdbool.h>
@@ -29,27 +29,3 @@ void cpu_fp16_to_fp32(const uint16_t *x, float *y, int64_t n);
 float cpu_dot_f32_f16(const float *x, const uint16_t *y, int64_t n);
 /** y += a * x for an fp16 vector x. */
 void cpu_axpy_f16(float a, const uint16_t *x, float *y, int64_t n);
-
-/* Rows of a GEMM are computed in tiles of this many (see cpu_matmul). */
-#define KG_CPU_ROW_TILE 12
-
-/** Round a row count up to whole tiles. */
-static inline int64_t cpu_rows_padded(int64_t m) {
-    return (m + KG_CPU_ROW_TILE - 1) / KG_CPU_ROW_TILE * KG_CPU_ROW_TILE;
-}
-
-struct kg_pool;
-
-/** C(m, n) = A(m, k) · W(n, k)^T, all row-major F32: every output row is one
- * input row times the weight matrix in ggml layout (rows = outputs).
- *
- * Batch invariance: OpenBLAS computes the rows of a partial row tile with
- * edge kernels whose summation order differs from the full tiles' (measured:
- * a row's result changes with m unless m is a multiple of 12), and its
- * threads split the rows. So the GEMM always runs on cpu_rows_padded(m)
- * rows (A and C must have that many; the extra rows are ignored scratch)
- * and is parallelised over the output columns instead: each pool thread runs
- * a single-threaded sgemm on its slice of W. A row's result then depends on
- * its own input only, never on how many tokens share the step. */
-void cpu_matmul(struct kg_pool *pool, const float *a, const float *w, float *c, int64_t m,
-                int64_t n, int64_t k);

@@ -1,12 +1,12 @@
 /* kg_backend_cpu: the reference backend. Runs one step batch through the
- * Llama graph with OpenBLAS GEMMs over all the step's tokens.
+ * Llama graph with one GEMM per weight matrix over all the step's tokens.
  *
  * DESIGN
- * Weights. F32 tensors are used in place from the read-only mapping (no
- * copy). Every other type (F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K) is
- * dequantized to F32 once at load: OpenBLAS has no half or quantized GEMM,
- * and dequantizing on the fly would cost a conversion pass per step over
- * every weight, while at load it costs memory only. To keep the numbers
+ * Weights. Matrices are packed once at load into cpu_gemm's panels: F32,
+ * F16 and BF16 keep their storage type (a decode step streams every weight,
+ * so half-precision weights halve its bytes); Q8_0, Q4_0, Q4_K and Q6_K are
+ * dequantized to F32, where their values are exact. Norm vectors are used
+ * in place (F32) or dequantized. To keep the numbers
  * what llama.cpp computes, the activations entering a matmul are rounded the
  * way ggml converts them for that weight type (fp16, bf16, Q8_0 or Q8_K
  * blocks): the products then equal ggml's; only the summation order differs.
@@ -34,17 +34,13 @@
 #include "../../model/kg_quant.h"
 #include "../kg_backend_impl.h"
 #include "../kg_math.h"
+#include "cpu_gemm.h"
 #include "cpu_ops.h"
 
-void openblas_set_num_threads(int num_threads);
-
-/* Output rows per head GEMM: whole row tiles, few enough that the logits
- * scratch stays small (4 tiles x 128k vocabulary = 24 MiB). */
-#define HEAD_ROWS (4 * KG_CPU_ROW_TILE)
-
 typedef struct cpu_weight {
-    const float *data;  /* (n_out, n_in) row-major */
-    float *owned;       /* non-NULL when dequantized at load */
+    const float *data;  /* vectors only: (n_in) F32 */
+    float *owned;       /* non-NULL when a vector was dequantized at load */
+    cpu_gemm_weights_t packed; /* matrices only: (n_out, n_in) packed for cpu_gemm */
     int64_t n_in, n_out;
     kg_ggml_type_t type; /* type in the file: decides activation rounding */
 } cpu_weight_t;
@@ -66,7 +62,7 @@ typedef struct cpu_ctx {
     float *rope_freqs;         /* (n_rot / 2) or NULL */
     uint16_t **k_cache;        /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
     uint16_t **v_cache;        /* same shape as k_cache */
-    /* scratch for cpu_rows_padded(max_tokens) tokens: GEMMs run on whole row tiles */
+    /* scratch for max_tokens tokens */
     float *x;      /* (T, n_embd) residual stream */
     float *xn;     /* (T, n_embd) normed input of a block */
     float *xr;     /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
@@ -79,7 +75,6 @@ typedef struct cpu_ctx {
     float *tmp;    /* (T, n_embd) projection output before the residual add */
     float *rope_cs; /* (T, n_rot) cos | sin per token */
     float *scores; /* (n_threads, n_kv_blocks * block_size) */
-    float *head;   /* (HEAD_ROWS, n_vocab) logits of one chunk of output rows */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
 
@@ -90,6 +85,15 @@ static bool weight_init(cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *c
     w->n_in = t->ne[0];
     w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
     w->type = t->type;
+    if (t->n_dims > 1) {
+        if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory packing '%.*s'",
+                     (int)t->name.len, t->name.data);
+            return false;
+        }
+        ctx->weights_size += w->packed.size;
+        return true;
+    }
     if (t->type == KG_GGML_TYPE_F32) {
         w->data = t->data; /* in place from the mapping */
         ctx->weights_size += t->size;
@@ -111,6 +115,7 @@ static bool weight_init(cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *c
 static void weight_clear(cpu_weight_t *w) {
     free(w->owned);
     w->owned = NULL;
+    cpu_gemm_clear(&w->packed);
 }
 
 // ---- lifecycle ----
@@ -142,8 +147,7 @@ static void cpu_free(kg_backend_t *be) {
         free(ctx->layers);
         free(ctx->rope_freqs);
         float *bufs[] = {ctx->x,   ctx->xn,   ctx->xr,  ctx->q,   ctx->k,       ctx->v,
-                         ctx->att, ctx->gate, ctx->up,  ctx->tmp, ctx->rope_cs, ctx->scores,
-                         ctx->head};
+                         ctx->att, ctx->gate, ctx->up,  ctx->tmp, ctx->rope_cs, ctx->scores};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -176,7 +180,7 @@ static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float
     if (cpu_round_activations(w->type, in, ctx->xr, T, w->n_in)) {
         a = ctx->xr;
     }
-    cpu_matmul(ctx->pool, a, w->data, out, T, w->n_out, w->n_in);
+    cpu_gemm(ctx->pool, a, &w->packed, out, T);
 }
 
 static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads) {
@@ -340,13 +344,7 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
     }
     if (n_out > 0) {
         cpu_rmsnorm_rows(ctx->xn, ctx->output_norm.data, ctx->xn, n_out, E, hp->norm_eps);
-        /* the head in chunks of whole row tiles into our scratch, so the
-         * caller's buffer needs only n_out rows */
-        for (int64_t r0 = 0; r0 < n_out; r0 += HEAD_ROWS) {
-            int64_t nr = n_out - r0 < HEAD_ROWS ? n_out - r0 : HEAD_ROWS;
-            matmul(ctx, &ctx->output, ctx->xn + r0 * E, ctx->head, nr);
-            memcpy(logits + r0 * hp->n_vocab, ctx->head, (size_t)(nr * hp->n_vocab) * sizeof(float));
-        }
+        matmul(ctx, &ctx->output, ctx->xn, logits, n_out);
     }
     return KG_OK;
 }
@@ -375,9 +373,6 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_param
     ctx->hp = *hp;
     ctx->n_threads = params->n_threads > 0 ? params->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     ctx->pool = kg_pool_new(ctx->n_threads);
-    /* our pool splits GEMMs over columns (see cpu_matmul); OpenBLAS itself
-     * runs single-threaded inside each slice */
-    openblas_set_num_threads(1);
     if (!ctx->pool) {
         snprintf(errstr, errstr_size, "cpu backend: cannot start %d threads", ctx->n_threads);
         goto fail;
@@ -443,7 +438,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_param
         ctx->kv_size += 2 * kv_rows * n_kv * sizeof(uint16_t);
     }
 
-    const size_t T = (size_t)cpu_rows_padded(ctx->max_tokens), E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
     const size_t n_q = (size_t)hp->n_head * (size_t)hp->head_dim;
     size_t widest = E > F ? E : F;
     widest = widest > n_q ? widest : n_q;
@@ -460,7 +455,6 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_param
     ctx->tmp = scratch(ctx, T * E, &ok);
     ctx->rope_cs = scratch(ctx, T * (size_t)hp->n_rot, &ok);
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
-    ctx->head = scratch(ctx, (size_t)HEAD_ROWS * (size_t)hp->n_vocab, &ok);
     if (!ok) {
         snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
         goto fail;

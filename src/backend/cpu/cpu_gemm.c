@@ -1,0 +1,351 @@
+/* cpu_gemm: weight packing, the AVX2/FMA/F16C register-tile kernels and the
+ * portable scalar kernel (see cpu_gemm.h for the design). */
+#include "cpu_gemm.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define GEMM_AVX2 1
+#endif
+
+#include "../../core/kg_pool.h"
+#include "../../model/kg_quant.h"
+
+#define NR CPU_GEMM_PANEL
+
+/* K block of the vector kernels: a task's W block (up to 8 panels x KC)
+ * stays in L2 while it meets every row block of A; the accumulators go
+ * through C between blocks, which leaves the order of the FMAs unchanged. */
+#define KC 256
+
+/* Below this many multiply-adds a GEMM runs on the calling thread: waking
+ * the pool costs more than it saves. */
+#define INLINE_MACS 131072.0
+
+// ---- packing ----
+
+static kg_ggml_type_t storage_type(kg_ggml_type_t type) {
+    return type == KG_GGML_TYPE_F16 || type == KG_GGML_TYPE_BF16 ? type : KG_GGML_TYPE_F32;
+}
+
+static size_t elem_size(kg_ggml_type_t storage) {
+    return storage == KG_GGML_TYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* Index of column jj (0..15) inside a BF16 k-row: word j holds columns j
+ * (low half) and j+8 (high half), so one load gives both 8-column halves. */
+static int bf16_slot(int64_t jj) {
+    return jj < 8 ? (int)(2 * jj) : (int)(2 * (jj - 8) + 1);
+}
+
+bool cpu_gemm_pack(cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data, int64_t n,
+                   int64_t k) {
+    memset(w, 0, sizeof(*w));
+    const kg_ggml_type_t st = storage_type(type);
+    const int64_t n_panels = (n + NR - 1) / NR;
+    const size_t size = ((size_t)(n_panels * k * NR) * elem_size(st) + 63) / 64 * 64;
+    float *rows = NULL; /* (NR, k) dequantized rows of one panel */
+    w->panels = aligned_alloc(64, size ? size : 64);
+    if (!w->panels) {
+        goto fail;
+    }
+    if (st == KG_GGML_TYPE_F32 && type != KG_GGML_TYPE_F32) {
+        rows = malloc((size_t)(NR * k) * sizeof(float));
+        if (!rows) {
+            goto fail;
+        }
+    }
+    memset(w->panels, 0, size); /* the padding columns of the last panel */
+    w->n = n;
+    w->k = k;
+    w->type = st;
+    w->size = size;
+    const size_t row_size = kg_type_row_size(type, k);
+    for (int64_t p = 0; p < n_panels; p++) {
+        const int64_t nc = n - p * NR < NR ? n - p * NR : NR;
+        const char *src = (const char *)data + (size_t)(p * NR) * row_size;
+        if (st == KG_GGML_TYPE_F32) {
+            const float *f = (const float *)(const void *)src;
+            if (rows) {
+                kg_dequantize(type, src, rows, nc * k);
+                f = rows;
+            }
+            float *dst = (float *)w->panels + p * k * NR;
+            for (int64_t j = 0; j < nc; j++) {
+                for (int64_t kk = 0; kk < k; kk++) {
+                    dst[kk * NR + j] = f[j * k + kk];
+                }
+            }
+        } else {
+            const uint16_t *h = (const uint16_t *)(const void *)src;
+            uint16_t *dst = (uint16_t *)w->panels + p * k * NR;
+            for (int64_t j = 0; j < nc; j++) {
+                const int64_t slot = st == KG_GGML_TYPE_BF16 ? bf16_slot(j) : j;
+                for (int64_t kk = 0; kk < k; kk++) {
+                    dst[kk * NR + slot] = h[j * k + kk];
+                }
+            }
+        }
+    }
+    free(rows);
+    return true;
+fail:
+    free(rows);
+    cpu_gemm_clear(w);
+    return false;
+}
+
+void cpu_gemm_clear(cpu_gemm_weights_t *w) {
+    free(w->panels);
+    memset(w, 0, sizeof(*w));
+}
+
+// ---- scalar kernel ----
+
+static float weight_at(const cpu_gemm_weights_t *w, int64_t j, int64_t kk) {
+    const int64_t base = ((j / NR) * w->k + kk) * NR, jj = j % NR;
+    switch (w->type) {
+    case KG_GGML_TYPE_F16:
+        return kg_fp16_to_fp32(((const uint16_t *)w->panels)[base + jj]);
+    case KG_GGML_TYPE_BF16:
+        return kg_bf16_to_fp32(((const uint16_t *)w->panels)[base + bf16_slot(jj)]);
+    default:
+        return ((const float *)w->panels)[base + jj];
+    }
+}
+
+/* Columns [j0, j1) of every row, one fmaf chain per element: the order
+ * every kernel follows, and the fallback where the vector kernels are not
+ * compiled. */
+static void scalar_columns(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m,
+                           int64_t j0, int64_t j1) {
+    for (int64_t i = 0; i < m; i++) {
+        const float *ai = a + i * w->k;
+        for (int64_t j = j0; j < j1; j++) {
+            float acc = 0.0f;
+            for (int64_t kk = 0; kk < w->k; kk++) {
+                acc = fmaf(ai[kk], weight_at(w, j, kk), acc);
+            }
+            c[i * w->n + j] = acc;
+        }
+    }
+}
+
+// ---- AVX2 kernels ----
+#ifdef GEMM_AVX2
+
+#define GEMM_INLINE static inline __attribute__((always_inline))
+
+/* Eight weights of the k-row at p (one panel, one k): columns 0-7 (half 0)
+ * or 8-15 (half 1), widened to F32 exactly. */
+GEMM_INLINE __m256 load_w(const int type, const char *p, const int half) {
+    if (type == KG_GGML_TYPE_F32) {
+        return _mm256_loadu_ps((const float *)(const void *)p + 8 * half);
+    }
+    if (type == KG_GGML_TYPE_F16) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * half));
+        return _mm256_cvtph_ps(h);
+    }
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    if (half == 0) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* One register tile: rows [0, mr) of `a` (row stride lda) times panels
+ * [0, np) of `w` (panel stride pstride bytes) over kc steps of k, into `c`
+ * (row stride ldc), continuing the chains stored in c when acc_in. mr * np
+ * * 2 <= 12 accumulators c0..c11; accumulator i is row i / (2 np), columns
+ * 8 (i % (2 np)) .. +7. With constant shapes the compiler keeps only the
+ * live accumulators, in registers. */
+GEMM_INLINE void tile(const int type, const int mr, const int np, const float *a, int64_t lda,
+                      const char *w, int64_t pstride, int64_t kc, float *c, int64_t ldc,
+                      bool acc_in) {
+    const int nh = 2 * np, n_acc = mr * nh;
+    const int64_t rb = type == KG_GGML_TYPE_F32 ? NR * 4 : NR * 2; /* bytes per k-row */
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
+           c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+#define GEMM_CP(i) (c + (int64_t)((i) / nh) * ldc + ((i) % nh) * 8)
+#define GEMM_INIT(i)                                                                               \
+    if ((i) < n_acc && acc_in) {                                                                   \
+        c##i = _mm256_loadu_ps(GEMM_CP(i));                                                        \
+    }
+    GEMM_INIT(0) GEMM_INIT(1) GEMM_INIT(2) GEMM_INIT(3) GEMM_INIT(4) GEMM_INIT(5)
+    GEMM_INIT(6) GEMM_INIT(7) GEMM_INIT(8) GEMM_INIT(9) GEMM_INIT(10) GEMM_INIT(11)
+    for (int64_t kk = 0; kk < kc; kk++) {
+        const char *wk = w + kk * rb;
+        /* row by row: each broadcast is consumed at once, so the 12
+         * accumulators, 2 weight vectors and 1 broadcast fit 16 registers */
+        __m256 b = _mm256_setzero_ps();
+#define GEMM_STEP(i)                                                                               \
+    if ((i) < n_acc) {                                                                             \
+        if ((i) % nh == 0) {                                                                       \
+            b = _mm256_broadcast_ss(a + (int64_t)((i) / nh) * lda + kk);                           \
+        }                                                                                          \
+        c##i = _mm256_fmadd_ps(                                                                    \
+            b, load_w(type, wk + (int64_t)(((i) % nh) / 2) * pstride, ((i) % nh) % 2), c##i);      \
+    }
+        GEMM_STEP(0) GEMM_STEP(1) GEMM_STEP(2) GEMM_STEP(3) GEMM_STEP(4) GEMM_STEP(5)
+        GEMM_STEP(6) GEMM_STEP(7) GEMM_STEP(8) GEMM_STEP(9) GEMM_STEP(10) GEMM_STEP(11)
+    }
+#define GEMM_STORE(i)                                                                              \
+    if ((i) < n_acc) {                                                                             \
+        _mm256_storeu_ps(GEMM_CP(i), c##i);                                                        \
+    }
+    GEMM_STORE(0) GEMM_STORE(1) GEMM_STORE(2) GEMM_STORE(3) GEMM_STORE(4) GEMM_STORE(5)
+    GEMM_STORE(6) GEMM_STORE(7) GEMM_STORE(8) GEMM_STORE(9) GEMM_STORE(10) GEMM_STORE(11)
+#undef GEMM_CP
+#undef GEMM_INIT
+#undef GEMM_STEP
+#undef GEMM_STORE
+}
+
+typedef void (*tile_fn)(const float *a, int64_t lda, const char *w, int64_t pstride, int64_t kc,
+                        float *c, int64_t ldc, bool acc_in);
+
+#define DEF_TILE(TN, T, MR, NP)                                                                    \
+    static void tile_##TN##_##MR##_##NP(const float *a, int64_t lda, const char *w,               \
+                                         int64_t pstride, int64_t kc, float *c, int64_t ldc,       \
+                                         bool acc_in) {                                            \
+        tile(T, MR, NP, a, lda, w, pstride, kc, c, ldc, acc_in);                                   \
+    }
+#define DEF_TILES(TN, T)                                                                           \
+    DEF_TILE(TN, T, 1, 1)                                                                          \
+    DEF_TILE(TN, T, 1, 2)                                                                          \
+    DEF_TILE(TN, T, 1, 3)                                                                          \
+    DEF_TILE(TN, T, 1, 4)                                                                          \
+    DEF_TILE(TN, T, 1, 5)                                                                          \
+    DEF_TILE(TN, T, 1, 6)                                                                          \
+    DEF_TILE(TN, T, 2, 1)                                                                          \
+    DEF_TILE(TN, T, 2, 2)                                                                          \
+    DEF_TILE(TN, T, 2, 3)                                                                          \
+    DEF_TILE(TN, T, 3, 1)                                                                          \
+    DEF_TILE(TN, T, 3, 2)                                                                          \
+    DEF_TILE(TN, T, 4, 1)                                                                          \
+    DEF_TILE(TN, T, 5, 1)                                                                          \
+    DEF_TILE(TN, T, 6, 1)                                                                          \
+    static const tile_fn tiles_##TN[6][6] = {                                                      \
+        {tile_##TN##_1_1, tile_##TN##_1_2, tile_##TN##_1_3, tile_##TN##_1_4, tile_##TN##_1_5,      \
+         tile_##TN##_1_6},                                                                         \
+        {tile_##TN##_2_1, tile_##TN##_2_2, tile_##TN##_2_3},                                       \
+        {tile_##TN##_3_1, tile_##TN##_3_2},                                                        \
+        {tile_##TN##_4_1},                                                                         \
+        {tile_##TN##_5_1},                                                                         \
+        {tile_##TN##_6_1},                                                                         \
+    };
+
+DEF_TILES(f32, KG_GGML_TYPE_F32)
+DEF_TILES(f16, KG_GGML_TYPE_F16)
+DEF_TILES(bf16, KG_GGML_TYPE_BF16)
+
+/* Widest tile (in panels) per row count: 12 accumulators at most. */
+static const int max_np[6] = {6, 3, 2, 1, 1, 1};
+
+/* Panels [p0, p1) for all m rows. */
+static void vector_panels(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m,
+                          int64_t p0, int64_t p1) {
+    const int64_t K = w->k, N = w->n;
+    const int64_t rb = (int64_t)elem_size(w->type) * NR, pstride = K * rb;
+    const tile_fn(*tab)[6] = w->type == KG_GGML_TYPE_F16    ? tiles_f16
+                             : w->type == KG_GGML_TYPE_BF16 ? tiles_bf16
+                                                            : tiles_f32;
+    const char *panels = w->panels;
+    /* a partial last panel goes through a 16-wide scratch tile */
+    const bool partial = p1 * NR > N;
+    const int64_t pf = partial ? p1 - 1 : p1;
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = K - k0 < KC ? K - k0 : KC;
+        for (int64_t i0 = 0; i0 < m; i0 += 6) {
+            const int mr = m - i0 < 6 ? (int)(m - i0) : 6;
+            const float *ai = a + i0 * K + k0;
+            float *ci = c + i0 * N;
+            for (int64_t p = p0; p < pf;) {
+                const int np = pf - p < max_np[mr - 1] ? (int)(pf - p) : max_np[mr - 1];
+                tab[mr - 1][np - 1](ai, K, panels + p * pstride + k0 * rb, pstride, kc, ci + p * NR,
+                                    N, k0 > 0);
+                p += np;
+            }
+            if (partial) {
+                float tmp[6 * NR];
+                const int64_t j0 = pf * NR, nc = N - j0;
+                for (int r = 0; r < mr && k0 > 0; r++) {
+                    memcpy(tmp + r * NR, ci + r * N + j0, (size_t)nc * sizeof(float));
+                }
+                tab[mr - 1][0](ai, K, panels + pf * pstride + k0 * rb, pstride, kc, tmp, NR,
+                               k0 > 0);
+                for (int r = 0; r < mr; r++) {
+                    memcpy(ci + r * N + j0, tmp + r * NR, (size_t)nc * sizeof(float));
+                }
+            }
+        }
+    }
+}
+#endif
+
+// ---- driver ----
+
+void cpu_gemm_scalar(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m) {
+    scalar_columns(a, w, c, m, 0, w->n);
+}
+
+static void run_panels(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m,
+                       int64_t p0, int64_t p1) {
+#ifdef GEMM_AVX2
+    vector_panels(a, w, c, m, p0, p1);
+#else
+    scalar_columns(a, w, c, m, p0 * NR, p1 * NR < w->n ? p1 * NR : w->n);
+#endif
+}
+
+typedef struct gemm_job {
+    const float *a;
+    const cpu_gemm_weights_t *w;
+    float *c;
+    int64_t m, panels_per_task, n_panels;
+} gemm_job_t;
+
+static void gemm_task(void *arg, int64_t task, int thread) {
+    (void)thread;
+    const gemm_job_t *j = arg;
+    const int64_t p0 = task * j->panels_per_task;
+    const int64_t p1 = p0 + j->panels_per_task < j->n_panels ? p0 + j->panels_per_task : j->n_panels;
+    run_panels(j->a, j->w, j->c, j->m, p0, p1);
+}
+
+void cpu_gemm(struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c,
+              int64_t m) {
+    const int64_t n_panels = (w->n + NR - 1) / NR;
+    const int n_threads = pool ? kg_pool_n_threads(pool) : 1;
+    if (m <= 0 || n_panels == 0) {
+        return;
+    }
+    /* tasks of at most 8 panels (12 when there is a single row block, whose
+     * W block is not reused): a task's W block stays in L2 across the row
+     * blocks. A multiple of the thread count, so the threads finish
+     * together; the split never changes a result. */
+    const bool serial = n_threads == 1 || (double)m * (double)w->n * (double)w->k < INLINE_MACS;
+    const int64_t cap = m <= 6 ? 12 : 8, nt = serial ? 1 : n_threads;
+    int64_t n_tasks = nt * ((n_panels + nt * cap - 1) / (nt * cap));
+    gemm_job_t j = {.a = a, .w = w, .c = c, .m = m, .n_panels = n_panels};
+    j.panels_per_task = (n_panels + n_tasks - 1) / n_tasks;
+    n_tasks = (n_panels + j.panels_per_task - 1) / j.panels_per_task;
+    if (serial) {
+        for (int64_t t = 0; t < n_tasks; t++) {
+            gemm_task(&j, t, 0);
+        }
+        return;
+    }
+    kg_pool_run(pool, n_tasks, gemm_task, &j);
+}
+
+const char *cpu_gemm_kernel_name(void) {
+#ifdef GEMM_AVX2
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}
