@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# kgen-worker --demo 0 --http-port P: /readyz turns 200 after assignment,
+# /healthz is 200, /metrics series move as jobs run (kgen-submit against the
+# demo's mock cluster), and SIGTERM exits 0.
+set -euo pipefail
+bin="${KG_BIN_DIR:?}"
+tmp=$(mktemp -d "${KG_TEST_TMP:-/tmp}/metrics.XXXXXX")
+pid=""
+cleanup() {
+    [[ -n "$pid" ]] && kill -9 "$pid" 2>/dev/null || true
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$bin/kgen-worker" --demo 0 --http-port "$port" --max-batch-size 4 >"$tmp/out" 2>"$tmp/err" &
+pid=$!
+
+get() { curl -s -o "$tmp/body" -w '%{http_code}' "http://127.0.0.1:$port$1" || true; }
+metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+
+# readiness: 503 until partitions are assigned, then 200
+for i in $(seq 1 200); do
+    code=$(get /readyz)
+    [[ "$code" == 200 ]] && break
+    [[ "$code" == 503 || "$code" == 000 ]] || { echo "unexpected /readyz $code"; exit 1; }
+    sleep 0.1
+done
+[[ "$code" == 200 ]] || { echo "/readyz never turned 200"; cat "$tmp/err"; exit 1; }
+[[ "$(get /healthz)" == 200 ]] || { echo "/healthz not 200"; exit 1; }
+[[ "$(get /nope)" == 404 ]] || { echo "unknown path not 404"; exit 1; }
+
+before=$(metric 'kgen_generation_tokens_total')
+[[ "$before" == 0 ]] || { echo "generation tokens before any job: $before"; exit 1; }
+grep -q '^# TYPE kgen_time_to_first_token_seconds histogram' <(curl -s "http://127.0.0.1:$port/metrics")
+
+brokers=$(grep -o 'brokers=[^ ]*' "$tmp/err" | head -1 | cut -d= -f2)
+python3 - "$tmp/jobs.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(20):
+        f.write(json.dumps({"request_id": f"m-{i}", "prompt": "hello metrics", "max_tokens": 12,
+                            "temperature": 0}) + "\n")
+    f.write("garbage\n")
+PY
+"$bin/kgen-submit" --brokers "$brokers" --input "$tmp/jobs.jsonl" --output "$tmp/results.jsonl" --timeout 120 --no-progress
+
+after=$(metric 'kgen_generation_tokens_total')
+done_len=$(metric 'kgen_jobs_total{outcome="done",finish_reason="length"}')
+dlq=$(metric 'kgen_jobs_total{outcome="dead_letter"}')
+ttft=$(metric 'kgen_time_to_first_token_seconds_count')
+steps=$(metric 'kgen_engine_steps_total')
+echo "generation tokens $before -> $after, done(length) $done_len, dead-lettered $dlq, ttft count $ttft, steps $steps"
+[[ "$after" -ge 20 ]] && [[ "$done_len" == 20 ]] && [[ "$dlq" == 1 ]] && [[ "$ttft" == 20 ]] && [[ "$steps" -gt 0 ]] \
+    || { echo "metrics did not move as expected"; exit 1; }
+
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+pid=""
+[[ "$rc" == 0 ]] || { echo "kgen-worker exited $rc after SIGTERM"; tail -20 "$tmp/err"; exit 1; }
+echo "metrics test passed"
