@@ -117,7 +117,7 @@ typedef struct cuda_ctx {
     /* host scratch for compacting block tables */
     int32_t *hash_seq, *hash_idx; /* (hash_cap) open addressing: seq -> distinct index */
     int32_t hash_cap;
-    int32_t *dist_seq, *dist_max_pos, *dist_off, *tok_dist; /* (max_tokens) */
+    int32_t *dist_seq, *dist_max_pos, *dist_off, *dist_slot, *tok_dist; /* (max_tokens) */
 
     bool use_graphs;
     cudaGraphExec_t graphs[N_BUCKETS];
@@ -394,9 +394,10 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     ctx->dist_seq = (int32_t *)malloc(T * sizeof(int32_t));
     ctx->dist_max_pos = (int32_t *)malloc(T * sizeof(int32_t));
     ctx->dist_off = (int32_t *)malloc(T * sizeof(int32_t));
+    ctx->dist_slot = (int32_t *)malloc(T * sizeof(int32_t));
     ctx->tok_dist = (int32_t *)malloc(T * sizeof(int32_t));
     if (!ctx->hash_seq || !ctx->hash_idx || !ctx->dist_seq || !ctx->dist_max_pos ||
-        !ctx->dist_off || !ctx->tok_dist) {
+        !ctx->dist_off || !ctx->dist_slot || !ctx->tok_dist) {
         KG_LOG_ERROR("cuda", "out of host memory");
         return KG_ERR_NOMEM;
     }
@@ -456,6 +457,7 @@ static kg_status_t pack_inputs(cuda_ctx_t *ctx, const kg_step_batch_t *batch, in
             ctx->hash_idx[slot] = n_dist;
             ctx->dist_seq[n_dist] = seq;
             ctx->dist_max_pos[n_dist] = p;
+            ctx->dist_slot[n_dist] = slot;
             n_dist++;
         }
         const int32_t d = ctx->hash_idx[slot];
@@ -503,8 +505,10 @@ static kg_status_t pack_inputs(cuda_ctx_t *ctx, const kg_step_batch_t *batch, in
         *n_ints = 4 + 4 * (size_t)cap + (size_t)n_table;
     }
 out:
+    /* empty the slots we filled (not by lookup: clearing one slot of a
+     * probe chain would hide the entries after it) */
     for (int32_t d = 0; d < n_dist; d++) {
-        ctx->hash_seq[hash_slot(ctx, ctx->dist_seq[d])] = -1;
+        ctx->hash_seq[ctx->dist_slot[d]] = -1;
     }
     return st;
 }
@@ -742,6 +746,7 @@ static void cuda_free(kg_backend_t *be) {
         free(ctx->dist_seq);
         free(ctx->dist_max_pos);
         free(ctx->dist_off);
+        free(ctx->dist_slot);
         free(ctx->tok_dist);
         free(ctx);
     }

@@ -1,29 +1,28 @@
 /* sample: the device sampler, one block per output row.
  *
  * DESIGN
- * The CPU sampler (src/model/kg_sampler.c) is the specification: the same
- * sanitising (NaN -> -inf, +inf -> FLT_MAX, all masked -> all 0), raw
- * log-softmax and top-n logprobs, penalties, top-k -> top-p -> min-p ->
- * temperature chain, and the same walk order for the draw, so greedy picks
- * are identical and a seeded draw lands on the same token whenever the
- * float results agree (expf here and in glibc may differ in the last bit,
- * which can move a token only when the draw falls within that rounding of
- * a boundary). The RNG stays on the host: kg_cuda_sampler_run draws each
+ * The CPU sampler is the specification (the rules are listed in
+ * src/model/kg_sampler.h): the same sanitising (NaN -> -inf, +inf ->
+ * FLT_MAX, all masked -> all 0), raw log-softmax and top-n logprobs,
+ * penalties, top-k -> top-p -> min-p -> temperature chain, and the same
+ * draw: the survivors' weights in ascending id order, u = uniform * sum,
+ * the first token whose running sum exceeds u. So greedy picks are
+ * identical, and a seeded draw lands on the same token whenever the float
+ * results agree (expf here and the CPU's exp may differ in the last bit,
+ * which moves a token only when u falls within that rounding of a
+ * boundary). The RNG stays on the host: kg_cuda_sampler_run draws each
  * row's uniform exactly as kg_sampler_sample would and sends it along.
  *
  * One total order ranks candidates: higher logit first, then lower id. It
- * is the 64-bit key (orderable logit bits << 32 | ~id), so "the m best"
- * is a block-wide radix select on keys followed by a bitonic sort of at
- * most 1024 keys in shared memory; longer sorted walks go chunk by chunk
- * (the next 1024 below the last key). The CPU's walk orders are:
- *   top-k set:            sorted (then top-p and min-p cut its prefix);
- *   top-p without top-k:  the buckets above the boundary bucket in id
- *                         order, then the boundary bucket sorted;
- *   neither:              id order (min-p only removes tokens).
- * Id-order walks are block prefix scans over tiles of ids. Every walk
- * finds the first token whose running sum reaches the target, as the
- * CPU's sequential loops do. Built with --fmad=false so every product
- * rounds as in the C code. */
+ * is the 64-bit key (orderable logit bits << 32 | ~id). Top-k and top-p
+ * both keep a best-first prefix of that order, so together they come down
+ * to one floor key: top-k's is a block-wide radix select; top-p's is found
+ * by walking the prefix in sorted chunks of up to 1024 keys (radix select
+ * of the next 1024 below the last key, bitonic sort in shared memory),
+ * after a histogram of the mass over logit buckets (kg_sampler.c's) has
+ * skipped everything above the boundary bucket when there is no top-k.
+ * The draw is then one prefix-scan walk over the ids. Built with
+ * --fmad=false so every product rounds as in the C code. */
 #include "sample.cuh"
 
 #include <float.h>
@@ -59,11 +58,12 @@ typedef struct sel {
     float lo, scale;
 } sel_t;
 
-/* Draw weights: the temperature probability, 0 for tokens min-p removes. */
+/* Draw weights: the temperature probability of a survivor (key >= floor,
+ * logit >= thr when min-p is on), 0 for everything else. */
 typedef struct wparams {
-    float max, inv_t;
-    double thr;
+    float max, inv_t, thr;
     bool use_thr;
+    unsigned long long floor;
 } wparams_t;
 
 // ---- the order ----
@@ -110,9 +110,10 @@ __device__ __forceinline__ bool sel_has(const sel_t &s, float l) {
     return s.mode == 0 || hist_bucket(l, s.lo, s.scale) == s.edge;
 }
 
-/* kg_sampler.c filter(): p = exp((l - max) / T) with the max exactly 1. */
-__device__ __forceinline__ double prob_of(float l, const wparams_t &wp) {
-    if (wp.use_thr && !((double)l >= wp.thr)) {
+/* kg_sampler.c filter(): w = e^((l - max) / T) for the survivors, the
+ * max exactly 1, -inf exactly 0. */
+__device__ __forceinline__ double weight_of(float l, int32_t id, const wparams_t &wp) {
+    if (make_key(l, id) < wp.floor || (wp.use_thr && !(l >= wp.thr))) {
         return 0.0;
     }
     const float d = l - wp.max;
@@ -290,82 +291,59 @@ __device__ int32_t next_chunk(const float *row, int32_t n, const sel_t &s, u64 b
     return gather_sorted(row, n, s, bound, t, sm);
 }
 
-/* Walk sm->keys[0..cnt) in order, adding weights to *cum. `exp_weights`:
- * weight exp(l - max) and stop where the sum reaches target (top-p);
- * otherwise the draw's weights, stopping at the first token with weight
- * > 0 and target < sum. Returns that index or -1; *last_key gets the last
- * key with weight > 0 (unchanged when none). */
-__device__ int32_t walk_chunk(smem_t *sm, int32_t cnt, bool exp_weights, const wparams_t &wp,
-                              double target, double *cum, u64 *last_key) {
+/* Top-p along a sorted chunk: walk sm->keys[0..cnt) best first adding
+ * e^(l - max) to *cum (kg_sampler.c top_p_sorted: every token counts) and
+ * return the first index where the sum reaches target, or -1. */
+__device__ int32_t walk_chunk(smem_t *sm, int32_t cnt, float max, double target, double *cum) {
     double w[S_PER_THREAD], local = 0.0;
 #pragma unroll
     for (int j = 0; j < S_PER_THREAD; j++) {
         const int32_t i = threadIdx.x * S_PER_THREAD + j;
-        w[j] = 0.0;
-        if (i < cnt) {
-            const float l = key_logit(sm->keys[i]);
-            w[j] = exp_weights ? (double)expf(l - wp.max) : prob_of(l, wp);
-        }
+        w[j] = i < cnt ? (double)expf(key_logit(sm->keys[i]) - max) : 0.0;
         local += w[j];
     }
     double total;
     double run = *cum + block_excl_scan_d(local, &total, sm);
     if (threadIdx.x == 0) {
         sm->i1 = INT_MAX;
-        sm->i2 = -1;
     }
     __syncthreads();
-    int32_t mine = -1;
 #pragma unroll
     for (int j = 0; j < S_PER_THREAD; j++) {
         const int32_t i = threadIdx.x * S_PER_THREAD + j;
         if (i < cnt) {
             run += w[j];
-            if (w[j] > 0.0) {
-                mine = i;
-            }
-            if (exp_weights ? run >= target : (w[j] > 0.0 && target < run)) {
+            if (run >= target) {
                 atomicMin(&sm->i1, i);
                 break;
             }
         }
     }
-    if (mine >= 0) {
-        atomicMax(&sm->i2, mine);
-    }
     __syncthreads();
     const int32_t found = sm->i1 == INT_MAX ? -1 : sm->i1;
-    if (sm->i2 >= 0) {
-        *last_key = sm->keys[sm->i2];
-    }
     *cum += total;
-    __syncthreads(); /* i1, i2 are reused */
+    __syncthreads(); /* i1 is reused */
     return found;
 }
 
-/* The id-order part of a draw: tokens whose logit passes `above_edge`
- * (bucket > edge, or every token when edge < 0), with the draw's weights.
- * Returns the token where the running sum first exceeds u, or -1; keeps
- * *last_id at the last token with weight > 0. */
-__device__ int32_t walk_ids(const float *row, int32_t n, int32_t edge, float lo, float scale,
-                            const wparams_t &wp, double u, double *cum, int32_t *last_id,
+/* The draw (kg_sampler.c draw): the survivors in ascending id order with
+ * their weights; the first token whose running sum exceeds u, else the
+ * last with any weight (rounding ran past the end), else -1. Tiles of
+ * S_THREADS * S_ITEMS ids, a block prefix scan per tile. */
+__device__ int32_t walk_ids(const float *row, int32_t n, const wparams_t &wp, double u,
                             smem_t *sm) {
+    double cum = 0.0;
+    int32_t last_id = -1;
     for (int32_t base = 0; base < n; base += S_THREADS * S_ITEMS) {
         double w[S_ITEMS], local = 0.0;
 #pragma unroll
         for (int j = 0; j < S_ITEMS; j++) {
             const int32_t i = base + threadIdx.x * S_ITEMS + j;
-            w[j] = 0.0;
-            if (i < n) {
-                const float l = row[i];
-                if (edge < 0 || hist_bucket(l, lo, scale) > edge) {
-                    w[j] = prob_of(l, wp);
-                }
-            }
+            w[j] = i < n ? weight_of(row[i], i, wp) : 0.0;
             local += w[j];
         }
         double total;
-        double run = *cum + block_excl_scan_d(local, &total, sm);
+        double run = cum + block_excl_scan_d(local, &total, sm);
         if (threadIdx.x == 0) {
             sm->i1 = INT_MAX;
             sm->i2 = -1;
@@ -394,39 +372,34 @@ __device__ int32_t walk_ids(const float *row, int32_t n, int32_t edge, float lo,
             return found;
         }
         if (last >= 0) {
-            *last_id = last;
+            last_id = last;
         }
-        *cum += total;
+        cum += total;
     }
-    return -1;
+    return last_id;
 }
 
 // ---- the draw (temperature > 0, max logit finite) ----
 
+/* The survivors of top-k and top-p are the tokens whose key is at least a
+ * floor (both keep a best-first prefix of the order); min-p is a logit
+ * threshold on top. */
 __device__ int32_t draw(const float *row, int32_t n, const kg_cuda_sample_row_t &p, u64 best,
                         smem_t *sm) {
     const float max = key_logit(best);
+    const sel_t all = {0, 0, 0.0f, 0.0f};
     wparams_t wp;
     wp.max = max;
     wp.inv_t = 1.0f / p.temperature;
     wp.use_thr = p.min_p > 0.0f;
-    wp.thr = p.min_p >= 1.0f ? (double)max : (double)max + log((double)p.min_p);
-    const float lo = max - HIST_RANGE, scale = (float)HIST_BUCKETS / HIST_RANGE;
-
-    /* The survivors: id-order part (seg1: -2 none, -1 all, >= 0 buckets
-     * above that edge) then the sorted part (s2, keys >= floor2). */
-    int32_t seg1 = -2;
-    bool has_seg2 = false;
-    sel_t s2 = {0, 0, lo, scale};
-    u64 floor2 = 1;
-    u64 unused = 0;
+    wp.thr = p.min_p >= 1.0f ? max : max + logf(p.min_p);
+    wp.floor = 1;
 
     if (p.top_k > 0 && p.top_k < n) {
-        /* top-k: the k best, sorted; top-p cuts the shortest prefix whose
+        /* top-k: the k best; top-p then keeps the shortest prefix whose
          * mass reaches top_p of the k's mass (top_p_sorted) */
-        has_seg2 = true;
-        const u64 tk = radix_select(row, n, s2, NO_BOUND, p.top_k, sm);
-        floor2 = tk;
+        const u64 tk = radix_select(row, n, all, NO_BOUND, p.top_k, sm);
+        wp.floor = tk;
         if (p.top_p < 1.0f) {
             double mass = 0.0;
             for (int32_t i = threadIdx.x; i < n; i += S_THREADS) {
@@ -439,13 +412,13 @@ __device__ int32_t draw(const float *row, int32_t n, const kg_cuda_sample_row_t 
             double cum = 0.0;
             u64 bound = NO_BOUND;
             for (;;) {
-                const int32_t cnt = next_chunk(row, n, s2, bound, tk, sm);
+                const int32_t cnt = next_chunk(row, n, all, bound, tk, sm);
                 if (cnt == 0) {
                     break;
                 }
-                const int32_t at = walk_chunk(sm, cnt, true, wp, target, &cum, &unused);
+                const int32_t at = walk_chunk(sm, cnt, max, target, &cum);
                 if (at >= 0) {
-                    floor2 = sm->keys[at];
+                    wp.floor = sm->keys[at];
                     break;
                 }
                 if (cnt < S_CHUNK) {
@@ -455,9 +428,10 @@ __device__ int32_t draw(const float *row, int32_t n, const kg_cuda_sample_row_t 
             }
         }
     } else if (p.top_p < 1.0f) {
-        /* top-p without top-k (top_p_unsorted): mass per logit bucket, the
-         * boundary bucket where the mass from the top reaches top_p, every
-         * bucket above it in id order, the boundary bucket sorted */
+        /* top-p alone (top_p_unsorted): the mass per logit bucket finds the
+         * bucket where the mass from the top reaches top_p; everything above
+         * it is kept, and the bucket itself is walked sorted */
+        const float lo = max - HIST_RANGE, scale = (float)HIST_BUCKETS / HIST_RANGE;
         for (int i = threadIdx.x; i < HIST_BUCKETS; i += S_THREADS) {
             sm->mass[i] = 0.0;
         }
@@ -484,77 +458,41 @@ __device__ int32_t draw(const float *row, int32_t n, const kg_cuda_sample_row_t 
             sm->d0 = c;
         }
         __syncthreads();
-        const int32_t edge = sm->i0;
+        const sel_t edge = {1, sm->i0, lo, scale};
         double cum = sm->d0;
         __syncthreads();
-        seg1 = edge;
-        has_seg2 = true;
-        s2.mode = 1;
-        s2.edge = edge;
-        u64 bound = NO_BOUND;
+        u64 bound = NO_BOUND, lowest = 0;
+        bool crossed = false;
         for (;;) {
-            const int32_t cnt = next_chunk(row, n, s2, bound, 1, sm);
+            const int32_t cnt = next_chunk(row, n, edge, bound, 1, sm);
             if (cnt == 0) {
                 break;
             }
-            const int32_t at = walk_chunk(sm, cnt, true, wp, target, &cum, &unused);
+            const int32_t at = walk_chunk(sm, cnt, max, target, &cum);
             if (at >= 0) {
-                floor2 = sm->keys[at];
+                wp.floor = sm->keys[at];
+                crossed = true;
                 break;
             }
+            lowest = sm->keys[cnt - 1];
             if (cnt < S_CHUNK) {
                 break;
             }
-            bound = sm->keys[cnt - 1];
+            bound = lowest;
         }
-    } else {
-        seg1 = -1;
+        if (!crossed) {
+            /* rounding left the mass short: the whole boundary bucket */
+            wp.floor = lowest ? lowest : 1;
+        }
     }
 
-    /* z: the survivors' mass at the temperature */
     double z = 0.0;
     for (int32_t i = threadIdx.x; i < n; i += S_THREADS) {
-        const float l = row[i];
-        bool in = seg1 == -1 || (seg1 >= 0 && hist_bucket(l, lo, scale) > seg1);
-        in = in || (has_seg2 && sel_has(s2, l) && make_key(l, i) >= floor2);
-        if (in) {
-            z += prob_of(l, wp);
-        }
+        z += weight_of(row[i], i, wp);
     }
     const double u = p.u * kg_block_sum_d(z, sm->red);
-
-    /* the walk: id-order part, then the sorted part */
-    double cum = 0.0;
-    int32_t last_id = -1;
-    if (seg1 != -2) {
-        const int32_t tok = walk_ids(row, n, seg1, lo, scale, wp, u, &cum, &last_id, sm);
-        if (tok >= 0) {
-            return tok;
-        }
-    }
-    if (has_seg2) {
-        u64 bound = NO_BOUND;
-        for (;;) {
-            const int32_t cnt = next_chunk(row, n, s2, bound, floor2, sm);
-            if (cnt == 0) {
-                break;
-            }
-            u64 last_key = 0;
-            const int32_t at = walk_chunk(sm, cnt, false, wp, u, &cum, &last_key);
-            if (at >= 0) {
-                return key_id(sm->keys[at]);
-            }
-            if (last_key) {
-                last_id = key_id(last_key);
-            }
-            if (cnt < S_CHUNK) {
-                break;
-            }
-            bound = sm->keys[cnt - 1];
-        }
-    }
-    /* rounding ran past the end: the last token with any mass */
-    return last_id >= 0 ? last_id : key_id(best);
+    const int32_t tok = walk_ids(row, n, wp, u, sm);
+    return tok >= 0 ? tok : key_id(best);
 }
 
 // ---- the kernel ----
