@@ -63,6 +63,9 @@ struct kg_engine {
     bool *b_want;       /* (max_batch_tokens) */
     int32_t *b_row_rec; /* (max_batch_size) record of each logits row */
     float *logits;      /* (max_batch_size, n_vocab) */
+    bool device_sample; /* the backend samples on its device: logits stay there */
+    kg_sample_request_t *sreq; /* (max_batch_size) device sampling requests */
+    kg_sample_result_t *sres;  /* (max_batch_size) their results */
     kg_completion_t *done; /* (n_recs) finishes and tokens to report */
     int32_t n_done;
 
@@ -160,7 +163,10 @@ kg_engine_t *kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, c
     e->b_row_rec = malloc(nb * sizeof(*e->b_row_rec));
     e->logits = malloc(nb * (size_t)p->n_vocab * sizeof(*e->logits));
     e->done = calloc(nr, sizeof(*e->done));
-    if (!e->scratch || !e->recs || !e->arena || !e->free_recs || !e->wait || !e->run ||
+    e->device_sample = kg_backend_has_sample(be);
+    e->sreq = malloc(nb * sizeof(*e->sreq));
+    e->sres = malloc(nb * sizeof(*e->sres));
+    if (!e->sreq || !e->sres || !e->scratch || !e->recs || !e->arena || !e->free_recs || !e->wait || !e->run ||
         !e->free_slots || !e->b_token || !e->b_pos || !e->b_seq || !e->b_want || !e->b_row_rec ||
         !e->logits || !e->done) {
         goto fail;
@@ -204,6 +210,8 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->b_want);
     free(e->b_row_rec);
     free(e->logits);
+    free(e->sreq);
+    free(e->sres);
     free(e->done);
     free(e);
 }
@@ -570,7 +578,20 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         .max_blocks_per_seq = e->max_blocks_per_seq,
         .block_table = kg_kv_block_table(e->kv),
     };
-    kg_status_t st = kg_backend_forward(e->be, &batch, e->logits);
+    kg_status_t st = kg_backend_forward(e->be, &batch, e->device_sample ? NULL : e->logits);
+    if (st == KG_OK && e->device_sample && n_rows > 0) {
+        /* only token ids (and logprobs) come back from the device */
+        for (int32_t row = 0; row < n_rows; row++) {
+            kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
+            e->sreq[row] = (kg_sample_request_t){.params = &seq->sampling,
+                                                 .rng = &seq->rng,
+                                                 .prompt = seq->tokens,
+                                                 .n_prompt = seq->n_prompt,
+                                                 .output = seq->tokens + seq->n_prompt,
+                                                 .n_output = seq->n_tokens - seq->n_prompt};
+        }
+        st = kg_backend_sample(e->be, e->sreq, n_rows, e->sres);
+    }
     if (st != KG_OK) {
         /* Nothing advanced; the next step schedules the same work again. */
         for (int32_t i = 0; i < e->n_run; i++) {
@@ -604,9 +625,14 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         int32_t r = e->b_row_rec[row];
         kg_seq_t *seq = &e->recs[r];
         kg_sample_result_t res;
-        kg_sampler_sample(&seq->sampling, &seq->rng, e->logits + (size_t)row * (size_t)e->p.n_vocab,
-                          e->p.n_vocab, seq->tokens, seq->n_prompt, seq->tokens + seq->n_prompt,
-                          seq->n_tokens - seq->n_prompt, e->scratch, &res);
+        if (e->device_sample) {
+            res = e->sres[row];
+        } else {
+            kg_sampler_sample(&seq->sampling, &seq->rng,
+                              e->logits + (size_t)row * (size_t)e->p.n_vocab, e->p.n_vocab,
+                              seq->tokens, seq->n_prompt, seq->tokens + seq->n_prompt,
+                              seq->n_tokens - seq->n_prompt, e->scratch, &res);
+        }
         if (accept(e, r, &res)) {
             for (int32_t i = 0; i < e->n_run; i++) {
                 if (e->run[i] == r) {
