@@ -3,23 +3,25 @@
  *
  * DESIGN: the engine samples every running sequence once per step, so for a
  * 128k vocabulary the cost per call matters as much as a small kernel. The
- * raw logits are copied once into candidates (logits and ids, two arrays) in
- * the scratch; the passes over the whole vocabulary (copy, max, exp and sum)
- * are 8-wide vector kernels, and everything else touches only what it must:
+ * raw logits are copied once (sanitised) into the scratch, indexed by token
+ * id; the passes over the whole vocabulary (copy, max, exp and sum) are
+ * 8-wide vector kernels, and everything else touches only what it must:
  *   - the raw pass (e^(l - max), needed for the logprobs anyway) is kept and
  *     patched for the few tokens the penalties change, so the filters start
  *     with the probabilities in hand;
  *   - penalties visit the window's tokens, never the vocabulary; their
  *     per-token marks and counts are cleared by visiting the same tokens;
- *   - top-k is a bounded heap; blocks of 8 that cannot enter it are
- *     skipped with one vector compare;
+ *   - top-k is a bounded heap over a copy of the candidates; blocks of 8
+ *     that cannot enter it are skipped with one vector compare;
  *   - top-p without top-k first takes the best 128 by the same heap, which
  *     settles a peaked distribution; otherwise a histogram of the mass over
  *     logit buckets finds the bucket where the cumulative mass crosses p,
  *     refines inside it, and sorts only the few tokens left at the boundary;
- *   - min-p is a threshold on the logit (p_i >= min_p * p_max is
- *     l_i >= l_max + log(min_p)), so it needs no sort either;
- *   - the draw walks the survivors in their current order.
+ *   - what top-k/top-p keep is "at least as good as the worst kept", so one
+ *     vector pass over the id-ordered logits collects the kept tokens in id
+ *     order, with min-p (l_i >= l_max + log(min_p)) as one more compare;
+ *   - the draw walks the kept tokens in id order, so the token drawn for a
+ *     given u depends only on the kept set and its weights.
  * Ties are broken by the lower token id everywhere, so the result depends
  * only on the logits, the parameters and the RNG state. */
 #include "kg_sampler.h"
@@ -86,24 +88,27 @@ kg_sampling_params_t kg_sampling_params_default(void) {
     return p;
 }
 
-/* Top-p histogram: buckets of equal logit width over [l_max - range, l_max].
- * Everything further below shares bucket 0; its mass is at most
- * n_vocab * e^-40 of the top token's, far below what a float p < 1 can ask
- * for, so the boundary never lands there in practice (it stays correct if
- * it does, only slower). */
+/* Top-p histogram: buckets of equal logit width. The first level spans
+ * [l_max - L, l_max] with L from a mass bound (see top_p_unsorted), or
+ * [l_max - 40, l_max] when p is too close to 1 for the bound; then
+ * everything further below shares bucket 0, whose mass is at most
+ * n_vocab * e^-40 of the top token's (the result stays exact if it ever
+ * matters, only slower). */
 #define HIST_BUCKETS 1024
 #define HIST_RANGE   40.0f
-/* Top-p first tries the best this many tokens, sorted by a heap. */
-#define TOP_P_FAST 128
+/* Top-p sorts a run of at most this many tokens instead of refining it. */
+#define TOP_P_SORT 128
 
 struct kg_sampler_scratch {
     int32_t n_vocab;
-    float *val;                     /* (n_vocab) candidate logits, filtered in place */
-    int32_t *idx;                   /* (n_vocab) token id of val[i] */
-    float *prob;                    /* (n_vocab) unnormalised probability of val[i] */
-    int32_t *count;                 /* (n_vocab) output-token counts; zero between calls */
-    uint8_t *seen;                  /* (n_vocab) repetition-window marks; zero between calls */
-    double hist_mass[HIST_BUCKETS]; /* top-p: probability mass per logit bucket */
+    float *val;                       /* (n_vocab) sanitised, penalised logits by token id */
+    float *prob;                      /* (n_vocab) unnormalised probabilities (see ref) */
+    float *kval;                      /* (n_vocab) candidates the filters reorder: logits */
+    int32_t *kidx;                    /* (n_vocab) ... and their token ids */
+    int32_t *count;                   /* (n_vocab) output-token counts; zero between calls */
+    uint8_t *seen;                    /* (n_vocab) repetition-window marks; zero between calls */
+    double hist_mass[HIST_BUCKETS];   /* top-p: probability mass per logit bucket */
+    int32_t hist_count[HIST_BUCKETS]; /* ... and tokens per bucket */
     /* After the penalties: prob[i] = e^(val[i] - ref) (temperature 1) over
      * the whole vocabulary in id order and z its sum. The raw pass for the
      * logprobs computes them and the penalties patch the few tokens they
@@ -122,13 +127,14 @@ kg_sampler_scratch_t *kg_sampler_scratch_new(int32_t n_vocab) {
     }
     sc->n_vocab = n_vocab;
     sc->val = malloc((size_t)n_vocab * sizeof(*sc->val));
-    sc->idx = malloc((size_t)n_vocab * sizeof(*sc->idx));
     sc->prob = malloc((size_t)n_vocab * sizeof(*sc->prob));
+    sc->kval = malloc((size_t)n_vocab * sizeof(*sc->kval));
+    sc->kidx = malloc((size_t)n_vocab * sizeof(*sc->kidx));
     /* calloc: the marks and counts start at zero and every call leaves them so */
     sc->count = calloc((size_t)n_vocab, sizeof(*sc->count));
     sc->seen = calloc((size_t)n_vocab, sizeof(*sc->seen));
-    if (sc->val == NULL || sc->idx == NULL || sc->prob == NULL || sc->count == NULL ||
-        sc->seen == NULL) {
+    if (sc->val == NULL || sc->prob == NULL || sc->kval == NULL || sc->kidx == NULL ||
+        sc->count == NULL || sc->seen == NULL) {
         goto fail;
     }
     return sc;
@@ -142,8 +148,9 @@ void kg_sampler_scratch_free(kg_sampler_scratch_t *sc) {
         return;
     }
     free(sc->val);
-    free(sc->idx);
     free(sc->prob);
+    free(sc->kval);
+    free(sc->kidx);
     free(sc->count);
     free(sc->seen);
     free(sc);
@@ -155,8 +162,9 @@ void kg_sampler_scratch_free(kg_sampler_scratch_t *sc) {
  * (8 floats: one AVX register, or two SSE ones) instead of relying on the
  * auto-vectoriser, which will not if-convert float selects under the default
  * -ftrapping-math. A short tail is padded to a full vector, so every element
- * goes through the same instructions wherever it sits. The vectors never
- * cross a non-inlined call, so the -Wpsabi note about their ABI is moot. */
+ * goes through the same instructions wherever it sits. Only static
+ * functions take or return vectors, so the -Wpsabi note (their calling
+ * convention differs with and without AVX) does not apply. */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -249,23 +257,19 @@ static inline v8f sanitize8(v8f v) {
     return select8(v > splat(FLT_MAX), splat(FLT_MAX), v);
 }
 
-/* val[i] = the sanitised logits[i], idx[i] = i. Returns the max. */
-static float load_logits(float *val, int32_t *idx, const float *logits, int32_t n) {
+/* val[i] = the sanitised logits[i]. Returns the max. */
+static float load_logits(float *val, const float *logits, int32_t n) {
     v8f mx = splat(-INFINITY);
-    v8i id = {0, 1, 2, 3, 4, 5, 6, 7};
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) {
         v8f v = sanitize8(load8(logits + i));
         mx = select8(v > mx, v, mx);
         memcpy(val + i, &v, sizeof(v));
-        memcpy(idx + i, &id, sizeof(id));
-        id += 8;
     }
     if (i < n) {
         v8f v = sanitize8(load_tail(logits + i, n - i, -INFINITY));
         mx = select8(v > mx, v, mx);
         store_tail(val + i, &v, n - i);
-        store_tail(idx + i, &id, n - i);
     }
     return hmax8(mx);
 }
@@ -393,31 +397,50 @@ static void sift_down(float *val, int32_t *idx, int32_t n, int32_t i) {
     idx[i] = xi;
 }
 
-/* Move the m best of [0..n) to [0..m), sorted best first; the others stay
- * in [m..n). A bounded heap whose root is the worst kept candidate; a block
- * of 8 with nothing at least as good as the root (nearly all of them once
- * the heap has filled with good ones) costs one vector compare. */
-static void select_top(float *val, int32_t *idx, int32_t n, int32_t m) {
+/* Sort a heap-ordered (val, idx)[0..n) best first (heapsort: the worst
+ * goes to the end first). */
+static void heap_to_sorted(float *val, int32_t *idx, int32_t n) {
+    for (int32_t end = n - 1; end > 0; end--) {
+        swap_cand(val, idx, 0, end);
+        sift_down(val, idx, end, 0);
+    }
+}
+
+/* Sort (val, idx)[0..n) best first. */
+static void sort_cands(float *val, int32_t *idx, int32_t n) {
+    for (int32_t i = n / 2 - 1; i >= 0; i--) {
+        sift_down(val, idx, n, i);
+    }
+    heap_to_sorted(val, idx, n);
+}
+
+/* The m best of the id-ordered logits src[0..n) into (val, idx)[0..m),
+ * sorted best first. A bounded heap whose root is the worst kept token; a
+ * block of 8 with nothing at least as good as the root (nearly all of them
+ * once the heap holds good ones) costs one vector compare. */
+static void select_top(const float *src, int32_t n, int32_t m, float *val, int32_t *idx) {
+    for (int32_t i = 0; i < m; i++) {
+        val[i] = src[i];
+        idx[i] = i;
+    }
     for (int32_t i = m / 2 - 1; i >= 0; i--) {
         sift_down(val, idx, m, i);
     }
     int32_t j = m;
     while (j < n) {
-        if (j + 8 <= n && !any8(load8(val + j) >= splat(val[0]))) {
+        if (j + 8 <= n && !any8(load8(src + j) >= splat(val[0]))) {
             j += 8;
             continue;
         }
         for (int32_t end = j + 8 < n ? j + 8 : n; j < end; j++) {
-            if (better(val[j], idx[j], val[0], idx[0])) {
-                swap_cand(val, idx, 0, j);
+            if (better(src[j], j, val[0], idx[0])) {
+                val[0] = src[j];
+                idx[0] = j;
                 sift_down(val, idx, m, 0);
             }
         }
     }
-    for (int32_t end = m - 1; end > 0; end--) {
-        swap_cand(val, idx, 0, end);
-        sift_down(val, idx, end, 0);
-    }
+    heap_to_sorted(val, idx, m);
 }
 
 // ---- raw logprobs ----
@@ -548,13 +571,25 @@ static void apply_penalties(const kg_sampling_params_t *p,
 
 // ---- filters ----
 
-/* Top-p over candidates sorted best first: keep the shortest prefix whose
- * mass reaches p of the total. */
-static int32_t top_p_sorted(kg_sampler_scratch_t *sc, int32_t n, float max, float top_p) {
-    double target = (double)top_p * exp_sum(sc->prob, sc->val, n, max, 1.0f);
+/* What top-k and top-p keep is always "every token at least as good as the
+ * worst one kept" (in the one total order), so each only has to find that
+ * worst token, (t, t_id); one pass over the id-ordered logits then collects
+ * the kept tokens in id order, applying min-p on the way. The candidates
+ * (kval, kidx) hold the few tokens that are ever sorted. */
+
+/* Top-p over candidates sorted best first: the length of the shortest
+ * prefix whose mass reaches p of theirs. */
+static int32_t top_p_sorted(const kg_sampler_scratch_t *sc, int32_t n, float top_p) {
+    const float *prob = sc->prob;
+    const int32_t *kidx = sc->kidx;
+    double z = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        z += prob[kidx[i]];
+    }
+    double target = (double)top_p * z;
     double cum = 0.0;
     for (int32_t i = 0; i < n; i++) {
-        cum += sc->prob[i];
+        cum += prob[kidx[i]];
         if (cum >= target) {
             return i + 1;
         }
@@ -571,15 +606,18 @@ static inline v8f bucket8(v8f v, float lo, float scale) {
     return select8(y < splat(HIST_BUCKETS - 1), y, splat(HIST_BUCKETS - 1));
 }
 
-/* Add the mass of candidates [0..n) to the histogram by bucket. */
-static void fill_histogram(double *mass,
+/* Mass and count per bucket of val[0..n), whose ids are idx[i] (or i when
+ * idx is NULL; prob is by id). */
+static void fill_histogram(kg_sampler_scratch_t *sc,
                            const float *val,
                            const int32_t *idx,
                            int32_t n,
-                           const float *prob,
                            float lo,
                            float scale) {
-    memset(mass, 0, HIST_BUCKETS * sizeof(*mass));
+    double *mass = sc->hist_mass;
+    int32_t *count = sc->hist_count;
+    memset(mass, 0, sizeof(sc->hist_mass));
+    memset(count, 0, sizeof(sc->hist_count));
     for (int32_t i = 0; i < n; i += 8) {
         int32_t left = n - i;
         v8f v = left >= 8 ? load8(val + i) : load_tail(val + i, left, -INFINITY);
@@ -587,188 +625,279 @@ static void fill_histogram(double *mass,
         int32_t bi[8];
         memcpy(bi, &b, sizeof(bi));
         for (int l = 0; l < 8 && l < left; l++) {
-            mass[bi[l]] += prob[idx[i + l]];
+            mass[bi[l]] += sc->prob[idx != NULL ? idx[i + l] : i + l];
+            count[bi[l]]++;
         }
     }
 }
 
-/* Three-way partition of [0..n) in one pass: [0, *n_above) above bucket
- * `edge`, [*n_above, return) in it, the rest below. Blocks with nothing at
- * or above the edge (nearly all of them at the first level) cost one vector
- * compare. */
-static int32_t split_at_bucket(
-    float *val, int32_t *idx, int32_t n, float lo, float scale, int32_t edge, int32_t *n_above) {
+/* The bucket where the cumulative mass from the top reaches target, adding
+ * the mass above it to *cum. If rounding never gets there, the lowest
+ * non-empty bucket (everything is kept). Empty buckets are never chosen. */
+static int32_t find_edge(const kg_sampler_scratch_t *sc, double *cum, double target) {
+    int32_t lowest = HIST_BUCKETS - 1;
+    for (int32_t b = HIST_BUCKETS - 1; b >= 0; b--) {
+        if (sc->hist_count[b] == 0) {
+            continue;
+        }
+        if (*cum + sc->hist_mass[b] >= target) {
+            return b;
+        }
+        *cum += sc->hist_mass[b];
+        lowest = b;
+    }
+    /* back out the lowest bucket's mass: it is the run to walk */
+    *cum -= sc->hist_mass[lowest];
+    return lowest;
+}
+
+/* Copy the tokens of val[0..n) (ids idx[i], or i when idx is NULL) in
+ * bucket `edge` to (kval, kidx)[0..return). In place is fine: the write
+ * index never passes the read index. */
+static int32_t collect_bucket(kg_sampler_scratch_t *sc,
+                              const float *val,
+                              const int32_t *idx,
+                              int32_t n,
+                              float lo,
+                              float scale,
+                              int32_t edge) {
     const v8f at_edge = splat((float)edge);
     const v8f above_edge = splat((float)(edge + 1));
-    int32_t a = 0, m = 0;
+    int32_t m = 0;
     for (int32_t i = 0; i < n; i += 8) {
         int32_t left = n - i;
         v8f v = left >= 8 ? load8(val + i) : load_tail(val + i, left, -INFINITY);
         v8f y = bucket8(v, lo, scale);
-        v8i in = y >= at_edge;
+        v8i in = (y >= at_edge) & ~(y >= above_edge);
         if (!any8(in)) {
             continue;
         }
-        v8i above = y >= above_edge;
-        int32_t h_in[8], h_above[8];
-        memcpy(h_in, &in, sizeof(h_in));
-        memcpy(h_above, &above, sizeof(h_above));
+        int32_t h[8];
+        memcpy(h, &in, sizeof(h));
         for (int l = 0; l < 8 && l < left; l++) {
-            if (h_in[l]) {
-                swap_cand(val, idx, m, i + l);
-                if (h_above[l]) {
-                    swap_cand(val, idx, a++, m);
-                }
-                m++;
+            if (h[l]) {
+                int32_t id = idx != NULL ? idx[i + l] : i + l;
+                sc->kval[m] = val[i + l];
+                sc->kidx[m++] = id;
             }
         }
     }
-    *n_above = a;
     return m;
 }
 
-/* Order [0..n) best first when every logit there is equal, so the order
- * is by id: mark the ids in `seen`, then collect them in id order. O(n_ids)
- * instead of a sort of a possibly huge run of ties (a uniform row). */
-static void order_ties_by_id(int32_t *idx, int32_t n, int32_t n_ids, uint8_t *seen) {
+/* Order (kval, kidx)[0..n) best first when every logit there is equal, so
+ * by id: mark the ids in `seen` and collect them in id order. O(n_ids)
+ * instead of a sort of a long run of ties (a uniform row). */
+static void order_ties_by_id(kg_sampler_scratch_t *sc, int32_t n, int32_t n_ids) {
     for (int32_t i = 0; i < n; i++) {
-        seen[idx[i]] = 1;
+        sc->seen[sc->kidx[i]] = 1;
     }
     int32_t k = 0;
     for (int32_t id = 0; id < n_ids && k < n; id++) {
-        if (seen[id]) {
-            seen[id] = 0;
-            idx[k++] = id;
+        if (sc->seen[id]) {
+            sc->seen[id] = 0;
+            sc->kidx[k++] = id;
         }
     }
 }
 
-/* Top-p over the unsorted vocabulary without sorting it. After a heap
- * fast path for peaked distributions: bucket the mass by logit over
- * [max - 40, max], find the bucket where the cumulative mass (from the
- * top) reaches p, keep every bucket above it, and refine inside the
- * boundary bucket the same way (1024 times finer) until few tokens remain,
- * which are sorted and taken best first until the mass is reached. Buckets
- * are ordered by logit, so the set is exactly the one a full sort would
- * keep. The kept tokens end up in [0..return). Uses prob/z/ref from
- * prepare(). */
-static int32_t top_p_unsorted(kg_sampler_scratch_t *sc, int32_t n, float max, float top_p) {
-    float *val = sc->val;
-    int32_t *idx = sc->idx;
-    const float *prob = sc->prob; /* by token id: candidates move, prob does not */
+/* Copy the tokens of val[0..n) with logit >= lo to (kval, kidx). */
+static int32_t collect_above(kg_sampler_scratch_t *sc, int32_t n, float lo) {
+    const float *val = sc->val;
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i += 8) {
+        int32_t left = n - i;
+        v8f v = left >= 8 ? load8(val + i) : load_tail(val + i, left, -INFINITY);
+        v8i in = v >= splat(lo);
+        if (!any8(in)) {
+            continue;
+        }
+        int32_t h[8];
+        memcpy(h, &in, sizeof(h));
+        for (int l = 0; l < 8 && l < left; l++) {
+            sc->kval[m] = val[i + l]; /* m <= i + l: never past the row */
+            sc->kidx[m] = i + l;
+            m += h[l] & 1;
+        }
+    }
+    return m;
+}
+
+/* Top-p over the whole vocabulary (val, by id) without sorting it; sets
+ * the worst kept token (t, t_id). Returns how many tokens are kept when
+ * they are the sorted prefix (kval, kidx)[0..return), or 0 when only the
+ * threshold is known.
+ *
+ * 1. A bound first: tokens more than L below the max carry at most
+ *    n e^-L of mass (relative to the max), so once that is below half of
+ *    1 - p the boundary must lie above max - L, and only the tokens there
+ *    (a few thousand at most for a 128k vocabulary, usually far fewer)
+ *    take part.
+ * 2. While more than TOP_P_SORT remain: bucket their mass by logit, find
+ *    the bucket where the cumulative mass (from the top) reaches p, and
+ *    keep going inside that bucket (1024 times finer).
+ * 3. Sort the few left and take them best first until the mass is reached.
+ * Buckets are ordered by logit, so the result is exactly what a full sort
+ * would give. Uses prob/z/ref from prepare(). */
+static int32_t top_p_unsorted(
+    kg_sampler_scratch_t *sc, int32_t n, float max, float top_p, float *t, int32_t *t_id) {
     const double target = (double)top_p * sc->z;
-    /* Fast path: a peaked distribution, the usual case, puts p of its mass
-     * in a few tokens, which the heap finds in about one vector pass. */
-    int32_t m0 = n < TOP_P_FAST ? n : TOP_P_FAST;
-    select_top(val, idx, n, m0);
+    double bound =
+        (double)max - (double)sc->ref + log((double)n / (0.5 * (1.0 - (double)top_p) * sc->z));
+    float lo, width;
+    const float *run_val;
+    const int32_t *run_idx;
+    int32_t cnt;
+    if (bound < (double)HIST_RANGE) {
+        width = bound > 0.0 ? (float)bound : 0.0f;
+        lo = max - width;
+        cnt = collect_above(sc, n, lo);
+        run_val = sc->kval;
+        run_idx = sc->kidx;
+    } else {
+        /* p too close to 1 for the bound: the whole row, the bottom bucket
+         * catching everything more than HIST_RANGE below the max */
+        width = HIST_RANGE;
+        lo = max - width;
+        cnt = n;
+        run_val = sc->val;
+        run_idx = NULL;
+    }
     double cum = 0.0;
-    for (int32_t i = 0; i < m0; i++) {
-        cum += prob[idx[i]];
-        if (cum >= target) {
-            return i + 1;
-        }
-    }
-    if (m0 == n) {
-        return n;
-    }
-    cum = 0.0;
-    int32_t base = 0, cnt = n; /* the undecided run: [base, base + cnt) */
-    float lo = max - HIST_RANGE, width = HIST_RANGE;
-    for (int level = 0; level < 3 && cnt > TOP_P_FAST; level++) {
+    bool whole = true; /* whether the run is everything kept so far */
+    for (int level = 0; level < 4 && cnt > TOP_P_SORT && width > 0.0f; level++) {
         const float scale = (float)HIST_BUCKETS / width;
-        double *mass = sc->hist_mass;
-        fill_histogram(mass, val + base, idx + base, cnt, prob, lo, scale);
-        int32_t edge = HIST_BUCKETS - 1;
-        for (; edge > 0; edge--) {
-            if (cum + mass[edge] >= target) {
-                break;
-            }
-            cum += mass[edge];
-        }
-        int32_t n_above = 0;
-        int32_t m = split_at_bucket(val + base, idx + base, cnt, lo, scale, edge, &n_above);
-        base += n_above;
-        cnt = m - n_above;
+        fill_histogram(sc, run_val, run_idx, cnt, lo, scale);
+        int32_t edge = find_edge(sc, &cum, target);
+        cnt = collect_bucket(sc, run_val, run_idx, cnt, lo, scale, edge);
+        run_val = sc->kval;
+        run_idx = sc->kidx;
+        whole = whole && edge == HIST_BUCKETS - 1;
         lo += (float)edge / scale;
         width /= (float)HIST_BUCKETS;
     }
+    if (run_idx == NULL) {
+        /* n <= TOP_P_SORT with no bound: the run is still the whole row */
+        cnt = collect_above(sc, n, -INFINITY);
+    }
     bool all_equal = true;
-    for (int32_t i = base + 1; i < base + cnt && all_equal; i++) {
-        all_equal = val[i] == val[base];
+    for (int32_t i = 1; i < cnt && all_equal; i++) {
+        all_equal = sc->kval[i] == sc->kval[0];
     }
     if (all_equal) {
-        order_ties_by_id(idx + base, cnt, n, sc->seen);
+        order_ties_by_id(sc, cnt, n);
     } else {
-        select_top(val + base, idx + base, cnt, cnt);
+        sort_cands(sc->kval, sc->kidx, cnt);
     }
-    for (int32_t i = base; i < base + cnt; i++) {
-        cum += prob[idx[i]];
+    int32_t last = cnt - 1; /* rounding may leave the mass just short: keep all */
+    for (int32_t i = 0; i < cnt; i++) {
+        cum += sc->prob[sc->kidx[i]];
         if (cum >= target) {
-            return i + 1;
+            last = i;
+            break;
         }
     }
-    /* Rounding left the mass just short: keep the whole run. */
-    return base + cnt;
+    *t = sc->kval[last];
+    *t_id = sc->kidx[last];
+    return whole ? last + 1 : 0;
 }
 
-/* Keep tokens with p_i >= min_p * p_max, i.e. l_i >= l_max + log(min_p)
- * (in float); compacts in place keeping the order. The max always
- * survives. Blocks of 8 with no survivor cost one vector compare. */
-static int32_t min_p_filter(float *val, int32_t *idx, int32_t n, float max, float min_p) {
-    const float thr = min_p >= 1.0f ? max : max + logf(min_p);
+/* Collect into (kval, kidx), in id order, the tokens of val[0..n) at least
+ * as good as (t, t_id) that also pass the min-p threshold. Blocks of 8 with
+ * none cost one vector compare; the others are written without branches. */
+static int32_t gather_kept(kg_sampler_scratch_t *sc, int32_t n, float t, int32_t t_id, float thr) {
+    const float *val = sc->val;
+    const v8i t_ids = {t_id, t_id, t_id, t_id, t_id, t_id, t_id, t_id};
     int32_t kept = 0;
-    int32_t i = 0;
-    while (i < n) {
-        if (i + 8 <= n && !any8(load8(val + i) >= splat(thr))) {
-            i += 8;
+    v8i id = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (int32_t i = 0; i < n; i += 8) {
+        int32_t left = n - i;
+        v8f v = left >= 8 ? load8(val + i) : load_tail(val + i, left, -INFINITY);
+        v8i keep = ((v > splat(t)) | ((v == splat(t)) & (id <= t_ids))) & (v >= splat(thr));
+        id += 8;
+        if (!any8(keep)) {
             continue;
         }
-        for (int32_t end = i + 8 < n ? i + 8 : n; i < end; i++) {
-            if (val[i] >= thr) {
-                val[kept] = val[i];
-                idx[kept++] = idx[i];
-            }
+        int32_t k[8];
+        memcpy(k, &keep, sizeof(k));
+        for (int l = 0; l < 8 && l < left; l++) {
+            sc->kval[kept] = val[i + l]; /* kept <= i + l: never past the row */
+            sc->kidx[kept] = i + l;
+            kept += k[l] & 1;
         }
     }
     return kept;
 }
 
-/* Penalised candidates in [0..n) -> survivors of top-k, top-p and min-p in
- * [0..return), with their unnormalised probabilities at the temperature in
- * sc->prob; *z gets the sum. temperature > 0. */
-static int32_t
-filter(const kg_sampling_params_t *p, kg_sampler_scratch_t *sc, int32_t n, double *z) {
-    float *val = sc->val;
-    int32_t *idx = sc->idx;
-    bool moved = false; /* whether prob[] no longer matches the candidates */
-    float max;
-    if (p->top_k > 0 && p->top_k < n) {
-        select_top(val, idx, n, p->top_k);
-        n = p->top_k;
-        max = val[0];
-        moved = true;
-        if (p->top_p < 1.0f) {
-            n = top_p_sorted(sc, n, max, p->top_p);
-        }
-    } else {
-        max = max_at(val, n, NULL);
-        if (p->top_p < 1.0f) {
-            n = top_p_unsorted(sc, n, max, p->top_p);
-            moved = true;
+/* Few kept candidates, sorted best first in (kval, kidx)[0..m): apply
+ * min-p and put them in id order in place, cheaper than a pass over the
+ * vocabulary. */
+static int32_t small_kept(kg_sampler_scratch_t *sc, int32_t m, float thr) {
+    float *val = sc->kval;
+    int32_t *idx = sc->kidx;
+    int32_t kept = 0;
+    for (int32_t i = 0; i < m; i++) {
+        if (val[i] >= thr) {
+            float v = val[i];
+            int32_t id = idx[i];
+            int32_t j = kept++;
+            for (; j > 0 && idx[j - 1] > id; j--) {
+                val[j] = val[j - 1];
+                idx[j] = idx[j - 1];
+            }
+            val[j] = v;
+            idx[j] = id;
         }
     }
-    if (p->min_p > 0.0f) {
-        int32_t kept = min_p_filter(val, idx, n, max, p->min_p);
-        moved = moved || kept != n;
-        n = kept;
-    }
-    if (!moved && p->temperature == 1.0f) {
-        *z = sc->z; /* the whole vocabulary as prepare() left it */
+    return kept;
+}
+
+/* The penalised logits val[0..n) -> the kept tokens, in ascending id
+ * order, with their unnormalised probabilities at the temperature in
+ * prob[0..return). *ids gets their token ids, or NULL when all n are kept
+ * (position = id); *z gets the sum. temperature > 0. */
+static int32_t filter(const kg_sampling_params_t *p,
+                      kg_sampler_scratch_t *sc,
+                      int32_t n,
+                      double *z,
+                      const int32_t **ids) {
+    const bool top_k = p->top_k > 0 && p->top_k < n;
+    const bool top_p = p->top_p < 1.0f;
+    const bool min_p = p->min_p > 0.0f;
+    const float inv_t = 1.0f / p->temperature;
+    *ids = NULL;
+    if (!top_k && !top_p && !min_p) {
+        if (p->temperature == 1.0f) {
+            *z = sc->z; /* the whole vocabulary as prepare() left it */
+        } else {
+            *z = exp_sum(sc->prob, sc->val, n, max_at(sc->val, n, NULL), inv_t);
+        }
         return n;
     }
+    float max;
+    float t = -INFINITY; /* keep what is at least as good as (t, t_id) */
+    int32_t t_id = INT32_MAX;
+    int32_t sorted = 0; /* > 0: the kept are the sorted (kval, kidx)[0..sorted) */
+    if (top_k) {
+        select_top(sc->val, n, p->top_k, sc->kval, sc->kidx);
+        max = sc->kval[0];
+        sorted = top_p ? top_p_sorted(sc, p->top_k, p->top_p) : p->top_k;
+        t = sc->kval[sorted - 1];
+        t_id = sc->kidx[sorted - 1];
+    } else {
+        max = max_at(sc->val, n, NULL);
+        if (top_p) {
+            sorted = top_p_unsorted(sc, n, max, p->top_p, &t, &t_id);
+        }
+    }
+    /* min-p: p_i >= min_p * p_max, i.e. l_i >= l_max + log(min_p) */
+    const float thr = !min_p ? -INFINITY : p->min_p >= 1.0f ? max : max + logf(p->min_p);
+    int32_t kept =
+        sorted > 0 && sorted <= 64 ? small_kept(sc, sorted, thr) : gather_kept(sc, n, t, t_id, thr);
+    *ids = sc->kidx;
     /* Temperature: p_i ∝ e^((l_i - l_max) / T). */
-    *z = exp_sum(sc->prob, val, n, max, 1.0f / p->temperature);
-    return n;
+    *z = exp_sum(sc->prob, sc->kval, kept, max, inv_t);
+    return kept;
 }
 
 /* The first i whose cumulative mass exceeds u. Whole blocks of 8 are
@@ -815,7 +944,7 @@ static double prepare(const kg_sampling_params_t *p,
                       kg_sample_result_t *out,
                       bool *all_masked) {
     KG_ASSERT(n_vocab > 0 && n_vocab <= sc->n_vocab);
-    float max = load_logits(sc->val, sc->idx, logits, n_vocab);
+    float max = load_logits(sc->val, logits, n_vocab);
     *all_masked = max == -INFINITY;
     if (*all_masked) {
         memset(sc->val, 0, (size_t)n_vocab * sizeof(*sc->val));
@@ -844,12 +973,11 @@ static double prepare(const kg_sampling_params_t *p,
     return lse;
 }
 
-/* Greedy: the first (lowest-id) candidate holding the max; the candidates
- * are still in id order here. */
+/* Greedy: the lowest id holding the max. */
 static int32_t argmax(const kg_sampler_scratch_t *sc, int32_t n) {
     int32_t at = 0;
     (void)max_at(sc->val, n, &at);
-    return sc->idx[at];
+    return at;
 }
 
 void kg_sampler_sample(const kg_sampling_params_t *p,
@@ -871,8 +999,10 @@ void kg_sampler_sample(const kg_sampling_params_t *p,
         token = argmax(sc, n_vocab);
     } else {
         double z = 0.0;
-        int32_t n = filter(p, sc, n_vocab, &z);
-        token = sc->idx[draw(sc->prob, n, kg_rng_uniform(rng) * z)];
+        const int32_t *ids = NULL;
+        int32_t n = filter(p, sc, n_vocab, &z, &ids);
+        int32_t at = draw(sc->prob, n, kg_rng_uniform(rng) * z);
+        token = ids != NULL ? ids[at] : at;
     }
     out->token = token;
     float raw = all_masked ? 0.0f : sanitize(logits[token]);
@@ -897,9 +1027,10 @@ int32_t kg_sampler_candidates(const kg_sampling_params_t *p,
         return 1;
     }
     double z = 0.0;
-    int32_t n = filter(p, sc, n_vocab, &z);
+    const int32_t *kept = NULL;
+    int32_t n = filter(p, sc, n_vocab, &z, &kept);
     for (int32_t i = 0; i < n; i++) {
-        ids[i] = sc->idx[i];
+        ids[i] = kept != NULL ? kept[i] : i;
         probs[i] = (float)(sc->prob[i] / z);
     }
     return n;

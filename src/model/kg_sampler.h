@@ -4,7 +4,22 @@
  * top-k → top-p → min-p → temperature → draw. Temperature 0 is greedy.
  * Randomness comes only from the sequence's own RNG (seeded by the job),
  * advanced once per sampled token, so a job's output depends only on
- * (model, prompt, parameters, seed), never on what shares its batch. */
+ * (model, prompt, parameters, seed), never on what shares its batch.
+ *
+ * The exact rules, for any other implementation (a device sampler) to
+ * follow; ties are always broken by the lower token id:
+ *   1. NaN logits count as -inf, +inf as FLT_MAX; if all are -inf/NaN,
+ *      all count as 0. logprob and top-n come from these raw values.
+ *   2. Repetition penalty (CTRL/llama.cpp: l > 0 ? l / r : l * r) once per
+ *      distinct token among the last penalty_last_n of prompt ++ output;
+ *      then l -= count * frequency + (count > 0) * presence over output.
+ *   3. temperature <= 0 (or NaN): the argmax. Otherwise:
+ *   4. top-k keeps the k best; top-p then keeps the shortest best-first
+ *      prefix whose softmax mass (temperature 1, over what is left)
+ *      reaches p; min-p keeps l >= l_max + logf(min_p).
+ *   5. Weights w = e^((l - l_max) / T) of the kept tokens taken in
+ *      ascending id order; u = kg_rng_uniform() * sum(w); the token is the
+ *      first whose cumulative weight exceeds u. */
 #pragma once
 
 #include <stdbool.h>
@@ -54,7 +69,7 @@ typedef struct kg_sample_result {
  * startup so the step loop never allocates. Not shared between threads. */
 typedef struct kg_sampler_scratch kg_sampler_scratch_t;
 
-/** Scratch for vocabularies of up to `n_vocab` tokens (about 17 bytes per
+/** Scratch for vocabularies of up to `n_vocab` tokens (about 21 bytes per
  * token). Returns NULL when n_vocab <= 0 or memory is short; the caller
  * frees it with kg_sampler_scratch_free. @thread any */
 kg_sampler_scratch_t *kg_sampler_scratch_new(int32_t n_vocab);
