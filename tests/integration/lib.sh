@@ -1,0 +1,406 @@
+# lib.sh: shared helpers of the kgen-worker integration tests (tests/integration/test_worker_*.sh).
+# Source it after `set -euo pipefail`. It gives a private folder under KG_TEST_TMP, a real Kafka
+# broker from scripts/kafka-broker, a tiny model, background processes that are always stopped
+# (an EXIT trap), waits with timeouts and python3 checks of kgen-submit's output.
+#
+#   kg_setup NAME              private folder $T, cleanup trap; skips (77) without python3
+#   kg_need_java               skip (77) when java is missing
+#   kg_broker_start            start a broker in $T/kafka; sets $BROKERS (127.0.0.1:PORT)
+#   kg_topic NAME PARTS [--config k=v]...   create a topic
+#   kg_model [OUT] [mkmodel flags]          the small random model ($MODEL)
+#   kg_bg NAME CMD...          run CMD in the background, output in $T/NAME.log; pid in PID_NAME
+#   kg_worker NAME [flags]     kgen-worker on $BROKERS, $JOBS/$RESULTS/$GROUP, --worker-id NAME
+#   kg_wait SECS WHAT CMD...   poll CMD every 0.2 s until it succeeds, fail after SECS
+#   kg_wait_log FILE REGEX SECS [COUNT]     wait until REGEX matches COUNT (1) lines of FILE
+#   kg_stop_pid PID [SECS]     TERM, wait, then KILL
+#   kg_check_results IN OUT EVENTS [EXPECTED_IDS_FILE]   invariants; prints a summary line
+#   kg_group_lag GROUP TOPIC   sum of LAG over the topic's partitions (ConsumerGroupCommand)
+#   kg_free_port               a free TCP port on 127.0.0.1
+#   kg_jobs FILE N [json fields]            N valid jobs (request_id job-0..), one per line
+
+KG_BIN=${KG_BIN_DIR:?KG_BIN_DIR is not set (run through ctest)}
+KG_SRC=${KG_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+KG_BROKER=$KG_SRC/scripts/kafka-broker
+KG_PIDS=()
+BROKER_DIR=
+T=
+
+kg_fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+
+kg_note() {
+    echo "[$(date +%T)] $*"
+}
+
+kg_need_java() {
+    if ! command -v "${JAVA_HOME:+$JAVA_HOME/bin/}java" >/dev/null 2>&1; then
+        echo "SKIP: java not found (the real-broker tests need Java 17+)"
+        exit 77
+    fi
+}
+
+kg_cleanup() {
+    local rc=$? pid
+    trap - EXIT
+    # Every process this test started, newest first, whatever happened.
+    for ((i = ${#KG_PIDS[@]} - 1; i >= 0; i--)); do
+        pid=${KG_PIDS[i]}
+        kg_stop_pid "$pid" 5 2>/dev/null || true
+    done
+    if ((rc != 0)) && [[ -n "$T" && -d "$T" ]]; then
+        local f
+        for f in "$T"/*.log; do
+            [[ -f "$f" ]] || continue
+            echo "---- last lines of $f ----" >&2
+            tail -n 15 "$f" >&2 || true
+        done
+        if [[ -n "$BROKER_DIR" && -f "$BROKER_DIR/server.log" ]]; then
+            echo "---- last lines of $BROKER_DIR/server.log ----" >&2
+            tail -n 15 "$BROKER_DIR/server.log" >&2 || true
+        fi
+    fi
+    if [[ -n "$BROKER_DIR" ]]; then
+        "$KG_BROKER" stop --clean --dir "$BROKER_DIR" >/dev/null 2>&1 || true
+    fi
+    if ((rc == 0)) && [[ -n "$T" ]]; then
+        rm -rf "$T"
+    elif [[ -n "$T" ]]; then
+        echo "(kept $T for inspection)" >&2
+    fi
+    exit "$rc"
+}
+
+kg_setup() {
+    command -v python3 >/dev/null 2>&1 || {
+        echo "SKIP: python3 not found"
+        exit 77
+    }
+    mkdir -p "${KG_TEST_TMP:-/tmp}"
+    T=$(mktemp -d "${KG_TEST_TMP:-/tmp}/$1.XXXXXX")
+    T=$(cd "$T" && pwd)
+    trap kg_cleanup EXIT
+    trap 'exit 130' INT TERM
+    KG_T0=$(date +%s)
+    JOBS=jobs
+    RESULTS=results
+    GROUP=kgen-workers
+}
+
+kg_elapsed() {
+    echo $(($(date +%s) - KG_T0))
+}
+
+kg_broker_start() {
+    BROKER_DIR=$T/kafka
+    "$KG_BROKER" fetch
+    local out
+    out=$("$KG_BROKER" start --dir "$BROKER_DIR")
+    BROKERS=$(printf '%s\n' "$out" | tail -n 1)
+    [[ "$BROKERS" =~ ^127\.0\.0\.1:[0-9]+$ ]] || kg_fail "broker start printed '$BROKERS'"
+    kg_note "broker up at $BROKERS"
+}
+
+kg_tool() {
+    "$KG_BROKER" tool --dir "$BROKER_DIR" "$@"
+}
+
+kg_topic() { # kg_topic NAME PARTITIONS [--config k=v]...
+    local name=$1 parts=$2
+    shift 2
+    kg_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BROKERS" --create \
+        --if-not-exists --topic "$name" --partitions "$parts" --replication-factor 1 "$@" >/dev/null
+}
+
+# The three topics of a standard run: $JOBS (P partitions), $RESULTS (4), $JOBS.dlq (1).
+kg_topics() {
+    kg_topic "$JOBS" "${1:-4}"
+    kg_topic "$RESULTS" 4
+    kg_topic "$JOBS.dlq" 1
+}
+
+kg_model() { # kg_model [OUT] [extra mkmodel flags]: the small byte-vocabulary model
+    MODEL=${1:-$T/model.gguf}
+    shift || true
+    "$KG_BIN/kgen" mkmodel --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 --seed 1 \
+        "$@" --out "$MODEL" >/dev/null
+}
+
+kg_bg() { # kg_bg NAME CMD...: background process; pid in PID_NAME, output in $T/NAME.log
+    local name=$1
+    shift
+    "$@" >"$T/$name.log" 2>&1 &
+    local pid=$!
+    KG_PIDS+=("$pid")
+    printf -v "PID_${name//[^A-Za-z0-9_]/_}" '%s' "$pid"
+}
+
+kg_pid() { # kg_pid NAME: the pid kg_bg recorded
+    local v="PID_${1//[^A-Za-z0-9_]/_}"
+    echo "${!v}"
+}
+
+kg_worker() { # kg_worker NAME [flags...]
+    local name=$1
+    shift
+    kg_bg "$name" "$KG_BIN/kgen-worker" --brokers "$BROKERS" --jobs-topic "$JOBS" \
+        --results-topic "$RESULTS" --group-id "$GROUP" --model "$MODEL" --worker-id "$name" \
+        --http-port 0 --threads 1 "$@"
+}
+
+kg_submit() { # kg_submit [flags...]: kgen-submit on $BROKERS/$JOBS/$RESULTS
+    "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" --results-topic "$RESULTS" "$@"
+}
+
+kg_wait() { # kg_wait SECS WHAT CMD...
+    local secs=$1 what=$2
+    shift 2
+    local deadline=$(($(date +%s) + secs))
+    until "$@" >/dev/null 2>&1; do
+        if (($(date +%s) >= deadline)); then
+            kg_fail "timed out after ${secs}s waiting for: $what"
+        fi
+        sleep 0.2
+    done
+}
+
+kg_log_count() { # kg_log_count FILE REGEX
+    grep -cE "$2" "$1" 2>/dev/null || true
+}
+
+kg_log_has() { # kg_log_has FILE REGEX COUNT
+    (($(kg_log_count "$1" "$2") >= ${3:-1}))
+}
+
+kg_wait_log() { # kg_wait_log FILE REGEX SECS [COUNT]
+    kg_wait "$3" "'$2' in $(basename "$1")" kg_log_has "$1" "$2" "${4:-1}"
+}
+
+kg_alive() {
+    kill -0 "$1" 2>/dev/null
+}
+
+kg_stop_pid() { # kg_stop_pid PID [SECS]
+    local pid=$1 secs=${2:-10} i
+    kg_alive "$pid" || {
+        wait "$pid" 2>/dev/null || true
+        return 0
+    }
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < secs * 10; i++)); do
+        kg_alive "$pid" || break
+        sleep 0.1
+    done
+    if kg_alive "$pid"; then
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait "$pid" 2>/dev/null || true
+}
+
+kg_wait_exit() { # kg_wait_exit PID SECS: wait for PID to exit; sets KG_RC to its exit status
+    local pid=$1 secs=$2
+    local deadline=$(($(date +%s) + secs))
+    while kg_alive "$pid"; do
+        if (($(date +%s) >= deadline)); then
+            kg_fail "pid $pid still running after ${secs}s"
+        fi
+        sleep 0.1
+    done
+    KG_RC=0
+    wait "$pid" || KG_RC=$?
+}
+
+# The worker's "partitions assigned count=N" lines: the last N it logged (0 when none).
+kg_assigned() {
+    local n
+    n=$(grep -E 'msg="partitions (assigned|revoked)"' "$T/$1.log" 2>/dev/null | tail -n 1 |
+        sed -n 's/.*msg="partitions assigned" count=\([0-9]*\).*/\1/p')
+    echo "${n:-0}"
+}
+
+# Wait until the workers named in the arguments hold TOTAL partitions together, each >= 1.
+kg_wait_assigned() { # kg_wait_assigned SECS TOTAL NAME...
+    local secs=$1 total=$2
+    shift 2
+    kg_wait "$secs" "$* assigned $total partitions" kg_assigned_sum "$total" "$@"
+}
+
+kg_assigned_sum() {
+    local total=$1 sum=0 n name
+    shift
+    for name in "$@"; do
+        n=$(kg_assigned "$name")
+        ((n >= 1)) || return 1
+        sum=$((sum + n))
+    done
+    ((sum == total))
+}
+
+kg_free_port() {
+    python3 -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
+}
+
+kg_jobs() { # kg_jobs FILE N [JSON object of extra fields] [PREFIX]
+    python3 - "$1" "$2" "${3:-{\}}" "${4:-job}" <<'PY'
+import json, sys
+path, n, extra, prefix = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+prompts = ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a cat"]
+with open(path, "w") as f:
+    for i in range(n):
+        j = {"request_id": f"{prefix}-{i}", "prompt": f"{prompts[i % 4]} {i}",
+             "max_tokens": 8 + i % 9, "temperature": 0.8, "seed": i}
+        j.update(extra)
+        f.write(json.dumps(j) + "\n")
+PY
+}
+
+kg_rss_kib() { # kg_rss_kib PID FIELD: VmHWM / VmRSS in KiB
+    sed -n "s/^$2:[[:space:]]*\([0-9]*\) kB/\1/p" "/proc/$1/status" 2>/dev/null
+}
+
+# Sum of LAG of GROUP over TOPIC's partitions, as ConsumerGroupCommand --describe shows it;
+# "-" (no committed offset) counts as the whole partition.
+kg_group_lag() { # kg_group_lag GROUP TOPIC
+    kg_tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server \
+        "$BROKERS" --describe --group "$1" 2>/dev/null >"$T/describe.txt" || true
+    python3 - "$T/describe.txt" "$2" <<'PY'
+import sys
+lines = [l.split() for l in open(sys.argv[1]) if l.strip()]
+head = next((l for l in lines if "LAG" in l and "PARTITION" in l), None)
+if head is None:
+    print("unknown")
+    sys.exit(0)
+ti, li, ei = head.index("TOPIC"), head.index("LAG"), head.index("LOG-END-OFFSET")
+total, seen = 0, 0
+for l in lines:
+    if l is head or len(l) < len(head) - 3 or l[ti] != sys.argv[2]:
+        continue
+    seen += 1
+    total += int(l[li]) if l[li].isdigit() else int(l[ei])
+print(total if seen else "unknown")
+PY
+}
+
+# The checks every scenario shares, on kgen-submit's --output (OUT) and --events (EVENTS):
+#  - OUT has exactly one line per expected request_id (the lines of IN with a valid
+#    request_id, or the ids listed in EXPECTED_IDS_FILE), each a done or error event, and no
+#    other line;
+#  - in EVENTS, per attempt (request_id, worker_id, partition, offset) the token events arrive
+#    in index order 0, 1, 2, ... with no gap or repeat, and an attempt that ends with done
+#    (stream jobs) has token texts that join to the done text and one token event per
+#    completion token;
+#  - every OUT line is one of the terminal events in EVENTS.
+# Prints one summary line of key=value; writes it as JSON to $T/summary.json too.
+kg_check_results() { # kg_check_results IN OUT EVENTS [EXPECTED_IDS_FILE]
+    python3 - "$@" "$T/summary.json" <<'PY'
+import collections, json, re, sys
+inp, out, evp = sys.argv[1:4]
+ids_file = sys.argv[4] if len(sys.argv) > 5 else None
+summary_path = sys.argv[-1]
+RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+stream = {}
+if ids_file:
+    expected = set(l.strip() for l in open(ids_file) if l.strip())
+else:
+    expected = set()
+    for raw in open(inp, "rb"):
+        try:
+            j = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(j, dict) and isinstance(j.get("request_id"), str) and RID.match(j["request_id"]):
+            expected.add(j["request_id"])
+            stream[j["request_id"]] = j.get("stream", True) is not False
+errors = []
+res = [json.loads(l) for l in open(out) if l.strip()]
+seen = collections.Counter(r["request_id"] for r in res)
+dups = [k for k, v in seen.items() if v > 1]
+missing = sorted(expected - set(seen))
+extra = sorted(set(seen) - expected)
+if dups:
+    errors.append(f"{len(dups)} request_ids twice in the output, e.g. {dups[:3]}")
+if missing:
+    errors.append(f"{len(missing)} jobs without a terminal event, e.g. {missing[:5]}")
+if extra:
+    errors.append(f"{len(extra)} unexpected request_ids in the output, e.g. {extra[:3]}")
+for r in res:
+    if r.get("type") not in ("done", "error"):
+        errors.append(f"output line is not terminal: {r}")
+        break
+
+events = [json.loads(l) for l in open(evp) if l.strip()]
+attempts = collections.OrderedDict()
+terminals = collections.defaultdict(list)
+for e in events:
+    key = (e["request_id"], e["worker_id"], e["partition"], e["offset"])
+    a = attempts.setdefault(key, {"tokens": [], "terminal": []})
+    if e["type"] == "token":
+        if a["terminal"]:
+            errors.append(f"token event after the terminal event in attempt {key}")
+        a["tokens"].append(e)
+    else:
+        a["terminal"].append(e)
+        terminals[e["request_id"]].append(e)
+bad_order = bad_join = 0
+n_tok = 0
+for key, a in attempts.items():
+    idx = [t["index"] for t in a["tokens"]]
+    n_tok += len(idx)
+    # A re-run in the same worker (rebalance back) repeats an attempt key: split on index 0.
+    runs, cur = [], []
+    for t in a["tokens"]:
+        if t["index"] == 0 and cur:
+            runs.append(cur)
+            cur = []
+        cur.append(t)
+    if cur:
+        runs.append(cur)
+    for run in runs:
+        if [t["index"] for t in run] != list(range(len(run))):
+            bad_order += 1
+            if bad_order <= 3:
+                errors.append(f"token indexes out of order in {key}: {[t['index'] for t in run][:20]}")
+    done = [t for t in a["terminal"] if t["type"] == "done"]
+    if done and runs and stream.get(key[0], True):
+        d = done[0]
+        last = runs[-1]
+        text = "".join(t["text"] for t in last)
+        if text != d["text"] or len(last) != d["usage"]["completion_tokens"]:
+            bad_join += 1
+            if bad_join <= 3:
+                errors.append(f"tokens of {key} join to {text!r} ({len(last)} events), done "
+                              f"says {d['text']!r} ({d['usage']['completion_tokens']} tokens)")
+for r in res:
+    if r not in terminals.get(r["request_id"], []):
+        errors.append(f"output line of {r['request_id']} is not among its events")
+        break
+multi_attempt = sum(1 for rid in expected
+                    if len({(k[1], k[2], k[3]) for k in attempts if k[0] == rid}) > 1)
+dup_terminal = sum(1 for rid, t in terminals.items() if len(t) > 1)
+s = {
+    "jobs": len(expected), "results": len(res),
+    "done": sum(1 for r in res if r["type"] == "done"),
+    "error": sum(1 for r in res if r["type"] == "error"),
+    "events": len(events), "token_events": n_tok,
+    "completion_tokens": sum(r.get("usage", {}).get("completion_tokens", 0) for r in res),
+    "attempts": len(attempts), "jobs_with_2plus_attempts": multi_attempt,
+    "jobs_with_2plus_terminal_events": dup_terminal,
+    "workers": sorted({r["worker_id"] for r in res}),
+}
+json.dump(s, open(summary_path, "w"))
+print("results: " + " ".join(f"{k}={v}" for k, v in s.items()))
+if errors:
+    for e in errors:
+        print("FAIL: " + e, file=sys.stderr)
+    sys.exit(1)
+PY
+}
+
+kg_summary() { # kg_summary KEY: a field of the last kg_check_results summary
+    python3 -c 'import json, sys; v = json.load(open(sys.argv[1]))[sys.argv[2]]; print(v if not isinstance(v, list) else " ".join(v))' \
+        "$T/summary.json" "$1"
+}

@@ -1,0 +1,312 @@
+/* check_worker_mock: the whole worker (kg_worker_run on its own thread) on
+ * librdkafka's in-process mock cluster, with faults injected while jobs
+ * run: retriable errors on Produce, Fetch and OffsetCommit requests, and
+ * the broker going down and coming back. Every job must still end with a
+ * terminal event and the worker must stop cleanly (rc 0). Fast (no JVM):
+ * the real-broker scenarios are tests/integration/test_worker_*.sh. */
+#include "check_common.h"
+#include "config/kg_config.h"
+#include "core/kg_clock.h"
+#include "core/kg_log.h"
+#include "kafka/kg_worker.h"
+#include "model/kg_model.h"
+#include "schema/kg_codec.h"
+
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Kafka protocol ApiKeys (the mock takes raw numbers; rdkafka_protocol.h is private). */
+#define API_PRODUCE       0
+#define API_FETCH         1
+#define API_OFFSET_COMMIT 8
+
+#define N_PARTITIONS 4
+#define MAX_JOBS     64
+
+typedef struct fixture {
+    rd_kafka_t *mock_rk; /* hosts the mock cluster */
+    rd_kafka_mock_cluster_t *mc;
+    const char *bootstrap;
+    kg_config_t cfg;
+    kg_model_t *model;
+    kg_worker_t *w;
+    pthread_t thread;
+    int rc;
+    rd_kafka_t *producer, *reader;
+    bool seen[MAX_JOBS];          /* job-<i> has a terminal event */
+    int32_t next_index[MAX_JOBS]; /* of job-<i>'s next token event */
+    int n_seen;
+} fixture_t;
+
+static void *worker_main(void *arg) {
+    fixture_t *f = arg;
+    f->rc = kg_worker_run(f->w);
+    return NULL;
+}
+
+static void cfg_set(kg_config_t *cfg, const char *k, const char *v) {
+    char err[256];
+    ck_assert_msg(kg_config_set(cfg, k, v, err, sizeof(err)) == KG_OK, "%s=%s: %s", k, v, err);
+}
+
+static rd_kafka_t *client(rd_kafka_type_t type, const char *bootstrap, const char *group) {
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    char err[512];
+    ck_assert(rd_kafka_conf_set(conf, "bootstrap.servers", bootstrap, err, sizeof(err)) == 0);
+    ck_assert(rd_kafka_conf_set(conf, "log_level", "3", err, sizeof(err)) == 0);
+    if (group) {
+        ck_assert(rd_kafka_conf_set(conf, "group.id", group, err, sizeof(err)) == 0);
+        ck_assert(rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof(err)) == 0);
+    }
+    rd_kafka_t *rk = rd_kafka_new(type, conf, err, sizeof(err));
+    ck_assert_msg(rk != NULL, "rd_kafka_new: %s", err);
+    return rk;
+}
+
+/* Mock cluster with the jobs, results and DLQ topics; a worker on it. */
+static void setup(fixture_t *f, int n_brokers, const char *max_queue_depth) {
+    memset(f, 0, sizeof(*f));
+    kg_codec_global_init();
+    kg_log_setup(getenv("KG_TEST_DEBUG") ? KG_LOG_LEVEL_DEBUG : KG_LOG_LEVEL_WARN,
+                 KG_LOG_FORMAT_LOGFMT);
+    f->mock_rk = client(RD_KAFKA_PRODUCER, "", NULL);
+    f->mc = rd_kafka_mock_cluster_new(f->mock_rk, n_brokers);
+    ck_assert(f->mc != NULL);
+    f->bootstrap = rd_kafka_mock_cluster_bootstraps(f->mc);
+    ck_assert(rd_kafka_mock_topic_create(f->mc, "jobs", N_PARTITIONS, 1) == 0);
+    ck_assert(rd_kafka_mock_topic_create(f->mc, "results", N_PARTITIONS, 1) == 0);
+    ck_assert(rd_kafka_mock_topic_create(f->mc, "jobs.dlq", 1, 1) == 0);
+
+    kg_test_model_opts_t mo = {
+        .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128, .seed = 1};
+    const char *path = kg_test_make_model(&mo);
+    ck_assert(path != NULL);
+    char err[512];
+    f->model = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(f->model != NULL, "%s", err);
+    unlink(path);
+
+    kg_config_init(&f->cfg);
+    cfg_set(&f->cfg, "brokers", f->bootstrap);
+    cfg_set(&f->cfg, "jobs-topic", "jobs");
+    cfg_set(&f->cfg, "results-topic", "results");
+    cfg_set(&f->cfg, "group-id", "kgen-mock-workers");
+    cfg_set(&f->cfg, "worker-id", "mock-worker");
+    cfg_set(&f->cfg, "threads", "1");
+    cfg_set(&f->cfg, "max-batch-size", "4");
+    cfg_set(&f->cfg, "max-queue-depth", max_queue_depth);
+    cfg_set(&f->cfg, "drain-timeout", "10");
+    /* quick reconnects, so the fault tests stay short */
+    ck_assert(kg_config_set_kafka(&f->cfg, "reconnect.backoff.max.ms", "500", err, sizeof(err)) ==
+              KG_OK);
+    f->w = kg_worker_new(&f->cfg, f->model, err, sizeof(err));
+    ck_assert_msg(f->w != NULL, "kg_worker_new: %s", err);
+    f->rc = -1;
+    ck_assert(pthread_create(&f->thread, NULL, worker_main, f) == 0);
+
+    f->producer = client(RD_KAFKA_PRODUCER, f->bootstrap, NULL);
+    f->reader = client(RD_KAFKA_CONSUMER, f->bootstrap, "kgen-mock-reader");
+    rd_kafka_poll_set_consumer(f->reader);
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(N_PARTITIONS);
+    for (int i = 0; i < N_PARTITIONS; i++) {
+        rd_kafka_topic_partition_list_add(parts, "results", i)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    }
+    ck_assert(rd_kafka_assign(f->reader, parts) == 0);
+    rd_kafka_topic_partition_list_destroy(parts);
+}
+
+/* Stop the worker (as SIGTERM does), check it exits 0, free everything. */
+static void teardown(fixture_t *f) {
+    kg_worker_stop(f->w);
+    pthread_join(f->thread, NULL);
+    ck_assert_int_eq(f->rc, 0);
+    kg_worker_free(f->w);
+    kg_model_free(f->model);
+    kg_config_clear(&f->cfg);
+    rd_kafka_consumer_close(f->reader);
+    rd_kafka_destroy(f->reader);
+    rd_kafka_flush(f->producer, 5000);
+    rd_kafka_destroy(f->producer);
+    rd_kafka_mock_cluster_destroy(f->mc);
+    rd_kafka_destroy(f->mock_rk);
+}
+
+static void produce_jobs(fixture_t *f, int first, int n) {
+    for (int i = first; i < first + n; i++) {
+        char key[32], job[256];
+        int kl = snprintf(key, sizeof(key), "job-%d", i);
+        int jl = snprintf(job, sizeof(job),
+                          "{\"request_id\":\"job-%d\",\"prompt\":\"Once upon a time %d\","
+                          "\"max_tokens\":%d,\"temperature\":0.8,\"seed\":%d}",
+                          i, i, 8 + i % 9, i);
+        /* produceva: clang -Wpedantic flags the producev macros */
+        rd_kafka_vu_t vus[4] = {
+            {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+            {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {key, (size_t)kl}},
+            {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {job, (size_t)jl}},
+            {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+        };
+        rd_kafka_error_t *e = rd_kafka_produceva(f->producer, vus, 4);
+        ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+    }
+    rd_kafka_poll(f->producer, 0);
+}
+
+/* Read results until every job-<i> (i < n) has a terminal event or the
+ * timeout passes; returns how many have one (counting earlier calls). Token events of a job must
+ * come with consecutive indexes per attempt (restarting at 0 on a re-run). */
+static int collect(fixture_t *f, int n, int timeout_s, int *n_events) {
+    bool *seen = f->seen;
+    int32_t *next_index = f->next_index;
+    int64_t deadline = kg_clock_us() + (int64_t)timeout_s * 1000000;
+    while (f->n_seen < n && kg_clock_us() < deadline) {
+        rd_kafka_poll(f->producer, 0);
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f->reader, 100);
+        if (!rkm) {
+            continue;
+        }
+        if (rkm->err) {
+            rd_kafka_message_destroy(rkm);
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert_msg(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK,
+                      "bad event: %s", err);
+        (*n_events)++;
+        const kg_event_common_t *c = ev->type == KG_EVENT_TOKEN  ? &ev->token.common
+                                     : ev->type == KG_EVENT_DONE ? &ev->done.common
+                                                                 : &ev->error.common;
+        int i = -1;
+        ck_assert_msg(sscanf(c->request_id, "job-%d", &i) == 1 && i >= 0 && i < n,
+                      "unexpected request_id %s", c->request_id);
+        if (ev->type == KG_EVENT_TOKEN) {
+            if (ev->token.index == 0) {
+                next_index[i] = 0;
+            }
+            ck_assert_int_eq(ev->token.index, next_index[i]);
+            next_index[i]++;
+        } else {
+            ck_assert_msg(ev->type == KG_EVENT_DONE, "job-%d failed: %s", i,
+                          ev->type == KG_EVENT_ERROR ? ev->error.message : "?");
+            if (!seen[i]) {
+                seen[i] = true;
+                f->n_seen++;
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    return f->n_seen;
+}
+
+START_TEST(test_no_faults) {
+    fixture_t f;
+    setup(&f, 1, "64");
+    produce_jobs(&f, 0, 24);
+    int n_events = 0;
+    int got = collect(&f, 24, 60, &n_events);
+    ck_assert_int_eq(got, 24);
+    ck_assert_int_gt(n_events, 24); /* stream jobs: token events too */
+    teardown(&f);
+}
+END_TEST
+
+/* Retriable errors on the worker's Produce (events), Fetch (jobs) and
+ * OffsetCommit requests: librdkafka retries them; no job is lost and the
+ * idempotent producer does not fail the worker. */
+START_TEST(test_request_errors) {
+    fixture_t f;
+    setup(&f, 1, "64");
+    produce_jobs(&f, 0, 8);
+    int n_events = 0;
+    ck_assert_int_eq(collect(&f, 8, 60, &n_events), 8);
+    /* the jobs first, so the Produce errors hit the worker's event producer */
+    produce_jobs(&f, 8, 32);
+    rd_kafka_flush(f.producer, 5000);
+    rd_kafka_mock_broker_push_request_error_rtts(
+        f.mc, 1, API_PRODUCE, 4, RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, 0,
+        RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT, 0, RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS, 0,
+        RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE, 0);
+    rd_kafka_mock_broker_push_request_error_rtts(
+        f.mc, 1, API_FETCH, 3, RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, 0,
+        RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART, 0, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT, 0);
+    rd_kafka_mock_broker_push_request_error_rtts(f.mc, 1, API_OFFSET_COMMIT, 2,
+                                                 RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS, 0,
+                                                 RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT, 0);
+    ck_assert_int_eq(collect(&f, 40, 90, &n_events), 40);
+    /* the faults did happen: every injected error was handed out (offsets
+     * are auto-committed every 5 s, so the commit errors may come later) */
+    int16_t apis[] = {API_PRODUCE, API_FETCH, API_OFFSET_COMMIT};
+    for (size_t i = 0; i < sizeof(apis) / sizeof(apis[0]); i++) {
+        size_t left = 99;
+        int64_t deadline = kg_clock_us() + 20 * 1000000;
+        do {
+            ck_assert(rd_kafka_mock_broker_error_stack_cnt(f.mc, 1, apis[i], &left) == 0);
+            if (left > 0) {
+                usleep(100000);
+            }
+        } while (left > 0 && kg_clock_us() < deadline);
+        ck_assert_msg(left == 0, "ApiKey %d: %zu injected errors never used", apis[i], left);
+    }
+    teardown(&f);
+}
+END_TEST
+
+/* The only broker goes down while jobs run and comes back 3 s later: the
+ * worker reconnects, keeps its group and finishes every job. */
+START_TEST(test_broker_down_up) {
+    fixture_t f;
+    setup(&f, 1, "64");
+    produce_jobs(&f, 0, 8);
+    int n_events = 0;
+    ck_assert_int_eq(collect(&f, 8, 60, &n_events), 8);
+    produce_jobs(&f, 8, 32);
+    rd_kafka_flush(f.producer, 5000);
+    ck_assert(rd_kafka_mock_broker_set_down(f.mc, 1) == 0);
+    sleep(3);
+    ck_assert(rd_kafka_mock_broker_set_up(f.mc, 1) == 0);
+    ck_assert_int_eq(collect(&f, 40, 90, &n_events), 40);
+    teardown(&f);
+}
+END_TEST
+
+/* KNOWN BUG (reported to the lead, kg_worker.c/kg_runner.c): the worker
+ * admits max_batch_size + max_queue_depth jobs, but the engine takes at most
+ * max_queue_depth *waiting* ones, and a burst reaches the runner before a
+ * step has moved any to running. The excess gets KG_QUEUE_FULL back and the
+ * worker turns it into an `internal` error event ("the engine refused the
+ * request: queue full") instead of retrying. This test (a burst of 24 jobs
+ * at max-batch-size 4, max-queue-depth 8) fails until that is fixed, so it
+ * runs only with KG_TEST_KNOWN_BUGS=1; the fault tests above use a queue
+ * deeper than their bursts. */
+START_TEST(test_burst_beyond_queue_depth) {
+    fixture_t f;
+    setup(&f, 1, "8");
+    produce_jobs(&f, 0, 24);
+    int n_events = 0;
+    ck_assert_int_eq(collect(&f, 24, 60, &n_events), 24);
+    teardown(&f);
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    Suite *s = suite_create("worker_mock");
+    TCase *tc = tcase_create("mock");
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_no_faults);
+    tcase_add_test(tc, test_request_errors);
+    tcase_add_test(tc, test_broker_down_up);
+    if (getenv("KG_TEST_KNOWN_BUGS")) {
+        tcase_add_test(tc, test_burst_beyond_queue_depth);
+    }
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)
