@@ -26,6 +26,7 @@
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
 #include "engine/kg_engine.h"
+#include "metrics/kg_metrics.h"
 #include "model/kg_model.h"
 
 #define MAX_NPL 32
@@ -37,6 +38,7 @@ typedef struct bench_opts {
     int n_npl;
     double arrivals; /* requests per second; 0 = batched mode */
     bool json;
+    bool metrics; /* record what the worker records (histograms, one log line per job) */
 } bench_opts_t;
 
 typedef struct bench_row {
@@ -59,6 +61,8 @@ static void usage(FILE *f) {
             "  --n-requests N            requests in arrivals mode (default 64)\n"
             "  --seed S                  prompt/arrival RNG seed (default 1)\n"
             "  --json                    JSON output\n"
+            "  --metrics                 also record the worker's metrics and job log lines\n"
+            "                            (to measure what they cost)\n"
             "  --version, --help\n");
 }
 
@@ -88,7 +92,8 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
             argv[i] = spelled[k];
         }
     }
-    enum { O_NPP = 256, O_NTG, O_NPL, O_BACKEND, O_KV, O_ARR, O_NREQ, O_SEED, O_JSON, O_VERSION };
+    enum { O_NPP = 256, O_NTG, O_NPL, O_BACKEND, O_KV, O_ARR, O_NREQ, O_SEED, O_JSON, O_VERSION,
+           O_METRICS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},   {"npp", required_argument, 0, O_NPP},
         {"ntg", required_argument, 0, O_NTG},   {"npl", required_argument, 0, O_NPL},
@@ -96,6 +101,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
         {"backend", required_argument, 0, O_BACKEND}, {"kv-memory", required_argument, 0, O_KV},
         {"arrivals", required_argument, 0, O_ARR}, {"n-requests", required_argument, 0, O_NREQ},
         {"seed", required_argument, 0, O_SEED}, {"json", no_argument, 0, O_JSON},
+        {"metrics", no_argument, 0, O_METRICS},
         {"version", no_argument, 0, O_VERSION}, {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
@@ -116,6 +122,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
         case O_NREQ: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->n_requests); break;
         case O_SEED: ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &o->seed); break;
         case O_JSON: o->json = true; break;
+        case O_METRICS: o->metrics = true; break;
         case O_VERSION: kg_cmd_print_version("kgen-bench"); return 0;
         case 'h': usage(stdout); return 0;
         default:
@@ -162,7 +169,32 @@ typedef struct bench_env {
     kg_engine_params_t ep;
     kg_completion_t *comps;
     int32_t comps_cap;
+    bool metrics;
+    kg_histogram_t step, ttft, tpot, e2e;
 } bench_env_t;
+
+/* What kgen-worker records per step and per finished job, so --metrics
+ * shows their cost: histogram observations and one logfmt line per job. */
+static int32_t bench_step(bench_env_t *env) {
+    int64_t t0 = kg_clock_us();
+    int32_t n = kg_engine_step(env->engine, env->comps, env->comps_cap);
+    if (env->metrics) {
+        int64_t t1 = kg_clock_us();
+        kg_histogram_observe(&env->step, t1 - t0);
+        for (int32_t i = 0; i < n; i++) {
+            const kg_completion_t *c = &env->comps[i];
+            if (c->finish != KG_FINISH_NONE) {
+                kg_histogram_observe(&env->ttft, t1 - t0);
+                kg_histogram_observe(&env->tpot, t1 - t0);
+                kg_histogram_observe(&env->e2e, t1 - t0);
+                KG_LOG_INFO("bench", "job done request_id=%llu partition=0 offset=%llu finish=%s "
+                            "tokens=%d", (unsigned long long)c->id, (unsigned long long)c->id,
+                            kg_finish_str(c->finish), c->index);
+            }
+        }
+    }
+    return n;
+}
 
 static bool env_open(bench_env_t *env, const bench_opts_t *o, int32_t max_seqs, int64_t max_ctx,
                      char *err, size_t err_size) {
@@ -229,7 +261,7 @@ static bool run_batched(bench_env_t *env, const bench_opts_t *o, int32_t B, benc
     int64_t t0 = kg_clock_us(), t_pp_end = 0;
     int32_t n_first = 0, n_done = 0;
     while (ok && n_done < B) {
-        int32_t n = kg_engine_step(e, env->comps, env->comps_cap);
+        int32_t n = bench_step(env);
         if (n < 0) {
             fprintf(stderr, "kgen-bench: step failed: %s\n", kg_status_str((kg_status_t)n));
             ok = false;
@@ -319,7 +351,7 @@ static bool run_arrivals(bench_env_t *env, const bench_opts_t *o) {
             }
             continue;
         }
-        int32_t n = kg_engine_step(env->engine, env->comps, env->comps_cap);
+        int32_t n = bench_step(env);
         if (n < 0) {
             ok = false;
             break;
@@ -396,9 +428,15 @@ int main(int argc, char **argv) {
     if (rc >= 0) {
         return rc;
     }
-    kg_log_setup(KG_LOG_LEVEL_WARN, KG_LOG_FORMAT_LOGFMT);
+    /* with --metrics, job lines are logged at info as the worker does */
+    kg_log_setup(o.metrics ? KG_LOG_LEVEL_INFO : KG_LOG_LEVEL_WARN, KG_LOG_FORMAT_LOGFMT);
     char err[512] = "";
     bench_env_t env = {0};
+    env.metrics = o.metrics;
+    kg_histogram_init(&env.step, KG_HIST_STEP);
+    kg_histogram_init(&env.ttft, KG_HIST_TTFT);
+    kg_histogram_init(&env.tpot, KG_HIST_TPOT);
+    kg_histogram_init(&env.e2e, KG_HIST_E2E);
     env.model = kg_model_load(o.model_path, err, sizeof(err));
     if (!env.model) {
         fprintf(stderr, "kgen-bench: %s\n", err);
