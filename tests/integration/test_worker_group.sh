@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# test_worker_group (acceptance 1): 200 jobs over 4 partitions of a real Kafka broker, two
+# kgen-workers in one consumer group (different --worker-id, same --group-id). Every job gets
+# exactly one terminal event; per attempt the token events arrive in index order and their
+# texts join to the done text; both workers did part of the work; the group's committed
+# offsets reach the end of the jobs topic. Prints jobs/s, tokens/s and the split per worker.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+kg_setup worker-group
+kg_need_java
+
+kg_broker_start
+kg_topics 4
+kg_model
+kg_jobs "$T/jobs.jsonl" 200
+
+kg_worker w1 --max-batch-size 8
+kg_worker w2 --max-batch-size 8
+kg_wait_assigned 60 4 w1 w2
+kg_note "both workers hold partitions: w1=$(kg_assigned w1) w2=$(kg_assigned w2)"
+
+t0=$(date +%s%N)
+kg_submit --input "$T/jobs.jsonl" --output "$T/results.jsonl" --events "$T/events.jsonl" \
+    --timeout 120 --no-progress 2>"$T/submit.log" || {
+    cat "$T/submit.log" >&2
+    kg_fail "kgen-submit did not see every job finish"
+}
+ms=$((($(date +%s%N) - t0) / 1000000))
+cat "$T/submit.log"
+kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl"
+
+((KG_RC = $(kg_summary error))) && kg_fail "$KG_RC jobs ended with an error event"
+n1=$(grep -c '"worker_id":"w1"' "$T/results.jsonl" || true)
+n2=$(grep -c '"worker_id":"w2"' "$T/results.jsonl" || true)
+((n1 > 0 && n2 > 0)) || kg_fail "one worker did nothing: w1=$n1 w2=$n2"
+# No rebalance happened during the run, so no job may have run twice.
+revokes=$(($(kg_log_count "$T/w1.log" 'partitions revoked') + $(kg_log_count "$T/w2.log" 'partitions revoked')))
+dup=$(kg_summary jobs_with_2plus_terminal_events)
+kg_note "rebalances after start: $revokes revokes; jobs with 2+ terminal events: $dup"
+if ((revokes <= 1)); then
+    ((dup == 0)) || kg_fail "$dup jobs have two terminal events without a rebalance"
+fi
+tokens=$(kg_summary completion_tokens)
+kg_note "measured: 200 jobs in ${ms} ms through Kafka with 2 workers:" \
+    "$(python3 -c "print(f'{200 / ($ms / 1e3):.1f} jobs/s, {$tokens / ($ms / 1e3):.0f} tokens/s')")," \
+    "w1=$n1 w2=$n2 jobs"
+
+# Offsets are committed every 5 s (auto commit) and at shutdown: stop both, then the lag is 0.
+kg_stop_pid "$(kg_pid w1)" 30
+kg_stop_pid "$(kg_pid w2)" 30
+lag=$(kg_group_lag "$GROUP" "$JOBS")
+kg_note "group $GROUP lag on $JOBS after the workers stopped: $lag"
+[[ "$lag" == 0 ]] || kg_fail "committed offsets do not reach the end of $JOBS (lag $lag)"
+echo "PASS: 200 jobs, 2 workers, one terminal event each, ordered tokens ($(kg_elapsed) s)"
