@@ -16,6 +16,7 @@
 #   kg_check_results IN OUT EVENTS [EXPECTED_IDS_FILE]   invariants; prints a summary line
 #   kg_group_lag GROUP TOPIC   sum of LAG over the topic's partitions (ConsumerGroupCommand)
 #   kg_free_port               a free TCP port on 127.0.0.1
+#   kg_metric PORT NAME        a worker's /metrics value (kg_metric_ge PORT NAME MIN to wait on)
 #   kg_jobs FILE N [json fields]            N valid jobs (request_id job-0..), one per line
 
 KG_BIN=${KG_BIN_DIR:?KG_BIN_DIR is not set (run through ctest)}
@@ -256,6 +257,17 @@ with open(path, "w") as f:
         j.update(extra)
         f.write(json.dumps(j) + "\n")
 PY
+}
+
+kg_metric() { # kg_metric PORT NAME: the value of a /metrics series (summed over labels); "" if down
+    curl -s --max-time 2 "http://127.0.0.1:$1/metrics" 2>/dev/null |
+        awk -v n="$2" '$1 == n || index($1, n "{") == 1 { s += $NF; f = 1 } END { if (f) printf "%.0f\n", s }'
+}
+
+kg_metric_ge() { # kg_metric_ge PORT NAME MIN: succeeds when the metric is >= MIN
+    local v
+    v=$(kg_metric "$1" "$2")
+    [[ -n "$v" ]] && ((v >= $3))
 }
 
 kg_rss_kib() { # kg_rss_kib PID FIELD: VmHWM / VmRSS in KiB

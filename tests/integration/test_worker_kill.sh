@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# test_worker_kill (acceptance 2): two workers in one group share 48 long jobs (800 tokens, so
+# they are still running); one worker is SIGKILLed while its engine runs jobs. The survivor
+# takes its partitions over (short session timeout) and reruns what was not committed. Every
+# job still ends with a terminal event, kgen-submit writes each job exactly once, the rerun
+# jobs show two attempts with different worker_id (the killed worker's partial token stream
+# and the survivor's full one), and each attempt's tokens are in order.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+kg_setup worker-kill
+kg_need_java
+
+kg_broker_start
+kg_topics 4
+kg_model
+kg_jobs "$T/jobs.jsonl" 48 '{"max_tokens": 800, "ignore_eos": true}'
+
+# The broker's minimum session timeout (6 s) so the survivor takes over quickly.
+fast=(-X session.timeout.ms=6000 -X heartbeat.interval.ms=500)
+port=$(kg_free_port)
+kg_worker w1 --max-batch-size 8 "${fast[@]}"
+kg_worker w2 --max-batch-size 8 --http-port "$port" "${fast[@]}"
+kg_wait_assigned 60 4 w1 w2
+
+kg_bg submit "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
+    --results-topic "$RESULTS" --input "$T/jobs.jsonl" --output "$T/results.jsonl" \
+    --events "$T/events.jsonl" --timeout 150 --no-progress
+# Kill w2 once its engine runs several jobs and it has produced token events (given a second
+# to reach the broker: linger.ms is 5, but 2 cores are shared by 4 busy processes).
+kg_wait 60 "w2 running jobs" kg_metric_ge "$port" kgen_num_requests_running 4
+kg_wait 30 "w2 streaming" kg_metric_ge "$port" kgen_events_produced_total 200
+sleep 1
+running=$(kg_metric "$port" kgen_num_requests_running)
+inflight=$(kg_metric "$port" kgen_jobs_inflight)
+finished=$(kg_metric "$port" kgen_jobs_total)
+kill -KILL "$(kg_pid w2)"
+kg_note "SIGKILLed w2 with $running jobs running, $inflight taken and unfinished, $finished finished"
+((running >= 1)) || kg_fail "w2 had no running job when killed"
+t_kill=$(date +%s)
+
+kg_wait_exit "$(kg_pid submit)" 170
+((KG_RC == 0)) || kg_fail "kgen-submit exited $KG_RC (not every job finished)"
+cat "$T/submit.log"
+kg_note "all jobs finished $(($(date +%s) - t_kill)) s after the kill"
+kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl"
+
+python3 - "$T/events.jsonl" "$T/results.jsonl" <<'PY'
+import collections, json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+res = {r["request_id"]: r for r in map(json.loads, open(sys.argv[2]))}
+attempts = collections.defaultdict(list)
+for e in ev:
+    k = (e["worker_id"], e["partition"], e["offset"])
+    if k not in attempts[e["request_id"]]:
+        attempts[e["request_id"]].append(k)
+rerun = {rid: a for rid, a in attempts.items() if len({k[0] for k in a}) > 1}
+assert rerun, "no job shows a second attempt after the kill"
+for rid, a in rerun.items():
+    # first the killed worker's attempt, then the survivor's, which finished the job
+    assert a[0][0] == "w2" and a[-1][0] == "w1", (rid, a)
+    assert res[rid]["worker_id"] == "w1" and res[rid]["type"] == "done", res[rid]
+    assert len({(k[1], k[2]) for k in a}) == 1, ("same message, same partition/offset", rid, a)
+partial = sum(1 for rid in rerun
+              if not any(e["type"] != "token" and e["worker_id"] == "w2"
+                         for e in ev if e["request_id"] == rid))
+w2_done = sum(1 for r in res.values() if r["worker_id"] == "w2")
+print(f"kill: {len(rerun)} jobs rerun by w1 after the kill ({partial} with a partial w2 stream), "
+      f"{w2_done} finished by w2 before it died, {len(res)} results")
+assert partial >= 1, "no rerun job had a partial stream from w2"
+PY
+kg_alive "$(kg_pid w1)" || kg_fail "w1 died"
+echo "PASS: SIGKILL of a worker with running jobs loses nothing ($(kg_elapsed) s)"
