@@ -3,7 +3,7 @@
  * invariance: a row's result is bitwise the same whatever the row count,
  * its position and the thread count.
  *
- * `check_gemm --bench [quick]` is a micro-benchmark instead of the tests:
+ * `check_gemm --bench [quick] [NxK]` is a micro-benchmark instead of the tests:
  * the SmolLM2-135M shapes for m = 1, 4, 16, 128, 512 rows, 1 and 2 threads,
  * F32 and F16 weights, against OpenBLAS sgemm when libopenblas loads. */
 #include "check_common.h"
@@ -330,7 +330,7 @@ static double bench_median(const bench_case_t *b, double budget_s) {
     return t[n / 2];
 }
 
-static int bench(bool quick) {
+static int bench(bool quick, const char *only) {
     static const int64_t shapes[][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536},
                                         {49152, 576}};
     static const int64_t ms[] = {1, 4, 16, 128, 512};
@@ -352,6 +352,11 @@ static int bench(bool quick) {
     rng_state = 7;
     for (size_t is = 0; is < sizeof(shapes) / sizeof(shapes[0]); is++) {
         const int64_t n = shapes[is][0], k = shapes[is][1];
+        char name[32];
+        snprintf(name, sizeof(name), "%lldx%lld", (long long)n, (long long)k);
+        if (only && strcmp(only, name) != 0) {
+            continue;
+        }
         float *wf = random_floats(n * k);
         uint16_t *wh = malloc((size_t)(n * k) * sizeof(uint16_t));
         cpu_gemm_weights_t w32, w16;
@@ -405,7 +410,8 @@ static int bench(bool quick) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
-        return bench(argc > 2 && strcmp(argv[2], "quick") == 0);
+        const bool quick = argc > 2 && strcmp(argv[2], "quick") == 0;
+        return bench(quick, argc > 2 + quick ? argv[2 + quick] : NULL);
     }
     SRunner *sr = srunner_create(make_suite());
     srunner_run_all(sr, CK_NORMAL);

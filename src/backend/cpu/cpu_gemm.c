@@ -16,14 +16,25 @@
 
 #define NR CPU_GEMM_PANEL
 
-/* K block of the vector kernels: a task's W block (up to 8 panels x KC)
- * stays in L2 while it meets every row block of A; the accumulators go
- * through C between blocks, which leaves the order of the FMAs unchanged. */
+/* Cache blocking of the vector kernels (Goto's order). A K block of MC rows
+ * of A (96 KiB) stays in L2 while one panel's K block (16 KiB of F32) sits
+ * in L1 and meets each of its 6-row blocks. The accumulators go through C
+ * between K blocks, which leaves the order of the FMAs unchanged. */
 #define KC 256
+#define MC 96
+
+/* Column panels per pool task when there are several row blocks (8 panels
+ * of a K block: 128 KiB of F32 in L2), and when there is one (decode: W is
+ * read once, so only the balance matters). */
+#define TASK_PANELS 8
+#define TASK_PANELS_DECODE 12
 
 /* Below this many multiply-adds a GEMM runs on the calling thread: waking
  * the pool costs more than it saves. */
 #define INLINE_MACS 131072.0
+
+/* How far ahead in a panel the kernels prefetch W, in bytes. */
+#define PREFETCH 1024
 
 // ---- packing ----
 
@@ -153,7 +164,9 @@ GEMM_INLINE __m256 load_w(const int type, const char *p, const int half) {
     if (half == 0) {
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     }
-    return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000u)));
+    /* two shifts rather than a mask: a mask constant would take the 16th
+     * register the 6x16 tile needs */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16));
 }
 
 /* One register tile: rows [0, mr) of `a` (row stride lda) times panels
@@ -176,21 +189,42 @@ GEMM_INLINE void tile(const int type, const int mr, const int np, const float *a
     }
     GEMM_INIT(0) GEMM_INIT(1) GEMM_INIT(2) GEMM_INIT(3) GEMM_INIT(4) GEMM_INIT(5)
     GEMM_INIT(6) GEMM_INIT(7) GEMM_INIT(8) GEMM_INIT(9) GEMM_INIT(10) GEMM_INIT(11)
-    for (int64_t kk = 0; kk < kc; kk++) {
-        const char *wk = w + kk * rb;
-        /* row by row: each broadcast is consumed at once, so the 12
-         * accumulators, 2 weight vectors and 1 broadcast fit 16 registers */
-        __m256 b = _mm256_setzero_ps();
-#define GEMM_STEP(i)                                                                               \
+    /* row by row: each broadcast is consumed at once, so the 12
+     * accumulators, 2 weight vectors and 1 broadcast fit 16 registers */
+#define GEMM_STEP(i, kk, wk)                                                                       \
     if ((i) < n_acc) {                                                                             \
         if ((i) % nh == 0) {                                                                       \
-            b = _mm256_broadcast_ss(a + (int64_t)((i) / nh) * lda + kk);                           \
+            b = _mm256_broadcast_ss(a + (int64_t)((i) / nh) * lda + (kk));                         \
         }                                                                                          \
         c##i = _mm256_fmadd_ps(                                                                    \
-            b, load_w(type, wk + (int64_t)(((i) % nh) / 2) * pstride, ((i) % nh) % 2), c##i);      \
+            b, load_w(type, (wk) + (int64_t)(((i) % nh) / 2) * pstride, ((i) % nh) % 2), c##i);    \
     }
-        GEMM_STEP(0) GEMM_STEP(1) GEMM_STEP(2) GEMM_STEP(3) GEMM_STEP(4) GEMM_STEP(5)
-        GEMM_STEP(6) GEMM_STEP(7) GEMM_STEP(8) GEMM_STEP(9) GEMM_STEP(10) GEMM_STEP(11)
+#define GEMM_KSTEP(kk)                                                                             \
+    {                                                                                              \
+        const char *wk = w + (kk) * rb;                                                            \
+        __m256 b = _mm256_setzero_ps();                                                            \
+        GEMM_STEP(0, kk, wk) GEMM_STEP(1, kk, wk) GEMM_STEP(2, kk, wk) GEMM_STEP(3, kk, wk)        \
+        GEMM_STEP(4, kk, wk) GEMM_STEP(5, kk, wk) GEMM_STEP(6, kk, wk) GEMM_STEP(7, kk, wk)        \
+        GEMM_STEP(8, kk, wk) GEMM_STEP(9, kk, wk) GEMM_STEP(10, kk, wk) GEMM_STEP(11, kk, wk)      \
+    }
+    /* two k-steps per turn: one 64-byte line of each panel for F16/BF16,
+     * two for F32, prefetched PREFETCH bytes ahead. Decode streams W from
+     * memory, and the out-of-order window alone keeps too few lines in
+     * flight for F16 (measured: 13 GB/s without, 15 with, on one core). */
+    int64_t kk = 0;
+    for (; kk + 2 <= kc; kk += 2) {
+        const char *pf = w + kk * rb + PREFETCH;
+        for (int p = 0; p < np; p++) {
+            _mm_prefetch(pf + p * pstride, _MM_HINT_T0);
+            if (type == KG_GGML_TYPE_F32) {
+                _mm_prefetch(pf + p * pstride + 64, _MM_HINT_T0);
+            }
+        }
+        GEMM_KSTEP(kk)
+        GEMM_KSTEP(kk + 1)
+    }
+    if (kk < kc) {
+        GEMM_KSTEP(kk)
     }
 #define GEMM_STORE(i)                                                                              \
     if ((i) < n_acc) {                                                                             \
@@ -201,6 +235,7 @@ GEMM_INLINE void tile(const int type, const int mr, const int np, const float *a
 #undef GEMM_CP
 #undef GEMM_INIT
 #undef GEMM_STEP
+#undef GEMM_KSTEP
 #undef GEMM_STORE
 }
 
@@ -245,6 +280,21 @@ DEF_TILES(bf16, KG_GGML_TYPE_BF16)
 /* Widest tile (in panels) per row count: 12 accumulators at most. */
 static const int max_np[6] = {6, 3, 2, 1, 1, 1};
 
+/* The last panel when it is partial: through a 16-wide scratch tile, so
+ * the padding columns are computed but never stored. */
+static void partial_tile(const tile_fn (*tab)[6], int mr, const float *a, int64_t lda,
+                         const char *w, int64_t pstride, int64_t kc, float *c, int64_t ldc,
+                         int64_t nc, bool acc_in) {
+    float tmp[6 * NR];
+    for (int r = 0; r < mr && acc_in; r++) {
+        memcpy(tmp + r * NR, c + r * ldc, (size_t)nc * sizeof(float));
+    }
+    tab[mr - 1][0](a, lda, w, pstride, kc, tmp, NR, acc_in);
+    for (int r = 0; r < mr; r++) {
+        memcpy(c + r * ldc, tmp + r * NR, (size_t)nc * sizeof(float));
+    }
+}
+
 /* Panels [p0, p1) for all m rows. */
 static void vector_panels(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m,
                           int64_t p0, int64_t p1) {
@@ -254,31 +304,43 @@ static void vector_panels(const float *a, const cpu_gemm_weights_t *w, float *c,
                              : w->type == KG_GGML_TYPE_BF16 ? tiles_bf16
                                                             : tiles_f32;
     const char *panels = w->panels;
-    /* a partial last panel goes through a 16-wide scratch tile */
     const bool partial = p1 * NR > N;
-    const int64_t pf = partial ? p1 - 1 : p1;
-    for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        const int64_t kc = K - k0 < KC ? K - k0 : KC;
-        for (int64_t i0 = 0; i0 < m; i0 += 6) {
-            const int mr = m - i0 < 6 ? (int)(m - i0) : 6;
-            const float *ai = a + i0 * K + k0;
-            float *ci = c + i0 * N;
+    const int64_t pf = partial ? p1 - 1 : p1; /* full panels end */
+    if (m <= 6) {
+        /* decode: one row block, the widest tiles; W streams once */
+        const int mr = (int)m;
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = K - k0 < KC ? K - k0 : KC;
             for (int64_t p = p0; p < pf;) {
                 const int np = pf - p < max_np[mr - 1] ? (int)(pf - p) : max_np[mr - 1];
-                tab[mr - 1][np - 1](ai, K, panels + p * pstride + k0 * rb, pstride, kc, ci + p * NR,
-                                    N, k0 > 0);
+                tab[mr - 1][np - 1](a + k0, K, panels + p * pstride + k0 * rb, pstride, kc,
+                                    c + p * NR, N, k0 > 0);
                 p += np;
             }
             if (partial) {
-                float tmp[6 * NR];
-                const int64_t j0 = pf * NR, nc = N - j0;
-                for (int r = 0; r < mr && k0 > 0; r++) {
-                    memcpy(tmp + r * NR, ci + r * N + j0, (size_t)nc * sizeof(float));
-                }
-                tab[mr - 1][0](ai, K, panels + pf * pstride + k0 * rb, pstride, kc, tmp, NR,
-                               k0 > 0);
-                for (int r = 0; r < mr; r++) {
-                    memcpy(ci + r * N + j0, tmp + r * NR, (size_t)nc * sizeof(float));
+                partial_tile(tab, mr, a + k0, K, panels + pf * pstride + k0 * rb, pstride, kc,
+                             c + pf * NR, N, N - pf * NR, k0 > 0);
+            }
+        }
+        return;
+    }
+    /* prefill (Goto's order): a K block of MC rows of A stays in L2 while
+     * each panel's K block (in L1) meets all its row blocks */
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        const int64_t kc = K - k0 < KC ? K - k0 : KC;
+        for (int64_t i1 = 0; i1 < m; i1 += MC) {
+            const int64_t i2 = i1 + MC < m ? i1 + MC : m;
+            for (int64_t p = p0; p < p1; p++) {
+                const char *wp = panels + p * pstride + k0 * rb;
+                for (int64_t i0 = i1; i0 < i2; i0 += 6) {
+                    const int mr = i2 - i0 < 6 ? (int)(i2 - i0) : 6;
+                    const float *ai = a + i0 * K + k0;
+                    float *ci = c + i0 * N + p * NR;
+                    if (p < pf) {
+                        tab[mr - 1][0](ai, K, wp, pstride, kc, ci, N, k0 > 0);
+                    } else {
+                        partial_tile(tab, mr, ai, K, wp, pstride, kc, ci, N, N - pf * NR, k0 > 0);
+                    }
                 }
             }
         }
@@ -323,12 +385,10 @@ void cpu_gemm(struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w,
     if (m <= 0 || n_panels == 0) {
         return;
     }
-    /* tasks of at most 8 panels (12 when there is a single row block, whose
-     * W block is not reused): a task's W block stays in L2 across the row
-     * blocks. A multiple of the thread count, so the threads finish
-     * together; the split never changes a result. */
+    /* tasks of a few panels, a multiple of the thread count so the threads
+     * finish together; the split never changes a result */
     const bool serial = n_threads == 1 || (double)m * (double)w->n * (double)w->k < INLINE_MACS;
-    const int64_t cap = m <= 6 ? 12 : 8, nt = serial ? 1 : n_threads;
+    const int64_t cap = m <= 6 ? TASK_PANELS_DECODE : TASK_PANELS, nt = serial ? 1 : n_threads;
     int64_t n_tasks = nt * ((n_panels + nt * cap - 1) / (nt * cap));
     gemm_job_t j = {.a = a, .w = w, .c = c, .m = m, .n_panels = n_panels};
     j.panels_per_task = (n_panels + n_tasks - 1) / n_tasks;
