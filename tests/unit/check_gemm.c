@@ -268,6 +268,39 @@ START_TEST(threads_do_not_change_results) {
 }
 END_TEST
 
+/* Q, K and V in one call give the bits of three separate calls. */
+START_TEST(multi_equals_separate_calls) {
+    rng_state = 8;
+    const int64_t k = 96, ns[3] = {160, 40, 45};
+    weights_t w[3];
+    for (int i = 0; i < 3; i++) {
+        weights_make(&w[i], KG_GGML_TYPE_F16, ns[i], k);
+    }
+    const cpu_gemm_weights_t *ws[3] = {&w[0].packed, &w[1].packed, &w[2].packed};
+    kg_pool_t *pool = kg_pool_new(3);
+    for (int64_t m = 1; m <= 20; m += 19) {
+        float *a = random_floats(m * k);
+        float *c[3], *one[3];
+        for (int i = 0; i < 3; i++) {
+            c[i] = malloc((size_t)(m * ns[i]) * sizeof(float));
+            one[i] = malloc((size_t)(m * ns[i]) * sizeof(float));
+            cpu_gemm(NULL, a, ws[i], one[i], m);
+        }
+        cpu_gemm_multi(pool, a, m, 3, ws, c);
+        for (int i = 0; i < 3; i++) {
+            ck_assert_msg(memcmp(c[i], one[i], (size_t)(m * ns[i]) * sizeof(float)) == 0,
+                          "m %lld product %d", (long long)m, i);
+            free(c[i]), free(one[i]);
+        }
+        free(a);
+    }
+    kg_pool_free(pool);
+    for (int i = 0; i < 3; i++) {
+        weights_free(&w[i]);
+    }
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("gemm");
     TCase *tc = tcase_create("gemm");
@@ -278,6 +311,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, batch_invariance_f16);
     tcase_add_test(tc, batch_invariance_bf16);
     tcase_add_test(tc, threads_do_not_change_results);
+    tcase_add_test(tc, multi_equals_separate_calls);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -11,6 +11,7 @@
 #define GEMM_AVX2 1
 #endif
 
+#include "../../core/kg_log.h"
 #include "../../core/kg_pool.h"
 #include "../../model/kg_quant.h"
 
@@ -365,41 +366,62 @@ static void run_panels(const float *a, const cpu_gemm_weights_t *w, float *c, in
 
 typedef struct gemm_job {
     const float *a;
-    const cpu_gemm_weights_t *w;
-    float *c;
-    int64_t m, panels_per_task, n_panels;
+    int64_t m, panels_per_task;
+    int n_w;
+    const cpu_gemm_weights_t *const *w; /* (n_w) */
+    float *const *c;                    /* (n_w) */
+    int64_t first_task[CPU_GEMM_MULTI_MAX + 1]; /* tasks of w[i]: [first_task[i], first_task[i + 1]) */
 } gemm_job_t;
 
 static void gemm_task(void *arg, int64_t task, int thread) {
     (void)thread;
     const gemm_job_t *j = arg;
-    const int64_t p0 = task * j->panels_per_task;
-    const int64_t p1 = p0 + j->panels_per_task < j->n_panels ? p0 + j->panels_per_task : j->n_panels;
-    run_panels(j->a, j->w, j->c, j->m, p0, p1);
+    int i = 0;
+    while (task >= j->first_task[i + 1]) {
+        i++;
+    }
+    const int64_t n_panels = (j->w[i]->n + NR - 1) / NR;
+    const int64_t p0 = (task - j->first_task[i]) * j->panels_per_task;
+    const int64_t p1 = p0 + j->panels_per_task < n_panels ? p0 + j->panels_per_task : n_panels;
+    run_panels(j->a, j->w[i], j->c[i], j->m, p0, p1);
 }
 
-void cpu_gemm(struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c,
-              int64_t m) {
-    const int64_t n_panels = (w->n + NR - 1) / NR;
-    const int n_threads = pool ? kg_pool_n_threads(pool) : 1;
+void cpu_gemm_multi(struct kg_pool *pool, const float *a, int64_t m, int n_w,
+                    const cpu_gemm_weights_t *const *w, float *const *c) {
+    KG_ASSERT(n_w >= 1 && n_w <= CPU_GEMM_MULTI_MAX);
+    gemm_job_t j = {.a = a, .m = m, .n_w = n_w, .w = w, .c = c};
+    int64_t n_panels = 0;
+    double macs = 0.0;
+    for (int i = 0; i < n_w; i++) {
+        n_panels += (w[i]->n + NR - 1) / NR;
+        macs += (double)m * (double)w[i]->n * (double)w[i]->k;
+    }
     if (m <= 0 || n_panels == 0) {
         return;
     }
-    /* tasks of a few panels, a multiple of the thread count so the threads
-     * finish together; the split never changes a result */
-    const bool serial = n_threads == 1 || (double)m * (double)w->n * (double)w->k < INLINE_MACS;
+    /* tasks of a few panels, about a multiple of the thread count so the
+     * threads finish together; the split never changes a result */
+    const int n_threads = pool ? kg_pool_n_threads(pool) : 1;
+    const bool serial = n_threads == 1 || macs < INLINE_MACS;
     const int64_t cap = m <= 6 ? TASK_PANELS_DECODE : TASK_PANELS, nt = serial ? 1 : n_threads;
-    int64_t n_tasks = nt * ((n_panels + nt * cap - 1) / (nt * cap));
-    gemm_job_t j = {.a = a, .w = w, .c = c, .m = m, .n_panels = n_panels};
+    const int64_t n_tasks = nt * ((n_panels + nt * cap - 1) / (nt * cap));
     j.panels_per_task = (n_panels + n_tasks - 1) / n_tasks;
-    n_tasks = (n_panels + j.panels_per_task - 1) / j.panels_per_task;
+    for (int i = 0; i < n_w; i++) {
+        const int64_t np = (w[i]->n + NR - 1) / NR;
+        j.first_task[i + 1] = j.first_task[i] + (np + j.panels_per_task - 1) / j.panels_per_task;
+    }
     if (serial) {
-        for (int64_t t = 0; t < n_tasks; t++) {
+        for (int64_t t = 0; t < j.first_task[n_w]; t++) {
             gemm_task(&j, t, 0);
         }
         return;
     }
-    kg_pool_run(pool, n_tasks, gemm_task, &j);
+    kg_pool_run(pool, j.first_task[n_w], gemm_task, &j);
+}
+
+void cpu_gemm(struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c,
+              int64_t m) {
+    cpu_gemm_multi(pool, a, m, 1, &w, &c);
 }
 
 const char *cpu_gemm_kernel_name(void) {

@@ -67,6 +67,16 @@ void cpu_gemm_clear(cpu_gemm_weights_t *w);
 void cpu_gemm(struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c,
               int64_t m);
 
+/* Most products one cpu_gemm_multi call takes. */
+#define CPU_GEMM_MULTI_MAX 4
+
+/** Several products of the same A in one hand-off to the pool (Q, K and V;
+ * gate and up): c[i](m, w[i]->n) = A(m, k) · w[i]^T for i < n_w <=
+ * CPU_GEMM_MULTI_MAX, every w[i]->k equal. Bitwise the same as n_w cpu_gemm
+ * calls. @thread engine */
+void cpu_gemm_multi(struct kg_pool *pool, const float *a, int64_t m, int n_w,
+                    const cpu_gemm_weights_t *const *w, float *const *c);
+
 /** The portable scalar kernel alone, on the calling thread: what cpu_gemm
  * runs where the vector kernels are not compiled. Its results equal
  * cpu_gemm's bit for bit (tests compare them). */

@@ -174,13 +174,30 @@ static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
 
 // ---- forward ----
 
-/* out(T, w.n_out) = in(T, w.n_in) · w^T, with in rounded for w's type. */
-static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
+/* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
+ * their input, with in rounded for their type: one hand-off to the pool
+ * when the types agree (Q, K and V; gate and up). */
+static void matmul_n(cpu_ctx_t *ctx, int n, const cpu_weight_t *const *ws, const float *in,
+                     float *const *outs, int64_t T) {
+    const cpu_gemm_weights_t *packed[CPU_GEMM_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        if (ws[i]->type != ws[0]->type) {
+            for (int r = 0; r < n; r++) {
+                matmul_n(ctx, 1, &ws[r], in, &outs[r], T);
+            }
+            return;
+        }
+        packed[i] = &ws[i]->packed;
+    }
     const float *a = in;
-    if (cpu_round_activations(w->type, in, ctx->xr, T, w->n_in)) {
+    if (cpu_round_activations(ws[0]->type, in, ctx->xr, T, ws[0]->n_in)) {
         a = ctx->xr;
     }
-    cpu_gemm(ctx->pool, a, &w->packed, out, T);
+    cpu_gemm_multi(ctx->pool, a, T, n, packed, outs);
+}
+
+static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
+    matmul_n(ctx, 1, &w, in, &out, T);
 }
 
 static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads) {
@@ -297,9 +314,9 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cpu_layer_t *L = &ctx->layers[il];
         cpu_rmsnorm_rows(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
-        matmul(ctx, &L->wq, ctx->xn, ctx->q, T);
-        matmul(ctx, &L->wk, ctx->xn, ctx->k, T);
-        matmul(ctx, &L->wv, ctx->xn, ctx->v, T);
+        const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
+        matmul_n(ctx, 3, qkv, ctx->xn, qkv_out, T);
         rope_rows(ctx, ctx->q, T, hp->n_head);
         rope_rows(ctx, ctx->k, T, hp->n_head_kv);
         cpu_round_fp16(ctx->q, T * n_q); /* ggml converts q to fp16 for the K matmul */
@@ -318,8 +335,9 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
         }
 
         cpu_rmsnorm_rows(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
-        matmul(ctx, &L->w_gate, ctx->xn, ctx->gate, T);
-        matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
+        const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
+        float *const gate_up_out[2] = {ctx->gate, ctx->up};
+        matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
         for (int64_t i = 0; i < T * F; i++) {
             ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
         }
