@@ -30,9 +30,12 @@
 #define TASK_PANELS 8
 #define TASK_PANELS_DECODE 12
 
-/* Below this many multiply-adds a GEMM runs on the calling thread: waking
- * the pool costs more than it saves. */
-#define INLINE_MACS 131072.0
+/* A GEMM runs on the calling thread when it has fewer multiply-adds and
+ * fewer weight bytes than these (about 50 us of work on one core): handing
+ * off to the pool costs 10-15 us here (a sleeping worker is woken), so the
+ * second thread would save less than it costs. */
+#define INLINE_MACS 1572864.0
+#define INLINE_BYTES 1048576.0
 
 /* How far ahead in a panel the kernels prefetch W, in bytes. */
 #define PREFETCH 1024
@@ -391,10 +394,11 @@ void cpu_gemm_multi(struct kg_pool *pool, const float *a, int64_t m, int n_w,
     KG_ASSERT(n_w >= 1 && n_w <= CPU_GEMM_MULTI_MAX);
     gemm_job_t j = {.a = a, .m = m, .n_w = n_w, .w = w, .c = c};
     int64_t n_panels = 0;
-    double macs = 0.0;
+    double macs = 0.0, bytes = 0.0;
     for (int i = 0; i < n_w; i++) {
         n_panels += (w[i]->n + NR - 1) / NR;
         macs += (double)m * (double)w[i]->n * (double)w[i]->k;
+        bytes += (double)w[i]->size;
     }
     if (m <= 0 || n_panels == 0) {
         return;
@@ -402,7 +406,7 @@ void cpu_gemm_multi(struct kg_pool *pool, const float *a, int64_t m, int n_w,
     /* tasks of a few panels, about a multiple of the thread count so the
      * threads finish together; the split never changes a result */
     const int n_threads = pool ? kg_pool_n_threads(pool) : 1;
-    const bool serial = n_threads == 1 || macs < INLINE_MACS;
+    const bool serial = n_threads == 1 || (macs < INLINE_MACS && bytes < INLINE_BYTES);
     const int64_t cap = m <= 6 ? TASK_PANELS_DECODE : TASK_PANELS, nt = serial ? 1 : n_threads;
     const int64_t n_tasks = nt * ((n_panels + nt * cap - 1) / (nt * cap));
     j.panels_per_task = (n_panels + n_tasks - 1) / n_tasks;
