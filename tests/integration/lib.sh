@@ -50,7 +50,7 @@ kg_cleanup() {
         pid=${KG_PIDS[i]}
         kg_stop_pid "$pid" 5 2>/dev/null || true
     done
-    if ((rc != 0)) && [[ -n "$T" && -d "$T" ]]; then
+    if ((rc != 0 && rc != 77)) && [[ -n "$T" && -d "$T" ]]; then
         local f
         for f in "$T"/*.log; do
             [[ -f "$f" ]] || continue
@@ -65,7 +65,7 @@ kg_cleanup() {
     if [[ -n "$BROKER_DIR" ]]; then
         "$KG_BROKER" stop --clean --dir "$BROKER_DIR" >/dev/null 2>&1 || true
     fi
-    if ((rc == 0)) && [[ -n "$T" ]]; then
+    if ((rc == 0 || rc == 77)) && [[ -n "$T" ]]; then
         rm -rf "$T"
     elif [[ -n "$T" ]]; then
         echo "(kept $T for inspection)" >&2

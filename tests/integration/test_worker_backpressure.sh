@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # test_worker_backpressure (acceptance 4): 5,000 jobs already waiting in the jobs topic when one
 # worker starts with --max-batch-size 8 (and the default --max-queue-depth 64): the worker
-# takes at most what it may hold, pauses its partitions (kgen_consumer_paused 1 on /metrics),
-# resumes as jobs finish, and every job completes. A sampler reads /metrics and
-# /proc/PID/status every 0.2 s: the peak of kgen_jobs_inflight, the paused samples and the
-# peak RSS (VmHWM) are printed; the peak RSS after all 5,000 jobs stays near the peak after
-# the first 500 (memory does not grow with the backlog).
+# takes at most what it may hold, pauses its partitions, resumes as jobs finish (both logged
+# at debug level with the in-flight count: every pause is seen), and every job completes. A
+# sampler reads /metrics (kgen_consumer_paused, kgen_jobs_inflight) and /proc/PID/status every
+# 0.2 s: in-flight peak, paused samples, samples with nothing in flight while jobs still wait
+# (the worker waiting for the fetch after a resume) and peak RSS (VmHWM) are printed; the peak
+# RSS after all 5,000 jobs stays near the peak after the first 500 (no growth with the
+# backlog).
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -27,7 +29,8 @@ kg_wait_log "$T/submit.log" "produced $N messages" 60
 kg_note "$N jobs waiting in $JOBS"
 
 port=$(kg_free_port)
-kg_worker w1 --max-batch-size "$BATCH" --max-queue-depth "$DEPTH" --http-port "$port"
+kg_worker w1 --max-batch-size "$BATCH" --max-queue-depth "$DEPTH" --http-port "$port" \
+    --log-level debug
 wpid=$(kg_pid w1)
 # (a background command's stdin is /dev/null: the sampler goes through a file)
 cat >"$T/sampler.py" <<'PY'
@@ -70,20 +73,29 @@ sleep 0.5
 kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl"
 kg_expect_no_errors "$T/results.jsonl"
 
-python3 - "$T/samples.json" "$BATCH" "$DEPTH" <<'PY'
-import json, sys
+python3 - "$T/samples.json" "$BATCH" "$DEPTH" "$T/w1.log" "$N" <<'PY'
+import json, re, sys
 s = [x for x in json.load(open(sys.argv[1])) if x["inflight"] >= 0]
 cap = int(sys.argv[2]) + int(sys.argv[3])
+n = int(sys.argv[5])
+log = open(sys.argv[4]).read()
+pauses = [int(v) for v in re.findall(r'msg="paused partitions" inflight=(\d+)', log)]
+resumes = [int(v) for v in re.findall(r'msg="resumed partitions" inflight=(\d+)', log)]
 assert len(s) >= 5, f"only {len(s)} metric samples"
 paused = sum(1 for x in s if x["paused"] == 1)
-peak = max(x["inflight"] for x in s)
+idle = sum(1 for x in s if x["inflight"] == 0 and 0 < x["done"] < n)
+peak = max([x["inflight"] for x in s] + pauses)
 hwm_end = max(x["hwm_kib"] for x in s)
 early = [x["hwm_kib"] for x in s if x["done"] <= 500]
 hwm_500 = max(early) if early else None
-print(f"backpressure: {len(s)} samples, paused in {paused}, peak inflight {peak} (cap {cap}), "
+print(f"backpressure: {len(pauses)} pauses (at inflight {min(pauses, default=0)}.."
+      f"{max(pauses, default=0)}), {len(resumes)} resumes (at {min(resumes, default=0)}.."
+      f"{max(resumes, default=0)}); {len(s)} samples: paused in {paused}, nothing in flight "
+      f"while jobs waited in {idle}; peak inflight {peak} (cap {cap}), "
       f"peak RSS {hwm_end / 1024:.1f} MiB (after <= 500 jobs: "
       f"{hwm_500 / 1024 if hwm_500 else float('nan'):.1f} MiB), last RSS {s[-1]['rss_kib'] / 1024:.1f} MiB")
-assert paused >= 1, "the consumer was never seen paused"
+assert pauses and resumes, "the consumer never paused and resumed"
+assert all(p >= cap for p in pauses) and all(r <= cap * 3 // 4 for r in resumes), (pauses, resumes)
 # the fetch queue may hand over a poll batch (64) after the pause
 assert peak <= cap + 64, f"inflight peaked at {peak}, cap {cap}"
 if hwm_500:
