@@ -25,8 +25,12 @@
  * Kernels (x86-64 with AVX2, FMA and F16C): register tiles of up to 12
  * accumulators, 6 rows x 16 columns for prefill and 1 row x 96 columns for
  * decode (enough independent chains to hide the FMA latency), A broadcast
- * from its rows, W loaded from the panels. Other machines get the scalar
- * fallback: same results, much slower. */
+ * from its rows, W loaded from the panels and prefetched ahead. Prefill
+ * blocks in Goto's order (a K block of 96 rows of A in L2, one panel's K
+ * block in L1); decode (m <= 6) streams W once. Threads take tasks of a
+ * few panels; products under ~50 us of work stay on the calling thread.
+ * Other machines get the scalar fallback: same bits, much slower (no
+ * vectors; about 1 GFLOP/s). */
 #pragma once
 
 #include <stdbool.h>
