@@ -154,6 +154,8 @@ __global__ void __launch_bounds__(256) gemv_kernel(const uint16_t *__restrict__ 
     }
     const uint4 *wr = (const uint4 *)(w + (int64_t)o * n_in);
     const int32_t n_vec = n_in / 8;
+    /* unrolled so each lane keeps several 16-byte weight loads in flight */
+#pragma unroll 4
     for (int32_t v = lane; v < n_vec; v += 32) {
         float wf[8], xf[8];
         unpack8(__ldg(wr + v), dt, wf);

@@ -283,7 +283,7 @@ START_TEST(swiglu_vs_cpu) {
 END_TEST
 
 /* GEMM (cuBLAS) and GEMV against a double reference on the rounded
- * inputs: |y - ref| <= 1e-5 * sum |w x| (float accumulation). */
+ * inputs: |y - ref| <= 2e-5 * sum |w x| (float accumulation over <= 256 terms). */
 START_TEST(gemm_vs_reference) {
     const int row_counts[5] = {1, 3, 8, 9, 40};
     const int n_ins[2] = {256, 100}; /* 100: not a multiple of 8, GEMV falls back to cuBLAS */
@@ -310,7 +310,7 @@ START_TEST(gemm_vs_reference) {
                                 ref += p;
                                 mag += fabs(p);
                             }
-                            ck_assert_msg(fabs(y[r * n_out + o] - ref) <= 1e-5 * mag + 1e-12,
+                            ck_assert_msg(fabs(y[r * n_out + o] - ref) <= 2e-5 * mag + 1e-12,
                                           "%s n_in %d rows %d gemv %d [%d][%d]: %g vs %g",
                                           dt_name(dt), n_in, rows, gemv, r, o, y[r * n_out + o], ref);
                         }
