@@ -233,7 +233,9 @@ static int32_t n_sub_groups(const kg_cuda_attn_shape_t *sh) {
     return (group + ATT_MAX_HEADS - 1) / ATT_MAX_HEADS;
 }
 
-int32_t kg_cuda_attention_splits(int32_t n_launch, const kg_cuda_attn_shape_t *sh, int32_t n_sm,
+int32_t kg_cuda_attention_splits(int32_t n_launch,
+                                 const kg_cuda_attn_shape_t *sh,
+                                 int32_t n_sm,
                                  int32_t max_split_rows) {
     const int64_t blocks = (int64_t)n_launch * sh->n_head_kv * n_sub_groups(sh);
     const int64_t target = 2 * (int64_t)n_sm;
@@ -251,10 +253,17 @@ size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t ma
     return (size_t)max_split_rows * (size_t)sh->n_head * ((size_t)sh->head_dim + 2) * sizeof(float);
 }
 
-kg_status_t kg_cuda_attention(cudaStream_t stream, int32_t n_launch, kg_cuda_inputs_t in,
-                              const kg_cuda_attn_shape_t *sh, int32_t n_split, const __half *q16,
-                              const __half *k_cache, const __half *v_cache, float *scratch,
-                              void *out, kg_cuda_dtype_t dt) {
+kg_status_t kg_cuda_attention(cudaStream_t stream,
+                              int32_t n_launch,
+                              kg_cuda_inputs_t in,
+                              const kg_cuda_attn_shape_t *sh,
+                              int32_t n_split,
+                              const __half *q16,
+                              const __half *k_cache,
+                              const __half *v_cache,
+                              float *scratch,
+                              void *out,
+                              kg_cuda_dtype_t dt) {
     if (n_launch <= 0) {
         return KG_OK;
     }

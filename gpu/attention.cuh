@@ -14,7 +14,9 @@ typedef struct kg_cuda_attn_shape {
  * enough blocks to fill the GPU when the step has few tokens, 1 when it
  * has many, and never more than max_split_rows / n_launch. Depends only on
  * the launch size, so a captured graph stays valid as sequences grow. */
-int32_t kg_cuda_attention_splits(int32_t n_launch, const kg_cuda_attn_shape_t *sh, int32_t n_sm,
+int32_t kg_cuda_attention_splits(int32_t n_launch,
+                                 const kg_cuda_attn_shape_t *sh,
+                                 int32_t n_sm,
                                  int32_t max_split_rows);
 
 /** Bytes of split scratch for max_split_rows token-splits. */
@@ -27,7 +29,14 @@ size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t ma
  * which reads each K/V row once for all of them (GQA); with n_split > 1 the
  * positions are split over blocks and merged by a second kernel, using
  * `scratch` (kg_cuda_attention_scratch_size). */
-kg_status_t kg_cuda_attention(cudaStream_t stream, int32_t n_launch, kg_cuda_inputs_t in,
-                              const kg_cuda_attn_shape_t *sh, int32_t n_split, const __half *q16,
-                              const __half *k_cache, const __half *v_cache, float *scratch,
-                              void *out, kg_cuda_dtype_t dt);
+kg_status_t kg_cuda_attention(cudaStream_t stream,
+                              int32_t n_launch,
+                              kg_cuda_inputs_t in,
+                              const kg_cuda_attn_shape_t *sh,
+                              int32_t n_split,
+                              const __half *q16,
+                              const __half *k_cache,
+                              const __half *v_cache,
+                              float *scratch,
+                              void *out,
+                              kg_cuda_dtype_t dt);

@@ -75,17 +75,32 @@ typedef kg_cublas_status_t (*kg_pfn_cublasDestroy_v2)(kg_cublas_handle_t handle)
 typedef kg_cublas_status_t (*kg_pfn_cublasSetStream_v2)(kg_cublas_handle_t handle,
                                                         cudaStream_t stream);
 typedef kg_cublas_status_t (*kg_pfn_cublasSetWorkspace_v2)(kg_cublas_handle_t handle,
-                                                           void *workspace, size_t size);
+                                                           void *workspace,
+                                                           size_t size);
 typedef kg_cublas_status_t (*kg_pfn_cublasSetMathMode)(kg_cublas_handle_t handle,
                                                        kg_cublas_math_t mode);
 typedef const char *(*kg_pfn_cublasGetStatusString)(kg_cublas_status_t status);
 /* cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb,
  *              beta, C, Ctype, ldc, computeType, algo) */
-typedef kg_cublas_status_t (*kg_pfn_cublasGemmEx)(
-    kg_cublas_handle_t handle, kg_cublas_op_t transa, kg_cublas_op_t transb, int m, int n, int k,
-    const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
-    cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
-    kg_cublas_compute_t computeType, kg_cublas_algo_t algo);
+typedef kg_cublas_status_t (*kg_pfn_cublasGemmEx)(kg_cublas_handle_t handle,
+                                                  kg_cublas_op_t transa,
+                                                  kg_cublas_op_t transb,
+                                                  int m,
+                                                  int n,
+                                                  int k,
+                                                  const void *alpha,
+                                                  const void *A,
+                                                  cudaDataType_t Atype,
+                                                  int lda,
+                                                  const void *B,
+                                                  cudaDataType_t Btype,
+                                                  int ldb,
+                                                  const void *beta,
+                                                  void *C,
+                                                  cudaDataType_t Ctype,
+                                                  int ldc,
+                                                  kg_cublas_compute_t computeType,
+                                                  kg_cublas_algo_t algo);
 
 /* The resolved entry points. */
 typedef struct kg_cublas_api {

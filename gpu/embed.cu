@@ -1,8 +1,11 @@
 /* embed: token embedding gather (one block per token). */
 #include "embed.cuh"
 
-__global__ void embed_kernel(kg_cuda_inputs_t in, const void *__restrict__ emb, int dt,
-                             int32_t n_embd, float *__restrict__ x) {
+__global__ void embed_kernel(kg_cuda_inputs_t in,
+                             const void *__restrict__ emb,
+                             int dt,
+                             int32_t n_embd,
+                             float *__restrict__ x) {
     const int32_t t = blockIdx.x;
     if (t >= in.hdr->n_tokens) {
         return;
@@ -14,8 +17,13 @@ __global__ void embed_kernel(kg_cuda_inputs_t in, const void *__restrict__ emb, 
     }
 }
 
-kg_status_t kg_cuda_embed(cudaStream_t stream, int32_t n_launch, kg_cuda_inputs_t in,
-                          const void *emb, kg_cuda_dtype_t dt, int32_t n_embd, float *x) {
+kg_status_t kg_cuda_embed(cudaStream_t stream,
+                          int32_t n_launch,
+                          kg_cuda_inputs_t in,
+                          const void *emb,
+                          kg_cuda_dtype_t dt,
+                          int32_t n_embd,
+                          float *x) {
     embed_kernel<<<n_launch, 256, 0, stream>>>(in, emb, (int)dt, n_embd, x);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;

@@ -30,8 +30,8 @@ static void cublas_load_once(void) {
         g_cublas.lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         g_cublas.lib_name = env;
         if (!g_cublas.lib) {
-            snprintf(g_cublas_err, sizeof(g_cublas_err), "cannot load cuBLAS from KGEN_CUBLAS_PATH=%s: %s",
-                     env, dlerror());
+            snprintf(g_cublas_err, sizeof(g_cublas_err),
+                     "cannot load cuBLAS from KGEN_CUBLAS_PATH=%s: %s", env, dlerror());
             return;
         }
     }
@@ -76,22 +76,36 @@ const char *kg_cublas_status_str(kg_cublas_status_t st) {
         return g_cublas.status_string(st);
     }
     switch (st) {
-    case KG_CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case KG_CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case KG_CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case KG_CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case KG_CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case KG_CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case KG_CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case KG_CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case KG_CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case KG_CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    case KG_CUBLAS_STATUS_SUCCESS:
+        return "CUBLAS_STATUS_SUCCESS";
+    case KG_CUBLAS_STATUS_NOT_INITIALIZED:
+        return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case KG_CUBLAS_STATUS_ALLOC_FAILED:
+        return "CUBLAS_STATUS_ALLOC_FAILED";
+    case KG_CUBLAS_STATUS_INVALID_VALUE:
+        return "CUBLAS_STATUS_INVALID_VALUE";
+    case KG_CUBLAS_STATUS_ARCH_MISMATCH:
+        return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case KG_CUBLAS_STATUS_MAPPING_ERROR:
+        return "CUBLAS_STATUS_MAPPING_ERROR";
+    case KG_CUBLAS_STATUS_EXECUTION_FAILED:
+        return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case KG_CUBLAS_STATUS_INTERNAL_ERROR:
+        return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case KG_CUBLAS_STATUS_NOT_SUPPORTED:
+        return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case KG_CUBLAS_STATUS_LICENSE_ERROR:
+        return "CUBLAS_STATUS_LICENSE_ERROR";
     }
     return "unknown cuBLAS status";
 }
 
-kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas, cudaStream_t stream, void *workspace,
-                              size_t workspace_size, char *errstr, size_t errstr_size) {
+kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas,
+                              cudaStream_t stream,
+                              void *workspace,
+                              size_t workspace_size,
+                              char *errstr,
+                              size_t errstr_size) {
     memset(blas, 0, sizeof(*blas));
     if (!kg_cublas_load(&blas->api, errstr, errstr_size)) {
         return KG_ERR_BACKEND;
@@ -140,8 +154,12 @@ __device__ __forceinline__ void unpack8(uint4 v, int dt, float *f) {
  * pieces (512 contiguous bytes per step) and dots it with every input row
  * (which stay in L1/L2, shared by all warps). n_in % 8 == 0. */
 __global__ void __launch_bounds__(256) gemv_kernel(const uint16_t *__restrict__ w,
-                                                   const uint16_t *__restrict__ x, float *__restrict__ y,
-                                                   int32_t n_out, int32_t n_in, int32_t rows, int dt) {
+                                                   const uint16_t *__restrict__ x,
+                                                   float *__restrict__ y,
+                                                   int32_t n_out,
+                                                   int32_t n_in,
+                                                   int32_t rows,
+                                                   int dt) {
     const int lane = threadIdx.x & 31;
     const int32_t o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (o >= n_out) {
@@ -185,17 +203,20 @@ static cudaDataType_t cuda_type(kg_cuda_dtype_t dt) {
     return dt == KG_CUDA_F32 ? CUDA_R_32F : dt == KG_CUDA_F16 ? CUDA_R_16F : CUDA_R_16BF;
 }
 
-kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas, cudaStream_t stream, const kg_cuda_mat_t *w,
-                         const void *x, float *y, int32_t rows) {
+kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
+                         cudaStream_t stream,
+                         const kg_cuda_mat_t *w,
+                         const void *x,
+                         float *y,
+                         int32_t rows) {
     if (rows <= 0) {
         return KG_OK;
     }
     if (blas->gemv && rows <= KG_CUDA_GEMV_MAX_ROWS && w->dt != KG_CUDA_F32 && w->n_in % 8 == 0) {
         const int warps = 8;
         const unsigned blocks = (unsigned)((w->n_out + warps - 1) / warps);
-        gemv_kernel<<<blocks, warps * 32, 0, stream>>>((const uint16_t *)w->data,
-                                                       (const uint16_t *)x, y, w->n_out, w->n_in,
-                                                       rows, (int)w->dt);
+        gemv_kernel<<<blocks, warps * 32, 0, stream>>>(
+            (const uint16_t *)w->data, (const uint16_t *)x, y, w->n_out, w->n_in, rows, (int)w->dt);
         KG_CUDA_CHECK_LAUNCH();
         return KG_OK;
     }

@@ -9,7 +9,7 @@
 #include "cuda_common.cuh"
 
 typedef struct kg_cuda_mat {
-    void *data;        /* (n_out, n_in) row-major, element type dt */
+    void *data; /* (n_out, n_in) row-major, element type dt */
     int32_t n_out, n_in;
     kg_cuda_dtype_t dt;
 } kg_cuda_mat_t;
@@ -25,10 +25,18 @@ typedef struct kg_cuda_blas {
 /** Load cuBLAS, create a handle bound to `stream` with a fixed workspace
  * (so that stream capture never makes cuBLAS allocate), default math (no
  * TF32). errstr gets one line on failure. */
-kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas, cudaStream_t stream, void *workspace,
-                              size_t workspace_size, char *errstr, size_t errstr_size);
+kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas,
+                              cudaStream_t stream,
+                              void *workspace,
+                              size_t workspace_size,
+                              char *errstr,
+                              size_t errstr_size);
 void kg_cuda_blas_clear(kg_cuda_blas_t *blas);
 
 /** y(rows, w->n_out) = x(rows, w->n_in) · w^T on `stream`. */
-kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas, cudaStream_t stream, const kg_cuda_mat_t *w,
-                         const void *x, float *y, int32_t rows);
+kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
+                         cudaStream_t stream,
+                         const kg_cuda_mat_t *w,
+                         const void *x,
+                         float *y,
+                         int32_t rows);

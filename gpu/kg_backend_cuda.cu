@@ -45,29 +45,28 @@
  * KV pool may be half-written (CONVENTIONS.md §4: the worker exits and
  * Kafka redelivers). Bad batches from the caller return KG_ERR_INVALID
  * and leave the backend alive. */
-#include "kg_backend_cuda.h"
-
-#include <string.h>
-
 #include "attention.cuh"
 #include "cuda_common.cuh"
 #include "embed.cuh"
 #include "gemm.cuh"
+#include "kg_backend_cuda.h"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
 #include "swiglu.cuh"
+
+#include <string.h>
 
 extern "C" {
 #include "../src/backend/kg_backend_impl.h"
 #include "../src/model/kg_quant.h"
 }
 
-#define N_BUCKETS        10 /* graph buckets 1, 2, 4, ..., 512 */
-#define MAX_OUTPUTS      512
-#define STAGE_SIZE       ((size_t)32 << 20)
-#define BLAS_WORKSPACE   ((size_t)32 << 20)
-#define MAX_SPLIT_ROWS   2048
+#define N_BUCKETS      10 /* graph buckets 1, 2, 4, ..., 512 */
+#define MAX_OUTPUTS    512
+#define STAGE_SIZE     ((size_t)32 << 20)
+#define BLAS_WORKSPACE ((size_t)32 << 20)
+#define MAX_SPLIT_ROWS 2048
 
 typedef struct cuda_layer {
     float *attn_norm, *ffn_norm; /* (n_embd) */
@@ -97,18 +96,18 @@ typedef struct cuda_ctx {
 
     /* activations, T = max_tokens rows; 16-bit ones sized for 4-byte elements
      * when any weight is F32 */
-    float *x;        /* (T, n_embd) residual stream */
-    float *qkv;      /* (T, n_q + 2 n_kv) */
-    float *tmp;      /* (T, n_embd) projection output before the residual add */
-    float *gu;       /* (T, 2 n_ff) */
-    float *rope_cs;  /* (T, n_rot) */
-    float *split;    /* attention split scratch */
-    float *logits;   /* (out_cap, n_vocab) */
-    __half *q16;     /* (T, n_q) */
-    void *xn;        /* (T, n_embd) normed input of a block, in the next GEMM's type */
-    void *att;       /* (T, n_q) in wo's type */
-    void *h;         /* (T, n_ff) in wdown's type */
-    void *xo;        /* (out_cap, n_embd) in the head's type */
+    float *x;       /* (T, n_embd) residual stream */
+    float *qkv;     /* (T, n_q + 2 n_kv) */
+    float *tmp;     /* (T, n_embd) projection output before the residual add */
+    float *gu;      /* (T, 2 n_ff) */
+    float *rope_cs; /* (T, n_rot) */
+    float *split;   /* attention split scratch */
+    float *logits;  /* (out_cap, n_vocab) */
+    __half *q16;    /* (T, n_q) */
+    void *xn;       /* (T, n_embd) normed input of a block, in the next GEMM's type */
+    void *att;      /* (T, n_q) in wo's type */
+    void *h;        /* (T, n_ff) in wdown's type */
+    void *xo;       /* (out_cap, n_embd) in the head's type */
 
     /* the step's inputs */
     int32_t *h_in, *d_in; /* pinned / device: header, token, pos, tbl_off, out_row, table */
@@ -142,8 +141,8 @@ bool kg_backend_cuda_available(void) {
 static void cuda_free(kg_backend_t *be);
 static kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits);
 static void cuda_memory(const kg_backend_t *be, kg_backend_memory_t *out);
-static kg_status_t cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n,
-                               kg_sample_result_t *out);
+static kg_status_t
+cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sample_result_t *out);
 
 static const struct kg_backend_i cuda_iface = {
     /* .name    = */ "cuda",
@@ -165,9 +164,12 @@ static kg_cuda_dtype_t pick_dtype(const kg_gguf_tensor_t *const *parts, int n) {
         }
     }
     switch (parts[0]->type) {
-    case KG_GGML_TYPE_F32: return KG_CUDA_F32;
-    case KG_GGML_TYPE_F16: return KG_CUDA_F16;
-    default: return KG_CUDA_BF16;
+    case KG_GGML_TYPE_F32:
+        return KG_CUDA_F32;
+    case KG_GGML_TYPE_F16:
+        return KG_CUDA_F16;
+    default:
+        return KG_CUDA_BF16;
     }
 }
 
@@ -207,8 +209,13 @@ static void stage_clear(stage_t *s) {
 
 /* Copy `n_rows` rows of tensor t (starting at row r0) into device memory
  * `dst` as type dt. */
-static kg_status_t upload_rows(cuda_ctx_t *ctx, stage_t *s, const kg_gguf_tensor_t *t, int64_t r0,
-                               int64_t n_rows, kg_cuda_dtype_t dt, char *dst) {
+static kg_status_t upload_rows(cuda_ctx_t *ctx,
+                               stage_t *s,
+                               const kg_gguf_tensor_t *t,
+                               int64_t r0,
+                               int64_t n_rows,
+                               kg_cuda_dtype_t dt,
+                               char *dst) {
     const int64_t n_in = t->ne[0];
     const size_t es = kg_cuda_dtype_size(dt);
     const bool same = (dt == KG_CUDA_F32 && t->type == KG_GGML_TYPE_F32) ||
@@ -233,7 +240,8 @@ static kg_status_t upload_rows(cuda_ctx_t *ctx, stage_t *s, const kg_gguf_tensor
             } else {
                 uint16_t *o = (uint16_t *)buf;
                 for (int64_t i = 0; i < n; i++) {
-                    o[i] = dt == KG_CUDA_F16 ? kg_fp32_to_fp16(s->f32[i]) : kg_fp32_to_bf16(s->f32[i]);
+                    o[i] =
+                        dt == KG_CUDA_F16 ? kg_fp32_to_fp16(s->f32[i]) : kg_fp32_to_bf16(s->f32[i]);
                 }
             }
         }
@@ -246,8 +254,11 @@ static kg_status_t upload_rows(cuda_ctx_t *ctx, stage_t *s, const kg_gguf_tensor
 }
 
 /* One device matrix from the row-concatenation of `parts` (same n_in). */
-static kg_status_t upload_mat(cuda_ctx_t *ctx, stage_t *s, const kg_gguf_tensor_t *const *parts,
-                              int n_parts, kg_cuda_mat_t *m) {
+static kg_status_t upload_mat(cuda_ctx_t *ctx,
+                              stage_t *s,
+                              const kg_gguf_tensor_t *const *parts,
+                              int n_parts,
+                              kg_cuda_mat_t *m) {
     m->dt = pick_dtype(parts, n_parts);
     m->n_in = (int32_t)parts[0]->ne[0];
     m->n_out = 0;
@@ -346,7 +357,8 @@ static kg_cuda_attn_shape_t attn_shape(const cuda_ctx_t *ctx) {
 static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     const kg_hparams_t *hp = &ctx->hp;
     const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
-    const size_t n_q = (size_t)hp->n_head * hp->head_dim, n_kv = (size_t)hp->n_head_kv * hp->head_dim;
+    const size_t n_q = (size_t)hp->n_head * hp->head_dim,
+                 n_kv = (size_t)hp->n_head_kv * hp->head_dim;
     size_t es = 2;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
@@ -369,7 +381,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(dev_alloc(ctx, (void **)&ctx->tmp, T * E * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->gu, T * 2 * F * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->rope_cs, T * (size_t)hp->n_rot * 4));
-    KG_TRY(dev_alloc(ctx, (void **)&ctx->split, kg_cuda_attention_scratch_size(&ash, MAX_SPLIT_ROWS)));
+    KG_TRY(
+        dev_alloc(ctx, (void **)&ctx->split, kg_cuda_attention_scratch_size(&ash, MAX_SPLIT_ROWS)));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->logits, (size_t)ctx->out_cap * (size_t)hp->n_vocab * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->q16, T * n_q * 2));
     KG_TRY(dev_alloc(ctx, &ctx->xn, T * E * es));
@@ -425,8 +438,8 @@ static int32_t hash_slot(const cuda_ctx_t *ctx, int32_t seq) {
 /* Check the batch and pack it for `cap` slots into h_in; *n_ints gets the
  * size to copy. KG_ERR_INVALID for a batch the CPU backend would refuse
  * too, or block ids outside the pool. */
-static kg_status_t pack_inputs(cuda_ctx_t *ctx, const kg_step_batch_t *batch, int32_t cap,
-                               size_t *n_ints) {
+static kg_status_t
+pack_inputs(cuda_ctx_t *ctx, const kg_step_batch_t *batch, int32_t cap, size_t *n_ints) {
     const kg_hparams_t *hp = &ctx->hp;
     const int32_t T = batch->n_tokens, bs = ctx->block_size;
     int32_t *hdr = ctx->h_in;
@@ -584,8 +597,8 @@ static kg_status_t capture(cuda_ctx_t *ctx, int b, int32_t rows) {
 }
 
 /* The device part of a step, inputs already packed for `cap` slots. */
-static kg_status_t device_step(cuda_ctx_t *ctx, int32_t cap, int bucket, int32_t n_out,
-                               size_t n_ints, float *logits) {
+static kg_status_t
+device_step(cuda_ctx_t *ctx, int32_t cap, int bucket, int32_t n_out, size_t n_ints, float *logits) {
     KG_CUDA_CHECK(cudaMemcpyAsync(ctx->d_in, ctx->h_in, n_ints * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, ctx->stream));
     KG_CUDA_CHECK(cudaEventRecord(ctx->ev_in, ctx->stream));
@@ -662,8 +675,8 @@ static kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
     return KG_OK;
 }
 
-static kg_status_t cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n,
-                               kg_sample_result_t *out) {
+static kg_status_t
+cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sample_result_t *out) {
     cuda_ctx_t *ctx = (cuda_ctx_t *)be->ctx;
     if (ctx->dead) {
         return KG_ERR_BACKEND;
@@ -724,9 +737,9 @@ static void cuda_free(kg_backend_t *be) {
         cudaFree(ctx->out_norm);
         cudaFree(ctx->rope_freqs);
         cudaFree(ctx->kv);
-        void *bufs[] = {ctx->x,      ctx->qkv, ctx->tmp, ctx->gu, ctx->rope_cs, ctx->split,
-                        ctx->logits, ctx->q16, ctx->xn,  ctx->att, ctx->h,      ctx->xo,
-                        ctx->d_in,   ctx->blas_ws};
+        void *bufs[] = {ctx->x,     ctx->qkv,    ctx->tmp,  ctx->gu,     ctx->rope_cs,
+                        ctx->split, ctx->logits, ctx->q16,  ctx->xn,     ctx->att,
+                        ctx->h,     ctx->xo,     ctx->d_in, ctx->blas_ws};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             cudaFree(bufs[i]);
         }
@@ -765,8 +778,10 @@ static int env_int(const char *name, int def) {
     return v && v[0] ? atoi(v) : def;
 }
 
-kg_backend_t *kg_backend_cuda_new(const kg_model_t *model, const kg_backend_params_t *params,
-                                  char *errstr, size_t errstr_size) {
+kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
+                                  const kg_backend_params_t *params,
+                                  char *errstr,
+                                  size_t errstr_size) {
     kg_backend_t *be = (kg_backend_t *)calloc(1, sizeof(*be));
     cuda_ctx_t *ctx = (cuda_ctx_t *)calloc(1, sizeof(*ctx));
     const kg_hparams_t *hp = &model->hp;
@@ -857,7 +872,8 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model, const kg_backend_para
                  ctx->kv_size >> 20);
         goto fail;
     }
-    KG_LOG_INFO("cuda", "backend ready device=\"%s\" sm=%d weights_mib=%zu kv_mib=%zu scratch_mib=%zu "
+    KG_LOG_INFO("cuda",
+                "backend ready device=\"%s\" sm=%d weights_mib=%zu kv_mib=%zu scratch_mib=%zu "
                 "graphs=%d cublas=%s",
                 prop.name, ctx->n_sm, ctx->weights_size >> 20, ctx->kv_size >> 20,
                 ctx->scratch_size >> 20, ctx->use_graphs ? 1 : 0, ctx->blas.api->lib_name);

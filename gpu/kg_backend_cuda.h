@@ -4,10 +4,10 @@
  * behind KG_USE_CUDA. */
 #pragma once
 
+#include "../src/backend/kg_backend.h"
+
 #include <stdbool.h>
 #include <stddef.h>
-
-#include "../src/backend/kg_backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,8 +26,10 @@ bool kg_backend_cuda_available(void);
  * with one line in errstr on failure (no device, no libcublas, out of
  * device memory, an unsupported shape). The calling thread and the thread
  * that later runs steps may differ. @thread engine */
-kg_backend_t *kg_backend_cuda_new(const kg_model_t *model, const kg_backend_params_t *params,
-                                  char *errstr, size_t errstr_size);
+kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
+                                  const kg_backend_params_t *params,
+                                  char *errstr,
+                                  size_t errstr_size);
 
 /** Whether `be` is a CUDA backend. @thread any */
 bool kg_backend_is_cuda(const kg_backend_t *be);

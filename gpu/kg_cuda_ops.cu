@@ -1,15 +1,14 @@
 /* kg_cuda_ops: one kernel family at a time from host memory, for tests. */
-#include "kg_cuda_ops.h"
-
-#include <string.h>
-
 #include "attention.cuh"
 #include "cuda_common.cuh"
 #include "gemm.cuh"
+#include "kg_cuda_ops.h"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
 #include "swiglu.cuh"
+
+#include <string.h>
 
 extern "C" {
 #include "../src/model/kg_quant.h"
@@ -138,8 +137,14 @@ static kg_status_t put_inputs(dev_pool_t *dp, const kg_cuda_op_attn_t *a, kg_cud
 
 // ---- ops ----
 
-kg_status_t kg_cuda_op_add_rmsnorm(float *x, const float *add, const float *w, float *y,
-                                   int32_t rows, int32_t n, float eps, int dtype) {
+kg_status_t kg_cuda_op_add_rmsnorm(float *x,
+                                   const float *add,
+                                   const float *w,
+                                   float *y,
+                                   int32_t rows,
+                                   int32_t n,
+                                   float eps,
+                                   int dtype) {
     dev_pool_t dp = {{NULL}, 0};
     kg_status_t st = KG_OK;
     void *dx = NULL, *dadd = NULL, *dw = NULL, *dy = NULL, *dh = NULL;
@@ -153,8 +158,8 @@ kg_status_t kg_cuda_op_add_rmsnorm(float *x, const float *add, const float *w, f
     TRY_OUT(dalloc(&dp, &dy, (size_t)rows * n * esize(dtype)));
     TRY_OUT(dup(&dp, &dh, hdr, sizeof(hdr)));
     TRY_OUT(kg_cuda_add_rmsnorm(0, rows, (const kg_cuda_step_hdr_t *)dh, false, NULL, (float *)dx,
-                                (const float *)dadd, (const float *)dw, dy,
-                                (kg_cuda_dtype_t)dtype, n, eps));
+                                (const float *)dadd, (const float *)dw, dy, (kg_cuda_dtype_t)dtype,
+                                n, eps));
     TRY_OUT(fetch(y, dy, (size_t)rows * n, dtype));
     TRY_OUT(fetch(x, dx, (size_t)rows * n, KG_CUDA_OP_F32));
 out:
@@ -162,8 +167,8 @@ out:
     return st;
 }
 
-kg_status_t kg_cuda_op_rope_store(const kg_cuda_op_attn_t *a, const float *qkv, float *q_out,
-                                  float *k_cache, float *v_cache) {
+kg_status_t kg_cuda_op_rope_store(
+    const kg_cuda_op_attn_t *a, const float *qkv, float *q_out, float *k_cache, float *v_cache) {
     dev_pool_t dp = {{NULL}, 0};
     kg_status_t st = KG_OK;
     kg_cuda_inputs_t in;
@@ -178,9 +183,10 @@ kg_status_t kg_cuda_op_rope_store(const kg_cuda_op_attn_t *a, const float *qkv, 
     TRY_OUT(dalloc(&dp, &dq, (size_t)T * n_q * 2));
     TRY_OUT(put(&dp, &dk, k_cache, cache, KG_CUDA_OP_F16));
     TRY_OUT(put(&dp, &dv, v_cache, cache, KG_CUDA_OP_F16));
-    TRY_OUT(kg_cuda_rope_cache(0, T, in, (float *)dcs, a->n_rot, a->rope_base, a->rope_scale, NULL));
-    TRY_OUT(kg_cuda_rope_store(0, T, in, &sh, (const float *)dqkv, (const float *)dcs,
-                               (__half *)dq, (__half *)dk, (__half *)dv));
+    TRY_OUT(
+        kg_cuda_rope_cache(0, T, in, (float *)dcs, a->n_rot, a->rope_base, a->rope_scale, NULL));
+    TRY_OUT(kg_cuda_rope_store(0, T, in, &sh, (const float *)dqkv, (const float *)dcs, (__half *)dq,
+                               (__half *)dk, (__half *)dv));
     TRY_OUT(fetch(q_out, dq, (size_t)T * n_q, KG_CUDA_OP_F16));
     TRY_OUT(fetch(k_cache, dk, cache, KG_CUDA_OP_F16));
     TRY_OUT(fetch(v_cache, dv, cache, KG_CUDA_OP_F16));
@@ -189,8 +195,13 @@ out:
     return st;
 }
 
-kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a, const float *q, const float *k_cache,
-                                 const float *v_cache, int32_t n_split, float *out, int dtype) {
+kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
+                                 const float *q,
+                                 const float *k_cache,
+                                 const float *v_cache,
+                                 int32_t n_split,
+                                 float *out,
+                                 int dtype) {
     dev_pool_t dp = {{NULL}, 0};
     kg_status_t st = KG_OK;
     kg_cuda_inputs_t in;
@@ -237,8 +248,16 @@ out:
     return st;
 }
 
-kg_status_t kg_cuda_op_gemm(const float *w, const float *x, float *y, int32_t rows, int32_t n_out,
-                            int32_t n_in, int dtype, bool gemv, char *errstr, size_t errstr_size) {
+kg_status_t kg_cuda_op_gemm(const float *w,
+                            const float *x,
+                            float *y,
+                            int32_t rows,
+                            int32_t n_out,
+                            int32_t n_in,
+                            int dtype,
+                            bool gemv,
+                            char *errstr,
+                            size_t errstr_size) {
     dev_pool_t dp = {{NULL}, 0};
     kg_status_t st = KG_OK;
     kg_cuda_blas_t blas;
@@ -263,8 +282,11 @@ out:
     return st;
 }
 
-kg_status_t kg_cuda_op_sample(const float *logits, int32_t rows, int32_t n_vocab,
-                              const kg_sample_request_t *reqs, kg_sample_result_t *out) {
+kg_status_t kg_cuda_op_sample(const float *logits,
+                              int32_t rows,
+                              int32_t n_vocab,
+                              const kg_sample_request_t *reqs,
+                              kg_sample_result_t *out) {
     dev_pool_t dp = {{NULL}, 0};
     kg_status_t st = KG_OK;
     kg_cuda_sampler_t s;

@@ -5,11 +5,11 @@
  * and as CUDA C++. */
 #pragma once
 
-#include <stdbool.h>
-#include <stdint.h>
-
 #include "../src/backend/kg_backend.h"
 #include "../src/core/kg_status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,33 +31,55 @@ typedef struct kg_cuda_op_attn {
 
 /** x (rows, n) += add (when not NULL); y = rmsnorm(x) * w stored as dtype
  * and returned as floats. x is updated in place. */
-kg_status_t kg_cuda_op_add_rmsnorm(float *x, const float *add, const float *w, float *y,
-                                   int32_t rows, int32_t n, float eps, int dtype);
+kg_status_t kg_cuda_op_add_rmsnorm(float *x,
+                                   const float *add,
+                                   const float *w,
+                                   float *y,
+                                   int32_t rows,
+                                   int32_t n,
+                                   float eps,
+                                   int dtype);
 
 /** RoPE angles of a->pos, rotation of q|k in qkv (n_tokens, n_q + 2 n_kv),
  * q rounded to fp16 into q_out (n_tokens, n_q); k and v stored as fp16 in
  * the caches (n_cache_rows, n_kv), which are read back as floats (rows the
  * step does not write keep their input values). */
-kg_status_t kg_cuda_op_rope_store(const kg_cuda_op_attn_t *a, const float *qkv, float *q_out,
-                                  float *k_cache, float *v_cache);
+kg_status_t kg_cuda_op_rope_store(
+    const kg_cuda_op_attn_t *a, const float *qkv, float *q_out, float *k_cache, float *v_cache);
 
 /** Paged attention: q (n_tokens, n_q) and the caches (n_cache_rows, n_kv)
  * are rounded to fp16 on the way in; out (n_tokens, n_q) as dtype.
  * n_split <= 0 picks it as the backend does for an `n_sm`-SM GPU. */
-kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a, const float *q, const float *k_cache,
-                                 const float *v_cache, int32_t n_split, float *out, int dtype);
+kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
+                                 const float *q,
+                                 const float *k_cache,
+                                 const float *v_cache,
+                                 int32_t n_split,
+                                 float *out,
+                                 int dtype);
 
 /** h (rows, n_ff) = silu(gu[:, :n_ff]) * gu[:, n_ff:] stored as dtype. */
 kg_status_t kg_cuda_op_swiglu(const float *gu, float *h, int32_t rows, int32_t n_ff, int dtype);
 
 /** y (rows, n_out) = x (rows, n_in) · w (n_out, n_in)^T with w and x
  * rounded to dtype, through cuBLAS or (gemv) the skinny kernel. */
-kg_status_t kg_cuda_op_gemm(const float *w, const float *x, float *y, int32_t rows, int32_t n_out,
-                            int32_t n_in, int dtype, bool gemv, char *errstr, size_t errstr_size);
+kg_status_t kg_cuda_op_gemm(const float *w,
+                            const float *x,
+                            float *y,
+                            int32_t rows,
+                            int32_t n_out,
+                            int32_t n_in,
+                            int dtype,
+                            bool gemv,
+                            char *errstr,
+                            size_t errstr_size);
 
 /** The device sampler on host logits (rows, n_vocab), reqs[i] for row i. */
-kg_status_t kg_cuda_op_sample(const float *logits, int32_t rows, int32_t n_vocab,
-                              const kg_sample_request_t *reqs, kg_sample_result_t *out);
+kg_status_t kg_cuda_op_sample(const float *logits,
+                              int32_t rows,
+                              int32_t n_vocab,
+                              const kg_sample_request_t *reqs,
+                              kg_sample_result_t *out);
 
 #ifdef __cplusplus
 }

@@ -2,11 +2,16 @@
  * --fmad=false so the products round as the CPU backend's do. */
 #include "rmsnorm.cuh"
 
-__global__ void __launch_bounds__(256)
-    add_rmsnorm_kernel(const kg_cuda_step_hdr_t *hdr, bool outputs, const int32_t *map,
-                       float *__restrict__ x, const float *__restrict__ add,
-                       const float *__restrict__ w, void *__restrict__ y, int dt, int32_t n,
-                       float eps) {
+__global__ void __launch_bounds__(256) add_rmsnorm_kernel(const kg_cuda_step_hdr_t *hdr,
+                                                          bool outputs,
+                                                          const int32_t *map,
+                                                          float *__restrict__ x,
+                                                          const float *__restrict__ add,
+                                                          const float *__restrict__ w,
+                                                          void *__restrict__ y,
+                                                          int dt,
+                                                          int32_t n,
+                                                          float eps) {
     __shared__ double red[32];
     const int32_t i = blockIdx.x;
     if (i >= (outputs ? hdr->n_outputs : hdr->n_tokens)) {
@@ -31,9 +36,18 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-kg_status_t kg_cuda_add_rmsnorm(cudaStream_t stream, int32_t n_launch, const kg_cuda_step_hdr_t *hdr,
-                                bool outputs, const int32_t *map, float *x, const float *add,
-                                const float *w, void *y, kg_cuda_dtype_t dt, int32_t n, float eps) {
+kg_status_t kg_cuda_add_rmsnorm(cudaStream_t stream,
+                                int32_t n_launch,
+                                const kg_cuda_step_hdr_t *hdr,
+                                bool outputs,
+                                const int32_t *map,
+                                float *x,
+                                const float *add,
+                                const float *w,
+                                void *y,
+                                kg_cuda_dtype_t dt,
+                                int32_t n,
+                                float eps) {
     if (n_launch <= 0) {
         return KG_OK;
     }

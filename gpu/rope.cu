@@ -2,8 +2,12 @@
  * rounds as the CPU's kg_rope_pair does. */
 #include "rope.cuh"
 
-__global__ void rope_cache_kernel(kg_cuda_inputs_t in, float *__restrict__ rope_cs, int32_t n_rot,
-                                  float base, float freq_scale, const float *freq_factors,
+__global__ void rope_cache_kernel(kg_cuda_inputs_t in,
+                                  float *__restrict__ rope_cs,
+                                  int32_t n_rot,
+                                  float base,
+                                  float freq_scale,
+                                  const float *freq_factors,
                                   int32_t n_launch) {
     const int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_launch || t >= in.hdr->n_tokens) {
@@ -13,8 +17,13 @@ __global__ void rope_cache_kernel(kg_cuda_inputs_t in, float *__restrict__ rope_
     kg_rope_cache(in.pos[t], n_rot, base, freq_scale, freq_factors, cs, cs + n_rot / 2);
 }
 
-kg_status_t kg_cuda_rope_cache(cudaStream_t stream, int32_t n_launch, kg_cuda_inputs_t in,
-                               float *rope_cs, int32_t n_rot, float base, float freq_scale,
+kg_status_t kg_cuda_rope_cache(cudaStream_t stream,
+                               int32_t n_launch,
+                               kg_cuda_inputs_t in,
+                               float *rope_cs,
+                               int32_t n_rot,
+                               float base,
+                               float freq_scale,
                                const float *freq_factors) {
     const int threads = 64;
     rope_cache_kernel<<<(n_launch + threads - 1) / threads, threads, 0, stream>>>(
@@ -23,9 +32,12 @@ kg_status_t kg_cuda_rope_cache(cudaStream_t stream, int32_t n_launch, kg_cuda_in
     return KG_OK;
 }
 
-__global__ void rope_store_kernel(kg_cuda_inputs_t in, kg_cuda_rope_shape_t sh,
-                                  const float *__restrict__ qkv, const float *__restrict__ rope_cs,
-                                  __half *__restrict__ q16, __half *__restrict__ k_cache,
+__global__ void rope_store_kernel(kg_cuda_inputs_t in,
+                                  kg_cuda_rope_shape_t sh,
+                                  const float *__restrict__ qkv,
+                                  const float *__restrict__ rope_cs,
+                                  __half *__restrict__ q16,
+                                  __half *__restrict__ k_cache,
                                   __half *__restrict__ v_cache) {
     const int32_t t = blockIdx.x;
     if (t >= in.hdr->n_tokens) {
@@ -36,8 +48,8 @@ __global__ void rope_store_kernel(kg_cuda_inputs_t in, kg_cuda_rope_shape_t sh,
     const float *src = qkv + (int64_t)t * (n_q + 2 * n_kv);
     const float *cs = rope_cs + (int64_t)t * sh.n_rot;
     const int32_t pos = in.pos[t];
-    const int64_t row =
-        (int64_t)in.table[in.tbl_off[t] + pos / sh.block_size] * sh.block_size + pos % sh.block_size;
+    const int64_t row = (int64_t)in.table[in.tbl_off[t] + pos / sh.block_size] * sh.block_size +
+                        pos % sh.block_size;
 
     /* q and k pairs: heads 0..n_head-1 are q, the next n_head_kv are k */
     const int32_t n_pairs = (sh.n_head + sh.n_head_kv) * half_hd;
@@ -48,8 +60,8 @@ __global__ void rope_store_kernel(kg_cuda_inputs_t in, kg_cuda_rope_shape_t sh,
         if (i < half_rot) {
             kg_rope_pair(&a, &b, cs[i], cs[half_rot + i]);
         }
-        __half *dst = h < sh.n_head ? q16 + (int64_t)t * n_q + off
-                                    : k_cache + row * n_kv + (off - n_q);
+        __half *dst =
+            h < sh.n_head ? q16 + (int64_t)t * n_q + off : k_cache + row * n_kv + (off - n_q);
         dst[0] = __float2half_rn(a);
         dst[1] = __float2half_rn(b);
     }
@@ -58,9 +70,14 @@ __global__ void rope_store_kernel(kg_cuda_inputs_t in, kg_cuda_rope_shape_t sh,
     }
 }
 
-kg_status_t kg_cuda_rope_store(cudaStream_t stream, int32_t n_launch, kg_cuda_inputs_t in,
-                               const kg_cuda_rope_shape_t *sh, const float *qkv,
-                               const float *rope_cs, __half *q16, __half *k_cache,
+kg_status_t kg_cuda_rope_store(cudaStream_t stream,
+                               int32_t n_launch,
+                               kg_cuda_inputs_t in,
+                               const kg_cuda_rope_shape_t *sh,
+                               const float *qkv,
+                               const float *rope_cs,
+                               __half *q16,
+                               __half *k_cache,
                                __half *v_cache) {
     rope_store_kernel<<<n_launch, 128, 0, stream>>>(in, *sh, qkv, rope_cs, q16, k_cache, v_cache);
     KG_CUDA_CHECK_LAUNCH();

@@ -33,7 +33,7 @@
 #define S_WARPS      (S_THREADS / 32)
 #define S_CHUNK      1024
 #define S_PER_THREAD (S_CHUNK / S_THREADS)
-#define S_ITEMS      4 /* ids per thread per tile of an id-order walk */
+#define S_ITEMS      4    /* ids per thread per tile of an id-order walk */
 #define HIST_BUCKETS 1024 /* kg_sampler.c's top-p histogram */
 #define HIST_RANGE   40.0f
 #define NO_BOUND     0xFFFFFFFFFFFFFFFFull
@@ -41,9 +41,9 @@
 typedef unsigned long long u64;
 
 typedef struct smem {
-    u64 keys[S_CHUNK];          /* a sorted chunk, best first; 0 pads */
-    double mass[HIST_BUCKETS];  /* top-p histogram */
-    int32_t hist[256];          /* radix-select digit counts */
+    u64 keys[S_CHUNK];         /* a sorted chunk, best first; 0 pads */
+    double mass[HIST_BUCKETS]; /* top-p histogram */
+    int32_t hist[256];         /* radix-select digit counts */
     double red[32];
     u64 redu[32];
     int32_t i0, i1, i2, i3;
@@ -199,8 +199,8 @@ __device__ void bitonic_desc(u64 *k) {
  * An MSB-first radix select, 8 bits a pass, stopping as soon as the
  * tokens sharing the current prefix are exactly the ones still needed.
  * r >= 1. */
-__device__ u64 radix_select(const float *row, int32_t n, const sel_t &s, u64 bound, int32_t r,
-                            smem_t *sm) {
+__device__ u64
+radix_select(const float *row, int32_t n, const sel_t &s, u64 bound, int32_t r, smem_t *sm) {
     u64 prefix = 0, mask = 0;
     int32_t need = r;
     for (int shift = 56; shift >= 0; shift -= 8) {
@@ -230,8 +230,8 @@ __device__ u64 radix_select(const float *row, int32_t n, const sel_t &s, u64 bou
             }
             sm->i0 = d;
             sm->i1 = need - c;
-            sm->i2 = c + sm->hist[d] < need;        /* fewer eligible than r */
-            sm->i3 = sm->hist[d] == need - c;       /* this prefix is exactly what is left */
+            sm->i2 = c + sm->hist[d] < need;  /* fewer eligible than r */
+            sm->i3 = sm->hist[d] == need - c; /* this prefix is exactly what is left */
         }
         __syncthreads();
         const int32_t d = sm->i0;
@@ -253,8 +253,8 @@ __device__ u64 radix_select(const float *row, int32_t n, const sel_t &s, u64 bou
 /* The eligible tokens with key in [floor, bound), at most S_CHUNK of them
  * by construction of floor, sorted best first into sm->keys. Returns their
  * count. */
-__device__ int32_t gather_sorted(const float *row, int32_t n, const sel_t &s, u64 bound, u64 floor,
-                                 smem_t *sm) {
+__device__ int32_t
+gather_sorted(const float *row, int32_t n, const sel_t &s, u64 bound, u64 floor, smem_t *sm) {
     if (threadIdx.x == 0) {
         sm->i0 = 0;
     }
@@ -284,8 +284,8 @@ __device__ int32_t gather_sorted(const float *row, int32_t n, const sel_t &s, u6
 
 /* The next (up to) S_CHUNK best eligible tokens below `bound`, not below
  * `floor`, sorted into sm->keys. */
-__device__ int32_t next_chunk(const float *row, int32_t n, const sel_t &s, u64 bound, u64 floor,
-                              smem_t *sm) {
+__device__ int32_t
+next_chunk(const float *row, int32_t n, const sel_t &s, u64 bound, u64 floor, smem_t *sm) {
     u64 t = radix_select(row, n, s, bound, S_CHUNK, sm);
     t = t < floor ? floor : t;
     return gather_sorted(row, n, s, bound, t, sm);
@@ -330,8 +330,8 @@ __device__ int32_t walk_chunk(smem_t *sm, int32_t cnt, float max, double target,
  * their weights; the first token whose running sum exceeds u, else the
  * last with any weight (rounding ran past the end), else -1. Tiles of
  * S_THREADS * S_ITEMS ids, a block prefix scan per tile. */
-__device__ int32_t walk_ids(const float *row, int32_t n, const wparams_t &wp, double u,
-                            smem_t *sm) {
+__device__ int32_t
+walk_ids(const float *row, int32_t n, const wparams_t &wp, double u, smem_t *sm) {
     double cum = 0.0;
     int32_t last_id = -1;
     for (int32_t base = 0; base < n; base += S_THREADS * S_ITEMS) {
@@ -384,8 +384,8 @@ __device__ int32_t walk_ids(const float *row, int32_t n, const wparams_t &wp, do
 /* The survivors of top-k and top-p are the tokens whose key is at least a
  * floor (both keep a best-first prefix of the order); min-p is a logit
  * threshold on top. */
-__device__ int32_t draw(const float *row, int32_t n, const kg_cuda_sample_row_t &p, u64 best,
-                        smem_t *sm) {
+__device__ int32_t
+draw(const float *row, int32_t n, const kg_cuda_sample_row_t &p, u64 best, smem_t *sm) {
     const float max = key_logit(best);
     const sel_t all = {0, 0, 0.0f, 0.0f};
     wparams_t wp;
@@ -497,9 +497,11 @@ __device__ int32_t draw(const float *row, int32_t n, const kg_cuda_sample_row_t 
 
 // ---- the kernel ----
 
-__global__ void __launch_bounds__(S_THREADS)
-    sample_kernel(float *logits, int32_t n_vocab, const kg_cuda_sample_row_t *rows,
-                  kg_cuda_pen_t *pens, kg_sample_result_t *res) {
+__global__ void __launch_bounds__(S_THREADS) sample_kernel(float *logits,
+                                                           int32_t n_vocab,
+                                                           const kg_cuda_sample_row_t *rows,
+                                                           kg_cuda_pen_t *pens,
+                                                           kg_sample_result_t *res) {
     __shared__ smem_t sm;
     float *row = logits + (int64_t)blockIdx.x * n_vocab;
     const kg_cuda_sample_row_t p = rows[blockIdx.x];
@@ -641,8 +643,8 @@ size_t kg_cuda_sampler_device_size(const kg_cuda_sampler_t *s) {
 }
 
 /* Add the distinct tokens of toks[from..to) as repetition entries. */
-static void add_window(kg_cuda_sampler_t *s, const int32_t *toks, int64_t from, int64_t to,
-                       int32_t *n_pens) {
+static void
+add_window(kg_cuda_sampler_t *s, const int32_t *toks, int64_t from, int64_t to, int32_t *n_pens) {
     for (int64_t i = from; i < to; i++) {
         const int32_t tok = toks[i];
         if (tok < 0 || tok >= s->n_vocab || s->idx[tok] >= 0) {
@@ -669,7 +671,8 @@ static void pack_penalties(kg_cuda_sampler_t *s, const kg_sample_request_t *q, i
         const int64_t win =
             p->penalty_last_n < 0 || p->penalty_last_n > total ? total : p->penalty_last_n;
         const int64_t out_from = win > q->n_output ? 0 : q->n_output - win;
-        const int64_t prompt_from = win > q->n_output ? q->n_prompt - (win - q->n_output) : q->n_prompt;
+        const int64_t prompt_from =
+            win > q->n_output ? q->n_prompt - (win - q->n_output) : q->n_prompt;
         add_window(s, q->prompt, prompt_from, q->n_prompt, n_pens);
         add_window(s, q->output, out_from, q->n_output, n_pens);
     }
@@ -708,8 +711,11 @@ static int64_t penalty_bound(const kg_cuda_sampler_t *s, const kg_sample_request
     return n < s->n_vocab ? n : s->n_vocab;
 }
 
-kg_status_t kg_cuda_sampler_run(kg_cuda_sampler_t *s, cudaStream_t stream, float *d_logits,
-                                const kg_sample_request_t *reqs, int32_t n,
+kg_status_t kg_cuda_sampler_run(kg_cuda_sampler_t *s,
+                                cudaStream_t stream,
+                                float *d_logits,
+                                const kg_sample_request_t *reqs,
+                                int32_t n,
                                 kg_sample_result_t *out) {
     int32_t done = 0;
     while (done < n) {

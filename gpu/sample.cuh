@@ -43,6 +43,9 @@ size_t kg_cuda_sampler_device_size(const kg_cuda_sampler_t *s);
 /** Sample rows 0..n-1 of d_logits (n, n_vocab) on `stream` (the logits are
  * modified in place), draw from each request's RNG as the CPU sampler does,
  * and write out[0..n) (synchronizes the stream). */
-kg_status_t kg_cuda_sampler_run(kg_cuda_sampler_t *s, cudaStream_t stream, float *d_logits,
-                                const kg_sample_request_t *reqs, int32_t n,
+kg_status_t kg_cuda_sampler_run(kg_cuda_sampler_t *s,
+                                cudaStream_t stream,
+                                float *d_logits,
+                                const kg_sample_request_t *reqs,
+                                int32_t n,
                                 kg_sample_result_t *out);

@@ -2,8 +2,12 @@
  * --fmad=false, like the CPU's kg_silu(g) * u. */
 #include "swiglu.cuh"
 
-__global__ void swiglu_kernel(const kg_cuda_step_hdr_t *hdr, const float *__restrict__ gu,
-                              void *__restrict__ h, int dt, int32_t n_ff, int64_t total) {
+__global__ void swiglu_kernel(const kg_cuda_step_hdr_t *hdr,
+                              const float *__restrict__ gu,
+                              void *__restrict__ h,
+                              int dt,
+                              int32_t n_ff,
+                              int64_t total) {
     const int64_t rows = (int64_t)hdr->n_tokens * n_ff;
     const int64_t end = rows < total ? rows : total;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < end;
@@ -14,8 +18,13 @@ __global__ void swiglu_kernel(const kg_cuda_step_hdr_t *hdr, const float *__rest
     }
 }
 
-kg_status_t kg_cuda_swiglu(cudaStream_t stream, int32_t n_launch, const kg_cuda_step_hdr_t *hdr,
-                           const float *gu, void *h, kg_cuda_dtype_t dt, int32_t n_ff) {
+kg_status_t kg_cuda_swiglu(cudaStream_t stream,
+                           int32_t n_launch,
+                           const kg_cuda_step_hdr_t *hdr,
+                           const float *gu,
+                           void *h,
+                           kg_cuda_dtype_t dt,
+                           int32_t n_ff) {
     const int64_t total = (int64_t)n_launch * n_ff;
     if (total <= 0) {
         return KG_OK;

@@ -22,10 +22,6 @@ int main(void) {
 
 #else
 
-#include <math.h>
-#include <stdio.h>
-#include <string.h>
-
 #include "../../gpu/kg_backend_cuda.h"
 #include "../../gpu/kg_cuda_ops.h"
 #include "backend/cpu/cpu_ops.h"
@@ -35,6 +31,10 @@ int main(void) {
 #include "model/kg_quant.h"
 #include "model/kg_sampler.h"
 #include "model/kg_tokenizer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
 
 // ---- helpers ----
 
@@ -140,10 +140,19 @@ static void check_rope(int n_head, int n_kv, int hd, int n_rot) {
     for (int i = 0; i < n_rows * nkv; i++) {
         kc[i] = vc[i] = 7.0f; /* rows the step does not write keep this */
     }
-    kg_cuda_op_attn_t a = {.n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .n_rot = n_rot,
-                           .block_size = bs, .rope_base = 10000.0f, .rope_scale = 1.0f,
-                           .n_tokens = T, .pos = pos, .tbl_off = off, .table = k_table,
-                           .n_table = 8, .n_cache_rows = n_rows};
+    kg_cuda_op_attn_t a = {.n_head = n_head,
+                           .n_head_kv = n_kv,
+                           .head_dim = hd,
+                           .n_rot = n_rot,
+                           .block_size = bs,
+                           .rope_base = 10000.0f,
+                           .rope_scale = 1.0f,
+                           .n_tokens = T,
+                           .pos = pos,
+                           .tbl_off = off,
+                           .table = k_table,
+                           .n_table = 8,
+                           .n_cache_rows = n_rows};
     ck_assert_int_eq(kg_cuda_op_rope_store(&a, qkv, q, kc, vc), KG_OK);
     bool written[32] = {false};
     for (int t = 0; t < T; t++) {
@@ -167,8 +176,8 @@ static void check_rope(int n_head, int n_kv, int hd, int n_rot) {
             const float want = round_to(row[nq + i], KG_CUDA_OP_F16), got = kc[r * nkv + i];
             ck_assert_msg(fabsf(got - want) <= 2.0f / 1024 * fabsf(want) + 1e-6f,
                           "k t=%d i=%d: %g vs %g", t, i, got, want);
-            ck_assert_float_eq(vc[r * nkv + i], round_to(qkv[(size_t)t * W + nq + nkv + i],
-                                                         KG_CUDA_OP_F16));
+            ck_assert_float_eq(vc[r * nkv + i],
+                               round_to(qkv[(size_t)t * W + nq + nkv + i], KG_CUDA_OP_F16));
         }
     }
     for (int r = 0; r < n_rows; r++) {
@@ -208,9 +217,17 @@ static void check_attention(int n_head, int n_kv, int hd, int dt, int n_split) {
         kc[i] = round_to(kc[i], KG_CUDA_OP_F16);
         vc[i] = round_to(vc[i], KG_CUDA_OP_F16);
     }
-    kg_cuda_op_attn_t a = {.n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .n_rot = hd,
-                           .block_size = BS, .n_tokens = T, .pos = pos, .tbl_off = off,
-                           .table = table, .n_table = 16, .n_cache_rows = rows};
+    kg_cuda_op_attn_t a = {.n_head = n_head,
+                           .n_head_kv = n_kv,
+                           .head_dim = hd,
+                           .n_rot = hd,
+                           .block_size = BS,
+                           .n_tokens = T,
+                           .pos = pos,
+                           .tbl_off = off,
+                           .table = table,
+                           .n_table = 16,
+                           .n_cache_rows = rows};
     ck_assert_int_eq(kg_cuda_op_attention(&a, q, kc, vc, n_split, out, dt), KG_OK);
     double *s = malloc(128 * sizeof(double));
     for (int t = 0; t < T; t++) {
@@ -241,8 +258,8 @@ static void check_attention(int n_head, int n_kv, int hd, int dt, int n_split) {
         }
         const double e = nmse(ref + t * nq, out + t * nq, (size_t)nq);
         const double bound = dt == KG_CUDA_OP_F32 ? 1e-9 : 1e-4;
-        ck_assert_msg(e < bound, "heads %d/%d hd %d %s split %d token %d (pos %d): nmse %g",
-                      n_head, n_kv, hd, dt_name(dt), n_split, t, pos[t], e);
+        ck_assert_msg(e < bound, "heads %d/%d hd %d %s split %d token %d (pos %d): nmse %g", n_head,
+                      n_kv, hd, dt_name(dt), n_split, t, pos[t], e);
     }
     free(q), free(kc), free(vc), free(out), free(ref), free(s);
 }
@@ -270,8 +287,7 @@ START_TEST(swiglu_vs_cpu) {
         ck_assert_int_eq(kg_cuda_op_swiglu(gu, h, rows, F, dt), KG_OK);
         for (int t = 0; t < rows; t++) {
             for (int f = 0; f < F; f++) {
-                const float want =
-                    round_to(kg_silu(gu[t * 2 * F + f]) * gu[t * 2 * F + F + f], dt);
+                const float want = round_to(kg_silu(gu[t * 2 * F + f]) * gu[t * 2 * F + F + f], dt);
                 const float got = h[t * F + f];
                 ck_assert_msg(fabsf(got - want) <= (float)ulp_of(dt) * fabsf(want) + 1e-30f,
                               "%s [%d][%d]: %g vs %g", dt_name(dt), t, f, got, want);
@@ -312,7 +328,8 @@ START_TEST(gemm_vs_reference) {
                             }
                             ck_assert_msg(fabs(y[r * n_out + o] - ref) <= 2e-5 * mag + 1e-12,
                                           "%s n_in %d rows %d gemv %d [%d][%d]: %g vs %g",
-                                          dt_name(dt), n_in, rows, gemv, r, o, y[r * n_out + o], ref);
+                                          dt_name(dt), n_in, rows, gemv, r, o, y[r * n_out + o],
+                                          ref);
                         }
                     }
                 }
@@ -325,7 +342,7 @@ END_TEST
 
 // ---- sampler ----
 
-#define SV 3000
+#define SV      3000
 
 /* One parameter set of the sampler test. */
 typedef struct sample_case {
@@ -350,8 +367,8 @@ static const sample_case_t k_cases[] = {
     {1.0f, 0.9f, 0.02f, 1.0f, 0.0f, 0.0f, 50, 64, 2, 4},   /* all masked */
     {0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0, 64, 20, 4},    /* all masked, greedy */
 };
-#define N_CASES  ((int)(sizeof(k_cases) / sizeof(k_cases[0])))
-#define N_SEEDS  6
+#define N_CASES ((int)(sizeof(k_cases) / sizeof(k_cases[0])))
+#define N_SEEDS 6
 
 static void fill_logits(float *l, int kind) {
     for (int i = 0; i < SV; i++) {
@@ -405,8 +422,12 @@ START_TEST(sample_vs_cpu) {
             p->seed = 1000 + (uint64_t)r;
             kg_rng_seed(&rng_gpu[r], p->seed);
             rng_cpu[r] = rng_gpu[r];
-            reqs[r] = (kg_sample_request_t){.params = p, .rng = &rng_gpu[r], .prompt = prompt,
-                                            .n_prompt = 300, .output = output, .n_output = 200};
+            reqs[r] = (kg_sample_request_t){.params = p,
+                                            .rng = &rng_gpu[r],
+                                            .prompt = prompt,
+                                            .n_prompt = 300,
+                                            .output = output,
+                                            .n_output = 200};
         }
     }
     ck_assert_int_eq(kg_cuda_op_sample(logits, rows, SV, reqs, got), KG_OK);
@@ -451,8 +472,8 @@ static kg_model_t *load(const char *path) {
 
 static kg_backend_t *make_backend(const char *name, const kg_model_t *m, int max_tokens) {
     char err[256] = "";
-    kg_backend_params_t p = {.n_threads = 2, .n_kv_blocks = 32, .kv_block_size = 4,
-                             .max_batch_tokens = max_tokens};
+    kg_backend_params_t p = {
+        .n_threads = 2, .n_kv_blocks = 32, .kv_block_size = 4, .max_batch_tokens = max_tokens};
     kg_backend_t *be = strcmp(name, "cpu") == 0 ? kg_backend_cpu_new(m, &p, err, sizeof(err))
                                                 : kg_backend_cuda_new(m, &p, err, sizeof(err));
     ck_assert_msg(be != NULL, "%s backend: %s", name, err);
@@ -485,13 +506,19 @@ static void build_step(step_t *s, const chunk_t *chunks, int n_chunks, bool all_
 }
 
 /* 3 slots, blocks out of order */
-static const int32_t k_step_table[3 * 8] = {9,  3,  14, 0,  7,  1,  2,  5, 20, 11, 30, 12,
-                                            25, 13, 4,  16, 31, 6,  17, 8, 22, 18, 10, 19};
+static const int32_t k_step_table[3 * 8] = {9,  3,  14, 0,  7,  1, 2,  5, 20, 11, 30, 12,
+                                            25, 13, 4,  16, 31, 6, 17, 8, 22, 18, 10, 19};
 
 static kg_step_batch_t as_batch(const step_t *s) {
-    kg_step_batch_t b = {.n_tokens = s->n_tokens, .token = s->token, .pos = s->pos, .seq = s->seq,
-                         .want_logits = s->want, .n_outputs = s->n_outputs, .n_slots = 3,
-                         .max_blocks_per_seq = 8, .block_table = k_step_table};
+    kg_step_batch_t b = {.n_tokens = s->n_tokens,
+                         .token = s->token,
+                         .pos = s->pos,
+                         .seq = s->seq,
+                         .want_logits = s->want,
+                         .n_outputs = s->n_outputs,
+                         .n_slots = 3,
+                         .max_blocks_per_seq = 8,
+                         .block_table = k_step_table};
     return b;
 }
 
@@ -538,8 +565,8 @@ static void check_steps(const kg_test_model_opts_t *o, double bound) {
         ck_assert_int_eq(kg_backend_forward(gpu, &b, lg), KG_OK);
         for (int r = 0; r < s.n_outputs; r++) {
             const double e = nmse(lc + (size_t)r * V, lg + (size_t)r * V, (size_t)V);
-            ck_assert_msg(e < bound, "%s step %d row %d: nmse %g >= %g",
-                          o->type ? o->type : "f32", k, r, e, bound);
+            ck_assert_msg(e < bound, "%s step %d row %d: nmse %g >= %g", o->type ? o->type : "f32",
+                          k, r, e, bound);
         }
     }
 
@@ -570,8 +597,12 @@ static void check_steps(const kg_test_model_opts_t *o, double bound) {
         }
         kg_rng_seed(&rg[r], 77 + (uint64_t)r);
         rc[r] = rg[r];
-        req[r] = (kg_sample_request_t){.params = &p[r], .rng = &rg[r], .prompt = hist,
-                                       .n_prompt = 4, .output = hist, .n_output = 2};
+        req[r] = (kg_sample_request_t){.params = &p[r],
+                                       .rng = &rg[r],
+                                       .prompt = hist,
+                                       .n_prompt = 4,
+                                       .output = hist,
+                                       .n_output = 2};
     }
     ck_assert_int_eq(kg_backend_sample(gpu, req, s.n_outputs, out), KG_OK);
     kg_sampler_scratch_t *sc = kg_sampler_scratch_new(V);
@@ -592,22 +623,33 @@ static void check_steps(const kg_test_model_opts_t *o, double bound) {
 
 START_TEST(step_f32) {
     /* F32 weights stay F32 on the device: only summation order differs */
-    kg_test_model_opts_t o = {.n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 96,
-                              .seed = 11};
+    kg_test_model_opts_t o = {
+        .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 96, .seed = 11};
     check_steps(&o, 1e-6);
 }
 END_TEST
 
 START_TEST(step_f16_mqa) {
-    kg_test_model_opts_t o = {.n_embd = 128, .n_layer = 2, .n_head = 8, .n_head_kv = 1,
-                              .n_ff = 160, .type = "f16", .seed = 12};
+    kg_test_model_opts_t o = {.n_embd = 128,
+                              .n_layer = 2,
+                              .n_head = 8,
+                              .n_head_kv = 1,
+                              .n_ff = 160,
+                              .type = "f16",
+                              .seed = 12};
     check_steps(&o, 1e-5);
 }
 END_TEST
 
 START_TEST(step_bf16_tied_wide_heads) {
-    kg_test_model_opts_t o = {.n_embd = 256, .n_layer = 2, .n_head = 2, .n_head_kv = 1,
-                              .n_ff = 256, .tied = true, .type = "bf16", .seed = 13};
+    kg_test_model_opts_t o = {.n_embd = 256,
+                              .n_layer = 2,
+                              .n_head = 2,
+                              .n_head_kv = 1,
+                              .n_ff = 256,
+                              .tied = true,
+                              .type = "bf16",
+                              .seed = 13};
     check_steps(&o, 1e-4);
 }
 END_TEST
@@ -615,8 +657,13 @@ END_TEST
 START_TEST(step_q8_0) {
     /* Q8_0 weights become BF16 on the device while the CPU rounds the
      * activations to Q8_0 blocks: the loosest bound */
-    kg_test_model_opts_t o = {.n_embd = 128, .n_layer = 2, .n_head = 4, .n_head_kv = 4,
-                              .n_ff = 256, .type = "q8_0", .seed = 14};
+    kg_test_model_opts_t o = {.n_embd = 128,
+                              .n_layer = 2,
+                              .n_head = 4,
+                              .n_head_kv = 4,
+                              .n_ff = 256,
+                              .type = "q8_0",
+                              .seed = 14};
     check_steps(&o, 1e-2);
 }
 END_TEST
@@ -659,9 +706,15 @@ START_TEST(stories260k_greedy_vs_cpu) {
             tc[i] = k == 0 ? ids[i] : cur_cpu;
             tg[i] = k == 0 ? ids[i] : cur_gpu;
         }
-        kg_step_batch_t bc = {.n_tokens = T, .token = tc, .pos = pos, .seq = seq,
-                              .want_logits = want, .n_outputs = 1, .n_slots = 1,
-                              .max_blocks_per_seq = 8, .block_table = table};
+        kg_step_batch_t bc = {.n_tokens = T,
+                              .token = tc,
+                              .pos = pos,
+                              .seq = seq,
+                              .want_logits = want,
+                              .n_outputs = 1,
+                              .n_slots = 1,
+                              .max_blocks_per_seq = 8,
+                              .block_table = table};
         kg_step_batch_t bg = bc;
         bg.token = tg;
         ck_assert_int_eq(kg_backend_forward(cpu, &bc, lc), KG_OK);
@@ -670,8 +723,12 @@ START_TEST(stories260k_greedy_vs_cpu) {
         for (int i = 1; i < V; i++) {
             best = lc[i] > lc[best] ? i : best;
         }
-        kg_sample_request_t req = {.params = &greedy, .rng = &rng, .prompt = ids,
-                                   .n_prompt = (int32_t)n, .output = NULL, .n_output = 0};
+        kg_sample_request_t req = {.params = &greedy,
+                                   .rng = &rng,
+                                   .prompt = ids,
+                                   .n_prompt = (int32_t)n,
+                                   .output = NULL,
+                                   .n_output = 0};
         kg_sample_result_t res;
         ck_assert_int_eq(kg_backend_sample(gpu, &req, 1, &res), KG_OK);
         if (k < n_gen) {
