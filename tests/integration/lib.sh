@@ -351,8 +351,11 @@ for e in events:
     key = (e["request_id"], e["worker_id"], e["partition"], e["offset"])
     a = attempts.setdefault(key, {"tokens": [], "terminal": []})
     if e["type"] == "token":
-        if a["terminal"]:
+        # the same worker may rerun the same message after a rebalance: it restarts at 0
+        if a["terminal"] and e["index"] != 0 and not a.get("rerun"):
             errors.append(f"token event after the terminal event in attempt {key}")
+        if a["terminal"] and e["index"] == 0:
+            a["rerun"] = True
         a["tokens"].append(e)
     else:
         a["terminal"].append(e)
