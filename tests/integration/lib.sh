@@ -415,46 +415,29 @@ if errors:
 PY
 }
 
-# KNOWN BUG (reported; kg_worker.c + kg_runner.c, owned by the lead): the worker lets
-# max_batch_size + max_queue_depth jobs into the runner, but the engine refuses more than
-# max_queue_depth *waiting* ones, and a burst reaches it before a step has moved any to
-# running: the excess become `internal` error events "the engine refused the request: queue
-# full" instead of being retried. A scenario whose only errors are those records an expected
-# failure (kg_finish exits 77 with XFAIL, so ctest shows it skipped, not passed); any other
-# error event fails it.
+# Every job must end in a done event: any error event fails the scenario. (This once caught
+# the worker turning jobs the engine's full queue refused into `internal` errors instead of
+# retrying them.)
 kg_expect_no_errors() { # kg_expect_no_errors RESULTS
-    local counts
-    counts=$(python3 - "$1" <<'PY'
+    local other
+    other=$(python3 - "$1" <<'PY'
 import json, sys
-qf = other = 0
+other = 0
 for l in open(sys.argv[1]):
     r = json.loads(l)
     if r["type"] != "error":
         continue
-    if r["code"] == "internal" and "queue full" in r.get("message", ""):
-        qf += 1
-    else:
-        other += 1
-        if other == 1:
-            print(f"first unexpected error: {r}", file=sys.stderr)
-print(qf, other)
+    other += 1
+    if other == 1:
+        print(f"first unexpected error: {r}", file=sys.stderr)
+print(other)
 PY
 )
-    local qf=${counts% *} other=${counts#* }
     ((other == 0)) || kg_fail "$other jobs ended with an unexpected error event"
-    if ((qf > 0)); then
-        echo "KNOWN BUG: $qf jobs got 'internal: the engine refused the request: queue full'" \
-            "(engine waiting queue < worker in-flight cap; see tests/integration/lib.sh)" >&2
-        KG_XFAIL="$qf jobs refused by a full engine queue"
-    fi
 }
 
-# End a scenario: PASS, or XFAIL (exit 77) when kg_expect_no_errors met the known bug.
+# End a scenario.
 kg_finish() { # kg_finish MESSAGE
-    if [[ -n "${KG_XFAIL:-}" ]]; then
-        echo "XFAIL (known bug, everything else checked): $KG_XFAIL; $1 ($(kg_elapsed) s)"
-        exit 77
-    fi
     echo "PASS: $1 ($(kg_elapsed) s)"
 }
 
