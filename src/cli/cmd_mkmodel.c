@@ -53,6 +53,8 @@ static void usage(FILE *f) {
             "                      type of the 2-D weights (default f32; norms stay f32)\n"
             "  --vocab-from FILE   copy every tokenizer.* key of FILE (n_vocab: its token count);\n"
             "                      default: a 259-token SentencePiece byte vocabulary\n"
+            "  --n-vocab N         built-in vocabulary of N tokens (>= 259): the byte vocabulary\n"
+            "                      plus N - 259 made-up words (benchmarks at a real model's size)\n"
             "  --name NAME         general.name (default \"kgen-random\")\n"
             "  --help, --version\n");
 }
@@ -158,6 +160,11 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
             known = true;
             o->vocab_from = val;
             ok = ok && *val;
+        } else if (strcmp(flag, "--n-vocab") == 0) {
+            known = true;
+            uint64_t nv = 0;
+            ok = ok && parse_u64(val, &nv) && nv >= 259 && nv <= 3000000;
+            o->n_words = (int32_t)(nv - 259);
         } else if (strcmp(flag, "--seed") == 0) {
             known = true;
             o->have_seed = ok && parse_u64(val, &o->seed);

@@ -192,31 +192,22 @@ static int64_t add_builtin_vocab(kg_gguf_writer_t *w, int32_t n_words) {
         types[3 + b] = 6; // byte
     }
     for (int32_t k = 0; k < n_words; k++) {
+        /* word k spells k + 20 in base 20 with syllables: distinct for every k */
         char *t = text + (size_t)(259 + k) * 16;
         int n = snprintf(t, 16, "\xe2\x96\x81"); /* SentencePiece's word-start mark */
-        uint32_t x = (uint32_t)k;
-        for (int s = 0; s < 2 + k % 3; s++) {
-            n += snprintf(t + n, (size_t)(16 - n), "%s", syl[x % 20]);
-            x = x / 20 + (uint32_t)s * 7;
+        char digits[8];
+        int nd = 0;
+        for (uint32_t x = (uint32_t)k + 20; x > 0 && nd < 5; x /= 20) {
+            digits[nd++] = (char)(x % 20);
+        }
+        while (nd > 0 && n + 2 < 16) {
+            n += snprintf(t + n, (size_t)(16 - n), "%s", syl[(int)digits[--nd]]);
         }
         tokens[259 + k] = (kg_gguf_str_t){t, (uint64_t)n};
         types[259 + k] = 1; // normal
         scores[259 + k] = -(float)k;
     }
-    /* made-up words may repeat; a vocabulary needs unique texts */
-    int64_t n_unique = 259;
-    for (int64_t k = 259; k < N; k++) {
-        bool dup = false;
-        for (int64_t m = 259; m < n_unique && !dup; m++) {
-            dup = tokens[m].len == tokens[k].len && memcmp(tokens[m].data, tokens[k].data, tokens[k].len) == 0;
-        }
-        if (!dup) {
-            tokens[n_unique] = tokens[k];
-            types[n_unique] = types[k];
-            scores[n_unique] = scores[k];
-            n_unique++;
-        }
-    }
+    const int64_t n_unique = N;
     kg_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
     kg_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, (uint64_t)n_unique);
     kg_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, (uint64_t)n_unique);
