@@ -18,10 +18,13 @@
 #define NR CPU_GEMM_PANEL
 
 /* Cache blocking of the vector kernels (Goto's order). A K block of MC rows
- * of A (96 KiB) stays in L2 while one panel's K block (16 KiB of F32) sits
- * in L1 and meets each of its 6-row blocks. The accumulators go through C
- * between K blocks, which leaves the order of the FMAs unchanged. */
-#define KC 256
+ * of A (up to 144 KiB) stays in L2 while one panel's K block (up to 24 KiB
+ * of F32) sits in L1 and meets each of its 6-row blocks. K is cut into
+ * equal blocks of at most KC_MAX (576 = 2 x 288): the accumulators go
+ * through C between K blocks, which leaves the order of the FMAs unchanged
+ * but costs a trip of C through the caches, so the blocks are as few as L1
+ * allows. */
+#define KC_MAX 384
 #define MC 96
 
 /* Column panels per pool task when there are several row blocks (8 panels
@@ -73,7 +76,10 @@ bool cpu_gemm_pack(cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data,
             goto fail;
         }
     }
-    memset(w->panels, 0, size); /* the padding columns of the last panel */
+    if (n_panels > 0) { /* zero the last panel: its padding columns */
+        const size_t last = (size_t)((n_panels - 1) * k * NR) * elem_size(st);
+        memset((char *)w->panels + last, 0, size - last);
+    }
     w->n = n;
     w->k = k;
     w->type = st;
@@ -310,6 +316,7 @@ static void vector_panels(const float *a, const cpu_gemm_weights_t *w, float *c,
     const char *panels = w->panels;
     const bool partial = p1 * NR > N;
     const int64_t pf = partial ? p1 - 1 : p1; /* full panels end */
+    const int64_t n_kb = (K + KC_MAX - 1) / KC_MAX, KC = (K + n_kb - 1) / n_kb;
     if (m <= 6) {
         /* decode: one row block, the widest tiles; W streams once */
         const int mr = (int)m;
@@ -340,6 +347,12 @@ static void vector_panels(const float *a, const cpu_gemm_weights_t *w, float *c,
                     const int mr = i2 - i0 < 6 ? (int)(i2 - i0) : 6;
                     const float *ai = a + i0 * K + k0;
                     float *ci = c + i0 * N + p * NR;
+                    /* the next tile's C rows: with many rows C is far out of
+                     * cache, and a tile cannot start before its C is loaded */
+                    for (int64_t r = 6; r < 12 && i0 + r < i2; r++) {
+                        _mm_prefetch((const char *)(ci + r * N), _MM_HINT_T0);
+                        _mm_prefetch((const char *)(ci + r * N + NR - 1), _MM_HINT_T0);
+                    }
                     if (p < pf) {
                         tab[mr - 1][0](ai, K, wp, pstride, kc, ci, N, k0 > 0);
                     } else {
