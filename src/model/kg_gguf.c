@@ -1056,6 +1056,18 @@ const kg_gguf_tensor_t *kg_gguf_find_tensor(const kg_gguf_t *g, const char *name
     return NULL;
 }
 
+void kg_gguf_release(const kg_gguf_t *g, const void *data, size_t size) {
+    if (!g->mapped || size == 0) {
+        return; /* borrowed memory: dropping its pages would zero it */
+    }
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)data + page - 1) & ~(page - 1); /* whole pages inside only */
+    uintptr_t hi = ((uintptr_t)data + size) & ~(page - 1);
+    if (hi > lo && (const uint8_t *)data >= g->base && (const uint8_t *)data + size <= g->base + g->size) {
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+}
+
 const char *kg_ggml_type_name(kg_ggml_type_t type) {
     switch (type) {
     case KG_GGML_TYPE_F32:

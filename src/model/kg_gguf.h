@@ -119,5 +119,12 @@ const kg_gguf_tensor_t *kg_gguf_tensor(const kg_gguf_t *g, int64_t idx);
 /** By name, or NULL. */
 const kg_gguf_tensor_t *kg_gguf_find_tensor(const kg_gguf_t *g, const char *name);
 
+/** Tell the kernel the pages of a tensor's data are not needed for now: a
+ * backend that copied the weights into its own layout calls this so the
+ * file's pages do not stay resident as well. Reading the data later still
+ * works (the pages come back from the file). Does nothing for an image
+ * opened with kg_gguf_open_memory. */
+void kg_gguf_release(const kg_gguf_t *g, const void *data, size_t size);
+
 /** Name of a tensor type ("f32", "q8_0", ...), or "unknown". */
 const char *kg_ggml_type_name(kg_ggml_type_t type);

@@ -1016,12 +1016,42 @@ START_TEST(writer_file_truncations) {
 }
 END_TEST
 
+/* Released pages come back from the file: the data reads the same after
+ * kg_gguf_release, and releasing a borrowed image leaves it alone. */
+START_TEST(release_keeps_the_data) {
+    char msg[256];
+    kg_gguf_t *g = kg_gguf_open(kg_test_shared("models/stories260K.gguf"), msg, sizeof(msg));
+    ck_assert_msg(g != NULL, "%s", msg);
+    const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, "token_embd.weight");
+    ck_assert_ptr_nonnull(t);
+    void *copy = malloc(t->size);
+    memcpy(copy, t->data, t->size);
+    kg_gguf_release(g, t->data, t->size);
+    ck_assert_int_eq(memcmp(copy, t->data, t->size), 0);
+
+    /* a borrowed image: releasing must not zero it */
+    size_t len = 0;
+    char *bytes = kg_test_read_file(kg_test_shared("models/stories260K.gguf"), &len);
+    ck_assert_ptr_nonnull(bytes);
+    kg_gguf_t *m = kg_gguf_open_memory(bytes, len, msg, sizeof(msg));
+    ck_assert_msg(m != NULL, "%s", msg);
+    const kg_gguf_tensor_t *mt = kg_gguf_find_tensor(m, "token_embd.weight");
+    kg_gguf_release(m, mt->data, mt->size);
+    ck_assert_int_eq(memcmp(copy, mt->data, mt->size), 0);
+    kg_gguf_free(m);
+    free(bytes);
+    free(copy);
+    kg_gguf_free(g);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("gguf");
     TCase *tc = tcase_create("shared_files");
     tcase_add_test(tc, stories260k_keys);
     tcase_add_test(tc, stories260k_tensors);
     tcase_add_test(tc, vocab_files_open);
+    tcase_add_test(tc, release_keeps_the_data);
     tcase_add_test(tc, open_errors);
     suite_add_tcase(s, tc);
     tc = tcase_create("malformed");

@@ -92,6 +92,8 @@ static bool weight_init(cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *c
             return false;
         }
         ctx->weights_size += w->packed.size;
+        /* the panels are the copy we use: let the file's pages go */
+        kg_gguf_release(ctx->model->gguf, t->data, t->size);
         return true;
     }
     if (t->type == KG_GGML_TYPE_F32) {
