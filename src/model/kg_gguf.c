@@ -192,7 +192,7 @@ static size_t hash_cap_for(int64_t n) {
 
 // ---- metadata values ----
 
-static size_t scalar_size(uint32_t type) {
+size_t kg_gguf_type_size(uint32_t type) {
     switch (type) {
     case KG_GGUF_TYPE_UINT8:
     case KG_GGUF_TYPE_INT8:
@@ -216,7 +216,7 @@ static size_t scalar_size(uint32_t type) {
 
 /** Step over one value of `type` (arrays recursively, to a bounded depth). */
 static bool skip_value(cursor_t *c, uint32_t type, int depth, const char *what) {
-    size_t sz = scalar_size(type);
+    size_t sz = kg_gguf_type_size(type);
     if (sz) {
         return need(c, sz, "%s", what) && (c->pos += sz, true);
     }
@@ -246,7 +246,7 @@ static bool skip_value(cursor_t *c, uint32_t type, int depth, const char *what) 
     if (!take_u64(c, &n, w)) {
         return false;
     }
-    size_t esz = scalar_size(et);
+    size_t esz = kg_gguf_type_size(et);
     if (esz) {
         if (n > (c->size - c->pos) / esz) {
             set_err(c->errstr, c->errstr_size,
@@ -932,7 +932,7 @@ kg_gguf_str_t kg_gguf_arr_str(const kg_gguf_t *g, const char *key, uint64_t i) {
 
 /** Element i of an integer array; false when it does not fit int64. */
 static bool arr_elem_int(const kg_gguf_t *g, const kv_entry_t *e, uint64_t i, int64_t *iv) {
-    const uint8_t *p = g->base + e->arr_off + i * scalar_size(e->arr_type);
+    const uint8_t *p = g->base + e->arr_off + i * kg_gguf_type_size(e->arr_type);
     switch (e->arr_type) {
     case KG_GGUF_TYPE_UINT8:
         *iv = p[0];
@@ -975,7 +975,7 @@ static bool arr_elem_int(const kg_gguf_t *g, const kv_entry_t *e, uint64_t i, in
 }
 
 static bool is_int_type(kg_gguf_type_t t) {
-    return scalar_size(t) != 0 && t != KG_GGUF_TYPE_BOOL && t != KG_GGUF_TYPE_FLOAT32 &&
+    return kg_gguf_type_size(t) != 0 && t != KG_GGUF_TYPE_BOOL && t != KG_GGUF_TYPE_FLOAT32 &&
            t != KG_GGUF_TYPE_FLOAT64;
 }
 

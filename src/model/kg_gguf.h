@@ -126,5 +126,9 @@ const kg_gguf_tensor_t *kg_gguf_find_tensor(const kg_gguf_t *g, const char *name
  * opened with kg_gguf_open_memory. */
 void kg_gguf_release(const kg_gguf_t *g, const void *data, size_t size);
 
+/** Bytes of one value of a fixed-size metadata type (1, 2, 4 or 8); 0 for
+ * STRING, ARRAY and unknown types. Shared by the reader and the writer. */
+size_t kg_gguf_type_size(uint32_t type);
+
 /** Name of a tensor type ("f32", "q8_0", ...), or "unknown". */
 const char *kg_ggml_type_name(kg_ggml_type_t type);

@@ -165,31 +165,9 @@ void kg_gguf_writer_set_str(kg_gguf_writer_t *w, const char *key, const char *v)
     set_kv_owned(w, key, KG_GGUF_TYPE_STRING, val, 8 + len);
 }
 
-static size_t elem_size(kg_gguf_type_t t) {
-    switch (t) {
-    case KG_GGUF_TYPE_UINT8:
-    case KG_GGUF_TYPE_INT8:
-    case KG_GGUF_TYPE_BOOL:
-        return 1;
-    case KG_GGUF_TYPE_UINT16:
-    case KG_GGUF_TYPE_INT16:
-        return 2;
-    case KG_GGUF_TYPE_UINT32:
-    case KG_GGUF_TYPE_INT32:
-    case KG_GGUF_TYPE_FLOAT32:
-        return 4;
-    case KG_GGUF_TYPE_UINT64:
-    case KG_GGUF_TYPE_INT64:
-    case KG_GGUF_TYPE_FLOAT64:
-        return 8;
-    default:
-        return 0;
-    }
-}
-
 void kg_gguf_writer_set_arr(kg_gguf_writer_t *w, const char *key, kg_gguf_type_t elem_type,
                             const void *v, uint64_t n) {
-    size_t esz = elem_size(elem_type);
+    size_t esz = kg_gguf_type_size(elem_type);
     if (esz == 0 || n > (SIZE_MAX - 12) / esz) {
         w->oom = true; // a programming error; fail the write rather than the process
         return;
