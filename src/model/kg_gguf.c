@@ -139,7 +139,9 @@ static bool take_u64(cursor_t *c, uint64_t *v, const char *what) {
 static bool take_str(cursor_t *c, kg_gguf_str_t *s, const char *what) {
     uint64_t len;
     char lwhat[300];
-    snprintf(lwhat, sizeof(lwhat), "%s length", what);
+    // labels are short literals; a longer one is cut, never overrun
+    int w = snprintf(lwhat, sizeof(lwhat), "%.280s length", what);
+    (void)w;
     if (!take_u64(c, &len, lwhat)) {
         return false;
     }
@@ -1001,7 +1003,7 @@ bool kg_gguf_arr_f32(const kg_gguf_t *g, const char *key, float *dst, uint64_t n
         return false;
     }
     for (uint64_t i = 0; i < n; i++) {
-        int64_t iv;
+        int64_t iv = 0;
         if (arr_elem_int(g, e, i, &iv)) {
             dst[i] = (float)iv;
         } else {
@@ -1018,13 +1020,13 @@ bool kg_gguf_arr_i32(const kg_gguf_t *g, const char *key, int32_t *dst, uint64_t
     }
     // check every element first so dst is untouched on failure
     for (uint64_t i = 0; i < n; i++) {
-        int64_t iv;
+        int64_t iv = 0;
         if (!arr_elem_int(g, e, i, &iv) || iv < INT32_MIN || iv > INT32_MAX) {
             return false;
         }
     }
     for (uint64_t i = 0; i < n; i++) {
-        int64_t iv;
+        int64_t iv = 0;
         arr_elem_int(g, e, i, &iv);
         dst[i] = (int32_t)iv;
     }

@@ -43,6 +43,10 @@
 /* How far ahead in a panel the kernels prefetch W, in bytes. */
 #define PREFETCH 1024
 
+/* Decode keeps all of K in one block while its rows of A take at most this
+ * much of L1. */
+#define DECODE_A_BYTES 16384
+
 // ---- packing ----
 
 static kg_ggml_type_t storage_type(kg_ggml_type_t type) {
@@ -318,10 +322,14 @@ static void vector_panels(const float *a, const cpu_gemm_weights_t *w, float *c,
     const int64_t pf = partial ? p1 - 1 : p1; /* full panels end */
     const int64_t n_kb = (K + KC_MAX - 1) / KC_MAX, KC = (K + n_kb - 1) / n_kb;
     if (m <= 6) {
-        /* decode: one row block, the widest tiles; W streams once */
+        /* decode: one row block, the widest tiles; W streams once. A is a
+         * few rows, so K is cut only when they would crowd L1: each panel
+         * is then read front to back in one sweep, which the prefetchers
+         * follow better than two half sweeps. */
         const int mr = (int)m;
-        for (int64_t k0 = 0; k0 < K; k0 += KC) {
-            const int64_t kc = K - k0 < KC ? K - k0 : KC;
+        const int64_t KD = m * K * (int64_t)sizeof(float) <= DECODE_A_BYTES ? K : KC;
+        for (int64_t k0 = 0; k0 < K; k0 += KD) {
+            const int64_t kc = K - k0 < KD ? K - k0 : KD;
             for (int64_t p = p0; p < pf;) {
                 const int np = pf - p < max_np[mr - 1] ? (int)(pf - p) : max_np[mr - 1];
                 tab[mr - 1][np - 1](a + k0, K, panels + p * pstride + k0 * rb, pstride, kc,
