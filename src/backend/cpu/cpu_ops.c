@@ -70,41 +70,6 @@ void cpu_fp16_to_fp32(const uint16_t *x, float *y, int64_t n) {
     }
 }
 
-float cpu_dot_f32_f16(const float *x, const uint16_t *y, int64_t n) {
-    int64_t i = 0;
-    float sum = 0.0f;
-#ifdef KG_HAVE_F16C
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) {
-        __m256 yv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(y + i)));
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), yv, acc);
-    }
-    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    sum = _mm_cvtss_f32(lo);
-#endif
-    for (; i < n; i++) {
-        sum += x[i] * kg_fp16_to_fp32(y[i]);
-    }
-    return sum;
-}
-
-void cpu_axpy_f16(float a, const uint16_t *x, float *y, int64_t n) {
-    int64_t i = 0;
-#ifdef KG_HAVE_F16C
-    __m256 av = _mm256_set1_ps(a);
-    for (; i + 8 <= n; i += 8) {
-        __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(x + i)));
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(y + i)));
-    }
-#endif
-    for (; i < n; i++) {
-        y[i] += a * kg_fp16_to_fp32(x[i]);
-    }
-}
-
 /* ggml's AVX2 quantize_row_q8_0: scale 127/amax, round half to even, the
  * block scale stored as fp16. */
 static void round_q8_0(const float *x, float *y, int64_t n) {

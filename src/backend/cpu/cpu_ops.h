@@ -25,7 +25,3 @@ void cpu_round_fp16(float *x, int64_t n);
 /** fp32 -> fp16 storage and back. */
 void cpu_fp32_to_fp16(const float *x, uint16_t *y, int64_t n);
 void cpu_fp16_to_fp32(const uint16_t *x, float *y, int64_t n);
-/** Dot product of a float vector with an fp16 vector. */
-float cpu_dot_f32_f16(const float *x, const uint16_t *y, int64_t n);
-/** y += a * x for an fp16 vector x. */
-void cpu_axpy_f16(float a, const uint16_t *x, float *y, int64_t n);

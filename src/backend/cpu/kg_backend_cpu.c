@@ -34,6 +34,7 @@
 #include "../../model/kg_quant.h"
 #include "../kg_backend_impl.h"
 #include "../kg_math.h"
+#include "cpu_attn.h"
 #include "cpu_gemm.h"
 #include "cpu_ops.h"
 
@@ -232,7 +233,6 @@ static void attention_task(void *arg, int64_t w, int thread) {
     const int32_t hd = hp->head_dim, n_kv_dim = hp->n_head_kv * hd;
     const int32_t group = hp->n_head / hp->n_head_kv, bs = ctx->block_size;
     const float scale = 1.0f / sqrtf((float)hd);
-    const uint16_t *kc = ctx->k_cache[job->il], *vc = ctx->v_cache[job->il];
     const int64_t max_pos = (int64_t)ctx->n_kv_blocks * bs;
 
     const int64_t t = w / hp->n_head;
@@ -243,27 +243,13 @@ static void attention_task(void *arg, int64_t w, int thread) {
     float *q = ctx->q + (t * hp->n_head + h) * hd;
     float *out = ctx->att + (t * hp->n_head + h) * hd;
 
-    float m = -INFINITY;
-    for (int32_t p = 0; p < n_pos; p++) {
-        const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
-        s[p] = cpu_dot_f32_f16(q, kc + row * n_kv_dim + (int64_t)g * hd, hd) * scale;
-        m = fmaxf(m, s[p]);
-    }
-    double sum = 0.0;
-    for (int32_t p = 0; p < n_pos; p++) {
-        s[p] = expf(s[p] - m);
-        sum += (double)s[p];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (int32_t p = 0; p < n_pos; p++) {
-        s[p] *= inv;
-    }
-    cpu_round_fp16(s, n_pos);
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int32_t p = 0; p < n_pos; p++) {
-        const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
-        cpu_axpy_f16(s[p], vc + row * n_kv_dim + (int64_t)g * hd, out, hd);
-    }
+    const cpu_kv_view_t kv = {.k = ctx->k_cache[job->il],
+                               .v = ctx->v_cache[job->il],
+                               .stride = n_kv_dim,
+                               .offset = (int64_t)g * hd,
+                               .table = table,
+                               .block_size = bs};
+    cpu_attn_head(q, &kv, n_pos, hd, scale, s, out);
 }
 
 static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) {

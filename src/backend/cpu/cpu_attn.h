@@ -1,0 +1,30 @@
+/* cpu_attn: attention of one query head over a sequence's paged fp16 KV
+ * cache, the CPU backend's attention kernel.
+ *
+ * The arithmetic is fixed per element and does not depend on how many
+ * positions there are or how they are grouped: a score is one 8-lane FMA
+ * chain over the head dimension, summed across lanes in a fixed order and
+ * scaled; the softmax runs in position order with a double sum; the
+ * probabilities are rounded to fp16 (ggml multiplies them with fp16 V); each
+ * output element is one FMA chain over the positions in order. The vector
+ * paths only reorder independent work (four positions at a time, outputs
+ * held in registers), so they give the bits the scalar loops give. */
+#pragma once
+
+#include <stdint.h>
+
+/** Where a sequence's cached rows are: position p is row
+ * table[p / block_size] * block_size + p % block_size of a cache whose rows
+ * are `stride` halves apart; this head's vector starts `offset` halves into
+ * its row. */
+typedef struct cpu_kv_view {
+    const uint16_t *k, *v; /* the layer's K and V caches (fp16) */
+    int64_t stride, offset;
+    const int32_t *table;
+    int32_t block_size;
+} cpu_kv_view_t;
+
+/** out(hd) = softmax(q · K^T * scale) · V over positions [0, n_pos); `s`
+ * is scratch for n_pos floats. hd need not be a multiple of 8. */
+void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
+                   float scale, float *s, float *out);
