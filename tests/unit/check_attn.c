@@ -1,0 +1,224 @@
+/* check_attn: the CPU attention kernel (cpu_attn_head) against a
+ * double-precision softmax-attention reference, and its fixed arithmetic:
+ * the result is bitwise the same wherever the sequence's blocks lie in the
+ * cache, equals the element-by-element chains the header describes, and
+ * handles head sizes that are not a multiple of 8. */
+#include "check_common.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_attn.h"
+#include "backend/cpu/cpu_ops.h"
+#include "model/kg_quant.h"
+
+#define BS 16
+#define MAX_BLOCKS 8
+#define MAX_POS (BS * MAX_BLOCKS)
+
+static uint64_t rng_state;
+
+static float rng_uniform(float lo, float hi) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return lo + (hi - lo) * (float)((z >> 40) * (1.0 / 16777216.0));
+}
+
+/* A cache of MAX_BLOCKS blocks with rows of n_kv_heads heads of hd, filled
+ * with random fp16 values; the sequence's blocks in the order `table`. */
+typedef struct cache {
+    uint16_t *k, *v;
+    int64_t stride;
+} cache_t;
+
+static cache_t cache_new(int n_kv_heads, int hd) {
+    cache_t c = {.stride = (int64_t)n_kv_heads * hd};
+    const int64_t n = (int64_t)MAX_POS * c.stride;
+    c.k = malloc((size_t)n * sizeof(uint16_t));
+    c.v = malloc((size_t)n * sizeof(uint16_t));
+    ck_assert(c.k && c.v);
+    for (int64_t i = 0; i < n; i++) {
+        c.k[i] = kg_fp32_to_fp16(rng_uniform(-2.0f, 2.0f));
+        c.v[i] = kg_fp32_to_fp16(rng_uniform(-1.0f, 1.0f));
+    }
+    return c;
+}
+
+static void cache_free(cache_t *c) {
+    free(c->k);
+    free(c->v);
+}
+
+static const uint16_t *row(const cache_t *c, const uint16_t *base, const int32_t *table, int p,
+                           int64_t off) {
+    return base + ((int64_t)table[p / BS] * BS + p % BS) * c->stride + off;
+}
+
+/* Move the sequence's blocks to other places in the cache: same contents,
+ * different rows. */
+static void relocate(cache_t *c, const int32_t *from, const int32_t *to, int n_blocks) {
+    const size_t bytes = (size_t)BS * (size_t)c->stride * sizeof(uint16_t);
+    uint16_t *k = malloc(bytes * MAX_BLOCKS), *v = malloc(bytes * MAX_BLOCKS);
+    ck_assert(k && v);
+    memcpy(k, c->k, bytes * MAX_BLOCKS);
+    memcpy(v, c->v, bytes * MAX_BLOCKS);
+    for (int b = 0; b < n_blocks; b++) {
+        memcpy((char *)c->k + to[b] * bytes, (char *)k + from[b] * bytes, bytes);
+        memcpy((char *)c->v + to[b] * bytes, (char *)v + from[b] * bytes, bytes);
+    }
+    free(k);
+    free(v);
+}
+
+START_TEST(matches_reference) {
+    static const int hds[] = {8, 12, 64, 72, 128, 130};
+    rng_state = 1;
+    for (size_t ih = 0; ih < sizeof(hds) / sizeof(hds[0]); ih++) {
+        const int hd = hds[ih], n_kv = 2;
+        cache_t c = cache_new(n_kv, hd);
+        const int32_t table[MAX_BLOCKS] = {5, 2, 7, 0, 3, 6, 1, 4};
+        float *q = malloc((size_t)hd * sizeof(float)), *out = malloc((size_t)hd * sizeof(float));
+        float s[MAX_POS];
+        ck_assert(q && out);
+        for (int n_pos = 1; n_pos <= MAX_POS; n_pos += 7) {
+            for (int i = 0; i < hd; i++) {
+                q[i] = kg_fp16_to_fp32(kg_fp32_to_fp16(rng_uniform(-1.0f, 1.0f)));
+            }
+            const int g = n_pos % n_kv;
+            const cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride,
+                                      .offset = (int64_t)g * hd, .table = table, .block_size = BS};
+            const float scale = 1.0f / sqrtf((float)hd);
+            cpu_attn_head(q, &kv, n_pos, hd, scale, s, out);
+            double ref_s[MAX_POS], m = -INFINITY, sum = 0.0;
+            for (int p = 0; p < n_pos; p++) {
+                const uint16_t *k = row(&c, c.k, table, p, kv.offset);
+                double d = 0.0;
+                for (int i = 0; i < hd; i++) {
+                    d += (double)q[i] * kg_fp16_to_fp32(k[i]);
+                }
+                ref_s[p] = d * scale;
+                m = fmax(m, ref_s[p]);
+            }
+            for (int p = 0; p < n_pos; p++) {
+                ref_s[p] = exp(ref_s[p] - m);
+                sum += ref_s[p];
+            }
+            for (int i = 0; i < hd; i++) {
+                double o = 0.0;
+                for (int p = 0; p < n_pos; p++) {
+                    o += ref_s[p] / sum * kg_fp16_to_fp32(row(&c, c.v, table, p, kv.offset)[i]);
+                }
+                /* probabilities rounded to fp16: about 1e-3 relative */
+                ck_assert_msg(fabs(out[i] - o) <= 2e-3 * (1.0 + fabs(o)),
+                              "hd %d n_pos %d elem %d: %g vs %g", hd, n_pos, i, out[i], o);
+            }
+        }
+        free(q);
+        free(out);
+        cache_free(&c);
+    }
+}
+END_TEST
+
+/* The arithmetic the header fixes, written out element by element. */
+static void chains(const float *q, const cache_t *c, const int32_t *table, int64_t off, int n_pos,
+                   int hd, float scale, float *out) {
+    float s[MAX_POS];
+    for (int p = 0; p < n_pos; p++) {
+        const uint16_t *k = row(c, c->k, table, p, off);
+        float lane[8] = {0};
+        int i = 0;
+        for (; i + 8 <= hd; i += 8) {
+            for (int l = 0; l < 8; l++) {
+                lane[l] = fmaf(q[i + l], kg_fp16_to_fp32(k[i + l]), lane[l]);
+            }
+        }
+        /* lo + hi, then two horizontal adds */
+        float x[4] = {lane[0] + lane[4], lane[1] + lane[5], lane[2] + lane[6], lane[3] + lane[7]};
+        float h[2] = {x[0] + x[1], x[2] + x[3]};
+        float sum = h[0] + h[1];
+        for (; i < hd; i++) {
+            sum += q[i] * kg_fp16_to_fp32(k[i]);
+        }
+        s[p] = sum * scale;
+    }
+    float m = -INFINITY;
+    for (int p = 0; p < n_pos; p++) {
+        m = fmaxf(m, s[p]);
+    }
+    double total = 0.0;
+    for (int p = 0; p < n_pos; p++) {
+        s[p] = expf(s[p] - m);
+        total += (double)s[p];
+    }
+    const float inv = (float)(1.0 / total);
+    for (int p = 0; p < n_pos; p++) {
+        s[p] = kg_fp16_to_fp32(kg_fp32_to_fp16(s[p] * inv));
+    }
+    for (int i = 0; i < hd; i++) {
+        float acc = 0.0f;
+        for (int p = 0; p < n_pos; p++) {
+            acc = fmaf(s[p], kg_fp16_to_fp32(row(c, c->v, table, p, off)[i]), acc);
+        }
+        out[i] = acc;
+    }
+}
+
+START_TEST(fixed_arithmetic) {
+    rng_state = 7;
+    const int hd = 64;
+    cache_t c = cache_new(3, hd);
+    const int32_t table[MAX_BLOCKS] = {3, 0, 6, 1, 7, 2, 5, 4};
+    float q[64], out[64], want[64], s[MAX_POS];
+    for (int n_pos = 1; n_pos <= MAX_POS; n_pos += 5) {
+        for (int i = 0; i < hd; i++) {
+            q[i] = rng_uniform(-1.0f, 1.0f);
+        }
+        const cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride, .offset = hd,
+                                  .table = table, .block_size = BS};
+        cpu_attn_head(q, &kv, n_pos, hd, 0.125f, s, out);
+        chains(q, &c, table, hd, n_pos, hd, 0.125f, want);
+        ck_assert_msg(memcmp(out, want, sizeof(out)) == 0, "n_pos %d differs from the chains",
+                      n_pos);
+    }
+    cache_free(&c);
+}
+END_TEST
+
+START_TEST(placement_does_not_change_bits) {
+    rng_state = 11;
+    const int hd = 72, n_pos = 100; /* 7 blocks, the last partial; a tail of 0 */
+    cache_t c = cache_new(1, hd);
+    const int32_t t1[MAX_BLOCKS] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const int32_t t2[MAX_BLOCKS] = {7, 3, 5, 1, 6, 0, 2, 4};
+    float q[72], a[72], b[72], s[MAX_POS];
+    for (int i = 0; i < hd; i++) {
+        q[i] = rng_uniform(-1.0f, 1.0f);
+    }
+    cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride, .table = t1, .block_size = BS};
+    cpu_attn_head(q, &kv, n_pos, hd, 0.1f, s, a);
+    relocate(&c, t1, t2, MAX_BLOCKS);
+    kv.table = t2;
+    cpu_attn_head(q, &kv, n_pos, hd, 0.1f, s, b);
+    ck_assert(memcmp(a, b, sizeof(a)) == 0);
+    cache_free(&c);
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    Suite *s = suite_create("attn");
+    TCase *tc = tcase_create("attn");
+    tcase_add_test(tc, matches_reference);
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    /* the lane order is that of the vector build; the portable build sums
+     * a score element by element */
+    tcase_add_test(tc, fixed_arithmetic);
+#endif
+    tcase_add_test(tc, placement_does_not_change_bits);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)
