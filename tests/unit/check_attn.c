@@ -167,6 +167,9 @@ static void chains(const float *q, const cache_t *c, const int32_t *table, int64
 }
 
 START_TEST(fixed_arithmetic) {
+    if (strcmp(cpu_attn_kernel_name(), "avx2") != 0) {
+        return; /* the lanes are those of the vector build; the portable one sums in order */
+    }
     rng_state = 7;
     const int hd = 64;
     cache_t c = cache_new(3, hd);
@@ -211,11 +214,7 @@ static Suite *make_suite(void) {
     Suite *s = suite_create("attn");
     TCase *tc = tcase_create("attn");
     tcase_add_test(tc, matches_reference);
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-    /* the lane order is that of the vector build; the portable build sums
-     * a score element by element */
     tcase_add_test(tc, fixed_arithmetic);
-#endif
     tcase_add_test(tc, placement_does_not_change_bits);
     suite_add_tcase(s, tc);
     return s;

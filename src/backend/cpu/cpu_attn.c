@@ -149,3 +149,11 @@ void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32
         out[c] = acc;
     }
 }
+
+const char *cpu_attn_kernel_name(void) {
+#ifdef ATTN_AVX2
+    return "avx2";
+#else
+    return "scalar";
+#endif
+}

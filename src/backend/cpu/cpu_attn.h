@@ -28,3 +28,6 @@ typedef struct cpu_kv_view {
  * is scratch for n_pos floats. hd need not be a multiple of 8. */
 void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
                    float scale, float *s, float *out);
+
+/** "avx2" or "scalar": which kernel this build runs. */
+const char *cpu_attn_kernel_name(void);
