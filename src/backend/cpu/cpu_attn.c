@@ -94,8 +94,8 @@ static inline __attribute__((always_inline)) void values_chunk(const float *s, c
 }
 #endif
 
-void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
-                   float scale, float *s, float *out) {
+void cpu_attn_scores(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
+                     float scale, float *s) {
     int32_t p = 0;
 #ifdef ATTN_AVX2
     if (hd % 8 == 0) {
@@ -108,6 +108,12 @@ void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32
     for (; p < n_pos; p++) {
         s[p] = score_scalar(q, row_at(kv, kv->k, p), hd, scale);
     }
+}
+
+void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
+                   float scale, float *s, float *out) {
+    int32_t p;
+    cpu_attn_scores(q, kv, n_pos, hd, scale, s);
     float m = -INFINITY;
     for (p = 0; p < n_pos; p++) {
         m = fmaxf(m, s[p]);

@@ -24,6 +24,11 @@ typedef struct cpu_kv_view {
     int32_t block_size;
 } cpu_kv_view_t;
 
+/** s[p] = (q · K[p]) * scale for p < n_pos: the scores cpu_attn_head
+ * starts from. */
+void cpu_attn_scores(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
+                     float scale, float *s);
+
 /** out(hd) = softmax(q · K^T * scale) · V over positions [0, n_pos); `s`
  * is scratch for n_pos floats. hd need not be a multiple of 8. */
 void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
