@@ -124,8 +124,7 @@ END_TEST
 
 /* The arithmetic the header fixes, written out element by element. */
 static void chains(const float *q, const cache_t *c, const int32_t *table, int64_t off, int n_pos,
-                   int hd, float scale, float *out) {
-    float s[MAX_POS];
+                   int hd, float scale, float *s, float *out) {
     for (int p = 0; p < n_pos; p++) {
         const uint16_t *k = row(c, c->k, table, p, off);
         float lane[8] = {0};
@@ -144,23 +143,23 @@ static void chains(const float *q, const cache_t *c, const int32_t *table, int64
         }
         s[p] = sum * scale;
     }
-    float m = -INFINITY;
+    float m = -INFINITY, pr[MAX_POS];
     for (int p = 0; p < n_pos; p++) {
         m = fmaxf(m, s[p]);
     }
     double total = 0.0;
     for (int p = 0; p < n_pos; p++) {
-        s[p] = expf(s[p] - m);
-        total += (double)s[p];
+        pr[p] = expf(s[p] - m);
+        total += (double)pr[p];
     }
     const float inv = (float)(1.0 / total);
     for (int p = 0; p < n_pos; p++) {
-        s[p] = kg_fp16_to_fp32(kg_fp32_to_fp16(s[p] * inv));
+        pr[p] = kg_fp16_to_fp32(kg_fp32_to_fp16(pr[p] * inv));
     }
     for (int i = 0; i < hd; i++) {
         float acc = 0.0f;
         for (int p = 0; p < n_pos; p++) {
-            acc = fmaf(s[p], kg_fp16_to_fp32(row(c, c->v, table, p, off)[i]), acc);
+            acc = fmaf(pr[p], kg_fp16_to_fp32(row(c, c->v, table, p, off)[i]), acc);
         }
         out[i] = acc;
     }
@@ -174,15 +173,18 @@ START_TEST(fixed_arithmetic) {
     const int hd = 64;
     cache_t c = cache_new(3, hd);
     const int32_t table[MAX_BLOCKS] = {3, 0, 6, 1, 7, 2, 5, 4};
-    float q[64], out[64], want[64], s[MAX_POS];
+    float q[64], out[64], want[64], s[MAX_POS], want_s[MAX_POS];
     for (int n_pos = 1; n_pos <= MAX_POS; n_pos += 5) {
         for (int i = 0; i < hd; i++) {
             q[i] = rng_uniform(-1.0f, 1.0f);
         }
         const cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride, .offset = hd,
                                   .table = table, .block_size = BS};
+        chains(q, &c, table, hd, n_pos, hd, 0.125f, want_s, want);
+        cpu_attn_scores(q, &kv, n_pos, hd, 0.125f, s);
+        ck_assert_msg(memcmp(s, want_s, (size_t)n_pos * sizeof(float)) == 0,
+                      "n_pos %d: scores differ from the chains", n_pos);
         cpu_attn_head(q, &kv, n_pos, hd, 0.125f, s, out);
-        chains(q, &c, table, hd, n_pos, hd, 0.125f, want);
         ck_assert_msg(memcmp(out, want, sizeof(out)) == 0, "n_pos %d differs from the chains",
                       n_pos);
     }
