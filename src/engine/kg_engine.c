@@ -475,6 +475,27 @@ static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, in
     return n;
 }
 
+/* Whether a running sequence is about to compute the block `w` would need
+ * first (block `hit`, after those it finds cached) as part of the same
+ * prefix. Then `w` is better off waiting a step or a few and taking those
+ * blocks from the cache: jobs that share a system prompt compute it once,
+ * not once per job admitted before the first copy was registered. The wait
+ * ends when that sequence has passed the block or has left the batch. */
+static bool prefix_in_flight(const kg_engine_t *e, const kg_seq_t *w, int32_t hit) {
+    const int32_t bs = e->p.kv_block_size, end = (hit + 1) * bs;
+    if (!e->p.prefix_cache || (w->n_tokens - 1) / bs <= hit) {
+        return false; /* w could not take that block from the cache anyway */
+    }
+    for (int32_t i = 0; i < e->n_run; i++) {
+        const kg_seq_t *r = &e->recs[e->run[i]];
+        if (r->n_computed < end && r->n_tokens >= end &&
+            memcmp(r->tokens, w->tokens, (size_t)end * sizeof(int32_t)) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Step phase 4: admit from the head of the queue while there is a slot,
  * token budget and blocks. Returns the new batch size. */
 static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
@@ -487,7 +508,8 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         int32_t hit = kg_kv_match(e->kv, seq->tokens, (seq->n_tokens - 1) / bs, &idle);
         int32_t need = (seq->n_tokens - 1) / bs + 1;
         int32_t headroom = e->n_run > 0 ? e->headroom : 0;
-        if (need - hit + headroom > kg_kv_n_available(e->kv) - idle) {
+        if (need - hit + headroom > kg_kv_n_available(e->kv) - idle ||
+            prefix_in_flight(e, seq, hit)) {
             break; /* the head waits; nobody overtakes it */
         }
         int32_t slot = e->free_slots[--e->n_free_slots];
