@@ -309,6 +309,9 @@ int main(int argc, char **argv) {
         goto out;
     }
     size_t n_sent = 0;
+    /* the clock starts at the first produce: a worker may start on the first
+     * job while later ones are still being sent */
+    const int64_t t0 = kg_clock_us();
     for (char *p = input, *end = input + in_len; p < end && !g_stop;) {
         char *nl = memchr(p, '\n', (size_t)(end - p));
         size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
@@ -354,7 +357,7 @@ int main(int argc, char **argv) {
     }
     KG_LOG_INFO("submit", "produced %zu messages, waiting for %zu results", n_sent, s.n_jobs);
 
-    int64_t t0 = kg_clock_us(), deadline = t0 + (int64_t)(timeout_s * 1e6), last_draw = 0;
+    int64_t deadline = t0 + (int64_t)(timeout_s * 1e6), last_draw = 0;
     while (s.n_done < s.n_jobs && !g_stop && kg_clock_us() < deadline) {
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 100);
         if (rkm) {

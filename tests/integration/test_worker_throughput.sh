@@ -26,8 +26,7 @@ t0=$(date +%s%N)
     --max-batch-size "$BATCH" --threads "$THREADS" 2>"$T/batch.log"
 batch_ms=$((($(date +%s%N) - t0) / 1000000))
 
-# --max-queue-depth above N, like kgen batch that holds the whole file; it also keeps the known
-# engine queue-full bug (see lib.sh) out of the measurement.
+# --max-queue-depth above N, like kgen batch that holds the whole file.
 kg_worker w1 --max-batch-size "$BATCH" --threads "$THREADS" --max-queue-depth 1024
 kg_wait_assigned 60 4 w1
 t0=$(date +%s%N)
