@@ -136,14 +136,17 @@ static void teardown(fixture_t *f) {
     rd_kafka_destroy(f->mock_rk);
 }
 
-static void produce_jobs(fixture_t *f, int first, int n) {
+/* Jobs job-<first> .. of 8 to 16 tokens, or of exactly `max_tokens`
+ * (ignore_eos) when it is > 0. */
+static void produce_jobs_of(fixture_t *f, int first, int n, int max_tokens) {
     for (int i = first; i < first + n; i++) {
         char key[32], job[256];
         int kl = snprintf(key, sizeof(key), "job-%d", i);
         int jl = snprintf(job, sizeof(job),
                           "{\"request_id\":\"job-%d\",\"prompt\":\"Once upon a time %d\","
-                          "\"max_tokens\":%d,\"temperature\":0.8,\"seed\":%d}",
-                          i, i, 8 + i % 9, i);
+                          "\"max_tokens\":%d,\"ignore_eos\":%s,\"temperature\":0.8,\"seed\":%d}",
+                          i, i, max_tokens > 0 ? max_tokens : 8 + i % 9,
+                          max_tokens > 0 ? "true" : "false", i);
         /* produceva: clang -Wpedantic flags the producev macros */
         rd_kafka_vu_t vus[4] = {
             {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
@@ -155,6 +158,10 @@ static void produce_jobs(fixture_t *f, int first, int n) {
         ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
     }
     rd_kafka_poll(f->producer, 0);
+}
+
+static void produce_jobs(fixture_t *f, int first, int n) {
+    produce_jobs_of(f, first, n, 0);
 }
 
 /* Read results until every job-<i> (i < n) has a terminal event or the
@@ -226,8 +233,10 @@ START_TEST(test_request_errors) {
     produce_jobs(&f, 0, 8);
     int n_events = 0;
     ck_assert_int_eq(collect(&f, 8, 60, &n_events), 8);
-    /* the jobs first, so the Produce errors hit the worker's event producer */
-    produce_jobs(&f, 8, 32);
+    /* the jobs first, so the Produce errors hit the worker's event producer;
+     * long ones, so it is still producing events when the errors are pushed
+     * (short jobs could all be done by then on a loaded machine) */
+    produce_jobs_of(&f, 8, 32, 200);
     rd_kafka_flush(f.producer, 5000);
     rd_kafka_mock_broker_push_request_error_rtts(
         f.mc, 1, API_PRODUCE, 4, RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, 0,
@@ -241,7 +250,7 @@ START_TEST(test_request_errors) {
                                                  RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT, 0);
     ck_assert_int_eq(collect(&f, 40, 90, &n_events), 40);
     /* the faults did happen: every injected error was handed out (offsets
-     * are auto-committed every 5 s, so the commit errors may come later) */
+     * are auto-committed every second, so the commit errors may come later) */
     int16_t apis[] = {API_PRODUCE, API_FETCH, API_OFFSET_COMMIT};
     for (size_t i = 0; i < sizeof(apis) / sizeof(apis[0]); i++) {
         size_t left = 99;
