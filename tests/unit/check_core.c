@@ -1,11 +1,16 @@
-/* check_core: status names and the logger's line format. */
+/* check_core: status names, the logger's line format and the thread pool
+ * (every task once per run, results visible on return, whether the workers
+ * were polling or asleep when the run came). */
 #include "check_common.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <stdatomic.h>
+
 #include "core/kg_log.h"
+#include "core/kg_pool.h"
 #include "core/kg_status.h"
 
 START_TEST(status_names) {
@@ -56,6 +61,74 @@ START_TEST(level_parse) {
 }
 END_TEST
 
+// ---- kg_pool ----
+
+#define POOL_TASKS 257
+
+typedef struct pool_run {
+    int32_t hits[POOL_TASKS]; /* plain ints: the pool must publish them */
+    int n_threads;
+    _Atomic int bad_thread;
+} pool_run_t;
+
+static void count_task(void *ctx, int64_t task, int thread) {
+    pool_run_t *r = ctx;
+    r->hits[task]++;
+    if (thread < 0 || thread >= r->n_threads) {
+        atomic_store(&r->bad_thread, 1);
+    }
+}
+
+/* Many runs back to back (the workers are still polling when the next one
+ * comes) and runs after a pause (they have gone to sleep): every task runs
+ * exactly once per run, on a valid thread index, and its writes are visible
+ * when kg_pool_run returns. 4 threads oversubscribe this 2-core machine. */
+START_TEST(pool_runs_every_task_once) {
+    static const int threads[] = {1, 2, 4};
+    for (size_t ti = 0; ti < sizeof(threads) / sizeof(threads[0]); ti++) {
+        kg_pool_t *pool = kg_pool_new(threads[ti]);
+        ck_assert_ptr_nonnull(pool);
+        ck_assert_int_eq(kg_pool_n_threads(pool), threads[ti]);
+        static pool_run_t r;
+        for (int run = 0; run < 2000; run++) {
+            memset(r.hits, 0, sizeof(r.hits));
+            r.n_threads = threads[ti];
+            atomic_store(&r.bad_thread, 0);
+            const int64_t n = 1 + run % POOL_TASKS;
+            kg_pool_run(pool, n, count_task, &r);
+            for (int64_t t = 0; t < POOL_TASKS; t++) {
+                ck_assert_msg(r.hits[t] == (t < n ? 1 : 0), "threads %d run %d task %lld: %d hits",
+                              threads[ti], run, (long long)t, r.hits[t]);
+            }
+            ck_assert_int_eq(atomic_load(&r.bad_thread), 0);
+            if (run % 100 == 99) {
+                usleep(2000); /* well past the polling window: the workers sleep */
+            }
+        }
+        kg_pool_free(pool);
+    }
+}
+END_TEST
+
+/* Freeing a pool right after a run (workers polling) and after a pause
+ * (workers asleep) joins every thread. */
+START_TEST(pool_free_polling_or_asleep) {
+    for (int i = 0; i < 50; i++) {
+        kg_pool_t *pool = kg_pool_new(3);
+        ck_assert_ptr_nonnull(pool);
+        static pool_run_t r;
+        memset(r.hits, 0, sizeof(r.hits));
+        r.n_threads = 3;
+        kg_pool_run(pool, 64, count_task, &r);
+        if (i % 2) {
+            usleep(1000);
+        }
+        kg_pool_free(pool);
+    }
+    kg_pool_free(NULL);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("core");
     TCase *tc = tcase_create("status");
@@ -65,6 +138,11 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, logfmt_line);
     tcase_add_test(tc, json_line);
     tcase_add_test(tc, level_parse);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("pool");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, pool_runs_every_task_once);
+    tcase_add_test(tc, pool_free_polling_or_asleep);
     suite_add_tcase(s, tc);
     return s;
 }
