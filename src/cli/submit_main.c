@@ -357,7 +357,8 @@ int main(int argc, char **argv) {
     }
     KG_LOG_INFO("submit", "produced %zu messages, waiting for %zu results", n_sent, s.n_jobs);
 
-    int64_t deadline = t0 + (int64_t)(timeout_s * 1e6), last_draw = 0;
+    /* --timeout bounds the wait for results, not the sending */
+    int64_t deadline = kg_clock_us() + (int64_t)(timeout_s * 1e6), last_draw = 0;
     while (s.n_done < s.n_jobs && !g_stop && kg_clock_us() < deadline) {
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 100);
         if (rkm) {

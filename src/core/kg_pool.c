@@ -95,6 +95,7 @@ kg_pool_t *kg_pool_new(int n_threads) {
     pthread_cond_init(&pool->done, NULL);
     pool->threads = calloc((size_t)pool->n_threads, sizeof(pthread_t));
     if (!pool->threads) {
+        pool->n_threads = 1; /* nothing started: nothing to join */
         kg_pool_free(pool);
         return NULL;
     }

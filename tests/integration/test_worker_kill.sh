@@ -66,14 +66,13 @@ for rid, a in rerun.items():
     assert len({(k[1], k[2]) for k in a}) == 1, ("same message, same partition/offset", rid, a)
     assert res[rid]["type"] == "done", res[rid]
     dones = {e["worker_id"]: e["text"] for e in ev if e["request_id"] == rid and e["type"] == "done"}
-    assert "w1" in dones, ("the survivor finished the rerun", rid)
     if "w2" in dones:
-        # finished on w2 before the kill, not committed yet: run twice, same text
-        twice += 1
-        assert dones["w2"] == dones["w1"], ("both attempts give the same text", rid)
-        assert res[rid]["worker_id"] in ("w1", "w2"), res[rid]
+        # finished on w2 before the kill, not committed yet: it runs again on w1 (kgen-submit
+        # may stop reading before that rerun ends); where both finished, the texts agree
+        twice += "w1" in dones
+        assert dones["w2"] == dones.get("w1", dones["w2"]), ("both attempts, same text", rid)
     else:
-        assert res[rid]["worker_id"] == "w1", res[rid]
+        assert "w1" in dones and res[rid]["worker_id"] == "w1", ("the survivor finished it", rid)
 partial = sum(1 for rid in rerun
               if not any(e["type"] != "token" and e["worker_id"] == "w2"
                          for e in ev if e["request_id"] == rid))

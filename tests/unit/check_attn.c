@@ -169,26 +169,31 @@ START_TEST(fixed_arithmetic) {
     if (strcmp(cpu_attn_kernel_name(), "avx2") != 0) {
         return; /* the lanes are those of the vector build; the portable one sums in order */
     }
+    /* a tail only, one register, a full 8-register pass, a pass plus one,
+     * two passes plus a tail */
+    static const int hds[] = {4, 8, 12, 64, 72, 130};
     rng_state = 7;
-    const int hd = 64;
-    cache_t c = cache_new(3, hd);
-    const int32_t table[MAX_BLOCKS] = {3, 0, 6, 1, 7, 2, 5, 4};
-    float q[64], out[64], want[64], s[MAX_POS], want_s[MAX_POS];
-    for (int n_pos = 1; n_pos <= MAX_POS; n_pos += 5) {
-        for (int i = 0; i < hd; i++) {
-            q[i] = rng_uniform(-1.0f, 1.0f);
+    for (size_t ih = 0; ih < sizeof(hds) / sizeof(hds[0]); ih++) {
+        const int hd = hds[ih];
+        cache_t c = cache_new(3, hd);
+        const int32_t table[MAX_BLOCKS] = {3, 0, 6, 1, 7, 2, 5, 4};
+        float q[130], out[130], want[130], s[MAX_POS], want_s[MAX_POS];
+        for (int n_pos = 1; n_pos <= MAX_POS; n_pos += 5) {
+            for (int i = 0; i < hd; i++) {
+                q[i] = rng_uniform(-1.0f, 1.0f);
+            }
+            const cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride, .offset = hd,
+                                      .table = table, .block_size = BS};
+            chains(q, &c, table, hd, n_pos, hd, 0.125f, want_s, want);
+            cpu_attn_scores(q, &kv, n_pos, hd, 0.125f, s);
+            ck_assert_msg(memcmp(s, want_s, (size_t)n_pos * sizeof(float)) == 0,
+                          "hd %d n_pos %d: scores differ from the chains", hd, n_pos);
+            cpu_attn_head(q, &kv, n_pos, hd, 0.125f, s, out);
+            ck_assert_msg(memcmp(out, want, (size_t)hd * sizeof(float)) == 0,
+                          "hd %d n_pos %d differs from the chains", hd, n_pos);
         }
-        const cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride, .offset = hd,
-                                  .table = table, .block_size = BS};
-        chains(q, &c, table, hd, n_pos, hd, 0.125f, want_s, want);
-        cpu_attn_scores(q, &kv, n_pos, hd, 0.125f, s);
-        ck_assert_msg(memcmp(s, want_s, (size_t)n_pos * sizeof(float)) == 0,
-                      "n_pos %d: scores differ from the chains", n_pos);
-        cpu_attn_head(q, &kv, n_pos, hd, 0.125f, s, out);
-        ck_assert_msg(memcmp(out, want, sizeof(out)) == 0, "n_pos %d differs from the chains",
-                      n_pos);
+        cache_free(&c);
     }
-    cache_free(&c);
 }
 END_TEST
 

@@ -41,6 +41,7 @@ typedef struct fixture {
     bool seen[MAX_JOBS];          /* job-<i> has a terminal event */
     int32_t next_index[MAX_JOBS]; /* of job-<i>'s next token event */
     int n_seen;
+    int max_job;                  /* highest i with any event so far (-1: none) */
 } fixture_t;
 
 static void *worker_main(void *arg) {
@@ -107,6 +108,7 @@ static void setup(fixture_t *f, int n_brokers, const char *max_queue_depth) {
     f->w = kg_worker_new(&f->cfg, f->model, err, sizeof(err));
     ck_assert_msg(f->w != NULL, "kg_worker_new: %s", err);
     f->rc = -1;
+    f->max_job = -1;
     ck_assert(pthread_create(&f->thread, NULL, worker_main, f) == 0);
 
     f->producer = client(RD_KAFKA_PRODUCER, f->bootstrap, NULL);
@@ -164,14 +166,17 @@ static void produce_jobs(fixture_t *f, int first, int n) {
     produce_jobs_of(f, first, n, 0);
 }
 
-/* Read results until every job-<i> (i < n) has a terminal event or the
- * timeout passes; returns how many have one (counting earlier calls). Token events of a job must
- * come with consecutive indexes per attempt (restarting at 0 on a re-run). */
-static int collect(fixture_t *f, int n, int timeout_s, int *n_events) {
+/* Read results until every job-<i> (i < n) has a terminal event, or (when
+ * until_job >= 0) until some job-<i> with i >= until_job has any event, or the
+ * timeout passes; returns how many have a terminal event (counting earlier
+ * calls). Token events of a job must come with consecutive indexes per
+ * attempt (restarting at 0 on a re-run). */
+static int collect_until(fixture_t *f, int n, int timeout_s, int *n_events, int until_job) {
     bool *seen = f->seen;
     int32_t *next_index = f->next_index;
     int64_t deadline = kg_clock_us() + (int64_t)timeout_s * 1000000;
-    while (f->n_seen < n && kg_clock_us() < deadline) {
+    while (f->n_seen < n && (until_job < 0 || f->max_job < until_job) &&
+           kg_clock_us() < deadline) {
         rd_kafka_poll(f->producer, 0);
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f->reader, 100);
         if (!rkm) {
@@ -192,6 +197,7 @@ static int collect(fixture_t *f, int n, int timeout_s, int *n_events) {
         int i = -1;
         ck_assert_msg(sscanf(c->request_id, "job-%d", &i) == 1 && i >= 0 && i < n,
                       "unexpected request_id %s", c->request_id);
+        f->max_job = i > f->max_job ? i : f->max_job;
         if (ev->type == KG_EVENT_TOKEN) {
             if (ev->token.index == 0) {
                 next_index[i] = 0;
@@ -210,6 +216,10 @@ static int collect(fixture_t *f, int n, int timeout_s, int *n_events) {
         rd_kafka_message_destroy(rkm);
     }
     return f->n_seen;
+}
+
+static int collect(fixture_t *f, int n, int timeout_s, int *n_events) {
+    return collect_until(f, n, timeout_s, n_events, -1);
 }
 
 START_TEST(test_no_faults) {
@@ -233,11 +243,13 @@ START_TEST(test_request_errors) {
     produce_jobs(&f, 0, 8);
     int n_events = 0;
     ck_assert_int_eq(collect(&f, 8, 60, &n_events), 8);
-    /* the jobs first, so the Produce errors hit the worker's event producer;
-     * long ones, so it is still producing events when the errors are pushed
-     * (short jobs could all be done by then on a loaded machine) */
+    /* the jobs first, so the Produce errors hit the worker's event producer:
+     * long ones, and the errors go in once their first events are out, while
+     * the worker still has thousands of tokens to stream */
     produce_jobs_of(&f, 8, 32, 200);
     rd_kafka_flush(f.producer, 5000);
+    collect_until(&f, 40, 60, &n_events, 8);
+    ck_assert_msg(f.max_job >= 8, "no event of the second batch within 60 s");
     rd_kafka_mock_broker_push_request_error_rtts(
         f.mc, 1, API_PRODUCE, 4, RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION, 0,
         RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT, 0, RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS, 0,
