@@ -551,8 +551,10 @@ static void check_backpressure(kg_worker_t *w) {
     }
 }
 
-/* Cancel quietly every job of the listed partitions (NULL: all). */
-static void abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
+/* Cancel quietly every job of the listed partitions (NULL: all), or only
+ * those that have not streamed a token yet. */
+static void abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts,
+                         bool unstarted_only) {
     for (size_t i = 0; i < w->table_size; i++) {
         for (job_rec_t *r = w->table[i], *next; r; r = next) {
             next = r->hnext;
@@ -560,7 +562,7 @@ static void abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *
             for (int k = 0; parts && k < parts->cnt && !hit; k++) {
                 hit = parts->elems[k].partition == r->job->partition;
             }
-            if (!hit || r->state == REC_REVOKED) {
+            if (!hit || r->state == REC_REVOKED || (unstarted_only && r->t_first_us != 0)) {
                 continue;
             }
             if (r->state == REC_PENDING) {
@@ -620,7 +622,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         if (!w->fatal) {
             rd_kafka_commit(rk, NULL, 0);
         }
-        abandon_jobs(w, parts);
+        abandon_jobs(w, parts, false);
         for (int i = 0; i < parts->cnt; i++) {
             kg_offsets_revoke(w->offsets, parts->elems[i].partition);
             if (parts->elems[i].partition >= 0 && parts->elems[i].partition < MAX_PARTITIONS) {
@@ -912,6 +914,10 @@ int kg_worker_run(kg_worker_t *w) {
                 rec_free(w, r);
             }
             w->pending_tail = NULL;
+            /* so are jobs the engine has not started streaming (waiting for
+             * a slot, or in their first prefill step): the drain is for the
+             * running ones, and the next owner can start these at once */
+            abandon_jobs(w, NULL, true);
         }
         if (w->draining) {
             if (w->n_inflight == 0) {
@@ -920,7 +926,7 @@ int kg_worker_run(kg_worker_t *w) {
             if (now > w->drain_deadline_us) {
                 KG_LOG_WARN("worker", "drain timeout: cancelling inflight=%d (not committed)",
                             w->n_inflight);
-                abandon_jobs(w, NULL);
+                abandon_jobs(w, NULL, false);
                 w->drain_deadline_us = INT64_MAX;
             }
         }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_worker_sigterm (acceptance 6): SIGTERM to a worker that runs jobs, with --drain-timeout 4.
-# A quarter of the jobs are long (1,800 tokens), the others short (150-600), so at the signal
-# some running jobs can finish inside the drain and others cannot. The worker must exit 0 within
+# Four jobs are long (5,000 tokens, a model with an 8k context), 32 short (100-300) and still
+# coming, so at the signal some running jobs can finish inside the drain and others cannot.
+# Jobs that have not streamed a token yet are given back at the signal. The worker must exit 0 within
 # the drain timeout plus a few seconds (flush, commit, leave the group). A second worker
 # started afterwards in the same group gets what was not committed (jobs still waiting, and
 # running jobs cancelled at the deadline) and finishes it: every job has exactly one terminal
@@ -16,18 +17,19 @@ kg_need_java
 DRAIN=4
 kg_broker_start
 kg_topics 4
-kg_model
+kg_model "$T/model.gguf" --ctx 8192
 python3 - "$T/jobs.jsonl" <<'PY'
 import json, sys
 with open(sys.argv[1], "w") as f:
-    for i in range(32):
+    for i in range(36):
         f.write(json.dumps({"request_id": f"job-{i}", "prompt": f"Once upon a time {i}",
-                            "max_tokens": 1800 if i % 4 == 0 else 150 + (i * 97) % 450, "ignore_eos": True,
+                            "max_tokens": 5000 if i % 9 == 0 else 100 + (i * 97) % 200, "ignore_eos": True,
                             "temperature": 0.8, "seed": i}) + "\n")
 PY
 
 port=$(kg_free_port)
-kg_worker w1 --max-batch-size 8 --drain-timeout "$DRAIN" --http-port "$port"
+long=(--ctx 8192 --max-tokens-limit 8000)
+kg_worker w1 --max-batch-size 8 --drain-timeout "$DRAIN" --http-port "$port" "${long[@]}"
 kg_wait_assigned 60 4 w1
 kg_bg submit "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
     --results-topic "$RESULTS" --input "$T/jobs.jsonl" --output "$T/results.jsonl" \
@@ -35,7 +37,7 @@ kg_bg submit "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
 # SIGTERM once a long job has been running for a while and short ones are still coming.
 kg_wait 60 "w1 running jobs" kg_metric_ge "$port" kgen_num_requests_running 8
 kg_wait 60 "w1 finished some jobs" kg_metric_ge "$port" kgen_jobs_total 4
-sleep 1
+sleep 0.3
 running=$(kg_metric "$port" kgen_num_requests_running)
 inflight=$(kg_metric "$port" kgen_jobs_inflight)
 finished=$(kg_metric "$port" kgen_jobs_total)
@@ -50,7 +52,7 @@ grep -q 'msg="stopping: draining"' "$T/w1.log" || kg_fail "no drain in the log"
 # "drain timeout: cancelling" shows the deadline was hit with jobs still running
 cancelled=$(kg_log_count "$T/w1.log" 'drain timeout: cancelling')
 
-kg_worker w2 --max-batch-size 8
+kg_worker w2 --max-batch-size 8 "${long[@]}"
 kg_wait_exit "$(kg_pid submit)" 170
 ((KG_RC == 0)) || kg_fail "kgen-submit exited $KG_RC (not every job finished)"
 tail -n 1 "$T/submit.log"
