@@ -701,6 +701,22 @@ static void order_ties_by_id(kg_sampler_scratch_t *sc, int32_t n, int32_t n_ids)
     }
 }
 
+/* Append the lanes of the block at val[i..i+8) that `mask` sets to (kval,
+ * kidx) from m on; returns the new count. Branch-free: every lane is
+ * written, the count moves only for the kept ones (m <= i + l: never past
+ * the row). */
+static inline int32_t append_lanes(kg_sampler_scratch_t *sc, int32_t i, int32_t left, v8i mask,
+                                   int32_t m) {
+    int32_t k[8];
+    memcpy(k, &mask, sizeof(k));
+    for (int l = 0; l < 8 && l < left; l++) {
+        sc->kval[m] = sc->val[i + l];
+        sc->kidx[m] = i + l;
+        m += k[l] & 1;
+    }
+    return m;
+}
+
 /* Copy the tokens of val[0..n) with logit >= lo to (kval, kidx). */
 static int32_t collect_above(kg_sampler_scratch_t *sc, int32_t n, float lo) {
     const float *val = sc->val;
@@ -712,13 +728,7 @@ static int32_t collect_above(kg_sampler_scratch_t *sc, int32_t n, float lo) {
         if (!any8(in)) {
             continue;
         }
-        int32_t h[8];
-        memcpy(h, &in, sizeof(h));
-        for (int l = 0; l < 8 && l < left; l++) {
-            sc->kval[m] = val[i + l]; /* m <= i + l: never past the row */
-            sc->kidx[m] = i + l;
-            m += h[l] & 1;
-        }
+        m = append_lanes(sc, i, left, in, m);
     }
     return m;
 }
@@ -818,13 +828,7 @@ static int32_t gather_kept(kg_sampler_scratch_t *sc, int32_t n, float t, int32_t
         if (!any8(keep)) {
             continue;
         }
-        int32_t k[8];
-        memcpy(k, &keep, sizeof(k));
-        for (int l = 0; l < 8 && l < left; l++) {
-            sc->kval[kept] = val[i + l]; /* kept <= i + l: never past the row */
-            sc->kidx[kept] = i + l;
-            kept += k[l] & 1;
-        }
+        kept = append_lanes(sc, i, left, keep, kept);
     }
     return kept;
 }
