@@ -484,40 +484,62 @@ START_TEST(preemption_same_tokens) {
 }
 END_TEST
 
-/* 32 jobs share a 200-token prefix; run with and without the cache. */
-static void run_shared_prefix(bool cache, kg_engine_stats_t *st, int32_t *max_used,
+/* n_jobs jobs whose prompts are one shared prefix plus some tokens of their
+ * own, each generating max_tokens greedily; run to the end. */
+typedef struct shared_run {
+    kg_engine_params_t p;
+    int n_jobs, n_shared, n_own, max_tokens;
+    uint64_t shared_seed, own_seed;
+} shared_run_t;
+
+#define SHARED_MAX_JOBS 100
+#define SHARED_MAX_PROMPT 520
+
+static void run_shared_prefix(const shared_run_t *sr, kg_engine_stats_t *st, int32_t *max_used,
                               job_out_t *outs) {
-    kg_engine_params_t p = base_params();
-    p.max_batch_size = 16;
-    p.max_batch_tokens = 512;
-    p.kv_block_size = 16;
-    p.n_kv_blocks = 400;
-    p.prefix_cache = cache;
+    const int n_prompt = sr->n_shared + sr->n_own;
+    ck_assert(sr->n_jobs <= SHARED_MAX_JOBS && n_prompt <= SHARED_MAX_PROMPT);
     env_t env;
-    env_init(&env, &p, 0);
-    static int32_t prompts[32][216];
-    for (int i = 0; i < 32; i++) {
-        fill_prompt(prompts[i], 200, 5); /* the shared system prompt */
-        fill_prompt(prompts[i] + 200, 16, 1000 + (uint64_t)i);
-        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 216, 8);
+    env_init(&env, &sr->p, 0);
+    static int32_t prompts[SHARED_MAX_JOBS][SHARED_MAX_PROMPT];
+    for (int i = 0; i < sr->n_jobs; i++) {
+        fill_prompt(prompts[i], sr->n_shared, sr->shared_seed); /* the system prompt */
+        fill_prompt(prompts[i] + sr->n_shared, sr->n_own, sr->own_seed + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], n_prompt, sr->max_tokens);
         submit_ok(&env, &r);
     }
-    env_run(&env, 1000);
-    for (int i = 0; i < 32; i++) {
-        check_greedy(&env, (uint64_t)i + 1, prompts[i], 216, 8, false);
-        outs[i] = env.jobs[i + 1];
+    env_run(&env, 5000);
+    for (int i = 0; i < sr->n_jobs; i++) {
+        check_greedy(&env, (uint64_t)i + 1, prompts[i], n_prompt, sr->max_tokens, false);
+        if (outs) {
+            outs[i] = env.jobs[i + 1];
+        }
     }
     kg_engine_stats(env.e, st);
-    *max_used = env.max_used;
+    if (max_used) {
+        *max_used = env.max_used;
+    }
     env_clear(&env);
+}
+
+/* 32 jobs share a 200-token prefix; with and without the cache. */
+static void run_32_shared(bool cache, kg_engine_stats_t *st, int32_t *max_used, job_out_t *outs) {
+    shared_run_t sr = {.p = base_params(), .n_jobs = 32, .n_shared = 200, .n_own = 16,
+                       .max_tokens = 8, .shared_seed = 5, .own_seed = 1000};
+    sr.p.max_batch_size = 16;
+    sr.p.max_batch_tokens = 512;
+    sr.p.kv_block_size = 16;
+    sr.p.n_kv_blocks = 400;
+    sr.p.prefix_cache = cache;
+    run_shared_prefix(&sr, st, max_used, outs);
 }
 
 START_TEST(prefix_sharing) {
     static job_out_t with[32], without[32];
     kg_engine_stats_t a, b;
     int32_t used_a, used_b;
-    run_shared_prefix(true, &a, &used_a, with);
-    run_shared_prefix(false, &b, &used_b, without);
+    run_32_shared(true, &a, &used_a, with);
+    run_32_shared(false, &b, &used_b, without);
     fprintf(stderr,
             "prefix sharing, 32 jobs x (200 shared + 16 own) prompt tokens: prefill tokens "
             "%lld with the cache, %lld without; cache hits %lld of %lld prompt tokens; peak "
@@ -529,7 +551,6 @@ START_TEST(prefix_sharing) {
     ck_assert_int_eq(b.n_prefix_hit_tokens, 0);
     ck_assert_int_eq(a.n_prompt_tokens, 32 * 216);
     ck_assert_int_eq(a.n_prefill_tokens + a.n_prefix_hit_tokens, 32 * 216);
-    /* Only jobs admitted before the prefix was first computed redo it. */
     /* One job computes the 12 shared full blocks; every other job takes them
      * from the cache, including those admitted while the first one was
      * still computing them (they wait for it). */
@@ -555,28 +576,16 @@ END_TEST
  * prefill (128 tokens a step, so the first copy takes four steps to
  * compute): the prompt is computed once. */
 START_TEST(system_prompt_prefilled_once) {
-    kg_engine_params_t p = base_params();
-    p.max_batch_size = 16;
-    p.max_batch_tokens = 128;
-    p.max_queue_depth = 128;
-    p.max_seq_len = 600;
-    p.kv_block_size = 16;
-    p.n_kv_blocks = 600;
-    env_t env;
-    env_init(&env, &p, 0);
-    static int32_t prompts[100][520];
-    for (int i = 0; i < 100; i++) {
-        fill_prompt(prompts[i], 500, 9);
-        fill_prompt(prompts[i] + 500, 20, 5000 + (uint64_t)i);
-        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 520, 4);
-        submit_ok(&env, &r);
-    }
-    env_run(&env, 5000);
-    for (int i = 0; i < 100; i++) {
-        check_greedy(&env, (uint64_t)i + 1, prompts[i], 520, 4, false);
-    }
+    shared_run_t sr = {.p = base_params(), .n_jobs = 100, .n_shared = 500, .n_own = 20,
+                       .max_tokens = 4, .shared_seed = 9, .own_seed = 5000};
+    sr.p.max_batch_size = 16;
+    sr.p.max_batch_tokens = 128;
+    sr.p.max_queue_depth = 128;
+    sr.p.max_seq_len = 600;
+    sr.p.kv_block_size = 16;
+    sr.p.n_kv_blocks = 600;
     kg_engine_stats_t st;
-    kg_engine_stats(env.e, &st);
+    run_shared_prefix(&sr, &st, NULL, NULL);
     fprintf(stderr, "system prompt, 100 jobs x (500 shared + 20 own) tokens: %lld prefilled, %lld "
             "from the cache, %lld steps\n", (long long)st.n_prefill_tokens,
             (long long)st.n_prefix_hit_tokens, (long long)st.n_steps);
@@ -585,7 +594,6 @@ START_TEST(system_prompt_prefilled_once) {
      * own) and its 20 own tokens */
     ck_assert_int_eq(st.n_prefix_hit_tokens, 99 * 496);
     ck_assert_int_eq(st.n_prefill_tokens, 100 * 520 - 99 * 496);
-    env_clear(&env);
 }
 END_TEST
 
