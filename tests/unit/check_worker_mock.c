@@ -234,15 +234,22 @@ START_TEST(test_no_faults) {
 }
 END_TEST
 
+/* The fault tests' start: a worker on one mock broker that has finished a
+ * first batch of 8 jobs (so it is in its group and streaming). */
+static void start_warm(fixture_t *f, int *n_events) {
+    setup(f, 1, "64");
+    produce_jobs(f, 0, 8);
+    *n_events = 0;
+    ck_assert_int_eq(collect(f, 8, 60, n_events), 8);
+}
+
 /* Retriable errors on the worker's Produce (events), Fetch (jobs) and
  * OffsetCommit requests: librdkafka retries them; no job is lost and the
  * idempotent producer does not fail the worker. */
 START_TEST(test_request_errors) {
     fixture_t f;
-    setup(&f, 1, "64");
-    produce_jobs(&f, 0, 8);
-    int n_events = 0;
-    ck_assert_int_eq(collect(&f, 8, 60, &n_events), 8);
+    int n_events;
+    start_warm(&f, &n_events);
     /* the jobs first, so the Produce errors hit the worker's event producer:
      * long ones, and the errors go in once their first events are out, while
      * the worker still has thousands of tokens to stream */
@@ -283,10 +290,8 @@ END_TEST
  * worker reconnects, keeps its group and finishes every job. */
 START_TEST(test_broker_down_up) {
     fixture_t f;
-    setup(&f, 1, "64");
-    produce_jobs(&f, 0, 8);
-    int n_events = 0;
-    ck_assert_int_eq(collect(&f, 8, 60, &n_events), 8);
+    int n_events;
+    start_warm(&f, &n_events);
     produce_jobs(&f, 8, 32);
     rd_kafka_flush(f.producer, 5000);
     ck_assert(rd_kafka_mock_broker_set_down(f.mc, 1) == 0);
