@@ -22,6 +22,21 @@ static inline const uint16_t *row_at(const cpu_kv_view_t *kv, const uint16_t *ca
     return cache + row * kv->stride + kv->offset;
 }
 
+#ifdef ATTN_AVX2
+/* Eight fp16 values widened to F32 (exact). */
+static inline __m256 load_h8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+static inline float hsum8(__m256 acc) {
+    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    return _mm_cvtss_f32(lo);
+}
+#endif
+
 /* The score arithmetic, one position: lanes, then lanes summed, then the
  * tail, then the scale. */
 static float score_scalar(const float *q, const uint16_t *k, int32_t hd, float scale) {
@@ -30,14 +45,9 @@ static float score_scalar(const float *q, const uint16_t *k, int32_t hd, float s
 #ifdef ATTN_AVX2
     __m256 acc = _mm256_setzero_ps();
     for (; i + 8 <= hd; i += 8) {
-        __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(k + i)));
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv, acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_h8(k + i), acc);
     }
-    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    sum = _mm_cvtss_f32(lo);
+    sum = hsum8(acc);
 #endif
     for (; i < hd; i++) {
         sum += q[i] * kg_fp16_to_fp32(k[i]);
@@ -46,13 +56,6 @@ static float score_scalar(const float *q, const uint16_t *k, int32_t hd, float s
 }
 
 #ifdef ATTN_AVX2
-static inline float hsum8(__m256 acc) {
-    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    return _mm_cvtss_f32(lo);
-}
 
 /* Four positions at once: four independent chains hide the FMA latency a
  * single 8-step chain leaves exposed. hd is a multiple of 8. */
@@ -61,10 +64,10 @@ static void scores4(const float *q, const uint16_t *k0, const uint16_t *k1, cons
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int32_t i = 0; i < hd; i += 8) {
         const __m256 qv = _mm256_loadu_ps(q + i);
-        a0 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(k0 + i))), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(k1 + i))), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(k2 + i))), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(k3 + i))), a3);
+        a0 = _mm256_fmadd_ps(qv, load_h8(k0 + i), a0);
+        a1 = _mm256_fmadd_ps(qv, load_h8(k1 + i), a1);
+        a2 = _mm256_fmadd_ps(qv, load_h8(k2 + i), a2);
+        a3 = _mm256_fmadd_ps(qv, load_h8(k3 + i), a3);
     }
     s[0] = hsum8(a0) * scale;
     s[1] = hsum8(a1) * scale;
@@ -84,8 +87,7 @@ static inline __attribute__((always_inline)) void values_chunk(const float *s, c
         const uint16_t *v = row_at(kv, kv->v, p) + c0;
         const __m256 w = _mm256_set1_ps(s[p]);
         for (int r = 0; r < nr; r++) {
-            const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(v + 8 * r)));
-            acc[r] = _mm256_fmadd_ps(w, x, acc[r]);
+            acc[r] = _mm256_fmadd_ps(w, load_h8(v + 8 * r), acc[r]);
         }
     }
     for (int r = 0; r < nr; r++) {
