@@ -314,8 +314,11 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         return;
     }
     if (re->kind == KG_RUNNER_REJECTED && re->status == KG_QUEUE_FULL && r->state != REC_REVOKED) {
-        /* the engine's queue filled between our count and its step: not the
-         * job's fault; it goes back to the front of the pending FIFO */
+        /* The engine's queue is sized for everything the worker lets in
+         * (kg_worker_new), so this is a sizing bug: say so, and keep the job
+         * rather than fail it. It goes back to the front of the pending FIFO. */
+        KG_LOG_WARN("worker", "engine queue full: job requeued (queue sizing bug) request_id=%s",
+                    r->job->request_id);
         r->state = REC_PENDING;
         r->qnext = w->pending_head;
         w->pending_head = r;
