@@ -10,6 +10,9 @@
 #   kg_model [OUT] [mkmodel flags]          the small random model ($MODEL)
 #   kg_bg NAME CMD...          run CMD in the background, output in $T/NAME.log; pid in PID_NAME
 #   kg_worker NAME [flags]     kgen-worker on $BROKERS, $JOBS/$RESULTS/$GROUP, --worker-id NAME
+#   kg_submit_bg SECS          kgen-submit of $T/jobs.jsonl in the background, results/events in $T
+#   kg_submit_timed SECS [flags]            the same in the foreground, fails unless all finish; KG_MS
+#   kg_worker_counts PORT      RUNNING, INFLIGHT, FINISHED from a worker's /metrics
 #   kg_wait SECS WHAT CMD...   poll CMD every 0.2 s until it succeeds, fail after SECS
 #   kg_wait_log FILE REGEX SECS [COUNT]     wait until REGEX matches COUNT (1) lines of FILE
 #   kg_stop_pid PID [SECS]     TERM, wait, then KILL
@@ -152,6 +155,30 @@ kg_worker() { # kg_worker NAME [flags...]
 
 kg_submit() { # kg_submit [flags...]: kgen-submit on $BROKERS/$JOBS/$RESULTS
     "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" --results-topic "$RESULTS" "$@"
+}
+
+kg_submit_bg() { # kg_submit_bg SECS: kgen-submit of $T/jobs.jsonl in the background (pid: kg_pid submit)
+    kg_bg submit "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
+        --results-topic "$RESULTS" --input "$T/jobs.jsonl" --output "$T/results.jsonl" \
+        --events "$T/events.jsonl" --timeout "$1" --no-progress
+}
+
+kg_submit_timed() { # kg_submit_timed SECS [flags]: kgen-submit of $T/jobs.jsonl; fails unless all finish; KG_MS
+    local secs=$1 t0
+    shift
+    t0=$(date +%s%N)
+    kg_submit --input "$T/jobs.jsonl" --output "$T/results.jsonl" --events "$T/events.jsonl" \
+        --timeout "$secs" --no-progress "$@" 2>"$T/submit.log" || {
+        cat "$T/submit.log" >&2
+        kg_fail "kgen-submit: not every job finished"
+    }
+    KG_MS=$((($(date +%s%N) - t0) / 1000000))
+}
+
+kg_worker_counts() { # kg_worker_counts PORT: RUNNING, INFLIGHT and FINISHED from a worker's /metrics
+    RUNNING=$(kg_metric "$1" kgen_num_requests_running)
+    INFLIGHT=$(kg_metric "$1" kgen_jobs_inflight)
+    FINISHED=$(kg_metric "$1" kgen_jobs_total)
 }
 
 kg_wait() { # kg_wait SECS WHAT CMD...

@@ -22,9 +22,7 @@ kg_topics 4
 kg_model
 kg_jobs "$T/jobs.jsonl" "$N" '{"max_tokens": 3}'
 
-kg_bg submit "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
-    --results-topic "$RESULTS" --input "$T/jobs.jsonl" --output "$T/results.jsonl" \
-    --events "$T/events.jsonl" --timeout 170 --no-progress
+kg_submit_bg 170
 kg_wait_log "$T/submit.log" "produced $N messages" 60
 kg_note "$N jobs waiting in $JOBS"
 

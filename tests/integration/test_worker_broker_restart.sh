@@ -19,9 +19,7 @@ kg_jobs "$T/jobs.jsonl" "$N" '{"max_tokens": 160, "ignore_eos": true}'
 port=$(kg_free_port)
 kg_worker w1 --max-batch-size 8 --http-port "$port"
 kg_wait_assigned 60 4 w1
-kg_bg submit "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
-    --results-topic "$RESULTS" --input "$T/jobs.jsonl" --output "$T/results.jsonl" \
-    --events "$T/events.jsonl" --timeout 170 --no-progress
+kg_submit_bg 170
 kg_wait 90 "a quarter of the jobs done" kg_metric_ge "$port" kgen_jobs_total $((N / 4))
 before=$(kg_metric "$port" kgen_jobs_total)
 t0=$(date +%s%N)

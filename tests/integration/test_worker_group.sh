@@ -21,13 +21,8 @@ kg_wait_assigned 60 4 w1 w2
 kg_note "both workers hold partitions: w1=$(kg_assigned w1) w2=$(kg_assigned w2)"
 
 revokes_before=$(($(kg_log_count "$T/w1.log" 'partitions revoked') + $(kg_log_count "$T/w2.log" 'partitions revoked')))
-t0=$(date +%s%N)
-kg_submit --input "$T/jobs.jsonl" --output "$T/results.jsonl" --events "$T/events.jsonl" \
-    --timeout 120 --no-progress 2>"$T/submit.log" || {
-    cat "$T/submit.log" >&2
-    kg_fail "kgen-submit did not see every job finish"
-}
-ms=$((($(date +%s%N) - t0) / 1000000))
+kg_submit_timed 120
+ms=$KG_MS
 cat "$T/submit.log"
 kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl"
 

@@ -26,17 +26,14 @@ kg_worker w1 --max-batch-size 8 "${fast[@]}"
 kg_worker w2 --max-batch-size 8 --http-port "$port" "${fast[@]}"
 kg_wait_assigned 60 4 w1 w2
 
-kg_bg submit "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
-    --results-topic "$RESULTS" --input "$T/jobs.jsonl" --output "$T/results.jsonl" \
-    --events "$T/events.jsonl" --timeout 150 --no-progress
+kg_submit_bg 150
 # Kill w2 once its engine runs several jobs and it has produced token events (given a second
 # to reach the broker: linger.ms is 5, but 2 cores are shared by 4 busy processes).
 kg_wait 60 "w2 running jobs" kg_metric_ge "$port" kgen_num_requests_running 4
 kg_wait 30 "w2 streaming" kg_metric_ge "$port" kgen_events_produced_total 200
 sleep 1
-running=$(kg_metric "$port" kgen_num_requests_running)
-inflight=$(kg_metric "$port" kgen_jobs_inflight)
-finished=$(kg_metric "$port" kgen_jobs_total)
+kg_worker_counts "$port"
+running=$RUNNING inflight=$INFLIGHT finished=$FINISHED
 kill -KILL "$(kg_pid w2)"
 kg_note "SIGKILLed w2 with $running jobs running, $inflight taken and unfinished, $finished finished"
 ((running >= 1)) || kg_fail "w2 had no running job when killed"

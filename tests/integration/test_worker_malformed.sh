@@ -108,13 +108,8 @@ PY
 port=$(kg_free_port)
 kg_worker w1 --http-port "$port" -X message.max.bytes=4194304
 kg_wait_assigned 60 4 w1
-t0=$(date +%s%N)
-kg_submit --input "$T/jobs.jsonl" --output "$T/results.jsonl" --events "$T/events.jsonl" \
-    --timeout 150 --no-progress -X message.max.bytes=4194304 2>"$T/submit.log" || {
-    cat "$T/submit.log" >&2
-    kg_fail "kgen-submit: not every job finished"
-}
-ms=$((($(date +%s%N) - t0) / 1000000))
+kg_submit_timed 150 -X message.max.bytes=4194304
+ms=$KG_MS
 cat "$T/submit.log"
 kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl" "$T/jobs.jsonl.ids"
 kg_alive "$(kg_pid w1)" || kg_fail "the worker died"

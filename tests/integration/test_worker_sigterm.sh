@@ -31,16 +31,13 @@ port=$(kg_free_port)
 long=(--ctx 8192 --max-tokens-limit 8000)
 kg_worker w1 --max-batch-size 8 --drain-timeout "$DRAIN" --http-port "$port" "${long[@]}"
 kg_wait_assigned 60 4 w1
-kg_bg submit "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
-    --results-topic "$RESULTS" --input "$T/jobs.jsonl" --output "$T/results.jsonl" \
-    --events "$T/events.jsonl" --timeout 170 --no-progress
+kg_submit_bg 170
 # SIGTERM once a long job has been running for a while and short ones are still coming.
 kg_wait 60 "w1 running jobs" kg_metric_ge "$port" kgen_num_requests_running 8
 kg_wait 60 "w1 finished some jobs" kg_metric_ge "$port" kgen_jobs_total 4
 sleep 0.3
-running=$(kg_metric "$port" kgen_num_requests_running)
-inflight=$(kg_metric "$port" kgen_jobs_inflight)
-finished=$(kg_metric "$port" kgen_jobs_total)
+kg_worker_counts "$port"
+running=$RUNNING inflight=$INFLIGHT finished=$FINISHED
 t_term_ms=$(date +%s%3N)
 kill -TERM "$(kg_pid w1)"
 kg_wait_exit "$(kg_pid w1)" $((DRAIN + 20))

@@ -29,13 +29,8 @@ batch_ms=$((($(date +%s%N) - t0) / 1000000))
 # --max-queue-depth above N, like kgen batch that holds the whole file.
 kg_worker w1 --max-batch-size "$BATCH" --threads "$THREADS" --max-queue-depth 1024
 kg_wait_assigned 60 4 w1
-t0=$(date +%s%N)
-kg_submit --input "$T/jobs.jsonl" --output "$T/results.jsonl" --events "$T/events.jsonl" \
-    --timeout 170 --no-progress 2>"$T/submit.log" || {
-    cat "$T/submit.log" >&2
-    kg_fail "kgen-submit: not every job finished"
-}
-kafka_ms=$((($(date +%s%N) - t0) / 1000000))
+kg_submit_timed 170
+kafka_ms=$KG_MS
 kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl"
 kg_expect_no_errors "$T/results.jsonl"
 # The same jobs without token events (stream false): the cost of one event per token.
