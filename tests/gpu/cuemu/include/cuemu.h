@@ -115,10 +115,9 @@ inline int atomicMax(int *p, int v) { int o = *p; *p = v > o ? v : o; return o; 
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 template <class T> inline T __ldg(const T *p) { return *p; }
-extern "C" float kg_fp16_to_fp32(uint16_t h);
-extern "C" uint16_t kg_fp32_to_fp16(float f);
-extern "C" float kg_bf16_to_fp32(uint16_t h);
-extern "C" uint16_t kg_fp32_to_bf16(float f);
+extern "C" { /* the project's half conversions, checked against their declarations */
+#include "../../../../src/model/kg_quant.h"
+}
 struct __half { uint16_t x; };
 struct __half2 { __half a, b; };
 struct __nv_bfloat16 { uint16_t x; };
