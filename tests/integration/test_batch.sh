@@ -5,7 +5,7 @@
 # prefix prefill fewer tokens with the prefix cache than without.
 set -euo pipefail
 bin="${KG_BIN_DIR:?}"
-model="${KG_SHARED_DIR:?}/models/stories260K.gguf"
+model="${KG_DATA_DIR:?}/models/stories260K.gguf"
 tmp=$(mktemp -d "${KG_TEST_TMP:-/tmp}/batch.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 

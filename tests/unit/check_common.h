@@ -19,9 +19,9 @@
         return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;                                          \
     }
 
-/** Path under ../shared (KG_SHARED_DIR), in a static buffer per call site
+/** Path under tests/data (KG_DATA_DIR), in a static buffer per call site
  * style: the caller copies it if it needs two. */
-const char *kg_test_shared(const char *rel);
+const char *kg_test_data(const char *rel);
 /** Whether a file exists. */
 bool kg_test_exists(const char *path);
 /** A fresh path under the build's test-tmp folder: "<tmp>/<name>-<pid>-<n>". */

@@ -672,7 +672,7 @@ END_TEST
  * device (forward without host logits + device sampler) picks the same ids
  * as the CPU (host logits + argmax). */
 START_TEST(stories260k_greedy_vs_cpu) {
-    const char *path = kg_test_shared("models/stories260K.gguf");
+    const char *path = kg_test_data("models/stories260K.gguf");
     if (!kg_test_exists(path)) {
         ck_abort_msg("missing %s", path);
     }

@@ -1052,7 +1052,7 @@ START_TEST(no_alloc_in_step) {
 END_TEST
 
 START_TEST(params_default_from_model) {
-    const char *path = kg_test_shared("models/stories260K.gguf");
+    const char *path = kg_test_data("models/stories260K.gguf");
     char err[256] = "";
     kg_model_t *model = kg_model_load(path, err, sizeof(err));
     ck_assert_msg(model != NULL, "%s", err);

@@ -286,12 +286,12 @@ END_TEST
 
 /* llama.cpp's greedy reference on stories260K, through the CLI. */
 START_TEST(stories260k_greedy_reference) {
-    const char *model = kg_test_shared("models/stories260K.gguf");
+    const char *model = kg_test_data("models/stories260K.gguf");
     if (!kg_test_exists(model)) {
         ck_abort_msg("missing %s", model);
     }
     size_t len;
-    char *readme = kg_test_read_file(kg_test_shared("models/README.md"), &len);
+    char *readme = kg_test_read_file(kg_test_data("README.md"), &len);
     ck_assert_ptr_nonnull(readme);
     const char *mark = strstr(readme, "Generated token ids (64):");
     ck_assert_ptr_nonnull(mark);

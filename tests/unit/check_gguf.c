@@ -97,7 +97,7 @@ static void expect_reject(buf_t *b, const char *needle) {
 // ---- the shared model ----
 
 START_TEST(stories260k_keys) {
-    const char *path = kg_test_shared("models/stories260K.gguf");
+    const char *path = kg_test_data("models/stories260K.gguf");
     if (!kg_test_exists(path)) {
         ck_abort_msg("missing %s", path);
     }
@@ -183,7 +183,7 @@ static void check_shape(const kg_gguf_t *g, const char *name, int64_t ne0, int64
 }
 
 START_TEST(stories260k_tensors) {
-    kg_gguf_t *g = kg_gguf_open(kg_test_shared("models/stories260K.gguf"), err, sizeof(err));
+    kg_gguf_t *g = kg_gguf_open(kg_test_data("models/stories260K.gguf"), err, sizeof(err));
     ck_assert_msg(g != NULL, "%s", err);
     ck_assert_int_eq(kg_gguf_n_tensors(g), 48);
     check_shape(g, "token_embd.weight", 64, 512);
@@ -244,7 +244,7 @@ START_TEST(vocab_files_open) {
         {"tokenizer-vectors/ggml-vocab-mpt.gguf", 50432, "gpt2"},
     };
     for (size_t i = 0; i < sizeof(vocabs) / sizeof(vocabs[0]); i++) {
-        kg_gguf_t *g = kg_gguf_open(kg_test_shared(vocabs[i].file), err, sizeof(err));
+        kg_gguf_t *g = kg_gguf_open(kg_test_data(vocabs[i].file), err, sizeof(err));
         ck_assert_msg(g != NULL, "%s: %s", vocabs[i].file, err);
         ck_assert_int_eq(kg_gguf_n_tensors(g), 0);
         kg_gguf_type_t et;
@@ -548,7 +548,7 @@ static size_t header_end(const uint8_t *data, size_t size) {
 
 START_TEST(stories260k_truncations) {
     size_t size;
-    uint8_t *data = (uint8_t *)kg_test_read_file(kg_test_shared("models/stories260K.gguf"), &size);
+    uint8_t *data = (uint8_t *)kg_test_read_file(kg_test_data("models/stories260K.gguf"), &size);
     ck_assert_ptr_nonnull(data);
     ck_assert_int_eq(size, 1185376);
     size_t hdr = header_end(data, size);
@@ -643,7 +643,7 @@ static void touch_all(const kg_gguf_t *g) {
 
 START_TEST(stories260k_byte_flips) {
     size_t size;
-    uint8_t *data = (uint8_t *)kg_test_read_file(kg_test_shared("models/stories260K.gguf"), &size);
+    uint8_t *data = (uint8_t *)kg_test_read_file(kg_test_data("models/stories260K.gguf"), &size);
     size_t hdr = header_end(data, size);
     rng_state = 20240601;
     int n_ok = 0, n_err = 0;
@@ -886,7 +886,7 @@ END_TEST
 START_TEST(writer_copy_kv) {
     // copying every key of a vocabulary file reproduces each value byte for byte
     kg_gguf_t *src =
-        kg_gguf_open(kg_test_shared("tokenizer-vectors/ggml-vocab-gpt-2.gguf"), err, sizeof(err));
+        kg_gguf_open(kg_test_data("tokenizer-vectors/ggml-vocab-gpt-2.gguf"), err, sizeof(err));
     ck_assert_msg(src != NULL, "%s", err);
     kg_gguf_writer_t *w = kg_gguf_writer_new();
     for (int64_t k = 0; k < kg_gguf_n_kv(src); k++) {
@@ -1020,7 +1020,7 @@ END_TEST
  * kg_gguf_release, and releasing a borrowed image leaves it alone. */
 START_TEST(release_keeps_the_data) {
     char msg[256];
-    kg_gguf_t *g = kg_gguf_open(kg_test_shared("models/stories260K.gguf"), msg, sizeof(msg));
+    kg_gguf_t *g = kg_gguf_open(kg_test_data("models/stories260K.gguf"), msg, sizeof(msg));
     ck_assert_msg(g != NULL, "%s", msg);
     const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, "token_embd.weight");
     ck_assert_ptr_nonnull(t);
@@ -1031,7 +1031,7 @@ START_TEST(release_keeps_the_data) {
 
     /* a borrowed image: releasing must not zero it */
     size_t len = 0;
-    char *bytes = kg_test_read_file(kg_test_shared("models/stories260K.gguf"), &len);
+    char *bytes = kg_test_read_file(kg_test_data("models/stories260K.gguf"), &len);
     ck_assert_ptr_nonnull(bytes);
     kg_gguf_t *m = kg_gguf_open_memory(bytes, len, msg, sizeof(msg));
     ck_assert_msg(m != NULL, "%s", msg);

@@ -276,7 +276,7 @@ START_TEST(deterministic) {
 END_TEST
 
 START_TEST(vocab_from) {
-    const char *vocab = kg_test_shared("tokenizer-vectors/ggml-vocab-gpt-2.gguf");
+    const char *vocab = kg_test_data("tokenizer-vectors/ggml-vocab-gpt-2.gguf");
     char args[4096];
     snprintf(args, sizeof(args),
              "--n-embd 32 --n-layer 1 --n-head 2 --n-head-kv 2 --n-ff 32 --seed 5 --tied --f16 "

@@ -14,7 +14,7 @@ static kg_tokenizer_t *tok;
 
 static void setup(void) {
     char err[256];
-    g = kg_gguf_open(kg_test_shared("tokenizer-vectors/ggml-vocab-gpt-2.gguf"), err, sizeof(err));
+    g = kg_gguf_open(kg_test_data("tokenizer-vectors/ggml-vocab-gpt-2.gguf"), err, sizeof(err));
     ck_assert_msg(g != NULL, "%s", err);
     tok = kg_tokenizer_new(g, err, sizeof(err));
     ck_assert_msg(tok != NULL, "%s", err);

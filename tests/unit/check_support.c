@@ -7,11 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-const char *kg_test_shared(const char *rel) {
+const char *kg_test_data(const char *rel) {
     static char buf[4][4096];
     static int next;
     char *b = buf[next++ % 4];
-    snprintf(b, sizeof(buf[0]), "%s/%s", KG_SHARED_DIR, rel);
+    snprintf(b, sizeof(buf[0]), "%s/%s", KG_DATA_DIR, rel);
     return b;
 }
 

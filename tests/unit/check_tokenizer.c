@@ -21,7 +21,7 @@ static const char *vocab_path(const char *name) {
     static char path[4096];
     char rel[256];
     snprintf(rel, sizeof(rel), "tokenizer-vectors/ggml-vocab-%s.gguf", name);
-    snprintf(path, sizeof(path), "%s", kg_test_shared(rel));
+    snprintf(path, sizeof(path), "%s", kg_test_data(rel));
     return path;
 }
 
@@ -196,7 +196,7 @@ END_TEST
 // ---- the shared model ----
 
 START_TEST(stories_prompt) {
-    kg_tokenizer_t *tok = load_path(kg_test_shared("models/stories260K.gguf"));
+    kg_tokenizer_t *tok = load_path(kg_test_data("models/stories260K.gguf"));
     ck_assert_int_eq(kg_tokenizer_kind(tok), KG_TOKENIZER_SPM);
     ck_assert_int_eq(kg_tokenizer_n_vocab(tok), 512);
     ck_assert_int_eq(kg_tokenizer_bos(tok), 1);
@@ -232,7 +232,7 @@ END_TEST
 
 /* Writes at most n_max ids, and says how many the text needs. */
 START_TEST(short_buffer) {
-    kg_tokenizer_t *tok = load_path(kg_test_shared("models/stories260K.gguf"));
+    kg_tokenizer_t *tok = load_path(kg_test_data("models/stories260K.gguf"));
     int32_t ids[3] = {-7, -7, -7};
     ck_assert_int_eq(kg_tokenizer_encode(tok, "Once upon a time", 16, true, true, ids, 2), 5);
     ck_assert_int_eq(ids[0], 1);
@@ -336,7 +336,7 @@ START_TEST(invalid_utf8_round_trip) {
         snprintf(p, 4096, "%s", vocab_path(vocab_names[v]));
         paths[v] = p;
     }
-    paths[N_VOCABS] = kg_test_shared("models/stories260K.gguf");
+    paths[N_VOCABS] = kg_test_data("models/stories260K.gguf");
     for (int v = 0; v <= N_VOCABS; v++) {
         kg_tokenizer_t *tok = load_path(paths[v]);
         bool spm = kg_tokenizer_kind(tok) == KG_TOKENIZER_SPM;
@@ -771,7 +771,7 @@ END_TEST
 START_TEST(cli_flags) {
     int status;
     char args[4300];
-    const char *stories = kg_test_shared("models/stories260K.gguf");
+    const char *stories = kg_test_data("models/stories260K.gguf");
     snprintf(args, sizeof(args), "--model '%s'", stories);
     char *out = run_tokenize(args, "Once upon a time", 16, &status);
     ck_assert_int_eq(status, 0);
