@@ -1,11 +1,11 @@
 /* kg_backend: backend selection and thin dispatch through the vtable. */
 #include "kg_backend.h"
 
-#include <stdio.h>
-#include <string.h>
-
 #include "../core/kg_log.h"
 #include "kg_backend_impl.h"
+
+#include <stdio.h>
+#include <string.h>
 
 #ifdef KG_USE_CUDA
 #include "../../gpu/kg_backend_cuda.h"
@@ -19,8 +19,11 @@ const char *kg_backend_list(void) {
 #endif
 }
 
-kg_backend_t *kg_backend_new(const char *name, const kg_model_t *model,
-                             const kg_backend_params_t *params, char *errstr, size_t errstr_size) {
+kg_backend_t *kg_backend_new(const char *name,
+                             const kg_model_t *model,
+                             const kg_backend_params_t *params,
+                             char *errstr,
+                             size_t errstr_size) {
     if (strcmp(name, "cpu") == 0) {
         return kg_backend_cpu_new(model, params, errstr, errstr_size);
     }
@@ -66,7 +69,9 @@ bool kg_backend_has_sample(const kg_backend_t *be) {
     return be->sample != NULL;
 }
 
-kg_status_t kg_backend_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n,
+kg_status_t kg_backend_sample(kg_backend_t *be,
+                              const kg_sample_request_t *reqs,
+                              int32_t n,
                               kg_sample_result_t *out) {
     if (!be->sample) {
         KG_LOG_ERROR("backend", "backend %s has no device sampler", be->iface.name);

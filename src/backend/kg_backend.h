@@ -7,13 +7,13 @@
  * through every layer, with one GEMM per weight matrix for all tokens. */
 #pragma once
 
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
-
 #include "../core/kg_status.h"
 #include "../model/kg_model.h"
 #include "../model/kg_sampler.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 typedef struct kg_backend kg_backend_t;
 
@@ -50,12 +50,17 @@ typedef struct kg_backend_memory {
 
 /** The CPU backend (the reference). Converts weights as documented in
  * cpu/kg_backend_cpu.c. `model` must outlive the backend. */
-kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_params_t *params,
-                                 char *errstr, size_t errstr_size);
+kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
+                                 const kg_backend_params_t *params,
+                                 char *errstr,
+                                 size_t errstr_size);
 
 /** Pick and create a backend by name: "cpu", "cuda" or "auto". */
-kg_backend_t *kg_backend_new(const char *name, const kg_model_t *model,
-                             const kg_backend_params_t *params, char *errstr, size_t errstr_size);
+kg_backend_t *kg_backend_new(const char *name,
+                             const kg_model_t *model,
+                             const kg_backend_params_t *params,
+                             char *errstr,
+                             size_t errstr_size);
 
 void kg_backend_free(kg_backend_t *be);
 const char *kg_backend_name(const kg_backend_t *be);
@@ -64,7 +69,8 @@ const char *kg_backend_name(const kg_backend_t *be);
  * the tokens that want them) into `logits`. A backend that samples on its
  * device (kg_backend_has_sample) also accepts logits == NULL: the rows then
  * stay on the device for kg_backend_sample. @thread engine */
-KG_NODISCARD kg_status_t kg_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch,
+KG_NODISCARD kg_status_t kg_backend_forward(kg_backend_t *be,
+                                            const kg_step_batch_t *batch,
                                             float *logits);
 
 /* One output row's sampling request for kg_backend_sample: the same inputs
@@ -89,8 +95,10 @@ bool kg_backend_has_sample(const kg_backend_t *be);
  * seeded draw matches the CPU sampler on the same logits. The rows' logits
  * are consumed (penalties are applied in place). KG_ERR_UNSUPPORTED when
  * the backend has no device sampler. @thread engine */
-KG_NODISCARD kg_status_t kg_backend_sample(kg_backend_t *be, const kg_sample_request_t *reqs,
-                                           int32_t n, kg_sample_result_t *out);
+KG_NODISCARD kg_status_t kg_backend_sample(kg_backend_t *be,
+                                           const kg_sample_request_t *reqs,
+                                           int32_t n,
+                                           kg_sample_result_t *out);
 
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out);
 

@@ -17,6 +17,8 @@ struct kg_backend {
     /* optional: device-side sampling behind kg_backend_sample (NULL: none).
      * Outside kg_backend_i so the tables backends fill positionally need no
      * new entry; backends allocate kg_backend_t zeroed. */
-    kg_status_t (*sample)(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n,
+    kg_status_t (*sample)(kg_backend_t *be,
+                          const kg_sample_request_t *reqs,
+                          int32_t n,
                           kg_sample_result_t *out);
 };

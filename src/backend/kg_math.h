@@ -26,8 +26,13 @@ KG_HD float kg_silu(float x) {
  * base^(-2/n_rot) once per pair, in float, so the angles (and thus the
  * outputs) match llama.cpp's to the bit. `freq_factors` (Llama 3.1
  * rope_freqs) divides each pair's angle; NULL means none. */
-KG_HD void kg_rope_cache(int32_t pos, int32_t n_rot, float base, float freq_scale,
-                         const float *freq_factors, float *cos_out, float *sin_out) {
+KG_HD void kg_rope_cache(int32_t pos,
+                         int32_t n_rot,
+                         float base,
+                         float freq_scale,
+                         const float *freq_factors,
+                         float *cos_out,
+                         float *sin_out) {
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
     float theta_base = (float)pos;
     for (int32_t i = 0; i < n_rot / 2; i++) {

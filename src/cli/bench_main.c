@@ -15,12 +15,6 @@
  * --arrivals RATE replays Poisson arrivals (RATE requests/s) of mixed
  * prompt and output lengths and reports throughput, time to first token and
  * time per output token percentiles. */
-#include <getopt.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "backend/kg_backend.h"
 #include "cli_util.h"
 #include "core/kg_clock.h"
@@ -28,6 +22,12 @@
 #include "engine/kg_engine.h"
 #include "metrics/kg_metrics.h"
 #include "model/kg_model.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define MAX_NPL 32
 
@@ -47,23 +47,22 @@ typedef struct bench_row {
 } bench_row_t;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kgen-bench --model FILE [-npp P] [-ntg G] [-npl 1,4,16] [options]\n"
-            "  -m, --model FILE          GGUF model\n"
-            "  -npp P                    prompt tokens per sequence (default 128)\n"
-            "  -ntg G                    generated tokens per sequence (default 64)\n"
-            "  -npl LIST                 parallel sequence counts (default 1,4,16)\n"
-            "  -t, --threads N           CPU threads (default: all cores)\n"
-            "  -b, --max-batch-tokens N  token budget per step (default 2048)\n"
-            "  --backend auto|cpu|cuda   (default auto)\n"
-            "  --kv-memory MIB           KV pool size (default: what the runs need)\n"
-            "  --arrivals RATE           Poisson arrivals mode, RATE requests/s\n"
-            "  --n-requests N            requests in arrivals mode (default 64)\n"
-            "  --seed S                  prompt/arrival RNG seed (default 1)\n"
-            "  --json                    JSON output\n"
-            "  --metrics                 also record the worker's metrics and job log lines\n"
-            "                            (to measure what they cost)\n"
-            "  --version, --help\n");
+    fprintf(f, "usage: kgen-bench --model FILE [-npp P] [-ntg G] [-npl 1,4,16] [options]\n"
+               "  -m, --model FILE          GGUF model\n"
+               "  -npp P                    prompt tokens per sequence (default 128)\n"
+               "  -ntg G                    generated tokens per sequence (default 64)\n"
+               "  -npl LIST                 parallel sequence counts (default 1,4,16)\n"
+               "  -t, --threads N           CPU threads (default: all cores)\n"
+               "  -b, --max-batch-tokens N  token budget per step (default 2048)\n"
+               "  --backend auto|cpu|cuda   (default auto)\n"
+               "  --kv-memory MIB           KV pool size (default: what the runs need)\n"
+               "  --arrivals RATE           Poisson arrivals mode, RATE requests/s\n"
+               "  --n-requests N            requests in arrivals mode (default 64)\n"
+               "  --seed S                  prompt/arrival RNG seed (default 1)\n"
+               "  --json                    JSON output\n"
+               "  --metrics                 also record the worker's metrics and job log lines\n"
+               "                            (to measure what they cost)\n"
+               "  --version, --help\n");
 }
 
 static bool parse_npl(const char *s, bench_opts_t *o) {
@@ -92,39 +91,87 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
             argv[i] = spelled[k];
         }
     }
-    enum { O_NPP = 256, O_NTG, O_NPL, O_BACKEND, O_KV, O_ARR, O_NREQ, O_SEED, O_JSON, O_VERSION,
-           O_METRICS };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"npp", required_argument, 0, O_NPP},
-        {"ntg", required_argument, 0, O_NTG},   {"npl", required_argument, 0, O_NPL},
-        {"threads", required_argument, 0, 't'}, {"max-batch-tokens", required_argument, 0, 'b'},
-        {"backend", required_argument, 0, O_BACKEND}, {"kv-memory", required_argument, 0, O_KV},
-        {"arrivals", required_argument, 0, O_ARR}, {"n-requests", required_argument, 0, O_NREQ},
-        {"seed", required_argument, 0, O_SEED}, {"json", no_argument, 0, O_JSON},
-        {"metrics", no_argument, 0, O_METRICS},
-        {"version", no_argument, 0, O_VERSION}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    enum {
+        O_NPP = 256,
+        O_NTG,
+        O_NPL,
+        O_BACKEND,
+        O_KV,
+        O_ARR,
+        O_NREQ,
+        O_SEED,
+        O_JSON,
+        O_VERSION,
+        O_METRICS
+    };
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"npp", required_argument, 0, O_NPP},
+                                         {"ntg", required_argument, 0, O_NTG},
+                                         {"npl", required_argument, 0, O_NPL},
+                                         {"threads", required_argument, 0, 't'},
+                                         {"max-batch-tokens", required_argument, 0, 'b'},
+                                         {"backend", required_argument, 0, O_BACKEND},
+                                         {"kv-memory", required_argument, 0, O_KV},
+                                         {"arrivals", required_argument, 0, O_ARR},
+                                         {"n-requests", required_argument, 0, O_NREQ},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"json", no_argument, 0, O_JSON},
+                                         {"metrics", no_argument, 0, O_METRICS},
+                                         {"version", no_argument, 0, O_VERSION},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c;
     float fv;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:t:b:h", opts, NULL)) != -1) {
         bool ok = true;
         switch (c) {
-        case 'm': o->model_path = optarg; break;
-        case O_NPP: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->npp); break;
-        case O_NTG: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->ntg); break;
-        case O_NPL: ok = parse_npl(optarg, o); break;
-        case 't': ok = kg_cli_parse_i64(optarg, 1, 1024, &o->threads); break;
-        case 'b': ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->max_batch_tokens); break;
-        case O_BACKEND: o->backend = optarg; break;
-        case O_KV: ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &o->kv_mib); break;
-        case O_ARR: ok = kg_cli_parse_f32(optarg, 0.001f, 1e6f, &fv); o->arrivals = fv; break;
-        case O_NREQ: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->n_requests); break;
-        case O_SEED: ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &o->seed); break;
-        case O_JSON: o->json = true; break;
-        case O_METRICS: o->metrics = true; break;
-        case O_VERSION: kg_cmd_print_version("kgen-bench"); return 0;
-        case 'h': usage(stdout); return 0;
+        case 'm':
+            o->model_path = optarg;
+            break;
+        case O_NPP:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->npp);
+            break;
+        case O_NTG:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->ntg);
+            break;
+        case O_NPL:
+            ok = parse_npl(optarg, o);
+            break;
+        case 't':
+            ok = kg_cli_parse_i64(optarg, 1, 1024, &o->threads);
+            break;
+        case 'b':
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->max_batch_tokens);
+            break;
+        case O_BACKEND:
+            o->backend = optarg;
+            break;
+        case O_KV:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &o->kv_mib);
+            break;
+        case O_ARR:
+            ok = kg_cli_parse_f32(optarg, 0.001f, 1e6f, &fv);
+            o->arrivals = fv;
+            break;
+        case O_NREQ:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->n_requests);
+            break;
+        case O_SEED:
+            ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &o->seed);
+            break;
+        case O_JSON:
+            o->json = true;
+            break;
+        case O_METRICS:
+            o->metrics = true;
+            break;
+        case O_VERSION:
+            kg_cmd_print_version("kgen-bench");
+            return 0;
+        case 'h':
+            usage(stdout);
+            return 0;
         default:
             fprintf(stderr, "kgen-bench: unknown or incomplete option '%s'\n", argv[optind - 1]);
             usage(stderr);
@@ -136,7 +183,8 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
         }
     }
     if (optind < argc || !o->model_path) {
-        fprintf(stderr, "kgen-bench: %s\n", optind < argc ? "unexpected argument" : "--model is required");
+        fprintf(stderr, "kgen-bench: %s\n",
+                optind < argc ? "unexpected argument" : "--model is required");
         usage(stderr);
         return 2;
     }
@@ -187,8 +235,10 @@ static int32_t bench_step(bench_env_t *env) {
                 kg_histogram_observe(&env->ttft, t1 - t0);
                 kg_histogram_observe(&env->tpot, t1 - t0);
                 kg_histogram_observe(&env->e2e, t1 - t0);
-                KG_LOG_INFO("bench", "job done request_id=%llu partition=0 offset=%llu finish=%s "
-                            "tokens=%d", (unsigned long long)c->id, (unsigned long long)c->id,
+                KG_LOG_INFO("bench",
+                            "job done request_id=%llu partition=0 offset=%llu finish=%s "
+                            "tokens=%d",
+                            (unsigned long long)c->id, (unsigned long long)c->id,
                             kg_finish_str(c->finish), c->index);
             }
         }
@@ -196,8 +246,12 @@ static int32_t bench_step(bench_env_t *env) {
     return n;
 }
 
-static bool env_open(bench_env_t *env, const bench_opts_t *o, int32_t max_seqs, int64_t max_ctx,
-                     char *err, size_t err_size) {
+static bool env_open(bench_env_t *env,
+                     const bench_opts_t *o,
+                     int32_t max_seqs,
+                     int64_t max_ctx,
+                     char *err,
+                     size_t err_size) {
     env->ep = kg_engine_params_default(env->model, o->kv_mib > 0 ? (size_t)o->kv_mib << 20 : 0);
     kg_engine_params_t *ep = &env->ep;
     ep->max_batch_size = max_seqs;
@@ -308,9 +362,11 @@ static double percentile(double *v, int64_t n, double p) {
 static bool run_arrivals(bench_env_t *env, const bench_opts_t *o) {
     const int64_t N = o->n_requests;
     uint64_t rng = (uint64_t)o->seed;
-    int64_t *arrive = malloc((size_t)N * sizeof(int64_t)), *first = calloc((size_t)N, sizeof(int64_t));
+    int64_t *arrive = malloc((size_t)N * sizeof(int64_t)),
+            *first = calloc((size_t)N, sizeof(int64_t));
     int64_t *last = calloc((size_t)N, sizeof(int64_t));
-    int32_t *plen = malloc((size_t)N * sizeof(int32_t)), *olen = malloc((size_t)N * sizeof(int32_t));
+    int32_t *plen = malloc((size_t)N * sizeof(int32_t)),
+            *olen = malloc((size_t)N * sizeof(int32_t));
     int32_t *ngen = calloc((size_t)N, sizeof(int32_t));
     int32_t *prompt = malloc((size_t)(2 * o->npp + 1) * sizeof(int32_t));
     double *ttft = malloc((size_t)N * sizeof(double)), *tpot = malloc((size_t)N * sizeof(double));
@@ -331,8 +387,11 @@ static bool run_arrivals(bench_env_t *env, const bench_opts_t *o) {
         int64_t now = kg_clock_us() - t0;
         while (next < N && arrive[next] <= now) {
             random_prompt(env->model, &rng, prompt, plen[next]);
-            kg_request_t req = {.id = (uint64_t)next, .prompt = prompt, .n_prompt = plen[next],
-                                .max_tokens = olen[next], .ignore_eos = true,
+            kg_request_t req = {.id = (uint64_t)next,
+                                .prompt = prompt,
+                                .n_prompt = plen[next],
+                                .max_tokens = olen[next],
+                                .ignore_eos = true,
                                 .sampling = kg_sampling_params_default()};
             kg_status_t st = kg_engine_submit(env->engine, &req);
             if (st == KG_QUEUE_FULL) {
@@ -409,21 +468,29 @@ static void print_row(const bench_row_t *r, bool json, bool first) {
     double s_tg = r->t_tg > 0 ? (double)(r->b * r->tg) / r->t_tg : 0;
     double s = t > 0 ? (double)r->n_kv / t : 0;
     if (json) {
-        printf("%s{\"pp\":%lld,\"tg\":%lld,\"b\":%lld,\"n_kv\":%lld,\"t_pp\":%.6f,\"speed_pp\":%.3f,"
-               "\"t_tg\":%.6f,\"speed_tg\":%.3f,\"t\":%.6f,\"speed\":%.3f}",
-               first ? "" : ",\n", (long long)r->pp, (long long)r->tg, (long long)r->b,
-               (long long)r->n_kv, r->t_pp, s_pp, r->t_tg, s_tg, t, s);
+        printf(
+            "%s{\"pp\":%lld,\"tg\":%lld,\"b\":%lld,\"n_kv\":%lld,\"t_pp\":%.6f,\"speed_pp\":%.3f,"
+            "\"t_tg\":%.6f,\"speed_tg\":%.3f,\"t\":%.6f,\"speed\":%.3f}",
+            first ? "" : ",\n", (long long)r->pp, (long long)r->tg, (long long)r->b,
+            (long long)r->n_kv, r->t_pp, s_pp, r->t_tg, s_tg, t, s);
     } else {
-        printf("| %6lld | %6lld | %4lld | %6lld | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n",
-               (long long)r->pp, (long long)r->tg, (long long)r->b, (long long)r->n_kv, r->t_pp,
-               s_pp, r->t_tg, s_tg, t, s);
+        printf(
+            "| %6lld | %6lld | %4lld | %6lld | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n",
+            (long long)r->pp, (long long)r->tg, (long long)r->b, (long long)r->n_kv, r->t_pp, s_pp,
+            r->t_tg, s_tg, t, s);
     }
     fflush(stdout);
 }
 
 int main(int argc, char **argv) {
-    bench_opts_t o = {.backend = "auto", .npp = 128, .ntg = 64, .max_batch_tokens = 2048,
-                      .n_requests = 64, .seed = 1, .npl = {1, 4, 16}, .n_npl = 3};
+    bench_opts_t o = {.backend = "auto",
+                      .npp = 128,
+                      .ntg = 64,
+                      .max_batch_tokens = 2048,
+                      .n_requests = 64,
+                      .seed = 1,
+                      .npl = {1, 4, 16},
+                      .n_npl = 3};
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0) {
         return rc;
@@ -468,8 +535,10 @@ int main(int argc, char **argv) {
     } else {
         printf("\nmodel %s, backend %s, threads %lld, token budget %d\n\n", o.model_path,
                kg_backend_name(env.be), (long long)o.threads, env.ep.max_batch_tokens);
-        printf("|     PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n");
-        printf("|--------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n");
+        printf("|     PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |    "
+               "  T s |    S t/s |\n");
+        printf("|--------|--------|------|--------|----------|----------|----------|----------|----"
+               "------|----------|\n");
     }
     for (int i = 0; i < o.n_npl; i++) {
         bench_row_t row;

@@ -1,12 +1,12 @@
 /* cli_util: strict number parsing for command-line flags. */
 #include "cli_util.h"
 
+#include "backend/kg_backend.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-#include "backend/kg_backend.h"
 
 bool kg_cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out) {
     char *end;

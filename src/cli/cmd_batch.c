@@ -5,12 +5,6 @@
  * intake, engine and output code as kgen-worker, on one thread. A line
  * that is not a job with a usable request_id gets an error event with
  * request_id "line-<N>" (1-based). */
-#include <getopt.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
 #include "backend/kg_backend.h"
 #include "cmd.h"
 #include "core/kg_clock.h"
@@ -21,6 +15,12 @@
 #include "pipeline/kg_intake.h"
 #include "pipeline/kg_output.h"
 #include "schema/kg_codec.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 typedef struct batch_job {
     kg_job_t *job;
@@ -97,35 +97,80 @@ int kg_cmd_batch(int argc, char **argv) {
     int64_t max_batch = 16, max_tokens_step = 512, threads = 0, ctx_len = 0, kv_mib = 0;
     int64_t max_tokens_limit = 4096;
     bool prefix_cache = true;
-    enum { O_MODEL = 256, O_IN, O_OUT, O_MBS, O_MBT, O_THREADS, O_BACKEND, O_CTX, O_KV, O_MTL,
-           O_NOPC, O_VERSION, O_HELP };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},          {"input", required_argument, 0, O_IN},
-        {"output", required_argument, 0, O_OUT},           {"max-batch-size", required_argument, 0, O_MBS},
-        {"max-batch-tokens", required_argument, 0, O_MBT}, {"threads", required_argument, 0, O_THREADS},
-        {"backend", required_argument, 0, O_BACKEND},      {"ctx", required_argument, 0, O_CTX},
-        {"kv-memory", required_argument, 0, O_KV},         {"max-tokens-limit", required_argument, 0, O_MTL},
-        {"no-prefix-cache", no_argument, 0, O_NOPC},       {"version", no_argument, 0, O_VERSION},
-        {"help", no_argument, 0, O_HELP},                  {0, 0, 0, 0}};
+    enum {
+        O_MODEL = 256,
+        O_IN,
+        O_OUT,
+        O_MBS,
+        O_MBT,
+        O_THREADS,
+        O_BACKEND,
+        O_CTX,
+        O_KV,
+        O_MTL,
+        O_NOPC,
+        O_VERSION,
+        O_HELP
+    };
+    static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
+                                         {"input", required_argument, 0, O_IN},
+                                         {"output", required_argument, 0, O_OUT},
+                                         {"max-batch-size", required_argument, 0, O_MBS},
+                                         {"max-batch-tokens", required_argument, 0, O_MBT},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"backend", required_argument, 0, O_BACKEND},
+                                         {"ctx", required_argument, 0, O_CTX},
+                                         {"kv-memory", required_argument, 0, O_KV},
+                                         {"max-tokens-limit", required_argument, 0, O_MTL},
+                                         {"no-prefix-cache", no_argument, 0, O_NOPC},
+                                         {"version", no_argument, 0, O_VERSION},
+                                         {"help", no_argument, 0, O_HELP},
+                                         {0, 0, 0, 0}};
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         bool ok = true;
         switch (c) {
-        case O_MODEL: model_path = optarg; break;
-        case O_IN: in_path = optarg; break;
-        case O_OUT: out_path = optarg; break;
-        case O_MBS: ok = kg_cli_parse_i64(optarg, 1, 4096, &max_batch); break;
-        case O_MBT: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &max_tokens_step); break;
-        case O_THREADS: ok = kg_cli_parse_i64(optarg, 1, 1024, &threads); break;
-        case O_BACKEND: backend = optarg; break;
-        case O_CTX: ok = kg_cli_parse_i64(optarg, 2, 1 << 24, &ctx_len); break;
-        case O_KV: ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &kv_mib); break;
-        case O_MTL: ok = kg_cli_parse_i64(optarg, 1, 1 << 24, &max_tokens_limit); break;
-        case O_NOPC: prefix_cache = false; break;
-        case O_VERSION: kg_cmd_print_version("kgen"); return 0;
-        case O_HELP: usage(stdout); return 0;
+        case O_MODEL:
+            model_path = optarg;
+            break;
+        case O_IN:
+            in_path = optarg;
+            break;
+        case O_OUT:
+            out_path = optarg;
+            break;
+        case O_MBS:
+            ok = kg_cli_parse_i64(optarg, 1, 4096, &max_batch);
+            break;
+        case O_MBT:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &max_tokens_step);
+            break;
+        case O_THREADS:
+            ok = kg_cli_parse_i64(optarg, 1, 1024, &threads);
+            break;
+        case O_BACKEND:
+            backend = optarg;
+            break;
+        case O_CTX:
+            ok = kg_cli_parse_i64(optarg, 2, 1 << 24, &ctx_len);
+            break;
+        case O_KV:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &kv_mib);
+            break;
+        case O_MTL:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 24, &max_tokens_limit);
+            break;
+        case O_NOPC:
+            prefix_cache = false;
+            break;
+        case O_VERSION:
+            kg_cmd_print_version("kgen");
+            return 0;
+        case O_HELP:
+            usage(stdout);
+            return 0;
         default:
             fprintf(stderr, "kgen batch: unknown or incomplete option '%s'\n", argv[optind - 1]);
             usage(stderr);
@@ -172,10 +217,11 @@ int kg_cmd_batch(int argc, char **argv) {
         ep.max_seq_len = (int32_t)ctx_len;
     }
     if (kv_mib == 0) {
-        ep.n_kv_blocks = (int32_t)(max_batch * ((ep.max_seq_len + ep.kv_block_size - 1) /
-                                                ep.kv_block_size));
+        ep.n_kv_blocks =
+            (int32_t)(max_batch * ((ep.max_seq_len + ep.kv_block_size - 1) / ep.kv_block_size));
     }
-    kg_backend_params_t bp = {.n_threads = (int32_t)threads, .n_kv_blocks = ep.n_kv_blocks,
+    kg_backend_params_t bp = {.n_threads = (int32_t)threads,
+                              .n_kv_blocks = ep.n_kv_blocks,
                               .kv_block_size = ep.kv_block_size,
                               .max_batch_tokens = ep.max_batch_tokens};
     be = kg_backend_new(backend, model, &bp, err, sizeof(err));
@@ -268,12 +314,16 @@ int kg_cmd_batch(int argc, char **argv) {
                 next++;
                 continue;
             }
-            kg_request_t req = {.id = (uint64_t)next, .prompt = bj->prep.tokens,
-                                .n_prompt = bj->prep.n_tokens, .max_tokens = bj->prep.max_tokens,
-                                .priority = bj->job->priority, .ignore_eos = bj->job->ignore_eos,
+            kg_request_t req = {.id = (uint64_t)next,
+                                .prompt = bj->prep.tokens,
+                                .n_prompt = bj->prep.n_tokens,
+                                .max_tokens = bj->prep.max_tokens,
+                                .priority = bj->job->priority,
+                                .ignore_eos = bj->job->ignore_eos,
                                 .sampling = bj->job->sampling};
             if (bj->job->deadline_ms > 0) {
-                req.deadline_us = kg_clock_us() + (bj->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
+                req.deadline_us =
+                    kg_clock_us() + (bj->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
             }
             kg_status_t st = kg_engine_submit(engine, &req);
             if (st == KG_QUEUE_FULL) {
@@ -336,7 +386,7 @@ int kg_cmd_batch(int argc, char **argv) {
             } else {
                 json = kg_events_error(&origin, bj->job->request_id,
                                        cp->finish == KG_FINISH_DEADLINE ? KG_ERROR_EXPIRED
-                                                                         : KG_ERROR_CANCELLED,
+                                                                        : KG_ERROR_CANCELLED,
                                        kg_finish_str(cp->finish), bj->job->metadata_json, &jl);
             }
             set_result(bj, json, jl);

@@ -2,12 +2,6 @@
  * (like llama-simple). The prompt is prefilled in chunks of the batch token
  * budget, then one token per step; the sequence's KV blocks are simply
  * blocks 0, 1, 2, ... of a pool sized for the context. */
-#include <getopt.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
 #include "backend/kg_backend.h"
 #include "cli_util.h"
 #include "cmd.h"
@@ -17,26 +11,31 @@
 #include "model/kg_sampler.h"
 #include "model/kg_tokenizer.h"
 
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #define KV_BLOCK 16
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kgen generate --model FILE --prompt TEXT [options]\n"
-            "  --model FILE       GGUF model\n"
-            "  --prompt TEXT      prompt text (BOS added as the model's metadata says)\n"
-            "  --n-predict N      tokens to generate (default 128)\n"
-            "  --temp T           temperature, 0 = greedy (default 0.8)\n"
-            "  --top-k K          (default 40; 0 = off)\n"
-            "  --top-p P          (default 0.95)\n"
-            "  --min-p M          (default 0.05)\n"
-            "  --repeat-penalty R (default 1.0 = off)\n"
-            "  --seed S           RNG seed (default: random)\n"
-            "  --ctx N            context size (default: the model's, at most 4096)\n"
-            "  --threads N        CPU threads (default: all cores)\n"
-            "  --batch-tokens N   prefill chunk size (default 512)\n"
-            "  --print-ids        print the generated ids on one line instead of text\n"
-            "  --quiet            no timing line on stderr\n"
-            "  --version, --help\n");
+    fprintf(f, "usage: kgen generate --model FILE --prompt TEXT [options]\n"
+               "  --model FILE       GGUF model\n"
+               "  --prompt TEXT      prompt text (BOS added as the model's metadata says)\n"
+               "  --n-predict N      tokens to generate (default 128)\n"
+               "  --temp T           temperature, 0 = greedy (default 0.8)\n"
+               "  --top-k K          (default 40; 0 = off)\n"
+               "  --top-p P          (default 0.95)\n"
+               "  --min-p M          (default 0.05)\n"
+               "  --repeat-penalty R (default 1.0 = off)\n"
+               "  --seed S           RNG seed (default: random)\n"
+               "  --ctx N            context size (default: the model's, at most 4096)\n"
+               "  --threads N        CPU threads (default: all cores)\n"
+               "  --batch-tokens N   prefill chunk size (default 512)\n"
+               "  --print-ids        print the generated ids on one line instead of text\n"
+               "  --quiet            no timing line on stderr\n"
+               "  --version, --help\n");
 }
 
 int kg_cmd_generate(int argc, char **argv) {
@@ -49,18 +48,41 @@ int kg_cmd_generate(int argc, char **argv) {
     sp.top_p = 0.95f;
     sp.min_p = 0.05f;
 
-    enum { O_MODEL = 256, O_PROMPT, O_NPRED, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED,
-           O_CTX, O_THREADS, O_BT, O_IDS, O_QUIET, O_VERSION, O_HELP };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},     {"prompt", required_argument, 0, O_PROMPT},
-        {"n-predict", required_argument, 0, O_NPRED}, {"temp", required_argument, 0, O_TEMP},
-        {"top-k", required_argument, 0, O_TOPK},      {"top-p", required_argument, 0, O_TOPP},
-        {"min-p", required_argument, 0, O_MINP},      {"repeat-penalty", required_argument, 0, O_REP},
-        {"seed", required_argument, 0, O_SEED},       {"ctx", required_argument, 0, O_CTX},
-        {"threads", required_argument, 0, O_THREADS}, {"batch-tokens", required_argument, 0, O_BT},
-        {"print-ids", no_argument, 0, O_IDS},         {"quiet", no_argument, 0, O_QUIET},
-        {"version", no_argument, 0, O_VERSION},       {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0}};
+    enum {
+        O_MODEL = 256,
+        O_PROMPT,
+        O_NPRED,
+        O_TEMP,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_REP,
+        O_SEED,
+        O_CTX,
+        O_THREADS,
+        O_BT,
+        O_IDS,
+        O_QUIET,
+        O_VERSION,
+        O_HELP
+    };
+    static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
+                                         {"prompt", required_argument, 0, O_PROMPT},
+                                         {"n-predict", required_argument, 0, O_NPRED},
+                                         {"temp", required_argument, 0, O_TEMP},
+                                         {"top-k", required_argument, 0, O_TOPK},
+                                         {"top-p", required_argument, 0, O_TOPP},
+                                         {"min-p", required_argument, 0, O_MINP},
+                                         {"repeat-penalty", required_argument, 0, O_REP},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"ctx", required_argument, 0, O_CTX},
+                                         {"threads", required_argument, 0, O_THREADS},
+                                         {"batch-tokens", required_argument, 0, O_BT},
+                                         {"print-ids", no_argument, 0, O_IDS},
+                                         {"quiet", no_argument, 0, O_QUIET},
+                                         {"version", no_argument, 0, O_VERSION},
+                                         {"help", no_argument, 0, O_HELP},
+                                         {0, 0, 0, 0}};
     int c;
     int64_t iv;
     opterr = 0;
@@ -68,22 +90,55 @@ int kg_cmd_generate(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         bool ok = true;
         switch (c) {
-        case O_MODEL: model_path = optarg; break;
-        case O_PROMPT: prompt = optarg; break;
-        case O_NPRED: ok = kg_cli_parse_i64(optarg, 0, 1 << 20, &n_predict); break;
-        case O_TEMP: ok = kg_cli_parse_f32(optarg, 0.0f, 100.0f, &sp.temperature); break;
-        case O_TOPK: ok = kg_cli_parse_i64(optarg, 0, INT32_MAX, &iv); sp.top_k = (int32_t)iv; break;
-        case O_TOPP: ok = kg_cli_parse_f32(optarg, 0.0f, 1.0f, &sp.top_p); break;
-        case O_MINP: ok = kg_cli_parse_f32(optarg, 0.0f, 1.0f, &sp.min_p); break;
-        case O_REP: ok = kg_cli_parse_f32(optarg, 0.01f, 100.0f, &sp.repetition_penalty); break;
-        case O_SEED: ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &seed); break;
-        case O_CTX: ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &n_ctx); break;
-        case O_THREADS: ok = kg_cli_parse_i64(optarg, 1, 1024, &n_threads); break;
-        case O_BT: ok = kg_cli_parse_i64(optarg, 1, 1 << 16, &batch_tokens); break;
-        case O_IDS: print_ids = true; break;
-        case O_QUIET: quiet = true; break;
-        case O_VERSION: kg_cmd_print_version("kgen"); return 0;
-        case O_HELP: usage(stdout); return 0;
+        case O_MODEL:
+            model_path = optarg;
+            break;
+        case O_PROMPT:
+            prompt = optarg;
+            break;
+        case O_NPRED:
+            ok = kg_cli_parse_i64(optarg, 0, 1 << 20, &n_predict);
+            break;
+        case O_TEMP:
+            ok = kg_cli_parse_f32(optarg, 0.0f, 100.0f, &sp.temperature);
+            break;
+        case O_TOPK:
+            ok = kg_cli_parse_i64(optarg, 0, INT32_MAX, &iv);
+            sp.top_k = (int32_t)iv;
+            break;
+        case O_TOPP:
+            ok = kg_cli_parse_f32(optarg, 0.0f, 1.0f, &sp.top_p);
+            break;
+        case O_MINP:
+            ok = kg_cli_parse_f32(optarg, 0.0f, 1.0f, &sp.min_p);
+            break;
+        case O_REP:
+            ok = kg_cli_parse_f32(optarg, 0.01f, 100.0f, &sp.repetition_penalty);
+            break;
+        case O_SEED:
+            ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &seed);
+            break;
+        case O_CTX:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &n_ctx);
+            break;
+        case O_THREADS:
+            ok = kg_cli_parse_i64(optarg, 1, 1024, &n_threads);
+            break;
+        case O_BT:
+            ok = kg_cli_parse_i64(optarg, 1, 1 << 16, &batch_tokens);
+            break;
+        case O_IDS:
+            print_ids = true;
+            break;
+        case O_QUIET:
+            quiet = true;
+            break;
+        case O_VERSION:
+            kg_cmd_print_version("kgen");
+            return 0;
+        case O_HELP:
+            usage(stdout);
+            return 0;
         default:
             fprintf(stderr, "kgen generate: unknown or incomplete option '%s'\n", argv[optind - 1]);
             usage(stderr);
@@ -152,7 +207,8 @@ int kg_cmd_generate(int argc, char **argv) {
     }
     if (n_prompt + n_predict > n_ctx) {
         if (n_prompt >= n_ctx) {
-            fprintf(stderr, "kgen generate: prompt of %lld tokens does not fit the context of %lld\n",
+            fprintf(stderr,
+                    "kgen generate: prompt of %lld tokens does not fit the context of %lld\n",
                     (long long)n_prompt, (long long)n_ctx);
             goto out;
         }
@@ -220,8 +276,8 @@ int kg_cmd_generate(int argc, char **argv) {
             continue;
         }
         kg_sample_result_t res;
-        kg_sampler_sample(&sp, &rng, logits, hp->n_vocab, ids, (int32_t)n_prompt,
-                          ids + n_prompt, (int32_t)n_gen, sc, &res);
+        kg_sampler_sample(&sp, &rng, logits, hp->n_vocab, ids, (int32_t)n_prompt, ids + n_prompt,
+                          (int32_t)n_gen, sc, &res);
         if (n_gen == 0) {
             t_first = kg_clock_us();
         }

@@ -15,18 +15,18 @@
  * further scaled by 1/sqrt(2 n_layer) (GPT-2's init), and norm weights are
  * 1 +- 0.1. The result is a model whose greedy output varies with the
  * prompt, not a constant. */
+#include "cmd.h"
+#include "model/kg_gguf.h"
+#include "model/kg_gguf_writer.h"
+#include "model/kg_mkmodel.h"
+#include "model/kg_quant.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "cmd.h"
-#include "model/kg_gguf.h"
-#include "model/kg_gguf_writer.h"
-#include "model/kg_mkmodel.h"
-#include "model/kg_quant.h"
 
 typedef kg_mkmodel_opts_t mk_opts_t;
 
@@ -169,16 +169,14 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
             known = true;
             o->have_seed = ok && parse_u64(val, &o->seed);
             if (val && !o->have_seed) {
-                fprintf(stderr, "kgen mkmodel: --seed: '%s' is not an integer in 0..2^64-1\n",
-                        val);
+                fprintf(stderr, "kgen mkmodel: --seed: '%s' is not an integer in 0..2^64-1\n", val);
                 return 2;
             }
         } else if (strcmp(flag, "--rope-base") == 0) {
             known = true;
             ok = ok && kg_cli_parse_f32(val, 1.0f, 1e9f, &o->rope_base);
             if (val && !ok) {
-                fprintf(stderr, "kgen mkmodel: --rope-base: '%s' is not a number in 1..1e9\n",
-                        val);
+                fprintf(stderr, "kgen mkmodel: --rope-base: '%s' is not a number in 1..1e9\n", val);
                 return 2;
             }
         }
@@ -196,10 +194,8 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
         const char *flag;
         size_t off;
     } required[] = {
-        {"--n-embd", offsetof(mk_opts_t, n_embd)},
-        {"--n-layer", offsetof(mk_opts_t, n_layer)},
-        {"--n-head", offsetof(mk_opts_t, n_head)},
-        {"--n-head-kv", offsetof(mk_opts_t, n_head_kv)},
+        {"--n-embd", offsetof(mk_opts_t, n_embd)}, {"--n-layer", offsetof(mk_opts_t, n_layer)},
+        {"--n-head", offsetof(mk_opts_t, n_head)}, {"--n-head-kv", offsetof(mk_opts_t, n_head_kv)},
         {"--n-ff", offsetof(mk_opts_t, n_ff)},
     };
     if (!o->out) {
@@ -248,8 +244,8 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
 }
 
 int kg_cmd_mkmodel(int argc, char **argv) {
-    mk_opts_t o = {.name = "kgen-random", .ctx = 2048, .rope_base = 10000.0f,
-                   .type = KG_GGML_TYPE_F32};
+    mk_opts_t o = {
+        .name = "kgen-random", .ctx = 2048, .rope_base = 10000.0f, .type = KG_GGML_TYPE_F32};
     int rc = parse_args(argc, argv, &o);
     if (rc != 0) {
         return rc < 0 ? 0 : rc;
@@ -278,7 +274,7 @@ int kg_cmd_mkmodel(int argc, char **argv) {
            "seed=%llu params=%lld bytes=%ld\n",
            o.out, (long long)o.n_embd, (long long)o.n_layer, (long long)o.n_head,
            (long long)o.n_head_kv, (long long)hd, (long long)o.n_ff, (long long)n_vocab,
-           (long long)o.ctx, (double)o.rope_base, kg_ggml_type_name(o.type),
-           o.tied ? "yes" : "no", (unsigned long long)o.seed, (long long)params, bytes);
+           (long long)o.ctx, (double)o.rope_base, kg_ggml_type_name(o.type), o.tied ? "yes" : "no",
+           (unsigned long long)o.seed, (long long)params, bytes);
     return 0;
 }

@@ -2,15 +2,15 @@
  * llama-tokenize --ids). Reads all of stdin byte for byte (nothing is
  * stripped, any bytes), prints the ids on one line separated by single
  * spaces. Only the GGUF metadata is used, so vocab-only files work. */
+#include "cmd.h"
+#include "model/kg_gguf.h"
+#include "model/kg_tokenizer.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "cmd.h"
-#include "model/kg_gguf.h"
-#include "model/kg_tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kgen tokenize --model FILE [--no-bos] [--no-parse-special] < text\n"

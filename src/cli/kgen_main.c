@@ -1,8 +1,8 @@
 /* kgen: the offline tool: generate, tokenize, mkmodel, batch. */
+#include "cmd.h"
+
 #include <stdio.h>
 #include <string.h>
-
-#include "cmd.h"
 
 static const struct {
     const char *name;

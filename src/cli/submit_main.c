@@ -12,6 +12,13 @@
  * 0 when every line with a usable request_id has finished, 1 on timeout.
  * Lines without a usable request_id go to the dead-letter topic and are
  * not waited for. */
+#include "cli_util.h"
+#include "config/kg_config.h"
+#include "core/kg_clock.h"
+#include "core/kg_log.h"
+#include "kafka/kg_kafka_conf.h"
+#include "schema/kg_codec.h"
+
 #include <getopt.h>
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
@@ -19,13 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include "cli_util.h"
-#include "config/kg_config.h"
-#include "core/kg_clock.h"
-#include "core/kg_log.h"
-#include "kafka/kg_kafka_conf.h"
-#include "schema/kg_codec.h"
 
 typedef struct job_state {
     char *request_id;
@@ -151,23 +151,35 @@ int main(int argc, char **argv) {
     kg_config_t cfg;
     kg_config_init(&cfg);
     char err[512];
-    static const struct option opts[] = {
-        {"brokers", required_argument, 0, 'b'}, {"input", required_argument, 0, 'i'},
-        {"output", required_argument, 0, 'o'},  {"events", required_argument, 0, 'e'},
-        {"timeout", required_argument, 0, 't'}, {"jobs-topic", required_argument, 0, 'J'},
-        {"results-topic", required_argument, 0, 'R'}, {"no-progress", no_argument, 0, 'P'},
-        {"version", no_argument, 0, 'V'},       {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option opts[] = {{"brokers", required_argument, 0, 'b'},
+                                         {"input", required_argument, 0, 'i'},
+                                         {"output", required_argument, 0, 'o'},
+                                         {"events", required_argument, 0, 'e'},
+                                         {"timeout", required_argument, 0, 't'},
+                                         {"jobs-topic", required_argument, 0, 'J'},
+                                         {"results-topic", required_argument, 0, 'R'},
+                                         {"no-progress", no_argument, 0, 'P'},
+                                         {"version", no_argument, 0, 'V'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c;
     float fv;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "X:h", opts, NULL)) != -1) {
         kg_status_t st = KG_OK;
         switch (c) {
-        case 'b': st = kg_config_set(&cfg, "brokers", optarg, err, sizeof(err)); break;
-        case 'i': in_path = optarg; break;
-        case 'o': out_path = optarg; break;
-        case 'e': events_path = optarg; break;
+        case 'b':
+            st = kg_config_set(&cfg, "brokers", optarg, err, sizeof(err));
+            break;
+        case 'i':
+            in_path = optarg;
+            break;
+        case 'o':
+            out_path = optarg;
+            break;
+        case 'e':
+            events_path = optarg;
+            break;
         case 't':
             if (!kg_cli_parse_f32(optarg, 0.1f, 1e7f, &fv)) {
                 snprintf(err, sizeof(err), "--timeout: expected seconds, got '%s'", optarg);
@@ -175,9 +187,15 @@ int main(int argc, char **argv) {
             }
             timeout_s = fv;
             break;
-        case 'J': st = kg_config_set(&cfg, "jobs-topic", optarg, err, sizeof(err)); break;
-        case 'R': st = kg_config_set(&cfg, "results-topic", optarg, err, sizeof(err)); break;
-        case 'P': progress = false; break;
+        case 'J':
+            st = kg_config_set(&cfg, "jobs-topic", optarg, err, sizeof(err));
+            break;
+        case 'R':
+            st = kg_config_set(&cfg, "results-topic", optarg, err, sizeof(err));
+            break;
+        case 'P':
+            progress = false;
+            break;
         case 'X': {
             const char *eq = strchr(optarg, '=');
             if (!eq) {
@@ -190,8 +208,14 @@ int main(int argc, char **argv) {
             st = kg_config_set_kafka(&cfg, key, eq + 1, err, sizeof(err));
             break;
         }
-        case 'V': kg_cmd_print_version("kgen-submit"); kg_config_clear(&cfg); return 0;
-        case 'h': usage(stdout); kg_config_clear(&cfg); return 0;
+        case 'V':
+            kg_cmd_print_version("kgen-submit");
+            kg_config_clear(&cfg);
+            return 0;
+        case 'h':
+            usage(stdout);
+            kg_config_clear(&cfg);
+            return 0;
         default:
             fprintf(stderr, "kgen-submit: unknown or incomplete option '%s'\n", argv[optind - 1]);
             usage(stderr);
@@ -269,9 +293,10 @@ int main(int argc, char **argv) {
     rd_kafka_resp_err_t kerr = rd_kafka_metadata(consumer, 0, rkt, &md, 15000);
     rd_kafka_topic_destroy(rkt);
     if (kerr || md->topic_cnt != 1 || md->topics[0].err || md->topics[0].partition_cnt == 0) {
-        fprintf(stderr, "kgen-submit: cannot read the metadata of %s: %s\n", cfg.results_topic,
-                kerr ? rd_kafka_err2str(kerr)
-                     : rd_kafka_err2str(md->topic_cnt ? md->topics[0].err : RD_KAFKA_RESP_ERR_UNKNOWN));
+        fprintf(
+            stderr, "kgen-submit: cannot read the metadata of %s: %s\n", cfg.results_topic,
+            kerr ? rd_kafka_err2str(kerr)
+                 : rd_kafka_err2str(md->topic_cnt ? md->topics[0].err : RD_KAFKA_RESP_ERR_UNKNOWN));
         if (md) {
             rd_kafka_metadata_destroy(md);
         }

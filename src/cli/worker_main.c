@@ -1,20 +1,20 @@
 /* kgen-worker: wiring only. config -> log -> model -> worker (backend,
  * engine, kafka) -> run loop -> teardown in reverse. --demo N runs the
  * whole path on librdkafka's in-process mock cluster (see demo.c). */
+#include "cli_util.h"
+#include "config/kg_config.h"
+#include "core/kg_log.h"
+#include "kafka/kg_demo.h"
+#include "kafka/kg_worker.h"
+#include "metrics/kg_http.h"
+#include "model/kg_model.h"
+#include "schema/kg_codec.h"
+
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include "cli_util.h"
-#include "config/kg_config.h"
-#include "core/kg_log.h"
-#include "kafka/kg_worker.h"
-#include "metrics/kg_http.h"
-#include "model/kg_model.h"
-#include "schema/kg_codec.h"
-#include "kafka/kg_demo.h"
 
 static kg_worker_t *volatile g_worker;
 static volatile sig_atomic_t g_signals;

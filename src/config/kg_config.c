@@ -27,16 +27,19 @@ typedef struct opt {
 static const opt_t options[] = {
     {"brokers", OPT_STR, OFF(brokers), "127.0.0.1:9092", 0, 0, "Kafka",
      "bootstrap servers (librdkafka bootstrap.servers)"},
-    {"jobs-topic", OPT_STR, OFF(jobs_topic), "kgen.jobs", 0, 0, "Kafka", "topic the jobs are read from"},
+    {"jobs-topic", OPT_STR, OFF(jobs_topic), "kgen.jobs", 0, 0, "Kafka",
+     "topic the jobs are read from"},
     {"results-topic", OPT_STR, OFF(results_topic), "kgen.results", 0, 0, "Kafka",
      "topic the token, done and error events go to (key = request_id)"},
     {"dlq-topic", OPT_STR, OFF(dlq_topic), "", 0, 0, "Kafka",
      "dead-letter topic for unparseable jobs (default: <jobs-topic>.dlq)"},
-    {"group-id", OPT_STR, OFF(group_id), "kgen-workers", 0, 0, "Kafka", "consumer group of the workers"},
+    {"group-id", OPT_STR, OFF(group_id), "kgen-workers", 0, 0, "Kafka",
+     "consumer group of the workers"},
     {"group-instance-id", OPT_STR, OFF(group_instance_id), "", 0, 0, "Kafka",
      "static membership id (a restart within session.timeout.ms keeps the assignment)"},
     {"assignment-strategy", OPT_STR, OFF(assignment_strategy), "range,roundrobin", 0, 0, "Kafka",
-     "partition.assignment.strategy (eager; see the README on cooperative-sticky and librdkafka 2.0.2)"},
+     "partition.assignment.strategy (eager; see the README on cooperative-sticky and librdkafka "
+     "2.0.2)"},
     {"worker-id", OPT_STR, OFF(worker_id), "", 0, 0, "Kafka",
      "id written into every event (default: <hostname>-<pid>)"},
     {"max-message-bytes", OPT_INT, OFF(max_message_bytes), "1048576", 64, 1 << 30, "Kafka",
@@ -65,7 +68,8 @@ static const opt_t options[] = {
      "share KV blocks of common prompt prefixes between jobs"},
     {"http-port", OPT_INT, OFF(http_port), "9400", 0, 65535, "Operations",
      "port of /metrics, /healthz and /readyz (0 = off)"},
-    {"log-level", OPT_STR, OFF(log_level), "info", 0, 0, "Operations", "debug, info, warn or error"},
+    {"log-level", OPT_STR, OFF(log_level), "info", 0, 0, "Operations",
+     "debug, info, warn or error"},
     {"log-format", OPT_STR, OFF(log_format), "logfmt", 0, 0, "Operations", "logfmt or json"},
     {"drain-timeout", OPT_FLOAT, OFF(drain_timeout_s), "30", 0, 86400, "Operations",
      "seconds running jobs may take to finish after SIGTERM"},
@@ -100,8 +104,8 @@ static bool parse_bool(const char *s, bool *out) {
     return false;
 }
 
-static kg_status_t set_opt(kg_config_t *cfg, const opt_t *o, const char *value, char *errstr,
-                          size_t errstr_size) {
+static kg_status_t
+set_opt(kg_config_t *cfg, const opt_t *o, const char *value, char *errstr, size_t errstr_size) {
     char *field = (char *)cfg + o->offset;
     char *end;
     errno = 0;
@@ -170,8 +174,8 @@ void kg_config_clear(kg_config_t *cfg) {
     cfg->n_kafka_props = 0;
 }
 
-kg_status_t kg_config_set(kg_config_t *cfg, const char *name, const char *value, char *errstr,
-                          size_t errstr_size) {
+kg_status_t kg_config_set(
+    kg_config_t *cfg, const char *name, const char *value, char *errstr, size_t errstr_size) {
     const opt_t *o = find_opt(name);
     if (!o) {
         snprintf(errstr, errstr_size, "unknown option '--%s' (see --help)", name);
@@ -180,8 +184,8 @@ kg_status_t kg_config_set(kg_config_t *cfg, const char *name, const char *value,
     return set_opt(cfg, o, value, errstr, errstr_size);
 }
 
-kg_status_t kg_config_set_kafka(kg_config_t *cfg, const char *key, const char *value, char *errstr,
-                                size_t errstr_size) {
+kg_status_t kg_config_set_kafka(
+    kg_config_t *cfg, const char *key, const char *value, char *errstr, size_t errstr_size) {
     if (!*key) {
         snprintf(errstr, errstr_size, "empty librdkafka property name");
         return KG_ERR_INVALID;
@@ -198,7 +202,8 @@ kg_status_t kg_config_set_kafka(kg_config_t *cfg, const char *key, const char *v
         }
     }
     if (cfg->n_kafka_props == KG_CONFIG_MAX_KAFKA_PROPS) {
-        snprintf(errstr, errstr_size, "more than %d librdkafka properties", KG_CONFIG_MAX_KAFKA_PROPS);
+        snprintf(errstr, errstr_size, "more than %d librdkafka properties",
+                 KG_CONFIG_MAX_KAFKA_PROPS);
         return KG_ERR_INVALID;
     }
     char *k = strdup(key), *v = strdup(value);
@@ -213,7 +218,8 @@ kg_status_t kg_config_set_kafka(kg_config_t *cfg, const char *key, const char *v
 }
 
 /* "key=value" -> librdkafka property */
-static kg_status_t set_kafka_kv(kg_config_t *cfg, const char *kv, char *errstr, size_t errstr_size) {
+static kg_status_t
+set_kafka_kv(kg_config_t *cfg, const char *kv, char *errstr, size_t errstr_size) {
     const char *eq = strchr(kv, '=');
     if (!eq || eq == kv) {
         snprintf(errstr, errstr_size, "-X expects key=value, got '%s'", kv);
@@ -225,8 +231,9 @@ static kg_status_t set_kafka_kv(kg_config_t *cfg, const char *kv, char *errstr, 
 }
 
 bool kg_config_is_secret(const char *key) {
-    static const char *marks[] = {"password", "secret", "sasl.oauthbearer.config", ".pem",
-                                  "token", "ssl.key", "ssl_key", "credentials"};
+    static const char *marks[] = {"password", "secret",     "sasl.oauthbearer.config",
+                                  ".pem",     "token",      "ssl.key",
+                                  "ssl_key",  "credentials"};
     for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
         if (strstr(key, marks[i])) {
             return true;
@@ -327,8 +334,8 @@ static kg_status_t load_env(kg_config_t *cfg, char **envp, char *errstr, size_t 
     return KG_OK;
 }
 
-kg_status_t kg_config_parse(kg_config_t *cfg, int argc, char **argv, char **envp, char *errstr,
-                            size_t errstr_size) {
+kg_status_t kg_config_parse(
+    kg_config_t *cfg, int argc, char **argv, char **envp, char *errstr, size_t errstr_size) {
     const char *prog = argc > 0 ? argv[0] : "kgen-worker";
     /* --config first, whatever its position, so flags override the file */
     for (int i = 1; i < argc; i++) {
@@ -385,9 +392,8 @@ kg_status_t kg_config_parse(kg_config_t *cfg, int argc, char **argv, char **envp
             const char *value;
             if (eq) {
                 value = eq + 1;
-            } else if (o->type == OPT_BOOL &&
-                       (i + 1 >= argc || strncmp(argv[i + 1], "-", 1) == 0 ||
-                        !parse_bool(argv[i + 1], &(bool){false}))) {
+            } else if (o->type == OPT_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "-", 1) == 0 ||
+                                               !parse_bool(argv[i + 1], &(bool){false}))) {
                 value = "true"; /* a bare boolean flag */
             } else if (i + 1 < argc) {
                 value = argv[++i];
@@ -411,7 +417,8 @@ kg_status_t kg_config_parse(kg_config_t *cfg, int argc, char **argv, char **envp
     }
     if (strcmp(cfg->backend, "auto") != 0 && strcmp(cfg->backend, "cpu") != 0 &&
         strcmp(cfg->backend, "cuda") != 0) {
-        snprintf(errstr, errstr_size, "--backend: expected auto, cpu or cuda, got '%s'", cfg->backend);
+        snprintf(errstr, errstr_size, "--backend: expected auto, cpu or cuda, got '%s'",
+                 cfg->backend);
         return KG_ERR_INVALID;
     }
     if (strcmp(cfg->log_format, "logfmt") != 0 && strcmp(cfg->log_format, "json") != 0) {
@@ -435,7 +442,8 @@ kg_status_t kg_config_parse(kg_config_t *cfg, int argc, char **argv, char **envp
         return KG_ERR_INVALID;
     }
     if (!*cfg->model && cfg->demo < 0) {
-        snprintf(errstr, errstr_size, "--model is required (or --demo N, which makes its own model)");
+        snprintf(errstr, errstr_size,
+                 "--model is required (or --demo N, which makes its own model)");
         return KG_ERR_INVALID;
     }
     return KG_OK;
@@ -443,10 +451,14 @@ kg_status_t kg_config_parse(kg_config_t *cfg, int argc, char **argv, char **envp
 
 static const char *type_name(opt_type_t t) {
     switch (t) {
-    case OPT_STR: return "string";
-    case OPT_INT: return "int";
-    case OPT_FLOAT: return "number";
-    case OPT_BOOL: return "bool";
+    case OPT_STR:
+        return "string";
+    case OPT_INT:
+        return "int";
+    case OPT_FLOAT:
+        return "number";
+    case OPT_BOOL:
+        return "bool";
     }
     return "?";
 }
@@ -474,11 +486,12 @@ void kg_config_print_help(FILE *f, const char *prog) {
         fprintf(f, "  %-32s %s\n  %-32s (default: %s; env %s)\n", flag, o->help, "",
                 *o->def ? o->def : "\"\"", env);
     }
-    fprintf(f, "\nOther:\n"
-               "  -X key=value, --kafka key=value  librdkafka property, passed through unchanged\n"
-               "                                   (env KGEN_RDKAFKA_<KEY>, '_' read as '.')\n"
-               "  --config FILE                    key=value lines (kafka.<key>=... for librdkafka)\n"
-               "  --help, --help-markdown, --version\n");
+    fprintf(f,
+            "\nOther:\n"
+            "  -X key=value, --kafka key=value  librdkafka property, passed through unchanged\n"
+            "                                   (env KGEN_RDKAFKA_<KEY>, '_' read as '.')\n"
+            "  --config FILE                    key=value lines (kafka.<key>=... for librdkafka)\n"
+            "  --help, --help-markdown, --version\n");
 }
 
 void kg_config_print_markdown(FILE *f) {
@@ -490,7 +503,9 @@ void kg_config_print_markdown(FILE *f) {
         fprintf(f, "| `--%s` | `%s` | %s | `%s` | %s |\n", o->name, env, type_name(o->type),
                 *o->def ? o->def : "\"\"", o->help);
     }
-    fprintf(f, "| `-X key=value` | `KGEN_RDKAFKA_<KEY>` | string | | librdkafka property, unchanged |\n");
+    fprintf(
+        f,
+        "| `-X key=value` | `KGEN_RDKAFKA_<KEY>` | string | | librdkafka property, unchanged |\n");
 }
 
 void kg_config_print(const kg_config_t *cfg, FILE *f) {

@@ -8,12 +8,12 @@
  * config is immutable once parsed (@thread any after startup). */
 #pragma once
 
+#include "../core/kg_status.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-
-#include "../core/kg_status.h"
 
 #define KG_CONFIG_MAX_KAFKA_PROPS 64
 
@@ -62,16 +62,16 @@ void kg_config_clear(kg_config_t *cfg);
 /** Parse the environment (`envp`, NULL = environ) and argv. Returns KG_OK,
  * KG_AGAIN when --help or --version was handled (exit 0), or
  * KG_ERR_INVALID with one line in errstr (exit 2). */
-KG_NODISCARD kg_status_t kg_config_parse(kg_config_t *cfg, int argc, char **argv, char **envp,
-                                         char *errstr, size_t errstr_size);
+KG_NODISCARD kg_status_t kg_config_parse(
+    kg_config_t *cfg, int argc, char **argv, char **envp, char *errstr, size_t errstr_size);
 
 /** Set one option by its table name ("max-batch-size") from a string. */
-KG_NODISCARD kg_status_t kg_config_set(kg_config_t *cfg, const char *name, const char *value,
-                                       char *errstr, size_t errstr_size);
+KG_NODISCARD kg_status_t kg_config_set(
+    kg_config_t *cfg, const char *name, const char *value, char *errstr, size_t errstr_size);
 
 /** Add or replace a librdkafka property. */
-KG_NODISCARD kg_status_t kg_config_set_kafka(kg_config_t *cfg, const char *key, const char *value,
-                                             char *errstr, size_t errstr_size);
+KG_NODISCARD kg_status_t kg_config_set_kafka(
+    kg_config_t *cfg, const char *key, const char *value, char *errstr, size_t errstr_size);
 
 /** Whether a librdkafka property holds a secret (passwords, keys, tokens). */
 bool kg_config_is_secret(const char *key);

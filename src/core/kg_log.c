@@ -60,7 +60,8 @@ void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...
     gmtime_r(&ts.tv_sec, &tm);
     char tbuf[96];
     snprintf(tbuf, sizeof(tbuf), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ts.tv_nsec / 1000000) % 1000);
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+             (int)(ts.tv_nsec / 1000000) % 1000);
 
     /* The message may carry trailing " key=value" pairs: split them off so
      * logfmt keeps them as fields and JSON gets them as members. */
@@ -80,7 +81,8 @@ void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...
         *kv++ = '\0';
     }
     if (log_format == KG_LOG_FORMAT_JSON) {
-        pos += (size_t)snprintf(line, cap, "{\"ts\":\"%s\",\"level\":\"%s\",\"module\":\"%s\",\"msg\":\"",
+        pos += (size_t)snprintf(line, cap,
+                                "{\"ts\":\"%s\",\"level\":\"%s\",\"module\":\"%s\",\"msg\":\"",
                                 tbuf, lvl, module);
         pos = append_escaped(line, pos, cap, msg);
         if (pos < cap - 1) {

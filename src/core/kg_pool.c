@@ -2,12 +2,12 @@
  * between runs; tasks are claimed with an atomic counter. */
 #include "kg_pool.h"
 
+#include "kg_clock.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-
-#include "kg_clock.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

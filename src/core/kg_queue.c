@@ -11,8 +11,8 @@ struct kg_queue {
     pthread_mutex_t lock;
     pthread_cond_t not_empty, not_full;
     size_t capacity, item_size;
-    size_t head, len; /* head: index of the oldest item */
-    unsigned wake_gen; /* bumped by kg_queue_wake so waiters return */
+    size_t head, len;     /* head: index of the oldest item */
+    unsigned wake_gen;    /* bumped by kg_queue_wake so waiters return */
     unsigned char *items; /* (capacity, item_size) */
 };
 
@@ -63,8 +63,8 @@ static void deadline_after(struct timespec *ts, int timeout_ms) {
 }
 
 /* Wait on `cond` until `ready` holds, the deadline passes or a wake. */
-static bool wait_for(kg_queue_t *q, pthread_cond_t *cond, bool (*ready)(const kg_queue_t *),
-                     int timeout_ms) {
+static bool
+wait_for(kg_queue_t *q, pthread_cond_t *cond, bool (*ready)(const kg_queue_t *), int timeout_ms) {
     if (ready(q)) {
         return true;
     }

@@ -5,11 +5,11 @@
  * would pay for its subtlety. Storage is allocated once at _new. */
 #pragma once
 
+#include "kg_status.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "kg_status.h"
 
 typedef struct kg_queue kg_queue_t;
 

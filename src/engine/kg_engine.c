@@ -2,21 +2,21 @@
  * design and the completion convention). */
 #include "kg_engine.h"
 
+#include "../core/kg_clock.h"
+#include "../core/kg_log.h"
+#include "kg_kv.h"
+
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/kg_clock.h"
-#include "../core/kg_log.h"
-#include "kg_kv.h"
-
 /* One request from submit to finish: waiting (slot -1) or running. */
 typedef struct kg_seq {
     bool live;
     bool cancelled;
-    bool front;          /* preempted: stays ahead of every submitted request */
-    bool admitted_once;  /* n_cached is known */
+    bool front;         /* preempted: stays ahead of every submitted request */
+    bool admitted_once; /* n_cached is known */
     uint64_t id;
     int32_t priority;
     int64_t deadline_us; /* 0: none */
@@ -24,7 +24,7 @@ typedef struct kg_seq {
     bool ignore_eos;
     kg_sampling_params_t sampling;
     kg_rng_t rng;
-    int32_t *tokens;     /* (max_seq_len) the prompt, then the output */
+    int32_t *tokens; /* (max_seq_len) the prompt, then the output */
     int32_t n_prompt;
     int32_t n_tokens;    /* prompt + output */
     int32_t n_computed;  /* leading tokens whose K/V are in the slot's blocks */
@@ -43,30 +43,30 @@ struct kg_engine {
     kg_sampler_scratch_t *scratch;
 
     // ---- requests ----
-    int32_t n_recs;      /* max_queue_depth + max_batch_size */
-    kg_seq_t *recs;      /* (n_recs) */
-    int32_t *arena;      /* (n_recs, max_seq_len) token buffers */
-    int32_t *free_recs;  /* (n_recs) stack of unused record ids */
+    int32_t n_recs;     /* max_queue_depth + max_batch_size */
+    kg_seq_t *recs;     /* (n_recs) */
+    int32_t *arena;     /* (n_recs, max_seq_len) token buffers */
+    int32_t *free_recs; /* (n_recs) stack of unused record ids */
     int32_t n_free_recs;
-    int32_t *wait;       /* (n_recs) waiting record ids in admission order */
+    int32_t *wait; /* (n_recs) waiting record ids in admission order */
     int32_t n_wait;
-    int32_t *run;        /* (max_batch_size) running record ids, oldest admission first */
+    int32_t *run; /* (max_batch_size) running record ids, oldest admission first */
     int32_t n_run;
     int32_t *free_slots; /* (max_batch_size) stack of unused slot ids */
     int32_t n_free_slots;
     uint64_t n_submitted;
 
     // ---- the step ----
-    int32_t *b_token;   /* (max_batch_tokens) */
-    int32_t *b_pos;     /* (max_batch_tokens) */
-    int32_t *b_seq;     /* (max_batch_tokens) slot of each token */
-    bool *b_want;       /* (max_batch_tokens) */
-    int32_t *b_row_rec; /* (max_batch_size) record of each logits row */
-    float *logits;      /* (max_batch_size, n_vocab) */
-    bool device_sample; /* the backend samples on its device: logits stay there */
+    int32_t *b_token;          /* (max_batch_tokens) */
+    int32_t *b_pos;            /* (max_batch_tokens) */
+    int32_t *b_seq;            /* (max_batch_tokens) slot of each token */
+    bool *b_want;              /* (max_batch_tokens) */
+    int32_t *b_row_rec;        /* (max_batch_size) record of each logits row */
+    float *logits;             /* (max_batch_size, n_vocab) */
+    bool device_sample;        /* the backend samples on its device: logits stay there */
     kg_sample_request_t *sreq; /* (max_batch_size) device sampling requests */
     kg_sample_result_t *sres;  /* (max_batch_size) their results */
-    kg_completion_t *done; /* (n_recs) finishes and tokens to report */
+    kg_completion_t *done;     /* (n_recs) finishes and tokens to report */
     int32_t n_done;
 
     int64_t (*now_us)(void *ctx);
@@ -97,7 +97,9 @@ static int64_t default_now_us(void *ctx) {
 
 // ---- lifecycle ----
 
-kg_engine_t *kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, char *errstr,
+kg_engine_t *kg_engine_new(kg_backend_t *be,
+                           const kg_engine_params_t *params,
+                           char *errstr,
                            size_t errstr_size) {
     const kg_engine_params_t *p = params;
     if (p->max_batch_size < 1 || p->max_queue_depth < 1 || p->max_seq_len < 2 ||
@@ -118,8 +120,7 @@ kg_engine_t *kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, c
         return NULL;
     }
     if (p->n_eog < 0 || p->n_eog > KG_MAX_EOG) {
-        snprintf(errstr, errstr_size, "engine: n_eog (%d) must be in 0..%d", p->n_eog,
-                 KG_MAX_EOG);
+        snprintf(errstr, errstr_size, "engine: n_eog (%d) must be in 0..%d", p->n_eog, KG_MAX_EOG);
         return NULL;
     }
     if ((int64_t)p->max_queue_depth + p->max_batch_size > INT32_MAX / 2) {
@@ -166,9 +167,9 @@ kg_engine_t *kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, c
     e->device_sample = kg_backend_has_sample(be);
     e->sreq = malloc(nb * sizeof(*e->sreq));
     e->sres = malloc(nb * sizeof(*e->sres));
-    if (!e->sreq || !e->sres || !e->scratch || !e->recs || !e->arena || !e->free_recs || !e->wait || !e->run ||
-        !e->free_slots || !e->b_token || !e->b_pos || !e->b_seq || !e->b_want || !e->b_row_rec ||
-        !e->logits || !e->done) {
+    if (!e->sreq || !e->sres || !e->scratch || !e->recs || !e->arena || !e->free_recs || !e->wait ||
+        !e->run || !e->free_slots || !e->b_token || !e->b_pos || !e->b_seq || !e->b_want ||
+        !e->b_row_rec || !e->logits || !e->done) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
@@ -323,7 +324,10 @@ bool kg_engine_cancel(kg_engine_t *e, uint64_t id) {
 
 // ---- finishing and preempting ----
 
-static void report(kg_engine_t *e, const kg_seq_t *seq, int32_t token, kg_finish_t finish,
+static void report(kg_engine_t *e,
+                   const kg_seq_t *seq,
+                   int32_t token,
+                   kg_finish_t finish,
                    const kg_sample_result_t *sample) {
     kg_completion_t *c = &e->done[e->n_done++];
     c->id = seq->id;
@@ -689,9 +693,8 @@ kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_m
     p.max_batch_size = 16;
     p.max_queue_depth = 256;
     p.max_batch_tokens = 512;
-    p.max_seq_len = model->hp.n_ctx_train > 0 && model->hp.n_ctx_train < 4096
-                        ? model->hp.n_ctx_train
-                        : 4096;
+    p.max_seq_len =
+        model->hp.n_ctx_train > 0 && model->hp.n_ctx_train < 4096 ? model->hp.n_ctx_train : 4096;
     p.kv_block_size = 16;
     p.prefix_cache = true;
     p.n_vocab = model->hp.n_vocab;

@@ -54,13 +54,13 @@
  * Every request gets exactly one completion with finish != NONE. */
 #pragma once
 
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
-
 #include "../backend/kg_backend.h"
 #include "../core/kg_status.h"
 #include "../model/kg_sampler.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 typedef struct kg_engine kg_engine_t;
 
@@ -93,20 +93,20 @@ typedef struct kg_request {
     uint64_t id;           /* caller's handle, unique among live requests */
     const int32_t *prompt; /* copied at submit */
     int32_t n_prompt;
-    int32_t max_tokens;   /* > 0 */
-    int32_t priority;     /* higher runs first; FIFO within a priority */
-    int64_t deadline_us;  /* kg_clock_us() deadline, 0 = none */
+    int32_t max_tokens;  /* > 0 */
+    int32_t priority;    /* higher runs first; FIFO within a priority */
+    int64_t deadline_us; /* kg_clock_us() deadline, 0 = none */
     bool ignore_eos;
     kg_sampling_params_t sampling;
 } kg_request_t;
 
 typedef struct kg_completion {
     uint64_t id;
-    int32_t index;  /* index of this token in the output, or the output length when finishing */
-    int32_t token;  /* -1 when the completion only reports a finish */
+    int32_t index; /* index of this token in the output, or the output length when finishing */
+    int32_t token; /* -1 when the completion only reports a finish */
     kg_finish_t finish;
     int32_t n_prompt;
-    int32_t n_cached;  /* prompt tokens served by the prefix cache (at first admission) */
+    int32_t n_cached;          /* prompt tokens served by the prefix cache (at first admission) */
     kg_sample_result_t sample; /* token and logprobs when token >= 0, or the EOG token on STOP */
 } kg_completion_t;
 
@@ -117,7 +117,7 @@ typedef struct kg_engine_stats {
     int32_t kv_blocks_used;   /* referenced by a running sequence */
     int32_t kv_blocks_cached; /* unreferenced but holding a cached prefix */
     int64_t n_steps;
-    int64_t n_prefill_tokens;  /* tokens computed as prefill (including recomputation) */
+    int64_t n_prefill_tokens; /* tokens computed as prefill (including recomputation) */
     int64_t n_decode_tokens;
     int64_t n_prefix_hit_tokens; /* prompt tokens served from the cache */
     int64_t n_prompt_tokens;     /* prompt tokens of admitted requests */
@@ -126,8 +126,8 @@ typedef struct kg_engine_stats {
 } kg_engine_stats_t;
 
 /** Create an engine over `be` (borrowed; must outlive the engine). */
-kg_engine_t *kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, char *errstr,
-                           size_t errstr_size);
+kg_engine_t *
+kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, char *errstr, size_t errstr_size);
 void kg_engine_free(kg_engine_t *e);
 
 /** Queue a request; the prompt is copied. KG_QUEUE_FULL when

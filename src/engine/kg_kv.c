@@ -1,11 +1,11 @@
 /* kg_kv: block pool, block tables and prefix cache (see kg_kv.h). */
 #include "kg_kv.h"
 
+#include "../core/kg_log.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "../core/kg_log.h"
 
 struct kg_kv {
     kg_kv_params_t p;
@@ -101,8 +101,8 @@ static void map_remove(kg_kv_t *kv, int32_t b) {
 
 /* The registered block with hash `h`, parent (parent, pgen) and these
  * token ids, or -1. */
-static int32_t map_find(const kg_kv_t *kv, uint64_t h, int32_t parent, uint32_t pgen,
-                        const int32_t *tok) {
+static int32_t
+map_find(const kg_kv_t *kv, uint64_t h, int32_t parent, uint32_t pgen, const int32_t *tok) {
     int32_t bs = kv->p.block_size;
     uint32_t i = (uint32_t)h & kv->map_mask;
     for (int32_t b; (b = kv->map[i]) >= 0; i = (i + 1) & kv->map_mask) {
@@ -336,8 +336,8 @@ int32_t kg_kv_match(const kg_kv_t *kv, const int32_t *tokens, int32_t max_blocks
 
 // ---- slots ----
 
-kg_status_t kg_kv_seq_assign(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t n_hit,
-                             int32_t n_blocks) {
+kg_status_t kg_kv_seq_assign(
+    kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t n_hit, int32_t n_blocks) {
     int32_t idle = 0;
     int32_t got = kg_kv_match(kv, tokens, n_hit, &idle);
     if (got != n_hit || n_blocks > kv->p.max_blocks_per_seq || n_hit > n_blocks ||

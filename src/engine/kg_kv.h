@@ -23,11 +23,11 @@
  * Nothing here allocates after kg_kv_new. */
 #pragma once
 
+#include "../core/kg_status.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "../core/kg_status.h"
 
 typedef struct kg_kv kg_kv_t;
 
@@ -68,8 +68,8 @@ int32_t kg_kv_match(const kg_kv_t *kv, const int32_t *tokens, int32_t max_blocks
  * (as counted by kg_kv_match for the same tokens), then fresh blocks up to
  * `n_blocks` in all. KG_KV_FULL, with the table left empty, when the pool
  * cannot supply them. */
-KG_NODISCARD kg_status_t kg_kv_seq_assign(kg_kv_t *kv, int32_t slot, const int32_t *tokens,
-                                          int32_t n_hit, int32_t n_blocks);
+KG_NODISCARD kg_status_t
+kg_kv_seq_assign(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t n_hit, int32_t n_blocks);
 
 /** Append one block to the table of `slot`, evicting the least recently
  * used cached block when none is free. false when the pool has none. */

@@ -1,6 +1,12 @@
 /* kg_demo: mock cluster, sample jobs and a printer thread for --demo. */
 #include "kg_demo.h"
 
+#include "../core/kg_clock.h"
+#include "../core/kg_log.h"
+#include "../model/kg_mkmodel.h"
+#include "../schema/kg_codec.h"
+#include "kg_kafka_conf.h"
+
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 #include <pthread.h>
@@ -9,12 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include "../core/kg_clock.h"
-#include "../core/kg_log.h"
-#include "../model/kg_mkmodel.h"
-#include "../schema/kg_codec.h"
-#include "kg_kafka_conf.h"
 
 #define DEMO_PARTITIONS 4
 
@@ -33,8 +33,8 @@ struct kg_demo {
     char **seen; /* request ids with a terminal event (n_jobs) */
 };
 
-static rd_kafka_t *new_client(rd_kafka_type_t type, rd_kafka_conf_t *conf, char *errstr,
-                              size_t errstr_size) {
+static rd_kafka_t *
+new_client(rd_kafka_type_t type, rd_kafka_conf_t *conf, char *errstr, size_t errstr_size) {
     char err[512];
     rd_kafka_t *rk = rd_kafka_new(type, conf, err, sizeof(err));
     if (!rk) {
@@ -122,9 +122,9 @@ fail:
  * has no chat template: an unsupported_chat_template error), an invalid
  * job (invalid_job). */
 static char *sample_job(int64_t i, size_t *len) {
-    static const char *prompts[] = {"Once upon a time", "The weather today is",
-                                    "Write a haiku about Kafka", "def fibonacci(n):",
-                                    "The three laws of robotics are", "Dear diary,"};
+    static const char *prompts[] = {
+        "Once upon a time",  "The weather today is",           "Write a haiku about Kafka",
+        "def fibonacci(n):", "The three laws of robotics are", "Dear diary,"};
     char buf[1024];
     int64_t k = i % 12;
     const char *p = prompts[i % 6];
@@ -277,7 +277,8 @@ kg_status_t kg_demo_start(kg_demo_t *d, kg_worker_t *w, char *errstr, size_t err
         return KG_ERR_NOMEM;
     }
     d->started = true;
-    KG_LOG_INFO("demo", "produced %lld sample jobs; results follow on stdout", (long long)d->n_jobs);
+    KG_LOG_INFO("demo", "produced %lld sample jobs; results follow on stdout",
+                (long long)d->n_jobs);
     return KG_OK;
 }
 
@@ -294,7 +295,8 @@ int kg_demo_finish(kg_demo_t *d) {
     }
     int64_t got = atomic_load(&d->n_terminal);
     if (d->n_jobs > 0 && got < d->n_jobs) {
-        KG_LOG_ERROR("demo", "only %lld of %lld jobs finished", (long long)got, (long long)d->n_jobs);
+        KG_LOG_ERROR("demo", "only %lld of %lld jobs finished", (long long)got,
+                     (long long)d->n_jobs);
         return 1;
     }
     return 0;

@@ -9,11 +9,11 @@
  * signal. */
 #pragma once
 
-#include <stddef.h>
-
 #include "../config/kg_config.h"
 #include "../core/kg_status.h"
 #include "kg_worker.h"
+
+#include <stddef.h>
 
 typedef struct kg_demo kg_demo_t;
 
@@ -21,7 +21,9 @@ typedef struct kg_demo kg_demo_t;
  * cfg->brokers and cfg->model accordingly. */
 kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size);
 /** Produce the sample jobs and start printing results. */
-KG_NODISCARD kg_status_t kg_demo_start(kg_demo_t *demo, kg_worker_t *w, char *errstr,
+KG_NODISCARD kg_status_t kg_demo_start(kg_demo_t *demo,
+                                       kg_worker_t *w,
+                                       char *errstr,
                                        size_t errstr_size);
 /** Stop printing; 0 when every sample job got its terminal event. */
 int kg_demo_finish(kg_demo_t *demo);

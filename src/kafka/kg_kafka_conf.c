@@ -1,22 +1,22 @@
 /* kg_kafka_conf: shared librdkafka setup (kcat try_conf_set style). */
 #include "kg_kafka_conf.h"
 
+#include "../core/kg_log.h"
+
 #include <stdio.h>
 #include <string.h>
 
-#include "../core/kg_log.h"
-
 /* librdkafka's syslog levels -> ours; its log lines keep their facility */
 static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
-    kg_log_level_t lvl = level <= 3 ? KG_LOG_LEVEL_ERROR
+    kg_log_level_t lvl = level <= 3   ? KG_LOG_LEVEL_ERROR
                          : level == 4 ? KG_LOG_LEVEL_WARN
                          : level <= 6 ? KG_LOG_LEVEL_INFO
                                       : KG_LOG_LEVEL_DEBUG;
     KG_LOG_(lvl, "rdkafka", "%s client=%s facility=%s", buf, rd_kafka_name(rk), fac);
 }
 
-int kg_kafka_conf_set(rd_kafka_conf_t *conf, const char *key, const char *value, char *errstr,
-                      size_t errstr_size) {
+int kg_kafka_conf_set(
+    rd_kafka_conf_t *conf, const char *key, const char *value, char *errstr, size_t errstr_size) {
     char err[512];
     if (rd_kafka_conf_set(conf, key, value, err, sizeof(err)) != RD_KAFKA_CONF_OK) {
         snprintf(errstr, errstr_size, "librdkafka property %s: %s", key, err);

@@ -2,10 +2,10 @@
  * with our log and error callbacks, for the worker and the tools. */
 #pragma once
 
+#include "../config/kg_config.h"
+
 #include <librdkafka/rdkafka.h>
 #include <stddef.h>
-
-#include "../config/kg_config.h"
 
 /** A conf with bootstrap.servers and every -X property applied, librdkafka
  * logs routed through kg_log. NULL with errstr set when a property is
@@ -13,5 +13,5 @@
 rd_kafka_conf_t *kg_kafka_conf_new(const kg_config_t *cfg, char *errstr, size_t errstr_size);
 
 /** Set one property, or fail with a message naming it. */
-int kg_kafka_conf_set(rd_kafka_conf_t *conf, const char *key, const char *value, char *errstr,
-                      size_t errstr_size);
+int kg_kafka_conf_set(
+    rd_kafka_conf_t *conf, const char *key, const char *value, char *errstr, size_t errstr_size);

@@ -23,11 +23,11 @@
  * pauses its partitions. Not thread-safe: the kafka thread owns it. */
 #pragma once
 
+#include "core/kg_status.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "core/kg_status.h"
 
 typedef struct kg_offsets kg_offsets_t;
 

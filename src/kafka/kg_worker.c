@@ -2,13 +2,6 @@
  * See kg_worker.h for the design. */
 #include "kg_worker.h"
 
-#include <librdkafka/rdkafka.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
 #include "../backend/kg_backend.h"
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
@@ -21,8 +14,15 @@
 #include "kg_kafka_conf.h"
 #include "kg_offsets.h"
 
+#include <librdkafka/rdkafka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #define MAX_PARTITIONS 1024
-#define POLL_BATCH 64
+#define POLL_BATCH     64
 
 // ---- job records ----
 
@@ -43,8 +43,8 @@ typedef struct job_rec {
     int64_t t_taken_us, t_submit_us, t_first_us;
     kg_sample_result_t *samples; /* (max_tokens) done-event logprobs, when asked and !stream */
     int32_t n_samples;
-    struct job_rec *hnext;        /* id hash chain */
-    struct job_rec *qnext;        /* pending FIFO */
+    struct job_rec *hnext; /* id hash chain */
+    struct job_rec *qnext; /* pending FIFO */
 } job_rec_t;
 
 /* What a delivery report needs to mark a message done. */
@@ -67,7 +67,7 @@ struct kg_worker {
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
     size_t max_produce_bytes; /* payload bytes one produced message may carry */
-    int32_t n_inflight; /* records alive: pending + submitted + revoked awaiting finish */
+    int32_t n_inflight;       /* records alive: pending + submitted + revoked awaiting finish */
     int32_t n_pending;
     uint64_t next_id;
     job_rec_t **table; /* (table_size) id -> record */
@@ -130,8 +130,14 @@ static void fatal(kg_worker_t *w, const char *what) {
 
 /* Produce one event (or DLQ copy). `ack` (may be NULL) travels as the
  * message opaque and is freed by the delivery report. */
-static bool produce(kg_worker_t *w, const char *topic, const char *key, size_t key_len,
-                    const void *value, size_t len, ack_t *ack, rd_kafka_headers_t *hdrs) {
+static bool produce(kg_worker_t *w,
+                    const char *topic,
+                    const char *key,
+                    size_t key_len,
+                    const void *value,
+                    size_t len,
+                    ack_t *ack,
+                    rd_kafka_headers_t *hdrs) {
     rd_kafka_resp_err_t err;
     for (int attempt = 0;; attempt++) {
         /* produceva rather than the producev macros: the varargs list cannot
@@ -221,13 +227,20 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
 }
 
 static kg_event_origin_t origin(const kg_worker_t *w, int32_t partition, int64_t offset) {
-    kg_event_origin_t o = {.worker_id = w->worker_id, .topic = w->cfg->jobs_topic,
-                           .partition = partition, .offset = offset};
+    kg_event_origin_t o = {.worker_id = w->worker_id,
+                           .topic = w->cfg->jobs_topic,
+                           .partition = partition,
+                           .offset = offset};
     return o;
 }
 
-static void produce_error(kg_worker_t *w, const char *request_id, int32_t partition, int64_t offset,
-                          kg_error_code_t code, const char *message, const char *metadata_json) {
+static void produce_error(kg_worker_t *w,
+                          const char *request_id,
+                          int32_t partition,
+                          int64_t offset,
+                          kg_error_code_t code,
+                          const char *message,
+                          const char *metadata_json) {
     kg_event_origin_t o = origin(w, partition, offset);
     size_t len;
     char *json = kg_events_error(&o, request_id, code, message, metadata_json, &len);
@@ -261,25 +274,30 @@ static void emit_output_events(kg_worker_t *w, job_rec_t *r, const kg_output_eve
             fatal(w, "out of memory encoding a token event");
             return;
         }
-        produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json,
-                len, NULL, NULL);
+        produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
+                NULL, NULL);
         free(json);
     }
 }
 
 static void produce_done(kg_worker_t *w, job_rec_t *r, kg_finish_reason_t reason, int64_t now_us) {
     kg_event_origin_t o = origin(w, r->job->partition, r->job->offset);
-    kg_job_timing_t t = {.taken_us = r->t_taken_us, .submitted_us = r->t_submit_us,
-                         .first_token_us = r->t_first_us, .finished_us = now_us,
-                         .n_prompt = r->prep.n_tokens, .n_cached = r->n_cached};
+    kg_job_timing_t t = {.taken_us = r->t_taken_us,
+                         .submitted_us = r->t_submit_us,
+                         .first_token_us = r->t_first_us,
+                         .finished_us = now_us,
+                         .n_prompt = r->prep.n_tokens,
+                         .n_cached = r->n_cached};
     size_t len;
     char *json = kg_events_done(&o, w->model->tok, r->job, &r->out, reason, &t, r->samples,
                                 r->n_samples, &len);
     if (json && len > w->max_produce_bytes && r->n_samples > 0) {
         /* logprobs of a long output can outgrow a Kafka message: the done
          * event goes without them rather than not at all */
-        KG_LOG_WARN("worker", "done event of %zu bytes too large; sending it without logprobs "
-                    "request_id=%s", len, r->job->request_id);
+        KG_LOG_WARN("worker",
+                    "done event of %zu bytes too large; sending it without logprobs "
+                    "request_id=%s",
+                    len, r->job->request_id);
         free(json);
         json = kg_events_done(&o, w->model->tok, r->job, &r->out, reason, &t, NULL, 0, &len);
     }
@@ -298,8 +316,10 @@ static void produce_done(kg_worker_t *w, job_rec_t *r, kg_finish_reason_t reason
     atomic_fetch_add(&w->m.jobs_by_finish[reason], 1);
     atomic_fetch_add(&w->m.prompt_tokens, r->prep.n_tokens);
     atomic_fetch_add(&w->m.generated_tokens, n_gen);
-    KG_LOG_INFO("worker", "job done request_id=%s partition=%d offset=%lld finish=%s tokens=%d "
-                "total_ms=%.1f", r->job->request_id, r->job->partition, (long long)r->job->offset,
+    KG_LOG_INFO("worker",
+                "job done request_id=%s partition=%d offset=%lld finish=%s tokens=%d "
+                "total_ms=%.1f",
+                r->job->request_id, r->job->partition, (long long)r->job->offset,
                 kg_finish_reason_str(reason), n_gen, (double)(now_us - r->t_taken_us) / 1e3);
     produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
             ack_new(r->job->partition, r->job->offset), NULL);
@@ -382,8 +402,8 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_EXPIRED,
                       "the deadline passed before the job finished", r->job->metadata_json);
     } else {
-        produce_error(w, r->job->request_id, r->job->partition, r->job->offset,
-                      KG_ERROR_CANCELLED, "the job was cancelled", r->job->metadata_json);
+        produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_CANCELLED,
+                      "the job was cancelled", r->job->metadata_json);
     }
     rec_free(w, r);
 }
@@ -394,9 +414,13 @@ static void submit_pending(kg_worker_t *w) {
     int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
     while (w->pending_head && w->n_inflight - w->n_pending < cap) {
         job_rec_t *r = w->pending_head;
-        kg_request_t req = {.id = r->id, .prompt = r->prep.tokens, .n_prompt = r->prep.n_tokens,
-                            .max_tokens = r->prep.max_tokens, .priority = r->job->priority,
-                            .ignore_eos = r->job->ignore_eos, .sampling = r->job->sampling};
+        kg_request_t req = {.id = r->id,
+                            .prompt = r->prep.tokens,
+                            .n_prompt = r->prep.n_tokens,
+                            .max_tokens = r->prep.max_tokens,
+                            .priority = r->job->priority,
+                            .ignore_eos = r->job->ignore_eos,
+                            .sampling = r->job->sampling};
         if (r->job->deadline_ms > 0) {
             req.deadline_us = kg_clock_us() + (r->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
         }
@@ -419,7 +443,8 @@ static void submit_pending(kg_worker_t *w) {
     }
 }
 
-static void dead_letter(kg_worker_t *w, const rd_kafka_message_t *rkm, const kg_codec_error_t *err) {
+static void
+dead_letter(kg_worker_t *w, const rd_kafka_message_t *rkm, const kg_codec_error_t *err) {
     rd_kafka_headers_t *h = rd_kafka_headers_new(8);
     /* a copy the producer cannot send would stop the worker and then every
      * restart (the offset is never stored): keep the head of the payload and
@@ -535,9 +560,11 @@ static void set_paused(kg_worker_t *w, bool pause) {
     rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(w->consumer, w->assigned)
                                     : rd_kafka_resume_partitions(w->consumer, w->assigned);
     if (err) {
-        KG_LOG_WARN("worker", "%s partitions: %s", pause ? "pause" : "resume", rd_kafka_err2str(err));
+        KG_LOG_WARN("worker", "%s partitions: %s", pause ? "pause" : "resume",
+                    rd_kafka_err2str(err));
     }
-    KG_LOG_DEBUG("worker", "%s partitions inflight=%d", pause ? "paused" : "resumed", w->n_inflight);
+    KG_LOG_DEBUG("worker", "%s partitions inflight=%d", pause ? "paused" : "resumed",
+                 w->n_inflight);
     w->paused = pause;
     atomic_store(&w->m.paused, pause);
 }
@@ -556,8 +583,8 @@ static void check_backpressure(kg_worker_t *w) {
 
 /* Cancel quietly every job of the listed partitions (NULL: all), or only
  * those that have not streamed a token yet. */
-static void abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts,
-                         bool unstarted_only) {
+static void
+abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool unstarted_only) {
     for (size_t i = 0; i < w->table_size; i++) {
         for (job_rec_t *r = w->table[i], *next; r; r = next) {
             next = r->hnext;
@@ -595,8 +622,10 @@ static void abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *
     }
 }
 
-static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                         rd_kafka_topic_partition_list_t *parts, void *opaque) {
+static void rebalance_cb(rd_kafka_t *rk,
+                         rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts,
+                         void *opaque) {
     kg_worker_t *w = opaque;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         for (int i = 0; i < parts->cnt; i++) {
@@ -719,7 +748,8 @@ static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_siz
         return NULL;
     }
     for (int i = 0; i < cfg->n_kafka_props; i++) {
-        if (kg_kafka_conf_set(conf, cfg->kafka_keys[i], cfg->kafka_values[i], errstr, errstr_size)) {
+        if (kg_kafka_conf_set(conf, cfg->kafka_keys[i], cfg->kafka_values[i], errstr,
+                              errstr_size)) {
             rd_kafka_conf_destroy(conf);
             return NULL;
         }
@@ -771,8 +801,8 @@ static rd_kafka_t *make_producer(kg_worker_t *w, char *errstr, size_t errstr_siz
     return rk;
 }
 
-kg_worker_t *kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr,
-                           size_t errstr_size) {
+kg_worker_t *
+kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, size_t errstr_size) {
     kg_worker_t *w = calloc(1, sizeof(*w));
     if (!w) {
         snprintf(errstr, errstr_size, "out of memory");
@@ -816,10 +846,11 @@ kg_worker_t *kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char
         int64_t per_seq = (ep.max_seq_len + ep.kv_block_size - 1) / ep.kv_block_size;
         ep.n_kv_blocks = (int32_t)(per_seq * ep.max_batch_size);
     } else {
-        ep.n_kv_blocks = (int32_t)(kv_bytes / (kg_backend_kv_bytes_per_token(model) *
-                                               (size_t)ep.kv_block_size));
+        ep.n_kv_blocks =
+            (int32_t)(kv_bytes / (kg_backend_kv_bytes_per_token(model) * (size_t)ep.kv_block_size));
     }
-    kg_backend_params_t bp = {.n_threads = (int32_t)cfg->threads, .n_kv_blocks = ep.n_kv_blocks,
+    kg_backend_params_t bp = {.n_threads = (int32_t)cfg->threads,
+                              .n_kv_blocks = ep.n_kv_blocks,
                               .kv_block_size = ep.kv_block_size,
                               .max_batch_tokens = ep.max_batch_tokens};
     w->limits.max_seq_len = ep.max_seq_len;
@@ -873,12 +904,15 @@ kg_worker_t *kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char
     rd_kafka_resp_err_t err = rd_kafka_subscribe(w->consumer, sub);
     rd_kafka_topic_partition_list_destroy(sub);
     if (err) {
-        snprintf(errstr, errstr_size, "subscribe to %s: %s", cfg->jobs_topic, rd_kafka_err2str(err));
+        snprintf(errstr, errstr_size, "subscribe to %s: %s", cfg->jobs_topic,
+                 rd_kafka_err2str(err));
         goto fail;
     }
-    KG_LOG_INFO("worker", "started worker_id=%s backend=%s jobs_topic=%s results_topic=%s "
-                "max_batch_size=%d kv_blocks=%d", w->worker_id, kg_backend_name(w->be),
-                cfg->jobs_topic, cfg->results_topic, ep.max_batch_size, ep.n_kv_blocks);
+    KG_LOG_INFO("worker",
+                "started worker_id=%s backend=%s jobs_topic=%s results_topic=%s "
+                "max_batch_size=%d kv_blocks=%d",
+                w->worker_id, kg_backend_name(w->be), cfg->jobs_topic, cfg->results_topic,
+                ep.max_batch_size, ep.n_kv_blocks);
     return w;
 fail:
     kg_worker_free(w);
@@ -967,7 +1001,8 @@ int kg_worker_run(kg_worker_t *w) {
         rd_kafka_flush(w->producer, 30000);
         rd_kafka_poll(w->producer, 0);
         if (rd_kafka_outq_len(w->producer) > 0) {
-            KG_LOG_ERROR("worker", "%d events not delivered at shutdown", rd_kafka_outq_len(w->producer));
+            KG_LOG_ERROR("worker", "%d events not delivered at shutdown",
+                         rd_kafka_outq_len(w->producer));
             rc = 1;
         }
         rd_kafka_commit(w->consumer, NULL, 0);

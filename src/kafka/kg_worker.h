@@ -29,22 +29,22 @@
  * consumer closes (leaves the group). */
 #pragma once
 
-#include <stdatomic.h>
-#include <stddef.h>
-#include <stdint.h>
-
 #include "../config/kg_config.h"
 #include "../core/kg_status.h"
 #include "../metrics/kg_metrics.h"
 #include "../model/kg_model.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 
 typedef struct kg_worker kg_worker_t;
 
 /* Counters and gauges for /metrics (read from any thread). */
 typedef struct kg_worker_metrics {
     _Atomic int64_t jobs_done, jobs_error, jobs_dlq, jobs_cancelled;
-    _Atomic int64_t jobs_by_finish[3];  /* stop, length, stop_sequence */
-    _Atomic int64_t jobs_by_error[16];  /* by kg_error_code_t */
+    _Atomic int64_t jobs_by_finish[3]; /* stop, length, stop_sequence */
+    _Atomic int64_t jobs_by_error[16]; /* by kg_error_code_t */
     _Atomic int64_t prompt_tokens, generated_tokens, messages_consumed, events_produced;
     _Atomic int32_t inflight, paused, assigned_partitions, ready;
     _Atomic int64_t last_loop_us;
@@ -53,8 +53,8 @@ typedef struct kg_worker_metrics {
 
 /** Build the worker: backend, engine, runner, consumer, producer. `model`
  * is borrowed and must outlive the worker. NULL with errstr set. */
-kg_worker_t *kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr,
-                           size_t errstr_size);
+kg_worker_t *
+kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, size_t errstr_size);
 
 /** Run the kafka loop until kg_worker_stop and the drain are over, or a
  * fatal error. Returns 0 on a clean stop, non-zero on a fatal error.

@@ -1,14 +1,14 @@
 /* kg_http: the metrics and health endpoints. */
 #include "kg_http.h"
 
+#include "../core/kg_clock.h"
+#include "../pipeline/kg_runner.h"
+#include "../schema/kg_codec.h"
+
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "../core/kg_clock.h"
-#include "../pipeline/kg_runner.h"
-#include "../schema/kg_codec.h"
 
 struct kg_http {
     struct MHD_Daemon *daemon;
@@ -35,7 +35,8 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
     const kg_worker_metrics_t *m = kg_worker_metrics(w);
     const kg_runner_gauges_t *g = kg_worker_engine_gauges(w);
 
-    fprintf(f, "# HELP kgen_jobs_total Jobs finished, by outcome.\n# TYPE kgen_jobs_total counter\n");
+    fprintf(f,
+            "# HELP kgen_jobs_total Jobs finished, by outcome.\n# TYPE kgen_jobs_total counter\n");
     static const char *reasons[] = {"stop", "length", "stop_sequence"};
     for (int i = 0; i < 3; i++) {
         fprintf(f, "kgen_jobs_total{outcome=\"done\",finish_reason=\"%s\"} %lld\n", reasons[i],
@@ -43,9 +44,11 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
     }
     for (int c = 0; c < KG_ERROR_CODE_COUNT_ && c < 16; c++) {
         fprintf(f, "kgen_jobs_total{outcome=\"error\",code=\"%s\"} %lld\n",
-                kg_error_code_str((kg_error_code_t)c), (long long)atomic_load(&m->jobs_by_error[c]));
+                kg_error_code_str((kg_error_code_t)c),
+                (long long)atomic_load(&m->jobs_by_error[c]));
     }
-    fprintf(f, "kgen_jobs_total{outcome=\"dead_letter\"} %lld\n", (long long)atomic_load(&m->jobs_dlq));
+    fprintf(f, "kgen_jobs_total{outcome=\"dead_letter\"} %lld\n",
+            (long long)atomic_load(&m->jobs_dlq));
     fprintf(f, "kgen_jobs_total{outcome=\"abandoned\"} %lld\n",
             (long long)atomic_load(&m->jobs_cancelled));
     counter(f, "kgen_prompt_tokens_total", "Prompt tokens of finished jobs.",
@@ -114,8 +117,12 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
     return text;
 }
 
-static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,
-                             char *body, size_t len, enum MHD_ResponseMemoryMode mode) {
+static enum MHD_Result reply(struct MHD_Connection *conn,
+                             unsigned status,
+                             const char *type,
+                             char *body,
+                             size_t len,
+                             enum MHD_ResponseMemoryMode mode) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, body, mode);
     if (!resp) {
         return MHD_NO;
@@ -126,9 +133,14 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
     return r;
 }
 
-static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
-                              const char *method, const char *version, const char *upload_data,
-                              size_t *upload_data_size, void **con_cls) {
+static enum MHD_Result handle(void *cls,
+                              struct MHD_Connection *conn,
+                              const char *url,
+                              const char *method,
+                              const char *version,
+                              const char *upload_data,
+                              size_t *upload_data_size,
+                              void **con_cls) {
     (void)version, (void)upload_data, (void)upload_data_size, (void)con_cls;
     kg_http_t *http = cls;
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
@@ -172,9 +184,9 @@ kg_http_t *kg_http_new(int port, kg_worker_t *w, char *errstr, size_t errstr_siz
         return NULL;
     }
     http->w = w;
-    http->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
-                                    handle, http, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                                    MHD_OPTION_END);
+    http->daemon =
+        MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL, handle, http,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!http->daemon) {
         snprintf(errstr, errstr_size, "http: cannot listen on port %d (in use?)", port);
         free(http);

@@ -8,9 +8,9 @@
  *   /readyz   200 once the model is loaded and partitions are assigned */
 #pragma once
 
-#include <stddef.h>
-
 #include "../kafka/kg_worker.h"
+
+#include <stddef.h>
 
 typedef struct kg_http kg_http_t;
 

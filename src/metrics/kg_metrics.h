@@ -14,7 +14,7 @@
 
 typedef struct kg_histogram {
     int n_buckets;
-    const double *bounds;                       /* (n_buckets) upper bounds, seconds */
+    const double *bounds;                             /* (n_buckets) upper bounds, seconds */
     _Atomic uint64_t counts[KG_HIST_MAX_BUCKETS + 1]; /* last: +Inf */
     _Atomic uint64_t count;
     _Atomic uint64_t sum_us; /* sum of observations in microseconds */

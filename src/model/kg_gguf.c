@@ -13,6 +13,8 @@
  * cannot ask for a billion-entry index. */
 #include "kg_gguf.h"
 
+#include "kg_quant.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -22,8 +24,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include "kg_quant.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kg_gguf reads little-endian GGUF files in place and needs a little-endian host"
@@ -42,8 +42,8 @@ typedef struct kv_entry {
     /* arrays only */
     kg_gguf_type_t arr_type;
     uint64_t arr_n;
-    uint64_t arr_off;     /* file offset of the first element */
-    kg_gguf_str_t *strs;  /* (arr_n) when arr_type is STRING, else NULL */
+    uint64_t arr_off;    /* file offset of the first element */
+    kg_gguf_str_t *strs; /* (arr_n) when arr_type is STRING, else NULL */
 } kv_entry_t;
 
 struct kg_gguf {
@@ -55,7 +55,7 @@ struct kg_gguf {
     uint64_t data_off; /* file offset of the data section */
 
     int64_t n_kv;
-    kv_entry_t *kv; /* (n_kv) */
+    kv_entry_t *kv;    /* (n_kv) */
     uint32_t *kv_hash; /* open addressing, index + 1, 0 = empty; (hash_cap) */
     size_t kv_hash_cap;
 
@@ -75,8 +75,8 @@ typedef struct cursor {
     size_t errstr_size;
 } cursor_t;
 
-__attribute__((format(printf, 3, 4))) static void set_err(char *errstr, size_t errstr_size,
-                                                          const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void
+set_err(char *errstr, size_t errstr_size, const char *fmt, ...) {
     if (!errstr || errstr_size == 0) {
         return;
     }
@@ -88,8 +88,8 @@ __attribute__((format(printf, 3, 4))) static void set_err(char *errstr, size_t e
 
 /** Whether n bytes are left at the cursor; if not, write the truncation
  * error naming `what` (printf-formatted). */
-__attribute__((format(printf, 3, 4))) static bool need(cursor_t *c, uint64_t n, const char *what,
-                                                       ...) {
+__attribute__((format(printf, 3, 4))) static bool
+need(cursor_t *c, uint64_t n, const char *what, ...) {
     if (n <= c->size - c->pos) {
         return true;
     }
@@ -232,9 +232,8 @@ static bool skip_value(cursor_t *c, uint32_t type, int depth, const char *what) 
         return false;
     }
     if (depth >= GGUF_MAX_ARRAY_DEPTH) {
-        set_err(c->errstr, c->errstr_size,
-                "gguf: %s at offset %zu: arrays nested deeper than %d", what, c->pos,
-                GGUF_MAX_ARRAY_DEPTH);
+        set_err(c->errstr, c->errstr_size, "gguf: %s at offset %zu: arrays nested deeper than %d",
+                what, c->pos, GGUF_MAX_ARRAY_DEPTH);
         return false;
     }
     uint32_t et;
@@ -507,7 +506,7 @@ static bool parse_tensor(kg_gguf_t *g, cursor_t *c, kg_gguf_tensor_t *t, int64_t
 // ---- open ----
 
 static const char *type_name_kv(uint32_t t) {
-    static const char *names[] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
+    static const char *names[] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                   "bool", "string", "array", "u64", "i64", "f64"};
     return t < KG_GGUF_TYPE_COUNT ? names[t] : "?";
 }
@@ -1065,7 +1064,8 @@ void kg_gguf_release(const kg_gguf_t *g, const void *data, size_t size) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t lo = ((uintptr_t)data + page - 1) & ~(page - 1); /* whole pages inside only */
     uintptr_t hi = ((uintptr_t)data + size) & ~(page - 1);
-    if (hi > lo && (const uint8_t *)data >= g->base && (const uint8_t *)data + size <= g->base + g->size) {
+    if (hi > lo && (const uint8_t *)data >= g->base &&
+        (const uint8_t *)data + size <= g->base + g->size) {
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
     }
 }

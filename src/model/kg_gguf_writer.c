@@ -7,13 +7,13 @@
  * same calls give the same bytes. */
 #include "kg_gguf_writer.h"
 
+#include "kg_quant.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#include "kg_quant.h"
 
 #define WRITER_ALIGNMENT 32
 #define MAX_NAME         64 /* GGML_MAX_NAME: llama.cpp rejects longer tensor names */
@@ -66,8 +66,8 @@ void kg_gguf_writer_free(kg_gguf_writer_t *w) {
 // ---- metadata ----
 
 /** Store a serialized value under `key`; takes ownership of `val`. */
-static void set_kv_owned(kg_gguf_writer_t *w, const char *key, uint32_t type, uint8_t *val,
-                         size_t val_size) {
+static void
+set_kv_owned(kg_gguf_writer_t *w, const char *key, uint32_t type, uint8_t *val, size_t val_size) {
     for (size_t i = 0; i < w->n_kv; i++) {
         if (strcmp(w->kv[i].key, key) == 0) {
             free(w->kv[i].val);
@@ -97,8 +97,8 @@ static void set_kv_owned(kg_gguf_writer_t *w, const char *key, uint32_t type, ui
     w->kv[w->n_kv++] = (wkv_t){k, type, val, val_size};
 }
 
-static void set_kv(kg_gguf_writer_t *w, const char *key, uint32_t type, const void *val,
-                   size_t val_size) {
+static void
+set_kv(kg_gguf_writer_t *w, const char *key, uint32_t type, const void *val, size_t val_size) {
     uint8_t *copy = malloc(val_size ? val_size : 1);
     if (!copy) {
         w->oom = true;
@@ -165,8 +165,8 @@ void kg_gguf_writer_set_str(kg_gguf_writer_t *w, const char *key, const char *v)
     set_kv_owned(w, key, KG_GGUF_TYPE_STRING, val, 8 + len);
 }
 
-void kg_gguf_writer_set_arr(kg_gguf_writer_t *w, const char *key, kg_gguf_type_t elem_type,
-                            const void *v, uint64_t n) {
+void kg_gguf_writer_set_arr(
+    kg_gguf_writer_t *w, const char *key, kg_gguf_type_t elem_type, const void *v, uint64_t n) {
     size_t esz = kg_gguf_type_size(elem_type);
     if (esz == 0 || n > (SIZE_MAX - 12) / esz) {
         w->oom = true; // a programming error; fail the write rather than the process
@@ -191,12 +191,16 @@ void kg_gguf_writer_set_arr_f32(kg_gguf_writer_t *w, const char *key, const floa
     kg_gguf_writer_set_arr(w, key, KG_GGUF_TYPE_FLOAT32, v, n);
 }
 
-void kg_gguf_writer_set_arr_i32(kg_gguf_writer_t *w, const char *key, const int32_t *v,
+void kg_gguf_writer_set_arr_i32(kg_gguf_writer_t *w,
+                                const char *key,
+                                const int32_t *v,
                                 uint64_t n) {
     kg_gguf_writer_set_arr(w, key, KG_GGUF_TYPE_INT32, v, n);
 }
 
-void kg_gguf_writer_set_arr_str(kg_gguf_writer_t *w, const char *key, const kg_gguf_str_t *v,
+void kg_gguf_writer_set_arr_str(kg_gguf_writer_t *w,
+                                const char *key,
+                                const kg_gguf_str_t *v,
                                 uint64_t n) {
     size_t size = 12;
     for (uint64_t i = 0; i < n; i++) {
@@ -238,9 +242,14 @@ void kg_gguf_writer_copy_kv(kg_gguf_writer_t *w, const kg_gguf_t *src, int64_t i
 
 // ---- tensors ----
 
-static kg_status_t add_tensor(kg_gguf_writer_t *w, const char *name, kg_ggml_type_t type,
-                              uint32_t n_dims, const int64_t *ne, const float *f32,
-                              const void *raw, size_t raw_size) {
+static kg_status_t add_tensor(kg_gguf_writer_t *w,
+                              const char *name,
+                              kg_ggml_type_t type,
+                              uint32_t n_dims,
+                              const int64_t *ne,
+                              const float *f32,
+                              const void *raw,
+                              size_t raw_size) {
     size_t name_len = strlen(name);
     if (name_len == 0 || name_len >= MAX_NAME || n_dims < 1 || n_dims > KG_GGUF_MAX_DIMS ||
         !kg_type_is_known(type)) {
@@ -294,14 +303,22 @@ static kg_status_t add_tensor(kg_gguf_writer_t *w, const char *name, kg_ggml_typ
     return KG_OK;
 }
 
-kg_status_t kg_gguf_writer_add_tensor(kg_gguf_writer_t *w, const char *name, kg_ggml_type_t type,
-                                      uint32_t n_dims, const int64_t *ne, const float *data) {
+kg_status_t kg_gguf_writer_add_tensor(kg_gguf_writer_t *w,
+                                      const char *name,
+                                      kg_ggml_type_t type,
+                                      uint32_t n_dims,
+                                      const int64_t *ne,
+                                      const float *data) {
     return add_tensor(w, name, type, n_dims, ne, data, NULL, 0);
 }
 
-kg_status_t kg_gguf_writer_add_tensor_raw(kg_gguf_writer_t *w, const char *name,
-                                          kg_ggml_type_t type, uint32_t n_dims, const int64_t *ne,
-                                          const void *data, size_t size) {
+kg_status_t kg_gguf_writer_add_tensor_raw(kg_gguf_writer_t *w,
+                                          const char *name,
+                                          kg_ggml_type_t type,
+                                          uint32_t n_dims,
+                                          const int64_t *ne,
+                                          const void *data,
+                                          size_t size) {
     return add_tensor(w, name, type, n_dims, ne, NULL, data, size);
 }
 
@@ -435,12 +452,13 @@ kg_status_t kg_gguf_writer_to_memory(const kg_gguf_writer_t *w, uint8_t **out, s
     return *out ? KG_OK : KG_ERR_NOMEM;
 }
 
-kg_status_t kg_gguf_writer_write(const kg_gguf_writer_t *w, const char *path, char *errstr,
+kg_status_t kg_gguf_writer_write(const kg_gguf_writer_t *w,
+                                 const char *path,
+                                 char *errstr,
                                  size_t errstr_size) {
     FILE *f = fopen(path, "wb");
     if (!f) {
-        snprintf(errstr, errstr_size, "gguf writer: cannot create '%s': %s", path,
-                 strerror(errno));
+        snprintf(errstr, errstr_size, "gguf writer: cannot create '%s': %s", path, strerror(errno));
         return KG_ERR_IO;
     }
     sink_t s = {.f = f};

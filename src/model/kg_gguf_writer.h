@@ -5,12 +5,12 @@
  * care about order, but a deterministic file is easier to diff). */
 #pragma once
 
+#include "../core/kg_status.h"
+#include "kg_gguf.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "../core/kg_status.h"
-#include "kg_gguf.h"
 
 typedef struct kg_gguf_writer kg_gguf_writer_t;
 
@@ -32,15 +32,16 @@ void kg_gguf_writer_set_i32(kg_gguf_writer_t *w, const char *key, int32_t v);
 void kg_gguf_writer_set_f32(kg_gguf_writer_t *w, const char *key, float v);
 void kg_gguf_writer_set_bool(kg_gguf_writer_t *w, const char *key, bool v);
 void kg_gguf_writer_set_str(kg_gguf_writer_t *w, const char *key, const char *v);
-void kg_gguf_writer_set_arr_str(kg_gguf_writer_t *w, const char *key, const kg_gguf_str_t *v,
+void kg_gguf_writer_set_arr_str(kg_gguf_writer_t *w,
+                                const char *key,
+                                const kg_gguf_str_t *v,
                                 uint64_t n);
 void kg_gguf_writer_set_arr_f32(kg_gguf_writer_t *w, const char *key, const float *v, uint64_t n);
-void kg_gguf_writer_set_arr_i32(kg_gguf_writer_t *w, const char *key, const int32_t *v,
-                                uint64_t n);
+void kg_gguf_writer_set_arr_i32(kg_gguf_writer_t *w, const char *key, const int32_t *v, uint64_t n);
 /** An array of any fixed-size element type (not STRING or ARRAY): `n`
  * elements of that type's size, little-endian, at `v`. */
-void kg_gguf_writer_set_arr(kg_gguf_writer_t *w, const char *key, kg_gguf_type_t elem_type,
-                            const void *v, uint64_t n);
+void kg_gguf_writer_set_arr(
+    kg_gguf_writer_t *w, const char *key, kg_gguf_type_t elem_type, const void *v, uint64_t n);
 /** Copy metadata entry `idx` of another file unchanged (any type, arrays too). */
 void kg_gguf_writer_copy_kv(kg_gguf_writer_t *w, const kg_gguf_t *src, int64_t idx);
 
@@ -48,24 +49,35 @@ void kg_gguf_writer_copy_kv(kg_gguf_writer_t *w, const kg_gguf_t *src, int64_t i
  * Q4_0). ne[0] is the row length and a multiple of the type's block size;
  * names are unique and shorter than 64 bytes (llama.cpp's limit). The data
  * is converted and copied. KG_ERR_INVALID for a bad name, shape or type. */
-kg_status_t kg_gguf_writer_add_tensor(kg_gguf_writer_t *w, const char *name, kg_ggml_type_t type,
-                                      uint32_t n_dims, const int64_t *ne, const float *data);
+kg_status_t kg_gguf_writer_add_tensor(kg_gguf_writer_t *w,
+                                      const char *name,
+                                      kg_ggml_type_t type,
+                                      uint32_t n_dims,
+                                      const int64_t *ne,
+                                      const float *data);
 
 /** Add a tensor whose bytes are already in `type`'s block format (any type
  * the reader knows, Q4_K and Q6_K included): `size` must be the tensor's
  * exact byte size. The bytes are copied. */
-kg_status_t kg_gguf_writer_add_tensor_raw(kg_gguf_writer_t *w, const char *name,
-                                          kg_ggml_type_t type, uint32_t n_dims, const int64_t *ne,
-                                          const void *data, size_t size);
+kg_status_t kg_gguf_writer_add_tensor_raw(kg_gguf_writer_t *w,
+                                          const char *name,
+                                          kg_ggml_type_t type,
+                                          uint32_t n_dims,
+                                          const int64_t *ne,
+                                          const void *data,
+                                          size_t size);
 
 /** Serialize into a malloc'ed buffer (the caller frees) of *size bytes:
  * exactly the bytes kg_gguf_writer_write puts in a file. */
-KG_NODISCARD kg_status_t kg_gguf_writer_to_memory(const kg_gguf_writer_t *w, uint8_t **out,
+KG_NODISCARD kg_status_t kg_gguf_writer_to_memory(const kg_gguf_writer_t *w,
+                                                  uint8_t **out,
                                                   size_t *size);
 
 /** Write the file: GGUF v3, the metadata in the order it was set (plus
  * general.alignment = 32 at the end unless the caller set it to another u32
  * power of two up to 256), the tensor infos, then each tensor's data padded
  * to the alignment. Same calls, same bytes. A failed write removes the file. */
-KG_NODISCARD kg_status_t kg_gguf_writer_write(const kg_gguf_writer_t *w, const char *path,
-                                              char *errstr, size_t errstr_size);
+KG_NODISCARD kg_status_t kg_gguf_writer_write(const kg_gguf_writer_t *w,
+                                              const char *path,
+                                              char *errstr,
+                                              size_t errstr_size);

@@ -18,16 +18,16 @@
  * tests. */
 #include "kg_mkmodel.h"
 
+#include "kg_gguf.h"
+#include "kg_gguf_writer.h"
+#include "kg_quant.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "kg_gguf.h"
-#include "kg_gguf_writer.h"
-#include "kg_quant.h"
 
 /* the first error of the current write (the writer is single-threaded) */
 static _Thread_local char g_err[512];
@@ -80,13 +80,19 @@ static float rng_uniform(rng_t *r) {
 // ---- tensors ----
 
 /** Fill and add one tensor: uniform in [center - scale, center + scale]. */
-static bool add_random(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const char *name,
-                       kg_ggml_type_t type, int64_t ne0, int64_t ne1, float center, float scale) {
+static bool add_random(kg_gguf_writer_t *w,
+                       const kg_mkmodel_opts_t *o,
+                       const char *name,
+                       kg_ggml_type_t type,
+                       int64_t ne0,
+                       int64_t ne1,
+                       float center,
+                       float scale) {
     int64_t n = ne0 * ne1;
     float *v = malloc((size_t)n * sizeof(float));
     if (!v) {
-        snprintf(g_err, sizeof(g_err), "out of memory for %s (%lld x %lld)", name,
-                (long long)ne0, (long long)ne1);
+        snprintf(g_err, sizeof(g_err), "out of memory for %s (%lld x %lld)", name, (long long)ne0,
+                 (long long)ne1);
         return false;
     }
     rng_t r;
@@ -120,8 +126,8 @@ static bool add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, int64_t
         !add_random(w, o, "output_norm.weight", KG_GGML_TYPE_F32, o->n_embd, 1, 1.0f, 0.1f)) {
         return false;
     }
-    if (!o->tied && !add_random(w, o, "output.weight", wt, o->n_embd, n_vocab, 0.0f,
-                                fan_in_scale(o->n_embd))) {
+    if (!o->tied &&
+        !add_random(w, o, "output.weight", wt, o->n_embd, n_vocab, 0.0f, fan_in_scale(o->n_embd))) {
         return false;
     }
     for (int64_t l = 0; l < o->n_layer; l++) {
@@ -130,14 +136,10 @@ static bool add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, int64_t
             int in, out; /* 0 n_embd, 1 q_dim, 2 kv_dim, 3 n_ff, -1 (1-D) */
             bool resid;
         } layer[] = {
-            {"blk.%lld.attn_norm.weight", 0, -1, false},
-            {"blk.%lld.attn_q.weight", 0, 1, false},
-            {"blk.%lld.attn_k.weight", 0, 2, false},
-            {"blk.%lld.attn_v.weight", 0, 2, false},
-            {"blk.%lld.attn_output.weight", 1, 0, true},
-            {"blk.%lld.ffn_norm.weight", 0, -1, false},
-            {"blk.%lld.ffn_gate.weight", 0, 3, false},
-            {"blk.%lld.ffn_down.weight", 3, 0, true},
+            {"blk.%lld.attn_norm.weight", 0, -1, false}, {"blk.%lld.attn_q.weight", 0, 1, false},
+            {"blk.%lld.attn_k.weight", 0, 2, false},     {"blk.%lld.attn_v.weight", 0, 2, false},
+            {"blk.%lld.attn_output.weight", 1, 0, true}, {"blk.%lld.ffn_norm.weight", 0, -1, false},
+            {"blk.%lld.ffn_gate.weight", 0, 3, false},   {"blk.%lld.ffn_down.weight", 3, 0, true},
             {"blk.%lld.ffn_up.weight", 0, 3, false},
         };
         const int64_t dims[4] = {o->n_embd, q_dim, kv_dim, o->n_ff};
@@ -234,7 +236,7 @@ static int64_t copy_vocab(kg_gguf_writer_t *w, const char *path) {
     if (!kg_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n) || et != KG_GGUF_TYPE_STRING ||
         n == 0 || n > INT32_MAX) {
         snprintf(g_err, sizeof(g_err), "--vocab-from %s: no tokenizer.ggml.tokens string array",
-                path);
+                 path);
         kg_gguf_free(g);
         return -1;
     }
@@ -267,12 +269,14 @@ static uint32_t file_type(kg_ggml_type_t t) {
 }
 
 kg_mkmodel_opts_t kg_mkmodel_opts_default(void) {
-    kg_mkmodel_opts_t o = {.name = "kgen-random", .ctx = 2048, .rope_base = 10000.0f,
-                           .type = KG_GGML_TYPE_F32};
+    kg_mkmodel_opts_t o = {
+        .name = "kgen-random", .ctx = 2048, .rope_base = 10000.0f, .type = KG_GGML_TYPE_F32};
     return o;
 }
 
-kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o, int64_t *n_vocab_out, char *errstr,
+kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,
+                             int64_t *n_vocab_out,
+                             char *errstr,
                              size_t errstr_size) {
     kg_status_t rc = KG_ERR_IO;
     g_err[0] = '\0';
@@ -298,7 +302,8 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o, int64_t *n_vocab_out, c
     kg_gguf_writer_set_f32(w, "llama.rope.freq_base", o->rope_base);
     kg_gguf_writer_set_u32(w, "general.file_type", file_type(o->type));
 
-    int64_t n_vocab = o->vocab_from ? copy_vocab(w, o->vocab_from) : add_builtin_vocab(w, o->n_words);
+    int64_t n_vocab =
+        o->vocab_from ? copy_vocab(w, o->vocab_from) : add_builtin_vocab(w, o->n_words);
     if (n_vocab < 0) {
         goto out;
     }

@@ -2,12 +2,12 @@
  * (what `kgen mkmodel` does; see kg_mkmodel.c for the weight scales). */
 #pragma once
 
+#include "../core/kg_status.h"
+#include "kg_gguf.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "../core/kg_status.h"
-#include "kg_gguf.h"
 
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
@@ -27,5 +27,7 @@ typedef struct kg_mkmodel_opts {
 kg_mkmodel_opts_t kg_mkmodel_opts_default(void);
 
 /** Write the model. *n_vocab_out (may be NULL) gets the vocabulary size. */
-KG_NODISCARD kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o, int64_t *n_vocab_out,
-                                          char *errstr, size_t errstr_size);
+KG_NODISCARD kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,
+                                          int64_t *n_vocab_out,
+                                          char *errstr,
+                                          size_t errstr_size);

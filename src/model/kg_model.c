@@ -3,11 +3,11 @@
  * tensor and check its type and shape before any backend touches it. */
 #include "kg_model.h"
 
+#include "kg_quant.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "kg_quant.h"
 
 /* Architectures whose tensors and math are the plain Llama graph (no
  * biases, no QK-norm, SwiGLU FFN). Qwen2 has QKV biases and is refused. */
@@ -38,8 +38,12 @@ static bool get_i32(const kg_gguf_t *g, const char *key, int32_t *out) {
 }
 
 /* Find a weight and check its shape (ne0, ne1; ne1 = 0 for a vector). */
-static const kg_gguf_tensor_t *need_tensor(const kg_gguf_t *g, const char *name, int64_t ne0,
-                                           int64_t ne1, char *errstr, size_t errstr_size) {
+static const kg_gguf_tensor_t *need_tensor(const kg_gguf_t *g,
+                                           const char *name,
+                                           int64_t ne0,
+                                           int64_t ne1,
+                                           char *errstr,
+                                           size_t errstr_size) {
     const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, name);
     if (!t) {
         snprintf(errstr, errstr_size, "model: missing tensor '%s'", name);
@@ -100,8 +104,8 @@ kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
     memcpy(arch, s.data, s.len);
     arch[s.len] = '\0';
     if (!arch_supported(arch)) {
-        snprintf(errstr, errstr_size, "model: unsupported architecture '%s' (supported: llama, mistral)",
-                 arch);
+        snprintf(errstr, errstr_size,
+                 "model: unsupported architecture '%s' (supported: llama, mistral)", arch);
         goto fail;
     }
 
@@ -122,8 +126,9 @@ kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
     int32_t v_len = hp->head_dim;
     get_i32(g, akey(key, sizeof(key), arch, "attention.value_length"), &v_len);
     if (v_len != hp->head_dim) {
-        snprintf(errstr, errstr_size, "model: attention.value_length %d != key_length %d unsupported",
-                 v_len, hp->head_dim);
+        snprintf(errstr, errstr_size,
+                 "model: attention.value_length %d != key_length %d unsupported", v_len,
+                 hp->head_dim);
         goto fail;
     }
     hp->n_rot = hp->head_dim;
@@ -140,8 +145,8 @@ kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
         if (s.len == 6 && memcmp(s.data, "linear", 6) == 0 && factor > 0.0f) {
             hp->rope_scale = 1.0f / factor;
         } else if (!(s.len == 4 && memcmp(s.data, "none", 4) == 0)) {
-            snprintf(errstr, errstr_size, "model: unsupported rope.scaling.type '%.*s'",
-                     (int)s.len, s.data);
+            snprintf(errstr, errstr_size, "model: unsupported rope.scaling.type '%.*s'", (int)s.len,
+                     s.data);
             goto fail;
         }
     }
@@ -156,15 +161,15 @@ kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
     }
 
     int64_t n_q = (int64_t)hp->n_head * hp->head_dim, n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
-    model->tok_embd = need_tensor(g, "token_embd.weight", hp->n_embd, hp->n_vocab, errstr,
-                                  errstr_size);
+    model->tok_embd =
+        need_tensor(g, "token_embd.weight", hp->n_embd, hp->n_vocab, errstr, errstr_size);
     model->output_norm = need_tensor(g, "output_norm.weight", hp->n_embd, 0, errstr, errstr_size);
     if (!model->tok_embd || !model->output_norm) {
         goto fail;
     }
     if (kg_gguf_find_tensor(g, "output.weight")) {
-        model->output = need_tensor(g, "output.weight", hp->n_embd, hp->n_vocab, errstr,
-                                    errstr_size);
+        model->output =
+            need_tensor(g, "output.weight", hp->n_embd, hp->n_vocab, errstr, errstr_size);
         if (!model->output) {
             goto fail;
         }

@@ -3,12 +3,12 @@
  * each backend converts them as it needs at load). */
 #pragma once
 
+#include "kg_gguf.h"
+#include "kg_tokenizer.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "kg_gguf.h"
-#include "kg_tokenizer.h"
 
 typedef struct kg_hparams {
     int32_t n_vocab;
@@ -17,13 +17,13 @@ typedef struct kg_hparams {
     int32_t n_layer;
     int32_t n_head;
     int32_t n_head_kv;
-    int32_t head_dim;  /* n_embd / n_head unless attention.key_length says otherwise */
-    int32_t n_rot;     /* rope.dimension_count; == head_dim for Llama */
+    int32_t head_dim; /* n_embd / n_head unless attention.key_length says otherwise */
+    int32_t n_rot;    /* rope.dimension_count; == head_dim for Llama */
     int32_t n_ff;
-    float norm_eps;    /* attention.layer_norm_rms_epsilon */
-    float rope_base;   /* rope.freq_base, default 10000 */
-    float rope_scale;  /* 1 / rope.scaling.factor for linear scaling; 1 = none */
-    bool tied;         /* no output.weight: the head is token_embd */
+    float norm_eps;   /* attention.layer_norm_rms_epsilon */
+    float rope_base;  /* rope.freq_base, default 10000 */
+    float rope_scale; /* 1 / rope.scaling.factor for linear scaling; 1 = none */
+    bool tied;        /* no output.weight: the head is token_embd */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -42,7 +42,7 @@ typedef struct kg_layer_weights {
 } kg_layer_weights_t;
 
 typedef struct kg_model {
-    kg_gguf_t *gguf; /* owned */
+    kg_gguf_t *gguf;     /* owned */
     kg_tokenizer_t *tok; /* owned */
     kg_hparams_t hp;
     const kg_gguf_tensor_t *tok_embd;    /* (n_embd, n_vocab) */

@@ -2,11 +2,11 @@
  * dequantization of GGUF block formats (ggml's layouts, bit for bit). */
 #pragma once
 
+#include "kg_gguf.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "kg_gguf.h"
 
 /** Elements per block (1 for F32/F16/BF16, 32 for Q4_0/Q8_0, 256 for K-quants). */
 int64_t kg_type_block_elems(kg_ggml_type_t type);

@@ -705,8 +705,8 @@ static void order_ties_by_id(kg_sampler_scratch_t *sc, int32_t n, int32_t n_ids)
  * kidx) from m on; returns the new count. Branch-free: every lane is
  * written, the count moves only for the kept ones (m <= i + l: never past
  * the row). */
-static inline int32_t append_lanes(kg_sampler_scratch_t *sc, int32_t i, int32_t left, v8i mask,
-                                   int32_t m) {
+static inline int32_t
+append_lanes(kg_sampler_scratch_t *sc, int32_t i, int32_t left, v8i mask, int32_t m) {
     int32_t k[8];
     memcpy(k, &mask, sizeof(k));
     for (int l = 0; l < 8 && l < left; l++) {

@@ -34,12 +34,12 @@
 #include "kg_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include "core/kg_log.h"
+
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "core/kg_log.h"
 
 // ---- attributes (llama_token_attr) ----
 
@@ -72,10 +72,10 @@ enum {
 struct kg_tokenizer {
     kg_tokenizer_kind_t kind;
     int32_t n_vocab;
-    char *text;         /* (sum of token lengths) the token texts, back to back */
-    uint32_t *text_off; /* (n_vocab + 1) offsets into text */
-    float *score;       /* (n_vocab) */
-    uint16_t *attr;     /* (n_vocab) ATTR_* */
+    char *text;          /* (sum of token lengths) the token texts, back to back */
+    uint32_t *text_off;  /* (n_vocab + 1) offsets into text */
+    float *score;        /* (n_vocab) */
+    uint16_t *attr;      /* (n_vocab) ATTR_* */
     uint64_t *tok_slots; /* (tok_mask + 1) hash << 32 | (id + 1); 0 = empty */
     size_t tok_mask;
     char *piece;         /* decoded bytes of each token (as printed with special = true) */
@@ -95,12 +95,12 @@ struct kg_tokenizer {
     int32_t *special; /* control/user-defined/unknown tokens, longest text first */
     int32_t n_special;
     int32_t byte_tok[256]; /* SPM byte fallback: the <0xXX> token of each byte, or -1 */
-    bool isolated[128]; /* SPM: no token longer than one byte contains this ASCII byte */
+    bool isolated[128];    /* SPM: no token longer than one byte contains this ASCII byte */
 
     pcre2_code *re[MAX_REGEX]; /* BPE pre-tokenizer, applied in order */
     int n_re;
     pcre2_match_context *mctx; /* no match limit; only read by pcre2_match */
-    char bmap[256][2]; /* GPT-2 byte -> UTF-8 of its code point (1 or 2 bytes) */
+    char bmap[256][2];         /* GPT-2 byte -> UTF-8 of its code point (1 or 2 bytes) */
     uint8_t bmap_len[256];
     int16_t bmap_inv[324]; /* code point (< 0x144) -> byte, or -1 */
 };
@@ -279,8 +279,8 @@ static int32_t find_cstr(const kg_tokenizer_t *tok, const char *s) {
 }
 
 /* Rank of merging `l` and `r`, or -1 (llama_vocab::find_bpe_rank). */
-static int32_t merge_rank(const kg_tokenizer_t *tok, const char *l, size_t ln, const char *r,
-                          size_t rn) {
+static int32_t
+merge_rank(const kg_tokenizer_t *tok, const char *l, size_t ln, const char *r, size_t rn) {
     if (!tok->merge_slots) {
         return -1;
     }
@@ -321,9 +321,8 @@ static int32_t merge_rank(const kg_tokenizer_t *tok, const char *l, size_t ln, c
 #define RE_QWEN2                                                                                   \
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"     \
     "\\p{N}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+"
-#define RE_CJK "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+"
-#define RE_PORO                                                                                    \
-    " ?[^(" WS "|.,!?\\x{2026}\\x{3002}\\x{ff0c}\\x{3001}\\x{964}\\x{6d4}\\x{60c})]+"
+#define RE_CJK  "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+"
+#define RE_PORO " ?[^(" WS "|.,!?\\x{2026}\\x{3002}\\x{ff0c}\\x{3001}\\x{964}\\x{6d4}\\x{60c})]+"
 #define RE_DEEPSEEK_LETTERS                                                                        \
     SP "?[A-Za-z\\x{b5}\\x{c0}-\\x{d6}\\x{d8}-\\x{f6}\\x{f8}-\\x{1ba}\\x{1bc}-\\x{1bf}"            \
        "\\x{1c4}-\\x{293}\\x{295}-\\x{2af}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37b}-\\x{37d}"      \
@@ -378,7 +377,7 @@ static const pre_def_t pre_poro = {{RE_PORO}, false, false, false};
 static const pre_def_t pre_viking = {{RE_PORO, "\\p{N}"}, false, false, false};
 static const pre_def_t pre_tekken = {
     {RE_MIXED_CASE_LETTERS("") "|\\p{N}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|" SP "*[\\r\\n]+|" SP
-     "+(?!" NSP ")|" SP "+"},
+                               "+(?!" NSP ")|" SP "+"},
     true,
     true,
     false};
@@ -388,12 +387,12 @@ static const pre_def_t pre_gpt4o = {
     false,
     false,
     false};
-static const pre_def_t pre_chameleon = {
-    {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )", "\\p{N}",
-     "[\\p{P}!-/:-@\\[-`{-~]", RE_GPT2},
-    false,
-    true,
-    false};
+static const pre_def_t pre_chameleon = {{"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+                                         "([\\t\\n]|    |  )", "\\p{N}", "[\\p{P}!-/:-@\\[-`{-~]",
+                                         RE_GPT2},
+                                        false,
+                                        true,
+                                        false};
 
 /* tokenizer.ggml.pre names -> pre-tokenizer (llama_vocab::impl::load). */
 static const struct {
@@ -485,16 +484,37 @@ static const char *const eot_texts[] = {
 };
 static const char *const eom_texts[] = {"<|eom_id|>", NULL};
 static const char *const fim_pre_texts[] = {
-    "<|fim_prefix|>", "<fim-prefix>",   "<fim_prefix>", "<" FW_BAR "fim" LOW8 "begin" FW_BAR ">",
-    "<PRE>",          LOW8 "<PRE>",     "<|code_prefix|>", "<|prefix|>", NULL,
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<" FW_BAR "fim" LOW8 "begin" FW_BAR ">",
+    "<PRE>",
+    LOW8 "<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+    NULL,
 };
 static const char *const fim_suf_texts[] = {
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<" FW_BAR "fim" LOW8 "hole" FW_BAR ">",
-    "<SUF>",          LOW8 "<SUF>",   "<|code_suffix|>", "<|suffix|>", NULL,
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<" FW_BAR "fim" LOW8 "hole" FW_BAR ">",
+    "<SUF>",
+    LOW8 "<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+    NULL,
 };
 static const char *const fim_mid_texts[] = {
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<" FW_BAR "fim" LOW8 "end" FW_BAR ">",
-    "<MID>",          LOW8 "<MID>",   "<|code_middle|>", "<|middle|>", NULL,
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<" FW_BAR "fim" LOW8 "end" FW_BAR ">",
+    "<MID>",
+    LOW8 "<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
+    NULL,
 };
 static const char *const fim_pad_texts[] = {
     "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL,
@@ -565,8 +585,8 @@ static void read_id(const kg_gguf_t *g, const char *key, int32_t n_vocab, int32_
         if (v < (uint32_t)n_vocab) {
             *id = (int32_t)v;
         } else {
-            KG_LOG_DEBUG("tokenizer", "bad special token id, keeping the default key=%s id=%u",
-                         key, v);
+            KG_LOG_DEBUG("tokenizer", "bad special token id, keeping the default key=%s id=%u", key,
+                         v);
         }
     }
 }
@@ -1043,8 +1063,8 @@ static void apply_name_rules(kg_tokenizer_t *tok, const kg_gguf_t *g) {
     }
 }
 
-static bool compile_regexes(kg_tokenizer_t *tok, const pre_def_t *pre, char *errstr,
-                            size_t errstr_size) {
+static bool
+compile_regexes(kg_tokenizer_t *tok, const pre_def_t *pre, char *errstr, size_t errstr_size) {
     // PCRE2 stops after 10M backtracking steps by default; a long run of
     // spaces costs one step per space in `\s*[\r\n]+` before `\s+(?!\S)`
     // takes it whole. Every regex here is linear in the text, so the limit
@@ -1058,9 +1078,9 @@ static bool compile_regexes(kg_tokenizer_t *tok, const pre_def_t *pre, char *err
     for (int i = 0; i < MAX_REGEX && pre->regex[i]; i++) {
         int err;
         PCRE2_SIZE erroff;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)pre->regex[i], PCRE2_ZERO_TERMINATED,
-                                       PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err, &erroff,
-                                       NULL);
+        pcre2_code *re =
+            pcre2_compile((PCRE2_SPTR)pre->regex[i], PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err, &erroff, NULL);
         if (!re) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(err, msg, sizeof(msg));
@@ -1262,8 +1282,8 @@ int32_t kg_tokenizer_find(const kg_tokenizer_t *tok, const char *text, size_t le
     return find_token(tok, text, len);
 }
 
-size_t kg_tokenizer_piece(const kg_tokenizer_t *tok, int32_t id, bool special, char *buf,
-                          size_t cap) {
+size_t
+kg_tokenizer_piece(const kg_tokenizer_t *tok, int32_t id, bool special, char *buf, size_t cap) {
     if (id < 0 || id >= tok->n_vocab) {
         return 0;
     }
@@ -1400,7 +1420,8 @@ static int64_t split_chars(session_t *s, const char *text, size_t len) {
 }
 
 /* Merge adjacent symbols, best bigram first, until no bigram is left. */
-static void merge_symbols(session_t *s, const char *text,
+static void merge_symbols(session_t *s,
+                          const char *text,
                           bool (*pair)(session_t *, const char *, int32_t, int32_t)) {
     while (s->heap_n && !s->failed) {
         bigram_t b = heap_pop(s);
@@ -1699,8 +1720,12 @@ static int isspace_c(char c) {
 /* tokenizer_st_partition: cut the text at special-token texts, one token at
  * a time in cache order, every occurrence left to right. Returns the
  * fragment count in *n_frags (array in *frags), false on no memory. */
-static bool partition(const kg_tokenizer_t *tok, const char *text, size_t len, bool parse_special,
-                      fragment_t **frags, size_t *n_frags) {
+static bool partition(const kg_tokenizer_t *tok,
+                      const char *text,
+                      size_t len,
+                      bool parse_special,
+                      fragment_t **frags,
+                      size_t *n_frags) {
     size_t n = 0, cap = 0, ncap = 0;
     fragment_t *cur = NULL, *next = NULL;
     bool ok = false;
@@ -1786,8 +1811,13 @@ out:
     return ok;
 }
 
-int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok, const char *text, size_t len,
-                            bool add_special, bool parse_special, int32_t *ids, int64_t n_max) {
+int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok,
+                            const char *text,
+                            size_t len,
+                            bool add_special,
+                            bool parse_special,
+                            int32_t *ids,
+                            int64_t n_max) {
     if (len > (size_t)INT32_MAX) {
         return -1; // symbol offsets are 32-bit (llama.cpp takes an int32 length too)
     }

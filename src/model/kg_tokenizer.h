@@ -14,11 +14,11 @@
  * would give U+FFFD; valid UTF-8 gives llama.cpp's ids exactly. */
 #pragma once
 
+#include "kg_gguf.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "kg_gguf.h"
 
 typedef struct kg_tokenizer kg_tokenizer_t;
 
@@ -49,16 +49,21 @@ bool kg_tokenizer_is_control(const kg_tokenizer_t *tok, int32_t id);
  * most `n_max` ids; returns the number of ids the text needs (so a result
  * larger than n_max means: call again with a bigger buffer), or -1 when
  * `text` could not be tokenized. @thread any (the tokenizer is read-only) */
-int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok, const char *text, size_t len,
-                            bool add_special, bool parse_special, int32_t *ids, int64_t n_max);
+int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok,
+                            const char *text,
+                            size_t len,
+                            bool add_special,
+                            bool parse_special,
+                            int32_t *ids,
+                            int64_t n_max);
 
 /** The bytes of one token as they appear in text (leading-space marker and
  * byte tokens resolved; control and unknown tokens give "" unless
  * `special`; user-defined tokens their text). A token can end inside a
  * UTF-8 character: concatenate pieces before treating them as text. Writes
  * min(length, cap) bytes; returns the length. @thread any */
-size_t kg_tokenizer_piece(const kg_tokenizer_t *tok, int32_t id, bool special, char *buf,
-                          size_t cap);
+size_t
+kg_tokenizer_piece(const kg_tokenizer_t *tok, int32_t id, bool special, char *buf, size_t cap);
 
 /** The raw vocabulary string of a token (as stored in the file). */
 kg_gguf_str_t kg_tokenizer_token_text(const kg_tokenizer_t *tok, int32_t id);

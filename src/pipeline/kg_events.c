@@ -1,10 +1,10 @@
 /* kg_events: job state -> contract events through the codec. */
 #include "kg_events.h"
 
+#include "../core/kg_clock.h"
+
 #include <stdlib.h>
 #include <string.h>
-
-#include "../core/kg_clock.h"
 
 static void common(const kg_event_origin_t *o, const char *request_id, kg_event_common_t *c) {
     c->request_id = request_id;
@@ -17,8 +17,12 @@ static void common(const kg_event_origin_t *o, const char *request_id, kg_event_
 
 /* Pieces of the chosen and top tokens, copied into `buf` (so the entries
  * can point into it); a piece that does not fit is left empty. */
-static void fill_logprobs(const kg_tokenizer_t *tok, const kg_sample_result_t *s,
-                          kg_token_logprobs_t *lp, char *buf, size_t cap, size_t *used) {
+static void fill_logprobs(const kg_tokenizer_t *tok,
+                          const kg_sample_result_t *s,
+                          kg_token_logprobs_t *lp,
+                          char *buf,
+                          size_t cap,
+                          size_t *used) {
     memset(lp, 0, sizeof(*lp));
     lp->n_top = s->n_top;
     for (int32_t i = -1; i < s->n_top; i++) {
@@ -36,12 +40,18 @@ static void fill_logprobs(const kg_tokenizer_t *tok, const kg_sample_result_t *s
     }
 }
 
-char *kg_events_token(const kg_event_origin_t *o, const kg_tokenizer_t *tok, const kg_job_t *job,
-                      const kg_output_t *out, const kg_output_event_t *ev, size_t *len) {
+char *kg_events_token(const kg_event_origin_t *o,
+                      const kg_tokenizer_t *tok,
+                      const kg_job_t *job,
+                      const kg_output_t *out,
+                      const kg_output_event_t *ev,
+                      size_t *len) {
     size_t tlen;
     const char *text = kg_output_text(out, &tlen);
-    kg_event_token_t e = {.index = ev->index, .token_id = ev->token_id,
-                          .text = text + ev->text_off, .text_len = ev->text_len};
+    kg_event_token_t e = {.index = ev->index,
+                          .token_id = ev->token_id,
+                          .text = text + ev->text_off,
+                          .text_len = ev->text_len};
     common(o, job->request_id, &e.common);
     char buf[(KG_MAX_LOGPROBS + 1) * 256];
     size_t used = 0;
@@ -52,16 +62,25 @@ char *kg_events_token(const kg_event_origin_t *o, const kg_tokenizer_t *tok, con
     return kg_codec_encode_token(&e, len);
 }
 
-char *kg_events_done(const kg_event_origin_t *o, const kg_tokenizer_t *tok, const kg_job_t *job,
-                     const kg_output_t *out, kg_finish_reason_t reason, const kg_job_timing_t *t,
-                     const kg_sample_result_t *samples, int32_t n_samples, size_t *len) {
+char *kg_events_done(const kg_event_origin_t *o,
+                     const kg_tokenizer_t *tok,
+                     const kg_job_t *job,
+                     const kg_output_t *out,
+                     kg_finish_reason_t reason,
+                     const kg_job_timing_t *t,
+                     const kg_sample_result_t *samples,
+                     int32_t n_samples,
+                     size_t *len) {
     size_t tlen;
     const char *text = kg_output_text(out, &tlen);
     int64_t first = t->first_token_us ? t->first_token_us : t->finished_us;
     double gen_s = (double)(t->finished_us - first) / 1e6;
     int32_t n_gen = out->n_tokens;
-    kg_event_done_t e = {.finish_reason = reason, .text = text, .text_len = tlen,
-                         .prompt_tokens = t->n_prompt, .completion_tokens = n_gen,
+    kg_event_done_t e = {.finish_reason = reason,
+                         .text = text,
+                         .text_len = tlen,
+                         .prompt_tokens = t->n_prompt,
+                         .completion_tokens = n_gen,
                          .cached_tokens = t->n_cached,
                          .queue_ms = (double)(t->submitted_us - t->taken_us) / 1e3,
                          .ttft_ms = (double)(first - t->taken_us) / 1e3,
@@ -97,8 +116,12 @@ char *kg_events_done(const kg_event_origin_t *o, const kg_tokenizer_t *tok, cons
     return json;
 }
 
-char *kg_events_error(const kg_event_origin_t *o, const char *request_id, kg_error_code_t code,
-                      const char *message, const char *metadata_json, size_t *len) {
+char *kg_events_error(const kg_event_origin_t *o,
+                      const char *request_id,
+                      kg_error_code_t code,
+                      const char *message,
+                      const char *metadata_json,
+                      size_t *len) {
     kg_event_error_t e = {.code = code, .message = message, .metadata_json = metadata_json};
     common(o, request_id, &e.common);
     return kg_codec_encode_error(&e, len);

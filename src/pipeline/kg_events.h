@@ -2,13 +2,13 @@
  * by `kgen batch` and kgen-worker so both write the same contract. */
 #pragma once
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include "../model/kg_tokenizer.h"
 #include "../schema/kg_codec.h"
 #include "../schema/kg_job.h"
 #include "kg_output.h"
+
+#include <stddef.h>
+#include <stdint.h>
 
 /* Where an event comes from: the worker id and the job's source. */
 typedef struct kg_event_origin {
@@ -24,16 +24,29 @@ typedef struct kg_job_timing {
 } kg_job_timing_t;
 
 /** A token event for `ev` of `out`. Returns malloc'ed JSON (caller frees). */
-char *kg_events_token(const kg_event_origin_t *o, const kg_tokenizer_t *tok, const kg_job_t *job,
-                      const kg_output_t *out, const kg_output_event_t *ev, size_t *len);
+char *kg_events_token(const kg_event_origin_t *o,
+                      const kg_tokenizer_t *tok,
+                      const kg_job_t *job,
+                      const kg_output_t *out,
+                      const kg_output_event_t *ev,
+                      size_t *len);
 
 /** The done event: full text, finish reason, usage, timings, and per-token
  * logprobs when the job asked for them (`samples`, n_samples; may be NULL). */
-char *kg_events_done(const kg_event_origin_t *o, const kg_tokenizer_t *tok, const kg_job_t *job,
-                     const kg_output_t *out, kg_finish_reason_t reason,
-                     const kg_job_timing_t *t, const kg_sample_result_t *samples,
-                     int32_t n_samples, size_t *len);
+char *kg_events_done(const kg_event_origin_t *o,
+                     const kg_tokenizer_t *tok,
+                     const kg_job_t *job,
+                     const kg_output_t *out,
+                     kg_finish_reason_t reason,
+                     const kg_job_timing_t *t,
+                     const kg_sample_result_t *samples,
+                     int32_t n_samples,
+                     size_t *len);
 
 /** An error event; request_id and metadata_json may come from a job or not. */
-char *kg_events_error(const kg_event_origin_t *o, const char *request_id, kg_error_code_t code,
-                      const char *message, const char *metadata_json, size_t *len);
+char *kg_events_error(const kg_event_origin_t *o,
+                      const char *request_id,
+                      kg_error_code_t code,
+                      const char *message,
+                      const char *metadata_json,
+                      size_t *len);

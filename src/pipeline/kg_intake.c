@@ -1,11 +1,11 @@
 /* kg_intake: tokenize or render a job and check it against the limits. */
 #include "kg_intake.h"
 
+#include "../schema/kg_chat.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "../schema/kg_chat.h"
 
 void kg_prepared_clear(kg_prepared_t *p) {
     free(p->tokens);
@@ -14,8 +14,8 @@ void kg_prepared_clear(kg_prepared_t *p) {
 }
 
 /* Tokenize text into a fresh array (grows once if the guess was short). */
-static kg_status_t tokenize(const kg_tokenizer_t *tok, const char *text, size_t len,
-                            bool add_special, kg_prepared_t *out) {
+static kg_status_t tokenize(
+    const kg_tokenizer_t *tok, const char *text, size_t len, bool add_special, kg_prepared_t *out) {
     int64_t cap = (int64_t)len + 16;
     out->tokens = malloc((size_t)cap * sizeof(int32_t));
     if (!out->tokens) {
@@ -46,9 +46,14 @@ static const char *token_text(const kg_tokenizer_t *tok, int32_t id, char *buf, 
     return buf;
 }
 
-kg_status_t kg_intake_prepare(const kg_model_t *model, const kg_intake_limits_t *lim,
-                              const kg_job_t *job, int64_t now_ms, kg_prepared_t *out,
-                              kg_error_code_t *code, char *msg, size_t msg_size) {
+kg_status_t kg_intake_prepare(const kg_model_t *model,
+                              const kg_intake_limits_t *lim,
+                              const kg_job_t *job,
+                              int64_t now_ms,
+                              kg_prepared_t *out,
+                              kg_error_code_t *code,
+                              char *msg,
+                              size_t msg_size) {
     memset(out, 0, sizeof(*out));
     const kg_tokenizer_t *tok = model->tok;
     kg_status_t st = KG_OK;
@@ -72,15 +77,17 @@ kg_status_t kg_intake_prepare(const kg_model_t *model, const kg_intake_limits_t 
         st = tokenize(tok, job->prompt, job->prompt_len, true, out);
         break;
     case KG_PROMPT_TOKENS:
-        out->tokens = malloc((size_t)(job->n_prompt_tokens > 0 ? job->n_prompt_tokens : 1) *
-                             sizeof(int32_t));
+        out->tokens =
+            malloc((size_t)(job->n_prompt_tokens > 0 ? job->n_prompt_tokens : 1) * sizeof(int32_t));
         if (!out->tokens) {
             return KG_ERR_NOMEM;
         }
         for (int32_t i = 0; i < job->n_prompt_tokens; i++) {
             if (job->prompt_tokens[i] < 0 || job->prompt_tokens[i] >= model->hp.n_vocab) {
-                snprintf(msg, msg_size, "prompt_tokens[%d]: %d is not a token of this model "
-                         "(vocabulary of %d)", i, job->prompt_tokens[i], model->hp.n_vocab);
+                snprintf(msg, msg_size,
+                         "prompt_tokens[%d]: %d is not a token of this model "
+                         "(vocabulary of %d)",
+                         i, job->prompt_tokens[i], model->hp.n_vocab);
                 kg_prepared_clear(out);
                 return KG_ERR_INVALID;
             }
@@ -93,8 +100,8 @@ kg_status_t kg_intake_prepare(const kg_model_t *model, const kg_intake_limits_t 
         char *text = NULL;
         token_text(tok, kg_tokenizer_bos(tok), bos, sizeof(bos));
         token_text(tok, kg_tokenizer_eos(tok), eos, sizeof(eos));
-        st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true,
-                            bos, eos, &text, err, sizeof(err));
+        st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true, bos,
+                            eos, &text, err, sizeof(err));
         if (st == KG_ERR_UNSUPPORTED || (st != KG_OK && st != KG_ERR_NOMEM)) {
             *code = st == KG_ERR_UNSUPPORTED ? KG_ERROR_UNSUPPORTED_CHAT_TEMPLATE
                                              : KG_ERROR_INVALID_JOB;

@@ -9,13 +9,13 @@
  * server does); a job whose deadline has passed is not run. */
 #pragma once
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include "../core/kg_status.h"
 #include "../model/kg_model.h"
 #include "../schema/kg_codec.h"
 #include "../schema/kg_job.h"
+
+#include <stddef.h>
+#include <stdint.h>
 
 typedef struct kg_intake_limits {
     int32_t max_seq_len;       /* prompt + output per sequence */
@@ -32,8 +32,13 @@ typedef struct kg_prepared {
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a
  * message for the error event; KG_ERR_NOMEM on allocation failure.
  * `now_ms` is the epoch time used for the deadline check. @thread any */
-KG_NODISCARD kg_status_t kg_intake_prepare(const kg_model_t *model, const kg_intake_limits_t *lim,
-                                           const kg_job_t *job, int64_t now_ms, kg_prepared_t *out,
-                                           kg_error_code_t *code, char *msg, size_t msg_size);
+KG_NODISCARD kg_status_t kg_intake_prepare(const kg_model_t *model,
+                                           const kg_intake_limits_t *lim,
+                                           const kg_job_t *job,
+                                           int64_t now_ms,
+                                           kg_prepared_t *out,
+                                           kg_error_code_t *code,
+                                           char *msg,
+                                           size_t msg_size);
 
 void kg_prepared_clear(kg_prepared_t *p);

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-void kg_output_init(kg_output_t *out, const kg_tokenizer_t *tok, const char *const *stop,
+void kg_output_init(kg_output_t *out,
+                    const kg_tokenizer_t *tok,
+                    const char *const *stop,
                     int32_t n_stop) {
     memset(out, 0, sizeof(*out));
     out->tok = tok;
@@ -93,7 +95,9 @@ static bool find_stop(kg_output_t *out, size_t from, size_t *at) {
     return found;
 }
 
-int kg_output_push(kg_output_t *out, int32_t token, const kg_sample_result_t *sample,
+int kg_output_push(kg_output_t *out,
+                   int32_t token,
+                   const kg_sample_result_t *sample,
                    kg_output_event_t ready[2]) {
     if (out->stop_index >= 0) {
         return 0;

@@ -16,17 +16,17 @@
  * held back, which the reader could not have seen anyway. */
 #pragma once
 
+#include "../model/kg_sampler.h"
+#include "../model/kg_tokenizer.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../model/kg_sampler.h"
-#include "../model/kg_tokenizer.h"
-
 typedef struct kg_output_event {
-    int32_t index;    /* position of the token in the output */
+    int32_t index; /* position of the token in the output */
     int32_t token_id;
-    size_t text_off;  /* the event's text is kg_output_text()[text_off, text_off + text_len) */
+    size_t text_off; /* the event's text is kg_output_text()[text_off, text_off + text_len) */
     size_t text_len;
     kg_sample_result_t sample;
 } kg_output_event_t;
@@ -37,22 +37,26 @@ typedef struct kg_output {
     int32_t n_stop;
     char *text; /* (len) bytes of output so far, cut at a stop; owned */
     size_t len, cap;
-    size_t released;  /* bytes handed out in events */
-    int32_t n_tokens; /* tokens pushed */
+    size_t released;    /* bytes handed out in events */
+    int32_t n_tokens;   /* tokens pushed */
     int32_t stop_index; /* -1, or which stop string matched */
     bool has_pending;
     kg_output_event_t pending;
 } kg_output_t;
 
 /** Set up for a job; `stop` (n_stop strings) is borrowed for the lifetime. */
-void kg_output_init(kg_output_t *out, const kg_tokenizer_t *tok, const char *const *stop,
+void kg_output_init(kg_output_t *out,
+                    const kg_tokenizer_t *tok,
+                    const char *const *stop,
                     int32_t n_stop);
 void kg_output_clear(kg_output_t *out);
 
 /** Add one generated token. Writes 0, 1 or 2 events that are ready to be
  * sent into `ready` and returns how many; -1 on out of memory. After a stop
  * string matched (kg_output_stopped), further tokens are ignored. */
-int kg_output_push(kg_output_t *out, int32_t token, const kg_sample_result_t *sample,
+int kg_output_push(kg_output_t *out,
+                   int32_t token,
+                   const kg_sample_result_t *sample,
                    kg_output_event_t ready[2]);
 
 /** The job ended: release everything held back. Writes 0 or 1 event. */

@@ -1,14 +1,14 @@
 /* kg_runner: the engine thread and its two queues. */
 #include "kg_runner.h"
 
+#include "../core/kg_clock.h"
+#include "../core/kg_log.h"
+#include "../core/kg_queue.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "../core/kg_clock.h"
-#include "../core/kg_log.h"
-#include "../core/kg_queue.h"
 
 typedef enum cmd_kind { CMD_SUBMIT, CMD_CANCEL } cmd_kind_t;
 
@@ -105,8 +105,8 @@ static void *run(void *arg) {
             continue;
         }
         for (int32_t i = 0; i < n; i++) {
-            kg_runner_event_t ev = {.kind = KG_RUNNER_COMPLETION, .status = KG_OK, .ts_us = t1,
-                                    .c = r->comps[i]};
+            kg_runner_event_t ev = {
+                .kind = KG_RUNNER_COMPLETION, .status = KG_OK, .ts_us = t1, .c = r->comps[i]};
             push_event(r, &ev);
         }
         update_gauges(r);
@@ -114,8 +114,8 @@ static void *run(void *arg) {
     return NULL;
 }
 
-kg_runner_t *kg_runner_new(kg_engine_t *engine, int32_t max_inflight, char *errstr,
-                           size_t errstr_size) {
+kg_runner_t *
+kg_runner_new(kg_engine_t *engine, int32_t max_inflight, char *errstr, size_t errstr_size) {
     kg_runner_t *r = calloc(1, sizeof(*r));
     if (!r) {
         snprintf(errstr, errstr_size, "runner: out of memory");

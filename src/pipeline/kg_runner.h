@@ -12,12 +12,12 @@
  * work it sleeps on the command queue. */
 #pragma once
 
+#include "../engine/kg_engine.h"
+#include "../metrics/kg_metrics.h"
+
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-
-#include "../engine/kg_engine.h"
-#include "../metrics/kg_metrics.h"
 
 typedef struct kg_runner kg_runner_t;
 
@@ -48,8 +48,8 @@ typedef struct kg_runner_gauges {
 
 /** A runner over `engine` (borrowed; must outlive the runner), with queues
  * sized for `max_inflight` requests. The thread starts here. */
-kg_runner_t *kg_runner_new(kg_engine_t *engine, int32_t max_inflight, char *errstr,
-                           size_t errstr_size);
+kg_runner_t *
+kg_runner_new(kg_engine_t *engine, int32_t max_inflight, char *errstr, size_t errstr_size);
 /** Stop the thread (finishing the current step) and free. */
 void kg_runner_free(kg_runner_t *r);
 

@@ -1,12 +1,12 @@
 /* fake_backend: a recording, checking backend for engine tests (see fake_backend.h). */
 #include "fake_backend.h"
 
+#include "backend/kg_backend_impl.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "backend/kg_backend_impl.h"
 
 typedef struct fake_ctx {
     kg_fake_backend_params_t p;
@@ -26,8 +26,10 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-void kg_fake_backend_logits(const kg_fake_backend_params_t *params, const int32_t *history,
-                            int32_t n, float *logits) {
+void kg_fake_backend_logits(const kg_fake_backend_params_t *params,
+                            const int32_t *history,
+                            int32_t n,
+                            float *logits) {
     uint64_t h = mix64(params->salt + 0x9e3779b97f4a7c15ULL);
     for (int32_t i = 0; i < n; i++) {
         h = mix64(h ^ (uint64_t)(uint32_t)history[i]);
@@ -42,8 +44,8 @@ void kg_fake_backend_logits(const kg_fake_backend_params_t *params, const int32_
     }
 }
 
-int32_t kg_fake_backend_argmax(const kg_fake_backend_params_t *params, const int32_t *history,
-                               int32_t n) {
+int32_t
+kg_fake_backend_argmax(const kg_fake_backend_params_t *params, const int32_t *history, int32_t n) {
     float logits[4096];
     if (params->n_vocab > 4096) {
         return -1;
@@ -153,8 +155,8 @@ static kg_status_t fake_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
                 t = c->cell[(size_t)b * (size_t)bs + (size_t)(q % bs)];
             }
             if (t < 0) {
-                violation(c, "slot %d pos %d reads an unwritten row at pos %d (block %d)", seq,
-                          pos, q, b);
+                violation(c, "slot %d pos %d reads an unwritten row at pos %d (block %d)", seq, pos,
+                          q, b);
                 t = 0;
             }
             c->hist[q] = t;

@@ -16,10 +16,10 @@
  * forward. */
 #pragma once
 
+#include "backend/kg_backend.h"
+
 #include <stdbool.h>
 #include <stdint.h>
-
-#include "backend/kg_backend.h"
 
 typedef struct kg_fake_backend_params {
     int32_t n_vocab;
@@ -58,9 +58,11 @@ const kg_fake_backend_stats_t *kg_fake_backend_stats(const kg_backend_t *be);
 
 /** The logits the fake produces after `history` (n >= 1 tokens, the last
  * one being the token fed at position n - 1). */
-void kg_fake_backend_logits(const kg_fake_backend_params_t *params, const int32_t *history,
-                            int32_t n, float *logits);
+void kg_fake_backend_logits(const kg_fake_backend_params_t *params,
+                            const int32_t *history,
+                            int32_t n,
+                            float *logits);
 
 /** Greedy continuation as the fake defines it: argmax of the logits. */
-int32_t kg_fake_backend_argmax(const kg_fake_backend_params_t *params, const int32_t *history,
-                               int32_t n);
+int32_t
+kg_fake_backend_argmax(const kg_fake_backend_params_t *params, const int32_t *history, int32_t n);

@@ -6,12 +6,12 @@
  * the typed getters, every string array element, numeric arrays converted,
  * and the first rows of every tensor dequantized. The input is copied into
  * an exact-size heap buffer so the sanitizer sees a read one byte past it. */
+#include "model/kg_gguf.h"
+#include "model/kg_quant.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "model/kg_gguf.h"
-#include "model/kg_quant.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

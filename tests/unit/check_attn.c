@@ -3,18 +3,17 @@
  * the result is bitwise the same wherever the sequence's blocks lie in the
  * cache, equals the element-by-element chains the header describes, and
  * handles head sizes that are not a multiple of 8. */
+#include "backend/cpu/cpu_attn.h"
+#include "backend/cpu/cpu_ops.h"
 #include "check_common.h"
+#include "model/kg_quant.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "backend/cpu/cpu_attn.h"
-#include "backend/cpu/cpu_ops.h"
-#include "model/kg_quant.h"
-
-#define BS 16
+#define BS         16
 #define MAX_BLOCKS 8
-#define MAX_POS (BS * MAX_BLOCKS)
+#define MAX_POS    (BS * MAX_BLOCKS)
 
 static uint64_t rng_state;
 
@@ -51,8 +50,8 @@ static void cache_free(cache_t *c) {
     free(c->v);
 }
 
-static const uint16_t *row(const cache_t *c, const uint16_t *base, const int32_t *table, int p,
-                           int64_t off) {
+static const uint16_t *
+row(const cache_t *c, const uint16_t *base, const int32_t *table, int p, int64_t off) {
     return base + ((int64_t)table[p / BS] * BS + p % BS) * c->stride + off;
 }
 
@@ -87,8 +86,12 @@ START_TEST(matches_reference) {
                 q[i] = kg_fp16_to_fp32(kg_fp32_to_fp16(rng_uniform(-1.0f, 1.0f)));
             }
             const int g = n_pos % n_kv;
-            const cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride,
-                                      .offset = (int64_t)g * hd, .table = table, .block_size = BS};
+            const cpu_kv_view_t kv = {.k = c.k,
+                                      .v = c.v,
+                                      .stride = c.stride,
+                                      .offset = (int64_t)g * hd,
+                                      .table = table,
+                                      .block_size = BS};
             const float scale = 1.0f / sqrtf((float)hd);
             cpu_attn_head(q, &kv, n_pos, hd, scale, s, out);
             double ref_s[MAX_POS], m = -INFINITY, sum = 0.0;
@@ -123,8 +126,15 @@ START_TEST(matches_reference) {
 END_TEST
 
 /* The arithmetic the header fixes, written out element by element. */
-static void chains(const float *q, const cache_t *c, const int32_t *table, int64_t off, int n_pos,
-                   int hd, float scale, float *s, float *out) {
+static void chains(const float *q,
+                   const cache_t *c,
+                   const int32_t *table,
+                   int64_t off,
+                   int n_pos,
+                   int hd,
+                   float scale,
+                   float *s,
+                   float *out) {
     for (int p = 0; p < n_pos; p++) {
         const uint16_t *k = row(c, c->k, table, p, off);
         float lane[8] = {0};
@@ -182,8 +192,12 @@ START_TEST(fixed_arithmetic) {
             for (int i = 0; i < hd; i++) {
                 q[i] = rng_uniform(-1.0f, 1.0f);
             }
-            const cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride, .offset = hd,
-                                      .table = table, .block_size = BS};
+            const cpu_kv_view_t kv = {.k = c.k,
+                                      .v = c.v,
+                                      .stride = c.stride,
+                                      .offset = hd,
+                                      .table = table,
+                                      .block_size = BS};
             chains(q, &c, table, hd, n_pos, hd, 0.125f, want_s, want);
             cpu_attn_scores(q, &kv, n_pos, hd, 0.125f, s);
             ck_assert_msg(memcmp(s, want_s, (size_t)n_pos * sizeof(float)) == 0,

@@ -1,11 +1,10 @@
 /* check_config: precedence (defaults < file < env < flags), librdkafka
  * passthrough, validation and secret redaction. */
 #include "check_common.h"
+#include "config/kg_config.h"
 
 #include <stdio.h>
 #include <string.h>
-
-#include "config/kg_config.h"
 
 static kg_status_t parse(kg_config_t *cfg, char **envp, int argc, char **argv, char *err) {
     kg_config_init(cfg);
@@ -30,15 +29,25 @@ END_TEST
 START_TEST(precedence_and_passthrough) {
     const char *path = kg_test_tmp_path("cfg");
     FILE *f = fopen(path, "w");
-    fprintf(f, "# comment\nmax-batch-size = 4\njobs-topic=from-file\nkafka.linger.ms=7\nlog-level=warn\n");
+    fprintf(
+        f,
+        "# comment\nmax-batch-size = 4\njobs-topic=from-file\nkafka.linger.ms=7\nlog-level=warn\n");
     fclose(f);
     kg_config_t cfg;
     char err[256];
     char *envp[] = {"KGEN_MAX_BATCH_SIZE=8", "KGEN_RDKAFKA_SASL_PASSWORD=hunter2",
                     "KGEN_KAFKA_CACHE=/x", "PATH=/bin", NULL};
-    char *argv[] = {"kgen-worker", "--model", "m.gguf", "--config", (char *)path,
-                    "--max-batch-size=12", "-X", "security.protocol=SASL_SSL",
-                    "-Xsasl.mechanisms=PLAIN", "--prefix-cache", "false"};
+    char *argv[] = {"kgen-worker",
+                    "--model",
+                    "m.gguf",
+                    "--config",
+                    (char *)path,
+                    "--max-batch-size=12",
+                    "-X",
+                    "security.protocol=SASL_SSL",
+                    "-Xsasl.mechanisms=PLAIN",
+                    "--prefix-cache",
+                    "false"};
     ck_assert_msg(parse(&cfg, envp, 11, argv, err) == KG_OK, "%s", err);
     ck_assert_int_eq(cfg.max_batch_size, 12); /* flag beats env beats file */
     ck_assert_str_eq(cfg.jobs_topic, "from-file");
@@ -87,7 +96,8 @@ START_TEST(bad_input_is_an_error) {
         char *envp[] = {NULL};
         kg_status_t st = parse(&cfg, envp, cases[i].argc, cases[i].argv, err);
         ck_assert_msg(st == KG_ERR_INVALID, "case %zu accepted", i);
-        ck_assert_msg(strstr(err, cases[i].want), "case %zu: '%s' lacks '%s'", i, err, cases[i].want);
+        ck_assert_msg(strstr(err, cases[i].want), "case %zu: '%s' lacks '%s'", i, err,
+                      cases[i].want);
         kg_config_clear(&cfg);
     }
     kg_config_t cfg;
@@ -107,7 +117,8 @@ START_TEST(help_lists_every_option) {
     kg_config_print_markdown(mf);
     fclose(mf);
     ck_assert_ptr_nonnull(strstr(text, "`--max-batch-size` | `KGEN_MAX_BATCH_SIZE`"));
-    ck_assert_ptr_nonnull(strstr(text, "`--jobs-topic` | `KGEN_JOBS_TOPIC` | string | `kgen.jobs`"));
+    ck_assert_ptr_nonnull(
+        strstr(text, "`--jobs-topic` | `KGEN_JOBS_TOPIC` | string | `kgen.jobs`"));
     free(text);
     ck_assert(kg_config_is_secret("ssl.key.password"));
     ck_assert(kg_config_is_secret("sasl.password"));

@@ -2,16 +2,14 @@
  * (every task once per run, results visible on return, whether the workers
  * were polling or asleep when the run came). */
 #include "check_common.h"
-
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-
-#include <stdatomic.h>
-
 #include "core/kg_log.h"
 #include "core/kg_pool.h"
 #include "core/kg_status.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 START_TEST(status_names) {
     ck_assert_str_eq(kg_status_str(KG_OK), "ok");
@@ -41,7 +39,8 @@ static char *capture_log(kg_log_format_t fmt, const char *msg) {
 
 START_TEST(logfmt_line) {
     char *out = capture_log(KG_LOG_FORMAT_LOGFMT, "job done request_id=r1 partition=3");
-    ck_assert_ptr_nonnull(strstr(out, "level=info module=engine msg=\"job done\" request_id=r1 partition=3\n"));
+    ck_assert_ptr_nonnull(
+        strstr(out, "level=info module=engine msg=\"job done\" request_id=r1 partition=3\n"));
     ck_assert_ptr_nonnull(strstr(out, "msg=\"hidden? 1\""));
     free(out);
 }
@@ -49,7 +48,8 @@ END_TEST
 
 START_TEST(json_line) {
     char *out = capture_log(KG_LOG_FORMAT_JSON, "said \"hi\" request_id=r1 reason=\"bad json\"");
-    ck_assert_ptr_nonnull(strstr(out, "\"msg\":\"said \\\"hi\\\"\",\"request_id\":\"r1\",\"reason\":\"bad json\"}"));
+    ck_assert_ptr_nonnull(
+        strstr(out, "\"msg\":\"said \\\"hi\\\"\",\"request_id\":\"r1\",\"reason\":\"bad json\"}"));
     free(out);
 }
 END_TEST

@@ -4,12 +4,11 @@
  * reads back through the block tables, so every test also checks the block
  * tables and the prefix sharing: a wrong block changes the tokens. */
 #include "check_common.h"
+#include "engine/kg_engine.h"
+#include "fakes/fake_backend.h"
 
 #include <stdio.h>
 #include <string.h>
-
-#include "engine/kg_engine.h"
-#include "fakes/fake_backend.h"
 
 // ---- counting allocator (not with ASan, which owns malloc) ----
 
@@ -55,10 +54,10 @@ void free(void *ptr) {
 
 // ---- the test environment ----
 
-#define EOG 3
-#define VOCAB 64
+#define EOG      3
+#define VOCAB    64
 #define MAX_JOBS 256
-#define MAX_OUT 600
+#define MAX_OUT  600
 
 typedef struct job_out {
     int32_t tok[MAX_OUT];
@@ -78,7 +77,7 @@ typedef struct env {
     kg_completion_t *comps;
     int32_t cap;
     int64_t n_steps;
-    int64_t now_us; /* the fake clock */
+    int64_t now_us;  /* the fake clock */
     job_out_t *jobs; /* (MAX_JOBS) by request id */
     int32_t max_running;
     int32_t max_used;
@@ -159,8 +158,7 @@ static kg_request_t make_req(uint64_t id, const int32_t *prompt, int32_t n, int3
 
 static void submit_ok(env_t *env, const kg_request_t *r) {
     kg_status_t st = kg_engine_submit(env->e, r);
-    ck_assert_msg(st == KG_OK, "submit id=%llu: %s", (unsigned long long)r->id,
-                  kg_status_str(st));
+    ck_assert_msg(st == KG_OK, "submit id=%llu: %s", (unsigned long long)r->id, kg_status_str(st));
 }
 
 /* Record one step's completions and check the completion convention. */
@@ -230,9 +228,14 @@ static void env_run(env_t *env, int64_t max_steps) {
 }
 
 /* What the fake backend makes a greedy job say when it runs alone. */
-static int32_t ref_greedy(const kg_fake_backend_params_t *fp, const int32_t *prompt,
-                          int32_t n_prompt, int32_t max_tokens, int32_t max_seq_len,
-                          bool ignore_eos, int32_t *out, kg_finish_t *finish) {
+static int32_t ref_greedy(const kg_fake_backend_params_t *fp,
+                          const int32_t *prompt,
+                          int32_t n_prompt,
+                          int32_t max_tokens,
+                          int32_t max_seq_len,
+                          bool ignore_eos,
+                          int32_t *out,
+                          kg_finish_t *finish) {
     int32_t hist[1024];
     memcpy(hist, prompt, (size_t)n_prompt * sizeof(*hist));
     int32_t n = n_prompt, n_out = 0;
@@ -251,8 +254,12 @@ static int32_t ref_greedy(const kg_fake_backend_params_t *fp, const int32_t *pro
     }
 }
 
-static void check_greedy(const env_t *env, uint64_t id, const int32_t *prompt, int32_t n_prompt,
-                         int32_t max_tokens, bool ignore_eos) {
+static void check_greedy(const env_t *env,
+                         uint64_t id,
+                         const int32_t *prompt,
+                         int32_t n_prompt,
+                         int32_t max_tokens,
+                         bool ignore_eos) {
     int32_t ref[MAX_OUT];
     kg_finish_t f;
     int32_t n = ref_greedy(&env->fp, prompt, n_prompt, max_tokens, env->ep.max_seq_len, ignore_eos,
@@ -272,8 +279,11 @@ static void check_greedy(const env_t *env, uint64_t id, const int32_t *prompt, i
 START_TEST(bad_params) {
     kg_engine_params_t p = base_params();
     p.max_batch_tokens = 2; /* less than max_batch_size */
-    kg_fake_backend_params_t fp = {.n_vocab = VOCAB, .n_kv_blocks = 8, .kv_block_size = 4,
-                                   .max_batch_tokens = 8, .n_slots = 4};
+    kg_fake_backend_params_t fp = {.n_vocab = VOCAB,
+                                   .n_kv_blocks = 8,
+                                   .kv_block_size = 4,
+                                   .max_batch_tokens = 8,
+                                   .n_slots = 4};
     kg_backend_t *be = kg_fake_backend_new(&fp);
     char err[256] = "";
     ck_assert_ptr_null(kg_engine_new(be, &p, err, sizeof(err)));
@@ -311,7 +321,7 @@ START_TEST(submit_validation) {
     prompt[5] = 1;
     ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_OK);
     ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID); /* id is live */
-    ck_assert_int_lt(kg_engine_step(env.e, env.comps, 1), 0);       /* cap too small */
+    ck_assert_int_lt(kg_engine_step(env.e, env.comps, 1), 0);      /* cap too small */
     env_run(&env, 100);
     /* The prompt fills the pool: one token, then the context cannot grow. */
     check_greedy(&env, 1, prompt, 24, 1, false);
@@ -492,10 +502,12 @@ typedef struct shared_run {
     uint64_t shared_seed, own_seed;
 } shared_run_t;
 
-#define SHARED_MAX_JOBS 100
+#define SHARED_MAX_JOBS   100
 #define SHARED_MAX_PROMPT 520
 
-static void run_shared_prefix(const shared_run_t *sr, kg_engine_stats_t *st, int32_t *max_used,
+static void run_shared_prefix(const shared_run_t *sr,
+                              kg_engine_stats_t *st,
+                              int32_t *max_used,
                               job_out_t *outs) {
     const int n_prompt = sr->n_shared + sr->n_own;
     ck_assert(sr->n_jobs <= SHARED_MAX_JOBS && n_prompt <= SHARED_MAX_PROMPT);
@@ -524,8 +536,13 @@ static void run_shared_prefix(const shared_run_t *sr, kg_engine_stats_t *st, int
 
 /* 32 jobs share a 200-token prefix; with and without the cache. */
 static void run_32_shared(bool cache, kg_engine_stats_t *st, int32_t *max_used, job_out_t *outs) {
-    shared_run_t sr = {.p = base_params(), .n_jobs = 32, .n_shared = 200, .n_own = 16,
-                       .max_tokens = 8, .shared_seed = 5, .own_seed = 1000};
+    shared_run_t sr = {.p = base_params(),
+                       .n_jobs = 32,
+                       .n_shared = 200,
+                       .n_own = 16,
+                       .max_tokens = 8,
+                       .shared_seed = 5,
+                       .own_seed = 1000};
     sr.p.max_batch_size = 16;
     sr.p.max_batch_tokens = 512;
     sr.p.kv_block_size = 16;
@@ -576,8 +593,13 @@ END_TEST
  * prefill (128 tokens a step, so the first copy takes four steps to
  * compute): the prompt is computed once. */
 START_TEST(system_prompt_prefilled_once) {
-    shared_run_t sr = {.p = base_params(), .n_jobs = 100, .n_shared = 500, .n_own = 20,
-                       .max_tokens = 4, .shared_seed = 9, .own_seed = 5000};
+    shared_run_t sr = {.p = base_params(),
+                       .n_jobs = 100,
+                       .n_shared = 500,
+                       .n_own = 20,
+                       .max_tokens = 4,
+                       .shared_seed = 9,
+                       .own_seed = 5000};
     sr.p.max_batch_size = 16;
     sr.p.max_batch_tokens = 128;
     sr.p.max_queue_depth = 128;
@@ -586,9 +608,11 @@ START_TEST(system_prompt_prefilled_once) {
     sr.p.n_kv_blocks = 600;
     kg_engine_stats_t st;
     run_shared_prefix(&sr, &st, NULL, NULL);
-    fprintf(stderr, "system prompt, 100 jobs x (500 shared + 20 own) tokens: %lld prefilled, %lld "
-            "from the cache, %lld steps\n", (long long)st.n_prefill_tokens,
-            (long long)st.n_prefix_hit_tokens, (long long)st.n_steps);
+    fprintf(stderr,
+            "system prompt, 100 jobs x (500 shared + 20 own) tokens: %lld prefilled, %lld "
+            "from the cache, %lld steps\n",
+            (long long)st.n_prefill_tokens, (long long)st.n_prefix_hit_tokens,
+            (long long)st.n_steps);
     /* 31 full blocks (496 tokens) of the system prompt computed once; every
      * job computes its last 4 system tokens (they share a block with its
      * own) and its 20 own tokens */
@@ -889,7 +913,11 @@ static void make_inv_jobs(inv_job_t *jobs) {
     }
 }
 
-static void run_inv(inv_job_t *jobs, int32_t batch, int32_t n_blocks, bool cache, job_out_t *out,
+static void run_inv(inv_job_t *jobs,
+                    int32_t batch,
+                    int32_t n_blocks,
+                    bool cache,
+                    job_out_t *out,
                     int64_t *n_preempt) {
     kg_engine_params_t p = base_params();
     p.max_batch_size = batch;

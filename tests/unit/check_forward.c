@@ -2,15 +2,14 @@
  * itself (one call vs token by token through the paged KV cache, blocks out
  * of order, several sequences in one batch), F16 vs F32 weights, and the
  * stories260K greedy reference from llama.cpp. */
+#include "backend/kg_backend.h"
 #include "check_common.h"
+#include "model/kg_model.h"
+#include "model/kg_quant.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-#include "backend/kg_backend.h"
-#include "model/kg_model.h"
-#include "model/kg_quant.h"
 
 // ---- a naive reference: llama2.c-style, one token at a time, all F32 ----
 
@@ -144,7 +143,9 @@ static double nmse(const float *a, const float *b, int64_t n) {
 
 static kg_backend_t *make_cpu(const kg_model_t *m, int n_blocks, int bs, int max_tokens) {
     char err[256];
-    kg_backend_params_t p = {.n_threads = 2, .n_kv_blocks = n_blocks, .kv_block_size = bs,
+    kg_backend_params_t p = {.n_threads = 2,
+                             .n_kv_blocks = n_blocks,
+                             .kv_block_size = bs,
                              .max_batch_tokens = max_tokens};
     kg_backend_t *be = kg_backend_cpu_new(m, &p, err, sizeof(err));
     ck_assert_msg(be != NULL, "%s", err);
@@ -160,8 +161,16 @@ static kg_model_t *load(const char *path) {
 }
 
 /* Run `n` tokens of one sequence (slot `slot` of n_slots) in one call. */
-static void run_seq(kg_backend_t *be, const int32_t *toks, int n, int pos0, int slot, int n_slots,
-                    const int32_t *table, int mbps, float *logits, bool all_logits) {
+static void run_seq(kg_backend_t *be,
+                    const int32_t *toks,
+                    int n,
+                    int pos0,
+                    int slot,
+                    int n_slots,
+                    const int32_t *table,
+                    int mbps,
+                    float *logits,
+                    bool all_logits) {
     int32_t pos[256], seq[256];
     bool want[256];
     for (int i = 0; i < n; i++) {
@@ -169,14 +178,20 @@ static void run_seq(kg_backend_t *be, const int32_t *toks, int n, int pos0, int 
         seq[i] = slot;
         want[i] = all_logits || i == n - 1;
     }
-    kg_step_batch_t b = {.n_tokens = n, .token = toks, .pos = pos, .seq = seq, .want_logits = want,
-                         .n_outputs = all_logits ? n : 1, .n_slots = n_slots,
-                         .max_blocks_per_seq = mbps, .block_table = table};
+    kg_step_batch_t b = {.n_tokens = n,
+                         .token = toks,
+                         .pos = pos,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_outputs = all_logits ? n : 1,
+                         .n_slots = n_slots,
+                         .max_blocks_per_seq = mbps,
+                         .block_table = table};
     ck_assert_int_eq(kg_backend_forward(be, &b, logits), KG_OK);
 }
 
-static const int32_t toks[] = {1, 40, 200, 7, 99, 13, 250, 3, 77, 120, 45, 66, 5, 180, 2, 31,
-                               90, 14, 222, 8};
+static const int32_t toks[] = {1,  40, 200, 7,   99, 13, 250, 3,  77,  120,
+                               45, 66, 5,   180, 2,  31, 90,  14, 222, 8};
 #define N_TOKS 20
 
 /* backend logits (one call, blocks out of order) vs the naive reference */
@@ -202,23 +217,35 @@ static void check_against_reference(const kg_test_model_opts_t *o, double tol) {
 }
 
 START_TEST(reference_gqa_untied) {
-    kg_test_model_opts_t o = {.n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 96,
-                              .seed = 1};
+    kg_test_model_opts_t o = {
+        .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 96, .seed = 1};
     check_against_reference(&o, 1e-5);
 }
 END_TEST
 
 START_TEST(reference_mha_tied_headdim_ropebase) {
-    kg_test_model_opts_t o = {.n_embd = 48, .n_layer = 3, .n_head = 3, .n_head_kv = 3, .n_ff = 80,
-                              .head_dim = 32, .rope_base = 500000.0f, .tied = true, .seed = 2};
+    kg_test_model_opts_t o = {.n_embd = 48,
+                              .n_layer = 3,
+                              .n_head = 3,
+                              .n_head_kv = 3,
+                              .n_ff = 80,
+                              .head_dim = 32,
+                              .rope_base = 500000.0f,
+                              .tied = true,
+                              .seed = 2};
     check_against_reference(&o, 1e-5);
 }
 END_TEST
 
 START_TEST(reference_f16) {
     /* fp16 activations and KV: the error budget is fp16 rounding */
-    kg_test_model_opts_t o = {.n_embd = 64, .n_layer = 2, .n_head = 8, .n_head_kv = 1, .n_ff = 128,
-                              .type = "f16", .seed = 3};
+    kg_test_model_opts_t o = {.n_embd = 64,
+                              .n_layer = 2,
+                              .n_head = 8,
+                              .n_head_kv = 1,
+                              .n_ff = 128,
+                              .type = "f16",
+                              .seed = 3};
     check_against_reference(&o, 1e-4);
 }
 END_TEST
@@ -227,8 +254,8 @@ END_TEST
  * and a batch mixing two sequences equals running each alone: bit for bit,
  * since a token's row must not depend on what shares its step. */
 START_TEST(one_call_vs_incremental_and_mixed) {
-    kg_test_model_opts_t o = {.n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 96,
-                              .seed = 4};
+    kg_test_model_opts_t o = {
+        .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 96, .seed = 4};
     kg_model_t *m = load(kg_test_make_model(&o));
     int V = m->hp.n_vocab;
     kg_backend_t *be = make_cpu(m, 32, 4, 64);
@@ -249,8 +276,15 @@ START_TEST(one_call_vs_incremental_and_mixed) {
     int32_t mp[6] = {N_TOKS - 1, 0, 1, 2, 3, 4}, ms[6] = {0, 1, 1, 1, 1, 1};
     bool mw[6] = {true, false, false, false, false, true};
     float *mixed = malloc((size_t)2 * V * 4);
-    kg_step_batch_t b = {.n_tokens = 6, .token = mt, .pos = mp, .seq = ms, .want_logits = mw,
-                         .n_outputs = 2, .n_slots = 2, .max_blocks_per_seq = 8, .block_table = table};
+    kg_step_batch_t b = {.n_tokens = 6,
+                         .token = mt,
+                         .pos = mp,
+                         .seq = ms,
+                         .want_logits = mw,
+                         .n_outputs = 2,
+                         .n_slots = 2,
+                         .max_blocks_per_seq = 8,
+                         .block_table = table};
     ck_assert_int_eq(kg_backend_forward(be, &b, mixed), KG_OK);
     ck_assert_double_eq(nmse(whole + (size_t)(N_TOKS - 1) * V, mixed, V), 0.0);
     run_seq(be, mt + 1, 5, 0, 1, 2, table, 8, one, false);
@@ -263,8 +297,8 @@ END_TEST
 
 /* The same weights stored as F16 give nearly the same logits and argmax. */
 START_TEST(f16_vs_f32) {
-    kg_test_model_opts_t o = {.n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 4, .n_ff = 128,
-                              .seed = 5};
+    kg_test_model_opts_t o = {
+        .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 4, .n_ff = 128, .seed = 5};
     char p32[4096];
     snprintf(p32, sizeof(p32), "%s", kg_test_make_model(&o));
     o.type = "f16";

@@ -6,18 +6,17 @@
  * `check_gemm --bench [quick] [NxK]` is a micro-benchmark instead of the tests:
  * the SmolLM2-135M shapes for m = 1, 4, 16, 128, 512 rows, 1 and 2 threads,
  * F32 and F16 weights, against OpenBLAS sgemm when libopenblas loads. */
+#include "backend/cpu/cpu_gemm.h"
 #include "check_common.h"
+#include "core/kg_clock.h"
+#include "core/kg_pool.h"
+#include "model/kg_quant.h"
 
 #include <dlfcn.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-#include "backend/cpu/cpu_gemm.h"
-#include "core/kg_clock.h"
-#include "core/kg_pool.h"
-#include "model/kg_quant.h"
 
 static uint64_t rng_state;
 
@@ -46,8 +45,8 @@ static float *random_floats(int64_t n) {
 
 /* A random (n, k) weight matrix stored as `type`, and its exact values. */
 typedef struct weights {
-    void *data;  /* (n, k) in type */
-    float *deq;  /* (n, k) dequantized: the values the GEMM must use */
+    void *data; /* (n, k) in type */
+    float *deq; /* (n, k) dequantized: the values the GEMM must use */
     cpu_gemm_weights_t packed;
 } weights_t;
 
@@ -151,7 +150,8 @@ START_TEST(matches_reference) {
                             ref += p;
                             mag += fabs(p);
                         }
-                        if (fabs((double)c[i] - ref) > (double)(k + 1) * FLT_EPSILON * mag + 1e-30) {
+                        if (fabs((double)c[i] - ref) >
+                            (double)(k + 1) * FLT_EPSILON * mag + 1e-30) {
                             bad = i, bad_ref = ref;
                         }
                     }
@@ -257,7 +257,8 @@ START_TEST(threads_do_not_change_results) {
     weights_t w;
     weights_make(&w, KG_GGML_TYPE_F16, n, k);
     float *a = random_floats(m * k);
-    float *c0 = malloc((size_t)(m * n) * sizeof(float)), *c = malloc((size_t)(m * n) * sizeof(float));
+    float *c0 = malloc((size_t)(m * n) * sizeof(float)),
+          *c = malloc((size_t)(m * n) * sizeof(float));
     cpu_gemm(NULL, a, &w.packed, c0, m);
     for (int threads = 1; threads <= 4; threads++) {
         kg_pool_t *pool = kg_pool_new(threads);
@@ -323,8 +324,19 @@ static Suite *make_suite(void) {
 
 // ---- benchmark (check_gemm --bench) ----
 
-typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha,
-                         const float *a, int lda, const float *b, int ldb, float beta, float *c,
+typedef void (*sgemm_fn)(int order,
+                         int ta,
+                         int tb,
+                         int m,
+                         int n,
+                         int k,
+                         float alpha,
+                         const float *a,
+                         int lda,
+                         const float *b,
+                         int ldb,
+                         float beta,
+                         float *c,
                          int ldc);
 typedef void (*set_threads_fn)(int n);
 
@@ -370,8 +382,8 @@ static double bench_median(const bench_case_t *b, double budget_s) {
 }
 
 static int bench(bool quick, const char *only) {
-    static const int64_t shapes[][2] = {{576, 576}, {192, 576}, {1536, 576}, {576, 1536},
-                                        {49152, 576}};
+    static const int64_t shapes[][2] = {
+        {576, 576}, {192, 576}, {1536, 576}, {576, 1536}, {49152, 576}};
     static const int64_t ms[] = {1, 4, 16, 128, 512};
     const double budget = quick ? 0.05 : 0.3;
     void *blas = dlopen("libopenblas.so.0", RTLD_NOW);
@@ -411,8 +423,8 @@ static int bench(bool quick, const char *only) {
             const int64_t m = ms[im];
             for (int threads = 1; threads <= 2; threads++) {
                 kg_pool_t *pool = kg_pool_new(threads);
-                bench_case_t b = {.a = a, .c = c, .m = m, .n = n, .k = k, .pool = pool, .wf = wf,
-                                  .sgemm = sgemm};
+                bench_case_t b = {
+                    .a = a, .c = c, .m = m, .n = n, .k = k, .pool = pool, .wf = wf, .sgemm = sgemm};
                 const double flop = 2.0 * (double)m * (double)n * (double)k;
                 const double act = (double)(m * k + m * n) * 4.0;
                 double res[3][2] = {{0}};

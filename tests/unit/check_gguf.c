@@ -3,14 +3,13 @@
  * every truncation and on random corruption (never a crash; the sanitizer
  * build runs this too); and the writer's round trip of every type. */
 #include "check_common.h"
+#include "model/kg_gguf.h"
+#include "model/kg_gguf_writer.h"
+#include "model/kg_quant.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-#include "model/kg_gguf.h"
-#include "model/kg_gguf_writer.h"
-#include "model/kg_quant.h"
 
 static char err[512];
 
@@ -56,8 +55,12 @@ static void put_kv_u32(buf_t *b, const char *key, uint32_t v) {
     put_u32(b, v);
 }
 
-static void put_tensor_info(buf_t *b, const char *name, uint32_t n_dims, const int64_t *ne,
-                            uint32_t type, uint64_t offset) {
+static void put_tensor_info(buf_t *b,
+                            const char *name,
+                            uint32_t n_dims,
+                            const int64_t *ne,
+                            uint32_t type,
+                            uint64_t offset) {
     put_str(b, name);
     put_u32(b, n_dims);
     for (uint32_t d = 0; d < n_dims; d++) {
@@ -395,8 +398,13 @@ START_TEST(malformed_alignment) {
 }
 END_TEST
 
-static void tensor_file(buf_t *b, const char *name, uint32_t n_dims, const int64_t *ne,
-                        uint32_t type, uint64_t offset, size_t data_bytes) {
+static void tensor_file(buf_t *b,
+                        const char *name,
+                        uint32_t n_dims,
+                        const int64_t *ne,
+                        uint32_t type,
+                        uint64_t offset,
+                        size_t data_bytes) {
     put_header(b, 3, 1, 0);
     put_tensor_info(b, name, n_dims, ne, type, offset);
     pad_to(b, 32);
@@ -682,7 +690,6 @@ START_TEST(stories260k_byte_flips) {
 }
 END_TEST
 
-
 // ---- the writer ----
 
 /** A small file with one entry of every metadata type and one tensor of every
@@ -743,12 +750,10 @@ static kg_gguf_writer_t *make_all_types(void) {
     kblocks[1] = 0x3c;
     int64_t ne1[1] = {256};
     ck_assert_int_eq(
-        kg_gguf_writer_add_tensor_raw(w, "w.q4_k", KG_GGML_TYPE_Q4_K, 1, ne1, kblocks, 144),
-        KG_OK);
+        kg_gguf_writer_add_tensor_raw(w, "w.q4_k", KG_GGML_TYPE_Q4_K, 1, ne1, kblocks, 144), KG_OK);
     int64_t ne3[3] = {256, 1, 2};
     ck_assert_int_eq(
-        kg_gguf_writer_add_tensor_raw(w, "w.q6_k", KG_GGML_TYPE_Q6_K, 3, ne3, kblocks, 420),
-        KG_OK);
+        kg_gguf_writer_add_tensor_raw(w, "w.q6_k", KG_GGML_TYPE_Q6_K, 3, ne3, kblocks, 420), KG_OK);
     int64_t ne4[4] = {2, 3, 4, 5};
     ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "w.4d", KG_GGML_TYPE_F32, 4, ne4, vals), KG_OK);
     return w;
@@ -814,7 +819,7 @@ START_TEST(writer_round_trip) {
     ck_assert(kg_gguf_arr_i32(g, "t.arr_i16", ia, 2) && ia[0] == -5 && ia[1] == 5);
     ia[0] = 42;
     ck_assert(!kg_gguf_arr_i32(g, "t.arr_u64", ia, 2)); /* 2^40 does not fit int32 */
-    ck_assert_int_eq(ia[0], 42);                           /* untouched */
+    ck_assert_int_eq(ia[0], 42);                        /* untouched */
     ck_assert(kg_gguf_arr_f32(g, "t.arr_u64", fa, 2) && fa[1] == 1099511627776.0f);
     ck_assert(kg_gguf_arr_f32(g, "t.arr_f64", fa, 1) && fa[0] == 0.5f);
     ck_assert(!kg_gguf_arr_i32(g, "t.arr_bool", ia, 2));
@@ -926,14 +931,11 @@ START_TEST(writer_rejects) {
     int64_t ne[2] = {48, 1};
     ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_Q8_0, 2, ne, v),
                      KG_ERR_INVALID); /* 48 is not a multiple of 32 */
-    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_F32, 0, ne, v),
-                     KG_ERR_INVALID);
-    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_F32, 5, ne, v),
-                     KG_ERR_INVALID);
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_F32, 0, ne, v), KG_ERR_INVALID);
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_F32, 5, ne, v), KG_ERR_INVALID);
     ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", (kg_ggml_type_t)13, 2, ne, v),
                      KG_ERR_INVALID);
-    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "", KG_GGML_TYPE_F32, 2, ne, v),
-                     KG_ERR_INVALID);
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "", KG_GGML_TYPE_F32, 2, ne, v), KG_ERR_INVALID);
     char long_name[80];
     memset(long_name, 'x', 64);
     long_name[64] = '\0';

@@ -1,12 +1,11 @@
 /* check_kv: the KV block pool, block tables and prefix cache. */
 #include "check_common.h"
+#include "engine/kg_kv.h"
 
 #include <string.h>
 
-#include "engine/kg_kv.h"
-
-static kg_kv_t *make_kv(int32_t n_blocks, int32_t block_size, int32_t n_slots, int32_t max_blocks,
-                        bool prefix_cache) {
+static kg_kv_t *make_kv(
+    int32_t n_blocks, int32_t block_size, int32_t n_slots, int32_t max_blocks, bool prefix_cache) {
     kg_kv_params_t p = {.n_blocks = n_blocks,
                         .block_size = block_size,
                         .n_slots = n_slots,

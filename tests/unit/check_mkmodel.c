@@ -2,14 +2,13 @@
  * llama.cpp expects, weight types and ranges, byte-for-byte determinism,
  * vocabulary copying, and usage errors (exit 2). */
 #include "check_common.h"
+#include "model/kg_gguf.h"
+#include "model/kg_model.h"
+#include "model/kg_quant.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-#include "model/kg_gguf.h"
-#include "model/kg_model.h"
-#include "model/kg_quant.h"
 
 static char err[512];
 
@@ -55,8 +54,8 @@ static bool str_is(kg_gguf_str_t s, const char *want) {
     return s.len == strlen(want) && memcmp(s.data, want, s.len) == 0;
 }
 
-static const kg_gguf_tensor_t *expect_tensor(const kg_gguf_t *g, const char *name,
-                                             kg_ggml_type_t type, int64_t ne0, int64_t ne1) {
+static const kg_gguf_tensor_t *
+expect_tensor(const kg_gguf_t *g, const char *name, kg_ggml_type_t type, int64_t ne0, int64_t ne1) {
     const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, name);
     ck_assert_msg(t != NULL, "no tensor %s", name);
     ck_assert_msg(t->type == type, "%s: type %s", name, kg_ggml_type_name(t->type));
@@ -67,8 +66,16 @@ static const kg_gguf_tensor_t *expect_tensor(const kg_gguf_t *g, const char *nam
 }
 
 /** Check every key and tensor of a model made with the built-in vocabulary. */
-static void check_model(const char *path, int n_embd, int n_layer, int n_head, int n_head_kv,
-                        int n_ff, int head_dim, bool tied, kg_ggml_type_t wt, uint32_t ftype) {
+static void check_model(const char *path,
+                        int n_embd,
+                        int n_layer,
+                        int n_head,
+                        int n_head_kv,
+                        int n_ff,
+                        int head_dim,
+                        bool tied,
+                        kg_ggml_type_t wt,
+                        uint32_t ftype) {
     kg_gguf_t *g = kg_gguf_open(path, err, sizeof(err));
     ck_assert_msg(g != NULL, "%s", err);
     kg_gguf_str_t s;
@@ -143,8 +150,8 @@ static void check_model(const char *path, int n_embd, int n_layer, int n_head, i
             amax = fmaxf(amax, fabsf(v[i]));
             sum += v[i];
         }
-        ck_assert_msg(amax <= bound && amax > bound * 0.5f, "attn_q amax %g bound %g",
-                      (double)amax, (double)bound);
+        ck_assert_msg(amax <= bound && amax > bound * 0.5f, "attn_q amax %g bound %g", (double)amax,
+                      (double)bound);
         ck_assert(fabs(sum / (double)(n_embd * q_dim)) < bound * 0.2);
         free(v);
     }
@@ -319,8 +326,8 @@ END_TEST
 
 START_TEST(loads_as_model) {
     // the model loader accepts what mkmodel writes (the shapes it checks are llama.cpp's)
-    kg_test_model_opts_t o = {.n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
-                              .n_ff = 128, .seed = 9};
+    kg_test_model_opts_t o = {
+        .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128, .seed = 9};
     const char *p = kg_test_make_model(&o);
     ck_assert_ptr_nonnull(p);
     kg_model_t *m = kg_model_load(p, err, sizeof(err));
@@ -330,8 +337,14 @@ START_TEST(loads_as_model) {
     ck_assert(!m->hp.tied);
     kg_model_free(m);
 
-    kg_test_model_opts_t t = {.n_embd = 64, .n_layer = 1, .n_head = 4, .n_head_kv = 1,
-                              .n_ff = 64, .head_dim = 32, .tied = true, .type = "q8_0",
+    kg_test_model_opts_t t = {.n_embd = 64,
+                              .n_layer = 1,
+                              .n_head = 4,
+                              .n_head_kv = 1,
+                              .n_ff = 64,
+                              .head_dim = 32,
+                              .tied = true,
+                              .type = "q8_0",
                               .seed = 10};
     p = kg_test_make_model(&t);
     ck_assert_ptr_nonnull(p);
@@ -366,22 +379,32 @@ START_TEST(usage_errors) {
     expect_usage_error(a, "--seed needs a value");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --seed -1", out);
     expect_usage_error(a, "--seed: '-1' is not an integer");
-    snprintf(a, sizeof(a), "--out %s --n-embd abc --n-layer 1 --n-head 4 --n-head-kv 2 "
-                           "--n-ff 64 --seed 1", out);
+    snprintf(a, sizeof(a),
+             "--out %s --n-embd abc --n-layer 1 --n-head 4 --n-head-kv 2 "
+             "--n-ff 64 --seed 1",
+             out);
     expect_usage_error(a, "--n-embd: 'abc' is not an integer");
-    snprintf(a, sizeof(a), "--out %s --n-embd 0 --n-layer 1 --n-head 4 --n-head-kv 2 "
-                           "--n-ff 64 --seed 1", out);
+    snprintf(a, sizeof(a),
+             "--out %s --n-embd 0 --n-layer 1 --n-head 4 --n-head-kv 2 "
+             "--n-ff 64 --seed 1",
+             out);
     expect_usage_error(a, "--n-embd: '0' is not an integer in 1..");
-    snprintf(a, sizeof(a), "--out %s --n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 3 "
-                           "--n-ff 64 --seed 1", out);
+    snprintf(a, sizeof(a),
+             "--out %s --n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 3 "
+             "--n-ff 64 --seed 1",
+             out);
     expect_usage_error(a, "--n-head 4 is not a multiple of --n-head-kv 3");
-    snprintf(a, sizeof(a), "--out %s --n-embd 60 --n-layer 1 --n-head 8 --n-head-kv 2 "
-                           "--n-ff 64 --seed 1", out);
+    snprintf(a, sizeof(a),
+             "--out %s --n-embd 60 --n-layer 1 --n-head 8 --n-head-kv 2 "
+             "--n-ff 64 --seed 1",
+             out);
     expect_usage_error(a, "give --head-dim");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --seed 1 --head-dim 15", out);
     expect_usage_error(a, "must be even");
-    snprintf(a, sizeof(a), "--out %s --n-embd 48 --n-layer 1 --n-head 4 --n-head-kv 2 "
-                           "--n-ff 64 --seed 1 --q8_0", out);
+    snprintf(a, sizeof(a),
+             "--out %s --n-embd 48 --n-layer 1 --n-head 4 --n-head-kv 2 "
+             "--n-ff 64 --seed 1 --q8_0",
+             out);
     expect_usage_error(a, "multiples of 32");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --seed 1 --rope-base -5", out);
     expect_usage_error(a, "--rope-base");
@@ -410,8 +433,8 @@ START_TEST(runtime_errors) {
     ck_assert_ptr_nonnull(strstr(o, "cannot open '/nonexistent.gguf'"));
     free(o);
     // an output path that cannot be created (the vocabulary comes from a model file)
-    kg_test_model_opts_t m = {.n_embd = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 2,
-                              .n_ff = 32, .seed = 1};
+    kg_test_model_opts_t m = {
+        .n_embd = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 2, .n_ff = 32, .seed = 1};
     char model[4096];
     snprintf(model, sizeof(model), "%s", kg_test_make_model(&m));
     snprintf(a, sizeof(a),

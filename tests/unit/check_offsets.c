@@ -2,11 +2,10 @@
  * completion, revocation, many partitions, the in-flight cap, and a long random run checked
  * against a naive model. */
 #include "check_common.h"
+#include "kafka/kg_offsets.h"
 
 #include <stdio.h>
 #include <string.h>
-
-#include "kafka/kg_offsets.h"
 
 static kg_offsets_t *o;
 
@@ -399,8 +398,8 @@ START_TEST(random_vs_model) {
                 }
             }
             bool expect = idx >= 0 && !mp->done[idx];
-            ck_assert_msg(kg_offsets_done(t, p, off) == expect, "step %d part %d off %lld", step,
-                          p, (long long)off);
+            ck_assert_msg(kg_offsets_done(t, p, off) == expect, "step %d part %d off %lld", step, p,
+                          (long long)off);
             if (expect) {
                 mp->done[idx] = true;
             }

@@ -2,12 +2,11 @@
  * possible stop-string prefixes held back, the cut at a stop string, and
  * token event texts that join to the final text. */
 #include "check_common.h"
-
-#include <string.h>
-
 #include "model/kg_gguf.h"
 #include "model/kg_tokenizer.h"
 #include "pipeline/kg_output.h"
+
+#include <string.h>
 
 static kg_gguf_t *g;
 static kg_tokenizer_t *tok;

@@ -3,11 +3,10 @@
  * quants following the ggml layout description, so the dequantizer is
  * checked against an independent formula, not against itself. */
 #include "check_common.h"
+#include "model/kg_quant.h"
 
 #include <math.h>
 #include <string.h>
-
-#include "model/kg_quant.h"
 
 static uint64_t rng_state;
 
@@ -64,14 +63,14 @@ START_TEST(fp16_known_bits) {
     ck_assert_uint_eq(kg_fp32_to_fp16(-INFINITY), 0xfc00);
     ck_assert_uint_eq(kg_fp32_to_fp16(0.1f), 0x2e66);
     ck_assert_uint_eq(kg_fp32_to_fp16(1.0f / 3.0f), 0x3555);
-    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(1.0f, -14)), 0x0400); /* smallest normal */
-    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(1.0f, -24)), 0x0001); /* smallest subnormal */
-    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(1.0f, -25)), 0x0000); /* tie: to even (0) */
-    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(3.0f, -26)), 0x0001); /* 0.75 ulp: up */
-    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(3.0f, -25)), 0x0002); /* 1.5 ulp tie: to even */
-    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(5.0f, -25)), 0x0002); /* 2.5 ulp tie: to even */
-    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(1023.0f, -24)), 0x03ff); /* largest subnormal */
-    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(2047.0f, -25)), 0x0400); /* rounds up to normal */
+    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(1.0f, -14)), 0x0400);        /* smallest normal */
+    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(1.0f, -24)), 0x0001);        /* smallest subnormal */
+    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(1.0f, -25)), 0x0000);        /* tie: to even (0) */
+    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(3.0f, -26)), 0x0001);        /* 0.75 ulp: up */
+    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(3.0f, -25)), 0x0002);        /* 1.5 ulp tie: to even */
+    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(5.0f, -25)), 0x0002);        /* 2.5 ulp tie: to even */
+    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(1023.0f, -24)), 0x03ff);     /* largest subnormal */
+    ck_assert_uint_eq(kg_fp32_to_fp16(ldexpf(2047.0f, -25)), 0x0400);     /* rounds up to normal */
     ck_assert_uint_eq(kg_fp32_to_fp16(1.0f + ldexpf(1.0f, -11)), 0x3c00); /* tie: even */
     ck_assert_uint_eq(kg_fp32_to_fp16(1.0f + ldexpf(3.0f, -11)), 0x3c02); /* tie: even */
     ck_assert_uint_eq(kg_fp32_to_fp16(1e-10f), 0x0000);
@@ -246,8 +245,8 @@ START_TEST(q4_0_block) {
     uint16_t d16;
     memcpy(&d16, blk, 2);
     ck_assert_uint_eq(d16, kg_fp32_to_fp16(0.5f)); /* max = -4 -> d = 0.5 */
-    ck_assert_uint_eq(blk[2] & 0xf, 0);              /* -4 / 0.5 + 8.5 = 0.5 -> 0 */
-    ck_assert_uint_eq(blk[2] >> 4, 8);               /* x[16] = 0 -> 8 */
+    ck_assert_uint_eq(blk[2] & 0xf, 0);            /* -4 / 0.5 + 8.5 = 0.5 -> 0 */
+    ck_assert_uint_eq(blk[2] >> 4, 8);             /* x[16] = 0 -> 8 */
     kg_dequantize(KG_GGML_TYPE_Q4_0, blk, y, 32);
     for (int j = 0; j < 32; j++) {
         int q = (int)(x[j] / 0.5f + 8.5f);
@@ -326,8 +325,8 @@ START_TEST(q4_k_block) {
         float dm = kg_fp16_to_fp32(kg_fp32_to_fp16(dmin[b]));
         for (int k = 0; k < 256; k++) {
             float want = dd * (float)sc[k / 32] * (float)q[b * 256 + k] - dm * (float)m[k / 32];
-            ck_assert_msg(fabsf(y[k] - want) <= 1e-5f * (1 + fabsf(want)), "b=%d k=%d %g vs %g",
-                          b, k, (double)y[k], (double)want);
+            ck_assert_msg(fabsf(y[k] - want) <= 1e-5f * (1 + fabsf(want)), "b=%d k=%d %g vs %g", b,
+                          k, (double)y[k], (double)want);
         }
     }
     // two blocks in one call give the same as one at a time

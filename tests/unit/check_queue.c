@@ -1,9 +1,8 @@
 /* check_queue: the bounded FIFO between the kafka and engine threads. */
 #include "check_common.h"
+#include "core/kg_queue.h"
 
 #include <pthread.h>
-
-#include "core/kg_queue.h"
 
 START_TEST(fifo_and_bounds) {
     kg_queue_t *q = kg_queue_new(3, sizeof(int));

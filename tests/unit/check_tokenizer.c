@@ -4,13 +4,12 @@
  * bytes), special-token parsing, the EOG set, hand-made vocabularies for
  * the merge order and error paths, and `kgen tokenize` end to end. */
 #include "check_common.h"
-
-#include <stdio.h>
-#include <string.h>
-
 #include "model/kg_gguf.h"
 #include "model/kg_gguf_writer.h"
 #include "model/kg_tokenizer.h"
+
+#include <stdio.h>
+#include <string.h>
 
 static char err[512];
 
@@ -39,8 +38,12 @@ static kg_tokenizer_t *load_vocab(const char *name) {
 }
 
 /* Encode into a malloc'ed array; *n gets the count. */
-static int32_t *encode(const kg_tokenizer_t *tok, const char *text, size_t len, bool add_special,
-                       bool parse_special, int64_t *n) {
+static int32_t *encode(const kg_tokenizer_t *tok,
+                       const char *text,
+                       size_t len,
+                       bool add_special,
+                       bool parse_special,
+                       int64_t *n) {
     int64_t need = kg_tokenizer_encode(tok, text, len, add_special, parse_special, NULL, 0);
     ck_assert_int_ge(need, 0);
     int32_t *ids = malloc(((size_t)need + 1) * sizeof(int32_t));
@@ -51,8 +54,8 @@ static int32_t *encode(const kg_tokenizer_t *tok, const char *text, size_t len, 
 }
 
 /* The pieces of `ids` one token at a time, concatenated; *len gets the size. */
-static char *decode(const kg_tokenizer_t *tok, const int32_t *ids, int64_t n, bool special,
-                    size_t *len) {
+static char *
+decode(const kg_tokenizer_t *tok, const int32_t *ids, int64_t n, bool special, size_t *len) {
     size_t cap = 64, o = 0;
     char *s = malloc(cap);
     for (int64_t i = 0; i < n; i++) {
@@ -72,8 +75,8 @@ static char *decode(const kg_tokenizer_t *tok, const int32_t *ids, int64_t n, bo
 // ---- llama.cpp's test vectors ----
 
 typedef struct vectors {
-    char *inp;      /* the .inp file; strings point into it */
-    char *out;      /* the .out file */
+    char *inp; /* the .inp file; strings point into it */
+    char *out; /* the .out file */
     const char *str[128];
     size_t len[128];
     char *ids[128]; /* one line of the .out file each */
@@ -277,8 +280,11 @@ static size_t drop_untokenizable(const kg_tokenizer_t *tok, char *s, size_t n) {
 static bool valid_utf8(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                                                        : (c & 0xF8) == 0xF0 ? 4 : 0;
+        size_t len = c < 0x80             ? 1
+                     : (c & 0xE0) == 0xC0 ? 2
+                     : (c & 0xF0) == 0xE0 ? 3
+                     : (c & 0xF8) == 0xF0 ? 4
+                                          : 0;
         if (len == 0 || i + len > n) {
             return false;
         }
@@ -523,8 +529,7 @@ static kg_tokenizer_t *make_mini(const mini_t *m) {
         kg_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", m->scores, (uint64_t)m->n_tokens);
     }
     if (m->types) {
-        kg_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", m->types,
-                                   (uint64_t)m->n_tokens);
+        kg_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", m->types, (uint64_t)m->n_tokens);
     }
     if (m->merges) {
         for (int i = 0; i < m->n_merges; i++) {
@@ -660,9 +665,10 @@ START_TEST(bad_vocabularies) {
     ck_assert_ptr_nonnull(strstr(err, "duplicate"));
     // and the good one: every supported pre-tokenizer compiles
     static const char *const pres[] = {
-        "default", "llama-bpe", "qwen2",     "smollm",      "falcon", "mpt",    "starcoder",
-        "refact",  "command-r", "dbrx",      "deepseek-llm", "deepseek-coder", "poro-chat",
-        "viking",  "tekken",    "chameleon", "chatglm-bpe", "gpt-4o", "gpt-2",
+        "default",      "llama-bpe",      "qwen2",     "smollm",    "falcon",
+        "mpt",          "starcoder",      "refact",    "command-r", "dbrx",
+        "deepseek-llm", "deepseek-coder", "poro-chat", "viking",    "tekken",
+        "chameleon",    "chatglm-bpe",    "gpt-4o",    "gpt-2",
     };
     m.tokens = tokens;
     for (size_t i = 0; i < sizeof(pres) / sizeof(pres[0]); i++) {
@@ -684,8 +690,8 @@ END_TEST
  * its bytes) is dropped, as llama.cpp drops unknown bytes. The gpt-2 regex
  * would cut "1234" and "!!" "\n\n" differently. */
 START_TEST(pretokenizer_cuts) {
-    static const char *const tokens[] = {"Hello", "\xc4\xa0world", "123", "4", "!!",
-                                         "\xc4\x8a\xc4\x8a", "H", "e", "l", "o"};
+    static const char *const tokens[] = {
+        "Hello", "\xc4\xa0world", "123", "4", "!!", "\xc4\x8a\xc4\x8a", "H", "e", "l", "o"};
     mini_t m = {"gpt2", "llama-bpe", tokens, NULL, NULL, NULL, 10, 0, -1, 9};
     static const char *const merges[] = {"H e"};
     m.merges = merges;
@@ -825,8 +831,8 @@ END_TEST
 /* A model from `kgen mkmodel` (its built-in byte vocabulary) tokenizes
  * any bytes and decodes them back. */
 START_TEST(mkmodel_vocab) {
-    kg_test_model_opts_t o = {.n_embd = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 1,
-                              .n_ff = 64, .seed = 7};
+    kg_test_model_opts_t o = {
+        .n_embd = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 1, .n_ff = 64, .seed = 7};
     const char *path = kg_test_make_model(&o);
     ck_assert_msg(path != NULL, "kgen mkmodel failed");
     kg_tokenizer_t *tok = load_path(path);

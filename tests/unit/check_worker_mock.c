@@ -41,7 +41,7 @@ typedef struct fixture {
     bool seen[MAX_JOBS];          /* job-<i> has a terminal event */
     int32_t next_index[MAX_JOBS]; /* of job-<i>'s next token event */
     int n_seen;
-    int max_job;                  /* highest i with any event so far (-1: none) */
+    int max_job; /* highest i with any event so far (-1: none) */
 } fixture_t;
 
 static void *worker_main(void *arg) {
@@ -175,8 +175,7 @@ static int collect_until(fixture_t *f, int n, int timeout_s, int *n_events, int 
     bool *seen = f->seen;
     int32_t *next_index = f->next_index;
     int64_t deadline = kg_clock_us() + (int64_t)timeout_s * 1000000;
-    while (f->n_seen < n && (until_job < 0 || f->max_job < until_job) &&
-           kg_clock_us() < deadline) {
+    while (f->n_seen < n && (until_job < 0 || f->max_job < until_job) && kg_clock_us() < deadline) {
         rd_kafka_poll(f->producer, 0);
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f->reader, 100);
         if (!rkm) {

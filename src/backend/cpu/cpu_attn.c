@@ -18,7 +18,8 @@
 #define V_REGS 8
 
 static inline const uint16_t *row_at(const cpu_kv_view_t *kv, const uint16_t *cache, int32_t p) {
-    const int64_t row = (int64_t)kv->table[p / kv->block_size] * kv->block_size + p % kv->block_size;
+    const int64_t row =
+        (int64_t)kv->table[p / kv->block_size] * kv->block_size + p % kv->block_size;
     return cache + row * kv->stride + kv->offset;
 }
 
@@ -59,8 +60,14 @@ static float score_scalar(const float *q, const uint16_t *k, int32_t hd, float s
 
 /* Four positions at once: four independent chains hide the FMA latency a
  * single 8-step chain leaves exposed. hd is a multiple of 8. */
-static void scores4(const float *q, const uint16_t *k0, const uint16_t *k1, const uint16_t *k2,
-                    const uint16_t *k3, int32_t hd, float scale, float *s) {
+static void scores4(const float *q,
+                    const uint16_t *k0,
+                    const uint16_t *k1,
+                    const uint16_t *k2,
+                    const uint16_t *k3,
+                    int32_t hd,
+                    float scale,
+                    float *s) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int32_t i = 0; i < hd; i += 8) {
         const __m256 qv = _mm256_loadu_ps(q + i);
@@ -77,8 +84,8 @@ static void scores4(const float *q, const uint16_t *k0, const uint16_t *k1, cons
 
 /* out[c0 .. c0 + 8 nr) = sum over p of s[p] * V[p][c0 ..], the chains in
  * registers for the whole pass. */
-static inline __attribute__((always_inline)) void values_chunk(const float *s, const cpu_kv_view_t *kv, int32_t n_pos,
-                                int32_t c0, int nr, float *out) {
+static inline __attribute__((always_inline)) void values_chunk(
+    const float *s, const cpu_kv_view_t *kv, int32_t n_pos, int32_t c0, int nr, float *out) {
     __m256 acc[V_REGS];
     for (int r = 0; r < V_REGS; r++) {
         acc[r] = _mm256_setzero_ps();
@@ -96,8 +103,8 @@ static inline __attribute__((always_inline)) void values_chunk(const float *s, c
 }
 #endif
 
-void cpu_attn_scores(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
-                     float scale, float *s) {
+void cpu_attn_scores(
+    const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd, float scale, float *s) {
     int32_t p = 0;
 #ifdef ATTN_AVX2
     if (hd % 8 == 0) {
@@ -112,8 +119,13 @@ void cpu_attn_scores(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int
     }
 }
 
-void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
-                   float scale, float *s, float *out) {
+void cpu_attn_head(const float *q,
+                   const cpu_kv_view_t *kv,
+                   int32_t n_pos,
+                   int32_t hd,
+                   float scale,
+                   float *s,
+                   float *out) {
     int32_t p;
     cpu_attn_scores(q, kv, n_pos, hd, scale, s);
     float m = -INFINITY;
@@ -136,14 +148,30 @@ void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32
     for (; c0 + 8 <= hd; c0 += 8 * V_REGS) {
         /* constant register counts, so the chains stay in registers */
         switch ((hd - c0) / 8 < V_REGS ? (hd - c0) / 8 : V_REGS) {
-        case 1: values_chunk(s, kv, n_pos, c0, 1, out); break;
-        case 2: values_chunk(s, kv, n_pos, c0, 2, out); break;
-        case 3: values_chunk(s, kv, n_pos, c0, 3, out); break;
-        case 4: values_chunk(s, kv, n_pos, c0, 4, out); break;
-        case 5: values_chunk(s, kv, n_pos, c0, 5, out); break;
-        case 6: values_chunk(s, kv, n_pos, c0, 6, out); break;
-        case 7: values_chunk(s, kv, n_pos, c0, 7, out); break;
-        default: values_chunk(s, kv, n_pos, c0, 8, out); break;
+        case 1:
+            values_chunk(s, kv, n_pos, c0, 1, out);
+            break;
+        case 2:
+            values_chunk(s, kv, n_pos, c0, 2, out);
+            break;
+        case 3:
+            values_chunk(s, kv, n_pos, c0, 3, out);
+            break;
+        case 4:
+            values_chunk(s, kv, n_pos, c0, 4, out);
+            break;
+        case 5:
+            values_chunk(s, kv, n_pos, c0, 5, out);
+            break;
+        case 6:
+            values_chunk(s, kv, n_pos, c0, 6, out);
+            break;
+        case 7:
+            values_chunk(s, kv, n_pos, c0, 7, out);
+            break;
+        default:
+            values_chunk(s, kv, n_pos, c0, 8, out);
+            break;
         }
     }
     c0 = hd - hd % 8;

@@ -26,13 +26,18 @@ typedef struct cpu_kv_view {
 
 /** s[p] = (q · K[p]) * scale for p < n_pos: the scores cpu_attn_head
  * starts from. */
-void cpu_attn_scores(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
-                     float scale, float *s);
+void cpu_attn_scores(
+    const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd, float scale, float *s);
 
 /** out(hd) = softmax(q · K^T * scale) · V over positions [0, n_pos); `s`
  * is scratch for n_pos floats. hd need not be a multiple of 8. */
-void cpu_attn_head(const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd,
-                   float scale, float *s, float *out);
+void cpu_attn_head(const float *q,
+                   const cpu_kv_view_t *kv,
+                   int32_t n_pos,
+                   int32_t hd,
+                   float scale,
+                   float *s,
+                   float *out);
 
 /** "avx2" or "scalar": which kernel this build runs. */
 const char *cpu_attn_kernel_name(void);

@@ -25,19 +25,19 @@
  * but costs a trip of C through the caches, so the blocks are as few as L1
  * allows. */
 #define KC_MAX 384
-#define MC 96
+#define MC     96
 
 /* Column panels per pool task when there are several row blocks (8 panels
  * of a K block: 128 KiB of F32 in L2), and when there is one (decode: W is
  * read once, so only the balance matters). */
-#define TASK_PANELS 8
+#define TASK_PANELS        8
 #define TASK_PANELS_DECODE 12
 
 /* A GEMM runs on the calling thread when it has fewer multiply-adds and
  * fewer weight bytes than these (about 50 us of work on one core): handing
  * off to the pool costs 10-15 us here (a sleeping worker is woken), so the
  * second thread would save less than it costs. */
-#define INLINE_MACS 1572864.0
+#define INLINE_MACS  1572864.0
 #define INLINE_BYTES 1048576.0
 
 /* How far ahead in a panel the kernels prefetch W, in bytes. */
@@ -63,8 +63,8 @@ static int bf16_slot(int64_t jj) {
     return jj < 8 ? (int)(2 * jj) : (int)(2 * (jj - 8) + 1);
 }
 
-bool cpu_gemm_pack(cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data, int64_t n,
-                   int64_t k) {
+bool cpu_gemm_pack(
+    cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data, int64_t n, int64_t k) {
     memset(w, 0, sizeof(*w));
     const kg_ggml_type_t st = storage_type(type);
     const int64_t n_panels = (n + NR - 1) / NR;
@@ -145,8 +145,8 @@ static float weight_at(const cpu_gemm_weights_t *w, int64_t j, int64_t kk) {
 /* Columns [j0, j1) of every row, one fmaf chain per element: the order
  * every kernel follows, and the fallback where the vector kernels are not
  * compiled. */
-static void scalar_columns(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m,
-                           int64_t j0, int64_t j1) {
+static void scalar_columns(
+    const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m, int64_t j0, int64_t j1) {
     for (int64_t i = 0; i < m; i++) {
         const float *ai = a + i * w->k;
         for (int64_t j = j0; j < j1; j++) {
@@ -189,13 +189,23 @@ GEMM_INLINE __m256 load_w(const int type, const char *p, const int half) {
  * * 2 <= 12 accumulators c0..c11; accumulator i is row i / (2 np), columns
  * 8 (i % (2 np)) .. +7. With constant shapes the compiler keeps only the
  * live accumulators, in registers. */
-GEMM_INLINE void tile(const int type, const int mr, const int np, const float *a, int64_t lda,
-                      const char *w, int64_t pstride, int64_t kc, float *c, int64_t ldc,
+GEMM_INLINE void tile(const int type,
+                      const int mr,
+                      const int np,
+                      const float *a,
+                      int64_t lda,
+                      const char *w,
+                      int64_t pstride,
+                      int64_t kc,
+                      float *c,
+                      int64_t ldc,
                       bool acc_in) {
     const int nh = 2 * np, n_acc = mr * nh;
     const int64_t rb = type == KG_GGML_TYPE_F32 ? NR * 4 : NR * 2; /* bytes per k-row */
-    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
-           c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0,
+           c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+    /* statement macros in rows, which clang-format 14 cannot lay out */
+    // clang-format off
 #define GEMM_CP(i) (c + (int64_t)((i) / nh) * ldc + ((i) % nh) * 8)
 #define GEMM_INIT(i)                                                                               \
     if ((i) < n_acc && acc_in) {                                                                   \
@@ -247,19 +257,26 @@ GEMM_INLINE void tile(const int type, const int mr, const int np, const float *a
     GEMM_STORE(0) GEMM_STORE(1) GEMM_STORE(2) GEMM_STORE(3) GEMM_STORE(4) GEMM_STORE(5)
     GEMM_STORE(6) GEMM_STORE(7) GEMM_STORE(8) GEMM_STORE(9) GEMM_STORE(10) GEMM_STORE(11)
 #undef GEMM_CP
+    // clang-format on
 #undef GEMM_INIT
 #undef GEMM_STEP
 #undef GEMM_KSTEP
 #undef GEMM_STORE
 }
 
-typedef void (*tile_fn)(const float *a, int64_t lda, const char *w, int64_t pstride, int64_t kc,
-                        float *c, int64_t ldc, bool acc_in);
+typedef void (*tile_fn)(const float *a,
+                        int64_t lda,
+                        const char *w,
+                        int64_t pstride,
+                        int64_t kc,
+                        float *c,
+                        int64_t ldc,
+                        bool acc_in);
 
 #define DEF_TILE(TN, T, MR, NP)                                                                    \
-    static void tile_##TN##_##MR##_##NP(const float *a, int64_t lda, const char *w,               \
-                                         int64_t pstride, int64_t kc, float *c, int64_t ldc,       \
-                                         bool acc_in) {                                            \
+    static void tile_##TN##_##MR##_##NP(const float *a, int64_t lda, const char *w,                \
+                                        int64_t pstride, int64_t kc, float *c, int64_t ldc,        \
+                                        bool acc_in) {                                             \
         tile(T, MR, NP, a, lda, w, pstride, kc, c, ldc, acc_in);                                   \
     }
 #define DEF_TILES(TN, T)                                                                           \
@@ -296,9 +313,17 @@ static const int max_np[6] = {6, 3, 2, 1, 1, 1};
 
 /* The last panel when it is partial: through a 16-wide scratch tile, so
  * the padding columns are computed but never stored. */
-static void partial_tile(const tile_fn (*tab)[6], int mr, const float *a, int64_t lda,
-                         const char *w, int64_t pstride, int64_t kc, float *c, int64_t ldc,
-                         int64_t nc, bool acc_in) {
+static void partial_tile(const tile_fn (*tab)[6],
+                         int mr,
+                         const float *a,
+                         int64_t lda,
+                         const char *w,
+                         int64_t pstride,
+                         int64_t kc,
+                         float *c,
+                         int64_t ldc,
+                         int64_t nc,
+                         bool acc_in) {
     float tmp[6 * NR];
     for (int r = 0; r < mr && acc_in; r++) {
         memcpy(tmp + r * NR, c + r * ldc, (size_t)nc * sizeof(float));
@@ -310,8 +335,8 @@ static void partial_tile(const tile_fn (*tab)[6], int mr, const float *a, int64_
 }
 
 /* Panels [p0, p1) for all m rows. */
-static void vector_panels(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m,
-                          int64_t p0, int64_t p1) {
+static void vector_panels(
+    const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m, int64_t p0, int64_t p1) {
     const int64_t K = w->k, N = w->n;
     const int64_t rb = (int64_t)elem_size(w->type) * NR, pstride = K * rb;
     const tile_fn(*tab)[6] = w->type == KG_GGML_TYPE_F16    ? tiles_f16
@@ -379,8 +404,8 @@ void cpu_gemm_scalar(const float *a, const cpu_gemm_weights_t *w, float *c, int6
     scalar_columns(a, w, c, m, 0, w->n);
 }
 
-static void run_panels(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m,
-                       int64_t p0, int64_t p1) {
+static void run_panels(
+    const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m, int64_t p0, int64_t p1) {
 #ifdef GEMM_AVX2
     vector_panels(a, w, c, m, p0, p1);
 #else
@@ -394,7 +419,8 @@ typedef struct gemm_job {
     int n_w;
     const cpu_gemm_weights_t *const *w; /* (n_w) */
     float *const *c;                    /* (n_w) */
-    int64_t first_task[CPU_GEMM_MULTI_MAX + 1]; /* tasks of w[i]: [first_task[i], first_task[i + 1]) */
+    int64_t
+        first_task[CPU_GEMM_MULTI_MAX + 1]; /* tasks of w[i]: [first_task[i], first_task[i + 1]) */
 } gemm_job_t;
 
 static void gemm_task(void *arg, int64_t task, int thread) {
@@ -410,8 +436,12 @@ static void gemm_task(void *arg, int64_t task, int thread) {
     run_panels(j->a, j->w[i], j->c[i], j->m, p0, p1);
 }
 
-void cpu_gemm_multi(struct kg_pool *pool, const float *a, int64_t m, int n_w,
-                    const cpu_gemm_weights_t *const *w, float *const *c) {
+void cpu_gemm_multi(struct kg_pool *pool,
+                    const float *a,
+                    int64_t m,
+                    int n_w,
+                    const cpu_gemm_weights_t *const *w,
+                    float *const *c) {
     KG_ASSERT(n_w >= 1 && n_w <= CPU_GEMM_MULTI_MAX);
     gemm_job_t j = {.a = a, .m = m, .n_w = n_w, .w = w, .c = c};
     int64_t n_panels = 0;
@@ -444,8 +474,8 @@ void cpu_gemm_multi(struct kg_pool *pool, const float *a, int64_t m, int n_w,
     kg_pool_run(pool, j.first_task[n_w], gemm_task, &j);
 }
 
-void cpu_gemm(struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c,
-              int64_t m) {
+void cpu_gemm(
+    struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m) {
     cpu_gemm_multi(pool, a, m, 1, &w, &c);
 }
 

@@ -33,11 +33,11 @@
  * vectors, a libm fmaf per multiply-add: about 0.5 GFLOP/s). */
 #pragma once
 
+#include "../../model/kg_gguf.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include "../../model/kg_gguf.h"
 
 struct kg_pool;
 
@@ -57,8 +57,8 @@ typedef struct cpu_gemm_weights {
  * storage type; the others become F32. k must be a multiple of the type's
  * block size. Returns false when out of memory (w is then cleared).
  * @thread any */
-bool cpu_gemm_pack(cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data, int64_t n,
-                   int64_t k);
+bool cpu_gemm_pack(
+    cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data, int64_t n, int64_t k);
 
 /** Free the panels of `w` (a zeroed or cleared `w` is fine). */
 void cpu_gemm_clear(cpu_gemm_weights_t *w);
@@ -68,8 +68,8 @@ void cpu_gemm_clear(cpu_gemm_weights_t *w);
  * small products run on the calling thread. Every C[i][j] is the fmaf chain
  * over k described above: bitwise independent of m, of row i's position and
  * of the threads. @thread engine (the pool is not reentrant) */
-void cpu_gemm(struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c,
-              int64_t m);
+void cpu_gemm(
+    struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m);
 
 /* Most products one cpu_gemm_multi call takes. */
 #define CPU_GEMM_MULTI_MAX 4
@@ -78,8 +78,12 @@ void cpu_gemm(struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w,
  * gate and up): c[i](m, w[i]->n) = A(m, k) · w[i]^T for i < n_w <=
  * CPU_GEMM_MULTI_MAX, every w[i]->k equal. Bitwise the same as n_w cpu_gemm
  * calls. @thread engine */
-void cpu_gemm_multi(struct kg_pool *pool, const float *a, int64_t m, int n_w,
-                    const cpu_gemm_weights_t *const *w, float *const *c);
+void cpu_gemm_multi(struct kg_pool *pool,
+                    const float *a,
+                    int64_t m,
+                    int n_w,
+                    const cpu_gemm_weights_t *const *w,
+                    float *const *c);
 
 /** The portable scalar kernel alone, on the calling thread: what cpu_gemm
  * runs where the vector kernels are not compiled. Its results equal

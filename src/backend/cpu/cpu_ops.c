@@ -14,8 +14,8 @@
 
 #include "../../model/kg_quant.h"
 
-void cpu_rmsnorm_rows(const float *x, const float *w, float *y, int64_t n_rows, int64_t n,
-                      float eps) {
+void cpu_rmsnorm_rows(
+    const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
     for (int64_t r = 0; r < n_rows; r++) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
@@ -109,8 +109,8 @@ static void round_q8_k(const float *x, float *y, int64_t n) {
     }
 }
 
-bool cpu_round_activations(kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows,
-                           int64_t n) {
+bool cpu_round_activations(
+    kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows, int64_t n) {
     switch (type) {
     case KG_GGML_TYPE_F16:
         memcpy(dst, x, (size_t)(n_rows * n) * sizeof(float));

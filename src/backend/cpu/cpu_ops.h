@@ -2,23 +2,24 @@
  * fp16 conversion); the GEMM is in cpu_gemm. */
 #pragma once
 
+#include "../../model/kg_gguf.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../../model/kg_gguf.h"
-
 /** y[r] = x[r] / rms(x[r]) * w for n_rows rows of n floats (ggml rms_norm
  * followed by the weight multiply). x and y may alias. */
-void cpu_rmsnorm_rows(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
+void cpu_rmsnorm_rows(
+    const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
 
 /** Round activations the way ggml converts them before a matmul with
  * weights of `type` (F16 and BF16: to that precision; Q8_0 and Q4_0: to
  * Q8_0 blocks; K-quants: to Q8_K blocks; F32: copy), so the products we
  * compute equal llama.cpp's. Returns false when `type` needs no rounding
  * (dst untouched). */
-bool cpu_round_activations(kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows,
-                           int64_t n);
+bool cpu_round_activations(
+    kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows, int64_t n);
 
 /** Round floats to fp16 precision in place. */
 void cpu_round_fp16(float *x, int64_t n);

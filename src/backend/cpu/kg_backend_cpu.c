@@ -23,12 +23,6 @@
  * and the head only for the rows that want logits. Each token's row is
  * computed independently of the others in the batch, so a sequence's
  * results do not depend on what shares its step. */
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
 #include "../../core/kg_log.h"
 #include "../../core/kg_pool.h"
 #include "../../model/kg_quant.h"
@@ -38,9 +32,15 @@
 #include "cpu_gemm.h"
 #include "cpu_ops.h"
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 typedef struct cpu_weight {
-    const float *data;  /* vectors only: (n_in) F32 */
-    float *owned;       /* non-NULL when a vector was dequantized at load */
+    const float *data;         /* vectors only: (n_in) F32 */
+    float *owned;              /* non-NULL when a vector was dequantized at load */
     cpu_gemm_weights_t packed; /* matrices only: (n_out, n_in) packed for cpu_gemm */
     int64_t n_in, n_out;
     kg_ggml_type_t type; /* type in the file: decides activation rounding */
@@ -55,34 +55,34 @@ typedef struct cpu_ctx {
     const kg_model_t *model;
     kg_hparams_t hp;
     int n_threads;
-    kg_pool_t *pool;  /* n_threads workers for attention */
+    kg_pool_t *pool; /* n_threads workers for attention */
     int32_t n_kv_blocks, block_size, max_tokens;
-    cpu_layer_t *layers;       /* (n_layer) */
-    cpu_weight_t output_norm;  /* (n_embd) */
-    cpu_weight_t output;       /* (n_vocab, n_embd) */
-    float *rope_freqs;         /* (n_rot / 2) or NULL */
-    uint16_t **k_cache;        /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
-    uint16_t **v_cache;        /* same shape as k_cache */
+    cpu_layer_t *layers;      /* (n_layer) */
+    cpu_weight_t output_norm; /* (n_embd) */
+    cpu_weight_t output;      /* (n_vocab, n_embd) */
+    float *rope_freqs;        /* (n_rot / 2) or NULL */
+    uint16_t **k_cache; /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
+    uint16_t **v_cache; /* same shape as k_cache */
     /* scratch for max_tokens tokens */
-    float *x;      /* (T, n_embd) residual stream */
-    float *xn;     /* (T, n_embd) normed input of a block */
-    float *xr;     /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
-    float *q;      /* (T, n_head * head_dim) */
-    float *k;      /* (T, n_head_kv * head_dim) */
-    float *v;      /* (T, n_head_kv * head_dim) */
-    float *att;    /* (T, n_head * head_dim) attention output */
-    float *gate;   /* (T, n_ff) */
-    float *up;     /* (T, n_ff) */
-    float *tmp;    /* (T, n_embd) projection output before the residual add */
+    float *x;       /* (T, n_embd) residual stream */
+    float *xn;      /* (T, n_embd) normed input of a block */
+    float *xr;      /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
+    float *q;       /* (T, n_head * head_dim) */
+    float *k;       /* (T, n_head_kv * head_dim) */
+    float *v;       /* (T, n_head_kv * head_dim) */
+    float *att;     /* (T, n_head * head_dim) attention output */
+    float *gate;    /* (T, n_ff) */
+    float *up;      /* (T, n_ff) */
+    float *tmp;     /* (T, n_embd) projection output before the residual add */
     float *rope_cs; /* (T, n_rot) cos | sin per token */
-    float *scores; /* (n_threads, n_kv_blocks * block_size) */
+    float *scores;  /* (n_threads, n_kv_blocks * block_size) */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
 
 // ---- weights ----
 
-static bool weight_init(cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr,
-                        size_t errstr_size) {
+static bool weight_init(
+    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
     w->n_in = t->ne[0];
     w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
     w->type = t->type;
@@ -129,8 +129,8 @@ static void cpu_free(kg_backend_t *be) {
         if (ctx->layers) {
             for (int32_t il = 0; il < ctx->hp.n_layer; il++) {
                 cpu_layer_t *L = &ctx->layers[il];
-                cpu_weight_t *ws[] = {&L->attn_norm, &L->ffn_norm, &L->wq,     &L->wk,  &L->wv,
-                                      &L->wo,        &L->w_gate,   &L->w_up,   &L->w_down};
+                cpu_weight_t *ws[] = {&L->attn_norm, &L->ffn_norm, &L->wq,   &L->wk,    &L->wv,
+                                      &L->wo,        &L->w_gate,   &L->w_up, &L->w_down};
                 for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
                     weight_clear(ws[i]);
                 }
@@ -149,8 +149,8 @@ static void cpu_free(kg_backend_t *be) {
         kg_pool_free(ctx->pool);
         free(ctx->layers);
         free(ctx->rope_freqs);
-        float *bufs[] = {ctx->x,   ctx->xn,   ctx->xr,  ctx->q,   ctx->k,       ctx->v,
-                         ctx->att, ctx->gate, ctx->up,  ctx->tmp, ctx->rope_cs, ctx->scores};
+        float *bufs[] = {ctx->x,   ctx->xn,   ctx->xr, ctx->q,   ctx->k,       ctx->v,
+                         ctx->att, ctx->gate, ctx->up, ctx->tmp, ctx->rope_cs, ctx->scores};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -180,8 +180,12 @@ static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
 /* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
  * their input, with in rounded for their type: one hand-off to the pool
  * when the types agree (Q, K and V; gate and up). */
-static void matmul_n(cpu_ctx_t *ctx, int n, const cpu_weight_t *const *ws, const float *in,
-                     float *const *outs, int64_t T) {
+static void matmul_n(cpu_ctx_t *ctx,
+                     int n,
+                     const cpu_weight_t *const *ws,
+                     const float *in,
+                     float *const *outs,
+                     int64_t T) {
     const cpu_gemm_weights_t *packed[CPU_GEMM_MULTI_MAX];
     for (int i = 0; i < n; i++) {
         if (ws[i]->type != ws[0]->type) {
@@ -244,11 +248,11 @@ static void attention_task(void *arg, int64_t w, int thread) {
     float *out = ctx->att + (t * hp->n_head + h) * hd;
 
     const cpu_kv_view_t kv = {.k = ctx->k_cache[job->il],
-                               .v = ctx->v_cache[job->il],
-                               .stride = n_kv_dim,
-                               .offset = (int64_t)g * hd,
-                               .table = table,
-                               .block_size = bs};
+                              .v = ctx->v_cache[job->il],
+                              .stride = n_kv_dim,
+                              .offset = (int64_t)g * hd,
+                              .table = table,
+                              .block_size = bs};
     cpu_attn_head(q, &kv, n_pos, hd, scale, s, out);
 }
 
@@ -362,8 +366,10 @@ static const struct kg_backend_i cpu_iface = {
     /* .memory  = */ cpu_memory,
 };
 
-kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_params_t *params,
-                                 char *errstr, size_t errstr_size) {
+kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
+                                 const kg_backend_params_t *params,
+                                 char *errstr,
+                                 size_t errstr_size) {
     kg_backend_t *be = calloc(1, sizeof(*be));
     cpu_ctx_t *ctx = calloc(1, sizeof(*ctx));
     if (!be || !ctx) {
@@ -387,7 +393,8 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model, const kg_backend_param
     ctx->block_size = params->kv_block_size;
     ctx->max_tokens = params->max_batch_tokens;
     if (ctx->n_kv_blocks <= 0 || ctx->block_size <= 0 || ctx->max_tokens <= 0) {
-        snprintf(errstr, errstr_size, "cpu backend: KV blocks, block size and batch tokens must be > 0");
+        snprintf(errstr, errstr_size,
+                 "cpu backend: KV blocks, block size and batch tokens must be > 0");
         goto fail;
     }
 
