@@ -385,12 +385,21 @@ kg_status_t kg_config_parse(
             size_t n = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
             snprintf(name, sizeof(name), "%.*s", (int)n, a + 2);
             const opt_t *o = find_opt(name);
+            bool negated = false;
+            if (!o && strncmp(name, "no-", 3) == 0 && !eq) {
+                /* --no-NAME for a boolean, as the other programs spell it */
+                o = find_opt(name + 3);
+                negated = o && o->type == OPT_BOOL;
+                o = negated ? o : NULL;
+            }
             if (!o) {
                 snprintf(errstr, errstr_size, "unknown option '%s' (see --help)", a);
                 return KG_ERR_INVALID;
             }
             const char *value;
-            if (eq) {
+            if (negated) {
+                value = "false";
+            } else if (eq) {
                 value = eq + 1;
             } else if (o->type == OPT_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "-", 1) == 0 ||
                                                !parse_bool(argv[i + 1], &(bool){false}))) {

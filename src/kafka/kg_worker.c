@@ -6,9 +6,10 @@
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 #include "../engine/kg_engine.h"
+#include "../engine/kg_sizing.h"
 #include "../pipeline/kg_events.h"
 #include "../pipeline/kg_intake.h"
-#include "../pipeline/kg_output.h"
+#include "../pipeline/kg_jobrun.h"
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec.h"
 #include "kg_kafka_conf.h"
@@ -34,15 +35,8 @@ typedef enum rec_state {
 
 typedef struct job_rec {
     uint64_t id;
-    kg_job_t *job;
-    kg_prepared_t prep;
-    kg_output_t out;
+    kg_jobrun_t run; /* the job from intake to its terminal event (kg_jobrun) */
     rec_state_t state;
-    bool stop_hit; /* a stop string matched; a cancel was sent */
-    int32_t n_cached;
-    int64_t t_taken_us, t_submit_us, t_first_us;
-    kg_sample_result_t *samples; /* (max_tokens) done-event logprobs, when asked and !stream */
-    int32_t n_samples;
     struct job_rec *hnext; /* id hash chain */
     struct job_rec *qnext; /* pending FIFO */
 } job_rec_t;
@@ -112,10 +106,7 @@ static void rec_free(kg_worker_t *w, job_rec_t *r) {
         w->n_inflight--;
         atomic_store(&w->m.inflight, w->n_inflight);
     }
-    kg_output_clear(&r->out);
-    kg_prepared_clear(&r->prep);
-    kg_job_free(r->job);
-    free(r->samples);
+    kg_jobrun_clear(&r->run);
     free(r);
 }
 
@@ -259,70 +250,70 @@ static void produce_error(kg_worker_t *w,
     free(json);
 }
 
-static void emit_output_events(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *evs, int n) {
-    kg_event_origin_t o = origin(w, r->job->partition, r->job->offset);
+static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *evs, int n) {
+    const kg_job_t *job = r->run.job;
+    if (!job->stream) {
+        return;
+    }
+    kg_event_origin_t o = origin(w, job->partition, job->offset);
     for (int i = 0; i < n; i++) {
-        if (r->samples && r->n_samples < r->prep.max_tokens) {
-            r->samples[r->n_samples++] = evs[i].sample;
-        }
-        if (!r->job->stream) {
-            continue;
-        }
         size_t len;
-        char *json = kg_events_token(&o, w->model->tok, r->job, &r->out, &evs[i], &len);
+        char *json = kg_events_token(&o, w->model->tok, job, &r->run.out, &evs[i], &len);
         if (!json) {
             fatal(w, "out of memory encoding a token event");
             return;
         }
-        produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
-                NULL, NULL);
+        produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len, NULL,
+                NULL);
         free(json);
     }
 }
 
-static void produce_done(kg_worker_t *w, job_rec_t *r, kg_finish_reason_t reason, int64_t now_us) {
-    kg_event_origin_t o = origin(w, r->job->partition, r->job->offset);
-    kg_job_timing_t t = {.taken_us = r->t_taken_us,
-                         .submitted_us = r->t_submit_us,
-                         .first_token_us = r->t_first_us,
-                         .finished_us = now_us,
-                         .n_prompt = r->prep.n_tokens,
-                         .n_cached = r->n_cached};
+/* The terminal event of a finished job (or of one the engine refused),
+ * with its metrics and log line; the delivery report stores its offset. */
+static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, int64_t now_us) {
+    const kg_job_t *job = r->run.job;
+    kg_event_origin_t o = origin(w, job->partition, job->offset);
+    kg_jobrun_outcome_t oc;
     size_t len;
-    char *json = kg_events_done(&o, w->model->tok, r->job, &r->out, reason, &t, r->samples,
-                                r->n_samples, &len);
-    if (json && len > w->max_produce_bytes && r->n_samples > 0) {
-        /* logprobs of a long output can outgrow a Kafka message: the done
-         * event goes without them rather than not at all */
-        KG_LOG_WARN("worker",
-                    "done event of %zu bytes too large; sending it without logprobs "
-                    "request_id=%s",
-                    len, r->job->request_id);
-        free(json);
-        json = kg_events_done(&o, w->model->tok, r->job, &r->out, reason, &t, NULL, 0, &len);
-    }
+    char *json = refused != KG_OK ? kg_jobrun_refused(&r->run, &o, refused, &len, &oc)
+                                  : kg_jobrun_terminal(&r->run, &o, w->model->tok,
+                                                       w->max_produce_bytes, &len, &oc);
     if (!json) {
-        fatal(w, "out of memory encoding a done event");
+        fatal(w, "out of memory encoding a terminal event");
         return;
     }
-    int32_t n_gen = r->out.n_tokens;
-    int64_t first = r->t_first_us ? r->t_first_us : now_us;
-    kg_histogram_observe(&w->m.ttft, first - r->t_taken_us);
-    kg_histogram_observe(&w->m.e2e, now_us - r->t_taken_us);
-    if (n_gen > 1) {
-        kg_histogram_observe(&w->m.tpot, (now_us - first) / (n_gen - 1));
+    if (oc.logprobs_dropped) {
+        KG_LOG_WARN("worker", "done event too large; sent without logprobs request_id=%s",
+                    job->request_id);
     }
-    atomic_fetch_add(&w->m.jobs_done, 1);
-    atomic_fetch_add(&w->m.jobs_by_finish[reason], 1);
-    atomic_fetch_add(&w->m.prompt_tokens, r->prep.n_tokens);
-    atomic_fetch_add(&w->m.generated_tokens, n_gen);
-    KG_LOG_INFO("worker",
-                "job done request_id=%s partition=%d offset=%lld finish=%s tokens=%d "
-                "total_ms=%.1f",
-                r->job->request_id, r->job->partition, (long long)r->job->offset,
-                kg_finish_reason_str(reason), n_gen, (double)(now_us - r->t_taken_us) / 1e3);
-    produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
-            ack_new(r->job->partition, r->job->offset), NULL);
+    if (oc.is_error) {
+        atomic_fetch_add(&w->m.jobs_error, 1);
+        atomic_fetch_add(&w->m.jobs_by_error[oc.code], 1);
+        KG_LOG_INFO("worker", "job failed request_id=%s partition=%d offset=%lld code=%s",
+                    job->request_id, job->partition, (long long)job->offset,
+                    kg_error_code_str(oc.code));
+    } else {
+        const kg_job_timing_t *t = &r->run.t;
+        int32_t n_gen = r->run.out.n_tokens;
+        int64_t first = t->first_token_us ? t->first_token_us : now_us;
+        kg_histogram_observe(&w->m.ttft, first - t->taken_us);
+        kg_histogram_observe(&w->m.e2e, now_us - t->taken_us);
+        if (n_gen > 1) {
+            kg_histogram_observe(&w->m.tpot, (now_us - first) / (n_gen - 1));
+        }
+        atomic_fetch_add(&w->m.jobs_done, 1);
+        atomic_fetch_add(&w->m.jobs_by_finish[oc.reason], 1);
+        atomic_fetch_add(&w->m.prompt_tokens, r->run.prep.n_tokens);
+        atomic_fetch_add(&w->m.generated_tokens, n_gen);
+        KG_LOG_INFO("worker",
+                    "job done request_id=%s partition=%d offset=%lld finish=%s tokens=%d "
+                    "total_ms=%.1f",
+                    job->request_id, job->partition, (long long)job->offset,
+                    kg_finish_reason_str(oc.reason), n_gen, (double)(now_us - t->taken_us) / 1e3);
+    }
+    produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len,
+            ack_new(job->partition, job->offset), NULL);
     free(json);
 }
 
@@ -338,7 +329,7 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
          * (kg_worker_new), so this is a sizing bug: say so, and keep the job
          * rather than fail it. It goes back to the front of the pending FIFO. */
         KG_LOG_WARN("worker", "engine queue full: job requeued (queue sizing bug) request_id=%s",
-                    r->job->request_id);
+                    r->run.job->request_id);
         r->state = REC_PENDING;
         r->qnext = w->pending_head;
         w->pending_head = r;
@@ -349,63 +340,32 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         return;
     }
     if (re->kind == KG_RUNNER_REJECTED) {
-        /* the engine refused what intake accepted: a limit mismatch, not the job's fault */
         if (r->state != REC_REVOKED) {
-            char msg[128];
-            snprintf(msg, sizeof(msg), "the engine refused the request: %s",
-                     kg_status_str(re->status));
-            produce_error(w, r->job->request_id, r->job->partition, r->job->offset,
-                          KG_ERROR_INTERNAL, msg, r->job->metadata_json);
+            produce_terminal(w, r, re->status, re->ts_us);
         }
         rec_free(w, r);
         return;
     }
-    const kg_completion_t *c = &re->c;
     if (r->state == REC_REVOKED) {
-        if (c->finish != KG_FINISH_NONE) {
+        if (re->c.finish != KG_FINISH_NONE) {
             rec_free(w, r); /* quietly: no events, the offset is not stored */
         }
         return;
     }
-    kg_output_event_t evs[2];
-    if (c->token >= 0 && !r->stop_hit) {
-        if (!r->t_first_us) {
-            r->t_first_us = re->ts_us;
-            r->n_cached = c->n_cached;
-        }
-        int n = kg_output_push(&r->out, c->token, &c->sample, evs);
-        if (n < 0) {
-            fatal(w, "out of memory assembling output");
-            return;
-        }
-        emit_output_events(w, r, evs, n);
-        if (kg_output_stopped(&r->out) && c->finish == KG_FINISH_NONE) {
-            r->stop_hit = true;
-            if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
-                fatal(w, "engine command queue stuck");
-            }
-            return;
-        }
-    }
-    if (c->finish == KG_FINISH_NONE) {
+    kg_jobrun_step_t js;
+    if (kg_jobrun_on_completion(&r->run, &re->c, re->ts_us, &js) != KG_OK) {
+        fatal(w, "out of memory assembling output");
         return;
     }
-    int n = kg_output_finish(&r->out, evs);
-    emit_output_events(w, r, evs, n);
-    if (r->stop_hit || kg_output_stopped(&r->out)) {
-        produce_done(w, r, KG_FINISH_REASON_STOP_SEQUENCE, re->ts_us);
-    } else if (c->finish == KG_FINISH_STOP) {
-        produce_done(w, r, KG_FINISH_REASON_STOP, re->ts_us);
-    } else if (c->finish == KG_FINISH_LENGTH) {
-        produce_done(w, r, KG_FINISH_REASON_LENGTH, re->ts_us);
-    } else if (c->finish == KG_FINISH_DEADLINE) {
-        produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_EXPIRED,
-                      "the deadline passed before the job finished", r->job->metadata_json);
-    } else {
-        produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_CANCELLED,
-                      "the job was cancelled", r->job->metadata_json);
+    emit_token_events(w, r, js.evs, js.n_evs);
+    if (js.cancel && kg_runner_cancel(w->runner, r->id) != KG_OK) {
+        fatal(w, "engine command queue stuck");
+        return;
     }
-    rec_free(w, r);
+    if (js.finished) {
+        produce_terminal(w, r, KG_OK, re->ts_us);
+        rec_free(w, r);
+    }
 }
 
 // ---- intake ----
@@ -414,16 +374,7 @@ static void submit_pending(kg_worker_t *w) {
     int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
     while (w->pending_head && w->n_inflight - w->n_pending < cap) {
         job_rec_t *r = w->pending_head;
-        kg_request_t req = {.id = r->id,
-                            .prompt = r->prep.tokens,
-                            .n_prompt = r->prep.n_tokens,
-                            .max_tokens = r->prep.max_tokens,
-                            .priority = r->job->priority,
-                            .ignore_eos = r->job->ignore_eos,
-                            .sampling = r->job->sampling};
-        if (r->job->deadline_ms > 0) {
-            req.deadline_us = kg_clock_us() + (r->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
-        }
+        kg_request_t req = kg_jobrun_request(&r->run, r->id);
         kg_status_t st = kg_runner_submit(w->runner, &req);
         if (st == KG_QUEUE_FULL) {
             return;
@@ -439,7 +390,7 @@ static void submit_pending(kg_worker_t *w) {
         r->qnext = NULL;
         w->n_pending--;
         r->state = REC_SUBMITTED;
-        r->t_submit_us = kg_clock_us();
+        kg_jobrun_submitted(&r->run, kg_clock_us());
     }
 }
 
@@ -515,13 +466,11 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
         fatal(w, "out of memory");
         return;
     }
-    r->job = job;
     r->id = w->next_id++;
-    r->t_taken_us = kg_clock_us();
     kg_error_code_t code;
     char msg[256];
-    st = kg_intake_prepare(w->model, &w->limits, job, kg_clock_epoch_ms(), &r->prep, &code, msg,
-                           sizeof(msg));
+    st = kg_jobrun_start(&r->run, w->model, &w->limits, job, kg_clock_epoch_ms(), kg_clock_us(),
+                         &code, msg, sizeof(msg));
     if (st != KG_OK) {
         if (st == KG_ERR_NOMEM) {
             fatal(w, "out of memory preparing a job");
@@ -529,13 +478,9 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
             produce_error(w, job->request_id, job->partition, job->offset, code, msg,
                           job->metadata_json);
         }
-        kg_job_free(job);
+        kg_jobrun_clear(&r->run);
         free(r);
         return;
-    }
-    kg_output_init(&r->out, w->model->tok, (const char *const *)job->stop, job->n_stop);
-    if (job->sampling.n_logprobs > 0 && !job->stream) {
-        r->samples = malloc((size_t)r->prep.max_tokens * sizeof(*r->samples));
     }
     r->state = REC_PENDING;
     rec_insert(w, r);
@@ -590,9 +535,10 @@ abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool 
             next = r->hnext;
             bool hit = parts == NULL;
             for (int k = 0; parts && k < parts->cnt && !hit; k++) {
-                hit = parts->elems[k].partition == r->job->partition;
+                hit = parts->elems[k].partition == r->run.job->partition;
             }
-            if (!hit || r->state == REC_REVOKED || (unstarted_only && r->t_first_us != 0)) {
+            if (!hit || r->state == REC_REVOKED ||
+                (unstarted_only && r->run.t.first_token_us != 0)) {
                 continue;
             }
             if (r->state == REC_PENDING) {
@@ -828,31 +774,27 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->codec_opts = kg_codec_opts_default();
     w->codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
 
-    /* engine */
-    size_t kv_bytes = (size_t)cfg->kv_memory_mib << 20;
-    kg_engine_params_t ep = kg_engine_params_default(model, kv_bytes);
-    ep.max_batch_size = (int32_t)cfg->max_batch_size;
-    /* every job the worker lets in may wait inside the engine while the
-     * running ones finish: the engine's queue holds all of them */
-    ep.max_queue_depth = (int32_t)(cfg->max_batch_size + cfg->max_queue_depth);
-    ep.max_batch_tokens = (int32_t)cfg->max_batch_tokens;
-    ep.kv_block_size = (int32_t)cfg->kv_block_size;
-    ep.prefix_cache = cfg->prefix_cache;
-    if (cfg->ctx > 0) {
-        ep.max_seq_len = (int32_t)cfg->ctx;
+    /* engine: every job the worker lets in may wait inside the engine while
+     * the running ones finish, so the engine's queue holds all of them */
+    kg_engine_options_t eo = kg_engine_options_default();
+    eo.max_batch_size = cfg->max_batch_size;
+    eo.max_queue_depth = cfg->max_batch_size + cfg->max_queue_depth;
+    eo.max_batch_tokens = cfg->max_batch_tokens;
+    eo.ctx = cfg->ctx;
+    eo.kv_block_size = cfg->kv_block_size;
+    eo.kv_memory_mib = cfg->kv_memory_mib;
+    eo.prefix_cache = cfg->prefix_cache;
+    eo.threads = cfg->threads;
+    kg_engine_params_t ep;
+    kg_backend_params_t bp;
+    bool clamped;
+    if (kg_engine_size(model, &eo, &ep, &bp, &clamped, errstr, errstr_size) != KG_OK) {
+        goto fail;
     }
-    if (kv_bytes == 0) {
-        /* enough blocks for every slot at full context */
-        int64_t per_seq = (ep.max_seq_len + ep.kv_block_size - 1) / ep.kv_block_size;
-        ep.n_kv_blocks = (int32_t)(per_seq * ep.max_batch_size);
-    } else {
-        ep.n_kv_blocks =
-            (int32_t)(kv_bytes / (kg_backend_kv_bytes_per_token(model) * (size_t)ep.kv_block_size));
+    if (clamped) {
+        KG_LOG_WARN("worker", "the KV pool holds %d tokens: the context is cut to that",
+                    ep.max_seq_len);
     }
-    kg_backend_params_t bp = {.n_threads = (int32_t)cfg->threads,
-                              .n_kv_blocks = ep.n_kv_blocks,
-                              .kv_block_size = ep.kv_block_size,
-                              .max_batch_tokens = ep.max_batch_tokens};
     w->limits.max_seq_len = ep.max_seq_len;
     w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;

@@ -5,6 +5,7 @@
  * tables and the prefix sharing: a wrong block changes the tokens. */
 #include "check_common.h"
 #include "engine/kg_engine.h"
+#include "engine/kg_sizing.h"
 #include "fakes/fake_backend.h"
 
 #include <stdio.h>
@@ -1032,6 +1033,10 @@ START_TEST(stats_add_up) {
 }
 END_TEST
 
+/* Built into its own program, unit_engine_alloc (this file compiled with
+ * KG_ENGINE_ALLOC_ONLY): it replaces malloc, which AddressSanitizer owns, so
+ * under ASan that program reports a skip (exit 77) instead of a pass. */
+#ifdef KG_ENGINE_ALLOC_ONLY
 START_TEST(no_alloc_in_step) {
 #if KG_COUNT_ALLOC
     kg_engine_params_t p = base_params();
@@ -1073,11 +1078,10 @@ START_TEST(no_alloc_in_step) {
     ck_assert_int_gt(g_n_allocs, before);
     env_clear(&env2);
     env_clear(&env);
-#else
-    fprintf(stderr, "no_alloc_in_step: skipped under AddressSanitizer (it owns malloc)\n");
 #endif
 }
 END_TEST
+#endif
 
 START_TEST(params_default_from_model) {
     const char *path = kg_test_data("models/stories260K.gguf");
@@ -1106,6 +1110,87 @@ START_TEST(params_default_from_model) {
 }
 END_TEST
 
+/* kg_engine_size: the one sizing every program uses */
+START_TEST(sizing_from_options) {
+    char err[256] = "";
+    kg_model_t *model = kg_model_load(kg_test_data("models/stories260K.gguf"), err, sizeof(err));
+    ck_assert_msg(model != NULL, "%s", err);
+    kg_engine_options_t o = kg_engine_options_default();
+    kg_engine_params_t ep;
+    kg_backend_params_t bp;
+    bool clamped = true;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert(!clamped);
+    ck_assert_int_eq(ep.max_batch_size, 16);
+    ck_assert_int_eq(ep.max_queue_depth, 16);
+    ck_assert_int_eq(ep.max_seq_len, model->hp.n_ctx_train); /* 128 < 4096 */
+    /* every slot at full context, beyond the admission headroom */
+    int32_t full = 16 * ((ep.max_seq_len + 15) / 16);
+    ck_assert_int_ge(ep.n_kv_blocks - (ep.n_kv_blocks / 100 > 1 ? ep.n_kv_blocks / 100 : 1), full);
+    ck_assert_int_eq(bp.n_kv_blocks, ep.n_kv_blocks);
+    ck_assert_int_eq(bp.kv_block_size, ep.kv_block_size);
+    ck_assert_int_eq(bp.max_batch_tokens, ep.max_batch_tokens);
+    ck_assert(ep.prefix_cache);
+
+    /* explicit values pass through */
+    o.max_batch_size = 4;
+    o.max_queue_depth = 10;
+    o.max_batch_tokens = 64;
+    o.ctx = 96;
+    o.kv_block_size = 8;
+    o.prefix_cache = false;
+    o.threads = 3;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(ep.max_batch_size, 4);
+    ck_assert_int_eq(ep.max_queue_depth, 10);
+    ck_assert_int_eq(ep.max_seq_len, 96);
+    ck_assert_int_eq(ep.kv_block_size, 8);
+    ck_assert(!ep.prefix_cache);
+    ck_assert_int_eq(bp.n_threads, 3);
+
+    /* a pool smaller than one context cuts the context to what it holds */
+    o = kg_engine_options_default();
+    o.kv_memory_mib = 1;
+    size_t per_block = kg_backend_kv_bytes_per_token(model) * 16;
+    int64_t blocks = (1 << 20) / (int64_t)per_block;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(ep.n_kv_blocks, blocks);
+    if (blocks * 16 < model->hp.n_ctx_train) {
+        ck_assert(clamped);
+        ck_assert_int_eq(ep.max_seq_len, blocks * 16);
+    }
+
+    /* options that cannot work together */
+    o = kg_engine_options_default();
+    o.max_batch_size = 32;
+    o.max_batch_tokens = 16;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, NULL, err, sizeof(err)), KG_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err, "--max-batch-tokens"));
+    kg_model_free(model);
+}
+END_TEST
+
+#ifdef KG_ENGINE_ALLOC_ONLY
+static Suite *make_suite(void) {
+    Suite *s = suite_create("engine_alloc");
+    TCase *tc = tcase_create("invariance");
+    tcase_add_test(tc, no_alloc_in_step);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    if (!KG_COUNT_ALLOC) {
+        fprintf(stderr, "no_alloc_in_step: skipped under AddressSanitizer (it owns malloc)\n");
+        return 77;
+    }
+    SRunner *sr = srunner_create(make_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+#else
 static Suite *make_suite(void) {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("setup");
@@ -1113,6 +1198,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, submit_validation);
     tcase_add_test(tc, queue_full);
     tcase_add_test(tc, params_default_from_model);
+    tcase_add_test(tc, sizing_from_options);
     suite_add_tcase(s, tc);
     tc = tcase_create("schedule");
     tcase_add_test(tc, admission_limit);
@@ -1138,9 +1224,9 @@ static Suite *make_suite(void) {
     tc = tcase_create("invariance");
     tcase_add_test(tc, batch_invariance);
     tcase_add_test(tc, backend_error);
-    tcase_add_test(tc, no_alloc_in_step);
     suite_add_tcase(s, tc);
     return s;
 }
 
 KG_CHECK_MAIN(make_suite)
+#endif
