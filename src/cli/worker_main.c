@@ -6,7 +6,7 @@
 #include "core/kg_log.h"
 #include "kafka/kg_demo.h"
 #include "kafka/kg_worker.h"
-#include "metrics/kg_http.h"
+#include "kafka/kg_http.h"
 #include "model/kg_model.h"
 #include "schema/kg_codec.h"
 

@@ -1,4 +1,6 @@
-/* kg_http: /metrics, /healthz and /readyz over libmicrohttpd.
+/* kg_http: /metrics, /healthz and /readyz over libmicrohttpd. It lives
+ * beside the worker because it serves the worker's and the engine's
+ * figures; src/metrics holds only the counters and histograms.
  *
  * Served from libmicrohttpd's own thread, reading only atomics of the
  * worker and the engine runner (DESIGN.md §1), so a scrape never waits on a
@@ -8,7 +10,7 @@
  *   /readyz   200 once the model is loaded and partitions are assigned */
 #pragma once
 
-#include "../kafka/kg_worker.h"
+#include "kg_worker.h"
 
 #include <stddef.h>
 
