@@ -48,7 +48,7 @@ void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...
 
 #define KG_LOG_(lvl, module, ...)                                                                  \
     do {                                                                                           \
-        if ((int)(lvl) >= KG_LOG_MIN_LEVEL()) {                                                      \
+        if ((int)(lvl) >= KG_LOG_MIN_LEVEL()) {                                                    \
             kg_log_write((lvl), (module), __VA_ARGS__);                                            \
         }                                                                                          \
     } while (0)

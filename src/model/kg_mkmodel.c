@@ -308,6 +308,9 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,
         goto out;
     }
     kg_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab);
+    if (o->chat_template) {
+        kg_gguf_writer_set_str(w, "tokenizer.chat_template", o->chat_template);
+    }
     if (!add_weights(w, o, n_vocab)) {
         goto out;
     }

@@ -18,8 +18,9 @@ typedef struct kg_mkmodel_opts {
     bool tied;
     bool have_seed;
     uint64_t seed;
-    kg_ggml_type_t type; /* of the 2-D weights */
-    int32_t n_words;     /* built-in vocabulary only: made-up word tokens after the bytes */
+    kg_ggml_type_t type;       /* of the 2-D weights */
+    int32_t n_words;           /* built-in vocabulary only: made-up word tokens after the bytes */
+    const char *chat_template; /* tokenizer.chat_template text (Jinja), or NULL for none */
 } kg_mkmodel_opts_t;
 
 /** name "kgen-random", ctx 2048, rope base 10000, F32; the caller sets the

@@ -3,6 +3,7 @@
  * vocabulary copying, and usage errors (exit 2). */
 #include "check_common.h"
 #include "model/kg_gguf.h"
+#include "model/kg_mkmodel.h"
 #include "model/kg_model.h"
 #include "model/kg_quant.h"
 
@@ -356,6 +357,35 @@ START_TEST(loads_as_model) {
 }
 END_TEST
 
+/* kg_mkmodel_opts_t.chat_template becomes tokenizer.chat_template */
+START_TEST(chat_template) {
+    const char *tmpl = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' "
+                       "+ message['content'] + '<|im_end|>\\n'}}{% endfor %}";
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("chat"));
+    kg_mkmodel_opts_t mo = kg_mkmodel_opts_default();
+    mo.out = path;
+    mo.n_embd = 32;
+    mo.n_layer = 1;
+    mo.n_head = 2;
+    mo.n_head_kv = 1;
+    mo.head_dim = 16;
+    mo.n_ff = 64;
+    mo.chat_template = tmpl;
+    ck_assert_int_eq(kg_mkmodel_write(&mo, NULL, err, sizeof(err)), KG_OK);
+    kg_model_t *m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_str_eq(m->chat_template, tmpl);
+    kg_model_free(m);
+    mo.chat_template = NULL; /* none: the key is absent */
+    ck_assert_int_eq(kg_mkmodel_write(&mo, NULL, err, sizeof(err)), KG_OK);
+    m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_ptr_null(m->chat_template);
+    kg_model_free(m);
+}
+END_TEST
+
 static void expect_usage_error(const char *args, const char *needle) {
     char *out;
     int st = mkmodel(args, &out);
@@ -457,6 +487,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, deterministic);
     tcase_add_test(tc, vocab_from);
     tcase_add_test(tc, loads_as_model);
+    tcase_add_test(tc, chat_template);
     suite_add_tcase(s, tc);
     tc = tcase_create("errors");
     tcase_add_test(tc, usage_errors);
