@@ -1,6 +1,6 @@
 /* kg_math: per-element math shared by the CPU and CUDA backends.
  *
- * DESIGN.md §5: the math of one element (a RoPE pair, SiLU, the online
+ * docs/DESIGN.md §5: the math of one element (a RoPE pair, SiLU, the online
  * softmax update) lives here once, as inline functions that compile as C11
  * and as CUDA device code, so the CPU tests cover the math and the GPU tests
  * only the parallel decomposition. Formulas follow ggml's CPU ops so results
