@@ -93,7 +93,7 @@ START_TEST(matches_reference) {
                                       .table = table,
                                       .block_size = BS};
             const float scale = 1.0f / sqrtf((float)hd);
-            cpu_attn_head(q, &kv, n_pos, hd, scale, s, out);
+            cpu_attn_head(q, &kv, 0, n_pos, hd, scale, 0.0f, s, out);
             double ref_s[MAX_POS], m = -INFINITY, sum = 0.0;
             for (int p = 0; p < n_pos; p++) {
                 const uint16_t *k = row(&c, c.k, table, p, kv.offset);
@@ -199,10 +199,10 @@ START_TEST(fixed_arithmetic) {
                                       .table = table,
                                       .block_size = BS};
             chains(q, &c, table, hd, n_pos, hd, 0.125f, want_s, want);
-            cpu_attn_scores(q, &kv, n_pos, hd, 0.125f, s);
+            cpu_attn_scores(q, &kv, 0, n_pos, hd, 0.125f, 0.0f, s);
             ck_assert_msg(memcmp(s, want_s, (size_t)n_pos * sizeof(float)) == 0,
                           "hd %d n_pos %d: scores differ from the chains", hd, n_pos);
-            cpu_attn_head(q, &kv, n_pos, hd, 0.125f, s, out);
+            cpu_attn_head(q, &kv, 0, n_pos, hd, 0.125f, 0.0f, s, out);
             ck_assert_msg(memcmp(out, want, (size_t)hd * sizeof(float)) == 0,
                           "hd %d n_pos %d differs from the chains", hd, n_pos);
         }
@@ -222,10 +222,10 @@ START_TEST(placement_does_not_change_bits) {
         q[i] = rng_uniform(-1.0f, 1.0f);
     }
     cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride, .table = t1, .block_size = BS};
-    cpu_attn_head(q, &kv, n_pos, hd, 0.1f, s, a);
+    cpu_attn_head(q, &kv, 0, n_pos, hd, 0.1f, 0.0f, s, a);
     relocate(&c, t1, t2, MAX_BLOCKS);
     kv.table = t2;
-    cpu_attn_head(q, &kv, n_pos, hd, 0.1f, s, b);
+    cpu_attn_head(q, &kv, 0, n_pos, hd, 0.1f, 0.0f, s, b);
     ck_assert(memcmp(a, b, sizeof(a)) == 0);
     cache_free(&c);
 }
