@@ -77,6 +77,9 @@ typedef struct kg_engine_params {
     int32_t n_eog;
     int32_t eog[KG_MAX_EOG]; /* end-of-generation token ids */
     int32_t n_vocab;
+    int32_t kv_window; /* > 0: no token reads a position more than kv_window - 1 before its
+                          own (every layer windowed: kg_model_kv_window), so blocks wholly
+                          before that are given back as a sequence advances; 0: none */
 } kg_engine_params_t;
 
 typedef enum kg_finish {
