@@ -266,7 +266,8 @@ static bool env_open(bench_env_t *env,
     kg_backend_params_t bp = {.n_threads = (int32_t)o->threads,
                               .n_kv_blocks = ep->n_kv_blocks,
                               .kv_block_size = ep->kv_block_size,
-                              .max_batch_tokens = ep->max_batch_tokens};
+                              .max_batch_tokens = ep->max_batch_tokens,
+                              .max_seq_len = ep->max_seq_len};
     env->be = kg_backend_new(o->backend, env->model, &bp, err, err_size);
     if (!env->be) {
         return false;

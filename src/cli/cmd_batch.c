@@ -223,7 +223,8 @@ int kg_cmd_batch(int argc, char **argv) {
     kg_backend_params_t bp = {.n_threads = (int32_t)threads,
                               .n_kv_blocks = ep.n_kv_blocks,
                               .kv_block_size = ep.kv_block_size,
-                              .max_batch_tokens = ep.max_batch_tokens};
+                              .max_batch_tokens = ep.max_batch_tokens,
+                              .max_seq_len = ep.max_seq_len};
     be = kg_backend_new(backend, model, &bp, err, sizeof(err));
     if (!be || !(engine = kg_engine_new(be, &ep, err, sizeof(err)))) {
         fprintf(stderr, "kgen batch: %s\n", err);

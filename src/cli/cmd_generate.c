@@ -219,7 +219,8 @@ int kg_cmd_generate(int argc, char **argv) {
     kg_backend_params_t bp = {.n_threads = (int32_t)n_threads,
                               .n_kv_blocks = n_blocks,
                               .kv_block_size = KV_BLOCK,
-                              .max_batch_tokens = (int32_t)batch_tokens};
+                              .max_batch_tokens = (int32_t)batch_tokens,
+                              .max_seq_len = (int32_t)n_ctx};
     be = kg_backend_new("cpu", model, &bp, err, sizeof(err));
     if (!be) {
         fprintf(stderr, "kgen generate: %s\n", err);

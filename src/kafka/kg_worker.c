@@ -852,7 +852,8 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     kg_backend_params_t bp = {.n_threads = (int32_t)cfg->threads,
                               .n_kv_blocks = ep.n_kv_blocks,
                               .kv_block_size = ep.kv_block_size,
-                              .max_batch_tokens = ep.max_batch_tokens};
+                              .max_batch_tokens = ep.max_batch_tokens,
+                              .max_seq_len = ep.max_seq_len};
     w->limits.max_seq_len = ep.max_seq_len;
     w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
