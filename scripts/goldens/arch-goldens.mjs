@@ -162,6 +162,15 @@ try {
             if (type === types[0] && TOKENIZER_MODELS.includes(m.name)) {
                 const tl = [`# ${provenance}`, `# the built-in vocabulary of: kgen mkmodel ${m.args.join(" ")}`,
                             `# text (JSON), then the ids of model.tokenize(text) and of tokenize(text, true)`];
+                const n_vocab = model.fileInfo.metadata.tokenizer.ggml.tokens.length;
+                const eog = [];
+                for (let t = 0; t < n_vocab; t++) {
+                    if (model.isEogToken(t)) {
+                        eog.push(t);
+                    }
+                }
+                tl.push(`eog ${eog.join(" ")}`);
+                tl.push(`bos ${model.tokens.bos ?? -1} add_bos ${model.tokens.shouldPrependBosToken ? 1 : 0}`);
                 for (const text of TOKENIZER_TEXTS) {
                     tl.push(`text ${JSON.stringify(text)}`);
                     tl.push(`plain ${model.tokenize(text).join(" ")}`);

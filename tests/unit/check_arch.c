@@ -423,7 +423,25 @@ START_TEST(tokenizer_matches_llama_cpp) {
     int n_checked = 0;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         bool plain = strncmp(line, "plain", 5) == 0, special = strncmp(line, "special", 7) == 0;
-        if (strncmp(line, "text ", 5) == 0) {
+        if (strncmp(line, "eog ", 4) == 0) {
+            /* the end-of-generation set: exactly llama.cpp's */
+            int32_t eog[64];
+            int32_t n_eog = parse_ids(line + 4, eog, 64), n_kgen = 0;
+            for (int32_t id = 0; id < m->hp.n_vocab; id++) {
+                if (kg_tokenizer_is_eog(m->tok, id)) {
+                    ck_assert_msg(n_kgen < n_eog && eog[n_kgen] == id,
+                                  "%s: kgen ends generation at %d, llama.cpp does not", name, id);
+                    n_kgen++;
+                }
+            }
+            ck_assert_int_eq(n_kgen, n_eog);
+            n_checked++;
+        } else if (strncmp(line, "bos ", 4) == 0) {
+            int bos = 0, add_bos = 0;
+            ck_assert_int_eq(sscanf(line, "bos %d add_bos %d", &bos, &add_bos), 2);
+            ck_assert_int_eq(kg_tokenizer_bos(m->tok), bos);
+            ck_assert_int_eq(kg_tokenizer_add_bos(m->tok), add_bos);
+        } else if (strncmp(line, "text ", 5) == 0) {
             ck_assert(parse_json_string(line + 5, s, sizeof(s)));
         } else if (plain || special) {
             int32_t want[MAX_IDS], got[MAX_IDS];
