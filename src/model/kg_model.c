@@ -408,18 +408,22 @@ static bool load_layer(loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_tens
 }
 
 kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
+    kg_gguf_t *g = kg_gguf_open(path, errstr, errstr_size);
+    return g ? kg_model_load_gguf(g, path, errstr, errstr_size) : NULL;
+}
+
+kg_model_t *
+kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errstr_size) {
     kg_model_t *model = calloc(1, sizeof(*model));
     loader_t ld = {.errstr = errstr, .errstr_size = errstr_size};
     bool *is_swa = NULL;
     char key[256];
     if (!model) {
         snprintf(errstr, errstr_size, "model: out of memory");
+        kg_gguf_free(gguf);
         return NULL;
     }
-    model->gguf = kg_gguf_open(path, errstr, errstr_size);
-    if (!model->gguf) {
-        goto fail;
-    }
+    model->gguf = gguf;
     const kg_gguf_t *g = model->gguf;
     ld.g = g;
     kg_gguf_str_t s;

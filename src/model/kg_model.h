@@ -160,6 +160,10 @@ enum {
  * unknown architecture or rope.scaling.type is named, with what is
  * supported). */
 kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size);
+
+/** kg_model_load on an opened file (kg_gguf_open_memory for fuzzing);
+ * takes `gguf` (freed on failure too). `path` names it in messages. */
+kg_model_t *kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errstr_size);
 void kg_model_free(kg_model_t *model);
 
 /** The architecture's GGUF name ("qwen2", ...). */
