@@ -30,9 +30,12 @@ typedef int32_t (*apply_fn)(const char *tmpl,
 typedef int32_t (*builtin_fn)(const char **output, size_t len);
 
 static const struct llama_chat_message conv0[] = {
-    {"system", "You are a helpful assistant"}, {"user", "Hello"},
-    {"assistant", "Hi there"},                 {"user", "Who are you"},
-    {"assistant", "   I am an assistant   "},  {"user", "Another question"},
+    {"system", "You are a helpful assistant"},
+    {"user", "Hello"},
+    {"assistant", "Hi there"},
+    {"user", "Who are you"},
+    {"assistant", "   I am an assistant   "},
+    {"user", "Another question"},
 };
 static const struct llama_chat_message conv1[] = {
     {"user", "What is 2+2?"},
