@@ -358,7 +358,12 @@ static bool load_layer(loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_tens
             L->wv = make_view(&views[2], qkv, n_q + n_kv, n_kv, 0);
         }
         const kg_gguf_tensor_t *b = KG_T("attn_qkv.bias", n_q + 2 * n_kv, 0, true);
-        if (b) {
+        if (b && kg_type_block_elems(b->type) != 1) {
+            snprintf(ld->errstr, ld->errstr_size,
+                     "model: blk.%d.attn_qkv.bias is %s; a split bias must be F32, F16 or BF16",
+                     (int)il, kg_ggml_type_name(b->type));
+            bad = true;
+        } else if (b) {
             L->bq = make_view(&views[3], b, 0, 0, n_q);
             L->bk = make_view(&views[4], b, n_q, 0, n_kv);
             L->bv = make_view(&views[5], b, n_q + n_kv, 0, n_kv);
@@ -526,7 +531,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     if (hp->arch == KG_ARCH_QWEN2) {
         model->output_b = find_tensor(&ld, "output.bias", V, 0, true, &bad);
     }
-    model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
+    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL) { /* Llama 3.1 */
+        model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
+    }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {
         model->rope_long =
             find_tensor(&ld, "rope_factors_long.weight", hp->n_rot / 2, 0, true, &bad);

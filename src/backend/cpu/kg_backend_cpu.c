@@ -362,13 +362,22 @@ static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) 
  * the widest range any layer reads. */
 static bool batch_blocks_ok(const cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
     const int32_t bs = ctx->block_size;
+    int32_t prev_seq = -1, prev_pos = -1;
     for (int32_t t = 0; t < batch->n_tokens; t++) {
         const int32_t pos = batch->pos[t];
         const int32_t p0 =
             ctx->max_window > 0 && pos + 1 > ctx->max_window ? pos + 1 - ctx->max_window : 0;
         const int32_t *table =
             batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
-        for (int32_t b = p0 / bs; b <= pos / bs; b++) {
+        int32_t first = p0 / bs;
+        /* the next token of a prefill chunk: its window starts no earlier
+         * and the blocks up to the previous token's are checked already */
+        if (batch->seq[t] == prev_seq && pos == prev_pos + 1 && prev_pos / bs + 1 > first) {
+            first = prev_pos / bs + 1;
+        }
+        prev_seq = batch->seq[t];
+        prev_pos = pos;
+        for (int32_t b = first; b <= pos / bs; b++) {
             if (table[b] < 0 || table[b] >= ctx->n_kv_blocks) {
                 KG_LOG_ERROR("cpu", "token %d (seq %d pos %d) reads block %d = %d (pool %d)", t,
                              batch->seq[t], pos, b, table[b], ctx->n_kv_blocks);
