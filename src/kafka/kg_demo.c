@@ -99,11 +99,10 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
         mo.seed = 42;
         mo.have_seed = true;
         mo.n_words = 3000;
-        /* ChatML, as Qwen and SmolLM write it, so the demo's chat jobs render */
-        mo.chat_template =
-            "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-            "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt "
-            "%}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+        /* a Qwen2-family model with ChatML, as Qwen writes it (its vocabulary
+         * has the ChatML tokens), so the demo's chat jobs render */
+        mo.arch = "qwen2";
+        mo.chat_template = "chatml";
         char err[512];
         if (kg_mkmodel_write(&mo, NULL, err, sizeof(err)) != KG_OK) {
             snprintf(errstr, errstr_size, "cannot write the demo model: %s", err);
