@@ -28,6 +28,7 @@ typedef struct kg_config {
     char *assignment_strategy;
     char *worker_id; /* "" = hostname-pid */
     int64_t max_message_bytes;
+    int64_t max_event_bytes; /* 0 = from the producer's and the results topic's limits */
     /* model and engine */
     char *model;
     char *backend;
@@ -44,6 +45,7 @@ typedef struct kg_config {
     bool prefix_cache;
     /* operations */
     int64_t http_port;
+    char *http_address;
     char *log_level;
     char *log_format;
     double drain_timeout_s;

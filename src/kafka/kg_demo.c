@@ -81,6 +81,12 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
     if (kg_config_set(cfg, "brokers", bootstrap, errstr, errstr_size) != KG_OK) {
         goto fail;
     }
+    /* the mock cluster cannot describe its topics (no DescribeConfigs) and
+     * takes whatever the producer sends: size events to the producer */
+    if (cfg->max_event_bytes == 0 &&
+        kg_config_set(cfg, "max-event-bytes", "999488", errstr, errstr_size) != KG_OK) {
+        goto fail;
+    }
     KG_LOG_INFO("demo", "mock cluster up brokers=%s jobs_topic=%s results_topic=%s", bootstrap,
                 cfg->jobs_topic, cfg->results_topic);
     if (!*cfg->model) {

@@ -46,6 +46,7 @@ typedef struct kg_worker_metrics {
     _Atomic int64_t jobs_by_finish[3]; /* stop, length, stop_sequence */
     _Atomic int64_t jobs_by_error[16]; /* by kg_error_code_t */
     _Atomic int64_t prompt_tokens, generated_tokens, messages_consumed, events_produced;
+    _Atomic int64_t events_refused; /* refused by the broker for their own sake, answered */
     _Atomic int32_t inflight, paused, assigned_partitions, ready;
     _Atomic int64_t last_loop_us;
     kg_histogram_t ttft, tpot, e2e; /* per finished job */

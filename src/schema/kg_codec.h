@@ -194,6 +194,10 @@ typedef struct kg_event_token {
     size_t text_len;
     bool has_logprobs;
     kg_token_logprobs_t logprobs; /* .token.logprob is written; .token id/text are not */
+    /* What the event left out to fit the transport (kg_events); written only when set. */
+    bool logprobs_truncated; /* the job asked for logprobs; they did not fit */
+    bool text_truncated;     /* text is a prefix of the released text ... */
+    int64_t text_bytes_cut;  /* ... which was this many bytes longer */
 } kg_event_token_t;
 
 typedef struct kg_event_done {
@@ -213,6 +217,11 @@ typedef struct kg_event_done {
     const kg_token_logprobs_t *logprobs; /* (n_logprobs) per output token, or NULL */
     int32_t n_logprobs;
     const char *metadata_json; /* the job's metadata_json, or NULL */
+    /* What the event left out to fit the transport (kg_events); written only when set. */
+    bool logprobs_truncated; /* the job asked for logprobs; they did not fit */
+    bool metadata_truncated; /* the job's metadata is not echoed */
+    bool text_truncated;     /* text is a prefix of the output text ... */
+    int64_t text_bytes_cut;  /* ... which was this many bytes longer */
 } kg_event_done_t;
 
 typedef struct kg_event_error {
@@ -220,6 +229,7 @@ typedef struct kg_event_error {
     kg_error_code_t code;
     const char *message;       /* NUL-terminated */
     const char *metadata_json; /* the job's metadata_json, or NULL */
+    bool metadata_truncated;   /* the job's metadata is not echoed (it did not fit) */
 } kg_event_error_t;
 
 /** Encode an event as compact JSON. Returns malloc'ed text (the caller

@@ -139,16 +139,16 @@ static void teardown(fixture_t *f) {
 }
 
 /* Jobs job-<first> .. of 8 to 16 tokens, or of exactly `max_tokens`
- * (ignore_eos) when it is > 0. */
-static void produce_jobs_of(fixture_t *f, int first, int n, int max_tokens) {
+ * (ignore_eos) when it is > 0; `extra` is more members (",..." or ""). */
+static void produce_jobs_ex(fixture_t *f, int first, int n, int max_tokens, const char *extra) {
     for (int i = first; i < first + n; i++) {
-        char key[32], job[256];
+        char key[32], job[512];
         int kl = snprintf(key, sizeof(key), "job-%d", i);
         int jl = snprintf(job, sizeof(job),
                           "{\"request_id\":\"job-%d\",\"prompt\":\"Once upon a time %d\","
-                          "\"max_tokens\":%d,\"ignore_eos\":%s,\"temperature\":0.8,\"seed\":%d}",
+                          "\"max_tokens\":%d,\"ignore_eos\":%s,\"temperature\":0.8,\"seed\":%d%s}",
                           i, i, max_tokens > 0 ? max_tokens : 8 + i % 9,
-                          max_tokens > 0 ? "true" : "false", i);
+                          max_tokens > 0 ? "true" : "false", i, extra);
         /* produceva: clang -Wpedantic flags the producev macros */
         rd_kafka_vu_t vus[4] = {
             {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
@@ -160,6 +160,10 @@ static void produce_jobs_of(fixture_t *f, int first, int n, int max_tokens) {
         ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
     }
     rd_kafka_poll(f->producer, 0);
+}
+
+static void produce_jobs_of(fixture_t *f, int first, int n, int max_tokens) {
+    produce_jobs_ex(f, first, n, max_tokens, "");
 }
 
 static void produce_jobs(fixture_t *f, int first, int n) {
@@ -316,6 +320,120 @@ START_TEST(test_burst_beyond_queue_depth) {
 }
 END_TEST
 
+/* A consumer of every partition of `topic` from the beginning. */
+static rd_kafka_t *reader_of(fixture_t *f, const char *topic, int n_partitions) {
+    rd_kafka_t *rk = client(RD_KAFKA_CONSUMER, f->bootstrap, "kgen-mock-reader-2");
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n_partitions);
+    for (int i = 0; i < n_partitions; i++) {
+        rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    }
+    ck_assert(rd_kafka_assign(rk, parts) == 0);
+    rd_kafka_topic_partition_list_destroy(parts);
+    return rk;
+}
+
+/* The value of header `name` of `rkm` as a string ("" when absent). */
+static const char *header(const rd_kafka_message_t *rkm, const char *name, char *buf, size_t cap) {
+    rd_kafka_headers_t *h = NULL;
+    const void *v;
+    size_t n;
+    buf[0] = '\0';
+    if (rd_kafka_message_headers(rkm, &h) == 0 && rd_kafka_header_get_last(h, name, &v, &n) == 0) {
+        snprintf(buf, cap, "%.*s", (int)n, (const char *)v);
+    }
+    return buf;
+}
+
+/* The broker refuses one batch of the worker's events for their own sake
+ * (MSG_SIZE_TOO_LARGE, as for an event above the topic's
+ * max.message.bytes): the jobs whose done events were in it are answered
+ * with a small `internal` error event instead, copies of the refused events
+ * go to the DLQ (kgen-payload: event), every other job ends with done, and
+ * the worker keeps running and stops cleanly. A refused delivery was fatal
+ * before: the worker exited 1 and every worker after it did the same. */
+START_TEST(test_refused_delivery) {
+    fixture_t f;
+    int n_events;
+    start_warm(&f, &n_events);
+    /* not streamed, so the worker's next Produce request carries done events */
+    produce_jobs_ex(&f, 8, 8, 1500, ",\"stream\":false");
+    rd_kafka_flush(f.producer, 5000);
+    rd_kafka_mock_push_request_errors(f.mc, API_PRODUCE, 1, RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
+    bool seen[16] = {false};
+    int n_seen = 0, n_internal = 0, n_done = 0;
+    int64_t deadline = kg_clock_us() + 120 * 1000000LL;
+    while (n_seen < 8 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        const kg_event_common_t *c =
+            ev->type == KG_EVENT_DONE ? &ev->done.common : &ev->error.common;
+        int i = -1;
+        if (ev->type != KG_EVENT_TOKEN && sscanf(c->request_id, "job-%d", &i) == 1 && i >= 8 &&
+            !seen[i]) {
+            seen[i] = true;
+            n_seen++;
+            if (ev->type == KG_EVENT_ERROR) {
+                ck_assert_int_eq(ev->error.code, KG_ERROR_INTERNAL);
+                ck_assert_msg(strstr(ev->error.message, "could not be delivered"), "%s",
+                              ev->error.message);
+                n_internal++;
+            } else {
+                n_done++;
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_seen, 8);
+    ck_assert_int_ge(n_internal, 1);
+    ck_assert_int_eq(n_internal + n_done, 8);
+    /* the DLQ holds a copy of each refused done event */
+    rd_kafka_t *dlq = reader_of(&f, "jobs.dlq", 1);
+    int n_copies = 0;
+    deadline = kg_clock_us() + 30 * 1000000LL;
+    while (n_copies < n_internal && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(dlq, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        char kind[16], reason[32];
+        ck_assert_str_eq(header(rkm, "kgen-payload", kind, sizeof(kind)), "event");
+        ck_assert_str_eq(header(rkm, "kgen-error-reason", reason, sizeof(reason)), "undeliverable");
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        ck_assert_int_eq(ev->type, KG_EVENT_DONE);
+        kg_event_free(ev);
+        n_copies++;
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_copies, n_internal);
+    rd_kafka_consumer_close(dlq);
+    rd_kafka_destroy(dlq);
+    /* and the worker goes on */
+    produce_jobs(&f, 16, 4);
+    rd_kafka_flush(f.producer, 5000);
+    for (int i = 0; i < 16; i++) {
+        f.seen[i] = true; /* collect() counts job-16.. only */
+    }
+    f.n_seen = 16;
+    ck_assert_int_eq(collect(&f, 20, 60, &n_events), 20);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
@@ -324,6 +442,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_broker_down_up);
     tcase_add_test(tc, test_burst_beyond_queue_depth);
+    tcase_add_test(tc, test_refused_delivery);
     suite_add_tcase(s, tc);
     return s;
 }
