@@ -51,6 +51,12 @@ static const opt_t options[] = {
      "of the text (0 = the smaller of the producer's message.max.bytes and the results topic's "
      "max.message.bytes, read at startup, less 512 for the key and record framing; at least "
      "4096)"},
+    {"inflight-topic", OPT_STR, OFF(inflight_topic), "", 0, 0, "Kafka",
+     "compacted topic where workers record the jobs they run, for --poison-after (default: "
+     "<jobs-topic>.inflight; as many partitions as the jobs topic)"},
+    {"poison-after", OPT_INT, OFF(poison_after), "2", 0, 100, "Kafka",
+     "a job present in this many consecutive worker failures (crash, kill, device fault) is "
+     "answered with an internal error and a DLQ copy instead of being run again (0 = off)"},
     {"model", OPT_STR, OFF(model), "", 0, 0, "Model", "GGUF model file"},
     {"backend", OPT_STR, OFF(backend), "auto", 0, 0, "Model", "auto, cpu or cuda"},
     {"threads", OPT_INT, OFF(threads), "0", 0, 1024, "Model", "CPU threads (0 = all cores)"},

@@ -29,6 +29,8 @@ typedef struct kg_config {
     char *worker_id; /* "" = hostname-pid */
     int64_t max_message_bytes;
     int64_t max_event_bytes; /* 0 = from the producer's and the results topic's limits */
+    char *inflight_topic;    /* "" = "<jobs_topic>.inflight" (the poison-job journal) */
+    int64_t poison_after;    /* consecutive worker failures a job may be in; 0 = off */
     /* model and engine */
     char *model;
     char *backend;

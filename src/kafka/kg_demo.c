@@ -71,9 +71,15 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
     if (!*dlq) {
         snprintf(dlq, sizeof(dlq), "%s.dlq", cfg->jobs_topic);
     }
+    char inflight[512];
+    snprintf(inflight, sizeof(inflight), "%s", *cfg->inflight_topic ? cfg->inflight_topic : "");
+    if (!*inflight) {
+        snprintf(inflight, sizeof(inflight), "%s.inflight", cfg->jobs_topic);
+    }
     if (rd_kafka_mock_topic_create(d->mc, cfg->jobs_topic, DEMO_PARTITIONS, 1) ||
         rd_kafka_mock_topic_create(d->mc, cfg->results_topic, DEMO_PARTITIONS, 1) ||
-        rd_kafka_mock_topic_create(d->mc, dlq, 1, 1)) {
+        rd_kafka_mock_topic_create(d->mc, dlq, 1, 1) ||
+        rd_kafka_mock_topic_create(d->mc, inflight, DEMO_PARTITIONS, 1)) {
         snprintf(errstr, errstr_size, "cannot create the demo topics");
         goto fail;
     }

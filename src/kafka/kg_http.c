@@ -65,6 +65,9 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
             "Events the broker refused for their own sake (size): copied to the DLQ, and a "
             "terminal one replaced by an internal error.",
             (long long)atomic_load(&m->events_refused));
+    counter(f, "kgen_jobs_poisoned_total",
+            "Jobs not run again: present in --poison-after consecutive worker failures.",
+            (long long)atomic_load(&m->jobs_poisoned));
     counter(f, "kgen_prefill_tokens_total", "Tokens computed as prefill (recomputation included).",
             (long long)atomic_load(&g->n_prefill_tokens));
     counter(f, "kgen_decode_tokens_total", "Tokens computed as decode.",
@@ -96,6 +99,9 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           total > 0 ? (double)atomic_load(&g->kv_blocks_used) / total : 0.0);
     gauge(f, "kgen_batch_tokens", "Tokens in the last engine step.",
           atomic_load(&g->last_batch_tokens));
+    gauge(f, "kgen_poison_suspects",
+          "1 while jobs that were running when a worker failed wait or run (one at a time).",
+          atomic_load(&m->suspects));
     gauge(f, "kgen_consumer_paused", "1 while the consumer is paused for backpressure.",
           atomic_load(&m->paused));
     gauge(f, "kgen_assigned_partitions", "Partitions of the jobs topic assigned to this worker.",

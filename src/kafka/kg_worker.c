@@ -12,6 +12,7 @@
 #include "../pipeline/kg_jobrun.h"
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec.h"
+#include "kg_journal.h"
 #include "kg_kafka_conf.h"
 #include "kg_offsets.h"
 #include "kg_topic_config.h"
@@ -72,6 +73,27 @@ typedef struct ack {
     double total_ms;           /* ACK_RESULT, done */
 } ack_t;
 
+/* A job message off the jobs topic: borrowed from the consumer's message,
+ * or from a held copy. */
+typedef struct job_msg {
+    int32_t partition;
+    int64_t offset;
+    const void *key;
+    size_t key_len;
+    const void *payload;
+    size_t len;
+} job_msg_t;
+
+/* A message that waits before it may start (kg_journal): for the snapshot
+ * that records it as running to be acknowledged, or, a suspect (a job that
+ * was running when a worker failed), for its turn: one at a time. */
+typedef struct held_msg {
+    job_msg_t m;     /* key and payload are owned copies */
+    int strikes;     /* consecutive worker failures it was present in */
+    uint64_t ticket; /* its journal snapshot; 0 while a suspect waits for its turn */
+    struct held_msg *next;
+} held_msg_t;
+
 /* A dead-letter copy: what goes to the DLQ and why (headers kgen-*). */
 typedef struct dlq_copy {
     const char *key;
@@ -95,6 +117,14 @@ struct kg_worker {
     kg_runner_t *runner;
     rd_kafka_t *consumer, *producer;
     kg_offsets_t *offsets;
+    kg_journal_t *journal;             /* the poison-job journal; NULL with --poison-after 0 */
+    held_msg_t *held_head, *held_tail; /* waiting for their snapshot's ack */
+    held_msg_t *suspects_head, *suspects_tail; /* suspects waiting for their turn */
+    int32_t n_held;                            /* in both lists */
+    bool suspect_busy;                         /* a suspect runs (or is about to) */
+    int32_t suspect_partition;
+    int64_t suspect_offset;
+    const char *crash_request_id; /* TEST-ONLY fault injection; NULL normally */
     kg_intake_limits_t limits;
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
@@ -111,7 +141,8 @@ struct kg_worker {
     volatile sig_atomic_t stop_requested;
     bool draining;
     int64_t drain_deadline_us;
-    int fatal; /* non-zero: stop at once, exit non-zero */
+    int fatal;        /* non-zero: stop at once, exit non-zero */
+    bool fatal_kafka; /* the fatal error was Kafka's, not possibly a job's */
     _Atomic int64_t lag[MAX_PARTITIONS];
     _Atomic int32_t lag_valid[MAX_PARTITIONS];
     int64_t last_lag_us;
@@ -156,6 +187,33 @@ static void fatal(kg_worker_t *w, const char *what) {
         KG_LOG_ERROR("worker", "fatal: %s; stopping without storing unfinished offsets", what);
     }
     w->fatal = 1;
+}
+
+/* A fatal error of the broker or a topic: no job can have caused it, so
+ * the journal hands the partitions over as clean (kg_journal_revoke). */
+static void fatal_kafka(kg_worker_t *w, const char *what) {
+    w->fatal_kafka = !w->fatal;
+    fatal(w, what);
+}
+
+static void end_suspect(kg_worker_t *w, int32_t partition, int64_t offset) {
+    if (w->suspect_busy && w->suspect_partition == partition && w->suspect_offset == offset) {
+        w->suspect_busy = false;
+        atomic_store(&w->m.suspects, w->suspects_head != NULL);
+    }
+}
+
+/* The job was answered (its terminal event or DLQ copy produced): off the
+ * journal's record; when it was the running suspect, the next may start. */
+static void job_answered(kg_worker_t *w, int32_t partition, int64_t offset) {
+    kg_journal_finish(w->journal, partition, offset);
+    end_suspect(w, partition, offset);
+}
+
+/* The job was given back unfinished (revoke, drain): it keeps its strikes. */
+static void job_given_back(kg_worker_t *w, int32_t partition, int64_t offset) {
+    kg_journal_release(w->journal, partition, offset);
+    end_suspect(w, partition, offset);
 }
 
 /* Errors about one message rather than the broker or the topic: the
@@ -244,7 +302,7 @@ static bool produce(kg_worker_t *w,
     }
     KG_LOG_ERROR("worker", "produce to %s failed: %s", topic, rd_kafka_err2str(err));
     free(ack);
-    fatal(w, "could not produce an event");
+    fatal_kafka(w, "could not produce an event");
     return false;
 }
 
@@ -311,7 +369,7 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
         char what[256];
         snprintf(what, sizeof(what), "delivery to %s failed: %s", rd_kafka_topic_name(rkm->rkt),
                  rd_kafka_err2str(rkm->err));
-        fatal(w, what);
+        fatal_kafka(w, what);
     } else if (ack && !w->fatal) {
         log_answered(w, rkm, ack);
         if (kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
@@ -407,7 +465,7 @@ static void on_refused(kg_worker_t *w,
     }
     if ((ack && ack->kind != ACK_RESULT) || (!ack && to_dlq)) {
         if (ack) {
-            fatal(w, "the topic refuses even a small message");
+            fatal_kafka(w, "the topic refuses even a small message");
         }
         return; /* a DLQ copy of an event: the job was answered otherwise */
     }
@@ -473,6 +531,7 @@ static void produce_error(kg_worker_t *w,
         ack->is_error = true;
         ack->code = code;
     }
+    job_answered(w, partition, offset);
     produce(w, w->cfg->results_topic, request_id, strlen(request_id), json, len, ack, NULL);
     free(json);
 }
@@ -544,6 +603,7 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
         ack->n_gen = n_gen;
         ack->total_ms = (double)(now_us - t->taken_us) / 1e3;
     }
+    job_answered(w, job->partition, job->offset);
     produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len, ack,
             NULL);
     free(json);
@@ -627,59 +687,67 @@ static void submit_pending(kg_worker_t *w) {
 }
 
 /* An unparseable job: its DLQ copy is its answer (the delivery stores the offset). */
-static void
-dead_letter_job(kg_worker_t *w, const rd_kafka_message_t *rkm, const kg_codec_error_t *err) {
-    dlq_copy_t c = {.key = rkm->key,
-                    .key_len = rkm->key_len,
-                    .payload = rkm->payload,
-                    .len = rkm->len,
+static void dead_letter_job(kg_worker_t *w, const job_msg_t *m, const kg_codec_error_t *err) {
+    dlq_copy_t c = {.key = m->key,
+                    .key_len = m->key_len,
+                    .payload = m->payload,
+                    .len = m->len,
                     .payload_kind = "job",
                     .reason = kg_codec_dlq_reason_str(err->reason),
                     .message = err->message,
-                    .partition = rkm->partition,
-                    .offset = rkm->offset};
+                    .partition = m->partition,
+                    .offset = m->offset};
     atomic_fetch_add(&w->m.jobs_dlq, 1);
-    KG_LOG_WARN("worker", "dead-lettered partition=%d offset=%lld reason=%s", rkm->partition,
-                (long long)rkm->offset, c.reason);
-    dead_letter(w, &c, ack_new(rkm->partition, rkm->offset, ACK_DLQ));
+    KG_LOG_WARN("worker", "dead-lettered partition=%d offset=%lld reason=%s", m->partition,
+                (long long)m->offset, c.reason);
+    job_answered(w, m->partition, m->offset);
+    dead_letter(w, &c, ack_new(m->partition, m->offset, ACK_DLQ));
 }
 
-static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
-    atomic_fetch_add(&w->m.messages_consumed, 1);
-    kg_status_t st = kg_offsets_track(w->offsets, rkm->partition, rkm->offset);
-    if (st != KG_OK) {
-        /* cannot happen while we pause at the in-flight cap; never drop a job silently */
-        KG_LOG_ERROR("worker", "cannot track partition=%d offset=%lld: %s; seeking back",
-                     rkm->partition, (long long)rkm->offset, kg_status_str(st));
-        rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-        rd_kafka_topic_partition_list_add(l, w->cfg->jobs_topic, rkm->partition)->offset =
-            rkm->offset;
-        rd_kafka_error_t *e = rd_kafka_seek_partitions(w->consumer, l, 1000);
-        if (e) {
-            rd_kafka_error_destroy(e);
-        }
-        rd_kafka_topic_partition_list_destroy(l);
-        return;
-    }
+/* Decode a job; one that does not decode is answered (DLQ or invalid_job)
+ * and NULL returned. */
+static kg_job_t *decode_or_answer(kg_worker_t *w, const job_msg_t *m) {
     kg_job_t *job = NULL;
     kg_codec_error_t cerr;
-    st = kg_codec_decode_job_opts(rkm->payload ? rkm->payload : "", rkm->len, &w->codec_opts, &job,
-                                  &cerr);
+    kg_status_t st =
+        kg_codec_decode_job_opts(m->payload ? m->payload : "", m->len, &w->codec_opts, &job, &cerr);
     if (st == KG_ERR_NOMEM) {
         fatal(w, "out of memory decoding a job");
+    } else if (st != KG_OK && cerr.kind == KG_CODEC_DLQ) {
+        dead_letter_job(w, m, &cerr);
+    } else if (st != KG_OK) {
+        produce_error(w, cerr.request_id, m->partition, m->offset, KG_ERROR_INVALID_JOB,
+                      cerr.message, NULL);
+    }
+    if (job) {
+        job->partition = m->partition;
+        job->offset = m->offset;
+    }
+    return job;
+}
+
+/* TEST-ONLY fault injection: with KGEN_TEST_CRASH_ON_REQUEST_ID set (read
+ * at startup, announced with a warning), the worker abort()s when it starts
+ * that job, so the poison-job journal can be tested with a real crash
+ * (tests/integration/test_worker_poison.sh). Never set it in production. */
+static void crash_if_test_target(const kg_worker_t *w, const kg_job_t *job) {
+    if (w->crash_request_id && strcmp(job->request_id, w->crash_request_id) == 0) {
+        KG_LOG_ERROR("worker",
+                     "TEST-ONLY fault injection: abort() request_id=%s partition=%d "
+                     "offset=%lld",
+                     job->request_id, job->partition, (long long)job->offset);
+        abort();
+    }
+}
+
+/* Start a job: decode, prepare (tokenize, check the limits) and queue it
+ * for the engine; a job that cannot run is answered at once. */
+static void start_message(kg_worker_t *w, const job_msg_t *m) {
+    kg_job_t *job = decode_or_answer(w, m);
+    if (!job) {
         return;
     }
-    if (st != KG_OK) {
-        if (cerr.kind == KG_CODEC_DLQ) {
-            dead_letter_job(w, rkm, &cerr);
-        } else {
-            produce_error(w, cerr.request_id, rkm->partition, rkm->offset, KG_ERROR_INVALID_JOB,
-                          cerr.message, NULL);
-        }
-        return;
-    }
-    job->partition = rkm->partition;
-    job->offset = rkm->offset;
+    crash_if_test_target(w, job);
     job_rec_t *r = calloc(1, sizeof(*r));
     if (!r) {
         kg_job_free(job);
@@ -689,8 +757,8 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
     r->id = w->next_id++;
     kg_error_code_t code;
     char msg[256];
-    st = kg_jobrun_start(&r->run, w->model, &w->limits, job, kg_clock_epoch_ms(), kg_clock_us(),
-                         &code, msg, sizeof(msg));
+    kg_status_t st = kg_jobrun_start(&r->run, w->model, &w->limits, job, kg_clock_epoch_ms(),
+                                     kg_clock_us(), &code, msg, sizeof(msg));
     if (st != KG_OK) {
         if (st == KG_ERR_NOMEM) {
             fatal(w, "out of memory preparing a job");
@@ -712,6 +780,230 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
     w->pending_tail = r;
     w->n_pending++;
     submit_pending(w);
+}
+
+// ---- poison jobs: held messages and suspects (see kg_journal.h) ----
+
+static void update_inflight_gauge(kg_worker_t *w) {
+    atomic_store(&w->m.inflight, w->n_inflight + w->n_held);
+}
+
+static held_msg_t *held_new(const job_msg_t *m, int strikes) {
+    held_msg_t *h = calloc(1, sizeof(*h));
+    void *key = malloc(m->key_len ? m->key_len : 1);
+    void *payload = malloc(m->len ? m->len : 1);
+    if (!h || !key || !payload) {
+        free(h);
+        free(key);
+        free(payload);
+        return NULL;
+    }
+    if (m->key_len) {
+        memcpy(key, m->key, m->key_len);
+    }
+    if (m->len) {
+        memcpy(payload, m->payload, m->len);
+    }
+    h->m = *m;
+    h->m.key = m->key ? key : NULL;
+    h->m.payload = m->payload ? payload : NULL;
+    h->strikes = strikes;
+    if (!m->key) {
+        free(key);
+    }
+    if (!m->payload) {
+        free(payload);
+    }
+    return h;
+}
+
+static void held_free(held_msg_t *h) {
+    free((void *)h->m.key);
+    free((void *)h->m.payload);
+    free(h);
+}
+
+static void held_push(held_msg_t **head, held_msg_t **tail, held_msg_t *h) {
+    h->next = NULL;
+    if (*tail) {
+        (*tail)->next = h;
+    } else {
+        *head = h;
+    }
+    *tail = h;
+}
+
+/* Hold a journaled message: a job with no strike starts once its snapshot
+ * is acknowledged; a suspect waits for its turn. */
+static void hold_message(kg_worker_t *w, const job_msg_t *m, int strikes) {
+    held_msg_t *h = held_new(m, strikes);
+    if (!h) {
+        fatal(w, "out of memory holding a job");
+        return;
+    }
+    w->n_held++;
+    update_inflight_gauge(w);
+    if (strikes == 0) {
+        h->ticket = kg_journal_start(w->journal, m->partition, m->offset, 0);
+        held_push(&w->held_head, &w->held_tail, h);
+        return;
+    }
+    KG_LOG_WARN("worker",
+                "suspect job: it was running when a worker failed, so it runs alone among "
+                "suspects partition=%d offset=%lld strikes=%d",
+                m->partition, (long long)m->offset, strikes);
+    held_push(&w->suspects_head, &w->suspects_tail, h);
+    atomic_store(&w->m.suspects, 1);
+}
+
+/* At most one suspect runs at a time: when a worker then fails, it is the
+ * only job present in two failures in a row (kg_journal.h). */
+static void start_next_suspect(kg_worker_t *w) {
+    held_msg_t *h = w->suspects_head;
+    if (w->suspect_busy || !h || w->draining) {
+        return;
+    }
+    w->suspects_head = h->next;
+    if (!w->suspects_head) {
+        w->suspects_tail = NULL;
+    }
+    w->suspect_busy = true;
+    w->suspect_partition = h->m.partition;
+    w->suspect_offset = h->m.offset;
+    h->ticket = kg_journal_start(w->journal, h->m.partition, h->m.offset, h->strikes);
+    held_push(&w->held_head, &w->held_tail, h);
+}
+
+/* Start every held job whose snapshot the broker has acknowledged. */
+static void release_held(kg_worker_t *w) {
+    held_msg_t *prev = NULL;
+    for (held_msg_t *h = w->held_head, *next; h && !w->fatal; h = next) {
+        next = h->next;
+        if (!kg_journal_durable(w->journal, h->m.partition, h->ticket)) {
+            prev = h;
+            continue;
+        }
+        if (prev) {
+            prev->next = next;
+        } else {
+            w->held_head = next;
+        }
+        if (w->held_tail == h) {
+            w->held_tail = prev;
+        }
+        w->n_held--;
+        start_message(w, &h->m);
+        held_free(h);
+    }
+    update_inflight_gauge(w);
+}
+
+static bool in_parts(const rd_kafka_topic_partition_list_t *parts, int32_t partition) {
+    for (int k = 0; parts && k < parts->cnt; k++) {
+        if (parts->elems[k].partition == partition) {
+            return true;
+        }
+    }
+    return parts == NULL;
+}
+
+/* Give back (uncommitted) the held messages of the listed partitions (NULL: all). */
+static void drop_held_list(kg_worker_t *w,
+                           held_msg_t **head,
+                           held_msg_t **tail,
+                           const rd_kafka_topic_partition_list_t *parts) {
+    held_msg_t *prev = NULL;
+    for (held_msg_t *h = *head, *next; h; h = next) {
+        next = h->next;
+        if (!in_parts(parts, h->m.partition)) {
+            prev = h;
+            continue;
+        }
+        if (prev) {
+            prev->next = next;
+        } else {
+            *head = next;
+        }
+        if (*tail == h) {
+            *tail = prev;
+        }
+        w->n_held--;
+        job_given_back(w, h->m.partition, h->m.offset);
+        held_free(h);
+    }
+}
+
+static void drop_held(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
+    drop_held_list(w, &w->held_head, &w->held_tail, parts);
+    drop_held_list(w, &w->suspects_head, &w->suspects_tail, parts);
+    update_inflight_gauge(w);
+    atomic_store(&w->m.suspects, w->suspect_busy || w->suspects_head);
+}
+
+/* A job present in poison_after consecutive worker failures: not run again.
+ * It is answered with an `internal` error event and copied to the DLQ. */
+static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
+    kg_job_t *job = decode_or_answer(w, m); /* the codec is fuzzed; the engine is what crashes */
+    if (!job) {
+        return;
+    }
+    char msg[256];
+    snprintf(msg, sizeof(msg),
+             "poisoned after %d attempts: the job was running each time a worker failed (a "
+             "crash, a kill or a device fault), so it is not run again; a copy is on the "
+             "dead-letter topic",
+             strikes);
+    dlq_copy_t c = {.key = m->key,
+                    .key_len = m->key_len,
+                    .payload = m->payload,
+                    .len = m->len,
+                    .payload_kind = "job",
+                    .reason = "poisoned",
+                    .message = msg,
+                    .partition = m->partition,
+                    .offset = m->offset};
+    atomic_fetch_add(&w->m.jobs_poisoned, 1);
+    KG_LOG_ERROR("worker",
+                 "job poisoned, not run again request_id=%s partition=%d offset=%lld "
+                 "strikes=%d",
+                 job->request_id, m->partition, (long long)m->offset, strikes);
+    dead_letter(w, &c, NULL);
+    produce_error(w, job->request_id, m->partition, m->offset, KG_ERROR_INTERNAL, msg,
+                  job->metadata_json);
+    kg_job_free(job);
+}
+
+static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
+    atomic_fetch_add(&w->m.messages_consumed, 1);
+    kg_status_t st = kg_offsets_track(w->offsets, rkm->partition, rkm->offset);
+    if (st != KG_OK) {
+        /* cannot happen while we pause at the in-flight cap; never drop a job silently */
+        KG_LOG_ERROR("worker", "cannot track partition=%d offset=%lld: %s; seeking back",
+                     rkm->partition, (long long)rkm->offset, kg_status_str(st));
+        rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(l, w->cfg->jobs_topic, rkm->partition)->offset =
+            rkm->offset;
+        rd_kafka_error_t *e = rd_kafka_seek_partitions(w->consumer, l, 1000);
+        if (e) {
+            rd_kafka_error_destroy(e);
+        }
+        rd_kafka_topic_partition_list_destroy(l);
+        return;
+    }
+    job_msg_t m = {.partition = rkm->partition,
+                   .offset = rkm->offset,
+                   .key = rkm->key,
+                   .key_len = rkm->key_len,
+                   .payload = rkm->payload,
+                   .len = rkm->len};
+    int strikes = kg_journal_strikes(w->journal, m.partition, m.offset);
+    if (strikes < 0) {
+        start_message(w, &m); /* not journaled */
+    } else if (strikes >= w->cfg->poison_after) {
+        answer_poisoned(w, &m, strikes);
+    } else {
+        hold_message(w, &m, strikes);
+    }
 }
 
 // ---- partitions: pause, resume, rebalance ----
@@ -739,9 +1031,10 @@ static void check_backpressure(kg_worker_t *w) {
         set_paused(w, true);
         return;
     }
-    if (!w->paused && w->n_inflight >= w->max_inflight) {
+    int32_t taken = w->n_inflight + w->n_held;
+    if (!w->paused && taken >= w->max_inflight) {
         set_paused(w, true);
-    } else if (w->paused && w->n_inflight <= w->max_inflight * 3 / 4) {
+    } else if (w->paused && taken <= w->max_inflight * 3 / 4) {
         set_paused(w, false);
     }
 }
@@ -776,11 +1069,13 @@ abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool 
                     w->n_pending--;
                 }
                 atomic_fetch_add(&w->m.jobs_cancelled, 1);
+                job_given_back(w, r->run.job->partition, r->run.job->offset);
                 rec_free(w, r);
                 continue;
             }
             r->state = REC_REVOKED;
             atomic_fetch_add(&w->m.jobs_cancelled, 1);
+            job_given_back(w, r->run.job->partition, r->run.job->offset);
             if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
                 fatal(w, "engine command queue stuck");
             }
@@ -794,6 +1089,7 @@ static void rebalance_cb(rd_kafka_t *rk,
                          void *opaque) {
     kg_worker_t *w = opaque;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        kg_journal_assign(w->journal, parts); /* the strikes of their jobs, before any is taken */
         for (int i = 0; i < parts->cnt; i++) {
             if (kg_offsets_assign(w->offsets, parts->elems[i].partition) != KG_OK) {
                 fatal(w, "cannot track an assigned partition");
@@ -821,6 +1117,10 @@ static void rebalance_cb(rd_kafka_t *rk,
             rd_kafka_commit(rk, NULL, 0);
         }
         abandon_jobs(w, parts, false);
+        drop_held(w, parts);
+        /* a hand-over is no failure, unless the worker stops for a reason
+         * that may be a job's (then the last snapshot stands) */
+        kg_journal_revoke(w->journal, parts, !w->fatal || w->fatal_kafka);
         for (int i = 0; i < parts->cnt; i++) {
             kg_offsets_revoke(w->offsets, parts->elems[i].partition);
             if (parts->elems[i].partition >= 0 && parts->elems[i].partition < MAX_PARTITIONS) {
@@ -846,7 +1146,7 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
         rd_kafka_fatal_error(rk, buf, sizeof(buf));
         char what[640];
         snprintf(what, sizeof(what), "librdkafka fatal error: %s", buf);
-        fatal(w, what);
+        fatal_kafka(w, what);
         return;
     }
     /* informational: librdkafka retries by itself (a broker that went away) */
@@ -1124,6 +1424,21 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         goto fail;
     }
     w->limits.max_event_bytes = w->max_event_bytes;
+    if (cfg->poison_after > 0) {
+        w->journal = kg_journal_new(cfg, w->worker_id, errstr, errstr_size);
+        if (!w->journal) {
+            goto fail;
+        }
+    }
+    w->crash_request_id = getenv("KGEN_TEST_CRASH_ON_REQUEST_ID");
+    if (w->crash_request_id && *w->crash_request_id) {
+        KG_LOG_WARN("worker",
+                    "TEST-ONLY fault injection armed: this worker abort()s when it starts the "
+                    "job request_id=%s (KGEN_TEST_CRASH_ON_REQUEST_ID; never in production)",
+                    w->crash_request_id);
+    } else {
+        w->crash_request_id = NULL;
+    }
     w->consumer = make_consumer(w, errstr, errstr_size);
     if (!w->consumer) {
         goto fail;
@@ -1177,16 +1492,18 @@ int kg_worker_run(kg_worker_t *w) {
             for (job_rec_t *r = w->pending_head; r; r = w->pending_head) {
                 w->pending_head = r->qnext;
                 w->n_pending--;
+                job_given_back(w, r->run.job->partition, r->run.job->offset);
                 rec_free(w, r);
             }
             w->pending_tail = NULL;
+            drop_held(w, NULL);
             /* so are jobs the engine has not started streaming (waiting for
              * a slot, or in their first prefill step): the drain is for the
              * running ones, and the next owner can start these at once */
             abandon_jobs(w, NULL, true);
         }
         if (w->draining) {
-            if (w->n_inflight == 0) {
+            if (w->n_inflight == 0 && w->n_held == 0) {
                 break;
             }
             if (now > w->drain_deadline_us) {
@@ -1215,6 +1532,9 @@ int kg_worker_run(kg_worker_t *w) {
             rd_kafka_message_destroy(rkm);
             check_backpressure(w);
         }
+        start_next_suspect(w);
+        kg_journal_poll(w->journal, now);
+        release_held(w);
         submit_pending(w);
         drain_engine_events(w, n_taken ? 0 : 2);
         rd_kafka_poll(w->producer, 0);
@@ -1264,6 +1584,8 @@ void kg_worker_free(kg_worker_t *w) {
         rd_kafka_poll(w->producer, 0);
         rd_kafka_destroy(w->producer);
     }
+    drop_held(w, NULL);
+    kg_journal_free(w->journal);
     kg_offsets_free(w->offsets);
     free(w->table);
     kg_engine_free(w->engine);

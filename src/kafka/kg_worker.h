@@ -47,6 +47,8 @@ typedef struct kg_worker_metrics {
     _Atomic int64_t jobs_by_error[16]; /* by kg_error_code_t */
     _Atomic int64_t prompt_tokens, generated_tokens, messages_consumed, events_produced;
     _Atomic int64_t events_refused; /* refused by the broker for their own sake, answered */
+    _Atomic int64_t jobs_poisoned;  /* not run again: present in --poison-after failures */
+    _Atomic int32_t suspects;       /* 1 while jobs with a strike wait or run (kg_journal) */
     _Atomic int32_t inflight, paused, assigned_partitions, ready;
     _Atomic int64_t last_loop_us;
     kg_histogram_t ttft, tpot, e2e; /* per finished job */

@@ -1,7 +1,8 @@
 /* kg_codec: JSON <-> C for the job and event contract (schemas/).
  *
- * This module (kg_codec.c) is the only code that includes jansson.h; no
- * json_t crosses its boundary. Jobs decode into kg_job_t; events are
+ * This module (kg_codec.c) and kg_inflight.c (the poison-job journal's
+ * record) are the only code that includes jansson.h; no json_t crosses
+ * their boundary. Jobs decode into kg_job_t; events are
  * encoded from the plain structs below into malloc'ed JSON text, and can
  * be decoded back (kgen-submit, tests).
  *
