@@ -3,6 +3,7 @@
 
 #include "../core/kg_clock.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,36 +57,10 @@ static char *encode_error(const void *ev, size_t *len) {
     return kg_codec_encode_error(ev, len);
 }
 
-/* Bytes of text[0..n) that take at most `room` bytes once written as a
- * JSON string, as jansson writes it: '"', '\\' and \b \f \n \r \t take
- * two bytes, other control characters six (\u00XX), the rest one. The
- * caller encodes and checks all the same. */
-static size_t escaped_prefix(const char *text, size_t n, size_t room) {
-    size_t used = 0, i = 0;
-    for (; i < n; i++) {
-        unsigned char c = (unsigned char)text[i];
-        bool short_escape =
-            c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t';
-        size_t w = short_escape ? 2 : c < 0x20 ? 6 : 1;
-        if (used + w > room) {
-            break;
-        }
-        used += w;
-    }
-    return i;
-}
-
-/* The largest k <= n that does not split a UTF-8 character. */
-static size_t utf8_floor(const char *text, size_t n) {
-    while (n > 0 && ((unsigned char)text[n] & 0xC0) == 0x80) {
-        n--;
-    }
-    return n;
-}
-
 /* Re-encode with the end of the text cut until the event fits max_bytes.
  * `text` (full bytes) is the event's text; *text_len, *truncated and *cut
- * are the event's own fields. Returns the encoded event (NULL on out of
+ * are the event's own fields; *cut counts the UTF-8 bytes a reader misses
+ * (kg_codec_text_prefix). Returns the encoded event (NULL on out of
  * memory); it is above max_bytes only when it is even with no text. */
 static char *cut_text(encode_fn encode,
                       const void *ev,
@@ -96,33 +71,35 @@ static char *cut_text(encode_fn encode,
                       int64_t *cut,
                       size_t max_bytes,
                       size_t *len) {
+    size_t full_bytes, kept_bytes;
+    kg_codec_text_prefix(text, full, SIZE_MAX, &full_bytes);
     *truncated = true;
     *text_len = 0;
-    *cut = (int64_t)full;
+    *cut = (int64_t)full_bytes;
     char *json = encode(ev, len);
     if (!json || *len > max_bytes) {
         return json;
     }
-    size_t keep = escaped_prefix(text, full, max_bytes - *len);
-    /* the estimate is exact for valid UTF-8; the loop guards the rest */
-    for (int i = 0; i < 8 && keep > 0; i++) {
-        keep = utf8_floor(text, keep < full ? keep : full - 1);
+    /* the room the text may take; exact but for the digits of *cut, which
+     * only shrink as more text is kept */
+    size_t room = max_bytes - *len;
+    for (int i = 0; i < 4 && room > 0; i++) {
+        size_t keep = kg_codec_text_prefix(text, full, room, &kept_bytes);
         if (keep == 0) {
             break;
         }
         *text_len = keep;
-        *cut = (int64_t)(full - keep);
+        *cut = (int64_t)(full_bytes - kept_bytes);
         char *longer = encode(ev, len);
         if (!longer || *len <= max_bytes) {
             free(json);
             return longer;
         }
         free(longer);
-        size_t over = *len - max_bytes;
-        keep = keep > over ? keep - over : 0;
+        room = room > *len - max_bytes ? room - (*len - max_bytes) : 0;
     }
     *text_len = 0;
-    *cut = (int64_t)full;
+    *cut = (int64_t)full_bytes;
     free(json);
     return encode(ev, len);
 }

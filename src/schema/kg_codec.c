@@ -772,6 +772,36 @@ static char *utf8_sanitize(const char *s, size_t len, size_t *out_len) {
     return out;
 }
 
+size_t kg_codec_text_prefix(const char *s, size_t len, size_t room, size_t *text_bytes) {
+    size_t used = 0, decoded = 0, i = 0;
+    while (i < len) {
+        size_t bad = 0;
+        size_t k = utf8_seq((const unsigned char *)s + i, len - i, &bad);
+        size_t written, read = k, out = k;
+        if (k == 0) { /* one U+FFFD for the maximal ill-formed subpart */
+            written = out = 3;
+            read = bad;
+        } else if (k == 1) { /* jansson: \" \\ \b \f \n \r \t, \u00XX for other controls */
+            unsigned char c = (unsigned char)s[i];
+            bool short_escape = c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' ||
+                                c == '\r' || c == '\t';
+            written = short_escape ? 2 : c < 0x20 ? 6 : 1;
+        } else {
+            written = k;
+        }
+        if (used + written > room) {
+            break;
+        }
+        used += written;
+        decoded += out;
+        i += read;
+    }
+    if (text_bytes) {
+        *text_bytes = decoded;
+    }
+    return i;
+}
+
 /* A JSON string of any bytes: NULL is "", invalid UTF-8 becomes U+FFFD.
  * NULL only when memory ran out. */
 static json_t *text_json(const char *s, size_t len) {

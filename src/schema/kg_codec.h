@@ -239,6 +239,15 @@ typedef struct kg_event_error {
  * metadata_json that is not a JSON object is left out (with a warning)
  * rather than losing the event. @thread any */
 char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len);
+
+/** The longest prefix of the text (s, len) whose JSON string, as the
+ * encoders write it (invalid UTF-8 as U+FFFD, '"', '\\' and control
+ * characters escaped), takes at most `room` bytes between its quotes. It
+ * ends on a character boundary. Returns its length in bytes of s;
+ * *text_bytes (may be NULL) gets the UTF-8 bytes a reader decodes from it.
+ * For cutting an event's text to fit a message (pipeline/kg_events).
+ * @thread any */
+size_t kg_codec_text_prefix(const char *s, size_t len, size_t room, size_t *text_bytes);
 char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len);
 char *kg_codec_encode_error(const kg_event_error_t *ev, size_t *len);
 
