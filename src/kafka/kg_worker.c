@@ -82,6 +82,7 @@ typedef struct job_msg {
     size_t key_len;
     const void *payload;
     size_t len;
+    int64_t taken_us; /* when it was taken off Kafka (kg_clock_us): its timings start here */
 } job_msg_t;
 
 /* A message that waits before it may start (kg_journal): for the snapshot
@@ -758,7 +759,7 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
     kg_error_code_t code;
     char msg[256];
     kg_status_t st = kg_jobrun_start(&r->run, w->model, &w->limits, job, kg_clock_epoch_ms(),
-                                     kg_clock_us(), &code, msg, sizeof(msg));
+                                     m->taken_us, &code, msg, sizeof(msg));
     if (st != KG_OK) {
         if (st == KG_ERR_NOMEM) {
             fatal(w, "out of memory preparing a job");
@@ -995,7 +996,8 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
                    .key = rkm->key,
                    .key_len = rkm->key_len,
                    .payload = rkm->payload,
-                   .len = rkm->len};
+                   .len = rkm->len,
+                   .taken_us = kg_clock_us()};
     int strikes = kg_journal_strikes(w->journal, m.partition, m.offset);
     if (strikes < 0) {
         start_message(w, &m); /* not journaled */
