@@ -34,7 +34,7 @@ typedef struct jpart {
     bool pruned;     /* entries below the first offset taken were dropped */
     int64_t epoch;
     uint64_t seq_written, seq_acked;
-    bool in_flight; /* a snapshot is on its way */
+    int32_t n_in_flight; /* snapshots on their way */
     bool dirty, urgent;
     int64_t dirty_since_us;
     jentry_t *e; /* (n) sorted by offset */
@@ -206,7 +206,7 @@ static void write_snapshot(kg_journal_t *j, int32_t partition, bool clean) {
         return;
     }
     jp->seq_written++;
-    jp->in_flight = true;
+    jp->n_in_flight++;
     jp->dirty = jp->urgent = false;
 }
 
@@ -216,7 +216,7 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaque) {
     jticket_t *t = rkm->_private;
     jpart_t *jp = part(j, t->partition);
     if (jp && jp->epoch == t->epoch) { /* else: a partition given up since */
-        jp->in_flight = false;
+        jp->n_in_flight--;
         if (rkm->err) {
             char why[256];
             snprintf(why, sizeof(why), "snapshot not delivered: %s", rd_kafka_err2str(rkm->err));
@@ -228,18 +228,22 @@ static void dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaque) {
     free(t);
 }
 
-void kg_journal_poll(kg_journal_t *j, int64_t now_us) {
+void kg_journal_poll(kg_journal_t *j, int64_t now_us, int timeout_ms) {
     if (!j) {
         return;
     }
-    rd_kafka_poll(j->producer, 0);
+    /* A job waiting to start is written at once, even with an earlier
+     * snapshot still on its way (the idempotent producer keeps them in
+     * order, so an ack for seq n means every seq up to n is on the broker);
+     * finished jobs wait for a quiet moment and ride along. */
     for (int32_t p = 0; p < j->n_parts; p++) {
         jpart_t *jp = &j->parts[p];
-        if (jp->active && jp->protected_ && jp->dirty && !jp->in_flight &&
-            (jp->urgent || now_us - jp->dirty_since_us >= LAZY_US)) {
+        if (jp->active && jp->protected_ && jp->dirty &&
+            (jp->urgent || (jp->n_in_flight == 0 && now_us - jp->dirty_since_us >= LAZY_US))) {
             write_snapshot(j, p, false);
         }
     }
+    rd_kafka_poll(j->producer, timeout_ms);
 }
 
 // ---- per job ----

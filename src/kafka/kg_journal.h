@@ -46,10 +46,14 @@
  *
  * Cost on the hot path: one small produce per partition per turn of the
  * worker loop that took jobs (the jobs of one poll share it), on its own
- * producer with linger.ms=0, and the wait for its ack before those jobs
- * start (one round trip to the partition leader with acks=all, about a
- * millisecond on a LAN); finished jobs ride on the next write or a lazy one.
- * Reading on assignment: the tail of one partition per assigned partition.
+ * producer with linger.ms=0, written without waiting for the previous one,
+ * and the wait for its ack before those jobs start (one round trip to the
+ * partition leader with acks=all; the worker loop waits on that ack rather
+ * than on the consumer meanwhile). Finished jobs ride on the next write or
+ * a lazy one. Measured with scripts/bench-journal: +3.6 ms of queue time
+ * per job and -2% jobs/s with 8-token jobs on a 64-wide model, where the
+ * engine's own work is smallest. Reading on assignment: the tail of one
+ * partition per assigned partition (16 ms for 4 partitions on one broker).
  *
  * Coverage. The in-flight topic needs at least as many partitions as the
  * jobs topic; a jobs partition without a counterpart (or the whole worker,
@@ -110,6 +114,7 @@ void kg_journal_finish(kg_journal_t *j, int32_t partition, int64_t offset);
  * but is no longer running here. */
 void kg_journal_release(kg_journal_t *j, int32_t partition, int64_t offset);
 
-/** Serve delivery reports and write the snapshots that are due. Call every
- * turn of the worker loop. */
-void kg_journal_poll(kg_journal_t *j, int64_t now_us);
+/** Write the snapshots that are due and serve delivery reports, waiting up
+ * to timeout_ms for one (the worker waits here while jobs wait for their
+ * snapshot). Call every turn of the worker loop. */
+void kg_journal_poll(kg_journal_t *j, int64_t now_us, int timeout_ms);

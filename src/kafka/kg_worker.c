@@ -1520,7 +1520,8 @@ int kg_worker_run(kg_worker_t *w) {
         int n_taken = 0;
         rd_kafka_message_t *rkm;
         while (n_taken < POLL_BATCH && !w->fatal &&
-               (rkm = rd_kafka_consumer_poll(w->consumer, n_taken == 0 ? 5 : 0)) != NULL) {
+               (rkm = rd_kafka_consumer_poll(w->consumer, n_taken == 0 && !w->held_head ? 5 : 0)) !=
+                   NULL) {
             n_taken++;
             if (rkm->err) {
                 if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
@@ -1535,7 +1536,8 @@ int kg_worker_run(kg_worker_t *w) {
             check_backpressure(w);
         }
         start_next_suspect(w);
-        kg_journal_poll(w->journal, now);
+        /* while jobs wait for their snapshot, wait here for its ack */
+        kg_journal_poll(w->journal, now, w->held_head ? 2 : 0);
         release_held(w);
         submit_pending(w);
         drain_engine_events(w, n_taken ? 0 : 2);
