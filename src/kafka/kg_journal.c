@@ -52,7 +52,7 @@ struct kg_journal {
     const kg_config_t *cfg;
     char worker_id[128];
     char topic[512];
-    bool off;              /* the in-flight topic is missing: nothing is journaled */
+    bool off;              /* the in-flight topic is not there: nothing is journaled */
     int32_t n_topic_parts; /* partitions of the in-flight topic */
     rd_kafka_t *producer, *reader;
     rd_kafka_topic_t *reader_rkt; /* keeps the topic's leaders known to the reader */
@@ -257,8 +257,10 @@ int kg_journal_strikes(kg_journal_t *j, int32_t partition, int64_t offset) {
         /* the first offset taken is where the committed prefix ends: the
          * jobs below it are finished, whatever their record says */
         size_t k = lower_bound(jp, offset);
-        memmove(jp->e, jp->e + k, (jp->n - k) * sizeof(*jp->e));
-        jp->n -= k;
+        if (k > 0) {
+            memmove(jp->e, jp->e + k, (jp->n - k) * sizeof(*jp->e));
+            jp->n -= k;
+        }
         jp->pruned = true;
     }
     jentry_t *x = find(jp, offset);
@@ -301,6 +303,51 @@ void kg_journal_release(kg_journal_t *j, int32_t partition, int64_t offset) {
     if (x && x->state == J_STARTED) {
         x->state = J_WAITING;
         mark_dirty(jp, false);
+    }
+}
+
+/* Look the in-flight topic up: its partitions, or `off` when it is not
+ * there. At startup and again at every assignment: the broker may have been
+ * down at startup, the topic created or grown since. */
+static void look_up_topic(kg_journal_t *j) {
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(j->producer, j->topic, NULL);
+    const struct rd_kafka_metadata *md = NULL;
+    int32_t n_parts = 0;
+    rd_kafka_resp_err_t err =
+        rkt ? rd_kafka_metadata(j->producer, 0, rkt, &md, 5000) : RD_KAFKA_RESP_ERR__INVALID_ARG;
+    if (!err && md->topic_cnt == 1 && !md->topics[0].err) {
+        n_parts = md->topics[0].partition_cnt;
+    } else {
+        err = err ? err : md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+    }
+    if (md) {
+        rd_kafka_metadata_destroy(md);
+    }
+    if (rkt) {
+        rd_kafka_topic_destroy(rkt);
+    }
+    bool found = !err && n_parts > 0;
+    if (found && (j->off || n_parts != j->n_topic_parts)) {
+        KG_LOG_INFO("journal", "poison-job protection on topic=%s partitions=%d", j->topic,
+                    n_parts);
+    } else if (!found && !j->off) {
+        KG_LOG_WARN("journal",
+                    "poison-job protection is off: the in-flight topic is not there (create it "
+                    "with cleanup.policy=compact and as many partitions as the jobs topic) "
+                    "topic=%s error=\"%s\"",
+                    j->topic, rd_kafka_err2str(err));
+    }
+    j->off = !found;
+    j->n_topic_parts = found ? n_parts : 0;
+    if (found && !j->reader_rkt) {
+        /* a reader that does not know the topic's leaders yet waits a
+         * second-long offset-query backoff on the first assignment: learn
+         * them now and keep them fresh (a topic handle keeps it known) */
+        j->reader_rkt = rd_kafka_topic_new(j->reader, j->topic, NULL);
+        if (j->reader_rkt && rd_kafka_metadata(j->reader, 0, j->reader_rkt, &md, 5000) ==
+                                 RD_KAFKA_RESP_ERR_NO_ERROR) {
+            rd_kafka_metadata_destroy(md);
+        }
     }
 }
 
@@ -421,6 +468,7 @@ void kg_journal_assign(kg_journal_t *j, const rd_kafka_topic_partition_list_t *p
     if (!j) {
         return;
     }
+    look_up_topic(j);
     int32_t *ps = malloc((size_t)(parts->cnt ? parts->cnt : 1) * sizeof(*ps));
     kg_inflight_t *best = calloc((size_t)(parts->cnt ? parts->cnt : 1), sizeof(*best));
     int n = 0;
@@ -525,36 +573,6 @@ static rd_kafka_t *make_client(const kg_config_t *cfg,
     return rk;
 }
 
-/* Partitions of the in-flight topic (0 and `off` when it is missing). */
-static void look_up_topic(kg_journal_t *j) {
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(j->producer, j->topic, NULL);
-    const struct rd_kafka_metadata *md = NULL;
-    rd_kafka_resp_err_t err =
-        rkt ? rd_kafka_metadata(j->producer, 0, rkt, &md, 5000) : RD_KAFKA_RESP_ERR__INVALID_ARG;
-    if (!err && md->topic_cnt == 1 && !md->topics[0].err) {
-        j->n_topic_parts = md->topics[0].partition_cnt;
-    } else {
-        err = err ? err : md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
-    }
-    if (md) {
-        rd_kafka_metadata_destroy(md);
-    }
-    if (rkt) {
-        rd_kafka_topic_destroy(rkt);
-    }
-    if (err || j->n_topic_parts <= 0) {
-        j->off = true;
-        KG_LOG_WARN("journal",
-                    "poison-job protection is off: the in-flight topic is not there (create it "
-                    "with cleanup.policy=compact and as many partitions as the jobs topic) "
-                    "topic=%s error=\"%s\"",
-                    j->topic, rd_kafka_err2str(err));
-    } else {
-        KG_LOG_INFO("journal", "poison-job protection on topic=%s partitions=%d", j->topic,
-                    j->n_topic_parts);
-    }
-}
-
 kg_journal_t *
 kg_journal_new(const kg_config_t *cfg, const char *worker_id, char *errstr, size_t errstr_size) {
     kg_journal_t *j = calloc(1, sizeof(*j));
@@ -601,17 +619,15 @@ kg_journal_new(const kg_config_t *cfg, const char *worker_id, char *errstr, size
         return NULL;
     }
     rd_kafka_poll_set_consumer(j->reader);
+    j->off = true; /* until found: look_up_topic logs the change */
+    j->n_topic_parts = -1;
     look_up_topic(j);
-    if (!j->off) {
-        /* a reader that does not know the topic's leaders yet waits a
-         * second-long offset-query backoff on the first assignment: learn
-         * them now and keep them fresh (a topic handle keeps it known) */
-        const struct rd_kafka_metadata *md = NULL;
-        j->reader_rkt = rd_kafka_topic_new(j->reader, j->topic, NULL);
-        if (j->reader_rkt && rd_kafka_metadata(j->reader, 0, j->reader_rkt, &md, 5000) ==
-                                 RD_KAFKA_RESP_ERR_NO_ERROR) {
-            rd_kafka_metadata_destroy(md);
-        }
+    if (j->off) {
+        KG_LOG_WARN("journal",
+                    "poison-job protection is off until the in-flight topic is there (create it "
+                    "with cleanup.policy=compact and as many partitions as the jobs topic; it "
+                    "is looked up again at every assignment) topic=%s",
+                    j->topic);
     }
     return j;
 }

@@ -57,9 +57,11 @@
  *
  * Coverage. The in-flight topic needs at least as many partitions as the
  * jobs topic; a jobs partition without a counterpart (or the whole worker,
- * when the topic is missing) runs unprotected, with a warning. A snapshot
- * that cannot be written switches the partition to unprotected too: jobs
- * must not wait on the journal.
+ * when the topic is missing) runs unprotected, with a warning; the topic is
+ * looked up again at every assignment, so one created (or grown) later, or
+ * a broker that was down at startup, takes effect at the next rebalance. A
+ * snapshot that cannot be written switches the partition to unprotected
+ * until it is assigned again: jobs must not wait on the journal.
  *
  * @thread kafka (every function) */
 #pragma once
