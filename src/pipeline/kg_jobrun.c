@@ -117,16 +117,10 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
                                     : r->finish == KG_FINISH_STOP ? KG_FINISH_REASON_STOP
                                                                   : KG_FINISH_REASON_LENGTH;
         outcome->reason = reason;
-        char *json =
-            kg_events_done(o, tok, job, &r->out, reason, &r->t, r->samples, r->n_samples, len);
-        if (json && max_bytes > 0 && *len > max_bytes && r->n_samples > 0) {
-            /* logprobs of a long output can outgrow a message: the done
-             * event goes without them rather than not at all */
-            free(json);
-            outcome->logprobs_dropped = true;
-            json = kg_events_done(o, tok, job, &r->out, reason, &r->t, NULL, 0, len);
-        }
-        return json;
+        /* logprobs of a long output, a large metadata echo or a long text can
+         * outgrow a message: the done event sheds them rather than not go */
+        return kg_events_done(o, tok, job, &r->out, reason, &r->t, r->samples, r->n_samples,
+                              max_bytes, len, &outcome->fit);
     }
     outcome->is_error = true;
     const char *msg;
@@ -137,12 +131,14 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
         outcome->code = KG_ERROR_CANCELLED;
         msg = "the job was cancelled";
     }
-    return kg_events_error(o, job->request_id, outcome->code, msg, job->metadata_json, len);
+    return kg_events_error(o, job->request_id, outcome->code, msg, job->metadata_json, max_bytes,
+                           len, &outcome->fit);
 }
 
 char *kg_jobrun_refused(const kg_jobrun_t *r,
                         const kg_event_origin_t *o,
                         kg_status_t status,
+                        size_t max_bytes,
                         size_t *len,
                         kg_jobrun_outcome_t *outcome) {
     memset(outcome, 0, sizeof(*outcome));
@@ -150,5 +146,6 @@ char *kg_jobrun_refused(const kg_jobrun_t *r,
     outcome->code = KG_ERROR_INTERNAL;
     char msg[128];
     snprintf(msg, sizeof(msg), "the engine refused the request: %s", kg_status_str(status));
-    return kg_events_error(o, r->job->request_id, outcome->code, msg, r->job->metadata_json, len);
+    return kg_events_error(o, r->job->request_id, outcome->code, msg, r->job->metadata_json,
+                           max_bytes, len, &outcome->fit);
 }
