@@ -1373,6 +1373,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->max_inflight = (int32_t)(cfg->max_batch_size + cfg->max_queue_depth);
     w->codec_opts = kg_codec_opts_default();
     w->codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
+    w->codec_opts.default_max_tokens = cfg->default_max_tokens;
 
     /* engine: every job the worker lets in may wait inside the engine while
      * the running ones finish, so the engine's queue holds all of them */

@@ -24,7 +24,8 @@ void kg_codec_global_init(void) {
 }
 
 kg_codec_opts_t kg_codec_opts_default(void) {
-    kg_codec_opts_t opts = {.max_message_size = KG_CODEC_DEFAULT_MAX_MESSAGE_SIZE};
+    kg_codec_opts_t opts = {.max_message_size = KG_CODEC_DEFAULT_MAX_MESSAGE_SIZE,
+                            .default_max_tokens = KG_JOB_DEFAULT_MAX_TOKENS};
     return opts;
 }
 
@@ -628,7 +629,7 @@ static kg_status_t read_request_id(json_t *root, kg_codec_error_t *err) {
     return KG_OK;
 }
 
-static kg_job_t *job_new_defaults(const char *request_id) {
+static kg_job_t *job_new_defaults(const char *request_id, int64_t default_max_tokens) {
     kg_job_t *job = calloc(1, sizeof(*job));
     if (!job) {
         return NULL;
@@ -639,7 +640,7 @@ static kg_job_t *job_new_defaults(const char *request_id) {
         return NULL;
     }
     job->schema_version = KG_SCHEMA_VERSION;
-    job->max_tokens = KG_JOB_DEFAULT_MAX_TOKENS;
+    job->max_tokens = default_max_tokens > 0 ? default_max_tokens : KG_JOB_DEFAULT_MAX_TOKENS;
     job->sampling = kg_job_sampling_defaults();
     job->sampling.seed = kg_job_default_seed(request_id);
     job->stream = true;
@@ -687,7 +688,7 @@ kg_status_t kg_codec_decode_job_opts(const char *buf,
         goto fail;
     }
     d.root = root;
-    d.job = job_new_defaults(err->request_id);
+    d.job = job_new_defaults(err->request_id, opts->default_max_tokens);
     if (!d.job) {
         st = KG_ERR_NOMEM;
         goto fail;

@@ -66,10 +66,11 @@ void kg_codec_global_init(void);
 // ---- jobs ----
 
 typedef struct kg_codec_opts {
-    size_t max_message_size; /* bytes; larger messages are dead-lettered unparsed */
+    size_t max_message_size;    /* bytes; larger messages are dead-lettered unparsed */
+    int64_t default_max_tokens; /* max_tokens of a job that gives none (--default-max-tokens) */
 } kg_codec_opts_t;
 
-/** Defaults: max_message_size 1 MiB. */
+/** Defaults: max_message_size 1 MiB, default_max_tokens 256. */
 kg_codec_opts_t kg_codec_opts_default(void);
 
 typedef enum kg_codec_error_kind {
