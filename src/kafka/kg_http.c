@@ -115,6 +115,13 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
         fprintf(f, "kgen_consumer_lag_messages{partition=\"%d\"} %lld\n", parts[i],
                 (long long)lags[i]);
     }
+    double drain = kg_drain_seconds(&m->drain);
+    if (drain >= 0) {
+        gauge(f, "kgen_estimated_drain_seconds",
+              "Seconds this worker needs for its backlog: (lag + jobs in flight) x mean job "
+              "time / slots, smoothed (absent until a job has finished).",
+              drain);
+    }
     kg_histogram_write(&m->ttft, f, "kgen_time_to_first_token_seconds",
                        "From taking the job off Kafka to its first token.");
     kg_histogram_write(&m->tpot, f, "kgen_time_per_output_token_seconds",

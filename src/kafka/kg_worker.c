@@ -599,6 +599,8 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
         if (n_gen > 1) {
             kg_histogram_observe(&w->m.tpot, (now_us - first) / (n_gen - 1));
         }
+        kg_drain_observe_job(&w->m.drain,
+                             now_us - (t->submitted_us ? t->submitted_us : t->taken_us));
         atomic_fetch_add(&w->m.prompt_tokens, r->run.prep.n_tokens);
         atomic_fetch_add(&w->m.generated_tokens, n_gen);
         ack->n_gen = n_gen;
@@ -1164,6 +1166,7 @@ static void update_lag(kg_worker_t *w) {
     w->last_lag_us = now;
     rd_kafka_topic_partition_list_t *pos = rd_kafka_topic_partition_list_copy(w->assigned);
     rd_kafka_position(w->consumer, pos);
+    int64_t total = 0;
     for (int i = 0; i < pos->cnt; i++) {
         int32_t p = pos->elems[i].partition;
         int64_t lo, hi;
@@ -1175,8 +1178,10 @@ static void update_lag(kg_worker_t *w) {
         int64_t at = pos->elems[i].offset >= 0 ? pos->elems[i].offset : lo;
         atomic_store(&w->lag[p], hi > at ? hi - at : 0);
         atomic_store(&w->lag_valid[p], 1);
+        total += hi > at ? hi - at : 0;
     }
     rd_kafka_topic_partition_list_destroy(pos);
+    kg_drain_update(&w->m.drain, total, w->n_inflight + w->n_held, (int32_t)w->cfg->max_batch_size);
 }
 
 // ---- lifecycle ----
@@ -1359,6 +1364,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     kg_histogram_init(&w->m.ttft, KG_HIST_TTFT);
     kg_histogram_init(&w->m.tpot, KG_HIST_TPOT);
     kg_histogram_init(&w->m.e2e, KG_HIST_E2E);
+    kg_drain_init(&w->m.drain);
     if (*cfg->worker_id) {
         snprintf(w->worker_id, sizeof(w->worker_id), "%s", cfg->worker_id);
     } else {

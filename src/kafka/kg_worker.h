@@ -43,6 +43,7 @@
 
 #include "../config/kg_config.h"
 #include "../core/kg_status.h"
+#include "../metrics/kg_drain.h"
 #include "../metrics/kg_metrics.h"
 #include "../model/kg_model.h"
 
@@ -64,6 +65,7 @@ typedef struct kg_worker_metrics {
     _Atomic int32_t inflight, paused, assigned_partitions, ready;
     _Atomic int64_t last_loop_us;
     kg_histogram_t ttft, tpot, e2e; /* per finished job */
+    kg_drain_t drain;               /* kgen_estimated_drain_seconds (kg_drain) */
 } kg_worker_metrics_t;
 
 /** Build the worker: backend, engine, runner, consumer, producer. `model`
