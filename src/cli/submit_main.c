@@ -11,13 +11,26 @@
  * terminal event) goes to --output; --events keeps every raw event. Exits
  * 0 when every line with a usable request_id has finished, 1 on timeout.
  * Lines without a usable request_id go to the dead-letter topic and are
- * not waited for. */
+ * not waited for.
+ *
+ * Results are read with isolation.level=read_committed, always: with
+ * --exactly-once workers a terminal event is visible once its transaction
+ * commits (an aborted attempt never is); with at-least-once workers nothing
+ * is transactional and read_committed costs nothing.
+ *
+ * --key prefix[:N] keys each job by a hash of the start of its prompt
+ * (schema/kg_routing) instead of its request_id, so jobs that share a
+ * system prompt land on one partition, one worker, one prefix cache.
+ * --cancel ID... sends cancels and exits; --cancel-on-interrupt cancels the
+ * outstanding jobs on the first Ctrl-C and waits for their answers. */
 #include "cli_util.h"
 #include "config/kg_config.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
+#include "kafka/kg_cancel.h"
 #include "kafka/kg_kafka_conf.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_routing.h"
 
 #include <getopt.h>
 #include <librdkafka/rdkafka.h>
@@ -139,15 +152,87 @@ static void on_event(submit_t *s, const rd_kafka_message_t *rkm) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kgen-submit --brokers B --input jobs.jsonl --output results.jsonl\n"
-               "                   [--events FILE] [--timeout S] [--jobs-topic T]\n"
-               "                   [--results-topic R] [-X key=value ...] [--no-progress]\n");
+    fprintf(f,
+            "usage: kgen-submit --brokers B --input jobs.jsonl --output results.jsonl\n"
+            "                   [--events FILE] [--timeout S] [--jobs-topic T]\n"
+            "                   [--results-topic R] [-X key=value ...] [--no-progress]\n"
+            "                   [--key request_id|prefix[:N]] [--cancel-on-interrupt]\n"
+            "       kgen-submit --brokers B --cancel ID... [--cancel-topic T]\n"
+            "  --key prefix[:N]       key jobs by a hash of their first N prompt characters\n"
+            "                         (or their system message; N default %d) so jobs that\n"
+            "                         share a prefix run on one worker (its prefix cache)\n"
+            "  --cancel ID...         send cancels for these request_ids and exit\n"
+            "  --cancel-topic T       default <jobs-topic>.cancel\n"
+            "  --cancel-on-interrupt  on Ctrl-C, cancel the jobs without a result and wait\n"
+            "                         for their answers (a second Ctrl-C leaves at once)\n",
+            KG_ROUTING_PREFIX_CHARS);
+}
+
+/* --key: 0 = request_id, N > 0 = prefix of N characters. -1 when not understood. */
+static int32_t parse_key_mode(const char *s) {
+    if (strcmp(s, "request_id") == 0) {
+        return 0;
+    }
+    if (strcmp(s, "prefix") == 0) {
+        return KG_ROUTING_PREFIX_CHARS;
+    }
+    char *end;
+    long n = strncmp(s, "prefix:", 7) == 0 ? strtol(s + 7, &end, 10) : -1;
+    return n >= 1 && n <= 1 << 20 && *end == '\0' ? (int32_t)n : -1;
+}
+
+/* The cancel topic: --cancel-topic, or <jobs-topic>.cancel. */
+static void cancel_topic_of(const kg_config_t *cfg, const char *given, char *out, size_t size) {
+    if (given) {
+        snprintf(out, size, "%s", given);
+    } else {
+        snprintf(out, size, "%s.cancel", cfg->jobs_topic);
+    }
+}
+
+/* Send cancels for `ids` (n of them) and wait for the broker to have them. */
+static int send_cancels(rd_kafka_t *producer, const char *topic, char *const *ids, size_t n) {
+    size_t sent = 0;
+    for (size_t i = 0; i < n; i++) {
+        rd_kafka_resp_err_t err = kg_cancel_send(producer, topic, ids[i]);
+        if (err) {
+            fprintf(stderr, "kgen-submit: cancel %s: %s\n", ids[i], rd_kafka_err2str(err));
+            continue;
+        }
+        sent++;
+    }
+    if (rd_kafka_flush(producer, 30000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        fprintf(stderr, "kgen-submit: %d cancels not delivered\n", rd_kafka_outq_len(producer));
+        return 1;
+    }
+    fprintf(stderr, "kgen-submit: sent %zu cancels to %s\n", sent, topic);
+    return sent == n ? 0 : 1;
+}
+
+/* --cancel-on-interrupt: cancel every job that has no result yet. */
+static void cancel_outstanding(const submit_t *s, rd_kafka_t *producer, const char *topic) {
+    size_t n = 0;
+    char **ids = malloc((s->n_jobs ? s->n_jobs : 1) * sizeof(*ids));
+    for (size_t i = 0; ids && i < s->n_jobs; i++) {
+        if (!s->jobs[i].done) {
+            ids[n++] = s->jobs[i].request_id;
+        }
+    }
+    fprintf(stderr, "\nkgen-submit: interrupted: cancelling %zu jobs (Ctrl-C again to leave)\n", n);
+    if (ids) {
+        (void)send_cancels(producer, topic, ids, n);
+    }
+    free(ids);
 }
 
 int main(int argc, char **argv) {
     const char *in_path = NULL, *out_path = NULL, *events_path = NULL;
     double timeout_s = 600;
     bool progress = isatty(2);
+    int32_t key_mode = 0;
+    bool cancel_mode = false, cancel_on_interrupt = false;
+    const char *cancel_topic_arg = NULL;
+    char cancel_topic[512];
     kg_config_t cfg;
     kg_config_init(&cfg);
     char err[512];
@@ -159,6 +244,10 @@ int main(int argc, char **argv) {
                                          {"jobs-topic", required_argument, 0, 'J'},
                                          {"results-topic", required_argument, 0, 'R'},
                                          {"no-progress", no_argument, 0, 'P'},
+                                         {"key", required_argument, 0, 'K'},
+                                         {"cancel", no_argument, 0, 'C'},
+                                         {"cancel-topic", required_argument, 0, 'T'},
+                                         {"cancel-on-interrupt", no_argument, 0, 'I'},
                                          {"version", no_argument, 0, 'V'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -196,6 +285,23 @@ int main(int argc, char **argv) {
         case 'P':
             progress = false;
             break;
+        case 'K':
+            key_mode = parse_key_mode(optarg);
+            if (key_mode < 0) {
+                snprintf(err, sizeof(err),
+                         "--key: expected request_id, prefix or prefix:N, got '%s'", optarg);
+                st = KG_ERR_INVALID;
+            }
+            break;
+        case 'C':
+            cancel_mode = true;
+            break;
+        case 'T':
+            cancel_topic_arg = optarg;
+            break;
+        case 'I':
+            cancel_on_interrupt = true;
+            break;
         case 'X': {
             const char *eq = strchr(optarg, '=');
             if (!eq) {
@@ -227,6 +333,26 @@ int main(int argc, char **argv) {
             kg_config_clear(&cfg);
             return 2;
         }
+    }
+    cancel_topic_of(&cfg, cancel_topic_arg, cancel_topic, sizeof(cancel_topic));
+    if (cancel_mode) {
+        int crc = 2;
+        rd_kafka_conf_t *cconf = kg_kafka_conf_new(&cfg, err, sizeof(err));
+        rd_kafka_t *cp = cconf ? rd_kafka_new(RD_KAFKA_PRODUCER, cconf, err, sizeof(err)) : NULL;
+        if (optind >= argc) {
+            fprintf(stderr, "kgen-submit: --cancel needs request_ids\n");
+        } else if (!cp) {
+            fprintf(stderr, "kgen-submit: %s\n", err);
+        } else {
+            crc = send_cancels(cp, cancel_topic, argv + optind, (size_t)(argc - optind));
+        }
+        if (cp) {
+            rd_kafka_destroy(cp);
+        } else if (cconf) {
+            rd_kafka_conf_destroy(cconf);
+        }
+        kg_config_clear(&cfg);
+        return crc;
     }
     if (optind < argc || !in_path || !out_path) {
         fprintf(stderr, "kgen-submit: --input and --output are required\n");
@@ -276,7 +402,8 @@ int main(int argc, char **argv) {
     /* the consumer first: every partition of the results topic from its current end */
     rd_kafka_conf_t *conf = kg_kafka_conf_new(&cfg, err, sizeof(err));
     if (!conf || kg_kafka_conf_set(conf, "group.id", "kgen-submit", err, sizeof(err)) ||
-        kg_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof(err))) {
+        kg_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof(err)) ||
+        kg_kafka_conf_set(conf, "isolation.level", "read_committed", err, sizeof(err))) {
         fprintf(stderr, "kgen-submit: %s\n", err);
         if (conf) {
             rd_kafka_conf_destroy(conf);
@@ -360,10 +487,17 @@ int main(int argc, char **argv) {
         if (rid) {
             add_job(&s, rid);
         }
+        /* the key picks the partition: the request_id, or the prompt's prefix */
+        char pkey[KG_ROUTING_KEY_SIZE];
+        const char *key = rid;
+        if (key_mode > 0 && job) {
+            kg_routing_prefix_key(job, key_mode, pkey);
+            key = pkey;
+        }
         kerr = RD_KAFKA_RESP_ERR__QUEUE_FULL;
         while (kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
             kerr = rd_kafka_producev(producer, RD_KAFKA_V_TOPIC(cfg.jobs_topic),
-                                     RD_KAFKA_V_KEY(rid, rid ? strlen(rid) : 0),
+                                     RD_KAFKA_V_KEY(key, key ? strlen(key) : 0),
                                      RD_KAFKA_V_VALUE(line, len),
                                      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
             if (kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
@@ -387,7 +521,20 @@ int main(int argc, char **argv) {
 
     /* --timeout bounds the wait for results, not the sending */
     int64_t deadline = kg_clock_us() + (int64_t)(timeout_s * 1e6), last_draw = 0;
-    while (s.n_done < s.n_jobs && !g_stop && kg_clock_us() < deadline) {
+    bool interrupted = g_stop != 0;
+    if (g_stop && cancel_on_interrupt) {
+        g_stop = 0; /* interrupted while sending: cancel what was sent, then wait */
+        cancel_outstanding(&s, producer, cancel_topic);
+    }
+    for (;;) {
+        if (g_stop && cancel_on_interrupt && !interrupted) {
+            interrupted = true;
+            g_stop = 0; /* the next Ctrl-C leaves at once */
+            cancel_outstanding(&s, producer, cancel_topic);
+        }
+        if (s.n_done >= s.n_jobs || g_stop || kg_clock_us() >= deadline) {
+            break;
+        }
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 100);
         if (rkm) {
             if (!rkm->err) {
@@ -415,7 +562,7 @@ int main(int argc, char **argv) {
             s.n_done, s.n_jobs, secs, secs > 0 ? (double)s.n_done / secs : 0.0,
             secs > 0 ? (double)s.n_tokens / secs : 0.0,
             s.n_stale ? " (stale attempts dropped)" : "");
-    rc = s.n_done == s.n_jobs ? 0 : 1;
+    rc = interrupted || g_stop ? 130 : s.n_done == s.n_jobs ? 0 : 1;
 out:
     if (producer) {
         rd_kafka_destroy(producer);

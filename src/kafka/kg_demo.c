@@ -76,6 +76,15 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
     if (!*inflight) {
         snprintf(inflight, sizeof(inflight), "%s.inflight", cfg->jobs_topic);
     }
+    char cancel[512];
+    snprintf(cancel, sizeof(cancel), "%s", *cfg->cancel_topic ? cfg->cancel_topic : "");
+    if (!*cancel) {
+        snprintf(cancel, sizeof(cancel), "%s.cancel", cfg->jobs_topic);
+    }
+    if (strcmp(cancel, "none") != 0 && rd_kafka_mock_topic_create(d->mc, cancel, 1, 1)) {
+        snprintf(errstr, errstr_size, "cannot create the demo's cancel topic");
+        goto fail;
+    }
     if (rd_kafka_mock_topic_create(d->mc, cfg->jobs_topic, DEMO_PARTITIONS, 1) ||
         rd_kafka_mock_topic_create(d->mc, cfg->results_topic, DEMO_PARTITIONS, 1) ||
         rd_kafka_mock_topic_create(d->mc, dlq, 1, 1) ||

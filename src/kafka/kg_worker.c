@@ -12,6 +12,7 @@
 #include "../pipeline/kg_jobrun.h"
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec.h"
+#include "kg_cancel.h"
 #include "kg_journal.h"
 #include "kg_kafka_conf.h"
 #include "kg_offsets.h"
@@ -48,6 +49,7 @@ typedef struct job_rec {
     uint64_t id;
     kg_jobrun_t run; /* the job from intake to its terminal event (kg_jobrun) */
     rec_state_t state;
+    int64_t cancel_step;   /* kg_runner_steps when a user's cancel was applied */
     struct job_rec *hnext; /* id hash chain */
     struct job_rec *qnext; /* pending FIFO */
 } job_rec_t;
@@ -119,6 +121,7 @@ struct kg_worker {
     rd_kafka_t *consumer, *producer;
     kg_offsets_t *offsets;
     kg_journal_t *journal;             /* the poison-job journal; NULL with --poison-after 0 */
+    kg_cancel_t *cancel;               /* the cancel topic's reader; NULL with none */
     held_msg_t *held_head, *held_tail; /* waiting for their snapshot's ack */
     held_msg_t *suspects_head, *suspects_tail; /* suspects waiting for their turn */
     int32_t n_held;                            /* in both lists */
@@ -612,6 +615,23 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
     free(json);
 }
 
+/* Take a pending record off the FIFO. */
+static void pending_unlink(kg_worker_t *w, job_rec_t *r) {
+    job_rec_t **p = &w->pending_head, *prev = NULL;
+    while (*p && *p != r) {
+        prev = *p;
+        p = &(*p)->qnext;
+    }
+    if (*p) {
+        *p = r->qnext;
+        if (w->pending_tail == r) {
+            w->pending_tail = prev;
+        }
+        w->n_pending--;
+    }
+    r->qnext = NULL;
+}
+
 // ---- completions from the engine ----
 
 static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
@@ -658,8 +678,61 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         return;
     }
     if (js.finished) {
+        if (r->run.cancelled) {
+            KG_LOG_INFO("worker",
+                        "job cancelled request_id=%s partition=%d offset=%lld tokens=%d "
+                        "steps_after_cancel=%lld",
+                        r->run.job->request_id, r->run.job->partition,
+                        (long long)r->run.job->offset, r->run.out.n_tokens,
+                        (long long)(re->step - r->cancel_step));
+        }
         produce_terminal(w, r, KG_OK, re->ts_us);
         rec_free(w, r);
+    }
+}
+
+// ---- cancellation (kg_cancel) ----
+
+/* A cancel for `rid` arrived: a job of that id waiting in the worker ends at
+ * once; one in the engine is cancelled there and ends within one step (its
+ * CANCELLED completion produces the event). Either way the terminal event is
+ * an error, code cancelled, with the text so far. A job not here is caught on
+ * arrival by the memo (kg_cancel_is_cancelled in start_message). */
+static void apply_cancel(kg_worker_t *w, const char *rid) {
+    for (size_t i = 0; i < w->table_size; i++) {
+        for (job_rec_t *r = w->table[i], *next; r; r = next) {
+            next = r->hnext;
+            if (r->state == REC_REVOKED || strcmp(r->run.job->request_id, rid) != 0 ||
+                !kg_jobrun_cancel(&r->run)) {
+                continue;
+            }
+            r->cancel_step = kg_runner_steps(w->runner);
+            KG_LOG_INFO("worker", "cancel received request_id=%s partition=%d offset=%lld state=%s",
+                        rid, r->run.job->partition, (long long)r->run.job->offset,
+                        r->state == REC_PENDING        ? "pending"
+                        : r->run.t.first_token_us == 0 ? "waiting"
+                                                       : "running");
+            if (r->state == REC_PENDING) {
+                pending_unlink(w, r);
+                kg_jobrun_end_cancelled(&r->run, kg_clock_us());
+                KG_LOG_INFO("worker",
+                            "job cancelled request_id=%s partition=%d offset=%lld tokens=0 "
+                            "steps_after_cancel=0",
+                            rid, r->run.job->partition, (long long)r->run.job->offset);
+                produce_terminal(w, r, KG_OK, kg_clock_us());
+                rec_free(w, r);
+            } else if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
+                fatal(w, "engine command queue stuck");
+            }
+        }
+    }
+}
+
+static void poll_cancels(kg_worker_t *w) {
+    char rids[32][KG_JOB_REQUEST_ID_MAX + 1];
+    int n = kg_cancel_poll(w->cancel, rids, 32);
+    for (int i = 0; i < n && !w->fatal; i++) {
+        apply_cancel(w, rids[i]);
     }
 }
 
@@ -769,6 +842,18 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
             produce_error(w, job->request_id, job->partition, job->offset, code, msg,
                           job->metadata_json);
         }
+        kg_jobrun_clear(&r->run);
+        free(r);
+        return;
+    }
+    if (kg_cancel_is_cancelled(w->cancel, job->request_id) && kg_jobrun_cancel(&r->run)) {
+        /* cancelled before it arrived (or before this attempt): answered, not run */
+        kg_jobrun_end_cancelled(&r->run, kg_clock_us());
+        KG_LOG_INFO("worker",
+                    "job cancelled request_id=%s partition=%d offset=%lld tokens=0 "
+                    "steps_after_cancel=0 on_arrival=1",
+                    job->request_id, job->partition, (long long)job->offset);
+        produce_terminal(w, r, KG_OK, kg_clock_us());
         kg_jobrun_clear(&r->run);
         free(r);
         return;
@@ -1060,18 +1145,7 @@ abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool 
             }
             if (r->state == REC_PENDING) {
                 /* never reached the engine: unlink from the FIFO and drop */
-                job_rec_t **p = &w->pending_head, *prev = NULL;
-                while (*p && *p != r) {
-                    prev = *p;
-                    p = &(*p)->qnext;
-                }
-                if (*p) {
-                    *p = r->qnext;
-                    if (w->pending_tail == r) {
-                        w->pending_tail = prev;
-                    }
-                    w->n_pending--;
-                }
+                pending_unlink(w, r);
                 atomic_fetch_add(&w->m.jobs_cancelled, 1);
                 job_given_back(w, r->run.job->partition, r->run.job->offset);
                 rec_free(w, r);
@@ -1439,6 +1513,18 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
             goto fail;
         }
     }
+    if (strcmp(cfg->cancel_topic, "none") != 0) {
+        char topic[512];
+        snprintf(topic, sizeof(topic), "%s", cfg->cancel_topic);
+        if (!*topic) {
+            snprintf(topic, sizeof(topic), "%s.cancel", cfg->jobs_topic);
+        }
+        w->cancel = kg_cancel_new(cfg, topic, w->worker_id, (int32_t)cfg->cancel_remember,
+                                  (int64_t)(cfg->cancel_ttl_s * 1000), errstr, errstr_size);
+        if (!w->cancel) {
+            goto fail;
+        }
+    }
     w->crash_request_id = getenv("KGEN_TEST_CRASH_ON_REQUEST_ID");
     if (w->crash_request_id && *w->crash_request_id) {
         KG_LOG_WARN("worker",
@@ -1522,6 +1608,7 @@ int kg_worker_run(kg_worker_t *w) {
                 w->drain_deadline_us = INT64_MAX;
             }
         }
+        poll_cancels(w);
         check_backpressure(w);
         /* consumer: messages and rebalances; short timeout so completions flow */
         int n_taken = 0;
@@ -1596,6 +1683,7 @@ void kg_worker_free(kg_worker_t *w) {
         rd_kafka_destroy(w->producer);
     }
     drop_held(w, NULL);
+    kg_cancel_free(w->cancel);
     kg_journal_free(w->journal);
     kg_offsets_free(w->offsets);
     free(w->table);

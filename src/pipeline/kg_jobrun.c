@@ -75,7 +75,7 @@ kg_status_t kg_jobrun_on_completion(kg_jobrun_t *r,
     memset(st, 0, sizeof(*st));
     /* after a stop string matched, the tokens the engine made before it saw
      * the cancel are not part of the output */
-    if (c->token >= 0 && !r->stop_hit) {
+    if (c->token >= 0 && !r->stop_hit && !r->cancelled) {
         if (!r->t.first_token_us) {
             r->t.first_token_us = ts_us;
             r->t.n_cached = c->n_cached;
@@ -112,7 +112,10 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          kg_jobrun_outcome_t *outcome) {
     memset(outcome, 0, sizeof(*outcome));
     const kg_job_t *job = r->job;
-    if (r->stop_hit || r->finish == KG_FINISH_STOP || r->finish == KG_FINISH_LENGTH) {
+    /* a user's cancel wins over a finish the engine reached before it saw
+     * the cancel: the output stopped at the cancel */
+    if (!r->cancelled &&
+        (r->stop_hit || r->finish == KG_FINISH_STOP || r->finish == KG_FINISH_LENGTH)) {
         kg_finish_reason_t reason = r->stop_hit                   ? KG_FINISH_REASON_STOP_SEQUENCE
                                     : r->finish == KG_FINISH_STOP ? KG_FINISH_REASON_STOP
                                                                   : KG_FINISH_REASON_LENGTH;
@@ -123,16 +126,32 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
                               max_bytes, len, &outcome->fit);
     }
     outcome->is_error = true;
-    const char *msg;
-    if (r->finish == KG_FINISH_DEADLINE) {
+    if (!r->cancelled && r->finish == KG_FINISH_DEADLINE) {
         outcome->code = KG_ERROR_EXPIRED;
-        msg = "the deadline passed before the job finished";
-    } else {
-        outcome->code = KG_ERROR_CANCELLED;
-        msg = "the job was cancelled";
+        return kg_events_error(o, job->request_id, outcome->code,
+                               "the deadline passed before the job finished", job->metadata_json,
+                               max_bytes, len, &outcome->fit);
     }
-    return kg_events_error(o, job->request_id, outcome->code, msg, job->metadata_json, max_bytes,
-                           len, &outcome->fit);
+    outcome->code = KG_ERROR_CANCELLED;
+    char msg[96];
+    snprintf(msg, sizeof(msg), "the job was cancelled after %d tokens", r->out.n_tokens);
+    size_t tlen;
+    const char *text = kg_output_text(&r->out, &tlen);
+    return kg_events_error_text(o, job->request_id, outcome->code, msg, job->metadata_json,
+                                text ? text : "", text ? tlen : 0, max_bytes, len, &outcome->fit);
+}
+
+bool kg_jobrun_cancel(kg_jobrun_t *r) {
+    if (r->cancelled || r->stop_hit || r->finish != KG_FINISH_NONE) {
+        return false;
+    }
+    r->cancelled = true;
+    return true;
+}
+
+void kg_jobrun_end_cancelled(kg_jobrun_t *r, int64_t now_us) {
+    r->finish = KG_FINISH_CANCELLED;
+    r->t.finished_us = now_us;
 }
 
 char *kg_jobrun_refused(const kg_jobrun_t *r,

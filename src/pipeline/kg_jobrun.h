@@ -42,6 +42,7 @@ typedef struct kg_jobrun {
     kg_sample_result_t *samples; /* (prep.max_tokens) logprobs for the done event, or NULL */
     int32_t n_samples;
     bool stop_hit;      /* a stop string matched; the request was (to be) cancelled */
+    bool cancelled;     /* a user's cancel (kg_jobrun_cancel): tokens after it are dropped */
     kg_finish_t finish; /* the engine's finish, once the last completion came */
 } kg_jobrun_t;
 
@@ -96,12 +97,27 @@ KG_NODISCARD kg_status_t kg_jobrun_on_completion(kg_jobrun_t *r,
                                                  int64_t ts_us,
                                                  kg_jobrun_step_t *st);
 
+/** A user's cancel of this job (a cancel message): tokens the engine makes
+ * after it are not part of the output, and the terminal event is an error
+ * with code `cancelled` that carries the text so far. Returns true the first
+ * time, when the caller must stop the job: cancel its engine request (its
+ * CANCELLED finish then comes as a completion) or, when the job never
+ * reached the engine, end it with kg_jobrun_end_cancelled. False when it was
+ * cancelled already or has finished (a stop string matched, or the last
+ * completion came): nothing to do. @thread any (the caller's) */
+bool kg_jobrun_cancel(kg_jobrun_t *r);
+
+/** End a job that is not in the engine as cancelled at `now_us` (after
+ * kg_jobrun_cancel): encode its terminal event next. */
+void kg_jobrun_end_cancelled(kg_jobrun_t *r, int64_t now_us);
+
 /** The terminal event of a finished job (after a step with `finished`), as
  * malloc'ed JSON of *len bytes, at most max_bytes where the event can be
  * made that small (0 = no limit; kg_events says what is shed, in which
  * order): a done event (stop, length or stop_sequence) or an error event
  * (expired, cancelled). `outcome` says which, and what was shed. NULL on
- * out of memory. */
+ * out of memory. A cancelled job's error event carries the text so far
+ * (`text`, shed last). */
 char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          const kg_event_origin_t *o,
                          const kg_tokenizer_t *tok,
