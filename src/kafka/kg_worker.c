@@ -17,6 +17,7 @@
 #include "kg_kafka_conf.h"
 #include "kg_offsets.h"
 #include "kg_topic_config.h"
+#include "kg_txn.h"
 
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
@@ -120,9 +121,10 @@ struct kg_worker {
     kg_runner_t *runner;
     rd_kafka_t *consumer, *producer;
     kg_offsets_t *offsets;
-    kg_journal_t *journal;             /* the poison-job journal; NULL with --poison-after 0 */
-    kg_cancel_t *cancel;               /* the cancel topic's reader; NULL with none */
-    held_msg_t *held_head, *held_tail; /* waiting for their snapshot's ack */
+    kg_journal_t *journal; /* the poison-job journal; NULL with --poison-after 0 */
+    kg_cancel_t *cancel;   /* the cancel topic's reader; NULL with none */
+    kg_txn_t *txn; /* --exactly-once: answers and offsets in transactions (producer: tokens) */
+    held_msg_t *held_head, *held_tail;         /* waiting for their snapshot's ack */
     held_msg_t *suspects_head, *suspects_tail; /* suspects waiting for their turn */
     int32_t n_held;                            /* in both lists */
     bool suspect_busy;                         /* a suspect runs (or is about to) */
@@ -247,18 +249,18 @@ static void on_refused(kg_worker_t *w,
                        const ack_t *ack,
                        rd_kafka_resp_err_t err);
 
-/* Produce one event (or DLQ copy). `ack` (may be NULL) travels as the
- * message opaque and is freed by the delivery report. A message the
- * producer refuses for its own sake is handled as a refused delivery
- * (on_refused); any other failure is fatal. */
-static bool produce(kg_worker_t *w,
-                    const char *topic,
-                    const char *key,
-                    size_t key_len,
-                    const void *value,
-                    size_t len,
-                    ack_t *ack,
-                    rd_kafka_headers_t *hdrs) {
+/* Produce one event (or DLQ copy) on w->producer. `ack` (may be NULL)
+ * travels as the message opaque and is freed by the delivery report. A
+ * message the producer refuses for its own sake is handled as a refused
+ * delivery (on_refused); any other failure is fatal. */
+static bool produce_now(kg_worker_t *w,
+                        const char *topic,
+                        const char *key,
+                        size_t key_len,
+                        const void *value,
+                        size_t len,
+                        ack_t *ack,
+                        rd_kafka_headers_t *hdrs) {
     rd_kafka_resp_err_t err;
     for (int attempt = 0;; attempt++) {
         /* produceva rather than the producev macros: the varargs list cannot
@@ -310,6 +312,36 @@ static bool produce(kg_worker_t *w,
     return false;
 }
 
+static void store_offsets(kg_worker_t *w);
+
+/* Produce an answer (a terminal event, a DLQ copy) or, with --exactly-once,
+ * keep it for the next transaction (kg_txn), which carries the job's offset
+ * too: the offset is marked done now, and `ack` is logged when the
+ * transaction commits. Token events go through produce_now. */
+static bool produce(kg_worker_t *w,
+                    const char *topic,
+                    const char *key,
+                    size_t key_len,
+                    const void *value,
+                    size_t len,
+                    ack_t *ack,
+                    rd_kafka_headers_t *hdrs) {
+    if (!w->txn) {
+        return produce_now(w, topic, key, key_len, value, len, ack, hdrs);
+    }
+    if (kg_txn_add(w->txn, topic, key, key_len, value, len, hdrs, w->cfg->jobs_topic,
+                   ack ? ack->partition : -1, ack) != KG_OK) {
+        free(ack);
+        fatal(w, "out of memory keeping an answer for the transaction");
+        return false;
+    }
+    atomic_fetch_add(&w->m.events_produced, 1);
+    if (ack && kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
+        store_offsets(w);
+    }
+    return true;
+}
+
 static ack_t *ack_new(int32_t partition, int64_t offset, ack_kind_t kind) {
     ack_t *a = calloc(1, sizeof(*a));
     if (a) {
@@ -326,6 +358,12 @@ static void store_offsets(kg_worker_t *w) {
     while (kg_offsets_next_committable(w->offsets, &part, &next)) {
         rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
         rd_kafka_topic_partition_list_add(l, w->cfg->jobs_topic, part)->offset = next;
+        if (w->txn) {
+            /* the next transaction commits it (kg_txn) */
+            kg_txn_set_offset(w->txn, w->cfg->jobs_topic, part, next);
+            rd_kafka_topic_partition_list_destroy(l);
+            continue;
+        }
         rd_kafka_resp_err_t err = rd_kafka_offsets_store(w->consumer, l);
         if (err) {
             KG_LOG_WARN("worker", "offsets_store failed: %s partition=%d offset=%lld",
@@ -337,9 +375,9 @@ static void store_offsets(kg_worker_t *w) {
 
 /* A job's answer is on the broker: count it and log it now, not when it
  * was produced, so the log never shows a job as done that was not. */
-static void log_answered(kg_worker_t *w, const rd_kafka_message_t *rkm, const ack_t *ack) {
-    int klen = (int)rkm->key_len;
-    const char *key = rkm->key ? rkm->key : "";
+static void log_answered(kg_worker_t *w, const void *rkey, size_t key_len, const ack_t *ack) {
+    int klen = (int)key_len;
+    const char *key = rkey ? rkey : "";
     if (ack->kind == ACK_RESULT && !ack->is_error) {
         atomic_fetch_add(&w->m.jobs_done, 1);
         atomic_fetch_add(&w->m.jobs_by_finish[ack->reason], 1);
@@ -375,7 +413,7 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
                  rd_kafka_err2str(rkm->err));
         fatal_kafka(w, what);
     } else if (ack && !w->fatal) {
-        log_answered(w, rkm, ack);
+        log_answered(w, rkm->key, rkm->key_len, ack);
         if (kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
             store_offsets(w);
         }
@@ -554,8 +592,8 @@ static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_output_even
             fatal(w, "out of memory encoding a token event");
             return;
         }
-        produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len, NULL,
-                NULL);
+        produce_now(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len,
+                    NULL, NULL);
         free(json);
     }
 }
@@ -1095,6 +1133,8 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
     }
 }
 
+static bool commit_txn(kg_worker_t *w, bool force);
+
 // ---- partitions: pause, resume, rebalance ----
 
 static void set_paused(kg_worker_t *w, bool pause) {
@@ -1120,7 +1160,7 @@ static void check_backpressure(kg_worker_t *w) {
         set_paused(w, true);
         return;
     }
-    int32_t taken = w->n_inflight + w->n_held;
+    int32_t taken = w->n_inflight + w->n_held + (w->txn ? (int32_t)kg_txn_n_pending(w->txn) : 0);
     if (!w->paused && taken >= w->max_inflight) {
         set_paused(w, true);
     } else if (w->paused && taken <= w->max_inflight * 3 / 4) {
@@ -1191,8 +1231,11 @@ static void rebalance_cb(rd_kafka_t *rk,
         /* let acks of finished jobs land and their offsets be committed first */
         rd_kafka_flush(w->producer, 10000);
         rd_kafka_poll(w->producer, 0);
-        if (!w->fatal) {
+        if (!w->fatal && !w->txn) {
             rd_kafka_commit(rk, NULL, 0);
+        }
+        if (w->txn && (w->fatal || !commit_txn(w, true))) {
+            kg_txn_drop(w->txn, w->cfg->jobs_topic, parts); /* they run again elsewhere */
         }
         abandon_jobs(w, parts, false);
         drop_held(w, parts);
@@ -1271,7 +1314,8 @@ static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_siz
         const char *k, *v;
     } ours[] = {{"group.id", cfg->group_id},
                 {"enable.auto.offset.store", "false"},
-                {"enable.auto.commit", "true"},
+                /* --exactly-once: only transactions move the offsets */
+                {"enable.auto.commit", cfg->exactly_once ? "false" : "true"},
                 /* librdkafka's 5 s default reruns up to 5 s of finished jobs
                  * after a crash; a commit a second costs the coordinator little */
                 {"auto.commit.interval.ms", "1000"},
@@ -1319,8 +1363,8 @@ static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_siz
  * of the topics it writes: a batch of small events must not outgrow it
  * either, so batch.size (librdkafka's default is 1,000,000) is cut to it
  * unless -X sets batch.size. */
-static rd_kafka_t *
-make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
+static rd_kafka_conf_t *
+producer_conf(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
     rd_kafka_conf_t *conf = kg_kafka_conf_new(w->cfg, errstr, errstr_size);
     if (!conf) {
         return NULL;
@@ -1351,6 +1395,15 @@ make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
             return NULL;
         }
     }
+    return conf;
+}
+
+static rd_kafka_t *
+make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
+    rd_kafka_conf_t *conf = producer_conf(w, topic_max, errstr, errstr_size);
+    if (!conf) {
+        return NULL;
+    }
     rd_kafka_conf_set_opaque(conf, w);
     rd_kafka_conf_set_dr_msg_cb(conf, dr_msg_cb);
     rd_kafka_conf_set_error_cb(conf, error_cb);
@@ -1362,6 +1415,65 @@ make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
         return NULL;
     }
     return rk;
+}
+
+// ---- exactly-once (kg_txn) ----
+
+/* An answer is visible: log and count it as a delivery report would. */
+static void txn_committed(void *ctx, void *opaque, const void *key, size_t key_len) {
+    kg_worker_t *w = ctx;
+    if (opaque && !w->fatal) {
+        log_answered(w, key, key_len, opaque);
+    }
+    free(opaque);
+}
+
+/* The broker refused an answer for its own sake: answered as on_refused does. */
+static void txn_refused(void *ctx,
+                        const char *topic,
+                        const void *key,
+                        size_t key_len,
+                        const void *value,
+                        size_t len,
+                        const rd_kafka_headers_t *hdrs,
+                        void *opaque,
+                        rd_kafka_resp_err_t err) {
+    on_refused(ctx, topic, key, key_len, value, len, hdrs, opaque, err);
+    free(opaque);
+}
+
+static void txn_dropped(void *ctx, void *opaque) {
+    (void)ctx;
+    free(opaque);
+}
+
+/* The transactional producer (its batch.size cut like the other's). */
+static kg_status_t
+start_transactions(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
+    rd_kafka_conf_t *conf = producer_conf(w, topic_max > 0 ? topic_max : 0, errstr, errstr_size);
+    if (!conf) {
+        return KG_ERR_INVALID;
+    }
+    kg_txn_callbacks_t cb = {.ctx = w,
+                             .committed = txn_committed,
+                             .refused = txn_refused,
+                             .dropped = txn_dropped,
+                             .is_message_fault = is_message_fault};
+    w->txn = kg_txn_new(w->cfg, conf, w->worker_id, &cb, errstr, errstr_size);
+    return w->txn ? KG_OK : KG_ERR_KAFKA;
+}
+
+/* Commit the transaction when it is due (or now, with `force`); a fatal
+ * transactional error stops the worker. */
+static bool commit_txn(kg_worker_t *w, bool force) {
+    if (!w->txn) {
+        return true;
+    }
+    kg_status_t st = kg_txn_commit(w->txn, w->producer, w->consumer, kg_clock_us(), force);
+    if (st == KG_ERR_KAFKA) {
+        fatal_kafka(w, "the transactional producer failed (fenced by a newer instance?)");
+    }
+    return st == KG_OK;
 }
 
 /* The bytes a message may take: the producer's message.max.bytes, and the
@@ -1390,6 +1502,9 @@ static kg_status_t size_messages(kg_worker_t *w, char *errstr, size_t errstr_siz
                            : topic_max[1];
     w->producer = make_producer(w, smallest > 0 ? smallest : 0, errstr, errstr_size);
     if (!w->producer) {
+        return KG_ERR_INVALID;
+    }
+    if (cfg->exactly_once && start_transactions(w, smallest, errstr, errstr_size) != KG_OK) {
         return KG_ERR_INVALID;
     }
     char buf[32];
@@ -1636,6 +1751,7 @@ int kg_worker_run(kg_worker_t *w) {
         submit_pending(w);
         drain_engine_events(w, n_taken ? 0 : 2);
         rd_kafka_poll(w->producer, 0);
+        commit_txn(w, false);
         update_lag(w);
         if (kg_runner_is_dead(w->runner)) {
             drain_engine_events(w, 0);
@@ -1652,7 +1768,18 @@ int kg_worker_run(kg_worker_t *w) {
                          rd_kafka_outq_len(w->producer));
             rc = 1;
         }
-        rd_kafka_commit(w->consumer, NULL, 0);
+        if (w->txn) {
+            for (int i = 0; i < 5 && !commit_txn(w, true) && !w->fatal; i++) {
+                rd_kafka_poll(w->producer, 1000);
+            }
+            if (kg_txn_n_pending(w->txn) > 0) {
+                KG_LOG_ERROR("worker", "%zu answers not committed at shutdown",
+                             kg_txn_n_pending(w->txn));
+                rc = 1;
+            }
+        } else {
+            rd_kafka_commit(w->consumer, NULL, 0);
+        }
     }
     rd_kafka_consumer_close(w->consumer);
     KG_LOG_INFO("worker", "stopped rc=%d", rc);
@@ -1677,6 +1804,7 @@ void kg_worker_free(kg_worker_t *w) {
     if (w->consumer) {
         rd_kafka_destroy(w->consumer);
     }
+    kg_txn_free(w->txn);
     if (w->producer) {
         rd_kafka_purge(w->producer, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
         rd_kafka_poll(w->producer, 0);
