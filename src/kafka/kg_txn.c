@@ -4,6 +4,7 @@
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,9 +39,10 @@ struct kg_txn {
     size_t n, cap;
     offset_t *offs; /* (n_offs) */
     size_t n_offs, cap_offs;
-    uint64_t gen;    /* transactions begun, for the delivery reports */
-    bool committing; /* a commit timed out: it goes on in the background; call it again */
-    size_t n_in_txn; /* the first n_in_txn entries are in the open transaction */
+    uint64_t gen;     /* transactions begun, for the delivery reports */
+    bool committing;  /* a commit timed out: it goes on in the background; call it again */
+    size_t n_in_txn;  /* the first n_in_txn entries are in the open transaction */
+    uint64_t kill_at; /* TEST-ONLY: SIGKILL this process before committing transaction n */
     int64_t interval_us, last_us;
     int64_t n_committed, n_aborted;
 };
@@ -356,6 +358,19 @@ static void committed(kg_txn_t *t) {
     t->n_committed++;
 }
 
+/* TEST-ONLY fault injection (KGEN_TEST_KILL_BEFORE_COMMIT=N, announced at
+ * startup): the N-th transaction's answers and offsets reach the broker, then
+ * the process is SIGKILLed before the commit, so tests can show that an open
+ * transaction of a dead worker stays invisible to read_committed readers. */
+static void kill_before_commit(kg_txn_t *t) {
+    rd_kafka_flush(t->rk, 10000);
+    KG_LOG_ERROR("txn",
+                 "TEST-ONLY fault injection: SIGKILL before committing transaction=%llu "
+                 "answers=%zu",
+                 (unsigned long long)t->gen, t->n);
+    raise(SIGKILL);
+}
+
 /* commit_transaction, once: resumable after a timeout (the broker away), so a retriable
  * failure leaves the commit going on and the next turn calls it again. */
 static kg_status_t finish_commit(kg_txn_t *t) {
@@ -425,6 +440,9 @@ kg_txn_commit(kg_txn_t *t, rd_kafka_t *tokens, rd_kafka_t *consumer, int64_t now
     if (v == V_RETRY) {
         mark_sent(t);
         v = send_offsets(t, consumer);
+    }
+    if (v == V_RETRY && t->kill_at && t->gen == t->kill_at) {
+        kill_before_commit(t);
     }
     if (v == V_RETRY) {
         t->n_in_txn = t->n;
@@ -498,6 +516,15 @@ kg_txn_t *kg_txn_new(const kg_config_t *cfg,
         KG_LOG_WARN("txn", "%s; trying again", errstr);
     }
     t->last_us = kg_clock_us();
+    const char *kill_at = getenv("KGEN_TEST_KILL_BEFORE_COMMIT");
+    if (kill_at && atoll(kill_at) > 0) {
+        t->kill_at = (uint64_t)atoll(kill_at);
+        KG_LOG_WARN(
+            "txn",
+            "TEST-ONLY fault injection armed: this worker SIGKILLs itself before "
+            "committing transaction %llu (KGEN_TEST_KILL_BEFORE_COMMIT; never in production)",
+            (unsigned long long)t->kill_at);
+    }
     KG_LOG_INFO("txn", "exactly-once results transactional_id=%s interval_ms=%lld", id,
                 (long long)cfg->txn_interval_ms);
     return t;

@@ -1201,6 +1201,41 @@ abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool 
     }
 }
 
+/* --exactly-once: the committed offsets of newly assigned partitions, read
+ * here and assigned explicitly. librdkafka 2.0.2 falls back to
+ * auto.offset.reset when its own fetch fails (a coordinator still loading
+ * after a broker restart), which would run every job of the partition again
+ * and show its results twice; so fetch until every partition has an answer
+ * (pending transactions of a dead worker answer UNSTABLE_OFFSET_COMMIT until
+ * the broker aborts them). Partitions with no committed offset start at the
+ * beginning (auto.offset.reset=earliest). */
+static void
+fetch_committed(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts) {
+    for (int attempt = 1;; attempt++) {
+        rd_kafka_topic_partition_list_t *c = rd_kafka_topic_partition_list_copy(parts);
+        rd_kafka_resp_err_t err = rd_kafka_committed(rk, c, 10000);
+        for (int i = 0; !err && i < c->cnt; i++) {
+            err = c->elems[i].err;
+        }
+        if (!err) {
+            for (int i = 0; i < c->cnt; i++) {
+                parts->elems[i].offset =
+                    c->elems[i].offset >= 0 ? c->elems[i].offset : RD_KAFKA_OFFSET_BEGINNING;
+            }
+            rd_kafka_topic_partition_list_destroy(c);
+            return;
+        }
+        rd_kafka_topic_partition_list_destroy(c);
+        KG_LOG_WARN("worker", "reading the committed offsets: %s; trying again attempt=%d",
+                    rd_kafka_err2str(err), attempt);
+        if (atomic_load(&w->stop_requested) || attempt >= 120) {
+            fatal_kafka(w, "cannot read the committed offsets of the assigned partitions");
+            return;
+        }
+        usleep(500 * 1000);
+    }
+}
+
 static void rebalance_cb(rd_kafka_t *rk,
                          rd_kafka_resp_err_t err,
                          rd_kafka_topic_partition_list_t *parts,
@@ -1212,6 +1247,9 @@ static void rebalance_cb(rd_kafka_t *rk,
             if (kg_offsets_assign(w->offsets, parts->elems[i].partition) != KG_OK) {
                 fatal(w, "cannot track an assigned partition");
             }
+        }
+        if (w->txn) {
+            fetch_committed(w, rk, parts);
         }
         rd_kafka_assign(rk, parts);
         if (w->assigned) {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_worker_exactly_once: --exactly-once on a real broker. Two workers share 300 jobs; one is
-# SIGKILLed mid-run (and restarted under the same --worker-id, as a supervisor would: its
-# transactional id fences the dead instance and aborts its open transaction), then the broker
-# is restarted. A read_committed reader (kgen-submit) finds exactly one terminal event for each
+# SIGKILLed mid-run, inside a transaction whose answers and offsets are already on the broker
+# (the TEST-ONLY hook KGEN_TEST_KILL_BEFORE_COMMIT=N kills it before its N-th commit), and is
+# restarted under the same --worker-id, as a supervisor would (its transactional id fences the
+# dead instance and aborts the open transaction); then the broker is restarted. A read_committed reader (kgen-submit) finds exactly one terminal event for each
 # of the 300 jobs, and so does a read_committed read of the whole results topic afterwards,
 # although the uncommitted log holds the aborted attempts too (counted and printed: the test
 # shows they happened). Token events stay at least once; per attempt they are in order. Every
@@ -24,15 +25,18 @@ kg_jobs "$T/jobs.jsonl" "$N" '{"max_tokens": 48, "ignore_eos": true}'
 fast=(-X session.timeout.ms=6000 -X heartbeat.interval.ms=500)
 p1=$(kg_free_port)
 p2=$(kg_free_port)
-kg_worker w1 --exactly-once --max-batch-size 4 --http-port "$p1" "${fast[@]}"
+KGEN_TEST_KILL_BEFORE_COMMIT=12 kg_worker w1 --exactly-once --max-batch-size 4 \
+    --http-port "$p1" "${fast[@]}"
 kg_worker w2 --exactly-once --max-batch-size 4 --http-port "$p2" "${fast[@]}"
 kg_wait_assigned 60 4 w1 w2
 kg_submit_bg 400
 
-kg_wait 120 "w1 answered 40 jobs" kg_metric_ge "$p1" kgen_jobs_total 40
-kill -KILL "$(kg_pid w1)"
-wait "$(kg_pid w1)" 2>/dev/null || true
-kg_note "w1 SIGKILLed after $(kg_metric "$p2" kgen_jobs_total) jobs on w2"
+kg_wait_exit "$(kg_pid w1)" 120
+((KG_RC == 137)) || kg_fail "w1 exited $KG_RC, want 137 (SIGKILL)"
+kg_log_has "$T/w1.log" 'TEST-ONLY fault injection: SIGKILL before committing' ||
+    kg_fail "w1 died, but not in its transaction"
+kg_note "w1 SIGKILLed with an open transaction ($(grep -o 'answers=[0-9]*' "$T/w1.log")) after" \
+    "$(kg_metric "$p2" kgen_jobs_total) jobs on w2"
 sleep 1
 # the same worker id: its transactional id fences the dead instance's open transaction at once
 kg_bg w1b "$KG_BIN/kgen-worker" --brokers "$BROKERS" --jobs-topic "$JOBS" --results-topic \
@@ -78,6 +82,7 @@ assert len(committed) == n, f"{len(committed)} jobs with a committed terminal ev
 bad = {k: v for k, v in committed.items() if v != 1}
 assert not bad, f"jobs with more than one committed terminal event: {list(bad.items())[:5]}"
 extra = sum(uncommitted.values()) - sum(committed.values())
+assert extra > 0, "no aborted answers in the log: the kill did not catch an open transaction"
 print(f"read_committed: exactly one terminal event for each of {n} jobs; the log also holds "
       f"{extra} terminal events of aborted transactions (invisible to read_committed)")
 PY
