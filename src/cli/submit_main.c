@@ -334,6 +334,14 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (strpbrk(cfg.jobs_topic, ",:")) {
+        fprintf(stderr,
+                "kgen-submit: --jobs-topic names one topic (the lane to send to), got "
+                "'%s'\n",
+                cfg.jobs_topic);
+        kg_config_clear(&cfg);
+        return 2;
+    }
     cancel_topic_of(&cfg, cancel_topic_arg, cancel_topic, sizeof(cancel_topic));
     if (cancel_mode) {
         int crc = 2;

@@ -106,14 +106,15 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           atomic_load(&m->paused));
     gauge(f, "kgen_assigned_partitions", "Partitions of the jobs topic assigned to this worker.",
           atomic_load(&m->assigned_partitions));
+    const char *topics[256];
     int32_t parts[256];
     int64_t lags[256];
-    int np = kg_worker_partition_lag(w, parts, lags, 256);
+    int np = kg_worker_partition_lag(w, topics, parts, lags, 256);
     fprintf(f, "# HELP kgen_consumer_lag_messages Messages behind the end of each assigned "
                "partition.\n# TYPE kgen_consumer_lag_messages gauge\n");
     for (int i = 0; i < np; i++) {
-        fprintf(f, "kgen_consumer_lag_messages{partition=\"%d\"} %lld\n", parts[i],
-                (long long)lags[i]);
+        fprintf(f, "kgen_consumer_lag_messages{topic=\"%s\",partition=\"%d\"} %lld\n", topics[i],
+                parts[i], (long long)lags[i]);
     }
     double drain = kg_drain_seconds(&m->drain);
     if (drain >= 0) {

@@ -126,9 +126,10 @@ void kg_txn_set_offset(kg_txn_t *t, const char *topic, int32_t partition, int64_
         .topic = topic, .partition = partition, .next = next, .committed = -1, .sent = -1};
 }
 
-static bool in_list(const rd_kafka_topic_partition_list_t *parts, int32_t partition) {
+static bool
+in_list(const rd_kafka_topic_partition_list_t *parts, const char *topic, int32_t partition) {
     for (int k = 0; parts && k < parts->cnt; k++) {
-        if (parts->elems[k].partition == partition) {
+        if (parts->elems[k].partition == partition && strcmp(parts->elems[k].topic, topic) == 0) {
             return true;
         }
     }
@@ -141,7 +142,7 @@ void kg_txn_drop(kg_txn_t *t,
     size_t keep = 0, dropped = 0;
     for (size_t i = 0; i < t->n; i++) {
         entry_t *x = &t->e[i];
-        if (strcmp(x->jobs_topic, jobs_topic) == 0 && in_list(parts, x->partition)) {
+        if (strcmp(x->jobs_topic, jobs_topic) == 0 && in_list(parts, jobs_topic, x->partition)) {
             t->cb.dropped(t->cb.ctx, x->opaque);
             entry_clear(x);
             dropped++;
@@ -151,7 +152,8 @@ void kg_txn_drop(kg_txn_t *t,
     }
     t->n = keep;
     for (size_t i = 0; i < t->n_offs;) {
-        if (strcmp(t->offs[i].topic, jobs_topic) == 0 && in_list(parts, t->offs[i].partition)) {
+        if (strcmp(t->offs[i].topic, jobs_topic) == 0 &&
+            in_list(parts, jobs_topic, t->offs[i].partition)) {
             t->offs[i] = t->offs[--t->n_offs];
         } else {
             i++;
