@@ -46,6 +46,8 @@ typedef struct job_state {
     char attempt[192]; /* "worker_id/partition/offset" of the attempt being assembled */
     int32_t next_index;
     int64_t tokens;
+    int64_t sent_us;  /* its produce call returned (kg_clock_us) */
+    int64_t first_us; /* its first event (token, or the terminal one) arrived; 0 until then */
 } job_state_t;
 
 typedef struct submit {
@@ -120,6 +122,9 @@ static void on_event(submit_t *s, const rd_kafka_message_t *rkm) {
         kg_event_free(ev); /* not ours, or a duplicate after the job finished */
         return;
     }
+    if (!j->first_us) {
+        j->first_us = kg_clock_us();
+    }
     char attempt[192];
     snprintf(attempt, sizeof(attempt), "%s/%d/%lld", c->worker_id, c->partition,
              (long long)c->offset);
@@ -149,6 +154,31 @@ static void on_event(submit_t *s, const rd_kafka_message_t *rkm) {
         fflush(s->out);
     }
     kg_event_free(ev);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Time to first token as a submitter sees it: from a job's produce to its
+ * first event (a token, or the terminal event of a job that streams none),
+ * over the jobs that have one: "ttft_ms p50=... p90=... max=..." in `out`. */
+static void ttft_summary(const submit_t *s, char *out, size_t size) {
+    int64_t *v = malloc((s->n_jobs ? s->n_jobs : 1) * sizeof(*v));
+    size_t n = 0;
+    for (size_t i = 0; v && i < s->n_jobs; i++) {
+        if (s->jobs[i].first_us && s->jobs[i].sent_us) {
+            v[n++] = s->jobs[i].first_us - s->jobs[i].sent_us;
+        }
+    }
+    out[0] = '\0';
+    if (n > 0) {
+        qsort(v, n, sizeof(*v), cmp_i64);
+        snprintf(out, size, " ttft_ms p50=%.1f p90=%.1f max=%.1f", (double)v[n / 2] / 1e3,
+                 (double)v[n * 9 / 10] / 1e3, (double)v[n - 1] / 1e3);
+    }
+    free(v);
 }
 
 static void usage(FILE *f) {
@@ -512,6 +542,10 @@ int main(int argc, char **argv) {
                 rd_kafka_poll(producer, 50);
             }
         }
+        job_state_t *js = rid ? find_job(&s, rid) : NULL;
+        if (js && !js->sent_us) {
+            js->sent_us = kg_clock_us();
+        }
         kg_job_free(job);
         if (kerr) {
             fprintf(stderr, "kgen-submit: produce: %s\n", rd_kafka_err2str(kerr));
@@ -566,9 +600,11 @@ int main(int argc, char **argv) {
     if (progress) {
         fprintf(stderr, "\n");
     }
-    fprintf(stderr, "kgen-submit: %zu/%zu jobs finished in %.2f s (%.2f jobs/s, %.1f tok/s)%s\n",
+    char ttft[96];
+    ttft_summary(&s, ttft, sizeof(ttft));
+    fprintf(stderr, "kgen-submit: %zu/%zu jobs finished in %.2f s (%.2f jobs/s, %.1f tok/s)%s%s\n",
             s.n_done, s.n_jobs, secs, secs > 0 ? (double)s.n_done / secs : 0.0,
-            secs > 0 ? (double)s.n_tokens / secs : 0.0,
+            secs > 0 ? (double)s.n_tokens / secs : 0.0, ttft,
             s.n_stale ? " (stale attempts dropped)" : "");
     rc = interrupted || g_stop ? 130 : s.n_done == s.n_jobs ? 0 : 1;
 out:
