@@ -194,7 +194,9 @@ static void usage(FILE *f) {
             "  --cancel ID...         send cancels for these request_ids and exit\n"
             "  --cancel-topic T       default <jobs-topic>.cancel\n"
             "  --cancel-on-interrupt  on Ctrl-C, cancel the jobs without a result and wait\n"
-            "                         for their answers (a second Ctrl-C leaves at once)\n",
+            "                         for their answers (a second Ctrl-C leaves at once)\n"
+            "  --rate R               send R jobs a second (an open-loop load; results are\n"
+            "                         collected meanwhile) instead of all at once\n",
             KG_ROUTING_PREFIX_CHARS);
 }
 
@@ -260,6 +262,7 @@ int main(int argc, char **argv) {
     double timeout_s = 600;
     bool progress = isatty(2);
     int32_t key_mode = 0;
+    double rate = 0; /* --rate: jobs per second, 0 = as fast as they go */
     bool cancel_mode = false, cancel_on_interrupt = false;
     const char *cancel_topic_arg = NULL;
     char cancel_topic[512];
@@ -278,6 +281,7 @@ int main(int argc, char **argv) {
                                          {"cancel", no_argument, 0, 'C'},
                                          {"cancel-topic", required_argument, 0, 'T'},
                                          {"cancel-on-interrupt", no_argument, 0, 'I'},
+                                         {"rate", required_argument, 0, 'r'},
                                          {"version", no_argument, 0, 'V'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -331,6 +335,13 @@ int main(int argc, char **argv) {
             break;
         case 'I':
             cancel_on_interrupt = true;
+            break;
+        case 'r':
+            if (!kg_cli_parse_f32(optarg, 0.001f, 1e6f, &fv)) {
+                snprintf(err, sizeof(err), "--rate: expected jobs per second, got '%s'", optarg);
+                st = KG_ERR_INVALID;
+            }
+            rate = fv;
             break;
         case 'X': {
             const char *eq = strchr(optarg, '=');
@@ -506,6 +517,17 @@ int main(int argc, char **argv) {
      * job while later ones are still being sent */
     const int64_t t0 = kg_clock_us();
     for (char *p = input, *end = input + in_len; p < end && !g_stop;) {
+        /* --rate: job n goes at t0 + n / rate; results are read while it waits */
+        while (rate > 0 && !g_stop && kg_clock_us() < t0 + (int64_t)((double)n_sent * 1e6 / rate)) {
+            rd_kafka_poll(producer, 0);
+            rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 1);
+            if (rkm) {
+                if (!rkm->err) {
+                    on_event(&s, rkm);
+                }
+                rd_kafka_message_destroy(rkm);
+            }
+        }
         char *nl = memchr(p, '\n', (size_t)(end - p));
         size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
         char *line = p;
