@@ -1269,8 +1269,8 @@ static void set_lane_paused(kg_worker_t *w, int lane, bool pause) {
         KG_LOG_WARN("worker", "%s partitions: %s topic=%s", pause ? "pause" : "resume",
                     rd_kafka_err2str(err), w->lanes.lane[lane].topic);
     }
-    KG_LOG_DEBUG("worker", "%s partitions topic=%s inflight=%d", pause ? "paused" : "resumed",
-                 w->lanes.lane[lane].topic, w->n_inflight);
+    KG_LOG_DEBUG("worker", "%s partitions inflight=%d topic=%s", pause ? "paused" : "resumed",
+                 w->n_inflight, w->lanes.lane[lane].topic);
     rd_kafka_topic_partition_list_destroy(l);
 }
 
