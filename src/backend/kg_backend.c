@@ -87,6 +87,28 @@ void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     }
 }
 
+void kg_backend_last_fault(const kg_backend_t *be, kg_status_t st, kg_backend_fault_t *out) {
+    memset(out, 0, sizeof(*out));
+    out->seq = -1;
+    out->row = -1;
+    if (be->last_fault) {
+        be->last_fault(be, out);
+        if (out->scope != KG_FAULT_NONE) {
+            return;
+        }
+    }
+    out->scope = st == KG_ERR_INVALID ? KG_FAULT_STEP : KG_FAULT_DEVICE;
+    snprintf(out->message, sizeof(out->message), "backend %s: %s", be->iface.name,
+             kg_status_str(st));
+}
+
+void kg_backend_counters(const kg_backend_t *be, kg_backend_counters_t *out) {
+    memset(out, 0, sizeof(*out));
+    if (be->counters) {
+        be->counters(be, out);
+    }
+}
+
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
     const kg_hparams_t *hp = &model->hp;
     /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same size) */

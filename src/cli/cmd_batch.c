@@ -386,8 +386,12 @@ int kg_cmd_batch(int argc, char **argv) {
             } else {
                 json = kg_events_error(&origin, bj->job->request_id,
                                        cp->finish == KG_FINISH_DEADLINE ? KG_ERROR_EXPIRED
+                                       : cp->finish == KG_FINISH_ERROR  ? KG_ERROR_INTERNAL
                                                                         : KG_ERROR_CANCELLED,
-                                       kg_finish_str(cp->finish), bj->job->metadata_json, &jl);
+                                       cp->finish == KG_FINISH_ERROR
+                                           ? "the backend failed on this job (see the log)"
+                                           : kg_finish_str(cp->finish),
+                                       bj->job->metadata_json, &jl);
             }
             set_result(bj, json, jl);
             n_done++;

@@ -401,6 +401,11 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
     } else if (c->finish == KG_FINISH_DEADLINE) {
         produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_EXPIRED,
                       "the deadline passed before the job finished", r->job->metadata_json);
+    } else if (c->finish == KG_FINISH_ERROR) {
+        /* the backend could not run this job; the others keep running */
+        produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_INTERNAL,
+                      "the backend failed on this job (the worker log has the reason)",
+                      r->job->metadata_json);
     } else {
         produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_CANCELLED,
                       "the job was cancelled", r->job->metadata_json);
@@ -1048,6 +1053,10 @@ const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {
 
 const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w) {
     return kg_runner_gauges(w->runner);
+}
+
+void kg_worker_backend_counters(const kg_worker_t *w, kg_backend_counters_t *out) {
+    kg_backend_counters(w->be, out);
 }
 
 int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max) {

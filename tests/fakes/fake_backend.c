@@ -14,6 +14,8 @@ typedef struct fake_ctx {
     int32_t *hist;     /* (n_kv_blocks * kv_block_size) history read back for one row */
     int32_t *last_pos; /* (n_slots) last position of the slot in this step, -1 none */
     int32_t fail_next;
+    kg_backend_fault_t fault_next; /* scope NONE: none pending */
+    kg_backend_fault_t last_fault; /* what the last failed call reports */
     kg_fake_backend_stats_t st;
 } fake_ctx_t;
 
@@ -97,10 +99,24 @@ static kg_status_t fake_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
     fake_ctx_t *c = be->ctx;
     const kg_fake_backend_params_t *p = &c->p;
     int32_t bs = p->kv_block_size, mb = batch->max_blocks_per_seq;
+    c->last_fault.scope = KG_FAULT_NONE;
     if (c->fail_next > 0) {
         c->fail_next--;
         c->st.n_failed++;
         return KG_ERR_BACKEND;
+    }
+    if (c->fault_next.scope != KG_FAULT_NONE) {
+        /* a SEQ fault only fires in a step that holds that slot */
+        bool hit = c->fault_next.scope != KG_FAULT_SEQ;
+        for (int32_t i = 0; !hit && i < batch->n_tokens; i++) {
+            hit = batch->seq[i] == c->fault_next.seq;
+        }
+        if (hit) {
+            c->last_fault = c->fault_next;
+            c->fault_next.scope = KG_FAULT_NONE;
+            c->st.n_failed++;
+            return c->last_fault.scope == KG_FAULT_DEVICE ? KG_ERR_BACKEND : KG_ERR_INVALID;
+        }
     }
     if (batch->n_tokens < 1 || batch->n_tokens > p->max_batch_tokens) {
         violation(c, "step of %d tokens (max %d)", batch->n_tokens, p->max_batch_tokens);
@@ -194,6 +210,10 @@ static void fake_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     out->kv_size = (size_t)c->p.n_kv_blocks * (size_t)c->p.kv_block_size * sizeof(int32_t);
 }
 
+static void fake_last_fault(const kg_backend_t *be, kg_backend_fault_t *out) {
+    *out = ((const fake_ctx_t *)be->ctx)->last_fault;
+}
+
 static const struct kg_backend_i fake_iface = {
     /* .name    = */ "fake",
     /* .free    = */ fake_free,
@@ -221,6 +241,7 @@ kg_backend_t *kg_fake_backend_new(const kg_fake_backend_params_t *params) {
     c->last_pos = malloc((size_t)p->n_slots * sizeof(*c->last_pos));
     be->iface = fake_iface;
     be->ctx = c;
+    be->last_fault = fake_last_fault;
     if (!c->cell || !c->hist || !c->last_pos) {
         fake_free(be);
         return NULL;
@@ -233,6 +254,18 @@ kg_backend_t *kg_fake_backend_new(const kg_fake_backend_params_t *params) {
 
 void kg_fake_backend_fail_next(kg_backend_t *be, int32_t n) {
     ((fake_ctx_t *)be->ctx)->fail_next = n;
+}
+
+void kg_fake_backend_fault_next(kg_backend_t *be, kg_fault_scope_t scope, int32_t seq) {
+    fake_ctx_t *c = be->ctx;
+    memset(&c->fault_next, 0, sizeof(c->fault_next));
+    c->fault_next.scope = scope;
+    c->fault_next.seq = scope == KG_FAULT_SEQ ? seq : -1;
+    c->fault_next.row = -1;
+    snprintf(c->fault_next.message, sizeof(c->fault_next.message), "fake %s fault",
+             scope == KG_FAULT_SEQ    ? "sequence"
+             : scope == KG_FAULT_STEP ? "step"
+                                      : "device");
 }
 
 const kg_fake_backend_stats_t *kg_fake_backend_stats(const kg_backend_t *be) {

@@ -53,6 +53,11 @@ kg_backend_t *kg_fake_backend_new(const kg_fake_backend_params_t *params);
 /** The next `n` forward calls fail with KG_ERR_BACKEND (writing nothing). */
 void kg_fake_backend_fail_next(kg_backend_t *be, int32_t n);
 
+/** The next forward call that runs slot `seq` (KG_FAULT_SEQ), or the next
+ * one at all (STEP, DEVICE), fails as a backend would: KG_ERR_INVALID with
+ * that fault for SEQ and STEP, KG_ERR_BACKEND for DEVICE, writing nothing. */
+void kg_fake_backend_fault_next(kg_backend_t *be, kg_fault_scope_t scope, int32_t seq);
+
 /** Counters since creation. Borrowed; lives as long as `be`. */
 const kg_fake_backend_stats_t *kg_fake_backend_stats(const kg_backend_t *be);
 

@@ -1005,6 +1005,59 @@ START_TEST(backend_error) {
 }
 END_TEST
 
+/* A fault the backend pins to one sequence ends that request alone with
+ * KG_FINISH_ERROR; the others keep their tokens. A fault of the step as a
+ * whole ends the step's requests; a device fault stays fatal. */
+START_TEST(backend_fault_scopes) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompts[3][12];
+    for (int i = 0; i < 3; i++) {
+        fill_prompt(prompts[i], 12, 190 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 12, 10);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    env_step(&env);
+    /* request 2 was admitted second: slot 1 */
+    kg_fake_backend_fault_next(env.be, KG_FAULT_SEQ, 1);
+    env_step(&env);
+    ck_assert(env.jobs[2].done);
+    ck_assert_int_eq(env.jobs[2].finish, KG_FINISH_ERROR);
+    ck_assert(!env.jobs[1].done && !env.jobs[3].done);
+    env_run(&env, 100);
+    check_greedy(&env, 1, prompts[0], 12, 10, false);
+    check_greedy(&env, 3, prompts[2], 12, 10, false);
+
+    /* a step fault: every request of that step; a later one runs */
+    for (int i = 0; i < 2; i++) {
+        kg_request_t r = make_req((uint64_t)i + 4, prompts[i], 12, 10);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    kg_fake_backend_fault_next(env.be, KG_FAULT_STEP, -1);
+    env_step(&env);
+    ck_assert_int_eq(env.jobs[4].finish, KG_FINISH_ERROR);
+    ck_assert_int_eq(env.jobs[5].finish, KG_FINISH_ERROR);
+    kg_request_t r = make_req(6, prompts[2], 12, 10);
+    submit_ok(&env, &r);
+    env_run(&env, 100);
+    check_greedy(&env, 6, prompts[2], 12, 10, false);
+
+    /* a device fault is the caller's to handle */
+    r = make_req(7, prompts[0], 12, 10);
+    submit_ok(&env, &r);
+    kg_fake_backend_fault_next(env.be, KG_FAULT_DEVICE, -1);
+    ck_assert_int_eq(kg_engine_step(env.e, env.comps, env.cap), KG_ERR_BACKEND);
+    ck_assert(kg_engine_busy(env.e));
+    env_run(&env, 100);
+    check_greedy(&env, 7, prompts[0], 12, 10, false);
+    ck_assert_str_eq(kg_finish_str(KG_FINISH_ERROR), "error");
+    env_clear(&env);
+}
+END_TEST
+
 START_TEST(stats_add_up) {
     kg_engine_params_t p = base_params();
     p.n_kv_blocks = 14;
@@ -1138,6 +1191,7 @@ static Suite *make_suite(void) {
     tc = tcase_create("invariance");
     tcase_add_test(tc, batch_invariance);
     tcase_add_test(tc, backend_error);
+    tcase_add_test(tc, backend_fault_scopes);
     tcase_add_test(tc, no_alloc_in_step);
     suite_add_tcase(s, tc);
     return s;
