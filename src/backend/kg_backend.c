@@ -29,14 +29,20 @@ kg_backend_t *kg_backend_new(const char *name,
     }
     if (strcmp(name, "cuda") == 0 || strcmp(name, "auto") == 0) {
 #ifdef KG_USE_CUDA
-        if (kg_backend_cuda_available()) {
+        /* auto falls back to the CPU only when there is truly no device; a
+         * device CUDA cannot use is an error either way, with its reason */
+        kg_cuda_probe_t probe;
+        kg_cuda_probe(&probe);
+        if (probe.kind == KG_CUDA_PROBE_OK) {
             return kg_backend_cuda_new(model, params, errstr, errstr_size);
         }
-        if (strcmp(name, "cuda") == 0) {
-            snprintf(errstr, errstr_size, "backend cuda: no CUDA device is available");
+        if (probe.kind == KG_CUDA_PROBE_UNUSABLE || strcmp(name, "cuda") == 0) {
+            snprintf(errstr, errstr_size, "backend %s: %s%s", name, probe.message,
+                     probe.kind == KG_CUDA_PROBE_UNUSABLE ? " (--backend cpu runs on the CPU)"
+                                                          : "");
             return NULL;
         }
-        KG_LOG_WARN("backend", "no CUDA device; using the CPU backend");
+        KG_LOG_WARN("backend", "%s; using the CPU backend", probe.message);
 #else
         if (strcmp(name, "cuda") == 0) {
             snprintf(errstr, errstr_size,

@@ -57,6 +57,11 @@ double kg_rng_uniform(kg_rng_t *rng);
 
 #define KG_MAX_LOGPROBS 20
 
+/* Top-p histogram of both samplers (kg_sampler.c, gpu/sample.cu): buckets
+ * of equal logit width over [l_max - KG_SAMPLER_HIST_RANGE, l_max]. */
+#define KG_SAMPLER_HIST_BUCKETS 1024
+#define KG_SAMPLER_HIST_RANGE   40.0f
+
 typedef struct kg_sample_result {
     int32_t token;
     float logprob; /* log-softmax of the raw logits at `token` */
