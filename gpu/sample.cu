@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(ROW_THREADS) sample_row_kernel(sample_args_t a
         }
         __syncthreads();
         if (best_hit) {
-            sm.counter = 1;
+            atomicMax(&sm.counter, 1); /* an atomic: racecheck sees no write-write race */
         }
         __syncthreads();
         u64 nb = 0;
@@ -802,7 +802,7 @@ __global__ void __launch_bounds__(CHUNK_THREADS) sample_weights_kernel(sample_ar
     for (int o = 16; o > 0; o >>= 1) {
         last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
     }
-    if ((threadIdx.x & 31) == 0) {
+    if (threadIdx.x == 0) {
         sm.i[0] = -1;
     }
     __syncthreads();

@@ -98,6 +98,16 @@ void __syncwarp(unsigned) {
     emu_warp_sync();
 }
 
+void emu_wmma_check(const void *p, unsigned ldm, size_t elem_size, const char *what) {
+    if ((uintptr_t)p % 32 != 0 || (ldm * elem_size) % 16 != 0) {
+        fprintf(stderr,
+                "cuemu: wmma::%s at %p with ldm %u (%zu-byte elements): the pointer must be "
+                "32-byte aligned and ldm a multiple of 16 bytes\n",
+                what, p, ldm, elem_size);
+        abort();
+    }
+}
+
 static float wmma_buf[32][32 * 24];
 void emu_wmma_exchange(const float *mine, int n, float *all) {
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -423,8 +433,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t) {
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
     FAULT("cudaMalloc");
-    // garbage, like real device memory
-    *p = malloc(n);
+    // 256-byte aligned and full of garbage, like real device memory
+    *p = aligned_alloc(256, (n + 255) / 256 * 256);
     if (*p)
         memset(*p, 0xA5, n);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;

@@ -331,6 +331,9 @@ long cuemu_graph_launches(void);
  * accumulator only through a map it loaded, as gpu/attention.cu does).
  * load/store/mma are warp-collective: every lane of the warp must call. */
 void emu_wmma_exchange(const float *mine, int n_per_lane, float *all);
+/* WMMA's rules (CUDA C++ Programming Guide, "Warp Matrix Functions"): the
+ * pointer 256-bit aligned, ldm a multiple of 16 bytes */
+void emu_wmma_check(const void *p, unsigned ldm, size_t elem_size, const char *what);
 namespace nvcuda {
 namespace wmma {
 struct row_major {};
@@ -371,6 +374,7 @@ inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const P *p, uns
     /* matrix_a (M x K) and matrix_b (K x N): Layout says how memory holds it */
     const bool rm = std::is_same<L, row_major>::value;
     const int lane = threadIdx.x & 31;
+    emu_wmma_check(p, ldm, sizeof(P), "load_matrix_sync");
     for (int i = 0; i < 8; i++) {
         const int e = lane * 8 + i;
         f.x[i] = *emu_at(p, ldm, e / 16, e % 16, rm);
@@ -382,6 +386,7 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f,
                              unsigned ldm,
                              layout_t layout) {
     const int lane = threadIdx.x & 31;
+    emu_wmma_check(p, ldm, sizeof(float), "load_matrix_sync");
     for (int i = 0; i < 8; i++) {
         const int e = lane * 8 + i;
         f.x[i] = *emu_at(p, ldm, e / 16, e % 16, layout == mem_row_major);
@@ -393,6 +398,7 @@ inline void store_matrix_sync(float *p,
                               unsigned ldm,
                               layout_t layout) {
     const int lane = threadIdx.x & 31;
+    emu_wmma_check(p, ldm, sizeof(float), "store_matrix_sync");
     emu_warp_sync();
     for (int i = 0; i < 8; i++) {
         const int e = lane * 8 + i;
