@@ -3,22 +3,24 @@
  * DESIGN
  * 16-bit weights (BF16, F16) use tensor cores through WMMA 16x16x16 tiles
  * with F32 accumulators. A block owns a BM x BN tile of Y; its warps own
- * MF x NF fragments each; k advances in BK-wide stages staged through
- * shared memory, double-buffered through registers (the next stage's
- * global loads are in flight while the current one is multiplied). Every
+ * MF x NF fragments each; k advances in BK-wide stages copied into shared
+ * memory with cp.async, several stages in flight while the current one is
+ * multiplied (6 for decode-sized calls, where the weights' bytes in flight
+ * decide the speed; 2 for the big prefill tiles). Every
  * output element is the accumulator chain acc = mma(x[k0:k0+16],
  * w[k0:k0+16], acc) for k0 = 0, 16, 32, ... < n_in, in that order, in every
  * configuration: the configurations only move tiles between warps and
  * blocks, so a row's result does not depend on how many rows the call has.
  * Three configurations: skinny (rows <= 16: decode of small batches; a
- * 16 x 32 tile and 128-deep stages so each block keeps many weight bytes
- * in flight), mid (<= 64 rows) and large (128 x 128 tiles for prefill).
+ * 16 x 32 tile, six 64-deep stages in flight), mid (<= 64 rows) and large
+ * (128 x 128 tiles for prefill).
  * F32 weights (tiny test models) use a SIMT kernel whose every output is one
  * FMA chain over k in order. Nothing is split over k, which costs decode
  * some parallelism at very small output counts; the roofline check in
  * scripts/gpu-check measures what that costs against cuBLAS. */
 #include "gemm.cuh"
 
+#include <cuda_pipeline.h>
 #include <mma.h>
 #include <string.h>
 
@@ -65,34 +67,31 @@ void kg_cuda_blas_clear(kg_cuda_blas_t *blas) {
 
 #define PAD 8 /* halves of padding per shared row: 16 bytes, keeps WMMA's ldm legal */
 
-/* Load 8 consecutive elements [k, k+8) of row r of a (n_rows, K) matrix, zero
- * outside it; vec: K % 8 == 0, so whole 16-byte pieces are in or out. */
-__device__ __forceinline__ uint4
-load8(const uint16_t *__restrict__ m, int32_t r, int32_t n_rows, int32_t k, int32_t K, bool vec) {
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (r >= n_rows) {
-        return v;
-    }
-    const uint16_t *p = m + (int64_t)r * K + k;
+/* Stage 8 consecutive elements [k, k+8) of row r of a (n_rows, K) matrix
+ * into shared memory at dst, zero outside it. vec (K % 8 == 0: whole 16-byte
+ * pieces are in or out): an asynchronous copy (cp.async, zero-filled when
+ * out), so several stages are in flight while the tensor cores work; else
+ * element by element (tiny test shapes). */
+__device__ __forceinline__ void stage8(uint16_t *dst,
+                                       const uint16_t *__restrict__ m,
+                                       int32_t r,
+                                       int32_t n_rows,
+                                       int32_t k,
+                                       int32_t K,
+                                       bool vec) {
+    const bool row_in = r < n_rows;
     if (vec) {
-        if (k < K) {
-            v = __ldg((const uint4 *)p);
-        }
-        return v;
+        const bool in = row_in && k < K;
+        __pipeline_memcpy_async(dst, in ? m + (int64_t)r * K + k : m, 16, in ? 0 : 16);
+        return;
     }
-    uint16_t e[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        e[i] = k + i < K ? p[i] : (uint16_t)0;
+        dst[i] = row_in && k + i < K ? m[(int64_t)r * K + k + i] : (uint16_t)0;
     }
-    v.x = (uint32_t)e[0] | ((uint32_t)e[1] << 16);
-    v.y = (uint32_t)e[2] | ((uint32_t)e[3] << 16);
-    v.z = (uint32_t)e[4] | ((uint32_t)e[5] << 16);
-    v.w = (uint32_t)e[6] | ((uint32_t)e[7] << 16);
-    return v;
 }
 
-template <class T, int WM, int WN, int MF, int NF, int BK>
+template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES>
 __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *__restrict__ w,
                                                                const uint16_t *__restrict__ x,
                                                                float *__restrict__ y,
@@ -101,9 +100,8 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
                                                                int32_t K) {
     constexpr int BM = 16 * MF * WM, BN = 16 * NF * WN, NT = WM * WN * 32, LD = BK + PAD;
     constexpr int VA = BM * BK / 8, VB = BN * BK / 8; /* 16-byte pieces per stage */
-    constexpr int RA = (VA + NT - 1) / NT, RB = (VB + NT - 1) / NT;
-    __shared__ __align__(32) uint16_t sa[2][BM][LD];
-    __shared__ __align__(32) uint16_t sb[2][BN][LD];
+    __shared__ __align__(32) uint16_t sa[STAGES][BM][LD];
+    __shared__ __align__(32) uint16_t sb[STAGES][BN][LD];
 
     const int tid = threadIdx.x, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
@@ -119,50 +117,35 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
             wmma::fill_fragment(acc[i][j], 0.0f);
         }
     }
-    uint4 ra[RA], rb[RB];
-    /* stage s into the registers */
-    auto fetch = [&](int32_t s) {
+    /* stage s of X and W into buffer buf */
+    auto issue = [&](int32_t s, int buf) {
         const int32_t k0 = s * BK;
-#pragma unroll
-        for (int i = 0; i < RA; i++) {
-            const int v = tid + i * NT;
-            if (v < VA) {
-                ra[i] = load8(x, m0 + v / (BK / 8), M, k0 + (v % (BK / 8)) * 8, K, vec);
-            }
+        for (int v = tid; v < VA; v += NT) {
+            const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
+            stage8(&sa[buf][r][c], x, m0 + r, M, k0 + c, K, vec);
         }
-#pragma unroll
-        for (int i = 0; i < RB; i++) {
-            const int v = tid + i * NT;
-            if (v < VB) {
-                rb[i] = load8(w, n0 + v / (BK / 8), N, k0 + (v % (BK / 8)) * 8, K, vec);
-            }
-        }
-    };
-    auto put = [&](int buf) {
-#pragma unroll
-        for (int i = 0; i < RA; i++) {
-            const int v = tid + i * NT;
-            if (v < VA) {
-                *(uint4 *)&sa[buf][v / (BK / 8)][(v % (BK / 8)) * 8] = ra[i];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < RB; i++) {
-            const int v = tid + i * NT;
-            if (v < VB) {
-                *(uint4 *)&sb[buf][v / (BK / 8)][(v % (BK / 8)) * 8] = rb[i];
-            }
+        for (int v = tid; v < VB; v += NT) {
+            const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
+            stage8(&sb[buf][r][c], w, n0 + r, N, k0 + c, K, vec);
         }
     };
 
-    fetch(0);
-    put(0);
-    __syncthreads();
-    for (int32_t s = 0; s < n_stages; s++) {
-        const int buf = s & 1;
-        if (s + 1 < n_stages) {
-            fetch(s + 1); /* in flight while this stage multiplies */
+    /* STAGES - 1 stages in flight before the first multiply; a commit per
+     * stage slot, empty or not, keeps wait_prior's count right */
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < n_stages) {
+            issue(s, s);
         }
+        __pipeline_commit();
+    }
+    for (int32_t s = 0; s < n_stages; s++) {
+        const int buf = s % STAGES;
+        __pipeline_wait_prior(STAGES - 2); /* stage s has landed (this thread's part) */
+        __syncthreads();                   /* ... everybody's; buffer s - 1 is free */
+        if (s + STAGES - 1 < n_stages) {
+            issue(s + STAGES - 1, (s + STAGES - 1) % STAGES);
+        }
+        __pipeline_commit();
         /* the same k steps in every configuration: k0 + kk < K, ascending */
         const int kk_end = min(BK, K - s * BK);
         for (int kk = 0; kk < kk_end; kk += 16) {
@@ -182,11 +165,9 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
                 }
             }
         }
-        if (s + 1 < n_stages) {
-            put(buf ^ 1); /* nobody reads that buffer since the last barrier */
-        }
-        __syncthreads();
     }
+    __pipeline_wait_prior(0);
+    __syncthreads(); /* shared memory is free for the edge patches */
 
     /* Y: straight from the fragments where a whole 16 x 16 piece is inside
      * and aligned; the edges through a per-warp patch of shared memory
@@ -216,29 +197,32 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
     }
 }
 
-template <class T, int WM, int WN, int MF, int NF, int BK>
+template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES>
 static kg_status_t
 launch_mma(cudaStream_t stream, const kg_cuda_mat_t *w, const void *x, float *y, int32_t rows) {
     constexpr int BM = 16 * MF * WM, BN = 16 * NF * WN;
     /* the patch for the edges lives in stage 0 of sa */
     static_assert(BM * (BK + PAD) >= WM * WN * 256 * 2, "edge patch does not fit");
     const dim3 grid((unsigned)((w->n_out + BN - 1) / BN), (unsigned)((rows + BM - 1) / BM));
-    mma_gemm_kernel<T, WM, WN, MF, NF, BK><<<grid, WM * WN * 32, 0, stream>>>(
+    mma_gemm_kernel<T, WM, WN, MF, NF, BK, STAGES><<<grid, WM * WN * 32, 0, stream>>>(
         (const uint16_t *)w->data, (const uint16_t *)x, y, rows, w->n_out, w->n_in);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
 
+/* Configurations (all under 48 KiB of shared memory): decode wants many
+ * weight bytes in flight per block (6 stages of 64 k), prefill wants big
+ * tiles (128 x 128, double-buffered). */
 template <class T>
 static kg_status_t
 gemm_16(cudaStream_t stream, const kg_cuda_mat_t *w, const void *x, float *y, int32_t rows) {
     if (rows <= 16) {
-        return launch_mma<T, 1, 2, 1, 1, 128>(stream, w, x, y, rows); /* 16 x 32, 2 warps */
+        return launch_mma<T, 1, 2, 1, 1, 64, 6>(stream, w, x, y, rows); /* 16 x 32, 2 warps */
     }
     if (rows <= 64) {
-        return launch_mma<T, 2, 2, 2, 1, 64>(stream, w, x, y, rows); /* 64 x 32, 4 warps */
+        return launch_mma<T, 2, 2, 2, 1, 64, 3>(stream, w, x, y, rows); /* 64 x 32, 4 warps */
     }
-    return launch_mma<T, 2, 4, 4, 2, 32>(stream, w, x, y, rows); /* 128 x 128, 8 warps */
+    return launch_mma<T, 2, 4, 4, 2, 32, 2>(stream, w, x, y, rows); /* 128 x 128, 8 warps */
 }
 
 // ---- F32 weights: SIMT, one FMA chain per output ----

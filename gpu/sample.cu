@@ -53,8 +53,8 @@
 #define FILTER_THREADS 128 /* 4 warps: one mass histogram each */
 #define SORT_N         2048
 #define WALK_N         1024
-#define ITEMS          4  /* ids per thread per tile of an id-order walk */
-#define LOCAL_K        64 /* top-k up to this goes through per-chunk candidates */
+#define ITEMS          4   /* ids per thread per tile of an id-order walk */
+#define LOCAL_K        128 /* top-k up to this goes through per-chunk candidates */
 #define HIST_B         KG_SAMPLER_HIST_BUCKETS
 #define HIST_R         KG_SAMPLER_HIST_RANGE
 #define FIXED_ONE      17592186044416.0 /* 2^44: mass in fixed point; 2^17 tokens stay < 2^63 */
@@ -741,11 +741,39 @@ __global__ void __launch_bounds__(ROW_THREADS) sample_cut_kernel(sample_args_t a
                        ? make_key(l[i], i)
                        : (u64)0;
         };
-        u64 bound = NO_BOUND;
+        /* one pass collects the edge bucket (a few hundred tokens as a rule);
+         * only when it holds more than SORT_N do radix selects cut it into
+         * sorted runs */
+        u64 bound = NO_BOUND, t = 1;
+        if (tid == 0) {
+            sm.counter = 0;
+        }
+        __syncthreads();
+        for (int32_t i = tid; i < n; i += blockDim.x) {
+            const u64 k = key_of(i);
+            if (k != 0) {
+                const int32_t slot = atomicAdd(&sm.counter, 1);
+                if (slot < SORT_N) {
+                    sm.keys[slot] = k;
+                }
+            }
+        }
+        __syncthreads();
+        const bool fits = sm.counter <= SORT_N;
         floor = 0;
         for (;;) {
-            const u64 t = radix_select(key_of, n, bound, SORT_N, &sm.rad);
-            const int32_t cnt = gather_sorted(key_of, n, bound, t, sm.keys, SORT_N, &sm.counter);
+            int32_t cnt;
+            if (fits) {
+                cnt = sm.counter;
+                for (int32_t i = cnt + tid; i < SORT_N; i += blockDim.x) {
+                    sm.keys[i] = 0;
+                }
+                __syncthreads();
+                bitonic_desc(sm.keys, SORT_N);
+            } else {
+                t = radix_select(key_of, n, bound, SORT_N, &sm.rad);
+                cnt = gather_sorted(key_of, n, bound, t, sm.keys, SORT_N, &sm.counter);
+            }
             if (cnt == 0) {
                 break;
             }
@@ -767,7 +795,7 @@ __global__ void __launch_bounds__(ROW_THREADS) sample_cut_kernel(sample_args_t a
             cum = sm.red.u[2];
             floor = sm.keys[at >= 0 ? at : cnt - 1];
             __syncthreads();
-            if (at >= 0 || cnt < SORT_N) {
+            if (fits || at >= 0 || cnt < SORT_N) {
                 break;
             }
             bound = floor;

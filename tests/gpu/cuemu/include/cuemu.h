@@ -305,6 +305,16 @@ inline int max(int a, int b) {
     return a > b ? a : b;
 }
 
+// ---- cp.async (cuda_pipeline.h): copies happen at once ----
+inline void __pipeline_memcpy_async(void *dst, const void *src, size_t size, size_t zfill = 0) {
+    memcpy(dst, src, size - zfill);
+    memset((char *)dst + (size - zfill), 0, zfill);
+}
+inline void __pipeline_commit(void) {
+}
+inline void __pipeline_wait_prior(size_t) {
+}
+
 // ---- failing calls, for tests ----
 extern "C" {
 /** The nth call from now (1 = the next) of `api` fails with `err`: a runtime
