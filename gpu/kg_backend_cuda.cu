@@ -17,7 +17,9 @@
  * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim).
  *
  * Step. All buffers are allocated at start for max_batch_tokens tokens
- * (logits for at most out_cap rows at a time); a step makes no allocation.
+ * (logits for at most out_cap rows at a time), the input buffer sized again
+ * once at the first step, when the engine's block-table shape is known; a
+ * step makes no allocation after that.
  * The host packs the step's tokens, positions, output rows, attention tiles
  * and the block tables of the step's sequences (compacted: each sequence's
  * blocks up to its last position) into one pinned buffer, sent with one
@@ -449,6 +451,21 @@ static int bucket_for(const cuda_ctx_t *ctx, int32_t rows) {
     return -1;
 }
 
+/* The step's input buffers for table_cap block-table entries. */
+static kg_status_t alloc_inputs(cuda_ctx_t *ctx) {
+    cudaFreeHost(ctx->h_in);
+    cudaFree(ctx->d_in);
+    ctx->h_in = NULL;
+    ctx->d_in = NULL;
+    ctx->scratch_size -= ctx->in_cap * sizeof(int32_t);
+    ctx->in_cap = 4 + KG_CUDA_INPUT_ARRAYS * (size_t)ctx->max_tokens + (size_t)ctx->table_cap;
+    ctx->scratch_size += ctx->in_cap * sizeof(int32_t);
+    KG_CUDA_CHECK(cudaMallocHost((void **)&ctx->h_in, ctx->in_cap * sizeof(int32_t)));
+    KG_CUDA_CHECK(cudaMalloc((void **)&ctx->d_in, ctx->in_cap * sizeof(int32_t)));
+    KG_CUDA_CHECK(cudaMemset(ctx->d_in, 0, ctx->in_cap * sizeof(int32_t)));
+    return KG_OK;
+}
+
 static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     const kg_hparams_t *hp = &ctx->hp;
     const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
@@ -485,11 +502,7 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(dev_alloc(ctx, &ctx->xo, T * E * es_head));
 
     /* step inputs: header (4), the per-token arrays (T each), table */
-    ctx->in_cap = 4 + KG_CUDA_INPUT_ARRAYS * T + (size_t)ctx->table_cap;
-    KG_CUDA_CHECK(cudaMallocHost((void **)&ctx->h_in, ctx->in_cap * sizeof(int32_t)));
-    KG_CUDA_CHECK(cudaMalloc((void **)&ctx->d_in, ctx->in_cap * sizeof(int32_t)));
-    KG_CUDA_CHECK(cudaMemset(ctx->d_in, 0, ctx->in_cap * sizeof(int32_t)));
-    ctx->scratch_size += ctx->in_cap * sizeof(int32_t);
+    KG_TRY(alloc_inputs(ctx));
     KG_CUDA_CHECK(cudaEventCreateWithFlags(&ctx->ev_in, cudaEventDisableTiming));
 
     ctx->hash_cap = 1;
@@ -534,7 +547,7 @@ static int32_t hash_slot(const cuda_ctx_t *ctx, int32_t seq) {
 /* The attention cut, fixed at the first step: the context size is the
  * engine's (max_blocks_per_seq blocks), so every later step splits
  * positions the same way (batch invariance, and valid graphs). */
-static void fix_attention(cuda_ctx_t *ctx, const kg_step_batch_t *batch) {
+static kg_status_t fix_attention(cuda_ctx_t *ctx, const kg_step_batch_t *batch) {
     int64_t ctx_len = (int64_t)batch->max_blocks_per_seq * ctx->block_size;
     ctx_len = ctx_len > 0 ? ctx_len : DEFAULT_MAX_CTX;
     ctx_len = ctx_len < (int64_t)ctx->n_kv_blocks * ctx->block_size
@@ -551,6 +564,17 @@ static void fix_attention(cuda_ctx_t *ctx, const kg_step_batch_t *batch) {
     ctx->plan.max_splits = (ctx->max_ctx + ctx->plan.split_len - 1) / ctx->plan.split_len;
     KG_LOG_DEBUG("cuda", "attention context=%d split_len=%d max_splits=%d", ctx->max_ctx,
                  ctx->plan.split_len, ctx->plan.max_splits);
+    /* A step's compacted block tables hold at most min(tokens, slots)
+     * sequences' tables of max_blocks_per_seq entries (shared prefix blocks
+     * appear in every table that holds them): size the inputs for that now
+     * that the engine's shape is known, once, before any graph holds them. */
+    const int64_t seqs = batch->n_slots < ctx->max_tokens ? batch->n_slots : ctx->max_tokens;
+    const int64_t need = seqs * (int64_t)batch->max_blocks_per_seq;
+    if (need > ctx->table_cap && need <= (1 << 28)) {
+        ctx->table_cap = (int32_t)need;
+        KG_TRY(alloc_inputs(ctx));
+    }
+    return KG_OK;
 }
 
 /* Check the batch and pack it for `cap` slots into h_in; *n_ints gets the
@@ -898,8 +922,8 @@ static kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         return fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
                      "step of %d tokens and %d outputs (max %d tokens)", T, n_out, ctx->max_tokens);
     }
-    if (ctx->max_ctx == 0) {
-        fix_attention(ctx, batch);
+    if (ctx->max_ctx == 0 && fix_attention(ctx, batch) != KG_OK) {
+        return mark_dead(ctx, "sizing the step inputs");
     }
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
         cudaEventSynchronize(ctx->ev_in) != cudaSuccess) {

@@ -919,6 +919,68 @@ START_TEST(step_head_in_chunks) {
 }
 END_TEST
 
+/* Many sequences whose tables share a long prefix (a common system prompt):
+ * the step's compacted block tables (600 x 128 entries) outgrow the first
+ * sizing of the input buffer, which the first step sizes for the engine's
+ * table shape; the step runs, with the same logits as a short batch. */
+START_TEST(step_many_shared_tables) {
+    kg_test_model_opts_t o = {.n_embd = 32,
+                              .n_layer = 1,
+                              .n_head = 2,
+                              .n_head_kv = 1,
+                              .n_ff = 32,
+                              .type = "f16",
+                              .seed = 23};
+    kg_model_t *m = load(kg_test_make_model(&o));
+    const int V = m->hp.n_vocab, S = 600, MB = 128;
+    char err[512] = "";
+    kg_backend_params_t p = {
+        .n_threads = 1, .n_kv_blocks = MB - 1 + S, .kv_block_size = 4, .max_batch_tokens = 1024};
+    kg_backend_t *gpu = kg_backend_cuda_new(m, &p, err, sizeof(err));
+    ck_assert_msg(gpu != NULL, "%s", err);
+    int32_t *table = malloc((size_t)S * MB * sizeof(int32_t));
+    int32_t *tok = malloc(1024 * 4), *pos = malloc(1024 * 4), *seq = malloc(1024 * 4);
+    bool *want = malloc(1024);
+    float *lg = malloc((size_t)S * V * 4), *l1 = malloc((size_t)V * 4);
+    for (int i = 0; i < S * MB; i++) {
+        /* blocks 0..126 shared by every sequence (positions 0..507); each its
+         * own block for positions 508.. */
+        table[i] = i % MB < MB - 1 ? i % MB : MB - 1 + i / MB;
+    }
+    /* the shared prefix: 508 positions of slot 0, in one step */
+    for (int t = 0; t < 508; t++) {
+        tok[t] = (t * 7 + 3) % V, pos[t] = t, seq[t] = 0, want[t] = false;
+    }
+    want[507] = true;
+    kg_step_batch_t b = {.n_tokens = 508,
+                         .token = tok,
+                         .pos = pos,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_outputs = 1,
+                         .n_slots = S,
+                         .max_blocks_per_seq = MB,
+                         .block_table = table};
+    ck_assert_int_eq(kg_backend_forward(gpu, &b, l1), KG_OK);
+    /* 600 sequences at position 508, reading the shared blocks */
+    for (int t = 0; t < S; t++) {
+        tok[t] = 11, pos[t] = 508, seq[t] = t, want[t] = true;
+    }
+    b.n_tokens = S;
+    b.n_outputs = S;
+    ck_assert_int_eq(kg_backend_forward(gpu, &b, lg), KG_OK);
+    b.n_tokens = 1;
+    b.n_outputs = 1;
+    ck_assert_int_eq(kg_backend_forward(gpu, &b, l1), KG_OK);
+    for (int t = 0; t < S; t += 97) {
+        ck_assert_int_eq(memcmp(lg + (size_t)t * V, l1, (size_t)V * 4), 0);
+    }
+    free(table), free(tok), free(pos), free(seq), free(want), free(lg), free(l1);
+    kg_backend_free(gpu);
+    kg_model_free(m);
+}
+END_TEST
+
 /* Greedy generation on stories260K, token by token on both backends: the
  * device (forward without host logits + device sampler) picks the same ids
  * as the CPU (host logits + argmax). */
@@ -1471,6 +1533,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, step_f32);
     tcase_add_test(tc, step_bf16_tied_wide_heads);
     tcase_add_test(tc, step_q8_0);
+    tcase_add_test(tc, step_many_shared_tables);
     tcase_add_test(tc, stories260k_greedy_vs_cpu);
     suite_add_tcase(s, tc);
     tc = tcase_create("engine");
