@@ -67,6 +67,7 @@ struct kg_engine {
     bool device_sample;        /* the backend samples on its device: logits stay there */
     kg_sample_request_t *sreq; /* (max_batch_size) device sampling requests */
     kg_sample_result_t *sres;  /* (max_batch_size) their results */
+    kg_rng_t *rng_save;        /* (max_batch_size) the rows' RNG states before sampling */
     kg_completion_t *done;     /* (n_recs) finishes and tokens to report */
     int32_t n_done;
 
@@ -171,9 +172,10 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->device_sample = kg_backend_has_sample(be);
     e->sreq = malloc(nb * sizeof(*e->sreq));
     e->sres = malloc(nb * sizeof(*e->sres));
-    if (!e->sreq || !e->sres || !e->scratch || !e->recs || !e->arena || !e->free_recs || !e->wait ||
-        !e->run || !e->free_slots || !e->b_token || !e->b_pos || !e->b_seq || !e->b_want ||
-        !e->b_row_rec || !e->b_in_step || !e->logits || !e->done) {
+    e->rng_save = malloc(nb * sizeof(*e->rng_save));
+    if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
+        !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
+        !e->b_seq || !e->b_want || !e->b_row_rec || !e->b_in_step || !e->logits || !e->done) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
@@ -218,6 +220,7 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->logits);
     free(e->sreq);
     free(e->sres);
+    free(e->rng_save);
     free(e->done);
     free(e);
 }
@@ -648,8 +651,15 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
                                                  .n_prompt = seq->n_prompt,
                                                  .output = seq->tokens + seq->n_prompt,
                                                  .n_output = seq->n_tokens - seq->n_prompt};
+            e->rng_save[row] = seq->rng;
         }
         st = kg_backend_sample(e->be, e->sreq, n_rows, e->sres);
+        if (st != KG_OK) {
+            /* the rows that were drawn draw the same again when the step reruns */
+            for (int32_t row = 0; row < n_rows; row++) {
+                e->recs[e->b_row_rec[row]].rng = e->rng_save[row];
+            }
+        }
     }
     if (st != KG_OK) {
         /* Nothing advanced; the next step schedules the same work again. */

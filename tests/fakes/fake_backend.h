@@ -30,6 +30,7 @@ typedef struct kg_fake_backend_params {
     uint64_t salt;      /* changes the logits function */
     int32_t eog_token;  /* with eog_at_len > 0: this token wins once the history... */
     int32_t eog_at_len; /* ...has at least this many tokens; 0: off */
+    bool device_sample; /* keep logits "on the device" and sample them (kg_backend_sample) */
 } kg_fake_backend_params_t;
 
 #define KG_FAKE_MAX_STEPS 8192
@@ -57,6 +58,11 @@ void kg_fake_backend_fail_next(kg_backend_t *be, int32_t n);
  * one at all (STEP, DEVICE), fails as a backend would: KG_ERR_INVALID with
  * that fault for SEQ and STEP, KG_ERR_BACKEND for DEVICE, writing nothing. */
 void kg_fake_backend_fault_next(kg_backend_t *be, kg_fault_scope_t scope, int32_t seq);
+
+/** With device_sample: the next kg_backend_sample call draws every row (as
+ * a device sampler does, advancing each row's RNG) and then fails with
+ * KG_ERR_INVALID and a KG_FAULT_SEQ fault naming output row `row`. */
+void kg_fake_backend_fail_sample_row(kg_backend_t *be, int32_t row);
 
 /** Counters since creation. Borrowed; lives as long as `be`. */
 const kg_fake_backend_stats_t *kg_fake_backend_stats(const kg_backend_t *be);

@@ -105,7 +105,8 @@ static kg_engine_params_t base_params(void) {
 
 /* eog_at_len: history length from which the fake makes EOG win (0: never
  * on purpose; EOG is then suppressed so that lengths are exact). */
-static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len) {
+static void
+env_init_with(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len, bool device_sample) {
     memset(env, 0, sizeof(*env));
     env->ep = *ep;
     env->fp = (kg_fake_backend_params_t){.n_vocab = ep->n_vocab,
@@ -115,7 +116,8 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
                                          .n_slots = ep->max_batch_size,
                                          .salt = 1,
                                          .eog_token = EOG,
-                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30)};
+                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30),
+                                         .device_sample = device_sample};
     env->be = kg_fake_backend_new(&env->fp);
     ck_assert_ptr_nonnull(env->be);
     char err[256] = "";
@@ -129,6 +131,10 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
     for (int i = 0; i < MAX_JOBS; i++) {
         env->jobs[i].first_step = -1;
     }
+}
+
+static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len) {
+    env_init_with(env, ep, eog_at_len, false);
 }
 
 static void env_clear(env_t *env) {
@@ -1058,6 +1064,44 @@ START_TEST(backend_fault_scopes) {
 }
 END_TEST
 
+/* A sampling failure on one row of a device sampler (which drew every
+ * row before it failed) ends that request alone; the others draw the same
+ * numbers again when the step reruns, so their seeded tokens are what they
+ * would have been without the failure. */
+START_TEST(sample_row_fault_keeps_rng) {
+    kg_engine_params_t p = base_params();
+    env_t a, b;
+    int32_t prompts[3][10];
+    for (int i = 0; i < 3; i++) {
+        fill_prompt(prompts[i], 10, 290 + (uint64_t)i);
+    }
+    for (int k = 0; k < 2; k++) {
+        env_t *env = k == 0 ? &a : &b;
+        env_init_with(env, &p, 0, true);
+        for (int i = 0; i < 3; i++) {
+            kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 10, 12);
+            r.sampling.temperature = 1.0f;
+            r.sampling.seed = 500 + (uint64_t)i;
+            submit_ok(env, &r);
+        }
+        env_step(env);
+        env_step(env);
+        if (k == 1) {
+            kg_fake_backend_fail_sample_row(env->be, 1); /* request 2's row */
+        }
+        env_run(env, 100);
+    }
+    ck_assert_int_eq(b.jobs[2].finish, KG_FINISH_ERROR);
+    ck_assert_int_eq(a.jobs[2].finish, KG_FINISH_LENGTH);
+    for (uint64_t id = 1; id <= 3; id += 2) {
+        ck_assert_int_eq(b.jobs[id].n, 12);
+        ck_assert_mem_eq(b.jobs[id].tok, a.jobs[id].tok, 12 * sizeof(int32_t));
+    }
+    env_clear(&a);
+    env_clear(&b);
+}
+END_TEST
+
 START_TEST(stats_add_up) {
     kg_engine_params_t p = base_params();
     p.n_kv_blocks = 14;
@@ -1192,6 +1236,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, batch_invariance);
     tcase_add_test(tc, backend_error);
     tcase_add_test(tc, backend_fault_scopes);
+    tcase_add_test(tc, sample_row_fault_keeps_rng);
     tcase_add_test(tc, no_alloc_in_step);
     suite_add_tcase(s, tc);
     return s;
