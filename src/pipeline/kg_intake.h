@@ -6,7 +6,9 @@
  * template; prompt_tokens are checked against the vocabulary; the prompt
  * must fit the context and max_prompt_tokens; max_tokens must not exceed
  * the limit (it is clamped to the room left in the context, as llama.cpp's
- * server does); a job whose deadline has passed is not run. */
+ * server does); a job whose deadline has passed is not run; a job whose
+ * metadata alone is larger than an event may be can never be answered with
+ * it, so it is refused (invalid_job) rather than run. */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -21,6 +23,7 @@ typedef struct kg_intake_limits {
     int32_t max_seq_len;       /* prompt + output per sequence */
     int32_t max_prompt_tokens; /* 0 = max_seq_len - 1 */
     int32_t max_tokens_limit;  /* jobs asking more get max_tokens_too_large */
+    size_t max_event_bytes;    /* bytes one event may have (kg_events); 0 = no limit */
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {
