@@ -275,7 +275,7 @@ static bool env_open(bench_env_t *env,
     if (!env->engine) {
         return false;
     }
-    env->comps_cap = 2 * (ep->max_batch_size + ep->max_queue_depth) + 16;
+    env->comps_cap = kg_engine_max_completions(env->engine);
     env->comps = malloc((size_t)env->comps_cap * sizeof(*env->comps));
     if (!env->comps) {
         snprintf(err, err_size, "out of memory");

@@ -21,7 +21,8 @@ typedef struct entry {
 } entry_t;
 
 struct kg_grammar_cache {
-    kg_gvocab_t *vocab;
+    kg_gvocab_t *vocab;        /* NULL until the first miss when built from tok */
+    const kg_tokenizer_t *tok; /* borrowed */
     size_t budget;
     entry_t *e;
     int32_t n, cap;
@@ -44,6 +45,16 @@ kg_grammar_cache_t *kg_grammar_cache_new(kg_gvocab_t *vocab, size_t budget) {
         return NULL;
     }
     c->vocab = kg_gvocab_ref(vocab);
+    c->budget = budget;
+    return c;
+}
+
+kg_grammar_cache_t *kg_grammar_cache_new_for(const kg_tokenizer_t *tok, size_t budget) {
+    kg_grammar_cache_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        return NULL;
+    }
+    c->tok = tok;
     c->budget = budget;
     return c;
 }
@@ -118,6 +129,12 @@ kg_grammar_t *kg_grammar_cache_get_with(kg_grammar_cache_t *c,
     atomic_fetch_add(&c->misses, 1);
     int64_t t0 = kg_clock_us();
     kg_grammar_t *g = NULL;
+    if (!c->vocab) {
+        c->vocab = kg_gvocab_new(c->tok, errstr, errstr_size);
+        if (!c->vocab) {
+            return NULL; /* not cached: memory, not the constraint's fault */
+        }
+    }
     kg_gir_t *ir = kg_constraint_build(k, json, json_ctx, errstr, errstr_size);
     if (ir) {
         g = kg_grammar_compile(ir, c->vocab, errstr, errstr_size);

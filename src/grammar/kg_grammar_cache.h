@@ -31,6 +31,10 @@ typedef struct kg_grammar_cache_stats {
 /** A cache for `vocab` (a reference is taken) holding up to `budget`
  * bytes. NULL on OOM. */
 kg_grammar_cache_t *kg_grammar_cache_new(kg_gvocab_t *vocab, size_t budget);
+/** A cache for the vocabulary of `tok` (borrowed; it must outlive the
+ * cache), whose token trie is built on the first miss, so a worker that
+ * never sees a constrained job never pays for it. */
+kg_grammar_cache_t *kg_grammar_cache_new_for(const kg_tokenizer_t *tok, size_t budget);
 void kg_grammar_cache_free(kg_grammar_cache_t *c);
 
 /** The compiled grammar of `k` (a new reference: the caller unrefs it),
@@ -52,5 +56,5 @@ kg_grammar_t *kg_grammar_cache_get(kg_grammar_cache_t *c,
                                    size_t errstr_size);
 
 void kg_grammar_cache_stats(const kg_grammar_cache_t *c, kg_grammar_cache_stats_t *out);
-/** The vocabulary the cache compiles for (borrowed). */
+/** The vocabulary the cache compiles for (borrowed; NULL until built). */
 kg_gvocab_t *kg_grammar_cache_vocab(const kg_grammar_cache_t *c);

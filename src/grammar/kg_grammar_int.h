@@ -8,11 +8,12 @@
 #include <stdatomic.h>
 
 /* State flags. */
-#define GS_ACCEPT    1u /* the state's unit may end (return, or end the grammar for the root) */
-#define GS_CALLS     2u /* the state calls units */
-#define GS_BYTES     4u /* some byte leads on */
-#define GS_ESCAPABLE 8u /* ACCEPT and returning may continue in a caller (not a final root state)  \
-                         */
+#define GS_ACCEPT 1u /* the state's unit may end (return, or end the grammar for the root) */
+#define GS_CALLS  2u /* the state calls units */
+#define GS_BYTES  4u /* some byte leads on */
+#define GS_ESCAPABLE                                                                               \
+    8u /* ACCEPT and returning may continue in a caller (not a final root state)                   \
+        */
 
 typedef struct kg_gcall {
     int32_t unit; /* the callee */

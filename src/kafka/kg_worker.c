@@ -64,6 +64,7 @@ struct kg_worker {
     rd_kafka_t *consumer, *producer;
     kg_offsets_t *offsets;
     kg_intake_limits_t limits;
+    kg_grammar_cache_t *grammars; /* compiled constraints, owned */
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
     size_t max_produce_bytes; /* payload bytes one produced message may carry */
@@ -420,7 +421,8 @@ static void submit_pending(kg_worker_t *w) {
                             .max_tokens = r->prep.max_tokens,
                             .priority = r->job->priority,
                             .ignore_eos = r->job->ignore_eos,
-                            .sampling = r->job->sampling};
+                            .sampling = r->job->sampling,
+                            .grammar = r->prep.grammar};
         if (r->job->deadline_ms > 0) {
             req.deadline_us = kg_clock_us() + (r->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
         }
@@ -856,6 +858,13 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->limits.max_seq_len = ep.max_seq_len;
     w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
+    /* constrained jobs compile here, on the kafka thread, once per schema */
+    w->grammars = kg_grammar_cache_new_for(model->tok, KG_GRAMMAR_CACHE_DEFAULT_BYTES);
+    if (!w->grammars) {
+        snprintf(errstr, errstr_size, "out of memory for the grammar cache");
+        goto fail;
+    }
+    w->limits.grammars = w->grammars;
 
     w->be = kg_backend_new(cfg->backend, model, &bp, errstr, errstr_size);
     if (!w->be) {
@@ -1039,7 +1048,12 @@ void kg_worker_free(kg_worker_t *w) {
     free(w->table);
     kg_engine_free(w->engine);
     kg_backend_free(w->be);
+    kg_grammar_cache_free(w->grammars);
     free(w);
+}
+
+const kg_grammar_cache_t *kg_worker_grammar_cache(const kg_worker_t *w) {
+    return w->grammars;
 }
 
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {

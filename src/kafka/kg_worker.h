@@ -69,5 +69,7 @@ void kg_worker_free(kg_worker_t *w);
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w);
 /** Engine gauges (kg_runner_gauges_t) for metrics. */
 const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w);
+/** The grammar cache (its stats are atomics, readable from any thread). */
+const struct kg_grammar_cache *kg_worker_grammar_cache(const kg_worker_t *w);
 /** Per-partition lag: fills up to `max` (partition, lag) pairs; returns count. */
 int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max);

@@ -123,7 +123,7 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
     ck_assert_msg(env->e != NULL, "kg_engine_new: %s", err);
     kg_engine_set_clock(env->e, fake_clock, &env->now_us);
     env->now_us = 1000000;
-    env->cap = ep->max_batch_size + ep->max_queue_depth;
+    env->cap = kg_engine_max_completions(env->e);
     env->comps = calloc((size_t)env->cap, sizeof(*env->comps));
     env->jobs = calloc(MAX_JOBS, sizeof(*env->jobs));
     for (int i = 0; i < MAX_JOBS; i++) {
