@@ -50,6 +50,7 @@
 #include "embed.cuh"
 #include "gemm.cuh"
 #include "kg_backend_cuda.h"
+#include "mask.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
@@ -123,6 +124,7 @@ typedef struct cuda_ctx {
     int32_t last_n_outputs;
     kg_cuda_sampler_t sampler;
     bool sampler_ready;
+    kg_cuda_mask_t mask; /* constrained decoding: token masks applied before sampling */
 
     size_t weights_size, kv_size, scratch_size;
 } cuda_ctx_t;
@@ -420,6 +422,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
 
     KG_TRY(kg_cuda_sampler_init(&ctx->sampler, hp->n_vocab, ctx->out_cap));
     ctx->sampler_ready = true;
+    KG_TRY(kg_cuda_mask_init(&ctx->mask, hp->n_vocab, ctx->out_cap));
+    ctx->scratch_size += kg_cuda_mask_device_size(&ctx->mask);
     ctx->scratch_size += kg_cuda_sampler_device_size(&ctx->sampler);
     return KG_OK;
 }
@@ -689,7 +693,10 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
     if (n == 0) {
         return KG_OK;
     }
+    /* constrained rows: their masks first (mask.cu), then the usual sampler */
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
+        kg_cuda_mask_apply(&ctx->mask, ctx->stream, ctx->logits, ctx->sampler.n_vocab, reqs, n) !=
+            KG_OK ||
         kg_cuda_sampler_run(&ctx->sampler, ctx->stream, ctx->logits, reqs, n, out) != KG_OK) {
         return mark_dead(ctx);
     }
@@ -749,6 +756,7 @@ static void cuda_free(kg_backend_t *be) {
         }
         if (ctx->sampler_ready) {
             kg_cuda_sampler_clear(&ctx->sampler);
+            kg_cuda_mask_clear(&ctx->mask);
         }
         kg_cuda_blas_clear(&ctx->blas);
         if (ctx->stream) {
