@@ -52,6 +52,7 @@ typedef struct bench_opts {
     kg_constraint_kind_t constraint; /* constrained mode: NONE, JSON_SCHEMA, GRAMMAR or REGEX */
     const char *constraint_arg;      /* the file (schema, grammar) or the regex */
     int64_t reps;                    /* constrained mode: alternating runs per B */
+    bool no_jump_forward;            /* constrained mode: sample forced tokens too */
 } bench_opts_t;
 
 typedef struct bench_row {
@@ -80,6 +81,7 @@ static void usage(FILE *f) {
                "  --grammar FILE            ... under this GBNF grammar\n"
                "  --regex RE                ... under this regular expression\n"
                "  --reps N                  constrained mode: alternating runs per B (default 3)\n"
+               "  --no-jump-forward         constrained mode: sample forced tokens too\n"
                "  --version, --help\n");
 }
 
@@ -124,7 +126,8 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
         O_SCHEMA,
         O_GRAMMAR,
         O_REGEX,
-        O_REPS
+        O_REPS,
+        O_NOJF
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"npp", required_argument, 0, O_NPP},
@@ -143,6 +146,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
                                          {"grammar", required_argument, 0, O_GRAMMAR},
                                          {"regex", required_argument, 0, O_REGEX},
                                          {"reps", required_argument, 0, O_REPS},
+                                         {"no-jump-forward", no_argument, 0, O_NOJF},
                                          {"version", no_argument, 0, O_VERSION},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -203,6 +207,9 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
             break;
         case O_REPS:
             ok = kg_cli_parse_i64(optarg, 1, 1000, &o->reps);
+            break;
+        case O_NOJF:
+            o->no_jump_forward = true;
             break;
         case O_VERSION:
             kg_cmd_print_version("kgen-bench");
@@ -297,6 +304,7 @@ static bool env_open(bench_env_t *env,
     ep->max_batch_tokens = (int32_t)o->max_batch_tokens;
     ep->max_seq_len = (int32_t)max_ctx;
     ep->prefix_cache = false;
+    ep->no_jump_forward = o->no_jump_forward;
     if (o->kv_mib == 0) {
         int64_t tokens = (int64_t)max_seqs * (max_ctx + ep->kv_block_size);
         ep->n_kv_blocks = (int32_t)((tokens + ep->kv_block_size - 1) / ep->kv_block_size);

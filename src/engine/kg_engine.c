@@ -622,7 +622,7 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
         return true;
     }
     for (int32_t k = 0; k < KG_ENGINE_MAX_FORCED && !kg_matcher_is_done(m); k++) {
-        int32_t f = kg_matcher_forced(m);
+        int32_t f = e->p.no_jump_forward ? -1 : kg_matcher_forced(m);
         if (f < 0 || !kg_matcher_accept(m, f)) {
             break;
         }
@@ -728,7 +728,9 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
             kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
             /* a forced or stuck constrained row is not sampled: its draw comes
              * from a scratch RNG and is dropped */
-            bool skip = seq->grammar && (kg_matcher_forced(seq->matcher) >= 0 || !e->row_any[row]);
+            bool skip =
+                seq->grammar && ((!e->p.no_jump_forward && kg_matcher_forced(seq->matcher) >= 0) ||
+                                 !e->row_any[row]);
             e->sreq[row] = (kg_sample_request_t){
                 .params = &seq->sampling,
                 .rng = skip ? &e->dummy_rng : &seq->rng,
@@ -777,7 +779,7 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         bool ended = false;
         if (seq->grammar) {
             mask = e->masks + (size_t)row * (size_t)e->mask_words;
-            int32_t forced = kg_matcher_forced(seq->matcher);
+            int32_t forced = e->p.no_jump_forward ? -1 : kg_matcher_forced(seq->matcher);
             if (forced >= 0) {
                 /* jump-forward at the start (or past the per-step limit) */
                 e->st.n_grammar_forced_tokens++;

@@ -94,6 +94,7 @@ typedef struct kg_engine_params {
     int32_t n_eog;
     int32_t eog[KG_MAX_EOG]; /* end-of-generation token ids */
     int32_t n_vocab;
+    bool no_jump_forward; /* constrained requests: sample every token, even a forced one */
 } kg_engine_params_t;
 
 typedef enum kg_finish {
