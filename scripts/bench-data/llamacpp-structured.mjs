@@ -5,10 +5,19 @@
 // tokens), then the same prompt runs unconstrained for exactly as many
 // tokens; the TG-phase times give the constrained/unconstrained ratio.
 //
-// usage (from the folder holding node_modules/node-llama-cpp):
-//   node /path/to/llamacpp-structured.mjs MODEL.gguf SCHEMA.json [B=1] [TG=64] [PP=32] [REPS=3] [THREADS=2]
-import {getLlama, LlamaGrammarEvaluationState} from "node-llama-cpp";
+// usage: NODE_MODULES=/path/to/node_modules \
+//   node llamacpp-structured.mjs MODEL.gguf SCHEMA.json [B=1] [TG=64] [PP=32] [REPS=3] [THREADS=2]
 import {readFileSync} from "node:fs";
+import {join} from "node:path";
+import {pathToFileURL} from "node:url";
+
+const nm = process.env.NODE_MODULES;
+if (!nm) {
+    console.error("set NODE_MODULES to the node_modules folder holding node-llama-cpp");
+    process.exit(2);
+}
+const {getLlama, LlamaGrammarEvaluationState} =
+    await import(pathToFileURL(join(nm, "node-llama-cpp/dist/index.js")).href);
 
 const [modelPath, schemaPath, bArg, tgArg, ppArg, repsArg, thArg] = process.argv.slice(2);
 const B = Number(bArg ?? 1), TG = Number(tgArg ?? 64), PP = Number(ppArg ?? 32);

@@ -639,8 +639,8 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
     return false;
 }
 
-/* Build the masks of this step's constrained rows (before the forward, so
- * a device backend could overlap them with it). */
+/* Build the masks of this step's constrained rows (after the forward is
+ * launched and before sampling: on a device backend they overlap). */
 static void build_masks(kg_engine_t *e, int32_t n_rows) {
     for (int32_t row = 0; row < n_rows; row++) {
         kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
@@ -708,8 +708,6 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         return flush(e, out);
     }
 
-    build_masks(e, n_rows);
-
     kg_step_batch_t batch = {
         .n_tokens = nt,
         .token = e->b_token,
@@ -722,6 +720,11 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         .block_table = kg_kv_block_table(e->kv),
     };
     kg_status_t st = kg_backend_forward(e->be, &batch, e->device_sample ? NULL : e->logits);
+    /* A device backend that samples returns before its forward is done, so
+     * the constrained rows' masks are built while the device computes. */
+    if (st == KG_OK) {
+        build_masks(e, n_rows);
+    }
     if (st == KG_OK && e->device_sample && n_rows > 0) {
         /* only token ids (and logprobs) come back from the device */
         for (int32_t row = 0; row < n_rows; row++) {
