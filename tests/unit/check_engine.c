@@ -3,12 +3,14 @@
  * The fake backend's logits are a pure function of the token ids a row
  * reads back through the block tables, so every test also checks the block
  * tables and the prefix sharing: a wrong block changes the tokens. */
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include "check_common.h"
 #include "engine/kg_engine.h"
 #include "fakes/fake_backend.h"
 #include "grammar/kg_constraint.h"
 #include "grammar/kg_grammar.h"
 
+#include <pcre2.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -1154,6 +1156,29 @@ static bool spells_match(kg_grammar_t *g, const job_out_t *j) {
     return ok;
 }
 
+/* Whether PCRE2 full-matches the job's text (its tokens' bytes) with `re`. */
+static bool pcre2_full_match(const kg_gvocab_t *v, const char *re, const job_out_t *j) {
+    char text[4096];
+    size_t n = 0;
+    for (int32_t i = 0; i < j->n; i++) {
+        size_t len = (size_t)(v->off[j->tok[i] + 1] - v->off[j->tok[i]]);
+        ck_assert_uint_lt(n + len, sizeof(text));
+        memcpy(text + n, v->bytes + v->off[j->tok[i]], len);
+        n += len;
+    }
+    int errcode;
+    PCRE2_SIZE erroff;
+    pcre2_code *code =
+        pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED, &errcode, &erroff, NULL);
+    ck_assert(code != NULL);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+    int rc = pcre2_match(code, (PCRE2_SPTR)text, n, 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    pcre2_code_free(code);
+    return rc > 0;
+}
+
 /* Sampled and greedy constrained jobs: every output is a complete match
  * (EOG only where the grammar may end, a complete grammar ends STOP),
  * forced tokens are appended (several completions in one step), a job
@@ -1162,6 +1187,7 @@ static bool spells_match(kg_grammar_t *g, const job_out_t *j) {
  * jobs. */
 START_TEST(constrained_jobs) {
     kg_gvocab_t *v = fake_vocab();
+    static const char *const res[3] = {NULL, "(hello|help) [xyz]+!?", "[a-c]+"};
     kg_grammar_t *gs[3] = {
         fake_grammar(v, KG_CONSTRAINT_GRAMMAR,
                      "root ::= \"{\" ( item (\",\" item)* )? \"}\"\nitem ::= [a-h] [0-9]{0,2}\n"),
@@ -1222,6 +1248,9 @@ START_TEST(constrained_jobs) {
             } else {
                 ck_assert_msg(j->finish == KG_FINISH_STOP, "job %d finish %d", i, j->finish);
                 ck_assert_msg(spells_match(gs[i % 3], j), "job %d does not match", i);
+                if (res[i % 3]) {
+                    ck_assert_msg(pcre2_full_match(v, res[i % 3], j), "job %d: PCRE2", i);
+                }
                 n_stop++;
             }
             for (int32_t k = 0; k < j->n; k++) {
