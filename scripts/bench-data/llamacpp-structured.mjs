@@ -3,7 +3,8 @@
 // prebuilt llama.cpp, CPU) with createGrammarForJsonSchema, greedy. Like
 // kgen-bench, each of B sequences first runs under the grammar (up to TG
 // tokens), then the same prompt runs unconstrained for exactly as many
-// tokens; the TG-phase times give the constrained/unconstrained ratio.
+// tokens; the TG-phase times give the constrained/unconstrained ratio, by
+// the wall clock and by CPU time (steadier on a shared machine).
 //
 // usage: NODE_MODULES=/path/to/node_modules \
 //   node llamacpp-structured.mjs MODEL.gguf SCHEMA.json [B=1] [TG=64] [PP=32] [REPS=3] [THREADS=2]
@@ -46,7 +47,10 @@ async function run(seqIndex, prompt, maxTokens, useGrammar, marks) {
     if (useGrammar) opts.grammarEvaluationState = new LlamaGrammarEvaluationState({model, grammar});
     let n = 0;
     for await (const t of seq.evaluate(prompt, opts)) {
-        if (n === 0) marks.first.push(performance.now());
+        if (n === 0) {
+            marks.first.push(performance.now());
+            if (marks.first.length === B) marks.cpu0 = process.cpuUsage();
+        }
         n++;
         if (n >= maxTokens || model.isEogToken?.(t)) break;
     }
@@ -60,21 +64,24 @@ async function pass(useGrammar, counts) {
     const t0 = performance.now();
     const made = await Promise.all(prompts.map((p, i) => run(i, p, useGrammar ? TG + 1 : counts[i], useGrammar, marks)));
     const t1 = performance.now();
+    const cpu = process.cpuUsage(marks.cpu0);
     const tFirst = Math.max(...marks.first);
-    return {made, tg: (t1 - tFirst) / 1000};
+    return {made, tg: (t1 - tFirst) / 1000, cpu: (cpu.user + cpu.system) / 1e6};
 }
 
-const ratios = [], tcs = [], tus = [];
+const ratios = [], tcs = [], tus = [], ccs = [], cus = [];
 let made = null;
 for (let r = 0; r < REPS; r++) {
     const con = await pass(true, null);
     made = con.made;
     const unc = await pass(false, made);
     tcs.push(con.tg); tus.push(unc.tg); ratios.push(unc.tg / con.tg);
+    ccs.push(con.cpu); cus.push(unc.cpu);
 }
 const med = (v) => { const a = [...v].sort((x, y) => x - y); return a.length % 2 ? a[(a.length - 1) / 2] : (a[a.length / 2 - 1] + a[a.length / 2]) / 2; };
 const tokens = made.reduce((a, b) => a + b, 0);
 console.log(JSON.stringify({B, tokens, t_tg_con: med(tcs), t_tg_unc: med(tus),
                             s_tg_con: (tokens - B) / med(tcs), s_tg_unc: (tokens - B) / med(tus),
-                            con_over_unc: med(tus) / med(tcs), ratios}));
+                            con_over_unc: med(tus) / med(tcs), con_over_unc_cpu: med(cus) / med(ccs),
+                            ratios}));
 process.exit(0);

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #define MAX_NPL 32
 
@@ -58,7 +59,17 @@ typedef struct bench_opts {
 typedef struct bench_row {
     int64_t pp, tg, b, n_kv;
     double t_pp, t_tg;
+    double cpu_tg; /* CPU seconds (all threads) of the TG phase */
 } bench_row_t;
+
+/* CPU time of the process (user + system, all threads), seconds. On a
+ * shared machine this is steadier than the wall clock. */
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kgen-bench --model FILE [-npp P] [-ntg G] [-npl 1,4,16] [options]\n"
@@ -369,6 +380,7 @@ static bool run_batched_with(bench_env_t *env,
         }
     }
     int64_t t0 = kg_clock_us(), t_pp_end = 0;
+    double cpu_pp_end = 0.0;
     int32_t n_first = 0, n_done = 0;
     while (ok && n_done < B) {
         int32_t n = bench_step(env);
@@ -381,6 +393,7 @@ static bool run_batched_with(bench_env_t *env,
             const kg_completion_t *c = &env->comps[i];
             if (c->token >= 0 && n_out[c->id]++ == 0 && ++n_first == B) {
                 t_pp_end = kg_clock_us();
+                cpu_pp_end = cpu_seconds();
             }
             if (c->finish != KG_FINISH_NONE) {
                 n_done++;
@@ -394,6 +407,7 @@ static bool run_batched_with(bench_env_t *env,
     row->n_kv = (int64_t)B * (o->npp + o->ntg);
     row->t_pp = (double)(t_pp_end - t0) / 1e6;
     row->t_tg = (double)(t1 - t_pp_end) / 1e6;
+    row->cpu_tg = cpu_seconds() - cpu_pp_end;
     if (got) {
         memcpy(got, n_out, (size_t)B * sizeof(int32_t));
     }
@@ -489,19 +503,20 @@ static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
            "included)\n\n",
            kg_constraint_kind_str(o->constraint), o->constraint_arg, kg_grammar_n_states(g),
            (double)kg_grammar_memory(g) / (1 << 20), compile_ms);
-    printf("|    B | tokens | forced | T_TG con s | T_TG unc s | S_TG con | S_TG unc | con/unc | "
-           "mask p50 us | mask p99 us |\n");
-    printf("|------|--------|--------|------------|------------|----------|----------|---------|--"
-           "-----------|-------------|\n");
+    printf("|    B | tokens | forced | steps con/unc | T_TG con s | T_TG unc s | S_TG con | "
+           "S_TG unc | con/unc wall | con/unc CPU | mask p50 us | mask p99 us |\n");
+    printf("|------|--------|--------|---------------|------------|------------|----------|------"
+           "----|--------------|-------------|-------------|-------------|\n");
     kg_engine_stats_t *before = malloc(sizeof(*before)), *after = malloc(sizeof(*after));
     int64_t reps = o->reps > 0 ? o->reps : 3;
     double *tc = calloc((size_t)reps, sizeof(double)), *tu = calloc((size_t)reps, sizeof(double));
     double *p50 = calloc((size_t)reps, sizeof(double)), *p99 = calloc((size_t)reps, sizeof(double));
-    ok = before && after && tc && tu && p50 && p99;
+    double *cc = calloc((size_t)reps, sizeof(double)), *cu = calloc((size_t)reps, sizeof(double));
+    ok = before && after && tc && tu && p50 && p99 && cc && cu;
     for (int i = 0; ok && i < o->n_npl; i++) {
         int32_t B = o->npl[i];
         int32_t *made = calloc((size_t)B, sizeof(int32_t));
-        int64_t tokens = 0, forced = 0;
+        int64_t tokens = 0, forced = 0, steps_c = 0, steps_u = 0;
         ok = made != NULL;
         for (int64_t r = 0; ok && r < reps; r++) {
             bench_row_t rc, ru;
@@ -509,9 +524,19 @@ static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
             ok = run_batched_with(env, o, B, &rc, g, NULL, made);
             kg_engine_stats(env->engine, after);
             /* the same prompts, unconstrained, the same token count each */
+            /* the same prompts, unconstrained, the same token count each */
             ok = ok && run_batched_with(env, o, B, &ru, NULL, made, NULL);
+            kg_engine_stats_t *s2 = malloc(sizeof(*s2));
+            if (s2) {
+                kg_engine_stats(env->engine, s2);
+                steps_c = after->n_steps - before->n_steps;
+                steps_u = s2->n_steps - after->n_steps;
+                free(s2);
+            }
             tc[r] = rc.t_tg;
             tu[r] = ru.t_tg;
+            cc[r] = rc.cpu_tg;
+            cu[r] = ru.cpu_tg;
             p50[r] = mask_quantile(after->mask_hist, before->mask_hist, 0.5);
             p99[r] = mask_quantile(after->mask_hist, before->mask_hist, 0.99);
             tokens = 0;
@@ -524,10 +549,12 @@ static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
             /* TG tokens: all but each sequence's first (the prefill's) */
             double tg_tokens = (double)(tokens - B);
             double mc = median_of(tc, reps), mu = median_of(tu, reps);
-            printf("| %4d | %6lld | %6lld | %10.3f | %10.3f | %8.2f | %8.2f | %7.3f | %11.2f | "
-                   "%11.2f |\n",
-                   B, (long long)tokens, (long long)forced, mc, mu, tg_tokens / mc, tg_tokens / mu,
-                   mu / mc, median_of(p50, reps), median_of(p99, reps));
+            printf("| %4d | %6lld | %6lld | %6lld/%-6lld | %10.3f | %10.3f | %8.2f | %8.2f | "
+                   "%12.3f | %11.3f | %11.2f | %11.2f |\n",
+                   B, (long long)tokens, (long long)forced, (long long)steps_c, (long long)steps_u,
+                   mc, mu, tg_tokens / mc, tg_tokens / mu, mu / mc,
+                   median_of(cu, reps) / median_of(cc, reps), median_of(p50, reps),
+                   median_of(p99, reps));
             fflush(stdout);
         }
         free(made);
@@ -538,6 +565,8 @@ static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
     free(tu);
     free(p50);
     free(p99);
+    free(cc);
+    free(cu);
 out:
     kg_grammar_unref(g);
     kg_grammar_cache_free(cache);
