@@ -500,9 +500,10 @@ static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
         goto out;
     }
     printf("%s %s: %d states, %.1f MiB of masks, compiled in %.0f ms (vocabulary trie "
-           "included)\n\n",
+           "included; %.0f M trie nodes walked)\n\n",
            kg_constraint_kind_str(o->constraint), o->constraint_arg, kg_grammar_n_states(g),
-           (double)kg_grammar_memory(g) / (1 << 20), compile_ms);
+           (double)kg_grammar_memory(g) / (1 << 20), compile_ms,
+           (double)kg_grammar_compile_work(g) / 1e6);
     printf("|    B | tokens | forced | steps con/unc | T_TG con s | T_TG unc s | S_TG con | "
            "S_TG unc | con/unc wall | con/unc CPU | mask p50 us | mask p99 us |\n");
     printf("|------|--------|--------|---------------|------------|------------|----------|------"

@@ -929,6 +929,7 @@ typedef struct mb {
     int32_t *bm_htab; /* bitmap dedup: open addressing, -1 empty */
     int32_t bm_hcap;
     int64_t cap_bitmaps;
+    int64_t visits; /* trie nodes walked so far (the compile's cost) */
 } mb_t;
 
 static void mark_acc(mb_t *b, const kg_gvocab_t *v, int32_t tok) {
@@ -982,6 +983,7 @@ static void walk_slow(mb_t *b, int32_t i, int32_t t) {
             continue;
         }
         kg_gset_step(g, prev, v->byte[k], b->w, cur, true);
+        b->visits += 4; /* a closure step costs a few plain ones */
         b->esc[dd] = b->esc[dd - 1] || cur->esc;
         if (v->tok[k] >= 0) {
             if (cur->n > 0 || cur->can_end || cur->esc) {
@@ -1012,6 +1014,7 @@ static void walk_state(mb_t *b, int32_t s) {
             i = v->end[i];
             continue;
         }
+        b->visits++;
         if (g->flags[t] & special) {
             walk_slow(b, i, t);
             i = v->end[i];
@@ -1157,6 +1160,15 @@ static bool build_masks(cc_t *c) {
         b.acc_n = 0;
         b.n_unc = 0;
         walk_state(&b, s);
+        if (b.visits > KG_GRAMMAR_MAX_WORK) {
+            char msg[200];
+            snprintf(msg, sizeof(msg),
+                     "grammar too large: precomputing its token masks takes more than %.0e steps "
+                     "(%d automaton states; large repetition counts or lengths multiply them)",
+                     (double)KG_GRAMMAR_MAX_WORK, g->n_states);
+            cfail(c, msg);
+            goto out;
+        }
         m->acc_n = b.acc_n;
         if (b.acc_n >= nw) {
             m->acc_bitmap = store_bitmap(&b, b.acc);
@@ -1191,6 +1203,7 @@ static bool build_masks(cc_t *c) {
         m->forced = forced_token(g, s);
     }
     ok = !c->failed;
+    g->work = b.visits;
 out:
     free(b.acc);
     free(b.cur);
@@ -1325,4 +1338,8 @@ int32_t kg_grammar_mask_words(const kg_grammar_t *g) {
 
 double kg_grammar_compile_ms(const kg_grammar_t *g) {
     return g->compile_ms;
+}
+
+int64_t kg_grammar_compile_work(const kg_grammar_t *g) {
+    return g->work;
 }

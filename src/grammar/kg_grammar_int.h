@@ -53,6 +53,7 @@ struct kg_grammar {
     int64_t n_ids;
     size_t memory;
     double compile_ms;
+    int64_t work; /* trie nodes the mask precomputation walked */
 };
 
 /* A set of stacks. A stack is fr[i][0..len[i]): return states, bottom
