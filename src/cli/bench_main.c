@@ -21,8 +21,9 @@
  * TG tokens; a grammar may finish earlier), then the same prompts run
  * unconstrained for exactly the same number of tokens each, so the two
  * runs differ only by the constraint (masks, matcher, jump-forward); --reps
- * alternates the pair and reports medians. The mask-build time is measured
- * inside the engine, per sequence-step. */
+ * alternates the pair and reports medians, by the wall clock and by the
+ * process's CPU time (steadier when other work shares the machine). The
+ * mask-build time is measured inside the engine, per sequence-step. */
 #include "backend/kg_backend.h"
 #include "cli_util.h"
 #include "core/kg_clock.h"
