@@ -596,6 +596,21 @@ append_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result_
     return f != KG_FINISH_NONE;
 }
 
+/* Append a token the matcher has just accepted; whether the sequence
+ * ended. A token that completes the grammar ends it STOP (reported after
+ * the token), even on its last allowed token: the document is whole. */
+static bool
+grammar_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result_t *res) {
+    if (kg_matcher_is_done(seq->matcher)) {
+        /* a running sequence has room for one more token (n_tokens < max_seq_len) */
+        seq->tokens[seq->n_tokens++] = tok;
+        report(e, seq, tok, KG_FINISH_NONE, res);
+        report(e, seq, -1, KG_FINISH_STOP, NULL);
+        return true;
+    }
+    return append_token(e, seq, tok, res);
+}
+
 /* Append a sampled token or finish; returns whether the sequence ended.
  * A constrained sequence advances its matcher, ends STOP when the grammar
  * is complete, and takes the forced tokens that follow (jump-forward). */
@@ -618,23 +633,19 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
         report(e, seq, -1, KG_FINISH_STOP, NULL);
         return true;
     }
-    if (append_token(e, seq, tok, res)) {
+    if (grammar_token(e, seq, tok, res)) {
         return true;
     }
-    for (int32_t k = 0; k < KG_ENGINE_MAX_FORCED && !kg_matcher_is_done(m); k++) {
+    for (int32_t k = 0; k < KG_ENGINE_MAX_FORCED; k++) {
         int32_t f = e->p.no_jump_forward ? -1 : kg_matcher_forced(m);
         if (f < 0 || !kg_matcher_accept(m, f)) {
             break;
         }
         e->st.n_grammar_forced_tokens++;
         kg_sample_result_t fr = {.token = f, .logprob = 0.0f, .n_top = 0};
-        if (append_token(e, seq, f, &fr)) {
+        if (grammar_token(e, seq, f, &fr)) {
             return true;
         }
-    }
-    if (kg_matcher_is_done(m)) {
-        report(e, seq, -1, KG_FINISH_STOP, NULL);
-        return true;
     }
     return false;
 }
