@@ -905,7 +905,12 @@ static int32_t gen_object(conv_t *c, json_t *s) {
         int32_t parts[] = {key_lit, ws(c), lit(c, ":"), ws(c), value, ws(c)};
         mem[k] = oom(c, kg_gir_seq(c->g, parts, 6));
     }
-    /* additional members */
+    /* additional members: as additionalProperties says; absent, none when
+     * properties are declared (strict, as OpenAI and XGrammar do), any when
+     * the schema declares none ({"type": "object"} means any object) */
+    if (!extra && n == 0) {
+        extra = json_true();
+    }
     int32_t extra_member = -1;
     if (extra && !json_is_false(extra)) {
         int32_t value =

@@ -14,7 +14,8 @@
  * The grammar produces a subset of the valid documents: properties in the
  * order required first, then optional, each in schema order; no
  * properties beyond `properties` unless additionalProperties says so (as
- * OpenAI's strict mode and XGrammar do); whitespace between tokens is at
+ * OpenAI's strict mode and XGrammar do; an object schema that declares no
+ * properties takes any); whitespace between tokens is at
  * most one space, or a newline and up to 20 spaces or tabs; numbers have
  * at most 16 integer digits, 16 fraction digits and a 3-digit exponent;
  * string escapes never produce lone surrogates.
