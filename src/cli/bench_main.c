@@ -29,6 +29,7 @@
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
 #include "engine/kg_engine.h"
+#include "engine/kg_sizing.h"
 #include "grammar/kg_grammar_cache.h"
 #include "metrics/kg_metrics.h"
 #include "model/kg_model.h"
@@ -45,7 +46,8 @@
 
 typedef struct bench_opts {
     const char *model_path, *backend;
-    int64_t npp, ntg, threads, max_batch_tokens, kv_mib, n_requests, seed;
+    kg_engine_options_t eo; /* the shared engine flags (--threads, --max-batch-tokens, ...) */
+    int64_t npp, ntg, n_requests, seed;
     int32_t npl[MAX_NPL];
     int n_npl;
     double arrivals; /* requests per second; 0 = batched mode */
@@ -73,28 +75,30 @@ static double cpu_seconds(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kgen-bench --model FILE [-npp P] [-ntg G] [-npl 1,4,16] [options]\n"
-               "  -m, --model FILE          GGUF model\n"
-               "  -npp P                    prompt tokens per sequence (default 128)\n"
-               "  -ntg G                    generated tokens per sequence (default 64)\n"
-               "  -npl LIST                 parallel sequence counts (default 1,4,16)\n"
-               "  -t, --threads N           CPU threads (default: all cores)\n"
-               "  -b, --max-batch-tokens N  token budget per step (default 2048)\n"
-               "  --backend auto|cpu|cuda   (default auto)\n"
-               "  --kv-memory MIB           KV pool size (default: what the runs need)\n"
-               "  --arrivals RATE           Poisson arrivals mode, RATE requests/s\n"
-               "  --n-requests N            requests in arrivals mode (default 64)\n"
-               "  --seed S                  prompt/arrival RNG seed (default 1)\n"
-               "  --json                    JSON output\n"
-               "  --metrics                 also record the worker's metrics and job log lines\n"
-               "                            (to measure what they cost)\n"
-               "  --json-schema FILE        constrained decoding under this JSON Schema against\n"
-               "                            the same token counts unconstrained\n"
-               "  --grammar FILE            ... under this GBNF grammar\n"
-               "  --regex RE                ... under this regular expression\n"
-               "  --reps N                  constrained mode: alternating runs per B (default 3)\n"
-               "  --no-jump-forward         constrained mode: sample forced tokens too\n"
-               "  --version, --help\n");
+    fprintf(f,
+            "usage: kgen-bench --model FILE [-npp P] [-ntg G] [-npl 1,4,16] [options]\n"
+            "  -m, --model FILE          GGUF model\n"
+            "  -npp P                    prompt tokens per sequence (default 128)\n"
+            "  -ntg G                    generated tokens per sequence (default 64)\n"
+            "  -npl LIST                 parallel sequence counts (default 1,4,16)\n"
+            "  -t N, -b N                --threads N, --max-batch-tokens N (llama.cpp's names)\n"
+            "  engine options as in kgen-worker (kv-memory default: what the runs need,\n"
+            "  max-batch-tokens default 2048, prefix cache default off: prompts are random):\n"
+            "%s"
+            "  --arrivals RATE           Poisson arrivals mode, RATE requests/s\n"
+            "  --n-requests N            requests in arrivals mode (default 64)\n"
+            "  --seed S                  prompt/arrival RNG seed (default 1)\n"
+            "  --json                    JSON output\n"
+            "  --metrics                 also record the worker's metrics and job log lines\n"
+            "                            (to measure what they cost)\n"
+            "  --json-schema FILE        constrained decoding under this JSON Schema against\n"
+            "                            the same token counts unconstrained\n"
+            "  --grammar FILE            ... under this GBNF grammar\n"
+            "  --regex RE                ... under this regular expression\n"
+            "  --reps N                  constrained mode: alternating runs per B (default 3)\n"
+            "  --no-jump-forward         constrained mode: sample forced tokens too\n"
+            "  --version, --help\n",
+            kg_cli_engine_help);
 }
 
 static bool parse_npl(const char *s, bench_opts_t *o) {
@@ -127,8 +131,6 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
         O_NPP = 256,
         O_NTG,
         O_NPL,
-        O_BACKEND,
-        O_KV,
         O_ARR,
         O_NREQ,
         O_SEED,
@@ -145,10 +147,6 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
                                          {"npp", required_argument, 0, O_NPP},
                                          {"ntg", required_argument, 0, O_NTG},
                                          {"npl", required_argument, 0, O_NPL},
-                                         {"threads", required_argument, 0, 't'},
-                                         {"max-batch-tokens", required_argument, 0, 'b'},
-                                         {"backend", required_argument, 0, O_BACKEND},
-                                         {"kv-memory", required_argument, 0, O_KV},
                                          {"arrivals", required_argument, 0, O_ARR},
                                          {"n-requests", required_argument, 0, O_NREQ},
                                          {"seed", required_argument, 0, O_SEED},
@@ -161,11 +159,20 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
                                          {"no-jump-forward", no_argument, 0, O_NOJF},
                                          {"version", no_argument, 0, O_VERSION},
                                          {"help", no_argument, 0, 'h'},
+                                         KG_CLI_ENGINE_LONGOPTS,
                                          {0, 0, 0, 0}};
     int c;
     float fv;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:t:b:h", opts, NULL)) != -1) {
+        int id = c == 't' ? KG_CLI_O_THREADS : c == 'b' ? KG_CLI_O_MAX_BATCH_TOKENS : c;
+        int taken = kg_cli_engine_option(id, optarg, argc, argv, "kgen-bench", &o->eo, &o->backend);
+        if (taken < 0) {
+            return 2;
+        }
+        if (taken > 0) {
+            continue;
+        }
         bool ok = true;
         switch (c) {
         case 'm':
@@ -179,18 +186,6 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
             break;
         case O_NPL:
             ok = parse_npl(optarg, o);
-            break;
-        case 't':
-            ok = kg_cli_parse_i64(optarg, 1, 1024, &o->threads);
-            break;
-        case 'b':
-            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->max_batch_tokens);
-            break;
-        case O_BACKEND:
-            o->backend = optarg;
-            break;
-        case O_KV:
-            ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &o->kv_mib);
             break;
         case O_ARR:
             ok = kg_cli_parse_f32(optarg, 0.001f, 1e6f, &fv);
@@ -309,22 +304,16 @@ static bool env_open(bench_env_t *env,
                      int64_t max_ctx,
                      char *err,
                      size_t err_size) {
-    env->ep = kg_engine_params_default(env->model, o->kv_mib > 0 ? (size_t)o->kv_mib << 20 : 0);
-    kg_engine_params_t *ep = &env->ep;
-    ep->max_batch_size = max_seqs;
-    ep->max_queue_depth = max_seqs;
-    ep->max_batch_tokens = (int32_t)o->max_batch_tokens;
-    ep->max_seq_len = (int32_t)max_ctx;
-    ep->prefix_cache = false;
-    ep->no_jump_forward = o->no_jump_forward;
-    if (o->kv_mib == 0) {
-        int64_t tokens = (int64_t)max_seqs * (max_ctx + ep->kv_block_size);
-        ep->n_kv_blocks = (int32_t)((tokens + ep->kv_block_size - 1) / ep->kv_block_size);
+    kg_engine_options_t eo = o->eo;
+    eo.max_batch_size = max_seqs;
+    eo.max_queue_depth = max_seqs;
+    eo.ctx = max_ctx;
+    kg_backend_params_t bp;
+    if (kg_engine_size(env->model, &eo, &env->ep, &bp, NULL, err, err_size) != KG_OK) {
+        return false;
     }
-    kg_backend_params_t bp = {.n_threads = (int32_t)o->threads,
-                              .n_kv_blocks = ep->n_kv_blocks,
-                              .kv_block_size = ep->kv_block_size,
-                              .max_batch_tokens = ep->max_batch_tokens};
+    kg_engine_params_t *ep = &env->ep;
+    ep->no_jump_forward = o->no_jump_forward;
     env->be = kg_backend_new(o->backend, env->model, &bp, err, err_size);
     if (!env->be) {
         return false;
@@ -717,13 +706,15 @@ static void print_row(const bench_row_t *r, bool json, bool first) {
 
 int main(int argc, char **argv) {
     bench_opts_t o = {.backend = "auto",
+                      .eo = kg_engine_options_default(),
                       .npp = 128,
                       .ntg = 64,
-                      .max_batch_tokens = 2048,
                       .n_requests = 64,
                       .seed = 1,
                       .npl = {1, 4, 16},
                       .n_npl = 3};
+    o.eo.max_batch_tokens = 2048; /* llama-batched-bench's -b */
+    o.eo.prefix_cache = false;    /* random prompts share nothing */
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0) {
         return rc;
@@ -765,7 +756,7 @@ int main(int argc, char **argv) {
     }
     if (o.constraint != KG_CONSTRAINT_NONE) {
         printf("\nmodel %s, backend %s, threads %lld, PP %lld, TG up to %lld, greedy\n\n",
-               o.model_path, kg_backend_name(env.be), (long long)o.threads, (long long)o.npp,
+               o.model_path, kg_backend_name(env.be), (long long)o.eo.threads, (long long)o.npp,
                (long long)o.ntg);
         rc = run_constrained(&env, &o) ? 0 : 1;
         goto out;
@@ -774,7 +765,7 @@ int main(int argc, char **argv) {
         printf("[\n");
     } else {
         printf("\nmodel %s, backend %s, threads %lld, token budget %d\n\n", o.model_path,
-               kg_backend_name(env.be), (long long)o.threads, env.ep.max_batch_tokens);
+               kg_backend_name(env.be), (long long)o.eo.threads, env.ep.max_batch_tokens);
         printf("|     PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |    "
                "  T s |    S t/s |\n");
         printf("|--------|--------|------|--------|----------|----------|----------|----------|----"

@@ -6,11 +6,13 @@
  * template; prompt_tokens are checked against the vocabulary; the prompt
  * must fit the context and max_prompt_tokens; max_tokens must not exceed
  * the limit (it is clamped to the room left in the context, as llama.cpp's
- * server does); a job whose deadline has passed is not run. A constrained
- * job (response_format, regex, choice, grammar) gets its compiled grammar
- * from the worker's grammar cache here, on the kafka thread, never on the
- * engine thread: a schema keyword we cannot enforce answers invalid_schema,
- * a malformed regex, choice or grammar invalid_job. */
+ * server does); a job whose deadline has passed is not run; a job whose
+ * metadata alone is larger than an event may be can never be answered with
+ * it, so it is refused (invalid_job) rather than run. A constrained job
+ * (response_format, regex, choice, grammar) gets its compiled grammar from
+ * the worker's grammar cache here, on the kafka thread, never on the engine
+ * thread: a schema keyword we cannot enforce answers invalid_schema, a
+ * malformed regex, choice or grammar invalid_job. */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -26,6 +28,7 @@ typedef struct kg_intake_limits {
     int32_t max_seq_len;          /* prompt + output per sequence */
     int32_t max_prompt_tokens;    /* 0 = max_seq_len - 1 */
     int32_t max_tokens_limit;     /* jobs asking more get max_tokens_too_large */
+    size_t max_event_bytes;       /* bytes one event may have (kg_events); 0 = no limit */
     kg_grammar_cache_t *grammars; /* compiles constrained jobs; NULL: they are refused */
 } kg_intake_limits_t;
 

@@ -6,6 +6,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "check_common.h"
 #include "engine/kg_engine.h"
+#include "engine/kg_sizing.h"
 #include "fakes/fake_backend.h"
 #include "grammar/kg_constraint.h"
 #include "grammar/kg_grammar.h"
@@ -119,7 +120,8 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
                                          .n_slots = ep->max_batch_size,
                                          .salt = 1,
                                          .eog_token = EOG,
-                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30)};
+                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30),
+                                         .window = ep->kv_window};
     env->be = kg_fake_backend_new(&env->fp);
     ck_assert_ptr_nonnull(env->be);
     char err[256] = "";
@@ -198,7 +200,8 @@ static void env_collect(env_t *env, int32_t n) {
 
 static int32_t env_step(env_t *env) {
     int32_t n = kg_engine_step(env->e, env->comps, env->cap);
-    ck_assert_msg(n >= 0, "step: %s", kg_status_str((kg_status_t)n));
+    ck_assert_msg(n >= 0, "step: %s (%s)", kg_status_str((kg_status_t)n),
+                  kg_fake_backend_stats(env->be)->first_violation);
     env->n_steps++;
     env_collect(env, n);
     const kg_fake_backend_stats_t *fs = kg_fake_backend_stats(env->be);
@@ -917,6 +920,8 @@ static void make_inv_jobs(inv_job_t *jobs) {
     }
 }
 
+static int32_t g_inv_window; /* kv_window of run_inv's engine (and the fake's window) */
+
 static void run_inv(inv_job_t *jobs,
                     int32_t batch,
                     int32_t n_blocks,
@@ -924,6 +929,7 @@ static void run_inv(inv_job_t *jobs,
                     job_out_t *out,
                     int64_t *n_preempt) {
     kg_engine_params_t p = base_params();
+    p.kv_window = g_inv_window;
     p.max_batch_size = batch;
     p.max_batch_tokens = batch > 8 ? 64 : 16;
     p.n_kv_blocks = n_blocks;
@@ -975,6 +981,104 @@ START_TEST(batch_invariance) {
         n_stop += ref[i].finish == KG_FINISH_STOP;
     }
     ck_assert_int_gt(n_stop, 0);
+}
+END_TEST
+
+/* The same with a sliding-window model (every layer sees the last 9
+ * positions): blocks wholly before the window are given back as jobs
+ * advance, under preemption, prefix caching and eviction. */
+START_TEST(batch_invariance_window) {
+    static inv_job_t jobs[INV_JOBS];
+    static job_out_t ref[INV_JOBS], got[INV_JOBS];
+    make_inv_jobs(jobs);
+    g_inv_window = 9;
+    int64_t np;
+    run_inv(jobs, 1, 512, true, ref, &np);
+    const struct {
+        int32_t batch, n_blocks;
+        bool cache;
+    } cfg[] = {{16, 512, true}, {16, 512, false}, {16, 24, true}, {3, 20, false}, {5, 16, true}};
+    for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+        run_inv(jobs, cfg[c].batch, cfg[c].n_blocks, cfg[c].cache, got, &np);
+        for (int i = 0; i < INV_JOBS; i++) {
+            ck_assert_int_eq(got[i].finish, ref[i].finish);
+            ck_assert_msg(got[i].n == ref[i].n, "config %zu job %d: %d tokens, alone %d", c, i,
+                          got[i].n, ref[i].n);
+            ck_assert_mem_eq(got[i].tok, ref[i].tok, (size_t)ref[i].n * sizeof(int32_t));
+        }
+    }
+    g_inv_window = 0;
+}
+END_TEST
+
+/* A long generation with a sliding window holds about window / block_size
+ * blocks, not one per block_size tokens; the tokens are the (windowed)
+ * fake's greedy ones, and the fake never read a block given back. */
+static int32_t run_long_window(int32_t window, job_out_t *out) {
+    kg_engine_params_t p = base_params(); /* 4-token blocks */
+    p.kv_window = window;
+    p.max_seq_len = 400;
+    env_t env;
+    env_init(&env, &p, 0);
+    env.fp.window = 10; /* the model's window, whatever the engine is told */
+    kg_backend_free(env.be);
+    kg_engine_free(env.e);
+    env.be = kg_fake_backend_new(&env.fp);
+    char err[256];
+    env.e = kg_engine_new(env.be, &p, err, sizeof(err));
+    ck_assert_ptr_nonnull(env.e);
+    static int32_t prompt[20];
+    fill_prompt(prompt, 20, 77);
+    kg_request_t r = make_req(1, prompt, 20, 300);
+    submit_ok(&env, &r);
+    env_run(&env, 1000);
+    check_greedy(&env, 1, prompt, 20, 300, false);
+    *out = env.jobs[1];
+    int32_t used = env.max_used;
+    env_clear(&env);
+    return used;
+}
+
+START_TEST(window_frees_blocks) {
+    static job_out_t a, b;
+    int32_t used_window = run_long_window(10, &a);
+    int32_t used_all = run_long_window(0, &b);
+    fprintf(stderr,
+            "sliding window 10, 4-token blocks, 20 + 300 tokens: peak blocks in use %d with the "
+            "window, %d without\n",
+            used_window, used_all);
+    ck_assert_int_eq(a.n, 300);
+    ck_assert_mem_eq(a.tok, b.tok, 300 * sizeof(int32_t));
+    ck_assert_int_eq(used_all, 80);
+    /* the window's 10 positions span at most 4 blocks, plus the one being filled */
+    ck_assert_int_le(used_window, 5);
+}
+END_TEST
+
+/* Jobs sharing a prefix longer than the window: blocks are dropped from
+ * the front while later jobs still find the shared prefix in the cache. */
+START_TEST(window_prefix_cache) {
+    kg_engine_params_t p = base_params();
+    p.kv_window = 12;
+    p.max_batch_size = 4;
+    p.n_kv_blocks = 48;
+    env_t env;
+    env_init(&env, &p, 0);
+    static int32_t prompts[12][64];
+    for (int i = 0; i < 12; i++) {
+        fill_prompt(prompts[i], 40, 5);                     /* shared: 10 full blocks */
+        fill_prompt(prompts[i] + 40, 8, 100 + (uint64_t)i); /* own */
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 48, 40);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 5000);
+    int32_t n_hit = 0;
+    for (int i = 0; i < 12; i++) {
+        check_greedy(&env, (uint64_t)i + 1, prompts[i], 48, 40, false);
+        n_hit += env.jobs[i + 1].n_cached > 0;
+    }
+    ck_assert_int_gt(n_hit, 0);
+    env_clear(&env);
 }
 END_TEST
 
@@ -1036,6 +1140,10 @@ START_TEST(stats_add_up) {
 }
 END_TEST
 
+/* Built into its own program, unit_engine_alloc (this file compiled with
+ * KG_ENGINE_ALLOC_ONLY): it replaces malloc, which AddressSanitizer owns, so
+ * under ASan that program reports a skip (exit 77) instead of a pass. */
+#ifdef KG_ENGINE_ALLOC_ONLY
 START_TEST(no_alloc_in_step) {
 #if KG_COUNT_ALLOC
     kg_engine_params_t p = base_params();
@@ -1077,11 +1185,10 @@ START_TEST(no_alloc_in_step) {
     ck_assert_int_gt(g_n_allocs, before);
     env_clear(&env2);
     env_clear(&env);
-#else
-    fprintf(stderr, "no_alloc_in_step: skipped under AddressSanitizer (it owns malloc)\n");
 #endif
 }
 END_TEST
+#endif
 
 START_TEST(params_default_from_model) {
     const char *path = kg_test_data("models/stories260K.gguf");
@@ -1275,6 +1382,88 @@ START_TEST(constrained_jobs) {
 }
 END_TEST
 
+
+/* kg_engine_size: the one sizing every program uses */
+START_TEST(sizing_from_options) {
+    char err[256] = "";
+    kg_model_t *model = kg_model_load(kg_test_data("models/stories260K.gguf"), err, sizeof(err));
+    ck_assert_msg(model != NULL, "%s", err);
+    kg_engine_options_t o = kg_engine_options_default();
+    kg_engine_params_t ep;
+    kg_backend_params_t bp;
+    bool clamped = true;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert(!clamped);
+    ck_assert_int_eq(ep.max_batch_size, 16);
+    ck_assert_int_eq(ep.max_queue_depth, 16);
+    ck_assert_int_eq(ep.max_seq_len, model->hp.n_ctx_train); /* 128 < 4096 */
+    /* every slot at full context, beyond the admission headroom */
+    int32_t full = 16 * ((ep.max_seq_len + 15) / 16);
+    ck_assert_int_ge(ep.n_kv_blocks - (ep.n_kv_blocks / 100 > 1 ? ep.n_kv_blocks / 100 : 1), full);
+    ck_assert_int_eq(bp.n_kv_blocks, ep.n_kv_blocks);
+    ck_assert_int_eq(bp.kv_block_size, ep.kv_block_size);
+    ck_assert_int_eq(bp.max_batch_tokens, ep.max_batch_tokens);
+    ck_assert(ep.prefix_cache);
+
+    /* explicit values pass through */
+    o.max_batch_size = 4;
+    o.max_queue_depth = 10;
+    o.max_batch_tokens = 64;
+    o.ctx = 96;
+    o.kv_block_size = 8;
+    o.prefix_cache = false;
+    o.threads = 3;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(ep.max_batch_size, 4);
+    ck_assert_int_eq(ep.max_queue_depth, 10);
+    ck_assert_int_eq(ep.max_seq_len, 96);
+    ck_assert_int_eq(ep.kv_block_size, 8);
+    ck_assert(!ep.prefix_cache);
+    ck_assert_int_eq(bp.n_threads, 3);
+
+    /* a pool smaller than one context cuts the context to what it holds */
+    o = kg_engine_options_default();
+    o.kv_memory_mib = 1;
+    size_t per_block = kg_backend_kv_bytes_per_token(model) * 16;
+    int64_t blocks = (1 << 20) / (int64_t)per_block;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(ep.n_kv_blocks, blocks);
+    if (blocks * 16 < model->hp.n_ctx_train) {
+        ck_assert(clamped);
+        ck_assert_int_eq(ep.max_seq_len, blocks * 16);
+    }
+
+    /* options that cannot work together */
+    o = kg_engine_options_default();
+    o.max_batch_size = 32;
+    o.max_batch_tokens = 16;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, NULL, err, sizeof(err)), KG_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err, "--max-batch-tokens"));
+    kg_model_free(model);
+}
+END_TEST
+
+#ifdef KG_ENGINE_ALLOC_ONLY
+static Suite *make_suite(void) {
+    Suite *s = suite_create("engine_alloc");
+    TCase *tc = tcase_create("invariance");
+    tcase_add_test(tc, no_alloc_in_step);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    if (!KG_COUNT_ALLOC) {
+        fprintf(stderr, "no_alloc_in_step: skipped under AddressSanitizer (it owns malloc)\n");
+        return 77;
+    }
+    SRunner *sr = srunner_create(make_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+#else
 static Suite *make_suite(void) {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("setup");
@@ -1282,6 +1471,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, submit_validation);
     tcase_add_test(tc, queue_full);
     tcase_add_test(tc, params_default_from_model);
+    tcase_add_test(tc, sizing_from_options);
     suite_add_tcase(s, tc);
     tc = tcase_create("schedule");
     tcase_add_test(tc, admission_limit);
@@ -1306,8 +1496,10 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("invariance");
     tcase_add_test(tc, batch_invariance);
+    tcase_add_test(tc, batch_invariance_window);
+    tcase_add_test(tc, window_frees_blocks);
+    tcase_add_test(tc, window_prefix_cache);
     tcase_add_test(tc, backend_error);
-    tcase_add_test(tc, no_alloc_in_step);
     suite_add_tcase(s, tc);
     tc = tcase_create("grammar");
     tcase_add_test(tc, constrained_jobs);
@@ -1316,3 +1508,4 @@ static Suite *make_suite(void) {
 }
 
 KG_CHECK_MAIN(make_suite)
+#endif
