@@ -1382,7 +1382,6 @@ START_TEST(constrained_jobs) {
 }
 END_TEST
 
-
 /* kg_engine_size: the one sizing every program uses */
 START_TEST(sizing_from_options) {
     char err[256] = "";
