@@ -41,8 +41,11 @@ for (let b = 0; b < B; b++) {
     prompts.push(p);
 }
 
+// one sequence per prompt, reused by every pass (cleared in between)
+const seqs = prompts.map(() => ctx.getSequence());
+
 async function run(seqIndex, prompt, maxTokens, useGrammar, marks) {
-    const seq = ctx.getSequence();
+    const seq = seqs[seqIndex];
     const opts = {temperature: 0};
     if (useGrammar) opts.grammarEvaluationState = new LlamaGrammarEvaluationState({model, grammar});
     let n = 0;
@@ -55,7 +58,6 @@ async function run(seqIndex, prompt, maxTokens, useGrammar, marks) {
         if (n >= maxTokens || model.isEogToken?.(t)) break;
     }
     await seq.clearHistory();
-    seq.dispose();
     return n;
 }
 
