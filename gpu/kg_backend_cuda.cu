@@ -69,6 +69,7 @@
 #include "embed.cuh"
 #include "gemm.cuh"
 #include "kg_backend_cuda.h"
+#include "mask.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
@@ -170,6 +171,7 @@ typedef struct cuda_ctx {
     int32_t last_n_outputs, head_row0;
     kg_cuda_sampler_t sampler;
     bool sampler_ready;
+    kg_cuda_mask_t mask; /* constrained decoding: token masks applied before sampling */
 
     kg_backend_fault_t fault;
     kg_backend_counters_t cnt; /* updated with __atomic builtins, read from any thread */
@@ -529,6 +531,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
 
     KG_TRY(kg_cuda_sampler_init(&ctx->sampler, hp->n_vocab, ctx->out_cap));
     ctx->sampler_ready = true;
+    KG_TRY(kg_cuda_mask_init(&ctx->mask, hp->n_vocab, ctx->out_cap));
+    ctx->scratch_size += kg_cuda_mask_device_size(&ctx->mask);
     ctx->scratch_size += kg_cuda_sampler_device_size(&ctx->sampler);
     return KG_OK;
 }
@@ -971,6 +975,11 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
         if (ensure_rows(ctx, r0) != KG_OK) {
             return mark_dead(ctx, "the head GEMM");
         }
+        /* constrained rows: their masks first (mask.cu), then the usual sampler */
+        if (kg_cuda_mask_apply(&ctx->mask, ctx->stream, ctx->logits, ctx->sampler.n_vocab,
+                               reqs + r0, rows) != KG_OK) {
+            return mark_dead(ctx, "applying token masks");
+        }
         const kg_status_t st = kg_cuda_sampler_run(&ctx->sampler, ctx->stream, ctx->logits,
                                                    reqs + r0, rows, out + r0, &bad);
         if (st == KG_ERR_INVALID && bad >= 0) {
@@ -1053,6 +1062,7 @@ static void cuda_free(kg_backend_t *be) {
         }
         if (ctx->sampler_ready) {
             kg_cuda_sampler_clear(&ctx->sampler);
+            kg_cuda_mask_clear(&ctx->mask);
         }
         kg_cuda_blas_clear(&ctx->blas);
         if (ctx->stream) {

@@ -86,6 +86,8 @@ typedef struct kg_sample_request {
     int32_t n_prompt;
     const int32_t *output; /* (n_output) tokens generated so far */
     int32_t n_output;
+    const uint32_t *mask; /* NULL, or the allowed tokens ((n_vocab + 31) / 32 words, host
+                             memory): constrained decoding, as kg_sampler_sample_masked */
 } kg_sample_request_t;
 
 /** Whether the backend samples on its own device (kg_backend_sample), so

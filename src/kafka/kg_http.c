@@ -3,6 +3,7 @@
 
 #include "../backend/kg_backend.h"
 #include "../core/kg_clock.h"
+#include "../grammar/kg_grammar_cache.h"
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec.h"
 
@@ -81,6 +82,34 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
             (long long)atomic_load(&g->n_preemptions));
     counter(f, "kgen_engine_steps_total", "Engine steps (batched forward passes).",
             (long long)atomic_load(&g->n_steps));
+    counter(f, "kgen_grammar_masks_total",
+            "Allowed-token masks built for constrained sequences (one per sequence-step).",
+            (long long)atomic_load(&g->n_grammar_masks));
+    fprintf(
+        f,
+        "# HELP kgen_grammar_mask_seconds_total Time spent building those masks.\n"
+        "# TYPE kgen_grammar_mask_seconds_total counter\nkgen_grammar_mask_seconds_total %.6f\n",
+        (double)atomic_load(&g->grammar_mask_ns) / 1e9);
+    counter(f, "kgen_grammar_forced_tokens_total",
+            "Tokens appended without sampling where the grammar allowed one continuation.",
+            (long long)atomic_load(&g->n_grammar_forced_tokens));
+    const kg_grammar_cache_t *gc = kg_worker_grammar_cache(w);
+    kg_grammar_cache_stats_t cs = {0};
+    if (gc) {
+        kg_grammar_cache_stats(gc, &cs);
+    }
+    counter(f, "kgen_grammar_cache_hits_total", "Constrained jobs whose grammar was cached.",
+            (long long)cs.hits);
+    counter(f, "kgen_grammar_cache_misses_total", "Constrained jobs whose grammar was compiled.",
+            (long long)cs.misses);
+    counter(f, "kgen_grammar_cache_evictions_total", "Compiled grammars evicted (LRU).",
+            (long long)cs.evictions);
+    fprintf(f,
+            "# HELP kgen_grammar_compile_seconds_total Time spent compiling grammars.\n"
+            "# TYPE kgen_grammar_compile_seconds_total counter\n"
+            "kgen_grammar_compile_seconds_total %.6f\n",
+            (double)cs.compile_us / 1e6);
+    gauge(f, "kgen_grammar_cache_bytes", "Memory held by cached grammars.", (double)cs.bytes);
     int64_t q = atomic_load(&g->n_prompt_tokens);
     gauge(f, "kgen_prefix_cache_hit_ratio", "Prefix cache hits / prompt tokens since start.",
           q > 0 ? (double)atomic_load(&g->n_prefix_hit_tokens) / (double)q : 0.0);
