@@ -21,4 +21,6 @@ struct kg_backend {
                           const kg_sample_request_t *reqs,
                           int32_t n,
                           kg_sample_result_t *out);
+    /* optional: the expert load behind kg_backend_moe_stats (NULL: none) */
+    void (*moe_stats)(const kg_backend_t *be, kg_moe_stats_t *out);
 };
