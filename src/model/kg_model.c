@@ -74,6 +74,9 @@ static bool shape_is(const kg_gguf_tensor_t *t, int64_t ne0, int64_t ne1) {
 static const kg_gguf_tensor_t *
 find_tensor3(loader_t *ld, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, bool *bad) {
     const kg_gguf_tensor_t *t = kg_gguf_find_tensor(ld->g, name);
+    if (*bad) {
+        return NULL; /* keep the first error of the layer */
+    }
     if (!t) {
         snprintf(ld->errstr, ld->errstr_size, "model: missing tensor '%s'", name);
         *bad = true;
@@ -444,7 +447,8 @@ static bool read_moe_hparams(
                  kg_arch_name(a));
         return false;
     }
-    if (hp->n_expert > 1024 || hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert) {
+    if (hp->n_expert > KG_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
+        hp->n_expert_used > hp->n_expert) {
         snprintf(errstr, errstr_size,
                  "model: bad hyperparameters: expert_count %d (1..1024) and expert_used_count %d "
                  "(1..expert_count)",

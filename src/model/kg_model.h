@@ -34,6 +34,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
+#define KG_MOE_MAX_EXPERTS 1024
+
 /* general.architecture values kgen runs. */
 typedef enum kg_arch {
     KG_ARCH_LLAMA = 0,
