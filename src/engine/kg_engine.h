@@ -129,6 +129,7 @@ typedef struct kg_engine_stats {
     int64_t n_prompt_tokens;     /* prompt tokens of admitted requests */
     int64_t n_preemptions;
     int32_t last_batch_tokens;
+    kg_moe_stats_t moe; /* the backend's expert load (n_expert 0: a dense model) */
 } kg_engine_stats_t;
 
 /** Create an engine over `be` (borrowed; must outlive the engine). */
