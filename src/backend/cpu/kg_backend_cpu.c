@@ -126,6 +126,8 @@ typedef struct cpu_ctx {
     float *moe_g;        /* (T * k, n_ff_exp) gate, then the gated activation */
     float *moe_u;        /* (T * k, n_ff_exp) up */
     float *moe_y;        /* (T * k, n_embd) expert outputs */
+    float *moe_xr;       /* (T * k, max(n_embd, n_ff_exp)) activations rounded for an expert */
+    int32_t *moe_active; /* (n_expert) this layer's active experts, largest group first */
     int64_t *moe_tokens; /* (n_expert) rows each expert took, all layers and steps */
     kg_moe_stats_t moe_stats;
     size_t weights_size, kv_size, scratch_size;
@@ -279,6 +281,7 @@ static void cpu_free(kg_backend_t *be) {
         }
         cpu_moe_plan_clear(&ctx->plan);
         free(ctx->moe_tokens);
+        free(ctx->moe_active);
         weight_clear(&ctx->output_norm);
         weight_clear(&ctx->output);
         weight_clear(&ctx->output_b);
@@ -298,7 +301,7 @@ static void cpu_free(kg_backend_t *be) {
         float *bufs[] = {ctx->x,       ctx->xn,     ctx->xr,         ctx->q,     ctx->k,
                          ctx->v,       ctx->att,    ctx->gate,       ctx->up,    ctx->tmp,
                          ctx->rope_cs, ctx->scores, ctx->moe_logits, ctx->moe_x, ctx->moe_g,
-                         ctx->moe_u,   ctx->moe_y};
+                         ctx->moe_u,   ctx->moe_y,  ctx->moe_xr};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -326,29 +329,41 @@ static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
 // ---- forward ----
 
 /* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
- * their input, with in rounded for their type: one hand-off to the pool
- * when the types agree (Q, K and V; gate and up). */
-static void matmul_n(cpu_ctx_t *ctx,
-                     int n,
-                     const cpu_weight_t *const *ws,
-                     const float *in,
-                     float *const *outs,
-                     int64_t T) {
+ * their input, with in rounded for their type into xr (T, n_in): one
+ * hand-off to `pool` (NULL: this thread only) when the types agree (Q, K
+ * and V; gate and up). */
+static void matmul_n_on(kg_pool_t *pool,
+                        float *xr,
+                        int n,
+                        const cpu_weight_t *const *ws,
+                        const float *in,
+                        float *const *outs,
+                        int64_t T) {
     const cpu_gemm_weights_t *packed[CPU_GEMM_MULTI_MAX];
     for (int i = 0; i < n; i++) {
         if (ws[i]->type != ws[0]->type) {
             for (int r = 0; r < n; r++) {
-                matmul_n(ctx, 1, &ws[r], in, &outs[r], T);
+                matmul_n_on(pool, xr, 1, &ws[r], in, &outs[r], T);
             }
             return;
         }
         packed[i] = &ws[i]->packed;
     }
     const float *a = in;
-    if (cpu_round_activations(ws[0]->type, in, ctx->xr, T, ws[0]->n_in)) {
-        a = ctx->xr;
+    if (cpu_round_activations(ws[0]->type, in, xr, T, ws[0]->n_in)) {
+        a = xr;
     }
-    cpu_gemm_multi(ctx->pool, a, T, n, packed, outs);
+    cpu_gemm_multi(pool, a, T, n, packed, outs);
+}
+
+/* matmul_n_on over the backend's pool and scratch. */
+static void matmul_n(cpu_ctx_t *ctx,
+                     int n,
+                     const cpu_weight_t *const *ws,
+                     const float *in,
+                     float *const *outs,
+                     int64_t T) {
+    matmul_n_on(ctx->pool, ctx->xr, n, ws, in, outs, T);
 }
 
 static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
@@ -499,44 +514,90 @@ static void add_expert_bias(float *x, const cpu_weight_t *b, int32_t e, int64_t 
     }
 }
 
+/* Expert e's FFN over its group of rows (grouped rows [r0, r0 + n)):
+ * gate/up GEMMs, biases, the gate, the down GEMM and its bias, on `pool`
+ * (NULL: this thread), rounding activations into the group's own rows of
+ * ctx->moe_xr, so groups can run side by side. */
+static void expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, const cpu_layer_t *L, int32_t e) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
+    const int64_t W = E > FX ? E : FX;
+    const int64_t r0 = ctx->plan.offset[e], n = ctx->plan.offset[e + 1] - r0;
+    float *g = ctx->moe_g + r0 * FX, *u = ctx->moe_u + r0 * FX, *y = ctx->moe_y + r0 * E;
+    float *xr = ctx->moe_xr + r0 * W;
+    const cpu_weight_t *gate_up[2] = {&L->exp_gate[e], &L->exp_up[e]};
+    float *const gate_up_out[2] = {g, u};
+    matmul_n_on(pool, xr, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
+    add_expert_bias(u, &L->exp_up_b, e, n, FX);
+    add_expert_bias(g, &L->exp_gate_b, e, n, FX);
+    if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
+        cpu_moe_swiglu_oai(g, u, g, n * FX);
+    } else {
+        for (int64_t i = 0; i < n * FX; i++) {
+            g[i] = kg_silu(g[i]) * u[i];
+        }
+    }
+    const cpu_weight_t *down = &L->exp_down[e];
+    matmul_n_on(pool, xr, 1, &down, g, &y, n);
+    add_expert_bias(y, &L->exp_down_b, e, n, E);
+}
+
+typedef struct expert_job {
+    cpu_ctx_t *ctx;
+    const cpu_layer_t *L;
+} expert_job_t;
+
+/* One pool task: one active expert's whole FFN on this thread. */
+static void expert_task(void *arg, int64_t w, int thread) {
+    const expert_job_t *job = arg;
+    (void)thread;
+    expert_ffn(job->ctx, NULL, job->L, job->ctx->moe_active[w]);
+}
+
 /* The mixture-of-experts FFN of layer L on ctx->xn (T, n_embd) into
  * ctx->tmp (T, n_embd) (llama.cpp's build_moe_ffn): route, group, one
  * gate/up and one down GEMM per active expert over its rows, weigh and
- * add. */
+ * add. With enough active experts to keep every thread busy (decode: many
+ * experts of a few rows each) the experts run side by side, one pool task
+ * each, largest group first; otherwise one after another, each GEMM split
+ * over the pool by columns. Either way every row's bits are the same: the
+ * GEMM's per-element chain does not depend on threads or row counts. */
 static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
     const kg_hparams_t *hp = &ctx->hp;
-    const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
     cpu_moe_plan_t *plan = &ctx->plan;
+    kg_moe_stats_t *st = &ctx->moe_stats;
     matmul(ctx, &L->gate_inp, ctx->xn, ctx->moe_logits, T);
     add_bias(ctx->moe_logits, &L->gate_inp_b, T, hp->n_expert);
     cpu_moe_route(plan, hp, ctx->moe_logits, T);
-    cpu_moe_gather(plan, ctx->xn, E, ctx->moe_x, T);
-    kg_moe_stats_t *st = &ctx->moe_stats;
+    cpu_moe_gather(plan, ctx->xn, hp->n_embd, ctx->moe_x, T);
+    int32_t n_active = 0;
     for (int32_t e = 0; e < hp->n_expert; e++) {
-        const int64_t r0 = plan->offset[e], n = plan->offset[e + 1] - r0;
+        const int32_t n = plan->offset[e + 1] - plan->offset[e];
         if (n == 0) {
             continue;
         }
-        float *g = ctx->moe_g + r0 * FX, *u = ctx->moe_u + r0 * FX, *y = ctx->moe_y + r0 * E;
-        const cpu_weight_t *gate_up[2] = {&L->exp_gate[e], &L->exp_up[e]};
-        float *const gate_up_out[2] = {g, u};
-        matmul_n(ctx, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
-        add_expert_bias(u, &L->exp_up_b, e, n, FX);
-        add_expert_bias(g, &L->exp_gate_b, e, n, FX);
-        if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
-            cpu_moe_swiglu_oai(g, u, g, n * FX);
-        } else {
-            for (int64_t i = 0; i < n * FX; i++) {
-                g[i] = kg_silu(g[i]) * u[i];
-            }
+        /* insertion by group size, descending (ties: lower expert first) */
+        int32_t i = n_active++;
+        while (i > 0 &&
+               plan->offset[ctx->moe_active[i - 1] + 1] - plan->offset[ctx->moe_active[i - 1]] <
+                   n) {
+            ctx->moe_active[i] = ctx->moe_active[i - 1];
+            i--;
         }
-        matmul(ctx, &L->exp_down[e], g, y, n);
-        add_expert_bias(y, &L->exp_down_b, e, n, E);
+        ctx->moe_active[i] = e;
         ctx->moe_tokens[e] += n;
-        st->n_groups++;
         st->max_group = n > st->max_group ? n : st->max_group;
     }
-    cpu_moe_combine(plan, ctx->moe_y, E, ctx->tmp, T);
+    if (n_active >= 2 * ctx->n_threads) {
+        expert_job_t job = {.ctx = ctx, .L = L};
+        kg_pool_run(ctx->pool, n_active, expert_task, &job);
+    } else {
+        for (int32_t i = 0; i < n_active; i++) {
+            expert_ffn(ctx, ctx->pool, L, ctx->moe_active[i]);
+        }
+    }
+    cpu_moe_combine(plan, ctx->moe_y, hp->n_embd, ctx->tmp, T);
+    st->n_groups += n_active;
     st->n_layer_steps++;
     st->n_routed += T * hp->n_expert_used;
 }
@@ -855,6 +916,9 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         ctx->moe_g = scratch(ctx, TK * FX, &ok);
         ctx->moe_u = scratch(ctx, TK * FX, &ok);
         ctx->moe_y = scratch(ctx, TK * E, &ok);
+        ctx->moe_xr = scratch(ctx, TK * (E > FX ? E : FX), &ok);
+        ctx->moe_active = calloc((size_t)hp->n_expert, sizeof(*ctx->moe_active));
+        ok = ok && ctx->moe_active;
         ctx->moe_tokens = calloc((size_t)hp->n_expert, sizeof(*ctx->moe_tokens));
         ok = ok && ctx->moe_tokens &&
              cpu_moe_plan_init(&ctx->plan, hp->n_expert, hp->n_expert_used, ctx->max_tokens);
