@@ -35,8 +35,9 @@
  * cpu_moe's plan: the router's logits (one GEMM; + bias: gpt-oss), each
  * token's k experts and weights, the rows gathered by expert, then per
  * active expert one gate/up GEMM and one down GEMM over its group (its
- * packed matrices are weights like any other: matmul_n, so the activation
- * rounding and the kernels are the dense path's), the expert biases and
+ * packed matrices are weights like any other: matmul_n_on, so the
+ * activation rounding and the kernels are the dense path's; many small
+ * groups run side by side, one pool task each), the expert biases and
  * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
  * order (see cpu_moe.h for why a token's bits do not depend on its
  * neighbours). Attention sinks (gpt-oss) add one logit per head to the
