@@ -338,9 +338,9 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
     if (o->n_rot > 0 && (o->n_rot % 2 != 0 || o->n_rot > o->head_dim ||
                          ((strcmp(arch, "llama") == 0 || moe) && o->n_rot != o->head_dim))) {
         fprintf(stderr,
-                "kgen mkmodel: --n-rot %lld must be even and at most the head width %lld (llama "
-                "and the expert families: equal)\n",
-                (long long)o->n_rot, (long long)o->head_dim);
+                "kgen mkmodel: --n-rot %lld must be even and at most the head width %lld (%s: "
+                "equal)\n",
+                (long long)o->n_rot, (long long)o->head_dim, moe ? arch : "llama");
         return 2;
     }
     if ((o->sliding_window > 0 && !gemma && !phi3 && !oss) || (o->swa_pattern >= 0 && !gemma) ||
