@@ -512,6 +512,33 @@ START_TEST(loader_refusals) {
 }
 END_TEST
 
+/* kgen mkmodel's expert options: usage errors name the problem. */
+START_TEST(mkmodel_usage_errors) {
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"--arch qwen3 --n-expert 4", "are for qwen3moe, mixtral and gpt-oss"},
+        {"--arch llama --mxfp4_moe", "are for qwen3moe, mixtral and gpt-oss"},
+        {"--arch mixtral --n-ff-exp 32", "mixtral has no --n-ff-exp"},
+        {"--arch qwen3moe --n-expert 4 --n-expert-used 5", "expert_used_count (5)"},
+        {"--arch gpt-oss --n-ff-exp 48 --mxfp4_moe", "multiples of mxfp4's block (32)"},
+        {"--arch qwen3moe --n-expert 0", "--n-expert: '0' is not an integer in 1..1024"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd),
+                 "%s/kgen mkmodel --out '%s' --n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 "
+                 "--n-ff 64 --seed 1 %s 2>&1",
+                 KG_BIN_DIR, kg_test_tmp_path("never"), cases[i].args);
+        int status = 0;
+        char *out = kg_test_run(cmd, &status);
+        ck_assert_msg(status != 0 && out && strstr(out, cases[i].want), "%s: status %d, '%s'",
+                      cases[i].args, status, out ? out : "");
+        free(out);
+    }
+}
+END_TEST
+
 /* The CUDA backend runs none of this yet: `cuda` is refused naming what is
  * missing, `auto` takes the CPU. */
 START_TEST(cuda_refuses_experts) {
@@ -650,6 +677,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, loader_reads_each_family);
     tcase_add_test(tc, loader_refusals);
     tcase_add_test(tc, cuda_refuses_experts);
+    tcase_add_test(tc, mkmodel_usage_errors);
     suite_add_tcase(s, tc);
     tc = tcase_create("backend");
     tcase_set_timeout(tc, 300);
