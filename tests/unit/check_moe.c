@@ -512,6 +512,55 @@ START_TEST(loader_refusals) {
 }
 END_TEST
 
+/* `kgen mkmodel --mxfp4_moe` and `--q8_0` write the bytes llama.cpp's own
+ * quantizer writes from the F32 model (llama_model_quantize with
+ * MOSTLY_MXFP4_MOE and MOSTLY_Q8_0): every tensor's type and FNV-1a 64
+ * hash as recorded in tests/data/arch/quantize-moe.txt
+ * (scripts/goldens/moe-quantize.sh). */
+START_TEST(quantized_like_llama_cpp) {
+    size_t len;
+    char *text = kg_test_read_file(kg_test_data("arch/quantize-moe.txt"), &len);
+    ck_assert_ptr_nonnull(text);
+    kg_gguf_t *g = NULL;
+    char model[64] = "", type[32] = "", path[4096] = "";
+    int n_models = 0, n_tensors = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char name[128], ttype[32];
+        unsigned long long h;
+        if (sscanf(line, "model %63s %31s", model, type) == 2) {
+            continue;
+        }
+        if (strncmp(line, "args ", 5) == 0) {
+            char cmd[8192], err[256];
+            kg_gguf_free(g);
+            snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("moe-q"));
+            snprintf(cmd, sizeof(cmd), "%s/kgen mkmodel --out '%s' %s --%s >/dev/null", KG_BIN_DIR,
+                     path, line + 5, type);
+            ck_assert_msg(system(cmd) == 0, "failed: %s", cmd);
+            g = kg_gguf_open(path, err, sizeof(err));
+            ck_assert_msg(g != NULL, "%s", err);
+            remove(path);
+            n_models++;
+        } else if (sscanf(line, "tensor %127s %31s %llx", name, ttype, &h) == 3) {
+            const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, name);
+            ck_assert_msg(t != NULL, "%s %s: no %s", model, type, name);
+            ck_assert_msg(strcmp(kg_ggml_type_name(t->type), ttype) == 0, "%s %s %s: %s, not %s",
+                          model, type, name, kg_ggml_type_name(t->type), ttype);
+            uint64_t f = 0xcbf29ce484222325ULL;
+            for (size_t i = 0; i < t->size; i++) {
+                f = (f ^ ((const uint8_t *)t->data)[i]) * 0x100000001b3ULL;
+            }
+            ck_assert_msg(f == h, "%s %s %s: bytes differ from llama.cpp's", model, type, name);
+            n_tensors++;
+        }
+    }
+    ck_assert_int_eq(n_models, 6);
+    ck_assert_int_gt(n_tensors, 200);
+    kg_gguf_free(g);
+    free(text);
+}
+END_TEST
+
 /* kgen mkmodel's expert options: usage errors name the problem. */
 START_TEST(mkmodel_usage_errors) {
     static const struct {
@@ -678,6 +727,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, loader_refusals);
     tcase_add_test(tc, cuda_refuses_experts);
     tcase_add_test(tc, mkmodel_usage_errors);
+    tcase_add_test(tc, quantized_like_llama_cpp);
     suite_add_tcase(s, tc);
     tc = tcase_create("backend");
     tcase_set_timeout(tc, 300);
