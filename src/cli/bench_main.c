@@ -12,6 +12,11 @@
  * later prompts prefill (that is what continuous batching is for) and T_PP
  * is the time until the last first token.
  *
+ * For a mixture-of-experts model two more columns measure the grouping by
+ * expert in the decode phase: the experts a layer runs per step (active
+ * experts, of n_expert) and the token rows each expert GEMM takes (B * k
+ * over the active experts; 1 would be one GEMM per token).
+ *
  * --arrivals RATE replays Poisson arrivals (RATE requests/s) of mixed
  * prompt and output lengths and reports throughput, time to first token and
  * time per output token percentiles.
@@ -63,6 +68,8 @@ typedef struct bench_row {
     int64_t pp, tg, b, n_kv;
     double t_pp, t_tg;
     double cpu_tg; /* CPU seconds (all threads) of the TG phase */
+    /* experts in the decode phase: (layer, step) pairs, groups, rows */
+    int64_t moe_layer_steps, moe_groups, moe_routed;
 } bench_row_t;
 
 /* CPU time of the process (user + system, all threads), seconds. On a
@@ -372,6 +379,7 @@ static bool run_batched_with(bench_env_t *env,
     int64_t t0 = kg_clock_us(), t_pp_end = 0;
     double cpu_pp_end = 0.0;
     int32_t n_first = 0, n_done = 0;
+    kg_moe_stats_t moe0 = {0}, moe1;
     while (ok && n_done < B) {
         int32_t n = bench_step(env);
         if (n < 0) {
@@ -384,6 +392,7 @@ static bool run_batched_with(bench_env_t *env,
             if (c->token >= 0 && n_out[c->id]++ == 0 && ++n_first == B) {
                 t_pp_end = kg_clock_us();
                 cpu_pp_end = cpu_seconds();
+                kg_backend_moe_stats(env->be, &moe0);
             }
             if (c->finish != KG_FINISH_NONE) {
                 n_done++;
@@ -391,6 +400,10 @@ static bool run_batched_with(bench_env_t *env,
         }
     }
     int64_t t1 = kg_clock_us();
+    kg_backend_moe_stats(env->be, &moe1);
+    row->moe_layer_steps = moe1.n_layer_steps - moe0.n_layer_steps;
+    row->moe_groups = moe1.n_groups - moe0.n_groups;
+    row->moe_routed = moe1.n_routed - moe0.n_routed;
     row->pp = o->npp;
     row->tg = o->ntg;
     row->b = B;
@@ -684,22 +697,32 @@ static bool run_arrivals(bench_env_t *env, const bench_opts_t *o) {
     return ok;
 }
 
-static void print_row(const bench_row_t *r, bool json, bool first) {
+static void print_row(const bench_row_t *r, bool json, bool first, bool moe) {
     double t = r->t_pp + r->t_tg;
     double s_pp = r->t_pp > 0 ? (double)(r->b * r->pp) / r->t_pp : 0;
     double s_tg = r->t_tg > 0 ? (double)(r->b * r->tg) / r->t_tg : 0;
     double s = t > 0 ? (double)r->n_kv / t : 0;
+    /* decode: experts run per layer and step, rows per expert GEMM */
+    double act = r->moe_layer_steps > 0 ? (double)r->moe_groups / (double)r->moe_layer_steps : 0;
+    double rows = r->moe_groups > 0 ? (double)r->moe_routed / (double)r->moe_groups : 0;
     if (json) {
         printf(
             "%s{\"pp\":%lld,\"tg\":%lld,\"b\":%lld,\"n_kv\":%lld,\"t_pp\":%.6f,\"speed_pp\":%.3f,"
-            "\"t_tg\":%.6f,\"speed_tg\":%.3f,\"t\":%.6f,\"speed\":%.3f}",
+            "\"t_tg\":%.6f,\"speed_tg\":%.3f,\"t\":%.6f,\"speed\":%.3f",
             first ? "" : ",\n", (long long)r->pp, (long long)r->tg, (long long)r->b,
             (long long)r->n_kv, r->t_pp, s_pp, r->t_tg, s_tg, t, s);
+        if (moe) {
+            printf(",\"tg_active_experts\":%.3f,\"tg_rows_per_expert_gemm\":%.3f", act, rows);
+        }
+        printf("}");
     } else {
-        printf(
-            "| %6lld | %6lld | %4lld | %6lld | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n",
-            (long long)r->pp, (long long)r->tg, (long long)r->b, (long long)r->n_kv, r->t_pp, s_pp,
-            r->t_tg, s_tg, t, s);
+        printf("| %6lld | %6lld | %4lld | %6lld | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |",
+               (long long)r->pp, (long long)r->tg, (long long)r->b, (long long)r->n_kv, r->t_pp,
+               s_pp, r->t_tg, s_tg, t, s);
+        if (moe) {
+            printf(" %7.2f | %8.2f |", act, rows);
+        }
+        printf("\n");
     }
     fflush(stdout);
 }
@@ -761,22 +784,30 @@ int main(int argc, char **argv) {
         rc = run_constrained(&env, &o) ? 0 : 1;
         goto out;
     }
+    const bool moe = env.model->hp.n_expert > 0;
     if (o.json) {
         printf("[\n");
     } else {
         printf("\nmodel %s, backend %s, threads %lld, token budget %d\n\n", o.model_path,
                kg_backend_name(env.be), (long long)o.eo.threads, env.ep.max_batch_tokens);
+        if (moe) {
+            printf("experts %d, %d per token; TG exp.: experts a layer runs per decode step; "
+                   "TG rows/: token rows per expert GEMM\n\n",
+                   env.model->hp.n_expert, env.model->hp.n_expert_used);
+        }
         printf("|     PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |    "
-               "  T s |    S t/s |\n");
+               "  T s |    S t/s |%s\n",
+               moe ? " TG exp. | TG rows/ |" : "");
         printf("|--------|--------|------|--------|----------|----------|----------|----------|----"
-               "------|----------|\n");
+               "------|----------|%s\n",
+               moe ? "---------|----------|" : "");
     }
     for (int i = 0; i < o.n_npl; i++) {
         bench_row_t row;
         if (!run_batched(&env, &o, o.npl[i], &row)) {
             goto out;
         }
-        print_row(&row, o.json, i == 0);
+        print_row(&row, o.json, i == 0, moe);
     }
     if (o.json) {
         printf("\n]\n");

@@ -916,6 +916,7 @@ void kg_engine_stats(const kg_engine_t *e, kg_engine_stats_t *out) {
     out->kv_blocks_total = kg_kv_n_total(e->kv);
     out->kv_blocks_used = kg_kv_n_used(e->kv);
     out->kv_blocks_cached = kg_kv_n_cached(e->kv);
+    kg_backend_moe_stats(e->be, &out->moe);
 }
 
 kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_memory_size) {

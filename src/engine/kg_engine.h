@@ -166,6 +166,7 @@ typedef struct kg_engine_stats {
     int64_t grammar_mask_ns;         /* their total build time */
     int64_t n_grammar_forced_tokens; /* tokens appended by jump-forward */
     int64_t mask_hist[KG_ENGINE_MASK_HIST + 1]; /* build times in 0.25 us buckets, last: more */
+    kg_moe_stats_t moe; /* the backend's expert load (n_expert 0: a dense model) */
 } kg_engine_stats_t;
 
 /** Create an engine over `be` (borrowed; must outlive the engine). */

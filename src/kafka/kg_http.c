@@ -132,6 +132,23 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
     gauge(f, "kgen_poison_suspects",
           "1 while jobs that were running when a worker failed wait or run (one at a time).",
           atomic_load(&m->suspects));
+    const int32_t n_exp = atomic_load(&g->moe_n_expert);
+    if (n_exp > 0) {
+        fprintf(f, "# HELP kgen_moe_tokens_per_expert_total Token rows routed to each expert, "
+                   "summed over layers (mixture-of-experts models).\n"
+                   "# TYPE kgen_moe_tokens_per_expert_total counter\n");
+        for (int32_t i = 0; i < n_exp && i < KG_MOE_MAX_EXPERTS; i++) {
+            fprintf(f, "kgen_moe_tokens_per_expert_total{expert=\"%d\"} %lld\n", (int)i,
+                    (long long)atomic_load(&g->moe_per_expert[i]));
+        }
+        counter(f, "kgen_moe_routed_tokens_total",
+                "Token rows through expert GEMMs (tokens x experts per token x layers).",
+                (long long)atomic_load(&g->moe_routed));
+        counter(f, "kgen_moe_expert_gemms_total",
+                "Expert groups run: one gate/up and one down GEMM over an expert's rows of a "
+                "layer and step.",
+                (long long)atomic_load(&g->moe_groups));
+    }
     gauge(f, "kgen_consumer_paused", "1 while the consumer is paused for backpressure.",
           atomic_load(&m->paused));
     gauge(f, "kgen_assigned_partitions", "Partitions of the jobs topic assigned to this worker.",

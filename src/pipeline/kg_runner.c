@@ -76,6 +76,13 @@ static void update_gauges(kg_runner_t *r) {
     atomic_store(&g->n_grammar_masks, s.n_grammar_masks);
     atomic_store(&g->grammar_mask_ns, s.grammar_mask_ns);
     atomic_store(&g->n_grammar_forced_tokens, s.n_grammar_forced_tokens);
+    const int32_t n_exp = s.moe.n_per_expert ? s.moe.n_expert : 0;
+    for (int32_t i = 0; i < n_exp && i < KG_MOE_MAX_EXPERTS; i++) {
+        atomic_store(&g->moe_per_expert[i], s.moe.n_per_expert[i]);
+    }
+    atomic_store(&g->moe_routed, s.moe.n_routed);
+    atomic_store(&g->moe_groups, s.moe.n_groups);
+    atomic_store(&g->moe_n_expert, n_exp);
 }
 
 static void *run(void *arg) {

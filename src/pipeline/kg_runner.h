@@ -46,6 +46,11 @@ typedef struct kg_runner_gauges {
     _Atomic int32_t last_batch_tokens;
     _Atomic int64_t n_grammar_masks, grammar_mask_ns, n_grammar_forced_tokens;
     kg_histogram_t step; /* duration of each step */
+    /* mixture of experts (moe_n_expert 0: a dense model): rows each expert
+     * took, rows through expert GEMMs and groups run, all layers and steps */
+    _Atomic int32_t moe_n_expert;
+    _Atomic int64_t moe_routed, moe_groups;
+    _Atomic int64_t moe_per_expert[KG_MOE_MAX_EXPERTS];
 } kg_runner_gauges_t;
 
 /** A runner over `engine` (borrowed; must outlive the runner), with queues
