@@ -141,6 +141,7 @@ struct kg_worker {
     int64_t suspect_offset;
     const char *crash_request_id; /* TEST-ONLY fault injection; NULL normally */
     kg_intake_limits_t limits;
+    kg_grammar_cache_t *grammars; /* compiled constraints, owned */
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
     size_t max_event_bytes; /* value bytes one event may take (kg_events' budget) */
@@ -1789,6 +1790,13 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->limits.max_seq_len = ep.max_seq_len;
     w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
+    /* constrained jobs compile here, on the kafka thread, once per schema */
+    w->grammars = kg_grammar_cache_new_for(model->tok, KG_GRAMMAR_CACHE_DEFAULT_BYTES);
+    if (!w->grammars) {
+        snprintf(errstr, errstr_size, "out of memory for the grammar cache");
+        goto fail;
+    }
+    w->limits.grammars = w->grammars;
 
     w->be = kg_backend_new(cfg->backend, model, &bp, errstr, errstr_size);
     if (!w->be) {
@@ -2021,7 +2029,12 @@ void kg_worker_free(kg_worker_t *w) {
     free(w->table);
     kg_engine_free(w->engine);
     kg_backend_free(w->be);
+    kg_grammar_cache_free(w->grammars);
     free(w);
+}
+
+const kg_grammar_cache_t *kg_worker_grammar_cache(const kg_worker_t *w) {
+    return w->grammars;
 }
 
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {
@@ -2030,6 +2043,10 @@ const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {
 
 const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w) {
     return kg_runner_gauges(w->runner);
+}
+
+void kg_worker_backend_counters(const kg_worker_t *w, kg_backend_counters_t *out) {
+    kg_backend_counters(w->be, out);
 }
 
 int kg_worker_partition_lag(

@@ -86,6 +86,11 @@ void kg_worker_free(kg_worker_t *w);
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w);
 /** Engine gauges (kg_runner_gauges_t) for metrics. */
 const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w);
+struct kg_backend_counters;
+/** The backend's own counters (CUDA graphs and their fallbacks); any thread. */
+void kg_worker_backend_counters(const kg_worker_t *w, struct kg_backend_counters *out);
+/** The grammar cache (its stats are atomics, readable from any thread). */
+const struct kg_grammar_cache *kg_worker_grammar_cache(const kg_worker_t *w);
 /** Per-partition lag: fills up to `max` (topic, partition, lag) triples (the
  * topic names are borrowed from the worker); returns count. */
 int kg_worker_partition_lag(

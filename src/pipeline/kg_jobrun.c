@@ -50,7 +50,8 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
                         .max_tokens = r->prep.max_tokens,
                         .priority = job->priority,
                         .ignore_eos = job->ignore_eos,
-                        .sampling = job->sampling};
+                        .sampling = job->sampling,
+                        .grammar = r->prep.grammar}; /* the engine takes its own reference */
     if (job->deadline_ms > 0) {
         req.deadline_us = kg_clock_us() + (job->deadline_ms - kg_clock_epoch_ms()) * 1000;
     }
@@ -131,6 +132,13 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
         return kg_events_error(o, job->request_id, outcome->code,
                                "the deadline passed before the job finished", job->metadata_json,
                                max_bytes, len, &outcome->fit);
+    }
+    if (!r->cancelled && r->finish == KG_FINISH_ERROR) {
+        /* the backend could not run this job; the worker and its other jobs go on */
+        outcome->code = KG_ERROR_INTERNAL;
+        return kg_events_error(o, job->request_id, outcome->code,
+                               "the backend failed on this job (the worker log has the reason)",
+                               job->metadata_json, max_bytes, len, &outcome->fit);
     }
     outcome->code = KG_ERROR_CANCELLED;
     char msg[96];

@@ -115,9 +115,10 @@ void kg_jobrun_end_cancelled(kg_jobrun_t *r, int64_t now_us);
  * malloc'ed JSON of *len bytes, at most max_bytes where the event can be
  * made that small (0 = no limit; kg_events says what is shed, in which
  * order): a done event (stop, length or stop_sequence) or an error event
- * (expired, cancelled). `outcome` says which, and what was shed. NULL on
- * out of memory. A cancelled job's error event carries the text so far
- * (`text`, shed last). */
+ * (expired, cancelled; internal when the backend could not run this job,
+ * KG_FINISH_ERROR). `outcome` says which, and what was shed. NULL on out of
+ * memory. A cancelled job's error event carries the text so far (`text`,
+ * shed last). */
 char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          const kg_event_origin_t *o,
                          const kg_tokenizer_t *tok,
