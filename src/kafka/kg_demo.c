@@ -79,9 +79,13 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
         snprintf(inflight, sizeof(inflight), "%s%s",
                  *cfg->inflight_topic ? cfg->inflight_topic : topic,
                  *cfg->inflight_topic ? "" : ".inflight");
+        /* a --dlq-topic (or --inflight-topic, which the worker then refuses
+         * with its own message) shared by the lanes is created once */
+        bool shared_dlq = l > 0 && *cfg->dlq_topic;
+        bool shared_inflight = l > 0 && *cfg->inflight_topic;
         if (rd_kafka_mock_topic_create(d->mc, topic, DEMO_PARTITIONS, 1) ||
-            rd_kafka_mock_topic_create(d->mc, dlq, 1, 1) ||
-            rd_kafka_mock_topic_create(d->mc, inflight, DEMO_PARTITIONS, 1)) {
+            (!shared_dlq && rd_kafka_mock_topic_create(d->mc, dlq, 1, 1)) ||
+            (!shared_inflight && rd_kafka_mock_topic_create(d->mc, inflight, DEMO_PARTITIONS, 1))) {
             snprintf(errstr, errstr_size, "cannot create the demo topics");
             goto fail;
         }
