@@ -21,6 +21,7 @@ typedef struct entry {
     rd_kafka_headers_t *hdrs; /* owned, or NULL */
     const char *jobs_topic;   /* borrowed */
     int32_t partition;
+    int64_t offset; /* the job's offset; -1 for an answer tied to no job */
     void *opaque;
     rd_kafka_resp_err_t refused; /* set by the delivery report: a message fault */
 } entry_t;
@@ -67,6 +68,7 @@ kg_status_t kg_txn_add(kg_txn_t *t,
                        const rd_kafka_headers_t *hdrs,
                        const char *jobs_topic,
                        int32_t partition,
+                       int64_t offset,
                        void *opaque) {
     if (t->n == t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 256;
@@ -97,6 +99,7 @@ kg_status_t kg_txn_add(kg_txn_t *t,
     x->hdrs = hdrs ? rd_kafka_headers_copy(hdrs) : NULL;
     x->jobs_topic = jobs_topic;
     x->partition = partition;
+    x->offset = partition >= 0 ? offset : -1;
     x->opaque = opaque;
     t->n++;
     return KG_OK;
@@ -139,7 +142,7 @@ in_list(const rd_kafka_topic_partition_list_t *parts, const char *topic, int32_t
 void kg_txn_drop(kg_txn_t *t,
                  const char *jobs_topic,
                  const rd_kafka_topic_partition_list_t *parts) {
-    size_t keep = 0, dropped = 0;
+    size_t keep = 0, dropped = 0, in_txn = 0;
     for (size_t i = 0; i < t->n; i++) {
         entry_t *x = &t->e[i];
         if (strcmp(x->jobs_topic, jobs_topic) == 0 && in_list(parts, jobs_topic, x->partition)) {
@@ -147,10 +150,12 @@ void kg_txn_drop(kg_txn_t *t,
             entry_clear(x);
             dropped++;
         } else {
+            in_txn += i < t->n_in_txn; /* the open transaction's stay first */
             t->e[keep++] = *x;
         }
     }
     t->n = keep;
+    t->n_in_txn = in_txn;
     for (size_t i = 0; i < t->n_offs;) {
         if (strcmp(t->offs[i].topic, jobs_topic) == 0 &&
             in_list(parts, jobs_topic, t->offs[i].partition)) {
@@ -281,6 +286,45 @@ static verdict_t judge(rd_kafka_error_t *e, const char *what) {
     return v;
 }
 
+/* An answer may commit only with its job's offset: when the partition's finished prefix
+ * (kg_txn_set_offset) has passed the job. One that finished ahead of an earlier job of its
+ * partition waits: committed without its offset, it would be visible while the job is not
+ * consumed, and a revoke would run the job again on the new owner, which answers it again. */
+static bool eligible(const kg_txn_t *t, const entry_t *x) {
+    if (x->offset < 0) {
+        return true;
+    }
+    for (size_t i = 0; i < t->n_offs; i++) {
+        if (t->offs[i].partition == x->partition && strcmp(t->offs[i].topic, x->jobs_topic) == 0) {
+            return x->offset < t->offs[i].next;
+        }
+    }
+    return false;
+}
+
+/* Move the answers that may commit now to the front, each group in its order; returns how
+ * many. Out of memory for the scratch copy: 0 (they commit at a later turn). */
+static size_t front_eligible(kg_txn_t *t) {
+    if (t->n == 0) {
+        return 0;
+    }
+    entry_t *waiting = malloc(t->n * sizeof(*waiting)); /* (n) */
+    if (!waiting) {
+        return 0;
+    }
+    size_t n_ok = 0, n_wait = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        if (eligible(t, &t->e[i])) {
+            t->e[n_ok++] = t->e[i];
+        } else {
+            waiting[n_wait++] = t->e[i];
+        }
+    }
+    memcpy(t->e + n_ok, waiting, n_wait * sizeof(*waiting));
+    free(waiting);
+    return n_ok;
+}
+
 static rd_kafka_topic_partition_list_t *pending_offsets(const kg_txn_t *t) {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)t->n_offs + 1);
     for (size_t i = 0; i < t->n_offs; i++) {
@@ -400,14 +444,15 @@ kg_txn_commit(kg_txn_t *t, rd_kafka_t *tokens, rd_kafka_t *consumer, int64_t now
         return KG_OK;
     }
     t->last_us = now_us;
-    rd_kafka_topic_partition_list_t *l = pending_offsets(t);
-    bool idle = t->n == 0 && l->cnt == 0;
-    rd_kafka_topic_partition_list_destroy(l);
-    if (idle && !t->committing) {
-        return KG_OK;
-    }
     if (t->committing) {
         return finish_commit(t);
+    }
+    rd_kafka_topic_partition_list_t *l = pending_offsets(t);
+    size_t n_ok = front_eligible(t);
+    bool idle = n_ok == 0 && l->cnt == 0;
+    rd_kafka_topic_partition_list_destroy(l);
+    if (idle) {
+        return KG_OK;
     }
     if (tokens && rd_kafka_flush(tokens, TOKEN_WAIT_MS) != RD_KAFKA_RESP_ERR_NO_ERROR) {
         KG_LOG_WARN("txn", "token events still on their way after %d ms: committing anyway",
@@ -419,7 +464,7 @@ kg_txn_commit(kg_txn_t *t, rd_kafka_t *tokens, rd_kafka_t *consumer, int64_t now
     }
     t->gen++;
     verdict_t v = V_RETRY;
-    for (size_t i = 0; i < t->n; i++) {
+    for (size_t i = 0; i < n_ok; i++) {
         if (!produce_entry(t, i)) {
             v = V_ABORT;
             break;
@@ -427,6 +472,7 @@ kg_txn_commit(kg_txn_t *t, rd_kafka_t *tokens, rd_kafka_t *consumer, int64_t now
         if (t->e[i].refused) {
             /* refused by the producer itself: its replacement goes into this transaction */
             replace_refused(t);
+            n_ok = front_eligible(t);
             i = (size_t)-1; /* produce from the start again: indices moved */
             rd_kafka_error_t *ae = rd_kafka_abort_transaction(t->rk, -1);
             if (ae) {
@@ -447,7 +493,7 @@ kg_txn_commit(kg_txn_t *t, rd_kafka_t *tokens, rd_kafka_t *consumer, int64_t now
         kill_before_commit(t);
     }
     if (v == V_RETRY) {
-        t->n_in_txn = t->n;
+        t->n_in_txn = n_ok;
         t->committing = true;
         return finish_commit(t);
     }

@@ -10,9 +10,13 @@
  * (they stay at least once and carry the attempt, as without --exactly-once).
  * Batching. Answers are kept in memory (copied) as they are made and written when a
  * transaction is committed: every txn_interval_ms, at KG_TXN_MAX_ENTRIES answers, on a revoke
- * and at shutdown. A commit flushes the token producer first, so in every results partition a
- * job's token events precede its terminal event; then begin, produce the answers,
- * send_offsets_to_transaction (the storable offsets, kg_offsets, with the consumer's group
+ * and at shutdown. An answer goes only into a transaction that also commits its job's offset:
+ * jobs finish out of order, and the offset of a partition moves only over its finished prefix,
+ * so the answer of a job that finished before an earlier one of its partition waits for it
+ * (were it committed alone, a revoke would hand the job, not yet consumed as far as the group
+ * knows, to a new owner that answers it again). A commit flushes the token producer first, so in
+ * every results partition a job's token events precede its terminal event; then begin, produce the
+ * answers, send_offsets_to_transaction (the storable offsets, kg_offsets, with the consumer's group
  * metadata, so a zombie of an older group generation is fenced), commit. It blocks the kafka
  * thread for a few round trips (the engine thread goes on stepping).
  * Failures. A retriable error (a timeout, a broker restarting) leaves everything buffered and
@@ -82,9 +86,11 @@ void kg_txn_free(kg_txn_t *t);
 /** The producer (for its configuration and for tests). */
 rd_kafka_t *kg_txn_producer(kg_txn_t *t);
 
-/** Keep an answer for the next transaction: copied; `hdrs` (may be NULL) copied; `opaque`
- * travels to a callback. `partition` is that of the job on `jobs_topic` (for kg_txn_drop).
- * KG_ERR_NOMEM. */
+/** Keep an answer for a transaction: copied; `hdrs` (may be NULL) copied; `opaque`
+ * travels to a callback. `partition` and `offset` are the job's on `jobs_topic` (-1: an
+ * answer tied to no job): the answer commits in the first transaction whose offsets pass the
+ * job (kg_txn_set_offset), never before, so a job whose answer is visible is never consumed
+ * again. KG_ERR_NOMEM. */
 KG_NODISCARD kg_status_t kg_txn_add(kg_txn_t *t,
                                     const char *topic,
                                     const void *key,
@@ -94,6 +100,7 @@ KG_NODISCARD kg_status_t kg_txn_add(kg_txn_t *t,
                                     const rd_kafka_headers_t *hdrs,
                                     const char *jobs_topic,
                                     int32_t partition,
+                                    int64_t offset,
                                     void *opaque);
 
 /** The next offset to commit for a jobs partition (one past its finished prefix); `topic` is

@@ -365,7 +365,7 @@ static bool produce(kg_worker_t *w,
     }
     if (kg_txn_add(w->txn, topic, key, key_len, value, len, hdrs,
                    ack ? topic_of(w, ack->partition) : "", ack ? part_of(ack->partition) : -1,
-                   ack) != KG_OK) {
+                   ack ? ack->offset : -1, ack) != KG_OK) {
         free(ack);
         fatal(w, "out of memory keeping an answer for the transaction");
         return false;
@@ -1405,9 +1405,15 @@ static void rebalance_cb(rd_kafka_t *rk,
         if (!w->fatal && !w->txn) {
             rd_kafka_commit(rk, NULL, 0);
         }
-        if (w->txn && (w->fatal || !commit_txn(w, true))) {
+        if (w->txn) {
+            if (!w->fatal) {
+                (void)commit_txn(w, true);
+            }
+            /* what did not commit (the transaction failed, or answers waiting for an
+             * earlier job of their partition) was never visible: the jobs run again on the
+             * new owner */
             for (int l = 0; l < w->lanes.n; l++) {
-                kg_txn_drop(w->txn, w->lanes.lane[l].topic, parts); /* they run again elsewhere */
+                kg_txn_drop(w->txn, w->lanes.lane[l].topic, parts);
             }
         }
         abandon_jobs(w, parts, false);
