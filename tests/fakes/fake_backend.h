@@ -30,6 +30,7 @@ typedef struct kg_fake_backend_params {
     uint64_t salt;      /* changes the logits function */
     int32_t eog_token;  /* with eog_at_len > 0: this token wins once the history... */
     int32_t eog_at_len; /* ...has at least this many tokens; 0: off */
+    bool no_kv_copy;    /* offer no kv_copy (the engine then recomputes forked blocks) */
 } kg_fake_backend_params_t;
 
 #define KG_FAKE_MAX_STEPS 8192
@@ -42,6 +43,7 @@ typedef struct kg_fake_backend_stats {
     int32_t max_step_tokens;  /* largest batch */
     int32_t max_step_outputs; /* most logits rows in one step */
     int64_t n_violations;     /* broken batch contract; 0 in a correct engine */
+    int64_t n_kv_copies;      /* blocks copied by kv_copy */
     char first_violation[256];
     int32_t step_tokens[KG_FAKE_MAX_STEPS]; /* per step, for the first KG_FAKE_MAX_STEPS */
     int32_t step_outputs[KG_FAKE_MAX_STEPS];
