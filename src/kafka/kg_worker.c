@@ -11,6 +11,7 @@
 #include "../pipeline/kg_intake.h"
 #include "../pipeline/kg_jobrun.h"
 #include "../pipeline/kg_runner.h"
+#include "../pipeline/kg_served.h"
 #include "../schema/kg_codec.h"
 #include "kg_kafka_conf.h"
 #include "kg_offsets.h"
@@ -58,8 +59,11 @@ struct kg_worker {
     rd_kafka_t *consumer, *producer;
     kg_offsets_t *offsets;
     kg_intake_limits_t limits;
+    kg_served_t served; /* the model's names (limits.served points into it) */
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
+    int32_t n_engine_recs;    /* engine request records: one per choice (kg_engine_submit) */
+    int32_t n_engine_seqs;    /* choices of the jobs in the engine */
     size_t max_produce_bytes; /* payload bytes one produced message may carry */
     int32_t n_inflight;       /* records alive: pending + submitted + revoked awaiting finish */
     int32_t n_pending;
@@ -105,6 +109,9 @@ static void rec_free(kg_worker_t *w, job_rec_t *r) {
         *p = r->hnext;
         w->n_inflight--;
         atomic_store(&w->m.inflight, w->n_inflight);
+    }
+    if (r->state != REC_PENDING) {
+        w->n_engine_seqs -= r->run.n_choices; /* its engine records are free again */
     }
     kg_jobrun_clear(&r->run);
     free(r);
@@ -250,15 +257,15 @@ static void produce_error(kg_worker_t *w,
     free(json);
 }
 
-static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *evs, int n) {
+static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_step_t *js) {
     const kg_job_t *job = r->run.job;
     if (!job->stream) {
         return;
     }
     kg_event_origin_t o = origin(w, job->partition, job->offset);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < js->n_evs; i++) {
         size_t len;
-        char *json = kg_events_token(&o, w->model->tok, job, &r->run.out, &evs[i], &len);
+        char *json = kg_jobrun_token_event(&r->run, js, i, &o, w->model->tok, &len);
         if (!json) {
             fatal(w, "out of memory encoding a token event");
             return;
@@ -295,7 +302,7 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
                     kg_error_code_str(oc.code));
     } else {
         const kg_job_timing_t *t = &r->run.t;
-        int32_t n_gen = r->run.out.n_tokens;
+        int32_t n_gen = kg_jobrun_n_generated(&r->run);
         int64_t first = t->first_token_us ? t->first_token_us : now_us;
         kg_histogram_observe(&w->m.ttft, first - t->taken_us);
         kg_histogram_observe(&w->m.e2e, now_us - t->taken_us);
@@ -331,6 +338,7 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         KG_LOG_WARN("worker", "engine queue full: job requeued (queue sizing bug) request_id=%s",
                     r->run.job->request_id);
         r->state = REC_PENDING;
+        w->n_engine_seqs -= r->run.n_choices;
         r->qnext = w->pending_head;
         w->pending_head = r;
         if (!w->pending_tail) {
@@ -347,7 +355,7 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         return;
     }
     if (r->state == REC_REVOKED) {
-        if (re->c.finish != KG_FINISH_NONE) {
+        if (kg_jobrun_finish_seen(&r->run, &re->c)) {
             rec_free(w, r); /* quietly: no events, the offset is not stored */
         }
         return;
@@ -357,8 +365,8 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         fatal(w, "out of memory assembling output");
         return;
     }
-    emit_token_events(w, r, js.evs, js.n_evs);
-    if (js.cancel && kg_runner_cancel(w->runner, r->id) != KG_OK) {
+    emit_token_events(w, r, &js);
+    if (js.cancel && kg_runner_cancel_choice(w->runner, r->id, js.choice) != KG_OK) {
         fatal(w, "engine command queue stuck");
         return;
     }
@@ -372,7 +380,8 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
 
 static void submit_pending(kg_worker_t *w) {
     int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
-    while (w->pending_head && w->n_inflight - w->n_pending < cap) {
+    while (w->pending_head && w->n_inflight - w->n_pending < cap &&
+           w->n_engine_seqs + w->pending_head->run.n_choices <= w->n_engine_recs) {
         job_rec_t *r = w->pending_head;
         kg_request_t req = kg_jobrun_request(&r->run, r->id);
         kg_status_t st = kg_runner_submit(w->runner, &req);
@@ -390,6 +399,7 @@ static void submit_pending(kg_worker_t *w) {
         r->qnext = NULL;
         w->n_pending--;
         r->state = REC_SUBMITTED;
+        w->n_engine_seqs += r->run.n_choices;
         kg_jobrun_submitted(&r->run, kg_clock_us());
     }
 }
@@ -443,8 +453,21 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
     }
     kg_job_t *job = NULL;
     kg_codec_error_t cerr;
-    st = kg_codec_decode_job_opts(rkm->payload ? rkm->payload : "", rkm->len, &w->codec_opts, &job,
-                                  &cerr);
+    kg_codec_opts_t copts = w->codec_opts;
+    copts.key = rkm->key; /* the request_id of a bare OpenAI body */
+    copts.key_len = rkm->key_len;
+    rd_kafka_headers_t *hdrs = NULL;
+    const void *fmt = NULL;
+    size_t fmt_len = 0;
+    if (rd_kafka_message_headers(rkm, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+        rd_kafka_header_get_last(hdrs, "kgen-format", &fmt, &fmt_len) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR &&
+        fmt && !kg_codec_job_format_parse(fmt, fmt_len, &copts.format)) {
+        KG_LOG_WARN("worker", "unknown kgen-format header (%.*s) partition=%d offset=%lld",
+                    (int)(fmt_len < 32 ? fmt_len : 32), (const char *)fmt, rkm->partition,
+                    (long long)rkm->offset);
+    }
+    st = kg_codec_decode_job_opts(rkm->payload ? rkm->payload : "", rkm->len, &copts, &job, &cerr);
     if (st == KG_ERR_NOMEM) {
         fatal(w, "out of memory decoding a job");
         return;
@@ -798,6 +821,19 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->limits.max_seq_len = ep.max_seq_len;
     w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
+    w->limits.max_choices = ep.max_batch_size < KG_JOB_MAX_N ? ep.max_batch_size : KG_JOB_MAX_N;
+    w->n_engine_recs = ep.max_batch_size + ep.max_queue_depth;
+    if (kg_served_init(&w->served, cfg->served_model_name, model, cfg->model, errstr,
+                       errstr_size) != KG_OK) {
+        goto fail;
+    }
+    w->limits.served = (const char *const *)w->served.names;
+    w->limits.n_served = w->served.n;
+    {
+        char names[512];
+        kg_served_describe(&w->served, names, sizeof(names));
+        KG_LOG_INFO("worker", "serving model names=\"%s\"", names);
+    }
 
     w->be = kg_backend_new(cfg->backend, model, &bp, errstr, errstr_size);
     if (!w->be) {
@@ -981,6 +1017,7 @@ void kg_worker_free(kg_worker_t *w) {
     free(w->table);
     kg_engine_free(w->engine);
     kg_backend_free(w->be);
+    kg_served_clear(&w->served);
     free(w);
 }
 

@@ -43,12 +43,15 @@ static void fill_logprobs(const kg_tokenizer_t *tok,
 char *kg_events_token(const kg_event_origin_t *o,
                       const kg_tokenizer_t *tok,
                       const kg_job_t *job,
+                      int32_t choice,
                       const kg_output_t *out,
                       const kg_output_event_t *ev,
                       size_t *len) {
     size_t tlen;
     const char *text = kg_output_text(out, &tlen);
-    kg_event_token_t e = {.index = ev->index,
+    kg_event_token_t e = {.has_choice = job->n > 1,
+                          .choice = choice,
+                          .index = ev->index,
                           .token_id = ev->token_id,
                           .text = text + ev->text_off,
                           .text_len = ev->text_len};
@@ -71,12 +74,63 @@ char *kg_events_done(const kg_event_origin_t *o,
                      const kg_sample_result_t *samples,
                      int32_t n_samples,
                      size_t *len) {
+    kg_events_choice_t ch = {
+        .out = out, .reason = reason, .samples = samples, .n_samples = n_samples};
+    return kg_events_done_choices(o, tok, job, &ch, 1, t, len);
+}
+
+/* The per-token logprobs of one completion, with their pieces in *buf
+ * (both malloc'ed; NULL, NULL when there are none). false on out of memory. */
+static bool make_logprobs(const kg_tokenizer_t *tok,
+                          const kg_sample_result_t *samples,
+                          int32_t n_samples,
+                          kg_token_logprobs_t **lps,
+                          char **buf) {
+    *lps = NULL;
+    *buf = NULL;
+    if (!samples || n_samples <= 0) {
+        return true;
+    }
+    size_t cap = (size_t)n_samples * (KG_MAX_LOGPROBS + 1) * 64;
+    *lps = calloc((size_t)n_samples, sizeof(**lps));
+    *buf = malloc(cap);
+    if (!*lps || !*buf) {
+        free(*lps);
+        free(*buf);
+        *lps = NULL;
+        *buf = NULL;
+        return false;
+    }
+    size_t used = 0;
+    for (int32_t i = 0; i < n_samples; i++) {
+        fill_logprobs(tok, &samples[i], &(*lps)[i], *buf, cap, &used);
+    }
+    return true;
+}
+
+static const char *stop_of(const kg_job_t *job, const kg_events_choice_t *ch) {
+    if (ch->reason == KG_FINISH_REASON_STOP_SEQUENCE && ch->out->stop_index >= 0) {
+        return job->stop[ch->out->stop_index];
+    }
+    return NULL;
+}
+
+char *kg_events_done_choices(const kg_event_origin_t *o,
+                             const kg_tokenizer_t *tok,
+                             const kg_job_t *job,
+                             const kg_events_choice_t *ch,
+                             int32_t n,
+                             const kg_job_timing_t *t,
+                             size_t *len) {
     size_t tlen;
-    const char *text = kg_output_text(out, &tlen);
+    const char *text = kg_output_text(ch[0].out, &tlen);
     int64_t first = t->first_token_us ? t->first_token_us : t->finished_us;
     double gen_s = (double)(t->finished_us - first) / 1e6;
-    int32_t n_gen = out->n_tokens;
-    kg_event_done_t e = {.finish_reason = reason,
+    int32_t n_gen = 0;
+    for (int32_t c = 0; c < n; c++) {
+        n_gen += ch[c].out->n_tokens;
+    }
+    kg_event_done_t e = {.finish_reason = ch[0].reason,
                          .text = text,
                          .text_len = tlen,
                          .prompt_tokens = t->n_prompt,
@@ -87,32 +141,46 @@ char *kg_events_done(const kg_event_origin_t *o,
                          .total_ms = (double)(t->finished_us - t->taken_us) / 1e3,
                          .tokens_per_s = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0.0,
                          .metadata_json = job->metadata_json};
-    if (reason == KG_FINISH_REASON_STOP_SEQUENCE && out->stop_index >= 0) {
-        e.stop = job->stop[out->stop_index];
-        e.stop_len = strlen(e.stop);
-    }
+    e.stop = stop_of(job, &ch[0]);
+    e.stop_len = e.stop ? strlen(e.stop) : 0;
     common(o, job->request_id, &e.common);
-    kg_token_logprobs_t *lps = NULL;
-    char *buf = NULL;
-    if (samples && n_samples > 0) {
-        size_t cap = (size_t)n_samples * (KG_MAX_LOGPROBS + 1) * 64;
-        lps = calloc((size_t)n_samples, sizeof(*lps));
-        buf = malloc(cap);
-        if (!lps || !buf) {
-            free(lps);
-            free(buf);
-            return NULL;
-        }
-        size_t used = 0;
-        for (int32_t i = 0; i < n_samples; i++) {
-            fill_logprobs(tok, &samples[i], &lps[i], buf, cap, &used);
-        }
-        e.logprobs = lps;
-        e.n_logprobs = n_samples;
+    kg_token_logprobs_t *lps[KG_JOB_MAX_N] = {0};
+    char *bufs[KG_JOB_MAX_N] = {0};
+    kg_event_choice_t cs[KG_JOB_MAX_N];
+    char *json = NULL;
+    if (n < 1 || n > KG_JOB_MAX_N) {
+        return NULL;
     }
-    char *json = kg_codec_encode_done(&e, len);
-    free(lps);
-    free(buf);
+    for (int32_t c = 0; c < n; c++) {
+        if (!make_logprobs(tok, ch[c].samples, ch[c].n_samples, &lps[c], &bufs[c])) {
+            goto out;
+        }
+    }
+    if (n == 1) {
+        e.logprobs = lps[0];
+        e.n_logprobs = lps[0] ? ch[0].n_samples : 0;
+    } else {
+        for (int32_t c = 0; c < n; c++) {
+            size_t clen;
+            cs[c] = (kg_event_choice_t){.index = c,
+                                        .finish_reason = ch[c].reason,
+                                        .completion_tokens = ch[c].out->n_tokens,
+                                        .logprobs = lps[c],
+                                        .n_logprobs = lps[c] ? ch[c].n_samples : 0};
+            cs[c].text = kg_output_text(ch[c].out, &clen);
+            cs[c].text_len = clen;
+            cs[c].stop = stop_of(job, &ch[c]);
+            cs[c].stop_len = cs[c].stop ? strlen(cs[c].stop) : 0;
+        }
+        e.choices = cs;
+        e.n_choices = n;
+    }
+    json = kg_codec_encode_done(&e, len);
+out:
+    for (int32_t c = 0; c < n; c++) {
+        free(lps[c]);
+        free(bufs[c]);
+    }
     return json;
 }
 

@@ -23,13 +23,34 @@ typedef struct kg_job_timing {
     int32_t n_prompt, n_cached;
 } kg_job_timing_t;
 
-/** A token event for `ev` of `out`. Returns malloc'ed JSON (caller frees). */
+/** A token event for `ev` of `out`, the output of choice `choice` (written
+ * when the job has n > 1). Returns malloc'ed JSON (caller frees). */
 char *kg_events_token(const kg_event_origin_t *o,
                       const kg_tokenizer_t *tok,
                       const kg_job_t *job,
+                      int32_t choice,
                       const kg_output_t *out,
                       const kg_output_event_t *ev,
                       size_t *len);
+
+/* One finished completion of a job, for kg_events_done_choices. */
+typedef struct kg_events_choice {
+    const kg_output_t *out;
+    kg_finish_reason_t reason;
+    const kg_sample_result_t *samples; /* (n_samples) or NULL */
+    int32_t n_samples;
+} kg_events_choice_t;
+
+/** The done event of a job with n = `n` completions: for n = 1 as
+ * kg_events_done; for n > 1 with every completion in `choices`, choice 0's
+ * text and finish at the top and completion_tokens summed. */
+char *kg_events_done_choices(const kg_event_origin_t *o,
+                             const kg_tokenizer_t *tok,
+                             const kg_job_t *job,
+                             const kg_events_choice_t *ch,
+                             int32_t n,
+                             const kg_job_timing_t *t,
+                             size_t *len);
 
 /** The done event: full text, finish reason, usage, timings, and per-token
  * logprobs when the job asked for them (`samples`, n_samples; may be NULL). */
