@@ -278,7 +278,10 @@ int kg_cmd_batch(int argc, char **argv) {
                                                                               : KG_JOB_MAX_N,
                               .served = (const char *const *)served.names,
                               .n_served = served.n};
-    kg_event_origin_t origin = {.worker_id = "kgen-batch", .partition = -1, .offset = -1};
+    kg_event_origin_t origin = {.worker_id = "kgen-batch",
+                                .partition = -1,
+                                .offset = -1,
+                                .model = served.n > 0 ? served.names[0] : NULL};
     int64_t t0 = kg_clock_us();
     int line_no = 0;
     for (char *p = input, *end = input + in_len; jobs && p < end;) {

@@ -228,7 +228,8 @@ static kg_event_origin_t origin(const kg_worker_t *w, int32_t partition, int64_t
     kg_event_origin_t o = {.worker_id = w->worker_id,
                            .topic = w->cfg->jobs_topic,
                            .partition = partition,
-                           .offset = offset};
+                           .offset = offset,
+                           .model = w->served.n > 0 ? w->served.names[0] : NULL};
     return o;
 }
 

@@ -140,7 +140,8 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
                          .ttft_ms = (double)(first - t->taken_us) / 1e3,
                          .total_ms = (double)(t->finished_us - t->taken_us) / 1e3,
                          .tokens_per_s = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0.0,
-                         .metadata_json = job->metadata_json};
+                         .metadata_json = job->metadata_json,
+                         .model = job->model ? job->model : o->model};
     e.stop = stop_of(job, &ch[0]);
     e.stop_len = e.stop ? strlen(e.stop) : 0;
     common(o, job->request_id, &e.common);

@@ -16,6 +16,7 @@ typedef struct kg_event_origin {
     const char *topic; /* NULL outside Kafka */
     int32_t partition; /* -1 outside Kafka */
     int64_t offset;    /* -1 outside Kafka */
+    const char *model; /* the worker's first served model name, or NULL */
 } kg_event_origin_t;
 
 typedef struct kg_job_timing {

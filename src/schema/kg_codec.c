@@ -1271,6 +1271,9 @@ char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len) {
         if (ev->choices && ev->n_choices > 0) {
             put(o, "choices", choices_json(ev, &ok), &ok);
         }
+        if (ev->model) {
+            put(o, "model", cstr_json(ev->model), &ok);
+        }
     }
     return finish_event(o, ok, ev->metadata_json, len);
 }
@@ -1515,7 +1518,7 @@ static bool ev_done(evdec_t *d, kg_event_done_t *e) {
            ev_num(d, tm, "total_ms", &e->total_ms) &&
            ev_num(d, tm, "tokens_per_s", &e->tokens_per_s) &&
            ev_done_logprobs(d, r, &e->logprobs, &e->n_logprobs) && ev_choices(d, e) &&
-           ev_metadata(d, &e->metadata_json);
+           ev_str(d, r, "model", true, &e->model, NULL) && ev_metadata(d, &e->metadata_json);
 }
 
 static bool ev_error(evdec_t *d, kg_event_error_t *e) {
@@ -1606,6 +1609,7 @@ void kg_event_free(kg_event_t *ev) {
         free((void *)ch->logprobs);
     }
     free((void *)ev->done.choices);
+    free((void *)ev->done.model);
     free((void *)ev->done.metadata_json);
     free_common(&ev->error.common);
     free((void *)ev->error.message);

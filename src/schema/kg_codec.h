@@ -255,6 +255,8 @@ typedef struct kg_event_done {
     const kg_token_logprobs_t *logprobs; /* (n_logprobs) per output token, or NULL */
     int32_t n_logprobs;
     const char *metadata_json; /* the job's metadata_json, or NULL */
+    const char *model;         /* the model name that answered (the job's, else the worker's
+                                  first served name); NULL: not written */
     /* n > 1: every completion (finish_reason, text and stop above are
      * choice 0's; completion_tokens is their sum); n_choices 0: not written */
     const kg_event_choice_t *choices;

@@ -704,8 +704,10 @@ done_body(const asked_t *a, const json_t *ev, const kg_openai_output_opts_t *opt
     put(body, "id", json_string(id), ok);
     put(body, "object", json_string(a->chat ? "chat.completion" : "text_completion"), ok);
     put(body, "created", json_integer(ts / 1000), ok);
+    const json_t *em = json_object_get(ev, "model");
     put(body, "model",
-        json_string(a->model                      ? a->model
+        json_string(json_is_string(em)            ? json_string_value(em)
+                    : a->model                    ? a->model
                     : opts && opts->default_model ? opts->default_model
                                                   : "kgen"),
         ok);
@@ -899,4 +901,19 @@ out:
     json_decref(in);
     json_decref(ev);
     return st;
+}
+
+bool kg_openai_line_id(const char *line, size_t len, char *out, size_t size) {
+    json_t *o = json_loadb(line, len, LOAD_FLAGS, NULL);
+    const json_t *id = json_object_get(o, "custom_id");
+    if (!json_is_string(id)) {
+        id = json_object_get(o, "request_id");
+    }
+    bool ok = json_is_string(id) && json_string_length(id) < size &&
+              strlen(json_string_value(id)) == json_string_length(id);
+    if (ok) {
+        memcpy(out, json_string_value(id), json_string_length(id) + 1);
+    }
+    json_decref(o);
+    return ok;
 }

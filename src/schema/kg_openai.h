@@ -77,3 +77,10 @@ KG_NODISCARD kg_status_t kg_openai_batch_output(const char *input,
                                                 bool *is_error,
                                                 char *errstr,
                                                 size_t errstr_size);
+
+/** The id a JSONL line goes by: its custom_id when it is a string (an
+ * OpenAI Batch input or output line), else its request_id (a kgen job or
+ * event), copied into `out` (NUL-terminated, `size` bytes at most). false
+ * when the line is not a JSON object with either. For resuming from a
+ * partly written output file (kgen-submit). */
+bool kg_openai_line_id(const char *line, size_t len, char *out, size_t size);
