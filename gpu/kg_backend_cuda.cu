@@ -50,6 +50,8 @@
 #include "embed.cuh"
 #include "gemm.cuh"
 #include "kg_backend_cuda.h"
+#include "kv_copy.cuh"
+#include "logit_bias.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
@@ -123,6 +125,7 @@ typedef struct cuda_ctx {
     int32_t last_n_outputs;
     kg_cuda_sampler_t sampler;
     bool sampler_ready;
+    kg_cuda_bias_t bias; /* logit_bias.cu: the requests' logit_bias before sampling */
 
     size_t weights_size, kv_size, scratch_size;
 } cuda_ctx_t;
@@ -421,6 +424,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(kg_cuda_sampler_init(&ctx->sampler, hp->n_vocab, ctx->out_cap));
     ctx->sampler_ready = true;
     ctx->scratch_size += kg_cuda_sampler_device_size(&ctx->sampler);
+    KG_TRY(kg_cuda_bias_init(&ctx->bias, ctx->out_cap));
+    ctx->scratch_size += kg_cuda_bias_device_size(&ctx->bias);
     return KG_OK;
 }
 
@@ -690,10 +695,34 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
         return KG_OK;
     }
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
+        kg_cuda_bias_apply(&ctx->bias, ctx->stream, ctx->logits, ctx->hp.n_vocab, reqs, n) !=
+            KG_OK ||
         kg_cuda_sampler_run(&ctx->sampler, ctx->stream, ctx->logits, reqs, n, out) != KG_OK) {
         return mark_dead(ctx);
     }
     ctx->last_n_outputs = 0; /* the rows are consumed */
+    return KG_OK;
+}
+
+/* KV blocks for the n choices of one prompt (kv_copy.cu). */
+static kg_status_t
+cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n) {
+    cuda_ctx_t *ctx = (cuda_ctx_t *)be->ctx;
+    if (ctx->dead) {
+        return KG_ERR_BACKEND;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] >= ctx->n_kv_blocks || dst[i] < 0 || dst[i] >= ctx->n_kv_blocks ||
+            src[i] == dst[i]) {
+            return KG_ERR_INVALID;
+        }
+    }
+    const size_t block = (size_t)ctx->block_size * (size_t)ctx->hp.n_head_kv * ctx->hp.head_dim;
+    if (cudaSetDevice(ctx->device) != cudaSuccess ||
+        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems, 2 * ctx->hp.n_layer, block, src,
+                        dst, n) != KG_OK) {
+        return mark_dead(ctx);
+    }
     return KG_OK;
 }
 
@@ -750,6 +779,7 @@ static void cuda_free(kg_backend_t *be) {
         if (ctx->sampler_ready) {
             kg_cuda_sampler_clear(&ctx->sampler);
         }
+        kg_cuda_bias_clear(&ctx->bias);
         kg_cuda_blas_clear(&ctx->blas);
         if (ctx->stream) {
             cudaStreamDestroy(ctx->stream);
@@ -796,6 +826,7 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     be->iface = cuda_iface;
     be->ctx = ctx;
     be->sample = cuda_sample;
+    be->kv_copy = cuda_kv_copy;
     ctx->model = model;
     ctx->hp = *hp;
     ctx->n_kv_blocks = params->n_kv_blocks;
