@@ -31,15 +31,6 @@ size_t kg_cuda_bias_device_size(const kg_cuda_bias_t *b) {
     return (size_t)b->cap * sizeof(kg_cuda_bias_entry_t);
 }
 
-static bool listed_before(const kg_logit_bias_t *lb, int32_t k) {
-    for (int32_t j = 0; j < k; j++) {
-        if (lb[j].token == lb[k].token) {
-            return true;
-        }
-    }
-    return false;
-}
-
 kg_status_t kg_cuda_bias_apply(kg_cuda_bias_t *b,
                                cudaStream_t stream,
                                float *d_logits,
@@ -51,7 +42,7 @@ kg_status_t kg_cuda_bias_apply(kg_cuda_bias_t *b,
         const kg_sampling_params_t *p = reqs[r].params;
         for (int32_t k = 0; k < p->n_logit_bias && m < b->cap; k++) {
             const kg_logit_bias_t *e = &p->logit_bias[k];
-            if (e->token < 0 || e->token >= n_vocab || listed_before(p->logit_bias, k)) {
+            if (e->token < 0 || e->token >= n_vocab) {
                 continue; /* ignored, as kg_sampler_sample does */
             }
             b->h_ent[m++] = (kg_cuda_bias_entry_t){r, e->token, e->bias};

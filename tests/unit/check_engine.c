@@ -1193,6 +1193,9 @@ START_TEST(choices_submit_limits) {
     j.req.sampling.logit_bias = bias;
     j.req.sampling.n_logit_bias = KG_MAX_LOGIT_BIAS + 1;
     ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_ERR_INVALID);
+    j.req.sampling.n_logit_bias = 2;
+    bias[1].token = bias[0].token;
+    ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_ERR_INVALID); /* a token twice */
     j.req.sampling.n_logit_bias = 1;
     bias[0].token = VOCAB;
     ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_ERR_INVALID);
