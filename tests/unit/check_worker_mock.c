@@ -316,6 +316,99 @@ START_TEST(test_burst_beyond_queue_depth) {
 }
 END_TEST
 
+static void produce_raw(fixture_t *f, const char *key, const char *value, const char *format) {
+    rd_kafka_headers_t *h = NULL;
+    if (format) {
+        h = rd_kafka_headers_new(1);
+        rd_kafka_header_add(h, "kgen-format", -1, format, -1);
+    }
+    rd_kafka_vu_t vus[5] = {
+        {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+        {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {(void *)key, strlen(key)}},
+        {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {(void *)value, strlen(value)}},
+        {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+        {.vtype = RD_KAFKA_VTYPE_HEADERS, .u.headers = h},
+    };
+    rd_kafka_error_t *e = rd_kafka_produceva(f->producer, vus, format ? 5 : 4);
+    ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+}
+
+/* OpenAI shapes and n > 1 through the worker: ten jobs of n = 4 at once (40
+ * choices for an engine of 16 request records: the worker admits by
+ * choices), a bare Completions body keyed by its request id, the kgen-format
+ * header (it makes a kgen-looking job an OpenAI body: no token events, as
+ * OpenAI's stream defaults to false), and model_not_found. */
+START_TEST(test_openai_and_choices) {
+    fixture_t f;
+    setup(&f, 1, "8");
+    char key[32], job[256];
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof(key), "job-%d", i);
+        snprintf(job, sizeof(job),
+                 "{\"request_id\":\"job-%d\",\"prompt\":\"Once upon a time %d\",\"n\":4,"
+                 "\"max_tokens\":6,\"ignore_eos\":true,\"temperature\":1.0,\"stream\":false}",
+                 i, i);
+        produce_raw(&f, key, job, NULL);
+    }
+    produce_raw(&f, "job-10", "{\"model\":\"kgen-random\",\"prompt\":\"Once\",\"max_tokens\":3}",
+                NULL);
+    const char *kgen_like = "{\"request_id\":\"job-%d\",\"prompt\":\"Once\",\"max_tokens\":5}";
+    snprintf(job, sizeof(job), kgen_like, 11);
+    produce_raw(&f, "job-11", job, "openai-completions");
+    snprintf(job, sizeof(job), kgen_like, 12);
+    produce_raw(&f, "job-12", job, NULL);
+    produce_raw(&f, "job-13",
+                "{\"custom_id\":\"job-13\",\"body\":{\"model\":\"nope\",\"prompt\":\"x\"}}",
+                "openai-batch");
+    rd_kafka_flush(f.producer, 5000);
+    int tokens[14] = {0}, choices[14] = {0}, n_done = 0;
+    bool error13 = false;
+    int64_t deadline = kg_clock_us() + 60 * 1000000;
+    while (n_done < 14 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        const kg_event_common_t *c = ev->type == KG_EVENT_TOKEN  ? &ev->token.common
+                                     : ev->type == KG_EVENT_DONE ? &ev->done.common
+                                                                 : &ev->error.common;
+        int i = -1;
+        ck_assert_msg(sscanf(c->request_id, "job-%d", &i) == 1 && i >= 0 && i < 14, "%s",
+                      c->request_id);
+        if (ev->type == KG_EVENT_TOKEN) {
+            tokens[i]++;
+        } else {
+            n_done++;
+            if (ev->type == KG_EVENT_ERROR) {
+                ck_assert_msg(i == 13, "job-%d: %s", i, ev->error.message);
+                ck_assert_int_eq(ev->error.code, KG_ERROR_MODEL_NOT_FOUND);
+                error13 = true;
+            } else {
+                choices[i] = ev->done.n_choices;
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_done, 14);
+    ck_assert(error13);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(choices[i], 4);
+        ck_assert_int_eq(tokens[i], 0);
+    }
+    ck_assert_int_eq(tokens[10], 0);
+    ck_assert_int_eq(tokens[11], 0);
+    ck_assert_int_gt(tokens[12], 0);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
@@ -324,6 +417,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_broker_down_up);
     tcase_add_test(tc, test_burst_beyond_queue_depth);
+    tcase_add_test(tc, test_openai_and_choices);
     suite_add_tcase(s, tc);
     return s;
 }
