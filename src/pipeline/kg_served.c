@@ -46,6 +46,7 @@ kg_status_t kg_served_init(kg_served_t *s,
     memset(s, 0, sizeof(*s));
     kg_status_t st = KG_OK;
     if (spec && *spec) {
+        /* the names given replace the defaults, as vLLM's --served-model-name does */
         for (const char *p = spec;; p++) {
             const char *comma = strchr(p, ',');
             size_t len = comma ? (size_t)(comma - p) : strlen(p);
