@@ -1,7 +1,7 @@
 /* cuda_common: what every file of the CUDA backend shares: error checks,
  * the 16/32-bit element helpers and block-wide reductions.
  *
- * Plain CUDA C++ (CONVENTIONS.md §3): no exceptions, no STL, no `new`.
+ * Plain CUDA C++ (docs/CONVENTIONS.md §3): no exceptions, no STL, no `new`.
  * Every CUDA and cuBLAS call goes through KG_CUDA_CHECK / KG_CUBLAS_CHECK,
  * which log the statement, the place and the error text and make the
  * enclosing function return KG_ERR_BACKEND (ggml's CUDA_CHECK_GEN, minus

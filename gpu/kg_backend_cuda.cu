@@ -42,7 +42,7 @@
  * Errors. Every CUDA and cuBLAS call is checked. Any device-side failure
  * marks the backend dead: that call and every later one return
  * KG_ERR_BACKEND, since a sticky CUDA error poisons the context and the
- * KV pool may be half-written (CONVENTIONS.md §4: the worker exits and
+ * KV pool may be half-written (docs/CONVENTIONS.md §4: the worker exits and
  * Kafka redelivers). Bad batches from the caller return KG_ERR_INVALID
  * and leave the backend alive. */
 #include "attention.cuh"

@@ -11,6 +11,24 @@
 #include "../../gpu/kg_backend_cuda.h"
 #endif
 
+#ifdef KG_USE_CUDA
+/* The KG_MODEL_FEAT_* bits the CUDA backend implements. It runs the Llama
+ * graph only (gpu/ gets the new ops later, after the CPU has them); a model
+ * that needs anything else is refused for it, and `auto` takes the CPU. */
+#define KG_CUDA_FEATURES 0u
+
+static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
+    const uint32_t missing = kg_model_features(model) & ~(uint32_t)KG_CUDA_FEATURES;
+    char names[256];
+    if (missing == 0) {
+        return true;
+    }
+    snprintf(why, cap, "the cuda backend does not implement what this %s model uses: %s",
+             kg_arch_name(model->hp.arch), kg_model_feature_names(missing, names, sizeof(names)));
+    return false;
+}
+#endif
+
 const char *kg_backend_list(void) {
 #ifdef KG_USE_CUDA
     return "cpu,cuda";
@@ -29,6 +47,15 @@ kg_backend_t *kg_backend_new(const char *name,
     }
     if (strcmp(name, "cuda") == 0 || strcmp(name, "auto") == 0) {
 #ifdef KG_USE_CUDA
+        char why[400];
+        if (!cuda_runs(model, why, sizeof(why))) {
+            if (strcmp(name, "cuda") == 0) {
+                snprintf(errstr, errstr_size, "backend cuda: %s (use --backend cpu)", why);
+                return NULL;
+            }
+            KG_LOG_WARN("backend", "%s; using the CPU backend", why);
+            return kg_backend_cpu_new(model, params, errstr, errstr_size);
+        }
         if (kg_backend_cuda_available()) {
             return kg_backend_cuda_new(model, params, errstr, errstr_size);
         }

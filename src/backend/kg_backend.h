@@ -21,8 +21,10 @@ typedef struct kg_backend kg_backend_t;
  * position pos[i]; its K and V are written to the slot's block
  * block_table[seq[i] * max_blocks_per_seq + pos[i] / block_size] at row
  * pos[i] % block_size, then it attends to positions [0, pos[i]] of its slot
- * (so a prefill chunk is causal by construction). Tokens of one slot appear
- * in increasing position order. */
+ * (so a prefill chunk is causal by construction), or to the last n_swa of
+ * them in a windowed layer. Tokens of one slot appear in increasing position
+ * order. Table entries of blocks wholly before every layer's window may be
+ * -1 (the engine freed them); they are never read. */
 typedef struct kg_step_batch {
     int32_t n_tokens;
     const int32_t *token;    /* (n_tokens) */
@@ -40,6 +42,8 @@ typedef struct kg_backend_params {
     int32_t n_kv_blocks;      /* blocks in the KV pool */
     int32_t kv_block_size;    /* tokens per block */
     int32_t max_batch_tokens; /* most tokens in one step */
+    int32_t max_seq_len;      /* per-sequence context (picks LongRoPE's short or long factors,
+                                 as llama.cpp's n_ctx_seq does); <= 0: the model's n_ctx_train */
 } kg_backend_params_t;
 
 typedef struct kg_backend_memory {

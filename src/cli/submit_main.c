@@ -773,6 +773,7 @@ int main(int argc, char **argv) {
     }
     producer = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
     if (!producer) {
+        rd_kafka_conf_destroy(conf); /* ours again: rd_kafka_new failed */
         fprintf(stderr, "kgen-submit: %s\n", err);
         goto out_keys;
     }

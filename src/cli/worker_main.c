@@ -5,8 +5,8 @@
 #include "config/kg_config.h"
 #include "core/kg_log.h"
 #include "kafka/kg_demo.h"
-#include "kafka/kg_worker.h"
 #include "kafka/kg_http.h"
+#include "kafka/kg_worker.h"
 #include "model/kg_model.h"
 #include "schema/kg_codec.h"
 

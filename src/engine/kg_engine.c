@@ -512,6 +512,24 @@ static void expire(kg_engine_t *e) {
     }
 }
 
+/* Step phase 2a: with a model whose every layer is windowed, give back
+ * each running sequence's blocks that lie wholly before the window of the
+ * first token it computes next: a long generation then holds about
+ * kv_window / block_size blocks, not one per block_size tokens of it. */
+static void drop_out_of_window(kg_engine_t *e) {
+    const int32_t w = e->p.kv_window, bs = e->p.kv_block_size;
+    if (w <= 0) {
+        return;
+    }
+    for (int32_t i = 0; i < e->n_run; i++) {
+        const kg_seq_t *seq = &e->recs[e->run[i]];
+        const int32_t first = seq->n_computed - w + 1; /* first position still read */
+        if (first >= bs) {
+            kg_kv_seq_drop_front(e->kv, seq->slot, first / bs);
+        }
+    }
+}
+
 /* Step phase 2: a block for the next token of every running sequence,
  * oldest first. Returns whether anything was preempted. */
 static bool reserve_blocks(kg_engine_t *e) {
@@ -655,7 +673,10 @@ static void fork_choices(kg_engine_t *e, int32_t r) {
         }
         int32_t slot = e->free_slots[--e->n_free_slots];
         int32_t src = -1, dst = -1;
-        if (!kg_kv_seq_fork(e->kv, lead->slot, slot, n_share, &src, &dst)) {
+        /* recomputing the copied block would read positions a windowed leader
+         * may have given back already: then the choice starts as a request */
+        if ((!copy && e->p.kv_window > 0) ||
+            !kg_kv_seq_fork(e->kv, lead->slot, slot, n_share, &src, &dst)) {
             /* no block now: an ordinary request at the front of the queue */
             e->free_slots[e->n_free_slots++] = slot;
             seq->front = true;
@@ -718,6 +739,7 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         return KG_ERR_INVALID;
     }
     expire(e);
+    drop_out_of_window(e);
     bool preempted = reserve_blocks(e);
 
     /* Phase 3: decode tokens first, then prefill chunks in admission order. */
@@ -852,6 +874,7 @@ kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_m
     p.kv_block_size = 16;
     p.prefix_cache = true;
     p.n_vocab = model->hp.n_vocab;
+    p.kv_window = kg_model_kv_window(model);
     size_t n_blocks;
     if (kv_memory_size > 0) {
         size_t block_bytes = kg_backend_kv_bytes_per_token(model) * (size_t)p.kv_block_size;

@@ -6,7 +6,10 @@
  * kg_engine_step() in a loop; each step
  *   1. finishes cancelled requests and those past their deadline (waiting
  *      ones without ever running);
- *   2. makes sure every running sequence has a block for its next token;
+ *   2. with a model whose every layer is windowed (kv_window > 0), gives
+ *      back each running sequence's blocks wholly before the window of its
+ *      next token; then makes sure every running sequence has a block for
+ *      its next token;
  *      when the pool (free plus evictable cached blocks) has none, it
  *      preempts the most recently admitted sequence (frees its blocks, keeps
  *      its tokens, requeues it at the very front of the queue to be
@@ -96,6 +99,9 @@ typedef struct kg_engine_params {
     int32_t n_eog;
     int32_t eog[KG_MAX_EOG]; /* end-of-generation token ids */
     int32_t n_vocab;
+    int32_t kv_window; /* > 0: no token reads a position more than kv_window - 1 before its
+                          own (every layer windowed: kg_model_kv_window), so blocks wholly
+                          before that are given back as a sequence advances; 0: none */
 } kg_engine_params_t;
 
 typedef enum kg_finish {

@@ -23,6 +23,15 @@
  * prompt, kg_kv_seq_fork): the choices share the prompt's full blocks and
  * each gets its own block for the one holding the prompt's last token
  * (copied or recomputed by the engine), so no shared block is written.
+ * Sliding windows: when every layer of the model is windowed, a sequence's
+ * blocks wholly before the window of its next token are never read again;
+ * kg_kv_seq_drop_front gives them back (to the LRU when they are in the
+ * prefix cache, else to the free stack) and marks their table entries -1.
+ * The table keeps its logical length, so position p is still in entry
+ * p / block_size. A dropped block that stays cached still matches later
+ * sequences with the same prefix; one evicted breaks the chain for the
+ * blocks registered after it (they then never match), which loses reuse,
+ * never correctness.
  * Nothing here allocates after kg_kv_new. */
 #pragma once
 
@@ -88,12 +97,22 @@ void kg_kv_seq_commit(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t 
 
 /** Fill the empty table of `dst` as a fork of `src`: the first `n_share`
  * blocks of src (full blocks of a computed prefix) are referenced, not
- * copied, and one fresh block follows them. *copy_src gets src's block at
+ * copied, and one fresh block follows them; entries src has given back
+ * (sliding window) are given back in dst too. *copy_src gets src's block at
  * index n_share and *copy_dst the fresh block, for the caller to copy
  * (kg_backend_kv_copy) or recompute. false, with dst left empty, when src
- * holds fewer than n_share + 1 blocks or the pool has no free block. */
+ * holds fewer than n_share + 1 blocks, its block n_share is given back, or
+ * the pool has no free block. */
 bool kg_kv_seq_fork(
     kg_kv_t *kv, int32_t src, int32_t dst, int32_t n_share, int32_t *copy_src, int32_t *copy_dst);
+
+/** Give back the blocks of `slot` before entry `n_blocks` (those not given
+ * back yet) and set their entries to -1; they must hold no position any
+ * future token of the slot reads. */
+void kg_kv_seq_drop_front(kg_kv_t *kv, int32_t slot, int32_t n_blocks);
+
+/** Blocks `slot` still holds (its table length minus the dropped ones). */
+int32_t kg_kv_seq_n_held(const kg_kv_t *kv, int32_t slot);
 
 /** Drop the references of `slot` and empty its table. Blocks go back last
  * first, so the LRU evicts the tail of a prefix before its head. */

@@ -77,5 +77,6 @@ kg_status_t kg_engine_size(const kg_model_t *model,
     bp->n_kv_blocks = p.n_kv_blocks;
     bp->kv_block_size = p.kv_block_size;
     bp->max_batch_tokens = p.max_batch_tokens;
+    bp->max_seq_len = p.max_seq_len;
     return KG_OK;
 }

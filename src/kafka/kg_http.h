@@ -3,7 +3,7 @@
  * figures; src/metrics holds only the counters and histograms.
  *
  * Served from libmicrohttpd's own thread, reading only atomics of the
- * worker and the engine runner (DESIGN.md §1), so a scrape never waits on a
+ * worker and the engine runner (docs/DESIGN.md §1), so a scrape never waits on a
  * forward step or a Kafka poll.
  *   /metrics  Prometheus text format, kgen_ prefix, units in names
  *   /healthz  200 while both loops are turning (each turned within 30 s)

@@ -73,7 +73,7 @@ struct kg_worker {
     job_rec_t *pending_head, *pending_tail;
     rd_kafka_topic_partition_list_t *assigned; /* owned copy of the assignment */
     bool paused;
-    volatile sig_atomic_t stop_requested;
+    _Atomic int stop_requested; /* set by a signal handler or another thread (the demo) */
     bool draining;
     int64_t drain_deadline_us;
     int fatal; /* non-zero: stop at once, exit non-zero */
@@ -899,7 +899,7 @@ fail:
 }
 
 void kg_worker_stop(kg_worker_t *w) {
-    w->stop_requested = 1;
+    atomic_store(&w->stop_requested, 1); /* lock-free: async-signal-safe */
 }
 
 static void drain_engine_events(kg_worker_t *w, int timeout_ms) {
@@ -918,7 +918,7 @@ int kg_worker_run(kg_worker_t *w) {
     while (!w->fatal) {
         int64_t now = kg_clock_us();
         atomic_store(&w->m.last_loop_us, now);
-        if (w->stop_requested && !w->draining) {
+        if (atomic_load(&w->stop_requested) && !w->draining) {
             w->draining = true;
             w->drain_deadline_us = now + (int64_t)(w->cfg->drain_timeout_s * 1e6);
             KG_LOG_INFO("worker", "stopping: draining inflight=%d timeout_s=%g", w->n_inflight,

@@ -12,7 +12,7 @@
  * rule and message below applies to both.
  *
  * DESIGN
- * Decoding sorts bad input into the two outcomes of DESIGN.md §3:
+ * Decoding sorts bad input into the two outcomes of docs/DESIGN.md §3:
  *   - KG_CODEC_DLQ: the bytes are not a JSON object with a usable
  *     request_id (too large, not JSON, invalid UTF-8, duplicate keys, not an
  *     object, request_id missing or malformed). Nobody can be told, so the

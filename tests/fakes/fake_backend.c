@@ -26,13 +26,16 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-void kg_fake_backend_logits(const kg_fake_backend_params_t *params,
-                            const int32_t *history,
-                            int32_t n,
-                            float *logits) {
+/* The logits after a history of n tokens of which `seen` (the last ones,
+ * at most a window) are given. */
+static void logits_of(const kg_fake_backend_params_t *params,
+                      const int32_t *seen,
+                      int32_t n_seen,
+                      int32_t n,
+                      float *logits) {
     uint64_t h = mix64(params->salt + 0x9e3779b97f4a7c15ULL);
-    for (int32_t i = 0; i < n; i++) {
-        h = mix64(h ^ (uint64_t)(uint32_t)history[i]);
+    for (int32_t i = 0; i < n_seen; i++) {
+        h = mix64(h ^ (uint64_t)(uint32_t)seen[i]);
     }
     for (int32_t v = 0; v < params->n_vocab; v++) {
         uint64_t r = mix64(h + (uint64_t)v * 0x632be59bd9b4e019ULL);
@@ -42,6 +45,14 @@ void kg_fake_backend_logits(const kg_fake_backend_params_t *params,
     if (params->eog_at_len > 0 && params->eog_token >= 0 && params->eog_token < params->n_vocab) {
         logits[params->eog_token] = n >= params->eog_at_len ? 10.0f : -10.0f;
     }
+}
+
+void kg_fake_backend_logits(const kg_fake_backend_params_t *params,
+                            const int32_t *history,
+                            int32_t n,
+                            float *logits) {
+    const int32_t w = params->window > 0 && n > params->window ? params->window : n;
+    logits_of(params, history + (n - w), w, n, logits);
 }
 
 int32_t
@@ -119,7 +130,7 @@ static kg_status_t fake_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         int32_t seq = batch->seq[i], pos = batch->pos[i], tok = batch->token[i];
         n_want += batch->want_logits[i];
         if (seq < 0 || seq >= p->n_slots || pos < 0 || pos / bs >= mb ||
-            pos >= p->n_kv_blocks * bs || tok < 0 || tok >= p->n_vocab) {
+            (p->window <= 0 && pos >= p->n_kv_blocks * bs) || tok < 0 || tok >= p->n_vocab) {
             violation(c, "token %d: seq %d pos %d id %d out of range", i, seq, pos, tok);
             return KG_ERR_INVALID;
         }
@@ -148,7 +159,8 @@ static kg_status_t fake_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             continue;
         }
         int32_t seq = batch->seq[i], pos = batch->pos[i];
-        for (int32_t q = 0; q <= pos; q++) {
+        const int32_t q0 = p->window > 0 && pos + 1 > p->window ? pos + 1 - p->window : 0;
+        for (int32_t q = q0; q <= pos; q++) {
             int32_t b = batch->block_table[(size_t)seq * (size_t)mb + (size_t)(q / bs)];
             int32_t t = -1;
             if (b >= 0 && b < p->n_kv_blocks) {
@@ -159,9 +171,9 @@ static kg_status_t fake_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
                           q, b);
                 t = 0;
             }
-            c->hist[q] = t;
+            c->hist[q - q0] = t;
         }
-        kg_fake_backend_logits(p, c->hist, pos + 1, logits + (size_t)row * (size_t)p->n_vocab);
+        logits_of(p, c->hist, pos + 1 - q0, pos + 1, logits + (size_t)row * (size_t)p->n_vocab);
         row++;
     }
     if (c->st.n_steps < KG_FAKE_MAX_STEPS) {

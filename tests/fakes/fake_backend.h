@@ -3,7 +3,8 @@
  * It implements the backend vtable without a model. The "KV cache" is one
  * token id per (block, row): forward writes each batch token's id where the
  * block table says, then builds every logits row from the token ids it
- * reads back through the block table for positions 0..pos of that slot.
+ * reads back through the block table for positions 0..pos of that slot (the
+ * last `window` of them for a sliding-window model).
  * Logits are a pure function of that history (kg_fake_backend_logits), so
  * a wrong block table entry, a prefix block shared by mistake or a token
  * written into the wrong row changes the output, and tests can compare a
@@ -30,6 +31,9 @@ typedef struct kg_fake_backend_params {
     uint64_t salt;      /* changes the logits function */
     int32_t eog_token;  /* with eog_at_len > 0: this token wins once the history... */
     int32_t eog_at_len; /* ...has at least this many tokens; 0: off */
+    int32_t window;     /* > 0: a row reads only the last `window` positions (a sliding-window
+                           model: blocks before that may be gone), and its logits are a
+                           function of those tokens (and the history's length) only */
     bool no_kv_copy;    /* offer no kv_copy (the engine then recomputes forked blocks) */
 } kg_fake_backend_params_t;
 

@@ -1,3 +1,6 @@
+# shellcheck shell=bash
+# Variables set here (JOBS, KG_MS, RUNNING, KG_RC, ...) are read by the scripts that source it.
+# shellcheck disable=SC2034
 # lib.sh: shared helpers of the kgen-worker integration tests (tests/integration/test_worker_*.sh).
 # Source it after `set -euo pipefail`. It gives a private folder under KG_TEST_TMP, a real Kafka
 # broker from scripts/kafka-broker, a tiny model, background processes that are always stopped
@@ -87,7 +90,7 @@ kg_setup() {
     trap kg_cleanup EXIT
     trap 'exit 130' INT TERM
     KG_T0=$(date +%s)
-    JOBS=jobs
+    JOBS="jobs"
     RESULTS=results
     GROUP=kgen-workers
 }

@@ -119,7 +119,8 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
                                          .n_slots = ep->max_batch_size,
                                          .salt = 1,
                                          .eog_token = EOG,
-                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30)};
+                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30),
+                                         .window = ep->kv_window};
     env->be = kg_fake_backend_new(&env->fp);
     ck_assert_ptr_nonnull(env->be);
     char err[256] = "";
@@ -200,7 +201,8 @@ static void env_collect(env_t *env, int32_t n) {
 
 static int32_t env_step(env_t *env) {
     int32_t n = kg_engine_step(env->e, env->comps, env->cap);
-    ck_assert_msg(n >= 0, "step: %s", kg_status_str((kg_status_t)n));
+    ck_assert_msg(n >= 0, "step: %s (%s)", kg_status_str((kg_status_t)n),
+                  kg_fake_backend_stats(env->be)->first_violation);
     env->n_steps++;
     env_collect(env, n);
     const kg_fake_backend_stats_t *fs = kg_fake_backend_stats(env->be);
@@ -919,6 +921,8 @@ static void make_inv_jobs(inv_job_t *jobs) {
     }
 }
 
+static int32_t g_inv_window; /* kv_window of run_inv's engine (and the fake's window) */
+
 static void run_inv(inv_job_t *jobs,
                     int32_t batch,
                     int32_t n_blocks,
@@ -926,6 +930,7 @@ static void run_inv(inv_job_t *jobs,
                     job_out_t *out,
                     int64_t *n_preempt) {
     kg_engine_params_t p = base_params();
+    p.kv_window = g_inv_window;
     p.max_batch_size = batch;
     p.max_batch_tokens = batch > 8 ? 64 : 16;
     p.n_kv_blocks = n_blocks;
@@ -977,6 +982,104 @@ START_TEST(batch_invariance) {
         n_stop += ref[i].finish == KG_FINISH_STOP;
     }
     ck_assert_int_gt(n_stop, 0);
+}
+END_TEST
+
+/* The same with a sliding-window model (every layer sees the last 9
+ * positions): blocks wholly before the window are given back as jobs
+ * advance, under preemption, prefix caching and eviction. */
+START_TEST(batch_invariance_window) {
+    static inv_job_t jobs[INV_JOBS];
+    static job_out_t ref[INV_JOBS], got[INV_JOBS];
+    make_inv_jobs(jobs);
+    g_inv_window = 9;
+    int64_t np;
+    run_inv(jobs, 1, 512, true, ref, &np);
+    const struct {
+        int32_t batch, n_blocks;
+        bool cache;
+    } cfg[] = {{16, 512, true}, {16, 512, false}, {16, 24, true}, {3, 20, false}, {5, 16, true}};
+    for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+        run_inv(jobs, cfg[c].batch, cfg[c].n_blocks, cfg[c].cache, got, &np);
+        for (int i = 0; i < INV_JOBS; i++) {
+            ck_assert_int_eq(got[i].finish, ref[i].finish);
+            ck_assert_msg(got[i].n == ref[i].n, "config %zu job %d: %d tokens, alone %d", c, i,
+                          got[i].n, ref[i].n);
+            ck_assert_mem_eq(got[i].tok, ref[i].tok, (size_t)ref[i].n * sizeof(int32_t));
+        }
+    }
+    g_inv_window = 0;
+}
+END_TEST
+
+/* A long generation with a sliding window holds about window / block_size
+ * blocks, not one per block_size tokens; the tokens are the (windowed)
+ * fake's greedy ones, and the fake never read a block given back. */
+static int32_t run_long_window(int32_t window, job_out_t *out) {
+    kg_engine_params_t p = base_params(); /* 4-token blocks */
+    p.kv_window = window;
+    p.max_seq_len = 400;
+    env_t env;
+    env_init(&env, &p, 0);
+    env.fp.window = 10; /* the model's window, whatever the engine is told */
+    kg_backend_free(env.be);
+    kg_engine_free(env.e);
+    env.be = kg_fake_backend_new(&env.fp);
+    char err[256];
+    env.e = kg_engine_new(env.be, &p, err, sizeof(err));
+    ck_assert_ptr_nonnull(env.e);
+    static int32_t prompt[20];
+    fill_prompt(prompt, 20, 77);
+    kg_request_t r = make_req(1, prompt, 20, 300);
+    submit_ok(&env, &r);
+    env_run(&env, 1000);
+    check_greedy(&env, 1, prompt, 20, 300, false);
+    *out = env.jobs[1];
+    int32_t used = env.max_used;
+    env_clear(&env);
+    return used;
+}
+
+START_TEST(window_frees_blocks) {
+    static job_out_t a, b;
+    int32_t used_window = run_long_window(10, &a);
+    int32_t used_all = run_long_window(0, &b);
+    fprintf(stderr,
+            "sliding window 10, 4-token blocks, 20 + 300 tokens: peak blocks in use %d with the "
+            "window, %d without\n",
+            used_window, used_all);
+    ck_assert_int_eq(a.n, 300);
+    ck_assert_mem_eq(a.tok, b.tok, 300 * sizeof(int32_t));
+    ck_assert_int_eq(used_all, 80);
+    /* the window's 10 positions span at most 4 blocks, plus the one being filled */
+    ck_assert_int_le(used_window, 5);
+}
+END_TEST
+
+/* Jobs sharing a prefix longer than the window: blocks are dropped from
+ * the front while later jobs still find the shared prefix in the cache. */
+START_TEST(window_prefix_cache) {
+    kg_engine_params_t p = base_params();
+    p.kv_window = 12;
+    p.max_batch_size = 4;
+    p.n_kv_blocks = 48;
+    env_t env;
+    env_init(&env, &p, 0);
+    static int32_t prompts[12][64];
+    for (int i = 0; i < 12; i++) {
+        fill_prompt(prompts[i], 40, 5);                     /* shared: 10 full blocks */
+        fill_prompt(prompts[i] + 40, 8, 100 + (uint64_t)i); /* own */
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 48, 40);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 5000);
+    int32_t n_hit = 0;
+    for (int i = 0; i < 12; i++) {
+        check_greedy(&env, (uint64_t)i + 1, prompts[i], 48, 40, false);
+        n_hit += env.jobs[i + 1].n_cached > 0;
+    }
+    ck_assert_int_gt(n_hit, 0);
+    env_clear(&env);
 }
 END_TEST
 
@@ -1274,6 +1377,56 @@ START_TEST(choices_batch_invariance) {
 }
 END_TEST
 
+/* Choices of a sliding-window model (every layer sees the last 9
+ * positions): the leader gives back blocks before the window while it
+ * prefills, the fork shares only what is left, and every choice still says
+ * the same in other batch sizes and pools. */
+START_TEST(choices_window) {
+    enum { N = 6 };
+    static ch_job_t jobs[N];
+    for (int i = 0; i < N; i++) {
+        ch_job(&jobs[i], (uint64_t)i + 1, 9 + 6 * i, 1 + i % 3, i % 2 ? 0.8f : 0.0f);
+        fill_prompt(jobs[i].prompt, jobs[i].req.n_prompt, 60 + (uint64_t)i);
+        jobs[i].req.sampling.seed = 300 + (uint64_t)i;
+    }
+    static job_out_t ref[MAX_JOBS];
+    const struct {
+        int32_t batch, n_blocks;
+        bool cache;
+    } cfg[] = {{4, 512, true}, {8, 40, false}, {4, 16, true}};
+    for (size_t k = 0; k < sizeof(cfg) / sizeof(cfg[0]); k++) {
+        kg_engine_params_t p = base_params();
+        p.max_batch_size = cfg[k].batch;
+        p.max_batch_tokens = 16;
+        p.n_kv_blocks = cfg[k].n_blocks;
+        p.prefix_cache = cfg[k].cache;
+        p.kv_window = 9;
+        env_t env;
+        env_init(&env, &p, 0);
+        for (int i = 0; i < N; i++) {
+            submit_ok(&env, &jobs[i].req);
+        }
+        env_run(&env, 5000);
+        for (int i = 0; i < N; i++) {
+            for (int c = 0; c < jobs[i].req.n_choices; c++) {
+                int at = i + 1 + c * CHOICE_STRIDE;
+                ck_assert(env.jobs[at].done);
+                if (jobs[i].req.sampling.temperature == 0.0f) {
+                    ck_assert(same_out(&env.jobs[at], &env.jobs[i + 1]));
+                }
+                if (k == 0) {
+                    ref[at] = env.jobs[at];
+                } else {
+                    ck_assert_msg(same_out(&env.jobs[at], &ref[at]),
+                                  "config %zu job %d choice %d differs", k, i, c);
+                }
+            }
+        }
+        env_clear(&env);
+    }
+}
+END_TEST
+
 START_TEST(logit_bias_ban_and_force) {
     kg_engine_params_t p = base_params();
     env_t env;
@@ -1511,6 +1664,9 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("invariance");
     tcase_add_test(tc, batch_invariance);
+    tcase_add_test(tc, batch_invariance_window);
+    tcase_add_test(tc, window_frees_blocks);
+    tcase_add_test(tc, window_prefix_cache);
     tcase_add_test(tc, backend_error);
     suite_add_tcase(s, tc);
     tc = tcase_create("choices");
@@ -1519,6 +1675,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, choices_cancel_and_deadline);
     tcase_add_test(tc, choices_submit_limits);
     tcase_add_test(tc, choices_batch_invariance);
+    tcase_add_test(tc, choices_window);
     tcase_add_test(tc, logit_bias_ban_and_force);
     suite_add_tcase(s, tc);
     return s;

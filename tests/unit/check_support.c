@@ -1,5 +1,6 @@
 /* check_support: helpers shared by the Check tests. */
 #include "check_common.h"
+#include "model/kg_mkmodel.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -78,33 +79,42 @@ char *kg_test_run(const char *cmd, int *status) {
 const char *kg_test_make_model(const kg_test_model_opts_t *o) {
     static char path[4096];
     snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("model"));
-    char cmd[8192];
-    int n = snprintf(cmd, sizeof(cmd),
-                     "%s/kgen mkmodel --out '%s' --n-embd %d --n-layer %d --n-head %d "
-                     "--n-head-kv %d --n-ff %d --seed %llu",
-                     KG_BIN_DIR, path, o->n_embd, o->n_layer, o->n_head, o->n_head_kv, o->n_ff,
-                     (unsigned long long)o->seed);
-    if (o->head_dim) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --head-dim %d", o->head_dim);
-    }
+    kg_mkmodel_opts_t mo = kg_mkmodel_opts_default();
+    mo.out = path;
+    mo.vocab_from = o->vocab_from;
+    mo.n_embd = o->n_embd;
+    mo.n_layer = o->n_layer;
+    mo.n_head = o->n_head;
+    mo.n_head_kv = o->n_head_kv;
+    mo.n_ff = o->n_ff;
+    mo.head_dim = o->head_dim ? o->head_dim : o->n_embd / o->n_head;
     if (o->ctx) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --ctx %d", o->ctx);
+        mo.ctx = o->ctx;
     }
     if (o->rope_base > 0) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --rope-base %g", (double)o->rope_base);
+        mo.rope_base = o->rope_base;
     }
-    if (o->tied) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --tied");
+    mo.tied = o->tied;
+    mo.have_seed = true;
+    mo.seed = o->seed;
+    static const struct {
+        const char *name;
+        kg_ggml_type_t type;
+    } types[] = {{"f32", KG_GGML_TYPE_F32},
+                 {"f16", KG_GGML_TYPE_F16},
+                 {"bf16", KG_GGML_TYPE_BF16},
+                 {"q8_0", KG_GGML_TYPE_Q8_0},
+                 {"q4_0", KG_GGML_TYPE_Q4_0}};
+    bool known = o->type == NULL;
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]) && !known; i++) {
+        if (strcmp(o->type, types[i].name) == 0) {
+            mo.type = types[i].type;
+            known = true;
+        }
     }
-    if (o->type && strcmp(o->type, "f32") != 0) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --%s", o->type);
-    }
-    if (o->vocab_from) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --vocab-from '%s'", o->vocab_from);
-    }
-    snprintf(cmd + n, sizeof(cmd) - (size_t)n, " >/dev/null");
-    if (system(cmd) != 0) {
-        fprintf(stderr, "kg_test_make_model: failed: %s\n", cmd);
+    char err[512];
+    if (!known || kg_mkmodel_write(&mo, NULL, err, sizeof(err)) != KG_OK) {
+        fprintf(stderr, "kg_test_make_model: %s\n", known ? err : "unknown type");
         return NULL;
     }
     return path;

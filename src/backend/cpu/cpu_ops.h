@@ -21,6 +21,15 @@ void cpu_rmsnorm_rows(
 bool cpu_round_activations(
     kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows, int64_t n);
 
+/** ggml's GELU table: table[h] = fp16(gelu_tanh(fp16 value h)) for every
+ * fp16 bit pattern h (ggml_table_gelu_f16). */
+void cpu_gelu_table_init(uint16_t *table);
+
+/** out = gelu(gate) * up for n floats, as ggml's CPU GeGLU computes it
+ * (GGML_GELU_FP16): gate <= -10 gives 0, gate >= 10 gives gate * up, else
+ * gate is rounded to fp16 and looked up in `table`. out may alias gate. */
+void cpu_geglu(const uint16_t *table, const float *gate, const float *up, float *out, int64_t n);
+
 /** Round floats to fp16 precision in place. */
 void cpu_round_fp16(float *x, int64_t n);
 /** fp32 -> fp16 storage and back. */

@@ -1,5 +1,6 @@
 /* kg_backend_cpu: the reference backend. Runs one step batch through the
- * Llama graph with one GEMM per weight matrix over all the step's tokens.
+ * model's graph (kg_model's switches: every supported family) with one GEMM
+ * per weight matrix over all the step's tokens.
  *
  * DESIGN
  * Weights. Matrices are packed once at load into cpu_gemm's panels: F32,
@@ -16,13 +17,19 @@
  * (n_kv_blocks * kv_block_size, n_head_kv * head_dim). The engine's block
  * tables say where each sequence's positions live.
  *
- * Step. x = embed(tokens); per layer: rmsnorm, Q/K/V GEMMs, RoPE, K/V rows
- * written to their blocks, attention of every token over its own sequence's
- * positions [0, pos] (parallel over tokens x heads), output GEMM + residual,
- * rmsnorm, gate/up GEMMs, SwiGLU, down GEMM + residual; then the final norm
- * and the head only for the rows that want logits. Each token's row is
- * computed independently of the others in the batch, so a sequence's
- * results do not depend on what shares its step. */
+ * Step. x = embed(tokens) (times the embedding scale: gemma); per layer:
+ * rmsnorm, Q/K/V GEMMs (+ biases: qwen2), per-head Q/K RMSNorm (qwen3,
+ * gemma3), RoPE with the layer's base and scale (normal or NeoX pairs,
+ * YaRN, LongRoPE factors), the query scale (gemma, phi3), K/V rows written
+ * to their blocks, attention of every token over its own sequence's
+ * positions [0, pos], or the last n_swa of them in a windowed layer
+ * (soft-capped scores: gemma2; parallel over tokens x heads), output GEMM
+ * (+ post-norm: gemma) + residual, rmsnorm, gate/up GEMMs, SwiGLU or
+ * GeGLU, down GEMM (+ post-norm) + residual; then the final norm and the
+ * head only for the rows that want logits (+ bias, soft-capping). Each
+ * token's row is computed independently of the others in the batch, so a
+ * sequence's results do not depend on what shares its step. The llama.cpp
+ * ops each step mirrors are named where they are done. */
 #include "../../core/kg_log.h"
 #include "../../core/kg_pool.h"
 #include "../../model/kg_quant.h"
@@ -49,7 +56,18 @@ typedef struct cpu_weight {
 typedef struct cpu_layer {
     cpu_weight_t attn_norm, ffn_norm; /* (n_embd) as (1, n_embd) */
     cpu_weight_t wq, wk, wv, wo, w_gate, w_up, w_down;
+    /* optional vectors (data NULL when the family has none) */
+    cpu_weight_t bq, bk, bv, bo;                /* biases: (n_q), (n_kv), (n_kv), (n_embd) */
+    cpu_weight_t q_norm, k_norm;                /* (head_dim) */
+    cpu_weight_t attn_post_norm, ffn_post_norm; /* (n_embd) */
+    int32_t rope;                               /* index into cpu_ctx_t.ropes */
 } cpu_layer_t;
+
+/* One distinct RoPE among the layers (Gemma: local and global). */
+typedef struct cpu_rope {
+    float base, scale;
+    float corr_dims[2]; /* YaRN's blend range for this base */
+} cpu_rope_t;
 
 typedef struct cpu_ctx {
     const kg_model_t *model;
@@ -60,9 +78,14 @@ typedef struct cpu_ctx {
     cpu_layer_t *layers;      /* (n_layer) */
     cpu_weight_t output_norm; /* (n_embd) */
     cpu_weight_t output;      /* (n_vocab, n_embd) */
-    float *rope_freqs;        /* (n_rot / 2) or NULL */
-    uint16_t **k_cache; /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
-    uint16_t **v_cache; /* same shape as k_cache */
+    cpu_weight_t output_b;    /* (n_vocab) or data NULL */
+    float *rope_freqs;        /* (n_rot / 2) frequency divisors (rope_freqs or LongRoPE) or NULL */
+    cpu_rope_t *ropes;        /* (n_ropes) */
+    int32_t n_ropes;
+    int32_t max_window;   /* largest layer window, 0 when some layer is global */
+    uint16_t *gelu_table; /* (65536) GeGLU models only */
+    uint16_t **k_cache;   /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
+    uint16_t **v_cache;   /* same shape as k_cache */
     /* scratch for max_tokens tokens */
     float *x;       /* (T, n_embd) residual stream */
     float *xn;      /* (T, n_embd) normed input of a block */
@@ -74,7 +97,7 @@ typedef struct cpu_ctx {
     float *gate;    /* (T, n_ff) */
     float *up;      /* (T, n_ff) */
     float *tmp;     /* (T, n_embd) projection output before the residual add */
-    float *rope_cs; /* (T, n_rot) cos | sin per token */
+    float *rope_cs; /* (n_ropes, T, n_rot) cos | sin per token */
     float *scores;  /* (n_threads, n_kv_blocks * block_size) */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
@@ -121,6 +144,29 @@ static void weight_clear(cpu_weight_t *w) {
     cpu_gemm_clear(&w->packed);
 }
 
+/* The index of the RoPE (base, scale) in ctx->ropes, added when new;
+ * false when out of memory. */
+static bool add_rope(cpu_ctx_t *ctx, float base, float scale, int32_t *index) {
+    for (int32_t r = 0; r < ctx->n_ropes; r++) {
+        if (ctx->ropes[r].base == base && ctx->ropes[r].scale == scale) {
+            *index = r;
+            return true;
+        }
+    }
+    cpu_rope_t *grown = realloc(ctx->ropes, (size_t)(ctx->n_ropes + 1) * sizeof(*grown));
+    if (!grown) {
+        return false;
+    }
+    ctx->ropes = grown;
+    cpu_rope_t *rp = &ctx->ropes[ctx->n_ropes];
+    rp->base = base;
+    rp->scale = scale;
+    kg_rope_yarn_corr_dims(ctx->hp.n_rot, ctx->hp.n_ctx_orig, base, ctx->hp.yarn_beta_fast,
+                           ctx->hp.yarn_beta_slow, rp->corr_dims);
+    *index = ctx->n_ropes++;
+    return true;
+}
+
 // ---- lifecycle ----
 
 static void cpu_free(kg_backend_t *be) {
@@ -129,8 +175,12 @@ static void cpu_free(kg_backend_t *be) {
         if (ctx->layers) {
             for (int32_t il = 0; il < ctx->hp.n_layer; il++) {
                 cpu_layer_t *L = &ctx->layers[il];
-                cpu_weight_t *ws[] = {&L->attn_norm, &L->ffn_norm, &L->wq,   &L->wk,    &L->wv,
-                                      &L->wo,        &L->w_gate,   &L->w_up, &L->w_down};
+                cpu_weight_t *ws[] = {
+                    &L->attn_norm,    &L->ffn_norm, &L->wq,     &L->wk,
+                    &L->wv,           &L->wo,       &L->w_gate, &L->w_up,
+                    &L->w_down,       &L->bq,       &L->bk,     &L->bv,
+                    &L->bo,           &L->q_norm,   &L->k_norm, &L->attn_post_norm,
+                    &L->ffn_post_norm};
                 for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
                     weight_clear(ws[i]);
                 }
@@ -138,6 +188,7 @@ static void cpu_free(kg_backend_t *be) {
         }
         weight_clear(&ctx->output_norm);
         weight_clear(&ctx->output);
+        weight_clear(&ctx->output_b);
         if (ctx->k_cache) {
             for (int32_t il = 0; il < ctx->hp.n_layer; il++) {
                 free(ctx->k_cache[il]);
@@ -149,6 +200,8 @@ static void cpu_free(kg_backend_t *be) {
         kg_pool_free(ctx->pool);
         free(ctx->layers);
         free(ctx->rope_freqs);
+        free(ctx->ropes);
+        free(ctx->gelu_table);
         float *bufs[] = {ctx->x,   ctx->xn,   ctx->xr, ctx->q,   ctx->k,       ctx->v,
                          ctx->att, ctx->gate, ctx->up, ctx->tmp, ctx->rope_cs, ctx->scores};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
@@ -207,22 +260,47 @@ static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float
     matmul_n(ctx, 1, &w, in, &out, T);
 }
 
-static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads) {
-    const int32_t hd = ctx->hp.head_dim, half = ctx->hp.n_rot / 2;
+/* out[r] += b for every row (ggml_add of a bias vector). */
+static void add_bias(float *x, const cpu_weight_t *b, int64_t T, int64_t n) {
+    if (!b->data) {
+        return;
+    }
     for (int64_t t = 0; t < T; t++) {
-        const float *cs = ctx->rope_cs + t * ctx->hp.n_rot;
+        for (int64_t i = 0; i < n; i++) {
+            x[t * n + i] += b->data[i];
+        }
+    }
+}
+
+static void scale_rows(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] *= s; /* ggml_scale */
+    }
+}
+
+/* RoPE (ggml_rope_ext) on the first n_rot dims of every head; the rest of
+ * a head passes through. Normal mode rotates adjacent pairs (2i, 2i+1),
+ * NeoX mode pairs i with i + n_rot/2; pair i takes angle i of the cache. */
+static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads, const float *cs_all) {
+    const int32_t hd = ctx->hp.head_dim, half = ctx->hp.n_rot / 2;
+    const bool neox = ctx->hp.rope_mode == KG_ROPE_MODE_NEOX;
+    for (int64_t t = 0; t < T; t++) {
+        const float *cs = cs_all + t * ctx->hp.n_rot;
         for (int32_t h = 0; h < n_heads; h++) {
             float *row = x + (t * n_heads + h) * hd;
             for (int32_t i = 0; i < half; i++) {
-                kg_rope_pair(&row[2 * i], &row[2 * i + 1], cs[i], cs[half + i]);
+                float *a = neox ? &row[i] : &row[2 * i];
+                float *b = neox ? &row[i + half] : &row[2 * i + 1];
+                kg_rope_pair(a, b, cs[i], cs[half + i]);
             }
         }
     }
 }
 
-/* Attention of every token over its sequence's cached positions [0, pos]:
- * softmax(q·k * scale) · v per head, with q and the probabilities rounded to
- * fp16 as ggml does before its fp16 K/V matmuls. One task = one (token, head). */
+/* Attention of every token over its sequence's cached positions [p0, pos]
+ * (p0 = 0, or the start of the layer's window): softmax(q·k * scale) · v
+ * per head, with q and the probabilities rounded to fp16 as ggml does
+ * before its fp16 K/V matmuls. One task = one (token, head). */
 typedef struct attn_job {
     cpu_ctx_t *ctx;
     int32_t il;
@@ -236,12 +314,15 @@ static void attention_task(void *arg, int64_t w, int thread) {
     const kg_hparams_t *hp = &ctx->hp;
     const int32_t hd = hp->head_dim, n_kv_dim = hp->n_head_kv * hd;
     const int32_t group = hp->n_head / hp->n_head_kv, bs = ctx->block_size;
-    const float scale = 1.0f / sqrtf((float)hd);
+    /* llama scales the scores; gemma and phi3 scaled q already (kq_scale 1) */
+    const float scale = hp->q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)hd);
+    const int32_t n_swa = ctx->model->layers[job->il].n_swa;
     const int64_t max_pos = (int64_t)ctx->n_kv_blocks * bs;
 
     const int64_t t = w / hp->n_head;
     const int32_t h = (int32_t)(w % hp->n_head), g = h / group;
     const int32_t n_pos = batch->pos[t] + 1;
+    const int32_t p0 = n_swa > 0 && n_pos > n_swa ? n_pos - n_swa : 0;
     const int32_t *table = batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
     float *s = ctx->scores + (int64_t)thread * max_pos;
     float *q = ctx->q + (t * hp->n_head + h) * hd;
@@ -253,16 +334,19 @@ static void attention_task(void *arg, int64_t w, int thread) {
                               .offset = (int64_t)g * hd,
                               .table = table,
                               .block_size = bs};
-    cpu_attn_head(q, &kv, n_pos, hd, scale, s, out);
+    cpu_attn_head(q, &kv, p0, n_pos, hd, scale, hp->attn_softcap, s, out);
 }
 
 static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) {
     attn_job_t job = {.ctx = ctx, .il = il, .batch = batch};
     const int64_t n_work = (int64_t)batch->n_tokens * ctx->hp.n_head;
+    const int32_t n_swa = ctx->model->layers[il].n_swa;
     /* waking the pool costs microseconds: tiny attention runs inline */
     int64_t flops = 0;
     for (int32_t t = 0; t < batch->n_tokens; t++) {
-        flops += (int64_t)(batch->pos[t] + 1) * ctx->hp.n_head * ctx->hp.head_dim;
+        const int32_t n_pos = batch->pos[t] + 1;
+        flops += (int64_t)(n_swa > 0 && n_pos > n_swa ? n_swa : n_pos) * ctx->hp.n_head *
+                 ctx->hp.head_dim;
     }
     if (flops < 65536) {
         for (int64_t w = 0; w < n_work; w++) {
@@ -271,6 +355,37 @@ static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) 
         return;
     }
     kg_pool_run(ctx->pool, n_work, attention_task, &job);
+}
+
+/* Every block a token reads must be a real block: the engine frees only
+ * blocks wholly before every layer's window. Checked once per step for
+ * the widest range any layer reads. */
+static bool batch_blocks_ok(const cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
+    const int32_t bs = ctx->block_size;
+    int32_t prev_seq = -1, prev_pos = -1;
+    for (int32_t t = 0; t < batch->n_tokens; t++) {
+        const int32_t pos = batch->pos[t];
+        const int32_t p0 =
+            ctx->max_window > 0 && pos + 1 > ctx->max_window ? pos + 1 - ctx->max_window : 0;
+        const int32_t *table =
+            batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
+        int32_t first = p0 / bs;
+        /* the next token of a prefill chunk: its window starts no earlier
+         * and the blocks up to the previous token's are checked already */
+        if (batch->seq[t] == prev_seq && pos == prev_pos + 1 && prev_pos / bs + 1 > first) {
+            first = prev_pos / bs + 1;
+        }
+        prev_seq = batch->seq[t];
+        prev_pos = pos;
+        for (int32_t b = first; b <= pos / bs; b++) {
+            if (table[b] < 0 || table[b] >= ctx->n_kv_blocks) {
+                KG_LOG_ERROR("cpu", "token %d (seq %d pos %d) reads block %d = %d (pool %d)", t,
+                             batch->seq[t], pos, b, table[b], ctx->n_kv_blocks);
+                return false;
+            }
+        }
+    }
+    return true;
 }
 
 static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
@@ -293,24 +408,51 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
             return KG_ERR_INVALID;
         }
     }
-    /* embeddings: dequantize each token's row */
+    if (!batch_blocks_ok(ctx, batch)) {
+        return KG_ERR_INVALID;
+    }
+    /* embeddings: dequantize each token's row (ggml_get_rows), then scale */
     const kg_gguf_tensor_t *emb = ctx->model->tok_embd;
     const size_t row_size = kg_type_row_size(emb->type, E);
     for (int64_t t = 0; t < T; t++) {
         kg_dequantize(emb->type, (const char *)emb->data + (size_t)batch->token[t] * row_size,
                       ctx->x + t * E, E);
-        kg_rope_cache(batch->pos[t], hp->n_rot, hp->rope_base, hp->rope_scale, ctx->rope_freqs,
-                      ctx->rope_cs + t * hp->n_rot, ctx->rope_cs + t * hp->n_rot + hp->n_rot / 2);
+        if (hp->embd_scale != 0.0f) {
+            scale_rows(ctx->x + t * E, E, hp->embd_scale);
+        }
+    }
+    /* the angles of every distinct RoPE of the layers */
+    for (int32_t r = 0; r < ctx->n_ropes; r++) {
+        const cpu_rope_t *rp = &ctx->ropes[r];
+        for (int64_t t = 0; t < T; t++) {
+            float *cs = ctx->rope_cs + (r * T + t) * hp->n_rot;
+            kg_rope_cache_yarn(batch->pos[t], hp->n_rot, rp->base, rp->scale, ctx->rope_freqs,
+                               hp->yarn_ext_factor, hp->yarn_attn_factor, rp->corr_dims, cs,
+                               cs + hp->n_rot / 2);
+        }
     }
 
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cpu_layer_t *L = &ctx->layers[il];
+        const float *cs = ctx->rope_cs + (int64_t)L->rope * T * hp->n_rot;
         cpu_rmsnorm_rows(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
         const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
         matmul_n(ctx, 3, qkv, ctx->xn, qkv_out, T);
-        rope_rows(ctx, ctx->q, T, hp->n_head);
-        rope_rows(ctx, ctx->k, T, hp->n_head_kv);
+        add_bias(ctx->q, &L->bq, T, n_q);
+        add_bias(ctx->k, &L->bk, T, n_kv);
+        add_bias(ctx->v, &L->bv, T, n_kv);
+        if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
+            cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T * hp->n_head, hp->head_dim,
+                             hp->norm_eps);
+            cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T * hp->n_head_kv, hp->head_dim,
+                             hp->norm_eps);
+        }
+        rope_rows(ctx, ctx->q, T, hp->n_head, cs);
+        rope_rows(ctx, ctx->k, T, hp->n_head_kv, cs);
+        if (hp->q_scale != 0.0f) {
+            scale_rows(ctx->q, T * n_q, hp->q_scale);
+        }
         cpu_round_fp16(ctx->q, T * n_q); /* ggml converts q to fp16 for the K matmul */
         for (int64_t t = 0; t < T; t++) {
             const int32_t pos = batch->pos[t];
@@ -322,6 +464,10 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
         }
         attention(ctx, il, batch);
         matmul(ctx, &L->wo, ctx->att, ctx->tmp, T);
+        add_bias(ctx->tmp, &L->bo, T, E);
+        if (L->attn_post_norm.data) {
+            cpu_rmsnorm_rows(ctx->tmp, L->attn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
+        }
         for (int64_t i = 0; i < T * E; i++) {
             ctx->x[i] += ctx->tmp[i];
         }
@@ -330,10 +476,17 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
         const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
         float *const gate_up_out[2] = {ctx->gate, ctx->up};
         matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
-        for (int64_t i = 0; i < T * F; i++) {
-            ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+        if (hp->ffn_act == KG_FFN_GELU) {
+            cpu_geglu(ctx->gelu_table, ctx->gate, ctx->up, ctx->gate, T * F);
+        } else {
+            for (int64_t i = 0; i < T * F; i++) {
+                ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+            }
         }
         matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
+        if (L->ffn_post_norm.data) {
+            cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
+        }
         for (int64_t i = 0; i < T * E; i++) {
             ctx->x[i] += ctx->tmp[i];
         }
@@ -355,6 +508,12 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
     if (n_out > 0) {
         cpu_rmsnorm_rows(ctx->xn, ctx->output_norm.data, ctx->xn, n_out, E, hp->norm_eps);
         matmul(ctx, &ctx->output, ctx->xn, logits, n_out);
+        add_bias(logits, &ctx->output_b, n_out, hp->n_vocab);
+        if (hp->final_softcap != 0.0f) {
+            for (int64_t i = 0; i < n_out * hp->n_vocab; i++) {
+                logits[i] = kg_softcap(logits[i], hp->final_softcap);
+            }
+        }
     }
     return KG_OK;
 }
@@ -442,19 +601,58 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
             !weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size)) {
             goto fail;
         }
+        const kg_gguf_tensor_t *opt_src[] = {src->bq,
+                                             src->bk,
+                                             src->bv,
+                                             src->bo,
+                                             src->q_norm,
+                                             src->k_norm,
+                                             src->attn_post_norm,
+                                             src->ffn_post_norm};
+        cpu_weight_t *opt_dst[] = {
+            &L->bq,           &L->bk, &L->bv, &L->bo, &L->q_norm, &L->k_norm, &L->attn_post_norm,
+            &L->ffn_post_norm};
+        for (size_t i = 0; i < sizeof(opt_src) / sizeof(opt_src[0]); i++) {
+            if (opt_src[i] && !weight_init(opt_dst[i], opt_src[i], ctx, errstr, errstr_size)) {
+                goto fail;
+            }
+        }
+        if (!add_rope(ctx, src->rope_base, src->rope_scale, &L->rope)) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory");
+            goto fail;
+        }
+        if (src->n_swa <= 0) {
+            ctx->max_window = -1; /* a global layer: every position stays needed */
+        } else if (ctx->max_window >= 0 && src->n_swa > ctx->max_window) {
+            ctx->max_window = src->n_swa;
+        }
     }
+    ctx->max_window = ctx->max_window < 0 ? 0 : ctx->max_window;
     if (!weight_init(&ctx->output_norm, model->output_norm, ctx, errstr, errstr_size) ||
         !weight_init(&ctx->output, model->output, ctx, errstr, errstr_size)) {
         goto fail;
     }
-    if (model->rope_freqs) {
+    if (model->output_b &&
+        !weight_init(&ctx->output_b, model->output_b, ctx, errstr, errstr_size)) {
+        goto fail;
+    }
+    const kg_gguf_tensor_t *factors = kg_model_rope_factors(
+        model, params->max_seq_len > 0 ? params->max_seq_len : hp->n_ctx_train);
+    if (factors) {
         ctx->rope_freqs = malloc((size_t)hp->n_rot / 2 * sizeof(float));
         if (!ctx->rope_freqs) {
             snprintf(errstr, errstr_size, "cpu backend: out of memory");
             goto fail;
         }
-        kg_dequantize(model->rope_freqs->type, model->rope_freqs->data, ctx->rope_freqs,
-                      hp->n_rot / 2);
+        kg_dequantize(factors->type, factors->data, ctx->rope_freqs, hp->n_rot / 2);
+    }
+    if (hp->ffn_act == KG_FFN_GELU) {
+        ctx->gelu_table = malloc(65536 * sizeof(uint16_t));
+        if (!ctx->gelu_table) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory");
+            goto fail;
+        }
+        cpu_gelu_table_init(ctx->gelu_table);
     }
 
     const size_t kv_rows = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size;
@@ -491,7 +689,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     ctx->gate = scratch(ctx, T * F, &ok);
     ctx->up = scratch(ctx, T * F, &ok);
     ctx->tmp = scratch(ctx, T * E, &ok);
-    ctx->rope_cs = scratch(ctx, T * (size_t)hp->n_rot, &ok);
+    ctx->rope_cs = scratch(ctx, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot, &ok);
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
     if (!ok) {
         snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
