@@ -44,6 +44,8 @@ static void usage(FILE *f) {
         "usage: kgen batch --model FILE --input jobs.jsonl --output results.jsonl [options]\n"
         "%s"
         "  --max-tokens-limit N   larger max_tokens are refused (default 4096)\n"
+        "  --max-event-bytes N    fit every event into N bytes as kgen-worker does for its\n"
+        "                         results topic (0 = no limit, the default; at least 4096)\n"
         "  --served-model-name N  names jobs may give as model, comma-separated or repeated\n"
         "                         (default: the GGUF's general.name and the file stem)\n"
         "  --output-format F      kgen (events, default) or openai (OpenAI Batch output lines)\n"
@@ -138,8 +140,20 @@ int kg_cmd_batch(int argc, char **argv) {
     char served_spec[1024] = "";
     bool openai = false;
     int64_t max_tokens_limit = 4096;
+    int64_t max_event_bytes = 0;
     kg_engine_options_t eo = kg_engine_options_default();
-    enum { O_MODEL = 256, O_IN, O_OUT, O_MTL, O_SERVED, O_FORMAT, O_ERRFILE, O_VERSION, O_HELP };
+    enum {
+        O_MODEL = 256,
+        O_IN,
+        O_OUT,
+        O_MTL,
+        O_MEB,
+        O_SERVED,
+        O_FORMAT,
+        O_ERRFILE,
+        O_VERSION,
+        O_HELP
+    };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"input", required_argument, 0, O_IN},
                                          {"output", required_argument, 0, O_OUT},
@@ -147,6 +161,7 @@ int kg_cmd_batch(int argc, char **argv) {
                                          {"served-model-name", required_argument, 0, O_SERVED},
                                          {"output-format", required_argument, 0, O_FORMAT},
                                          {"error-file", required_argument, 0, O_ERRFILE},
+                                         {"max-event-bytes", required_argument, 0, O_MEB},
                                          {"version", no_argument, 0, O_VERSION},
                                          {"help", no_argument, 0, O_HELP},
                                          KG_CLI_ENGINE_LONGOPTS,
@@ -190,6 +205,10 @@ int kg_cmd_batch(int argc, char **argv) {
             break;
         case O_ERRFILE:
             err_path = optarg;
+            break;
+        case O_MEB:
+            ok = kg_cli_parse_i64(optarg, 0, (int64_t)1 << 30, &max_event_bytes) &&
+                 (max_event_bytes == 0 || max_event_bytes >= 4096);
             break;
         case O_VERSION:
             kg_cmd_print_version("kgen");
@@ -272,8 +291,10 @@ int kg_cmd_batch(int argc, char **argv) {
     /* split lines (blank lines are skipped) */
     int cap_jobs = 64;
     jobs = calloc((size_t)cap_jobs, sizeof(*jobs));
+    size_t budget = (size_t)max_event_bytes;
     kg_intake_limits_t lim = {.max_seq_len = ep.max_seq_len,
                               .max_tokens_limit = (int32_t)max_tokens_limit,
+                              .max_event_bytes = budget,
                               .max_choices = ep.max_batch_size < KG_JOB_MAX_N ? ep.max_batch_size
                                                                               : KG_JOB_MAX_N,
                               .served = (const char *const *)served.names,
@@ -319,8 +340,9 @@ int kg_cmd_batch(int argc, char **argv) {
         copts.key_len = strlen(rid);
         if (kg_codec_decode_job_opts(line, len, &copts, &job, &cerr) != KG_OK) {
             size_t jl;
-            char *json = kg_events_error(&origin, *cerr.request_id ? cerr.request_id : rid,
-                                         KG_ERROR_INVALID_JOB, cerr.message, NULL, &jl);
+            char *json =
+                kg_events_error(&origin, *cerr.request_id ? cerr.request_id : rid,
+                                KG_ERROR_INVALID_JOB, cerr.message, NULL, budget, &jl, NULL);
             set_result(bj, json, jl);
             continue;
         }
@@ -330,8 +352,8 @@ int kg_cmd_batch(int argc, char **argv) {
                                          &code, msg, sizeof(msg));
         if (st == KG_ERR_INVALID) {
             size_t jl;
-            char *json =
-                kg_events_error(&origin, job->request_id, code, msg, job->metadata_json, &jl);
+            char *json = kg_events_error(&origin, job->request_id, code, msg, job->metadata_json,
+                                         budget, &jl, NULL);
             set_result(bj, json, jl);
         } else if (st != KG_OK) {
             fprintf(stderr, "kgen batch: out of memory preparing line %d\n", line_no);
@@ -370,7 +392,7 @@ int kg_cmd_batch(int argc, char **argv) {
             if (st != KG_OK) {
                 size_t jl;
                 kg_jobrun_outcome_t oc;
-                char *json = kg_jobrun_refused(&bj->run, &origin, st, &jl, &oc);
+                char *json = kg_jobrun_refused(&bj->run, &origin, st, budget, &jl, &oc);
                 set_result(bj, json, jl);
                 bj->ready = false;
                 n_done++;
@@ -401,7 +423,7 @@ int kg_cmd_batch(int argc, char **argv) {
             }
             size_t jl;
             kg_jobrun_outcome_t oc;
-            char *json = kg_jobrun_terminal(&bj->run, &origin, model->tok, 0, &jl, &oc);
+            char *json = kg_jobrun_terminal(&bj->run, &origin, model->tok, budget, &jl, &oc);
             set_result(bj, json, jl);
             n_done++;
         }

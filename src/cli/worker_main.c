@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
         goto out;
     }
     if (cfg.http_port > 0) {
-        http = kg_http_new((int)cfg.http_port, w, err, sizeof(err));
+        http = kg_http_new(cfg.http_address, (int)cfg.http_port, w, err, sizeof(err));
         if (!http) {
             fprintf(stderr, "kgen-worker: %s\n", err);
             goto out;

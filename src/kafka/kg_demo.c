@@ -71,14 +71,26 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
     if (!*dlq) {
         snprintf(dlq, sizeof(dlq), "%s.dlq", cfg->jobs_topic);
     }
+    char inflight[512];
+    snprintf(inflight, sizeof(inflight), "%s", *cfg->inflight_topic ? cfg->inflight_topic : "");
+    if (!*inflight) {
+        snprintf(inflight, sizeof(inflight), "%s.inflight", cfg->jobs_topic);
+    }
     if (rd_kafka_mock_topic_create(d->mc, cfg->jobs_topic, DEMO_PARTITIONS, 1) ||
         rd_kafka_mock_topic_create(d->mc, cfg->results_topic, DEMO_PARTITIONS, 1) ||
-        rd_kafka_mock_topic_create(d->mc, dlq, 1, 1)) {
+        rd_kafka_mock_topic_create(d->mc, dlq, 1, 1) ||
+        rd_kafka_mock_topic_create(d->mc, inflight, DEMO_PARTITIONS, 1)) {
         snprintf(errstr, errstr_size, "cannot create the demo topics");
         goto fail;
     }
     const char *bootstrap = rd_kafka_mock_cluster_bootstraps(d->mc);
     if (kg_config_set(cfg, "brokers", bootstrap, errstr, errstr_size) != KG_OK) {
+        goto fail;
+    }
+    /* the mock cluster cannot describe its topics (no DescribeConfigs) and
+     * takes whatever the producer sends: size events to the producer */
+    if (cfg->max_event_bytes == 0 &&
+        kg_config_set(cfg, "max-event-bytes", "999488", errstr, errstr_size) != KG_OK) {
         goto fail;
     }
     KG_LOG_INFO("demo", "mock cluster up brokers=%s jobs_topic=%s results_topic=%s", bootstrap,

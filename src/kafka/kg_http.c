@@ -5,7 +5,9 @@
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec.h"
 
+#include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +61,13 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
             (long long)atomic_load(&m->messages_consumed));
     counter(f, "kgen_events_produced_total", "Events handed to the producer.",
             (long long)atomic_load(&m->events_produced));
+    counter(f, "kgen_events_refused_total",
+            "Events the broker refused for their own sake (size): copied to the DLQ, and a "
+            "terminal one replaced by an internal error.",
+            (long long)atomic_load(&m->events_refused));
+    counter(f, "kgen_jobs_poisoned_total",
+            "Jobs not run again: present in --poison-after consecutive worker failures.",
+            (long long)atomic_load(&m->jobs_poisoned));
     counter(f, "kgen_prefill_tokens_total", "Tokens computed as prefill (recomputation included).",
             (long long)atomic_load(&g->n_prefill_tokens));
     counter(f, "kgen_decode_tokens_total", "Tokens computed as decode.",
@@ -90,6 +99,9 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           total > 0 ? (double)atomic_load(&g->kv_blocks_used) / total : 0.0);
     gauge(f, "kgen_batch_tokens", "Tokens in the last engine step.",
           atomic_load(&g->last_batch_tokens));
+    gauge(f, "kgen_poison_suspects",
+          "1 while jobs that were running when a worker failed wait or run (one at a time).",
+          atomic_load(&m->suspects));
     gauge(f, "kgen_consumer_paused", "1 while the consumer is paused for backpressure.",
           atomic_load(&m->paused));
     gauge(f, "kgen_assigned_partitions", "Partitions of the jobs topic assigned to this worker.",
@@ -177,7 +189,31 @@ static enum MHD_Result handle(void *cls,
     return reply(conn, 404, "text/plain", nf, sizeof(nf) - 1, MHD_RESPMEM_PERSISTENT);
 }
 
-kg_http_t *kg_http_new(int port, kg_worker_t *w, char *errstr, size_t errstr_size) {
+kg_http_t *
+kg_http_new(const char *address, int port, kg_worker_t *w, char *errstr, size_t errstr_size) {
+    /* libmicrohttpd binds the address it is given (port included) */
+    struct sockaddr_in sa4;
+    struct sockaddr_in6 sa6;
+    const struct sockaddr *sa;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
+    memset(&sa4, 0, sizeof(sa4));
+    memset(&sa6, 0, sizeof(sa6));
+    if (inet_pton(AF_INET, address, &sa4.sin_addr) == 1) {
+        sa4.sin_family = AF_INET;
+        sa4.sin_port = htons((uint16_t)port);
+        sa = (const struct sockaddr *)&sa4;
+    } else if (inet_pton(AF_INET6, address, &sa6.sin6_addr) == 1) {
+        sa6.sin6_family = AF_INET6;
+        sa6.sin6_port = htons((uint16_t)port);
+        sa = (const struct sockaddr *)&sa6;
+        flags |= MHD_USE_IPv6;
+    } else {
+        snprintf(errstr, errstr_size,
+                 "http: --http-address '%s' is not an IPv4 or IPv6 address (0.0.0.0: every "
+                 "interface)",
+                 address);
+        return NULL;
+    }
     kg_http_t *http = calloc(1, sizeof(*http));
     if (!http) {
         snprintf(errstr, errstr_size, "out of memory");
@@ -185,10 +221,13 @@ kg_http_t *kg_http_new(int port, kg_worker_t *w, char *errstr, size_t errstr_siz
     }
     http->w = w;
     http->daemon =
-        MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL, handle, http,
+        MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, handle, http, MHD_OPTION_SOCK_ADDR, sa,
                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!http->daemon) {
-        snprintf(errstr, errstr_size, "http: cannot listen on port %d (in use?)", port);
+        snprintf(errstr, errstr_size,
+                 "http: cannot listen on %s port %d (in use, or no such "
+                 "local address?)",
+                 address, port);
         free(http);
         return NULL;
     }

@@ -16,9 +16,12 @@
 
 typedef struct kg_http kg_http_t;
 
-/** Listen on `port` (all interfaces, so Prometheus in another container
- * can scrape it). NULL with errstr set when the port cannot be bound. */
-kg_http_t *kg_http_new(int port, kg_worker_t *w, char *errstr, size_t errstr_size);
+/** Listen on `address` (an IPv4 or IPv6 literal; "0.0.0.0", the worker's
+ * default, is every interface, so Prometheus in another container can
+ * scrape it) and `port`. NULL with errstr set when the address is not an IP
+ * literal or the port cannot be bound. */
+kg_http_t *
+kg_http_new(const char *address, int port, kg_worker_t *w, char *errstr, size_t errstr_size);
 void kg_http_free(kg_http_t *http);
 
 /** The /metrics text (malloc'ed; the caller frees). For tests. */

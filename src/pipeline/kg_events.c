@@ -3,6 +3,7 @@
 
 #include "../core/kg_clock.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,13 +41,91 @@ static void fill_logprobs(const kg_tokenizer_t *tok,
     }
 }
 
+// ---- fitting an event to its budget ----
+
+typedef char *(*encode_fn)(const void *ev, size_t *len);
+
+static char *encode_token(const void *ev, size_t *len) {
+    return kg_codec_encode_token(ev, len);
+}
+
+static char *encode_done(const void *ev, size_t *len) {
+    return kg_codec_encode_done(ev, len);
+}
+
+static char *encode_error(const void *ev, size_t *len) {
+    return kg_codec_encode_error(ev, len);
+}
+
+/* Re-encode with the end of the text cut until the event fits max_bytes.
+ * `text` (full bytes) is the event's text; *text_len, *truncated and *cut
+ * are the event's own fields; *cut counts the UTF-8 bytes a reader misses
+ * (kg_codec_text_prefix). Returns the encoded event (NULL on out of
+ * memory); it is above max_bytes only when it is even with no text. */
+static char *cut_text(encode_fn encode,
+                      const void *ev,
+                      const char *text,
+                      size_t full,
+                      size_t *text_len,
+                      bool *truncated,
+                      int64_t *cut,
+                      size_t max_bytes,
+                      size_t *len) {
+    size_t full_bytes, kept_bytes;
+    kg_codec_text_prefix(text, full, SIZE_MAX, &full_bytes);
+    *truncated = true;
+    *text_len = 0;
+    *cut = (int64_t)full_bytes;
+    char *json = encode(ev, len);
+    if (!json || *len > max_bytes) {
+        return json;
+    }
+    /* the room the text may take; exact but for the digits of *cut, which
+     * only shrink as more text is kept */
+    size_t room = max_bytes - *len;
+    for (int i = 0; i < 4 && room > 0; i++) {
+        size_t keep = kg_codec_text_prefix(text, full, room, &kept_bytes);
+        if (keep == 0) {
+            break;
+        }
+        *text_len = keep;
+        *cut = (int64_t)(full_bytes - kept_bytes);
+        char *longer = encode(ev, len);
+        if (!longer || *len <= max_bytes) {
+            free(json);
+            return longer;
+        }
+        free(longer);
+        room = room > *len - max_bytes ? room - (*len - max_bytes) : 0;
+    }
+    *text_len = 0;
+    *cut = (int64_t)full_bytes;
+    free(json);
+    return encode(ev, len);
+}
+
+static bool fits(const char *json, size_t len, size_t max_bytes) {
+    return !json || max_bytes == 0 || len <= max_bytes;
+}
+
+static void note_fit(kg_events_fit_t *fit, const kg_events_fit_t *got, size_t len, size_t max) {
+    if (fit) {
+        *fit = *got;
+        fit->over_budget = max > 0 && len > max;
+    }
+}
+
+// ---- the events ----
+
 char *kg_events_token(const kg_event_origin_t *o,
                       const kg_tokenizer_t *tok,
                       const kg_job_t *job,
                       int32_t choice,
                       const kg_output_t *out,
                       const kg_output_event_t *ev,
-                      size_t *len) {
+                      size_t max_bytes,
+                      size_t *len,
+                      kg_events_fit_t *fit) {
     size_t tlen;
     const char *text = kg_output_text(out, &tlen);
     kg_event_token_t e = {.has_choice = job->n > 1,
@@ -62,7 +141,22 @@ char *kg_events_token(const kg_event_origin_t *o,
         e.has_logprobs = true;
         fill_logprobs(tok, &ev->sample, &e.logprobs, buf, sizeof(buf), &used);
     }
-    return kg_codec_encode_token(&e, len);
+    kg_events_fit_t got = {0};
+    char *json = kg_codec_encode_token(&e, len);
+    if (!fits(json, *len, max_bytes) && e.has_logprobs) {
+        free(json);
+        e.has_logprobs = false;
+        e.logprobs_truncated = got.logprobs_dropped = true;
+        json = kg_codec_encode_token(&e, len);
+    }
+    if (!fits(json, *len, max_bytes)) {
+        free(json);
+        json = cut_text(encode_token, &e, e.text, ev->text_len, &e.text_len, &e.text_truncated,
+                        &e.text_bytes_cut, max_bytes, len);
+        got.text_bytes_cut = (size_t)e.text_bytes_cut;
+    }
+    note_fit(fit, &got, json ? *len : 0, max_bytes);
+    return json;
 }
 
 char *kg_events_done(const kg_event_origin_t *o,
@@ -73,10 +167,12 @@ char *kg_events_done(const kg_event_origin_t *o,
                      const kg_job_timing_t *t,
                      const kg_sample_result_t *samples,
                      int32_t n_samples,
-                     size_t *len) {
+                     size_t max_bytes,
+                     size_t *len,
+                     kg_events_fit_t *fit) {
     kg_events_choice_t ch = {
         .out = out, .reason = reason, .samples = samples, .n_samples = n_samples};
-    return kg_events_done_choices(o, tok, job, &ch, 1, t, len);
+    return kg_events_done_choices(o, tok, job, &ch, 1, t, max_bytes, len, fit);
 }
 
 /* The per-token logprobs of one completion, with their pieces in *buf
@@ -115,13 +211,55 @@ static const char *stop_of(const kg_job_t *job, const kg_events_choice_t *ch) {
     return NULL;
 }
 
+/* n > 1, still over budget with everything else shed: every choice's text
+ * is cut to an equal share of the room left (each choice says how much). */
+static char *cut_choice_texts(kg_event_done_t *e,
+                              kg_event_choice_t *cs,
+                              const kg_events_choice_t *ch,
+                              int32_t n,
+                              size_t max_bytes,
+                              size_t *len,
+                              kg_events_fit_t *got) {
+    size_t full[KG_JOB_MAX_N], full_bytes[KG_JOB_MAX_N], kept_bytes;
+    for (int32_t c = 0; c < n; c++) {
+        full[c] = cs[c].text_len;
+        kg_codec_text_prefix(cs[c].text, full[c], SIZE_MAX, &full_bytes[c]);
+        cs[c].text_len = 0;
+        cs[c].text_truncated = true;
+        cs[c].text_bytes_cut = (int64_t)full_bytes[c];
+    }
+    char *json = kg_codec_encode_done(e, len);
+    if (!json || *len > max_bytes) {
+        return json;
+    }
+    /* a share each; the digits of text_bytes_cut only shrink as text is kept */
+    size_t share = (max_bytes - *len) / (size_t)n;
+    for (int32_t c = 0; c < n; c++) {
+        size_t keep = kg_codec_text_prefix(cs[c].text, full[c], share, &kept_bytes);
+        cs[c].text_len = keep;
+        cs[c].text_bytes_cut = (int64_t)(full_bytes[c] - kept_bytes);
+        cs[c].text_truncated = keep < full[c];
+        if (cs[c].text_truncated) {
+            got->text_bytes_cut += (size_t)cs[c].text_bytes_cut;
+        }
+    }
+    (void)ch;
+    free(json);
+    return kg_codec_encode_done(e, len);
+}
+
 char *kg_events_done_choices(const kg_event_origin_t *o,
                              const kg_tokenizer_t *tok,
                              const kg_job_t *job,
                              const kg_events_choice_t *ch,
                              int32_t n,
                              const kg_job_timing_t *t,
-                             size_t *len) {
+                             size_t max_bytes,
+                             size_t *len,
+                             kg_events_fit_t *fit) {
+    if (n < 1 || n > KG_JOB_MAX_N) {
+        return NULL;
+    }
     size_t tlen;
     const char *text = kg_output_text(ch[0].out, &tlen);
     int64_t first = t->first_token_us ? t->first_token_us : t->finished_us;
@@ -149,9 +287,7 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
     char *bufs[KG_JOB_MAX_N] = {0};
     kg_event_choice_t cs[KG_JOB_MAX_N];
     char *json = NULL;
-    if (n < 1 || n > KG_JOB_MAX_N) {
-        return NULL;
-    }
+    kg_events_fit_t got = {0};
     for (int32_t c = 0; c < n; c++) {
         if (!make_logprobs(tok, ch[c].samples, ch[c].n_samples, &lps[c], &bufs[c])) {
             goto out;
@@ -176,12 +312,45 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
         e.choices = cs;
         e.n_choices = n;
     }
+    /* shed in the documented order until it fits: logprobs, metadata, text */
     json = kg_codec_encode_done(&e, len);
+    bool has_lp = e.logprobs != NULL;
+    for (int32_t c = 0; n > 1 && c < n; c++) {
+        has_lp |= cs[c].logprobs != NULL;
+    }
+    if (!fits(json, *len, max_bytes) && has_lp) {
+        free(json);
+        e.logprobs = NULL;
+        e.n_logprobs = 0;
+        for (int32_t c = 0; n > 1 && c < n; c++) {
+            cs[c].logprobs = NULL;
+            cs[c].n_logprobs = 0;
+        }
+        e.logprobs_truncated = got.logprobs_dropped = true;
+        json = kg_codec_encode_done(&e, len);
+    }
+    if (!fits(json, *len, max_bytes) && e.metadata_json) {
+        free(json);
+        e.metadata_json = NULL;
+        e.metadata_truncated = got.metadata_dropped = true;
+        json = kg_codec_encode_done(&e, len);
+    }
+    if (!fits(json, *len, max_bytes)) {
+        free(json);
+        json = cut_text(encode_done, &e, text, tlen, &e.text_len, &e.text_truncated,
+                        &e.text_bytes_cut, max_bytes, len);
+        got.text_bytes_cut = (size_t)e.text_bytes_cut;
+    }
+    if (n > 1 && !fits(json, *len, max_bytes)) {
+        free(json);
+        json = cut_choice_texts(&e, cs, ch, n, max_bytes, len, &got);
+    }
 out:
     for (int32_t c = 0; c < n; c++) {
         free(lps[c]);
         free(bufs[c]);
     }
+    note_fit(fit, &got, json ? *len : 0, max_bytes);
     return json;
 }
 
@@ -190,8 +359,19 @@ char *kg_events_error(const kg_event_origin_t *o,
                       kg_error_code_t code,
                       const char *message,
                       const char *metadata_json,
-                      size_t *len) {
+                      size_t max_bytes,
+                      size_t *len,
+                      kg_events_fit_t *fit) {
     kg_event_error_t e = {.code = code, .message = message, .metadata_json = metadata_json};
     common(o, request_id, &e.common);
-    return kg_codec_encode_error(&e, len);
+    kg_events_fit_t got = {0};
+    char *json = kg_codec_encode_error(&e, len);
+    if (!fits(json, *len, max_bytes) && e.metadata_json) {
+        free(json);
+        e.metadata_json = NULL;
+        e.metadata_truncated = got.metadata_dropped = true;
+        json = encode_error(&e, len);
+    }
+    note_fit(fit, &got, json ? *len : 0, max_bytes);
+    return json;
 }

@@ -101,8 +101,17 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
     }
     if (job->max_tokens > lim->max_tokens_limit) {
         *code = KG_ERROR_MAX_TOKENS_TOO_LARGE;
-        snprintf(msg, msg_size, "max_tokens %d exceeds this worker's limit of %d", job->max_tokens,
-                 lim->max_tokens_limit);
+        /* the value the job sent, not a clamped one */
+        snprintf(msg, msg_size, "max_tokens %lld exceeds this worker's limit of %d",
+                 (long long)job->max_tokens, lim->max_tokens_limit);
+        return KG_ERR_INVALID;
+    }
+    size_t meta_len = job->metadata_json ? strlen(job->metadata_json) : 0;
+    if (lim->max_event_bytes > 0 && meta_len > lim->max_event_bytes) {
+        snprintf(msg, msg_size,
+                 "metadata: %zu bytes; the events of this worker carry at most %zu bytes, so it "
+                 "could never be echoed",
+                 meta_len, lim->max_event_bytes);
         return KG_ERR_INVALID;
     }
 
@@ -176,6 +185,6 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         return KG_ERR_INVALID;
     }
     int32_t room = lim->max_seq_len - out->n_tokens;
-    out->max_tokens = job->max_tokens < room ? job->max_tokens : room;
+    out->max_tokens = job->max_tokens < room ? (int32_t)job->max_tokens : room;
     return KG_OK;
 }

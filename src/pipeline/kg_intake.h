@@ -6,9 +6,11 @@
  * template; prompt_tokens are checked against the vocabulary; the prompt
  * must fit the context and max_prompt_tokens; max_tokens must not exceed
  * the limit (it is clamped to the room left in the context, as llama.cpp's
- * server does); a job whose deadline has passed is not run; a job naming a
- * model the worker does not serve gets model_not_found; n must fit the
- * engine's slots and logit_bias must name tokens of the vocabulary. */
+ * server does); a job whose deadline has passed is not run; a job whose
+ * metadata alone is larger than an event may be can never be answered with
+ * it, so it is refused (invalid_job) rather than run; a job naming a model
+ * the worker does not serve gets model_not_found; n must fit the engine's
+ * slots and logit_bias must name tokens of the vocabulary. */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -23,6 +25,7 @@ typedef struct kg_intake_limits {
     int32_t max_seq_len;       /* prompt + output per sequence */
     int32_t max_prompt_tokens; /* 0 = max_seq_len - 1 */
     int32_t max_tokens_limit;  /* jobs asking more get max_tokens_too_large */
+    size_t max_event_bytes;    /* bytes one event may have (kg_events); 0 = no limit */
     int32_t max_choices;       /* n above it (the engine's slots) is invalid_job; 0 = 16 */
     /* the names the model is served under (borrowed); a job naming another
      * gets model_not_found; n_served 0 accepts any name */

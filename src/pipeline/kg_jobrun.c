@@ -131,9 +131,11 @@ char *kg_jobrun_token_event(const kg_jobrun_t *r,
                             int i,
                             const kg_event_origin_t *o,
                             const kg_tokenizer_t *tok,
-                            size_t *len) {
+                            size_t max_bytes,
+                            size_t *len,
+                            kg_events_fit_t *fit) {
     return kg_events_token(o, tok, r->job, st->choice, &r->choices[st->choice].out, &st->evs[i],
-                           len);
+                           max_bytes, len, fit);
 }
 
 int32_t kg_jobrun_n_generated(const kg_jobrun_t *r) {
@@ -160,17 +162,18 @@ static kg_finish_reason_t reason_of(const kg_jobrun_choice_t *ch) {
 static char *done_event(const kg_jobrun_t *r,
                         const kg_event_origin_t *o,
                         const kg_tokenizer_t *tok,
-                        bool with_logprobs,
-                        size_t *len) {
+                        size_t max_bytes,
+                        size_t *len,
+                        kg_events_fit_t *fit) {
     kg_events_choice_t ch[KG_JOB_MAX_N];
     for (int32_t c = 0; c < r->n_choices && c < KG_JOB_MAX_N; c++) {
         const kg_jobrun_choice_t *x = &r->choices[c];
         ch[c] = (kg_events_choice_t){.out = &x->out,
                                      .reason = reason_of(x),
-                                     .samples = with_logprobs ? x->samples : NULL,
-                                     .n_samples = with_logprobs ? x->n_samples : 0};
+                                     .samples = x->samples,
+                                     .n_samples = x->n_samples};
     }
-    return kg_events_done_choices(o, tok, r->job, ch, r->n_choices, &r->t, len);
+    return kg_events_done_choices(o, tok, r->job, ch, r->n_choices, &r->t, max_bytes, len, fit);
 }
 
 char *kg_jobrun_terminal(const kg_jobrun_t *r,
@@ -184,26 +187,18 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
     /* a choice that ran out of time or was cancelled (not by its stop
      * string) leaves the job without a result */
     kg_finish_t failed = KG_FINISH_NONE;
-    int32_t n_samples = 0;
     for (int32_t c = 0; c < r->n_choices; c++) {
         const kg_jobrun_choice_t *ch = &r->choices[c];
         bool ok = ch->stop_hit || ch->finish == KG_FINISH_STOP || ch->finish == KG_FINISH_LENGTH;
         if (!ok && failed != KG_FINISH_DEADLINE) {
             failed = ch->finish == KG_FINISH_DEADLINE ? KG_FINISH_DEADLINE : KG_FINISH_CANCELLED;
         }
-        n_samples += ch->n_samples;
     }
     if (failed == KG_FINISH_NONE) {
         outcome->reason = reason_of(&r->choices[0]);
-        char *json = done_event(r, o, tok, true, len);
-        if (json && max_bytes > 0 && *len > max_bytes && n_samples > 0) {
-            /* logprobs of a long output can outgrow a message: the done
-             * event goes without them rather than not at all */
-            free(json);
-            outcome->logprobs_dropped = true;
-            json = done_event(r, o, tok, false, len);
-        }
-        return json;
+        /* logprobs of a long output, a large metadata echo or a long text can
+         * outgrow a message: the done event sheds them rather than not go */
+        return done_event(r, o, tok, max_bytes, len, &outcome->fit);
     }
     outcome->is_error = true;
     const char *msg;
@@ -214,12 +209,14 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
         outcome->code = KG_ERROR_CANCELLED;
         msg = "the job was cancelled";
     }
-    return kg_events_error(o, job->request_id, outcome->code, msg, job->metadata_json, len);
+    return kg_events_error(o, job->request_id, outcome->code, msg, job->metadata_json, max_bytes,
+                           len, &outcome->fit);
 }
 
 char *kg_jobrun_refused(const kg_jobrun_t *r,
                         const kg_event_origin_t *o,
                         kg_status_t status,
+                        size_t max_bytes,
                         size_t *len,
                         kg_jobrun_outcome_t *outcome) {
     memset(outcome, 0, sizeof(*outcome));
@@ -227,5 +224,6 @@ char *kg_jobrun_refused(const kg_jobrun_t *r,
     outcome->code = KG_ERROR_INTERNAL;
     char msg[128];
     snprintf(msg, sizeof(msg), "the engine refused the request: %s", kg_status_str(status));
-    return kg_events_error(o, r->job->request_id, outcome->code, msg, r->job->metadata_json, len);
+    return kg_events_error(o, r->job->request_id, outcome->code, msg, r->job->metadata_json,
+                           max_bytes, len, &outcome->fit);
 }

@@ -9,7 +9,10 @@
  * the encoded events lives in this module, so the two programs cannot
  * drift apart: which finish becomes which finish_reason or error code and
  * message, when a stop string cancels the request, which logprobs the done
- * event carries, and how a done event too large for the transport is cut.
+ * event carries, and how an event too large for the transport is cut (the
+ * byte budget and the shedding order of kg_events: logprobs, then the
+ * metadata echo, then the end of the text; a job whose metadata alone is
+ * over the budget is refused at intake).
  * The caller keeps what is its own: the transport (Kafka, a file), the
  * engine handle (direct or through the runner), metrics and logs.
  *
@@ -70,14 +73,15 @@ typedef struct kg_jobrun_outcome {
     bool is_error;
     kg_finish_reason_t reason; /* when !is_error */
     kg_error_code_t code;      /* when is_error */
-    bool logprobs_dropped;     /* the done event went without its logprobs (too large) */
+    kg_events_fit_t fit;       /* what the terminal event left out to fit max_bytes */
 } kg_jobrun_outcome_t;
 
 /** Prepare `job` (kg_intake_prepare against `lim`, deadline checked against
  * now_ms) and set `r` up to run it; `taken_us` is when the job was taken
  * (kg_clock_us). Takes ownership of `job` whatever the result (kg_jobrun_clear
  * frees it). KG_ERR_INVALID: the job cannot run; *code and `msg` say why
- * (send kg_events_error with r->job's request id and metadata).
+ * (send kg_events_error with r->job's request id and metadata, and the
+ * budget of lim->max_event_bytes).
  * KG_ERR_NOMEM on allocation failure. @thread any */
 KG_NODISCARD kg_status_t kg_jobrun_start(kg_jobrun_t *r,
                                          const kg_model_t *model,
@@ -108,13 +112,16 @@ KG_NODISCARD kg_status_t kg_jobrun_on_completion(kg_jobrun_t *r,
                                                  kg_jobrun_step_t *st);
 
 /** Token event `i` of step `st` (for a job that streams), as malloc'ed
- * JSON of *len bytes; NULL on out of memory. */
+ * JSON of *len bytes, fitted to max_bytes as kg_events_token does (`fit`,
+ * may be NULL, says what was left out); NULL on out of memory. */
 char *kg_jobrun_token_event(const kg_jobrun_t *r,
                             const kg_jobrun_step_t *st,
                             int i,
                             const kg_event_origin_t *o,
                             const kg_tokenizer_t *tok,
-                            size_t *len);
+                            size_t max_bytes,
+                            size_t *len,
+                            kg_events_fit_t *fit);
 
 /** Tokens generated so far, over every choice (stop-string tails left out). */
 int32_t kg_jobrun_n_generated(const kg_jobrun_t *r);
@@ -126,9 +133,10 @@ bool kg_jobrun_finish_seen(kg_jobrun_t *r, const kg_completion_t *c);
 
 /** The terminal event of a finished job (after a step with `finished`), as
  * malloc'ed JSON of *len bytes, at most max_bytes where the event can be
- * made that small (0 = no limit): a done event (stop, length or
- * stop_sequence) or an error event (expired, cancelled). `outcome` says
- * which. NULL on out of memory. */
+ * made that small (0 = no limit; kg_events says what is shed, in which
+ * order): a done event (stop, length or stop_sequence) or an error event
+ * (expired, cancelled). `outcome` says which, and what was shed. NULL on
+ * out of memory. */
 char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          const kg_event_origin_t *o,
                          const kg_tokenizer_t *tok,
@@ -139,9 +147,10 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
 /** The error event for a request the engine refused (`status` from
  * kg_engine_submit other than KG_QUEUE_FULL). Intake checks every limit the
  * engine checks, so a refusal is a mismatch between the two, not the job's
- * fault: code `internal`. NULL on out of memory. */
+ * fault: code `internal`. Fitted to max_bytes. NULL on out of memory. */
 char *kg_jobrun_refused(const kg_jobrun_t *r,
                         const kg_event_origin_t *o,
                         kg_status_t status,
+                        size_t max_bytes,
                         size_t *len,
                         kg_jobrun_outcome_t *outcome);

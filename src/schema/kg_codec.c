@@ -27,6 +27,7 @@ void kg_codec_global_init(void) {
 
 kg_codec_opts_t kg_codec_opts_default(void) {
     kg_codec_opts_t opts = {.max_message_size = KG_CODEC_DEFAULT_MAX_MESSAGE_SIZE,
+                            .default_max_tokens = KG_JOB_DEFAULT_MAX_TOKENS,
                             .format = KG_JOB_FORMAT_AUTO};
     return opts;
 }
@@ -363,7 +364,7 @@ static kg_status_t bad_field(dec_t *d, const char *field, const char *expect, co
 }
 
 typedef enum field_kind {
-    FK_INT32, /* saturates at INT32_MAX (max_tokens: the intake reports the limit) */
+    FK_INT32, /* saturates at INT32_MAX */
     FK_INT64,
     FK_REAL, /* stored as float, saturating at FLT_MAX */
     FK_BOOL,
@@ -389,7 +390,7 @@ typedef struct field_spec {
 
 /* Simple fields in schema order (the first bad one is reported). */
 static const field_spec_t job_fields[] = {
-    INT_F("max_tokens", FK_INT32, max_tokens, 1, INT64_MAX, "an integer >= 1"),
+    INT_F("max_tokens", FK_INT64, max_tokens, 1, INT64_MAX, "an integer >= 1"),
     REAL_F("temperature", sampling.temperature, 0, 2, false, "a number in 0..2"),
     INT_F("top_k", FK_INT32, sampling.top_k, -1, INT32_MAX, "an integer >= -1 (-1 or 0: off)"),
     REAL_F("top_p", sampling.top_p, 0, 1, true, "a number in (0, 1]"),
@@ -762,7 +763,7 @@ static kg_status_t read_request_id(json_t *root, kg_codec_error_t *err) {
     return KG_OK;
 }
 
-static kg_job_t *job_new_defaults(const char *request_id) {
+static kg_job_t *job_new_defaults(const char *request_id, int64_t default_max_tokens) {
     kg_job_t *job = calloc(1, sizeof(*job));
     if (!job) {
         return NULL;
@@ -773,7 +774,7 @@ static kg_job_t *job_new_defaults(const char *request_id) {
         return NULL;
     }
     job->schema_version = KG_SCHEMA_VERSION;
-    job->max_tokens = KG_JOB_DEFAULT_MAX_TOKENS;
+    job->max_tokens = default_max_tokens > 0 ? default_max_tokens : KG_JOB_DEFAULT_MAX_TOKENS;
     job->sampling = kg_job_sampling_defaults();
     job->sampling.seed = kg_job_default_seed(request_id);
     job->stream = true;
@@ -835,7 +836,7 @@ kg_status_t kg_codec_decode_job_opts(const char *buf,
         goto fail;
     }
     d.root = root;
-    d.job = job_new_defaults(err->request_id);
+    d.job = job_new_defaults(err->request_id, opts->default_max_tokens);
     if (!d.job) {
         st = KG_ERR_NOMEM;
         goto fail;
@@ -918,6 +919,36 @@ static char *utf8_sanitize(const char *s, size_t len, size_t *out_len) {
     }
     *out_len = o;
     return out;
+}
+
+size_t kg_codec_text_prefix(const char *s, size_t len, size_t room, size_t *text_bytes) {
+    size_t used = 0, decoded = 0, i = 0;
+    while (i < len) {
+        size_t bad = 0;
+        size_t k = utf8_seq((const unsigned char *)s + i, len - i, &bad);
+        size_t written, read = k, out = k;
+        if (k == 0) { /* one U+FFFD for the maximal ill-formed subpart */
+            written = out = 3;
+            read = bad;
+        } else if (k == 1) { /* jansson: \" \\ \b \f \n \r \t, \u00XX for other controls */
+            unsigned char c = (unsigned char)s[i];
+            bool short_escape = c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' ||
+                                c == '\r' || c == '\t';
+            written = short_escape ? 2 : c < 0x20 ? 6 : 1;
+        } else {
+            written = k;
+        }
+        if (used + written > room) {
+            break;
+        }
+        used += written;
+        decoded += out;
+        i += read;
+    }
+    if (text_bytes) {
+        *text_bytes = decoded;
+    }
+    return i;
 }
 
 /* A JSON string of any bytes: NULL is "", invalid UTF-8 becomes U+FFFD.
@@ -1175,6 +1206,20 @@ static char *finish_event(json_t *o, bool ok, const char *metadata_json, size_t 
     return text;
 }
 
+/* The markers of what an event left out to fit (written only when set). */
+static void put_truncation(json_t *o, bool logprobs, bool metadata, int64_t text_cut, bool *ok) {
+    if (logprobs) {
+        put(o, "logprobs_truncated", json_true(), ok);
+    }
+    if (metadata) {
+        put(o, "metadata_truncated", json_true(), ok);
+    }
+    if (text_cut > 0) {
+        put(o, "text_truncated", json_true(), ok);
+        put(o, "text_bytes_cut", json_integer(text_cut), ok);
+    }
+}
+
 char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len) {
     bool ok = true;
     json_t *o = event_new("token", &ev->common, &ok);
@@ -1185,6 +1230,8 @@ char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len) {
         put(o, "index", json_integer(ev->index), &ok);
         put(o, "token_id", json_integer(ev->token_id), &ok);
         put(o, "text", text_json(ev->text, ev->text_len), &ok);
+        put_truncation(o, ev->logprobs_truncated, false,
+                       ev->text_truncated ? ev->text_bytes_cut : 0, &ok);
     }
     if (o && ev->has_logprobs) {
         json_t *lp = json_object();
@@ -1234,6 +1281,10 @@ static json_t *choices_json(const kg_event_done_t *ev, bool *ok) {
         if (c->logprobs && c->n_logprobs > 0) {
             put(o, "logprobs", done_logprobs_json(c->logprobs, c->n_logprobs, ok), ok);
         }
+        if (c->text_truncated) {
+            put(o, "text_truncated", json_true(), ok);
+            put(o, "text_bytes_cut", json_integer(c->text_bytes_cut), ok);
+        }
     }
     return arr;
 }
@@ -1274,6 +1325,8 @@ char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len) {
         if (ev->model) {
             put(o, "model", cstr_json(ev->model), &ok);
         }
+        put_truncation(o, ev->logprobs_truncated, ev->metadata_truncated,
+                       ev->text_truncated ? ev->text_bytes_cut : 0, &ok);
     }
     return finish_event(o, ok, ev->metadata_json, len);
 }
@@ -1284,6 +1337,7 @@ char *kg_codec_encode_error(const kg_event_error_t *ev, size_t *len) {
     if (o) {
         put(o, "code", json_string(kg_error_code_str(ev->code)), &ok);
         put(o, "message", cstr_json(ev->message), &ok);
+        put_truncation(o, false, ev->metadata_truncated, 0, &ok);
     }
     return finish_event(o, ok, ev->metadata_json, len);
 }
@@ -1363,6 +1417,27 @@ static bool ev_common(evdec_t *d, kg_event_common_t *c) {
            ev_int32(d, r, "schema_version", 1, &c->schema_version);
 }
 
+/* An optional boolean member of the event (absent: false). */
+static bool ev_flag(evdec_t *d, const char *key, bool *out) {
+    json_t *v = json_object_get(d->root, key);
+    if (!v) {
+        return true;
+    }
+    if (!json_is_boolean(v)) {
+        return ev_bad(d, key, "true or false");
+    }
+    *out = json_is_true(v);
+    return true;
+}
+
+/* text_truncated and, with it, text_bytes_cut (>= 1). */
+static bool ev_text_cut(evdec_t *d, bool *truncated, int64_t *cut) {
+    if (!ev_flag(d, "text_truncated", truncated)) {
+        return false;
+    }
+    return !*truncated || ev_int(d, d->root, "text_bytes_cut", 1, INT64_MAX, cut);
+}
+
 static bool ev_candidate(evdec_t *d, json_t *o, kg_logprob_entry_t *e) {
     double lp;
     if (!json_is_object(o)) {
@@ -1395,7 +1470,9 @@ static bool ev_token(evdec_t *d, kg_event_token_t *t) {
     double x;
     if (!ev_common(d, &t->common) || !ev_int32(d, d->root, "index", 0, &t->index) ||
         !ev_int32(d, d->root, "token_id", 0, &t->token_id) ||
-        !ev_str(d, d->root, "text", false, &t->text, &t->text_len)) {
+        !ev_str(d, d->root, "text", false, &t->text, &t->text_len) ||
+        !ev_flag(d, "logprobs_truncated", &t->logprobs_truncated) ||
+        !ev_text_cut(d, &t->text_truncated, &t->text_bytes_cut)) {
         return false;
     }
     if (json_object_get(d->root, "choice")) {
@@ -1476,6 +1553,9 @@ static bool ev_choices(evdec_t *d, kg_event_done_t *e) {
             !ev_done_logprobs(d, c, &cs[i].logprobs, &cs[i].n_logprobs)) {
             return false;
         }
+        cs[i].text_truncated = json_is_true(json_object_get(c, "text_truncated"));
+        json_t *cut = json_object_get(c, "text_bytes_cut");
+        cs[i].text_bytes_cut = json_is_integer(cut) ? json_integer_value(cut) : 0;
     }
     return true;
 }
@@ -1518,7 +1598,10 @@ static bool ev_done(evdec_t *d, kg_event_done_t *e) {
            ev_num(d, tm, "total_ms", &e->total_ms) &&
            ev_num(d, tm, "tokens_per_s", &e->tokens_per_s) &&
            ev_done_logprobs(d, r, &e->logprobs, &e->n_logprobs) && ev_choices(d, e) &&
-           ev_str(d, r, "model", true, &e->model, NULL) && ev_metadata(d, &e->metadata_json);
+           ev_str(d, r, "model", true, &e->model, NULL) && ev_metadata(d, &e->metadata_json) &&
+           ev_flag(d, "logprobs_truncated", &e->logprobs_truncated) &&
+           ev_flag(d, "metadata_truncated", &e->metadata_truncated) &&
+           ev_text_cut(d, &e->text_truncated, &e->text_bytes_cut);
 }
 
 static bool ev_error(evdec_t *d, kg_event_error_t *e) {
@@ -1534,7 +1617,8 @@ static bool ev_error(evdec_t *d, kg_event_error_t *e) {
     }
     e->code = (kg_error_code_t)c;
     return ev_str(d, d->root, "message", false, &e->message, NULL) &&
-           ev_metadata(d, &e->metadata_json);
+           ev_metadata(d, &e->metadata_json) &&
+           ev_flag(d, "metadata_truncated", &e->metadata_truncated);
 }
 
 kg_status_t kg_codec_decode_event(

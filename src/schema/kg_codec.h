@@ -1,9 +1,10 @@
 /* kg_codec: JSON <-> C for the job and event contract (schemas/).
  *
- * This module (kg_codec.c, with kg_openai.c for the OpenAI shapes) is the
- * only code that includes jansson.h; no json_t crosses its boundary. Jobs
- * decode into kg_job_t; events are encoded from the plain structs below
- * into malloc'ed JSON text, and can be decoded back (kgen-submit, tests).
+ * This module (kg_codec.c, with kg_openai.c for the OpenAI shapes) and
+ * kg_inflight.c (the poison-job journal's record) are the only code that
+ * includes jansson.h; no json_t crosses their boundary. Jobs decode into
+ * kg_job_t; events are encoded from the plain structs below into malloc'ed
+ * JSON text, and can be decoded back (kgen-submit, tests).
  *
  * A job message may also be an OpenAI Batch API input line or a bare Chat
  * Completions / Completions request body (kg_openai.h): the decoder
@@ -86,15 +87,17 @@ typedef enum kg_job_format {
 bool kg_codec_job_format_parse(const char *s, size_t len, kg_job_format_t *out);
 
 typedef struct kg_codec_opts {
-    size_t max_message_size; /* bytes; larger messages are dead-lettered unparsed */
-    kg_job_format_t format;  /* default AUTO */
+    size_t max_message_size;    /* bytes; larger messages are dead-lettered unparsed */
+    int64_t default_max_tokens; /* max_tokens of a job that gives none (--default-max-tokens) */
+    kg_job_format_t format;     /* default AUTO */
     /* the message key (borrowed, may be NULL): the request_id of a bare
      * OpenAI body, which has no field for it */
     const char *key;
     size_t key_len;
 } kg_codec_opts_t;
 
-/** Defaults: max_message_size 1 MiB, format AUTO, no key. */
+/** Defaults: max_message_size 1 MiB, default_max_tokens 256, format AUTO,
+ * no key. */
 kg_codec_opts_t kg_codec_opts_default(void);
 
 typedef enum kg_codec_error_kind {
@@ -223,6 +226,10 @@ typedef struct kg_event_token {
     size_t text_len;
     bool has_logprobs;
     kg_token_logprobs_t logprobs; /* .token.logprob is written; .token id/text are not */
+    /* What the event left out to fit the transport (kg_events); written only when set. */
+    bool logprobs_truncated; /* the job asked for logprobs; they did not fit */
+    bool text_truncated;     /* text is a prefix of the released text ... */
+    int64_t text_bytes_cut;  /* ... which was this many bytes longer */
 } kg_event_token_t;
 
 /* One of the n completions of a job with n > 1 (the done event's choices). */
@@ -236,6 +243,8 @@ typedef struct kg_event_choice {
     int32_t completion_tokens;
     const kg_token_logprobs_t *logprobs; /* (n_logprobs) per output token, or NULL */
     int32_t n_logprobs;
+    bool text_truncated;    /* text is a prefix of the choice's text ... */
+    int64_t text_bytes_cut; /* ... which was this many bytes longer */
 } kg_event_choice_t;
 
 typedef struct kg_event_done {
@@ -261,6 +270,11 @@ typedef struct kg_event_done {
      * choice 0's; completion_tokens is their sum); n_choices 0: not written */
     const kg_event_choice_t *choices;
     int32_t n_choices;
+    /* What the event left out to fit the transport (kg_events); written only when set. */
+    bool logprobs_truncated; /* the job asked for logprobs; they did not fit */
+    bool metadata_truncated; /* the job's metadata is not echoed */
+    bool text_truncated;     /* text is a prefix of the output text ... */
+    int64_t text_bytes_cut;  /* ... which was this many bytes longer */
 } kg_event_done_t;
 
 typedef struct kg_event_error {
@@ -268,6 +282,7 @@ typedef struct kg_event_error {
     kg_error_code_t code;
     const char *message;       /* NUL-terminated */
     const char *metadata_json; /* the job's metadata_json, or NULL */
+    bool metadata_truncated;   /* the job's metadata is not echoed (it did not fit) */
 } kg_event_error_t;
 
 /** Encode an event as compact JSON. Returns malloc'ed text (the caller
@@ -276,6 +291,15 @@ typedef struct kg_event_error {
  * metadata_json that is not a JSON object is left out (with a warning)
  * rather than losing the event. @thread any */
 char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len);
+
+/** The longest prefix of the text (s, len) whose JSON string, as the
+ * encoders write it (invalid UTF-8 as U+FFFD, '"', '\\' and control
+ * characters escaped), takes at most `room` bytes between its quotes. It
+ * ends on a character boundary. Returns its length in bytes of s;
+ * *text_bytes (may be NULL) gets the UTF-8 bytes a reader decodes from it.
+ * For cutting an event's text to fit a message (pipeline/kg_events).
+ * @thread any */
+size_t kg_codec_text_prefix(const char *s, size_t len, size_t room, size_t *text_bytes);
 char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len);
 char *kg_codec_encode_error(const kg_event_error_t *ev, size_t *len);
 

@@ -46,7 +46,8 @@ typedef struct kg_job {
     int32_t n_messages;
 
     /* ---- generation ---- */
-    int32_t max_tokens;            /* >= 1; default 256 */
+    int64_t max_tokens;            /* >= 1 as the job wrote it (the intake checks the limit and
+                                      reports this value); default 256 */
     kg_sampling_params_t sampling; /* temperature 1, filters off, seed from request_id by
                                       default; n_logprobs is the job's "logprobs" */
     char **stop;                   /* (n_stop) NUL-terminated strings, each 1..256 code points */

@@ -736,7 +736,8 @@ START_TEST(huge_string) {
     len += 2;
     expect_dlq(text, len, KG_DLQ_TOO_LARGE);
     // A bigger limit takes it whole.
-    kg_codec_opts_t opts = {.max_message_size = 16u << 20};
+    kg_codec_opts_t opts = kg_codec_opts_default();
+    opts.max_message_size = 16u << 20;
     kg_job_t *job = NULL;
     kg_codec_error_t err;
     ck_assert_int_eq(kg_codec_decode_job_opts(text, len, &opts, &job, &err), KG_OK);
@@ -750,6 +751,24 @@ START_TEST(huge_string) {
     ck_assert_int_eq(kg_codec_decode_job_opts(text, len, &opts, &job, &err), KG_ERR_INVALID);
     ck_assert_int_eq(err.reason, KG_DLQ_TOO_LARGE);
     free(text);
+}
+END_TEST
+
+/* --default-max-tokens reaches jobs that give no max_tokens, and only them */
+START_TEST(default_max_tokens_option) {
+    kg_codec_opts_t opts = kg_codec_opts_default();
+    ck_assert_int_eq(opts.default_max_tokens, KG_JOB_DEFAULT_MAX_TOKENS);
+    opts.default_max_tokens = 33;
+    kg_job_t *job = NULL;
+    kg_codec_error_t err;
+    const char *a = "{\"request_id\":\"a\",\"prompt\":\"x\"}";
+    ck_assert_int_eq(kg_codec_decode_job_opts(a, strlen(a), &opts, &job, &err), KG_OK);
+    ck_assert_int_eq(job->max_tokens, 33);
+    kg_job_free(job);
+    const char *b = "{\"request_id\":\"b\",\"prompt\":\"x\",\"max_tokens\":7}";
+    ck_assert_int_eq(kg_codec_decode_job_opts(b, strlen(b), &opts, &job, &err), KG_OK);
+    ck_assert_int_eq(job->max_tokens, 7);
+    kg_job_free(job);
 }
 END_TEST
 
@@ -838,9 +857,9 @@ END_TEST
 
 START_TEST(numbers_at_the_edges) {
     kg_job_t *job;
-    // max_tokens beyond int32 saturates, so intake reports max_tokens_too_large.
-    job = expect_ok("{\"request_id\":\"n\",\"prompt\":\"x\",\"max_tokens\":4294967296}");
-    ck_assert_int_eq(job->max_tokens, INT32_MAX);
+    // max_tokens beyond int32 is kept as sent, so intake can quote it.
+    job = expect_ok("{\"request_id\":\"n\",\"prompt\":\"x\",\"max_tokens\":1000000000000}");
+    ck_assert_int_eq(job->max_tokens, 1000000000000LL);
     kg_job_free(job);
     // Integral reals are integers; 2^63 as a real is out of range.
     job = expect_ok("{\"request_id\":\"n\",\"prompt\":\"x\",\"seed\":9.2e18,\"max_tokens\":1e2}");
@@ -920,6 +939,7 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("hostile");
     tcase_add_test(tc, huge_string);
+    tcase_add_test(tc, default_max_tokens_option);
     tcase_add_test(tc, deep_nesting);
     tcase_add_test(tc, garbage_bytes);
     tcase_add_test(tc, nul_bytes);
