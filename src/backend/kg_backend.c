@@ -56,14 +56,20 @@ kg_backend_t *kg_backend_new(const char *name,
             KG_LOG_WARN("backend", "%s; using the CPU backend", why);
             return kg_backend_cpu_new(model, params, errstr, errstr_size);
         }
-        if (kg_backend_cuda_available()) {
+        /* auto falls back to the CPU only when there is truly no device; a
+         * device CUDA cannot use is an error either way, with its reason */
+        kg_cuda_probe_t probe;
+        kg_cuda_probe(&probe);
+        if (probe.kind == KG_CUDA_PROBE_OK) {
             return kg_backend_cuda_new(model, params, errstr, errstr_size);
         }
-        if (strcmp(name, "cuda") == 0) {
-            snprintf(errstr, errstr_size, "backend cuda: no CUDA device is available");
+        if (probe.kind == KG_CUDA_PROBE_UNUSABLE || strcmp(name, "cuda") == 0) {
+            snprintf(errstr, errstr_size, "backend %s: %s%s", name, probe.message,
+                     probe.kind == KG_CUDA_PROBE_UNUSABLE ? " (--backend cpu runs on the CPU)"
+                                                          : "");
             return NULL;
         }
-        KG_LOG_WARN("backend", "no CUDA device; using the CPU backend");
+        KG_LOG_WARN("backend", "%s; using the CPU backend", probe.message);
 #else
         if (strcmp(name, "cuda") == 0) {
             snprintf(errstr, errstr_size,
@@ -123,6 +129,28 @@ void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     memset(out, 0, sizeof(*out));
     if (be->iface.memory) {
         be->iface.memory(be, out);
+    }
+}
+
+void kg_backend_last_fault(const kg_backend_t *be, kg_status_t st, kg_backend_fault_t *out) {
+    memset(out, 0, sizeof(*out));
+    out->seq = -1;
+    out->row = -1;
+    if (be->last_fault) {
+        be->last_fault(be, out);
+        if (out->scope != KG_FAULT_NONE) {
+            return;
+        }
+    }
+    out->scope = st == KG_ERR_INVALID ? KG_FAULT_STEP : KG_FAULT_DEVICE;
+    snprintf(out->message, sizeof(out->message), "backend %s: %s", be->iface.name,
+             kg_status_str(st));
+}
+
+void kg_backend_counters(const kg_backend_t *be, kg_backend_counters_t *out) {
+    memset(out, 0, sizeof(*out));
+    if (be->counters) {
+        be->counters(be, out);
     }
 }
 

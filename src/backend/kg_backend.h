@@ -120,6 +120,42 @@ KG_NODISCARD kg_status_t kg_backend_kv_copy(kg_backend_t *be,
 
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out);
 
+/* What a failed kg_backend_forward or kg_backend_sample hit, so that the
+ * engine fails only what the fault touches: one request whose input the
+ * backend cannot run (a token id or position outside what it was built
+ * for, a block outside its pool, a sampling failure on its row), the
+ * step's requests when the step as a whole was refused but the backend
+ * still works, or everything when the device is gone. */
+typedef enum kg_fault_scope {
+    KG_FAULT_NONE = 0,
+    KG_FAULT_SEQ,    /* one sequence: `seq` (forward) or output row `row` (sample) */
+    KG_FAULT_STEP,   /* the step's requests; the backend is still usable */
+    KG_FAULT_DEVICE, /* the backend is unusable: stop */
+} kg_fault_scope_t;
+
+typedef struct kg_backend_fault {
+    kg_fault_scope_t scope;
+    int32_t seq; /* KG_FAULT_SEQ from forward: the slot, else -1 */
+    int32_t row; /* KG_FAULT_SEQ from sample: the output row, else -1 */
+    char message[160];
+} kg_backend_fault_t;
+
+/** What the last failed call (which returned `st`) hit. Backends that do
+ * not say: KG_FAULT_STEP for KG_ERR_INVALID, KG_FAULT_DEVICE for every
+ * other failure. @thread engine */
+void kg_backend_last_fault(const kg_backend_t *be, kg_status_t st, kg_backend_fault_t *out);
+
+/* Counters a backend keeps about itself (all 0 for the CPU backend). */
+typedef struct kg_backend_counters {
+    int64_t graphs_captured; /* CUDA graphs captured (one per batch-size bucket) */
+    int64_t graph_fallbacks; /* buckets run eagerly because capturing failed */
+    int64_t graph_steps;     /* steps run as a graph */
+    int64_t eager_steps;     /* steps run kernel by kernel */
+} kg_backend_counters_t;
+
+/** Read the counters; safe from any thread (e.g. a metrics scrape). */
+void kg_backend_counters(const kg_backend_t *be, kg_backend_counters_t *out);
+
 /** Bytes of KV cache one token takes in this backend (to size the pool). */
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model);
 

@@ -71,10 +71,12 @@ struct kg_engine {
     int32_t *b_seq;            /* (max_batch_tokens) slot of each token */
     bool *b_want;              /* (max_batch_tokens) */
     int32_t *b_row_rec;        /* (max_batch_size) record of each logits row */
+    bool *b_in_step;           /* (max_batch_size) run[i] had tokens in a failed step */
     float *logits;             /* (max_batch_size, n_vocab) */
     bool device_sample;        /* the backend samples on its device: logits stay there */
     kg_sample_request_t *sreq; /* (max_batch_size) device sampling requests */
     kg_sample_result_t *sres;  /* (max_batch_size) their results */
+    kg_rng_t *rng_save;        /* (max_batch_size) the rows' RNG states before sampling */
     kg_completion_t *done;     /* (n_recs) finishes and tokens to report */
     int32_t n_done;
 
@@ -95,6 +97,8 @@ const char *kg_finish_str(kg_finish_t f) {
         return "deadline";
     case KG_FINISH_CANCELLED:
         return "cancelled";
+    case KG_FINISH_ERROR:
+        return "error";
     }
     return "unknown";
 }
@@ -171,17 +175,20 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->b_seq = malloc(nt * sizeof(*e->b_seq));
     e->b_want = malloc(nt * sizeof(*e->b_want));
     e->b_row_rec = malloc(nb * sizeof(*e->b_row_rec));
+    e->b_in_step = malloc(nb * sizeof(*e->b_in_step));
     e->logits = malloc(nb * (size_t)p->n_vocab * sizeof(*e->logits));
     e->done = calloc(nr, sizeof(*e->done));
     e->device_sample = kg_backend_has_sample(be);
     e->sreq = malloc(nb * sizeof(*e->sreq));
     e->sres = malloc(nb * sizeof(*e->sres));
+    e->rng_save = malloc(nb * sizeof(*e->rng_save));
     e->bias_arena = malloc(nr * KG_MAX_LOGIT_BIAS * sizeof(*e->bias_arena));
     e->copy_src = malloc(nb * sizeof(*e->copy_src));
     e->copy_dst = malloc(nb * sizeof(*e->copy_dst));
-    if (!e->sreq || !e->sres || !e->scratch || !e->recs || !e->arena || !e->free_recs || !e->wait ||
-        !e->run || !e->free_slots || !e->b_token || !e->b_pos || !e->b_seq || !e->b_want ||
-        !e->b_row_rec || !e->logits || !e->done || !e->bias_arena || !e->copy_src || !e->copy_dst) {
+    if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
+        !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
+        !e->b_seq || !e->b_want || !e->b_row_rec || !e->b_in_step || !e->logits || !e->done ||
+        !e->bias_arena || !e->copy_src || !e->copy_dst) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
@@ -224,9 +231,11 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->b_seq);
     free(e->b_want);
     free(e->b_row_rec);
+    free(e->b_in_step);
     free(e->logits);
     free(e->sreq);
     free(e->sres);
+    free(e->rng_save);
     free(e->done);
     free(e->bias_arena);
     free(e->copy_src);
@@ -727,6 +736,34 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
     return f != KG_FINISH_NONE;
 }
 
+/* A backend failure that is not device-wide: end the request(s) it touched
+ * with KG_FINISH_ERROR (one sequence, or every request of the step) and
+ * leave the rest to run again next step. in_step[i]: run[i] had tokens in
+ * the failed batch. */
+static void
+fail_faulted(kg_engine_t *e, const kg_backend_fault_t *f, bool *in_step, int32_t n_rows) {
+    int32_t only = -1; /* record of the one request the fault names */
+    if (f->scope == KG_FAULT_SEQ && f->row >= 0 && f->row < n_rows) {
+        only = e->b_row_rec[f->row];
+    }
+    for (int32_t i = 0; f->scope == KG_FAULT_SEQ && f->seq >= 0 && i < e->n_run; i++) {
+        if (e->recs[e->run[i]].slot == f->seq) {
+            only = e->run[i];
+        }
+    }
+    for (int32_t i = 0; i < e->n_run;) {
+        const int32_t r = e->run[i];
+        if (only >= 0 ? r == only : in_step[i]) {
+            KG_LOG_ERROR("engine", "request failed in the backend: %s id=%llu", f->message,
+                         (unsigned long long)e->recs[r].id);
+            finish_running(e, i, KG_FINISH_ERROR);
+            memmove(in_step + i, in_step + i + 1, (size_t)(e->n_run - i) * sizeof(bool));
+        } else {
+            i++;
+        }
+    }
+}
+
 static int32_t flush(kg_engine_t *e, kg_completion_t *out) {
     int32_t n = e->n_done;
     memcpy(out, e->done, (size_t)n * sizeof(*out));
@@ -788,16 +825,31 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
                                                  .n_prompt = seq->n_prompt,
                                                  .output = seq->tokens + seq->n_prompt,
                                                  .n_output = seq->n_tokens - seq->n_prompt};
+            e->rng_save[row] = seq->rng;
         }
         st = kg_backend_sample(e->be, e->sreq, n_rows, e->sres);
+        if (st != KG_OK) {
+            /* the rows that were drawn draw the same again when the step reruns */
+            for (int32_t row = 0; row < n_rows; row++) {
+                e->recs[e->b_row_rec[row]].rng = e->rng_save[row];
+            }
+        }
     }
     if (st != KG_OK) {
         /* Nothing advanced; the next step schedules the same work again. */
         for (int32_t i = 0; i < e->n_run; i++) {
+            e->b_in_step[i] = e->recs[e->run[i]].n_sched > 0;
             e->recs[e->run[i]].n_sched = 0;
         }
-        KG_LOG_ERROR("engine", "forward failed: %s tokens=%d", kg_status_str(st), nt);
-        return st < 0 ? (int32_t)st : (int32_t)KG_ERR_BACKEND;
+        kg_backend_fault_t f;
+        kg_backend_last_fault(e->be, st, &f);
+        if (f.scope == KG_FAULT_DEVICE) {
+            KG_LOG_ERROR("engine", "forward failed: %s: %s tokens=%d", kg_status_str(st), f.message,
+                         nt);
+            return st < 0 ? (int32_t)st : (int32_t)KG_ERR_BACKEND;
+        }
+        fail_faulted(e, &f, e->b_in_step, n_rows);
+        return flush(e, out);
     }
     e->st.n_steps++;
     e->st.last_batch_tokens = nt;

@@ -70,8 +70,9 @@
  *     (max_tokens reached, or the context reached max_seq_len);
  *   - token -1: a finish without a new token (index = the output length):
  *     STOP (the sampled end-of-generation token is not part of the output;
- *     `sample` still describes it), DEADLINE, CANCELLED, or LENGTH when the
- *     KV pool is too small for the context to grow.
+ *     `sample` still describes it), DEADLINE, CANCELLED, LENGTH when the
+ *     KV pool is too small for the context to grow, or ERROR when the
+ *     backend failed on this request alone (kg_backend_last_fault).
  * Every request gets exactly one completion with finish != NONE. */
 #pragma once
 
@@ -110,6 +111,7 @@ typedef enum kg_finish {
     KG_FINISH_LENGTH,    /* max_tokens or the context limit */
     KG_FINISH_DEADLINE,  /* deadline passed while running or waiting */
     KG_FINISH_CANCELLED, /* kg_engine_cancel */
+    KG_FINISH_ERROR,     /* the backend could not run this request (see kg_engine_step) */
 } kg_finish_t;
 
 const char *kg_finish_str(kg_finish_t f);
@@ -182,9 +184,13 @@ bool kg_engine_cancel_choice(kg_engine_t *e, uint64_t id, int32_t choice);
 /** Run one step. Writes up to `cap` completions (cap must be at least
  * max_batch_size + max_queue_depth, else KG_ERR_INVALID) and returns how
  * many (0 when idle or when the step only prefilled), or a negative
- * kg_status_t when the backend failed. After a backend failure nothing has
- * advanced: the finishes already decided in that step are kept and
- * reported by the next successful step, which retries the work. @thread engine */
+ * kg_status_t when the backend failed device-wide (KG_FAULT_DEVICE). After
+ * such a failure nothing has advanced: the finishes already decided in that
+ * step are kept and reported by the next successful step, which retries the
+ * work. A failure the backend pins to one request (KG_FAULT_SEQ) ends that
+ * request with KG_FINISH_ERROR, and one of the step as a whole
+ * (KG_FAULT_STEP) ends every request of the step so; the step then returns
+ * those finishes and the next one runs the others again. @thread engine */
 int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap);
 
 /** Whether any request is waiting or running, or a finish is still to be

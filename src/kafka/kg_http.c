@@ -1,6 +1,7 @@
 /* kg_http: the metrics and health endpoints. */
 #include "kg_http.h"
 
+#include "../backend/kg_backend.h"
 #include "../core/kg_clock.h"
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec.h"
@@ -106,6 +107,13 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           atomic_load(&m->paused));
     gauge(f, "kgen_assigned_partitions", "Partitions of the jobs topic assigned to this worker.",
           atomic_load(&m->assigned_partitions));
+    kg_backend_counters_t bc;
+    kg_worker_backend_counters(w, &bc);
+    counter(f, "kgen_backend_graphs_captured_total", "CUDA graphs captured (one per batch size).",
+            (long long)bc.graphs_captured);
+    counter(f, "kgen_backend_graph_fallbacks_total",
+            "Batch sizes that run eagerly because capturing their CUDA graph failed.",
+            (long long)bc.graph_fallbacks);
     int32_t parts[256];
     int64_t lags[256];
     int np = kg_worker_partition_lag(w, parts, lags, 256);

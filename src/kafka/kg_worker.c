@@ -1656,6 +1656,10 @@ const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w) {
     return kg_runner_gauges(w->runner);
 }
 
+void kg_worker_backend_counters(const kg_worker_t *w, kg_backend_counters_t *out) {
+    kg_backend_counters(w->be, out);
+}
+
 int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max) {
     int n = 0;
     for (int32_t p = 0; p < MAX_PARTITIONS && n < max; p++) {

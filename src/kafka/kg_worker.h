@@ -84,5 +84,8 @@ void kg_worker_free(kg_worker_t *w);
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w);
 /** Engine gauges (kg_runner_gauges_t) for metrics. */
 const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w);
+struct kg_backend_counters;
+/** The backend's own counters (CUDA graphs and their fallbacks); any thread. */
+void kg_worker_backend_counters(const kg_worker_t *w, struct kg_backend_counters *out);
 /** Per-partition lag: fills up to `max` (partition, lag) pairs; returns count. */
 int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max);

@@ -114,8 +114,8 @@ kg_sampling_params_t kg_sampling_params_default(void) {
  * everything further below shares bucket 0, whose mass is at most
  * n_vocab * e^-40 of the top token's (the result stays exact if it ever
  * matters, only slower). */
-#define HIST_BUCKETS 1024
-#define HIST_RANGE   40.0f
+#define HIST_BUCKETS KG_SAMPLER_HIST_BUCKETS
+#define HIST_RANGE   KG_SAMPLER_HIST_RANGE
 /* Top-p sorts a run of at most this many tokens instead of refining it. */
 #define TOP_P_SORT 128
 

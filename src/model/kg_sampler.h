@@ -85,6 +85,11 @@ float kg_sampler_biased_logit(const kg_sampling_params_t *p, int32_t token, floa
 
 #define KG_MAX_LOGPROBS 20
 
+/* Top-p histogram of both samplers (kg_sampler.c, gpu/sample.cu): buckets
+ * of equal logit width over [l_max - KG_SAMPLER_HIST_RANGE, l_max]. */
+#define KG_SAMPLER_HIST_BUCKETS 1024
+#define KG_SAMPLER_HIST_RANGE   40.0f
+
 typedef struct kg_sample_result {
     int32_t token;
     float logprob; /* log-softmax of the raw logits at `token` */

@@ -184,14 +184,20 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          kg_jobrun_outcome_t *outcome) {
     memset(outcome, 0, sizeof(*outcome));
     const kg_job_t *job = r->job;
-    /* a choice that ran out of time or was cancelled (not by its stop
-     * string) leaves the job without a result */
+    /* a choice that ran out of time, failed in the backend or was cancelled
+     * (not by its stop string) leaves the job without a result; the first
+     * of those in that order names the error */
     kg_finish_t failed = KG_FINISH_NONE;
     for (int32_t c = 0; c < r->n_choices; c++) {
         const kg_jobrun_choice_t *ch = &r->choices[c];
         bool ok = ch->stop_hit || ch->finish == KG_FINISH_STOP || ch->finish == KG_FINISH_LENGTH;
-        if (!ok && failed != KG_FINISH_DEADLINE) {
-            failed = ch->finish == KG_FINISH_DEADLINE ? KG_FINISH_DEADLINE : KG_FINISH_CANCELLED;
+        if (ok || failed == KG_FINISH_DEADLINE) {
+            continue;
+        }
+        if (ch->finish == KG_FINISH_DEADLINE || ch->finish == KG_FINISH_ERROR) {
+            failed = ch->finish;
+        } else if (failed == KG_FINISH_NONE) {
+            failed = KG_FINISH_CANCELLED;
         }
     }
     if (failed == KG_FINISH_NONE) {
@@ -205,6 +211,10 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
     if (failed == KG_FINISH_DEADLINE) {
         outcome->code = KG_ERROR_EXPIRED;
         msg = "the deadline passed before the job finished";
+    } else if (failed == KG_FINISH_ERROR) {
+        /* the backend could not run this job; the worker and its other jobs go on */
+        outcome->code = KG_ERROR_INTERNAL;
+        msg = "the backend failed on this job (the worker log has the reason)";
     } else {
         outcome->code = KG_ERROR_CANCELLED;
         msg = "the job was cancelled";

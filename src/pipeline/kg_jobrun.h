@@ -135,8 +135,9 @@ bool kg_jobrun_finish_seen(kg_jobrun_t *r, const kg_completion_t *c);
  * malloc'ed JSON of *len bytes, at most max_bytes where the event can be
  * made that small (0 = no limit; kg_events says what is shed, in which
  * order): a done event (stop, length or stop_sequence) or an error event
- * (expired, cancelled). `outcome` says which, and what was shed. NULL on
- * out of memory. */
+ * (expired, cancelled; internal when the backend could not run this job,
+ * KG_FINISH_ERROR). `outcome` says which, and what was shed. NULL on out of
+ * memory. */
 char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          const kg_event_origin_t *o,
                          const kg_tokenizer_t *tok,

@@ -34,6 +34,7 @@ typedef struct kg_fake_backend_params {
     int32_t window;     /* > 0: a row reads only the last `window` positions (a sliding-window
                            model: blocks before that may be gone), and its logits are a
                            function of those tokens (and the history's length) only */
+    bool device_sample; /* keep logits "on the device" and sample them (kg_backend_sample) */
     bool no_kv_copy;    /* offer no kv_copy (the engine then recomputes forked blocks) */
 } kg_fake_backend_params_t;
 
@@ -58,6 +59,16 @@ kg_backend_t *kg_fake_backend_new(const kg_fake_backend_params_t *params);
 
 /** The next `n` forward calls fail with KG_ERR_BACKEND (writing nothing). */
 void kg_fake_backend_fail_next(kg_backend_t *be, int32_t n);
+
+/** The next forward call that runs slot `seq` (KG_FAULT_SEQ), or the next
+ * one at all (STEP, DEVICE), fails as a backend would: KG_ERR_INVALID with
+ * that fault for SEQ and STEP, KG_ERR_BACKEND for DEVICE, writing nothing. */
+void kg_fake_backend_fault_next(kg_backend_t *be, kg_fault_scope_t scope, int32_t seq);
+
+/** With device_sample: the next kg_backend_sample call draws every row (as
+ * a device sampler does, advancing each row's RNG) and then fails with
+ * KG_ERR_INVALID and a KG_FAULT_SEQ fault naming output row `row`. */
+void kg_fake_backend_fail_sample_row(kg_backend_t *be, int32_t row);
 
 /** Counters since creation. Borrowed; lives as long as `be`. */
 const kg_fake_backend_stats_t *kg_fake_backend_stats(const kg_backend_t *be);

@@ -109,7 +109,8 @@ static kg_engine_params_t base_params(void) {
 
 /* eog_at_len: history length from which the fake makes EOG win (0: never
  * on purpose; EOG is then suppressed so that lengths are exact). */
-static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len) {
+static void
+env_init_with(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len, bool device_sample) {
     memset(env, 0, sizeof(*env));
     env->ep = *ep;
     env->fp = (kg_fake_backend_params_t){.n_vocab = ep->n_vocab,
@@ -120,7 +121,8 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
                                          .salt = 1,
                                          .eog_token = EOG,
                                          .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30),
-                                         .window = ep->kv_window};
+                                         .window = ep->kv_window,
+                                         .device_sample = device_sample};
     env->be = kg_fake_backend_new(&env->fp);
     ck_assert_ptr_nonnull(env->be);
     char err[256] = "";
@@ -134,6 +136,10 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
     for (int i = 0; i < MAX_JOBS; i++) {
         env->jobs[i].first_step = -1;
     }
+}
+
+static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len) {
+    env_init_with(env, ep, eog_at_len, false);
 }
 
 static void env_clear(env_t *env) {
@@ -1114,6 +1120,97 @@ START_TEST(backend_error) {
 }
 END_TEST
 
+/* A fault the backend pins to one sequence ends that request alone with
+ * KG_FINISH_ERROR; the others keep their tokens. A fault of the step as a
+ * whole ends the step's requests; a device fault stays fatal. */
+START_TEST(backend_fault_scopes) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompts[3][12];
+    for (int i = 0; i < 3; i++) {
+        fill_prompt(prompts[i], 12, 190 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 12, 10);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    env_step(&env);
+    /* request 2 was admitted second: slot 1 */
+    kg_fake_backend_fault_next(env.be, KG_FAULT_SEQ, 1);
+    env_step(&env);
+    ck_assert(env.jobs[2].done);
+    ck_assert_int_eq(env.jobs[2].finish, KG_FINISH_ERROR);
+    ck_assert(!env.jobs[1].done && !env.jobs[3].done);
+    env_run(&env, 100);
+    check_greedy(&env, 1, prompts[0], 12, 10, false);
+    check_greedy(&env, 3, prompts[2], 12, 10, false);
+
+    /* a step fault: every request of that step; a later one runs */
+    for (int i = 0; i < 2; i++) {
+        kg_request_t r = make_req((uint64_t)i + 4, prompts[i], 12, 10);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    kg_fake_backend_fault_next(env.be, KG_FAULT_STEP, -1);
+    env_step(&env);
+    ck_assert_int_eq(env.jobs[4].finish, KG_FINISH_ERROR);
+    ck_assert_int_eq(env.jobs[5].finish, KG_FINISH_ERROR);
+    kg_request_t r = make_req(6, prompts[2], 12, 10);
+    submit_ok(&env, &r);
+    env_run(&env, 100);
+    check_greedy(&env, 6, prompts[2], 12, 10, false);
+
+    /* a device fault is the caller's to handle */
+    r = make_req(7, prompts[0], 12, 10);
+    submit_ok(&env, &r);
+    kg_fake_backend_fault_next(env.be, KG_FAULT_DEVICE, -1);
+    ck_assert_int_eq(kg_engine_step(env.e, env.comps, env.cap), KG_ERR_BACKEND);
+    ck_assert(kg_engine_busy(env.e));
+    env_run(&env, 100);
+    check_greedy(&env, 7, prompts[0], 12, 10, false);
+    ck_assert_str_eq(kg_finish_str(KG_FINISH_ERROR), "error");
+    env_clear(&env);
+}
+END_TEST
+
+/* A sampling failure on one row of a device sampler (which drew every
+ * row before it failed) ends that request alone; the others draw the same
+ * numbers again when the step reruns, so their seeded tokens are what they
+ * would have been without the failure. */
+START_TEST(sample_row_fault_keeps_rng) {
+    kg_engine_params_t p = base_params();
+    env_t a, b;
+    int32_t prompts[3][10];
+    for (int i = 0; i < 3; i++) {
+        fill_prompt(prompts[i], 10, 290 + (uint64_t)i);
+    }
+    for (int k = 0; k < 2; k++) {
+        env_t *env = k == 0 ? &a : &b;
+        env_init_with(env, &p, 0, true);
+        for (int i = 0; i < 3; i++) {
+            kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 10, 12);
+            r.sampling.temperature = 1.0f;
+            r.sampling.seed = 500 + (uint64_t)i;
+            submit_ok(env, &r);
+        }
+        env_step(env);
+        env_step(env);
+        if (k == 1) {
+            kg_fake_backend_fail_sample_row(env->be, 1); /* request 2's row */
+        }
+        env_run(env, 100);
+    }
+    ck_assert_int_eq(b.jobs[2].finish, KG_FINISH_ERROR);
+    ck_assert_int_eq(a.jobs[2].finish, KG_FINISH_LENGTH);
+    for (uint64_t id = 1; id <= 3; id += 2) {
+        ck_assert_int_eq(b.jobs[id].n, 12);
+        ck_assert_mem_eq(b.jobs[id].tok, a.jobs[id].tok, 12 * sizeof(int32_t));
+    }
+    env_clear(&a);
+    env_clear(&b);
+}
+END_TEST
+
 START_TEST(stats_add_up) {
     kg_engine_params_t p = base_params();
     p.n_kv_blocks = 14;
@@ -1335,8 +1432,9 @@ START_TEST(choices_batch_invariance) {
     static job_out_t ref[MAX_JOBS];
     const struct {
         int32_t batch, n_blocks;
-        bool cache;
-    } cfg[] = {{4, 512, true}, {16, 512, false}, {5, 14, true}, {8, 20, false}, {4, 12, true}};
+        bool cache, device_sample;
+    } cfg[] = {{4, 512, true, false}, {16, 512, false, false}, {5, 14, true, false},
+               {8, 20, false, false}, {4, 12, true, false},    {6, 30, true, true}};
     int64_t n_preempt = 0, n_forks = 0;
     for (size_t k = 0; k < sizeof(cfg) / sizeof(cfg[0]); k++) {
         kg_engine_params_t p = base_params();
@@ -1345,7 +1443,7 @@ START_TEST(choices_batch_invariance) {
         p.n_kv_blocks = cfg[k].n_blocks;
         p.prefix_cache = cfg[k].cache;
         env_t env;
-        env_init(&env, &p, 12);
+        env_init_with(&env, &p, 12, cfg[k].device_sample);
         for (int i = 0; i < N; i++) {
             submit_ok(&env, &jobs[i].req);
         }
@@ -1668,6 +1766,8 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, window_frees_blocks);
     tcase_add_test(tc, window_prefix_cache);
     tcase_add_test(tc, backend_error);
+    tcase_add_test(tc, backend_fault_scopes);
+    tcase_add_test(tc, sample_row_fault_keeps_rng);
     suite_add_tcase(s, tc);
     tc = tcase_create("choices");
     tcase_add_test(tc, choices_prefill_once);
