@@ -71,6 +71,7 @@
 #include "kg_backend_cuda.h"
 #include "kv_copy.cuh"
 #include "logit_bias.cuh"
+#include "mask.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
@@ -173,6 +174,7 @@ typedef struct cuda_ctx {
     kg_cuda_sampler_t sampler;
     bool sampler_ready;
     kg_cuda_bias_t bias; /* logit_bias.cu: the requests' logit_bias before sampling */
+    kg_cuda_mask_t mask; /* constrained decoding: token masks applied before sampling */
 
     kg_backend_fault_t fault;
     kg_backend_counters_t cnt; /* updated with __atomic builtins, read from any thread */
@@ -532,6 +534,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
 
     KG_TRY(kg_cuda_sampler_init(&ctx->sampler, hp->n_vocab, ctx->out_cap));
     ctx->sampler_ready = true;
+    KG_TRY(kg_cuda_mask_init(&ctx->mask, hp->n_vocab, ctx->out_cap));
+    ctx->scratch_size += kg_cuda_mask_device_size(&ctx->mask);
     ctx->scratch_size += kg_cuda_sampler_device_size(&ctx->sampler);
     KG_TRY(kg_cuda_bias_init(&ctx->bias, ctx->out_cap));
     ctx->scratch_size += kg_cuda_bias_device_size(&ctx->bias);
@@ -976,11 +980,17 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
         if (ensure_rows(ctx, r0) != KG_OK) {
             return mark_dead(ctx, "the head GEMM");
         }
-        /* the requests' logit_bias first (logit_bias.cu): the sampler sees the
-         * biased rows, as kg_sampler_sample does */
+        /* the requests' logit_bias first (logit_bias.cu), then the constrained
+         * rows' masks (mask.cu), then the usual sampler: a masked token stays
+         * -inf either way, and a row whose allowed tokens are all banned comes
+         * out uniform over them, as in kg_sampler_sample_masked */
         if (kg_cuda_bias_apply(&ctx->bias, ctx->stream, ctx->logits, ctx->hp.n_vocab, reqs + r0,
                                rows) != KG_OK) {
             return mark_dead(ctx, "the logit bias");
+        }
+        if (kg_cuda_mask_apply(&ctx->mask, ctx->stream, ctx->logits, ctx->sampler.n_vocab,
+                               reqs + r0, rows) != KG_OK) {
+            return mark_dead(ctx, "applying token masks");
         }
         const kg_status_t st = kg_cuda_sampler_run(&ctx->sampler, ctx->stream, ctx->logits,
                                                    reqs + r0, rows, out + r0, &bad);
@@ -1086,6 +1096,7 @@ static void cuda_free(kg_backend_t *be) {
         }
         if (ctx->sampler_ready) {
             kg_cuda_sampler_clear(&ctx->sampler);
+            kg_cuda_mask_clear(&ctx->mask);
         }
         kg_cuda_bias_clear(&ctx->bias);
         kg_cuda_blas_clear(&ctx->blas);

@@ -16,7 +16,9 @@
 //
 // Usage (from the repository root; see tests/data/arch/README.md):
 //   node scripts/goldens/arch-goldens.mjs --nlc /path/to/node_modules \
-//        --kgen build/bin/kgen --out tests/data/arch --types f32,f16,q8_0
+//        --kgen build/bin/kgen --out tests/data/arch --types f32,f16,q8_0 \
+//        [--models qwen3moe,gpt-oss]
+// --models limits the run to those names of models.tsv (default: all).
 // A weight type is passed to kgen mkmodel as --type NAME when its --help
 // lists --type, else as --NAME (the flags of this branch).
 import {execFileSync} from "node:child_process";
@@ -45,7 +47,7 @@ const TOKENIZER_TEXTS = [
     "<|user|>\nQuestion?<|end|>\n<|assistant|>", "<s>[INST] x [/INST]", "UPPER lower MiXeD 99bottles",
     "ab\u0301c \u00a0nbsp", "x=1;y=2;print(x+y)",
 ];
-const TOKENIZER_MODELS = ["llama", "qwen2", "gemma2", "phi3"];
+const TOKENIZER_MODELS = ["llama", "qwen2", "gemma2", "phi3", "gpt-oss"];
 
 function arg(name, def) {
     const i = process.argv.indexOf(name);
@@ -56,8 +58,10 @@ const nlc = arg("--nlc", process.env.NLC_MODULES);
 const kgen = arg("--kgen", "build/bin/kgen");
 const outDir = arg("--out", "tests/data/arch");
 const types = arg("--types", "f32,f16,q8_0").split(",").filter(Boolean);
+const only = arg("--models", "").split(",").filter(Boolean);
 if (!nlc) {
-    console.error("usage: arch-goldens.mjs --nlc NODE_MODULES [--kgen BIN] [--out DIR] [--types LIST]");
+    console.error("usage: arch-goldens.mjs --nlc NODE_MODULES [--kgen BIN] [--out DIR] [--types LIST] " +
+                  "[--models LIST]");
     process.exit(2);
 }
 
@@ -85,7 +89,14 @@ const models = readFileSync(join(outDir, "models.tsv"), "utf8")
     .map((l) => {
         const [name, args] = l.split("\t");
         return {name, args: args.trim().split(/\s+/)};
-    });
+    })
+    .filter((m) => only.length === 0 || only.includes(m.name));
+for (const name of only) {
+    if (!models.some((m) => m.name === name)) {
+        console.error(`arch-goldens.mjs: no model '${name}' in models.tsv`);
+        process.exit(2);
+    }
+}
 
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
 const tmp = mkdtempSync(join(tmpdir(), "kgen-goldens-"));
@@ -101,6 +112,11 @@ try {
             const mkArgs = [...m.args, ...typeFlag(type)];
             execFileSync(kgen, ["mkmodel", "--out", path, ...mkArgs], {stdio: "ignore"});
             const model = await llama.loadModel({modelPath: path});
+            // llama.cpp's end-of-generation set (llama_vocab_is_eog). The
+            // public model.isEogToken also counts node-llama-cpp's EOT token,
+            // which for a Harmony vocabulary (gpt-oss) is <|end|>: llama.cpp
+            // ends a message there, not the generation.
+            const isEog = (t) => model._model.isEogToken(t);
             const lines = [
                 `# ${provenance}`,
                 `# kgen mkmodel ${mkArgs.join(" ")}`,
@@ -141,7 +157,7 @@ try {
                             t2 = v;
                         }
                     }
-                    if (model.isEogToken(t1)) {
+                    if (isEog(t1)) {
                         break;
                     }
                     ids.push(t1);
@@ -165,7 +181,7 @@ try {
                 const n_vocab = model.fileInfo.metadata.tokenizer.ggml.tokens.length;
                 const eog = [];
                 for (let t = 0; t < n_vocab; t++) {
-                    if (model.isEogToken(t)) {
+                    if (isEog(t)) {
                         eog.push(t);
                     }
                 }

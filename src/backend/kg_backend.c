@@ -154,6 +154,13 @@ void kg_backend_counters(const kg_backend_t *be, kg_backend_counters_t *out) {
     }
 }
 
+void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out) {
+    memset(out, 0, sizeof(*out));
+    if (be->moe_stats) {
+        be->moe_stats(be, out);
+    }
+}
+
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
     const kg_hparams_t *hp = &model->hp;
     /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same size) */

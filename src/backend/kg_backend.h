@@ -52,6 +52,21 @@ typedef struct kg_backend_memory {
     size_t scratch_size;
 } kg_backend_memory_t;
 
+/* How a mixture-of-experts model's tokens spread over its experts since
+ * the backend started, summed over layers and steps (what
+ * kgen_moe_tokens_per_expert and kgen-bench show). A group is one expert's
+ * rows in one layer of one step: one gate/up and one down GEMM. */
+typedef struct kg_moe_stats {
+    int32_t n_expert;            /* 0: not a mixture-of-experts model (the rest is zero) */
+    int32_t n_expert_used;       /* k: experts per token */
+    int64_t n_layer_steps;       /* (layer, step) pairs routed */
+    int64_t n_routed;            /* rows through expert GEMMs: tokens * k per layer */
+    int64_t n_groups;            /* expert GEMM groups run */
+    int64_t max_group;           /* rows of the largest group */
+    const int64_t *n_per_expert; /* (n_expert) rows each expert took; borrowed from the
+                                    backend, valid until its next forward */
+} kg_moe_stats_t;
+
 /** The CPU backend (the reference). Converts weights as documented in
  * cpu/kg_backend_cpu.c. `model` must outlive the backend. */
 kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
@@ -86,6 +101,8 @@ typedef struct kg_sample_request {
     int32_t n_prompt;
     const int32_t *output; /* (n_output) tokens generated so far */
     int32_t n_output;
+    const uint32_t *mask; /* NULL, or the allowed tokens ((n_vocab + 31) / 32 words, host
+                             memory): constrained decoding, as kg_sampler_sample_masked */
 } kg_sample_request_t;
 
 /** Whether the backend samples on its own device (kg_backend_sample), so
@@ -155,6 +172,10 @@ typedef struct kg_backend_counters {
 
 /** Read the counters; safe from any thread (e.g. a metrics scrape). */
 void kg_backend_counters(const kg_backend_t *be, kg_backend_counters_t *out);
+
+/** The expert load so far (see kg_moe_stats_t); all zero for a dense
+ * model or a backend that does not count it. @thread engine */
+void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
 
 /** Bytes of KV cache one token takes in this backend (to size the pool). */
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model);

@@ -21,6 +21,15 @@ KG_HD float kg_silu(float x) {
     return x / (1.0f + expf(-x));
 }
 
+/** gpt-oss's clamped SwiGLU of one element, as ggml_swiglu_oai computes
+ * it: x = min(gate, limit), y = clamp(up, -limit, limit),
+ * x / (1 + exp(alpha * -x)) * (y + 1) (alpha 1.702, limit 7 in gpt-oss). */
+KG_HD float kg_swiglu_oai(float gate, float up, float alpha, float limit) {
+    const float x = limit < gate ? limit : gate;                      /* std::min */
+    const float y = up < -limit ? -limit : (limit < up ? limit : up); /* std::clamp */
+    return x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
+}
+
 /** GELU with the tanh approximation, as ggml_gelu_f32 writes it. (ggml's
  * CPU GeGLU looks it up in a table of fp16 inputs: see cpu_geglu.) */
 KG_HD float kg_gelu_tanh(float x) {

@@ -246,6 +246,7 @@ int kg_cmd_batch(int argc, char **argv) {
     kg_engine_t *engine = NULL;
     batch_job_t *jobs = NULL;
     kg_completion_t *comps = NULL;
+    kg_grammar_cache_t *grammars = NULL;
     FILE *out = NULL, *errf = NULL;
     kg_served_t served = {0};
     int n_jobs = 0;
@@ -291,10 +292,12 @@ int kg_cmd_batch(int argc, char **argv) {
     /* split lines (blank lines are skipped) */
     int cap_jobs = 64;
     jobs = calloc((size_t)cap_jobs, sizeof(*jobs));
+    grammars = kg_grammar_cache_new_for(model->tok, KG_GRAMMAR_CACHE_DEFAULT_BYTES);
     size_t budget = (size_t)max_event_bytes;
     kg_intake_limits_t lim = {.max_seq_len = ep.max_seq_len,
                               .max_tokens_limit = (int32_t)max_tokens_limit,
                               .max_event_bytes = budget,
+                              .grammars = grammars,
                               .max_choices = ep.max_batch_size < KG_JOB_MAX_N ? ep.max_batch_size
                                                                               : KG_JOB_MAX_N,
                               .served = (const char *const *)served.names,
@@ -367,7 +370,7 @@ int kg_cmd_batch(int argc, char **argv) {
         goto out;
     }
 
-    int32_t comps_cap = ep.max_batch_size + ep.max_queue_depth;
+    int32_t comps_cap = kg_engine_max_completions(engine);
     comps = malloc((size_t)comps_cap * sizeof(*comps));
     bool tty = isatty(2);
     int next = 0, n_done = 0;
@@ -461,6 +464,7 @@ out:
     free(jobs);
     free(comps);
     kg_engine_free(engine);
+    kg_grammar_cache_free(grammars);
     kg_backend_free(be);
     kg_model_free(model);
     free(input);

@@ -1,5 +1,6 @@
 /* cmd_mkmodel: `kgen mkmodel`, a random-weight model of any supported
- * family (llama, qwen2, qwen3, gemma2, gemma3, phi3) and shape.
+ * family (llama, qwen2, qwen3, gemma2, gemma3, phi3, and the mixtures of
+ * experts qwen3moe, mixtral, gpt-oss) and shape.
  *
  * The file is what llama.cpp's converter would write for that family: its
  * <arch>.* hyperparameter keys, a tokenizer, and tensors with llama.cpp's
@@ -41,19 +42,28 @@ static void usage(FILE *f) {
            "The same arguments always give the same bytes.\n"
            "\n"
            "  --out FILE          the GGUF file to write\n"
-           "  --arch A            llama (default), qwen2, qwen3, gemma2, gemma3 or phi3\n"
+           "  --arch A            llama (default), qwen2, qwen3, gemma2, gemma3, phi3, or the\n"
+           "                      mixtures of experts qwen3moe, mixtral (llama with experts)\n"
+           "                      and gpt-oss\n"
            "  --n-embd N          embedding width\n"
            "  --n-layer L         number of blocks\n"
            "  --n-head H          query heads\n"
            "  --n-head-kv K       key/value heads (H must be a multiple of K)\n"
-           "  --n-ff F            feed-forward width (the gated FFN's gate and up)\n"
+           "  --n-ff F            feed-forward width (the gated FFN's gate and up; mixtral:\n"
+           "                      each expert's)\n"
            "  --seed S            weight seed (0 .. 2^64-1)\n"
            "  --head-dim D        head width (default N / H; even, for RoPE)\n"
            "  --rope-base B       RoPE frequency base (default 10000)\n"
            "  --ctx C             <arch>.context_length (default 2048)\n"
            "  --tied              no output.weight: the head reuses token_embd (gemma2: always)\n"
            "  --f16 | --bf16 | --q8_0 | --q4_0\n"
-           "                      type of the 2-D weights (default f32; norms stay f32)\n"
+           "                      type of the 2-D weights and experts (default f32; norms,\n"
+           "                      biases and the expert router stay f32)\n"
+           "  --mxfp4_moe         experts in MXFP4, the other weights q8_0 (llama-quantize's\n"
+           "                      MXFP4_MOE, the form gpt-oss ships in)\n"
+           "  --n-expert N        qwen3moe, mixtral, gpt-oss: expert_count (default 8)\n"
+           "  --n-expert-used K   experts per token, expert_used_count (default 2)\n"
+           "  --n-ff-exp F        qwen3moe, gpt-oss: each expert's width (default --n-ff)\n"
            "  --vocab-from FILE   copy every tokenizer.* key of FILE (n_vocab: its token count);\n"
            "                      default: the family's built-in vocabulary (llama: 259-token\n"
            "                      SentencePiece bytes; qwen: byte-level BPE, pre qwen2; gemma,\n"
@@ -64,8 +74,8 @@ static void usage(FILE *f) {
            "                      phi4 or mistral-v7 (the family's real Jinja text)\n"
            "  --n-rot R           rope.dimension_count (llama, phi3; phi3 may rotate part of a\n"
            "                      head; default the head width)\n"
-           "  --sliding-window W  gemma2, gemma3: the local layers' window (default 4096, 512);\n"
-           "                      phi3 writes the key, which llama.cpp ignores\n"
+           "  --sliding-window W  gemma2, gemma3, gpt-oss: the local layers' window (default\n"
+           "                      4096, 512, 128); phi3 writes the key, which llama.cpp ignores\n"
            "  --swa-pattern N     gemma: attention.sliding_window_pattern (every layer il with\n"
            "                      il %% N < N - 1 is local; 0: all; default: not written, so\n"
            "                      llama.cpp's 2 for gemma2, 6 for gemma3)\n"
@@ -114,6 +124,9 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
         {"--sliding-window", offsetof(mk_opts_t, sliding_window), 1, 1 << 24},
         {"--swa-pattern", offsetof(mk_opts_t, swa_pattern), 0, 1024},
         {"--rope-orig-ctx", offsetof(mk_opts_t, rope_orig_ctx), 1, 1 << 24},
+        {"--n-expert", offsetof(mk_opts_t, n_expert), 1, 1024},
+        {"--n-expert-used", offsetof(mk_opts_t, n_expert_used), 1, 1024},
+        {"--n-ff-exp", offsetof(mk_opts_t, n_ff_exp), 1, 1 << 20},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -143,6 +156,12 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
                 o->type = types[t].type;
                 is_type = true;
             }
+        }
+        if (strcmp(a, "--mxfp4_moe") == 0) {
+            o->type = KG_GGML_TYPE_Q8_0;
+            o->has_expert_type = true;
+            o->expert_type = KG_GGML_TYPE_MXFP4;
+            is_type = true;
         }
         if (is_type) {
             continue;
@@ -212,7 +231,7 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
             if (val && !kg_mkmodel_arch_is_known(val)) {
                 fprintf(stderr,
                         "kgen mkmodel: --arch: unknown '%s' (known: llama, qwen2, qwen3, gemma2, "
-                        "gemma3, phi3)\n",
+                        "gemma3, phi3, qwen3moe, mixtral, gpt-oss)\n",
                         val);
                 return 2;
             }
@@ -314,19 +333,30 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
     }
     const char *arch = o->arch ? o->arch : "llama";
     const bool gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0;
-    const bool phi3 = strcmp(arch, "phi3") == 0;
+    const bool phi3 = strcmp(arch, "phi3") == 0, oss = strcmp(arch, "gpt-oss") == 0;
+    const bool moe = oss || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "mixtral") == 0;
     if (o->n_rot > 0 && (o->n_rot % 2 != 0 || o->n_rot > o->head_dim ||
-                         (strcmp(arch, "llama") == 0 && o->n_rot != o->head_dim))) {
+                         ((strcmp(arch, "llama") == 0 || moe) && o->n_rot != o->head_dim))) {
         fprintf(stderr,
-                "kgen mkmodel: --n-rot %lld must be even and at most the head width %lld (llama: "
+                "kgen mkmodel: --n-rot %lld must be even and at most the head width %lld (%s: "
                 "equal)\n",
-                (long long)o->n_rot, (long long)o->head_dim);
+                (long long)o->n_rot, (long long)o->head_dim, moe ? arch : "llama");
         return 2;
     }
-    if ((o->sliding_window > 0 && !gemma && !phi3) || (o->swa_pattern >= 0 && !gemma) ||
+    if ((o->sliding_window > 0 && !gemma && !phi3 && !oss) || (o->swa_pattern >= 0 && !gemma) ||
         (o->rope_base_swa > 0.0f && !gemma)) {
         fprintf(stderr, "kgen mkmodel: --sliding-window, --swa-pattern and --rope-base-swa are "
-                        "for gemma2 and gemma3 (phi3: --sliding-window only)\n");
+                        "for gemma2 and gemma3 (phi3, gpt-oss: --sliding-window only)\n");
+        return 2;
+    }
+    if (!moe &&
+        (o->n_expert > 0 || o->n_expert_used > 0 || o->n_ff_exp > 0 || o->has_expert_type)) {
+        fprintf(stderr, "kgen mkmodel: --n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
+                        "are for qwen3moe, mixtral and gpt-oss\n");
+        return 2;
+    }
+    if (o->n_ff_exp > 0 && strcmp(arch, "mixtral") == 0) {
+        fprintf(stderr, "kgen mkmodel: mixtral has no --n-ff-exp: --n-ff is each expert's width\n");
         return 2;
     }
     if ((o->attn_softcap > 0.0f && strcmp(arch, "gemma2") != 0) ||
@@ -384,8 +414,15 @@ int kg_cmd_mkmodel(int argc, char **argv) {
     }
     int64_t hd = o.head_dim;
     const bool tied = o.tied || strcmp(o.arch, "gemma2") == 0;
+    const bool moe = strcmp(o.arch, "qwen3moe") == 0 || strcmp(o.arch, "mixtral") == 0 ||
+                     strcmp(o.arch, "gpt-oss") == 0;
+    const int64_t n_exp = o.n_expert > 0 ? o.n_expert : 8;
+    const int64_t ff_exp = o.n_ff_exp > 0 ? o.n_ff_exp : o.n_ff;
+    /* the FFN's weights: dense, or the router and every expert */
+    const int64_t ffn =
+        moe ? o.n_embd * n_exp + 3 * o.n_embd * ff_exp * n_exp : 3 * o.n_embd * o.n_ff;
     int64_t per_layer = 2 * o.n_embd + o.n_embd * (o.n_head + 2 * o.n_head_kv) * hd +
-                        o.n_head * hd * o.n_embd + 3 * o.n_embd * o.n_ff;
+                        o.n_head * hd * o.n_embd + ffn;
     int64_t params = n_vocab * o.n_embd * (tied ? 1 : 2) + o.n_embd + o.n_layer * per_layer;
     FILE *f = fopen(o.out, "rb");
     long bytes = -1;

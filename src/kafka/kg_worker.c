@@ -129,7 +129,8 @@ struct kg_worker {
     int64_t suspect_offset;
     const char *crash_request_id; /* TEST-ONLY fault injection; NULL normally */
     kg_intake_limits_t limits;
-    kg_served_t served; /* the model's names (limits.served points into it) */
+    kg_served_t served;           /* the model's names (limits.served points into it) */
+    kg_grammar_cache_t *grammars; /* compiled constraints, owned */
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
     int32_t n_engine_recs;  /* engine request records: one per choice (kg_engine_submit) */
@@ -1435,6 +1436,13 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->limits.max_seq_len = ep.max_seq_len;
     w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
+    /* constrained jobs compile here, on the kafka thread, once per schema */
+    w->grammars = kg_grammar_cache_new_for(model->tok, KG_GRAMMAR_CACHE_DEFAULT_BYTES);
+    if (!w->grammars) {
+        snprintf(errstr, errstr_size, "out of memory for the grammar cache");
+        goto fail;
+    }
+    w->limits.grammars = w->grammars;
     w->limits.max_choices = ep.max_batch_size < KG_JOB_MAX_N ? ep.max_batch_size : KG_JOB_MAX_N;
     w->n_engine_recs = ep.max_batch_size + ep.max_queue_depth;
     if (kg_served_init(&w->served, cfg->served_model_name, model, cfg->model, errstr,
@@ -1644,8 +1652,13 @@ void kg_worker_free(kg_worker_t *w) {
     free(w->table);
     kg_engine_free(w->engine);
     kg_backend_free(w->be);
+    kg_grammar_cache_free(w->grammars);
     kg_served_clear(&w->served);
     free(w);
+}
+
+const kg_grammar_cache_t *kg_worker_grammar_cache(const kg_worker_t *w) {
+    return w->grammars;
 }
 
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {

@@ -1086,6 +1086,8 @@ const char *kg_ggml_type_name(kg_ggml_type_t type) {
         return "q6_k";
     case KG_GGML_TYPE_BF16:
         return "bf16";
+    case KG_GGML_TYPE_MXFP4:
+        return "mxfp4";
     }
     return "unknown";
 }

@@ -45,6 +45,7 @@ typedef enum kg_ggml_type {
     KG_GGML_TYPE_Q4_K = 12,
     KG_GGML_TYPE_Q6_K = 14,
     KG_GGML_TYPE_BF16 = 30,
+    KG_GGML_TYPE_MXFP4 = 39, /* gpt-oss experts: see kg_mxfp4.h */
 } kg_ggml_type_t;
 
 /* A string inside the file: not NUL-terminated. */

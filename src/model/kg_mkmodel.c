@@ -8,7 +8,16 @@
  * Gemma's post-norms (stored with the +1 already added, as the converter
  * does: weights near 1), phi3's fused attn_qkv and gate+up ffn_up and its
  * LongRoPE factor tensors. Norm weights and biases stay F32, as llama.cpp
- * keeps 1-D tensors; every 2-D weight takes the chosen type. Each family
+ * keeps 1-D tensors; every 2-D weight takes the chosen type.
+ *
+ * The mixture-of-experts families (qwen3moe; mixtral, which is llama with
+ * llama.expert_count; gpt-oss) get a router ffn_gate_inp (F32: llama-
+ * quantize never quantizes it) and 3-D expert tensors ffn_{gate,up,down}_exps
+ * (n_expert matrices along ne[2]) instead of the dense FFN; gpt-oss adds
+ * Q/K/V/output biases, attention sinks, router and expert biases, and names
+ * its FFN norm post_attention_norm, as its converter does. The experts take
+ * the weights' type, or MXFP4 with the rest Q8_0 (llama-quantize's
+ * MXFP4_MOE: the form gpt-oss is published in). Each family
  * gets a built-in vocabulary that exercises its tokenizer path: llama a
  * SentencePiece byte vocabulary; qwen a byte-level BPE with the qwen2
  * pre-tokenizer; gemma and phi3 SentencePiece pieces (gemma without the
@@ -120,6 +129,38 @@ static bool add_random(kg_gguf_writer_t *w,
     return true;
 }
 
+/** A stack of n_exp (ne0, ne1) matrices (an expert tensor), each matrix
+ * drawn as add_random would draw it. */
+static bool add_random3(kg_gguf_writer_t *w,
+                        const kg_mkmodel_opts_t *o,
+                        const char *name,
+                        kg_ggml_type_t type,
+                        int64_t ne0,
+                        int64_t ne1,
+                        int64_t n_exp,
+                        float scale) {
+    int64_t n = ne0 * ne1 * n_exp;
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v) {
+        snprintf(g_err, sizeof(g_err), "out of memory for %s (%lld x %lld x %lld)", name,
+                 (long long)ne0, (long long)ne1, (long long)n_exp);
+        return false;
+    }
+    rng_t r;
+    rng_seed(&r, o->seed, name);
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = scale * rng_uniform(&r);
+    }
+    int64_t ne[3] = {ne0, ne1, n_exp};
+    kg_status_t st = kg_gguf_writer_add_tensor(w, name, type, 3, ne, v);
+    free(v);
+    if (st != KG_OK) {
+        snprintf(g_err, sizeof(g_err), "cannot add %s: %s", name, kg_status_str(st));
+        return false;
+    }
+    return true;
+}
+
 /** Uniform with variance 1/fan_in: the half-width is sqrt(3 / fan_in). */
 static float fan_in_scale(int64_t fan_in) {
     return sqrtf(3.0f / (float)fan_in);
@@ -130,25 +171,39 @@ static float fan_in_scale(int64_t fan_in) {
 /* What llama.cpp's converter writes for each family: the tensors of a layer
  * and the built-in vocabulary style (see the metadata in write_hparams). */
 typedef struct family {
-    const char *arch;
-    bool qkv_bias;    /* blk.N.attn_{q,k,v}.bias (qwen2) */
-    bool qk_norm;     /* blk.N.attn_{q,k}_norm (qwen3, gemma3) */
-    bool post_norms;  /* blk.N.post_attention_norm, post_ffw_norm (gemma) */
-    bool fused;       /* blk.N.attn_qkv and a 2 * n_ff ffn_up holding gate then up (phi3) */
-    bool always_tied; /* no output.weight (gemma2's converter drops lm_head) */
-    bool small_embd;  /* embeddings of variance 1/n_embd: the graph scales them by
-                         sqrt(n_embd), so they enter the residual at unit scale (gemma) */
+    const char *arch;      /* the --arch name */
+    const char *gguf_arch; /* general.architecture (mixtral is a llama) */
+    bool moe;              /* router and 3-D expert tensors instead of the dense FFN */
+    bool oss;              /* gpt-oss: sinks, output/router/expert biases, yarn, windows */
+    bool qkv_bias;         /* blk.N.attn_{q,k,v}.bias (qwen2) */
+    bool qk_norm;          /* blk.N.attn_{q,k}_norm (qwen3, gemma3) */
+    bool post_norms;       /* blk.N.post_attention_norm, post_ffw_norm (gemma) */
+    bool fused;            /* blk.N.attn_qkv and a 2 * n_ff ffn_up holding gate then up (phi3) */
+    bool always_tied;      /* no output.weight (gemma2's converter drops lm_head) */
+    bool small_embd;       /* embeddings of variance 1/n_embd: the graph scales them by
+                              sqrt(n_embd), so they enter the residual at unit scale (gemma) */
     kg_mkvocab_style_t vocab;
     float rms_eps;
 } family_t;
 
 static const family_t families[] = {
-    {"llama", false, false, false, false, false, false, KG_MKVOCAB_LLAMA, 1e-5f},
-    {"qwen2", true, false, false, false, false, false, KG_MKVOCAB_QWEN, 1e-6f},
-    {"qwen3", false, true, false, false, false, false, KG_MKVOCAB_QWEN, 1e-6f},
-    {"gemma2", false, false, true, false, true, true, KG_MKVOCAB_GEMMA, 1e-6f},
-    {"gemma3", false, true, true, false, false, true, KG_MKVOCAB_GEMMA, 1e-6f},
-    {"phi3", false, false, false, true, false, false, KG_MKVOCAB_PHI3, 1e-5f},
+    {"llama", "llama", false, false, false, false, false, false, false, false, KG_MKVOCAB_LLAMA,
+     1e-5f},
+    {"qwen2", "qwen2", false, false, true, false, false, false, false, false, KG_MKVOCAB_QWEN,
+     1e-6f},
+    {"qwen3", "qwen3", false, false, false, true, false, false, false, false, KG_MKVOCAB_QWEN,
+     1e-6f},
+    {"gemma2", "gemma2", false, false, false, false, true, false, true, true, KG_MKVOCAB_GEMMA,
+     1e-6f},
+    {"gemma3", "gemma3", false, false, false, true, true, false, false, true, KG_MKVOCAB_GEMMA,
+     1e-6f},
+    {"phi3", "phi3", false, false, false, false, false, true, false, false, KG_MKVOCAB_PHI3, 1e-5f},
+    {"qwen3moe", "qwen3moe", true, false, false, true, false, false, false, false, KG_MKVOCAB_QWEN,
+     1e-6f},
+    {"mixtral", "llama", true, false, false, false, false, false, false, false, KG_MKVOCAB_LLAMA,
+     1e-5f},
+    {"gpt-oss", "gpt-oss", true, true, true, false, false, false, false, false, KG_MKVOCAB_GPT_OSS,
+     1e-5f},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -241,8 +296,41 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
             ok = ok && KG_ADD(KG_GGML_TYPE_F32, E, 1, post, 0.1f * post,
                               "blk.%lld.post_attention_norm.weight", L);
         }
-        ok = ok && KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.ffn_norm.weight", L);
-        if (fam->fused) {
+        if (fam->oss) {
+            ok =
+                ok && KG_ADD(KG_GGML_TYPE_F32, E, 1, 0.0f, 0.2f, "blk.%lld.attn_output.bias", L) &&
+                KG_ADD(KG_GGML_TYPE_F32, o->n_head, 1, 0.0f, 1.0f, "blk.%lld.attn_sinks.weight", L);
+        }
+        /* gpt-oss's converter maps post_attention_layernorm to its own name */
+        ok = ok &&
+             KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f,
+                    fam->oss ? "blk.%lld.post_attention_norm.weight" : "blk.%lld.ffn_norm.weight",
+                    L);
+        if (fam->moe) {
+            const int64_t X = o->n_expert, FX = o->n_ff_exp;
+            const kg_ggml_type_t xt = o->has_expert_type ? o->expert_type : wt;
+            /* the router, F32: its logits are unit-variance, so tokens
+             * spread over the experts */
+            ok = ok && KG_ADD(KG_GGML_TYPE_F32, E, X, 0.0f, fe, "blk.%lld.ffn_gate_inp.weight", L);
+            if (fam->oss) {
+                ok = ok &&
+                     KG_ADD(KG_GGML_TYPE_F32, X, 1, 0.0f, 0.2f, "blk.%lld.ffn_gate_inp.bias", L);
+            }
+            snprintf(name, sizeof(name), "blk.%lld.ffn_gate_exps.weight", L);
+            ok = ok && add_random3(w, o, name, xt, E, FX, X, fe);
+            snprintf(name, sizeof(name), "blk.%lld.ffn_down_exps.weight", L);
+            ok = ok && add_random3(w, o, name, xt, FX, E, X, fan_in_scale(FX) * resid);
+            snprintf(name, sizeof(name), "blk.%lld.ffn_up_exps.weight", L);
+            ok = ok && add_random3(w, o, name, xt, E, FX, X, fe);
+            if (fam->oss) {
+                ok =
+                    ok &&
+                    KG_ADD(KG_GGML_TYPE_F32, FX, X, 0.0f, 0.1f, "blk.%lld.ffn_gate_exps.bias", L) &&
+                    KG_ADD(KG_GGML_TYPE_F32, FX, X, 0.0f, 0.1f, "blk.%lld.ffn_up_exps.bias", L) &&
+                    KG_ADD(KG_GGML_TYPE_F32, E, X, 0.0f, 0.1f * resid,
+                           "blk.%lld.ffn_down_exps.bias", L);
+            }
+        } else if (fam->fused) {
             ok = ok && KG_ADD(wt, E, 2 * F, 0.0f, fe, "blk.%lld.ffn_up.weight", L) &&
                  KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L);
         } else {
@@ -385,7 +473,7 @@ kg_mkmodel_opts_t kg_mkmodel_opts_default(void) {
  * convert_hf_to_gguf.py: LlamaModel, TextModel for Qwen2/Qwen3, Gemma2Model,
  * Gemma3Model, Phi3MiniModel). */
 static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam) {
-    const char *a = fam->arch;
+    const char *a = fam->gguf_arch;
     char key[128];
     const bool llama = strcmp(a, "llama") == 0, phi3 = strcmp(a, "phi3") == 0;
     const bool gemma2 = strcmp(a, "gemma2") == 0, gemma3 = strcmp(a, "gemma3") == 0;
@@ -405,7 +493,8 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     kg_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)o->n_head_kv);
     /* Qwen3 and Gemma configs carry head_dim, so their converters always
      * write it; the others only have it when it is not n_embd / n_head */
-    if (strcmp(a, "qwen3") == 0 || gemma2 || gemma3 || o->head_dim * o->n_head != o->n_embd) {
+    if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0 || fam->oss || gemma2 || gemma3 ||
+        o->head_dim * o->n_head != o->n_embd) {
         kg_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)o->head_dim);
         kg_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)o->head_dim);
     }
@@ -442,6 +531,17 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
         kg_gguf_writer_set_u32(w, KEY("attention.sliding_window"),
                                (uint32_t)(o->sliding_window > 0 ? o->sliding_window : def));
     }
+    if (fam->oss) {
+        kg_gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                               (uint32_t)(o->sliding_window > 0 ? o->sliding_window : 128));
+    }
+    if (fam->moe) {
+        kg_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)o->n_expert);
+        kg_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)o->n_expert_used);
+        if (strcmp(a, "llama") != 0) {
+            kg_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)o->n_ff_exp);
+        }
+    }
     if ((gemma2 || gemma3) && o->swa_pattern >= 0) {
         kg_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"),
                                (uint32_t)o->swa_pattern);
@@ -452,19 +552,42 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
 #undef KEY
 }
 
-kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,
+kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                              int64_t *n_vocab_out,
                              char *errstr,
                              size_t errstr_size) {
     kg_status_t rc = KG_ERR_IO;
     g_err[0] = '\0';
-    const family_t *fam = find_family(o->arch);
+    const family_t *fam = find_family(opts->arch);
     const char *tmpl = NULL;
     if (!fam) {
         snprintf(errstr, errstr_size,
                  "unknown architecture '%s' (known: llama, qwen2, qwen3, "
-                 "gemma2, gemma3, phi3)",
-                 o->arch);
+                 "gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss)",
+                 opts->arch);
+        return KG_ERR_INVALID;
+    }
+    kg_mkmodel_opts_t mo = *opts; /* with the expert defaults filled in */
+    const kg_mkmodel_opts_t *o = &mo;
+    if (fam->moe) {
+        mo.n_expert = mo.n_expert > 0 ? mo.n_expert : 8;
+        mo.n_expert_used = mo.n_expert_used > 0 ? mo.n_expert_used : 2;
+        mo.n_ff_exp =
+            mo.n_ff_exp > 0 && strcmp(fam->gguf_arch, "llama") != 0 ? mo.n_ff_exp : mo.n_ff;
+        const kg_ggml_type_t xt = mo.has_expert_type ? mo.expert_type : mo.type;
+        const int64_t xb = kg_type_block_elems(xt);
+        if (mo.n_expert_used > mo.n_expert || mo.n_expert > 1024 || xb == 0 ||
+            mo.n_embd % xb != 0 || mo.n_ff_exp % xb != 0) {
+            snprintf(errstr, errstr_size,
+                     "experts: need 1 <= expert_used_count (%lld) <= expert_count (%lld) <= 1024, "
+                     "and n_embd and the expert width multiples of %s's block (%lld)",
+                     (long long)mo.n_expert_used, (long long)mo.n_expert, kg_ggml_type_name(xt),
+                     (long long)xb);
+            return KG_ERR_INVALID;
+        }
+    } else if (mo.n_expert > 0 || mo.n_expert_used > 0 || mo.n_ff_exp > 0 || mo.has_expert_type) {
+        snprintf(errstr, errstr_size,
+                 "expert options are for qwen3moe, mixtral and gpt-oss, not %s", fam->arch);
         return KG_ERR_INVALID;
     }
     if (o->chat_template) {
@@ -486,10 +609,13 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,
         snprintf(errstr, errstr_size, "out of memory");
         return KG_ERR_NOMEM;
     }
-    kg_gguf_writer_set_str(w, "general.architecture", fam->arch);
+    kg_gguf_writer_set_str(w, "general.architecture", fam->gguf_arch);
     kg_gguf_writer_set_str(w, "general.name", o->name);
     write_hparams(w, o, fam);
-    kg_gguf_writer_set_u32(w, "general.file_type", file_type(o->type));
+    /* llama_ftype: MOSTLY_MXFP4_MOE (38) for MXFP4 experts */
+    kg_gguf_writer_set_u32(
+        w, "general.file_type",
+        o->has_expert_type && o->expert_type == KG_GGML_TYPE_MXFP4 ? 38 : file_type(o->type));
 
     int64_t n_vocab = o->vocab_from
                           ? copy_vocab(w, o->vocab_from)

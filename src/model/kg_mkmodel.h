@@ -13,7 +13,8 @@
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
     const char *name;       /* general.name */
-    const char *arch;       /* llama (default), qwen2, qwen3, gemma2, gemma3 or phi3 */
+    const char *arch;       /* llama (default), qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe,
+                               mixtral (a llama with experts) or gpt-oss */
     const char *vocab_from; /* copy tokenizer.* from this GGUF; NULL: the family's built-in one */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, ctx;
     float rope_base;
@@ -33,6 +34,14 @@ typedef struct kg_mkmodel_opts {
     float attn_softcap;        /* gemma2: attn_logit_softcapping; 0: the family default */
     float final_softcap;       /* gemma2/gemma3: final_logit_softcapping; 0: default/none */
     const char *chat_template; /* a name from kg_mkmodel_chat_template; NULL: none */
+
+    /* mixture of experts (qwen3moe, mixtral, gpt-oss) */
+    int64_t n_expert;           /* expert_count; 0: 8 */
+    int64_t n_expert_used;      /* expert_used_count; 0: 2 */
+    int64_t n_ff_exp;           /* qwen3moe, gpt-oss: expert_feed_forward_length; 0: n_ff
+                                   (mixtral: n_ff is each expert's width) */
+    bool has_expert_type;       /* the experts take expert_type, not type */
+    kg_ggml_type_t expert_type; /* mxfp4_moe: MXFP4 experts, the rest Q8_0 */
 } kg_mkmodel_opts_t;
 
 /** name "kgen-random", arch llama, ctx 2048, rope base 10000, F32, no

@@ -11,7 +11,11 @@
  *     <end_of_turn> and byte fallback;
  *   - phi3: SentencePiece with the space prefix, <unk> <s> </s>, byte
  *     fallback, and <|endoftext|> <|assistant|> <|system|> <|end|> <|user|>
- *     after the pieces.
+ *     after the pieces;
+ *   - gpt-oss: the qwen BPE with tokenizer.ggml.pre = gpt-4o (o200k's
+ *     pre-tokenizer) and Harmony's specials: <|startoftext|> (bos)
+ *     <|endoftext|> <|return|> (eos) <|constrain|> <|channel|> <|start|>
+ *     <|end|> <|message|> <|call|>.
  * Made-up words can be added after any of them (benchmarks at a real
  * model's vocabulary size; readable demo output). */
 #include "kg_mkvocab.h"
@@ -410,7 +414,7 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     vocab_t v = {0};
     char **merges = NULL;
     int64_t rc = -1;
-    const bool spm = style != KG_MKVOCAB_QWEN;
+    const bool spm = style != KG_MKVOCAB_QWEN && style != KG_MKVOCAB_GPT_OSS;
     tr.cap = spm ? 512 : 640;
     tr.tok = calloc((size_t)tr.cap, TOK_MAX);
     if (!tr.tok) {
@@ -466,9 +470,22 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
             vocab_push(&v, tr.tok[i], strlen(tr.tok[i]), 0.0f, TT_NORMAL);
         }
         vocab_add_words(&v, "\xc4\xa0", n_words); /* "Ġ": the byte map's space */
-        bos = pad = vocab_push(&v, "<|endoftext|>", 13, 0.0f, TT_CONTROL);
-        vocab_push(&v, "<|im_start|>", 12, 0.0f, TT_CONTROL);
-        eos = vocab_push(&v, "<|im_end|>", 10, 0.0f, TT_CONTROL);
+        if (style == KG_MKVOCAB_GPT_OSS) {
+            static const char *harmony[] = {"<|startoftext|>", "<|endoftext|>", "<|return|>",
+                                            "<|constrain|>",   "<|channel|>",   "<|start|>",
+                                            "<|end|>",         "<|message|>",   "<|call|>"};
+            int64_t ids[9];
+            for (size_t i = 0; i < sizeof(harmony) / sizeof(harmony[0]); i++) {
+                ids[i] = vocab_push(&v, harmony[i], strlen(harmony[i]), 0.0f, TT_CONTROL);
+            }
+            bos = ids[0];
+            pad = ids[1];
+            eos = ids[2];
+        } else {
+            bos = pad = vocab_push(&v, "<|endoftext|>", 13, 0.0f, TT_CONTROL);
+            vocab_push(&v, "<|im_start|>", 12, 0.0f, TT_CONTROL);
+            eos = vocab_push(&v, "<|im_end|>", 10, 0.0f, TT_CONTROL);
+        }
         merges = calloc((size_t)tr.n_merge + 1, sizeof(*merges));
         if (!merges) {
             v.oom = true;
@@ -488,7 +505,10 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
         goto out;
     }
     kg_gguf_writer_set_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
-    kg_gguf_writer_set_str(w, "tokenizer.ggml.pre", spm ? "default" : "qwen2");
+    kg_gguf_writer_set_str(w, "tokenizer.ggml.pre",
+                           spm                           ? "default"
+                           : style == KG_MKVOCAB_GPT_OSS ? "gpt-4o"
+                                                         : "qwen2");
     kg_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", v.tokens, (uint64_t)v.n);
     if (spm) {
         kg_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", v.scores, (uint64_t)v.n);
@@ -514,8 +534,8 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     if (pad >= 0) {
         kg_gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)pad);
     }
-    /* Gemma and Phi-3 add BOS; Qwen does not */
-    kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", style != KG_MKVOCAB_QWEN);
+    /* Gemma and Phi-3 add BOS; Qwen and gpt-oss do not */
+    kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", spm);
     kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
     if (style == KG_MKVOCAB_GEMMA) {
         kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false);

@@ -12,6 +12,7 @@ typedef enum kg_mkvocab_style {
     KG_MKVOCAB_QWEN,      /* byte-level BPE, tokenizer.ggml.pre = qwen2, ChatML specials */
     KG_MKVOCAB_GEMMA,     /* SentencePiece without add_space_prefix, Gemma's specials */
     KG_MKVOCAB_PHI3,      /* SentencePiece (space prefix), Phi-3's specials after the pieces */
+    KG_MKVOCAB_GPT_OSS,   /* byte-level BPE, tokenizer.ggml.pre = gpt-4o, Harmony's specials */
 } kg_mkvocab_style_t;
 
 /** Write the tokenizer.* keys of a built-in vocabulary of `style`, with

@@ -17,12 +17,12 @@
 #include <string.h>
 
 static const char *const arch_names[KG_ARCH_COUNT_] = {
-    [KG_ARCH_LLAMA] = "llama", [KG_ARCH_MISTRAL] = "mistral", [KG_ARCH_QWEN2] = "qwen2",
-    [KG_ARCH_QWEN3] = "qwen3", [KG_ARCH_GEMMA2] = "gemma2",   [KG_ARCH_GEMMA3] = "gemma3",
-    [KG_ARCH_PHI3] = "phi3",
+    [KG_ARCH_LLAMA] = "llama", [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
+    [KG_ARCH_QWEN3] = "qwen3", [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
+    [KG_ARCH_PHI3] = "phi3",   [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
 };
 
-#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3"
+#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -67,6 +67,32 @@ static void mark_used(loader_t *ld, const kg_gguf_tensor_t *t) {
 static bool shape_is(const kg_gguf_tensor_t *t, int64_t ne0, int64_t ne1) {
     return ne1 == 0 ? (t->n_dims == 1 && t->ne[0] == ne0)
                     : (t->n_dims == 2 && t->ne[0] == ne0 && t->ne[1] == ne1);
+}
+
+/* A stack of n_expert (ne0, ne1) matrices: the 3-D expert tensors. NULL
+ * with errstr set when absent or misshapen. */
+static const kg_gguf_tensor_t *
+find_tensor3(loader_t *ld, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, bool *bad) {
+    const kg_gguf_tensor_t *t = kg_gguf_find_tensor(ld->g, name);
+    if (*bad) {
+        return NULL; /* keep the first error of the layer */
+    }
+    if (!t) {
+        snprintf(ld->errstr, ld->errstr_size, "model: missing tensor '%s'", name);
+        *bad = true;
+        return NULL;
+    }
+    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2) {
+        snprintf(ld->errstr, ld->errstr_size,
+                 "model: tensor '%s' has shape [%lld, %lld, %lld] (%u dims), expected [%lld, "
+                 "%lld, %lld]",
+                 name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims,
+                 (long long)ne0, (long long)ne1, (long long)ne2);
+        *bad = true;
+        return NULL;
+    }
+    mark_used(ld, t);
+    return t;
 }
 
 /* Find a weight and check its shape (ne0, ne1; ne1 = 0 for a vector). NULL
@@ -114,6 +140,20 @@ static const kg_gguf_tensor_t *make_view(kg_gguf_tensor_t *view,
         view->size = (size_t)vec_len * elem;
     }
     return view;
+}
+
+/* Expert views[e] = matrix e of the 3-D tensor t (ne[2] of them). */
+static void make_expert_views(kg_gguf_tensor_t *views, const kg_gguf_tensor_t *t) {
+    const size_t mat_size = kg_type_row_size(t->type, t->ne[0]) * (size_t)t->ne[1];
+    for (int64_t e = 0; e < t->ne[2]; e++) {
+        kg_gguf_tensor_t *v = &views[e];
+        *v = *t;
+        v->n_dims = 2;
+        v->ne[2] = 1;
+        v->data = (const char *)t->data + (size_t)e * mat_size;
+        v->offset = t->offset + (uint64_t)e * mat_size;
+        v->size = mat_size;
+    }
 }
 
 // ---- hyperparameters ----
@@ -238,8 +278,11 @@ static bool check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_si
         bad = "head dimension must be even and at most 1024";
     } else if (hp->n_rot <= 0 || hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim) {
         bad = "rope.dimension_count must be even and at most the head dimension";
-    } else if (hp->arch == KG_ARCH_LLAMA && hp->n_rot != hp->head_dim) {
-        bad = "llama needs rope.dimension_count equal to the head dimension (as llama.cpp)";
+    } else if ((hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_QWEN3MOE ||
+                hp->arch == KG_ARCH_GPT_OSS) &&
+               hp->n_rot != hp->head_dim) {
+        bad = "llama, qwen3moe and gpt-oss need rope.dimension_count equal to the head dimension "
+              "(as llama.cpp)";
     } else if (hp->n_vocab <= 0) {
         bad = "empty vocabulary";
     } else if (!(hp->norm_eps > 0.0f) || !(hp->rope_base > 0.0f) || !(hp->rope_scale > 0.0f) ||
@@ -321,8 +364,116 @@ static bool read_arch_hparams(const kg_gguf_t *g,
                              : 1.0f / sqrtf((float)hp->head_dim);
         break;
     }
+    case KG_ARCH_QWEN3MOE:
+        break;
+    case KG_ARCH_GPT_OSS:
+        /* llama_model_openai_moe: every other layer slides (pattern 2:
+         * layers 0, 2, 4, ...), with the global RoPE unless
+         * rope.freq_base_swa says otherwise; attention.sliding_window is
+         * required */
+        hp->ffn_act = KG_FFN_SWIGLU_OAI;
+        if (!get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa)) {
+            snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
+            return false;
+        }
+        if (!read_swa_pattern(g, arch, 2, hp->n_layer, is_swa)) {
+            snprintf(errstr, errstr_size,
+                     "model: bad %s.attention.sliding_window_pattern (a period, or %d flags)", arch,
+                     hp->n_layer);
+            return false;
+        }
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
+        break;
     case KG_ARCH_COUNT_:
         break;
+    }
+    return true;
+}
+
+/* An integer key that may be absent (*out untouched) but, when present,
+ * must be one non-negative integer: llama.cpp also takes per-layer arrays
+ * for some of these, which kgen does not run. */
+static bool get_i32_opt(const kg_gguf_t *g,
+                        const char *arch,
+                        const char *suffix,
+                        int32_t *out,
+                        char *errstr,
+                        size_t errstr_size) {
+    char key[128];
+    akey(key, sizeof(key), arch, suffix);
+    if (kg_gguf_find_key(g, key) < 0 || get_i32(g, key, out)) {
+        return true;
+    }
+    kg_gguf_type_t et;
+    uint64_t n;
+    snprintf(errstr, errstr_size, "model: %s %s", key,
+             kg_gguf_get_arr(g, key, &et, &n)
+                 ? "is a per-layer array; kgen runs one value for every layer"
+                 : "must be a non-negative integer");
+    return false;
+}
+
+/* The experts (llama_model_base::load_hparams, then each family): the
+ * counts for every family (0 experts: dense), the expert width and the
+ * router's rule, which llama.cpp fixes per family in code: softmax, top-k,
+ * renormalised, for qwen3moe and llama (Mixtral); top-k of the logits, then
+ * a softmax over them, for gpt-oss. <arch>.expert_weights_norm and
+ * expert_weights_scale, which llama.cpp reads for other MoE families, are
+ * honoured when a file has them. */
+static bool read_moe_hparams(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size) {
+    char key[128];
+    const kg_arch_t a = hp->arch;
+    if (!get_i32_opt(g, arch, "expert_count", &hp->n_expert, errstr, errstr_size) ||
+        !get_i32_opt(g, arch, "expert_used_count", &hp->n_expert_used, errstr, errstr_size) ||
+        !get_i32_opt(g, arch, "expert_feed_forward_length", &hp->n_ff_exp, errstr, errstr_size)) {
+        return false;
+    }
+    const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS;
+    if (hp->n_expert == 0) {
+        if (moe_arch || hp->n_expert_used != 0) {
+            snprintf(errstr, errstr_size,
+                     "model: %s needs %s.expert_count > 0 and expert_used_count > 0",
+                     kg_arch_name(a), arch);
+            return false;
+        }
+        hp->n_ff_exp = 0;
+        return true;
+    }
+    if (!moe_arch && a != KG_ARCH_LLAMA) {
+        snprintf(errstr, errstr_size,
+                 "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
+                 "gpt-oss)",
+                 kg_arch_name(a));
+        return false;
+    }
+    if (hp->n_expert > KG_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
+        hp->n_expert_used > hp->n_expert) {
+        snprintf(errstr, errstr_size,
+                 "model: bad hyperparameters: expert_count %d (1..1024) and expert_used_count %d "
+                 "(1..expert_count)",
+                 hp->n_expert, hp->n_expert_used);
+        return false;
+    }
+    if (a == KG_ARCH_LLAMA) {
+        hp->n_ff_exp = hp->n_ff; /* Mixtral: feed_forward_length is each expert's */
+    } else if (a == KG_ARCH_QWEN3MOE && hp->n_ff_exp == 0) {
+        hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
+    }
+    if (hp->n_ff_exp <= 0 || hp->n_ff_exp > (1 << 24)) {
+        snprintf(errstr, errstr_size, "model: %s.expert_feed_forward_length must be in 1..2^24",
+                 arch);
+        return false;
+    }
+    hp->moe_gating = a == KG_ARCH_GPT_OSS ? KG_MOE_SOFTMAX_WEIGHT : KG_MOE_SOFTMAX;
+    hp->moe_norm_w = a != KG_ARCH_GPT_OSS;
+    kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "expert_weights_norm"), &hp->moe_norm_w);
+    hp->moe_w_scale = 0.0f;
+    kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "expert_weights_scale"), &hp->moe_w_scale);
+    if (!isfinite(hp->moe_w_scale) || hp->moe_w_scale < 0.0f) {
+        snprintf(errstr, errstr_size, "model: bad %s.expert_weights_scale %g", arch,
+                 (double)hp->moe_w_scale);
+        return false;
     }
     return true;
 }
@@ -331,8 +482,16 @@ static bool read_arch_hparams(const kg_gguf_t *g,
 
 /* Every tensor of one layer. Q/K/V come separately or fused (attn_qkv,
  * split into views); biases are optional for every family, as in
- * llama.cpp's create_tensor_qkv; phi3's ffn_up holds gate then up. */
-static bool load_layer(loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_tensor_t *views) {
+ * llama.cpp's create_tensor_qkv; phi3's ffn_up holds gate then up. A
+ * mixture-of-experts layer has the router and the 3-D expert tensors
+ * instead of the dense FFN (cut into one view per expert in exp_views:
+ * 3 * n_expert of them); gpt-oss adds attention sinks and biases on the
+ * attention output, the router and the experts. */
+static bool load_layer(loader_t *ld,
+                       kg_model_t *model,
+                       int32_t il,
+                       kg_gguf_tensor_t *views,
+                       kg_gguf_tensor_t *exp_views) {
     const kg_hparams_t *hp = &model->hp;
     kg_layer_weights_t *L = &model->layers[il];
     const int64_t E = hp->n_embd, F = hp->n_ff;
@@ -340,7 +499,8 @@ static bool load_layer(loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_tens
     const int64_t n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
     const kg_arch_t a = hp->arch;
     const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3;
-    const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3;
+    const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE;
+    const bool oss = a == KG_ARCH_GPT_OSS;
     bool bad = false;
     char name[96];
 #define KG_T(suffix, ne0, ne1, opt)                                                                \
@@ -379,8 +539,11 @@ static bool load_layer(loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_tens
         L->bv = KG_T("attn_v.bias", n_kv, 0, true);
     }
     L->wo = KG_T("attn_output.weight", n_q, E, false);
-    if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3) {
-        L->bo = KG_T("attn_output.bias", E, 0, true);
+    if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || oss) {
+        L->bo = KG_T("attn_output.bias", E, 0, !oss);
+    }
+    if (oss) {
+        L->attn_sinks = KG_T("attn_sinks.weight", hp->n_head, 0, false);
     }
     if (qk_norm) {
         L->q_norm = KG_T("attn_q_norm.weight", hp->head_dim, 0, false);
@@ -390,8 +553,45 @@ static bool load_layer(loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_tens
         L->attn_post_norm = KG_T("post_attention_norm.weight", E, 0, false);
         L->ffn_post_norm = KG_T("post_ffw_norm.weight", E, 0, false);
     }
-    L->ffn_norm = KG_T("ffn_norm.weight", E, 0, false);
-    if (a == KG_ARCH_PHI3) {
+    /* gpt-oss names its FFN norm post_attention_norm (after the attention) */
+    L->ffn_norm = oss ? KG_T("post_attention_norm.weight", E, 0, false)
+                      : KG_T("ffn_norm.weight", E, 0, false);
+    if (hp->n_expert > 0) {
+        const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
+        L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
+#define KG_T3(suffix, ne0, ne1)                                                                    \
+    (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il),                                      \
+     find_tensor3(ld, name, (ne0), (ne1), X, &bad))
+        L->gate_exps = KG_T3("ffn_gate_exps.weight", E, FX);
+        L->up_exps = KG_T3("ffn_up_exps.weight", E, FX);
+        L->down_exps = KG_T3("ffn_down_exps.weight", FX, E);
+#undef KG_T3
+        if (oss) {
+            L->ffn_gate_inp_b = KG_T("ffn_gate_inp.bias", X, 0, false);
+            L->gate_exps_b = KG_T("ffn_gate_exps.bias", FX, X, false);
+            L->up_exps_b = KG_T("ffn_up_exps.bias", FX, X, false);
+            L->down_exps_b = KG_T("ffn_down_exps.bias", E, X, false);
+            const kg_gguf_tensor_t *vecs[] = {L->ffn_gate_inp_b, L->gate_exps_b, L->up_exps_b,
+                                              L->down_exps_b, L->attn_sinks};
+            for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]) && !bad; i++) {
+                if (vecs[i] && kg_type_block_elems(vecs[i]->type) != 1) {
+                    snprintf(ld->errstr, ld->errstr_size,
+                             "model: blk.%d.%.*s is %s; biases and sinks must be F32, F16 or BF16",
+                             (int)il, (int)vecs[i]->name.len, vecs[i]->name.data,
+                             kg_ggml_type_name(vecs[i]->type));
+                    bad = true;
+                }
+            }
+        }
+        if (!bad) {
+            make_expert_views(exp_views, L->gate_exps);
+            make_expert_views(exp_views + X, L->up_exps);
+            make_expert_views(exp_views + 2 * X, L->down_exps);
+            L->exp_gate = exp_views;
+            L->exp_up = exp_views + X;
+            L->exp_down = exp_views + 2 * X;
+        }
+    } else if (a == KG_ARCH_PHI3) {
         const kg_gguf_tensor_t *up = KG_T("ffn_up.weight", E, 2 * F, false);
         if (up) {
             /* ggml_swiglu on the fused output: silu(first half) * second half */
@@ -402,7 +602,9 @@ static bool load_layer(loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_tens
         L->w_gate = KG_T("ffn_gate.weight", E, F, false);
         L->w_up = KG_T("ffn_up.weight", E, F, false);
     }
-    L->w_down = KG_T("ffn_down.weight", F, E, false);
+    if (hp->n_expert == 0) {
+        L->w_down = KG_T("ffn_down.weight", F, E, false);
+    }
 #undef KG_T
     if (!bad && (!L->bq != !L->bk || !L->bq != !L->bv)) {
         snprintf(ld->errstr, ld->errstr_size,
@@ -491,7 +693,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         goto fail;
     }
     float swa_base, swa_scale;
-    if (!read_arch_hparams(g, arch, hp, is_swa, &swa_base, &swa_scale, errstr, errstr_size)) {
+    if (!read_arch_hparams(g, arch, hp, is_swa, &swa_base, &swa_scale, errstr, errstr_size) ||
+        !read_moe_hparams(g, arch, hp, errstr, errstr_size)) {
         goto fail;
     }
 
@@ -507,7 +710,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     ld.used = calloc((size_t)kg_gguf_n_tensors(g) + 1, sizeof(*ld.used));
     model->layers = calloc((size_t)hp->n_layer, sizeof(*model->layers));
     model->views = calloc((size_t)hp->n_layer * 8, sizeof(*model->views));
-    if (!ld.used || !model->layers || !model->views) {
+    model->expert_views =
+        calloc((size_t)hp->n_layer * 3 * (size_t)hp->n_expert + 1, sizeof(*model->expert_views));
+    if (!ld.used || !model->layers || !model->views || !model->expert_views) {
         snprintf(errstr, errstr_size, "model: out of memory");
         goto fail;
     }
@@ -520,7 +725,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     }
     /* Gemma 2's head is always the embedding (llama.cpp ignores an
      * output.weight there); the others use output.weight when present */
-    model->output = find_tensor(&ld, "output.weight", E, V, true, &bad);
+    const bool output_optional = hp->arch != KG_ARCH_GPT_OSS; /* llama.cpp requires it there */
+    model->output = find_tensor(&ld, "output.weight", E, V, output_optional, &bad);
     if (hp->arch == KG_ARCH_GEMMA2) {
         model->output = NULL;
     }
@@ -546,7 +752,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         }
     }
     for (int32_t il = 0; il < hp->n_layer && !bad; il++) {
-        if (!load_layer(&ld, model, il, model->views + (size_t)il * 8)) {
+        if (!load_layer(&ld, model, il, model->views + (size_t)il * 8,
+                        model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert)) {
             bad = true;
             break;
         }
@@ -601,6 +808,7 @@ void kg_model_free(kg_model_t *model) {
     kg_gguf_free(model->gguf);
     free(model->layers);
     free(model->views);
+    free(model->expert_views);
     free(model->chat_template);
     free(model);
 }
@@ -654,15 +862,28 @@ uint32_t kg_model_features(const kg_model_t *model) {
         if (L->rope_base != hp->rope_base || L->rope_scale != hp->rope_scale) {
             f |= KG_MODEL_FEAT_ROPE_PER_LAYER;
         }
+        if (L->ffn_gate_inp) {
+            f |= KG_MODEL_FEAT_MOE;
+        }
+        if (L->ffn_gate_inp_b || L->gate_exps_b || L->up_exps_b || L->down_exps_b) {
+            f |= KG_MODEL_FEAT_MOE_OAI;
+        }
+        if (L->attn_sinks) {
+            f |= KG_MODEL_FEAT_ATTN_SINKS;
+        }
+    }
+    if (hp->n_expert > 0 && (hp->moe_gating != KG_MOE_SOFTMAX || hp->ffn_act != KG_FFN_SILU)) {
+        f |= KG_MODEL_FEAT_MOE_OAI;
     }
     return f;
 }
 
 const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
     static const char *const names[] = {
-        "qkv_bias",  "qk_norm",        "post_norm", "gelu",         "embd_scale",
-        "softcap",   "sliding_window", "rope_neox", "rope_partial", "rope_per_layer",
-        "rope_yarn", "rope_factors",   "q_scale",
+        "qkv_bias",   "qk_norm",        "post_norm", "gelu",         "embd_scale",
+        "softcap",    "sliding_window", "rope_neox", "rope_partial", "rope_per_layer",
+        "rope_yarn",  "rope_factors",   "q_scale",   "moe",          "moe_oai",
+        "attn_sinks",
     };
     size_t n = 0;
     if (cap == 0) {

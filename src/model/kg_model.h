@@ -4,7 +4,9 @@
  *
  * DESIGN
  * The families kgen runs (llama, mistral, qwen2, qwen3, gemma2, gemma3,
- * phi3) differ in a handful of switches, so one description covers them:
+ * phi3, and the mixture-of-experts qwen3moe, Mixtral (llama with experts)
+ * and gpt-oss) differ in a handful of switches, so one description covers
+ * them:
  * model-wide switches in kg_hparams_t (RoPE mode and scaling, GELU or SiLU
  * gate, embedding scale, soft-capping, how queries are scaled) and
  * per-layer attributes in kg_layer_weights_t (sliding window, RoPE base and
@@ -14,7 +16,15 @@
  * layer patterns and query scale, Gemma 3's local RoPE base, YaRN's
  * factors). Fused tensors (phi3's attn_qkv and gate+up ffn_up) are split
  * into row views at load, so a backend sees separate Q, K, V, gate and up
- * matrices for every family. One forward pass reads all of this. */
+ * matrices for every family. One forward pass reads all of this.
+ *
+ * Experts. A mixture-of-experts layer has a router (ffn_gate_inp: one
+ * logit per expert) and 3-D expert tensors (ffn_{gate,up,down}_exps:
+ * n_expert matrices stacked along ne[2]); the loader cuts them into one 2-D
+ * view per expert, so a backend packs and multiplies an expert's matrix as
+ * it does any other weight. How the router's logits become the k experts
+ * and their weights is kg_moe_gating_t, with llama.cpp's renormalisation
+ * and scale (build_moe_ffn). */
 #pragma once
 
 #include "kg_gguf.h"
@@ -23,6 +33,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
+#define KG_MOE_MAX_EXPERTS 1024
 
 /* general.architecture values kgen runs. */
 typedef enum kg_arch {
@@ -33,6 +46,8 @@ typedef enum kg_arch {
     KG_ARCH_GEMMA2,
     KG_ARCH_GEMMA3,
     KG_ARCH_PHI3,
+    KG_ARCH_QWEN3MOE,
+    KG_ARCH_GPT_OSS, /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -54,7 +69,21 @@ typedef enum kg_rope_scaling {
 typedef enum kg_ffn_act {
     KG_FFN_SILU = 0, /* SwiGLU */
     KG_FFN_GELU,     /* GeGLU with GELU's tanh approximation (gemma) */
+    /* gpt-oss's clamped SwiGLU (ggml_swiglu_oai, alpha 1.702, limit 7):
+     * x = min(gate, 7), y = clamp(up, -7, 7), x * sigmoid(1.702 x) * (y + 1) */
+    KG_FFN_SWIGLU_OAI,
 } kg_ffn_act_t;
+
+/* How a router's logits pick the k experts of a token and weigh them
+ * (llama_expert_gating_func_type). Ties go to the lower expert index. */
+typedef enum kg_moe_gating {
+    /* softmax over every expert, the k largest probabilities, their
+     * probabilities as weights (then renormalised if moe_norm_w): qwen3moe,
+     * Mixtral */
+    KG_MOE_SOFTMAX = 0,
+    /* the k largest logits, a softmax over those k as weights: gpt-oss */
+    KG_MOE_SOFTMAX_WEIGHT,
+} kg_moe_gating_t;
 
 typedef struct kg_hparams {
     int32_t n_vocab;
@@ -90,6 +119,14 @@ typedef struct kg_hparams {
                             multiplied by q_scale before attention, scores unscaled
                             (gemma's query_pre_attn_scalar rule, phi3) */
     kg_ffn_act_t ffn_act;
+
+    /* mixture of experts (n_expert 0: a dense model) */
+    int32_t n_expert;      /* <arch>.expert_count */
+    int32_t n_expert_used; /* <arch>.expert_used_count: experts per token (k) */
+    int32_t n_ff_exp;      /* an expert's gate/up width (expert_feed_forward_length) */
+    kg_moe_gating_t moe_gating;
+    bool moe_norm_w;   /* divide the k weights by their sum (clamped to >= 2^-14) */
+    float moe_w_scale; /* then multiply them by this; 0 or 1 = not */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -114,6 +151,21 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *attn_post_norm; /* (n_embd) on the attention output */
     const kg_gguf_tensor_t *ffn_post_norm;  /* (n_embd) on the FFN output */
 
+    /* mixture of experts: a layer with a router has no dense FFN (w_gate,
+     * w_up, w_down NULL) */
+    const kg_gguf_tensor_t *ffn_gate_inp;   /* (n_embd, n_expert) router */
+    const kg_gguf_tensor_t *ffn_gate_inp_b; /* (n_expert) router bias (gpt-oss) */
+    const kg_gguf_tensor_t *gate_exps;      /* (n_embd, n_ff_exp, n_expert) */
+    const kg_gguf_tensor_t *up_exps;        /* (n_embd, n_ff_exp, n_expert) */
+    const kg_gguf_tensor_t *down_exps;      /* (n_ff_exp, n_embd, n_expert) */
+    const kg_gguf_tensor_t *gate_exps_b;    /* (n_ff_exp, n_expert) expert biases (gpt-oss) */
+    const kg_gguf_tensor_t *up_exps_b;      /* (n_ff_exp, n_expert) */
+    const kg_gguf_tensor_t *down_exps_b;    /* (n_embd, n_expert) */
+    /* expert e's matrices as 2-D views: exp_gate[e] is (n_embd, n_ff_exp),
+     * exp_up[e] the same, exp_down[e] (n_ff_exp, n_embd); (n_expert) each */
+    const kg_gguf_tensor_t *exp_gate, *exp_up, *exp_down;
+    const kg_gguf_tensor_t *attn_sinks; /* (n_head) one extra softmax logit per head (gpt-oss) */
+
     int32_t n_swa;   /* this layer's window (it attends to the last n_swa positions,
                         itself included); 0 = global */
     float rope_base; /* this layer's RoPE base and frequency scale */
@@ -133,6 +185,7 @@ typedef struct kg_model {
     const kg_gguf_tensor_t *rope_short;  /* (n_rot / 2), present with rope_long */
     kg_layer_weights_t *layers;          /* (n_layer) */
     kg_gguf_tensor_t *views;             /* owned: row views of fused tensors */
+    kg_gguf_tensor_t *expert_views;      /* owned: (n_layer, 3, n_expert) per-expert views */
     char *chat_template;                 /* tokenizer.chat_template or NULL */
 } kg_model_t;
 
@@ -152,6 +205,10 @@ enum {
     KG_MODEL_FEAT_ROPE_YARN = 1u << 10,     /* YaRN, or a magnitude factor (LongRoPE) */
     KG_MODEL_FEAT_ROPE_FACTORS = 1u << 11,  /* LongRoPE short/long factor tensors */
     KG_MODEL_FEAT_Q_SCALE = 1u << 12,       /* queries scaled before attention */
+    KG_MODEL_FEAT_MOE = 1u << 13,           /* routed experts (softmax router, SwiGLU experts) */
+    KG_MODEL_FEAT_MOE_OAI = 1u << 14,       /* gpt-oss's experts: top-k-then-softmax router, router
+                                               and expert biases, clamped SwiGLU */
+    KG_MODEL_FEAT_ATTN_SINKS = 1u << 15,    /* a per-head sink logit in the attention softmax */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and

@@ -7,6 +7,8 @@
  * whole, and a block inside it (34 bytes for Q8_0) is not aligned at all. */
 #include "kg_quant.h"
 
+#include "kg_mxfp4.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -40,6 +42,8 @@ int64_t kg_type_block_elems(kg_ggml_type_t type) {
     case KG_GGML_TYPE_Q4_K:
     case KG_GGML_TYPE_Q6_K:
         return QK_K;
+    case KG_GGML_TYPE_MXFP4:
+        return KG_MXFP4_BLOCK_ELEMS;
     }
     return 0;
 }
@@ -59,6 +63,8 @@ size_t kg_type_block_size(kg_ggml_type_t type) {
         return Q4_K_SIZE;
     case KG_GGML_TYPE_Q6_K:
         return Q6_K_SIZE;
+    case KG_GGML_TYPE_MXFP4:
+        return KG_MXFP4_BLOCK_SIZE;
     }
     return 0;
 }
@@ -280,6 +286,9 @@ void kg_dequantize(kg_ggml_type_t type, const void *src, float *dst, int64_t n) 
     case KG_GGML_TYPE_Q6_K:
         dequant_q6_k(x, dst, n / QK_K);
         return;
+    case KG_GGML_TYPE_MXFP4:
+        kg_mxfp4_dequantize(x, dst, n);
+        return;
     }
 }
 
@@ -361,6 +370,12 @@ bool kg_quantize(kg_ggml_type_t type, const float *src, void *dst, int64_t n) {
             return false;
         }
         quant_q4_0(src, y, n / QK4_0);
+        return true;
+    case KG_GGML_TYPE_MXFP4:
+        if (n % KG_MXFP4_BLOCK_ELEMS != 0) {
+            return false;
+        }
+        kg_mxfp4_quantize(src, y, n);
         return true;
     case KG_GGML_TYPE_Q4_K:
     case KG_GGML_TYPE_Q6_K:

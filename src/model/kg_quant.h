@@ -25,6 +25,6 @@ uint16_t kg_fp32_to_bf16(float f); /* round to nearest even; NaN stays NaN */
  * of the block size. @thread any */
 void kg_dequantize(kg_ggml_type_t type, const void *src, float *dst, int64_t n);
 
-/** Quantize `n` floats into `type` (F32, F16, BF16, Q8_0, Q4_0). Used by the
+/** Quantize `n` floats into `type` (F32, F16, BF16, Q8_0, Q4_0, MXFP4). Used by the
  * GGUF writer and tests. Returns false for a type it cannot produce. */
 bool kg_quantize(kg_ggml_type_t type, const float *src, void *dst, int64_t n);

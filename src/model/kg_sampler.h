@@ -129,6 +129,25 @@ void kg_sampler_sample(const kg_sampling_params_t *p,
                        kg_sampler_scratch_t *sc,
                        kg_sample_result_t *out);
 
+/** kg_sampler_sample with a token bitmask (constrained decoding): when
+ * `mask` is not NULL (ceil(n_vocab / 32) words; bit id % 32 of word id / 32
+ * is token id), the tokens it leaves out count as -inf before anything
+ * else, so penalties, filters, the draw and the logprobs (then those of the
+ * allowed tokens) all see only the allowed ones. If no allowed token has a
+ * usable logit, the allowed tokens count as 0 (a uniform choice among
+ * them). The mask must allow at least one token. @thread engine */
+void kg_sampler_sample_masked(const kg_sampling_params_t *p,
+                              kg_rng_t *rng,
+                              const float *logits,
+                              const uint32_t *mask,
+                              int32_t n_vocab,
+                              const int32_t *prompt,
+                              int32_t n_prompt,
+                              const int32_t *output,
+                              int32_t n_output,
+                              kg_sampler_scratch_t *sc,
+                              kg_sample_result_t *out);
+
 /** The distribution kg_sampler_sample draws from: the tokens that survive
  * the penalties and filters, with their probabilities at the temperature
  * (summing to 1), in the order the draw walks them. Greedy gives the one

@@ -10,10 +10,15 @@
  * metadata alone is larger than an event may be can never be answered with
  * it, so it is refused (invalid_job) rather than run; a job naming a model
  * the worker does not serve gets model_not_found; n must fit the engine's
- * slots and logit_bias must name tokens of the vocabulary. */
+ * slots and logit_bias must name tokens of the vocabulary. A constrained job
+ * (response_format, regex, choice, grammar) gets its compiled grammar from
+ * the worker's grammar cache here, on the kafka thread, never on the engine
+ * thread: a schema keyword we cannot enforce answers invalid_schema, a
+ * malformed regex, choice or grammar invalid_job. */
 #pragma once
 
 #include "../core/kg_status.h"
+#include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
 #include "../schema/kg_codec.h"
 #include "../schema/kg_job.h"
@@ -22,11 +27,12 @@
 #include <stdint.h>
 
 typedef struct kg_intake_limits {
-    int32_t max_seq_len;       /* prompt + output per sequence */
-    int32_t max_prompt_tokens; /* 0 = max_seq_len - 1 */
-    int32_t max_tokens_limit;  /* jobs asking more get max_tokens_too_large */
-    size_t max_event_bytes;    /* bytes one event may have (kg_events); 0 = no limit */
-    int32_t max_choices;       /* n above it (the engine's slots) is invalid_job; 0 = 16 */
+    int32_t max_seq_len;          /* prompt + output per sequence */
+    int32_t max_prompt_tokens;    /* 0 = max_seq_len - 1 */
+    int32_t max_tokens_limit;     /* jobs asking more get max_tokens_too_large */
+    size_t max_event_bytes;       /* bytes one event may have (kg_events); 0 = no limit */
+    kg_grammar_cache_t *grammars; /* compiles constrained jobs; NULL: they are refused */
+    int32_t max_choices;          /* n above it (the engine's slots) is invalid_job; 0 = 16 */
     /* the names the model is served under (borrowed); a job naming another
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;
@@ -36,7 +42,8 @@ typedef struct kg_intake_limits {
 typedef struct kg_prepared {
     int32_t *tokens; /* (n_tokens) owned; free with kg_prepared_clear */
     int32_t n_tokens;
-    int32_t max_tokens; /* after clamping to the context */
+    int32_t max_tokens;    /* after clamping to the context */
+    kg_grammar_t *grammar; /* a reference for a constrained job (kg_prepared_clear drops it) */
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a

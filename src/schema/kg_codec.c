@@ -71,6 +71,7 @@ static const char *const error_code_names[KG_ERROR_CODE_COUNT_] = {
     [KG_ERROR_INTERNAL] = "internal",
     [KG_ERROR_QUEUE_FULL] = "queue_full",
     [KG_ERROR_SHUTDOWN] = "shutdown",
+    [KG_ERROR_INVALID_SCHEMA] = "invalid_schema",
     [KG_ERROR_MODEL_NOT_FOUND] = "model_not_found",
 };
 
@@ -667,29 +668,6 @@ static kg_status_t decode_logit_bias(dec_t *d, json_t *v) {
     return KG_OK;
 }
 
-/* ---- TEMPORARY: response_format until branch `grammar` merges ----
- * Structured output (response_format json_object / json_schema, regex,
- * choice, grammar) comes with the grammar branch, which decodes the field
- * itself. Until then a job must not have it silently ignored: anything but
- * {"type": "text"} is refused here, for kgen jobs and OpenAI bodies alike
- * (kg_openai copies the body's response_format unchanged). Delete this
- * function and its one call in decode_fields when that branch merges. */
-static kg_status_t refuse_response_format(dec_t *d, const json_t *v) {
-    const json_t *type = json_object_get(v, "type");
-    if (json_is_object(v) && json_object_size(v) == 1 && json_is_string(type) &&
-        strcmp(json_string_value(type), "text") == 0) {
-        return KG_OK;
-    }
-    char what[64];
-    describe(json_is_object(v) && json_is_string(type) ? type : v, what, sizeof(what));
-    snprintf(d->err->message, sizeof(d->err->message),
-             "response_format: structured output is not supported by this worker yet "
-             "(only {\"type\": \"text\"}), got %s",
-             what);
-    return KG_ERR_INVALID;
-}
-/* ---- end TEMPORARY ---- */
-
 static kg_status_t decode_metadata(dec_t *d, json_t *v) {
     if (!json_is_object(v)) {
         return bad_field(d, "metadata", "an object", v);
@@ -702,6 +680,161 @@ static kg_status_t decode_metadata(dec_t *d, json_t *v) {
 static json_t *given(dec_t *d, const char *key) {
     json_t *v = json_object_get(d->root, key);
     return json_is_null(v) ? NULL : v;
+}
+
+// ---- constrained output ----
+
+/* The constraint's text, owned by the job (a NUL after it for convenience). */
+static kg_status_t set_constraint(dec_t *d, kg_constraint_kind_t kind, const char *s, size_t n) {
+    d->job->constraint = kind;
+    d->job->constraint_text = dup_bytes(s, n);
+    d->job->constraint_len = n;
+    return d->job->constraint_text ? KG_OK : KG_ERR_NOMEM;
+}
+
+static bool is_schema_name(const json_t *v) {
+    size_t n = json_string_length(v);
+    const char *s = json_string_value(v);
+    if (!json_is_string(v) || n < 1 || n > 64) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-')) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* OpenAI's response_format: {"type": "text"}, {"type": "json_object"} or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+ * "description"}}. The schema itself is checked when it is compiled (at
+ * intake, through the grammar cache), which answers invalid_schema. */
+static kg_status_t decode_response_format(dec_t *d, json_t *v) {
+    json_t *type = json_object_get(v, "type");
+    if (!json_is_object(v) || !json_is_string(type)) {
+        return bad_field(d, "response_format", "an object with a type", v);
+    }
+    const char *t = json_string_value(type);
+    if (strcmp(t, "text") == 0) {
+        return KG_OK;
+    }
+    if (strcmp(t, "json_object") == 0) {
+        return set_constraint(d, KG_CONSTRAINT_JSON_OBJECT, "", 0);
+    }
+    if (strcmp(t, "json_schema") != 0) {
+        return bad_field(d, "response_format.type", "\"text\", \"json_object\" or \"json_schema\"",
+                         type);
+    }
+    json_t *js = json_object_get(v, "json_schema");
+    if (!json_is_object(js)) {
+        return bad_field(d, "response_format.json_schema", "an object", js);
+    }
+    json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
+    json_t *strict = json_object_get(js, "strict"), *desc = json_object_get(js, "description");
+    if (!is_schema_name(name)) {
+        return bad_field(d, "response_format.json_schema.name", "1..64 characters of [A-Za-z0-9_-]",
+                         name);
+    }
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
+        return bad_field(d, "response_format.json_schema.strict", "true or false", strict);
+    }
+    if (desc && !json_is_null(desc) && !json_is_string(desc)) {
+        return bad_field(d, "response_format.json_schema.description", "a string", desc);
+    }
+    if (schema && !json_is_null(schema) && !json_is_object(schema)) {
+        return bad_field(d, "response_format.json_schema.schema", "an object (a JSON Schema)",
+                         schema);
+    }
+    d->job->schema_name = dup_bytes(json_string_value(name), json_string_length(name));
+    d->job->schema_strict = json_is_true(strict);
+    if (!d->job->schema_name) {
+        return KG_ERR_NOMEM;
+    }
+    if (!schema || json_is_null(schema)) {
+        /* no schema: any JSON object, as json_object */
+        return set_constraint(d, KG_CONSTRAINT_JSON_OBJECT, "", 0);
+    }
+    char *text = json_dumps(schema, JSON_COMPACT);
+    if (!text) {
+        return KG_ERR_NOMEM;
+    }
+    kg_status_t st = set_constraint(d, KG_CONSTRAINT_JSON_SCHEMA, text, strlen(text));
+    free(text);
+    return st;
+}
+
+static kg_status_t decode_choice(dec_t *d, json_t *v) {
+    static const char expect[] = "a non-empty array of at most 1024 non-empty strings";
+    size_t n = json_array_size(v);
+    if (!json_is_array(v) || n == 0 || n > 1024) {
+        return bad_field(d, "choice", expect, v);
+    }
+    const char **items = malloc(n * sizeof(*items));
+    size_t *lens = malloc(n * sizeof(*lens));
+    kg_status_t st = KG_ERR_NOMEM;
+    if (items && lens) {
+        st = KG_OK;
+        for (size_t i = 0; i < n && st == KG_OK; i++) {
+            json_t *s = json_array_get(v, i);
+            if (!json_is_string(s) || json_string_length(s) == 0) {
+                char field[32];
+                snprintf(field, sizeof(field), "choice[%zu]", i);
+                st = bad_field(d, field, "a non-empty string", s);
+            } else {
+                items[i] = json_string_value(s);
+                lens[i] = json_string_length(s);
+            }
+        }
+        if (st == KG_OK) {
+            size_t len;
+            char *enc = kg_constraint_choice_encode(items, lens, (int32_t)n, &len);
+            st = enc ? set_constraint(d, KG_CONSTRAINT_CHOICE, enc, len) : KG_ERR_NOMEM;
+            free(enc);
+        }
+    }
+    free(items);
+    free(lens);
+    return st;
+}
+
+/* response_format, regex, choice, grammar: at most one of them. */
+static kg_status_t decode_constraint(dec_t *d) {
+    static const char *const keys[] = {"response_format", "regex", "choice", "grammar"};
+    json_t *vals[4];
+    int n = 0, which = -1;
+    for (int i = 0; i < 4; i++) {
+        if ((vals[i] = given(d, keys[i]))) {
+            n++;
+            which = i;
+        }
+    }
+    if (n > 1) {
+        snprintf(d->err->message, sizeof(d->err->message),
+                 "at most one of response_format, regex, choice and grammar may be given");
+        return KG_ERR_INVALID;
+    }
+    json_t *v = which >= 0 ? vals[which] : NULL;
+    switch (which) {
+    case 0:
+        return decode_response_format(d, v);
+    case 1:
+    case 3:
+        if (!json_is_string(v) || json_string_length(v) == 0 ||
+            strlen(json_string_value(v)) != json_string_length(v)) {
+            return bad_field(
+                d, keys[which],
+                which == 1 ? "a non-empty regular expression" : "a non-empty GBNF grammar", v);
+        }
+        return set_constraint(d, which == 1 ? KG_CONSTRAINT_REGEX : KG_CONSTRAINT_GRAMMAR,
+                              json_string_value(v), json_string_length(v));
+    case 2:
+        return decode_choice(d, v);
+    default:
+        return KG_OK;
+    }
 }
 
 static kg_status_t decode_fields(dec_t *d) {
@@ -729,13 +862,10 @@ static kg_status_t decode_fields(dec_t *d) {
     if ((v = given(d, "logit_bias")) && (st = decode_logit_bias(d, v)) != KG_OK) {
         return st;
     }
-    if ((v = given(d, "response_format")) && (st = refuse_response_format(d, v)) != KG_OK) {
-        return st; /* TEMPORARY: see refuse_response_format */
-    }
     if ((v = given(d, "metadata")) && (st = decode_metadata(d, v)) != KG_OK) {
         return st;
     }
-    return KG_OK;
+    return decode_constraint(d);
 }
 
 // ---- job decode ----
@@ -1111,6 +1241,55 @@ static void put_sampling(json_t *o, const kg_sampling_params_t *sp, bool *ok) {
     put(o, "seed", json_integer((json_int_t)(sp->seed & 0x7fffffffffffffffULL)), ok);
 }
 
+/* The job's constraint in its own field (decoding it gives the same job). */
+static void put_constraint(json_t *o, const kg_job_t *job, bool *ok) {
+    const char *text = job->constraint_text;
+    size_t len = job->constraint_len;
+    switch (job->constraint) {
+    case KG_CONSTRAINT_JSON_OBJECT:
+    case KG_CONSTRAINT_JSON_SCHEMA: {
+        json_t *rf = json_object();
+        put(o, "response_format", rf, ok);
+        if (job->constraint == KG_CONSTRAINT_JSON_OBJECT && !job->schema_name) {
+            put(rf, "type", json_string("json_object"), ok);
+            break;
+        }
+        json_t *js = json_object();
+        put(rf, "type", json_string("json_schema"), ok);
+        put(rf, "json_schema", js, ok);
+        put(js, "name", cstr_json(job->schema_name ? job->schema_name : "schema"), ok);
+        put(js, "strict", json_boolean(job->schema_strict), ok);
+        if (job->constraint == KG_CONSTRAINT_JSON_SCHEMA) {
+            json_error_t jerr;
+            put(js, "schema", json_loadb(text, len, 0, &jerr), ok);
+        }
+        break;
+    }
+    case KG_CONSTRAINT_REGEX:
+        put(o, "regex", text_json(text, len), ok);
+        break;
+    case KG_CONSTRAINT_GRAMMAR:
+        put(o, "grammar", text_json(text, len), ok);
+        break;
+    case KG_CONSTRAINT_CHOICE: {
+        json_t *arr = json_array();
+        put(o, "choice", arr, ok);
+        for (size_t at = 0; arr && at + 4 <= len;) {
+            uint32_t l = 0;
+            for (int k = 0; k < 4; k++) {
+                l |= (uint32_t)(unsigned char)text[at + (size_t)k] << (8 * k);
+            }
+            at += 4;
+            append(arr, text_json(text + at, l), ok);
+            at += l;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
 char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
     static const char *const prompt_keys[] = {"prompt", "prompt_tokens", "messages"};
     char *text = NULL;
@@ -1147,6 +1326,7 @@ char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
             put(lb, key, float_json(job->sampling.logit_bias[i].bias), &ok);
         }
     }
+    put_constraint(o, job, &ok);
     if (ok) {
         text = dump_with_metadata(o, job->metadata_json, len);
     }

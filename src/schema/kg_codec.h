@@ -177,6 +177,7 @@ typedef enum kg_error_code {
     KG_ERROR_INTERNAL,
     KG_ERROR_QUEUE_FULL,
     KG_ERROR_SHUTDOWN,
+    KG_ERROR_INVALID_SCHEMA,  /* response_format's JSON Schema uses what kgen cannot enforce */
     KG_ERROR_MODEL_NOT_FOUND, /* the job names a model this worker does not serve */
     KG_ERROR_CODE_COUNT_,
 } kg_error_code_t;

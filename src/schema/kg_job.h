@@ -8,6 +8,7 @@
  * directly; the roles point to static strings). */
 #pragma once
 
+#include "../grammar/kg_constraint.h"
 #include "../model/kg_sampler.h"
 #include "kg_chat.h"
 
@@ -60,6 +61,15 @@ typedef struct kg_job {
     char *model;         /* the model the job names; NULL: whichever the worker serves */
     int32_t n;           /* choices: independent completions of the prompt, 1..16 (default 1) */
     /* sampling.logit_bias, when set, points to an array the job owns */
+
+    /* ---- constrained output: at most one of response_format (json_object /
+     * json_schema), regex, choice, grammar; KG_CONSTRAINT_NONE otherwise ---- */
+    kg_constraint_kind_t constraint;
+    char *constraint_text; /* owned, constraint_len bytes + a NUL: the schema as compact JSON,
+                              the regex, the GBNF text, or kg_constraint_choice_encode's list */
+    size_t constraint_len;
+    char *schema_name;  /* json_schema: response_format.json_schema.name (owned) */
+    bool schema_strict; /* json_schema: its strict flag (the output is constrained either way) */
 
     /* ---- where the job came from: set by the caller, not by the codec ---- */
     char *topic;       /* owned (strdup it); NULL when not from Kafka */

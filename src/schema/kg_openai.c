@@ -786,6 +786,9 @@ static const char *error_param(const char *code, const char *message, bool chat)
     if (strcmp(code, "max_tokens_too_large") == 0) {
         return "max_tokens";
     }
+    if (strcmp(code, "invalid_schema") == 0) {
+        return "response_format";
+    }
     (void)message;
     return NULL;
 }

@@ -6,7 +6,10 @@
 #    (OpenAI's own published output line is checked against the schema too);
 #  - errors as OpenAI writes them, in --error-file: model_not_found (404), fields kgen cannot
 #    honour (tools with tool_choice "required", image parts, n > 16, top_logprobs > 20,
-#    response_format json_object, an unserved url), expired (batch_expired);
+#    an unserved url), a JSON Schema kgen cannot enforce (invalid_schema), expired
+#    (batch_expired);
+#  - response_format copied into the job: json_schema gives a document of the schema,
+#    json_object is accepted;
 #  - n = 4 with a seed: four different texts, the same four in a second run with other jobs
 #    around them and another batch size (redelivery determinism), prompt prefilled once;
 #  - logit_bias: -100 on a token means it never appears; +100 at temperature 0 means every token
@@ -48,8 +51,16 @@ batch("image", chat, {"model": "tiny-chat", "messages": [{"role": "user", "conte
     {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]})
 batch("n17", chat, {"model": "tiny-chat", "messages": msgs, "n": 17})
 batch("top21", chat, {"model": "tiny-chat", "messages": msgs, "logprobs": True, "top_logprobs": 21})
-batch("json-mode", chat, {"model": "tiny-chat", "messages": msgs,
+batch("json-mode", chat, {"model": "tiny-chat", "messages": msgs, "max_tokens": 8,
                           "response_format": {"type": "json_object"}})
+batch("json-schema", chat, {"model": "tiny-chat", "messages": msgs, "max_tokens": 64,
+                            "response_format": {"type": "json_schema", "json_schema": {
+                                "name": "flag", "strict": True, "schema": {
+                                    "type": "object", "properties": {"a": {"type": "boolean"}},
+                                    "required": ["a"], "additionalProperties": False}}}})
+batch("bad-schema", chat, {"model": "tiny-chat", "messages": msgs,
+                           "response_format": {"type": "json_schema", "json_schema": {
+                               "name": "n", "schema": {"type": "object", "not": {}}}}})
 batch("embeddings", "/v1/embeddings", {"model": "tiny-chat", "input": "hi"})
 batch("expired", chat, {"model": "tiny-chat", "messages": msgs, "deadline_ms": 1000})
 L.append({"request_id": "kgen-job", "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0})
@@ -128,12 +139,20 @@ status = {o["custom_id"]: (o["response"] or {}).get("status_code") for o in err}
 codes = {o["custom_id"]: ((o["response"] or {}).get("body") or {}).get("error", {}).get("code")
          or o["error"]["code"] for o in err}
 assert status["other-model"] == 404 and codes["other-model"] == "model_not_found", by["other-model"]
-for cid in ("tools-required", "image", "n17", "top21", "json-mode", "embeddings"):
+for cid in ("tools-required", "image", "n17", "top21", "embeddings"):
     assert status[cid] == 400 and codes[cid] == "invalid_job", (cid, by[cid])
     print(f"  {cid}: {by[cid]['response']['body']['error']['message']}")
 assert status["expired"] is None and codes["expired"] == "batch_expired", by["expired"]
-assert set(status) == {"other-model", "tools-required", "image", "n17", "top21", "json-mode",
-                       "embeddings", "expired"}, sorted(status)
+assert status["bad-schema"] == 400 and codes["bad-schema"] == "invalid_schema", by["bad-schema"]
+assert by["bad-schema"]["response"]["body"]["error"]["param"] == "response_format"
+assert set(status) == {"other-model", "tools-required", "image", "n17", "top21", "embeddings",
+                       "bad-schema", "expired"}, sorted(status)
+# response_format: json_object runs; json_schema gives a document of the schema
+assert by["json-mode"] in out
+js = by["json-schema"]["response"]["body"]["choices"][0]
+doc = json.loads(js["message"]["content"])
+assert js["finish_reason"] == "stop" and set(doc) == {"a"} and isinstance(doc["a"], bool), js
+print(f"  json-schema: {js['message']['content']}")
 # n = 4: four different texts
 texts = [c["message"]["content"] for c in by["n4"]["response"]["body"]["choices"]]
 assert len(texts) == 4 and len(set(texts)) == 4, texts

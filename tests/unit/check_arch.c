@@ -480,7 +480,9 @@ static void run_engine(kg_model_t *m,
     char err[256];
     kg_engine_t *e = kg_engine_new(be, &ep, err, sizeof(err));
     ck_assert_msg(e != NULL, "%s", err);
-    kg_completion_t comps[N_JOBS + 256];
+    const int32_t cap = kg_engine_max_completions(e);
+    kg_completion_t *comps = malloc((size_t)cap * sizeof(*comps));
+    ck_assert_ptr_nonnull(comps);
     for (int i = 0; i < N_JOBS; i++) {
         n_out[i] = 0;
     }
@@ -495,7 +497,7 @@ static void run_engine(kg_model_t *m,
             ck_assert_int_eq(kg_engine_submit(e, &r), KG_OK);
         }
         while (kg_engine_busy(e)) {
-            int32_t n = kg_engine_step(e, comps, N_JOBS + 256);
+            int32_t n = kg_engine_step(e, comps, cap);
             ck_assert_int_ge(n, 0);
             for (int32_t c = 0; c < n; c++) {
                 int j = (int)comps[c].id - 1;
@@ -505,6 +507,7 @@ static void run_engine(kg_model_t *m,
             }
         }
     }
+    free(comps);
     kg_engine_free(e);
     kg_backend_free(be);
 }

@@ -151,6 +151,10 @@ static const struct {
     {"model", NULL},
     {"logit_bias", NULL},
     {"metadata", NULL},
+    {"response_format", NULL},
+    {"regex", NULL},
+    {"choice", NULL},
+    {"grammar", NULL},
 };
 #define N_JOB_KEYS (sizeof(job_keys) / sizeof(job_keys[0]))
 
@@ -172,6 +176,25 @@ static json_t *canonical(json_t *orig, const char *key) {
     }
     if (strcmp(key, "stop") == 0 && json_is_string(v)) {
         return json_pack("[O]", v);
+    }
+    if (strcmp(key, "response_format") == 0) {
+        /* text is no constraint (not echoed); json_schema is echoed with its
+         * name, strict (default false) and schema, without the description */
+        const char *type = json_string_value(json_object_get(v, "type"));
+        if (type && strcmp(type, "text") == 0) {
+            return NULL;
+        }
+        json_t *js = json_object_get(v, "json_schema");
+        if (!js) {
+            return json_incref(v);
+        }
+        json_t *strict = json_object_get(js, "strict");
+        json_t *out_js = json_pack("{s:O,s:b}", "name", json_object_get(js, "name"), "strict",
+                                   json_is_true(strict));
+        if (json_object_get(js, "schema") && !json_is_null(json_object_get(js, "schema"))) {
+            json_object_set(out_js, "schema", json_object_get(js, "schema"));
+        }
+        return json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", out_js);
     }
     if (strcmp(key, "messages") == 0) {
         json_t *arr = json_array();
@@ -259,6 +282,16 @@ static void check_same_job(const kg_job_t *a, const kg_job_t *b) {
     ck_assert_int_eq(a->metadata_json == NULL, b->metadata_json == NULL);
     if (a->metadata_json) {
         ck_assert_str_eq(a->metadata_json, b->metadata_json);
+    }
+    ck_assert_int_eq(a->constraint, b->constraint);
+    ck_assert_uint_eq(a->constraint_len, b->constraint_len);
+    if (a->constraint_len > 0) {
+        ck_assert(memcmp(a->constraint_text, b->constraint_text, a->constraint_len) == 0);
+    }
+    ck_assert_int_eq(a->schema_strict, b->schema_strict);
+    ck_assert_int_eq(a->schema_name == NULL, b->schema_name == NULL);
+    if (a->schema_name) {
+        ck_assert_str_eq(a->schema_name, b->schema_name);
     }
 }
 
@@ -673,7 +706,7 @@ START_TEST(names) {
     static const char *codes[] = {"invalid_job",    "prompt_too_long", "max_tokens_too_large",
                                   "expired",        "cancelled",       "unsupported_chat_template",
                                   "internal",       "queue_full",      "shutdown",
-                                  "model_not_found"};
+                                  "invalid_schema", "model_not_found"};
     for (int i = 0; i < KG_ERROR_CODE_COUNT_; i++) {
         ck_assert_str_eq(kg_error_code_str((kg_error_code_t)i), codes[i]);
     }

@@ -34,6 +34,7 @@ int main(void) {
 #else
 
 #include "../../gpu/kg_backend_cuda.h"
+#include "../../gpu/kg_cuda_mask.h"
 #include "../../gpu/kg_cuda_ops.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/kg_backend.h"
@@ -645,6 +646,70 @@ START_TEST(sample_deterministic) {
 END_TEST
 #endif
 
+/* Constrained decoding: the device applies token masks (gpu/mask.cu) before
+ * its sampler; the result must be the CPU's kg_sampler_sample_masked, also
+ * when no allowed token has a usable logit and with a mask that allows one
+ * token. */
+START_TEST(sample_masked_vs_cpu) {
+    enum { ROWS = 8, SV = 3000 };
+    const int32_t nw = (SV + 31) / 32;
+    float *logits = malloc((size_t)ROWS * SV * sizeof(float));
+    uint32_t *masks = calloc((size_t)ROWS * (size_t)nw, sizeof(uint32_t));
+    kg_sampling_params_t params[ROWS];
+    kg_rng_t rng_gpu[ROWS], rng_cpu[ROWS];
+    kg_sample_request_t reqs[ROWS];
+    kg_sample_result_t got[ROWS], want;
+    ck_assert(logits && masks);
+    seed(77);
+    for (int r = 0; r < ROWS; r++) {
+        float *row = logits + (size_t)r * SV;
+        uint32_t *m = masks + (size_t)r * (size_t)nw;
+        for (int i = 0; i < SV; i++) {
+            row[i] = 4.0f * frand();
+            bool allow = r == 3   ? i == 1234 % SV /* one token */
+                         : r == 4 ? i % 97 == 5    /* few, logits -inf below */
+                                  : (frand() > (r == 5 ? 0.9f : 0.3f));
+            if (allow) {
+                m[i >> 5] |= 1u << (i & 31);
+            }
+            if (r == 4 && allow) {
+                row[i] = i % 2 ? -INFINITY : NAN; /* none usable: uniform over the allowed */
+            }
+        }
+        params[r] = kg_sampling_params_default();
+        params[r].temperature = r % 2 ? 0.8f : 0.0f;
+        params[r].top_k = r == 6 ? 20 : 0;
+        params[r].top_p = r == 7 ? 0.9f : 1.0f;
+        params[r].n_logprobs = r == 2 ? 5 : 0;
+        params[r].seed = 500 + (uint64_t)r;
+        kg_rng_seed(&rng_gpu[r], params[r].seed);
+        rng_cpu[r] = rng_gpu[r];
+        reqs[r] = (kg_sample_request_t){
+            .params = &params[r], .rng = &rng_gpu[r], .mask = r == 0 ? NULL : m};
+    }
+    ck_assert_int_eq(kg_cuda_op_sample_masked(logits, ROWS, SV, reqs, got), KG_OK);
+    kg_sampler_scratch_t *sc = kg_sampler_scratch_new(SV);
+    for (int r = 0; r < ROWS; r++) {
+        memset(&want, 0, sizeof(want));
+        kg_sampler_sample_masked(&params[r], &rng_cpu[r], logits + (size_t)r * SV, reqs[r].mask, SV,
+                                 NULL, 0, NULL, 0, sc, &want);
+        ck_assert_msg(got[r].token == want.token, "row %d: token %d, cpu %d", r, got[r].token,
+                      want.token);
+        if (reqs[r].mask) {
+            ck_assert((reqs[r].mask[want.token >> 5] >> (want.token & 31)) & 1u);
+        }
+        ck_assert_msg(fabsf(got[r].logprob - want.logprob) <= 1e-4f, "row %d: logprob %g vs %g", r,
+                      got[r].logprob, want.logprob);
+        ck_assert_int_eq(got[r].n_top, want.n_top);
+        ck_assert(memcmp(&rng_cpu[r], &rng_gpu[r], sizeof(kg_rng_t)) == 0);
+    }
+    ck_assert_int_eq(got[3].token, 1234 % SV);
+    kg_sampler_scratch_free(sc);
+    free(masks);
+    free(logits);
+}
+END_TEST
+
 // ---- full steps ----
 
 static kg_model_t *load(const char *path) {
@@ -1106,7 +1171,7 @@ static void engine_open(engine_run_t *r,
     ck_assert_msg(r->be != NULL, "%s: %s", backend, err);
     r->e = kg_engine_new(r->be, &ep, err, sizeof(err));
     ck_assert_msg(r->e != NULL, "engine: %s", err);
-    r->cap = 2 * (max_batch + MAX_JOBS) + 16;
+    r->cap = kg_engine_max_completions(r->e);
     r->comps = malloc((size_t)r->cap * sizeof(*r->comps));
     r->n_steps = 0;
 }
@@ -1640,11 +1705,13 @@ static void run_choices(kg_backend_t *be, const kg_model_t *m, int32_t banned, c
     b.sampling.logit_bias = &force;
     ck_assert_int_eq(kg_engine_submit(e, &a), KG_OK);
     ck_assert_int_eq(kg_engine_submit(e, &b), KG_OK);
-    kg_completion_t comps[8];
+    const int32_t cap = kg_engine_max_completions(e);
+    kg_completion_t *comps = malloc((size_t)cap * sizeof(*comps));
+    ck_assert_ptr_nonnull(comps);
     memset(o, 0, sizeof(*o));
     for (int steps = 0; kg_engine_busy(e); steps++) {
         ck_assert_int_lt(steps, 100);
-        int32_t k = kg_engine_step(e, comps, 8);
+        int32_t k = kg_engine_step(e, comps, cap);
         ck_assert_int_ge(k, 0);
         for (int32_t i = 0; i < k; i++) {
             const int c = comps[i].id == 1 ? comps[i].choice : 3;
@@ -1658,6 +1725,7 @@ static void run_choices(kg_backend_t *be, const kg_model_t *m, int32_t banned, c
     kg_engine_stats(e, &st);
     o->n_forks = st.n_forks;
     o->n_prefill = st.n_prefill_tokens;
+    free(comps);
     kg_engine_free(e);
 }
 
@@ -1711,6 +1779,7 @@ static Suite *make_suite(void) {
 #ifdef KG_CUEMU
     tcase_add_test(tc, sample_deterministic);
 #endif
+    tcase_add_test(tc, sample_masked_vs_cpu);
     suite_add_tcase(s, tc);
     /* "short": what gpu-check runs under compute-sanitizer */
     tc = tcase_create("short");

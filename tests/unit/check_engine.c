@@ -3,11 +3,15 @@
  * The fake backend's logits are a pure function of the token ids a row
  * reads back through the block tables, so every test also checks the block
  * tables and the prefix sharing: a wrong block changes the tokens. */
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include "check_common.h"
 #include "engine/kg_engine.h"
 #include "engine/kg_sizing.h"
 #include "fakes/fake_backend.h"
+#include "grammar/kg_constraint.h"
+#include "grammar/kg_grammar.h"
 
+#include <pcre2.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -130,7 +134,7 @@ env_init_with(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len, bool
     ck_assert_msg(env->e != NULL, "kg_engine_new: %s", err);
     kg_engine_set_clock(env->e, fake_clock, &env->now_us);
     env->now_us = 1000000;
-    env->cap = ep->max_batch_size + ep->max_queue_depth;
+    env->cap = kg_engine_max_completions(env->e);
     env->comps = calloc((size_t)env->cap, sizeof(*env->comps));
     env->jobs = calloc(MAX_JOBS, sizeof(*env->jobs));
     for (int i = 0; i < MAX_JOBS; i++) {
@@ -1649,6 +1653,244 @@ START_TEST(params_default_from_model) {
 }
 END_TEST
 
+// ---- constrained requests ----
+
+/* Token texts for the fake's 64 ids: 0-2 and EOG have none; then letters,
+ * digits, punctuation and a few multi-byte tokens. */
+static kg_gvocab_t *fake_vocab(void) {
+    static const char *const t[VOCAB] = {
+        "",   "",   "",    "",     "a",     "b",  "c",   "d",   "e",   "f",  "g",  "h",   "l",
+        "o",  "p",  "x",   "y",    "z",     "0",  "1",   "2",   "3",   "4",  "5",  "6",   "7",
+        "8",  "9",  "{",   "}",    "[",     "]",  ",",   ":",   "\"",  " ",  "\n", "-",   "+",
+        "ab", "ba", "hel", "help", "hello", "lo", "{\"", "\":", "\",", "ok", "12", "xyz", "q",
+        "r",  "s",  "t",   "u",    "v",     "w",  "(",   ")",   "*",   "/",  ".",  "!"};
+    size_t lens[VOCAB];
+    for (int i = 0; i < VOCAB; i++) {
+        lens[i] = strlen(t[i]);
+    }
+    char err[128];
+    kg_gvocab_t *v = kg_gvocab_new_raw(t, lens, VOCAB, err, sizeof(err));
+    ck_assert_msg(v != NULL, "%s", err);
+    return v;
+}
+
+static kg_grammar_t *fake_grammar(kg_gvocab_t *v, kg_constraint_kind_t kind, const char *text) {
+    char err[256];
+    kg_constraint_t k = {.kind = kind, .text = text, .len = strlen(text)};
+    kg_gir_t *ir = kg_constraint_build(&k, NULL, NULL, err, sizeof(err));
+    ck_assert_msg(ir != NULL, "%s", err);
+    kg_grammar_t *g = kg_grammar_compile(ir, v, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    kg_gir_free(ir);
+    return g;
+}
+
+/* Whether the job's tokens spell a complete match (checked by a fresh
+ * matcher, token by token). */
+static bool spells_match(kg_grammar_t *g, const job_out_t *j) {
+    kg_matcher_t *m = kg_matcher_new();
+    kg_matcher_reset(m, g);
+    bool ok = true;
+    for (int32_t i = 0; i < j->n && ok; i++) {
+        ok = kg_matcher_accept(m, j->tok[i]);
+    }
+    ok = ok && kg_matcher_can_end(m);
+    kg_matcher_free(m);
+    return ok;
+}
+
+/* Whether PCRE2 full-matches the job's text (its tokens' bytes) with `re`. */
+static bool pcre2_full_match(const kg_gvocab_t *v, const char *re, const job_out_t *j) {
+    char text[4096];
+    size_t n = 0;
+    for (int32_t i = 0; i < j->n; i++) {
+        size_t len = (size_t)(v->off[j->tok[i] + 1] - v->off[j->tok[i]]);
+        ck_assert_uint_lt(n + len, sizeof(text));
+        memcpy(text + n, v->bytes + v->off[j->tok[i]], len);
+        n += len;
+    }
+    int errcode;
+    PCRE2_SIZE erroff;
+    pcre2_code *code =
+        pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED, &errcode, &erroff, NULL);
+    ck_assert(code != NULL);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+    int rc = pcre2_match(code, (PCRE2_SPTR)text, n, 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    pcre2_code_free(code);
+    return rc > 0;
+}
+
+/* Sampled and greedy constrained jobs: every output is a complete match
+ * (EOG only where the grammar may end, a complete grammar ends STOP),
+ * forced tokens are appended (several completions in one step), a job
+ * cut by max_tokens ends LENGTH, the steps do not allocate, and each
+ * constrained job's tokens are the same alone and among unconstrained
+ * jobs. */
+START_TEST(constrained_jobs) {
+    kg_gvocab_t *v = fake_vocab();
+    static const char *const res[3] = {NULL, "(hello|help) [xyz]+!?", "[a-c]+"};
+    kg_grammar_t *gs[3] = {
+        fake_grammar(v, KG_CONSTRAINT_GRAMMAR,
+                     "root ::= \"{\" ( item (\",\" item)* )? \"}\"\nitem ::= [a-h] [0-9]{0,2}\n"),
+        fake_grammar(v, KG_CONSTRAINT_REGEX, "(hello|help) [xyz]+!?"),
+        fake_grammar(v, KG_CONSTRAINT_REGEX, "[a-c]+"),
+    };
+    const int32_t NJ = 24;
+    int32_t prompts[24][6];
+    job_out_t alone[24];
+    for (int pass = 0; pass < 2; pass++) {
+        env_t env;
+        kg_engine_params_t ep = base_params();
+        env_init(&env, &ep, 14); /* EOG wins from 14 tokens on, where it is allowed */
+        for (int32_t i = 0; i < NJ; i++) {
+            fill_prompt(prompts[i], 6, 100 + (uint64_t)i);
+            kg_request_t r = make_req((uint64_t)i, prompts[i], 6, i == 5 ? 3 : 40);
+            r.grammar = gs[i % 3];
+            r.sampling.temperature = i % 2 ? 1.0f : 0.0f;
+            r.sampling.seed = 7 + (uint64_t)i;
+            submit_ok(&env, &r);
+            if (pass == 1) {
+                /* unconstrained jobs around it */
+                kg_request_t u = make_req((uint64_t)(100 + i), prompts[i], 5, 20);
+                u.sampling.temperature = 1.0f;
+                u.sampling.seed = (uint64_t)i;
+                submit_ok(&env, &u);
+            }
+            if (pass == 0) {
+                env_run(&env, 5000); /* alone */
+            }
+        }
+        long n_allocs = 0;
+        for (int64_t k = 0; kg_engine_busy(env.e); k++) {
+            ck_assert_int_lt(k, 20000);
+#if KG_COUNT_ALLOC
+            long before = g_n_allocs;
+#endif
+            int32_t n = kg_engine_step(env.e, env.comps, env.cap);
+#if KG_COUNT_ALLOC
+            n_allocs += g_n_allocs - before;
+#endif
+            ck_assert_int_ge(n, 0);
+            env.n_steps++;
+            env_collect(&env, n);
+        }
+        ck_assert_int_eq(n_allocs, 0); /* the step loop never allocates */
+        kg_engine_stats_t st;
+        kg_engine_stats(env.e, &st);
+        int n_stop = 0;
+        for (int32_t i = 0; i < NJ; i++) {
+            job_out_t *j = &env.jobs[i];
+            ck_assert(j->done);
+            if (i == 5) {
+                ck_assert_int_eq(j->finish, KG_FINISH_LENGTH);
+                ck_assert_int_eq(j->n, 3);
+            } else if (j->finish == KG_FINISH_LENGTH) {
+                ck_assert_int_eq(j->n, 40);
+            } else {
+                ck_assert_msg(j->finish == KG_FINISH_STOP, "job %d finish %d", i, j->finish);
+                ck_assert_msg(spells_match(gs[i % 3], j), "job %d does not match", i);
+                if (res[i % 3]) {
+                    ck_assert_msg(pcre2_full_match(v, res[i % 3], j), "job %d: PCRE2", i);
+                }
+                n_stop++;
+            }
+            for (int32_t k = 0; k < j->n; k++) {
+                ck_assert_int_ne(j->tok[k], EOG);
+            }
+            if (pass == 0) {
+                alone[i] = *j;
+            } else {
+                ck_assert_int_eq(j->n, alone[i].n);
+                ck_assert(memcmp(j->tok, alone[i].tok, (size_t)j->n * sizeof(int32_t)) == 0);
+            }
+        }
+        ck_assert_int_ge(n_stop, NJ / 2);
+        ck_assert_int_gt(st.n_grammar_forced_tokens, 0);
+        ck_assert_int_gt(st.n_grammar_masks, 0);
+        env_clear(&env);
+    }
+    for (int i = 0; i < 3; i++) {
+        kg_grammar_unref(gs[i]);
+    }
+    kg_gvocab_unref(v);
+}
+END_TEST
+
+/* n choices of a constrained prompt: each choice has its own matcher (every
+ * output matches, the choices differ), the prompt is still prefilled once,
+ * and each choice says the same with and without other jobs around it and
+ * with n = 1 for choice 0. */
+START_TEST(constrained_choices) {
+    kg_gvocab_t *v = fake_vocab();
+    kg_grammar_t *gs[2] = {
+        fake_grammar(v, KG_CONSTRAINT_GRAMMAR,
+                     "root ::= \"{\" ( item (\",\" item)* )? \"}\"\nitem ::= [a-h] [0-9]{0,2}\n"),
+        fake_grammar(v, KG_CONSTRAINT_REGEX, "[a-c]+"),
+    };
+    for (int g = 0; g < 2; g++) {
+        job_out_t first[4];
+        for (int pass = 0; pass < 3; pass++) {
+            kg_engine_params_t p = base_params();
+            p.prefix_cache = pass != 1;
+            env_t env;
+            env_init(&env, &p, 14);
+            ch_job_t j;
+            ch_job(&j, 1, CH_PROMPT, pass == 2 ? 1 : 4, 1.0f);
+            j.req.ignore_eos = false;
+            j.req.max_tokens = 40;
+            j.req.grammar = gs[g];
+            submit_ok(&env, &j.req);
+            int32_t other[6];
+            fill_prompt(other, 6, 5);
+            kg_request_t u = make_req(2, other, 6, 30);
+            u.sampling.temperature = 1.0f;
+            if (pass == 1) {
+                submit_ok(&env, &u); /* an unconstrained job around it */
+            }
+            env_run(&env, 5000);
+            kg_engine_stats_t st;
+            kg_engine_stats(env.e, &st);
+            if (pass == 0) {
+                ck_assert_int_eq(st.n_forks, 3);
+                ck_assert_int_eq(st.n_prefill_tokens, CH_PROMPT);
+            }
+            int n_distinct = 0;
+            for (int c = 0; c < j.req.n_choices; c++) {
+                const job_out_t *o = &env.jobs[1 + c * CHOICE_STRIDE];
+                ck_assert(o->done);
+                if (o->finish == KG_FINISH_LENGTH) {
+                    ck_assert_int_eq(o->n, 40);
+                } else {
+                    ck_assert_int_eq(o->finish, KG_FINISH_STOP);
+                    ck_assert_msg(spells_match(gs[g], o), "grammar %d choice %d", g, c);
+                }
+                if (pass == 0) {
+                    first[c] = *o;
+                    bool dup = false;
+                    for (int d = 0; d < c; d++) {
+                        dup |= same_out(o, &first[d]);
+                    }
+                    n_distinct += !dup;
+                } else {
+                    ck_assert_msg(same_out(o, &first[c]), "grammar %d pass %d choice %d", g, pass,
+                                  c);
+                }
+            }
+            if (pass == 0) {
+                ck_assert_int_ge(n_distinct, 2);
+            }
+            env_clear(&env);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        kg_grammar_unref(gs[i]);
+    }
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 /* kg_engine_size: the one sizing every program uses */
 START_TEST(sizing_from_options) {
     char err[256] = "";
@@ -1777,6 +2019,10 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, choices_batch_invariance);
     tcase_add_test(tc, choices_window);
     tcase_add_test(tc, logit_bias_ban_and_force);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("grammar");
+    tcase_add_test(tc, constrained_jobs);
+    tcase_add_test(tc, constrained_choices);
     suite_add_tcase(s, tc);
     return s;
 }

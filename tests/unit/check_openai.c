@@ -234,7 +234,7 @@ START_TEST(sampling_and_logprobs) {
         {"\"modalities\": [\"text\", \"audio\"]", "modalities: audio output is not supported"},
         {"\"audio\": {\"voice\": \"x\"}", "audio: audio output is not supported"},
         {"\"web_search_options\": {}", "web_search_options: web search is not supported"},
-        {"\"response_format\": {\"type\": \"json_schema\"}", "response_format: structured output"},
+        {"\"response_format\": {\"type\": \"json_schema\"}", "response_format.json_schema:"},
         {"\"logit_bias\": {\"x\": 1}", "logit_bias: expected keys that are token ids"},
         {"\"seed\": -1", "seed: expected an integer in 0..9223372036854775807"},
         {"\"temperature\": 3", "temperature: expected a number in 0..2"},
@@ -266,14 +266,33 @@ START_TEST(sampling_and_logprobs) {
 }
 END_TEST
 
-START_TEST(kgen_jobs_refuse_structured_output_for_now) {
-    /* TEMPORARY with refuse_response_format in kg_codec.c */
-    decode_invalid("{\"request_id\": \"k\", \"prompt\": \"x\", \"response_format\": {\"type\": "
-                   "\"json_object\"}}",
-                   "k", "response_format: structured output is not supported");
-    kg_job_t *job = decode_ok(
-        "{\"request_id\": \"k\", \"prompt\": \"x\", \"response_format\": {\"type\": \"text\"}}");
+START_TEST(response_format_copied_unchanged) {
+    /* an OpenAI body's response_format becomes the kgen job's, decoded by the
+     * same rules (kg_codec.c) */
+    kg_job_t *job =
+        decode_ok("{\"custom_id\": \"r\", " CHAT ", \"body\": {\"messages\": [{\"role\": "
+                  "\"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
+                  "\"json_object\"}}}");
+    ck_assert_int_eq(job->constraint, KG_CONSTRAINT_JSON_OBJECT);
     kg_job_free(job);
+    job = decode_ok("{\"custom_id\": \"r\", " CHAT ", \"body\": {\"messages\": [{\"role\": "
+                    "\"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
+                    "\"json_schema\", \"json_schema\": {\"name\": \"p\", \"strict\": true, "
+                    "\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+                    "\"boolean\"}}}}}}}");
+    ck_assert_int_eq(job->constraint, KG_CONSTRAINT_JSON_SCHEMA);
+    ck_assert_str_eq(job->schema_name, "p");
+    ck_assert(job->schema_strict);
+    ck_assert_str_eq(job->constraint_text,
+                     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}}}");
+    kg_job_free(job);
+    job = decode_ok("{\"model\": \"m\", \"prompt\": \"x\", \"response_format\": {\"type\": "
+                    "\"text\"}}");
+    ck_assert_int_eq(job->constraint, KG_CONSTRAINT_NONE);
+    kg_job_free(job);
+    decode_invalid("{\"custom_id\": \"r\", " CMPL ", \"body\": {\"prompt\": \"x\", "
+                   "\"response_format\": {\"type\": \"yaml\"}}}",
+                   "r", "response_format.type:");
 }
 END_TEST
 
@@ -488,7 +507,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, messages);
     tcase_add_test(tc, prompts);
     tcase_add_test(tc, sampling_and_logprobs);
-    tcase_add_test(tc, kgen_jobs_refuse_structured_output_for_now);
+    tcase_add_test(tc, response_format_copied_unchanged);
     suite_add_tcase(s, tc);
     tc = tcase_create("results");
     tcase_add_test(tc, chat_completion_line);

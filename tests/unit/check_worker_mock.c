@@ -8,6 +8,7 @@
 #include "config/kg_config.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
+#include "grammar/kg_grammar_cache.h"
 #include "kafka/kg_worker.h"
 #include "model/kg_model.h"
 #include "schema/kg_codec.h"
@@ -246,6 +247,90 @@ static int collect_until(fixture_t *f, int n, int timeout_s, int *n_events, int 
 static int collect(fixture_t *f, int n, int timeout_s, int *n_events) {
     return collect_until(f, n, timeout_s, n_events, -1);
 }
+
+/* Constrained jobs through the whole worker: the outputs obey their choice
+ * list or regex, a bad schema keyword answers invalid_schema, and each
+ * constraint compiles once (the rest are cache hits). */
+START_TEST(test_constrained) {
+    fixture_t f;
+    setup(&f, 1, "64");
+    static const char *const jobs[] = {
+        "{\"request_id\":\"c-0\",\"prompt\":\"a\",\"choice\":[\"red\",\"green\",\"blue\"]}",
+        "{\"request_id\":\"c-1\",\"prompt\":\"b\",\"choice\":[\"red\",\"green\",\"blue\"]}",
+        "{\"request_id\":\"c-2\",\"prompt\":\"c\",\"choice\":[\"red\",\"green\",\"blue\"]}",
+        "{\"request_id\":\"c-3\",\"prompt\":\"d\",\"regex\":\"[0-9]{3}-[a-c]{2}\"}",
+        "{\"request_id\":\"c-4\",\"prompt\":\"e\",\"regex\":\"[0-9]{3}-[a-c]{2}\"}",
+        "{\"request_id\":\"c-5\",\"prompt\":\"f\",\"response_format\":{\"type\":\"json_schema\","
+        "\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"object\",\"not\":{}}}}}",
+    };
+    enum { N = sizeof(jobs) / sizeof(jobs[0]) };
+    for (int i = 0; i < N; i++) {
+        char key[8];
+        int kl = snprintf(key, sizeof(key), "c-%d", i);
+        rd_kafka_vu_t vus[4] = {
+            {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+            {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {key, (size_t)kl}},
+            {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {(void *)jobs[i], strlen(jobs[i])}},
+            {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+        };
+        rd_kafka_error_t *e = rd_kafka_produceva(f.producer, vus, 4);
+        ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+    }
+    rd_kafka_flush(f.producer, 5000);
+    bool seen[N] = {false};
+    int n_seen = 0;
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (n_seen < N && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm) {
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        if (rkm->err || kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) ||
+            ev->type == KG_EVENT_TOKEN) {
+            kg_event_free(ev);
+            rd_kafka_message_destroy(rkm);
+            continue;
+        }
+        int i = -1;
+        const char *rid =
+            ev->type == KG_EVENT_DONE ? ev->done.common.request_id : ev->error.common.request_id;
+        ck_assert(sscanf(rid, "c-%d", &i) == 1 && i >= 0 && i < N);
+        if (!seen[i]) {
+            seen[i] = true;
+            n_seen++;
+            if (i == 5) {
+                ck_assert(ev->type == KG_EVENT_ERROR);
+                ck_assert_int_eq(ev->error.code, KG_ERROR_INVALID_SCHEMA);
+                ck_assert_str_eq(ev->error.message,
+                                 "unsupported JSON Schema keyword 'not' at /not");
+            } else {
+                ck_assert_msg(ev->type == KG_EVENT_DONE, "%s failed", rid);
+                const char *t = ev->done.text;
+                ck_assert_int_eq(ev->done.finish_reason, KG_FINISH_REASON_STOP);
+                if (i < 3) {
+                    ck_assert_msg(strcmp(t, "red") == 0 || strcmp(t, "green") == 0 ||
+                                      strcmp(t, "blue") == 0,
+                                  "%s: %s", rid, t);
+                } else {
+                    ck_assert_msg(strlen(t) == 6 && t[3] == '-' && t[0] >= '0' && t[0] <= '9' &&
+                                      t[2] >= '0' && t[2] <= '9' && t[4] >= 'a' && t[5] <= 'c',
+                                  "%s: %s", rid, t);
+                }
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_seen, N);
+    kg_grammar_cache_stats_t cs;
+    kg_grammar_cache_stats(kg_worker_grammar_cache(f.w), &cs);
+    ck_assert_int_eq(cs.misses, 3); /* choice, regex, the bad schema */
+    ck_assert_int_eq(cs.hits, 3);
+    teardown(&f);
+}
+END_TEST
 
 START_TEST(test_no_faults) {
     fixture_t f;
@@ -729,6 +814,7 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("mock");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_no_faults);
+    tcase_add_test(tc, test_constrained);
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_broker_down_up);
     tcase_add_test(tc, test_burst_beyond_queue_depth);

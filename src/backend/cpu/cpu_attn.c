@@ -147,6 +147,19 @@ void cpu_attn_head(const float *q,
                    float softcap,
                    float *s,
                    float *out) {
+    cpu_attn_head_sink(q, kv, p0, n_pos, hd, scale, softcap, -INFINITY, s, out);
+}
+
+void cpu_attn_head_sink(const float *q,
+                        const cpu_kv_view_t *kv,
+                        int32_t p0,
+                        int32_t n_pos,
+                        int32_t hd,
+                        float scale,
+                        float softcap,
+                        float sink,
+                        float *s,
+                        float *out) {
     int32_t p;
     const int32_t n = n_pos - p0; /* visible positions; s[i] belongs to position p0 + i */
     cpu_attn_scores(q, kv, p0, n_pos, hd, scale, softcap, s);
@@ -154,11 +167,15 @@ void cpu_attn_head(const float *q,
     for (p = 0; p < n; p++) {
         m = fmaxf(m, s[p]);
     }
+    m = sink > m ? sink : m; /* the sink takes part in the max */
     double sum = 0.0;
     for (p = 0; p < n; p++) {
         s[p] = expf(s[p] - m);
         sum += (double)s[p];
     }
+    /* ... and in the sum, after the positions (ggml's soft_max with sinks);
+     * without a sink it adds exp(-inf) = 0, which changes nothing */
+    sum += (double)expf(sink - m);
     const float inv = (float)(1.0 / sum);
     for (p = 0; p < n; p++) {
         s[p] *= inv;

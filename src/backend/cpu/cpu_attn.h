@@ -51,5 +51,20 @@ void cpu_attn_head(const float *q,
                    float *s,
                    float *out);
 
+/** cpu_attn_head with an attention sink (gpt-oss): one more logit `sink`
+ * per head that takes part in the softmax's max and sum but has no value,
+ * so the probabilities of the positions sum to less than 1 (ggml_soft_max
+ * with sinks). sink = -INFINITY gives cpu_attn_head's bits. */
+void cpu_attn_head_sink(const float *q,
+                        const cpu_kv_view_t *kv,
+                        int32_t p0,
+                        int32_t n_pos,
+                        int32_t hd,
+                        float scale,
+                        float softcap,
+                        float sink,
+                        float *s,
+                        float *out);
+
 /** "avx2" or "scalar": which kernel this build runs. */
 const char *cpu_attn_kernel_name(void);

@@ -143,6 +143,7 @@ bool cpu_round_activations(
         return true;
     case KG_GGML_TYPE_Q8_0:
     case KG_GGML_TYPE_Q4_0:
+    case KG_GGML_TYPE_MXFP4: /* ggml's vec_dot_type for MXFP4 is Q8_0 */
         if (n % 32 != 0) {
             return false;
         }

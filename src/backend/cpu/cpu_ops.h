@@ -14,7 +14,7 @@ void cpu_rmsnorm_rows(
     const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
 
 /** Round activations the way ggml converts them before a matmul with
- * weights of `type` (F16 and BF16: to that precision; Q8_0 and Q4_0: to
+ * weights of `type` (F16 and BF16: to that precision; Q8_0, Q4_0 and MXFP4: to
  * Q8_0 blocks; K-quants: to Q8_K blocks; F32: copy), so the products we
  * compute equal llama.cpp's. Returns false when `type` needs no rounding
  * (dst untouched). */

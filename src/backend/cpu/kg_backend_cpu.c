@@ -29,7 +29,19 @@
  * head only for the rows that want logits (+ bias, soft-capping). Each
  * token's row is computed independently of the others in the batch, so a
  * sequence's results do not depend on what shares its step. The llama.cpp
- * ops each step mirrors are named where they are done. */
+ * ops each step mirrors are named where they are done.
+ *
+ * Experts. A mixture-of-experts layer replaces the gate/up/down GEMMs with
+ * cpu_moe's plan: the router's logits (one GEMM; + bias: gpt-oss), each
+ * token's k experts and weights, the rows gathered by expert, then per
+ * active expert one gate/up GEMM and one down GEMM over its group (its
+ * packed matrices are weights like any other: matmul_n_on, so the
+ * activation rounding and the kernels are the dense path's; many small
+ * groups run side by side, one pool task each), the expert biases and
+ * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
+ * order (see cpu_moe.h for why a token's bits do not depend on its
+ * neighbours). Attention sinks (gpt-oss) add one logit per head to the
+ * softmax. The expert load is counted for kg_backend_moe_stats. */
 #include "../../core/kg_log.h"
 #include "../../core/kg_pool.h"
 #include "../../model/kg_quant.h"
@@ -37,6 +49,7 @@
 #include "../kg_math.h"
 #include "cpu_attn.h"
 #include "cpu_gemm.h"
+#include "cpu_moe.h"
 #include "cpu_ops.h"
 
 #include <math.h>
@@ -61,6 +74,14 @@ typedef struct cpu_layer {
     cpu_weight_t q_norm, k_norm;                /* (head_dim) */
     cpu_weight_t attn_post_norm, ffn_post_norm; /* (n_embd) */
     int32_t rope;                               /* index into cpu_ctx_t.ropes */
+    /* mixture of experts (moe false: the dense w_gate, w_up, w_down) */
+    bool moe;
+    cpu_weight_t gate_inp;                         /* (n_expert, n_embd) the router */
+    cpu_weight_t gate_inp_b;                       /* (n_expert) or data NULL */
+    cpu_weight_t *exp_gate, *exp_up, *exp_down;    /* (n_expert) expert e's matrices */
+    cpu_weight_t exp_gate_b, exp_up_b, exp_down_b; /* (n_expert, n_ff_exp) x 2,
+                                                      (n_expert, n_embd); or data NULL */
+    cpu_weight_t sinks;                            /* (n_head) or data NULL */
 } cpu_layer_t;
 
 /* One distinct RoPE among the layers (Gemma: local and global). */
@@ -99,6 +120,17 @@ typedef struct cpu_ctx {
     float *tmp;     /* (T, n_embd) projection output before the residual add */
     float *rope_cs; /* (n_ropes, T, n_rot) cos | sin per token */
     float *scores;  /* (n_threads, n_kv_blocks * block_size) */
+    /* mixture of experts (n_expert > 0), k = n_expert_used */
+    cpu_moe_plan_t plan;
+    float *moe_logits;   /* (T, n_expert) router logits */
+    float *moe_x;        /* (T * k, n_embd) normed inputs grouped by expert */
+    float *moe_g;        /* (T * k, n_ff_exp) gate, then the gated activation */
+    float *moe_u;        /* (T * k, n_ff_exp) up */
+    float *moe_y;        /* (T * k, n_embd) expert outputs */
+    float *moe_xr;       /* (T * k, max(n_embd, n_ff_exp)) activations rounded for an expert */
+    int32_t *moe_active; /* (n_expert) this layer's active experts, largest group first */
+    int64_t *moe_tokens; /* (n_expert) rows each expert took, all layers and steps */
+    kg_moe_stats_t moe_stats;
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
 
@@ -167,6 +199,56 @@ static bool add_rope(cpu_ctx_t *ctx, float base, float scale, int32_t *index) {
     return true;
 }
 
+/* A vector of any shape (the (n_ff_exp, n_expert) expert biases) as one
+ * flat F32 vector. */
+static bool vector_init(
+    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
+    kg_gguf_tensor_t flat = *t;
+    for (uint32_t d = 1; d < t->n_dims; d++) {
+        flat.ne[0] *= t->ne[d];
+        flat.ne[d] = 1;
+    }
+    flat.n_dims = 1;
+    return weight_init(w, &flat, ctx, errstr, errstr_size);
+}
+
+/* The router, every expert's three matrices (packed one by one from the
+ * model's per-expert views) and the expert biases of one layer. */
+static bool moe_layer_init(cpu_layer_t *L,
+                           const kg_layer_weights_t *src,
+                           cpu_ctx_t *ctx,
+                           char *errstr,
+                           size_t errstr_size) {
+    const int32_t X = ctx->hp.n_expert;
+    L->moe = true;
+    L->exp_gate = calloc((size_t)X, sizeof(*L->exp_gate));
+    L->exp_up = calloc((size_t)X, sizeof(*L->exp_up));
+    L->exp_down = calloc((size_t)X, sizeof(*L->exp_down));
+    if (!L->exp_gate || !L->exp_up || !L->exp_down) {
+        snprintf(errstr, errstr_size, "cpu backend: out of memory");
+        return false;
+    }
+    if (!weight_init(&L->gate_inp, src->ffn_gate_inp, ctx, errstr, errstr_size)) {
+        return false;
+    }
+    for (int32_t e = 0; e < X; e++) {
+        if (!weight_init(&L->exp_gate[e], &src->exp_gate[e], ctx, errstr, errstr_size) ||
+            !weight_init(&L->exp_up[e], &src->exp_up[e], ctx, errstr, errstr_size) ||
+            !weight_init(&L->exp_down[e], &src->exp_down[e], ctx, errstr, errstr_size)) {
+            return false;
+        }
+    }
+    const kg_gguf_tensor_t *bsrc[] = {src->ffn_gate_inp_b, src->gate_exps_b, src->up_exps_b,
+                                      src->down_exps_b};
+    cpu_weight_t *bdst[] = {&L->gate_inp_b, &L->exp_gate_b, &L->exp_up_b, &L->exp_down_b};
+    for (size_t i = 0; i < sizeof(bsrc) / sizeof(bsrc[0]); i++) {
+        if (bsrc[i] && !vector_init(bdst[i], bsrc[i], ctx, errstr, errstr_size)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // ---- lifecycle ----
 
 static void cpu_free(kg_backend_t *be) {
@@ -184,8 +266,23 @@ static void cpu_free(kg_backend_t *be) {
                 for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
                     weight_clear(ws[i]);
                 }
+                cpu_weight_t *moe_ws[] = {&L->gate_inp, &L->gate_inp_b, &L->exp_gate_b,
+                                          &L->exp_up_b, &L->exp_down_b, &L->sinks};
+                for (size_t i = 0; i < sizeof(moe_ws) / sizeof(moe_ws[0]); i++) {
+                    weight_clear(moe_ws[i]);
+                }
+                cpu_weight_t *exps[] = {L->exp_gate, L->exp_up, L->exp_down};
+                for (size_t i = 0; i < 3; i++) {
+                    for (int32_t e = 0; exps[i] && e < ctx->hp.n_expert; e++) {
+                        weight_clear(&exps[i][e]);
+                    }
+                    free(exps[i]);
+                }
             }
         }
+        cpu_moe_plan_clear(&ctx->plan);
+        free(ctx->moe_tokens);
+        free(ctx->moe_active);
         weight_clear(&ctx->output_norm);
         weight_clear(&ctx->output);
         weight_clear(&ctx->output_b);
@@ -202,8 +299,10 @@ static void cpu_free(kg_backend_t *be) {
         free(ctx->rope_freqs);
         free(ctx->ropes);
         free(ctx->gelu_table);
-        float *bufs[] = {ctx->x,   ctx->xn,   ctx->xr, ctx->q,   ctx->k,       ctx->v,
-                         ctx->att, ctx->gate, ctx->up, ctx->tmp, ctx->rope_cs, ctx->scores};
+        float *bufs[] = {ctx->x,       ctx->xn,     ctx->xr,         ctx->q,     ctx->k,
+                         ctx->v,       ctx->att,    ctx->gate,       ctx->up,    ctx->tmp,
+                         ctx->rope_cs, ctx->scores, ctx->moe_logits, ctx->moe_x, ctx->moe_g,
+                         ctx->moe_u,   ctx->moe_y,  ctx->moe_xr};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -231,29 +330,41 @@ static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
 // ---- forward ----
 
 /* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
- * their input, with in rounded for their type: one hand-off to the pool
- * when the types agree (Q, K and V; gate and up). */
-static void matmul_n(cpu_ctx_t *ctx,
-                     int n,
-                     const cpu_weight_t *const *ws,
-                     const float *in,
-                     float *const *outs,
-                     int64_t T) {
+ * their input, with in rounded for their type into xr (T, n_in): one
+ * hand-off to `pool` (NULL: this thread only) when the types agree (Q, K
+ * and V; gate and up). */
+static void matmul_n_on(kg_pool_t *pool,
+                        float *xr,
+                        int n,
+                        const cpu_weight_t *const *ws,
+                        const float *in,
+                        float *const *outs,
+                        int64_t T) {
     const cpu_gemm_weights_t *packed[CPU_GEMM_MULTI_MAX];
     for (int i = 0; i < n; i++) {
         if (ws[i]->type != ws[0]->type) {
             for (int r = 0; r < n; r++) {
-                matmul_n(ctx, 1, &ws[r], in, &outs[r], T);
+                matmul_n_on(pool, xr, 1, &ws[r], in, &outs[r], T);
             }
             return;
         }
         packed[i] = &ws[i]->packed;
     }
     const float *a = in;
-    if (cpu_round_activations(ws[0]->type, in, ctx->xr, T, ws[0]->n_in)) {
-        a = ctx->xr;
+    if (cpu_round_activations(ws[0]->type, in, xr, T, ws[0]->n_in)) {
+        a = xr;
     }
-    cpu_gemm_multi(ctx->pool, a, T, n, packed, outs);
+    cpu_gemm_multi(pool, a, T, n, packed, outs);
+}
+
+/* matmul_n_on over the backend's pool and scratch. */
+static void matmul_n(cpu_ctx_t *ctx,
+                     int n,
+                     const cpu_weight_t *const *ws,
+                     const float *in,
+                     float *const *outs,
+                     int64_t T) {
+    matmul_n_on(ctx->pool, ctx->xr, n, ws, in, outs, T);
 }
 
 static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
@@ -334,7 +445,9 @@ static void attention_task(void *arg, int64_t w, int thread) {
                               .offset = (int64_t)g * hd,
                               .table = table,
                               .block_size = bs};
-    cpu_attn_head(q, &kv, p0, n_pos, hd, scale, hp->attn_softcap, s, out);
+    const cpu_weight_t *sinks = &ctx->layers[job->il].sinks;
+    cpu_attn_head_sink(q, &kv, p0, n_pos, hd, scale, hp->attn_softcap,
+                       sinks->data ? sinks->data[h] : -INFINITY, s, out);
 }
 
 static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) {
@@ -386,6 +499,114 @@ static bool batch_blocks_ok(const cpu_ctx_t *ctx, const kg_step_batch_t *batch) 
         }
     }
     return true;
+}
+
+/* x[r] += b[e] over the rows r of expert e's group (ggml_add_id): b is
+ * (n_expert, n) flat, or data NULL for none. */
+static void add_expert_bias(float *x, const cpu_weight_t *b, int32_t e, int64_t rows, int64_t n) {
+    if (!b->data) {
+        return;
+    }
+    const float *be = b->data + (int64_t)e * n;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n; i++) {
+            x[r * n + i] += be[i];
+        }
+    }
+}
+
+/* Expert e's FFN over its group of rows (grouped rows [r0, r0 + n)):
+ * gate/up GEMMs, biases, the gate, the down GEMM and its bias, on `pool`
+ * (NULL: this thread), rounding activations into the group's own rows of
+ * ctx->moe_xr, so groups can run side by side. */
+static void expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, const cpu_layer_t *L, int32_t e) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
+    const int64_t W = E > FX ? E : FX;
+    const int64_t r0 = ctx->plan.offset[e], n = ctx->plan.offset[e + 1] - r0;
+    float *g = ctx->moe_g + r0 * FX, *u = ctx->moe_u + r0 * FX, *y = ctx->moe_y + r0 * E;
+    float *xr = ctx->moe_xr + r0 * W;
+    const cpu_weight_t *gate_up[2] = {&L->exp_gate[e], &L->exp_up[e]};
+    float *const gate_up_out[2] = {g, u};
+    matmul_n_on(pool, xr, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
+    add_expert_bias(u, &L->exp_up_b, e, n, FX);
+    add_expert_bias(g, &L->exp_gate_b, e, n, FX);
+    if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
+        cpu_moe_swiglu_oai(g, u, g, n * FX);
+    } else {
+        for (int64_t i = 0; i < n * FX; i++) {
+            g[i] = kg_silu(g[i]) * u[i];
+        }
+    }
+    const cpu_weight_t *down = &L->exp_down[e];
+    matmul_n_on(pool, xr, 1, &down, g, &y, n);
+    add_expert_bias(y, &L->exp_down_b, e, n, E);
+}
+
+typedef struct expert_job {
+    cpu_ctx_t *ctx;
+    const cpu_layer_t *L;
+} expert_job_t;
+
+/* One pool task: one active expert's whole FFN on this thread. */
+static void expert_task(void *arg, int64_t w, int thread) {
+    const expert_job_t *job = arg;
+    (void)thread;
+    expert_ffn(job->ctx, NULL, job->L, job->ctx->moe_active[w]);
+}
+
+/* The mixture-of-experts FFN of layer L on ctx->xn (T, n_embd) into
+ * ctx->tmp (T, n_embd) (llama.cpp's build_moe_ffn): route, group, one
+ * gate/up and one down GEMM per active expert over its rows, weigh and
+ * add. With enough active experts to keep every thread busy (decode: many
+ * experts of a few rows each) the experts run side by side, one pool task
+ * each, largest group first; otherwise one after another, each GEMM split
+ * over the pool by columns. Either way every row's bits are the same: the
+ * GEMM's per-element chain does not depend on threads or row counts. */
+static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
+    const kg_hparams_t *hp = &ctx->hp;
+    cpu_moe_plan_t *plan = &ctx->plan;
+    kg_moe_stats_t *st = &ctx->moe_stats;
+    matmul(ctx, &L->gate_inp, ctx->xn, ctx->moe_logits, T);
+    add_bias(ctx->moe_logits, &L->gate_inp_b, T, hp->n_expert);
+    cpu_moe_route(plan, hp, ctx->moe_logits, T);
+    cpu_moe_gather(plan, ctx->xn, hp->n_embd, ctx->moe_x, T);
+    int32_t n_active = 0;
+    for (int32_t e = 0; e < hp->n_expert; e++) {
+        const int32_t n = plan->offset[e + 1] - plan->offset[e];
+        if (n == 0) {
+            continue;
+        }
+        /* insertion by group size, descending (ties: lower expert first) */
+        int32_t i = n_active++;
+        while (i > 0 &&
+               plan->offset[ctx->moe_active[i - 1] + 1] - plan->offset[ctx->moe_active[i - 1]] <
+                   n) {
+            ctx->moe_active[i] = ctx->moe_active[i - 1];
+            i--;
+        }
+        ctx->moe_active[i] = e;
+        ctx->moe_tokens[e] += n;
+        st->max_group = n > st->max_group ? n : st->max_group;
+    }
+    if (n_active >= 2 * ctx->n_threads) {
+        expert_job_t job = {.ctx = ctx, .L = L};
+        kg_pool_run(ctx->pool, n_active, expert_task, &job);
+    } else {
+        for (int32_t i = 0; i < n_active; i++) {
+            expert_ffn(ctx, ctx->pool, L, ctx->moe_active[i]);
+        }
+    }
+    cpu_moe_combine(plan, ctx->moe_y, hp->n_embd, ctx->tmp, T);
+    st->n_groups += n_active;
+    st->n_layer_steps++;
+    st->n_routed += T * hp->n_expert_used;
+}
+
+static void cpu_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out) {
+    const cpu_ctx_t *ctx = be->ctx;
+    *out = ctx->moe_stats;
+    out->n_per_expert = ctx->moe_tokens;
 }
 
 static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
@@ -473,17 +694,21 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
         }
 
         cpu_rmsnorm_rows(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
-        const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
-        float *const gate_up_out[2] = {ctx->gate, ctx->up};
-        matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
-        if (hp->ffn_act == KG_FFN_GELU) {
-            cpu_geglu(ctx->gelu_table, ctx->gate, ctx->up, ctx->gate, T * F);
+        if (L->moe) {
+            moe_ffn(ctx, L, T);
         } else {
-            for (int64_t i = 0; i < T * F; i++) {
-                ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+            const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
+            float *const gate_up_out[2] = {ctx->gate, ctx->up};
+            matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
+            if (hp->ffn_act == KG_FFN_GELU) {
+                cpu_geglu(ctx->gelu_table, ctx->gate, ctx->up, ctx->gate, T * F);
+            } else {
+                for (int64_t i = 0; i < T * F; i++) {
+                    ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+                }
             }
+            matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
         }
-        matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
         if (L->ffn_post_norm.data) {
             cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
         }
@@ -595,10 +820,16 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
             !weight_init(&L->wq, src->wq, ctx, errstr, errstr_size) ||
             !weight_init(&L->wk, src->wk, ctx, errstr, errstr_size) ||
             !weight_init(&L->wv, src->wv, ctx, errstr, errstr_size) ||
-            !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size) ||
-            !weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size) ||
-            !weight_init(&L->w_up, src->w_up, ctx, errstr, errstr_size) ||
-            !weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size)) {
+            !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
+            goto fail;
+        }
+        if (src->ffn_gate_inp) {
+            if (!moe_layer_init(L, src, ctx, errstr, errstr_size)) {
+                goto fail;
+            }
+        } else if (!weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size) ||
+                   !weight_init(&L->w_up, src->w_up, ctx, errstr, errstr_size) ||
+                   !weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size)) {
             goto fail;
         }
         const kg_gguf_tensor_t *opt_src[] = {src->bq,
@@ -608,10 +839,17 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                                              src->q_norm,
                                              src->k_norm,
                                              src->attn_post_norm,
-                                             src->ffn_post_norm};
-        cpu_weight_t *opt_dst[] = {
-            &L->bq,           &L->bk, &L->bv, &L->bo, &L->q_norm, &L->k_norm, &L->attn_post_norm,
-            &L->ffn_post_norm};
+                                             src->ffn_post_norm,
+                                             src->attn_sinks};
+        cpu_weight_t *opt_dst[] = {&L->bq,
+                                   &L->bk,
+                                   &L->bv,
+                                   &L->bo,
+                                   &L->q_norm,
+                                   &L->k_norm,
+                                   &L->attn_post_norm,
+                                   &L->ffn_post_norm,
+                                   &L->sinks};
         for (size_t i = 0; i < sizeof(opt_src) / sizeof(opt_src[0]); i++) {
             if (opt_src[i] && !weight_init(opt_dst[i], opt_src[i], ctx, errstr, errstr_size)) {
                 goto fail;
@@ -674,10 +912,17 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         ctx->kv_size += 2 * kv_rows * n_kv * sizeof(uint16_t);
     }
 
-    const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd;
+    /* the dense FFN's width; a model whose every layer has experts has none */
+    size_t F = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        F = ctx->layers[il].moe ? F : (size_t)hp->n_ff;
+    }
+    const size_t FX = (size_t)hp->n_ff_exp, TK = T * (size_t)hp->n_expert_used;
     const size_t n_q = (size_t)hp->n_head * (size_t)hp->head_dim;
     size_t widest = E > F ? E : F;
     widest = widest > n_q ? widest : n_q;
+    widest = widest > FX ? widest : FX;
     bool ok = true;
     ctx->x = scratch(ctx, T * E, &ok);
     ctx->xn = scratch(ctx, T * E, &ok);
@@ -691,6 +936,22 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     ctx->tmp = scratch(ctx, T * E, &ok);
     ctx->rope_cs = scratch(ctx, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot, &ok);
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
+    if (hp->n_expert > 0) {
+        ctx->moe_logits = scratch(ctx, T * (size_t)hp->n_expert, &ok);
+        ctx->moe_x = scratch(ctx, TK * E, &ok);
+        ctx->moe_g = scratch(ctx, TK * FX, &ok);
+        ctx->moe_u = scratch(ctx, TK * FX, &ok);
+        ctx->moe_y = scratch(ctx, TK * E, &ok);
+        ctx->moe_xr = scratch(ctx, TK * (E > FX ? E : FX), &ok);
+        ctx->moe_active = calloc((size_t)hp->n_expert, sizeof(*ctx->moe_active));
+        ok = ok && ctx->moe_active;
+        ctx->moe_tokens = calloc((size_t)hp->n_expert, sizeof(*ctx->moe_tokens));
+        ok = ok && ctx->moe_tokens &&
+             cpu_moe_plan_init(&ctx->plan, hp->n_expert, hp->n_expert_used, ctx->max_tokens);
+        ctx->moe_stats.n_expert = hp->n_expert;
+        ctx->moe_stats.n_expert_used = hp->n_expert_used;
+        be->moe_stats = cpu_moe_stats;
+    }
     if (!ok) {
         snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
         goto fail;
