@@ -435,12 +435,15 @@ static frag_t build(cc_t *c, int32_t e) {
             cfail(c, "grammar: out of memory");
             break;
         }
-        for (int32_t i = 0; i < n && !c->failed; i++) {
-            frag_t f = build(c, kg_gir_kid(c->ir, kg_gir_node(c->ir, e), i));
+        /* Stop at the first failure and fan out only what was built: the
+         * later slots of alts were never written. */
+        int32_t built = 0;
+        for (; built < n && !c->failed; built++) {
+            frag_t f = build(c, kg_gir_kid(c->ir, kg_gir_node(c->ir, e), built));
             patch(c, f.end, end);
-            alts[i] = f.start;
+            alts[built] = f.start;
         }
-        r = (frag_t){fan_out(c, alts, n), end};
+        r = (frag_t){fan_out(c, alts, built), end};
         free(alts);
         break;
     }
