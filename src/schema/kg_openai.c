@@ -776,7 +776,22 @@ static int error_status(const char *code, const char **type, const char **oa_cod
     return 400;
 }
 
-static const char *error_param(const char *code, const char *message, bool chat) {
+/* The constraint field an invalid_schema error is about: the one the request
+ * gave (a Batch line's body, a bare body or a kgen job), response_format
+ * when the input is not there to say. */
+static const char *constraint_param(const json_t *in) {
+    static const char *const keys[] = {"response_format", "regex", "choice", "grammar"};
+    const json_t *body = json_object_get(in, "body");
+    const json_t *req = json_is_object(body) ? body : in;
+    for (size_t i = 0; req && i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (given(req, keys[i])) {
+            return keys[i];
+        }
+    }
+    return "response_format";
+}
+
+static const char *error_param(const char *code, const char *message, bool chat, const json_t *in) {
     if (strcmp(code, "model_not_found") == 0) {
         return "model";
     }
@@ -787,7 +802,7 @@ static const char *error_param(const char *code, const char *message, bool chat)
         return "max_tokens";
     }
     if (strcmp(code, "invalid_schema") == 0) {
-        return "response_format";
+        return constraint_param(in);
     }
     (void)message;
     return NULL;
@@ -866,7 +881,7 @@ kg_status_t kg_openai_batch_output(const char *input,
             }
         } else {
             json_t *resp = json_object(), *body = json_object(), *err = json_object();
-            const char *param = error_param(code, message, a.chat);
+            const char *param = error_param(code, message, a.chat, json_is_object(in) ? in : NULL);
             put(line, "response", resp, &ok);
             if (resp) {
                 put(resp, "status_code", json_integer(status), &ok);

@@ -432,6 +432,7 @@ START_TEST(error_lines) {
         {"invalid_job", 400, "invalid_job", "invalid_request_error", NULL},
         {"max_tokens_too_large", 400, "max_tokens_too_large", "invalid_request_error",
          "max_tokens"},
+        {"invalid_schema", 400, "invalid_schema", "invalid_request_error", "response_format"},
         {"internal", 500, "internal", "server_error", NULL},
         {"shutdown", 503, "shutdown", "server_error", NULL},
         {"expired", 0, "batch_expired", NULL, NULL},
@@ -465,12 +466,19 @@ START_TEST(error_lines) {
         }
         json_decref(o);
     }
-    /* an input that is not JSON: custom_id from the event */
+    /* invalid_schema names the constraint field the request gave */
     bool is_error;
-    json_t *o = output("not json",
-                       "{\"type\":\"error\",\"request_id\":\"line-3\"," EV_COMMON
-                       ",\"code\":\"invalid_job\",\"message\":\"m\"}",
+    json_t *o = output("{\"request_id\": \"e\", \"prompt\": \"x\", \"regex\": \"(\"}",
+                       "{\"type\":\"error\",\"request_id\":\"e\"," EV_COMMON
+                       ",\"code\":\"invalid_schema\",\"message\":\"m\"}",
                        &is_error);
+    ck_assert_str_eq(str_at(o, "response.body.error.param"), "regex");
+    json_decref(o);
+    /* an input that is not JSON: custom_id from the event */
+    o = output("not json",
+               "{\"type\":\"error\",\"request_id\":\"line-3\"," EV_COMMON
+               ",\"code\":\"invalid_job\",\"message\":\"m\"}",
+               &is_error);
     ck_assert_str_eq(str_at(o, "custom_id"), "line-3");
     json_decref(o);
     /* not a terminal event */

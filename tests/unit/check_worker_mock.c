@@ -14,6 +14,7 @@
 #include "schema/kg_codec.h"
 #include "schema/kg_inflight.h"
 
+#include <jansson.h>
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 #include <pthread.h>
@@ -809,6 +810,82 @@ START_TEST(test_openai_and_choices) {
 }
 END_TEST
 
+/* An OpenAI response_format through the worker: a bare Completions body with
+ * a strict json_schema and n = 2 gives two choices that each parse as a
+ * document of the schema; one whose schema kgen cannot enforce gets
+ * invalid_schema. */
+static void check_flag_document(const char *rid, const char *text, kg_finish_reason_t fr) {
+    ck_assert_msg(fr == KG_FINISH_REASON_STOP, "%s: finish %d: %s", rid, (int)fr, text);
+    json_error_t je;
+    json_t *doc = json_loads(text, 0, &je);
+    ck_assert_msg(doc != NULL, "%s: not JSON (%s): %s", rid, je.text, text);
+    ck_assert_msg(json_is_object(doc) && json_object_size(doc) == 1 &&
+                      json_is_boolean(json_object_get(doc, "a")),
+                  "%s: not a document of the schema: %s", rid, text);
+    json_decref(doc);
+}
+
+START_TEST(test_openai_response_format) {
+    fixture_t f;
+    setup(&f, 1, "8");
+    produce_raw(&f, "rf-0",
+                "{\"prompt\":\"A flag, please\","
+                "\"max_tokens\":64,\"temperature\":1.0,\"seed\":7,\"n\":2,"
+                "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"flag\","
+                "\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                "\"boolean\"}},\"required\":[\"a\"],\"additionalProperties\":false}}}}",
+                NULL);
+    produce_raw(&f, "rf-1",
+                "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                "\"name\":\"n\",\"schema\":{\"type\":\"object\",\"not\":{}}}}}",
+                NULL);
+    rd_kafka_flush(f.producer, 5000);
+    bool seen[2] = {false, false};
+    int n_seen = 0;
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (n_seen < 2 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm) {
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        if (rkm->err || kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) ||
+            ev->type == KG_EVENT_TOKEN) {
+            kg_event_free(ev);
+            rd_kafka_message_destroy(rkm);
+            continue;
+        }
+        const char *rid =
+            ev->type == KG_EVENT_DONE ? ev->done.common.request_id : ev->error.common.request_id;
+        int i = -1;
+        ck_assert_msg(sscanf(rid, "rf-%d", &i) == 1 && i >= 0 && i < 2, "%s", rid);
+        if (!seen[i]) {
+            seen[i] = true;
+            n_seen++;
+            if (i == 0) {
+                ck_assert_msg(ev->type == KG_EVENT_DONE, "%s: %s", rid,
+                              ev->type == KG_EVENT_ERROR ? ev->error.message : "");
+                ck_assert_int_eq(ev->done.n_choices, 2);
+                for (int32_t c = 0; c < ev->done.n_choices; c++) {
+                    const kg_event_choice_t *ch = &ev->done.choices[c];
+                    check_flag_document(rid, ch->text, ch->finish_reason);
+                }
+            } else {
+                ck_assert(ev->type == KG_EVENT_ERROR);
+                ck_assert_int_eq(ev->error.code, KG_ERROR_INVALID_SCHEMA);
+                ck_assert_str_eq(ev->error.message,
+                                 "unsupported JSON Schema keyword 'not' at /not");
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_seen, 2);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
@@ -821,6 +898,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_refused_delivery);
     tcase_add_test(tc, test_poison_from_record);
     tcase_add_test(tc, test_openai_and_choices);
+    tcase_add_test(tc, test_openai_response_format);
     suite_add_tcase(s, tc);
     return s;
 }
