@@ -122,7 +122,9 @@ static int name_index(const char *const *names, int n, const char *s) {
 /* A short description of a JSON value for error messages: numbers and
  * short strings verbatim (non-printable bytes as '?'), others by type. */
 static void describe(const json_t *v, char *out, size_t size) {
-    if (json_is_integer(v)) {
+    if (!v) { /* a required member that is not there */
+        snprintf(out, size, "nothing");
+    } else if (json_is_integer(v)) {
         snprintf(out, size, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
     } else if (json_is_real(v)) {
         snprintf(out, size, "%g", json_real_value(v));
