@@ -423,6 +423,54 @@ static kg_status_t translate_logprobs(tr_t *t, const json_t *body, kg_openai_sha
     return KG_OK;
 }
 
+/* The output constraint: OpenAI's response_format and kgen's own regex,
+ * choice and grammar are copied; vLLM's guided decoding extras become kgen's
+ * fields (guided_json: a json_schema response_format; guided_regex, _choice,
+ * _grammar: regex, choice, grammar), so a vLLM file that uses them is
+ * constrained, not silently free. At most one may be given (the job decoder
+ * says the same of the kgen fields). */
+static kg_status_t translate_constraint(tr_t *t, const json_t *body) {
+    static const struct {
+        const char *from, *to;
+    } map[] = {
+        {"response_format", "response_format"},
+        {"regex", "regex"},
+        {"choice", "choice"},
+        {"grammar", "grammar"},
+        {"guided_json", NULL},
+        {"guided_regex", "regex"},
+        {"guided_choice", "choice"},
+        {"guided_grammar", "grammar"},
+    };
+    const char *first = NULL;
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+        json_t *v = given(body, map[i].from);
+        if (!v) {
+            continue;
+        }
+        if (first) {
+            return invalid(t, "%s: only one output constraint may be given (%s is already there)",
+                           map[i].from, first);
+        }
+        first = map[i].from;
+        if (map[i].to) {
+            put(t->job, map[i].to, json_incref(v), &t->ok);
+            continue;
+        }
+        /* guided_json: the schema, or its JSON text */
+        json_t *schema =
+            json_is_string(v) ? json_loads(json_string_value(v), 0, NULL) : json_incref(v);
+        if (!json_is_object(schema)) {
+            json_decref(schema);
+            return bad(t, "guided_json", "a JSON Schema (an object or its JSON text)", v);
+        }
+        json_t *rf = json_pack("{s:s, s:{s:s, s:b, s:o}}", "type", "json_schema", "json_schema",
+                               "name", "guided_json", "strict", 1, "schema", schema);
+        put(t->job, "response_format", rf, &t->ok);
+    }
+    return KG_OK;
+}
+
 static kg_status_t translate_body(tr_t *t, const json_t *body, kg_openai_shape_t shape) {
     static const char *const same[] = {
         "model",
@@ -434,7 +482,6 @@ static kg_status_t translate_body(tr_t *t, const json_t *body, kg_openai_shape_t
         "presence_penalty",
         "frequency_penalty",
         "logit_bias",
-        "response_format",
         "metadata",
         "top_k",
         "min_p",
@@ -457,7 +504,8 @@ static kg_status_t translate_body(tr_t *t, const json_t *body, kg_openai_shape_t
     const json_t *stream = given(body, "stream");
     put(t->job, "stream", stream ? json_incref((json_t *)stream) : json_false(), &t->ok);
     if ((st = translate_max_tokens(t, body, shape)) != KG_OK ||
-        (st = translate_logprobs(t, body, shape)) != KG_OK) {
+        (st = translate_logprobs(t, body, shape)) != KG_OK ||
+        (st = translate_constraint(t, body)) != KG_OK) {
         return st;
     }
     if (shape == KG_OPENAI_SHAPE_CHAT) {

@@ -9,7 +9,7 @@
 #    an unserved url), a JSON Schema kgen cannot enforce (invalid_schema), expired
 #    (batch_expired);
 #  - response_format copied into the job: json_schema gives a document of the schema,
-#    json_object is accepted;
+#    json_object is accepted; vLLM's guided_choice gives one of its strings;
 #  - n = 4 with a seed: four different texts, the same four in a second run with other jobs
 #    around them and another batch size (redelivery determinism), prompt prefilled once;
 #  - logit_bias: -100 on a token means it never appears; +100 at temperature 0 means every token
@@ -58,6 +58,8 @@ batch("json-schema", chat, {"model": "tiny-chat", "messages": msgs, "max_tokens"
                                 "name": "flag", "strict": True, "schema": {
                                     "type": "object", "properties": {"a": {"type": "boolean"}},
                                     "required": ["a"], "additionalProperties": False}}}})
+batch("guided-choice", chat, {"model": "tiny-chat", "messages": msgs, "seed": 5,
+                              "guided_choice": ["alpha", "beta", "gamma"]})
 batch("bad-schema", chat, {"model": "tiny-chat", "messages": msgs,
                            "response_format": {"type": "json_schema", "json_schema": {
                                "name": "n", "schema": {"type": "object", "not": {}}}}})
@@ -153,6 +155,9 @@ js = by["json-schema"]["response"]["body"]["choices"][0]
 doc = json.loads(js["message"]["content"])
 assert js["finish_reason"] == "stop" and set(doc) == {"a"} and isinstance(doc["a"], bool), js
 print(f"  json-schema: {js['message']['content']}")
+# vLLM's guided_choice constrains the output too
+gc = by["guided-choice"]["response"]["body"]["choices"][0]
+assert gc["message"]["content"] in ("alpha", "beta", "gamma") and gc["finish_reason"] == "stop", gc
 # n = 4: four different texts
 texts = [c["message"]["content"] for c in by["n4"]["response"]["body"]["choices"]]
 assert len(texts) == 4 and len(set(texts)) == 4, texts

@@ -297,6 +297,58 @@ START_TEST(response_format_copied_unchanged) {
 }
 END_TEST
 
+START_TEST(vllm_guided_decoding) {
+    /* vLLM's guided_* extras and kgen's own fields become the job's constraint */
+    kg_job_t *job = decode_ok("{\"model\": \"m\", \"prompt\": \"x\", \"guided_json\": "
+                              "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+                              "\"integer\"}}}}");
+    ck_assert_int_eq(job->constraint, KG_CONSTRAINT_JSON_SCHEMA);
+    ck_assert_str_eq(job->constraint_text,
+                     "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    kg_job_free(job);
+    job = decode_ok("{\"model\": \"m\", \"prompt\": \"x\", \"guided_json\": "
+                    "\"{\\\"type\\\": \\\"string\\\"}\"}");
+    ck_assert_int_eq(job->constraint, KG_CONSTRAINT_JSON_SCHEMA);
+    ck_assert_str_eq(job->constraint_text, "{\"type\":\"string\"}");
+    kg_job_free(job);
+    static const struct {
+        const char *field;
+        kg_constraint_kind_t kind;
+        const char *text;
+    } cases[] = {
+        {"\"guided_regex\": \"[0-9]+\"", KG_CONSTRAINT_REGEX, "[0-9]+"},
+        {"\"regex\": \"[a-z]+\"", KG_CONSTRAINT_REGEX, "[a-z]+"},
+        {"\"guided_choice\": [\"yes\", \"no\"]", KG_CONSTRAINT_CHOICE, NULL},
+        {"\"choice\": [\"yes\", \"no\"]", KG_CONSTRAINT_CHOICE, NULL},
+        {"\"guided_grammar\": \"root ::= \\\"a\\\"\"", KG_CONSTRAINT_GRAMMAR, "root ::= \"a\""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char body[256];
+        snprintf(body, sizeof(body),
+                 "{\"custom_id\": \"g\", " CHAT ", \"body\": {\"messages\": [{\"role\": "
+                 "\"user\", \"content\": \"x\"}], %s}}",
+                 cases[i].field);
+        job = decode_ok(body);
+        ck_assert_msg(job->constraint == cases[i].kind, "%s", cases[i].field);
+        if (cases[i].text) {
+            ck_assert_str_eq(job->constraint_text, cases[i].text);
+        }
+        kg_job_free(job);
+    }
+    decode_invalid("{\"custom_id\": \"g\", " CMPL ", \"body\": {\"prompt\": \"x\", "
+                   "\"guided_json\": \"{not json\"}}",
+                   "g", "guided_json: expected a JSON Schema (an object or its JSON text), got");
+    decode_invalid("{\"custom_id\": \"g\", " CMPL ", \"body\": {\"prompt\": \"x\", "
+                   "\"guided_json\": 3}}",
+                   "g", "guided_json: expected a JSON Schema");
+    decode_invalid("{\"custom_id\": \"g\", " CMPL ", \"body\": {\"prompt\": \"x\", "
+                   "\"response_format\": {\"type\": \"json_object\"}, \"guided_regex\": \"a\"}}",
+                   "g",
+                   "guided_regex: only one output constraint may be given (response_format is "
+                   "already there)");
+}
+END_TEST
+
 // ---- results out ----
 
 static json_t *output(const char *in, const char *ev, bool *is_error) {
@@ -517,6 +569,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, prompts);
     tcase_add_test(tc, sampling_and_logprobs);
     tcase_add_test(tc, response_format_copied_unchanged);
+    tcase_add_test(tc, vllm_guided_decoding);
     suite_add_tcase(s, tc);
     tc = tcase_create("results");
     tcase_add_test(tc, chat_completion_line);
