@@ -11,6 +11,8 @@
 #  - resuming: kgen-submit is killed (SIGKILL) while results arrive; rerun with the same input
 #    and output, it sends nothing twice (the jobs topic holds each job once), keeps the lines it
 #    had written and ends with exactly one line per job;
+#  - response_format: a strict json_schema with n = 2 gives documents of the schema, the same as
+#    kgen batch; a schema kgen cannot enforce is invalid_schema (400, param response_format);
 #  - kgen-submit --status prints request_counts (total, completed, failed) from the results topic.
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -116,6 +118,54 @@ prompt = body["usage"]["prompt_tokens"]
 assert prefill == prompt, f"the worker prefilled {prefill} tokens for a {prompt}-token prompt with n = 4"
 print(f"  n = 4: four different texts, the same as kgen batch; {prefill} prompt tokens prefilled once")
 print(f"  model_not_found: {e['body']['error']['message']}")
+PY
+
+# 2b. response_format through Kafka: a strict json_schema with n = 2 gives documents of the
+# schema (the same as kgen batch), a schema kgen cannot enforce gets invalid_schema
+python3 - "$T/schema.jsonl" <<'PY'
+import json, sys
+chat = "/v1/chat/completions"
+schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+          "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+msgs = [{"role": "user", "content": "A person as JSON"}]
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"custom_id": "person", "method": "POST", "url": chat, "body": {
+        "model": "tiny-chat", "messages": msgs, "n": 2, "seed": 9, "max_tokens": 64,
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "person", "strict": True, "schema": schema}}}}) + "\n")
+    f.write(json.dumps({"custom_id": "bad-schema", "method": "POST", "url": chat, "body": {
+        "model": "tiny-chat", "messages": msgs, "response_format": {"type": "json_schema",
+        "json_schema": {"name": "p", "schema": {"type": "object", "not": {}}}}}}) + "\n")
+PY
+submit schema "$T/schema.jsonl" --error-file "$T/schema.err.jsonl"
+batch schema "$T/schema.jsonl"
+python3 - "$SCHEMA" "$T" <<'PY'
+import json, sys
+import jsonschema
+v = jsonschema.Draft202012Validator(json.load(open(sys.argv[1])))
+T = sys.argv[2]
+out = [json.loads(l) for l in open(f"{T}/schema.out.jsonl")]
+err = [json.loads(l) for l in open(f"{T}/schema.err.jsonl")]
+for o in out + err:
+    assert not list(v.iter_errors(o)), o
+assert [o["custom_id"] for o in out] == ["person"], out
+choices = out[0]["response"]["body"]["choices"]
+texts = [c["message"]["content"] for c in choices]
+assert len(texts) == 2 and all(c["finish_reason"] == "stop" for c in choices), choices
+for t in texts:
+    d = json.loads(t)
+    assert set(d) == {"name", "age"} and isinstance(d["name"], str) and len(d["name"]) <= 10, t
+    assert isinstance(d["age"], int) and not isinstance(d["age"], bool) and 0 <= d["age"] <= 120, t
+b = [json.loads(l) for l in open(f"{T}/schema.batch.jsonl")]
+bt = [c["message"]["content"] for o in b if o["custom_id"] == "person"
+      for c in o["response"]["body"]["choices"]]
+assert bt == texts, (bt, texts)
+assert [o["custom_id"] for o in err] == ["bad-schema"], err
+e = err[0]["response"]
+assert e["status_code"] == 400 and e["body"]["error"]["code"] == "invalid_schema", e
+assert e["body"]["error"]["param"] == "response_format", e
+print(f"  json_schema, n = 2: {texts}; invalid_schema: {e['body']['error']['message']}")
 PY
 
 # 3. resuming: kill kgen-submit while results arrive, run it again
