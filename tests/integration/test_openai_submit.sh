@@ -10,7 +10,8 @@
 #    determinism), and the worker's prefill counter grows by the prompt once;
 #  - resuming: kgen-submit is killed (SIGKILL) while results arrive; rerun with the same input
 #    and output, it sends nothing twice (the jobs topic holds each job once), keeps the lines it
-#    had written and ends with exactly one line per job;
+#    had written and ends with exactly one line per job; killed as soon as its state file is
+#    there, the rerun sends what is not in the jobs topic yet;
 #  - response_format: a strict json_schema with n = 2 gives documents of the schema, the same as
 #    kgen batch; a schema kgen cannot enforce is invalid_schema (400, param response_format);
 #  - kgen-submit --status prints request_counts (total, completed, failed) from the results topic.
@@ -201,6 +202,24 @@ kg_submit --input "$T/resume.jsonl" --output "$T/resume.out.jsonl" --timeout 30 
     2>"$T/resume3.log" || kg_fail "a finished submission does not rerun cleanly"
 (($(jobs_in_topic) - before == 60)) || kg_fail "a finished submission sent jobs again"
 [[ $(wc -l <"$T/resume.out.jsonl") == 60 ]] || kg_fail "the output changed on a rerun"
+
+# killed as soon as its state file is there (before or while it sends; usually before: sending
+# takes milliseconds): the rerun sends each job that is not in the jobs topic yet, nothing twice
+kg_jobs "$T/early.jsonl" 40 '{"max_tokens": 2}' early
+before=$(jobs_in_topic)
+kg_bg submit2 "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
+    --results-topic "$RESULTS" --input "$T/early.jsonl" --output "$T/early.out.jsonl" \
+    --timeout 120 --no-progress
+# a busy wait: a poll with sleeps lets it finish first
+until [[ -f "$T/early.out.jsonl.kgen-state" ]]; do ((SECONDS < 600)) || kg_fail "no state file"; done
+kill -9 "$(kg_pid submit2)" 2>/dev/null || true # it may have finished already
+sent1=$(($(jobs_in_topic) - before))
+kg_submit --input "$T/early.jsonl" --output "$T/early.out.jsonl" --timeout 120 --no-progress \
+    2>"$T/early.submit.log" || kg_fail "the resumed kgen-submit did not finish"
+sent2=$(($(jobs_in_topic) - before))
+((sent2 == 40)) || kg_fail "the jobs topic got $sent2 messages for 40 jobs ($sent1 before the kill)"
+[[ $(wc -l <"$T/early.out.jsonl") == 40 ]] || kg_fail "not one line per job after the resume"
+kg_note "killed at the state file with $sent1 of 40 jobs sent; the rerun sent the other $((sent2 - sent1))"
 
 # 4. --status: request_counts from the results topic
 status=$(kg_submit --status --input "$T/resume.jsonl" --output "$T/resume.out.jsonl" --timeout 60)
