@@ -38,6 +38,7 @@ typedef struct kg_config {
     int64_t txn_interval_ms; /* a transaction is committed this often (--exactly-once) */
     /* model and engine */
     char *model;
+    char *served_model_name; /* comma list; "" = the model's general.name and file stem */
     char *backend;
     int64_t threads;
     int64_t max_batch_size;
