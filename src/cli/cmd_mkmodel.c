@@ -20,6 +20,7 @@
 #include "model/kg_gguf_writer.h"
 #include "model/kg_mkmodel.h"
 #include "model/kg_quant.h"
+#include "model/kg_quant_mix.h"
 
 #include <errno.h>
 #include <math.h>
@@ -49,8 +50,16 @@ static void usage(FILE *f) {
             "  --rope-base B       RoPE frequency base (default 10000)\n"
             "  --ctx C             llama.context_length (default 2048)\n"
             "  --tied              no output.weight: the head reuses token_embd\n"
+            "  --type T            weight types as llama-quantize's type T writes them (default\n"
+            "                      f32; norms stay f32): f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,\n"
+            "                      q5_1, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s,\n"
+            "                      q5_k_m, q6_k, iq4_nl, iq4_xs (q3_k, q4_k, q5_k: the _m mixes).\n"
+            "                      The mixes give some tensors more bits (output q6_k, attn_v and\n"
+            "                      ffn_down of some layers) and fall back to 32-blocks where a\n"
+            "                      row is not a multiple of 256, exactly as llama-quantize does\n"
+            "  --pure              every 2-D weight in T's base type (llama-quantize --pure)\n"
             "  --f16 | --bf16 | --q8_0 | --q4_0\n"
-            "                      type of the 2-D weights (default f32; norms stay f32)\n"
+            "                      short for --type f16 (bf16, q8_0, q4_0)\n"
             "  --vocab-from FILE   copy every tokenizer.* key of FILE (n_vocab: its token count);\n"
             "                      default: a 259-token SentencePiece byte vocabulary\n"
             "  --n-vocab N         built-in vocabulary of N tokens (>= 259): the byte vocabulary\n"
@@ -102,19 +111,15 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
             o->tied = true;
             continue;
         }
-        static const struct {
-            const char *flag;
-            kg_ggml_type_t type;
-        } types[] = {{"--f32", KG_GGML_TYPE_F32},
-                     {"--f16", KG_GGML_TYPE_F16},
-                     {"--bf16", KG_GGML_TYPE_BF16},
-                     {"--q8_0", KG_GGML_TYPE_Q8_0},
-                     {"--q4_0", KG_GGML_TYPE_Q4_0}};
+        if (strcmp(a, "--pure") == 0) {
+            o->pure = true;
+            continue;
+        }
+        static const char *const type_flags[] = {"--f32", "--f16", "--bf16", "--q8_0", "--q4_0"};
         bool is_type = false;
-        for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-            if (strcmp(a, types[t].flag) == 0) {
-                o->type = types[t].type;
-                is_type = true;
+        for (size_t t = 0; t < sizeof(type_flags) / sizeof(type_flags[0]); t++) {
+            if (strcmp(a, type_flags[t]) == 0) {
+                is_type = kg_ftype_from_name(a + 2, &o->ftype);
             }
         }
         if (is_type) {
@@ -149,7 +154,14 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
                 }
             }
         }
-        if (strcmp(flag, "--out") == 0) {
+        if (strcmp(flag, "--type") == 0) {
+            known = true;
+            if (val && !kg_ftype_from_name(val, &o->ftype)) {
+                fprintf(stderr, "kgen mkmodel: --type: unknown type '%s' (one of: %s)\n", val,
+                        kg_ftype_list());
+                return 2;
+            }
+        } else if (strcmp(flag, "--out") == 0) {
             known = true;
             o->out = val;
             ok = ok && *val;
@@ -232,12 +244,17 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
                 (long long)o->head_dim);
         return 2;
     }
-    int64_t blck = kg_type_block_elems(o->type);
+    /* the mixes fall back to 32-blocks where a row is not a multiple of 256, as
+     * llama-quantize does; rows that fit no block of the chosen types are refused */
+    int64_t blck = kg_type_is_quantized(kg_ftype_base_type(o->ftype)) ? 32 : 1;
+    if (o->pure) {
+        blck = kg_type_block_elems(kg_ftype_base_type(o->ftype));
+    }
     if (o->n_embd % blck != 0 || (o->n_head * o->head_dim) % blck != 0 || o->n_ff % blck != 0) {
         fprintf(stderr,
-                "kgen mkmodel: --%s needs --n-embd, --n-ff and n_head * head_dim to be "
+                "kgen mkmodel: --type %s%s needs --n-embd, --n-ff and n_head * head_dim to be "
                 "multiples of %lld\n",
-                kg_ggml_type_name(o->type), (long long)blck);
+                kg_ftype_name(o->ftype), o->pure ? " --pure" : "", (long long)blck);
         return 2;
     }
     return 0;
@@ -270,11 +287,11 @@ int kg_cmd_mkmodel(int argc, char **argv) {
         fclose(f);
     }
     printf("kgen mkmodel: wrote %s: llama n_embd=%lld n_layer=%lld n_head=%lld n_head_kv=%lld "
-           "head_dim=%lld n_ff=%lld n_vocab=%lld ctx=%lld rope_base=%g type=%s tied=%s "
+           "head_dim=%lld n_ff=%lld n_vocab=%lld ctx=%lld rope_base=%g type=%s%s tied=%s "
            "seed=%llu params=%lld bytes=%ld\n",
            o.out, (long long)o.n_embd, (long long)o.n_layer, (long long)o.n_head,
            (long long)o.n_head_kv, (long long)hd, (long long)o.n_ff, (long long)n_vocab,
-           (long long)o.ctx, (double)o.rope_base, kg_ggml_type_name(o.type), o.tied ? "yes" : "no",
-           (unsigned long long)o.seed, (long long)params, bytes);
+           (long long)o.ctx, (double)o.rope_base, kg_ftype_name(o.ftype), o.pure ? " (pure)" : "",
+           o.tied ? "yes" : "no", (unsigned long long)o.seed, (long long)params, bytes);
     return 0;
 }

@@ -21,6 +21,7 @@
 #include "kg_gguf.h"
 #include "kg_gguf_writer.h"
 #include "kg_quant.h"
+#include "kg_quant_mix.h"
 
 #include <errno.h>
 #include <math.h>
@@ -31,6 +32,15 @@
 
 /* the first error of the current write (the writer is single-threaded) */
 static _Thread_local char g_err[512];
+
+/* The file type of the current write: add_random types each tensor by it
+ * (kg_quant_mix), as llama-quantize would. */
+static _Thread_local struct {
+    bool on;
+    kg_ftype_t ftype;
+    bool pure;
+    kg_quant_mix_model_t model;
+} g_mix;
 
 // ---- random numbers ----
 
@@ -101,7 +111,17 @@ static bool add_random(kg_gguf_writer_t *w,
         v[i] = center + scale * rng_uniform(&r);
     }
     int64_t ne[2] = {ne0, ne1};
-    kg_status_t st = kg_gguf_writer_add_tensor(w, name, type, ne1 > 1 ? 2 : 1, ne, v);
+    const int n_dims = ne1 > 1 ? 2 : 1;
+    if (g_mix.on) {
+        type = kg_quant_mix_type(g_mix.ftype, g_mix.pure, &g_mix.model, name, n_dims, ne0, type);
+    }
+    if (ne0 % kg_type_block_elems(type) != 0) {
+        snprintf(g_err, sizeof(g_err), "%s: rows of %lld elements do not fit %s blocks of %lld",
+                 name, (long long)ne0, kg_type_name(type), (long long)kg_type_block_elems(type));
+        free(v);
+        return false;
+    }
+    kg_status_t st = kg_gguf_writer_add_tensor(w, name, type, n_dims, ne, v);
     free(v);
     if (st != KG_OK) {
         snprintf(g_err, sizeof(g_err), "cannot add %s: %s", name, kg_status_str(st));
@@ -285,7 +305,16 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,
         snprintf(errstr, errstr_size, "out of memory");
         return KG_ERR_NOMEM;
     }
-    kg_gguf_writer_set_str(w, "general.architecture", "llama");
+    const char *arch = "llama";
+    g_mix.on = o->ftype != KG_FTYPE_ALL_F32;
+    g_mix.ftype = o->ftype;
+    g_mix.pure = o->pure;
+    g_mix.model = (kg_quant_mix_model_t){.arch = arch,
+                                         .n_layer = (int32_t)o->n_layer,
+                                         .n_head = (int32_t)o->n_head,
+                                         .n_head_kv = (int32_t)o->n_head_kv,
+                                         .has_output = !o->tied};
+    kg_gguf_writer_set_str(w, "general.architecture", arch);
     kg_gguf_writer_set_str(w, "general.name", o->name);
     kg_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)o->ctx);
     kg_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)o->n_embd);
@@ -300,7 +329,11 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,
     }
     kg_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
     kg_gguf_writer_set_f32(w, "llama.rope.freq_base", o->rope_base);
-    kg_gguf_writer_set_u32(w, "general.file_type", file_type(o->type));
+    kg_gguf_writer_set_u32(w, "general.file_type",
+                           g_mix.on ? (uint32_t)o->ftype : file_type(o->type));
+    if (kg_type_is_quantized(g_mix.on ? kg_ftype_base_type(o->ftype) : o->type)) {
+        kg_gguf_writer_set_u32(w, "general.quantization_version", 2); /* ggml's QNT_VERSION */
+    }
 
     int64_t n_vocab =
         o->vocab_from ? copy_vocab(w, o->vocab_from) : add_builtin_vocab(w, o->n_words);

@@ -97,7 +97,7 @@ const char *kg_test_make_model(const kg_test_model_opts_t *o) {
         n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --tied");
     }
     if (o->type && strcmp(o->type, "f32") != 0) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --%s", o->type);
+        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --type %s", o->type);
     }
     if (o->vocab_from) {
         n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --vocab-from '%s'", o->vocab_from);
