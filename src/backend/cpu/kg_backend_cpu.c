@@ -2,14 +2,18 @@
  * Llama graph with one GEMM per weight matrix over all the step's tokens.
  *
  * DESIGN
- * Weights. Matrices are packed once at load into cpu_gemm's panels: F32,
- * F16 and BF16 keep their storage type (a decode step streams every weight,
- * so half-precision weights halve its bytes); Q8_0, Q4_0, Q4_K and Q6_K are
- * dequantized to F32, where their values are exact. Norm vectors are used
- * in place (F32) or dequantized. To keep the numbers
- * what llama.cpp computes, the activations entering a matmul are rounded the
- * way ggml converts them for that weight type (fp16, bf16, Q8_0 or Q8_K
- * blocks): the products then equal ggml's; only the summation order differs.
+ * Weights. F32, F16 and BF16 matrices are packed once at load into
+ * cpu_gemm's panels in their storage type (a decode step streams every
+ * weight, so half-precision weights halve its bytes), and the file's pages
+ * are released. Quantized matrices (every GGUF block type kg_quant reads)
+ * stay where they are, in the read-only mapping of the file: cpu_vecdot
+ * multiplies their blocks directly by activations quantized as ggml
+ * quantizes them for that type (Q8_0, Q8_1 or Q8_K blocks), with exact
+ * integer dot products per block, so nothing is expanded and the memory a
+ * quantized model takes is its file. Norm vectors are used in place (F32)
+ * or dequantized. For F16/BF16 the activations entering a matmul are
+ * rounded the way ggml converts them for that weight type: the products
+ * then equal ggml's; only the summation order differs.
  *
  * KV cache. One pool of n_kv_blocks blocks of kv_block_size rows per layer,
  * K and V in fp16 as llama.cpp keeps them: k_cache[layer] is
@@ -31,6 +35,8 @@
 #include "cpu_attn.h"
 #include "cpu_gemm.h"
 #include "cpu_ops.h"
+#include "cpu_quant.h"
+#include "cpu_vecdot.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -41,7 +47,8 @@
 typedef struct cpu_weight {
     const float *data;         /* vectors only: (n_in) F32 */
     float *owned;              /* non-NULL when a vector was dequantized at load */
-    cpu_gemm_weights_t packed; /* matrices only: (n_out, n_in) packed for cpu_gemm */
+    cpu_gemm_weights_t packed; /* F32/F16/BF16 matrices: (n_out, n_in) packed for cpu_gemm */
+    cpu_qmat_t q;              /* quantized matrices: (n_out, n_in) blocks in the mapping */
     int64_t n_in, n_out;
     kg_ggml_type_t type; /* type in the file: decides activation rounding */
 } cpu_weight_t;
@@ -64,18 +71,20 @@ typedef struct cpu_ctx {
     uint16_t **k_cache; /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
     uint16_t **v_cache; /* same shape as k_cache */
     /* scratch for max_tokens tokens */
-    float *x;       /* (T, n_embd) residual stream */
-    float *xn;      /* (T, n_embd) normed input of a block */
-    float *xr;      /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
-    float *q;       /* (T, n_head * head_dim) */
-    float *k;       /* (T, n_head_kv * head_dim) */
-    float *v;       /* (T, n_head_kv * head_dim) */
-    float *att;     /* (T, n_head * head_dim) attention output */
-    float *gate;    /* (T, n_ff) */
-    float *up;      /* (T, n_ff) */
-    float *tmp;     /* (T, n_embd) projection output before the residual add */
-    float *rope_cs; /* (T, n_rot) cos | sin per token */
-    float *scores;  /* (n_threads, n_kv_blocks * block_size) */
+    float *x;        /* (T, n_embd) residual stream */
+    float *xn;       /* (T, n_embd) normed input of a block */
+    float *xr;       /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
+    float *q;        /* (T, n_head * head_dim) */
+    float *k;        /* (T, n_head_kv * head_dim) */
+    float *v;        /* (T, n_head_kv * head_dim) */
+    float *att;      /* (T, n_head * head_dim) attention output */
+    float *gate;     /* (T, n_ff) */
+    float *up;       /* (T, n_ff) */
+    float *tmp;      /* (T, n_embd) projection output before the residual add */
+    float *rope_cs;  /* (T, n_rot) cos | sin per token */
+    float *scores;   /* (n_threads, n_kv_blocks * block_size) */
+    cpu_qact_t qact; /* (T, widest) activations quantized for cpu_vecdot */
+    cpu_qgemm_scratch_t *qscratch; /* cpu_vecdot's per-thread unpacked panels */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
 
@@ -86,6 +95,16 @@ static bool weight_init(
     w->n_in = t->ne[0];
     w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
     w->type = t->type;
+    if (t->n_dims > 1 && kg_type_is_quantized(t->type)) {
+        /* used in place: the mapped blocks are what cpu_vecdot reads */
+        if (!cpu_qmat_init(&w->q, t->type, t->data, w->n_out, w->n_in)) {
+            snprintf(errstr, errstr_size, "cpu backend: tensor '%.*s' of type %s has rows of %lld",
+                     (int)t->name.len, t->name.data, kg_type_name(t->type), (long long)w->n_in);
+            return false;
+        }
+        ctx->weights_size += t->size;
+        return true;
+    }
     if (t->n_dims > 1) {
         if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
             snprintf(errstr, errstr_size, "cpu backend: out of memory packing '%.*s'",
@@ -147,6 +166,8 @@ static void cpu_free(kg_backend_t *be) {
         free(ctx->k_cache);
         free(ctx->v_cache);
         kg_pool_free(ctx->pool);
+        cpu_qact_clear(&ctx->qact);
+        cpu_qgemm_scratch_free(ctx->qscratch);
         free(ctx->layers);
         free(ctx->rope_freqs);
         float *bufs[] = {ctx->x,   ctx->xn,   ctx->xr, ctx->q,   ctx->k,       ctx->v,
@@ -177,9 +198,19 @@ static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
 
 // ---- forward ----
 
+/* Whether two weights can share one hand-off: the same float type, or
+ * quantized types whose dot products take the same activation blocks. */
+static bool same_path(const cpu_weight_t *a, const cpu_weight_t *b) {
+    if (a->q.tr || b->q.tr) {
+        return a->q.tr && b->q.tr && a->q.tr->act == b->q.tr->act;
+    }
+    return a->type == b->type;
+}
+
 /* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
- * their input, with in rounded for their type: one hand-off to the pool
- * when the types agree (Q, K and V; gate and up). */
+ * their input, with in rounded (float types) or quantized (block types)
+ * for their type: one hand-off to the pool when they share a path (Q, K
+ * and V; gate and up). */
 static void matmul_n(cpu_ctx_t *ctx,
                      int n,
                      const cpu_weight_t *const *ws,
@@ -188,13 +219,22 @@ static void matmul_n(cpu_ctx_t *ctx,
                      int64_t T) {
     const cpu_gemm_weights_t *packed[CPU_GEMM_MULTI_MAX];
     for (int i = 0; i < n; i++) {
-        if (ws[i]->type != ws[0]->type) {
+        if (!same_path(ws[i], ws[0])) {
             for (int r = 0; r < n; r++) {
                 matmul_n(ctx, 1, &ws[r], in, &outs[r], T);
             }
             return;
         }
         packed[i] = &ws[i]->packed;
+    }
+    if (ws[0]->q.tr) {
+        const cpu_qmat_t *qm[CPU_QGEMM_MAX_W];
+        for (int i = 0; i < n; i++) {
+            qm[i] = &ws[i]->q;
+        }
+        cpu_quant_act(ws[0]->q.tr->act, in, T, ws[0]->n_in, &ctx->qact);
+        cpu_qgemm(ctx->pool, ctx->qscratch, &ctx->qact, n, qm, outs);
+        return;
     }
     const float *a = in;
     if (cpu_round_activations(ws[0]->type, in, ctx->xr, T, ws[0]->n_in)) {
@@ -468,6 +508,13 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     ctx->tmp = scratch(ctx, T * E, &ok);
     ctx->rope_cs = scratch(ctx, T * (size_t)hp->n_rot, &ok);
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
+    ok = ok && cpu_qact_init(&ctx->qact, (int64_t)T, (int64_t)widest);
+    ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)widest);
+    ctx->qscratch = ok ? cpu_qgemm_scratch_new(ctx->n_threads, (int64_t)widest) : NULL;
+    ok = ok && ctx->qscratch;
+    if (ok) {
+        ctx->scratch_size += cpu_qgemm_scratch_size(ctx->qscratch);
+    }
     if (!ok) {
         snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
         goto fail;
