@@ -46,7 +46,7 @@ static size_t align32(size_t n) {
 
 size_t cpu_qact_size(int64_t max_m, int64_t max_k) {
     const size_t m = (size_t)max_m, k = (size_t)max_k;
-    return align32(m * k) + 2 * align32(m * (k / 32) * sizeof(float)) +
+    return 2 * align32(m * k) + 2 * align32(m * (k / 32) * sizeof(float)) +
            align32(m * (k / 16) * sizeof(int16_t));
 }
 
@@ -54,10 +54,11 @@ bool cpu_qact_init(cpu_qact_t *a, int64_t max_m, int64_t max_k) {
     memset(a, 0, sizeof(*a));
     const size_t m = (size_t)max_m, k = (size_t)max_k;
     a->qs = aligned_alloc(32, align32(m * k) ? align32(m * k) : 32);
+    a->qu = aligned_alloc(32, align32(m * k) ? align32(m * k) : 32);
     a->d = aligned_alloc(32, align32(m * (k / 32) * sizeof(float)) + 32);
     a->s = aligned_alloc(32, align32(m * (k / 32) * sizeof(float)) + 32);
     a->bsums = aligned_alloc(32, align32(m * (k / 16) * sizeof(int16_t)) + 32);
-    if (!a->qs || !a->d || !a->s || !a->bsums) {
+    if (!a->qs || !a->qu || !a->d || !a->s || !a->bsums) {
         cpu_qact_clear(a);
         return false;
     }
@@ -66,6 +67,7 @@ bool cpu_qact_init(cpu_qact_t *a, int64_t max_m, int64_t max_k) {
 
 void cpu_qact_clear(cpu_qact_t *a) {
     free(a->qs);
+    free(a->qu);
     free(a->d);
     free(a->s);
     free(a->bsums);
@@ -180,6 +182,10 @@ void cpu_quant_act(cpu_act_kind_t kind, const float *x, int64_t m, int64_t k, cp
                 a->s[b * m + i] = half_round(d * (float)sum);
             }
         }
+        uint8_t *ur = a->qu + i * k;
+        for (int64_t e = 0; e < k; e++) {
+            ur[e] = (uint8_t)(qr[e] + 128);
+        }
     }
 }
 
@@ -188,7 +194,7 @@ void cpu_quant_act(cpu_act_kind_t kind, const float *x, int64_t m, int64_t k, cp
 size_t cpu_qpanel_size(int64_t k) {
     const size_t n = CPU_QPANEL, kk = (size_t)k;
     return align32(n * kk) + align32(n * (kk / 32) * sizeof(uint32_t)) +
-           2 * align32((kk / 32) * n * sizeof(float)) + align32(n * (kk / 16) * sizeof(int16_t));
+           3 * align32((kk / 32) * n * sizeof(float)) + align32(n * (kk / 16) * sizeof(int16_t));
 }
 
 void cpu_qpanel_init(cpu_qpanel_t *p, void *mem, int64_t k) {
@@ -203,6 +209,8 @@ void cpu_qpanel_init(cpu_qpanel_t *p, void *mem, int64_t k) {
     c += align32((kk / 32) * n * sizeof(float));
     p->dm = (float *)(void *)c;
     c += align32((kk / 32) * n * sizeof(float));
+    p->corr = (int32_t *)(void *)c;
+    c += align32((kk / 32) * n * sizeof(int32_t));
     p->mins = (int16_t *)(void *)c;
 }
 
@@ -613,6 +621,18 @@ void cpu_quant_unpack(
 #endif
         unpack_row(tr->type, x, k, r, p);
     }
+    if (tr->blk == 32 && !tr->nonneg) {
+        for (int r = 0; r < n_rows; r++) {
+            const int8_t *w = p->w + (int64_t)r * k;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t sum = 0;
+                for (int e = 0; e < 32; e++) {
+                    sum += w[32 * b + e];
+                }
+                p->corr[b * CPU_QPANEL + r] = -128 * sum;
+            }
+        }
+    }
     for (int r = n_rows; r < CPU_QPANEL; r++) {
         /* padding rows: zero weights and zero scales give zero */
         memset(p->w + (int64_t)r * k, 0, (size_t)k);
@@ -625,6 +645,7 @@ void cpu_quant_unpack(
         for (int64_t b = 0; b < nb; b++) {
             p->d[b * CPU_QPANEL + r] = 0.0f;
             p->dm[b * CPU_QPANEL + r] = 0.0f;
+            p->corr[b * CPU_QPANEL + r] = 0;
         }
     }
 }

@@ -257,13 +257,21 @@ QV_INLINE __m256i pair_isum(const int vnni,
                             const int nch,
                             const int8_t *w,
                             const int8_t *aq,
+                            const uint8_t *au,
                             const uint32_t *sc) {
     __m256i p = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int ch = 0; ch < nch; ch++) {
         const __m256i wv = _mm256_load_si256((const __m256i *)(const void *)(w + 32 * ch));
-        const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(aq + 32 * ch));
         __m256i t32;
+        if (vnni && !nonneg && !scaled) {
+            /* (a + 128) . w in one instruction; the panel's corr removes the 128 */
+            const __m256i uv = _mm256_load_si256((const __m256i *)(const void *)(au + 32 * ch));
+            t32 = dpbusd(_mm256_setzero_si256(), uv, wv);
+            p = ch == 0 ? t32 : _mm256_add_epi32(p, t32);
+            continue;
+        }
+        const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(aq + 32 * ch));
         if (scaled) {
             /* maddubs multiplies unsigned by signed bytes: signed weights move
              * their sign onto the activation */
@@ -308,11 +316,17 @@ QV_INLINE void tile_avx2(const int vnni,
                 const int q = 4 * h + q4, r = q / RN, jj = q % RN;
                 const int64_t col = col0 + jj;
                 pq[q4] = pair_isum(vnni, nonneg, scaled, nch, p->w + col * k + off,
-                                   a->qs + (i0 + r) * k + off, p->sc + col * (k / 32) + off / 32);
+                                   a->qs + (i0 + r) * k + off, a->qu + (i0 + r) * k + off,
+                                   p->sc + col * (k / 32) + off / 32);
             }
             half[h] = reduce4(pq[0], pq[1], pq[2], pq[3]);
         }
-        const __m256i isum = _mm256_set_m128i(half[1], half[0]);
+        __m256i isum = _mm256_set_m128i(half[1], half[0]);
+        if (vnni && !nonneg && !scaled) {
+            isum = _mm256_add_epi32(
+                isum, _mm256_castps_si256(
+                          pair_cols(RN, (const float *)(const void *)(p->corr + b * NP + col0))));
+        }
         const __m256 da = pair_rows(RM, a->d + b * m + i0);
         const __m256 dd = _mm256_mul_ps(pair_cols(RN, p->d + b * NP + col0), da);
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
