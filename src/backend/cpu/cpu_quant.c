@@ -14,19 +14,20 @@
 #define QUANT_AVX2 1
 #endif
 
+/* type, activations, block, nonneg, offset, scaled, min_m, min_k */
 static const cpu_qtraits_t traits[] = {
-    {KG_GGML_TYPE_Q4_0, CPU_ACT_Q8_0, 32, false, false, false, false},
-    {KG_GGML_TYPE_Q4_1, CPU_ACT_Q8_1, 32, true, false, true, false},
-    {KG_GGML_TYPE_Q5_0, CPU_ACT_Q8_0, 32, false, false, false, false},
-    {KG_GGML_TYPE_Q5_1, CPU_ACT_Q8_1, 32, true, false, true, false},
-    {KG_GGML_TYPE_Q8_0, CPU_ACT_Q8_0, 32, false, false, false, false},
-    {KG_GGML_TYPE_IQ4_NL, CPU_ACT_Q8_0, 32, false, false, false, false},
-    {KG_GGML_TYPE_Q2_K, CPU_ACT_Q8_K, 256, true, true, false, true},
-    {KG_GGML_TYPE_Q3_K, CPU_ACT_Q8_K, 256, false, true, false, false},
-    {KG_GGML_TYPE_Q4_K, CPU_ACT_Q8_K, 256, true, true, false, true},
-    {KG_GGML_TYPE_Q5_K, CPU_ACT_Q8_K, 256, true, true, false, true},
-    {KG_GGML_TYPE_Q6_K, CPU_ACT_Q8_K, 256, false, true, false, false},
-    {KG_GGML_TYPE_IQ4_XS, CPU_ACT_Q8_K, 256, false, true, false, false},
+    {KG_GGML_TYPE_Q4_0, CPU_ACT_Q8_0, 32, false, 0, false, false, false},
+    {KG_GGML_TYPE_Q4_1, CPU_ACT_Q8_1, 32, true, 0, false, true, false},
+    {KG_GGML_TYPE_Q5_0, CPU_ACT_Q8_0, 32, false, 0, false, false, false},
+    {KG_GGML_TYPE_Q5_1, CPU_ACT_Q8_1, 32, true, 0, false, true, false},
+    {KG_GGML_TYPE_Q8_0, CPU_ACT_Q8_0, 32, false, 0, false, false, false},
+    {KG_GGML_TYPE_IQ4_NL, CPU_ACT_Q8_0, 32, false, 0, false, false, false},
+    {KG_GGML_TYPE_Q2_K, CPU_ACT_Q8_K, 256, true, 0, true, false, true},
+    {KG_GGML_TYPE_Q3_K, CPU_ACT_Q8_K, 256, true, 4, true, false, false},
+    {KG_GGML_TYPE_Q4_K, CPU_ACT_Q8_K, 256, true, 0, true, false, true},
+    {KG_GGML_TYPE_Q5_K, CPU_ACT_Q8_K, 256, true, 0, true, false, true},
+    {KG_GGML_TYPE_Q6_K, CPU_ACT_Q8_K, 256, true, 32, true, false, false},
+    {KG_GGML_TYPE_IQ4_XS, CPU_ACT_Q8_K, 256, false, 0, true, false, false},
 };
 
 const cpu_qtraits_t *cpu_qtraits(kg_ggml_type_t type) {
@@ -327,7 +328,7 @@ static void unpack_row(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, 
             for (int e = 0; e < 256; e++) {
                 const int q = (qs[e / 128 * 32 + e % 32] >> (2 * (e % 128 / 32))) & 3;
                 const int h = (hm[e % 32] >> (e / 32)) & 1;
-                w[e] = (int8_t)(q - (h ? 0 : 4));
+                w[e] = (int8_t)(q + (h ? 4 : 0)); /* the value + 4 */
             }
             int s16[16];
             for (int j = 0; j < 16; j++) {
@@ -375,7 +376,7 @@ static void unpack_row(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, 
                 const uint8_t lb = ql[half * 64 + l + (quarter & 1) * 32];
                 const int lo = quarter < 2 ? (lb & 15) : (lb >> 4);
                 const int hi = (qh[half * 32 + l] >> (2 * quarter)) & 3;
-                w[e] = (int8_t)((lo | (hi << 4)) - 32);
+                w[e] = (int8_t)(lo | (hi << 4)); /* the value + 32 */
             }
             for (int c = 0; c < 8; c++) {
                 sc[c] = pair16(s[2 * c], s[2 * c + 1]);
@@ -518,11 +519,10 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
                     _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 + 32 * h));
                 for (int s2 = 0; s2 < 4; s2++) {
                     const int c = 4 * h + s2;
-                    /* q - 4 + 4 * hbit */
+                    /* the value + 4: q + 4 * hbit */
                     const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s2), m2);
                     const __m256i hb = _mm256_slli_epi16(bit_plane(hm, c), 2);
-                    store32(w + 32 * c,
-                            _mm256_sub_epi8(_mm256_add_epi8(lo, hb), _mm256_set1_epi8(4)));
+                    store32(w + 32 * c, _mm256_add_epi8(lo, hb));
                 }
             }
             const uint8_t *s3 = x + 96;
@@ -580,8 +580,9 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
                                        _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
                 for (int q4 = 0; q4 < 4; q4++) {
                     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), m2);
-                    const __m256i v = _mm256_or_si256(lo[q4], _mm256_slli_epi16(hi, 4));
-                    store32(w + 128 * h + 32 * q4, _mm256_sub_epi8(v, _mm256_set1_epi8(32)));
+                    /* the value + 32 */
+                    store32(w + 128 * h + 32 * q4,
+                            _mm256_or_si256(lo[q4], _mm256_slli_epi16(hi, 4)));
                 }
             }
             const int8_t *s6 = (const int8_t *)(x + 192);

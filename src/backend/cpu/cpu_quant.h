@@ -15,7 +15,8 @@
  * Weight panels. Every weight type is a sum over blocks of
  *     d * sum_k sc(k) * w(k) * a(k)  [- dmin * sum_sub m(sub) * bsum(sub)]  [+ m * s]
  * with integer w(k) that fit int8 and integer sub-block scales sc. A panel
- * holds CPU_QPANEL weight rows (output columns) in that form: w as int8,
+ * holds CPU_QPANEL weight rows (output columns) in that form: w as int8
+ * (Q3_K and Q6_K shifted to be non-negative, see cpu_qtraits_t.offset),
  * sc as int16 pairs per 32 elements, d (and dmin or m) as floats, mins as
  * int16 per 16 elements. One unpacking serves every activation row that
  * meets the panel, so prefill pays it once per panel and decode streams
@@ -44,7 +45,9 @@ typedef struct cpu_qtraits {
     kg_ggml_type_t type;
     cpu_act_kind_t act;
     int blk;     /* elements per block: 32 or 256 */
-    bool nonneg; /* w(k) >= 0 (the types with a min): no sign trick needed */
+    bool nonneg; /* panel w(k) >= 0: no sign trick needed */
+    int offset;  /* Q3_K 4, Q6_K 32: the panel holds w(k) + offset (>= 0), and the
+                    sums take offset * sum over sub-blocks of sc * bsum back off */
     bool scaled; /* sub-block integer scales sc (the K-quants, IQ4_XS) */
     bool min_m;  /* + m * s per 32-block (Q4_1, Q5_1, with Q8_1 activations) */
     bool min_k;  /* - dmin * sum m(sub) bsum(sub) per 256-block (Q2_K, Q4_K, Q5_K) */

@@ -168,7 +168,7 @@ static void tile_scalar(const cpu_qtraits_t *tr,
                         const uint32_t pr = p->sc[(int64_t)col * (k / 32) + e / 32];
                         s = (int16_t)(uint16_t)(e % 32 < 16 ? pr : pr >> 16);
                     }
-                    isum += s * w[e] * aq[e];
+                    isum += s * (w[e] - tr->offset) * aq[e];
                 }
                 const float da = a->d[b * m + i];
                 acc = fmaf(p->d[b * NP + col] * da, (float)isum, acc);
@@ -254,11 +254,13 @@ QV_INLINE __m256 pair_rows(const int RM, const float *rows) {
 QV_INLINE __m256i pair_isum(const int vnni,
                             const int nonneg,
                             const int scaled,
+                            const int offs,
                             const int nch,
                             const int8_t *w,
                             const int8_t *aq,
                             const uint8_t *au,
-                            const uint32_t *sc) {
+                            const uint32_t *sc,
+                            const int16_t *bsums) {
     __m256i p = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int ch = 0; ch < nch; ch++) {
@@ -284,10 +286,17 @@ QV_INLINE __m256i pair_isum(const int vnni,
         }
         p = ch == 0 ? t32 : _mm256_add_epi32(p, t32);
     }
+    if (offs) {
+        /* the panel holds w + offs: take offs * sum over sub-blocks of sc * bsum back */
+        const __m256i sc16 = _mm256_load_si256((const __m256i *)(const void *)sc);
+        const __m256i bs = _mm256_load_si256((const __m256i *)(const void *)bsums);
+        p = _mm256_sub_epi32(p, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), offs == 32 ? 5 : 2));
+    }
     return p;
 }
 
 QV_INLINE void tile_avx2(const int vnni,
+                         const int offs,
                          const int nonneg,
                          const int scaled,
                          const int min_m,
@@ -315,9 +324,10 @@ QV_INLINE void tile_avx2(const int vnni,
             for (int q4 = 0; q4 < 4; q4++) {
                 const int q = 4 * h + q4, r = q / RN, jj = q % RN;
                 const int64_t col = col0 + jj;
-                pq[q4] = pair_isum(vnni, nonneg, scaled, nch, p->w + col * k + off,
+                pq[q4] = pair_isum(vnni, nonneg, scaled, offs, nch, p->w + col * k + off,
                                    a->qs + (i0 + r) * k + off, a->qu + (i0 + r) * k + off,
-                                   p->sc + col * (k / 32) + off / 32);
+                                   p->sc + col * (k / 32) + off / 32,
+                                   a->bsums + (i0 + r) * (k / 16) + off / 16);
             }
             half[h] = reduce4(pq[0], pq[1], pq[2], pq[3]);
         }
@@ -456,8 +466,10 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     switch (type) {
     case KG_GGML_TYPE_Q2_K: {
+#pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(x + 16 + 32 * h));
+#pragma GCC unroll 8
             for (int s2 = 0; s2 < 4; s2++) {
                 w[4 * h + s2] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s2), m2);
             }
@@ -470,14 +482,16 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
     }
     case KG_GGML_TYPE_Q3_K: {
         const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)x);
+#pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 + 32 * h));
+#pragma GCC unroll 8
             for (int s2 = 0; s2 < 4; s2++) {
                 const int ch = 4 * h + s2;
                 const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s2), m2);
                 const __m256i hb = _mm256_slli_epi16(
                     _mm256_and_si256(_mm256_srli_epi16(hm, ch), _mm256_set1_epi8(1)), 2);
-                w[ch] = _mm256_sub_epi8(_mm256_add_epi8(lo, hb), _mm256_set1_epi8(4));
+                w[ch] = _mm256_add_epi8(lo, hb); /* the value + 4 */
             }
         }
         /* 16 6-bit scales: low nibbles in bytes 0-7 (scales 0-7) and their high
@@ -500,6 +514,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
         const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(x + 16))
                                 : _mm256_setzero_si256();
         const __m256i one = _mm256_set1_epi8(1);
+#pragma GCC unroll 8
         for (int g = 0; g < 4; g++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32 * g));
             w[2 * g] = _mm256_and_si256(q, m4);
@@ -528,6 +543,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
         return;
     }
     case KG_GGML_TYPE_Q6_K:
+#pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x + 64 * h;
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
@@ -537,10 +553,11 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
             const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
                                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+#pragma GCC unroll 8
             for (int q4 = 0; q4 < 4; q4++) {
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), m2);
-                w[4 * h + q4] = _mm256_sub_epi8(_mm256_or_si256(lo[q4], _mm256_slli_epi16(hi, 4)),
-                                                _mm256_set1_epi8(32));
+                /* the value + 32 */
+                w[4 * h + q4] = _mm256_or_si256(lo[q4], _mm256_slli_epi16(hi, 4));
             }
         }
         *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(x + 192)));
@@ -548,6 +565,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
     default: { /* IQ4_XS */
         const __m256i iq4 = _mm256_broadcastsi128_si256(
             _mm_loadu_si128((const __m128i *)(const void *)kg_iq4nl_values));
+#pragma GCC unroll 8
         for (int ib = 0; ib < 8; ib++) {
             w[ib] = _mm256_shuffle_epi8(iq4, nib32(x + 8 + 16 * ib));
         }
@@ -572,6 +590,31 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
  * they are stored (fp16). 2: per activation row and block, the 8 weight
  * rows' lane sums are reduced together and the float chain runs across the
  * 8 outputs. */
+/* The lane sums of one superblock (unpacked: w, sc16) against 256
+ * activations aq with their 16 sums bs, sub-block scales applied. */
+QV_INLINE __m256i kblock_dot(const int nonneg,
+                             const int offs,
+                             const __m256i *w,
+                             __m256i sc16,
+                             const int8_t *aq,
+                             const int16_t *bs) {
+    __m256i p = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int ch = 0; ch < 8; ch++) {
+        const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(aq + 32 * ch));
+        const __m256i t16 = nonneg ? _mm256_maddubs_epi16(w[ch], av)
+                                   : _mm256_maddubs_epi16(_mm256_sign_epi8(w[ch], w[ch]),
+                                                          _mm256_sign_epi8(av, w[ch]));
+        p = _mm256_add_epi32(p, _mm256_madd_epi16(t16, chunk_scale(sc16, ch)));
+    }
+    if (offs) {
+        const __m256i bsv = _mm256_load_si256((const __m256i *)(const void *)bs);
+        p = _mm256_sub_epi32(p,
+                             _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsv), offs == 32 ? 5 : 2));
+    }
+    return p;
+}
+
 typedef struct fused_buf {
     __m256i *p;   /* (m, nb, 8) lane sums of each block and weight row */
     __m256i *mp;  /* min_k: (m, nb, 8) lanes of mins * bsums */
@@ -589,7 +632,10 @@ QV_INLINE void fused_phase1(const int vnni,
     const int64_t k = a->k, nb = k / blk, m = a->m;
     const int nonneg = type == KG_GGML_TYPE_Q4_1 || type == KG_GGML_TYPE_Q5_1 ||
                        type == KG_GGML_TYPE_Q2_K || type == KG_GGML_TYPE_Q4_K ||
-                       type == KG_GGML_TYPE_Q5_K;
+                       type == KG_GGML_TYPE_Q5_K || type == KG_GGML_TYPE_Q3_K ||
+                       type == KG_GGML_TYPE_Q6_K;
+    /* Q3_K and Q6_K unpack as value + offs (>= 0; see cpu_qtraits_t.offset) */
+    const int offs = type == KG_GGML_TYPE_Q3_K ? 4 : type == KG_GGML_TYPE_Q6_K ? 32 : 0;
     const int min_m = type == KG_GGML_TYPE_Q4_1 || type == KG_GGML_TYPE_Q5_1;
     const int min_k =
         type == KG_GGML_TYPE_Q2_K || type == KG_GGML_TYPE_Q4_K || type == KG_GGML_TYPE_Q5_K;
@@ -598,38 +644,56 @@ QV_INLINE void fused_phase1(const int vnni,
                         : type == KG_GGML_TYPE_Q3_K ? 108
                         : type == KG_GGML_TYPE_Q6_K ? 208
                                                     : 0;
+    const int8_t *restrict qs = a->qs;
+    const int16_t *restrict bsums = a->bsums;
+    __m256i *restrict P = fb->p;
+    __m256i *restrict MP = fb->mp;
+    uint16_t *restrict D = fb->d;
+    uint16_t *restrict DM = fb->dm;
+    if (blk == 32 && m == 1) {
+        /* decode of one sequence: the common case, without the row loop */
+        for (int64_t b = 0; b < nb; b++, x += bs) {
+            memcpy(&D[b * NP + q], x + doff, 2);
+            if (min_m) {
+                memcpy(&DM[b * NP + q], x + doff + 2, 2);
+            }
+            const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(qs + 32 * b));
+            P[b * NP + q] = dot4(vnni, nonneg, w_blk32(type, x), av);
+        }
+        return;
+    }
     for (int64_t b = 0; b < nb; b++, x += bs) {
-        memcpy(&fb->d[b * NP + q], x + doff, 2);
+        memcpy(&D[b * NP + q], x + doff, 2);
         if (min_m || min_k) {
-            memcpy(&fb->dm[b * NP + q], x + doff + 2, 2);
+            memcpy(&DM[b * NP + q], x + doff + 2, 2);
         }
         if (blk == 32) {
             const __m256i w = w_blk32(type, x);
             for (int64_t r = 0; r < m; r++) {
                 const __m256i av =
-                    _mm256_load_si256((const __m256i *)(const void *)(a->qs + r * k + 32 * b));
-                fb->p[(r * nb + b) * NP + q] = dot4(vnni, nonneg, w, av);
+                    _mm256_load_si256((const __m256i *)(const void *)(qs + r * k + 32 * b));
+                P[(r * nb + b) * NP + q] = dot4(vnni, nonneg, w, av);
             }
             continue;
         }
         __m256i w[8], sc16, mins16 = _mm256_setzero_si256();
         kunpack(type, x, w, &sc16, &mins16);
-        for (int64_t r = 0; r < m; r++) {
-            const int8_t *aq = a->qs + r * k + 256 * b;
-            __m256i p = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int ch = 0; ch < 8; ch++) {
-                const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(aq + 32 * ch));
-                const __m256i t16 = nonneg ? _mm256_maddubs_epi16(w[ch], av)
-                                           : _mm256_maddubs_epi16(_mm256_sign_epi8(w[ch], w[ch]),
-                                                                  _mm256_sign_epi8(av, w[ch]));
-                p = _mm256_add_epi32(p, _mm256_madd_epi16(t16, chunk_scale(sc16, ch)));
-            }
-            fb->p[(r * nb + b) * NP + q] = p;
+        if (m == 1) {
+            /* no row loop for the compiler to hoist the scale vectors out of:
+             * they stay in the instruction stream instead of in spills */
+            P[b * NP + q] = kblock_dot(nonneg, offs, w, sc16, qs + 256 * b, bsums + 16 * b);
             if (min_k) {
-                fb->mp[(r * nb + b) * NP + q] = _mm256_madd_epi16(
-                    mins16, _mm256_load_si256(
-                                (const __m256i *)(const void *)(a->bsums + r * (k / 16) + 16 * b)));
+                MP[b * NP + q] = _mm256_madd_epi16(
+                    mins16, _mm256_load_si256((const __m256i *)(const void *)(bsums + 16 * b)));
+            }
+            continue;
+        }
+        for (int64_t r = 0; r < m; r++) {
+            const int16_t *bsr = bsums + r * (k / 16) + 16 * b;
+            P[(r * nb + b) * NP + q] = kblock_dot(nonneg, offs, w, sc16, qs + r * k + 256 * b, bsr);
+            if (min_k) {
+                MP[(r * nb + b) * NP + q] = _mm256_madd_epi16(
+                    mins16, _mm256_load_si256((const __m256i *)(const void *)bsr));
             }
         }
     }
@@ -742,32 +806,38 @@ typedef void (*qtile_fn)(const cpu_qpanel_t *p,
                          int64_t ldc,
                          int nc);
 
-#define DEF_QTILE(NAME, VNNI, NONNEG, SCALED, MINM, MINK, BLK, RM, RN)                             \
+#define DEF_QTILE(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, RM, RN)                       \
     static void NAME##_##RM##x##RN(const cpu_qpanel_t *p, int col0, const cpu_qact_t *a,           \
                                    int64_t i0, float *c, int64_t ldc, int nc) {                    \
-        tile_avx2(VNNI, NONNEG, SCALED, MINM, MINK, BLK, RM, RN, p, col0, a, i0, c, ldc, nc);      \
+        tile_avx2(VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, RM, RN, p, col0, a, i0, c, ldc,     \
+                  nc);                                                                             \
     }
-#define DEF_QTILES(NAME, VNNI, NONNEG, SCALED, MINM, MINK, BLK)                                    \
-    DEF_QTILE(NAME, VNNI, NONNEG, SCALED, MINM, MINK, BLK, 1, 8)                                   \
-    DEF_QTILE(NAME, VNNI, NONNEG, SCALED, MINM, MINK, BLK, 2, 4)                                   \
-    DEF_QTILE(NAME, VNNI, NONNEG, SCALED, MINM, MINK, BLK, 4, 2)                                   \
+#define DEF_QTILES(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK)                              \
+    DEF_QTILE(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 1, 8)                             \
+    DEF_QTILE(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 2, 4)                             \
+    DEF_QTILE(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 4, 2)                             \
     static const qtile_fn NAME[3] = {NAME##_1x8, NAME##_2x4, NAME##_4x2};
 
-/* the four shapes of dot product (cpu_qtraits); the scaled ones gain
- * nothing from vpdpbusd (madd applies their scales) */
-DEF_QTILES(tiles_sym32, 0, 0, 0, 0, 0, 32)      /* Q4_0, Q5_0, Q8_0, IQ4_NL */
-DEF_QTILES(tiles_sym32_vnni, 1, 0, 0, 0, 0, 32) /* the same with vpdpbusd */
-DEF_QTILES(tiles_min32, 0, 1, 0, 1, 0, 32)      /* Q4_1, Q5_1 */
-DEF_QTILES(tiles_min32_vnni, 1, 1, 0, 1, 0, 32)
-DEF_QTILES(tiles_mink, 0, 1, 1, 0, 1, 256) /* Q2_K, Q4_K, Q5_K */
-DEF_QTILES(tiles_symk, 0, 0, 1, 0, 0, 256) /* Q3_K, Q6_K, IQ4_XS */
+/* the shapes of dot product (cpu_qtraits); the scaled ones gain nothing
+ * from vpdpbusd (madd applies their scales) */
+DEF_QTILES(tiles_sym32, 0, 0, 0, 0, 0, 0, 32)      /* Q4_0, Q5_0, Q8_0, IQ4_NL */
+DEF_QTILES(tiles_sym32_vnni, 1, 0, 0, 0, 0, 0, 32) /* the same with vpdpbusd */
+DEF_QTILES(tiles_min32, 0, 0, 1, 0, 1, 0, 32)      /* Q4_1, Q5_1 */
+DEF_QTILES(tiles_min32_vnni, 1, 0, 1, 0, 1, 0, 32)
+DEF_QTILES(tiles_mink, 0, 0, 1, 1, 0, 1, 256) /* Q2_K, Q4_K, Q5_K */
+DEF_QTILES(tiles_q3k, 0, 4, 1, 1, 0, 0, 256)  /* Q3_K */
+DEF_QTILES(tiles_q6k, 0, 32, 1, 1, 0, 0, 256) /* Q6_K */
+DEF_QTILES(tiles_symk, 0, 0, 0, 1, 0, 0, 256) /* IQ4_XS */
 
 static const qtile_fn *tiles_for(const cpu_qtraits_t *tr, int vnni) {
     if (tr->blk == 32) {
         return tr->min_m ? (vnni ? tiles_min32_vnni : tiles_min32)
                          : (vnni ? tiles_sym32_vnni : tiles_sym32);
     }
-    return tr->min_k ? tiles_mink : tiles_symk;
+    return tr->min_k          ? tiles_mink
+           : tr->offset == 4  ? tiles_q3k
+           : tr->offset == 32 ? tiles_q6k
+                              : tiles_symk;
 }
 #endif
 
