@@ -9,10 +9,16 @@
  *   panels, and is close to a double-precision dot product of the
  *   dequantized weights (kg_dequantize) and activations.
  * - Batch invariance: a row's results are the same bits alone, inside any
- *   batch at any position, and on one or two threads. */
+ *   batch at any position, and on one or two threads.
+ *
+ * `check_vecdot --bench [TYPE...]` is a micro-benchmark instead of the
+ * tests: the SmolLM2-135M and Qwen2.5-0.5B projection shapes for m = 1, 4,
+ * 16, 128, 512 activation rows on 1 and 2 threads, weights cycling through
+ * 64 MiB of copies so that decode reads them from memory as a model does. */
 #include "backend/cpu/cpu_quant.h"
 #include "backend/cpu/cpu_vecdot.h"
 #include "check_common.h"
+#include "core/kg_clock.h"
 #include "core/kg_pool.h"
 #include "model/kg_quant.h"
 
@@ -42,7 +48,10 @@ static const kg_ggml_type_t qtypes[] = {
 
 static float *random_acts(int64_t n) {
     float *x = malloc((size_t)n * sizeof(float));
-    ck_assert_ptr_nonnull(x);
+    if (!x) { /* also used by the benchmark, outside any test */
+        fprintf(stderr, "check_vecdot: out of memory\n");
+        abort();
+    }
     for (int64_t i = 0; i < n; i++) {
         x[i] = rng_uniform(-1, 1) * (rng_next() % 50 == 0 ? 20.0f : 1.0f);
     }
@@ -350,6 +359,85 @@ START_TEST(several_products_one_call) {
 }
 END_TEST
 
+// ---- benchmark (check_vecdot --bench) ----
+
+static int bench(int n_types, char **types) {
+    static const char *const defaults[] = {"q8_0", "q5_0", "iq4_nl", "q4_k", "q6_k", "iq4_xs"};
+    static const int64_t shapes[][2] = {{1536, 576}, {576, 1536}, {4864, 896}, {896, 4864}};
+    static const int64_t ms[] = {1, 4, 16, 128, 512};
+    if (n_types == 0) {
+        n_types = (int)(sizeof(defaults) / sizeof(defaults[0]));
+        types = (char **)(uintptr_t)defaults;
+    }
+    printf("kernels %s; best of several calls; GB/s counts the weight bytes\n",
+           cpu_vecdot_kernel_name());
+    printf("%-7s %-10s %4s %3s %10s %8s\n", "type", "n x k", "m", "thr", "GMAC/s", "GB/s");
+    rng_state = 5;
+    for (int ti = 0; ti < n_types; ti++) {
+        kg_ggml_type_t t;
+        if (!kg_type_from_name(types[ti], &t) || !kg_type_is_quantized(t)) {
+            fprintf(stderr, "bench: '%s' is not a quantized type\n", types[ti]);
+            return EXIT_FAILURE;
+        }
+        for (size_t is = 0; is < sizeof(shapes) / sizeof(shapes[0]); is++) {
+            const int64_t n = shapes[is][0], k = shapes[is][1];
+            if (k % kg_type_block_elems(t) != 0) {
+                continue;
+            }
+            const size_t bytes = kg_type_row_size(t, k) * (size_t)n;
+            const int copies = (int)((64u << 20) / bytes + 1);
+            float *src = random_acts(n * k);
+            uint8_t *w = malloc(bytes * (size_t)copies);
+            cpu_qmat_t *mats = calloc((size_t)copies, sizeof(*mats));
+            float *x = random_acts(512 * k), *c = malloc((size_t)(512 * n) * sizeof(float));
+            cpu_qact_t a;
+            if (!w || !mats || !c || !kg_quantize(t, src, w, n * k) || !cpu_qact_init(&a, 512, k)) {
+                fprintf(stderr, "bench: out of memory\n");
+                return EXIT_FAILURE;
+            }
+            for (int cp = 0; cp < copies; cp++) {
+                if (cp > 0) {
+                    memcpy(w + bytes * (size_t)cp, w, bytes);
+                }
+                if (!cpu_qmat_init(&mats[cp], t, w + bytes * (size_t)cp, n, k)) {
+                    fprintf(stderr, "bench: cannot set up %s %lldx%lld\n", types[ti], (long long)n,
+                            (long long)k);
+                    return EXIT_FAILURE;
+                }
+            }
+            for (size_t im = 0; im < sizeof(ms) / sizeof(ms[0]); im++) {
+                const int64_t m = ms[im];
+                cpu_quant_act(mats[0].tr->act, x, m, k, &a);
+                for (int threads = 1; threads <= 2; threads++) {
+                    kg_pool_t *pool = kg_pool_new(threads);
+                    cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(threads, k);
+                    double best = 1e30;
+                    int calls = 0;
+                    const double t_end = ((double)kg_clock_us() * 1e-6) + (m >= 128 ? 0.6 : 0.3);
+                    while (calls < 3 || ((double)kg_clock_us() * 1e-6) < t_end) {
+                        const cpu_qmat_t *wm = &mats[calls % copies];
+                        const double t0 = ((double)kg_clock_us() * 1e-6);
+                        cpu_qgemm(pool, s, &a, 1, &wm, &c);
+                        const double dt = ((double)kg_clock_us() * 1e-6) - t0;
+                        best = dt < best ? dt : best;
+                        calls++;
+                    }
+                    printf("%-7s %5lldx%-4lld %4lld %3d %10.1f %8.1f\n", types[ti], (long long)n,
+                           (long long)k, (long long)m, threads,
+                           (double)m * (double)n * (double)k / best * 1e-9,
+                           (double)bytes / best * 1e-9);
+                    fflush(stdout);
+                    cpu_qgemm_scratch_free(s);
+                    kg_pool_free(pool);
+                }
+            }
+            cpu_qact_clear(&a);
+            free(src), free(w), free(mats), free(x), free(c);
+        }
+    }
+    return EXIT_SUCCESS;
+}
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("vecdot");
     TCase *tc = tcase_create("activations");
@@ -365,4 +453,13 @@ static Suite *make_suite(void) {
     return s;
 }
 
-KG_CHECK_MAIN(make_suite)
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+        return bench(argc - 2, argv + 2);
+    }
+    SRunner *sr = srunner_create(make_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

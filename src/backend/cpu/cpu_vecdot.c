@@ -32,9 +32,12 @@
  * in place; from it on, panels are unpacked once for all rows. */
 #define FUSED_MAX_ROWS 4
 
-/* Products smaller than these run on the calling thread (as cpu_gemm). */
-#define INLINE_MACS  1572864.0
-#define INLINE_BYTES 524288.0
+/* Products smaller than both of these run on the calling thread. A decode
+ * step is bound by reading the weights, and a second thread halves that
+ * for any matrix above ~128 KiB (the pool's workers poll between the
+ * step's products, so a hand-off costs a few microseconds). */
+#define INLINE_MACS  262144.0
+#define INLINE_BYTES 131072.0
 
 /* The kernel family in use: 0 scalar, 1 AVX2, 2 AVX2 with AVX-VNNI's
  * vpdpbusd for the 4-byte dot products (same integers, one instruction
