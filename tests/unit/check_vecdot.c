@@ -209,8 +209,12 @@ static void run(kg_pool_t *pool, cpu_qgemm_scratch_t *s, const qcase_t *q, float
 }
 
 START_TEST(every_type_matches_reference) {
-    /* n = 21: two full panels and a partial one; m = 7: tiles of 4, 2 and 1 rows */
-    const int64_t n = 21, m = 7;
+    /* n = 21: two full panels and a partial one; m = 23 rows: tiles of 4, 2
+     * and 1 rows on unpacked panels; the first 7 and the first 3 rows again
+     * as batches of their own: the fused decode tiles (3 rows, and 7 for the
+     * K-quants) and the panels (7 rows of 32-block types) */
+    const int64_t n = 21, m = 23;
+    static const int64_t subs[] = {7, 3};
     kg_pool_t *pool = kg_pool_new(2);
     cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, 512);
     ck_assert(pool && s);
@@ -219,41 +223,43 @@ START_TEST(every_type_matches_reference) {
         for (int64_t k = 256; k <= 512; k += 256) {
             qcase_t q;
             qcase_make(&q, qtypes[ti], n, k, m);
-            /* every kernel family this machine runs, with the fused decode
-             * tiles (m < 4) and the panel tiles (m >= 4) */
+            /* every kernel family this machine runs */
             static const char *const kernels[] = {"scalar", "avx2", "avxvnni"};
-            float *ck[3][2];
+            float *ck[3][3];
             for (int kk = 0; kk < 3; kk++) {
-                ck[kk][0] = ck[kk][1] = NULL;
+                ck[kk][0] = ck[kk][1] = ck[kk][2] = NULL;
                 if (!cpu_vecdot_set_kernel(kernels[kk])) {
                     continue;
                 }
-                ck[kk][0] = malloc((size_t)(m * n) * sizeof(float));
-                ck[kk][1] = malloc((size_t)(m * n) * sizeof(float));
+                for (int v = 0; v < 3; v++) {
+                    ck[kk][v] = malloc((size_t)(m * n) * sizeof(float));
+                }
                 run(pool, s, &q, ck[kk][0]);
-                /* rows 0..2 again as a 3-row batch: the fused decode tiles */
-                qcase_t q3 = q;
-                q3.m = 3;
-                ck_assert(cpu_qact_init(&q3.act, 3, k));
-                cpu_quant_act(q.mat.tr->act, q.x, 3, k, &q3.act);
-                run(pool, s, &q3, ck[kk][1]);
-                cpu_qact_clear(&q3.act);
+                for (int v = 1; v < 3; v++) {
+                    qcase_t qs = q;
+                    qs.m = subs[v - 1];
+                    ck_assert(cpu_qact_init(&qs.act, qs.m, k));
+                    cpu_quant_act(q.mat.tr->act, q.x, qs.m, k, &qs.act);
+                    run(pool, s, &qs, ck[kk][v]);
+                    cpu_qact_clear(&qs.act);
+                }
             }
             cpu_vecdot_set_kernel("best");
             for (int64_t i = 0; i < m; i++) {
                 for (int64_t j = 0; j < n; j++) {
                     const float ref = cpu_vecdot_ref(&q.mat, j, &q.act, i);
                     for (int kk = 0; kk < 3; kk++) {
-                        for (int v = 0; v < 2 && ck[kk][0]; v++) {
-                            if (v == 1 && i >= 3) {
+                        for (int v = 0; v < 3 && ck[kk][0]; v++) {
+                            const int64_t rows = v == 0 ? m : subs[v - 1];
+                            if (i >= rows) {
                                 continue;
                             }
                             const float got = ck[kk][v][i * n + j];
                             ck_assert_msg(memcmp(&got, &ref, 4) == 0,
-                                          "%s %s k=%lld (%lld, %lld) %s: %a, reference %a",
+                                          "%s %s k=%lld (%lld, %lld) in a %lld-row batch: %a, "
+                                          "reference %a",
                                           kg_type_name(q.type), kernels[kk], (long long)k,
-                                          (long long)i, (long long)j,
-                                          v ? "3-row batch" : "7-row batch", (double)got,
+                                          (long long)i, (long long)j, (long long)rows, (double)got,
                                           (double)ref);
                         }
                     }
@@ -283,8 +289,9 @@ START_TEST(every_type_matches_reference) {
                 }
             }
             for (int kk = 0; kk < 3; kk++) {
-                free(ck[kk][0]);
-                free(ck[kk][1]);
+                for (int v = 0; v < 3; v++) {
+                    free(ck[kk][v]);
+                }
             }
             qcase_free(&q);
         }
@@ -295,9 +302,10 @@ START_TEST(every_type_matches_reference) {
 END_TEST
 
 START_TEST(batch_invariance) {
-    /* rows of a 13-row batch against the same rows alone and in other
-     * batches, on 1 and 2 threads: identical bits */
-    const int64_t n = 75, k = 512, m = 13;
+    /* rows of a 20-row batch (unpacked panels for every type) against the
+     * same rows alone and in other batches (fused decode tiles, panels), on 1
+     * and 2 threads: identical bits */
+    const int64_t n = 75, k = 512, m = 20;
     kg_pool_t *pool2 = kg_pool_new(2);
     cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, k);
     rng_state = 77;
@@ -307,9 +315,9 @@ START_TEST(batch_invariance) {
         float *full = malloc((size_t)(m * n) * sizeof(float));
         run(pool2, s, &q, full);
         float *part = malloc((size_t)(m * n) * sizeof(float));
-        const int64_t starts[] = {0, 3, 5, 12};
-        const int64_t counts[] = {1, 2, 4, 1};
-        for (int v = 0; v < 4; v++) {
+        const int64_t starts[] = {0, 3, 5, 12, 2};
+        const int64_t counts[] = {1, 2, 4, 1, 18};
+        for (int v = 0; v < 5; v++) {
             qcase_t sub = q;
             sub.m = counts[v];
             ck_assert(cpu_qact_init(&sub.act, sub.m, k));

@@ -168,10 +168,14 @@ void cpu_quant_act(cpu_act_kind_t kind, const float *x, int64_t m, int64_t k, cp
     for (int64_t i = 0; i < m; i++) {
         const float *xr = x + i * k;
         int8_t *qr = a->qs + i * k;
+        uint8_t *ur = a->qu + i * k;
         if (kind == CPU_ACT_Q8_K) {
             for (int64_t b = 0; b < k / 256; b++) {
                 a->d[b * m + i] =
                     quant_block_q8_k(xr + 256 * b, qr + 256 * b, a->bsums + i * (k / 16) + 16 * b);
+            }
+            for (int64_t e = 0; e < k; e++) {
+                ur[e] = (uint8_t)(qr[e] + 128);
             }
             continue;
         }
@@ -183,7 +187,6 @@ void cpu_quant_act(cpu_act_kind_t kind, const float *x, int64_t m, int64_t k, cp
                 a->s[b * m + i] = half_round(d * (float)sum);
             }
         }
-        uint8_t *ur = a->qu + i * k;
         for (int64_t e = 0; e < k; e++) {
             ur[e] = (uint8_t)(qr[e] + 128);
         }
@@ -194,8 +197,9 @@ void cpu_quant_act(cpu_act_kind_t kind, const float *x, int64_t m, int64_t k, cp
 
 size_t cpu_qpanel_size(int64_t k) {
     const size_t n = CPU_QPANEL, kk = (size_t)k;
-    return align32(n * kk) + align32(n * (kk / 32) * sizeof(uint32_t)) +
-           3 * align32((kk / 32) * n * sizeof(float)) + align32(n * (kk / 16) * sizeof(int16_t));
+    return 2 * align32(n * kk) + align32(n * (kk / 32) * sizeof(uint32_t)) +
+           4 * align32((kk / 32) * n * sizeof(float)) + align32(n * (kk / 16) * sizeof(int16_t)) +
+           align32(n * (kk / 16) * sizeof(int32_t));
 }
 
 void cpu_qpanel_init(cpu_qpanel_t *p, void *mem, int64_t k) {
@@ -212,6 +216,12 @@ void cpu_qpanel_init(cpu_qpanel_t *p, void *mem, int64_t k) {
     c += align32((kk / 32) * n * sizeof(float));
     p->corr = (int32_t *)(void *)c;
     c += align32((kk / 32) * n * sizeof(int32_t));
+    p->wi = (int8_t *)c;
+    c += align32(n * kk);
+    p->sci = (int32_t *)(void *)c;
+    c += align32(n * (kk / 16) * sizeof(int32_t));
+    p->mini = (uint32_t *)(void *)c;
+    c += align32((kk / 32) * n * sizeof(uint32_t));
     p->mins = (int16_t *)(void *)c;
 }
 

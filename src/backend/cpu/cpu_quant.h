@@ -62,7 +62,7 @@ typedef struct cpu_qact {
     cpu_act_kind_t kind;
     int64_t m, k;
     int8_t *qs;     /* (m, k) */
-    uint8_t *qu;    /* Q8_0/Q8_1: (m, k) qs + 128, unsigned (for vpdpbusd; see cpu_vecdot) */
+    uint8_t *qu;    /* (m, k) qs + 128, unsigned (for vpdpbusd; see cpu_vecdot) */
     float *d;       /* (k / blk, m): the scale as used in the dot (fp16 value for Q8_0/Q8_1) */
     float *s;       /* Q8_1: (k / 32, m) d * sum(q), fp16 value */
     int16_t *bsums; /* Q8_K: (m, k / 16) sums of 16 q */
@@ -88,8 +88,16 @@ typedef struct cpu_qpanel {
     float *d;      /* (k / blk, CPU_QPANEL) block scale d */
     float *dm;     /* min_m: (k / 32, CPU_QPANEL) m; min_k: (k / 256, CPU_QPANEL) dmin */
     int16_t *mins; /* min_k: (CPU_QPANEL, k / 16) the min of each 16 elements' sub-block */
-    int32_t *corr; /* signed 32-blocks: (k / 32, CPU_QPANEL) -128 * sum(w), which turns
-                      sum (a + 128) w into sum a w */
+    int32_t *corr; /* (k / 32, CPU_QPANEL) -128 * sum over the block of sc * w (the value,
+                      signed), which turns sum sc (a + 128) w into sum sc a w: signed
+                      32-blocks always, every type in the interleaved form below */
+    /* The interleaved form the AVX-VNNI prefill tiles read (cpu_vecdot), built
+     * from the above when those tiles run: */
+    int8_t *wi;      /* (k / 4, CPU_QPANEL, 4): 4 consecutive values of each row side by
+                        side, so one vpdpbusd meets 4 k of all 8 rows (signed values) */
+    int32_t *sci;    /* scaled types: (k / 16, CPU_QPANEL) the scale of each 16 */
+    uint32_t *mini;  /* min_k: (k / 32, CPU_QPANEL) the mins of 16-sub-blocks 2j and 2j + 1
+                        as an int16 pair */
 } cpu_qpanel_t;
 
 /** Bytes of one panel for rows of k elements. */

@@ -29,8 +29,11 @@
 #define MC 64
 
 /* Below this many activation rows the fused decode tiles read the blocks
- * in place; from it on, panels are unpacked once for all rows. */
-#define FUSED_MAX_ROWS 4
+ * in place (unpacked panels pay off from there on): 32-block types, whose
+ * panels are cheap to build, and the K-quants, whose are not. */
+#define FUSED_MAX_ROWS_32 5
+#define FUSED_MAX_ROWS_K  17
+#define FUSED_MAX_ROWS    17 /* the larger: the fused tiles' buffers hold this many rows */
 
 /* Products smaller than both of these run on the calling thread. A decode
  * step is bound by reading the weights, and a second thread halves that
@@ -112,8 +115,10 @@ cpu_qgemm_scratch_t *cpu_qgemm_scratch_new(int n_threads, int64_t max_k) {
     s->max_k = max_k;
     s->panel_size = (cpu_qpanel_size(max_k) + 63) & ~(size_t)63;
     /* the fused decode tiles' buffers (fused_buf_t) fit the same space */
-    const size_t nb32 = (size_t)max_k / 32,
-                 fused = (FUSED_MAX_ROWS - 1) * 2 * nb32 * NP * 32 + 2 * nb32 * NP * sizeof(float);
+    const size_t nb32 = (size_t)max_k / 32, nb256 = (size_t)max_k / 256;
+    const size_t fused = (FUSED_MAX_ROWS_32 - 1) * nb32 * NP * 32 +
+                         (FUSED_MAX_ROWS_K - 1) * 2 * nb256 * NP * 32 +
+                         2 * nb32 * NP * sizeof(float);
     while ((size_t)TASK_PANELS * s->panel_size < fused) {
         s->panel_size += 64;
     }
@@ -844,6 +849,230 @@ static const qtile_fn *tiles_for(const cpu_qtraits_t *tr, int vnni) {
 }
 #endif
 
+// ---- AVX-VNNI prefill tiles on interleaved panels ----
+#ifdef VECDOT_AVX2
+
+/* With vpdpbusd a GEMM needs no horizontal sums: lay 4 consecutive values
+ * of the panel's 8 rows side by side (32 bytes), broadcast 4 activation
+ * bytes, and one instruction adds 4 products to each of the 8 outputs.
+ * The activations go in as a + 128 (unsigned) and the weights as their
+ * signed values; the panel's corr takes the 128 back off. Every integer is
+ * the same as in the other kernels, so every output is the same bits. */
+
+QV_INLINE void transpose8(__m256i *r) {
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    r[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+    r[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+    r[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+    r[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+    r[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+    r[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+    r[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+    r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
+/* Build wi, sci, mini and corr of an unpacked panel. */
+static void interleave_panel(const cpu_qtraits_t *tr, cpu_qpanel_t *p) {
+    const int64_t k = p->k;
+    const __m256i off = _mm256_set1_epi8((char)tr->offset), ones = _mm256_set1_epi8(1);
+    for (int64_t c = 0; c < k / 32; c++) {
+        __m256i r[8];
+        for (int col = 0; col < NP; col++) {
+            r[col] = _mm256_load_si256((const __m256i *)(const void *)(p->w + col * k + 32 * c));
+            r[col] = _mm256_sub_epi8(r[col], off); /* the signed value */
+        }
+        transpose8(r);
+        for (int g = 0; g < 8; g++) {
+            _mm256_store_si256((__m256i *)(void *)(p->wi + (c * 8 + g) * 32), r[g]);
+        }
+    }
+    if (tr->scaled) {
+        for (int64_t s16 = 0; s16 < k / 16; s16++) {
+            for (int col = 0; col < NP; col++) {
+                const uint32_t pr = p->sc[col * (k / 32) + s16 / 2];
+                p->sci[s16 * NP + col] = (int16_t)(uint16_t)(s16 % 2 ? pr >> 16 : pr);
+            }
+        }
+    }
+    if (tr->min_k) {
+        for (int64_t jp = 0; jp < k / 32; jp++) {
+            for (int col = 0; col < NP; col++) {
+                const int16_t *mn = p->mins + col * (k / 16) + 2 * jp;
+                p->mini[jp * NP + col] = (uint32_t)(uint16_t)mn[0] | (uint32_t)(uint16_t)mn[1]
+                                                                         << 16;
+            }
+        }
+    }
+    /* corr = -128 * sum sc * w per block, from the interleaved values */
+    const int blk = tr->blk,
+              sub = tr->scaled ? (tr->offset || tr->type == KG_GGML_TYPE_Q2_K ? 16 : 32) : 32;
+    for (int64_t b = 0; b < k / blk; b++) {
+        __m256i sum = _mm256_setzero_si256();
+        for (int64_t s0 = 0; s0 < blk; s0 += sub) {
+            __m256i t = _mm256_setzero_si256();
+            for (int64_t g = (b * blk + s0) / 4; g < (b * blk + s0 + sub) / 4; g++) {
+                t = dpbusd(t, ones,
+                           _mm256_load_si256((const __m256i *)(const void *)(p->wi + g * 32)));
+            }
+            if (tr->scaled) {
+                const __m256i scv = _mm256_load_si256(
+                    (const __m256i *)(const void *)(p->sci + ((b * blk + s0) / 16) * NP));
+                t = _mm256_mullo_epi32(t, scv);
+            }
+            sum = _mm256_add_epi32(sum, t);
+        }
+        _mm256_store_si256((__m256i *)(void *)(p->corr + b * NP),
+                           _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
+    }
+}
+
+QV_INLINE __m256i bcast4(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+QV_INLINE void tile_vnni(const int RM,
+                         const int blk,
+                         const int scaled,
+                         const int sub16,
+                         const int min_m,
+                         const int min_k,
+                         const cpu_qpanel_t *p,
+                         const cpu_qact_t *a,
+                         int64_t i0,
+                         float *c,
+                         int64_t ldc,
+                         int nc) {
+    const int64_t k = p->k, m = a->m, nb = k / blk;
+    __m256 acc[4], macc[4];
+    const uint8_t *au[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++) {
+        acc[r] = macc[r] = _mm256_setzero_ps();
+        au[r] = a->qu + (i0 + r) * k;
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i isum[4];
+        const __m256i corr = _mm256_load_si256((const __m256i *)(const void *)(p->corr + b * NP));
+#pragma GCC unroll 4
+        for (int r = 0; r < RM; r++) {
+            isum[r] = corr;
+        }
+        if (!scaled) {
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const int64_t ga = b * 8 + g;
+                const __m256i w =
+                    _mm256_load_si256((const __m256i *)(const void *)(p->wi + ga * 32));
+#pragma GCC unroll 4
+                for (int r = 0; r < RM; r++) {
+                    isum[r] = dpbusd(isum[r], bcast4(au[r] + 4 * ga), w);
+                }
+            }
+        } else {
+            const int sub = sub16 ? 16 : 32, nsub = 256 / sub, gps = sub / 4;
+#pragma GCC unroll 16
+            for (int sb = 0; sb < nsub; sb++) {
+                __m256i t[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < RM; r++) {
+                    t[r] = _mm256_setzero_si256();
+                }
+#pragma GCC unroll 8
+                for (int gg = 0; gg < gps; gg++) {
+                    const int64_t ga = b * 64 + sb * gps + gg;
+                    const __m256i w =
+                        _mm256_load_si256((const __m256i *)(const void *)(p->wi + ga * 32));
+#pragma GCC unroll 4
+                    for (int r = 0; r < RM; r++) {
+                        t[r] = dpbusd(t[r], bcast4(au[r] + 4 * ga), w);
+                    }
+                }
+                const __m256i scv = _mm256_load_si256(
+                    (const __m256i *)(const void *)(p->sci + (b * 16 + sb * (sub / 16)) * NP));
+#pragma GCC unroll 4
+                for (int r = 0; r < RM; r++) {
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(t[r], scv));
+                }
+            }
+        }
+        const __m256 dw = _mm256_load_ps(p->d + b * NP);
+#pragma GCC unroll 4
+        for (int r = 0; r < RM; r++) {
+            const __m256 da = _mm256_broadcast_ss(a->d + b * m + i0 + r);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+            if (min_m) {
+                macc[r] = _mm256_fmadd_ps(_mm256_load_ps(p->dm + b * NP),
+                                          _mm256_broadcast_ss(a->s + b * m + i0 + r), macc[r]);
+            }
+            if (min_k) {
+                __m256i msum = _mm256_setzero_si256();
+                const int16_t *bs = a->bsums + (i0 + r) * (k / 16) + 16 * b;
+#pragma GCC unroll 8
+                for (int jp = 0; jp < 8; jp++) {
+                    const __m256i mn = _mm256_load_si256(
+                        (const __m256i *)(const void *)(p->mini + (b * 8 + jp) * NP));
+                    msum = _mm256_add_epi32(
+                        msum, _mm256_madd_epi16(mn, bcast4((const uint8_t *)(bs + 2 * jp))));
+                }
+                const __m256 dm = _mm256_mul_ps(_mm256_load_ps(p->dm + b * NP), da);
+                macc[r] = _mm256_fmadd_ps(_mm256_xor_ps(dm, _mm256_set1_ps(-0.0f)),
+                                          _mm256_cvtepi32_ps(msum), macc[r]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++) {
+        const __m256 res = min_m || min_k ? _mm256_add_ps(acc[r], macc[r]) : acc[r];
+        float out[8];
+        _mm256_storeu_ps(out, res);
+        for (int q = 0; q < nc; q++) {
+            c[r * ldc + q] = out[q];
+        }
+    }
+}
+
+typedef void (*vtile_fn)(
+    const cpu_qpanel_t *p, const cpu_qact_t *a, int64_t i0, float *c, int64_t ldc, int nc);
+
+#define DEF_VTILE(NAME, RM, BLK, SCALED, SUB16, MINM, MINK)                                        \
+    static void NAME##_##RM(const cpu_qpanel_t *p, const cpu_qact_t *a, int64_t i0, float *c,      \
+                            int64_t ldc, int nc) {                                                 \
+        tile_vnni(RM, BLK, SCALED, SUB16, MINM, MINK, p, a, i0, c, ldc, nc);                       \
+    }
+#define DEF_VTILES(NAME, BLK, SCALED, SUB16, MINM, MINK)                                           \
+    DEF_VTILE(NAME, 1, BLK, SCALED, SUB16, MINM, MINK)                                             \
+    DEF_VTILE(NAME, 2, BLK, SCALED, SUB16, MINM, MINK)                                             \
+    DEF_VTILE(NAME, 4, BLK, SCALED, SUB16, MINM, MINK)                                             \
+    static const vtile_fn NAME[3] = {NAME##_1, NAME##_2, NAME##_4};
+
+DEF_VTILES(vtiles_32, 32, 0, 0, 0, 0)    /* Q4_0, Q5_0, Q8_0, IQ4_NL */
+DEF_VTILES(vtiles_32m, 32, 0, 0, 1, 0)   /* Q4_1, Q5_1 */
+DEF_VTILES(vtiles_k32, 256, 1, 0, 0, 0)  /* IQ4_XS */
+DEF_VTILES(vtiles_k32m, 256, 1, 0, 0, 1) /* Q4_K, Q5_K */
+DEF_VTILES(vtiles_k16, 256, 1, 1, 0, 0)  /* Q3_K, Q6_K */
+DEF_VTILES(vtiles_k16m, 256, 1, 1, 0, 1) /* Q2_K */
+
+static const vtile_fn *vtiles_for(const cpu_qtraits_t *tr) {
+    if (tr->blk == 32) {
+        return tr->min_m ? vtiles_32m : vtiles_32;
+    }
+    const bool sub16 = tr->offset != 0 || tr->type == KG_GGML_TYPE_Q2_K;
+    if (sub16) {
+        return tr->min_k ? vtiles_k16m : vtiles_k16;
+    }
+    return tr->min_k ? vtiles_k32m : vtiles_k32;
+}
+#endif
+
 // ---- driver ----
 
 /* Rows [i1, i2) of a against one unpacked panel (its first nc rows valid):
@@ -857,6 +1086,20 @@ static void panel_rows(const cpu_qtraits_t *tr,
                        float *c,
                        int64_t ldc) {
 #ifdef VECDOT_AVX2
+    if (kernel_in_use() == 2) {
+        const vtile_fn *t = vtiles_for(tr);
+        int64_t i = i1;
+        for (; i + 4 <= i2; i += 4) {
+            t[2](p, a, i, c + i * ldc, ldc, nc);
+        }
+        for (; i + 2 <= i2; i += 2) {
+            t[1](p, a, i, c + i * ldc, ldc, nc);
+        }
+        for (; i < i2; i++) {
+            t[0](p, a, i, c + i * ldc, ldc, nc);
+        }
+        return;
+    }
     if (kernel_in_use() > 0) {
         const qtile_fn *t = tiles_for(tr, kernel_in_use() == 2);
         int64_t i = i1;
@@ -904,7 +1147,7 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
     const int64_t p0 = (task - j->first_task[wi]) * j->panels_per_task;
     const int64_t p1 = p0 + j->panels_per_task < n_panels ? p0 + j->panels_per_task : n_panels;
 #ifdef VECDOT_AVX2
-    if (a->m < FUSED_MAX_ROWS && kernel_in_use() > 0) {
+    if (a->m < (w->tr->blk == 32 ? FUSED_MAX_ROWS_32 : FUSED_MAX_ROWS_K) && kernel_in_use() > 0) {
         /* decode: the blocks are met in place, in two phases (see fused_phase1) */
         const fused_fn f = fused_for(w->tr->type, kernel_in_use() == 2);
         const int64_t nb = w->k / w->tr->blk;
@@ -937,6 +1180,11 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
         ncs[p - p0] = (int)(w->n - r0 < NP ? w->n - r0 : NP);
         cpu_quant_unpack(w->tr, (const char *)w->data + (size_t)r0 * w->row_size, w->row_size,
                          ncs[p - p0], pp);
+#ifdef VECDOT_AVX2
+        if (kernel_in_use() == 2) {
+            interleave_panel(w->tr, pp);
+        }
+#endif
     }
     for (int64_t i1 = 0; i1 < a->m; i1 += MC) {
         const int64_t i2 = i1 + MC < a->m ? i1 + MC : a->m;
