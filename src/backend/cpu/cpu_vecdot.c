@@ -933,6 +933,78 @@ static void interleave_panel(const cpu_qtraits_t *tr, cpu_qpanel_t *p) {
     }
 }
 
+/* The interleaved panel of 32-block types straight from the file's
+ * blocks (one pass: no row-wise panel in between): wi, corr, d and m. */
+QV_INLINE void interleave_blk32(
+    const kg_ggml_type_t type, const uint8_t *rows, size_t row_size, int n_rows, cpu_qpanel_t *p) {
+    const int64_t k = p->k;
+    const size_t bs = blk32_size(type);
+    const int min_m = type == KG_GGML_TYPE_Q4_1 || type == KG_GGML_TYPE_Q5_1;
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < k / 32; b++) {
+        __m256i r[8];
+#pragma GCC unroll 8
+        for (int col = 0; col < NP; col++) {
+            if (col < n_rows) {
+                const uint8_t *x = rows + (size_t)col * row_size + (size_t)b * bs;
+                r[col] = w_blk32(type, x);
+                uint16_t h;
+                memcpy(&h, x, 2);
+                p->d[b * NP + col] = _cvtsh_ss(h);
+                if (min_m) {
+                    memcpy(&h, x + 2, 2);
+                    p->dm[b * NP + col] = _cvtsh_ss(h);
+                }
+            } else {
+                r[col] = _mm256_setzero_si256();
+                p->d[b * NP + col] = 0.0f;
+                p->dm[b * NP + col] = 0.0f;
+            }
+        }
+        transpose8(r);
+        __m256i sum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            _mm256_store_si256((__m256i *)(void *)(p->wi + (b * 8 + g) * 32), r[g]);
+            sum = dpbusd(sum, ones, r[g]);
+        }
+        _mm256_store_si256((__m256i *)(void *)(p->corr + b * NP),
+                           _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
+    }
+}
+
+#define DEF_IL32(NAME, TYPE)                                                                       \
+    static void NAME(const uint8_t *rows, size_t row_size, int n_rows, cpu_qpanel_t *p) {          \
+        interleave_blk32(TYPE, rows, row_size, n_rows, p);                                         \
+    }
+DEF_IL32(il_q4_0, KG_GGML_TYPE_Q4_0)
+DEF_IL32(il_q4_1, KG_GGML_TYPE_Q4_1)
+DEF_IL32(il_q5_0, KG_GGML_TYPE_Q5_0)
+DEF_IL32(il_q5_1, KG_GGML_TYPE_Q5_1)
+DEF_IL32(il_q8_0, KG_GGML_TYPE_Q8_0)
+DEF_IL32(il_iq4_nl, KG_GGML_TYPE_IQ4_NL)
+
+typedef void (*il_fn)(const uint8_t *rows, size_t row_size, int n_rows, cpu_qpanel_t *p);
+
+static il_fn il_for(kg_ggml_type_t type) {
+    switch (type) {
+    case KG_GGML_TYPE_Q4_0:
+        return il_q4_0;
+    case KG_GGML_TYPE_Q4_1:
+        return il_q4_1;
+    case KG_GGML_TYPE_Q5_0:
+        return il_q5_0;
+    case KG_GGML_TYPE_Q5_1:
+        return il_q5_1;
+    case KG_GGML_TYPE_Q8_0:
+        return il_q8_0;
+    case KG_GGML_TYPE_IQ4_NL:
+        return il_iq4_nl;
+    default:
+        return NULL;
+    }
+}
+
 QV_INLINE __m256i bcast4(const uint8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -1178,8 +1250,14 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
         cpu_qpanel_init(pp, mem + (size_t)(p - p0) * j->scratch->panel_size, w->k);
         const int64_t r0 = p * NP;
         ncs[p - p0] = (int)(w->n - r0 < NP ? w->n - r0 : NP);
-        cpu_quant_unpack(w->tr, (const char *)w->data + (size_t)r0 * w->row_size, w->row_size,
-                         ncs[p - p0], pp);
+        const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_size;
+#ifdef VECDOT_AVX2
+        if (kernel_in_use() == 2 && w->tr->blk == 32) {
+            il_for(w->tr->type)(src, w->row_size, ncs[p - p0], pp);
+            continue;
+        }
+#endif
+        cpu_quant_unpack(w->tr, src, w->row_size, ncs[p - p0], pp);
 #ifdef VECDOT_AVX2
         if (kernel_in_use() == 2) {
             interleave_panel(w->tr, pp);
