@@ -1,290 +1,380 @@
-/* attention: paged GQA attention with the online softmax.
+/* attention: paged GQA attention on tensor cores, flash-attention style.
  *
  * DESIGN
- * Grid (token, KV head x query-head group, split). A block of 128 threads
- * serves up to 8 query heads of one KV head: it holds their q in shared
- * memory and walks its share of the token's positions in tiles of 32:
- *   1. scores: each warp takes 8 positions; for each, the warp reads the
- *      K row (hd fp16, one coalesced load) once and dots it with all its
- *      heads' q, warp-reducing one score per head;
- *   2. softmax: one warp per head updates the running max and sum over the
- *      tile (kg_online_softmax_step's algebra, vectorized over the tile);
- *   3. values: each thread owns 1-2 of the hd dimensions for every head,
- *      rescales its accumulators and adds the tile's weighted V rows.
- * With n_split > 1 (few tokens: decode), each block covers 1/n_split of the
- * positions and writes (m, l, unnormalized acc); a combine kernel merges
- * the splits. The split count is fixed per launch size and the ranges are
- * derived on the device from pos[t], so CUDA graphs stay valid.
- * Prefill chunks use the same kernel (each token walks its own prefix);
- * tiling the queries of a chunk together would cut K/V reloads and is the
- * next step if prefill attention ever dominates. */
+ * Work item: (tile, KV head [x query-head subgroup], split). A tile is a
+ * run of consecutive tokens of one sequence (a decode token alone, or up to
+ * 64 / group tokens of a prefill chunk); its rows are (token, query head)
+ * pairs of the KV head's group, 16 x rt of them, so the group's heads share
+ * every K/V load (GQA) and a prefill tile shares them between its tokens
+ * too (query tiling). A split is the positions [s * split_len, (s + 1) *
+ * split_len) of the sequence; the item walks them in KV tiles of 32
+ * positions (16 for head_dim > 128): K and V into shared memory, S = Q K^T
+ * on tensor cores (WMMA 16x16x16, fp16 in, f32 out), the online softmax
+ * per row in f32 (one warp per row, a lane per position), then O = O *
+ * alpha + P V on tensor cores, O staying in accumulator fragments (rows are
+ * found through a fragment loaded from a map of row numbers, so nothing
+ * depends on the fragments' unspecified layout). A token whose context
+ * fits one split is written out directly; longer ones leave (m, l, O) per
+ * split and a combine kernel merges the splits in order.
+ *
+ * Batch invariance. Every value a row produces depends only on its own q,
+ * its own positions and the fixed cut of positions into splits and KV
+ * tiles (both aligned to absolute positions): a tensor-core row is computed
+ * independently of the other rows of its tile, a position another row of
+ * the tile may see but this one may not enters as an exact 0 (p = 0, alpha
+ * = 1), and splits are merged in ascending order. So a token gets the same
+ * bits alone, in a batch of 64, in a prefill chunk of any length or as a
+ * decode token, which is what keeps a job's tokens independent of its batch
+ * mates, of preemption (recomputing a sequence runs its generated tokens
+ * through the prefill path) and of the prefix cache.
+ *
+ * Parallelism. Splits give decode its parallelism at any batch size for
+ * long contexts (B x n_kv x splits blocks, e.g. 8 x 16 = 128 for one 4096
+ * token sequence of an 8B model); the host cuts the tiles into groups
+ * whose partial results fit the scratch. */
 #include "attention.cuh"
 
-#define ATT_THREADS   128
-#define ATT_WARPS     (ATT_THREADS / 32)
-#define ATT_TILE      32
-#define ATT_PER_WARP  (ATT_TILE / ATT_WARPS)
-#define ATT_MAX_HEADS 8
-#define ATT_MAX_HD    256
-#define ATT_DIMS      (ATT_MAX_HD / ATT_THREADS)
+#include <mma.h>
+
+using namespace nvcuda;
+
+#define ATT_THREADS 128
+#define ATT_WARPS   4
+#define SPLIT_MIN   256
 
 typedef struct attn_args {
     kg_cuda_inputs_t in;
     kg_cuda_attn_shape_t sh;
-    int32_t n_sub, n_split;
+    int32_t split_len, max_splits;
+    int32_t tile0, tok0; /* the launch's first tile and first token */
+    int32_t n_sub;       /* query-head subgroups per KV head */
     float scale;
     const __half *q, *kc, *vc;
-    float *part_acc; /* (rows, n_head, n_split, hd) */
-    float *part_ml;  /* (rows, n_head, n_split, 2) */
+    float *part_acc; /* (n_tok, n_head, max_splits, hd) */
+    float *part_ml;  /* (n_tok, n_head, max_splits, 2) */
     void *out;
     int dt;
 } attn_args_t;
 
-__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
-    __shared__ float q_s[ATT_MAX_HEADS][ATT_MAX_HD];
-    __shared__ float s_s[ATT_MAX_HEADS][ATT_TILE];
-    __shared__ int64_t row_s[ATT_TILE];
-    __shared__ float m_s[ATT_MAX_HEADS], l_s[ATT_MAX_HEADS], alpha_s[ATT_MAX_HEADS];
+/* Rows per KV head: the group's heads, or R of them per subgroup. */
+__device__ __host__ __forceinline__ int32_t heads_per_item(int32_t group, int32_t rows) {
+    return group <= rows ? group : rows;
+}
 
-    const int32_t t = blockIdx.x;
-    if (t >= a.in.hdr->n_tokens) {
+template <int RT, int HDMAX, int KT>
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
+    constexpr int R = 16 * RT;
+    constexpr int NCF = HDMAX / 16;                            /* column fragments of O */
+    constexpr int OF = (RT * NCF + ATT_WARPS - 1) / ATT_WARPS; /* O fragments per warp */
+    constexpr int SF = (RT * (KT / 16) + ATT_WARPS - 1) / ATT_WARPS;
+    __shared__ __align__(32) __half q_s[R][HDMAX];
+    __shared__ __align__(32) __half k_s[KT][HDMAX];
+    __shared__ __align__(32) __half v_s[KT][HDMAX];
+    __shared__ __align__(32) float s_s[R][KT];
+    __shared__ __align__(32) __half p_s[R][KT];
+    __shared__ float m_s[R];
+    __shared__ float l_s[R];
+    __shared__ float alpha_s[R];
+    __shared__ int32_t pos_s[R]; /* -1: a padding row */
+
+    const int32_t tile = a.tile0 + blockIdx.x;
+    if (tile >= a.in.hdr->n_tiles) {
         return;
     }
-    const int32_t hd = a.sh.head_dim, group = a.sh.n_head / a.sh.n_head_kv;
+    const int32_t hd = a.sh.head_dim, hd16 = (hd + 15) & ~15;
+    const int32_t group = a.sh.n_head / a.sh.n_head_kv;
+    const int32_t hs = heads_per_item(group, R), qt = R / hs;
     const int32_t g = blockIdx.y / a.n_sub, sub = blockIdx.y % a.n_sub;
-    const int32_t h0 = g * group + sub * ATT_MAX_HEADS;
-    const int32_t nh = min(ATT_MAX_HEADS, group - sub * ATT_MAX_HEADS);
-    const int32_t split = blockIdx.z;
-    const int32_t n_pos = a.in.pos[t] + 1;
-    const int32_t chunk = (n_pos + a.n_split - 1) / a.n_split;
-    const int32_t p_begin = split * chunk, p_end = min(n_pos, p_begin + chunk);
+    const int32_t h0 = g * group + sub * hs, nh = min(hs, group - sub * hs);
+    const int32_t t0 = a.in.tile_tok0[tile], nt = min(a.in.tile_n[tile], qt);
+    const int32_t last = a.in.pos[t0 + nt - 1]; /* positions increase along the tile */
+    const int32_t split = blockIdx.z, sl = a.split_len;
+    const int32_t p_begin = split * sl;
+    if (p_begin > last) {
+        return;
+    }
+    const int32_t p_end = min(p_begin + sl, last + 1);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t n_kv_dim = (int64_t)a.sh.n_head_kv * hd;
-    const int32_t *table = a.in.table + a.in.tbl_off[t];
+    const int32_t *table = a.in.table + a.in.tbl_off[t0];
     const int32_t bs = a.sh.block_size;
 
-    for (int32_t i = tid; i < nh * hd; i += ATT_THREADS) {
-        const int32_t h = i / hd, e = i % hd;
-        q_s[h][e] = __half2float(a.q[((int64_t)t * a.sh.n_head + h0 + h) * hd + e]);
+    /* rows: (token tt, head hh) at r = tt * hs + hh */
+    for (int r = tid; r < R; r += ATT_THREADS) {
+        const int tt = r / hs, hh = r % hs;
+        pos_s[r] = r < qt * hs && tt < nt && hh < nh ? a.in.pos[t0 + tt] : -1;
+        m_s[r] = -INFINITY;
+        l_s[r] = 0.0f;
     }
-    if (tid < ATT_MAX_HEADS) {
-        m_s[tid] = -INFINITY;
-        l_s[tid] = 0.0f;
-    }
-    float acc[ATT_MAX_HEADS][ATT_DIMS];
-#pragma unroll
-    for (int h = 0; h < ATT_MAX_HEADS; h++) {
-#pragma unroll
-        for (int j = 0; j < ATT_DIMS; j++) {
-            acc[h][j] = 0.0f;
+    for (int i = tid; i < R * HDMAX; i += ATT_THREADS) {
+        const int r = i / HDMAX, e = i % HDMAX, tt = r / hs, hh = r % hs;
+        float v = 0.0f;
+        if (e < hd && r < qt * hs && tt < nt && hh < nh) {
+            v = __half2float(a.q[((int64_t)(t0 + tt) * a.sh.n_head + h0 + hh) * hd + e]);
         }
+        q_s[r][e] = __float2half_rn(v);
+    }
+    for (int i = tid; i < KT * HDMAX; i += ATT_THREADS) {
+        k_s[i / HDMAX][i % HDMAX] = __float2half_rn(0.0f);
+        v_s[i / HDMAX][i % HDMAX] = __float2half_rn(0.0f);
+    }
+    /* row and column numbers of each accumulator element, for the rescale
+     * and the output (s_s is free until the first tile) */
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> rmap, cmap;
+    for (int i = tid; i < 256; i += ATT_THREADS) {
+        s_s[i / 16][i % 16] = (float)(i / 16);
     }
     __syncthreads();
+    wmma::load_matrix_sync(rmap, &s_s[0][0], KT, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = tid; i < 256; i += ATT_THREADS) {
+        s_s[i / 16][i % 16] = (float)(i % 16);
+    }
+    __syncthreads();
+    wmma::load_matrix_sync(cmap, &s_s[0][0], KT, wmma::mem_row_major);
+    __syncthreads();
 
-    for (int32_t p0 = p_begin; p0 < p_end; p0 += ATT_TILE) {
-        /* 1. scores of this tile, s_s[h][pi] (-inf past the end) */
-        for (int k = 0; k < ATT_PER_WARP; k++) {
-            const int32_t pi = warp * ATT_PER_WARP + k, p = p0 + pi;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[OF];
+#pragma unroll
+    for (int j = 0; j < OF; j++) {
+        wmma::fill_fragment(o[j], 0.0f);
+    }
+
+    for (int32_t p0 = p_begin; p0 < p_end; p0 += KT) {
+        /* 1. K and V rows of positions p0 .. p0 + KT - 1 (zeros past p_end) */
+        const int32_t chunks = hd / 8;
+        for (int i = tid; i < KT * chunks; i += ATT_THREADS) {
+            const int pi = i / chunks, c = i % chunks;
+            const int32_t p = p0 + pi;
+            uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
             if (p < p_end) {
                 const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
-                if (lane == 0) {
-                    row_s[pi] = row;
-                }
-                const __half2 *kr = (const __half2 *)(a.kc + row * n_kv_dim + (int64_t)g * hd);
-                float dot[ATT_MAX_HEADS];
+                const int64_t off = row * n_kv_dim + (int64_t)g * hd + c * 8;
+                kv = *(const uint4 *)(a.kc + off);
+                vv = *(const uint4 *)(a.vc + off);
+            }
+            *(uint4 *)&k_s[pi][c * 8] = kv;
+            *(uint4 *)&v_s[pi][c * 8] = vv;
+        }
+        __syncthreads();
+
+        /* 2. S = Q K^T (R x KT), each element over k in ascending order */
 #pragma unroll
-                for (int h = 0; h < ATT_MAX_HEADS; h++) {
-                    dot[h] = 0.0f;
+        for (int j = 0; j < SF; j++) {
+            const int f = warp + j * ATT_WARPS;
+            if (f < RT * (KT / 16)) {
+                const int rf = f / (KT / 16), cf = f % (KT / 16);
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
+                wmma::fill_fragment(s, 0.0f);
+                for (int kk = 0; kk < hd16; kk += 16) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fq;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fk;
+                    wmma::load_matrix_sync(fq, &q_s[rf * 16][kk], HDMAX);
+                    wmma::load_matrix_sync(fk, &k_s[cf * 16][kk], HDMAX);
+                    wmma::mma_sync(s, fq, fk, s);
                 }
-                for (int32_t e2 = lane; e2 < hd / 2; e2 += 32) {
-                    const float2 kf = __half22float2(kr[e2]);
-#pragma unroll
-                    for (int h = 0; h < ATT_MAX_HEADS; h++) {
-                        if (h < nh) {
-                            dot[h] += q_s[h][2 * e2] * kf.x + q_s[h][2 * e2 + 1] * kf.y;
-                        }
-                    }
-                }
-#pragma unroll
-                for (int h = 0; h < ATT_MAX_HEADS; h++) {
-                    if (h < nh) {
-                        const float d = kg_warp_sum(dot[h]);
-                        if (lane == 0) {
-                            s_s[h][pi] = d * a.scale;
-                        }
-                    }
-                }
-            } else if (lane < ATT_MAX_HEADS) {
-                s_s[lane][pi] = -INFINITY;
+                wmma::store_matrix_sync(&s_s[rf * 16][cf * 16], s, KT, wmma::mem_row_major);
             }
         }
         __syncthreads();
 
-        /* 2. online softmax over the tile, one warp per head (lane = position) */
-        for (int32_t h = warp; h < nh; h += ATT_WARPS) {
-            const float s = s_s[h][lane];
-            const float m_old = m_s[h];
-            const float m_new = fmaxf(m_old, kg_warp_max(s)); /* finite: p0 < p_end */
-            const float e = s == -INFINITY ? 0.0f : expf(s - m_new);
+        /* 3. online softmax, one warp per row, a lane per position */
+        for (int r = warp; r < R; r += ATT_WARPS) {
+            const int32_t pr = pos_s[r];
+            const int32_t p = p0 + lane;
+            const bool on = pr >= 0 && lane < KT && p < p_end && p <= pr;
+            const float sc = on ? s_s[r][lane] * a.scale : -INFINITY;
+            const float m_old = m_s[r];
+            const float m_new = fmaxf(m_old, kg_warp_max(sc));
+            float e = 0.0f, alpha = 1.0f;
+            if (m_new != -INFINITY) {
+                e = on ? expf(sc - m_new) : 0.0f;
+                alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+            }
             const float sum = kg_warp_sum(e);
-            s_s[h][lane] = e;
+            if (lane < KT) {
+                p_s[r][lane] = __float2half_rn(e);
+            }
             if (lane == 0) {
-                const float alpha = expf(m_old - m_new); /* 0 on the first tile */
-                alpha_s[h] = alpha;
-                l_s[h] = l_s[h] * alpha + sum;
-                m_s[h] = m_new;
+                l_s[r] = l_s[r] * alpha + sum;
+                m_s[r] = m_new;
+                alpha_s[r] = alpha;
             }
         }
         __syncthreads();
 
-        /* 3. acc = acc * alpha + sum_p e_p * v_p */
-        const int32_t n_valid = min(ATT_TILE, p_end - p0);
+        /* 4. O = O * alpha + P V */
 #pragma unroll
-        for (int j = 0; j < ATT_DIMS; j++) {
-            const int32_t e = tid + j * ATT_THREADS;
-            if (e < hd) {
+        for (int j = 0; j < OF; j++) {
+            const int f = warp + j * ATT_WARPS;
+            if (f < RT * NCF && (f % NCF) * 16 < hd16) {
+                const int rf = f / NCF, cf = f % NCF;
 #pragma unroll
-                for (int h = 0; h < ATT_MAX_HEADS; h++) {
-                    acc[h][j] *= h < nh ? alpha_s[h] : 0.0f;
+                for (int i = 0; i < o[j].num_elements; i++) {
+                    o[j].x[i] *= alpha_s[rf * 16 + (int)rmap.x[i]];
                 }
-                for (int32_t pi = 0; pi < n_valid; pi++) {
-                    const float v = __half2float(a.vc[row_s[pi] * n_kv_dim + (int64_t)g * hd + e]);
-#pragma unroll
-                    for (int h = 0; h < ATT_MAX_HEADS; h++) {
-                        if (h < nh) {
-                            acc[h][j] += s_s[h][pi] * v;
-                        }
-                    }
+                for (int kk = 0; kk < KT; kk += 16) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fp;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fv;
+                    wmma::load_matrix_sync(fp, &p_s[rf * 16][kk], KT);
+                    wmma::load_matrix_sync(fv, &v_s[kk][cf * 16], HDMAX);
+                    wmma::mma_sync(o[j], fp, fv, o[j]);
                 }
             }
         }
         __syncthreads();
     }
 
-    if (a.n_split == 1) {
+    /* 5. rows whose context fits one split: the output; the others: this
+     * split's (m, l, O) for the combine kernel */
 #pragma unroll
-        for (int h = 0; h < ATT_MAX_HEADS; h++) {
-            if (h < nh) {
-                const float inv = 1.0f / l_s[h];
+    for (int j = 0; j < OF; j++) {
+        const int f = warp + j * ATT_WARPS;
+        if (f < RT * NCF && (f % NCF) * 16 < hd16) {
+            const int rf = f / NCF, cf = f % NCF;
 #pragma unroll
-                for (int j = 0; j < ATT_DIMS; j++) {
-                    const int32_t e = tid + j * ATT_THREADS;
-                    if (e < hd) {
-                        kg_st(a.out, ((int64_t)t * a.sh.n_head + h0 + h) * hd + e, acc[h][j] * inv,
-                              a.dt);
-                    }
+            for (int i = 0; i < o[j].num_elements; i++) {
+                const int r = rf * 16 + (int)rmap.x[i], e = cf * 16 + (int)cmap.x[i];
+                const int32_t pr = pos_s[r];
+                if (pr < 0 || e >= hd || p_begin > pr) {
+                    continue;
+                }
+                const int32_t t = t0 + r / hs, h = h0 + r % hs;
+                if (pr < sl) {
+                    kg_st(a.out, ((int64_t)t * a.sh.n_head + h) * hd + e,
+                          o[j].x[i] * (1.0f / l_s[r]), a.dt);
+                } else {
+                    const int64_t slot =
+                        ((int64_t)(t - a.tok0) * a.sh.n_head + h) * a.max_splits + split;
+                    a.part_acc[slot * hd + e] = o[j].x[i];
                 }
             }
         }
-        return;
     }
-#pragma unroll
-    for (int h = 0; h < ATT_MAX_HEADS; h++) {
-        if (h < nh) {
-            const int64_t slot = ((int64_t)t * a.sh.n_head + h0 + h) * a.n_split + split;
-#pragma unroll
-            for (int j = 0; j < ATT_DIMS; j++) {
-                const int32_t e = tid + j * ATT_THREADS;
-                if (e < hd) {
-                    a.part_acc[slot * hd + e] = acc[h][j];
-                }
-            }
-            if (tid == 0) {
-                a.part_ml[slot * 2] = m_s[h];
-                a.part_ml[slot * 2 + 1] = l_s[h];
-            }
+    for (int r = tid; r < R; r += ATT_THREADS) {
+        const int32_t pr = pos_s[r];
+        if (pr >= sl && p_begin <= pr) {
+            const int32_t t = t0 + r / hs, h = h0 + r % hs;
+            const int64_t slot = ((int64_t)(t - a.tok0) * a.sh.n_head + h) * a.max_splits + split;
+            a.part_ml[slot * 2] = m_s[r];
+            a.part_ml[slot * 2 + 1] = l_s[r];
         }
     }
 }
 
-/* Merge the splits of one (token, head): weights exp(m_s - M). Split 0 is
- * never empty (it starts at position 0), so M is finite. */
+/* Merge the splits of one (token, head) in ascending order:
+ * (M, L, O) <- (max, L e^(M - M') + l e^(m - M'), O e^(M - M') + o e^(m - M')). */
 __global__ void __launch_bounds__(ATT_THREADS) attention_combine_kernel(attn_args_t a) {
-    const int32_t t = blockIdx.x, h = blockIdx.y;
+    const int32_t t = a.tok0 + blockIdx.x, h = blockIdx.y;
     if (t >= a.in.hdr->n_tokens) {
         return;
     }
+    const int32_t n_split = a.in.pos[t] / a.split_len + 1;
+    if (n_split == 1) {
+        return; /* written by the attention kernel */
+    }
     const int32_t hd = a.sh.head_dim;
-    const int64_t base = ((int64_t)t * a.sh.n_head + h) * a.n_split;
-    float m = -INFINITY;
-    for (int32_t s = 0; s < a.n_split; s++) {
-        m = fmaxf(m, a.part_ml[(base + s) * 2]);
-    }
-    float l = 0.0f;
-    for (int32_t s = 0; s < a.n_split; s++) {
-        const float ms = a.part_ml[(base + s) * 2];
-        l += ms == -INFINITY ? 0.0f : a.part_ml[(base + s) * 2 + 1] * expf(ms - m);
-    }
-    const float inv = 1.0f / l;
+    const int64_t base = ((int64_t)(t - a.tok0) * a.sh.n_head + h) * a.max_splits;
     for (int32_t e = threadIdx.x; e < hd; e += blockDim.x) {
-        float o = 0.0f;
-        for (int32_t s = 0; s < a.n_split; s++) {
-            const float ms = a.part_ml[(base + s) * 2];
-            if (ms != -INFINITY) {
-                o += a.part_acc[(base + s) * hd + e] * expf(ms - m);
+        float m = -INFINITY, l = 0.0f, o = 0.0f;
+        for (int32_t s = 0; s < n_split; s++) {
+            const float ms = a.part_ml[(base + s) * 2], ls = a.part_ml[(base + s) * 2 + 1];
+            if (ms == -INFINITY) {
+                continue;
             }
+            const float mn = fmaxf(m, ms);
+            const float ca = m == -INFINITY ? 0.0f : expf(m - mn), cb = expf(ms - mn);
+            l = l * ca + ls * cb;
+            o = o * ca + a.part_acc[(base + s) * hd + e] * cb;
+            m = mn;
         }
-        kg_st(a.out, ((int64_t)t * a.sh.n_head + h) * hd + e, o * inv, a.dt);
+        kg_st(a.out, ((int64_t)t * a.sh.n_head + h) * hd + e, o * (1.0f / l), a.dt);
     }
 }
 
-static int32_t n_sub_groups(const kg_cuda_attn_shape_t *sh) {
+// ---- host side ----
+
+int32_t kg_cuda_attention_split_len(int32_t max_ctx) {
+    int32_t sl = SPLIT_MIN;
+    while ((int64_t)sl * 16 < max_ctx) {
+        sl += SPLIT_MIN;
+    }
+    return sl;
+}
+
+int32_t kg_cuda_attention_prefill_rt(const kg_cuda_attn_shape_t *sh) {
+    return ((sh->head_dim + 15) & ~15) > 128 ? 2 : 4;
+}
+
+int32_t kg_cuda_attention_tile_tokens(const kg_cuda_attn_shape_t *sh, int32_t rt) {
     const int32_t group = sh->n_head / sh->n_head_kv;
-    return (group + ATT_MAX_HEADS - 1) / ATT_MAX_HEADS;
+    return 16 * rt / heads_per_item(group, 16 * rt);
 }
 
-int32_t kg_cuda_attention_splits(int32_t n_launch,
-                                 const kg_cuda_attn_shape_t *sh,
-                                 int32_t n_sm,
-                                 int32_t max_split_rows) {
-    const int64_t blocks = (int64_t)n_launch * sh->n_head_kv * n_sub_groups(sh);
-    const int64_t target = 2 * (int64_t)n_sm;
-    if (n_launch <= 0 || blocks >= target) {
-        return 1;
-    }
-    int64_t s = (target + blocks - 1) / blocks;
-    s = s > KG_CUDA_ATT_MAX_SPLIT ? KG_CUDA_ATT_MAX_SPLIT : s;
-    const int64_t cap = max_split_rows / n_launch;
-    s = s > cap ? cap : s;
-    return s < 1 ? 1 : (int32_t)s;
+size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t pair_cap) {
+    return (size_t)pair_cap * (size_t)sh->n_head * ((size_t)sh->head_dim + 2) * sizeof(float);
 }
 
-size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t max_split_rows) {
-    return (size_t)max_split_rows * (size_t)sh->n_head * ((size_t)sh->head_dim + 2) * sizeof(float);
+template <int RT, int HDMAX, int KT>
+static kg_status_t launch(cudaStream_t stream, const attn_args_t *a, int32_t n_tiles) {
+    const dim3 grid((unsigned)n_tiles, (unsigned)(a->sh.n_head_kv * a->n_sub),
+                    (unsigned)a->max_splits);
+    attention_kernel<RT, HDMAX, KT><<<grid, ATT_THREADS, 0, stream>>>(*a);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
 }
 
 kg_status_t kg_cuda_attention(cudaStream_t stream,
-                              int32_t n_launch,
                               kg_cuda_inputs_t in,
                               const kg_cuda_attn_shape_t *sh,
-                              int32_t n_split,
+                              const kg_cuda_attn_plan_t *plan,
+                              int32_t tile0,
+                              int32_t n_tiles,
+                              int32_t tok0,
+                              int32_t n_tok,
                               const __half *q16,
                               const __half *k_cache,
                               const __half *v_cache,
                               float *scratch,
                               void *out,
                               kg_cuda_dtype_t dt) {
-    if (n_launch <= 0) {
+    if (n_tiles <= 0 || n_tok <= 0) {
         return KG_OK;
     }
+    const int32_t hd16 = (sh->head_dim + 15) & ~15, group = sh->n_head / sh->n_head_kv;
+    const int32_t rows = 16 * plan->rt;
     attn_args_t a;
     a.in = in;
     a.sh = *sh;
-    a.n_sub = n_sub_groups(sh);
-    a.n_split = n_split;
+    a.split_len = plan->split_len;
+    a.max_splits = plan->max_splits;
+    a.tile0 = tile0;
+    a.tok0 = tok0;
+    a.n_sub = (group + rows - 1) / rows;
     a.scale = 1.0f / sqrtf((float)sh->head_dim);
     a.q = q16;
     a.kc = k_cache;
     a.vc = v_cache;
     a.part_acc = scratch;
-    a.part_ml = scratch + (size_t)n_launch * sh->n_head * n_split * sh->head_dim;
+    a.part_ml = scratch + (size_t)n_tok * sh->n_head * plan->max_splits * sh->head_dim;
     a.out = out;
     a.dt = (int)dt;
-    dim3 grid((unsigned)n_launch, (unsigned)(sh->n_head_kv * a.n_sub), (unsigned)n_split);
-    attention_kernel<<<grid, ATT_THREADS, 0, stream>>>(a);
-    KG_CUDA_CHECK_LAUNCH();
-    if (n_split > 1) {
-        dim3 cgrid((unsigned)n_launch, (unsigned)sh->n_head);
+    kg_status_t st = KG_ERR_INVALID;
+    if (hd16 <= 64) {
+        st = plan->rt == 1 ? launch<1, 64, 32>(stream, &a, n_tiles)
+                           : launch<4, 64, 32>(stream, &a, n_tiles);
+    } else if (hd16 <= 128) {
+        st = plan->rt == 1 ? launch<1, 128, 32>(stream, &a, n_tiles)
+                           : launch<4, 128, 32>(stream, &a, n_tiles);
+    } else if (hd16 <= 256) {
+        st = plan->rt == 1 ? launch<1, 256, 16>(stream, &a, n_tiles)
+                           : launch<2, 256, 16>(stream, &a, n_tiles);
+    }
+    if (st != KG_OK) {
+        return st;
+    }
+    if (plan->max_splits > 1) {
+        const dim3 cgrid((unsigned)n_tok, (unsigned)sh->n_head);
         attention_combine_kernel<<<cgrid, ATT_THREADS, 0, stream>>>(a);
         KG_CUDA_CHECK_LAUNCH();
     }

@@ -1,39 +1,51 @@
-/* attention: paged attention over the fp16 KV pool, for prefill chunks and
- * decode tokens alike. */
+/* attention: paged attention over the fp16 KV pool, one kernel family for
+ * prefill chunks and decode tokens alike. */
 #pragma once
 
 #include "cuda_common.cuh"
-
-#define KG_CUDA_ATT_MAX_SPLIT 16
 
 typedef struct kg_cuda_attn_shape {
     int32_t n_head, n_head_kv, head_dim, block_size;
 } kg_cuda_attn_shape_t;
 
-/** How many pieces to split each token's positions into (flash decoding):
- * enough blocks to fill the GPU when the step has few tokens, 1 when it
- * has many, and never more than max_split_rows / n_launch. Depends only on
- * the launch size, so a captured graph stays valid as sequences grow. */
-int32_t kg_cuda_attention_splits(int32_t n_launch,
-                                 const kg_cuda_attn_shape_t *sh,
-                                 int32_t n_sm,
-                                 int32_t max_split_rows);
+/* One launch plan: how the step's tiles are cut into launches and where
+ * the splits go. Fixed per backend: split_len and max_splits; per launch:
+ * the rows per tile (rt) and the group of tiles. */
+typedef struct kg_cuda_attn_plan {
+    int32_t split_len;  /* positions per split: a multiple of the KV tile */
+    int32_t max_splits; /* splits of the longest context */
+    int32_t rt;         /* 16-row fragments per tile: 1 (decode) or kg_cuda_attention_prefill_rt */
+} kg_cuda_attn_plan_t;
 
-/** Bytes of split scratch for max_split_rows token-splits. */
-size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t max_split_rows);
+/** Positions per split for contexts of up to max_ctx: 256, or more when
+ * that would make more than 16 splits. Every token's positions are split
+ * at multiples of it, whatever else is in the step (batch invariance). */
+int32_t kg_cuda_attention_split_len(int32_t max_ctx);
+
+/** Rows (16-row fragments) per tile of a prefill launch for this shape. */
+int32_t kg_cuda_attention_prefill_rt(const kg_cuda_attn_shape_t *sh);
+
+/** Tokens one tile of `rt` fragments holds (1 when a KV head's query heads
+ * alone fill it). */
+int32_t kg_cuda_attention_tile_tokens(const kg_cuda_attn_shape_t *sh, int32_t rt);
+
+/** Bytes of scratch for `pair_cap` (token, split) partial results. */
+size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t pair_cap);
 
 /** out[t] (n_head*hd, stored as dt) = softmax(q k^T / sqrt(hd)) v over the
- * positions [0, pos[t]] of token t's sequence, for t < hdr->n_tokens. q16
- * is (rows, n_head*hd) fp16; k_cache and v_cache (rows of the pool,
- * n_head_kv*hd) fp16. Query heads sharing a KV head are done by one block,
- * which reads each K/V row once for all of them (GQA); with n_split > 1 the
- * positions are split over blocks and merged by a second kernel, using
- * `scratch` (kg_cuda_attention_scratch_size). */
+ * positions [0, pos[t]] of token t's sequence, for the tokens of tiles
+ * tile0 .. tile0 + n_tiles - 1 (those below hdr->n_tiles), whose first
+ * token is tok0. q16 is (rows, n_head*hd) fp16; k_cache and v_cache (rows
+ * of the pool, n_head_kv*hd) fp16. The tiles' tokens times
+ * plan->max_splits must fit `scratch` (kg_cuda_attention_scratch_size). */
 kg_status_t kg_cuda_attention(cudaStream_t stream,
-                              int32_t n_launch,
                               kg_cuda_inputs_t in,
                               const kg_cuda_attn_shape_t *sh,
-                              int32_t n_split,
+                              const kg_cuda_attn_plan_t *plan,
+                              int32_t tile0,
+                              int32_t n_tiles,
+                              int32_t tok0,
+                              int32_t n_tok,
                               const __half *q16,
                               const __half *k_cache,
                               const __half *v_cache,

@@ -19,7 +19,7 @@
  * "cublasGemmEx()"). The exported symbol names carry the `_v2` suffix where
  * cublas_api.h declares them with it (cublasCreate_v2, cublasDestroy_v2,
  * cublasSetStream_v2, cublasSetWorkspace_v2); cublasGemmEx,
- * cublasSetMathMode and cublasGetStatusString have none.
+ * cublasSetMathMode, cublasGetProperty and cublasGetStatusString have none.
  *
  * cudaDataType_t (CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14) comes
  * from the toolkit's own library_types.h, which is installed everywhere. */
@@ -80,6 +80,9 @@ typedef kg_cublas_status_t (*kg_pfn_cublasSetWorkspace_v2)(kg_cublas_handle_t ha
 typedef kg_cublas_status_t (*kg_pfn_cublasSetMathMode)(kg_cublas_handle_t handle,
                                                        kg_cublas_math_t mode);
 typedef const char *(*kg_pfn_cublasGetStatusString)(kg_cublas_status_t status);
+/* cublasGetProperty(libraryPropertyType type, int *value): MAJOR_VERSION = 0,
+ * MINOR_VERSION = 1, PATCH_LEVEL = 2 (library_types.h) */
+typedef kg_cublas_status_t (*kg_pfn_cublasGetProperty)(int type, int *value);
 /* cublasGemmEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb,
  *              beta, C, Ctype, ldc, computeType, algo) */
 typedef kg_cublas_status_t (*kg_pfn_cublasGemmEx)(kg_cublas_handle_t handle,
@@ -105,7 +108,8 @@ typedef kg_cublas_status_t (*kg_pfn_cublasGemmEx)(kg_cublas_handle_t handle,
 /* The resolved entry points. */
 typedef struct kg_cublas_api {
     void *lib; /* dlopen handle */
-    const char *lib_name;
+    char lib_name[64];
+    int major, minor, patch; /* cublasGetProperty */
     kg_pfn_cublasCreate_v2 create;
     kg_pfn_cublasDestroy_v2 destroy;
     kg_pfn_cublasSetStream_v2 set_stream;
@@ -113,14 +117,15 @@ typedef struct kg_cublas_api {
     kg_pfn_cublasSetMathMode set_math_mode;
     kg_pfn_cublasGetStatusString status_string; /* may be NULL (cuBLAS < 11.4.2) */
     kg_pfn_cublasGemmEx gemm_ex;
+    kg_pfn_cublasGetProperty get_property;
 } kg_cublas_api_t;
 
-/** Load libcublas: $KGEN_CUBLAS_PATH when set, else libcublas.so.13,
- * libcublas.so.12, libcublas.so through the dynamic loader's search path.
- * The library stays loaded for the life of the process (cuBLAS keeps
- * global state, and unloading it under live handles is not supported).
- * Returns false with one line in errstr naming what was tried.
- * Thread-safe; loads once. @thread any */
+/** Load the libcublas of the CUDA runtime kgen was built with
+ * (cublas.cu): $KGEN_CUBLAS_PATH when set, else libcublas.so.<major>, then
+ * libcublas.so, through the dynamic loader's search path; a library of
+ * another major version is refused. The library stays loaded for the life of the process (cuBLAS
+ * keeps global state, and unloading it under live handles is not supported). Returns false with one
+ * line in errstr naming what was tried. Thread-safe; loads once. @thread any */
 bool kg_cublas_load(const kg_cublas_api_t **api, char *errstr, size_t errstr_size);
 
 /** Name of a cuBLAS status (cublasGetStatusString when available). */

@@ -1,7 +1,7 @@
 /* cuda_common: what every file of the CUDA backend shares: error checks,
  * the 16/32-bit element helpers and block-wide reductions.
  *
- * Plain CUDA C++ (CONVENTIONS.md §3): no exceptions, no STL, no `new`.
+ * Plain CUDA C++ (docs/CONVENTIONS.md §3): no exceptions, no STL, no `new`.
  * Every CUDA and cuBLAS call goes through KG_CUDA_CHECK / KG_CUBLAS_CHECK,
  * which log the statement, the place and the error text and make the
  * enclosing function return KG_ERR_BACKEND (ggml's CUDA_CHECK_GEN, minus
@@ -73,7 +73,7 @@ typedef enum kg_cuda_dtype {
     KG_CUDA_F32 = 2,
 } kg_cuda_dtype_t;
 
-static inline size_t kg_cuda_dtype_size(kg_cuda_dtype_t dt) {
+static inline size_t kg_cuda_dtype_size(int dt) {
     return dt == KG_CUDA_F32 ? 4 : 2;
 }
 
@@ -106,23 +106,32 @@ __device__ __forceinline__ void kg_st(void *p, int64_t i, float x, int dt) {
 typedef struct kg_cuda_step_hdr {
     int32_t n_tokens;  /* real tokens; launches may cover a padded bucket */
     int32_t n_outputs; /* rows that want logits */
-    int32_t pad[2];
+    int32_t n_tiles;   /* attention query tiles (attention.cuh) */
+    int32_t pad;
 } kg_cuda_step_hdr_t;
 
 /* Device views of one step's inputs, all inside one buffer uploaded with
  * one copy. Token t's K/V row for position p is
- * table[tbl_off[t] + p / block_size] * block_size + p % block_size. */
+ * table[tbl_off[t] + p / block_size] * block_size + p % block_size. An
+ * attention tile is a run of consecutive tokens of one sequence at
+ * consecutive positions (a decode token alone, or part of a prefill chunk):
+ * tokens tile_tok0[i] .. tile_tok0[i] + tile_n[i] - 1. */
 typedef struct kg_cuda_inputs {
     const kg_cuda_step_hdr_t *hdr;
-    const int32_t *token;   /* (cap) */
-    const int32_t *pos;     /* (cap) */
-    const int32_t *tbl_off; /* (cap) offset of the token's sequence in `table` */
-    const int32_t *out_row; /* (cap) token index of output row i */
-    const int32_t *table;   /* compacted block tables of the step's sequences */
+    const int32_t *token;     /* (cap) */
+    const int32_t *pos;       /* (cap) */
+    const int32_t *tbl_off;   /* (cap) offset of the token's sequence in `table` */
+    const int32_t *out_row;   /* (cap) token index of output row i */
+    const int32_t *tile_tok0; /* (cap) first token of tile i */
+    const int32_t *tile_n;    /* (cap) tokens of tile i */
+    const int32_t *table;     /* compacted block tables of the step's sequences */
 } kg_cuda_inputs_t;
 
+#define KG_CUDA_INPUT_ARRAYS 6 /* per-slot arrays after the header */
+
 /* The inputs packed for `cap` token slots at `base`: header (4 ints),
- * token, pos, tbl_off, out_row (cap each), then the table. */
+ * token, pos, tbl_off, out_row, tile_tok0, tile_n (cap each), then the
+ * table. */
 static inline kg_cuda_inputs_t kg_cuda_inputs_view(const int32_t *base, int32_t cap) {
     kg_cuda_inputs_t in;
     in.hdr = (const kg_cuda_step_hdr_t *)base;
@@ -130,7 +139,9 @@ static inline kg_cuda_inputs_t kg_cuda_inputs_view(const int32_t *base, int32_t 
     in.pos = in.token + cap;
     in.tbl_off = in.pos + cap;
     in.out_row = in.tbl_off + cap;
-    in.table = in.out_row + cap;
+    in.tile_tok0 = in.out_row + cap;
+    in.tile_n = in.tile_tok0 + cap;
+    in.table = in.tile_n + cap;
     return in;
 }
 

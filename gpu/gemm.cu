@@ -1,112 +1,45 @@
-/* gemm: cuBLAS bound at run time, and the skinny GEMV kernel. */
+/* gemm: the batch-invariant GEMM family, and cuBLAS as an option.
+ *
+ * DESIGN
+ * 16-bit weights (BF16, F16) use tensor cores through WMMA 16x16x16 tiles
+ * with F32 accumulators. A block owns a BM x BN tile of Y; its warps own
+ * MF x NF fragments each; k advances in BK-wide stages copied into shared
+ * memory with cp.async, several stages in flight while the current one is
+ * multiplied (6 for decode-sized calls, where the weights' bytes in flight
+ * decide the speed; 2 for the big prefill tiles). Every
+ * output element is the accumulator chain acc = mma(x[k0:k0+16],
+ * w[k0:k0+16], acc) for k0 = 0, 16, 32, ... < n_in, in that order, in every
+ * configuration: the configurations only move tiles between warps and
+ * blocks, so a row's result does not depend on how many rows the call has.
+ * Three configurations: skinny (rows <= 16: decode of small batches; a
+ * 16 x 32 tile, six 64-deep stages in flight), mid (<= 64 rows) and large
+ * (128 x 128 tiles for prefill).
+ * F32 weights (tiny test models) use a SIMT kernel whose every output is one
+ * FMA chain over k in order. Nothing is split over k, which costs decode
+ * some parallelism at very small output counts; the roofline check in
+ * scripts/gpu-check measures what that costs against cuBLAS. */
 #include "gemm.cuh"
 
-#include <dlfcn.h>
-#include <pthread.h>
+#include <cuda_pipeline.h>
+#include <mma.h>
 #include <string.h>
 
-// ---- cuBLAS through dlopen ----
+using namespace nvcuda;
 
-static kg_cublas_api_t g_cublas;
-static bool g_cublas_ok;
-static char g_cublas_err[512];
-static pthread_once_t g_cublas_once = PTHREAD_ONCE_INIT;
-
-static void *sym(void *lib, const char *name, bool *ok) {
-    void *p = dlsym(lib, name);
-    if (!p) {
-        *ok = false;
-        snprintf(g_cublas_err, sizeof(g_cublas_err), "%s has no symbol %s", g_cublas.lib_name,
-                 name);
-    }
-    return p;
-}
-
-static void cublas_load_once(void) {
-    static const char *const names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-    char tried[256] = "";
-    const char *env = getenv("KGEN_CUBLAS_PATH");
-    if (env && env[0]) {
-        g_cublas.lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-        g_cublas.lib_name = env;
-        if (!g_cublas.lib) {
-            snprintf(g_cublas_err, sizeof(g_cublas_err),
-                     "cannot load cuBLAS from KGEN_CUBLAS_PATH=%s: %s", env, dlerror());
-            return;
-        }
-    }
-    for (size_t i = 0; !g_cublas.lib && i < sizeof(names) / sizeof(names[0]); i++) {
-        g_cublas.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        g_cublas.lib_name = names[i];
-        size_t len = strlen(tried);
-        snprintf(tried + len, sizeof(tried) - len, "%s%s", len ? ", " : "", names[i]);
-    }
-    if (!g_cublas.lib) {
-        snprintf(g_cublas_err, sizeof(g_cublas_err),
-                 "cuBLAS not found (tried %s; set KGEN_CUBLAS_PATH or LD_LIBRARY_PATH): %s", tried,
-                 dlerror());
-        return;
-    }
-    bool ok = true;
-    /* dlsym returns void *; POSIX guarantees it converts to a function pointer */
-    g_cublas.create = (kg_pfn_cublasCreate_v2)sym(g_cublas.lib, "cublasCreate_v2", &ok);
-    g_cublas.destroy = (kg_pfn_cublasDestroy_v2)sym(g_cublas.lib, "cublasDestroy_v2", &ok);
-    g_cublas.set_stream = (kg_pfn_cublasSetStream_v2)sym(g_cublas.lib, "cublasSetStream_v2", &ok);
-    g_cublas.set_workspace =
-        (kg_pfn_cublasSetWorkspace_v2)sym(g_cublas.lib, "cublasSetWorkspace_v2", &ok);
-    g_cublas.set_math_mode = (kg_pfn_cublasSetMathMode)sym(g_cublas.lib, "cublasSetMathMode", &ok);
-    g_cublas.gemm_ex = (kg_pfn_cublasGemmEx)sym(g_cublas.lib, "cublasGemmEx", &ok);
-    g_cublas.status_string =
-        (kg_pfn_cublasGetStatusString)dlsym(g_cublas.lib, "cublasGetStatusString");
-    g_cublas_ok = ok;
-}
-
-bool kg_cublas_load(const kg_cublas_api_t **api, char *errstr, size_t errstr_size) {
-    pthread_once(&g_cublas_once, cublas_load_once);
-    if (!g_cublas_ok) {
-        snprintf(errstr, errstr_size, "%s", g_cublas_err);
-        return false;
-    }
-    *api = &g_cublas;
-    return true;
-}
-
-const char *kg_cublas_status_str(kg_cublas_status_t st) {
-    if (g_cublas_ok && g_cublas.status_string) {
-        return g_cublas.status_string(st);
-    }
-    switch (st) {
-    case KG_CUBLAS_STATUS_SUCCESS:
-        return "CUBLAS_STATUS_SUCCESS";
-    case KG_CUBLAS_STATUS_NOT_INITIALIZED:
-        return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case KG_CUBLAS_STATUS_ALLOC_FAILED:
-        return "CUBLAS_STATUS_ALLOC_FAILED";
-    case KG_CUBLAS_STATUS_INVALID_VALUE:
-        return "CUBLAS_STATUS_INVALID_VALUE";
-    case KG_CUBLAS_STATUS_ARCH_MISMATCH:
-        return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case KG_CUBLAS_STATUS_MAPPING_ERROR:
-        return "CUBLAS_STATUS_MAPPING_ERROR";
-    case KG_CUBLAS_STATUS_EXECUTION_FAILED:
-        return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case KG_CUBLAS_STATUS_INTERNAL_ERROR:
-        return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case KG_CUBLAS_STATUS_NOT_SUPPORTED:
-        return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case KG_CUBLAS_STATUS_LICENSE_ERROR:
-        return "CUBLAS_STATUS_LICENSE_ERROR";
-    }
-    return "unknown cuBLAS status";
-}
+// ---- setup ----
 
 kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas,
+                              kg_cuda_gemm_mode_t mode,
                               cudaStream_t stream,
                               void *workspace,
                               size_t workspace_size,
                               char *errstr,
                               size_t errstr_size) {
     memset(blas, 0, sizeof(*blas));
+    blas->mode = mode;
+    if (mode != KG_CUDA_GEMM_CUBLAS) {
+        return KG_OK;
+    }
     if (!kg_cublas_load(&blas->api, errstr, errstr_size)) {
         return KG_ERR_BACKEND;
     }
@@ -120,8 +53,6 @@ kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas,
     KG_CUBLAS_CHECK(blas->api->set_stream(blas->handle, stream));
     KG_CUBLAS_CHECK(blas->api->set_workspace(blas->handle, workspace, workspace_size));
     KG_CUBLAS_CHECK(blas->api->set_math_mode(blas->handle, KG_CUBLAS_DEFAULT_MATH));
-    const char *gemv = getenv("KGEN_CUDA_GEMV");
-    blas->gemv = !(gemv && strcmp(gemv, "0") == 0);
     return KG_OK;
 }
 
@@ -132,72 +63,217 @@ void kg_cuda_blas_clear(kg_cuda_blas_t *blas) {
     blas->handle = NULL;
 }
 
-// ---- skinny GEMV ----
+// ---- tensor-core GEMM (16-bit weights) ----
 
-/* Eight 16-bit values (one 16-byte load) as floats. */
-__device__ __forceinline__ void unpack8(uint4 v, int dt, float *f) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#define PAD 8 /* halves of padding per shared row: 16 bytes, keeps WMMA's ldm legal */
+
+/* Stage 8 consecutive elements [k, k+8) of row r of a (n_rows, K) matrix
+ * into shared memory at dst, zero outside it. vec (K % 8 == 0: whole 16-byte
+ * pieces are in or out): an asynchronous copy (cp.async, zero-filled when
+ * out), so several stages are in flight while the tensor cores work; else
+ * element by element (tiny test shapes). */
+__device__ __forceinline__ void stage8(uint16_t *dst,
+                                       const uint16_t *__restrict__ m,
+                                       int32_t r,
+                                       int32_t n_rows,
+                                       int32_t k,
+                                       int32_t K,
+                                       bool vec) {
+    const bool row_in = r < n_rows;
+    if (vec) {
+        const bool in = row_in && k < K;
+        __pipeline_memcpy_async(dst, in ? m + (int64_t)r * K + k : m, 16, in ? 0 : 16);
+        return;
+    }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if (dt == KG_CUDA_F16) {
-            const float2 p = __half22float2(*(const __half2 *)&w[i]);
-            f[2 * i] = p.x;
-            f[2 * i + 1] = p.y;
-        } else {
-            f[2 * i] = __uint_as_float(w[i] << 16);
-            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
+    for (int i = 0; i < 8; i++) {
+        dst[i] = row_in && k + i < K ? m[(int64_t)r * K + k + i] : (uint16_t)0;
     }
 }
 
-/* One warp per output row: the warp streams the weight row in 16-byte
- * pieces (512 contiguous bytes per step) and dots it with every input row
- * (which stay in L1/L2, shared by all warps). n_in % 8 == 0. */
-__global__ void __launch_bounds__(256) gemv_kernel(const uint16_t *__restrict__ w,
-                                                   const uint16_t *__restrict__ x,
-                                                   float *__restrict__ y,
-                                                   int32_t n_out,
-                                                   int32_t n_in,
-                                                   int32_t rows,
-                                                   int dt) {
-    const int lane = threadIdx.x & 31;
-    const int32_t o = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (o >= n_out) {
-        return; /* whole warps leave together */
+template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES>
+__global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *__restrict__ w,
+                                                               const uint16_t *__restrict__ x,
+                                                               float *__restrict__ y,
+                                                               int32_t M,
+                                                               int32_t N,
+                                                               int32_t K) {
+    constexpr int BM = 16 * MF * WM, BN = 16 * NF * WN, NT = WM * WN * 32, LD = BK + PAD;
+    constexpr int VA = BM * BK / 8, VB = BN * BK / 8; /* 16-byte pieces per stage */
+    __shared__ __align__(32) uint16_t sa[STAGES][BM][LD];
+    __shared__ __align__(32) uint16_t sb[STAGES][BN][LD];
+
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int wm = warp / WN, wn = warp % WN;
+    const int32_t m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const bool vec = K % 8 == 0;
+    const int32_t n_stages = (K + BK - 1) / BK;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MF][NF];
+#pragma unroll
+    for (int i = 0; i < MF; i++) {
+#pragma unroll
+        for (int j = 0; j < NF; j++) {
+            wmma::fill_fragment(acc[i][j], 0.0f);
+        }
     }
-    float acc[KG_CUDA_GEMV_MAX_ROWS];
-#pragma unroll
-    for (int r = 0; r < KG_CUDA_GEMV_MAX_ROWS; r++) {
-        acc[r] = 0.0f;
+    /* stage s of X and W into buffer buf */
+    auto issue = [&](int32_t s, int buf) {
+        const int32_t k0 = s * BK;
+        for (int v = tid; v < VA; v += NT) {
+            const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
+            stage8(&sa[buf][r][c], x, m0 + r, M, k0 + c, K, vec);
+        }
+        for (int v = tid; v < VB; v += NT) {
+            const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
+            stage8(&sb[buf][r][c], w, n0 + r, N, k0 + c, K, vec);
+        }
+    };
+
+    /* STAGES - 1 stages in flight before the first multiply; a commit per
+     * stage slot, empty or not, keeps wait_prior's count right */
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < n_stages) {
+            issue(s, s);
+        }
+        __pipeline_commit();
     }
-    const uint4 *wr = (const uint4 *)(w + (int64_t)o * n_in);
-    const int32_t n_vec = n_in / 8;
-    /* unrolled so each lane keeps several 16-byte weight loads in flight */
-#pragma unroll 4
-    for (int32_t v = lane; v < n_vec; v += 32) {
-        float wf[8], xf[8];
-        unpack8(__ldg(wr + v), dt, wf);
+    for (int32_t s = 0; s < n_stages; s++) {
+        const int buf = s % STAGES;
+        __pipeline_wait_prior(STAGES - 2); /* stage s has landed (this thread's part) */
+        __syncthreads();                   /* ... everybody's; buffer s - 1 is free */
+        if (s + STAGES - 1 < n_stages) {
+            issue(s + STAGES - 1, (s + STAGES - 1) % STAGES);
+        }
+        __pipeline_commit();
+        /* the same k steps in every configuration: k0 + kk < K, ascending */
+        const int kk_end = min(BK, K - s * BK);
+        for (int kk = 0; kk < kk_end; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[MF];
 #pragma unroll
-        for (int r = 0; r < KG_CUDA_GEMV_MAX_ROWS; r++) {
-            if (r < rows) {
-                unpack8(__ldg((const uint4 *)(x + (int64_t)r * n_in) + v), dt, xf);
+            for (int i = 0; i < MF; i++) {
+                wmma::load_matrix_sync(fa[i], (const T *)&sa[buf][(wm * MF + i) * 16][kk], LD);
+            }
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    acc[r] += wf[i] * xf[i];
+            for (int j = 0; j < NF; j++) {
+                /* B(k, n) = W[n][k]: W's rows are B's columns */
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, (const T *)&sb[buf][(wn * NF + j) * 16][kk], LD);
+#pragma unroll
+                for (int i = 0; i < MF; i++) {
+                    wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
                 }
             }
         }
     }
+    __pipeline_wait_prior(0);
+    __syncthreads(); /* shared memory is free for the edge patches */
+
+    /* Y: straight from the fragments where a whole 16 x 16 piece is inside
+     * and aligned; the edges through a per-warp patch of shared memory
+     * (stage 0 of sa, unused now) */
+    float *patch = (float *)&sa[0][0][0] + warp * 256;
 #pragma unroll
-    for (int r = 0; r < KG_CUDA_GEMV_MAX_ROWS; r++) {
-        if (r < rows) {
-            const float s = kg_warp_sum(acc[r]);
-            if (lane == 0) {
-                y[(int64_t)r * n_out + o] = s;
+    for (int i = 0; i < MF; i++) {
+#pragma unroll
+        for (int j = 0; j < NF; j++) {
+            const int32_t r = m0 + (wm * MF + i) * 16, c = n0 + (wn * NF + j) * 16;
+            if (r >= M || c >= N) {
+                continue; /* the whole warp skips together */
+            }
+            if (r + 16 <= M && c + 16 <= N && N % 8 == 0) {
+                wmma::store_matrix_sync(y + (int64_t)r * N + c, acc[i][j], N, wmma::mem_row_major);
+            } else {
+                wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
+                for (int e = tid & 31; e < 256; e += 32) {
+                    const int32_t rr = r + e / 16, cc = c + e % 16;
+                    if (rr < M && cc < N) {
+                        y[(int64_t)rr * N + cc] = patch[e];
+                    }
+                }
+                __syncwarp();
             }
         }
     }
 }
+
+template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES>
+static kg_status_t
+launch_mma(cudaStream_t stream, const kg_cuda_mat_t *w, const void *x, float *y, int32_t rows) {
+    constexpr int BM = 16 * MF * WM, BN = 16 * NF * WN;
+    /* the patch for the edges lives in stage 0 of sa */
+    static_assert(BM * (BK + PAD) >= WM * WN * 256 * 2, "edge patch does not fit");
+    const dim3 grid((unsigned)((w->n_out + BN - 1) / BN), (unsigned)((rows + BM - 1) / BM));
+    mma_gemm_kernel<T, WM, WN, MF, NF, BK, STAGES><<<grid, WM * WN * 32, 0, stream>>>(
+        (const uint16_t *)w->data, (const uint16_t *)x, y, rows, w->n_out, w->n_in);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
+/* Configurations (all under 48 KiB of shared memory): decode wants many
+ * weight bytes in flight per block (6 stages of 64 k), prefill wants big
+ * tiles (128 x 128, double-buffered). */
+template <class T>
+static kg_status_t
+gemm_16(cudaStream_t stream, const kg_cuda_mat_t *w, const void *x, float *y, int32_t rows) {
+    if (rows <= 16) {
+        return launch_mma<T, 1, 2, 1, 1, 64, 6>(stream, w, x, y, rows); /* 16 x 32, 2 warps */
+    }
+    if (rows <= 64) {
+        return launch_mma<T, 2, 2, 2, 1, 64, 3>(stream, w, x, y, rows); /* 64 x 32, 4 warps */
+    }
+    return launch_mma<T, 2, 4, 4, 2, 32, 2>(stream, w, x, y, rows); /* 128 x 128, 8 warps */
+}
+
+// ---- F32 weights: SIMT, one FMA chain per output ----
+
+#define F_BM 16
+#define F_BN 64
+#define F_BK 32
+
+__global__ void __launch_bounds__(256) f32_gemm_kernel(const float *__restrict__ w,
+                                                       const float *__restrict__ x,
+                                                       float *__restrict__ y,
+                                                       int32_t M,
+                                                       int32_t N,
+                                                       int32_t K) {
+    __shared__ float sx[F_BM][F_BK + 1];
+    __shared__ float sw[F_BN][F_BK + 1];
+    const int tid = threadIdx.x;
+    const int32_t m0 = blockIdx.y * F_BM, n0 = blockIdx.x * F_BN;
+    /* thread -> 4 outputs: row tid / 16, columns (tid % 16) + 16 j */
+    const int r = tid / 16, c = tid % 16;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int32_t k0 = 0; k0 < K; k0 += F_BK) {
+        for (int i = tid; i < F_BM * F_BK; i += 256) {
+            const int32_t rr = m0 + i / F_BK, kk = k0 + i % F_BK;
+            sx[i / F_BK][i % F_BK] = rr < M && kk < K ? x[(int64_t)rr * K + kk] : 0.0f;
+        }
+        for (int i = tid; i < F_BN * F_BK; i += 256) {
+            const int32_t nn = n0 + i / F_BK, kk = k0 + i % F_BK;
+            sw[i / F_BK][i % F_BK] = nn < N && kk < K ? w[(int64_t)nn * K + kk] : 0.0f;
+        }
+        __syncthreads();
+        const int kn = min(F_BK, K - k0);
+        for (int k = 0; k < kn; k++) {
+            const float xv = sx[r][k];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                acc[j] = fmaf(xv, sw[c + 16 * j][k], acc[j]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int32_t rr = m0 + r, cc = n0 + c + 16 * j;
+        if (rr < M && cc < N) {
+            y[(int64_t)rr * N + cc] = acc[j];
+        }
+    }
+}
+
+// ---- dispatch ----
 
 static cudaDataType_t cuda_type(kg_cuda_dtype_t dt) {
     return dt == KG_CUDA_F32 ? CUDA_R_32F : dt == KG_CUDA_F16 ? CUDA_R_16F : CUDA_R_16BF;
@@ -212,21 +288,30 @@ kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
     if (rows <= 0) {
         return KG_OK;
     }
-    if (blas->gemv && rows <= KG_CUDA_GEMV_MAX_ROWS && w->dt != KG_CUDA_F32 && w->n_in % 8 == 0) {
-        const int warps = 8;
-        const unsigned blocks = (unsigned)((w->n_out + warps - 1) / warps);
-        gemv_kernel<<<blocks, warps * 32, 0, stream>>>(
-            (const uint16_t *)w->data, (const uint16_t *)x, y, w->n_out, w->n_in, rows, (int)w->dt);
+    if (blas->mode == KG_CUDA_GEMM_CUBLAS) {
+        /* Row-major Y = X·W^T is column-major Y^T = W·X^T: W (n_in x n_out
+         * col-major) transposed, X^T (n_in x rows col-major) as is. */
+        const float one = 1.0f, zero = 0.0f;
+        const cudaDataType_t t = cuda_type(w->dt);
+        KG_CUBLAS_CHECK(blas->api->gemm_ex(blas->handle, KG_CUBLAS_OP_T, KG_CUBLAS_OP_N, w->n_out,
+                                           rows, w->n_in, &one, w->data, t, w->n_in, x, t, w->n_in,
+                                           &zero, y, CUDA_R_32F, w->n_out, KG_CUBLAS_COMPUTE_32F,
+                                           KG_CUBLAS_GEMM_DEFAULT));
+        return KG_OK;
+    }
+    switch (w->dt) {
+    case KG_CUDA_F32: {
+        const dim3 grid((unsigned)((w->n_out + F_BN - 1) / F_BN),
+                        (unsigned)((rows + F_BM - 1) / F_BM));
+        f32_gemm_kernel<<<grid, 256, 0, stream>>>((const float *)w->data, (const float *)x, y, rows,
+                                                  w->n_out, w->n_in);
         KG_CUDA_CHECK_LAUNCH();
         return KG_OK;
     }
-    /* Row-major Y = X·W^T is column-major Y^T = W·X^T: W (n_in x n_out col-major)
-     * transposed, X^T (n_in x rows col-major) as is. */
-    const float one = 1.0f, zero = 0.0f;
-    const cudaDataType_t t = cuda_type(w->dt);
-    KG_CUBLAS_CHECK(blas->api->gemm_ex(blas->handle, KG_CUBLAS_OP_T, KG_CUBLAS_OP_N, w->n_out, rows,
-                                       w->n_in, &one, w->data, t, w->n_in, x, t, w->n_in, &zero, y,
-                                       CUDA_R_32F, w->n_out, KG_CUBLAS_COMPUTE_32F,
-                                       KG_CUBLAS_GEMM_DEFAULT));
-    return KG_OK;
+    case KG_CUDA_F16:
+        return gemm_16<__half>(stream, w, x, y, rows);
+    case KG_CUDA_BF16:
+        return gemm_16<__nv_bfloat16>(stream, w, x, y, rows);
+    }
+    return KG_ERR_INVALID;
 }

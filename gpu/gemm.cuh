@@ -1,9 +1,17 @@
 /* gemm: the step's matrix products. Y(rows, n_out) = X(rows, n_in) · W^T
  * with W stored row-major as ggml does (one row per output), X in W's
- * element type, Y in F32. cuBLAS (through cublas_shim.h) does the work;
- * a skinny GEMV kernel takes 1..8 rows of 16-bit weights (decode steps of
- * small batches), where a weight-streaming warp per output row beats a
- * GEMM tile. */
+ * element type, Y in F32.
+ *
+ * Batch invariance: a job's logits must not depend on what shares its step
+ * (README, design notes). So by default every product goes through one
+ * kernel family (gemm.cu) whose configurations differ only in how output
+ * tiles are spread over warps and blocks: each output element is always
+ * the same chain of 16-wide tensor-core steps over k in ascending order
+ * (16-bit weights) or of FMAs over k in order (F32 weights), never split
+ * over k, whatever the row count. cuBLAS picks algorithms (and split-K) by
+ * shape, so a row's result changes with the number of rows; it stays
+ * available as KGEN_CUDA_GEMM=cublas (faster prefill on Hopper, not
+ * batch-invariant). */
 #pragma once
 
 #include "cuda_common.cuh"
@@ -14,18 +22,23 @@ typedef struct kg_cuda_mat {
     kg_cuda_dtype_t dt;
 } kg_cuda_mat_t;
 
+typedef enum kg_cuda_gemm_mode {
+    KG_CUDA_GEMM_MMA = 0, /* gemm.cu's batch-invariant kernels */
+    KG_CUDA_GEMM_CUBLAS,  /* cuBLAS GemmEx */
+} kg_cuda_gemm_mode_t;
+
 typedef struct kg_cuda_blas {
-    const kg_cublas_api_t *api;
+    kg_cuda_gemm_mode_t mode;
+    const kg_cublas_api_t *api; /* KG_CUDA_GEMM_CUBLAS only */
     kg_cublas_handle_t handle;
-    bool gemv; /* use the GEMV kernel for <= KG_CUDA_GEMV_MAX_ROWS rows */
 } kg_cuda_blas_t;
 
-#define KG_CUDA_GEMV_MAX_ROWS 8
-
-/** Load cuBLAS, create a handle bound to `stream` with a fixed workspace
- * (so that stream capture never makes cuBLAS allocate), default math (no
- * TF32). errstr gets one line on failure. */
+/** Set up the GEMMs. KG_CUDA_GEMM_CUBLAS loads cuBLAS and creates a handle
+ * bound to `stream` with a fixed workspace (so that stream capture never
+ * makes cuBLAS allocate) and default math (no TF32); the MMA mode needs
+ * nothing. errstr gets one line on failure. */
 kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas,
+                              kg_cuda_gemm_mode_t mode,
                               cudaStream_t stream,
                               void *workspace,
                               size_t workspace_size,

@@ -1,5 +1,5 @@
 /* kg_backend_cuda: the CUDA backend (vtable glue, weights, buffers, steps,
- * graphs).
+ * graphs, faults).
  *
  * DESIGN
  * Weights. Uploaded once at start. Per layer, Q|K|V are fused into one
@@ -17,44 +17,65 @@
  * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim).
  *
  * Step. All buffers are allocated at start for max_batch_tokens tokens
- * (logits for at most out_cap rows); a step makes no allocation. The host
- * packs the step's tokens, positions, output rows and the block tables of
- * the step's sequences (compacted: each sequence's blocks up to its last
- * position) into one pinned buffer, sent with one cudaMemcpyAsync; then on
- * one stream: embedding gather and RoPE angles, per layer add+RMSNorm,
- * QKV GEMM, RoPE + KV store, paged attention, output GEMM, add+RMSNorm,
- * gate|up GEMM, SwiGLU, down GEMM; final add+RMSNorm of the rows that want
- * logits only, and the head GEMM over those rows. forward(logits != NULL)
- * copies the logits to the host; forward(NULL) leaves them on the device
- * for sample(), which runs the device sampler (sample.cu) and returns only
- * the picks.
+ * (logits for at most out_cap rows at a time), the input buffer sized again
+ * once at the first step, when the engine's block-table shape is known; a
+ * step makes no allocation after that.
+ * The host packs the step's tokens, positions, output rows, attention tiles
+ * and the block tables of the step's sequences (compacted: each sequence's
+ * blocks up to its last position) into one pinned buffer, sent with one
+ * cudaMemcpyAsync; then on one stream: embedding gather and RoPE angles,
+ * per layer add+RMSNorm, QKV GEMM, RoPE + KV store, paged attention, output
+ * GEMM, add+RMSNorm, gate|up GEMM, SwiGLU, down GEMM; the final add+RMSNorm
+ * of the rows that want logits, and the head GEMM over those rows, out_cap
+ * rows at a time: a step with more output rows than the logits buffer
+ * holds (--max-batch-size above KGEN_CUDA_MAX_OUTPUTS) runs the head and
+ * the sampler chunk by chunk, so any batch size works. forward(logits !=
+ * NULL) copies the logits to the host; forward(NULL) leaves them on the
+ * device for sample(), which runs the device sampler (sample.cu) and
+ * returns only the picks.
+ *
+ * Batch invariance. A job's logits do not depend on its batch mates: the
+ * GEMMs (gemm.cu) and attention (attention.cu) compute every row with the
+ * same reduction order whatever the row count, the bucket, the tile or the
+ * split of other tokens; eager steps run exactly their rows, graphs a
+ * padded bucket, and both give the same bits per row.
  *
  * Graphs. A decode-only step (every token wants logits) runs as a CUDA
- * graph captured once per batch-size bucket (1, 2, 4, ... 512, capped by
- * max_batch_tokens and the logits rows): the step is padded to the bucket,
- * kernels read the real token count and positions from the uploaded
- * header (padding rows write no KV and are never read back), and the
- * attention split count depends on the bucket only, so one graph serves
- * every later step of that size whatever the sequence lengths. The input
- * copy stays outside the graph (its size varies). Set KGEN_CUDA_GRAPHS=0
- * to run every step eagerly.
+ * graph of its batch-size bucket (1, 2, 4, 8, then multiples of 8 to 128,
+ * of 16 to 512, of 64 to 1024): the step is padded to the bucket, kernels
+ * read the real token count and positions from the uploaded header
+ * (padding rows write no KV and are never read back), and the attention
+ * cut depends on positions only, so one graph serves every later step of
+ * that size whatever the sequence lengths. The first step of a bucket runs
+ * eagerly with exactly the launches the graph will hold (so lazy module
+ * loading and first launches happen outside capture), then the bucket is
+ * captured. If capturing fails without poisoning the context, the bucket
+ * runs eagerly from then on, with a warning and the graph_fallbacks
+ * counter (kgen_backend_graph_fallbacks_total). The input copy stays
+ * outside the graph (its size varies). KGEN_CUDA_GRAPHS=0 runs every step
+ * eagerly.
  *
- * Errors. Every CUDA and cuBLAS call is checked. Any device-side failure
- * marks the backend dead: that call and every later one return
- * KG_ERR_BACKEND, since a sticky CUDA error poisons the context and the
- * KV pool may be half-written (CONVENTIONS.md §4: the worker exits and
- * Kafka redelivers). Bad batches from the caller return KG_ERR_INVALID
- * and leave the backend alive. */
+ * Faults. Every CUDA call is checked. A batch entry the backend cannot run
+ * (a token id outside the vocabulary, a position past the context it was
+ * set up for, a block outside its pool) fails the call with
+ * KG_ERR_INVALID and a fault naming that sequence, so the engine ends that
+ * request with an error and keeps the others; a malformed step as a whole
+ * is KG_FAULT_STEP. Any device-side failure marks the backend dead: that
+ * call and every later one return KG_ERR_BACKEND with KG_FAULT_DEVICE,
+ * since a sticky CUDA error poisons the context and the KV pool may be
+ * half-written (the worker stops and Kafka redelivers). */
 #include "attention.cuh"
 #include "cuda_common.cuh"
 #include "embed.cuh"
 #include "gemm.cuh"
 #include "kg_backend_cuda.h"
+#include "mask.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
 #include "swiglu.cuh"
 
+#include <stdarg.h>
 #include <string.h>
 
 extern "C" {
@@ -62,19 +83,33 @@ extern "C" {
 #include "../src/model/kg_quant.h"
 }
 
-#define N_BUCKETS      10 /* graph buckets 1, 2, 4, ..., 512 */
-#define MAX_OUTPUTS    512
-#define STAGE_SIZE     ((size_t)32 << 20)
-#define BLAS_WORKSPACE ((size_t)32 << 20)
-#define MAX_SPLIT_ROWS 2048
+#define MAX_BUCKETS     64
+#define GRAPH_MAX_ROWS  1024
+#define MAX_OUTPUTS     512
+#define STAGE_SIZE      ((size_t)32 << 20)
+#define BLAS_WORKSPACE  ((size_t)32 << 20)
+#define ATT_PAIR_CAP    2048 /* (token, split) partial results of attention */
+#define DEFAULT_MAX_CTX 4096
 
 typedef struct cuda_layer {
     float *attn_norm, *ffn_norm; /* (n_embd) */
     kg_cuda_mat_t wqkv;          /* (n_q + 2 n_kv, n_embd) */
     kg_cuda_mat_t wo;            /* (n_embd, n_q) */
-    kg_cuda_mat_t wgu;           /* (2 n_ff, n_embd): gate rows, then up rows */
+    kg_cuda_mat_t wgu;           /* (2 n_ff, embd): gate rows, then up rows */
     kg_cuda_mat_t wdown;         /* (n_embd, n_ff) */
 } cuda_layer_t;
+
+typedef enum bucket_state {
+    BUCKET_NEW = 0, /* not run yet: the next step warms it up and captures it */
+    BUCKET_GRAPH,   /* captured */
+    BUCKET_EAGER,   /* capturing failed: runs kernel by kernel */
+} bucket_state_t;
+
+typedef struct bucket {
+    int32_t rows;
+    bucket_state_t state;
+    cudaGraphExec_t exec;
+} bucket_t;
 
 typedef struct cuda_ctx {
     const kg_model_t *model;
@@ -101,16 +136,25 @@ typedef struct cuda_ctx {
     float *tmp;     /* (T, n_embd) projection output before the residual add */
     float *gu;      /* (T, 2 n_ff) */
     float *rope_cs; /* (T, n_rot) */
-    float *split;   /* attention split scratch */
-    float *logits;  /* (out_cap, n_vocab) */
+    float *split;   /* (ATT_PAIR_CAP) attention partials */
+    float *logits;  /* (out_cap, n_vocab) one chunk of output rows */
     __half *q16;    /* (T, n_q) */
     void *xn;       /* (T, n_embd) normed input of a block, in the next GEMM's type */
     void *att;      /* (T, n_q) in wo's type */
     void *h;        /* (T, n_ff) in wdown's type */
-    void *xo;       /* (out_cap, n_embd) in the head's type */
+    void *xo;       /* (T, n_embd) normed output rows, in the head's type */
+
+    /* attention: fixed at the first step from the batch's context size */
+    kg_cuda_attn_shape_t ash;
+    int32_t max_ctx;          /* positions per sequence; 0 until the first step */
+    kg_cuda_attn_plan_t plan; /* split_len, max_splits; rt of the current step */
+    int32_t prefill_rt, prefill_qt;
+    /* the current eager step's attention launches: tile and token ranges */
+    int32_t *grp_tile0, *grp_ntiles, *grp_tok0, *grp_ntok; /* (max_tokens) */
+    int32_t n_groups;
 
     /* the step's inputs */
-    int32_t *h_in, *d_in; /* pinned / device: header, token, pos, tbl_off, out_row, table */
+    int32_t *h_in, *d_in; /* pinned / device: header, per-token arrays, table */
     size_t in_cap;        /* int32s */
     cudaEvent_t ev_in;    /* the last input copy has been read */
     /* host scratch for compacting block tables */
@@ -119,24 +163,21 @@ typedef struct cuda_ctx {
     int32_t *dist_seq, *dist_max_pos, *dist_off, *dist_slot, *tok_dist; /* (max_tokens) */
 
     bool use_graphs;
-    cudaGraphExec_t graphs[N_BUCKETS];
-    int32_t last_n_outputs;
+    bucket_t buckets[MAX_BUCKETS];
+    int32_t n_buckets;
+
+    /* the last step's output rows: [head_row0, head_row0 + out_cap) are in
+     * `logits` (-1: none) */
+    int32_t last_n_outputs, head_row0;
     kg_cuda_sampler_t sampler;
     bool sampler_ready;
+    kg_cuda_mask_t mask; /* constrained decoding: token masks applied before sampling */
+
+    kg_backend_fault_t fault;
+    kg_backend_counters_t cnt; /* updated with __atomic builtins, read from any thread */
 
     size_t weights_size, kv_size, scratch_size;
 } cuda_ctx_t;
-
-// ---- availability ----
-
-bool kg_backend_cuda_available(void) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError(); /* clear the error so later calls do not see it */
-        return false;
-    }
-    return n > 0;
-}
 
 static void cuda_free(kg_backend_t *be);
 static kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits);
@@ -153,6 +194,43 @@ static const struct kg_backend_i cuda_iface = {
 
 bool kg_backend_is_cuda(const kg_backend_t *be) {
     return be && be->iface.free == cuda_free;
+}
+
+static int env_int(const char *name, int def) {
+    const char *v = getenv(name);
+    return v && v[0] ? atoi(v) : def;
+}
+
+static void count(int64_t *c) {
+    __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
+}
+
+/* Record what the current call failed on; returns st. */
+static kg_status_t fault(cuda_ctx_t *ctx,
+                         kg_status_t st,
+                         kg_fault_scope_t scope,
+                         int32_t seq,
+                         int32_t row,
+                         const char *fmt,
+                         ...) __attribute__((format(printf, 6, 7)));
+
+static kg_status_t fault(cuda_ctx_t *ctx,
+                         kg_status_t st,
+                         kg_fault_scope_t scope,
+                         int32_t seq,
+                         int32_t row,
+                         const char *fmt,
+                         ...) {
+    kg_backend_fault_t *f = &ctx->fault;
+    f->scope = scope;
+    f->seq = seq;
+    f->row = row;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->message, sizeof(f->message), fmt, ap);
+    va_end(ap);
+    KG_LOG_ERROR("cuda", "%s", f->message);
+    return st;
 }
 
 // ---- weights ----
@@ -348,10 +426,46 @@ static kg_status_t dev_alloc(cuda_ctx_t *ctx, void **p, size_t size) {
     return KG_OK;
 }
 
-static kg_cuda_attn_shape_t attn_shape(const cuda_ctx_t *ctx) {
-    kg_cuda_attn_shape_t sh = {ctx->hp.n_head, ctx->hp.n_head_kv, ctx->hp.head_dim,
-                               ctx->block_size};
-    return sh;
+/* Graph buckets: 1, 2, 4, 8, multiples of 8 to 128, of 16 to 512, of 64 to
+ * GRAPH_MAX_ROWS, never above max_tokens (the last one is max_tokens
+ * itself when that falls between two). Finer than powers of two so a
+ * step's padding stays small (at most 7, 15 or 63 rows). */
+static void make_buckets(cuda_ctx_t *ctx) {
+    const int32_t top = ctx->max_tokens < GRAPH_MAX_ROWS ? ctx->max_tokens : GRAPH_MAX_ROWS;
+    int32_t b = 1;
+    ctx->n_buckets = 0;
+    while (b <= top && ctx->n_buckets < MAX_BUCKETS) {
+        ctx->buckets[ctx->n_buckets++].rows = b;
+        b = b < 8 ? 2 * b : b < 128 ? b + 8 : b < 512 ? b + 16 : b + 64;
+    }
+    if (ctx->n_buckets > 0 && ctx->buckets[ctx->n_buckets - 1].rows < top &&
+        ctx->n_buckets < MAX_BUCKETS) {
+        ctx->buckets[ctx->n_buckets++].rows = top;
+    }
+}
+
+static int bucket_for(const cuda_ctx_t *ctx, int32_t rows) {
+    for (int i = 0; i < ctx->n_buckets; i++) {
+        if (ctx->buckets[i].rows >= rows) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* The step's input buffers for table_cap block-table entries. */
+static kg_status_t alloc_inputs(cuda_ctx_t *ctx) {
+    cudaFreeHost(ctx->h_in);
+    cudaFree(ctx->d_in);
+    ctx->h_in = NULL;
+    ctx->d_in = NULL;
+    ctx->scratch_size -= ctx->in_cap * sizeof(int32_t);
+    ctx->in_cap = 4 + KG_CUDA_INPUT_ARRAYS * (size_t)ctx->max_tokens + (size_t)ctx->table_cap;
+    ctx->scratch_size += ctx->in_cap * sizeof(int32_t);
+    KG_CUDA_CHECK(cudaMallocHost((void **)&ctx->h_in, ctx->in_cap * sizeof(int32_t)));
+    KG_CUDA_CHECK(cudaMalloc((void **)&ctx->d_in, ctx->in_cap * sizeof(int32_t)));
+    KG_CUDA_CHECK(cudaMemset(ctx->d_in, 0, ctx->in_cap * sizeof(int32_t)));
+    return KG_OK;
 }
 
 static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
@@ -375,27 +489,22 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_CUDA_CHECK(cudaMalloc((void **)&ctx->kv, ctx->kv_size));
     KG_CUDA_CHECK(cudaMemset(ctx->kv, 0, ctx->kv_size));
 
-    const kg_cuda_attn_shape_t ash = attn_shape(ctx);
     KG_TRY(dev_alloc(ctx, (void **)&ctx->x, T * E * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->qkv, T * (n_q + 2 * n_kv) * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->tmp, T * E * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->gu, T * 2 * F * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->rope_cs, T * (size_t)hp->n_rot * 4));
-    KG_TRY(
-        dev_alloc(ctx, (void **)&ctx->split, kg_cuda_attention_scratch_size(&ash, MAX_SPLIT_ROWS)));
+    KG_TRY(dev_alloc(ctx, (void **)&ctx->split,
+                     kg_cuda_attention_scratch_size(&ctx->ash, ATT_PAIR_CAP)));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->logits, (size_t)ctx->out_cap * (size_t)hp->n_vocab * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->q16, T * n_q * 2));
     KG_TRY(dev_alloc(ctx, &ctx->xn, T * E * es));
     KG_TRY(dev_alloc(ctx, &ctx->att, T * n_q * es));
     KG_TRY(dev_alloc(ctx, &ctx->h, T * F * es));
-    KG_TRY(dev_alloc(ctx, &ctx->xo, (size_t)ctx->out_cap * E * es_head));
+    KG_TRY(dev_alloc(ctx, &ctx->xo, T * E * es_head));
 
-    /* step inputs: header (4), token, pos, tbl_off, out_row (T each), table */
-    ctx->in_cap = 4 + 4 * T + (size_t)ctx->table_cap;
-    KG_CUDA_CHECK(cudaMallocHost((void **)&ctx->h_in, ctx->in_cap * sizeof(int32_t)));
-    KG_CUDA_CHECK(cudaMalloc((void **)&ctx->d_in, ctx->in_cap * sizeof(int32_t)));
-    KG_CUDA_CHECK(cudaMemset(ctx->d_in, 0, ctx->in_cap * sizeof(int32_t)));
-    ctx->scratch_size += ctx->in_cap * sizeof(int32_t);
+    /* step inputs: header (4), the per-token arrays (T each), table */
+    KG_TRY(alloc_inputs(ctx));
     KG_CUDA_CHECK(cudaEventCreateWithFlags(&ctx->ev_in, cudaEventDisableTiming));
 
     ctx->hash_cap = 1;
@@ -404,13 +513,15 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     }
     ctx->hash_seq = (int32_t *)malloc((size_t)ctx->hash_cap * sizeof(int32_t));
     ctx->hash_idx = (int32_t *)malloc((size_t)ctx->hash_cap * sizeof(int32_t));
-    ctx->dist_seq = (int32_t *)malloc(T * sizeof(int32_t));
-    ctx->dist_max_pos = (int32_t *)malloc(T * sizeof(int32_t));
-    ctx->dist_off = (int32_t *)malloc(T * sizeof(int32_t));
-    ctx->dist_slot = (int32_t *)malloc(T * sizeof(int32_t));
-    ctx->tok_dist = (int32_t *)malloc(T * sizeof(int32_t));
-    if (!ctx->hash_seq || !ctx->hash_idx || !ctx->dist_seq || !ctx->dist_max_pos ||
-        !ctx->dist_off || !ctx->dist_slot || !ctx->tok_dist) {
+    int32_t **host[] = {&ctx->dist_seq,   &ctx->dist_max_pos, &ctx->dist_off,
+                        &ctx->dist_slot,  &ctx->tok_dist,     &ctx->grp_tile0,
+                        &ctx->grp_ntiles, &ctx->grp_tok0,     &ctx->grp_ntok};
+    bool ok = ctx->hash_seq && ctx->hash_idx;
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
+        *host[i] = (int32_t *)malloc(T * sizeof(int32_t));
+        ok = ok && *host[i];
+    }
+    if (!ok) {
         KG_LOG_ERROR("cuda", "out of host memory");
         return KG_ERR_NOMEM;
     }
@@ -420,6 +531,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
 
     KG_TRY(kg_cuda_sampler_init(&ctx->sampler, hp->n_vocab, ctx->out_cap));
     ctx->sampler_ready = true;
+    KG_TRY(kg_cuda_mask_init(&ctx->mask, hp->n_vocab, ctx->out_cap));
+    ctx->scratch_size += kg_cuda_mask_device_size(&ctx->mask);
     ctx->scratch_size += kg_cuda_sampler_device_size(&ctx->sampler);
     return KG_OK;
 }
@@ -435,25 +548,73 @@ static int32_t hash_slot(const cuda_ctx_t *ctx, int32_t seq) {
     return i;
 }
 
+/* The attention cut, fixed at the first step: the context size is the
+ * engine's (max_blocks_per_seq blocks), so every later step splits
+ * positions the same way (batch invariance, and valid graphs). */
+static kg_status_t fix_attention(cuda_ctx_t *ctx, const kg_step_batch_t *batch) {
+    int64_t ctx_len = (int64_t)batch->max_blocks_per_seq * ctx->block_size;
+    ctx_len = ctx_len > 0 ? ctx_len : DEFAULT_MAX_CTX;
+    ctx_len = ctx_len < (int64_t)ctx->n_kv_blocks * ctx->block_size
+                  ? ctx_len
+                  : (int64_t)ctx->n_kv_blocks * ctx->block_size;
+    ctx->max_ctx = (int32_t)ctx_len;
+    ctx->plan.split_len = kg_cuda_attention_split_len(ctx->max_ctx);
+    /* KGEN_CUDA_ATTN_SPLIT: positions per split (a multiple of 32; fewer
+     * positions, more parallel blocks, more partials to merge) */
+    const int32_t forced = (int32_t)env_int("KGEN_CUDA_ATTN_SPLIT", 0) & ~31;
+    if (forced > 0 && (int64_t)forced * (ATT_PAIR_CAP / 64) >= ctx_len) {
+        ctx->plan.split_len = forced;
+    }
+    ctx->plan.max_splits = (ctx->max_ctx + ctx->plan.split_len - 1) / ctx->plan.split_len;
+    KG_LOG_DEBUG("cuda", "attention context=%d split_len=%d max_splits=%d", ctx->max_ctx,
+                 ctx->plan.split_len, ctx->plan.max_splits);
+    /* A step's compacted block tables hold at most min(tokens, slots)
+     * sequences' tables of max_blocks_per_seq entries (shared prefix blocks
+     * appear in every table that holds them): size the inputs for that now
+     * that the engine's shape is known, once, before any graph holds them. */
+    const int64_t seqs = batch->n_slots < ctx->max_tokens ? batch->n_slots : ctx->max_tokens;
+    const int64_t need = seqs * (int64_t)batch->max_blocks_per_seq;
+    if (need > ctx->table_cap && need <= (1 << 28)) {
+        ctx->table_cap = (int32_t)need;
+        KG_TRY(alloc_inputs(ctx));
+    }
+    return KG_OK;
+}
+
 /* Check the batch and pack it for `cap` slots into h_in; *n_ints gets the
- * size to copy. KG_ERR_INVALID for a batch the CPU backend would refuse
- * too, or block ids outside the pool. */
-static kg_status_t
-pack_inputs(cuda_ctx_t *ctx, const kg_step_batch_t *batch, int32_t cap, size_t *n_ints) {
+ * size to copy. single: one attention tile per token (graph steps), else
+ * runs of a sequence's consecutive tokens share a tile, and the tiles are
+ * cut into launch groups whose partial results fit the scratch.
+ * KG_ERR_INVALID with the fault recorded: KG_FAULT_SEQ for an entry of one
+ * sequence the backend cannot run, KG_FAULT_STEP for a malformed step. */
+static kg_status_t pack_inputs(
+    cuda_ctx_t *ctx, const kg_step_batch_t *batch, int32_t cap, bool single, size_t *n_ints) {
     const kg_hparams_t *hp = &ctx->hp;
     const int32_t T = batch->n_tokens, bs = ctx->block_size;
     int32_t *hdr = ctx->h_in;
     int32_t *token = hdr + 4, *pos = token + cap, *tbl_off = pos + cap, *out_row = tbl_off + cap;
-    int32_t *table = out_row + cap;
+    int32_t *tile_tok0 = out_row + cap, *tile_n = tile_tok0 + cap, *table = tile_n + cap;
     kg_status_t st = KG_OK;
     int32_t n_dist = 0, n_out = 0;
+    bool multi = false;
 
     for (int32_t t = 0; t < T; t++) {
         const int32_t tok = batch->token[t], p = batch->pos[t], seq = batch->seq[t];
-        if (tok < 0 || tok >= hp->n_vocab || p < 0 || seq < 0 || seq >= batch->n_slots ||
-            p / bs >= batch->max_blocks_per_seq) {
-            KG_LOG_ERROR("cuda", "bad batch entry %d: token %d pos %d seq %d", t, tok, p, seq);
-            st = KG_ERR_INVALID;
+        if (seq < 0 || seq >= batch->n_slots) {
+            st = fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
+                       "bad batch entry %d: slot %d of %d", t, seq, batch->n_slots);
+            goto out;
+        }
+        if (tok < 0 || tok >= hp->n_vocab) {
+            st = fault(ctx, KG_ERR_INVALID, KG_FAULT_SEQ, seq, -1,
+                       "slot %d: token id %d outside the model's vocabulary of %d", seq, tok,
+                       hp->n_vocab);
+            goto out;
+        }
+        if (p < 0 || p >= ctx->max_ctx || p / bs >= batch->max_blocks_per_seq) {
+            st = fault(ctx, KG_ERR_INVALID, KG_FAULT_SEQ, seq, -1,
+                       "slot %d: position %d outside the context of %d the backend was set up for",
+                       seq, p, ctx->max_ctx);
             goto out;
         }
         token[t] = tok;
@@ -476,10 +637,11 @@ pack_inputs(cuda_ctx_t *ctx, const kg_step_batch_t *batch, int32_t cap, size_t *
         const int32_t d = ctx->hash_idx[slot];
         ctx->dist_max_pos[d] = p > ctx->dist_max_pos[d] ? p : ctx->dist_max_pos[d];
         ctx->tok_dist[t] = d;
+        multi = multi || (t > 0 && batch->seq[t - 1] == seq && batch->pos[t - 1] + 1 == p);
     }
     if (n_out != batch->n_outputs) {
-        KG_LOG_ERROR("cuda", "batch says %d outputs, want_logits has %d", batch->n_outputs, n_out);
-        st = KG_ERR_INVALID;
+        st = fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
+                   "batch says %d outputs, want_logits has %d", batch->n_outputs, n_out);
         goto out;
     }
     {
@@ -489,21 +651,21 @@ pack_inputs(cuda_ctx_t *ctx, const kg_step_batch_t *batch, int32_t cap, size_t *
             n_table += ctx->dist_max_pos[d] / bs + 1;
         }
         if (n_table > ctx->table_cap) {
-            KG_LOG_ERROR("cuda", "step needs %lld block-table entries, capacity %d",
-                         (long long)n_table, ctx->table_cap);
-            st = KG_ERR_INVALID;
+            st = fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
+                       "step needs %lld block-table entries, capacity %d", (long long)n_table,
+                       ctx->table_cap);
             goto out;
         }
-        for (int32_t d = 0; d < n_dist && st == KG_OK; d++) {
+        for (int32_t d = 0; d < n_dist; d++) {
             const int32_t *src =
                 batch->block_table + (int64_t)ctx->dist_seq[d] * batch->max_blocks_per_seq;
             const int32_t n_blk = ctx->dist_max_pos[d] / bs + 1;
             for (int32_t b = 0; b < n_blk; b++) {
                 if (src[b] < 0 || src[b] >= ctx->n_kv_blocks) {
-                    KG_LOG_ERROR("cuda", "seq %d block %d is %d, outside the pool of %d blocks",
-                                 ctx->dist_seq[d], b, src[b], ctx->n_kv_blocks);
-                    st = KG_ERR_INVALID;
-                    break;
+                    st = fault(ctx, KG_ERR_INVALID, KG_FAULT_SEQ, ctx->dist_seq[d], -1,
+                               "slot %d: block %d is %d, outside the pool of %d blocks",
+                               ctx->dist_seq[d], b, src[b], ctx->n_kv_blocks);
+                    goto out;
                 }
                 table[ctx->dist_off[d] + b] = src[b];
             }
@@ -511,11 +673,38 @@ pack_inputs(cuda_ctx_t *ctx, const kg_step_batch_t *batch, int32_t cap, size_t *
         for (int32_t t = 0; t < T; t++) {
             tbl_off[t] = ctx->dist_off[ctx->tok_dist[t]];
         }
+        /* attention tiles and launch groups */
+        ctx->plan.rt = single || !multi ? 1 : ctx->prefill_rt;
+        const int32_t qt = single ? 1 : kg_cuda_attention_tile_tokens(&ctx->ash, ctx->plan.rt);
+        const int32_t group_tok = ATT_PAIR_CAP / ctx->plan.max_splits;
+        int32_t n_tiles = 0;
+        ctx->n_groups = 0;
+        for (int32_t t = 0; t < T;) {
+            int32_t n = 1;
+            while (t + n < T && n < qt && batch->seq[t + n] == batch->seq[t] &&
+                   batch->pos[t + n] == batch->pos[t] + n) {
+                n++;
+            }
+            int32_t g = ctx->n_groups - 1;
+            if (g < 0 || ctx->grp_ntok[g] + n > group_tok) {
+                g = ctx->n_groups++;
+                ctx->grp_tile0[g] = n_tiles;
+                ctx->grp_ntiles[g] = 0;
+                ctx->grp_tok0[g] = t;
+                ctx->grp_ntok[g] = 0;
+            }
+            ctx->grp_ntiles[g]++;
+            ctx->grp_ntok[g] += n;
+            tile_tok0[n_tiles] = t;
+            tile_n[n_tiles] = n;
+            n_tiles++;
+            t += n;
+        }
         hdr[0] = T;
         hdr[1] = n_out;
-        hdr[2] = 0;
+        hdr[2] = n_tiles;
         hdr[3] = 0;
-        *n_ints = 4 + 4 * (size_t)cap + (size_t)n_table;
+        *n_ints = 4 + KG_CUDA_INPUT_ARRAYS * (size_t)cap + (size_t)n_table;
     }
 out:
     /* empty the slots we filled (not by lookup: clearing one slot of a
@@ -534,18 +723,54 @@ static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
     return ctx->kv + (size_t)(2 * il + 1) * ctx->kv_layer_elems;
 }
 
+/* Attention of one layer: graph steps (single) cut their `rows` one-token
+ * tiles into fixed groups, so the captured launches fit any later step of
+ * the bucket; eager steps use the groups pack_inputs made. */
+static kg_status_t attention(cuda_ctx_t *ctx, int32_t il, int32_t rows, bool single) {
+    const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
+    const cuda_layer_t *L = &ctx->layers[il];
+    if (single) {
+        kg_cuda_attn_plan_t plan = ctx->plan;
+        plan.rt = 1;
+        const int32_t group = ATT_PAIR_CAP / plan.max_splits;
+        for (int32_t t0 = 0; t0 < rows; t0 += group) {
+            const int32_t n = rows - t0 < group ? rows - t0 : group;
+            KG_TRY(kg_cuda_attention(ctx->stream, in, &ctx->ash, &plan, t0, n, t0, n, ctx->q16,
+                                     k_cache(ctx, il), v_cache(ctx, il), ctx->split, ctx->att,
+                                     L->wo.dt));
+        }
+        return KG_OK;
+    }
+    for (int32_t g = 0; g < ctx->n_groups; g++) {
+        KG_TRY(kg_cuda_attention(ctx->stream, in, &ctx->ash, &ctx->plan, ctx->grp_tile0[g],
+                                 ctx->grp_ntiles[g], ctx->grp_tok0[g], ctx->grp_ntok[g], ctx->q16,
+                                 k_cache(ctx, il), v_cache(ctx, il), ctx->split, ctx->att,
+                                 L->wo.dt));
+    }
+    return KG_OK;
+}
+
+/* The head GEMM for output rows [row0, row0 + n) (n <= out_cap) into
+ * `logits`. */
+static kg_status_t run_head(cuda_ctx_t *ctx, int32_t row0, int32_t n) {
+    const size_t es = kg_cuda_dtype_size(ctx->head.dt);
+    const char *xo = (const char *)ctx->xo + (size_t)row0 * (size_t)ctx->hp.n_embd * es;
+    KG_TRY(kg_cuda_gemm(&ctx->blas, ctx->stream, &ctx->head, xo, ctx->logits, n));
+    ctx->head_row0 = row0;
+    return KG_OK;
+}
+
 /* Every kernel of one step over `rows` token slots (the real count is in
- * the device header) and `head_rows` logits rows. Also what a graph
- * captures. */
-static kg_status_t run_step(cuda_ctx_t *ctx, int32_t rows, int32_t head_rows) {
+ * the device header) and `out_rows` output rows, plus the head of the first
+ * out_cap of them when `head`. Also what a graph captures. */
+static kg_status_t
+run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head) {
     const kg_hparams_t *hp = &ctx->hp;
     cudaStream_t st = ctx->stream;
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const kg_cuda_step_hdr_t *hdr = in.hdr;
     const kg_cuda_rope_shape_t rsh = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
                                       ctx->block_size};
-    const kg_cuda_attn_shape_t ash = attn_shape(ctx);
-    const int32_t n_split = kg_cuda_attention_splits(rows, &ash, ctx->n_sm, MAX_SPLIT_ROWS);
 
     KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, hp->n_embd, ctx->x));
     KG_TRY(kg_cuda_rope_cache(st, rows, in, ctx->rope_cs, hp->n_rot, hp->rope_base, hp->rope_scale,
@@ -558,8 +783,7 @@ static kg_status_t run_step(cuda_ctx_t *ctx, int32_t rows, int32_t head_rows) {
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
         KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, ctx->qkv, ctx->rope_cs, ctx->q16,
                                   k_cache(ctx, il), v_cache(ctx, il)));
-        KG_TRY(kg_cuda_attention(st, rows, in, &ash, n_split, ctx->q16, k_cache(ctx, il),
-                                 v_cache(ctx, il), ctx->split, ctx->att, L->wo.dt));
+        KG_TRY(attention(ctx, il, rows, single));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
         KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, ctx->tmp, L->ffn_norm,
                                    ctx->xn, L->wgu.dt, hp->n_embd, hp->norm_eps));
@@ -568,65 +792,127 @@ static kg_status_t run_step(cuda_ctx_t *ctx, int32_t rows, int32_t head_rows) {
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
     }
     /* the last residual add and the final norm, only for the rows that want logits */
-    KG_TRY(kg_cuda_add_rmsnorm(st, head_rows, hdr, true, in.out_row, ctx->x, ctx->tmp,
-                               ctx->out_norm, ctx->xo, ctx->head.dt, hp->n_embd, hp->norm_eps));
-    KG_TRY(kg_cuda_gemm(&ctx->blas, st, &ctx->head, ctx->xo, ctx->logits, head_rows));
+    KG_TRY(kg_cuda_add_rmsnorm(st, out_rows, hdr, true, in.out_row, ctx->x, ctx->tmp, ctx->out_norm,
+                               ctx->xo, ctx->head.dt, hp->n_embd, hp->norm_eps));
+    if (head && out_rows > 0) {
+        KG_TRY(run_head(ctx, 0, out_rows < ctx->out_cap ? out_rows : ctx->out_cap));
+    }
     return KG_OK;
 }
 
-/* Capture run_step for `rows` slots into graphs[b]. */
-static kg_status_t capture(cuda_ctx_t *ctx, int b, int32_t rows) {
+/* Capture bucket b (its warm-up ran just before). A failure that leaves the
+ * context healthy makes the bucket eager for good (warning + counter); a
+ * sticky one is a device fault. */
+static kg_status_t capture(cuda_ctx_t *ctx, int b) {
+    bucket_t *bk = &ctx->buckets[b];
+    const int32_t rows = bk->rows;
     cudaGraph_t graph = NULL;
-    KG_CUDA_CHECK(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal));
-    const kg_status_t st = run_step(ctx, rows, rows);
-    const cudaError_t err = cudaStreamEndCapture(ctx->stream, &graph);
-    if (st != KG_OK || err != cudaSuccess) {
-        if (err != cudaSuccess) {
-            KG_LOG_ERROR("cuda", "cudaStreamEndCapture failed: %s", cudaGetErrorString(err));
-        }
-        if (graph) {
-            cudaGraphDestroy(graph);
-        }
+    cudaGraphExec_t exec = NULL;
+    kg_status_t st = KG_OK;
+    cudaError_t err = cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal);
+    if (err == cudaSuccess) {
+        st = run_step(ctx, rows, rows, true, rows <= ctx->out_cap);
+        /* always end what was begun, whatever run_step did */
+        err = cudaStreamEndCapture(ctx->stream, &graph);
+    }
+    if (err == cudaSuccess && st == KG_OK) {
+        err = cudaGraphInstantiate(&exec, graph, 0);
+    }
+    if (graph) {
+        cudaGraphDestroy(graph);
+    }
+    if (err == cudaSuccess && st == KG_OK) {
+        bk->exec = exec;
+        bk->state = BUCKET_GRAPH;
+        count(&ctx->cnt.graphs_captured);
+        KG_LOG_DEBUG("cuda", "captured the decode graph for %d rows", rows);
+        return KG_OK;
+    }
+    const cudaError_t last = cudaGetLastError(); /* clears an error that is not sticky */
+    const cudaError_t why = err != cudaSuccess ? err : last;
+    if (kg_cuda_error_is_sticky((int)why) || kg_cuda_error_is_sticky((int)last) ||
+        cudaStreamSynchronize(ctx->stream) != cudaSuccess) {
+        KG_LOG_ERROR("cuda", "capturing the graph for %d rows hit a device fault: %s", rows,
+                     cudaGetErrorName(why));
         return KG_ERR_BACKEND;
     }
-    const cudaError_t ierr = cudaGraphInstantiate(&ctx->graphs[b], graph, 0);
-    cudaGraphDestroy(graph);
-    KG_CUDA_CHECK(ierr);
-    KG_LOG_DEBUG("cuda", "captured the decode graph for %d rows", rows);
+    bk->state = BUCKET_EAGER;
+    count(&ctx->cnt.graph_fallbacks);
+    KG_LOG_WARN("cuda",
+                "capturing the CUDA graph for %d rows failed (%s: %s); steps of that size run "
+                "eagerly from now on",
+                rows, cudaGetErrorName(why), cudaGetErrorString(why));
     return KG_OK;
 }
 
-/* The device part of a step, inputs already packed for `cap` slots. */
+/* The device part of a step, inputs already packed: T tokens (rows slots,
+ * padded to the bucket's size when b >= 0), n_out output rows. */
 static kg_status_t
-device_step(cuda_ctx_t *ctx, int32_t cap, int bucket, int32_t n_out, size_t n_ints, float *logits) {
+device_step(cuda_ctx_t *ctx, int32_t T, int32_t rows, int b, int32_t n_out, size_t n_ints) {
     KG_CUDA_CHECK(cudaMemcpyAsync(ctx->d_in, ctx->h_in, n_ints * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, ctx->stream));
     KG_CUDA_CHECK(cudaEventRecord(ctx->ev_in, ctx->stream));
-    if (bucket >= 0) {
-        if (!ctx->graphs[bucket]) {
-            KG_TRY(capture(ctx, bucket, cap));
+    ctx->head_row0 = -1;
+    if (b < 0) {
+        count(&ctx->cnt.eager_steps);
+        return run_step(ctx, T, n_out, false, true);
+    }
+    bucket_t *bk = &ctx->buckets[b];
+    if (bk->state == BUCKET_GRAPH) {
+        KG_CUDA_CHECK(cudaGraphLaunch(bk->exec, ctx->stream));
+        count(&ctx->cnt.graph_steps);
+        if (rows <= ctx->out_cap) {
+            ctx->head_row0 = 0;
         }
-        KG_CUDA_CHECK(cudaGraphLaunch(ctx->graphs[bucket], ctx->stream));
-    } else {
-        KG_TRY(run_step(ctx, cap, n_out));
+        return KG_OK;
     }
-    if (logits && n_out > 0) {
-        KG_CUDA_CHECK(cudaMemcpyAsync(logits, ctx->logits,
-                                      (size_t)n_out * (size_t)ctx->hp.n_vocab * sizeof(float),
-                                      cudaMemcpyDeviceToHost, ctx->stream));
+    count(&ctx->cnt.eager_steps);
+    if (bk->state == BUCKET_EAGER) {
+        return run_step(ctx, T, n_out, true, true);
     }
-    if (logits) {
-        KG_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    /* first step of the bucket: the warm-up runs exactly the launches the
+     * graph will hold (and computes this step), then the capture */
+    KG_TRY(run_step(ctx, rows, rows, true, rows <= ctx->out_cap));
+    if (rows <= ctx->out_cap) {
+        ctx->head_row0 = 0;
     }
-    return KG_OK;
+    return capture(ctx, b);
 }
 
-static kg_status_t mark_dead(cuda_ctx_t *ctx) {
+static kg_status_t mark_dead(cuda_ctx_t *ctx, const char *what) {
     if (!ctx->dead) {
-        KG_LOG_ERROR("cuda", "device error: the CUDA backend is dead, every later call fails");
+        KG_LOG_ERROR("cuda", "device error in %s: the CUDA backend is dead, every later call fails",
+                     what);
     }
     ctx->dead = true;
+    ctx->fault.scope = KG_FAULT_DEVICE;
+    ctx->fault.seq = -1;
+    ctx->fault.row = -1;
+    snprintf(ctx->fault.message, sizeof(ctx->fault.message),
+             "the CUDA device failed in %s (see the log); the backend is dead", what);
     return KG_ERR_BACKEND;
+}
+
+/* Make output rows [row0, row0 + n) the ones in `logits`. */
+static kg_status_t ensure_rows(cuda_ctx_t *ctx, int32_t row0) {
+    if (ctx->head_row0 == row0) {
+        return KG_OK;
+    }
+    const int32_t left = ctx->last_n_outputs - row0;
+    return run_head(ctx, row0, left < ctx->out_cap ? left : ctx->out_cap);
+}
+
+static kg_status_t copy_logits(cuda_ctx_t *ctx, float *logits, int32_t n_out) {
+    const size_t V = (size_t)ctx->hp.n_vocab;
+    for (int32_t r0 = 0; r0 < n_out; r0 += ctx->out_cap) {
+        const int32_t n = n_out - r0 < ctx->out_cap ? n_out - r0 : ctx->out_cap;
+        KG_TRY(ensure_rows(ctx, r0));
+        KG_CUDA_CHECK(cudaMemcpyAsync(logits + (size_t)r0 * V, ctx->logits,
+                                      (size_t)n * V * sizeof(float), cudaMemcpyDeviceToHost,
+                                      ctx->stream));
+    }
+    KG_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    return KG_OK;
 }
 
 static kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
@@ -634,44 +920,38 @@ static kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
     if (ctx->dead) {
         return KG_ERR_BACKEND;
     }
+    ctx->last_n_outputs = 0;
     const int32_t T = batch->n_tokens, n_out = batch->n_outputs;
-    if (T <= 0 || T > ctx->max_tokens) {
-        KG_LOG_ERROR("cuda", "step of %d tokens (max %d)", T, ctx->max_tokens);
-        return KG_ERR_INVALID;
+    if (T <= 0 || T > ctx->max_tokens || n_out < 0 || n_out > T) {
+        return fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
+                     "step of %d tokens and %d outputs (max %d tokens)", T, n_out, ctx->max_tokens);
     }
-    if (n_out < 0 || n_out > ctx->out_cap) {
-        KG_LOG_ERROR("cuda", "step wants %d logits rows (max %d; KGEN_CUDA_MAX_OUTPUTS)", n_out,
-                     ctx->out_cap);
-        return KG_ERR_INVALID;
+    if (ctx->max_ctx == 0 && fix_attention(ctx, batch) != KG_OK) {
+        return mark_dead(ctx, "sizing the step inputs");
     }
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
         cudaEventSynchronize(ctx->ev_in) != cudaSuccess) {
-        return mark_dead(ctx); /* the pinned inputs may still be in flight */
+        return mark_dead(ctx, "the input upload"); /* the pinned inputs may still be in flight */
     }
     /* a decode-only step runs as the graph of its bucket */
-    int bucket = -1;
-    int32_t cap = T;
+    int b = -1;
+    int32_t rows = T;
     if (ctx->use_graphs && n_out == T) {
-        int32_t b = 1;
-        int i = 0;
-        while (b < T) {
-            b <<= 1;
-            i++;
-        }
-        if (i < N_BUCKETS && b <= ctx->max_tokens && b <= ctx->out_cap) {
-            bucket = i;
-            cap = b;
-        }
+        b = bucket_for(ctx, T);
+        rows = b >= 0 && ctx->buckets[b].state != BUCKET_EAGER ? ctx->buckets[b].rows : T;
     }
     size_t n_ints = 0;
-    const kg_status_t st = pack_inputs(ctx, batch, cap, &n_ints);
+    const kg_status_t st = pack_inputs(ctx, batch, rows, b >= 0, &n_ints);
     if (st != KG_OK) {
         return st;
     }
-    if (device_step(ctx, cap, bucket, n_out, n_ints, logits) != KG_OK) {
-        return mark_dead(ctx);
+    if (device_step(ctx, T, rows, b, n_out, n_ints) != KG_OK) {
+        return mark_dead(ctx, "a step");
     }
     ctx->last_n_outputs = n_out;
+    if (logits && n_out > 0 && copy_logits(ctx, logits, n_out) != KG_OK) {
+        return mark_dead(ctx, "reading the logits");
+    }
     return KG_OK;
 }
 
@@ -682,19 +962,52 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
         return KG_ERR_BACKEND;
     }
     if (n < 0 || n > ctx->last_n_outputs) {
-        KG_LOG_ERROR("cuda", "sample of %d rows, the last step produced %d", n,
-                     ctx->last_n_outputs);
-        return KG_ERR_INVALID;
+        return fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
+                     "sample of %d rows, the last step produced %d", n, ctx->last_n_outputs);
     }
-    if (n == 0) {
-        return KG_OK;
+    if (cudaSetDevice(ctx->device) != cudaSuccess) {
+        return mark_dead(ctx, "sampling");
     }
-    if (cudaSetDevice(ctx->device) != cudaSuccess ||
-        kg_cuda_sampler_run(&ctx->sampler, ctx->stream, ctx->logits, reqs, n, out) != KG_OK) {
-        return mark_dead(ctx);
+    /* one logits chunk at a time: the head of a chunk, then its rows */
+    for (int32_t r0 = 0; r0 < n; r0 += ctx->out_cap) {
+        const int32_t rows = n - r0 < ctx->out_cap ? n - r0 : ctx->out_cap;
+        int32_t bad = -1;
+        if (ensure_rows(ctx, r0) != KG_OK) {
+            return mark_dead(ctx, "the head GEMM");
+        }
+        /* constrained rows: their masks first (mask.cu), then the usual sampler */
+        if (kg_cuda_mask_apply(&ctx->mask, ctx->stream, ctx->logits, ctx->sampler.n_vocab,
+                               reqs + r0, rows) != KG_OK) {
+            return mark_dead(ctx, "applying token masks");
+        }
+        const kg_status_t st = kg_cuda_sampler_run(&ctx->sampler, ctx->stream, ctx->logits,
+                                                   reqs + r0, rows, out + r0, &bad);
+        if (st == KG_ERR_INVALID && bad >= 0) {
+            ctx->last_n_outputs = 0;
+            return fault(ctx, st, KG_FAULT_SEQ, -1, r0 + bad,
+                         "sampling output row %d failed (token %d outside the vocabulary)",
+                         r0 + bad, out[r0 + bad].token);
+        }
+        if (st != KG_OK) {
+            return mark_dead(ctx, "sampling");
+        }
+        /* this chunk's logits are consumed (penalties are applied in place) */
+        ctx->head_row0 = -1;
     }
-    ctx->last_n_outputs = 0; /* the rows are consumed */
+    ctx->last_n_outputs = 0;
     return KG_OK;
+}
+
+static void cuda_last_fault(const kg_backend_t *be, kg_backend_fault_t *out) {
+    *out = ((const cuda_ctx_t *)be->ctx)->fault;
+}
+
+static void cuda_counters(const kg_backend_t *be, kg_backend_counters_t *out) {
+    const cuda_ctx_t *ctx = (const cuda_ctx_t *)be->ctx;
+    out->graphs_captured = __atomic_load_n(&ctx->cnt.graphs_captured, __ATOMIC_RELAXED);
+    out->graph_fallbacks = __atomic_load_n(&ctx->cnt.graph_fallbacks, __ATOMIC_RELAXED);
+    out->graph_steps = __atomic_load_n(&ctx->cnt.graph_steps, __ATOMIC_RELAXED);
+    out->eager_steps = __atomic_load_n(&ctx->cnt.eager_steps, __ATOMIC_RELAXED);
 }
 
 // ---- lifecycle ----
@@ -713,9 +1026,9 @@ static void cuda_free(kg_backend_t *be) {
         if (ctx->stream) {
             cudaStreamSynchronize(ctx->stream);
         }
-        for (int i = 0; i < N_BUCKETS; i++) {
-            if (ctx->graphs[i]) {
-                cudaGraphExecDestroy(ctx->graphs[i]);
+        for (int i = 0; i < ctx->n_buckets; i++) {
+            if (ctx->buckets[i].exec) {
+                cudaGraphExecDestroy(ctx->buckets[i].exec);
             }
         }
         if (ctx->layers) {
@@ -749,18 +1062,18 @@ static void cuda_free(kg_backend_t *be) {
         }
         if (ctx->sampler_ready) {
             kg_cuda_sampler_clear(&ctx->sampler);
+            kg_cuda_mask_clear(&ctx->mask);
         }
         kg_cuda_blas_clear(&ctx->blas);
         if (ctx->stream) {
             cudaStreamDestroy(ctx->stream);
         }
-        free(ctx->hash_seq);
-        free(ctx->hash_idx);
-        free(ctx->dist_seq);
-        free(ctx->dist_max_pos);
-        free(ctx->dist_off);
-        free(ctx->dist_slot);
-        free(ctx->tok_dist);
+        void *host[] = {ctx->hash_seq,   ctx->hash_idx,  ctx->dist_seq, ctx->dist_max_pos,
+                        ctx->dist_off,   ctx->dist_slot, ctx->tok_dist, ctx->grp_tile0,
+                        ctx->grp_ntiles, ctx->grp_tok0,  ctx->grp_ntok};
+        for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
+            free(host[i]);
+        }
         free(ctx);
     }
     free(be);
@@ -773,11 +1086,6 @@ static void cuda_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     out->scratch_size = ctx->scratch_size;
 }
 
-static int env_int(const char *name, int def) {
-    const char *v = getenv(name);
-    return v && v[0] ? atoi(v) : def;
-}
-
 kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
                                   const kg_backend_params_t *params,
                                   char *errstr,
@@ -787,6 +1095,9 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     const kg_hparams_t *hp = &model->hp;
     cudaDeviceProp prop;
     cudaError_t err;
+    kg_cuda_probe_t probe;
+    const char *gemm = getenv("KGEN_CUDA_GEMM");
+    char blas_desc[160] = "none";
     if (!be || !ctx) {
         free(be);
         free(ctx);
@@ -796,24 +1107,33 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     be->iface = cuda_iface;
     be->ctx = ctx;
     be->sample = cuda_sample;
+    be->last_fault = cuda_last_fault;
+    be->counters = cuda_counters;
     ctx->model = model;
     ctx->hp = *hp;
     ctx->n_kv_blocks = params->n_kv_blocks;
     ctx->block_size = params->kv_block_size;
     ctx->max_tokens = params->max_batch_tokens;
+    ctx->head_row0 = -1;
     if (ctx->n_kv_blocks <= 0 || ctx->block_size <= 0 || ctx->max_tokens <= 0) {
         snprintf(errstr, errstr_size,
                  "cuda backend: KV blocks, block size and batch tokens must be > 0");
         goto fail;
     }
-    if (hp->head_dim % 2 != 0 || hp->head_dim > 256 || hp->n_rot % 2 != 0 ||
+    if (hp->head_dim % 8 != 0 || hp->head_dim > 256 || hp->n_rot % 2 != 0 ||
         hp->n_rot > hp->head_dim || hp->n_head % hp->n_head_kv != 0) {
         snprintf(errstr, errstr_size,
                  "cuda backend: unsupported attention shape (head_dim %d, n_rot %d, heads %d/%d; "
-                 "head_dim must be even and <= 256)",
+                 "head_dim must be a multiple of 8 up to 256)",
                  hp->head_dim, hp->n_rot, hp->n_head, hp->n_head_kv);
         goto fail;
     }
+    ctx->ash.n_head = hp->n_head;
+    ctx->ash.n_head_kv = hp->n_head_kv;
+    ctx->ash.head_dim = hp->head_dim;
+    ctx->ash.block_size = ctx->block_size;
+    ctx->prefill_rt = kg_cuda_attention_prefill_rt(&ctx->ash);
+    ctx->prefill_qt = kg_cuda_attention_tile_tokens(&ctx->ash, ctx->prefill_rt);
     ctx->out_cap = env_int("KGEN_CUDA_MAX_OUTPUTS", MAX_OUTPUTS);
     ctx->out_cap = ctx->out_cap < 1 ? 1 : ctx->out_cap;
     ctx->out_cap = ctx->out_cap > ctx->max_tokens ? ctx->max_tokens : ctx->out_cap;
@@ -822,14 +1142,20 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
         ctx->table_cap = (int32_t)(cap > (1 << 28) ? (1 << 28) : cap < 65536 ? 65536 : cap);
     }
     ctx->use_graphs = env_int("KGEN_CUDA_GRAPHS", 1) != 0;
+    make_buckets(ctx);
 
+    kg_cuda_probe(&probe);
+    if (probe.kind != KG_CUDA_PROBE_OK) {
+        snprintf(errstr, errstr_size, "cuda backend: %s", probe.message);
+        goto fail;
+    }
     err = cudaSetDevice(ctx->device);
     if (err == cudaSuccess) {
         err = cudaGetDeviceProperties(&prop, ctx->device);
     }
     if (err != cudaSuccess) {
-        snprintf(errstr, errstr_size, "cuda backend: no usable device: %s",
-                 cudaGetErrorString(err));
+        snprintf(errstr, errstr_size, "cuda backend: device %d unusable: %s (%s)", ctx->device,
+                 cudaGetErrorName(err), cudaGetErrorString(err));
         goto fail;
     }
     if (prop.major < 8) {
@@ -840,19 +1166,34 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     }
     ctx->n_sm = prop.multiProcessorCount;
     err = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking);
-    if (err == cudaSuccess) {
+    if (err == cudaSuccess && gemm && strcmp(gemm, "cublas") == 0) {
         err = cudaMalloc(&ctx->blas_ws, BLAS_WORKSPACE);
     }
     if (err != cudaSuccess) {
-        snprintf(errstr, errstr_size, "cuda backend: %s", cudaGetErrorString(err));
+        snprintf(errstr, errstr_size, "cuda backend: %s (%s)", cudaGetErrorName(err),
+                 cudaGetErrorString(err));
         goto fail;
     }
-    if (kg_cuda_blas_init(&ctx->blas, ctx->stream, ctx->blas_ws, BLAS_WORKSPACE, errstr,
+    if (gemm && gemm[0] && strcmp(gemm, "cublas") != 0 && strcmp(gemm, "mma") != 0) {
+        snprintf(errstr, errstr_size, "cuda backend: KGEN_CUDA_GEMM=%s (expected mma or cublas)",
+                 gemm);
+        goto fail;
+    }
+    if (kg_cuda_blas_init(&ctx->blas, ctx->blas_ws ? KG_CUDA_GEMM_CUBLAS : KG_CUDA_GEMM_MMA,
+                          ctx->stream, ctx->blas_ws, BLAS_WORKSPACE, errstr,
                           errstr_size) != KG_OK) {
         if (errstr[0] == '\0') {
             snprintf(errstr, errstr_size, "cuda backend: cuBLAS setup failed (see the log)");
         }
         goto fail;
+    }
+    if (ctx->blas.mode == KG_CUDA_GEMM_CUBLAS) {
+        snprintf(blas_desc, sizeof(blas_desc), "%s/%d.%d.%d", ctx->blas.api->lib_name,
+                 ctx->blas.api->major, ctx->blas.api->minor, ctx->blas.api->patch);
+        KG_LOG_WARN("cuda",
+                    "KGEN_CUDA_GEMM=cublas: GEMMs through %s; a job's tokens may then "
+                    "depend on its batch mates (cuBLAS picks algorithms by shape)",
+                    blas_desc);
     }
 
     ctx->layers = (cuda_layer_t *)calloc((size_t)hp->n_layer, sizeof(*ctx->layers));
@@ -873,10 +1214,15 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
         goto fail;
     }
     KG_LOG_INFO("cuda",
-                "backend ready device=\"%s\" sm=%d weights_mib=%zu kv_mib=%zu scratch_mib=%zu "
-                "graphs=%d cublas=%s",
-                prop.name, ctx->n_sm, ctx->weights_size >> 20, ctx->kv_size >> 20,
-                ctx->scratch_size >> 20, ctx->use_graphs ? 1 : 0, ctx->blas.api->lib_name);
+                "backend ready device=\"%s\" sm=%d cc=%d.%d driver_cuda=%d.%d runtime_cuda=%d.%d "
+                "weights_mib=%zu kv_mib=%zu scratch_mib=%zu gemm=%s cublas=%s graphs=%d "
+                "graph_buckets=%d max_outputs=%d",
+                prop.name, ctx->n_sm, prop.major, prop.minor, probe.driver_version / 1000,
+                (probe.driver_version % 1000) / 10, probe.runtime_version / 1000,
+                (probe.runtime_version % 1000) / 10, ctx->weights_size >> 20, ctx->kv_size >> 20,
+                ctx->scratch_size >> 20, ctx->blas.mode == KG_CUDA_GEMM_CUBLAS ? "cublas" : "mma",
+                blas_desc, ctx->use_graphs ? 1 : 0, ctx->use_graphs ? ctx->n_buckets : 0,
+                ctx->out_cap);
     return be;
 fail:
     cuda_free(be);

@@ -16,14 +16,19 @@ extern "C" {
 
 // ---- helpers ----
 
-/* Up to 16 device buffers freed together. */
+/* Up to DEV_POOL device buffers freed together. */
+#define DEV_POOL 16
 typedef struct dev_pool {
-    void *p[16];
+    void *p[DEV_POOL];
     int n;
 } dev_pool_t;
 
 static kg_status_t dalloc(dev_pool_t *dp, void **d, size_t size) {
     *d = NULL;
+    if (dp->n == DEV_POOL) {
+        KG_LOG_ERROR("cuda", "kg_cuda_ops: more than %d device buffers in one op", DEV_POOL);
+        return KG_ERR_NOMEM;
+    }
     KG_CUDA_CHECK(cudaMalloc(d, size ? size : 1));
     dp->p[dp->n++] = *d;
     KG_CUDA_CHECK(cudaMemset(*d, 0, size ? size : 1));
@@ -43,9 +48,12 @@ static void dfree(dev_pool_t *dp) {
     dp->n = 0;
 }
 
-static size_t esize(int dt) {
-    return dt == KG_CUDA_OP_F32 ? 4 : 2;
-}
+/* the op element types are kg_cuda_dtype_t's */
+static_assert((int)KG_CUDA_OP_BF16 == (int)KG_CUDA_BF16 &&
+                  (int)KG_CUDA_OP_F16 == (int)KG_CUDA_F16 &&
+                  (int)KG_CUDA_OP_F32 == (int)KG_CUDA_F32,
+              "kg_cuda_ops.h and cuda_common.cuh disagree on element types");
+#define esize kg_cuda_dtype_size
 
 /* Floats in the 16/32-bit layout of dt (host side). */
 static void *to_dtype(const float *x, size_t n, int dt) {
@@ -103,27 +111,53 @@ static kg_status_t put(dev_pool_t *dp, void **d, const float *x, size_t n, int d
     return st;
 }
 
-/* Step inputs for the attention-shaped ops: header, pos, tbl_off, table. */
-static kg_status_t put_inputs(dev_pool_t *dp, const kg_cuda_op_attn_t *a, kg_cuda_inputs_t *in) {
+/* Step inputs for the attention-shaped ops: header, pos, tbl_off, tiles,
+ * table. Tiles: one per token, or (tiles) runs of up to qt consecutive
+ * positions of one sequence (same tbl_off). */
+static kg_status_t put_inputs(dev_pool_t *dp,
+                              const kg_cuda_op_attn_t *a,
+                              bool tiles,
+                              int32_t qt,
+                              kg_cuda_inputs_t *in,
+                              int32_t *tile_tok0,
+                              int32_t *tile_n,
+                              int32_t *n_tiles) {
     const int32_t cap = a->n_tokens;
-    const size_t n = 4 + 4 * (size_t)cap + (size_t)a->n_table;
+    const size_t n = 4 + KG_CUDA_INPUT_ARRAYS * (size_t)cap + (size_t)a->n_table;
     int32_t *h = (int32_t *)calloc(n, sizeof(int32_t));
     if (!h) {
         return KG_ERR_NOMEM;
     }
+    const kg_cuda_inputs_t v = kg_cuda_inputs_view(h, cap);
+    int32_t nt = 0;
+    for (int32_t t = 0; t < cap;) {
+        int32_t k = 1;
+        while (tiles && t + k < cap && k < qt && a->tbl_off[t + k] == a->tbl_off[t] &&
+               a->pos[t + k] == a->pos[t] + k) {
+            k++;
+        }
+        tile_tok0[nt] = t;
+        tile_n[nt] = k;
+        nt++;
+        t += k;
+    }
     h[0] = cap;
     h[1] = cap;
-    memcpy(h + 4 + cap, a->pos, (size_t)cap * sizeof(int32_t));
-    memcpy(h + 4 + 2 * cap, a->tbl_off, (size_t)cap * sizeof(int32_t));
+    h[2] = nt;
+    memcpy((int32_t *)v.pos, a->pos, (size_t)cap * sizeof(int32_t));
+    memcpy((int32_t *)v.tbl_off, a->tbl_off, (size_t)cap * sizeof(int32_t));
     for (int32_t i = 0; i < cap; i++) {
-        h[4 + 3 * cap + i] = i;
+        ((int32_t *)v.out_row)[i] = i;
     }
-    memcpy(h + 4 + 4 * cap, a->table, (size_t)a->n_table * sizeof(int32_t));
+    memcpy((int32_t *)v.tile_tok0, tile_tok0, (size_t)nt * sizeof(int32_t));
+    memcpy((int32_t *)v.tile_n, tile_n, (size_t)nt * sizeof(int32_t));
+    memcpy((int32_t *)v.table, a->table, (size_t)a->n_table * sizeof(int32_t));
     void *d = NULL;
     const kg_status_t st = dup(dp, &d, h, n * sizeof(int32_t));
     free(h);
     if (st == KG_OK) {
         *in = kg_cuda_inputs_view((const int32_t *)d, cap);
+        *n_tiles = nt;
     }
     return st;
 }
@@ -177,7 +211,14 @@ kg_status_t kg_cuda_op_rope_store(
     const size_t n_q = (size_t)a->n_head * a->head_dim, n_kv = (size_t)a->n_head_kv * a->head_dim;
     const size_t cache = (size_t)a->n_cache_rows * n_kv;
     const kg_cuda_rope_shape_t sh = {a->n_head, a->n_head_kv, a->head_dim, a->n_rot, a->block_size};
-    TRY_OUT(put_inputs(&dp, a, &in));
+    int32_t *t0 = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
+    int32_t *tn = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
+    int32_t n_tiles = 0;
+    if (!t0 || !tn) {
+        st = KG_ERR_NOMEM;
+        goto out;
+    }
+    TRY_OUT(put_inputs(&dp, a, false, 1, &in, t0, tn, &n_tiles));
     TRY_OUT(dup(&dp, &dqkv, qkv, (size_t)T * (n_q + 2 * n_kv) * sizeof(float)));
     TRY_OUT(dalloc(&dp, &dcs, (size_t)T * a->n_rot * sizeof(float)));
     TRY_OUT(dalloc(&dp, &dq, (size_t)T * n_q * 2));
@@ -191,6 +232,8 @@ kg_status_t kg_cuda_op_rope_store(
     TRY_OUT(fetch(k_cache, dk, cache, KG_CUDA_OP_F16));
     TRY_OUT(fetch(v_cache, dv, cache, KG_CUDA_OP_F16));
 out:
+    free(t0);
+    free(tn);
     dfree(&dp);
     return st;
 }
@@ -199,7 +242,7 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
                                  const float *q,
                                  const float *k_cache,
                                  const float *v_cache,
-                                 int32_t n_split,
+                                 const kg_cuda_op_attn_cut_t *cut,
                                  float *out,
                                  int dtype) {
     dev_pool_t dp = {{NULL}, 0};
@@ -210,24 +253,47 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
     const size_t n_q = (size_t)a->n_head * a->head_dim, n_kv = (size_t)a->n_head_kv * a->head_dim;
     const size_t cache = (size_t)a->n_cache_rows * n_kv;
     const kg_cuda_attn_shape_t sh = {a->n_head, a->n_head_kv, a->head_dim, a->block_size};
-    int n_sm = 0;
-    TRY_OUT(put_inputs(&dp, a, &in));
+    kg_cuda_attn_plan_t plan;
+    int32_t *t0 = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
+    int32_t *tn = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
+    int32_t n_tiles = 0, max_pos = 0;
+    if (!t0 || !tn) {
+        st = KG_ERR_NOMEM;
+        goto out;
+    }
+    for (int32_t t = 0; t < T; t++) {
+        max_pos = a->pos[t] > max_pos ? a->pos[t] : max_pos;
+    }
+    plan.split_len =
+        cut->split_len > 0 ? cut->split_len : kg_cuda_attention_split_len(a->n_cache_rows);
+    plan.max_splits = max_pos / plan.split_len + 1;
+    plan.rt = cut->tiles ? kg_cuda_attention_prefill_rt(&sh) : 1;
+    TRY_OUT(put_inputs(&dp, a, cut->tiles, kg_cuda_attention_tile_tokens(&sh, plan.rt), &in, t0, tn,
+                       &n_tiles));
     TRY_OUT(put(&dp, &dq, q, (size_t)T * n_q, KG_CUDA_OP_F16));
     TRY_OUT(put(&dp, &dk, k_cache, cache, KG_CUDA_OP_F16));
     TRY_OUT(put(&dp, &dv, v_cache, cache, KG_CUDA_OP_F16));
-    if (n_split <= 0) {
-        if (cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
-            st = KG_ERR_BACKEND;
-            goto out;
-        }
-        n_split = kg_cuda_attention_splits(T, &sh, n_sm, T * KG_CUDA_ATT_MAX_SPLIT);
-    }
-    TRY_OUT(dalloc(&dp, &dscr, kg_cuda_attention_scratch_size(&sh, T * n_split)));
+    TRY_OUT(dalloc(&dp, &dscr, kg_cuda_attention_scratch_size(&sh, T * plan.max_splits)));
     TRY_OUT(dalloc(&dp, &dout, (size_t)T * n_q * esize(dtype)));
-    TRY_OUT(kg_cuda_attention(0, T, in, &sh, n_split, (const __half *)dq, (const __half *)dk,
-                              (const __half *)dv, (float *)dscr, dout, (kg_cuda_dtype_t)dtype));
+    {
+        /* launch groups of whole tiles whose partials fit pair_cap */
+        const int32_t cap_tok = cut->pair_cap > 0 ? cut->pair_cap / plan.max_splits : T;
+        int32_t g0 = 0;
+        while (g0 < n_tiles) {
+            int32_t g1 = g0, ntok = 0;
+            while (g1 < n_tiles && (g1 == g0 || ntok + tn[g1] <= cap_tok)) {
+                ntok += tn[g1++];
+            }
+            TRY_OUT(kg_cuda_attention(0, in, &sh, &plan, g0, g1 - g0, t0[g0], ntok,
+                                      (const __half *)dq, (const __half *)dk, (const __half *)dv,
+                                      (float *)dscr, dout, (kg_cuda_dtype_t)dtype));
+            g0 = g1;
+        }
+    }
     TRY_OUT(fetch(out, dout, (size_t)T * n_q, dtype));
 out:
+    free(t0);
+    free(tn);
     dfree(&dp);
     return st;
 }
@@ -255,7 +321,7 @@ kg_status_t kg_cuda_op_gemm(const float *w,
                             int32_t n_out,
                             int32_t n_in,
                             int dtype,
-                            bool gemv,
+                            bool cublas,
                             char *errstr,
                             size_t errstr_size) {
     dev_pool_t dp = {{NULL}, 0};
@@ -265,8 +331,8 @@ kg_status_t kg_cuda_op_gemm(const float *w,
     void *dw = NULL, *dx = NULL, *dy = NULL, *ws = NULL;
     memset(&blas, 0, sizeof(blas));
     TRY_OUT(dalloc(&dp, &ws, (size_t)4 << 20));
-    TRY_OUT(kg_cuda_blas_init(&blas, 0, ws, (size_t)4 << 20, errstr, errstr_size));
-    blas.gemv = gemv;
+    TRY_OUT(kg_cuda_blas_init(&blas, cublas ? KG_CUDA_GEMM_CUBLAS : KG_CUDA_GEMM_MMA, 0, ws,
+                              (size_t)4 << 20, errstr, errstr_size));
     TRY_OUT(put(&dp, &dw, w, (size_t)n_out * n_in, dtype));
     TRY_OUT(put(&dp, &dx, x, (size_t)rows * n_in, dtype));
     TRY_OUT(dalloc(&dp, &dy, (size_t)rows * n_out * sizeof(float)));
@@ -291,10 +357,11 @@ kg_status_t kg_cuda_op_sample(const float *logits,
     kg_status_t st = KG_OK;
     kg_cuda_sampler_t s;
     void *dl = NULL;
+    int32_t bad = -1;
     memset(&s, 0, sizeof(s));
     TRY_OUT(dup(&dp, &dl, logits, (size_t)rows * n_vocab * sizeof(float)));
     TRY_OUT(kg_cuda_sampler_init(&s, n_vocab, rows));
-    TRY_OUT(kg_cuda_sampler_run(&s, 0, (float *)dl, reqs, rows, out));
+    TRY_OUT(kg_cuda_sampler_run(&s, 0, (float *)dl, reqs, rows, out, &bad));
 out:
     kg_cuda_sampler_clear(&s);
     dfree(&dp);

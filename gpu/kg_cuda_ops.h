@@ -47,14 +47,21 @@ kg_status_t kg_cuda_op_add_rmsnorm(float *x,
 kg_status_t kg_cuda_op_rope_store(
     const kg_cuda_op_attn_t *a, const float *qkv, float *q_out, float *k_cache, float *v_cache);
 
+/* How kg_cuda_op_attention cuts the work (kg_backend_cuda.cu makes the
+ * same choices; any choice must give the same bits per row). */
+typedef struct kg_cuda_op_attn_cut {
+    int32_t split_len; /* positions per split; 0: the backend's for n_cache_rows */
+    bool tiles;        /* share tiles between a sequence's consecutive tokens */
+    int32_t pair_cap;  /* (token, split) partials per launch group; 0: no limit */
+} kg_cuda_op_attn_cut_t;
+
 /** Paged attention: q (n_tokens, n_q) and the caches (n_cache_rows, n_kv)
- * are rounded to fp16 on the way in; out (n_tokens, n_q) as dtype.
- * n_split <= 0 picks it as the backend does for an `n_sm`-SM GPU. */
+ * are rounded to fp16 on the way in; out (n_tokens, n_q) as dtype. */
 kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
                                  const float *q,
                                  const float *k_cache,
                                  const float *v_cache,
-                                 int32_t n_split,
+                                 const kg_cuda_op_attn_cut_t *cut,
                                  float *out,
                                  int dtype);
 
@@ -62,7 +69,7 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
 kg_status_t kg_cuda_op_swiglu(const float *gu, float *h, int32_t rows, int32_t n_ff, int dtype);
 
 /** y (rows, n_out) = x (rows, n_in) · w (n_out, n_in)^T with w and x
- * rounded to dtype, through cuBLAS or (gemv) the skinny kernel. */
+ * rounded to dtype, through the batch-invariant kernels or (cublas) cuBLAS. */
 kg_status_t kg_cuda_op_gemm(const float *w,
                             const float *x,
                             float *y,
@@ -70,7 +77,7 @@ kg_status_t kg_cuda_op_gemm(const float *w,
                             int32_t n_out,
                             int32_t n_in,
                             int dtype,
-                            bool gemv,
+                            bool cublas,
                             char *errstr,
                             size_t errstr_size);
 

@@ -1,4 +1,4 @@
-/* sample: the device sampler, one block per output row.
+/* sample: the device sampler, several blocks per row.
  *
  * DESIGN
  * The CPU sampler is the specification (the rules are listed in
@@ -13,58 +13,78 @@
  * boundary). The RNG stays on the host: kg_cuda_sampler_run draws each
  * row's uniform exactly as kg_sampler_sample would and sends it along.
  *
- * One total order ranks candidates: higher logit first, then lower id. It
- * is the 64-bit key (orderable logit bits << 32 | ~id). Top-k and top-p
- * both keep a best-first prefix of that order, so together they come down
- * to one floor key: top-k's is a block-wide radix select; top-p's is found
- * by walking the prefix in sorted chunks of up to 1024 keys (radix select
- * of the next 1024 below the last key, bitonic sort in shared memory),
- * after a histogram of the mass over logit buckets (kg_sampler.c's) has
- * skipped everything above the boundary bucket when there is no top-k.
- * The draw is then one prefix-scan walk over the ids. Built with
- * --fmad=false so every product rounds as in the C code. */
+ * One total order ranks candidates: higher logit first, then lower id (the
+ * 64-bit key: orderable logit bits << 32 | ~id). Top-k and top-p both keep
+ * a best-first prefix of that order, so together they come down to one
+ * floor key; min-p is a logit threshold on top.
+ *
+ * Six launches per group of rows, the vocabulary cut into chunks of about
+ * 4096 so a 128k row is spread over 32 blocks wherever a pass reads it:
+ *   1. chunk stats (rows x chunks): sanitise in place, best key and the sum
+ *      of e^(l - chunk max);
+ *   2. row (one block a row): log-sum-exp from the chunk stats in chunk
+ *      order, top-n logprobs, penalties, the greedy pick; top-k > 64 and
+ *      top-k + top-p are settled here (a radix select over per-warp
+ *      histograms, then the k best gathered and sorted once);
+ *   3. chunk filter (rows x chunks): for top-k <= 64 each chunk's k best;
+ *      for top-p alone the probability mass per logit bucket, in 2^-44
+ *      fixed point added with integer atomics, so the sum is the same
+ *      whatever order the blocks and threads run in (deterministic top-p);
+ *   4. row: merge the chunks' candidates, or find the bucket where the
+ *      mass from the top reaches p and walk it sorted (integer sums:
+ *      exact and ordered);
+ *   5. chunk weights (rows x chunks): the sum of the survivors' weights
+ *      per chunk, in a fixed order;
+ *   6. row: the chunk where the running sum passes u (in chunk order),
+ *      then the walk inside it in id order.
+ * Every float sum has a fixed order (thread strides and block trees), so a
+ * row's result never depends on scheduling. Built with --fmad=false so
+ * every product rounds as in the C code. */
 #include "sample.cuh"
 
 #include <float.h>
 #include <limits.h>
 #include <string.h>
 
-#define S_THREADS    512
-#define S_WARPS      (S_THREADS / 32)
-#define S_CHUNK      1024
-#define S_PER_THREAD (S_CHUNK / S_THREADS)
-#define S_ITEMS      4    /* ids per thread per tile of an id-order walk */
-#define HIST_BUCKETS 1024 /* kg_sampler.c's top-p histogram */
-#define HIST_RANGE   40.0f
-#define NO_BOUND     0xFFFFFFFFFFFFFFFFull
+#define CHUNK_TARGET   4096
+#define MAX_CHUNKS     64
+#define ROW_THREADS    512
+#define CHUNK_THREADS  256
+#define FILTER_THREADS 128 /* 4 warps: one mass histogram each */
+#define SORT_N         2048
+#define WALK_N         1024
+#define ITEMS          4   /* ids per thread per tile of an id-order walk */
+#define LOCAL_K        128 /* top-k up to this goes through per-chunk candidates */
+#define HIST_B         KG_SAMPLER_HIST_BUCKETS
+#define HIST_R         KG_SAMPLER_HIST_RANGE
+#define FIXED_ONE      17592186044416.0 /* 2^44: mass in fixed point; 2^17 tokens stay < 2^63 */
+#define NO_BOUND       0xFFFFFFFFFFFFFFFFull
 
 typedef unsigned long long u64;
 
-typedef struct smem {
-    u64 keys[S_CHUNK];         /* a sorted chunk, best first; 0 pads */
-    double mass[HIST_BUCKETS]; /* top-p histogram */
-    int32_t hist[256];         /* radix-select digit counts */
-    double red[32];
-    u64 redu[32];
-    int32_t i0, i1, i2, i3;
-    double d0;
-    float f0;
-} smem_t;
+enum {
+    MODE_DONE = 0,   /* the token is known (greedy, or nothing left to draw from) */
+    MODE_CUT,        /* floor and threshold known: draw */
+    MODE_TOPK_LOCAL, /* top-k <= LOCAL_K: chunk candidates, then row 4 */
+    MODE_TOPP_HIST,  /* top-p alone: chunk mass histogram, then row 4 */
+};
 
-/* Which candidates a radix select or chunk walk considers. */
-typedef struct sel {
-    int mode; /* 0: every token; 1: tokens in histogram bucket `edge` */
-    int32_t edge;
-    float lo, scale;
-} sel_t;
-
-/* Draw weights: the temperature probability of a survivor (key >= floor,
- * logit >= thr when min-p is on), 0 for everything else. */
-typedef struct wparams {
+struct kg_cuda_row_state {
+    int mode;
+    int32_t token;
+    u64 best, floor; /* best key after the penalties; keep keys >= floor */
     float max, inv_t, thr;
-    bool use_thr;
-    unsigned long long floor;
-} wparams_t;
+    int use_thr;
+    double lse;
+    int all_masked;
+};
+
+typedef struct chunk_out {
+    u64 best;       /* stage 1: best key of the chunk */
+    double sum;     /* stage 1: sum of e^(l - chunk max); stage 5: survivors' weights */
+    int32_t last_w; /* stage 5: highest id with weight > 0, or -1 */
+    int32_t pad;
+} chunk_out_t;
 
 // ---- the order ----
 
@@ -103,38 +123,45 @@ __device__ __forceinline__ int32_t hist_bucket(float x, float lo, float scale) {
         return 0;
     }
     const int32_t b = (int32_t)(d * scale);
-    return b >= HIST_BUCKETS ? HIST_BUCKETS - 1 : b;
+    return b >= HIST_B ? HIST_B - 1 : b;
 }
 
-__device__ __forceinline__ bool sel_has(const sel_t &s, float l) {
-    return s.mode == 0 || hist_bucket(l, s.lo, s.scale) == s.edge;
+/* Fixed-point mass of a logit at temperature 1 (top-p works on those). */
+__device__ __forceinline__ u64 fixed_mass(float l, float max) {
+    return (u64)((double)expf(l - max) * FIXED_ONE);
 }
 
-/* kg_sampler.c filter(): w = e^((l - max) / T) for the survivors, the
- * max exactly 1, -inf exactly 0. */
-__device__ __forceinline__ double weight_of(float l, int32_t id, const wparams_t &wp) {
-    if (make_key(l, id) < wp.floor || (wp.use_thr && !(l >= wp.thr))) {
+/* kg_sampler.c exp_step: e^((l - max) / T) for a survivor, the max exactly
+ * 1, -inf exactly 0. */
+__device__ __forceinline__ double weight_of(float l, int32_t id, const kg_cuda_row_state_t &rs) {
+    if (make_key(l, id) < rs.floor || (rs.use_thr && !(l >= rs.thr))) {
         return 0.0;
     }
-    const float d = l - wp.max;
-    const float e = d == 0.0f ? 1.0f : d == -INFINITY ? 0.0f : expf(d * wp.inv_t);
+    const float d = l - rs.max;
+    const float e = d == 0.0f ? 1.0f : d == -INFINITY ? 0.0f : expf(d * rs.inv_t);
     return (double)e;
 }
 
-// ---- block primitives ----
+// ---- block primitives (blockDim.x a multiple of 32, at most 1024) ----
 
-__device__ u64 block_max_u64(u64 x, smem_t *sm) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+typedef struct red_smem {
+    u64 u[32];
+    double d[32];
+    int32_t i[4];
+} red_smem_t;
+
+__device__ u64 block_max_u64(u64 x, red_smem_t *sm) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
         const u64 y = __shfl_xor_sync(0xffffffffu, x, o);
         x = y > x ? y : x;
     }
     __syncthreads();
     if (lane == 0) {
-        sm->redu[warp] = x;
+        sm->u[warp] = x;
     }
     __syncthreads();
-    x = lane < S_WARPS ? sm->redu[lane] : 0;
+    x = lane < nw ? sm->u[lane] : 0;
     for (int o = 16; o > 0; o >>= 1) {
         const u64 y = __shfl_xor_sync(0xffffffffu, x, o);
         x = y > x ? y : x;
@@ -142,9 +169,22 @@ __device__ u64 block_max_u64(u64 x, smem_t *sm) {
     return x;
 }
 
+/* Sum over the block in a fixed tree; every thread gets it. */
+__device__ double block_sum_d(double x, red_smem_t *sm) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = kg_warp_sum_d(x);
+    __syncthreads();
+    if (lane == 0) {
+        sm->d[warp] = x;
+    }
+    __syncthreads();
+    x = lane < nw ? sm->d[lane] : 0.0;
+    return kg_warp_sum_d(x);
+}
+
 /* Exclusive prefix sum over the block in thread order; *total gets the sum. */
-__device__ double block_excl_scan_d(double x, double *total, smem_t *sm) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ double block_excl_scan_d(double x, double *total, red_smem_t *sm) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     double inc = x;
     for (int o = 1; o < 32; o <<= 1) {
         const double y = __shfl_up_sync(0xffffffffu, inc, o);
@@ -156,29 +196,31 @@ __device__ double block_excl_scan_d(double x, double *total, smem_t *sm) {
     excl = lane == 0 ? 0.0 : excl;
     __syncthreads();
     if (lane == 31) {
-        sm->red[warp] = inc;
+        sm->d[warp] = inc;
     }
     __syncthreads();
     if (warp == 0) {
-        double v = lane < S_WARPS ? sm->red[lane] : 0.0;
+        double v = lane < nw ? sm->d[lane] : 0.0;
         for (int o = 1; o < 32; o <<= 1) {
             const double y = __shfl_up_sync(0xffffffffu, v, o);
             if (lane >= o) {
                 v += y;
             }
         }
-        sm->red[lane] = v;
+        sm->d[lane] = v;
     }
     __syncthreads();
-    *total = sm->red[S_WARPS - 1];
-    return (warp > 0 ? sm->red[warp - 1] : 0.0) + excl;
+    *total = sm->d[nw - 1];
+    const double r = (warp > 0 ? sm->d[warp - 1] : 0.0) + excl;
+    __syncthreads(); /* d is reused */
+    return r;
 }
 
-/* Sort sm->keys descending (bitonic network over S_CHUNK entries). */
-__device__ void bitonic_desc(u64 *k) {
-    for (int size = 2; size <= S_CHUNK; size <<= 1) {
+/* Sort k[0..n) descending (bitonic network; n a power of two). */
+__device__ void bitonic_desc(u64 *k, int n) {
+    for (int size = 2; size <= n; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = threadIdx.x; i < S_CHUNK; i += S_THREADS) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
                 const int j = i ^ stride;
                 if (j > i) {
                     const u64 a = k[i], b = k[j];
@@ -194,30 +236,43 @@ __device__ void bitonic_desc(u64 *k) {
     }
 }
 
-/* Threshold T such that exactly min(r, eligible) of the eligible tokens
- * (selected by s, key < bound) have key >= T; 1 when all of them do.
- * An MSB-first radix select, 8 bits a pass, stopping as soon as the
- * tokens sharing the current prefix are exactly the ones still needed.
- * r >= 1. */
-__device__ u64
-radix_select(const float *row, int32_t n, const sel_t &s, u64 bound, int32_t r, smem_t *sm) {
+/* Radix-select scratch: one 256-bin histogram per warp (no contention
+ * between warps on the hot bins of a peaked distribution). */
+typedef struct radix_smem {
+    int32_t whist[ROW_THREADS / 32][256];
+    int32_t hist[256];
+    int32_t sel[4];
+} radix_smem_t;
+
+/* Threshold T such that exactly min(r, eligible) of the keys key_of(i),
+ * i in [0, n), below `bound` (0 keys are not eligible) are >= T; 1 when all
+ * of them are. An MSB-first radix select, 8 bits a pass, stopping as soon
+ * as the keys sharing the current prefix are exactly the ones still
+ * needed. r >= 1. */
+template <class KeyOf>
+__device__ u64 radix_select(KeyOf key_of, int32_t n, u64 bound, int32_t r, radix_smem_t *sm) {
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     u64 prefix = 0, mask = 0;
     int32_t need = r;
     for (int shift = 56; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += S_THREADS) {
-            sm->hist[i] = 0;
+        for (int i = threadIdx.x; i < nw * 256; i += blockDim.x) {
+            sm->whist[i / 256][i % 256] = 0;
         }
         __syncthreads();
-        for (int32_t i = threadIdx.x; i < n; i += S_THREADS) {
-            const float l = row[i];
-            if (!sel_has(s, l)) {
+        for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const u64 k = key_of(i);
+            if (k == 0 || k >= bound || (k & mask) != prefix) {
                 continue;
             }
-            const u64 k = make_key(l, i);
-            if (k >= bound || (k & mask) != prefix) {
-                continue;
+            atomicAdd(&sm->whist[warp][(k >> shift) & 255], 1);
+        }
+        __syncthreads();
+        for (int d = threadIdx.x; d < 256; d += blockDim.x) {
+            int32_t c = 0;
+            for (int w = 0; w < nw; w++) {
+                c += sm->whist[w][d];
             }
-            atomicAdd(&sm->hist[(k >> shift) & 255], 1);
+            sm->hist[d] = c;
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -228,16 +283,16 @@ radix_select(const float *row, int32_t n, const sel_t &s, u64 bound, int32_t r, 
                 }
                 c += sm->hist[d];
             }
-            sm->i0 = d;
-            sm->i1 = need - c;
-            sm->i2 = c + sm->hist[d] < need;  /* fewer eligible than r */
-            sm->i3 = sm->hist[d] == need - c; /* this prefix is exactly what is left */
+            sm->sel[0] = d;
+            sm->sel[1] = need - c;
+            sm->sel[2] = c + sm->hist[d] < need;  /* fewer eligible than r */
+            sm->sel[3] = sm->hist[d] == need - c; /* this prefix is exactly what is left */
         }
         __syncthreads();
-        const int32_t d = sm->i0;
-        const bool short_of = sm->i2 != 0, exact = sm->i3 != 0;
-        need = sm->i1;
-        __syncthreads(); /* the next pass rewrites hist and i0..i3 */
+        const int32_t d = sm->sel[0];
+        const bool short_of = sm->sel[2] != 0, exact = sm->sel[3] != 0;
+        need = sm->sel[1];
+        __syncthreads(); /* the next pass rewrites the histograms and sel */
         if (short_of) {
             return 1;
         }
@@ -250,295 +305,214 @@ radix_select(const float *row, int32_t n, const sel_t &s, u64 bound, int32_t r, 
     return prefix;
 }
 
-/* The eligible tokens with key in [floor, bound), at most S_CHUNK of them
- * by construction of floor, sorted best first into sm->keys. Returns their
- * count. */
-__device__ int32_t
-gather_sorted(const float *row, int32_t n, const sel_t &s, u64 bound, u64 floor, smem_t *sm) {
+/* The keys in [floor, bound) (at most cap of them by construction of floor)
+ * into keys[], sorted best first, padded with 0 to the sort size `cap` (a
+ * power of two). Returns their count. */
+template <class KeyOf>
+__device__ int32_t gather_sorted(
+    KeyOf key_of, int32_t n, u64 bound, u64 floor, u64 *keys, int32_t cap, int32_t *counter) {
     if (threadIdx.x == 0) {
-        sm->i0 = 0;
+        *counter = 0;
     }
     __syncthreads();
-    for (int32_t i = threadIdx.x; i < n; i += S_THREADS) {
-        const float l = row[i];
-        if (!sel_has(s, l)) {
-            continue;
-        }
-        const u64 k = make_key(l, i);
-        if (k < bound && k >= floor) {
-            const int32_t slot = atomicAdd(&sm->i0, 1);
-            if (slot < S_CHUNK) {
-                sm->keys[slot] = k;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const u64 k = key_of(i);
+        if (k != 0 && k < bound && k >= floor) {
+            const int32_t slot = atomicAdd(counter, 1);
+            if (slot < cap) {
+                keys[slot] = k;
             }
         }
     }
     __syncthreads();
-    const int32_t cnt = min(sm->i0, S_CHUNK);
-    for (int32_t i = cnt + threadIdx.x; i < S_CHUNK; i += S_THREADS) {
-        sm->keys[i] = 0;
+    const int32_t cnt = min(*counter, cap);
+    for (int32_t i = cnt + threadIdx.x; i < cap; i += blockDim.x) {
+        keys[i] = 0;
     }
     __syncthreads();
-    bitonic_desc(sm->keys);
+    bitonic_desc(keys, cap);
     return cnt;
 }
 
-/* The next (up to) S_CHUNK best eligible tokens below `bound`, not below
- * `floor`, sorted into sm->keys. */
-__device__ int32_t
-next_chunk(const float *row, int32_t n, const sel_t &s, u64 bound, u64 floor, smem_t *sm) {
-    u64 t = radix_select(row, n, s, bound, S_CHUNK, sm);
-    t = t < floor ? floor : t;
-    return gather_sorted(row, n, s, bound, t, sm);
-}
+// ---- 1. chunk stats ----
 
-/* Top-p along a sorted chunk: walk sm->keys[0..cnt) best first adding
- * e^(l - max) to *cum (kg_sampler.c top_p_sorted: every token counts) and
- * return the first index where the sum reaches target, or -1. */
-__device__ int32_t walk_chunk(smem_t *sm, int32_t cnt, float max, double target, double *cum) {
-    double w[S_PER_THREAD], local = 0.0;
-#pragma unroll
-    for (int j = 0; j < S_PER_THREAD; j++) {
-        const int32_t i = threadIdx.x * S_PER_THREAD + j;
-        w[j] = i < cnt ? (double)expf(key_logit(sm->keys[i]) - max) : 0.0;
-        local += w[j];
-    }
-    double total;
-    double run = *cum + block_excl_scan_d(local, &total, sm);
-    if (threadIdx.x == 0) {
-        sm->i1 = INT_MAX;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < S_PER_THREAD; j++) {
-        const int32_t i = threadIdx.x * S_PER_THREAD + j;
-        if (i < cnt) {
-            run += w[j];
-            if (run >= target) {
-                atomicMin(&sm->i1, i);
-                break;
-            }
-        }
-    }
-    __syncthreads();
-    const int32_t found = sm->i1 == INT_MAX ? -1 : sm->i1;
-    *cum += total;
-    __syncthreads(); /* i1 is reused */
-    return found;
-}
+typedef struct sample_args {
+    float *logits;
+    int32_t n_vocab, n_chunks, chunk;
+    const kg_cuda_sample_row_t *rows;
+    kg_cuda_pen_t *pens;
+    kg_cuda_row_state_t *state;
+    chunk_out_t *chunks; /* (rows, n_chunks) */
+    u64 *hist;           /* (rows, HIST_B) */
+    u64 *cand;           /* (rows, n_chunks, LOCAL_K) */
+    kg_sample_result_t *res;
+} sample_args_t;
 
-/* The draw (kg_sampler.c draw): the survivors in ascending id order with
- * their weights; the first token whose running sum exceeds u, else the
- * last with any weight (rounding ran past the end), else -1. Tiles of
- * S_THREADS * S_ITEMS ids, a block prefix scan per tile. */
-__device__ int32_t
-walk_ids(const float *row, int32_t n, const wparams_t &wp, double u, smem_t *sm) {
-    double cum = 0.0;
-    int32_t last_id = -1;
-    for (int32_t base = 0; base < n; base += S_THREADS * S_ITEMS) {
-        double w[S_ITEMS], local = 0.0;
-#pragma unroll
-        for (int j = 0; j < S_ITEMS; j++) {
-            const int32_t i = base + threadIdx.x * S_ITEMS + j;
-            w[j] = i < n ? weight_of(row[i], i, wp) : 0.0;
-            local += w[j];
-        }
-        double total;
-        double run = cum + block_excl_scan_d(local, &total, sm);
-        if (threadIdx.x == 0) {
-            sm->i1 = INT_MAX;
-            sm->i2 = -1;
-        }
-        __syncthreads();
-        int32_t mine = -1;
-#pragma unroll
-        for (int j = 0; j < S_ITEMS; j++) {
-            const int32_t i = base + threadIdx.x * S_ITEMS + j;
-            if (w[j] > 0.0) {
-                mine = i;
-                run += w[j];
-                if (u < run) {
-                    atomicMin(&sm->i1, i);
-                    break;
-                }
-            }
-        }
-        if (mine >= 0) {
-            atomicMax(&sm->i2, mine);
-        }
-        __syncthreads();
-        const int32_t found = sm->i1, last = sm->i2;
-        __syncthreads();
-        if (found != INT_MAX) {
-            return found;
-        }
-        if (last >= 0) {
-            last_id = last;
-        }
-        cum += total;
-    }
-    return last_id;
-}
-
-// ---- the draw (temperature > 0, max logit finite) ----
-
-/* The survivors of top-k and top-p are the tokens whose key is at least a
- * floor (both keep a best-first prefix of the order); min-p is a logit
- * threshold on top. */
-__device__ int32_t
-draw(const float *row, int32_t n, const kg_cuda_sample_row_t &p, u64 best, smem_t *sm) {
-    const float max = key_logit(best);
-    const sel_t all = {0, 0, 0.0f, 0.0f};
-    wparams_t wp;
-    wp.max = max;
-    wp.inv_t = 1.0f / p.temperature;
-    wp.use_thr = p.min_p > 0.0f;
-    wp.thr = p.min_p >= 1.0f ? max : max + logf(p.min_p);
-    wp.floor = 1;
-
-    if (p.top_k > 0 && p.top_k < n) {
-        /* top-k: the k best; top-p then keeps the shortest prefix whose
-         * mass reaches top_p of the k's mass (top_p_sorted) */
-        const u64 tk = radix_select(row, n, all, NO_BOUND, p.top_k, sm);
-        wp.floor = tk;
-        if (p.top_p < 1.0f) {
-            double mass = 0.0;
-            for (int32_t i = threadIdx.x; i < n; i += S_THREADS) {
-                const float l = row[i];
-                if (make_key(l, i) >= tk) {
-                    mass += (double)expf(l - max);
-                }
-            }
-            const double target = (double)p.top_p * kg_block_sum_d(mass, sm->red);
-            double cum = 0.0;
-            u64 bound = NO_BOUND;
-            for (;;) {
-                const int32_t cnt = next_chunk(row, n, all, bound, tk, sm);
-                if (cnt == 0) {
-                    break;
-                }
-                const int32_t at = walk_chunk(sm, cnt, max, target, &cum);
-                if (at >= 0) {
-                    wp.floor = sm->keys[at];
-                    break;
-                }
-                if (cnt < S_CHUNK) {
-                    break;
-                }
-                bound = sm->keys[cnt - 1];
-            }
-        }
-    } else if (p.top_p < 1.0f) {
-        /* top-p alone (top_p_unsorted): the mass per logit bucket finds the
-         * bucket where the mass from the top reaches top_p; everything above
-         * it is kept, and the bucket itself is walked sorted */
-        const float lo = max - HIST_RANGE, scale = (float)HIST_BUCKETS / HIST_RANGE;
-        for (int i = threadIdx.x; i < HIST_BUCKETS; i += S_THREADS) {
-            sm->mass[i] = 0.0;
-        }
-        __syncthreads();
-        double z = 0.0;
-        for (int32_t i = threadIdx.x; i < n; i += S_THREADS) {
-            const float l = row[i];
-            const double e = (double)expf(l - max);
-            z += e;
-            atomicAdd(&sm->mass[hist_bucket(l, lo, scale)], e);
-        }
-        const double target = (double)p.top_p * kg_block_sum_d(z, sm->red);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double c = 0.0;
-            int32_t e = HIST_BUCKETS - 1;
-            for (; e > 0; e--) {
-                if (c + sm->mass[e] >= target) {
-                    break;
-                }
-                c += sm->mass[e];
-            }
-            sm->i0 = e;
-            sm->d0 = c;
-        }
-        __syncthreads();
-        const sel_t edge = {1, sm->i0, lo, scale};
-        double cum = sm->d0;
-        __syncthreads();
-        u64 bound = NO_BOUND, lowest = 0;
-        bool crossed = false;
-        for (;;) {
-            const int32_t cnt = next_chunk(row, n, edge, bound, 1, sm);
-            if (cnt == 0) {
-                break;
-            }
-            const int32_t at = walk_chunk(sm, cnt, max, target, &cum);
-            if (at >= 0) {
-                wp.floor = sm->keys[at];
-                crossed = true;
-                break;
-            }
-            lowest = sm->keys[cnt - 1];
-            if (cnt < S_CHUNK) {
-                break;
-            }
-            bound = lowest;
-        }
-        if (!crossed) {
-            /* rounding left the mass short: the whole boundary bucket */
-            wp.floor = lowest ? lowest : 1;
-        }
-    }
-
-    double z = 0.0;
-    for (int32_t i = threadIdx.x; i < n; i += S_THREADS) {
-        z += weight_of(row[i], i, wp);
-    }
-    const double u = p.u * kg_block_sum_d(z, sm->red);
-    const int32_t tok = walk_ids(row, n, wp, u, sm);
-    return tok >= 0 ? tok : key_id(best);
-}
-
-// ---- the kernel ----
-
-__global__ void __launch_bounds__(S_THREADS) sample_kernel(float *logits,
-                                                           int32_t n_vocab,
-                                                           const kg_cuda_sample_row_t *rows,
-                                                           kg_cuda_pen_t *pens,
-                                                           kg_sample_result_t *res) {
-    __shared__ smem_t sm;
-    float *row = logits + (int64_t)blockIdx.x * n_vocab;
-    const kg_cuda_sample_row_t p = rows[blockIdx.x];
-    kg_sample_result_t *out = res + blockIdx.x;
-    const int tid = threadIdx.x;
-
-    /* 1. sanitise in place, best key, raw log-softmax normaliser */
+__global__ void __launch_bounds__(CHUNK_THREADS) sample_stats_kernel(sample_args_t a) {
+    __shared__ red_smem_t sm;
+    const int32_t row = blockIdx.y, c = blockIdx.x;
+    float *l = a.logits + (int64_t)row * a.n_vocab;
+    const int32_t lo = c * a.chunk, hi = min(a.n_vocab, lo + a.chunk);
     u64 best = 0;
-    for (int32_t i = tid; i < n_vocab; i += S_THREADS) {
-        const u64 k = make_key(sanitize(row[i]), i);
+    for (int32_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float x = l[i], y = sanitize(x);
+        if (!(y == x)) {
+            l[i] = y;
+        }
+        const u64 k = make_key(y, i);
         best = k > best ? k : best;
     }
     best = block_max_u64(best, &sm);
-    const bool all_masked = key_logit(best) == -INFINITY;
-    const float m0 = all_masked ? 0.0f : key_logit(best);
+    const float m = key_logit(best);
     double sum = 0.0;
-    for (int32_t i = tid; i < n_vocab; i += S_THREADS) {
-        const float x = row[i];
-        const float l = all_masked ? 0.0f : sanitize(x);
-        if (!(l == x)) {
-            row[i] = l;
+    if (m != -INFINITY) {
+        for (int32_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            sum += (double)expf(l[i] - m);
         }
-        sum += (double)expf(l - m0);
     }
-    const double lse = (double)m0 + log(kg_block_sum_d(sum, sm.red));
-    if (all_masked) {
-        best = make_key(0.0f, 0);
+    sum = block_sum_d(sum, &sm);
+    if (threadIdx.x == 0) {
+        chunk_out_t *o = &a.chunks[(int64_t)row * a.n_chunks + c];
+        o->best = best;
+        o->sum = sum;
+    }
+}
+
+// ---- 2. row: lse, logprobs, penalties, greedy, the row-local filters ----
+
+typedef struct row_smem {
+    red_smem_t red;
+    radix_smem_t rad;
+    u64 keys[SORT_N];
+    int32_t counter;
+    float f0;
+} row_smem_t;
+
+/* Top-p along keys[0..cnt) sorted best first: add e^(l - max) to *cum and
+ * return the first index where the sum reaches target, or -1. */
+__device__ int32_t
+walk_sorted(const u64 *keys, int32_t cnt, float max, double target, double *cum, row_smem_t *sm) {
+    constexpr int PER = SORT_N / ROW_THREADS;
+    double w[PER], local = 0.0;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int32_t i = threadIdx.x * PER + j;
+        w[j] = i < cnt ? (double)expf(key_logit(keys[i]) - max) : 0.0;
+        local += w[j];
+    }
+    double total;
+    double run = *cum + block_excl_scan_d(local, &total, &sm->red);
+    if (threadIdx.x == 0) {
+        sm->counter = INT_MAX;
     }
     __syncthreads();
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        const int32_t i = threadIdx.x * PER + j;
+        if (i < cnt) {
+            run += w[j];
+            if (run >= target) {
+                atomicMin(&sm->counter, i);
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    const int32_t found = sm->counter == INT_MAX ? -1 : sm->counter;
+    *cum += total;
+    __syncthreads();
+    return found;
+}
 
-    /* 2. top-n logprobs of the raw logits */
+/* top-k with k > LOCAL_K, and top-k + top-p, over the whole row. */
+__device__ u64
+row_top_k(const float *l, int32_t n, const kg_cuda_sample_row_t &p, float max, row_smem_t *sm) {
+    auto key_of = [&](int32_t i) { return make_key(l[i], i); };
+    const u64 tk = radix_select(key_of, n, NO_BOUND, p.top_k, &sm->rad);
+    if (!(p.top_p < 1.0f)) {
+        return tk;
+    }
+    /* top_p_sorted: the shortest best-first prefix of the k whose mass
+     * reaches top_p of theirs. The k best are gathered and sorted in
+     * chunks of SORT_N, best first: one chunk when k <= SORT_N. */
+    double z = 0.0;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        if (make_key(l[i], i) >= tk) {
+            z += (double)expf(l[i] - max);
+        }
+    }
+    const double target = (double)p.top_p * block_sum_d(z, &sm->red);
+    double cum = 0.0;
+    u64 bound = NO_BOUND, floor = tk;
+    for (;;) {
+        u64 t = tk;
+        if (p.top_k > SORT_N) {
+            /* the next SORT_N below bound */
+            t = radix_select(key_of, n, bound, SORT_N, &sm->rad);
+            t = t < tk ? tk : t;
+        }
+        const int32_t cnt = gather_sorted(key_of, n, bound, t, sm->keys, SORT_N, &sm->counter);
+        if (cnt == 0) {
+            break;
+        }
+        const int32_t at = walk_sorted(sm->keys, cnt, max, target, &cum, sm);
+        if (at >= 0) {
+            floor = sm->keys[at];
+            break;
+        }
+        floor = sm->keys[cnt - 1];
+        if (t == tk) {
+            break;
+        }
+        bound = sm->keys[cnt - 1];
+    }
+    return floor;
+}
+
+__global__ void __launch_bounds__(ROW_THREADS) sample_row_kernel(sample_args_t a) {
+    __shared__ row_smem_t sm;
+    const int32_t row = blockIdx.x, n = a.n_vocab;
+    float *l = a.logits + (int64_t)row * n;
+    const kg_cuda_sample_row_t p = a.rows[row];
+    kg_cuda_row_state_t *rs = &a.state[row];
+    kg_sample_result_t *out = a.res + row;
+    const int tid = threadIdx.x;
+
+    /* log-sum-exp of the raw row, the chunks in order */
+    const chunk_out_t *co = a.chunks + (int64_t)row * a.n_chunks;
+    u64 best = 0;
+    for (int32_t c = 0; c < a.n_chunks; c++) {
+        best = co[c].best > best ? co[c].best : best;
+    }
+    const bool all_masked = key_logit(best) == -INFINITY;
+    double lse;
+    if (all_masked) {
+        /* nothing usable: every token counts as 0, a uniform distribution */
+        for (int32_t i = tid; i < n; i += blockDim.x) {
+            l[i] = 0.0f;
+        }
+        __syncthreads();
+        best = make_key(0.0f, 0);
+        lse = log((double)n);
+    } else {
+        const float m = key_logit(best);
+        double z = 0.0;
+        for (int32_t c = 0; c < a.n_chunks; c++) {
+            const float cm = key_logit(co[c].best);
+            if (cm != -INFINITY) {
+                z += co[c].sum * exp((double)cm - (double)m);
+            }
+        }
+        lse = (double)m + log(z);
+    }
+
+    /* top-n logprobs of the raw logits */
     int32_t want = p.n_logprobs < KG_MAX_LOGPROBS ? p.n_logprobs : KG_MAX_LOGPROBS;
-    want = want < n_vocab ? want : n_vocab;
+    want = want < n ? want : n;
+    auto key_of = [&](int32_t i) { return make_key(l[i], i); };
     if (want > 0) {
-        const sel_t all = {0, 0, 0.0f, 0.0f};
-        const u64 t = radix_select(row, n_vocab, all, NO_BOUND, want, &sm);
-        const int32_t cnt = gather_sorted(row, n_vocab, all, NO_BOUND, t, &sm);
+        const u64 t = radix_select(key_of, n, NO_BOUND, want, &sm.rad);
+        const int32_t cnt = gather_sorted(key_of, n, NO_BOUND, t, sm.keys, 32, &sm.counter);
         if (tid < cnt) {
             out->top_token[tid] = key_id(sm.keys[tid]);
             out->top_logprob[tid] = (float)((double)key_logit(sm.keys[tid]) - lse);
@@ -551,10 +525,11 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(float *logits,
         out->n_top = 0;
     }
 
-    /* 3. penalties (distinct tokens, so no two threads touch one logit) */
-    for (int32_t j = tid; j < p.pen_n; j += S_THREADS) {
-        kg_cuda_pen_t *pe = pens + p.pen_off + j;
-        float x = row[pe->tok];
+    /* penalties (distinct tokens, so no two threads touch one logit) */
+    bool best_hit = false;
+    for (int32_t j = tid; j < p.pen_n; j += blockDim.x) {
+        kg_cuda_pen_t *pe = a.pens + p.pen_off + j;
+        float x = l[pe->tok];
         pe->raw = x;
         if (pe->rep) {
             x = sanitize(x > 0.0f ? x / p.rep : x * p.rep);
@@ -562,40 +537,402 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(float *logits,
         if (pe->count > 0) {
             x = sanitize(x - ((float)pe->count * p.freq + p.pres));
         }
-        row[pe->tok] = x;
+        l[pe->tok] = x;
+        best_hit = best_hit || pe->tok == key_id(best);
     }
-    __syncthreads();
     if (p.pen_n > 0) {
-        best = 0;
-        for (int32_t i = tid; i < n_vocab; i += S_THREADS) {
-            const u64 k = make_key(row[i], i);
-            best = k > best ? k : best;
+        if (tid == 0) {
+            sm.counter = 0;
         }
-        best = block_max_u64(best, &sm);
+        __syncthreads();
+        if (best_hit) {
+            atomicMax(&sm.counter, 1); /* an atomic: racecheck sees no write-write race */
+        }
+        __syncthreads();
+        u64 nb = 0;
+        if (sm.counter) {
+            /* the best token itself moved: look at everything again */
+            for (int32_t i = tid; i < n; i += blockDim.x) {
+                const u64 k = make_key(l[i], i);
+                nb = k > nb ? k : nb;
+            }
+        } else {
+            nb = tid == 0 ? best : 0;
+            for (int32_t j = tid; j < p.pen_n; j += blockDim.x) {
+                const int32_t tok = a.pens[p.pen_off + j].tok;
+                const u64 k = make_key(l[tok], tok);
+                nb = k > nb ? k : nb;
+            }
+        }
+        best = block_max_u64(nb, &sm.red);
     }
 
-    /* 4. pick */
-    int32_t token;
-    if (!(p.temperature > 0.0f) || key_logit(best) == -INFINITY) {
-        token = key_id(best); /* greedy, or only -inf left: the best alone */
+    /* the pick, or what the next stages need */
+    const float max = key_logit(best);
+    kg_cuda_row_state_t st;
+    st.token = key_id(best);
+    st.best = best;
+    st.floor = 1;
+    st.max = max;
+    st.inv_t = 1.0f / p.temperature;
+    st.use_thr = p.min_p > 0.0f;
+    st.thr = p.min_p >= 1.0f ? max : max + logf(p.min_p);
+    st.lse = lse;
+    st.all_masked = all_masked;
+    if (!(p.temperature > 0.0f) || max == -INFINITY) {
+        st.mode = MODE_DONE; /* greedy, or only -inf left: the best alone */
+    } else if (p.top_k > 0 && p.top_k < n) {
+        if (p.top_k <= LOCAL_K) {
+            st.mode = MODE_TOPK_LOCAL;
+        } else {
+            st.mode = MODE_CUT;
+            st.floor = row_top_k(l, n, p, max, &sm);
+        }
+    } else if (p.top_p < 1.0f) {
+        st.mode = MODE_TOPP_HIST;
+        for (int i = tid; i < HIST_B; i += blockDim.x) {
+            a.hist[(int64_t)row * HIST_B + i] = 0;
+        }
     } else {
-        token = draw(row, n_vocab, p, best, &sm);
+        st.mode = MODE_CUT;
     }
-
-    /* 5. logprob of the raw logit at the token */
     if (tid == 0) {
-        sm.f0 = row[token];
+        *rs = st;
+    }
+}
+
+// ---- 3. chunk filter: local top-k candidates, or the top-p mass ----
+
+typedef struct filter_smem {
+    union { /* one or the other, by the row's mode */
+        radix_smem_t rad;
+        u64 mass[FILTER_THREADS / 32][HIST_B];
+    } u;
+    int32_t counter;
+} filter_smem_t;
+
+__global__ void __launch_bounds__(FILTER_THREADS) sample_filter_kernel(sample_args_t a) {
+    __shared__ filter_smem_t sm;
+    const int32_t row = blockIdx.y, c = blockIdx.x;
+    const kg_cuda_row_state_t rs = a.state[row];
+    if (rs.mode != MODE_TOPK_LOCAL && rs.mode != MODE_TOPP_HIST) {
+        return;
+    }
+    const float *l = a.logits + (int64_t)row * a.n_vocab;
+    const int32_t lo = c * a.chunk, n = min(a.n_vocab, lo + a.chunk) - lo;
+    const int warp = threadIdx.x >> 5;
+    if (rs.mode == MODE_TOPK_LOCAL) {
+        const int32_t k = a.rows[row].top_k;
+        auto key_of = [&](int32_t i) { return make_key(l[lo + i], lo + i); };
+        const u64 t = radix_select(key_of, n, NO_BOUND, k, &sm.u.rad);
+        u64 *cand = a.cand + ((int64_t)row * a.n_chunks + c) * LOCAL_K;
+        if (threadIdx.x == 0) {
+            sm.counter = 0;
+        }
+        __syncthreads();
+        for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const u64 key = key_of(i);
+            if (key >= t) {
+                const int32_t slot = atomicAdd(&sm.counter, 1);
+                if (slot < LOCAL_K) {
+                    cand[slot] = key;
+                }
+            }
+        }
+        __syncthreads();
+        for (int32_t i = min(sm.counter, LOCAL_K) + threadIdx.x; i < LOCAL_K; i += blockDim.x) {
+            cand[i] = 0;
+        }
+        return;
+    }
+    /* top-p: mass per bucket of [max - HIST_R, max], one histogram per warp,
+     * integers: the totals do not depend on the order of the additions */
+    for (int i = threadIdx.x; i < (FILTER_THREADS / 32) * HIST_B; i += blockDim.x) {
+        sm.u.mass[i / HIST_B][i % HIST_B] = 0;
     }
     __syncthreads();
-    for (int32_t j = tid; j < p.pen_n; j += S_THREADS) {
-        if (pens[p.pen_off + j].tok == token) {
-            sm.f0 = pens[p.pen_off + j].raw;
+    const float hlo = rs.max - HIST_R, scale = (float)HIST_B / HIST_R;
+    for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float x = l[lo + i];
+        const u64 m = fixed_mass(x, rs.max);
+        if (m != 0) {
+            atomicAdd(&sm.u.mass[warp][hist_bucket(x, hlo, scale)], m);
+        }
+    }
+    __syncthreads();
+    u64 *hist = a.hist + (int64_t)row * HIST_B;
+    for (int b = threadIdx.x; b < HIST_B; b += blockDim.x) {
+        u64 m = 0;
+        for (int w = 0; w < FILTER_THREADS / 32; w++) {
+            m += sm.u.mass[w][b];
+        }
+        if (m != 0) {
+            atomicAdd(&hist[b], m);
+        }
+    }
+}
+
+// ---- 4. row: the cut from the chunks' results ----
+
+__global__ void __launch_bounds__(ROW_THREADS) sample_cut_kernel(sample_args_t a) {
+    __shared__ row_smem_t sm;
+    const int32_t row = blockIdx.x, n = a.n_vocab;
+    kg_cuda_row_state_t *rs = &a.state[row];
+    const int mode = rs->mode;
+    if (mode != MODE_TOPK_LOCAL && mode != MODE_TOPP_HIST) {
+        return;
+    }
+    const float *l = a.logits + (int64_t)row * n;
+    const kg_cuda_sample_row_t p = a.rows[row];
+    const float max = rs->max;
+    const int tid = threadIdx.x;
+    u64 floor = 1;
+    if (mode == MODE_TOPK_LOCAL) {
+        /* the k best of every chunk hold the k best of the row */
+        const u64 *cand = a.cand + (int64_t)row * a.n_chunks * LOCAL_K;
+        const int32_t nc = a.n_chunks * LOCAL_K;
+        auto key_of = [&](int32_t i) { return cand[i]; };
+        const u64 tk = radix_select(key_of, nc, NO_BOUND, p.top_k, &sm.rad);
+        /* tk may have low bits cut off: it is exact for the candidates, not
+         * for the row; the k-th candidate itself is */
+        const int32_t cnt = gather_sorted(key_of, nc, NO_BOUND, tk, sm.keys, SORT_N, &sm.counter);
+        floor = sm.keys[cnt - 1];
+        if (p.top_p < 1.0f) {
+            double z = 0.0;
+            for (int32_t i = tid; i < cnt; i += blockDim.x) {
+                z += (double)expf(key_logit(sm.keys[i]) - max);
+            }
+            /* summed in sorted order per thread stride, then a fixed tree */
+            const double target = (double)p.top_p * block_sum_d(z, &sm.red);
+            double cum = 0.0;
+            const int32_t at = walk_sorted(sm.keys, cnt, max, target, &cum, &sm);
+            floor = at >= 0 ? sm.keys[at] : sm.keys[cnt - 1];
+        }
+    } else {
+        /* top-p alone: the bucket where the mass from the top reaches p,
+         * then that bucket sorted, in exact integer sums */
+        const u64 *hist = a.hist + (int64_t)row * HIST_B;
+        if (tid == 0) {
+            u64 z = 0;
+            for (int b = 0; b < HIST_B; b++) {
+                z += hist[b];
+            }
+            const u64 target = (u64)((double)p.top_p * (double)z);
+            u64 cum = 0;
+            int e = HIST_B - 1;
+            for (; e > 0; e--) {
+                if (cum + hist[e] >= target) {
+                    break;
+                }
+                cum += hist[e];
+            }
+            sm.red.u[0] = cum;
+            sm.red.u[1] = target;
+            sm.red.i[0] = e;
+        }
+        __syncthreads();
+        u64 cum = sm.red.u[0];
+        const u64 target = sm.red.u[1];
+        const int32_t edge = sm.red.i[0];
+        __syncthreads();
+        const float hlo = max - HIST_R, scale = (float)HIST_B / HIST_R;
+        auto key_of = [&](int32_t i) {
+            return hist_bucket(l[i], hlo, scale) == edge && fixed_mass(l[i], max) != 0
+                       ? make_key(l[i], i)
+                       : (u64)0;
+        };
+        /* one pass collects the edge bucket (a few hundred tokens as a rule);
+         * only when it holds more than SORT_N do radix selects cut it into
+         * sorted runs */
+        u64 bound = NO_BOUND, t = 1;
+        if (tid == 0) {
+            sm.counter = 0;
+        }
+        __syncthreads();
+        for (int32_t i = tid; i < n; i += blockDim.x) {
+            const u64 k = key_of(i);
+            if (k != 0) {
+                const int32_t slot = atomicAdd(&sm.counter, 1);
+                if (slot < SORT_N) {
+                    sm.keys[slot] = k;
+                }
+            }
+        }
+        __syncthreads();
+        const bool fits = sm.counter <= SORT_N;
+        floor = 0;
+        for (;;) {
+            int32_t cnt;
+            if (fits) {
+                cnt = sm.counter;
+                for (int32_t i = cnt + tid; i < SORT_N; i += blockDim.x) {
+                    sm.keys[i] = 0;
+                }
+                __syncthreads();
+                bitonic_desc(sm.keys, SORT_N);
+            } else {
+                t = radix_select(key_of, n, bound, SORT_N, &sm.rad);
+                cnt = gather_sorted(key_of, n, bound, t, sm.keys, SORT_N, &sm.counter);
+            }
+            if (cnt == 0) {
+                break;
+            }
+            /* integer walk: one thread, at most SORT_N entries */
+            if (tid == 0) {
+                int32_t at = -1;
+                for (int32_t i = 0; i < cnt; i++) {
+                    cum += fixed_mass(key_logit(sm.keys[i]), max);
+                    if (cum >= target) {
+                        at = i;
+                        break;
+                    }
+                }
+                sm.red.i[1] = at;
+                sm.red.u[2] = cum;
+            }
+            __syncthreads();
+            const int32_t at = sm.red.i[1];
+            cum = sm.red.u[2];
+            floor = sm.keys[at >= 0 ? at : cnt - 1];
+            __syncthreads();
+            if (fits || at >= 0 || cnt < SORT_N) {
+                break;
+            }
+            bound = floor;
+        }
+        floor = floor ? floor : 1;
+    }
+    if (tid == 0) {
+        rs->floor = floor;
+        rs->mode = MODE_CUT;
+    }
+}
+
+// ---- 5. chunk weights ----
+
+__global__ void __launch_bounds__(CHUNK_THREADS) sample_weights_kernel(sample_args_t a) {
+    __shared__ red_smem_t sm;
+    const int32_t row = blockIdx.y, c = blockIdx.x;
+    const kg_cuda_row_state_t rs = a.state[row];
+    if (rs.mode != MODE_CUT) {
+        return;
+    }
+    const float *l = a.logits + (int64_t)row * a.n_vocab;
+    const int32_t lo = c * a.chunk, hi = min(a.n_vocab, lo + a.chunk);
+    double z = 0.0;
+    int32_t last = -1;
+    for (int32_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const double w = weight_of(l[i], i, rs);
+        z += w;
+        last = w > 0.0 ? i : last;
+    }
+    z = block_sum_d(z, &sm);
+    for (int o = 16; o > 0; o >>= 1) {
+        last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+    }
+    if (threadIdx.x == 0) {
+        sm.i[0] = -1;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(&sm.i[0], last);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        chunk_out_t *o = &a.chunks[(int64_t)row * a.n_chunks + c];
+        o->sum = z;
+        o->last_w = sm.i[0];
+    }
+}
+
+// ---- 6. row: the draw and the result ----
+
+__global__ void __launch_bounds__(ROW_THREADS) sample_pick_kernel(sample_args_t a) {
+    __shared__ red_smem_t sm;
+    const int32_t row = blockIdx.x;
+    const float *l = a.logits + (int64_t)row * a.n_vocab;
+    const kg_cuda_sample_row_t p = a.rows[row];
+    const kg_cuda_row_state_t rs = a.state[row];
+    kg_sample_result_t *out = a.res + row;
+    const int tid = threadIdx.x;
+    int32_t token = rs.token;
+    if (rs.mode == MODE_CUT) {
+        /* the chunk where the running sum passes u: chunks in order */
+        const chunk_out_t *co = a.chunks + (int64_t)row * a.n_chunks;
+        double z = 0.0;
+        for (int32_t c = 0; c < a.n_chunks; c++) {
+            z += co[c].sum;
+        }
+        const double u = p.u * z;
+        double cum = 0.0;
+        int32_t c = 0, last_c = -1;
+        for (; c < a.n_chunks; c++) {
+            if (co[c].last_w >= 0) {
+                last_c = c;
+            }
+            if (cum + co[c].sum > u) {
+                break;
+            }
+            cum += co[c].sum;
+        }
+        if (c < a.n_chunks) {
+            /* walk chunk c in id order, tiles with a block prefix scan */
+            const int32_t lo = c * a.chunk, hi = min(a.n_vocab, lo + a.chunk);
+            token = -1;
+            for (int32_t base = lo; base < hi && token < 0; base += blockDim.x * ITEMS) {
+                double w[ITEMS], local = 0.0;
+#pragma unroll
+                for (int j = 0; j < ITEMS; j++) {
+                    const int32_t i = base + tid * ITEMS + j;
+                    w[j] = i < hi ? weight_of(l[i], i, rs) : 0.0;
+                    local += w[j];
+                }
+                double total;
+                double run = cum + block_excl_scan_d(local, &total, &sm);
+                if (tid == 0) {
+                    sm.i[0] = INT_MAX;
+                }
+                __syncthreads();
+#pragma unroll
+                for (int j = 0; j < ITEMS; j++) {
+                    const int32_t i = base + tid * ITEMS + j;
+                    if (w[j] > 0.0) {
+                        run += w[j];
+                        if (u < run) {
+                            atomicMin(&sm.i[0], i);
+                            break;
+                        }
+                    }
+                }
+                __syncthreads();
+                token = sm.i[0] == INT_MAX ? -1 : sm.i[0];
+                __syncthreads();
+                cum += total;
+            }
+            if (token < 0) {
+                /* rounding: the chunk's sum said yes, its walk no */
+                token = co[c].last_w;
+            }
+        }
+        if (token < 0) {
+            /* rounding ran past the end: the last token with any weight */
+            token = last_c >= 0 ? co[last_c].last_w : key_id(rs.best);
+        }
+    }
+    /* logprob of the raw logit at the token */
+    if (tid == 0) {
+        sm.d[0] = rs.all_masked ? 0.0 : (double)l[token];
+    }
+    __syncthreads();
+    for (int32_t j = tid; j < p.pen_n; j += blockDim.x) {
+        if (!rs.all_masked && a.pens[p.pen_off + j].tok == token) {
+            sm.d[0] = (double)a.pens[p.pen_off + j].raw;
         }
     }
     __syncthreads();
     if (tid == 0) {
         out->token = token;
-        out->logprob = (float)((double)sm.f0 - lse);
+        out->logprob = (float)(sm.d[0] - rs.lse);
     }
 }
 
@@ -606,6 +943,11 @@ kg_status_t kg_cuda_sampler_init(kg_cuda_sampler_t *s, int32_t n_vocab, int32_t 
     s->n_vocab = n_vocab;
     s->max_rows = max_rows;
     s->pen_cap = 2 * n_vocab > 65536 ? 2 * n_vocab : 65536;
+    s->n_chunks = (n_vocab + CHUNK_TARGET - 1) / CHUNK_TARGET;
+    s->n_chunks = s->n_chunks > MAX_CHUNKS ? MAX_CHUNKS : s->n_chunks;
+    s->chunk = (n_vocab + s->n_chunks - 1) / s->n_chunks;
+    s->chunk = (s->chunk + 31) & ~31;
+    s->n_chunks = (n_vocab + s->chunk - 1) / s->chunk;
     const size_t rows_size = (size_t)max_rows * sizeof(kg_cuda_sample_row_t);
     const size_t pens_size = (size_t)s->pen_cap * sizeof(kg_cuda_pen_t);
     const size_t res_size = (size_t)max_rows * sizeof(kg_sample_result_t);
@@ -615,6 +957,12 @@ kg_status_t kg_cuda_sampler_init(kg_cuda_sampler_t *s, int32_t n_vocab, int32_t 
     KG_CUDA_CHECK(cudaMalloc((void **)&s->d_rows, rows_size));
     KG_CUDA_CHECK(cudaMalloc((void **)&s->d_pens, pens_size));
     KG_CUDA_CHECK(cudaMalloc((void **)&s->d_res, res_size));
+    KG_CUDA_CHECK(cudaMalloc((void **)&s->d_state, (size_t)max_rows * sizeof(kg_cuda_row_state_t)));
+    KG_CUDA_CHECK(
+        cudaMalloc(&s->d_chunk, (size_t)max_rows * (size_t)s->n_chunks * sizeof(chunk_out_t)));
+    KG_CUDA_CHECK(cudaMalloc((void **)&s->d_hist, (size_t)max_rows * HIST_B * sizeof(u64)));
+    KG_CUDA_CHECK(cudaMalloc((void **)&s->d_cand,
+                             (size_t)max_rows * (size_t)s->n_chunks * LOCAL_K * sizeof(u64)));
     s->idx = (int32_t *)malloc((size_t)n_vocab * sizeof(int32_t));
     if (!s->idx) {
         KG_LOG_ERROR("cuda", "sampler: out of host memory");
@@ -633,13 +981,19 @@ void kg_cuda_sampler_clear(kg_cuda_sampler_t *s) {
     cudaFree(s->d_rows);
     cudaFree(s->d_pens);
     cudaFree(s->d_res);
+    cudaFree(s->d_state);
+    cudaFree(s->d_chunk);
+    cudaFree(s->d_hist);
+    cudaFree(s->d_cand);
     free(s->idx);
     memset(s, 0, sizeof(*s));
 }
 
 size_t kg_cuda_sampler_device_size(const kg_cuda_sampler_t *s) {
-    return (size_t)s->max_rows * (sizeof(kg_cuda_sample_row_t) + sizeof(kg_sample_result_t)) +
-           (size_t)s->pen_cap * sizeof(kg_cuda_pen_t);
+    const size_t per_row =
+        sizeof(kg_cuda_sample_row_t) + sizeof(kg_sample_result_t) + sizeof(kg_cuda_row_state_t) +
+        (size_t)s->n_chunks * (sizeof(chunk_out_t) + LOCAL_K * sizeof(u64)) + HIST_B * sizeof(u64);
+    return (size_t)s->max_rows * per_row + (size_t)s->pen_cap * sizeof(kg_cuda_pen_t);
 }
 
 /* Add the distinct tokens of toks[from..to) as repetition entries. */
@@ -716,8 +1070,10 @@ kg_status_t kg_cuda_sampler_run(kg_cuda_sampler_t *s,
                                 float *d_logits,
                                 const kg_sample_request_t *reqs,
                                 int32_t n,
-                                kg_sample_result_t *out) {
+                                kg_sample_result_t *out,
+                                int32_t *bad_row) {
     int32_t done = 0;
+    *bad_row = -1;
     while (done < n) {
         /* a group of rows whose penalty entries fit the buffer (pen_cap >= n_vocab,
          * so every row fits alone) */
@@ -749,13 +1105,41 @@ kg_status_t kg_cuda_sampler_run(kg_cuda_sampler_t *s,
             KG_CUDA_CHECK(cudaMemcpyAsync(s->d_pens, s->h_pens, (size_t)n_pens * sizeof(*s->h_pens),
                                           cudaMemcpyHostToDevice, stream));
         }
-        sample_kernel<<<rows, S_THREADS, 0, stream>>>(d_logits + (size_t)done * s->n_vocab,
-                                                      s->n_vocab, s->d_rows, s->d_pens, s->d_res);
+        sample_args_t a;
+        a.logits = d_logits + (size_t)done * s->n_vocab;
+        a.n_vocab = s->n_vocab;
+        a.n_chunks = s->n_chunks;
+        a.chunk = s->chunk;
+        a.rows = s->d_rows;
+        a.pens = s->d_pens;
+        a.state = s->d_state;
+        a.chunks = (chunk_out_t *)s->d_chunk;
+        a.hist = s->d_hist;
+        a.cand = s->d_cand;
+        a.res = s->d_res;
+        const dim3 per_chunk((unsigned)s->n_chunks, (unsigned)rows);
+        sample_stats_kernel<<<per_chunk, CHUNK_THREADS, 0, stream>>>(a);
+        KG_CUDA_CHECK_LAUNCH();
+        sample_row_kernel<<<rows, ROW_THREADS, 0, stream>>>(a);
+        KG_CUDA_CHECK_LAUNCH();
+        sample_filter_kernel<<<per_chunk, FILTER_THREADS, 0, stream>>>(a);
+        KG_CUDA_CHECK_LAUNCH();
+        sample_cut_kernel<<<rows, ROW_THREADS, 0, stream>>>(a);
+        KG_CUDA_CHECK_LAUNCH();
+        sample_weights_kernel<<<per_chunk, CHUNK_THREADS, 0, stream>>>(a);
+        KG_CUDA_CHECK_LAUNCH();
+        sample_pick_kernel<<<rows, ROW_THREADS, 0, stream>>>(a);
         KG_CUDA_CHECK_LAUNCH();
         KG_CUDA_CHECK(cudaMemcpyAsync(s->h_res, s->d_res, (size_t)rows * sizeof(*s->h_res),
                                       cudaMemcpyDeviceToHost, stream));
         KG_CUDA_CHECK(cudaStreamSynchronize(stream));
         memcpy(out + done, s->h_res, (size_t)rows * sizeof(*out));
+        for (int32_t r = 0; r < rows; r++) {
+            if (out[done + r].token < 0 || out[done + r].token >= s->n_vocab) {
+                *bad_row = done + r;
+                return KG_ERR_INVALID;
+            }
+        }
         done += rows;
     }
     return KG_OK;

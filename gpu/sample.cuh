@@ -10,7 +10,7 @@ extern "C" {
 #include "../src/model/kg_sampler.h"
 }
 
-/* One row's parameters as the kernel reads them. */
+/* One row's parameters as the kernels read them. */
 typedef struct kg_cuda_sample_row {
     double u; /* the row's uniform draw (host RNG), unused when greedy */
     float temperature, top_p, min_p, rep, freq, pres;
@@ -26,11 +26,19 @@ typedef struct kg_cuda_pen {
     float raw;     /* written by the kernel: the logit before the penalties */
 } kg_cuda_pen_t;
 
+/* A row's state between the sampler's kernels (sample.cu). */
+typedef struct kg_cuda_row_state kg_cuda_row_state_t;
+
 typedef struct kg_cuda_sampler {
     int32_t n_vocab, max_rows, pen_cap;
+    int32_t n_chunks, chunk;               /* the vocabulary cut for the per-chunk kernels */
     kg_cuda_sample_row_t *h_rows, *d_rows; /* (max_rows) pinned / device */
     kg_cuda_pen_t *h_pens, *d_pens;        /* (pen_cap) */
     kg_sample_result_t *h_res, *d_res;     /* (max_rows) */
+    kg_cuda_row_state_t *d_state;          /* (max_rows) */
+    void *d_chunk;                         /* (max_rows, n_chunks) per-chunk results */
+    unsigned long long *d_hist;            /* (max_rows, KG_SAMPLER_HIST_BUCKETS) top-p mass */
+    unsigned long long *d_cand;            /* (max_rows, n_chunks, SAMPLE_LOCAL_K) top-k */
     int32_t *idx;                          /* (n_vocab) host: entry of a token, -1 */
 } kg_cuda_sampler_t;
 
@@ -42,10 +50,14 @@ size_t kg_cuda_sampler_device_size(const kg_cuda_sampler_t *s);
 
 /** Sample rows 0..n-1 of d_logits (n, n_vocab) on `stream` (the logits are
  * modified in place), draw from each request's RNG as the CPU sampler does,
- * and write out[0..n) (synchronizes the stream). */
+ * and write out[0..n) (synchronizes the stream). KG_ERR_INVALID with
+ * *bad_row set when one row's result is unusable (a token outside the
+ * vocabulary): that request alone failed; KG_ERR_BACKEND on a CUDA
+ * error. */
 kg_status_t kg_cuda_sampler_run(kg_cuda_sampler_t *s,
                                 cudaStream_t stream,
                                 float *d_logits,
                                 const kg_sample_request_t *reqs,
                                 int32_t n,
-                                kg_sample_result_t *out);
+                                kg_sample_result_t *out,
+                                int32_t *bad_row);

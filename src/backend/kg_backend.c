@@ -12,6 +12,24 @@
 #include "../../gpu/kg_backend_cuda.h"
 #endif
 
+#ifdef KG_USE_CUDA
+/* The KG_MODEL_FEAT_* bits the CUDA backend implements. It runs the Llama
+ * graph only (gpu/ gets the new ops later, after the CPU has them); a model
+ * that needs anything else is refused for it, and `auto` takes the CPU. */
+#define KG_CUDA_FEATURES 0u
+
+static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
+    const uint32_t missing = kg_model_features(model) & ~(uint32_t)KG_CUDA_FEATURES;
+    char names[256];
+    if (missing == 0) {
+        return true;
+    }
+    snprintf(why, cap, "the cuda backend does not implement what this %s model uses: %s",
+             kg_arch_name(model->hp.arch), kg_model_feature_names(missing, names, sizeof(names)));
+    return false;
+}
+#endif
+
 const char *kg_backend_list(void) {
 #ifdef KG_USE_CUDA
     return "cpu,cuda";
@@ -78,9 +96,22 @@ kg_backend_t *kg_backend_new(const char *name,
     }
     if (strcmp(name, "cuda") == 0 || strcmp(name, "auto") == 0) {
 #ifdef KG_USE_CUDA
+        char why[400];
+        if (!cuda_runs(model, why, sizeof(why))) {
+            if (strcmp(name, "cuda") == 0) {
+                snprintf(errstr, errstr_size, "backend cuda: %s (use --backend cpu)", why);
+                return NULL;
+            }
+            KG_LOG_WARN("backend", "%s; using the CPU backend", why);
+            return kg_backend_cpu_new(model, params, errstr, errstr_size);
+        }
+        /* auto falls back to the CPU only when there is truly no device; a
+         * device CUDA cannot use is an error either way, with its reason */
+        kg_cuda_probe_t probe;
+        kg_cuda_probe(&probe);
         int n_types;
         const kg_ggml_type_t *types = kg_backend_cuda_types(&n_types);
-        if (kg_backend_cuda_available() &&
+        if (probe.kind == KG_CUDA_PROBE_OK &&
             kg_backend_check_types("cuda", model, types, n_types, errstr, errstr_size) != KG_OK) {
             if (strcmp(name, "cuda") == 0) {
                 return NULL;
@@ -88,14 +119,16 @@ kg_backend_t *kg_backend_new(const char *name,
             KG_LOG_WARN("backend", "%s; using the CPU backend", errstr);
             return kg_backend_cpu_new(model, params, errstr, errstr_size);
         }
-        if (kg_backend_cuda_available()) {
+        if (probe.kind == KG_CUDA_PROBE_OK) {
             return kg_backend_cuda_new(model, params, errstr, errstr_size);
         }
-        if (strcmp(name, "cuda") == 0) {
-            snprintf(errstr, errstr_size, "backend cuda: no CUDA device is available");
+        if (probe.kind == KG_CUDA_PROBE_UNUSABLE || strcmp(name, "cuda") == 0) {
+            snprintf(errstr, errstr_size, "backend %s: %s%s", name, probe.message,
+                     probe.kind == KG_CUDA_PROBE_UNUSABLE ? " (--backend cpu runs on the CPU)"
+                                                          : "");
             return NULL;
         }
-        KG_LOG_WARN("backend", "no CUDA device; using the CPU backend");
+        KG_LOG_WARN("backend", "%s; using the CPU backend", probe.message);
 #else
         if (strcmp(name, "cuda") == 0) {
             snprintf(errstr, errstr_size,
@@ -143,6 +176,35 @@ void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     memset(out, 0, sizeof(*out));
     if (be->iface.memory) {
         be->iface.memory(be, out);
+    }
+}
+
+void kg_backend_last_fault(const kg_backend_t *be, kg_status_t st, kg_backend_fault_t *out) {
+    memset(out, 0, sizeof(*out));
+    out->seq = -1;
+    out->row = -1;
+    if (be->last_fault) {
+        be->last_fault(be, out);
+        if (out->scope != KG_FAULT_NONE) {
+            return;
+        }
+    }
+    out->scope = st == KG_ERR_INVALID ? KG_FAULT_STEP : KG_FAULT_DEVICE;
+    snprintf(out->message, sizeof(out->message), "backend %s: %s", be->iface.name,
+             kg_status_str(st));
+}
+
+void kg_backend_counters(const kg_backend_t *be, kg_backend_counters_t *out) {
+    memset(out, 0, sizeof(*out));
+    if (be->counters) {
+        be->counters(be, out);
+    }
+}
+
+void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out) {
+    memset(out, 0, sizeof(*out));
+    if (be->moe_stats) {
+        be->moe_stats(be, out);
     }
 }
 

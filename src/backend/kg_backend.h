@@ -21,8 +21,10 @@ typedef struct kg_backend kg_backend_t;
  * position pos[i]; its K and V are written to the slot's block
  * block_table[seq[i] * max_blocks_per_seq + pos[i] / block_size] at row
  * pos[i] % block_size, then it attends to positions [0, pos[i]] of its slot
- * (so a prefill chunk is causal by construction). Tokens of one slot appear
- * in increasing position order. */
+ * (so a prefill chunk is causal by construction), or to the last n_swa of
+ * them in a windowed layer. Tokens of one slot appear in increasing position
+ * order. Table entries of blocks wholly before every layer's window may be
+ * -1 (the engine freed them); they are never read. */
 typedef struct kg_step_batch {
     int32_t n_tokens;
     const int32_t *token;    /* (n_tokens) */
@@ -40,6 +42,8 @@ typedef struct kg_backend_params {
     int32_t n_kv_blocks;      /* blocks in the KV pool */
     int32_t kv_block_size;    /* tokens per block */
     int32_t max_batch_tokens; /* most tokens in one step */
+    int32_t max_seq_len;      /* per-sequence context (picks LongRoPE's short or long factors,
+                                 as llama.cpp's n_ctx_seq does); <= 0: the model's n_ctx_train */
 } kg_backend_params_t;
 
 typedef struct kg_backend_memory {
@@ -47,6 +51,21 @@ typedef struct kg_backend_memory {
     size_t kv_size;
     size_t scratch_size;
 } kg_backend_memory_t;
+
+/* How a mixture-of-experts model's tokens spread over its experts since
+ * the backend started, summed over layers and steps (what
+ * kgen_moe_tokens_per_expert and kgen-bench show). A group is one expert's
+ * rows in one layer of one step: one gate/up and one down GEMM. */
+typedef struct kg_moe_stats {
+    int32_t n_expert;            /* 0: not a mixture-of-experts model (the rest is zero) */
+    int32_t n_expert_used;       /* k: experts per token */
+    int64_t n_layer_steps;       /* (layer, step) pairs routed */
+    int64_t n_routed;            /* rows through expert GEMMs: tokens * k per layer */
+    int64_t n_groups;            /* expert GEMM groups run */
+    int64_t max_group;           /* rows of the largest group */
+    const int64_t *n_per_expert; /* (n_expert) rows each expert took; borrowed from the
+                                    backend, valid until its next forward */
+} kg_moe_stats_t;
 
 /** The CPU backend (the reference). Converts weights as documented in
  * cpu/kg_backend_cpu.c. `model` must outlive the backend. */
@@ -82,6 +101,8 @@ typedef struct kg_sample_request {
     int32_t n_prompt;
     const int32_t *output; /* (n_output) tokens generated so far */
     int32_t n_output;
+    const uint32_t *mask; /* NULL, or the allowed tokens ((n_vocab + 31) / 32 words, host
+                             memory): constrained decoding, as kg_sampler_sample_masked */
 } kg_sample_request_t;
 
 /** Whether the backend samples on its own device (kg_backend_sample), so
@@ -101,6 +122,46 @@ KG_NODISCARD kg_status_t kg_backend_sample(kg_backend_t *be,
                                            kg_sample_result_t *out);
 
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out);
+
+/* What a failed kg_backend_forward or kg_backend_sample hit, so that the
+ * engine fails only what the fault touches: one request whose input the
+ * backend cannot run (a token id or position outside what it was built
+ * for, a block outside its pool, a sampling failure on its row), the
+ * step's requests when the step as a whole was refused but the backend
+ * still works, or everything when the device is gone. */
+typedef enum kg_fault_scope {
+    KG_FAULT_NONE = 0,
+    KG_FAULT_SEQ,    /* one sequence: `seq` (forward) or output row `row` (sample) */
+    KG_FAULT_STEP,   /* the step's requests; the backend is still usable */
+    KG_FAULT_DEVICE, /* the backend is unusable: stop */
+} kg_fault_scope_t;
+
+typedef struct kg_backend_fault {
+    kg_fault_scope_t scope;
+    int32_t seq; /* KG_FAULT_SEQ from forward: the slot, else -1 */
+    int32_t row; /* KG_FAULT_SEQ from sample: the output row, else -1 */
+    char message[160];
+} kg_backend_fault_t;
+
+/** What the last failed call (which returned `st`) hit. Backends that do
+ * not say: KG_FAULT_STEP for KG_ERR_INVALID, KG_FAULT_DEVICE for every
+ * other failure. @thread engine */
+void kg_backend_last_fault(const kg_backend_t *be, kg_status_t st, kg_backend_fault_t *out);
+
+/* Counters a backend keeps about itself (all 0 for the CPU backend). */
+typedef struct kg_backend_counters {
+    int64_t graphs_captured; /* CUDA graphs captured (one per batch-size bucket) */
+    int64_t graph_fallbacks; /* buckets run eagerly because capturing failed */
+    int64_t graph_steps;     /* steps run as a graph */
+    int64_t eager_steps;     /* steps run kernel by kernel */
+} kg_backend_counters_t;
+
+/** Read the counters; safe from any thread (e.g. a metrics scrape). */
+void kg_backend_counters(const kg_backend_t *be, kg_backend_counters_t *out);
+
+/** The expert load so far (see kg_moe_stats_t); all zero for a dense
+ * model or a backend that does not count it. @thread engine */
+void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
 
 /** Bytes of KV cache one token takes in this backend (to size the pool). */
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model);

@@ -21,4 +21,10 @@ struct kg_backend {
                           const kg_sample_request_t *reqs,
                           int32_t n,
                           kg_sample_result_t *out);
+    /* optional: what the last failure hit (NULL: from the status alone) */
+    void (*last_fault)(const kg_backend_t *be, kg_backend_fault_t *out);
+    /* optional: kg_backend_counters, callable from any thread */
+    void (*counters)(const kg_backend_t *be, kg_backend_counters_t *out);
+    /* optional: the expert load behind kg_backend_moe_stats (NULL: none) */
+    void (*moe_stats)(const kg_backend_t *be, kg_moe_stats_t *out);
 };

@@ -12,57 +12,100 @@
  * later prompts prefill (that is what continuous batching is for) and T_PP
  * is the time until the last first token.
  *
+ * For a mixture-of-experts model two more columns measure the grouping by
+ * expert in the decode phase: the experts a layer runs per step (active
+ * experts, of n_expert) and the token rows each expert GEMM takes (B * k
+ * over the active experts; 1 would be one GEMM per token).
+ *
  * --arrivals RATE replays Poisson arrivals (RATE requests/s) of mixed
  * prompt and output lengths and reports throughput, time to first token and
- * time per output token percentiles. */
+ * time per output token percentiles.
+ *
+ * --json-schema FILE, --grammar FILE or --regex RE measure constrained
+ * decoding: for each B, the B sequences run greedy under the grammar (up to
+ * TG tokens; a grammar may finish earlier), then the same prompts run
+ * unconstrained for exactly the same number of tokens each, so the two
+ * runs differ only by the constraint (masks, matcher, jump-forward); --reps
+ * alternates the pair and reports medians, by the wall clock and by the
+ * process's CPU time (steadier when other work shares the machine). The
+ * mask-build time is measured inside the engine, per sequence-step. */
 #include "backend/kg_backend.h"
 #include "cli_util.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
 #include "engine/kg_engine.h"
+#include "engine/kg_sizing.h"
+#include "grammar/kg_grammar_cache.h"
 #include "metrics/kg_metrics.h"
 #include "model/kg_model.h"
+#include "schema/kg_json_schema.h"
 
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #define MAX_NPL 32
 
 typedef struct bench_opts {
     const char *model_path, *backend;
-    int64_t npp, ntg, threads, max_batch_tokens, kv_mib, n_requests, seed;
+    kg_engine_options_t eo; /* the shared engine flags (--threads, --max-batch-tokens, ...) */
+    int64_t npp, ntg, n_requests, seed;
     int32_t npl[MAX_NPL];
     int n_npl;
     double arrivals; /* requests per second; 0 = batched mode */
     bool json;
     bool metrics; /* record what the worker records (histograms, one log line per job) */
+    kg_constraint_kind_t constraint; /* constrained mode: NONE, JSON_SCHEMA, GRAMMAR or REGEX */
+    const char *constraint_arg;      /* the file (schema, grammar) or the regex */
+    int64_t reps;                    /* constrained mode: alternating runs per B */
+    bool no_jump_forward;            /* constrained mode: sample forced tokens too */
 } bench_opts_t;
 
 typedef struct bench_row {
     int64_t pp, tg, b, n_kv;
     double t_pp, t_tg;
+    double cpu_tg; /* CPU seconds (all threads) of the TG phase */
+    /* experts in the decode phase: (layer, step) pairs, groups, rows */
+    int64_t moe_layer_steps, moe_groups, moe_routed;
 } bench_row_t;
 
+/* CPU time of the process (user + system, all threads), seconds. On a
+ * shared machine this is steadier than the wall clock. */
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: kgen-bench --model FILE [-npp P] [-ntg G] [-npl 1,4,16] [options]\n"
-               "  -m, --model FILE          GGUF model\n"
-               "  -npp P                    prompt tokens per sequence (default 128)\n"
-               "  -ntg G                    generated tokens per sequence (default 64)\n"
-               "  -npl LIST                 parallel sequence counts (default 1,4,16)\n"
-               "  -t, --threads N           CPU threads (default: all cores)\n"
-               "  -b, --max-batch-tokens N  token budget per step (default 2048)\n"
-               "  --backend auto|cpu|cuda   (default auto)\n"
-               "  --kv-memory MIB           KV pool size (default: what the runs need)\n"
-               "  --arrivals RATE           Poisson arrivals mode, RATE requests/s\n"
-               "  --n-requests N            requests in arrivals mode (default 64)\n"
-               "  --seed S                  prompt/arrival RNG seed (default 1)\n"
-               "  --json                    JSON output\n"
-               "  --metrics                 also record the worker's metrics and job log lines\n"
-               "                            (to measure what they cost)\n"
-               "  --version, --help\n");
+    fprintf(f,
+            "usage: kgen-bench --model FILE [-npp P] [-ntg G] [-npl 1,4,16] [options]\n"
+            "  -m, --model FILE          GGUF model\n"
+            "  -npp P                    prompt tokens per sequence (default 128)\n"
+            "  -ntg G                    generated tokens per sequence (default 64)\n"
+            "  -npl LIST                 parallel sequence counts (default 1,4,16)\n"
+            "  -t N, -b N                --threads N, --max-batch-tokens N (llama.cpp's names)\n"
+            "  engine options as in kgen-worker (kv-memory default: what the runs need,\n"
+            "  max-batch-tokens default 2048, prefix cache default off: prompts are random):\n"
+            "%s"
+            "  --arrivals RATE           Poisson arrivals mode, RATE requests/s\n"
+            "  --n-requests N            requests in arrivals mode (default 64)\n"
+            "  --seed S                  prompt/arrival RNG seed (default 1)\n"
+            "  --json                    JSON output\n"
+            "  --metrics                 also record the worker's metrics and job log lines\n"
+            "                            (to measure what they cost)\n"
+            "  --json-schema FILE        constrained decoding under this JSON Schema against\n"
+            "                            the same token counts unconstrained\n"
+            "  --grammar FILE            ... under this GBNF grammar\n"
+            "  --regex RE                ... under this regular expression\n"
+            "  --reps N                  constrained mode: alternating runs per B (default 3)\n"
+            "  --no-jump-forward         constrained mode: sample forced tokens too\n"
+            "  --version, --help\n",
+            kg_cli_engine_help);
 }
 
 static bool parse_npl(const char *s, bench_opts_t *o) {
@@ -95,35 +138,48 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
         O_NPP = 256,
         O_NTG,
         O_NPL,
-        O_BACKEND,
-        O_KV,
         O_ARR,
         O_NREQ,
         O_SEED,
         O_JSON,
         O_VERSION,
-        O_METRICS
+        O_METRICS,
+        O_SCHEMA,
+        O_GRAMMAR,
+        O_REGEX,
+        O_REPS,
+        O_NOJF
     };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},
                                          {"npp", required_argument, 0, O_NPP},
                                          {"ntg", required_argument, 0, O_NTG},
                                          {"npl", required_argument, 0, O_NPL},
-                                         {"threads", required_argument, 0, 't'},
-                                         {"max-batch-tokens", required_argument, 0, 'b'},
-                                         {"backend", required_argument, 0, O_BACKEND},
-                                         {"kv-memory", required_argument, 0, O_KV},
                                          {"arrivals", required_argument, 0, O_ARR},
                                          {"n-requests", required_argument, 0, O_NREQ},
                                          {"seed", required_argument, 0, O_SEED},
                                          {"json", no_argument, 0, O_JSON},
                                          {"metrics", no_argument, 0, O_METRICS},
+                                         {"json-schema", required_argument, 0, O_SCHEMA},
+                                         {"grammar", required_argument, 0, O_GRAMMAR},
+                                         {"regex", required_argument, 0, O_REGEX},
+                                         {"reps", required_argument, 0, O_REPS},
+                                         {"no-jump-forward", no_argument, 0, O_NOJF},
                                          {"version", no_argument, 0, O_VERSION},
                                          {"help", no_argument, 0, 'h'},
+                                         KG_CLI_ENGINE_LONGOPTS,
                                          {0, 0, 0, 0}};
     int c;
     float fv;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:t:b:h", opts, NULL)) != -1) {
+        int id = c == 't' ? KG_CLI_O_THREADS : c == 'b' ? KG_CLI_O_MAX_BATCH_TOKENS : c;
+        int taken = kg_cli_engine_option(id, optarg, argc, argv, "kgen-bench", &o->eo, &o->backend);
+        if (taken < 0) {
+            return 2;
+        }
+        if (taken > 0) {
+            continue;
+        }
         bool ok = true;
         switch (c) {
         case 'm':
@@ -137,18 +193,6 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
             break;
         case O_NPL:
             ok = parse_npl(optarg, o);
-            break;
-        case 't':
-            ok = kg_cli_parse_i64(optarg, 1, 1024, &o->threads);
-            break;
-        case 'b':
-            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &o->max_batch_tokens);
-            break;
-        case O_BACKEND:
-            o->backend = optarg;
-            break;
-        case O_KV:
-            ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &o->kv_mib);
             break;
         case O_ARR:
             ok = kg_cli_parse_f32(optarg, 0.001f, 1e6f, &fv);
@@ -165,6 +209,21 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
             break;
         case O_METRICS:
             o->metrics = true;
+            break;
+        case O_SCHEMA:
+        case O_GRAMMAR:
+        case O_REGEX:
+            ok = o->constraint == KG_CONSTRAINT_NONE;
+            o->constraint = c == O_SCHEMA    ? KG_CONSTRAINT_JSON_SCHEMA
+                            : c == O_GRAMMAR ? KG_CONSTRAINT_GRAMMAR
+                                             : KG_CONSTRAINT_REGEX;
+            o->constraint_arg = optarg;
+            break;
+        case O_REPS:
+            ok = kg_cli_parse_i64(optarg, 1, 1000, &o->reps);
+            break;
+        case O_NOJF:
+            o->no_jump_forward = true;
             break;
         case O_VERSION:
             kg_cmd_print_version("kgen-bench");
@@ -252,21 +311,16 @@ static bool env_open(bench_env_t *env,
                      int64_t max_ctx,
                      char *err,
                      size_t err_size) {
-    env->ep = kg_engine_params_default(env->model, o->kv_mib > 0 ? (size_t)o->kv_mib << 20 : 0);
-    kg_engine_params_t *ep = &env->ep;
-    ep->max_batch_size = max_seqs;
-    ep->max_queue_depth = max_seqs;
-    ep->max_batch_tokens = (int32_t)o->max_batch_tokens;
-    ep->max_seq_len = (int32_t)max_ctx;
-    ep->prefix_cache = false;
-    if (o->kv_mib == 0) {
-        int64_t tokens = (int64_t)max_seqs * (max_ctx + ep->kv_block_size);
-        ep->n_kv_blocks = (int32_t)((tokens + ep->kv_block_size - 1) / ep->kv_block_size);
+    kg_engine_options_t eo = o->eo;
+    eo.max_batch_size = max_seqs;
+    eo.max_queue_depth = max_seqs;
+    eo.ctx = max_ctx;
+    kg_backend_params_t bp;
+    if (kg_engine_size(env->model, &eo, &env->ep, &bp, NULL, err, err_size) != KG_OK) {
+        return false;
     }
-    kg_backend_params_t bp = {.n_threads = (int32_t)o->threads,
-                              .n_kv_blocks = ep->n_kv_blocks,
-                              .kv_block_size = ep->kv_block_size,
-                              .max_batch_tokens = ep->max_batch_tokens};
+    kg_engine_params_t *ep = &env->ep;
+    ep->no_jump_forward = o->no_jump_forward;
     env->be = kg_backend_new(o->backend, env->model, &bp, err, err_size);
     if (!env->be) {
         return false;
@@ -275,7 +329,7 @@ static bool env_open(bench_env_t *env,
     if (!env->engine) {
         return false;
     }
-    env->comps_cap = 2 * (ep->max_batch_size + ep->max_queue_depth) + 16;
+    env->comps_cap = kg_engine_max_completions(env->engine);
     env->comps = malloc((size_t)env->comps_cap * sizeof(*env->comps));
     if (!env->comps) {
         snprintf(err, err_size, "out of memory");
@@ -293,7 +347,16 @@ static void env_close(bench_env_t *env) {
     env->comps = NULL;
 }
 
-static bool run_batched(bench_env_t *env, const bench_opts_t *o, int32_t B, bench_row_t *row) {
+/* B sequences of npp random prompt tokens, greedy. With `g`, each under
+ * the grammar; with `max_out`, sequence i makes max_out[i] tokens (else
+ * ntg + 1). `got` (may be NULL) receives the tokens each made. */
+static bool run_batched_with(bench_env_t *env,
+                             const bench_opts_t *o,
+                             int32_t B,
+                             bench_row_t *row,
+                             kg_grammar_t *g,
+                             const int32_t *max_out,
+                             int32_t *got) {
     kg_engine_t *e = env->engine;
     uint64_t rng = (uint64_t)o->seed * 7919u + (uint64_t)B;
     int32_t *prompt = malloc((size_t)o->npp * sizeof(int32_t));
@@ -304,16 +367,19 @@ static bool run_batched(bench_env_t *env, const bench_opts_t *o, int32_t B, benc
         kg_request_t req = {.id = (uint64_t)i,
                             .prompt = prompt,
                             .n_prompt = (int32_t)o->npp,
-                            .max_tokens = (int32_t)o->ntg + 1,
+                            .max_tokens = max_out ? max_out[i] : (int32_t)o->ntg + 1,
                             .ignore_eos = true,
-                            .sampling = kg_sampling_params_default()};
+                            .sampling = kg_sampling_params_default(),
+                            .grammar = g};
         if (kg_engine_submit(e, &req) != KG_OK) {
             fprintf(stderr, "kgen-bench: submit failed\n");
             ok = false;
         }
     }
     int64_t t0 = kg_clock_us(), t_pp_end = 0;
+    double cpu_pp_end = 0.0;
     int32_t n_first = 0, n_done = 0;
+    kg_moe_stats_t moe0 = {0}, moe1;
     while (ok && n_done < B) {
         int32_t n = bench_step(env);
         if (n < 0) {
@@ -325,6 +391,8 @@ static bool run_batched(bench_env_t *env, const bench_opts_t *o, int32_t B, benc
             const kg_completion_t *c = &env->comps[i];
             if (c->token >= 0 && n_out[c->id]++ == 0 && ++n_first == B) {
                 t_pp_end = kg_clock_us();
+                cpu_pp_end = cpu_seconds();
+                kg_backend_moe_stats(env->be, &moe0);
             }
             if (c->finish != KG_FINISH_NONE) {
                 n_done++;
@@ -332,14 +400,180 @@ static bool run_batched(bench_env_t *env, const bench_opts_t *o, int32_t B, benc
         }
     }
     int64_t t1 = kg_clock_us();
+    kg_backend_moe_stats(env->be, &moe1);
+    row->moe_layer_steps = moe1.n_layer_steps - moe0.n_layer_steps;
+    row->moe_groups = moe1.n_groups - moe0.n_groups;
+    row->moe_routed = moe1.n_routed - moe0.n_routed;
     row->pp = o->npp;
     row->tg = o->ntg;
     row->b = B;
     row->n_kv = (int64_t)B * (o->npp + o->ntg);
     row->t_pp = (double)(t_pp_end - t0) / 1e6;
     row->t_tg = (double)(t1 - t_pp_end) / 1e6;
+    row->cpu_tg = cpu_seconds() - cpu_pp_end;
+    if (got) {
+        memcpy(got, n_out, (size_t)B * sizeof(int32_t));
+    }
     free(prompt);
     free(n_out);
+    return ok;
+}
+
+static bool run_batched(bench_env_t *env, const bench_opts_t *o, int32_t B, bench_row_t *row) {
+    return run_batched_with(env, o, B, row, NULL, NULL, NULL);
+}
+
+// ---- constrained decoding ----
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        return NULL;
+    }
+    size_t cap = 4096, n = 0, got;
+    char *buf = malloc(cap);
+    while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap) {
+            char *b = realloc(buf, cap * 2);
+            if (!b) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+/* The mask-build time (us) at quantile q from the difference of two
+ * engine histograms (0.25 us buckets). */
+static double mask_quantile(const int64_t *after, const int64_t *before, double q) {
+    int64_t total = 0;
+    for (int i = 0; i <= KG_ENGINE_MASK_HIST; i++) {
+        total += after[i] - before[i];
+    }
+    int64_t want = (int64_t)ceil(q * (double)total), cum = 0;
+    for (int i = 0; i <= KG_ENGINE_MASK_HIST; i++) {
+        cum += after[i] - before[i];
+        if (cum >= want && cum > 0) {
+            return (i + 0.5) * 0.25;
+        }
+    }
+    return 0.0;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(double *v, int64_t n) {
+    qsort(v, (size_t)n, sizeof(*v), cmp_dbl);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
+    char err[512] = "";
+    size_t len = 0;
+    char *text = NULL;
+    if (o->constraint == KG_CONSTRAINT_REGEX) {
+        text = strdup(o->constraint_arg);
+        len = strlen(o->constraint_arg);
+    } else {
+        text = read_file(o->constraint_arg, &len);
+    }
+    if (!text) {
+        fprintf(stderr, "kgen-bench: cannot read %s\n", o->constraint_arg);
+        return false;
+    }
+    kg_grammar_cache_t *cache = kg_grammar_cache_new_for(env->model->tok, (size_t)1 << 30);
+    kg_constraint_t k = {.kind = o->constraint, .text = text, .len = len};
+    int64_t t0 = kg_clock_us();
+    kg_grammar_t *g =
+        cache ? kg_grammar_cache_get(cache, &k, kg_json_schema_builder, err, sizeof(err)) : NULL;
+    double compile_ms = (double)(kg_clock_us() - t0) / 1000.0;
+    bool ok = g != NULL;
+    if (!g) {
+        fprintf(stderr, "kgen-bench: %s: %s\n", o->constraint_arg, *err ? err : "out of memory");
+        goto out;
+    }
+    printf("%s %s: %d states, %.1f MiB of masks, compiled in %.0f ms (vocabulary trie "
+           "included; %.0f M trie nodes walked)\n\n",
+           kg_constraint_kind_str(o->constraint), o->constraint_arg, kg_grammar_n_states(g),
+           (double)kg_grammar_memory(g) / (1 << 20), compile_ms,
+           (double)kg_grammar_compile_work(g) / 1e6);
+    printf("|    B | tokens | forced | steps con/unc | T_TG con s | T_TG unc s | S_TG con | "
+           "S_TG unc | con/unc wall | con/unc CPU | mask p50 us | mask p99 us |\n");
+    printf("|------|--------|--------|---------------|------------|------------|----------|------"
+           "----|--------------|-------------|-------------|-------------|\n");
+    kg_engine_stats_t *before = malloc(sizeof(*before)), *after = malloc(sizeof(*after));
+    int64_t reps = o->reps > 0 ? o->reps : 3;
+    double *tc = calloc((size_t)reps, sizeof(double)), *tu = calloc((size_t)reps, sizeof(double));
+    double *p50 = calloc((size_t)reps, sizeof(double)), *p99 = calloc((size_t)reps, sizeof(double));
+    double *cc = calloc((size_t)reps, sizeof(double)), *cu = calloc((size_t)reps, sizeof(double));
+    ok = before && after && tc && tu && p50 && p99 && cc && cu;
+    for (int i = 0; ok && i < o->n_npl; i++) {
+        int32_t B = o->npl[i];
+        int32_t *made = calloc((size_t)B, sizeof(int32_t));
+        int64_t tokens = 0, forced = 0, steps_c = 0, steps_u = 0;
+        ok = made != NULL;
+        for (int64_t r = 0; ok && r < reps; r++) {
+            bench_row_t rc = {0}, ru = {0};
+            kg_engine_stats(env->engine, before);
+            ok = run_batched_with(env, o, B, &rc, g, NULL, made);
+            kg_engine_stats(env->engine, after);
+            /* the same prompts, unconstrained, the same token count each */
+            ok = ok && run_batched_with(env, o, B, &ru, NULL, made, NULL);
+            kg_engine_stats_t *s2 = malloc(sizeof(*s2));
+            if (s2) {
+                kg_engine_stats(env->engine, s2);
+                steps_c = after->n_steps - before->n_steps;
+                steps_u = s2->n_steps - after->n_steps;
+                free(s2);
+            }
+            tc[r] = rc.t_tg;
+            tu[r] = ru.t_tg;
+            cc[r] = rc.cpu_tg;
+            cu[r] = ru.cpu_tg;
+            p50[r] = mask_quantile(after->mask_hist, before->mask_hist, 0.5);
+            p99[r] = mask_quantile(after->mask_hist, before->mask_hist, 0.99);
+            tokens = 0;
+            for (int32_t s = 0; s < B; s++) {
+                tokens += made[s];
+            }
+            forced = after->n_grammar_forced_tokens - before->n_grammar_forced_tokens;
+        }
+        if (ok) {
+            /* TG tokens: all but each sequence's first (the prefill's) */
+            double tg_tokens = (double)(tokens - B);
+            double mc = median_of(tc, reps), mu = median_of(tu, reps);
+            printf("| %4d | %6lld | %6lld | %6lld/%-6lld | %10.3f | %10.3f | %8.2f | %8.2f | "
+                   "%12.3f | %11.3f | %11.2f | %11.2f |\n",
+                   B, (long long)tokens, (long long)forced, (long long)steps_c, (long long)steps_u,
+                   mc, mu, tg_tokens / mc, tg_tokens / mu, mu / mc,
+                   median_of(cu, reps) / median_of(cc, reps), median_of(p50, reps),
+                   median_of(p99, reps));
+            fflush(stdout);
+        }
+        free(made);
+    }
+    free(before);
+    free(after);
+    free(tc);
+    free(tu);
+    free(p50);
+    free(p99);
+    free(cc);
+    free(cu);
+out:
+    kg_grammar_unref(g);
+    kg_grammar_cache_free(cache);
+    free(text);
     return ok;
 }
 
@@ -462,35 +696,47 @@ static bool run_arrivals(bench_env_t *env, const bench_opts_t *o) {
     return ok;
 }
 
-static void print_row(const bench_row_t *r, bool json, bool first) {
+static void print_row(const bench_row_t *r, bool json, bool first, bool moe) {
     double t = r->t_pp + r->t_tg;
     double s_pp = r->t_pp > 0 ? (double)(r->b * r->pp) / r->t_pp : 0;
     double s_tg = r->t_tg > 0 ? (double)(r->b * r->tg) / r->t_tg : 0;
     double s = t > 0 ? (double)r->n_kv / t : 0;
+    /* decode: experts run per layer and step, rows per expert GEMM */
+    double act = r->moe_layer_steps > 0 ? (double)r->moe_groups / (double)r->moe_layer_steps : 0;
+    double rows = r->moe_groups > 0 ? (double)r->moe_routed / (double)r->moe_groups : 0;
     if (json) {
         printf(
             "%s{\"pp\":%lld,\"tg\":%lld,\"b\":%lld,\"n_kv\":%lld,\"t_pp\":%.6f,\"speed_pp\":%.3f,"
-            "\"t_tg\":%.6f,\"speed_tg\":%.3f,\"t\":%.6f,\"speed\":%.3f}",
+            "\"t_tg\":%.6f,\"speed_tg\":%.3f,\"t\":%.6f,\"speed\":%.3f",
             first ? "" : ",\n", (long long)r->pp, (long long)r->tg, (long long)r->b,
             (long long)r->n_kv, r->t_pp, s_pp, r->t_tg, s_tg, t, s);
+        if (moe) {
+            printf(",\"tg_active_experts\":%.3f,\"tg_rows_per_expert_gemm\":%.3f", act, rows);
+        }
+        printf("}");
     } else {
-        printf(
-            "| %6lld | %6lld | %4lld | %6lld | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |\n",
-            (long long)r->pp, (long long)r->tg, (long long)r->b, (long long)r->n_kv, r->t_pp, s_pp,
-            r->t_tg, s_tg, t, s);
+        printf("| %6lld | %6lld | %4lld | %6lld | %8.3f | %8.2f | %8.3f | %8.2f | %8.3f | %8.2f |",
+               (long long)r->pp, (long long)r->tg, (long long)r->b, (long long)r->n_kv, r->t_pp,
+               s_pp, r->t_tg, s_tg, t, s);
+        if (moe) {
+            printf(" %7.2f | %8.2f |", act, rows);
+        }
+        printf("\n");
     }
     fflush(stdout);
 }
 
 int main(int argc, char **argv) {
     bench_opts_t o = {.backend = "auto",
+                      .eo = kg_engine_options_default(),
                       .npp = 128,
                       .ntg = 64,
-                      .max_batch_tokens = 2048,
                       .n_requests = 64,
                       .seed = 1,
                       .npl = {1, 4, 16},
                       .n_npl = 3};
+    o.eo.max_batch_tokens = 2048; /* llama-batched-bench's -b */
+    o.eo.prefix_cache = false;    /* random prompts share nothing */
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0) {
         return rc;
@@ -530,22 +776,37 @@ int main(int argc, char **argv) {
         fprintf(stderr, "kgen-bench: %s\n", err);
         goto out;
     }
+    if (o.constraint != KG_CONSTRAINT_NONE) {
+        printf("\nmodel %s, backend %s, threads %lld, PP %lld, TG up to %lld, greedy\n\n",
+               o.model_path, kg_backend_name(env.be), (long long)o.eo.threads, (long long)o.npp,
+               (long long)o.ntg);
+        rc = run_constrained(&env, &o) ? 0 : 1;
+        goto out;
+    }
+    const bool moe = env.model->hp.n_expert > 0;
     if (o.json) {
         printf("[\n");
     } else {
         printf("\nmodel %s, backend %s, threads %lld, token budget %d\n\n", o.model_path,
-               kg_backend_name(env.be), (long long)o.threads, env.ep.max_batch_tokens);
+               kg_backend_name(env.be), (long long)o.eo.threads, env.ep.max_batch_tokens);
+        if (moe) {
+            printf("experts %d, %d per token; TG exp.: experts a layer runs per decode step; "
+                   "TG rows/: token rows per expert GEMM\n\n",
+                   env.model->hp.n_expert, env.model->hp.n_expert_used);
+        }
         printf("|     PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |    "
-               "  T s |    S t/s |\n");
+               "  T s |    S t/s |%s\n",
+               moe ? " TG exp. | TG rows/ |" : "");
         printf("|--------|--------|------|--------|----------|----------|----------|----------|----"
-               "------|----------|\n");
+               "------|----------|%s\n",
+               moe ? "---------|----------|" : "");
     }
     for (int i = 0; i < o.n_npl; i++) {
         bench_row_t row;
         if (!run_batched(&env, &o, o.npl[i], &row)) {
             goto out;
         }
-        print_row(&row, o.json, i == 0);
+        print_row(&row, o.json, i == 0, moe);
     }
     if (o.json) {
         printf("\n]\n");

@@ -10,10 +10,11 @@
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
 #include "engine/kg_engine.h"
+#include "engine/kg_sizing.h"
 #include "model/kg_model.h"
 #include "pipeline/kg_events.h"
 #include "pipeline/kg_intake.h"
-#include "pipeline/kg_output.h"
+#include "pipeline/kg_jobrun.h"
 #include "schema/kg_codec.h"
 
 #include <getopt.h>
@@ -23,29 +24,21 @@
 #include <unistd.h>
 
 typedef struct batch_job {
-    kg_job_t *job;
-    kg_prepared_t prep;
-    kg_output_t out;
-    kg_job_timing_t t;
-    kg_sample_result_t *samples;
-    int32_t n_samples;
-    bool submitted, stop_hit;
-    char *result; /* the final event line (owned) */
+    kg_jobrun_t run; /* the job from intake to its terminal event (kg_jobrun) */
+    bool ready;      /* run was started: it goes to the engine */
+    char *result;    /* the final event line (owned) */
     size_t result_len;
 } batch_job_t;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kgen batch --model FILE --input jobs.jsonl --output results.jsonl [options]\n"
-            "  --max-batch-size N     running sequences at most (default 16)\n"
-            "  --max-batch-tokens T   tokens per step (default 512)\n"
-            "  --threads N            CPU threads (default: all cores)\n"
-            "  --backend auto|cpu|cuda (default auto)\n"
-            "  --ctx N                context per sequence (default: the model's, at most 4096)\n"
-            "  --kv-memory MIB        KV pool size (default: max-batch-size full contexts)\n"
+            "%s"
             "  --max-tokens-limit N   larger max_tokens are refused (default 4096)\n"
-            "  --no-prefix-cache      do not share KV blocks between jobs\n"
-            "  --version, --help\n");
+            "  --max-event-bytes N    fit every event into N bytes as kgen-worker does for its\n"
+            "                         results topic (0 = no limit, the default; at least 4096)\n"
+            "  --version, --help\n",
+            kg_cli_engine_help);
 }
 
 static char *read_all(const char *path, size_t *len) {
@@ -94,42 +87,30 @@ static void set_result(batch_job_t *bj, char *json, size_t len) {
 
 int kg_cmd_batch(int argc, char **argv) {
     const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *backend = "auto";
-    int64_t max_batch = 16, max_tokens_step = 512, threads = 0, ctx_len = 0, kv_mib = 0;
     int64_t max_tokens_limit = 4096;
-    bool prefix_cache = true;
-    enum {
-        O_MODEL = 256,
-        O_IN,
-        O_OUT,
-        O_MBS,
-        O_MBT,
-        O_THREADS,
-        O_BACKEND,
-        O_CTX,
-        O_KV,
-        O_MTL,
-        O_NOPC,
-        O_VERSION,
-        O_HELP
-    };
+    int64_t max_event_bytes = 0;
+    kg_engine_options_t eo = kg_engine_options_default();
+    enum { O_MODEL = 256, O_IN, O_OUT, O_MTL, O_MEB, O_VERSION, O_HELP };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"input", required_argument, 0, O_IN},
                                          {"output", required_argument, 0, O_OUT},
-                                         {"max-batch-size", required_argument, 0, O_MBS},
-                                         {"max-batch-tokens", required_argument, 0, O_MBT},
-                                         {"threads", required_argument, 0, O_THREADS},
-                                         {"backend", required_argument, 0, O_BACKEND},
-                                         {"ctx", required_argument, 0, O_CTX},
-                                         {"kv-memory", required_argument, 0, O_KV},
                                          {"max-tokens-limit", required_argument, 0, O_MTL},
-                                         {"no-prefix-cache", no_argument, 0, O_NOPC},
+                                         {"max-event-bytes", required_argument, 0, O_MEB},
                                          {"version", no_argument, 0, O_VERSION},
                                          {"help", no_argument, 0, O_HELP},
+                                         KG_CLI_ENGINE_LONGOPTS,
                                          {0, 0, 0, 0}};
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int taken = kg_cli_engine_option(c, optarg, argc, argv, "kgen batch", &eo, &backend);
+        if (taken < 0) {
+            return 2;
+        }
+        if (taken > 0) {
+            continue;
+        }
         bool ok = true;
         switch (c) {
         case O_MODEL:
@@ -141,29 +122,12 @@ int kg_cmd_batch(int argc, char **argv) {
         case O_OUT:
             out_path = optarg;
             break;
-        case O_MBS:
-            ok = kg_cli_parse_i64(optarg, 1, 4096, &max_batch);
-            break;
-        case O_MBT:
-            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &max_tokens_step);
-            break;
-        case O_THREADS:
-            ok = kg_cli_parse_i64(optarg, 1, 1024, &threads);
-            break;
-        case O_BACKEND:
-            backend = optarg;
-            break;
-        case O_CTX:
-            ok = kg_cli_parse_i64(optarg, 2, 1 << 24, &ctx_len);
-            break;
-        case O_KV:
-            ok = kg_cli_parse_i64(optarg, 1, 1 << 30, &kv_mib);
-            break;
         case O_MTL:
             ok = kg_cli_parse_i64(optarg, 1, 1 << 24, &max_tokens_limit);
             break;
-        case O_NOPC:
-            prefix_cache = false;
+        case O_MEB:
+            ok = kg_cli_parse_i64(optarg, 0, (int64_t)1 << 30, &max_event_bytes) &&
+                 (max_event_bytes == 0 || max_event_bytes >= 4096);
             break;
         case O_VERSION:
             kg_cmd_print_version("kgen");
@@ -197,6 +161,7 @@ int kg_cmd_batch(int argc, char **argv) {
     kg_engine_t *engine = NULL;
     batch_job_t *jobs = NULL;
     kg_completion_t *comps = NULL;
+    kg_grammar_cache_t *grammars = NULL;
     FILE *out = NULL;
     int n_jobs = 0;
     if (!input) {
@@ -208,22 +173,17 @@ int kg_cmd_batch(int argc, char **argv) {
         fprintf(stderr, "kgen batch: %s\n", err);
         goto out;
     }
-    kg_engine_params_t ep = kg_engine_params_default(model, (size_t)kv_mib << 20);
-    ep.max_batch_size = (int32_t)max_batch;
-    ep.max_queue_depth = (int32_t)max_batch;
-    ep.max_batch_tokens = (int32_t)max_tokens_step;
-    ep.prefix_cache = prefix_cache;
-    if (ctx_len > 0) {
-        ep.max_seq_len = (int32_t)ctx_len;
+    kg_engine_params_t ep;
+    kg_backend_params_t bp;
+    bool clamped;
+    if (kg_engine_size(model, &eo, &ep, &bp, &clamped, err, sizeof(err)) != KG_OK) {
+        fprintf(stderr, "kgen batch: %s\n", err);
+        goto out;
     }
-    if (kv_mib == 0) {
-        ep.n_kv_blocks =
-            (int32_t)(max_batch * ((ep.max_seq_len + ep.kv_block_size - 1) / ep.kv_block_size));
+    if (clamped) {
+        fprintf(stderr, "kgen batch: the KV pool holds %d tokens: the context is cut to that\n",
+                ep.max_seq_len);
     }
-    kg_backend_params_t bp = {.n_threads = (int32_t)threads,
-                              .n_kv_blocks = ep.n_kv_blocks,
-                              .kv_block_size = ep.kv_block_size,
-                              .max_batch_tokens = ep.max_batch_tokens};
     be = kg_backend_new(backend, model, &bp, err, sizeof(err));
     if (!be || !(engine = kg_engine_new(be, &ep, err, sizeof(err)))) {
         fprintf(stderr, "kgen batch: %s\n", err);
@@ -238,8 +198,12 @@ int kg_cmd_batch(int argc, char **argv) {
     /* split lines (blank lines are skipped) */
     int cap_jobs = 64;
     jobs = calloc((size_t)cap_jobs, sizeof(*jobs));
+    grammars = kg_grammar_cache_new_for(model->tok, KG_GRAMMAR_CACHE_DEFAULT_BYTES);
+    size_t budget = (size_t)max_event_bytes;
     kg_intake_limits_t lim = {.max_seq_len = ep.max_seq_len,
-                              .max_tokens_limit = (int32_t)max_tokens_limit};
+                              .max_tokens_limit = (int32_t)max_tokens_limit,
+                              .max_event_bytes = budget,
+                              .grammars = grammars};
     kg_event_origin_t origin = {.worker_id = "kgen-batch", .partition = -1, .offset = -1};
     int64_t t0 = kg_clock_us();
     int line_no = 0;
@@ -267,30 +231,32 @@ int kg_cmd_batch(int argc, char **argv) {
         }
         batch_job_t *bj = &jobs[n_jobs++];
         kg_codec_error_t cerr;
-        bj->t.taken_us = kg_clock_us();
-        if (kg_codec_decode_job(line, len, &bj->job, &cerr) != KG_OK) {
+        int64_t taken_us = kg_clock_us();
+        kg_job_t *job = NULL;
+        if (kg_codec_decode_job(line, len, &job, &cerr) != KG_OK) {
             char rid[32];
             snprintf(rid, sizeof(rid), "line-%d", line_no);
             size_t jl;
-            char *json = kg_events_error(&origin, *cerr.request_id ? cerr.request_id : rid,
-                                         KG_ERROR_INVALID_JOB, cerr.message, NULL, &jl);
+            char *json =
+                kg_events_error(&origin, *cerr.request_id ? cerr.request_id : rid,
+                                KG_ERROR_INVALID_JOB, cerr.message, NULL, budget, &jl, NULL);
             set_result(bj, json, jl);
             continue;
         }
         kg_error_code_t code;
         char msg[256];
-        if (kg_intake_prepare(model, &lim, bj->job, kg_clock_epoch_ms(), &bj->prep, &code, msg,
-                              sizeof(msg)) != KG_OK) {
+        kg_status_t st = kg_jobrun_start(&bj->run, model, &lim, job, kg_clock_epoch_ms(), taken_us,
+                                         &code, msg, sizeof(msg));
+        if (st == KG_ERR_INVALID) {
             size_t jl;
-            char *json = kg_events_error(&origin, bj->job->request_id, code, msg,
-                                         bj->job->metadata_json, &jl);
+            char *json = kg_events_error(&origin, job->request_id, code, msg, job->metadata_json,
+                                         budget, &jl, NULL);
             set_result(bj, json, jl);
-            continue;
-        }
-        kg_output_init(&bj->out, model->tok, (const char *const *)bj->job->stop, bj->job->n_stop);
-        bj->t.n_prompt = bj->prep.n_tokens;
-        if (bj->job->sampling.n_logprobs > 0) {
-            bj->samples = calloc((size_t)bj->prep.max_tokens, sizeof(*bj->samples));
+        } else if (st != KG_OK) {
+            fprintf(stderr, "kgen batch: out of memory preparing line %d\n", line_no);
+            goto out;
+        } else {
+            bj->ready = true;
         }
     }
     if (!jobs) {
@@ -298,7 +264,7 @@ int kg_cmd_batch(int argc, char **argv) {
         goto out;
     }
 
-    int32_t comps_cap = ep.max_batch_size + ep.max_queue_depth;
+    int32_t comps_cap = kg_engine_max_completions(engine);
     comps = malloc((size_t)comps_cap * sizeof(*comps));
     bool tty = isatty(2);
     int next = 0, n_done = 0;
@@ -310,31 +276,22 @@ int kg_cmd_batch(int argc, char **argv) {
         /* keep the engine's queue topped up, in input order */
         while (next < n_jobs) {
             batch_job_t *bj = &jobs[next];
-            if (bj->result) {
+            if (!bj->ready) {
                 next++;
                 continue;
             }
-            kg_request_t req = {.id = (uint64_t)next,
-                                .prompt = bj->prep.tokens,
-                                .n_prompt = bj->prep.n_tokens,
-                                .max_tokens = bj->prep.max_tokens,
-                                .priority = bj->job->priority,
-                                .ignore_eos = bj->job->ignore_eos,
-                                .sampling = bj->job->sampling};
-            if (bj->job->deadline_ms > 0) {
-                req.deadline_us =
-                    kg_clock_us() + (bj->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
-            }
+            kg_request_t req = kg_jobrun_request(&bj->run, (uint64_t)next);
             kg_status_t st = kg_engine_submit(engine, &req);
             if (st == KG_QUEUE_FULL) {
                 break;
             }
-            bj->t.submitted_us = kg_clock_us();
+            kg_jobrun_submitted(&bj->run, kg_clock_us());
             if (st != KG_OK) {
                 size_t jl;
-                char *json = kg_events_error(&origin, bj->job->request_id, KG_ERROR_INVALID_JOB,
-                                             kg_status_str(st), bj->job->metadata_json, &jl);
+                kg_jobrun_outcome_t oc;
+                char *json = kg_jobrun_refused(&bj->run, &origin, st, budget, &jl, &oc);
                 set_result(bj, json, jl);
+                bj->ready = false;
                 n_done++;
             }
             next++;
@@ -348,47 +305,21 @@ int kg_cmd_batch(int argc, char **argv) {
         for (int32_t i = 0; i < n; i++) {
             const kg_completion_t *cp = &comps[i];
             batch_job_t *bj = &jobs[cp->id];
-            kg_output_event_t evs[2];
-            int k = 0;
-            if (cp->token >= 0 && !bj->stop_hit) {
-                if (!bj->t.first_token_us) {
-                    bj->t.first_token_us = now;
-                    bj->t.n_cached = cp->n_cached;
-                }
-                n_tokens++;
-                k = kg_output_push(&bj->out, cp->token, &cp->sample, evs);
-                if (kg_output_stopped(&bj->out) && cp->finish == KG_FINISH_NONE) {
-                    bj->stop_hit = true;
-                    kg_engine_cancel(engine, cp->id);
-                }
+            kg_jobrun_step_t js;
+            n_tokens += cp->token >= 0 && !bj->run.stop_hit;
+            if (kg_jobrun_on_completion(&bj->run, cp, now, &js) != KG_OK) {
+                fprintf(stderr, "kgen batch: out of memory assembling output\n");
+                goto out;
             }
-            for (int e = 0; e < k && bj->samples; e++) {
-                bj->samples[bj->n_samples++] = evs[e].sample;
+            if (js.cancel) {
+                kg_engine_cancel(engine, cp->id);
             }
-            if (cp->finish == KG_FINISH_NONE) {
+            if (!js.finished) {
                 continue;
             }
-            k = kg_output_finish(&bj->out, evs);
-            for (int e = 0; e < k && bj->samples; e++) {
-                bj->samples[bj->n_samples++] = evs[e].sample;
-            }
-            bj->t.finished_us = now;
             size_t jl;
-            char *json;
-            if (bj->stop_hit || kg_output_stopped(&bj->out) || cp->finish == KG_FINISH_STOP ||
-                cp->finish == KG_FINISH_LENGTH) {
-                kg_finish_reason_t r = bj->stop_hit || kg_output_stopped(&bj->out)
-                                           ? KG_FINISH_REASON_STOP_SEQUENCE
-                                       : cp->finish == KG_FINISH_STOP ? KG_FINISH_REASON_STOP
-                                                                      : KG_FINISH_REASON_LENGTH;
-                json = kg_events_done(&origin, model->tok, bj->job, &bj->out, r, &bj->t,
-                                      bj->samples, bj->n_samples, &jl);
-            } else {
-                json = kg_events_error(&origin, bj->job->request_id,
-                                       cp->finish == KG_FINISH_DEADLINE ? KG_ERROR_EXPIRED
-                                                                        : KG_ERROR_CANCELLED,
-                                       kg_finish_str(cp->finish), bj->job->metadata_json, &jl);
-            }
+            kg_jobrun_outcome_t oc;
+            char *json = kg_jobrun_terminal(&bj->run, &origin, model->tok, budget, &jl, &oc);
             set_result(bj, json, jl);
             n_done++;
         }
@@ -416,15 +347,13 @@ out:
         fclose(out);
     }
     for (int i = 0; jobs && i < n_jobs; i++) {
-        kg_output_clear(&jobs[i].out);
-        kg_prepared_clear(&jobs[i].prep);
-        kg_job_free(jobs[i].job);
-        free(jobs[i].samples);
+        kg_jobrun_clear(&jobs[i].run);
         free(jobs[i].result);
     }
     free(jobs);
     free(comps);
     kg_engine_free(engine);
+    kg_grammar_cache_free(grammars);
     kg_backend_free(be);
     kg_model_free(model);
     free(input);

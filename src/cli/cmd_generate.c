@@ -1,12 +1,14 @@
 /* kgen generate: one prompt, one sequence, straight through the backend
  * (like llama-simple). The prompt is prefilled in chunks of the batch token
  * budget, then one token per step; the sequence's KV blocks are simply
- * blocks 0, 1, 2, ... of a pool sized for the context. */
+ * blocks 0, 1, 2, ... of a pool sized for the context (kg_engine_size, as
+ * every program sizes it). */
 #include "backend/kg_backend.h"
 #include "cli_util.h"
 #include "cmd.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
+#include "engine/kg_sizing.h"
 #include "model/kg_model.h"
 #include "model/kg_sampler.h"
 #include "model/kg_tokenizer.h"
@@ -17,30 +19,33 @@
 #include <string.h>
 #include <time.h>
 
-#define KV_BLOCK 16
-
 static void usage(FILE *f) {
-    fprintf(f, "usage: kgen generate --model FILE --prompt TEXT [options]\n"
-               "  --model FILE       GGUF model\n"
-               "  --prompt TEXT      prompt text (BOS added as the model's metadata says)\n"
-               "  --n-predict N      tokens to generate (default 128)\n"
-               "  --temp T           temperature, 0 = greedy (default 0.8)\n"
-               "  --top-k K          (default 40; 0 = off)\n"
-               "  --top-p P          (default 0.95)\n"
-               "  --min-p M          (default 0.05)\n"
-               "  --repeat-penalty R (default 1.0 = off)\n"
-               "  --seed S           RNG seed (default: random)\n"
-               "  --ctx N            context size (default: the model's, at most 4096)\n"
-               "  --threads N        CPU threads (default: all cores)\n"
-               "  --batch-tokens N   prefill chunk size (default 512)\n"
-               "  --print-ids        print the generated ids on one line instead of text\n"
-               "  --quiet            no timing line on stderr\n"
-               "  --version, --help\n");
+    fprintf(f,
+            "usage: kgen generate --model FILE --prompt TEXT [options]\n"
+            "  --model FILE       GGUF model\n"
+            "  --prompt TEXT      prompt text (BOS added as the model's metadata says)\n"
+            "  --n-predict N      tokens to generate (default 128)\n"
+            "  --temp T           temperature, 0 = greedy (default 0.8)\n"
+            "  --top-k K          (default 40; 0 = off)\n"
+            "  --top-p P          (default 0.95)\n"
+            "  --min-p M          (default 0.05)\n"
+            "  --repeat-penalty R (default 1.0 = off)\n"
+            "  --seed S           RNG seed (default: random)\n"
+            "  --print-ids        print the generated ids on one line instead of text\n"
+            "  --quiet            no timing line on stderr\n"
+            "  engine options as in kgen-worker (one sequence; --max-batch-tokens is the\n"
+            "  prefill chunk, also spelled --batch-tokens; default backend cpu):\n"
+            "%s"
+            "  --version, --help\n",
+            kg_cli_engine_help);
 }
 
 int kg_cmd_generate(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL;
-    int64_t n_predict = 128, seed = -1, n_ctx = 0, n_threads = 0, batch_tokens = 512;
+    const char *backend = "cpu";
+    int64_t n_predict = 128, seed = -1;
+    kg_engine_options_t eo = kg_engine_options_default();
+    eo.max_batch_size = 1;
     bool print_ids = false, quiet = false;
     kg_sampling_params_t sp = kg_sampling_params_default();
     sp.temperature = 0.8f;
@@ -58,36 +63,40 @@ int kg_cmd_generate(int argc, char **argv) {
         O_MINP,
         O_REP,
         O_SEED,
-        O_CTX,
-        O_THREADS,
-        O_BT,
         O_IDS,
         O_QUIET,
         O_VERSION,
         O_HELP
     };
-    static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
-                                         {"prompt", required_argument, 0, O_PROMPT},
-                                         {"n-predict", required_argument, 0, O_NPRED},
-                                         {"temp", required_argument, 0, O_TEMP},
-                                         {"top-k", required_argument, 0, O_TOPK},
-                                         {"top-p", required_argument, 0, O_TOPP},
-                                         {"min-p", required_argument, 0, O_MINP},
-                                         {"repeat-penalty", required_argument, 0, O_REP},
-                                         {"seed", required_argument, 0, O_SEED},
-                                         {"ctx", required_argument, 0, O_CTX},
-                                         {"threads", required_argument, 0, O_THREADS},
-                                         {"batch-tokens", required_argument, 0, O_BT},
-                                         {"print-ids", no_argument, 0, O_IDS},
-                                         {"quiet", no_argument, 0, O_QUIET},
-                                         {"version", no_argument, 0, O_VERSION},
-                                         {"help", no_argument, 0, O_HELP},
-                                         {0, 0, 0, 0}};
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},
+        {"prompt", required_argument, 0, O_PROMPT},
+        {"n-predict", required_argument, 0, O_NPRED},
+        {"temp", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP},
+        {"repeat-penalty", required_argument, 0, O_REP},
+        {"seed", required_argument, 0, O_SEED},
+        {"batch-tokens", required_argument, 0, KG_CLI_O_MAX_BATCH_TOKENS},
+        {"print-ids", no_argument, 0, O_IDS},
+        {"quiet", no_argument, 0, O_QUIET},
+        {"version", no_argument, 0, O_VERSION},
+        {"help", no_argument, 0, O_HELP},
+        KG_CLI_ENGINE_LONGOPTS,
+        {0, 0, 0, 0}};
     int c;
     int64_t iv;
     opterr = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int taken = kg_cli_engine_option(c, optarg, argc, argv, "kgen generate", &eo, &backend);
+        if (taken < 0) {
+            return 2;
+        }
+        if (taken > 0) {
+            continue;
+        }
         bool ok = true;
         switch (c) {
         case O_MODEL:
@@ -118,15 +127,6 @@ int kg_cmd_generate(int argc, char **argv) {
         case O_SEED:
             ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &seed);
             break;
-        case O_CTX:
-            ok = kg_cli_parse_i64(optarg, 1, 1 << 20, &n_ctx);
-            break;
-        case O_THREADS:
-            ok = kg_cli_parse_i64(optarg, 1, 1024, &n_threads);
-            break;
-        case O_BT:
-            ok = kg_cli_parse_i64(optarg, 1, 1 << 16, &batch_tokens);
-            break;
         case O_IDS:
             print_ids = true;
             break;
@@ -145,8 +145,7 @@ int kg_cmd_generate(int argc, char **argv) {
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "kgen generate: bad value '%s' for --%s\n", optarg,
-                    opts[c - O_MODEL].name);
+            fprintf(stderr, "kgen generate: bad value '%s' for %s\n", optarg, argv[optind - 1]);
             return 2;
         }
     }
@@ -174,9 +173,13 @@ int kg_cmd_generate(int argc, char **argv) {
         goto out;
     }
     const kg_hparams_t *hp = &model->hp;
-    if (n_ctx == 0) {
-        n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    kg_engine_params_t ep;
+    kg_backend_params_t bp;
+    if (kg_engine_size(model, &eo, &ep, &bp, NULL, err, sizeof(err)) != KG_OK) {
+        fprintf(stderr, "kgen generate: %s\n", err);
+        goto out;
     }
+    const int64_t n_ctx = ep.max_seq_len, batch_tokens = ep.max_batch_tokens;
     const kg_tokenizer_t *tok = model->tok;
     size_t plen = strlen(prompt);
     int64_t n_cap = (int64_t)plen + 8;
@@ -215,12 +218,8 @@ int kg_cmd_generate(int argc, char **argv) {
         n_predict = n_ctx - n_prompt;
     }
 
-    const int32_t n_blocks = (int32_t)((n_ctx + KV_BLOCK - 1) / KV_BLOCK);
-    kg_backend_params_t bp = {.n_threads = (int32_t)n_threads,
-                              .n_kv_blocks = n_blocks,
-                              .kv_block_size = KV_BLOCK,
-                              .max_batch_tokens = (int32_t)batch_tokens};
-    be = kg_backend_new("cpu", model, &bp, err, sizeof(err));
+    const int32_t n_blocks = (int32_t)((n_ctx + ep.kv_block_size - 1) / ep.kv_block_size);
+    be = kg_backend_new(backend, model, &bp, err, sizeof(err));
     if (!be) {
         fprintf(stderr, "kgen generate: %s\n", err);
         goto out;

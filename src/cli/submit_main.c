@@ -285,6 +285,8 @@ int main(int argc, char **argv) {
     }
     consumer = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
     if (!consumer) {
+        /* rd_kafka_new takes the conf only when it succeeds */
+        rd_kafka_conf_destroy(conf);
         fprintf(stderr, "kgen-submit: %s\n", err);
         goto out;
     }
@@ -330,6 +332,7 @@ int main(int argc, char **argv) {
     }
     producer = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
     if (!producer) {
+        rd_kafka_conf_destroy(conf); /* ours again: rd_kafka_new failed */
         fprintf(stderr, "kgen-submit: %s\n", err);
         goto out;
     }

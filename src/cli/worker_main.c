@@ -5,8 +5,8 @@
 #include "config/kg_config.h"
 #include "core/kg_log.h"
 #include "kafka/kg_demo.h"
+#include "kafka/kg_http.h"
 #include "kafka/kg_worker.h"
-#include "metrics/kg_http.h"
 #include "model/kg_model.h"
 #include "schema/kg_codec.h"
 
@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
         goto out;
     }
     if (cfg.http_port > 0) {
-        http = kg_http_new((int)cfg.http_port, w, err, sizeof(err));
+        http = kg_http_new(cfg.http_address, (int)cfg.http_port, w, err, sizeof(err));
         if (!http) {
             fprintf(stderr, "kgen-worker: %s\n", err);
             goto out;

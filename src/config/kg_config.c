@@ -2,9 +2,11 @@
  * librdkafka rd_kafka_properties[]). */
 #include "kg_config.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +46,17 @@ static const opt_t options[] = {
      "id written into every event (default: <hostname>-<pid>)"},
     {"max-message-bytes", OPT_INT, OFF(max_message_bytes), "1048576", 64, 1 << 30, "Kafka",
      "larger job messages go to the dead-letter topic"},
+    {"max-event-bytes", OPT_INT, OFF(max_event_bytes), "0", 0, 1 << 30, "Kafka",
+     "bytes one event may take; larger ones shed logprobs, then the metadata echo, then the end "
+     "of the text (0 = the smaller of the producer's message.max.bytes and the results topic's "
+     "max.message.bytes, read at startup, less 512 for the key and record framing; at least "
+     "4096)"},
+    {"inflight-topic", OPT_STR, OFF(inflight_topic), "", 0, 0, "Kafka",
+     "compacted topic where workers record the jobs they run, for --poison-after (default: "
+     "<jobs-topic>.inflight; as many partitions as the jobs topic)"},
+    {"poison-after", OPT_INT, OFF(poison_after), "2", 0, 100, "Kafka",
+     "a job present in this many consecutive worker failures (crash, kill, device fault) is "
+     "answered with an internal error and a DLQ copy instead of being run again (0 = off)"},
     {"model", OPT_STR, OFF(model), "", 0, 0, "Model", "GGUF model file"},
     {"backend", OPT_STR, OFF(backend), "auto", 0, 0, "Model", "auto, cpu or cuda"},
     {"threads", OPT_INT, OFF(threads), "0", 0, 1024, "Model", "CPU threads (0 = all cores)"},
@@ -68,6 +81,9 @@ static const opt_t options[] = {
      "share KV blocks of common prompt prefixes between jobs"},
     {"http-port", OPT_INT, OFF(http_port), "9400", 0, 65535, "Operations",
      "port of /metrics, /healthz and /readyz (0 = off)"},
+    {"http-address", OPT_STR, OFF(http_address), "0.0.0.0", 0, 0, "Operations",
+     "address the HTTP port listens on (0.0.0.0 = every interface, as containers need; "
+     "127.0.0.1 or one interface's address on a shared host; IPv6 too)"},
     {"log-level", OPT_STR, OFF(log_level), "info", 0, 0, "Operations",
      "debug, info, warn or error"},
     {"log-format", OPT_STR, OFF(log_format), "logfmt", 0, 0, "Operations", "logfmt or json"},
@@ -385,12 +401,21 @@ kg_status_t kg_config_parse(
             size_t n = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
             snprintf(name, sizeof(name), "%.*s", (int)n, a + 2);
             const opt_t *o = find_opt(name);
+            bool negated = false;
+            if (!o && strncmp(name, "no-", 3) == 0 && !eq) {
+                /* --no-NAME for a boolean, as the other programs spell it */
+                o = find_opt(name + 3);
+                negated = o && o->type == OPT_BOOL;
+                o = negated ? o : NULL;
+            }
             if (!o) {
                 snprintf(errstr, errstr_size, "unknown option '%s' (see --help)", a);
                 return KG_ERR_INVALID;
             }
             const char *value;
-            if (eq) {
+            if (negated) {
+                value = "false";
+            } else if (eq) {
                 value = eq + 1;
             } else if (o->type == OPT_BOOL && (i + 1 >= argc || strncmp(argv[i + 1], "-", 1) == 0 ||
                                                !parse_bool(argv[i + 1], &(bool){false}))) {
@@ -441,7 +466,24 @@ kg_status_t kg_config_parse(
                  (long long)cfg->default_max_tokens, (long long)cfg->max_tokens_limit);
         return KG_ERR_INVALID;
     }
-    if (!*cfg->model && cfg->demo < 0) {
+    if (cfg->max_event_bytes != 0 && cfg->max_event_bytes < 4096) {
+        snprintf(errstr, errstr_size,
+                 "--max-event-bytes: expected 0 or at least 4096, got %lld (a done event with "
+                 "everything shed still needs about a KiB)",
+                 (long long)cfg->max_event_bytes);
+        return KG_ERR_INVALID;
+    }
+    unsigned char addr[sizeof(struct in6_addr)];
+    if (inet_pton(AF_INET, cfg->http_address, addr) != 1 &&
+        inet_pton(AF_INET6, cfg->http_address, addr) != 1) {
+        snprintf(errstr, errstr_size,
+                 "--http-address: expected an IPv4 or IPv6 address (0.0.0.0: every interface), "
+                 "got '%s'",
+                 cfg->http_address);
+        return KG_ERR_INVALID;
+    }
+    /* --print-config shows what a worker would run with; it needs no model */
+    if (!*cfg->model && cfg->demo < 0 && !cfg->print_config) {
         snprintf(errstr, errstr_size,
                  "--model is required (or --demo N, which makes its own model)");
         return KG_ERR_INVALID;

@@ -28,6 +28,9 @@ typedef struct kg_config {
     char *assignment_strategy;
     char *worker_id; /* "" = hostname-pid */
     int64_t max_message_bytes;
+    int64_t max_event_bytes; /* 0 = from the producer's and the results topic's limits */
+    char *inflight_topic;    /* "" = "<jobs_topic>.inflight" (the poison-job journal) */
+    int64_t poison_after;    /* consecutive worker failures a job may be in; 0 = off */
     /* model and engine */
     char *model;
     char *backend;
@@ -44,6 +47,7 @@ typedef struct kg_config {
     bool prefix_cache;
     /* operations */
     int64_t http_port;
+    char *http_address;
     char *log_level;
     char *log_format;
     double drain_timeout_s;

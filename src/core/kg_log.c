@@ -5,13 +5,17 @@
 #include <string.h>
 #include <time.h>
 
-int kg_log_min_level = KG_LOG_LEVEL_INFO;
+_Atomic int kg_log_min_level = KG_LOG_LEVEL_INFO;
+
+int kg_log_min_level_get(void) {
+    return atomic_load_explicit(&kg_log_min_level, memory_order_relaxed);
+}
 static kg_log_format_t log_format = KG_LOG_FORMAT_LOGFMT;
 
 static const char *level_names[] = {"debug", "info", "warn", "error", "off"};
 
 void kg_log_setup(kg_log_level_t level, kg_log_format_t format) {
-    kg_log_min_level = (int)level;
+    atomic_store_explicit(&kg_log_min_level, (int)level, memory_order_relaxed);
     log_format = format;
 }
 

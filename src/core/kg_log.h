@@ -22,7 +22,18 @@ typedef enum kg_log_format {
     KG_LOG_FORMAT_JSON = 1,
 } kg_log_format_t;
 
-extern int kg_log_min_level; /* read racily by design: set once at startup */
+/* The minimum level: written by kg_log_setup, read by every thread before
+ * it formats a line (a relaxed atomic: a plain load on x86-64). C++ (the
+ * CUDA backend) reads it through a function, since C++17 has no _Atomic. */
+#ifdef __cplusplus
+extern "C" int kg_log_min_level_get(void);
+#define KG_LOG_MIN_LEVEL() kg_log_min_level_get()
+#else
+#include <stdatomic.h>
+extern _Atomic int kg_log_min_level;
+#define KG_LOG_MIN_LEVEL() atomic_load_explicit(&kg_log_min_level, memory_order_relaxed)
+int kg_log_min_level_get(void);
+#endif
 
 /** Set the minimum level and format. Call before starting threads. @thread main */
 void kg_log_setup(kg_log_level_t level, kg_log_format_t format);
@@ -37,7 +48,7 @@ void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...
 
 #define KG_LOG_(lvl, module, ...)                                                                  \
     do {                                                                                           \
-        if ((int)(lvl) >= kg_log_min_level) {                                                      \
+        if ((int)(lvl) >= KG_LOG_MIN_LEVEL()) {                                                    \
             kg_log_write((lvl), (module), __VA_ARGS__);                                            \
         }                                                                                          \
     } while (0)

@@ -10,6 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 /* One request from submit to finish: waiting (slot -1) or running. */
 typedef struct kg_seq {
@@ -26,12 +33,14 @@ typedef struct kg_seq {
     kg_rng_t rng;
     int32_t *tokens; /* (max_seq_len) the prompt, then the output */
     int32_t n_prompt;
-    int32_t n_tokens;    /* prompt + output */
-    int32_t n_computed;  /* leading tokens whose K/V are in the slot's blocks */
-    int32_t prefill_end; /* tokens before it count as prefill (set at admission) */
-    int32_t n_cached;    /* prompt tokens from the prefix cache at first admission */
-    int32_t slot;        /* -1 while waiting */
-    int32_t n_sched;     /* tokens in this step's batch */
+    int32_t n_tokens;      /* prompt + output */
+    int32_t n_computed;    /* leading tokens whose K/V are in the slot's blocks */
+    int32_t prefill_end;   /* tokens before it count as prefill (set at admission) */
+    int32_t n_cached;      /* prompt tokens from the prefix cache at first admission */
+    int32_t slot;          /* -1 while waiting */
+    int32_t n_sched;       /* tokens in this step's batch */
+    kg_grammar_t *grammar; /* a reference, NULL when unconstrained */
+    kg_matcher_t *matcher; /* the record's matcher (allocated on first use, kept) */
 } kg_seq_t;
 
 struct kg_engine {
@@ -62,12 +71,19 @@ struct kg_engine {
     int32_t *b_seq;            /* (max_batch_tokens) slot of each token */
     bool *b_want;              /* (max_batch_tokens) */
     int32_t *b_row_rec;        /* (max_batch_size) record of each logits row */
+    bool *b_in_step;           /* (max_batch_size) run[i] had tokens in a failed step */
     float *logits;             /* (max_batch_size, n_vocab) */
     bool device_sample;        /* the backend samples on its device: logits stay there */
     kg_sample_request_t *sreq; /* (max_batch_size) device sampling requests */
     kg_sample_result_t *sres;  /* (max_batch_size) their results */
-    kg_completion_t *done;     /* (n_recs) finishes and tokens to report */
-    int32_t n_done;
+    kg_rng_t *rng_save;        /* (max_batch_size) the rows' RNG states before sampling */
+    kg_completion_t *done;     /* (max_done) finishes and tokens to report */
+    int32_t n_done, max_done;
+    /* constrained decoding */
+    int32_t mask_words; /* (n_vocab + 31) / 32 */
+    uint32_t *masks;    /* (max_batch_size, mask_words) this step's masks, by row */
+    bool *row_any;      /* (max_batch_size) the row's mask allows a token or the end */
+    kg_rng_t dummy_rng; /* what a forced row's device sample draws from (and drops) */
 
     int64_t (*now_us)(void *ctx);
     void *now_ctx;
@@ -86,6 +102,8 @@ const char *kg_finish_str(kg_finish_t f) {
         return "deadline";
     case KG_FINISH_CANCELLED:
         return "cancelled";
+    case KG_FINISH_ERROR:
+        return "error";
     }
     return "unknown";
 }
@@ -162,14 +180,23 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->b_seq = malloc(nt * sizeof(*e->b_seq));
     e->b_want = malloc(nt * sizeof(*e->b_want));
     e->b_row_rec = malloc(nb * sizeof(*e->b_row_rec));
+    e->b_in_step = malloc(nb * sizeof(*e->b_in_step));
     e->logits = malloc(nb * (size_t)p->n_vocab * sizeof(*e->logits));
-    e->done = calloc(nr, sizeof(*e->done));
+    /* per step: every record's finish, plus up to KG_ENGINE_MAX_FORCED + 1 more
+     * tokens and a grammar-complete finish for each running sequence */
+    e->max_done = e->n_recs + p->max_batch_size * (KG_ENGINE_MAX_FORCED + 2);
+    e->done = calloc((size_t)e->max_done, sizeof(*e->done));
+    e->mask_words = (p->n_vocab + 31) / 32;
+    e->masks = malloc(nb * (size_t)e->mask_words * sizeof(*e->masks));
+    e->row_any = calloc(nb, sizeof(*e->row_any));
     e->device_sample = kg_backend_has_sample(be);
     e->sreq = malloc(nb * sizeof(*e->sreq));
     e->sres = malloc(nb * sizeof(*e->sres));
-    if (!e->sreq || !e->sres || !e->scratch || !e->recs || !e->arena || !e->free_recs || !e->wait ||
-        !e->run || !e->free_slots || !e->b_token || !e->b_pos || !e->b_seq || !e->b_want ||
-        !e->b_row_rec || !e->logits || !e->done) {
+    e->rng_save = malloc(nb * sizeof(*e->rng_save));
+    if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
+        !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
+        !e->b_seq || !e->b_want || !e->b_row_rec || !e->b_in_step || !e->logits || !e->done ||
+        !e->masks || !e->row_any) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
@@ -199,6 +226,10 @@ void kg_engine_free(kg_engine_t *e) {
     }
     kg_kv_free(e->kv);
     kg_sampler_scratch_free(e->scratch);
+    for (int32_t i = 0; e->recs && i < e->n_recs; i++) {
+        kg_grammar_unref(e->recs[i].grammar);
+        kg_matcher_free(e->recs[i].matcher);
+    }
     free(e->recs);
     free(e->arena);
     free(e->free_recs);
@@ -210,10 +241,14 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->b_seq);
     free(e->b_want);
     free(e->b_row_rec);
+    free(e->b_in_step);
     free(e->logits);
     free(e->sreq);
     free(e->sres);
+    free(e->rng_save);
     free(e->done);
+    free(e->masks);
+    free(e->row_any);
     free(e);
 }
 
@@ -285,6 +320,9 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     if (id_is_live(e, req->id)) {
         return KG_ERR_INVALID;
     }
+    if (req->grammar && kg_grammar_n_vocab(req->grammar) != p->n_vocab) {
+        return KG_ERR_INVALID; /* compiled for another vocabulary */
+    }
     if (e->n_wait >= p->max_queue_depth) {
         return KG_QUEUE_FULL;
     }
@@ -293,8 +331,22 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     int32_t r = e->free_recs[--e->n_free_recs];
     kg_seq_t *seq = &e->recs[r];
     int32_t *tokens = seq->tokens;
+    kg_matcher_t *matcher = seq->matcher;
+    if (req->grammar && !matcher) {
+        /* once per record, outside the step loop; kept for the next job */
+        matcher = kg_matcher_new();
+        if (!matcher) {
+            e->free_recs[e->n_free_recs++] = r;
+            return KG_ERR_NOMEM;
+        }
+    }
     memset(seq, 0, sizeof(*seq));
     seq->tokens = tokens;
+    seq->matcher = matcher;
+    if (req->grammar) {
+        seq->grammar = kg_grammar_ref(req->grammar);
+        kg_matcher_reset(seq->matcher, seq->grammar);
+    }
     seq->live = true;
     seq->id = req->id;
     seq->priority = req->priority;
@@ -347,6 +399,8 @@ static void report(kg_engine_t *e,
 
 static void free_record(kg_engine_t *e, int32_t r) {
     e->recs[r].live = false;
+    kg_grammar_unref(e->recs[r].grammar); /* the matcher stays with the record */
+    e->recs[r].grammar = NULL;
     e->free_recs[e->n_free_recs++] = r;
 }
 
@@ -420,6 +474,24 @@ static void expire(kg_engine_t *e) {
             free_record(e, r);
         } else {
             i++;
+        }
+    }
+}
+
+/* Step phase 2a: with a model whose every layer is windowed, give back
+ * each running sequence's blocks that lie wholly before the window of the
+ * first token it computes next: a long generation then holds about
+ * kv_window / block_size blocks, not one per block_size tokens of it. */
+static void drop_out_of_window(kg_engine_t *e) {
+    const int32_t w = e->p.kv_window, bs = e->p.kv_block_size;
+    if (w <= 0) {
+        return;
+    }
+    for (int32_t i = 0; i < e->n_run; i++) {
+        const kg_seq_t *seq = &e->recs[e->run[i]];
+        const int32_t first = seq->n_computed - w + 1; /* first position still read */
+        if (first >= bs) {
+            kg_kv_seq_drop_front(e->kv, seq->slot, first / bs);
         }
     }
 }
@@ -538,14 +610,10 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
     return nt;
 }
 
-/* Append a sampled token or finish; returns whether the sequence ended. */
-static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
-    kg_seq_t *seq = &e->recs[r];
-    int32_t tok = res->token;
-    if (!seq->ignore_eos && is_eog(e, tok)) {
-        report(e, seq, -1, KG_FINISH_STOP, res);
-        return true;
-    }
+/* Append a token to the output and report it; whether that ended the
+ * sequence (max_tokens or the context). */
+static bool
+append_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result_t *res) {
     seq->tokens[seq->n_tokens++] = tok;
     kg_finish_t f = KG_FINISH_NONE;
     if (seq->n_tokens - seq->n_prompt >= seq->max_tokens || seq->n_tokens >= e->p.max_seq_len) {
@@ -555,6 +623,115 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
     return f != KG_FINISH_NONE;
 }
 
+/* A backend failure that is not device-wide: end the request(s) it touched
+ * with KG_FINISH_ERROR (one sequence, or every request of the step) and
+ * leave the rest to run again next step. in_step[i]: run[i] had tokens in
+ * the failed batch. */
+static void
+fail_faulted(kg_engine_t *e, const kg_backend_fault_t *f, bool *in_step, int32_t n_rows) {
+    int32_t only = -1; /* record of the one request the fault names */
+    if (f->scope == KG_FAULT_SEQ && f->row >= 0 && f->row < n_rows) {
+        only = e->b_row_rec[f->row];
+    }
+    for (int32_t i = 0; f->scope == KG_FAULT_SEQ && f->seq >= 0 && i < e->n_run; i++) {
+        if (e->recs[e->run[i]].slot == f->seq) {
+            only = e->run[i];
+        }
+    }
+    for (int32_t i = 0; i < e->n_run;) {
+        const int32_t r = e->run[i];
+        if (only >= 0 ? r == only : in_step[i]) {
+            KG_LOG_ERROR("engine", "request failed in the backend: %s id=%llu", f->message,
+                         (unsigned long long)e->recs[r].id);
+            finish_running(e, i, KG_FINISH_ERROR);
+            memmove(in_step + i, in_step + i + 1, (size_t)(e->n_run - i) * sizeof(bool));
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Append a token the matcher has just accepted; whether the sequence
+ * ended. A token that completes the grammar ends it STOP (reported after
+ * the token), even on its last allowed token: the document is whole. */
+static bool
+grammar_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result_t *res) {
+    if (kg_matcher_is_done(seq->matcher)) {
+        /* a running sequence has room for one more token (n_tokens < max_seq_len) */
+        seq->tokens[seq->n_tokens++] = tok;
+        report(e, seq, tok, KG_FINISH_NONE, res);
+        report(e, seq, -1, KG_FINISH_STOP, NULL);
+        return true;
+    }
+    return append_token(e, seq, tok, res);
+}
+
+/* Append a sampled token or finish; returns whether the sequence ended.
+ * A constrained sequence advances its matcher, ends STOP when the grammar
+ * is complete, and takes the forced tokens that follow (jump-forward). */
+static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
+    kg_seq_t *seq = &e->recs[r];
+    int32_t tok = res->token;
+    /* a grammar's mask holds EOG only where it may end (and never with
+     * ignore_eos), so an EOG token there is always the end */
+    if ((!seq->ignore_eos || seq->grammar) && is_eog(e, tok)) {
+        report(e, seq, -1, KG_FINISH_STOP, res);
+        return true;
+    }
+    if (!seq->grammar) {
+        return append_token(e, seq, tok, res);
+    }
+    kg_matcher_t *m = seq->matcher;
+    if (!kg_matcher_accept(m, tok)) {
+        KG_LOG_ERROR("engine", "grammar refused sampled token id=%llu token=%d",
+                     (unsigned long long)seq->id, tok);
+        report(e, seq, -1, KG_FINISH_STOP, NULL);
+        return true;
+    }
+    if (grammar_token(e, seq, tok, res)) {
+        return true;
+    }
+    for (int32_t k = 0; k < KG_ENGINE_MAX_FORCED; k++) {
+        int32_t f = e->p.no_jump_forward ? -1 : kg_matcher_forced(m);
+        if (f < 0 || !kg_matcher_accept(m, f)) {
+            break;
+        }
+        e->st.n_grammar_forced_tokens++;
+        kg_sample_result_t fr = {.token = f, .logprob = 0.0f, .n_top = 0};
+        if (grammar_token(e, seq, f, &fr)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Build the masks of this step's constrained rows (after the forward is
+ * launched and before sampling: on a device backend they overlap). */
+static void build_masks(kg_engine_t *e, int32_t n_rows) {
+    for (int32_t row = 0; row < n_rows; row++) {
+        kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
+        if (!seq->grammar) {
+            continue;
+        }
+        int64_t t0 = now_ns();
+        uint32_t *mask = e->masks + (size_t)row * (size_t)e->mask_words;
+        bool any = kg_matcher_fill_mask(seq->matcher, mask);
+        if (kg_matcher_can_end(seq->matcher) && !seq->ignore_eos) {
+            for (int32_t i = 0; i < e->p.n_eog; i++) {
+                int32_t id = e->p.eog[i];
+                mask[id >> 5] |= 1u << (id & 31);
+            }
+            any = any || e->p.n_eog > 0;
+        }
+        e->row_any[row] = any;
+        int64_t dt = now_ns() - t0;
+        e->st.n_grammar_masks++;
+        e->st.grammar_mask_ns += dt;
+        int64_t b = dt / 250;
+        e->st.mask_hist[b < KG_ENGINE_MASK_HIST ? b : KG_ENGINE_MASK_HIST]++;
+    }
+}
+
 static int32_t flush(kg_engine_t *e, kg_completion_t *out) {
     int32_t n = e->n_done;
     memcpy(out, e->done, (size_t)n * sizeof(*out));
@@ -562,11 +739,16 @@ static int32_t flush(kg_engine_t *e, kg_completion_t *out) {
     return n;
 }
 
+int32_t kg_engine_max_completions(const kg_engine_t *e) {
+    return e->max_done;
+}
+
 int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
-    if (cap < e->n_recs) {
+    if (cap < e->max_done) {
         return KG_ERR_INVALID;
     }
     expire(e);
+    drop_out_of_window(e);
     bool preempted = reserve_blocks(e);
 
     /* Phase 3: decode tokens first, then prefill chunks in admission order. */
@@ -605,26 +787,53 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         .block_table = kg_kv_block_table(e->kv),
     };
     kg_status_t st = kg_backend_forward(e->be, &batch, e->device_sample ? NULL : e->logits);
+    /* A device backend that samples returns before its forward is done, so
+     * the constrained rows' masks are built while the device computes. */
+    if (st == KG_OK) {
+        build_masks(e, n_rows);
+    }
     if (st == KG_OK && e->device_sample && n_rows > 0) {
         /* only token ids (and logprobs) come back from the device */
         for (int32_t row = 0; row < n_rows; row++) {
             kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
-            e->sreq[row] = (kg_sample_request_t){.params = &seq->sampling,
-                                                 .rng = &seq->rng,
-                                                 .prompt = seq->tokens,
-                                                 .n_prompt = seq->n_prompt,
-                                                 .output = seq->tokens + seq->n_prompt,
-                                                 .n_output = seq->n_tokens - seq->n_prompt};
+            /* a forced or stuck constrained row is not sampled: its draw comes
+             * from a scratch RNG and is dropped */
+            bool skip =
+                seq->grammar && ((!e->p.no_jump_forward && kg_matcher_forced(seq->matcher) >= 0) ||
+                                 !e->row_any[row]);
+            e->sreq[row] = (kg_sample_request_t){
+                .params = &seq->sampling,
+                .rng = skip ? &e->dummy_rng : &seq->rng,
+                .prompt = seq->tokens,
+                .n_prompt = seq->n_prompt,
+                .output = seq->tokens + seq->n_prompt,
+                .n_output = seq->n_tokens - seq->n_prompt,
+                .mask = seq->grammar ? e->masks + (size_t)row * (size_t)e->mask_words : NULL};
+            e->rng_save[row] = seq->rng;
         }
         st = kg_backend_sample(e->be, e->sreq, n_rows, e->sres);
+        if (st != KG_OK) {
+            /* the rows that were drawn draw the same again when the step reruns */
+            for (int32_t row = 0; row < n_rows; row++) {
+                e->recs[e->b_row_rec[row]].rng = e->rng_save[row];
+            }
+        }
     }
     if (st != KG_OK) {
         /* Nothing advanced; the next step schedules the same work again. */
         for (int32_t i = 0; i < e->n_run; i++) {
+            e->b_in_step[i] = e->recs[e->run[i]].n_sched > 0;
             e->recs[e->run[i]].n_sched = 0;
         }
-        KG_LOG_ERROR("engine", "forward failed: %s tokens=%d", kg_status_str(st), nt);
-        return st < 0 ? (int32_t)st : (int32_t)KG_ERR_BACKEND;
+        kg_backend_fault_t f;
+        kg_backend_last_fault(e->be, st, &f);
+        if (f.scope == KG_FAULT_DEVICE) {
+            KG_LOG_ERROR("engine", "forward failed: %s: %s tokens=%d", kg_status_str(st), f.message,
+                         nt);
+            return st < 0 ? (int32_t)st : (int32_t)KG_ERR_BACKEND;
+        }
+        fail_faulted(e, &f, e->b_in_step, n_rows);
+        return flush(e, out);
     }
     e->st.n_steps++;
     e->st.last_batch_tokens = nt;
@@ -651,15 +860,37 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         int32_t r = e->b_row_rec[row];
         kg_seq_t *seq = &e->recs[r];
         kg_sample_result_t res;
+        const uint32_t *mask = NULL;
+        bool ended = false;
+        if (seq->grammar) {
+            mask = e->masks + (size_t)row * (size_t)e->mask_words;
+            int32_t forced = e->p.no_jump_forward ? -1 : kg_matcher_forced(seq->matcher);
+            if (forced >= 0) {
+                /* jump-forward at the start (or past the per-step limit) */
+                e->st.n_grammar_forced_tokens++;
+                res = (kg_sample_result_t){.token = forced, .logprob = 0.0f, .n_top = 0};
+                ended = accept(e, r, &res);
+                goto sampled;
+            }
+            if (!e->row_any[row]) {
+                KG_LOG_WARN("engine", "grammar allows no token of this vocabulary id=%llu",
+                            (unsigned long long)seq->id);
+                report(e, seq, -1, KG_FINISH_STOP, NULL);
+                ended = true;
+                goto sampled;
+            }
+        }
         if (e->device_sample) {
             res = e->sres[row];
         } else {
-            kg_sampler_sample(&seq->sampling, &seq->rng,
-                              e->logits + (size_t)row * (size_t)e->p.n_vocab, e->p.n_vocab,
-                              seq->tokens, seq->n_prompt, seq->tokens + seq->n_prompt,
-                              seq->n_tokens - seq->n_prompt, e->scratch, &res);
+            kg_sampler_sample_masked(
+                &seq->sampling, &seq->rng, e->logits + (size_t)row * (size_t)e->p.n_vocab, mask,
+                e->p.n_vocab, seq->tokens, seq->n_prompt, seq->tokens + seq->n_prompt,
+                seq->n_tokens - seq->n_prompt, e->scratch, &res);
         }
-        if (accept(e, r, &res)) {
+        ended = accept(e, r, &res);
+    sampled:
+        if (ended) {
             for (int32_t i = 0; i < e->n_run; i++) {
                 if (e->run[i] == r) {
                     unschedule(e, i);
@@ -685,6 +916,7 @@ void kg_engine_stats(const kg_engine_t *e, kg_engine_stats_t *out) {
     out->kv_blocks_total = kg_kv_n_total(e->kv);
     out->kv_blocks_used = kg_kv_n_used(e->kv);
     out->kv_blocks_cached = kg_kv_n_cached(e->kv);
+    kg_backend_moe_stats(e->be, &out->moe);
 }
 
 kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_memory_size) {
@@ -698,6 +930,7 @@ kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_m
     p.kv_block_size = 16;
     p.prefix_cache = true;
     p.n_vocab = model->hp.n_vocab;
+    p.kv_window = kg_model_kv_window(model);
     size_t n_blocks;
     if (kv_memory_size > 0) {
         size_t block_bytes = kg_backend_kv_bytes_per_token(model) * (size_t)p.kv_block_size;

@@ -6,7 +6,10 @@
  * kg_engine_step() in a loop; each step
  *   1. finishes cancelled requests and those past their deadline (waiting
  *      ones without ever running);
- *   2. makes sure every running sequence has a block for its next token;
+ *   2. with a model whose every layer is windowed (kv_window > 0), gives
+ *      back each running sequence's blocks wholly before the window of its
+ *      next token; then makes sure every running sequence has a block for
+ *      its next token;
  *      when the pool (free plus evictable cached blocks) has none, it
  *      preempts the most recently admitted sequence (frees its blocks, keeps
  *      its tokens, requeues it at the very front of the queue to be
@@ -49,13 +52,35 @@
  *     (max_tokens reached, or the context reached max_seq_len);
  *   - token -1: a finish without a new token (index = the output length):
  *     STOP (the sampled end-of-generation token is not part of the output;
- *     `sample` still describes it), DEADLINE, CANCELLED, or LENGTH when the
- *     KV pool is too small for the context to grow.
- * Every request gets exactly one completion with finish != NONE. */
+ *     `sample` still describes it), DEADLINE, CANCELLED, LENGTH when the
+ *     KV pool is too small for the context to grow, or ERROR when the
+ *     backend failed on this request alone (kg_backend_last_fault).
+ * Every request gets exactly one completion with finish != NONE.
+ *
+ * CONSTRAINED REQUESTS
+ * A request with a compiled grammar (kg_grammar_t, from the grammar
+ * cache) gets its own matcher. Every step the engine builds the
+ * allowed-token bitmask of every constrained row (end-of-generation
+ * tokens only where the grammar may end, never with ignore_eos) and the
+ * sampler, on the CPU or the device, applies it; the sampled token then
+ * advances the matcher. A grammar that is complete (nothing more can
+ * follow) finishes the request STOP without sampling an EOS. Where the
+ * grammar allows exactly one continuation, its tokens are appended without
+ * sampling (jump-forward, up to KG_ENGINE_MAX_FORCED per step; no RNG draw,
+ * logprob 0) and reported like sampled ones, so a step may report several
+ * completions for one request; they are fed to the model together in the
+ * next step. A request whose grammar allows no token here (the vocabulary
+ * cannot spell what it needs) finishes STOP. Masks depend only on the
+ * request's own tokens, so batch invariance holds. Masks are built after
+ * the forward pass is launched and before sampling, so on a device backend
+ * (whose forward returns before the logits are ready) they overlap it; at
+ * a microsecond or two per sequence-step (precomputed per grammar state)
+ * building them on more threads would not pay. */
 #pragma once
 
 #include "../backend/kg_backend.h"
 #include "../core/kg_status.h"
+#include "../grammar/kg_grammar.h"
 #include "../model/kg_sampler.h"
 
 #include <stdbool.h>
@@ -77,6 +102,10 @@ typedef struct kg_engine_params {
     int32_t n_eog;
     int32_t eog[KG_MAX_EOG]; /* end-of-generation token ids */
     int32_t n_vocab;
+    int32_t kv_window;    /* > 0: no token reads a position more than kv_window - 1 before its
+                             own (every layer windowed: kg_model_kv_window), so blocks wholly
+                             before that are given back as a sequence advances; 0: none */
+    bool no_jump_forward; /* constrained requests: sample every token, even a forced one */
 } kg_engine_params_t;
 
 typedef enum kg_finish {
@@ -85,6 +114,7 @@ typedef enum kg_finish {
     KG_FINISH_LENGTH,    /* max_tokens or the context limit */
     KG_FINISH_DEADLINE,  /* deadline passed while running or waiting */
     KG_FINISH_CANCELLED, /* kg_engine_cancel */
+    KG_FINISH_ERROR,     /* the backend could not run this request (see kg_engine_step) */
 } kg_finish_t;
 
 const char *kg_finish_str(kg_finish_t f);
@@ -98,7 +128,12 @@ typedef struct kg_request {
     int64_t deadline_us; /* kg_clock_us() deadline, 0 = none */
     bool ignore_eos;
     kg_sampling_params_t sampling;
+    kg_grammar_t *grammar; /* NULL, or the output's grammar (borrowed: submit takes its own
+                              reference) */
 } kg_request_t;
+
+/* Jump-forward tokens appended per request and step at most. */
+#define KG_ENGINE_MAX_FORCED 16
 
 typedef struct kg_completion {
     uint64_t id;
@@ -109,6 +144,9 @@ typedef struct kg_completion {
     int32_t n_cached;          /* prompt tokens served by the prefix cache (at first admission) */
     kg_sample_result_t sample; /* token and logprobs when token >= 0, or the EOG token on STOP */
 } kg_completion_t;
+
+/* Buckets of the mask-build histogram (0.25 us each: up to 128 us). */
+#define KG_ENGINE_MASK_HIST 512
 
 typedef struct kg_engine_stats {
     int32_t n_waiting;
@@ -123,6 +161,12 @@ typedef struct kg_engine_stats {
     int64_t n_prompt_tokens;     /* prompt tokens of admitted requests */
     int64_t n_preemptions;
     int32_t last_batch_tokens;
+    /* constrained decoding */
+    int64_t n_grammar_masks;         /* masks built (one per constrained sequence-step) */
+    int64_t grammar_mask_ns;         /* their total build time */
+    int64_t n_grammar_forced_tokens; /* tokens appended by jump-forward */
+    int64_t mask_hist[KG_ENGINE_MASK_HIST + 1]; /* build times in 0.25 us buckets, last: more */
+    kg_moe_stats_t moe; /* the backend's expert load (n_expert 0: a dense model) */
 } kg_engine_stats_t;
 
 /** Create an engine over `be` (borrowed; must outlive the engine). */
@@ -141,12 +185,20 @@ KG_NODISCARD kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *re
  * by the next step. Returns false when the id is unknown. @thread engine */
 bool kg_engine_cancel(kg_engine_t *e, uint64_t id);
 
+/** The most completions one step can report: size the `out` array of
+ * kg_engine_step with it. */
+int32_t kg_engine_max_completions(const kg_engine_t *e);
+
 /** Run one step. Writes up to `cap` completions (cap must be at least
- * max_batch_size + max_queue_depth, else KG_ERR_INVALID) and returns how
+ * kg_engine_max_completions, else KG_ERR_INVALID) and returns how
  * many (0 when idle or when the step only prefilled), or a negative
- * kg_status_t when the backend failed. After a backend failure nothing has
- * advanced: the finishes already decided in that step are kept and
- * reported by the next successful step, which retries the work. @thread engine */
+ * kg_status_t when the backend failed device-wide (KG_FAULT_DEVICE). After
+ * such a failure nothing has advanced: the finishes already decided in that
+ * step are kept and reported by the next successful step, which retries the
+ * work. A failure the backend pins to one request (KG_FAULT_SEQ) ends that
+ * request with KG_FINISH_ERROR, and one of the step as a whole
+ * (KG_FAULT_STEP) ends every request of the step so; the step then returns
+ * those finishes and the next one runs the others again. @thread engine */
 int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap);
 
 /** Whether any request is waiting or running, or a finish is still to be

@@ -33,6 +33,7 @@ struct kg_kv {
     // ---- per slot ----
     int32_t *table;       /* (n_slots, max_blocks_per_seq) block ids, -1 when unused */
     int32_t *n_seq;       /* (n_slots) blocks in the table */
+    int32_t *n_dropped;   /* (n_slots) leading entries given back (sliding window), -1 now */
     int32_t *n_chain;     /* (n_slots) leading blocks whose cache chain is known */
     uint64_t *chain_hash; /* (n_slots) hash of the last chained block, 0 before the first */
     int32_t *chain_block; /* (n_slots) registered block equal to the last chained one, or -1 */
@@ -221,14 +222,15 @@ kg_kv_t *kg_kv_new(const kg_kv_params_t *params, char *errstr, size_t errstr_siz
     kv->map = malloc((size_t)cap * sizeof(*kv->map));
     kv->table = malloc(ns * (size_t)p->max_blocks_per_seq * sizeof(*kv->table));
     kv->n_seq = calloc(ns, sizeof(*kv->n_seq));
+    kv->n_dropped = calloc(ns, sizeof(*kv->n_dropped));
     kv->n_chain = calloc(ns, sizeof(*kv->n_chain));
     kv->chain_hash = calloc(ns, sizeof(*kv->chain_hash));
     kv->chain_block = malloc(ns * sizeof(*kv->chain_block));
     kv->chain_gen = calloc(ns, sizeof(*kv->chain_gen));
     if (!kv->ref || !kv->registered || !kv->hash || !kv->parent || !kv->parent_gen || !kv->gen ||
         !kv->tokens || !kv->lru_prev || !kv->lru_next || !kv->free_stack || !kv->map ||
-        !kv->table || !kv->n_seq || !kv->n_chain || !kv->chain_hash || !kv->chain_block ||
-        !kv->chain_gen) {
+        !kv->table || !kv->n_seq || !kv->n_dropped || !kv->n_chain || !kv->chain_hash ||
+        !kv->chain_block || !kv->chain_gen) {
         goto fail;
     }
     /* Stack order: block 0 is handed out first (easier to read in tests). */
@@ -271,6 +273,7 @@ void kg_kv_free(kg_kv_t *kv) {
     free(kv->map);
     free(kv->table);
     free(kv->n_seq);
+    free(kv->n_dropped);
     free(kv->n_chain);
     free(kv->chain_hash);
     free(kv->chain_block);
@@ -298,6 +301,10 @@ int32_t kg_kv_n_available(const kg_kv_t *kv) {
 
 int32_t kg_kv_seq_n_blocks(const kg_kv_t *kv, int32_t slot) {
     return kv->n_seq[slot];
+}
+
+int32_t kg_kv_seq_n_held(const kg_kv_t *kv, int32_t slot) {
+    return kv->n_seq[slot] - kv->n_dropped[slot];
 }
 
 const int32_t *kg_kv_block_table(const kg_kv_t *kv) {
@@ -402,7 +409,7 @@ void kg_kv_seq_commit(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t 
         n_full = kv->n_seq[slot];
     }
     const int32_t *row = kv->table + (size_t)slot * (size_t)kv->p.max_blocks_per_seq;
-    for (int32_t i = kv->n_chain[slot]; i < n_full; i++) {
+    for (int32_t i = kv->n_chain[slot]; i < n_full && row[i] >= 0; i++) {
         const int32_t *tok = tokens + (size_t)i * (size_t)bs;
         uint64_t h = block_hash(kv->chain_hash[slot], tok, bs);
         int32_t c = map_find(kv, h, kv->chain_block[slot], kv->chain_gen[slot], tok);
@@ -427,13 +434,30 @@ void kg_kv_seq_commit(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t 
     }
 }
 
+void kg_kv_seq_drop_front(kg_kv_t *kv, int32_t slot, int32_t n_blocks) {
+    int32_t *row = kv->table + (size_t)slot * (size_t)kv->p.max_blocks_per_seq;
+    if (n_blocks > kv->n_seq[slot]) {
+        n_blocks = kv->n_seq[slot];
+    }
+    /* in position order: a windowed sequence leaves its blocks behind one
+     * by one as it advances, so its oldest block is also the LRU's oldest */
+    for (int32_t i = kv->n_dropped[slot]; i < n_blocks; i++) {
+        unref_block(kv, row[i]);
+        row[i] = -1;
+    }
+    if (n_blocks > kv->n_dropped[slot]) {
+        kv->n_dropped[slot] = n_blocks;
+    }
+}
+
 void kg_kv_seq_release(kg_kv_t *kv, int32_t slot) {
     int32_t *row = kv->table + (size_t)slot * (size_t)kv->p.max_blocks_per_seq;
-    for (int32_t i = kv->n_seq[slot] - 1; i >= 0; i--) {
+    for (int32_t i = kv->n_seq[slot] - 1; i >= kv->n_dropped[slot]; i--) {
         unref_block(kv, row[i]);
         row[i] = -1;
     }
     kv->n_seq[slot] = 0;
+    kv->n_dropped[slot] = 0;
     kv->n_chain[slot] = 0;
     kv->chain_hash[slot] = 0;
     kv->chain_block[slot] = -1;

@@ -20,6 +20,15 @@
  * Shared blocks are always full and never written again (a sequence always
  * recomputes at least its last token into a block of its own), so sharing
  * needs no copy-on-write.
+ * Sliding windows: when every layer of the model is windowed, a sequence's
+ * blocks wholly before the window of its next token are never read again;
+ * kg_kv_seq_drop_front gives them back (to the LRU when they are in the
+ * prefix cache, else to the free stack) and marks their table entries -1.
+ * The table keeps its logical length, so position p is still in entry
+ * p / block_size. A dropped block that stays cached still matches later
+ * sequences with the same prefix; one evicted breaks the chain for the
+ * blocks registered after it (they then never match), which loses reuse,
+ * never correctness.
  * Nothing here allocates after kg_kv_new. */
 #pragma once
 
@@ -82,6 +91,14 @@ int32_t kg_kv_seq_n_blocks(const kg_kv_t *kv, int32_t slot);
  * among them that is not registered yet is registered (or, when an equal
  * block is already cached, the chain continues through that one). */
 void kg_kv_seq_commit(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t n_computed);
+
+/** Give back the blocks of `slot` before entry `n_blocks` (those not given
+ * back yet) and set their entries to -1; they must hold no position any
+ * future token of the slot reads. */
+void kg_kv_seq_drop_front(kg_kv_t *kv, int32_t slot, int32_t n_blocks);
+
+/** Blocks `slot` still holds (its table length minus the dropped ones). */
+int32_t kg_kv_seq_n_held(const kg_kv_t *kv, int32_t slot);
 
 /** Drop the references of `slot` and empty its table. Blocks go back last
  * first, so the LRU evicts the tail of a prefix before its head. */

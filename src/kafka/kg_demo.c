@@ -71,14 +71,26 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
     if (!*dlq) {
         snprintf(dlq, sizeof(dlq), "%s.dlq", cfg->jobs_topic);
     }
+    char inflight[512];
+    snprintf(inflight, sizeof(inflight), "%s", *cfg->inflight_topic ? cfg->inflight_topic : "");
+    if (!*inflight) {
+        snprintf(inflight, sizeof(inflight), "%s.inflight", cfg->jobs_topic);
+    }
     if (rd_kafka_mock_topic_create(d->mc, cfg->jobs_topic, DEMO_PARTITIONS, 1) ||
         rd_kafka_mock_topic_create(d->mc, cfg->results_topic, DEMO_PARTITIONS, 1) ||
-        rd_kafka_mock_topic_create(d->mc, dlq, 1, 1)) {
+        rd_kafka_mock_topic_create(d->mc, dlq, 1, 1) ||
+        rd_kafka_mock_topic_create(d->mc, inflight, DEMO_PARTITIONS, 1)) {
         snprintf(errstr, errstr_size, "cannot create the demo topics");
         goto fail;
     }
     const char *bootstrap = rd_kafka_mock_cluster_bootstraps(d->mc);
     if (kg_config_set(cfg, "brokers", bootstrap, errstr, errstr_size) != KG_OK) {
+        goto fail;
+    }
+    /* the mock cluster cannot describe its topics (no DescribeConfigs) and
+     * takes whatever the producer sends: size events to the producer */
+    if (cfg->max_event_bytes == 0 &&
+        kg_config_set(cfg, "max-event-bytes", "999488", errstr, errstr_size) != KG_OK) {
         goto fail;
     }
     KG_LOG_INFO("demo", "mock cluster up brokers=%s jobs_topic=%s results_topic=%s", bootstrap,
@@ -99,6 +111,10 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
         mo.seed = 42;
         mo.have_seed = true;
         mo.n_words = 3000;
+        /* a Qwen2-family model with ChatML, as Qwen writes it (its vocabulary
+         * has the ChatML tokens), so the demo's chat jobs render */
+        mo.arch = "qwen2";
+        mo.chat_template = "chatml";
         char err[512];
         if (kg_mkmodel_write(&mo, NULL, err, sizeof(err)) != KG_OK) {
             snprintf(errstr, errstr_size, "cannot write the demo model: %s", err);
@@ -118,9 +134,10 @@ fail:
 }
 
 /* N varied jobs: text prompts, a stop string, sampling with seeds,
- * logprobs, stream on and off, priorities, a chat job (the random model
- * has no chat template: an unsupported_chat_template error), an invalid
- * job (invalid_job). */
+ * logprobs, stream on and off, priorities, chat jobs (rendered with the
+ * model's chat template: the demo model's is ChatML; a --model without one
+ * answers unsupported_chat_template), and one invalid job (job 11,
+ * max_tokens -1: an invalid_job error event) to show what a bad job gets. */
 static char *sample_job(int64_t i, size_t *len) {
     static const char *prompts[] = {
         "Once upon a time",  "The weather today is",           "Write a haiku about Kafka",
@@ -129,14 +146,14 @@ static char *sample_job(int64_t i, size_t *len) {
     int64_t k = i % 12;
     const char *p = prompts[i % 6];
     int n;
-    if (k == 10) {
+    if (i == 11) {
+        n = snprintf(buf, sizeof(buf),
+                     "{\"request_id\":\"demo-%lld\",\"prompt\":\"x\",\"max_tokens\":-1}",
+                     (long long)i);
+    } else if (k == 10) {
         n = snprintf(buf, sizeof(buf),
                      "{\"request_id\":\"demo-%lld\",\"messages\":[{\"role\":\"user\","
                      "\"content\":\"Hello!\"}],\"max_tokens\":16}",
-                     (long long)i);
-    } else if (k == 11) {
-        n = snprintf(buf, sizeof(buf),
-                     "{\"request_id\":\"demo-%lld\",\"prompt\":\"x\",\"max_tokens\":-1}",
                      (long long)i);
     } else {
         n = snprintf(buf, sizeof(buf),

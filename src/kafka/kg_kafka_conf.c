@@ -31,6 +31,14 @@ rd_kafka_conf_t *kg_kafka_conf_new(const kg_config_t *cfg, char *errstr, size_t 
     if (kg_kafka_conf_set(conf, "bootstrap.servers", cfg->brokers, errstr, errstr_size) != 0) {
         goto fail;
     }
+    /* librdkafka refreshes topic metadata every 5 minutes by default, so a
+     * partition added to the jobs topic would wait up to that long for a
+     * consumer; 30 s costs the brokers one small Metadata request per client
+     * and half-minute. -X (applied below) overrides it. */
+    if (kg_kafka_conf_set(conf, "topic.metadata.refresh.interval.ms", "30000", errstr,
+                          errstr_size) != 0) {
+        goto fail;
+    }
     for (int i = 0; i < cfg->n_kafka_props; i++) {
         if (kg_kafka_conf_set(conf, cfg->kafka_keys[i], cfg->kafka_values[i], errstr,
                               errstr_size) != 0) {

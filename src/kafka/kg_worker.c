@@ -6,13 +6,16 @@
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 #include "../engine/kg_engine.h"
+#include "../engine/kg_sizing.h"
 #include "../pipeline/kg_events.h"
 #include "../pipeline/kg_intake.h"
-#include "../pipeline/kg_output.h"
+#include "../pipeline/kg_jobrun.h"
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec.h"
+#include "kg_journal.h"
 #include "kg_kafka_conf.h"
 #include "kg_offsets.h"
+#include "kg_topic_config.h"
 
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
@@ -23,6 +26,15 @@
 
 #define MAX_PARTITIONS 1024
 #define POLL_BATCH     64
+/* Bytes of a produced message beyond its value: the key (a request_id,
+ * <= 128 bytes), the record and the record-batch framing (~90 bytes). */
+#define RECORD_OVERHEAD 512
+/* The kgen-* headers of a dead-letter copy (an error message <= 256 bytes,
+ * topic and worker names). */
+#define DLQ_HEADER_ROOM 2048
+/* The smallest message limit we run with: a done event with everything shed. */
+#define MIN_MESSAGE_BYTES (4096 + RECORD_OVERHEAD)
+#define TOPIC_LOOKUP_MS   5000
 
 // ---- job records ----
 
@@ -34,24 +46,67 @@ typedef enum rec_state {
 
 typedef struct job_rec {
     uint64_t id;
-    kg_job_t *job;
-    kg_prepared_t prep;
-    kg_output_t out;
+    kg_jobrun_t run; /* the job from intake to its terminal event (kg_jobrun) */
     rec_state_t state;
-    bool stop_hit; /* a stop string matched; a cancel was sent */
-    int32_t n_cached;
-    int64_t t_taken_us, t_submit_us, t_first_us;
-    kg_sample_result_t *samples; /* (max_tokens) done-event logprobs, when asked and !stream */
-    int32_t n_samples;
     struct job_rec *hnext; /* id hash chain */
     struct job_rec *qnext; /* pending FIFO */
 } job_rec_t;
 
-/* What a delivery report needs to mark a message done. */
+/* What a message answers, for its delivery report. A message without one
+ * (a token event, a dead-letter copy of an event) answers nothing. */
+typedef enum ack_kind {
+    ACK_RESULT, /* a job's terminal event (done or error) */
+    ACK_ANSWER, /* the error event that replaces a terminal event the broker refused */
+    ACK_DLQ,    /* an unparseable job's dead-letter copy: its only answer */
+} ack_kind_t;
+
+/* What a delivery report needs: the job's offset to mark done, and what to
+ * log and count once the broker has the answer. */
 typedef struct ack {
     int32_t partition;
     int64_t offset;
+    ack_kind_t kind;
+    bool is_error;             /* ACK_RESULT */
+    kg_finish_reason_t reason; /* ACK_RESULT, done */
+    kg_error_code_t code;      /* ACK_RESULT, error */
+    int32_t n_gen;             /* ACK_RESULT, done: tokens generated */
+    double total_ms;           /* ACK_RESULT, done */
 } ack_t;
+
+/* A job message off the jobs topic: borrowed from the consumer's message,
+ * or from a held copy. */
+typedef struct job_msg {
+    int32_t partition;
+    int64_t offset;
+    const void *key;
+    size_t key_len;
+    const void *payload;
+    size_t len;
+    int64_t taken_us; /* when it was taken off Kafka (kg_clock_us): its timings start here */
+} job_msg_t;
+
+/* A message that waits before it may start (kg_journal): for the snapshot
+ * that records it as running to be acknowledged, or, a suspect (a job that
+ * was running when a worker failed), for its turn: one at a time. */
+typedef struct held_msg {
+    job_msg_t m;     /* key and payload are owned copies */
+    int strikes;     /* consecutive worker failures it was present in */
+    uint64_t ticket; /* its journal snapshot; 0 while a suspect waits for its turn */
+    struct held_msg *next;
+} held_msg_t;
+
+/* A dead-letter copy: what goes to the DLQ and why (headers kgen-*). */
+typedef struct dlq_copy {
+    const char *key;
+    size_t key_len;
+    const void *payload;
+    size_t len;
+    const char *payload_kind; /* kgen-payload: "job" or "event" */
+    const char *reason;       /* kgen-error-reason */
+    const char *message;      /* kgen-error-message */
+    int32_t partition;        /* of the job on the jobs topic */
+    int64_t offset;
+} dlq_copy_t;
 
 struct kg_worker {
     const kg_config_t *cfg;
@@ -63,11 +118,21 @@ struct kg_worker {
     kg_runner_t *runner;
     rd_kafka_t *consumer, *producer;
     kg_offsets_t *offsets;
+    kg_journal_t *journal;             /* the poison-job journal; NULL with --poison-after 0 */
+    held_msg_t *held_head, *held_tail; /* waiting for their snapshot's ack */
+    held_msg_t *suspects_head, *suspects_tail; /* suspects waiting for their turn */
+    int32_t n_held;                            /* in both lists */
+    bool suspect_busy;                         /* a suspect runs (or is about to) */
+    int32_t suspect_partition;
+    int64_t suspect_offset;
+    const char *crash_request_id; /* TEST-ONLY fault injection; NULL normally */
     kg_intake_limits_t limits;
+    kg_grammar_cache_t *grammars; /* compiled constraints, owned */
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
-    size_t max_produce_bytes; /* payload bytes one produced message may carry */
-    int32_t n_inflight;       /* records alive: pending + submitted + revoked awaiting finish */
+    size_t max_event_bytes; /* value bytes one event may take (kg_events' budget) */
+    size_t max_dlq_bytes;   /* payload bytes of a dead-letter copy (headers apart) */
+    int32_t n_inflight;     /* records alive: pending + submitted + revoked awaiting finish */
     int32_t n_pending;
     uint64_t next_id;
     job_rec_t **table; /* (table_size) id -> record */
@@ -75,10 +140,11 @@ struct kg_worker {
     job_rec_t *pending_head, *pending_tail;
     rd_kafka_topic_partition_list_t *assigned; /* owned copy of the assignment */
     bool paused;
-    volatile sig_atomic_t stop_requested;
+    _Atomic int stop_requested; /* set by a signal handler or another thread (the demo) */
     bool draining;
     int64_t drain_deadline_us;
-    int fatal; /* non-zero: stop at once, exit non-zero */
+    int fatal;        /* non-zero: stop at once, exit non-zero */
+    bool fatal_kafka; /* the fatal error was Kafka's, not possibly a job's */
     _Atomic int64_t lag[MAX_PARTITIONS];
     _Atomic int32_t lag_valid[MAX_PARTITIONS];
     int64_t last_lag_us;
@@ -112,10 +178,7 @@ static void rec_free(kg_worker_t *w, job_rec_t *r) {
         w->n_inflight--;
         atomic_store(&w->m.inflight, w->n_inflight);
     }
-    kg_output_clear(&r->out);
-    kg_prepared_clear(&r->prep);
-    kg_job_free(r->job);
-    free(r->samples);
+    kg_jobrun_clear(&r->run);
     free(r);
 }
 
@@ -128,8 +191,64 @@ static void fatal(kg_worker_t *w, const char *what) {
     w->fatal = 1;
 }
 
+/* A fatal error of the broker or a topic: no job can have caused it, so
+ * the journal hands the partitions over as clean (kg_journal_revoke). */
+static void fatal_kafka(kg_worker_t *w, const char *what) {
+    w->fatal_kafka = !w->fatal;
+    fatal(w, what);
+}
+
+static void end_suspect(kg_worker_t *w, int32_t partition, int64_t offset) {
+    if (w->suspect_busy && w->suspect_partition == partition && w->suspect_offset == offset) {
+        w->suspect_busy = false;
+        atomic_store(&w->m.suspects, w->suspects_head != NULL);
+    }
+}
+
+/* The job was answered (its terminal event or DLQ copy produced): off the
+ * journal's record; when it was the running suspect, the next may start. */
+static void job_answered(kg_worker_t *w, int32_t partition, int64_t offset) {
+    kg_journal_finish(w->journal, partition, offset);
+    end_suspect(w, partition, offset);
+}
+
+/* The job was given back unfinished (revoke, drain): it keeps its strikes. */
+static void job_given_back(kg_worker_t *w, int32_t partition, int64_t offset) {
+    kg_journal_release(w->journal, partition, offset);
+    end_suspect(w, partition, offset);
+}
+
+/* Errors about one message rather than the broker or the topic: the
+ * broker took the others and would refuse this one again, so the job gets
+ * an answer instead of stopping the worker (and, after a restart, every
+ * worker that gets the job). */
+static bool is_message_fault(rd_kafka_resp_err_t err) {
+    switch (err) {
+    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE: /* message.max.bytes or max.message.bytes */
+    case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+    case RD_KAFKA_RESP_ERR_INVALID_MSG: /* CORRUPT_MESSAGE */
+    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static void on_refused(kg_worker_t *w,
+                       const char *topic,
+                       const void *key,
+                       size_t key_len,
+                       const void *value,
+                       size_t len,
+                       const rd_kafka_headers_t *hdrs,
+                       const ack_t *ack,
+                       rd_kafka_resp_err_t err);
+
 /* Produce one event (or DLQ copy). `ack` (may be NULL) travels as the
- * message opaque and is freed by the delivery report. */
+ * message opaque and is freed by the delivery report. A message the
+ * producer refuses for its own sake is handled as a refused delivery
+ * (on_refused); any other failure is fatal. */
 static bool produce(kg_worker_t *w,
                     const char *topic,
                     const char *key,
@@ -178,17 +297,23 @@ static bool produce(kg_worker_t *w,
         }
         rd_kafka_poll(w->producer, 100); /* the local queue drains as the broker acks */
     }
+    if (is_message_fault(err)) {
+        on_refused(w, topic, key, key_len, value, len, hdrs, ack, err);
+        free(ack);
+        return false;
+    }
     KG_LOG_ERROR("worker", "produce to %s failed: %s", topic, rd_kafka_err2str(err));
     free(ack);
-    fatal(w, "could not produce an event");
+    fatal_kafka(w, "could not produce an event");
     return false;
 }
 
-static ack_t *ack_new(int32_t partition, int64_t offset) {
-    ack_t *a = malloc(sizeof(*a));
+static ack_t *ack_new(int32_t partition, int64_t offset, ack_kind_t kind) {
+    ack_t *a = calloc(1, sizeof(*a));
     if (a) {
         a->partition = partition;
         a->offset = offset;
+        a->kind = kind;
     }
     return a;
 }
@@ -208,17 +333,47 @@ static void store_offsets(kg_worker_t *w) {
     }
 }
 
+/* A job's answer is on the broker: count it and log it now, not when it
+ * was produced, so the log never shows a job as done that was not. */
+static void log_answered(kg_worker_t *w, const rd_kafka_message_t *rkm, const ack_t *ack) {
+    int klen = (int)rkm->key_len;
+    const char *key = rkm->key ? rkm->key : "";
+    if (ack->kind == ACK_RESULT && !ack->is_error) {
+        atomic_fetch_add(&w->m.jobs_done, 1);
+        atomic_fetch_add(&w->m.jobs_by_finish[ack->reason], 1);
+        KG_LOG_INFO("worker",
+                    "job done request_id=%.*s partition=%d offset=%lld finish=%s tokens=%d "
+                    "total_ms=%.1f",
+                    klen, key, ack->partition, (long long)ack->offset,
+                    kg_finish_reason_str(ack->reason), ack->n_gen, ack->total_ms);
+    } else if (ack->kind == ACK_RESULT || ack->kind == ACK_ANSWER) {
+        kg_error_code_t code = ack->kind == ACK_ANSWER ? KG_ERROR_INTERNAL : ack->code;
+        atomic_fetch_add(&w->m.jobs_error, 1);
+        atomic_fetch_add(&w->m.jobs_by_error[code], 1);
+        KG_LOG_INFO("worker", "job failed request_id=%.*s partition=%d offset=%lld code=%s", klen,
+                    key, ack->partition, (long long)ack->offset, kg_error_code_str(code));
+    }
+}
+
 /* Delivery report (called from rd_kafka_poll on the producer, kafka thread). */
 static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaque) {
     (void)rk;
     kg_worker_t *w = opaque;
     ack_t *ack = rkm->_private;
-    if (rkm->err) {
+    if (rkm->err && is_message_fault(rkm->err) && !w->fatal) {
+        rd_kafka_headers_t *h = NULL;
+        if (rd_kafka_message_headers(rkm, &h) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+            h = NULL;
+        }
+        on_refused(w, rd_kafka_topic_name(rkm->rkt), rkm->key, rkm->key_len, rkm->payload, rkm->len,
+                   h, ack, rkm->err);
+    } else if (rkm->err) {
         char what[256];
         snprintf(what, sizeof(what), "delivery to %s failed: %s", rd_kafka_topic_name(rkm->rkt),
                  rd_kafka_err2str(rkm->err));
-        fatal(w, what);
+        fatal_kafka(w, what);
     } else if (ack && !w->fatal) {
+        log_answered(w, rkm, ack);
         if (kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
             store_offsets(w);
         }
@@ -234,6 +389,130 @@ static kg_event_origin_t origin(const kg_worker_t *w, int32_t partition, int64_t
     return o;
 }
 
+/* Copy a message to the dead-letter topic with headers that say why. A
+ * copy the DLQ cannot take would stop the worker and then every restart
+ * (the offset is never stored): the payload is cut to max_dlq_bytes and
+ * kgen-payload-truncated-from says how long it was. */
+static void dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack) {
+    rd_kafka_headers_t *h = rd_kafka_headers_new(8);
+    size_t len = c->len;
+    if (len > w->max_dlq_bytes) {
+        char orig[24];
+        len = w->max_dlq_bytes;
+        snprintf(orig, sizeof(orig), "%zu", c->len);
+        rd_kafka_header_add(h, "kgen-payload-truncated-from", -1, orig, -1);
+    }
+    char part[16], off[24];
+    snprintf(part, sizeof(part), "%d", c->partition);
+    snprintf(off, sizeof(off), "%lld", (long long)c->offset);
+    rd_kafka_header_add(h, "kgen-error-reason", -1, c->reason, -1);
+    rd_kafka_header_add(h, "kgen-error-message", -1, c->message, -1);
+    rd_kafka_header_add(h, "kgen-source-topic", -1, w->cfg->jobs_topic, -1);
+    rd_kafka_header_add(h, "kgen-source-partition", -1, part, -1);
+    rd_kafka_header_add(h, "kgen-source-offset", -1, off, -1);
+    rd_kafka_header_add(h, "kgen-worker-id", -1, w->worker_id, -1);
+    rd_kafka_header_add(h, "kgen-payload", -1, c->payload_kind, -1);
+    produce(w, w->dlq_topic, c->key, c->key_len, c->payload, len, ack, h);
+    rd_kafka_headers_destroy(h);
+}
+
+/* An unparseable job's DLQ copy was refused (the DLQ takes less than we
+ * were told): send the headers alone, which still say where the job is. */
+static void dead_letter_bare(kg_worker_t *w,
+                             const void *key,
+                             size_t key_len,
+                             size_t len,
+                             const rd_kafka_headers_t *hdrs,
+                             const ack_t *ack) {
+    ack_t *again = ack_new(ack->partition, ack->offset, ACK_DLQ);
+    rd_kafka_headers_t *h = hdrs ? rd_kafka_headers_copy(hdrs) : rd_kafka_headers_new(2);
+    char orig[24];
+    snprintf(orig, sizeof(orig), "%zu", len);
+    rd_kafka_header_remove(h, "kgen-payload-truncated-from");
+    rd_kafka_header_add(h, "kgen-payload-truncated-from", -1, orig, -1);
+    produce(w, w->dlq_topic, key, key_len, "", 0, again, h);
+    rd_kafka_headers_destroy(h);
+}
+
+/* The broker (or the producer) refused this one message for its own sake
+ * (is_message_fault). The job gets an answer and the worker goes on:
+ *   a terminal event  -> a copy to the DLQ, and a small `internal` error
+ *                        event in its place (its delivery stores the offset);
+ *   a token event     -> a copy to the DLQ (the done event has the text);
+ *   a DLQ copy of a job -> the headers alone;
+ * a DLQ copy of an event is dropped with a log line. Only when even the
+ * small error event or an empty DLQ message is refused is the topic at
+ * fault: that stays fatal. */
+static void on_refused(kg_worker_t *w,
+                       const char *topic,
+                       const void *key,
+                       size_t key_len,
+                       const void *value,
+                       size_t len,
+                       const rd_kafka_headers_t *hdrs,
+                       const ack_t *ack,
+                       rd_kafka_resp_err_t err) {
+    char rid[KG_JOB_REQUEST_ID_MAX + 1];
+    snprintf(rid, sizeof(rid), "%.*s", (int)(key_len < sizeof(rid) ? key_len : sizeof(rid) - 1),
+             key ? (const char *)key : "");
+    atomic_fetch_add(&w->m.events_refused, 1);
+    bool to_dlq = strcmp(topic, w->dlq_topic) == 0;
+    KG_LOG_WARN("worker",
+                "the broker refused one message for its own sake topic=%s bytes=%zu "
+                "error=\"%s\" request_id=%s",
+                topic, len, rd_kafka_err2str(err), rid);
+    if (ack && ack->kind == ACK_DLQ && len > 0) {
+        dead_letter_bare(w, key, key_len, len, hdrs, ack);
+        return;
+    }
+    if ((ack && ack->kind != ACK_RESULT) || (!ack && to_dlq)) {
+        if (ack) {
+            fatal_kafka(w, "the topic refuses even a small message");
+        }
+        return; /* a DLQ copy of an event: the job was answered otherwise */
+    }
+    /* a token or terminal event of the results topic */
+    int32_t part = ack ? ack->partition : -1;
+    int64_t off = ack ? ack->offset : -1;
+    char msg[256];
+    snprintf(msg, sizeof(msg), "the broker refused this %s event: %s", ack ? "terminal" : "token",
+             rd_kafka_err2str(err));
+    dlq_copy_t c = {.key = key,
+                    .key_len = key_len,
+                    .payload = value,
+                    .len = len,
+                    .payload_kind = "event",
+                    .reason = "undeliverable",
+                    .message = msg,
+                    .partition = part,
+                    .offset = off};
+    dead_letter(w, &c, NULL);
+    if (!ack) {
+        return;
+    }
+    KG_LOG_WARN("worker",
+                "job result not delivered, answered with an internal error request_id=%s "
+                "partition=%d offset=%lld",
+                rid, part, (long long)off);
+    kg_event_origin_t o = origin(w, part, off);
+    snprintf(msg, sizeof(msg),
+             "the job's %s event (%zu bytes) could not be delivered: %s; a copy is on the "
+             "dead-letter topic",
+             ack->is_error ? "error" : "done", len, rd_kafka_err2str(err));
+    size_t elen;
+    char *json =
+        kg_events_error(&o, rid, KG_ERROR_INTERNAL, msg, NULL, w->max_event_bytes, &elen, NULL);
+    if (!json) {
+        fatal(w, "out of memory encoding an error event");
+        return;
+    }
+    produce(w, w->cfg->results_topic, key, key_len, json, elen, ack_new(part, off, ACK_ANSWER),
+            NULL);
+    free(json);
+}
+
+/* An error event for a job that never reached the engine (invalid, or
+ * refused at intake); its delivery stores the offset. */
 static void produce_error(kg_worker_t *w,
                           const char *request_id,
                           int32_t partition,
@@ -243,86 +522,92 @@ static void produce_error(kg_worker_t *w,
                           const char *metadata_json) {
     kg_event_origin_t o = origin(w, partition, offset);
     size_t len;
-    char *json = kg_events_error(&o, request_id, code, message, metadata_json, &len);
+    char *json = kg_events_error(&o, request_id, code, message, metadata_json, w->max_event_bytes,
+                                 &len, NULL);
     if (!json) {
         fatal(w, "out of memory encoding an error event");
         return;
     }
-    atomic_fetch_add(&w->m.jobs_error, 1);
-    if ((unsigned)code < 16) {
-        atomic_fetch_add(&w->m.jobs_by_error[code], 1);
+    ack_t *ack = ack_new(partition, offset, ACK_RESULT);
+    if (ack) {
+        ack->is_error = true;
+        ack->code = code;
     }
-    KG_LOG_INFO("worker", "job failed request_id=%s partition=%d offset=%lld code=%s", request_id,
-                partition, (long long)offset, kg_error_code_str(code));
-    produce(w, w->cfg->results_topic, request_id, strlen(request_id), json, len,
-            ack_new(partition, offset), NULL);
+    job_answered(w, partition, offset);
+    produce(w, w->cfg->results_topic, request_id, strlen(request_id), json, len, ack, NULL);
     free(json);
 }
 
-static void emit_output_events(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *evs, int n) {
-    kg_event_origin_t o = origin(w, r->job->partition, r->job->offset);
+static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *evs, int n) {
+    const kg_job_t *job = r->run.job;
+    if (!job->stream) {
+        return;
+    }
+    kg_event_origin_t o = origin(w, job->partition, job->offset);
     for (int i = 0; i < n; i++) {
-        if (r->samples && r->n_samples < r->prep.max_tokens) {
-            r->samples[r->n_samples++] = evs[i].sample;
-        }
-        if (!r->job->stream) {
-            continue;
-        }
         size_t len;
-        char *json = kg_events_token(&o, w->model->tok, r->job, &r->out, &evs[i], &len);
+        char *json = kg_events_token(&o, w->model->tok, job, &r->run.out, &evs[i],
+                                     w->max_event_bytes, &len, NULL);
         if (!json) {
             fatal(w, "out of memory encoding a token event");
             return;
         }
-        produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
-                NULL, NULL);
+        produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len, NULL,
+                NULL);
         free(json);
     }
 }
 
-static void produce_done(kg_worker_t *w, job_rec_t *r, kg_finish_reason_t reason, int64_t now_us) {
-    kg_event_origin_t o = origin(w, r->job->partition, r->job->offset);
-    kg_job_timing_t t = {.taken_us = r->t_taken_us,
-                         .submitted_us = r->t_submit_us,
-                         .first_token_us = r->t_first_us,
-                         .finished_us = now_us,
-                         .n_prompt = r->prep.n_tokens,
-                         .n_cached = r->n_cached};
-    size_t len;
-    char *json = kg_events_done(&o, w->model->tok, r->job, &r->out, reason, &t, r->samples,
-                                r->n_samples, &len);
-    if (json && len > w->max_produce_bytes && r->n_samples > 0) {
-        /* logprobs of a long output can outgrow a Kafka message: the done
-         * event goes without them rather than not at all */
+static void log_shed(const kg_job_t *job, const kg_events_fit_t *fit, size_t budget) {
+    if (fit->logprobs_dropped || fit->metadata_dropped || fit->text_bytes_cut > 0) {
         KG_LOG_WARN("worker",
-                    "done event of %zu bytes too large; sending it without logprobs "
-                    "request_id=%s",
-                    len, r->job->request_id);
-        free(json);
-        json = kg_events_done(&o, w->model->tok, r->job, &r->out, reason, &t, NULL, 0, &len);
+                    "terminal event over the %zu-byte budget request_id=%s logprobs_dropped=%d "
+                    "metadata_dropped=%d text_bytes_cut=%zu",
+                    budget, job->request_id, fit->logprobs_dropped, fit->metadata_dropped,
+                    fit->text_bytes_cut);
     }
-    if (!json) {
-        fatal(w, "out of memory encoding a done event");
+}
+
+/* The terminal event of a finished job (or of one the engine refused),
+ * fitted to the event budget, with its latency metrics; the delivery
+ * report logs it and stores its offset. */
+static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, int64_t now_us) {
+    const kg_job_t *job = r->run.job;
+    kg_event_origin_t o = origin(w, job->partition, job->offset);
+    kg_jobrun_outcome_t oc;
+    size_t len;
+    char *json =
+        refused != KG_OK
+            ? kg_jobrun_refused(&r->run, &o, refused, w->max_event_bytes, &len, &oc)
+            : kg_jobrun_terminal(&r->run, &o, w->model->tok, w->max_event_bytes, &len, &oc);
+    ack_t *ack = ack_new(job->partition, job->offset, ACK_RESULT);
+    if (!json || !ack) {
+        free(json);
+        free(ack);
+        fatal(w, "out of memory encoding a terminal event");
         return;
     }
-    int32_t n_gen = r->out.n_tokens;
-    int64_t first = r->t_first_us ? r->t_first_us : now_us;
-    kg_histogram_observe(&w->m.ttft, first - r->t_taken_us);
-    kg_histogram_observe(&w->m.e2e, now_us - r->t_taken_us);
-    if (n_gen > 1) {
-        kg_histogram_observe(&w->m.tpot, (now_us - first) / (n_gen - 1));
+    log_shed(job, &oc.fit, w->max_event_bytes);
+    ack->is_error = oc.is_error;
+    ack->code = oc.code;
+    ack->reason = oc.reason;
+    if (!oc.is_error) {
+        const kg_job_timing_t *t = &r->run.t;
+        int32_t n_gen = r->run.out.n_tokens;
+        int64_t first = t->first_token_us ? t->first_token_us : now_us;
+        kg_histogram_observe(&w->m.ttft, first - t->taken_us);
+        kg_histogram_observe(&w->m.e2e, now_us - t->taken_us);
+        if (n_gen > 1) {
+            kg_histogram_observe(&w->m.tpot, (now_us - first) / (n_gen - 1));
+        }
+        atomic_fetch_add(&w->m.prompt_tokens, r->run.prep.n_tokens);
+        atomic_fetch_add(&w->m.generated_tokens, n_gen);
+        ack->n_gen = n_gen;
+        ack->total_ms = (double)(now_us - t->taken_us) / 1e3;
     }
-    atomic_fetch_add(&w->m.jobs_done, 1);
-    atomic_fetch_add(&w->m.jobs_by_finish[reason], 1);
-    atomic_fetch_add(&w->m.prompt_tokens, r->prep.n_tokens);
-    atomic_fetch_add(&w->m.generated_tokens, n_gen);
-    KG_LOG_INFO("worker",
-                "job done request_id=%s partition=%d offset=%lld finish=%s tokens=%d "
-                "total_ms=%.1f",
-                r->job->request_id, r->job->partition, (long long)r->job->offset,
-                kg_finish_reason_str(reason), n_gen, (double)(now_us - r->t_taken_us) / 1e3);
-    produce(w, w->cfg->results_topic, r->job->request_id, strlen(r->job->request_id), json, len,
-            ack_new(r->job->partition, r->job->offset), NULL);
+    job_answered(w, job->partition, job->offset);
+    produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len, ack,
+            NULL);
     free(json);
 }
 
@@ -338,7 +623,7 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
          * (kg_worker_new), so this is a sizing bug: say so, and keep the job
          * rather than fail it. It goes back to the front of the pending FIFO. */
         KG_LOG_WARN("worker", "engine queue full: job requeued (queue sizing bug) request_id=%s",
-                    r->job->request_id);
+                    r->run.job->request_id);
         r->state = REC_PENDING;
         r->qnext = w->pending_head;
         w->pending_head = r;
@@ -349,63 +634,32 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         return;
     }
     if (re->kind == KG_RUNNER_REJECTED) {
-        /* the engine refused what intake accepted: a limit mismatch, not the job's fault */
         if (r->state != REC_REVOKED) {
-            char msg[128];
-            snprintf(msg, sizeof(msg), "the engine refused the request: %s",
-                     kg_status_str(re->status));
-            produce_error(w, r->job->request_id, r->job->partition, r->job->offset,
-                          KG_ERROR_INTERNAL, msg, r->job->metadata_json);
+            produce_terminal(w, r, re->status, re->ts_us);
         }
         rec_free(w, r);
         return;
     }
-    const kg_completion_t *c = &re->c;
     if (r->state == REC_REVOKED) {
-        if (c->finish != KG_FINISH_NONE) {
+        if (re->c.finish != KG_FINISH_NONE) {
             rec_free(w, r); /* quietly: no events, the offset is not stored */
         }
         return;
     }
-    kg_output_event_t evs[2];
-    if (c->token >= 0 && !r->stop_hit) {
-        if (!r->t_first_us) {
-            r->t_first_us = re->ts_us;
-            r->n_cached = c->n_cached;
-        }
-        int n = kg_output_push(&r->out, c->token, &c->sample, evs);
-        if (n < 0) {
-            fatal(w, "out of memory assembling output");
-            return;
-        }
-        emit_output_events(w, r, evs, n);
-        if (kg_output_stopped(&r->out) && c->finish == KG_FINISH_NONE) {
-            r->stop_hit = true;
-            if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
-                fatal(w, "engine command queue stuck");
-            }
-            return;
-        }
-    }
-    if (c->finish == KG_FINISH_NONE) {
+    kg_jobrun_step_t js;
+    if (kg_jobrun_on_completion(&r->run, &re->c, re->ts_us, &js) != KG_OK) {
+        fatal(w, "out of memory assembling output");
         return;
     }
-    int n = kg_output_finish(&r->out, evs);
-    emit_output_events(w, r, evs, n);
-    if (r->stop_hit || kg_output_stopped(&r->out)) {
-        produce_done(w, r, KG_FINISH_REASON_STOP_SEQUENCE, re->ts_us);
-    } else if (c->finish == KG_FINISH_STOP) {
-        produce_done(w, r, KG_FINISH_REASON_STOP, re->ts_us);
-    } else if (c->finish == KG_FINISH_LENGTH) {
-        produce_done(w, r, KG_FINISH_REASON_LENGTH, re->ts_us);
-    } else if (c->finish == KG_FINISH_DEADLINE) {
-        produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_EXPIRED,
-                      "the deadline passed before the job finished", r->job->metadata_json);
-    } else {
-        produce_error(w, r->job->request_id, r->job->partition, r->job->offset, KG_ERROR_CANCELLED,
-                      "the job was cancelled", r->job->metadata_json);
+    emit_token_events(w, r, js.evs, js.n_evs);
+    if (js.cancel && kg_runner_cancel(w->runner, r->id) != KG_OK) {
+        fatal(w, "engine command queue stuck");
+        return;
     }
-    rec_free(w, r);
+    if (js.finished) {
+        produce_terminal(w, r, KG_OK, re->ts_us);
+        rec_free(w, r);
+    }
 }
 
 // ---- intake ----
@@ -414,16 +668,7 @@ static void submit_pending(kg_worker_t *w) {
     int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
     while (w->pending_head && w->n_inflight - w->n_pending < cap) {
         job_rec_t *r = w->pending_head;
-        kg_request_t req = {.id = r->id,
-                            .prompt = r->prep.tokens,
-                            .n_prompt = r->prep.n_tokens,
-                            .max_tokens = r->prep.max_tokens,
-                            .priority = r->job->priority,
-                            .ignore_eos = r->job->ignore_eos,
-                            .sampling = r->job->sampling};
-        if (r->job->deadline_ms > 0) {
-            req.deadline_us = kg_clock_us() + (r->job->deadline_ms - kg_clock_epoch_ms()) * 1000;
-        }
+        kg_request_t req = kg_jobrun_request(&r->run, r->id);
         kg_status_t st = kg_runner_submit(w->runner, &req);
         if (st == KG_QUEUE_FULL) {
             return;
@@ -439,38 +684,295 @@ static void submit_pending(kg_worker_t *w) {
         r->qnext = NULL;
         w->n_pending--;
         r->state = REC_SUBMITTED;
-        r->t_submit_us = kg_clock_us();
+        kg_jobrun_submitted(&r->run, kg_clock_us());
     }
 }
 
-static void
-dead_letter(kg_worker_t *w, const rd_kafka_message_t *rkm, const kg_codec_error_t *err) {
-    rd_kafka_headers_t *h = rd_kafka_headers_new(8);
-    /* a copy the producer cannot send would stop the worker and then every
-     * restart (the offset is never stored): keep the head of the payload and
-     * say how long the original was */
-    size_t len = rkm->len;
-    if (len > w->max_produce_bytes) {
-        char orig[24];
-        len = w->max_produce_bytes;
-        snprintf(orig, sizeof(orig), "%zu", rkm->len);
-        rd_kafka_header_add(h, "kgen-payload-truncated-from", -1, orig, -1);
-    }
-    char part[16], off[24];
-    snprintf(part, sizeof(part), "%d", rkm->partition);
-    snprintf(off, sizeof(off), "%lld", (long long)rkm->offset);
-    rd_kafka_header_add(h, "kgen-error-reason", -1, kg_codec_dlq_reason_str(err->reason), -1);
-    rd_kafka_header_add(h, "kgen-error-message", -1, err->message, -1);
-    rd_kafka_header_add(h, "kgen-source-topic", -1, rd_kafka_topic_name(rkm->rkt), -1);
-    rd_kafka_header_add(h, "kgen-source-partition", -1, part, -1);
-    rd_kafka_header_add(h, "kgen-source-offset", -1, off, -1);
-    rd_kafka_header_add(h, "kgen-worker-id", -1, w->worker_id, -1);
+/* An unparseable job: its DLQ copy is its answer (the delivery stores the offset). */
+static void dead_letter_job(kg_worker_t *w, const job_msg_t *m, const kg_codec_error_t *err) {
+    dlq_copy_t c = {.key = m->key,
+                    .key_len = m->key_len,
+                    .payload = m->payload,
+                    .len = m->len,
+                    .payload_kind = "job",
+                    .reason = kg_codec_dlq_reason_str(err->reason),
+                    .message = err->message,
+                    .partition = m->partition,
+                    .offset = m->offset};
     atomic_fetch_add(&w->m.jobs_dlq, 1);
-    KG_LOG_WARN("worker", "dead-lettered partition=%d offset=%lld reason=%s", rkm->partition,
-                (long long)rkm->offset, kg_codec_dlq_reason_str(err->reason));
-    produce(w, w->dlq_topic, rkm->key, rkm->key_len, rkm->payload, len,
-            ack_new(rkm->partition, rkm->offset), h);
-    rd_kafka_headers_destroy(h);
+    KG_LOG_WARN("worker", "dead-lettered partition=%d offset=%lld reason=%s", m->partition,
+                (long long)m->offset, c.reason);
+    job_answered(w, m->partition, m->offset);
+    dead_letter(w, &c, ack_new(m->partition, m->offset, ACK_DLQ));
+}
+
+/* Decode a job; one that does not decode is answered (DLQ or invalid_job)
+ * and NULL returned. */
+static kg_job_t *decode_or_answer(kg_worker_t *w, const job_msg_t *m) {
+    kg_job_t *job = NULL;
+    kg_codec_error_t cerr;
+    kg_status_t st =
+        kg_codec_decode_job_opts(m->payload ? m->payload : "", m->len, &w->codec_opts, &job, &cerr);
+    if (st == KG_ERR_NOMEM) {
+        fatal(w, "out of memory decoding a job");
+    } else if (st != KG_OK && cerr.kind == KG_CODEC_DLQ) {
+        dead_letter_job(w, m, &cerr);
+    } else if (st != KG_OK) {
+        produce_error(w, cerr.request_id, m->partition, m->offset, KG_ERROR_INVALID_JOB,
+                      cerr.message, NULL);
+    }
+    if (job) {
+        job->partition = m->partition;
+        job->offset = m->offset;
+    }
+    return job;
+}
+
+/* TEST-ONLY fault injection: with KGEN_TEST_CRASH_ON_REQUEST_ID set (read
+ * at startup, announced with a warning), the worker abort()s when it starts
+ * that job, so the poison-job journal can be tested with a real crash
+ * (tests/integration/test_worker_poison.sh). Never set it in production. */
+static void crash_if_test_target(const kg_worker_t *w, const kg_job_t *job) {
+    if (w->crash_request_id && strcmp(job->request_id, w->crash_request_id) == 0) {
+        KG_LOG_ERROR("worker",
+                     "TEST-ONLY fault injection: abort() request_id=%s partition=%d "
+                     "offset=%lld",
+                     job->request_id, job->partition, (long long)job->offset);
+        abort();
+    }
+}
+
+/* Start a job: decode, prepare (tokenize, check the limits) and queue it
+ * for the engine; a job that cannot run is answered at once. */
+static void start_message(kg_worker_t *w, const job_msg_t *m) {
+    kg_job_t *job = decode_or_answer(w, m);
+    if (!job) {
+        return;
+    }
+    crash_if_test_target(w, job);
+    job_rec_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        kg_job_free(job);
+        fatal(w, "out of memory");
+        return;
+    }
+    r->id = w->next_id++;
+    kg_error_code_t code;
+    char msg[256];
+    kg_status_t st = kg_jobrun_start(&r->run, w->model, &w->limits, job, kg_clock_epoch_ms(),
+                                     m->taken_us, &code, msg, sizeof(msg));
+    if (st != KG_OK) {
+        if (st == KG_ERR_NOMEM) {
+            fatal(w, "out of memory preparing a job");
+        } else {
+            produce_error(w, job->request_id, job->partition, job->offset, code, msg,
+                          job->metadata_json);
+        }
+        kg_jobrun_clear(&r->run);
+        free(r);
+        return;
+    }
+    r->state = REC_PENDING;
+    rec_insert(w, r);
+    if (w->pending_tail) {
+        w->pending_tail->qnext = r;
+    } else {
+        w->pending_head = r;
+    }
+    w->pending_tail = r;
+    w->n_pending++;
+    submit_pending(w);
+}
+
+// ---- poison jobs: held messages and suspects (see kg_journal.h) ----
+
+static void update_inflight_gauge(kg_worker_t *w) {
+    atomic_store(&w->m.inflight, w->n_inflight + w->n_held);
+}
+
+static held_msg_t *held_new(const job_msg_t *m, int strikes) {
+    held_msg_t *h = calloc(1, sizeof(*h));
+    void *key = malloc(m->key_len ? m->key_len : 1);
+    void *payload = malloc(m->len ? m->len : 1);
+    if (!h || !key || !payload) {
+        free(h);
+        free(key);
+        free(payload);
+        return NULL;
+    }
+    if (m->key_len) {
+        memcpy(key, m->key, m->key_len);
+    }
+    if (m->len) {
+        memcpy(payload, m->payload, m->len);
+    }
+    h->m = *m;
+    h->m.key = m->key ? key : NULL;
+    h->m.payload = m->payload ? payload : NULL;
+    h->strikes = strikes;
+    if (!m->key) {
+        free(key);
+    }
+    if (!m->payload) {
+        free(payload);
+    }
+    return h;
+}
+
+static void held_free(held_msg_t *h) {
+    free((void *)h->m.key);
+    free((void *)h->m.payload);
+    free(h);
+}
+
+static void held_push(held_msg_t **head, held_msg_t **tail, held_msg_t *h) {
+    h->next = NULL;
+    if (*tail) {
+        (*tail)->next = h;
+    } else {
+        *head = h;
+    }
+    *tail = h;
+}
+
+/* Hold a journaled message: a job with no strike starts once its snapshot
+ * is acknowledged; a suspect waits for its turn. */
+static void hold_message(kg_worker_t *w, const job_msg_t *m, int strikes) {
+    held_msg_t *h = held_new(m, strikes);
+    if (!h) {
+        fatal(w, "out of memory holding a job");
+        return;
+    }
+    w->n_held++;
+    update_inflight_gauge(w);
+    if (strikes == 0) {
+        h->ticket = kg_journal_start(w->journal, m->partition, m->offset, 0);
+        held_push(&w->held_head, &w->held_tail, h);
+        return;
+    }
+    KG_LOG_WARN("worker",
+                "suspect job: it was running when a worker failed, so it runs alone among "
+                "suspects partition=%d offset=%lld strikes=%d",
+                m->partition, (long long)m->offset, strikes);
+    held_push(&w->suspects_head, &w->suspects_tail, h);
+    atomic_store(&w->m.suspects, 1);
+}
+
+/* At most one suspect runs at a time: when a worker then fails, it is the
+ * only job present in two failures in a row (kg_journal.h). */
+static void start_next_suspect(kg_worker_t *w) {
+    held_msg_t *h = w->suspects_head;
+    if (w->suspect_busy || !h || w->draining) {
+        return;
+    }
+    w->suspects_head = h->next;
+    if (!w->suspects_head) {
+        w->suspects_tail = NULL;
+    }
+    w->suspect_busy = true;
+    w->suspect_partition = h->m.partition;
+    w->suspect_offset = h->m.offset;
+    h->ticket = kg_journal_start(w->journal, h->m.partition, h->m.offset, h->strikes);
+    held_push(&w->held_head, &w->held_tail, h);
+}
+
+/* Start every held job whose snapshot the broker has acknowledged. */
+static void release_held(kg_worker_t *w) {
+    held_msg_t *prev = NULL;
+    for (held_msg_t *h = w->held_head, *next; h && !w->fatal; h = next) {
+        next = h->next;
+        if (!kg_journal_durable(w->journal, h->m.partition, h->ticket)) {
+            prev = h;
+            continue;
+        }
+        if (prev) {
+            prev->next = next;
+        } else {
+            w->held_head = next;
+        }
+        if (w->held_tail == h) {
+            w->held_tail = prev;
+        }
+        w->n_held--;
+        start_message(w, &h->m);
+        held_free(h);
+    }
+    update_inflight_gauge(w);
+}
+
+static bool in_parts(const rd_kafka_topic_partition_list_t *parts, int32_t partition) {
+    for (int k = 0; parts && k < parts->cnt; k++) {
+        if (parts->elems[k].partition == partition) {
+            return true;
+        }
+    }
+    return parts == NULL;
+}
+
+/* Give back (uncommitted) the held messages of the listed partitions (NULL: all). */
+static void drop_held_list(kg_worker_t *w,
+                           held_msg_t **head,
+                           held_msg_t **tail,
+                           const rd_kafka_topic_partition_list_t *parts) {
+    held_msg_t *prev = NULL;
+    for (held_msg_t *h = *head, *next; h; h = next) {
+        next = h->next;
+        if (!in_parts(parts, h->m.partition)) {
+            prev = h;
+            continue;
+        }
+        if (prev) {
+            prev->next = next;
+        } else {
+            *head = next;
+        }
+        if (*tail == h) {
+            *tail = prev;
+        }
+        w->n_held--;
+        job_given_back(w, h->m.partition, h->m.offset);
+        held_free(h);
+    }
+}
+
+static void drop_held(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
+    drop_held_list(w, &w->held_head, &w->held_tail, parts);
+    drop_held_list(w, &w->suspects_head, &w->suspects_tail, parts);
+    update_inflight_gauge(w);
+    atomic_store(&w->m.suspects, w->suspect_busy || w->suspects_head);
+}
+
+/* A job present in poison_after consecutive worker failures: not run again.
+ * It is answered with an `internal` error event and copied to the DLQ. */
+static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
+    kg_job_t *job = decode_or_answer(w, m); /* the codec is fuzzed; the engine is what crashes */
+    if (!job) {
+        return;
+    }
+    char msg[256];
+    snprintf(msg, sizeof(msg),
+             "poisoned after %d attempts: the job was running each time a worker failed (a "
+             "crash, a kill or a device fault), so it is not run again; a copy is on the "
+             "dead-letter topic",
+             strikes);
+    dlq_copy_t c = {.key = m->key,
+                    .key_len = m->key_len,
+                    .payload = m->payload,
+                    .len = m->len,
+                    .payload_kind = "job",
+                    .reason = "poisoned",
+                    .message = msg,
+                    .partition = m->partition,
+                    .offset = m->offset};
+    atomic_fetch_add(&w->m.jobs_poisoned, 1);
+    KG_LOG_ERROR("worker",
+                 "job poisoned, not run again request_id=%s partition=%d offset=%lld "
+                 "strikes=%d",
+                 job->request_id, m->partition, (long long)m->offset, strikes);
+    dead_letter(w, &c, NULL);
+    produce_error(w, job->request_id, m->partition, m->offset, KG_ERROR_INTERNAL, msg,
+                  job->metadata_json);
+    kg_job_free(job);
 }
 
 static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
@@ -490,63 +992,21 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
         rd_kafka_topic_partition_list_destroy(l);
         return;
     }
-    kg_job_t *job = NULL;
-    kg_codec_error_t cerr;
-    st = kg_codec_decode_job_opts(rkm->payload ? rkm->payload : "", rkm->len, &w->codec_opts, &job,
-                                  &cerr);
-    if (st == KG_ERR_NOMEM) {
-        fatal(w, "out of memory decoding a job");
-        return;
-    }
-    if (st != KG_OK) {
-        if (cerr.kind == KG_CODEC_DLQ) {
-            dead_letter(w, rkm, &cerr);
-        } else {
-            produce_error(w, cerr.request_id, rkm->partition, rkm->offset, KG_ERROR_INVALID_JOB,
-                          cerr.message, NULL);
-        }
-        return;
-    }
-    job->partition = rkm->partition;
-    job->offset = rkm->offset;
-    job_rec_t *r = calloc(1, sizeof(*r));
-    if (!r) {
-        kg_job_free(job);
-        fatal(w, "out of memory");
-        return;
-    }
-    r->job = job;
-    r->id = w->next_id++;
-    r->t_taken_us = kg_clock_us();
-    kg_error_code_t code;
-    char msg[256];
-    st = kg_intake_prepare(w->model, &w->limits, job, kg_clock_epoch_ms(), &r->prep, &code, msg,
-                           sizeof(msg));
-    if (st != KG_OK) {
-        if (st == KG_ERR_NOMEM) {
-            fatal(w, "out of memory preparing a job");
-        } else {
-            produce_error(w, job->request_id, job->partition, job->offset, code, msg,
-                          job->metadata_json);
-        }
-        kg_job_free(job);
-        free(r);
-        return;
-    }
-    kg_output_init(&r->out, w->model->tok, (const char *const *)job->stop, job->n_stop);
-    if (job->sampling.n_logprobs > 0 && !job->stream) {
-        r->samples = malloc((size_t)r->prep.max_tokens * sizeof(*r->samples));
-    }
-    r->state = REC_PENDING;
-    rec_insert(w, r);
-    if (w->pending_tail) {
-        w->pending_tail->qnext = r;
+    job_msg_t m = {.partition = rkm->partition,
+                   .offset = rkm->offset,
+                   .key = rkm->key,
+                   .key_len = rkm->key_len,
+                   .payload = rkm->payload,
+                   .len = rkm->len,
+                   .taken_us = kg_clock_us()};
+    int strikes = kg_journal_strikes(w->journal, m.partition, m.offset);
+    if (strikes < 0) {
+        start_message(w, &m); /* not journaled */
+    } else if (strikes >= w->cfg->poison_after) {
+        answer_poisoned(w, &m, strikes);
     } else {
-        w->pending_head = r;
+        hold_message(w, &m, strikes);
     }
-    w->pending_tail = r;
-    w->n_pending++;
-    submit_pending(w);
 }
 
 // ---- partitions: pause, resume, rebalance ----
@@ -574,9 +1034,10 @@ static void check_backpressure(kg_worker_t *w) {
         set_paused(w, true);
         return;
     }
-    if (!w->paused && w->n_inflight >= w->max_inflight) {
+    int32_t taken = w->n_inflight + w->n_held;
+    if (!w->paused && taken >= w->max_inflight) {
         set_paused(w, true);
-    } else if (w->paused && w->n_inflight <= w->max_inflight * 3 / 4) {
+    } else if (w->paused && taken <= w->max_inflight * 3 / 4) {
         set_paused(w, false);
     }
 }
@@ -590,9 +1051,10 @@ abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool 
             next = r->hnext;
             bool hit = parts == NULL;
             for (int k = 0; parts && k < parts->cnt && !hit; k++) {
-                hit = parts->elems[k].partition == r->job->partition;
+                hit = parts->elems[k].partition == r->run.job->partition;
             }
-            if (!hit || r->state == REC_REVOKED || (unstarted_only && r->t_first_us != 0)) {
+            if (!hit || r->state == REC_REVOKED ||
+                (unstarted_only && r->run.t.first_token_us != 0)) {
                 continue;
             }
             if (r->state == REC_PENDING) {
@@ -610,11 +1072,13 @@ abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool 
                     w->n_pending--;
                 }
                 atomic_fetch_add(&w->m.jobs_cancelled, 1);
+                job_given_back(w, r->run.job->partition, r->run.job->offset);
                 rec_free(w, r);
                 continue;
             }
             r->state = REC_REVOKED;
             atomic_fetch_add(&w->m.jobs_cancelled, 1);
+            job_given_back(w, r->run.job->partition, r->run.job->offset);
             if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
                 fatal(w, "engine command queue stuck");
             }
@@ -628,6 +1092,7 @@ static void rebalance_cb(rd_kafka_t *rk,
                          void *opaque) {
     kg_worker_t *w = opaque;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        kg_journal_assign(w->journal, parts); /* the strikes of their jobs, before any is taken */
         for (int i = 0; i < parts->cnt; i++) {
             if (kg_offsets_assign(w->offsets, parts->elems[i].partition) != KG_OK) {
                 fatal(w, "cannot track an assigned partition");
@@ -655,6 +1120,10 @@ static void rebalance_cb(rd_kafka_t *rk,
             rd_kafka_commit(rk, NULL, 0);
         }
         abandon_jobs(w, parts, false);
+        drop_held(w, parts);
+        /* a hand-over is no failure, unless the worker stops for a reason
+         * that may be a job's (then the last snapshot stands) */
+        kg_journal_revoke(w->journal, parts, !w->fatal || w->fatal_kafka);
         for (int i = 0; i < parts->cnt; i++) {
             kg_offsets_revoke(w->offsets, parts->elems[i].partition);
             if (parts->elems[i].partition >= 0 && parts->elems[i].partition < MAX_PARTITIONS) {
@@ -680,7 +1149,7 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
         rd_kafka_fatal_error(rk, buf, sizeof(buf));
         char what[640];
         snprintf(what, sizeof(what), "librdkafka fatal error: %s", buf);
-        fatal(w, what);
+        fatal_kafka(w, what);
         return;
     }
     /* informational: librdkafka retries by itself (a broker that went away) */
@@ -768,7 +1237,12 @@ static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_siz
     return rk;
 }
 
-static rd_kafka_t *make_producer(kg_worker_t *w, char *errstr, size_t errstr_size) {
+/* The producer. `topic_max` (0 = unknown) is the smallest max.message.bytes
+ * of the topics it writes: a batch of small events must not outgrow it
+ * either, so batch.size (librdkafka's default is 1,000,000) is cut to it
+ * unless -X sets batch.size. */
+static rd_kafka_t *
+make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
     rd_kafka_conf_t *conf = kg_kafka_conf_new(w->cfg, errstr, errstr_size);
     if (!conf) {
         return NULL;
@@ -779,6 +1253,17 @@ static rd_kafka_t *make_producer(kg_worker_t *w, char *errstr, size_t errstr_siz
         kg_kafka_conf_set(conf, "client.id", w->worker_id, errstr, errstr_size)) {
         rd_kafka_conf_destroy(conf);
         return NULL;
+    }
+    char buf[32];
+    size_t bl = sizeof(buf);
+    if (topic_max > RECORD_OVERHEAD &&
+        rd_kafka_conf_get(conf, "batch.size", buf, &bl) == RD_KAFKA_CONF_OK &&
+        atoll(buf) > topic_max - RECORD_OVERHEAD) {
+        snprintf(buf, sizeof(buf), "%lld", (long long)(topic_max - RECORD_OVERHEAD));
+        if (kg_kafka_conf_set(conf, "batch.size", buf, errstr, errstr_size)) {
+            rd_kafka_conf_destroy(conf);
+            return NULL;
+        }
     }
     for (int i = 0; i < w->cfg->n_kafka_props; i++) {
         /* re-apply -X so they win over our defaults (linger.ms, ...) */
@@ -799,6 +1284,68 @@ static rd_kafka_t *make_producer(kg_worker_t *w, char *errstr, size_t errstr_siz
         return NULL;
     }
     return rk;
+}
+
+/* The bytes a message may take: the producer's message.max.bytes, and the
+ * topic's max.message.bytes (read at startup) when that is smaller, or
+ * --max-event-bytes. Makes the producer (its batch.size depends on it) and
+ * sets max_event_bytes and max_dlq_bytes. */
+static kg_status_t size_messages(kg_worker_t *w, char *errstr, size_t errstr_size) {
+    const kg_config_t *cfg = w->cfg;
+    int64_t topic_max[2] = {-1, -1}; /* results, DLQ */
+    if (cfg->max_event_bytes == 0) {
+        const char *topics[2] = {cfg->results_topic, w->dlq_topic};
+        char why[512];
+        int n = strcmp(topics[0], topics[1]) == 0 ? 1 : 2;
+        if (kg_topic_max_message_bytes(cfg, topics, n, TOPIC_LOOKUP_MS, topic_max, why,
+                                       sizeof(why)) < n) {
+            KG_LOG_WARN("worker",
+                        "cannot read max.message.bytes of the results and DLQ topics, so events "
+                        "are sized to the producer's message.max.bytes (set --max-event-bytes if "
+                        "a topic takes less) error=\"%s\"",
+                        why);
+        }
+        topic_max[1] = n == 1 ? topic_max[0] : topic_max[1];
+    }
+    int64_t smallest = topic_max[0] > 0 && (topic_max[1] <= 0 || topic_max[0] < topic_max[1])
+                           ? topic_max[0]
+                           : topic_max[1];
+    w->producer = make_producer(w, smallest > 0 ? smallest : 0, errstr, errstr_size);
+    if (!w->producer) {
+        return KG_ERR_INVALID;
+    }
+    char buf[32];
+    size_t bl = sizeof(buf);
+    int64_t producer_max = 1000000;
+    if (rd_kafka_conf_get(rd_kafka_conf(w->producer), "message.max.bytes", buf, &bl) ==
+        RD_KAFKA_CONF_OK) {
+        producer_max = atoll(buf);
+    }
+    int64_t results = topic_max[0] > 0 && topic_max[0] < producer_max ? topic_max[0] : producer_max;
+    int64_t dlq = topic_max[1] > 0 && topic_max[1] < producer_max ? topic_max[1] : producer_max;
+    if (cfg->max_event_bytes > 0) {
+        /* a configured budget stands for the topics' limits we did not read */
+        results = cfg->max_event_bytes + RECORD_OVERHEAD < results
+                      ? cfg->max_event_bytes + RECORD_OVERHEAD
+                      : results;
+        dlq = results;
+    }
+    if (results < MIN_MESSAGE_BYTES || dlq < MIN_MESSAGE_BYTES) {
+        snprintf(errstr, errstr_size,
+                 "messages of at most %lld bytes (results) and %lld bytes (DLQ) are too small "
+                 "for events; need %d (message.max.bytes, max.message.bytes)",
+                 (long long)results, (long long)dlq, MIN_MESSAGE_BYTES);
+        return KG_ERR_INVALID;
+    }
+    w->max_event_bytes = (size_t)(results - RECORD_OVERHEAD);
+    w->max_dlq_bytes = (size_t)(dlq - RECORD_OVERHEAD - DLQ_HEADER_ROOM);
+    KG_LOG_INFO(
+        "worker",
+        "event budget max_event_bytes=%zu max_dlq_bytes=%zu producer_message_max_bytes=%lld "
+        "results_topic_max_message_bytes=%lld dlq_topic_max_message_bytes=%lld",
+        w->max_event_bytes, w->max_dlq_bytes, (long long)producer_max, (long long)topic_max[0],
+        (long long)topic_max[1]);
+    return KG_OK;
 }
 
 kg_worker_t *
@@ -827,35 +1374,39 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->max_inflight = (int32_t)(cfg->max_batch_size + cfg->max_queue_depth);
     w->codec_opts = kg_codec_opts_default();
     w->codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
+    w->codec_opts.default_max_tokens = cfg->default_max_tokens;
 
-    /* engine */
-    size_t kv_bytes = (size_t)cfg->kv_memory_mib << 20;
-    kg_engine_params_t ep = kg_engine_params_default(model, kv_bytes);
-    ep.max_batch_size = (int32_t)cfg->max_batch_size;
-    /* every job the worker lets in may wait inside the engine while the
-     * running ones finish: the engine's queue holds all of them */
-    ep.max_queue_depth = (int32_t)(cfg->max_batch_size + cfg->max_queue_depth);
-    ep.max_batch_tokens = (int32_t)cfg->max_batch_tokens;
-    ep.kv_block_size = (int32_t)cfg->kv_block_size;
-    ep.prefix_cache = cfg->prefix_cache;
-    if (cfg->ctx > 0) {
-        ep.max_seq_len = (int32_t)cfg->ctx;
+    /* engine: every job the worker lets in may wait inside the engine while
+     * the running ones finish, so the engine's queue holds all of them */
+    kg_engine_options_t eo = kg_engine_options_default();
+    eo.max_batch_size = cfg->max_batch_size;
+    eo.max_queue_depth = cfg->max_batch_size + cfg->max_queue_depth;
+    eo.max_batch_tokens = cfg->max_batch_tokens;
+    eo.ctx = cfg->ctx;
+    eo.kv_block_size = cfg->kv_block_size;
+    eo.kv_memory_mib = cfg->kv_memory_mib;
+    eo.prefix_cache = cfg->prefix_cache;
+    eo.threads = cfg->threads;
+    kg_engine_params_t ep;
+    kg_backend_params_t bp;
+    bool clamped;
+    if (kg_engine_size(model, &eo, &ep, &bp, &clamped, errstr, errstr_size) != KG_OK) {
+        goto fail;
     }
-    if (kv_bytes == 0) {
-        /* enough blocks for every slot at full context */
-        int64_t per_seq = (ep.max_seq_len + ep.kv_block_size - 1) / ep.kv_block_size;
-        ep.n_kv_blocks = (int32_t)(per_seq * ep.max_batch_size);
-    } else {
-        ep.n_kv_blocks =
-            (int32_t)(kv_bytes / (kg_backend_kv_bytes_per_token(model) * (size_t)ep.kv_block_size));
+    if (clamped) {
+        KG_LOG_WARN("worker", "the KV pool holds %d tokens: the context is cut to that",
+                    ep.max_seq_len);
     }
-    kg_backend_params_t bp = {.n_threads = (int32_t)cfg->threads,
-                              .n_kv_blocks = ep.n_kv_blocks,
-                              .kv_block_size = ep.kv_block_size,
-                              .max_batch_tokens = ep.max_batch_tokens};
     w->limits.max_seq_len = ep.max_seq_len;
     w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
+    /* constrained jobs compile here, on the kafka thread, once per schema */
+    w->grammars = kg_grammar_cache_new_for(model->tok, KG_GRAMMAR_CACHE_DEFAULT_BYTES);
+    if (!w->grammars) {
+        snprintf(errstr, errstr_size, "out of memory for the grammar cache");
+        goto fail;
+    }
+    w->limits.grammars = w->grammars;
 
     w->be = kg_backend_new(cfg->backend, model, &bp, errstr, errstr_size);
     if (!w->be) {
@@ -880,20 +1431,24 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         snprintf(errstr, errstr_size, "out of memory");
         goto fail;
     }
-    w->producer = make_producer(w, errstr, errstr_size);
-    if (!w->producer) {
+    if (size_messages(w, errstr, errstr_size) != KG_OK) {
         goto fail;
     }
-    {
-        char buf[32];
-        size_t bl = sizeof(buf);
-        long mmb = 1000000;
-        if (rd_kafka_conf_get(rd_kafka_conf(w->producer), "message.max.bytes", buf, &bl) ==
-            RD_KAFKA_CONF_OK) {
-            mmb = atol(buf);
+    w->limits.max_event_bytes = w->max_event_bytes;
+    if (cfg->poison_after > 0) {
+        w->journal = kg_journal_new(cfg, w->worker_id, errstr, errstr_size);
+        if (!w->journal) {
+            goto fail;
         }
-        /* room for the key, headers and record overhead */
-        w->max_produce_bytes = mmb > 16384 ? (size_t)mmb - 8192 : (size_t)mmb / 2;
+    }
+    w->crash_request_id = getenv("KGEN_TEST_CRASH_ON_REQUEST_ID");
+    if (w->crash_request_id && *w->crash_request_id) {
+        KG_LOG_WARN("worker",
+                    "TEST-ONLY fault injection armed: this worker abort()s when it starts the "
+                    "job request_id=%s (KGEN_TEST_CRASH_ON_REQUEST_ID; never in production)",
+                    w->crash_request_id);
+    } else {
+        w->crash_request_id = NULL;
     }
     w->consumer = make_consumer(w, errstr, errstr_size);
     if (!w->consumer) {
@@ -920,7 +1475,7 @@ fail:
 }
 
 void kg_worker_stop(kg_worker_t *w) {
-    w->stop_requested = 1;
+    atomic_store(&w->stop_requested, 1); /* lock-free: async-signal-safe */
 }
 
 static void drain_engine_events(kg_worker_t *w, int timeout_ms) {
@@ -939,7 +1494,7 @@ int kg_worker_run(kg_worker_t *w) {
     while (!w->fatal) {
         int64_t now = kg_clock_us();
         atomic_store(&w->m.last_loop_us, now);
-        if (w->stop_requested && !w->draining) {
+        if (atomic_load(&w->stop_requested) && !w->draining) {
             w->draining = true;
             w->drain_deadline_us = now + (int64_t)(w->cfg->drain_timeout_s * 1e6);
             KG_LOG_INFO("worker", "stopping: draining inflight=%d timeout_s=%g", w->n_inflight,
@@ -948,16 +1503,18 @@ int kg_worker_run(kg_worker_t *w) {
             for (job_rec_t *r = w->pending_head; r; r = w->pending_head) {
                 w->pending_head = r->qnext;
                 w->n_pending--;
+                job_given_back(w, r->run.job->partition, r->run.job->offset);
                 rec_free(w, r);
             }
             w->pending_tail = NULL;
+            drop_held(w, NULL);
             /* so are jobs the engine has not started streaming (waiting for
              * a slot, or in their first prefill step): the drain is for the
              * running ones, and the next owner can start these at once */
             abandon_jobs(w, NULL, true);
         }
         if (w->draining) {
-            if (w->n_inflight == 0) {
+            if (w->n_inflight == 0 && w->n_held == 0) {
                 break;
             }
             if (now > w->drain_deadline_us) {
@@ -972,7 +1529,8 @@ int kg_worker_run(kg_worker_t *w) {
         int n_taken = 0;
         rd_kafka_message_t *rkm;
         while (n_taken < POLL_BATCH && !w->fatal &&
-               (rkm = rd_kafka_consumer_poll(w->consumer, n_taken == 0 ? 5 : 0)) != NULL) {
+               (rkm = rd_kafka_consumer_poll(w->consumer, n_taken == 0 && !w->held_head ? 5 : 0)) !=
+                   NULL) {
             n_taken++;
             if (rkm->err) {
                 if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
@@ -986,6 +1544,10 @@ int kg_worker_run(kg_worker_t *w) {
             rd_kafka_message_destroy(rkm);
             check_backpressure(w);
         }
+        start_next_suspect(w);
+        /* while jobs wait for their snapshot, wait here for its ack */
+        kg_journal_poll(w->journal, now, w->held_head ? 2 : 0);
+        release_held(w);
         submit_pending(w);
         drain_engine_events(w, n_taken ? 0 : 2);
         rd_kafka_poll(w->producer, 0);
@@ -1035,11 +1597,18 @@ void kg_worker_free(kg_worker_t *w) {
         rd_kafka_poll(w->producer, 0);
         rd_kafka_destroy(w->producer);
     }
+    drop_held(w, NULL);
+    kg_journal_free(w->journal);
     kg_offsets_free(w->offsets);
     free(w->table);
     kg_engine_free(w->engine);
     kg_backend_free(w->be);
+    kg_grammar_cache_free(w->grammars);
     free(w);
+}
+
+const kg_grammar_cache_t *kg_worker_grammar_cache(const kg_worker_t *w) {
+    return w->grammars;
 }
 
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {
@@ -1048,6 +1617,10 @@ const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {
 
 const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w) {
     return kg_runner_gauges(w->runner);
+}
+
+void kg_worker_backend_counters(const kg_worker_t *w, kg_backend_counters_t *out) {
+    kg_backend_counters(w->be, out);
 }
 
 int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max) {

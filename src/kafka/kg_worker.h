@@ -14,8 +14,20 @@
  *            its terminal event (or DLQ copy) is acknowledged by the broker
  *            (idempotent producer, acks=all); the contiguous finished prefix
  *            (+1) is stored, and librdkafka's auto-commit commits it. A
- *            delivery that fails after retries is fatal: the worker stops
- *            and exits non-zero without storing that offset.
+ *            delivery that fails after retries is fatal (the worker stops
+ *            and exits non-zero without storing that offset), unless the
+ *            broker refused that one message for its own sake (its size):
+ *            then the job is answered with a small internal error event and
+ *            the refused event is copied to the DLQ;
+ *   size     every event is fitted to a byte budget read at startup (the
+ *            producer's message.max.bytes, the results topic's
+ *            max.message.bytes; pipeline/kg_events sheds logprobs, the
+ *            metadata echo, then text), and `job done` is logged when the
+ *            broker has the done event;
+ *   poison   with --poison-after, a job waits until the in-flight journal
+ *            records it as running (kg_journal); a job that was running in
+ *            that many consecutive worker failures is answered instead of
+ *            run, and jobs with a strike run one at a time.
  * Backpressure: at most max_batch_size running plus max_queue_depth waiting
  * jobs; at that level every assigned partition is paused (polling goes on,
  * so the worker stays in the group) and resumed at 3/4.
@@ -46,6 +58,9 @@ typedef struct kg_worker_metrics {
     _Atomic int64_t jobs_by_finish[3]; /* stop, length, stop_sequence */
     _Atomic int64_t jobs_by_error[16]; /* by kg_error_code_t */
     _Atomic int64_t prompt_tokens, generated_tokens, messages_consumed, events_produced;
+    _Atomic int64_t events_refused; /* refused by the broker for their own sake, answered */
+    _Atomic int64_t jobs_poisoned;  /* not run again: present in --poison-after failures */
+    _Atomic int32_t suspects;       /* 1 while jobs with a strike wait or run (kg_journal) */
     _Atomic int32_t inflight, paused, assigned_partitions, ready;
     _Atomic int64_t last_loop_us;
     kg_histogram_t ttft, tpot, e2e; /* per finished job */
@@ -69,5 +84,10 @@ void kg_worker_free(kg_worker_t *w);
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w);
 /** Engine gauges (kg_runner_gauges_t) for metrics. */
 const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w);
+struct kg_backend_counters;
+/** The backend's own counters (CUDA graphs and their fallbacks); any thread. */
+void kg_worker_backend_counters(const kg_worker_t *w, struct kg_backend_counters *out);
+/** The grammar cache (its stats are atomics, readable from any thread). */
+const struct kg_grammar_cache *kg_worker_grammar_cache(const kg_worker_t *w);
 /** Per-partition lag: fills up to `max` (partition, lag) pairs; returns count. */
 int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max);

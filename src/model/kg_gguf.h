@@ -54,6 +54,7 @@ typedef enum kg_ggml_type {
     KG_GGML_TYPE_IQ4_NL = 20,
     KG_GGML_TYPE_IQ4_XS = 23,
     KG_GGML_TYPE_BF16 = 30,
+    KG_GGML_TYPE_MXFP4 = 39, /* gpt-oss experts: see kg_mxfp4.h */
 } kg_ggml_type_t;
 
 /* A string inside the file: not NUL-terminated. */

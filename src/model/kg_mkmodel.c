@@ -1,10 +1,28 @@
-/* kg_mkmodel: a random-weight Llama model of any shape, as a GGUF file.
+/* kg_mkmodel: a random-weight model of any supported family and shape, as
+ * a GGUF file.
  *
- * The file is what llama.cpp's converter would write for a Llama model:
- * the llama.* hyperparameter keys, a tokenizer, and tensors with
- * llama.cpp's names and ggml shapes (ne[0] is the input dimension). Norm
- * weights stay F32, as llama.cpp keeps 1-D tensors; every 2-D weight takes
- * the chosen type.
+ * The file is what llama.cpp's converter (convert_hf_to_gguf.py) would
+ * write for that family: its <arch>.* hyperparameter keys, a tokenizer,
+ * and tensors with llama.cpp's names and ggml shapes (ne[0] is the input
+ * dimension): qwen2's Q/K/V biases, qwen3's and gemma3's Q/K norms,
+ * Gemma's post-norms (stored with the +1 already added, as the converter
+ * does: weights near 1), phi3's fused attn_qkv and gate+up ffn_up and its
+ * LongRoPE factor tensors. Norm weights and biases stay F32, as llama.cpp
+ * keeps 1-D tensors; every 2-D weight takes the chosen type.
+ *
+ * The mixture-of-experts families (qwen3moe; mixtral, which is llama with
+ * llama.expert_count; gpt-oss) get a router ffn_gate_inp (F32: llama-
+ * quantize never quantizes it) and 3-D expert tensors ffn_{gate,up,down}_exps
+ * (n_expert matrices along ne[2]) instead of the dense FFN; gpt-oss adds
+ * Q/K/V/output biases, attention sinks, router and expert biases, and names
+ * its FFN norm post_attention_norm, as its converter does. The experts take
+ * the weights' type, or MXFP4 with the rest Q8_0 (llama-quantize's
+ * MXFP4_MOE: the form gpt-oss is published in). Each family
+ * gets a built-in vocabulary that exercises its tokenizer path: llama a
+ * SentencePiece byte vocabulary; qwen a byte-level BPE with the qwen2
+ * pre-tokenizer; gemma and phi3 SentencePiece pieces (gemma without the
+ * space prefix); the BPE merges and SentencePiece pieces are trained on a
+ * short built-in English text.
  *
  * Weights are deterministic: each tensor draws from its own xoshiro256**
  * stream seeded from (seed, tensor name), so the same options give the
@@ -20,6 +38,7 @@
 
 #include "kg_gguf.h"
 #include "kg_gguf_writer.h"
+#include "kg_mkvocab.h"
 #include "kg_quant.h"
 #include "kg_quant_mix.h"
 
@@ -130,118 +149,237 @@ static bool add_random(kg_gguf_writer_t *w,
     return true;
 }
 
+/** A stack of n_exp (ne0, ne1) matrices (an expert tensor), each matrix
+ * drawn as add_random would draw it. */
+static bool add_random3(kg_gguf_writer_t *w,
+                        const kg_mkmodel_opts_t *o,
+                        const char *name,
+                        kg_ggml_type_t type,
+                        int64_t ne0,
+                        int64_t ne1,
+                        int64_t n_exp,
+                        float scale) {
+    int64_t n = ne0 * ne1 * n_exp;
+    float *v = malloc((size_t)n * sizeof(float));
+    if (!v) {
+        snprintf(g_err, sizeof(g_err), "out of memory for %s (%lld x %lld x %lld)", name,
+                 (long long)ne0, (long long)ne1, (long long)n_exp);
+        return false;
+    }
+    rng_t r;
+    rng_seed(&r, o->seed, name);
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = scale * rng_uniform(&r);
+    }
+    int64_t ne[3] = {ne0, ne1, n_exp};
+    if (g_mix.on) {
+        type = kg_quant_mix_type(g_mix.ftype, g_mix.pure, &g_mix.model, name, 3, ne0, type);
+    }
+    if (ne0 % kg_type_block_elems(type) != 0) {
+        snprintf(g_err, sizeof(g_err), "%s: rows of %lld elements do not fit %s blocks of %lld",
+                 name, (long long)ne0, kg_type_name(type), (long long)kg_type_block_elems(type));
+        free(v);
+        return false;
+    }
+    kg_status_t st = kg_gguf_writer_add_tensor(w, name, type, 3, ne, v);
+    free(v);
+    if (st != KG_OK) {
+        snprintf(g_err, sizeof(g_err), "cannot add %s: %s", name, kg_status_str(st));
+        return false;
+    }
+    return true;
+}
+
 /** Uniform with variance 1/fan_in: the half-width is sqrt(3 / fan_in). */
 static float fan_in_scale(int64_t fan_in) {
     return sqrtf(3.0f / (float)fan_in);
 }
 
-static bool add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, int64_t n_vocab) {
-    const kg_ggml_type_t wt = o->type;
-    const int64_t hd = o->head_dim;
-    const int64_t q_dim = o->n_head * hd, kv_dim = o->n_head_kv * hd;
-    const float resid = 1.0f / sqrtf(2.0f * (float)o->n_layer);
-    char name[64];
+// ---- families ----
 
-    if (!add_random(w, o, "token_embd.weight", wt, o->n_embd, n_vocab, 0.0f, 1.0f) ||
-        !add_random(w, o, "output_norm.weight", KG_GGML_TYPE_F32, o->n_embd, 1, 1.0f, 0.1f)) {
-        return false;
-    }
-    if (!o->tied &&
-        !add_random(w, o, "output.weight", wt, o->n_embd, n_vocab, 0.0f, fan_in_scale(o->n_embd))) {
-        return false;
-    }
-    for (int64_t l = 0; l < o->n_layer; l++) {
-        static const struct {
-            const char *fmt;
-            int in, out; /* 0 n_embd, 1 q_dim, 2 kv_dim, 3 n_ff, -1 (1-D) */
-            bool resid;
-        } layer[] = {
-            {"blk.%lld.attn_norm.weight", 0, -1, false}, {"blk.%lld.attn_q.weight", 0, 1, false},
-            {"blk.%lld.attn_k.weight", 0, 2, false},     {"blk.%lld.attn_v.weight", 0, 2, false},
-            {"blk.%lld.attn_output.weight", 1, 0, true}, {"blk.%lld.ffn_norm.weight", 0, -1, false},
-            {"blk.%lld.ffn_gate.weight", 0, 3, false},   {"blk.%lld.ffn_down.weight", 3, 0, true},
-            {"blk.%lld.ffn_up.weight", 0, 3, false},
-        };
-        const int64_t dims[4] = {o->n_embd, q_dim, kv_dim, o->n_ff};
-        for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
-            snprintf(name, sizeof(name), layer[i].fmt, (long long)l);
-            bool ok;
-            if (layer[i].out < 0) {
-                ok = add_random(w, o, name, KG_GGML_TYPE_F32, dims[layer[i].in], 1, 1.0f, 0.1f);
-            } else {
-                int64_t fan_in = dims[layer[i].in];
-                float scale = fan_in_scale(fan_in) * (layer[i].resid ? resid : 1.0f);
-                ok = add_random(w, o, name, wt, fan_in, dims[layer[i].out], 0.0f, scale);
-            }
-            if (!ok) {
-                return false;
-            }
+/* What llama.cpp's converter writes for each family: the tensors of a layer
+ * and the built-in vocabulary style (see the metadata in write_hparams). */
+typedef struct family {
+    const char *arch;      /* the --arch name */
+    const char *gguf_arch; /* general.architecture (mixtral is a llama) */
+    bool moe;              /* router and 3-D expert tensors instead of the dense FFN */
+    bool oss;              /* gpt-oss: sinks, output/router/expert biases, yarn, windows */
+    bool qkv_bias;         /* blk.N.attn_{q,k,v}.bias (qwen2) */
+    bool qk_norm;          /* blk.N.attn_{q,k}_norm (qwen3, gemma3) */
+    bool post_norms;       /* blk.N.post_attention_norm, post_ffw_norm (gemma) */
+    bool fused;            /* blk.N.attn_qkv and a 2 * n_ff ffn_up holding gate then up (phi3) */
+    bool always_tied;      /* no output.weight (gemma2's converter drops lm_head) */
+    bool small_embd;       /* embeddings of variance 1/n_embd: the graph scales them by
+                              sqrt(n_embd), so they enter the residual at unit scale (gemma) */
+    kg_mkvocab_style_t vocab;
+    float rms_eps;
+} family_t;
+
+static const family_t families[] = {
+    {"llama", "llama", false, false, false, false, false, false, false, false, KG_MKVOCAB_LLAMA,
+     1e-5f},
+    {"qwen2", "qwen2", false, false, true, false, false, false, false, false, KG_MKVOCAB_QWEN,
+     1e-6f},
+    {"qwen3", "qwen3", false, false, false, true, false, false, false, false, KG_MKVOCAB_QWEN,
+     1e-6f},
+    {"gemma2", "gemma2", false, false, false, false, true, false, true, true, KG_MKVOCAB_GEMMA,
+     1e-6f},
+    {"gemma3", "gemma3", false, false, false, true, true, false, false, true, KG_MKVOCAB_GEMMA,
+     1e-6f},
+    {"phi3", "phi3", false, false, false, false, false, true, false, false, KG_MKVOCAB_PHI3, 1e-5f},
+    {"qwen3moe", "qwen3moe", true, false, false, true, false, false, false, false, KG_MKVOCAB_QWEN,
+     1e-6f},
+    {"mixtral", "llama", true, false, false, false, false, false, false, false, KG_MKVOCAB_LLAMA,
+     1e-5f},
+    {"gpt-oss", "gpt-oss", true, true, true, false, false, false, false, false, KG_MKVOCAB_GPT_OSS,
+     1e-5f},
+};
+
+static const family_t *find_family(const char *arch) {
+    for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+        if (strcmp(families[i].arch, arch ? arch : "llama") == 0) {
+            return &families[i];
         }
     }
+    return NULL;
+}
+
+bool kg_mkmodel_arch_is_known(const char *arch) {
+    return find_family(arch) != NULL;
+}
+
+int64_t kg_mkmodel_builtin_vocab_size(const char *arch) {
+    const family_t *fam = find_family(arch);
+    kg_gguf_writer_t *w = kg_gguf_writer_new();
+    char err[128];
+    int64_t n = fam && w ? kg_mkvocab_add(w, fam->vocab, 0, err, sizeof(err)) : -1;
+    kg_gguf_writer_free(w);
+    return n;
+}
+
+static int64_t n_rot_of(const kg_mkmodel_opts_t *o) {
+    return o->n_rot > 0 ? o->n_rot : o->head_dim;
+}
+
+static bool is_longrope(const kg_mkmodel_opts_t *o) {
+    return o->rope_scaling && strcmp(o->rope_scaling, "longrope") == 0;
+}
+
+static bool
+add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam, int64_t n_vocab) {
+    const kg_ggml_type_t wt = o->type;
+    const int64_t E = o->n_embd, hd = o->head_dim, F = o->n_ff;
+    const int64_t q_dim = o->n_head * hd, kv_dim = o->n_head_kv * hd;
+    const float resid = 1.0f / sqrtf(2.0f * (float)o->n_layer);
+    const float fe = fan_in_scale(E);
+    /* Gemma's post-norms set how much each block adds to the residual
+     * stream; at 3 the blocks outweigh the (unit-scale) embedding, so a
+     * tied head does not just echo the last token */
+    const float post = 3.0f;
+    char name[64];
+#define KG_ADD(type, ne0, ne1, center, scale, ...)                                                 \
+    (snprintf(name, sizeof(name), __VA_ARGS__),                                                    \
+     add_random(w, o, name, (type), (ne0), (ne1), (center), (scale)))
+
+    if (!add_random(w, o, "token_embd.weight", wt, E, n_vocab, 0.0f,
+                    fam->small_embd ? 0.5f * fe : 1.0f) ||
+        !add_random(w, o, "output_norm.weight", KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f)) {
+        return false;
+    }
+    if (!o->tied && !fam->always_tied &&
+        !add_random(w, o, "output.weight", wt, E, n_vocab, 0.0f, fe)) {
+        return false;
+    }
+    if (is_longrope(o)) {
+        /* LongRoPE frequency divisors: near 1 for short contexts, growing
+         * with the pair index for long ones (as Phi-3's are) */
+        const int64_t n = n_rot_of(o) / 2;
+        if (!add_random(w, o, "rope_factors_long.weight", KG_GGML_TYPE_F32, n, 1, 8.0f, 6.0f) ||
+            !add_random(w, o, "rope_factors_short.weight", KG_GGML_TYPE_F32, n, 1, 1.05f, 0.05f)) {
+            return false;
+        }
+    }
+    for (int64_t l = 0; l < o->n_layer; l++) {
+        const long long L = (long long)l;
+        bool ok = KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.attn_norm.weight", L);
+        if (fam->fused) {
+            ok = ok && KG_ADD(wt, E, q_dim + 2 * kv_dim, 0.0f, fe, "blk.%lld.attn_qkv.weight", L);
+        } else {
+            ok = ok && KG_ADD(wt, E, q_dim, 0.0f, fe, "blk.%lld.attn_q.weight", L) &&
+                 KG_ADD(wt, E, kv_dim, 0.0f, fe, "blk.%lld.attn_k.weight", L) &&
+                 KG_ADD(wt, E, kv_dim, 0.0f, fe, "blk.%lld.attn_v.weight", L);
+        }
+        if (fam->qkv_bias) {
+            ok = ok && KG_ADD(KG_GGML_TYPE_F32, q_dim, 1, 0.0f, 0.2f, "blk.%lld.attn_q.bias", L) &&
+                 KG_ADD(KG_GGML_TYPE_F32, kv_dim, 1, 0.0f, 0.2f, "blk.%lld.attn_k.bias", L) &&
+                 KG_ADD(KG_GGML_TYPE_F32, kv_dim, 1, 0.0f, 0.2f, "blk.%lld.attn_v.bias", L);
+        }
+        if (fam->qk_norm) {
+            ok = ok &&
+                 KG_ADD(KG_GGML_TYPE_F32, hd, 1, 1.0f, 0.1f, "blk.%lld.attn_q_norm.weight", L) &&
+                 KG_ADD(KG_GGML_TYPE_F32, hd, 1, 1.0f, 0.1f, "blk.%lld.attn_k_norm.weight", L);
+        }
+        ok = ok && KG_ADD(wt, q_dim, E, 0.0f, fan_in_scale(q_dim) * resid,
+                          "blk.%lld.attn_output.weight", L);
+        if (fam->post_norms) {
+            ok = ok && KG_ADD(KG_GGML_TYPE_F32, E, 1, post, 0.1f * post,
+                              "blk.%lld.post_attention_norm.weight", L);
+        }
+        if (fam->oss) {
+            ok =
+                ok && KG_ADD(KG_GGML_TYPE_F32, E, 1, 0.0f, 0.2f, "blk.%lld.attn_output.bias", L) &&
+                KG_ADD(KG_GGML_TYPE_F32, o->n_head, 1, 0.0f, 1.0f, "blk.%lld.attn_sinks.weight", L);
+        }
+        /* gpt-oss's converter maps post_attention_layernorm to its own name */
+        ok = ok &&
+             KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f,
+                    fam->oss ? "blk.%lld.post_attention_norm.weight" : "blk.%lld.ffn_norm.weight",
+                    L);
+        if (fam->moe) {
+            const int64_t X = o->n_expert, FX = o->n_ff_exp;
+            const kg_ggml_type_t xt = o->has_expert_type ? o->expert_type : wt;
+            /* the router, F32: its logits are unit-variance, so tokens
+             * spread over the experts */
+            ok = ok && KG_ADD(KG_GGML_TYPE_F32, E, X, 0.0f, fe, "blk.%lld.ffn_gate_inp.weight", L);
+            if (fam->oss) {
+                ok = ok &&
+                     KG_ADD(KG_GGML_TYPE_F32, X, 1, 0.0f, 0.2f, "blk.%lld.ffn_gate_inp.bias", L);
+            }
+            snprintf(name, sizeof(name), "blk.%lld.ffn_gate_exps.weight", L);
+            ok = ok && add_random3(w, o, name, xt, E, FX, X, fe);
+            snprintf(name, sizeof(name), "blk.%lld.ffn_down_exps.weight", L);
+            ok = ok && add_random3(w, o, name, xt, FX, E, X, fan_in_scale(FX) * resid);
+            snprintf(name, sizeof(name), "blk.%lld.ffn_up_exps.weight", L);
+            ok = ok && add_random3(w, o, name, xt, E, FX, X, fe);
+            if (fam->oss) {
+                ok =
+                    ok &&
+                    KG_ADD(KG_GGML_TYPE_F32, FX, X, 0.0f, 0.1f, "blk.%lld.ffn_gate_exps.bias", L) &&
+                    KG_ADD(KG_GGML_TYPE_F32, FX, X, 0.0f, 0.1f, "blk.%lld.ffn_up_exps.bias", L) &&
+                    KG_ADD(KG_GGML_TYPE_F32, E, X, 0.0f, 0.1f * resid,
+                           "blk.%lld.ffn_down_exps.bias", L);
+            }
+        } else if (fam->fused) {
+            ok = ok && KG_ADD(wt, E, 2 * F, 0.0f, fe, "blk.%lld.ffn_up.weight", L) &&
+                 KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L);
+        } else {
+            ok = ok && KG_ADD(wt, E, F, 0.0f, fe, "blk.%lld.ffn_gate.weight", L) &&
+                 KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L) &&
+                 KG_ADD(wt, E, F, 0.0f, fe, "blk.%lld.ffn_up.weight", L);
+        }
+        if (fam->post_norms) {
+            ok = ok && KG_ADD(KG_GGML_TYPE_F32, E, 1, post, 0.1f * post,
+                              "blk.%lld.post_ffw_norm.weight", L);
+        }
+        if (!ok) {
+            return false;
+        }
+    }
+#undef KG_ADD
     return true;
 }
 
 // ---- tokenizer ----
-
-/** The built-in vocabulary: SentencePiece "llama" with <unk> <s> </s> and
- * the 256 byte-fallback tokens, what llama.cpp needs to encode any text. */
-static int64_t add_builtin_vocab(kg_gguf_writer_t *w, int32_t n_words) {
-    /* <unk> <s> </s>, the 256 byte tokens, then n_words made-up words
-     * ("\xe2\x96\x81" + 2-4 syllables) so a random model prints readable nonsense
-     * instead of random bytes (the worker demo uses them) */
-    static const char *syl[] = {"ka", "lo", "mi", "ne", "ta", "ru", "so", "vi", "de", "po",
-                                "ha", "li", "mo", "ze", "fa", "gu", "be", "ri", "no", "sa"};
-    const int64_t N = 3 + 256 + n_words;
-    kg_gguf_str_t *tokens = calloc((size_t)N, sizeof(*tokens));
-    float *scores = calloc((size_t)N, sizeof(float));
-    int32_t *types = calloc((size_t)N, sizeof(int32_t));
-    char *text = calloc((size_t)N, 16);
-    if (!tokens || !scores || !types || !text) {
-        free(tokens), free(scores), free(types), free(text);
-        snprintf(g_err, sizeof(g_err), "out of memory");
-        return -1;
-    }
-    tokens[0] = (kg_gguf_str_t){"<unk>", 5};
-    tokens[1] = (kg_gguf_str_t){"<s>", 3};
-    tokens[2] = (kg_gguf_str_t){"</s>", 4};
-    types[0] = 2; // unknown
-    types[1] = 3; // control
-    types[2] = 3;
-    for (int b = 0; b < 256; b++) {
-        char *t = text + (size_t)(3 + b) * 16;
-        snprintf(t, 16, "<0x%02X>", b);
-        tokens[3 + b] = (kg_gguf_str_t){t, 6};
-        types[3 + b] = 6; // byte
-    }
-    for (int32_t k = 0; k < n_words; k++) {
-        /* word k spells k + 20 in base 20 with syllables: distinct for every k */
-        char *t = text + (size_t)(259 + k) * 16;
-        int n = snprintf(t, 16, "\xe2\x96\x81"); /* SentencePiece's word-start mark */
-        char digits[8];
-        int nd = 0;
-        for (uint32_t x = (uint32_t)k + 20; x > 0 && nd < 5; x /= 20) {
-            digits[nd++] = (char)(x % 20);
-        }
-        while (nd > 0 && n + 2 < 16) {
-            n += snprintf(t + n, (size_t)(16 - n), "%s", syl[(int)digits[--nd]]);
-        }
-        tokens[259 + k] = (kg_gguf_str_t){t, (uint64_t)n};
-        types[259 + k] = 1; // normal
-        scores[259 + k] = -(float)k;
-    }
-    const int64_t n_unique = N;
-    kg_gguf_writer_set_str(w, "tokenizer.ggml.model", "llama");
-    kg_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, (uint64_t)n_unique);
-    kg_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", scores, (uint64_t)n_unique);
-    kg_gguf_writer_set_arr_i32(w, "tokenizer.ggml.token_type", types, (uint64_t)n_unique);
-    kg_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
-    kg_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
-    kg_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
-    kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true);
-    kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
-    free(tokens), free(scores), free(types), free(text);
-    return n_unique;
-}
 
 /** Copy every tokenizer.* key of `path`; the vocabulary size, or -1. */
 static int64_t copy_vocab(kg_gguf_writer_t *w, const char *path) {
@@ -270,6 +408,68 @@ static int64_t copy_vocab(kg_gguf_writer_t *w, const char *path) {
     return (int64_t)n;
 }
 
+// ---- chat templates ----
+
+/* Each family's chat template as its publisher ships it (the texts
+ * llama.cpp's tests/test-chat-template.cpp carries for these models), so
+ * kg_chat recognises the format the way llama.cpp does. */
+static const struct {
+    const char *name, *text;
+} chat_templates[] = {
+    {"chatml", "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+               "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
+               "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
+    {"llama2", "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
+               "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+               "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' "
+               "%}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
+               "'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ "
+               "raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% "
+               "endfor %}"},
+    {"llama3", "{% set loop_messages = messages %}{% for message in loop_messages %}{% set "
+               "content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
+               "message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set "
+               "content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{{ "
+               "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"},
+    {"gemma", "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System "
+              "role not supported') }}{% endif %}{% for message in messages %}{% if "
+              "(message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
+              "raise_exception('Conversation roles must alternate "
+              "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == "
+              "'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% "
+              "endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + "
+              "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt "
+              "%}{{'<start_of_turn>model\\n'}}{% endif %}"},
+    {"phi3", "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') "
+             "%}{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>' "
+             "+ '\\n'}}{% elif (message['role'] == 'assistant') %}{{message['content'] + "
+             "'<|end|>' + '\\n'}}{% endif %}{% endfor %}"},
+    {"phi4", "{% for message in messages %}{% if (message['role'] == 'system') "
+             "%}{{'<|im_start|>system<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif "
+             "(message['role'] == 'user') %}{{'<|im_start|>user<|im_sep|>' + message['content'] "
+             "+ '<|im_end|><|im_start|>assistant<|im_sep|>'}}{% elif (message['role'] == "
+             "'assistant') %}{{message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}"},
+    {"mistral-v7",
+     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' "
+     "+ message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ "
+     "'[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == "
+     "'assistant' %}{{ ' ' + message['content'] + eos_token }}{% else %}{{ "
+     "raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}{% "
+     "endfor %}"},
+};
+
+const char *kg_mkmodel_chat_template(const char *name, const char **names) {
+    if (names) {
+        *names = "chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7";
+    }
+    for (size_t i = 0; name && i < sizeof(chat_templates) / sizeof(chat_templates[0]); i++) {
+        if (strcmp(name, chat_templates[i].name) == 0) {
+            return chat_templates[i].text;
+        }
+    }
+    return NULL;
+}
+
 // ---- options ----
 
 /** llama.cpp's general.file_type (llama_ftype) for the weights' type. */
@@ -289,59 +489,200 @@ static uint32_t file_type(kg_ggml_type_t t) {
 }
 
 kg_mkmodel_opts_t kg_mkmodel_opts_default(void) {
-    kg_mkmodel_opts_t o = {
-        .name = "kgen-random", .ctx = 2048, .rope_base = 10000.0f, .type = KG_GGML_TYPE_F32};
+    kg_mkmodel_opts_t o = {.name = "kgen-random",
+                           .arch = "llama",
+                           .ctx = 2048,
+                           .rope_base = 10000.0f,
+                           .type = KG_GGML_TYPE_F32,
+                           .swa_pattern = -1};
     return o;
 }
 
-kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,
+/* The hyperparameter keys each family's converter writes (llama.cpp's
+ * convert_hf_to_gguf.py: LlamaModel, TextModel for Qwen2/Qwen3, Gemma2Model,
+ * Gemma3Model, Phi3MiniModel). */
+static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam) {
+    const char *a = fam->gguf_arch;
+    char key[128];
+    const bool llama = strcmp(a, "llama") == 0, phi3 = strcmp(a, "phi3") == 0;
+    const bool gemma2 = strcmp(a, "gemma2") == 0, gemma3 = strcmp(a, "gemma3") == 0;
+#define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, a), key)
+    kg_gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)o->ctx);
+    if (phi3 && o->rope_orig_ctx > 0) {
+        kg_gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                               (uint32_t)o->rope_orig_ctx);
+    }
+    kg_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)o->n_embd);
+    kg_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)o->n_layer);
+    kg_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)o->n_ff);
+    if (llama || phi3) {
+        kg_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)n_rot_of(o));
+    }
+    kg_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)o->n_head);
+    kg_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)o->n_head_kv);
+    /* Qwen3 and Gemma configs carry head_dim, so their converters always
+     * write it; the others only have it when it is not n_embd / n_head */
+    if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0 || fam->oss || gemma2 || gemma3 ||
+        o->head_dim * o->n_head != o->n_embd) {
+        kg_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)o->head_dim);
+        kg_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)o->head_dim);
+    }
+    kg_gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), fam->rms_eps);
+    if (!gemma2 || o->rope_base != 10000.0f) { /* Gemma2Model writes no RoPE base */
+        kg_gguf_writer_set_f32(w, KEY("rope.freq_base"), o->rope_base);
+    }
+    if (o->rope_scaling && !is_longrope(o)) {
+        kg_gguf_writer_set_str(w, KEY("rope.scaling.type"), o->rope_scaling);
+        if (o->rope_factor > 0.0f) {
+            kg_gguf_writer_set_f32(w, KEY("rope.scaling.factor"), o->rope_factor);
+        }
+        if (strcmp(o->rope_scaling, "yarn") == 0 && o->rope_orig_ctx > 0) {
+            kg_gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                                   (uint32_t)o->rope_orig_ctx);
+        }
+    }
+    if (is_longrope(o)) {
+        /* Phi3MiniModel: sqrt(1 + ln(scale) / ln(original context)) */
+        const double scale = (double)o->ctx / (double)o->rope_orig_ctx;
+        const double f = scale > 1.0 ? sqrt(1.0 + log(scale) / log((double)o->rope_orig_ctx)) : 1.0;
+        kg_gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), (float)f);
+    }
+    if (gemma2) {
+        kg_gguf_writer_set_f32(w, KEY("attn_logit_softcapping"),
+                               o->attn_softcap > 0.0f ? o->attn_softcap : 50.0f);
+        kg_gguf_writer_set_f32(w, KEY("final_logit_softcapping"),
+                               o->final_softcap > 0.0f ? o->final_softcap : 30.0f);
+    } else if (gemma3 && o->final_softcap > 0.0f) {
+        kg_gguf_writer_set_f32(w, KEY("final_logit_softcapping"), o->final_softcap);
+    }
+    if (gemma2 || gemma3 || phi3) {
+        const int64_t def = gemma2 ? 4096 : gemma3 ? 512 : 0;
+        kg_gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                               (uint32_t)(o->sliding_window > 0 ? o->sliding_window : def));
+    }
+    if (fam->oss) {
+        kg_gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                               (uint32_t)(o->sliding_window > 0 ? o->sliding_window : 128));
+    }
+    if (fam->moe) {
+        kg_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)o->n_expert);
+        kg_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)o->n_expert_used);
+        if (strcmp(a, "llama") != 0) {
+            kg_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)o->n_ff_exp);
+        }
+    }
+    if ((gemma2 || gemma3) && o->swa_pattern >= 0) {
+        kg_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"),
+                               (uint32_t)o->swa_pattern);
+    }
+    if ((gemma2 || gemma3) && o->rope_base_swa > 0.0f) {
+        kg_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), o->rope_base_swa);
+    }
+#undef KEY
+}
+
+kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                              int64_t *n_vocab_out,
                              char *errstr,
                              size_t errstr_size) {
     kg_status_t rc = KG_ERR_IO;
     g_err[0] = '\0';
+    const family_t *fam = find_family(opts->arch);
+    const char *tmpl = NULL;
+    if (!fam) {
+        snprintf(errstr, errstr_size,
+                 "unknown architecture '%s' (known: llama, qwen2, qwen3, "
+                 "gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss)",
+                 opts->arch);
+        return KG_ERR_INVALID;
+    }
+    kg_mkmodel_opts_t mo = *opts; /* with the expert defaults filled in */
+    const kg_mkmodel_opts_t *o = &mo;
+    if (fam->moe) {
+        mo.n_expert = mo.n_expert > 0 ? mo.n_expert : 8;
+        mo.n_expert_used = mo.n_expert_used > 0 ? mo.n_expert_used : 2;
+        mo.n_ff_exp =
+            mo.n_ff_exp > 0 && strcmp(fam->gguf_arch, "llama") != 0 ? mo.n_ff_exp : mo.n_ff;
+        /* the experts' type; a mix falls back to 32-blocks where a row is
+         * not a multiple of 256, so 32 is what it needs */
+        kg_ggml_type_t xt = mo.has_expert_type ? mo.expert_type : mo.type;
+        int64_t xb = kg_type_block_elems(xt);
+        if (!mo.has_expert_type && mo.ftype == KG_FTYPE_MOSTLY_MXFP4_MOE) {
+            xt = KG_GGML_TYPE_MXFP4;
+            xb = kg_type_block_elems(xt);
+        } else if (!mo.has_expert_type && mo.ftype != KG_FTYPE_ALL_F32) {
+            xt = kg_ftype_base_type(mo.ftype);
+            xb = mo.pure ? kg_type_block_elems(xt) : kg_type_is_quantized(xt) ? 32 : 1;
+        }
+        if (mo.n_expert_used > mo.n_expert || mo.n_expert > 1024 || xb == 0 ||
+            mo.n_embd % xb != 0 || mo.n_ff_exp % xb != 0) {
+            snprintf(errstr, errstr_size,
+                     "experts: need 1 <= expert_used_count (%lld) <= expert_count (%lld) <= 1024, "
+                     "and n_embd and the expert width multiples of %s's block (%lld)",
+                     (long long)mo.n_expert_used, (long long)mo.n_expert, kg_ggml_type_name(xt),
+                     (long long)xb);
+            return KG_ERR_INVALID;
+        }
+    } else if (mo.n_expert > 0 || mo.n_expert_used > 0 || mo.n_ff_exp > 0 || mo.has_expert_type ||
+               mo.ftype == KG_FTYPE_MOSTLY_MXFP4_MOE) {
+        snprintf(errstr, errstr_size,
+                 "expert options are for qwen3moe, mixtral and gpt-oss, not %s", fam->arch);
+        return KG_ERR_INVALID;
+    }
+    if (o->chat_template) {
+        const char *names;
+        tmpl = kg_mkmodel_chat_template(o->chat_template, &names);
+        if (!tmpl) {
+            snprintf(errstr, errstr_size, "unknown chat template '%s' (known: %s)",
+                     o->chat_template, names);
+            return KG_ERR_INVALID;
+        }
+    }
+    if (is_longrope(o) && (strcmp(fam->arch, "phi3") != 0 || o->rope_orig_ctx <= 0)) {
+        snprintf(errstr, errstr_size,
+                 "longrope needs --arch phi3 and an original context (rope_orig_ctx)");
+        return KG_ERR_INVALID;
+    }
     kg_gguf_writer_t *w = kg_gguf_writer_new();
     if (!w) {
         snprintf(errstr, errstr_size, "out of memory");
         return KG_ERR_NOMEM;
     }
-    const char *arch = "llama";
     g_mix.on = o->ftype != KG_FTYPE_ALL_F32;
     g_mix.ftype = o->ftype;
     g_mix.pure = o->pure;
-    g_mix.model = (kg_quant_mix_model_t){.arch = arch,
+    g_mix.model = (kg_quant_mix_model_t){.arch = fam->gguf_arch,
                                          .n_layer = (int32_t)o->n_layer,
                                          .n_head = (int32_t)o->n_head,
                                          .n_head_kv = (int32_t)o->n_head_kv,
-                                         .has_output = !o->tied};
-    kg_gguf_writer_set_str(w, "general.architecture", arch);
+                                         .has_output = !o->tied && !fam->always_tied,
+                                         .n_expert = fam->moe ? (int32_t)o->n_expert : 0};
+    kg_gguf_writer_set_str(w, "general.architecture", fam->gguf_arch);
     kg_gguf_writer_set_str(w, "general.name", o->name);
-    kg_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)o->ctx);
-    kg_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)o->n_embd);
-    kg_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)o->n_layer);
-    kg_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)o->n_ff);
-    kg_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)o->head_dim);
-    kg_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)o->n_head);
-    kg_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)o->n_head_kv);
-    if (o->head_dim * o->n_head != o->n_embd) {
-        kg_gguf_writer_set_u32(w, "llama.attention.key_length", (uint32_t)o->head_dim);
-        kg_gguf_writer_set_u32(w, "llama.attention.value_length", (uint32_t)o->head_dim);
-    }
-    kg_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    kg_gguf_writer_set_f32(w, "llama.rope.freq_base", o->rope_base);
+    write_hparams(w, o, fam);
+    /* llama_ftype: the mix's, or MOSTLY_MXFP4_MOE (38) for MXFP4 experts */
+    const bool mxfp4_moe = o->has_expert_type && o->expert_type == KG_GGML_TYPE_MXFP4;
     kg_gguf_writer_set_u32(w, "general.file_type",
-                           g_mix.on ? (uint32_t)o->ftype : file_type(o->type));
+                           g_mix.on    ? (uint32_t)o->ftype
+                           : mxfp4_moe ? (uint32_t)KG_FTYPE_MOSTLY_MXFP4_MOE
+                                       : file_type(o->type));
     if (kg_type_is_quantized(g_mix.on ? kg_ftype_base_type(o->ftype) : o->type)) {
         kg_gguf_writer_set_u32(w, "general.quantization_version", 2); /* ggml's QNT_VERSION */
     }
 
-    int64_t n_vocab =
-        o->vocab_from ? copy_vocab(w, o->vocab_from) : add_builtin_vocab(w, o->n_words);
+    int64_t n_vocab = o->vocab_from
+                          ? copy_vocab(w, o->vocab_from)
+                          : kg_mkvocab_add(w, fam->vocab, o->n_words, g_err, sizeof(g_err));
     if (n_vocab < 0) {
         goto out;
     }
-    kg_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab);
-    if (!add_weights(w, o, n_vocab)) {
+    if (tmpl) {
+        kg_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl);
+    }
+    if (fam->vocab == KG_MKVOCAB_LLAMA) {
+        kg_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab);
+    }
+    if (!add_weights(w, o, fam, n_vocab)) {
         goto out;
     }
     if (kg_gguf_writer_write(w, o->out, g_err, sizeof(g_err)) != KG_OK) {

@@ -1,5 +1,6 @@
-/* kg_mkmodel: write a deterministic random-weight Llama GGUF of any shape
- * (what `kgen mkmodel` does; see kg_mkmodel.c for the weight scales). */
+/* kg_mkmodel: write a deterministic random-weight GGUF of any supported
+ * family and shape (what `kgen mkmodel` does; see kg_mkmodel.c for the
+ * tensors and keys of each family and the weight scales). */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -13,7 +14,9 @@
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
     const char *name;       /* general.name */
-    const char *vocab_from; /* copy tokenizer.* from this GGUF; NULL: built-in byte vocabulary */
+    const char *arch;       /* llama (default), qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe,
+                               mixtral (a llama with experts) or gpt-oss */
+    const char *vocab_from; /* copy tokenizer.* from this GGUF; NULL: the family's built-in one */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, ctx;
     float rope_base;
     bool tied;
@@ -22,12 +25,44 @@ typedef struct kg_mkmodel_opts {
     kg_ggml_type_t type; /* of every 2-D weight, when ftype is KG_FTYPE_ALL_F32 */
     kg_ftype_t ftype;    /* else: llama-quantize's file type, each tensor typed by its mix */
     bool pure;           /* with ftype: every 2-D weight in the base type (--pure) */
-    int32_t n_words;     /* built-in vocabulary only: made-up word tokens after the bytes */
+    int32_t n_words;     /* built-in vocabulary only: made-up word tokens after the family's own */
+
+    int64_t n_rot;             /* rope.dimension_count (phi3: partial rotary); 0: head_dim */
+    int64_t sliding_window;    /* gemma2/gemma3/phi3 attention.sliding_window; 0: family default */
+    int64_t swa_pattern;       /* gemma: attention.sliding_window_pattern period; -1: not written */
+    float rope_base_swa;       /* gemma: rope.freq_base_swa; 0: not written */
+    const char *rope_scaling;  /* NULL, "none", "linear", "yarn" or "longrope" */
+    float rope_factor;         /* rope.scaling.factor (linear, yarn) */
+    int64_t rope_orig_ctx;     /* rope.scaling.original_context_length (yarn, longrope) */
+    float attn_softcap;        /* gemma2: attn_logit_softcapping; 0: the family default */
+    float final_softcap;       /* gemma2/gemma3: final_logit_softcapping; 0: default/none */
+    const char *chat_template; /* a name from kg_mkmodel_chat_template; NULL: none */
+
+    /* mixture of experts (qwen3moe, mixtral, gpt-oss) */
+    int64_t n_expert;           /* expert_count; 0: 8 */
+    int64_t n_expert_used;      /* expert_used_count; 0: 2 */
+    int64_t n_ff_exp;           /* qwen3moe, gpt-oss: expert_feed_forward_length; 0: n_ff
+                                   (mixtral: n_ff is each expert's width) */
+    bool has_expert_type;       /* the experts take expert_type, not type */
+    kg_ggml_type_t expert_type; /* mxfp4_moe: MXFP4 experts, the rest Q8_0 */
 } kg_mkmodel_opts_t;
 
-/** name "kgen-random", ctx 2048, rope base 10000, F32; the caller sets the
- * shape, head_dim (n_embd / n_head when 0 is not allowed: set it) and seed. */
+/** name "kgen-random", arch llama, ctx 2048, rope base 10000, F32, no
+ * sliding-window pattern key; the caller sets the shape, head_dim
+ * (n_embd / n_head when 0 is not allowed: set it) and seed. */
 kg_mkmodel_opts_t kg_mkmodel_opts_default(void);
+
+/** Whether `arch` is a family kg_mkmodel_write can write. */
+bool kg_mkmodel_arch_is_known(const char *arch);
+
+/** Tokens in the family's built-in vocabulary without made-up words; -1
+ * for an unknown family. */
+int64_t kg_mkmodel_builtin_vocab_size(const char *arch);
+
+/** The Jinja text of a family's chat template by name ("chatml", "llama2",
+ * "llama3", "gemma", "phi3", "phi4", "mistral-v7"), as the model publishers
+ * ship it; NULL for an unknown name. `names` (may be NULL) gets the list. */
+const char *kg_mkmodel_chat_template(const char *name, const char **names);
 
 /** Write the model. *n_vocab_out (may be NULL) gets the vocabulary size. */
 KG_NODISCARD kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *o,

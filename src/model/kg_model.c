@@ -1,25 +1,31 @@
-/* kg_model: load a Llama-family GGUF: check the architecture, read the
- * hyperparameters with llama.cpp's keys and defaults, find every weight
- * tensor and check its type and shape before any backend touches it. */
+/* kg_model: load a GGUF model of a supported family: check the
+ * architecture, read the hyperparameters with llama.cpp's keys and
+ * defaults (and the values llama.cpp fixes in code), find every weight
+ * tensor and check its type and shape before any backend touches it.
+ *
+ * The references are llama.cpp's llama_model_base::load_hparams (the keys
+ * common to all families), each family's load_arch_hparams and
+ * load_arch_tensors (src/models/<arch>.cpp), and llama_context's cparams
+ * setup (RoPE scaling and YaRN defaults). */
 #include "kg_model.h"
 
 #include "kg_quant.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Architectures whose tensors and math are the plain Llama graph (no
- * biases, no QK-norm, SwiGLU FFN). Qwen2 has QKV biases and is refused. */
-static const char *const llama_like[] = {"llama", "mistral", NULL};
+static const char *const arch_names[KG_ARCH_COUNT_] = {
+    [KG_ARCH_LLAMA] = "llama", [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
+    [KG_ARCH_QWEN3] = "qwen3", [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
+    [KG_ARCH_PHI3] = "phi3",   [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
+};
 
-static bool arch_supported(const char *arch) {
-    for (int i = 0; llama_like[i]; i++) {
-        if (strcmp(arch, llama_like[i]) == 0) {
-            return true;
-        }
-    }
-    return false;
+#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss"
+
+const char *kg_arch_name(kg_arch_t arch) {
+    return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
 }
 
 /* "<arch>.<suffix>" */
@@ -37,44 +43,254 @@ static bool get_i32(const kg_gguf_t *g, const char *key, int32_t *out) {
     return true;
 }
 
-/* Find a weight and check its shape (ne0, ne1; ne1 = 0 for a vector). */
-static const kg_gguf_tensor_t *need_tensor(const kg_gguf_t *g,
-                                           const char *name,
-                                           int64_t ne0,
-                                           int64_t ne1,
-                                           char *errstr,
-                                           size_t errstr_size) {
-    const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, name);
+static bool str_is(kg_gguf_str_t s, const char *lit) {
+    return s.len == strlen(lit) && memcmp(s.data, lit, s.len) == 0;
+}
+
+// ---- tensors ----
+
+/* The tensors a load has taken, so a tensor the graph would not use (a
+ * bias of a variant kgen does not run) is an error, not silently dropped. */
+typedef struct loader {
+    const kg_gguf_t *g;
+    bool *used; /* (n_tensors) */
+    char *errstr;
+    size_t errstr_size;
+} loader_t;
+
+static void mark_used(loader_t *ld, const kg_gguf_tensor_t *t) {
+    if (t) {
+        ld->used[t - kg_gguf_tensor(ld->g, 0)] = true;
+    }
+}
+
+static bool shape_is(const kg_gguf_tensor_t *t, int64_t ne0, int64_t ne1) {
+    return ne1 == 0 ? (t->n_dims == 1 && t->ne[0] == ne0)
+                    : (t->n_dims == 2 && t->ne[0] == ne0 && t->ne[1] == ne1);
+}
+
+/* A stack of n_expert (ne0, ne1) matrices: the 3-D expert tensors. NULL
+ * with errstr set when absent or misshapen. */
+static const kg_gguf_tensor_t *
+find_tensor3(loader_t *ld, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, bool *bad) {
+    const kg_gguf_tensor_t *t = kg_gguf_find_tensor(ld->g, name);
+    if (*bad) {
+        return NULL; /* keep the first error of the layer */
+    }
     if (!t) {
-        snprintf(errstr, errstr_size, "model: missing tensor '%s'", name);
+        snprintf(ld->errstr, ld->errstr_size, "model: missing tensor '%s'", name);
+        *bad = true;
         return NULL;
     }
-    bool ok = ne1 == 0 ? (t->n_dims == 1 && t->ne[0] == ne0)
-                       : (t->n_dims == 2 && t->ne[0] == ne0 && t->ne[1] == ne1);
-    if (!ok) {
-        snprintf(errstr, errstr_size,
+    if (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2) {
+        snprintf(ld->errstr, ld->errstr_size,
+                 "model: tensor '%s' has shape [%lld, %lld, %lld] (%u dims), expected [%lld, "
+                 "%lld, %lld]",
+                 name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], t->n_dims,
+                 (long long)ne0, (long long)ne1, (long long)ne2);
+        *bad = true;
+        return NULL;
+    }
+    mark_used(ld, t);
+    return t;
+}
+
+/* Find a weight and check its shape (ne0, ne1; ne1 = 0 for a vector). NULL
+ * with errstr set when absent (unless optional) or misshapen. */
+static const kg_gguf_tensor_t *
+find_tensor(loader_t *ld, const char *name, int64_t ne0, int64_t ne1, bool optional, bool *bad) {
+    const kg_gguf_tensor_t *t = kg_gguf_find_tensor(ld->g, name);
+    if (!t) {
+        if (!optional) {
+            snprintf(ld->errstr, ld->errstr_size, "model: missing tensor '%s'", name);
+            *bad = true;
+        }
+        return NULL;
+    }
+    if (!shape_is(t, ne0, ne1)) {
+        snprintf(ld->errstr, ld->errstr_size,
                  "model: tensor '%s' has shape [%lld, %lld] (%u dims), expected [%lld, %lld]", name,
                  (long long)t->ne[0], (long long)t->ne[1], t->n_dims, (long long)ne0,
                  (long long)ne1);
+        *bad = true;
         return NULL;
     }
+    mark_used(ld, t);
     return t;
+}
+
+/* Row view [row0, row0 + n_rows) of a fused matrix (n_rows = 0 for rows of
+ * a vector: elements [row0, row0 + ne0)). Rows of every ggml type are whole
+ * blocks, so a view is a plain tensor of the same type. */
+static const kg_gguf_tensor_t *make_view(kg_gguf_tensor_t *view,
+                                         const kg_gguf_tensor_t *t,
+                                         int64_t row0,
+                                         int64_t n_rows,
+                                         int64_t vec_len) {
+    *view = *t;
+    if (n_rows > 0) {
+        size_t row_size = kg_type_row_size(t->type, t->ne[0]);
+        view->ne[1] = n_rows;
+        view->data = (const char *)t->data + (size_t)row0 * row_size;
+        view->size = (size_t)n_rows * row_size;
+    } else {
+        size_t elem = kg_type_row_size(t->type, t->ne[0]) / (size_t)t->ne[0];
+        view->ne[0] = vec_len;
+        view->data = (const char *)t->data + (size_t)row0 * elem;
+        view->size = (size_t)vec_len * elem;
+    }
+    return view;
+}
+
+/* Expert views[e] = matrix e of the 3-D tensor t (ne[2] of them). */
+static void make_expert_views(kg_gguf_tensor_t *views, const kg_gguf_tensor_t *t) {
+    const size_t mat_size = kg_type_row_size(t->type, t->ne[0]) * (size_t)t->ne[1];
+    for (int64_t e = 0; e < t->ne[2]; e++) {
+        kg_gguf_tensor_t *v = &views[e];
+        *v = *t;
+        v->n_dims = 2;
+        v->ne[2] = 1;
+        v->data = (const char *)t->data + (size_t)e * mat_size;
+        v->offset = t->offset + (uint64_t)e * mat_size;
+        v->size = mat_size;
+    }
+}
+
+// ---- hyperparameters ----
+
+/* Which layers slide (llama_model_base::load_swa_pattern and
+ * llama_hparams::set_swa_pattern with dense_first = false): an array of
+ * n_layer bools or integers in <arch>.attention.sliding_window_pattern, or
+ * a period N there (default `n_pattern`): layer il slides when
+ * il % N < N - 1, every layer when N = 0. */
+static bool read_swa_pattern(
+    const kg_gguf_t *g, const char *arch, int32_t n_pattern, int32_t n_layer, bool *is_swa) {
+    char key[128];
+    kg_gguf_type_t et;
+    uint64_t n = 0;
+    akey(key, sizeof(key), arch, "attention.sliding_window_pattern");
+    if (kg_gguf_get_arr(g, key, &et, &n)) {
+        if (n != (uint64_t)n_layer) {
+            return false;
+        }
+        if (et == KG_GGUF_TYPE_BOOL) {
+            size_t size = 0;
+            const uint8_t *raw = kg_gguf_kv_raw(g, kg_gguf_find_key(g, key), &size);
+            /* element type (u32), count (u64), then one byte per element */
+            if (size < 12 + n) {
+                return false;
+            }
+            for (int32_t il = 0; il < n_layer; il++) {
+                is_swa[il] = raw[12 + il] != 0;
+            }
+            return true;
+        }
+        int32_t *v = malloc((size_t)n_layer * sizeof(int32_t));
+        bool ok = v && kg_gguf_arr_i32(g, key, v, n);
+        for (int32_t il = 0; ok && il < n_layer; il++) {
+            is_swa[il] = v[il] != 0;
+        }
+        free(v);
+        return ok;
+    }
+    uint32_t period = (uint32_t)n_pattern;
+    if (kg_gguf_find_key(g, key) >= 0 && !kg_gguf_get_u32(g, key, &period)) {
+        return false;
+    }
+    for (int32_t il = 0; il < n_layer; il++) {
+        is_swa[il] = period == 0 || ((uint32_t)il % period < period - 1);
+    }
+    return true;
+}
+
+/* RoPE scaling as llama.cpp reads it (load_hparams) and completes it for a
+ * context (llama_context: rope_freq_scale, yarn_* defaults). */
+static bool
+read_rope(const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *err, size_t cap) {
+    char key[128];
+    kg_gguf_str_t s;
+    hp->rope_base = 10000.0f;
+    kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base"), &hp->rope_base);
+    hp->rope_scaling = KG_ROPE_SCALING_LINEAR; /* llama.cpp's default when the key is absent */
+    if (kg_gguf_get_str(g, akey(key, sizeof(key), arch, "rope.scaling.type"), &s)) {
+        if (str_is(s, "none")) {
+            hp->rope_scaling = KG_ROPE_SCALING_NONE;
+        } else if (str_is(s, "linear")) {
+            hp->rope_scaling = KG_ROPE_SCALING_LINEAR;
+        } else if (str_is(s, "yarn")) {
+            hp->rope_scaling = KG_ROPE_SCALING_YARN;
+        } else if (str_is(s, "longrope")) {
+            hp->rope_scaling = KG_ROPE_SCALING_LONGROPE;
+        } else {
+            snprintf(err, cap,
+                     "model: unsupported %s.rope.scaling.type '%.*s' (supported: none, linear, "
+                     "yarn, longrope)",
+                     arch, (int)(s.len > 64 ? 64 : s.len), s.data);
+            return false;
+        }
+    }
+    float factor = 0.0f;
+    if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.factor"), &factor)) {
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scale_linear"), &factor);
+    }
+    if (factor < 0.0f || !isfinite(factor)) {
+        snprintf(err, cap, "model: bad %s.rope.scaling.factor %g", arch, (double)factor);
+        return false;
+    }
+    hp->rope_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    hp->n_ctx_orig = hp->n_ctx_train;
+    get_i32(g, akey(key, sizeof(key), arch, "rope.scaling.original_context_length"),
+            &hp->n_ctx_orig);
+    if (hp->n_ctx_orig == 0) {
+        hp->n_ctx_orig = hp->n_ctx_train;
+    }
+    float rope_attn_factor = 1.0f;
+    kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.attn_factor"), &rope_attn_factor);
+
+    /* llama_context: no scaling means no frequency scale; YaRN extrapolates
+     * (ext_factor 1) with the magnitude correction computed for the factor,
+     * cancelled by the one ggml's rope applies itself (llama.cpp #17945). */
+    if (hp->rope_scaling == KG_ROPE_SCALING_NONE) {
+        hp->rope_scale = 1.0f;
+    }
+    hp->yarn_ext_factor = hp->rope_scaling == KG_ROPE_SCALING_YARN ? 1.0f : 0.0f;
+    hp->yarn_attn_factor = 1.0f;
+    hp->yarn_beta_fast = 32.0f;
+    hp->yarn_beta_slow = 1.0f;
+    if (hp->yarn_ext_factor != 0.0f) {
+        const float f = 1.0f / hp->rope_scale;
+        hp->yarn_attn_factor = f <= 1.0f ? 1.0f : 0.1f * 1.0f * logf(f) + 1.0f;
+        hp->yarn_attn_factor *= 1.0f / (1.0f + 0.1f * logf(f));
+    }
+    hp->yarn_attn_factor *= rope_attn_factor;
+    return true;
 }
 
 static bool check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_size) {
     const char *bad = NULL;
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_ff <= 0) {
         bad = "embedding_length, block_count, head_count and feed_forward_length must be > 0";
+    } else if (hp->n_layer > 4096 || hp->n_embd > (1 << 20) || hp->n_ff > (1 << 24)) {
+        bad = "block_count, embedding_length or feed_forward_length is implausibly large";
     } else if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0) {
         bad = "head_count must be a multiple of head_count_kv";
     } else if (hp->head_dim <= 0 || hp->head_dim % 2 != 0 || hp->head_dim > 1024) {
         bad = "head dimension must be even and at most 1024";
-    } else if (hp->n_rot != hp->head_dim) {
-        bad = "rope.dimension_count must equal the head dimension (partial RoPE unsupported)";
+    } else if (hp->n_rot <= 0 || hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim) {
+        bad = "rope.dimension_count must be even and at most the head dimension";
+    } else if ((hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_QWEN3MOE ||
+                hp->arch == KG_ARCH_GPT_OSS) &&
+               hp->n_rot != hp->head_dim) {
+        bad = "llama, qwen3moe and gpt-oss need rope.dimension_count equal to the head dimension "
+              "(as llama.cpp)";
     } else if (hp->n_vocab <= 0) {
         bad = "empty vocabulary";
-    } else if (!(hp->norm_eps > 0.0f) || !(hp->rope_base > 0.0f) || !(hp->rope_scale > 0.0f)) {
-        bad = "rms epsilon, rope base and rope scale must be > 0";
+    } else if (!(hp->norm_eps > 0.0f) || !(hp->rope_base > 0.0f) || !(hp->rope_scale > 0.0f) ||
+               !isfinite(hp->rope_base) || !(hp->n_ctx_orig > 0)) {
+        bad = "rms epsilon, rope base, rope scale and the original context must be > 0";
+    } else if (hp->n_swa < 0 || !(hp->attn_softcap >= 0.0f) || !(hp->final_softcap >= 0.0f) ||
+               !isfinite(hp->attn_softcap) || !isfinite(hp->final_softcap)) {
+        bad = "sliding_window and the soft-capping values must not be negative";
     }
     if (bad) {
         snprintf(errstr, errstr_size, "model: bad hyperparameters: %s", bad);
@@ -83,18 +299,340 @@ static bool check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_si
     return true;
 }
 
+/* The family's switches, llama.cpp's load_arch_hparams for each. */
+static bool read_arch_hparams(const kg_gguf_t *g,
+                              const char *arch,
+                              kg_hparams_t *hp,
+                              bool *is_swa,
+                              float *swa_base,
+                              float *swa_scale,
+                              char *errstr,
+                              size_t errstr_size) {
+    char key[128];
+    *swa_base = hp->rope_base;
+    *swa_scale = hp->rope_scale;
+    hp->rope_mode = KG_ROPE_MODE_NEOX;
+    hp->ffn_act = KG_FFN_SILU;
+    switch (hp->arch) {
+    case KG_ARCH_LLAMA:
+    case KG_ARCH_MISTRAL:
+        hp->rope_mode = KG_ROPE_MODE_NORM;
+        break;
+    case KG_ARCH_QWEN2:
+    case KG_ARCH_QWEN3:
+        break;
+    case KG_ARCH_PHI3:
+        /* llama.cpp disables Phi's sliding window (phi3.cpp, PR 13676): the
+         * key is read and ignored */
+        hp->q_scale = 1.0f / sqrtf((float)hp->head_dim);
+        break;
+    case KG_ARCH_GEMMA2:
+    case KG_ARCH_GEMMA3: {
+        const bool g2 = hp->arch == KG_ARCH_GEMMA2;
+        hp->ffn_act = KG_FFN_GELU;
+        hp->embd_scale = sqrtf((float)hp->n_embd);
+        if (g2) {
+            hp->n_swa = 4096; /* Gemma 2's window when the file does not say */
+            get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa);
+            hp->attn_softcap = 50.0f;
+            kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attn_logit_softcapping"),
+                            &hp->attn_softcap);
+            hp->final_softcap = 30.0f;
+        } else {
+            /* Gemma 3: windowed only when the file gives a window; local
+             * layers keep RoPE base 10000 and no frequency scale unless
+             * rope.freq_base_swa says otherwise */
+            get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa);
+            *swa_base = 10000.0f;
+            *swa_scale = 1.0f;
+            hp->final_softcap = 0.0f;
+        }
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "final_logit_softcapping"),
+                        &hp->final_softcap);
+        if (hp->n_swa > 0 && !read_swa_pattern(g, arch, g2 ? 2 : 6, hp->n_layer, is_swa)) {
+            snprintf(errstr, errstr_size,
+                     "model: bad %s.attention.sliding_window_pattern (a period, or %d flags)", arch,
+                     hp->n_layer);
+            return false;
+        }
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
+        /* query_pre_attn_scalar: not in the file; llama.cpp takes the 27B
+         * shape (46 layers for Gemma 2, 62 for Gemma 3) to mean
+         * n_embd / n_head, every other shape head_dim */
+        const bool is_27b = hp->n_layer == (g2 ? 46 : 62);
+        hp->q_scale = is_27b ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head))
+                             : 1.0f / sqrtf((float)hp->head_dim);
+        break;
+    }
+    case KG_ARCH_QWEN3MOE:
+        break;
+    case KG_ARCH_GPT_OSS:
+        /* llama_model_openai_moe: every other layer slides (pattern 2:
+         * layers 0, 2, 4, ...), with the global RoPE unless
+         * rope.freq_base_swa says otherwise; attention.sliding_window is
+         * required */
+        hp->ffn_act = KG_FFN_SWIGLU_OAI;
+        if (!get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa)) {
+            snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
+            return false;
+        }
+        if (!read_swa_pattern(g, arch, 2, hp->n_layer, is_swa)) {
+            snprintf(errstr, errstr_size,
+                     "model: bad %s.attention.sliding_window_pattern (a period, or %d flags)", arch,
+                     hp->n_layer);
+            return false;
+        }
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
+        break;
+    case KG_ARCH_COUNT_:
+        break;
+    }
+    return true;
+}
+
+/* An integer key that may be absent (*out untouched) but, when present,
+ * must be one non-negative integer: llama.cpp also takes per-layer arrays
+ * for some of these, which kgen does not run. */
+static bool get_i32_opt(const kg_gguf_t *g,
+                        const char *arch,
+                        const char *suffix,
+                        int32_t *out,
+                        char *errstr,
+                        size_t errstr_size) {
+    char key[128];
+    akey(key, sizeof(key), arch, suffix);
+    if (kg_gguf_find_key(g, key) < 0 || get_i32(g, key, out)) {
+        return true;
+    }
+    kg_gguf_type_t et;
+    uint64_t n;
+    snprintf(errstr, errstr_size, "model: %s %s", key,
+             kg_gguf_get_arr(g, key, &et, &n)
+                 ? "is a per-layer array; kgen runs one value for every layer"
+                 : "must be a non-negative integer");
+    return false;
+}
+
+/* The experts (llama_model_base::load_hparams, then each family): the
+ * counts for every family (0 experts: dense), the expert width and the
+ * router's rule, which llama.cpp fixes per family in code: softmax, top-k,
+ * renormalised, for qwen3moe and llama (Mixtral); top-k of the logits, then
+ * a softmax over them, for gpt-oss. <arch>.expert_weights_norm and
+ * expert_weights_scale, which llama.cpp reads for other MoE families, are
+ * honoured when a file has them. */
+static bool read_moe_hparams(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size) {
+    char key[128];
+    const kg_arch_t a = hp->arch;
+    if (!get_i32_opt(g, arch, "expert_count", &hp->n_expert, errstr, errstr_size) ||
+        !get_i32_opt(g, arch, "expert_used_count", &hp->n_expert_used, errstr, errstr_size) ||
+        !get_i32_opt(g, arch, "expert_feed_forward_length", &hp->n_ff_exp, errstr, errstr_size)) {
+        return false;
+    }
+    const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS;
+    if (hp->n_expert == 0) {
+        if (moe_arch || hp->n_expert_used != 0) {
+            snprintf(errstr, errstr_size,
+                     "model: %s needs %s.expert_count > 0 and expert_used_count > 0",
+                     kg_arch_name(a), arch);
+            return false;
+        }
+        hp->n_ff_exp = 0;
+        return true;
+    }
+    if (!moe_arch && a != KG_ARCH_LLAMA) {
+        snprintf(errstr, errstr_size,
+                 "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
+                 "gpt-oss)",
+                 kg_arch_name(a));
+        return false;
+    }
+    if (hp->n_expert > KG_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
+        hp->n_expert_used > hp->n_expert) {
+        snprintf(errstr, errstr_size,
+                 "model: bad hyperparameters: expert_count %d (1..1024) and expert_used_count %d "
+                 "(1..expert_count)",
+                 hp->n_expert, hp->n_expert_used);
+        return false;
+    }
+    if (a == KG_ARCH_LLAMA) {
+        hp->n_ff_exp = hp->n_ff; /* Mixtral: feed_forward_length is each expert's */
+    } else if (a == KG_ARCH_QWEN3MOE && hp->n_ff_exp == 0) {
+        hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
+    }
+    if (hp->n_ff_exp <= 0 || hp->n_ff_exp > (1 << 24)) {
+        snprintf(errstr, errstr_size, "model: %s.expert_feed_forward_length must be in 1..2^24",
+                 arch);
+        return false;
+    }
+    hp->moe_gating = a == KG_ARCH_GPT_OSS ? KG_MOE_SOFTMAX_WEIGHT : KG_MOE_SOFTMAX;
+    hp->moe_norm_w = a != KG_ARCH_GPT_OSS;
+    kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "expert_weights_norm"), &hp->moe_norm_w);
+    hp->moe_w_scale = 0.0f;
+    kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "expert_weights_scale"), &hp->moe_w_scale);
+    if (!isfinite(hp->moe_w_scale) || hp->moe_w_scale < 0.0f) {
+        snprintf(errstr, errstr_size, "model: bad %s.expert_weights_scale %g", arch,
+                 (double)hp->moe_w_scale);
+        return false;
+    }
+    return true;
+}
+
+// ---- loading ----
+
+/* Every tensor of one layer. Q/K/V come separately or fused (attn_qkv,
+ * split into views); biases are optional for every family, as in
+ * llama.cpp's create_tensor_qkv; phi3's ffn_up holds gate then up. A
+ * mixture-of-experts layer has the router and the 3-D expert tensors
+ * instead of the dense FFN (cut into one view per expert in exp_views:
+ * 3 * n_expert of them); gpt-oss adds attention sinks and biases on the
+ * attention output, the router and the experts. */
+static bool load_layer(loader_t *ld,
+                       kg_model_t *model,
+                       int32_t il,
+                       kg_gguf_tensor_t *views,
+                       kg_gguf_tensor_t *exp_views) {
+    const kg_hparams_t *hp = &model->hp;
+    kg_layer_weights_t *L = &model->layers[il];
+    const int64_t E = hp->n_embd, F = hp->n_ff;
+    const int64_t n_q = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    const kg_arch_t a = hp->arch;
+    const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3;
+    const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE;
+    const bool oss = a == KG_ARCH_GPT_OSS;
+    bool bad = false;
+    char name[96];
+#define KG_T(suffix, ne0, ne1, opt)                                                                \
+    (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il),                                      \
+     find_tensor(ld, name, (ne0), (ne1), (opt), &bad))
+
+    L->attn_norm = KG_T("attn_norm.weight", E, 0, false);
+    snprintf(name, sizeof(name), "blk.%d.attn_qkv.weight", (int)il);
+    const kg_gguf_tensor_t *qkv = kg_gguf_find_tensor(ld->g, name);
+    if (qkv) {
+        qkv = KG_T("attn_qkv.weight", E, n_q + 2 * n_kv, false);
+        if (qkv) {
+            L->wq = make_view(&views[0], qkv, 0, n_q, 0);
+            L->wk = make_view(&views[1], qkv, n_q, n_kv, 0);
+            L->wv = make_view(&views[2], qkv, n_q + n_kv, n_kv, 0);
+        }
+        const kg_gguf_tensor_t *b = KG_T("attn_qkv.bias", n_q + 2 * n_kv, 0, true);
+        if (b && kg_type_block_elems(b->type) != 1) {
+            snprintf(ld->errstr, ld->errstr_size,
+                     "model: blk.%d.attn_qkv.bias is %s; a split bias must be F32, F16 or BF16",
+                     (int)il, kg_ggml_type_name(b->type));
+            bad = true;
+        } else if (b) {
+            L->bq = make_view(&views[3], b, 0, 0, n_q);
+            L->bk = make_view(&views[4], b, n_q, 0, n_kv);
+            L->bv = make_view(&views[5], b, n_q + n_kv, 0, n_kv);
+        }
+    } else {
+        L->wq = KG_T("attn_q.weight", E, n_q, false);
+        L->wk = KG_T("attn_k.weight", E, n_kv, false);
+        L->wv = KG_T("attn_v.weight", E, n_kv, false);
+    }
+    if (!L->bq) {
+        L->bq = KG_T("attn_q.bias", n_q, 0, true);
+        L->bk = KG_T("attn_k.bias", n_kv, 0, true);
+        L->bv = KG_T("attn_v.bias", n_kv, 0, true);
+    }
+    L->wo = KG_T("attn_output.weight", n_q, E, false);
+    if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || oss) {
+        L->bo = KG_T("attn_output.bias", E, 0, !oss);
+    }
+    if (oss) {
+        L->attn_sinks = KG_T("attn_sinks.weight", hp->n_head, 0, false);
+    }
+    if (qk_norm) {
+        L->q_norm = KG_T("attn_q_norm.weight", hp->head_dim, 0, false);
+        L->k_norm = KG_T("attn_k_norm.weight", hp->head_dim, 0, false);
+    }
+    if (gemma) {
+        L->attn_post_norm = KG_T("post_attention_norm.weight", E, 0, false);
+        L->ffn_post_norm = KG_T("post_ffw_norm.weight", E, 0, false);
+    }
+    /* gpt-oss names its FFN norm post_attention_norm (after the attention) */
+    L->ffn_norm = oss ? KG_T("post_attention_norm.weight", E, 0, false)
+                      : KG_T("ffn_norm.weight", E, 0, false);
+    if (hp->n_expert > 0) {
+        const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
+        L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
+#define KG_T3(suffix, ne0, ne1)                                                                    \
+    (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il),                                      \
+     find_tensor3(ld, name, (ne0), (ne1), X, &bad))
+        L->gate_exps = KG_T3("ffn_gate_exps.weight", E, FX);
+        L->up_exps = KG_T3("ffn_up_exps.weight", E, FX);
+        L->down_exps = KG_T3("ffn_down_exps.weight", FX, E);
+#undef KG_T3
+        if (oss) {
+            L->ffn_gate_inp_b = KG_T("ffn_gate_inp.bias", X, 0, false);
+            L->gate_exps_b = KG_T("ffn_gate_exps.bias", FX, X, false);
+            L->up_exps_b = KG_T("ffn_up_exps.bias", FX, X, false);
+            L->down_exps_b = KG_T("ffn_down_exps.bias", E, X, false);
+            const kg_gguf_tensor_t *vecs[] = {L->ffn_gate_inp_b, L->gate_exps_b, L->up_exps_b,
+                                              L->down_exps_b, L->attn_sinks};
+            for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]) && !bad; i++) {
+                if (vecs[i] && kg_type_block_elems(vecs[i]->type) != 1) {
+                    snprintf(ld->errstr, ld->errstr_size,
+                             "model: blk.%d.%.*s is %s; biases and sinks must be F32, F16 or BF16",
+                             (int)il, (int)vecs[i]->name.len, vecs[i]->name.data,
+                             kg_ggml_type_name(vecs[i]->type));
+                    bad = true;
+                }
+            }
+        }
+        if (!bad) {
+            make_expert_views(exp_views, L->gate_exps);
+            make_expert_views(exp_views + X, L->up_exps);
+            make_expert_views(exp_views + 2 * X, L->down_exps);
+            L->exp_gate = exp_views;
+            L->exp_up = exp_views + X;
+            L->exp_down = exp_views + 2 * X;
+        }
+    } else if (a == KG_ARCH_PHI3) {
+        const kg_gguf_tensor_t *up = KG_T("ffn_up.weight", E, 2 * F, false);
+        if (up) {
+            /* ggml_swiglu on the fused output: silu(first half) * second half */
+            L->w_gate = make_view(&views[6], up, 0, F, 0);
+            L->w_up = make_view(&views[7], up, F, F, 0);
+        }
+    } else {
+        L->w_gate = KG_T("ffn_gate.weight", E, F, false);
+        L->w_up = KG_T("ffn_up.weight", E, F, false);
+    }
+    if (hp->n_expert == 0) {
+        L->w_down = KG_T("ffn_down.weight", F, E, false);
+    }
+#undef KG_T
+    if (!bad && (!L->bq != !L->bk || !L->bq != !L->bv)) {
+        snprintf(ld->errstr, ld->errstr_size,
+                 "model: layer %d has some but not all of the Q/K/V biases", (int)il);
+        bad = true;
+    }
+    return !bad;
+}
+
 kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
+    kg_gguf_t *g = kg_gguf_open(path, errstr, errstr_size);
+    return g ? kg_model_load_gguf(g, path, errstr, errstr_size) : NULL;
+}
+
+kg_model_t *
+kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errstr_size) {
     kg_model_t *model = calloc(1, sizeof(*model));
+    loader_t ld = {.errstr = errstr, .errstr_size = errstr_size};
+    bool *is_swa = NULL;
     char key[256];
     if (!model) {
         snprintf(errstr, errstr_size, "model: out of memory");
+        kg_gguf_free(gguf);
         return NULL;
     }
-    model->gguf = kg_gguf_open(path, errstr, errstr_size);
-    if (!model->gguf) {
-        goto fail;
-    }
+    model->gguf = gguf;
     const kg_gguf_t *g = model->gguf;
+    ld.g = g;
     kg_gguf_str_t s;
     char arch[64] = "";
     if (!kg_gguf_get_str(g, "general.architecture", &s) || s.len == 0 || s.len >= sizeof(arch)) {
@@ -103,13 +641,19 @@ kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
     }
     memcpy(arch, s.data, s.len);
     arch[s.len] = '\0';
-    if (!arch_supported(arch)) {
+    kg_hparams_t *hp = &model->hp;
+    hp->arch = KG_ARCH_COUNT_;
+    for (int a = 0; a < KG_ARCH_COUNT_; a++) {
+        if (strcmp(arch, arch_names[a]) == 0) {
+            hp->arch = (kg_arch_t)a;
+        }
+    }
+    if (hp->arch == KG_ARCH_COUNT_) {
         snprintf(errstr, errstr_size,
-                 "model: unsupported architecture '%s' (supported: llama, mistral)", arch);
+                 "model: unsupported architecture '%s' (supported: " SUPPORTED_ARCHS ")", arch);
         goto fail;
     }
 
-    kg_hparams_t *hp = &model->hp;
     if (!get_i32(g, akey(key, sizeof(key), arch, "embedding_length"), &hp->n_embd) ||
         !get_i32(g, akey(key, sizeof(key), arch, "block_count"), &hp->n_layer) ||
         !get_i32(g, akey(key, sizeof(key), arch, "feed_forward_length"), &hp->n_ff) ||
@@ -136,19 +680,22 @@ kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
     hp->norm_eps = 1e-5f;
     kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.layer_norm_rms_epsilon"),
                     &hp->norm_eps);
-    hp->rope_base = 10000.0f;
-    kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base"), &hp->rope_base);
-    hp->rope_scale = 1.0f;
-    if (kg_gguf_get_str(g, akey(key, sizeof(key), arch, "rope.scaling.type"), &s)) {
-        float factor = 1.0f;
-        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.factor"), &factor);
-        if (s.len == 6 && memcmp(s.data, "linear", 6) == 0 && factor > 0.0f) {
-            hp->rope_scale = 1.0f / factor;
-        } else if (!(s.len == 4 && memcmp(s.data, "none", 4) == 0)) {
-            snprintf(errstr, errstr_size, "model: unsupported rope.scaling.type '%.*s'", (int)s.len,
-                     s.data);
-            goto fail;
-        }
+    if (!read_rope(g, arch, hp, errstr, errstr_size)) {
+        goto fail;
+    }
+    if (hp->n_layer <= 0 || hp->n_layer > 4096) {
+        snprintf(errstr, errstr_size, "model: bad hyperparameters: block_count %d", hp->n_layer);
+        goto fail;
+    }
+    is_swa = calloc((size_t)hp->n_layer, sizeof(*is_swa));
+    if (!is_swa) {
+        snprintf(errstr, errstr_size, "model: out of memory");
+        goto fail;
+    }
+    float swa_base, swa_scale;
+    if (!read_arch_hparams(g, arch, hp, is_swa, &swa_base, &swa_scale, errstr, errstr_size) ||
+        !read_moe_hparams(g, arch, hp, errstr, errstr_size)) {
+        goto fail;
     }
 
     model->tok = kg_tokenizer_new(g, errstr, errstr_size);
@@ -160,51 +707,79 @@ kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
         goto fail;
     }
 
-    int64_t n_q = (int64_t)hp->n_head * hp->head_dim, n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
-    model->tok_embd =
-        need_tensor(g, "token_embd.weight", hp->n_embd, hp->n_vocab, errstr, errstr_size);
-    model->output_norm = need_tensor(g, "output_norm.weight", hp->n_embd, 0, errstr, errstr_size);
-    if (!model->tok_embd || !model->output_norm) {
-        goto fail;
-    }
-    if (kg_gguf_find_tensor(g, "output.weight")) {
-        model->output =
-            need_tensor(g, "output.weight", hp->n_embd, hp->n_vocab, errstr, errstr_size);
-        if (!model->output) {
-            goto fail;
-        }
-    } else {
-        model->output = model->tok_embd;
-        hp->tied = true;
-    }
-    model->rope_freqs = kg_gguf_find_tensor(g, "rope_freqs.weight");
-    if (model->rope_freqs &&
-        !need_tensor(g, "rope_freqs.weight", hp->n_rot / 2, 0, errstr, errstr_size)) {
-        goto fail;
-    }
+    ld.used = calloc((size_t)kg_gguf_n_tensors(g) + 1, sizeof(*ld.used));
     model->layers = calloc((size_t)hp->n_layer, sizeof(*model->layers));
-    if (!model->layers) {
+    model->views = calloc((size_t)hp->n_layer * 8, sizeof(*model->views));
+    model->expert_views =
+        calloc((size_t)hp->n_layer * 3 * (size_t)hp->n_expert + 1, sizeof(*model->expert_views));
+    if (!ld.used || !model->layers || !model->views || !model->expert_views) {
         snprintf(errstr, errstr_size, "model: out of memory");
         goto fail;
     }
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        kg_layer_weights_t *L = &model->layers[il];
-        char name[96];
-#define KG_NEED(field, suffix, ne0, ne1)                                                           \
-    snprintf(name, sizeof(name), "blk.%d." suffix, (int)il);                                       \
-    if (!(L->field = need_tensor(g, name, (ne0), (ne1), errstr, errstr_size))) {                   \
-        goto fail;                                                                                 \
+    bool bad = false;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    model->tok_embd = find_tensor(&ld, "token_embd.weight", E, V, false, &bad);
+    model->output_norm = find_tensor(&ld, "output_norm.weight", E, 0, false, &bad);
+    if (bad) {
+        goto fail;
     }
-        KG_NEED(attn_norm, "attn_norm.weight", hp->n_embd, 0);
-        KG_NEED(wq, "attn_q.weight", hp->n_embd, n_q);
-        KG_NEED(wk, "attn_k.weight", hp->n_embd, n_kv);
-        KG_NEED(wv, "attn_v.weight", hp->n_embd, n_kv);
-        KG_NEED(wo, "attn_output.weight", n_q, hp->n_embd);
-        KG_NEED(ffn_norm, "ffn_norm.weight", hp->n_embd, 0);
-        KG_NEED(w_gate, "ffn_gate.weight", hp->n_embd, hp->n_ff);
-        KG_NEED(w_up, "ffn_up.weight", hp->n_embd, hp->n_ff);
-        KG_NEED(w_down, "ffn_down.weight", hp->n_ff, hp->n_embd);
-#undef KG_NEED
+    /* Gemma 2's head is always the embedding (llama.cpp ignores an
+     * output.weight there); the others use output.weight when present */
+    const bool output_optional = hp->arch != KG_ARCH_GPT_OSS; /* llama.cpp requires it there */
+    model->output = find_tensor(&ld, "output.weight", E, V, output_optional, &bad);
+    if (hp->arch == KG_ARCH_GEMMA2) {
+        model->output = NULL;
+    }
+    if (!model->output && !bad) {
+        model->output = model->tok_embd;
+        hp->tied = true;
+    }
+    if (hp->arch == KG_ARCH_QWEN2) {
+        model->output_b = find_tensor(&ld, "output.bias", V, 0, true, &bad);
+    }
+    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL) { /* Llama 3.1 */
+        model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
+    }
+    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {
+        model->rope_long =
+            find_tensor(&ld, "rope_factors_long.weight", hp->n_rot / 2, 0, true, &bad);
+        model->rope_short =
+            find_tensor(&ld, "rope_factors_short.weight", hp->n_rot / 2, 0, true, &bad);
+        if (!bad && !model->rope_long != !model->rope_short) {
+            snprintf(errstr, errstr_size,
+                     "model: rope_factors_long and rope_factors_short come together");
+            bad = true;
+        }
+    }
+    for (int32_t il = 0; il < hp->n_layer && !bad; il++) {
+        if (!load_layer(&ld, model, il, model->views + (size_t)il * 8,
+                        model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert)) {
+            bad = true;
+            break;
+        }
+        kg_layer_weights_t *L = &model->layers[il];
+        L->n_swa = is_swa[il] ? hp->n_swa : 0;
+        L->rope_base = is_swa[il] ? swa_base : hp->rope_base;
+        L->rope_scale = is_swa[il] ? swa_scale : hp->rope_scale;
+        if (!(L->rope_base > 0.0f) || !(L->rope_scale > 0.0f)) {
+            snprintf(errstr, errstr_size, "model: layer %d: RoPE base and scale must be > 0",
+                     (int)il);
+            bad = true;
+        }
+    }
+    if (bad) {
+        goto fail;
+    }
+    for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(g, i);
+        /* a Gemma 2 file's output.weight is a copy llama.cpp ignores too */
+        if (!ld.used[i] && !(hp->arch == KG_ARCH_GEMMA2 && str_is(t->name, "output.weight"))) {
+            snprintf(errstr, errstr_size,
+                     "model: tensor '%.*s' is not part of the %s graph kgen runs (a variant it "
+                     "does not support)",
+                     (int)(t->name.len > 96 ? 96 : t->name.len), t->name.data, arch);
+            goto fail;
+        }
     }
     if (kg_gguf_get_str(g, "tokenizer.chat_template", &s)) {
         model->chat_template = malloc(s.len + 1);
@@ -215,8 +790,12 @@ kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
         memcpy(model->chat_template, s.data, s.len);
         model->chat_template[s.len] = '\0';
     }
+    free(ld.used);
+    free(is_swa);
     return model;
 fail:
+    free(ld.used);
+    free(is_swa);
     kg_model_free(model);
     return NULL;
 }
@@ -228,6 +807,118 @@ void kg_model_free(kg_model_t *model) {
     kg_tokenizer_free(model->tok);
     kg_gguf_free(model->gguf);
     free(model->layers);
+    free(model->views);
+    free(model->expert_views);
     free(model->chat_template);
     free(model);
+}
+
+// ---- queries ----
+
+uint32_t kg_model_features(const kg_model_t *model) {
+    const kg_hparams_t *hp = &model->hp;
+    uint32_t f = 0;
+    if (hp->rope_mode == KG_ROPE_MODE_NEOX) {
+        f |= KG_MODEL_FEAT_ROPE_NEOX;
+    }
+    if (hp->n_rot != hp->head_dim) {
+        f |= KG_MODEL_FEAT_ROPE_PARTIAL;
+    }
+    if (hp->ffn_act == KG_FFN_GELU) {
+        f |= KG_MODEL_FEAT_GELU;
+    }
+    if (hp->embd_scale != 0.0f) {
+        f |= KG_MODEL_FEAT_EMBD_SCALE;
+    }
+    if (hp->attn_softcap != 0.0f || hp->final_softcap != 0.0f) {
+        f |= KG_MODEL_FEAT_SOFTCAP;
+    }
+    if (hp->q_scale != 0.0f) {
+        f |= KG_MODEL_FEAT_Q_SCALE;
+    }
+    if (hp->yarn_ext_factor != 0.0f || hp->yarn_attn_factor != 1.0f) {
+        f |= KG_MODEL_FEAT_ROPE_YARN;
+    }
+    if (model->rope_long) {
+        f |= KG_MODEL_FEAT_ROPE_FACTORS;
+    }
+    if (model->output_b) {
+        f |= KG_MODEL_FEAT_QKV_BIAS;
+    }
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kg_layer_weights_t *L = &model->layers[il];
+        if (L->bq || L->bo) {
+            f |= KG_MODEL_FEAT_QKV_BIAS;
+        }
+        if (L->q_norm || L->k_norm) {
+            f |= KG_MODEL_FEAT_QK_NORM;
+        }
+        if (L->attn_post_norm || L->ffn_post_norm) {
+            f |= KG_MODEL_FEAT_POST_NORM;
+        }
+        if (L->n_swa > 0) {
+            f |= KG_MODEL_FEAT_SLIDING_WINDOW;
+        }
+        if (L->rope_base != hp->rope_base || L->rope_scale != hp->rope_scale) {
+            f |= KG_MODEL_FEAT_ROPE_PER_LAYER;
+        }
+        if (L->ffn_gate_inp) {
+            f |= KG_MODEL_FEAT_MOE;
+        }
+        if (L->ffn_gate_inp_b || L->gate_exps_b || L->up_exps_b || L->down_exps_b) {
+            f |= KG_MODEL_FEAT_MOE_OAI;
+        }
+        if (L->attn_sinks) {
+            f |= KG_MODEL_FEAT_ATTN_SINKS;
+        }
+    }
+    if (hp->n_expert > 0 && (hp->moe_gating != KG_MOE_SOFTMAX || hp->ffn_act != KG_FFN_SILU)) {
+        f |= KG_MODEL_FEAT_MOE_OAI;
+    }
+    return f;
+}
+
+const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
+    static const char *const names[] = {
+        "qkv_bias",   "qk_norm",        "post_norm", "gelu",         "embd_scale",
+        "softcap",    "sliding_window", "rope_neox", "rope_partial", "rope_per_layer",
+        "rope_yarn",  "rope_factors",   "q_scale",   "moe",          "moe_oai",
+        "attn_sinks",
+    };
+    size_t n = 0;
+    if (cap == 0) {
+        return buf;
+    }
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (mask & (1u << i)) {
+            int w = snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", names[i]);
+            if (w < 0 || (size_t)w >= cap - n) {
+                break;
+            }
+            n += (size_t)w;
+        }
+    }
+    return buf;
+}
+
+int32_t kg_model_kv_window(const kg_model_t *model) {
+    int32_t w = 0;
+    for (int32_t il = 0; il < model->hp.n_layer; il++) {
+        if (model->layers[il].n_swa <= 0) {
+            return 0;
+        }
+        w = model->layers[il].n_swa > w ? model->layers[il].n_swa : w;
+    }
+    return w;
+}
+
+const kg_gguf_tensor_t *kg_model_rope_factors(const kg_model_t *model, int32_t n_ctx_seq) {
+    if (model->rope_freqs) {
+        return model->rope_freqs;
+    }
+    if (!model->rope_long) {
+        return NULL;
+    }
+    return n_ctx_seq > model->hp.n_ctx_orig ? model->rope_long : model->rope_short;
 }

@@ -1,6 +1,30 @@
-/* kg_model: a Llama-family model read from GGUF: hyperparameters, the
- * tokenizer and views of the weight tensors (still in the file's types;
- * each backend converts them as it needs at load). */
+/* kg_model: a decoder-only transformer read from GGUF: hyperparameters,
+ * the tokenizer and views of the weight tensors (still in the file's types;
+ * each backend converts them as it needs at load).
+ *
+ * DESIGN
+ * The families kgen runs (llama, mistral, qwen2, qwen3, gemma2, gemma3,
+ * phi3, and the mixture-of-experts qwen3moe, Mixtral (llama with experts)
+ * and gpt-oss) differ in a handful of switches, so one description covers
+ * them:
+ * model-wide switches in kg_hparams_t (RoPE mode and scaling, GELU or SiLU
+ * gate, embedding scale, soft-capping, how queries are scaled) and
+ * per-layer attributes in kg_layer_weights_t (sliding window, RoPE base and
+ * scale, optional tensors: Q/K/V biases, Q/K norms, post-norms). They are
+ * filled at load from the GGUF keys exactly as llama.cpp reads them, with
+ * the values llama.cpp fixes in its code rather than in the file (Gemma's
+ * layer patterns and query scale, Gemma 3's local RoPE base, YaRN's
+ * factors). Fused tensors (phi3's attn_qkv and gate+up ffn_up) are split
+ * into row views at load, so a backend sees separate Q, K, V, gate and up
+ * matrices for every family. One forward pass reads all of this.
+ *
+ * Experts. A mixture-of-experts layer has a router (ffn_gate_inp: one
+ * logit per expert) and 3-D expert tensors (ffn_{gate,up,down}_exps:
+ * n_expert matrices stacked along ne[2]); the loader cuts them into one 2-D
+ * view per expert, so a backend packs and multiplies an expert's matrix as
+ * it does any other weight. How the router's logits become the k experts
+ * and their weights is kg_moe_gating_t, with llama.cpp's renormalisation
+ * and scale (build_moe_ffn). */
 #pragma once
 
 #include "kg_gguf.h"
@@ -10,25 +34,105 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
+#define KG_MOE_MAX_EXPERTS 1024
+
+/* general.architecture values kgen runs. */
+typedef enum kg_arch {
+    KG_ARCH_LLAMA = 0,
+    KG_ARCH_MISTRAL,
+    KG_ARCH_QWEN2,
+    KG_ARCH_QWEN3,
+    KG_ARCH_GEMMA2,
+    KG_ARCH_GEMMA3,
+    KG_ARCH_PHI3,
+    KG_ARCH_QWEN3MOE,
+    KG_ARCH_GPT_OSS, /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
+    KG_ARCH_COUNT_,
+} kg_arch_t;
+
+/* Which elements RoPE pairs up (ggml's rope modes). */
+typedef enum kg_rope_mode {
+    KG_ROPE_MODE_NORM = 0, /* adjacent pairs (2i, 2i+1): llama */
+    KG_ROPE_MODE_NEOX = 2, /* halves (i, i + n_rot/2): qwen2, qwen3, gemma, phi3 */
+} kg_rope_mode_t;
+
+/* rope.scaling.type (llama_rope_scaling_type). */
+typedef enum kg_rope_scaling {
+    KG_ROPE_SCALING_NONE = 0,
+    KG_ROPE_SCALING_LINEAR,
+    KG_ROPE_SCALING_YARN,
+    KG_ROPE_SCALING_LONGROPE,
+} kg_rope_scaling_t;
+
+/* The gate's activation in the gated FFN: act(gate) * up. */
+typedef enum kg_ffn_act {
+    KG_FFN_SILU = 0, /* SwiGLU */
+    KG_FFN_GELU,     /* GeGLU with GELU's tanh approximation (gemma) */
+    /* gpt-oss's clamped SwiGLU (ggml_swiglu_oai, alpha 1.702, limit 7):
+     * x = min(gate, 7), y = clamp(up, -7, 7), x * sigmoid(1.702 x) * (y + 1) */
+    KG_FFN_SWIGLU_OAI,
+} kg_ffn_act_t;
+
+/* How a router's logits pick the k experts of a token and weigh them
+ * (llama_expert_gating_func_type). Ties go to the lower expert index. */
+typedef enum kg_moe_gating {
+    /* softmax over every expert, the k largest probabilities, their
+     * probabilities as weights (then renormalised if moe_norm_w): qwen3moe,
+     * Mixtral */
+    KG_MOE_SOFTMAX = 0,
+    /* the k largest logits, a softmax over those k as weights: gpt-oss */
+    KG_MOE_SOFTMAX_WEIGHT,
+} kg_moe_gating_t;
+
 typedef struct kg_hparams {
     int32_t n_vocab;
-    int32_t n_ctx_train; /* llama.context_length */
+    int32_t n_ctx_train; /* <arch>.context_length */
     int32_t n_embd;
     int32_t n_layer;
     int32_t n_head;
     int32_t n_head_kv;
     int32_t head_dim; /* n_embd / n_head unless attention.key_length says otherwise */
-    int32_t n_rot;    /* rope.dimension_count; == head_dim for Llama */
-    int32_t n_ff;
+    int32_t n_rot;    /* rope.dimension_count; == head_dim for llama, <= head_dim (even) else */
+    int32_t n_ff;     /* gate/up width (phi3's fused ffn_up is 2 * n_ff wide) */
     float norm_eps;   /* attention.layer_norm_rms_epsilon */
-    float rope_base;  /* rope.freq_base, default 10000 */
-    float rope_scale; /* 1 / rope.scaling.factor for linear scaling; 1 = none */
+    float rope_base;  /* rope.freq_base, default 10000 (global layers) */
+    float rope_scale; /* 1 / rope.scaling.factor for linear/yarn scaling; 1 = none */
     bool tied;        /* no output.weight: the head is token_embd */
+
+    kg_arch_t arch;
+    kg_rope_mode_t rope_mode;
+    kg_rope_scaling_t rope_scaling; /* llama.cpp's default without the key: linear */
+    int32_t n_ctx_orig;             /* rope.scaling.original_context_length, else n_ctx_train */
+    /* YaRN as llama_context derives it: ext_factor 1 for yarn (0 otherwise),
+     * attn_factor the magnitude correction (times rope.scaling.attn_factor,
+     * which LongRoPE files carry), beta_fast 32, beta_slow 1. */
+    float yarn_ext_factor;
+    float yarn_attn_factor;
+    float yarn_beta_fast;
+    float yarn_beta_slow;
+    int32_t n_swa;       /* attention.sliding_window of the windowed layers; 0 = none */
+    float embd_scale;    /* embeddings are multiplied by it after the lookup; 0 = not */
+    float attn_softcap;  /* scores = c * tanh(scores / c) before the softmax; 0 = off */
+    float final_softcap; /* the same on the logits; 0 = off */
+    float q_scale;       /* 0: scores are scaled by 1/sqrt(head_dim) (llama); else q is
+                            multiplied by q_scale before attention, scores unscaled
+                            (gemma's query_pre_attn_scalar rule, phi3) */
+    kg_ffn_act_t ffn_act;
+
+    /* mixture of experts (n_expert 0: a dense model) */
+    int32_t n_expert;      /* <arch>.expert_count */
+    int32_t n_expert_used; /* <arch>.expert_used_count: experts per token (k) */
+    int32_t n_ff_exp;      /* an expert's gate/up width (expert_feed_forward_length) */
+    kg_moe_gating_t moe_gating;
+    bool moe_norm_w;   /* divide the k weights by their sum (clamped to >= 2^-14) */
+    float moe_w_scale; /* then multiply them by this; 0 or 1 = not */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
  * (input) dimension, so a weight W of shape (ne0=in, ne1=out) computes
- * y[out] = sum_in W[out][in] x[in]. */
+ * y[out] = sum_in W[out][in] x[in]. Optional tensors are NULL when the
+ * family does not have them. */
 typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *attn_norm; /* (n_embd) */
     const kg_gguf_tensor_t *wq;        /* (n_embd, n_head * head_dim) */
@@ -39,6 +143,33 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *w_gate;    /* (n_embd, n_ff) */
     const kg_gguf_tensor_t *w_up;      /* (n_embd, n_ff) */
     const kg_gguf_tensor_t *w_down;    /* (n_ff, n_embd) */
+
+    const kg_gguf_tensor_t *bq, *bk, *bv;   /* (n_head * head_dim), (n_head_kv * head_dim) x 2 */
+    const kg_gguf_tensor_t *bo;             /* (n_embd) attn_output.bias */
+    const kg_gguf_tensor_t *q_norm;         /* (head_dim) RMSNorm of each query head */
+    const kg_gguf_tensor_t *k_norm;         /* (head_dim) RMSNorm of each key head */
+    const kg_gguf_tensor_t *attn_post_norm; /* (n_embd) on the attention output */
+    const kg_gguf_tensor_t *ffn_post_norm;  /* (n_embd) on the FFN output */
+
+    /* mixture of experts: a layer with a router has no dense FFN (w_gate,
+     * w_up, w_down NULL) */
+    const kg_gguf_tensor_t *ffn_gate_inp;   /* (n_embd, n_expert) router */
+    const kg_gguf_tensor_t *ffn_gate_inp_b; /* (n_expert) router bias (gpt-oss) */
+    const kg_gguf_tensor_t *gate_exps;      /* (n_embd, n_ff_exp, n_expert) */
+    const kg_gguf_tensor_t *up_exps;        /* (n_embd, n_ff_exp, n_expert) */
+    const kg_gguf_tensor_t *down_exps;      /* (n_ff_exp, n_embd, n_expert) */
+    const kg_gguf_tensor_t *gate_exps_b;    /* (n_ff_exp, n_expert) expert biases (gpt-oss) */
+    const kg_gguf_tensor_t *up_exps_b;      /* (n_ff_exp, n_expert) */
+    const kg_gguf_tensor_t *down_exps_b;    /* (n_embd, n_expert) */
+    /* expert e's matrices as 2-D views: exp_gate[e] is (n_embd, n_ff_exp),
+     * exp_up[e] the same, exp_down[e] (n_ff_exp, n_embd); (n_expert) each */
+    const kg_gguf_tensor_t *exp_gate, *exp_up, *exp_down;
+    const kg_gguf_tensor_t *attn_sinks; /* (n_head) one extra softmax logit per head (gpt-oss) */
+
+    int32_t n_swa;   /* this layer's window (it attends to the last n_swa positions,
+                        itself included); 0 = global */
+    float rope_base; /* this layer's RoPE base and frequency scale */
+    float rope_scale;
 } kg_layer_weights_t;
 
 typedef struct kg_model {
@@ -48,13 +179,67 @@ typedef struct kg_model {
     const kg_gguf_tensor_t *tok_embd;    /* (n_embd, n_vocab) */
     const kg_gguf_tensor_t *output_norm; /* (n_embd) */
     const kg_gguf_tensor_t *output;      /* (n_embd, n_vocab); == tok_embd when tied */
+    const kg_gguf_tensor_t *output_b;    /* (n_vocab) output.bias (qwen2) or NULL */
     const kg_gguf_tensor_t *rope_freqs;  /* (n_rot / 2) frequency divisors (Llama 3.1) or NULL */
+    const kg_gguf_tensor_t *rope_long;   /* (n_rot / 2) LongRoPE factors or NULL */
+    const kg_gguf_tensor_t *rope_short;  /* (n_rot / 2), present with rope_long */
     kg_layer_weights_t *layers;          /* (n_layer) */
+    kg_gguf_tensor_t *views;             /* owned: row views of fused tensors */
+    kg_gguf_tensor_t *expert_views;      /* owned: (n_layer, 3, n_expert) per-expert views */
     char *chat_template;                 /* tokenizer.chat_template or NULL */
 } kg_model_t;
 
-/** Open a GGUF model file. Checks the architecture (llama and its
- * relatives), every hyperparameter and every tensor's presence, type and
- * shape. NULL with one line in errstr on failure. */
+/* What a model needs beyond the plain Llama graph. A backend that lacks a
+ * feature must refuse the model (kg_backend_new does, by these bits). */
+enum {
+    KG_MODEL_FEAT_QKV_BIAS = 1u << 0,       /* Q/K/V or attention-output biases, output bias */
+    KG_MODEL_FEAT_QK_NORM = 1u << 1,        /* RMSNorm of each Q and K head */
+    KG_MODEL_FEAT_POST_NORM = 1u << 2,      /* norms on the attention and FFN outputs */
+    KG_MODEL_FEAT_GELU = 1u << 3,           /* GeGLU FFN */
+    KG_MODEL_FEAT_EMBD_SCALE = 1u << 4,     /* scaled embeddings */
+    KG_MODEL_FEAT_SOFTCAP = 1u << 5,        /* attention or final-logit soft-capping */
+    KG_MODEL_FEAT_SLIDING_WINDOW = 1u << 6, /* windowed layers */
+    KG_MODEL_FEAT_ROPE_NEOX = 1u << 7,      /* NeoX RoPE pairs */
+    KG_MODEL_FEAT_ROPE_PARTIAL = 1u << 8,   /* n_rot < head_dim */
+    KG_MODEL_FEAT_ROPE_PER_LAYER = 1u << 9, /* layers with their own RoPE base or scale */
+    KG_MODEL_FEAT_ROPE_YARN = 1u << 10,     /* YaRN, or a magnitude factor (LongRoPE) */
+    KG_MODEL_FEAT_ROPE_FACTORS = 1u << 11,  /* LongRoPE short/long factor tensors */
+    KG_MODEL_FEAT_Q_SCALE = 1u << 12,       /* queries scaled before attention */
+    KG_MODEL_FEAT_MOE = 1u << 13,           /* routed experts (softmax router, SwiGLU experts) */
+    KG_MODEL_FEAT_MOE_OAI = 1u << 14,       /* gpt-oss's experts: top-k-then-softmax router, router
+                                               and expert biases, clamped SwiGLU */
+    KG_MODEL_FEAT_ATTN_SINKS = 1u << 15,    /* a per-head sink logit in the attention softmax */
+};
+
+/** Open a GGUF model file. Checks the architecture, every hyperparameter and
+ * every tensor's presence, type and shape, and that the file has no tensor
+ * the graph would not use. NULL with one line in errstr on failure (an
+ * unknown architecture or rope.scaling.type is named, with what is
+ * supported). */
 kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size);
+
+/** kg_model_load on an opened file (kg_gguf_open_memory for fuzzing);
+ * takes `gguf` (freed on failure too). `path` names it in messages. */
+kg_model_t *kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errstr_size);
 void kg_model_free(kg_model_t *model);
+
+/** The architecture's GGUF name ("qwen2", ...). */
+const char *kg_arch_name(kg_arch_t arch);
+
+/** KG_MODEL_FEAT_* bits the model uses. @thread any */
+uint32_t kg_model_features(const kg_model_t *model);
+
+/** Comma-separated names of the features in `mask` ("qkv_bias, gelu");
+ * writes at most cap bytes (NUL-terminated) and returns buf. */
+const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap);
+
+/** The window that bounds what any future token can attend to: the largest
+ * layer window when every layer is windowed, else 0 (some layer is global,
+ * so every position stays needed). The engine frees KV blocks wholly
+ * outside it. */
+int32_t kg_model_kv_window(const kg_model_t *model);
+
+/** The LongRoPE factors llama.cpp would use for a per-sequence context of
+ * `n_ctx_seq` tokens (long when it exceeds n_ctx_orig), else rope_freqs
+ * (or NULL). Per layer in llama.cpp, the same tensor for every layer here. */
+const kg_gguf_tensor_t *kg_model_rope_factors(const kg_model_t *model, int32_t n_ctx_seq);

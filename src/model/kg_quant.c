@@ -9,6 +9,8 @@
  * into an FMA, so `d * q - m` rounds twice, as the formula is written. */
 #include "kg_quant.h"
 
+#include "kg_mxfp4.h"
+
 #include <ctype.h>
 #include <math.h>
 #include <string.h>
@@ -31,7 +33,8 @@
  *   q5_k    d f16, dmin f16 | scales[12] | qh[32] | qs[128]
  *   q6_k    ql[128] | qh[64] | scales[16] int8 | d f16
  *   iq4_nl  d f16 | qs[16] as q4_0, indices into kg_iq4nl_values
- *   iq4_xs  d f16 | scales_h u16 | scales_l[4] | qs[128] */
+ *   iq4_xs  d f16 | scales_h u16 | scales_l[4] | qs[128]
+ *   mxfp4   e E8M0 | qs[16] as q4_0 (see kg_mxfp4.h) */
 typedef struct type_info {
     uint32_t id;
     const char *name;
@@ -58,7 +61,7 @@ static const type_info_t types[] = {
     {32, "q4_0_4_8", 0, 0},     {33, "q4_0_8_8", 0, 0},
     {34, "tq1_0", 0, 0},        {35, "tq2_0", 0, 0},
     {36, "iq4_nl_4_4", 0, 0},   {37, "iq4_nl_4_8", 0, 0},
-    {38, "iq4_nl_8_8", 0, 0},
+    {38, "iq4_nl_8_8", 0, 0},   {39, "mxfp4", KG_MXFP4_BLOCK_ELEMS, KG_MXFP4_BLOCK_SIZE},
 };
 
 #define N_TYPES (sizeof(types) / sizeof(types[0]))
@@ -122,7 +125,7 @@ bool kg_type_from_name(const char *name, kg_ggml_type_t *out) {
 
 const char *kg_type_list(void) {
     return "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, "
-           "iq4_xs";
+           "iq4_xs, mxfp4";
 }
 
 // ---- half precision ----
@@ -494,6 +497,9 @@ void kg_dequantize(kg_ggml_type_t type, const void *src, float *dst, int64_t n) 
         return;
     case KG_GGML_TYPE_IQ4_XS:
         dequant_iq4_xs(x, dst, nb);
+        return;
+    case KG_GGML_TYPE_MXFP4:
+        kg_mxfp4_dequantize(x, dst, n);
         return;
     }
 }

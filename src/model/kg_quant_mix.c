@@ -1,9 +1,11 @@
 /* kg_quant_mix: the per-tensor type policy of llama.cpp's file types.
  *
  * The rules are llama-quant.cpp's llama_tensor_get_type for the file types
- * kgen writes (the ones that need no importance matrix), restated for
- * dense models: the MoE rules (n_expert == 8) and the IQ1/IQ2/IQ3 mixes
- * are left out because kgen writes neither. Falcon's exceptions are kept
+ * kgen writes (the ones that need no importance matrix), with the rules of
+ * 8-expert models (attn_k and attn_v in Q8_0, attn_output in Q5_K for the
+ * low-bit mixes); the IQ1/IQ2/IQ3 mixes are left out because kgen writes
+ * none. Expert tensors (blk.N.ffn_*_exps, one per layer) follow the rules
+ * of their dense names, as in llama.cpp. Falcon's exceptions are kept
  * because they only depend on the architecture name. */
 #include "kg_quant_mix.h"
 
@@ -37,6 +39,7 @@ static const struct {
     {"q6_k", KG_FTYPE_MOSTLY_Q6_K, KG_GGML_TYPE_Q6_K},
     {"iq4_nl", KG_FTYPE_MOSTLY_IQ4_NL, KG_GGML_TYPE_IQ4_NL},
     {"iq4_xs", KG_FTYPE_MOSTLY_IQ4_XS, KG_GGML_TYPE_IQ4_XS},
+    {"mxfp4_moe", KG_FTYPE_MOSTLY_MXFP4_MOE, KG_GGML_TYPE_Q8_0},
     /* llama-quantize's aliases */
     {"q3_k", KG_FTYPE_MOSTLY_Q3_K_M, KG_GGML_TYPE_Q3_K},
     {"q4_k", KG_FTYPE_MOSTLY_Q4_K_M, KG_GGML_TYPE_Q4_K},
@@ -73,7 +76,7 @@ const char *kg_ftype_name(kg_ftype_t ftype) {
 
 const char *kg_ftype_list(void) {
     return "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m (q3_k), q3_k_l, "
-           "q4_k_s, q4_k_m (q4_k), q5_k_s, q5_k_m (q5_k), q6_k, iq4_nl, iq4_xs";
+           "q4_k_s, q4_k_m (q4_k), q5_k_s, q5_k_m (q5_k), q6_k, iq4_nl, iq4_xs, mxfp4_moe";
 }
 
 kg_ggml_type_t kg_ftype_base_type(kg_ftype_t ftype) {
@@ -176,8 +179,15 @@ static kg_ggml_type_t mix_type(
             /* 8 query heads share each V head there: more bits cost little */
             t = KG_GGML_TYPE_Q5_K;
         }
-    } else if (has(name, "attn_k.weight") || has(name, "attn_q.weight")) {
-        /* only the IQ3 mixes and 8-expert models change these */
+        if (m->n_expert == 8) {
+            t = KG_GGML_TYPE_Q8_0; /* "trades just ~128MB" */
+        }
+    } else if (has(name, "attn_k.weight")) {
+        if (m->n_expert == 8) {
+            t = KG_GGML_TYPE_Q8_0;
+        }
+    } else if (has(name, "attn_q.weight")) {
+        /* only the IQ3 mixes change it */
     } else if (has(name, "ffn_down")) {
         if (ft == KG_FTYPE_MOSTLY_Q2_K) {
             t = KG_GGML_TYPE_Q3_K;
@@ -203,7 +213,14 @@ static kg_ggml_type_t mix_type(
             t = KG_GGML_TYPE_Q5_K;
         }
     } else if (has(name, "attn_output.weight")) {
-        if (!falcon) {
+        if (!falcon && m->n_expert == 8) {
+            if (ft == KG_FTYPE_MOSTLY_Q2_K || ft == KG_FTYPE_MOSTLY_Q3_K_S ||
+                ft == KG_FTYPE_MOSTLY_Q3_K_M || ft == KG_FTYPE_MOSTLY_IQ4_NL ||
+                ft == KG_FTYPE_MOSTLY_Q4_K_S || ft == KG_FTYPE_MOSTLY_Q4_K_M ||
+                ft == KG_FTYPE_MOSTLY_IQ4_XS) {
+                t = KG_GGML_TYPE_Q5_K;
+            }
+        } else if (!falcon) {
             if (ft == KG_FTYPE_MOSTLY_Q2_K) {
                 t = KG_GGML_TYPE_Q3_K;
             } else if (ft == KG_FTYPE_MOSTLY_Q3_K_M) {
@@ -261,6 +278,10 @@ kg_ggml_type_t kg_quant_mix_type(kg_ftype_t ftype,
         return src_type;
     }
     const kg_ggml_type_t base = kg_ftype_base_type(ftype);
+    if (ftype == KG_FTYPE_MOSTLY_MXFP4_MOE) {
+        /* llama-quantize's MXFP4_MOE: the 3-D expert stacks MXFP4, the rest Q8_0 */
+        return n_dims == 3 ? KG_GGML_TYPE_MXFP4 : KG_GGML_TYPE_Q8_0;
+    }
     if (pure || !kg_type_is_quantized(base)) {
         return base;
     }

@@ -32,6 +32,7 @@ typedef enum kg_ftype {
     KG_FTYPE_MOSTLY_IQ4_NL = 25,
     KG_FTYPE_MOSTLY_IQ4_XS = 30,
     KG_FTYPE_MOSTLY_BF16 = 32,
+    KG_FTYPE_MOSTLY_MXFP4_MOE = 38, /* experts MXFP4, the other matrices Q8_0 */
 } kg_ftype_t;
 
 /** The file type named `name` as llama-quantize spells it, any case:
@@ -51,6 +52,7 @@ typedef struct kg_quant_mix_model {
     int32_t n_layer;
     int32_t n_head, n_head_kv; /* of layer 0: n_gqa = n_head / n_head_kv */
     bool has_output;           /* output.weight exists (not tied to token_embd) */
+    int32_t n_expert;          /* expert_count; 0 for a dense model */
 } kg_quant_mix_model_t;
 
 /** The type of tensor `name` (n_dims dimensions, rows of ne0 elements)

@@ -11,6 +11,7 @@
  * The block layouts are listed in kg_quant.c. */
 #include "kg_quantize.h"
 
+#include "kg_mxfp4.h"
 #include "kg_quant.h"
 
 #include <float.h>
@@ -835,6 +836,9 @@ bool kg_quantize(kg_ggml_type_t type, const float *src, void *dst, int64_t n) {
             uint8_t *b = y + 136 * i;
             quant_iq4(src + KG_QK_K * i, KG_QK_K, b, b + 8, b + 2);
         }
+        return true;
+    case KG_GGML_TYPE_MXFP4:
+        kg_mxfp4_quantize(src, y, n);
         return true;
     }
     return false;

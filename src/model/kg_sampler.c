@@ -94,8 +94,8 @@ kg_sampling_params_t kg_sampling_params_default(void) {
  * everything further below shares bucket 0, whose mass is at most
  * n_vocab * e^-40 of the top token's (the result stays exact if it ever
  * matters, only slower). */
-#define HIST_BUCKETS 1024
-#define HIST_RANGE   40.0f
+#define HIST_BUCKETS KG_SAMPLER_HIST_BUCKETS
+#define HIST_RANGE   KG_SAMPLER_HIST_RANGE
 /* Top-p sorts a run of at most this many tokens instead of refining it. */
 #define TOP_P_SORT 128
 
@@ -257,17 +257,32 @@ static inline v8f sanitize8(v8f v) {
     return select8(v > splat(FLT_MAX), splat(FLT_MAX), v);
 }
 
-/* val[i] = the sanitised logits[i]. Returns the max. */
-static float load_logits(float *val, const float *logits, int32_t n) {
+/* The lanes of tokens i..i+7 that a token bitmask allows (i % 8 == 0). */
+static inline v8i mask_lanes(const uint32_t *mask, int32_t i) {
+    const int32_t b = (int32_t)((mask[i >> 5] >> (i & 31)) & 0xFFu);
+    const v8i bits = {1, 2, 4, 8, 16, 32, 64, 128};
+    const v8i all = {b, b, b, b, b, b, b, b};
+    return (all & bits) != 0;
+}
+
+/* val[i] = the sanitised logits[i], or -inf where `mask` (when not NULL)
+ * disallows token i. Returns the max. */
+static float load_logits(float *val, const float *logits, const uint32_t *mask, int32_t n) {
     v8f mx = splat(-INFINITY);
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) {
         v8f v = sanitize8(load8(logits + i));
+        if (mask != NULL) {
+            v = select8(mask_lanes(mask, i), v, splat(-INFINITY));
+        }
         mx = select8(v > mx, v, mx);
         memcpy(val + i, &v, sizeof(v));
     }
     if (i < n) {
         v8f v = sanitize8(load_tail(logits + i, n - i, -INFINITY));
+        if (mask != NULL) {
+            v = select8(mask_lanes(mask, i), v, splat(-INFINITY));
+        }
         mx = select8(v > mx, v, mx);
         store_tail(val + i, &v, n - i);
     }
@@ -939,6 +954,7 @@ static int32_t draw(const float *prob, int32_t n, double u) {
  * than a NaN softmax. */
 static double prepare(const kg_sampling_params_t *p,
                       const float *logits,
+                      const uint32_t *mask,
                       int32_t n_vocab,
                       const int32_t *prompt,
                       int32_t n_prompt,
@@ -948,10 +964,14 @@ static double prepare(const kg_sampling_params_t *p,
                       kg_sample_result_t *out,
                       bool *all_masked) {
     KG_ASSERT(n_vocab > 0 && n_vocab <= sc->n_vocab);
-    float max = load_logits(sc->val, logits, n_vocab);
+    float max = load_logits(sc->val, logits, mask, n_vocab);
     *all_masked = max == -INFINITY;
     if (*all_masked) {
-        memset(sc->val, 0, (size_t)n_vocab * sizeof(*sc->val));
+        /* no usable logit: every token (with a mask, every allowed one)
+         * counts as 0, a uniform choice */
+        for (int32_t i = 0; i < n_vocab; i++) {
+            sc->val[i] = mask == NULL || ((mask[i >> 5] >> (i & 31)) & 1u) ? 0.0f : -INFINITY;
+        }
         max = 0.0f;
     }
     sc->ref = max;
@@ -994,9 +1014,24 @@ void kg_sampler_sample(const kg_sampling_params_t *p,
                        int32_t n_output,
                        kg_sampler_scratch_t *sc,
                        kg_sample_result_t *out) {
+    kg_sampler_sample_masked(p, rng, logits, NULL, n_vocab, prompt, n_prompt, output, n_output, sc,
+                             out);
+}
+
+void kg_sampler_sample_masked(const kg_sampling_params_t *p,
+                              kg_rng_t *rng,
+                              const float *logits,
+                              const uint32_t *mask,
+                              int32_t n_vocab,
+                              const int32_t *prompt,
+                              int32_t n_prompt,
+                              const int32_t *output,
+                              int32_t n_output,
+                              kg_sampler_scratch_t *sc,
+                              kg_sample_result_t *out) {
     bool all_masked = false;
     double lse =
-        prepare(p, logits, n_vocab, prompt, n_prompt, output, n_output, sc, out, &all_masked);
+        prepare(p, logits, mask, n_vocab, prompt, n_prompt, output, n_output, sc, out, &all_masked);
     int32_t token;
     /* !(t > 0) also sends a NaN temperature to greedy. */
     if (!(p->temperature > 0.0f)) {
@@ -1024,7 +1059,8 @@ int32_t kg_sampler_candidates(const kg_sampling_params_t *p,
                               int32_t *ids,
                               float *probs) {
     bool all_masked = false;
-    (void)prepare(p, logits, n_vocab, prompt, n_prompt, output, n_output, sc, NULL, &all_masked);
+    (void)prepare(p, logits, NULL, n_vocab, prompt, n_prompt, output, n_output, sc, NULL,
+                  &all_masked);
     if (!(p->temperature > 0.0f)) {
         ids[0] = argmax(sc, n_vocab);
         probs[0] = 1.0f;

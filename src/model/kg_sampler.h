@@ -57,6 +57,11 @@ double kg_rng_uniform(kg_rng_t *rng);
 
 #define KG_MAX_LOGPROBS 20
 
+/* Top-p histogram of both samplers (kg_sampler.c, gpu/sample.cu): buckets
+ * of equal logit width over [l_max - KG_SAMPLER_HIST_RANGE, l_max]. */
+#define KG_SAMPLER_HIST_BUCKETS 1024
+#define KG_SAMPLER_HIST_RANGE   40.0f
+
 typedef struct kg_sample_result {
     int32_t token;
     float logprob; /* log-softmax of the raw logits at `token` */
@@ -95,6 +100,25 @@ void kg_sampler_sample(const kg_sampling_params_t *p,
                        int32_t n_output,
                        kg_sampler_scratch_t *sc,
                        kg_sample_result_t *out);
+
+/** kg_sampler_sample with a token bitmask (constrained decoding): when
+ * `mask` is not NULL (ceil(n_vocab / 32) words; bit id % 32 of word id / 32
+ * is token id), the tokens it leaves out count as -inf before anything
+ * else, so penalties, filters, the draw and the logprobs (then those of the
+ * allowed tokens) all see only the allowed ones. If no allowed token has a
+ * usable logit, the allowed tokens count as 0 (a uniform choice among
+ * them). The mask must allow at least one token. @thread engine */
+void kg_sampler_sample_masked(const kg_sampling_params_t *p,
+                              kg_rng_t *rng,
+                              const float *logits,
+                              const uint32_t *mask,
+                              int32_t n_vocab,
+                              const int32_t *prompt,
+                              int32_t n_prompt,
+                              const int32_t *output,
+                              int32_t n_output,
+                              kg_sampler_scratch_t *sc,
+                              kg_sample_result_t *out);
 
 /** The distribution kg_sampler_sample draws from: the tokens that survive
  * the penalties and filters, with their probabilities at the temperature

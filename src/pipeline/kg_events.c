@@ -3,6 +3,7 @@
 
 #include "../core/kg_clock.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,12 +41,90 @@ static void fill_logprobs(const kg_tokenizer_t *tok,
     }
 }
 
+// ---- fitting an event to its budget ----
+
+typedef char *(*encode_fn)(const void *ev, size_t *len);
+
+static char *encode_token(const void *ev, size_t *len) {
+    return kg_codec_encode_token(ev, len);
+}
+
+static char *encode_done(const void *ev, size_t *len) {
+    return kg_codec_encode_done(ev, len);
+}
+
+static char *encode_error(const void *ev, size_t *len) {
+    return kg_codec_encode_error(ev, len);
+}
+
+/* Re-encode with the end of the text cut until the event fits max_bytes.
+ * `text` (full bytes) is the event's text; *text_len, *truncated and *cut
+ * are the event's own fields; *cut counts the UTF-8 bytes a reader misses
+ * (kg_codec_text_prefix). Returns the encoded event (NULL on out of
+ * memory); it is above max_bytes only when it is even with no text. */
+static char *cut_text(encode_fn encode,
+                      const void *ev,
+                      const char *text,
+                      size_t full,
+                      size_t *text_len,
+                      bool *truncated,
+                      int64_t *cut,
+                      size_t max_bytes,
+                      size_t *len) {
+    size_t full_bytes, kept_bytes;
+    kg_codec_text_prefix(text, full, SIZE_MAX, &full_bytes);
+    *truncated = true;
+    *text_len = 0;
+    *cut = (int64_t)full_bytes;
+    char *json = encode(ev, len);
+    if (!json || *len > max_bytes) {
+        return json;
+    }
+    /* the room the text may take; exact but for the digits of *cut, which
+     * only shrink as more text is kept */
+    size_t room = max_bytes - *len;
+    for (int i = 0; i < 4 && room > 0; i++) {
+        size_t keep = kg_codec_text_prefix(text, full, room, &kept_bytes);
+        if (keep == 0) {
+            break;
+        }
+        *text_len = keep;
+        *cut = (int64_t)(full_bytes - kept_bytes);
+        char *longer = encode(ev, len);
+        if (!longer || *len <= max_bytes) {
+            free(json);
+            return longer;
+        }
+        free(longer);
+        room = room > *len - max_bytes ? room - (*len - max_bytes) : 0;
+    }
+    *text_len = 0;
+    *cut = (int64_t)full_bytes;
+    free(json);
+    return encode(ev, len);
+}
+
+static bool fits(const char *json, size_t len, size_t max_bytes) {
+    return !json || max_bytes == 0 || len <= max_bytes;
+}
+
+static void note_fit(kg_events_fit_t *fit, const kg_events_fit_t *got, size_t len, size_t max) {
+    if (fit) {
+        *fit = *got;
+        fit->over_budget = max > 0 && len > max;
+    }
+}
+
+// ---- the events ----
+
 char *kg_events_token(const kg_event_origin_t *o,
                       const kg_tokenizer_t *tok,
                       const kg_job_t *job,
                       const kg_output_t *out,
                       const kg_output_event_t *ev,
-                      size_t *len) {
+                      size_t max_bytes,
+                      size_t *len,
+                      kg_events_fit_t *fit) {
     size_t tlen;
     const char *text = kg_output_text(out, &tlen);
     kg_event_token_t e = {.index = ev->index,
@@ -59,7 +138,22 @@ char *kg_events_token(const kg_event_origin_t *o,
         e.has_logprobs = true;
         fill_logprobs(tok, &ev->sample, &e.logprobs, buf, sizeof(buf), &used);
     }
-    return kg_codec_encode_token(&e, len);
+    kg_events_fit_t got = {0};
+    char *json = kg_codec_encode_token(&e, len);
+    if (!fits(json, *len, max_bytes) && e.has_logprobs) {
+        free(json);
+        e.has_logprobs = false;
+        e.logprobs_truncated = got.logprobs_dropped = true;
+        json = kg_codec_encode_token(&e, len);
+    }
+    if (!fits(json, *len, max_bytes)) {
+        free(json);
+        json = cut_text(encode_token, &e, e.text, ev->text_len, &e.text_len, &e.text_truncated,
+                        &e.text_bytes_cut, max_bytes, len);
+        got.text_bytes_cut = (size_t)e.text_bytes_cut;
+    }
+    note_fit(fit, &got, json ? *len : 0, max_bytes);
+    return json;
 }
 
 char *kg_events_done(const kg_event_origin_t *o,
@@ -70,7 +164,9 @@ char *kg_events_done(const kg_event_origin_t *o,
                      const kg_job_timing_t *t,
                      const kg_sample_result_t *samples,
                      int32_t n_samples,
-                     size_t *len) {
+                     size_t max_bytes,
+                     size_t *len,
+                     kg_events_fit_t *fit) {
     size_t tlen;
     const char *text = kg_output_text(out, &tlen);
     int64_t first = t->first_token_us ? t->first_token_us : t->finished_us;
@@ -110,9 +206,31 @@ char *kg_events_done(const kg_event_origin_t *o,
         e.logprobs = lps;
         e.n_logprobs = n_samples;
     }
+    /* shed in the documented order until it fits: logprobs, metadata, text */
+    kg_events_fit_t got = {0};
     char *json = kg_codec_encode_done(&e, len);
+    if (!fits(json, *len, max_bytes) && e.logprobs) {
+        free(json);
+        e.logprobs = NULL;
+        e.n_logprobs = 0;
+        e.logprobs_truncated = got.logprobs_dropped = true;
+        json = kg_codec_encode_done(&e, len);
+    }
+    if (!fits(json, *len, max_bytes) && e.metadata_json) {
+        free(json);
+        e.metadata_json = NULL;
+        e.metadata_truncated = got.metadata_dropped = true;
+        json = kg_codec_encode_done(&e, len);
+    }
+    if (!fits(json, *len, max_bytes)) {
+        free(json);
+        json = cut_text(encode_done, &e, text, tlen, &e.text_len, &e.text_truncated,
+                        &e.text_bytes_cut, max_bytes, len);
+        got.text_bytes_cut = (size_t)e.text_bytes_cut;
+    }
     free(lps);
     free(buf);
+    note_fit(fit, &got, json ? *len : 0, max_bytes);
     return json;
 }
 
@@ -121,8 +239,19 @@ char *kg_events_error(const kg_event_origin_t *o,
                       kg_error_code_t code,
                       const char *message,
                       const char *metadata_json,
-                      size_t *len) {
+                      size_t max_bytes,
+                      size_t *len,
+                      kg_events_fit_t *fit) {
     kg_event_error_t e = {.code = code, .message = message, .metadata_json = metadata_json};
     common(o, request_id, &e.common);
-    return kg_codec_encode_error(&e, len);
+    kg_events_fit_t got = {0};
+    char *json = kg_codec_encode_error(&e, len);
+    if (!fits(json, *len, max_bytes) && e.metadata_json) {
+        free(json);
+        e.metadata_json = NULL;
+        e.metadata_truncated = got.metadata_dropped = true;
+        json = encode_error(&e, len);
+    }
+    note_fit(fit, &got, json ? *len : 0, max_bytes);
+    return json;
 }

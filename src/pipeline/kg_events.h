@@ -1,5 +1,17 @@
 /* kg_events: the events of one job, encoded (token, done, error), shared
- * by `kgen batch` and kgen-worker so both write the same contract. */
+ * by `kgen batch` and kgen-worker so both write the same contract.
+ *
+ * Every event is made to fit a byte budget (max_bytes: what one message on
+ * the results topic may carry; 0 = no limit). An event that would be
+ * larger sheds, in this order, until it fits:
+ *   done    logprobs (logprobs_truncated), then the metadata echo
+ *           (metadata_truncated), then the end of the text (text_truncated,
+ *           text_bytes_cut; a streamed job's token events still carry all of
+ *           it);
+ *   token   logprobs (logprobs_truncated), then the end of its text;
+ *   error   the metadata echo (metadata_truncated).
+ * The rest of an event (ids, usage, timings, the stop string, the message)
+ * is small and bounded, so an event always fits a budget of a few KiB. */
 #pragma once
 
 #include "../model/kg_tokenizer.h"
@@ -7,6 +19,7 @@
 #include "../schema/kg_job.h"
 #include "kg_output.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,21 +31,34 @@ typedef struct kg_event_origin {
     int64_t offset;    /* -1 outside Kafka */
 } kg_event_origin_t;
 
+/* What an event left out to fit its budget. */
+typedef struct kg_events_fit {
+    bool logprobs_dropped;
+    bool metadata_dropped;
+    size_t text_bytes_cut;
+    bool over_budget; /* still larger than max_bytes with everything shed */
+} kg_events_fit_t;
+
 typedef struct kg_job_timing {
     int64_t taken_us, submitted_us, first_token_us, finished_us; /* kg_clock_us() */
     int32_t n_prompt, n_cached;
 } kg_job_timing_t;
 
-/** A token event for `ev` of `out`. Returns malloc'ed JSON (caller frees). */
+/** A token event for `ev` of `out`, at most max_bytes long where it can be
+ * made that small (see above; `fit`, which may be NULL, says what was
+ * left out). Returns malloc'ed JSON (caller frees); NULL on out of memory. */
 char *kg_events_token(const kg_event_origin_t *o,
                       const kg_tokenizer_t *tok,
                       const kg_job_t *job,
                       const kg_output_t *out,
                       const kg_output_event_t *ev,
-                      size_t *len);
+                      size_t max_bytes,
+                      size_t *len,
+                      kg_events_fit_t *fit);
 
 /** The done event: full text, finish reason, usage, timings, and per-token
- * logprobs when the job asked for them (`samples`, n_samples; may be NULL). */
+ * logprobs when the job asked for them (`samples`, n_samples; may be NULL),
+ * fitted to max_bytes as above. */
 char *kg_events_done(const kg_event_origin_t *o,
                      const kg_tokenizer_t *tok,
                      const kg_job_t *job,
@@ -41,12 +67,17 @@ char *kg_events_done(const kg_event_origin_t *o,
                      const kg_job_timing_t *t,
                      const kg_sample_result_t *samples,
                      int32_t n_samples,
-                     size_t *len);
+                     size_t max_bytes,
+                     size_t *len,
+                     kg_events_fit_t *fit);
 
-/** An error event; request_id and metadata_json may come from a job or not. */
+/** An error event; request_id and metadata_json may come from a job or not.
+ * Fitted to max_bytes as above. */
 char *kg_events_error(const kg_event_origin_t *o,
                       const char *request_id,
                       kg_error_code_t code,
                       const char *message,
                       const char *metadata_json,
-                      size_t *len);
+                      size_t max_bytes,
+                      size_t *len,
+                      kg_events_fit_t *fit);

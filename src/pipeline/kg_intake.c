@@ -2,6 +2,7 @@
 #include "kg_intake.h"
 
 #include "../schema/kg_chat.h"
+#include "../schema/kg_json_schema.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,29 @@ void kg_prepared_clear(kg_prepared_t *p) {
     free(p->tokens);
     p->tokens = NULL;
     p->n_tokens = 0;
+    kg_grammar_unref(p->grammar);
+    p->grammar = NULL;
+}
+
+/* The compiled grammar of a constrained job, through the cache. */
+static kg_status_t compile_constraint(const kg_intake_limits_t *lim,
+                                      const kg_job_t *job,
+                                      kg_prepared_t *out,
+                                      kg_error_code_t *code,
+                                      char *msg,
+                                      size_t msg_size) {
+    *code = job->constraint == KG_CONSTRAINT_JSON_SCHEMA ? KG_ERROR_INVALID_SCHEMA
+                                                         : KG_ERROR_INVALID_JOB;
+    if (!lim->grammars) {
+        *code = KG_ERROR_INVALID_JOB;
+        snprintf(msg, msg_size, "%s: constrained output is not available here",
+                 kg_constraint_kind_str(job->constraint));
+        return KG_ERR_INVALID;
+    }
+    kg_constraint_t k = {
+        .kind = job->constraint, .text = job->constraint_text, .len = job->constraint_len};
+    out->grammar = kg_grammar_cache_get(lim->grammars, &k, kg_json_schema_builder, msg, msg_size);
+    return out->grammar ? KG_OK : KG_ERR_INVALID;
 }
 
 /* Tokenize text into a fresh array (grows once if the guess was short). */
@@ -67,8 +91,17 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
     }
     if (job->max_tokens > lim->max_tokens_limit) {
         *code = KG_ERROR_MAX_TOKENS_TOO_LARGE;
-        snprintf(msg, msg_size, "max_tokens %d exceeds this worker's limit of %d", job->max_tokens,
-                 lim->max_tokens_limit);
+        /* the value the job sent, not a clamped one */
+        snprintf(msg, msg_size, "max_tokens %lld exceeds this worker's limit of %d",
+                 (long long)job->max_tokens, lim->max_tokens_limit);
+        return KG_ERR_INVALID;
+    }
+    size_t meta_len = job->metadata_json ? strlen(job->metadata_json) : 0;
+    if (lim->max_event_bytes > 0 && meta_len > lim->max_event_bytes) {
+        snprintf(msg, msg_size,
+                 "metadata: %zu bytes; the events of this worker carry at most %zu bytes, so it "
+                 "could never be echoed",
+                 meta_len, lim->max_event_bytes);
         return KG_ERR_INVALID;
     }
 
@@ -142,6 +175,11 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         return KG_ERR_INVALID;
     }
     int32_t room = lim->max_seq_len - out->n_tokens;
-    out->max_tokens = job->max_tokens < room ? job->max_tokens : room;
+    out->max_tokens = job->max_tokens < room ? (int32_t)job->max_tokens : room;
+    if (job->constraint != KG_CONSTRAINT_NONE &&
+        compile_constraint(lim, job, out, code, msg, msg_size) != KG_OK) {
+        kg_prepared_clear(out);
+        return KG_ERR_INVALID;
+    }
     return KG_OK;
 }

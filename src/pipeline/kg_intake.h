@@ -6,10 +6,17 @@
  * template; prompt_tokens are checked against the vocabulary; the prompt
  * must fit the context and max_prompt_tokens; max_tokens must not exceed
  * the limit (it is clamped to the room left in the context, as llama.cpp's
- * server does); a job whose deadline has passed is not run. */
+ * server does); a job whose deadline has passed is not run; a job whose
+ * metadata alone is larger than an event may be can never be answered with
+ * it, so it is refused (invalid_job) rather than run. A constrained job
+ * (response_format, regex, choice, grammar) gets its compiled grammar from
+ * the worker's grammar cache here, on the kafka thread, never on the engine
+ * thread: a schema keyword we cannot enforce answers invalid_schema, a
+ * malformed regex, choice or grammar invalid_job. */
 #pragma once
 
 #include "../core/kg_status.h"
+#include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
 #include "../schema/kg_codec.h"
 #include "../schema/kg_job.h"
@@ -18,15 +25,18 @@
 #include <stdint.h>
 
 typedef struct kg_intake_limits {
-    int32_t max_seq_len;       /* prompt + output per sequence */
-    int32_t max_prompt_tokens; /* 0 = max_seq_len - 1 */
-    int32_t max_tokens_limit;  /* jobs asking more get max_tokens_too_large */
+    int32_t max_seq_len;          /* prompt + output per sequence */
+    int32_t max_prompt_tokens;    /* 0 = max_seq_len - 1 */
+    int32_t max_tokens_limit;     /* jobs asking more get max_tokens_too_large */
+    size_t max_event_bytes;       /* bytes one event may have (kg_events); 0 = no limit */
+    kg_grammar_cache_t *grammars; /* compiles constrained jobs; NULL: they are refused */
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {
     int32_t *tokens; /* (n_tokens) owned; free with kg_prepared_clear */
     int32_t n_tokens;
-    int32_t max_tokens; /* after clamping to the context */
+    int32_t max_tokens;    /* after clamping to the context */
+    kg_grammar_t *grammar; /* a reference for a constrained job (kg_prepared_clear drops it) */
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a

@@ -48,6 +48,7 @@ static void handle_cmd(kg_runner_t *r, cmd_t *c) {
     }
     kg_status_t st = kg_engine_submit(r->engine, &c->req);
     free((void *)c->req.prompt);
+    kg_grammar_unref(c->req.grammar); /* the engine took its own reference */
     if (st != KG_OK) {
         kg_runner_event_t ev = {.kind = KG_RUNNER_REJECTED, .status = st, .ts_us = kg_clock_us()};
         ev.c.id = c->req.id;
@@ -72,6 +73,16 @@ static void update_gauges(kg_runner_t *r) {
     atomic_store(&g->n_prompt_tokens, s.n_prompt_tokens);
     atomic_store(&g->n_preemptions, s.n_preemptions);
     atomic_store(&g->last_batch_tokens, s.last_batch_tokens);
+    atomic_store(&g->n_grammar_masks, s.n_grammar_masks);
+    atomic_store(&g->grammar_mask_ns, s.grammar_mask_ns);
+    atomic_store(&g->n_grammar_forced_tokens, s.n_grammar_forced_tokens);
+    const int32_t n_exp = s.moe.n_per_expert ? s.moe.n_expert : 0;
+    for (int32_t i = 0; i < n_exp && i < KG_MOE_MAX_EXPERTS; i++) {
+        atomic_store(&g->moe_per_expert[i], s.moe.n_per_expert[i]);
+    }
+    atomic_store(&g->moe_routed, s.moe.n_routed);
+    atomic_store(&g->moe_groups, s.moe.n_groups);
+    atomic_store(&g->moe_n_expert, n_exp);
 }
 
 static void *run(void *arg) {
@@ -123,7 +134,7 @@ kg_runner_new(kg_engine_t *engine, int32_t max_inflight, char *errstr, size_t er
     }
     r->engine = engine;
     kg_histogram_init(&r->gauges.step, KG_HIST_STEP);
-    r->comps_cap = 2 * max_inflight + 16;
+    r->comps_cap = kg_engine_max_completions(engine);
     r->comps = malloc((size_t)r->comps_cap * sizeof(*r->comps));
     r->cmds = kg_queue_new((size_t)max_inflight * 2 + 16, sizeof(cmd_t));
     r->events = kg_queue_new((size_t)max_inflight * 8 + 64, sizeof(kg_runner_event_t));
@@ -157,6 +168,7 @@ void kg_runner_free(kg_runner_t *r) {
         while (kg_queue_pop(r->cmds, &c, 0) == KG_OK) {
             if (c.kind == CMD_SUBMIT) {
                 free((void *)c.req.prompt);
+                kg_grammar_unref(c.req.grammar);
             }
         }
     }
@@ -174,9 +186,13 @@ kg_status_t kg_runner_submit(kg_runner_t *r, const kg_request_t *req) {
     }
     memcpy(copy, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
     c.req.prompt = copy;
+    if (req->grammar) {
+        c.req.grammar = kg_grammar_ref(req->grammar); /* the command holds one */
+    }
     kg_status_t st = kg_queue_push(r->cmds, &c, 0);
     if (st != KG_OK) {
         free(copy);
+        kg_grammar_unref(c.req.grammar);
     }
     return st;
 }

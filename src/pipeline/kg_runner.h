@@ -6,7 +6,8 @@
  * CUDA calls). The kafka thread talks to it through two bounded queues:
  * commands in (submit a request, cancel one), events out (completions, a
  * submit that was refused, a fatal backend error). Whatever is enqueued
- * changes owner: a submitted prompt array is freed by the runner. The
+ * changes owner: a submitted prompt array is freed by the runner (a grammar
+ * travels with its own reference). The
  * engine thread never waits on Kafka except when the event queue is full,
  * which the caller prevents by draining it every loop; when there is no
  * work it sleeps on the command queue. */
@@ -43,7 +44,13 @@ typedef struct kg_runner_gauges {
     _Atomic int64_t last_loop_us; /* kg_clock_us() of the last loop turn (liveness) */
     _Atomic int64_t step_us_total;
     _Atomic int32_t last_batch_tokens;
+    _Atomic int64_t n_grammar_masks, grammar_mask_ns, n_grammar_forced_tokens;
     kg_histogram_t step; /* duration of each step */
+    /* mixture of experts (moe_n_expert 0: a dense model): rows each expert
+     * took, rows through expert GEMMs and groups run, all layers and steps */
+    _Atomic int32_t moe_n_expert;
+    _Atomic int64_t moe_routed, moe_groups;
+    _Atomic int64_t moe_per_expert[KG_MOE_MAX_EXPERTS];
 } kg_runner_gauges_t;
 
 /** A runner over `engine` (borrowed; must outlive the runner), with queues

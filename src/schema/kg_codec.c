@@ -24,7 +24,8 @@ void kg_codec_global_init(void) {
 }
 
 kg_codec_opts_t kg_codec_opts_default(void) {
-    kg_codec_opts_t opts = {.max_message_size = KG_CODEC_DEFAULT_MAX_MESSAGE_SIZE};
+    kg_codec_opts_t opts = {.max_message_size = KG_CODEC_DEFAULT_MAX_MESSAGE_SIZE,
+                            .default_max_tokens = KG_JOB_DEFAULT_MAX_TOKENS};
     return opts;
 }
 
@@ -49,6 +50,7 @@ static const char *const error_code_names[KG_ERROR_CODE_COUNT_] = {
     [KG_ERROR_INTERNAL] = "internal",
     [KG_ERROR_QUEUE_FULL] = "queue_full",
     [KG_ERROR_SHUTDOWN] = "shutdown",
+    [KG_ERROR_INVALID_SCHEMA] = "invalid_schema",
 };
 
 static const char *const finish_reason_names[] = {"stop", "length", "stop_sequence"};
@@ -332,7 +334,7 @@ static kg_status_t bad_field(dec_t *d, const char *field, const char *expect, co
 }
 
 typedef enum field_kind {
-    FK_INT32, /* saturates at INT32_MAX (max_tokens: the intake reports the limit) */
+    FK_INT32, /* saturates at INT32_MAX */
     FK_INT64,
     FK_REAL, /* stored as float, saturating at FLT_MAX */
     FK_BOOL,
@@ -358,7 +360,7 @@ typedef struct field_spec {
 
 /* Simple fields in schema order (the first bad one is reported). */
 static const field_spec_t job_fields[] = {
-    INT_F("max_tokens", FK_INT32, max_tokens, 1, INT64_MAX, "an integer >= 1"),
+    INT_F("max_tokens", FK_INT64, max_tokens, 1, INT64_MAX, "an integer >= 1"),
     REAL_F("temperature", sampling.temperature, 0, 2, false, "a number in 0..2"),
     INT_F("top_k", FK_INT32, sampling.top_k, -1, INT32_MAX, "an integer >= -1 (-1 or 0: off)"),
     REAL_F("top_p", sampling.top_p, 0, 1, true, "a number in (0, 1]"),
@@ -578,6 +580,161 @@ static json_t *given(dec_t *d, const char *key) {
     return json_is_null(v) ? NULL : v;
 }
 
+// ---- constrained output ----
+
+/* The constraint's text, owned by the job (a NUL after it for convenience). */
+static kg_status_t set_constraint(dec_t *d, kg_constraint_kind_t kind, const char *s, size_t n) {
+    d->job->constraint = kind;
+    d->job->constraint_text = dup_bytes(s, n);
+    d->job->constraint_len = n;
+    return d->job->constraint_text ? KG_OK : KG_ERR_NOMEM;
+}
+
+static bool is_schema_name(const json_t *v) {
+    size_t n = json_string_length(v);
+    const char *s = json_string_value(v);
+    if (!json_is_string(v) || n < 1 || n > 64) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-')) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* OpenAI's response_format: {"type": "text"}, {"type": "json_object"} or
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict",
+ * "description"}}. The schema itself is checked when it is compiled (at
+ * intake, through the grammar cache), which answers invalid_schema. */
+static kg_status_t decode_response_format(dec_t *d, json_t *v) {
+    json_t *type = json_object_get(v, "type");
+    if (!json_is_object(v) || !json_is_string(type)) {
+        return bad_field(d, "response_format", "an object with a type", v);
+    }
+    const char *t = json_string_value(type);
+    if (strcmp(t, "text") == 0) {
+        return KG_OK;
+    }
+    if (strcmp(t, "json_object") == 0) {
+        return set_constraint(d, KG_CONSTRAINT_JSON_OBJECT, "", 0);
+    }
+    if (strcmp(t, "json_schema") != 0) {
+        return bad_field(d, "response_format.type", "\"text\", \"json_object\" or \"json_schema\"",
+                         type);
+    }
+    json_t *js = json_object_get(v, "json_schema");
+    if (!json_is_object(js)) {
+        return bad_field(d, "response_format.json_schema", "an object", js);
+    }
+    json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
+    json_t *strict = json_object_get(js, "strict"), *desc = json_object_get(js, "description");
+    if (!is_schema_name(name)) {
+        return bad_field(d, "response_format.json_schema.name", "1..64 characters of [A-Za-z0-9_-]",
+                         name);
+    }
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
+        return bad_field(d, "response_format.json_schema.strict", "true or false", strict);
+    }
+    if (desc && !json_is_null(desc) && !json_is_string(desc)) {
+        return bad_field(d, "response_format.json_schema.description", "a string", desc);
+    }
+    if (schema && !json_is_null(schema) && !json_is_object(schema)) {
+        return bad_field(d, "response_format.json_schema.schema", "an object (a JSON Schema)",
+                         schema);
+    }
+    d->job->schema_name = dup_bytes(json_string_value(name), json_string_length(name));
+    d->job->schema_strict = json_is_true(strict);
+    if (!d->job->schema_name) {
+        return KG_ERR_NOMEM;
+    }
+    if (!schema || json_is_null(schema)) {
+        /* no schema: any JSON object, as json_object */
+        return set_constraint(d, KG_CONSTRAINT_JSON_OBJECT, "", 0);
+    }
+    char *text = json_dumps(schema, JSON_COMPACT);
+    if (!text) {
+        return KG_ERR_NOMEM;
+    }
+    kg_status_t st = set_constraint(d, KG_CONSTRAINT_JSON_SCHEMA, text, strlen(text));
+    free(text);
+    return st;
+}
+
+static kg_status_t decode_choice(dec_t *d, json_t *v) {
+    static const char expect[] = "a non-empty array of at most 1024 non-empty strings";
+    size_t n = json_array_size(v);
+    if (!json_is_array(v) || n == 0 || n > 1024) {
+        return bad_field(d, "choice", expect, v);
+    }
+    const char **items = malloc(n * sizeof(*items));
+    size_t *lens = malloc(n * sizeof(*lens));
+    kg_status_t st = KG_ERR_NOMEM;
+    if (items && lens) {
+        st = KG_OK;
+        for (size_t i = 0; i < n && st == KG_OK; i++) {
+            json_t *s = json_array_get(v, i);
+            if (!json_is_string(s) || json_string_length(s) == 0) {
+                char field[32];
+                snprintf(field, sizeof(field), "choice[%zu]", i);
+                st = bad_field(d, field, "a non-empty string", s);
+            } else {
+                items[i] = json_string_value(s);
+                lens[i] = json_string_length(s);
+            }
+        }
+        if (st == KG_OK) {
+            size_t len;
+            char *enc = kg_constraint_choice_encode(items, lens, (int32_t)n, &len);
+            st = enc ? set_constraint(d, KG_CONSTRAINT_CHOICE, enc, len) : KG_ERR_NOMEM;
+            free(enc);
+        }
+    }
+    free(items);
+    free(lens);
+    return st;
+}
+
+/* response_format, regex, choice, grammar: at most one of them. */
+static kg_status_t decode_constraint(dec_t *d) {
+    static const char *const keys[] = {"response_format", "regex", "choice", "grammar"};
+    json_t *vals[4];
+    int n = 0, which = -1;
+    for (int i = 0; i < 4; i++) {
+        if ((vals[i] = given(d, keys[i]))) {
+            n++;
+            which = i;
+        }
+    }
+    if (n > 1) {
+        snprintf(d->err->message, sizeof(d->err->message),
+                 "at most one of response_format, regex, choice and grammar may be given");
+        return KG_ERR_INVALID;
+    }
+    json_t *v = which >= 0 ? vals[which] : NULL;
+    switch (which) {
+    case 0:
+        return decode_response_format(d, v);
+    case 1:
+    case 3:
+        if (!json_is_string(v) || json_string_length(v) == 0 ||
+            strlen(json_string_value(v)) != json_string_length(v)) {
+            return bad_field(
+                d, keys[which],
+                which == 1 ? "a non-empty regular expression" : "a non-empty GBNF grammar", v);
+        }
+        return set_constraint(d, which == 1 ? KG_CONSTRAINT_REGEX : KG_CONSTRAINT_GRAMMAR,
+                              json_string_value(v), json_string_length(v));
+    case 2:
+        return decode_choice(d, v);
+    default:
+        return KG_OK;
+    }
+}
+
 static kg_status_t decode_fields(dec_t *d) {
     kg_status_t st = KG_OK;
     json_t *v;
@@ -600,7 +757,7 @@ static kg_status_t decode_fields(dec_t *d) {
     if ((v = given(d, "metadata")) && (st = decode_metadata(d, v)) != KG_OK) {
         return st;
     }
-    return KG_OK;
+    return decode_constraint(d);
 }
 
 // ---- job decode ----
@@ -628,7 +785,7 @@ static kg_status_t read_request_id(json_t *root, kg_codec_error_t *err) {
     return KG_OK;
 }
 
-static kg_job_t *job_new_defaults(const char *request_id) {
+static kg_job_t *job_new_defaults(const char *request_id, int64_t default_max_tokens) {
     kg_job_t *job = calloc(1, sizeof(*job));
     if (!job) {
         return NULL;
@@ -639,7 +796,7 @@ static kg_job_t *job_new_defaults(const char *request_id) {
         return NULL;
     }
     job->schema_version = KG_SCHEMA_VERSION;
-    job->max_tokens = KG_JOB_DEFAULT_MAX_TOKENS;
+    job->max_tokens = default_max_tokens > 0 ? default_max_tokens : KG_JOB_DEFAULT_MAX_TOKENS;
     job->sampling = kg_job_sampling_defaults();
     job->sampling.seed = kg_job_default_seed(request_id);
     job->stream = true;
@@ -687,7 +844,7 @@ kg_status_t kg_codec_decode_job_opts(const char *buf,
         goto fail;
     }
     d.root = root;
-    d.job = job_new_defaults(err->request_id);
+    d.job = job_new_defaults(err->request_id, opts->default_max_tokens);
     if (!d.job) {
         st = KG_ERR_NOMEM;
         goto fail;
@@ -770,6 +927,36 @@ static char *utf8_sanitize(const char *s, size_t len, size_t *out_len) {
     }
     *out_len = o;
     return out;
+}
+
+size_t kg_codec_text_prefix(const char *s, size_t len, size_t room, size_t *text_bytes) {
+    size_t used = 0, decoded = 0, i = 0;
+    while (i < len) {
+        size_t bad = 0;
+        size_t k = utf8_seq((const unsigned char *)s + i, len - i, &bad);
+        size_t written, read = k, out = k;
+        if (k == 0) { /* one U+FFFD for the maximal ill-formed subpart */
+            written = out = 3;
+            read = bad;
+        } else if (k == 1) { /* jansson: \" \\ \b \f \n \r \t, \u00XX for other controls */
+            unsigned char c = (unsigned char)s[i];
+            bool short_escape = c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' ||
+                                c == '\r' || c == '\t';
+            written = short_escape ? 2 : c < 0x20 ? 6 : 1;
+        } else {
+            written = k;
+        }
+        if (used + written > room) {
+            break;
+        }
+        used += written;
+        decoded += out;
+        i += read;
+    }
+    if (text_bytes) {
+        *text_bytes = decoded;
+    }
+    return i;
 }
 
 /* A JSON string of any bytes: NULL is "", invalid UTF-8 becomes U+FFFD.
@@ -932,6 +1119,55 @@ static void put_sampling(json_t *o, const kg_sampling_params_t *sp, bool *ok) {
     put(o, "seed", json_integer((json_int_t)(sp->seed & 0x7fffffffffffffffULL)), ok);
 }
 
+/* The job's constraint in its own field (decoding it gives the same job). */
+static void put_constraint(json_t *o, const kg_job_t *job, bool *ok) {
+    const char *text = job->constraint_text;
+    size_t len = job->constraint_len;
+    switch (job->constraint) {
+    case KG_CONSTRAINT_JSON_OBJECT:
+    case KG_CONSTRAINT_JSON_SCHEMA: {
+        json_t *rf = json_object();
+        put(o, "response_format", rf, ok);
+        if (job->constraint == KG_CONSTRAINT_JSON_OBJECT && !job->schema_name) {
+            put(rf, "type", json_string("json_object"), ok);
+            break;
+        }
+        json_t *js = json_object();
+        put(rf, "type", json_string("json_schema"), ok);
+        put(rf, "json_schema", js, ok);
+        put(js, "name", cstr_json(job->schema_name ? job->schema_name : "schema"), ok);
+        put(js, "strict", json_boolean(job->schema_strict), ok);
+        if (job->constraint == KG_CONSTRAINT_JSON_SCHEMA) {
+            json_error_t jerr;
+            put(js, "schema", json_loadb(text, len, 0, &jerr), ok);
+        }
+        break;
+    }
+    case KG_CONSTRAINT_REGEX:
+        put(o, "regex", text_json(text, len), ok);
+        break;
+    case KG_CONSTRAINT_GRAMMAR:
+        put(o, "grammar", text_json(text, len), ok);
+        break;
+    case KG_CONSTRAINT_CHOICE: {
+        json_t *arr = json_array();
+        put(o, "choice", arr, ok);
+        for (size_t at = 0; arr && at + 4 <= len;) {
+            uint32_t l = 0;
+            for (int k = 0; k < 4; k++) {
+                l |= (uint32_t)(unsigned char)text[at + (size_t)k] << (8 * k);
+            }
+            at += 4;
+            append(arr, text_json(text + at, l), ok);
+            at += l;
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
 char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
     static const char *const prompt_keys[] = {"prompt", "prompt_tokens", "messages"};
     char *text = NULL;
@@ -955,6 +1191,7 @@ char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
     }
     put(o, "priority", json_integer(job->priority), &ok);
     put(o, "ignore_eos", json_boolean(job->ignore_eos), &ok);
+    put_constraint(o, job, &ok);
     if (ok) {
         text = dump_with_metadata(o, job->metadata_json, len);
     }
@@ -1014,6 +1251,20 @@ static char *finish_event(json_t *o, bool ok, const char *metadata_json, size_t 
     return text;
 }
 
+/* The markers of what an event left out to fit (written only when set). */
+static void put_truncation(json_t *o, bool logprobs, bool metadata, int64_t text_cut, bool *ok) {
+    if (logprobs) {
+        put(o, "logprobs_truncated", json_true(), ok);
+    }
+    if (metadata) {
+        put(o, "metadata_truncated", json_true(), ok);
+    }
+    if (text_cut > 0) {
+        put(o, "text_truncated", json_true(), ok);
+        put(o, "text_bytes_cut", json_integer(text_cut), ok);
+    }
+}
+
 char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len) {
     bool ok = true;
     json_t *o = event_new("token", &ev->common, &ok);
@@ -1021,6 +1272,8 @@ char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len) {
         put(o, "index", json_integer(ev->index), &ok);
         put(o, "token_id", json_integer(ev->token_id), &ok);
         put(o, "text", text_json(ev->text, ev->text_len), &ok);
+        put_truncation(o, ev->logprobs_truncated, false,
+                       ev->text_truncated ? ev->text_bytes_cut : 0, &ok);
     }
     if (o && ev->has_logprobs) {
         json_t *lp = json_object();
@@ -1078,6 +1331,8 @@ char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len) {
         if (ev->logprobs && ev->n_logprobs > 0) {
             put(o, "logprobs", done_logprobs_json(ev, &ok), &ok);
         }
+        put_truncation(o, ev->logprobs_truncated, ev->metadata_truncated,
+                       ev->text_truncated ? ev->text_bytes_cut : 0, &ok);
     }
     return finish_event(o, ok, ev->metadata_json, len);
 }
@@ -1088,6 +1343,7 @@ char *kg_codec_encode_error(const kg_event_error_t *ev, size_t *len) {
     if (o) {
         put(o, "code", json_string(kg_error_code_str(ev->code)), &ok);
         put(o, "message", cstr_json(ev->message), &ok);
+        put_truncation(o, false, ev->metadata_truncated, 0, &ok);
     }
     return finish_event(o, ok, ev->metadata_json, len);
 }
@@ -1167,6 +1423,27 @@ static bool ev_common(evdec_t *d, kg_event_common_t *c) {
            ev_int32(d, r, "schema_version", 1, &c->schema_version);
 }
 
+/* An optional boolean member of the event (absent: false). */
+static bool ev_flag(evdec_t *d, const char *key, bool *out) {
+    json_t *v = json_object_get(d->root, key);
+    if (!v) {
+        return true;
+    }
+    if (!json_is_boolean(v)) {
+        return ev_bad(d, key, "true or false");
+    }
+    *out = json_is_true(v);
+    return true;
+}
+
+/* text_truncated and, with it, text_bytes_cut (>= 1). */
+static bool ev_text_cut(evdec_t *d, bool *truncated, int64_t *cut) {
+    if (!ev_flag(d, "text_truncated", truncated)) {
+        return false;
+    }
+    return !*truncated || ev_int(d, d->root, "text_bytes_cut", 1, INT64_MAX, cut);
+}
+
 static bool ev_candidate(evdec_t *d, json_t *o, kg_logprob_entry_t *e) {
     double lp;
     if (!json_is_object(o)) {
@@ -1199,7 +1476,9 @@ static bool ev_token(evdec_t *d, kg_event_token_t *t) {
     double x;
     if (!ev_common(d, &t->common) || !ev_int32(d, d->root, "index", 0, &t->index) ||
         !ev_int32(d, d->root, "token_id", 0, &t->token_id) ||
-        !ev_str(d, d->root, "text", false, &t->text, &t->text_len)) {
+        !ev_str(d, d->root, "text", false, &t->text, &t->text_len) ||
+        !ev_flag(d, "logprobs_truncated", &t->logprobs_truncated) ||
+        !ev_text_cut(d, &t->text_truncated, &t->text_bytes_cut)) {
         return false;
     }
     if (!lp) {
@@ -1279,7 +1558,10 @@ static bool ev_done(evdec_t *d, kg_event_done_t *e) {
            ev_num(d, tm, "queue_ms", &e->queue_ms) && ev_num(d, tm, "ttft_ms", &e->ttft_ms) &&
            ev_num(d, tm, "total_ms", &e->total_ms) &&
            ev_num(d, tm, "tokens_per_s", &e->tokens_per_s) && ev_done_logprobs(d, e) &&
-           ev_metadata(d, &e->metadata_json);
+           ev_metadata(d, &e->metadata_json) &&
+           ev_flag(d, "logprobs_truncated", &e->logprobs_truncated) &&
+           ev_flag(d, "metadata_truncated", &e->metadata_truncated) &&
+           ev_text_cut(d, &e->text_truncated, &e->text_bytes_cut);
 }
 
 static bool ev_error(evdec_t *d, kg_event_error_t *e) {
@@ -1295,7 +1577,8 @@ static bool ev_error(evdec_t *d, kg_event_error_t *e) {
     }
     e->code = (kg_error_code_t)c;
     return ev_str(d, d->root, "message", false, &e->message, NULL) &&
-           ev_metadata(d, &e->metadata_json);
+           ev_metadata(d, &e->metadata_json) &&
+           ev_flag(d, "metadata_truncated", &e->metadata_truncated);
 }
 
 kg_status_t kg_codec_decode_event(

@@ -1,12 +1,13 @@
 /* kg_codec: JSON <-> C for the job and event contract (schemas/).
  *
- * This module (kg_codec.c) is the only code that includes jansson.h; no
- * json_t crosses its boundary. Jobs decode into kg_job_t; events are
+ * This module (kg_codec.c) and kg_inflight.c (the poison-job journal's
+ * record) are the only code that includes jansson.h; no json_t crosses
+ * their boundary. Jobs decode into kg_job_t; events are
  * encoded from the plain structs below into malloc'ed JSON text, and can
  * be decoded back (kgen-submit, tests).
  *
  * DESIGN
- * Decoding sorts bad input into the two outcomes of DESIGN.md §3:
+ * Decoding sorts bad input into the two outcomes of docs/DESIGN.md §3:
  *   - KG_CODEC_DLQ: the bytes are not a JSON object with a usable
  *     request_id (too large, not JSON, invalid UTF-8, duplicate keys, not an
  *     object, request_id missing or malformed). Nobody can be told, so the
@@ -65,10 +66,11 @@ void kg_codec_global_init(void);
 // ---- jobs ----
 
 typedef struct kg_codec_opts {
-    size_t max_message_size; /* bytes; larger messages are dead-lettered unparsed */
+    size_t max_message_size;    /* bytes; larger messages are dead-lettered unparsed */
+    int64_t default_max_tokens; /* max_tokens of a job that gives none (--default-max-tokens) */
 } kg_codec_opts_t;
 
-/** Defaults: max_message_size 1 MiB. */
+/** Defaults: max_message_size 1 MiB, default_max_tokens 256. */
 kg_codec_opts_t kg_codec_opts_default(void);
 
 typedef enum kg_codec_error_kind {
@@ -148,6 +150,7 @@ typedef enum kg_error_code {
     KG_ERROR_INTERNAL,
     KG_ERROR_QUEUE_FULL,
     KG_ERROR_SHUTDOWN,
+    KG_ERROR_INVALID_SCHEMA, /* response_format's JSON Schema uses what kgen cannot enforce */
     KG_ERROR_CODE_COUNT_,
 } kg_error_code_t;
 
@@ -194,6 +197,10 @@ typedef struct kg_event_token {
     size_t text_len;
     bool has_logprobs;
     kg_token_logprobs_t logprobs; /* .token.logprob is written; .token id/text are not */
+    /* What the event left out to fit the transport (kg_events); written only when set. */
+    bool logprobs_truncated; /* the job asked for logprobs; they did not fit */
+    bool text_truncated;     /* text is a prefix of the released text ... */
+    int64_t text_bytes_cut;  /* ... which was this many bytes longer */
 } kg_event_token_t;
 
 typedef struct kg_event_done {
@@ -213,6 +220,11 @@ typedef struct kg_event_done {
     const kg_token_logprobs_t *logprobs; /* (n_logprobs) per output token, or NULL */
     int32_t n_logprobs;
     const char *metadata_json; /* the job's metadata_json, or NULL */
+    /* What the event left out to fit the transport (kg_events); written only when set. */
+    bool logprobs_truncated; /* the job asked for logprobs; they did not fit */
+    bool metadata_truncated; /* the job's metadata is not echoed */
+    bool text_truncated;     /* text is a prefix of the output text ... */
+    int64_t text_bytes_cut;  /* ... which was this many bytes longer */
 } kg_event_done_t;
 
 typedef struct kg_event_error {
@@ -220,6 +232,7 @@ typedef struct kg_event_error {
     kg_error_code_t code;
     const char *message;       /* NUL-terminated */
     const char *metadata_json; /* the job's metadata_json, or NULL */
+    bool metadata_truncated;   /* the job's metadata is not echoed (it did not fit) */
 } kg_event_error_t;
 
 /** Encode an event as compact JSON. Returns malloc'ed text (the caller
@@ -228,6 +241,15 @@ typedef struct kg_event_error {
  * metadata_json that is not a JSON object is left out (with a warning)
  * rather than losing the event. @thread any */
 char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len);
+
+/** The longest prefix of the text (s, len) whose JSON string, as the
+ * encoders write it (invalid UTF-8 as U+FFFD, '"', '\\' and control
+ * characters escaped), takes at most `room` bytes between its quotes. It
+ * ends on a character boundary. Returns its length in bytes of s;
+ * *text_bytes (may be NULL) gets the UTF-8 bytes a reader decodes from it.
+ * For cutting an event's text to fit a message (pipeline/kg_events).
+ * @thread any */
+size_t kg_codec_text_prefix(const char *s, size_t len, size_t room, size_t *text_bytes);
 char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len);
 char *kg_codec_encode_error(const kg_event_error_t *ev, size_t *len);
 

@@ -8,6 +8,7 @@
  * directly; the roles point to static strings). */
 #pragma once
 
+#include "../grammar/kg_constraint.h"
 #include "../model/kg_sampler.h"
 #include "kg_chat.h"
 
@@ -44,7 +45,8 @@ typedef struct kg_job {
     int32_t n_messages;
 
     /* ---- generation ---- */
-    int32_t max_tokens;            /* >= 1; default 256 */
+    int64_t max_tokens;            /* >= 1 as the job wrote it (the intake checks the limit and
+                                      reports this value); default 256 */
     kg_sampling_params_t sampling; /* temperature 1, filters off, seed from request_id by
                                       default; n_logprobs is the job's "logprobs" */
     char **stop;                   /* (n_stop) NUL-terminated strings, each 1..256 code points */
@@ -54,6 +56,15 @@ typedef struct kg_job {
     int64_t deadline_ms; /* absolute epoch ms; 0 = none */
     int32_t priority;    /* higher runs first; default 0 */
     char *metadata_json; /* the metadata object as compact JSON text, NULL when absent */
+
+    /* ---- constrained output: at most one of response_format (json_object /
+     * json_schema), regex, choice, grammar; KG_CONSTRAINT_NONE otherwise ---- */
+    kg_constraint_kind_t constraint;
+    char *constraint_text; /* owned, constraint_len bytes + a NUL: the schema as compact JSON,
+                              the regex, the GBNF text, or kg_constraint_choice_encode's list */
+    size_t constraint_len;
+    char *schema_name;  /* json_schema: response_format.json_schema.name (owned) */
+    bool schema_strict; /* json_schema: its strict flag (the output is constrained either way) */
 
     /* ---- where the job came from: set by the caller, not by the codec ---- */
     char *topic;       /* owned (strdup it); NULL when not from Kafka */

@@ -3,7 +3,8 @@
  * It implements the backend vtable without a model. The "KV cache" is one
  * token id per (block, row): forward writes each batch token's id where the
  * block table says, then builds every logits row from the token ids it
- * reads back through the block table for positions 0..pos of that slot.
+ * reads back through the block table for positions 0..pos of that slot (the
+ * last `window` of them for a sliding-window model).
  * Logits are a pure function of that history (kg_fake_backend_logits), so
  * a wrong block table entry, a prefix block shared by mistake or a token
  * written into the wrong row changes the output, and tests can compare a
@@ -30,6 +31,10 @@ typedef struct kg_fake_backend_params {
     uint64_t salt;      /* changes the logits function */
     int32_t eog_token;  /* with eog_at_len > 0: this token wins once the history... */
     int32_t eog_at_len; /* ...has at least this many tokens; 0: off */
+    int32_t window;     /* > 0: a row reads only the last `window` positions (a sliding-window
+                           model: blocks before that may be gone), and its logits are a
+                           function of those tokens (and the history's length) only */
+    bool device_sample; /* keep logits "on the device" and sample them (kg_backend_sample) */
 } kg_fake_backend_params_t;
 
 #define KG_FAKE_MAX_STEPS 8192
@@ -52,6 +57,16 @@ kg_backend_t *kg_fake_backend_new(const kg_fake_backend_params_t *params);
 
 /** The next `n` forward calls fail with KG_ERR_BACKEND (writing nothing). */
 void kg_fake_backend_fail_next(kg_backend_t *be, int32_t n);
+
+/** The next forward call that runs slot `seq` (KG_FAULT_SEQ), or the next
+ * one at all (STEP, DEVICE), fails as a backend would: KG_ERR_INVALID with
+ * that fault for SEQ and STEP, KG_ERR_BACKEND for DEVICE, writing nothing. */
+void kg_fake_backend_fault_next(kg_backend_t *be, kg_fault_scope_t scope, int32_t seq);
+
+/** With device_sample: the next kg_backend_sample call draws every row (as
+ * a device sampler does, advancing each row's RNG) and then fails with
+ * KG_ERR_INVALID and a KG_FAULT_SEQ fault naming output row `row`. */
+void kg_fake_backend_fail_sample_row(kg_backend_t *be, int32_t row);
 
 /** Counters since creation. Borrowed; lives as long as `be`. */
 const kg_fake_backend_stats_t *kg_fake_backend_stats(const kg_backend_t *be);

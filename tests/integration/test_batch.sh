@@ -67,7 +67,7 @@ with open(sys.argv[1], "w") as f:
                             "max_tokens": 4, "temperature": 0}) + "\n")
 PY
 "$bin/kgen" batch --model "$model" --input "$tmp/prefix.jsonl" --output "$tmp/p-on.jsonl" --max-batch-size 8 --ctx 256 --threads 2
-"$bin/kgen" batch --model "$model" --input "$tmp/prefix.jsonl" --output "$tmp/p-off.jsonl" --max-batch-size 8 --ctx 256 --threads 2 --no-prefix-cache
+"$bin/kgen" batch --model "$model" --input "$tmp/prefix.jsonl" --output "$tmp/p-off.jsonl" --max-batch-size 8 --ctx 256 --threads 2 --prefix-cache false
 python3 - "$tmp/p-on.jsonl" "$tmp/p-off.jsonl" <<'PY'
 import json, sys
 on = [json.loads(l) for l in open(sys.argv[1])]

@@ -20,7 +20,7 @@ get() { curl -s -o "$tmp/body" -w '%{http_code}' "http://127.0.0.1:$port$1" || t
 metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
 
 # readiness: 503 until partitions are assigned, then 200
-for i in $(seq 1 200); do
+for _ in $(seq 1 200); do
     code=$(get /readyz)
     [[ "$code" == 200 ]] && break
     [[ "$code" == 503 || "$code" == 000 ]] || { echo "unexpected /readyz $code"; exit 1; }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # test_worker_mock: `kgen-worker --demo 24` runs the whole worker on librdkafka's in-process mock
 # cluster (no JVM): it exits 0 and prints exactly one terminal event (done or error) for each of
-# its 24 sample jobs, token events in index order whose texts join to the done text, and the
-# two error jobs the demo mixes in (a chat job the random model has no template for, and
-# max_tokens -1). Fault injection on the mock cluster is tests/unit/check_worker_mock.c.
+# its 24 sample jobs, token events in index order whose texts join to the done text: 23 done
+# events (the chat jobs render with the demo model's ChatML template) and the one job that is
+# invalid on purpose (max_tokens -1) with an invalid_job error event. Fault injection on the mock cluster is tests/unit/check_worker_mock.c.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -34,8 +34,11 @@ for e in term:
         assert "".join(t["text"] for t in tokens[e["request_id"]]) == e["text"], e["request_id"]
         n_joined += 1
 codes = collections.Counter(e["code"] for e in term if e["type"] == "error")
-assert codes == {"unsupported_chat_template": 2, "invalid_job": 2}, codes
+assert codes == {"invalid_job": 1}, codes
+assert [e["request_id"] for e in term if e["type"] == "error"] == ["demo-11"]
 done = sum(1 for e in term if e["type"] == "done")
+assert done == 23, done
+assert {"demo-10", "demo-22"} <= {e["request_id"] for e in term if e["type"] == "done"}
 print(f"demo: {len(term)} terminal events ({done} done, {dict(codes)}), "
       f"{len(ev) - len(term)} token events, {n_joined} streamed texts joined")
 PY

@@ -5,6 +5,7 @@
  * handles head sizes that are not a multiple of 8. */
 #include "backend/cpu/cpu_attn.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/kg_math.h"
 #include "check_common.h"
 #include "model/kg_quant.h"
 
@@ -93,7 +94,7 @@ START_TEST(matches_reference) {
                                       .table = table,
                                       .block_size = BS};
             const float scale = 1.0f / sqrtf((float)hd);
-            cpu_attn_head(q, &kv, n_pos, hd, scale, s, out);
+            cpu_attn_head(q, &kv, 0, n_pos, hd, scale, 0.0f, s, out);
             double ref_s[MAX_POS], m = -INFINITY, sum = 0.0;
             for (int p = 0; p < n_pos; p++) {
                 const uint16_t *k = row(&c, c.k, table, p, kv.offset);
@@ -199,10 +200,10 @@ START_TEST(fixed_arithmetic) {
                                       .table = table,
                                       .block_size = BS};
             chains(q, &c, table, hd, n_pos, hd, 0.125f, want_s, want);
-            cpu_attn_scores(q, &kv, n_pos, hd, 0.125f, s);
+            cpu_attn_scores(q, &kv, 0, n_pos, hd, 0.125f, 0.0f, s);
             ck_assert_msg(memcmp(s, want_s, (size_t)n_pos * sizeof(float)) == 0,
                           "hd %d n_pos %d: scores differ from the chains", hd, n_pos);
-            cpu_attn_head(q, &kv, n_pos, hd, 0.125f, s, out);
+            cpu_attn_head(q, &kv, 0, n_pos, hd, 0.125f, 0.0f, s, out);
             ck_assert_msg(memcmp(out, want, (size_t)hd * sizeof(float)) == 0,
                           "hd %d n_pos %d differs from the chains", hd, n_pos);
         }
@@ -222,11 +223,63 @@ START_TEST(placement_does_not_change_bits) {
         q[i] = rng_uniform(-1.0f, 1.0f);
     }
     cpu_kv_view_t kv = {.k = c.k, .v = c.v, .stride = c.stride, .table = t1, .block_size = BS};
-    cpu_attn_head(q, &kv, n_pos, hd, 0.1f, s, a);
+    cpu_attn_head(q, &kv, 0, n_pos, hd, 0.1f, 0.0f, s, a);
     relocate(&c, t1, t2, MAX_BLOCKS);
     kv.table = t2;
-    cpu_attn_head(q, &kv, n_pos, hd, 0.1f, s, b);
+    cpu_attn_head(q, &kv, 0, n_pos, hd, 0.1f, 0.0f, s, b);
     ck_assert(memcmp(a, b, sizeof(a)) == 0);
+    cache_free(&c);
+}
+END_TEST
+
+/* A sliding window [p0, n_pos): the same scores (bits) as the full row at
+ * those positions, and softmax . V over them only (double reference); with
+ * soft-capping each score is cap * tanh(raw / cap) * scale, as ggml's
+ * scale, tanh, scale and then the softmax's scale compute it. */
+START_TEST(window_and_softcap) {
+    rng_state = 21;
+    const int hd = 64;
+    cache_t c = cache_new(1, hd);
+    const int32_t table[MAX_BLOCKS] = {2, 7, 4, 0, 5, 1, 6, 3};
+    const cpu_kv_view_t kv = {
+        .k = c.k, .v = c.v, .stride = c.stride, .table = table, .block_size = BS};
+    float q[64], out[64], full[MAX_POS], win[MAX_POS], raw[MAX_POS], s[MAX_POS];
+    for (int i = 0; i < hd; i++) {
+        q[i] = kg_fp16_to_fp32(kg_fp32_to_fp16(rng_uniform(-1.0f, 1.0f)));
+    }
+    const int n_pos = 100;
+    for (int p0 = 0; p0 < n_pos; p0 += 13) {
+        for (int capped = 0; capped < 2; capped++) {
+            const float cap = capped ? 1.5f : 0.0f, scale = 0.25f;
+            cpu_attn_scores(q, &kv, 0, n_pos, hd, scale, 0.0f, full);
+            cpu_attn_scores(q, &kv, 0, n_pos, hd, 1.0f, 0.0f, raw);
+            cpu_attn_scores(q, &kv, p0, n_pos, hd, scale, cap, win);
+            for (int p = p0; p < n_pos; p++) {
+                const float want = capped ? kg_softcap(raw[p], cap) * scale : full[p];
+                ck_assert_msg(memcmp(&win[p - p0], &want, sizeof(float)) == 0,
+                              "p0 %d cap %g pos %d: %g vs %g", p0, (double)cap, p, win[p - p0],
+                              want);
+            }
+            cpu_attn_head(q, &kv, p0, n_pos, hd, scale, cap, s, out);
+            double m = -INFINITY, sum = 0.0, w[MAX_POS];
+            for (int p = p0; p < n_pos; p++) {
+                w[p] = capped ? cap * tanh(raw[p] / cap) * scale : (double)full[p];
+                m = fmax(m, w[p]);
+            }
+            for (int p = p0; p < n_pos; p++) {
+                w[p] = exp(w[p] - m);
+                sum += w[p];
+            }
+            for (int i = 0; i < hd; i++) {
+                double o = 0.0;
+                for (int p = p0; p < n_pos; p++) {
+                    o += w[p] / sum * kg_fp16_to_fp32(row(&c, c.v, table, p, 0)[i]);
+                }
+                ck_assert_msg(fabs(out[i] - o) <= 2e-3 * (1.0 + fabs(o)),
+                              "p0 %d cap %g elem %d: %g vs %g", p0, (double)cap, i, out[i], o);
+            }
+        }
+    }
     cache_free(&c);
 }
 END_TEST
@@ -237,6 +290,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, matches_reference);
     tcase_add_test(tc, fixed_arithmetic);
     tcase_add_test(tc, placement_does_not_change_bits);
+    tcase_add_test(tc, window_and_softcap);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3,6 +3,7 @@
  * expected strings are those of llama.cpp's tests/test-chat-template.cpp;
  * formats it has no case for are written out from llm_chat_apply_template. */
 #include "check_common.h"
+#include "model/kg_mkmodel.h"
 #include "schema/kg_chat.h"
 
 #include <stdio.h>
@@ -381,6 +382,94 @@ START_TEST(names_are_distinct) {
 }
 END_TEST
 
+// ---- against the llama.cpp build the other goldens come from ----
+
+/* A JSON string (as chat-render writes it) into out. */
+static bool unjson(const char *s, char *out, size_t cap) {
+    size_t n = 0;
+    if (*s++ != '"') {
+        return false;
+    }
+    while (*s && *s != '"' && n + 2 < cap) {
+        if (*s == '\\') {
+            s++;
+            char c = *s++;
+            unsigned cp = 0;
+            if (c == 'n') {
+                out[n++] = '\n';
+            } else if (c == 't') {
+                out[n++] = '\t';
+            } else if (c == 'u' && sscanf(s, "%4x", &cp) == 1) {
+                out[n++] = (char)cp; /* chat-render escapes only control bytes */
+                s += 4;
+            } else {
+                out[n++] = c;
+            }
+        } else {
+            out[n++] = *s++;
+        }
+    }
+    out[n] = '\0';
+    return *s == '"';
+}
+
+/* tests/data/chat/llama-cpp-render.golden (scripts/goldens/chat-goldens.mjs):
+ * llama_chat_apply_template of llama.cpp de3ff81 for every built-in name and
+ * for the Jinja text of every `kgen mkmodel --chat-template`. Every format
+ * kgen renders must render the same; the families' formats must be among
+ * them. */
+START_TEST(renders_as_llama_cpp_today) {
+    static const kg_chat_message_t conv1[] = {
+        {"user", "What is 2+2?"},
+        {"assistant", "4"},
+        {"user", "And in words,\nplease?"},
+    };
+    size_t len;
+    char *text = kg_test_read_file(kg_test_data("chat/llama-cpp-render.golden"), &len);
+    ck_assert_ptr_nonnull(text);
+    static char want[1 << 16];
+    int n_same = 0, n_unsupported = 0, n_jinja = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char name[128];
+        int c = 0, add = 0, off = 0;
+        if (sscanf(line, "render %127s %d %d %n", name, &c, &add, &off) != 3) {
+            continue;
+        }
+        ck_assert(unjson(line + off, want, sizeof(want)));
+        const kg_chat_message_t *msgs = c == 0 ? conv : conv1;
+        size_t n = c == 0 ? N_CONV : 3;
+        char *out = NULL, err[256];
+        kg_status_t st;
+        if (strncmp(name, "jinja:", 6) == 0) {
+            const char *tmpl = kg_mkmodel_chat_template(name + 6, NULL);
+            ck_assert_ptr_nonnull(tmpl);
+            st = kg_chat_render(tmpl, msgs, n, add != 0, NULL, NULL, &out, err, sizeof(err));
+            ck_assert_msg(st == KG_OK, "%s: %s", name, err);
+            n_jinja++;
+        } else {
+            kg_chat_template_t t = kg_chat_detect(name);
+            if (t == KG_CHAT_TEMPLATE_UNKNOWN || !kg_chat_template_is_supported(t)) {
+                n_unsupported++;
+                continue;
+            }
+            st = kg_chat_render_template(t, msgs, n, add != 0, &out, err, sizeof(err));
+            ck_assert_msg(st == KG_OK, "%s: %s", name, err);
+        }
+        ck_assert_msg(strcmp(out, want) == 0, "%s conv %d add %d:\n got: [%s]\nwant: [%s]", name, c,
+                      add, out, want);
+        free(out);
+        n_same++;
+    }
+    free(text);
+    fprintf(stderr,
+            "chat: %d renderings equal llama.cpp's (%d of Jinja texts), %d of formats "
+            "kgen does not render\n",
+            n_same, n_jinja, n_unsupported);
+    ck_assert_int_eq(n_jinja, 7 * 4);
+    ck_assert_int_gt(n_same, 100);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("chat");
     TCase *tc = tcase_create("detect");
@@ -393,6 +482,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, generation_prompt_and_empty);
     tcase_add_test(tc, trim_is_ascii_only);
     tcase_add_test(tc, system_folding);
+    tcase_add_test(tc, renders_as_llama_cpp_today);
     suite_add_tcase(s, tc);
     tc = tcase_create("unsupported");
     tcase_add_test(tc, unsupported_templates);

@@ -148,6 +148,10 @@ static const struct {
     {"priority", "0"},
     {"ignore_eos", "false"},
     {"metadata", NULL},
+    {"response_format", NULL},
+    {"regex", NULL},
+    {"choice", NULL},
+    {"grammar", NULL},
 };
 #define N_JOB_KEYS (sizeof(job_keys) / sizeof(job_keys[0]))
 
@@ -169,6 +173,25 @@ static json_t *canonical(json_t *orig, const char *key) {
     }
     if (strcmp(key, "stop") == 0 && json_is_string(v)) {
         return json_pack("[O]", v);
+    }
+    if (strcmp(key, "response_format") == 0) {
+        /* text is no constraint (not echoed); json_schema is echoed with its
+         * name, strict (default false) and schema, without the description */
+        const char *type = json_string_value(json_object_get(v, "type"));
+        if (type && strcmp(type, "text") == 0) {
+            return NULL;
+        }
+        json_t *js = json_object_get(v, "json_schema");
+        if (!js) {
+            return json_incref(v);
+        }
+        json_t *strict = json_object_get(js, "strict");
+        json_t *out_js = json_pack("{s:O,s:b}", "name", json_object_get(js, "name"), "strict",
+                                   json_is_true(strict));
+        if (json_object_get(js, "schema") && !json_is_null(json_object_get(js, "schema"))) {
+            json_object_set(out_js, "schema", json_object_get(js, "schema"));
+        }
+        return json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", out_js);
     }
     if (strcmp(key, "messages") == 0) {
         json_t *arr = json_array();
@@ -246,6 +269,16 @@ static void check_same_job(const kg_job_t *a, const kg_job_t *b) {
     ck_assert_int_eq(a->metadata_json == NULL, b->metadata_json == NULL);
     if (a->metadata_json) {
         ck_assert_str_eq(a->metadata_json, b->metadata_json);
+    }
+    ck_assert_int_eq(a->constraint, b->constraint);
+    ck_assert_uint_eq(a->constraint_len, b->constraint_len);
+    if (a->constraint_len > 0) {
+        ck_assert(memcmp(a->constraint_text, b->constraint_text, a->constraint_len) == 0);
+    }
+    ck_assert_int_eq(a->schema_strict, b->schema_strict);
+    ck_assert_int_eq(a->schema_name == NULL, b->schema_name == NULL);
+    if (a->schema_name) {
+        ck_assert_str_eq(a->schema_name, b->schema_name);
     }
 }
 
@@ -657,9 +690,10 @@ START_TEST(decode_event_rejects) {
 END_TEST
 
 START_TEST(names) {
-    static const char *codes[] = {"invalid_job", "prompt_too_long", "max_tokens_too_large",
-                                  "expired",     "cancelled",       "unsupported_chat_template",
-                                  "internal",    "queue_full",      "shutdown"};
+    static const char *codes[] = {"invalid_job",   "prompt_too_long", "max_tokens_too_large",
+                                  "expired",       "cancelled",       "unsupported_chat_template",
+                                  "internal",      "queue_full",      "shutdown",
+                                  "invalid_schema"};
     for (int i = 0; i < KG_ERROR_CODE_COUNT_; i++) {
         ck_assert_str_eq(kg_error_code_str((kg_error_code_t)i), codes[i]);
     }
@@ -722,7 +756,8 @@ START_TEST(huge_string) {
     len += 2;
     expect_dlq(text, len, KG_DLQ_TOO_LARGE);
     // A bigger limit takes it whole.
-    kg_codec_opts_t opts = {.max_message_size = 16u << 20};
+    kg_codec_opts_t opts = kg_codec_opts_default();
+    opts.max_message_size = 16u << 20;
     kg_job_t *job = NULL;
     kg_codec_error_t err;
     ck_assert_int_eq(kg_codec_decode_job_opts(text, len, &opts, &job, &err), KG_OK);
@@ -736,6 +771,24 @@ START_TEST(huge_string) {
     ck_assert_int_eq(kg_codec_decode_job_opts(text, len, &opts, &job, &err), KG_ERR_INVALID);
     ck_assert_int_eq(err.reason, KG_DLQ_TOO_LARGE);
     free(text);
+}
+END_TEST
+
+/* --default-max-tokens reaches jobs that give no max_tokens, and only them */
+START_TEST(default_max_tokens_option) {
+    kg_codec_opts_t opts = kg_codec_opts_default();
+    ck_assert_int_eq(opts.default_max_tokens, KG_JOB_DEFAULT_MAX_TOKENS);
+    opts.default_max_tokens = 33;
+    kg_job_t *job = NULL;
+    kg_codec_error_t err;
+    const char *a = "{\"request_id\":\"a\",\"prompt\":\"x\"}";
+    ck_assert_int_eq(kg_codec_decode_job_opts(a, strlen(a), &opts, &job, &err), KG_OK);
+    ck_assert_int_eq(job->max_tokens, 33);
+    kg_job_free(job);
+    const char *b = "{\"request_id\":\"b\",\"prompt\":\"x\",\"max_tokens\":7}";
+    ck_assert_int_eq(kg_codec_decode_job_opts(b, strlen(b), &opts, &job, &err), KG_OK);
+    ck_assert_int_eq(job->max_tokens, 7);
+    kg_job_free(job);
 }
 END_TEST
 
@@ -824,9 +877,9 @@ END_TEST
 
 START_TEST(numbers_at_the_edges) {
     kg_job_t *job;
-    // max_tokens beyond int32 saturates, so intake reports max_tokens_too_large.
-    job = expect_ok("{\"request_id\":\"n\",\"prompt\":\"x\",\"max_tokens\":4294967296}");
-    ck_assert_int_eq(job->max_tokens, INT32_MAX);
+    // max_tokens beyond int32 is kept as sent, so intake can quote it.
+    job = expect_ok("{\"request_id\":\"n\",\"prompt\":\"x\",\"max_tokens\":1000000000000}");
+    ck_assert_int_eq(job->max_tokens, 1000000000000LL);
     kg_job_free(job);
     // Integral reals are integers; 2^63 as a real is out of range.
     job = expect_ok("{\"request_id\":\"n\",\"prompt\":\"x\",\"seed\":9.2e18,\"max_tokens\":1e2}");
@@ -906,6 +959,7 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("hostile");
     tcase_add_test(tc, huge_string);
+    tcase_add_test(tc, default_max_tokens_option);
     tcase_add_test(tc, deep_nesting);
     tcase_add_test(tc, garbage_bytes);
     tcase_add_test(tc, nul_bytes);

@@ -42,6 +42,7 @@ typedef struct kg_test_model_opts {
     uint64_t seed;
 } kg_test_model_opts_t;
 
-/** Write a random-weight model with `kgen mkmodel` into a temp file and
- * return its path (static storage per call: copy it to keep it). */
+/** Write a random-weight model (kg_mkmodel_write, what `kgen mkmodel`
+ * does) into a temp file and return its path (static storage per call:
+ * copy it to keep it). */
 const char *kg_test_make_model(const kg_test_model_opts_t *o);

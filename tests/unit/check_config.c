@@ -26,6 +26,27 @@ START_TEST(defaults) {
 }
 END_TEST
 
+/* --no-NAME for a boolean, as `kgen batch` and kgen-bench spell it; a
+ * --no- form of a non-boolean stays unknown */
+START_TEST(negated_boolean) {
+    kg_config_t cfg;
+    char err[256];
+    char *envp[] = {NULL};
+    char *argv[] = {"kgen-worker", "--demo", "1", "--no-prefix-cache"};
+    ck_assert_int_eq(parse(&cfg, envp, 4, argv, err), KG_OK);
+    ck_assert(!cfg.prefix_cache);
+    kg_config_clear(&cfg);
+    char *argv2[] = {"kgen-worker", "--demo", "1", "--prefix-cache", "false", "--prefix-cache"};
+    ck_assert_int_eq(parse(&cfg, envp, 6, argv2, err), KG_OK);
+    ck_assert(cfg.prefix_cache);
+    kg_config_clear(&cfg);
+    char *argv3[] = {"kgen-worker", "--demo", "1", "--no-max-batch-size"};
+    ck_assert_int_eq(parse(&cfg, envp, 4, argv3, err), KG_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err, "--no-max-batch-size"));
+    kg_config_clear(&cfg);
+}
+END_TEST
+
 START_TEST(precedence_and_passthrough) {
     const char *path = kg_test_tmp_path("cfg");
     FILE *f = fopen(path, "w");
@@ -89,6 +110,10 @@ START_TEST(bad_input_is_an_error) {
         {1, {"w"}, "--model is required"},
         {3, {"w", "--drain-timeout", "nan"}, "drain-timeout"},
         {2, {"w", "--model"}, "needs a value"},
+        {4, {"w", "--demo", "1", "--http-address=localhost"}, "IPv4 or IPv6"},
+        {4, {"w", "--demo", "1", "--http-address=10.0.0.300"}, "IPv4 or IPv6"},
+        {4, {"w", "--demo", "1", "--max-event-bytes=1000"}, "at least 4096"},
+        {4, {"w", "--demo", "1", "--poison-after=-1"}, "poison-after"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         kg_config_t cfg;
@@ -106,6 +131,33 @@ START_TEST(bad_input_is_an_error) {
     char *argv[] = {"w", "--demo", "1"};
     ck_assert_int_eq(parse(&cfg, envp, 3, argv, err), KG_ERR_INVALID);
     ck_assert_ptr_nonnull(strstr(err, "environment"));
+    kg_config_clear(&cfg);
+}
+END_TEST
+
+/* --print-config shows what a worker would run with: it needs no --model.
+ * --http-address takes IPv4 and IPv6 literals. */
+START_TEST(print_config_and_addresses) {
+    kg_config_t cfg;
+    char err[256] = "";
+    char *envp[] = {NULL};
+    char *argv[] = {"w", "--print-config", "--http-address", "127.0.0.1"};
+    ck_assert_msg(parse(&cfg, envp, 4, argv, err) == KG_OK, "%s", err);
+    ck_assert(cfg.print_config);
+    ck_assert_str_eq(cfg.http_address, "127.0.0.1");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&text, &len);
+    kg_config_print(&cfg, mf);
+    fclose(mf);
+    ck_assert_ptr_nonnull(strstr(text, "http-address=127.0.0.1\n"));
+    ck_assert_ptr_nonnull(strstr(text, "poison-after=2\n"));
+    ck_assert_ptr_nonnull(strstr(text, "max-event-bytes=0\n"));
+    free(text);
+    kg_config_clear(&cfg);
+    char *argv6[] = {"w", "--demo", "1", "--http-address=::1"};
+    ck_assert_msg(parse(&cfg, envp, 4, argv6, err) == KG_OK, "%s", err);
+    ck_assert_str_eq(cfg.http_address, "::1");
     kg_config_clear(&cfg);
 }
 END_TEST
@@ -130,8 +182,10 @@ static Suite *make_suite(void) {
     Suite *s = suite_create("config");
     TCase *tc = tcase_create("config");
     tcase_add_test(tc, defaults);
+    tcase_add_test(tc, negated_boolean);
     tcase_add_test(tc, precedence_and_passthrough);
     tcase_add_test(tc, bad_input_is_an_error);
+    tcase_add_test(tc, print_config_and_addresses);
     tcase_add_test(tc, help_lists_every_option);
     suite_add_tcase(s, tc);
     return s;

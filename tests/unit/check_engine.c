@@ -3,10 +3,15 @@
  * The fake backend's logits are a pure function of the token ids a row
  * reads back through the block tables, so every test also checks the block
  * tables and the prefix sharing: a wrong block changes the tokens. */
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include "check_common.h"
 #include "engine/kg_engine.h"
+#include "engine/kg_sizing.h"
 #include "fakes/fake_backend.h"
+#include "grammar/kg_constraint.h"
+#include "grammar/kg_grammar.h"
 
+#include <pcre2.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -105,7 +110,8 @@ static kg_engine_params_t base_params(void) {
 
 /* eog_at_len: history length from which the fake makes EOG win (0: never
  * on purpose; EOG is then suppressed so that lengths are exact). */
-static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len) {
+static void
+env_init_with(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len, bool device_sample) {
     memset(env, 0, sizeof(*env));
     env->ep = *ep;
     env->fp = (kg_fake_backend_params_t){.n_vocab = ep->n_vocab,
@@ -115,7 +121,9 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
                                          .n_slots = ep->max_batch_size,
                                          .salt = 1,
                                          .eog_token = EOG,
-                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30)};
+                                         .eog_at_len = eog_at_len > 0 ? eog_at_len : (1 << 30),
+                                         .window = ep->kv_window,
+                                         .device_sample = device_sample};
     env->be = kg_fake_backend_new(&env->fp);
     ck_assert_ptr_nonnull(env->be);
     char err[256] = "";
@@ -123,12 +131,16 @@ static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_le
     ck_assert_msg(env->e != NULL, "kg_engine_new: %s", err);
     kg_engine_set_clock(env->e, fake_clock, &env->now_us);
     env->now_us = 1000000;
-    env->cap = ep->max_batch_size + ep->max_queue_depth;
+    env->cap = kg_engine_max_completions(env->e);
     env->comps = calloc((size_t)env->cap, sizeof(*env->comps));
     env->jobs = calloc(MAX_JOBS, sizeof(*env->jobs));
     for (int i = 0; i < MAX_JOBS; i++) {
         env->jobs[i].first_step = -1;
     }
+}
+
+static void env_init(env_t *env, const kg_engine_params_t *ep, int32_t eog_at_len) {
+    env_init_with(env, ep, eog_at_len, false);
 }
 
 static void env_clear(env_t *env) {
@@ -194,7 +206,8 @@ static void env_collect(env_t *env, int32_t n) {
 
 static int32_t env_step(env_t *env) {
     int32_t n = kg_engine_step(env->e, env->comps, env->cap);
-    ck_assert_msg(n >= 0, "step: %s", kg_status_str((kg_status_t)n));
+    ck_assert_msg(n >= 0, "step: %s (%s)", kg_status_str((kg_status_t)n),
+                  kg_fake_backend_stats(env->be)->first_violation);
     env->n_steps++;
     env_collect(env, n);
     const kg_fake_backend_stats_t *fs = kg_fake_backend_stats(env->be);
@@ -913,6 +926,8 @@ static void make_inv_jobs(inv_job_t *jobs) {
     }
 }
 
+static int32_t g_inv_window; /* kv_window of run_inv's engine (and the fake's window) */
+
 static void run_inv(inv_job_t *jobs,
                     int32_t batch,
                     int32_t n_blocks,
@@ -920,6 +935,7 @@ static void run_inv(inv_job_t *jobs,
                     job_out_t *out,
                     int64_t *n_preempt) {
     kg_engine_params_t p = base_params();
+    p.kv_window = g_inv_window;
     p.max_batch_size = batch;
     p.max_batch_tokens = batch > 8 ? 64 : 16;
     p.n_kv_blocks = n_blocks;
@@ -974,6 +990,104 @@ START_TEST(batch_invariance) {
 }
 END_TEST
 
+/* The same with a sliding-window model (every layer sees the last 9
+ * positions): blocks wholly before the window are given back as jobs
+ * advance, under preemption, prefix caching and eviction. */
+START_TEST(batch_invariance_window) {
+    static inv_job_t jobs[INV_JOBS];
+    static job_out_t ref[INV_JOBS], got[INV_JOBS];
+    make_inv_jobs(jobs);
+    g_inv_window = 9;
+    int64_t np;
+    run_inv(jobs, 1, 512, true, ref, &np);
+    const struct {
+        int32_t batch, n_blocks;
+        bool cache;
+    } cfg[] = {{16, 512, true}, {16, 512, false}, {16, 24, true}, {3, 20, false}, {5, 16, true}};
+    for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+        run_inv(jobs, cfg[c].batch, cfg[c].n_blocks, cfg[c].cache, got, &np);
+        for (int i = 0; i < INV_JOBS; i++) {
+            ck_assert_int_eq(got[i].finish, ref[i].finish);
+            ck_assert_msg(got[i].n == ref[i].n, "config %zu job %d: %d tokens, alone %d", c, i,
+                          got[i].n, ref[i].n);
+            ck_assert_mem_eq(got[i].tok, ref[i].tok, (size_t)ref[i].n * sizeof(int32_t));
+        }
+    }
+    g_inv_window = 0;
+}
+END_TEST
+
+/* A long generation with a sliding window holds about window / block_size
+ * blocks, not one per block_size tokens; the tokens are the (windowed)
+ * fake's greedy ones, and the fake never read a block given back. */
+static int32_t run_long_window(int32_t window, job_out_t *out) {
+    kg_engine_params_t p = base_params(); /* 4-token blocks */
+    p.kv_window = window;
+    p.max_seq_len = 400;
+    env_t env;
+    env_init(&env, &p, 0);
+    env.fp.window = 10; /* the model's window, whatever the engine is told */
+    kg_backend_free(env.be);
+    kg_engine_free(env.e);
+    env.be = kg_fake_backend_new(&env.fp);
+    char err[256];
+    env.e = kg_engine_new(env.be, &p, err, sizeof(err));
+    ck_assert_ptr_nonnull(env.e);
+    static int32_t prompt[20];
+    fill_prompt(prompt, 20, 77);
+    kg_request_t r = make_req(1, prompt, 20, 300);
+    submit_ok(&env, &r);
+    env_run(&env, 1000);
+    check_greedy(&env, 1, prompt, 20, 300, false);
+    *out = env.jobs[1];
+    int32_t used = env.max_used;
+    env_clear(&env);
+    return used;
+}
+
+START_TEST(window_frees_blocks) {
+    static job_out_t a, b;
+    int32_t used_window = run_long_window(10, &a);
+    int32_t used_all = run_long_window(0, &b);
+    fprintf(stderr,
+            "sliding window 10, 4-token blocks, 20 + 300 tokens: peak blocks in use %d with the "
+            "window, %d without\n",
+            used_window, used_all);
+    ck_assert_int_eq(a.n, 300);
+    ck_assert_mem_eq(a.tok, b.tok, 300 * sizeof(int32_t));
+    ck_assert_int_eq(used_all, 80);
+    /* the window's 10 positions span at most 4 blocks, plus the one being filled */
+    ck_assert_int_le(used_window, 5);
+}
+END_TEST
+
+/* Jobs sharing a prefix longer than the window: blocks are dropped from
+ * the front while later jobs still find the shared prefix in the cache. */
+START_TEST(window_prefix_cache) {
+    kg_engine_params_t p = base_params();
+    p.kv_window = 12;
+    p.max_batch_size = 4;
+    p.n_kv_blocks = 48;
+    env_t env;
+    env_init(&env, &p, 0);
+    static int32_t prompts[12][64];
+    for (int i = 0; i < 12; i++) {
+        fill_prompt(prompts[i], 40, 5);                     /* shared: 10 full blocks */
+        fill_prompt(prompts[i] + 40, 8, 100 + (uint64_t)i); /* own */
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 48, 40);
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 5000);
+    int32_t n_hit = 0;
+    for (int i = 0; i < 12; i++) {
+        check_greedy(&env, (uint64_t)i + 1, prompts[i], 48, 40, false);
+        n_hit += env.jobs[i + 1].n_cached > 0;
+    }
+    ck_assert_int_gt(n_hit, 0);
+    env_clear(&env);
+}
+END_TEST
+
 START_TEST(backend_error) {
     kg_engine_params_t p = base_params();
     env_t env;
@@ -1005,6 +1119,97 @@ START_TEST(backend_error) {
 }
 END_TEST
 
+/* A fault the backend pins to one sequence ends that request alone with
+ * KG_FINISH_ERROR; the others keep their tokens. A fault of the step as a
+ * whole ends the step's requests; a device fault stays fatal. */
+START_TEST(backend_fault_scopes) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompts[3][12];
+    for (int i = 0; i < 3; i++) {
+        fill_prompt(prompts[i], 12, 190 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 12, 10);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    env_step(&env);
+    /* request 2 was admitted second: slot 1 */
+    kg_fake_backend_fault_next(env.be, KG_FAULT_SEQ, 1);
+    env_step(&env);
+    ck_assert(env.jobs[2].done);
+    ck_assert_int_eq(env.jobs[2].finish, KG_FINISH_ERROR);
+    ck_assert(!env.jobs[1].done && !env.jobs[3].done);
+    env_run(&env, 100);
+    check_greedy(&env, 1, prompts[0], 12, 10, false);
+    check_greedy(&env, 3, prompts[2], 12, 10, false);
+
+    /* a step fault: every request of that step; a later one runs */
+    for (int i = 0; i < 2; i++) {
+        kg_request_t r = make_req((uint64_t)i + 4, prompts[i], 12, 10);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    kg_fake_backend_fault_next(env.be, KG_FAULT_STEP, -1);
+    env_step(&env);
+    ck_assert_int_eq(env.jobs[4].finish, KG_FINISH_ERROR);
+    ck_assert_int_eq(env.jobs[5].finish, KG_FINISH_ERROR);
+    kg_request_t r = make_req(6, prompts[2], 12, 10);
+    submit_ok(&env, &r);
+    env_run(&env, 100);
+    check_greedy(&env, 6, prompts[2], 12, 10, false);
+
+    /* a device fault is the caller's to handle */
+    r = make_req(7, prompts[0], 12, 10);
+    submit_ok(&env, &r);
+    kg_fake_backend_fault_next(env.be, KG_FAULT_DEVICE, -1);
+    ck_assert_int_eq(kg_engine_step(env.e, env.comps, env.cap), KG_ERR_BACKEND);
+    ck_assert(kg_engine_busy(env.e));
+    env_run(&env, 100);
+    check_greedy(&env, 7, prompts[0], 12, 10, false);
+    ck_assert_str_eq(kg_finish_str(KG_FINISH_ERROR), "error");
+    env_clear(&env);
+}
+END_TEST
+
+/* A sampling failure on one row of a device sampler (which drew every
+ * row before it failed) ends that request alone; the others draw the same
+ * numbers again when the step reruns, so their seeded tokens are what they
+ * would have been without the failure. */
+START_TEST(sample_row_fault_keeps_rng) {
+    kg_engine_params_t p = base_params();
+    env_t a, b;
+    int32_t prompts[3][10];
+    for (int i = 0; i < 3; i++) {
+        fill_prompt(prompts[i], 10, 290 + (uint64_t)i);
+    }
+    for (int k = 0; k < 2; k++) {
+        env_t *env = k == 0 ? &a : &b;
+        env_init_with(env, &p, 0, true);
+        for (int i = 0; i < 3; i++) {
+            kg_request_t r = make_req((uint64_t)i + 1, prompts[i], 10, 12);
+            r.sampling.temperature = 1.0f;
+            r.sampling.seed = 500 + (uint64_t)i;
+            submit_ok(env, &r);
+        }
+        env_step(env);
+        env_step(env);
+        if (k == 1) {
+            kg_fake_backend_fail_sample_row(env->be, 1); /* request 2's row */
+        }
+        env_run(env, 100);
+    }
+    ck_assert_int_eq(b.jobs[2].finish, KG_FINISH_ERROR);
+    ck_assert_int_eq(a.jobs[2].finish, KG_FINISH_LENGTH);
+    for (uint64_t id = 1; id <= 3; id += 2) {
+        ck_assert_int_eq(b.jobs[id].n, 12);
+        ck_assert_mem_eq(b.jobs[id].tok, a.jobs[id].tok, 12 * sizeof(int32_t));
+    }
+    env_clear(&a);
+    env_clear(&b);
+}
+END_TEST
+
 START_TEST(stats_add_up) {
     kg_engine_params_t p = base_params();
     p.n_kv_blocks = 14;
@@ -1032,6 +1237,10 @@ START_TEST(stats_add_up) {
 }
 END_TEST
 
+/* Built into its own program, unit_engine_alloc (this file compiled with
+ * KG_ENGINE_ALLOC_ONLY): it replaces malloc, which AddressSanitizer owns, so
+ * under ASan that program reports a skip (exit 77) instead of a pass. */
+#ifdef KG_ENGINE_ALLOC_ONLY
 START_TEST(no_alloc_in_step) {
 #if KG_COUNT_ALLOC
     kg_engine_params_t p = base_params();
@@ -1073,11 +1282,10 @@ START_TEST(no_alloc_in_step) {
     ck_assert_int_gt(g_n_allocs, before);
     env_clear(&env2);
     env_clear(&env);
-#else
-    fprintf(stderr, "no_alloc_in_step: skipped under AddressSanitizer (it owns malloc)\n");
 #endif
 }
 END_TEST
+#endif
 
 START_TEST(params_default_from_model) {
     const char *path = kg_test_data("models/stories260K.gguf");
@@ -1106,6 +1314,252 @@ START_TEST(params_default_from_model) {
 }
 END_TEST
 
+// ---- constrained requests ----
+
+/* Token texts for the fake's 64 ids: 0-2 and EOG have none; then letters,
+ * digits, punctuation and a few multi-byte tokens. */
+static kg_gvocab_t *fake_vocab(void) {
+    static const char *const t[VOCAB] = {
+        "",   "",   "",    "",     "a",     "b",  "c",   "d",   "e",   "f",  "g",  "h",   "l",
+        "o",  "p",  "x",   "y",    "z",     "0",  "1",   "2",   "3",   "4",  "5",  "6",   "7",
+        "8",  "9",  "{",   "}",    "[",     "]",  ",",   ":",   "\"",  " ",  "\n", "-",   "+",
+        "ab", "ba", "hel", "help", "hello", "lo", "{\"", "\":", "\",", "ok", "12", "xyz", "q",
+        "r",  "s",  "t",   "u",    "v",     "w",  "(",   ")",   "*",   "/",  ".",  "!"};
+    size_t lens[VOCAB];
+    for (int i = 0; i < VOCAB; i++) {
+        lens[i] = strlen(t[i]);
+    }
+    char err[128];
+    kg_gvocab_t *v = kg_gvocab_new_raw(t, lens, VOCAB, err, sizeof(err));
+    ck_assert_msg(v != NULL, "%s", err);
+    return v;
+}
+
+static kg_grammar_t *fake_grammar(kg_gvocab_t *v, kg_constraint_kind_t kind, const char *text) {
+    char err[256];
+    kg_constraint_t k = {.kind = kind, .text = text, .len = strlen(text)};
+    kg_gir_t *ir = kg_constraint_build(&k, NULL, NULL, err, sizeof(err));
+    ck_assert_msg(ir != NULL, "%s", err);
+    kg_grammar_t *g = kg_grammar_compile(ir, v, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    kg_gir_free(ir);
+    return g;
+}
+
+/* Whether the job's tokens spell a complete match (checked by a fresh
+ * matcher, token by token). */
+static bool spells_match(kg_grammar_t *g, const job_out_t *j) {
+    kg_matcher_t *m = kg_matcher_new();
+    kg_matcher_reset(m, g);
+    bool ok = true;
+    for (int32_t i = 0; i < j->n && ok; i++) {
+        ok = kg_matcher_accept(m, j->tok[i]);
+    }
+    ok = ok && kg_matcher_can_end(m);
+    kg_matcher_free(m);
+    return ok;
+}
+
+/* Whether PCRE2 full-matches the job's text (its tokens' bytes) with `re`. */
+static bool pcre2_full_match(const kg_gvocab_t *v, const char *re, const job_out_t *j) {
+    char text[4096];
+    size_t n = 0;
+    for (int32_t i = 0; i < j->n; i++) {
+        size_t len = (size_t)(v->off[j->tok[i] + 1] - v->off[j->tok[i]]);
+        ck_assert_uint_lt(n + len, sizeof(text));
+        memcpy(text + n, v->bytes + v->off[j->tok[i]], len);
+        n += len;
+    }
+    int errcode;
+    PCRE2_SIZE erroff;
+    pcre2_code *code =
+        pcre2_compile((PCRE2_SPTR)re, PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_ANCHORED | PCRE2_ENDANCHORED, &errcode, &erroff, NULL);
+    ck_assert(code != NULL);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(code, NULL);
+    int rc = pcre2_match(code, (PCRE2_SPTR)text, n, 0, 0, md, NULL);
+    pcre2_match_data_free(md);
+    pcre2_code_free(code);
+    return rc > 0;
+}
+
+/* Sampled and greedy constrained jobs: every output is a complete match
+ * (EOG only where the grammar may end, a complete grammar ends STOP),
+ * forced tokens are appended (several completions in one step), a job
+ * cut by max_tokens ends LENGTH, the steps do not allocate, and each
+ * constrained job's tokens are the same alone and among unconstrained
+ * jobs. */
+START_TEST(constrained_jobs) {
+    kg_gvocab_t *v = fake_vocab();
+    static const char *const res[3] = {NULL, "(hello|help) [xyz]+!?", "[a-c]+"};
+    kg_grammar_t *gs[3] = {
+        fake_grammar(v, KG_CONSTRAINT_GRAMMAR,
+                     "root ::= \"{\" ( item (\",\" item)* )? \"}\"\nitem ::= [a-h] [0-9]{0,2}\n"),
+        fake_grammar(v, KG_CONSTRAINT_REGEX, "(hello|help) [xyz]+!?"),
+        fake_grammar(v, KG_CONSTRAINT_REGEX, "[a-c]+"),
+    };
+    const int32_t NJ = 24;
+    int32_t prompts[24][6];
+    job_out_t alone[24];
+    for (int pass = 0; pass < 2; pass++) {
+        env_t env;
+        kg_engine_params_t ep = base_params();
+        env_init(&env, &ep, 14); /* EOG wins from 14 tokens on, where it is allowed */
+        for (int32_t i = 0; i < NJ; i++) {
+            fill_prompt(prompts[i], 6, 100 + (uint64_t)i);
+            kg_request_t r = make_req((uint64_t)i, prompts[i], 6, i == 5 ? 3 : 40);
+            r.grammar = gs[i % 3];
+            r.sampling.temperature = i % 2 ? 1.0f : 0.0f;
+            r.sampling.seed = 7 + (uint64_t)i;
+            submit_ok(&env, &r);
+            if (pass == 1) {
+                /* unconstrained jobs around it */
+                kg_request_t u = make_req((uint64_t)(100 + i), prompts[i], 5, 20);
+                u.sampling.temperature = 1.0f;
+                u.sampling.seed = (uint64_t)i;
+                submit_ok(&env, &u);
+            }
+            if (pass == 0) {
+                env_run(&env, 5000); /* alone */
+            }
+        }
+        long n_allocs = 0;
+        for (int64_t k = 0; kg_engine_busy(env.e); k++) {
+            ck_assert_int_lt(k, 20000);
+#if KG_COUNT_ALLOC
+            long before = g_n_allocs;
+#endif
+            int32_t n = kg_engine_step(env.e, env.comps, env.cap);
+#if KG_COUNT_ALLOC
+            n_allocs += g_n_allocs - before;
+#endif
+            ck_assert_int_ge(n, 0);
+            env.n_steps++;
+            env_collect(&env, n);
+        }
+        ck_assert_int_eq(n_allocs, 0); /* the step loop never allocates */
+        kg_engine_stats_t st;
+        kg_engine_stats(env.e, &st);
+        int n_stop = 0;
+        for (int32_t i = 0; i < NJ; i++) {
+            job_out_t *j = &env.jobs[i];
+            ck_assert(j->done);
+            if (i == 5) {
+                ck_assert_int_eq(j->finish, KG_FINISH_LENGTH);
+                ck_assert_int_eq(j->n, 3);
+            } else if (j->finish == KG_FINISH_LENGTH) {
+                ck_assert_int_eq(j->n, 40);
+            } else {
+                ck_assert_msg(j->finish == KG_FINISH_STOP, "job %d finish %d", i, j->finish);
+                ck_assert_msg(spells_match(gs[i % 3], j), "job %d does not match", i);
+                if (res[i % 3]) {
+                    ck_assert_msg(pcre2_full_match(v, res[i % 3], j), "job %d: PCRE2", i);
+                }
+                n_stop++;
+            }
+            for (int32_t k = 0; k < j->n; k++) {
+                ck_assert_int_ne(j->tok[k], EOG);
+            }
+            if (pass == 0) {
+                alone[i] = *j;
+            } else {
+                ck_assert_int_eq(j->n, alone[i].n);
+                ck_assert(memcmp(j->tok, alone[i].tok, (size_t)j->n * sizeof(int32_t)) == 0);
+            }
+        }
+        ck_assert_int_ge(n_stop, NJ / 2);
+        ck_assert_int_gt(st.n_grammar_forced_tokens, 0);
+        ck_assert_int_gt(st.n_grammar_masks, 0);
+        env_clear(&env);
+    }
+    for (int i = 0; i < 3; i++) {
+        kg_grammar_unref(gs[i]);
+    }
+    kg_gvocab_unref(v);
+}
+END_TEST
+
+/* kg_engine_size: the one sizing every program uses */
+START_TEST(sizing_from_options) {
+    char err[256] = "";
+    kg_model_t *model = kg_model_load(kg_test_data("models/stories260K.gguf"), err, sizeof(err));
+    ck_assert_msg(model != NULL, "%s", err);
+    kg_engine_options_t o = kg_engine_options_default();
+    kg_engine_params_t ep;
+    kg_backend_params_t bp;
+    bool clamped = true;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert(!clamped);
+    ck_assert_int_eq(ep.max_batch_size, 16);
+    ck_assert_int_eq(ep.max_queue_depth, 16);
+    ck_assert_int_eq(ep.max_seq_len, model->hp.n_ctx_train); /* 128 < 4096 */
+    /* every slot at full context, beyond the admission headroom */
+    int32_t full = 16 * ((ep.max_seq_len + 15) / 16);
+    ck_assert_int_ge(ep.n_kv_blocks - (ep.n_kv_blocks / 100 > 1 ? ep.n_kv_blocks / 100 : 1), full);
+    ck_assert_int_eq(bp.n_kv_blocks, ep.n_kv_blocks);
+    ck_assert_int_eq(bp.kv_block_size, ep.kv_block_size);
+    ck_assert_int_eq(bp.max_batch_tokens, ep.max_batch_tokens);
+    ck_assert(ep.prefix_cache);
+
+    /* explicit values pass through */
+    o.max_batch_size = 4;
+    o.max_queue_depth = 10;
+    o.max_batch_tokens = 64;
+    o.ctx = 96;
+    o.kv_block_size = 8;
+    o.prefix_cache = false;
+    o.threads = 3;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(ep.max_batch_size, 4);
+    ck_assert_int_eq(ep.max_queue_depth, 10);
+    ck_assert_int_eq(ep.max_seq_len, 96);
+    ck_assert_int_eq(ep.kv_block_size, 8);
+    ck_assert(!ep.prefix_cache);
+    ck_assert_int_eq(bp.n_threads, 3);
+
+    /* a pool smaller than one context cuts the context to what it holds */
+    o = kg_engine_options_default();
+    o.kv_memory_mib = 1;
+    size_t per_block = kg_backend_kv_bytes_per_token(model) * 16;
+    int64_t blocks = (1 << 20) / (int64_t)per_block;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(ep.n_kv_blocks, blocks);
+    if (blocks * 16 < model->hp.n_ctx_train) {
+        ck_assert(clamped);
+        ck_assert_int_eq(ep.max_seq_len, blocks * 16);
+    }
+
+    /* options that cannot work together */
+    o = kg_engine_options_default();
+    o.max_batch_size = 32;
+    o.max_batch_tokens = 16;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, NULL, err, sizeof(err)), KG_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err, "--max-batch-tokens"));
+    kg_model_free(model);
+}
+END_TEST
+
+#ifdef KG_ENGINE_ALLOC_ONLY
+static Suite *make_suite(void) {
+    Suite *s = suite_create("engine_alloc");
+    TCase *tc = tcase_create("invariance");
+    tcase_add_test(tc, no_alloc_in_step);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    if (!KG_COUNT_ALLOC) {
+        fprintf(stderr, "no_alloc_in_step: skipped under AddressSanitizer (it owns malloc)\n");
+        return 77;
+    }
+    SRunner *sr = srunner_create(make_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+#else
 static Suite *make_suite(void) {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("setup");
@@ -1113,6 +1567,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, submit_validation);
     tcase_add_test(tc, queue_full);
     tcase_add_test(tc, params_default_from_model);
+    tcase_add_test(tc, sizing_from_options);
     suite_add_tcase(s, tc);
     tc = tcase_create("schedule");
     tcase_add_test(tc, admission_limit);
@@ -1137,10 +1592,18 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("invariance");
     tcase_add_test(tc, batch_invariance);
+    tcase_add_test(tc, batch_invariance_window);
+    tcase_add_test(tc, window_frees_blocks);
+    tcase_add_test(tc, window_prefix_cache);
     tcase_add_test(tc, backend_error);
-    tcase_add_test(tc, no_alloc_in_step);
+    tcase_add_test(tc, backend_fault_scopes);
+    tcase_add_test(tc, sample_row_fault_keeps_rng);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("grammar");
+    tcase_add_test(tc, constrained_jobs);
     suite_add_tcase(s, tc);
     return s;
 }
 
 KG_CHECK_MAIN(make_suite)
+#endif

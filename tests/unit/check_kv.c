@@ -140,6 +140,48 @@ START_TEST(prefix_sharing) {
 }
 END_TEST
 
+/* Sliding windows: blocks before the window go back (cached ones to the
+ * LRU, others to the free stack), their entries read -1, the table keeps
+ * its length, and the dropped blocks still match while they are cached. */
+START_TEST(drop_front) {
+    kg_kv_t *kv = make_kv(12, 4, 2, 8, true);
+    int32_t a[24];
+    for (int i = 0; i < 24; i++) {
+        a[i] = 300 + i;
+    }
+    ck_assert_int_eq(kg_kv_seq_assign(kv, 0, a, 0, 6), KG_OK);
+    kg_kv_seq_commit(kv, 0, a, 22); /* blocks 0..4 full and registered, 5 partial */
+    const int32_t *row = row_of(kv, 0, 8);
+    int32_t b0 = row[0], b5 = row[5];
+    kg_kv_seq_drop_front(kv, 0, 2);
+    ck_assert_int_eq(row[0], -1);
+    ck_assert_int_eq(row[1], -1);
+    ck_assert_int_eq(row[5], b5);
+    ck_assert_int_eq(kg_kv_seq_n_blocks(kv, 0), 6);
+    ck_assert_int_eq(kg_kv_seq_n_held(kv, 0), 4);
+    ck_assert_int_eq(kg_kv_n_used(kv), 4);
+    ck_assert_int_eq(kg_kv_n_cached(kv), 2);
+    /* dropping less than already dropped does nothing; more continues */
+    kg_kv_seq_drop_front(kv, 0, 1);
+    ck_assert_int_eq(kg_kv_seq_n_held(kv, 0), 4);
+    /* the prefix still matches, and another slot takes the dropped blocks */
+    int32_t idle = 0;
+    ck_assert_int_eq(kg_kv_match(kv, a, 5, &idle), 5);
+    ck_assert_int_eq(idle, 2);
+    ck_assert_int_eq(kg_kv_seq_assign(kv, 1, a, 5, 6), KG_OK);
+    ck_assert_int_eq(row_of(kv, 1, 8)[0], b0);
+    /* the table grows past the dropped entries as usual */
+    ck_assert(kg_kv_seq_grow(kv, 0));
+    ck_assert_int_eq(kg_kv_seq_n_blocks(kv, 0), 7);
+    /* release gives back only what is held: the pool adds up */
+    kg_kv_seq_release(kv, 0);
+    kg_kv_seq_release(kv, 1);
+    ck_assert_int_eq(kg_kv_n_used(kv), 0);
+    ck_assert_int_eq(kg_kv_n_available(kv), 12);
+    kg_kv_free(kv);
+}
+END_TEST
+
 START_TEST(same_tokens_other_prefix) {
     /* A block equal to a cached one but after a different prefix must not match. */
     kg_kv_t *kv = make_kv(8, 2, 2, 4, true);
@@ -330,6 +372,7 @@ static Suite *make_suite(void) {
     tc = tcase_create("prefix");
     tcase_add_test(tc, prefix_sharing);
     tcase_add_test(tc, same_tokens_other_prefix);
+    tcase_add_test(tc, drop_front);
     tcase_add_test(tc, duplicate_blocks_chain);
     tcase_add_test(tc, stale_child_after_parent_eviction);
     suite_add_tcase(s, tc);

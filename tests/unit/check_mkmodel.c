@@ -3,6 +3,7 @@
  * vocabulary copying, and usage errors (exit 2). */
 #include "check_common.h"
 #include "model/kg_gguf.h"
+#include "model/kg_mkmodel.h"
 #include "model/kg_model.h"
 #include "model/kg_quant.h"
 
@@ -466,6 +467,205 @@ START_TEST(runtime_errors) {
 }
 END_TEST
 
+// ---- families ----
+
+static bool f32_is(const kg_gguf_t *g, const char *key, float want) {
+    float v = 0.0f;
+    return kg_gguf_get_f32(g, key, &v) && v == want;
+}
+
+/* Every key and tensor name of one family, as llama.cpp's converter
+ * writes them (convert_hf_to_gguf.py). */
+START_TEST(families_tensors_and_keys) {
+    static const struct {
+        const char *args;
+        const char *arch;
+        int n_per_layer;            /* tensors of a layer */
+        const char *const has[8];   /* keys or tensors (blk.0.*) that must be there */
+        const char *const lacks[4]; /* and that must not */
+    } cases[] = {
+        {"--arch qwen2",
+         "qwen2",
+         12,
+         {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias", "output.weight",
+          "qwen2.rope.freq_base"},
+         {"qwen2.attention.key_length", "qwen2.rope.dimension_count", "llama.vocab_size"}},
+        {"--arch qwen3 --head-dim 32",
+         "qwen3",
+         11,
+         {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight", "qwen3.attention.key_length",
+          "qwen3.attention.value_length"},
+         {"blk.0.attn_q.bias"}},
+        {"--arch gemma2 --head-dim 32 --sliding-window 16",
+         "gemma2",
+         11,
+         {"blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight",
+          "gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping",
+          "gemma2.attention.sliding_window", "gemma2.attention.key_length"},
+         {"output.weight", "gemma2.rope.freq_base", "gemma2.attention.sliding_window_pattern"}},
+        {"--arch gemma3 --head-dim 32 --swa-pattern 3 --rope-base-swa 10000",
+         "gemma3",
+         13,
+         {"blk.0.attn_q_norm.weight", "blk.0.post_ffw_norm.weight",
+          "gemma3.attention.sliding_window", "gemma3.attention.sliding_window_pattern",
+          "gemma3.rope.freq_base_swa", "output.weight"},
+         {"gemma3.attn_logit_softcapping", "gemma3.final_logit_softcapping"}},
+        {"--arch phi3 --n-rot 8 --rope-scaling longrope --rope-orig-ctx 64",
+         "phi3",
+         6,
+         {"blk.0.attn_qkv.weight", "rope_factors_long.weight", "rope_factors_short.weight",
+          "phi3.rope.scaling.attn_factor", "phi3.rope.scaling.original_context_length",
+          "phi3.attention.sliding_window"},
+         {"blk.0.ffn_gate.weight", "blk.0.attn_q.weight", "phi3.rope.scaling.type"}},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char args[512];
+        snprintf(args, sizeof(args),
+                 "%s --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 64 --ctx 256 "
+                 "--seed 1",
+                 cases[c].args);
+        kg_gguf_t *g = kg_gguf_open(make("fam", args), err, sizeof(err));
+        ck_assert_msg(g != NULL, "%s", err);
+        kg_gguf_str_t a;
+        ck_assert(kg_gguf_get_str(g, "general.architecture", &a) && str_is(a, cases[c].arch));
+        for (int i = 0; i < 8 && cases[c].has[i]; i++) {
+            ck_assert_msg(kg_gguf_find_key(g, cases[c].has[i]) >= 0 ||
+                              kg_gguf_find_tensor(g, cases[c].has[i]) != NULL,
+                          "%s: no %s", cases[c].arch, cases[c].has[i]);
+        }
+        for (int i = 0; i < 4 && cases[c].lacks[i]; i++) {
+            ck_assert_msg(kg_gguf_find_key(g, cases[c].lacks[i]) < 0 &&
+                              kg_gguf_find_tensor(g, cases[c].lacks[i]) == NULL,
+                          "%s: has %s", cases[c].arch, cases[c].lacks[i]);
+        }
+        int per_layer = 0;
+        for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
+            kg_gguf_str_t n = kg_gguf_tensor(g, i)->name;
+            per_layer += n.len > 6 && memcmp(n.data, "blk.1.", 6) == 0;
+            /* 1-D tensors stay F32, as llama.cpp's converter keeps them */
+            if (kg_gguf_tensor(g, i)->n_dims == 1) {
+                ck_assert_int_eq(kg_gguf_tensor(g, i)->type, KG_GGML_TYPE_F32);
+            }
+        }
+        ck_assert_msg(per_layer == cases[c].n_per_layer, "%s: %d tensors per layer", cases[c].arch,
+                      per_layer);
+        kg_gguf_free(g);
+    }
+    /* phi3's fused shapes, gemma's norms near 1, the soft-capping values */
+    kg_gguf_t *g = kg_gguf_open(make("phi", "--arch phi3 --n-embd 64 --n-layer 1 --n-head 4 "
+                                            "--n-head-kv 2 --n-ff 96 --seed 1"),
+                                err, sizeof(err));
+    expect_tensor(g, "blk.0.attn_qkv.weight", KG_GGML_TYPE_F32, 64, 64 + 2 * 32);
+    expect_tensor(g, "blk.0.ffn_up.weight", KG_GGML_TYPE_F32, 64, 2 * 96);
+    expect_tensor(g, "blk.0.ffn_down.weight", KG_GGML_TYPE_F32, 96, 64);
+    kg_gguf_free(g);
+    g = kg_gguf_open(make("gem", "--arch gemma2 --n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 "
+                                 "--n-ff 64 --seed 1 --attn-softcap 5 --final-softcap 3"),
+                     err, sizeof(err));
+    ck_assert(f32_is(g, "gemma2.attn_logit_softcapping", 5.0f));
+    ck_assert(f32_is(g, "gemma2.final_logit_softcapping", 3.0f));
+    ck_assert_uint_eq(u32_of(g, "gemma2.attention.sliding_window"), 4096);
+    const kg_gguf_tensor_t *pn = kg_gguf_find_tensor(g, "blk.0.post_ffw_norm.weight");
+    for (int i = 0; i < 64; i++) {
+        float v = ((const float *)pn->data)[i];
+        ck_assert(v > 2.5f && v < 3.5f); /* stored as applied: the +1 is in */
+    }
+    kg_gguf_free(g);
+}
+END_TEST
+
+/* Each built-in vocabulary is what its family's tokenizer path needs. */
+START_TEST(family_vocabularies) {
+    static const struct {
+        const char *arch, *model, *pre;
+        bool space_prefix_key, add_bos;
+        const char *special;
+    } cases[] = {
+        {"qwen3", "gpt2", "qwen2", false, false, "<|im_end|>"},
+        {"gemma3", "llama", "default", true, true, "<end_of_turn>"},
+        {"phi3", "llama", "default", false, true, "<|end|>"},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char args[512];
+        snprintf(args, sizeof(args),
+                 "--arch %s --n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 --n-ff 64 "
+                 "--head-dim 16 --seed 1 --n-vocab 1000",
+                 cases[c].arch);
+        const char *path = make("voc", args);
+        kg_gguf_t *g = kg_gguf_open(path, err, sizeof(err));
+        kg_gguf_str_t s;
+        ck_assert(kg_gguf_get_str(g, "tokenizer.ggml.model", &s) && str_is(s, cases[c].model));
+        ck_assert(kg_gguf_get_str(g, "tokenizer.ggml.pre", &s) && str_is(s, cases[c].pre));
+        bool v = true;
+        ck_assert_int_eq(kg_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &v),
+                         cases[c].space_prefix_key);
+        ck_assert(!v || !cases[c].space_prefix_key); /* gemma: false */
+        kg_gguf_free(g);
+        kg_model_t *m = kg_model_load(path, err, sizeof(err));
+        ck_assert_msg(m != NULL, "%s", err);
+        ck_assert_int_eq(m->hp.n_vocab, 1000);
+        ck_assert_int_eq(kg_tokenizer_add_bos(m->tok), cases[c].add_bos);
+        int32_t id = kg_tokenizer_find(m->tok, cases[c].special, strlen(cases[c].special));
+        ck_assert_int_ge(id, 0);
+        ck_assert(kg_tokenizer_is_eog(m->tok, id));
+        /* English text goes through merges: fewer tokens than bytes */
+        const char *text = "the queue is empty and the model waits";
+        int32_t ids[64];
+        int64_t n = kg_tokenizer_encode(m->tok, text, strlen(text), false, false, ids, 64);
+        ck_assert_int_gt(n, 0);
+        ck_assert_int_lt(n, (int64_t)strlen(text) * 2 / 3);
+        kg_model_free(m);
+    }
+}
+END_TEST
+
+START_TEST(chat_templates) {
+    char *o;
+    char a[4096];
+    snprintf(a, sizeof(a),
+             "--out %s --arch qwen2 --n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 --n-ff 64 "
+             "--seed 1 --chat-template chatml",
+             kg_test_tmp_path("chat"));
+    char path[4096];
+    snprintf(path, sizeof(path), "%s", strstr(a, "--out ") + 6);
+    *strchr(path, ' ') = '\0';
+    ck_assert_int_eq(mkmodel(a, &o), 0);
+    free(o);
+    kg_model_t *m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_ptr_nonnull(m->chat_template);
+    ck_assert_ptr_nonnull(strstr(m->chat_template, "<|im_start|>"));
+    kg_model_free(m);
+}
+END_TEST
+
+START_TEST(family_usage_errors) {
+    const char *out = kg_test_tmp_path("never");
+    char a[4096];
+#define SHAPE "--n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 --n-ff 64 --seed 1"
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --arch bert", out);
+    expect_usage_error(a, "--arch: unknown 'bert' (known: llama, qwen2, qwen3, gemma2");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --chat-template nope", out);
+    expect_usage_error(a, "known: chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --sliding-window 8", out);
+    expect_usage_error(a, "are for gemma2 and gemma3");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --arch qwen2 --attn-softcap 5", out);
+    expect_usage_error(a, "--attn-softcap is for gemma2");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --arch qwen2 --rope-scaling longrope", out);
+    expect_usage_error(a, "longrope needs --arch phi3");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --rope-scaling yarn", out);
+    expect_usage_error(a, "yarn needs --rope-factor");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --rope-scaling ntk", out);
+    expect_usage_error(a, "--rope-scaling: unknown 'ntk'");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --n-rot 8", out);
+    expect_usage_error(a, "(llama: equal)");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --arch gemma2 --n-vocab 300", out);
+    expect_usage_error(a, "built-in gemma2 vocabulary has");
+    ck_assert(!kg_test_exists(out));
+#undef SHAPE
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("mkmodel");
     TCase *tc = tcase_create("models");
@@ -476,10 +676,14 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, deterministic);
     tcase_add_test(tc, vocab_from);
     tcase_add_test(tc, loads_as_model);
+    tcase_add_test(tc, families_tensors_and_keys);
+    tcase_add_test(tc, family_vocabularies);
+    tcase_add_test(tc, chat_templates);
     suite_add_tcase(s, tc);
     tc = tcase_create("errors");
     tcase_add_test(tc, usage_errors);
     tcase_add_test(tc, runtime_errors);
+    tcase_add_test(tc, family_usage_errors);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -83,7 +83,8 @@ START_TEST(block_sizes) {
     ck_assert_str_eq(kg_type_name(16), "iq2_xxs");
     ck_assert_str_eq(kg_type_name(35), "tq2_0");
     ck_assert(kg_type_name(4) == NULL);
-    ck_assert(kg_type_name(39) == NULL);
+    ck_assert_str_eq(kg_type_name(39), "mxfp4");
+    ck_assert(kg_type_name(40) == NULL);
 }
 END_TEST
 

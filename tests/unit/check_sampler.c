@@ -893,6 +893,87 @@ START_TEST(nan_and_inf_logits) {
 }
 END_TEST
 
+/* Constrained decoding: a mask removes tokens before everything else, so
+ * greedy and every filter see only the allowed ones, logprobs are those of
+ * the allowed tokens, and with no usable allowed logit the choice is
+ * uniform over the allowed tokens. */
+START_TEST(masked_sampling) {
+    enum { NV = 1003 };
+    float logits[NV];
+    uint32_t mask[(NV + 31) / 32];
+    kg_sampler_scratch_t *sc = kg_sampler_scratch_new(NV);
+    kg_rng_t rng;
+    kg_rng_seed(&rng, 3);
+    for (int i = 0; i < NV; i++) {
+        logits[i] = (float)((i * 37) % 101) / 10.0f; /* best: i % 101 == 100 */
+    }
+    memset(mask, 0, sizeof(mask));
+    for (int i = 0; i < NV; i += 7) {
+        mask[i >> 5] |= 1u << (i & 31);
+    }
+    kg_sampling_params_t p = kg_sampling_params_default();
+    kg_sample_result_t r;
+    /* greedy: the best allowed token, with its log-softmax over the allowed */
+    kg_sampler_sample_masked(&p, &rng, logits, mask, NV, NULL, 0, NULL, 0, sc, &r);
+    int best = -1;
+    double z = 0.0;
+    for (int i = 0; i < NV; i += 7) {
+        if (best < 0 || logits[i] > logits[best]) {
+            best = i;
+        }
+    }
+    for (int i = 0; i < NV; i += 7) {
+        z += exp((double)logits[i] - logits[best]);
+    }
+    ck_assert_int_eq(r.token, best);
+    ck_assert_double_eq_tol(r.logprob, -log(z), 1e-4);
+    /* sampled with filters: always allowed */
+    p.temperature = 1.5f;
+    p.top_k = 50;
+    p.top_p = 0.9f;
+    p.n_logprobs = 3;
+    for (int k = 0; k < 200; k++) {
+        kg_sampler_sample_masked(&p, &rng, logits, mask, NV, NULL, 0, NULL, 0, sc, &r);
+        ck_assert_int_eq(r.token % 7, 0);
+        for (int t = 0; t < r.n_top; t++) {
+            ck_assert_int_eq(r.top_token[t] % 7, 0);
+        }
+    }
+    /* no usable allowed logit: uniform over the allowed (greedy: the lowest) */
+    for (int i = 0; i < NV; i += 7) {
+        logits[i] = i % 2 ? -INFINITY : NAN;
+    }
+    p = kg_sampling_params_default();
+    kg_sampler_sample_masked(&p, &rng, logits, mask, NV, NULL, 0, NULL, 0, sc, &r);
+    ck_assert_int_eq(r.token, 0);
+    p.temperature = 1.0f;
+    int seen[NV] = {0};
+    for (int k = 0; k < 2000; k++) {
+        kg_sampler_sample_masked(&p, &rng, logits, mask, NV, NULL, 0, NULL, 0, sc, &r);
+        ck_assert_int_eq(r.token % 7, 0);
+        seen[r.token]++;
+        ck_assert_double_eq_tol(r.logprob, -log((NV + 6) / 7), 1e-4);
+    }
+    int distinct = 0;
+    for (int i = 0; i < NV; i++) {
+        distinct += seen[i] > 0;
+    }
+    ck_assert_int_gt(distinct, 100); /* of 144 allowed */
+    /* a NULL mask is the unmasked sampler */
+    kg_rng_t a, b;
+    kg_rng_seed(&a, 9);
+    b = a;
+    kg_sample_result_t r1, r2;
+    for (int i = 0; i < NV; i++) {
+        logits[i] = (float)((i * 13) % 17);
+    }
+    kg_sampler_sample_masked(&p, &a, logits, NULL, NV, NULL, 0, NULL, 0, sc, &r1);
+    kg_sampler_sample(&p, &b, logits, NV, NULL, 0, NULL, 0, sc, &r2);
+    ck_assert_int_eq(r1.token, r2.token);
+    kg_sampler_scratch_free(sc);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("sampler");
     TCase *tc = tcase_create("rng");
@@ -904,6 +985,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, defaults);
     tcase_add_test(tc, greedy_argmax_and_ties);
     tcase_add_test(tc, top_k_one_is_greedy);
+    tcase_add_test(tc, masked_sampling);
     suite_add_tcase(s, tc);
     tc = tcase_create("filters");
     tcase_add_test(tc, top_p_smallest_set);

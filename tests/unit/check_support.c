@@ -1,5 +1,6 @@
 /* check_support: helpers shared by the Check tests. */
 #include "check_common.h"
+#include "model/kg_mkmodel.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -78,33 +79,29 @@ char *kg_test_run(const char *cmd, int *status) {
 const char *kg_test_make_model(const kg_test_model_opts_t *o) {
     static char path[4096];
     snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("model"));
-    char cmd[8192];
-    int n = snprintf(cmd, sizeof(cmd),
-                     "%s/kgen mkmodel --out '%s' --n-embd %d --n-layer %d --n-head %d "
-                     "--n-head-kv %d --n-ff %d --seed %llu",
-                     KG_BIN_DIR, path, o->n_embd, o->n_layer, o->n_head, o->n_head_kv, o->n_ff,
-                     (unsigned long long)o->seed);
-    if (o->head_dim) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --head-dim %d", o->head_dim);
-    }
+    kg_mkmodel_opts_t mo = kg_mkmodel_opts_default();
+    mo.out = path;
+    mo.vocab_from = o->vocab_from;
+    mo.n_embd = o->n_embd;
+    mo.n_layer = o->n_layer;
+    mo.n_head = o->n_head;
+    mo.n_head_kv = o->n_head_kv;
+    mo.n_ff = o->n_ff;
+    mo.head_dim = o->head_dim ? o->head_dim : o->n_embd / o->n_head;
     if (o->ctx) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --ctx %d", o->ctx);
+        mo.ctx = o->ctx;
     }
     if (o->rope_base > 0) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --rope-base %g", (double)o->rope_base);
+        mo.rope_base = o->rope_base;
     }
-    if (o->tied) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --tied");
-    }
-    if (o->type && strcmp(o->type, "f32") != 0) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --type %s", o->type);
-    }
-    if (o->vocab_from) {
-        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " --vocab-from '%s'", o->vocab_from);
-    }
-    snprintf(cmd + n, sizeof(cmd) - (size_t)n, " >/dev/null");
-    if (system(cmd) != 0) {
-        fprintf(stderr, "kg_test_make_model: failed: %s\n", cmd);
+    mo.tied = o->tied;
+    mo.have_seed = true;
+    mo.seed = o->seed;
+    /* a llama-quantize file type (f32, q8_0, q4_k_m, ...): the mix types each tensor */
+    bool known = o->type == NULL || kg_ftype_from_name(o->type, &mo.ftype);
+    char err[512];
+    if (!known || kg_mkmodel_write(&mo, NULL, err, sizeof(err)) != KG_OK) {
+        fprintf(stderr, "kg_test_make_model: %s\n", known ? err : "unknown type");
         return NULL;
     }
     return path;

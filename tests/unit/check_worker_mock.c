@@ -8,9 +8,11 @@
 #include "config/kg_config.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
+#include "grammar/kg_grammar_cache.h"
 #include "kafka/kg_worker.h"
 #include "model/kg_model.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_inflight.h"
 
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
@@ -41,7 +43,8 @@ typedef struct fixture {
     bool seen[MAX_JOBS];          /* job-<i> has a terminal event */
     int32_t next_index[MAX_JOBS]; /* of job-<i>'s next token event */
     int n_seen;
-    int max_job; /* highest i with any event so far (-1: none) */
+    int max_job;  /* highest i with any event so far (-1: none) */
+    bool stopped; /* the worker thread was stopped and joined */
 } fixture_t;
 
 static void *worker_main(void *arg) {
@@ -69,8 +72,12 @@ static rd_kafka_t *client(rd_kafka_type_t type, const char *bootstrap, const cha
     return rk;
 }
 
-/* Mock cluster with the jobs, results and DLQ topics; a worker on it. */
-static void setup(fixture_t *f, int n_brokers, const char *max_queue_depth) {
+typedef void (*before_worker_fn)(fixture_t *f);
+
+/* Mock cluster with the jobs, results, DLQ and in-flight topics; a worker
+ * on it, started after `before` (may be NULL) ran. */
+static void
+setup_with(fixture_t *f, int n_brokers, const char *max_queue_depth, before_worker_fn before) {
     memset(f, 0, sizeof(*f));
     kg_codec_global_init();
     kg_log_setup(getenv("KG_TEST_DEBUG") ? KG_LOG_LEVEL_DEBUG : KG_LOG_LEVEL_WARN,
@@ -82,6 +89,7 @@ static void setup(fixture_t *f, int n_brokers, const char *max_queue_depth) {
     ck_assert(rd_kafka_mock_topic_create(f->mc, "jobs", N_PARTITIONS, 1) == 0);
     ck_assert(rd_kafka_mock_topic_create(f->mc, "results", N_PARTITIONS, 1) == 0);
     ck_assert(rd_kafka_mock_topic_create(f->mc, "jobs.dlq", 1, 1) == 0);
+    ck_assert(rd_kafka_mock_topic_create(f->mc, "jobs.inflight", N_PARTITIONS, 1) == 0);
 
     kg_test_model_opts_t mo = {
         .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 128, .seed = 1};
@@ -105,6 +113,9 @@ static void setup(fixture_t *f, int n_brokers, const char *max_queue_depth) {
     /* quick reconnects, so the fault tests stay short */
     ck_assert(kg_config_set_kafka(&f->cfg, "reconnect.backoff.max.ms", "500", err, sizeof(err)) ==
               KG_OK);
+    if (before) {
+        before(f);
+    }
     f->w = kg_worker_new(&f->cfg, f->model, err, sizeof(err));
     ck_assert_msg(f->w != NULL, "kg_worker_new: %s", err);
     f->rc = -1;
@@ -122,11 +133,23 @@ static void setup(fixture_t *f, int n_brokers, const char *max_queue_depth) {
     rd_kafka_topic_partition_list_destroy(parts);
 }
 
-/* Stop the worker (as SIGTERM does), check it exits 0, free everything. */
-static void teardown(fixture_t *f) {
-    kg_worker_stop(f->w);
-    pthread_join(f->thread, NULL);
+static void setup(fixture_t *f, int n_brokers, const char *max_queue_depth) {
+    setup_with(f, n_brokers, max_queue_depth, NULL);
+}
+
+/* Stop the worker (as SIGTERM does) and check it exits 0. */
+static void stop_worker(fixture_t *f) {
+    if (!f->stopped) {
+        kg_worker_stop(f->w);
+        pthread_join(f->thread, NULL);
+        f->stopped = true;
+    }
     ck_assert_int_eq(f->rc, 0);
+}
+
+/* Stop the worker, free everything. */
+static void teardown(fixture_t *f) {
+    stop_worker(f);
     kg_worker_free(f->w);
     kg_model_free(f->model);
     kg_config_clear(&f->cfg);
@@ -139,16 +162,16 @@ static void teardown(fixture_t *f) {
 }
 
 /* Jobs job-<first> .. of 8 to 16 tokens, or of exactly `max_tokens`
- * (ignore_eos) when it is > 0. */
-static void produce_jobs_of(fixture_t *f, int first, int n, int max_tokens) {
+ * (ignore_eos) when it is > 0; `extra` is more members (",..." or ""). */
+static void produce_jobs_ex(fixture_t *f, int first, int n, int max_tokens, const char *extra) {
     for (int i = first; i < first + n; i++) {
-        char key[32], job[256];
+        char key[32], job[512];
         int kl = snprintf(key, sizeof(key), "job-%d", i);
         int jl = snprintf(job, sizeof(job),
                           "{\"request_id\":\"job-%d\",\"prompt\":\"Once upon a time %d\","
-                          "\"max_tokens\":%d,\"ignore_eos\":%s,\"temperature\":0.8,\"seed\":%d}",
+                          "\"max_tokens\":%d,\"ignore_eos\":%s,\"temperature\":0.8,\"seed\":%d%s}",
                           i, i, max_tokens > 0 ? max_tokens : 8 + i % 9,
-                          max_tokens > 0 ? "true" : "false", i);
+                          max_tokens > 0 ? "true" : "false", i, extra);
         /* produceva: clang -Wpedantic flags the producev macros */
         rd_kafka_vu_t vus[4] = {
             {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
@@ -160,6 +183,10 @@ static void produce_jobs_of(fixture_t *f, int first, int n, int max_tokens) {
         ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
     }
     rd_kafka_poll(f->producer, 0);
+}
+
+static void produce_jobs_of(fixture_t *f, int first, int n, int max_tokens) {
+    produce_jobs_ex(f, first, n, max_tokens, "");
 }
 
 static void produce_jobs(fixture_t *f, int first, int n) {
@@ -220,6 +247,90 @@ static int collect_until(fixture_t *f, int n, int timeout_s, int *n_events, int 
 static int collect(fixture_t *f, int n, int timeout_s, int *n_events) {
     return collect_until(f, n, timeout_s, n_events, -1);
 }
+
+/* Constrained jobs through the whole worker: the outputs obey their choice
+ * list or regex, a bad schema keyword answers invalid_schema, and each
+ * constraint compiles once (the rest are cache hits). */
+START_TEST(test_constrained) {
+    fixture_t f;
+    setup(&f, 1, "64");
+    static const char *const jobs[] = {
+        "{\"request_id\":\"c-0\",\"prompt\":\"a\",\"choice\":[\"red\",\"green\",\"blue\"]}",
+        "{\"request_id\":\"c-1\",\"prompt\":\"b\",\"choice\":[\"red\",\"green\",\"blue\"]}",
+        "{\"request_id\":\"c-2\",\"prompt\":\"c\",\"choice\":[\"red\",\"green\",\"blue\"]}",
+        "{\"request_id\":\"c-3\",\"prompt\":\"d\",\"regex\":\"[0-9]{3}-[a-c]{2}\"}",
+        "{\"request_id\":\"c-4\",\"prompt\":\"e\",\"regex\":\"[0-9]{3}-[a-c]{2}\"}",
+        "{\"request_id\":\"c-5\",\"prompt\":\"f\",\"response_format\":{\"type\":\"json_schema\","
+        "\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"object\",\"not\":{}}}}}",
+    };
+    enum { N = sizeof(jobs) / sizeof(jobs[0]) };
+    for (int i = 0; i < N; i++) {
+        char key[8];
+        int kl = snprintf(key, sizeof(key), "c-%d", i);
+        rd_kafka_vu_t vus[4] = {
+            {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+            {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {key, (size_t)kl}},
+            {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {(void *)jobs[i], strlen(jobs[i])}},
+            {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+        };
+        rd_kafka_error_t *e = rd_kafka_produceva(f.producer, vus, 4);
+        ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+    }
+    rd_kafka_flush(f.producer, 5000);
+    bool seen[N] = {false};
+    int n_seen = 0;
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (n_seen < N && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm) {
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        if (rkm->err || kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) ||
+            ev->type == KG_EVENT_TOKEN) {
+            kg_event_free(ev);
+            rd_kafka_message_destroy(rkm);
+            continue;
+        }
+        int i = -1;
+        const char *rid =
+            ev->type == KG_EVENT_DONE ? ev->done.common.request_id : ev->error.common.request_id;
+        ck_assert(sscanf(rid, "c-%d", &i) == 1 && i >= 0 && i < N);
+        if (!seen[i]) {
+            seen[i] = true;
+            n_seen++;
+            if (i == 5) {
+                ck_assert(ev->type == KG_EVENT_ERROR);
+                ck_assert_int_eq(ev->error.code, KG_ERROR_INVALID_SCHEMA);
+                ck_assert_str_eq(ev->error.message,
+                                 "unsupported JSON Schema keyword 'not' at /not");
+            } else {
+                ck_assert_msg(ev->type == KG_EVENT_DONE, "%s failed", rid);
+                const char *t = ev->done.text;
+                ck_assert_int_eq(ev->done.finish_reason, KG_FINISH_REASON_STOP);
+                if (i < 3) {
+                    ck_assert_msg(strcmp(t, "red") == 0 || strcmp(t, "green") == 0 ||
+                                      strcmp(t, "blue") == 0,
+                                  "%s: %s", rid, t);
+                } else {
+                    ck_assert_msg(strlen(t) == 6 && t[3] == '-' && t[0] >= '0' && t[0] <= '9' &&
+                                      t[2] >= '0' && t[2] <= '9' && t[4] >= 'a' && t[5] <= 'c',
+                                  "%s: %s", rid, t);
+                }
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_seen, N);
+    kg_grammar_cache_stats_t cs;
+    kg_grammar_cache_stats(kg_worker_grammar_cache(f.w), &cs);
+    ck_assert_int_eq(cs.misses, 3); /* choice, regex, the bad schema */
+    ck_assert_int_eq(cs.hits, 3);
+    teardown(&f);
+}
+END_TEST
 
 START_TEST(test_no_faults) {
     fixture_t f;
@@ -316,14 +427,306 @@ START_TEST(test_burst_beyond_queue_depth) {
 }
 END_TEST
 
+/* A consumer of every partition of `topic` from the beginning. */
+static rd_kafka_t *reader_of(fixture_t *f, const char *topic, int n_partitions) {
+    rd_kafka_t *rk = client(RD_KAFKA_CONSUMER, f->bootstrap, "kgen-mock-reader-2");
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n_partitions);
+    for (int i = 0; i < n_partitions; i++) {
+        rd_kafka_topic_partition_list_add(parts, topic, i)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    }
+    ck_assert(rd_kafka_assign(rk, parts) == 0);
+    rd_kafka_topic_partition_list_destroy(parts);
+    return rk;
+}
+
+/* The value of header `name` of `rkm` as a string ("" when absent). */
+static const char *header(const rd_kafka_message_t *rkm, const char *name, char *buf, size_t cap) {
+    rd_kafka_headers_t *h = NULL;
+    const void *v;
+    size_t n;
+    buf[0] = '\0';
+    if (rd_kafka_message_headers(rkm, &h) == 0 && rd_kafka_header_get_last(h, name, &v, &n) == 0) {
+        snprintf(buf, cap, "%.*s", (int)n, (const char *)v);
+    }
+    return buf;
+}
+
+/* The broker refuses one batch of the worker's events for their own sake
+ * (MSG_SIZE_TOO_LARGE, as for an event above the topic's
+ * max.message.bytes): the jobs whose done events were in it are answered
+ * with a small `internal` error event instead, copies of the refused events
+ * go to the DLQ (kgen-payload: event), every other job ends with done, and
+ * the worker keeps running and stops cleanly. A refused delivery was fatal
+ * before: the worker exited 1 and every worker after it did the same. */
+/* The injected error goes to the next Produce request of any client: no
+ * journal, so that it is the worker's event producer. */
+static void without_journal(fixture_t *f) {
+    cfg_set(&f->cfg, "poison-after", "0");
+}
+
+START_TEST(test_refused_delivery) {
+    fixture_t f;
+    int n_events = 0;
+    setup_with(&f, 1, "64", without_journal);
+    produce_jobs(&f, 0, 8);
+    ck_assert_int_eq(collect(&f, 8, 60, &n_events), 8);
+    /* not streamed, so the worker's next Produce request carries done events */
+    produce_jobs_ex(&f, 8, 8, 1500, ",\"stream\":false");
+    rd_kafka_flush(f.producer, 5000);
+    rd_kafka_mock_push_request_errors(f.mc, API_PRODUCE, 1, RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
+    bool seen[16] = {false};
+    int n_seen = 0, n_internal = 0, n_done = 0;
+    int64_t deadline = kg_clock_us() + 120 * 1000000LL;
+    while (n_seen < 8 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        const kg_event_common_t *c =
+            ev->type == KG_EVENT_DONE ? &ev->done.common : &ev->error.common;
+        int i = -1;
+        if (ev->type != KG_EVENT_TOKEN && sscanf(c->request_id, "job-%d", &i) == 1 && i >= 8 &&
+            !seen[i]) {
+            seen[i] = true;
+            n_seen++;
+            if (ev->type == KG_EVENT_ERROR) {
+                ck_assert_int_eq(ev->error.code, KG_ERROR_INTERNAL);
+                ck_assert_msg(strstr(ev->error.message, "could not be delivered"), "%s",
+                              ev->error.message);
+                n_internal++;
+            } else {
+                n_done++;
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_seen, 8);
+    ck_assert_int_ge(n_internal, 1);
+    ck_assert_int_eq(n_internal + n_done, 8);
+    /* the DLQ holds a copy of each refused done event */
+    rd_kafka_t *dlq = reader_of(&f, "jobs.dlq", 1);
+    int n_copies = 0;
+    deadline = kg_clock_us() + 30 * 1000000LL;
+    while (n_copies < n_internal && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(dlq, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        char kind[16], reason[32];
+        ck_assert_str_eq(header(rkm, "kgen-payload", kind, sizeof(kind)), "event");
+        ck_assert_str_eq(header(rkm, "kgen-error-reason", reason, sizeof(reason)), "undeliverable");
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        ck_assert_int_eq(ev->type, KG_EVENT_DONE);
+        kg_event_free(ev);
+        n_copies++;
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_copies, n_internal);
+    rd_kafka_consumer_close(dlq);
+    rd_kafka_destroy(dlq);
+    /* and the worker goes on */
+    produce_jobs(&f, 16, 4);
+    rd_kafka_flush(f.producer, 5000);
+    for (int i = 0; i < 16; i++) {
+        f.seen[i] = true; /* collect() counts job-16.. only */
+    }
+    f.n_seen = 16;
+    ck_assert_int_eq(collect(&f, 20, 60, &n_events), 20);
+    teardown(&f);
+}
+END_TEST
+
+// ---- poison jobs: the in-flight journal ----
+
+#define POISON_PARTITION 2
+
+static void produce_to(
+    rd_kafka_t *rk, const char *topic, int32_t partition, const char *key, const char *value) {
+    rd_kafka_vu_t vus[5] = {
+        {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = topic},
+        {.vtype = RD_KAFKA_VTYPE_PARTITION, .u.i32 = partition},
+        {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {(void *)key, strlen(key)}},
+        {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {(void *)value, strlen(value)}},
+        {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+    };
+    rd_kafka_error_t *e = rd_kafka_produceva(rk, vus, 5);
+    ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+}
+
+/* What a worker that died on partition POISON_PARTITION left behind: job
+ * offset 0 was running with one strike already (its second failure), 1 and
+ * 2 were running (their first), 3 waited with one strike. After it, a
+ * zombie's late record with an older epoch, which must not count. */
+static void write_dead_worker_record(fixture_t *f) {
+    rd_kafka_t *p = client(RD_KAFKA_PRODUCER, f->bootstrap, NULL);
+    char key[32];
+    snprintf(key, sizeof(key), "jobs/%d", POISON_PARTITION);
+    char rec[512];
+    snprintf(rec, sizeof(rec),
+             "{\"v\":1,\"jobs_topic\":\"jobs\",\"partition\":%d,\"worker_id\":\"dead\","
+             "\"epoch\":1000,\"seq\":7,\"clean\":false,"
+             "\"runs\":[[0,1,1,true],[1,2,0,true],[3,1,1,false]]}",
+             POISON_PARTITION);
+    produce_to(p, "jobs.inflight", POISON_PARTITION, key, rec);
+    snprintf(rec, sizeof(rec),
+             "{\"v\":1,\"jobs_topic\":\"jobs\",\"partition\":%d,\"worker_id\":\"zombie\","
+             "\"epoch\":999,\"seq\":50,\"clean\":true,\"runs\":[]}",
+             POISON_PARTITION);
+    produce_to(p, "jobs.inflight", POISON_PARTITION, key, rec);
+    ck_assert_int_eq(rd_kafka_flush(p, 5000), 0);
+    rd_kafka_destroy(p);
+}
+
+/* The worker takes over the dead worker's partition: job-0 (present in two
+ * failures) is answered with internal "poisoned after 2 attempts" and a
+ * DLQ copy, without running; job-1..3 (one failure each) and job-4 (none)
+ * run and finish. Every snapshot the worker writes shows at most one
+ * suspect running: the suspects run one at a time. */
+START_TEST(test_poison_from_record) {
+    fixture_t f;
+    setup_with(&f, 1, "64", write_dead_worker_record);
+    for (int i = 0; i < 5; i++) {
+        char key[16], job[256];
+        snprintf(key, sizeof(key), "job-%d", i);
+        snprintf(job, sizeof(job),
+                 "{\"request_id\":\"job-%d\",\"prompt\":\"Once upon a time\",\"max_tokens\":40,"
+                 "\"ignore_eos\":true,\"stream\":false}",
+                 i);
+        produce_to(f.producer, "jobs", POISON_PARTITION, key, job);
+    }
+    rd_kafka_flush(f.producer, 5000);
+    int n_seen = 0;
+    bool seen[5] = {false};
+    int64_t deadline = kg_clock_us() + 90 * 1000000LL;
+    while (n_seen < 5 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        const kg_event_common_t *c =
+            ev->type == KG_EVENT_DONE ? &ev->done.common : &ev->error.common;
+        int i = -1;
+        ck_assert(sscanf(c->request_id, "job-%d", &i) == 1 && i >= 0 && i < 5);
+        ck_assert_msg(!seen[i], "job-%d answered twice", i);
+        seen[i] = true;
+        n_seen++;
+        if (i == 0) {
+            ck_assert_int_eq(ev->type, KG_EVENT_ERROR);
+            ck_assert_int_eq(ev->error.code, KG_ERROR_INTERNAL);
+            ck_assert_msg(strncmp(ev->error.message, "poisoned after 2 attempts", 25) == 0, "%s",
+                          ev->error.message);
+        } else {
+            ck_assert_msg(ev->type == KG_EVENT_DONE, "job-%d: %s", i,
+                          ev->type == KG_EVENT_ERROR ? ev->error.message : "?");
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_seen, 5);
+    /* the DLQ copy of the poison job */
+    rd_kafka_t *dlq = reader_of(&f, "jobs.dlq", 1);
+    bool copied = false;
+    deadline = kg_clock_us() + 30 * 1000000LL;
+    while (!copied && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(dlq, 100);
+        if (rkm && !rkm->err) {
+            char buf[64];
+            ck_assert_str_eq(header(rkm, "kgen-error-reason", buf, sizeof(buf)), "poisoned");
+            ck_assert_str_eq(header(rkm, "kgen-payload", buf, sizeof(buf)), "job");
+            ck_assert_str_eq(header(rkm, "kgen-source-offset", buf, sizeof(buf)), "0");
+            copied = true;
+        }
+        if (rkm) {
+            rd_kafka_message_destroy(rkm);
+        }
+    }
+    ck_assert(copied);
+    rd_kafka_consumer_close(dlq);
+    rd_kafka_destroy(dlq);
+    /* the worker's snapshots (after it stopped): a larger epoch than the
+     * dead worker's, at most one suspect running in any, the last clean */
+    stop_worker(&f);
+    rd_kafka_t *rd = client(RD_KAFKA_CONSUMER, f.bootstrap, "kgen-mock-reader-3");
+    ck_assert(rd_kafka_poll_set_consumer(rd) == 0);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, "jobs.inflight", POISON_PARTITION)->offset =
+        RD_KAFKA_OFFSET_BEGINNING;
+    ck_assert(rd_kafka_assign(rd, l) == 0);
+    rd_kafka_topic_partition_list_destroy(l);
+    int n_ours = 0, max_suspects_running = 0, suspects_ran = 0;
+    bool last_clean = false;
+    int64_t idle_until = kg_clock_us() + 5 * 1000000LL;
+    while (kg_clock_us() < idle_until) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(rd, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        kg_inflight_t s;
+        char err[256];
+        ck_assert_msg(kg_inflight_decode(rkm->payload, rkm->len, &s, err, sizeof(err)) == KG_OK,
+                      "%s", err);
+        if (strcmp(s.worker_id, "mock-worker") == 0) {
+            n_ours++;
+            ck_assert_int_gt(s.epoch, 1000);
+            int running = 0;
+            for (size_t k = 0; k < s.n_runs; k++) {
+                ck_assert_msg(s.runs[k].offset != 0 || !s.runs[k].started,
+                              "the poison job was recorded as running");
+                if (s.runs[k].started && s.runs[k].strikes > 0) {
+                    running += (int)s.runs[k].count;
+                }
+            }
+            max_suspects_running = running > max_suspects_running ? running : max_suspects_running;
+            suspects_ran += running;
+            last_clean = s.clean;
+        }
+        kg_inflight_clear(&s);
+        rd_kafka_message_destroy(rkm);
+        idle_until = kg_clock_us() + 2 * 1000000LL;
+    }
+    rd_kafka_consumer_close(rd);
+    rd_kafka_destroy(rd);
+    ck_assert_int_gt(n_ours, 0);
+    ck_assert_int_eq(max_suspects_running, 1);
+    ck_assert_int_ge(suspects_ran, 3); /* job-1, job-2, job-3, each recorded running */
+    ck_assert(last_clean);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_no_faults);
+    tcase_add_test(tc, test_constrained);
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_broker_down_up);
     tcase_add_test(tc, test_burst_beyond_queue_depth);
+    tcase_add_test(tc, test_refused_delivery);
+    tcase_add_test(tc, test_poison_from_record);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -11,6 +11,7 @@
 #endif
 
 #include "../../model/kg_quant.h"
+#include "../kg_math.h"
 #include "cpu_ops.h"
 
 /* Registers of output the value pass keeps at once (8 floats each): 64
@@ -84,15 +85,20 @@ static void scores4(const float *q,
 
 /* out[c0 .. c0 + 8 nr) = sum over p of s[p] * V[p][c0 ..], the chains in
  * registers for the whole pass. */
-static inline __attribute__((always_inline)) void values_chunk(
-    const float *s, const cpu_kv_view_t *kv, int32_t n_pos, int32_t c0, int nr, float *out) {
+static inline __attribute__((always_inline)) void values_chunk(const float *s,
+                                                               const cpu_kv_view_t *kv,
+                                                               int32_t p0,
+                                                               int32_t n_pos,
+                                                               int32_t c0,
+                                                               int nr,
+                                                               float *out) {
     __m256 acc[V_REGS];
     for (int r = 0; r < V_REGS; r++) {
         acc[r] = _mm256_setzero_ps();
     }
-    for (int32_t p = 0; p < n_pos; p++) {
+    for (int32_t p = p0; p < n_pos; p++) {
         const uint16_t *v = row_at(kv, kv->v, p) + c0;
-        const __m256 w = _mm256_set1_ps(s[p]);
+        const __m256 w = _mm256_set1_ps(s[p - p0]);
         for (int r = 0; r < nr; r++) {
             acc[r] = _mm256_fmadd_ps(w, load_h8(v + 8 * r), acc[r]);
         }
@@ -103,45 +109,78 @@ static inline __attribute__((always_inline)) void values_chunk(
 }
 #endif
 
-void cpu_attn_scores(
-    const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd, float scale, float *s) {
-    int32_t p = 0;
+void cpu_attn_scores(const float *q,
+                     const cpu_kv_view_t *kv,
+                     int32_t p0,
+                     int32_t n_pos,
+                     int32_t hd,
+                     float scale,
+                     float softcap,
+                     float *s) {
+    /* soft-capping works on the raw dot products; x * 1.0f is exact */
+    const float sc = softcap > 0.0f ? 1.0f : scale;
+    int32_t p = p0;
 #ifdef ATTN_AVX2
     if (hd % 8 == 0) {
         for (; p + 4 <= n_pos; p += 4) {
             scores4(q, row_at(kv, kv->k, p), row_at(kv, kv->k, p + 1), row_at(kv, kv->k, p + 2),
-                    row_at(kv, kv->k, p + 3), hd, scale, s + p);
+                    row_at(kv, kv->k, p + 3), hd, sc, s + (p - p0));
         }
     }
 #endif
     for (; p < n_pos; p++) {
-        s[p] = score_scalar(q, row_at(kv, kv->k, p), hd, scale);
+        s[p - p0] = score_scalar(q, row_at(kv, kv->k, p), hd, sc);
+    }
+    if (softcap > 0.0f) {
+        for (p = 0; p < n_pos - p0; p++) {
+            s[p] = kg_softcap(s[p], softcap) * scale;
+        }
     }
 }
 
 void cpu_attn_head(const float *q,
                    const cpu_kv_view_t *kv,
+                   int32_t p0,
                    int32_t n_pos,
                    int32_t hd,
                    float scale,
+                   float softcap,
                    float *s,
                    float *out) {
+    cpu_attn_head_sink(q, kv, p0, n_pos, hd, scale, softcap, -INFINITY, s, out);
+}
+
+void cpu_attn_head_sink(const float *q,
+                        const cpu_kv_view_t *kv,
+                        int32_t p0,
+                        int32_t n_pos,
+                        int32_t hd,
+                        float scale,
+                        float softcap,
+                        float sink,
+                        float *s,
+                        float *out) {
     int32_t p;
-    cpu_attn_scores(q, kv, n_pos, hd, scale, s);
+    const int32_t n = n_pos - p0; /* visible positions; s[i] belongs to position p0 + i */
+    cpu_attn_scores(q, kv, p0, n_pos, hd, scale, softcap, s);
     float m = -INFINITY;
-    for (p = 0; p < n_pos; p++) {
+    for (p = 0; p < n; p++) {
         m = fmaxf(m, s[p]);
     }
+    m = sink > m ? sink : m; /* the sink takes part in the max */
     double sum = 0.0;
-    for (p = 0; p < n_pos; p++) {
+    for (p = 0; p < n; p++) {
         s[p] = expf(s[p] - m);
         sum += (double)s[p];
     }
+    /* ... and in the sum, after the positions (ggml's soft_max with sinks);
+     * without a sink it adds exp(-inf) = 0, which changes nothing */
+    sum += (double)expf(sink - m);
     const float inv = (float)(1.0 / sum);
-    for (p = 0; p < n_pos; p++) {
+    for (p = 0; p < n; p++) {
         s[p] *= inv;
     }
-    cpu_round_fp16(s, n_pos);
+    cpu_round_fp16(s, n);
 
     int32_t c0 = 0;
 #ifdef ATTN_AVX2
@@ -149,28 +188,28 @@ void cpu_attn_head(const float *q,
         /* constant register counts, so the chains stay in registers */
         switch ((hd - c0) / 8 < V_REGS ? (hd - c0) / 8 : V_REGS) {
         case 1:
-            values_chunk(s, kv, n_pos, c0, 1, out);
+            values_chunk(s, kv, p0, n_pos, c0, 1, out);
             break;
         case 2:
-            values_chunk(s, kv, n_pos, c0, 2, out);
+            values_chunk(s, kv, p0, n_pos, c0, 2, out);
             break;
         case 3:
-            values_chunk(s, kv, n_pos, c0, 3, out);
+            values_chunk(s, kv, p0, n_pos, c0, 3, out);
             break;
         case 4:
-            values_chunk(s, kv, n_pos, c0, 4, out);
+            values_chunk(s, kv, p0, n_pos, c0, 4, out);
             break;
         case 5:
-            values_chunk(s, kv, n_pos, c0, 5, out);
+            values_chunk(s, kv, p0, n_pos, c0, 5, out);
             break;
         case 6:
-            values_chunk(s, kv, n_pos, c0, 6, out);
+            values_chunk(s, kv, p0, n_pos, c0, 6, out);
             break;
         case 7:
-            values_chunk(s, kv, n_pos, c0, 7, out);
+            values_chunk(s, kv, p0, n_pos, c0, 7, out);
             break;
         default:
-            values_chunk(s, kv, n_pos, c0, 8, out);
+            values_chunk(s, kv, p0, n_pos, c0, 8, out);
             break;
         }
     }
@@ -179,8 +218,8 @@ void cpu_attn_head(const float *q,
     /* the tail (and the portable path): the same chains, element by element */
     for (int32_t c = c0; c < hd; c++) {
         float acc = 0.0f;
-        for (p = 0; p < n_pos; p++) {
-            acc = fmaf(s[p], kg_fp16_to_fp32(row_at(kv, kv->v, p)[c]), acc);
+        for (p = p0; p < n_pos; p++) {
+            acc = fmaf(s[p - p0], kg_fp16_to_fp32(row_at(kv, kv->v, p)[c]), acc);
         }
         out[c] = acc;
     }

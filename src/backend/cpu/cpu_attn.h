@@ -24,20 +24,47 @@ typedef struct cpu_kv_view {
     int32_t block_size;
 } cpu_kv_view_t;
 
-/** s[p] = (q · K[p]) * scale for p < n_pos: the scores cpu_attn_head
- * starts from. */
-void cpu_attn_scores(
-    const float *q, const cpu_kv_view_t *kv, int32_t n_pos, int32_t hd, float scale, float *s);
+/** s[p - p0] = (q · K[p]) * scale for p0 <= p < n_pos: the scores
+ * cpu_attn_head starts from. With softcap > 0 a score is
+ * softcap * tanh((q · K[p]) / softcap) * scale instead (ggml's order:
+ * soft-capping, then the softmax's scale). */
+void cpu_attn_scores(const float *q,
+                     const cpu_kv_view_t *kv,
+                     int32_t p0,
+                     int32_t n_pos,
+                     int32_t hd,
+                     float scale,
+                     float softcap,
+                     float *s);
 
-/** out(hd) = softmax(q · K^T * scale) · V over positions [0, n_pos); `s`
- * is scratch for n_pos floats. hd need not be a multiple of 8. */
+/** out(hd) = softmax(scores) · V over positions [p0, n_pos) (p0 > 0: a
+ * sliding window; the positions before it are masked out, as llama.cpp
+ * masks them with -inf); `s` is scratch for n_pos - p0 floats. hd need not
+ * be a multiple of 8. */
 void cpu_attn_head(const float *q,
                    const cpu_kv_view_t *kv,
+                   int32_t p0,
                    int32_t n_pos,
                    int32_t hd,
                    float scale,
+                   float softcap,
                    float *s,
                    float *out);
+
+/** cpu_attn_head with an attention sink (gpt-oss): one more logit `sink`
+ * per head that takes part in the softmax's max and sum but has no value,
+ * so the probabilities of the positions sum to less than 1 (ggml_soft_max
+ * with sinks). sink = -INFINITY gives cpu_attn_head's bits. */
+void cpu_attn_head_sink(const float *q,
+                        const cpu_kv_view_t *kv,
+                        int32_t p0,
+                        int32_t n_pos,
+                        int32_t hd,
+                        float scale,
+                        float softcap,
+                        float sink,
+                        float *s,
+                        float *out);
 
 /** "avx2" or "scalar": which kernel this build runs. */
 const char *cpu_attn_kernel_name(void);

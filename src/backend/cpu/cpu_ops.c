@@ -13,6 +13,7 @@
 #endif
 
 #include "../../model/kg_quant.h"
+#include "../kg_math.h"
 
 void cpu_rmsnorm_rows(
     const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
@@ -27,6 +28,25 @@ void cpu_rmsnorm_rows(
         const float scale = 1.0f / sqrtf(mean + eps);
         for (int64_t i = 0; i < n; i++) {
             yr[i] = (xr[i] * scale) * w[i];
+        }
+    }
+}
+
+void cpu_gelu_table_init(uint16_t *table) {
+    for (uint32_t h = 0; h < 65536; h++) {
+        table[h] = kg_fp32_to_fp16(kg_gelu_tanh(kg_fp16_to_fp32((uint16_t)h)));
+    }
+}
+
+void cpu_geglu(const uint16_t *table, const float *gate, const float *up, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = gate[i];
+        if (x <= -10.0f) {
+            out[i] = 0.0f;
+        } else if (x >= 10.0f) {
+            out[i] = x * up[i];
+        } else {
+            out[i] = kg_fp16_to_fp32(table[kg_fp32_to_fp16(x)]) * up[i];
         }
     }
 }
@@ -127,6 +147,7 @@ bool cpu_round_activations(
     case KG_GGML_TYPE_Q5_0:
     case KG_GGML_TYPE_Q5_1:
     case KG_GGML_TYPE_IQ4_NL:
+    case KG_GGML_TYPE_MXFP4: /* ggml's vec_dot_type for MXFP4 is Q8_0 */
         if (n % 32 != 0) {
             return false;
         }

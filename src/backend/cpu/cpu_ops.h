@@ -14,12 +14,21 @@ void cpu_rmsnorm_rows(
     const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
 
 /** Round activations the way ggml converts them before a matmul with
- * weights of `type` (F16 and BF16: to that precision; Q8_0 and Q4_0: to
+ * weights of `type` (F16 and BF16: to that precision; Q8_0, Q4_0 and MXFP4: to
  * Q8_0 blocks; K-quants: to Q8_K blocks; F32: copy), so the products we
  * compute equal llama.cpp's. Returns false when `type` needs no rounding
  * (dst untouched). */
 bool cpu_round_activations(
     kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows, int64_t n);
+
+/** ggml's GELU table: table[h] = fp16(gelu_tanh(fp16 value h)) for every
+ * fp16 bit pattern h (ggml_table_gelu_f16). */
+void cpu_gelu_table_init(uint16_t *table);
+
+/** out = gelu(gate) * up for n floats, as ggml's CPU GeGLU computes it
+ * (GGML_GELU_FP16): gate <= -10 gives 0, gate >= 10 gives gate * up, else
+ * gate is rounded to fp16 and looked up in `table`. out may alias gate. */
+void cpu_geglu(const uint16_t *table, const float *gate, const float *up, float *out, int64_t n);
 
 /** Round floats to fp16 precision in place. */
 void cpu_round_fp16(float *x, int64_t n);

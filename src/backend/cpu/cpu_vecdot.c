@@ -1272,12 +1272,13 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
     }
 }
 
-void cpu_qgemm(struct kg_pool *pool,
-               cpu_qgemm_scratch_t *scratch,
-               const cpu_qact_t *a,
-               int n_w,
-               const cpu_qmat_t *const *w,
-               float *const *c) {
+static void qgemm_run(struct kg_pool *pool,
+                      int thread,
+                      cpu_qgemm_scratch_t *scratch,
+                      const cpu_qact_t *a,
+                      int n_w,
+                      const cpu_qmat_t *const *w,
+                      float *const *c) {
     KG_ASSERT(n_w >= 1 && n_w <= CPU_QGEMM_MAX_W);
     qgemm_job_t j = {.scratch = scratch, .a = a, .n_w = n_w, .w = w, .c = c};
     int64_t n_panels = 0;
@@ -1304,11 +1305,30 @@ void cpu_qgemm(struct kg_pool *pool,
     }
     if (serial) {
         for (int64_t t = 0; t < j.first_task[n_w]; t++) {
-            qgemm_task(&j, t, 0);
+            qgemm_task(&j, t, thread);
         }
         return;
     }
     kg_pool_run(pool, j.first_task[n_w], qgemm_task, &j);
+}
+
+void cpu_qgemm(struct kg_pool *pool,
+               cpu_qgemm_scratch_t *scratch,
+               const cpu_qact_t *a,
+               int n_w,
+               const cpu_qmat_t *const *w,
+               float *const *c) {
+    qgemm_run(pool, 0, scratch, a, n_w, w, c);
+}
+
+void cpu_qgemm_serial(cpu_qgemm_scratch_t *scratch,
+                      int thread,
+                      const cpu_qact_t *a,
+                      int n_w,
+                      const cpu_qmat_t *const *w,
+                      float *const *c) {
+    KG_ASSERT(thread >= 0 && thread < scratch->n_threads);
+    qgemm_run(NULL, thread, scratch, a, n_w, w, c);
 }
 
 // ---- reference ----

@@ -76,6 +76,17 @@ void cpu_qgemm(struct kg_pool *pool,
                const cpu_qmat_t *const *w,
                float *const *c);
 
+/** cpu_qgemm on the calling thread only, with the unpacking buffers of
+ * `thread` (a pool thread's index): tasks that each run their own product
+ * side by side (the expert groups of a mixture of experts) give each its
+ * own buffers. The same bits as cpu_qgemm. @thread the pool thread `thread` */
+void cpu_qgemm_serial(cpu_qgemm_scratch_t *scratch,
+                      int thread,
+                      const cpu_qact_t *a,
+                      int n_w,
+                      const cpu_qmat_t *const *w,
+                      float *const *c);
+
 /** The reference for one element: row i of `a` against row j of `w`, by
  * the chain in the DESIGN note, in plain C from the raw blocks (tests). */
 float cpu_vecdot_ref(const cpu_qmat_t *w, int64_t j, const cpu_qact_t *a, int64_t i);

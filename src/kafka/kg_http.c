@@ -1,11 +1,15 @@
 /* kg_http: the metrics and health endpoints. */
 #include "kg_http.h"
 
+#include "../backend/kg_backend.h"
 #include "../core/kg_clock.h"
+#include "../grammar/kg_grammar_cache.h"
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec.h"
 
+#include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +63,13 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
             (long long)atomic_load(&m->messages_consumed));
     counter(f, "kgen_events_produced_total", "Events handed to the producer.",
             (long long)atomic_load(&m->events_produced));
+    counter(f, "kgen_events_refused_total",
+            "Events the broker refused for their own sake (size): copied to the DLQ, and a "
+            "terminal one replaced by an internal error.",
+            (long long)atomic_load(&m->events_refused));
+    counter(f, "kgen_jobs_poisoned_total",
+            "Jobs not run again: present in --poison-after consecutive worker failures.",
+            (long long)atomic_load(&m->jobs_poisoned));
     counter(f, "kgen_prefill_tokens_total", "Tokens computed as prefill (recomputation included).",
             (long long)atomic_load(&g->n_prefill_tokens));
     counter(f, "kgen_decode_tokens_total", "Tokens computed as decode.",
@@ -71,6 +82,34 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
             (long long)atomic_load(&g->n_preemptions));
     counter(f, "kgen_engine_steps_total", "Engine steps (batched forward passes).",
             (long long)atomic_load(&g->n_steps));
+    counter(f, "kgen_grammar_masks_total",
+            "Allowed-token masks built for constrained sequences (one per sequence-step).",
+            (long long)atomic_load(&g->n_grammar_masks));
+    fprintf(
+        f,
+        "# HELP kgen_grammar_mask_seconds_total Time spent building those masks.\n"
+        "# TYPE kgen_grammar_mask_seconds_total counter\nkgen_grammar_mask_seconds_total %.6f\n",
+        (double)atomic_load(&g->grammar_mask_ns) / 1e9);
+    counter(f, "kgen_grammar_forced_tokens_total",
+            "Tokens appended without sampling where the grammar allowed one continuation.",
+            (long long)atomic_load(&g->n_grammar_forced_tokens));
+    const kg_grammar_cache_t *gc = kg_worker_grammar_cache(w);
+    kg_grammar_cache_stats_t cs = {0};
+    if (gc) {
+        kg_grammar_cache_stats(gc, &cs);
+    }
+    counter(f, "kgen_grammar_cache_hits_total", "Constrained jobs whose grammar was cached.",
+            (long long)cs.hits);
+    counter(f, "kgen_grammar_cache_misses_total", "Constrained jobs whose grammar was compiled.",
+            (long long)cs.misses);
+    counter(f, "kgen_grammar_cache_evictions_total", "Compiled grammars evicted (LRU).",
+            (long long)cs.evictions);
+    fprintf(f,
+            "# HELP kgen_grammar_compile_seconds_total Time spent compiling grammars.\n"
+            "# TYPE kgen_grammar_compile_seconds_total counter\n"
+            "kgen_grammar_compile_seconds_total %.6f\n",
+            (double)cs.compile_us / 1e6);
+    gauge(f, "kgen_grammar_cache_bytes", "Memory held by cached grammars.", (double)cs.bytes);
     int64_t q = atomic_load(&g->n_prompt_tokens);
     gauge(f, "kgen_prefix_cache_hit_ratio", "Prefix cache hits / prompt tokens since start.",
           q > 0 ? (double)atomic_load(&g->n_prefix_hit_tokens) / (double)q : 0.0);
@@ -90,10 +129,37 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           total > 0 ? (double)atomic_load(&g->kv_blocks_used) / total : 0.0);
     gauge(f, "kgen_batch_tokens", "Tokens in the last engine step.",
           atomic_load(&g->last_batch_tokens));
+    gauge(f, "kgen_poison_suspects",
+          "1 while jobs that were running when a worker failed wait or run (one at a time).",
+          atomic_load(&m->suspects));
+    const int32_t n_exp = atomic_load(&g->moe_n_expert);
+    if (n_exp > 0) {
+        fprintf(f, "# HELP kgen_moe_tokens_per_expert_total Token rows routed to each expert, "
+                   "summed over layers (mixture-of-experts models).\n"
+                   "# TYPE kgen_moe_tokens_per_expert_total counter\n");
+        for (int32_t i = 0; i < n_exp && i < KG_MOE_MAX_EXPERTS; i++) {
+            fprintf(f, "kgen_moe_tokens_per_expert_total{expert=\"%d\"} %lld\n", (int)i,
+                    (long long)atomic_load(&g->moe_per_expert[i]));
+        }
+        counter(f, "kgen_moe_routed_tokens_total",
+                "Token rows through expert GEMMs (tokens x experts per token x layers).",
+                (long long)atomic_load(&g->moe_routed));
+        counter(f, "kgen_moe_expert_gemms_total",
+                "Expert groups run: one gate/up and one down GEMM over an expert's rows of a "
+                "layer and step.",
+                (long long)atomic_load(&g->moe_groups));
+    }
     gauge(f, "kgen_consumer_paused", "1 while the consumer is paused for backpressure.",
           atomic_load(&m->paused));
     gauge(f, "kgen_assigned_partitions", "Partitions of the jobs topic assigned to this worker.",
           atomic_load(&m->assigned_partitions));
+    kg_backend_counters_t bc;
+    kg_worker_backend_counters(w, &bc);
+    counter(f, "kgen_backend_graphs_captured_total", "CUDA graphs captured (one per batch size).",
+            (long long)bc.graphs_captured);
+    counter(f, "kgen_backend_graph_fallbacks_total",
+            "Batch sizes that run eagerly because capturing their CUDA graph failed.",
+            (long long)bc.graph_fallbacks);
     int32_t parts[256];
     int64_t lags[256];
     int np = kg_worker_partition_lag(w, parts, lags, 256);
@@ -177,7 +243,31 @@ static enum MHD_Result handle(void *cls,
     return reply(conn, 404, "text/plain", nf, sizeof(nf) - 1, MHD_RESPMEM_PERSISTENT);
 }
 
-kg_http_t *kg_http_new(int port, kg_worker_t *w, char *errstr, size_t errstr_size) {
+kg_http_t *
+kg_http_new(const char *address, int port, kg_worker_t *w, char *errstr, size_t errstr_size) {
+    /* libmicrohttpd binds the address it is given (port included) */
+    struct sockaddr_in sa4;
+    struct sockaddr_in6 sa6;
+    const struct sockaddr *sa;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
+    memset(&sa4, 0, sizeof(sa4));
+    memset(&sa6, 0, sizeof(sa6));
+    if (inet_pton(AF_INET, address, &sa4.sin_addr) == 1) {
+        sa4.sin_family = AF_INET;
+        sa4.sin_port = htons((uint16_t)port);
+        sa = (const struct sockaddr *)&sa4;
+    } else if (inet_pton(AF_INET6, address, &sa6.sin6_addr) == 1) {
+        sa6.sin6_family = AF_INET6;
+        sa6.sin6_port = htons((uint16_t)port);
+        sa = (const struct sockaddr *)&sa6;
+        flags |= MHD_USE_IPv6;
+    } else {
+        snprintf(errstr, errstr_size,
+                 "http: --http-address '%s' is not an IPv4 or IPv6 address (0.0.0.0: every "
+                 "interface)",
+                 address);
+        return NULL;
+    }
     kg_http_t *http = calloc(1, sizeof(*http));
     if (!http) {
         snprintf(errstr, errstr_size, "out of memory");
@@ -185,10 +275,13 @@ kg_http_t *kg_http_new(int port, kg_worker_t *w, char *errstr, size_t errstr_siz
     }
     http->w = w;
     http->daemon =
-        MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL, handle, http,
+        MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, handle, http, MHD_OPTION_SOCK_ADDR, sa,
                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!http->daemon) {
-        snprintf(errstr, errstr_size, "http: cannot listen on port %d (in use?)", port);
+        snprintf(errstr, errstr_size,
+                 "http: cannot listen on %s port %d (in use, or no such "
+                 "local address?)",
+                 address, port);
         free(http);
         return NULL;
     }

@@ -1,0 +1,469 @@
+/* moe: the mixture-of-experts kernels (see moe.cuh). Built with
+ * --fmad=false so the router's and the combination's products round as the
+ * C code's do; the grouped GEMM's chains call fmaf explicitly. */
+#include "kg_cuda_ops.h"
+#include "moe.cuh"
+#include "moe_ops.h"
+
+#include <string.h>
+
+extern "C" {
+#include "../src/model/kg_quant.h"
+}
+
+/* The most experts the align kernel lays out (kg_model's KG_MOE_MAX_EXPERTS). */
+#define MOE_MAX_EXPERTS 1024
+/* Grouped GEMM: output columns per block (one per thread) and inputs per
+ * shared-memory chunk. */
+#define GEMM_COLS  64
+#define GEMM_CHUNK 32
+
+// ---- route ----
+
+/* Insert (v, e) into the descending list (val, idx) of at most k entries;
+ * of equal values the earlier one stays first (cpu_moe.c's top_k). */
+__device__ __forceinline__ void
+top_k_insert(float *val, int32_t *idx, int32_t *count, int32_t k, float v, int32_t e) {
+    if (*count == k && !(v > val[k - 1])) {
+        return;
+    }
+    int32_t i = *count < k ? (*count)++ : k - 1;
+    while (i > 0 && v > val[i - 1]) {
+        val[i] = val[i - 1];
+        idx[i] = idx[i - 1];
+        i--;
+    }
+    val[i] = v;
+    idx[i] = e;
+}
+
+__global__ void moe_route_kernel(const kg_cuda_step_hdr_t *hdr,
+                                 kg_cuda_moe_router_t r,
+                                 const float *__restrict__ logits,
+                                 int32_t *__restrict__ sel,
+                                 float *__restrict__ wout,
+                                 int32_t n_launch) {
+    const int32_t t = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (t >= hdr->n_tokens || t >= n_launch) {
+        return;
+    }
+    const float *lg = logits + (int64_t)t * r.n_expert;
+    float val[KG_CUDA_MOE_MAX_K], w[KG_CUDA_MOE_MAX_K];
+    int32_t idx[KG_CUDA_MOE_MAX_K], count = 0;
+    if (r.top_k_then_softmax) {
+        for (int32_t e = 0; e < r.n_expert; e++) {
+            top_k_insert(val, idx, &count, r.k, lg[e], e);
+        }
+        float m = -INFINITY;
+        for (int32_t j = 0; j < r.k; j++) {
+            m = fmaxf(m, val[j]);
+        }
+        double sum = 0.0;
+        for (int32_t j = 0; j < r.k; j++) {
+            w[j] = expf(val[j] - m);
+            sum += (double)w[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int32_t j = 0; j < r.k; j++) {
+            w[j] *= inv;
+        }
+    } else {
+        /* softmax over every expert, each probability recomputed where the
+         * top-k needs it: the same float as a stored one */
+        float m = -INFINITY;
+        for (int32_t e = 0; e < r.n_expert; e++) {
+            m = fmaxf(m, lg[e]);
+        }
+        double sum = 0.0;
+        for (int32_t e = 0; e < r.n_expert; e++) {
+            sum += (double)expf(lg[e] - m);
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int32_t e = 0; e < r.n_expert; e++) {
+            top_k_insert(val, idx, &count, r.k, expf(lg[e] - m) * inv, e);
+        }
+        for (int32_t j = 0; j < r.k; j++) {
+            w[j] = val[j];
+        }
+    }
+    if (r.norm_w) {
+        double sum = 0.0;
+        for (int32_t j = 0; j < r.k; j++) {
+            sum += (double)w[j];
+        }
+        float s = (float)sum;
+        s = s < 6.103515625e-5f ? 6.103515625e-5f : s;
+        for (int32_t j = 0; j < r.k; j++) {
+            w[j] = w[j] / s;
+        }
+    }
+    for (int32_t j = 0; j < r.k; j++) {
+        sel[(int64_t)t * r.k + j] = idx[j];
+        wout[(int64_t)t * r.k + j] =
+            r.w_scale != 0.0f && r.w_scale != 1.0f ? w[j] * r.w_scale : w[j];
+    }
+}
+
+kg_status_t kg_cuda_moe_route(cudaStream_t stream,
+                              int32_t n_launch,
+                              const kg_cuda_step_hdr_t *hdr,
+                              const kg_cuda_moe_router_t *r,
+                              const float *logits,
+                              const kg_cuda_moe_plan_t *plan) {
+    if (n_launch <= 0) {
+        return KG_OK;
+    }
+    const unsigned blocks = (unsigned)((n_launch + 127) / 128);
+    moe_route_kernel<<<blocks, 128, 0, stream>>>(hdr, *r, logits, plan->sel, plan->w, n_launch);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
+// ---- align ----
+
+__global__ void moe_align_kernel(const kg_cuda_step_hdr_t *hdr,
+                                 kg_cuda_moe_router_t r,
+                                 const int32_t *__restrict__ sel,
+                                 int32_t *__restrict__ offset,
+                                 int32_t *__restrict__ row_tok,
+                                 int32_t *__restrict__ slot,
+                                 int32_t *__restrict__ tile_expert,
+                                 int32_t rows_cap) {
+    __shared__ int32_t start[MOE_MAX_EXPERTS + 1];
+    const int32_t n = hdr->n_tokens * r.k, T = KG_CUDA_MOE_TILE;
+    for (int32_t e = (int32_t)threadIdx.x; e < r.n_expert; e += (int32_t)blockDim.x) {
+        int32_t c = 0;
+        for (int32_t i = 0; i < n; i++) {
+            c += sel[i] == e;
+        }
+        start[e + 1] = (c + T - 1) / T * T;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        start[0] = 0;
+        for (int32_t e = 0; e < r.n_expert; e++) {
+            start[e + 1] += start[e];
+        }
+        offset[r.n_expert] = start[r.n_expert];
+    }
+    __syncthreads();
+    for (int32_t e = (int32_t)threadIdx.x; e < r.n_expert; e += (int32_t)blockDim.x) {
+        int32_t row = start[e];
+        offset[e] = row;
+        for (int32_t i = 0; i < n; i++) { /* token order within the group */
+            if (sel[i] == e) {
+                row_tok[row] = i / r.k;
+                slot[i] = row++;
+            }
+        }
+        for (; row < start[e + 1]; row++) {
+            row_tok[row] = -1;
+        }
+        for (int32_t tl = start[e] / T; tl < start[e + 1] / T; tl++) {
+            tile_expert[tl] = e;
+        }
+    }
+    for (int32_t tl = start[r.n_expert] / T + (int32_t)threadIdx.x; tl < rows_cap / T;
+         tl += (int32_t)blockDim.x) {
+        tile_expert[tl] = -1;
+    }
+}
+
+kg_status_t kg_cuda_moe_align(cudaStream_t stream,
+                              const kg_cuda_step_hdr_t *hdr,
+                              const kg_cuda_moe_router_t *r,
+                              const kg_cuda_moe_plan_t *plan) {
+    if (r->n_expert > MOE_MAX_EXPERTS) {
+        KG_LOG_ERROR("cuda", "moe: %d experts, at most %d", r->n_expert, MOE_MAX_EXPERTS);
+        return KG_ERR_INVALID;
+    }
+    moe_align_kernel<<<1, 256, 0, stream>>>(hdr, *r, plan->sel, plan->offset, plan->row_tok,
+                                            plan->slot, plan->tile_expert, plan->rows_cap);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
+// ---- grouped GEMM ----
+
+/* Block (column tile, row tile): GEMM_COLS threads, thread c owns output
+ * column blockIdx.x * GEMM_COLS + c of the tile's KG_CUDA_MOE_TILE rows.
+ * The tile's inputs and the expert's weights go through shared memory a
+ * chunk of GEMM_CHUNK inputs at a time (weights loaded row-contiguous,
+ * so a warp reads 32 consecutive elements of one weight row); the chain of
+ * each output element runs over the inputs in order from +0. */
+__global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
+                                const int32_t *__restrict__ row_tok,
+                                const void *__restrict__ w,
+                                const float *__restrict__ bias,
+                                const void *__restrict__ x,
+                                int gather,
+                                float *__restrict__ y,
+                                int32_t n_out,
+                                int32_t n_in,
+                                int dt) {
+    const int32_t tile = (int32_t)blockIdx.y, e = tile_expert[tile];
+    if (e < 0) {
+        return; /* past the last expert's rows: the whole block leaves */
+    }
+    __shared__ float xs[KG_CUDA_MOE_TILE][GEMM_CHUNK];
+    __shared__ float ws[GEMM_COLS][GEMM_CHUNK + 1]; /* +1: no bank conflicts reading a row */
+    const int c = (int)threadIdx.x;
+    const int32_t col = (int32_t)blockIdx.x * GEMM_COLS + c, r0 = tile * KG_CUDA_MOE_TILE;
+    const int64_t wbase = (int64_t)e * n_out * n_in;
+    float acc[KG_CUDA_MOE_TILE];
+    for (int r = 0; r < KG_CUDA_MOE_TILE; r++) {
+        acc[r] = 0.0f;
+    }
+    for (int32_t k0 = 0; k0 < n_in; k0 += GEMM_CHUNK) {
+        const int32_t kn = n_in - k0 < GEMM_CHUNK ? n_in - k0 : GEMM_CHUNK;
+        for (int i = c; i < KG_CUDA_MOE_TILE * GEMM_CHUNK; i += GEMM_COLS) {
+            const int rr = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
+            const int32_t tok = row_tok[r0 + rr];
+            const int32_t src = tok < 0 ? -1 : (gather ? tok : r0 + rr);
+            xs[rr][kk] = src >= 0 && kk < kn ? kg_ld(x, (int64_t)src * n_in + k0 + kk, dt) : 0.0f;
+        }
+        for (int i = c; i < GEMM_COLS * GEMM_CHUNK; i += GEMM_COLS) {
+            const int cc = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
+            const int32_t oc = (int32_t)blockIdx.x * GEMM_COLS + cc;
+            ws[cc][kk] =
+                oc < n_out && kk < kn ? kg_ld(w, wbase + (int64_t)oc * n_in + k0 + kk, dt) : 0.0f;
+        }
+        __syncthreads();
+        for (int32_t kk = 0; kk < kn; kk++) {
+            const float wv = ws[c][kk];
+            for (int r = 0; r < KG_CUDA_MOE_TILE; r++) {
+                acc[r] = fmaf(xs[r][kk], wv, acc[r]);
+            }
+        }
+        __syncthreads();
+    }
+    if (col >= n_out) {
+        return;
+    }
+    for (int r = 0; r < KG_CUDA_MOE_TILE; r++) {
+        if (row_tok[r0 + r] >= 0) {
+            const float b = bias ? bias[(int64_t)e * n_out + col] : 0.0f;
+            y[(int64_t)(r0 + r) * n_out + col] = bias ? acc[r] + b : acc[r];
+        }
+    }
+}
+
+kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
+                             const kg_cuda_moe_plan_t *plan,
+                             const void *w,
+                             const float *bias,
+                             const void *x,
+                             int gather,
+                             float *y,
+                             int32_t n_out,
+                             int32_t n_in,
+                             kg_cuda_dtype_t dt) {
+    const dim3 grid((unsigned)((n_out + GEMM_COLS - 1) / GEMM_COLS),
+                    (unsigned)(plan->rows_cap / KG_CUDA_MOE_TILE));
+    moe_gemm_kernel<<<grid, GEMM_COLS, 0, stream>>>(plan->tile_expert, plan->row_tok, w, bias, x,
+                                                    gather, y, n_out, n_in, (int)dt);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
+// ---- activation and combination ----
+
+__global__ void moe_act_kernel(const int32_t *__restrict__ row_tok,
+                               const float *__restrict__ g,
+                               const float *__restrict__ u,
+                               void *__restrict__ h,
+                               int dt,
+                               int32_t n_ff,
+                               int oai,
+                               int64_t total) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        if (row_tok[i / n_ff] < 0) {
+            continue;
+        }
+        const float v = oai ? kg_swiglu_oai(g[i], u[i], 1.702f, 7.0f) : kg_silu(g[i]) * u[i];
+        kg_st(h, i, v, dt);
+    }
+}
+
+kg_status_t kg_cuda_moe_act(cudaStream_t stream,
+                            const kg_cuda_moe_plan_t *plan,
+                            const float *g,
+                            const float *u,
+                            void *h,
+                            kg_cuda_dtype_t dt,
+                            int32_t n_ff,
+                            int oai) {
+    const int64_t total = (int64_t)plan->rows_cap * n_ff;
+    int64_t blocks = (total + 255) / 256;
+    blocks = blocks > 65536 ? 65536 : blocks;
+    moe_act_kernel<<<(unsigned)blocks, 256, 0, stream>>>(plan->row_tok, g, u, h, (int)dt, n_ff, oai,
+                                                         total);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
+__global__ void moe_combine_kernel(const kg_cuda_step_hdr_t *hdr,
+                                   int32_t k,
+                                   const int32_t *__restrict__ slot,
+                                   const float *__restrict__ w,
+                                   const float *__restrict__ y,
+                                   float *__restrict__ out,
+                                   int32_t n,
+                                   int64_t total) {
+    const int64_t end = (int64_t)hdr->n_tokens * n < total ? (int64_t)hdr->n_tokens * n : total;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < end;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / n, c = i % n;
+        float acc = y[(int64_t)slot[t * k] * n + c] * w[t * k];
+        for (int32_t j = 1; j < k; j++) {
+            const float prod = y[(int64_t)slot[t * k + j] * n + c] * w[t * k + j];
+            acc = acc + prod;
+        }
+        out[i] = acc;
+    }
+}
+
+kg_status_t kg_cuda_moe_combine(cudaStream_t stream,
+                                int32_t n_launch,
+                                const kg_cuda_step_hdr_t *hdr,
+                                const kg_cuda_moe_router_t *r,
+                                const kg_cuda_moe_plan_t *plan,
+                                const float *y,
+                                float *out,
+                                int32_t n) {
+    const int64_t total = (int64_t)n_launch * n;
+    if (total <= 0) {
+        return KG_OK;
+    }
+    int64_t blocks = (total + 255) / 256;
+    blocks = blocks > 65536 ? 65536 : blocks;
+    moe_combine_kernel<<<(unsigned)blocks, 256, 0, stream>>>(hdr, r->k, plan->slot, plan->w, y, out,
+                                                             n, total);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
+// ---- the test entry point (moe_ops.h) ----
+
+/* Up to 24 device buffers freed together. */
+typedef struct moe_bufs {
+    void *p[24];
+    int n;
+} moe_bufs_t;
+
+static kg_status_t moe_alloc(moe_bufs_t *b, void **d, size_t size) {
+    *d = NULL;
+    KG_CUDA_CHECK(cudaMalloc(d, size ? size : 1));
+    b->p[b->n++] = *d;
+    return KG_OK;
+}
+
+/* Host floats into a new device buffer of type dt (rounded to it). */
+static kg_status_t moe_put(moe_bufs_t *b, void **d, const float *h, size_t n, int dt) {
+    const size_t es = dt == KG_CUDA_OP_F32 ? 4 : 2;
+    void *tmp = malloc(n * es + 1);
+    if (!tmp) {
+        return KG_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (dt == KG_CUDA_OP_F32) {
+            ((float *)tmp)[i] = h[i];
+        } else if (dt == KG_CUDA_OP_F16) {
+            ((uint16_t *)tmp)[i] = kg_fp32_to_fp16(h[i]);
+        } else {
+            ((uint16_t *)tmp)[i] = kg_fp32_to_bf16(h[i]);
+        }
+    }
+    kg_status_t st = moe_alloc(b, d, n * es);
+    if (st == KG_OK && cudaMemcpy(*d, tmp, n * es, cudaMemcpyHostToDevice) != cudaSuccess) {
+        st = KG_ERR_BACKEND;
+    }
+    free(tmp);
+    return st;
+}
+
+#define MOE_TRY(expr)                                                                              \
+    do {                                                                                           \
+        st = (expr);                                                                               \
+        if (st != KG_OK) {                                                                         \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+#define MOE_CUDA(expr)                                                                             \
+    do {                                                                                           \
+        if ((expr) != cudaSuccess) {                                                               \
+            KG_LOG_ERROR("cuda", "%s failed (%s:%d)", #expr, __FILE__, __LINE__);                  \
+            st = KG_ERR_BACKEND;                                                                   \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
+                                          const float *x,
+                                          const float *logits,
+                                          float *out,
+                                          int32_t *sel,
+                                          float *w) {
+    moe_bufs_t b;
+    memset(&b, 0, sizeof(b));
+    kg_status_t st = KG_OK;
+    const int32_t T = m->n_tokens, E = m->n_embd, F = m->n_ff, X = m->n_expert, k = m->k;
+    const kg_cuda_dtype_t dt = (kg_cuda_dtype_t)m->dtype;
+    const kg_cuda_moe_router_t r = {X, k, m->top_k_then_softmax, m->norm_w, m->w_scale};
+    kg_cuda_moe_plan_t plan;
+    memset(&plan, 0, sizeof(plan));
+    plan.rows_cap = kg_cuda_moe_rows_cap(T, k, X);
+    const int32_t R = plan.rows_cap;
+    const int32_t hdr_h[4] = {T, T, 0, 0};
+    void *hdr = NULL, *dx = NULL, *dl = NULL, *dg = NULL, *du = NULL, *dd = NULL, *gb = NULL,
+         *ub = NULL, *db = NULL, *g = NULL, *u = NULL, *h = NULL, *y = NULL, *dout = NULL;
+    if (k < 1 || k > KG_CUDA_MOE_MAX_K || k > X || X > MOE_MAX_EXPERTS || T < 1) {
+        return KG_ERR_INVALID;
+    }
+    MOE_TRY(moe_alloc(&b, &hdr, sizeof(hdr_h)));
+    MOE_CUDA(cudaMemcpy(hdr, hdr_h, sizeof(hdr_h), cudaMemcpyHostToDevice));
+    MOE_TRY(moe_put(&b, &dx, x, (size_t)T * E, m->dtype));
+    MOE_TRY(moe_put(&b, &dl, logits, (size_t)T * X, KG_CUDA_OP_F32));
+    MOE_TRY(moe_put(&b, &dg, m->gate, (size_t)X * F * E, m->dtype));
+    MOE_TRY(moe_put(&b, &du, m->up, (size_t)X * F * E, m->dtype));
+    MOE_TRY(moe_put(&b, &dd, m->down, (size_t)X * E * F, m->dtype));
+    if (m->gate_b) {
+        MOE_TRY(moe_put(&b, &gb, m->gate_b, (size_t)X * F, KG_CUDA_OP_F32));
+        MOE_TRY(moe_put(&b, &ub, m->up_b, (size_t)X * F, KG_CUDA_OP_F32));
+        MOE_TRY(moe_put(&b, &db, m->down_b, (size_t)X * E, KG_CUDA_OP_F32));
+    }
+    MOE_TRY(moe_alloc(&b, (void **)&plan.sel, (size_t)T * k * sizeof(int32_t)));
+    MOE_TRY(moe_alloc(&b, (void **)&plan.w, (size_t)T * k * sizeof(float)));
+    MOE_TRY(moe_alloc(&b, (void **)&plan.slot, (size_t)T * k * sizeof(int32_t)));
+    MOE_TRY(moe_alloc(&b, (void **)&plan.offset, (size_t)(X + 1) * sizeof(int32_t)));
+    MOE_TRY(moe_alloc(&b, (void **)&plan.row_tok, (size_t)R * sizeof(int32_t)));
+    MOE_TRY(moe_alloc(&b, (void **)&plan.tile_expert,
+                      (size_t)(R / KG_CUDA_MOE_TILE) * sizeof(int32_t)));
+    MOE_TRY(moe_alloc(&b, &g, (size_t)R * F * sizeof(float)));
+    MOE_TRY(moe_alloc(&b, &u, (size_t)R * F * sizeof(float)));
+    MOE_TRY(moe_alloc(&b, &h, (size_t)R * F * 4));
+    MOE_TRY(moe_alloc(&b, &y, (size_t)R * E * sizeof(float)));
+    MOE_TRY(moe_alloc(&b, &dout, (size_t)T * E * sizeof(float)));
+
+    {
+        const kg_cuda_step_hdr_t *dh = (const kg_cuda_step_hdr_t *)hdr;
+        MOE_TRY(kg_cuda_moe_route(0, T, dh, &r, (const float *)dl, &plan));
+        MOE_TRY(kg_cuda_moe_align(0, dh, &r, &plan));
+        MOE_TRY(kg_cuda_moe_gemm(0, &plan, dg, (const float *)gb, dx, 1, (float *)g, F, E, dt));
+        MOE_TRY(kg_cuda_moe_gemm(0, &plan, du, (const float *)ub, dx, 1, (float *)u, F, E, dt));
+        MOE_TRY(kg_cuda_moe_act(0, &plan, (const float *)g, (const float *)u, h, dt, F, m->oai));
+        MOE_TRY(kg_cuda_moe_gemm(0, &plan, dd, (const float *)db, h, 0, (float *)y, E, F, dt));
+        MOE_TRY(kg_cuda_moe_combine(0, T, dh, &r, &plan, (const float *)y, (float *)dout, E));
+    }
+    MOE_CUDA(cudaStreamSynchronize(0));
+    MOE_CUDA(cudaMemcpy(out, dout, (size_t)T * E * sizeof(float), cudaMemcpyDeviceToHost));
+    MOE_CUDA(cudaMemcpy(sel, plan.sel, (size_t)T * k * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    MOE_CUDA(cudaMemcpy(w, plan.w, (size_t)T * k * sizeof(float), cudaMemcpyDeviceToHost));
+out:
+    for (int i = 0; i < b.n; i++) {
+        cudaFree(b.p[i]);
+    }
+    return st;
+}

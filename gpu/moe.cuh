@@ -1,0 +1,113 @@
+/* moe: the mixture-of-experts FFN on the GPU, grouped by expert, as the
+ * CPU backend runs it (src/backend/cpu/cpu_moe.h):
+ *
+ *   route   one thread per token: the router's softmax and top-k (or
+ *           gpt-oss's top-k of the logits then a softmax over them), the
+ *           renormalisation and scale; the same rules and tie order as
+ *           cpu_moe_route, so a token picks the same experts.
+ *   align   one block: each expert's rows (token order) laid out after the
+ *           previous expert's, every group padded to KG_CUDA_MOE_TILE rows,
+ *           so a row tile of the grouped GEMM belongs to one expert (the
+ *           layout vLLM's moe_align_block_size makes); no host round trip,
+ *           so the whole FFN can be captured in a CUDA graph.
+ *   gemm    the grouped GEMM: one block per (column tile, row tile), the
+ *           tile's expert looked up, its matrix read once for the tile's
+ *           rows (gathered from the token rows for gate/up), F32
+ *           accumulation; each output element is one fmaf chain over the
+ *           inputs in order, so a row's result does not depend on what else
+ *           shares its expert (batch invariance, as on the CPU); expert
+ *           biases added after the chain (ggml_add_id).
+ *   act     SwiGLU or gpt-oss's clamped SwiGLU, stored in the down
+ *           projection's type.
+ *   combine the weighted sum of a token's k outputs in rank order, each
+ *           product rounded, then added (ggml_mul, then ggml_add of views).
+ *
+ * The backend does not run expert models yet (kg_backend.c refuses them for
+ * CUDA: moe, moe_oai, attn_sinks); kg_cuda_op_moe_ffn (moe_ops.h) runs
+ * these kernels on host data for tests/unit/check_cuda_moe.c. */
+#pragma once
+
+#include "cuda_common.cuh"
+
+/* Rows of one grouped-GEMM tile; each expert's group is padded to it. */
+#define KG_CUDA_MOE_TILE 8
+/* Most experts per token the route kernel keeps (in registers). */
+#define KG_CUDA_MOE_MAX_K 32
+
+/* The router's rule (kg_moe_gating_t). */
+typedef struct kg_cuda_moe_router {
+    int32_t n_expert, k;
+    int top_k_then_softmax; /* gpt-oss; else softmax then top-k */
+    int norm_w;             /* divide the k weights by their sum (clamped to 2^-14) */
+    float w_scale;          /* then multiply them by it; 0 or 1 = not */
+} kg_cuda_moe_router_t;
+
+/* The grouped layout of one step, device buffers for up to `cap` tokens. */
+typedef struct kg_cuda_moe_plan {
+    int32_t *sel;         /* (cap, k) expert of each token, by rank */
+    float *w;             /* (cap, k) its weight */
+    int32_t *slot;        /* (cap, k) grouped row of that expert's output */
+    int32_t *offset;      /* (n_expert + 1) first (padded) row of each expert */
+    int32_t *row_tok;     /* (rows_cap) token of each grouped row; -1: padding */
+    int32_t *tile_expert; /* (rows_cap / TILE) expert of each row tile; -1: unused */
+    int32_t rows_cap;     /* cap * k + n_expert * (TILE - 1), rounded up to TILE */
+} kg_cuda_moe_plan_t;
+
+/** Rows of the grouped layout for `cap` tokens. */
+static inline int32_t kg_cuda_moe_rows_cap(int32_t cap, int32_t k, int32_t n_expert) {
+    const int32_t r = cap * k + n_expert * (KG_CUDA_MOE_TILE - 1);
+    return (r + KG_CUDA_MOE_TILE - 1) / KG_CUDA_MOE_TILE * KG_CUDA_MOE_TILE;
+}
+
+/** Route hdr->n_tokens tokens by their logits (n_launch, n_expert) into
+ * plan->sel and plan->w. */
+kg_status_t kg_cuda_moe_route(cudaStream_t stream,
+                              int32_t n_launch,
+                              const kg_cuda_step_hdr_t *hdr,
+                              const kg_cuda_moe_router_t *r,
+                              const float *logits,
+                              const kg_cuda_moe_plan_t *plan);
+
+/** The grouped layout of plan->sel: offset, row_tok, slot, tile_expert. */
+kg_status_t kg_cuda_moe_align(cudaStream_t stream,
+                              const kg_cuda_step_hdr_t *hdr,
+                              const kg_cuda_moe_router_t *r,
+                              const kg_cuda_moe_plan_t *plan);
+
+/** y(rows_cap, n_out) F32 = the grouped GEMM: grouped row g of expert e is
+ * x[row_tok[g]] (gather != 0) or x[g] (type dt, n_in wide) times expert
+ * e's (n_out, n_in) matrix (w + e * n_out * n_in, type dt), plus
+ * bias[e] (n_expert, n_out) F32 when bias is not NULL. Padding rows are
+ * not written. */
+kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
+                             const kg_cuda_moe_plan_t *plan,
+                             const void *w,
+                             const float *bias,
+                             const void *x,
+                             int gather,
+                             float *y,
+                             int32_t n_out,
+                             int32_t n_in,
+                             kg_cuda_dtype_t dt);
+
+/** h(rows_cap, n_ff) = act(g, u) stored as dt (SwiGLU, or gpt-oss's when
+ * oai), for the grouped rows that hold a token. */
+kg_status_t kg_cuda_moe_act(cudaStream_t stream,
+                            const kg_cuda_moe_plan_t *plan,
+                            const float *g,
+                            const float *u,
+                            void *h,
+                            kg_cuda_dtype_t dt,
+                            int32_t n_ff,
+                            int oai);
+
+/** out(n_launch, n) F32 = for token t < hdr->n_tokens, the sum over ranks
+ * j in order of w[t][j] * y[slot[t][j]]. */
+kg_status_t kg_cuda_moe_combine(cudaStream_t stream,
+                                int32_t n_launch,
+                                const kg_cuda_step_hdr_t *hdr,
+                                const kg_cuda_moe_router_t *r,
+                                const kg_cuda_moe_plan_t *plan,
+                                const float *y,
+                                float *out,
+                                int32_t n);

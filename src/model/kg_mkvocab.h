@@ -1,0 +1,27 @@
+/* kg_mkvocab: the built-in vocabularies `kgen mkmodel` writes, one per
+ * tokenizer path of the supported families (see kg_mkvocab.c). */
+#pragma once
+
+#include "kg_gguf_writer.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum kg_mkvocab_style {
+    KG_MKVOCAB_LLAMA = 0, /* SentencePiece: <unk> <s> </s> and the 256 byte tokens */
+    KG_MKVOCAB_QWEN,      /* byte-level BPE, tokenizer.ggml.pre = qwen2, ChatML specials */
+    KG_MKVOCAB_GEMMA,     /* SentencePiece without add_space_prefix, Gemma's specials */
+    KG_MKVOCAB_PHI3,      /* SentencePiece (space prefix), Phi-3's specials after the pieces */
+    KG_MKVOCAB_GPT_OSS,   /* byte-level BPE, tokenizer.ggml.pre = gpt-4o, Harmony's specials */
+} kg_mkvocab_style_t;
+
+/** Write the tokenizer.* keys of a built-in vocabulary of `style`, with
+ * `n_words` made-up word tokens added after the style's own ones (to reach
+ * a real model's vocabulary size). Returns the vocabulary size, or -1 with
+ * errstr set (out of memory). Deterministic: the same arguments give the
+ * same keys. */
+int64_t kg_mkvocab_add(kg_gguf_writer_t *w,
+                       kg_mkvocab_style_t style,
+                       int32_t n_words,
+                       char *errstr,
+                       size_t errstr_size);

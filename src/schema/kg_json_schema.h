@@ -1,0 +1,42 @@
+/* kg_json_schema: JSON Schema -> grammar IR (src/grammar/kg_gir.h).
+ *
+ * Supported: type (all, and lists of types), properties, required,
+ * additionalProperties, items, prefixItems, enum, const, anyOf, oneOf
+ * (as anyOf: keep branches disjoint), allOf of object schemas, $ref to
+ * "#..." JSON pointers ($defs, definitions, recursion included),
+ * minItems/maxItems, minLength/maxLength, pattern, format (date, time,
+ * date-time, uuid, email), minimum/maximum/exclusiveMinimum/
+ * exclusiveMaximum on integers (on numbers: integers in the range), and
+ * the annotations (title, description, default, examples, $schema, $id,
+ * $comment, deprecated, readOnly, writeOnly). Any other keyword is refused
+ * with its name and JSON pointer, never ignored.
+ *
+ * The grammar produces a subset of the valid documents: properties in the
+ * order required first, then optional, each in schema order; no
+ * properties beyond `properties` unless additionalProperties says so (as
+ * OpenAI's strict mode and XGrammar do; an object schema that declares no
+ * properties takes any); whitespace between tokens is at
+ * most one space, or a newline and up to 20 spaces or tabs; numbers have
+ * at most 16 integer digits, 16 fraction digits and a 3-digit exponent;
+ * string escapes never produce lone surrogates.
+ *
+ * This is the only grammar code that walks JSON, so it lives with the
+ * codec (jansson stays in src/schema). @thread any */
+#pragma once
+
+#include "../grammar/kg_constraint.h"
+#include "../grammar/kg_gir.h"
+
+#include <stddef.h>
+
+/** The grammar of documents valid against `schema` (len bytes of JSON).
+ * NULL with a message naming the keyword and its JSON pointer. */
+kg_gir_t *kg_json_schema_gir(const char *schema, size_t len, char *errstr, size_t errstr_size);
+
+/** Any JSON object (response_format json_object). */
+kg_gir_t *kg_json_object_gir(char *errstr, size_t errstr_size);
+
+/** The kg_gir_builder_fn for the grammar cache: KG_CONSTRAINT_JSON_SCHEMA
+ * and KG_CONSTRAINT_JSON_OBJECT. */
+kg_gir_t *
+kg_json_schema_builder(const kg_constraint_t *c, char *errstr, size_t errstr_size, void *ctx);

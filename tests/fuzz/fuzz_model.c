@@ -1,0 +1,90 @@
+/* fuzz_model: libFuzzer target for the model loader (kg_model_load_gguf):
+ * the hyperparameter keys of every family, the sliding-window pattern
+ * (integer, integer array or raw bool array), RoPE scaling, tensor shapes,
+ * fused-tensor views, and the experts (counts, 3-D tensors cut into
+ * per-expert views, gpt-oss's biases and sinks). Any input must load or give one error line,
+ * never a crash or an out-of-bounds read. On success the queries backends
+ * use are run and every view's bytes are read. */
+#include "model/kg_gguf.h"
+#include "model/kg_model.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static volatile uint64_t sink; /* keeps the reads from being optimized away */
+
+static void touch(const kg_gguf_tensor_t *t) {
+    if (!t) {
+        return;
+    }
+    const uint8_t *p = t->data;
+    for (size_t i = 0; i < t->size; i += 61) {
+        sink += p[i];
+    }
+    if (t->size > 0) {
+        sink += p[t->size - 1];
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    uint8_t *copy = malloc(size ? size : 1);
+    if (!copy) {
+        return 0;
+    }
+    memcpy(copy, data, size);
+    char err[512];
+    kg_gguf_t *g = kg_gguf_open_memory(copy, size, err, sizeof(err));
+    kg_model_t *m = g ? kg_model_load_gguf(g, "fuzz", err, sizeof(err)) : NULL;
+    if (m) {
+        char names[256];
+        sink += kg_model_features(m);
+        sink += (uint64_t)kg_model_kv_window(m);
+        sink += strlen(kg_model_feature_names(kg_model_features(m), names, sizeof(names)));
+        touch(kg_model_rope_factors(m, 1 << 20));
+        touch(kg_model_rope_factors(m, 1));
+        touch(m->tok_embd);
+        touch(m->output);
+        touch(m->output_b);
+        for (int32_t il = 0; il < m->hp.n_layer; il++) {
+            const kg_layer_weights_t *L = &m->layers[il];
+            const kg_gguf_tensor_t *ts[] = {L->attn_norm,
+                                            L->wq,
+                                            L->wk,
+                                            L->wv,
+                                            L->wo,
+                                            L->ffn_norm,
+                                            L->w_gate,
+                                            L->w_up,
+                                            L->w_down,
+                                            L->bq,
+                                            L->bk,
+                                            L->bv,
+                                            L->bo,
+                                            L->q_norm,
+                                            L->k_norm,
+                                            L->attn_post_norm,
+                                            L->ffn_post_norm,
+                                            L->ffn_gate_inp,
+                                            L->ffn_gate_inp_b,
+                                            L->gate_exps_b,
+                                            L->up_exps_b,
+                                            L->down_exps_b,
+                                            L->attn_sinks};
+            for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
+                touch(ts[i]);
+            }
+            for (int32_t e = 0; L->ffn_gate_inp && e < m->hp.n_expert; e++) {
+                touch(&L->exp_gate[e]);
+                touch(&L->exp_up[e]);
+                touch(&L->exp_down[e]);
+            }
+            sink += (uint64_t)L->n_swa;
+        }
+    }
+    kg_model_free(m);
+    free(copy);
+    return 0;
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# test_batch_vs_worker: one completion path. The same jobs go through `kgen batch` and through
+# kgen-worker (on librdkafka's in-process mock cluster, fed by kgen-submit); every terminal event
+# must be the same field by field, except the fields that name the worker and the attempt
+# (worker_id, topic, partition, offset), the event time (ts_ms) and the measured timings.
+# The jobs cover every way a job ends: done (stop, length, stop_sequence), logprobs streamed and
+# not, intake errors (invalid_job, prompt_too_long, max_tokens_too_large, expired,
+# unsupported_chat_template). The prefix cache is off on both sides so usage.cached_tokens
+# cannot differ by scheduling.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+kg_setup batch-vs-worker
+MODEL="${KG_DATA_DIR:?}/models/stories260K.gguf"
+
+python3 - "$T/jobs.jsonl" <<'PY'
+import json, random, sys
+random.seed(11)
+prompts = ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a cat",
+           "The sun was", "There was a big tree", "Mom said", "The boy wanted"]
+jobs = []
+for i in range(24):
+    j = {"request_id": f"cmp-{i}", "prompt": prompts[i % 8], "max_tokens": random.randint(4, 60)}
+    if i % 3 == 0:
+        j["temperature"] = 0
+    else:
+        j.update({"temperature": 0.8, "top_k": 40, "seed": 500 + i})
+    if i % 4 == 1:
+        j["stop"] = [". ", "\n"]
+    if i % 5 == 2:
+        j["logprobs"] = 3
+        j["stream"] = i % 2 == 0
+    if i % 6 == 5:
+        j["metadata"] = {"n": i, "tag": "cmp"}
+    if i % 7 == 3:
+        j["stream"] = False
+    jobs.append(j)
+jobs += [
+    {"request_id": "cmp-bad-max", "prompt": "x", "max_tokens": -1},
+    {"request_id": "cmp-too-long", "prompt": "word " * 400, "max_tokens": 8},
+    {"request_id": "cmp-limit", "prompt": "x", "max_tokens": 100000},
+    {"request_id": "cmp-expired", "prompt": "x", "deadline_ms": 1000, "metadata": {"k": 1}},
+    {"request_id": "cmp-chat", "messages": [{"role": "user", "content": "hi"}]},
+    {"request_id": "cmp-ignore-eos", "prompt": "The end.", "max_tokens": 40, "temperature": 0,
+     "ignore_eos": True},
+]
+with open(sys.argv[1], "w") as f:
+    for j in jobs:
+        f.write(json.dumps(j) + "\n")
+PY
+
+common=(--threads 2 --max-batch-size 8 --prefix-cache false)
+"$KG_BIN/kgen" batch --model "$MODEL" --input "$T/jobs.jsonl" --output "$T/batch.jsonl" \
+    "${common[@]}" 2>"$T/batch.log"
+
+kg_bg worker "$KG_BIN/kgen-worker" --demo 0 --model "$MODEL" --http-port 0 "${common[@]}"
+kg_wait_log "$T/worker.log" 'partitions assigned' 60
+BROKERS=$(sed -n 's/.*mock cluster up.* brokers=\([^ ]*\).*/\1/p' "$T/worker.log" | head -n 1)
+JOBS=kgen.jobs
+RESULTS=kgen.results
+kg_submit_timed 120
+kg_stop_pid "$(kg_pid worker)" 10
+
+python3 - "$T/batch.jsonl" "$T/results.jsonl" <<'PY'
+import json, re, sys
+batch = {e["request_id"]: e for e in map(json.loads, open(sys.argv[1]))}
+worker = {e["request_id"]: e for e in map(json.loads, open(sys.argv[2]))}
+assert set(batch) == set(worker), (sorted(set(batch) ^ set(worker)))
+skip = {"worker_id", "topic", "partition", "offset", "ts_ms", "timings"}
+n = {"done": 0, "error": 0}
+for rid, b in sorted(batch.items()):
+    w = worker[rid]
+    fb = {k: v for k, v in b.items() if k not in skip}
+    fw = {k: v for k, v in w.items() if k not in skip}
+    if b.get("code") == "expired":  # "passed N ms before the job was taken": a clock reading
+        fb["message"], fw["message"] = (re.sub(r"passed \d+ ms", "passed N ms", x["message"])
+                                        for x in (fb, fw))
+    assert fb == fw, f"{rid}:\n batch  {json.dumps(fb)[:600]}\n worker {json.dumps(fw)[:600]}"
+    assert set(b["timings"]) == set(w["timings"]) if "timings" in b else "timings" not in w, rid
+    n[b["type"]] += 1
+codes = sorted(e["code"] for e in batch.values() if e["type"] == "error")
+assert codes == sorted(["invalid_job", "prompt_too_long", "max_tokens_too_large", "expired",
+                        "unsupported_chat_template"]), codes
+reasons = {e["finish_reason"] for e in batch.values() if e["type"] == "done"}
+assert reasons == {"stop", "length", "stop_sequence"} or reasons >= {"length", "stop_sequence"}, reasons
+assert sum("logprobs" in e for e in batch.values()) >= 4
+print(f"{len(batch)} jobs: terminal events identical in kgen batch and kgen-worker "
+      f"({n['done']} done, {n['error']} errors; finish reasons {sorted(reasons)})")
+PY
+echo "PASS: kgen batch and kgen-worker agree in $(kg_elapsed) s"

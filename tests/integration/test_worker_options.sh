@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# test_worker_options: --http-address binds the metrics port to one address (the kernel's table of
+# listening sockets shows 127.0.0.1, not 0.0.0.0, and /healthz answers there), the default still
+# listens on every interface, a bad address is a startup error (exit 2), and --print-config works
+# without --model. On the demo's mock cluster: no broker needed.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+kg_setup worker-options
+
+# The local address of the TCP socket listening on PORT, from /proc/net/tcp (hex, as the kernel
+# writes it: 0100007F is 127.0.0.1, 00000000 is 0.0.0.0); empty while nothing listens.
+listen_addr() {
+    local hex
+    hex=$(printf '%04X' "$1")
+    awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { print substr($2, 1, 8) }' \
+        /proc/net/tcp
+}
+
+port=$(kg_free_port)
+kg_bg one env TMPDIR="$T" "$KG_BIN/kgen-worker" --demo 0 --http-port "$port" \
+    --http-address 127.0.0.1 --threads 1
+kg_wait 60 "/healthz on 127.0.0.1:$port" curl -sf "http://127.0.0.1:$port/healthz"
+[[ "$(listen_addr "$port")" == 0100007F ]] ||
+    kg_fail "--http-address 127.0.0.1 listens on $(listen_addr "$port")"
+kg_stop_pid "$(kg_pid one)" 20
+
+port=$(kg_free_port)
+kg_bg all env TMPDIR="$T" "$KG_BIN/kgen-worker" --demo 0 --http-port "$port" --threads 1
+kg_wait 60 "/healthz on port $port" curl -sf "http://127.0.0.1:$port/healthz"
+[[ "$(listen_addr "$port")" == 00000000 ]] ||
+    kg_fail "the default address listens on $(listen_addr "$port"), not 0.0.0.0"
+kg_stop_pid "$(kg_pid all)" 20
+kg_note "--http-address 127.0.0.1 binds 127.0.0.1 only; the default binds 0.0.0.0"
+
+rc=0
+"$KG_BIN/kgen-worker" --demo 0 --http-address eth0 >"$T/bad.out" 2>&1 || rc=$?
+((rc == 2)) || kg_fail "--http-address eth0 exited $rc (want 2)"
+grep -q "http-address: expected an IPv4 or IPv6 address" "$T/bad.out" || kg_fail "$(cat "$T/bad.out")"
+
+"$KG_BIN/kgen-worker" --print-config -X sasl.password=s3cret >"$T/config.txt"
+grep -q '^model=$' "$T/config.txt" || kg_fail "--print-config without --model: $(head -3 "$T/config.txt")"
+grep -q '^kafka.sasl.password=\[redacted\]$' "$T/config.txt" || kg_fail "a secret was printed"
+grep -q '^http-address=0.0.0.0$' "$T/config.txt" || kg_fail "no http-address in --print-config"
+kg_finish "--http-address binds one address; --print-config needs no model"

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# test_worker_poison: one job that kills every worker that starts it gets an answer, and the fleet
+# goes on. Two workers, supervised (restarted 20 s after they exit, as systemd or Kubernetes would
+# with a back-off), share 50 jobs on a real broker; the TEST-ONLY hook
+# KGEN_TEST_CRASH_ON_REQUEST_ID makes any worker abort() when it starts the chosen job. The
+# poison-job journal (the compacted in-flight topic) records what each worker runs: the chosen
+# job crashes the worker that has it, moves to the other worker (the back-off is longer than the
+# session timeout), crashes that one too, and is then answered with an `internal` error "poisoned
+# after 2 attempts" and a DLQ copy, never started a third time; the other 49 jobs (the crashes'
+# bystanders included, run one at a time as suspects) finish with done; the group ends with lag 0.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+kg_setup worker-poison
+kg_need_java
+ulimit -c 0 # the aborts must not leave core files
+
+kg_broker_start
+kg_topics 4
+kg_topic "$JOBS.inflight" 4 --config cleanup.policy=compact
+kg_model
+kg_jobs "$T/jobs.jsonl" 50 '{"max_tokens": 24, "ignore_eos": true}'
+POISON=job-17
+
+# The broker's minimum session timeout (6 s) so a crashed worker's partitions move quickly.
+fast=(-X session.timeout.ms=6000 -X heartbeat.interval.ms=500)
+
+# supervise NAME: run kgen-worker NAME (TEST-ONLY crash hook armed), restarting it 20 s after it
+# exits, until $T/stop exists; each life logs to $T/NAME.LIFE.log, each exit to $T/lives.txt.
+supervise() {
+    local name=$1 life=0 rc child
+    trap 'kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit 0' TERM
+    while [[ ! -e "$T/stop" ]]; do
+        life=$((life + 1))
+        KGEN_TEST_CRASH_ON_REQUEST_ID=$POISON "$KG_BIN/kgen-worker" --brokers "$BROKERS" \
+            --jobs-topic "$JOBS" --results-topic "$RESULTS" --group-id "$GROUP" --model "$MODEL" \
+            --worker-id "$name" --http-port 0 --threads 1 --max-batch-size 4 "${fast[@]}" \
+            >"$T/$name.$life.log" 2>&1 &
+        child=$!
+        rc=0
+        wait "$child" || rc=$?
+        echo "$name life=$life rc=$rc" >>"$T/lives.txt"
+        for ((i = 0; i < 100 && rc != 0; i++)); do
+            [[ -e "$T/stop" ]] && break
+            sleep 0.2
+        done
+    done
+}
+
+kg_bg sup1 supervise w1
+kg_bg sup2 supervise w2
+kg_wait_log "$T/w1.1.log" 'partitions assigned' 60
+kg_wait_log "$T/w2.1.log" 'partitions assigned' 60
+
+kg_submit_timed 300
+kg_note "all 50 jobs have a terminal event after ${KG_MS} ms"
+touch "$T/stop"
+kg_stop_pid "$(kg_pid sup1)" 20
+kg_stop_pid "$(kg_pid sup2)" 20
+cat "$T/lives.txt"
+
+kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl"
+python3 - "$T/results.jsonl" "$POISON" <<'PY'
+import json, sys
+res = {r["request_id"]: r for r in map(json.loads, open(sys.argv[1]))}
+poison = res[sys.argv[2]]
+assert poison["type"] == "error" and poison["code"] == "internal", poison
+assert poison["message"].startswith("poisoned after 2 attempts"), poison["message"]
+others = [r for rid, r in res.items() if rid != sys.argv[2]]
+bad = [r for r in others if r["type"] != "done"]
+assert len(others) == 49 and not bad, bad[:3]
+print(f"poison: {sys.argv[2]} answered '{poison['message'][:60]}...' by {poison['worker_id']}; "
+      f"the other {len(others)} done")
+PY
+
+# The chosen job was started exactly twice (two crashes), on both workers, never a third time.
+starts=$(cat "$T"/w*.log | grep -c "TEST-ONLY fault injection: abort()" || true)
+crashed=$(grep -l "TEST-ONLY fault injection: abort()" "$T"/w*.log | sed 's/.*\/\(w[0-9]\)\..*/\1/' |
+    sort -u | tr '\n' ' ')
+crashes=$(grep -c 'rc=134' "$T/lives.txt" || true)
+((starts == 2)) || kg_fail "the poison job was started $starts times (want 2)"
+((crashes == 2)) || kg_fail "$crashes worker crashes (want 2)"
+[[ "$crashed" == "w1 w2 " ]] || kg_fail "the crashes were on $crashed (want one on each worker)"
+kg_note "the poison job was started $starts times and crashed $crashes workers: $crashed"
+suspects=$(cat "$T"/w*.log | grep -c 'msg="suspect job' || true)
+kg_note "$suspects suspect jobs (bystanders of a crash) were run one at a time"
+
+# Its DLQ copy says why.
+kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
+    --topic "$JOBS.dlq" --from-beginning --timeout-ms 10000 \
+    --formatter-property print.headers=true >"$T/dlq.txt" 2>/dev/null || true
+grep -q "kgen-error-reason:poisoned" "$T/dlq.txt" || kg_fail "no DLQ copy with reason poisoned"
+grep -q "kgen-payload:job" "$T/dlq.txt" || kg_fail "the DLQ copy is not the job"
+grep -q "\"request_id\": \"$POISON\"" "$T/dlq.txt" || kg_fail "the DLQ copy is not $POISON"
+
+# Every offset is committed: nothing is left for a next worker to stall on.
+kg_wait 60 "group lag 0" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_note "group lag: $(kg_group_lag "$GROUP" "$JOBS")"
+kg_finish "a poison job is answered after 2 worker failures; 49 others done; lag 0"

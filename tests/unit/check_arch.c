@@ -1,0 +1,628 @@
+/* check_arch: every supported architecture against llama.cpp.
+ *
+ * tests/data/arch holds golden files made by scripts/goldens/arch-goldens.mjs
+ * with llama.cpp (node-llama-cpp; see the README there): for a random-weight
+ * model of each family and weight type, the prompt's ids, llama.cpp's logits
+ * after the prompt and after its greedy continuation, and the greedy ids.
+ * Each test remakes the model with `kgen mkmodel` and the arguments the
+ * golden records (its bytes must hash as the golden says), then checks
+ * kgen's tokenizer, its logits (NMSE) and its greedy ids (equal) on the CPU
+ * backend, prefill in one step and decode one token per step. The
+ * tokenizer goldens compare each built-in vocabulary's tokenization of a
+ * set of strings. The batch test runs every family's model through the
+ * engine: each job alone and the same jobs 16 at a time give the same ids. */
+#include "backend/kg_backend.h"
+#include "check_common.h"
+#include "engine/kg_engine.h"
+#include "model/kg_model.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_GOLDENS 128
+#define MAX_IDS     512
+#define CTX         512 /* the goldens' context (phi3 picks its LongRoPE factors by it) */
+#define BLOCK       16
+
+// ---- golden files ----
+
+static char g_files[MAX_GOLDENS][256]; /* model goldens: "<model>.<type>.golden" */
+static int g_n_files;
+static char g_tok_files[8][256]; /* "tokenizer-<model>.golden" */
+static int g_n_tok_files;
+
+static int cmp_name(const void *a, const void *b) {
+    return strcmp((const char *)a, (const char *)b);
+}
+
+static void find_goldens(void) {
+    DIR *d = opendir(kg_test_data("arch"));
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        size_t n = strlen(de->d_name);
+        if (n < 8 || strcmp(de->d_name + n - 7, ".golden") != 0 || n >= 256) {
+            continue;
+        }
+        if (strncmp(de->d_name, "tokenizer-", 10) == 0) {
+            if (g_n_tok_files < 8) {
+                snprintf(g_tok_files[g_n_tok_files++], 256, "%s", de->d_name);
+            }
+        } else if (g_n_files < MAX_GOLDENS) {
+            snprintf(g_files[g_n_files++], 256, "%s", de->d_name);
+        }
+    }
+    if (d) {
+        closedir(d);
+    }
+    qsort(g_files, (size_t)g_n_files, sizeof(g_files[0]), cmp_name);
+    qsort(g_tok_files, (size_t)g_n_tok_files, sizeof(g_tok_files[0]), cmp_name);
+}
+
+typedef struct golden_prompt {
+    char text[1024];
+    int32_t input[MAX_IDS], n_input;
+    int32_t ids[64], n_ids;
+    int32_t second[64];         /* llama.cpp's runner-up at each step */
+    float margin[64];           /* its logit margin: top minus runner-up */
+    float *logits, *logits_end; /* (n_vocab) */
+    int32_t n_logits;
+} golden_prompt_t;
+
+typedef struct golden {
+    char model[64], type[32];
+    uint64_t fnv;
+    char args[1024]; /* kgen mkmodel arguments */
+    golden_prompt_t p[2];
+    int n_prompts;
+} golden_t;
+
+/* A JSON string (as JSON.stringify writes it) into NUL-terminated UTF-8. */
+static bool parse_json_string(const char *s, char *out, size_t cap) {
+    size_t n = 0;
+    if (*s++ != '"') {
+        return false;
+    }
+    while (*s && *s != '"' && n + 4 < cap) {
+        if (*s != '\\') {
+            out[n++] = *s++;
+            continue;
+        }
+        s++;
+        char c = *s++;
+        switch (c) {
+        case 'n':
+            out[n++] = '\n';
+            break;
+        case 't':
+            out[n++] = '\t';
+            break;
+        case 'r':
+            out[n++] = '\r';
+            break;
+        case 'b':
+            out[n++] = '\b';
+            break;
+        case 'f':
+            out[n++] = '\f';
+            break;
+        case 'u': {
+            unsigned cp = 0;
+            if (sscanf(s, "%4x", &cp) != 1) {
+                return false;
+            }
+            s += 4;
+            if (cp < 0x80) {
+                out[n++] = (char)cp;
+            } else if (cp < 0x800) {
+                out[n++] = (char)(0xC0 | (cp >> 6));
+                out[n++] = (char)(0x80 | (cp & 0x3F));
+            } else {
+                out[n++] = (char)(0xE0 | (cp >> 12));
+                out[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                out[n++] = (char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default:
+            out[n++] = c;
+        }
+    }
+    out[n] = '\0';
+    return *s == '"';
+}
+
+static int32_t parse_ids(const char *s, int32_t *ids, int32_t cap) {
+    int32_t n = 0;
+    char *end;
+    for (long v = strtol(s, &end, 10); end != s && n < cap; v = strtol(s, &end, 10)) {
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    return n;
+}
+
+static float *parse_floats(const char *s, int32_t *n_out) {
+    char *end;
+    long n = strtol(s, &end, 10);
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    s = end;
+    for (long i = 0; i < n; i++) {
+        v[i] = strtof(s, &end);
+        s = end;
+    }
+    *n_out = (int32_t)n;
+    return v;
+}
+
+static void golden_load(const char *file, golden_t *g) {
+    char rel[300];
+    snprintf(rel, sizeof(rel), "arch/%s", file);
+    size_t len;
+    char *text = kg_test_read_file(kg_test_data(rel), &len);
+    ck_assert_msg(text != NULL, "cannot read %s", rel);
+    memset(g, 0, sizeof(*g));
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        int idx = 0, off = 0;
+        if (strncmp(line, "# kgen mkmodel ", 15) == 0) {
+            snprintf(g->args, sizeof(g->args), "%s", line + 15);
+        } else if (strncmp(line, "model ", 6) == 0) {
+            unsigned long long h = 0;
+            ck_assert_int_eq(sscanf(line, "model %63s %31s fnv64 %llx", g->model, g->type, &h), 3);
+            g->fnv = h;
+        } else if (sscanf(line, "prompt %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+            ck_assert(parse_json_string(line + off, g->p[idx].text, sizeof(g->p[idx].text)));
+            g->n_prompts = idx + 1 > g->n_prompts ? idx + 1 : g->n_prompts;
+        } else if (sscanf(line, "input %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+            g->p[idx].n_input = parse_ids(line + off, g->p[idx].input, MAX_IDS);
+        } else if (sscanf(line, "ids %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+            g->p[idx].n_ids = parse_ids(line + off, g->p[idx].ids, 64);
+        } else if (sscanf(line, "second %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+            const char *q = line + off;
+            int k = 0, used = 0;
+            while (k < 64 &&
+                   sscanf(q, "%d:%f%n", &g->p[idx].second[k], &g->p[idx].margin[k], &used) == 2) {
+                q += used;
+                k++;
+            }
+        } else if (sscanf(line, "logits_end %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+            g->p[idx].logits_end = parse_floats(line + off, &g->p[idx].n_logits);
+        } else if (sscanf(line, "logits %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+            g->p[idx].logits = parse_floats(line + off, &g->p[idx].n_logits);
+        }
+    }
+    free(text);
+    ck_assert_msg(g->args[0] && g->model[0] && g->n_prompts == 2, "%s is incomplete", rel);
+}
+
+static void golden_clear(golden_t *g) {
+    for (int i = 0; i < 2; i++) {
+        free(g->p[i].logits);
+        free(g->p[i].logits_end);
+    }
+}
+
+// ---- models ----
+
+static uint64_t fnv64_file(const char *path) {
+    size_t len;
+    char *data = kg_test_read_file(path, &len);
+    ck_assert_ptr_nonnull(data);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < len; i++) {
+        h = (h ^ (unsigned char)data[i]) * 0x100000001b3ULL;
+    }
+    free(data);
+    return h;
+}
+
+/* `kgen mkmodel --out <tmp> <args>`; the path (static). */
+static const char *make_model(const char *args) {
+    static char path[4096];
+    char cmd[8192];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("arch"));
+    snprintf(cmd, sizeof(cmd), "%s/kgen mkmodel --out '%s' %s >/dev/null", KG_BIN_DIR, path, args);
+    ck_assert_msg(system(cmd) == 0, "failed: %s", cmd);
+    return path;
+}
+
+static kg_model_t *load_golden_model(const golden_t *g) {
+    const char *path = make_model(g->args);
+    ck_assert_msg(fnv64_file(path) == g->fnv,
+                  "%s %s: kgen mkmodel wrote a different file than the golden's (FNV %016llx, "
+                  "golden %016llx): the generator changed; remake the goldens",
+                  g->model, g->type, (unsigned long long)fnv64_file(path),
+                  (unsigned long long)g->fnv);
+    char err[512];
+    kg_model_t *m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    remove(path);
+    return m;
+}
+
+static kg_backend_t *make_cpu(const kg_model_t *m, int32_t n_blocks, int32_t max_tokens) {
+    kg_backend_params_t p = {.n_threads = 2,
+                             .n_kv_blocks = n_blocks,
+                             .kv_block_size = BLOCK,
+                             .max_batch_tokens = max_tokens,
+                             .max_seq_len = CTX};
+    char err[256];
+    kg_backend_t *be = kg_backend_cpu_new(m, &p, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    return be;
+}
+
+static double nmse(const float *want, const float *got, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+static int32_t argmax(const float *v, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++) {
+        if (v[i] > v[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* NMSE bound of the logits against llama.cpp's: both sides compute the same
+ * products; the sums run in other orders (and ggml's SIMD exp/silu are
+ * approximations), so the error is a few float roundings, more where
+ * activations are rounded to fp16 or Q8 blocks (a rounding of an input near
+ * a rounding boundary can go either way). */
+static double nmse_bound(const char *type) {
+    if (strcmp(type, "f32") == 0) {
+        return 1e-6;
+    }
+    return strcmp(type, "f16") == 0 || strcmp(type, "bf16") == 0 ? 1e-5 : 5e-4;
+}
+
+/* A greedy step may go the other way only at a near-tie: kgen's pick is
+ * llama.cpp's runner-up, and llama.cpp's margin between the two is below
+ * this, about twice the RMS logit error the NMSE bound allows (the models'
+ * logits have a spread of about 1). */
+static float tie_bound(const char *type) {
+    if (strcmp(type, "f32") == 0) {
+        return 1e-3f;
+    }
+    return strcmp(type, "f16") == 0 || strcmp(type, "bf16") == 0 ? 1e-2f : 5e-2f;
+}
+
+// ---- the golden test ----
+
+START_TEST(matches_llama_cpp) {
+    golden_t g;
+    golden_load(g_files[_i], &g);
+    kg_model_t *m = load_golden_model(&g);
+    const int32_t V = m->hp.n_vocab;
+    float *logits = malloc((size_t)V * sizeof(float));
+    for (int p = 0; p < g.n_prompts; p++) {
+        const golden_prompt_t *gp = &g.p[p];
+        ck_assert_int_eq(gp->n_logits, V);
+        /* the tokenizer: BOS as the vocabulary asks, then the prompt */
+        int32_t ids[MAX_IDS];
+        int64_t n =
+            kg_tokenizer_encode(m->tok, gp->text, strlen(gp->text), true, false, ids, MAX_IDS);
+        ck_assert_msg(n == gp->n_input && memcmp(ids, gp->input, (size_t)n * 4) == 0,
+                      "%s %s prompt %d: kgen tokenizes to %lld ids, llama.cpp to %d", g.model,
+                      g.type, p, (long long)n, gp->n_input);
+
+        /* prefill in one step, then one token per step */
+        kg_backend_t *be = make_cpu(m, CTX / BLOCK, CTX);
+        int32_t table[CTX / BLOCK];
+        for (int32_t b = 0; b < CTX / BLOCK; b++) {
+            table[b] = CTX / BLOCK - 1 - b; /* out of order on purpose */
+        }
+        static int32_t pos[CTX], seq[CTX];
+        static bool want[CTX];
+        for (int32_t i = 0; i < gp->n_input; i++) {
+            pos[i] = i;
+            seq[i] = 0;
+            want[i] = i == gp->n_input - 1;
+        }
+        kg_step_batch_t b = {.n_tokens = gp->n_input,
+                             .token = gp->input,
+                             .pos = pos,
+                             .seq = seq,
+                             .want_logits = want,
+                             .n_outputs = 1,
+                             .n_slots = 1,
+                             .max_blocks_per_seq = CTX / BLOCK,
+                             .block_table = table};
+        ck_assert_int_eq(kg_backend_forward(be, &b, logits), KG_OK);
+        double e = nmse(gp->logits, logits, V);
+        if (getenv("KG_ARCH_VERBOSE")) {
+            fprintf(stderr, "%s %s prompt %d: nmse %.3g", g.model, g.type, p, e);
+        }
+        ck_assert_msg(e < nmse_bound(g.type), "%s %s prompt %d: logits nmse %g >= %g", g.model,
+                      g.type, p, e, nmse_bound(g.type));
+        int32_t n_pos = gp->n_input;
+        bool tied = false;
+        for (int32_t k = 0; k <= gp->n_ids; k++) {
+            int32_t next = argmax(logits, V);
+            if (k == gp->n_ids) {
+                /* llama.cpp stopped early: it sampled an end-of-generation token */
+                ck_assert_msg(gp->n_ids == 24 || kg_tokenizer_is_eog(m->tok, next),
+                              "%s %s prompt %d: llama.cpp stopped after %d ids, kgen goes on "
+                              "with %d",
+                              g.model, g.type, p, gp->n_ids, next);
+                break;
+            }
+            if (next != gp->ids[k]) {
+                ck_assert_msg(next == gp->second[k] && gp->margin[k] < tie_bound(g.type),
+                              "%s %s prompt %d: id %d is %d, llama.cpp's %d (its runner-up %d, "
+                              "margin %g)",
+                              g.model, g.type, p, k, next, gp->ids[k], gp->second[k],
+                              (double)gp->margin[k]);
+                /* a near-tie: the continuations differ from here on */
+                fprintf(stderr,
+                        "check_arch: %s %s prompt %d: id %d is llama.cpp's runner-up %d at a "
+                        "near-tie (margin %g); ids compared up to there\n",
+                        g.model, g.type, p, k, next, (double)gp->margin[k]);
+                tied = true;
+                break;
+            }
+            int32_t tok = gp->ids[k], ps = n_pos++, sq = 0;
+            bool w = true;
+            kg_step_batch_t d = b;
+            d.n_tokens = 1;
+            d.token = &tok;
+            d.pos = &ps;
+            d.seq = &sq;
+            d.want_logits = &w;
+            ck_assert_int_eq(kg_backend_forward(be, &d, logits), KG_OK);
+        }
+        if (!tied) {
+            e = nmse(gp->logits_end, logits, V);
+            if (getenv("KG_ARCH_VERBOSE")) {
+                fprintf(stderr, ", after %d ids %.3g\n", gp->n_ids, e);
+            }
+            ck_assert_msg(e < nmse_bound(g.type), "%s %s prompt %d: logits after the ids: nmse %g",
+                          g.model, g.type, p, e);
+        }
+        kg_backend_free(be);
+    }
+    free(logits);
+    kg_model_free(m);
+    golden_clear(&g);
+}
+END_TEST
+
+// ---- tokenizers ----
+
+START_TEST(tokenizer_matches_llama_cpp) {
+    char rel[300];
+    snprintf(rel, sizeof(rel), "arch/%s", g_tok_files[_i]);
+    size_t len;
+    char *text = kg_test_read_file(kg_test_data(rel), &len);
+    ck_assert_ptr_nonnull(text);
+    /* the model: the first model golden of the same name gives the args */
+    char name[64];
+    snprintf(name, sizeof(name), "%s", g_tok_files[_i] + 10);
+    *strstr(name, ".golden") = '\0';
+    golden_t g;
+    bool found = false;
+    for (int i = 0; i < g_n_files && !found; i++) {
+        golden_load(g_files[i], &g);
+        found = strcmp(g.model, name) == 0;
+        if (!found) {
+            golden_clear(&g);
+        }
+    }
+    ck_assert_msg(found, "no model golden for %s", name);
+    kg_model_t *m = load_golden_model(&g);
+    golden_clear(&g);
+    char s[1024] = "";
+    int n_checked = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        bool plain = strncmp(line, "plain", 5) == 0, special = strncmp(line, "special", 7) == 0;
+        if (strncmp(line, "eog ", 4) == 0) {
+            /* the end-of-generation set: exactly llama.cpp's */
+            int32_t eog[64];
+            int32_t n_eog = parse_ids(line + 4, eog, 64), n_kgen = 0;
+            for (int32_t id = 0; id < m->hp.n_vocab; id++) {
+                if (kg_tokenizer_is_eog(m->tok, id)) {
+                    ck_assert_msg(n_kgen < n_eog && eog[n_kgen] == id,
+                                  "%s: kgen ends generation at %d, llama.cpp does not", name, id);
+                    n_kgen++;
+                }
+            }
+            ck_assert_int_eq(n_kgen, n_eog);
+            n_checked++;
+        } else if (strncmp(line, "bos ", 4) == 0) {
+            int bos = 0, add_bos = 0;
+            ck_assert_int_eq(sscanf(line, "bos %d add_bos %d", &bos, &add_bos), 2);
+            ck_assert_int_eq(kg_tokenizer_bos(m->tok), bos);
+            ck_assert_int_eq(kg_tokenizer_add_bos(m->tok), add_bos);
+        } else if (strncmp(line, "text ", 5) == 0) {
+            ck_assert(parse_json_string(line + 5, s, sizeof(s)));
+        } else if (plain || special) {
+            int32_t want[MAX_IDS], got[MAX_IDS];
+            int32_t n_want = parse_ids(line + (plain ? 5 : 7), want, MAX_IDS);
+            int64_t n = kg_tokenizer_encode(m->tok, s, strlen(s), false, special, got, MAX_IDS);
+            ck_assert_msg(n == n_want && memcmp(got, want, (size_t)n * 4) == 0,
+                          "%s: \"%s\" (%s): kgen %lld ids, llama.cpp %d", name, s,
+                          special ? "special" : "plain", (long long)n, n_want);
+            n_checked++;
+        }
+    }
+    ck_assert_int_gt(n_checked, 20);
+    free(text);
+    kg_model_free(m);
+}
+END_TEST
+
+// ---- batch invariance ----
+
+#define N_JOBS 16
+
+/* Run the jobs through the engine `batch` at a time; ids into out. */
+static void run_engine(kg_model_t *m,
+                       const int32_t (*prompts)[64],
+                       const int32_t *n_prompt,
+                       int batch,
+                       int32_t (*out)[32],
+                       int32_t *n_out) {
+    kg_engine_params_t ep = kg_engine_params_default(m, 0);
+    ep.max_batch_size = batch;
+    ep.max_batch_tokens = 48; /* prompts are chunked over steps */
+    ep.max_seq_len = 128;
+    ep.kv_block_size = BLOCK;
+    ep.n_kv_blocks = N_JOBS * 128 / BLOCK;
+    kg_backend_t *be = make_cpu(m, ep.n_kv_blocks, ep.max_batch_tokens);
+    char err[256];
+    kg_engine_t *e = kg_engine_new(be, &ep, err, sizeof(err));
+    ck_assert_msg(e != NULL, "%s", err);
+    const int32_t cap = kg_engine_max_completions(e);
+    kg_completion_t *comps = malloc((size_t)cap * sizeof(*comps));
+    ck_assert_ptr_nonnull(comps);
+    for (int i = 0; i < N_JOBS; i++) {
+        n_out[i] = 0;
+    }
+    for (int start = 0; start < N_JOBS; start += batch) {
+        for (int i = start; i < start + batch && i < N_JOBS; i++) {
+            kg_request_t r = {.id = (uint64_t)i + 1,
+                              .prompt = prompts[i],
+                              .n_prompt = n_prompt[i],
+                              .max_tokens = 24,
+                              .ignore_eos = true,
+                              .sampling = kg_sampling_params_default()};
+            ck_assert_int_eq(kg_engine_submit(e, &r), KG_OK);
+        }
+        while (kg_engine_busy(e)) {
+            int32_t n = kg_engine_step(e, comps, cap);
+            ck_assert_int_ge(n, 0);
+            for (int32_t c = 0; c < n; c++) {
+                int j = (int)comps[c].id - 1;
+                if (comps[c].token >= 0) {
+                    out[j][n_out[j]++] = comps[c].token;
+                }
+            }
+        }
+    }
+    free(comps);
+    kg_engine_free(e);
+    kg_backend_free(be);
+}
+
+START_TEST(batch_invariant) {
+    golden_t g;
+    golden_load(g_files[_i], &g);
+    if (strcmp(g.type, "f32") != 0) {
+        golden_clear(&g);
+        return; /* one model per family */
+    }
+    kg_model_t *m = load_golden_model(&g);
+    static int32_t prompts[N_JOBS][64], n_prompt[N_JOBS];
+    static int32_t alone[N_JOBS][32], batched[N_JOBS][32], n_alone[N_JOBS], n_batched[N_JOBS];
+    /* windows of the long golden prompt: shared starts, lengths 5..64 */
+    const golden_prompt_t *gp = &g.p[1];
+    for (int i = 0; i < N_JOBS; i++) {
+        n_prompt[i] = 5 + (i * 37) % 60;
+        for (int32_t k = 0; k < n_prompt[i]; k++) {
+            prompts[i][k] = gp->input[(k + (i % 3) * 7) % gp->n_input];
+        }
+    }
+    run_engine(m, (const int32_t(*)[64])prompts, n_prompt, 1, alone, n_alone);
+    run_engine(m, (const int32_t(*)[64])prompts, n_prompt, N_JOBS, batched, n_batched);
+    for (int i = 0; i < N_JOBS; i++) {
+        ck_assert_int_eq(n_alone[i], 24);
+        ck_assert_msg(n_batched[i] == 24 && memcmp(alone[i], batched[i], 24 * 4) == 0,
+                      "%s: job %d differs alone and in a batch of %d", g.model, i, N_JOBS);
+    }
+    kg_model_free(m);
+    golden_clear(&g);
+}
+END_TEST
+
+/* A model whose every layer is windowed (gemma3-swa, window 32) reads no
+ * block before the window: with those entries -1 (given back by the engine)
+ * the logits are the same bits; a missing block inside the window is
+ * refused, not read. */
+START_TEST(window_reads_only_the_window) {
+    golden_t g;
+    bool found = false;
+    for (int i = 0; i < g_n_files && !found; i++) {
+        golden_load(g_files[i], &g);
+        found = strcmp(g.model, "gemma3-swa") == 0 && strcmp(g.type, "f32") == 0;
+        if (!found) {
+            golden_clear(&g);
+        }
+    }
+    ck_assert(found);
+    kg_model_t *m = load_golden_model(&g);
+    ck_assert_int_eq(kg_model_kv_window(m), 32);
+    const int32_t V = m->hp.n_vocab, n = 61; /* positions 0..60: the window is 29..60 */
+    ck_assert_int_ge(g.p[1].n_input, n);
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    int32_t pos[64], seq[64];
+    bool want[64];
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = i;
+        seq[i] = 0;
+        want[i] = false;
+    }
+    for (int variant = 0; variant < 3; variant++) {
+        kg_backend_t *be = make_cpu(m, 8, 64);
+        int32_t table[4] = {3, 0, 6, 1};
+        kg_step_batch_t batch = {.n_tokens = n - 1,
+                                 .token = g.p[1].input,
+                                 .pos = pos,
+                                 .seq = seq,
+                                 .want_logits = want,
+                                 .n_outputs = 0,
+                                 .n_slots = 1,
+                                 .max_blocks_per_seq = 4,
+                                 .block_table = table};
+        ck_assert_int_eq(kg_backend_forward(be, &batch, NULL), KG_OK);
+        /* the last token alone, after the engine gave back block 0 (and,
+         * wrongly, block 1 in variant 2) */
+        if (variant >= 1) {
+            table[0] = -1;
+        }
+        if (variant == 2) {
+            table[1] = -1;
+        }
+        bool w = true;
+        kg_step_batch_t d = batch;
+        d.n_tokens = 1;
+        d.token = g.p[1].input + n - 1;
+        d.pos = pos + n - 1;
+        d.want_logits = &w;
+        d.n_outputs = 1;
+        kg_status_t st = kg_backend_forward(be, &d, variant == 0 ? a : b);
+        ck_assert_int_eq(st, variant == 2 ? KG_ERR_INVALID : KG_OK);
+        kg_backend_free(be);
+    }
+    ck_assert_mem_eq(a, b, (size_t)V * sizeof(float));
+    free(a);
+    free(b);
+    kg_model_free(m);
+    golden_clear(&g);
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    find_goldens();
+    Suite *s = suite_create("arch");
+    TCase *tc = tcase_create("llama_cpp");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, matches_llama_cpp, 0, g_n_files);
+    tcase_add_loop_test(tc, tokenizer_matches_llama_cpp, 0, g_n_tok_files);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("batch");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, batch_invariant, 0, g_n_files);
+    tcase_add_test(tc, window_reads_only_the_window);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)

@@ -1,0 +1,353 @@
+/* check_model: the model loader. Each family's switches and per-layer
+ * attributes as llama.cpp reads them (including the values llama.cpp
+ * fixes in code: Gemma's layer patterns, window and soft-capping defaults,
+ * the 27B query scale, Gemma 3's local RoPE base; YaRN's factors; Phi-3's
+ * ignored window and LongRoPE choice), fused-tensor views, the refusals
+ * (unknown architecture or RoPE scaling, a tensor the graph would not
+ * use), the feature bits and the backend choice they drive. Models are
+ * written with `kgen mkmodel`, then some keys or tensors are changed with
+ * the GGUF writer. */
+#include "backend/kg_backend.h"
+#include "check_common.h"
+#include "model/kg_gguf_writer.h"
+#include "model/kg_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define SMALL "--n-embd 32 --n-head 2 --n-head-kv 1 --n-ff 64 --ctx 256 --seed 3"
+
+/* `kgen mkmodel --out <tmp> <args>`; a copy of the path (caller frees). */
+static char *mk(const char *args) {
+    char path[4096], cmd[8192];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("model"));
+    snprintf(cmd, sizeof(cmd), "%s/kgen mkmodel --out '%s' %s >/dev/null", KG_BIN_DIR, path, args);
+    ck_assert_msg(system(cmd) == 0, "failed: %s", cmd);
+    return strdup(path);
+}
+
+/* A changed copy of `src`: keys in `drop` (NULL-terminated) left out, then
+ * `edit` may add keys; an extra 1-D F32 tensor `extra` (of n elements) when
+ * not NULL. Returns the new path (caller frees). */
+static char *rewrite(const char *src,
+                     const char *const *drop,
+                     void (*edit)(kg_gguf_writer_t *w),
+                     const char *extra,
+                     int64_t n_extra) {
+    char err[256];
+    kg_gguf_t *g = kg_gguf_open(src, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    kg_gguf_writer_t *w = kg_gguf_writer_new();
+    for (int64_t i = 0; i < kg_gguf_n_kv(g); i++) {
+        kg_gguf_str_t k = kg_gguf_key(g, i);
+        bool skip = false;
+        for (int d = 0; drop && drop[d]; d++) {
+            skip |= k.len == strlen(drop[d]) && memcmp(k.data, drop[d], k.len) == 0;
+        }
+        if (!skip) {
+            kg_gguf_writer_copy_kv(w, g, i);
+        }
+    }
+    if (edit) {
+        edit(w);
+    }
+    for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(g, i);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.data);
+        ck_assert_int_eq(
+            kg_gguf_writer_add_tensor_raw(w, name, t->type, t->n_dims, t->ne, t->data, t->size),
+            KG_OK);
+    }
+    if (extra) {
+        float *v = calloc((size_t)n_extra, sizeof(float));
+        int64_t ne[1] = {n_extra};
+        ck_assert_int_eq(kg_gguf_writer_add_tensor(w, extra, KG_GGML_TYPE_F32, 1, ne, v), KG_OK);
+        free(v);
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("model-rw"));
+    ck_assert_int_eq(kg_gguf_writer_write(w, path, err, sizeof(err)), KG_OK);
+    kg_gguf_writer_free(w);
+    kg_gguf_free(g);
+    return strdup(path);
+}
+
+static kg_model_t *load_ok(char *path) {
+    char err[512];
+    kg_model_t *m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    remove(path);
+    free(path);
+    return m;
+}
+
+/* Loading fails with a message containing every string of `want`. */
+static void load_fails(char *path, const char *const *want) {
+    char err[512] = "";
+    kg_model_t *m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m == NULL, "%s loaded", path);
+    for (int i = 0; want[i]; i++) {
+        ck_assert_msg(strstr(err, want[i]) != NULL, "error '%s' lacks '%s'", err, want[i]);
+    }
+    remove(path);
+    free(path);
+}
+
+// ---- llama and refusals ----
+
+START_TEST(llama_is_the_plain_graph) {
+    kg_model_t *m = load_ok(mk("--arch llama --n-layer 2 " SMALL));
+    ck_assert_int_eq(m->hp.arch, KG_ARCH_LLAMA);
+    ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NORM);
+    ck_assert_int_eq(m->hp.rope_scaling, KG_ROPE_SCALING_LINEAR); /* llama.cpp's default */
+    ck_assert(m->hp.rope_scale == 1.0f && m->hp.yarn_ext_factor == 0.0f);
+    ck_assert(m->hp.yarn_attn_factor == 1.0f && m->hp.q_scale == 0.0f);
+    ck_assert_uint_eq(kg_model_features(m), 0);
+    ck_assert_int_eq(kg_model_kv_window(m), 0);
+    for (int il = 0; il < 2; il++) {
+        ck_assert_int_eq(m->layers[il].n_swa, 0);
+        ck_assert(m->layers[il].rope_base == 10000.0f && m->layers[il].rope_scale == 1.0f);
+        ck_assert_ptr_null(m->layers[il].bq);
+    }
+    kg_model_free(m);
+}
+END_TEST
+
+static void set_arch_bert(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_str(w, "general.architecture", "bert");
+}
+
+static void set_scaling_su(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_str(w, "qwen2.rope.scaling.type", "su");
+}
+
+static void set_llama_rot8(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "llama.rope.dimension_count", 8);
+}
+
+START_TEST(refusals_name_what_is_supported) {
+    char *src = mk("--arch qwen2 --n-layer 1 " SMALL);
+    load_fails(
+        rewrite(src, NULL, set_arch_bert, NULL, 0),
+        (const char *[]){"unsupported architecture 'bert'", "qwen3", "gemma3", "phi3", NULL});
+    load_fails(rewrite(src, NULL, set_scaling_su, NULL, 0),
+               (const char *[]){"rope.scaling.type 'su'", "none, linear, yarn, longrope", NULL});
+    /* a tensor the qwen2 graph does not use: refused, not ignored */
+    load_fails(rewrite(src, NULL, NULL, "blk.0.ffn_up.bias", 64),
+               (const char *[]){"'blk.0.ffn_up.bias'", "qwen2 graph", NULL});
+    remove(src);
+    free(src);
+    /* llama rotating part of a head is refused (llama.cpp refuses it too) */
+    char *l = mk("--arch llama --n-layer 1 " SMALL);
+    load_fails(rewrite(l, NULL, set_llama_rot8, NULL, 0),
+               (const char *[]){"rope.dimension_count equal to the head dimension", NULL});
+    remove(l);
+    free(l);
+}
+END_TEST
+
+// ---- qwen2, qwen3 ----
+
+START_TEST(qwen2_biases_and_yarn) {
+    kg_model_t *m = load_ok(mk("--arch qwen2 --n-layer 2 --rope-scaling yarn --rope-factor 4 "
+                               "--rope-orig-ctx 64 " SMALL));
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert_int_eq(hp->rope_mode, KG_ROPE_MODE_NEOX);
+    ck_assert_int_eq(hp->rope_scaling, KG_ROPE_SCALING_YARN);
+    ck_assert(hp->rope_scale == 0.25f && hp->yarn_ext_factor == 1.0f);
+    ck_assert(hp->yarn_beta_fast == 32.0f && hp->yarn_beta_slow == 1.0f);
+    ck_assert_int_eq(hp->n_ctx_orig, 64);
+    /* llama_context: mscale(4) times its cancellation, in float */
+    float f = 4.0f, want = 0.1f * 1.0f * logf(f) + 1.0f;
+    want *= 1.0f / (1.0f + 0.1f * logf(f));
+    ck_assert(hp->yarn_attn_factor == want);
+    ck_assert_ptr_nonnull(m->layers[1].bq);
+    ck_assert_int_eq(m->layers[1].bk->ne[0], 16);
+    ck_assert_uint_eq(kg_model_features(m),
+                      KG_MODEL_FEAT_QKV_BIAS | KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_ROPE_YARN);
+    kg_model_free(m);
+}
+END_TEST
+
+START_TEST(qwen3_qk_norm_and_head_dim) {
+    kg_model_t *m = load_ok(mk("--arch qwen3 --n-layer 1 --head-dim 64 " SMALL));
+    ck_assert_int_eq(m->hp.head_dim, 64); /* key_length, not n_embd / n_head */
+    ck_assert_int_eq(m->hp.n_rot, 64);
+    ck_assert_int_eq(m->layers[0].q_norm->ne[0], 64);
+    ck_assert_int_eq(m->layers[0].wq->ne[1], 128);
+    ck_assert_int_eq(m->layers[0].wo->ne[0], 128);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_ROPE_NEOX);
+    kg_model_free(m);
+}
+END_TEST
+
+// ---- gemma ----
+
+static const char *const gemma2_defaults[] = {"gemma2.attention.sliding_window",
+                                              "gemma2.attn_logit_softcapping",
+                                              "gemma2.final_logit_softcapping", NULL};
+
+START_TEST(gemma2_defaults_from_code) {
+    char *src = mk("--arch gemma2 --n-layer 3 --head-dim 32 " SMALL);
+    kg_model_t *m = load_ok(rewrite(src, gemma2_defaults, NULL, NULL, 0));
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert_int_eq(hp->n_swa, 4096);
+    ck_assert(hp->attn_softcap == 50.0f && hp->final_softcap == 30.0f);
+    ck_assert(hp->embd_scale == sqrtf(32.0f));
+    ck_assert(hp->q_scale == 1.0f / sqrtf(32.0f)); /* head_dim */
+    ck_assert_int_eq(hp->ffn_act, KG_FFN_GELU);
+    ck_assert(hp->tied);
+    /* pattern 2: even layers local */
+    ck_assert_int_eq(m->layers[0].n_swa, 4096);
+    ck_assert_int_eq(m->layers[1].n_swa, 0);
+    ck_assert_int_eq(m->layers[2].n_swa, 4096);
+    ck_assert_int_eq(kg_model_kv_window(m), 0);
+    ck_assert_ptr_nonnull(m->layers[2].ffn_post_norm);
+    kg_model_free(m);
+    remove(src);
+    free(src);
+    /* the 27B shape (46 layers): n_embd / n_head instead of head_dim */
+    m = load_ok(mk("--arch gemma2 --n-layer 46 --head-dim 32 " SMALL));
+    ck_assert(m->hp.q_scale == 1.0f / sqrtf(16.0f));
+    kg_model_free(m);
+}
+END_TEST
+
+static void pattern_bools(kg_gguf_writer_t *w) {
+    const uint8_t v[4] = {0, 1, 1, 0};
+    kg_gguf_writer_set_arr(w, "gemma3.attention.sliding_window_pattern", KG_GGUF_TYPE_BOOL, v, 4);
+}
+
+static void pattern_short(kg_gguf_writer_t *w) {
+    const int32_t v[3] = {1, 1, 1};
+    kg_gguf_writer_set_arr_i32(w, "gemma3.attention.sliding_window_pattern", v, 3);
+}
+
+static const char *const gemma3_window[] = {"gemma3.attention.sliding_window", NULL};
+
+START_TEST(gemma3_layers) {
+    /* default pattern 6 over 7 layers: 0..4 local (base 10000, unscaled),
+     * 5 global (the file's base and linear factor), 6 local */
+    kg_model_t *m = load_ok(mk("--arch gemma3 --n-layer 7 --head-dim 32 --sliding-window 16 "
+                               "--rope-base 1000000 --rope-scaling linear --rope-factor 8 " SMALL));
+    for (int il = 0; il < 7; il++) {
+        const kg_layer_weights_t *L = &m->layers[il];
+        const bool global = il == 5;
+        ck_assert_int_eq(L->n_swa, global ? 0 : 16);
+        ck_assert(L->rope_base == (global ? 1000000.0f : 10000.0f));
+        ck_assert(L->rope_scale == (global ? 0.125f : 1.0f));
+        ck_assert_ptr_nonnull(L->k_norm);
+    }
+    ck_assert(m->hp.final_softcap == 0.0f && m->hp.attn_softcap == 0.0f);
+    ck_assert(kg_model_features(m) & KG_MODEL_FEAT_ROPE_PER_LAYER);
+    ck_assert(!m->hp.tied);
+    kg_model_free(m);
+
+    char *src = mk("--arch gemma3 --n-layer 4 --head-dim 32 --sliding-window 16 "
+                   "--rope-base-swa 20000 " SMALL);
+    /* every layer local (pattern 6 over 4 layers), rope.freq_base_swa read */
+    char *copy = rewrite(src, NULL, NULL, NULL, 0);
+    m = load_ok(copy);
+    ck_assert_int_eq(kg_model_kv_window(m), 16);
+    ck_assert(m->layers[3].rope_base == 20000.0f);
+    kg_model_free(m);
+    /* a bool array pattern */
+    m = load_ok(rewrite(src, NULL, pattern_bools, NULL, 0));
+    ck_assert_int_eq(m->layers[0].n_swa, 0);
+    ck_assert_int_eq(m->layers[1].n_swa, 16);
+    ck_assert_int_eq(m->layers[2].n_swa, 16);
+    ck_assert_int_eq(m->layers[3].n_swa, 0);
+    kg_model_free(m);
+    /* an array of the wrong length */
+    load_fails(rewrite(src, NULL, pattern_short, NULL, 0),
+               (const char *[]){"sliding_window_pattern", NULL});
+    /* no window in the file: no local layers at all */
+    m = load_ok(rewrite(src, gemma3_window, NULL, NULL, 0));
+    for (int il = 0; il < 4; il++) {
+        ck_assert_int_eq(m->layers[il].n_swa, 0);
+        ck_assert(m->layers[il].rope_base == 10000.0f);
+    }
+    kg_model_free(m);
+    remove(src);
+    free(src);
+}
+END_TEST
+
+// ---- phi3 ----
+
+START_TEST(phi3_fused_views_and_longrope) {
+    kg_model_t *m = load_ok(mk("--arch phi3 --n-layer 1 --n-rot 8 --rope-scaling longrope "
+                               "--rope-orig-ctx 64 --sliding-window 16 --ctx 256 --n-embd 32 "
+                               "--n-head 2 --n-head-kv 2 --n-ff 64 --seed 3"));
+    const kg_layer_weights_t *L = &m->layers[0];
+    const kg_gguf_tensor_t *qkv = kg_gguf_find_tensor(m->gguf, "blk.0.attn_qkv.weight");
+    const kg_gguf_tensor_t *up = kg_gguf_find_tensor(m->gguf, "blk.0.ffn_up.weight");
+    ck_assert_ptr_eq(L->wq->data, qkv->data);
+    ck_assert_ptr_eq(L->wk->data, (const char *)qkv->data + 32 * 32 * 4);
+    ck_assert_ptr_eq(L->wv->data, (const char *)qkv->data + 64 * 32 * 4);
+    ck_assert_int_eq(L->wv->ne[1], 32);
+    ck_assert_ptr_eq(L->w_gate->data, up->data); /* gate first, then up */
+    ck_assert_ptr_eq(L->w_up->data, (const char *)up->data + 64 * 32 * 4);
+    ck_assert_int_eq(L->n_swa, 0); /* llama.cpp ignores Phi's window */
+    ck_assert(m->hp.q_scale == 1.0f / sqrtf(16.0f));
+    ck_assert_int_eq(m->hp.n_rot, 8);
+    ck_assert_int_eq(m->hp.n_ctx_orig, 64);
+    /* attn_factor sqrt(1 + ln(256 / 64) / ln(64)) is the magnitude */
+    ck_assert(fabsf(m->hp.yarn_attn_factor - sqrtf(1.0f + logf(4.0f) / logf(64.0f))) < 1e-6f);
+    ck_assert_ptr_eq(kg_model_rope_factors(m, 256), m->rope_long);
+    ck_assert_ptr_eq(kg_model_rope_factors(m, 64), m->rope_short);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_ROPE_PARTIAL |
+                                                KG_MODEL_FEAT_ROPE_YARN |
+                                                KG_MODEL_FEAT_ROPE_FACTORS | KG_MODEL_FEAT_Q_SCALE);
+    char names[256];
+    ck_assert_str_eq(kg_model_feature_names(kg_model_features(m), names, sizeof(names)),
+                     "rope_neox, rope_partial, rope_yarn, rope_factors, q_scale");
+    kg_model_free(m);
+}
+END_TEST
+
+// ---- backends ----
+
+/* A model the CUDA backend cannot run is refused for `cuda` (naming what
+ * it lacks) and runs on the CPU for `auto`. */
+START_TEST(cuda_refuses_what_it_lacks) {
+    kg_model_t *m = load_ok(mk("--arch gemma2 --n-layer 2 --head-dim 32 " SMALL));
+    kg_backend_params_t p = {
+        .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
+    char err[512] = "";
+    kg_backend_t *be = kg_backend_new("cuda", m, &p, err, sizeof(err));
+    ck_assert_ptr_null(be);
+#ifdef KG_USE_CUDA
+    ck_assert_msg(strstr(err, "does not implement") && strstr(err, "gemma2") &&
+                      strstr(err, "softcap") && strstr(err, "sliding_window"),
+                  "%s", err);
+#else
+    ck_assert_msg(strstr(err, "no CUDA backend") != NULL, "%s", err);
+#endif
+    be = kg_backend_new("auto", m, &p, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    ck_assert_str_eq(kg_backend_name(be), "cpu");
+    kg_backend_free(be);
+    kg_model_free(m);
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("families");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, llama_is_the_plain_graph);
+    tcase_add_test(tc, refusals_name_what_is_supported);
+    tcase_add_test(tc, qwen2_biases_and_yarn);
+    tcase_add_test(tc, qwen3_qk_norm_and_head_dim);
+    tcase_add_test(tc, gemma2_defaults_from_code);
+    tcase_add_test(tc, gemma3_layers);
+    tcase_add_test(tc, phi3_fused_views_and_longrope);
+    tcase_add_test(tc, cuda_refuses_what_it_lacks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)

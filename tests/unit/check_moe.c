@@ -1,0 +1,741 @@
+/* check_moe: mixture-of-experts models on the CPU.
+ *
+ * The router (cpu_moe_route) against a double-precision reading of
+ * llama.cpp's build_moe_ffn for both gating rules (softmax then top-k with
+ * renormalisation and scale; top-k of the logits then a softmax), its tie
+ * rule and the grouping of rows by expert; the weighted sum's order; the
+ * clamped SwiGLU; attention sinks against a double reference. Then the
+ * loader (each family's experts, refusals that name what is wrong, the
+ * feature bits and the CUDA refusal), and the backend: a token gives the
+ * same logits bit for bit alone and among many others, with expert groups
+ * large enough for the pool's GEMM paths and in MXFP4, and the expert load
+ * counters add up. llama.cpp agreement of whole models is check_arch's. */
+#include "backend/cpu/cpu_attn.h"
+#include "backend/cpu/cpu_moe.h"
+#include "backend/kg_backend.h"
+#include "backend/kg_math.h"
+#include "check_common.h"
+#include "model/kg_gguf_writer.h"
+#include "model/kg_mkmodel.h"
+#include "model/kg_model.h"
+#include "model/kg_quant.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static uint64_t rng_state = 3;
+
+static float rng_uniform(float lo, float hi) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return lo + (hi - lo) * (float)((z >> 40) * (1.0 / 16777216.0));
+}
+
+// ---- routing ----
+
+/* The k largest of v by a plain selection (ties: lower index first). */
+static void ref_top_k(const double *v, int n, int k, int *idx) {
+    bool used[64] = {false};
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            if (!used[e] && (best < 0 || v[e] > v[best])) {
+                best = e;
+            }
+        }
+        used[best] = true;
+        idx[j] = best;
+    }
+}
+
+static void ref_softmax(const double *x, double *y, int n) {
+    double m = -INFINITY, s = 0.0;
+    for (int i = 0; i < n; i++) {
+        m = fmax(m, x[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        y[i] = exp(x[i] - m);
+        s += y[i];
+    }
+    for (int i = 0; i < n; i++) {
+        y[i] /= s;
+    }
+}
+
+/* Route T random tokens with `hp`'s rule and compare with the double
+ * reference: the same experts in the same order, weights within 1e-6. */
+static void check_route(const kg_hparams_t *hp, int T) {
+    const int n = hp->n_expert, k = hp->n_expert_used;
+    cpu_moe_plan_t plan;
+    ck_assert(cpu_moe_plan_init(&plan, n, k, T));
+    float *logits = malloc((size_t)(T * n) * sizeof(float));
+    for (int i = 0; i < T * n; i++) {
+        logits[i] = rng_uniform(-3.0f, 3.0f);
+    }
+    cpu_moe_route(&plan, hp, logits, T);
+    for (int t = 0; t < T; t++) {
+        double lg[64], p[64], w[64];
+        int idx[64];
+        for (int e = 0; e < n; e++) {
+            lg[e] = logits[t * n + e];
+        }
+        if (hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT) {
+            ref_top_k(lg, n, k, idx);
+            double chosen[64];
+            for (int j = 0; j < k; j++) {
+                chosen[j] = lg[idx[j]];
+            }
+            ref_softmax(chosen, w, k);
+        } else {
+            ref_softmax(lg, p, n);
+            ref_top_k(p, n, k, idx);
+            for (int j = 0; j < k; j++) {
+                w[j] = p[idx[j]];
+            }
+        }
+        double sum = 0.0;
+        for (int j = 0; j < k; j++) {
+            sum += w[j];
+        }
+        for (int j = 0; j < k; j++) {
+            double want = hp->moe_norm_w ? w[j] / sum : w[j];
+            want *= hp->moe_w_scale != 0.0f ? hp->moe_w_scale : 1.0f;
+            ck_assert_int_eq(plan.sel[t * k + j], idx[j]);
+            ck_assert_msg(fabs(plan.w[t * k + j] - want) < 1e-6, "token %d rank %d: %g vs %g", t, j,
+                          (double)plan.w[t * k + j], want);
+        }
+    }
+    /* the groups: every expert's rows in token order, each token's slots
+     * pointing at rows of its experts */
+    int32_t total = 0;
+    for (int e = 0; e < n; e++) {
+        ck_assert_int_eq(plan.offset[e], total);
+        for (int32_t r = plan.offset[e] + 1; r < plan.offset[e + 1]; r++) {
+            ck_assert_int_lt(plan.row_tok[r - 1], plan.row_tok[r]);
+        }
+        total += plan.offset[e + 1] - plan.offset[e];
+    }
+    ck_assert_int_eq(total, T * k);
+    for (int t = 0; t < T; t++) {
+        for (int j = 0; j < k; j++) {
+            const int32_t r = plan.slot[t * k + j], e = plan.sel[t * k + j];
+            ck_assert_int_eq(plan.row_tok[r], t);
+            ck_assert(r >= plan.offset[e] && r < plan.offset[e + 1]);
+        }
+    }
+    free(logits);
+    cpu_moe_plan_clear(&plan);
+}
+
+START_TEST(route_softmax_then_top_k) {
+    kg_hparams_t hp = {.n_expert = 8, .n_expert_used = 2, .moe_gating = KG_MOE_SOFTMAX};
+    hp.moe_norm_w = true;
+    check_route(&hp, 40);
+    hp.moe_norm_w = false; /* the weights stay probabilities */
+    hp.n_expert = 16;
+    hp.n_expert_used = 4;
+    check_route(&hp, 40);
+    hp.moe_norm_w = true;
+    hp.moe_w_scale = 2.5f;
+    check_route(&hp, 40);
+}
+END_TEST
+
+START_TEST(route_top_k_then_softmax) {
+    kg_hparams_t hp = {.n_expert = 32, .n_expert_used = 4, .moe_gating = KG_MOE_SOFTMAX_WEIGHT};
+    check_route(&hp, 33);
+    hp.n_expert_used = 1; /* one expert: weight 1 */
+    check_route(&hp, 5);
+}
+END_TEST
+
+/* Equal logits: the lower expert ranks first, whatever the rest. */
+START_TEST(route_ties_go_to_the_lower_expert) {
+    kg_hparams_t hp = {.n_expert = 6, .n_expert_used = 3, .moe_gating = KG_MOE_SOFTMAX};
+    hp.moe_norm_w = true;
+    cpu_moe_plan_t plan;
+    ck_assert(cpu_moe_plan_init(&plan, 6, 3, 2));
+    const float logits[12] = {1, 2, 2, 0, 2, 1, /* */ 0, 0, 0, 0, 0, 0};
+    cpu_moe_route(&plan, &hp, logits, 2);
+    ck_assert(plan.sel[0] == 1 && plan.sel[1] == 2 && plan.sel[2] == 4);
+    ck_assert(plan.sel[3] == 0 && plan.sel[4] == 1 && plan.sel[5] == 2);
+    ck_assert(plan.w[3] == plan.w[4] && plan.w[4] == plan.w[5]);
+    cpu_moe_plan_clear(&plan);
+}
+END_TEST
+
+/* ggml_mul of each expert output by its weight, then ggml_add of the k
+ * views in rank order: each product rounded, added left to right. */
+START_TEST(combine_in_rank_order) {
+    kg_hparams_t hp = {.n_expert = 4, .n_expert_used = 3, .moe_gating = KG_MOE_SOFTMAX};
+    cpu_moe_plan_t plan;
+    ck_assert(cpu_moe_plan_init(&plan, 4, 3, 3));
+    float logits[12];
+    for (int i = 0; i < 12; i++) {
+        logits[i] = rng_uniform(-2.0f, 2.0f);
+    }
+    cpu_moe_route(&plan, &hp, logits, 3);
+    const int n = 5;
+    float y[9 * 5], out[3 * 5];
+    for (int i = 0; i < 9 * n; i++) {
+        y[i] = rng_uniform(-1.0f, 1.0f) * 1e3f;
+    }
+    cpu_moe_combine(&plan, y, n, out, 3);
+    for (int t = 0; t < 3; t++) {
+        for (int i = 0; i < n; i++) {
+            volatile float acc = y[plan.slot[t * 3] * n + i] * plan.w[t * 3];
+            for (int j = 1; j < 3; j++) {
+                volatile float prod = y[plan.slot[t * 3 + j] * n + i] * plan.w[t * 3 + j];
+                acc = acc + prod;
+            }
+            ck_assert(out[t * n + i] == acc);
+        }
+    }
+    /* gather: grouped row r is token row_tok[r]'s row */
+    float x[3 * 5], g[9 * 5];
+    for (int i = 0; i < 15; i++) {
+        x[i] = (float)i;
+    }
+    cpu_moe_gather(&plan, x, n, g, 3);
+    for (int r = 0; r < 9; r++) {
+        ck_assert_mem_eq(g + r * n, x + plan.row_tok[r] * n, (size_t)n * sizeof(float));
+    }
+    cpu_moe_plan_clear(&plan);
+}
+END_TEST
+
+START_TEST(swiglu_oai_clamps) {
+    const float gates[] = {-20.0f, -1.0f, 0.0f, 0.5f, 6.9f, 7.0f, 9.0f, 100.0f};
+    const float ups[] = {-9.0f, -7.0f, -0.5f, 0.0f, 3.0f, 7.0f, 8.0f, 1e9f};
+    for (size_t i = 0; i < 8; i++) {
+        for (size_t j = 0; j < 8; j++) {
+            float out;
+            cpu_moe_swiglu_oai(&gates[i], &ups[j], &out, 1);
+            const double x = fmin(gates[i], 7.0), y = fmax(-7.0, fmin(ups[j], 7.0));
+            const double want = x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+            ck_assert_msg(fabs(out - want) <= 1e-5 * (1.0 + fabs(want)), "%g %g: %g vs %g",
+                          (double)gates[i], (double)ups[j], (double)out, want);
+        }
+    }
+}
+END_TEST
+
+// ---- attention sinks ----
+
+/* One head over 40 positions in two blocks, with sinks from very negative
+ * (no effect) to dominant: against softmax over scores plus the sink logit
+ * (which has no value) in double. */
+START_TEST(attention_sink) {
+    enum { HD = 24, N = 40, BSZ = 32 };
+    static uint16_t k[2 * BSZ * HD], v[2 * BSZ * HD];
+    float q[HD], out[HD], plain[HD], s[N];
+    for (int i = 0; i < 2 * BSZ * HD; i++) {
+        k[i] = kg_fp32_to_fp16(rng_uniform(-1.0f, 1.0f));
+        v[i] = kg_fp32_to_fp16(rng_uniform(-1.0f, 1.0f));
+    }
+    for (int i = 0; i < HD; i++) {
+        q[i] = kg_fp16_to_fp32(kg_fp32_to_fp16(rng_uniform(-1.0f, 1.0f)));
+    }
+    const int32_t table[2] = {1, 0};
+    const cpu_kv_view_t kv = {
+        .k = k, .v = v, .stride = HD, .offset = 0, .table = table, .block_size = BSZ};
+    const float scale = 1.0f / sqrtf((float)HD);
+    cpu_attn_head(q, &kv, 0, N, HD, scale, 0.0f, s, plain);
+    cpu_attn_head_sink(q, &kv, 0, N, HD, scale, 0.0f, -INFINITY, s, out);
+    ck_assert_mem_eq(out, plain, sizeof(out)); /* no sink: the same bits */
+    const float sinks[] = {-30.0f, -1.0f, 0.0f, 2.0f, 8.0f};
+    for (size_t si = 0; si < sizeof(sinks) / sizeof(sinks[0]); si++) {
+        for (int p0 = 0; p0 <= 20; p0 += 20) { /* whole, then a window of 20 */
+            cpu_attn_head_sink(q, &kv, p0, N, HD, scale, 0.0f, sinks[si], s, out);
+            double sc[N], m = sinks[si], sum = 0.0;
+            for (int p = p0; p < N; p++) {
+                const uint16_t *kr = k + ((int64_t)table[p / BSZ] * BSZ + p % BSZ) * HD;
+                double d = 0.0;
+                for (int i = 0; i < HD; i++) {
+                    d += (double)q[i] * kg_fp16_to_fp32(kr[i]);
+                }
+                sc[p] = d * scale;
+                m = fmax(m, sc[p]);
+            }
+            for (int p = p0; p < N; p++) {
+                sum += exp(sc[p] - m);
+            }
+            sum += exp(sinks[si] - m);
+            for (int i = 0; i < HD; i++) {
+                double want = 0.0;
+                for (int p = p0; p < N; p++) {
+                    const uint16_t *vr = v + ((int64_t)table[p / BSZ] * BSZ + p % BSZ) * HD;
+                    want += exp(sc[p] - m) / sum * kg_fp16_to_fp32(vr[i]);
+                }
+                /* the probabilities are rounded to fp16 as ggml rounds them */
+                ck_assert_msg(fabs(out[i] - want) < 2e-3 * (1.0 + fabs(want)),
+                              "sink %g p0 %d elem %d: %g vs %g", (double)sinks[si], p0, i,
+                              (double)out[i], want);
+            }
+        }
+    }
+}
+END_TEST
+
+// ---- models ----
+
+/* A model written by kg_mkmodel_write; a copy of its path (caller frees). */
+static char *write_model(
+    const char *arch, int n_embd, int n_layer, int n_ff, int n_expert, int k, const char *type) {
+    kg_mkmodel_opts_t o = kg_mkmodel_opts_default();
+    char path[4096], err[512];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("moe"));
+    o.out = path;
+    o.arch = arch;
+    o.n_embd = n_embd;
+    o.n_layer = n_layer;
+    o.n_head = 4;
+    o.n_head_kv = 2;
+    o.head_dim = 16;
+    o.n_ff = n_ff;
+    o.n_ff_exp = strcmp(arch, "mixtral") == 0 ? 0 : n_ff;
+    o.n_expert = n_expert;
+    o.n_expert_used = k;
+    o.ctx = 256;
+    o.seed = 5;
+    o.have_seed = true;
+    if (strcmp(arch, "gpt-oss") == 0) {
+        o.sliding_window = 8;
+        o.rope_scaling = "yarn";
+        o.rope_factor = 4.0f;
+        o.rope_orig_ctx = 64;
+    }
+    if (type && strcmp(type, "q8_0") == 0) {
+        o.type = KG_GGML_TYPE_Q8_0;
+    } else if (type && strcmp(type, "mxfp4_moe") == 0) {
+        o.type = KG_GGML_TYPE_Q8_0;
+        o.has_expert_type = true;
+        o.expert_type = KG_GGML_TYPE_MXFP4;
+    }
+    ck_assert_msg(kg_mkmodel_write(&o, NULL, err, sizeof(err)) == KG_OK, "%s", err);
+    return strdup(path);
+}
+
+static kg_model_t *load_ok(char *path) {
+    char err[512];
+    kg_model_t *m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    remove(path);
+    free(path);
+    return m;
+}
+
+/* A copy of `src` with the keys in `drop` left out, `edit` adding keys,
+ * and the tensors named in `skip` left out. Returns the new path. */
+static char *rewrite(const char *src,
+                     const char *const *drop,
+                     void (*edit)(kg_gguf_writer_t *w),
+                     const char *skip) {
+    char err[256];
+    kg_gguf_t *g = kg_gguf_open(src, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    kg_gguf_writer_t *w = kg_gguf_writer_new();
+    for (int64_t i = 0; i < kg_gguf_n_kv(g); i++) {
+        kg_gguf_str_t key = kg_gguf_key(g, i);
+        bool out = false;
+        for (int d = 0; drop && drop[d]; d++) {
+            out |= key.len == strlen(drop[d]) && memcmp(key.data, drop[d], key.len) == 0;
+        }
+        if (!out) {
+            kg_gguf_writer_copy_kv(w, g, i);
+        }
+    }
+    if (edit) {
+        edit(w);
+    }
+    for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(g, i);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.data);
+        if (skip && strcmp(name, skip) == 0) {
+            continue;
+        }
+        ck_assert_int_eq(
+            kg_gguf_writer_add_tensor_raw(w, name, t->type, t->n_dims, t->ne, t->data, t->size),
+            KG_OK);
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("moe-rw"));
+    ck_assert_int_eq(kg_gguf_writer_write(w, path, err, sizeof(err)), KG_OK);
+    kg_gguf_writer_free(w);
+    kg_gguf_free(g);
+    return strdup(path);
+}
+
+static void load_fails(char *path, const char *const *want) {
+    char err[512] = "";
+    kg_model_t *m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m == NULL, "%s loaded", path);
+    for (int i = 0; want[i]; i++) {
+        ck_assert_msg(strstr(err, want[i]) != NULL, "error '%s' lacks '%s'", err, want[i]);
+    }
+    remove(path);
+    free(path);
+}
+
+START_TEST(loader_reads_each_family) {
+    kg_model_t *m = load_ok(write_model("qwen3moe", 64, 2, 32, 8, 2, NULL));
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert_int_eq(hp->arch, KG_ARCH_QWEN3MOE);
+    ck_assert(hp->n_expert == 8 && hp->n_expert_used == 2 && hp->n_ff_exp == 32);
+    ck_assert(hp->moe_gating == KG_MOE_SOFTMAX && hp->moe_norm_w && hp->moe_w_scale == 0.0f);
+    const kg_layer_weights_t *L = &m->layers[1];
+    ck_assert_ptr_null(L->w_gate);
+    ck_assert_ptr_null(L->w_down);
+    ck_assert_ptr_nonnull(L->q_norm);
+    /* expert e's views are slices of the 3-D tensors */
+    ck_assert_int_eq(L->exp_down[5].n_dims, 2);
+    ck_assert(L->exp_down[5].ne[0] == 32 && L->exp_down[5].ne[1] == 64);
+    ck_assert_ptr_eq(L->exp_down[5].data, (const char *)L->down_exps->data + 5 * 32 * 64 * 4);
+    ck_assert_ptr_eq(L->exp_up[7].data, (const char *)L->up_exps->data + 7 * 64 * 32 * 4);
+    ck_assert_uint_eq(kg_model_features(m),
+                      KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_MOE);
+    kg_model_free(m);
+
+    /* Mixtral: a llama whose feed_forward_length is each expert's */
+    m = load_ok(write_model("mixtral", 64, 1, 96, 4, 2, "q8_0"));
+    ck_assert_int_eq(m->hp.arch, KG_ARCH_LLAMA);
+    ck_assert(m->hp.n_expert == 4 && m->hp.n_ff_exp == 96 && m->hp.moe_norm_w);
+    ck_assert_int_eq(m->layers[0].exp_gate[3].type, KG_GGML_TYPE_Q8_0);
+    ck_assert_int_eq(m->layers[0].ffn_gate_inp->type, KG_GGML_TYPE_F32);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_MOE);
+    kg_model_free(m);
+
+    /* gpt-oss: even layers windowed, YaRN, biases, sinks, its router */
+    m = load_ok(write_model("gpt-oss", 64, 3, 32, 4, 2, "mxfp4_moe"));
+    hp = &m->hp;
+    ck_assert_int_eq(hp->arch, KG_ARCH_GPT_OSS);
+    ck_assert(hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT && !hp->moe_norm_w);
+    ck_assert_int_eq(hp->ffn_act, KG_FFN_SWIGLU_OAI);
+    ck_assert(m->layers[0].n_swa == 8 && m->layers[1].n_swa == 0 && m->layers[2].n_swa == 8);
+    ck_assert_int_eq(kg_model_kv_window(m), 0);
+    ck_assert(m->layers[1].attn_sinks && m->layers[1].attn_sinks->ne[0] == 4);
+    ck_assert(m->layers[1].bo && m->layers[1].bq && m->layers[1].ffn_gate_inp_b);
+    ck_assert(m->layers[1].down_exps_b->ne[0] == 64 && m->layers[1].down_exps_b->ne[1] == 4);
+    ck_assert_int_eq(m->layers[1].exp_up[0].type, KG_GGML_TYPE_MXFP4);
+    ck_assert_int_eq(m->layers[1].wq->type, KG_GGML_TYPE_Q8_0);
+    ck_assert(hp->yarn_ext_factor == 1.0f && hp->rope_scale == 0.25f);
+    const uint32_t f = kg_model_features(m);
+    ck_assert(f & KG_MODEL_FEAT_MOE && f & KG_MODEL_FEAT_MOE_OAI && f & KG_MODEL_FEAT_ATTN_SINKS);
+    ck_assert(f & KG_MODEL_FEAT_SLIDING_WINDOW && f & KG_MODEL_FEAT_ROPE_YARN);
+    char names[256];
+    ck_assert_ptr_nonnull(
+        strstr(kg_model_feature_names(f, names, sizeof(names)), "moe, moe_oai, attn_sinks"));
+    kg_model_free(m);
+}
+END_TEST
+
+static void used_too_many(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "qwen3moe.expert_used_count", 9);
+}
+
+static void used_per_layer(kg_gguf_writer_t *w) {
+    const int32_t v[2] = {2, 2};
+    kg_gguf_writer_set_arr_i32(w, "qwen3moe.expert_used_count", v, 2);
+}
+
+static void no_renorm(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_bool(w, "qwen3moe.expert_weights_norm", false);
+    kg_gguf_writer_set_f32(w, "qwen3moe.expert_weights_scale", 2.0f);
+}
+
+static void llama_experts(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "qwen3.expert_count", 4);
+    kg_gguf_writer_set_u32(w, "qwen3.expert_used_count", 2);
+}
+
+static const char *const drop_count[] = {"qwen3moe.expert_count", NULL};
+static const char *const drop_used[] = {"qwen3moe.expert_used_count", NULL};
+static const char *const drop_ffexp[] = {"qwen3moe.expert_feed_forward_length", NULL};
+static const char *const drop_window[] = {"gpt-oss.attention.sliding_window", NULL};
+
+START_TEST(loader_refusals) {
+    char *src = write_model("qwen3moe", 64, 2, 32, 8, 2, NULL);
+    load_fails(rewrite(src, drop_count, NULL, NULL),
+               (const char *[]){"qwen3moe needs", "expert_count > 0", NULL});
+    load_fails(rewrite(src, drop_used, NULL, NULL), (const char *[]){"expert_used_count", NULL});
+    load_fails(rewrite(src, drop_used, used_too_many, NULL),
+               (const char *[]){"expert_used_count 9", NULL});
+    load_fails(rewrite(src, drop_used, used_per_layer, NULL),
+               (const char *[]){"per-layer array", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.1.ffn_up_exps.weight"),
+               (const char *[]){"missing tensor 'blk.1.ffn_up_exps.weight'", NULL});
+    /* without expert_feed_forward_length llama.cpp takes n_ff / k = 16,
+     * which the 32-wide experts do not have */
+    load_fails(rewrite(src, drop_ffexp, NULL, NULL),
+               (const char *[]){"blk.0.ffn_gate_exps.weight", "[64, 32, 8]", "[64, 16, 8]", NULL});
+    kg_model_t *m = load_ok(rewrite(src, NULL, no_renorm, NULL));
+    ck_assert(!m->hp.moe_norm_w && m->hp.moe_w_scale == 2.0f);
+    kg_model_free(m);
+    remove(src);
+    free(src);
+
+    src = write_model("gpt-oss", 64, 2, 32, 4, 2, NULL);
+    load_fails(rewrite(src, drop_window, NULL, NULL),
+               (const char *[]){"gpt-oss.attention.sliding_window", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.0.attn_sinks.weight"),
+               (const char *[]){"attn_sinks", NULL});
+    load_fails(rewrite(src, NULL, NULL, "output.weight"),
+               (const char *[]){"missing tensor 'output.weight'", NULL});
+    remove(src);
+    free(src);
+
+    /* experts where kgen (like llama.cpp) runs none */
+    kg_mkmodel_opts_t o = kg_mkmodel_opts_default();
+    char path[4096], err[512];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("moe"));
+    o.out = path;
+    o.arch = "qwen3";
+    o.n_embd = 64;
+    o.n_layer = 1;
+    o.n_head = 4;
+    o.n_head_kv = 2;
+    o.head_dim = 16;
+    o.n_ff = 64;
+    o.have_seed = true;
+    ck_assert_msg(kg_mkmodel_write(&o, NULL, err, sizeof(err)) == KG_OK, "%s", err);
+    load_fails(rewrite(path, NULL, llama_experts, NULL),
+               (const char *[]){"qwen3 with experts is not supported", NULL});
+    remove(path);
+    /* and mkmodel refuses expert options for a dense family */
+    o.n_expert = 4;
+    ck_assert_int_eq(kg_mkmodel_write(&o, NULL, err, sizeof(err)), KG_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err, "expert options"));
+}
+END_TEST
+
+/* `kgen mkmodel --mxfp4_moe` and `--q8_0` write the bytes llama.cpp's own
+ * quantizer writes from the F32 model (llama_model_quantize with
+ * MOSTLY_MXFP4_MOE and MOSTLY_Q8_0): every tensor's type and FNV-1a 64
+ * hash as recorded in tests/data/arch/quantize-moe.txt
+ * (scripts/goldens/moe-quantize.sh). */
+START_TEST(quantized_like_llama_cpp) {
+    size_t len;
+    char *text = kg_test_read_file(kg_test_data("arch/quantize-moe.txt"), &len);
+    ck_assert_ptr_nonnull(text);
+    kg_gguf_t *g = NULL;
+    char model[64] = "", type[32] = "", path[4096] = "";
+    int n_models = 0, n_tensors = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char name[128], ttype[32];
+        unsigned long long h;
+        if (sscanf(line, "model %63s %31s", model, type) == 2) {
+            continue;
+        }
+        if (strncmp(line, "args ", 5) == 0) {
+            char cmd[8192], err[256];
+            kg_gguf_free(g);
+            snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("moe-q"));
+            snprintf(cmd, sizeof(cmd), "%s/kgen mkmodel --out '%s' %s --%s >/dev/null", KG_BIN_DIR,
+                     path, line + 5, type);
+            ck_assert_msg(system(cmd) == 0, "failed: %s", cmd);
+            g = kg_gguf_open(path, err, sizeof(err));
+            ck_assert_msg(g != NULL, "%s", err);
+            remove(path);
+            n_models++;
+        } else if (sscanf(line, "tensor %127s %31s %llx", name, ttype, &h) == 3) {
+            const kg_gguf_tensor_t *t = kg_gguf_find_tensor(g, name);
+            ck_assert_msg(t != NULL, "%s %s: no %s", model, type, name);
+            ck_assert_msg(strcmp(kg_ggml_type_name(t->type), ttype) == 0, "%s %s %s: %s, not %s",
+                          model, type, name, kg_ggml_type_name(t->type), ttype);
+            uint64_t f = 0xcbf29ce484222325ULL;
+            for (size_t i = 0; i < t->size; i++) {
+                f = (f ^ ((const uint8_t *)t->data)[i]) * 0x100000001b3ULL;
+            }
+            ck_assert_msg(f == h, "%s %s %s: bytes differ from llama.cpp's", model, type, name);
+            n_tensors++;
+        }
+    }
+    ck_assert_int_eq(n_models, 6);
+    ck_assert_int_gt(n_tensors, 200);
+    kg_gguf_free(g);
+    free(text);
+}
+END_TEST
+
+/* kgen mkmodel's expert options: usage errors name the problem. */
+START_TEST(mkmodel_usage_errors) {
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"--arch qwen3 --n-expert 4", "are for qwen3moe, mixtral and gpt-oss"},
+        {"--arch llama --mxfp4_moe", "are for qwen3moe, mixtral and gpt-oss"},
+        {"--arch mixtral --n-ff-exp 32", "mixtral has no --n-ff-exp"},
+        {"--arch qwen3moe --n-expert 4 --n-expert-used 5", "expert_used_count (5)"},
+        {"--arch gpt-oss --n-ff-exp 48 --mxfp4_moe", "multiples of mxfp4's block (32)"},
+        {"--arch qwen3moe --n-expert 0", "--n-expert: '0' is not an integer in 1..1024"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd),
+                 "%s/kgen mkmodel --out '%s' --n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 "
+                 "--n-ff 64 --seed 1 %s 2>&1",
+                 KG_BIN_DIR, kg_test_tmp_path("never"), cases[i].args);
+        int status = 0;
+        char *out = kg_test_run(cmd, &status);
+        ck_assert_msg(status != 0 && out && strstr(out, cases[i].want), "%s: status %d, '%s'",
+                      cases[i].args, status, out ? out : "");
+        free(out);
+    }
+}
+END_TEST
+
+/* The CUDA backend runs none of this yet: `cuda` is refused naming what is
+ * missing, `auto` takes the CPU. */
+START_TEST(cuda_refuses_experts) {
+    kg_model_t *m = load_ok(write_model("gpt-oss", 64, 1, 32, 4, 2, NULL));
+    kg_backend_params_t p = {
+        .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
+    char err[512] = "";
+    kg_backend_t *be = kg_backend_new("cuda", m, &p, err, sizeof(err));
+    ck_assert_ptr_null(be);
+#ifdef KG_USE_CUDA
+    ck_assert_msg(strstr(err, "gpt-oss") && strstr(err, "moe") && strstr(err, "attn_sinks"), "%s",
+                  err);
+#endif
+    be = kg_backend_new("auto", m, &p, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    ck_assert_str_eq(kg_backend_name(be), "cpu");
+    kg_backend_free(be);
+    kg_model_free(m);
+}
+END_TEST
+
+// ---- the backend ----
+
+#define BLOCK 16
+#define N_TOK 48
+
+/* Run `n` tokens, each the first (position 0) of its own sequence, in one
+ * step; the logits of every token into logits (n, n_vocab). */
+static void run_step(kg_backend_t *be, const int32_t *tokens, int32_t n, float *logits) {
+    int32_t pos[N_TOK], seq[N_TOK], table[N_TOK];
+    bool want[N_TOK];
+    for (int32_t i = 0; i < n; i++) {
+        pos[i] = 0;
+        seq[i] = i;
+        table[i] = N_TOK - 1 - i;
+        want[i] = true;
+    }
+    kg_step_batch_t b = {.n_tokens = n,
+                         .token = tokens,
+                         .pos = pos,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_outputs = n,
+                         .n_slots = n,
+                         .max_blocks_per_seq = 1,
+                         .block_table = table};
+    ck_assert_int_eq(kg_backend_forward(be, &b, logits), KG_OK);
+}
+
+/* Token 0's logits alone, then with 47 others in one step (groups of ~24
+ * rows: the prefill kernels, on the pool) and with 3 others (the decode
+ * kernels): the same bits every time. The expert counters add up. */
+static void check_batch_invariance(const char *arch, const char *type) {
+    /* experts of 512 x 256 F32 (512 KiB): big enough for the pool */
+    kg_model_t *m = load_ok(write_model(arch, 256, 2, 512, 4, 2, type));
+    kg_backend_params_t p = {.n_threads = 2,
+                             .n_kv_blocks = N_TOK,
+                             .kv_block_size = BLOCK,
+                             .max_batch_tokens = N_TOK,
+                             .max_seq_len = 256};
+    char err[256];
+    kg_backend_t *be = kg_backend_cpu_new(m, &p, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    const int32_t V = m->hp.n_vocab;
+    int32_t tokens[N_TOK];
+    for (int i = 0; i < N_TOK; i++) {
+        tokens[i] = (i * 37 + 11) % V;
+    }
+    float *alone = malloc((size_t)V * sizeof(float));
+    float *many = malloc((size_t)N_TOK * (size_t)V * sizeof(float));
+    run_step(be, tokens, 1, alone);
+    kg_moe_stats_t st;
+    kg_backend_moe_stats(be, &st);
+    ck_assert(st.n_expert == 4 && st.n_expert_used == 2);
+    ck_assert(st.n_layer_steps == 2 && st.n_routed == 2 * 2 && st.n_groups == 2 * 2);
+    run_step(be, tokens, N_TOK, many);
+    ck_assert_mem_eq(many, alone, (size_t)V * sizeof(float));
+    run_step(be, tokens, 4, many);
+    ck_assert_mem_eq(many, alone, (size_t)V * sizeof(float));
+    kg_backend_moe_stats(be, &st);
+    ck_assert_int_eq(st.n_layer_steps, 6);
+    ck_assert_int_eq(st.n_routed, 2 * 2 * (1 + N_TOK + 4));
+    int64_t sum = 0;
+    for (int e = 0; e < 4; e++) {
+        sum += st.n_per_expert[e];
+    }
+    ck_assert_int_eq(sum, st.n_routed);
+    ck_assert(st.n_groups >= 2 * 2 + 2 + 2 && st.n_groups <= 3 * 2 * 4);
+    ck_assert(st.max_group > N_TOK * 2 / 4 / 2 && st.max_group <= N_TOK);
+    free(alone);
+    free(many);
+    kg_backend_free(be);
+    kg_model_free(m);
+}
+
+START_TEST(batch_invariant_f32) {
+    check_batch_invariance("qwen3moe", NULL);
+}
+END_TEST
+
+START_TEST(batch_invariant_mxfp4) {
+    check_batch_invariance("gpt-oss", "mxfp4_moe");
+}
+END_TEST
+
+/* A dense model reports no experts. */
+START_TEST(dense_has_no_moe_stats) {
+    kg_test_model_opts_t o = {
+        .n_embd = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 1, .n_ff = 64, .seed = 1};
+    char err[256];
+    kg_model_t *m = kg_model_load(kg_test_make_model(&o), err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    kg_backend_params_t p = {
+        .n_threads = 1, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 8};
+    kg_backend_t *be = kg_backend_cpu_new(m, &p, err, sizeof(err));
+    kg_moe_stats_t st;
+    kg_backend_moe_stats(be, &st);
+    ck_assert(st.n_expert == 0 && st.n_routed == 0 && st.n_per_expert == NULL);
+    kg_backend_free(be);
+    kg_model_free(m);
+}
+END_TEST
+
+static Suite *make_suite(void) {
+    Suite *s = suite_create("moe");
+    TCase *tc = tcase_create("route");
+    tcase_add_test(tc, route_softmax_then_top_k);
+    tcase_add_test(tc, route_top_k_then_softmax);
+    tcase_add_test(tc, route_ties_go_to_the_lower_expert);
+    tcase_add_test(tc, combine_in_rank_order);
+    tcase_add_test(tc, swiglu_oai_clamps);
+    tcase_add_test(tc, attention_sink);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("model");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, loader_reads_each_family);
+    tcase_add_test(tc, loader_refusals);
+    tcase_add_test(tc, cuda_refuses_experts);
+    tcase_add_test(tc, mkmodel_usage_errors);
+    tcase_add_test(tc, quantized_like_llama_cpp);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("backend");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, batch_invariant_f32);
+    tcase_add_test(tc, batch_invariant_mxfp4);
+    tcase_add_test(tc, dense_has_no_moe_stats);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KG_CHECK_MAIN(make_suite)
