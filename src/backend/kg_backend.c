@@ -46,7 +46,7 @@ static const kg_ggml_type_t cuda_types[] = {
     KG_GGML_TYPE_F32,  KG_GGML_TYPE_F16,    KG_GGML_TYPE_BF16,   KG_GGML_TYPE_Q4_0,
     KG_GGML_TYPE_Q4_1, KG_GGML_TYPE_Q5_0,   KG_GGML_TYPE_Q5_1,   KG_GGML_TYPE_Q8_0,
     KG_GGML_TYPE_Q2_K, KG_GGML_TYPE_Q3_K,   KG_GGML_TYPE_Q4_K,   KG_GGML_TYPE_Q5_K,
-    KG_GGML_TYPE_Q6_K, KG_GGML_TYPE_IQ4_NL, KG_GGML_TYPE_IQ4_XS,
+    KG_GGML_TYPE_Q6_K, KG_GGML_TYPE_IQ4_NL, KG_GGML_TYPE_IQ4_XS, KG_GGML_TYPE_MXFP4,
 };
 
 const kg_ggml_type_t *kg_backend_cuda_types(int *n) {
