@@ -93,11 +93,11 @@ typedef struct cpu_qpanel {
                       32-blocks always, every type in the interleaved form below */
     /* The interleaved form the AVX-VNNI prefill tiles read (cpu_vecdot), built
      * from the above when those tiles run: */
-    int8_t *wi;      /* (k / 4, CPU_QPANEL, 4): 4 consecutive values of each row side by
-                        side, so one vpdpbusd meets 4 k of all 8 rows (signed values) */
-    int32_t *sci;    /* scaled types: (k / 16, CPU_QPANEL) the scale of each 16 */
-    uint32_t *mini;  /* min_k: (k / 32, CPU_QPANEL) the mins of 16-sub-blocks 2j and 2j + 1
-                        as an int16 pair */
+    int8_t *wi;     /* (k / 4, CPU_QPANEL, 4): 4 consecutive values of each row side by
+                       side, so one vpdpbusd meets 4 k of all 8 rows (signed values) */
+    int32_t *sci;   /* scaled types: (k / 16, CPU_QPANEL) the scale of each 16 */
+    uint32_t *mini; /* min_k: (k / 32, CPU_QPANEL) the mins of 16-sub-blocks 2j and 2j + 1
+                       as an int16 pair */
 } cpu_qpanel_t;
 
 /** Bytes of one panel for rows of k elements. */
