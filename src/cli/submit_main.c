@@ -29,14 +29,28 @@
  * --status prints OpenAI-style request_counts (total, completed, failed) of
  * the input's jobs from the results topic (from the recorded offsets, or
  * the beginning without a state file). Delete the state file to start over.
- */
+ *
+ * Results are read with isolation.level=read_committed, always: with
+ * --exactly-once workers a terminal event is visible once its transaction
+ * commits (an aborted attempt never is); with at-least-once workers nothing
+ * is transactional and read_committed costs nothing.
+ *
+ * --key prefix[:N] sends each job with a key made from the start of its
+ * prompt (schema/kg_routing) instead of its request_id, so jobs that share a
+ * system prompt land on one partition, one worker, one prefix cache; the
+ * request_id then travels in the kgen-request-key header, which resuming
+ * reads. --cancel ID... sends cancels and exits; --cancel-on-interrupt
+ * cancels the outstanding jobs on the first Ctrl-C and waits for their
+ * answers. */
 #include "cli_util.h"
 #include "config/kg_config.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
+#include "kafka/kg_cancel.h"
 #include "kafka/kg_kafka_conf.h"
 #include "schema/kg_codec.h"
 #include "schema/kg_openai.h"
+#include "schema/kg_routing.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -59,6 +73,8 @@ typedef struct job_state {
     char attempt[192]; /* "worker_id/partition/offset" of the attempt being assembled */
     int32_t next_index;
     int64_t tokens;
+    int64_t sent_us;  /* its produce call returned (kg_clock_us) */
+    int64_t first_us; /* its first event (token, or the terminal one) arrived; 0 until then */
 } job_state_t;
 
 typedef struct id_table {
@@ -174,6 +190,28 @@ static const char *line_ids(const char *line, size_t len, int line_no, char *rid
     return got ? rid : NULL;
 }
 
+/* The header that carries a job's request key when --key prefix chose the
+ * Kafka key (resuming reads it). */
+#define REQUEST_KEY_HEADER "kgen-request-key"
+
+/* --key prefix:N: the routing key of `line` (kg_routing) in `out`; false when
+ * the line is no job kgen can read (it keeps its request key). */
+static bool route_key(const char *line, size_t len, int line_no, int32_t n, char *out) {
+    kg_job_t *job = NULL;
+    kg_codec_error_t cerr;
+    kg_codec_opts_t o = kg_codec_opts_default();
+    char key[32];
+    snprintf(key, sizeof(key), "line-%d", line_no);
+    o.key = key;
+    o.key_len = strlen(key);
+    if (kg_codec_decode_job_opts(line, len, &o, &job, &cerr) != KG_OK) {
+        return false;
+    }
+    kg_routing_prefix_key(job, n, out);
+    kg_job_free(job);
+    return true;
+}
+
 // ---- results ----
 
 static void write_result(submit_t *s, job_state_t *j, const char *event, size_t len, bool failed) {
@@ -219,6 +257,9 @@ static void on_event(submit_t *s, const rd_kafka_message_t *rkm, bool write) {
         kg_event_free(ev); /* not ours, or a duplicate after the job finished */
         return;
     }
+    if (!j->first_us) {
+        j->first_us = kg_clock_us();
+    }
     char attempt[192];
     snprintf(attempt, sizeof(attempt), "%s/%d/%lld", c->worker_id, c->partition,
              (long long)c->offset);
@@ -251,6 +292,88 @@ static void on_event(submit_t *s, const rd_kafka_message_t *rkm, bool write) {
         }
     }
     kg_event_free(ev);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Time to first token as a submitter sees it: from a job's produce to its
+ * first event (a token, or the terminal event of a job that streams none),
+ * over the jobs that have one: "ttft_ms p50=... p90=... max=..." in `out`. */
+static void ttft_summary(const submit_t *s, char *out, size_t size) {
+    int64_t *v = malloc((s->n_jobs ? s->n_jobs : 1) * sizeof(*v));
+    size_t n = 0;
+    for (size_t i = 0; v && i < s->n_jobs; i++) {
+        if (s->jobs[i].first_us && s->jobs[i].sent_us) {
+            v[n++] = s->jobs[i].first_us - s->jobs[i].sent_us;
+        }
+    }
+    out[0] = '\0';
+    if (n > 0) {
+        qsort(v, n, sizeof(*v), cmp_i64);
+        snprintf(out, size, " ttft_ms p50=%.1f p90=%.1f max=%.1f", (double)v[n / 2] / 1e3,
+                 (double)v[n * 9 / 10] / 1e3, (double)v[n - 1] / 1e3);
+    }
+    free(v);
+}
+
+/* --key: 0 = request_id, N > 0 = prefix of N characters. -1 when not understood. */
+static int32_t parse_key_mode(const char *s) {
+    if (strcmp(s, "request_id") == 0) {
+        return 0;
+    }
+    if (strcmp(s, "prefix") == 0) {
+        return KG_ROUTING_PREFIX_CHARS;
+    }
+    char *end;
+    long n = strncmp(s, "prefix:", 7) == 0 ? strtol(s + 7, &end, 10) : -1;
+    return n >= 1 && n <= 1 << 20 && *end == '\0' ? (int32_t)n : -1;
+}
+
+/* The cancel topic: --cancel-topic, or <jobs-topic>.cancel. */
+static void cancel_topic_of(const kg_config_t *cfg, const char *given, char *out, size_t size) {
+    if (given) {
+        snprintf(out, size, "%s", given);
+    } else {
+        snprintf(out, size, "%s.cancel", cfg->jobs_topic);
+    }
+}
+
+/* Send cancels for `ids` (n of them) and wait for the broker to have them. */
+static int send_cancels(rd_kafka_t *producer, const char *topic, char *const *ids, size_t n) {
+    size_t sent = 0;
+    for (size_t i = 0; i < n; i++) {
+        rd_kafka_resp_err_t err = kg_cancel_send(producer, topic, ids[i]);
+        if (err) {
+            fprintf(stderr, "kgen-submit: cancel %s: %s\n", ids[i], rd_kafka_err2str(err));
+            continue;
+        }
+        sent++;
+    }
+    if (rd_kafka_flush(producer, 30000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        fprintf(stderr, "kgen-submit: %d cancels not delivered\n", rd_kafka_outq_len(producer));
+        return 1;
+    }
+    fprintf(stderr, "kgen-submit: sent %zu cancels to %s\n", sent, topic);
+    return sent == n ? 0 : 1;
+}
+
+/* --cancel-on-interrupt: cancel every job that has no result yet. */
+static void cancel_outstanding(const submit_t *s, rd_kafka_t *producer, const char *topic) {
+    size_t n = 0;
+    char **ids = malloc((s->n_jobs ? s->n_jobs : 1) * sizeof(*ids));
+    for (size_t i = 0; ids && i < s->n_jobs; i++) {
+        if (!s->jobs[i].done) {
+            ids[n++] = s->jobs[i].request_id;
+        }
+    }
+    fprintf(stderr, "\nkgen-submit: interrupted: cancelling %zu jobs (Ctrl-C again to leave)\n", n);
+    if (ids) {
+        (void)send_cancels(producer, topic, ids, n);
+    }
+    free(ids);
 }
 
 // ---- the state file ----
@@ -370,6 +493,7 @@ new_consumer(const kg_config_t *cfg, bool eof, char *errstr, size_t errstr_size)
     rd_kafka_conf_t *conf = kg_kafka_conf_new(cfg, errstr, errstr_size);
     if (!conf || kg_kafka_conf_set(conf, "group.id", "kgen-submit", errstr, errstr_size) ||
         kg_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, errstr_size) ||
+        kg_kafka_conf_set(conf, "isolation.level", "read_committed", errstr, errstr_size) ||
         kg_kafka_conf_set(conf, "enable.partition.eof", eof ? "true" : "false", errstr,
                           errstr_size)) {
         if (conf) {
@@ -430,9 +554,21 @@ static bool read_to_end(rd_kafka_t *rk,
 static void mark_sent(void *ctx, const rd_kafka_message_t *rkm) {
     submit_t *s = ctx;
     char key[KG_JOB_REQUEST_ID_MAX + 1];
-    if (rkm->key && rkm->key_len > 0 && rkm->key_len < sizeof(key)) {
-        memcpy(key, rkm->key, rkm->key_len);
-        key[rkm->key_len] = '\0';
+    const void *kp = rkm->key;
+    size_t kl = rkm->key_len;
+    rd_kafka_headers_t *hdrs = NULL;
+    const void *hv = NULL;
+    size_t hn = 0;
+    if (rd_kafka_message_headers(rkm, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+        rd_kafka_header_get_last(hdrs, REQUEST_KEY_HEADER, &hv, &hn) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR &&
+        hv) {
+        kp = hv; /* sent with --key prefix: the key is the prefix's */
+        kl = hn;
+    }
+    if (kp && kl > 0 && kl < sizeof(key)) {
+        memcpy(key, kp, kl);
+        key[kl] = '\0';
         job_state_t *j = find_job(s, key);
         if (j) {
             j->sent = true;
@@ -487,18 +623,37 @@ static FILE *open_output(submit_t *s, const char *path, bool resume, size_t *n_k
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kgen-submit --brokers B --input jobs.jsonl --output results.jsonl\n"
-               "                   [--output-format kgen|openai] [--error-file FILE]\n"
-               "                   [--events FILE] [--timeout S] [--jobs-topic T]\n"
-               "                   [--results-topic R] [-X key=value ...] [--no-progress]\n"
-               "       kgen-submit --status --brokers B --input jobs.jsonl --output results.jsonl\n"
-               "Rerun with the same input and output to resume (state: <output>.kgen-state).\n");
+    fprintf(f,
+            "usage: kgen-submit --brokers B --input jobs.jsonl --output results.jsonl\n"
+            "                   [--output-format kgen|openai] [--error-file FILE]\n"
+            "                   [--events FILE] [--timeout S] [--jobs-topic T]\n"
+            "                   [--results-topic R] [-X key=value ...] [--no-progress]\n"
+            "                   [--key request_id|prefix[:N]] [--cancel-on-interrupt]\n"
+            "                   [--rate R]\n"
+            "       kgen-submit --status --brokers B --input jobs.jsonl --output results.jsonl\n"
+            "       kgen-submit --brokers B --cancel ID... [--cancel-topic T]\n"
+            "Rerun with the same input and output to resume (state: <output>.kgen-state).\n"
+            "  --key prefix[:N]       key jobs by a hash of their first N prompt characters\n"
+            "                         (or their system message; N default %d) so jobs that\n"
+            "                         share a prefix run on one worker (its prefix cache)\n"
+            "  --cancel ID...         send cancels for these request_ids and exit\n"
+            "  --cancel-topic T       default <jobs-topic>.cancel\n"
+            "  --cancel-on-interrupt  on Ctrl-C, cancel the jobs without a result and wait\n"
+            "                         for their answers (a second Ctrl-C leaves at once)\n"
+            "  --rate R               send R jobs a second (an open-loop load; results are\n"
+            "                         collected meanwhile) instead of all at once\n",
+            KG_ROUTING_PREFIX_CHARS);
 }
 
 int main(int argc, char **argv) {
     const char *in_path = NULL, *out_path = NULL, *events_path = NULL, *err_path = NULL;
     double timeout_s = 600;
     bool progress = isatty(2), status = false, openai = false;
+    int32_t key_mode = 0;
+    double rate = 0; /* --rate: jobs per second, 0 = as fast as they go */
+    bool cancel_mode = false, cancel_on_interrupt = false;
+    const char *cancel_topic_arg = NULL;
+    char cancel_topic[512];
     kg_config_t cfg;
     kg_config_init(&cfg);
     char err[512];
@@ -514,6 +669,11 @@ int main(int argc, char **argv) {
                                          {"error-file", required_argument, 0, O_ERRFILE},
                                          {"status", no_argument, 0, O_STATUS},
                                          {"no-progress", no_argument, 0, 'P'},
+                                         {"key", required_argument, 0, 'K'},
+                                         {"cancel", no_argument, 0, 'C'},
+                                         {"cancel-topic", required_argument, 0, 'T'},
+                                         {"cancel-on-interrupt", no_argument, 0, 'I'},
+                                         {"rate", required_argument, 0, 'r'},
                                          {"version", no_argument, 0, 'V'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -565,6 +725,30 @@ int main(int argc, char **argv) {
         case 'P':
             progress = false;
             break;
+        case 'K':
+            key_mode = parse_key_mode(optarg);
+            if (key_mode < 0) {
+                snprintf(err, sizeof(err),
+                         "--key: expected request_id, prefix or prefix:N, got '%s'", optarg);
+                st = KG_ERR_INVALID;
+            }
+            break;
+        case 'C':
+            cancel_mode = true;
+            break;
+        case 'T':
+            cancel_topic_arg = optarg;
+            break;
+        case 'I':
+            cancel_on_interrupt = true;
+            break;
+        case 'r':
+            if (!kg_cli_parse_f32(optarg, 0.001f, 1e6f, &fv)) {
+                snprintf(err, sizeof(err), "--rate: expected jobs per second, got '%s'", optarg);
+                st = KG_ERR_INVALID;
+            }
+            rate = fv;
+            break;
         case 'X': {
             const char *eq = strchr(optarg, '=');
             if (!eq) {
@@ -596,6 +780,34 @@ int main(int argc, char **argv) {
             kg_config_clear(&cfg);
             return 2;
         }
+    }
+    if (strpbrk(cfg.jobs_topic, ",:")) {
+        fprintf(stderr,
+                "kgen-submit: --jobs-topic names one topic (the lane to send to), got "
+                "'%s'\n",
+                cfg.jobs_topic);
+        kg_config_clear(&cfg);
+        return 2;
+    }
+    cancel_topic_of(&cfg, cancel_topic_arg, cancel_topic, sizeof(cancel_topic));
+    if (cancel_mode) {
+        int crc = 2;
+        rd_kafka_conf_t *cconf = kg_kafka_conf_new(&cfg, err, sizeof(err));
+        rd_kafka_t *cp = cconf ? rd_kafka_new(RD_KAFKA_PRODUCER, cconf, err, sizeof(err)) : NULL;
+        if (optind >= argc) {
+            fprintf(stderr, "kgen-submit: --cancel needs request_ids\n");
+        } else if (!cp) {
+            fprintf(stderr, "kgen-submit: %s\n", err);
+        } else {
+            crc = send_cancels(cp, cancel_topic, argv + optind, (size_t)(argc - optind));
+        }
+        if (cp) {
+            rd_kafka_destroy(cp);
+        } else if (cconf) {
+            rd_kafka_conf_destroy(cconf);
+        }
+        kg_config_clear(&cfg);
+        return crc;
     }
     if (optind < argc || !in_path || !out_path) {
         fprintf(stderr, "kgen-submit: --input and --output are required\n");
@@ -785,6 +997,18 @@ int main(int argc, char **argv) {
         int line_no = 0;
         rd_kafka_resp_err_t kerr = RD_KAFKA_RESP_ERR_NO_ERROR;
         for (char *p = input, *end = input + in_len; p < end && !g_stop; line_no++) {
+            /* --rate: job n goes at t0 + n / rate; results are read while it waits */
+            while (rate > 0 && !g_stop &&
+                   kg_clock_us() < t0 + (int64_t)((double)n_sent * 1e6 / rate)) {
+                rd_kafka_poll(producer, 0);
+                rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 1);
+                if (rkm) {
+                    if (!rkm->err) {
+                        on_event(&s, rkm, true);
+                    }
+                    rd_kafka_message_destroy(rkm);
+                }
+            }
             char *nl = memchr(p, '\n', (size_t)(end - p));
             size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
             char *line = p;
@@ -800,12 +1024,28 @@ int main(int argc, char **argv) {
             if (j) {
                 j->sent = true; /* a request_id twice in the input: sent once */
             }
+            /* the Kafka key picks the partition: the request_id, or with --key
+             * prefix the prompt's prefix; then the request_id travels in a
+             * header, for resuming */
+            char pkey[KG_ROUTING_KEY_SIZE];
+            const char *kkey = key;
+            if (key_mode > 0 && route_key(line, len, line_no + 1, key_mode, pkey)) {
+                kkey = pkey;
+            }
             kerr = RD_KAFKA_RESP_ERR__QUEUE_FULL;
             while (kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-                kerr =
-                    rd_kafka_producev(producer, RD_KAFKA_V_TOPIC(cfg.jobs_topic),
-                                      RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(line, len),
-                                      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+                rd_kafka_headers_t *h = NULL;
+                if (kkey != key) {
+                    h = rd_kafka_headers_new(1);
+                    rd_kafka_header_add(h, REQUEST_KEY_HEADER, -1, key, (ssize_t)strlen(key));
+                }
+                kerr = rd_kafka_producev(
+                    producer, RD_KAFKA_V_TOPIC(cfg.jobs_topic), RD_KAFKA_V_KEY(kkey, strlen(kkey)),
+                    RD_KAFKA_V_VALUE(line, len), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                    RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END);
+                if (kerr && h) {
+                    rd_kafka_headers_destroy(h); /* ours again: the produce failed */
+                }
                 if (kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
                     rd_kafka_poll(producer, 50);
                 }
@@ -813,6 +1053,9 @@ int main(int argc, char **argv) {
             if (kerr) {
                 fprintf(stderr, "kgen-submit: produce: %s\n", rd_kafka_err2str(kerr));
                 goto out_keys;
+            }
+            if (j && !j->sent_us) {
+                j->sent_us = kg_clock_us();
             }
             n_sent++;
             rd_kafka_poll(producer, 0);
@@ -829,7 +1072,20 @@ int main(int argc, char **argv) {
     /* --timeout bounds the wait for results, not the sending */
     int64_t deadline = kg_clock_us() + (int64_t)(timeout_s * 1e6), last_draw = 0;
     size_t done0 = s.n_done;
-    while (s.n_done < s.n_jobs && !g_stop && kg_clock_us() < deadline) {
+    bool interrupted = g_stop != 0;
+    if (g_stop && cancel_on_interrupt) {
+        g_stop = 0; /* interrupted while sending: cancel what was sent, then wait */
+        cancel_outstanding(&s, producer, cancel_topic);
+    }
+    for (;;) {
+        if (g_stop && cancel_on_interrupt && !interrupted) {
+            interrupted = true;
+            g_stop = 0; /* the next Ctrl-C leaves at once */
+            cancel_outstanding(&s, producer, cancel_topic);
+        }
+        if (s.n_done >= s.n_jobs || g_stop || kg_clock_us() >= deadline) {
+            break;
+        }
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 100);
         if (rkm) {
             if (!rkm->err) {
@@ -853,11 +1109,13 @@ int main(int argc, char **argv) {
     if (progress) {
         fprintf(stderr, "\n");
     }
-    fprintf(stderr, "kgen-submit: %zu/%zu jobs finished in %.2f s (%.2f jobs/s, %.1f tok/s)%s\n",
+    char ttft[96];
+    ttft_summary(&s, ttft, sizeof(ttft));
+    fprintf(stderr, "kgen-submit: %zu/%zu jobs finished in %.2f s (%.2f jobs/s, %.1f tok/s)%s%s\n",
             s.n_done, s.n_jobs, secs, secs > 0 ? (double)(s.n_done - done0) / secs : 0.0,
-            secs > 0 ? (double)s.n_tokens / secs : 0.0,
+            secs > 0 ? (double)s.n_tokens / secs : 0.0, ttft,
             s.n_stale ? " (stale attempts dropped)" : "");
-    rc = s.n_done == s.n_jobs ? 0 : 1;
+    rc = interrupted || g_stop ? 130 : s.n_done == s.n_jobs ? 0 : 1;
 out_keys:
     for (size_t i = 0; keys && i < n_lines; i++) {
         free(keys[i]);

@@ -57,6 +57,22 @@ static const opt_t options[] = {
     {"poison-after", OPT_INT, OFF(poison_after), "2", 0, 100, "Kafka",
      "a job present in this many consecutive worker failures (crash, kill, device fault) is "
      "answered with an internal error and a DLQ copy instead of being run again (0 = off)"},
+    {"cancel-topic", OPT_STR, OFF(cancel_topic), "", 0, 0, "Kafka",
+     "topic of cancel messages ({\"request_id\": ...}), read by every worker from the "
+     "cancels of the last --cancel-ttl (default: <jobs-topic>.cancel; none = no "
+     "cancellation). Costs one idle consumer; a missing topic only warns"},
+    {"cancel-remember", OPT_INT, OFF(cancel_remember), "10000", 0, 10000000, "Kafka",
+     "cancels remembered for jobs not here yet (not consumed, redelivered, moved here), about "
+     "160 bytes each (0 = a cancel reaches only jobs here when it arrives)"},
+    {"cancel-ttl", OPT_FLOAT, OFF(cancel_ttl_s), "600", 1, 604800, "Kafka",
+     "seconds a cancel is remembered"},
+    {"exactly-once", OPT_BOOL, OFF(exactly_once), "false", 0, 0, "Kafka",
+     "write terminal events, DLQ copies and the consumed offsets in Kafka transactions, so a "
+     "read_committed reader sees one terminal event per job (token events stay at least "
+     "once); see the README for the cost"},
+    {"txn-interval-ms", OPT_INT, OFF(txn_interval_ms), "100", 1, 60000, "Kafka",
+     "with --exactly-once: commit a transaction this often, or at 1000 terminal events; "
+     "results become visible to read_committed readers then"},
     {"model", OPT_STR, OFF(model), "", 0, 0, "Model", "GGUF model file"},
     {"served-model-name", OPT_STR, OFF(served_model_name), "", 0, 0, "Model",
      "names jobs may give as model, comma-separated or repeated (default: the GGUF's "

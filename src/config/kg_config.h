@@ -31,6 +31,11 @@ typedef struct kg_config {
     int64_t max_event_bytes; /* 0 = from the producer's and the results topic's limits */
     char *inflight_topic;    /* "" = "<jobs_topic>.inflight" (the poison-job journal) */
     int64_t poison_after;    /* consecutive worker failures a job may be in; 0 = off */
+    char *cancel_topic;      /* "" = "<first jobs topic>.cancel"; "none" = no cancellation */
+    int64_t cancel_remember; /* cancels remembered for jobs not here (yet); 0 = none */
+    double cancel_ttl_s;     /* how long a cancel is remembered */
+    bool exactly_once;       /* terminal events, DLQ copies and offsets in transactions */
+    int64_t txn_interval_ms; /* a transaction is committed this often (--exactly-once) */
     /* model and engine */
     char *model;
     char *served_model_name; /* comma list; "" = the model's general.name and file stem */

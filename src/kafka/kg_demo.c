@@ -6,6 +6,7 @@
 #include "../model/kg_mkmodel.h"
 #include "../schema/kg_codec.h"
 #include "kg_kafka_conf.h"
+#include "kg_lanes.h"
 
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
@@ -20,6 +21,7 @@
 
 struct kg_demo {
     kg_config_t *cfg;
+    kg_lanes_t lanes;    /* the jobs topics; sample jobs go to the first */
     rd_kafka_t *mock_rk; /* hosts the mock cluster */
     rd_kafka_mock_cluster_t *mc;
     char model_path[256]; /* ours to delete, or "" */
@@ -66,20 +68,38 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
         snprintf(errstr, errstr_size, "cannot start librdkafka's mock cluster");
         goto fail;
     }
-    char dlq[512];
-    snprintf(dlq, sizeof(dlq), "%s", *cfg->dlq_topic ? cfg->dlq_topic : "");
-    if (!*dlq) {
-        snprintf(dlq, sizeof(dlq), "%s.dlq", cfg->jobs_topic);
+    if (kg_lanes_parse(cfg->jobs_topic, &d->lanes, errstr, errstr_size) != KG_OK) {
+        goto fail;
     }
-    char inflight[512];
-    snprintf(inflight, sizeof(inflight), "%s", *cfg->inflight_topic ? cfg->inflight_topic : "");
-    if (!*inflight) {
-        snprintf(inflight, sizeof(inflight), "%s.inflight", cfg->jobs_topic);
+    for (int l = 0; l < d->lanes.n; l++) {
+        const char *topic = d->lanes.lane[l].topic;
+        char dlq[512], inflight[512];
+        snprintf(dlq, sizeof(dlq), "%s%s", *cfg->dlq_topic ? cfg->dlq_topic : topic,
+                 *cfg->dlq_topic ? "" : ".dlq");
+        snprintf(inflight, sizeof(inflight), "%s%s",
+                 *cfg->inflight_topic ? cfg->inflight_topic : topic,
+                 *cfg->inflight_topic ? "" : ".inflight");
+        /* a --dlq-topic (or --inflight-topic, which the worker then refuses
+         * with its own message) shared by the lanes is created once */
+        bool shared_dlq = l > 0 && *cfg->dlq_topic;
+        bool shared_inflight = l > 0 && *cfg->inflight_topic;
+        if (rd_kafka_mock_topic_create(d->mc, topic, DEMO_PARTITIONS, 1) ||
+            (!shared_dlq && rd_kafka_mock_topic_create(d->mc, dlq, 1, 1)) ||
+            (!shared_inflight && rd_kafka_mock_topic_create(d->mc, inflight, DEMO_PARTITIONS, 1))) {
+            snprintf(errstr, errstr_size, "cannot create the demo topics");
+            goto fail;
+        }
     }
-    if (rd_kafka_mock_topic_create(d->mc, cfg->jobs_topic, DEMO_PARTITIONS, 1) ||
-        rd_kafka_mock_topic_create(d->mc, cfg->results_topic, DEMO_PARTITIONS, 1) ||
-        rd_kafka_mock_topic_create(d->mc, dlq, 1, 1) ||
-        rd_kafka_mock_topic_create(d->mc, inflight, DEMO_PARTITIONS, 1)) {
+    char cancel[512];
+    snprintf(cancel, sizeof(cancel), "%s", *cfg->cancel_topic ? cfg->cancel_topic : "");
+    if (!*cancel) {
+        snprintf(cancel, sizeof(cancel), "%s.cancel", d->lanes.lane[0].topic);
+    }
+    if (strcmp(cancel, "none") != 0 && rd_kafka_mock_topic_create(d->mc, cancel, 1, 1)) {
+        snprintf(errstr, errstr_size, "cannot create the demo's cancel topic");
+        goto fail;
+    }
+    if (rd_kafka_mock_topic_create(d->mc, cfg->results_topic, DEMO_PARTITIONS, 1)) {
         snprintf(errstr, errstr_size, "cannot create the demo topics");
         goto fail;
     }
@@ -190,7 +210,7 @@ static bool produce_jobs(kg_demo_t *d, char *errstr, size_t errstr_size) {
         int kl = snprintf(key, sizeof(key), "demo-%lld", (long long)i);
         rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR__QUEUE_FULL;
         while (job && err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-            err = rd_kafka_producev(p, RD_KAFKA_V_TOPIC(d->cfg->jobs_topic),
+            err = rd_kafka_producev(p, RD_KAFKA_V_TOPIC(d->lanes.lane[0].topic),
                                     RD_KAFKA_V_KEY(key, (size_t)kl), RD_KAFKA_V_VALUE(job, len),
                                     RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
             if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {

@@ -160,14 +160,22 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
     counter(f, "kgen_backend_graph_fallbacks_total",
             "Batch sizes that run eagerly because capturing their CUDA graph failed.",
             (long long)bc.graph_fallbacks);
+    const char *topics[256];
     int32_t parts[256];
     int64_t lags[256];
-    int np = kg_worker_partition_lag(w, parts, lags, 256);
+    int np = kg_worker_partition_lag(w, topics, parts, lags, 256);
     fprintf(f, "# HELP kgen_consumer_lag_messages Messages behind the end of each assigned "
                "partition.\n# TYPE kgen_consumer_lag_messages gauge\n");
     for (int i = 0; i < np; i++) {
-        fprintf(f, "kgen_consumer_lag_messages{partition=\"%d\"} %lld\n", parts[i],
-                (long long)lags[i]);
+        fprintf(f, "kgen_consumer_lag_messages{topic=\"%s\",partition=\"%d\"} %lld\n", topics[i],
+                parts[i], (long long)lags[i]);
+    }
+    double drain = kg_drain_seconds(&m->drain);
+    if (drain >= 0) {
+        gauge(f, "kgen_estimated_drain_seconds",
+              "Seconds this worker needs for its backlog: (lag + jobs in flight) x mean job "
+              "time / slots, smoothed (absent until a job has finished).",
+              drain);
     }
     kg_histogram_write(&m->ttft, f, "kgen_time_to_first_token_seconds",
                        "From taking the job off Kafka to its first token.");

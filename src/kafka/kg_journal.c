@@ -51,6 +51,7 @@ typedef struct jticket {
 struct kg_journal {
     const kg_config_t *cfg;
     char worker_id[128];
+    char jobs_topic[256]; /* the jobs topic it records */
     char topic[512];
     bool off;              /* the in-flight topic is not there: nothing is journaled */
     int32_t n_topic_parts; /* partitions of the in-flight topic */
@@ -166,7 +167,7 @@ static void write_snapshot(kg_journal_t *j, int32_t partition, bool clean) {
     jpart_t *jp = &j->parts[partition];
     size_t n_runs;
     kg_inflight_run_t *runs = entries_to_runs(jp, &n_runs);
-    kg_inflight_t s = {.jobs_topic = (char *)j->cfg->jobs_topic,
+    kg_inflight_t s = {.jobs_topic = (char *)j->jobs_topic,
                        .partition = partition,
                        .worker_id = j->worker_id,
                        .epoch = jp->epoch,
@@ -186,7 +187,7 @@ static void write_snapshot(kg_journal_t *j, int32_t partition, bool clean) {
     }
     *t = (jticket_t){.partition = partition, .epoch = jp->epoch, .seq = jp->seq_written + 1};
     char key[600];
-    int kl = snprintf(key, sizeof(key), "%s/%d", j->cfg->jobs_topic, partition);
+    int kl = snprintf(key, sizeof(key), "%s/%d", j->jobs_topic, partition);
     rd_kafka_vu_t vus[6] = {
         {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = j->topic},
         {.vtype = RD_KAFKA_VTYPE_PARTITION, .u.i32 = partition},
@@ -414,7 +415,7 @@ static bool read_tails(kg_journal_t *j, const int32_t *parts, int n, kg_inflight
             if (kg_inflight_decode(rkm->payload, rkm->len, &s, why, sizeof(why)) != KG_OK) {
                 KG_LOG_WARN("journal", "skipping a record partition=%d offset=%lld error=\"%s\"",
                             rkm->partition, (long long)rkm->offset, why);
-            } else if (s.partition == parts[i] && strcmp(s.jobs_topic, j->cfg->jobs_topic) == 0 &&
+            } else if (s.partition == parts[i] && strcmp(s.jobs_topic, j->jobs_topic) == 0 &&
                        newer(&s, &best[i])) {
                 kg_inflight_clear(&best[i]);
                 best[i] = s;
@@ -488,7 +489,7 @@ void kg_journal_assign(kg_journal_t *j, const rd_kafka_topic_partition_list_t *p
             KG_LOG_WARN("journal",
                         "no in-flight partition for this jobs partition: poison-job protection "
                         "is off for it (give %s at least as many partitions as %s) partition=%d",
-                        j->topic, j->cfg->jobs_topic, p);
+                        j->topic, j->jobs_topic, p);
             continue;
         }
         jp->protected_ = true;
@@ -573,8 +574,12 @@ static rd_kafka_t *make_client(const kg_config_t *cfg,
     return rk;
 }
 
-kg_journal_t *
-kg_journal_new(const kg_config_t *cfg, const char *worker_id, char *errstr, size_t errstr_size) {
+kg_journal_t *kg_journal_new(const kg_config_t *cfg,
+                             const char *jobs_topic,
+                             const char *inflight_topic,
+                             const char *worker_id,
+                             char *errstr,
+                             size_t errstr_size) {
     kg_journal_t *j = calloc(1, sizeof(*j));
     if (!j) {
         snprintf(errstr, errstr_size, "out of memory");
@@ -582,10 +587,11 @@ kg_journal_new(const kg_config_t *cfg, const char *worker_id, char *errstr, size
     }
     j->cfg = cfg;
     snprintf(j->worker_id, sizeof(j->worker_id), "%s", worker_id);
-    if (*cfg->inflight_topic) {
-        snprintf(j->topic, sizeof(j->topic), "%s", cfg->inflight_topic);
+    snprintf(j->jobs_topic, sizeof(j->jobs_topic), "%s", jobs_topic);
+    if (inflight_topic && *inflight_topic) {
+        snprintf(j->topic, sizeof(j->topic), "%s", inflight_topic);
     } else {
-        snprintf(j->topic, sizeof(j->topic), "%s.inflight", cfg->jobs_topic);
+        snprintf(j->topic, sizeof(j->topic), "%s.inflight", jobs_topic);
     }
     char client_id[160], group[600];
     snprintf(client_id, sizeof(client_id), "%s-journal", worker_id);

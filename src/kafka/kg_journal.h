@@ -75,13 +75,17 @@
 
 typedef struct kg_journal kg_journal_t;
 
-/** The journal for cfg->jobs_topic, writing to cfg->inflight_topic (""
- * means "<jobs_topic>.inflight"). It makes its own producer and reader;
- * when the topic is missing it works in the "off" state (every partition
- * unprotected) with a warning. NULL with errstr set on a bad librdkafka
- * property or out of memory. */
-kg_journal_t *
-kg_journal_new(const kg_config_t *cfg, const char *worker_id, char *errstr, size_t errstr_size);
+/** The journal for `jobs_topic` (one of the worker's lanes), writing to
+ * `inflight_topic` ("" or NULL means "<jobs_topic>.inflight"). It makes its
+ * own producer and reader; when the topic is missing it works in the "off"
+ * state (every partition unprotected) with a warning. NULL with errstr set
+ * on a bad librdkafka property or out of memory. */
+kg_journal_t *kg_journal_new(const kg_config_t *cfg,
+                             const char *jobs_topic,
+                             const char *inflight_topic,
+                             const char *worker_id,
+                             char *errstr,
+                             size_t errstr_size);
 
 /** Flush nothing, free everything. NULL does nothing. */
 void kg_journal_free(kg_journal_t *j);

@@ -13,10 +13,13 @@
 #include "../pipeline/kg_runner.h"
 #include "../pipeline/kg_served.h"
 #include "../schema/kg_codec.h"
+#include "kg_cancel.h"
 #include "kg_journal.h"
 #include "kg_kafka_conf.h"
+#include "kg_lanes.h"
 #include "kg_offsets.h"
 #include "kg_topic_config.h"
+#include "kg_txn.h"
 
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
@@ -25,8 +28,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_PARTITIONS 1024
-#define POLL_BATCH     64
+#define MAX_PARTITIONS 1024 /* per jobs topic, for the lag gauges */
+/* Inside the worker a job's "partition" is a dense index over the lanes'
+ * topics (kg_lanes): lane * LANE_STRIDE + the partition on its topic, so one
+ * number keys the offsets tracker, the records and the acks; with one lane
+ * it is the partition itself. The real topic and partition are taken back
+ * at the edges: events, the journal, DLQ headers, logs, Kafka calls. */
+#define LANE_STRIDE  (KG_OFFSETS_MAX_PARTITIONS / KG_LANES_MAX)
+#define ENGINE_SLACK 2 /* with lanes: jobs waiting in the engine beyond its slots */
+#define POLL_BATCH   64
 /* Bytes of a produced message beyond its value: the key (a request_id,
  * <= 128 bytes), the record and the record-batch framing (~90 bytes). */
 #define RECORD_OVERHEAD 512
@@ -49,6 +59,7 @@ typedef struct job_rec {
     uint64_t id;
     kg_jobrun_t run; /* the job from intake to its terminal event (kg_jobrun) */
     rec_state_t state;
+    int64_t cancel_step;   /* kg_runner_steps when a user's cancel was applied */
     struct job_rec *hnext; /* id hash chain */
     struct job_rec *qnext; /* pending FIFO */
 } job_rec_t;
@@ -114,18 +125,21 @@ struct kg_worker {
     const kg_config_t *cfg;
     const kg_model_t *model;
     char worker_id[128];
-    char dlq_topic[512];
+    kg_lanes_t lanes;                  /* the jobs topics and their weights */
+    char dlq_topic[KG_LANES_MAX][512]; /* per lane */
     kg_backend_t *be;
     kg_engine_t *engine;
     kg_runner_t *runner;
     rd_kafka_t *consumer, *producer;
     kg_offsets_t *offsets;
-    kg_journal_t *journal;             /* the poison-job journal; NULL with --poison-after 0 */
-    held_msg_t *held_head, *held_tail; /* waiting for their snapshot's ack */
+    kg_journal_t *journal[KG_LANES_MAX]; /* the poison-job journal per lane; NULL when off */
+    kg_cancel_t *cancel;                 /* the cancel topic's reader; NULL with none */
+    kg_txn_t *txn; /* --exactly-once: answers and offsets in transactions (producer: tokens) */
+    held_msg_t *held_head, *held_tail;         /* waiting for their snapshot's ack */
     held_msg_t *suspects_head, *suspects_tail; /* suspects waiting for their turn */
     int32_t n_held;                            /* in both lists */
     bool suspect_busy;                         /* a suspect runs (or is about to) */
-    int32_t suspect_partition;
+    int32_t suspect_partition;                 /* dense */
     int64_t suspect_offset;
     const char *crash_request_id; /* TEST-ONLY fault injection; NULL normally */
     kg_intake_limits_t limits;
@@ -138,23 +152,44 @@ struct kg_worker {
     size_t max_event_bytes; /* value bytes one event may take (kg_events' budget) */
     size_t max_dlq_bytes;   /* payload bytes of a dead-letter copy (headers apart) */
     int32_t n_inflight;     /* records alive: pending + submitted + revoked awaiting finish */
-    int32_t n_pending;
+    int32_t n_pending;      /* records waiting in the lane queues */
+    int32_t n_in_engine;    /* records submitted to the engine and not finished there */
     uint64_t next_id;
     job_rec_t **table; /* (table_size) id -> record */
     size_t table_size;
-    job_rec_t *pending_head, *pending_tail;
+    struct {
+        job_rec_t *head, *tail;                /* priority, then arrival */
+    } q[KG_LANES_MAX];                         /* prepared jobs waiting for the engine, per lane */
     rd_kafka_topic_partition_list_t *assigned; /* owned copy of the assignment */
-    bool paused;
+    bool paused;                               /* every lane paused (draining) */
+    bool lane_paused[KG_LANES_MAX];            /* backpressure, lowest lanes first */
     _Atomic int stop_requested; /* set by a signal handler or another thread (the demo) */
     bool draining;
     int64_t drain_deadline_us;
     int fatal;        /* non-zero: stop at once, exit non-zero */
     bool fatal_kafka; /* the fatal error was Kafka's, not possibly a job's */
-    _Atomic int64_t lag[MAX_PARTITIONS];
-    _Atomic int32_t lag_valid[MAX_PARTITIONS];
+    _Atomic int64_t lag[KG_LANES_MAX][MAX_PARTITIONS];
+    _Atomic int32_t lag_valid[KG_LANES_MAX][MAX_PARTITIONS];
     int64_t last_lag_us;
     kg_worker_metrics_t m;
 };
+
+static int lane_of(int32_t dense) {
+    return dense / LANE_STRIDE;
+}
+
+/* The partition on its topic of a dense index. */
+static int32_t part_of(int32_t dense) {
+    return dense % LANE_STRIDE;
+}
+
+static int32_t dense_of(int lane, int32_t partition) {
+    return lane * LANE_STRIDE + partition;
+}
+
+static const char *topic_of(const kg_worker_t *w, int32_t dense) {
+    return w->lanes.lane[lane_of(dense)].topic;
+}
 
 static job_rec_t *rec_find(kg_worker_t *w, uint64_t id) {
     for (job_rec_t *r = w->table[id & (w->table_size - 1)]; r; r = r->hnext) {
@@ -184,6 +219,7 @@ static void rec_free(kg_worker_t *w, job_rec_t *r) {
         atomic_store(&w->m.inflight, w->n_inflight);
     }
     if (r->state != REC_PENDING) {
+        w->n_in_engine--;
         w->n_engine_seqs -= r->run.n_choices; /* its engine records are free again */
     }
     kg_jobrun_clear(&r->run);
@@ -216,13 +252,13 @@ static void end_suspect(kg_worker_t *w, int32_t partition, int64_t offset) {
 /* The job was answered (its terminal event or DLQ copy produced): off the
  * journal's record; when it was the running suspect, the next may start. */
 static void job_answered(kg_worker_t *w, int32_t partition, int64_t offset) {
-    kg_journal_finish(w->journal, partition, offset);
+    kg_journal_finish(w->journal[lane_of(partition)], part_of(partition), offset);
     end_suspect(w, partition, offset);
 }
 
 /* The job was given back unfinished (revoke, drain): it keeps its strikes. */
 static void job_given_back(kg_worker_t *w, int32_t partition, int64_t offset) {
-    kg_journal_release(w->journal, partition, offset);
+    kg_journal_release(w->journal[lane_of(partition)], part_of(partition), offset);
     end_suspect(w, partition, offset);
 }
 
@@ -253,18 +289,18 @@ static void on_refused(kg_worker_t *w,
                        const ack_t *ack,
                        rd_kafka_resp_err_t err);
 
-/* Produce one event (or DLQ copy). `ack` (may be NULL) travels as the
- * message opaque and is freed by the delivery report. A message the
- * producer refuses for its own sake is handled as a refused delivery
- * (on_refused); any other failure is fatal. */
-static bool produce(kg_worker_t *w,
-                    const char *topic,
-                    const char *key,
-                    size_t key_len,
-                    const void *value,
-                    size_t len,
-                    ack_t *ack,
-                    rd_kafka_headers_t *hdrs) {
+/* Produce one event (or DLQ copy) on w->producer. `ack` (may be NULL)
+ * travels as the message opaque and is freed by the delivery report. A
+ * message the producer refuses for its own sake is handled as a refused
+ * delivery (on_refused); any other failure is fatal. */
+static bool produce_now(kg_worker_t *w,
+                        const char *topic,
+                        const char *key,
+                        size_t key_len,
+                        const void *value,
+                        size_t len,
+                        ack_t *ack,
+                        rd_kafka_headers_t *hdrs) {
     rd_kafka_resp_err_t err;
     for (int attempt = 0;; attempt++) {
         /* produceva rather than the producev macros: the varargs list cannot
@@ -316,6 +352,37 @@ static bool produce(kg_worker_t *w,
     return false;
 }
 
+static void store_offsets(kg_worker_t *w);
+
+/* Produce an answer (a terminal event, a DLQ copy) or, with --exactly-once,
+ * keep it for the next transaction (kg_txn), which carries the job's offset
+ * too: the offset is marked done now, and `ack` is logged when the
+ * transaction commits. Token events go through produce_now. */
+static bool produce(kg_worker_t *w,
+                    const char *topic,
+                    const char *key,
+                    size_t key_len,
+                    const void *value,
+                    size_t len,
+                    ack_t *ack,
+                    rd_kafka_headers_t *hdrs) {
+    if (!w->txn) {
+        return produce_now(w, topic, key, key_len, value, len, ack, hdrs);
+    }
+    if (kg_txn_add(w->txn, topic, key, key_len, value, len, hdrs,
+                   ack ? topic_of(w, ack->partition) : "", ack ? part_of(ack->partition) : -1,
+                   ack ? ack->offset : -1, ack) != KG_OK) {
+        free(ack);
+        fatal(w, "out of memory keeping an answer for the transaction");
+        return false;
+    }
+    atomic_fetch_add(&w->m.events_produced, 1);
+    if (ack && kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
+        store_offsets(w);
+    }
+    return true;
+}
+
 static ack_t *ack_new(int32_t partition, int64_t offset, ack_kind_t kind) {
     ack_t *a = calloc(1, sizeof(*a));
     if (a) {
@@ -331,11 +398,17 @@ static void store_offsets(kg_worker_t *w) {
     int64_t next;
     while (kg_offsets_next_committable(w->offsets, &part, &next)) {
         rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-        rd_kafka_topic_partition_list_add(l, w->cfg->jobs_topic, part)->offset = next;
+        rd_kafka_topic_partition_list_add(l, topic_of(w, part), part_of(part))->offset = next;
+        if (w->txn) {
+            /* the next transaction commits it (kg_txn) */ kg_txn_set_offset(
+                w->txn, topic_of(w, part), part_of(part), next);
+            rd_kafka_topic_partition_list_destroy(l);
+            continue;
+        }
         rd_kafka_resp_err_t err = rd_kafka_offsets_store(w->consumer, l);
         if (err) {
-            KG_LOG_WARN("worker", "offsets_store failed: %s partition=%d offset=%lld",
-                        rd_kafka_err2str(err), part, (long long)next);
+            KG_LOG_WARN("worker", "offsets_store failed: %s topic=%s partition=%d offset=%lld",
+                        rd_kafka_err2str(err), topic_of(w, part), part_of(part), (long long)next);
         }
         rd_kafka_topic_partition_list_destroy(l);
     }
@@ -343,23 +416,26 @@ static void store_offsets(kg_worker_t *w) {
 
 /* A job's answer is on the broker: count it and log it now, not when it
  * was produced, so the log never shows a job as done that was not. */
-static void log_answered(kg_worker_t *w, const rd_kafka_message_t *rkm, const ack_t *ack) {
-    int klen = (int)rkm->key_len;
-    const char *key = rkm->key ? rkm->key : "";
+static void log_answered(kg_worker_t *w, const void *rkey, size_t key_len, const ack_t *ack) {
+    int klen = (int)key_len;
+    const char *key = rkey ? rkey : "";
     if (ack->kind == ACK_RESULT && !ack->is_error) {
         atomic_fetch_add(&w->m.jobs_done, 1);
         atomic_fetch_add(&w->m.jobs_by_finish[ack->reason], 1);
-        KG_LOG_INFO("worker",
-                    "job done request_id=%.*s partition=%d offset=%lld finish=%s tokens=%d "
-                    "total_ms=%.1f",
-                    klen, key, ack->partition, (long long)ack->offset,
-                    kg_finish_reason_str(ack->reason), ack->n_gen, ack->total_ms);
+        KG_LOG_INFO(
+            "worker",
+            "job done request_id=%.*s topic=%s partition=%d offset=%lld finish=%s tokens=%d "
+            "total_ms=%.1f",
+            klen, key, topic_of(w, ack->partition), part_of(ack->partition), (long long)ack->offset,
+            kg_finish_reason_str(ack->reason), ack->n_gen, ack->total_ms);
     } else if (ack->kind == ACK_RESULT || ack->kind == ACK_ANSWER) {
         kg_error_code_t code = ack->kind == ACK_ANSWER ? KG_ERROR_INTERNAL : ack->code;
         atomic_fetch_add(&w->m.jobs_error, 1);
         atomic_fetch_add(&w->m.jobs_by_error[code], 1);
-        KG_LOG_INFO("worker", "job failed request_id=%.*s partition=%d offset=%lld code=%s", klen,
-                    key, ack->partition, (long long)ack->offset, kg_error_code_str(code));
+        KG_LOG_INFO("worker",
+                    "job failed request_id=%.*s topic=%s partition=%d offset=%lld code=%s", klen,
+                    key, topic_of(w, ack->partition), part_of(ack->partition),
+                    (long long)ack->offset, kg_error_code_str(code));
     }
 }
 
@@ -381,7 +457,7 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
                  rd_kafka_err2str(rkm->err));
         fatal_kafka(w, what);
     } else if (ack && !w->fatal) {
-        log_answered(w, rkm, ack);
+        log_answered(w, rkm->key, rkm->key_len, ack);
         if (kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
             store_offsets(w);
         }
@@ -391,8 +467,8 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
 
 static kg_event_origin_t origin(const kg_worker_t *w, int32_t partition, int64_t offset) {
     kg_event_origin_t o = {.worker_id = w->worker_id,
-                           .topic = w->cfg->jobs_topic,
-                           .partition = partition,
+                           .topic = partition >= 0 ? topic_of(w, partition) : NULL,
+                           .partition = partition >= 0 ? part_of(partition) : -1,
                            .offset = offset,
                            .model = w->served.n > 0 ? w->served.names[0] : NULL};
     return o;
@@ -412,16 +488,17 @@ static void dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack) {
         rd_kafka_header_add(h, "kgen-payload-truncated-from", -1, orig, -1);
     }
     char part[16], off[24];
-    snprintf(part, sizeof(part), "%d", c->partition);
+    snprintf(part, sizeof(part), "%d", c->partition >= 0 ? part_of(c->partition) : -1);
     snprintf(off, sizeof(off), "%lld", (long long)c->offset);
     rd_kafka_header_add(h, "kgen-error-reason", -1, c->reason, -1);
     rd_kafka_header_add(h, "kgen-error-message", -1, c->message, -1);
-    rd_kafka_header_add(h, "kgen-source-topic", -1, w->cfg->jobs_topic, -1);
+    int lane = c->partition >= 0 ? lane_of(c->partition) : 0;
+    rd_kafka_header_add(h, "kgen-source-topic", -1, w->lanes.lane[lane].topic, -1);
     rd_kafka_header_add(h, "kgen-source-partition", -1, part, -1);
     rd_kafka_header_add(h, "kgen-source-offset", -1, off, -1);
     rd_kafka_header_add(h, "kgen-worker-id", -1, w->worker_id, -1);
     rd_kafka_header_add(h, "kgen-payload", -1, c->payload_kind, -1);
-    produce(w, w->dlq_topic, c->key, c->key_len, c->payload, len, ack, h);
+    produce(w, w->dlq_topic[lane], c->key, c->key_len, c->payload, len, ack, h);
     rd_kafka_headers_destroy(h);
 }
 
@@ -439,7 +516,8 @@ static void dead_letter_bare(kg_worker_t *w,
     snprintf(orig, sizeof(orig), "%zu", len);
     rd_kafka_header_remove(h, "kgen-payload-truncated-from");
     rd_kafka_header_add(h, "kgen-payload-truncated-from", -1, orig, -1);
-    produce(w, w->dlq_topic, key, key_len, "", 0, again, h);
+    produce(w, w->dlq_topic[ack->partition >= 0 ? lane_of(ack->partition) : 0], key, key_len, "", 0,
+            again, h);
     rd_kafka_headers_destroy(h);
 }
 
@@ -465,7 +543,10 @@ static void on_refused(kg_worker_t *w,
     snprintf(rid, sizeof(rid), "%.*s", (int)(key_len < sizeof(rid) ? key_len : sizeof(rid) - 1),
              key ? (const char *)key : "");
     atomic_fetch_add(&w->m.events_refused, 1);
-    bool to_dlq = strcmp(topic, w->dlq_topic) == 0;
+    bool to_dlq = false;
+    for (int l = 0; l < w->lanes.n; l++) {
+        to_dlq |= strcmp(topic, w->dlq_topic[l]) == 0;
+    }
     KG_LOG_WARN("worker",
                 "the broker refused one message for its own sake topic=%s bytes=%zu "
                 "error=\"%s\" request_id=%s",
@@ -501,8 +582,8 @@ static void on_refused(kg_worker_t *w,
     }
     KG_LOG_WARN("worker",
                 "job result not delivered, answered with an internal error request_id=%s "
-                "partition=%d offset=%lld",
-                rid, part, (long long)off);
+                "topic=%s partition=%d offset=%lld",
+                rid, topic_of(w, part), part_of(part), (long long)off);
     kg_event_origin_t o = origin(w, part, off);
     snprintf(msg, sizeof(msg),
              "the job's %s event (%zu bytes) could not be delivered: %s; a copy is on the "
@@ -561,8 +642,8 @@ static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_step
             fatal(w, "out of memory encoding a token event");
             return;
         }
-        produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len, NULL,
-                NULL);
+        produce_now(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len,
+                    NULL, NULL);
         free(json);
     }
 }
@@ -609,6 +690,8 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
         if (n_gen > 1) {
             kg_histogram_observe(&w->m.tpot, (now_us - first) / (n_gen - 1));
         }
+        kg_drain_observe_job(&w->m.drain,
+                             now_us - (t->submitted_us ? t->submitted_us : t->taken_us));
         atomic_fetch_add(&w->m.prompt_tokens, r->run.prep.n_tokens);
         atomic_fetch_add(&w->m.generated_tokens, n_gen);
         ack->n_gen = n_gen;
@@ -618,6 +701,74 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
     produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len, ack,
             NULL);
     free(json);
+}
+
+// ---- the lanes' queues of prepared jobs (kg_lanes) ----
+
+/* Queue a prepared record in its lane: after those of its priority or
+ * higher (the job's priority orders jobs within a lane), or at the very
+ * front (a job the engine handed back). */
+static void pending_push(kg_worker_t *w, job_rec_t *r, bool front) {
+    int lane = lane_of(r->run.job->partition);
+    job_rec_t **p = &w->q[lane].head;
+    while (!front && *p && (*p)->run.job->priority >= r->run.job->priority) {
+        p = &(*p)->qnext;
+    }
+    r->qnext = *p;
+    *p = r;
+    if (!r->qnext) {
+        w->q[lane].tail = r;
+    }
+    r->state = REC_PENDING;
+    w->n_pending++;
+}
+
+/* Take a pending record off its lane's queue. */
+static void pending_unlink(kg_worker_t *w, job_rec_t *r) {
+    int lane = lane_of(r->run.job->partition);
+    job_rec_t **p = &w->q[lane].head, *prev = NULL;
+    while (*p && *p != r) {
+        prev = *p;
+        p = &(*p)->qnext;
+    }
+    if (*p) {
+        *p = r->qnext;
+        if (w->q[lane].tail == r) {
+            w->q[lane].tail = prev;
+        }
+        w->n_pending--;
+    }
+    r->qnext = NULL;
+}
+
+/* The next record for the engine, taken off its queue: with one lane the
+ * head of its queue while the worker's in-flight cap allows (the engine
+ * queues and orders them); with several, only as the engine has room for
+ * it (max_batch_size running + ENGINE_SLACK waiting) and from the lane the
+ * weighted fair choice names. NULL when none may go now. */
+static job_rec_t *pending_next(kg_worker_t *w) {
+    int lane = 0;
+    if (w->lanes.n == 1) {
+        int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
+        if (!w->q[0].head || w->n_inflight - w->n_pending >= cap) {
+            return NULL;
+        }
+    } else {
+        bool has_work[KG_LANES_MAX];
+        for (int l = 0; l < w->lanes.n; l++) {
+            has_work[l] = w->q[l].head != NULL;
+        }
+        if (w->n_in_engine >= w->cfg->max_batch_size + ENGINE_SLACK ||
+            (lane = kg_lanes_pick(&w->lanes, has_work)) < 0) {
+            return NULL;
+        }
+    }
+    job_rec_t *r = w->q[lane].head;
+    if (w->n_engine_seqs + r->run.n_choices > w->n_engine_recs) {
+        return NULL; /* its n choices need that many engine records: wait for them */
+    }
+    pending_unlink(w, r);
+    return r;
 }
 
 // ---- completions from the engine ----
@@ -633,14 +784,9 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
          * rather than fail it. It goes back to the front of the pending FIFO. */
         KG_LOG_WARN("worker", "engine queue full: job requeued (queue sizing bug) request_id=%s",
                     r->run.job->request_id);
-        r->state = REC_PENDING;
+        w->n_in_engine--;
         w->n_engine_seqs -= r->run.n_choices;
-        r->qnext = w->pending_head;
-        w->pending_head = r;
-        if (!w->pending_tail) {
-            w->pending_tail = r;
-        }
-        w->n_pending++;
+        pending_push(w, r, true);
         return;
     }
     if (re->kind == KG_RUNNER_REJECTED) {
@@ -667,33 +813,85 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         return;
     }
     if (js.finished) {
+        if (r->run.cancelled) {
+            KG_LOG_INFO("worker",
+                        "job cancelled request_id=%s topic=%s partition=%d offset=%lld tokens=%d "
+                        "steps_after_cancel=%lld",
+                        r->run.job->request_id, topic_of(w, r->run.job->partition),
+                        part_of(r->run.job->partition), (long long)r->run.job->offset,
+                        kg_jobrun_n_generated(&r->run), (long long)(re->step - r->cancel_step));
+        }
         produce_terminal(w, r, KG_OK, re->ts_us);
         rec_free(w, r);
+    }
+}
+
+// ---- cancellation (kg_cancel) ----
+
+/* A cancel for `rid` arrived: a job of that id waiting in the worker ends at
+ * once; one in the engine is cancelled there and ends within one step (its
+ * CANCELLED completion produces the event). Either way the terminal event is
+ * an error, code cancelled, with the text so far. A job not here is caught on
+ * arrival by the memo (kg_cancel_is_cancelled in start_message). */
+static void apply_cancel(kg_worker_t *w, const char *rid) {
+    for (size_t i = 0; i < w->table_size; i++) {
+        for (job_rec_t *r = w->table[i], *next; r; r = next) {
+            next = r->hnext;
+            if (r->state == REC_REVOKED || strcmp(r->run.job->request_id, rid) != 0 ||
+                !kg_jobrun_cancel(&r->run)) {
+                continue;
+            }
+            r->cancel_step = kg_runner_steps(w->runner);
+            KG_LOG_INFO("worker",
+                        "cancel received request_id=%s topic=%s partition=%d offset=%lld state=%s",
+                        rid, topic_of(w, r->run.job->partition), part_of(r->run.job->partition),
+                        (long long)r->run.job->offset,
+                        r->state == REC_PENDING        ? "pending"
+                        : r->run.t.first_token_us == 0 ? "waiting"
+                                                       : "running");
+            if (r->state == REC_PENDING) {
+                pending_unlink(w, r);
+                kg_jobrun_end_cancelled(&r->run, kg_clock_us());
+                KG_LOG_INFO(
+                    "worker",
+                    "job cancelled request_id=%s topic=%s partition=%d offset=%lld tokens=0 "
+                    "steps_after_cancel=0",
+                    rid, topic_of(w, r->run.job->partition), part_of(r->run.job->partition),
+                    (long long)r->run.job->offset);
+                produce_terminal(w, r, KG_OK, kg_clock_us());
+                rec_free(w, r);
+            } else if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
+                fatal(w, "engine command queue stuck");
+            }
+        }
+    }
+}
+
+static void poll_cancels(kg_worker_t *w) {
+    char rids[32][KG_JOB_REQUEST_ID_MAX + 1];
+    int n = kg_cancel_poll(w->cancel, rids, 32);
+    for (int i = 0; i < n && !w->fatal; i++) {
+        apply_cancel(w, rids[i]);
     }
 }
 
 // ---- intake ----
 
 static void submit_pending(kg_worker_t *w) {
-    int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
-    while (w->pending_head && w->n_inflight - w->n_pending < cap &&
-           w->n_engine_seqs + w->pending_head->run.n_choices <= w->n_engine_recs) {
-        job_rec_t *r = w->pending_head;
+    job_rec_t *r;
+    while (!w->fatal && (r = pending_next(w)) != NULL) {
         kg_request_t req = kg_jobrun_request(&r->run, r->id);
         kg_status_t st = kg_runner_submit(w->runner, &req);
         if (st == KG_QUEUE_FULL) {
+            pending_push(w, r, true);
             return;
         }
         if (st != KG_OK) {
+            pending_push(w, r, true);
             fatal(w, "out of memory submitting a job");
             return;
         }
-        w->pending_head = r->qnext;
-        if (!w->pending_head) {
-            w->pending_tail = NULL;
-        }
-        r->qnext = NULL;
-        w->n_pending--;
+        w->n_in_engine++;
         r->state = REC_SUBMITTED;
         w->n_engine_seqs += r->run.n_choices;
         kg_jobrun_submitted(&r->run, kg_clock_us());
@@ -712,8 +910,8 @@ static void dead_letter_job(kg_worker_t *w, const job_msg_t *m, const kg_codec_e
                     .partition = m->partition,
                     .offset = m->offset};
     atomic_fetch_add(&w->m.jobs_dlq, 1);
-    KG_LOG_WARN("worker", "dead-lettered partition=%d offset=%lld reason=%s", m->partition,
-                (long long)m->offset, c.reason);
+    KG_LOG_WARN("worker", "dead-lettered topic=%s partition=%d offset=%lld reason=%s",
+                topic_of(w, m->partition), part_of(m->partition), (long long)m->offset, c.reason);
     job_answered(w, m->partition, m->offset);
     dead_letter(w, &c, ack_new(m->partition, m->offset, ACK_DLQ));
 }
@@ -770,9 +968,10 @@ static kg_job_t *decode_or_answer(kg_worker_t *w, const job_msg_t *m) {
 static void crash_if_test_target(const kg_worker_t *w, const kg_job_t *job) {
     if (w->crash_request_id && strcmp(job->request_id, w->crash_request_id) == 0) {
         KG_LOG_ERROR("worker",
-                     "TEST-ONLY fault injection: abort() request_id=%s partition=%d "
+                     "TEST-ONLY fault injection: abort() request_id=%s topic=%s partition=%d "
                      "offset=%lld",
-                     job->request_id, job->partition, (long long)job->offset);
+                     job->request_id, topic_of(w, job->partition), part_of(job->partition),
+                     (long long)job->offset);
         abort();
     }
 }
@@ -807,15 +1006,21 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
         free(r);
         return;
     }
-    r->state = REC_PENDING;
-    rec_insert(w, r);
-    if (w->pending_tail) {
-        w->pending_tail->qnext = r;
-    } else {
-        w->pending_head = r;
+    if (kg_cancel_is_cancelled(w->cancel, job->request_id) && kg_jobrun_cancel(&r->run)) {
+        /* cancelled before it arrived (or before this attempt): answered, not run */
+        kg_jobrun_end_cancelled(&r->run, kg_clock_us());
+        KG_LOG_INFO("worker",
+                    "job cancelled request_id=%s topic=%s partition=%d offset=%lld tokens=0 "
+                    "steps_after_cancel=0 on_arrival=1",
+                    job->request_id, topic_of(w, job->partition), part_of(job->partition),
+                    (long long)job->offset);
+        produce_terminal(w, r, KG_OK, kg_clock_us());
+        kg_jobrun_clear(&r->run);
+        free(r);
+        return;
     }
-    w->pending_tail = r;
-    w->n_pending++;
+    rec_insert(w, r);
+    pending_push(w, r, false);
     submit_pending(w);
 }
 
@@ -881,14 +1086,15 @@ static void hold_message(kg_worker_t *w, const job_msg_t *m, int strikes) {
     w->n_held++;
     update_inflight_gauge(w);
     if (strikes == 0) {
-        h->ticket = kg_journal_start(w->journal, m->partition, m->offset, 0);
+        h->ticket = kg_journal_start(w->journal[lane_of(m->partition)], part_of(m->partition),
+                                     m->offset, 0);
         held_push(&w->held_head, &w->held_tail, h);
         return;
     }
     KG_LOG_WARN("worker",
                 "suspect job: it was running when a worker failed, so it runs alone among "
-                "suspects partition=%d offset=%lld strikes=%d",
-                m->partition, (long long)m->offset, strikes);
+                "suspects topic=%s partition=%d offset=%lld strikes=%d",
+                topic_of(w, m->partition), part_of(m->partition), (long long)m->offset, strikes);
     held_push(&w->suspects_head, &w->suspects_tail, h);
     atomic_store(&w->m.suspects, 1);
 }
@@ -907,7 +1113,8 @@ static void start_next_suspect(kg_worker_t *w) {
     w->suspect_busy = true;
     w->suspect_partition = h->m.partition;
     w->suspect_offset = h->m.offset;
-    h->ticket = kg_journal_start(w->journal, h->m.partition, h->m.offset, h->strikes);
+    h->ticket = kg_journal_start(w->journal[lane_of(h->m.partition)], part_of(h->m.partition),
+                                 h->m.offset, h->strikes);
     held_push(&w->held_head, &w->held_tail, h);
 }
 
@@ -916,7 +1123,8 @@ static void release_held(kg_worker_t *w) {
     held_msg_t *prev = NULL;
     for (held_msg_t *h = w->held_head, *next; h && !w->fatal; h = next) {
         next = h->next;
-        if (!kg_journal_durable(w->journal, h->m.partition, h->ticket)) {
+        if (!kg_journal_durable(w->journal[lane_of(h->m.partition)], part_of(h->m.partition),
+                                h->ticket)) {
             prev = h;
             continue;
         }
@@ -935,9 +1143,12 @@ static void release_held(kg_worker_t *w) {
     update_inflight_gauge(w);
 }
 
-static bool in_parts(const rd_kafka_topic_partition_list_t *parts, int32_t partition) {
+/* Whether the dense `partition` is in `parts` (topics and partitions; NULL: all). */
+static bool
+in_parts(const kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, int32_t partition) {
     for (int k = 0; parts && k < parts->cnt; k++) {
-        if (parts->elems[k].partition == partition) {
+        if (parts->elems[k].partition == part_of(partition) &&
+            strcmp(parts->elems[k].topic, topic_of(w, partition)) == 0) {
             return true;
         }
     }
@@ -952,7 +1163,7 @@ static void drop_held_list(kg_worker_t *w,
     held_msg_t *prev = NULL;
     for (held_msg_t *h = *head, *next; h; h = next) {
         next = h->next;
-        if (!in_parts(parts, h->m.partition)) {
+        if (!in_parts(w, parts, h->m.partition)) {
             prev = h;
             continue;
         }
@@ -1001,9 +1212,10 @@ static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
                     .offset = m->offset};
     atomic_fetch_add(&w->m.jobs_poisoned, 1);
     KG_LOG_ERROR("worker",
-                 "job poisoned, not run again request_id=%s partition=%d offset=%lld "
+                 "job poisoned, not run again request_id=%s topic=%s partition=%d offset=%lld "
                  "strikes=%d",
-                 job->request_id, m->partition, (long long)m->offset, strikes);
+                 job->request_id, topic_of(w, m->partition), part_of(m->partition),
+                 (long long)m->offset, strikes);
     dead_letter(w, &c, NULL);
     produce_error(w, job->request_id, m->partition, m->offset, KG_ERROR_INTERNAL, msg,
                   job->metadata_json);
@@ -1012,14 +1224,23 @@ static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
 
 static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
     atomic_fetch_add(&w->m.messages_consumed, 1);
-    kg_status_t st = kg_offsets_track(w->offsets, rkm->partition, rkm->offset);
+    const char *topic = rd_kafka_topic_name(rkm->rkt);
+    int lane = kg_lanes_find(&w->lanes, topic);
+    if (lane < 0 || rkm->partition < 0 || rkm->partition >= LANE_STRIDE) {
+        KG_LOG_ERROR("worker",
+                     "a message of a topic or partition not read here topic=%s "
+                     "partition=%d offset=%lld",
+                     topic, rkm->partition, (long long)rkm->offset);
+        return;
+    }
+    int32_t dense = dense_of(lane, rkm->partition);
+    kg_status_t st = kg_offsets_track(w->offsets, dense, rkm->offset);
     if (st != KG_OK) {
         /* cannot happen while we pause at the in-flight cap; never drop a job silently */
-        KG_LOG_ERROR("worker", "cannot track partition=%d offset=%lld: %s; seeking back",
-                     rkm->partition, (long long)rkm->offset, kg_status_str(st));
+        KG_LOG_ERROR("worker", "cannot track topic=%s partition=%d offset=%lld: %s; seeking back",
+                     topic, rkm->partition, (long long)rkm->offset, kg_status_str(st));
         rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-        rd_kafka_topic_partition_list_add(l, w->cfg->jobs_topic, rkm->partition)->offset =
-            rkm->offset;
+        rd_kafka_topic_partition_list_add(l, topic, rkm->partition)->offset = rkm->offset;
         rd_kafka_error_t *e = rd_kafka_seek_partitions(w->consumer, l, 1000);
         if (e) {
             rd_kafka_error_destroy(e);
@@ -1027,7 +1248,7 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
         rd_kafka_topic_partition_list_destroy(l);
         return;
     }
-    job_msg_t m = {.partition = rkm->partition,
+    job_msg_t m = {.partition = dense,
                    .offset = rkm->offset,
                    .key = rkm->key,
                    .key_len = rkm->key_len,
@@ -1035,7 +1256,7 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
                    .len = rkm->len,
                    .taken_us = kg_clock_us(),
                    .format = message_format(rkm)};
-    int strikes = kg_journal_strikes(w->journal, m.partition, m.offset);
+    int strikes = kg_journal_strikes(w->journal[lane], rkm->partition, m.offset);
     if (strikes < 0) {
         start_message(w, &m); /* not journaled */
     } else if (strikes >= w->cfg->poison_after) {
@@ -1045,36 +1266,67 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
     }
 }
 
+static bool commit_txn(kg_worker_t *w, bool force);
+
 // ---- partitions: pause, resume, rebalance ----
 
-static void set_paused(kg_worker_t *w, bool pause) {
-    if (w->paused == pause || !w->assigned) {
-        w->paused = pause;
-        atomic_store(&w->m.paused, pause);
-        return;
+/* The assigned partitions of one lane (NULL when there are none). */
+static rd_kafka_topic_partition_list_t *
+lane_parts(const kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, int lane) {
+    rd_kafka_topic_partition_list_t *l = NULL;
+    for (int i = 0; parts && i < parts->cnt; i++) {
+        if (strcmp(parts->elems[i].topic, w->lanes.lane[lane].topic) == 0) {
+            if (!l) {
+                l = rd_kafka_topic_partition_list_new(parts->cnt);
+            }
+            rd_kafka_topic_partition_list_add(l, parts->elems[i].topic, parts->elems[i].partition);
+        }
     }
-    rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(w->consumer, w->assigned)
-                                    : rd_kafka_resume_partitions(w->consumer, w->assigned);
-    if (err) {
-        KG_LOG_WARN("worker", "%s partitions: %s", pause ? "pause" : "resume",
-                    rd_kafka_err2str(err));
-    }
-    KG_LOG_DEBUG("worker", "%s partitions inflight=%d", pause ? "paused" : "resumed",
-                 w->n_inflight);
-    w->paused = pause;
-    atomic_store(&w->m.paused, pause);
+    return l;
 }
 
-static void check_backpressure(kg_worker_t *w) {
-    if (w->draining) {
-        set_paused(w, true);
+static void update_paused_gauge(kg_worker_t *w) {
+    int n = 0;
+    for (int l = 0; l < w->lanes.n; l++) {
+        n += w->lane_paused[l];
+    }
+    atomic_store(&w->m.paused, n);
+}
+
+static void set_lane_paused(kg_worker_t *w, int lane, bool pause) {
+    rd_kafka_topic_partition_list_t *l = lane_parts(w, w->assigned, lane);
+    w->lane_paused[lane] = pause;
+    update_paused_gauge(w);
+    if (!l) {
         return;
     }
-    int32_t taken = w->n_inflight + w->n_held;
-    if (!w->paused && taken >= w->max_inflight) {
-        set_paused(w, true);
-    } else if (w->paused && taken <= w->max_inflight * 3 / 4) {
-        set_paused(w, false);
+    rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(w->consumer, l)
+                                    : rd_kafka_resume_partitions(w->consumer, l);
+    if (err) {
+        KG_LOG_WARN("worker", "%s partitions: %s topic=%s", pause ? "pause" : "resume",
+                    rd_kafka_err2str(err), w->lanes.lane[lane].topic);
+    }
+    KG_LOG_DEBUG("worker", "%s partitions inflight=%d topic=%s", pause ? "paused" : "resumed",
+                 w->n_inflight, w->lanes.lane[lane].topic);
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* Pause at the in-flight cap and resume at 3/4 of it; with lanes, the
+ * lowest lanes pause first (kg_lanes_pause_at), so a bulk backlog leaves
+ * room for interactive jobs. */
+static void check_backpressure(kg_worker_t *w) {
+    int32_t taken = w->n_inflight + w->n_held + (w->txn ? (int32_t)kg_txn_n_pending(w->txn) : 0);
+    for (int l = 0; l < w->lanes.n; l++) {
+        int32_t at = kg_lanes_pause_at(&w->lanes, l, w->max_inflight);
+        if (w->draining) {
+            if (!w->lane_paused[l]) {
+                set_lane_paused(w, l, true);
+            }
+        } else if (!w->lane_paused[l] && taken >= at) {
+            set_lane_paused(w, l, true);
+        } else if (w->lane_paused[l] && taken <= at * 3 / 4) {
+            set_lane_paused(w, l, false);
+        }
     }
 }
 
@@ -1085,28 +1337,13 @@ abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool 
     for (size_t i = 0; i < w->table_size; i++) {
         for (job_rec_t *r = w->table[i], *next; r; r = next) {
             next = r->hnext;
-            bool hit = parts == NULL;
-            for (int k = 0; parts && k < parts->cnt && !hit; k++) {
-                hit = parts->elems[k].partition == r->run.job->partition;
-            }
-            if (!hit || r->state == REC_REVOKED ||
+            if (!in_parts(w, parts, r->run.job->partition) || r->state == REC_REVOKED ||
                 (unstarted_only && r->run.t.first_token_us != 0)) {
                 continue;
             }
             if (r->state == REC_PENDING) {
                 /* never reached the engine: unlink from the FIFO and drop */
-                job_rec_t **p = &w->pending_head, *prev = NULL;
-                while (*p && *p != r) {
-                    prev = *p;
-                    p = &(*p)->qnext;
-                }
-                if (*p) {
-                    *p = r->qnext;
-                    if (w->pending_tail == r) {
-                        w->pending_tail = prev;
-                    }
-                    w->n_pending--;
-                }
+                pending_unlink(w, r);
                 atomic_fetch_add(&w->m.jobs_cancelled, 1);
                 job_given_back(w, r->run.job->partition, r->run.job->offset);
                 rec_free(w, r);
@@ -1122,17 +1359,64 @@ abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool 
     }
 }
 
+/* --exactly-once: the committed offsets of newly assigned partitions, read
+ * here and assigned explicitly. librdkafka 2.0.2 falls back to
+ * auto.offset.reset when its own fetch fails (a coordinator still loading
+ * after a broker restart), which would run every job of the partition again
+ * and show its results twice; so fetch until every partition has an answer
+ * (pending transactions of a dead worker answer UNSTABLE_OFFSET_COMMIT until
+ * the broker aborts them). Partitions with no committed offset start at the
+ * beginning (auto.offset.reset=earliest). */
+static void
+fetch_committed(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts) {
+    for (int attempt = 1;; attempt++) {
+        rd_kafka_topic_partition_list_t *c = rd_kafka_topic_partition_list_copy(parts);
+        rd_kafka_resp_err_t err = rd_kafka_committed(rk, c, 10000);
+        for (int i = 0; !err && i < c->cnt; i++) {
+            err = c->elems[i].err;
+        }
+        if (!err) {
+            for (int i = 0; i < c->cnt; i++) {
+                parts->elems[i].offset =
+                    c->elems[i].offset >= 0 ? c->elems[i].offset : RD_KAFKA_OFFSET_BEGINNING;
+            }
+            rd_kafka_topic_partition_list_destroy(c);
+            return;
+        }
+        rd_kafka_topic_partition_list_destroy(c);
+        KG_LOG_WARN("worker", "reading the committed offsets: %s; trying again attempt=%d",
+                    rd_kafka_err2str(err), attempt);
+        if (atomic_load(&w->stop_requested) || attempt >= 120) {
+            fatal_kafka(w, "cannot read the committed offsets of the assigned partitions");
+            return;
+        }
+        usleep(500 * 1000);
+    }
+}
+
 static void rebalance_cb(rd_kafka_t *rk,
                          rd_kafka_resp_err_t err,
                          rd_kafka_topic_partition_list_t *parts,
                          void *opaque) {
     kg_worker_t *w = opaque;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-        kg_journal_assign(w->journal, parts); /* the strikes of their jobs, before any is taken */
+        for (int l = 0; l < w->lanes.n; l++) {
+            /* the strikes of their jobs, before any is taken */
+            rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
+            if (lp) {
+                kg_journal_assign(w->journal[l], lp);
+                rd_kafka_topic_partition_list_destroy(lp);
+            }
+        }
         for (int i = 0; i < parts->cnt; i++) {
-            if (kg_offsets_assign(w->offsets, parts->elems[i].partition) != KG_OK) {
+            int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
+            if (lane < 0 || parts->elems[i].partition >= LANE_STRIDE ||
+                kg_offsets_assign(w->offsets, dense_of(lane, parts->elems[i].partition)) != KG_OK) {
                 fatal(w, "cannot track an assigned partition");
             }
+        }
+        if (w->txn) {
+            fetch_committed(w, rk, parts);
         }
         rd_kafka_assign(rk, parts);
         if (w->assigned) {
@@ -1142,8 +1426,10 @@ static void rebalance_cb(rd_kafka_t *rk,
         atomic_store(&w->m.assigned_partitions, parts->cnt);
         atomic_store(&w->m.ready, 1);
         KG_LOG_INFO("worker", "partitions assigned count=%d", parts->cnt);
-        if (w->paused) {
-            rd_kafka_pause_partitions(rk, w->assigned);
+        for (int l = 0; l < w->lanes.n; l++) {
+            if (w->lane_paused[l]) {
+                set_lane_paused(w, l, true);
+            }
         }
         return;
     }
@@ -1152,18 +1438,40 @@ static void rebalance_cb(rd_kafka_t *rk,
         /* let acks of finished jobs land and their offsets be committed first */
         rd_kafka_flush(w->producer, 10000);
         rd_kafka_poll(w->producer, 0);
-        if (!w->fatal) {
+        if (!w->fatal && !w->txn) {
             rd_kafka_commit(rk, NULL, 0);
+        }
+        if (w->txn) {
+            if (!w->fatal) {
+                (void)commit_txn(w, true);
+            }
+            /* what did not commit (the transaction failed, or answers waiting for an
+             * earlier job of their partition) was never visible: the jobs run again on the
+             * new owner */
+            for (int l = 0; l < w->lanes.n; l++) {
+                kg_txn_drop(w->txn, w->lanes.lane[l].topic, parts);
+            }
         }
         abandon_jobs(w, parts, false);
         drop_held(w, parts);
         /* a hand-over is no failure, unless the worker stops for a reason
          * that may be a job's (then the last snapshot stands) */
-        kg_journal_revoke(w->journal, parts, !w->fatal || w->fatal_kafka);
+        for (int l = 0; l < w->lanes.n; l++) {
+            rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
+            if (lp) {
+                kg_journal_revoke(w->journal[l], lp, !w->fatal || w->fatal_kafka);
+                rd_kafka_topic_partition_list_destroy(lp);
+            }
+        }
         for (int i = 0; i < parts->cnt; i++) {
-            kg_offsets_revoke(w->offsets, parts->elems[i].partition);
-            if (parts->elems[i].partition >= 0 && parts->elems[i].partition < MAX_PARTITIONS) {
-                atomic_store(&w->lag_valid[parts->elems[i].partition], 0);
+            int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
+            int32_t p = parts->elems[i].partition;
+            if (lane < 0 || p < 0 || p >= LANE_STRIDE) {
+                continue;
+            }
+            kg_offsets_revoke(w->offsets, dense_of(lane, p));
+            if (p < MAX_PARTITIONS) {
+                atomic_store(&w->lag_valid[lane][p], 0);
             }
         }
         rd_kafka_assign(rk, NULL);
@@ -1201,19 +1509,23 @@ static void update_lag(kg_worker_t *w) {
     w->last_lag_us = now;
     rd_kafka_topic_partition_list_t *pos = rd_kafka_topic_partition_list_copy(w->assigned);
     rd_kafka_position(w->consumer, pos);
+    int64_t total = 0;
     for (int i = 0; i < pos->cnt; i++) {
         int32_t p = pos->elems[i].partition;
+        int lane = kg_lanes_find(&w->lanes, pos->elems[i].topic);
         int64_t lo, hi;
-        if (p < 0 || p >= MAX_PARTITIONS ||
-            rd_kafka_get_watermark_offsets(w->consumer, w->cfg->jobs_topic, p, &lo, &hi) != 0 ||
+        if (p < 0 || p >= MAX_PARTITIONS || lane < 0 ||
+            rd_kafka_get_watermark_offsets(w->consumer, pos->elems[i].topic, p, &lo, &hi) != 0 ||
             hi < 0) {
             continue;
         }
         int64_t at = pos->elems[i].offset >= 0 ? pos->elems[i].offset : lo;
-        atomic_store(&w->lag[p], hi > at ? hi - at : 0);
-        atomic_store(&w->lag_valid[p], 1);
+        atomic_store(&w->lag[lane][p], hi > at ? hi - at : 0);
+        atomic_store(&w->lag_valid[lane][p], 1);
+        total += hi > at ? hi - at : 0;
     }
     rd_kafka_topic_partition_list_destroy(pos);
+    kg_drain_update(&w->m.drain, total, w->n_inflight + w->n_held, (int32_t)w->cfg->max_batch_size);
 }
 
 // ---- lifecycle ----
@@ -1229,7 +1541,8 @@ static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_siz
         const char *k, *v;
     } ours[] = {{"group.id", cfg->group_id},
                 {"enable.auto.offset.store", "false"},
-                {"enable.auto.commit", "true"},
+                /* --exactly-once: only transactions move the offsets */
+                {"enable.auto.commit", cfg->exactly_once ? "false" : "true"},
                 /* librdkafka's 5 s default reruns up to 5 s of finished jobs
                  * after a crash; a commit a second costs the coordinator little */
                 {"auto.commit.interval.ms", "1000"},
@@ -1277,8 +1590,8 @@ static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_siz
  * of the topics it writes: a batch of small events must not outgrow it
  * either, so batch.size (librdkafka's default is 1,000,000) is cut to it
  * unless -X sets batch.size. */
-static rd_kafka_t *
-make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
+static rd_kafka_conf_t *
+producer_conf(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
     rd_kafka_conf_t *conf = kg_kafka_conf_new(w->cfg, errstr, errstr_size);
     if (!conf) {
         return NULL;
@@ -1309,6 +1622,15 @@ make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
             return NULL;
         }
     }
+    return conf;
+}
+
+static rd_kafka_t *
+make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
+    rd_kafka_conf_t *conf = producer_conf(w, topic_max, errstr, errstr_size);
+    if (!conf) {
+        return NULL;
+    }
     rd_kafka_conf_set_opaque(conf, w);
     rd_kafka_conf_set_dr_msg_cb(conf, dr_msg_cb);
     rd_kafka_conf_set_error_cb(conf, error_cb);
@@ -1322,6 +1644,65 @@ make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
     return rk;
 }
 
+// ---- exactly-once (kg_txn) ----
+
+/* An answer is visible: log and count it as a delivery report would. */
+static void txn_committed(void *ctx, void *opaque, const void *key, size_t key_len) {
+    kg_worker_t *w = ctx;
+    if (opaque && !w->fatal) {
+        log_answered(w, key, key_len, opaque);
+    }
+    free(opaque);
+}
+
+/* The broker refused an answer for its own sake: answered as on_refused does. */
+static void txn_refused(void *ctx,
+                        const char *topic,
+                        const void *key,
+                        size_t key_len,
+                        const void *value,
+                        size_t len,
+                        const rd_kafka_headers_t *hdrs,
+                        void *opaque,
+                        rd_kafka_resp_err_t err) {
+    on_refused(ctx, topic, key, key_len, value, len, hdrs, opaque, err);
+    free(opaque);
+}
+
+static void txn_dropped(void *ctx, void *opaque) {
+    (void)ctx;
+    free(opaque);
+}
+
+/* The transactional producer (its batch.size cut like the other's). */
+static kg_status_t
+start_transactions(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_size) {
+    rd_kafka_conf_t *conf = producer_conf(w, topic_max > 0 ? topic_max : 0, errstr, errstr_size);
+    if (!conf) {
+        return KG_ERR_INVALID;
+    }
+    kg_txn_callbacks_t cb = {.ctx = w,
+                             .committed = txn_committed,
+                             .refused = txn_refused,
+                             .dropped = txn_dropped,
+                             .is_message_fault = is_message_fault};
+    w->txn = kg_txn_new(w->cfg, conf, w->worker_id, &cb, errstr, errstr_size);
+    return w->txn ? KG_OK : KG_ERR_KAFKA;
+}
+
+/* Commit the transaction when it is due (or now, with `force`); a fatal
+ * transactional error stops the worker. */
+static bool commit_txn(kg_worker_t *w, bool force) {
+    if (!w->txn) {
+        return true;
+    }
+    kg_status_t st = kg_txn_commit(w->txn, w->producer, w->consumer, kg_clock_us(), force);
+    if (st == KG_ERR_KAFKA) {
+        fatal_kafka(w, "the transactional producer failed (fenced by a newer instance?)");
+    }
+    return st == KG_OK;
+}
+
 /* The bytes a message may take: the producer's message.max.bytes, and the
  * topic's max.message.bytes (read at startup) when that is smaller, or
  * --max-event-bytes. Makes the producer (its batch.size depends on it) and
@@ -1330,7 +1711,7 @@ static kg_status_t size_messages(kg_worker_t *w, char *errstr, size_t errstr_siz
     const kg_config_t *cfg = w->cfg;
     int64_t topic_max[2] = {-1, -1}; /* results, DLQ */
     if (cfg->max_event_bytes == 0) {
-        const char *topics[2] = {cfg->results_topic, w->dlq_topic};
+        const char *topics[2] = {cfg->results_topic, w->dlq_topic[0]};
         char why[512];
         int n = strcmp(topics[0], topics[1]) == 0 ? 1 : 2;
         if (kg_topic_max_message_bytes(cfg, topics, n, TOPIC_LOOKUP_MS, topic_max, why,
@@ -1348,6 +1729,9 @@ static kg_status_t size_messages(kg_worker_t *w, char *errstr, size_t errstr_siz
                            : topic_max[1];
     w->producer = make_producer(w, smallest > 0 ? smallest : 0, errstr, errstr_size);
     if (!w->producer) {
+        return KG_ERR_INVALID;
+    }
+    if (cfg->exactly_once && start_transactions(w, smallest, errstr, errstr_size) != KG_OK) {
         return KG_ERR_INVALID;
     }
     char buf[32];
@@ -1396,6 +1780,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     kg_histogram_init(&w->m.ttft, KG_HIST_TTFT);
     kg_histogram_init(&w->m.tpot, KG_HIST_TPOT);
     kg_histogram_init(&w->m.e2e, KG_HIST_E2E);
+    kg_drain_init(&w->m.drain);
     if (*cfg->worker_id) {
         snprintf(w->worker_id, sizeof(w->worker_id), "%s", cfg->worker_id);
     } else {
@@ -1403,9 +1788,20 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         gethostname(host, sizeof(host) - 1);
         snprintf(w->worker_id, sizeof(w->worker_id), "%s-%d", host, (int)getpid());
     }
-    snprintf(w->dlq_topic, sizeof(w->dlq_topic), "%s", *cfg->dlq_topic ? cfg->dlq_topic : "");
-    if (!*cfg->dlq_topic) {
-        snprintf(w->dlq_topic, sizeof(w->dlq_topic), "%s.dlq", cfg->jobs_topic);
+    if (kg_lanes_parse(cfg->jobs_topic, &w->lanes, errstr, errstr_size) != KG_OK) {
+        goto fail;
+    }
+    if (w->lanes.n > 1 && *cfg->inflight_topic) {
+        snprintf(errstr, errstr_size,
+                 "--inflight-topic names one topic; with several jobs topics leave it empty "
+                 "(each uses <topic>.inflight)");
+        goto fail;
+    }
+    for (int l = 0; l < w->lanes.n; l++) {
+        /* one DLQ for all (--dlq-topic), or <topic>.dlq for each */
+        snprintf(w->dlq_topic[l], sizeof(w->dlq_topic[l]), "%s%s",
+                 *cfg->dlq_topic ? cfg->dlq_topic : w->lanes.lane[l].topic,
+                 *cfg->dlq_topic ? "" : ".dlq");
     }
     w->max_inflight = (int32_t)(cfg->max_batch_size + cfg->max_queue_depth);
     w->codec_opts = kg_codec_opts_default();
@@ -1485,8 +1881,23 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     }
     w->limits.max_event_bytes = w->max_event_bytes;
     if (cfg->poison_after > 0) {
-        w->journal = kg_journal_new(cfg, w->worker_id, errstr, errstr_size);
-        if (!w->journal) {
+        for (int l = 0; l < w->lanes.n; l++) {
+            w->journal[l] = kg_journal_new(cfg, w->lanes.lane[l].topic, cfg->inflight_topic,
+                                           w->worker_id, errstr, errstr_size);
+            if (!w->journal[l]) {
+                goto fail;
+            }
+        }
+    }
+    if (strcmp(cfg->cancel_topic, "none") != 0) {
+        char topic[512];
+        snprintf(topic, sizeof(topic), "%s", cfg->cancel_topic);
+        if (!*topic) {
+            snprintf(topic, sizeof(topic), "%s.cancel", w->lanes.lane[0].topic);
+        }
+        w->cancel = kg_cancel_new(cfg, topic, w->worker_id, (int32_t)cfg->cancel_remember,
+                                  (int64_t)(cfg->cancel_ttl_s * 1000), errstr, errstr_size);
+        if (!w->cancel) {
             goto fail;
         }
     }
@@ -1504,7 +1915,9 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         goto fail;
     }
     rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
-    rd_kafka_topic_partition_list_add(sub, cfg->jobs_topic, RD_KAFKA_PARTITION_UA);
+    for (int l = 0; l < w->lanes.n; l++) {
+        rd_kafka_topic_partition_list_add(sub, w->lanes.lane[l].topic, RD_KAFKA_PARTITION_UA);
+    }
     rd_kafka_resp_err_t err = rd_kafka_subscribe(w->consumer, sub);
     rd_kafka_topic_partition_list_destroy(sub);
     if (err) {
@@ -1549,13 +1962,13 @@ int kg_worker_run(kg_worker_t *w) {
             KG_LOG_INFO("worker", "stopping: draining inflight=%d timeout_s=%g", w->n_inflight,
                         w->cfg->drain_timeout_s);
             /* jobs not yet in the engine are given back (not committed) */
-            for (job_rec_t *r = w->pending_head; r; r = w->pending_head) {
-                w->pending_head = r->qnext;
-                w->n_pending--;
-                job_given_back(w, r->run.job->partition, r->run.job->offset);
-                rec_free(w, r);
+            for (int l = 0; l < w->lanes.n; l++) {
+                for (job_rec_t *r = w->q[l].head; r; r = w->q[l].head) {
+                    pending_unlink(w, r);
+                    job_given_back(w, r->run.job->partition, r->run.job->offset);
+                    rec_free(w, r);
+                }
             }
-            w->pending_tail = NULL;
             drop_held(w, NULL);
             /* so are jobs the engine has not started streaming (waiting for
              * a slot, or in their first prefill step): the drain is for the
@@ -1573,6 +1986,7 @@ int kg_worker_run(kg_worker_t *w) {
                 w->drain_deadline_us = INT64_MAX;
             }
         }
+        poll_cancels(w);
         check_backpressure(w);
         /* consumer: messages and rebalances; short timeout so completions flow */
         int n_taken = 0;
@@ -1595,11 +2009,14 @@ int kg_worker_run(kg_worker_t *w) {
         }
         start_next_suspect(w);
         /* while jobs wait for their snapshot, wait here for its ack */
-        kg_journal_poll(w->journal, now, w->held_head ? 2 : 0);
+        for (int l = 0; l < w->lanes.n; l++) {
+            kg_journal_poll(w->journal[l], now, w->held_head && l == 0 ? 2 : 0);
+        }
         release_held(w);
         submit_pending(w);
         drain_engine_events(w, n_taken ? 0 : 2);
         rd_kafka_poll(w->producer, 0);
+        commit_txn(w, false);
         update_lag(w);
         if (kg_runner_is_dead(w->runner)) {
             drain_engine_events(w, 0);
@@ -1616,7 +2033,18 @@ int kg_worker_run(kg_worker_t *w) {
                          rd_kafka_outq_len(w->producer));
             rc = 1;
         }
-        rd_kafka_commit(w->consumer, NULL, 0);
+        if (w->txn) {
+            for (int i = 0; i < 5 && !commit_txn(w, true) && !w->fatal; i++) {
+                rd_kafka_poll(w->producer, 1000);
+            }
+            if (kg_txn_n_pending(w->txn) > 0) {
+                KG_LOG_ERROR("worker", "%zu answers not committed at shutdown",
+                             kg_txn_n_pending(w->txn));
+                rc = 1;
+            }
+        } else {
+            rd_kafka_commit(w->consumer, NULL, 0);
+        }
     }
     rd_kafka_consumer_close(w->consumer);
     KG_LOG_INFO("worker", "stopped rc=%d", rc);
@@ -1641,13 +2069,17 @@ void kg_worker_free(kg_worker_t *w) {
     if (w->consumer) {
         rd_kafka_destroy(w->consumer);
     }
+    kg_txn_free(w->txn);
     if (w->producer) {
         rd_kafka_purge(w->producer, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
         rd_kafka_poll(w->producer, 0);
         rd_kafka_destroy(w->producer);
     }
     drop_held(w, NULL);
-    kg_journal_free(w->journal);
+    kg_cancel_free(w->cancel);
+    for (int l = 0; l < KG_LANES_MAX; l++) {
+        kg_journal_free(w->journal[l]);
+    }
     kg_offsets_free(w->offsets);
     free(w->table);
     kg_engine_free(w->engine);
@@ -1673,12 +2105,16 @@ void kg_worker_backend_counters(const kg_worker_t *w, kg_backend_counters_t *out
     kg_backend_counters(w->be, out);
 }
 
-int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max) {
+int kg_worker_partition_lag(
+    kg_worker_t *w, const char **topics, int32_t *partitions, int64_t *lags, int max) {
     int n = 0;
-    for (int32_t p = 0; p < MAX_PARTITIONS && n < max; p++) {
-        if (atomic_load(&w->lag_valid[p])) {
-            partitions[n] = p;
-            lags[n++] = atomic_load(&w->lag[p]);
+    for (int l = 0; l < w->lanes.n; l++) {
+        for (int32_t p = 0; p < MAX_PARTITIONS && n < max; p++) {
+            if (atomic_load(&w->lag_valid[l][p])) {
+                topics[n] = w->lanes.lane[l].topic;
+                partitions[n] = p;
+                lags[n++] = atomic_load(&w->lag[l][p]);
+            }
         }
     }
     return n;

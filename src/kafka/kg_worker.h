@@ -43,6 +43,7 @@
 
 #include "../config/kg_config.h"
 #include "../core/kg_status.h"
+#include "../metrics/kg_drain.h"
 #include "../metrics/kg_metrics.h"
 #include "../model/kg_model.h"
 
@@ -64,6 +65,7 @@ typedef struct kg_worker_metrics {
     _Atomic int32_t inflight, paused, assigned_partitions, ready;
     _Atomic int64_t last_loop_us;
     kg_histogram_t ttft, tpot, e2e; /* per finished job */
+    kg_drain_t drain;               /* kgen_estimated_drain_seconds (kg_drain) */
 } kg_worker_metrics_t;
 
 /** Build the worker: backend, engine, runner, consumer, producer. `model`
@@ -89,5 +91,7 @@ struct kg_backend_counters;
 void kg_worker_backend_counters(const kg_worker_t *w, struct kg_backend_counters *out);
 /** The grammar cache (its stats are atomics, readable from any thread). */
 const struct kg_grammar_cache *kg_worker_grammar_cache(const kg_worker_t *w);
-/** Per-partition lag: fills up to `max` (partition, lag) pairs; returns count. */
-int kg_worker_partition_lag(kg_worker_t *w, int32_t *partitions, int64_t *lags, int max);
+/** Per-partition lag: fills up to `max` (topic, partition, lag) triples (the
+ * topic names are borrowed from the worker); returns count. */
+int kg_worker_partition_lag(
+    kg_worker_t *w, const char **topics, int32_t *partitions, int64_t *lags, int max);

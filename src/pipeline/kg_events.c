@@ -362,7 +362,25 @@ char *kg_events_error(const kg_event_origin_t *o,
                       size_t max_bytes,
                       size_t *len,
                       kg_events_fit_t *fit) {
-    kg_event_error_t e = {.code = code, .message = message, .metadata_json = metadata_json};
+    return kg_events_error_text(o, request_id, code, message, metadata_json, NULL, 0, max_bytes,
+                                len, fit);
+}
+
+char *kg_events_error_text(const kg_event_origin_t *o,
+                           const char *request_id,
+                           kg_error_code_t code,
+                           const char *message,
+                           const char *metadata_json,
+                           const char *text,
+                           size_t text_len,
+                           size_t max_bytes,
+                           size_t *len,
+                           kg_events_fit_t *fit) {
+    kg_event_error_t e = {.code = code,
+                          .message = message,
+                          .metadata_json = metadata_json,
+                          .text = text,
+                          .text_len = text_len};
     common(o, request_id, &e.common);
     kg_events_fit_t got = {0};
     char *json = kg_codec_encode_error(&e, len);
@@ -371,6 +389,12 @@ char *kg_events_error(const kg_event_origin_t *o,
         e.metadata_json = NULL;
         e.metadata_truncated = got.metadata_dropped = true;
         json = encode_error(&e, len);
+    }
+    if (!fits(json, *len, max_bytes) && text) {
+        free(json);
+        json = cut_text(encode_error, &e, text, text_len, &e.text_len, &e.text_truncated,
+                        &e.text_bytes_cut, max_bytes, len);
+        got.text_bytes_cut = (size_t)e.text_bytes_cut;
     }
     note_fit(fit, &got, json ? *len : 0, max_bytes);
     return json;

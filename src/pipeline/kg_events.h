@@ -9,7 +9,8 @@
  *           text_bytes_cut; a streamed job's token events still carry all of
  *           it);
  *   token   logprobs (logprobs_truncated), then the end of its text;
- *   error   the metadata echo (metadata_truncated).
+ *   error   the metadata echo (metadata_truncated), then the end of its text
+ *           (a cancelled job's text so far; text_truncated, text_bytes_cut).
  * The rest of an event (ids, usage, timings, the stop string, the message)
  * is small and bounded, so an event always fits a budget of a few KiB. */
 #pragma once
@@ -107,3 +108,16 @@ char *kg_events_error(const kg_event_origin_t *o,
                       size_t max_bytes,
                       size_t *len,
                       kg_events_fit_t *fit);
+
+/** An error event that also carries the text generated so far (`text`,
+ * text_len bytes; a cancelled job's), fitted to max_bytes as above. */
+char *kg_events_error_text(const kg_event_origin_t *o,
+                           const char *request_id,
+                           kg_error_code_t code,
+                           const char *message,
+                           const char *metadata_json,
+                           const char *text,
+                           size_t text_len,
+                           size_t max_bytes,
+                           size_t *len,
+                           kg_events_fit_t *fit);

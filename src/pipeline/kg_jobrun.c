@@ -95,7 +95,7 @@ kg_status_t kg_jobrun_on_completion(kg_jobrun_t *r,
     st->choice = c->choice;
     /* after a stop string matched, the tokens the engine made before it saw
      * the cancel are not part of the output */
-    if (c->token >= 0 && !ch->stop_hit) {
+    if (c->token >= 0 && !ch->stop_hit && !r->cancelled) {
         if (!r->t.first_token_us) {
             r->t.first_token_us = ts_us;
             r->t.n_cached = c->n_cached;
@@ -185,6 +185,20 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          kg_jobrun_outcome_t *outcome) {
     memset(outcome, 0, sizeof(*outcome));
     const kg_job_t *job = r->job;
+    if (r->cancelled) {
+        /* a user's cancel wins over a finish the engine reached before it
+         * saw the cancel: the output stopped at the cancel */
+        outcome->is_error = true;
+        outcome->code = KG_ERROR_CANCELLED;
+        char msg[96];
+        snprintf(msg, sizeof(msg), "the job was cancelled after %d tokens",
+                 kg_jobrun_n_generated(r));
+        size_t tlen = 0;
+        const char *text = r->n_choices > 0 ? kg_output_text(&r->choices[0].out, &tlen) : NULL;
+        return kg_events_error_text(o, job->request_id, outcome->code, msg, job->metadata_json,
+                                    text ? text : "", text ? tlen : 0, max_bytes, len,
+                                    &outcome->fit);
+    }
     /* a choice that ran out of time, failed in the backend or was cancelled
      * (not by its stop string) leaves the job without a result; the first
      * of those in that order names the error */
@@ -222,6 +236,31 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
     }
     return kg_events_error(o, job->request_id, outcome->code, msg, job->metadata_json, max_bytes,
                            len, &outcome->fit);
+}
+
+bool kg_jobrun_cancel(kg_jobrun_t *r) {
+    if (r->cancelled) {
+        return false;
+    }
+    bool live = false; /* a choice still making tokens that count */
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        live |= !r->choices[c].stop_hit && r->choices[c].finish == KG_FINISH_NONE;
+    }
+    if (!live) {
+        return false;
+    }
+    r->cancelled = true;
+    return true;
+}
+
+void kg_jobrun_end_cancelled(kg_jobrun_t *r, int64_t now_us) {
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        if (r->choices[c].finish == KG_FINISH_NONE) {
+            r->choices[c].finish = KG_FINISH_CANCELLED;
+        }
+    }
+    r->n_finished = r->n_choices;
+    r->t.finished_us = now_us;
 }
 
 char *kg_jobrun_refused(const kg_jobrun_t *r,

@@ -57,6 +57,7 @@ typedef struct kg_jobrun {
     kg_jobrun_choice_t *choices; /* (n_choices) = job->n, owned */
     int32_t n_choices;
     int32_t n_finished; /* choices whose last completion came */
+    bool cancelled;     /* a user's cancel (kg_jobrun_cancel): tokens after it are dropped */
 } kg_jobrun_t;
 
 /* What one completion produced. */
@@ -126,6 +127,21 @@ char *kg_jobrun_token_event(const kg_jobrun_t *r,
 /** Tokens generated so far, over every choice (stop-string tails left out). */
 int32_t kg_jobrun_n_generated(const kg_jobrun_t *r);
 
+/** A user's cancel of this job (a cancel message): tokens the engine makes
+ * after it are not part of the output, and the terminal event is an error
+ * with code `cancelled` that carries the text so far (choice 0's). Returns
+ * true the first time, when the caller must stop the job: cancel its engine
+ * request (every choice's CANCELLED finish then comes as a completion) or,
+ * when the job never reached the engine, end it with
+ * kg_jobrun_end_cancelled. False when it was cancelled already or has
+ * finished (every choice matched a stop string or ended): nothing to do.
+ * @thread any (the caller's) */
+bool kg_jobrun_cancel(kg_jobrun_t *r);
+
+/** End a job that is not in the engine as cancelled at `now_us` (after
+ * kg_jobrun_cancel): encode its terminal event next. */
+void kg_jobrun_end_cancelled(kg_jobrun_t *r, int64_t now_us);
+
 /** Count a completion of a job whose events are no longer wanted (its
  * partition was revoked): true once every choice has finished, when the
  * record can go. */
@@ -137,7 +153,8 @@ bool kg_jobrun_finish_seen(kg_jobrun_t *r, const kg_completion_t *c);
  * order): a done event (stop, length or stop_sequence) or an error event
  * (expired, cancelled; internal when the backend could not run this job,
  * KG_FINISH_ERROR). `outcome` says which, and what was shed. NULL on out of
- * memory. */
+ * memory. A job a user cancelled gets a cancelled error event that carries
+ * the text so far (`text`, shed last). */
 char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          const kg_event_origin_t *o,
                          const kg_tokenizer_t *tok,

@@ -110,6 +110,7 @@ static void *run(void *arg) {
         int64_t t0 = kg_clock_us();
         int32_t n = kg_engine_step(r->engine, r->comps, r->comps_cap);
         int64_t t1 = kg_clock_us();
+        int64_t step = atomic_fetch_add(&r->gauges.n_stepped, 1) + 1;
         atomic_fetch_add(&r->gauges.step_us_total, t1 - t0);
         kg_histogram_observe(&r->gauges.step, t1 - t0);
         if (n < 0) {
@@ -122,8 +123,11 @@ static void *run(void *arg) {
             continue;
         }
         for (int32_t i = 0; i < n; i++) {
-            kg_runner_event_t ev = {
-                .kind = KG_RUNNER_COMPLETION, .status = KG_OK, .ts_us = t1, .c = r->comps[i]};
+            kg_runner_event_t ev = {.kind = KG_RUNNER_COMPLETION,
+                                    .status = KG_OK,
+                                    .ts_us = t1,
+                                    .step = step,
+                                    .c = r->comps[i]};
             push_event(r, &ev);
         }
         update_gauges(r);
@@ -227,6 +231,10 @@ int kg_runner_poll(kg_runner_t *r, kg_runner_event_t *out, int max, int timeout_
         n++;
     }
     return n;
+}
+
+int64_t kg_runner_steps(const kg_runner_t *r) {
+    return atomic_load(&r->gauges.n_stepped);
 }
 
 bool kg_runner_is_dead(const kg_runner_t *r) {

@@ -32,6 +32,7 @@ typedef struct kg_runner_event {
     kg_runner_event_kind_t kind;
     kg_status_t status;
     int64_t ts_us; /* kg_clock_us() when the step that made it ended */
+    int64_t step;  /* that step's number (kg_runner_steps once it ended) */
     kg_completion_t c;
 } kg_runner_event_t;
 
@@ -43,6 +44,7 @@ typedef struct kg_runner_gauges {
         n_prompt_tokens, n_preemptions;
     _Atomic int64_t last_loop_us; /* kg_clock_us() of the last loop turn (liveness) */
     _Atomic int64_t step_us_total;
+    _Atomic int64_t n_stepped; /* kg_engine_step calls that ended (kg_runner_steps) */
     _Atomic int32_t last_batch_tokens;
     _Atomic int64_t n_grammar_masks, grammar_mask_ns, n_grammar_forced_tokens;
     kg_histogram_t step; /* duration of each step */
@@ -72,6 +74,11 @@ KG_NODISCARD kg_status_t kg_runner_cancel_choice(kg_runner_t *r, uint64_t id, in
 /** Take up to `max` events, waiting up to timeout_ms for the first.
  * @thread kafka */
 int kg_runner_poll(kg_runner_t *r, kg_runner_event_t *out, int max, int timeout_ms);
+
+/** Steps the engine thread has finished so far: a command handed over now
+ * takes effect in step kg_runner_steps() + 2 at the latest (the step that
+ * may be running, then the next, which starts with the commands). @thread any */
+int64_t kg_runner_steps(const kg_runner_t *r);
 
 /** Whether the backend failed (a FATAL event was sent). */
 bool kg_runner_is_dead(const kg_runner_t *r);

@@ -1519,7 +1519,11 @@ char *kg_codec_encode_error(const kg_event_error_t *ev, size_t *len) {
     if (o) {
         put(o, "code", json_string(kg_error_code_str(ev->code)), &ok);
         put(o, "message", cstr_json(ev->message), &ok);
-        put_truncation(o, false, ev->metadata_truncated, 0, &ok);
+        if (ev->text) {
+            put(o, "text", text_json(ev->text, ev->text_len), &ok);
+        }
+        put_truncation(o, false, ev->metadata_truncated,
+                       ev->text_truncated ? ev->text_bytes_cut : 0, &ok);
     }
     return finish_event(o, ok, ev->metadata_json, len);
 }
@@ -1800,7 +1804,9 @@ static bool ev_error(evdec_t *d, kg_event_error_t *e) {
     e->code = (kg_error_code_t)c;
     return ev_str(d, d->root, "message", false, &e->message, NULL) &&
            ev_metadata(d, &e->metadata_json) &&
-           ev_flag(d, "metadata_truncated", &e->metadata_truncated);
+           ev_flag(d, "metadata_truncated", &e->metadata_truncated) &&
+           ev_str(d, d->root, "text", true, &e->text, &e->text_len) &&
+           ev_text_cut(d, &e->text_truncated, &e->text_bytes_cut);
 }
 
 kg_status_t kg_codec_decode_event(
@@ -1880,5 +1886,6 @@ void kg_event_free(kg_event_t *ev) {
     free_common(&ev->error.common);
     free((void *)ev->error.message);
     free((void *)ev->error.metadata_json);
+    free((void *)ev->error.text);
     free(ev);
 }

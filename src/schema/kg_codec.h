@@ -284,6 +284,11 @@ typedef struct kg_event_error {
     const char *message;       /* NUL-terminated */
     const char *metadata_json; /* the job's metadata_json, or NULL */
     bool metadata_truncated;   /* the job's metadata is not echoed (it did not fit) */
+    /* The text generated before the job ended (code cancelled); NULL: not written. */
+    const char *text;
+    size_t text_len;
+    bool text_truncated;    /* text is a prefix of the generated text ... */
+    int64_t text_bytes_cut; /* ... which was this many bytes longer */
 } kg_event_error_t;
 
 /** Encode an event as compact JSON. Returns malloc'ed text (the caller

@@ -54,6 +54,19 @@ echo "generation tokens $before -> $after, done(length) $done_len, dead-lettered
 [[ "$after" -ge 20 ]] && [[ "$done_len" == 20 ]] && [[ "$dlq" == 1 ]] && [[ "$ttft" == 20 ]] && [[ "$steps" -gt 0 ]] \
     || { echo "metrics did not move as expected"; exit 1; }
 
+# the autoscaling signal: present once a job has finished (lag and jobs in flight are 0 here, so
+# it falls towards 0 within a few seconds)
+drain=""
+for _ in $(seq 1 50); do
+    drain=$(metric 'kgen_estimated_drain_seconds')
+    [[ -n "$drain" ]] && break
+    sleep 0.1
+done
+[[ -n "$drain" ]] || { echo "no kgen_estimated_drain_seconds after 20 jobs"; exit 1; }
+python3 -c 'import sys; v = float(sys.argv[1]); assert 0 <= v < 60, v' "$drain" ||
+    { echo "kgen_estimated_drain_seconds out of range: $drain"; exit 1; }
+echo "estimated drain seconds: $drain"
+
 kill -TERM "$pid"
 rc=0
 wait "$pid" || rc=$?

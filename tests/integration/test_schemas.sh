@@ -54,15 +54,17 @@ def load_json(path):
 
 job = load_schema("job.schema.json")
 event = load_schema("event.schema.json")
+cancel = load_schema("cancel.schema.json")
 
 valid_dir = os.path.join(root, "examples", "valid")
-n_valid = {"job": 0, "event": 0}
+n_valid = {"job": 0, "event": 0, "cancel": 0}
+schemas = {"job": job, "event": event, "cancel": cancel}
 for name in sorted(os.listdir(valid_dir)):
     kind = name.split("-", 1)[0]
     if kind not in n_valid or not name.endswith(".json"):
-        fail(f"valid/{name}: not named job-*.json or event-*.json")
+        fail(f"valid/{name}: not named job-*.json, event-*.json or cancel-*.json")
         continue
-    errors = list((job if kind == "job" else event).iter_errors(load_json(os.path.join(valid_dir, name))))
+    errors = list(schemas[kind].iter_errors(load_json(os.path.join(valid_dir, name))))
     for e in errors:
         fail(f"valid/{name}: {e.message} at {list(e.absolute_path)}")
     n_valid[kind] += 1
@@ -111,7 +113,10 @@ for name in sorted(on_disk - listed):
 for name in sorted(listed - on_disk):
     fail(f"manifest.tsv: {name} does not exist")
 
-print(f"valid: {n_valid['job']} jobs, {n_valid['event']} events; invalid: {len(listed)} "
+for doc in ({}, {"request_id": ""}, {"request_id": "a b"}, {"request_id": "x", "schema_version": 2}):
+    if cancel.is_valid(doc):
+        fail(f"cancel schema accepts {doc}")
+print(f"valid: {n_valid['job']} jobs, {n_valid['event']} events, {n_valid['cancel']} cancels; invalid: {len(listed)} "
       f"(schema rejects {counts['rejects']}, cannot express {counts['accepts']}, not JSON {counts['n/a']}); "
       f"jsonschema {importlib.metadata.version('jsonschema')}")
 sys.exit(1 if failures else 0)

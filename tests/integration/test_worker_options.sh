@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_worker_options: --http-address binds the metrics port to one address (the kernel's table of
 # listening sockets shows 127.0.0.1, not 0.0.0.0, and /healthz answers there), the default still
-# listens on every interface, a bad address is a startup error (exit 2), and --print-config works
-# without --model. On the demo's mock cluster: no broker needed.
+# listens on every interface, a bad address is a startup error (exit 2), two jobs topics (lanes)
+# may share a --dlq-topic but not an --inflight-topic, and --print-config works without --model.
+# On the demo's mock cluster: no broker needed.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -38,8 +39,20 @@ rc=0
 ((rc == 2)) || kg_fail "--http-address eth0 exited $rc (want 2)"
 grep -q "http-address: expected an IPv4 or IPv6 address" "$T/bad.out" || kg_fail "$(cat "$T/bad.out")"
 
+# lanes: one --dlq-topic shared by two jobs topics works; one --inflight-topic for two is refused
+# (the lanes' snapshots would crowd each other out of the tail a new owner reads)
+env TMPDIR="$T" "$KG_BIN/kgen-worker" --demo 4 --threads 1 --http-port 0 \
+    --jobs-topic a:8,b:1 --dlq-topic shared.dlq >"$T/lanes.out" 2>&1 ||
+    kg_fail "two lanes with one --dlq-topic: $(tail -3 "$T/lanes.out")"
+rc=0
+env TMPDIR="$T" "$KG_BIN/kgen-worker" --demo 4 --threads 1 --http-port 0 \
+    --jobs-topic a:8,b:1 --inflight-topic shared.inflight >"$T/lanes2.out" 2>&1 || rc=$?
+((rc == 1)) || kg_fail "two lanes with one --inflight-topic exited $rc (want 1)"
+grep -q "inflight-topic names one topic; with several jobs topics leave it empty" "$T/lanes2.out" ||
+    kg_fail "$(tail -3 "$T/lanes2.out")"
+
 "$KG_BIN/kgen-worker" --print-config -X sasl.password=s3cret >"$T/config.txt"
 grep -q '^model=$' "$T/config.txt" || kg_fail "--print-config without --model: $(head -3 "$T/config.txt")"
 grep -q '^kafka.sasl.password=\[redacted\]$' "$T/config.txt" || kg_fail "a secret was printed"
 grep -q '^http-address=0.0.0.0$' "$T/config.txt" || kg_fail "no http-address in --print-config"
-kg_finish "--http-address binds one address; --print-config needs no model"
+kg_finish "--http-address binds one address; lanes share a DLQ, not a journal; --print-config needs no model"

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# test_worker_lanes: priority lanes on a real broker. One worker reads two jobs topics,
+# `--jobs-topic lanes.interactive:8,lanes.bulk:1`. A backlog of 400 bulk jobs is sent first,
+# then 12 interactive jobs: every job of both topics finishes once, each event names the topic
+# its job came from, an unparseable message on the bulk topic goes to that topic's DLQ
+# (lanes.bulk.dlq), the group commits both topics (lag 0 on each), and the interactive jobs jump
+# the backlog: all of them are answered before the last fifth of the bulk jobs (the bulk lane is
+# paused first and interactive jobs take 8 of every 9 free slots). /metrics labels the lag of
+# each partition with its topic.
+set -euo pipefail
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+kg_setup worker-lanes
+kg_need_java
+
+kg_broker_start
+for t in lanes.interactive lanes.bulk; do
+    kg_topic "$t" 2
+    kg_topic "$t.dlq" 1
+    kg_topic "$t.inflight" 2 --config cleanup.policy=compact
+done
+kg_topic "$RESULTS" 4
+kg_model
+port=$(kg_free_port)
+JOBS=lanes.interactive:8,lanes.bulk:1
+kg_worker w1 --max-batch-size 4 --max-queue-depth 16 --http-port "$port"
+kg_wait_assigned 60 4 w1
+
+kg_jobs "$T/bulk.jsonl" 400 '{"max_tokens": 24, "ignore_eos": true, "stream": false}' bulk
+echo 'not json at all' >>"$T/bulk.jsonl"
+kg_jobs "$T/inter.jsonl" 12 '{"max_tokens": 8, "ignore_eos": true}' inter
+kg_bg bulk "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic lanes.bulk --results-topic \
+    "$RESULTS" --input "$T/bulk.jsonl" --output "$T/bulk.out" --events "$T/bulk.events" \
+    --timeout 300 --no-progress
+kg_wait 60 "the bulk backlog started" kg_metric_ge "$port" kgen_jobs_total 20
+kg_submit --jobs-topic lanes.interactive --input "$T/inter.jsonl" --output "$T/inter.out" \
+    --events "$T/inter.events" --timeout 300 --no-progress 2>"$T/inter.log" ||
+    kg_fail "interactive jobs: $(cat "$T/inter.log")"
+kg_wait_exit "$(kg_pid bulk)" 300
+((KG_RC == 0)) || kg_fail "the bulk kgen-submit exited $KG_RC"
+kg_check_results "$T/bulk.jsonl" "$T/bulk.out" "$T/bulk.events"
+kg_check_results "$T/inter.jsonl" "$T/inter.out" "$T/inter.events"
+kg_expect_no_errors "$T/bulk.out"
+kg_expect_no_errors "$T/inter.out"
+
+python3 - "$T/bulk.out" "$T/inter.out" <<'PY'
+import json, sys
+bulk = [json.loads(l) for l in open(sys.argv[1])]
+inter = [json.loads(l) for l in open(sys.argv[2])]
+assert all(r["topic"] == "lanes.bulk" for r in bulk), "a bulk event names another topic"
+assert all(r["topic"] == "lanes.interactive" for r in inter), "an interactive event names another topic"
+ts = sorted(r["ts_ms"] for r in bulk)
+cut = ts[int(len(ts) * 0.8)]
+last_inter = max(r["ts_ms"] for r in inter)
+print(f"interactive jobs answered by {last_inter - ts[0]} ms into the bulk run; the 80th "
+      f"percentile bulk job at {cut - ts[0]} ms, the last at {ts[-1] - ts[0]} ms")
+assert last_inter < cut, "the interactive jobs did not jump the bulk backlog"
+PY
+kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
+    --topic lanes.bulk.dlq --from-beginning --timeout-ms 10000 \
+    --formatter-property print.headers=true >"$T/dlq.txt" 2>/dev/null || true
+grep -q 'kgen-source-topic:lanes.bulk' "$T/dlq.txt" || kg_fail "no DLQ copy on lanes.bulk.dlq"
+# the lag of a partition shows once the worker has read its end offset (a periodic query)
+lag_gauge() {
+    curl -s "http://127.0.0.1:$port/metrics" |
+        grep -q 'kgen_consumer_lag_messages{topic="lanes.interactive",partition="1"}'
+}
+kg_wait 30 "the per-topic lag gauge" lag_gauge
+kg_wait 60 "bulk lag 0" test "$(kg_group_lag "$GROUP" lanes.bulk)" = 0
+kg_wait 60 "interactive lag 0" test "$(kg_group_lag "$GROUP" lanes.interactive)" = 0
+kg_stop_pid "$(kg_pid w1)" 30
+grep -q 'msg="stopped" rc=0' "$T/w1.log" || kg_fail "the worker did not stop cleanly"
+kg_finish "two lanes: both topics answered and committed, interactive jobs jump a bulk backlog"
