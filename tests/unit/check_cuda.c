@@ -136,7 +136,7 @@ START_TEST(rmsnorm_vs_cpu) {
             ref_x[i] = x[i] + add[i];
         }
         cpu_rmsnorm_rows(ref_x, w, ref_y, rows, n, eps);
-        ck_assert_int_eq(kg_cuda_op_add_rmsnorm(x, add, w, y, rows, n, eps, dt), KG_OK);
+        ck_assert_int_eq(kg_cuda_op_add_rmsnorm(x, add, NULL, NULL, w, y, rows, n, eps, dt), KG_OK);
         for (int i = 0; i < rows * n; i++) {
             ck_assert_msg(x[i] == ref_x[i], "%s x[%d] %g != %g", dt_name(dt), i, x[i], ref_x[i]);
             const double r = round_to(ref_y[i], dt);
@@ -145,7 +145,8 @@ START_TEST(rmsnorm_vs_cpu) {
         }
         /* without the residual: x unchanged */
         memcpy(ref_x, x, (size_t)rows * n * 4);
-        ck_assert_int_eq(kg_cuda_op_add_rmsnorm(x, NULL, w, y, rows, n, eps, dt), KG_OK);
+        ck_assert_int_eq(kg_cuda_op_add_rmsnorm(x, NULL, NULL, NULL, w, y, rows, n, eps, dt),
+                         KG_OK);
         ck_assert_int_eq(memcmp(x, ref_x, (size_t)rows * n * 4), 0);
         free(x), free(add), free(w), free(y), free(ref_x), free(ref_y);
     }
