@@ -523,11 +523,10 @@ static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
         int64_t tokens = 0, forced = 0, steps_c = 0, steps_u = 0;
         ok = made != NULL;
         for (int64_t r = 0; ok && r < reps; r++) {
-            bench_row_t rc, ru;
+            bench_row_t rc = {0}, ru = {0};
             kg_engine_stats(env->engine, before);
             ok = run_batched_with(env, o, B, &rc, g, NULL, made);
             kg_engine_stats(env->engine, after);
-            /* the same prompts, unconstrained, the same token count each */
             /* the same prompts, unconstrained, the same token count each */
             ok = ok && run_batched_with(env, o, B, &ru, NULL, made, NULL);
             kg_engine_stats_t *s2 = malloc(sizeof(*s2));

@@ -3,6 +3,8 @@
  * grammars work, and builds kg_gir expressions directly. */
 #include "kg_gbnf.h"
 
+#include "../core/kg_utf8.h"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -188,29 +190,6 @@ static const char *parse_char(parser_t *p, const char *s, uint32_t *cp) {
     }
 }
 
-static size_t put_utf8(uint32_t c, char *out) {
-    if (c < 0x80) {
-        out[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        out[0] = (char)(0xC0 | (c >> 6));
-        out[1] = (char)(0x80 | (c & 0x3F));
-        return 2;
-    }
-    if (c < 0x10000) {
-        out[0] = (char)(0xE0 | (c >> 12));
-        out[1] = (char)(0x80 | ((c >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (c >> 18));
-    out[1] = (char)(0x80 | ((c >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((c >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
-}
-
 static int32_t rule_ref(parser_t *p, const char *name, size_t len) {
     int32_t r = kg_gir_rule(p->g, name, len);
     check(p, r);
@@ -276,7 +255,7 @@ static const char *parse_sequence(parser_t *p, const char *s, bool nested, int32
                     p->lit = nb;
                     p->lit_cap = cap;
                 }
-                len += put_utf8(c, p->lit + len);
+                len += kg_utf8_put(c, p->lit + len);
             }
             if (s >= p->end) {
                 fail(p, start, "unterminated literal");

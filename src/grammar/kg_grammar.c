@@ -5,6 +5,7 @@
  *   call edges --(liveness, left-recursion check)--> per-state token masks
  *   from a walk of the vocabulary trie, and forced tokens. */
 #include "../core/kg_clock.h"
+#include "../core/kg_utf8.h"
 #include "kg_grammar_int.h"
 
 #include <stdio.h>
@@ -253,29 +254,6 @@ static int32_t byte_chain(cc_t *c, const uint8_t *lo, const uint8_t *hi, int n, 
     return s;
 }
 
-static int utf8_len(uint32_t cp) {
-    return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-}
-
-static void utf8_encode(uint32_t cp, uint8_t *out) {
-    int n = utf8_len(cp);
-    if (n == 1) {
-        out[0] = (uint8_t)cp;
-    } else if (n == 2) {
-        out[0] = (uint8_t)(0xC0 | (cp >> 6));
-        out[1] = (uint8_t)(0x80 | (cp & 0x3F));
-    } else if (n == 3) {
-        out[0] = (uint8_t)(0xE0 | (cp >> 12));
-        out[1] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (uint8_t)(0x80 | (cp & 0x3F));
-    } else {
-        out[0] = (uint8_t)(0xF0 | (cp >> 18));
-        out[1] = (uint8_t)(0x80 | ((cp >> 12) & 0x3F));
-        out[2] = (uint8_t)(0x80 | ((cp >> 6) & 0x3F));
-        out[3] = (uint8_t)(0x80 | (cp & 0x3F));
-    }
-}
-
 /* The UTF-8 byte-range sequences of code points lo..hi (no surrogates
  * inside), each as a chain from a fresh alternative of `alt` to `end`
  * (regex-syntax's Utf8Sequences split). */
@@ -292,7 +270,7 @@ utf8_seqs(cc_t *c, uint32_t lo, uint32_t hi, int32_t *alts, int32_t *n_alts, int
             return;
         }
     }
-    int n = utf8_len(lo);
+    int n = (int)kg_utf8_len(lo);
     for (int i = 1; i < n; i++) {
         uint32_t m = (1u << (6 * i)) - 1;
         if ((lo & ~m) != (hi & ~m)) {
@@ -309,8 +287,8 @@ utf8_seqs(cc_t *c, uint32_t lo, uint32_t hi, int32_t *alts, int32_t *n_alts, int
         }
     }
     uint8_t a[4], b[4];
-    utf8_encode(lo, a);
-    utf8_encode(hi, b);
+    kg_utf8_put(lo, (char *)a);
+    kg_utf8_put(hi, (char *)b);
     if (*n_alts >= cap) {
         cfail(c, "grammar: character class too complex");
         return;
@@ -435,12 +413,15 @@ static frag_t build(cc_t *c, int32_t e) {
             cfail(c, "grammar: out of memory");
             break;
         }
-        for (int32_t i = 0; i < n && !c->failed; i++) {
-            frag_t f = build(c, kg_gir_kid(c->ir, kg_gir_node(c->ir, e), i));
+        /* Stop at the first failure and fan out only what was built: the
+         * later slots of alts were never written. */
+        int32_t built = 0;
+        for (; built < n && !c->failed; built++) {
+            frag_t f = build(c, kg_gir_kid(c->ir, kg_gir_node(c->ir, e), built));
             patch(c, f.end, end);
-            alts[i] = f.start;
+            alts[built] = f.start;
         }
-        r = (frag_t){fan_out(c, alts, n), end};
+        r = (frag_t){fan_out(c, alts, built), end};
         free(alts);
         break;
     }

@@ -2,6 +2,8 @@
  * recursive descent straight into kg_gir expressions. */
 #include "kg_regex.h"
 
+#include "../core/kg_utf8.h"
+
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,29 +46,6 @@ static int32_t ok(rx_t *r, int32_t h) {
 }
 
 // ---- characters ----
-
-static size_t put_utf8(uint32_t c, char *out) {
-    if (c < 0x80) {
-        out[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        out[0] = (char)(0xC0 | (c >> 6));
-        out[1] = (char)(0x80 | (c & 0x3F));
-        return 2;
-    }
-    if (c < 0x10000) {
-        out[0] = (char)(0xE0 | (c >> 12));
-        out[1] = (char)(0x80 | ((c >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (c >> 18));
-    out[1] = (char)(0x80 | ((c >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((c >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
-}
 
 /* A JSON escape of a character that cannot appear raw in a string. */
 static size_t json_escape(uint32_t c, char *out) {
@@ -163,7 +142,7 @@ int32_t kg_regex_json_chars(kg_gir_t *g, int32_t chars_expr) {
 /* One code point as an expression in the current mode. */
 static int32_t char_expr(rx_t *r, uint32_t c) {
     char buf[8];
-    size_t n = r->o->json_string && json_special(c) ? json_escape(c, buf) : put_utf8(c, buf);
+    size_t n = r->o->json_string && json_special(c) ? json_escape(c, buf) : kg_utf8_put(c, buf);
     return ok(r, kg_gir_bytes(r->g, buf, n));
 }
 

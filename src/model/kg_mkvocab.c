@@ -20,6 +20,8 @@
  * model's vocabulary size; readable demo output). */
 #include "kg_mkvocab.h"
 
+#include "../core/kg_utf8.h"
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,22 +148,6 @@ static uint32_t byte_to_cpt(int b) {
     return 256u + (uint32_t)n;
 }
 
-static size_t put_utf8(char *dst, uint32_t c) {
-    if (c < 0x80) {
-        dst[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        dst[0] = (char)(0xC0 | (c >> 6));
-        dst[1] = (char)(0x80 | (c & 0x3F));
-        return 2;
-    }
-    dst[0] = (char)(0xE0 | (c >> 12));
-    dst[1] = (char)(0x80 | ((c >> 6) & 0x3F));
-    dst[2] = (char)(0x80 | (c & 0x3F));
-    return 3;
-}
-
 static int char_class(unsigned char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ? 0 : (c >= '0' && c <= '9') ? 1 : 2;
 }
@@ -209,7 +195,7 @@ static bool trainer_words(trainer_t *tr, bool spm) {
         }
         for (size_t k = i; k < j; k++) {
             char buf[4];
-            size_t len = spm ? 1 : put_utf8(buf, byte_to_cpt((unsigned char)corpus[k]));
+            size_t len = spm ? 1 : kg_utf8_put(byte_to_cpt((unsigned char)corpus[k]), buf);
             tr->words[ns++] = trainer_add(tr, spm ? &corpus[k] : buf, len);
         }
         i = j;
@@ -423,7 +409,7 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     if (!spm) {
         for (int b = 0; b < 256; b++) { /* byte tokens first, in byte order */
             char buf[4];
-            trainer_add(&tr, buf, put_utf8(buf, byte_to_cpt(b)));
+            trainer_add(&tr, buf, kg_utf8_put(byte_to_cpt(b), buf));
         }
     }
     if (!trainer_words(&tr, spm) || !trainer_run(&tr, spm ? 300 : 320)) {

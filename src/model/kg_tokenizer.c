@@ -35,6 +35,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "core/kg_log.h"
+#include "core/kg_utf8.h"
 
 #include <pcre2.h>
 #include <stdio.h>
@@ -146,29 +147,6 @@ static size_t table_size_for(size_t n) {
 static size_t utf8_len(unsigned char c) {
     static const uint8_t lookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return lookup[c >> 4];
-}
-
-static size_t utf8_put(char *dst, uint32_t cpt) {
-    if (cpt < 0x80) {
-        dst[0] = (char)cpt;
-        return 1;
-    }
-    if (cpt < 0x800) {
-        dst[0] = (char)(0xC0 | (cpt >> 6));
-        dst[1] = (char)(0x80 | (cpt & 0x3F));
-        return 2;
-    }
-    if (cpt < 0x10000) {
-        dst[0] = (char)(0xE0 | (cpt >> 12));
-        dst[1] = (char)(0x80 | ((cpt >> 6) & 0x3F));
-        dst[2] = (char)(0x80 | (cpt & 0x3F));
-        return 3;
-    }
-    dst[0] = (char)(0xF0 | (cpt >> 18));
-    dst[1] = (char)(0x80 | ((cpt >> 12) & 0x3F));
-    dst[2] = (char)(0x80 | ((cpt >> 6) & 0x3F));
-    dst[3] = (char)(0x80 | (cpt & 0x3F));
-    return 4;
 }
 
 /* One code point read the way llama.cpp's unicode_cpt_from_utf8 reads it
@@ -828,7 +806,7 @@ static void build_byte_map(kg_tokenizer_t *tok) {
     for (int b = 0; b < 256; b++) {
         bool keep = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
         uint32_t cpt = keep ? (uint32_t)b : (uint32_t)(256 + next++);
-        tok->bmap_len[b] = (uint8_t)utf8_put(tok->bmap[b], cpt);
+        tok->bmap_len[b] = (uint8_t)kg_utf8_put(cpt, tok->bmap[b]);
         tok->bmap_inv[cpt] = (int16_t)b;
     }
 }
@@ -1684,7 +1662,7 @@ static bool bpe_fragment(session_t *s, const char *text, size_t len, out_t *o) {
                 cpt = 0xFFFD;
             }
             s->vmap[v] = i;
-            v += utf8_put(s->view_buf + v, cpt);
+            v += kg_utf8_put(cpt, s->view_buf + v);
             i += n;
         }
         s->vmap[v] = len;
