@@ -70,6 +70,8 @@
 #include "geglu.cuh"
 #include "gemm.cuh"
 #include "kg_backend_cuda.h"
+#include "kv_copy.cuh"
+#include "logit_bias.cuh"
 #include "logits.cuh"
 #include "mask.cuh"
 #include "moe.cuh"
@@ -209,6 +211,7 @@ typedef struct cuda_ctx {
     int32_t last_n_outputs, head_row0;
     kg_cuda_sampler_t sampler;
     bool sampler_ready;
+    kg_cuda_bias_t bias; /* logit_bias.cu: the requests' logit_bias before sampling */
     kg_cuda_mask_t mask; /* constrained decoding: token masks applied before sampling */
 
     kg_backend_fault_t fault;
@@ -772,6 +775,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(kg_cuda_mask_init(&ctx->mask, hp->n_vocab, ctx->out_cap));
     ctx->scratch_size += kg_cuda_mask_device_size(&ctx->mask);
     ctx->scratch_size += kg_cuda_sampler_device_size(&ctx->sampler);
+    KG_TRY(kg_cuda_bias_init(&ctx->bias, ctx->out_cap));
+    ctx->scratch_size += kg_cuda_bias_device_size(&ctx->bias);
     return KG_OK;
 }
 
@@ -1289,7 +1294,14 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
         if (ensure_rows(ctx, r0) != KG_OK) {
             return mark_dead(ctx, "the head GEMM");
         }
-        /* constrained rows: their masks first (mask.cu), then the usual sampler */
+        /* the requests' logit_bias first (logit_bias.cu), then the constrained
+         * rows' masks (mask.cu), then the usual sampler: a masked token stays
+         * -inf either way, and a row whose allowed tokens are all banned comes
+         * out uniform over them, as in kg_sampler_sample_masked */
+        if (kg_cuda_bias_apply(&ctx->bias, ctx->stream, ctx->logits, ctx->hp.n_vocab, reqs + r0,
+                               rows) != KG_OK) {
+            return mark_dead(ctx, "the logit bias");
+        }
         if (kg_cuda_mask_apply(&ctx->mask, ctx->stream, ctx->logits, ctx->sampler.n_vocab,
                                reqs + r0, rows) != KG_OK) {
             return mark_dead(ctx, "applying token masks");
@@ -1309,6 +1321,28 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
         ctx->head_row0 = -1;
     }
     ctx->last_n_outputs = 0;
+    return KG_OK;
+}
+
+/* KV blocks for the n choices of one prompt (kv_copy.cu). */
+static kg_status_t
+cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n) {
+    cuda_ctx_t *ctx = (cuda_ctx_t *)be->ctx;
+    if (ctx->dead) {
+        return KG_ERR_BACKEND;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] >= ctx->n_kv_blocks || dst[i] < 0 || dst[i] >= ctx->n_kv_blocks ||
+            src[i] == dst[i]) {
+            return KG_ERR_INVALID;
+        }
+    }
+    const size_t block = (size_t)ctx->block_size * (size_t)ctx->hp.n_head_kv * ctx->hp.head_dim;
+    if (cudaSetDevice(ctx->device) != cudaSuccess ||
+        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems, 2 * ctx->hp.n_layer, block, src,
+                        dst, n) != KG_OK) {
+        return mark_dead(ctx, "the KV block copy");
+    }
     return KG_OK;
 }
 
@@ -1418,6 +1452,7 @@ static void cuda_free(kg_backend_t *be) {
             kg_cuda_sampler_clear(&ctx->sampler);
             kg_cuda_mask_clear(&ctx->mask);
         }
+        kg_cuda_bias_clear(&ctx->bias);
         kg_cuda_blas_clear(&ctx->blas);
         if (ctx->stream) {
             cudaStreamDestroy(ctx->stream);
@@ -1465,6 +1500,7 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     be->last_fault = cuda_last_fault;
     be->counters = cuda_counters;
     be->moe_stats = hp->n_expert > 0 ? cuda_moe_stats : NULL;
+    be->kv_copy = cuda_kv_copy;
     ctx->model = model;
     ctx->hp = *hp;
     ctx->n_kv_blocks = params->n_kv_blocks;

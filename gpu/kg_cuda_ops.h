@@ -124,6 +124,23 @@ kg_status_t kg_cuda_op_sample(const float *logits,
                               const kg_sample_request_t *reqs,
                               kg_sample_result_t *out);
 
+/** kv_copy.cu: KV blocks src[i] -> dst[i] of kv (n_planes planes of n_blocks
+ * blocks of block_elems fp16 values, host memory), on the device. */
+kg_status_t kg_cuda_op_kv_copy(uint16_t *kv,
+                               int32_t n_planes,
+                               int32_t n_blocks,
+                               int32_t block_elems,
+                               const int32_t *src,
+                               const int32_t *dst,
+                               int32_t n);
+
+/** logit_bias.cu: reqs[i].params' logit_bias on row i of logits (rows,
+ * n_vocab), host memory, on the device. */
+kg_status_t kg_cuda_op_logit_bias(float *logits,
+                                  int32_t rows,
+                                  int32_t n_vocab,
+                                  const kg_sample_request_t *reqs);
+
 #ifdef __cplusplus
 }
 #endif

@@ -121,6 +121,18 @@ kg_status_t kg_backend_sample(kg_backend_t *be,
     return be->sample(be, reqs, n, out);
 }
 
+bool kg_backend_has_kv_copy(const kg_backend_t *be) {
+    return be->kv_copy != NULL;
+}
+
+kg_status_t
+kg_backend_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n) {
+    if (!be->kv_copy) {
+        return KG_ERR_UNSUPPORTED;
+    }
+    return n > 0 ? be->kv_copy(be, src, dst, n) : KG_OK;
+}
+
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     memset(out, 0, sizeof(*out));
     if (be->iface.memory) {

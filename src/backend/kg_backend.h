@@ -121,6 +121,20 @@ KG_NODISCARD kg_status_t kg_backend_sample(kg_backend_t *be,
                                            int32_t n,
                                            kg_sample_result_t *out);
 
+/** Whether the backend copies KV blocks (kg_backend_kv_copy). @thread any */
+bool kg_backend_has_kv_copy(const kg_backend_t *be);
+
+/** Copy whole KV blocks, every layer's K and V rows: block src[i] into
+ * block dst[i], i < n (distinct destinations, none of them a source). The
+ * engine starts the n choices of one prompt from copies of the block that
+ * holds the prompt's last token. Ordered with the steps: a later forward
+ * sees the copies. KG_ERR_UNSUPPORTED when the backend has no copy.
+ * @thread engine */
+KG_NODISCARD kg_status_t kg_backend_kv_copy(kg_backend_t *be,
+                                            const int32_t *src,
+                                            const int32_t *dst,
+                                            int32_t n);
+
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out);
 
 /* What a failed kg_backend_forward or kg_backend_sample hit, so that the

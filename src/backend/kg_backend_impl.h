@@ -25,6 +25,8 @@ struct kg_backend {
     void (*last_fault)(const kg_backend_t *be, kg_backend_fault_t *out);
     /* optional: kg_backend_counters, callable from any thread */
     void (*counters)(const kg_backend_t *be, kg_backend_counters_t *out);
+    /* optional: kg_backend_kv_copy (NULL: none; the engine recomputes instead) */
+    kg_status_t (*kv_copy)(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n);
     /* optional: the expert load behind kg_backend_moe_stats (NULL: none) */
     void (*moe_stats)(const kg_backend_t *be, kg_moe_stats_t *out);
 };

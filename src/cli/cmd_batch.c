@@ -1,10 +1,14 @@
 /* kgen batch: offline mode on the worker's contract (like vLLM's
- * run-batch). Every line of the input is a job (schemas/job.schema.json);
- * every job gets exactly one line in the output, its done or error event
- * (schemas/event.schema.json), in input order. Jobs go through the same
- * intake, engine and output code as kgen-worker, on one thread. A line
- * that is not a job with a usable request_id gets an error event with
- * request_id "line-<N>" (1-based). */
+ * run-batch). Every line of the input is a job: a kgen job
+ * (schemas/job.schema.json), an OpenAI Batch API input line or a bare
+ * OpenAI request body (kg_openai.h), mixed as they come; every job gets
+ * exactly one line in the output, in input order: its done or error event
+ * (schemas/event.schema.json), or with --output-format openai the OpenAI
+ * Batch output line of it (schemas/openai-batch-output.schema.json), errors
+ * optionally to --error-file. Jobs go through the same intake, engine and
+ * output code as kgen-worker, on one thread. A line that is not a job with
+ * a usable request_id gets an error event with request_id "line-<N>"
+ * (1-based), which is also the request_id of a bare body. */
 #include "backend/kg_backend.h"
 #include "cmd.h"
 #include "core/kg_clock.h"
@@ -15,7 +19,9 @@
 #include "pipeline/kg_events.h"
 #include "pipeline/kg_intake.h"
 #include "pipeline/kg_jobrun.h"
+#include "pipeline/kg_served.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_openai.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -28,17 +34,60 @@ typedef struct batch_job {
     bool ready;      /* run was started: it goes to the engine */
     char *result;    /* the final event line (owned) */
     size_t result_len;
+    const char *line; /* the input line (in the input buffer) */
+    size_t line_len;
 } batch_job_t;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kgen batch --model FILE --input jobs.jsonl --output results.jsonl [options]\n"
-            "%s"
-            "  --max-tokens-limit N   larger max_tokens are refused (default 4096)\n"
-            "  --max-event-bytes N    fit every event into N bytes as kgen-worker does for its\n"
-            "                         results topic (0 = no limit, the default; at least 4096)\n"
-            "  --version, --help\n",
-            kg_cli_engine_help);
+    fprintf(
+        f,
+        "usage: kgen batch --model FILE --input jobs.jsonl --output results.jsonl [options]\n"
+        "%s"
+        "  --max-tokens-limit N   larger max_tokens are refused (default 4096)\n"
+        "  --max-event-bytes N    fit every event into N bytes as kgen-worker does for its\n"
+        "                         results topic (0 = no limit, the default; at least 4096)\n"
+        "  --served-model-name N  names jobs may give as model, comma-separated or repeated\n"
+        "                         (default: the GGUF's general.name and the file stem)\n"
+        "  --output-format F      kgen (events, default) or openai (OpenAI Batch output lines)\n"
+        "  --error-file FILE      with openai: the lines of failed requests go here\n"
+        "  --version, --help\n",
+        kg_cli_engine_help);
+}
+
+/* Write the result of every job, in input order: its event, or its OpenAI
+ * Batch output line (to `err` when it failed and `err` is given). */
+static bool write_results(const batch_job_t *jobs,
+                          int n_jobs,
+                          bool openai,
+                          const char *default_model,
+                          FILE *out,
+                          FILE *err) {
+    kg_openai_output_opts_t oo = {.default_model = default_model};
+    for (int i = 0; i < n_jobs; i++) {
+        const batch_job_t *bj = &jobs[i];
+        if (!bj->result) {
+            fprintf(stderr, "kgen batch: out of memory encoding job %d\n", i);
+            return false;
+        }
+        if (!openai) {
+            fwrite(bj->result, 1, bj->result_len, out);
+            fputc('\n', out);
+            continue;
+        }
+        char *line = NULL, msg[128];
+        size_t len = 0;
+        bool is_error = false;
+        if (kg_openai_batch_output(bj->line, bj->line_len, bj->result, bj->result_len, &oo, &line,
+                                   &len, &is_error, msg, sizeof(msg)) != KG_OK) {
+            fprintf(stderr, "kgen batch: job %d: no OpenAI output: %s\n", i + 1, msg);
+            return false;
+        }
+        FILE *f = is_error && err ? err : out;
+        fwrite(line, 1, len, f);
+        fputc('\n', f);
+        free(line);
+    }
+    return true;
 }
 
 static char *read_all(const char *path, size_t *len) {
@@ -87,14 +136,31 @@ static void set_result(batch_job_t *bj, char *json, size_t len) {
 
 int kg_cmd_batch(int argc, char **argv) {
     const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *backend = "auto";
+    const char *err_path = NULL;
+    char served_spec[1024] = "";
+    bool openai = false;
     int64_t max_tokens_limit = 4096;
     int64_t max_event_bytes = 0;
     kg_engine_options_t eo = kg_engine_options_default();
-    enum { O_MODEL = 256, O_IN, O_OUT, O_MTL, O_MEB, O_VERSION, O_HELP };
+    enum {
+        O_MODEL = 256,
+        O_IN,
+        O_OUT,
+        O_MTL,
+        O_MEB,
+        O_SERVED,
+        O_FORMAT,
+        O_ERRFILE,
+        O_VERSION,
+        O_HELP
+    };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"input", required_argument, 0, O_IN},
                                          {"output", required_argument, 0, O_OUT},
                                          {"max-tokens-limit", required_argument, 0, O_MTL},
+                                         {"served-model-name", required_argument, 0, O_SERVED},
+                                         {"output-format", required_argument, 0, O_FORMAT},
+                                         {"error-file", required_argument, 0, O_ERRFILE},
                                          {"max-event-bytes", required_argument, 0, O_MEB},
                                          {"version", no_argument, 0, O_VERSION},
                                          {"help", no_argument, 0, O_HELP},
@@ -125,6 +191,21 @@ int kg_cmd_batch(int argc, char **argv) {
         case O_MTL:
             ok = kg_cli_parse_i64(optarg, 1, 1 << 24, &max_tokens_limit);
             break;
+        case O_SERVED: {
+            size_t at = strlen(served_spec);
+            ok = at + strlen(optarg) + 2 < sizeof(served_spec) && *optarg;
+            if (ok) {
+                snprintf(served_spec + at, sizeof(served_spec) - at, "%s%s", at ? "," : "", optarg);
+            }
+            break;
+        }
+        case O_FORMAT:
+            ok = strcmp(optarg, "openai") == 0 || strcmp(optarg, "kgen") == 0;
+            openai = strcmp(optarg, "openai") == 0;
+            break;
+        case O_ERRFILE:
+            err_path = optarg;
+            break;
         case O_MEB:
             ok = kg_cli_parse_i64(optarg, 0, (int64_t)1 << 30, &max_event_bytes) &&
                  (max_event_bytes == 0 || max_event_bytes >= 4096);
@@ -145,6 +226,10 @@ int kg_cmd_batch(int argc, char **argv) {
             return 2;
         }
     }
+    if (err_path && !openai) {
+        fprintf(stderr, "kgen batch: --error-file goes with --output-format openai\n");
+        return 2;
+    }
     if (optind < argc || !model_path || !in_path || !out_path) {
         fprintf(stderr, "kgen batch: --model, --input and --output are required\n");
         usage(stderr);
@@ -162,7 +247,8 @@ int kg_cmd_batch(int argc, char **argv) {
     batch_job_t *jobs = NULL;
     kg_completion_t *comps = NULL;
     kg_grammar_cache_t *grammars = NULL;
-    FILE *out = NULL;
+    FILE *out = NULL, *errf = NULL;
+    kg_served_t served = {0};
     int n_jobs = 0;
     if (!input) {
         fprintf(stderr, "kgen batch: cannot read %s\n", in_path);
@@ -189,9 +275,17 @@ int kg_cmd_batch(int argc, char **argv) {
         fprintf(stderr, "kgen batch: %s\n", err);
         goto out;
     }
+    if (kg_served_init(&served, served_spec, model, model_path, err, sizeof(err)) != KG_OK) {
+        fprintf(stderr, "kgen batch: %s\n", err);
+        goto out;
+    }
     out = strcmp(out_path, "-") == 0 ? stdout : fopen(out_path, "wb");
     if (!out) {
         fprintf(stderr, "kgen batch: cannot write %s\n", out_path);
+        goto out;
+    }
+    if (err_path && !(errf = fopen(err_path, "wb"))) {
+        fprintf(stderr, "kgen batch: cannot write %s\n", err_path);
         goto out;
     }
 
@@ -203,8 +297,15 @@ int kg_cmd_batch(int argc, char **argv) {
     kg_intake_limits_t lim = {.max_seq_len = ep.max_seq_len,
                               .max_tokens_limit = (int32_t)max_tokens_limit,
                               .max_event_bytes = budget,
-                              .grammars = grammars};
-    kg_event_origin_t origin = {.worker_id = "kgen-batch", .partition = -1, .offset = -1};
+                              .grammars = grammars,
+                              .max_choices = ep.max_batch_size < KG_JOB_MAX_N ? ep.max_batch_size
+                                                                              : KG_JOB_MAX_N,
+                              .served = (const char *const *)served.names,
+                              .n_served = served.n};
+    kg_event_origin_t origin = {.worker_id = "kgen-batch",
+                                .partition = -1,
+                                .offset = -1,
+                                .model = served.n > 0 ? served.names[0] : NULL};
     int64_t t0 = kg_clock_us();
     int line_no = 0;
     for (char *p = input, *end = input + in_len; jobs && p < end;) {
@@ -230,12 +331,17 @@ int kg_cmd_batch(int argc, char **argv) {
             cap_jobs *= 2;
         }
         batch_job_t *bj = &jobs[n_jobs++];
+        bj->line = line;
+        bj->line_len = len;
         kg_codec_error_t cerr;
         int64_t taken_us = kg_clock_us();
         kg_job_t *job = NULL;
-        if (kg_codec_decode_job(line, len, &job, &cerr) != KG_OK) {
-            char rid[32];
-            snprintf(rid, sizeof(rid), "line-%d", line_no);
+        char rid[32];
+        snprintf(rid, sizeof(rid), "line-%d", line_no);
+        kg_codec_opts_t copts = kg_codec_opts_default();
+        copts.key = rid; /* the request_id of a bare OpenAI body */
+        copts.key_len = strlen(rid);
+        if (kg_codec_decode_job_opts(line, len, &copts, &job, &cerr) != KG_OK) {
             size_t jl;
             char *json =
                 kg_events_error(&origin, *cerr.request_id ? cerr.request_id : rid,
@@ -306,13 +412,14 @@ int kg_cmd_batch(int argc, char **argv) {
             const kg_completion_t *cp = &comps[i];
             batch_job_t *bj = &jobs[cp->id];
             kg_jobrun_step_t js;
-            n_tokens += cp->token >= 0 && !bj->run.stop_hit;
+            int32_t before = kg_jobrun_n_generated(&bj->run);
             if (kg_jobrun_on_completion(&bj->run, cp, now, &js) != KG_OK) {
                 fprintf(stderr, "kgen batch: out of memory assembling output\n");
                 goto out;
             }
+            n_tokens += kg_jobrun_n_generated(&bj->run) - before;
             if (js.cancel) {
-                kg_engine_cancel(engine, cp->id);
+                kg_engine_cancel_choice(engine, cp->id, js.choice);
             }
             if (!js.finished) {
                 continue;
@@ -330,22 +437,26 @@ int kg_cmd_batch(int argc, char **argv) {
     if (tty) {
         fprintf(stderr, "\n");
     }
-    for (int i = 0; i < n_jobs; i++) {
-        if (!jobs[i].result) {
-            fprintf(stderr, "kgen batch: out of memory encoding job %d\n", i);
-            goto out;
-        }
-        fwrite(jobs[i].result, 1, jobs[i].result_len, out);
-        fputc('\n', out);
+    if (!write_results(jobs, n_jobs, openai, served.n > 0 ? served.names[0] : NULL, out, errf)) {
+        goto out;
     }
     double secs = (double)(kg_clock_us() - t0) / 1e6;
-    fprintf(stderr, "kgen batch: %d jobs, %lld tokens generated in %.2f s (%.1f tok/s)\n", n_jobs,
-            (long long)n_tokens, secs, secs > 0 ? (double)n_tokens / secs : 0.0);
-    rc = fflush(out) == 0 ? 0 : 1;
+    kg_engine_stats_t es;
+    kg_engine_stats(engine, &es);
+    fprintf(stderr,
+            "kgen batch: %d jobs, %lld tokens generated in %.2f s (%.1f tok/s); prefill %lld "
+            "tokens, %lld from the prefix cache\n",
+            n_jobs, (long long)n_tokens, secs, secs > 0 ? (double)n_tokens / secs : 0.0,
+            (long long)es.n_prefill_tokens, (long long)es.n_prefix_hit_tokens);
+    rc = fflush(out) == 0 && (!errf || fflush(errf) == 0) ? 0 : 1;
 out:
     if (out && out != stdout) {
         fclose(out);
     }
+    if (errf) {
+        fclose(errf);
+    }
+    kg_served_clear(&served);
     for (int i = 0; jobs && i < n_jobs; i++) {
         kg_jobrun_clear(&jobs[i].run);
         free(jobs[i].result);

@@ -1,24 +1,44 @@
 /* kgen-submit: send a JSONL file of jobs and collect their results, in the
  * spirit of a batch API.
  *
- * Every input line is produced as-is to the jobs topic (key = request_id
- * when the line is a job), after the end offsets of the results topic have
- * been taken, so no result is missed. Results are assembled per request_id
- * and attempt (worker_id, partition, offset): Kafka may run a job twice (a
- * worker died, a partition moved), and token events of an attempt that was
- * superseded are dropped; the first terminal event (done or error) of a job
- * wins and later duplicates are ignored. One line per finished job (its
- * terminal event) goes to --output; --events keeps every raw event. Exits
- * 0 when every line with a usable request_id has finished, 1 on timeout.
- * Lines without a usable request_id go to the dead-letter topic and are
- * not waited for. */
+ * Every input line is produced as-is to the jobs topic, keyed by its
+ * request_id (kgen jobs, OpenAI Batch lines; a line with none is keyed
+ * "line-<N>", which is also the request_id a worker gives a bare OpenAI
+ * body), after the end offsets of the results topic have been taken, so no
+ * result is missed. Results are assembled per request_id and attempt
+ * (worker_id, partition, offset): Kafka may run a job twice (a worker died,
+ * a partition moved), and token events of an attempt that was superseded
+ * are dropped; the first terminal event (done or error) of a job wins and
+ * later duplicates are ignored. One line per finished job goes to --output:
+ * its terminal event, or with --output-format openai its OpenAI Batch
+ * output line (kg_openai_batch_output; failed requests to --error-file when
+ * given); --events keeps every raw event. Exits 0 when every line with a
+ * usable request_id has finished, 1 on timeout. Lines without one go to the
+ * dead-letter topic and are not waited for.
+ *
+ * RESUMING
+ * A small state file beside the output (<output>.kgen-state) records, before
+ * the first message is sent, the input's size and hash and the end offsets
+ * of the jobs and results topics. Run again with the same input and output
+ * (after a crash, a kill, a timeout), kgen-submit
+ *   - keeps the output lines already written (a torn last line is cut),
+ *   - reads the jobs topic from the recorded offsets and does not send a
+ *     line whose key is already there, so nothing is sent twice, and
+ *   - reads the results topic from the recorded offsets, so the results
+ *     that arrived meanwhile are collected.
+ * --status prints OpenAI-style request_counts (total, completed, failed) of
+ * the input's jobs from the results topic (from the recorded offsets, or
+ * the beginning without a state file). Delete the state file to start over.
+ */
 #include "cli_util.h"
 #include "config/kg_config.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
 #include "kafka/kg_kafka_conf.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_openai.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <librdkafka/rdkafka.h>
 #include <signal.h>
@@ -27,24 +47,44 @@
 #include <string.h>
 #include <unistd.h>
 
+#define MAX_PARTS 1024
+
 typedef struct job_state {
     char *request_id;
+    char *cid; /* the line's custom_id, else its request_id: the id of its OpenAI line */
+    const char *line;
+    size_t line_len;
+    bool sent;
     bool done;
     char attempt[192]; /* "worker_id/partition/offset" of the attempt being assembled */
     int32_t next_index;
     int64_t tokens;
 } job_state_t;
 
+typedef struct id_table {
+    size_t *slots; /* open addressing: id -> job index + 1 */
+    size_t n_slots;
+} id_table_t;
+
 typedef struct submit {
     job_state_t *jobs;
     size_t n_jobs;
-    size_t *slots; /* open addressing: request_id -> index + 1 */
-    size_t n_slots;
-    size_t n_done;
+    id_table_t by_rid, by_cid;
+    size_t n_done, n_completed, n_failed;
     int64_t n_tokens;
     int64_t n_stale;
-    FILE *out, *events;
+    bool openai;
+    const char *default_model;
+    FILE *out, *err, *events;
 } submit_t;
+
+/* What the state file records: topic end offsets before the first send. */
+typedef struct state {
+    uint64_t in_size, in_hash;
+    int n_jobs_parts, n_results_parts;
+    int32_t jobs_part[MAX_PARTS], results_part[MAX_PARTS];
+    int64_t jobs_off[MAX_PARTS], results_off[MAX_PARTS];
+} state_t;
 
 static volatile sig_atomic_t g_stop;
 
@@ -53,41 +93,113 @@ static void on_signal(int sig) {
     g_stop = 1;
 }
 
-static uint64_t hash_str(const char *s) {
+static uint64_t hash_bytes(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) {
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++) {
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
     }
     return h;
 }
 
-static job_state_t *find_job(submit_t *s, const char *rid) {
-    for (size_t i = hash_str(rid) & (s->n_slots - 1);; i = (i + 1) & (s->n_slots - 1)) {
-        if (!s->slots[i]) {
+// ---- the jobs of the input ----
+
+static job_state_t *find_in(const submit_t *s, const id_table_t *t, const char *id, bool by_cid) {
+    for (size_t i = hash_bytes(id, strlen(id)) & (t->n_slots - 1);;
+         i = (i + 1) & (t->n_slots - 1)) {
+        if (!t->slots[i]) {
             return NULL;
         }
-        job_state_t *j = &s->jobs[s->slots[i] - 1];
-        if (strcmp(j->request_id, rid) == 0) {
+        job_state_t *j = &s->jobs[t->slots[i] - 1];
+        if (strcmp(by_cid ? j->cid : j->request_id, id) == 0) {
             return j;
         }
     }
 }
 
-static void add_job(submit_t *s, const char *rid) {
-    if (find_job(s, rid)) {
-        return; /* the same request_id twice: one result */
-    }
-    job_state_t *j = &s->jobs[s->n_jobs];
-    j->request_id = strdup(rid);
-    for (size_t i = hash_str(rid) & (s->n_slots - 1);; i = (i + 1) & (s->n_slots - 1)) {
-        if (!s->slots[i]) {
-            s->slots[i] = ++s->n_jobs;
+static void put_in(id_table_t *t, const char *id, size_t index) {
+    for (size_t i = hash_bytes(id, strlen(id)) & (t->n_slots - 1);;
+         i = (i + 1) & (t->n_slots - 1)) {
+        if (!t->slots[i]) {
+            t->slots[i] = index + 1;
             return;
         }
     }
 }
 
-static void on_event(submit_t *s, const rd_kafka_message_t *rkm) {
+static job_state_t *find_job(const submit_t *s, const char *rid) {
+    return find_in(s, &s->by_rid, rid, false);
+}
+
+static bool add_job(submit_t *s, const char *rid, const char *line, size_t len) {
+    if (find_job(s, rid)) {
+        return true; /* the same request_id twice: one result */
+    }
+    char cid[512];
+    job_state_t *j = &s->jobs[s->n_jobs];
+    j->request_id = strdup(rid);
+    j->cid = strdup(kg_openai_line_id(line, len, cid, sizeof(cid)) ? cid : rid);
+    j->line = line;
+    j->line_len = len;
+    if (!j->request_id || !j->cid) {
+        return false;
+    }
+    put_in(&s->by_rid, j->request_id, s->n_jobs);
+    if (!find_in(s, &s->by_cid, j->cid, true)) {
+        put_in(&s->by_cid, j->cid, s->n_jobs);
+    }
+    s->n_jobs++;
+    return true;
+}
+
+/* The request_id a worker will give `line` (NULL: none, the line is
+ * dead-lettered) and the key to send it with (`key`, always set). */
+static const char *line_ids(const char *line, size_t len, int line_no, char *rid, char *key) {
+    kg_job_t *job = NULL;
+    kg_codec_error_t cerr;
+    kg_codec_opts_t o = kg_codec_opts_default();
+    snprintf(key, 32, "line-%d", line_no);
+    o.key = key;
+    o.key_len = strlen(key);
+    const char *got = NULL;
+    if (kg_codec_decode_job_opts(line, len, &o, &job, &cerr) == KG_OK) {
+        got = job->request_id;
+    } else if (cerr.kind == KG_CODEC_INVALID && cerr.request_id[0]) {
+        got = cerr.request_id;
+    }
+    if (got) {
+        snprintf(rid, KG_JOB_REQUEST_ID_MAX + 1, "%s", got);
+        snprintf(key, KG_JOB_REQUEST_ID_MAX + 1, "%s", got);
+    }
+    kg_job_free(job);
+    return got ? rid : NULL;
+}
+
+// ---- results ----
+
+static void write_result(submit_t *s, job_state_t *j, const char *event, size_t len, bool failed) {
+    if (!s->openai) {
+        fwrite(event, 1, len, s->out);
+        fputc('\n', s->out);
+        fflush(s->out);
+        return;
+    }
+    kg_openai_output_opts_t oo = {.default_model = s->default_model};
+    char *line = NULL, msg[128];
+    size_t n = 0;
+    bool is_error = failed;
+    if (kg_openai_batch_output(j->line, j->line_len, event, len, &oo, &line, &n, &is_error, msg,
+                               sizeof(msg)) != KG_OK) {
+        KG_LOG_WARN("submit", "no OpenAI line for request_id=%s: %s", j->request_id, msg);
+        return;
+    }
+    FILE *f = is_error && s->err ? s->err : s->out;
+    fwrite(line, 1, n, f);
+    fputc('\n', f);
+    fflush(f);
+    free(line);
+}
+
+static void on_event(submit_t *s, const rd_kafka_message_t *rkm, bool write) {
     if (s->events) {
         fwrite(rkm->payload, 1, rkm->len, s->events);
         fputc('\n', s->events);
@@ -129,28 +241,268 @@ static void on_event(submit_t *s, const rd_kafka_message_t *rkm) {
         j->done = true;
         s->n_done++;
         if (ev->type == KG_EVENT_DONE) {
+            s->n_completed++;
             s->n_tokens += ev->done.completion_tokens;
+        } else {
+            s->n_failed++;
         }
-        fwrite(rkm->payload, 1, rkm->len, s->out);
-        fputc('\n', s->out);
-        fflush(s->out);
+        if (write) {
+            write_result(s, j, rkm->payload, rkm->len, ev->type == KG_EVENT_ERROR);
+        }
     }
     kg_event_free(ev);
 }
 
+// ---- the state file ----
+
+static bool state_read(const char *path, state_t *st) {
+    FILE *f = fopen(path, "r");
+    char line[512], word[64];
+    int version = 0;
+    memset(st, 0, sizeof(*st));
+    if (!f) {
+        return false;
+    }
+    bool ok = fgets(line, sizeof(line), f) && sscanf(line, "kgen-submit-state %d", &version) == 1 &&
+              version == 1;
+    while (ok && fgets(line, sizeof(line), f)) {
+        unsigned long long a, b;
+        long long off;
+        int part;
+        if (sscanf(line, "input %llu %llx", &a, &b) == 2) {
+            st->in_size = a;
+            st->in_hash = b;
+        } else if (sscanf(line, "%63s %d %lld", word, &part, &off) == 3 &&
+                   (strcmp(word, "jobs") == 0 || strcmp(word, "results") == 0)) {
+            bool jobs = strcmp(word, "jobs") == 0;
+            int *n = jobs ? &st->n_jobs_parts : &st->n_results_parts;
+            if (*n < MAX_PARTS) {
+                (jobs ? st->jobs_part : st->results_part)[*n] = part;
+                (jobs ? st->jobs_off : st->results_off)[(*n)++] = off;
+            }
+        }
+    }
+    fclose(f);
+    return ok;
+}
+
+/* Written whole to a temporary file and renamed: a crash leaves the old
+ * state or the new one, never half of one. */
+static bool state_write(const char *path, const state_t *st) {
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%.4096s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        return false;
+    }
+    fprintf(f, "kgen-submit-state 1\ninput %llu %016llx\n", (unsigned long long)st->in_size,
+            (unsigned long long)st->in_hash);
+    for (int i = 0; i < st->n_jobs_parts; i++) {
+        fprintf(f, "jobs %d %lld\n", st->jobs_part[i], (long long)st->jobs_off[i]);
+    }
+    for (int i = 0; i < st->n_results_parts; i++) {
+        fprintf(f, "results %d %lld\n", st->results_part[i], (long long)st->results_off[i]);
+    }
+    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    return ok && rename(tmp, path) == 0;
+}
+
+// ---- topics ----
+
+/* The partitions of `topic` and their end offsets. -1 when the topic has
+ * no metadata (it does not exist yet). */
+static int topic_ends(rd_kafka_t *rk, const char *topic, int32_t *parts, int64_t *ends) {
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
+    rd_kafka_resp_err_t kerr = rd_kafka_metadata(rk, 0, rkt, &md, 15000);
+    rd_kafka_topic_destroy(rkt);
+    int n = -1;
+    if (!kerr && md->topic_cnt == 1 && !md->topics[0].err && md->topics[0].partition_cnt > 0) {
+        n = 0;
+        for (int i = 0; i < md->topics[0].partition_cnt && n < MAX_PARTS; i++) {
+            int32_t p = md->topics[0].partitions[i].id;
+            int64_t lo = 0, hi = 0;
+            if (rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi, 15000)) {
+                n = -1;
+                break;
+            }
+            parts[n] = p;
+            ends[n++] = hi;
+        }
+    }
+    if (md) {
+        rd_kafka_metadata_destroy(md);
+    }
+    return n;
+}
+
+/* Where to read `topic` from: the recorded offset of each partition, the
+ * beginning of partitions the record does not know. */
+static rd_kafka_topic_partition_list_t *start_list(rd_kafka_t *rk,
+                                                   const char *topic,
+                                                   const int32_t *rec_part,
+                                                   const int64_t *rec_off,
+                                                   int n_rec,
+                                                   int64_t *ends,
+                                                   int *n_parts) {
+    int32_t parts[MAX_PARTS];
+    int n = topic_ends(rk, topic, parts, ends);
+    *n_parts = n;
+    if (n < 0) {
+        return NULL;
+    }
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(n > 0 ? n : 1);
+    for (int i = 0; i < n; i++) {
+        int64_t from = RD_KAFKA_OFFSET_BEGINNING;
+        for (int k = 0; k < n_rec; k++) {
+            if (rec_part[k] == parts[i]) {
+                from = rec_off[k];
+            }
+        }
+        rd_kafka_topic_partition_list_add(l, topic, parts[i])->offset = from;
+    }
+    return l;
+}
+
+static rd_kafka_t *
+new_consumer(const kg_config_t *cfg, bool eof, char *errstr, size_t errstr_size) {
+    rd_kafka_conf_t *conf = kg_kafka_conf_new(cfg, errstr, errstr_size);
+    if (!conf || kg_kafka_conf_set(conf, "group.id", "kgen-submit", errstr, errstr_size) ||
+        kg_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, errstr_size) ||
+        kg_kafka_conf_set(conf, "enable.partition.eof", eof ? "true" : "false", errstr,
+                          errstr_size)) {
+        if (conf) {
+            rd_kafka_conf_destroy(conf);
+        }
+        return NULL;
+    }
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, errstr_size);
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+    }
+    return rk;
+}
+
+/* Read `l` (assigned at its offsets) up to the end offsets `ends` known
+ * now, handing each message to `fn`. false when the deadline passed. */
+static bool read_to_end(rd_kafka_t *rk,
+                        rd_kafka_topic_partition_list_t *l,
+                        const int64_t *ends,
+                        void (*fn)(void *ctx, const rd_kafka_message_t *rkm),
+                        void *ctx,
+                        int64_t deadline_us) {
+    int left = 0;
+    int64_t pos[MAX_PARTS];
+    for (int i = 0; i < l->cnt; i++) {
+        pos[i] = l->elems[i].offset >= 0 ? l->elems[i].offset : 0;
+        left += pos[i] < ends[i];
+    }
+    if (left == 0) {
+        return true;
+    }
+    if (rd_kafka_assign(rk, l)) {
+        return false;
+    }
+    while (left > 0 && !g_stop && kg_clock_us() < deadline_us) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(rk, 100);
+        if (!rkm) {
+            continue;
+        }
+        for (int i = 0; i < l->cnt; i++) {
+            if (l->elems[i].partition != rkm->partition || pos[i] >= ends[i]) {
+                continue;
+            }
+            if (!rkm->err && rkm->offset < ends[i]) {
+                fn(ctx, rkm);
+            }
+            if (!rkm->err || rkm->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                pos[i] = rkm->err ? ends[i] : rkm->offset + 1;
+                left -= pos[i] >= ends[i];
+            }
+        }
+        rd_kafka_message_destroy(rkm);
+    }
+    rd_kafka_assign(rk, NULL);
+    return left == 0;
+}
+
+static void mark_sent(void *ctx, const rd_kafka_message_t *rkm) {
+    submit_t *s = ctx;
+    char key[KG_JOB_REQUEST_ID_MAX + 1];
+    if (rkm->key && rkm->key_len > 0 && rkm->key_len < sizeof(key)) {
+        memcpy(key, rkm->key, rkm->key_len);
+        key[rkm->key_len] = '\0';
+        job_state_t *j = find_job(s, key);
+        if (j) {
+            j->sent = true;
+        }
+    }
+}
+
+static void count_event(void *ctx, const rd_kafka_message_t *rkm) {
+    on_event(ctx, rkm, false);
+}
+
+// ---- output files kept across runs ----
+
+/* Open `path` for appending what is already there (resume), or empty. On
+ * resume every whole line marks its job done; a torn last line is cut. */
+static FILE *open_output(submit_t *s, const char *path, bool resume, size_t *n_kept) {
+    FILE *f = fopen(path, resume ? "r+b" : "wb");
+    if (!f && resume && errno == ENOENT) {
+        f = fopen(path, "wb");
+    }
+    *n_kept = 0;
+    if (!f || !resume) {
+        return f;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    long good = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        if (line[n - 1] != '\n') {
+            break; /* torn: written when the last run died */
+        }
+        good += n;
+        char id[512];
+        job_state_t *j = NULL;
+        if (kg_openai_line_id(line, (size_t)n - 1, id, sizeof(id))) {
+            j = s->openai ? find_in(s, &s->by_cid, id, true) : find_job(s, id);
+        }
+        if (j && !j->done) {
+            j->done = true;
+            j->sent = true;
+            s->n_done++;
+            (*n_kept)++;
+        }
+    }
+    free(line);
+    if (ftruncate(fileno(f), good) != 0 || fseek(f, good, SEEK_SET) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    return f;
+}
+
 static void usage(FILE *f) {
     fprintf(f, "usage: kgen-submit --brokers B --input jobs.jsonl --output results.jsonl\n"
+               "                   [--output-format kgen|openai] [--error-file FILE]\n"
                "                   [--events FILE] [--timeout S] [--jobs-topic T]\n"
-               "                   [--results-topic R] [-X key=value ...] [--no-progress]\n");
+               "                   [--results-topic R] [-X key=value ...] [--no-progress]\n"
+               "       kgen-submit --status --brokers B --input jobs.jsonl --output results.jsonl\n"
+               "Rerun with the same input and output to resume (state: <output>.kgen-state).\n");
 }
 
 int main(int argc, char **argv) {
-    const char *in_path = NULL, *out_path = NULL, *events_path = NULL;
+    const char *in_path = NULL, *out_path = NULL, *events_path = NULL, *err_path = NULL;
     double timeout_s = 600;
-    bool progress = isatty(2);
+    bool progress = isatty(2), status = false, openai = false;
     kg_config_t cfg;
     kg_config_init(&cfg);
     char err[512];
+    enum { O_FORMAT = 256, O_ERRFILE, O_STATUS };
     static const struct option opts[] = {{"brokers", required_argument, 0, 'b'},
                                          {"input", required_argument, 0, 'i'},
                                          {"output", required_argument, 0, 'o'},
@@ -158,6 +510,9 @@ int main(int argc, char **argv) {
                                          {"timeout", required_argument, 0, 't'},
                                          {"jobs-topic", required_argument, 0, 'J'},
                                          {"results-topic", required_argument, 0, 'R'},
+                                         {"output-format", required_argument, 0, O_FORMAT},
+                                         {"error-file", required_argument, 0, O_ERRFILE},
+                                         {"status", no_argument, 0, O_STATUS},
                                          {"no-progress", no_argument, 0, 'P'},
                                          {"version", no_argument, 0, 'V'},
                                          {"help", no_argument, 0, 'h'},
@@ -192,6 +547,20 @@ int main(int argc, char **argv) {
             break;
         case 'R':
             st = kg_config_set(&cfg, "results-topic", optarg, err, sizeof(err));
+            break;
+        case O_FORMAT:
+            openai = strcmp(optarg, "openai") == 0;
+            if (!openai && strcmp(optarg, "kgen") != 0) {
+                snprintf(err, sizeof(err), "--output-format: expected kgen or openai, got '%s'",
+                         optarg);
+                st = KG_ERR_INVALID;
+            }
+            break;
+        case O_ERRFILE:
+            err_path = optarg;
+            break;
+        case O_STATUS:
+            status = true;
             break;
         case 'P':
             progress = false;
@@ -234,15 +603,29 @@ int main(int argc, char **argv) {
         kg_config_clear(&cfg);
         return 2;
     }
+    if (err_path && !openai) {
+        fprintf(stderr, "kgen-submit: --error-file goes with --output-format openai\n");
+        kg_config_clear(&cfg);
+        return 2;
+    }
     kg_codec_global_init();
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
     int rc = 1;
-    submit_t s = {0};
+    submit_t s = {.openai = openai};
     rd_kafka_t *producer = NULL, *consumer = NULL;
+    rd_kafka_topic_partition_list_t *parts = NULL;
     char *input = NULL;
     size_t in_len = 0;
+    static state_t state;
+    char state_path[4096];
+    if (snprintf(state_path, sizeof(state_path), "%s.kgen-state", out_path) >=
+        (int)sizeof(state_path)) {
+        fprintf(stderr, "kgen-submit: the --output path is too long\n");
+        kg_config_clear(&cfg);
+        return 2;
+    }
     FILE *f = fopen(in_path, "rb");
     if (f) {
         fseek(f, 0, SEEK_END);
@@ -261,137 +644,196 @@ int main(int argc, char **argv) {
         n_lines += input[i] == '\n';
     }
     s.jobs = calloc(n_lines, sizeof(*s.jobs));
-    s.n_slots = 16;
-    while (s.n_slots < n_lines * 2) {
-        s.n_slots <<= 1;
+    s.by_rid.n_slots = s.by_cid.n_slots = 16;
+    while (s.by_rid.n_slots < n_lines * 2) {
+        s.by_rid.n_slots = s.by_cid.n_slots = s.by_rid.n_slots << 1;
     }
-    s.slots = calloc(s.n_slots, sizeof(size_t));
-    s.out = fopen(out_path, "wb");
-    s.events = events_path ? fopen(events_path, "wb") : NULL;
-    if (!s.jobs || !s.slots || !s.out || (events_path && !s.events)) {
-        fprintf(stderr, "kgen-submit: cannot open the output files\n");
+    s.by_rid.slots = calloc(s.by_rid.n_slots, sizeof(size_t));
+    s.by_cid.slots = calloc(s.by_cid.n_slots, sizeof(size_t));
+    char **keys = calloc(n_lines, sizeof(char *)); /* the key of every line, NULL for blank */
+    if (!s.jobs || !s.by_rid.slots || !s.by_cid.slots || !keys) {
+        fprintf(stderr, "kgen-submit: out of memory\n");
+        free(keys);
         goto out;
+    }
+    {
+        int line_no = 0;
+        for (char *p = input, *end = input + in_len; p < end; line_no++) {
+            char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+            char *line = p, rid[KG_JOB_REQUEST_ID_MAX + 1], key[KG_JOB_REQUEST_ID_MAX + 1];
+            p += len + 1;
+            if (len == 0) {
+                continue;
+            }
+            if (line_ids(line, len, line_no + 1, rid, key) && !add_job(&s, rid, line, len)) {
+                fprintf(stderr, "kgen-submit: out of memory\n");
+                goto out_keys;
+            }
+            keys[line_no] = strdup(key);
+        }
     }
 
-    /* the consumer first: every partition of the results topic from its current end */
-    rd_kafka_conf_t *conf = kg_kafka_conf_new(&cfg, err, sizeof(err));
-    if (!conf || kg_kafka_conf_set(conf, "group.id", "kgen-submit", err, sizeof(err)) ||
-        kg_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof(err))) {
-        fprintf(stderr, "kgen-submit: %s\n", err);
-        if (conf) {
-            rd_kafka_conf_destroy(conf);
-        }
-        goto out;
+    state.in_size = in_len;
+    state.in_hash = hash_bytes(input, in_len);
+    static state_t saved;
+    bool have_state = state_read(state_path, &saved);
+    bool resume = have_state && saved.in_size == state.in_size && saved.in_hash == state.in_hash;
+    if (have_state && !resume && !status) {
+        fprintf(stderr, "kgen-submit: %s is for another input: starting over\n", state_path);
     }
-    consumer = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
+    consumer = new_consumer(&cfg, true, err, sizeof(err));
     if (!consumer) {
-        /* rd_kafka_new takes the conf only when it succeeds */
-        rd_kafka_conf_destroy(conf);
         fprintf(stderr, "kgen-submit: %s\n", err);
-        goto out;
+        goto out_keys;
     }
-    const struct rd_kafka_metadata *md = NULL;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(consumer, cfg.results_topic, NULL);
-    rd_kafka_resp_err_t kerr = rd_kafka_metadata(consumer, 0, rkt, &md, 15000);
-    rd_kafka_topic_destroy(rkt);
-    if (kerr || md->topic_cnt != 1 || md->topics[0].err || md->topics[0].partition_cnt == 0) {
-        fprintf(
-            stderr, "kgen-submit: cannot read the metadata of %s: %s\n", cfg.results_topic,
-            kerr ? rd_kafka_err2str(kerr)
-                 : rd_kafka_err2str(md->topic_cnt ? md->topics[0].err : RD_KAFKA_RESP_ERR_UNKNOWN));
-        if (md) {
-            rd_kafka_metadata_destroy(md);
+    int64_t ends[MAX_PARTS];
+    int n_parts;
+    if (status) {
+        /* request_counts from the results topic: from the recorded start,
+         * or the beginning without a record */
+        parts = start_list(consumer, cfg.results_topic, saved.results_part, saved.results_off,
+                           resume ? saved.n_results_parts : 0, ends, &n_parts);
+        if (!parts) {
+            fprintf(stderr, "kgen-submit: cannot read the metadata of %s\n", cfg.results_topic);
+            goto out_keys;
         }
-        goto out;
-    }
-    rd_kafka_topic_partition_list_t *parts =
-        rd_kafka_topic_partition_list_new(md->topics[0].partition_cnt);
-    for (int i = 0; i < md->topics[0].partition_cnt; i++) {
-        int32_t p = md->topics[0].partitions[i].id;
-        int64_t lo = 0, hi = 0;
-        if (rd_kafka_query_watermark_offsets(consumer, cfg.results_topic, p, &lo, &hi, 15000)) {
-            hi = RD_KAFKA_OFFSET_END;
-        }
-        rd_kafka_topic_partition_list_add(parts, cfg.results_topic, p)->offset = hi;
-    }
-    rd_kafka_metadata_destroy(md);
-    kerr = rd_kafka_assign(consumer, parts);
-    rd_kafka_topic_partition_list_destroy(parts);
-    if (kerr) {
-        fprintf(stderr, "kgen-submit: assign: %s\n", rd_kafka_err2str(kerr));
-        goto out;
+        bool whole = read_to_end(consumer, parts, ends, count_event, &s,
+                                 kg_clock_us() + (int64_t)(timeout_s * 1e6));
+        printf("{\"total\": %zu, \"completed\": %zu, \"failed\": %zu}\n", s.n_jobs, s.n_completed,
+               s.n_failed);
+        rc = whole ? 0 : 1;
+        goto out_keys;
     }
 
-    conf = kg_kafka_conf_new(&cfg, err, sizeof(err));
+    size_t kept = 0, kept_err = 0;
+    s.out = open_output(&s, out_path, resume, &kept);
+    s.err = err_path ? open_output(&s, err_path, resume, &kept_err) : NULL;
+    s.events = events_path ? fopen(events_path, resume ? "ab" : "wb") : NULL;
+    if (!s.out || (err_path && !s.err) || (events_path && !s.events)) {
+        fprintf(stderr, "kgen-submit: cannot open the output files\n");
+        goto out_keys;
+    }
+    if (resume) {
+        /* what was sent before is on the jobs topic after the recorded offsets */
+        parts = start_list(consumer, cfg.jobs_topic, saved.jobs_part, saved.jobs_off,
+                           saved.n_jobs_parts, ends, &n_parts);
+        if (parts && !read_to_end(consumer, parts, ends, mark_sent, &s,
+                                  kg_clock_us() + (int64_t)(timeout_s * 1e6))) {
+            fprintf(stderr, "kgen-submit: could not read %s to its end\n", cfg.jobs_topic);
+            goto out_keys;
+        }
+        rd_kafka_topic_partition_list_destroy(parts);
+        parts = start_list(consumer, cfg.results_topic, saved.results_part, saved.results_off,
+                           saved.n_results_parts, ends, &n_parts);
+        size_t n_sent = 0;
+        for (size_t i = 0; i < s.n_jobs; i++) {
+            n_sent += s.jobs[i].sent;
+        }
+        fprintf(stderr, "kgen-submit: resuming: %zu of %zu results kept, %zu jobs already sent\n",
+                kept + kept_err, s.n_jobs, n_sent);
+    } else {
+        /* record where both topics end before anything is sent */
+        int32_t pp[MAX_PARTS];
+        int nj = topic_ends(consumer, cfg.jobs_topic, pp, ends);
+        for (int i = 0; i < nj; i++) {
+            state.jobs_part[i] = pp[i];
+            state.jobs_off[i] = ends[i];
+        }
+        state.n_jobs_parts = nj > 0 ? nj : 0;
+        int nr = topic_ends(consumer, cfg.results_topic, pp, ends);
+        for (int i = 0; i < nr; i++) {
+            state.results_part[i] = pp[i];
+            state.results_off[i] = ends[i];
+        }
+        state.n_results_parts = nr > 0 ? nr : 0;
+        if (nr <= 0) {
+            fprintf(stderr, "kgen-submit: cannot read the metadata of %s\n", cfg.results_topic);
+            goto out_keys;
+        }
+        if (!state_write(state_path, &state)) {
+            fprintf(stderr, "kgen-submit: cannot write %s: %s\n", state_path, strerror(errno));
+            goto out_keys;
+        }
+        parts = start_list(consumer, cfg.results_topic, state.results_part, state.results_off,
+                           state.n_results_parts, ends, &n_parts);
+    }
+    if (!parts || rd_kafka_assign(consumer, parts)) {
+        fprintf(stderr, "kgen-submit: cannot read %s\n", cfg.results_topic);
+        goto out_keys;
+    }
+
+    rd_kafka_conf_t *conf = kg_kafka_conf_new(&cfg, err, sizeof(err));
     if (!conf || kg_kafka_conf_set(conf, "enable.idempotence", "true", err, sizeof(err))) {
         fprintf(stderr, "kgen-submit: %s\n", err);
         if (conf) {
             rd_kafka_conf_destroy(conf);
         }
-        goto out;
+        goto out_keys;
     }
     producer = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
     if (!producer) {
         rd_kafka_conf_destroy(conf); /* ours again: rd_kafka_new failed */
         fprintf(stderr, "kgen-submit: %s\n", err);
-        goto out;
+        goto out_keys;
     }
     size_t n_sent = 0;
     /* the clock starts at the first produce: a worker may start on the first
      * job while later ones are still being sent */
     const int64_t t0 = kg_clock_us();
-    for (char *p = input, *end = input + in_len; p < end && !g_stop;) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
-        char *line = p;
-        p += len + 1;
-        if (len == 0) {
-            continue;
-        }
-        kg_job_t *job = NULL;
-        kg_codec_error_t cerr;
-        const char *rid = NULL;
-        kg_status_t st = kg_codec_decode_job(line, len, &job, &cerr);
-        if (st == KG_OK) {
-            rid = job->request_id;
-        } else if (cerr.kind == KG_CODEC_INVALID && cerr.request_id[0]) {
-            rid = cerr.request_id;
-        }
-        if (rid) {
-            add_job(&s, rid);
-        }
-        kerr = RD_KAFKA_RESP_ERR__QUEUE_FULL;
-        while (kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-            kerr = rd_kafka_producev(producer, RD_KAFKA_V_TOPIC(cfg.jobs_topic),
-                                     RD_KAFKA_V_KEY(rid, rid ? strlen(rid) : 0),
-                                     RD_KAFKA_V_VALUE(line, len),
-                                     RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
-            if (kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-                rd_kafka_poll(producer, 50);
+    {
+        int line_no = 0;
+        rd_kafka_resp_err_t kerr = RD_KAFKA_RESP_ERR_NO_ERROR;
+        for (char *p = input, *end = input + in_len; p < end && !g_stop; line_no++) {
+            char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+            char *line = p;
+            p += len + 1;
+            const char *key = keys[line_no];
+            if (len == 0 || !key) {
+                continue;
             }
+            job_state_t *j = find_job(&s, key);
+            if (j && (j->sent || j->done)) {
+                continue; /* on the jobs topic already (resuming), or answered */
+            }
+            if (j) {
+                j->sent = true; /* a request_id twice in the input: sent once */
+            }
+            kerr = RD_KAFKA_RESP_ERR__QUEUE_FULL;
+            while (kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+                kerr =
+                    rd_kafka_producev(producer, RD_KAFKA_V_TOPIC(cfg.jobs_topic),
+                                      RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(line, len),
+                                      RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+                if (kerr == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+                    rd_kafka_poll(producer, 50);
+                }
+            }
+            if (kerr) {
+                fprintf(stderr, "kgen-submit: produce: %s\n", rd_kafka_err2str(kerr));
+                goto out_keys;
+            }
+            n_sent++;
+            rd_kafka_poll(producer, 0);
         }
-        kg_job_free(job);
-        if (kerr) {
-            fprintf(stderr, "kgen-submit: produce: %s\n", rd_kafka_err2str(kerr));
-            goto out;
-        }
-        n_sent++;
-        rd_kafka_poll(producer, 0);
     }
     if (rd_kafka_flush(producer, 60000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
         fprintf(stderr, "kgen-submit: %d jobs not delivered to the broker\n",
                 rd_kafka_outq_len(producer));
-        goto out;
+        goto out_keys;
     }
-    KG_LOG_INFO("submit", "produced %zu messages, waiting for %zu results", n_sent, s.n_jobs);
+    KG_LOG_INFO("submit", "produced %zu messages, waiting for %zu results", n_sent,
+                s.n_jobs - s.n_done);
 
     /* --timeout bounds the wait for results, not the sending */
     int64_t deadline = kg_clock_us() + (int64_t)(timeout_s * 1e6), last_draw = 0;
+    size_t done0 = s.n_done;
     while (s.n_done < s.n_jobs && !g_stop && kg_clock_us() < deadline) {
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 100);
         if (rkm) {
             if (!rkm->err) {
-                on_event(&s, rkm);
+                on_event(&s, rkm, true);
             } else if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                 KG_LOG_WARN("submit", "consumer: %s", rd_kafka_message_errstr(rkm));
             }
@@ -412,11 +854,19 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\n");
     }
     fprintf(stderr, "kgen-submit: %zu/%zu jobs finished in %.2f s (%.2f jobs/s, %.1f tok/s)%s\n",
-            s.n_done, s.n_jobs, secs, secs > 0 ? (double)s.n_done / secs : 0.0,
+            s.n_done, s.n_jobs, secs, secs > 0 ? (double)(s.n_done - done0) / secs : 0.0,
             secs > 0 ? (double)s.n_tokens / secs : 0.0,
             s.n_stale ? " (stale attempts dropped)" : "");
     rc = s.n_done == s.n_jobs ? 0 : 1;
+out_keys:
+    for (size_t i = 0; keys && i < n_lines; i++) {
+        free(keys[i]);
+    }
+    free(keys);
 out:
+    if (parts) {
+        rd_kafka_topic_partition_list_destroy(parts);
+    }
     if (producer) {
         rd_kafka_destroy(producer);
     }
@@ -427,14 +877,19 @@ out:
     if (s.out) {
         fclose(s.out);
     }
+    if (s.err) {
+        fclose(s.err);
+    }
     if (s.events) {
         fclose(s.events);
     }
     for (size_t i = 0; i < s.n_jobs; i++) {
         free(s.jobs[i].request_id);
+        free(s.jobs[i].cid);
     }
     free(s.jobs);
-    free(s.slots);
+    free(s.by_rid.slots);
+    free(s.by_cid.slots);
     free(input);
     kg_config_clear(&cfg);
     return rc;

@@ -58,6 +58,9 @@ static const opt_t options[] = {
      "a job present in this many consecutive worker failures (crash, kill, device fault) is "
      "answered with an internal error and a DLQ copy instead of being run again (0 = off)"},
     {"model", OPT_STR, OFF(model), "", 0, 0, "Model", "GGUF model file"},
+    {"served-model-name", OPT_STR, OFF(served_model_name), "", 0, 0, "Model",
+     "names jobs may give as model, comma-separated or repeated (default: the GGUF's "
+     "general.name and the file stem); other names get model_not_found"},
     {"backend", OPT_STR, OFF(backend), "auto", 0, 0, "Model", "auto, cpu or cuda"},
     {"threads", OPT_INT, OFF(threads), "0", 0, 1024, "Model", "CPU threads (0 = all cores)"},
     {"max-batch-size", OPT_INT, OFF(max_batch_size), "16", 1, 4096, "Engine",
@@ -372,6 +375,7 @@ kg_status_t kg_config_parse(
     if (st != KG_OK) {
         return st;
     }
+    bool served_seen = false; /* --served-model-name given earlier on the command line */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -426,7 +430,21 @@ kg_status_t kg_config_parse(
                 snprintf(errstr, errstr_size, "option '%s' needs a value", a);
                 return KG_ERR_INVALID;
             }
-            st = set_opt(cfg, o, value, errstr, errstr_size);
+            if (o->offset == OFF(served_model_name) && served_seen) {
+                /* repeated on the command line: the names add up */
+                char *joined = malloc(strlen(cfg->served_model_name) + strlen(value) + 2);
+                if (!joined) {
+                    snprintf(errstr, errstr_size, "out of memory");
+                    return KG_ERR_NOMEM;
+                }
+                sprintf(joined, "%s,%s", cfg->served_model_name, value);
+                free(cfg->served_model_name);
+                cfg->served_model_name = joined;
+                st = KG_OK;
+            } else {
+                st = set_opt(cfg, o, value, errstr, errstr_size);
+            }
+            served_seen |= o->offset == OFF(served_model_name);
         } else {
             snprintf(errstr, errstr_size, "unexpected argument '%s' (see --help)", a);
             return KG_ERR_INVALID;

@@ -33,6 +33,7 @@ typedef struct kg_config {
     int64_t poison_after;    /* consecutive worker failures a job may be in; 0 = off */
     /* model and engine */
     char *model;
+    char *served_model_name; /* comma list; "" = the model's general.name and file stem */
     char *backend;
     int64_t threads;
     int64_t max_batch_size;

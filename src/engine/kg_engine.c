@@ -39,6 +39,11 @@ typedef struct kg_seq {
     int32_t n_cached;      /* prompt tokens from the prefix cache at first admission */
     int32_t slot;          /* -1 while waiting */
     int32_t n_sched;       /* tokens in this step's batch */
+    int32_t choice;        /* index among the request's choices */
+    int32_t leader;        /* a choice waiting for its fork: the leader's record; else -1 */
+    int32_t n_pending;     /* a leader: choices still waiting for the fork */
+    int32_t n_reserved;    /* a running leader: slots held for them */
+    kg_logit_bias_t *bias; /* (KG_MAX_LOGIT_BIAS) sampling.logit_bias points here */
     kg_grammar_t *grammar; /* a reference, NULL when unconstrained */
     kg_matcher_t *matcher; /* the record's matcher (allocated on first use, kept) */
 } kg_seq_t;
@@ -63,6 +68,10 @@ struct kg_engine {
     int32_t n_run;
     int32_t *free_slots; /* (max_batch_size) stack of unused slot ids */
     int32_t n_free_slots;
+    int32_t n_reserved_slots;    /* free slots held for choices waiting to fork */
+    kg_logit_bias_t *bias_arena; /* (n_recs, KG_MAX_LOGIT_BIAS) */
+    int32_t *copy_src;           /* (max_batch_size) KV blocks to copy at a fork */
+    int32_t *copy_dst;           /* (max_batch_size) */
     uint64_t n_submitted;
 
     // ---- the step ----
@@ -193,15 +202,20 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->sreq = malloc(nb * sizeof(*e->sreq));
     e->sres = malloc(nb * sizeof(*e->sres));
     e->rng_save = malloc(nb * sizeof(*e->rng_save));
+    e->bias_arena = malloc(nr * KG_MAX_LOGIT_BIAS * sizeof(*e->bias_arena));
+    e->copy_src = malloc(nb * sizeof(*e->copy_src));
+    e->copy_dst = malloc(nb * sizeof(*e->copy_dst));
     if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
         !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
         !e->b_seq || !e->b_want || !e->b_row_rec || !e->b_in_step || !e->logits || !e->done ||
-        !e->masks || !e->row_any) {
+        !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
         e->recs[i].tokens = e->arena + (size_t)i * (size_t)p->max_seq_len;
+        e->recs[i].bias = e->bias_arena + (size_t)i * KG_MAX_LOGIT_BIAS;
         e->recs[i].slot = -1;
+        e->recs[i].leader = -1;
         e->free_recs[i] = e->n_recs - 1 - i;
     }
     e->n_free_recs = e->n_recs;
@@ -247,6 +261,9 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->sres);
     free(e->rng_save);
     free(e->done);
+    free(e->bias_arena);
+    free(e->copy_src);
+    free(e->copy_dst);
     free(e->masks);
     free(e->row_any);
     free(e);
@@ -301,11 +318,66 @@ static bool id_is_live(const kg_engine_t *e, uint64_t id) {
     return false;
 }
 
+/* Fill record r for choice `choice` of `req` (with a grammar, the record's
+ * matcher is already there). */
+static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t choice) {
+    kg_seq_t *seq = &e->recs[r];
+    int32_t *tokens = seq->tokens;
+    kg_logit_bias_t *bias = seq->bias;
+    kg_matcher_t *matcher = seq->matcher;
+    memset(seq, 0, sizeof(*seq));
+    seq->tokens = tokens;
+    seq->bias = bias;
+    seq->matcher = matcher;
+    if (req->grammar) {
+        seq->grammar = kg_grammar_ref(req->grammar);
+        kg_matcher_reset(seq->matcher, seq->grammar);
+    }
+    seq->live = true;
+    seq->id = req->id;
+    seq->priority = req->priority;
+    seq->deadline_us = req->deadline_us;
+    seq->max_tokens = req->max_tokens;
+    seq->ignore_eos = req->ignore_eos;
+    seq->sampling = req->sampling;
+    seq->sampling.seed = kg_sampler_choice_seed(req->sampling.seed, choice);
+    seq->sampling.logit_bias = bias;
+    if (req->sampling.n_logit_bias > 0) {
+        memcpy(bias, req->sampling.logit_bias, (size_t)req->sampling.n_logit_bias * sizeof(*bias));
+    }
+    kg_rng_seed(&seq->rng, seq->sampling.seed);
+    memcpy(seq->tokens, req->prompt, (size_t)req->n_prompt * sizeof(*seq->tokens));
+    seq->n_prompt = req->n_prompt;
+    seq->n_tokens = req->n_prompt;
+    seq->slot = -1;
+    seq->choice = choice;
+    seq->leader = -1;
+}
+
+static bool bias_is_valid(const kg_engine_t *e, const kg_sampling_params_t *sp) {
+    if (sp->n_logit_bias < 0 || sp->n_logit_bias > KG_MAX_LOGIT_BIAS ||
+        (sp->n_logit_bias > 0 && !sp->logit_bias)) {
+        return false;
+    }
+    for (int32_t i = 0; i < sp->n_logit_bias; i++) {
+        if (sp->logit_bias[i].token < 0 || sp->logit_bias[i].token >= e->p.n_vocab) {
+            return false;
+        }
+        for (int32_t j = 0; j < i; j++) { /* at most 300: once per submit */
+            if (sp->logit_bias[j].token == sp->logit_bias[i].token) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     const kg_engine_params_t *p = &e->p;
+    int32_t n = req->n_choices > 0 ? req->n_choices : 1;
     if (!req->prompt || req->n_prompt < 1 || req->n_prompt >= p->max_seq_len ||
         req->max_tokens < 1 || req->sampling.n_logprobs < 0 ||
-        req->sampling.n_logprobs > KG_MAX_LOGPROBS) {
+        req->sampling.n_logprobs > KG_MAX_LOGPROBS || n > KG_MAX_CHOICES || n > p->max_batch_size) {
         return KG_ERR_INVALID;
     }
     /* A prompt larger than the whole pool could never be admitted. */
@@ -323,50 +395,53 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     if (req->grammar && kg_grammar_n_vocab(req->grammar) != p->n_vocab) {
         return KG_ERR_INVALID; /* compiled for another vocabulary */
     }
-    if (e->n_wait >= p->max_queue_depth) {
+    /* With single-choice requests a record is always free (waiting <
+     * max_queue_depth, running <= max_batch_size); choices waiting to fork
+     * hold records outside both. */
+    if (e->n_wait >= p->max_queue_depth || e->n_free_recs < n) {
         return KG_QUEUE_FULL;
     }
-    /* waiting < max_queue_depth and running <= max_batch_size, so a record is free. */
-    KG_ASSERT(e->n_free_recs > 0);
-    int32_t r = e->free_recs[--e->n_free_recs];
-    kg_seq_t *seq = &e->recs[r];
-    int32_t *tokens = seq->tokens;
-    kg_matcher_t *matcher = seq->matcher;
-    if (req->grammar && !matcher) {
-        /* once per record, outside the step loop; kept for the next job */
-        matcher = kg_matcher_new();
-        if (!matcher) {
-            e->free_recs[e->n_free_recs++] = r;
-            return KG_ERR_NOMEM;
+    /* after the queue check: callers retry a full queue every step */
+    if (!bias_is_valid(e, &req->sampling)) {
+        return KG_ERR_INVALID;
+    }
+    if (req->grammar) {
+        /* the records taken below: each choice has its own matcher, allocated
+         * once per record, outside the step loop, and kept for the next job */
+        for (int32_t c = 1; c <= n; c++) {
+            kg_seq_t *s = &e->recs[e->free_recs[e->n_free_recs - c]];
+            if (!s->matcher && !(s->matcher = kg_matcher_new())) {
+                return KG_ERR_NOMEM;
+            }
         }
     }
-    memset(seq, 0, sizeof(*seq));
-    seq->tokens = tokens;
-    seq->matcher = matcher;
-    if (req->grammar) {
-        seq->grammar = kg_grammar_ref(req->grammar);
-        kg_matcher_reset(seq->matcher, seq->grammar);
+    int32_t r = e->free_recs[--e->n_free_recs];
+    seq_init(e, r, req, 0);
+    e->recs[r].n_pending = n - 1;
+    for (int32_t c = 1; c < n; c++) {
+        int32_t f = e->free_recs[--e->n_free_recs];
+        seq_init(e, f, req, c);
+        e->recs[f].leader = r;
     }
-    seq->live = true;
-    seq->id = req->id;
-    seq->priority = req->priority;
-    seq->deadline_us = req->deadline_us;
-    seq->max_tokens = req->max_tokens;
-    seq->ignore_eos = req->ignore_eos;
-    seq->sampling = req->sampling;
-    kg_rng_seed(&seq->rng, req->sampling.seed);
-    memcpy(seq->tokens, req->prompt, (size_t)req->n_prompt * sizeof(*seq->tokens));
-    seq->n_prompt = req->n_prompt;
-    seq->n_tokens = req->n_prompt;
-    seq->slot = -1;
     e->n_submitted++;
     wait_insert(e, r);
     return KG_OK;
 }
 
 bool kg_engine_cancel(kg_engine_t *e, uint64_t id) {
+    bool found = false;
     for (int32_t i = 0; i < e->n_recs; i++) {
         if (e->recs[i].live && e->recs[i].id == id) {
+            e->recs[i].cancelled = true;
+            found = true;
+        }
+    }
+    return found;
+}
+
+bool kg_engine_cancel_choice(kg_engine_t *e, uint64_t id, int32_t choice) {
+    for (int32_t i = 0; i < e->n_recs; i++) {
+        if (e->recs[i].live && e->recs[i].id == id && e->recs[i].choice == choice) {
             e->recs[i].cancelled = true;
             return true;
         }
@@ -383,6 +458,7 @@ static void report(kg_engine_t *e,
                    const kg_sample_result_t *sample) {
     kg_completion_t *c = &e->done[e->n_done++];
     c->id = seq->id;
+    c->choice = seq->choice;
     c->token = token;
     c->finish = finish;
     c->n_prompt = seq->n_prompt;
@@ -404,9 +480,22 @@ static void free_record(kg_engine_t *e, int32_t r) {
     e->free_recs[e->n_free_recs++] = r;
 }
 
+/* A leader that ends before its fork ends its waiting choices with it. */
+static void end_pending(kg_engine_t *e, int32_t r, kg_finish_t finish) {
+    for (int32_t f = 0; f < e->n_recs && e->recs[r].n_pending > 0; f++) {
+        if (e->recs[f].live && e->recs[f].leader == r) {
+            e->recs[r].n_pending--;
+            report(e, &e->recs[f], -1, finish, NULL);
+            free_record(e, f);
+        }
+    }
+}
+
 /* Give back the slot and blocks of run[i] and take it off the run list. */
 static void unschedule(kg_engine_t *e, int32_t i) {
     kg_seq_t *seq = &e->recs[e->run[i]];
+    e->n_reserved_slots -= seq->n_reserved; /* a leader preempted or ended before its fork */
+    seq->n_reserved = 0;
     kg_kv_seq_release(e->kv, seq->slot);
     e->free_slots[e->n_free_slots++] = seq->slot;
     seq->slot = -1;
@@ -418,6 +507,7 @@ static void finish_running(kg_engine_t *e, int32_t i, kg_finish_t finish) {
     int32_t r = e->run[i];
     report(e, &e->recs[r], -1, finish, NULL);
     unschedule(e, i);
+    end_pending(e, r, finish);
     free_record(e, r);
 }
 
@@ -471,6 +561,7 @@ static void expire(kg_engine_t *e) {
         if (f != KG_FINISH_NONE) {
             report(e, &e->recs[r], -1, f, NULL);
             wait_remove_at(e, i);
+            end_pending(e, r, f);
             free_record(e, r);
         } else {
             i++;
@@ -576,7 +667,7 @@ static bool prefix_in_flight(const kg_engine_t *e, const kg_seq_t *w, int32_t hi
  * token budget and blocks. Returns the new batch size. */
 static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
     int32_t bs = e->p.kv_block_size;
-    while (e->n_wait > 0 && e->n_run < e->p.max_batch_size && nt < e->p.max_batch_tokens) {
+    while (e->n_wait > 0 && e->n_free_slots > e->n_reserved_slots && nt < e->p.max_batch_tokens) {
         int32_t r = e->wait[0];
         kg_seq_t *seq = &e->recs[r];
         /* Leave at least the last token to compute: its logits are needed. */
@@ -584,10 +675,15 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         int32_t hit = kg_kv_match(e->kv, seq->tokens, (seq->n_tokens - 1) / bs, &idle);
         int32_t need = (seq->n_tokens - 1) / bs + 1;
         int32_t headroom = e->n_run > 0 ? e->headroom : 0;
-        if (need - hit + headroom > kg_kv_n_available(e->kv) - idle ||
+        /* choices waiting to fork: a slot and a block each, held from now */
+        int32_t k = seq->n_pending;
+        if (e->n_free_slots - e->n_reserved_slots < 1 + k ||
+            need - hit + headroom + k > kg_kv_n_available(e->kv) - idle ||
             prefix_in_flight(e, seq, hit)) {
             break; /* the head waits; nobody overtakes it */
         }
+        seq->n_reserved = k;
+        e->n_reserved_slots += k;
         int32_t slot = e->free_slots[--e->n_free_slots];
         kg_status_t st = kg_kv_seq_assign(e->kv, slot, seq->tokens, hit, need);
         KG_ASSERT(st == KG_OK);
@@ -608,6 +704,67 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         nt += schedule(e, r, e->p.max_batch_tokens - nt, nt, n_rows);
     }
     return nt;
+}
+
+/* The leader run[i] has computed its prompt: start its waiting choices
+ * (see CHOICES in kg_engine.h). Their slots were held at admission. */
+static void fork_choices(kg_engine_t *e, int32_t r) {
+    kg_seq_t *lead = &e->recs[r];
+    const int32_t bs = e->p.kv_block_size;
+    const int32_t n_share = (lead->n_prompt - 1) / bs; /* full blocks before the last token's */
+    const bool copy = kg_backend_has_kv_copy(e->be);
+    int32_t n_copy = 0;
+    for (int32_t f = 0; f < e->n_recs && lead->n_pending > 0; f++) {
+        kg_seq_t *seq = &e->recs[f];
+        if (!seq->live || seq->leader != r) {
+            continue;
+        }
+        seq->leader = -1;
+        lead->n_pending--;
+        lead->n_reserved--;
+        e->n_reserved_slots--;
+        if (seq->cancelled) {
+            report(e, seq, -1, KG_FINISH_CANCELLED, NULL);
+            free_record(e, f);
+            continue;
+        }
+        int32_t slot = e->free_slots[--e->n_free_slots];
+        int32_t src = -1, dst = -1;
+        /* recomputing the copied block would read positions a windowed leader
+         * may have given back already: then the choice starts as a request */
+        if ((!copy && e->p.kv_window > 0) ||
+            !kg_kv_seq_fork(e->kv, lead->slot, slot, n_share, &src, &dst)) {
+            /* no block now: an ordinary request at the front of the queue */
+            e->free_slots[e->n_free_slots++] = slot;
+            seq->front = true;
+            wait_push_front(e, f);
+            continue;
+        }
+        seq->slot = slot;
+        seq->admitted_once = true;
+        seq->n_cached = lead->n_cached;
+        /* with a copy only the last prompt token is left: a decode row of its
+         * own; without, the copied block's tokens are recomputed (prefill) */
+        seq->n_computed = copy ? lead->n_prompt - 1 : n_share * bs;
+        seq->prefill_end = lead->n_prompt - 1;
+        if (copy) {
+            e->copy_src[n_copy] = src;
+            e->copy_dst[n_copy++] = dst;
+        }
+        e->run[e->n_run++] = f;
+        e->st.n_forks++;
+    }
+    if (n_copy > 0 && kg_backend_kv_copy(e->be, e->copy_src, e->copy_dst, n_copy) != KG_OK) {
+        /* the copies are not there: recompute those blocks instead (a dead
+         * device fails the next forward anyway) */
+        for (int32_t i = 0; i < e->n_run; i++) {
+            kg_seq_t *seq = &e->recs[e->run[i]];
+            if (seq->id == lead->id && seq != lead && seq->n_computed == lead->n_prompt - 1 &&
+                seq->n_tokens == lead->n_prompt) {
+                seq->n_computed = n_share * bs;
+            }
+        }
+    }
 }
 
 /* Append a token to the output and report it; whether that ended the
@@ -854,6 +1011,9 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         seq->n_computed = to;
         seq->n_sched = 0;
         kg_kv_seq_commit(e->kv, seq->slot, seq->tokens, seq->n_computed);
+        if (seq->n_pending > 0 && seq->n_computed == seq->n_prompt) {
+            fork_choices(e, e->run[i]);
+        }
     }
     /* Sample every row, then end the finished sequences (the same step). */
     for (int32_t row = 0; row < n_rows; row++) {

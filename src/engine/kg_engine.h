@@ -44,6 +44,24 @@
  * request has its own RNG, seeded at submit, and the backend computes every
  * row independently of the rest of the batch.
  *
+ * CHOICES (n > 1)
+ * A request with n_choices = n runs as n sequences that share the prompt:
+ * choice 0 (the leader) is queued and admitted like any request, with n - 1
+ * slots held for the others and one block each; they wait, without a place
+ * in the queue, until the leader has computed its prompt. Then they fork
+ * (kg_kv_seq_fork): each references the prompt's full blocks and gets a copy
+ * of the block holding the last prompt token (kg_backend_kv_copy; a backend
+ * without it recomputes that block's tokens instead), and computes that last
+ * token itself as a decode row, for logits of its own. So the prompt is
+ * prefilled once (n_prefill_tokens counts it once) and the shared blocks are
+ * never written. From the fork on every choice is an ordinary sequence:
+ * its own RNG (seeded with kg_sampler_choice_seed(seed, choice)), its own
+ * finish, preempted and resumed alone. A fork that finds no free block
+ * sends that choice to the front of the queue as an ordinary request (the
+ * prefix cache still serves it the shared blocks). Choices report their own
+ * completions (kg_completion_t.choice); a cancel or deadline of the leader
+ * before the fork finishes the waiting choices with it.
+ *
  * COMPLETIONS
  * A step reports, per request, at most one completion:
  *   - token >= 0, finish NONE: a new output token (index = its position in
@@ -89,7 +107,8 @@
 
 typedef struct kg_engine kg_engine_t;
 
-#define KG_MAX_EOG 16
+#define KG_MAX_EOG     16
+#define KG_MAX_CHOICES 16 /* n of one request at most */
 
 typedef struct kg_engine_params {
     int32_t max_batch_size;   /* running sequences at most */
@@ -127,9 +146,10 @@ typedef struct kg_request {
     int32_t priority;    /* higher runs first; FIFO within a priority */
     int64_t deadline_us; /* kg_clock_us() deadline, 0 = none */
     bool ignore_eos;
-    kg_sampling_params_t sampling;
-    kg_grammar_t *grammar; /* NULL, or the output's grammar (borrowed: submit takes its own
-                              reference) */
+    kg_sampling_params_t sampling; /* its logit_bias is copied at submit */
+    kg_grammar_t *grammar;         /* NULL, or the output's grammar (borrowed: submit takes its own
+                                      reference) */
+    int32_t n_choices;             /* 1..min(KG_MAX_CHOICES, max_batch_size); 0 means 1 */
 } kg_request_t;
 
 /* Jump-forward tokens appended per request and step at most. */
@@ -137,8 +157,9 @@ typedef struct kg_request {
 
 typedef struct kg_completion {
     uint64_t id;
-    int32_t index; /* index of this token in the output, or the output length when finishing */
-    int32_t token; /* -1 when the completion only reports a finish */
+    int32_t choice; /* which of the request's n_choices (0 when n_choices is 1) */
+    int32_t index;  /* index of this token in the output, or the output length when finishing */
+    int32_t token;  /* -1 when the completion only reports a finish */
     kg_finish_t finish;
     int32_t n_prompt;
     int32_t n_cached;          /* prompt tokens served by the prefix cache (at first admission) */
@@ -160,6 +181,7 @@ typedef struct kg_engine_stats {
     int64_t n_prefix_hit_tokens; /* prompt tokens served from the cache */
     int64_t n_prompt_tokens;     /* prompt tokens of admitted requests */
     int64_t n_preemptions;
+    int64_t n_forks; /* choices started from their leader's prompt blocks */
     int32_t last_batch_tokens;
     /* constrained decoding */
     int64_t n_grammar_masks;         /* masks built (one per constrained sequence-step) */
@@ -174,17 +196,26 @@ kg_engine_t *
 kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, char *errstr, size_t errstr_size);
 void kg_engine_free(kg_engine_t *e);
 
-/** Queue a request; the prompt is copied. KG_QUEUE_FULL when
- * max_queue_depth are waiting. KG_ERR_INVALID when the prompt is empty,
- * leaves no room in max_seq_len, does not fit the whole KV pool, holds a
- * token id outside the vocabulary, when max_tokens < 1, n_logprobs is out
- * of range or the id belongs to a live request. @thread engine */
+/** Queue a request; the prompt and the logit_bias are copied.
+ * KG_QUEUE_FULL when max_queue_depth are waiting or fewer than n_choices
+ * request records are free (every running or waiting choice holds one).
+ * KG_ERR_INVALID when the prompt is empty, leaves no room in max_seq_len,
+ * does not fit the whole KV pool, holds a token id outside the vocabulary,
+ * when max_tokens < 1, n_logprobs, n_choices or the logit_bias (count, a
+ * token id, a token listed twice) is out of range, or the id belongs to a
+ * live request.
+ * @thread engine */
 KG_NODISCARD kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req);
 
-/** Cancel a waiting or running request; its finish (CANCELLED) is reported
- * by the next step. Returns false when the id is unknown. @thread engine */
+/** Cancel a waiting or running request, all its choices; each finish
+ * (CANCELLED) is reported by the next step. Returns false when the id is
+ * unknown. @thread engine */
 bool kg_engine_cancel(kg_engine_t *e, uint64_t id);
 
+/** Cancel one choice of a request (a choice that matched a stop string);
+ * the others go on. Returns false when there is no such live choice.
+ * @thread engine */
+bool kg_engine_cancel_choice(kg_engine_t *e, uint64_t id, int32_t choice);
 /** The most completions one step can report: size the `out` array of
  * kg_engine_step with it. */
 int32_t kg_engine_max_completions(const kg_engine_t *e);

@@ -399,6 +399,35 @@ bool kg_kv_seq_grow(kg_kv_t *kv, int32_t slot) {
     return true;
 }
 
+bool kg_kv_seq_fork(
+    kg_kv_t *kv, int32_t src, int32_t dst, int32_t n_share, int32_t *copy_src, int32_t *copy_dst) {
+    const size_t mb = (size_t)kv->p.max_blocks_per_seq;
+    const int32_t *from = kv->table + (size_t)src * mb;
+    if (n_share < 0 || n_share >= kv->n_seq[src] || kv->n_seq[dst] != 0 || from[n_share] < 0) {
+        return false;
+    }
+    int32_t b = alloc_block(kv);
+    if (b < 0) {
+        return false;
+    }
+    int32_t *row = kv->table + (size_t)dst * mb;
+    for (int32_t i = 0; i < n_share; i++) {
+        row[i] = from[i]; /* -1: given back by src (sliding window), so by dst too */
+        if (from[i] >= 0) {
+            kv->ref[from[i]]++; /* referenced by src, so never in the LRU list */
+        }
+    }
+    row[n_share] = b;
+    kv->n_seq[dst] = n_share + 1;
+    kv->n_dropped[dst] = kv->n_dropped[src] < n_share ? kv->n_dropped[src] : n_share;
+    /* the cache chain of dst is walked again from its first block at its
+     * first commit; shared blocks are found registered (or equal to
+     * registered ones), so the walk registers nothing twice */
+    *copy_src = from[n_share];
+    *copy_dst = b;
+    return true;
+}
+
 void kg_kv_seq_commit(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t n_computed) {
     if (!kv->p.prefix_cache) {
         return;

@@ -19,7 +19,10 @@
  * so a hash collision or a stale child of an evicted parent never matches.
  * Shared blocks are always full and never written again (a sequence always
  * recomputes at least its last token into a block of its own), so sharing
- * needs no copy-on-write.
+ * needs no copy-on-write. The same holds for a fork (the n choices of one
+ * prompt, kg_kv_seq_fork): the choices share the prompt's full blocks and
+ * each gets its own block for the one holding the prompt's last token
+ * (copied or recomputed by the engine), so no shared block is written.
  * Sliding windows: when every layer of the model is windowed, a sequence's
  * blocks wholly before the window of its next token are never read again;
  * kg_kv_seq_drop_front gives them back (to the LRU when they are in the
@@ -91,6 +94,17 @@ int32_t kg_kv_seq_n_blocks(const kg_kv_t *kv, int32_t slot);
  * among them that is not registered yet is registered (or, when an equal
  * block is already cached, the chain continues through that one). */
 void kg_kv_seq_commit(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t n_computed);
+
+/** Fill the empty table of `dst` as a fork of `src`: the first `n_share`
+ * blocks of src (full blocks of a computed prefix) are referenced, not
+ * copied, and one fresh block follows them; entries src has given back
+ * (sliding window) are given back in dst too. *copy_src gets src's block at
+ * index n_share and *copy_dst the fresh block, for the caller to copy
+ * (kg_backend_kv_copy) or recompute. false, with dst left empty, when src
+ * holds fewer than n_share + 1 blocks, its block n_share is given back, or
+ * the pool has no free block. */
+bool kg_kv_seq_fork(
+    kg_kv_t *kv, int32_t src, int32_t dst, int32_t n_share, int32_t *copy_src, int32_t *copy_dst);
 
 /** Give back the blocks of `slot` before entry `n_blocks` (those not given
  * back yet) and set their entries to -1; they must hold no position any

@@ -11,6 +11,7 @@
 #include "../pipeline/kg_intake.h"
 #include "../pipeline/kg_jobrun.h"
 #include "../pipeline/kg_runner.h"
+#include "../pipeline/kg_served.h"
 #include "../schema/kg_codec.h"
 #include "kg_journal.h"
 #include "kg_kafka_conf.h"
@@ -82,7 +83,8 @@ typedef struct job_msg {
     size_t key_len;
     const void *payload;
     size_t len;
-    int64_t taken_us; /* when it was taken off Kafka (kg_clock_us): its timings start here */
+    int64_t taken_us;       /* when it was taken off Kafka (kg_clock_us): its timings start here */
+    kg_job_format_t format; /* its kgen-format header (AUTO when it has none) */
 } job_msg_t;
 
 /* A message that waits before it may start (kg_journal): for the snapshot
@@ -127,9 +129,12 @@ struct kg_worker {
     int64_t suspect_offset;
     const char *crash_request_id; /* TEST-ONLY fault injection; NULL normally */
     kg_intake_limits_t limits;
+    kg_served_t served;           /* the model's names (limits.served points into it) */
     kg_grammar_cache_t *grammars; /* compiled constraints, owned */
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
+    int32_t n_engine_recs;  /* engine request records: one per choice (kg_engine_submit) */
+    int32_t n_engine_seqs;  /* choices of the jobs in the engine */
     size_t max_event_bytes; /* value bytes one event may take (kg_events' budget) */
     size_t max_dlq_bytes;   /* payload bytes of a dead-letter copy (headers apart) */
     int32_t n_inflight;     /* records alive: pending + submitted + revoked awaiting finish */
@@ -177,6 +182,9 @@ static void rec_free(kg_worker_t *w, job_rec_t *r) {
         *p = r->hnext;
         w->n_inflight--;
         atomic_store(&w->m.inflight, w->n_inflight);
+    }
+    if (r->state != REC_PENDING) {
+        w->n_engine_seqs -= r->run.n_choices; /* its engine records are free again */
     }
     kg_jobrun_clear(&r->run);
     free(r);
@@ -385,7 +393,8 @@ static kg_event_origin_t origin(const kg_worker_t *w, int32_t partition, int64_t
     kg_event_origin_t o = {.worker_id = w->worker_id,
                            .topic = w->cfg->jobs_topic,
                            .partition = partition,
-                           .offset = offset};
+                           .offset = offset,
+                           .model = w->served.n > 0 ? w->served.names[0] : NULL};
     return o;
 }
 
@@ -538,16 +547,16 @@ static void produce_error(kg_worker_t *w,
     free(json);
 }
 
-static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_output_event_t *evs, int n) {
+static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_step_t *js) {
     const kg_job_t *job = r->run.job;
     if (!job->stream) {
         return;
     }
     kg_event_origin_t o = origin(w, job->partition, job->offset);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < js->n_evs; i++) {
         size_t len;
-        char *json = kg_events_token(&o, w->model->tok, job, &r->run.out, &evs[i],
-                                     w->max_event_bytes, &len, NULL);
+        char *json = kg_jobrun_token_event(&r->run, js, i, &o, w->model->tok, w->max_event_bytes,
+                                           &len, NULL);
         if (!json) {
             fatal(w, "out of memory encoding a token event");
             return;
@@ -593,7 +602,7 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
     ack->reason = oc.reason;
     if (!oc.is_error) {
         const kg_job_timing_t *t = &r->run.t;
-        int32_t n_gen = r->run.out.n_tokens;
+        int32_t n_gen = kg_jobrun_n_generated(&r->run);
         int64_t first = t->first_token_us ? t->first_token_us : now_us;
         kg_histogram_observe(&w->m.ttft, first - t->taken_us);
         kg_histogram_observe(&w->m.e2e, now_us - t->taken_us);
@@ -625,6 +634,7 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         KG_LOG_WARN("worker", "engine queue full: job requeued (queue sizing bug) request_id=%s",
                     r->run.job->request_id);
         r->state = REC_PENDING;
+        w->n_engine_seqs -= r->run.n_choices;
         r->qnext = w->pending_head;
         w->pending_head = r;
         if (!w->pending_tail) {
@@ -641,7 +651,7 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         return;
     }
     if (r->state == REC_REVOKED) {
-        if (re->c.finish != KG_FINISH_NONE) {
+        if (kg_jobrun_finish_seen(&r->run, &re->c)) {
             rec_free(w, r); /* quietly: no events, the offset is not stored */
         }
         return;
@@ -651,8 +661,8 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         fatal(w, "out of memory assembling output");
         return;
     }
-    emit_token_events(w, r, js.evs, js.n_evs);
-    if (js.cancel && kg_runner_cancel(w->runner, r->id) != KG_OK) {
+    emit_token_events(w, r, &js);
+    if (js.cancel && kg_runner_cancel_choice(w->runner, r->id, js.choice) != KG_OK) {
         fatal(w, "engine command queue stuck");
         return;
     }
@@ -666,7 +676,8 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
 
 static void submit_pending(kg_worker_t *w) {
     int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
-    while (w->pending_head && w->n_inflight - w->n_pending < cap) {
+    while (w->pending_head && w->n_inflight - w->n_pending < cap &&
+           w->n_engine_seqs + w->pending_head->run.n_choices <= w->n_engine_recs) {
         job_rec_t *r = w->pending_head;
         kg_request_t req = kg_jobrun_request(&r->run, r->id);
         kg_status_t st = kg_runner_submit(w->runner, &req);
@@ -684,6 +695,7 @@ static void submit_pending(kg_worker_t *w) {
         r->qnext = NULL;
         w->n_pending--;
         r->state = REC_SUBMITTED;
+        w->n_engine_seqs += r->run.n_choices;
         kg_jobrun_submitted(&r->run, kg_clock_us());
     }
 }
@@ -706,13 +718,36 @@ static void dead_letter_job(kg_worker_t *w, const job_msg_t *m, const kg_codec_e
     dead_letter(w, &c, ack_new(m->partition, m->offset, ACK_DLQ));
 }
 
+/* The kgen-format header of a message: what its payload is (an OpenAI shape
+ * or a kgen job); AUTO, recognised from the fields, when it has none or an
+ * unknown one (which is logged). */
+static kg_job_format_t message_format(const rd_kafka_message_t *rkm) {
+    kg_job_format_t f = KG_JOB_FORMAT_AUTO;
+    rd_kafka_headers_t *hdrs = NULL;
+    const void *v = NULL;
+    size_t n = 0;
+    if (rd_kafka_message_headers(rkm, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+        rd_kafka_header_get_last(hdrs, "kgen-format", &v, &n) == RD_KAFKA_RESP_ERR_NO_ERROR && v &&
+        !kg_codec_job_format_parse(v, n, &f)) {
+        KG_LOG_WARN("worker", "unknown kgen-format header (%.*s) partition=%d offset=%lld",
+                    (int)(n < 32 ? n : 32), (const char *)v, rkm->partition,
+                    (long long)rkm->offset);
+        f = KG_JOB_FORMAT_AUTO;
+    }
+    return f;
+}
+
 /* Decode a job; one that does not decode is answered (DLQ or invalid_job)
  * and NULL returned. */
 static kg_job_t *decode_or_answer(kg_worker_t *w, const job_msg_t *m) {
     kg_job_t *job = NULL;
     kg_codec_error_t cerr;
+    kg_codec_opts_t copts = w->codec_opts;
+    copts.key = m->key; /* the request_id of a bare OpenAI body */
+    copts.key_len = m->key_len;
+    copts.format = m->format;
     kg_status_t st =
-        kg_codec_decode_job_opts(m->payload ? m->payload : "", m->len, &w->codec_opts, &job, &cerr);
+        kg_codec_decode_job_opts(m->payload ? m->payload : "", m->len, &copts, &job, &cerr);
     if (st == KG_ERR_NOMEM) {
         fatal(w, "out of memory decoding a job");
     } else if (st != KG_OK && cerr.kind == KG_CODEC_DLQ) {
@@ -998,7 +1033,8 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
                    .key_len = rkm->key_len,
                    .payload = rkm->payload,
                    .len = rkm->len,
-                   .taken_us = kg_clock_us()};
+                   .taken_us = kg_clock_us(),
+                   .format = message_format(rkm)};
     int strikes = kg_journal_strikes(w->journal, m.partition, m.offset);
     if (strikes < 0) {
         start_message(w, &m); /* not journaled */
@@ -1407,6 +1443,19 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         goto fail;
     }
     w->limits.grammars = w->grammars;
+    w->limits.max_choices = ep.max_batch_size < KG_JOB_MAX_N ? ep.max_batch_size : KG_JOB_MAX_N;
+    w->n_engine_recs = ep.max_batch_size + ep.max_queue_depth;
+    if (kg_served_init(&w->served, cfg->served_model_name, model, cfg->model, errstr,
+                       errstr_size) != KG_OK) {
+        goto fail;
+    }
+    w->limits.served = (const char *const *)w->served.names;
+    w->limits.n_served = w->served.n;
+    {
+        char names[512];
+        kg_served_describe(&w->served, names, sizeof(names));
+        KG_LOG_INFO("worker", "serving model names=\"%s\"", names);
+    }
 
     w->be = kg_backend_new(cfg->backend, model, &bp, errstr, errstr_size);
     if (!w->be) {
@@ -1604,6 +1653,7 @@ void kg_worker_free(kg_worker_t *w) {
     kg_engine_free(w->engine);
     kg_backend_free(w->be);
     kg_grammar_cache_free(w->grammars);
+    kg_served_clear(&w->served);
     free(w);
 }
 

@@ -70,6 +70,26 @@ double kg_rng_uniform(kg_rng_t *rng) {
     return (double)(kg_rng_next(rng) >> 11) * 0x1.0p-53;
 }
 
+uint64_t kg_sampler_choice_seed(uint64_t seed, int32_t choice) {
+    if (choice <= 0) {
+        return seed;
+    }
+    uint64_t x = seed ^ ((uint64_t)choice * 0xd1342543de82ef95ULL);
+    return splitmix64(&x);
+}
+
+// ---- logit bias ----
+
+float kg_sampler_biased_logit(const kg_sampling_params_t *p, int32_t token, float logit) {
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        if (p->logit_bias[i].token == token) {
+            float b = p->logit_bias[i].bias;
+            return b <= KG_LOGIT_BIAS_BAN ? -INFINITY : logit + b;
+        }
+    }
+    return logit;
+}
+
 // ---- parameters and scratch ----
 
 kg_sampling_params_t kg_sampling_params_default(void) {
@@ -948,6 +968,19 @@ static int32_t draw(const float *prob, int32_t n, double u) {
 
 // ---- sampling ----
 
+/* Rule 0 on the id-ordered copy: the few biased tokens change (their ids
+ * are distinct), then the max is taken again (a bias may raise or lower it). */
+static float apply_logit_bias(const kg_sampling_params_t *p, float *val, int32_t n) {
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        int32_t tok = p->logit_bias[i].token;
+        float b = p->logit_bias[i].bias;
+        if (tok >= 0 && tok < n) {
+            val[tok] = b <= KG_LOGIT_BIAS_BAN ? -INFINITY : sanitize(val[tok] + b);
+        }
+    }
+    return max_at(val, n, NULL);
+}
+
 /* The shared front half: candidates, the raw log-softmax (and top-n when
  * asked), penalties. Returns the raw log-sum-exp. If no logit is usable
  * (all -inf/NaN), every token counts as 0, a uniform distribution, rather
@@ -965,6 +998,10 @@ static double prepare(const kg_sampling_params_t *p,
                       bool *all_masked) {
     KG_ASSERT(n_vocab > 0 && n_vocab <= sc->n_vocab);
     float max = load_logits(sc->val, logits, mask, n_vocab);
+    if (p->n_logit_bias > 0) {
+        /* a masked token stays -inf: the bias adds to it */
+        max = apply_logit_bias(p, sc->val, n_vocab);
+    }
     *all_masked = max == -INFINITY;
     if (*all_masked) {
         /* no usable logit: every token (with a mask, every allowed one)
@@ -1045,6 +1082,9 @@ void kg_sampler_sample_masked(const kg_sampling_params_t *p,
     }
     out->token = token;
     float raw = all_masked ? 0.0f : sanitize(logits[token]);
+    if (!all_masked && p->n_logit_bias > 0) {
+        raw = sanitize(kg_sampler_biased_logit(p, token, raw));
+    }
     out->logprob = (float)((double)raw - lse);
 }
 

@@ -8,6 +8,10 @@
  *
  * The exact rules, for any other implementation (a device sampler) to
  * follow; ties are always broken by the lower token id:
+ *   0. logit_bias (OpenAI's): each entry's bias is added to its token's
+ *      logit; a bias of -100 or less bans the token (its logit becomes
+ *      -inf), as OpenAI describes -100. Everything below sees the biased
+ *      logits as "the raw values" (the distribution the job asked for).
  *   1. NaN logits count as -inf, +inf as FLT_MAX; if all are -inf/NaN,
  *      all count as 0. logprob and top-n come from these raw values.
  *   2. Repetition penalty (CTRL/llama.cpp: l > 0 ? l / r : l * r) once per
@@ -25,6 +29,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* One entry of a job's logit_bias: token id -> bias in [-100, 100]. */
+typedef struct kg_logit_bias {
+    int32_t token;
+    float bias;
+} kg_logit_bias_t;
+
+#define KG_MAX_LOGIT_BIAS 300     /* entries per job (OpenAI's limit) */
+#define KG_LOGIT_BIAS_BAN -100.0f /* a bias at or below it bans the token */
+
 typedef struct kg_sampling_params {
     float temperature;        /* 0 = greedy */
     int32_t top_k;            /* <= 0: off */
@@ -36,6 +49,10 @@ typedef struct kg_sampling_params {
     int32_t penalty_last_n;   /* repetition-penalty window over prompt+output; -1 all, 0 none */
     uint64_t seed;
     int32_t n_logprobs; /* top-n logprobs to report, 0..20 */
+    /* (n_logit_bias) borrowed; the token ids are distinct (the job decoder and
+     * kg_engine_submit refuse repeats); NULL: none */
+    const kg_logit_bias_t *logit_bias;
+    int32_t n_logit_bias; /* 0..KG_MAX_LOGIT_BIAS */
 } kg_sampling_params_t;
 
 /** Defaults: greedy, all filters and penalties off (1, 0, 0), penalty
@@ -54,6 +71,17 @@ void kg_rng_seed(kg_rng_t *rng, uint64_t seed);
 uint64_t kg_rng_next(kg_rng_t *rng);
 /** Uniform in [0, 1) with 53 random bits (one kg_rng_next). @thread any */
 double kg_rng_uniform(kg_rng_t *rng);
+
+/** The seed of choice `choice` of a job with n > 1 choices: choice 0 keeps
+ * the job's seed (so n = 1 samples as before), the others get a splitmix64
+ * mix of (seed, choice): independent streams, the same on every
+ * redelivery. @thread any */
+uint64_t kg_sampler_choice_seed(uint64_t seed, int32_t choice);
+
+/** The logit a token gets from `logit` under p's logit_bias (rule 0):
+ * logit + bias, or -inf for a banned token; `logit` when it has no entry.
+ * @thread any */
+float kg_sampler_biased_logit(const kg_sampling_params_t *p, int32_t token, float logit);
 
 #define KG_MAX_LOGPROBS 20
 

@@ -120,6 +120,7 @@ static void note_fit(kg_events_fit_t *fit, const kg_events_fit_t *got, size_t le
 char *kg_events_token(const kg_event_origin_t *o,
                       const kg_tokenizer_t *tok,
                       const kg_job_t *job,
+                      int32_t choice,
                       const kg_output_t *out,
                       const kg_output_event_t *ev,
                       size_t max_bytes,
@@ -127,7 +128,9 @@ char *kg_events_token(const kg_event_origin_t *o,
                       kg_events_fit_t *fit) {
     size_t tlen;
     const char *text = kg_output_text(out, &tlen);
-    kg_event_token_t e = {.index = ev->index,
+    kg_event_token_t e = {.has_choice = job->n > 1,
+                          .choice = choice,
+                          .index = ev->index,
                           .token_id = ev->token_id,
                           .text = text + ev->text_off,
                           .text_len = ev->text_len};
@@ -167,12 +170,105 @@ char *kg_events_done(const kg_event_origin_t *o,
                      size_t max_bytes,
                      size_t *len,
                      kg_events_fit_t *fit) {
+    kg_events_choice_t ch = {
+        .out = out, .reason = reason, .samples = samples, .n_samples = n_samples};
+    return kg_events_done_choices(o, tok, job, &ch, 1, t, max_bytes, len, fit);
+}
+
+/* The per-token logprobs of one completion, with their pieces in *buf
+ * (both malloc'ed; NULL, NULL when there are none). false on out of memory. */
+static bool make_logprobs(const kg_tokenizer_t *tok,
+                          const kg_sample_result_t *samples,
+                          int32_t n_samples,
+                          kg_token_logprobs_t **lps,
+                          char **buf) {
+    *lps = NULL;
+    *buf = NULL;
+    if (!samples || n_samples <= 0) {
+        return true;
+    }
+    size_t cap = (size_t)n_samples * (KG_MAX_LOGPROBS + 1) * 64;
+    *lps = calloc((size_t)n_samples, sizeof(**lps));
+    *buf = malloc(cap);
+    if (!*lps || !*buf) {
+        free(*lps);
+        free(*buf);
+        *lps = NULL;
+        *buf = NULL;
+        return false;
+    }
+    size_t used = 0;
+    for (int32_t i = 0; i < n_samples; i++) {
+        fill_logprobs(tok, &samples[i], &(*lps)[i], *buf, cap, &used);
+    }
+    return true;
+}
+
+static const char *stop_of(const kg_job_t *job, const kg_events_choice_t *ch) {
+    if (ch->reason == KG_FINISH_REASON_STOP_SEQUENCE && ch->out->stop_index >= 0) {
+        return job->stop[ch->out->stop_index];
+    }
+    return NULL;
+}
+
+/* n > 1, still over budget with everything else shed: every choice's text
+ * is cut to an equal share of the room left (each choice says how much). */
+static char *cut_choice_texts(kg_event_done_t *e,
+                              kg_event_choice_t *cs,
+                              const kg_events_choice_t *ch,
+                              int32_t n,
+                              size_t max_bytes,
+                              size_t *len,
+                              kg_events_fit_t *got) {
+    size_t full[KG_JOB_MAX_N], full_bytes[KG_JOB_MAX_N], kept_bytes;
+    for (int32_t c = 0; c < n; c++) {
+        full[c] = cs[c].text_len;
+        kg_codec_text_prefix(cs[c].text, full[c], SIZE_MAX, &full_bytes[c]);
+        cs[c].text_len = 0;
+        cs[c].text_truncated = true;
+        cs[c].text_bytes_cut = (int64_t)full_bytes[c];
+    }
+    char *json = kg_codec_encode_done(e, len);
+    if (!json || *len > max_bytes) {
+        return json;
+    }
+    /* a share each; the digits of text_bytes_cut only shrink as text is kept */
+    size_t share = (max_bytes - *len) / (size_t)n;
+    for (int32_t c = 0; c < n; c++) {
+        size_t keep = kg_codec_text_prefix(cs[c].text, full[c], share, &kept_bytes);
+        cs[c].text_len = keep;
+        cs[c].text_bytes_cut = (int64_t)(full_bytes[c] - kept_bytes);
+        cs[c].text_truncated = keep < full[c];
+        if (cs[c].text_truncated) {
+            got->text_bytes_cut += (size_t)cs[c].text_bytes_cut;
+        }
+    }
+    (void)ch;
+    free(json);
+    return kg_codec_encode_done(e, len);
+}
+
+char *kg_events_done_choices(const kg_event_origin_t *o,
+                             const kg_tokenizer_t *tok,
+                             const kg_job_t *job,
+                             const kg_events_choice_t *ch,
+                             int32_t n,
+                             const kg_job_timing_t *t,
+                             size_t max_bytes,
+                             size_t *len,
+                             kg_events_fit_t *fit) {
+    if (n < 1 || n > KG_JOB_MAX_N) {
+        return NULL;
+    }
     size_t tlen;
-    const char *text = kg_output_text(out, &tlen);
+    const char *text = kg_output_text(ch[0].out, &tlen);
     int64_t first = t->first_token_us ? t->first_token_us : t->finished_us;
     double gen_s = (double)(t->finished_us - first) / 1e6;
-    int32_t n_gen = out->n_tokens;
-    kg_event_done_t e = {.finish_reason = reason,
+    int32_t n_gen = 0;
+    for (int32_t c = 0; c < n; c++) {
+        n_gen += ch[c].out->n_tokens;
+    }
+    kg_event_done_t e = {.finish_reason = ch[0].reason,
                          .text = text,
                          .text_len = tlen,
                          .prompt_tokens = t->n_prompt,
@@ -182,37 +278,54 @@ char *kg_events_done(const kg_event_origin_t *o,
                          .ttft_ms = (double)(first - t->taken_us) / 1e3,
                          .total_ms = (double)(t->finished_us - t->taken_us) / 1e3,
                          .tokens_per_s = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0.0,
-                         .metadata_json = job->metadata_json};
-    if (reason == KG_FINISH_REASON_STOP_SEQUENCE && out->stop_index >= 0) {
-        e.stop = job->stop[out->stop_index];
-        e.stop_len = strlen(e.stop);
-    }
+                         .metadata_json = job->metadata_json,
+                         .model = job->model ? job->model : o->model};
+    e.stop = stop_of(job, &ch[0]);
+    e.stop_len = e.stop ? strlen(e.stop) : 0;
     common(o, job->request_id, &e.common);
-    kg_token_logprobs_t *lps = NULL;
-    char *buf = NULL;
-    if (samples && n_samples > 0) {
-        size_t cap = (size_t)n_samples * (KG_MAX_LOGPROBS + 1) * 64;
-        lps = calloc((size_t)n_samples, sizeof(*lps));
-        buf = malloc(cap);
-        if (!lps || !buf) {
-            free(lps);
-            free(buf);
-            return NULL;
+    kg_token_logprobs_t *lps[KG_JOB_MAX_N] = {0};
+    char *bufs[KG_JOB_MAX_N] = {0};
+    kg_event_choice_t cs[KG_JOB_MAX_N];
+    char *json = NULL;
+    kg_events_fit_t got = {0};
+    for (int32_t c = 0; c < n; c++) {
+        if (!make_logprobs(tok, ch[c].samples, ch[c].n_samples, &lps[c], &bufs[c])) {
+            goto out;
         }
-        size_t used = 0;
-        for (int32_t i = 0; i < n_samples; i++) {
-            fill_logprobs(tok, &samples[i], &lps[i], buf, cap, &used);
+    }
+    if (n == 1) {
+        e.logprobs = lps[0];
+        e.n_logprobs = lps[0] ? ch[0].n_samples : 0;
+    } else {
+        for (int32_t c = 0; c < n; c++) {
+            size_t clen;
+            cs[c] = (kg_event_choice_t){.index = c,
+                                        .finish_reason = ch[c].reason,
+                                        .completion_tokens = ch[c].out->n_tokens,
+                                        .logprobs = lps[c],
+                                        .n_logprobs = lps[c] ? ch[c].n_samples : 0};
+            cs[c].text = kg_output_text(ch[c].out, &clen);
+            cs[c].text_len = clen;
+            cs[c].stop = stop_of(job, &ch[c]);
+            cs[c].stop_len = cs[c].stop ? strlen(cs[c].stop) : 0;
         }
-        e.logprobs = lps;
-        e.n_logprobs = n_samples;
+        e.choices = cs;
+        e.n_choices = n;
     }
     /* shed in the documented order until it fits: logprobs, metadata, text */
-    kg_events_fit_t got = {0};
-    char *json = kg_codec_encode_done(&e, len);
-    if (!fits(json, *len, max_bytes) && e.logprobs) {
+    json = kg_codec_encode_done(&e, len);
+    bool has_lp = e.logprobs != NULL;
+    for (int32_t c = 0; n > 1 && c < n; c++) {
+        has_lp |= cs[c].logprobs != NULL;
+    }
+    if (!fits(json, *len, max_bytes) && has_lp) {
         free(json);
         e.logprobs = NULL;
         e.n_logprobs = 0;
+        for (int32_t c = 0; n > 1 && c < n; c++) {
+            cs[c].logprobs = NULL;
+            cs[c].n_logprobs = 0;
+        }
         e.logprobs_truncated = got.logprobs_dropped = true;
         json = kg_codec_encode_done(&e, len);
     }
@@ -228,8 +341,15 @@ char *kg_events_done(const kg_event_origin_t *o,
                         &e.text_bytes_cut, max_bytes, len);
         got.text_bytes_cut = (size_t)e.text_bytes_cut;
     }
-    free(lps);
-    free(buf);
+    if (n > 1 && !fits(json, *len, max_bytes)) {
+        free(json);
+        json = cut_choice_texts(&e, cs, ch, n, max_bytes, len, &got);
+    }
+out:
+    for (int32_t c = 0; c < n; c++) {
+        free(lps[c]);
+        free(bufs[c]);
+    }
     note_fit(fit, &got, json ? *len : 0, max_bytes);
     return json;
 }

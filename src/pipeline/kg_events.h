@@ -29,6 +29,7 @@ typedef struct kg_event_origin {
     const char *topic; /* NULL outside Kafka */
     int32_t partition; /* -1 outside Kafka */
     int64_t offset;    /* -1 outside Kafka */
+    const char *model; /* the worker's first served model name, or NULL */
 } kg_event_origin_t;
 
 /* What an event left out to fit its budget. */
@@ -44,12 +45,14 @@ typedef struct kg_job_timing {
     int32_t n_prompt, n_cached;
 } kg_job_timing_t;
 
-/** A token event for `ev` of `out`, at most max_bytes long where it can be
- * made that small (see above; `fit`, which may be NULL, says what was
- * left out). Returns malloc'ed JSON (caller frees); NULL on out of memory. */
+/** A token event for `ev` of `out`, the output of choice `choice` (written
+ * when the job has n > 1), at most max_bytes long where it can be made that
+ * small (see above; `fit`, which may be NULL, says what was left out).
+ * Returns malloc'ed JSON (caller frees); NULL on out of memory. */
 char *kg_events_token(const kg_event_origin_t *o,
                       const kg_tokenizer_t *tok,
                       const kg_job_t *job,
+                      int32_t choice,
                       const kg_output_t *out,
                       const kg_output_event_t *ev,
                       size_t max_bytes,
@@ -70,6 +73,29 @@ char *kg_events_done(const kg_event_origin_t *o,
                      size_t max_bytes,
                      size_t *len,
                      kg_events_fit_t *fit);
+
+/* One finished completion of a job, for kg_events_done_choices. */
+typedef struct kg_events_choice {
+    const kg_output_t *out;
+    kg_finish_reason_t reason;
+    const kg_sample_result_t *samples; /* (n_samples) or NULL */
+    int32_t n_samples;
+} kg_events_choice_t;
+
+/** The done event of a job with n = `n` completions: for n = 1 as
+ * kg_events_done; for n > 1 with every completion in `choices`, choice 0's
+ * text and finish at the top and completion_tokens summed. Fitted to
+ * max_bytes as above; with n > 1 the last resort cuts every choice's text
+ * to an equal share (each choice says what it lost). */
+char *kg_events_done_choices(const kg_event_origin_t *o,
+                             const kg_tokenizer_t *tok,
+                             const kg_job_t *job,
+                             const kg_events_choice_t *ch,
+                             int32_t n,
+                             const kg_job_timing_t *t,
+                             size_t max_bytes,
+                             size_t *len,
+                             kg_events_fit_t *fit);
 
 /** An error event; request_id and metadata_json may come from a job or not.
  * Fitted to max_bytes as above. */

@@ -89,6 +89,40 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
                  (long long)job->deadline_ms, (long long)(now_ms - job->deadline_ms));
         return KG_ERR_INVALID;
     }
+    if (job->model && lim->n_served > 0) {
+        bool served = false;
+        for (int32_t i = 0; i < lim->n_served && !served; i++) {
+            served = strcmp(job->model, lim->served[i]) == 0;
+        }
+        if (!served) {
+            *code = KG_ERROR_MODEL_NOT_FOUND;
+            int at =
+                snprintf(msg, msg_size,
+                         "model \"%.64s\" is not served here (this worker serves:", job->model);
+            for (int32_t i = 0; i < lim->n_served && at > 0 && (size_t)at < msg_size; i++) {
+                at += snprintf(msg + at, msg_size - (size_t)at, "%s \"%.48s\"", i ? "," : "",
+                               lim->served[i]);
+            }
+            if (at > 0 && (size_t)at < msg_size) {
+                snprintf(msg + at, msg_size - (size_t)at, ")");
+            }
+            return KG_ERR_INVALID;
+        }
+    }
+    int32_t max_n = lim->max_choices > 0 ? lim->max_choices : KG_JOB_MAX_N;
+    if (job->n > max_n) {
+        snprintf(msg, msg_size, "n: %d completions exceed this worker's max-batch-size of %d",
+                 job->n, max_n);
+        return KG_ERR_INVALID;
+    }
+    for (int32_t i = 0; i < job->sampling.n_logit_bias; i++) {
+        if (job->sampling.logit_bias[i].token >= model->hp.n_vocab) {
+            snprintf(msg, msg_size,
+                     "logit_bias: %d is not a token of this model (vocabulary of %d)",
+                     job->sampling.logit_bias[i].token, model->hp.n_vocab);
+            return KG_ERR_INVALID;
+        }
+    }
     if (job->max_tokens > lim->max_tokens_limit) {
         *code = KG_ERROR_MAX_TOKENS_TOO_LARGE;
         /* the value the job sent, not a clamped one */

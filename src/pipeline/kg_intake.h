@@ -8,7 +8,9 @@
  * the limit (it is clamped to the room left in the context, as llama.cpp's
  * server does); a job whose deadline has passed is not run; a job whose
  * metadata alone is larger than an event may be can never be answered with
- * it, so it is refused (invalid_job) rather than run. A constrained job
+ * it, so it is refused (invalid_job) rather than run; a job naming a model
+ * the worker does not serve gets model_not_found; n must fit the engine's
+ * slots and logit_bias must name tokens of the vocabulary. A constrained job
  * (response_format, regex, choice, grammar) gets its compiled grammar from
  * the worker's grammar cache here, on the kafka thread, never on the engine
  * thread: a schema keyword we cannot enforce answers invalid_schema, a
@@ -30,6 +32,11 @@ typedef struct kg_intake_limits {
     int32_t max_tokens_limit;     /* jobs asking more get max_tokens_too_large */
     size_t max_event_bytes;       /* bytes one event may have (kg_events); 0 = no limit */
     kg_grammar_cache_t *grammars; /* compiles constrained jobs; NULL: they are refused */
+    int32_t max_choices;          /* n above it (the engine's slots) is invalid_job; 0 = 16 */
+    /* the names the model is served under (borrowed); a job naming another
+     * gets model_not_found; n_served 0 accepts any name */
+    const char *const *served;
+    int32_t n_served;
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {

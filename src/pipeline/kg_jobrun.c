@@ -23,22 +23,34 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
     if (st != KG_OK) {
         return st;
     }
-    kg_output_init(&r->out, model->tok, (const char *const *)job->stop, job->n_stop);
-    r->t.n_prompt = r->prep.n_tokens;
-    if (job->sampling.n_logprobs > 0) {
-        r->samples = malloc((size_t)r->prep.max_tokens * sizeof(*r->samples));
-        if (!r->samples) {
-            return KG_ERR_NOMEM;
+    r->n_choices = job->n > 1 ? job->n : 1;
+    r->choices = calloc((size_t)r->n_choices, sizeof(*r->choices));
+    if (!r->choices) {
+        r->n_choices = 0;
+        return KG_ERR_NOMEM;
+    }
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        kg_jobrun_choice_t *ch = &r->choices[c];
+        kg_output_init(&ch->out, model->tok, (const char *const *)job->stop, job->n_stop);
+        if (job->sampling.n_logprobs > 0) {
+            ch->samples = malloc((size_t)r->prep.max_tokens * sizeof(*ch->samples));
+            if (!ch->samples) {
+                return KG_ERR_NOMEM;
+            }
         }
     }
+    r->t.n_prompt = r->prep.n_tokens;
     return KG_OK;
 }
 
 void kg_jobrun_clear(kg_jobrun_t *r) {
-    kg_output_clear(&r->out);
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        kg_output_clear(&r->choices[c].out);
+        free(r->choices[c].samples);
+    }
+    free(r->choices);
     kg_prepared_clear(&r->prep);
     kg_job_free(r->job);
-    free(r->samples);
     memset(r, 0, sizeof(*r));
 }
 
@@ -51,7 +63,8 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
                         .priority = job->priority,
                         .ignore_eos = job->ignore_eos,
                         .sampling = job->sampling,
-                        .grammar = r->prep.grammar}; /* the engine takes its own reference */
+                        .grammar = r->prep.grammar, /* the engine takes its own reference */
+                        .n_choices = r->n_choices};
     if (job->deadline_ms > 0) {
         req.deadline_us = kg_clock_us() + (job->deadline_ms - kg_clock_epoch_ms()) * 1000;
     }
@@ -63,9 +76,10 @@ void kg_jobrun_submitted(kg_jobrun_t *r, int64_t now_us) {
 }
 
 /* Keep the samples of released token events for the done event. */
-static void keep_samples(kg_jobrun_t *r, const kg_output_event_t *evs, int n) {
-    for (int i = 0; i < n && r->samples && r->n_samples < r->prep.max_tokens; i++) {
-        r->samples[r->n_samples++] = evs[i].sample;
+static void
+keep_samples(kg_jobrun_t *r, kg_jobrun_choice_t *ch, const kg_output_event_t *evs, int n) {
+    for (int i = 0; i < n && ch->samples && ch->n_samples < r->prep.max_tokens; i++) {
+        ch->samples[ch->n_samples++] = evs[i].sample;
     }
 }
 
@@ -74,35 +88,93 @@ kg_status_t kg_jobrun_on_completion(kg_jobrun_t *r,
                                     int64_t ts_us,
                                     kg_jobrun_step_t *st) {
     memset(st, 0, sizeof(*st));
+    if (c->choice < 0 || c->choice >= r->n_choices) {
+        return KG_OK; /* not a choice of this job: nothing to do */
+    }
+    kg_jobrun_choice_t *ch = &r->choices[c->choice];
+    st->choice = c->choice;
     /* after a stop string matched, the tokens the engine made before it saw
      * the cancel are not part of the output */
-    if (c->token >= 0 && !r->stop_hit) {
+    if (c->token >= 0 && !ch->stop_hit) {
         if (!r->t.first_token_us) {
             r->t.first_token_us = ts_us;
             r->t.n_cached = c->n_cached;
         }
-        int n = kg_output_push(&r->out, c->token, &c->sample, st->evs);
+        int n = kg_output_push(&ch->out, c->token, &c->sample, st->evs);
         if (n < 0) {
             return KG_ERR_NOMEM;
         }
-        keep_samples(r, st->evs, n);
+        keep_samples(r, ch, st->evs, n);
         st->n_evs = n;
-        if (kg_output_stopped(&r->out)) {
-            r->stop_hit = true;
+        if (kg_output_stopped(&ch->out)) {
+            ch->stop_hit = true;
             st->cancel = c->finish == KG_FINISH_NONE;
         }
     }
     if (c->finish == KG_FINISH_NONE) {
         return KG_OK;
     }
-    int n = kg_output_finish(&r->out, st->evs + st->n_evs);
-    keep_samples(r, st->evs + st->n_evs, n);
+    int n = kg_output_finish(&ch->out, st->evs + st->n_evs);
+    keep_samples(r, ch, st->evs + st->n_evs, n);
     st->n_evs += n;
     st->cancel = false;
-    st->finished = true;
-    r->finish = c->finish;
-    r->t.finished_us = ts_us;
+    ch->finish = c->finish;
+    r->n_finished++;
+    st->finished = r->n_finished == r->n_choices;
+    if (st->finished) {
+        r->t.finished_us = ts_us;
+    }
     return KG_OK;
+}
+
+char *kg_jobrun_token_event(const kg_jobrun_t *r,
+                            const kg_jobrun_step_t *st,
+                            int i,
+                            const kg_event_origin_t *o,
+                            const kg_tokenizer_t *tok,
+                            size_t max_bytes,
+                            size_t *len,
+                            kg_events_fit_t *fit) {
+    return kg_events_token(o, tok, r->job, st->choice, &r->choices[st->choice].out, &st->evs[i],
+                           max_bytes, len, fit);
+}
+
+int32_t kg_jobrun_n_generated(const kg_jobrun_t *r) {
+    int32_t n = 0;
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        n += r->choices[c].out.n_tokens;
+    }
+    return n;
+}
+
+bool kg_jobrun_finish_seen(kg_jobrun_t *r, const kg_completion_t *c) {
+    if (c->finish != KG_FINISH_NONE) {
+        r->n_finished++;
+    }
+    return r->n_finished >= r->n_choices;
+}
+
+static kg_finish_reason_t reason_of(const kg_jobrun_choice_t *ch) {
+    return ch->stop_hit                   ? KG_FINISH_REASON_STOP_SEQUENCE
+           : ch->finish == KG_FINISH_STOP ? KG_FINISH_REASON_STOP
+                                          : KG_FINISH_REASON_LENGTH;
+}
+
+static char *done_event(const kg_jobrun_t *r,
+                        const kg_event_origin_t *o,
+                        const kg_tokenizer_t *tok,
+                        size_t max_bytes,
+                        size_t *len,
+                        kg_events_fit_t *fit) {
+    kg_events_choice_t ch[KG_JOB_MAX_N];
+    for (int32_t c = 0; c < r->n_choices && c < KG_JOB_MAX_N; c++) {
+        const kg_jobrun_choice_t *x = &r->choices[c];
+        ch[c] = (kg_events_choice_t){.out = &x->out,
+                                     .reason = reason_of(x),
+                                     .samples = x->samples,
+                                     .n_samples = x->n_samples};
+    }
+    return kg_events_done_choices(o, tok, r->job, ch, r->n_choices, &r->t, max_bytes, len, fit);
 }
 
 char *kg_jobrun_terminal(const kg_jobrun_t *r,
@@ -113,22 +185,34 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
                          kg_jobrun_outcome_t *outcome) {
     memset(outcome, 0, sizeof(*outcome));
     const kg_job_t *job = r->job;
-    if (r->stop_hit || r->finish == KG_FINISH_STOP || r->finish == KG_FINISH_LENGTH) {
-        kg_finish_reason_t reason = r->stop_hit                   ? KG_FINISH_REASON_STOP_SEQUENCE
-                                    : r->finish == KG_FINISH_STOP ? KG_FINISH_REASON_STOP
-                                                                  : KG_FINISH_REASON_LENGTH;
-        outcome->reason = reason;
+    /* a choice that ran out of time, failed in the backend or was cancelled
+     * (not by its stop string) leaves the job without a result; the first
+     * of those in that order names the error */
+    kg_finish_t failed = KG_FINISH_NONE;
+    for (int32_t c = 0; c < r->n_choices; c++) {
+        const kg_jobrun_choice_t *ch = &r->choices[c];
+        bool ok = ch->stop_hit || ch->finish == KG_FINISH_STOP || ch->finish == KG_FINISH_LENGTH;
+        if (ok || failed == KG_FINISH_DEADLINE) {
+            continue;
+        }
+        if (ch->finish == KG_FINISH_DEADLINE || ch->finish == KG_FINISH_ERROR) {
+            failed = ch->finish;
+        } else if (failed == KG_FINISH_NONE) {
+            failed = KG_FINISH_CANCELLED;
+        }
+    }
+    if (failed == KG_FINISH_NONE) {
+        outcome->reason = reason_of(&r->choices[0]);
         /* logprobs of a long output, a large metadata echo or a long text can
          * outgrow a message: the done event sheds them rather than not go */
-        return kg_events_done(o, tok, job, &r->out, reason, &r->t, r->samples, r->n_samples,
-                              max_bytes, len, &outcome->fit);
+        return done_event(r, o, tok, max_bytes, len, &outcome->fit);
     }
     outcome->is_error = true;
     const char *msg;
-    if (r->finish == KG_FINISH_DEADLINE) {
+    if (failed == KG_FINISH_DEADLINE) {
         outcome->code = KG_ERROR_EXPIRED;
         msg = "the deadline passed before the job finished";
-    } else if (r->finish == KG_FINISH_ERROR) {
+    } else if (failed == KG_FINISH_ERROR) {
         /* the backend could not run this job; the worker and its other jobs go on */
         outcome->code = KG_ERROR_INTERNAL;
         msg = "the backend failed on this job (the worker log has the reason)";

@@ -18,7 +18,14 @@
  *
  * The done event carries per-token logprobs whenever the job asked for
  * them, streamed or not, so a reader of terminal events alone sees the same
- * result from either program. */
+ * result from either program.
+ *
+ * A job with n > 1 runs as n engine choices of one request: each choice has
+ * its own output (text held back, stop strings, logprobs); a stop string
+ * cancels that choice only; the job is over when every choice has finished,
+ * and its done event carries all of them (kg_event_done_t.choices). A
+ * deadline or cancel of any choice makes the job's terminal event that
+ * error, as for n = 1. */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -34,22 +41,30 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* One of the job's n completions. */
+typedef struct kg_jobrun_choice {
+    kg_output_t out;
+    kg_sample_result_t *samples; /* (prep.max_tokens) logprobs for the done event, or NULL */
+    int32_t n_samples;
+    bool stop_hit;      /* a stop string matched; the choice was (to be) cancelled */
+    kg_finish_t finish; /* the engine's finish, once the choice's last completion came */
+} kg_jobrun_choice_t;
+
 typedef struct kg_jobrun {
     kg_job_t *job; /* owned */
     kg_prepared_t prep;
-    kg_output_t out;
     kg_job_timing_t t;
-    kg_sample_result_t *samples; /* (prep.max_tokens) logprobs for the done event, or NULL */
-    int32_t n_samples;
-    bool stop_hit;      /* a stop string matched; the request was (to be) cancelled */
-    kg_finish_t finish; /* the engine's finish, once the last completion came */
+    kg_jobrun_choice_t *choices; /* (n_choices) = job->n, owned */
+    int32_t n_choices;
+    int32_t n_finished; /* choices whose last completion came */
 } kg_jobrun_t;
 
 /* What one completion produced. */
 typedef struct kg_jobrun_step {
+    int32_t choice;           /* the completion's choice */
     kg_output_event_t evs[3]; /* text released for token events, in index order */
     int n_evs;
-    bool cancel;   /* a stop string matched while the request runs: cancel it in the engine */
+    bool cancel;   /* a stop string matched while the choice runs: cancel that choice */
     bool finished; /* the job is over: encode its terminal event (kg_jobrun_terminal) */
 } kg_jobrun_step_t;
 
@@ -95,6 +110,26 @@ KG_NODISCARD kg_status_t kg_jobrun_on_completion(kg_jobrun_t *r,
                                                  const kg_completion_t *c,
                                                  int64_t ts_us,
                                                  kg_jobrun_step_t *st);
+
+/** Token event `i` of step `st` (for a job that streams), as malloc'ed
+ * JSON of *len bytes, fitted to max_bytes as kg_events_token does (`fit`,
+ * may be NULL, says what was left out); NULL on out of memory. */
+char *kg_jobrun_token_event(const kg_jobrun_t *r,
+                            const kg_jobrun_step_t *st,
+                            int i,
+                            const kg_event_origin_t *o,
+                            const kg_tokenizer_t *tok,
+                            size_t max_bytes,
+                            size_t *len,
+                            kg_events_fit_t *fit);
+
+/** Tokens generated so far, over every choice (stop-string tails left out). */
+int32_t kg_jobrun_n_generated(const kg_jobrun_t *r);
+
+/** Count a completion of a job whose events are no longer wanted (its
+ * partition was revoked): true once every choice has finished, when the
+ * record can go. */
+bool kg_jobrun_finish_seen(kg_jobrun_t *r, const kg_completion_t *c);
 
 /** The terminal event of a finished job (after a step with `finished`), as
  * malloc'ed JSON of *len bytes, at most max_bytes where the event can be

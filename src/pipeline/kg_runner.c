@@ -14,8 +14,10 @@ typedef enum cmd_kind { CMD_SUBMIT, CMD_CANCEL } cmd_kind_t;
 
 typedef struct cmd {
     cmd_kind_t kind;
-    kg_request_t req; /* CMD_SUBMIT: req.prompt is owned by the command */
+    kg_request_t req; /* CMD_SUBMIT: req.prompt is owned by the command (one block with
+                         req.sampling.logit_bias after the prompt) */
     uint64_t id;      /* CMD_CANCEL */
+    int32_t choice;   /* CMD_CANCEL: one choice, or -1 for all */
 } cmd_t;
 
 struct kg_runner {
@@ -43,7 +45,11 @@ static void push_event(kg_runner_t *r, const kg_runner_event_t *ev) {
 
 static void handle_cmd(kg_runner_t *r, cmd_t *c) {
     if (c->kind == CMD_CANCEL) {
-        kg_engine_cancel(r->engine, c->id);
+        if (c->choice < 0) {
+            kg_engine_cancel(r->engine, c->id);
+        } else {
+            kg_engine_cancel_choice(r->engine, c->id, c->choice);
+        }
         return;
     }
     kg_status_t st = kg_engine_submit(r->engine, &c->req);
@@ -180,12 +186,20 @@ void kg_runner_free(kg_runner_t *r) {
 
 kg_status_t kg_runner_submit(kg_runner_t *r, const kg_request_t *req) {
     cmd_t c = {.kind = CMD_SUBMIT, .req = *req};
-    int32_t *copy = malloc((size_t)(req->n_prompt > 0 ? req->n_prompt : 1) * sizeof(int32_t));
+    size_t n_prompt = (size_t)(req->n_prompt > 0 ? req->n_prompt : 1);
+    size_t n_bias = req->sampling.n_logit_bias > 0 ? (size_t)req->sampling.n_logit_bias : 0;
+    /* the prompt and the logit bias in one block (both 4-byte aligned) */
+    int32_t *copy = malloc(n_prompt * sizeof(int32_t) + n_bias * sizeof(kg_logit_bias_t));
     if (!copy) {
         return KG_ERR_NOMEM;
     }
     memcpy(copy, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
     c.req.prompt = copy;
+    if (n_bias > 0) {
+        kg_logit_bias_t *bias = (kg_logit_bias_t *)(void *)(copy + n_prompt);
+        memcpy(bias, req->sampling.logit_bias, n_bias * sizeof(*bias));
+        c.req.sampling.logit_bias = bias;
+    }
     if (req->grammar) {
         c.req.grammar = kg_grammar_ref(req->grammar); /* the command holds one */
     }
@@ -198,7 +212,12 @@ kg_status_t kg_runner_submit(kg_runner_t *r, const kg_request_t *req) {
 }
 
 kg_status_t kg_runner_cancel(kg_runner_t *r, uint64_t id) {
-    cmd_t c = {.kind = CMD_CANCEL, .id = id};
+    cmd_t c = {.kind = CMD_CANCEL, .id = id, .choice = -1};
+    return kg_queue_push(r->cmds, &c, 1000);
+}
+
+kg_status_t kg_runner_cancel_choice(kg_runner_t *r, uint64_t id, int32_t choice) {
+    cmd_t c = {.kind = CMD_CANCEL, .id = id, .choice = choice};
     return kg_queue_push(r->cmds, &c, 1000);
 }
 

@@ -60,12 +60,14 @@ kg_runner_new(kg_engine_t *engine, int32_t max_inflight, char *errstr, size_t er
 /** Stop the thread (finishing the current step) and free. */
 void kg_runner_free(kg_runner_t *r);
 
-/** Hand a request to the engine; its prompt is copied. KG_QUEUE_FULL when
+/** Hand a request to the engine; its prompt and logit bias are copied. KG_QUEUE_FULL when
  * the command queue is full. @thread kafka */
 KG_NODISCARD kg_status_t kg_runner_submit(kg_runner_t *r, const kg_request_t *req);
 /** Cancel a request by id (its CANCELLED finish comes back as an event).
  * @thread kafka */
 KG_NODISCARD kg_status_t kg_runner_cancel(kg_runner_t *r, uint64_t id);
+/** Cancel one choice of a request (kg_engine_cancel_choice). @thread kafka */
+KG_NODISCARD kg_status_t kg_runner_cancel_choice(kg_runner_t *r, uint64_t id, int32_t choice);
 
 /** Take up to `max` events, waiting up to timeout_ms for the first.
  * @thread kafka */

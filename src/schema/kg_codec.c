@@ -1,8 +1,10 @@
 /* kg_codec: jobs and events between JSON text and plain C structs.
- * The only file of kgen that includes jansson.h (see kg_codec.h). */
+ * With kg_openai.c, the only code of kgen that includes jansson.h (see
+ * kg_codec.h). */
 #include "kg_codec.h"
 
 #include "../core/kg_log.h"
+#include "kg_openai_int.h"
 
 #include <float.h>
 #include <jansson.h>
@@ -25,8 +27,27 @@ void kg_codec_global_init(void) {
 
 kg_codec_opts_t kg_codec_opts_default(void) {
     kg_codec_opts_t opts = {.max_message_size = KG_CODEC_DEFAULT_MAX_MESSAGE_SIZE,
-                            .default_max_tokens = KG_JOB_DEFAULT_MAX_TOKENS};
+                            .default_max_tokens = KG_JOB_DEFAULT_MAX_TOKENS,
+                            .format = KG_JOB_FORMAT_AUTO};
     return opts;
+}
+
+bool kg_codec_job_format_parse(const char *s, size_t len, kg_job_format_t *out) {
+    static const struct {
+        const char *name;
+        kg_job_format_t format;
+    } names[] = {{"kgen", KG_JOB_FORMAT_KGEN},
+                 {"openai", KG_JOB_FORMAT_OPENAI},
+                 {"openai-batch", KG_JOB_FORMAT_OPENAI_BATCH},
+                 {"openai-chat", KG_JOB_FORMAT_OPENAI_CHAT},
+                 {"openai-completions", KG_JOB_FORMAT_OPENAI_COMPLETION}};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        if (strlen(names[i].name) == len && memcmp(names[i].name, s, len) == 0) {
+            *out = names[i].format;
+            return true;
+        }
+    }
+    return false;
 }
 
 // ---- names ----
@@ -51,6 +72,7 @@ static const char *const error_code_names[KG_ERROR_CODE_COUNT_] = {
     [KG_ERROR_QUEUE_FULL] = "queue_full",
     [KG_ERROR_SHUTDOWN] = "shutdown",
     [KG_ERROR_INVALID_SCHEMA] = "invalid_schema",
+    [KG_ERROR_MODEL_NOT_FOUND] = "model_not_found",
 };
 
 static const char *const finish_reason_names[] = {"stop", "length", "stop_sequence"};
@@ -100,7 +122,9 @@ static int name_index(const char *const *names, int n, const char *s) {
 /* A short description of a JSON value for error messages: numbers and
  * short strings verbatim (non-printable bytes as '?'), others by type. */
 static void describe(const json_t *v, char *out, size_t size) {
-    if (json_is_integer(v)) {
+    if (!v) { /* a required member that is not there */
+        snprintf(out, size, "nothing");
+    } else if (json_is_integer(v)) {
         snprintf(out, size, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
     } else if (json_is_real(v)) {
         snprintf(out, size, "%g", json_real_value(v));
@@ -180,6 +204,14 @@ static bool is_request_id(const char *s, size_t len) {
         }
     }
     return true;
+}
+
+void kg_codec_describe_json(const json_t *v, char *out, size_t size) {
+    describe(v, out, size);
+}
+
+bool kg_codec_is_request_id(const char *s, size_t len) {
+    return is_request_id(s, len);
 }
 
 // ---- raw metadata text ----
@@ -304,11 +336,12 @@ static long member_index(json_t *obj, const char *key) {
 }
 
 /* The producer's metadata text, compacted; falls back to jansson's
- * serialization should the scan ever disagree with the parser. */
+ * serialization should the scan ever disagree with the parser, or when
+ * there is no text (buf NULL: a job translated from an OpenAI shape). */
 static char *metadata_text(json_t *root, json_t *meta, const char *buf, size_t len) {
     const char *vs = NULL;
     const char *ve = NULL;
-    long idx = member_index(root, "metadata");
+    long idx = buf ? member_index(root, "metadata") : -1;
     if (idx >= 0 && member_span(buf, len, idx, &vs, &ve) && *vs == '{') {
         return compact_copy(vs, ve);
     }
@@ -375,6 +408,7 @@ static const field_spec_t job_fields[] = {
         "deadline_ms", FK_INT64, deadline_ms, 1, INT64_MAX, "an integer >= 1 (epoch milliseconds)"),
     INT_F("priority", FK_INT32, priority, INT32_MIN, INT32_MAX, "a 32-bit integer"),
     BOOL_F("ignore_eos", ignore_eos),
+    INT_F("n", FK_INT32, n, 1, KG_JOB_MAX_N, "an integer in 1..16"),
 };
 
 static kg_status_t decode_simple(dec_t *d, const field_spec_t *f, const json_t *v) {
@@ -566,6 +600,76 @@ static kg_status_t decode_schema_version(dec_t *d, const json_t *v) {
     return KG_OK;
 }
 
+static kg_status_t decode_model(dec_t *d, const json_t *v) {
+    size_t len = json_string_length(v);
+    if (!json_is_string(v) || len < 1 || utf8_chars(json_string_value(v), len) > KG_JOB_MODEL_MAX ||
+        strlen(json_string_value(v)) != len) {
+        return bad_field(d, "model", "a string of 1..256 characters without U+0000", v);
+    }
+    d->job->model = dup_bytes(json_string_value(v), len);
+    return d->job->model ? KG_OK : KG_ERR_NOMEM;
+}
+
+/* A token id as OpenAI writes logit_bias keys: decimal digits, no sign, no
+ * leading zero (so one token cannot appear under two keys). */
+static bool parse_token_key(const char *k, int32_t *out) {
+    int64_t v = 0;
+    size_t n = strlen(k);
+    if (n == 0 || n > 10 || (k[0] == '0' && n > 1)) {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (k[i] < '0' || k[i] > '9') {
+            return false;
+        }
+        v = v * 10 + (k[i] - '0');
+    }
+    if (v > INT32_MAX) {
+        return false;
+    }
+    *out = (int32_t)v;
+    return true;
+}
+
+static kg_status_t decode_logit_bias(dec_t *d, json_t *v) {
+    size_t n = json_object_size(v);
+    if (!json_is_object(v) || n > KG_MAX_LOGIT_BIAS) {
+        return bad_field(d, "logit_bias",
+                         "an object of at most 300 token ids (\"50256\") to numbers in -100..100",
+                         v);
+    }
+    if (n == 0) {
+        return KG_OK;
+    }
+    kg_logit_bias_t *lb = calloc(n, sizeof(*lb));
+    if (!lb) {
+        return KG_ERR_NOMEM;
+    }
+    d->job->sampling.logit_bias = lb; // kg_job_free frees it
+    const char *k;
+    json_t *b;
+    int32_t i = 0;
+    json_object_foreach(v, k, b) {
+        char field[48];
+        snprintf(field, sizeof(field), "logit_bias[\"%.20s\"]", k);
+        if (!parse_token_key(k, &lb[i].token)) {
+            json_t *key = json_string(k);
+            kg_status_t st = bad_field(d, "logit_bias", "keys that are token ids (\"50256\")",
+                                       key ? key : json_null());
+            json_decref(key);
+            return st;
+        }
+        double x = json_number_value(b);
+        if (!json_is_number(b) || x < -100.0 || x > 100.0) {
+            return bad_field(d, field, "a number in -100..100", b);
+        }
+        lb[i].bias = (float)x;
+        i++;
+    }
+    d->job->sampling.n_logit_bias = i;
+    return KG_OK;
+}
+
 static kg_status_t decode_metadata(dec_t *d, json_t *v) {
     if (!json_is_object(v)) {
         return bad_field(d, "metadata", "an object", v);
@@ -754,6 +858,12 @@ static kg_status_t decode_fields(dec_t *d) {
             return st;
         }
     }
+    if ((v = given(d, "model")) && (st = decode_model(d, v)) != KG_OK) {
+        return st;
+    }
+    if ((v = given(d, "logit_bias")) && (st = decode_logit_bias(d, v)) != KG_OK) {
+        return st;
+    }
     if ((v = given(d, "metadata")) && (st = decode_metadata(d, v)) != KG_OK) {
         return st;
     }
@@ -800,6 +910,7 @@ static kg_job_t *job_new_defaults(const char *request_id, int64_t default_max_to
     job->sampling = kg_job_sampling_defaults();
     job->sampling.seed = kg_job_default_seed(request_id);
     job->stream = true;
+    job->n = 1;
     job->partition = -1;
     job->offset = -1;
     return job;
@@ -839,6 +950,19 @@ kg_status_t kg_codec_decode_job_opts(const char *buf,
         snprintf(err->message, sizeof(err->message), "not a JSON object");
         st = dlq(err, KG_DLQ_NOT_OBJECT);
         goto fail;
+    }
+    kg_openai_shape_t shape = kg_openai_detect(root, opts->format);
+    if (shape != KG_OPENAI_SHAPE_NONE) {
+        /* an OpenAI shape: decode the kgen job it translates to; there is no
+         * producer text for that object (metadata comes from jansson) */
+        json_t *job = NULL;
+        if ((st = kg_openai_to_job(root, shape, opts->key, opts->key_len, &job, err)) != KG_OK) {
+            goto fail;
+        }
+        json_decref(root);
+        root = job;
+        d.buf = NULL;
+        d.len = 0;
     }
     if ((st = read_request_id(root, err)) != KG_OK) {
         goto fail;
@@ -1191,6 +1315,19 @@ char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
     }
     put(o, "priority", json_integer(job->priority), &ok);
     put(o, "ignore_eos", json_boolean(job->ignore_eos), &ok);
+    put(o, "n", json_integer(job->n), &ok);
+    if (job->model) {
+        put(o, "model", cstr_json(job->model), &ok);
+    }
+    if (job->sampling.n_logit_bias > 0) {
+        json_t *lb = json_object();
+        put(o, "logit_bias", lb, &ok);
+        for (int32_t i = 0; lb && i < job->sampling.n_logit_bias; i++) {
+            char key[16];
+            snprintf(key, sizeof(key), "%d", job->sampling.logit_bias[i].token);
+            put(lb, key, float_json(job->sampling.logit_bias[i].bias), &ok);
+        }
+    }
     put_constraint(o, job, &ok);
     if (ok) {
         text = dump_with_metadata(o, job->metadata_json, len);
@@ -1268,6 +1405,9 @@ static void put_truncation(json_t *o, bool logprobs, bool metadata, int64_t text
 char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len) {
     bool ok = true;
     json_t *o = event_new("token", &ev->common, &ok);
+    if (o && ev->has_choice) {
+        put(o, "choice", json_integer(ev->choice), &ok);
+    }
     if (o) {
         put(o, "index", json_integer(ev->index), &ok);
         put(o, "token_id", json_integer(ev->token_id), &ok);
@@ -1286,16 +1426,46 @@ char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len) {
     return finish_event(o, ok, NULL, len);
 }
 
-static json_t *done_logprobs_json(const kg_event_done_t *ev, bool *ok) {
+static json_t *done_logprobs_json(const kg_token_logprobs_t *lps, int32_t n, bool *ok) {
     json_t *arr = json_array();
     if (!arr) {
         *ok = false;
     }
-    for (int32_t i = 0; arr && i < ev->n_logprobs; i++) {
-        json_t *e = candidate_json(&ev->logprobs[i].token, ok);
+    for (int32_t i = 0; arr && i < n; i++) {
+        json_t *e = candidate_json(&lps[i].token, ok);
         append(arr, e, ok);
         if (e) {
-            put(e, "top", top_json(&ev->logprobs[i], ok), ok);
+            put(e, "top", top_json(&lps[i], ok), ok);
+        }
+    }
+    return arr;
+}
+
+static json_t *choices_json(const kg_event_done_t *ev, bool *ok) {
+    json_t *arr = json_array();
+    if (!arr) {
+        *ok = false;
+    }
+    for (int32_t i = 0; arr && i < ev->n_choices; i++) {
+        const kg_event_choice_t *c = &ev->choices[i];
+        json_t *o = json_object();
+        append(arr, o, ok);
+        if (!o) {
+            break;
+        }
+        put(o, "index", json_integer(c->index), ok);
+        put(o, "finish_reason", json_string(kg_finish_reason_str(c->finish_reason)), ok);
+        put(o, "text", text_json(c->text, c->text_len), ok);
+        if (c->stop) {
+            put(o, "stop", text_json(c->stop, c->stop_len), ok);
+        }
+        put(o, "completion_tokens", json_integer(c->completion_tokens), ok);
+        if (c->logprobs && c->n_logprobs > 0) {
+            put(o, "logprobs", done_logprobs_json(c->logprobs, c->n_logprobs, ok), ok);
+        }
+        if (c->text_truncated) {
+            put(o, "text_truncated", json_true(), ok);
+            put(o, "text_bytes_cut", json_integer(c->text_bytes_cut), ok);
         }
     }
     return arr;
@@ -1329,7 +1499,13 @@ char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len) {
         }
         put_usage_timings(o, ev, &ok);
         if (ev->logprobs && ev->n_logprobs > 0) {
-            put(o, "logprobs", done_logprobs_json(ev, &ok), &ok);
+            put(o, "logprobs", done_logprobs_json(ev->logprobs, ev->n_logprobs, &ok), &ok);
+        }
+        if (ev->choices && ev->n_choices > 0) {
+            put(o, "choices", choices_json(ev, &ok), &ok);
+        }
+        if (ev->model) {
+            put(o, "model", cstr_json(ev->model), &ok);
         }
         put_truncation(o, ev->logprobs_truncated, ev->metadata_truncated,
                        ev->text_truncated ? ev->text_bytes_cut : 0, &ok);
@@ -1481,6 +1657,12 @@ static bool ev_token(evdec_t *d, kg_event_token_t *t) {
         !ev_text_cut(d, &t->text_truncated, &t->text_bytes_cut)) {
         return false;
     }
+    if (json_object_get(d->root, "choice")) {
+        t->has_choice = true;
+        if (!ev_int32(d, d->root, "choice", 0, &t->choice)) {
+            return false;
+        }
+    }
     if (!lp) {
         return true;
     }
@@ -1496,8 +1678,9 @@ static bool ev_token(evdec_t *d, kg_event_token_t *t) {
     return true;
 }
 
-static bool ev_done_logprobs(evdec_t *d, kg_event_done_t *e) {
-    json_t *arr = json_object_get(d->root, "logprobs");
+static bool
+ev_done_logprobs(evdec_t *d, json_t *o, const kg_token_logprobs_t **out, int32_t *n_out) {
+    json_t *arr = json_object_get(o, "logprobs");
     if (!arr) {
         return true;
     }
@@ -1510,13 +1693,51 @@ static bool ev_done_logprobs(evdec_t *d, kg_event_done_t *e) {
         d->nomem = true;
         return false;
     }
-    e->logprobs = lps;
+    *out = lps;
     for (size_t i = 0; i < n; i++) {
-        e->n_logprobs = (int32_t)i + 1; // freed up to here on failure
+        *n_out = (int32_t)i + 1; // freed up to here on failure
         json_t *item = json_array_get(arr, i);
         if (!ev_candidate(d, item, &lps[i].token) || !ev_top(d, item, &lps[i])) {
             return false;
         }
+    }
+    return true;
+}
+
+static bool ev_choices(evdec_t *d, kg_event_done_t *e) {
+    json_t *arr = json_object_get(d->root, "choices");
+    if (!arr) {
+        return true;
+    }
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr) || n < 1 || n > KG_JOB_MAX_N) {
+        return ev_bad(d, "choices", "an array of 1..16 completions");
+    }
+    kg_event_choice_t *cs = calloc(n, sizeof(*cs));
+    if (!cs) {
+        d->nomem = true;
+        return false;
+    }
+    e->choices = cs;
+    for (size_t i = 0; i < n; i++) {
+        e->n_choices = (int32_t)i + 1; // freed up to here on failure
+        json_t *c = json_array_get(arr, i);
+        json_t *fr = json_object_get(c, "finish_reason");
+        int f = json_is_string(fr) ? name_index(finish_reason_names, 3, json_string_value(fr)) : -1;
+        if (!json_is_object(c) || f < 0) {
+            return ev_bad(d, "choices", "objects with index, finish_reason, text");
+        }
+        cs[i].finish_reason = (kg_finish_reason_t)f;
+        if (!ev_int32(d, c, "index", 0, &cs[i].index) ||
+            !ev_str(d, c, "text", false, &cs[i].text, &cs[i].text_len) ||
+            !ev_str(d, c, "stop", true, &cs[i].stop, &cs[i].stop_len) ||
+            !ev_int32(d, c, "completion_tokens", 0, &cs[i].completion_tokens) ||
+            !ev_done_logprobs(d, c, &cs[i].logprobs, &cs[i].n_logprobs)) {
+            return false;
+        }
+        cs[i].text_truncated = json_is_true(json_object_get(c, "text_truncated"));
+        json_t *cut = json_object_get(c, "text_bytes_cut");
+        cs[i].text_bytes_cut = json_is_integer(cut) ? json_integer_value(cut) : 0;
     }
     return true;
 }
@@ -1557,8 +1778,9 @@ static bool ev_done(evdec_t *d, kg_event_done_t *e) {
            ev_int32(d, usage, "cached_tokens", 0, &e->cached_tokens) &&
            ev_num(d, tm, "queue_ms", &e->queue_ms) && ev_num(d, tm, "ttft_ms", &e->ttft_ms) &&
            ev_num(d, tm, "total_ms", &e->total_ms) &&
-           ev_num(d, tm, "tokens_per_s", &e->tokens_per_s) && ev_done_logprobs(d, e) &&
-           ev_metadata(d, &e->metadata_json) &&
+           ev_num(d, tm, "tokens_per_s", &e->tokens_per_s) &&
+           ev_done_logprobs(d, r, &e->logprobs, &e->n_logprobs) && ev_choices(d, e) &&
+           ev_str(d, r, "model", true, &e->model, NULL) && ev_metadata(d, &e->metadata_json) &&
            ev_flag(d, "logprobs_truncated", &e->logprobs_truncated) &&
            ev_flag(d, "metadata_truncated", &e->metadata_truncated) &&
            ev_text_cut(d, &e->text_truncated, &e->text_bytes_cut);
@@ -1643,6 +1865,17 @@ void kg_event_free(kg_event_t *ev) {
         free_logprobs((kg_token_logprobs_t *)&ev->done.logprobs[i]);
     }
     free((void *)ev->done.logprobs);
+    for (int32_t c = 0; c < ev->done.n_choices; c++) {
+        const kg_event_choice_t *ch = &ev->done.choices[c];
+        free((void *)ch->text);
+        free((void *)ch->stop);
+        for (int32_t i = 0; i < ch->n_logprobs; i++) {
+            free_logprobs((kg_token_logprobs_t *)&ch->logprobs[i]);
+        }
+        free((void *)ch->logprobs);
+    }
+    free((void *)ev->done.choices);
+    free((void *)ev->done.model);
     free((void *)ev->done.metadata_json);
     free_common(&ev->error.common);
     free((void *)ev->error.message);

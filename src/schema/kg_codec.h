@@ -1,10 +1,16 @@
 /* kg_codec: JSON <-> C for the job and event contract (schemas/).
  *
- * This module (kg_codec.c) and kg_inflight.c (the poison-job journal's
- * record) are the only code that includes jansson.h; no json_t crosses
- * their boundary. Jobs decode into kg_job_t; events are
- * encoded from the plain structs below into malloc'ed JSON text, and can
- * be decoded back (kgen-submit, tests).
+ * This module (kg_codec.c, with kg_openai.c for the OpenAI shapes) and
+ * kg_inflight.c (the poison-job journal's record) are the only code that
+ * includes jansson.h; no json_t crosses their boundary. Jobs decode into
+ * kg_job_t; events are encoded from the plain structs below into malloc'ed
+ * JSON text, and can be decoded back (kgen-submit, tests).
+ *
+ * A job message may also be an OpenAI Batch API input line or a bare Chat
+ * Completions / Completions request body (kg_openai.h): the decoder
+ * recognises the shape (or is told it, kg_codec_opts_t.format), translates
+ * the object into a kgen job object and decodes that as any job, so every
+ * rule and message below applies to both.
  *
  * DESIGN
  * Decoding sorts bad input into the two outcomes of docs/DESIGN.md §3:
@@ -65,12 +71,33 @@ void kg_codec_global_init(void);
 
 // ---- jobs ----
 
+/* What a job message is (the kgen-format header of a message, or
+ * recognised from its fields when AUTO; see kg_openai.h). */
+typedef enum kg_job_format {
+    KG_JOB_FORMAT_AUTO = 0,          /* an OpenAI shape when it looks like one, else kgen */
+    KG_JOB_FORMAT_KGEN,              /* "kgen": schemas/job.schema.json */
+    KG_JOB_FORMAT_OPENAI,            /* "openai": a Batch line, else a bare body */
+    KG_JOB_FORMAT_OPENAI_BATCH,      /* "openai-batch": {custom_id, method, url, body} */
+    KG_JOB_FORMAT_OPENAI_CHAT,       /* "openai-chat": a Chat Completions body */
+    KG_JOB_FORMAT_OPENAI_COMPLETION, /* "openai-completions": a Completions body */
+} kg_job_format_t;
+
+/** The format named `s` (`len` bytes: a header value): kgen, openai,
+ * openai-batch, openai-chat or openai-completions. false otherwise. */
+bool kg_codec_job_format_parse(const char *s, size_t len, kg_job_format_t *out);
+
 typedef struct kg_codec_opts {
     size_t max_message_size;    /* bytes; larger messages are dead-lettered unparsed */
     int64_t default_max_tokens; /* max_tokens of a job that gives none (--default-max-tokens) */
+    kg_job_format_t format;     /* default AUTO */
+    /* the message key (borrowed, may be NULL): the request_id of a bare
+     * OpenAI body, which has no field for it */
+    const char *key;
+    size_t key_len;
 } kg_codec_opts_t;
 
-/** Defaults: max_message_size 1 MiB, default_max_tokens 256. */
+/** Defaults: max_message_size 1 MiB, default_max_tokens 256, format AUTO,
+ * no key. */
 kg_codec_opts_t kg_codec_opts_default(void);
 
 typedef enum kg_codec_error_kind {
@@ -150,7 +177,8 @@ typedef enum kg_error_code {
     KG_ERROR_INTERNAL,
     KG_ERROR_QUEUE_FULL,
     KG_ERROR_SHUTDOWN,
-    KG_ERROR_INVALID_SCHEMA, /* response_format's JSON Schema uses what kgen cannot enforce */
+    KG_ERROR_INVALID_SCHEMA,  /* response_format's JSON Schema uses what kgen cannot enforce */
+    KG_ERROR_MODEL_NOT_FOUND, /* the job names a model this worker does not serve */
     KG_ERROR_CODE_COUNT_,
 } kg_error_code_t;
 
@@ -191,7 +219,9 @@ typedef struct kg_token_logprobs {
 
 typedef struct kg_event_token {
     kg_event_common_t common;
-    int32_t index; /* position in the output, from 0 */
+    bool has_choice; /* a job with n > 1: `choice` is written */
+    int32_t choice;  /* which of the job's n completions the token belongs to */
+    int32_t index;   /* position in that completion's output, from 0 */
     int32_t token_id;
     const char *text; /* valid UTF-8 released with this token (may be empty) */
     size_t text_len;
@@ -202,6 +232,21 @@ typedef struct kg_event_token {
     bool text_truncated;     /* text is a prefix of the released text ... */
     int64_t text_bytes_cut;  /* ... which was this many bytes longer */
 } kg_event_token_t;
+
+/* One of the n completions of a job with n > 1 (the done event's choices). */
+typedef struct kg_event_choice {
+    int32_t index;
+    kg_finish_reason_t finish_reason;
+    const char *text;
+    size_t text_len;
+    const char *stop; /* the matched stop string (STOP_SEQUENCE), else NULL */
+    size_t stop_len;
+    int32_t completion_tokens;
+    const kg_token_logprobs_t *logprobs; /* (n_logprobs) per output token, or NULL */
+    int32_t n_logprobs;
+    bool text_truncated;    /* text is a prefix of the choice's text ... */
+    int64_t text_bytes_cut; /* ... which was this many bytes longer */
+} kg_event_choice_t;
 
 typedef struct kg_event_done {
     kg_event_common_t common;
@@ -220,6 +265,12 @@ typedef struct kg_event_done {
     const kg_token_logprobs_t *logprobs; /* (n_logprobs) per output token, or NULL */
     int32_t n_logprobs;
     const char *metadata_json; /* the job's metadata_json, or NULL */
+    const char *model;         /* the model name that answered (the job's, else the worker's
+                                  first served name); NULL: not written */
+    /* n > 1: every completion (finish_reason, text and stop above are
+     * choice 0's; completion_tokens is their sum); n_choices 0: not written */
+    const kg_event_choice_t *choices;
+    int32_t n_choices;
     /* What the event left out to fit the transport (kg_events); written only when set. */
     bool logprobs_truncated; /* the job asked for logprobs; they did not fit */
     bool metadata_truncated; /* the job's metadata is not echoed */

@@ -19,6 +19,8 @@ void kg_job_free(kg_job_t *job) {
     }
     free(job->stop);
     free(job->metadata_json);
+    free(job->model);
+    free((void *)job->sampling.logit_bias); // owned; const for the sampler
     free(job->constraint_text);
     free(job->schema_name);
     free(job->topic);

@@ -24,6 +24,8 @@
 #define KG_JOB_MAX_STOP           8   /* stop strings per job */
 #define KG_JOB_STOP_MAX_CHARS     256 /* code points per stop string */
 #define KG_JOB_DEFAULT_MAX_TOKENS 256
+#define KG_JOB_MAX_N              16  /* choices per job (KG_MAX_CHOICES of the engine) */
+#define KG_JOB_MODEL_MAX          256 /* code points of a model name */
 
 typedef enum kg_prompt_kind {
     KG_PROMPT_TEXT = 0,     /* prompt / prompt_len */
@@ -56,6 +58,9 @@ typedef struct kg_job {
     int64_t deadline_ms; /* absolute epoch ms; 0 = none */
     int32_t priority;    /* higher runs first; default 0 */
     char *metadata_json; /* the metadata object as compact JSON text, NULL when absent */
+    char *model;         /* the model the job names; NULL: whichever the worker serves */
+    int32_t n;           /* choices: independent completions of the prompt, 1..16 (default 1) */
+    /* sampling.logit_bias, when set, points to an array the job owns */
 
     /* ---- constrained output: at most one of response_format (json_object /
      * json_schema), regex, choice, grammar; KG_CONSTRAINT_NONE otherwise ---- */

@@ -266,6 +266,23 @@ static void fake_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     out->kv_size = (size_t)c->p.n_kv_blocks * (size_t)c->p.kv_block_size * sizeof(int32_t);
 }
 
+/* The fake's KV is the token id per cell: a copy copies the cells. */
+static kg_status_t
+fake_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n) {
+    fake_ctx_t *c = be->ctx;
+    const size_t bs = (size_t)c->p.kv_block_size;
+    for (int32_t i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] >= c->p.n_kv_blocks || dst[i] < 0 || dst[i] >= c->p.n_kv_blocks ||
+            src[i] == dst[i]) {
+            violation(c, "kv_copy of block %d into %d", src[i], dst[i]);
+            return KG_ERR_INVALID;
+        }
+        memcpy(c->cell + (size_t)dst[i] * bs, c->cell + (size_t)src[i] * bs, bs * sizeof(*c->cell));
+        c->st.n_kv_copies++;
+    }
+    return KG_OK;
+}
+
 static void fake_last_fault(const kg_backend_t *be, kg_backend_fault_t *out) {
     *out = ((const fake_ctx_t *)be->ctx)->last_fault;
 }
@@ -308,6 +325,7 @@ kg_backend_t *kg_fake_backend_new(const kg_fake_backend_params_t *params) {
             return NULL;
         }
     }
+    be->kv_copy = p->no_kv_copy ? NULL : fake_kv_copy;
     if (!c->cell || !c->hist || !c->last_pos) {
         fake_free(be);
         return NULL;

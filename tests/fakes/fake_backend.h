@@ -35,6 +35,7 @@ typedef struct kg_fake_backend_params {
                            model: blocks before that may be gone), and its logits are a
                            function of those tokens (and the history's length) only */
     bool device_sample; /* keep logits "on the device" and sample them (kg_backend_sample) */
+    bool no_kv_copy;    /* offer no kv_copy (the engine then recomputes forked blocks) */
 } kg_fake_backend_params_t;
 
 #define KG_FAKE_MAX_STEPS 8192
@@ -47,6 +48,7 @@ typedef struct kg_fake_backend_stats {
     int32_t max_step_tokens;  /* largest batch */
     int32_t max_step_outputs; /* most logits rows in one step */
     int64_t n_violations;     /* broken batch contract; 0 in a correct engine */
+    int64_t n_kv_copies;      /* blocks copied by kv_copy */
     char first_violation[256];
     int32_t step_tokens[KG_FAKE_MAX_STEPS]; /* per step, for the first KG_FAKE_MAX_STEPS */
     int32_t step_outputs[KG_FAKE_MAX_STEPS];

@@ -5,8 +5,9 @@
 # (worker_id, topic, partition, offset), the event time (ts_ms) and the measured timings.
 # The jobs cover every way a job ends: done (stop, length, stop_sequence), logprobs streamed and
 # not, intake errors (invalid_job, prompt_too_long, max_tokens_too_large, expired,
-# unsupported_chat_template). The prefix cache is off on both sides so usage.cached_tokens
-# cannot differ by scheduling.
+# unsupported_chat_template, model_not_found), OpenAI Batch lines and a bare Completions body,
+# n > 1 (with per-choice stop strings and logprobs) and logit_bias. The prefix cache is off on
+# both sides so usage.cached_tokens cannot differ by scheduling.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -43,6 +44,19 @@ jobs += [
     {"request_id": "cmp-chat", "messages": [{"role": "user", "content": "hi"}]},
     {"request_id": "cmp-ignore-eos", "prompt": "The end.", "max_tokens": 40, "temperature": 0,
      "ignore_eos": True},
+    {"request_id": "cmp-model", "prompt": "x", "model": "another-model"},
+    {"request_id": "cmp-n3", "prompt": "Once upon a time", "n": 3, "max_tokens": 30,
+     "temperature": 0.9, "seed": 77, "stop": [". "], "logprobs": 2},
+    {"request_id": "cmp-n4-stream", "prompt": "The little dog", "n": 4, "max_tokens": 20,
+     "temperature": 1.0, "seed": 78, "logit_bias": {"13": -100, "300": 5}},
+    {"custom_id": "cmp-openai-cmpl", "method": "POST", "url": "/v1/completions",
+     "body": {"model": "stories260K", "prompt": "Lily and Tom went", "max_tokens": 12, "n": 2,
+              "seed": 3, "logprobs": 1}},
+    {"custom_id": "cmp openai chat", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"messages": [{"role": "user", "content": "hi"}]}},
+    {"custom_id": "cmp-openai-tools", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required",
+              "tools": [{"type": "function", "function": {"name": "f"}}]}},
 ]
 with open(sys.argv[1], "w") as f:
     for j in jobs:
@@ -80,11 +94,18 @@ for rid, b in sorted(batch.items()):
     n[b["type"]] += 1
 codes = sorted(e["code"] for e in batch.values() if e["type"] == "error")
 assert codes == sorted(["invalid_job", "prompt_too_long", "max_tokens_too_large", "expired",
-                        "unsupported_chat_template"]), codes
+                        "unsupported_chat_template", "unsupported_chat_template",
+                        "model_not_found", "invalid_job"]), codes
+for rid, k in (("cmp-n3", 3), ("cmp-n4-stream", 4), ("cmp-openai-cmpl", 2)):
+    ch = batch[rid]["choices"]
+    assert [c["index"] for c in ch] == list(range(k)), rid
+    assert len({c["text"] for c in ch}) > 1 or rid == "cmp-openai-cmpl", rid
+n_choices = sum(len(e.get("choices", [])) for e in batch.values())
 reasons = {e["finish_reason"] for e in batch.values() if e["type"] == "done"}
 assert reasons == {"stop", "length", "stop_sequence"} or reasons >= {"length", "stop_sequence"}, reasons
 assert sum("logprobs" in e for e in batch.values()) >= 4
 print(f"{len(batch)} jobs: terminal events identical in kgen batch and kgen-worker "
-      f"({n['done']} done, {n['error']} errors; finish reasons {sorted(reasons)})")
+      f"({n['done']} done, {n['error']} errors, {n_choices} choices of n > 1 jobs; "
+      f"finish reasons {sorted(reasons)})")
 PY
 echo "PASS: kgen batch and kgen-worker agree in $(kg_elapsed) s"

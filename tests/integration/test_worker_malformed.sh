@@ -58,8 +58,9 @@ while cats.get("dlq", 0) < 600:
         continue  # still valid: not what this category is for
     except ValueError:
         add("dlq", b)
-# valid JSON, but not a job with a usable request_id
-notjobs = ['[]', '[1,2]', '"a string"', '42', 'null', 'true', '{}', '{"prompt":"x"}',
+# valid JSON, but not a job with a usable request_id ({"prompt": "x"} is no longer one of
+# these: kgen-submit keys it line-<N> and the worker runs it as a bare OpenAI body)
+notjobs = ['[]', '[1,2]', '"a string"', '42', 'null', 'true', '{}', '{"max_tokens":3}',
            '{"request_id":""}', '{"request_id":"has space","prompt":"x"}',
            '{"request_id":"a/b","prompt":"x"}', '{"request_id":7,"prompt":"x"}',
            '{"request_id":null,"prompt":"x"}', '{"request_id":"' + "x" * 129 + '","prompt":"x"}',

@@ -147,6 +147,9 @@ static const struct {
     {"deadline_ms", NULL},
     {"priority", "0"},
     {"ignore_eos", "false"},
+    {"n", "1"},
+    {"model", NULL},
+    {"logit_bias", NULL},
     {"metadata", NULL},
     {"response_format", NULL},
     {"regex", NULL},
@@ -266,6 +269,16 @@ static void check_same_job(const kg_job_t *a, const kg_job_t *b) {
     ck_assert_int_eq(a->ignore_eos, b->ignore_eos);
     ck_assert_int_eq(a->deadline_ms, b->deadline_ms);
     ck_assert_int_eq(a->priority, b->priority);
+    ck_assert_int_eq(a->n, b->n);
+    ck_assert_int_eq(a->model == NULL, b->model == NULL);
+    if (a->model) {
+        ck_assert_str_eq(a->model, b->model);
+    }
+    ck_assert_int_eq(x->n_logit_bias, y->n_logit_bias);
+    for (int32_t i = 0; i < x->n_logit_bias; i++) {
+        ck_assert_int_eq(x->logit_bias[i].token, y->logit_bias[i].token);
+        ck_assert(x->logit_bias[i].bias == y->logit_bias[i].bias);
+    }
     ck_assert_int_eq(a->metadata_json == NULL, b->metadata_json == NULL);
     if (a->metadata_json) {
         ck_assert_str_eq(a->metadata_json, b->metadata_json);
@@ -690,10 +703,10 @@ START_TEST(decode_event_rejects) {
 END_TEST
 
 START_TEST(names) {
-    static const char *codes[] = {"invalid_job",   "prompt_too_long", "max_tokens_too_large",
-                                  "expired",       "cancelled",       "unsupported_chat_template",
-                                  "internal",      "queue_full",      "shutdown",
-                                  "invalid_schema"};
+    static const char *codes[] = {"invalid_job",    "prompt_too_long", "max_tokens_too_large",
+                                  "expired",        "cancelled",       "unsupported_chat_template",
+                                  "internal",       "queue_full",      "shutdown",
+                                  "invalid_schema", "model_not_found"};
     for (int i = 0; i < KG_ERROR_CODE_COUNT_; i++) {
         ck_assert_str_eq(kg_error_code_str((kg_error_code_t)i), codes[i]);
     }

@@ -47,6 +47,24 @@ START_TEST(negated_boolean) {
 }
 END_TEST
 
+START_TEST(served_model_name_repeats) {
+    kg_config_t cfg;
+    char err[256];
+    /* the environment gives one list; the command line replaces it, and its
+     * repeats add up */
+    char *envp[] = {"KGEN_SERVED_MODEL_NAME=from-env", NULL};
+    char *argv[] = {"kgen-worker",         "--demo", "1",
+                    "--served-model-name", "a,b",    "--served-model-name=c"};
+    ck_assert_int_eq(parse(&cfg, envp, 6, argv, err), KG_OK);
+    ck_assert_str_eq(cfg.served_model_name, "a,b,c");
+    kg_config_clear(&cfg);
+    char *argv2[] = {"kgen-worker", "--demo", "1"};
+    ck_assert_int_eq(parse(&cfg, envp, 3, argv2, err), KG_OK);
+    ck_assert_str_eq(cfg.served_model_name, "from-env");
+    kg_config_clear(&cfg);
+}
+END_TEST
+
 START_TEST(precedence_and_passthrough) {
     const char *path = kg_test_tmp_path("cfg");
     FILE *f = fopen(path, "w");
@@ -183,6 +201,7 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("config");
     tcase_add_test(tc, defaults);
     tcase_add_test(tc, negated_boolean);
+    tcase_add_test(tc, served_model_name_repeats);
     tcase_add_test(tc, precedence_and_passthrough);
     tcase_add_test(tc, bad_input_is_an_error);
     tcase_add_test(tc, print_config_and_addresses);

@@ -10,7 +10,9 @@
  * emulator can at least hold the code to: batch invariance (a job alone and
  * in a batch of 64 gets the same bits), 1024-row steps (more output rows
  * than the logits buffer), faults pinned to one request, graph capture
- * falling back to eager execution.
+ * falling back to eager execution; the n-choices and logit_bias parts (KV
+ * block copies, the bias before the device sampler, an engine running n = 3
+ * with a bias) against the CPU.
  *
  * Runs unforked (CUDA cannot be used in a child forked after the driver
  * was initialised) and needs a CUDA device: exits 77 (skipped) when the
@@ -2000,6 +2002,199 @@ START_TEST(cublas_version_and_mode) {
 END_TEST
 #endif
 
+// ---- n choices and logit_bias ----
+
+START_TEST(kv_copy_vs_cpu) {
+    enum { PLANES = 4, BLOCKS = 6, ELEMS = 12 };
+    uint16_t kv[PLANES * BLOCKS * ELEMS], want[PLANES * BLOCKS * ELEMS];
+    for (int i = 0; i < PLANES * BLOCKS * ELEMS; i++) {
+        kv[i] = want[i] = (uint16_t)(i * 7 + 1);
+    }
+    const int32_t src[2] = {1, 4}, dst[2] = {3, 0};
+    for (int p = 0; p < PLANES; p++) {
+        for (int k = 0; k < 2; k++) {
+            memcpy(want + (p * BLOCKS + dst[k]) * ELEMS, want + (p * BLOCKS + src[k]) * ELEMS,
+                   ELEMS * sizeof(uint16_t));
+        }
+    }
+    ck_assert_int_eq(kg_cuda_op_kv_copy(kv, PLANES, BLOCKS, ELEMS, src, dst, 2), KG_OK);
+    ck_assert_mem_eq(kv, want, sizeof(kv));
+}
+END_TEST
+
+/* The bias kernel then the device sampler (without the bias) must pick
+ * what kg_sampler_sample picks with the bias, on the same raw logits. */
+START_TEST(logit_bias_vs_cpu) {
+    enum { ROWS = 6, BV = 3000 };
+    static float raw[ROWS * BV], biased[ROWS * BV];
+    seed(77);
+    for (int i = 0; i < ROWS * BV; i++) {
+        raw[i] = 3.0f * frand();
+    }
+    raw[2 * BV + 10] = NAN;
+    raw[3 * BV + 11] = INFINITY;
+    /* row 0: ban its argmax; 1: force a bad token; 2: NaN and a shift; 3: +inf
+     * biased, and an id outside the vocabulary; 4: none; 5: many */
+    int best0 = 0;
+    for (int i = 1; i < BV; i++) {
+        best0 = raw[i] > raw[best0] ? i : best0;
+    }
+    static kg_logit_bias_t lb[ROWS][64];
+    int32_t nb[ROWS] = {1, 1, 2, 3, 0, 64};
+    lb[0][0] = (kg_logit_bias_t){best0, -100.0f};
+    lb[1][0] = (kg_logit_bias_t){17, 100.0f};
+    lb[2][0] = (kg_logit_bias_t){10, 4.0f};
+    lb[2][1] = (kg_logit_bias_t){12, 2.5f};
+    lb[3][0] = (kg_logit_bias_t){11, -5.0f};
+    lb[3][1] = (kg_logit_bias_t){13, 50.0f};
+    lb[3][2] = (kg_logit_bias_t){BV + 3, 100.0f};
+    for (int k = 0; k < 64; k++) {
+        lb[5][k] = (kg_logit_bias_t){k * 41 % BV, (float)(k % 7) - 3.0f - (k == 5 ? 200 : 0)};
+    }
+    kg_sampling_params_t with[ROWS], without[ROWS];
+    kg_rng_t rng_gpu[ROWS], rng_cpu[ROWS];
+    kg_sample_request_t reqs[ROWS], plain[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        with[r] = kg_sampling_params_default();
+        with[r].temperature = r % 2 ? 0.9f : 0.0f;
+        with[r].n_logprobs = 3;
+        with[r].seed = 90 + (uint64_t)r;
+        with[r].logit_bias = lb[r];
+        with[r].n_logit_bias = nb[r];
+        without[r] = with[r];
+        without[r].logit_bias = NULL;
+        without[r].n_logit_bias = 0;
+        kg_rng_seed(&rng_gpu[r], with[r].seed);
+        rng_cpu[r] = rng_gpu[r];
+        reqs[r] = (kg_sample_request_t){.params = &with[r], .rng = &rng_gpu[r]};
+        plain[r] = (kg_sample_request_t){.params = &without[r], .rng = &rng_gpu[r]};
+    }
+    memcpy(biased, raw, sizeof(raw));
+    ck_assert_int_eq(kg_cuda_op_logit_bias(biased, ROWS, BV, reqs), KG_OK);
+    for (int r = 0; r < ROWS; r++) {
+        for (int i = 0; i < BV; i++) {
+            float want = raw[r * BV + i], got = biased[r * BV + i];
+            for (int k = 0; k < nb[r]; k++) {
+                if (lb[r][k].token == i) {
+                    want = lb[r][k].bias <= -100.0f ? -INFINITY : raw[r * BV + i] + lb[r][k].bias;
+                }
+            }
+            ck_assert_msg((isnan(want) && isnan(got)) || want == got,
+                          "row %d token %d: %g, want %g", r, i, got, want);
+        }
+    }
+    kg_sample_result_t got[ROWS], want;
+    ck_assert_int_eq(kg_cuda_op_sample(biased, ROWS, BV, plain, got), KG_OK);
+    kg_sampler_scratch_t *sc = kg_sampler_scratch_new(BV);
+    for (int r = 0; r < ROWS; r++) {
+        kg_sampler_sample(&with[r], &rng_cpu[r], raw + r * BV, BV, NULL, 0, NULL, 0, sc, &want);
+        ck_assert_msg(got[r].token == want.token, "row %d: token %d, cpu %d", r, got[r].token,
+                      want.token);
+        ck_assert_msg(fabsf(got[r].logprob - want.logprob) <= 1e-4f, "row %d: logprob %g, cpu %g",
+                      r, got[r].logprob, want.logprob);
+        ck_assert_int_eq(got[r].top_token[0], want.top_token[0]);
+    }
+    ck_assert_int_ne(got[0].token, best0);
+    ck_assert_int_eq(got[1].token, 17);
+    kg_sampler_scratch_free(sc);
+}
+END_TEST
+
+typedef struct choice_out {
+    int32_t tok[4][16];
+    int32_t n[4];
+    int64_t n_forks, n_prefill;
+} choice_out_t;
+
+/* stories260K in an engine on `be`: n = 3 greedy choices of one prompt with
+ * token `banned` banned, and one more request with a +100 bias. */
+static void run_choices(kg_backend_t *be, const kg_model_t *m, int32_t banned, choice_out_t *o) {
+    char err[256];
+    kg_engine_params_t p = kg_engine_params_default(m, 0);
+    p.max_batch_size = 4;
+    p.max_queue_depth = 4;
+    p.max_batch_tokens = 32;
+    p.max_seq_len = 32;
+    p.kv_block_size = 4;
+    p.n_kv_blocks = 32;
+    p.prefix_cache = false;
+    kg_engine_t *e = kg_engine_new(be, &p, err, sizeof(err));
+    ck_assert_msg(e != NULL, "%s", err);
+    int32_t ids[32];
+    const char *prompt = "Once upon a time";
+    const int64_t n = kg_tokenizer_encode(m->tok, prompt, strlen(prompt), true, false, ids, 32);
+    ck_assert(n > 1 && n < 16);
+    const kg_logit_bias_t ban = {banned, -100.0f}, force = {300, 100.0f};
+    kg_request_t a = {.id = 1,
+                      .prompt = ids,
+                      .n_prompt = (int32_t)n,
+                      .max_tokens = 12,
+                      .ignore_eos = true,
+                      .sampling = kg_sampling_params_default(),
+                      .n_choices = 3};
+    a.sampling.logit_bias = &ban;
+    a.sampling.n_logit_bias = 1;
+    kg_request_t b = a;
+    b.id = 2;
+    b.n_choices = 1;
+    b.max_tokens = 6;
+    b.sampling.logit_bias = &force;
+    ck_assert_int_eq(kg_engine_submit(e, &a), KG_OK);
+    ck_assert_int_eq(kg_engine_submit(e, &b), KG_OK);
+    const int32_t cap = kg_engine_max_completions(e);
+    kg_completion_t *comps = malloc((size_t)cap * sizeof(*comps));
+    ck_assert_ptr_nonnull(comps);
+    memset(o, 0, sizeof(*o));
+    for (int steps = 0; kg_engine_busy(e); steps++) {
+        ck_assert_int_lt(steps, 100);
+        int32_t k = kg_engine_step(e, comps, cap);
+        ck_assert_int_ge(k, 0);
+        for (int32_t i = 0; i < k; i++) {
+            const int c = comps[i].id == 1 ? comps[i].choice : 3;
+            if (comps[i].token >= 0) {
+                ck_assert_int_lt(o->n[c], 16);
+                o->tok[c][o->n[c]++] = comps[i].token;
+            }
+        }
+    }
+    kg_engine_stats_t st;
+    kg_engine_stats(e, &st);
+    o->n_forks = st.n_forks;
+    o->n_prefill = st.n_prefill_tokens;
+    free(comps);
+    kg_engine_free(e);
+}
+
+START_TEST(engine_choices_vs_cpu) {
+    kg_model_t *m = load(kg_test_data("models/stories260K.gguf"));
+    kg_backend_t *cpu = make_backend("cpu", m, 32), *gpu = make_backend("cuda", m, 32);
+    ck_assert(kg_backend_has_kv_copy(gpu));
+    choice_out_t oc, og;
+    run_choices(cpu, m, 0, &oc); /* token 0 (<unk>) is never picked: this is plain greedy */
+    const int32_t banned = oc.tok[0][0];
+    run_choices(cpu, m, banned, &oc);
+    run_choices(gpu, m, banned, &og);
+    ck_assert_int_ne(og.tok[0][0], banned);
+    ck_assert_int_eq(og.n_forks, 2);
+    ck_assert_int_eq(og.n_prefill, oc.n_prefill); /* the prompt once on both */
+    for (int c = 0; c < 4; c++) {
+        ck_assert_int_eq(og.n[c], c < 3 ? 12 : 6);
+        ck_assert_int_eq(og.n[c], oc.n[c]);
+        for (int t = 0; t < og.n[c]; t++) {
+            ck_assert_msg(og.tok[c][t] == oc.tok[c][t], "choice %d token %d: cuda %d, cpu %d", c, t,
+                          og.tok[c][t], oc.tok[c][t]);
+            ck_assert_int_ne(og.tok[c][t], c < 3 ? banned : -1);
+            ck_assert(c < 3 || og.tok[c][t] == 300);
+        }
+        /* greedy choices of one prompt say the same: the copied block is right */
+        ck_assert_mem_eq(og.tok[c < 3 ? c : 0], og.tok[0], (size_t)og.n[0] * sizeof(int32_t));
+    }
+    kg_backend_free(cpu);
+    kg_backend_free(gpu);
+    kg_model_free(m);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("cuda");
     TCase *tc = tcase_create("kernels");
@@ -2066,6 +2261,13 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, engine_request_fault);
     tcase_add_test(tc, batch_invariance_64);
     tcase_add_test(tc, batch_1024);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("choices");
+    tcase_set_tags(tc, "gpu");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, kv_copy_vs_cpu);
+    tcase_add_test(tc, logit_bias_vs_cpu);
+    tcase_add_test(tc, engine_choices_vs_cpu);
     suite_add_tcase(s, tc);
 #ifdef KG_CUEMU
     tc = tcase_create("faults");

@@ -63,6 +63,9 @@ void free(void *ptr) {
 #define VOCAB    64
 #define MAX_JOBS 256
 #define MAX_OUT  600
+/* Outputs are kept by id + choice * CHOICE_STRIDE: tests with n > 1 use
+ * ids below CHOICE_STRIDE. */
+#define CHOICE_STRIDE 32
 
 typedef struct job_out {
     int32_t tok[MAX_OUT];
@@ -177,8 +180,10 @@ static void submit_ok(env_t *env, const kg_request_t *r) {
 static void env_collect(env_t *env, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         const kg_completion_t *c = &env->comps[i];
-        ck_assert_uint_lt(c->id, MAX_JOBS);
-        job_out_t *j = &env->jobs[c->id];
+        uint64_t at = c->id + (uint64_t)c->choice * CHOICE_STRIDE;
+        ck_assert(c->choice == 0 || c->id < CHOICE_STRIDE);
+        ck_assert_uint_lt(at, MAX_JOBS);
+        job_out_t *j = &env->jobs[at];
         ck_assert_msg(!j->done, "completion after the finish of id=%llu",
                       (unsigned long long)c->id);
         if (j->first_step < 0) {
@@ -1237,6 +1242,327 @@ START_TEST(stats_add_up) {
 }
 END_TEST
 
+// ---- n choices and logit_bias ----
+
+#define CH_PROMPT 23 /* 5 full blocks of 4 and 3 tokens: the last block is partial */
+
+typedef struct ch_job {
+    int32_t prompt[40];
+    kg_request_t req;
+} ch_job_t;
+
+static void ch_job(ch_job_t *j, uint64_t id, int32_t n_prompt, int32_t n, float temp) {
+    fill_prompt(j->prompt, n_prompt, 77);
+    j->req = make_req(id, j->prompt, n_prompt, 20);
+    j->req.ignore_eos = true;
+    j->req.n_choices = n;
+    j->req.sampling.temperature = temp;
+    j->req.sampling.seed = 4242;
+}
+
+static bool same_out(const job_out_t *a, const job_out_t *b) {
+    return a->n == b->n && memcmp(a->tok, b->tok, (size_t)a->n * sizeof(int32_t)) == 0;
+}
+
+START_TEST(choices_prefill_once) {
+    for (int cache = 0; cache < 2; cache++) {
+        kg_engine_params_t p = base_params();
+        p.prefix_cache = cache;
+        env_t env;
+        env_init(&env, &p, 0);
+        ch_job_t j;
+        ch_job(&j, 1, CH_PROMPT, 4, 0.9f);
+        submit_ok(&env, &j.req);
+        env_run(&env, 200);
+        kg_engine_stats_t st;
+        kg_engine_stats(env.e, &st);
+        /* the prompt once; each other choice adds one decode row for its own
+         * logits of the last prompt token, from a copied block */
+        ck_assert_int_eq(st.n_prefill_tokens, CH_PROMPT);
+        ck_assert_int_eq(st.n_prompt_tokens, CH_PROMPT);
+        ck_assert_int_eq(st.n_forks, 3);
+        ck_assert_int_eq(kg_fake_backend_stats(env.be)->n_kv_copies, 3);
+        ck_assert_int_eq(st.n_decode_tokens, 4 * (20 - 1) + 3);
+        int n_distinct = 0;
+        for (int c = 0; c < 4; c++) {
+            const job_out_t *o = &env.jobs[1 + c * CHOICE_STRIDE];
+            ck_assert(o->done);
+            ck_assert_int_eq(o->n, 20);
+            ck_assert_int_eq(o->finish, KG_FINISH_LENGTH);
+            bool dup = false;
+            for (int d = 0; d < c; d++) {
+                dup |= same_out(o, &env.jobs[1 + d * CHOICE_STRIDE]);
+            }
+            n_distinct += !dup;
+        }
+        ck_assert_int_eq(n_distinct, 4); /* independent draws */
+        /* choice 0 is the request as it would run with n = 1 */
+        job_out_t c0 = env.jobs[1];
+        env_clear(&env);
+        env_init(&env, &p, 0);
+        j.req.n_choices = 1;
+        submit_ok(&env, &j.req);
+        env_run(&env, 200);
+        ck_assert(same_out(&env.jobs[1], &c0));
+        env_clear(&env);
+    }
+}
+END_TEST
+
+START_TEST(choices_greedy_share_kv) {
+    /* greedy choices must all say what the prompt says alone: the fake's
+     * logits are a function of the history read through the block tables,
+     * so a wrong shared or copied block changes the tokens */
+    const int32_t lens[] = {1, 4, 5, 8, CH_PROMPT};
+    for (int no_copy = 0; no_copy < 2; no_copy++) {
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+            kg_engine_params_t p = base_params();
+            env_t env;
+            env_init(&env, &p, 0);
+            kg_backend_free(env.be);
+            kg_engine_free(env.e);
+            env.fp.no_kv_copy = no_copy;
+            env.be = kg_fake_backend_new(&env.fp);
+            char err[128];
+            env.e = kg_engine_new(env.be, &p, err, sizeof(err));
+            ch_job_t j;
+            ch_job(&j, 2, lens[li], 3, 0.0f);
+            submit_ok(&env, &j.req);
+            env_run(&env, 200);
+            for (int c = 0; c < 3; c++) {
+                env.jobs[2] = env.jobs[2 + c * CHOICE_STRIDE];
+                check_greedy(&env, 2, j.prompt, lens[li], 20, true);
+            }
+            kg_engine_stats_t st;
+            kg_engine_stats(env.e, &st);
+            ck_assert_int_eq(st.n_forks, 2);
+            if (!no_copy) {
+                ck_assert_int_eq(st.n_prefill_tokens, lens[li]);
+            } else { /* the block of the last token is recomputed */
+                ck_assert_int_eq(st.n_prefill_tokens,
+                                 lens[li] + 2 * ((lens[li] - 1) % p.kv_block_size));
+            }
+            env_clear(&env);
+        }
+    }
+}
+END_TEST
+
+START_TEST(choices_cancel_and_deadline) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    ch_job_t a, b, c;
+    ch_job(&a, 1, CH_PROMPT, 3, 0.7f);
+    ch_job(&b, 2, CH_PROMPT, 2, 0.7f);
+    ch_job(&c, 3, 10, 2, 0.7f);
+    c.req.deadline_us = env.now_us + 10;
+    submit_ok(&env, &a.req);
+    submit_ok(&env, &b.req); /* waits: a holds 3 of the 4 slots */
+    submit_ok(&env, &c.req);
+    env_step(&env); /* a: prompt computed, choices forked */
+    env_step(&env);
+    ck_assert(kg_engine_cancel_choice(env.e, 1, 1));
+    ck_assert(!kg_engine_cancel_choice(env.e, 1, 7));
+    ck_assert(kg_engine_cancel(env.e, 2)); /* both choices, one of them not forked */
+    env.now_us += 100;                     /* c's deadline passes before it runs */
+    env_run(&env, 200);
+    ck_assert_int_eq(env.jobs[1 + CHOICE_STRIDE].finish, KG_FINISH_CANCELLED);
+    ck_assert_int_eq(env.jobs[1].finish, KG_FINISH_LENGTH);
+    ck_assert_int_eq(env.jobs[1 + 2 * CHOICE_STRIDE].finish, KG_FINISH_LENGTH);
+    for (int ch = 0; ch < 2; ch++) {
+        ck_assert_int_eq(env.jobs[2 + ch * CHOICE_STRIDE].finish, KG_FINISH_CANCELLED);
+        ck_assert_int_eq(env.jobs[2 + ch * CHOICE_STRIDE].n, 0);
+        ck_assert_int_eq(env.jobs[3 + ch * CHOICE_STRIDE].finish, KG_FINISH_DEADLINE);
+    }
+    env_clear(&env);
+}
+END_TEST
+
+START_TEST(choices_submit_limits) {
+    kg_engine_params_t p = base_params();
+    p.max_queue_depth = 2; /* 6 records */
+    env_t env;
+    env_init(&env, &p, 0);
+    ch_job_t j;
+    ch_job(&j, 1, 8, 5, 0.5f);
+    ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_ERR_INVALID); /* > max_batch_size */
+    j.req.n_choices = KG_MAX_CHOICES + 1;
+    ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_ERR_INVALID);
+    kg_logit_bias_t bias[KG_MAX_LOGIT_BIAS + 1];
+    for (int i = 0; i <= KG_MAX_LOGIT_BIAS; i++) {
+        bias[i] = (kg_logit_bias_t){i % VOCAB, 1.0f};
+    }
+    j.req.n_choices = 4;
+    j.req.sampling.logit_bias = bias;
+    j.req.sampling.n_logit_bias = KG_MAX_LOGIT_BIAS + 1;
+    ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_ERR_INVALID);
+    j.req.sampling.n_logit_bias = 2;
+    bias[1].token = bias[0].token;
+    ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_ERR_INVALID); /* a token twice */
+    j.req.sampling.n_logit_bias = 1;
+    bias[0].token = VOCAB;
+    ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_ERR_INVALID);
+    bias[0].token = 1;
+    submit_ok(&env, &j.req); /* 4 records of 6 */
+    j.req.id = 2;
+    ck_assert_int_eq(kg_engine_submit(env.e, &j.req), KG_QUEUE_FULL);
+    j.req.n_choices = 2;
+    submit_ok(&env, &j.req);
+    env_run(&env, 200);
+    env_clear(&env);
+}
+END_TEST
+
+/* A mix of single and multi-choice jobs (some with a bias) in different
+ * batch sizes and pools, with and without the cache: every choice says the
+ * same whatever shares its steps, also when forks find no block and
+ * choices are preempted. */
+START_TEST(choices_batch_invariance) {
+    enum { N = 10 };
+    static ch_job_t jobs[N];
+    static const kg_logit_bias_t bias[3] = {{7, KG_LOGIT_BIAS_BAN}, {11, 1.5f}, {EOG, -3.0f}};
+    for (int i = 0; i < N; i++) {
+        ch_job(&jobs[i], (uint64_t)i + 1, 3 + 4 * i % 29, 1 + i % 4, i % 3 ? 0.8f : 0.0f);
+        fill_prompt(jobs[i].prompt, jobs[i].req.n_prompt, i % 2 ? 5 : 50 + (uint64_t)i);
+        jobs[i].req.max_tokens = 4 + i % 9;
+        jobs[i].req.sampling.seed = 900 + (uint64_t)i;
+        jobs[i].req.ignore_eos = i % 2 == 0;
+        if (i % 3 == 1) {
+            jobs[i].req.sampling.logit_bias = bias;
+            jobs[i].req.sampling.n_logit_bias = 3;
+        }
+    }
+    static job_out_t ref[MAX_JOBS];
+    const struct {
+        int32_t batch, n_blocks;
+        bool cache, device_sample;
+    } cfg[] = {{4, 512, true, false}, {16, 512, false, false}, {5, 14, true, false},
+               {8, 20, false, false}, {4, 12, true, false},    {6, 30, true, true}};
+    int64_t n_preempt = 0, n_forks = 0;
+    for (size_t k = 0; k < sizeof(cfg) / sizeof(cfg[0]); k++) {
+        kg_engine_params_t p = base_params();
+        p.max_batch_size = cfg[k].batch;
+        p.max_batch_tokens = 16;
+        p.n_kv_blocks = cfg[k].n_blocks;
+        p.prefix_cache = cfg[k].cache;
+        env_t env;
+        env_init_with(&env, &p, 12, cfg[k].device_sample);
+        for (int i = 0; i < N; i++) {
+            submit_ok(&env, &jobs[i].req);
+        }
+        env_run(&env, 5000);
+        kg_engine_stats_t st;
+        kg_engine_stats(env.e, &st);
+        n_preempt += st.n_preemptions;
+        n_forks += st.n_forks;
+        for (int i = 0; i < N; i++) {
+            for (int c = 0; c < jobs[i].req.n_choices; c++) {
+                int at = i + 1 + c * CHOICE_STRIDE;
+                ck_assert(env.jobs[at].done);
+                for (int t = 0; t < env.jobs[at].n; t++) {
+                    ck_assert_int_ne(env.jobs[at].tok[t], i % 3 == 1 ? 7 : -1); /* banned */
+                }
+                if (k == 0) {
+                    ref[at] = env.jobs[at];
+                } else {
+                    ck_assert_msg(same_out(&env.jobs[at], &ref[at]) &&
+                                      env.jobs[at].finish == ref[at].finish,
+                                  "config %zu job %d choice %d differs", k, i, c);
+                }
+            }
+        }
+        env_clear(&env);
+    }
+    ck_assert_int_gt(n_preempt, 0);
+    ck_assert_int_gt(n_forks, 0);
+}
+END_TEST
+
+/* Choices of a sliding-window model (every layer sees the last 9
+ * positions): the leader gives back blocks before the window while it
+ * prefills, the fork shares only what is left, and every choice still says
+ * the same in other batch sizes and pools. */
+START_TEST(choices_window) {
+    enum { N = 6 };
+    static ch_job_t jobs[N];
+    for (int i = 0; i < N; i++) {
+        ch_job(&jobs[i], (uint64_t)i + 1, 9 + 6 * i, 1 + i % 3, i % 2 ? 0.8f : 0.0f);
+        fill_prompt(jobs[i].prompt, jobs[i].req.n_prompt, 60 + (uint64_t)i);
+        jobs[i].req.sampling.seed = 300 + (uint64_t)i;
+    }
+    static job_out_t ref[MAX_JOBS];
+    const struct {
+        int32_t batch, n_blocks;
+        bool cache;
+    } cfg[] = {{4, 512, true}, {8, 40, false}, {4, 16, true}};
+    for (size_t k = 0; k < sizeof(cfg) / sizeof(cfg[0]); k++) {
+        kg_engine_params_t p = base_params();
+        p.max_batch_size = cfg[k].batch;
+        p.max_batch_tokens = 16;
+        p.n_kv_blocks = cfg[k].n_blocks;
+        p.prefix_cache = cfg[k].cache;
+        p.kv_window = 9;
+        env_t env;
+        env_init(&env, &p, 0);
+        for (int i = 0; i < N; i++) {
+            submit_ok(&env, &jobs[i].req);
+        }
+        env_run(&env, 5000);
+        for (int i = 0; i < N; i++) {
+            for (int c = 0; c < jobs[i].req.n_choices; c++) {
+                int at = i + 1 + c * CHOICE_STRIDE;
+                ck_assert(env.jobs[at].done);
+                if (jobs[i].req.sampling.temperature == 0.0f) {
+                    ck_assert(same_out(&env.jobs[at], &env.jobs[i + 1]));
+                }
+                if (k == 0) {
+                    ref[at] = env.jobs[at];
+                } else {
+                    ck_assert_msg(same_out(&env.jobs[at], &ref[at]),
+                                  "config %zu job %d choice %d differs", k, i, c);
+                }
+            }
+        }
+        env_clear(&env);
+    }
+}
+END_TEST
+
+START_TEST(logit_bias_ban_and_force) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t prompt[12];
+    fill_prompt(prompt, 12, 31);
+    /* the greedy continuation's first token, banned, never appears even
+     * when sampling; a +100 token is always the greedy pick */
+    int32_t first = kg_fake_backend_argmax(&env.fp, prompt, 12);
+    kg_logit_bias_t ban = {first, -100.0f}, force = {13, 100.0f};
+    kg_request_t r1 = make_req(1, prompt, 12, 60);
+    r1.ignore_eos = true;
+    r1.sampling.temperature = 1.5f;
+    r1.sampling.seed = 3;
+    r1.sampling.logit_bias = &ban;
+    r1.sampling.n_logit_bias = 1;
+    kg_request_t r2 = make_req(2, prompt, 12, 30);
+    r2.sampling.logit_bias = &force;
+    r2.sampling.n_logit_bias = 1;
+    submit_ok(&env, &r1);
+    submit_ok(&env, &r2);
+    env_run(&env, 200);
+    ck_assert_int_eq(env.jobs[1].n, 60);
+    for (int t = 0; t < 60; t++) {
+        ck_assert_int_ne(env.jobs[1].tok[t], first);
+    }
+    ck_assert_int_eq(env.jobs[2].n, 30);
+    for (int t = 0; t < 30; t++) {
+        ck_assert_int_eq(env.jobs[2].tok[t], 13);
+    }
+    env_clear(&env);
+}
+END_TEST
+
 /* Built into its own program, unit_engine_alloc (this file compiled with
  * KG_ENGINE_ALLOC_ONLY): it replaces malloc, which AddressSanitizer owns, so
  * under ASan that program reports a skip (exit 77) instead of a pass. */
@@ -1256,6 +1582,18 @@ START_TEST(no_alloc_in_step) {
         n_allocs += g_n_allocs - before;
         ck_assert_int_eq(st, KG_OK);
     }
+    /* and three choices of one prompt, with a logit bias */
+    const kg_logit_bias_t bias[2] = {{5, KG_LOGIT_BIAS_BAN}, {9, 2.5f}};
+    kg_request_t cr = jobs[0].req;
+    cr.id = INV_JOBS + 1;
+    cr.n_choices = 3;
+    cr.sampling.temperature = 0.9f;
+    cr.sampling.logit_bias = bias;
+    cr.sampling.n_logit_bias = 2;
+    long before_c = g_n_allocs;
+    kg_status_t cst = kg_engine_submit(env.e, &cr);
+    n_allocs += g_n_allocs - before_c;
+    ck_assert_int_eq(cst, KG_OK);
     int64_t steps = 0;
     bool cancelled = false;
     while (kg_engine_busy(env.e)) {
@@ -1272,6 +1610,7 @@ START_TEST(no_alloc_in_step) {
     ck_assert(cancelled);
     kg_engine_stats_t st;
     kg_engine_stats(env.e, &st);
+    ck_assert_int_gt(st.n_forks, 0);
     ck_assert_int_gt(st.n_preemptions, 0);
     ck_assert_int_gt(st.n_prefix_hit_tokens, 0);
     ck_assert_int_eq(n_allocs, 0);
@@ -1479,6 +1818,79 @@ START_TEST(constrained_jobs) {
 }
 END_TEST
 
+/* n choices of a constrained prompt: each choice has its own matcher (every
+ * output matches, the choices differ), the prompt is still prefilled once,
+ * and each choice says the same with and without other jobs around it and
+ * with n = 1 for choice 0. */
+START_TEST(constrained_choices) {
+    kg_gvocab_t *v = fake_vocab();
+    kg_grammar_t *gs[2] = {
+        fake_grammar(v, KG_CONSTRAINT_GRAMMAR,
+                     "root ::= \"{\" ( item (\",\" item)* )? \"}\"\nitem ::= [a-h] [0-9]{0,2}\n"),
+        fake_grammar(v, KG_CONSTRAINT_REGEX, "[a-c]+"),
+    };
+    for (int g = 0; g < 2; g++) {
+        job_out_t first[4];
+        for (int pass = 0; pass < 3; pass++) {
+            kg_engine_params_t p = base_params();
+            p.prefix_cache = pass != 1;
+            env_t env;
+            env_init(&env, &p, 14);
+            ch_job_t j;
+            ch_job(&j, 1, CH_PROMPT, pass == 2 ? 1 : 4, 1.0f);
+            j.req.ignore_eos = false;
+            j.req.max_tokens = 40;
+            j.req.grammar = gs[g];
+            submit_ok(&env, &j.req);
+            int32_t other[6];
+            fill_prompt(other, 6, 5);
+            kg_request_t u = make_req(2, other, 6, 30);
+            u.sampling.temperature = 1.0f;
+            if (pass == 1) {
+                submit_ok(&env, &u); /* an unconstrained job around it */
+            }
+            env_run(&env, 5000);
+            kg_engine_stats_t st;
+            kg_engine_stats(env.e, &st);
+            if (pass == 0) {
+                ck_assert_int_eq(st.n_forks, 3);
+                ck_assert_int_eq(st.n_prefill_tokens, CH_PROMPT);
+            }
+            int n_distinct = 0;
+            for (int c = 0; c < j.req.n_choices; c++) {
+                const job_out_t *o = &env.jobs[1 + c * CHOICE_STRIDE];
+                ck_assert(o->done);
+                if (o->finish == KG_FINISH_LENGTH) {
+                    ck_assert_int_eq(o->n, 40);
+                } else {
+                    ck_assert_int_eq(o->finish, KG_FINISH_STOP);
+                    ck_assert_msg(spells_match(gs[g], o), "grammar %d choice %d", g, c);
+                }
+                if (pass == 0) {
+                    first[c] = *o;
+                    bool dup = false;
+                    for (int d = 0; d < c; d++) {
+                        dup |= same_out(o, &first[d]);
+                    }
+                    n_distinct += !dup;
+                } else {
+                    ck_assert_msg(same_out(o, &first[c]), "grammar %d pass %d choice %d", g, pass,
+                                  c);
+                }
+            }
+            if (pass == 0) {
+                ck_assert_int_ge(n_distinct, 2);
+            }
+            env_clear(&env);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        kg_grammar_unref(gs[i]);
+    }
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 /* kg_engine_size: the one sizing every program uses */
 START_TEST(sizing_from_options) {
     char err[256] = "";
@@ -1599,8 +2011,18 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, backend_fault_scopes);
     tcase_add_test(tc, sample_row_fault_keeps_rng);
     suite_add_tcase(s, tc);
+    tc = tcase_create("choices");
+    tcase_add_test(tc, choices_prefill_once);
+    tcase_add_test(tc, choices_greedy_share_kv);
+    tcase_add_test(tc, choices_cancel_and_deadline);
+    tcase_add_test(tc, choices_submit_limits);
+    tcase_add_test(tc, choices_batch_invariance);
+    tcase_add_test(tc, choices_window);
+    tcase_add_test(tc, logit_bias_ban_and_force);
+    suite_add_tcase(s, tc);
     tc = tcase_create("grammar");
     tcase_add_test(tc, constrained_jobs);
+    tcase_add_test(tc, constrained_choices);
     suite_add_tcase(s, tc);
     return s;
 }

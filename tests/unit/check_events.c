@@ -206,6 +206,66 @@ START_TEST(done_fits_every_budget) {
 }
 END_TEST
 
+/* n > 1: the done event carries every choice; over budget it sheds every
+ * choice's logprobs, the metadata, the top-level text (choice 0's), then
+ * cuts each choice's text to a share, marking each cut in its choice. */
+START_TEST(done_with_choices_fits) {
+    enum { N = 3 };
+    char *texts[N] = {long_text(3000), long_text(1200), long_text(200)};
+    kg_job_t *job = make_job(",\"n\":3,\"logprobs\":2,\"stream\":false", 500);
+    kg_output_t out[N];
+    kg_sample_result_t *samples[N];
+    kg_events_choice_t ch[N];
+    int n[N];
+    for (int c = 0; c < N; c++) {
+        samples[c] = malloc(4096 * sizeof(kg_sample_result_t));
+        make_output(&out[c], texts[c], samples[c], &n[c]);
+        ch[c] =
+            (kg_events_choice_t){.out = &out[c],
+                                 .reason = c == 2 ? KG_FINISH_REASON_STOP : KG_FINISH_REASON_LENGTH,
+                                 .samples = samples[c],
+                                 .n_samples = n[c]};
+    }
+    kg_job_timing_t t = {.taken_us = 1, .submitted_us = 2, .first_token_us = 3, .finished_us = 4};
+    const size_t budgets[] = {0, 20000, 4096, 2048};
+    for (size_t b = 0; b < sizeof(budgets) / sizeof(budgets[0]); b++) {
+        kg_events_fit_t fit;
+        size_t len;
+        char *json = kg_events_done_choices(&origin, tok, job, ch, N, &t, budgets[b], &len, &fit);
+        ck_assert_ptr_nonnull(json);
+        ck_assert(budgets[b] == 0 || len <= budgets[b]);
+        ck_assert(!fit.over_budget);
+        kg_event_t *ev = decode(json, len);
+        ck_assert_int_eq(ev->done.n_choices, N);
+        ck_assert_int_eq(ev->done.completion_tokens, n[0] + n[1] + n[2]);
+        ck_assert_int_eq(ev->done.logprobs_truncated, budgets[b] != 0);
+        for (int c = 0; c < N; c++) {
+            const kg_event_choice_t *x = &ev->done.choices[c];
+            size_t olen;
+            const char *otext = kg_output_text(&out[c], &olen);
+            ck_assert_int_eq(x->index, c);
+            ck_assert_int_eq(x->completion_tokens, n[c]);
+            ck_assert_int_eq(x->n_logprobs, budgets[b] == 0 ? n[c] : 0);
+            ck_assert(valid_utf8_prefix(x->text, x->text_len, otext));
+            ck_assert_uint_eq(x->text_len + (size_t)x->text_bytes_cut, olen);
+            ck_assert_int_eq(x->text_truncated, x->text_bytes_cut > 0);
+            if (budgets[b] == 2048) {
+                ck_assert(c == 2 || x->text_truncated); /* the short one may keep its text */
+            }
+        }
+        ck_assert_int_eq(ev->done.choices[2].finish_reason, KG_FINISH_REASON_STOP);
+        kg_event_free(ev);
+        free(json);
+    }
+    for (int c = 0; c < N; c++) {
+        kg_output_clear(&out[c]);
+        free(samples[c]);
+        free(texts[c]);
+    }
+    kg_job_free(job);
+}
+END_TEST
+
 START_TEST(token_sheds_logprobs_then_text) {
     char *text = long_text(2000);
     kg_job_t *job = make_job(",\"logprobs\":20", 0);
@@ -223,9 +283,9 @@ START_TEST(token_sheds_logprobs_then_text) {
         .index = 5, .token_id = 100, .text_off = 0, .text_len = out_len, .sample = s};
     size_t full_len, len;
     kg_events_fit_t fit;
-    char *json = kg_events_token(&origin, tok, job, &out, &oe, 0, &full_len, &fit);
+    char *json = kg_events_token(&origin, tok, job, 0, &out, &oe, 0, &full_len, &fit);
     free(json);
-    json = kg_events_token(&origin, tok, job, &out, &oe, full_len - 1, &len, &fit);
+    json = kg_events_token(&origin, tok, job, 0, &out, &oe, full_len - 1, &len, &fit);
     ck_assert_uint_le(len, full_len - 1);
     ck_assert(fit.logprobs_dropped && fit.text_bytes_cut == 0);
     kg_event_t *ev = decode(json, len);
@@ -233,7 +293,7 @@ START_TEST(token_sheds_logprobs_then_text) {
     ck_assert(!ev->token.text_truncated);
     kg_event_free(ev);
     free(json);
-    json = kg_events_token(&origin, tok, job, &out, &oe, 1024, &len, &fit);
+    json = kg_events_token(&origin, tok, job, 0, &out, &oe, 1024, &len, &fit);
     ck_assert_uint_le(len, 1024);
     ev = decode(json, len);
     ck_assert(ev->token.logprobs_truncated && ev->token.text_truncated);
@@ -363,6 +423,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, done_sheds_in_order);
     tcase_add_test(tc, done_fits_every_budget);
+    tcase_add_test(tc, done_with_choices_fits);
     tcase_add_test(tc, token_sheds_logprobs_then_text);
     tcase_add_test(tc, error_sheds_metadata);
     tcase_add_test(tc, intake_refuses_metadata_over_budget);

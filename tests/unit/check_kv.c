@@ -362,12 +362,57 @@ START_TEST(random_workload_sound) {
 }
 END_TEST
 
+START_TEST(fork_shares_full_blocks) {
+    for (int cache = 0; cache < 2; cache++) {
+        kg_kv_t *kv = make_kv(8, 4, 3, 6, cache);
+        int32_t tok[24];
+        for (int i = 0; i < 24; i++) {
+            tok[i] = 100 + i;
+        }
+        /* 10 prompt tokens computed: blocks 0, 1 full, block 2 partial */
+        ck_assert_int_eq(kg_kv_seq_assign(kv, 0, tok, 0, 3), KG_OK);
+        kg_kv_seq_commit(kv, 0, tok, 10);
+        int32_t src = -1, dst = -1;
+        ck_assert(!kg_kv_seq_fork(kv, 0, 1, 3, &src, &dst)); /* src has only 3 blocks */
+        ck_assert(kg_kv_seq_fork(kv, 0, 1, 2, &src, &dst));
+        ck_assert(!kg_kv_seq_fork(kv, 0, 1, 2, &src, &dst)); /* dst is not empty */
+        const int32_t *a = row_of(kv, 0, 6), *b = row_of(kv, 1, 6);
+        ck_assert_int_eq(kg_kv_seq_n_blocks(kv, 1), 3);
+        ck_assert_int_eq(b[0], a[0]);
+        ck_assert_int_eq(b[1], a[1]);
+        ck_assert_int_eq(src, a[2]);
+        ck_assert_int_eq(dst, b[2]);
+        ck_assert_int_ne(b[2], a[2]);
+        ck_assert_int_eq(kg_kv_n_used(kv), 4);
+        /* the fork computes its third block and commits: nothing breaks */
+        kg_kv_seq_commit(kv, 1, tok, 12);
+        ck_assert(kg_kv_seq_fork(kv, 0, 2, 2, &src, &dst));
+        ck_assert_int_eq(kg_kv_n_used(kv), 5);
+        /* the shared blocks live while any holder does */
+        kg_kv_seq_release(kv, 0);
+        ck_assert_int_eq(kg_kv_n_used(kv), 4);
+        kg_kv_seq_release(kv, 1);
+        ck_assert_int_eq(kg_kv_n_used(kv), 3);
+        kg_kv_seq_release(kv, 2);
+        ck_assert_int_eq(kg_kv_n_used(kv), 0);
+        ck_assert_int_eq(kg_kv_n_available(kv), 8);
+        /* a fork needs one free block */
+        ck_assert_int_eq(kg_kv_seq_assign(kv, 0, tok, 0, 6), KG_OK);
+        ck_assert_int_eq(kg_kv_seq_assign(kv, 1, tok + 8, 0, 2), KG_OK);
+        ck_assert(!kg_kv_seq_fork(kv, 0, 2, 1, &src, &dst));
+        ck_assert_int_eq(kg_kv_seq_n_blocks(kv, 2), 0);
+        kg_kv_free(kv);
+    }
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("kv");
     TCase *tc = tcase_create("pool");
     tcase_add_test(tc, bad_params);
     tcase_add_test(tc, alloc_and_release);
     tcase_add_test(tc, no_cache_when_disabled);
+    tcase_add_test(tc, fork_shares_full_blocks);
     suite_add_tcase(s, tc);
     tc = tcase_create("prefix");
     tcase_add_test(tc, prefix_sharing);

@@ -799,6 +799,80 @@ START_TEST(logprob_is_raw_under_penalties) {
 }
 END_TEST
 
+// ---- logit_bias and choice seeds ----
+
+START_TEST(logit_bias_ban_force_shift) {
+    enum { N = 300 };
+    static float l[N];
+    fill_logits(l, N, 41, 1.5f);
+    int32_t best = ref_argmax(l, N);
+    kg_sampling_params_t p = kg_sampling_params_default();
+    kg_rng_t rng;
+    kg_rng_seed(&rng, 9);
+    /* -100 bans: never drawn, not even greedy, and its logprob is -inf */
+    kg_logit_bias_t ban = {best, -100.0f};
+    p.logit_bias = &ban;
+    p.n_logit_bias = 1;
+    p.n_logprobs = 5;
+    kg_sample_result_t r = sample_once(&p, &rng, l, N, NULL, 0, NULL, 0);
+    ck_assert_int_ne(r.token, best);
+    for (int i = 0; i < r.n_top; i++) {
+        ck_assert_int_ne(r.top_token[i], best);
+    }
+    p.temperature = 2.0f;
+    for (int i = 0; i < 2000; i++) {
+        ck_assert_int_ne(sample_once(&p, &rng, l, N, NULL, 0, NULL, 0).token, best);
+    }
+    ck_assert(kg_sampler_biased_logit(&p, best, 1.0f) == -INFINITY);
+    ck_assert(kg_sampler_biased_logit(&p, best + 1, 1.0f) == 1.0f);
+    /* +100 at temperature 0 forces the token; its logprob is about 0 */
+    int32_t worst = 0;
+    for (int i = 1; i < N; i++) {
+        worst = l[i] < l[worst] ? i : worst;
+    }
+    kg_logit_bias_t force = {worst, 100.0f};
+    p.logit_bias = &force;
+    p.temperature = 0.0f;
+    r = sample_once(&p, &rng, l, N, NULL, 0, NULL, 0);
+    ck_assert_int_eq(r.token, worst);
+    ck_assert_double_eq_tol(r.logprob, 0.0, 1e-4);
+    ck_assert_int_eq(r.top_token[0], worst);
+    /* a moderate bias shifts the distribution exactly by e^bias */
+    float two[2] = {0.0f, 0.0f};
+    kg_logit_bias_t shift = {1, (float)log(3.0)};
+    p.logit_bias = &shift;
+    p.temperature = 1.0f;
+    p.n_logprobs = 2;
+    r = sample_once(&p, &rng, two, 2, NULL, 0, NULL, 0);
+    ck_assert_double_eq_tol(r.top_logprob[0], log(0.75), 1e-5);
+    ck_assert_int_eq(r.top_token[0], 1);
+    int n1 = 0;
+    for (int i = 0; i < 20000; i++) {
+        n1 += sample_once(&p, &rng, two, 2, NULL, 0, NULL, 0).token == 1;
+    }
+    ck_assert_double_eq_tol(n1 / 20000.0, 0.75, 0.02);
+    /* entries for tokens outside the vocabulary are ignored */
+    kg_logit_bias_t outside = {N + 5, 100.0f};
+    p.logit_bias = &outside;
+    p.temperature = 0.0f;
+    ck_assert_int_eq(sample_once(&p, &rng, l, N, NULL, 0, NULL, 0).token, best);
+}
+END_TEST
+
+START_TEST(choice_seeds) {
+    ck_assert_uint_eq(kg_sampler_choice_seed(1234, 0), 1234);
+    uint64_t seen[16];
+    for (int c = 0; c < 16; c++) {
+        seen[c] = kg_sampler_choice_seed(1234, c);
+        ck_assert_uint_eq(seen[c], kg_sampler_choice_seed(1234, c)); /* deterministic */
+        for (int d = 0; d < c; d++) {
+            ck_assert_uint_ne(seen[c], seen[d]);
+        }
+    }
+    ck_assert_uint_ne(kg_sampler_choice_seed(1234, 1), kg_sampler_choice_seed(1235, 1));
+}
+END_TEST
+
 // ---- big and hostile inputs ----
 
 START_TEST(huge_vocab) {
@@ -1007,6 +1081,10 @@ static Suite *make_suite(void) {
     tc = tcase_create("logprobs");
     tcase_add_test(tc, logprobs_raw_and_sorted);
     tcase_add_test(tc, logprob_is_raw_under_penalties);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("bias");
+    tcase_add_test(tc, logit_bias_ban_force_shift);
+    tcase_add_test(tc, choice_seeds);
     suite_add_tcase(s, tc);
     tc = tcase_create("robustness");
     tcase_add_test(tc, huge_vocab);

@@ -14,6 +14,7 @@
 #include "schema/kg_codec.h"
 #include "schema/kg_inflight.h"
 
+#include <jansson.h>
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 #include <pthread.h>
@@ -716,6 +717,175 @@ START_TEST(test_poison_from_record) {
 }
 END_TEST
 
+static void produce_raw(fixture_t *f, const char *key, const char *value, const char *format) {
+    rd_kafka_headers_t *h = NULL;
+    if (format) {
+        h = rd_kafka_headers_new(1);
+        rd_kafka_header_add(h, "kgen-format", -1, format, -1);
+    }
+    rd_kafka_vu_t vus[5] = {
+        {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+        {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {(void *)key, strlen(key)}},
+        {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {(void *)value, strlen(value)}},
+        {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+        {.vtype = RD_KAFKA_VTYPE_HEADERS, .u.headers = h},
+    };
+    rd_kafka_error_t *e = rd_kafka_produceva(f->producer, vus, format ? 5 : 4);
+    ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+}
+
+/* OpenAI shapes and n > 1 through the worker: ten jobs of n = 4 at once (40
+ * choices for an engine of 16 request records: the worker admits by
+ * choices), a bare Completions body keyed by its request id, the kgen-format
+ * header (it makes a kgen-looking job an OpenAI body: no token events, as
+ * OpenAI's stream defaults to false), and model_not_found. */
+START_TEST(test_openai_and_choices) {
+    fixture_t f;
+    setup(&f, 1, "8");
+    char key[32], job[256];
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof(key), "job-%d", i);
+        snprintf(job, sizeof(job),
+                 "{\"request_id\":\"job-%d\",\"prompt\":\"Once upon a time %d\",\"n\":4,"
+                 "\"max_tokens\":6,\"ignore_eos\":true,\"temperature\":1.0,\"stream\":false}",
+                 i, i);
+        produce_raw(&f, key, job, NULL);
+    }
+    produce_raw(&f, "job-10", "{\"model\":\"kgen-random\",\"prompt\":\"Once\",\"max_tokens\":3}",
+                NULL);
+    const char *kgen_like = "{\"request_id\":\"job-%d\",\"prompt\":\"Once\",\"max_tokens\":5}";
+    snprintf(job, sizeof(job), kgen_like, 11);
+    produce_raw(&f, "job-11", job, "openai-completions");
+    snprintf(job, sizeof(job), kgen_like, 12);
+    produce_raw(&f, "job-12", job, NULL);
+    produce_raw(&f, "job-13",
+                "{\"custom_id\":\"job-13\",\"body\":{\"model\":\"nope\",\"prompt\":\"x\"}}",
+                "openai-batch");
+    rd_kafka_flush(f.producer, 5000);
+    int tokens[14] = {0}, choices[14] = {0}, n_done = 0;
+    bool error13 = false;
+    int64_t deadline = kg_clock_us() + 60 * 1000000;
+    while (n_done < 14 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        const kg_event_common_t *c = ev->type == KG_EVENT_TOKEN  ? &ev->token.common
+                                     : ev->type == KG_EVENT_DONE ? &ev->done.common
+                                                                 : &ev->error.common;
+        int i = -1;
+        ck_assert_msg(sscanf(c->request_id, "job-%d", &i) == 1 && i >= 0 && i < 14, "%s",
+                      c->request_id);
+        if (ev->type == KG_EVENT_TOKEN) {
+            tokens[i]++;
+        } else {
+            n_done++;
+            if (ev->type == KG_EVENT_ERROR) {
+                ck_assert_msg(i == 13, "job-%d: %s", i, ev->error.message);
+                ck_assert_int_eq(ev->error.code, KG_ERROR_MODEL_NOT_FOUND);
+                error13 = true;
+            } else {
+                choices[i] = ev->done.n_choices;
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_done, 14);
+    ck_assert(error13);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(choices[i], 4);
+        ck_assert_int_eq(tokens[i], 0);
+    }
+    ck_assert_int_eq(tokens[10], 0);
+    ck_assert_int_eq(tokens[11], 0);
+    ck_assert_int_gt(tokens[12], 0);
+    teardown(&f);
+}
+END_TEST
+
+/* An OpenAI response_format through the worker: a bare Completions body with
+ * a strict json_schema and n = 2 gives two choices that each parse as a
+ * document of the schema; one whose schema kgen cannot enforce gets
+ * invalid_schema. */
+static void check_flag_document(const char *rid, const char *text, kg_finish_reason_t fr) {
+    ck_assert_msg(fr == KG_FINISH_REASON_STOP, "%s: finish %d: %s", rid, (int)fr, text);
+    json_error_t je;
+    json_t *doc = json_loads(text, 0, &je);
+    ck_assert_msg(doc != NULL, "%s: not JSON (%s): %s", rid, je.text, text);
+    ck_assert_msg(json_is_object(doc) && json_object_size(doc) == 1 &&
+                      json_is_boolean(json_object_get(doc, "a")),
+                  "%s: not a document of the schema: %s", rid, text);
+    json_decref(doc);
+}
+
+START_TEST(test_openai_response_format) {
+    fixture_t f;
+    setup(&f, 1, "8");
+    produce_raw(&f, "rf-0",
+                "{\"prompt\":\"A flag, please\","
+                "\"max_tokens\":64,\"temperature\":1.0,\"seed\":7,\"n\":2,"
+                "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"flag\","
+                "\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                "\"boolean\"}},\"required\":[\"a\"],\"additionalProperties\":false}}}}",
+                NULL);
+    produce_raw(&f, "rf-1",
+                "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                "\"name\":\"n\",\"schema\":{\"type\":\"object\",\"not\":{}}}}}",
+                NULL);
+    rd_kafka_flush(f.producer, 5000);
+    bool seen[2] = {false, false};
+    int n_seen = 0;
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (n_seen < 2 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm) {
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256];
+        if (rkm->err || kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) ||
+            ev->type == KG_EVENT_TOKEN) {
+            kg_event_free(ev);
+            rd_kafka_message_destroy(rkm);
+            continue;
+        }
+        const char *rid =
+            ev->type == KG_EVENT_DONE ? ev->done.common.request_id : ev->error.common.request_id;
+        int i = -1;
+        ck_assert_msg(sscanf(rid, "rf-%d", &i) == 1 && i >= 0 && i < 2, "%s", rid);
+        if (!seen[i]) {
+            seen[i] = true;
+            n_seen++;
+            if (i == 0) {
+                ck_assert_msg(ev->type == KG_EVENT_DONE, "%s: %s", rid,
+                              ev->type == KG_EVENT_ERROR ? ev->error.message : "");
+                ck_assert_int_eq(ev->done.n_choices, 2);
+                for (int32_t c = 0; c < ev->done.n_choices; c++) {
+                    const kg_event_choice_t *ch = &ev->done.choices[c];
+                    check_flag_document(rid, ch->text, ch->finish_reason);
+                }
+            } else {
+                ck_assert(ev->type == KG_EVENT_ERROR);
+                ck_assert_int_eq(ev->error.code, KG_ERROR_INVALID_SCHEMA);
+                ck_assert_str_eq(ev->error.message,
+                                 "unsupported JSON Schema keyword 'not' at /not");
+            }
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_seen, 2);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
@@ -727,6 +897,8 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_burst_beyond_queue_depth);
     tcase_add_test(tc, test_refused_delivery);
     tcase_add_test(tc, test_poison_from_record);
+    tcase_add_test(tc, test_openai_and_choices);
+    tcase_add_test(tc, test_openai_response_format);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -743,6 +743,30 @@ static kg_status_t cpu_forward(kg_backend_t *be, const kg_step_batch_t *batch, f
     return KG_OK;
 }
 
+/* KV blocks src[i] -> dst[i]: block_size rows of K and of V per layer. */
+static kg_status_t
+cpu_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n) {
+    cpu_ctx_t *ctx = be->ctx;
+    const size_t rows = (size_t)ctx->block_size;
+    const size_t n_kv = (size_t)ctx->hp.n_head_kv * (size_t)ctx->hp.head_dim;
+    const size_t block = rows * n_kv; /* fp16 values per block and layer */
+    for (int32_t i = 0; i < n; i++) {
+        if (src[i] < 0 || src[i] >= ctx->n_kv_blocks || dst[i] < 0 || dst[i] >= ctx->n_kv_blocks ||
+            src[i] == dst[i]) {
+            return KG_ERR_INVALID;
+        }
+    }
+    for (int32_t il = 0; il < ctx->hp.n_layer; il++) {
+        for (int32_t i = 0; i < n; i++) {
+            memcpy(ctx->k_cache[il] + (size_t)dst[i] * block,
+                   ctx->k_cache[il] + (size_t)src[i] * block, block * sizeof(uint16_t));
+            memcpy(ctx->v_cache[il] + (size_t)dst[i] * block,
+                   ctx->v_cache[il] + (size_t)src[i] * block, block * sizeof(uint16_t));
+        }
+    }
+    return KG_OK;
+}
+
 static const struct kg_backend_i cpu_iface = {
     /* .name    = */ "cpu",
     /* .free    = */ cpu_free,
@@ -764,6 +788,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     }
     be->iface = cpu_iface;
     be->ctx = ctx;
+    be->kv_copy = cpu_kv_copy;
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;
     ctx->hp = *hp;

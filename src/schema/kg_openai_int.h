@@ -1,0 +1,37 @@
+/* kg_openai_int: the OpenAI request shapes inside the job decoder. Shared by
+ * kg_codec.c and kg_openai.c only: it passes json_t, which never leaves
+ * src/schema/ (see kg_openai.h for the contract). */
+#pragma once
+
+#include "kg_codec.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum kg_openai_shape {
+    KG_OPENAI_SHAPE_NONE = 0,   /* a kgen job */
+    KG_OPENAI_SHAPE_BATCH,      /* {custom_id, method, url, body} */
+    KG_OPENAI_SHAPE_CHAT,       /* a Chat Completions request body */
+    KG_OPENAI_SHAPE_COMPLETION, /* a Completions request body */
+} kg_openai_shape_t;
+
+/** The shape of the job object `root` under `format` (kg_codec_opts_t). */
+kg_openai_shape_t kg_openai_detect(const json_t *root, kg_job_format_t format);
+
+/** Translate `root` (of `shape`, not NONE) into a new kgen job object in
+ * *out (the caller decrefs it). KG_ERR_INVALID with `err` filled as the
+ * decoder does: DLQ when no request id can be had (no custom_id, no key),
+ * else INVALID with err->request_id set and a message naming the OpenAI
+ * field. KG_ERR_NOMEM when memory ran out. */
+KG_NODISCARD kg_status_t kg_openai_to_job(const json_t *root,
+                                          kg_openai_shape_t shape,
+                                          const char *key,
+                                          size_t key_len,
+                                          json_t **out,
+                                          kg_codec_error_t *err);
+
+/* From kg_codec.c: the decoder's description of a value in messages, and
+ * its request_id rule. */
+void kg_codec_describe_json(const json_t *v, char *out, size_t size);
+bool kg_codec_is_request_id(const char *s, size_t len);
