@@ -2,6 +2,7 @@
 #include "kg_backend.h"
 
 #include "../core/kg_log.h"
+#include "../model/kg_quant.h"
 #include "kg_backend_impl.h"
 
 #include <stdio.h>
@@ -45,6 +46,54 @@ const char *kg_backend_list(void) {
 #endif
 }
 
+/* The CUDA backend uploads F32 and F16 as they are and every other type
+ * dequantized on the host (kg_dequantize) into BF16 (gpu/kg_backend_cuda.cu
+ * upload_rows): it runs exactly the types kg_dequantize reads. A type added
+ * to the CPU backend without that path is refused here, before the upload. */
+static const kg_ggml_type_t cuda_types[] = {
+    KG_GGML_TYPE_F32,  KG_GGML_TYPE_F16,    KG_GGML_TYPE_BF16,   KG_GGML_TYPE_Q4_0,
+    KG_GGML_TYPE_Q4_1, KG_GGML_TYPE_Q5_0,   KG_GGML_TYPE_Q5_1,   KG_GGML_TYPE_Q8_0,
+    KG_GGML_TYPE_Q2_K, KG_GGML_TYPE_Q3_K,   KG_GGML_TYPE_Q4_K,   KG_GGML_TYPE_Q5_K,
+    KG_GGML_TYPE_Q6_K, KG_GGML_TYPE_IQ4_NL, KG_GGML_TYPE_IQ4_XS, KG_GGML_TYPE_MXFP4,
+};
+
+const kg_ggml_type_t *kg_backend_cuda_types(int *n) {
+    *n = (int)(sizeof(cuda_types) / sizeof(cuda_types[0]));
+    return cuda_types;
+}
+
+kg_status_t kg_backend_check_types(const char *backend,
+                                   const kg_model_t *model,
+                                   const kg_ggml_type_t *types,
+                                   int n_types,
+                                   char *errstr,
+                                   size_t errstr_size) {
+    for (int64_t i = 0; i < kg_gguf_n_tensors(model->gguf); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(model->gguf, i);
+        bool ok = false;
+        for (int j = 0; j < n_types && !ok; j++) {
+            ok = t->type == types[j];
+        }
+        if (ok) {
+            continue;
+        }
+        char list[256];
+        size_t len = 0;
+        list[0] = '\0';
+        for (int j = 0; j < n_types && len < sizeof(list); j++) {
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s", j ? ", " : "",
+                                    kg_type_name((uint32_t)types[j]));
+        }
+        const char *tn = kg_type_name((uint32_t)t->type);
+        snprintf(errstr, errstr_size,
+                 "backend %s: tensor '%.*s' has type %s, which this backend cannot run (it runs: "
+                 "%s)",
+                 backend, (int)t->name.len, t->name.data, tn ? tn : "unknown", list);
+        return KG_ERR_UNSUPPORTED;
+    }
+    return KG_OK;
+}
+
 kg_backend_t *kg_backend_new(const char *name,
                              const kg_model_t *model,
                              const kg_backend_params_t *params,
@@ -68,6 +117,16 @@ kg_backend_t *kg_backend_new(const char *name,
          * device CUDA cannot use is an error either way, with its reason */
         kg_cuda_probe_t probe;
         kg_cuda_probe(&probe);
+        int n_types;
+        const kg_ggml_type_t *types = kg_backend_cuda_types(&n_types);
+        if (probe.kind == KG_CUDA_PROBE_OK &&
+            kg_backend_check_types("cuda", model, types, n_types, errstr, errstr_size) != KG_OK) {
+            if (strcmp(name, "cuda") == 0) {
+                return NULL;
+            }
+            KG_LOG_WARN("backend", "%s; using the CPU backend", errstr);
+            return kg_backend_cpu_new(model, params, errstr, errstr_size);
+        }
         if (probe.kind == KG_CUDA_PROBE_OK) {
             return kg_backend_cuda_new(model, params, errstr, errstr_size);
         }

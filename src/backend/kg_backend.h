@@ -182,3 +182,18 @@ size_t kg_backend_kv_bytes_per_token(const kg_model_t *model);
 
 /** Names of the backends compiled in, e.g. "cpu" or "cpu,cuda". */
 const char *kg_backend_list(void);
+
+/** Check that every tensor of `model` has one of the n_types types in
+ * `types`: KG_OK, or KG_ERR_UNSUPPORTED with errstr naming the backend, the
+ * first tensor that has another type, that type, and the types the backend
+ * runs. */
+KG_NODISCARD kg_status_t kg_backend_check_types(const char *backend,
+                                                const kg_model_t *model,
+                                                const kg_ggml_type_t *types,
+                                                int n_types,
+                                                char *errstr,
+                                                size_t errstr_size);
+
+/** The weight types the CUDA backend runs (it converts them on upload),
+ * and their count in *n. */
+const kg_ggml_type_t *kg_backend_cuda_types(int *n);

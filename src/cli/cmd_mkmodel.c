@@ -22,6 +22,7 @@
 #include "model/kg_gguf_writer.h"
 #include "model/kg_mkmodel.h"
 #include "model/kg_quant.h"
+#include "model/kg_quant_mix.h"
 
 #include <errno.h>
 #include <math.h>
@@ -33,35 +34,44 @@
 typedef kg_mkmodel_opts_t mk_opts_t;
 
 static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kgen mkmodel --out FILE --n-embd N --n-layer L --n-head H --n-head-kv K\n"
+            "                    --n-ff F --seed S [options]\n"
+            "\n"
+            "Write a random-weight model (GGUF v3) of a supported family that llama.cpp and\n"
+            "kgen load, with the tensors and keys llama.cpp's converter writes for it.\n"
+            "The same arguments always give the same bytes.\n"
+            "\n"
+            "  --out FILE          the GGUF file to write\n"
+            "  --arch A            llama (default), qwen2, qwen3, gemma2, gemma3, phi3, or the\n"
+            "                      mixtures of experts qwen3moe, mixtral (llama with experts)\n"
+            "                      and gpt-oss\n"
+            "  --n-embd N          embedding width\n"
+            "  --n-layer L         number of blocks\n"
+            "  --n-head H          query heads\n"
+            "  --n-head-kv K       key/value heads (H must be a multiple of K)\n"
+            "  --n-ff F            feed-forward width (the gated FFN's gate and up; mixtral:\n"
+            "                      each expert's)\n"
+            "  --seed S            weight seed (0 .. 2^64-1)\n"
+            "  --head-dim D        head width (default N / H; even, for RoPE)\n"
+            "  --rope-base B       RoPE frequency base (default 10000)\n"
+            "  --ctx C             <arch>.context_length (default 2048)\n"
+            "  --tied              no output.weight: the head reuses token_embd (gemma2: always)\n"
+            "  --type T            weight types as llama-quantize's type T writes them (default\n"
+            "                      f32; norms, biases and the expert router stay f32): f32,\n"
+            "                      f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m,\n"
+            "                      q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs\n"
+            "                      (q3_k, q4_k, q5_k: the _m mixes), mxfp4_moe (experts MXFP4,\n"
+            "                      the rest q8_0: the form gpt-oss ships in). The mixes give\n"
+            "                      some tensors more bits (output q6_k, attn_v and ffn_down of\n"
+            "                      some layers; 8-expert models attn_k/attn_v q8_0) and fall\n"
+            "                      back to 32-blocks where a row is not a multiple of 256,\n"
+            "                      exactly as llama-quantize does\n"
+            "  --pure              every 2-D weight in T's base type (llama-quantize --pure)\n"
+            "  --f16 | --bf16 | --q8_0 | --q4_0 | --mxfp4_moe\n"
+            "                      short for --type f16 (bf16, q8_0, q4_0, mxfp4_moe)\n");
     fprintf(
-        f, "usage: kgen mkmodel --out FILE --n-embd N --n-layer L --n-head H --n-head-kv K\n"
-           "                    --n-ff F --seed S [options]\n"
-           "\n"
-           "Write a random-weight model (GGUF v3) of a supported family that llama.cpp and\n"
-           "kgen load, with the tensors and keys llama.cpp's converter writes for it.\n"
-           "The same arguments always give the same bytes.\n"
-           "\n"
-           "  --out FILE          the GGUF file to write\n"
-           "  --arch A            llama (default), qwen2, qwen3, gemma2, gemma3, phi3, or the\n"
-           "                      mixtures of experts qwen3moe, mixtral (llama with experts)\n"
-           "                      and gpt-oss\n"
-           "  --n-embd N          embedding width\n"
-           "  --n-layer L         number of blocks\n"
-           "  --n-head H          query heads\n"
-           "  --n-head-kv K       key/value heads (H must be a multiple of K)\n"
-           "  --n-ff F            feed-forward width (the gated FFN's gate and up; mixtral:\n"
-           "                      each expert's)\n"
-           "  --seed S            weight seed (0 .. 2^64-1)\n"
-           "  --head-dim D        head width (default N / H; even, for RoPE)\n"
-           "  --rope-base B       RoPE frequency base (default 10000)\n"
-           "  --ctx C             <arch>.context_length (default 2048)\n"
-           "  --tied              no output.weight: the head reuses token_embd (gemma2: always)\n"
-           "  --f16 | --bf16 | --q8_0 | --q4_0\n"
-           "                      type of the 2-D weights and experts (default f32; norms,\n"
-           "                      biases and the expert router stay f32)\n"
-           "  --mxfp4_moe         experts in MXFP4, the other weights q8_0 (llama-quantize's\n"
-           "                      MXFP4_MOE, the form gpt-oss ships in)\n"
-           "  --n-expert N        qwen3moe, mixtral, gpt-oss: expert_count (default 8)\n"
+        f, "  --n-expert N        qwen3moe, mixtral, gpt-oss: expert_count (default 8)\n"
            "  --n-expert-used K   experts per token, expert_used_count (default 2)\n"
            "  --n-ff-exp F        qwen3moe, gpt-oss: each expert's width (default --n-ff)\n"
            "  --vocab-from FILE   copy every tokenizer.* key of FILE (n_vocab: its token count);\n"
@@ -142,26 +152,19 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
             o->tied = true;
             continue;
         }
-        static const struct {
-            const char *flag;
-            kg_ggml_type_t type;
-        } types[] = {{"--f32", KG_GGML_TYPE_F32},
-                     {"--f16", KG_GGML_TYPE_F16},
-                     {"--bf16", KG_GGML_TYPE_BF16},
-                     {"--q8_0", KG_GGML_TYPE_Q8_0},
-                     {"--q4_0", KG_GGML_TYPE_Q4_0}};
+        if (strcmp(a, "--pure") == 0) {
+            o->pure = true;
+            continue;
+        }
+        static const char *const type_flags[] = {"--f32", "--f16", "--bf16", "--q8_0", "--q4_0"};
         bool is_type = false;
-        for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-            if (strcmp(a, types[t].flag) == 0) {
-                o->type = types[t].type;
-                is_type = true;
+        for (size_t t = 0; t < sizeof(type_flags) / sizeof(type_flags[0]); t++) {
+            if (strcmp(a, type_flags[t]) == 0) {
+                is_type = kg_ftype_from_name(a + 2, &o->ftype);
             }
         }
         if (strcmp(a, "--mxfp4_moe") == 0) {
-            o->type = KG_GGML_TYPE_Q8_0;
-            o->has_expert_type = true;
-            o->expert_type = KG_GGML_TYPE_MXFP4;
-            is_type = true;
+            is_type = kg_ftype_from_name("mxfp4_moe", &o->ftype);
         }
         if (is_type) {
             continue;
@@ -195,7 +198,14 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
                 }
             }
         }
-        if (strcmp(flag, "--out") == 0) {
+        if (strcmp(flag, "--type") == 0) {
+            known = true;
+            if (val && !kg_ftype_from_name(val, &o->ftype)) {
+                fprintf(stderr, "kgen mkmodel: --type: unknown type '%s' (one of: %s)\n", val,
+                        kg_ftype_list());
+                return 2;
+            }
+        } else if (strcmp(flag, "--out") == 0) {
             known = true;
             o->out = val;
             ok = ok && *val;
@@ -349,8 +359,8 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
                         "for gemma2 and gemma3 (phi3, gpt-oss: --sliding-window only)\n");
         return 2;
     }
-    if (!moe &&
-        (o->n_expert > 0 || o->n_expert_used > 0 || o->n_ff_exp > 0 || o->has_expert_type)) {
+    if (!moe && (o->n_expert > 0 || o->n_expert_used > 0 || o->n_ff_exp > 0 ||
+                 o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
         fprintf(stderr, "kgen mkmodel: --n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
                         "are for qwen3moe, mixtral and gpt-oss\n");
         return 2;
@@ -388,12 +398,17 @@ static int parse_args(int argc, char **argv, mk_opts_t *o) {
         }
         o->n_words = (int32_t)(n_vocab - base);
     }
-    int64_t blck = kg_type_block_elems(o->type);
+    /* the mixes fall back to 32-blocks where a row is not a multiple of 256, as
+     * llama-quantize does; rows that fit no block of the chosen types are refused */
+    int64_t blck = kg_type_is_quantized(kg_ftype_base_type(o->ftype)) ? 32 : 1;
+    if (o->pure) {
+        blck = kg_type_block_elems(kg_ftype_base_type(o->ftype));
+    }
     if (o->n_embd % blck != 0 || (o->n_head * o->head_dim) % blck != 0 || o->n_ff % blck != 0) {
         fprintf(stderr,
-                "kgen mkmodel: --%s needs --n-embd, --n-ff and n_head * head_dim to be "
+                "kgen mkmodel: --type %s%s needs --n-embd, --n-ff and n_head * head_dim to be "
                 "multiples of %lld\n",
-                kg_ggml_type_name(o->type), (long long)blck);
+                kg_ftype_name(o->ftype), o->pure ? " --pure" : "", (long long)blck);
         return 2;
     }
     return 0;
@@ -433,11 +448,11 @@ int kg_cmd_mkmodel(int argc, char **argv) {
         fclose(f);
     }
     printf("kgen mkmodel: wrote %s: %s n_embd=%lld n_layer=%lld n_head=%lld n_head_kv=%lld "
-           "head_dim=%lld n_ff=%lld n_vocab=%lld ctx=%lld rope_base=%g type=%s tied=%s "
+           "head_dim=%lld n_ff=%lld n_vocab=%lld ctx=%lld rope_base=%g type=%s%s tied=%s "
            "seed=%llu params=%lld bytes=%ld\n",
            o.out, o.arch, (long long)o.n_embd, (long long)o.n_layer, (long long)o.n_head,
            (long long)o.n_head_kv, (long long)hd, (long long)o.n_ff, (long long)n_vocab,
-           (long long)o.ctx, (double)o.rope_base, kg_ggml_type_name(o.type), tied ? "yes" : "no",
-           (unsigned long long)o.seed, (long long)params, bytes);
+           (long long)o.ctx, (double)o.rope_base, kg_ftype_name(o.ftype), o.pure ? " (pure)" : "",
+           tied ? "yes" : "no", (unsigned long long)o.seed, (long long)params, bytes);
     return 0;
 }

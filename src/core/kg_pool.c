@@ -1,8 +1,16 @@
 /* kg_pool: workers spin briefly, then sleep on a condition variable
- * between runs; tasks are claimed with an atomic counter. */
+ * between runs; tasks are claimed with an atomic counter.
+ *
+ * A run waits only for the workers that took part in it. The claim counter
+ * carries the run's generation beside the tasks left, so a worker that
+ * wakes late (the OS gave its core to someone else) finds nothing to claim
+ * and touches nothing; the caller does not wait for it. Waiting for every
+ * worker to check in, as a barrier does, made a step as slow as the OS's
+ * longest scheduling delay whenever other processes shared the cores. */
 #include "kg_pool.h"
 
 #include "kg_clock.h"
+#include "kg_log.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,12 +39,14 @@ struct kg_pool {
     pthread_cond_t start, done;
     _Atomic uint64_t generation; /* bumped per run */
     _Atomic bool quit;
-    _Atomic int n_active; /* workers still in the current run */
-    /* the current run */
+    _Atomic int busy; /* workers inside work() */
+    /* the current run: read only by threads holding one of its tasks */
     kg_pool_fn fn;
     void *ctx;
     int64_t n_tasks;
-    _Atomic int64_t next;
+    /* the run's generation (high 32 bits) and the tasks still unclaimed (low
+     * 32 bits); task n_tasks - left is handed out next */
+    _Atomic uint64_t claim;
 };
 
 typedef struct worker_arg {
@@ -44,10 +54,18 @@ typedef struct worker_arg {
     int index;
 } worker_arg_t;
 
-static void work(kg_pool_t *pool, int thread) {
-    int64_t t;
-    while ((t = atomic_fetch_add(&pool->next, 1)) < pool->n_tasks) {
-        pool->fn(pool->ctx, t, thread);
+/* Claim and run tasks of run `gen` until none is left. */
+static void work(kg_pool_t *pool, int thread, uint32_t gen) {
+    uint64_t v = atomic_load(&pool->claim);
+    for (;;) {
+        if ((uint32_t)(v >> 32) != gen || (uint32_t)v == 0) {
+            return; /* another run, or this one's tasks are all taken */
+        }
+        if (atomic_compare_exchange_weak(&pool->claim, &v, v - 1)) {
+            /* the claim orders these reads after the caller's writes */
+            pool->fn(pool->ctx, pool->n_tasks - (int64_t)(uint32_t)v, thread);
+            v = atomic_load(&pool->claim);
+        }
     }
 }
 
@@ -73,8 +91,11 @@ static void *worker_main(void *p) {
             break;
         }
         seen = atomic_load(&pool->generation);
-        work(pool, index);
-        if (atomic_fetch_sub(&pool->n_active, 1) == 1) {
+        /* counted before claiming: a caller that finds no task left then sees
+         * every worker that holds one */
+        atomic_fetch_add(&pool->busy, 1);
+        work(pool, index, (uint32_t)seen);
+        if (atomic_fetch_sub(&pool->busy, 1) == 1) {
             /* the lock orders this signal after the caller's check */
             pthread_mutex_lock(&pool->lock);
             pthread_cond_signal(&pool->done);
@@ -145,23 +166,27 @@ void kg_pool_run(kg_pool_t *pool, int64_t n_tasks, kg_pool_fn fn, void *ctx) {
         }
         return;
     }
+    KG_ASSERT(n_tasks <= UINT32_MAX);
+    /* no worker holds a task of the previous run (the caller waited for them)
+     * and none can claim one now, so the fields are free to write */
     pool->fn = fn;
     pool->ctx = ctx;
     pool->n_tasks = n_tasks;
-    atomic_store(&pool->next, 0);
-    atomic_store(&pool->n_active, pool->n_threads - 1);
+    const uint32_t gen = (uint32_t)atomic_load(&pool->generation) + 1;
+    atomic_store(&pool->claim, (uint64_t)gen << 32 | (uint64_t)n_tasks); /* publishes them */
     pthread_mutex_lock(&pool->lock);
-    atomic_fetch_add(&pool->generation, 1); /* publishes the fields above */
-    pthread_cond_broadcast(&pool->start);   /* cheap when every worker is polling */
+    atomic_store(&pool->generation, gen);
+    pthread_cond_broadcast(&pool->start); /* cheap when every worker is polling */
     pthread_mutex_unlock(&pool->lock);
-    work(pool, 0);
+    work(pool, 0, gen);
+    /* every task is claimed: wait for the workers still running one */
     const int64_t until = kg_clock_us() + POOL_SPIN_US;
-    while (atomic_load(&pool->n_active) > 0 && kg_clock_us() < until) {
+    while (atomic_load(&pool->busy) > 0 && kg_clock_us() < until) {
         POOL_PAUSE();
     }
-    if (atomic_load(&pool->n_active) > 0) {
+    if (atomic_load(&pool->busy) > 0) {
         pthread_mutex_lock(&pool->lock);
-        while (atomic_load(&pool->n_active) > 0) {
+        while (atomic_load(&pool->busy) > 0) {
             pthread_cond_wait(&pool->done, &pool->lock);
         }
         pthread_mutex_unlock(&pool->lock);

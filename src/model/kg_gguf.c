@@ -454,8 +454,11 @@ static bool parse_tensor(kg_gguf_t *g, cursor_t *c, kg_gguf_tensor_t *t, int64_t
         return false;
     }
     if (!kg_type_is_known(type)) {
-        set_err(c->errstr, c->errstr_size, "gguf: tensor '%s': unsupported type %u (at offset %zu)",
-                nbuf, type, at);
+        const char *tn = kg_type_name(type);
+        set_err(c->errstr, c->errstr_size,
+                "gguf: tensor '%s' has type %s (%u), which kgen does not support (at offset %zu; "
+                "supported: %s)",
+                nbuf, tn ? tn : "unknown", type, at, kg_type_list());
         return false;
     }
     t->type = (kg_ggml_type_t)type;
@@ -1071,23 +1074,6 @@ void kg_gguf_release(const kg_gguf_t *g, const void *data, size_t size) {
 }
 
 const char *kg_ggml_type_name(kg_ggml_type_t type) {
-    switch (type) {
-    case KG_GGML_TYPE_F32:
-        return "f32";
-    case KG_GGML_TYPE_F16:
-        return "f16";
-    case KG_GGML_TYPE_Q4_0:
-        return "q4_0";
-    case KG_GGML_TYPE_Q8_0:
-        return "q8_0";
-    case KG_GGML_TYPE_Q4_K:
-        return "q4_k";
-    case KG_GGML_TYPE_Q6_K:
-        return "q6_k";
-    case KG_GGML_TYPE_BF16:
-        return "bf16";
-    case KG_GGML_TYPE_MXFP4:
-        return "mxfp4";
-    }
-    return "unknown";
+    const char *name = kg_type_name((uint32_t)type);
+    return name ? name : "unknown";
 }

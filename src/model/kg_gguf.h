@@ -36,14 +36,23 @@ typedef enum kg_gguf_type {
 } kg_gguf_type_t;
 
 /* Tensor element types (ggml_type). Only the ones kgen understands are
- * named; the reader rejects a tensor of any other type at open. */
+ * named; the reader rejects a tensor of any other type at open, naming it
+ * (kg_type_name knows every ggml type id). */
 typedef enum kg_ggml_type {
     KG_GGML_TYPE_F32 = 0,
     KG_GGML_TYPE_F16 = 1,
     KG_GGML_TYPE_Q4_0 = 2,
+    KG_GGML_TYPE_Q4_1 = 3,
+    KG_GGML_TYPE_Q5_0 = 6,
+    KG_GGML_TYPE_Q5_1 = 7,
     KG_GGML_TYPE_Q8_0 = 8,
+    KG_GGML_TYPE_Q2_K = 10,
+    KG_GGML_TYPE_Q3_K = 11,
     KG_GGML_TYPE_Q4_K = 12,
+    KG_GGML_TYPE_Q5_K = 13,
     KG_GGML_TYPE_Q6_K = 14,
+    KG_GGML_TYPE_IQ4_NL = 20,
+    KG_GGML_TYPE_IQ4_XS = 23,
     KG_GGML_TYPE_BF16 = 30,
     KG_GGML_TYPE_MXFP4 = 39, /* gpt-oss experts: see kg_mxfp4.h */
 } kg_ggml_type_t;

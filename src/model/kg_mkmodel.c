@@ -40,6 +40,7 @@
 #include "kg_gguf_writer.h"
 #include "kg_mkvocab.h"
 #include "kg_quant.h"
+#include "kg_quant_mix.h"
 
 #include <errno.h>
 #include <math.h>
@@ -50,6 +51,15 @@
 
 /* the first error of the current write (the writer is single-threaded) */
 static _Thread_local char g_err[512];
+
+/* The file type of the current write: add_random types each tensor by it
+ * (kg_quant_mix), as llama-quantize would. */
+static _Thread_local struct {
+    bool on;
+    kg_ftype_t ftype;
+    bool pure;
+    kg_quant_mix_model_t model;
+} g_mix;
 
 // ---- random numbers ----
 
@@ -120,7 +130,17 @@ static bool add_random(kg_gguf_writer_t *w,
         v[i] = center + scale * rng_uniform(&r);
     }
     int64_t ne[2] = {ne0, ne1};
-    kg_status_t st = kg_gguf_writer_add_tensor(w, name, type, ne1 > 1 ? 2 : 1, ne, v);
+    const int n_dims = ne1 > 1 ? 2 : 1;
+    if (g_mix.on) {
+        type = kg_quant_mix_type(g_mix.ftype, g_mix.pure, &g_mix.model, name, n_dims, ne0, type);
+    }
+    if (ne0 % kg_type_block_elems(type) != 0) {
+        snprintf(g_err, sizeof(g_err), "%s: rows of %lld elements do not fit %s blocks of %lld",
+                 name, (long long)ne0, kg_type_name(type), (long long)kg_type_block_elems(type));
+        free(v);
+        return false;
+    }
+    kg_status_t st = kg_gguf_writer_add_tensor(w, name, type, n_dims, ne, v);
     free(v);
     if (st != KG_OK) {
         snprintf(g_err, sizeof(g_err), "cannot add %s: %s", name, kg_status_str(st));
@@ -152,6 +172,15 @@ static bool add_random3(kg_gguf_writer_t *w,
         v[i] = scale * rng_uniform(&r);
     }
     int64_t ne[3] = {ne0, ne1, n_exp};
+    if (g_mix.on) {
+        type = kg_quant_mix_type(g_mix.ftype, g_mix.pure, &g_mix.model, name, 3, ne0, type);
+    }
+    if (ne0 % kg_type_block_elems(type) != 0) {
+        snprintf(g_err, sizeof(g_err), "%s: rows of %lld elements do not fit %s blocks of %lld",
+                 name, (long long)ne0, kg_type_name(type), (long long)kg_type_block_elems(type));
+        free(v);
+        return false;
+    }
     kg_status_t st = kg_gguf_writer_add_tensor(w, name, type, 3, ne, v);
     free(v);
     if (st != KG_OK) {
@@ -574,8 +603,17 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
         mo.n_expert_used = mo.n_expert_used > 0 ? mo.n_expert_used : 2;
         mo.n_ff_exp =
             mo.n_ff_exp > 0 && strcmp(fam->gguf_arch, "llama") != 0 ? mo.n_ff_exp : mo.n_ff;
-        const kg_ggml_type_t xt = mo.has_expert_type ? mo.expert_type : mo.type;
-        const int64_t xb = kg_type_block_elems(xt);
+        /* the experts' type; a mix falls back to 32-blocks where a row is
+         * not a multiple of 256, so 32 is what it needs */
+        kg_ggml_type_t xt = mo.has_expert_type ? mo.expert_type : mo.type;
+        int64_t xb = kg_type_block_elems(xt);
+        if (!mo.has_expert_type && mo.ftype == KG_FTYPE_MOSTLY_MXFP4_MOE) {
+            xt = KG_GGML_TYPE_MXFP4;
+            xb = kg_type_block_elems(xt);
+        } else if (!mo.has_expert_type && mo.ftype != KG_FTYPE_ALL_F32) {
+            xt = kg_ftype_base_type(mo.ftype);
+            xb = mo.pure ? kg_type_block_elems(xt) : kg_type_is_quantized(xt) ? 32 : 1;
+        }
         if (mo.n_expert_used > mo.n_expert || mo.n_expert > 1024 || xb == 0 ||
             mo.n_embd % xb != 0 || mo.n_ff_exp % xb != 0) {
             snprintf(errstr, errstr_size,
@@ -585,7 +623,8 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                      (long long)xb);
             return KG_ERR_INVALID;
         }
-    } else if (mo.n_expert > 0 || mo.n_expert_used > 0 || mo.n_ff_exp > 0 || mo.has_expert_type) {
+    } else if (mo.n_expert > 0 || mo.n_expert_used > 0 || mo.n_ff_exp > 0 || mo.has_expert_type ||
+               mo.ftype == KG_FTYPE_MOSTLY_MXFP4_MOE) {
         snprintf(errstr, errstr_size,
                  "expert options are for qwen3moe, mixtral and gpt-oss, not %s", fam->arch);
         return KG_ERR_INVALID;
@@ -609,13 +648,27 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
         snprintf(errstr, errstr_size, "out of memory");
         return KG_ERR_NOMEM;
     }
+    g_mix.on = o->ftype != KG_FTYPE_ALL_F32;
+    g_mix.ftype = o->ftype;
+    g_mix.pure = o->pure;
+    g_mix.model = (kg_quant_mix_model_t){.arch = fam->gguf_arch,
+                                         .n_layer = (int32_t)o->n_layer,
+                                         .n_head = (int32_t)o->n_head,
+                                         .n_head_kv = (int32_t)o->n_head_kv,
+                                         .has_output = !o->tied && !fam->always_tied,
+                                         .n_expert = fam->moe ? (int32_t)o->n_expert : 0};
     kg_gguf_writer_set_str(w, "general.architecture", fam->gguf_arch);
     kg_gguf_writer_set_str(w, "general.name", o->name);
     write_hparams(w, o, fam);
-    /* llama_ftype: MOSTLY_MXFP4_MOE (38) for MXFP4 experts */
-    kg_gguf_writer_set_u32(
-        w, "general.file_type",
-        o->has_expert_type && o->expert_type == KG_GGML_TYPE_MXFP4 ? 38 : file_type(o->type));
+    /* llama_ftype: the mix's, or MOSTLY_MXFP4_MOE (38) for MXFP4 experts */
+    const bool mxfp4_moe = o->has_expert_type && o->expert_type == KG_GGML_TYPE_MXFP4;
+    kg_gguf_writer_set_u32(w, "general.file_type",
+                           g_mix.on    ? (uint32_t)o->ftype
+                           : mxfp4_moe ? (uint32_t)KG_FTYPE_MOSTLY_MXFP4_MOE
+                                       : file_type(o->type));
+    if (kg_type_is_quantized(g_mix.on ? kg_ftype_base_type(o->ftype) : o->type)) {
+        kg_gguf_writer_set_u32(w, "general.quantization_version", 2); /* ggml's QNT_VERSION */
+    }
 
     int64_t n_vocab = o->vocab_from
                           ? copy_vocab(w, o->vocab_from)

@@ -5,6 +5,7 @@
 
 #include "../core/kg_status.h"
 #include "kg_gguf.h"
+#include "kg_quant_mix.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -21,7 +22,9 @@ typedef struct kg_mkmodel_opts {
     bool tied;
     bool have_seed;
     uint64_t seed;
-    kg_ggml_type_t type; /* of the 2-D weights */
+    kg_ggml_type_t type; /* of every 2-D weight, when ftype is KG_FTYPE_ALL_F32 */
+    kg_ftype_t ftype;    /* else: llama-quantize's file type, each tensor typed by its mix */
+    bool pure;           /* with ftype: every 2-D weight in the base type (--pure) */
     int32_t n_words;     /* built-in vocabulary only: made-up word tokens after the family's own */
 
     int64_t n_rot;             /* rope.dimension_count (phi3: partial rotary); 0: head_dim */

@@ -21,7 +21,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define MAX_GOLDENS 64
+#define MAX_GOLDENS 128
 #define MAX_IDS     512
 #define CTX         512 /* the goldens' context (phi3 picks its LongRoPE factors by it) */
 #define BLOCK       16

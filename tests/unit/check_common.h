@@ -37,7 +37,7 @@ typedef struct kg_test_model_opts {
     int n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, ctx;
     float rope_base;
     bool tied;
-    const char *type;       /* NULL/"f32", "f16", "bf16", "q8_0" */
+    const char *type;       /* NULL/"f32" or a kgen mkmodel --type ("f16", "q4_k_m", ...) */
     const char *vocab_from; /* NULL: built-in byte vocabulary */
     uint64_t seed;
 } kg_test_model_opts_t;

@@ -416,10 +416,12 @@ static void tensor_file(buf_t *b,
 START_TEST(malformed_tensors) {
     buf_t b = {0};
     int64_t ne[5] = {32, 2, 1, 1, 1};
-    tensor_file(&b, "x", 2, ne, 13, 0, 256);
-    expect_reject(&b, "tensor 'x': unsupported type 13");
-    tensor_file(&b, "x", 2, ne, 3, 0, 256); /* q4_1: a real ggml type kgen does not read */
-    expect_reject(&b, "tensor 'x': unsupported type 3");
+    tensor_file(&b, "x", 2, ne, 16, 0, 256); /* iq2_xxs: a real ggml type kgen does not read */
+    expect_reject(&b, "tensor 'x' has type iq2_xxs (16), which kgen does not support");
+    tensor_file(&b, "x", 2, ne, 4, 0, 256); /* an id ggml retired */
+    expect_reject(&b, "tensor 'x' has type unknown (4), which kgen does not support");
+    tensor_file(&b, "x", 2, ne, 1000, 0, 256);
+    expect_reject(&b, "tensor 'x' has type unknown (1000)");
     tensor_file(&b, "x", 0, ne, 0, 0, 256);
     expect_reject(&b, "tensor 'x' at offset 33: n_dims 0 not in 1..4");
     tensor_file(&b, "x", 5, ne, 0, 0, 256);
@@ -464,8 +466,8 @@ START_TEST(malformed_tensors) {
                   "truncated file: tensor info 1 name at offset 73 needs 4000 bytes, file has 113");
 
     // non-printable names are shown safely
-    tensor_file(&b, "a\nb", 2, ne, 13, 0, 256);
-    expect_reject(&b, "tensor 'a?b': unsupported type 13");
+    tensor_file(&b, "a\nb", 2, ne, 19, 0, 256);
+    expect_reject(&b, "tensor 'a?b' has type iq1_s (19)");
 
     // zero-element tensors are fine
     int64_t empty[2] = {0, 4};
@@ -933,8 +935,8 @@ START_TEST(writer_rejects) {
                      KG_ERR_INVALID); /* 48 is not a multiple of 32 */
     ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_F32, 0, ne, v), KG_ERR_INVALID);
     ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", KG_GGML_TYPE_F32, 5, ne, v), KG_ERR_INVALID);
-    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", (kg_ggml_type_t)13, 2, ne, v),
-                     KG_ERR_INVALID);
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "a", (kg_ggml_type_t)16, 2, ne, v),
+                     KG_ERR_INVALID); /* iq2_xxs: kgen has no quantizer for it */
     ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "", KG_GGML_TYPE_F32, 2, ne, v), KG_ERR_INVALID);
     char long_name[80];
     memset(long_name, 'x', 64);
@@ -946,8 +948,8 @@ START_TEST(writer_rejects) {
     ck_assert_int_eq(kg_gguf_writer_add_tensor(w, long_name, KG_GGML_TYPE_F32, 2, ne, v),
                      KG_ERR_INVALID); /* duplicate */
     int64_t nk[1] = {256};
-    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "k", KG_GGML_TYPE_Q4_K, 1, nk, v),
-                     KG_ERR_INVALID); /* cannot quantize to q4_k */
+    ck_assert_int_eq(kg_gguf_writer_add_tensor(w, "k", KG_GGML_TYPE_Q4_K, 1, ne, v),
+                     KG_ERR_INVALID); /* 48 is not a multiple of 256 */
     uint8_t raw[144] = {0};
     ck_assert_int_eq(kg_gguf_writer_add_tensor_raw(w, "k", KG_GGML_TYPE_Q4_K, 1, nk, raw, 143),
                      KG_ERR_INVALID); /* wrong size */

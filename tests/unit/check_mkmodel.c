@@ -76,6 +76,7 @@ static void check_model(const char *path,
                         int head_dim,
                         bool tied,
                         kg_ggml_type_t wt,
+                        kg_ggml_type_t head_type,
                         uint32_t ftype) {
     kg_gguf_t *g = kg_gguf_open(path, err, sizeof(err));
     ck_assert_msg(g != NULL, "%s", err);
@@ -107,12 +108,12 @@ static void check_model(const char *path,
     int64_t q_dim = (int64_t)n_head * head_dim, kv_dim = (int64_t)n_head_kv * head_dim;
     ck_assert_int_eq(kg_gguf_n_tensors(g), (tied ? 2 : 3) + 9 * n_layer);
     const kg_gguf_tensor_t *emb =
-        expect_tensor(g, "token_embd.weight", wt, n_embd, (int64_t)n_vocab);
+        expect_tensor(g, "token_embd.weight", tied ? head_type : wt, n_embd, (int64_t)n_vocab);
     expect_tensor(g, "output_norm.weight", KG_GGML_TYPE_F32, n_embd, 0);
     if (tied) {
         ck_assert_ptr_null(kg_gguf_find_tensor(g, "output.weight"));
     } else {
-        expect_tensor(g, "output.weight", wt, n_embd, (int64_t)n_vocab);
+        expect_tensor(g, "output.weight", head_type, n_embd, (int64_t)n_vocab);
     }
     char name[64];
     for (int l = 0; l < n_layer; l++) {
@@ -205,7 +206,7 @@ static void check_builtin_vocab(const char *path) {
 START_TEST(basic_f32) {
     const char *p = make("basic", "--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 96 "
                                   "--seed 1");
-    check_model(p, 64, 2, 4, 2, 96, 16, false, KG_GGML_TYPE_F32, 0);
+    check_model(p, 64, 2, 4, 2, 96, 16, false, KG_GGML_TYPE_F32, KG_GGML_TYPE_F32, 0);
     check_builtin_vocab(p);
     kg_gguf_t *g = kg_gguf_open(p, err, sizeof(err));
     ck_assert_uint_eq(u32_of(g, "llama.context_length"), 2048);
@@ -221,7 +222,7 @@ START_TEST(options_tied_f16_head_dim) {
     const char *p = make("tied", "--n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 4 --n-ff 64 "
                                  "--seed 2 --tied --f16 --head-dim 32 --rope-base 500000 "
                                  "--ctx 256 --name tiny-test");
-    check_model(p, 64, 3, 4, 4, 64, 32, true, KG_GGML_TYPE_F16, 1);
+    check_model(p, 64, 3, 4, 4, 64, 32, true, KG_GGML_TYPE_F16, KG_GGML_TYPE_F16, 1);
     kg_gguf_t *g = kg_gguf_open(p, err, sizeof(err));
     ck_assert_uint_eq(u32_of(g, "llama.context_length"), 256);
     float f;
@@ -232,17 +233,28 @@ START_TEST(options_tied_f16_head_dim) {
 
     // --flag=value works like --flag value
     p = make("eq", "--n-embd=32 --n-layer=1 --n-head=2 --n-head-kv=1 --n-ff=64 --seed=3 --bf16");
-    check_model(p, 32, 1, 2, 1, 64, 16, false, KG_GGML_TYPE_BF16, 32);
+    check_model(p, 32, 1, 2, 1, 64, 16, false, KG_GGML_TYPE_BF16, KG_GGML_TYPE_BF16, 32);
 }
 END_TEST
 
 START_TEST(quantized_types) {
     const char *p = make("q8", "--n-embd 64 --n-layer 1 --n-head 2 --n-head-kv 2 --n-ff 128 "
                                "--seed 4 --q8_0");
-    check_model(p, 64, 1, 2, 2, 128, 32, false, KG_GGML_TYPE_Q8_0, 7);
+    check_model(p, 64, 1, 2, 2, 128, 32, false, KG_GGML_TYPE_Q8_0, KG_GGML_TYPE_Q8_0, 7);
+    /* q4_0 as llama-quantize writes it: the head wants q6_k, whose 256-blocks do
+     * not fit rows of 64, so it falls back to q8_0 */
     p = make("q4", "--n-embd 64 --n-layer 1 --n-head 2 --n-head-kv 2 --n-ff 128 --seed 4 "
                    "--q4_0");
-    check_model(p, 64, 1, 2, 2, 128, 32, false, KG_GGML_TYPE_Q4_0, 2);
+    check_model(p, 64, 1, 2, 2, 128, 32, false, KG_GGML_TYPE_Q4_0, KG_GGML_TYPE_Q8_0, 2);
+    p = make("q4p", "--n-embd 64 --n-layer 1 --n-head 2 --n-head-kv 2 --n-ff 128 --seed 4 "
+                    "--type Q4_0 --pure");
+    check_model(p, 64, 1, 2, 2, 128, 32, false, KG_GGML_TYPE_Q4_0, KG_GGML_TYPE_Q4_0, 2);
+    p = make("q51", "--n-embd 64 --n-layer 1 --n-head 2 --n-head-kv 2 --n-ff 128 --seed 4 "
+                    "--type=q5_1 --tied");
+    check_model(p, 64, 1, 2, 2, 128, 32, true, KG_GGML_TYPE_Q5_1, KG_GGML_TYPE_Q8_0, 9);
+    kg_gguf_t *g = kg_gguf_open(p, err, sizeof(err));
+    ck_assert_uint_eq(u32_of(g, "general.quantization_version"), 2);
+    kg_gguf_free(g);
 }
 END_TEST
 
@@ -407,6 +419,13 @@ START_TEST(usage_errors) {
              "--n-ff 64 --seed 1 --q8_0",
              out);
     expect_usage_error(a, "multiples of 32");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --seed 1 --type q4_k --pure", out);
+    expect_usage_error(a, "--type q4_k_m --pure needs --n-embd, --n-ff and n_head * head_dim to "
+                          "be multiples of 256");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --seed 1 --type q4_k_x", out);
+    expect_usage_error(a, "--type: unknown type 'q4_k_x' (one of: f32, f16");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --seed 1 --type iq2_xxs", out);
+    expect_usage_error(a, "unknown type 'iq2_xxs'");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --seed 1 --rope-base -5", out);
     expect_usage_error(a, "--rope-base");
     ck_assert(!kg_test_exists(out));

@@ -97,21 +97,8 @@ const char *kg_test_make_model(const kg_test_model_opts_t *o) {
     mo.tied = o->tied;
     mo.have_seed = true;
     mo.seed = o->seed;
-    static const struct {
-        const char *name;
-        kg_ggml_type_t type;
-    } types[] = {{"f32", KG_GGML_TYPE_F32},
-                 {"f16", KG_GGML_TYPE_F16},
-                 {"bf16", KG_GGML_TYPE_BF16},
-                 {"q8_0", KG_GGML_TYPE_Q8_0},
-                 {"q4_0", KG_GGML_TYPE_Q4_0}};
-    bool known = o->type == NULL;
-    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]) && !known; i++) {
-        if (strcmp(o->type, types[i].name) == 0) {
-            mo.type = types[i].type;
-            known = true;
-        }
-    }
+    /* a llama-quantize file type (f32, q8_0, q4_k_m, ...): the mix types each tensor */
+    bool known = o->type == NULL || kg_ftype_from_name(o->type, &mo.ftype);
     char err[512];
     if (!known || kg_mkmodel_write(&mo, NULL, err, sizeof(err)) != KG_OK) {
         fprintf(stderr, "kg_test_make_model: %s\n", known ? err : "unknown type");

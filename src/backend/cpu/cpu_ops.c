@@ -143,14 +143,22 @@ bool cpu_round_activations(
         return true;
     case KG_GGML_TYPE_Q8_0:
     case KG_GGML_TYPE_Q4_0:
+    case KG_GGML_TYPE_Q4_1:
+    case KG_GGML_TYPE_Q5_0:
+    case KG_GGML_TYPE_Q5_1:
+    case KG_GGML_TYPE_IQ4_NL:
     case KG_GGML_TYPE_MXFP4: /* ggml's vec_dot_type for MXFP4 is Q8_0 */
         if (n % 32 != 0) {
             return false;
         }
         round_q8_0(x, dst, n_rows * n);
         return true;
+    case KG_GGML_TYPE_Q2_K:
+    case KG_GGML_TYPE_Q3_K:
     case KG_GGML_TYPE_Q4_K:
+    case KG_GGML_TYPE_Q5_K:
     case KG_GGML_TYPE_Q6_K:
+    case KG_GGML_TYPE_IQ4_XS:
         if (n % 256 != 0) {
             return false;
         }

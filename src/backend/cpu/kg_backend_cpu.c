@@ -3,14 +3,19 @@
  * per weight matrix over all the step's tokens.
  *
  * DESIGN
- * Weights. Matrices are packed once at load into cpu_gemm's panels: F32,
- * F16 and BF16 keep their storage type (a decode step streams every weight,
- * so half-precision weights halve its bytes); Q8_0, Q4_0, Q4_K and Q6_K are
- * dequantized to F32, where their values are exact. Norm vectors are used
- * in place (F32) or dequantized. To keep the numbers
- * what llama.cpp computes, the activations entering a matmul are rounded the
- * way ggml converts them for that weight type (fp16, bf16, Q8_0 or Q8_K
- * blocks): the products then equal ggml's; only the summation order differs.
+ * Weights. F32, F16 and BF16 matrices are packed once at load into
+ * cpu_gemm's panels in their storage type (a decode step streams every
+ * weight, so half-precision weights halve its bytes), and the file's pages
+ * are released. Quantized matrices (every GGUF block type kg_quant reads
+ * but MXFP4, which is packed as F32 with Q8_0-rounded activations, exact
+ * as ggml computes it) stay where they are, in the read-only mapping of the file: cpu_vecdot
+ * multiplies their blocks directly by activations quantized as ggml
+ * quantizes them for that type (Q8_0, Q8_1 or Q8_K blocks), with exact
+ * integer dot products per block, so nothing is expanded and the memory a
+ * quantized model takes is its file. Norm vectors are used in place (F32)
+ * or dequantized. For F16/BF16 the activations entering a matmul are
+ * rounded the way ggml converts them for that weight type: the products
+ * then equal ggml's; only the summation order differs.
  *
  * KV cache. One pool of n_kv_blocks blocks of kv_block_size rows per layer,
  * K and V in fp16 as llama.cpp keeps them: k_cache[layer] is
@@ -51,6 +56,8 @@
 #include "cpu_gemm.h"
 #include "cpu_moe.h"
 #include "cpu_ops.h"
+#include "cpu_quant.h"
+#include "cpu_vecdot.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -61,7 +68,8 @@
 typedef struct cpu_weight {
     const float *data;         /* vectors only: (n_in) F32 */
     float *owned;              /* non-NULL when a vector was dequantized at load */
-    cpu_gemm_weights_t packed; /* matrices only: (n_out, n_in) packed for cpu_gemm */
+    cpu_gemm_weights_t packed; /* F32/F16/BF16 matrices: (n_out, n_in) packed for cpu_gemm */
+    cpu_qmat_t q;              /* quantized matrices: (n_out, n_in) blocks in the mapping */
     int64_t n_in, n_out;
     kg_ggml_type_t type; /* type in the file: decides activation rounding */
 } cpu_weight_t;
@@ -108,28 +116,32 @@ typedef struct cpu_ctx {
     uint16_t **k_cache;   /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
     uint16_t **v_cache;   /* same shape as k_cache */
     /* scratch for max_tokens tokens */
-    float *x;       /* (T, n_embd) residual stream */
-    float *xn;      /* (T, n_embd) normed input of a block */
-    float *xr;      /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
-    float *q;       /* (T, n_head * head_dim) */
-    float *k;       /* (T, n_head_kv * head_dim) */
-    float *v;       /* (T, n_head_kv * head_dim) */
-    float *att;     /* (T, n_head * head_dim) attention output */
-    float *gate;    /* (T, n_ff) */
-    float *up;      /* (T, n_ff) */
-    float *tmp;     /* (T, n_embd) projection output before the residual add */
-    float *rope_cs; /* (n_ropes, T, n_rot) cos | sin per token */
-    float *scores;  /* (n_threads, n_kv_blocks * block_size) */
+    float *x;        /* (T, n_embd) residual stream */
+    float *xn;       /* (T, n_embd) normed input of a block */
+    float *xr;       /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
+    float *q;        /* (T, n_head * head_dim) */
+    float *k;        /* (T, n_head_kv * head_dim) */
+    float *v;        /* (T, n_head_kv * head_dim) */
+    float *att;      /* (T, n_head * head_dim) attention output */
+    float *gate;     /* (T, n_ff) */
+    float *up;       /* (T, n_ff) */
+    float *tmp;      /* (T, n_embd) projection output before the residual add */
+    float *rope_cs;  /* (n_ropes, T, n_rot) cos | sin per token */
+    float *scores;   /* (n_threads, n_kv_blocks * block_size) */
+    cpu_qact_t qact; /* (T, widest) activations quantized for cpu_vecdot */
+    cpu_qgemm_scratch_t *qscratch; /* cpu_vecdot's per-thread unpacked panels */
     /* mixture of experts (n_expert > 0), k = n_expert_used */
     cpu_moe_plan_t plan;
-    float *moe_logits;   /* (T, n_expert) router logits */
-    float *moe_x;        /* (T * k, n_embd) normed inputs grouped by expert */
-    float *moe_g;        /* (T * k, n_ff_exp) gate, then the gated activation */
-    float *moe_u;        /* (T * k, n_ff_exp) up */
-    float *moe_y;        /* (T * k, n_embd) expert outputs */
-    float *moe_xr;       /* (T * k, max(n_embd, n_ff_exp)) activations rounded for an expert */
-    int32_t *moe_active; /* (n_expert) this layer's active experts, largest group first */
-    int64_t *moe_tokens; /* (n_expert) rows each expert took, all layers and steps */
+    float *moe_logits;    /* (T, n_expert) router logits */
+    float *moe_x;         /* (T * k, n_embd) normed inputs grouped by expert */
+    float *moe_g;         /* (T * k, n_ff_exp) gate, then the gated activation */
+    float *moe_u;         /* (T * k, n_ff_exp) up */
+    float *moe_y;         /* (T * k, n_embd) expert outputs */
+    float *moe_xr;        /* (T * k, max(n_embd, n_ff_exp)) activations rounded for an expert */
+    int32_t *moe_active;  /* (n_expert) this layer's active experts, largest group first */
+    int64_t *moe_tokens;  /* (n_expert) rows each expert took, all layers and steps */
+    cpu_qact_t *moe_qact; /* (n_threads) x (T, max(n_embd, n_ff_exp)): expert groups that run
+                             side by side quantize their activations into their thread's own */
     kg_moe_stats_t moe_stats;
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
@@ -141,6 +153,19 @@ static bool weight_init(
     w->n_in = t->ne[0];
     w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
     w->type = t->type;
+    if (t->n_dims > 1 && cpu_qtraits(t->type)) {
+        /* used in place: the mapped blocks are what cpu_vecdot reads (every
+         * block type but MXFP4, which is packed as F32 below: its values are
+         * exact there, and its activations are rounded through Q8_0 as
+         * ggml's vec_dot_mxfp4_q8_0 takes them) */
+        if (!cpu_qmat_init(&w->q, t->type, t->data, w->n_out, w->n_in)) {
+            snprintf(errstr, errstr_size, "cpu backend: tensor '%.*s' of type %s has rows of %lld",
+                     (int)t->name.len, t->name.data, kg_type_name(t->type), (long long)w->n_in);
+            return false;
+        }
+        ctx->weights_size += t->size;
+        return true;
+    }
     if (t->n_dims > 1) {
         if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
             snprintf(errstr, errstr_size, "cpu backend: out of memory packing '%.*s'",
@@ -281,6 +306,10 @@ static void cpu_free(kg_backend_t *be) {
             }
         }
         cpu_moe_plan_clear(&ctx->plan);
+        for (int i = 0; ctx->moe_qact && i < ctx->n_threads; i++) {
+            cpu_qact_clear(&ctx->moe_qact[i]);
+        }
+        free(ctx->moe_qact);
         free(ctx->moe_tokens);
         free(ctx->moe_active);
         weight_clear(&ctx->output_norm);
@@ -295,6 +324,8 @@ static void cpu_free(kg_backend_t *be) {
         free(ctx->k_cache);
         free(ctx->v_cache);
         kg_pool_free(ctx->pool);
+        cpu_qact_clear(&ctx->qact);
+        cpu_qgemm_scratch_free(ctx->qscratch);
         free(ctx->layers);
         free(ctx->rope_freqs);
         free(ctx->ropes);
@@ -329,12 +360,25 @@ static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
 
 // ---- forward ----
 
+/* Whether two weights can share one hand-off: the same float type, or
+ * quantized types whose dot products take the same activation blocks. */
+static bool same_path(const cpu_weight_t *a, const cpu_weight_t *b) {
+    if (a->q.tr || b->q.tr) {
+        return a->q.tr && b->q.tr && a->q.tr->act == b->q.tr->act;
+    }
+    return a->type == b->type;
+}
+
 /* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
- * their input, with in rounded for their type into xr (T, n_in): one
- * hand-off to `pool` (NULL: this thread only) when the types agree (Q, K
- * and V; gate and up). */
-static void matmul_n_on(kg_pool_t *pool,
+ * their input, with in rounded into xr (T, n_in) (float types) or
+ * quantized into qa (block types) for their type: one hand-off to `pool`
+ * when they share a path (Q, K and V; gate and up). pool NULL: the calling
+ * thread only, pool thread `thread`, whose unpacking buffers it uses. */
+static void matmul_n_on(cpu_ctx_t *ctx,
+                        kg_pool_t *pool,
+                        int thread,
                         float *xr,
+                        cpu_qact_t *qa,
                         int n,
                         const cpu_weight_t *const *ws,
                         const float *in,
@@ -342,13 +386,26 @@ static void matmul_n_on(kg_pool_t *pool,
                         int64_t T) {
     const cpu_gemm_weights_t *packed[CPU_GEMM_MULTI_MAX];
     for (int i = 0; i < n; i++) {
-        if (ws[i]->type != ws[0]->type) {
+        if (!same_path(ws[i], ws[0])) {
             for (int r = 0; r < n; r++) {
-                matmul_n_on(pool, xr, 1, &ws[r], in, &outs[r], T);
+                matmul_n_on(ctx, pool, thread, xr, qa, 1, &ws[r], in, &outs[r], T);
             }
             return;
         }
         packed[i] = &ws[i]->packed;
+    }
+    if (ws[0]->q.tr) {
+        const cpu_qmat_t *qm[CPU_QGEMM_MAX_W];
+        for (int i = 0; i < n; i++) {
+            qm[i] = &ws[i]->q;
+        }
+        cpu_quant_act(ws[0]->q.tr->act, in, T, ws[0]->n_in, qa);
+        if (pool) {
+            cpu_qgemm(pool, ctx->qscratch, qa, n, qm, outs);
+        } else {
+            cpu_qgemm_serial(ctx->qscratch, thread, qa, n, qm, outs);
+        }
+        return;
     }
     const float *a = in;
     if (cpu_round_activations(ws[0]->type, in, xr, T, ws[0]->n_in)) {
@@ -364,7 +421,7 @@ static void matmul_n(cpu_ctx_t *ctx,
                      const float *in,
                      float *const *outs,
                      int64_t T) {
-    matmul_n_on(ctx->pool, ctx->xr, n, ws, in, outs, T);
+    matmul_n_on(ctx, ctx->pool, 0, ctx->xr, &ctx->qact, n, ws, in, outs, T);
 }
 
 static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
@@ -519,7 +576,8 @@ static void add_expert_bias(float *x, const cpu_weight_t *b, int32_t e, int64_t 
  * gate/up GEMMs, biases, the gate, the down GEMM and its bias, on `pool`
  * (NULL: this thread), rounding activations into the group's own rows of
  * ctx->moe_xr, so groups can run side by side. */
-static void expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, const cpu_layer_t *L, int32_t e) {
+static void
+expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, int thread, const cpu_layer_t *L, int32_t e) {
     const kg_hparams_t *hp = &ctx->hp;
     const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
     const int64_t W = E > FX ? E : FX;
@@ -528,7 +586,10 @@ static void expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, const cpu_layer_t *L, in
     float *xr = ctx->moe_xr + r0 * W;
     const cpu_weight_t *gate_up[2] = {&L->exp_gate[e], &L->exp_up[e]};
     float *const gate_up_out[2] = {g, u};
-    matmul_n_on(pool, xr, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
+    /* on the pool: the backend's quantized activations; alone on a pool
+     * thread: that thread's own */
+    cpu_qact_t *qa = pool ? &ctx->qact : &ctx->moe_qact[thread];
+    matmul_n_on(ctx, pool, thread, xr, qa, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
     add_expert_bias(u, &L->exp_up_b, e, n, FX);
     add_expert_bias(g, &L->exp_gate_b, e, n, FX);
     if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
@@ -539,7 +600,7 @@ static void expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, const cpu_layer_t *L, in
         }
     }
     const cpu_weight_t *down = &L->exp_down[e];
-    matmul_n_on(pool, xr, 1, &down, g, &y, n);
+    matmul_n_on(ctx, pool, thread, xr, qa, 1, &down, g, &y, n);
     add_expert_bias(y, &L->exp_down_b, e, n, E);
 }
 
@@ -551,8 +612,7 @@ typedef struct expert_job {
 /* One pool task: one active expert's whole FFN on this thread. */
 static void expert_task(void *arg, int64_t w, int thread) {
     const expert_job_t *job = arg;
-    (void)thread;
-    expert_ffn(job->ctx, NULL, job->L, job->ctx->moe_active[w]);
+    expert_ffn(job->ctx, NULL, thread, job->L, job->ctx->moe_active[w]);
 }
 
 /* The mixture-of-experts FFN of layer L on ctx->xn (T, n_embd) into
@@ -594,7 +654,7 @@ static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
         kg_pool_run(ctx->pool, n_active, expert_task, &job);
     } else {
         for (int32_t i = 0; i < n_active; i++) {
-            expert_ffn(ctx, ctx->pool, L, ctx->moe_active[i]);
+            expert_ffn(ctx, ctx->pool, 0, L, ctx->moe_active[i]);
         }
     }
     cpu_moe_combine(plan, ctx->moe_y, hp->n_embd, ctx->tmp, T);
@@ -936,6 +996,13 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     ctx->tmp = scratch(ctx, T * E, &ok);
     ctx->rope_cs = scratch(ctx, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot, &ok);
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
+    ok = ok && cpu_qact_init(&ctx->qact, (int64_t)T, (int64_t)widest);
+    ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)widest);
+    ctx->qscratch = ok ? cpu_qgemm_scratch_new(ctx->n_threads, (int64_t)widest) : NULL;
+    ok = ok && ctx->qscratch;
+    if (ok) {
+        ctx->scratch_size += cpu_qgemm_scratch_size(ctx->qscratch);
+    }
     if (hp->n_expert > 0) {
         ctx->moe_logits = scratch(ctx, T * (size_t)hp->n_expert, &ok);
         ctx->moe_x = scratch(ctx, TK * E, &ok);
@@ -951,6 +1018,12 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         ctx->moe_stats.n_expert = hp->n_expert;
         ctx->moe_stats.n_expert_used = hp->n_expert_used;
         be->moe_stats = cpu_moe_stats;
+        ctx->moe_qact = calloc((size_t)ctx->n_threads, sizeof(*ctx->moe_qact));
+        ok = ok && ctx->moe_qact;
+        for (int i = 0; ok && i < ctx->n_threads; i++) {
+            ok = cpu_qact_init(&ctx->moe_qact[i], (int64_t)T, (int64_t)(E > FX ? E : FX));
+            ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)(E > FX ? E : FX));
+        }
     }
     if (!ok) {
         snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
