@@ -48,7 +48,9 @@ typedef struct attn_args {
     int32_t split_len, max_splits;
     int32_t tile0, tok0; /* the launch's first tile and first token */
     int32_t n_sub;       /* query-head subgroups per KV head */
-    float scale;
+    float scale, softcap;
+    int32_t n_swa;
+    const float *sinks; /* (n_head) or NULL */
     const __half *q, *kc, *vc;
     float *part_acc; /* (n_tok, n_head, max_splits, hd) */
     float *part_ml;  /* (n_tok, n_head, max_splits, 2) */
@@ -88,12 +90,20 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
     const int32_t h0 = g * group + sub * hs, nh = min(hs, group - sub * hs);
     const int32_t t0 = a.in.tile_tok0[tile], nt = min(a.in.tile_n[tile], qt);
     const int32_t last = a.in.pos[t0 + nt - 1]; /* positions increase along the tile */
+    /* the tile's first visible position: a windowed layer never reads
+     * before it (the engine may have given those blocks back) */
+    const int32_t first = a.in.pos[t0];
+    const int32_t ws = a.n_swa > 0 && first + 1 > a.n_swa ? first + 1 - a.n_swa : 0;
     const int32_t split = blockIdx.z, sl = a.split_len;
     const int32_t p_begin = split * sl;
-    if (p_begin > last) {
+    if (p_begin > last || p_begin + sl <= ws) {
         return;
     }
     const int32_t p_end = min(p_begin + sl, last + 1);
+    /* KV tiles stay at absolute multiples of KT (split_len is one), so a
+     * row meets the same tiles whatever its tile mates' windows; a tile
+     * wholly outside a row's window changes nothing for it (p = 0, alpha = 1) */
+    const int32_t p_first = max(p_begin, ws / KT * KT);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t n_kv_dim = (int64_t)a.sh.n_head_kv * hd;
     const int32_t *table = a.in.table + a.in.tbl_off[t0];
@@ -140,14 +150,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
         wmma::fill_fragment(o[j], 0.0f);
     }
 
-    for (int32_t p0 = p_begin; p0 < p_end; p0 += KT) {
-        /* 1. K and V rows of positions p0 .. p0 + KT - 1 (zeros past p_end) */
+    for (int32_t p0 = p_first; p0 < p_end; p0 += KT) {
+        /* 1. K and V rows of positions p0 .. p0 + KT - 1 (zeros past p_end
+         * and before the window) */
         const int32_t chunks = hd / 8;
         for (int i = tid; i < KT * chunks; i += ATT_THREADS) {
             const int pi = i / chunks, c = i % chunks;
             const int32_t p = p0 + pi;
             uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
-            if (p < p_end) {
+            if (p < p_end && p >= ws) {
                 const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
                 const int64_t off = row * n_kv_dim + (int64_t)g * hd + c * 8;
                 kv = *(const uint4 *)(a.kc + off);
@@ -182,8 +193,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
         for (int r = warp; r < R; r += ATT_WARPS) {
             const int32_t pr = pos_s[r];
             const int32_t p = p0 + lane;
-            const bool on = pr >= 0 && lane < KT && p < p_end && p <= pr;
-            const float sc = on ? s_s[r][lane] * a.scale : -INFINITY;
+            const bool on =
+                pr >= 0 && lane < KT && p < p_end && p <= pr && (a.n_swa == 0 || p > pr - a.n_swa);
+            float sc = -INFINITY;
+            if (on) {
+                /* cpu_attn_scores: soft-capping works on the raw dot product */
+                const float raw = s_s[r][lane];
+                sc = a.softcap > 0.0f ? kg_softcap(raw, a.softcap) * a.scale : raw * a.scale;
+            }
             const float m_old = m_s[r];
             const float m_new = fmaxf(m_old, kg_warp_max(sc));
             float e = 0.0f, alpha = 1.0f;
@@ -225,8 +242,23 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
         __syncthreads();
     }
 
-    /* 5. rows whose context fits one split: the output; the others: this
-     * split's (m, l, O) for the combine kernel */
+    /* 5. rows whose context fits one split: the output (times c / l, where
+     * a sink adds exp(sink - m') to l after rescaling to m' = max(m, sink):
+     * 1 / l without one); the others: this split's (m, l, O) for the
+     * combine kernel */
+    for (int r = tid; r < R; r += ATT_THREADS) {
+        const int32_t pr = pos_s[r];
+        if (pr >= 0 && pr < sl && p_begin == 0) {
+            float c = 1.0f, l = l_s[r];
+            if (a.sinks) {
+                const float sk = a.sinks[h0 + r % hs], m = m_s[r], m2 = fmaxf(m, sk);
+                c = expf(m - m2);
+                l = l * c + expf(sk - m2);
+            }
+            alpha_s[r] = c / l;
+        }
+    }
+    __syncthreads();
 #pragma unroll
     for (int j = 0; j < OF; j++) {
         const int f = warp + j * ATT_WARPS;
@@ -241,8 +273,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
                 }
                 const int32_t t = t0 + r / hs, h = h0 + r % hs;
                 if (pr < sl) {
-                    kg_st(a.out, ((int64_t)t * a.sh.n_head + h) * hd + e,
-                          o[j].x[i] * (1.0f / l_s[r]), a.dt);
+                    kg_st(a.out, ((int64_t)t * a.sh.n_head + h) * hd + e, o[j].x[i] * alpha_s[r],
+                          a.dt);
                 } else {
                     const int64_t slot =
                         ((int64_t)(t - a.tok0) * a.sh.n_head + h) * a.max_splits + split;
@@ -269,15 +301,19 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_combine_kernel(attn_arg
     if (t >= a.in.hdr->n_tokens) {
         return;
     }
-    const int32_t n_split = a.in.pos[t] / a.split_len + 1;
+    const int32_t pos = a.in.pos[t];
+    const int32_t n_split = pos / a.split_len + 1;
     if (n_split == 1) {
         return; /* written by the attention kernel */
     }
+    /* splits before the token's window hold nothing of it (and may not have
+     * been written: no block of its tile reached them) */
+    const int32_t ws = a.n_swa > 0 && pos + 1 > a.n_swa ? pos + 1 - a.n_swa : 0;
     const int32_t hd = a.sh.head_dim;
     const int64_t base = ((int64_t)(t - a.tok0) * a.sh.n_head + h) * a.max_splits;
     for (int32_t e = threadIdx.x; e < hd; e += blockDim.x) {
         float m = -INFINITY, l = 0.0f, o = 0.0f;
-        for (int32_t s = 0; s < n_split; s++) {
+        for (int32_t s = ws / a.split_len; s < n_split; s++) {
             const float ms = a.part_ml[(base + s) * 2], ls = a.part_ml[(base + s) * 2 + 1];
             if (ms == -INFINITY) {
                 continue;
@@ -287,6 +323,11 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_combine_kernel(attn_arg
             l = l * ca + ls * cb;
             o = o * ca + a.part_acc[(base + s) * hd + e] * cb;
             m = mn;
+        }
+        if (a.sinks) { /* the sink joins the max and the sum, not the values */
+            const float sk = a.sinks[h], mn = fmaxf(m, sk), ca = expf(m - mn);
+            l = l * ca + expf(sk - mn);
+            o = o * ca;
         }
         kg_st(a.out, ((int64_t)t * a.sh.n_head + h) * hd + e, o * (1.0f / l), a.dt);
     }
@@ -328,6 +369,7 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
                               kg_cuda_inputs_t in,
                               const kg_cuda_attn_shape_t *sh,
                               const kg_cuda_attn_plan_t *plan,
+                              const kg_cuda_attn_layer_t *layer,
                               int32_t tile0,
                               int32_t n_tiles,
                               int32_t tok0,
@@ -351,7 +393,10 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
     a.tile0 = tile0;
     a.tok0 = tok0;
     a.n_sub = (group + rows - 1) / rows;
-    a.scale = 1.0f / sqrtf((float)sh->head_dim);
+    a.scale = layer->scale;
+    a.softcap = layer->softcap;
+    a.n_swa = layer->n_swa;
+    a.sinks = layer->sinks;
     a.q = q16;
     a.kc = k_cache;
     a.vc = v_cache;

@@ -17,6 +17,14 @@ typedef struct kg_cuda_attn_plan {
     int32_t rt;         /* 16-row fragments per tile: 1 (decode) or kg_cuda_attention_prefill_rt */
 } kg_cuda_attn_plan_t;
 
+/* What a layer adds to plain causal attention; zeros and NULL: none. */
+typedef struct kg_cuda_attn_layer {
+    float scale;        /* scores are multiplied by it (1/sqrt(hd); 1 where q was scaled) */
+    float softcap;      /* scores = softcap * tanh(q.k / softcap) * scale; 0: off (gemma2) */
+    int32_t n_swa;      /* a token sees its last n_swa positions, itself included; 0: all */
+    const float *sinks; /* (n_head) one more logit per head in the softmax's sum (gpt-oss) */
+} kg_cuda_attn_layer_t;
+
 /** Positions per split for contexts of up to max_ctx: 256, or more when
  * that would make more than 16 splits. Every token's positions are split
  * at multiples of it, whatever else is in the step (batch invariance). */
@@ -32,8 +40,11 @@ int32_t kg_cuda_attention_tile_tokens(const kg_cuda_attn_shape_t *sh, int32_t rt
 /** Bytes of scratch for `pair_cap` (token, split) partial results. */
 size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t pair_cap);
 
-/** out[t] (n_head*hd, stored as dt) = softmax(q k^T / sqrt(hd)) v over the
- * positions [0, pos[t]] of token t's sequence, for the tokens of tiles
+/** out[t] (n_head*hd, stored as dt) = softmax(scores) v over the positions
+ * [0, pos[t]] of token t's sequence (the last n_swa of them in a windowed
+ * layer, whose earlier blocks are never read), the scores q k^T * scale
+ * (soft-capped first when the layer says so), a sink logit joining the
+ * softmax's max and sum when the layer has sinks, for the tokens of tiles
  * tile0 .. tile0 + n_tiles - 1 (those below hdr->n_tiles), whose first
  * token is tok0. q16 is (rows, n_head*hd) fp16; k_cache and v_cache (rows
  * of the pool, n_head_kv*hd) fp16. The tiles' tokens times
@@ -42,6 +53,7 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
                               kg_cuda_inputs_t in,
                               const kg_cuda_attn_shape_t *sh,
                               const kg_cuda_attn_plan_t *plan,
+                              const kg_cuda_attn_layer_t *layer,
                               int32_t tile0,
                               int32_t n_tiles,
                               int32_t tok0,

@@ -1,10 +1,12 @@
-/* embed: token embedding gather (one block per token). */
+/* embed: token embedding gather (one block per token), times the
+ * embedding scale (Gemma). Built with --fmad=false. */
 #include "embed.cuh"
 
 __global__ void embed_kernel(kg_cuda_inputs_t in,
                              const void *__restrict__ emb,
                              int dt,
                              int32_t n_embd,
+                             float scale,
                              float *__restrict__ x) {
     const int32_t t = blockIdx.x;
     if (t >= in.hdr->n_tokens) {
@@ -13,7 +15,8 @@ __global__ void embed_kernel(kg_cuda_inputs_t in,
     const int64_t src = (int64_t)in.token[t] * n_embd;
     float *dst = x + (int64_t)t * n_embd;
     for (int32_t e = threadIdx.x; e < n_embd; e += blockDim.x) {
-        dst[e] = kg_ld(emb, src + e, dt);
+        const float v = kg_ld(emb, src + e, dt);
+        dst[e] = scale != 0.0f ? v * scale : v; /* ggml_scale after ggml_get_rows */
     }
 }
 
@@ -23,8 +26,9 @@ kg_status_t kg_cuda_embed(cudaStream_t stream,
                           const void *emb,
                           kg_cuda_dtype_t dt,
                           int32_t n_embd,
+                          float scale,
                           float *x) {
-    embed_kernel<<<n_launch, 256, 0, stream>>>(in, emb, (int)dt, n_embd, x);
+    embed_kernel<<<n_launch, 256, 0, stream>>>(in, emb, (int)dt, n_embd, scale, x);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }

@@ -16,11 +16,26 @@
 
 #include "cuda_common.cuh"
 
+extern "C" {
+#include "../src/model/kg_gguf.h"
+}
+
 typedef struct kg_cuda_mat {
     void *data; /* (n_out, n_in) row-major, element type dt */
     int32_t n_out, n_in;
     kg_cuda_dtype_t dt;
 } kg_cuda_mat_t;
+
+/** The device type of a matrix of GGUF type `type` alone: F32 and F16 stay
+ * (F32: exact parity with the CPU on test models), every other type is
+ * dequantized (kg_dequantize) into BF16. */
+kg_cuda_dtype_t kg_cuda_weight_dtype(kg_ggml_type_t type);
+
+/** Convert n elements of `type` at src into dst as dt on the host: a copy
+ * when the types agree, else kg_dequantize into f32 (n floats of scratch)
+ * and rounding to nearest even (the weight upload's conversion). */
+void kg_cuda_weight_convert(
+    kg_ggml_type_t type, const void *src, int64_t n, kg_cuda_dtype_t dt, void *dst, float *f32);
 
 typedef enum kg_cuda_gemm_mode {
     KG_CUDA_GEMM_MMA = 0, /* gemm.cu's batch-invariant kernels */

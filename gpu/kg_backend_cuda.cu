@@ -67,11 +67,14 @@
 #include "attention.cuh"
 #include "cuda_common.cuh"
 #include "embed.cuh"
+#include "geglu.cuh"
 #include "gemm.cuh"
 #include "kg_backend_cuda.h"
 #include "kv_copy.cuh"
 #include "logit_bias.cuh"
+#include "logits.cuh"
 #include "mask.cuh"
+#include "moe.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
@@ -97,8 +100,24 @@ typedef struct cuda_layer {
     float *attn_norm, *ffn_norm; /* (n_embd) */
     kg_cuda_mat_t wqkv;          /* (n_q + 2 n_kv, n_embd) */
     kg_cuda_mat_t wo;            /* (n_embd, n_q) */
-    kg_cuda_mat_t wgu;           /* (2 n_ff, embd): gate rows, then up rows */
-    kg_cuda_mat_t wdown;         /* (n_embd, n_ff) */
+    kg_cuda_mat_t wgu;           /* (2 n_ff, embd): gate rows, then up rows (dense layers) */
+    kg_cuda_mat_t wdown;         /* (n_embd, n_ff) (dense layers) */
+    /* what a family adds; NULL when it has none */
+    float *bqkv;                           /* (n_q + 2 n_kv) Q|K|V biases */
+    float *bo;                             /* (n_embd) attention output bias */
+    float *q_norm, *k_norm;                /* (head_dim) per-head RMSNorm weights */
+    float *attn_post_norm, *ffn_post_norm; /* (n_embd) */
+    float *sinks;                          /* (n_head) attention sinks */
+    int32_t rope;                          /* index into cuda_ctx_t.ropes */
+    int32_t n_swa;                         /* window; 0: global */
+    /* mixture of experts (moe: no wgu, wdown) */
+    bool moe;
+    kg_cuda_mat_t router;           /* (n_expert, n_embd) */
+    float *router_b;                /* (n_expert) */
+    kg_cuda_mat_t exp_gate, exp_up; /* (n_expert * n_ff_exp, n_embd), one type */
+    kg_cuda_mat_t exp_down;         /* (n_expert * n_embd, n_ff_exp) */
+    float *exp_gate_b, *exp_up_b;   /* (n_expert, n_ff_exp) */
+    float *exp_down_b;              /* (n_expert, n_embd) */
 } cuda_layer_t;
 
 typedef enum bucket_state {
@@ -127,7 +146,13 @@ typedef struct cuda_ctx {
     kg_cuda_mat_t emb;     /* (n_vocab, n_embd) */
     kg_cuda_mat_t head;    /* (n_vocab, n_embd); data == emb.data when tied */
     float *out_norm;       /* (n_embd) */
-    float *rope_freqs;     /* (n_rot / 2) or NULL */
+    float *out_b;          /* (n_vocab) output bias or NULL */
+    float *rope_freqs;     /* (n_rot / 2) frequency factors (rope_freqs or LongRoPE's) or NULL */
+    kg_cuda_rope_t *ropes; /* (n_ropes) the distinct RoPEs of the layers */
+    int32_t n_ropes;
+    uint16_t *gelu_table;  /* (65536) fp16 GELU of every fp16 input (GeGLU models) */
+    int32_t max_seq_len;   /* picks LongRoPE's factors, as the CPU backend does */
+    int32_t kv_window;     /* kg_model_kv_window: blocks before it may be freed */
     __half *kv;            /* (n_layer, 2, n_kv_blocks * block_size, n_kv) */
     size_t kv_layer_elems; /* elements of one layer's K (or V) */
 
@@ -137,7 +162,7 @@ typedef struct cuda_ctx {
     float *qkv;     /* (T, n_q + 2 n_kv) */
     float *tmp;     /* (T, n_embd) projection output before the residual add */
     float *gu;      /* (T, 2 n_ff) */
-    float *rope_cs; /* (T, n_rot) */
+    float *rope_cs; /* (n_ropes, T, n_rot) */
     float *split;   /* (ATT_PAIR_CAP) attention partials */
     float *logits;  /* (out_cap, n_vocab) one chunk of output rows */
     __half *q16;    /* (T, n_q) */
@@ -145,6 +170,18 @@ typedef struct cuda_ctx {
     void *att;      /* (T, n_q) in wo's type */
     void *h;        /* (T, n_ff) in wdown's type */
     void *xo;       /* (T, n_embd) normed output rows, in the head's type */
+
+    /* mixture of experts (n_expert > 0), k = n_expert_used, R = the plan's
+     * rows for T tokens (kg_cuda_moe_rows_cap) */
+    kg_cuda_moe_router_t router;
+    kg_cuda_moe_plan_t moe_plan; /* buffers for T tokens */
+    float *moe_logits;           /* (T, n_expert) router logits */
+    void *xe;                    /* (T, n_embd) normed input in the experts' gate/up type */
+    float *moe_g, *moe_u;        /* (R, n_ff_exp) */
+    void *moe_h;                 /* (R, n_ff_exp) in the down experts' type */
+    float *moe_y;                /* (R, n_embd) */
+    long long *moe_stats_h;      /* (4 + n_expert) pinned copy of moe_plan.stats */
+    int64_t *moe_tokens;         /* (n_expert) rows each expert took */
 
     /* attention: fixed at the first step from the batch's context size */
     kg_cuda_attn_shape_t ash;
@@ -163,6 +200,7 @@ typedef struct cuda_ctx {
     int32_t *hash_seq, *hash_idx; /* (hash_cap) open addressing: seq -> distinct index */
     int32_t hash_cap;
     int32_t *dist_seq, *dist_max_pos, *dist_off, *dist_slot, *tok_dist; /* (max_tokens) */
+    int32_t *dist_min_pos;                                              /* (max_tokens) */
 
     bool use_graphs;
     bucket_t buckets[MAX_BUCKETS];
@@ -238,13 +276,8 @@ static kg_status_t fault(cuda_ctx_t *ctx,
 
 // ---- weights ----
 
-static kg_cuda_dtype_t pick_dtype(const kg_gguf_tensor_t *const *parts, int n) {
-    for (int i = 1; i < n; i++) {
-        if (parts[i]->type != parts[0]->type) {
-            return KG_CUDA_BF16;
-        }
-    }
-    switch (parts[0]->type) {
+kg_cuda_dtype_t kg_cuda_weight_dtype(kg_ggml_type_t type) {
+    switch (type) {
     case KG_GGML_TYPE_F32:
         return KG_CUDA_F32;
     case KG_GGML_TYPE_F16:
@@ -252,6 +285,37 @@ static kg_cuda_dtype_t pick_dtype(const kg_gguf_tensor_t *const *parts, int n) {
     default:
         return KG_CUDA_BF16;
     }
+}
+
+void kg_cuda_weight_convert(
+    kg_ggml_type_t type, const void *src, int64_t n, kg_cuda_dtype_t dt, void *dst, float *f32) {
+    const bool same = (dt == KG_CUDA_F32 && type == KG_GGML_TYPE_F32) ||
+                      (dt == KG_CUDA_F16 && type == KG_GGML_TYPE_F16) ||
+                      (dt == KG_CUDA_BF16 && type == KG_GGML_TYPE_BF16);
+    if (same) {
+        memcpy(dst, src, (size_t)n * kg_cuda_dtype_size(dt));
+        return;
+    }
+    kg_dequantize(type, src, f32, n);
+    if (dt == KG_CUDA_F32) {
+        memcpy(dst, f32, (size_t)n * 4);
+        return;
+    }
+    uint16_t *o = (uint16_t *)dst;
+    for (int64_t i = 0; i < n; i++) {
+        o[i] = dt == KG_CUDA_F16 ? kg_fp32_to_fp16(f32[i]) : kg_fp32_to_bf16(f32[i]);
+    }
+}
+
+/* One matrix from parts of one type keeps that type's kg_cuda_weight_dtype;
+ * parts of different types meet in BF16. */
+static kg_cuda_dtype_t pick_dtype(const kg_gguf_tensor_t *const *parts, int n) {
+    for (int i = 1; i < n; i++) {
+        if (parts[i]->type != parts[0]->type) {
+            return KG_CUDA_BF16;
+        }
+    }
+    return kg_cuda_weight_dtype(parts[0]->type);
 }
 
 /* Staging for uploads: two pinned buffers so the conversion of one chunk
@@ -288,6 +352,36 @@ static void stage_clear(stage_t *s) {
     free(s->f32);
 }
 
+/* Rows of a weight: ne[1] * ne[2] * ... (an expert tensor's matrices are
+ * stacked: expert e's rows follow expert e - 1's). */
+static int64_t tensor_rows(const kg_gguf_tensor_t *t) {
+    int64_t rows = 1;
+    for (uint32_t d = 1; d < t->n_dims; d++) {
+        rows *= t->ne[d];
+    }
+    return rows;
+}
+
+/* Whether the upload can convert t's type: F32 and F16 as they are, every
+ * other type kg_dequantize reads (the CPU backend's dequantizer, so every
+ * type kgen loads: kg_gguf refuses the others) dequantized into BF16. A
+ * type that kg_quant does not describe is refused, the message naming the
+ * tensor and the type. */
+static kg_status_t check_type(const kg_gguf_tensor_t *t, char *errstr, size_t errstr_size) {
+    if (kg_type_block_size(t->type) != 0 && kg_type_block_elems(t->type) > 0 &&
+        t->ne[0] % kg_type_block_elems(t->type) == 0) {
+        return KG_OK;
+    }
+    const char *name = kg_ggml_type_name(t->type);
+    snprintf(errstr, errstr_size,
+             "cuda backend: tensor '%.*s' has type %s (%d), which the CUDA backend cannot "
+             "convert (it runs the types kgen's dequantizer reads, converted to BF16 at upload)",
+             (int)t->name.len, t->name.data, name && name[0] != '?' ? name : "unknown",
+             (int)t->type);
+    KG_LOG_ERROR("cuda", "%s", errstr);
+    return KG_ERR_UNSUPPORTED;
+}
+
 /* Copy `n_rows` rows of tensor t (starting at row r0) into device memory
  * `dst` as type dt. */
 static kg_status_t upload_rows(cuda_ctx_t *ctx,
@@ -299,9 +393,6 @@ static kg_status_t upload_rows(cuda_ctx_t *ctx,
                                char *dst) {
     const int64_t n_in = t->ne[0];
     const size_t es = kg_cuda_dtype_size(dt);
-    const bool same = (dt == KG_CUDA_F32 && t->type == KG_GGML_TYPE_F32) ||
-                      (dt == KG_CUDA_F16 && t->type == KG_GGML_TYPE_F16) ||
-                      (dt == KG_CUDA_BF16 && t->type == KG_GGML_TYPE_BF16);
     const int64_t per_chunk = (int64_t)(STAGE_SIZE / ((size_t)n_in * 4)) > 0
                                   ? (int64_t)(STAGE_SIZE / ((size_t)n_in * 4))
                                   : 1;
@@ -312,20 +403,7 @@ static kg_status_t upload_rows(cuda_ctx_t *ctx,
         const char *src = (const char *)t->data + (size_t)(r0 + r) * src_row;
         void *buf = s->buf[s->cur];
         KG_CUDA_CHECK(cudaEventSynchronize(s->ev[s->cur])); /* its previous copy is done */
-        if (same) {
-            memcpy(buf, src, (size_t)n * es);
-        } else {
-            kg_dequantize(t->type, src, s->f32, n);
-            if (dt == KG_CUDA_F32) {
-                memcpy(buf, s->f32, (size_t)n * 4);
-            } else {
-                uint16_t *o = (uint16_t *)buf;
-                for (int64_t i = 0; i < n; i++) {
-                    o[i] =
-                        dt == KG_CUDA_F16 ? kg_fp32_to_fp16(s->f32[i]) : kg_fp32_to_bf16(s->f32[i]);
-                }
-            }
-        }
+        kg_cuda_weight_convert(t->type, src, n, dt, buf, s->f32);
         KG_CUDA_CHECK(cudaMemcpyAsync(dst + (size_t)r * (size_t)n_in * es, buf, (size_t)n * es,
                                       cudaMemcpyHostToDevice, ctx->stream));
         KG_CUDA_CHECK(cudaEventRecord(s->ev[s->cur], ctx->stream));
@@ -334,17 +412,19 @@ static kg_status_t upload_rows(cuda_ctx_t *ctx,
     return KG_OK;
 }
 
-/* One device matrix from the row-concatenation of `parts` (same n_in). */
-static kg_status_t upload_mat(cuda_ctx_t *ctx,
-                              stage_t *s,
-                              const kg_gguf_tensor_t *const *parts,
-                              int n_parts,
-                              kg_cuda_mat_t *m) {
-    m->dt = pick_dtype(parts, n_parts);
+/* One device matrix of type dt from the row-concatenation of `parts`
+ * (same n_in). */
+static kg_status_t upload_mat_as(cuda_ctx_t *ctx,
+                                 stage_t *s,
+                                 const kg_gguf_tensor_t *const *parts,
+                                 int n_parts,
+                                 kg_cuda_dtype_t dt,
+                                 kg_cuda_mat_t *m) {
+    m->dt = dt;
     m->n_in = (int32_t)parts[0]->ne[0];
     m->n_out = 0;
     for (int i = 0; i < n_parts; i++) {
-        m->n_out += (int32_t)(parts[i]->n_dims > 1 ? parts[i]->ne[1] : 1);
+        m->n_out += (int32_t)tensor_rows(parts[i]);
     }
     const size_t es = kg_cuda_dtype_size(m->dt);
     const size_t size = (size_t)m->n_out * (size_t)m->n_in * es;
@@ -352,7 +432,7 @@ static kg_status_t upload_mat(cuda_ctx_t *ctx,
     ctx->weights_size += size;
     int64_t row = 0;
     for (int i = 0; i < n_parts; i++) {
-        const int64_t rows = parts[i]->n_dims > 1 ? parts[i]->ne[1] : 1;
+        const int64_t rows = tensor_rows(parts[i]);
         KG_TRY(upload_rows(ctx, s, parts[i], 0, rows, m->dt,
                            (char *)m->data + (size_t)row * (size_t)m->n_in * es));
         row += rows;
@@ -360,14 +440,35 @@ static kg_status_t upload_mat(cuda_ctx_t *ctx,
     return KG_OK;
 }
 
-/* A small F32 vector (norm weights, rope factors): dequantize and copy. */
-static kg_status_t upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, int64_t n, float **out) {
+/* One device matrix from the row-concatenation of `parts`, in the type
+ * pick_dtype gives them. */
+static kg_status_t upload_mat(cuda_ctx_t *ctx,
+                              stage_t *s,
+                              const kg_gguf_tensor_t *const *parts,
+                              int n_parts,
+                              kg_cuda_mat_t *m) {
+    return upload_mat_as(ctx, s, parts, n_parts, pick_dtype(parts, n_parts), m);
+}
+
+/* A small F32 vector from the concatenation of `parts` (norm weights, rope
+ * factors, biases; every element of a part, whatever its shape):
+ * dequantize and copy. */
+static kg_status_t
+upload_vec_parts(cuda_ctx_t *ctx, const kg_gguf_tensor_t *const *parts, int n_parts, float **out) {
+    int64_t n = 0;
+    for (int i = 0; i < n_parts; i++) {
+        n += parts[i]->ne[0] * tensor_rows(parts[i]);
+    }
     float *h = (float *)malloc((size_t)n * sizeof(float));
     if (!h) {
         KG_LOG_ERROR("cuda", "out of host memory");
         return KG_ERR_NOMEM;
     }
-    kg_dequantize(t->type, t->data, h, n);
+    for (int64_t i = 0, off = 0; i < n_parts; i++) {
+        const int64_t ni = parts[i]->ne[0] * tensor_rows(parts[i]);
+        kg_dequantize(parts[i]->type, parts[i]->data, h + off, ni);
+        off += ni;
+    }
     cudaError_t err = cudaMalloc((void **)out, (size_t)n * sizeof(float));
     if (err == cudaSuccess) {
         err = cudaMemcpy(*out, h, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
@@ -378,27 +479,101 @@ static kg_status_t upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, int64_
     return KG_OK;
 }
 
+/* upload_vec_parts of one tensor; t NULL leaves *out NULL. */
+static kg_status_t upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float **out) {
+    return t ? upload_vec_parts(ctx, &t, 1, out) : KG_OK;
+}
+
+/* The index of the RoPE (base, scale) in ctx->ropes, added when new (the
+ * CPU backend's add_rope). */
+static kg_status_t add_rope(cuda_ctx_t *ctx, float base, float scale, int32_t *index) {
+    const kg_hparams_t *hp = &ctx->hp;
+    for (int32_t r = 0; r < ctx->n_ropes; r++) {
+        if (ctx->ropes[r].base == base && ctx->ropes[r].freq_scale == scale) {
+            *index = r;
+            return KG_OK;
+        }
+    }
+    kg_cuda_rope_t *grown =
+        (kg_cuda_rope_t *)realloc(ctx->ropes, (size_t)(ctx->n_ropes + 1) * sizeof(*grown));
+    if (!grown) {
+        KG_LOG_ERROR("cuda", "out of host memory");
+        return KG_ERR_NOMEM;
+    }
+    ctx->ropes = grown;
+    kg_cuda_rope_t *r = &ctx->ropes[ctx->n_ropes];
+    r->n_rot = hp->n_rot;
+    r->base = base;
+    r->freq_scale = scale;
+    r->ext_factor = hp->yarn_ext_factor;
+    r->attn_factor = hp->yarn_attn_factor;
+    kg_rope_yarn_corr_dims(hp->n_rot, hp->n_ctx_orig, base, hp->yarn_beta_fast, hp->yarn_beta_slow,
+                           r->corr_dims);
+    *index = ctx->n_ropes++;
+    return KG_OK;
+}
+
+/* The router, the experts' stacked matrices (gate and up in one type, so
+ * one normed input feeds both) and the expert biases of one layer. */
+static kg_status_t
+upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
+    const kg_gguf_tensor_t *gu[2] = {src->gate_exps, src->up_exps};
+    const kg_cuda_dtype_t dt_gu = pick_dtype(gu, 2);
+    L->moe = true;
+    KG_TRY(upload_mat(ctx, s, &src->ffn_gate_inp, 1, &L->router));
+    KG_TRY(upload_mat_as(ctx, s, &src->gate_exps, 1, dt_gu, &L->exp_gate));
+    KG_TRY(upload_mat_as(ctx, s, &src->up_exps, 1, dt_gu, &L->exp_up));
+    KG_TRY(upload_mat(ctx, s, &src->down_exps, 1, &L->exp_down));
+    KG_TRY(upload_vec(ctx, src->ffn_gate_inp_b, &L->router_b));
+    KG_TRY(upload_vec(ctx, src->gate_exps_b, &L->exp_gate_b));
+    KG_TRY(upload_vec(ctx, src->up_exps_b, &L->exp_up_b));
+    KG_TRY(upload_vec(ctx, src->down_exps_b, &L->exp_down_b));
+    return KG_OK;
+}
+
+/* Everything of layer il. */
+static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
+    const kg_layer_weights_t *src = &ctx->model->layers[il];
+    cuda_layer_t *L = &ctx->layers[il];
+    const kg_gguf_tensor_t *qkv[3] = {src->wq, src->wk, src->wv};
+    KG_TRY(upload_vec(ctx, src->attn_norm, &L->attn_norm));
+    KG_TRY(upload_vec(ctx, src->ffn_norm, &L->ffn_norm));
+    KG_TRY(upload_mat(ctx, s, qkv, 3, &L->wqkv));
+    KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+    if (src->ffn_gate_inp) {
+        KG_TRY(upload_experts(ctx, s, src, L));
+    } else {
+        const kg_gguf_tensor_t *gu[2] = {src->w_gate, src->w_up};
+        KG_TRY(upload_mat(ctx, s, gu, 2, &L->wgu));
+        KG_TRY(upload_mat(ctx, s, &src->w_down, 1, &L->wdown));
+    }
+    if (src->bq) { /* the model has all three or none */
+        const kg_gguf_tensor_t *b[3] = {src->bq, src->bk, src->bv};
+        KG_TRY(upload_vec_parts(ctx, b, 3, &L->bqkv));
+    }
+    KG_TRY(upload_vec(ctx, src->bo, &L->bo));
+    KG_TRY(upload_vec(ctx, src->q_norm, &L->q_norm));
+    KG_TRY(upload_vec(ctx, src->k_norm, &L->k_norm));
+    KG_TRY(upload_vec(ctx, src->attn_post_norm, &L->attn_post_norm));
+    KG_TRY(upload_vec(ctx, src->ffn_post_norm, &L->ffn_post_norm));
+    KG_TRY(upload_vec(ctx, src->attn_sinks, &L->sinks));
+    L->n_swa = src->n_swa > 0 ? src->n_swa : 0;
+    return add_rope(ctx, src->rope_base, src->rope_scale, &L->rope);
+}
+
 static kg_status_t upload_weights(cuda_ctx_t *ctx) {
     const kg_model_t *model = ctx->model;
     const kg_hparams_t *hp = &ctx->hp;
     stage_t s;
     kg_status_t st = stage_init(&s);
     for (int32_t il = 0; st == KG_OK && il < hp->n_layer; il++) {
-        const kg_layer_weights_t *src = &model->layers[il];
-        cuda_layer_t *L = &ctx->layers[il];
-        const kg_gguf_tensor_t *qkv[3] = {src->wq, src->wk, src->wv};
-        const kg_gguf_tensor_t *gu[2] = {src->w_gate, src->w_up};
-        if ((st = upload_vec(ctx, src->attn_norm, hp->n_embd, &L->attn_norm)) != KG_OK ||
-            (st = upload_vec(ctx, src->ffn_norm, hp->n_embd, &L->ffn_norm)) != KG_OK ||
-            (st = upload_mat(ctx, &s, qkv, 3, &L->wqkv)) != KG_OK ||
-            (st = upload_mat(ctx, &s, &src->wo, 1, &L->wo)) != KG_OK ||
-            (st = upload_mat(ctx, &s, gu, 2, &L->wgu)) != KG_OK ||
-            (st = upload_mat(ctx, &s, &src->w_down, 1, &L->wdown)) != KG_OK) {
-            break;
-        }
+        st = upload_layer(ctx, &s, il);
     }
     if (st == KG_OK) {
-        st = upload_vec(ctx, model->output_norm, hp->n_embd, &ctx->out_norm);
+        st = upload_vec(ctx, model->output_norm, &ctx->out_norm);
+    }
+    if (st == KG_OK) {
+        st = upload_vec(ctx, model->output_b, &ctx->out_b);
     }
     if (st == KG_OK) {
         st = upload_mat(ctx, &s, &model->tok_embd, 1, &ctx->emb);
@@ -410,8 +585,25 @@ static kg_status_t upload_weights(cuda_ctx_t *ctx) {
             st = upload_mat(ctx, &s, &model->output, 1, &ctx->head);
         }
     }
-    if (st == KG_OK && model->rope_freqs) {
-        st = upload_vec(ctx, model->rope_freqs, hp->n_rot / 2, &ctx->rope_freqs);
+    if (st == KG_OK) { /* rope_freqs, or LongRoPE's factors for this context */
+        st = upload_vec(ctx, kg_model_rope_factors(model, ctx->max_seq_len), &ctx->rope_freqs);
+    }
+    if (st == KG_OK && hp->ffn_act == KG_FFN_GELU) {
+        uint16_t *table = (uint16_t *)malloc(65536 * sizeof(uint16_t));
+        cudaError_t err = cudaErrorMemoryAllocation;
+        if (table) {
+            kg_cuda_gelu_table_fill(table);
+            err = cudaMalloc((void **)&ctx->gelu_table, 65536 * sizeof(uint16_t));
+            if (err == cudaSuccess) {
+                err = cudaMemcpy(ctx->gelu_table, table, 65536 * sizeof(uint16_t),
+                                 cudaMemcpyHostToDevice);
+            }
+            free(table);
+        }
+        if (err != cudaSuccess) {
+            KG_LOG_ERROR("cuda", "the GELU table: %s", cudaGetErrorName(err));
+            st = KG_ERR_BACKEND;
+        }
     }
     stage_clear(&s);
     if (st == KG_OK) {
@@ -471,18 +663,60 @@ static kg_status_t alloc_inputs(cuda_ctx_t *ctx) {
     return KG_OK;
 }
 
+/* The buffers of the expert layers: the plan for max_tokens tokens, the
+ * router's logits, the experts' inputs and outputs, the load counters. */
+static kg_status_t alloc_moe(cuda_ctx_t *ctx, size_t es) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd, FX = (size_t)hp->n_ff_exp;
+    const size_t X = (size_t)hp->n_expert, k = (size_t)hp->n_expert_used;
+    kg_cuda_moe_plan_t *p = &ctx->moe_plan;
+    ctx->router.n_expert = hp->n_expert;
+    ctx->router.k = hp->n_expert_used;
+    ctx->router.top_k_then_softmax = hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT;
+    ctx->router.norm_w = hp->moe_norm_w;
+    ctx->router.w_scale = hp->moe_w_scale;
+    p->rows_cap = kg_cuda_moe_rows_cap(ctx->max_tokens, hp->n_expert_used, hp->n_expert);
+    const size_t R = (size_t)p->rows_cap;
+    KG_TRY(dev_alloc(ctx, (void **)&p->sel, T * k * sizeof(int32_t)));
+    KG_TRY(dev_alloc(ctx, (void **)&p->w, T * k * sizeof(float)));
+    KG_TRY(dev_alloc(ctx, (void **)&p->slot, T * k * sizeof(int32_t)));
+    KG_TRY(dev_alloc(ctx, (void **)&p->offset, (X + 1) * sizeof(int32_t)));
+    KG_TRY(dev_alloc(ctx, (void **)&p->row_tok, R * sizeof(int32_t)));
+    KG_TRY(dev_alloc(ctx, (void **)&p->tile_expert, R / KG_CUDA_MOE_TILE * sizeof(int32_t)));
+    KG_TRY(dev_alloc(ctx, (void **)&p->stats, (4 + X) * sizeof(long long)));
+    KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_logits, T * X * sizeof(float)));
+    KG_TRY(dev_alloc(ctx, &ctx->xe, T * E * es));
+    KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_g, R * FX * sizeof(float)));
+    KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_u, R * FX * sizeof(float)));
+    KG_TRY(dev_alloc(ctx, &ctx->moe_h, R * FX * es));
+    KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_y, R * E * sizeof(float)));
+    KG_CUDA_CHECK(cudaMallocHost((void **)&ctx->moe_stats_h, (4 + X) * sizeof(long long)));
+    ctx->moe_tokens = (int64_t *)calloc(X, sizeof(int64_t));
+    if (!ctx->moe_tokens) {
+        KG_LOG_ERROR("cuda", "out of host memory");
+        return KG_ERR_NOMEM;
+    }
+    return KG_OK;
+}
+
 static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     const kg_hparams_t *hp = &ctx->hp;
-    const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd;
     const size_t n_q = (size_t)hp->n_head * hp->head_dim,
                  n_kv = (size_t)hp->n_head_kv * hp->head_dim;
-    size_t es = 2;
+    /* 16-bit activations unless some GEMM reads F32; the dense FFN's width
+     * (0 when every layer has experts) */
+    size_t es = 2, F = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
-        if (L->wqkv.dt == KG_CUDA_F32 || L->wo.dt == KG_CUDA_F32 || L->wgu.dt == KG_CUDA_F32 ||
-            L->wdown.dt == KG_CUDA_F32) {
-            es = 4;
+        const kg_cuda_mat_t *mats[] = {&L->wqkv,   &L->wo,       &L->wgu,    &L->wdown,
+                                       &L->router, &L->exp_gate, &L->exp_up, &L->exp_down};
+        for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++) {
+            if (mats[i]->data && mats[i]->dt == KG_CUDA_F32) {
+                es = 4;
+            }
         }
+        F = L->moe ? F : (size_t)hp->n_ff;
     }
     const size_t es_head = kg_cuda_dtype_size(ctx->head.dt);
 
@@ -496,7 +730,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(dev_alloc(ctx, (void **)&ctx->qkv, T * (n_q + 2 * n_kv) * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->tmp, T * E * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->gu, T * 2 * F * 4));
-    KG_TRY(dev_alloc(ctx, (void **)&ctx->rope_cs, T * (size_t)hp->n_rot * 4));
+    KG_TRY(
+        dev_alloc(ctx, (void **)&ctx->rope_cs, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->split,
                      kg_cuda_attention_scratch_size(&ctx->ash, ATT_PAIR_CAP)));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->logits, (size_t)ctx->out_cap * (size_t)hp->n_vocab * 4));
@@ -505,6 +740,9 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(dev_alloc(ctx, &ctx->att, T * n_q * es));
     KG_TRY(dev_alloc(ctx, &ctx->h, T * F * es));
     KG_TRY(dev_alloc(ctx, &ctx->xo, T * E * es_head));
+    if (hp->n_expert > 0) {
+        KG_TRY(alloc_moe(ctx, es));
+    }
 
     /* step inputs: header (4), the per-token arrays (T each), table */
     KG_TRY(alloc_inputs(ctx));
@@ -516,9 +754,9 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     }
     ctx->hash_seq = (int32_t *)malloc((size_t)ctx->hash_cap * sizeof(int32_t));
     ctx->hash_idx = (int32_t *)malloc((size_t)ctx->hash_cap * sizeof(int32_t));
-    int32_t **host[] = {&ctx->dist_seq,   &ctx->dist_max_pos, &ctx->dist_off,
-                        &ctx->dist_slot,  &ctx->tok_dist,     &ctx->grp_tile0,
-                        &ctx->grp_ntiles, &ctx->grp_tok0,     &ctx->grp_ntok};
+    int32_t **host[] = {&ctx->dist_seq, &ctx->dist_max_pos, &ctx->dist_off,   &ctx->dist_slot,
+                        &ctx->tok_dist, &ctx->grp_tile0,    &ctx->grp_ntiles, &ctx->grp_tok0,
+                        &ctx->grp_ntok, &ctx->dist_min_pos};
     bool ok = ctx->hash_seq && ctx->hash_idx;
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
         *host[i] = (int32_t *)malloc(T * sizeof(int32_t));
@@ -636,11 +874,13 @@ static kg_status_t pack_inputs(
             ctx->hash_idx[slot] = n_dist;
             ctx->dist_seq[n_dist] = seq;
             ctx->dist_max_pos[n_dist] = p;
+            ctx->dist_min_pos[n_dist] = p;
             ctx->dist_slot[n_dist] = slot;
             n_dist++;
         }
         const int32_t d = ctx->hash_idx[slot];
         ctx->dist_max_pos[d] = p > ctx->dist_max_pos[d] ? p : ctx->dist_max_pos[d];
+        ctx->dist_min_pos[d] = p < ctx->dist_min_pos[d] ? p : ctx->dist_min_pos[d];
         ctx->tok_dist[t] = d;
         multi = multi || (t > 0 && batch->seq[t - 1] == seq && batch->pos[t - 1] + 1 == p);
     }
@@ -665,7 +905,17 @@ static kg_status_t pack_inputs(
             const int32_t *src =
                 batch->block_table + (int64_t)ctx->dist_seq[d] * batch->max_blocks_per_seq;
             const int32_t n_blk = ctx->dist_max_pos[d] / bs + 1;
+            /* blocks wholly before the window of the sequence's first token
+             * here (every layer windowed) are never read: the engine may
+             * have freed them (-1); they become block 0 */
+            const int32_t w = ctx->kv_window, p_min = ctx->dist_min_pos[d];
+            const int32_t first = w > 0 && p_min + 1 > w ? (p_min + 1 - w) / bs : 0;
             for (int32_t b = 0; b < n_blk; b++) {
+                if (b < first) {
+                    table[ctx->dist_off[d] + b] =
+                        src[b] >= 0 && src[b] < ctx->n_kv_blocks ? src[b] : 0;
+                    continue;
+                }
                 if (src[b] < 0 || src[b] >= ctx->n_kv_blocks) {
                     st = fault(ctx, KG_ERR_INVALID, KG_FAULT_SEQ, ctx->dist_seq[d], -1,
                                "slot %d: block %d is %d, outside the pool of %d blocks",
@@ -734,20 +984,26 @@ static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
 static kg_status_t attention(cuda_ctx_t *ctx, int32_t il, int32_t rows, bool single) {
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const cuda_layer_t *L = &ctx->layers[il];
+    /* llama scales the scores; gemma and phi3 scaled q already */
+    kg_cuda_attn_layer_t lay;
+    lay.scale = ctx->hp.q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)ctx->hp.head_dim);
+    lay.softcap = ctx->hp.attn_softcap;
+    lay.n_swa = L->n_swa;
+    lay.sinks = L->sinks;
     if (single) {
         kg_cuda_attn_plan_t plan = ctx->plan;
         plan.rt = 1;
         const int32_t group = ATT_PAIR_CAP / plan.max_splits;
         for (int32_t t0 = 0; t0 < rows; t0 += group) {
             const int32_t n = rows - t0 < group ? rows - t0 : group;
-            KG_TRY(kg_cuda_attention(ctx->stream, in, &ctx->ash, &plan, t0, n, t0, n, ctx->q16,
-                                     k_cache(ctx, il), v_cache(ctx, il), ctx->split, ctx->att,
-                                     L->wo.dt));
+            KG_TRY(kg_cuda_attention(ctx->stream, in, &ctx->ash, &plan, &lay, t0, n, t0, n,
+                                     ctx->q16, k_cache(ctx, il), v_cache(ctx, il), ctx->split,
+                                     ctx->att, L->wo.dt));
         }
         return KG_OK;
     }
     for (int32_t g = 0; g < ctx->n_groups; g++) {
-        KG_TRY(kg_cuda_attention(ctx->stream, in, &ctx->ash, &ctx->plan, ctx->grp_tile0[g],
+        KG_TRY(kg_cuda_attention(ctx->stream, in, &ctx->ash, &ctx->plan, &lay, ctx->grp_tile0[g],
                                  ctx->grp_ntiles[g], ctx->grp_tok0[g], ctx->grp_ntok[g], ctx->q16,
                                  k_cache(ctx, il), v_cache(ctx, il), ctx->split, ctx->att,
                                  L->wo.dt));
@@ -761,8 +1017,35 @@ static kg_status_t run_head(cuda_ctx_t *ctx, int32_t row0, int32_t n) {
     const size_t es = kg_cuda_dtype_size(ctx->head.dt);
     const char *xo = (const char *)ctx->xo + (size_t)row0 * (size_t)ctx->hp.n_embd * es;
     KG_TRY(kg_cuda_gemm(&ctx->blas, ctx->stream, &ctx->head, xo, ctx->logits, n));
+    KG_TRY(kg_cuda_logits_post(ctx->stream, ctx->logits, n, ctx->hp.n_vocab, ctx->out_b,
+                               ctx->hp.final_softcap));
     ctx->head_row0 = row0;
     return KG_OK;
+}
+
+/* The mixture-of-experts FFN of layer L over `rows` token slots (cpu's
+ * moe_ffn): the router GEMM on xn, route, the grouped layout, the
+ * grouped gate, up and down GEMMs (expert biases inside), the gate, and
+ * the weighted sum into tmp. */
+static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows) {
+    const kg_hparams_t *hp = &ctx->hp;
+    cudaStream_t st = ctx->stream;
+    const kg_cuda_step_hdr_t *hdr = kg_cuda_inputs_view(ctx->d_in, rows).hdr;
+    kg_cuda_moe_plan_t plan = ctx->moe_plan;
+    plan.rows_cap = kg_cuda_moe_rows_cap(rows, hp->n_expert_used, hp->n_expert);
+    const int32_t E = hp->n_embd, FX = hp->n_ff_exp;
+    KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->router, ctx->xn, ctx->moe_logits, rows));
+    KG_TRY(kg_cuda_moe_route(st, rows, hdr, &ctx->router, ctx->moe_logits, L->router_b, &plan));
+    KG_TRY(kg_cuda_moe_align(st, hdr, &ctx->router, &plan));
+    KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_gate.data, L->exp_gate_b, ctx->xe, 1, ctx->moe_g, FX,
+                            E, L->exp_gate.dt));
+    KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_up.data, L->exp_up_b, ctx->xe, 1, ctx->moe_u, FX, E,
+                            L->exp_up.dt));
+    KG_TRY(kg_cuda_moe_act(st, &plan, ctx->moe_g, ctx->moe_u, ctx->moe_h, L->exp_down.dt, FX,
+                           hp->ffn_act == KG_FFN_SWIGLU_OAI));
+    KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_down.data, L->exp_down_b, ctx->moe_h, 0, ctx->moe_y,
+                            E, FX, L->exp_down.dt));
+    return kg_cuda_moe_combine(st, rows, hdr, &ctx->router, &plan, ctx->moe_y, ctx->tmp, E);
 }
 
 /* Every kernel of one step over `rows` token slots (the real count is in
@@ -776,29 +1059,60 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
     const kg_cuda_step_hdr_t *hdr = in.hdr;
     const kg_cuda_rope_shape_t rsh = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
                                       ctx->block_size};
+    const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
 
-    KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, hp->n_embd, ctx->x));
-    KG_TRY(kg_cuda_rope_cache(st, rows, in, ctx->rope_cs, hp->n_rot, hp->rope_base, hp->rope_scale,
-                              ctx->rope_freqs));
+    KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, hp->n_embd, hp->embd_scale,
+                         ctx->x));
+    for (int32_t r = 0; r < ctx->n_ropes; r++) {
+        KG_TRY(kg_cuda_rope_cache(st, rows, in, ctx->rope_cs + (size_t)r * rope_stride,
+                                  &ctx->ropes[r], ctx->rope_freqs));
+    }
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
-        /* the previous layer's down projection joins the residual here */
-        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, il > 0 ? ctx->tmp : NULL,
-                                   L->attn_norm, ctx->xn, L->wqkv.dt, hp->n_embd, hp->norm_eps));
+        /* the previous layer's FFN output (after its post-norm) joins the
+         * residual here */
+        const kg_cuda_residual_t res_ffn = {il > 0 ? ctx->tmp : NULL, NULL,
+                                            il > 0 ? ctx->layers[il - 1].ffn_post_norm : NULL};
+        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_ffn, L->attn_norm,
+                                   ctx->xn, L->wqkv.dt, NULL, KG_CUDA_F32, hp->n_embd,
+                                   hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
-        KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, ctx->qkv, ctx->rope_cs, ctx->q16,
+        const kg_cuda_qkv_ops_t ops = {
+            L->bqkv,    L->q_norm, L->k_norm, hp->norm_eps, hp->rope_mode == KG_ROPE_MODE_NEOX,
+            hp->q_scale};
+        KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv,
+                                  ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
                                   k_cache(ctx, il), v_cache(ctx, il)));
         KG_TRY(attention(ctx, il, rows, single));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
-        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, ctx->tmp, L->ffn_norm,
-                                   ctx->xn, L->wgu.dt, hp->n_embd, hp->norm_eps));
+        /* the attention output (+ bias, post-norm) joins the residual */
+        const kg_cuda_residual_t res_attn = {ctx->tmp, L->bo, L->attn_post_norm};
+        if (L->moe) {
+            /* the normed input twice: for the router, and for the experts */
+            KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_attn, L->ffn_norm,
+                                       ctx->xn, L->router.dt, ctx->xe, L->exp_gate.dt, hp->n_embd,
+                                       hp->norm_eps));
+            KG_TRY(moe_ffn(ctx, L, rows));
+            continue;
+        }
+        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_attn, L->ffn_norm,
+                                   ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
+                                   hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
-        KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+        if (hp->ffn_act == KG_FFN_GELU) {
+            KG_TRY(kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt,
+                                 hp->n_ff));
+        } else {
+            KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+        }
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
     }
     /* the last residual add and the final norm, only for the rows that want logits */
-    KG_TRY(kg_cuda_add_rmsnorm(st, out_rows, hdr, true, in.out_row, ctx->x, ctx->tmp, ctx->out_norm,
-                               ctx->xo, ctx->head.dt, hp->n_embd, hp->norm_eps));
+    const kg_cuda_residual_t res_last = {ctx->tmp, NULL,
+                                         ctx->layers[hp->n_layer - 1].ffn_post_norm};
+    KG_TRY(kg_cuda_add_rmsnorm(st, out_rows, hdr, true, in.out_row, ctx->x, &res_last,
+                               ctx->out_norm, ctx->xo, ctx->head.dt, NULL, KG_CUDA_F32, hp->n_embd,
+                               hp->norm_eps));
     if (head && out_rows > 0) {
         KG_TRY(run_head(ctx, 0, out_rows < ctx->out_cap ? out_rows : ctx->out_cap));
     }
@@ -1036,6 +1350,28 @@ static void cuda_last_fault(const kg_backend_t *be, kg_backend_fault_t *out) {
     *out = ((const cuda_ctx_t *)be->ctx)->fault;
 }
 
+/* The expert load, read back from the align kernel's counters (one small
+ * copy, after the work queued so far). */
+static void cuda_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out) {
+    cuda_ctx_t *ctx = (cuda_ctx_t *)be->ctx;
+    const int32_t X = ctx->hp.n_expert;
+    out->n_expert = X;
+    out->n_expert_used = ctx->hp.n_expert_used;
+    out->n_per_expert = ctx->moe_tokens;
+    if (!ctx->dead && ctx->moe_plan.stats &&
+        cudaMemcpyAsync(ctx->moe_stats_h, ctx->moe_plan.stats, (4 + (size_t)X) * sizeof(long long),
+                        cudaMemcpyDeviceToHost, ctx->stream) == cudaSuccess &&
+        cudaStreamSynchronize(ctx->stream) == cudaSuccess) {
+        for (int32_t e = 0; e < X; e++) {
+            ctx->moe_tokens[e] = ctx->moe_stats_h[4 + e];
+        }
+        out->n_layer_steps = ctx->moe_stats_h[0];
+        out->n_routed = ctx->moe_stats_h[1];
+        out->n_groups = ctx->moe_stats_h[2];
+        out->max_group = ctx->moe_stats_h[3];
+    }
+}
+
 static void cuda_counters(const kg_backend_t *be, kg_backend_counters_t *out) {
     const cuda_ctx_t *ctx = (const cuda_ctx_t *)be->ctx;
     out->graphs_captured = __atomic_load_n(&ctx->cnt.graphs_captured, __ATOMIC_RELAXED);
@@ -1074,6 +1410,17 @@ static void cuda_free(kg_backend_t *be) {
                 free_mat(&L->wo);
                 free_mat(&L->wgu);
                 free_mat(&L->wdown);
+                free_mat(&L->router);
+                free_mat(&L->exp_gate);
+                free_mat(&L->exp_up);
+                free_mat(&L->exp_down);
+                float *vecs[] = {
+                    L->bqkv,          L->bo,    L->q_norm,   L->k_norm,     L->attn_post_norm,
+                    L->ffn_post_norm, L->sinks, L->router_b, L->exp_gate_b, L->exp_up_b,
+                    L->exp_down_b};
+                for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
+                    cudaFree(vecs[i]);
+                }
             }
             free(ctx->layers);
         }
@@ -1082,15 +1429,22 @@ static void cuda_free(kg_backend_t *be) {
         }
         free_mat(&ctx->emb);
         cudaFree(ctx->out_norm);
+        cudaFree(ctx->out_b);
         cudaFree(ctx->rope_freqs);
+        cudaFree(ctx->gelu_table);
         cudaFree(ctx->kv);
-        void *bufs[] = {ctx->x,     ctx->qkv,    ctx->tmp,  ctx->gu,     ctx->rope_cs,
-                        ctx->split, ctx->logits, ctx->q16,  ctx->xn,     ctx->att,
-                        ctx->h,     ctx->xo,     ctx->d_in, ctx->blas_ws};
+        const kg_cuda_moe_plan_t *mp = &ctx->moe_plan;
+        void *bufs[] = {ctx->x,     ctx->qkv,        ctx->tmp,   ctx->gu,      ctx->rope_cs,
+                        ctx->split, ctx->logits,     ctx->q16,   ctx->xn,      ctx->att,
+                        ctx->h,     ctx->xo,         ctx->d_in,  ctx->blas_ws, mp->sel,
+                        mp->w,      mp->slot,        mp->offset, mp->row_tok,  mp->tile_expert,
+                        mp->stats,  ctx->moe_logits, ctx->xe,    ctx->moe_g,   ctx->moe_u,
+                        ctx->moe_h, ctx->moe_y};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             cudaFree(bufs[i]);
         }
         cudaFreeHost(ctx->h_in);
+        cudaFreeHost(ctx->moe_stats_h);
         if (ctx->ev_in) {
             cudaEventDestroy(ctx->ev_in);
         }
@@ -1105,7 +1459,8 @@ static void cuda_free(kg_backend_t *be) {
         }
         void *host[] = {ctx->hash_seq,   ctx->hash_idx,  ctx->dist_seq, ctx->dist_max_pos,
                         ctx->dist_off,   ctx->dist_slot, ctx->tok_dist, ctx->grp_tile0,
-                        ctx->grp_ntiles, ctx->grp_tok0,  ctx->grp_ntok};
+                        ctx->grp_ntiles, ctx->grp_tok0,  ctx->grp_ntok, ctx->dist_min_pos,
+                        ctx->ropes,      ctx->moe_tokens};
         for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) {
             free(host[i]);
         }
@@ -1144,6 +1499,7 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     be->sample = cuda_sample;
     be->last_fault = cuda_last_fault;
     be->counters = cuda_counters;
+    be->moe_stats = hp->n_expert > 0 ? cuda_moe_stats : NULL;
     be->kv_copy = cuda_kv_copy;
     ctx->model = model;
     ctx->hp = *hp;
@@ -1179,6 +1535,22 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     }
     ctx->use_graphs = env_int("KGEN_CUDA_GRAPHS", 1) != 0;
     make_buckets(ctx);
+    ctx->max_seq_len = params->max_seq_len > 0 ? params->max_seq_len : hp->n_ctx_train;
+    ctx->kv_window = kg_model_kv_window(model);
+    if (hp->n_expert > 0 && (hp->n_expert_used > KG_CUDA_MOE_MAX_K || hp->n_expert > 1024)) {
+        snprintf(errstr, errstr_size,
+                 "cuda backend: %d experts with %d per token; the CUDA backend runs up to 1024 "
+                 "experts and %d per token",
+                 hp->n_expert, hp->n_expert_used, KG_CUDA_MOE_MAX_K);
+        goto fail;
+    }
+    /* every weight's type, before anything is uploaded (a loaded model has
+     * no tensor the graph does not use) */
+    for (int64_t i = 0; i < kg_gguf_n_tensors(model->gguf); i++) {
+        if (check_type(kg_gguf_tensor(model->gguf, i), errstr, errstr_size) != KG_OK) {
+            goto fail;
+        }
+    }
 
     kg_cuda_probe(&probe);
     if (probe.kind != KG_CUDA_PROBE_OK) {

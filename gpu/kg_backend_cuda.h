@@ -4,14 +4,15 @@
  * behind KG_USE_CUDA. */
 #pragma once
 
-#include "../src/backend/kg_backend.h"
-
 #include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* inside the extern "C": the model's functions are C (kg_model_kv_window...) */
+#include "../src/backend/kg_backend.h"
 
 // ---- what the driver says (cuda_errors.cu) ----
 

@@ -1,8 +1,10 @@
 /* kg_cuda_ops: one kernel family at a time from host memory, for tests. */
 #include "attention.cuh"
 #include "cuda_common.cuh"
+#include "geglu.cuh"
 #include "gemm.cuh"
 #include "kg_cuda_ops.h"
+#include "logits.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
@@ -17,7 +19,7 @@ extern "C" {
 // ---- helpers ----
 
 /* Up to DEV_POOL device buffers freed together. */
-#define DEV_POOL 16
+#define DEV_POOL 24
 typedef struct dev_pool {
     void *p[DEV_POOL];
     int n;
@@ -173,6 +175,8 @@ static kg_status_t put_inputs(dev_pool_t *dp,
 
 kg_status_t kg_cuda_op_add_rmsnorm(float *x,
                                    const float *add,
+                                   const float *add_b,
+                                   const float *add_w,
                                    const float *w,
                                    float *y,
                                    int32_t rows,
@@ -181,19 +185,29 @@ kg_status_t kg_cuda_op_add_rmsnorm(float *x,
                                    int dtype) {
     dev_pool_t dp = {{NULL}, 0};
     kg_status_t st = KG_OK;
-    void *dx = NULL, *dadd = NULL, *dw = NULL, *dy = NULL, *dh = NULL;
+    void *dx = NULL, *dadd = NULL, *dab = NULL, *daw = NULL, *dw = NULL, *dy = NULL, *dh = NULL;
     const int32_t hdr[4] = {rows, rows, 0, 0};
     const size_t sz = (size_t)rows * n * sizeof(float);
+    kg_cuda_residual_t res;
     TRY_OUT(dup(&dp, &dx, x, sz));
     if (add) {
         TRY_OUT(dup(&dp, &dadd, add, sz));
     }
+    if (add_b) {
+        TRY_OUT(dup(&dp, &dab, add_b, (size_t)n * sizeof(float)));
+    }
+    if (add_w) {
+        TRY_OUT(dup(&dp, &daw, add_w, (size_t)n * sizeof(float)));
+    }
     TRY_OUT(dup(&dp, &dw, w, (size_t)n * sizeof(float)));
     TRY_OUT(dalloc(&dp, &dy, (size_t)rows * n * esize(dtype)));
     TRY_OUT(dup(&dp, &dh, hdr, sizeof(hdr)));
+    res.add = (const float *)dadd;
+    res.add_b = (const float *)dab;
+    res.add_w = (const float *)daw;
     TRY_OUT(kg_cuda_add_rmsnorm(0, rows, (const kg_cuda_step_hdr_t *)dh, false, NULL, (float *)dx,
-                                (const float *)dadd, (const float *)dw, dy, (kg_cuda_dtype_t)dtype,
-                                n, eps));
+                                &res, (const float *)dw, dy, (kg_cuda_dtype_t)dtype, NULL,
+                                KG_CUDA_F32, n, eps));
     TRY_OUT(fetch(y, dy, (size_t)rows * n, dtype));
     TRY_OUT(fetch(x, dx, (size_t)rows * n, KG_CUDA_OP_F32));
 out:
@@ -206,11 +220,22 @@ kg_status_t kg_cuda_op_rope_store(
     dev_pool_t dp = {{NULL}, 0};
     kg_status_t st = KG_OK;
     kg_cuda_inputs_t in;
-    void *dqkv = NULL, *dcs = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+    void *dqkv = NULL, *dcs = NULL, *dq = NULL, *dk = NULL, *dv = NULL, *db = NULL, *dqn = NULL,
+         *dkn = NULL, *dff = NULL;
     const int32_t T = a->n_tokens;
     const size_t n_q = (size_t)a->n_head * a->head_dim, n_kv = (size_t)a->n_head_kv * a->head_dim;
     const size_t cache = (size_t)a->n_cache_rows * n_kv;
     const kg_cuda_rope_shape_t sh = {a->n_head, a->n_head_kv, a->head_dim, a->n_rot, a->block_size};
+    kg_cuda_qkv_ops_t ops;
+    kg_cuda_rope_t rope;
+    memset(&ops, 0, sizeof(ops));
+    rope.n_rot = a->n_rot;
+    rope.base = a->rope_base;
+    rope.freq_scale = a->rope_scale;
+    rope.ext_factor = a->ext_factor;
+    rope.attn_factor = a->attn_factor != 0.0f ? a->attn_factor : 1.0f;
+    rope.corr_dims[0] = a->corr_dims[0];
+    rope.corr_dims[1] = a->corr_dims[1];
     int32_t *t0 = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
     int32_t *tn = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
     int32_t n_tiles = 0;
@@ -224,9 +249,24 @@ kg_status_t kg_cuda_op_rope_store(
     TRY_OUT(dalloc(&dp, &dq, (size_t)T * n_q * 2));
     TRY_OUT(put(&dp, &dk, k_cache, cache, KG_CUDA_OP_F16));
     TRY_OUT(put(&dp, &dv, v_cache, cache, KG_CUDA_OP_F16));
-    TRY_OUT(
-        kg_cuda_rope_cache(0, T, in, (float *)dcs, a->n_rot, a->rope_base, a->rope_scale, NULL));
-    TRY_OUT(kg_cuda_rope_store(0, T, in, &sh, (const float *)dqkv, (const float *)dcs, (__half *)dq,
+    if (a->bias) {
+        TRY_OUT(dup(&dp, &db, a->bias, (n_q + 2 * n_kv) * sizeof(float)));
+    }
+    if (a->q_norm) {
+        TRY_OUT(dup(&dp, &dqn, a->q_norm, (size_t)a->head_dim * sizeof(float)));
+        TRY_OUT(dup(&dp, &dkn, a->k_norm, (size_t)a->head_dim * sizeof(float)));
+    }
+    if (a->freq_factors) {
+        TRY_OUT(dup(&dp, &dff, a->freq_factors, (size_t)(a->n_rot / 2) * sizeof(float)));
+    }
+    ops.bias = (const float *)db;
+    ops.q_norm = (const float *)dqn;
+    ops.k_norm = (const float *)dkn;
+    ops.norm_eps = a->norm_eps;
+    ops.neox = a->neox;
+    ops.q_scale = a->q_scale;
+    TRY_OUT(kg_cuda_rope_cache(0, T, in, (float *)dcs, &rope, (const float *)dff));
+    TRY_OUT(kg_cuda_rope_store(0, T, in, &sh, &ops, (float *)dqkv, (const float *)dcs, (__half *)dq,
                                (__half *)dk, (__half *)dv));
     TRY_OUT(fetch(q_out, dq, (size_t)T * n_q, KG_CUDA_OP_F16));
     TRY_OUT(fetch(k_cache, dk, cache, KG_CUDA_OP_F16));
@@ -248,12 +288,17 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
     dev_pool_t dp = {{NULL}, 0};
     kg_status_t st = KG_OK;
     kg_cuda_inputs_t in;
-    void *dq = NULL, *dk = NULL, *dv = NULL, *dscr = NULL, *dout = NULL;
+    void *dq = NULL, *dk = NULL, *dv = NULL, *dscr = NULL, *dout = NULL, *dsinks = NULL;
     const int32_t T = a->n_tokens;
     const size_t n_q = (size_t)a->n_head * a->head_dim, n_kv = (size_t)a->n_head_kv * a->head_dim;
     const size_t cache = (size_t)a->n_cache_rows * n_kv;
     const kg_cuda_attn_shape_t sh = {a->n_head, a->n_head_kv, a->head_dim, a->block_size};
     kg_cuda_attn_plan_t plan;
+    kg_cuda_attn_layer_t lay;
+    lay.scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)a->head_dim);
+    lay.softcap = a->softcap;
+    lay.n_swa = a->n_swa;
+    lay.sinks = NULL;
     int32_t *t0 = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
     int32_t *tn = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
     int32_t n_tiles = 0, max_pos = 0;
@@ -275,6 +320,10 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
     TRY_OUT(put(&dp, &dv, v_cache, cache, KG_CUDA_OP_F16));
     TRY_OUT(dalloc(&dp, &dscr, kg_cuda_attention_scratch_size(&sh, T * plan.max_splits)));
     TRY_OUT(dalloc(&dp, &dout, (size_t)T * n_q * esize(dtype)));
+    if (a->sinks) {
+        TRY_OUT(dup(&dp, &dsinks, a->sinks, (size_t)a->n_head * sizeof(float)));
+        lay.sinks = (const float *)dsinks;
+    }
     {
         /* launch groups of whole tiles whose partials fit pair_cap */
         const int32_t cap_tok = cut->pair_cap > 0 ? cut->pair_cap / plan.max_splits : T;
@@ -284,7 +333,7 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
             while (g1 < n_tiles && (g1 == g0 || ntok + tn[g1] <= cap_tok)) {
                 ntok += tn[g1++];
             }
-            TRY_OUT(kg_cuda_attention(0, in, &sh, &plan, g0, g1 - g0, t0[g0], ntok,
+            TRY_OUT(kg_cuda_attention(0, in, &sh, &plan, &lay, g0, g1 - g0, t0[g0], ntok,
                                       (const __half *)dq, (const __half *)dk, (const __half *)dv,
                                       (float *)dscr, dout, (kg_cuda_dtype_t)dtype));
             g0 = g1;
@@ -310,6 +359,73 @@ kg_status_t kg_cuda_op_swiglu(const float *gu, float *h, int32_t rows, int32_t n
                            (kg_cuda_dtype_t)dtype, n_ff));
     TRY_OUT(fetch(h, dh, (size_t)rows * n_ff, dtype));
 out:
+    dfree(&dp);
+    return st;
+}
+
+kg_status_t kg_cuda_op_geglu(const float *gu, float *h, int32_t rows, int32_t n_ff, int dtype) {
+    dev_pool_t dp = {{NULL}, 0};
+    kg_status_t st = KG_OK;
+    void *dgu = NULL, *dh = NULL, *dhdr = NULL, *dtab = NULL;
+    const int32_t hdr[4] = {rows, rows, 0, 0};
+    uint16_t *table = (uint16_t *)malloc(65536 * sizeof(uint16_t));
+    if (!table) {
+        return KG_ERR_NOMEM;
+    }
+    kg_cuda_gelu_table_fill(table);
+    TRY_OUT(dup(&dp, &dtab, table, 65536 * sizeof(uint16_t)));
+    TRY_OUT(dup(&dp, &dgu, gu, (size_t)rows * 2 * n_ff * sizeof(float)));
+    TRY_OUT(dalloc(&dp, &dh, (size_t)rows * n_ff * esize(dtype)));
+    TRY_OUT(dup(&dp, &dhdr, hdr, sizeof(hdr)));
+    TRY_OUT(kg_cuda_geglu(0, rows, (const kg_cuda_step_hdr_t *)dhdr, (const float *)dgu,
+                          (const uint16_t *)dtab, dh, (kg_cuda_dtype_t)dtype, n_ff));
+    TRY_OUT(fetch(h, dh, (size_t)rows * n_ff, dtype));
+out:
+    free(table);
+    dfree(&dp);
+    return st;
+}
+
+kg_status_t
+kg_cuda_op_logits_post(float *logits, int32_t rows, int32_t n_vocab, const float *bias, float cap) {
+    dev_pool_t dp = {{NULL}, 0};
+    kg_status_t st = KG_OK;
+    void *dl = NULL, *db = NULL;
+    const size_t sz = (size_t)rows * n_vocab * sizeof(float);
+    TRY_OUT(dup(&dp, &dl, logits, sz));
+    if (bias) {
+        TRY_OUT(dup(&dp, &db, bias, (size_t)n_vocab * sizeof(float)));
+    }
+    TRY_OUT(kg_cuda_logits_post(0, (float *)dl, rows, n_vocab, (const float *)db, cap));
+    TRY_OUT(fetch(logits, dl, (size_t)rows * n_vocab, KG_CUDA_OP_F32));
+out:
+    dfree(&dp);
+    return st;
+}
+
+kg_status_t kg_cuda_op_convert(int type, const void *src, int64_t n, float *out) {
+    dev_pool_t dp = {{NULL}, 0};
+    kg_status_t st = KG_OK;
+    const kg_ggml_type_t t = (kg_ggml_type_t)type;
+    const kg_cuda_dtype_t dt = kg_cuda_weight_dtype(t);
+    void *dd = NULL;
+    void *host = malloc((size_t)n * 4 + 1);
+    float *f32 = (float *)malloc((size_t)n * 4 + 1);
+    if (!kg_type_is_known((uint32_t)type) || n % kg_type_block_elems(t) != 0) {
+        st = KG_ERR_UNSUPPORTED;
+        goto out;
+    }
+    if (!host || !f32) {
+        st = KG_ERR_NOMEM;
+        goto out;
+    }
+    /* the upload's conversion, through device memory and back */
+    kg_cuda_weight_convert(t, src, n, dt, host, f32);
+    TRY_OUT(dup(&dp, &dd, host, (size_t)n * esize(dt)));
+    TRY_OUT(fetch(out, dd, (size_t)n, dt));
+out:
+    free(host);
+    free(f32);
     dfree(&dp);
     return st;
 }

@@ -27,12 +27,29 @@ typedef struct kg_cuda_op_attn {
     const int32_t *table;   /* (n_table) physical block ids */
     int32_t n_table;
     int32_t n_cache_rows; /* rows of the K/V cache (blocks * block_size) */
+
+    /* what a family adds (zeros and NULLs: the Llama graph) */
+    int neox;                     /* NeoX pairs (i, i + n_rot/2) */
+    float q_scale;                /* q *= q_scale after RoPE; 0: not */
+    const float *bias;            /* (n_q + 2 n_kv) Q|K|V biases */
+    const float *q_norm, *k_norm; /* (head_dim) per-head RMSNorm weights */
+    float norm_eps;
+    float ext_factor, attn_factor; /* YaRN (attn_factor 0 means 1) */
+    float corr_dims[2];
+    const float *freq_factors; /* (n_rot / 2) */
+    float scale;               /* attention: scores times it; 0: 1 / sqrt(head_dim) */
+    float softcap;             /* scores soft-capped first; 0: not */
+    int32_t n_swa;             /* window; 0: every position */
+    const float *sinks;        /* (n_head) sink logits */
 } kg_cuda_op_attn_t;
 
-/** x (rows, n) += add (when not NULL); y = rmsnorm(x) * w stored as dtype
- * and returned as floats. x is updated in place. */
+/** x (rows, n) += add (when not NULL: + add_b, then RMSNorm'd with add_w,
+ * each when not NULL); y = rmsnorm(x) * w stored as dtype and returned as
+ * floats. x is updated in place. */
 kg_status_t kg_cuda_op_add_rmsnorm(float *x,
                                    const float *add,
+                                   const float *add_b,
+                                   const float *add_w,
                                    const float *w,
                                    float *y,
                                    int32_t rows,
@@ -40,10 +57,12 @@ kg_status_t kg_cuda_op_add_rmsnorm(float *x,
                                    float eps,
                                    int dtype);
 
-/** RoPE angles of a->pos, rotation of q|k in qkv (n_tokens, n_q + 2 n_kv),
- * q rounded to fp16 into q_out (n_tokens, n_q); k and v stored as fp16 in
- * the caches (n_cache_rows, n_kv), which are read back as floats (rows the
- * step does not write keep their input values). */
+/** RoPE angles of a->pos (with YaRN and frequency factors as a says), the
+ * biases and Q/K norms, rotation of q|k in qkv (n_tokens, n_q + 2 n_kv)
+ * (normal or NeoX pairs, the first n_rot dims), the query scale, q rounded
+ * to fp16 into q_out (n_tokens, n_q); k and v stored as fp16 in the caches
+ * (n_cache_rows, n_kv), which are read back as floats (rows the step does
+ * not write keep their input values). */
 kg_status_t kg_cuda_op_rope_store(
     const kg_cuda_op_attn_t *a, const float *qkv, float *q_out, float *k_cache, float *v_cache);
 
@@ -55,8 +74,10 @@ typedef struct kg_cuda_op_attn_cut {
     int32_t pair_cap;  /* (token, split) partials per launch group; 0: no limit */
 } kg_cuda_op_attn_cut_t;
 
-/** Paged attention: q (n_tokens, n_q) and the caches (n_cache_rows, n_kv)
- * are rounded to fp16 on the way in; out (n_tokens, n_q) as dtype. */
+/** Paged attention (scale, soft-capping, window and sinks from a): q
+ * (n_tokens, n_q) and the caches (n_cache_rows, n_kv) are rounded to fp16
+ * on the way in; out (n_tokens, n_q) as dtype. Table entries before a
+ * windowed token's window may be -1 (never read). */
 kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
                                  const float *q,
                                  const float *k_cache,
@@ -67,6 +88,21 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
 
 /** h (rows, n_ff) = silu(gu[:, :n_ff]) * gu[:, n_ff:] stored as dtype. */
 kg_status_t kg_cuda_op_swiglu(const float *gu, float *h, int32_t rows, int32_t n_ff, int dtype);
+
+/** h (rows, n_ff) = GeGLU(gu[:, :n_ff], gu[:, n_ff:]) (the fp16 GELU table)
+ * stored as dtype. */
+kg_status_t kg_cuda_op_geglu(const float *gu, float *h, int32_t rows, int32_t n_ff, int dtype);
+
+/** logits (rows, n_vocab) = softcap(logits + bias) in place (bias NULL:
+ * none; cap 0: none), the head's epilogue. */
+kg_status_t
+kg_cuda_op_logits_post(float *logits, int32_t rows, int32_t n_vocab, const float *bias, float cap);
+
+/** Weights of `type` (n elements at src) as the backend converts them at
+ * upload into out (n floats): the device element type it picks for a
+ * matrix of that type alone (F32, F16 or BF16) read back as floats.
+ * KG_ERR_UNSUPPORTED for a type kgen cannot dequantize. */
+kg_status_t kg_cuda_op_convert(int type, const void *src, int64_t n, float *out);
 
 /** y (rows, n_out) = x (rows, n_in) · w (n_out, n_in)^T with w and x
  * rounded to dtype, through the batch-invariant kernels or (cublas) cuBLAS. */

@@ -37,9 +37,16 @@ top_k_insert(float *val, int32_t *idx, int32_t *count, int32_t k, float v, int32
     idx[i] = e;
 }
 
+/* A router logit plus the router's bias (ggml_add), recomputed where it is
+ * needed: the same float each time. */
+__device__ __forceinline__ float router_logit(const float *lg, const float *bias, int32_t e) {
+    return bias ? lg[e] + bias[e] : lg[e];
+}
+
 __global__ void moe_route_kernel(const kg_cuda_step_hdr_t *hdr,
                                  kg_cuda_moe_router_t r,
                                  const float *__restrict__ logits,
+                                 const float *__restrict__ bias,
                                  int32_t *__restrict__ sel,
                                  float *__restrict__ wout,
                                  int32_t n_launch) {
@@ -52,7 +59,7 @@ __global__ void moe_route_kernel(const kg_cuda_step_hdr_t *hdr,
     int32_t idx[KG_CUDA_MOE_MAX_K], count = 0;
     if (r.top_k_then_softmax) {
         for (int32_t e = 0; e < r.n_expert; e++) {
-            top_k_insert(val, idx, &count, r.k, lg[e], e);
+            top_k_insert(val, idx, &count, r.k, router_logit(lg, bias, e), e);
         }
         float m = -INFINITY;
         for (int32_t j = 0; j < r.k; j++) {
@@ -72,15 +79,15 @@ __global__ void moe_route_kernel(const kg_cuda_step_hdr_t *hdr,
          * top-k needs it: the same float as a stored one */
         float m = -INFINITY;
         for (int32_t e = 0; e < r.n_expert; e++) {
-            m = fmaxf(m, lg[e]);
+            m = fmaxf(m, router_logit(lg, bias, e));
         }
         double sum = 0.0;
         for (int32_t e = 0; e < r.n_expert; e++) {
-            sum += (double)expf(lg[e] - m);
+            sum += (double)expf(router_logit(lg, bias, e) - m);
         }
         const float inv = (float)(1.0 / sum);
         for (int32_t e = 0; e < r.n_expert; e++) {
-            top_k_insert(val, idx, &count, r.k, expf(lg[e] - m) * inv, e);
+            top_k_insert(val, idx, &count, r.k, expf(router_logit(lg, bias, e) - m) * inv, e);
         }
         for (int32_t j = 0; j < r.k; j++) {
             w[j] = val[j];
@@ -109,12 +116,14 @@ kg_status_t kg_cuda_moe_route(cudaStream_t stream,
                               const kg_cuda_step_hdr_t *hdr,
                               const kg_cuda_moe_router_t *r,
                               const float *logits,
+                              const float *bias,
                               const kg_cuda_moe_plan_t *plan) {
     if (n_launch <= 0) {
         return KG_OK;
     }
     const unsigned blocks = (unsigned)((n_launch + 127) / 128);
-    moe_route_kernel<<<blocks, 128, 0, stream>>>(hdr, *r, logits, plan->sel, plan->w, n_launch);
+    moe_route_kernel<<<blocks, 128, 0, stream>>>(hdr, *r, logits, bias, plan->sel, plan->w,
+                                                 n_launch);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
@@ -128,14 +137,17 @@ __global__ void moe_align_kernel(const kg_cuda_step_hdr_t *hdr,
                                  int32_t *__restrict__ row_tok,
                                  int32_t *__restrict__ slot,
                                  int32_t *__restrict__ tile_expert,
-                                 int32_t rows_cap) {
+                                 int32_t rows_cap,
+                                 long long *__restrict__ stats) {
     __shared__ int32_t start[MOE_MAX_EXPERTS + 1];
+    __shared__ int32_t count[MOE_MAX_EXPERTS];
     const int32_t n = hdr->n_tokens * r.k, T = KG_CUDA_MOE_TILE;
     for (int32_t e = (int32_t)threadIdx.x; e < r.n_expert; e += (int32_t)blockDim.x) {
         int32_t c = 0;
         for (int32_t i = 0; i < n; i++) {
             c += sel[i] == e;
         }
+        count[e] = c;
         start[e + 1] = (c + T - 1) / T * T;
     }
     __syncthreads();
@@ -145,6 +157,15 @@ __global__ void moe_align_kernel(const kg_cuda_step_hdr_t *hdr,
             start[e + 1] += start[e];
         }
         offset[r.n_expert] = start[r.n_expert];
+        if (stats) { /* kg_moe_stats_t's sums; one thread, so no atomics */
+            stats[0] += 1;
+            stats[1] += n;
+            for (int32_t e = 0; e < r.n_expert; e++) {
+                stats[2] += count[e] > 0;
+                stats[3] = count[e] > stats[3] ? count[e] : stats[3];
+                stats[4 + e] += count[e];
+            }
+        }
     }
     __syncthreads();
     for (int32_t e = (int32_t)threadIdx.x; e < r.n_expert; e += (int32_t)blockDim.x) {
@@ -178,7 +199,8 @@ kg_status_t kg_cuda_moe_align(cudaStream_t stream,
         return KG_ERR_INVALID;
     }
     moe_align_kernel<<<1, 256, 0, stream>>>(hdr, *r, plan->sel, plan->offset, plan->row_tok,
-                                            plan->slot, plan->tile_expert, plan->rows_cap);
+                                            plan->slot, plan->tile_expert, plan->rows_cap,
+                                            plan->stats);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
@@ -449,7 +471,7 @@ extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
 
     {
         const kg_cuda_step_hdr_t *dh = (const kg_cuda_step_hdr_t *)hdr;
-        MOE_TRY(kg_cuda_moe_route(0, T, dh, &r, (const float *)dl, &plan));
+        MOE_TRY(kg_cuda_moe_route(0, T, dh, &r, (const float *)dl, NULL, &plan));
         MOE_TRY(kg_cuda_moe_align(0, dh, &r, &plan));
         MOE_TRY(kg_cuda_moe_gemm(0, &plan, dg, (const float *)gb, dx, 1, (float *)g, F, E, dt));
         MOE_TRY(kg_cuda_moe_gemm(0, &plan, du, (const float *)ub, dx, 1, (float *)u, F, E, dt));

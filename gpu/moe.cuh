@@ -22,9 +22,10 @@
  *   combine the weighted sum of a token's k outputs in rank order, each
  *           product rounded, then added (ggml_mul, then ggml_add of views).
  *
- * The backend does not run expert models yet (kg_backend.c refuses them for
- * CUDA: moe, moe_oai, attn_sinks); kg_cuda_op_moe_ffn (moe_ops.h) runs
- * these kernels on host data for tests/unit/check_cuda_moe.c. */
+ * The backend runs them for every expert layer (kg_backend_cuda.cu, run_step:
+ * the router GEMM through gemm.cu, then route, align, gemm x 3, act,
+ * combine); kg_cuda_op_moe_ffn (moe_ops.h) runs them on host data for
+ * tests/unit/check_cuda_moe.c. */
 #pragma once
 
 #include "cuda_common.cuh"
@@ -50,25 +51,34 @@ typedef struct kg_cuda_moe_plan {
     int32_t *offset;      /* (n_expert + 1) first (padded) row of each expert */
     int32_t *row_tok;     /* (rows_cap) token of each grouped row; -1: padding */
     int32_t *tile_expert; /* (rows_cap / TILE) expert of each row tile; -1: unused */
-    int32_t rows_cap;     /* cap * k + n_expert * (TILE - 1), rounded up to TILE */
+    int32_t rows_cap;     /* kg_cuda_moe_rows_cap of the launch's token count */
+    /* the expert load, summed over calls (NULL: not counted): n_layer_steps,
+     * n_routed, n_groups, max_group, then (n_expert) rows per expert */
+    long long *stats;
 } kg_cuda_moe_plan_t;
 
-/** Rows of the grouped layout for `cap` tokens. */
+/** Rows of the grouped layout for `cap` tokens: cap * k rows, each active
+ * expert's group padded to a whole tile (at most min(n_expert, cap * k)
+ * experts are active), rounded up to a tile. */
 static inline int32_t kg_cuda_moe_rows_cap(int32_t cap, int32_t k, int32_t n_expert) {
-    const int32_t r = cap * k + n_expert * (KG_CUDA_MOE_TILE - 1);
+    const int32_t active = n_expert < cap * k ? n_expert : cap * k;
+    const int32_t r = cap * k + active * (KG_CUDA_MOE_TILE - 1);
     return (r + KG_CUDA_MOE_TILE - 1) / KG_CUDA_MOE_TILE * KG_CUDA_MOE_TILE;
 }
 
-/** Route hdr->n_tokens tokens by their logits (n_launch, n_expert) into
- * plan->sel and plan->w. */
+/** Route hdr->n_tokens tokens by their logits (n_launch, n_expert), plus
+ * the router's bias (n_expert) when not NULL (gpt-oss), into plan->sel and
+ * plan->w. */
 kg_status_t kg_cuda_moe_route(cudaStream_t stream,
                               int32_t n_launch,
                               const kg_cuda_step_hdr_t *hdr,
                               const kg_cuda_moe_router_t *r,
                               const float *logits,
+                              const float *bias,
                               const kg_cuda_moe_plan_t *plan);
 
-/** The grouped layout of plan->sel: offset, row_tok, slot, tile_expert. */
+/** The grouped layout of plan->sel: offset, row_tok, slot, tile_expert;
+ * and the load in plan->stats when not NULL. */
 kg_status_t kg_cuda_moe_align(cudaStream_t stream,
                               const kg_cuda_step_hdr_t *hdr,
                               const kg_cuda_moe_router_t *r,

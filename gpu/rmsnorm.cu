@@ -6,10 +6,12 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(const kg_cuda_step_hdr
                                                           bool outputs,
                                                           const int32_t *map,
                                                           float *__restrict__ x,
-                                                          const float *__restrict__ add,
+                                                          kg_cuda_residual_t res,
                                                           const float *__restrict__ w,
                                                           void *__restrict__ y,
                                                           int dt,
+                                                          void *__restrict__ y2,
+                                                          int dt2,
                                                           int32_t n,
                                                           float eps) {
     __shared__ double red[32];
@@ -19,11 +21,28 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(const kg_cuda_step_hdr
     }
     const int64_t r = map ? map[i] : i;
     float *xr = x + r * n;
+    const float *add = res.add ? res.add + r * n : NULL;
+    /* the block output's own norm (Gemma's post-attention / post-FFN norm),
+     * after its bias */
+    float add_scale = 1.0f;
+    if (add && res.add_w) {
+        double sum = 0.0;
+        for (int32_t e = threadIdx.x; e < n; e += blockDim.x) {
+            const float a = res.add_b ? add[e] + res.add_b[e] : add[e];
+            sum += (double)(a * a);
+        }
+        sum = kg_block_sum_d(sum, red);
+        add_scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    }
     double sum = 0.0;
     for (int32_t e = threadIdx.x; e < n; e += blockDim.x) {
         float v = xr[e];
         if (add) {
-            v += add[r * n + e];
+            float a = res.add_b ? add[e] + res.add_b[e] : add[e];
+            if (res.add_w) {
+                a = (a * add_scale) * res.add_w[e];
+            }
+            v += a;
             xr[e] = v;
         }
         sum += (double)(v * v);
@@ -32,7 +51,11 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(const kg_cuda_step_hdr
     const float mean = (float)(sum / (double)n);
     const float scale = 1.0f / sqrtf(mean + eps);
     for (int32_t e = threadIdx.x; e < n; e += blockDim.x) {
-        kg_st(y, (int64_t)i * n + e, (xr[e] * scale) * w[e], dt);
+        const float v = (xr[e] * scale) * w[e];
+        kg_st(y, (int64_t)i * n + e, v, dt);
+        if (y2) {
+            kg_st(y2, (int64_t)i * n + e, v, dt2);
+        }
     }
 }
 
@@ -42,17 +65,19 @@ kg_status_t kg_cuda_add_rmsnorm(cudaStream_t stream,
                                 bool outputs,
                                 const int32_t *map,
                                 float *x,
-                                const float *add,
+                                const kg_cuda_residual_t *res,
                                 const float *w,
                                 void *y,
                                 kg_cuda_dtype_t dt,
+                                void *y2,
+                                kg_cuda_dtype_t dt2,
                                 int32_t n,
                                 float eps) {
     if (n_launch <= 0) {
         return KG_OK;
     }
-    add_rmsnorm_kernel<<<n_launch, 256, 0, stream>>>(hdr, outputs, map, x, add, w, y, (int)dt, n,
-                                                     eps);
+    add_rmsnorm_kernel<<<n_launch, 256, 0, stream>>>(hdr, outputs, map, x, *res, w, y, (int)dt, y2,
+                                                     (int)dt2, n, eps);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }

@@ -1,69 +1,116 @@
-/* rope: angles and rotation. Built with --fmad=false so a*cos - b*sin
- * rounds as the CPU's kg_rope_pair does. */
+/* rope: angles and the attention inputs. Built with --fmad=false so the
+ * bias add, the norm, a*cos - b*sin and the query scale round as the CPU
+ * backend's do. */
 #include "rope.cuh"
+
+#define ROPE_THREADS 128
 
 __global__ void rope_cache_kernel(kg_cuda_inputs_t in,
                                   float *__restrict__ rope_cs,
-                                  int32_t n_rot,
-                                  float base,
-                                  float freq_scale,
+                                  kg_cuda_rope_t r,
                                   const float *freq_factors,
                                   int32_t n_launch) {
     const int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_launch || t >= in.hdr->n_tokens) {
         return;
     }
-    float *cs = rope_cs + (int64_t)t * n_rot;
-    kg_rope_cache(in.pos[t], n_rot, base, freq_scale, freq_factors, cs, cs + n_rot / 2);
+    float *cs = rope_cs + (int64_t)t * r.n_rot;
+    kg_rope_cache_yarn(in.pos[t], r.n_rot, r.base, r.freq_scale, freq_factors, r.ext_factor,
+                       r.attn_factor, r.corr_dims, cs, cs + r.n_rot / 2);
 }
 
 kg_status_t kg_cuda_rope_cache(cudaStream_t stream,
                                int32_t n_launch,
                                kg_cuda_inputs_t in,
                                float *rope_cs,
-                               int32_t n_rot,
-                               float base,
-                               float freq_scale,
+                               const kg_cuda_rope_t *rope,
                                const float *freq_factors) {
     const int threads = 64;
     rope_cache_kernel<<<(n_launch + threads - 1) / threads, threads, 0, stream>>>(
-        in, rope_cs, n_rot, base, freq_scale, freq_factors, n_launch);
+        in, rope_cs, *rope, freq_factors, n_launch);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
 
-__global__ void rope_store_kernel(kg_cuda_inputs_t in,
-                                  kg_cuda_rope_shape_t sh,
-                                  const float *__restrict__ qkv,
-                                  const float *__restrict__ rope_cs,
-                                  __half *__restrict__ q16,
-                                  __half *__restrict__ k_cache,
-                                  __half *__restrict__ v_cache) {
+/* One block per token. Phase 1 (families with biases or Q/K norms) works in
+ * place on the token's qkv row in global memory, which the block's threads
+ * see after __syncthreads; phase 2 rotates, scales and stores. */
+__global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs_t in,
+                                                                  kg_cuda_rope_shape_t sh,
+                                                                  kg_cuda_qkv_ops_t ops,
+                                                                  float *__restrict__ qkv,
+                                                                  const float *__restrict__ rope_cs,
+                                                                  __half *__restrict__ q16,
+                                                                  __half *__restrict__ k_cache,
+                                                                  __half *__restrict__ v_cache) {
     const int32_t t = blockIdx.x;
     if (t >= in.hdr->n_tokens) {
         return;
     }
     const int32_t hd = sh.head_dim, half_hd = hd / 2, half_rot = sh.n_rot / 2;
     const int64_t n_q = (int64_t)sh.n_head * hd, n_kv = (int64_t)sh.n_head_kv * hd;
-    const float *src = qkv + (int64_t)t * (n_q + 2 * n_kv);
+    float *src = qkv + (int64_t)t * (n_q + 2 * n_kv);
     const float *cs = rope_cs + (int64_t)t * sh.n_rot;
     const int32_t pos = in.pos[t];
     const int64_t row = (int64_t)in.table[in.tbl_off[t] + pos / sh.block_size] * sh.block_size +
                         pos % sh.block_size;
 
-    /* q and k pairs: heads 0..n_head-1 are q, the next n_head_kv are k */
+    /* 1. biases (ggml_add), then RMSNorm of each q and k head (build_norm
+     * on (head_dim, n_head, T)): a warp per head, squares summed in double
+     * as cpu_rmsnorm_rows does */
+    if (ops.bias) {
+        for (int64_t e = threadIdx.x; e < n_q + 2 * n_kv; e += blockDim.x) {
+            src[e] = src[e] + ops.bias[e];
+        }
+        __syncthreads();
+    }
+    if (ops.q_norm) {
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+        for (int32_t h = warp; h < sh.n_head + sh.n_head_kv; h += n_warps) {
+            float *x = src + (int64_t)h * hd;
+            const float *w = h < sh.n_head ? ops.q_norm : ops.k_norm;
+            double sum = 0.0;
+            for (int32_t e = lane; e < hd; e += 32) {
+                sum += (double)(x[e] * x[e]);
+            }
+            sum = kg_warp_sum_d(sum);
+            const float mean = (float)(sum / (double)hd);
+            const float scale = 1.0f / sqrtf(mean + ops.norm_eps);
+            for (int32_t e = lane; e < hd; e += 32) {
+                x[e] = (x[e] * scale) * w[e];
+            }
+        }
+        __syncthreads();
+    }
+
+    /* 2. q and k: pair i of a head is (2i, 2i+1) in normal mode; in NeoX
+     * mode (i, i + n_rot/2) for i < n_rot/2, and the dims past n_rot pass
+     * through two at a time; heads 0..n_head-1 are q, the next n_head_kv k */
     const int32_t n_pairs = (sh.n_head + sh.n_head_kv) * half_hd;
     for (int32_t j = threadIdx.x; j < n_pairs; j += blockDim.x) {
         const int32_t h = j / half_hd, i = j % half_hd;
-        const int64_t off = (int64_t)h * hd + 2 * i; /* within q|k of this token */
-        float a = src[off], b = src[off + 1];
+        int32_t ia = 2 * i, ib = 2 * i + 1;
+        if (ops.neox) {
+            ia = i < half_rot ? i : sh.n_rot + 2 * (i - half_rot);
+            ib = i < half_rot ? i + half_rot : ia + 1;
+        }
+        float a = src[(int64_t)h * hd + ia], b = src[(int64_t)h * hd + ib];
         if (i < half_rot) {
             kg_rope_pair(&a, &b, cs[i], cs[half_rot + i]);
         }
-        __half *dst =
-            h < sh.n_head ? q16 + (int64_t)t * n_q + off : k_cache + row * n_kv + (off - n_q);
-        dst[0] = __float2half_rn(a);
-        dst[1] = __float2half_rn(b);
+        if (h < sh.n_head) {
+            if (ops.q_scale != 0.0f) {
+                a = a * ops.q_scale;
+                b = b * ops.q_scale;
+            }
+            __half *dst = q16 + (int64_t)t * n_q + (int64_t)h * hd;
+            dst[ia] = __float2half_rn(a);
+            dst[ib] = __float2half_rn(b);
+        } else {
+            __half *dst = k_cache + row * n_kv + (int64_t)(h - sh.n_head) * hd;
+            dst[ia] = __float2half_rn(a);
+            dst[ib] = __float2half_rn(b);
+        }
     }
     for (int64_t e = threadIdx.x; e < n_kv; e += blockDim.x) {
         v_cache[row * n_kv + e] = __float2half_rn(src[n_q + n_kv + e]);
@@ -74,12 +121,17 @@ kg_status_t kg_cuda_rope_store(cudaStream_t stream,
                                int32_t n_launch,
                                kg_cuda_inputs_t in,
                                const kg_cuda_rope_shape_t *sh,
-                               const float *qkv,
+                               const kg_cuda_qkv_ops_t *ops,
+                               float *qkv,
                                const float *rope_cs,
                                __half *q16,
                                __half *k_cache,
                                __half *v_cache) {
-    rope_store_kernel<<<n_launch, 128, 0, stream>>>(in, *sh, qkv, rope_cs, q16, k_cache, v_cache);
+    if (n_launch <= 0) {
+        return KG_OK;
+    }
+    rope_store_kernel<<<n_launch, ROPE_THREADS, 0, stream>>>(in, *sh, *ops, qkv, rope_cs, q16,
+                                                             k_cache, v_cache);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }

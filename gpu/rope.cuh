@@ -1,34 +1,57 @@
-/* rope: RoPE angles per token, and the kernel that rotates q and k, rounds
- * q to fp16 and stores k and v in the paged fp16 KV cache. */
+/* rope: RoPE angles per token, and the kernel that prepares attention's
+ * inputs from the fused Q|K|V GEMM output: biases, per-head Q/K RMSNorm,
+ * the rotation (normal or NeoX pairs, partial), the query scale, q rounded
+ * to fp16 and k, v stored in the paged fp16 KV cache. */
 #pragma once
 
 #include "cuda_common.cuh"
 
+/* One RoPE of the model (llama.cpp's rope_ext arguments): the layers that
+ * share a base and scale share one. */
+typedef struct kg_cuda_rope {
+    int32_t n_rot;
+    float base, freq_scale;
+    float ext_factor, attn_factor; /* YaRN (0 and 1: plain RoPE, the same bits) */
+    float corr_dims[2];            /* YaRN's blend range for this base */
+} kg_cuda_rope_t;
+
 /** rope_cs[t] = cos | sin of every pair at position pos[t] (n_rot floats:
- * n_rot/2 cosines then n_rot/2 sines), from kg_rope_cache itself, one
- * thread per token: the same angles as the CPU backend. */
+ * n_rot/2 cosines then n_rot/2 sines), from kg_rope_cache_yarn itself, one
+ * thread per token: the same angles as the CPU backend. freq_factors
+ * (n_rot / 2, Llama 3.1's rope_freqs or LongRoPE's) may be NULL. */
 kg_status_t kg_cuda_rope_cache(cudaStream_t stream,
                                int32_t n_launch,
                                kg_cuda_inputs_t in,
                                float *rope_cs,
-                               int32_t n_rot,
-                               float base,
-                               float freq_scale,
+                               const kg_cuda_rope_t *rope,
                                const float *freq_factors);
 
 typedef struct kg_cuda_rope_shape {
     int32_t n_head, n_head_kv, head_dim, n_rot, block_size;
 } kg_cuda_rope_shape_t;
 
-/** For t < hdr->n_tokens, with qkv(t) = [q (n_head*hd) | k (n_kv*hd) | v (n_kv*hd)]:
- * rotate the first n_rot/2 adjacent pairs of every q and k head
- * (kg_rope_pair), write q as fp16 into q16 (t, n_head*hd), and k, v as fp16
- * into row table[tbl_off[t] + pos/bs]*bs + pos%bs of k_cache, v_cache. */
+/* What a family adds to the Llama attention inputs; zeros and NULLs: none. */
+typedef struct kg_cuda_qkv_ops {
+    const float *bias;   /* (n_q + 2 n_kv) Q|K|V biases, or NULL */
+    const float *q_norm; /* (head_dim) RMSNorm weight of every query head, or NULL */
+    const float *k_norm; /* (head_dim) of every key head (with q_norm) */
+    float norm_eps;
+    int neox;      /* pair i with i + n_rot/2 (else 2i with 2i + 1) */
+    float q_scale; /* q *= q_scale after the rotation; 0: not */
+} kg_cuda_qkv_ops_t;
+
+/** For t < hdr->n_tokens, with qkv(t) = [q (n_head*hd) | k (n_kv*hd) | v (n_kv*hd)]
+ * as the CPU backend does it: add the biases, RMSNorm every q and k head
+ * (in place in qkv), rotate the first n_rot dims of every q and k head
+ * (kg_rope_pair on the pairs of ops->neox's mode; the rest pass through),
+ * scale q, write q as fp16 into q16 (t, n_head*hd), and k, v as fp16 into
+ * row table[tbl_off[t] + pos/bs]*bs + pos%bs of k_cache, v_cache. */
 kg_status_t kg_cuda_rope_store(cudaStream_t stream,
                                int32_t n_launch,
                                kg_cuda_inputs_t in,
                                const kg_cuda_rope_shape_t *sh,
-                               const float *qkv,
+                               const kg_cuda_qkv_ops_t *ops,
+                               float *qkv,
                                const float *rope_cs,
                                __half *q16,
                                __half *k_cache,

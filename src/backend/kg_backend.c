@@ -13,10 +13,18 @@
 #endif
 
 #ifdef KG_USE_CUDA
-/* The KG_MODEL_FEAT_* bits the CUDA backend implements. It runs the Llama
- * graph only (gpu/ gets the new ops later, after the CPU has them); a model
- * that needs anything else is refused for it, and `auto` takes the CPU. */
-#define KG_CUDA_FEATURES 0u
+/* The KG_MODEL_FEAT_* bits the CUDA backend implements, each checked
+ * against the CPU backend on the emulator (tests/unit/check_cuda.c: the
+ * kernels, and whole forwards of the tests/data/arch models): the dense
+ * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN) and the experts
+ * (qwen3moe, Mixtral, gpt-oss with its sinks). A model that needs anything
+ * else is refused for it, and `auto` takes the CPU. */
+#define KG_CUDA_FEATURES                                                                           \
+    (KG_MODEL_FEAT_QKV_BIAS | KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_POST_NORM |                    \
+     KG_MODEL_FEAT_GELU | KG_MODEL_FEAT_EMBD_SCALE | KG_MODEL_FEAT_SOFTCAP |                       \
+     KG_MODEL_FEAT_SLIDING_WINDOW | KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_ROPE_PARTIAL |         \
+     KG_MODEL_FEAT_ROPE_PER_LAYER | KG_MODEL_FEAT_ROPE_YARN | KG_MODEL_FEAT_ROPE_FACTORS |         \
+     KG_MODEL_FEAT_Q_SCALE | KG_MODEL_FEAT_MOE | KG_MODEL_FEAT_MOE_OAI | KG_MODEL_FEAT_ATTN_SINKS)
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     const uint32_t missing = kg_model_features(model) & ~(uint32_t)KG_CUDA_FEATURES;

@@ -310,25 +310,25 @@ END_TEST
 
 // ---- backends ----
 
-/* A model the CUDA backend cannot run is refused for `cuda` (naming what
- * it lacks) and runs on the CPU for `auto`. */
-START_TEST(cuda_refuses_what_it_lacks) {
+/* The dense families pass the CUDA backend's feature gate (gemma2 uses
+ * the most of them): `cuda` gets as far as the device (an error naming the
+ * device here, where there is none; a backend on a GPU) and `auto` runs.
+ * The experts are check_moe's cuda_takes_experts. */
+START_TEST(cuda_takes_the_dense_families) {
     kg_model_t *m = load_ok(mk("--arch gemma2 --n-layer 2 --head-dim 32 " SMALL));
     kg_backend_params_t p = {
         .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
     char err[512] = "";
     kg_backend_t *be = kg_backend_new("cuda", m, &p, err, sizeof(err));
-    ck_assert_ptr_null(be);
 #ifdef KG_USE_CUDA
-    ck_assert_msg(strstr(err, "does not implement") && strstr(err, "gemma2") &&
-                      strstr(err, "softcap") && strstr(err, "sliding_window"),
-                  "%s", err);
+    ck_assert_msg(be != NULL || strstr(err, "does not implement") == NULL, "%s", err);
 #else
+    ck_assert_ptr_null(be);
     ck_assert_msg(strstr(err, "no CUDA backend") != NULL, "%s", err);
 #endif
+    kg_backend_free(be);
     be = kg_backend_new("auto", m, &p, err, sizeof(err));
     ck_assert_msg(be != NULL, "%s", err);
-    ck_assert_str_eq(kg_backend_name(be), "cpu");
     kg_backend_free(be);
     kg_model_free(m);
 }
@@ -345,7 +345,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, gemma2_defaults_from_code);
     tcase_add_test(tc, gemma3_layers);
     tcase_add_test(tc, phi3_fused_views_and_longrope);
-    tcase_add_test(tc, cuda_refuses_what_it_lacks);
+    tcase_add_test(tc, cuda_takes_the_dense_families);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -588,22 +588,24 @@ START_TEST(mkmodel_usage_errors) {
 }
 END_TEST
 
-/* The CUDA backend runs none of this yet: `cuda` is refused naming what is
- * missing, `auto` takes the CPU. */
-START_TEST(cuda_refuses_experts) {
+/* The expert models pass the CUDA backend's feature gate (gpt-oss uses the
+ * most: moe, moe_oai, attn_sinks): `cuda` gets as far as the device (an
+ * error naming the device where there is none, a backend on a GPU), and
+ * `auto` runs. check_cuda's archmore case runs them on the device. */
+START_TEST(cuda_takes_experts) {
     kg_model_t *m = load_ok(write_model("gpt-oss", 64, 1, 32, 4, 2, NULL));
     kg_backend_params_t p = {
         .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
     char err[512] = "";
     kg_backend_t *be = kg_backend_new("cuda", m, &p, err, sizeof(err));
-    ck_assert_ptr_null(be);
 #ifdef KG_USE_CUDA
-    ck_assert_msg(strstr(err, "gpt-oss") && strstr(err, "moe") && strstr(err, "attn_sinks"), "%s",
-                  err);
+    ck_assert_msg(be != NULL || strstr(err, "does not implement") == NULL, "%s", err);
+#else
+    ck_assert_ptr_null(be);
 #endif
+    kg_backend_free(be);
     be = kg_backend_new("auto", m, &p, err, sizeof(err));
     ck_assert_msg(be != NULL, "%s", err);
-    ck_assert_str_eq(kg_backend_name(be), "cpu");
     kg_backend_free(be);
     kg_model_free(m);
 }
@@ -725,7 +727,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, loader_reads_each_family);
     tcase_add_test(tc, loader_refusals);
-    tcase_add_test(tc, cuda_refuses_experts);
+    tcase_add_test(tc, cuda_takes_experts);
     tcase_add_test(tc, mkmodel_usage_errors);
     tcase_add_test(tc, quantized_like_llama_cpp);
     suite_add_tcase(s, tc);
