@@ -45,9 +45,15 @@ with open(sys.argv[1], "w") as f:
 PY
 "$bin/kgen-submit" --brokers "$brokers" --input "$tmp/jobs.jsonl" --output "$tmp/results.jsonl" --timeout 120 --no-progress
 
+# A job is counted when the broker acknowledges its terminal event, which can come after
+# kgen-submit has already read that event: wait for the counters to settle.
+for _ in $(seq 1 100); do
+    done_len=$(metric 'kgen_jobs_total{outcome="done",finish_reason="length"}')
+    dlq=$(metric 'kgen_jobs_total{outcome="dead_letter"}')
+    [[ "$done_len" == 20 && "$dlq" == 1 ]] && break
+    sleep 0.1
+done
 after=$(metric 'kgen_generation_tokens_total')
-done_len=$(metric 'kgen_jobs_total{outcome="done",finish_reason="length"}')
-dlq=$(metric 'kgen_jobs_total{outcome="dead_letter"}')
 ttft=$(metric 'kgen_time_to_first_token_seconds_count')
 steps=$(metric 'kgen_engine_steps_total')
 echo "generation tokens $before -> $after, done(length) $done_len, dead-lettered $dlq, ttft count $ttft, steps $steps"
