@@ -1426,10 +1426,13 @@ static void rebalance_cb(rd_kafka_t *rk,
         atomic_store(&w->m.assigned_partitions, parts->cnt);
         atomic_store(&w->m.ready, 1);
         KG_LOG_INFO("worker", "partitions assigned count=%d", parts->cnt);
+        /* Say the state of every new partition explicitly: librdkafka keeps a
+         * partition's pause flag across unassign and a later assign, so one
+         * paused under an earlier assignment (and since "resumed" while it was
+         * not assigned, which reached no partition) would never fetch again
+         * (librdkafka #1849, #5591; seen after a broker restart). */
         for (int l = 0; l < w->lanes.n; l++) {
-            if (w->lane_paused[l]) {
-                set_lane_paused(w, l, true);
-            }
+            set_lane_paused(w, l, w->lane_paused[l]);
         }
         return;
     }
@@ -1474,6 +1477,8 @@ static void rebalance_cb(rd_kafka_t *rk,
                 atomic_store(&w->lag_valid[lane][p], 0);
             }
         }
+        /* leave no pause flag behind on partitions that go (see the assign case) */
+        rd_kafka_resume_partitions(rk, parts);
         rd_kafka_assign(rk, NULL);
         if (w->assigned) {
             rd_kafka_topic_partition_list_destroy(w->assigned);
