@@ -12,6 +12,7 @@
 #include <string.h>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define VECDOT_AVX2 1
 #endif
@@ -47,10 +48,22 @@
  * instead of two). -1: not chosen yet (the best the CPU has). */
 static int kernel = -1;
 
+#ifdef VECDOT_AVX2
+/* CPUID.(EAX=7, ECX=1):EAX bit 4. Asked of cpuid directly: clang before 16
+ * has no "avxvnni" for __builtin_cpu_supports (the fuzz build is clang 14). */
+static bool has_avxvnni(void) {
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) {
+        return false;
+    }
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 4) & 1u;
+}
+#endif
+
 static int best_kernel(void) {
 #ifdef VECDOT_AVX2
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avxvnni") ? 2 : 1;
+    return has_avxvnni() ? 2 : 1;
 #else
     return 0;
 #endif
