@@ -63,16 +63,22 @@ static void pack_2bit(const uint8_t *L, uint8_t *qs) {
 
 // ---- block-32 formats ----
 
+/* the first of the 32 values of largest magnitude, with its sign (ggml's scan) */
+static float signed_absmax(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
+}
+
 static void quant_q4_0(const float *x, uint8_t *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32, y += 18) {
         /* the value of largest magnitude maps to -8 exactly, keeping its sign */
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
+        const float max = signed_absmax(x);
         const float d = max / -8;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         put_half(y, d);
@@ -116,13 +122,7 @@ static void quant_q4_1(const float *x, uint8_t *y, int64_t nb) {
 
 static void quant_q5_0(const float *x, uint8_t *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32, y += 22) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            if (amax < fabsf(x[j])) {
-                amax = fabsf(x[j]);
-                max = x[j];
-            }
-        }
+        const float max = signed_absmax(x);
         const float d = max / -16;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         put_half(y, d);
