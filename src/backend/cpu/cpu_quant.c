@@ -3,6 +3,7 @@
  * block inside the mapped file is not aligned. */
 #include "cpu_quant.h"
 
+#include "../../model/kg_mxfp4.h"
 #include "../../model/kg_quant.h"
 
 #include <math.h>
@@ -22,6 +23,7 @@ static const cpu_qtraits_t traits[] = {
     {KG_GGML_TYPE_Q5_1, CPU_ACT_Q8_1, 32, true, 0, false, true, false},
     {KG_GGML_TYPE_Q8_0, CPU_ACT_Q8_0, 32, false, 0, false, false, false},
     {KG_GGML_TYPE_IQ4_NL, CPU_ACT_Q8_0, 32, false, 0, false, false, false},
+    {KG_GGML_TYPE_MXFP4, CPU_ACT_Q8_0, 32, false, 0, false, false, false},
     {KG_GGML_TYPE_Q2_K, CPU_ACT_Q8_K, 256, true, 0, true, false, true},
     {KG_GGML_TYPE_Q3_K, CPU_ACT_Q8_K, 256, true, 4, true, false, false},
     {KG_GGML_TYPE_Q4_K, CPU_ACT_Q8_K, 256, true, 0, true, false, true},
@@ -280,6 +282,16 @@ static void unpack_row(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, 
             }
         }
         return;
+    case KG_GGML_TYPE_MXFP4:
+        /* one E8M0 byte, then the codes as Q4_0 lays out its nibbles */
+        for (int64_t b = 0; b < k / 32; b++, x += 17, w += 32) {
+            d[b * N] = kg_mxfp4_scale(x[0]);
+            nibbles32(x + 1, nib);
+            for (int e = 0; e < 32; e++) {
+                w[e] = kg_mxfp4_values[nib[e]];
+            }
+        }
+        return;
     case KG_GGML_TYPE_Q4_1:
         for (int64_t b = 0; b < k / 32; b++, x += 20, w += 32) {
             d[b * N] = rd_half(x);
@@ -468,6 +480,15 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
             store32(w, _mm256_shuffle_epi8(iq4, nibbles_avx2(x + 2)));
         }
         return true;
+    case KG_GGML_TYPE_MXFP4: {
+        const __m256i fp4 = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(const void *)kg_mxfp4_values));
+        for (int64_t b = 0; b < k / 32; b++, x += 17, w += 32) {
+            d[b * N] = kg_mxfp4_scale(x[0]);
+            store32(w, _mm256_shuffle_epi8(fp4, nibbles_avx2(x + 1)));
+        }
+        return true;
+    }
     case KG_GGML_TYPE_Q4_1:
         for (int64_t b = 0; b < k / 32; b++, x += 20, w += 32) {
             d[b * N] = rd_half(x);

@@ -5,8 +5,8 @@
  *
  * DESIGN
  * Activations. ggml multiplies a quantized weight by activations
- * quantized to the type's vec_dot_type: Q8_0 blocks for Q4_0, Q5_0, Q8_0
- * and IQ4_NL; Q8_1 (Q8_0 plus d * sum(q)) for Q4_1 and Q5_1; Q8_K (256
+ * quantized to the type's vec_dot_type: Q8_0 blocks for Q4_0, Q5_0, Q8_0,
+ * IQ4_NL and MXFP4; Q8_1 (Q8_0 plus d * sum(q)) for Q4_1 and Q5_1; Q8_K (256
  * int8 with a float scale and sums of 16) for the K-quants and IQ4_XS. We
  * quantize with ggml-cpu's x86 code paths' exact arithmetic (Q8_0/Q8_1: the
  * AVX2 quantize_row_q8_0/q8_1, rounding half to even; Q8_K:
@@ -85,7 +85,7 @@ typedef struct cpu_qpanel {
     int8_t *w;     /* (CPU_QPANEL, k) */
     uint32_t *sc;  /* scaled types: (CPU_QPANEL, k / 32): int16 scale of elements 0-15
                       in the low half, of 16-31 in the high half */
-    float *d;      /* (k / blk, CPU_QPANEL) block scale d */
+    float *d;      /* (k / blk, CPU_QPANEL) block scale d (MXFP4: its E8M0 halved, exact) */
     float *dm;     /* min_m: (k / 32, CPU_QPANEL) m; min_k: (k / 256, CPU_QPANEL) dmin */
     int16_t *mins; /* min_k: (CPU_QPANEL, k / 16) the min of each 16 elements' sub-block */
     int32_t *corr; /* (k / 32, CPU_QPANEL) -128 * sum over the block of sc * w (the value,

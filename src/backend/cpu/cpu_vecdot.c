@@ -5,6 +5,7 @@
 
 #include "../../core/kg_log.h"
 #include "../../core/kg_pool.h"
+#include "../../model/kg_mxfp4.h"
 #include "../../model/kg_quant.h"
 
 #include <math.h>
@@ -442,17 +443,24 @@ QV_INLINE __m256i w_blk32(const kg_ggml_type_t type, const uint8_t *x) {
             _mm_loadu_si128((const __m128i *)(const void *)kg_iq4nl_values));
         return _mm256_shuffle_epi8(iq4, nib32(x + 2));
     }
+    case KG_GGML_TYPE_MXFP4: {
+        /* after the E8M0 byte, the codes as Q4_0's nibbles */
+        const __m256i fp4 = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(const void *)kg_mxfp4_values));
+        return _mm256_shuffle_epi8(fp4, nib32(x + 1));
+    }
     default: /* Q8_0 */
         return _mm256_loadu_si256((const __m256i *)(const void *)(x + 2));
     }
 }
 
 static inline size_t blk32_size(kg_ggml_type_t type) {
-    return type == KG_GGML_TYPE_Q4_1   ? 20
-           : type == KG_GGML_TYPE_Q5_0 ? 22
-           : type == KG_GGML_TYPE_Q5_1 ? 24
-           : type == KG_GGML_TYPE_Q8_0 ? 34
-                                       : 18;
+    return type == KG_GGML_TYPE_Q4_1    ? 20
+           : type == KG_GGML_TYPE_Q5_0  ? 22
+           : type == KG_GGML_TYPE_Q5_1  ? 24
+           : type == KG_GGML_TYPE_Q8_0  ? 34
+           : type == KG_GGML_TYPE_MXFP4 ? 17
+                                        : 18;
 }
 
 static inline size_t blk256_size(kg_ggml_type_t type) {
@@ -639,7 +647,7 @@ QV_INLINE __m256i kblock_dot(const int nonneg,
 typedef struct fused_buf {
     __m256i *p;   /* (m, nb, 8) lane sums of each block and weight row */
     __m256i *mp;  /* min_k: (m, nb, 8) lanes of mins * bsums */
-    uint16_t *d;  /* (nb, 8) fp16 d of each block and weight row */
+    uint16_t *d;  /* (nb, 8) fp16 d of each block and weight row (MXFP4: its E8M0 byte) */
     uint16_t *dm; /* (nb, 8) its fp16 m (min_m) or dmin (min_k) */
 } fused_buf_t;
 
@@ -674,7 +682,11 @@ QV_INLINE void fused_phase1(const int vnni,
     if (blk == 32 && m == 1) {
         /* decode of one sequence: the common case, without the row loop */
         for (int64_t b = 0; b < nb; b++, x += bs) {
-            memcpy(&D[b * NP + q], x + doff, 2);
+            if (type == KG_GGML_TYPE_MXFP4) {
+                D[b * NP + q] = x[0];
+            } else {
+                memcpy(&D[b * NP + q], x + doff, 2);
+            }
             if (min_m) {
                 memcpy(&DM[b * NP + q], x + doff + 2, 2);
             }
@@ -684,7 +696,11 @@ QV_INLINE void fused_phase1(const int vnni,
         return;
     }
     for (int64_t b = 0; b < nb; b++, x += bs) {
-        memcpy(&D[b * NP + q], x + doff, 2);
+        if (type == KG_GGML_TYPE_MXFP4) {
+            D[b * NP + q] = x[0];
+        } else {
+            memcpy(&D[b * NP + q], x + doff, 2);
+        }
         if (min_m || min_k) {
             memcpy(&DM[b * NP + q], x + doff + 2, 2);
         }
@@ -728,19 +744,32 @@ QV_INLINE __m256 halves8(const uint16_t *h) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
 }
 
-static void fused_phase2(const cpu_qtraits_t *tr,
-                         const cpu_qact_t *a,
-                         const fused_buf_t *fb,
-                         float *c,
-                         int64_t ldc,
-                         int nc) {
+/* 8 MXFP4 scales from their E8M0 bytes (one per uint16), each the float
+ * kg_mxfp4_scale gives: 2^(e - 128), the subnormals 0x00200000 << e below
+ * e = 2, else the exponent field e - 1. */
+QV_INLINE __m256 e8m0_halves8(const uint16_t *h) {
+    const __m256i e = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)h));
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    const __m256i is_normal = _mm256_cmpgt_epi32(e, _mm256_set1_epi32(1));
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(sub, normal, is_normal));
+}
+
+QV_INLINE void fused_phase2_t(const int e8m0,
+                              const cpu_qtraits_t *tr,
+                              const cpu_qact_t *a,
+                              const fused_buf_t *fb,
+                              float *c,
+                              int64_t ldc,
+                              int nc) {
     const int64_t k = a->k, m = a->m, nb = k / tr->blk;
     for (int64_t r = 0; r < m; r++) {
         __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             const __m256i isum = reduce8_at(fb->p + (r * nb + b) * NP);
             const __m256 da = _mm256_broadcast_ss(a->d + b * m + r);
-            const __m256 dd = _mm256_mul_ps(halves8(fb->d + b * NP), da);
+            const __m256 dw = e8m0 ? e8m0_halves8(fb->d + b * NP) : halves8(fb->d + b * NP);
+            const __m256 dd = _mm256_mul_ps(dw, da);
             acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
             if (tr->min_m) {
                 macc = _mm256_fmadd_ps(halves8(fb->dm + b * NP),
@@ -761,6 +790,21 @@ static void fused_phase2(const cpu_qtraits_t *tr,
     }
 }
 
+/* Phase 2 with the block scales stored as fp16 (every type but MXFP4) or
+ * as E8M0 bytes (MXFP4). */
+static void fused_phase2(const cpu_qtraits_t *tr,
+                         const cpu_qact_t *a,
+                         const fused_buf_t *fb,
+                         float *c,
+                         int64_t ldc,
+                         int nc) {
+    if (tr->type == KG_GGML_TYPE_MXFP4) {
+        fused_phase2_t(1, tr, a, fb, c, ldc, nc);
+    } else {
+        fused_phase2_t(0, tr, a, fb, c, ldc, nc);
+    }
+}
+
 typedef void (*fused_fn)(const uint8_t *x, int q, const cpu_qact_t *a, const fused_buf_t *fb);
 
 #define DEF_FUSED(NAME, TYPE, BLK)                                                                 \
@@ -776,6 +820,7 @@ DEF_FUSED(fused_q5_0, KG_GGML_TYPE_Q5_0, 32)
 DEF_FUSED(fused_q5_1, KG_GGML_TYPE_Q5_1, 32)
 DEF_FUSED(fused_q8_0, KG_GGML_TYPE_Q8_0, 32)
 DEF_FUSED(fused_iq4_nl, KG_GGML_TYPE_IQ4_NL, 32)
+DEF_FUSED(fused_mxfp4, KG_GGML_TYPE_MXFP4, 32)
 
 #define DEF_FUSED_K(NAME, TYPE)                                                                    \
     static void NAME(const uint8_t *x, int q, const cpu_qact_t *a, const fused_buf_t *fb) {        \
@@ -802,6 +847,8 @@ static fused_fn fused_for(kg_ggml_type_t type, int vnni) {
         return vnni ? fused_q8_0_vnni : fused_q8_0;
     case KG_GGML_TYPE_IQ4_NL:
         return vnni ? fused_iq4_nl_vnni : fused_iq4_nl;
+    case KG_GGML_TYPE_MXFP4:
+        return vnni ? fused_mxfp4_vnni : fused_mxfp4;
     case KG_GGML_TYPE_Q2_K:
         return fused_q2_k;
     case KG_GGML_TYPE_Q3_K:
@@ -841,7 +888,7 @@ typedef void (*qtile_fn)(const cpu_qpanel_t *p,
 
 /* the shapes of dot product (cpu_qtraits); the scaled ones gain nothing
  * from vpdpbusd (madd applies their scales) */
-DEF_QTILES(tiles_sym32, 0, 0, 0, 0, 0, 0, 32)      /* Q4_0, Q5_0, Q8_0, IQ4_NL */
+DEF_QTILES(tiles_sym32, 0, 0, 0, 0, 0, 0, 32)      /* Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 */
 DEF_QTILES(tiles_sym32_vnni, 1, 0, 0, 0, 0, 0, 32) /* the same with vpdpbusd */
 DEF_QTILES(tiles_min32, 0, 0, 1, 0, 1, 0, 32)      /* Q4_1, Q5_1 */
 DEF_QTILES(tiles_min32_vnni, 1, 0, 1, 0, 1, 0, 32)
@@ -963,7 +1010,8 @@ QV_INLINE void interleave_blk32(
                 r[col] = w_blk32(type, x);
                 uint16_t h;
                 memcpy(&h, x, 2);
-                p->d[b * NP + col] = _cvtsh_ss(h);
+                p->d[b * NP + col] =
+                    type == KG_GGML_TYPE_MXFP4 ? kg_mxfp4_scale(x[0]) : _cvtsh_ss(h);
                 if (min_m) {
                     memcpy(&h, x + 2, 2);
                     p->dm[b * NP + col] = _cvtsh_ss(h);
@@ -996,6 +1044,7 @@ DEF_IL32(il_q5_0, KG_GGML_TYPE_Q5_0)
 DEF_IL32(il_q5_1, KG_GGML_TYPE_Q5_1)
 DEF_IL32(il_q8_0, KG_GGML_TYPE_Q8_0)
 DEF_IL32(il_iq4_nl, KG_GGML_TYPE_IQ4_NL)
+DEF_IL32(il_mxfp4, KG_GGML_TYPE_MXFP4)
 
 typedef void (*il_fn)(const uint8_t *rows, size_t row_size, int n_rows, cpu_qpanel_t *p);
 
@@ -1013,6 +1062,8 @@ static il_fn il_for(kg_ggml_type_t type) {
         return il_q8_0;
     case KG_GGML_TYPE_IQ4_NL:
         return il_iq4_nl;
+    case KG_GGML_TYPE_MXFP4:
+        return il_mxfp4;
     default:
         return NULL;
     }
@@ -1139,7 +1190,7 @@ typedef void (*vtile_fn)(
     DEF_VTILE(NAME, 4, BLK, SCALED, SUB16, MINM, MINK)                                             \
     static const vtile_fn NAME[3] = {NAME##_1, NAME##_2, NAME##_4};
 
-DEF_VTILES(vtiles_32, 32, 0, 0, 0, 0)    /* Q4_0, Q5_0, Q8_0, IQ4_NL */
+DEF_VTILES(vtiles_32, 32, 0, 0, 0, 0)    /* Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 */
 DEF_VTILES(vtiles_32m, 32, 0, 0, 1, 0)   /* Q4_1, Q5_1 */
 DEF_VTILES(vtiles_k32, 256, 1, 0, 0, 0)  /* IQ4_XS */
 DEF_VTILES(vtiles_k32m, 256, 1, 0, 0, 1) /* Q4_K, Q5_K */

@@ -6,11 +6,11 @@
  * Weights. F32, F16 and BF16 matrices are packed once at load into
  * cpu_gemm's panels in their storage type (a decode step streams every
  * weight, so half-precision weights halve its bytes), and the file's pages
- * are released. Quantized matrices (every GGUF block type kg_quant reads
- * but MXFP4, which is packed as F32 with Q8_0-rounded activations, exact
- * as ggml computes it) stay where they are, in the read-only mapping of the file: cpu_vecdot
- * multiplies their blocks directly by activations quantized as ggml
- * quantizes them for that type (Q8_0, Q8_1 or Q8_K blocks), with exact
+ * are released. Quantized matrices (every GGUF block type kg_quant reads,
+ * MXFP4 experts included) stay where they are, in the read-only mapping of
+ * the file: cpu_vecdot multiplies their blocks directly by activations
+ * quantized as ggml quantizes them for that type (Q8_0, Q8_1 or Q8_K
+ * blocks; MXFP4 takes Q8_0, as ggml's vec_dot_mxfp4_q8_0 does), with exact
  * integer dot products per block, so nothing is expanded and the memory a
  * quantized model takes is its file. Norm vectors are used in place (F32)
  * or dequantized. For F16/BF16 the activations entering a matmul are
@@ -154,10 +154,7 @@ static bool weight_init(
     w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
     w->type = t->type;
     if (t->n_dims > 1 && cpu_qtraits(t->type)) {
-        /* used in place: the mapped blocks are what cpu_vecdot reads (every
-         * block type but MXFP4, which is packed as F32 below: its values are
-         * exact there, and its activations are rounded through Q8_0 as
-         * ggml's vec_dot_mxfp4_q8_0 takes them) */
+        /* used in place: the mapped blocks are what cpu_vecdot reads */
         if (!cpu_qmat_init(&w->q, t->type, t->data, w->n_out, w->n_in)) {
             snprintf(errstr, errstr_size, "cpu backend: tensor '%.*s' of type %s has rows of %lld",
                      (int)t->name.len, t->name.data, kg_type_name(t->type), (long long)w->n_in);
