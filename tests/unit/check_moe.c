@@ -695,6 +695,36 @@ START_TEST(batch_invariant_mxfp4) {
 }
 END_TEST
 
+/* MXFP4 experts are multiplied where they lie in the file's mapping, as
+ * every quantized type is: the CPU backend's weights take no more bytes
+ * than the file's tensors (expanded to F32 they would take 7.5x the
+ * experts' bytes). */
+START_TEST(mxfp4_experts_in_place) {
+    kg_model_t *m = load_ok(write_model("gpt-oss", 256, 2, 512, 4, 2, "mxfp4_moe"));
+    size_t file_bytes = 0, expert_bytes = 0;
+    for (int64_t i = 0; i < kg_gguf_n_tensors(m->gguf); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(m->gguf, i);
+        file_bytes += t->size;
+        if (t->type == KG_GGML_TYPE_MXFP4) {
+            expert_bytes += t->size;
+        }
+    }
+    ck_assert_uint_eq(expert_bytes, 2 * 3 * (size_t)4 * 512 * 256 / 32 * 17);
+    kg_backend_params_t p = {
+        .n_threads = 1, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 8};
+    char err[256];
+    kg_backend_t *be = kg_backend_cpu_new(m, &p, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    kg_backend_memory_t mem;
+    kg_backend_memory(be, &mem);
+    ck_assert_msg(mem.weights_size >= expert_bytes && mem.weights_size <= file_bytes,
+                  "weights %zu bytes, the file's tensors %zu, its MXFP4 experts %zu",
+                  mem.weights_size, file_bytes, expert_bytes);
+    kg_backend_free(be);
+    kg_model_free(m);
+}
+END_TEST
+
 /* A dense model reports no experts. */
 START_TEST(dense_has_no_moe_stats) {
     kg_test_model_opts_t o = {
@@ -735,6 +765,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, batch_invariant_f32);
     tcase_add_test(tc, batch_invariant_mxfp4);
+    tcase_add_test(tc, mxfp4_experts_in_place);
     tcase_add_test(tc, dense_has_no_moe_stats);
     suite_add_tcase(s, tc);
     return s;

@@ -10,6 +10,9 @@
  *   dequantized weights (kg_dequantize) and activations.
  * - Batch invariance: a row's results are the same bits alone, inside any
  *   batch at any position, and on one or two threads.
+ * - MXFP4 (E8M0 scales, doubled E2M1 codes) against ggml's
+ *   vec_dot_mxfp4_q8_0 written out from the raw blocks, scales from the
+ *   subnormal ones up.
  *
  * `check_vecdot --bench [TYPE...]` is a micro-benchmark instead of the
  * tests: the SmolLM2-135M and Qwen2.5-0.5B projection shapes for m = 1, 4,
@@ -40,9 +43,10 @@ static float rng_uniform(float lo, float hi) {
 }
 
 static const kg_ggml_type_t qtypes[] = {
-    KG_GGML_TYPE_Q4_0, KG_GGML_TYPE_Q4_1, KG_GGML_TYPE_Q5_0,   KG_GGML_TYPE_Q5_1,
-    KG_GGML_TYPE_Q8_0, KG_GGML_TYPE_Q2_K, KG_GGML_TYPE_Q3_K,   KG_GGML_TYPE_Q4_K,
-    KG_GGML_TYPE_Q5_K, KG_GGML_TYPE_Q6_K, KG_GGML_TYPE_IQ4_NL, KG_GGML_TYPE_IQ4_XS,
+    KG_GGML_TYPE_Q4_0,  KG_GGML_TYPE_Q4_1, KG_GGML_TYPE_Q5_0,   KG_GGML_TYPE_Q5_1,
+    KG_GGML_TYPE_Q8_0,  KG_GGML_TYPE_Q2_K, KG_GGML_TYPE_Q3_K,   KG_GGML_TYPE_Q4_K,
+    KG_GGML_TYPE_Q5_K,  KG_GGML_TYPE_Q6_K, KG_GGML_TYPE_IQ4_NL, KG_GGML_TYPE_IQ4_XS,
+    KG_GGML_TYPE_MXFP4,
 };
 #define N_QTYPES (int)(sizeof(qtypes) / sizeof(qtypes[0]))
 
@@ -367,10 +371,108 @@ START_TEST(several_products_one_call) {
 }
 END_TEST
 
+/* MXFP4 against ggml's vec_dot_mxfp4_q8_0 written out from the raw
+ * blocks, independently of the panels: per block the exact integer sum of
+ * the doubled E2M1 values times the Q8_0 activations, scaled by 2^(e - 128)
+ * (e the block's E8M0 byte) and the activation's d. Bit for bit against
+ * the chain of cpu_vecdot.h (fmaf per block), within float rounding of
+ * ggml's own sumf += d * sumi, for every kernel, decode (1 and 3 rows: the
+ * fused tiles) and prefill sizes (7 and 23 rows: panels, interleaved with
+ * AVX-VNNI), and for exponents from the subnormal scales (e = 0, 1) to
+ * 2^72. */
+START_TEST(mxfp4_against_ggml_formula) {
+    static const int8_t kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    static const uint8_t exps[] = {118, 0, 121, 1, 124, 2, 127, 3, 126, 128, 119, 200, 125, 122};
+    const int64_t n = 13, k = 512, nb = k / 32, m = 23;
+    static const int64_t ms[] = {23, 1, 3, 7};
+    rng_state = 39;
+    const size_t row = kg_type_row_size(KG_GGML_TYPE_MXFP4, k);
+    ck_assert_uint_eq(row, (size_t)nb * 17);
+    uint8_t *w = malloc(row * (size_t)n);
+    ck_assert_ptr_nonnull(w);
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *blk = w + (size_t)j * row + (size_t)b * 17;
+            /* every fourth row wholly tiny: scales 2^-128 .. 2^-125, so the
+             * subnormal ones decide its value */
+            blk[0] =
+                j % 4 == 3 ? (uint8_t)((j + b) % 4) : exps[(j * 5 + b) % (int64_t)sizeof(exps)];
+            for (int q = 1; q < 17; q++) {
+                blk[q] = (uint8_t)rng_next();
+            }
+        }
+    }
+    float *x = random_acts(m * k);
+    cpu_qmat_t mat;
+    ck_assert(cpu_qmat_init(&mat, KG_GGML_TYPE_MXFP4, w, n, k));
+    ck_assert_int_eq(mat.tr->act, CPU_ACT_Q8_0);
+    kg_pool_t *pool = kg_pool_new(2);
+    cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, k);
+    float *c = malloc((size_t)(m * n) * sizeof(float));
+    ck_assert(pool && s && c);
+    static const char *const kernels[] = {"scalar", "avx2", "avxvnni"};
+    int n_kernels = 0;
+    for (int kk = 0; kk < 3; kk++) {
+        if (!cpu_vecdot_set_kernel(kernels[kk])) {
+            continue;
+        }
+        n_kernels++;
+        for (size_t v = 0; v < sizeof(ms) / sizeof(ms[0]); v++) {
+            const int64_t rows = ms[v];
+            cpu_qact_t a;
+            ck_assert(cpu_qact_init(&a, rows, k));
+            cpu_quant_act(CPU_ACT_Q8_0, x, rows, k, &a);
+            const cpu_qmat_t *wm = &mat;
+            cpu_qgemm(pool, s, &a, 1, &wm, &c);
+            for (int64_t i = 0; i < rows; i++) {
+                for (int64_t j = 0; j < n; j++) {
+                    float acc = 0.0f, sumf = 0.0f;
+                    double mag = 0.0;
+                    for (int64_t b = 0; b < nb; b++) {
+                        const uint8_t *blk = w + (size_t)j * row + (size_t)b * 17;
+                        const int8_t *y = a.qs + i * k + 32 * b;
+                        int32_t sumi = 0;
+                        for (int e = 0; e < 16; e++) {
+                            sumi += kv[blk[1 + e] & 15] * y[e] + kv[blk[1 + e] >> 4] * y[e + 16];
+                        }
+                        const float d = a.d[b * rows + i] * ldexpf(1.0f, blk[0] - 128);
+                        acc = fmaf(d, (float)sumi, acc);
+                        const float t = d * (float)sumi;
+                        sumf += t;
+                        mag += fabs((double)t);
+                    }
+                    const float got = c[i * n + j];
+                    ck_assert_msg(memcmp(&got, &acc, 4) == 0,
+                                  "%s, %lld rows: (%lld, %lld) %a, the formula's chain %a",
+                                  kernels[kk], (long long)rows, (long long)i, (long long)j,
+                                  (double)got, (double)acc);
+                    ck_assert_msg(fabs((double)got - (double)sumf) <= 4e-6 * mag,
+                                  "(%lld, %lld): %g vs ggml's sum %g", (long long)i, (long long)j,
+                                  (double)got, (double)sumf);
+                    if (kk == 0) {
+                        const float ref = cpu_vecdot_ref(&mat, j, &a, i);
+                        ck_assert(memcmp(&ref, &acc, 4) == 0);
+                    }
+                }
+            }
+            cpu_qact_clear(&a);
+        }
+    }
+    ck_assert_int_ge(n_kernels, 1);
+    cpu_vecdot_set_kernel("best");
+    free(c);
+    free(x);
+    free(w);
+    cpu_qgemm_scratch_free(s);
+    kg_pool_free(pool);
+}
+END_TEST
+
 // ---- benchmark (check_vecdot --bench) ----
 
 static int bench(int n_types, char **types) {
-    static const char *const defaults[] = {"q8_0", "q5_0", "iq4_nl", "q4_k", "q6_k", "iq4_xs"};
+    static const char *const defaults[] = {"q8_0", "q5_0",   "iq4_nl", "q4_k",
+                                           "q6_k", "iq4_xs", "mxfp4"};
     static const int64_t shapes[][2] = {{1536, 576}, {576, 1536}, {4864, 896}, {896, 4864}};
     static const int64_t ms[] = {1, 4, 16, 128, 512};
     if (n_types == 0) {
@@ -457,6 +559,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, every_type_matches_reference);
     tcase_add_test(tc, batch_invariance);
     tcase_add_test(tc, several_products_one_call);
+    tcase_add_test(tc, mxfp4_against_ggml_formula);
     suite_add_tcase(s, tc);
     return s;
 }
