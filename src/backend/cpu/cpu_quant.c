@@ -49,7 +49,7 @@ static size_t align32(size_t n) {
 
 size_t cpu_qact_size(int64_t max_m, int64_t max_k) {
     const size_t m = (size_t)max_m, k = (size_t)max_k;
-    return 2 * align32(m * k) + 2 * align32(m * (k / 32) * sizeof(float)) +
+    return 2 * align32(m * k) + 3 * align32(m * (k / 32) * sizeof(float)) +
            align32(m * (k / 16) * sizeof(int16_t));
 }
 
@@ -60,8 +60,9 @@ bool cpu_qact_init(cpu_qact_t *a, int64_t max_m, int64_t max_k) {
     a->qu = aligned_alloc(32, align32(m * k) ? align32(m * k) : 32);
     a->d = aligned_alloc(32, align32(m * (k / 32) * sizeof(float)) + 32);
     a->s = aligned_alloc(32, align32(m * (k / 32) * sizeof(float)) + 32);
+    a->sums = aligned_alloc(32, align32(m * (k / 32) * sizeof(int32_t)) + 32);
     a->bsums = aligned_alloc(32, align32(m * (k / 16) * sizeof(int16_t)) + 32);
-    if (!a->qs || !a->qu || !a->d || !a->s || !a->bsums) {
+    if (!a->qs || !a->qu || !a->d || !a->s || !a->sums || !a->bsums) {
         cpu_qact_clear(a);
         return false;
     }
@@ -73,6 +74,7 @@ void cpu_qact_clear(cpu_qact_t *a) {
     free(a->qu);
     free(a->d);
     free(a->s);
+    free(a->sums);
     free(a->bsums);
     memset(a, 0, sizeof(*a));
 }
@@ -185,6 +187,7 @@ void cpu_quant_act(cpu_act_kind_t kind, const float *x, int64_t m, int64_t k, cp
             int sum;
             const float d = quant_block_q8(xr + 32 * b, qr + 32 * b, &sum);
             a->d[b * m + i] = half_round(d);
+            a->sums[b * m + i] = sum;
             if (kind == CPU_ACT_Q8_1) {
                 a->s[b * m + i] = half_round(d * (float)sum);
             }

@@ -65,6 +65,7 @@ typedef struct cpu_qact {
     uint8_t *qu;    /* (m, k) qs + 128, unsigned (for vpdpbusd; see cpu_vecdot) */
     float *d;       /* (k / blk, m): the scale as used in the dot (fp16 value for Q8_0/Q8_1) */
     float *s;       /* Q8_1: (k / 32, m) d * sum(q), fp16 value */
+    int32_t *sums;  /* Q8_0/Q8_1: (k / 32, m) sum(q) (cpu_vecdot's offset weights) */
     int16_t *bsums; /* Q8_K: (m, k / 16) sums of 16 q */
 } cpu_qact_t;
 

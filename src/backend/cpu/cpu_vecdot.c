@@ -454,6 +454,57 @@ QV_INLINE __m256i w_blk32(const kg_ggml_type_t type, const uint8_t *x) {
     }
 }
 
+/* The fused decode multiplies a signed block-32 format as unsigned weights
+ * u = w + off against the signed activations and takes off * sum(a) back in
+ * phase 2: the same integer, without the two sign instructions per block
+ * (nor Q4_0/Q5_0's subtraction) that signed weights need. Without VNNI the
+ * pairs of u * a meet in int16, so only u <= 31 (2 * 31 * 127 fits); with
+ * VNNI every offset fits (Q8_0 and IQ4_NL: w + 128 as a byte). 0: the
+ * format keeps the sign path (unsigned already: Q4_1, Q5_1). */
+QV_INLINE int blk32_offset(const kg_ggml_type_t type, const int vnni) {
+    switch (type) {
+    case KG_GGML_TYPE_Q4_0:
+        return 8;
+    case KG_GGML_TYPE_Q5_0:
+        return 16;
+    case KG_GGML_TYPE_MXFP4:
+        return 12; /* the doubled E2M1 values are -12..12 */
+    case KG_GGML_TYPE_Q8_0:
+    case KG_GGML_TYPE_IQ4_NL:
+        return vnni ? 128 : 0;
+    default:
+        return 0;
+    }
+}
+
+/* w + blk32_offset(type) of the block at x, as bytes 0..255. */
+QV_INLINE __m256i u_blk32(const kg_ggml_type_t type, const uint8_t *x) {
+    switch (type) {
+    case KG_GGML_TYPE_Q4_0:
+        return nib32(x + 2);
+    case KG_GGML_TYPE_Q5_0: {
+        uint32_t qh;
+        memcpy(&qh, x + 2, 4);
+        return _mm256_or_si256(nib32(x + 6), bits5(qh));
+    }
+    case KG_GGML_TYPE_MXFP4:
+        return _mm256_add_epi8(w_blk32(type, x), _mm256_set1_epi8(12));
+    default: /* Q8_0, IQ4_NL: + 128 */
+        return _mm256_xor_si256(w_blk32(type, x), _mm256_set1_epi8((char)0x80));
+    }
+}
+
+/* The 8 lane sums of one block-32 row against activations av: through the
+ * offset weights when the format has an offset (phase 2 takes it back). */
+QV_INLINE __m256i dot_blk32(const int vnni,
+                            const int nonneg,
+                            const int off,
+                            const kg_ggml_type_t type,
+                            const uint8_t *x,
+                            __m256i av) {
+    return off ? dot4(vnni, 1, u_blk32(type, x), av) : dot4(vnni, nonneg, w_blk32(type, x), av);
+}
+
 static inline size_t blk32_size(kg_ggml_type_t type) {
     return type == KG_GGML_TYPE_Q4_1    ? 20
            : type == KG_GGML_TYPE_Q5_0  ? 22
@@ -665,6 +716,7 @@ QV_INLINE void fused_phase1(const int vnni,
                        type == KG_GGML_TYPE_Q6_K;
     /* Q3_K and Q6_K unpack as value + offs (>= 0; see cpu_qtraits_t.offset) */
     const int offs = type == KG_GGML_TYPE_Q3_K ? 4 : type == KG_GGML_TYPE_Q6_K ? 32 : 0;
+    const int off = blk == 32 ? blk32_offset(type, vnni) : 0;
     const int min_m = type == KG_GGML_TYPE_Q4_1 || type == KG_GGML_TYPE_Q5_1;
     const int min_k =
         type == KG_GGML_TYPE_Q2_K || type == KG_GGML_TYPE_Q4_K || type == KG_GGML_TYPE_Q5_K;
@@ -691,7 +743,7 @@ QV_INLINE void fused_phase1(const int vnni,
                 memcpy(&DM[b * NP + q], x + doff + 2, 2);
             }
             const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(qs + 32 * b));
-            P[b * NP + q] = dot4(vnni, nonneg, w_blk32(type, x), av);
+            P[b * NP + q] = dot_blk32(vnni, nonneg, off, type, x, av);
         }
         return;
     }
@@ -705,11 +757,11 @@ QV_INLINE void fused_phase1(const int vnni,
             memcpy(&DM[b * NP + q], x + doff + 2, 2);
         }
         if (blk == 32) {
-            const __m256i w = w_blk32(type, x);
+            const __m256i w = off ? u_blk32(type, x) : w_blk32(type, x);
             for (int64_t r = 0; r < m; r++) {
                 const __m256i av =
                     _mm256_load_si256((const __m256i *)(const void *)(qs + r * k + 32 * b));
-                P[(r * nb + b) * NP + q] = dot4(vnni, nonneg, w, av);
+                P[(r * nb + b) * NP + q] = dot4(vnni, off ? 1 : nonneg, w, av);
             }
             continue;
         }
@@ -756,6 +808,7 @@ QV_INLINE __m256 e8m0_halves8(const uint16_t *h) {
 }
 
 QV_INLINE void fused_phase2_t(const int e8m0,
+                              const int off,
                               const cpu_qtraits_t *tr,
                               const cpu_qact_t *a,
                               const fused_buf_t *fb,
@@ -766,7 +819,10 @@ QV_INLINE void fused_phase2_t(const int e8m0,
     for (int64_t r = 0; r < m; r++) {
         __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            const __m256i isum = reduce8_at(fb->p + (r * nb + b) * NP);
+            __m256i isum = reduce8_at(fb->p + (r * nb + b) * NP);
+            if (off) { /* the offset weights' extra off * sum(a) (blk32_offset) */
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(off * a->sums[b * m + r]));
+            }
             const __m256 da = _mm256_broadcast_ss(a->d + b * m + r);
             const __m256 dw = e8m0 ? e8m0_halves8(fb->d + b * NP) : halves8(fb->d + b * NP);
             const __m256 dd = _mm256_mul_ps(dw, da);
@@ -793,15 +849,16 @@ QV_INLINE void fused_phase2_t(const int e8m0,
 /* Phase 2 with the block scales stored as fp16 (every type but MXFP4) or
  * as E8M0 bytes (MXFP4). */
 static void fused_phase2(const cpu_qtraits_t *tr,
+                         const int off,
                          const cpu_qact_t *a,
                          const fused_buf_t *fb,
                          float *c,
                          int64_t ldc,
                          int nc) {
     if (tr->type == KG_GGML_TYPE_MXFP4) {
-        fused_phase2_t(1, tr, a, fb, c, ldc, nc);
+        fused_phase2_t(1, off, tr, a, fb, c, ldc, nc);
     } else {
-        fused_phase2_t(0, tr, a, fb, c, ldc, nc);
+        fused_phase2_t(0, off, tr, a, fb, c, ldc, nc);
     }
 }
 
@@ -1286,6 +1343,7 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
     if (a->m < (w->tr->blk == 32 ? FUSED_MAX_ROWS_32 : FUSED_MAX_ROWS_K) && kernel_in_use() > 0) {
         /* decode: the blocks are met in place, in two phases (see fused_phase1) */
         const fused_fn f = fused_for(w->tr->type, kernel_in_use() == 2);
+        const int off = w->tr->blk == 32 ? blk32_offset(w->tr->type, kernel_in_use() == 2) : 0;
         const int64_t nb = w->k / w->tr->blk;
         char *mem = j->scratch->mem + (size_t)thread * TASK_PANELS * j->scratch->panel_size;
         fused_buf_t fb;
@@ -1301,7 +1359,7 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
                 f((const uint8_t *)w->data + (size_t)(r0 + (q < nc ? q : 0)) * w->row_size, q, a,
                   &fb);
             }
-            fused_phase2(w->tr, a, &fb, c + r0, w->n, nc);
+            fused_phase2(w->tr, off, a, &fb, c + r0, w->n, nc);
         }
         return;
     }
