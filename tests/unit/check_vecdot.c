@@ -216,30 +216,34 @@ START_TEST(every_type_matches_reference) {
     /* n = 21: two full panels and a partial one; m = 23 rows: tiles of 4, 2
      * and 1 rows on unpacked panels; the first 7 and the first 3 rows again
      * as batches of their own: the fused decode tiles (3 rows, and 7 for the
-     * K-quants) and the panels (7 rows of 32-block types) */
+     * K-quants) and the panels (7 rows of 32-block types), and the first row
+     * alone (one sequence's decode, its own unrolled loop). k = 2304: rows
+     * of 72 blocks of 32 (9 of 256), nearer a real model's than 256 or 512 */
     const int64_t n = 21, m = 23;
-    static const int64_t subs[] = {7, 3};
+    static const int64_t subs[] = {7, 3, 1};
+    static const int64_t ks[] = {256, 512, 2304};
     kg_pool_t *pool = kg_pool_new(2);
-    cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, 512);
+    cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, 2304);
     ck_assert(pool && s);
     rng_state = 1000;
     for (int ti = 0; ti < N_QTYPES; ti++) {
-        for (int64_t k = 256; k <= 512; k += 256) {
+        for (int ik = 0; ik < 3; ik++) {
+            const int64_t k = ks[ik];
             qcase_t q;
             qcase_make(&q, qtypes[ti], n, k, m);
             /* every kernel family this machine runs */
             static const char *const kernels[] = {"scalar", "avx2", "avxvnni"};
-            float *ck[3][3];
+            float *ck[3][4];
             for (int kk = 0; kk < 3; kk++) {
-                ck[kk][0] = ck[kk][1] = ck[kk][2] = NULL;
+                ck[kk][0] = ck[kk][1] = ck[kk][2] = ck[kk][3] = NULL;
                 if (!cpu_vecdot_set_kernel(kernels[kk])) {
                     continue;
                 }
-                for (int v = 0; v < 3; v++) {
+                for (int v = 0; v < 4; v++) {
                     ck[kk][v] = malloc((size_t)(m * n) * sizeof(float));
                 }
                 run(pool, s, &q, ck[kk][0]);
-                for (int v = 1; v < 3; v++) {
+                for (int v = 1; v < 4; v++) {
                     qcase_t qs = q;
                     qs.m = subs[v - 1];
                     ck_assert(cpu_qact_init(&qs.act, qs.m, k));
@@ -253,7 +257,7 @@ START_TEST(every_type_matches_reference) {
                 for (int64_t j = 0; j < n; j++) {
                     const float ref = cpu_vecdot_ref(&q.mat, j, &q.act, i);
                     for (int kk = 0; kk < 3; kk++) {
-                        for (int v = 0; v < 3 && ck[kk][0]; v++) {
+                        for (int v = 0; v < 4 && ck[kk][0]; v++) {
                             const int64_t rows = v == 0 ? m : subs[v - 1];
                             if (i >= rows) {
                                 continue;
@@ -293,7 +297,7 @@ START_TEST(every_type_matches_reference) {
                 }
             }
             for (int kk = 0; kk < 3; kk++) {
-                for (int v = 0; v < 3; v++) {
+                for (int v = 0; v < 4; v++) {
                     free(ck[kk][v]);
                 }
             }
