@@ -209,6 +209,9 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
                 alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
             }
             const float sum = kg_warp_sum(e);
+            /* every lane has read m_s[r] before lane 0 overwrites it (a
+             * shuffle is no memory barrier: racecheck's warning on an H200) */
+            __syncwarp();
             if (lane < KT) {
                 p_s[r][lane] = __float2half_rn(e);
             }

@@ -185,6 +185,10 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
                 wmma::store_matrix_sync(y + (int64_t)r * N + c, acc[i][j], N, wmma::mem_row_major);
             } else {
                 wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
+                /* each lane reads what the others stored: store_matrix_sync
+                 * is no memory barrier (compute-sanitizer racecheck on an
+                 * H200 reported the read-after-write) */
+                __syncwarp();
                 for (int e = tid & 31; e < 256; e += 32) {
                     const int32_t rr = r + e / 16, cc = c + e % 16;
                     if (rr < M && cc < N) {
