@@ -59,8 +59,9 @@ static const opt_t options[] = {
      "answered with an internal error and a DLQ copy instead of being run again (0 = off)"},
     {"cancel-topic", OPT_STR, OFF(cancel_topic), "", 0, 0, "Kafka",
      "topic of cancel messages ({\"request_id\": ...}), read by every worker from the "
-     "cancels of the last --cancel-ttl (default: <jobs-topic>.cancel; none = no "
-     "cancellation). Costs one idle consumer; a missing topic only warns"},
+     "cancels of the last --cancel-ttl (default: <jobs-topic>.cancel, each lane's with "
+     "several jobs topics; none = no cancellation). Costs one idle consumer; a missing topic "
+     "only warns"},
     {"cancel-remember", OPT_INT, OFF(cancel_remember), "10000", 0, 10000000, "Kafka",
      "cancels remembered for jobs not here yet (not consumed, redelivered, moved here), about "
      "160 bytes each (0 = a cancel reaches only jobs here when it arrives)"},

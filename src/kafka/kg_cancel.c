@@ -125,20 +125,25 @@ int32_t kg_cancel_memo_size(const kg_cancel_memo_t *m) {
 
 // ---- reader ----
 
+typedef struct cancel_topic {
+    char name[512];
+    int32_t n_parts; /* partitions assigned so far: 0 .. n_parts-1 */
+    bool missing;    /* the topic was not there at the last look-up */
+} cancel_topic_t;
+
 struct kg_cancel {
-    char topic[512];
+    cancel_topic_t topics[KG_CANCEL_TOPICS_MAX];
+    int n_topics;
     rd_kafka_t *rk;
     kg_cancel_memo_t *memo; /* NULL with capacity 0 */
     int64_t ttl_ms;
-    int32_t n_parts; /* partitions assigned so far: 0 .. n_parts-1 */
-    bool missing;    /* the topic was not there at the last look-up */
     int64_t next_lookup_us;
     int64_t n_read;
 };
 
-/* The partitions of the topic, 0 when it is not there. */
-static int32_t topic_partitions(kg_cancel_t *c, rd_kafka_resp_err_t *err) {
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(c->rk, c->topic, NULL);
+/* The partitions of topic t, 0 when it is not there. */
+static int32_t topic_partitions(kg_cancel_t *c, const cancel_topic_t *t, rd_kafka_resp_err_t *err) {
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(c->rk, t->name, NULL);
     const struct rd_kafka_metadata *md = NULL;
     int32_t n = 0;
     *err =
@@ -156,12 +161,13 @@ static int32_t topic_partitions(kg_cancel_t *c, rd_kafka_resp_err_t *err) {
     return n;
 }
 
-/* Assign partitions [c->n_parts, n) from the first cancel within the TTL (the end when none). */
-static void assign_new(kg_cancel_t *c, int32_t n) {
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(n - c->n_parts);
+/* Assign partitions [t->n_parts, n) of topic t from the first cancel within the TTL (the
+ * end when none); incremental, so the other topics' partitions stay assigned. */
+static void assign_new(kg_cancel_t *c, cancel_topic_t *t, int32_t n) {
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(n - t->n_parts);
     int64_t since = kg_clock_epoch_ms() - c->ttl_ms;
-    for (int32_t p = c->n_parts; p < n; p++) {
-        rd_kafka_topic_partition_list_add(l, c->topic, p)->offset = since;
+    for (int32_t p = t->n_parts; p < n; p++) {
+        rd_kafka_topic_partition_list_add(l, t->name, p)->offset = since;
     }
     rd_kafka_resp_err_t err = rd_kafka_offsets_for_times(c->rk, l, METADATA_MS);
     for (int i = 0; i < l->cnt; i++) {
@@ -171,38 +177,42 @@ static void assign_new(kg_cancel_t *c, int32_t n) {
     }
     rd_kafka_error_t *e = rd_kafka_incremental_assign(c->rk, l);
     if (e) {
-        KG_LOG_WARN("cancel", "cannot read the cancel topic topic=%s error=\"%s\"", c->topic,
+        KG_LOG_WARN("cancel", "cannot read the cancel topic topic=%s error=\"%s\"", t->name,
                     rd_kafka_error_string(e));
         rd_kafka_error_destroy(e);
     } else {
-        KG_LOG_INFO("cancel", "reading cancels topic=%s partitions=%d", c->topic, n);
-        c->n_parts = n;
+        KG_LOG_INFO("cancel", "reading cancels topic=%s partitions=%d", t->name, n);
+        t->n_parts = n;
     }
     rd_kafka_topic_partition_list_destroy(l);
 }
 
 static void look_up(kg_cancel_t *c) {
-    rd_kafka_resp_err_t err;
-    int32_t n = topic_partitions(c, &err);
     c->next_lookup_us = kg_clock_us() + LOOKUP_US;
-    if (n == 0) {
-        if (!c->missing) {
-            KG_LOG_WARN("cancel",
-                        "no cancel topic: jobs cannot be cancelled until it exists (it is looked "
-                        "up again every 30 s) topic=%s error=\"%s\"",
-                        c->topic, rd_kafka_err2str(err));
+    for (int i = 0; i < c->n_topics; i++) {
+        cancel_topic_t *t = &c->topics[i];
+        rd_kafka_resp_err_t err;
+        int32_t n = topic_partitions(c, t, &err);
+        if (n == 0) {
+            if (!t->missing) {
+                KG_LOG_WARN("cancel",
+                            "no cancel topic: its cancels are not read until it exists (it is "
+                            "looked up again every 30 s) topic=%s error=\"%s\"",
+                            t->name, rd_kafka_err2str(err));
+            }
+            t->missing = true;
+            continue;
         }
-        c->missing = true;
-        return;
-    }
-    c->missing = false;
-    if (n > c->n_parts) {
-        assign_new(c, n);
+        t->missing = false;
+        if (n > t->n_parts) {
+            assign_new(c, t, n);
+        }
     }
 }
 
 kg_cancel_t *kg_cancel_new(const kg_config_t *cfg,
-                           const char *topic,
+                           const char *const *topics,
+                           int n_topics,
                            const char *worker_id,
                            int32_t capacity,
                            int64_t ttl_ms,
@@ -214,7 +224,15 @@ kg_cancel_t *kg_cancel_new(const kg_config_t *cfg,
         snprintf(errstr, errstr_size, "out of memory");
         return NULL;
     }
-    snprintf(c->topic, sizeof(c->topic), "%s", topic);
+    if (n_topics < 1 || n_topics > KG_CANCEL_TOPICS_MAX) {
+        snprintf(errstr, errstr_size, "cancel reader: %d topics (1 to %d)", n_topics,
+                 KG_CANCEL_TOPICS_MAX);
+        goto fail;
+    }
+    for (int i = 0; i < n_topics; i++) {
+        snprintf(c->topics[i].name, sizeof(c->topics[i].name), "%s", topics[i]);
+    }
+    c->n_topics = n_topics;
     c->ttl_ms = ttl_ms;
     if (capacity > 0 && !(c->memo = kg_cancel_memo_new(capacity, ttl_ms))) {
         snprintf(errstr, errstr_size, "out of memory for %d remembered cancels", capacity);

@@ -51,11 +51,16 @@ int32_t kg_cancel_memo_size(const kg_cancel_memo_t *m);
 
 typedef struct kg_cancel kg_cancel_t;
 
-/** The reader of `topic` with a memo of `capacity` cancels for ttl_ms (capacity 0: cancels
- * reach only jobs that are here when they arrive). Makes its own consumer. NULL with errstr
- * set on a bad librdkafka property or out of memory; a missing topic is not an error. */
+#define KG_CANCEL_TOPICS_MAX 8 /* one per jobs topic (lane) at most */
+
+/** The reader of `topics` (n_topics of them, 1 .. KG_CANCEL_TOPICS_MAX: a worker with lanes
+ * reads each lane's `<topic>.cancel`, so a producer that knows only its own jobs topic reaches
+ * it) with a memo of `capacity` cancels for ttl_ms (capacity 0: cancels reach only jobs that
+ * are here when they arrive). Makes its own consumer. NULL with errstr set on a bad librdkafka
+ * property, a count out of range or out of memory; a missing topic is not an error. */
 kg_cancel_t *kg_cancel_new(const kg_config_t *cfg,
-                           const char *topic,
+                           const char *const *topics,
+                           int n_topics,
                            const char *worker_id,
                            int32_t capacity,
                            int64_t ttl_ms,

@@ -90,14 +90,21 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
             goto fail;
         }
     }
-    char cancel[512];
-    snprintf(cancel, sizeof(cancel), "%s", *cfg->cancel_topic ? cfg->cancel_topic : "");
-    if (!*cancel) {
-        snprintf(cancel, sizeof(cancel), "%s.cancel", d->lanes.lane[0].topic);
-    }
-    if (strcmp(cancel, "none") != 0 && rd_kafka_mock_topic_create(d->mc, cancel, 1, 1)) {
-        snprintf(errstr, errstr_size, "cannot create the demo's cancel topic");
-        goto fail;
+    /* the cancel topics the worker reads: --cancel-topic, or each lane's <topic>.cancel */
+    if (strcmp(cfg->cancel_topic, "none") != 0) {
+        int n_cancel = *cfg->cancel_topic ? 1 : d->lanes.n;
+        for (int l = 0; l < n_cancel; l++) {
+            char cancel[512];
+            if (*cfg->cancel_topic) {
+                snprintf(cancel, sizeof(cancel), "%s", cfg->cancel_topic);
+            } else {
+                snprintf(cancel, sizeof(cancel), "%s.cancel", d->lanes.lane[l].topic);
+            }
+            if (rd_kafka_mock_topic_create(d->mc, cancel, 1, 1)) {
+                snprintf(errstr, errstr_size, "cannot create the demo's cancel topic %s", cancel);
+                goto fail;
+            }
+        }
     }
     if (rd_kafka_mock_topic_create(d->mc, cfg->results_topic, DEMO_PARTITIONS, 1)) {
         snprintf(errstr, errstr_size, "cannot create the demo topics");

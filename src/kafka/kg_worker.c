@@ -1895,13 +1895,23 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         }
     }
     if (strcmp(cfg->cancel_topic, "none") != 0) {
-        char topic[512];
-        snprintf(topic, sizeof(topic), "%s", cfg->cancel_topic);
-        if (!*topic) {
-            snprintf(topic, sizeof(topic), "%s.cancel", w->lanes.lane[0].topic);
+        /* --cancel-topic for every lane, or each lane's <topic>.cancel: a producer that knows
+         * only the topic it sends to (kgen-submit --jobs-topic T --cancel) reaches the worker */
+        _Static_assert(KG_CANCEL_TOPICS_MAX >= KG_LANES_MAX, "a cancel topic per lane");
+        char names[KG_LANES_MAX][512];
+        const char *topics[KG_LANES_MAX];
+        int n_topics = *cfg->cancel_topic ? 1 : w->lanes.n;
+        for (int l = 0; l < n_topics; l++) {
+            if (*cfg->cancel_topic) {
+                snprintf(names[l], sizeof(names[l]), "%s", cfg->cancel_topic);
+            } else {
+                snprintf(names[l], sizeof(names[l]), "%s.cancel", w->lanes.lane[l].topic);
+            }
+            topics[l] = names[l];
         }
-        w->cancel = kg_cancel_new(cfg, topic, w->worker_id, (int32_t)cfg->cancel_remember,
-                                  (int64_t)(cfg->cancel_ttl_s * 1000), errstr, errstr_size);
+        w->cancel =
+            kg_cancel_new(cfg, topics, n_topics, w->worker_id, (int32_t)cfg->cancel_remember,
+                          (int64_t)(cfg->cancel_ttl_s * 1000), errstr, errstr_size);
         if (!w->cancel) {
             goto fail;
         }

@@ -6,7 +6,10 @@
 # (lanes.bulk.dlq), the group commits both topics (lag 0 on each), and the interactive jobs jump
 # the backlog: all of them are answered before the last fifth of the bulk jobs (the bulk lane is
 # paused first and interactive jobs take 8 of every 9 free slots). /metrics labels the lag of
-# each partition with its topic.
+# each partition with its topic. A cancel sent by a producer that knows only its lane
+# (`kgen-submit --jobs-topic lanes.bulk --cancel ID`, which writes to lanes.bulk.cancel) reaches
+# the worker, which reads every lane's `<topic>.cancel`: the job sent after it is answered
+# `cancelled` on arrival.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -18,6 +21,7 @@ for t in lanes.interactive lanes.bulk; do
     kg_topic "$t" 2
     kg_topic "$t.dlq" 1
     kg_topic "$t.inflight" 2 --config cleanup.policy=compact
+    kg_topic "$t.cancel" 1
 done
 kg_topic "$RESULTS" 4
 kg_model
@@ -66,8 +70,25 @@ lag_gauge() {
         grep -q 'kgen_consumer_lag_messages{topic="lanes.interactive",partition="1"}'
 }
 kg_wait 30 "the per-topic lag gauge" lag_gauge
+
+# a cancel on the bulk lane's own cancel topic, before its job
+kg_wait_log "$T/w1.log" 'msg="reading cancels" topic=lanes.bulk.cancel' 60
+kg_submit --jobs-topic lanes.bulk --cancel late-0 2>"$T/cancel.log" ||
+    kg_fail "kgen-submit --cancel failed: $(cat "$T/cancel.log")"
+grep -q 'sent 1 cancels to lanes.bulk.cancel' "$T/cancel.log" ||
+    kg_fail "the cancel did not go to lanes.bulk.cancel: $(cat "$T/cancel.log")"
+kg_jobs "$T/late.jsonl" 1 '{"max_tokens": 24, "ignore_eos": true}' late
+kg_submit --jobs-topic lanes.bulk --input "$T/late.jsonl" --output "$T/late.out" \
+    --timeout 60 --no-progress 2>"$T/late.log" || kg_fail "the cancelled job: $(cat "$T/late.log")"
+python3 - "$T/late.out" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 1 and r[0]["type"] == "error" and r[0]["code"] == "cancelled", r
+assert r[0]["text"] == "" and r[0]["topic"] == "lanes.bulk", r
+print("a cancel sent to lanes.bulk.cancel answered its bulk job `cancelled` on arrival")
+PY
 kg_wait 60 "bulk lag 0" test "$(kg_group_lag "$GROUP" lanes.bulk)" = 0
 kg_wait 60 "interactive lag 0" test "$(kg_group_lag "$GROUP" lanes.interactive)" = 0
 kg_stop_pid "$(kg_pid w1)" 30
 grep -q 'msg="stopped" rc=0' "$T/w1.log" || kg_fail "the worker did not stop cleanly"
-kg_finish "two lanes: both topics answered and committed, interactive jobs jump a bulk backlog"
+kg_finish "two lanes: both topics answered and committed, interactive jobs jump a bulk backlog, a lane's own cancel topic is read"
