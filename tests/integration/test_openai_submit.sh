@@ -169,8 +169,9 @@ assert e["body"]["error"]["param"] == "response_format", e
 print(f"  json_schema, n = 2: {texts}; invalid_schema: {e['body']['error']['message']}")
 PY
 
-# 3. resuming: kill kgen-submit while results arrive, run it again
-kg_jobs "$T/resume.jsonl" 60 '{"max_tokens": 40, "ignore_eos": true, "temperature": 0.7}' res
+# 3. resuming: kill kgen-submit while results arrive, run it again (400 tokens a job, so the 60
+# results take seconds: with 40 an idle machine answered them all before the kill)
+kg_jobs "$T/resume.jsonl" 60 '{"max_tokens": 400, "ignore_eos": true, "temperature": 0.7}' res
 before=$(jobs_in_topic)
 kg_bg submit1 "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
     --results-topic "$RESULTS" --input "$T/resume.jsonl" --output "$T/resume.out.jsonl" \
