@@ -13,6 +13,7 @@
 #define TAIL_RECORDS 16             /* records read back on assignment */
 #define READ_MS      10000          /* at most, to read them */
 #define FLUSH_MS     10000          /* at most, for the clean snapshots on revoke */
+#define GRACE_EXTRA_MS 2000         /* beyond a heartbeat, for an evicted owner's revoke */
 #define LAZY_US      (200 * 1000LL) /* finished jobs leave the record within this */
 #define MAX_ENTRIES  KG_INFLIGHT_MAX_JOBS
 
@@ -59,6 +60,7 @@ struct kg_journal {
     rd_kafka_topic_t *reader_rkt; /* keeps the topic's leaders known to the reader */
     jpart_t *parts;               /* (n_parts) by jobs partition */
     int32_t n_parts;
+    int64_t grace_us; /* how long a new owner waits for a live predecessor's clean record */
 };
 
 // ---- entries ----
@@ -373,6 +375,60 @@ static bool newer(const kg_inflight_t *a, const kg_inflight_t *b) {
     return a->epoch > b->epoch || (a->epoch == b->epoch && a->seq > b->seq);
 }
 
+/* Whether the owner of snapshot `s` may have failed with jobs running. */
+static bool left_running(const kg_inflight_t *s) {
+    for (size_t r = 0; s->epoch > 0 && !s->clean && r < s->n_runs; r++) {
+        if (s->runs[r].started) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* An owner whose last snapshot is not clean may still be alive: evicted from the group (its
+ * session timed out while the broker restarted, say), not dead. It learns so at its next
+ * heartbeat and revokes, which writes a clean snapshot. Wait that long (grace_us) for one
+ * before its running jobs are counted in a failure: otherwise an eviction gives them a strike,
+ * and a job that was a suspect already (a real crash before) is poisoned by a hand-over, as
+ * test_worker_exactly_once saw. A dead owner writes nothing: its strikes stand after the wait.
+ * The reader is still assigned to the tails, so new records arrive here. */
+static void wait_for_evicted(kg_journal_t *j, const int32_t *parts, int n, kg_inflight_t *best) {
+    int n_wait = 0;
+    for (int i = 0; i < n; i++) {
+        n_wait += left_running(&best[i]);
+    }
+    int64_t deadline = kg_clock_us() + j->grace_us;
+    while (n_wait > 0 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(j->reader, 100);
+        if (!rkm) {
+            continue;
+        }
+        int i = 0;
+        while (i < n && parts[i] != rkm->partition) {
+            i++;
+        }
+        kg_inflight_t s = {0};
+        char why[256];
+        if (i < n && !rkm->err && left_running(&best[i]) &&
+            kg_inflight_decode(rkm->payload, rkm->len, &s, why, sizeof(why)) == KG_OK &&
+            s.partition == parts[i] && strcmp(s.jobs_topic, j->jobs_topic) == 0 &&
+            newer(&s, &best[i])) {
+            if (s.clean) {
+                KG_LOG_INFO("journal",
+                            "the previous owner was alive and let the partition go: a hand-over, "
+                            "not a failure partition=%d from=%s",
+                            parts[i], s.worker_id);
+            }
+            kg_inflight_clear(&best[i]);
+            best[i] = s;
+            n_wait -= !left_running(&best[i]);
+        } else {
+            kg_inflight_clear(&s);
+        }
+        rd_kafka_message_destroy(rkm);
+    }
+}
+
 /* Read the tail of each listed in-flight partition; best[i] gets the newest
  * snapshot of parts[i] (epoch 0 and no runs when there is none). Returns
  * false when the read did not finish (the best found so far are kept). */
@@ -426,8 +482,10 @@ static bool read_tails(kg_journal_t *j, const int32_t *parts, int n, kg_inflight
         rd_kafka_message_destroy(rkm);
     }
     free(at_end);
+    bool done = n_left == 0;
+    wait_for_evicted(j, parts, n, best);
     rd_kafka_assign(j->reader, NULL);
-    return n_left == 0;
+    return done;
 }
 
 /* Take over the strikes of `snap` into partition p's entries. */
@@ -586,6 +644,14 @@ kg_journal_t *kg_journal_new(const kg_config_t *cfg,
         return NULL;
     }
     j->cfg = cfg;
+    /* a live owner that was evicted hears of it at its next heartbeat, then revokes */
+    int64_t heartbeat_ms = 3000; /* librdkafka's heartbeat.interval.ms */
+    for (int i = 0; i < cfg->n_kafka_props; i++) {
+        if (strcmp(cfg->kafka_keys[i], "heartbeat.interval.ms") == 0) {
+            heartbeat_ms = atoll(cfg->kafka_values[i]);
+        }
+    }
+    j->grace_us = (heartbeat_ms + GRACE_EXTRA_MS) * 1000;
     snprintf(j->worker_id, sizeof(j->worker_id), "%s", worker_id);
     snprintf(j->jobs_topic, sizeof(j->jobs_topic), "%s", jobs_topic);
     if (inflight_topic && *inflight_topic) {

@@ -26,7 +26,13 @@
  * SIGKILL, OOM kill, abort, a device fault that stops it) leaves a snapshot
  * that is not clean: every job marked running in it was present in that
  * failure and gets one strike more (kg_inflight_inherit). A revoked
- * partition therefore never counts, and neither does a drain.
+ * partition therefore never counts, and neither does a drain. An owner
+ * evicted from the group while alive (its session timed out while the broker
+ * restarted) looks dead at first: it revokes, writing its clean snapshot,
+ * only at its next heartbeat. So a new owner that finds a snapshot that is
+ * not clean, with jobs running, waits a heartbeat interval + 2 s for a clean
+ * one before it counts the failure (5 s with librdkafka's defaults; only
+ * after a crash or an eviction, never on a plain hand-over).
  *
  * Ordering. A job may start only once a snapshot that marks it running is
  * acknowledged (acks=all): a job that crashes the worker at once (a crash in
