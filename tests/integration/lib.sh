@@ -7,6 +7,8 @@
 # (an EXIT trap), waits with timeouts and python3 checks of kgen-submit's output.
 #
 #   kg_setup NAME              private folder $T, cleanup trap; skips (77) without python3
+#                              (on failure the trap prints the logs, then runs $KG_ON_FAIL,
+#                              a function of the test, while the broker still runs)
 #   kg_need_java               skip (77) when java is missing
 #   kg_broker_start            start a broker in $T/kafka; sets $BROKERS (127.0.0.1:PORT)
 #   kg_topic NAME PARTS [--config k=v]...   create a topic
@@ -60,12 +62,22 @@ kg_cleanup() {
         local f
         for f in "$T"/*.log; do
             [[ -f "$f" ]] || continue
+            # kgen's own warnings first: what went wrong is often long before the last lines
+            if grep -q 'level=\(warn\|error\)' "$f" 2>/dev/null; then
+                echo "---- kgen warnings and errors in $f (the last 20) ----" >&2
+                grep 'level=\(warn\|error\)' "$f" | grep -v 'module=rdkafka' | tail -n 20 >&2 || true
+            fi
             echo "---- last lines of $f ----" >&2
             tail -n 15 "$f" >&2 || true
         done
         if [[ -n "$BROKER_DIR" && -f "$BROKER_DIR/server.log" ]]; then
             echo "---- last lines of $BROKER_DIR/server.log ----" >&2
             tail -n 15 "$BROKER_DIR/server.log" >&2 || true
+        fi
+        # a test's own diagnosis (KG_ON_FAIL: a function), while the broker still runs
+        if [[ -n "${KG_ON_FAIL:-}" ]]; then
+            echo "---- $KG_ON_FAIL ----" >&2
+            "$KG_ON_FAIL" >&2 || true
         fi
     fi
     if [[ -n "$BROKER_DIR" ]]; then

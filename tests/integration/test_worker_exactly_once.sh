@@ -15,12 +15,25 @@ kg_setup worker-eos
 kg_need_java
 
 N=300
+eos_diagnose() { # on failure: the broker's view of the transactions and of the group
+    local txn=(timeout 60 "$KG_BROKER" tool --dir "$BROKER_DIR" org.apache.kafka.tools.TransactionsCommand
+        --bootstrap-server "$BROKERS")
+    "${txn[@]}" list
+    "${txn[@]}" find-hanging --broker-id 1
+    for id in w1 w2; do
+        "${txn[@]}" describe --transactional-id "kgen-$GROUP-$id"
+    done
+    timeout 60 "$KG_BROKER" tool --dir "$BROKER_DIR" \
+        org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BROKERS" \
+        --describe --group "$GROUP"
+}
+KG_ON_FAIL=eos_diagnose
 kg_broker_start
 kg_topics 4
 kg_topic "$JOBS.inflight" 4 --config cleanup.policy=compact
 kg_topic "$JOBS.cancel" 1
 kg_model
-kg_jobs "$T/jobs.jsonl" "$N" '{"max_tokens": 48, "ignore_eos": true}'
+kg_jobs "$T/jobs.jsonl" "$N" '{"max_tokens": 96, "ignore_eos": true}'
 
 fast=(-X session.timeout.ms=6000 -X heartbeat.interval.ms=500)
 # the 3rd transaction: early enough that w1 still has most of its ~150 jobs ahead however fast
@@ -44,7 +57,13 @@ sleep 1
 kg_bg w1b "$KG_BIN/kgen-worker" --brokers "$BROKERS" --jobs-topic "$JOBS" --results-topic \
     "$RESULTS" --group-id "$GROUP" --model "$MODEL" --worker-id w1 --http-port "$p1" --threads 1 \
     --exactly-once --max-batch-size 4 "${fast[@]}"
-kg_wait 120 "w2 answered 120 jobs" kg_metric_ge "$p2" kgen_jobs_total 120
+# w1b fences w1 (its open transaction is aborted) and joins before the broker restarts. Once
+# the restart hit w1b's start on a fast machine, and then both workers waited minutes for the
+# group's offsets (UNSTABLE_OFFSET_COMMIT; the cause is not known yet: eos_diagnose lists the
+# broker's transactions should it happen here)
+kg_wait_log "$T/w1b.log" 'msg="exactly-once results"' 90
+kg_wait_log "$T/w1b.log" 'partitions assigned' 90
+kg_note "w1b fenced w1 and has partitions; $(kg_metric "$p2" kgen_jobs_total) jobs answered on w2"
 "$KG_BROKER" restart --dir "$BROKER_DIR" >"$T/restart.log" 2>&1 || {
     cat "$T/restart.log" >&2
     kg_fail "broker restart failed"
