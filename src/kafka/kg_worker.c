@@ -1601,7 +1601,15 @@ producer_conf(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
     if (!conf) {
         return NULL;
     }
+    /* One Produce request in flight per broker: with 2 to 5, a retriable error on one
+     * request answers the ones behind it OUT_OF_ORDER_SEQUENCE, and librdkafka (2.0.2,
+     * still open upstream: confluentinc/librdkafka#4953) bumps the producer epoch and
+     * sends them again, which can put a job's token events out of order or twice
+     * (check_worker_mock's test_request_errors saw it). Requests still carry every
+     * event lingered for them, so throughput stays (README, Kafka path). */
     if (kg_kafka_conf_set(conf, "enable.idempotence", "true", errstr, errstr_size) ||
+        kg_kafka_conf_set(conf, "max.in.flight.requests.per.connection", "1", errstr,
+                          errstr_size) ||
         kg_kafka_conf_set(conf, "acks", "all", errstr, errstr_size) ||
         kg_kafka_conf_set(conf, "linger.ms", "5", errstr, errstr_size) ||
         kg_kafka_conf_set(conf, "client.id", w->worker_id, errstr, errstr_size)) {
