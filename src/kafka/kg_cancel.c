@@ -126,7 +126,7 @@ int32_t kg_cancel_memo_size(const kg_cancel_memo_t *m) {
 // ---- reader ----
 
 typedef struct cancel_topic {
-    char name[512];
+    char name[KG_CANCEL_NAME_MAX];
     int32_t n_parts; /* partitions assigned so far: 0 .. n_parts-1 */
     bool missing;    /* the topic was not there at the last look-up */
 } cancel_topic_t;
@@ -208,6 +208,24 @@ static void look_up(kg_cancel_t *c) {
             assign_new(c, t, n);
         }
     }
+}
+
+int kg_cancel_topic_names(const kg_config_t *cfg,
+                          const kg_lanes_t *lanes,
+                          char names[KG_CANCEL_TOPICS_MAX][KG_CANCEL_NAME_MAX]) {
+    _Static_assert(KG_CANCEL_TOPICS_MAX >= KG_LANES_MAX, "a cancel topic per lane");
+    if (strcmp(cfg->cancel_topic, "none") == 0) {
+        return 0;
+    }
+    int n = *cfg->cancel_topic ? 1 : lanes->n;
+    for (int l = 0; l < n; l++) {
+        if (*cfg->cancel_topic) {
+            snprintf(names[l], KG_CANCEL_NAME_MAX, "%s", cfg->cancel_topic);
+        } else {
+            snprintf(names[l], KG_CANCEL_NAME_MAX, "%s.cancel", lanes->lane[l].topic);
+        }
+    }
+    return n;
 }
 
 kg_cancel_t *kg_cancel_new(const kg_config_t *cfg,

@@ -23,6 +23,7 @@
 #include "../config/kg_config.h"
 #include "../core/kg_status.h"
 #include "../schema/kg_job.h"
+#include "kg_lanes.h"
 
 #include <librdkafka/rdkafka.h>
 #include <stdbool.h>
@@ -52,6 +53,15 @@ int32_t kg_cancel_memo_size(const kg_cancel_memo_t *m);
 typedef struct kg_cancel kg_cancel_t;
 
 #define KG_CANCEL_TOPICS_MAX 8 /* one per jobs topic (lane) at most */
+#define KG_CANCEL_NAME_MAX   512
+
+/** The cancel topics of a worker reading `lanes`: --cancel-topic for every lane, or each
+ * lane's "<topic>.cancel", so a producer that knows only the topic it sends to
+ * (kgen-submit --jobs-topic T --cancel) reaches the worker; none with --cancel-topic none.
+ * Fills names[0 .. n-1]; returns n. */
+int kg_cancel_topic_names(const kg_config_t *cfg,
+                          const kg_lanes_t *lanes,
+                          char names[KG_CANCEL_TOPICS_MAX][KG_CANCEL_NAME_MAX]);
 
 /** The reader of `topics` (n_topics of them, 1 .. KG_CANCEL_TOPICS_MAX: a worker with lanes
  * reads each lane's `<topic>.cancel`, so a producer that knows only its own jobs topic reaches

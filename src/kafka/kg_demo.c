@@ -5,6 +5,7 @@
 #include "../core/kg_log.h"
 #include "../model/kg_mkmodel.h"
 #include "../schema/kg_codec.h"
+#include "kg_cancel.h"
 #include "kg_kafka_conf.h"
 #include "kg_lanes.h"
 
@@ -90,20 +91,13 @@ kg_demo_t *kg_demo_new(kg_config_t *cfg, char *errstr, size_t errstr_size) {
             goto fail;
         }
     }
-    /* the cancel topics the worker reads: --cancel-topic, or each lane's <topic>.cancel */
-    if (strcmp(cfg->cancel_topic, "none") != 0) {
-        int n_cancel = *cfg->cancel_topic ? 1 : d->lanes.n;
-        for (int l = 0; l < n_cancel; l++) {
-            char cancel[512];
-            if (*cfg->cancel_topic) {
-                snprintf(cancel, sizeof(cancel), "%s", cfg->cancel_topic);
-            } else {
-                snprintf(cancel, sizeof(cancel), "%s.cancel", d->lanes.lane[l].topic);
-            }
-            if (rd_kafka_mock_topic_create(d->mc, cancel, 1, 1)) {
-                snprintf(errstr, errstr_size, "cannot create the demo's cancel topic %s", cancel);
-                goto fail;
-            }
+    /* the cancel topics the worker will read */
+    char cancel[KG_CANCEL_TOPICS_MAX][KG_CANCEL_NAME_MAX];
+    int n_cancel = kg_cancel_topic_names(cfg, &d->lanes, cancel);
+    for (int l = 0; l < n_cancel; l++) {
+        if (rd_kafka_mock_topic_create(d->mc, cancel[l], 1, 1)) {
+            snprintf(errstr, errstr_size, "cannot create the demo's cancel topic %s", cancel[l]);
+            goto fail;
         }
     }
     if (rd_kafka_mock_topic_create(d->mc, cfg->results_topic, DEMO_PARTITIONS, 1)) {

@@ -1902,19 +1902,11 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
             }
         }
     }
-    if (strcmp(cfg->cancel_topic, "none") != 0) {
-        /* --cancel-topic for every lane, or each lane's <topic>.cancel: a producer that knows
-         * only the topic it sends to (kgen-submit --jobs-topic T --cancel) reaches the worker */
-        _Static_assert(KG_CANCEL_TOPICS_MAX >= KG_LANES_MAX, "a cancel topic per lane");
-        char names[KG_LANES_MAX][512];
-        const char *topics[KG_LANES_MAX];
-        int n_topics = *cfg->cancel_topic ? 1 : w->lanes.n;
+    char names[KG_CANCEL_TOPICS_MAX][KG_CANCEL_NAME_MAX];
+    int n_topics = kg_cancel_topic_names(cfg, &w->lanes, names);
+    if (n_topics > 0) {
+        const char *topics[KG_CANCEL_TOPICS_MAX];
         for (int l = 0; l < n_topics; l++) {
-            if (*cfg->cancel_topic) {
-                snprintf(names[l], sizeof(names[l]), "%s", cfg->cancel_topic);
-            } else {
-                snprintf(names[l], sizeof(names[l]), "%s.cancel", w->lanes.lane[l].topic);
-            }
             topics[l] = names[l];
         }
         w->cancel =

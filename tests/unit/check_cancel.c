@@ -1,7 +1,9 @@
 /* check_cancel: the memo of recent cancels (TTL, renewal, the bound forgets the oldest first,
  * hash chains stay consistent under churn) and the cancel message (value, key-only, rejects). */
 #include "check_common.h"
+#include "config/kg_config.h"
 #include "kafka/kg_cancel.h"
+#include "kafka/kg_lanes.h"
 #include "schema/kg_cancelmsg.h"
 
 #include <stdio.h>
@@ -94,6 +96,26 @@ START_TEST(message) {
 }
 END_TEST
 
+/* Which cancel topics a worker reads: each lane's <topic>.cancel by default,
+ * --cancel-topic for all lanes, none with "none". */
+START_TEST(topic_names) {
+    kg_config_t cfg;
+    kg_config_init(&cfg);
+    kg_lanes_t lanes;
+    char err[256], names[KG_CANCEL_TOPICS_MAX][KG_CANCEL_NAME_MAX];
+    ck_assert(kg_lanes_parse("jobs.hi:4,jobs.bulk:1", &lanes, err, sizeof(err)) == KG_OK);
+    ck_assert_int_eq(kg_cancel_topic_names(&cfg, &lanes, names), 2);
+    ck_assert_str_eq(names[0], "jobs.hi.cancel");
+    ck_assert_str_eq(names[1], "jobs.bulk.cancel");
+    ck_assert(kg_config_set(&cfg, "cancel-topic", "stop", err, sizeof(err)) == KG_OK);
+    ck_assert_int_eq(kg_cancel_topic_names(&cfg, &lanes, names), 1);
+    ck_assert_str_eq(names[0], "stop");
+    ck_assert(kg_config_set(&cfg, "cancel-topic", "none", err, sizeof(err)) == KG_OK);
+    ck_assert_int_eq(kg_cancel_topic_names(&cfg, &lanes, names), 0);
+    kg_config_clear(&cfg);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("cancel");
     TCase *tc = tcase_create("memo");
@@ -103,6 +125,7 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("message");
     tcase_add_test(tc, message);
+    tcase_add_test(tc, topic_names);
     suite_add_tcase(s, tc);
     return s;
 }
