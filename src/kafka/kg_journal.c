@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TAIL_RECORDS 16             /* records read back on assignment */
-#define READ_MS      10000          /* at most, to read them */
-#define FLUSH_MS     10000          /* at most, for the clean snapshots on revoke */
-#define GRACE_EXTRA_MS 2000         /* beyond a heartbeat, for an evicted owner's revoke */
-#define LAZY_US      (200 * 1000LL) /* finished jobs leave the record within this */
-#define MAX_ENTRIES  KG_INFLIGHT_MAX_JOBS
+#define TAIL_RECORDS   16             /* records read back on assignment */
+#define READ_MS        10000          /* at most, to read them */
+#define FLUSH_MS       10000          /* at most, for the clean snapshots on revoke */
+#define GRACE_EXTRA_MS 2000           /* beyond a heartbeat, for an evicted owner's revoke */
+#define LAZY_US        (200 * 1000LL) /* finished jobs leave the record within this */
+#define MAX_ENTRIES    KG_INFLIGHT_MAX_JOBS
 
 typedef enum jstate {
     J_WAITING, /* carries strikes, not running here */
