@@ -375,6 +375,15 @@ static bool newer(const kg_inflight_t *a, const kg_inflight_t *b) {
     return a->epoch > b->epoch || (a->epoch == b->epoch && a->seq > b->seq);
 }
 
+/* The index of partition `p` in parts[0 .. n-1], or n. */
+static int index_of(const int32_t *parts, int n, int32_t p) {
+    int i = 0;
+    while (i < n && parts[i] != p) {
+        i++;
+    }
+    return i;
+}
+
 /* Whether the owner of snapshot `s` may have failed with jobs running. */
 static bool left_running(const kg_inflight_t *s) {
     for (size_t r = 0; s->epoch > 0 && !s->clean && r < s->n_runs; r++) {
@@ -403,10 +412,7 @@ static void wait_for_evicted(kg_journal_t *j, const int32_t *parts, int n, kg_in
         if (!rkm) {
             continue;
         }
-        int i = 0;
-        while (i < n && parts[i] != rkm->partition) {
-            i++;
-        }
+        int i = index_of(parts, n, rkm->partition);
         kg_inflight_t s = {0};
         char why[256];
         if (i < n && !rkm->err && left_running(&best[i]) &&
@@ -453,10 +459,7 @@ static bool read_tails(kg_journal_t *j, const int32_t *parts, int n, kg_inflight
         if (!rkm) {
             continue;
         }
-        int i = 0;
-        while (i < n && parts[i] != rkm->partition) {
-            i++;
-        }
+        int i = index_of(parts, n, rkm->partition);
         if (i == n) {
             /* not ours */
         } else if (rkm->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
