@@ -43,6 +43,9 @@
 /* The kgen-* headers of a dead-letter copy (an error message <= 256 bytes,
  * topic and worker names). */
 #define DLQ_HEADER_ROOM 2048
+/* A job's key on its headers-only DLQ copy is cut to this: a producer's key
+ * is not bounded like a request_id, and alone it must not make that copy too big. */
+#define DLQ_KEY_MAX 1024
 /* The smallest message limit we run with: a done event with everything shed. */
 #define MIN_MESSAGE_BYTES (4096 + RECORD_OVERHEAD)
 #define TOPIC_LOOKUP_MS   5000
@@ -503,7 +506,9 @@ static void dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack) {
 }
 
 /* An unparseable job's DLQ copy was refused (the DLQ takes less than we
- * were told): send the headers alone, which still say where the job is. */
+ * were told, or the job's key alone is too big): send the headers alone,
+ * which still say where the job is, with the key cut to DLQ_KEY_MAX bytes
+ * (kgen-key-truncated-from says how long it was), so that this copy fits. */
 static void dead_letter_bare(kg_worker_t *w,
                              const void *key,
                              size_t key_len,
@@ -516,6 +521,12 @@ static void dead_letter_bare(kg_worker_t *w,
     snprintf(orig, sizeof(orig), "%zu", len);
     rd_kafka_header_remove(h, "kgen-payload-truncated-from");
     rd_kafka_header_add(h, "kgen-payload-truncated-from", -1, orig, -1);
+    if (key_len > DLQ_KEY_MAX) {
+        snprintf(orig, sizeof(orig), "%zu", key_len);
+        rd_kafka_header_remove(h, "kgen-key-truncated-from");
+        rd_kafka_header_add(h, "kgen-key-truncated-from", -1, orig, -1);
+        key_len = DLQ_KEY_MAX;
+    }
     produce(w, w->dlq_topic[ack->partition >= 0 ? lane_of(ack->partition) : 0], key, key_len, "", 0,
             again, h);
     rd_kafka_headers_destroy(h);

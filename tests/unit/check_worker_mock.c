@@ -466,6 +466,61 @@ static void without_journal(fixture_t *f) {
     cfg_set(&f->cfg, "poison-after", "0");
 }
 
+/* The worker's producer takes messages of 20,000 bytes at most. */
+static void small_messages(fixture_t *f) {
+    char err[256];
+    ck_assert(kg_config_set_kafka(&f->cfg, "message.max.bytes", "20000", err, sizeof(err)) ==
+              KG_OK);
+}
+
+/* An unparseable job whose key alone (30,000 bytes) is over what the worker
+ * may produce: its DLQ copy is refused, and so was the headers-only copy
+ * after it, with the key whole, which stopped the worker (fatal: "the topic
+ * refuses even a small message") and every worker after it. The bare copy
+ * now cuts the key to 1,024 bytes and says how long it was; the worker goes
+ * on with the next jobs. */
+START_TEST(test_dlq_long_key) {
+    fixture_t f;
+    setup_with(&f, 1, "64", small_messages);
+    static char key[30000];
+    memset(key, 'k', sizeof(key));
+    rd_kafka_vu_t vus[4] = {
+        {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+        {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {key, sizeof(key)}},
+        {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {"{not json", 9}},
+        {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+    };
+    rd_kafka_error_t *e = rd_kafka_produceva(f.producer, vus, 4);
+    ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+    rd_kafka_flush(f.producer, 5000);
+    rd_kafka_t *dlq = reader_of(&f, "jobs.dlq", 1);
+    bool found = false;
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (!found && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(dlq, 100);
+        if (rkm && !rkm->err) {
+            char from[24], kind[16];
+            ck_assert_str_eq(header(rkm, "kgen-payload", kind, sizeof(kind)), "job");
+            ck_assert_uint_eq(rkm->key_len, 1024);
+            ck_assert_uint_eq(rkm->len, 0);
+            ck_assert_str_eq(header(rkm, "kgen-key-truncated-from", from, sizeof(from)), "30000");
+            found = true;
+        }
+        if (rkm) {
+            rd_kafka_message_destroy(rkm);
+        }
+    }
+    ck_assert_msg(found, "no headers-only DLQ copy within 60 s");
+    rd_kafka_consumer_close(dlq);
+    rd_kafka_destroy(dlq);
+    /* the worker is still there */
+    produce_jobs(&f, 0, 4);
+    int n_events = 0;
+    ck_assert_int_eq(collect(&f, 4, 60, &n_events), 4);
+    teardown(&f);
+}
+END_TEST
+
 START_TEST(test_refused_delivery) {
     fixture_t f;
     int n_events = 0;
@@ -896,6 +951,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_broker_down_up);
     tcase_add_test(tc, test_burst_beyond_queue_depth);
     tcase_add_test(tc, test_refused_delivery);
+    tcase_add_test(tc, test_dlq_long_key);
     tcase_add_test(tc, test_poison_from_record);
     tcase_add_test(tc, test_openai_and_choices);
     tcase_add_test(tc, test_openai_response_format);
