@@ -455,9 +455,16 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
         on_refused(w, rd_kafka_topic_name(rkm->rkt), rkm->key, rkm->key_len, rkm->payload, rkm->len,
                    h, ack, rkm->err);
     } else if (rkm->err) {
-        char what[256];
-        snprintf(what, sizeof(what), "delivery to %s failed: %s", rd_kafka_topic_name(rkm->rkt),
-                 rd_kafka_err2str(rkm->err));
+        /* the broker or the topic is at fault, not this message; still say whose it was */
+        char what[512], job[320] = "";
+        int kl = rkm->key_len < KG_JOB_REQUEST_ID_MAX ? (int)rkm->key_len : KG_JOB_REQUEST_ID_MAX;
+        if (ack && ack->partition >= 0) {
+            snprintf(job, sizeof(job), "; its job: %s partition %d offset %lld",
+                     topic_of(w, ack->partition), part_of(ack->partition), (long long)ack->offset);
+        }
+        snprintf(what, sizeof(what), "delivery to %s failed: %s (message key %.*s%s)",
+                 rd_kafka_topic_name(rkm->rkt), rd_kafka_err2str(rkm->err), rkm->key ? kl : 0,
+                 rkm->key ? (const char *)rkm->key : "", job);
         fatal_kafka(w, what);
     } else if (ack && !w->fatal) {
         log_answered(w, rkm->key, rkm->key_len, ack);
