@@ -113,6 +113,8 @@ const char *kg_finish_str(kg_finish_t f) {
         return "cancelled";
     case KG_FINISH_ERROR:
         return "error";
+    case KG_FINISH_GRAMMAR:
+        return "grammar";
     }
     return "unknown";
 }
@@ -840,9 +842,10 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
     }
     kg_matcher_t *m = seq->matcher;
     if (!kg_matcher_accept(m, tok)) {
+        /* the mask allowed it: a kgen bug, not the job's */
         KG_LOG_ERROR("engine", "grammar refused sampled token id=%llu token=%d",
                      (unsigned long long)seq->id, tok);
-        report(e, seq, -1, KG_FINISH_STOP, NULL);
+        report(e, seq, -1, KG_FINISH_ERROR, NULL);
         return true;
     }
     if (grammar_token(e, seq, tok, res)) {
@@ -1035,7 +1038,7 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
             if (!e->row_any[row]) {
                 KG_LOG_WARN("engine", "grammar allows no token of this vocabulary id=%llu",
                             (unsigned long long)seq->id);
-                report(e, seq, -1, KG_FINISH_STOP, NULL);
+                report(e, seq, -1, KG_FINISH_GRAMMAR, NULL);
                 ended = true;
                 goto sampled;
             }

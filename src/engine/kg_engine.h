@@ -88,7 +88,8 @@
  * logprob 0) and reported like sampled ones, so a step may report several
  * completions for one request; they are fed to the model together in the
  * next step. A request whose grammar allows no token here (the vocabulary
- * cannot spell what it needs) finishes STOP. Masks depend only on the
+ * cannot spell what it needs) finishes GRAMMAR: its output does not match,
+ * so it must not look like a normal end. Masks depend only on the
  * request's own tokens, so batch invariance holds. Masks are built after
  * the forward pass is launched and before sampling, so on a device backend
  * (whose forward returns before the logits are ready) they overlap it; at
@@ -134,6 +135,7 @@ typedef enum kg_finish {
     KG_FINISH_DEADLINE,  /* deadline passed while running or waiting */
     KG_FINISH_CANCELLED, /* kg_engine_cancel */
     KG_FINISH_ERROR,     /* the backend could not run this request (see kg_engine_step) */
+    KG_FINISH_GRAMMAR,   /* its grammar allows no token of this vocabulary here: a dead end */
 } kg_finish_t;
 
 const char *kg_finish_str(kg_finish_t f);

@@ -199,9 +199,10 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
                                     text ? text : "", text ? tlen : 0, max_bytes, len,
                                     &outcome->fit);
     }
-    /* a choice that ran out of time, failed in the backend or was cancelled
-     * (not by its stop string) leaves the job without a result; the first
-     * of those in that order names the error */
+    /* a choice that ran out of time, failed in the backend, reached a dead
+     * end of its grammar or was cancelled (not by its stop string) leaves
+     * the job without a result; a deadline names the error, else the last
+     * backend failure or dead end, else the cancel */
     kg_finish_t failed = KG_FINISH_NONE;
     for (int32_t c = 0; c < r->n_choices; c++) {
         const kg_jobrun_choice_t *ch = &r->choices[c];
@@ -209,7 +210,8 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
         if (ok || failed == KG_FINISH_DEADLINE) {
             continue;
         }
-        if (ch->finish == KG_FINISH_DEADLINE || ch->finish == KG_FINISH_ERROR) {
+        if (ch->finish == KG_FINISH_DEADLINE || ch->finish == KG_FINISH_ERROR ||
+            ch->finish == KG_FINISH_GRAMMAR) {
             failed = ch->finish;
         } else if (failed == KG_FINISH_NONE) {
             failed = KG_FINISH_CANCELLED;
@@ -230,6 +232,11 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
         /* the backend could not run this job; the worker and its other jobs go on */
         outcome->code = KG_ERROR_INTERNAL;
         msg = "the backend failed on this job (the worker log has the reason)";
+    } else if (failed == KG_FINISH_GRAMMAR) {
+        /* not a done event: its text would not match the constraint it asked for */
+        outcome->code = KG_ERROR_INVALID_SCHEMA;
+        msg = "the output cannot satisfy the job's constraint: no token of this model's "
+              "vocabulary continues it (the token events have the text so far)";
     } else {
         outcome->code = KG_ERROR_CANCELLED;
         msg = "the job was cancelled";

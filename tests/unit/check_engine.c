@@ -1818,6 +1818,32 @@ START_TEST(constrained_jobs) {
 }
 END_TEST
 
+/* A grammar the vocabulary cannot finish: after "a" the regex a[ij] needs
+ * an i or a j, and the fake vocabulary has neither. The request ends
+ * KG_FINISH_GRAMMAR after its one token (it used to end STOP, which made
+ * an output that does not match look like a normal end). */
+START_TEST(constrained_dead_end) {
+    kg_gvocab_t *v = fake_vocab();
+    kg_grammar_t *g = fake_grammar(v, KG_CONSTRAINT_REGEX, "a[ij]");
+    env_t env;
+    kg_engine_params_t ep = base_params();
+    env_init(&env, &ep, 14);
+    int32_t prompt[6];
+    fill_prompt(prompt, 6, 3);
+    kg_request_t r = make_req(0, prompt, 6, 10);
+    r.grammar = g;
+    submit_ok(&env, &r);
+    env_run(&env, 1000);
+    ck_assert(env.jobs[0].done);
+    ck_assert_int_eq(env.jobs[0].finish, KG_FINISH_GRAMMAR);
+    ck_assert_int_eq(env.jobs[0].n, 1);
+    ck_assert_str_eq(kg_finish_str(KG_FINISH_GRAMMAR), "grammar");
+    env_clear(&env);
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 /* n choices of a constrained prompt: each choice has its own matcher (every
  * output matches, the choices differ), the prompt is still prefilled once,
  * and each choice says the same with and without other jobs around it and
@@ -2022,6 +2048,7 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("grammar");
     tcase_add_test(tc, constrained_jobs);
+    tcase_add_test(tc, constrained_dead_end);
     tcase_add_test(tc, constrained_choices);
     suite_add_tcase(s, tc);
     return s;
