@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kgen-worker --demo 0 --http-port P: /readyz turns 200 after assignment,
 # /healthz is 200, /metrics series move as jobs run (kgen-submit against the
-# demo's mock cluster), and SIGTERM exits 0.
+# demo's mock cluster), the grammar cache and mask counters move for constrained jobs,
+# and SIGTERM exits 0.
 set -euo pipefail
 bin="${KG_BIN_DIR:?}"
 tmp=$(mktemp -d "${KG_TEST_TMP:-/tmp}/metrics.XXXXXX")
@@ -41,6 +42,10 @@ with open(sys.argv[1], "w") as f:
     for i in range(20):
         f.write(json.dumps({"request_id": f"m-{i}", "prompt": "hello metrics", "max_tokens": 12,
                             "temperature": 0}) + "\n")
+    # three constrained jobs with one choice list: one compile, two cache hits
+    for i in range(3):
+        f.write(json.dumps({"request_id": f"c-{i}", "prompt": "yes or no", "max_tokens": 8,
+                            "choice": ["yes", "no"]}) + "\n")
     f.write("garbage\n")
 PY
 "$bin/kgen-submit" --brokers "$brokers" --input "$tmp/jobs.jsonl" --output "$tmp/results.jsonl" --timeout 120 --no-progress
@@ -49,15 +54,25 @@ PY
 # kgen-submit has already read that event: wait for the counters to settle.
 for _ in $(seq 1 100); do
     done_len=$(metric 'kgen_jobs_total{outcome="done",finish_reason="length"}')
+    done_stop=$(metric 'kgen_jobs_total{outcome="done",finish_reason="stop"}')
     dlq=$(metric 'kgen_jobs_total{outcome="dead_letter"}')
-    [[ "$done_len" == 20 && "$dlq" == 1 ]] && break
+    [[ "$done_len" == 20 && "$done_stop" == 3 && "$dlq" == 1 ]] && break
     sleep 0.1
 done
+# the constrained jobs: one compile, two cache hits, masks built for them
+misses=$(metric 'kgen_grammar_cache_misses_total')
+hits=$(metric 'kgen_grammar_cache_hits_total')
+masks=$(metric 'kgen_grammar_masks_total')
+echo "constrained: done(stop) $done_stop, grammar cache misses $misses, hits $hits, masks $masks"
+[[ "$done_stop" == 3 && "$misses" == 1 && "$hits" == 2 ]] ||
+    { echo "the grammar metrics did not move as expected"; exit 1; }
+python3 -c 'import sys; assert float(sys.argv[1]) > 0' "${masks:-0}" ||
+    { echo "kgen_grammar_masks_total is ${masks:-missing}"; exit 1; }
 after=$(metric 'kgen_generation_tokens_total')
 ttft=$(metric 'kgen_time_to_first_token_seconds_count')
 steps=$(metric 'kgen_engine_steps_total')
 echo "generation tokens $before -> $after, done(length) $done_len, dead-lettered $dlq, ttft count $ttft, steps $steps"
-[[ "$after" -ge 20 ]] && [[ "$done_len" == 20 ]] && [[ "$dlq" == 1 ]] && [[ "$ttft" == 20 ]] && [[ "$steps" -gt 0 ]] \
+[[ "$after" -ge 20 ]] && [[ "$done_len" == 20 ]] && [[ "$dlq" == 1 ]] && [[ "$ttft" == 23 ]] && [[ "$steps" -gt 0 ]] \
     || { echo "metrics did not move as expected"; exit 1; }
 
 # the autoscaling signal: present once a job has finished (lag and jobs in flight are 0 here, so
