@@ -84,6 +84,15 @@ static const struct {
      {"\"2024-02-28\"", "\"2023-12-31\"", "\"123e4567-e89b-12d3-a456-426614174000\"", NULL},
      {"\"2024-02-30\"", "\"2024-13-01\"", "\"2024-04-31\"", NULL}},
     {"{\"type\":\"object\"}", {"{}", "{\"any\":[1,{\"x\":null}]}", NULL}, {"[]", "{\"a\"}", NULL}},
+    /* minLength with maxLength, reached through "definitions" */
+    {"{\"definitions\":{\"code\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}},"
+     "\"$ref\":\"#/definitions/code\"}",
+     {"\"ab\"", "\"abc\"", "\"a\\n\"", NULL},
+     {"\"a\"", "\"\"", "\"abcd\"", NULL}},
+    /* whitespace between tokens is bounded: a newline and 20 spaces, not 21 or two newlines */
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}",
+     {"{\n                    \"a\": 1}", "{ \"a\" : 1 }", NULL},
+     {"{\n                     \"a\": 1}", "{\n\n\"a\": 1}", NULL}},
     {"{\"allOf\":[{\"properties\":{\"a\":{\"const\":1}},\"required\":[\"a\"]},{\"properties\":{"
      "\"b\":{\"type\":\"boolean\"}},\"required\":[\"b\"]}]}",
      {"{\"a\":1,\"b\":false}", NULL},
