@@ -75,8 +75,8 @@ RESULTS=kgen.results
 kg_submit_timed 120
 kg_stop_pid "$(kg_pid worker)" 10
 
-python3 - "$T/batch.jsonl" "$T/results.jsonl" <<'PY'
-import json, re, sys
+python3 - "$T/batch.jsonl" "$T/results.jsonl" "$T/events.jsonl" <<'PY'
+import collections, json, re, sys
 batch = {e["request_id"]: e for e in map(json.loads, open(sys.argv[1]))}
 worker = {e["request_id"]: e for e in map(json.loads, open(sys.argv[2]))}
 assert set(batch) == set(worker), (sorted(set(batch) ^ set(worker)))
@@ -100,6 +100,17 @@ for rid, k in (("cmp-n3", 3), ("cmp-n4-stream", 4), ("cmp-openai-cmpl", 2)):
     ch = batch[rid]["choices"]
     assert [c["index"] for c in ch] == list(range(k)), rid
     assert len({c["text"] for c in ch}) > 1 or rid == "cmp-openai-cmpl", rid
+# the streamed n = 4 job: each choice's token events carry its index, count from 0 without a
+# gap, and join to that choice's text in the done event
+toks = collections.defaultdict(list)
+for e in map(json.loads, open(sys.argv[3])):
+    if e["type"] == "token" and e["request_id"] == "cmp-n4-stream":
+        toks[e.get("choice", 0)].append(e)
+assert sorted(toks) == [0, 1, 2, 3], sorted(toks)
+for c in worker["cmp-n4-stream"]["choices"]:
+    evs = toks[c["index"]]
+    assert [t["index"] for t in evs] == list(range(len(evs))), c["index"]
+    assert "".join(t["text"] for t in evs) == c["text"], c["index"]
 n_choices = sum(len(e.get("choices", [])) for e in batch.values())
 reasons = {e["finish_reason"] for e in batch.values() if e["type"] == "done"}
 assert reasons == {"stop", "length", "stop_sequence"} or reasons >= {"length", "stop_sequence"}, reasons
