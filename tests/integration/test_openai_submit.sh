@@ -11,7 +11,8 @@
 #  - resuming: kgen-submit is killed (SIGKILL) while results arrive; rerun with the same input
 #    and output, it sends nothing twice (the jobs topic holds each job once), keeps the lines it
 #    had written and ends with exactly one line per job; killed as soon as its state file is
-#    there, the rerun sends what is not in the jobs topic yet;
+#    there, the rerun sends what is not in the jobs topic yet; the same resume with OpenAI lines
+#    (custom_ids, --output-format openai, --error-file) keeps both files' lines;
 #  - response_format: a strict json_schema with n = 2 gives documents of the schema, the same as
 #    kgen batch; a schema kgen cannot enforce is invalid_schema (400, param response_format);
 #  - kgen-submit --status prints request_counts (total, completed, failed) from the results topic.
@@ -221,6 +222,44 @@ sent2=$(($(jobs_in_topic) - before))
 ((sent2 == 40)) || kg_fail "the jobs topic got $sent2 messages for 40 jobs ($sent1 before the kill)"
 [[ $(wc -l <"$T/early.out.jsonl") == 40 ]] || kg_fail "not one line per job after the resume"
 kg_note "killed at the state file with $sent1 of 40 jobs sent; the rerun sent the other $((sent2 - sent1))"
+
+# the same with OpenAI lines: custom_ids, the openai output and an error file (two jobs for a
+# model the worker does not serve); the rerun keeps both files' lines and writes the rest once
+python3 - "$T/oa.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(40):
+        model = "not-served" if i in (3, 30) else "tiny-chat"
+        f.write(json.dumps({"custom_id": f"oa-{i}", "method": "POST", "url": "/v1/completions",
+                            "body": {"model": model, "prompt": f"Once upon a time {i}",
+                                     "max_tokens": 400, "ignore_eos": True,
+                                     "temperature": 0.7}}) + "\n")
+PY
+before=$(jobs_in_topic)
+kg_bg submit3 "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
+    --results-topic "$RESULTS" --input "$T/oa.jsonl" --output "$T/oa.out.jsonl" \
+    --output-format openai --error-file "$T/oa.err.jsonl" --timeout 120 --no-progress
+kg_wait 60 "some OpenAI results written" \
+    bash -c "[[ \$(cat '$T/oa.out.jsonl' '$T/oa.err.jsonl' 2>/dev/null | wc -l) -ge 8 ]]"
+kill -9 "$(kg_pid submit3)"
+kept=$(cat "$T/oa.out.jsonl" "$T/oa.err.jsonl" 2>/dev/null | wc -l)
+kg_submit --input "$T/oa.jsonl" --output "$T/oa.out.jsonl" --output-format openai \
+    --error-file "$T/oa.err.jsonl" --timeout 120 --no-progress 2>"$T/oa.submit.log" ||
+    kg_fail "the resumed OpenAI kgen-submit did not finish"
+sent=$(($(jobs_in_topic) - before))
+python3 - "$T/oa.out.jsonl" "$T/oa.err.jsonl" "$sent" <<'PY'
+import json, sys
+out = [json.loads(l) for l in open(sys.argv[1])]
+err = [json.loads(l) for l in open(sys.argv[2])]
+sent = int(sys.argv[3])
+ids = sorted(o["custom_id"] for o in out)
+assert ids == sorted(f"oa-{i}" for i in range(40) if i not in (3, 30)), f"{len(ids)} output lines"
+assert all(o["response"]["status_code"] == 200 for o in out)
+assert sorted(o["custom_id"] for o in err) == ["oa-3", "oa-30"], [o["custom_id"] for o in err]
+assert all(o["response"]["body"]["error"]["code"] == "model_not_found" for o in err), err
+assert sent == 40, f"the jobs topic got {sent} messages for 40 OpenAI lines"
+PY
+kg_note "OpenAI lines: killed with $kept of 40 lines written; the rerun ended with 38 + 2 errors, nothing sent twice"
 
 # 4. --status: request_counts from the results topic
 status=$(kg_submit --status --input "$T/resume.jsonl" --output "$T/resume.out.jsonl" --timeout 60)
