@@ -1322,11 +1322,8 @@ static void arch_golden_load(const char *file, arch_golden_t *g) {
 
 static kg_model_t *arch_model(const arch_golden_t *g, const char *label) {
     static char path[4096];
-    char cmd[8192];
     snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("arch"));
-    snprintf(cmd, sizeof(cmd), "%s/kgen mkmodel --out '%s' %s >/dev/null", KG_BIN_DIR, path,
-             g->args);
-    ck_assert_msg(system(cmd) == 0, "failed: %s", cmd);
+    ck_assert_msg(kg_test_mkmodel(path, g->args) == 0, "kgen mkmodel %s failed", g->args);
     size_t len;
     char *data = kg_test_read_file(path, &len);
     ck_assert_ptr_nonnull(data);

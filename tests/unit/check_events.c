@@ -377,9 +377,9 @@ START_TEST(intake_refuses_metadata_over_budget) {
 }
 END_TEST
 
-/* A job the backend could not run (the engine's KG_FINISH_ERROR) ends with
- * an internal error event; kgen-worker and kgen batch both come here. */
-START_TEST(backend_failure_is_internal) {
+/* The terminal event of a one-choice job whose engine finish is `finish`
+ * (the caller frees it; the outcome in *oc). */
+static char *terminal_after(kg_finish_t finish, kg_jobrun_outcome_t *oc) {
     kg_test_model_opts_t mo = {
         .n_embd = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 1, .n_ff = 64, .seed = 1};
     const char *path = kg_test_make_model(&mo);
@@ -398,21 +398,28 @@ START_TEST(backend_failure_is_internal) {
     kg_completion_t c;
     memset(&c, 0, sizeof(c));
     c.token = -1;
-    c.finish = KG_FINISH_ERROR;
+    c.finish = finish;
     kg_jobrun_step_t js;
     ck_assert_int_eq(kg_jobrun_on_completion(&run, &c, 1000, &js), KG_OK);
     ck_assert(js.finished);
     size_t len;
-    kg_jobrun_outcome_t oc;
-    char *json = kg_jobrun_terminal(&run, &origin, model->tok, 8192, &len, &oc);
+    char *json = kg_jobrun_terminal(&run, &origin, model->tok, 8192, &len, oc);
     ck_assert_ptr_nonnull(json);
+    kg_jobrun_clear(&run);
+    kg_model_free(model);
+    return json;
+}
+
+/* A job the backend could not run (the engine's KG_FINISH_ERROR) ends with
+ * an internal error event; kgen-worker and kgen batch both come here. */
+START_TEST(backend_failure_is_internal) {
+    kg_jobrun_outcome_t oc;
+    char *json = terminal_after(KG_FINISH_ERROR, &oc);
     ck_assert(oc.is_error);
     ck_assert_int_eq(oc.code, KG_ERROR_INTERNAL);
     ck_assert_ptr_nonnull(strstr(json, "\"code\":\"internal\""));
     ck_assert_ptr_nonnull(strstr(json, "the backend failed on this job"));
     free(json);
-    kg_jobrun_clear(&run);
-    kg_model_free(model);
 }
 END_TEST
 
@@ -420,39 +427,13 @@ END_TEST
  * KG_FINISH_GRAMMAR: no token of the vocabulary continues it) ends the job
  * with invalid_schema, not a done event whose text would not match. */
 START_TEST(grammar_dead_end_is_invalid_schema) {
-    kg_test_model_opts_t mo = {
-        .n_embd = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 1, .n_ff = 64, .seed = 1};
-    const char *path = kg_test_make_model(&mo);
-    ck_assert_ptr_nonnull(path);
-    char err[256];
-    kg_model_t *model = kg_model_load(path, err, sizeof(err));
-    ck_assert_msg(model != NULL, "%s", err);
-    unlink(path);
-    kg_intake_limits_t lim = {.max_seq_len = 64, .max_tokens_limit = 16, .max_event_bytes = 8192};
-    kg_jobrun_t run;
-    kg_error_code_t code;
-    char msg[256];
-    ck_assert_int_eq(kg_jobrun_start(&run, model, &lim, make_job(",\"max_tokens\":4", 0), 0, 0,
-                                     &code, msg, sizeof(msg)),
-                     KG_OK);
-    kg_completion_t c;
-    memset(&c, 0, sizeof(c));
-    c.token = -1;
-    c.finish = KG_FINISH_GRAMMAR;
-    kg_jobrun_step_t js;
-    ck_assert_int_eq(kg_jobrun_on_completion(&run, &c, 1000, &js), KG_OK);
-    ck_assert(js.finished);
-    size_t len;
     kg_jobrun_outcome_t oc;
-    char *json = kg_jobrun_terminal(&run, &origin, model->tok, 8192, &len, &oc);
-    ck_assert_ptr_nonnull(json);
+    char *json = terminal_after(KG_FINISH_GRAMMAR, &oc);
     ck_assert(oc.is_error);
     ck_assert_int_eq(oc.code, KG_ERROR_INVALID_SCHEMA);
     ck_assert_ptr_nonnull(strstr(json, "\"code\":\"invalid_schema\""));
     ck_assert_ptr_nonnull(strstr(json, "cannot satisfy the job's constraint"));
     free(json);
-    kg_jobrun_clear(&run);
-    kg_model_free(model);
 }
 END_TEST
 

@@ -18,12 +18,11 @@
 
 #define SMALL "--n-embd 32 --n-head 2 --n-head-kv 1 --n-ff 64 --ctx 256 --seed 3"
 
-/* `kgen mkmodel --out <tmp> <args>`; a copy of the path (caller frees). */
+/* `kgen mkmodel --out <tmp> <args>`, in process; a copy of the path (caller frees). */
 static char *mk(const char *args) {
-    char path[4096], cmd[8192];
+    char path[4096];
     snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("model"));
-    snprintf(cmd, sizeof(cmd), "%s/kgen mkmodel --out '%s' %s >/dev/null", KG_BIN_DIR, path, args);
-    ck_assert_msg(system(cmd) == 0, "failed: %s", cmd);
+    ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
     return strdup(path);
 }
 

@@ -61,13 +61,10 @@ static void replay(const char *golden_name) {
             snprintf(cur_ft, sizeof(cur_ft), "%s", ft);
             cur_pure = pure;
             snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("mix"));
-            char cmd[8192];
-            snprintf(cmd, sizeof(cmd), "%s/kgen mkmodel --out '%s' %s --type %s%s 2>&1", KG_BIN_DIR,
-                     path, args, ft, pure ? " --pure" : "");
-            int st;
-            char *out = kg_test_run(cmd, &st);
-            ck_assert_msg(st == 0, "%s: exit %d: %s", cmd, st, out);
-            free(out);
+            char mk_args[1024];
+            snprintf(mk_args, sizeof(mk_args), "%s --type %s%s", args, ft, pure ? " --pure" : "");
+            int st = kg_test_mkmodel(path, mk_args);
+            ck_assert_msg(st == 0, "kgen mkmodel %s: exit %d", mk_args, st);
             g = kg_gguf_open(path, err, sizeof(err));
             ck_assert_msg(g != NULL, "%s", err);
             uint32_t file_type = 0;

@@ -1,7 +1,9 @@
 /* check_support: helpers shared by the Check tests. */
 #include "check_common.h"
+#include "cli/cmd.h"
 #include "model/kg_mkmodel.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -105,4 +107,33 @@ const char *kg_test_make_model(const kg_test_model_opts_t *o) {
         return NULL;
     }
     return path;
+}
+
+int kg_test_mkmodel(const char *out, const char *args) {
+    char *copy = strdup(args);
+    char *argv[128] = {"mkmodel", "--out", (char *)out};
+    int argc = 3;
+    for (char *save = NULL, *t = strtok_r(copy, " \t\n", &save); t && argc < 127;
+         t = strtok_r(NULL, " \t\n", &save)) {
+        argv[argc++] = t;
+    }
+    /* its summary line would only clutter the test's output */
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO), devnull = open("/dev/null", O_WRONLY);
+    if (saved >= 0 && devnull >= 0) {
+        dup2(devnull, STDOUT_FILENO);
+    }
+    int rc = kg_cmd_mkmodel(argc, argv);
+    fflush(stdout);
+    if (saved >= 0 && devnull >= 0) {
+        dup2(saved, STDOUT_FILENO);
+    }
+    if (saved >= 0) {
+        close(saved);
+    }
+    if (devnull >= 0) {
+        close(devnull);
+    }
+    free(copy);
+    return rc;
 }
