@@ -152,7 +152,8 @@ bool kg_jobrun_finish_seen(kg_jobrun_t *r, const kg_completion_t *c);
  * made that small (0 = no limit; kg_events says what is shed, in which
  * order): a done event (stop, length or stop_sequence) or an error event
  * (expired, cancelled; internal when the backend could not run this job,
- * KG_FINISH_ERROR). `outcome` says which, and what was shed. NULL on out of
+ * KG_FINISH_ERROR; invalid_schema when a choice's grammar reached a dead end,
+ * KG_FINISH_GRAMMAR). `outcome` says which, and what was shed. NULL on out of
  * memory. A job a user cancelled gets a cancelled error event that carries
  * the text so far (`text`, shed last). */
 char *kg_jobrun_terminal(const kg_jobrun_t *r,

@@ -377,9 +377,8 @@ START_TEST(intake_refuses_metadata_over_budget) {
 }
 END_TEST
 
-/* The terminal event of a one-choice job whose engine finish is `finish`
- * (the caller frees it; the outcome in *oc). */
-static char *terminal_after(kg_finish_t finish, kg_jobrun_outcome_t *oc) {
+/* A small model, and a job of 4 tokens started on it. */
+static kg_model_t *start_small(kg_jobrun_t *run) {
     kg_test_model_opts_t mo = {
         .n_embd = 32, .n_layer = 1, .n_head = 2, .n_head_kv = 1, .n_ff = 64, .seed = 1};
     const char *path = kg_test_make_model(&mo);
@@ -389,12 +388,19 @@ static char *terminal_after(kg_finish_t finish, kg_jobrun_outcome_t *oc) {
     ck_assert_msg(model != NULL, "%s", err);
     unlink(path);
     kg_intake_limits_t lim = {.max_seq_len = 64, .max_tokens_limit = 16, .max_event_bytes = 8192};
-    kg_jobrun_t run;
     kg_error_code_t code;
     char msg[256];
-    ck_assert_int_eq(kg_jobrun_start(&run, model, &lim, make_job(",\"max_tokens\":4", 0), 0, 0,
+    ck_assert_int_eq(kg_jobrun_start(run, model, &lim, make_job(",\"max_tokens\":4", 0), 0, 0,
                                      &code, msg, sizeof(msg)),
                      KG_OK);
+    return model;
+}
+
+/* The terminal event of a one-choice job whose engine finish is `finish`
+ * (the caller frees it; the outcome in *oc). */
+static char *terminal_after(kg_finish_t finish, kg_jobrun_outcome_t *oc) {
+    kg_jobrun_t run;
+    kg_model_t *model = start_small(&run);
     kg_completion_t c;
     memset(&c, 0, sizeof(c));
     c.token = -1;
@@ -409,6 +415,28 @@ static char *terminal_after(kg_finish_t finish, kg_jobrun_outcome_t *oc) {
     kg_model_free(model);
     return json;
 }
+
+/* A request the engine refused although intake let it through: a mismatch
+ * between the two, not the job's fault, so `internal` (never invalid_job),
+ * naming the engine's status; kgen-worker and kgen batch both come here. */
+START_TEST(engine_refusal_is_internal) {
+    kg_jobrun_t run;
+    kg_model_t *model = start_small(&run);
+    size_t len;
+    kg_jobrun_outcome_t oc;
+    char *json = kg_jobrun_refused(&run, &origin, KG_ERR_INVALID, 8192, &len, &oc);
+    ck_assert_ptr_nonnull(json);
+    ck_assert(oc.is_error);
+    ck_assert_int_eq(oc.code, KG_ERROR_INTERNAL);
+    ck_assert_uint_eq(len, strlen(json));
+    ck_assert_ptr_nonnull(strstr(json, "\"code\":\"internal\""));
+    ck_assert_ptr_nonnull(strstr(json, "the engine refused the request: "));
+    ck_assert_ptr_nonnull(strstr(json, "\"type\":\"error\""));
+    free(json);
+    kg_jobrun_clear(&run);
+    kg_model_free(model);
+}
+END_TEST
 
 /* A job the backend could not run (the engine's KG_FINISH_ERROR) ends with
  * an internal error event; kgen-worker and kgen batch both come here. */
@@ -450,6 +478,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, intake_refuses_metadata_over_budget);
     tcase_add_test(tc, backend_failure_is_internal);
     tcase_add_test(tc, grammar_dead_end_is_invalid_schema);
+    tcase_add_test(tc, engine_refusal_is_internal);
     suite_add_tcase(s, tc);
     return s;
 }
