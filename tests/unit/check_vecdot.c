@@ -17,7 +17,9 @@
  * `check_vecdot --bench [TYPE...]` is a micro-benchmark instead of the
  * tests: the SmolLM2-135M and Qwen2.5-0.5B projection shapes for m = 1, 4,
  * 16, 128, 512 activation rows on 1 and 2 threads, weights cycling through
- * 64 MiB of copies so that decode reads them from memory as a model does. */
+ * 64 MiB of copies so that decode reads them from memory as a model does.
+ * KG_VECDOT_KERNEL=scalar|avx2|avxvnni|avx512vnni picks the kernels (the
+ * default: the best this CPU runs). */
 #include "backend/cpu/cpu_quant.h"
 #include "backend/cpu/cpu_vecdot.h"
 #include "check_common.h"
@@ -232,9 +234,9 @@ START_TEST(every_type_matches_reference) {
             qcase_t q;
             qcase_make(&q, qtypes[ti], n, k, m);
             /* every kernel family this machine runs */
-            static const char *const kernels[] = {"scalar", "avx2", "avxvnni"};
-            float *ck[3][4];
-            for (int kk = 0; kk < 3; kk++) {
+            static const char *const kernels[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+            float *ck[4][4];
+            for (int kk = 0; kk < 4; kk++) {
                 ck[kk][0] = ck[kk][1] = ck[kk][2] = ck[kk][3] = NULL;
                 if (!cpu_vecdot_set_kernel(kernels[kk])) {
                     continue;
@@ -256,7 +258,7 @@ START_TEST(every_type_matches_reference) {
             for (int64_t i = 0; i < m; i++) {
                 for (int64_t j = 0; j < n; j++) {
                     const float ref = cpu_vecdot_ref(&q.mat, j, &q.act, i);
-                    for (int kk = 0; kk < 3; kk++) {
+                    for (int kk = 0; kk < 4; kk++) {
                         for (int v = 0; v < 4 && ck[kk][0]; v++) {
                             const int64_t rows = v == 0 ? m : subs[v - 1];
                             if (i >= rows) {
@@ -296,7 +298,7 @@ START_TEST(every_type_matches_reference) {
                                   exact, mag);
                 }
             }
-            for (int kk = 0; kk < 3; kk++) {
+            for (int kk = 0; kk < 4; kk++) {
                 for (int v = 0; v < 4; v++) {
                     free(ck[kk][v]);
                 }
@@ -414,9 +416,9 @@ START_TEST(mxfp4_against_ggml_formula) {
     cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, k);
     float *c = malloc((size_t)(m * n) * sizeof(float));
     ck_assert(pool && s && c);
-    static const char *const kernels[] = {"scalar", "avx2", "avxvnni"};
+    static const char *const kernels[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
     int n_kernels = 0;
-    for (int kk = 0; kk < 3; kk++) {
+    for (int kk = 0; kk < 4; kk++) {
         if (!cpu_vecdot_set_kernel(kernels[kk])) {
             continue;
         }
@@ -482,6 +484,11 @@ static int bench(int n_types, char **types) {
     if (n_types == 0) {
         n_types = (int)(sizeof(defaults) / sizeof(defaults[0]));
         types = (char **)(uintptr_t)defaults;
+    }
+    const char *kname = getenv("KG_VECDOT_KERNEL");
+    if (kname && !cpu_vecdot_set_kernel(kname)) {
+        fprintf(stderr, "bench: this build or CPU does not run the '%s' kernels\n", kname);
+        return EXIT_FAILURE;
     }
     printf("kernels %s; best of several calls; GB/s counts the weight bytes\n",
            cpu_vecdot_kernel_name());

@@ -46,7 +46,10 @@
 
 /* The kernel family in use: 0 scalar, 1 AVX2, 2 AVX2 with AVX-VNNI's
  * vpdpbusd for the 4-byte dot products (same integers, one instruction
- * instead of two). -1: not chosen yet (the best the CPU has). */
+ * instead of two), 3 the same instruction in its AVX512-VNNI form (EVEX,
+ * on ymm registers with AVX512VL): the CPUs most servers run (Ice Lake and
+ * later Xeons, AMD Zen 4 and 5) have that one and not AVX-VNNI. -1: not
+ * chosen yet (the best the CPU has). */
 static int kernel = -1;
 
 #ifdef VECDOT_AVX2
@@ -60,14 +63,40 @@ static bool has_avxvnni(void) {
     __cpuid_count(7, 1, a, b, c, d);
     return (a >> 4) & 1u;
 }
+
+/* AVX512_VNNI (CPUID.(7, 0):ECX bit 11) and AVX512VL (EBX bit 31), and the
+ * OS saving the AVX-512 state (XCR0 bits 5-7): an EVEX instruction faults
+ * without it, even on ymm registers. */
+static bool has_avx512vnni(void) {
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) {
+        return false;
+    }
+    __cpuid(1, a, b, c, d);
+    if (!((c >> 27) & 1u)) { /* OSXSAVE: xgetbv may run */
+        return false;
+    }
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((c >> 11) & 1u) || !((b >> 31) & 1u)) {
+        return false;
+    }
+    unsigned lo, hi;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6u) == 0xe6u; /* SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM */
+}
 #endif
 
-static int best_kernel(void) {
+/* Whether this build and CPU run kernel family i. */
+static bool kernel_runs(int i) {
 #ifdef VECDOT_AVX2
-    return has_avxvnni() ? 2 : 1;
+    return i == 0 || i == 1 || (i == 2 && has_avxvnni()) || (i == 3 && has_avx512vnni());
 #else
-    return 0;
+    return i == 0;
 #endif
+}
+
+static int best_kernel(void) {
+    return kernel_runs(2) ? 2 : kernel_runs(3) ? 3 : kernel_runs(1) ? 1 : 0;
 }
 
 static int kernel_in_use(void) {
@@ -77,14 +106,15 @@ static int kernel_in_use(void) {
     return kernel;
 }
 
+static const char *const kernel_names[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+
 bool cpu_vecdot_set_kernel(const char *name) {
-    static const char *const names[] = {"scalar", "avx2", "avxvnni"};
     if (name == NULL || strcmp(name, "best") == 0) {
         kernel = best_kernel();
         return true;
     }
-    for (int i = 0; i < 3; i++) {
-        if (strcmp(name, names[i]) == 0 && i <= best_kernel()) {
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(name, kernel_names[i]) == 0 && kernel_runs(i)) {
             kernel = i;
             return true;
         }
@@ -93,8 +123,13 @@ bool cpu_vecdot_set_kernel(const char *name) {
 }
 
 const char *cpu_vecdot_kernel_name(void) {
-    static const char *const names[] = {"scalar", "avx2", "avxvnni"};
-    return names[kernel_in_use()];
+    return kernel_names[kernel_in_use()];
+}
+
+/* The vpdpbusd encoding of the kernels in use: 0 none, 1 VEX, 2 EVEX. */
+static int vnni_in_use(void) {
+    const int k = kernel_in_use();
+    return k >= 2 ? k - 1 : 0;
 }
 
 bool cpu_qmat_init(cpu_qmat_t *w, kg_ggml_type_t type, const void *data, int64_t n, int64_t k) {
@@ -224,10 +259,16 @@ QV_INLINE __m256i scale_vec(uint32_t pr) {
 }
 
 /* acc + the 4-byte dot products of unsigned u and signed s, per int32
- * lane: AVX-VNNI's vpdpbusd, VEX-encoded (written as asm so that this
- * file needs no -mavxvnni; it only runs where the CPU has it). */
-QV_INLINE __m256i dpbusd(__m256i acc, __m256i u, __m256i sb) {
-    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(sb));
+ * lane: vpdpbusd, VEX-encoded (AVX-VNNI, vnni 1) or EVEX-encoded
+ * (AVX512-VNNI with AVX512VL, vnni 2). Written as asm so that this file
+ * needs neither -mavxvnni nor -mavx512vnni; each form only runs where the
+ * CPU has it. The instruction and its result are the same. */
+QV_INLINE __m256i dpbusd(const int vnni, __m256i acc, __m256i u, __m256i sb) {
+    if (vnni == 2) {
+        __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(sb));
+    } else {
+        __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(sb));
+    }
     return acc;
 }
 
@@ -238,7 +279,7 @@ QV_INLINE __m256i dot4(const int vnni, const int nonneg, __m256i w, __m256i a) {
     const __m256i u = nonneg ? w : _mm256_sign_epi8(w, w);
     const __m256i sb = nonneg ? a : _mm256_sign_epi8(a, w);
     if (vnni) {
-        return dpbusd(_mm256_setzero_si256(), u, sb);
+        return dpbusd(vnni, _mm256_setzero_si256(), u, sb);
     }
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, sb), _mm256_set1_epi16(1));
 }
@@ -291,7 +332,7 @@ QV_INLINE __m256i pair_isum(const int vnni,
         if (vnni && !nonneg && !scaled) {
             /* (a + 128) . w in one instruction; the panel's corr removes the 128 */
             const __m256i uv = _mm256_load_si256((const __m256i *)(const void *)(au + 32 * ch));
-            t32 = dpbusd(_mm256_setzero_si256(), uv, wv);
+            t32 = dpbusd(vnni, _mm256_setzero_si256(), uv, wv);
             p = ch == 0 ? t32 : _mm256_add_epi32(p, t32);
             continue;
         }
@@ -870,6 +911,9 @@ typedef void (*fused_fn)(const uint8_t *x, int q, const cpu_qact_t *a, const fus
     }                                                                                              \
     static void NAME##_vnni(const uint8_t *x, int q, const cpu_qact_t *a, const fused_buf_t *fb) { \
         fused_phase1(1, TYPE, BLK, x, q, a, fb);                                                   \
+    }                                                                                              \
+    static void NAME##_evex(const uint8_t *x, int q, const cpu_qact_t *a, const fused_buf_t *fb) { \
+        fused_phase1(2, TYPE, BLK, x, q, a, fb);                                                   \
     }
 DEF_FUSED(fused_q4_0, KG_GGML_TYPE_Q4_0, 32)
 DEF_FUSED(fused_q4_1, KG_GGML_TYPE_Q4_1, 32)
@@ -893,19 +937,19 @@ DEF_FUSED_K(fused_iq4_xs, KG_GGML_TYPE_IQ4_XS)
 static fused_fn fused_for(kg_ggml_type_t type, int vnni) {
     switch (type) {
     case KG_GGML_TYPE_Q4_0:
-        return vnni ? fused_q4_0_vnni : fused_q4_0;
+        return vnni == 2 ? fused_q4_0_evex : vnni ? fused_q4_0_vnni : fused_q4_0;
     case KG_GGML_TYPE_Q4_1:
-        return vnni ? fused_q4_1_vnni : fused_q4_1;
+        return vnni == 2 ? fused_q4_1_evex : vnni ? fused_q4_1_vnni : fused_q4_1;
     case KG_GGML_TYPE_Q5_0:
-        return vnni ? fused_q5_0_vnni : fused_q5_0;
+        return vnni == 2 ? fused_q5_0_evex : vnni ? fused_q5_0_vnni : fused_q5_0;
     case KG_GGML_TYPE_Q5_1:
-        return vnni ? fused_q5_1_vnni : fused_q5_1;
+        return vnni == 2 ? fused_q5_1_evex : vnni ? fused_q5_1_vnni : fused_q5_1;
     case KG_GGML_TYPE_Q8_0:
-        return vnni ? fused_q8_0_vnni : fused_q8_0;
+        return vnni == 2 ? fused_q8_0_evex : vnni ? fused_q8_0_vnni : fused_q8_0;
     case KG_GGML_TYPE_IQ4_NL:
-        return vnni ? fused_iq4_nl_vnni : fused_iq4_nl;
+        return vnni == 2 ? fused_iq4_nl_evex : vnni ? fused_iq4_nl_vnni : fused_iq4_nl;
     case KG_GGML_TYPE_MXFP4:
-        return vnni ? fused_mxfp4_vnni : fused_mxfp4;
+        return vnni == 2 ? fused_mxfp4_evex : vnni ? fused_mxfp4_vnni : fused_mxfp4;
     case KG_GGML_TYPE_Q2_K:
         return fused_q2_k;
     case KG_GGML_TYPE_Q3_K:
@@ -947,8 +991,10 @@ typedef void (*qtile_fn)(const cpu_qpanel_t *p,
  * from vpdpbusd (madd applies their scales) */
 DEF_QTILES(tiles_sym32, 0, 0, 0, 0, 0, 0, 32)      /* Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 */
 DEF_QTILES(tiles_sym32_vnni, 1, 0, 0, 0, 0, 0, 32) /* the same with vpdpbusd */
+DEF_QTILES(tiles_sym32_evex, 2, 0, 0, 0, 0, 0, 32) /* ... in its EVEX form */
 DEF_QTILES(tiles_min32, 0, 0, 1, 0, 1, 0, 32)      /* Q4_1, Q5_1 */
 DEF_QTILES(tiles_min32_vnni, 1, 0, 1, 0, 1, 0, 32)
+DEF_QTILES(tiles_min32_evex, 2, 0, 1, 0, 1, 0, 32)
 DEF_QTILES(tiles_mink, 0, 0, 1, 1, 0, 1, 256) /* Q2_K, Q4_K, Q5_K */
 DEF_QTILES(tiles_q3k, 0, 4, 1, 1, 0, 0, 256)  /* Q3_K */
 DEF_QTILES(tiles_q6k, 0, 32, 1, 1, 0, 0, 256) /* Q6_K */
@@ -956,8 +1002,12 @@ DEF_QTILES(tiles_symk, 0, 0, 0, 1, 0, 0, 256) /* IQ4_XS */
 
 static const qtile_fn *tiles_for(const cpu_qtraits_t *tr, int vnni) {
     if (tr->blk == 32) {
-        return tr->min_m ? (vnni ? tiles_min32_vnni : tiles_min32)
-                         : (vnni ? tiles_sym32_vnni : tiles_sym32);
+        return tr->min_m ? (vnni == 2 ? tiles_min32_evex
+                            : vnni    ? tiles_min32_vnni
+                                      : tiles_min32)
+                         : (vnni == 2 ? tiles_sym32_evex
+                            : vnni    ? tiles_sym32_vnni
+                                      : tiles_sym32);
     }
     return tr->min_k          ? tiles_mink
            : tr->offset == 4  ? tiles_q3k
@@ -996,7 +1046,7 @@ QV_INLINE void transpose8(__m256i *r) {
 }
 
 /* Build wi, sci, mini and corr of an unpacked panel. */
-static void interleave_panel(const cpu_qtraits_t *tr, cpu_qpanel_t *p) {
+QV_INLINE void interleave_panel_t(const int vnni, const cpu_qtraits_t *tr, cpu_qpanel_t *p) {
     const int64_t k = p->k;
     const __m256i off = _mm256_set1_epi8((char)tr->offset), ones = _mm256_set1_epi8(1);
     for (int64_t c = 0; c < k / 32; c++) {
@@ -1035,7 +1085,7 @@ static void interleave_panel(const cpu_qtraits_t *tr, cpu_qpanel_t *p) {
         for (int64_t s0 = 0; s0 < blk; s0 += sub) {
             __m256i t = _mm256_setzero_si256();
             for (int64_t g = (b * blk + s0) / 4; g < (b * blk + s0 + sub) / 4; g++) {
-                t = dpbusd(t, ones,
+                t = dpbusd(vnni, t, ones,
                            _mm256_load_si256((const __m256i *)(const void *)(p->wi + g * 32)));
             }
             if (tr->scaled) {
@@ -1052,8 +1102,12 @@ static void interleave_panel(const cpu_qtraits_t *tr, cpu_qpanel_t *p) {
 
 /* The interleaved panel of 32-block types straight from the file's
  * blocks (one pass: no row-wise panel in between): wi, corr, d and m. */
-QV_INLINE void interleave_blk32(
-    const kg_ggml_type_t type, const uint8_t *rows, size_t row_size, int n_rows, cpu_qpanel_t *p) {
+QV_INLINE void interleave_blk32(const int vnni,
+                                const kg_ggml_type_t type,
+                                const uint8_t *rows,
+                                size_t row_size,
+                                int n_rows,
+                                cpu_qpanel_t *p) {
     const int64_t k = p->k;
     const size_t bs = blk32_size(type);
     const int min_m = type == KG_GGML_TYPE_Q4_1 || type == KG_GGML_TYPE_Q5_1;
@@ -1084,16 +1138,27 @@ QV_INLINE void interleave_blk32(
 #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {
             _mm256_store_si256((__m256i *)(void *)(p->wi + (b * 8 + g) * 32), r[g]);
-            sum = dpbusd(sum, ones, r[g]);
+            sum = dpbusd(vnni, sum, ones, r[g]);
         }
         _mm256_store_si256((__m256i *)(void *)(p->corr + b * NP),
                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
     }
 }
 
+static void interleave_panel(const int vnni, const cpu_qtraits_t *tr, cpu_qpanel_t *p) {
+    if (vnni == 2) {
+        interleave_panel_t(2, tr, p);
+    } else {
+        interleave_panel_t(1, tr, p);
+    }
+}
+
 #define DEF_IL32(NAME, TYPE)                                                                       \
     static void NAME(const uint8_t *rows, size_t row_size, int n_rows, cpu_qpanel_t *p) {          \
-        interleave_blk32(TYPE, rows, row_size, n_rows, p);                                         \
+        interleave_blk32(1, TYPE, rows, row_size, n_rows, p);                                      \
+    }                                                                                              \
+    static void NAME##_evex(const uint8_t *rows, size_t row_size, int n_rows, cpu_qpanel_t *p) {   \
+        interleave_blk32(2, TYPE, rows, row_size, n_rows, p);                                      \
     }
 DEF_IL32(il_q4_0, KG_GGML_TYPE_Q4_0)
 DEF_IL32(il_q4_1, KG_GGML_TYPE_Q4_1)
@@ -1105,22 +1170,22 @@ DEF_IL32(il_mxfp4, KG_GGML_TYPE_MXFP4)
 
 typedef void (*il_fn)(const uint8_t *rows, size_t row_size, int n_rows, cpu_qpanel_t *p);
 
-static il_fn il_for(kg_ggml_type_t type) {
+static il_fn il_for(kg_ggml_type_t type, int vnni) {
     switch (type) {
     case KG_GGML_TYPE_Q4_0:
-        return il_q4_0;
+        return vnni == 2 ? il_q4_0_evex : il_q4_0;
     case KG_GGML_TYPE_Q4_1:
-        return il_q4_1;
+        return vnni == 2 ? il_q4_1_evex : il_q4_1;
     case KG_GGML_TYPE_Q5_0:
-        return il_q5_0;
+        return vnni == 2 ? il_q5_0_evex : il_q5_0;
     case KG_GGML_TYPE_Q5_1:
-        return il_q5_1;
+        return vnni == 2 ? il_q5_1_evex : il_q5_1;
     case KG_GGML_TYPE_Q8_0:
-        return il_q8_0;
+        return vnni == 2 ? il_q8_0_evex : il_q8_0;
     case KG_GGML_TYPE_IQ4_NL:
-        return il_iq4_nl;
+        return vnni == 2 ? il_iq4_nl_evex : il_iq4_nl;
     case KG_GGML_TYPE_MXFP4:
-        return il_mxfp4;
+        return vnni == 2 ? il_mxfp4_evex : il_mxfp4;
     default:
         return NULL;
     }
@@ -1132,7 +1197,8 @@ QV_INLINE __m256i bcast4(const uint8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-QV_INLINE void tile_vnni(const int RM,
+QV_INLINE void tile_vnni(const int vnni,
+                         const int RM,
                          const int blk,
                          const int scaled,
                          const int sub16,
@@ -1167,7 +1233,7 @@ QV_INLINE void tile_vnni(const int RM,
                     _mm256_load_si256((const __m256i *)(const void *)(p->wi + ga * 32));
 #pragma GCC unroll 4
                 for (int r = 0; r < RM; r++) {
-                    isum[r] = dpbusd(isum[r], bcast4(au[r] + 4 * ga), w);
+                    isum[r] = dpbusd(vnni, isum[r], bcast4(au[r] + 4 * ga), w);
                 }
             }
         } else {
@@ -1186,7 +1252,7 @@ QV_INLINE void tile_vnni(const int RM,
                         _mm256_load_si256((const __m256i *)(const void *)(p->wi + ga * 32));
 #pragma GCC unroll 4
                     for (int r = 0; r < RM; r++) {
-                        t[r] = dpbusd(t[r], bcast4(au[r] + 4 * ga), w);
+                        t[r] = dpbusd(vnni, t[r], bcast4(au[r] + 4 * ga), w);
                     }
                 }
                 const __m256i scv = _mm256_load_si256(
@@ -1239,13 +1305,19 @@ typedef void (*vtile_fn)(
 #define DEF_VTILE(NAME, RM, BLK, SCALED, SUB16, MINM, MINK)                                        \
     static void NAME##_##RM(const cpu_qpanel_t *p, const cpu_qact_t *a, int64_t i0, float *c,      \
                             int64_t ldc, int nc) {                                                 \
-        tile_vnni(RM, BLK, SCALED, SUB16, MINM, MINK, p, a, i0, c, ldc, nc);                       \
+        tile_vnni(1, RM, BLK, SCALED, SUB16, MINM, MINK, p, a, i0, c, ldc, nc);                    \
+    }                                                                                              \
+    static void NAME##_##RM##_evex(const cpu_qpanel_t *p, const cpu_qact_t *a, int64_t i0,         \
+                                   float *c, int64_t ldc, int nc) {                                \
+        tile_vnni(2, RM, BLK, SCALED, SUB16, MINM, MINK, p, a, i0, c, ldc, nc);                    \
     }
+/* NAME[vnni - 1]: the 1-, 2- and 4-row tiles with vpdpbusd's VEX or EVEX form */
 #define DEF_VTILES(NAME, BLK, SCALED, SUB16, MINM, MINK)                                           \
     DEF_VTILE(NAME, 1, BLK, SCALED, SUB16, MINM, MINK)                                             \
     DEF_VTILE(NAME, 2, BLK, SCALED, SUB16, MINM, MINK)                                             \
     DEF_VTILE(NAME, 4, BLK, SCALED, SUB16, MINM, MINK)                                             \
-    static const vtile_fn NAME[3] = {NAME##_1, NAME##_2, NAME##_4};
+    static const vtile_fn NAME[2][3] = {{NAME##_1, NAME##_2, NAME##_4},                            \
+                                        {NAME##_1_evex, NAME##_2_evex, NAME##_4_evex}};
 
 DEF_VTILES(vtiles_32, 32, 0, 0, 0, 0)    /* Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 */
 DEF_VTILES(vtiles_32m, 32, 0, 0, 1, 0)   /* Q4_1, Q5_1 */
@@ -1254,15 +1326,15 @@ DEF_VTILES(vtiles_k32m, 256, 1, 0, 0, 1) /* Q4_K, Q5_K */
 DEF_VTILES(vtiles_k16, 256, 1, 1, 0, 0)  /* Q3_K, Q6_K */
 DEF_VTILES(vtiles_k16m, 256, 1, 1, 0, 1) /* Q2_K */
 
-static const vtile_fn *vtiles_for(const cpu_qtraits_t *tr) {
+static const vtile_fn *vtiles_for(const cpu_qtraits_t *tr, int vnni) {
     if (tr->blk == 32) {
-        return tr->min_m ? vtiles_32m : vtiles_32;
+        return tr->min_m ? vtiles_32m[vnni - 1] : vtiles_32[vnni - 1];
     }
     const bool sub16 = tr->offset != 0 || tr->type == KG_GGML_TYPE_Q2_K;
     if (sub16) {
-        return tr->min_k ? vtiles_k16m : vtiles_k16;
+        return tr->min_k ? vtiles_k16m[vnni - 1] : vtiles_k16[vnni - 1];
     }
-    return tr->min_k ? vtiles_k32m : vtiles_k32;
+    return tr->min_k ? vtiles_k32m[vnni - 1] : vtiles_k32[vnni - 1];
 }
 #endif
 
@@ -1279,8 +1351,8 @@ static void panel_rows(const cpu_qtraits_t *tr,
                        float *c,
                        int64_t ldc) {
 #ifdef VECDOT_AVX2
-    if (kernel_in_use() == 2) {
-        const vtile_fn *t = vtiles_for(tr);
+    if (vnni_in_use()) {
+        const vtile_fn *t = vtiles_for(tr, vnni_in_use());
         int64_t i = i1;
         for (; i + 4 <= i2; i += 4) {
             t[2](p, a, i, c + i * ldc, ldc, nc);
@@ -1294,7 +1366,7 @@ static void panel_rows(const cpu_qtraits_t *tr,
         return;
     }
     if (kernel_in_use() > 0) {
-        const qtile_fn *t = tiles_for(tr, kernel_in_use() == 2);
+        const qtile_fn *t = tiles_for(tr, vnni_in_use());
         int64_t i = i1;
         for (; i + 4 <= i2; i += 4) {
             for (int col0 = 0; col0 < NP && col0 < nc; col0 += 2) {
@@ -1342,8 +1414,8 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
 #ifdef VECDOT_AVX2
     if (a->m < (w->tr->blk == 32 ? FUSED_MAX_ROWS_32 : FUSED_MAX_ROWS_K) && kernel_in_use() > 0) {
         /* decode: the blocks are met in place, in two phases (see fused_phase1) */
-        const fused_fn f = fused_for(w->tr->type, kernel_in_use() == 2);
-        const int off = w->tr->blk == 32 ? blk32_offset(w->tr->type, kernel_in_use() == 2) : 0;
+        const fused_fn f = fused_for(w->tr->type, vnni_in_use());
+        const int off = w->tr->blk == 32 ? blk32_offset(w->tr->type, vnni_in_use()) : 0;
         const int64_t nb = w->k / w->tr->blk;
         char *mem = j->scratch->mem + (size_t)thread * TASK_PANELS * j->scratch->panel_size;
         fused_buf_t fb;
@@ -1374,15 +1446,15 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
         ncs[p - p0] = (int)(w->n - r0 < NP ? w->n - r0 : NP);
         const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_size;
 #ifdef VECDOT_AVX2
-        if (kernel_in_use() == 2 && w->tr->blk == 32) {
-            il_for(w->tr->type)(src, w->row_size, ncs[p - p0], pp);
+        if (vnni_in_use() && w->tr->blk == 32) {
+            il_for(w->tr->type, vnni_in_use())(src, w->row_size, ncs[p - p0], pp);
             continue;
         }
 #endif
         cpu_quant_unpack(w->tr, src, w->row_size, ncs[p - p0], pp);
 #ifdef VECDOT_AVX2
-        if (kernel_in_use() == 2) {
-            interleave_panel(w->tr, pp);
+        if (vnni_in_use()) {
+            interleave_panel(vnni_in_use(), w->tr, pp);
         }
 #endif
     }

@@ -92,10 +92,12 @@ void cpu_qgemm_serial(cpu_qgemm_scratch_t *scratch,
 float cpu_vecdot_ref(const cpu_qmat_t *w, int64_t j, const cpu_qact_t *a, int64_t i);
 
 /** Choose the kernels: "scalar" (portable), "avx2", "avxvnni" (AVX2 with
- * vpdpbusd) or "best"/NULL (the best this CPU runs, the default). False
+ * AVX-VNNI's vpdpbusd), "avx512vnni" (the same with vpdpbusd's AVX512-VNNI
+ * form on ymm registers) or "best"/NULL (the best this CPU runs, the
+ * default). False
  * when this build or CPU cannot run the named ones. All give the same bits
  * (tests compare them). Not thread-safe: call before any product. */
 bool cpu_vecdot_set_kernel(const char *name);
 
-/** Name of the kernels in use: "scalar", "avx2" or "avxvnni". */
+/** Name of the kernels in use: "scalar", "avx2", "avxvnni" or "avx512vnni". */
 const char *cpu_vecdot_kernel_name(void);
