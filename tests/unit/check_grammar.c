@@ -1,7 +1,9 @@
 /* check_grammar: the grammar engine (src/grammar): GBNF and regex parsing,
  * compilation, the matcher's masks against token-by-token acceptance,
  * jump-forward, and generated texts against independent checkers (PCRE2
- * for regexes). */
+ * for regexes, a small JSON parser for llama.cpp's JSON grammars). The
+ * grammars llama.cpp ships (tests/data/grammars) parse and compile as they
+ * are: existing GBNF files work. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "check_common.h"
 #include "grammar/kg_constraint.h"
@@ -12,6 +14,7 @@
 
 #include <pcre2.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 // ---- a small vocabulary: every byte, plus multi-byte tokens ----
@@ -406,6 +409,200 @@ START_TEST(cache_lru) {
 }
 END_TEST
 
+// ---- llama.cpp's own grammar files ----
+
+static const char *const llama_grammars[] = {
+    "arithmetic", "c", "chess", "english", "japanese", "json", "json_arr", "list",
+};
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    static char buf[8192];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* A JSON checker independent of the grammar engine (RFC 8259 values; the
+ * grammar's whitespace is a subset of JSON's). Returns the end of the value
+ * at p, or NULL. */
+static const char *json_ws(const char *p) {
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') {
+        p++;
+    }
+    return p;
+}
+
+static const char *json_value(const char *p, int depth);
+
+static const char *json_string(const char *p) {
+    if (*p++ != '"') {
+        return NULL;
+    }
+    while (*p != '"') {
+        if ((unsigned char)*p < 0x20) {
+            return NULL;
+        }
+        if (*p == '\\') {
+            p++;
+            if (*p == 'u') {
+                for (int i = 1; i <= 4; i++) {
+                    if (!strchr("0123456789abcdefABCDEF", p[i]) || p[i] == '\0') {
+                        return NULL;
+                    }
+                }
+                p += 4;
+            } else if (!*p || !strchr("\"\\/bfnrt", *p)) {
+                return NULL;
+            }
+        }
+        p++;
+    }
+    return p + 1;
+}
+
+static const char *json_number(const char *p) {
+    const char *s = p;
+    if (*p == '-') {
+        p++;
+    }
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (*p >= '0' && *p <= '9') {
+            p++;
+        }
+    } else {
+        return NULL;
+    }
+    if (*p == '.') {
+        if (!(*++p >= '0' && *p <= '9')) {
+            return NULL;
+        }
+        while (*p >= '0' && *p <= '9') {
+            p++;
+        }
+    }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') {
+            p++;
+        }
+        if (!(*p >= '0' && *p <= '9')) {
+            return NULL;
+        }
+        while (*p >= '0' && *p <= '9') {
+            p++;
+        }
+    }
+    return p > s ? p : NULL;
+}
+
+static const char *json_list(const char *p, char close, int depth, bool members) {
+    p = json_ws(p + 1);
+    if (*p == close) {
+        return p + 1;
+    }
+    for (;;) {
+        if (members) {
+            if (!(p = json_string(p))) {
+                return NULL;
+            }
+            p = json_ws(p);
+            if (*p++ != ':') {
+                return NULL;
+            }
+        }
+        if (!(p = json_value(json_ws(p), depth + 1))) {
+            return NULL;
+        }
+        p = json_ws(p);
+        if (*p == close) {
+            return p + 1;
+        }
+        if (*p++ != ',') {
+            return NULL;
+        }
+        p = json_ws(p);
+    }
+}
+
+static const char *json_value(const char *p, int depth) {
+    if (depth > 64) {
+        return NULL;
+    }
+    switch (*p) {
+    case '{':
+        return json_list(p, '}', depth, true);
+    case '[':
+        return json_list(p, ']', depth, false);
+    case '"':
+        return json_string(p);
+    case 't':
+        return strncmp(p, "true", 4) == 0 ? p + 4 : NULL;
+    case 'f':
+        return strncmp(p, "false", 5) == 0 ? p + 5 : NULL;
+    case 'n':
+        return strncmp(p, "null", 4) == 0 ? p + 4 : NULL;
+    default:
+        return json_number(p);
+    }
+}
+
+static bool json_valid(const char *text) {
+    const char *end = json_value(json_ws(text), 0);
+    return end && *json_ws(end) == '\0';
+}
+
+/* Every grammar file llama.cpp ships parses and compiles unchanged, and
+ * its masks equal token-by-token acceptance along random walks; the texts
+ * of finished walks of the JSON grammars are JSON, and those of list.gbnf
+ * are "- " items, one a line. */
+START_TEST(llama_cpp_grammars) {
+    char path[64];
+    snprintf(path, sizeof(path), "grammars/%s.gbnf", llama_grammars[_i]);
+    const char *text = read_text(kg_test_data(path));
+    kg_gvocab_t *v = test_vocab();
+    char err[256] = "";
+    kg_grammar_t *g = compile_gbnf(v, text, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s.gbnf: %s", llama_grammars[_i], err);
+    static char texts[40][512];
+    const int ended = random_walks(g, v, 40, 200, 0x5eed0000ull + (uint64_t)_i, texts);
+    ck_assert_msg(ended > 0, "no walk of %s.gbnf finished", llama_grammars[_i]);
+    const bool json = strncmp(llama_grammars[_i], "json", 4) == 0;
+    const bool list = strcmp(llama_grammars[_i], "list") == 0;
+    int checked = 0;
+    for (int w = 0; w < 40 && (json || list); w++) {
+        const size_t len = strlen(texts[w]);
+        if (texts[w][0] == '\x01' || len == 0 || len >= 500) {
+            continue; /* unfinished, or cut at the buffer's end */
+        }
+        if (list && texts[w][len - 1] != '\n') {
+            continue; /* an item holds a NUL byte (list.gbnf allows it): cut as a C string */
+        }
+        if (json) {
+            ck_assert_msg(json_valid(texts[w]), "%s.gbnf made invalid JSON: %s", llama_grammars[_i],
+                          texts[w]);
+        } else {
+            for (const char *line = texts[w]; *line; line = strchr(line, '\n') + 1) {
+                ck_assert_msg(strncmp(line, "- ", 2) == 0 && strchr(line, '\n') != NULL &&
+                                  strchr(line, '\n') > line + 2,
+                              "not a list item (%zu bytes, line at %td): %s", len, line - texts[w],
+                              texts[w]);
+            }
+        }
+        checked++;
+    }
+    if (json || list) {
+        ck_assert_msg(checked >= 3, "%s.gbnf: only %d texts checked", llama_grammars[_i], checked);
+    }
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("grammar");
     TCase *tc = tcase_create("parse");
@@ -420,6 +617,8 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, regex_outputs_full_match, 0,
                         (int)(sizeof(regexes) / sizeof(regexes[0])));
     tcase_add_test(tc, choice_and_forcing);
+    tcase_add_loop_test(tc, llama_cpp_grammars, 0,
+                        (int)(sizeof(llama_grammars) / sizeof(llama_grammars[0])));
     suite_add_tcase(s, tc);
     tc = tcase_create("cache");
     tcase_add_test(tc, cache_lru);
