@@ -8,8 +8,8 @@
 #     checked), except those ended by length; most jobs must finish.
 #   - 150 grammar jobs over 3 GBNF grammars: every done text is accepted by
 #     an Earley recognizer written here (independent of src/grammar).
-#   - 100 regex and 100 choice jobs: full matches (Python re here; PCRE2 in
-#     unit_structured) and exact choices.
+#   - 100 regex and 100 choice jobs: full matches (Python re here; PCRE2 checks the
+#     engine's regex outputs in unit_grammar and unit_engine) and exact choices.
 #   - unsupported schema keywords answer invalid_schema naming the keyword and
 #     its JSON pointer; malformed regexes and grammars answer invalid_job.
 #   - a constrained job gives the same text alone and in a batch of 16 with
