@@ -32,7 +32,7 @@ t = sys.argv[1]
 def job(rid, n):
     return json.dumps({"request_id": rid, "prompt": f"Once upon a time {rid}", "max_tokens": n,
                        "ignore_eos": True, "temperature": 0}) + "\n"
-open(f"{t}/jobs.jsonl", "w").write(job("run-0", 1500) + job("run-1", 400))
+open(f"{t}/jobs.jsonl", "w").write(job("run-0", 1500) + job("run-1", 1000))
 open(f"{t}/wait.jsonl", "w").write(job("wait-0", 1500))
 open(f"{t}/late.jsonl", "w").write(job("late-0", 1500))
 open(f"{t}/int.jsonl", "w").write(job("int-0", 1500) + job("int-1", 1500))
@@ -45,10 +45,12 @@ kg_bg submitw "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic "$JOBS" \
     --results-topic "$RESULTS" --input "$T/wait.jsonl" --output "$T/resultsw.jsonl" \
     --events "$T/eventsw.jsonl" --timeout 300 --no-progress
 kg_wait 60 "a job waiting for a slot" kg_metric_ge "$port" kgen_num_requests_waiting 1
-kg_submit --cancel late-0 2>"$T/cancel1.log" || kg_fail "kgen-submit --cancel failed: $(cat "$T/cancel1.log")"
+# run-1 (1,000 tokens) keeps wait-0 waiting: the cancels of running and waiting jobs go first,
+# late-0's (its job is sent much later) after them
 kg_submit --cancel run-0 wait-0 nobody-x 2>"$T/cancel2.log" ||
     kg_fail "kgen-submit --cancel failed: $(cat "$T/cancel2.log")"
 grep -q 'sent 3 cancels' "$T/cancel2.log" || kg_fail "cancels not sent: $(cat "$T/cancel2.log")"
+kg_submit --cancel late-0 2>"$T/cancel1.log" || kg_fail "kgen-submit --cancel failed: $(cat "$T/cancel1.log")"
 kg_wait_exit "$(kg_pid submitw)" 200
 ((KG_RC == 0)) || kg_fail "kgen-submit (the waiting job) exited $KG_RC"
 kg_wait_exit "$(kg_pid submit)" 200
@@ -100,9 +102,9 @@ assert 0 < n0 < 1500, r0["message"]
 assert res["wait-0"]["text"] == "" and not tokens("wait-0"), res["wait-0"]
 assert res["late-0"]["text"] == "" and not tokens("late-0"), res["late-0"]
 assert "nobody-x" not in res
-assert res["run-1"]["usage"]["completion_tokens"] == 400
+assert res["run-1"]["usage"]["completion_tokens"] == 1000
 print(f"cancelled: run-0 after {n0} tokens (its token events join to its text), wait-0, late-0 "
-      f"on arrival, int-0 and int-1 on Ctrl-C; run-1 done with 400 tokens")
+      f"on arrival, int-0 and int-1 on Ctrl-C; run-1 done with 1000 tokens")
 PY
 
 # within one step of arrival: every cancelled job ended at most 2 steps after its cancel arrived

@@ -20,7 +20,7 @@ kg_model "$T/model.gguf" --n-embd 512 --n-layer 8 --n-head 8 --n-head-kv 4 --n-f
 python3 - "$T/jobs.jsonl" <<'PY'
 import json, sys
 with open(sys.argv[1], "w") as f:
-    f.write(json.dumps({"request_id": "long-0", "prompt": "Once upon a time", "max_tokens": 1200,
+    f.write(json.dumps({"request_id": "long-0", "prompt": "Once upon a time", "max_tokens": 1900,
                         "ignore_eos": True}) + "\n")
     for i in range(1, 9):
         f.write(json.dumps({"request_id": f"short-{i}", "prompt": f"Short {i}", "max_tokens": 4,

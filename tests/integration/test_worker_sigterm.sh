@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # test_worker_sigterm (acceptance 6): SIGTERM to a worker that runs jobs, with --drain-timeout 4.
-# Four jobs are long (5,000 tokens, a model with an 8k context), 96 short (100-300) and still
-# coming (enough of them that short jobs are still running at the signal even on a slow machine), so at the signal some running jobs can finish inside the drain and others cannot.
+# Four jobs are long (5,000 tokens, a model with an 8k context), 296 short (100-300) and still
+# coming (enough of them that jobs are still waiting at the signal on a machine several times
+# faster than a 2-core one), so at the signal some running jobs can finish inside the drain and
+# others cannot.
 # Jobs that have not streamed a token yet are given back at the signal. The worker must exit 0 within
 # the drain timeout plus a few seconds (flush, commit, leave the group). A second worker
 # started afterwards in the same group gets what was not committed (jobs still waiting, and
@@ -21,9 +23,9 @@ kg_model "$T/model.gguf" --ctx 8192
 python3 - "$T/jobs.jsonl" <<'PY'
 import json, sys
 with open(sys.argv[1], "w") as f:
-    for i in range(100):
+    for i in range(300):
         f.write(json.dumps({"request_id": f"job-{i}", "prompt": f"Once upon a time {i}",
-                            "max_tokens": 5000 if i % 25 == 0 else 100 + (i * 97) % 200, "ignore_eos": True,
+                            "max_tokens": 5000 if i % 75 == 0 else 100 + (i * 97) % 200, "ignore_eos": True,
                             "temperature": 0.8, "seed": i}) + "\n")
 PY
 
