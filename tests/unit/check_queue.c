@@ -3,6 +3,7 @@
 #include "core/kg_queue.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 START_TEST(fifo_and_bounds) {
     kg_queue_t *q = kg_queue_new(3, sizeof(int));
@@ -54,21 +55,34 @@ START_TEST(two_threads_in_order) {
 }
 END_TEST
 
+/* A wake is not sticky (it releases pops already waiting), so the waker
+ * repeats it every 20 ms until the pop has returned: a main thread held up
+ * on a loaded machine must not miss the only one. */
+typedef struct waker_arg {
+    kg_queue_t *q;
+    atomic_bool returned;
+} waker_arg_t;
+
 static void *waker(void *arg) {
-    struct timespec ts = {0, 20 * 1000000};
-    nanosleep(&ts, NULL);
-    kg_queue_wake(arg);
+    waker_arg_t *w = arg;
+    while (!atomic_load(&w->returned)) {
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+        kg_queue_wake(w->q);
+    }
     return NULL;
 }
 
 START_TEST(wake_releases_a_blocked_pop) {
-    kg_queue_t *q = kg_queue_new(4, sizeof(int));
+    waker_arg_t w = {.q = kg_queue_new(4, sizeof(int))};
+    atomic_init(&w.returned, false);
     pthread_t th;
-    pthread_create(&th, NULL, waker, q);
+    pthread_create(&th, NULL, waker, &w);
     int x;
-    ck_assert_int_eq(kg_queue_pop(q, &x, -1), KG_AGAIN);
+    ck_assert_int_eq(kg_queue_pop(w.q, &x, -1), KG_AGAIN);
+    atomic_store(&w.returned, true);
     pthread_join(th, NULL);
-    kg_queue_free(q);
+    kg_queue_free(w.q);
 }
 END_TEST
 
