@@ -195,6 +195,7 @@ kept, sent1, sent2 = map(int, sys.argv[3:6])
 ids = [o["request_id"] for o in lines]
 assert sorted(ids) == sorted(want), f"{len(ids)} lines for {len(want)} jobs"
 assert all(o["type"] == "done" for o in lines)
+assert kept < 60, "every result was written before the kill: the resume had nothing to do"
 assert sent1 == 60, f"the first run sent {sent1} of 60 before it was killed"
 assert sent2 == 60, f"the jobs topic got {sent2} messages for 60 jobs: something was sent twice"
 print(f"  resume: {kept} lines kept, nothing sent twice, 60 results, one line each")
@@ -247,11 +248,12 @@ kg_submit --input "$T/oa.jsonl" --output "$T/oa.out.jsonl" --output-format opena
     --error-file "$T/oa.err.jsonl" --timeout 120 --no-progress 2>"$T/oa.submit.log" ||
     kg_fail "the resumed OpenAI kgen-submit did not finish"
 sent=$(($(jobs_in_topic) - before))
-python3 - "$T/oa.out.jsonl" "$T/oa.err.jsonl" "$sent" <<'PY'
+python3 - "$T/oa.out.jsonl" "$T/oa.err.jsonl" "$sent" "$kept" <<'PY'
 import json, sys
 out = [json.loads(l) for l in open(sys.argv[1])]
 err = [json.loads(l) for l in open(sys.argv[2])]
-sent = int(sys.argv[3])
+sent, kept = int(sys.argv[3]), int(sys.argv[4])
+assert kept < 40, "every line was written before the kill: the resume had nothing to do"
 ids = sorted(o["custom_id"] for o in out)
 assert ids == sorted(f"oa-{i}" for i in range(40) if i not in (3, 30)), f"{len(ids)} output lines"
 assert all(o["response"]["status_code"] == 200 for o in out)
