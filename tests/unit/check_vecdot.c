@@ -220,17 +220,22 @@ START_TEST(every_type_matches_reference) {
      * as batches of their own: the fused decode tiles (3 rows, and 7 for the
      * K-quants) and the panels (7 rows of 32-block types), and the first row
      * alone (one sequence's decode, its own unrolled loop). k = 2304: rows
-     * of 72 blocks of 32 (9 of 256), nearer a real model's than 256 or 512 */
+     * of 72 blocks of 32 (9 of 256), nearer a real model's than 256 or 512;
+     * k = 800 (32-block types only): 25 blocks, so the decode's last group
+     * of 8 blocks is partial (as 9 of 256 is for the K-quants) */
     const int64_t n = 21, m = 23;
     static const int64_t subs[] = {7, 3, 1};
-    static const int64_t ks[] = {256, 512, 2304};
+    static const int64_t ks[] = {256, 512, 2304, 800};
     kg_pool_t *pool = kg_pool_new(2);
     cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, 2304);
     ck_assert(pool && s);
     rng_state = 1000;
     for (int ti = 0; ti < N_QTYPES; ti++) {
-        for (int ik = 0; ik < 3; ik++) {
+        for (int ik = 0; ik < 4; ik++) {
             const int64_t k = ks[ik];
+            if (k % kg_type_block_elems(qtypes[ti]) != 0) {
+                continue;
+            }
             qcase_t q;
             qcase_make(&q, qtypes[ti], n, k, m);
             /* every kernel family this machine runs */
