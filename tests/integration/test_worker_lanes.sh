@@ -3,7 +3,9 @@
 # `--jobs-topic lanes.interactive:8,lanes.bulk:1`. A backlog of 400 bulk jobs is sent first,
 # then 12 interactive jobs: every job of both topics finishes once, each event names the topic
 # its job came from, an unparseable message on the bulk topic goes to that topic's DLQ
-# (lanes.bulk.dlq), the group commits both topics (lag 0 on each), and the interactive jobs jump
+# (lanes.bulk.dlq), the group commits both topics (lag 0 on each), a job's priority orders jobs
+# within its lane (one bulk job in 21 has priority 5 and passes bulk jobs taken before it; in
+# arrival order none could, as all are the same length), and the interactive jobs jump
 # the backlog: both backlogs are on the broker before the worker starts, and every interactive
 # job is answered before three quarters of the bulk jobs (the bulk lane is paused first and
 # interactive jobs take 8 of every 9 free slots). Sending the interactive jobs while the bulk
@@ -31,6 +33,17 @@ port=$(kg_free_port)
 JOBS=lanes.interactive:8,lanes.bulk:1
 
 kg_jobs "$T/bulk.jsonl" 400 '{"max_tokens": 24, "ignore_eos": true, "stream": false}' bulk
+# one job in 21 asks for priority 5: each passes the bulk jobs taken before it and still waiting
+kg_jobs "$T/urgent.jsonl" 20 '{"max_tokens": 24, "ignore_eos": true, "stream": false, "priority": 5}' urgent
+python3 - "$T/bulk.jsonl" "$T/urgent.jsonl" <<'PY'
+import sys
+bulk, urgent = open(sys.argv[1]).readlines(), open(sys.argv[2]).readlines()
+with open(sys.argv[1], "w") as f:
+    for i, line in enumerate(bulk):
+        f.write(line)
+        if i % 20 == 19:
+            f.write(urgent[i // 20])
+PY
 echo 'not json at all' >>"$T/bulk.jsonl"
 kg_jobs "$T/inter.jsonl" 12 '{"max_tokens": 8, "ignore_eos": true}' inter
 kg_bg bulk "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic lanes.bulk --results-topic \
@@ -39,7 +52,7 @@ kg_bg bulk "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic lanes.bulk --
 kg_bg inter "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic lanes.interactive \
     --results-topic "$RESULTS" --input "$T/inter.jsonl" --output "$T/inter.out" \
     --events "$T/inter.events" --timeout 300 --no-progress
-kg_wait_log "$T/bulk.log" 'msg="produced 401 messages' 60
+kg_wait_log "$T/bulk.log" 'msg="produced 421 messages' 60
 kg_wait_log "$T/inter.log" 'msg="produced 12 messages' 60
 kg_worker w1 --max-batch-size 4 --max-queue-depth 16 --http-port "$port"
 kg_wait_exit "$(kg_pid inter)" 300
@@ -63,6 +76,16 @@ before = sum(1 for t in ts if t <= last_inter)
 print(f"the last interactive answer came after {before} of the {len(ts)} bulk answers "
       f"({last_inter - ts[0]} ms into the bulk run, which took {ts[-1] - ts[0]} ms)")
 assert before * 4 <= len(ts), "the interactive jobs did not jump the bulk backlog"
+# priority within the lane: an urgent job is answered before bulk jobs of its partition that
+# came before it in the log but were still waiting in the worker when it was taken
+urgent = [r for r in bulk if r["request_id"].startswith("urgent-")]
+plain = [r for r in bulk if r["request_id"].startswith("bulk-")]
+passed = [sum(1 for b in plain if b["partition"] == u["partition"] and b["offset"] < u["offset"]
+              and b["ts_ms"] > u["ts_ms"]) for u in urgent]
+print(f"the 20 urgent bulk jobs passed {sum(passed)} earlier bulk jobs of their partitions "
+      f"(per job: {sorted(passed)})")
+# in arrival order none could pass: an earlier job of the same length is admitted no later
+assert sum(passed) >= 10, "priority did not order jobs within the bulk lane"
 PY
 kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
     --topic lanes.bulk.dlq --from-beginning --timeout-ms 10000 \
