@@ -79,13 +79,8 @@ dup=$(kg_summary jobs_with_2plus_terminal_events)
 ((dup == 0)) || kg_fail "$dup jobs with two terminal events seen by a read_committed reader"
 
 # the whole topic, committed and not
-read_all() { # read_all ISOLATION OUT
-    kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
-        --topic "$RESULTS" --from-beginning --timeout-ms 15000 \
-        --consumer-property "isolation.level=$1" >"$2" 2>/dev/null || true
-}
-read_all read_committed "$T/committed.jsonl"
-read_all read_uncommitted "$T/uncommitted.jsonl"
+kg_read_results read_committed "$T/committed.jsonl"
+kg_read_results read_uncommitted "$T/uncommitted.jsonl"
 python3 - "$T/committed.jsonl" "$T/uncommitted.jsonl" "$N" <<'PY'
 import collections, json, sys
 def terminals(path):

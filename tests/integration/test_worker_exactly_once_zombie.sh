@@ -49,13 +49,8 @@ sleep 2 # a transaction interval of w2 and a commit turn of w1
 
 kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl"
 kg_expect_no_errors "$T/results.jsonl"
-read_all() { # read_all ISOLATION OUT
-    kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
-        --topic "$RESULTS" --from-beginning --timeout-ms 15000 \
-        --consumer-property "isolation.level=$1" >"$2" 2>/dev/null || true
-}
-read_all read_committed "$T/committed.jsonl"
-read_all read_uncommitted "$T/uncommitted.jsonl"
+kg_read_results read_committed "$T/committed.jsonl"
+kg_read_results read_uncommitted "$T/uncommitted.jsonl"
 python3 - "$T/committed.jsonl" "$T/uncommitted.jsonl" "$N" <<'PY'
 import collections, json, sys
 def terminals(path):

@@ -770,6 +770,24 @@ typedef struct fused_buf {
     uint16_t *dm; /* (nb, 8) its fp16 m (min_m) or dmin (min_k) */
 } fused_buf_t;
 
+/* A block's scales as stored, for phase 2: its fp16 d (MXFP4: the E8M0
+ * byte) and, with `second`, the fp16 after it (m or dmin). */
+QV_INLINE void fused_scales(const kg_ggml_type_t type,
+                            const uint8_t *xb,
+                            size_t doff,
+                            int second,
+                            uint16_t *d,
+                            uint16_t *dm) {
+    if (type == KG_GGML_TYPE_MXFP4) {
+        *d = xb[0];
+    } else {
+        memcpy(d, xb + doff, 2);
+    }
+    if (second) {
+        memcpy(dm, xb + doff + 2, 2);
+    }
+}
+
 QV_INLINE void fused_phase1(const int vnni,
                             const kg_ggml_type_t type,
                             const int blk,
@@ -813,14 +831,7 @@ QV_INLINE void fused_phase1(const int vnni,
                     continue;
                 }
                 const uint8_t *xb = x + (size_t)b * bs;
-                if (type == KG_GGML_TYPE_MXFP4) {
-                    D[b * NP + q] = xb[0];
-                } else {
-                    memcpy(&D[b * NP + q], xb + doff, 2);
-                }
-                if (min_m) {
-                    memcpy(&DM[b * NP + q], xb + doff + 2, 2);
-                }
+                fused_scales(type, xb, doff, min_m, D + b * NP + q, DM + b * NP + q);
                 const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(qs + 32 * b));
                 pv[jb] = dot_blk32(vnni, nonneg, off, type, xb, av);
             }
@@ -840,14 +851,7 @@ QV_INLINE void fused_phase1(const int vnni,
                 continue;
             }
             const uint8_t *xb = x + (size_t)b * bs;
-            if (type == KG_GGML_TYPE_MXFP4) {
-                D[b * NP + q] = xb[0];
-            } else {
-                memcpy(&D[b * NP + q], xb + doff, 2);
-            }
-            if (min_m || min_k) {
-                memcpy(&DM[b * NP + q], xb + doff + 2, 2);
-            }
+            fused_scales(type, xb, doff, min_m || min_k, D + b * NP + q, DM + b * NP + q);
             if (blk == 32) {
                 const __m256i w = off ? u_blk32(type, xb) : w_blk32(type, xb);
                 for (int64_t r = 0; r < m; r++) {
