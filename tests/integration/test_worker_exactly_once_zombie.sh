@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_worker_exactly_once_zombie: --exactly-once with a zombie. w1 answers jobs but holds the
-# answers (--txn-interval-ms 10000: its first transaction is due 10 s after its first answer) and
-# is frozen (SIGSTOP, as a long GC pause or a stalled VM would) before it commits any. Its
-# session times out; w2, another worker id (so no transactional id fences w1), takes both
+# answers (--txn-interval-ms 60000: its commit turns come every 60 s from its start, long after
+# the freeze; only a revoke or a stop commits sooner) and is frozen (SIGSTOP, as a long GC
+# pause or a stalled VM would) before it commits any. Its session times out; w2, another worker id (so no transactional id fences w1), takes both
 # partitions over, runs every job again and commits. Then w1 is thawed (SIGCONT) with its answers
 # for partitions it no longer owns: they must never become visible. Either it learns of the lost
 # assignment first and drops them, or it tries to commit them, and the broker refuses its
@@ -24,7 +24,7 @@ kg_jobs "$T/jobs.jsonl" "$N" '{"max_tokens": 64, "ignore_eos": true}'
 fast=(-X session.timeout.ms=6000 -X heartbeat.interval.ms=500)
 common=(--exactly-once --max-batch-size 4 --poison-after 0 --cancel-topic none "${fast[@]}")
 p1=$(kg_free_port)
-kg_worker w1 "${common[@]}" --txn-interval-ms 10000 --http-port "$p1"
+kg_worker w1 "${common[@]}" --txn-interval-ms 60000 --http-port "$p1"
 kg_wait_assigned 60 2 w1
 kg_submit_bg 300
 # four jobs generated in full (64 tokens each), none committed: freeze w1 at once
