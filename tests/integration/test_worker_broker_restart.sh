@@ -15,7 +15,8 @@ kg_broker_start
 kg_topics 4
 kg_model
 # 400 tokens a job: three quarters of the work is still ahead when the broker goes down, even on
-# a machine several times faster than a 2-core one (asserted below from the answers' times)
+# a machine several times faster than a 2-core one (asserted below from the answers' times: an
+# answer's ts_ms is when the worker made it, delivered or queued)
 kg_jobs "$T/jobs.jsonl" "$N" '{"max_tokens": 400, "ignore_eos": true}'
 
 port=$(kg_free_port)
@@ -39,12 +40,12 @@ kg_wait_exit "$(kg_pid submit)" 180
 tail -n 1 "$T/submit.log"
 kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl"
 kg_expect_no_errors "$T/results.jsonl"
-python3 - "$T/results.jsonl" "$((t0 / 1000000 + outage))" <<'PY'
+python3 - "$T/results.jsonl" "$((t0 / 1000000))" <<'PY'
 import json, sys
-back = int(sys.argv[2])
-after = sum(1 for l in open(sys.argv[1]) if json.loads(l)["ts_ms"] > back)
-print(f"{after} answers made after the broker was back")
-assert after >= 1, "every job was answered before the broker went down: the outage hit nothing"
+down = int(sys.argv[2])
+after = sum(1 for l in open(sys.argv[1]) if json.loads(l)["ts_ms"] > down)
+print(f"{after} answers made after the restart began")
+assert after >= 1, "every job was answered before the restart began: the outage hit nothing"
 PY
 kg_note "after the restart: $(kg_summary jobs_with_2plus_attempts) jobs ran twice," \
     "$(kg_summary jobs_with_2plus_terminal_events) with two terminal events;" \
