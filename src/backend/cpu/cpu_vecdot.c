@@ -164,10 +164,10 @@ cpu_qgemm_scratch_t *cpu_qgemm_scratch_new(int n_threads, int64_t max_k) {
     s->max_k = max_k;
     s->panel_size = (cpu_qpanel_size(max_k) + 63) & ~(size_t)63;
     /* the fused decode tiles' buffers (fused_buf_t) fit the same space */
-    const size_t nb32 = (size_t)max_k / 32, nb256 = (size_t)max_k / 256;
-    const size_t fused = (FUSED_MAX_ROWS_32 - 1) * nb32 * NP * 32 +
-                         (FUSED_MAX_ROWS_K - 1) * 2 * nb256 * NP * 32 +
-                         2 * nb32 * NP * sizeof(float);
+    const size_t nb32 = (size_t)max_k / 32, ng32 = (nb32 + 7) / 8, ng256 = (max_k / 256 + 7) / 8;
+    const size_t fused = (FUSED_MAX_ROWS_32 - 1) * ng32 * NP * 32 +
+                         (FUSED_MAX_ROWS_K - 1) * 2 * ng256 * NP * 32 +
+                         2 * nb32 * NP * sizeof(uint16_t);
     while ((size_t)TASK_PANELS * s->panel_size < fused) {
         s->panel_size += 64;
     }
@@ -314,14 +314,12 @@ QV_INLINE __m256 pair_rows(const int RM, const float *rows) {
 }
 
 /* The integer sum of pair q = r * RN + jj over one block. */
-QV_INLINE __m256i pair_isum(const int vnni,
-                            const int nonneg,
+QV_INLINE __m256i pair_isum(const int nonneg,
                             const int scaled,
                             const int offs,
                             const int nch,
                             const int8_t *w,
                             const int8_t *aq,
-                            const uint8_t *au,
                             const uint32_t *sc,
                             const int16_t *bsums) {
     __m256i p = _mm256_setzero_si256();
@@ -329,13 +327,6 @@ QV_INLINE __m256i pair_isum(const int vnni,
     for (int ch = 0; ch < nch; ch++) {
         const __m256i wv = _mm256_load_si256((const __m256i *)(const void *)(w + 32 * ch));
         __m256i t32;
-        if (vnni && !nonneg && !scaled) {
-            /* (a + 128) . w in one instruction; the panel's corr removes the 128 */
-            const __m256i uv = _mm256_load_si256((const __m256i *)(const void *)(au + 32 * ch));
-            t32 = dpbusd(vnni, _mm256_setzero_si256(), uv, wv);
-            p = ch == 0 ? t32 : _mm256_add_epi32(p, t32);
-            continue;
-        }
         const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(aq + 32 * ch));
         if (scaled) {
             /* maddubs multiplies unsigned by signed bytes: signed weights move
@@ -345,7 +336,7 @@ QV_INLINE __m256i pair_isum(const int vnni,
                        : _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(av, wv));
             t32 = _mm256_madd_epi16(t16, scale_vec(sc[ch]));
         } else {
-            t32 = dot4(vnni, nonneg, wv, av);
+            t32 = dot4(0, nonneg, wv, av);
         }
         p = ch == 0 ? t32 : _mm256_add_epi32(p, t32);
     }
@@ -358,8 +349,7 @@ QV_INLINE __m256i pair_isum(const int vnni,
     return p;
 }
 
-QV_INLINE void tile_avx2(const int vnni,
-                         const int offs,
+QV_INLINE void tile_avx2(const int offs,
                          const int nonneg,
                          const int scaled,
                          const int min_m,
@@ -387,19 +377,13 @@ QV_INLINE void tile_avx2(const int vnni,
             for (int q4 = 0; q4 < 4; q4++) {
                 const int q = 4 * h + q4, r = q / RN, jj = q % RN;
                 const int64_t col = col0 + jj;
-                pq[q4] = pair_isum(vnni, nonneg, scaled, offs, nch, p->w + col * k + off,
-                                   a->qs + (i0 + r) * k + off, a->qu + (i0 + r) * k + off,
-                                   p->sc + col * (k / 32) + off / 32,
+                pq[q4] = pair_isum(nonneg, scaled, offs, nch, p->w + col * k + off,
+                                   a->qs + (i0 + r) * k + off, p->sc + col * (k / 32) + off / 32,
                                    a->bsums + (i0 + r) * (k / 16) + off / 16);
             }
             half[h] = reduce4(pq[0], pq[1], pq[2], pq[3]);
         }
-        __m256i isum = _mm256_set_m128i(half[1], half[0]);
-        if (vnni && !nonneg && !scaled) {
-            isum = _mm256_add_epi32(
-                isum, _mm256_castps_si256(
-                          pair_cols(RN, (const float *)(const void *)(p->corr + b * NP + col0))));
-        }
+        const __m256i isum = _mm256_set_m128i(half[1], half[0]);
         const __m256 da = pair_rows(RM, a->d + b * m + i0);
         const __m256 dd = _mm256_mul_ps(pair_cols(RN, p->d + b * NP + col0), da);
         acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(isum), acc);
@@ -1050,39 +1034,29 @@ typedef void (*qtile_fn)(const cpu_qpanel_t *p,
                          int64_t ldc,
                          int nc);
 
-#define DEF_QTILE(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, RM, RN)                       \
+#define DEF_QTILE(NAME, OFFS, NONNEG, SCALED, MINM, MINK, BLK, RM, RN)                             \
     static void NAME##_##RM##x##RN(const cpu_qpanel_t *p, int col0, const cpu_qact_t *a,           \
                                    int64_t i0, float *c, int64_t ldc, int nc) {                    \
-        tile_avx2(VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, RM, RN, p, col0, a, i0, c, ldc,     \
-                  nc);                                                                             \
+        tile_avx2(OFFS, NONNEG, SCALED, MINM, MINK, BLK, RM, RN, p, col0, a, i0, c, ldc, nc);      \
     }
-#define DEF_QTILES(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK)                              \
-    DEF_QTILE(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 1, 8)                             \
-    DEF_QTILE(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 2, 4)                             \
-    DEF_QTILE(NAME, VNNI, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 4, 2)                             \
+#define DEF_QTILES(NAME, OFFS, NONNEG, SCALED, MINM, MINK, BLK)                                    \
+    DEF_QTILE(NAME, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 1, 8)                                   \
+    DEF_QTILE(NAME, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 2, 4)                                   \
+    DEF_QTILE(NAME, OFFS, NONNEG, SCALED, MINM, MINK, BLK, 4, 2)                                   \
     static const qtile_fn NAME[3] = {NAME##_1x8, NAME##_2x4, NAME##_4x2};
 
-/* the shapes of dot product (cpu_qtraits); the scaled ones gain nothing
- * from vpdpbusd (madd applies their scales) */
-DEF_QTILES(tiles_sym32, 0, 0, 0, 0, 0, 0, 32)      /* Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 */
-DEF_QTILES(tiles_sym32_vnni, 1, 0, 0, 0, 0, 0, 32) /* the same with vpdpbusd */
-DEF_QTILES(tiles_sym32_evex, 2, 0, 0, 0, 0, 0, 32) /* ... in its EVEX form */
-DEF_QTILES(tiles_min32, 0, 0, 1, 0, 1, 0, 32)      /* Q4_1, Q5_1 */
-DEF_QTILES(tiles_min32_vnni, 1, 0, 1, 0, 1, 0, 32)
-DEF_QTILES(tiles_min32_evex, 2, 0, 1, 0, 1, 0, 32)
-DEF_QTILES(tiles_mink, 0, 0, 1, 1, 0, 1, 256) /* Q2_K, Q4_K, Q5_K */
-DEF_QTILES(tiles_q3k, 0, 4, 1, 1, 0, 0, 256)  /* Q3_K */
-DEF_QTILES(tiles_q6k, 0, 32, 1, 1, 0, 0, 256) /* Q6_K */
-DEF_QTILES(tiles_symk, 0, 0, 0, 1, 0, 0, 256) /* IQ4_XS */
+/* the shapes of dot product (cpu_qtraits), for the AVX2 kernels; with
+ * vpdpbusd the interleaved panels' tiles (tile_vnni) take their place */
+DEF_QTILES(tiles_sym32, 0, 0, 0, 0, 0, 32) /* Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 */
+DEF_QTILES(tiles_min32, 0, 1, 0, 1, 0, 32) /* Q4_1, Q5_1 */
+DEF_QTILES(tiles_mink, 0, 1, 1, 0, 1, 256) /* Q2_K, Q4_K, Q5_K */
+DEF_QTILES(tiles_q3k, 4, 1, 1, 0, 0, 256)  /* Q3_K */
+DEF_QTILES(tiles_q6k, 32, 1, 1, 0, 0, 256) /* Q6_K */
+DEF_QTILES(tiles_symk, 0, 0, 1, 0, 0, 256) /* IQ4_XS */
 
-static const qtile_fn *tiles_for(const cpu_qtraits_t *tr, int vnni) {
+static const qtile_fn *tiles_for(const cpu_qtraits_t *tr) {
     if (tr->blk == 32) {
-        return tr->min_m ? (vnni == 2 ? tiles_min32_evex
-                            : vnni    ? tiles_min32_vnni
-                                      : tiles_min32)
-                         : (vnni == 2 ? tiles_sym32_evex
-                            : vnni    ? tiles_sym32_vnni
-                                      : tiles_sym32);
+        return tr->min_m ? tiles_min32 : tiles_sym32;
     }
     return tr->min_k          ? tiles_mink
            : tr->offset == 4  ? tiles_q3k
@@ -1422,7 +1396,7 @@ static void panel_rows(const cpu_qtraits_t *tr,
         return;
     }
     if (kernel_in_use() > 0) {
-        const qtile_fn *t = tiles_for(tr, vnni_in_use());
+        const qtile_fn *t = tiles_for(tr);
         int64_t i = i1;
         for (; i + 4 <= i2; i += 4) {
             for (int col0 = 0; col0 < NP && col0 < nc; col0 += 2) {
@@ -1472,12 +1446,12 @@ static void qgemm_task(void *arg, int64_t task, int thread) {
         /* decode: the blocks are met in place, in two phases (see fused_phase1) */
         const fused_fn f = fused_for(w->tr->type, vnni_in_use());
         const int off = w->tr->blk == 32 ? blk32_offset(w->tr->type, vnni_in_use()) : 0;
-        const int64_t nb = w->k / w->tr->blk;
+        const int64_t nb = w->k / w->tr->blk, ng = (nb + 7) / 8;
         char *mem = j->scratch->mem + (size_t)thread * TASK_PANELS * j->scratch->panel_size;
         fused_buf_t fb;
         fb.p = (__m256i *)(void *)mem;
-        fb.mp = fb.p + a->m * nb * NP;
-        fb.d = (uint16_t *)(void *)(fb.mp + (w->tr->min_k ? a->m * nb * NP : 0));
+        fb.mp = fb.p + a->m * ng * NP;
+        fb.d = (uint16_t *)(void *)(fb.mp + (w->tr->min_k ? a->m * ng * NP : 0));
         fb.dm = fb.d + nb * NP;
         for (int64_t p = p0; p < p1; p++) {
             const int64_t r0 = p * NP;
