@@ -214,6 +214,10 @@ static void run(kg_pool_t *pool, cpu_qgemm_scratch_t *s, const qcase_t *q, float
     cpu_qgemm(pool, s, &q->act, 1, &w, &c);
 }
 
+/* Every kernel family cpu_vecdot has; a test runs those this machine runs. */
+static const char *const kernels[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
+#define N_KERNELS ((int)(sizeof(kernels) / sizeof(kernels[0])))
+
 START_TEST(every_type_matches_reference) {
     /* n = 21: two full panels and a partial one; m = 23 rows: tiles of 4, 2
      * and 1 rows on unpacked panels; the first 7 and the first 3 rows again
@@ -239,9 +243,8 @@ START_TEST(every_type_matches_reference) {
             qcase_t q;
             qcase_make(&q, qtypes[ti], n, k, m);
             /* every kernel family this machine runs */
-            static const char *const kernels[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
-            float *ck[4][4];
-            for (int kk = 0; kk < 4; kk++) {
+            float *ck[N_KERNELS][4];
+            for (int kk = 0; kk < N_KERNELS; kk++) {
                 ck[kk][0] = ck[kk][1] = ck[kk][2] = ck[kk][3] = NULL;
                 if (!cpu_vecdot_set_kernel(kernels[kk])) {
                     continue;
@@ -263,7 +266,7 @@ START_TEST(every_type_matches_reference) {
             for (int64_t i = 0; i < m; i++) {
                 for (int64_t j = 0; j < n; j++) {
                     const float ref = cpu_vecdot_ref(&q.mat, j, &q.act, i);
-                    for (int kk = 0; kk < 4; kk++) {
+                    for (int kk = 0; kk < N_KERNELS; kk++) {
                         for (int v = 0; v < 4 && ck[kk][0]; v++) {
                             const int64_t rows = v == 0 ? m : subs[v - 1];
                             if (i >= rows) {
@@ -303,7 +306,7 @@ START_TEST(every_type_matches_reference) {
                                   exact, mag);
                 }
             }
-            for (int kk = 0; kk < 4; kk++) {
+            for (int kk = 0; kk < N_KERNELS; kk++) {
                 for (int v = 0; v < 4; v++) {
                     free(ck[kk][v]);
                 }
@@ -421,9 +424,8 @@ START_TEST(mxfp4_against_ggml_formula) {
     cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, k);
     float *c = malloc((size_t)(m * n) * sizeof(float));
     ck_assert(pool && s && c);
-    static const char *const kernels[] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
     int n_kernels = 0;
-    for (int kk = 0; kk < 4; kk++) {
+    for (int kk = 0; kk < N_KERNELS; kk++) {
         if (!cpu_vecdot_set_kernel(kernels[kk])) {
             continue;
         }
