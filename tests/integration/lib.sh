@@ -25,7 +25,7 @@
 #   kg_group_lag GROUP TOPIC   sum of LAG over the topic's partitions (ConsumerGroupCommand)
 #   kg_free_port               a free TCP port on 127.0.0.1
 #   kg_metric PORT NAME        a worker's /metrics value (kg_metric_ge PORT NAME MIN to wait on)
-#   kg_read_results ISOLATION OUT           the whole results topic (read_committed or not)
+#   kg_read_results ISOLATION OUT [flags]   the whole results topic (read_committed or not)
 #   kg_jobs FILE N [json fields]            N valid jobs (request_id job-0..), one per line
 
 KG_BIN=${KG_BIN_DIR:?KG_BIN_DIR is not set (run through ctest)}
@@ -302,10 +302,10 @@ with open(path, "w") as f:
 PY
 }
 
-kg_read_results() { # kg_read_results ISOLATION OUT: the whole results topic, keys dropped
+kg_read_results() { # kg_read_results ISOLATION OUT [ConsoleConsumer flags]: the whole results topic
     kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
         --topic "$RESULTS" --from-beginning --timeout-ms 15000 \
-        --consumer-property "isolation.level=$1" >"$2" 2>/dev/null || true
+        --consumer-property "isolation.level=$1" "${@:3}" >"$2" 2>/dev/null || true
 }
 
 kg_metric() { # kg_metric PORT NAME: the value of a /metrics series (summed over labels); "" if down

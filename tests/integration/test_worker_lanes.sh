@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # test_worker_lanes: priority lanes on a real broker. One worker reads two jobs topics,
-# `--jobs-topic lanes.interactive:8,lanes.bulk:1`. A backlog of 400 bulk jobs is sent first,
-# then 12 interactive jobs: every job of both topics finishes once, each event names the topic
-# its job came from, an unparseable message on the bulk topic goes to that topic's DLQ
-# (lanes.bulk.dlq), the group commits both topics (lag 0 on each), a job's priority orders jobs
-# within its lane (one bulk job in 21 has priority 5 and passes bulk jobs taken before it; in
-# arrival order none could, as all are the same length), and the interactive jobs jump
-# the backlog: both backlogs are on the broker before the worker starts, and every interactive
-# job is answered before three quarters of the bulk jobs (the bulk lane is paused first and
-# interactive jobs take 8 of every 9 free slots). Sending the interactive jobs while the bulk
-# backlog runs made the result a race between kgen-submit's start-up and the machine's speed. /metrics labels the lag of
-# each partition with its topic. A cancel sent by a producer that knows only its lane
+# `--jobs-topic lanes.interactive:8,lanes.bulk:1`. A backlog of 420 bulk jobs and 12
+# interactive jobs are on the broker before the worker starts (sending the interactive jobs
+# while the bulk backlog ran made the result a race between kgen-submit's start-up and the
+# machine's speed). Every job of both topics finishes once, each event names the topic its job
+# came from, an unparseable message on the bulk topic goes to that topic's DLQ
+# (lanes.bulk.dlq), and the group commits both topics (lag 0 on each). The interactive jobs
+# jump the backlog: every one is answered before three quarters of the bulk jobs (the bulk lane
+# is paused first and interactive jobs take 8 of every 9 free slots). A job's priority orders
+# jobs within its lane: one bulk job in 21 has priority 5 and passes bulk jobs taken before it
+# (in arrival order none could, as all are the same length). /metrics labels the lag of each
+# partition with its topic. A cancel sent by a producer that knows only its lane
 # (`kgen-submit --jobs-topic lanes.bulk --cancel ID`, which writes to lanes.bulk.cancel) reaches
 # the worker, which reads every lane's `<topic>.cancel`: the job sent after it is answered
 # `cancelled` on arrival.
