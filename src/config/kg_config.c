@@ -40,8 +40,8 @@ static const opt_t options[] = {
     {"group-instance-id", OPT_STR, OFF(group_instance_id), "", 0, 0, "Kafka",
      "static membership id (a restart within session.timeout.ms keeps the assignment)"},
     {"assignment-strategy", OPT_STR, OFF(assignment_strategy), "range,roundrobin", 0, 0, "Kafka",
-     "partition.assignment.strategy (eager; see the README on cooperative-sticky and librdkafka "
-     "2.0.2)"},
+     "partition.assignment.strategy (eager; see docs/OPERATIONS.md on cooperative-sticky "
+     "and librdkafka 2.0.2)"},
     {"worker-id", OPT_STR, OFF(worker_id), "", 0, 0, "Kafka",
      "id written into every event (default: <hostname>-<pid>)"},
     {"max-message-bytes", OPT_INT, OFF(max_message_bytes), "1048576", 64, 1 << 30, "Kafka",
@@ -70,7 +70,7 @@ static const opt_t options[] = {
     {"exactly-once", OPT_BOOL, OFF(exactly_once), "false", 0, 0, "Kafka",
      "write terminal events, DLQ copies and the consumed offsets in Kafka transactions, so a "
      "read_committed reader sees one terminal event per job (token events stay at least "
-     "once); see the README for the cost"},
+     "once); see docs/DELIVERY.md for the cost"},
     {"txn-interval-ms", OPT_INT, OFF(txn_interval_ms), "100", 1, 60000, "Kafka",
      "with --exactly-once: commit a transaction this often, or at 1000 terminal events; "
      "results become visible to read_committed readers then"},

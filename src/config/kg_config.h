@@ -4,7 +4,7 @@
  * variables < command-line flags. librdkafka properties pass through
  * unchanged (`-X key=value`, `--kafka key=value`, `KGEN_RDKAFKA_<KEY>` with
  * `_` read as `.`), as kcat does, so SASL and TLS need no code of ours. The
- * table drives parsing, --help and the README's configuration section; the
+ * table drives parsing, --help and docs/CONFIGURATION.md's option table; the
  * config is immutable once parsed (@thread any after startup). */
 #pragma once
 
@@ -88,7 +88,7 @@ bool kg_config_is_secret(const char *key);
 
 /** --help text, generated from the table. */
 void kg_config_print_help(FILE *f, const char *prog);
-/** The configuration table as Markdown (for the README). */
+/** The configuration table as Markdown (docs/CONFIGURATION.md, scripts/gen-config-doc). */
 void kg_config_print_markdown(FILE *f);
 /** Every setting as `key=value` lines, secrets replaced by "[redacted]". */
 void kg_config_print(const kg_config_t *cfg, FILE *f);
