@@ -51,6 +51,104 @@ static size_t append_escaped(char *dst, size_t pos, size_t cap, const char *s) {
     return pos;
 }
 
+/* A logfmt key: what callers write before '=' (request_id, topic.name, kafka:err). */
+static int is_key_char(unsigned char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-' || c == ':';
+}
+
+/* Parse one " key=value" pair at s (leading spaces skipped): a value is "quoted" (no quote
+ * inside) or runs to the next space. On success return the end of the pair and set the
+ * key/value spans; NULL when s does not start with a pair. */
+static const char *parse_pair(const char *s,
+                              const char **key,
+                              size_t *key_len,
+                              const char **val,
+                              size_t *val_len,
+                              int *quoted) {
+    while (*s == ' ') {
+        s++;
+    }
+    const char *k = s;
+    while (is_key_char((unsigned char)*s)) {
+        s++;
+    }
+    if (s == k || *s != '=') {
+        return NULL;
+    }
+    *key = k;
+    *key_len = (size_t)(s - k);
+    s++;
+    *quoted = *s == '"';
+    if (*quoted) {
+        const char *end = strchr(s + 1, '"');
+        if (!end || (end[1] != '\0' && end[1] != ' ')) {
+            return NULL;
+        }
+        *val = s + 1;
+        *val_len = (size_t)(end - s - 1);
+        return end + 1;
+    }
+    const char *v = s;
+    while (*s && *s != ' ' && *s != '"') {
+        s++;
+    }
+    if (*s == '"') {
+        return NULL;
+    }
+    *val = v;
+    *val_len = (size_t)(s - v);
+    return s;
+}
+
+/* Where the trailing " key=value" pairs of a message begin: the first space after which the
+ * whole rest is pairs. Text that merely contains a '=' ("create it with cleanup.policy=compact
+ * and ...") stays in the message, so a line is always one parseable record. */
+static char *find_pairs(char *msg) {
+    for (char *p = msg; (p = strchr(p, ' ')) != NULL; p++) {
+        const char *s = p, *key, *val;
+        size_t key_len, val_len;
+        int quoted, n = 0;
+        while (*s && (s = parse_pair(s, &key, &key_len, &val, &val_len, &quoted)) != NULL) {
+            n++;
+            while (*s == ' ') {
+                s++;
+            }
+        }
+        if (s && n > 0) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* Append a logfmt value: bare when it is a plain word, otherwise quoted and escaped. */
+static size_t append_value(char *dst, size_t pos, size_t cap, const char *v, size_t n, int json) {
+    int bare = !json && n > 0;
+    for (size_t i = 0; bare && i < n; i++) {
+        unsigned char c = (unsigned char)v[i];
+        bare = c > 0x20 && c != '"' && c != '=' && c != '\\' && c < 0x7f;
+    }
+    char tmp[2048];
+    if (n >= sizeof(tmp)) {
+        n = sizeof(tmp) - 1;
+    }
+    memcpy(tmp, v, n);
+    tmp[n] = '\0';
+    if (bare) {
+        pos += (size_t)snprintf(dst + pos, cap - pos, "%s", tmp);
+        return pos < cap ? pos : cap - 1;
+    }
+    if (pos < cap - 1) {
+        dst[pos++] = '"';
+    }
+    pos = append_escaped(dst, pos, cap, tmp);
+    if (pos < cap - 1) {
+        dst[pos++] = '"';
+    }
+    return pos;
+}
+
 void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...) {
     char msg[2048];
     va_list ap;
@@ -67,83 +165,39 @@ void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...
              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
              (int)(ts.tv_nsec / 1000000) % 1000);
 
-    /* The message may carry trailing " key=value" pairs: split them off so
-     * logfmt keeps them as fields and JSON gets them as members. */
-    char *kv = NULL;
-    for (char *p = msg; (p = strchr(p, ' ')) != NULL; p++) {
-        char *eq = strchr(p + 1, '=');
-        char *sp = strchr(p + 1, ' ');
-        if (eq && (!sp || eq < sp) && eq > p + 1) {
-            kv = p;
-            break;
-        }
-    }
+    /* The message may end in " key=value" pairs: split them off so logfmt keeps them as
+     * fields and JSON gets them as members. */
+    char *kv = find_pairs(msg);
     char line[4096];
-    size_t pos = 0, cap = sizeof(line);
+    /* room kept past cap for the closing brace, the newline and the NUL, so a long line is cut
+     * inside a value and still closes its quote */
+    size_t pos = 0, cap = sizeof(line) - 3;
+    int json = log_format == KG_LOG_FORMAT_JSON;
     const char *lvl = level_names[level <= KG_LOG_LEVEL_OFF ? level : KG_LOG_LEVEL_ERROR];
     if (kv) {
         *kv++ = '\0';
     }
-    if (log_format == KG_LOG_FORMAT_JSON) {
+    if (json) {
         pos += (size_t)snprintf(line, cap,
-                                "{\"ts\":\"%s\",\"level\":\"%s\",\"module\":\"%s\",\"msg\":\"",
-                                tbuf, lvl, module);
-        pos = append_escaped(line, pos, cap, msg);
-        if (pos < cap - 1) {
-            line[pos++] = '"';
-        }
-        /* key=value pairs; values may be "quoted" */
-        while (kv && *kv && pos + 8 < cap) {
-            while (*kv == ' ') {
-                kv++;
-            }
-            char *eq = strchr(kv, '=');
-            if (!eq) {
-                break;
-            }
-            *eq = '\0';
-            char *val = eq + 1, *end;
-            int quoted = *val == '"';
-            if (quoted) {
-                val++;
-                end = strchr(val, '"');
-            } else {
-                end = strchr(val, ' ');
-            }
-            char save = end ? *end : '\0';
-            if (end) {
-                *end = '\0';
-            }
-            pos += (size_t)snprintf(line + pos, cap - pos, ",\"%s\":\"", kv);
-            if (pos >= cap) {
-                pos = cap - 1;
-                break;
-            }
-            pos = append_escaped(line, pos, cap, val);
-            if (pos < cap - 1) {
-                line[pos++] = '"';
-            }
-            if (!end) {
-                break;
-            }
-            *end = save;
-            kv = end + (quoted ? 1 : 0);
-        }
-        if (pos < cap - 2) {
-            line[pos++] = '}';
-        }
+                                "{\"ts\":\"%s\",\"level\":\"%s\",\"module\":\"%s\",\"msg\":", tbuf,
+                                lvl, module);
     } else {
-        pos += (size_t)snprintf(line, cap, "ts=%s level=%s module=%s msg=\"", tbuf, lvl, module);
-        pos = append_escaped(line, pos, cap, msg);
-        if (pos < cap - 1) {
-            line[pos++] = '"';
-        }
-        if (kv) {
-            pos += (size_t)snprintf(line + pos, cap - pos, " %s", kv);
-        }
+        pos += (size_t)snprintf(line, cap, "ts=%s level=%s module=%s msg=", tbuf, lvl, module);
     }
-    if (pos > cap - 2) {
-        pos = cap - 2;
+    pos = append_value(line, pos, cap, msg, strlen(msg), 1);
+    const char *s = kv, *key, *val;
+    size_t key_len, val_len;
+    int quoted;
+    while (s && (s = parse_pair(s, &key, &key_len, &val, &val_len, &quoted))) {
+        if (pos + key_len + 8 >= cap) {
+            break;
+        }
+        pos += (size_t)snprintf(line + pos, cap - pos, json ? ",\"%.*s\":" : " %.*s=", (int)key_len,
+                                key);
+        pos = append_value(line, pos, cap, val, val_len, json);
+    }
+    if (json) {
+        line[pos++] = '}';
     }
     line[pos++] = '\n';
     line[pos] = '\0';

@@ -51,6 +51,36 @@ kg_need_java() {
     fi
 }
 
+# Every kgen log line (those that start with ts=) of the test's logs is one logfmt record:
+# key=value pairs, values bare words or "quoted" with \" \\ \n \uXXXX escapes. Prints the
+# lines that are not and fails (issue 30: a message with a '=' in it broke its own quoting).
+kg_check_logfmt() {
+    python3 - "$@" <<'PY'
+import re, sys
+pair = re.compile(r'([^\s="]+)=("(?:[^"\\]|\\["\\nu/bfrt])*"|[^\s="]*)(?: |$)')
+bad, n = [], 0
+for path in sys.argv[1:]:
+    for line in open(path, encoding="utf-8", errors="replace"):
+        line = line.rstrip("\n")
+        if not line.startswith("ts="):
+            continue
+        n += 1
+        pos, keys = 0, []
+        while pos < len(line):
+            m = pair.match(line, pos)
+            if not m:
+                break
+            keys.append(m.group(1))
+            pos = m.end()
+        if pos != len(line) or keys[:4] != ["ts", "level", "module", "msg"]:
+            bad.append(f"{path}: {line}")
+if bad:
+    print(f"log lines that are not one logfmt record ({len(bad)} of {n}):")
+    print("\n".join(bad[:20]))
+    sys.exit(1)
+PY
+}
+
 kg_cleanup() {
     local rc=$? pid
     trap - EXIT
@@ -59,6 +89,9 @@ kg_cleanup() {
         pid=${KG_PIDS[i]}
         kg_stop_pid "$pid" 5 2>/dev/null || true
     done
+    if ((rc == 0)) && [[ -n "$T" && -d "$T" ]] && compgen -G "$T/*.log" >/dev/null; then
+        kg_check_logfmt "$T"/*.log >&2 || rc=1
+    fi
     if ((rc != 0 && rc != 77)) && [[ -n "$T" && -d "$T" ]]; then
         local f
         for f in "$T"/*.log; do

@@ -46,6 +46,43 @@ START_TEST(logfmt_line) {
 }
 END_TEST
 
+/* A message whose text has a '=' in the middle keeps it in msg (issue 30: a line broke its own
+ * quoting), and only a tail that is all pairs becomes fields; values that are not plain words
+ * are quoted. */
+START_TEST(logfmt_text_with_equals) {
+    char *out = capture_log(KG_LOG_FORMAT_LOGFMT,
+                            "protection is off (create it with cleanup.policy=compact and as many "
+                            "partitions as the jobs topic) topic=kgen.jobs.inflight");
+    ck_assert_ptr_nonnull(strstr(out, "msg=\"protection is off (create it with "
+                                      "cleanup.policy=compact and as many partitions as the jobs "
+                                      "topic)\" topic=kgen.jobs.inflight\n"));
+    free(out);
+    out = capture_log(KG_LOG_FORMAT_LOGFMT, "a=b c d=\"e f\" g=h=i j=");
+    ck_assert_ptr_nonnull(strstr(out, "msg=\"a=b c\" d=\"e f\" g=\"h=i\" j=\"\"\n"));
+    free(out);
+    out = capture_log(KG_LOG_FORMAT_LOGFMT, "no pairs = here x=\"unclosed");
+    ck_assert_ptr_nonnull(strstr(out, "msg=\"no pairs = here x=\\\"unclosed\"\n"));
+    free(out);
+    out = capture_log(KG_LOG_FORMAT_JSON, "create with cleanup.policy=compact and more n=2");
+    ck_assert_ptr_nonnull(
+        strstr(out, "\"msg\":\"create with cleanup.policy=compact and more\",\"n\":\"2\"}\n"));
+    free(out);
+}
+END_TEST
+
+/* A message longer than a line still ends in a closed quote and a newline. */
+START_TEST(logfmt_long_line_closes) {
+    char big[3000];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    char *out = capture_log(KG_LOG_FORMAT_LOGFMT, big);
+    char *nl = strchr(out, '\n');
+    ck_assert_ptr_nonnull(nl);
+    ck_assert_int_eq(nl[-1], '"');
+    free(out);
+}
+END_TEST
+
 START_TEST(json_line) {
     char *out = capture_log(KG_LOG_FORMAT_JSON, "said \"hi\" request_id=r1 reason=\"bad json\"");
     ck_assert_ptr_nonnull(
@@ -137,6 +174,8 @@ static Suite *make_suite(void) {
     tc = tcase_create("log");
     tcase_add_test(tc, logfmt_line);
     tcase_add_test(tc, json_line);
+    tcase_add_test(tc, logfmt_text_with_equals);
+    tcase_add_test(tc, logfmt_long_line_closes);
     tcase_add_test(tc, level_parse);
     suite_add_tcase(s, tc);
     tc = tcase_create("pool");
