@@ -373,10 +373,12 @@ static kg_status_t load_env(kg_config_t *cfg, char **envp, char *errstr, size_t 
 kg_status_t kg_config_parse(
     kg_config_t *cfg, int argc, char **argv, char **envp, char *errstr, size_t errstr_size) {
     const char *prog = argc > 0 ? argv[0] : "kgen-worker";
-    /* --config first, whatever its position, so flags override the file */
+    /* --config first, whatever its position, so flags override the file (the NOLINT: clang-tidy
+     * supposes argv[i] may be NULL; below argc it never is) */
     for (int i = 1; i < argc; i++) {
         const char *file = NULL;
-        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], "--config") == 0 && // NOLINT(clang-analyzer-core.NonNullParamChecker)
+            i + 1 < argc) {
             file = argv[i + 1];
         } else if (strncmp(argv[i], "--config=", 9) == 0) {
             file = argv[i] + 9;

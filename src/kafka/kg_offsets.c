@@ -92,7 +92,7 @@ static kg_status_t grow_parts(kg_offsets_t *o, int32_t partition) {
         return KG_ERR_NOMEM; /* parts grew, which is harmless: n_parts still says the old size */
     }
     /* Unroll the dirty FIFO to the start of the new array. */
-    for (uint32_t i = 0; i < o->n_dirty; i++) {
+    for (uint32_t i = 0; o->n_parts > 0 && i < o->n_dirty; i++) {
         dirty[i] = o->dirty[(o->dirty_head + i) % o->n_parts];
     }
     free(o->dirty);

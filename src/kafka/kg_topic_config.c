@@ -50,7 +50,9 @@ int kg_topic_max_message_bytes(const kg_config_t *cfg,
     rd_kafka_queue_t *q = NULL;
     rd_kafka_AdminOptions_t *opts = NULL;
     rd_kafka_event_t *ev = NULL;
-    rd_kafka_ConfigResource_t **res = calloc((size_t)(n > 0 ? n : 1), sizeof(*res));
+    /* an array of pointers: sizeof(*res) is a pointer's size, as meant */
+    rd_kafka_ConfigResource_t **res =
+        calloc((size_t)(n > 0 ? n : 1), sizeof(*res)); // NOLINT(bugprone-sizeof-expression)
     for (int i = 0; i < n; i++) {
         out[i] = -1;
     }

@@ -573,8 +573,8 @@ kg_txn_t *kg_txn_new(const kg_config_t *cfg,
     }
     t->last_us = kg_clock_us();
     const char *kill_at = getenv("KGEN_TEST_KILL_BEFORE_COMMIT");
-    if (kill_at && atoll(kill_at) > 0) {
-        t->kill_at = (uint64_t)atoll(kill_at);
+    if (kill_at && strtoll(kill_at, NULL, 10) > 0) {
+        t->kill_at = (uint64_t)strtoll(kill_at, NULL, 10);
         KG_LOG_WARN(
             "txn",
             "TEST-ONLY fault injection armed: this worker SIGKILLs itself before "
