@@ -12,10 +12,11 @@
  *     they call nothing else of src/schema/, so no two files call each
  *     other in a loop.
  * jansson.h is included only under src/schema/: by the codec's files
- * (kg_codec*.c through kg_codec_int.h), kg_openai.c (through
- * kg_openai_int.h), kg_json_schema.c (response_format's schemas),
- * kg_inflight.c (the poison-job journal's record) and kg_cancelmsg.c (the
- * cancel topic's messages); no json_t crosses that boundary.
+ * (kg_codec*.c, kg_codec_int.h), kg_openai.c (through kg_openai_int.h),
+ * kg_json_schema.c and kg_json_rules.c (response_format's schemas, through
+ * kg_json_schema_int.h), kg_inflight.c (the poison-job journal's record)
+ * and kg_cancelmsg.c (the cancel topic's messages); no json_t crosses that
+ * boundary.
  *
  * A job message may also be an OpenAI Batch API input line or a bare Chat
  * Completions / Completions request body (kg_openai.h): the decoder
