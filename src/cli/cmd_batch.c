@@ -21,6 +21,7 @@
 #include "pipeline/kg_jobrun.h"
 #include "pipeline/kg_served.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_codec_event.h"
 #include "schema/kg_openai.h"
 
 #include <getopt.h>

@@ -49,6 +49,7 @@
 #include "kafka/kg_cancel.h"
 #include "kafka/kg_kafka_conf.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_codec_event.h"
 #include "schema/kg_openai.h"
 #include "schema/kg_routing.h"
 

@@ -1,5 +1,5 @@
 /* kg_grammar_int: the compiled grammar's layout and the stack-set
- * operations shared by the compiler's mask precomputation (kg_grammar.c)
+ * operations shared by the compiler's mask precomputation (kg_grammar_mask.c)
  * and the run-time matcher (kg_matcher.c). Not for other modules. */
 #pragma once
 

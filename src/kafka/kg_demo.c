@@ -4,7 +4,7 @@
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 #include "../model/kg_mkmodel.h"
-#include "../schema/kg_codec.h"
+#include "../schema/kg_codec_event.h"
 #include "kg_cancel.h"
 #include "kg_kafka_conf.h"
 #include "kg_lanes.h"

@@ -5,7 +5,7 @@
 #include "../core/kg_clock.h"
 #include "../grammar/kg_grammar_cache.h"
 #include "../pipeline/kg_runner.h"
-#include "../schema/kg_codec.h"
+#include "../schema/kg_codec_event.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>

@@ -13,6 +13,7 @@
 #include "../pipeline/kg_runner.h"
 #include "../pipeline/kg_served.h"
 #include "../schema/kg_codec.h"
+#include "../schema/kg_codec_event.h"
 #include "kg_cancel.h"
 #include "kg_journal.h"
 #include "kg_kafka_conf.h"

@@ -16,7 +16,7 @@
 #pragma once
 
 #include "../model/kg_tokenizer.h"
-#include "../schema/kg_codec.h"
+#include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
 #include "kg_output.h"
 

@@ -20,7 +20,7 @@
 #include "../core/kg_status.h"
 #include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
-#include "../schema/kg_codec.h"
+#include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
 
 #include <stddef.h>

@@ -31,7 +31,7 @@
 #include "../core/kg_status.h"
 #include "../engine/kg_engine.h"
 #include "../model/kg_model.h"
-#include "../schema/kg_codec.h"
+#include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
 #include "kg_events.h"
 #include "kg_intake.h"

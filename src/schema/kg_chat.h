@@ -79,6 +79,8 @@ typedef enum kg_chat_template {
     KG_CHAT_TEMPLATE_COUNT_,
 } kg_chat_template_t;
 
+// ---- detection (kg_chat.c) ----
+
 /** Recognise a template: either a llama.cpp template name ("chatml",
  * "llama3", "mistral-v7", ...) or Jinja template text, tested for marker
  * strings in the same order as llm_chat_detect_template. NULL or no match:
@@ -88,6 +90,8 @@ kg_chat_template_t kg_chat_detect(const char *template_text);
 /** llama.cpp's name of a format ("chatml", "llama2-sys", ...); "unknown"
  * for KG_CHAT_TEMPLATE_UNKNOWN. Never NULL. @thread any */
 const char *kg_chat_template_name(kg_chat_template_t tmpl);
+
+// ---- rendering (kg_chat_render.c) ----
 
 /** Whether kg_chat_render can write this format. @thread any */
 bool kg_chat_template_is_supported(kg_chat_template_t tmpl);

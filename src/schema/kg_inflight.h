@@ -17,7 +17,7 @@
  * SIGTERM): its running jobs were not in a failure. The next owner reads
  * the snapshot with the highest (epoch, seq) and applies kg_inflight_inherit.
  *
- * With kg_codec.c, the only file that includes jansson.h. @thread any */
+ * One of the few files that include jansson.h (kg_codec.h lists them). @thread any */
 #pragma once
 
 #include "../core/kg_status.h"

@@ -1,10 +1,10 @@
 /* kg_json_schema: JSON Schema to grammar IR (see kg_json_schema.h). One
  * recursive walk over the schema; $ref targets become named rules (so a
  * recursive schema becomes a recursive grammar), everything else builds
- * expressions in place. */
-#include "kg_json_schema.h"
-
+ * expressions in place, from the schema-independent pieces of
+ * kg_json_rules.c (any value, literals, integer ranges). */
 #include "../grammar/kg_regex.h"
+#include "kg_json_schema_int.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -13,211 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DEPTH      64
-#define MAX_POINTER    512
-#define MAX_INT_DIGITS 16 /* unbounded integers: at most this many digits */
-
-typedef struct ref {
-    char *ptr;
-    int32_t rule;
-} ref_t;
-
-typedef struct conv {
-    kg_gir_t *g;
-    json_t *root;
-    char *errstr;
-    size_t errstr_size;
-    bool failed;
-    char ptr[MAX_POINTER + 64]; /* JSON pointer of the schema being built */
-    size_t ptr_len;
-    int depth;
-    ref_t *refs;
-    int32_t n_refs, cap_refs;
-    /* shared rules, made on first use */
-    int32_t r_ws, r_char, r_string, r_number, r_value;
-} conv_t;
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static int32_t
-fail(conv_t *c, const char *fmt, ...) {
-    if (!c->failed) {
-        char msg[300];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
-        snprintf(c->errstr, c->errstr_size, "%s", msg);
-        c->failed = true;
-    }
-    return -1;
-}
-
-static int32_t oom(conv_t *c, int32_t h) {
-    if (h < 0 && !c->failed) {
-        fail(c, "schema: out of memory");
-    }
-    return h;
-}
-
-/* ---- JSON pointers ---- */
-
-static size_t ptr_push(conv_t *c, const char *key) {
-    size_t saved = c->ptr_len;
-    if (c->ptr_len < MAX_POINTER) {
-        c->ptr[c->ptr_len++] = '/';
-        for (const char *p = key; *p && c->ptr_len < MAX_POINTER; p++) {
-            if (*p == '~' || *p == '/') {
-                c->ptr[c->ptr_len++] = '~';
-                c->ptr[c->ptr_len++] = *p == '~' ? '0' : '1';
-            } else {
-                c->ptr[c->ptr_len++] = *p;
-            }
-        }
-    }
-    c->ptr[c->ptr_len] = '\0';
-    return saved;
-}
-
-static size_t ptr_push_index(conv_t *c, size_t i) {
-    char buf[32];
-    snprintf(buf, sizeof(buf), "%zu", i);
-    return ptr_push(c, buf);
-}
-
-static void ptr_pop(conv_t *c, size_t saved) {
-    c->ptr_len = saved;
-    c->ptr[saved] = '\0';
-}
-
-static const char *here(const conv_t *c) {
-    return c->ptr_len ? c->ptr : "(root)";
-}
-
-/* ---- shared rules ---- */
-
-static int32_t lit(conv_t *c, const char *s) {
-    return oom(c, kg_gir_bytes(c->g, s, strlen(s)));
-}
-
-static int32_t regex(conv_t *c, const char *re, bool json_string) {
-    kg_regex_opts_t o = {.search = false, .json_string = json_string};
-    char err[200];
-    int32_t e = kg_regex_to_gir(c->g, re, strlen(re), &o, err, sizeof(err));
-    if (e < 0) {
-        return fail(c, "schema: internal pattern failed: %s", err);
-    }
-    return e;
-}
-
-static int32_t define(conv_t *c, int32_t *slot, const char *name, int32_t (*make)(conv_t *)) {
-    if (*slot < 0) {
-        *slot = oom(c, kg_gir_rule(c->g, name, strlen(name)));
-        if (*slot < 0) {
-            return -1;
-        }
-        int32_t e = make(c);
-        if (e < 0 || !kg_gir_define(c->g, *slot, e)) {
-            return oom(c, -1);
-        }
-    }
-    return oom(c, kg_gir_ref(c->g, *slot));
-}
-
-/* llama.cpp's json-schema-to-grammar space: nothing, one space, or a
- * newline and up to 20 spaces or tabs */
-static int32_t make_ws(conv_t *c) {
-    return regex(c, "( |\\n[ \\t]{0,20})?", false);
-}
-
-static int32_t ws(conv_t *c) {
-    return define(c, &c->r_ws, "ws", make_ws);
-}
-
-/* one character of a JSON string body: raw, or an escape that decodes to
- * a code point that is not a lone surrogate */
-static int32_t make_char(conv_t *c) {
-    return regex(
-        c,
-        "[^\"\\\\\\x00-\\x1f]|\\\\([\"\\\\/bfnrt]|u([0-9a-cA-CefEF][0-9a-fA-F]{3}|[dD][0-7]"
-        "[0-9a-fA-F]{2}))",
-        false);
-}
-
-static int32_t str_char(conv_t *c) {
-    return define(c, &c->r_char, "char", make_char);
-}
-
-static int32_t make_string(conv_t *c) {
-    int32_t body = oom(c, kg_gir_repeat(c->g, str_char(c), 0, KG_GIR_UNBOUNDED));
-    return oom(c, kg_gir_seq3(c->g, lit(c, "\""), body, lit(c, "\"")));
-}
-
-static int32_t any_string(conv_t *c) {
-    return define(c, &c->r_string, "string", make_string);
-}
-
-static int32_t make_number(conv_t *c) {
-    return regex(c, "-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,16})?([eE][-+]?[0-9]{1,3})?", false);
-}
-
-static int32_t any_number(conv_t *c) {
-    return define(c, &c->r_number, "number", make_number);
-}
-
-static int32_t any_value(conv_t *c);
-
-/* "{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws )* )? "}" */
-static int32_t any_object_body(conv_t *c) {
-    int32_t kv[] = {any_string(c), ws(c), lit(c, ":"), ws(c), any_value(c), ws(c)};
-    int32_t member = oom(c, kg_gir_seq(c->g, kv, 6));
-    int32_t more = oom(
-        c, kg_gir_repeat(c->g, kg_gir_seq3(c->g, lit(c, ","), ws(c), member), 0, KG_GIR_UNBOUNDED));
-    int32_t body = oom(c, kg_gir_opt(c->g, kg_gir_seq2(c->g, member, more)));
-    int32_t parts[] = {lit(c, "{"), ws(c), body, lit(c, "}")};
-    return oom(c, kg_gir_seq(c->g, parts, 4));
-}
-
-static int32_t any_array_body(conv_t *c) {
-    int32_t item = oom(c, kg_gir_seq2(c->g, any_value(c), ws(c)));
-    int32_t more = oom(
-        c, kg_gir_repeat(c->g, kg_gir_seq3(c->g, lit(c, ","), ws(c), item), 0, KG_GIR_UNBOUNDED));
-    int32_t body = oom(c, kg_gir_opt(c->g, kg_gir_seq2(c->g, item, more)));
-    int32_t parts[] = {lit(c, "["), ws(c), body, lit(c, "]")};
-    return oom(c, kg_gir_seq(c->g, parts, 4));
-}
-
-static int32_t make_value(conv_t *c) {
-    int32_t r_obj = oom(c, kg_gir_rule(c->g, "object", 6));
-    int32_t r_arr = oom(c, kg_gir_rule(c->g, "array", 5));
-    if (r_obj < 0 || r_arr < 0) {
-        return -1;
-    }
-    int32_t alts[] = {kg_gir_ref(c->g, r_obj), kg_gir_ref(c->g, r_arr), any_string(c),
-                      any_number(c),           lit(c, "true"),          lit(c, "false"),
-                      lit(c, "null")};
-    int32_t v = oom(c, kg_gir_alt(c->g, alts, 7));
-    /* the bodies refer back to value: define them once value's rule exists */
-    return v;
-}
-
-static int32_t any_value(conv_t *c) {
-    if (c->r_value < 0) {
-        int32_t ref = define(c, &c->r_value, "value", make_value);
-        if (ref < 0) {
-            return -1;
-        }
-        int32_t r_obj = kg_gir_rule(c->g, "object", 6), r_arr = kg_gir_rule(c->g, "array", 5);
-        int32_t ob = any_object_body(c), ab = any_array_body(c);
-        if (ob < 0 || ab < 0 || !kg_gir_define(c->g, r_obj, ob) ||
-            !kg_gir_define(c->g, r_arr, ab)) {
-            return oom(c, -1);
-        }
-        return ref;
-    }
-    return oom(c, kg_gir_ref(c->g, c->r_value));
-}
+#define MAX_DEPTH 64
 
 /* ---- keywords ---- */
 
@@ -294,110 +90,6 @@ static bool get_count(conv_t *c, json_t *s, const char *key, int64_t *out) {
     }
     *out = (int64_t)d;
     return true;
-}
-
-/* ---- literals ---- */
-
-static int32_t json_literal(conv_t *c, json_t *v) {
-    char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!text) {
-        return fail(c, "schema: cannot write a value at %s", here(c));
-    }
-    int32_t e = lit(c, text);
-    free(text);
-    return e;
-}
-
-/* ---- integers in a range ---- */
-
-/* Numbers of exactly n digits from lo to hi (same length, strings). */
-static int32_t digits_range(conv_t *c, const char *lo, const char *hi, int n) {
-    if (n == 0) {
-        return oom(c, kg_gir_empty(c->g));
-    }
-    bool lo_zero = true, hi_nine = true;
-    for (int i = 1; i < n; i++) {
-        lo_zero = lo_zero && lo[i] == '0';
-        hi_nine = hi_nine && hi[i] == '9';
-    }
-    uint32_t d0 = '0', d9 = '9';
-    int32_t any_digit = oom(c, kg_gir_chars(c->g, &d0, &d9, 1, false));
-    int32_t tail_any = oom(c, kg_gir_repeat(c->g, any_digit, n - 1, n - 1));
-    if (lo[0] == hi[0]) {
-        char one[2] = {lo[0], 0};
-        return oom(c, kg_gir_seq2(c->g, lit(c, one), digits_range(c, lo + 1, hi + 1, n - 1)));
-    }
-    if (lo_zero && hi_nine) {
-        uint32_t a = (uint32_t)lo[0], b = (uint32_t)hi[0];
-        return oom(c, kg_gir_seq2(c->g, kg_gir_chars(c->g, &a, &b, 1, false), tail_any));
-    }
-    int32_t alts[3];
-    int na = 0;
-    char nines[24], zeros[24];
-    memset(nines, '9', sizeof(nines));
-    memset(zeros, '0', sizeof(zeros));
-    char one[2] = {lo[0], 0};
-    alts[na++] = oom(c, kg_gir_seq2(c->g, lit(c, one), digits_range(c, lo + 1, nines, n - 1)));
-    if (lo[0] + 1 <= hi[0] - 1) {
-        uint32_t a = (uint32_t)lo[0] + 1, b = (uint32_t)hi[0] - 1;
-        alts[na++] = oom(c, kg_gir_seq2(c->g, kg_gir_chars(c->g, &a, &b, 1, false), tail_any));
-    }
-    one[0] = hi[0];
-    alts[na++] = oom(c, kg_gir_seq2(c->g, lit(c, one), digits_range(c, zeros, hi + 1, n - 1)));
-    return oom(c, kg_gir_alt(c->g, alts, na));
-}
-
-/* Non-negative integers lo..hi (hi < 0: unbounded, at most MAX_INT_DIGITS). */
-static int32_t uint_range(conv_t *c, uint64_t lo, int64_t hi_in) {
-    bool unbounded = hi_in < 0;
-    uint64_t hi = unbounded ? 9999999999999999ull : (uint64_t)hi_in;
-    if (lo > hi) {
-        return -2; /* empty */
-    }
-    char a[24], b[24];
-    int32_t alts[24];
-    int na = 0;
-    uint64_t from = lo;
-    while (from <= hi) {
-        int nd = snprintf(a, sizeof(a), "%" PRIu64, from);
-        uint64_t top = 9; /* the largest number of nd digits */
-        for (int i = 1; i < nd; i++) {
-            top = top * 10 + 9;
-        }
-        uint64_t to = hi < top ? hi : top;
-        snprintf(b, sizeof(b), "%" PRIu64, to);
-        alts[na++] = digits_range(c, a, b, nd);
-        if (to == hi || na == 23) {
-            break;
-        }
-        from = to + 1;
-    }
-    return oom(c, kg_gir_alt(c->g, alts, na));
-}
-
-/* Integers lo..hi with INT64_MIN / INT64_MAX meaning unbounded. */
-static int32_t int_range(conv_t *c, int64_t lo, int64_t hi) {
-    int32_t alts[2];
-    int na = 0;
-    if (lo < 0) {
-        /* -(1 .. -lo), limited by hi when hi < 0 */
-        uint64_t mag_hi = lo == INT64_MIN ? 0 : (uint64_t)(-lo);
-        uint64_t mag_lo = hi < 0 ? (uint64_t)(-(hi + 1)) + 1 : 1;
-        int32_t r = uint_range(c, mag_lo, lo == INT64_MIN ? -1 : (int64_t)mag_hi);
-        if (r >= 0) {
-            alts[na++] = oom(c, kg_gir_seq2(c->g, lit(c, "-"), r));
-        }
-    }
-    if (hi >= 0) {
-        int32_t r = uint_range(c, lo > 0 ? (uint64_t)lo : 0, hi == INT64_MAX ? -1 : hi);
-        if (r >= 0) {
-            alts[na++] = r;
-        }
-    }
-    if (na == 0) {
-        return fail(c, "minimum/maximum at %s leave no integer", here(c));
-    }
-    return oom(c, kg_gir_alt(c->g, alts, na));
 }
 
 /* The integer bounds of s (minimum, maximum, exclusive forms). */
@@ -587,7 +279,7 @@ static int32_t gen_string(conv_t *c, json_t *s) {
         body = -1;
         for (size_t i = 0; name && i < sizeof(formats) / sizeof(*formats); i++) {
             if (strcmp(name, formats[i].name) == 0) {
-                body = regex(c, formats[i].re, true);
+                body = kg_json_rules_regex(c, formats[i].re, true);
             }
         }
         if (body < 0 && !c->failed) {
@@ -598,7 +290,7 @@ static int32_t gen_string(conv_t *c, json_t *s) {
             return -1;
         }
     } else {
-        body = oom(c, kg_gir_repeat(c->g, str_char(c), (int32_t)min,
+        body = oom(c, kg_gir_repeat(c->g, kg_json_rules_char(c), (int32_t)min,
                                     max < 0 ? KG_GIR_UNBOUNDED : (int32_t)max));
     }
     return oom(c, kg_gir_seq3(c->g, lit(c, "\""), body, lit(c, "\"")));
@@ -611,16 +303,16 @@ static int32_t gen_number(conv_t *c, json_t *s, bool integer) {
         return -1;
     }
     if (!integer && !bounded) {
-        return any_number(c);
+        return kg_json_rules_number(c);
     }
     /* integers (and bounded numbers, which take the integers in range) */
     if (!bounded) {
-        return regex(c, "-?(0|[1-9][0-9]{0,15})", false);
+        return kg_json_rules_regex(c, "-?(0|[1-9][0-9]{0,15})", false);
     }
     if (lo > hi) {
         return fail(c, "minimum above maximum at %s", here(c));
     }
-    return int_range(c, lo, hi);
+    return kg_json_rules_int_range(c, lo, hi);
 }
 
 static int32_t gen_array(conv_t *c, json_t *s) {
@@ -643,7 +335,7 @@ static int32_t gen_array(conv_t *c, json_t *s) {
     int32_t parts[256];
     int np = 0;
     parts[np++] = lit(c, "[");
-    parts[np++] = ws(c);
+    parts[np++] = kg_json_rules_ws(c);
     if (n_prefix > 250) {
         return fail(c, "prefixItems at %s: more than 250 items", here(c));
     }
@@ -654,17 +346,17 @@ static int32_t gen_array(conv_t *c, json_t *s) {
         ptr_pop(c, saved2);
         ptr_pop(c, saved);
         if (i > 0) {
-            e = oom(c, kg_gir_seq3(c->g, lit(c, ","), ws(c), e));
+            e = oom(c, kg_gir_seq3(c->g, lit(c, ","), kg_json_rules_ws(c), e));
         }
-        parts[np++] = oom(c, kg_gir_seq2(c->g, e, ws(c)));
+        parts[np++] = oom(c, kg_gir_seq2(c->g, e, kg_json_rules_ws(c)));
     }
     bool more_allowed = !(items && json_is_false(items)) && (max < 0 || (int64_t)n_prefix < max);
     if (more_allowed) {
-        int32_t item = items ? gen_at(c, items, "items") : any_value(c);
-        int32_t item_ws = oom(c, kg_gir_seq2(c->g, item, ws(c)));
+        int32_t item = items ? gen_at(c, items, "items") : kg_json_rules_value(c);
+        int32_t item_ws = oom(c, kg_gir_seq2(c->g, item, kg_json_rules_ws(c)));
         int64_t need = min > (int64_t)n_prefix ? min - (int64_t)n_prefix : 0;
         int64_t room = max < 0 ? -1 : max - (int64_t)n_prefix;
-        int32_t sep_item = oom(c, kg_gir_seq3(c->g, lit(c, ","), ws(c), item_ws));
+        int32_t sep_item = oom(c, kg_gir_seq3(c->g, lit(c, ","), kg_json_rules_ws(c), item_ws));
         if (n_prefix > 0) {
             /* every further item follows a comma */
             parts[np++] = oom(c, kg_gir_repeat(c->g, sep_item, (int32_t)need,
@@ -746,7 +438,7 @@ static bool collect_object(conv_t *c,
  * printable ASCII without " or \ (refused otherwise). */
 static int32_t other_key(conv_t *c, const member_t *m, int n) {
     if (n == 0) {
-        return any_string(c);
+        return kg_json_rules_string(c);
     }
     for (int i = 0; i < n; i++) {
         for (const unsigned char *p = (const unsigned char *)m[i].key; *p; p++) {
@@ -758,7 +450,7 @@ static int32_t other_key(conv_t *c, const member_t *m, int n) {
             }
         }
     }
-    int32_t rest = oom(c, kg_gir_repeat(c->g, str_char(c), 0, KG_GIR_UNBOUNDED));
+    int32_t rest = oom(c, kg_gir_repeat(c->g, kg_json_rules_char(c), 0, KG_GIR_UNBOUNDED));
     int32_t *alts = NULL;
     int na = 0, cap = 0;
     for (int i = 0; i < n && !c->failed; i++) {
@@ -801,7 +493,7 @@ static int32_t other_key(conv_t *c, const member_t *m, int n) {
              * (none continue it: any character) */
             int32_t diff =
                 nl > 0 ? oom(c, kg_regex_json_chars(c->g, kg_gir_chars(c->g, lo, hi, nl, true)))
-                       : str_char(c);
+                       : kg_json_rules_char(c);
             alts[na++] = oom(c, kg_gir_seq3(c->g, pre, diff, rest));
             if (!exact && plen > 0) {
                 alts[na++] = pre; /* stop where no key ends */
@@ -897,12 +589,13 @@ static int32_t gen_object(conv_t *c, json_t *s) {
     for (int k = 0; k < n; k++) {
         const member_t *mb = &m[order[k]];
         json_t *key = json_string(mb->key);
-        int32_t key_lit = key ? json_literal(c, key) : oom(c, -1);
+        int32_t key_lit = key ? kg_json_rules_literal(c, key) : oom(c, -1);
         json_decref(key);
         size_t saved = ptr_push(c, "properties");
         int32_t value = gen_at(c, mb->schema, mb->key);
         ptr_pop(c, saved);
-        int32_t parts[] = {key_lit, ws(c), lit(c, ":"), ws(c), value, ws(c)};
+        int32_t parts[] = {key_lit, kg_json_rules_ws(c), lit(c, ":"), kg_json_rules_ws(c),
+                           value,   kg_json_rules_ws(c)};
         mem[k] = oom(c, kg_gir_seq(c->g, parts, 6));
     }
     /* additional members: as additionalProperties says; absent, none when
@@ -914,11 +607,13 @@ static int32_t gen_object(conv_t *c, json_t *s) {
     int32_t extra_member = -1;
     if (extra && !json_is_false(extra)) {
         int32_t value =
-            json_is_true(extra) ? any_value(c) : gen_at(c, extra, "additionalProperties");
-        int32_t parts[] = {other_key(c, m, n), ws(c), lit(c, ":"), ws(c), value, ws(c)};
+            json_is_true(extra) ? kg_json_rules_value(c) : gen_at(c, extra, "additionalProperties");
+        int32_t parts[] = {
+            other_key(c, m, n), kg_json_rules_ws(c), lit(c, ":"), kg_json_rules_ws(c), value,
+            kg_json_rules_ws(c)};
         extra_member = oom(c, kg_gir_seq(c->g, parts, 6));
     }
-    int32_t comma = oom(c, kg_gir_seq2(c->g, lit(c, ","), ws(c)));
+    int32_t comma = oom(c, kg_gir_seq2(c->g, lit(c, ","), kg_json_rules_ws(c)));
     int32_t extras_rest = extra_member >= 0
                               ? oom(c, kg_gir_repeat(c->g, kg_gir_seq2(c->g, comma, extra_member),
                                                      0, KG_GIR_UNBOUNDED))
@@ -941,7 +636,7 @@ static int32_t gen_object(conv_t *c, json_t *s) {
         int32_t take = oom(c, kg_gir_seq2(c->g, mem[k], rest[k + 1]));
         first[k] = m[order[k]].required ? take : oom(c, kg_gir_alt2(c->g, take, first[k + 1]));
     }
-    int32_t parts[] = {lit(c, "{"), ws(c), first[0], lit(c, "}")};
+    int32_t parts[] = {lit(c, "{"), kg_json_rules_ws(c), first[0], lit(c, "}")};
     return oom(c, kg_gir_seq(c->g, parts, 4));
 }
 
@@ -993,7 +688,7 @@ static int32_t gen(conv_t *c, json_t *s) {
         return -1;
     }
     if (json_is_true(s)) {
-        return any_value(c);
+        return kg_json_rules_value(c);
     }
     if (json_is_false(s)) {
         return fail(c, "the schema at %s is false: nothing is valid", here(c));
@@ -1023,7 +718,7 @@ static int32_t gen(conv_t *c, json_t *s) {
         goto out;
     }
     if ((v = json_object_get(s, "const"))) {
-        e = json_literal(c, v);
+        e = kg_json_rules_literal(c, v);
         goto out;
     }
     if ((v = json_object_get(s, "enum"))) {
@@ -1038,7 +733,7 @@ static int32_t gen(conv_t *c, json_t *s) {
             goto out;
         }
         for (size_t i = 0; i < n; i++) {
-            alts[i] = json_literal(c, json_array_get(v, i));
+            alts[i] = kg_json_rules_literal(c, json_array_get(v, i));
         }
         e = c->failed ? -1 : oom(c, kg_gir_alt(c->g, alts, (int32_t)n));
         free(alts);
@@ -1094,7 +789,7 @@ static int32_t gen(conv_t *c, json_t *s) {
                    json_object_get(s, "exclusiveMaximum")) {
             e = gen_number(c, s, false);
         } else {
-            e = any_value(c);
+            e = kg_json_rules_value(c);
         }
         goto out;
     }
@@ -1177,7 +872,7 @@ kg_gir_t *kg_json_object_gir(char *errstr, size_t errstr_size) {
         snprintf(errstr, errstr_size, "schema: out of memory");
         return NULL;
     }
-    any_value(&c);
+    kg_json_rules_value(&c);
     int32_t obj = c.failed ? -1 : kg_gir_ref(c.g, kg_gir_rule(c.g, "object", 6));
     return finish(&c, obj);
 }

@@ -2,6 +2,7 @@
  * terminal events into OpenAI Batch output lines (see kg_openai.h). */
 #include "kg_openai.h"
 
+#include "kg_codec_int.h"
 #include "kg_openai_int.h"
 
 #include <math.h>

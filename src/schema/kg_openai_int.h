@@ -30,8 +30,3 @@ KG_NODISCARD kg_status_t kg_openai_to_job(const json_t *root,
                                           size_t key_len,
                                           json_t **out,
                                           kg_codec_error_t *err);
-
-/* From kg_codec.c: the decoder's description of a value in messages, and
- * its request_id rule. */
-void kg_codec_describe_json(const json_t *v, char *out, size_t size);
-bool kg_codec_is_request_id(const char *s, size_t len);

@@ -5,6 +5,7 @@
  * finding. */
 #include "schema/kg_chat.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_codec_event.h"
 
 #include <stddef.h>
 #include <stdint.h>

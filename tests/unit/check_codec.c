@@ -6,6 +6,7 @@
  * codec to judge the codec's output. */
 #include "check_common.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_codec_event.h"
 #include "schema/kg_job.h"
 
 #include <dirent.h>

@@ -13,6 +13,7 @@
 #include "pipeline/kg_intake.h"
 #include "pipeline/kg_jobrun.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_codec_event.h"
 
 #include <stdio.h>
 #include <string.h>

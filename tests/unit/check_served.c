@@ -5,6 +5,7 @@
 #include "pipeline/kg_intake.h"
 #include "pipeline/kg_served.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_codec_event.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -12,6 +12,7 @@
 #include "kafka/kg_worker.h"
 #include "model/kg_model.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_codec_event.h"
 #include "schema/kg_inflight.h"
 
 #include <jansson.h>

@@ -1,0 +1,71 @@
+/* kg_codec_int: what the codec's files (kg_codec*.c) and kg_openai.c share
+ * inside src/schema/. It passes json_t, which never leaves src/schema/ (see
+ * kg_codec.h).
+ *
+ * Two groups, each in a file that calls nothing else of src/schema/, so
+ * the decoders, the encoders and kg_openai.c all lean on them and never on
+ * each other in a loop:
+ *   - kg_codec_util.c: how the decoders read values (the request_id rule,
+ *     integers, a bad value's description in messages, metadata text);
+ *   - kg_codec_writer.c: how the encoders write values (any bytes as a
+ *     JSON string, reals, logprobs, building an object, the metadata
+ *     splice). */
+#pragma once
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* How every message is parsed: duplicate keys rejected, \u0000 allowed in
+ * strings, any value at the top (the decoders say what they expected). */
+#define KG_LOAD_FLAGS (JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_ANY)
+
+// ---- reading values (kg_codec_util.c) ----
+
+/** A short description of a JSON value for error messages ("-3",
+ * "\"abc\"", "an array"; NULL: "nothing"), as the job decoder and the
+ * OpenAI translation write it after "got". */
+void kg_codec_describe_json(const json_t *v, char *out, size_t size);
+
+/** The request_id rule: 1..128 characters of [A-Za-z0-9._:-]. */
+bool kg_codec_is_request_id(const char *s, size_t len);
+
+/** An integer in [lo, hi] into *out; integral reals (3.0) count, as in
+ * JSON Schema. false otherwise. */
+bool kg_codec_as_int(const json_t *v, int64_t lo, int64_t hi, int64_t *out);
+
+/** malloc'ed copy of `len` bytes plus a NUL; NULL when memory ran out. */
+char *kg_codec_dup_bytes(const char *s, size_t len);
+
+/** The text of member "metadata" (`meta`) of the object `root` parsed from
+ * `buf` (`len` bytes), compacted: only whitespace outside strings is
+ * dropped, so numbers keep their digits. jansson's serialization when
+ * there is no text (buf NULL) or the scan disagrees. malloc'ed; NULL when
+ * memory ran out. */
+char *kg_codec_metadata_text(json_t *root, json_t *meta, const char *buf, size_t len);
+
+// ---- writing values (kg_codec_writer.c) ----
+
+/** A JSON string of any bytes: NULL is "", invalid UTF-8 becomes U+FFFD.
+ * NULL only when memory ran out. */
+json_t *kg_codec_text_json(const char *s, size_t len);
+/** kg_codec_text_json of a C string (NULL: ""). */
+json_t *kg_codec_cstr_json(const char *s);
+/** A float in its shortest round-trip form (0.7f as 0.7). */
+json_t *kg_codec_float_json(float f);
+/** A logprob; minus infinity and NaN (and anything below) as -9999.0. */
+json_t *kg_codec_logprob_json(float lp);
+/** A duration or rate rounded to 3 decimals; negative or non-finite as 0. */
+json_t *kg_codec_nonneg_json(double x);
+
+/** Set (append) a fresh value; a NULL value or a failed set (append)
+ * clears *ok, so a builder checks once at the end. */
+void kg_codec_put(json_t *obj, const char *key, json_t *v, bool *ok);
+void kg_codec_append(json_t *arr, json_t *v, bool *ok);
+
+/** Dump `obj` compactly (reals with at most 15 significant digits) and
+ * splice in "metadata": <metadata_json> when given and a JSON object (else
+ * left out with a warning). malloc'ed text, length in *len when not NULL;
+ * NULL when memory ran out. */
+char *kg_codec_dump_with_metadata(json_t *obj, const char *metadata_json, size_t *len);
