@@ -37,8 +37,16 @@ void kg_codec_describe_json(const json_t *v, char *out, size_t size) {
         snprintf(out, size, "%s", json_is_true(v) ? "true" : "false");
     } else if (json_is_null(v)) {
         snprintf(out, size, "null");
+    } else if (json_is_array(v)) {
+        /* "expected a non-empty array ..., got an array" told the sender nothing (issue 30) */
+        size_t n = json_array_size(v);
+        if (n == 0) {
+            snprintf(out, size, "an empty array");
+        } else {
+            snprintf(out, size, "an array of %zu item%s", n, n == 1 ? "" : "s");
+        }
     } else {
-        snprintf(out, size, "%s", json_is_array(v) ? "an array" : "an object");
+        snprintf(out, size, "%s", json_object_size(v) == 0 ? "an empty object" : "an object");
     }
 }
 

@@ -917,6 +917,15 @@ START_TEST(numbers_at_the_edges) {
               job->sampling.repetition_penalty > 1e38f);
     ck_assert(job->sampling.temperature == 0.0f);
     kg_job_free(job);
+    // What was got is said: an empty array is not "an array" (issue 30).
+    expect_invalid("{\"request_id\":\"n\",\"prompt_tokens\":[]}",
+                   "prompt_tokens: expected a non-empty array of token ids, got an empty array");
+    expect_invalid("{\"request_id\":\"n\",\"messages\":[]}",
+                   "messages: expected a non-empty array of {role, content}, got an empty array");
+    expect_invalid(
+        "{\"request_id\":\"n\",\"prompt\":\"x\",\"stop\":{}}",
+        "stop: expected a string or an array of at most 8 strings, each 1..256 characters "
+        "without U+0000, got an empty object");
     // Strict booleans, and the first bad field in schema order is named.
     expect_invalid("{\"request_id\":\"n\",\"prompt\":\"x\",\"stream\":0}", "stream:");
     expect_invalid("{\"request_id\":\"n\",\"prompt\":\"x\",\"ignore_eos\":\"false\",\"top_p\":0}",
