@@ -4,6 +4,7 @@
 #include "../core/kg_clock.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,7 +14,12 @@ static void common(const kg_event_origin_t *o, const char *request_id, kg_event_
     c->topic = o->topic;
     c->partition = o->partition;
     c->offset = o->offset;
+    c->attempt = o->attempt;
     c->ts_ms = kg_clock_epoch_ms();
+}
+
+void kg_events_attempt_id(uint64_t incarnation, uint64_t run, char *out, size_t size) {
+    snprintf(out, size, "%016llx-%llu", (unsigned long long)incarnation, (unsigned long long)run);
 }
 
 /* Pieces of the chosen and top tokens, copied into `buf` (so the entries

@@ -31,7 +31,16 @@ typedef struct kg_event_origin {
     int32_t partition; /* -1 outside Kafka */
     int64_t offset;    /* -1 outside Kafka */
     const char *model; /* the worker's first served model name, or NULL */
+    /* this run of the job, unique across runs and workers (kg_events_attempt_id); NULL outside
+     * Kafka, where a job runs once */
+    const char *attempt;
 } kg_event_origin_t;
+
+/** Write the id of one run of a job into out (at least 40 bytes): the worker process's 64-bit
+ * random incarnation and the run's number in that process, "9f0c2a7d41e3b865-17". Two runs of
+ * one job (a redelivery to another worker, or to the same worker after a rebalance or a broker
+ * outage, where worker_id, partition and offset are all equal) never share it. @thread any */
+void kg_events_attempt_id(uint64_t incarnation, uint64_t run, char *out, size_t size);
 
 /* What an event left out to fit its budget. */
 typedef struct kg_events_fit {

@@ -74,6 +74,7 @@ typedef struct kg_event_common {
     const char *topic;      /* NULL: not written */
     int32_t partition;      /* -1 when the job did not come from Kafka */
     int64_t offset;         /* -1 when the job did not come from Kafka */
+    const char *attempt;    /* this run of the job (kg_events_attempt_id); NULL: not written */
     int64_t ts_ms;          /* epoch ms the event was made */
     int32_t schema_version; /* decoded value; encoders always write KG_SCHEMA_VERSION */
 } kg_event_common_t;

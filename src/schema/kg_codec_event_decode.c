@@ -111,6 +111,7 @@ static bool ev_common(evdec_t *d, kg_event_common_t *c) {
            ev_str(d, r, "topic", true, &c->topic, NULL) &&
            ev_int32(d, r, "partition", -1, &c->partition) &&
            ev_int(d, r, "offset", -1, INT64_MAX, &c->offset) &&
+           ev_str(d, r, "attempt", true, &c->attempt, NULL) &&
            ev_int(d, r, "ts_ms", 0, INT64_MAX, &c->ts_ms) &&
            ev_int32(d, r, "schema_version", 1, &c->schema_version);
 }
@@ -356,6 +357,7 @@ out:
 static void free_common(kg_event_common_t *c) {
     free((void *)c->request_id);
     free((void *)c->worker_id);
+    free((void *)c->attempt);
     free((void *)c->topic);
 }
 

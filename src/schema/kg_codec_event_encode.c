@@ -65,6 +65,9 @@ static json_t *event_new(const char *type, const kg_event_common_t *c, bool *ok)
     }
     kg_codec_put(o, "partition", json_integer(c->partition < -1 ? -1 : c->partition), ok);
     kg_codec_put(o, "offset", json_integer(c->offset < -1 ? -1 : c->offset), ok);
+    if (c->attempt) {
+        kg_codec_put(o, "attempt", kg_codec_cstr_json(c->attempt), ok);
+    }
     kg_codec_put(o, "schema_version", json_integer(KG_SCHEMA_VERSION), ok);
     kg_codec_put(o, "ts_ms", json_integer(c->ts_ms < 0 ? 0 : c->ts_ms), ok);
     return o;

@@ -112,6 +112,33 @@ static bool valid_utf8_prefix(const char *part, size_t n, const char *whole) {
     return strncmp(part, whole, n) == 0 && ((unsigned char)whole[n] & 0xC0) != 0x80;
 }
 
+/* Every event of a run carries its attempt id, and a run outside Kafka writes none (issue 30:
+ * two runs of one job on one worker had the same worker_id, partition and offset). */
+START_TEST(attempt_on_every_event) {
+    char a[40], b[40];
+    kg_events_attempt_id(0x9f0c2a7d41e3b865ull, 17, a, sizeof(a));
+    ck_assert_str_eq(a, "9f0c2a7d41e3b865-17");
+    kg_events_attempt_id(0x9f0c2a7d41e3b865ull, 18, b, sizeof(b));
+    ck_assert_str_ne(a, b);
+    kg_event_origin_t o = origin;
+    o.attempt = a;
+    size_t len;
+    kg_events_fit_t fit;
+    char *json = kg_events_error(&o, "ev-1", KG_ERROR_EXPIRED, "late", NULL, 0, &len, &fit);
+    ck_assert_ptr_nonnull(strstr(json, "\"attempt\":\"9f0c2a7d41e3b865-17\""));
+    kg_event_t *ev = decode(json, len);
+    ck_assert_str_eq(ev->error.common.attempt, a);
+    kg_event_free(ev);
+    free(json);
+    json = kg_events_error(&origin, "ev-1", KG_ERROR_EXPIRED, "late", NULL, 0, &len, &fit);
+    ck_assert_ptr_null(strstr(json, "attempt"));
+    ev = decode(json, len);
+    ck_assert_ptr_null(ev->error.common.attempt);
+    kg_event_free(ev);
+    free(json);
+}
+END_TEST
+
 typedef struct done_case {
     size_t budget;
     bool logprobs, metadata, text; /* expected to be shed */
@@ -472,6 +499,7 @@ static Suite *make_suite(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, done_sheds_in_order);
+    tcase_add_test(tc, attempt_on_every_event);
     tcase_add_test(tc, done_fits_every_budget);
     tcase_add_test(tc, done_with_choices_fits);
     tcase_add_test(tc, token_sheds_logprobs_then_text);
