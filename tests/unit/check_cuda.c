@@ -1012,50 +1012,53 @@ static void check_steps(const kg_test_model_opts_t *o, double bound) {
     kg_model_free(m);
 }
 
-START_TEST(step_f32) {
+/* The shapes and weight types check_steps compares with the CPU (a new
+ * shape is one row here), each with its NMSE bound. Row 0 is also what the
+ * "short" case runs (under compute-sanitizer in gpu-check); "steps" runs
+ * the others. */
+static const struct step_shape {
+    const char *name;
+    kg_test_model_opts_t o;
+    double bound;
+} k_step_shapes[] = {
+    {"f16 mqa",
+     {.n_embd = 128,
+      .n_layer = 2,
+      .n_head = 8,
+      .n_head_kv = 1,
+      .n_ff = 160,
+      .type = "f16",
+      .seed = 12},
+     1e-5},
     /* F32 weights stay F32 on the device: only summation order differs */
-    kg_test_model_opts_t o = {
-        .n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 96, .seed = 11};
-    check_steps(&o, 1e-6);
-}
-END_TEST
-
-START_TEST(step_f16_mqa) {
-    kg_test_model_opts_t o = {.n_embd = 128,
-                              .n_layer = 2,
-                              .n_head = 8,
-                              .n_head_kv = 1,
-                              .n_ff = 160,
-                              .type = "f16",
-                              .seed = 12};
-    check_steps(&o, 1e-5);
-}
-END_TEST
-
-START_TEST(step_bf16_tied_wide_heads) {
-    kg_test_model_opts_t o = {.n_embd = 256,
-                              .n_layer = 2,
-                              .n_head = 2,
-                              .n_head_kv = 1,
-                              .n_ff = 256,
-                              .tied = true,
-                              .type = "bf16",
-                              .seed = 13};
-    check_steps(&o, 1e-4);
-}
-END_TEST
-
-START_TEST(step_q8_0) {
+    {"f32",
+     {.n_embd = 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 96, .seed = 11},
+     1e-6},
+    {"bf16 tied wide heads",
+     {.n_embd = 256,
+      .n_layer = 2,
+      .n_head = 2,
+      .n_head_kv = 1,
+      .n_ff = 256,
+      .tied = true,
+      .type = "bf16",
+      .seed = 13},
+     1e-4},
     /* Q8_0 weights become BF16 on the device while the CPU rounds the
      * activations to Q8_0 blocks: the loosest bound */
-    kg_test_model_opts_t o = {.n_embd = 128,
-                              .n_layer = 2,
-                              .n_head = 4,
-                              .n_head_kv = 4,
-                              .n_ff = 256,
-                              .type = "q8_0",
-                              .seed = 14};
-    check_steps(&o, 1e-2);
+    {"q8_0",
+     {.n_embd = 128,
+      .n_layer = 2,
+      .n_head = 4,
+      .n_head_kv = 4,
+      .n_ff = 256,
+      .type = "q8_0",
+      .seed = 14},
+     1e-2},
+};
+
+START_TEST(step_vs_cpu) {
+    check_steps(&k_step_shapes[_i].o, k_step_shapes[_i].bound);
 }
 END_TEST
 
@@ -1502,51 +1505,103 @@ static void check_arch(const char *name, const char *type, double bound, float t
     kg_model_free(m);
 }
 
-static const char *const k_arch_models[] = {"qwen2",  "qwen3",      "gemma2",
-                                            "gemma3", "gemma3-swa", "phi3"};
+/* The families the CUDA backend runs besides llama, by their goldens in
+ * tests/data/arch (a new family is one row here; gemma3-swa is gemma3 with
+ * every layer windowed). Each row is compared with the CPU:
+ *  - dense families: their F32 and F16 goldens (arch_f32_vs_cpu,
+ *    arch_f16_vs_cpu);
+ *  - mixtures of experts (routed by expert through gpu/moe.cu): their F32
+ *    golden (moe_f32_vs_cpu);
+ *  - `quant`: a quantized golden, dequantized to BF16 on the device while
+ *    the CPU backend rounds the activations to Q8 blocks for its quantized
+ *    dot products (arch_quant_vs_cpu, at check_arch's bounds for quantized
+ *    types against llama.cpp). Not the expert models: there the two
+ *    roundings send some prompt token to another expert already in the
+ *    prefill (seen for every quantized expert file), so their logits are not
+ *    comparable; their weights' conversion is weights_convert's, and they
+ *    run in arch_batch_invariance;
+ *  - `inv`: a golden run through the engine (arch_batch_invariance), with
+ *    windows (gemma2: 32 positions, jobs up to 41; gemma3-swa, every layer
+ *    windowed, so the engine gives back blocks before the window and the
+ *    step's tables hold -1 there), the experts (qwen3moe, gpt-oss with its
+ *    sinks and MXFP4 experts): 16 jobs in a pool of 48 blocks. */
+typedef struct cuda_family {
+    const char *name;  /* tests/data/arch/<name>.<type>.golden */
+    bool moe;          /* experts: compared in F32 by moe_f32_vs_cpu only */
+    const char *quant; /* the quantized type arch_quant_vs_cpu compares, or NULL */
+    const char *inv;   /* the type arch_batch_invariance runs, or NULL */
+} cuda_family_t;
+
+static const cuda_family_t k_cuda_families[] = {
+    {"qwen2", false, "q8_0", NULL},       /* QKV biases, YaRN */
+    {"qwen3", false, NULL, NULL},         /* QK norms */
+    {"gemma2", false, "q8_0", "f16"},     /* GeGLU, soft-capping, windows on even layers */
+    {"gemma3", false, NULL, NULL},        /* per-layer RoPE, a window pattern */
+    {"gemma3-swa", false, NULL, "f32"},   /* gemma3 with every layer windowed */
+    {"phi3", false, "q8_0", NULL},        /* fused QKV and gate-up, LongRoPE */
+    {"qwen3moe", true, NULL, "q8_0"},     /* softmax router */
+    {"mixtral", true, NULL, NULL},        /* a llama with experts */
+    {"gpt-oss", true, NULL, "mxfp4_moe"}, /* its router, sinks, MXFP4 experts */
+};
+
+#define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))
+
+/* Which rows a loop test walks: each takes the rows it applies to, in
+ * table order, so that its iteration i is the i-th of those. */
+static bool row_dense(const cuda_family_t *f) {
+    return !f->moe;
+}
+static bool row_moe(const cuda_family_t *f) {
+    return f->moe;
+}
+static bool row_quant(const cuda_family_t *f) {
+    return f->quant != NULL;
+}
+static bool row_inv(const cuda_family_t *f) {
+    return f->inv != NULL;
+}
+
+static int n_rows(bool (*takes)(const cuda_family_t *)) {
+    int n = 0;
+    for (int r = 0; r < N_CUDA_FAMILIES; r++) {
+        n += takes(&k_cuda_families[r]);
+    }
+    return n;
+}
+
+static const cuda_family_t *nth_row(bool (*takes)(const cuda_family_t *), int i) {
+    for (int r = 0; r < N_CUDA_FAMILIES; r++) {
+        if (takes(&k_cuda_families[r]) && i-- == 0) {
+            return &k_cuda_families[r];
+        }
+    }
+    ck_abort_msg("no row %d", i);
+    return NULL;
+}
 
 START_TEST(arch_f32_vs_cpu) {
-    check_arch(k_arch_models[_i], "f32", 1e-6, 1e-3f);
+    check_arch(nth_row(row_dense, _i)->name, "f32", 1e-6, 1e-3f);
 }
 END_TEST
 
 START_TEST(arch_f16_vs_cpu) {
-    check_arch(k_arch_models[_i], "f16", 1e-5, 1e-2f);
+    check_arch(nth_row(row_dense, _i)->name, "f16", 1e-5, 1e-2f);
 }
 END_TEST
-
-/* the mixtures of experts: routed by expert through gpu/moe.cu */
-static const char *const k_moe_models[] = {"qwen3moe", "mixtral", "gpt-oss"};
-
-/* quantized files: dequantized to BF16 on the device, while the CPU
- * backend rounds the activations to Q8 blocks for its quantized dot
- * products (check_arch's bounds for quantized types against llama.cpp).
- * Not the expert models: there the two roundings send some prompt token
- * to another expert already in the prefill (seen for every quantized
- * expert file), so their logits are not comparable; their weights'
- * conversion is weights_convert's, and they run in arch_batch_invariance. */
-static const char *const k_quant_models[][2] = {
-    {"qwen2", "q8_0"}, {"gemma2", "q8_0"}, {"phi3", "q8_0"}};
 
 START_TEST(arch_quant_vs_cpu) {
     /* 1e-3: step_q8_0 allows 1e-2; gemma2 (x4 for GeGLU) reaches 1.9e-3 */
-    check_arch(k_quant_models[_i][0], k_quant_models[_i][1], 1e-3, 5e-2f);
+    const cuda_family_t *f = nth_row(row_quant, _i);
+    check_arch(f->name, f->quant, 1e-3, 5e-2f);
 }
 END_TEST
 
-/* The same for the families, through the engine with windows (gemma2:
- * 32 positions, jobs up to 41; gemma3-swa, every layer windowed, so the
- * engine gives back blocks before the window and the step's tables hold
- * -1 there), the experts (qwen3moe, gpt-oss with its sinks and MXFP4
- * experts): 16 jobs in a pool of 48 blocks. */
 static void check_invariance(kg_model_t *m, int n_jobs, int n_blocks, const char *label);
 
-static const char *const k_inv_models[][2] = {
-    {"gemma2", "f16"}, {"gemma3-swa", "f32"}, {"qwen3moe", "q8_0"}, {"gpt-oss", "mxfp4_moe"}};
-
 START_TEST(arch_batch_invariance) {
+    const cuda_family_t *f = nth_row(row_inv, _i);
     char file[128];
-    snprintf(file, sizeof(file), "%s.%s.golden", k_inv_models[_i][0], k_inv_models[_i][1]);
+    snprintf(file, sizeof(file), "%s.%s.golden", f->name, f->inv);
     static arch_golden_t g;
     arch_golden_load(file, &g);
     kg_model_t *m = arch_model(&g, file);
@@ -1556,7 +1611,7 @@ START_TEST(arch_batch_invariance) {
 END_TEST
 
 START_TEST(moe_f32_vs_cpu) {
-    check_arch(k_moe_models[_i], "f32", 1e-6, 1e-3f);
+    check_arch(nth_row(row_moe, _i)->name, "f32", 1e-6, 1e-3f);
 }
 END_TEST
 
@@ -2228,35 +2283,29 @@ static Suite *make_suite(void) {
     tc = tcase_create("short");
     tcase_set_tags(tc, "gpu");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, step_f16_mqa);
+    tcase_add_loop_test(tc, step_vs_cpu, 0, 1);
     tcase_add_test(tc, step_head_in_chunks);
     suite_add_tcase(s, tc);
     tc = tcase_create("steps");
     tcase_set_tags(tc, "gpu");
     tcase_set_timeout(tc, 900);
-    tcase_add_test(tc, step_f32);
-    tcase_add_test(tc, step_bf16_tied_wide_heads);
-    tcase_add_test(tc, step_q8_0);
+    tcase_add_loop_test(tc, step_vs_cpu, 1,
+                        (int)(sizeof(k_step_shapes) / sizeof(k_step_shapes[0])));
     tcase_add_test(tc, step_many_shared_tables);
     tcase_add_test(tc, stories260k_greedy_vs_cpu);
     suite_add_tcase(s, tc);
     tc = tcase_create("arch");
     tcase_set_tags(tc, "gpu");
     tcase_set_timeout(tc, 1800);
-    tcase_add_loop_test(tc, arch_f32_vs_cpu, 0,
-                        (int)(sizeof(k_arch_models) / sizeof(k_arch_models[0])));
-    tcase_add_loop_test(tc, arch_f16_vs_cpu, 0,
-                        (int)(sizeof(k_arch_models) / sizeof(k_arch_models[0])));
+    tcase_add_loop_test(tc, arch_f32_vs_cpu, 0, n_rows(row_dense));
+    tcase_add_loop_test(tc, arch_f16_vs_cpu, 0, n_rows(row_dense));
     suite_add_tcase(s, tc);
     tc = tcase_create("archmore");
     tcase_set_tags(tc, "gpu");
     tcase_set_timeout(tc, 1800);
-    tcase_add_loop_test(tc, arch_quant_vs_cpu, 0,
-                        (int)(sizeof(k_quant_models) / sizeof(k_quant_models[0])));
-    tcase_add_loop_test(tc, arch_batch_invariance, 0,
-                        (int)(sizeof(k_inv_models) / sizeof(k_inv_models[0])));
-    tcase_add_loop_test(tc, moe_f32_vs_cpu, 0,
-                        (int)(sizeof(k_moe_models) / sizeof(k_moe_models[0])));
+    tcase_add_loop_test(tc, arch_quant_vs_cpu, 0, n_rows(row_quant));
+    tcase_add_loop_test(tc, arch_batch_invariance, 0, n_rows(row_inv));
+    tcase_add_loop_test(tc, moe_f32_vs_cpu, 0, n_rows(row_moe));
     suite_add_tcase(s, tc);
     tc = tcase_create("engine");
     tcase_set_tags(tc, "gpu");

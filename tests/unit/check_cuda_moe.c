@@ -193,44 +193,57 @@ static void check_ffn(kg_cuda_op_moe_t *m, uint64_t seed) {
     free(out), free(ref), free(one), free(w), free(sel);
 }
 
-/* Mixtral / qwen3moe: softmax over 8 experts, top 2, renormalised; the
- * expert width 40 leaves a partial column tile and input chunk. */
-START_TEST(softmax_router) {
-    for (int dt = 0; dt < 3; dt++) {
-        kg_cuda_op_moe_t m = {.n_tokens = 13,
-                              .n_embd = 64,
-                              .n_ff = 40,
-                              .n_expert = 8,
-                              .k = 2,
-                              .norm_w = 1,
-                              .dtype = dt};
-        check_ffn(&m, 11 + (uint64_t)dt);
-    }
+/* The routers and shapes check_ffn compares (a new family's router is one
+ * row here): the op (its dtype where not every one), the seed, and whether
+ * it runs in each of BF16, F16 and F32 (seed + dtype) or once. */
+static const struct moe_router {
+    const char *name;
+    kg_cuda_op_moe_t m;
+    uint64_t seed;
+    bool every_dtype;
+} k_moe_routers[] = {
+    /* Mixtral / qwen3moe: softmax over 8 experts, top 2, renormalised; the
+     * expert width 40 leaves a partial column tile and input chunk */
+    {"softmax, top 2 of 8, renormalised",
+     {.n_tokens = 13, .n_embd = 64, .n_ff = 40, .n_expert = 8, .k = 2, .norm_w = 1},
+     11,
+     true},
     /* no renormalisation, a scale, more experts per token */
-    kg_cuda_op_moe_t m = {.n_tokens = 9,
-                          .n_embd = 48,
-                          .n_ff = 72,
-                          .n_expert = 12,
-                          .k = 4,
-                          .w_scale = 2.5f,
-                          .dtype = KG_CUDA_OP_F32};
-    check_ffn(&m, 21);
-}
-END_TEST
+    {"softmax, top 4 of 12, scaled",
+     {.n_tokens = 9,
+      .n_embd = 48,
+      .n_ff = 72,
+      .n_expert = 12,
+      .k = 4,
+      .w_scale = 2.5f,
+      .dtype = KG_CUDA_OP_F32},
+     21,
+     false},
+    /* gpt-oss: top 3 of 6 logits then a softmax, expert biases, the clamped
+     * SwiGLU */
+    {"oai, top 3 of 6",
+     {.n_tokens = 11,
+      .n_embd = 64,
+      .n_ff = 64,
+      .n_expert = 6,
+      .k = 3,
+      .top_k_then_softmax = 1,
+      .oai = 1},
+     31,
+     true},
+};
 
-/* gpt-oss: top 3 of 6 logits then a softmax, expert biases, the clamped
- * SwiGLU. */
-START_TEST(oai_router) {
+START_TEST(router_vs_cpu) {
+    const struct moe_router *r = &k_moe_routers[_i];
+    if (!r->every_dtype) {
+        kg_cuda_op_moe_t m = r->m;
+        check_ffn(&m, r->seed);
+        return;
+    }
     for (int dt = 0; dt < 3; dt++) {
-        kg_cuda_op_moe_t m = {.n_tokens = 11,
-                              .n_embd = 64,
-                              .n_ff = 64,
-                              .n_expert = 6,
-                              .k = 3,
-                              .top_k_then_softmax = 1,
-                              .oai = 1,
-                              .dtype = dt};
-        check_ffn(&m, 31 + (uint64_t)dt);
+        kg_cuda_op_moe_t m = r->m;
+        m.dtype = dt;
+        check_ffn(&m, r->seed + (uint64_t)dt);
     }
 }
 END_TEST
@@ -248,8 +261,8 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("moe");
     tcase_set_tags(tc, "gpu");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, softmax_router);
-    tcase_add_test(tc, oai_router);
+    tcase_add_loop_test(tc, router_vs_cpu, 0,
+                        (int)(sizeof(k_moe_routers) / sizeof(k_moe_routers[0])));
     tcase_add_test(tc, refuses_too_many_experts_per_token);
     suite_add_tcase(s, tc);
     return s;

@@ -94,10 +94,10 @@ static void load_fails(char *path, const char *const *want) {
     free(path);
 }
 
-// ---- llama and refusals ----
+// ---- each family's switches ----
 
-START_TEST(llama_is_the_plain_graph) {
-    kg_model_t *m = load_ok(mk("--arch llama --n-layer 2 " SMALL));
+/* What the loader must read from each family's file (the rows' checks). */
+static void loads_llama(const kg_model_t *m) {
     ck_assert_int_eq(m->hp.arch, KG_ARCH_LLAMA);
     ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NORM);
     ck_assert_int_eq(m->hp.rope_scaling, KG_ROPE_SCALING_LINEAR); /* llama.cpp's default */
@@ -110,9 +110,152 @@ START_TEST(llama_is_the_plain_graph) {
         ck_assert(m->layers[il].rope_base == 10000.0f && m->layers[il].rope_scale == 1.0f);
         ck_assert_ptr_null(m->layers[il].bq);
     }
+}
+
+/* qwen2: biases and YaRN */
+static void loads_qwen2(const kg_model_t *m) {
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert_int_eq(hp->rope_mode, KG_ROPE_MODE_NEOX);
+    ck_assert_int_eq(hp->rope_scaling, KG_ROPE_SCALING_YARN);
+    ck_assert(hp->rope_scale == 0.25f && hp->yarn_ext_factor == 1.0f);
+    ck_assert(hp->yarn_beta_fast == 32.0f && hp->yarn_beta_slow == 1.0f);
+    ck_assert_int_eq(hp->n_ctx_orig, 64);
+    /* llama_context: mscale(4) times its cancellation, in float */
+    float f = 4.0f, want = 0.1f * 1.0f * logf(f) + 1.0f;
+    want *= 1.0f / (1.0f + 0.1f * logf(f));
+    ck_assert(hp->yarn_attn_factor == want);
+    ck_assert_ptr_nonnull(m->layers[1].bq);
+    ck_assert_int_eq(m->layers[1].bk->ne[0], 16);
+    ck_assert_uint_eq(kg_model_features(m),
+                      KG_MODEL_FEAT_QKV_BIAS | KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_ROPE_YARN);
+}
+
+/* qwen3: the QK norms and a head dimension of its own */
+static void loads_qwen3(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.head_dim, 64); /* key_length, not n_embd / n_head */
+    ck_assert_int_eq(m->hp.n_rot, 64);
+    ck_assert_int_eq(m->layers[0].q_norm->ne[0], 64);
+    ck_assert_int_eq(m->layers[0].wq->ne[1], 128);
+    ck_assert_int_eq(m->layers[0].wo->ne[0], 128);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_ROPE_NEOX);
+}
+
+/* gemma2 without its window and soft-capping keys: llama.cpp's values from code */
+static void loads_gemma2_defaults(const kg_model_t *m) {
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert_int_eq(hp->n_swa, 4096);
+    ck_assert(hp->attn_softcap == 50.0f && hp->final_softcap == 30.0f);
+    ck_assert(hp->embd_scale == sqrtf(32.0f));
+    ck_assert(hp->q_scale == 1.0f / sqrtf(32.0f)); /* head_dim */
+    ck_assert_int_eq(hp->ffn_act, KG_FFN_GELU);
+    ck_assert(hp->tied);
+    /* pattern 2: even layers local */
+    ck_assert_int_eq(m->layers[0].n_swa, 4096);
+    ck_assert_int_eq(m->layers[1].n_swa, 0);
+    ck_assert_int_eq(m->layers[2].n_swa, 4096);
+    ck_assert_int_eq(kg_model_kv_window(m), 0);
+    ck_assert_ptr_nonnull(m->layers[2].ffn_post_norm);
+}
+
+/* the 27B shape (46 layers): n_embd / n_head instead of head_dim */
+static void loads_gemma2_27b(const kg_model_t *m) {
+    ck_assert(m->hp.q_scale == 1.0f / sqrtf(16.0f));
+}
+
+/* default pattern 6 over 7 layers: 0..4 local (base 10000, unscaled),
+ * 5 global (the file's base and linear factor), 6 local */
+static void loads_gemma3(const kg_model_t *m) {
+    for (int il = 0; il < 7; il++) {
+        const kg_layer_weights_t *L = &m->layers[il];
+        const bool global = il == 5;
+        ck_assert_int_eq(L->n_swa, global ? 0 : 16);
+        ck_assert(L->rope_base == (global ? 1000000.0f : 10000.0f));
+        ck_assert(L->rope_scale == (global ? 0.125f : 1.0f));
+        ck_assert_ptr_nonnull(L->k_norm);
+    }
+    ck_assert(m->hp.final_softcap == 0.0f && m->hp.attn_softcap == 0.0f);
+    ck_assert(kg_model_features(m) & KG_MODEL_FEAT_ROPE_PER_LAYER);
+    ck_assert(!m->hp.tied);
+}
+
+/* phi3: fused-tensor views and LongRoPE */
+static void loads_phi3(const kg_model_t *m) {
+    const kg_layer_weights_t *L = &m->layers[0];
+    const kg_gguf_tensor_t *qkv = kg_gguf_find_tensor(m->gguf, "blk.0.attn_qkv.weight");
+    const kg_gguf_tensor_t *up = kg_gguf_find_tensor(m->gguf, "blk.0.ffn_up.weight");
+    ck_assert_ptr_eq(L->wq->data, qkv->data);
+    ck_assert_ptr_eq(L->wk->data, (const char *)qkv->data + 32 * 32 * 4);
+    ck_assert_ptr_eq(L->wv->data, (const char *)qkv->data + 64 * 32 * 4);
+    ck_assert_int_eq(L->wv->ne[1], 32);
+    ck_assert_ptr_eq(L->w_gate->data, up->data); /* gate first, then up */
+    ck_assert_ptr_eq(L->w_up->data, (const char *)up->data + 64 * 32 * 4);
+    ck_assert_int_eq(L->n_swa, 0); /* llama.cpp ignores Phi's window */
+    ck_assert(m->hp.q_scale == 1.0f / sqrtf(16.0f));
+    ck_assert_int_eq(m->hp.n_rot, 8);
+    ck_assert_int_eq(m->hp.n_ctx_orig, 64);
+    /* attn_factor sqrt(1 + ln(256 / 64) / ln(64)) is the magnitude */
+    ck_assert(fabsf(m->hp.yarn_attn_factor - sqrtf(1.0f + logf(4.0f) / logf(64.0f))) < 1e-6f);
+    ck_assert_ptr_eq(kg_model_rope_factors(m, 256), m->rope_long);
+    ck_assert_ptr_eq(kg_model_rope_factors(m, 64), m->rope_short);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_ROPE_PARTIAL |
+                                                KG_MODEL_FEAT_ROPE_YARN |
+                                                KG_MODEL_FEAT_ROPE_FACTORS | KG_MODEL_FEAT_Q_SCALE);
+    char names[256];
+    ck_assert_str_eq(kg_model_feature_names(kg_model_features(m), names, sizeof(names)),
+                     "rope_neox, rope_partial, rope_yarn, rope_factors, q_scale");
+}
+
+static const char *const gemma2_defaults[] = {"gemma2.attention.sliding_window",
+                                              "gemma2.attn_logit_softcapping",
+                                              "gemma2.final_logit_softcapping", NULL};
+
+/* The families the loader reads (a new family is one row here): `kgen
+ * mkmodel` arguments, the keys then left out of the file (NULL: none), and
+ * what the loaded model must hold. */
+static const struct model_family {
+    const char *name;
+    const char *args;
+    const char *const *drop;
+    void (*check)(const kg_model_t *m);
+} k_model_families[] = {
+    {"llama", "--arch llama --n-layer 2 " SMALL, NULL, loads_llama},
+    {"qwen2",
+     "--arch qwen2 --n-layer 2 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64 " SMALL, NULL,
+     loads_qwen2},
+    {"qwen3", "--arch qwen3 --n-layer 1 --head-dim 64 " SMALL, NULL, loads_qwen3},
+    {"gemma2", "--arch gemma2 --n-layer 3 --head-dim 32 " SMALL, gemma2_defaults,
+     loads_gemma2_defaults},
+    {"gemma2 27B", "--arch gemma2 --n-layer 46 --head-dim 32 " SMALL, NULL, loads_gemma2_27b},
+    {"gemma3",
+     "--arch gemma3 --n-layer 7 --head-dim 32 --sliding-window 16 --rope-base 1000000 "
+     "--rope-scaling linear --rope-factor 8 " SMALL,
+     NULL, loads_gemma3},
+    {"phi3",
+     "--arch phi3 --n-layer 1 --n-rot 8 --rope-scaling longrope --rope-orig-ctx 64 "
+     "--sliding-window 16 --ctx 256 --n-embd 32 --n-head 2 --n-head-kv 2 --n-ff 64 --seed 3",
+     NULL, loads_phi3},
+};
+
+/* The row's model, written, edited and loaded. */
+static kg_model_t *load_family(const struct model_family *f) {
+    char *src = mk(f->args);
+    if (!f->drop) {
+        return load_ok(src);
+    }
+    kg_model_t *m = load_ok(rewrite(src, f->drop, NULL, NULL, 0));
+    remove(src);
+    free(src);
+    return m;
+}
+
+START_TEST(each_family_loads) {
+    kg_model_t *m = load_family(&k_model_families[_i]);
+    k_model_families[_i].check(m);
     kg_model_free(m);
 }
 END_TEST
+
+// ---- refusals ----
 
 static void set_arch_bert(kg_gguf_writer_t *w) {
     kg_gguf_writer_set_str(w, "general.architecture", "bert");
@@ -147,72 +290,7 @@ START_TEST(refusals_name_what_is_supported) {
 }
 END_TEST
 
-// ---- qwen2, qwen3 ----
-
-START_TEST(qwen2_biases_and_yarn) {
-    kg_model_t *m = load_ok(mk("--arch qwen2 --n-layer 2 --rope-scaling yarn --rope-factor 4 "
-                               "--rope-orig-ctx 64 " SMALL));
-    const kg_hparams_t *hp = &m->hp;
-    ck_assert_int_eq(hp->rope_mode, KG_ROPE_MODE_NEOX);
-    ck_assert_int_eq(hp->rope_scaling, KG_ROPE_SCALING_YARN);
-    ck_assert(hp->rope_scale == 0.25f && hp->yarn_ext_factor == 1.0f);
-    ck_assert(hp->yarn_beta_fast == 32.0f && hp->yarn_beta_slow == 1.0f);
-    ck_assert_int_eq(hp->n_ctx_orig, 64);
-    /* llama_context: mscale(4) times its cancellation, in float */
-    float f = 4.0f, want = 0.1f * 1.0f * logf(f) + 1.0f;
-    want *= 1.0f / (1.0f + 0.1f * logf(f));
-    ck_assert(hp->yarn_attn_factor == want);
-    ck_assert_ptr_nonnull(m->layers[1].bq);
-    ck_assert_int_eq(m->layers[1].bk->ne[0], 16);
-    ck_assert_uint_eq(kg_model_features(m),
-                      KG_MODEL_FEAT_QKV_BIAS | KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_ROPE_YARN);
-    kg_model_free(m);
-}
-END_TEST
-
-START_TEST(qwen3_qk_norm_and_head_dim) {
-    kg_model_t *m = load_ok(mk("--arch qwen3 --n-layer 1 --head-dim 64 " SMALL));
-    ck_assert_int_eq(m->hp.head_dim, 64); /* key_length, not n_embd / n_head */
-    ck_assert_int_eq(m->hp.n_rot, 64);
-    ck_assert_int_eq(m->layers[0].q_norm->ne[0], 64);
-    ck_assert_int_eq(m->layers[0].wq->ne[1], 128);
-    ck_assert_int_eq(m->layers[0].wo->ne[0], 128);
-    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_ROPE_NEOX);
-    kg_model_free(m);
-}
-END_TEST
-
-// ---- gemma ----
-
-static const char *const gemma2_defaults[] = {"gemma2.attention.sliding_window",
-                                              "gemma2.attn_logit_softcapping",
-                                              "gemma2.final_logit_softcapping", NULL};
-
-START_TEST(gemma2_defaults_from_code) {
-    char *src = mk("--arch gemma2 --n-layer 3 --head-dim 32 " SMALL);
-    kg_model_t *m = load_ok(rewrite(src, gemma2_defaults, NULL, NULL, 0));
-    const kg_hparams_t *hp = &m->hp;
-    ck_assert_int_eq(hp->n_swa, 4096);
-    ck_assert(hp->attn_softcap == 50.0f && hp->final_softcap == 30.0f);
-    ck_assert(hp->embd_scale == sqrtf(32.0f));
-    ck_assert(hp->q_scale == 1.0f / sqrtf(32.0f)); /* head_dim */
-    ck_assert_int_eq(hp->ffn_act, KG_FFN_GELU);
-    ck_assert(hp->tied);
-    /* pattern 2: even layers local */
-    ck_assert_int_eq(m->layers[0].n_swa, 4096);
-    ck_assert_int_eq(m->layers[1].n_swa, 0);
-    ck_assert_int_eq(m->layers[2].n_swa, 4096);
-    ck_assert_int_eq(kg_model_kv_window(m), 0);
-    ck_assert_ptr_nonnull(m->layers[2].ffn_post_norm);
-    kg_model_free(m);
-    remove(src);
-    free(src);
-    /* the 27B shape (46 layers): n_embd / n_head instead of head_dim */
-    m = load_ok(mk("--arch gemma2 --n-layer 46 --head-dim 32 " SMALL));
-    ck_assert(m->hp.q_scale == 1.0f / sqrtf(16.0f));
-    kg_model_free(m);
-}
-END_TEST
+// ---- gemma3's window patterns ----
 
 static void pattern_bools(kg_gguf_writer_t *w) {
     const uint8_t v[4] = {0, 1, 1, 0};
@@ -226,29 +304,14 @@ static void pattern_short(kg_gguf_writer_t *w) {
 
 static const char *const gemma3_window[] = {"gemma3.attention.sliding_window", NULL};
 
-START_TEST(gemma3_layers) {
-    /* default pattern 6 over 7 layers: 0..4 local (base 10000, unscaled),
-     * 5 global (the file's base and linear factor), 6 local */
-    kg_model_t *m = load_ok(mk("--arch gemma3 --n-layer 7 --head-dim 32 --sliding-window 16 "
-                               "--rope-base 1000000 --rope-scaling linear --rope-factor 8 " SMALL));
-    for (int il = 0; il < 7; il++) {
-        const kg_layer_weights_t *L = &m->layers[il];
-        const bool global = il == 5;
-        ck_assert_int_eq(L->n_swa, global ? 0 : 16);
-        ck_assert(L->rope_base == (global ? 1000000.0f : 10000.0f));
-        ck_assert(L->rope_scale == (global ? 0.125f : 1.0f));
-        ck_assert_ptr_nonnull(L->k_norm);
-    }
-    ck_assert(m->hp.final_softcap == 0.0f && m->hp.attn_softcap == 0.0f);
-    ck_assert(kg_model_features(m) & KG_MODEL_FEAT_ROPE_PER_LAYER);
-    ck_assert(!m->hp.tied);
-    kg_model_free(m);
-
+/* gemma3's window pattern beyond the default one (each_family_loads'
+ * row): patterns as a bool array, of the wrong length, and no window */
+START_TEST(gemma3_window_patterns) {
     char *src = mk("--arch gemma3 --n-layer 4 --head-dim 32 --sliding-window 16 "
                    "--rope-base-swa 20000 " SMALL);
     /* every layer local (pattern 6 over 4 layers), rope.freq_base_swa read */
     char *copy = rewrite(src, NULL, NULL, NULL, 0);
-    m = load_ok(copy);
+    kg_model_t *m = load_ok(copy);
     ck_assert_int_eq(kg_model_kv_window(m), 16);
     ck_assert(m->layers[3].rope_base == 20000.0f);
     kg_model_free(m);
@@ -274,47 +337,14 @@ START_TEST(gemma3_layers) {
 }
 END_TEST
 
-// ---- phi3 ----
-
-START_TEST(phi3_fused_views_and_longrope) {
-    kg_model_t *m = load_ok(mk("--arch phi3 --n-layer 1 --n-rot 8 --rope-scaling longrope "
-                               "--rope-orig-ctx 64 --sliding-window 16 --ctx 256 --n-embd 32 "
-                               "--n-head 2 --n-head-kv 2 --n-ff 64 --seed 3"));
-    const kg_layer_weights_t *L = &m->layers[0];
-    const kg_gguf_tensor_t *qkv = kg_gguf_find_tensor(m->gguf, "blk.0.attn_qkv.weight");
-    const kg_gguf_tensor_t *up = kg_gguf_find_tensor(m->gguf, "blk.0.ffn_up.weight");
-    ck_assert_ptr_eq(L->wq->data, qkv->data);
-    ck_assert_ptr_eq(L->wk->data, (const char *)qkv->data + 32 * 32 * 4);
-    ck_assert_ptr_eq(L->wv->data, (const char *)qkv->data + 64 * 32 * 4);
-    ck_assert_int_eq(L->wv->ne[1], 32);
-    ck_assert_ptr_eq(L->w_gate->data, up->data); /* gate first, then up */
-    ck_assert_ptr_eq(L->w_up->data, (const char *)up->data + 64 * 32 * 4);
-    ck_assert_int_eq(L->n_swa, 0); /* llama.cpp ignores Phi's window */
-    ck_assert(m->hp.q_scale == 1.0f / sqrtf(16.0f));
-    ck_assert_int_eq(m->hp.n_rot, 8);
-    ck_assert_int_eq(m->hp.n_ctx_orig, 64);
-    /* attn_factor sqrt(1 + ln(256 / 64) / ln(64)) is the magnitude */
-    ck_assert(fabsf(m->hp.yarn_attn_factor - sqrtf(1.0f + logf(4.0f) / logf(64.0f))) < 1e-6f);
-    ck_assert_ptr_eq(kg_model_rope_factors(m, 256), m->rope_long);
-    ck_assert_ptr_eq(kg_model_rope_factors(m, 64), m->rope_short);
-    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_ROPE_PARTIAL |
-                                                KG_MODEL_FEAT_ROPE_YARN |
-                                                KG_MODEL_FEAT_ROPE_FACTORS | KG_MODEL_FEAT_Q_SCALE);
-    char names[256];
-    ck_assert_str_eq(kg_model_feature_names(kg_model_features(m), names, sizeof(names)),
-                     "rope_neox, rope_partial, rope_yarn, rope_factors, q_scale");
-    kg_model_free(m);
-}
-END_TEST
-
 // ---- backends ----
 
-/* The dense families pass the CUDA backend's feature gate (gemma2 uses
- * the most of them): `cuda` gets as far as the device (an error naming the
- * device here, where there is none; a backend on a GPU) and `auto` runs.
+/* The dense families (each row of k_model_families) pass the CUDA
+ * backend's feature gate: `cuda` gets as far as the device (an error naming
+ * the device here, where there is none; a backend on a GPU) and `auto` runs.
  * The experts are check_moe's cuda_takes_experts. */
 START_TEST(cuda_takes_the_dense_families) {
-    kg_model_t *m = load_ok(mk("--arch gemma2 --n-layer 2 --head-dim 32 " SMALL));
+    kg_model_t *m = load_family(&k_model_families[_i]);
     kg_backend_params_t p = {
         .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
     char err[512] = "";
@@ -337,14 +367,12 @@ static Suite *make_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("families");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, llama_is_the_plain_graph);
+    tcase_add_loop_test(tc, each_family_loads, 0,
+                        (int)(sizeof(k_model_families) / sizeof(k_model_families[0])));
     tcase_add_test(tc, refusals_name_what_is_supported);
-    tcase_add_test(tc, qwen2_biases_and_yarn);
-    tcase_add_test(tc, qwen3_qk_norm_and_head_dim);
-    tcase_add_test(tc, gemma2_defaults_from_code);
-    tcase_add_test(tc, gemma3_layers);
-    tcase_add_test(tc, phi3_fused_views_and_longrope);
-    tcase_add_test(tc, cuda_takes_the_dense_families);
+    tcase_add_test(tc, gemma3_window_patterns);
+    tcase_add_loop_test(tc, cuda_takes_the_dense_families, 0,
+                        (int)(sizeof(k_model_families) / sizeof(k_model_families[0])));
     suite_add_tcase(s, tc);
     return s;
 }

@@ -381,8 +381,8 @@ static void load_fails(char *path, const char *const *want) {
     free(path);
 }
 
-START_TEST(loader_reads_each_family) {
-    kg_model_t *m = load_ok(write_model("qwen3moe", 64, 2, 32, 8, 2, NULL));
+/* What the loader must read from each family's file (the row's check). */
+static void loads_qwen3moe(const kg_model_t *m) {
     const kg_hparams_t *hp = &m->hp;
     ck_assert_int_eq(hp->arch, KG_ARCH_QWEN3MOE);
     ck_assert(hp->n_expert == 8 && hp->n_expert_used == 2 && hp->n_ff_exp == 32);
@@ -398,20 +398,20 @@ START_TEST(loader_reads_each_family) {
     ck_assert_ptr_eq(L->exp_up[7].data, (const char *)L->up_exps->data + 7 * 64 * 32 * 4);
     ck_assert_uint_eq(kg_model_features(m),
                       KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_MOE);
-    kg_model_free(m);
+}
 
-    /* Mixtral: a llama whose feed_forward_length is each expert's */
-    m = load_ok(write_model("mixtral", 64, 1, 96, 4, 2, "q8_0"));
+/* Mixtral: a llama whose feed_forward_length is each expert's */
+static void loads_mixtral(const kg_model_t *m) {
     ck_assert_int_eq(m->hp.arch, KG_ARCH_LLAMA);
     ck_assert(m->hp.n_expert == 4 && m->hp.n_ff_exp == 96 && m->hp.moe_norm_w);
     ck_assert_int_eq(m->layers[0].exp_gate[3].type, KG_GGML_TYPE_Q8_0);
     ck_assert_int_eq(m->layers[0].ffn_gate_inp->type, KG_GGML_TYPE_F32);
     ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_MOE);
-    kg_model_free(m);
+}
 
-    /* gpt-oss: even layers windowed, YaRN, biases, sinks, its router */
-    m = load_ok(write_model("gpt-oss", 64, 3, 32, 4, 2, "mxfp4_moe"));
-    hp = &m->hp;
+/* gpt-oss: even layers windowed, YaRN, biases, sinks, its router */
+static void loads_gpt_oss(const kg_model_t *m) {
+    const kg_hparams_t *hp = &m->hp;
     ck_assert_int_eq(hp->arch, KG_ARCH_GPT_OSS);
     ck_assert(hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT && !hp->moe_norm_w);
     ck_assert_int_eq(hp->ffn_act, KG_FFN_SWIGLU_OAI);
@@ -429,6 +429,29 @@ START_TEST(loader_reads_each_family) {
     char names[256];
     ck_assert_ptr_nonnull(
         strstr(kg_model_feature_names(f, names, sizeof(names)), "moe, moe_oai, attn_sinks"));
+}
+
+/* The expert families the loader reads (a new family is one row here):
+ * write_model's arguments and what the loaded model must hold. */
+static const struct moe_family {
+    const char *arch;
+    int n_embd, n_layer, n_ff, n_expert, k;
+    const char *type; /* NULL (F32), "q8_0" or "mxfp4_moe" */
+    void (*check)(const kg_model_t *m);
+} k_moe_families[] = {
+    {"qwen3moe", 64, 2, 32, 8, 2, NULL, loads_qwen3moe},
+    {"mixtral", 64, 1, 96, 4, 2, "q8_0", loads_mixtral},
+    {"gpt-oss", 64, 3, 32, 4, 2, "mxfp4_moe", loads_gpt_oss},
+};
+
+static kg_model_t *load_family(const struct moe_family *f) {
+    return load_ok(
+        write_model(f->arch, f->n_embd, f->n_layer, f->n_ff, f->n_expert, f->k, f->type));
+}
+
+START_TEST(loader_reads_each_family) {
+    kg_model_t *m = load_family(&k_moe_families[_i]);
+    k_moe_families[_i].check(m);
     kg_model_free(m);
 }
 END_TEST
@@ -587,12 +610,12 @@ START_TEST(mkmodel_usage_errors) {
 }
 END_TEST
 
-/* The expert models pass the CUDA backend's feature gate (gpt-oss uses the
- * most: moe, moe_oai, attn_sinks): `cuda` gets as far as the device (an
- * error naming the device where there is none, a backend on a GPU), and
- * `auto` runs. check_cuda's archmore case runs them on the device. */
+/* The expert models (each row of k_moe_families) pass the CUDA backend's
+ * feature gate: `cuda` gets as far as the device (an error naming the
+ * device where there is none, a backend on a GPU), and `auto` runs.
+ * check_cuda's archmore case runs them on the device. */
 START_TEST(cuda_takes_experts) {
-    kg_model_t *m = load_ok(write_model("gpt-oss", 64, 1, 32, 4, 2, NULL));
+    kg_model_t *m = load_family(&k_moe_families[_i]);
     kg_backend_params_t p = {
         .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
     char err[512] = "";
@@ -684,13 +707,12 @@ static void check_batch_invariance(const char *arch, const char *type) {
     kg_model_free(m);
 }
 
-START_TEST(batch_invariant_f32) {
-    check_batch_invariance("qwen3moe", NULL);
-}
-END_TEST
+/* The expert files check_batch_invariance runs (a new family is one row
+ * here): F32 experts, and gpt-oss's MXFP4 ones. */
+static const char *const k_inv_families[][2] = {{"qwen3moe", NULL}, {"gpt-oss", "mxfp4_moe"}};
 
-START_TEST(batch_invariant_mxfp4) {
-    check_batch_invariance("gpt-oss", "mxfp4_moe");
+START_TEST(batch_invariant) {
+    check_batch_invariance(k_inv_families[_i][0], k_inv_families[_i][1]);
 }
 END_TEST
 
@@ -754,16 +776,18 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("model");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, loader_reads_each_family);
+    tcase_add_loop_test(tc, loader_reads_each_family, 0,
+                        (int)(sizeof(k_moe_families) / sizeof(k_moe_families[0])));
     tcase_add_test(tc, loader_refusals);
-    tcase_add_test(tc, cuda_takes_experts);
+    tcase_add_loop_test(tc, cuda_takes_experts, 0,
+                        (int)(sizeof(k_moe_families) / sizeof(k_moe_families[0])));
     tcase_add_test(tc, mkmodel_usage_errors);
     tcase_add_test(tc, quantized_like_llama_cpp);
     suite_add_tcase(s, tc);
     tc = tcase_create("backend");
     tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, batch_invariant_f32);
-    tcase_add_test(tc, batch_invariant_mxfp4);
+    tcase_add_loop_test(tc, batch_invariant, 0,
+                        (int)(sizeof(k_inv_families) / sizeof(k_inv_families[0])));
     tcase_add_test(tc, mxfp4_experts_in_place);
     tcase_add_test(tc, dense_has_no_moe_stats);
     suite_add_tcase(s, tc);
