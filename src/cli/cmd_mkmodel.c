@@ -16,22 +16,20 @@
  * inputs), the two projections that add into the residual stream are
  * further scaled by 1/sqrt(2 n_layer) (GPT-2's init), and norm weights are
  * 1 +- 0.1. The result is a model whose greedy output varies with the
- * prompt, not a constant. */
+ * prompt, not a constant.
+ *
+ * The command is thin: the flags are read and checked by
+ * kg_mkmodel_parse_args (src/model/kg_mkmodel_args.c, which the tests call
+ * too), the model written by kg_mkmodel_write; here are the usage text,
+ * the messages' "kgen mkmodel: " prefix and the exit status (0 ok, 1 the
+ * write failed, 2 a usage error). */
 #include "cmd.h"
-#include "model/kg_gguf.h"
-#include "model/kg_gguf_writer.h"
 #include "model/kg_mkmodel.h"
-#include "model/kg_quant.h"
-#include "model/kg_quant_mix.h"
+#include "model/kg_mkmodel_args.h"
 
-#include <errno.h>
-#include <math.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef kg_mkmodel_opts_t mk_opts_t;
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -101,358 +99,51 @@ static void usage(FILE *f) {
            "  --help, --version\n");
 }
 
-static bool parse_u64(const char *s, uint64_t *out) {
-    char *end;
-    errno = 0;
-    if (*s < '0' || *s > '9') {
-        return false;
+/* Room for any message: one may quote an argument whole, and the report
+ * names the output path. */
+static size_t message_room(int argc, char **argv) {
+    size_t longest = 0;
+    for (int i = 0; i < argc; i++) {
+        size_t n = strlen(argv[i]);
+        longest = n > longest ? n : longest;
     }
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0 || *end != '\0') {
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-/** Parse argv into o; 0 to go on, else the exit status (help, version, usage error). */
-static int parse_args(int argc, char **argv, mk_opts_t *o) {
-    int64_t n_vocab = 0;
-    static const struct {
-        const char *flag;
-        size_t off;
-        int64_t min, max;
-    } ints[] = {
-        {"--n-embd", offsetof(mk_opts_t, n_embd), 1, 1 << 16},
-        {"--n-layer", offsetof(mk_opts_t, n_layer), 1, 1024},
-        {"--n-head", offsetof(mk_opts_t, n_head), 1, 1024},
-        {"--n-head-kv", offsetof(mk_opts_t, n_head_kv), 1, 1024},
-        {"--n-ff", offsetof(mk_opts_t, n_ff), 1, 1 << 20},
-        {"--head-dim", offsetof(mk_opts_t, head_dim), 2, 1 << 12},
-        {"--ctx", offsetof(mk_opts_t, ctx), 1, 1 << 24},
-        {"--n-rot", offsetof(mk_opts_t, n_rot), 2, 1 << 12},
-        {"--sliding-window", offsetof(mk_opts_t, sliding_window), 1, 1 << 24},
-        {"--swa-pattern", offsetof(mk_opts_t, swa_pattern), 0, 1024},
-        {"--rope-orig-ctx", offsetof(mk_opts_t, rope_orig_ctx), 1, 1 << 24},
-        {"--n-expert", offsetof(mk_opts_t, n_expert), 1, 1024},
-        {"--n-expert-used", offsetof(mk_opts_t, n_expert_used), 1, 1024},
-        {"--n-ff-exp", offsetof(mk_opts_t, n_ff_exp), 1, 1 << 20},
-    };
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return -1;
-        }
-        if (strcmp(a, "--version") == 0) {
-            kg_cmd_print_version("kgen");
-            return -1;
-        }
-        if (strcmp(a, "--tied") == 0) {
-            o->tied = true;
-            continue;
-        }
-        if (strcmp(a, "--pure") == 0) {
-            o->pure = true;
-            continue;
-        }
-        static const char *const type_flags[] = {"--f32", "--f16", "--bf16", "--q8_0", "--q4_0"};
-        bool is_type = false;
-        for (size_t t = 0; t < sizeof(type_flags) / sizeof(type_flags[0]); t++) {
-            if (strcmp(a, type_flags[t]) == 0) {
-                is_type = kg_ftype_from_name(a + 2, &o->ftype);
-            }
-        }
-        if (strcmp(a, "--mxfp4_moe") == 0) {
-            is_type = kg_ftype_from_name("mxfp4_moe", &o->ftype);
-        }
-        if (is_type) {
-            continue;
-        }
-        // every other option takes a value: "--flag VALUE" or "--flag=VALUE"
-        char flag[64];
-        const char *val;
-        const char *eq = strchr(a, '=');
-        if (eq && (size_t)(eq - a) < sizeof(flag)) {
-            memcpy(flag, a, (size_t)(eq - a));
-            flag[eq - a] = '\0';
-            val = eq + 1;
-        } else {
-            snprintf(flag, sizeof(flag), "%s", a);
-            if (strncmp(a, "--", 2) != 0 || i + 1 >= argc) {
-                val = NULL;
-            } else {
-                val = argv[++i];
-            }
-        }
-        bool known = false, ok = val != NULL;
-        for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
-            if (strcmp(flag, ints[k].flag) == 0) {
-                known = true;
-                ok = ok && kg_cli_parse_i64(val, ints[k].min, ints[k].max,
-                                            (int64_t *)((char *)o + ints[k].off));
-                if (val && !ok) {
-                    fprintf(stderr, "kgen mkmodel: %s: '%s' is not an integer in %lld..%lld\n",
-                            flag, val, (long long)ints[k].min, (long long)ints[k].max);
-                    return 2;
-                }
-            }
-        }
-        if (strcmp(flag, "--type") == 0) {
-            known = true;
-            if (val && !kg_ftype_from_name(val, &o->ftype)) {
-                fprintf(stderr, "kgen mkmodel: --type: unknown type '%s' (one of: %s)\n", val,
-                        kg_ftype_list());
-                return 2;
-            }
-        } else if (strcmp(flag, "--out") == 0) {
-            known = true;
-            o->out = val;
-            ok = ok && *val;
-        } else if (strcmp(flag, "--name") == 0) {
-            known = true;
-            o->name = val;
-        } else if (strcmp(flag, "--vocab-from") == 0) {
-            known = true;
-            o->vocab_from = val;
-            ok = ok && *val;
-        } else if (strcmp(flag, "--n-vocab") == 0) {
-            known = true;
-            uint64_t nv = 0;
-            ok = ok && parse_u64(val, &nv) && nv >= 1 && nv <= 3000000;
-            n_vocab = (int64_t)nv; /* the built-in size depends on --arch: checked below */
-        } else if (strcmp(flag, "--seed") == 0) {
-            known = true;
-            o->have_seed = ok && parse_u64(val, &o->seed);
-            if (val && !o->have_seed) {
-                fprintf(stderr, "kgen mkmodel: --seed: '%s' is not an integer in 0..2^64-1\n", val);
-                return 2;
-            }
-        } else if (strcmp(flag, "--rope-base") == 0) {
-            known = true;
-            ok = ok && kg_cli_parse_f32(val, 1.0f, 1e9f, &o->rope_base);
-            if (val && !ok) {
-                fprintf(stderr, "kgen mkmodel: --rope-base: '%s' is not a number in 1..1e9\n", val);
-                return 2;
-            }
-        } else if (strcmp(flag, "--arch") == 0) {
-            known = true;
-            o->arch = val;
-            if (val && !kg_mkmodel_arch_is_known(val)) {
-                fprintf(stderr,
-                        "kgen mkmodel: --arch: unknown '%s' (known: llama, qwen2, qwen3, gemma2, "
-                        "gemma3, phi3, qwen3moe, mixtral, gpt-oss)\n",
-                        val);
-                return 2;
-            }
-        } else if (strcmp(flag, "--chat-template") == 0) {
-            known = true;
-            o->chat_template = val;
-            const char *names;
-            if (val && !kg_mkmodel_chat_template(val, &names)) {
-                fprintf(stderr, "kgen mkmodel: --chat-template: unknown '%s' (known: %s)\n", val,
-                        names);
-                return 2;
-            }
-        } else if (strcmp(flag, "--rope-scaling") == 0) {
-            known = true;
-            o->rope_scaling = val;
-            if (val && strcmp(val, "none") != 0 && strcmp(val, "linear") != 0 &&
-                strcmp(val, "yarn") != 0 && strcmp(val, "longrope") != 0) {
-                fprintf(stderr,
-                        "kgen mkmodel: --rope-scaling: unknown '%s' (known: none, linear, yarn, "
-                        "longrope)\n",
-                        val);
-                return 2;
-            }
-        } else {
-            static const struct {
-                const char *flag;
-                size_t off;
-                float min, max;
-            } floats[] = {
-                {"--rope-base-swa", offsetof(mk_opts_t, rope_base_swa), 1.0f, 1e9f},
-                {"--rope-factor", offsetof(mk_opts_t, rope_factor), 1.0f, 1e6f},
-                {"--attn-softcap", offsetof(mk_opts_t, attn_softcap), 0.01f, 1e6f},
-                {"--final-softcap", offsetof(mk_opts_t, final_softcap), 0.01f, 1e6f},
-            };
-            for (size_t k = 0; k < sizeof(floats) / sizeof(floats[0]); k++) {
-                if (strcmp(flag, floats[k].flag) == 0) {
-                    known = true;
-                    ok = ok && kg_cli_parse_f32(val, floats[k].min, floats[k].max,
-                                                (float *)((char *)o + floats[k].off));
-                    if (val && !ok) {
-                        fprintf(stderr, "kgen mkmodel: %s: '%s' is not a number in %g..%g\n", flag,
-                                val, (double)floats[k].min, (double)floats[k].max);
-                        return 2;
-                    }
-                }
-            }
-        }
-        if (!known) {
-            fprintf(stderr, "kgen mkmodel: unknown option '%s' (see --help)\n", a);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kgen mkmodel: %s needs a value\n", flag);
-            return 2;
-        }
-    }
-
-    static const struct {
-        const char *flag;
-        size_t off;
-    } required[] = {
-        {"--n-embd", offsetof(mk_opts_t, n_embd)}, {"--n-layer", offsetof(mk_opts_t, n_layer)},
-        {"--n-head", offsetof(mk_opts_t, n_head)}, {"--n-head-kv", offsetof(mk_opts_t, n_head_kv)},
-        {"--n-ff", offsetof(mk_opts_t, n_ff)},
-    };
-    if (!o->out) {
-        fprintf(stderr, "kgen mkmodel: --out FILE is required (see --help)\n");
-        return 2;
-    }
-    for (size_t k = 0; k < sizeof(required) / sizeof(required[0]); k++) {
-        if (*(int64_t *)((char *)o + required[k].off) == 0) {
-            fprintf(stderr, "kgen mkmodel: %s is required (see --help)\n", required[k].flag);
-            return 2;
-        }
-    }
-    if (!o->have_seed) {
-        fprintf(stderr, "kgen mkmodel: --seed S is required (see --help)\n");
-        return 2;
-    }
-    if (o->n_head % o->n_head_kv != 0) {
-        fprintf(stderr, "kgen mkmodel: --n-head %lld is not a multiple of --n-head-kv %lld\n",
-                (long long)o->n_head, (long long)o->n_head_kv);
-        return 2;
-    }
-    if (o->head_dim == 0) {
-        if (o->n_embd % o->n_head != 0) {
-            fprintf(stderr,
-                    "kgen mkmodel: --n-embd %lld is not a multiple of --n-head %lld; "
-                    "give --head-dim\n",
-                    (long long)o->n_embd, (long long)o->n_head);
-            return 2;
-        }
-        o->head_dim = o->n_embd / o->n_head;
-    }
-    if (o->head_dim % 2 != 0) {
-        fprintf(stderr, "kgen mkmodel: head dim %lld must be even (RoPE rotates pairs)\n",
-                (long long)o->head_dim);
-        return 2;
-    }
-    const char *arch = o->arch ? o->arch : "llama";
-    const bool gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0;
-    const bool phi3 = strcmp(arch, "phi3") == 0, oss = strcmp(arch, "gpt-oss") == 0;
-    const bool moe = oss || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "mixtral") == 0;
-    if (o->n_rot > 0 && (o->n_rot % 2 != 0 || o->n_rot > o->head_dim ||
-                         ((strcmp(arch, "llama") == 0 || moe) && o->n_rot != o->head_dim))) {
-        fprintf(stderr,
-                "kgen mkmodel: --n-rot %lld must be even and at most the head width %lld (%s: "
-                "equal)\n",
-                (long long)o->n_rot, (long long)o->head_dim, moe ? arch : "llama");
-        return 2;
-    }
-    if ((o->sliding_window > 0 && !gemma && !phi3 && !oss) || (o->swa_pattern >= 0 && !gemma) ||
-        (o->rope_base_swa > 0.0f && !gemma)) {
-        fprintf(stderr, "kgen mkmodel: --sliding-window, --swa-pattern and --rope-base-swa are "
-                        "for gemma2 and gemma3 (phi3, gpt-oss: --sliding-window only)\n");
-        return 2;
-    }
-    if (!moe && (o->n_expert > 0 || o->n_expert_used > 0 || o->n_ff_exp > 0 ||
-                 o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
-        fprintf(stderr, "kgen mkmodel: --n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
-                        "are for qwen3moe, mixtral and gpt-oss\n");
-        return 2;
-    }
-    if (o->n_ff_exp > 0 && strcmp(arch, "mixtral") == 0) {
-        fprintf(stderr, "kgen mkmodel: mixtral has no --n-ff-exp: --n-ff is each expert's width\n");
-        return 2;
-    }
-    if ((o->attn_softcap > 0.0f && strcmp(arch, "gemma2") != 0) ||
-        (o->final_softcap > 0.0f && !gemma)) {
-        fprintf(stderr, "kgen mkmodel: --attn-softcap is for gemma2, --final-softcap for gemma2 "
-                        "and gemma3\n");
-        return 2;
-    }
-    if (o->rope_scaling && strcmp(o->rope_scaling, "longrope") == 0 &&
-        (!phi3 || o->rope_orig_ctx <= 0 || o->rope_orig_ctx >= o->ctx)) {
-        fprintf(stderr, "kgen mkmodel: --rope-scaling longrope needs --arch phi3 and "
-                        "--rope-orig-ctx below --ctx\n");
-        return 2;
-    }
-    if (o->rope_scaling &&
-        (strcmp(o->rope_scaling, "linear") == 0 || strcmp(o->rope_scaling, "yarn") == 0) &&
-        o->rope_factor <= 0.0f) {
-        fprintf(stderr, "kgen mkmodel: --rope-scaling %s needs --rope-factor\n", o->rope_scaling);
-        return 2;
-    }
-    if (n_vocab > 0) {
-        const int64_t base = kg_mkmodel_builtin_vocab_size(arch);
-        if (o->vocab_from || n_vocab < base) {
-            fprintf(stderr,
-                    "kgen mkmodel: --n-vocab %lld: the built-in %s vocabulary has %lld tokens "
-                    "(at least that many; not with --vocab-from)\n",
-                    (long long)n_vocab, arch, (long long)base);
-            return 2;
-        }
-        o->n_words = (int32_t)(n_vocab - base);
-    }
-    /* the mixes fall back to 32-blocks where a row is not a multiple of 256, as
-     * llama-quantize does; rows that fit no block of the chosen types are refused */
-    int64_t blck = kg_type_is_quantized(kg_ftype_base_type(o->ftype)) ? 32 : 1;
-    if (o->pure) {
-        blck = kg_type_block_elems(kg_ftype_base_type(o->ftype));
-    }
-    if (o->n_embd % blck != 0 || (o->n_head * o->head_dim) % blck != 0 || o->n_ff % blck != 0) {
-        fprintf(stderr,
-                "kgen mkmodel: --type %s%s needs --n-embd, --n-ff and n_head * head_dim to be "
-                "multiples of %lld\n",
-                kg_ftype_name(o->ftype), o->pure ? " --pure" : "", (long long)blck);
-        return 2;
-    }
-    return 0;
+    return 1024 + longest;
 }
 
 int kg_cmd_mkmodel(int argc, char **argv) {
-    mk_opts_t o = kg_mkmodel_opts_default();
-    int rc = parse_args(argc, argv, &o);
-    if (rc != 0) {
-        return rc < 0 ? 0 : rc;
+    kg_mkmodel_opts_t o = kg_mkmodel_opts_default();
+    const size_t msg_size = message_room(argc, argv);
+    char *msg = malloc(msg_size);
+    if (!msg) {
+        fprintf(stderr, "kgen mkmodel: out of memory\n");
+        return 1;
+    }
+    int rc = 0;
+    switch (kg_mkmodel_parse_args(argc, argv, &o, msg, msg_size)) {
+    case KG_MKMODEL_ARGS_OK:
+        break;
+    case KG_MKMODEL_ARGS_HELP:
+        usage(stdout);
+        goto out;
+    case KG_MKMODEL_ARGS_VERSION:
+        kg_cmd_print_version("kgen");
+        goto out;
+    case KG_MKMODEL_ARGS_INVALID:
+        fprintf(stderr, "kgen mkmodel: %s\n", msg);
+        rc = 2;
+        goto out;
     }
 
     char err[512];
     int64_t n_vocab = 0;
     if (kg_mkmodel_write(&o, &n_vocab, err, sizeof(err)) != KG_OK) {
         fprintf(stderr, "kgen mkmodel: %s\n", err);
-        return 1;
+        rc = 1;
+        goto out;
     }
-    int64_t hd = o.head_dim;
-    const bool tied = o.tied || strcmp(o.arch, "gemma2") == 0;
-    const bool moe = strcmp(o.arch, "qwen3moe") == 0 || strcmp(o.arch, "mixtral") == 0 ||
-                     strcmp(o.arch, "gpt-oss") == 0;
-    const int64_t n_exp = o.n_expert > 0 ? o.n_expert : 8;
-    const int64_t ff_exp = o.n_ff_exp > 0 ? o.n_ff_exp : o.n_ff;
-    /* the FFN's weights: dense, or the router and every expert */
-    const int64_t ffn =
-        moe ? o.n_embd * n_exp + 3 * o.n_embd * ff_exp * n_exp : 3 * o.n_embd * o.n_ff;
-    int64_t per_layer = 2 * o.n_embd + o.n_embd * (o.n_head + 2 * o.n_head_kv) * hd +
-                        o.n_head * hd * o.n_embd + ffn;
-    int64_t params = n_vocab * o.n_embd * (tied ? 1 : 2) + o.n_embd + o.n_layer * per_layer;
-    FILE *f = fopen(o.out, "rb");
-    long bytes = -1;
-    if (f && fseek(f, 0, SEEK_END) == 0) {
-        bytes = ftell(f);
-    }
-    if (f) {
-        fclose(f);
-    }
-    printf("kgen mkmodel: wrote %s: %s n_embd=%lld n_layer=%lld n_head=%lld n_head_kv=%lld "
-           "head_dim=%lld n_ff=%lld n_vocab=%lld ctx=%lld rope_base=%g type=%s%s tied=%s "
-           "seed=%llu params=%lld bytes=%ld\n",
-           o.out, o.arch, (long long)o.n_embd, (long long)o.n_layer, (long long)o.n_head,
-           (long long)o.n_head_kv, (long long)hd, (long long)o.n_ff, (long long)n_vocab,
-           (long long)o.ctx, (double)o.rope_base, kg_ftype_name(o.ftype), o.pure ? " (pure)" : "",
-           tied ? "yes" : "no", (unsigned long long)o.seed, (long long)params, bytes);
-    return 0;
+    kg_mkmodel_summary(&o, n_vocab, msg, msg_size);
+    printf("kgen mkmodel: %s\n", msg);
+out:
+    free(msg);
+    return rc;
 }

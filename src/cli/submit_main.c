@@ -41,7 +41,16 @@
  * request_id then travels in the kgen-request-key header, which resuming
  * reads. --cancel ID... sends cancels and exits; --cancel-on-interrupt
  * cancels the outstanding jobs on the first Ctrl-C and waits for their
- * answers. */
+ * answers.
+ *
+ * FILES
+ * - submit_main.c (this file): the flags, then the send loop and the
+ *   collect loop.
+ * - submit_jobs.c: the jobs of the input, the assembly of their results,
+ *   cancels.
+ * - submit_resume.c: the state file, reading topics from recorded offsets,
+ *   output files kept across runs.
+ * - submit_int.h: what they share. */
 #include "cli_util.h"
 #include "config/kg_config.h"
 #include "core/kg_clock.h"
@@ -49,9 +58,9 @@
 #include "kafka/kg_cancel.h"
 #include "kafka/kg_kafka_conf.h"
 #include "schema/kg_codec.h"
-#include "schema/kg_codec_event.h"
 #include "schema/kg_openai.h"
 #include "schema/kg_routing.h"
+#include "submit_int.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -62,262 +71,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_PARTS 1024
-
-typedef struct job_state {
-    char *request_id;
-    char *cid; /* the line's custom_id, else its request_id: the id of its OpenAI line */
-    const char *line;
-    size_t line_len;
-    bool sent;
-    bool done;
-    char attempt[192]; /* "worker_id/partition/offset" of the attempt being assembled */
-    int32_t next_index;
-    int64_t tokens;
-    int64_t sent_us;  /* its produce call returned (kg_clock_us) */
-    int64_t first_us; /* its first event (token, or the terminal one) arrived; 0 until then */
-} job_state_t;
-
-typedef struct id_table {
-    size_t *slots; /* open addressing: id -> job index + 1 */
-    size_t n_slots;
-} id_table_t;
-
-typedef struct submit {
-    job_state_t *jobs;
-    size_t n_jobs;
-    id_table_t by_rid, by_cid;
-    size_t n_done, n_completed, n_failed;
-    int64_t n_tokens;
-    int64_t n_stale;
-    bool openai;
-    const char *default_model;
-    FILE *out, *err, *events;
-} submit_t;
-
-/* What the state file records: topic end offsets before the first send. */
-typedef struct state {
-    uint64_t in_size, in_hash;
-    int n_jobs_parts, n_results_parts;
-    int32_t jobs_part[MAX_PARTS], results_part[MAX_PARTS];
-    int64_t jobs_off[MAX_PARTS], results_off[MAX_PARTS];
-} state_t;
-
 static volatile sig_atomic_t g_stop;
 
 static void on_signal(int sig) {
     (void)sig;
     g_stop = 1;
-}
-
-static uint64_t hash_bytes(const char *s, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    }
-    return h;
-}
-
-// ---- the jobs of the input ----
-
-static job_state_t *find_in(const submit_t *s, const id_table_t *t, const char *id, bool by_cid) {
-    for (size_t i = hash_bytes(id, strlen(id)) & (t->n_slots - 1);;
-         i = (i + 1) & (t->n_slots - 1)) {
-        if (!t->slots[i]) {
-            return NULL;
-        }
-        job_state_t *j = &s->jobs[t->slots[i] - 1];
-        if (strcmp(by_cid ? j->cid : j->request_id, id) == 0) {
-            return j;
-        }
-    }
-}
-
-static void put_in(id_table_t *t, const char *id, size_t index) {
-    for (size_t i = hash_bytes(id, strlen(id)) & (t->n_slots - 1);;
-         i = (i + 1) & (t->n_slots - 1)) {
-        if (!t->slots[i]) {
-            t->slots[i] = index + 1;
-            return;
-        }
-    }
-}
-
-static job_state_t *find_job(const submit_t *s, const char *rid) {
-    return find_in(s, &s->by_rid, rid, false);
-}
-
-static bool add_job(submit_t *s, const char *rid, const char *line, size_t len) {
-    if (find_job(s, rid)) {
-        return true; /* the same request_id twice: one result */
-    }
-    char cid[512];
-    job_state_t *j = &s->jobs[s->n_jobs];
-    j->request_id = strdup(rid);
-    j->cid = strdup(kg_openai_line_id(line, len, cid, sizeof(cid)) ? cid : rid);
-    j->line = line;
-    j->line_len = len;
-    if (!j->request_id || !j->cid) {
-        return false;
-    }
-    put_in(&s->by_rid, j->request_id, s->n_jobs);
-    if (!find_in(s, &s->by_cid, j->cid, true)) {
-        put_in(&s->by_cid, j->cid, s->n_jobs);
-    }
-    s->n_jobs++;
-    return true;
-}
-
-/* The request_id a worker will give `line` (NULL: none, the line is
- * dead-lettered) and the key to send it with (`key`, always set). */
-static const char *line_ids(const char *line, size_t len, int line_no, char *rid, char *key) {
-    kg_job_t *job = NULL;
-    kg_codec_error_t cerr;
-    kg_codec_opts_t o = kg_codec_opts_default();
-    snprintf(key, 32, "line-%d", line_no);
-    o.key = key;
-    o.key_len = strlen(key);
-    const char *got = NULL;
-    if (kg_codec_decode_job_opts(line, len, &o, &job, &cerr) == KG_OK) {
-        got = job->request_id;
-    } else if (cerr.kind == KG_CODEC_INVALID && cerr.request_id[0]) {
-        got = cerr.request_id;
-    }
-    if (got) {
-        snprintf(rid, KG_JOB_REQUEST_ID_MAX + 1, "%s", got);
-        snprintf(key, KG_JOB_REQUEST_ID_MAX + 1, "%s", got);
-    }
-    kg_job_free(job);
-    return got ? rid : NULL;
-}
-
-/* The header that carries a job's request key when --key prefix chose the
- * Kafka key (resuming reads it). */
-#define REQUEST_KEY_HEADER "kgen-request-key"
-
-/* --key prefix:N: the routing key of `line` (kg_routing) in `out`; false when
- * the line is no job kgen can read (it keeps its request key). */
-static bool route_key(const char *line, size_t len, int line_no, int32_t n, char *out) {
-    kg_job_t *job = NULL;
-    kg_codec_error_t cerr;
-    kg_codec_opts_t o = kg_codec_opts_default();
-    char key[32];
-    snprintf(key, sizeof(key), "line-%d", line_no);
-    o.key = key;
-    o.key_len = strlen(key);
-    if (kg_codec_decode_job_opts(line, len, &o, &job, &cerr) != KG_OK) {
-        return false;
-    }
-    kg_routing_prefix_key(job, n, out);
-    kg_job_free(job);
-    return true;
-}
-
-// ---- results ----
-
-static void write_result(submit_t *s, job_state_t *j, const char *event, size_t len, bool failed) {
-    if (!s->openai) {
-        fwrite(event, 1, len, s->out);
-        fputc('\n', s->out);
-        fflush(s->out);
-        return;
-    }
-    kg_openai_output_opts_t oo = {.default_model = s->default_model};
-    char *line = NULL, msg[128];
-    size_t n = 0;
-    bool is_error = failed;
-    if (kg_openai_batch_output(j->line, j->line_len, event, len, &oo, &line, &n, &is_error, msg,
-                               sizeof(msg)) != KG_OK) {
-        KG_LOG_WARN("submit", "no OpenAI line for request_id=%s: %s", j->request_id, msg);
-        return;
-    }
-    FILE *f = is_error && s->err ? s->err : s->out;
-    fwrite(line, 1, n, f);
-    fputc('\n', f);
-    fflush(f);
-    free(line);
-}
-
-static void on_event(submit_t *s, const rd_kafka_message_t *rkm, bool write) {
-    if (s->events) {
-        fwrite(rkm->payload, 1, rkm->len, s->events);
-        fputc('\n', s->events);
-    }
-    kg_event_t *ev = NULL;
-    char err[256];
-    if (kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) != KG_OK) {
-        KG_LOG_WARN("submit", "not an event partition=%d offset=%lld: %s", rkm->partition,
-                    (long long)rkm->offset, err);
-        return;
-    }
-    const kg_event_common_t *c = ev->type == KG_EVENT_TOKEN  ? &ev->token.common
-                                 : ev->type == KG_EVENT_DONE ? &ev->done.common
-                                                             : &ev->error.common;
-    job_state_t *j = find_job(s, c->request_id);
-    if (!j || j->done) {
-        kg_event_free(ev); /* not ours, or a duplicate after the job finished */
-        return;
-    }
-    if (!j->first_us) {
-        j->first_us = kg_clock_us();
-    }
-    char attempt[192];
-    snprintf(attempt, sizeof(attempt), "%s/%d/%lld", c->worker_id, c->partition,
-             (long long)c->offset);
-    if (ev->type == KG_EVENT_TOKEN) {
-        if (strcmp(attempt, j->attempt) != 0) {
-            if (j->attempt[0] && ev->token.index != 0) {
-                s->n_stale++; /* the tail of an older attempt: drop it */
-                kg_event_free(ev);
-                return;
-            }
-            snprintf(j->attempt, sizeof(j->attempt), "%s", attempt); /* a new attempt starts */
-            j->next_index = 0;
-            j->tokens = 0;
-        }
-        if (ev->token.index == j->next_index) {
-            j->next_index++;
-            j->tokens++;
-        }
-    } else {
-        j->done = true;
-        s->n_done++;
-        if (ev->type == KG_EVENT_DONE) {
-            s->n_completed++;
-            s->n_tokens += ev->done.completion_tokens;
-        } else {
-            s->n_failed++;
-        }
-        if (write) {
-            write_result(s, j, rkm->payload, rkm->len, ev->type == KG_EVENT_ERROR);
-        }
-    }
-    kg_event_free(ev);
-}
-
-static int cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Time to first token as a submitter sees it: from a job's produce to its
- * first event (a token, or the terminal event of a job that streams none),
- * over the jobs that have one: "ttft_ms p50=... p90=... max=..." in `out`. */
-static void ttft_summary(const submit_t *s, char *out, size_t size) {
-    int64_t *v = malloc((s->n_jobs ? s->n_jobs : 1) * sizeof(*v));
-    size_t n = 0;
-    for (size_t i = 0; v && i < s->n_jobs; i++) {
-        if (s->jobs[i].first_us && s->jobs[i].sent_us) {
-            v[n++] = s->jobs[i].first_us - s->jobs[i].sent_us;
-        }
-    }
-    out[0] = '\0';
-    if (n > 0) {
-        qsort(v, n, sizeof(*v), cmp_i64);
-        snprintf(out, size, " ttft_ms p50=%.1f p90=%.1f max=%.1f", (double)v[n / 2] / 1e3,
-                 (double)v[n * 9 / 10] / 1e3, (double)v[n - 1] / 1e3);
-    }
-    free(v);
 }
 
 /* --key: 0 = request_id, N > 0 = prefix of N characters. -1 when not understood. */
@@ -340,287 +98,6 @@ static void cancel_topic_of(const kg_config_t *cfg, const char *given, char *out
     } else {
         snprintf(out, size, "%s.cancel", cfg->jobs_topic);
     }
-}
-
-/* Send cancels for `ids` (n of them) and wait for the broker to have them. */
-static int send_cancels(rd_kafka_t *producer, const char *topic, char *const *ids, size_t n) {
-    size_t sent = 0;
-    for (size_t i = 0; i < n; i++) {
-        rd_kafka_resp_err_t err = kg_cancel_send(producer, topic, ids[i]);
-        if (err) {
-            fprintf(stderr, "kgen-submit: cancel %s: %s\n", ids[i], rd_kafka_err2str(err));
-            continue;
-        }
-        sent++;
-    }
-    if (rd_kafka_flush(producer, 30000) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        fprintf(stderr, "kgen-submit: %d cancels not delivered\n", rd_kafka_outq_len(producer));
-        return 1;
-    }
-    fprintf(stderr, "kgen-submit: sent %zu cancels to %s\n", sent, topic);
-    return sent == n ? 0 : 1;
-}
-
-/* --cancel-on-interrupt: cancel every job that has no result yet. */
-static void cancel_outstanding(const submit_t *s, rd_kafka_t *producer, const char *topic) {
-    size_t n = 0;
-    char **ids = malloc((s->n_jobs ? s->n_jobs : 1) * sizeof(*ids));
-    for (size_t i = 0; ids && i < s->n_jobs; i++) {
-        if (!s->jobs[i].done) {
-            ids[n++] = s->jobs[i].request_id;
-        }
-    }
-    fprintf(stderr, "\nkgen-submit: interrupted: cancelling %zu jobs (Ctrl-C again to leave)\n", n);
-    if (ids) {
-        (void)send_cancels(producer, topic, ids, n);
-    }
-    free(ids);
-}
-
-// ---- the state file ----
-
-static bool state_read(const char *path, state_t *st) {
-    FILE *f = fopen(path, "r");
-    char line[512], word[64];
-    int version = 0;
-    memset(st, 0, sizeof(*st));
-    if (!f) {
-        return false;
-    }
-    bool ok = fgets(line, sizeof(line), f) && sscanf(line, "kgen-submit-state %d", &version) == 1 &&
-              version == 1;
-    while (ok && fgets(line, sizeof(line), f)) {
-        unsigned long long a, b;
-        long long off;
-        int part;
-        if (sscanf(line, "input %llu %llx", &a, &b) == 2) {
-            st->in_size = a;
-            st->in_hash = b;
-        } else if (sscanf(line, "%63s %d %lld", word, &part, &off) == 3 &&
-                   (strcmp(word, "jobs") == 0 || strcmp(word, "results") == 0)) {
-            bool jobs = strcmp(word, "jobs") == 0;
-            int *n = jobs ? &st->n_jobs_parts : &st->n_results_parts;
-            if (*n < MAX_PARTS) {
-                (jobs ? st->jobs_part : st->results_part)[*n] = part;
-                (jobs ? st->jobs_off : st->results_off)[(*n)++] = off;
-            }
-        }
-    }
-    fclose(f);
-    return ok;
-}
-
-/* Written whole to a temporary file and renamed: a crash leaves the old
- * state or the new one, never half of one. */
-static bool state_write(const char *path, const state_t *st) {
-    char tmp[4200];
-    snprintf(tmp, sizeof(tmp), "%.4096s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        return false;
-    }
-    fprintf(f, "kgen-submit-state 1\ninput %llu %016llx\n", (unsigned long long)st->in_size,
-            (unsigned long long)st->in_hash);
-    for (int i = 0; i < st->n_jobs_parts; i++) {
-        fprintf(f, "jobs %d %lld\n", st->jobs_part[i], (long long)st->jobs_off[i]);
-    }
-    for (int i = 0; i < st->n_results_parts; i++) {
-        fprintf(f, "results %d %lld\n", st->results_part[i], (long long)st->results_off[i]);
-    }
-    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    return ok && rename(tmp, path) == 0;
-}
-
-// ---- topics ----
-
-/* The partitions of `topic` and their end offsets. -1 when the topic has
- * no metadata (it does not exist yet). */
-static int topic_ends(rd_kafka_t *rk, const char *topic, int32_t *parts, int64_t *ends) {
-    const struct rd_kafka_metadata *md = NULL;
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, NULL);
-    rd_kafka_resp_err_t kerr = rd_kafka_metadata(rk, 0, rkt, &md, 15000);
-    rd_kafka_topic_destroy(rkt);
-    int n = -1;
-    if (!kerr && md->topic_cnt == 1 && !md->topics[0].err && md->topics[0].partition_cnt > 0) {
-        n = 0;
-        for (int i = 0; i < md->topics[0].partition_cnt && n < MAX_PARTS; i++) {
-            int32_t p = md->topics[0].partitions[i].id;
-            int64_t lo = 0, hi = 0;
-            if (rd_kafka_query_watermark_offsets(rk, topic, p, &lo, &hi, 15000)) {
-                n = -1;
-                break;
-            }
-            parts[n] = p;
-            ends[n++] = hi;
-        }
-    }
-    if (md) {
-        rd_kafka_metadata_destroy(md);
-    }
-    return n;
-}
-
-/* Where to read `topic` from: the recorded offset of each partition, the
- * beginning of partitions the record does not know. */
-static rd_kafka_topic_partition_list_t *start_list(rd_kafka_t *rk,
-                                                   const char *topic,
-                                                   const int32_t *rec_part,
-                                                   const int64_t *rec_off,
-                                                   int n_rec,
-                                                   int64_t *ends,
-                                                   int *n_parts) {
-    int32_t parts[MAX_PARTS];
-    int n = topic_ends(rk, topic, parts, ends);
-    *n_parts = n;
-    if (n < 0) {
-        return NULL;
-    }
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(n > 0 ? n : 1);
-    for (int i = 0; i < n; i++) {
-        int64_t from = RD_KAFKA_OFFSET_BEGINNING;
-        for (int k = 0; k < n_rec; k++) {
-            if (rec_part[k] == parts[i]) {
-                from = rec_off[k];
-            }
-        }
-        rd_kafka_topic_partition_list_add(l, topic, parts[i])->offset = from;
-    }
-    return l;
-}
-
-static rd_kafka_t *
-new_consumer(const kg_config_t *cfg, bool eof, char *errstr, size_t errstr_size) {
-    rd_kafka_conf_t *conf = kg_kafka_conf_new(cfg, errstr, errstr_size);
-    if (!conf || kg_kafka_conf_set(conf, "group.id", "kgen-submit", errstr, errstr_size) ||
-        kg_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, errstr_size) ||
-        kg_kafka_conf_set(conf, "isolation.level", "read_committed", errstr, errstr_size) ||
-        kg_kafka_conf_set(conf, "enable.partition.eof", eof ? "true" : "false", errstr,
-                          errstr_size)) {
-        if (conf) {
-            rd_kafka_conf_destroy(conf);
-        }
-        return NULL;
-    }
-    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, errstr_size);
-    if (!rk) {
-        rd_kafka_conf_destroy(conf);
-    }
-    return rk;
-}
-
-/* Read `l` (assigned at its offsets) up to the end offsets `ends` known
- * now, handing each message to `fn`. false when the deadline passed. */
-static bool read_to_end(rd_kafka_t *rk,
-                        rd_kafka_topic_partition_list_t *l,
-                        const int64_t *ends,
-                        void (*fn)(void *ctx, const rd_kafka_message_t *rkm),
-                        void *ctx,
-                        int64_t deadline_us) {
-    int left = 0;
-    int64_t pos[MAX_PARTS];
-    for (int i = 0; i < l->cnt; i++) {
-        pos[i] = l->elems[i].offset >= 0 ? l->elems[i].offset : 0;
-        left += pos[i] < ends[i];
-    }
-    if (left == 0) {
-        return true;
-    }
-    if (rd_kafka_assign(rk, l)) {
-        return false;
-    }
-    while (left > 0 && !g_stop && kg_clock_us() < deadline_us) {
-        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(rk, 100);
-        if (!rkm) {
-            continue;
-        }
-        for (int i = 0; i < l->cnt; i++) {
-            if (l->elems[i].partition != rkm->partition || pos[i] >= ends[i]) {
-                continue;
-            }
-            if (!rkm->err && rkm->offset < ends[i]) {
-                fn(ctx, rkm);
-            }
-            if (!rkm->err || rkm->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-                pos[i] = rkm->err ? ends[i] : rkm->offset + 1;
-                left -= pos[i] >= ends[i];
-            }
-        }
-        rd_kafka_message_destroy(rkm);
-    }
-    rd_kafka_assign(rk, NULL);
-    return left == 0;
-}
-
-static void mark_sent(void *ctx, const rd_kafka_message_t *rkm) {
-    submit_t *s = ctx;
-    char key[KG_JOB_REQUEST_ID_MAX + 1];
-    const void *kp = rkm->key;
-    size_t kl = rkm->key_len;
-    rd_kafka_headers_t *hdrs = NULL;
-    const void *hv = NULL;
-    size_t hn = 0;
-    if (rd_kafka_message_headers(rkm, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
-        rd_kafka_header_get_last(hdrs, REQUEST_KEY_HEADER, &hv, &hn) ==
-            RD_KAFKA_RESP_ERR_NO_ERROR &&
-        hv) {
-        kp = hv; /* sent with --key prefix: the key is the prefix's */
-        kl = hn;
-    }
-    if (kp && kl > 0 && kl < sizeof(key)) {
-        memcpy(key, kp, kl);
-        key[kl] = '\0';
-        job_state_t *j = find_job(s, key);
-        if (j) {
-            j->sent = true;
-        }
-    }
-}
-
-static void count_event(void *ctx, const rd_kafka_message_t *rkm) {
-    on_event(ctx, rkm, false);
-}
-
-// ---- output files kept across runs ----
-
-/* Open `path` for appending what is already there (resume), or empty. On
- * resume every whole line marks its job done; a torn last line is cut. */
-static FILE *open_output(submit_t *s, const char *path, bool resume, size_t *n_kept) {
-    FILE *f = fopen(path, resume ? "r+b" : "wb");
-    if (!f && resume && errno == ENOENT) {
-        f = fopen(path, "wb");
-    }
-    *n_kept = 0;
-    if (!f || !resume) {
-        return f;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    long good = 0;
-    ssize_t n;
-    while ((n = getline(&line, &cap, f)) > 0) {
-        if (line[n - 1] != '\n') {
-            break; /* torn: written when the last run died */
-        }
-        good += n;
-        char id[512];
-        job_state_t *j = NULL;
-        if (kg_openai_line_id(line, (size_t)n - 1, id, sizeof(id))) {
-            j = s->openai ? find_in(s, &s->by_cid, id, true) : find_job(s, id);
-        }
-        if (j && !j->done) {
-            j->done = true;
-            j->sent = true;
-            s->n_done++;
-            (*n_kept)++;
-        }
-    }
-    free(line);
-    if (ftruncate(fileno(f), good) != 0 || fseek(f, good, SEEK_SET) != 0) {
-        fclose(f);
-        return NULL;
-    }
-    return f;
 }
 
 static void usage(FILE *f) {
@@ -801,7 +278,7 @@ int main(int argc, char **argv) {
         } else if (!cp) {
             fprintf(stderr, "kgen-submit: %s\n", err);
         } else {
-            crc = send_cancels(cp, cancel_topic, argv + optind, (size_t)(argc - optind));
+            crc = kg_submit_send_cancels(cp, cancel_topic, argv + optind, (size_t)(argc - optind));
         }
         if (cp) {
             rd_kafka_destroy(cp);
@@ -880,7 +357,8 @@ int main(int argc, char **argv) {
             if (len == 0) {
                 continue;
             }
-            if (line_ids(line, len, line_no + 1, rid, key) && !add_job(&s, rid, line, len)) {
+            if (kg_submit_line_ids(line, len, line_no + 1, rid, key) &&
+                !kg_submit_add_job(&s, rid, line, len)) {
                 fprintf(stderr, "kgen-submit: out of memory\n");
                 goto out_keys;
             }
@@ -889,14 +367,14 @@ int main(int argc, char **argv) {
     }
 
     state.in_size = in_len;
-    state.in_hash = hash_bytes(input, in_len);
+    state.in_hash = kg_submit_hash(input, in_len);
     static state_t saved;
-    bool have_state = state_read(state_path, &saved);
+    bool have_state = kg_submit_state_read(state_path, &saved);
     bool resume = have_state && saved.in_size == state.in_size && saved.in_hash == state.in_hash;
     if (have_state && !resume && !status) {
         fprintf(stderr, "kgen-submit: %s is for another input: starting over\n", state_path);
     }
-    consumer = new_consumer(&cfg, true, err, sizeof(err));
+    consumer = kg_submit_new_consumer(&cfg, true, err, sizeof(err));
     if (!consumer) {
         fprintf(stderr, "kgen-submit: %s\n", err);
         goto out_keys;
@@ -906,14 +384,15 @@ int main(int argc, char **argv) {
     if (status) {
         /* request_counts from the results topic: from the recorded start,
          * or the beginning without a record */
-        parts = start_list(consumer, cfg.results_topic, saved.results_part, saved.results_off,
-                           resume ? saved.n_results_parts : 0, ends, &n_parts);
+        parts =
+            kg_submit_start_list(consumer, cfg.results_topic, saved.results_part, saved.results_off,
+                                 resume ? saved.n_results_parts : 0, ends, &n_parts);
         if (!parts) {
             fprintf(stderr, "kgen-submit: cannot read the metadata of %s\n", cfg.results_topic);
             goto out_keys;
         }
-        bool whole = read_to_end(consumer, parts, ends, count_event, &s,
-                                 kg_clock_us() + (int64_t)(timeout_s * 1e6));
+        bool whole = kg_submit_read_to_end(consumer, parts, ends, kg_submit_count_event, &s,
+                                           kg_clock_us() + (int64_t)(timeout_s * 1e6), &g_stop);
         printf("{\"total\": %zu, \"completed\": %zu, \"failed\": %zu}\n", s.n_jobs, s.n_completed,
                s.n_failed);
         rc = whole ? 0 : 1;
@@ -921,8 +400,8 @@ int main(int argc, char **argv) {
     }
 
     size_t kept = 0, kept_err = 0;
-    s.out = open_output(&s, out_path, resume, &kept);
-    s.err = err_path ? open_output(&s, err_path, resume, &kept_err) : NULL;
+    s.out = kg_submit_open_output(&s, out_path, resume, &kept);
+    s.err = err_path ? kg_submit_open_output(&s, err_path, resume, &kept_err) : NULL;
     s.events = events_path ? fopen(events_path, resume ? "ab" : "wb") : NULL;
     if (!s.out || (err_path && !s.err) || (events_path && !s.events)) {
         fprintf(stderr, "kgen-submit: cannot open the output files\n");
@@ -930,16 +409,16 @@ int main(int argc, char **argv) {
     }
     if (resume) {
         /* what was sent before is on the jobs topic after the recorded offsets */
-        parts = start_list(consumer, cfg.jobs_topic, saved.jobs_part, saved.jobs_off,
-                           saved.n_jobs_parts, ends, &n_parts);
-        if (parts && !read_to_end(consumer, parts, ends, mark_sent, &s,
-                                  kg_clock_us() + (int64_t)(timeout_s * 1e6))) {
+        parts = kg_submit_start_list(consumer, cfg.jobs_topic, saved.jobs_part, saved.jobs_off,
+                                     saved.n_jobs_parts, ends, &n_parts);
+        if (parts && !kg_submit_read_to_end(consumer, parts, ends, kg_submit_mark_sent, &s,
+                                            kg_clock_us() + (int64_t)(timeout_s * 1e6), &g_stop)) {
             fprintf(stderr, "kgen-submit: could not read %s to its end\n", cfg.jobs_topic);
             goto out_keys;
         }
         rd_kafka_topic_partition_list_destroy(parts);
-        parts = start_list(consumer, cfg.results_topic, saved.results_part, saved.results_off,
-                           saved.n_results_parts, ends, &n_parts);
+        parts = kg_submit_start_list(consumer, cfg.results_topic, saved.results_part,
+                                     saved.results_off, saved.n_results_parts, ends, &n_parts);
         size_t n_sent = 0;
         for (size_t i = 0; i < s.n_jobs; i++) {
             n_sent += s.jobs[i].sent;
@@ -949,13 +428,13 @@ int main(int argc, char **argv) {
     } else {
         /* record where both topics end before anything is sent */
         int32_t pp[MAX_PARTS];
-        int nj = topic_ends(consumer, cfg.jobs_topic, pp, ends);
+        int nj = kg_submit_topic_ends(consumer, cfg.jobs_topic, pp, ends);
         for (int i = 0; i < nj; i++) {
             state.jobs_part[i] = pp[i];
             state.jobs_off[i] = ends[i];
         }
         state.n_jobs_parts = nj > 0 ? nj : 0;
-        int nr = topic_ends(consumer, cfg.results_topic, pp, ends);
+        int nr = kg_submit_topic_ends(consumer, cfg.results_topic, pp, ends);
         for (int i = 0; i < nr; i++) {
             state.results_part[i] = pp[i];
             state.results_off[i] = ends[i];
@@ -965,12 +444,12 @@ int main(int argc, char **argv) {
             fprintf(stderr, "kgen-submit: cannot read the metadata of %s\n", cfg.results_topic);
             goto out_keys;
         }
-        if (!state_write(state_path, &state)) {
+        if (!kg_submit_state_write(state_path, &state)) {
             fprintf(stderr, "kgen-submit: cannot write %s: %s\n", state_path, strerror(errno));
             goto out_keys;
         }
-        parts = start_list(consumer, cfg.results_topic, state.results_part, state.results_off,
-                           state.n_results_parts, ends, &n_parts);
+        parts = kg_submit_start_list(consumer, cfg.results_topic, state.results_part,
+                                     state.results_off, state.n_results_parts, ends, &n_parts);
     }
     if (!parts || rd_kafka_assign(consumer, parts)) {
         fprintf(stderr, "kgen-submit: cannot read %s\n", cfg.results_topic);
@@ -1006,7 +485,7 @@ int main(int argc, char **argv) {
                 rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 1);
                 if (rkm) {
                     if (!rkm->err) {
-                        on_event(&s, rkm, true);
+                        kg_submit_on_event(&s, rkm, true);
                     }
                     rd_kafka_message_destroy(rkm);
                 }
@@ -1019,7 +498,7 @@ int main(int argc, char **argv) {
             if (len == 0 || !key) {
                 continue;
             }
-            job_state_t *j = find_job(&s, key);
+            job_state_t *j = kg_submit_find_job(&s, key);
             if (j && (j->sent || j->done)) {
                 continue; /* on the jobs topic already (resuming), or answered */
             }
@@ -1031,7 +510,7 @@ int main(int argc, char **argv) {
              * header, for resuming */
             char pkey[KG_ROUTING_KEY_SIZE];
             const char *kkey = key;
-            if (key_mode > 0 && route_key(line, len, line_no + 1, key_mode, pkey)) {
+            if (key_mode > 0 && kg_submit_route_key(line, len, line_no + 1, key_mode, pkey)) {
                 kkey = pkey;
             }
             kerr = RD_KAFKA_RESP_ERR__QUEUE_FULL;
@@ -1077,13 +556,13 @@ int main(int argc, char **argv) {
     bool interrupted = g_stop != 0;
     if (g_stop && cancel_on_interrupt) {
         g_stop = 0; /* interrupted while sending: cancel what was sent, then wait */
-        cancel_outstanding(&s, producer, cancel_topic);
+        kg_submit_cancel_outstanding(&s, producer, cancel_topic);
     }
     for (;;) {
         if (g_stop && cancel_on_interrupt && !interrupted) {
             interrupted = true;
             g_stop = 0; /* the next Ctrl-C leaves at once */
-            cancel_outstanding(&s, producer, cancel_topic);
+            kg_submit_cancel_outstanding(&s, producer, cancel_topic);
         }
         if (s.n_done >= s.n_jobs || g_stop || kg_clock_us() >= deadline) {
             break;
@@ -1091,7 +570,7 @@ int main(int argc, char **argv) {
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(consumer, 100);
         if (rkm) {
             if (!rkm->err) {
-                on_event(&s, rkm, true);
+                kg_submit_on_event(&s, rkm, true);
             } else if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                 KG_LOG_WARN("submit", "consumer: %s", rd_kafka_message_errstr(rkm));
             }
@@ -1112,7 +591,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\n");
     }
     char ttft[96];
-    ttft_summary(&s, ttft, sizeof(ttft));
+    kg_submit_ttft_summary(&s, ttft, sizeof(ttft));
     fprintf(stderr, "kgen-submit: %zu/%zu jobs finished in %.2f s (%.2f jobs/s, %.1f tok/s)%s%s\n",
             s.n_done, s.n_jobs, secs, secs > 0 ? (double)(s.n_done - done0) / secs : 0.0,
             secs > 0 ? (double)s.n_tokens / secs : 0.0, ttft,

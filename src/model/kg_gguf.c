@@ -10,9 +10,12 @@
  * Every read goes through a cursor that checks the bytes are there before it
  * touches them, with arithmetic that cannot wrap; counts are checked against
  * the bytes left before anything is allocated from them, so a 60-byte file
- * cannot ask for a billion-entry index. */
-#include "kg_gguf.h"
-
+ * cannot ask for a billion-entry index.
+ *
+ * This file reads and checks the file and builds the index (open, free);
+ * kg_gguf_lookup.c answers from the index (keys, typed values, arrays,
+ * tensors); kg_gguf_int.h holds the index they share. */
+#include "kg_gguf_int.h"
 #include "kg_quant.h"
 
 #include <errno.h>
@@ -33,37 +36,6 @@
 /* Arrays of arrays are legal but no real file nests them; the bound keeps a
  * hostile file from recursing the stack away. */
 #define GGUF_MAX_ARRAY_DEPTH 8
-
-typedef struct kv_entry {
-    kg_gguf_str_t key;
-    kg_gguf_type_t type;
-    uint64_t val_off;  /* file offset of the value (after the type tag) */
-    uint64_t val_size; /* bytes of the value */
-    /* arrays only */
-    kg_gguf_type_t arr_type;
-    uint64_t arr_n;
-    uint64_t arr_off;    /* file offset of the first element */
-    kg_gguf_str_t *strs; /* (arr_n) when arr_type is STRING, else NULL */
-} kv_entry_t;
-
-struct kg_gguf {
-    const uint8_t *base; /* the whole file */
-    size_t size;
-    bool mapped; /* base is our mmap (kg_gguf_open) rather than borrowed */
-    uint32_t version;
-    uint32_t alignment;
-    uint64_t data_off; /* file offset of the data section */
-
-    int64_t n_kv;
-    kv_entry_t *kv;    /* (n_kv) */
-    uint32_t *kv_hash; /* open addressing, index + 1, 0 = empty; (hash_cap) */
-    size_t kv_hash_cap;
-
-    int64_t n_tensors;
-    kg_gguf_tensor_t *tensors; /* (n_tensors) */
-    uint32_t *t_hash;          /* like kv_hash */
-    size_t t_hash_cap;
-};
 
 // ---- errors and the cursor ----
 
@@ -104,24 +76,12 @@ need(cursor_t *c, uint64_t n, const char *what, ...) {
     return false;
 }
 
-static uint32_t rd_u32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
-static uint64_t rd_u64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-
 /* The `what` of these readers is a plain string (already formatted). */
 static bool take_u32(cursor_t *c, uint32_t *v, const char *what) {
     if (!need(c, 4, "%s", what)) {
         return false;
     }
-    *v = rd_u32(c->base + c->pos);
+    *v = kg_gguf_rd_u32(c->base + c->pos);
     c->pos += 4;
     return true;
 }
@@ -130,7 +90,7 @@ static bool take_u64(cursor_t *c, uint64_t *v, const char *what) {
     if (!need(c, 8, "%s", what)) {
         return false;
     }
-    *v = rd_u64(c->base + c->pos);
+    *v = kg_gguf_rd_u64(c->base + c->pos);
     c->pos += 8;
     return true;
 }
@@ -167,21 +127,6 @@ static const char *printable(kg_gguf_str_t s, char *buf, size_t cap) {
     }
     buf[n] = '\0';
     return buf;
-}
-
-// ---- hashing (keys and tensor names) ----
-
-static uint64_t hash_bytes(const char *p, uint64_t len) {
-    uint64_t h = 1469598103934665603ull; // FNV-1a
-    for (uint64_t i = 0; i < len; i++) {
-        h ^= (unsigned char)p[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static bool str_eq(kg_gguf_str_t a, const char *b, uint64_t blen) {
-    return a.len == blen && memcmp(a.data, b, (size_t)blen) == 0;
 }
 
 static size_t hash_cap_for(int64_t n) {
@@ -274,7 +219,7 @@ static bool skip_value(cursor_t *c, uint32_t type, int depth, const char *what) 
     return true;
 }
 
-static bool parse_kv(cursor_t *c, kv_entry_t *e, int64_t idx) {
+static bool parse_kv(cursor_t *c, kg_gguf_kv_t *e, int64_t idx) {
     char what[300];
     char kbuf[80];
     snprintf(what, sizeof(what), "key %lld name", (long long)idx);
@@ -332,7 +277,7 @@ static bool parse_kv(cursor_t *c, kv_entry_t *e, int64_t idx) {
                 // fast path without formatting: vocabularies have 100k+ strings
                 size_t left = c->size - c->pos;
                 if (left >= 8) {
-                    uint64_t len = rd_u64(c->base + c->pos);
+                    uint64_t len = kg_gguf_rd_u64(c->base + c->pos);
                     if (len <= left - 8) {
                         e->strs[i].data = (const char *)c->base + c->pos + 8;
                         e->strs[i].len = len;
@@ -357,55 +302,6 @@ static bool parse_kv(cursor_t *c, kv_entry_t *e, int64_t idx) {
         return false;
     }
     e->val_size = c->pos - e->val_off;
-    return true;
-}
-
-/** Integer value of a scalar metadata entry, as signed or unsigned 64-bit.
- * Returns false when the entry is not an integer. */
-static bool kv_int(const kg_gguf_t *g, const kv_entry_t *e, bool *neg, uint64_t *mag) {
-    const uint8_t *p = g->base + e->val_off;
-    int64_t s;
-    *neg = false;
-    switch (e->type) {
-    case KG_GGUF_TYPE_UINT8:
-        *mag = p[0];
-        return true;
-    case KG_GGUF_TYPE_UINT16: {
-        uint16_t v;
-        memcpy(&v, p, 2);
-        *mag = v;
-        return true;
-    }
-    case KG_GGUF_TYPE_UINT32:
-        *mag = rd_u32(p);
-        return true;
-    case KG_GGUF_TYPE_UINT64:
-        *mag = rd_u64(p);
-        return true;
-    case KG_GGUF_TYPE_INT8:
-        s = (int8_t)p[0];
-        break;
-    case KG_GGUF_TYPE_INT16: {
-        int16_t v;
-        memcpy(&v, p, 2);
-        s = v;
-        break;
-    }
-    case KG_GGUF_TYPE_INT32: {
-        int32_t v;
-        memcpy(&v, p, 4);
-        s = v;
-        break;
-    }
-    case KG_GGUF_TYPE_INT64:
-        memcpy(&s, p, 8);
-        break;
-    default:
-        return false;
-    }
-    *neg = s < 0;
-    // magnitude without overflow for INT64_MIN
-    *mag = s < 0 ? (uint64_t)(-(s + 1)) + 1 : (uint64_t)s;
     return true;
 }
 
@@ -525,10 +421,10 @@ static bool index_keys(kg_gguf_t *g, cursor_t *c, const size_t *key_offs) {
     for (int64_t i = 0; i < g->n_kv; i++) {
         kg_gguf_str_t k = g->kv[i].key;
         size_t mask = g->kv_hash_cap - 1;
-        size_t h = (size_t)hash_bytes(k.data, k.len) & mask;
+        size_t h = (size_t)kg_gguf_hash(k.data, k.len) & mask;
         while (g->kv_hash[h]) {
             kg_gguf_str_t o = g->kv[g->kv_hash[h] - 1].key;
-            if (str_eq(o, k.data, k.len)) {
+            if (kg_gguf_str_eq(o, k.data, k.len)) {
                 char kbuf[80];
                 set_err(c->errstr, c->errstr_size, "gguf: duplicate key '%s' at offset %zu",
                         printable(k, kbuf, sizeof(kbuf)), key_offs[i]);
@@ -552,10 +448,10 @@ static bool index_tensors(kg_gguf_t *g, cursor_t *c, const size_t *info_offs) {
     for (int64_t i = 0; i < g->n_tensors; i++) {
         kg_gguf_str_t k = g->tensors[i].name;
         size_t mask = g->t_hash_cap - 1;
-        size_t h = (size_t)hash_bytes(k.data, k.len) & mask;
+        size_t h = (size_t)kg_gguf_hash(k.data, k.len) & mask;
         while (g->t_hash[h]) {
             kg_gguf_str_t o = g->tensors[g->t_hash[h] - 1].name;
-            if (str_eq(o, k.data, k.len)) {
+            if (kg_gguf_str_eq(o, k.data, k.len)) {
                 char nbuf[80];
                 set_err(c->errstr, c->errstr_size, "gguf: duplicate tensor '%s' at offset %zu",
                         printable(k, nbuf, sizeof(nbuf)), info_offs[i]);
@@ -575,10 +471,10 @@ static bool read_alignment(kg_gguf_t *g, cursor_t *c) {
     if (idx < 0) {
         return true;
     }
-    const kv_entry_t *e = &g->kv[idx];
+    const kg_gguf_kv_t *e = &g->kv[idx];
     bool neg;
     uint64_t v;
-    if (!kv_int(g, e, &neg, &v)) {
+    if (!kg_gguf_kv_int(g, e, &neg, &v)) {
         set_err(c->errstr, c->errstr_size,
                 "gguf: general.alignment at offset %llu has type %s, expected an integer",
                 (unsigned long long)e->val_off, type_name_kv(e->type));
@@ -807,259 +703,6 @@ uint32_t kg_gguf_alignment(const kg_gguf_t *g) {
     return g->alignment;
 }
 
-// ---- metadata accessors ----
-
-int64_t kg_gguf_n_kv(const kg_gguf_t *g) {
-    return g->n_kv;
-}
-
-int64_t kg_gguf_find_key(const kg_gguf_t *g, const char *key) {
-    if (!g->kv_hash) {
-        return -1;
-    }
-    uint64_t len = strlen(key);
-    size_t mask = g->kv_hash_cap - 1;
-    for (size_t h = (size_t)hash_bytes(key, len) & mask; g->kv_hash[h]; h = (h + 1) & mask) {
-        int64_t i = (int64_t)g->kv_hash[h] - 1;
-        if (str_eq(g->kv[i].key, key, len)) {
-            return i;
-        }
-    }
-    return -1;
-}
-
-kg_gguf_str_t kg_gguf_key(const kg_gguf_t *g, int64_t idx) {
-    return g->kv[idx].key;
-}
-
-kg_gguf_type_t kg_gguf_kv_type(const kg_gguf_t *g, int64_t idx) {
-    return g->kv[idx].type;
-}
-
-const void *kg_gguf_kv_raw(const kg_gguf_t *g, int64_t idx, size_t *size) {
-    *size = (size_t)g->kv[idx].val_size;
-    return g->base + g->kv[idx].val_off;
-}
-
-static const kv_entry_t *find(const kg_gguf_t *g, const char *key) {
-    int64_t i = kg_gguf_find_key(g, key);
-    return i < 0 ? NULL : &g->kv[i];
-}
-
-bool kg_gguf_get_u32(const kg_gguf_t *g, const char *key, uint32_t *out) {
-    const kv_entry_t *e = find(g, key);
-    bool neg;
-    uint64_t v;
-    if (!e || !kv_int(g, e, &neg, &v) || neg || v > UINT32_MAX) {
-        return false;
-    }
-    *out = (uint32_t)v;
-    return true;
-}
-
-bool kg_gguf_get_i64(const kg_gguf_t *g, const char *key, int64_t *out) {
-    const kv_entry_t *e = find(g, key);
-    bool neg;
-    uint64_t v;
-    if (!e || !kv_int(g, e, &neg, &v)) {
-        return false;
-    }
-    if (neg) {
-        if (v > (uint64_t)INT64_MAX + 1) {
-            return false;
-        }
-        *out = v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
-    } else {
-        if (v > (uint64_t)INT64_MAX) {
-            return false;
-        }
-        *out = (int64_t)v;
-    }
-    return true;
-}
-
-bool kg_gguf_get_f32(const kg_gguf_t *g, const char *key, float *out) {
-    const kv_entry_t *e = find(g, key);
-    if (!e) {
-        return false;
-    }
-    if (e->type == KG_GGUF_TYPE_FLOAT32) {
-        memcpy(out, g->base + e->val_off, sizeof(float));
-        return true;
-    }
-    if (e->type == KG_GGUF_TYPE_FLOAT64) {
-        double d;
-        memcpy(&d, g->base + e->val_off, sizeof(d));
-        *out = (float)d;
-        return true;
-    }
-    return false;
-}
-
-bool kg_gguf_get_bool(const kg_gguf_t *g, const char *key, bool *out) {
-    const kv_entry_t *e = find(g, key);
-    if (!e || e->type != KG_GGUF_TYPE_BOOL) {
-        return false;
-    }
-    *out = g->base[e->val_off] != 0;
-    return true;
-}
-
-bool kg_gguf_get_str(const kg_gguf_t *g, const char *key, kg_gguf_str_t *out) {
-    const kv_entry_t *e = find(g, key);
-    if (!e || e->type != KG_GGUF_TYPE_STRING) {
-        return false;
-    }
-    out->len = rd_u64(g->base + e->val_off);
-    out->data = (const char *)g->base + e->val_off + 8;
-    return true;
-}
-
-bool kg_gguf_get_arr(const kg_gguf_t *g, const char *key, kg_gguf_type_t *elem_type, uint64_t *n) {
-    const kv_entry_t *e = find(g, key);
-    if (!e || e->type != KG_GGUF_TYPE_ARRAY) {
-        return false;
-    }
-    *elem_type = e->arr_type;
-    *n = e->arr_n;
-    return true;
-}
-
-kg_gguf_str_t kg_gguf_arr_str(const kg_gguf_t *g, const char *key, uint64_t i) {
-    const kv_entry_t *e = find(g, key);
-    kg_gguf_str_t none = {"", 0};
-    if (!e || !e->strs || i >= e->arr_n) {
-        return none;
-    }
-    return e->strs[i];
-}
-
-/** Element i of an integer array; false when it does not fit int64. */
-static bool arr_elem_int(const kg_gguf_t *g, const kv_entry_t *e, uint64_t i, int64_t *iv) {
-    const uint8_t *p = g->base + e->arr_off + i * kg_gguf_type_size(e->arr_type);
-    switch (e->arr_type) {
-    case KG_GGUF_TYPE_UINT8:
-        *iv = p[0];
-        return true;
-    case KG_GGUF_TYPE_INT8:
-        *iv = (int8_t)p[0];
-        return true;
-    case KG_GGUF_TYPE_UINT16: {
-        uint16_t x;
-        memcpy(&x, p, 2);
-        *iv = x;
-        return true;
-    }
-    case KG_GGUF_TYPE_INT16: {
-        int16_t x;
-        memcpy(&x, p, 2);
-        *iv = x;
-        return true;
-    }
-    case KG_GGUF_TYPE_UINT32:
-        *iv = rd_u32(p);
-        return true;
-    case KG_GGUF_TYPE_INT32: {
-        int32_t x;
-        memcpy(&x, p, 4);
-        *iv = x;
-        return true;
-    }
-    case KG_GGUF_TYPE_UINT64: {
-        uint64_t x = rd_u64(p);
-        *iv = (int64_t)x;
-        return x <= (uint64_t)INT64_MAX;
-    }
-    case KG_GGUF_TYPE_INT64:
-        memcpy(iv, p, 8);
-        return true;
-    default:
-        return false;
-    }
-}
-
-static bool is_int_type(kg_gguf_type_t t) {
-    return kg_gguf_type_size(t) != 0 && t != KG_GGUF_TYPE_BOOL && t != KG_GGUF_TYPE_FLOAT32 &&
-           t != KG_GGUF_TYPE_FLOAT64;
-}
-
-bool kg_gguf_arr_f32(const kg_gguf_t *g, const char *key, float *dst, uint64_t n) {
-    const kv_entry_t *e = find(g, key);
-    if (!e || e->type != KG_GGUF_TYPE_ARRAY || e->arr_n != n) {
-        return false;
-    }
-    const uint8_t *p = g->base + e->arr_off;
-    if (e->arr_type == KG_GGUF_TYPE_FLOAT32) {
-        memcpy(dst, p, (size_t)n * sizeof(float));
-        return true;
-    }
-    if (e->arr_type == KG_GGUF_TYPE_FLOAT64) {
-        for (uint64_t i = 0; i < n; i++) {
-            double d;
-            memcpy(&d, p + 8 * i, sizeof(d));
-            dst[i] = (float)d;
-        }
-        return true;
-    }
-    if (!is_int_type(e->arr_type)) {
-        return false;
-    }
-    for (uint64_t i = 0; i < n; i++) {
-        int64_t iv = 0;
-        if (arr_elem_int(g, e, i, &iv)) {
-            dst[i] = (float)iv;
-        } else {
-            dst[i] = (float)(uint64_t)iv; // a u64 above INT64_MAX
-        }
-    }
-    return true;
-}
-
-bool kg_gguf_arr_i32(const kg_gguf_t *g, const char *key, int32_t *dst, uint64_t n) {
-    const kv_entry_t *e = find(g, key);
-    if (!e || e->type != KG_GGUF_TYPE_ARRAY || e->arr_n != n || !is_int_type(e->arr_type)) {
-        return false;
-    }
-    // check every element first so dst is untouched on failure
-    for (uint64_t i = 0; i < n; i++) {
-        int64_t iv = 0;
-        if (!arr_elem_int(g, e, i, &iv) || iv < INT32_MIN || iv > INT32_MAX) {
-            return false;
-        }
-    }
-    for (uint64_t i = 0; i < n; i++) {
-        int64_t iv = 0;
-        arr_elem_int(g, e, i, &iv);
-        dst[i] = (int32_t)iv;
-    }
-    return true;
-}
-
-// ---- tensors ----
-
-int64_t kg_gguf_n_tensors(const kg_gguf_t *g) {
-    return g->n_tensors;
-}
-
-const kg_gguf_tensor_t *kg_gguf_tensor(const kg_gguf_t *g, int64_t idx) {
-    return &g->tensors[idx];
-}
-
-const kg_gguf_tensor_t *kg_gguf_find_tensor(const kg_gguf_t *g, const char *name) {
-    if (!g->t_hash) {
-        return NULL;
-    }
-    uint64_t len = strlen(name);
-    size_t mask = g->t_hash_cap - 1;
-    for (size_t h = (size_t)hash_bytes(name, len) & mask; g->t_hash[h]; h = (h + 1) & mask) {
-        const kg_gguf_tensor_t *t = &g->tensors[g->t_hash[h] - 1];
-        if (str_eq(t->name, name, len)) {
-            return t;
-        }
-    }
-    return NULL;
-}
-
 void kg_gguf_release(const kg_gguf_t *g, const void *data, size_t size) {
     if (!g->mapped || size == 0) {
         return; /* borrowed memory: dropping its pages would zero it */
@@ -1071,9 +714,4 @@ void kg_gguf_release(const kg_gguf_t *g, const void *data, size_t size) {
         (const uint8_t *)data + size <= g->base + g->size) {
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
     }
-}
-
-const char *kg_ggml_type_name(kg_ggml_type_t type) {
-    const char *name = kg_type_name((uint32_t)type);
-    return name ? name : "unknown";
 }

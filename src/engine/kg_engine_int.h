@@ -1,0 +1,107 @@
+/* kg_engine_int: the engine's state, shared by kg_engine.c (lifecycle,
+ * the waiting queue, submit and cancel, queries) and kg_engine_step.c
+ * (finishing, preemption, admission and the step), and by no one else. */
+#pragma once
+
+#include "kg_engine.h"
+#include "kg_kv.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* One request from submit to finish: waiting (slot -1) or running. */
+typedef struct kg_seq {
+    bool live;
+    bool cancelled;
+    bool front;         /* preempted: stays ahead of every submitted request */
+    bool admitted_once; /* n_cached is known */
+    uint64_t id;
+    int32_t priority;
+    int64_t deadline_us; /* 0: none */
+    int32_t max_tokens;
+    bool ignore_eos;
+    kg_sampling_params_t sampling;
+    kg_rng_t rng;
+    int32_t *tokens; /* (max_seq_len) the prompt, then the output */
+    int32_t n_prompt;
+    int32_t n_tokens;      /* prompt + output */
+    int32_t n_computed;    /* leading tokens whose K/V are in the slot's blocks */
+    int32_t prefill_end;   /* tokens before it count as prefill (set at admission) */
+    int32_t n_cached;      /* prompt tokens from the prefix cache at first admission */
+    int32_t slot;          /* -1 while waiting */
+    int32_t n_sched;       /* tokens in this step's batch */
+    int32_t choice;        /* index among the request's choices */
+    int32_t leader;        /* a choice waiting for its fork: the leader's record; else -1 */
+    int32_t n_pending;     /* a leader: choices still waiting for the fork */
+    int32_t n_reserved;    /* a running leader: slots held for them */
+    kg_logit_bias_t *bias; /* (KG_MAX_LOGIT_BIAS) sampling.logit_bias points here */
+    kg_grammar_t *grammar; /* a reference, NULL when unconstrained */
+    kg_matcher_t *matcher; /* the record's matcher (allocated on first use, kept) */
+} kg_seq_t;
+
+struct kg_engine {
+    kg_backend_t *be; /* borrowed */
+    kg_engine_params_t p;
+    int32_t max_blocks_per_seq;
+    int32_t headroom; /* blocks kept free when admitting next to running sequences */
+    kg_kv_t *kv;
+    kg_sampler_scratch_t *scratch;
+
+    // ---- requests ----
+    int32_t n_recs;     /* max_queue_depth + max_batch_size */
+    kg_seq_t *recs;     /* (n_recs) */
+    int32_t *arena;     /* (n_recs, max_seq_len) token buffers */
+    int32_t *free_recs; /* (n_recs) stack of unused record ids */
+    int32_t n_free_recs;
+    int32_t *wait; /* (n_recs) waiting record ids in admission order */
+    int32_t n_wait;
+    int32_t *run; /* (max_batch_size) running record ids, oldest admission first */
+    int32_t n_run;
+    int32_t *free_slots; /* (max_batch_size) stack of unused slot ids */
+    int32_t n_free_slots;
+    int32_t n_reserved_slots;    /* free slots held for choices waiting to fork */
+    kg_logit_bias_t *bias_arena; /* (n_recs, KG_MAX_LOGIT_BIAS) */
+    int32_t *copy_src;           /* (max_batch_size) KV blocks to copy at a fork */
+    int32_t *copy_dst;           /* (max_batch_size) */
+    uint64_t n_submitted;
+
+    // ---- the step ----
+    int32_t *b_token;          /* (max_batch_tokens) */
+    int32_t *b_pos;            /* (max_batch_tokens) */
+    int32_t *b_seq;            /* (max_batch_tokens) slot of each token */
+    bool *b_want;              /* (max_batch_tokens) */
+    int32_t *b_row_rec;        /* (max_batch_size) record of each logits row */
+    bool *b_in_step;           /* (max_batch_size) run[i] had tokens in a failed step */
+    float *logits;             /* (max_batch_size, n_vocab) */
+    bool device_sample;        /* the backend samples on its device: logits stay there */
+    kg_sample_request_t *sreq; /* (max_batch_size) device sampling requests */
+    kg_sample_result_t *sres;  /* (max_batch_size) their results */
+    kg_rng_t *rng_save;        /* (max_batch_size) the rows' RNG states before sampling */
+    kg_completion_t *done;     /* (max_done) finishes and tokens to report */
+    int32_t n_done, max_done;
+    /* constrained decoding */
+    int32_t mask_words; /* (n_vocab + 31) / 32 */
+    uint32_t *masks;    /* (max_batch_size, mask_words) this step's masks, by row */
+    bool *row_any;      /* (max_batch_size) the row's mask allows a token or the end */
+    kg_rng_t dummy_rng; /* what a forced row's device sample draws from (and drops) */
+
+    int64_t (*now_us)(void *ctx);
+    void *now_ctx;
+    kg_engine_stats_t st;
+};
+
+// ---- the waiting queue (kg_engine.c) ----
+
+/** Put a preempted request at the very front of the waiting queue. */
+void kg_engine_wait_push_front(kg_engine_t *e, int32_t r);
+/** Drop wait[i] (admitted or finished while waiting). */
+void kg_engine_wait_remove_at(kg_engine_t *e, int32_t i);
+/** Drop run[i] (finished or preempted). */
+void kg_engine_run_remove_at(kg_engine_t *e, int32_t i);

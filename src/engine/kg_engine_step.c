@@ -1,0 +1,632 @@
+/* kg_engine_step: one step of the continuous-batching scheduler (see
+ * kg_engine.h for the design and the completion convention): expire
+ * deadlines, reserve KV blocks for the running sequences (preempting the
+ * newest when the pool runs short), admit waiting requests into the rest of
+ * the token budget, fork the choices of a request whose prompt is done, run
+ * the forward pass, then sample, constrain and finish each row and report
+ * the completions. The engine's state is in kg_engine_int.h. */
+#include "../core/kg_clock.h"
+#include "../core/kg_log.h"
+#include "kg_engine_int.h"
+#include "kg_kv.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// ---- finishing and preempting ----
+
+static void report(kg_engine_t *e,
+                   const kg_seq_t *seq,
+                   int32_t token,
+                   kg_finish_t finish,
+                   const kg_sample_result_t *sample) {
+    kg_completion_t *c = &e->done[e->n_done++];
+    c->id = seq->id;
+    c->choice = seq->choice;
+    c->token = token;
+    c->finish = finish;
+    c->n_prompt = seq->n_prompt;
+    c->n_cached = seq->n_cached;
+    int32_t n_output = seq->n_tokens - seq->n_prompt;
+    c->index = token >= 0 ? n_output - 1 : n_output;
+    if (sample) {
+        c->sample = *sample;
+    } else {
+        memset(&c->sample, 0, sizeof(c->sample));
+        c->sample.token = -1;
+    }
+}
+
+static void free_record(kg_engine_t *e, int32_t r) {
+    e->recs[r].live = false;
+    kg_grammar_unref(e->recs[r].grammar); /* the matcher stays with the record */
+    e->recs[r].grammar = NULL;
+    e->free_recs[e->n_free_recs++] = r;
+}
+
+/* A leader that ends before its fork ends its waiting choices with it. */
+static void end_pending(kg_engine_t *e, int32_t r, kg_finish_t finish) {
+    for (int32_t f = 0; f < e->n_recs && e->recs[r].n_pending > 0; f++) {
+        if (e->recs[f].live && e->recs[f].leader == r) {
+            e->recs[r].n_pending--;
+            report(e, &e->recs[f], -1, finish, NULL);
+            free_record(e, f);
+        }
+    }
+}
+
+/* Give back the slot and blocks of run[i] and take it off the run list. */
+static void unschedule(kg_engine_t *e, int32_t i) {
+    kg_seq_t *seq = &e->recs[e->run[i]];
+    e->n_reserved_slots -= seq->n_reserved; /* a leader preempted or ended before its fork */
+    seq->n_reserved = 0;
+    kg_kv_seq_release(e->kv, seq->slot);
+    e->free_slots[e->n_free_slots++] = seq->slot;
+    seq->slot = -1;
+    seq->n_sched = 0;
+    kg_engine_run_remove_at(e, i);
+}
+
+static void finish_running(kg_engine_t *e, int32_t i, kg_finish_t finish) {
+    int32_t r = e->run[i];
+    report(e, &e->recs[r], -1, finish, NULL);
+    unschedule(e, i);
+    end_pending(e, r, finish);
+    free_record(e, r);
+}
+
+static void preempt(kg_engine_t *e, int32_t i) {
+    int32_t r = e->run[i];
+    kg_seq_t *seq = &e->recs[r];
+    unschedule(e, i);
+    seq->n_computed = 0;
+    seq->front = true;
+    kg_engine_wait_push_front(e, r);
+    e->st.n_preemptions++;
+    KG_LOG_DEBUG("engine", "preempted id=%llu tokens=%d", (unsigned long long)seq->id,
+                 seq->n_tokens);
+}
+
+static kg_finish_t expiry(const kg_seq_t *seq, int64_t now) {
+    if (seq->cancelled) {
+        return KG_FINISH_CANCELLED;
+    }
+    if (seq->deadline_us > 0 && now >= seq->deadline_us) {
+        return KG_FINISH_DEADLINE;
+    }
+    return KG_FINISH_NONE;
+}
+
+static bool is_eog(const kg_engine_t *e, int32_t tok) {
+    for (int32_t i = 0; i < e->p.n_eog; i++) {
+        if (e->p.eog[i] == tok) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// ---- the step ----
+
+/* Step phase 1: cancels and deadlines, running and waiting. */
+static void expire(kg_engine_t *e) {
+    int64_t now = e->now_us(e->now_ctx);
+    for (int32_t i = 0; i < e->n_run;) {
+        kg_finish_t f = expiry(&e->recs[e->run[i]], now);
+        if (f != KG_FINISH_NONE) {
+            finish_running(e, i, f);
+        } else {
+            i++;
+        }
+    }
+    for (int32_t i = 0; i < e->n_wait;) {
+        int32_t r = e->wait[i];
+        kg_finish_t f = expiry(&e->recs[r], now);
+        if (f != KG_FINISH_NONE) {
+            report(e, &e->recs[r], -1, f, NULL);
+            kg_engine_wait_remove_at(e, i);
+            end_pending(e, r, f);
+            free_record(e, r);
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Step phase 2a: with a model whose every layer is windowed, give back
+ * each running sequence's blocks that lie wholly before the window of the
+ * first token it computes next: a long generation then holds about
+ * kv_window / block_size blocks, not one per block_size tokens of it. */
+static void drop_out_of_window(kg_engine_t *e) {
+    const int32_t w = e->p.kv_window, bs = e->p.kv_block_size;
+    if (w <= 0) {
+        return;
+    }
+    for (int32_t i = 0; i < e->n_run; i++) {
+        const kg_seq_t *seq = &e->recs[e->run[i]];
+        const int32_t first = seq->n_computed - w + 1; /* first position still read */
+        if (first >= bs) {
+            kg_kv_seq_drop_front(e->kv, seq->slot, first / bs);
+        }
+    }
+}
+
+/* Step phase 2: a block for the next token of every running sequence,
+ * oldest first. Returns whether anything was preempted. */
+static bool reserve_blocks(kg_engine_t *e) {
+    bool preempted = false;
+    int32_t bs = e->p.kv_block_size;
+    for (int32_t i = 0; i < e->n_run;) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        int32_t need = (seq->n_tokens - 1) / bs + 1;
+        bool gone = false;
+        while (kg_kv_seq_n_blocks(e->kv, seq->slot) < need) {
+            if (kg_kv_seq_grow(e->kv, seq->slot)) {
+                continue;
+            }
+            if (e->n_run == 1) {
+                /* Alone in a pool full of its own blocks: the context cannot
+                 * grow here, ever. Waiting would hang. */
+                finish_running(e, i, KG_FINISH_LENGTH);
+                gone = true;
+                break;
+            }
+            int32_t victim = e->n_run - 1;
+            preempt(e, victim);
+            preempted = true;
+            if (victim == i) {
+                gone = true;
+                break;
+            }
+        }
+        if (!gone) {
+            i++;
+        }
+    }
+    return preempted;
+}
+
+static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, int32_t *n_rows) {
+    kg_seq_t *seq = &e->recs[r];
+    int32_t n = seq->n_tokens - seq->n_computed;
+    if (n > n_max) {
+        n = n_max;
+    }
+    for (int32_t k = 0; k < n; k++) {
+        int32_t pos = seq->n_computed + k;
+        e->b_token[nt + k] = seq->tokens[pos];
+        e->b_pos[nt + k] = pos;
+        e->b_seq[nt + k] = seq->slot;
+        e->b_want[nt + k] = pos == seq->n_tokens - 1;
+    }
+    if (n > 0 && seq->n_computed + n == seq->n_tokens) {
+        e->b_row_rec[(*n_rows)++] = r;
+    }
+    seq->n_sched = n;
+    return n;
+}
+
+/* Whether a running sequence is about to compute the block `w` would need
+ * first (block `hit`, after those it finds cached) as part of the same
+ * prefix. Then `w` is better off waiting a step or a few and taking those
+ * blocks from the cache: jobs that share a system prompt compute it once,
+ * not once per job admitted before the first copy was registered. The wait
+ * ends when that sequence has passed the block or has left the batch. */
+static bool prefix_in_flight(const kg_engine_t *e, const kg_seq_t *w, int32_t hit) {
+    const int32_t bs = e->p.kv_block_size, end = (hit + 1) * bs;
+    if (!e->p.prefix_cache || (w->n_tokens - 1) / bs <= hit) {
+        return false; /* w could not take that block from the cache anyway */
+    }
+    for (int32_t i = 0; i < e->n_run; i++) {
+        const kg_seq_t *r = &e->recs[e->run[i]];
+        if (r->n_computed < end && r->n_tokens >= end &&
+            memcmp(r->tokens, w->tokens, (size_t)end * sizeof(int32_t)) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Step phase 4: admit from the head of the queue while there is a slot,
+ * token budget and blocks. Returns the new batch size. */
+static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
+    int32_t bs = e->p.kv_block_size;
+    while (e->n_wait > 0 && e->n_free_slots > e->n_reserved_slots && nt < e->p.max_batch_tokens) {
+        int32_t r = e->wait[0];
+        kg_seq_t *seq = &e->recs[r];
+        /* Leave at least the last token to compute: its logits are needed. */
+        int32_t idle = 0;
+        int32_t hit = kg_kv_match(e->kv, seq->tokens, (seq->n_tokens - 1) / bs, &idle);
+        int32_t need = (seq->n_tokens - 1) / bs + 1;
+        int32_t headroom = e->n_run > 0 ? e->headroom : 0;
+        /* choices waiting to fork: a slot and a block each, held from now */
+        int32_t k = seq->n_pending;
+        if (e->n_free_slots - e->n_reserved_slots < 1 + k ||
+            need - hit + headroom + k > kg_kv_n_available(e->kv) - idle ||
+            prefix_in_flight(e, seq, hit)) {
+            break; /* the head waits; nobody overtakes it */
+        }
+        seq->n_reserved = k;
+        e->n_reserved_slots += k;
+        int32_t slot = e->free_slots[--e->n_free_slots];
+        kg_status_t st = kg_kv_seq_assign(e->kv, slot, seq->tokens, hit, need);
+        KG_ASSERT(st == KG_OK);
+        kg_engine_wait_remove_at(e, 0);
+        e->run[e->n_run++] = r;
+        seq->slot = slot;
+        seq->front = false;
+        seq->n_computed = hit * bs;
+        /* Recomputing a preempted sequence's tokens counts as prefill, but
+         * its last token was sampled and never fed: that one is a decode. */
+        seq->prefill_end = seq->n_tokens > seq->n_prompt ? seq->n_tokens - 1 : seq->n_tokens;
+        if (!seq->admitted_once) {
+            seq->admitted_once = true;
+            seq->n_cached = hit * bs;
+            e->st.n_prompt_tokens += seq->n_prompt;
+            e->st.n_prefix_hit_tokens += hit * bs;
+        }
+        nt += schedule(e, r, e->p.max_batch_tokens - nt, nt, n_rows);
+    }
+    return nt;
+}
+
+/* The leader run[i] has computed its prompt: start its waiting choices
+ * (see CHOICES in kg_engine.h). Their slots were held at admission. */
+static void fork_choices(kg_engine_t *e, int32_t r) {
+    kg_seq_t *lead = &e->recs[r];
+    const int32_t bs = e->p.kv_block_size;
+    const int32_t n_share = (lead->n_prompt - 1) / bs; /* full blocks before the last token's */
+    const bool copy = kg_backend_has_kv_copy(e->be);
+    int32_t n_copy = 0;
+    for (int32_t f = 0; f < e->n_recs && lead->n_pending > 0; f++) {
+        kg_seq_t *seq = &e->recs[f];
+        if (!seq->live || seq->leader != r) {
+            continue;
+        }
+        seq->leader = -1;
+        lead->n_pending--;
+        lead->n_reserved--;
+        e->n_reserved_slots--;
+        if (seq->cancelled) {
+            report(e, seq, -1, KG_FINISH_CANCELLED, NULL);
+            free_record(e, f);
+            continue;
+        }
+        int32_t slot = e->free_slots[--e->n_free_slots];
+        int32_t src = -1, dst = -1;
+        /* recomputing the copied block would read positions a windowed leader
+         * may have given back already: then the choice starts as a request */
+        if ((!copy && e->p.kv_window > 0) ||
+            !kg_kv_seq_fork(e->kv, lead->slot, slot, n_share, &src, &dst)) {
+            /* no block now: an ordinary request at the front of the queue */
+            e->free_slots[e->n_free_slots++] = slot;
+            seq->front = true;
+            kg_engine_wait_push_front(e, f);
+            continue;
+        }
+        seq->slot = slot;
+        seq->admitted_once = true;
+        seq->n_cached = lead->n_cached;
+        /* with a copy only the last prompt token is left: a decode row of its
+         * own; without, the copied block's tokens are recomputed (prefill) */
+        seq->n_computed = copy ? lead->n_prompt - 1 : n_share * bs;
+        seq->prefill_end = lead->n_prompt - 1;
+        if (copy) {
+            e->copy_src[n_copy] = src;
+            e->copy_dst[n_copy++] = dst;
+        }
+        e->run[e->n_run++] = f;
+        e->st.n_forks++;
+    }
+    if (n_copy > 0 && kg_backend_kv_copy(e->be, e->copy_src, e->copy_dst, n_copy) != KG_OK) {
+        /* the copies are not there: recompute those blocks instead (a dead
+         * device fails the next forward anyway) */
+        for (int32_t i = 0; i < e->n_run; i++) {
+            kg_seq_t *seq = &e->recs[e->run[i]];
+            if (seq->id == lead->id && seq != lead && seq->n_computed == lead->n_prompt - 1 &&
+                seq->n_tokens == lead->n_prompt) {
+                seq->n_computed = n_share * bs;
+            }
+        }
+    }
+}
+
+/* Append a token to the output and report it; whether that ended the
+ * sequence (max_tokens or the context). */
+static bool
+append_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result_t *res) {
+    seq->tokens[seq->n_tokens++] = tok;
+    kg_finish_t f = KG_FINISH_NONE;
+    if (seq->n_tokens - seq->n_prompt >= seq->max_tokens || seq->n_tokens >= e->p.max_seq_len) {
+        f = KG_FINISH_LENGTH;
+    }
+    report(e, seq, tok, f, res);
+    return f != KG_FINISH_NONE;
+}
+
+/* A backend failure that is not device-wide: end the request(s) it touched
+ * with KG_FINISH_ERROR (one sequence, or every request of the step) and
+ * leave the rest to run again next step. in_step[i]: run[i] had tokens in
+ * the failed batch. */
+static void
+fail_faulted(kg_engine_t *e, const kg_backend_fault_t *f, bool *in_step, int32_t n_rows) {
+    int32_t only = -1; /* record of the one request the fault names */
+    if (f->scope == KG_FAULT_SEQ && f->row >= 0 && f->row < n_rows) {
+        only = e->b_row_rec[f->row];
+    }
+    for (int32_t i = 0; f->scope == KG_FAULT_SEQ && f->seq >= 0 && i < e->n_run; i++) {
+        if (e->recs[e->run[i]].slot == f->seq) {
+            only = e->run[i];
+        }
+    }
+    for (int32_t i = 0; i < e->n_run;) {
+        const int32_t r = e->run[i];
+        if (only >= 0 ? r == only : in_step[i]) {
+            KG_LOG_ERROR("engine", "request failed in the backend: %s id=%llu", f->message,
+                         (unsigned long long)e->recs[r].id);
+            finish_running(e, i, KG_FINISH_ERROR);
+            memmove(in_step + i, in_step + i + 1, (size_t)(e->n_run - i) * sizeof(bool));
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Append a token the matcher has just accepted; whether the sequence
+ * ended. A token that completes the grammar ends it STOP (reported after
+ * the token), even on its last allowed token: the document is whole. */
+static bool
+grammar_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result_t *res) {
+    if (kg_matcher_is_done(seq->matcher)) {
+        /* a running sequence has room for one more token (n_tokens < max_seq_len) */
+        seq->tokens[seq->n_tokens++] = tok;
+        report(e, seq, tok, KG_FINISH_NONE, res);
+        report(e, seq, -1, KG_FINISH_STOP, NULL);
+        return true;
+    }
+    return append_token(e, seq, tok, res);
+}
+
+/* Append a sampled token or finish; returns whether the sequence ended.
+ * A constrained sequence advances its matcher, ends STOP when the grammar
+ * is complete, and takes the forced tokens that follow (jump-forward). */
+static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
+    kg_seq_t *seq = &e->recs[r];
+    int32_t tok = res->token;
+    /* a grammar's mask holds EOG only where it may end (and never with
+     * ignore_eos), so an EOG token there is always the end */
+    if ((!seq->ignore_eos || seq->grammar) && is_eog(e, tok)) {
+        report(e, seq, -1, KG_FINISH_STOP, res);
+        return true;
+    }
+    if (!seq->grammar) {
+        return append_token(e, seq, tok, res);
+    }
+    kg_matcher_t *m = seq->matcher;
+    if (!kg_matcher_accept(m, tok)) {
+        /* the mask allowed it: a kgen bug, not the job's */
+        KG_LOG_ERROR("engine", "grammar refused sampled token id=%llu token=%d",
+                     (unsigned long long)seq->id, tok);
+        report(e, seq, -1, KG_FINISH_ERROR, NULL);
+        return true;
+    }
+    if (grammar_token(e, seq, tok, res)) {
+        return true;
+    }
+    for (int32_t k = 0; k < KG_ENGINE_MAX_FORCED; k++) {
+        int32_t f = e->p.no_jump_forward ? -1 : kg_matcher_forced(m);
+        if (f < 0 || !kg_matcher_accept(m, f)) {
+            break;
+        }
+        e->st.n_grammar_forced_tokens++;
+        kg_sample_result_t fr = {.token = f, .logprob = 0.0f, .n_top = 0};
+        if (grammar_token(e, seq, f, &fr)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Build the masks of this step's constrained rows (after the forward is
+ * launched and before sampling: on a device backend they overlap). */
+static void build_masks(kg_engine_t *e, int32_t n_rows) {
+    for (int32_t row = 0; row < n_rows; row++) {
+        kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
+        if (!seq->grammar) {
+            continue;
+        }
+        int64_t t0 = now_ns();
+        uint32_t *mask = e->masks + (size_t)row * (size_t)e->mask_words;
+        bool any = kg_matcher_fill_mask(seq->matcher, mask);
+        if (kg_matcher_can_end(seq->matcher) && !seq->ignore_eos) {
+            for (int32_t i = 0; i < e->p.n_eog; i++) {
+                int32_t id = e->p.eog[i];
+                mask[id >> 5] |= 1u << (id & 31);
+            }
+            any = any || e->p.n_eog > 0;
+        }
+        e->row_any[row] = any;
+        int64_t dt = now_ns() - t0;
+        e->st.n_grammar_masks++;
+        e->st.grammar_mask_ns += dt;
+        int64_t b = dt / 250;
+        e->st.mask_hist[b < KG_ENGINE_MASK_HIST ? b : KG_ENGINE_MASK_HIST]++;
+    }
+}
+
+static int32_t flush(kg_engine_t *e, kg_completion_t *out) {
+    int32_t n = e->n_done;
+    memcpy(out, e->done, (size_t)n * sizeof(*out));
+    e->n_done = 0;
+    return n;
+}
+
+int32_t kg_engine_max_completions(const kg_engine_t *e) {
+    return e->max_done;
+}
+
+int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
+    if (cap < e->max_done) {
+        return KG_ERR_INVALID;
+    }
+    expire(e);
+    drop_out_of_window(e);
+    bool preempted = reserve_blocks(e);
+
+    /* Phase 3: decode tokens first, then prefill chunks in admission order. */
+    int32_t nt = 0, n_rows = 0, budget = e->p.max_batch_tokens;
+    for (int32_t i = 0; i < e->n_run; i++) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        seq->n_sched = 0;
+        if (seq->n_tokens - seq->n_computed == 1) {
+            nt += schedule(e, e->run[i], 1, nt, &n_rows);
+        }
+    }
+    for (int32_t i = 0; i < e->n_run; i++) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        if (seq->n_tokens - seq->n_computed > 1 && nt < budget) {
+            nt += schedule(e, e->run[i], budget - nt, nt, &n_rows);
+        }
+    }
+    /* A step that preempted is short of blocks: admitting now would only
+     * preempt again. */
+    if (!preempted) {
+        nt = admit(e, nt, &n_rows);
+    }
+    if (nt == 0) {
+        return flush(e, out);
+    }
+
+    kg_step_batch_t batch = {
+        .n_tokens = nt,
+        .token = e->b_token,
+        .pos = e->b_pos,
+        .seq = e->b_seq,
+        .want_logits = e->b_want,
+        .n_outputs = n_rows,
+        .n_slots = e->p.max_batch_size,
+        .max_blocks_per_seq = e->max_blocks_per_seq,
+        .block_table = kg_kv_block_table(e->kv),
+    };
+    kg_status_t st = kg_backend_forward(e->be, &batch, e->device_sample ? NULL : e->logits);
+    /* A device backend that samples returns before its forward is done, so
+     * the constrained rows' masks are built while the device computes. */
+    if (st == KG_OK) {
+        build_masks(e, n_rows);
+    }
+    if (st == KG_OK && e->device_sample && n_rows > 0) {
+        /* only token ids (and logprobs) come back from the device */
+        for (int32_t row = 0; row < n_rows; row++) {
+            kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
+            /* a forced or stuck constrained row is not sampled: its draw comes
+             * from a scratch RNG and is dropped */
+            bool skip =
+                seq->grammar && ((!e->p.no_jump_forward && kg_matcher_forced(seq->matcher) >= 0) ||
+                                 !e->row_any[row]);
+            e->sreq[row] = (kg_sample_request_t){
+                .params = &seq->sampling,
+                .rng = skip ? &e->dummy_rng : &seq->rng,
+                .prompt = seq->tokens,
+                .n_prompt = seq->n_prompt,
+                .output = seq->tokens + seq->n_prompt,
+                .n_output = seq->n_tokens - seq->n_prompt,
+                .mask = seq->grammar ? e->masks + (size_t)row * (size_t)e->mask_words : NULL};
+            e->rng_save[row] = seq->rng;
+        }
+        st = kg_backend_sample(e->be, e->sreq, n_rows, e->sres);
+        if (st != KG_OK) {
+            /* the rows that were drawn draw the same again when the step reruns */
+            for (int32_t row = 0; row < n_rows; row++) {
+                e->recs[e->b_row_rec[row]].rng = e->rng_save[row];
+            }
+        }
+    }
+    if (st != KG_OK) {
+        /* Nothing advanced; the next step schedules the same work again. */
+        for (int32_t i = 0; i < e->n_run; i++) {
+            e->b_in_step[i] = e->recs[e->run[i]].n_sched > 0;
+            e->recs[e->run[i]].n_sched = 0;
+        }
+        kg_backend_fault_t f;
+        kg_backend_last_fault(e->be, st, &f);
+        if (f.scope == KG_FAULT_DEVICE) {
+            KG_LOG_ERROR("engine", "forward failed: %s: %s tokens=%d", kg_status_str(st), f.message,
+                         nt);
+            return st < 0 ? (int32_t)st : (int32_t)KG_ERR_BACKEND;
+        }
+        fail_faulted(e, &f, e->b_in_step, n_rows);
+        return flush(e, out);
+    }
+    e->st.n_steps++;
+    e->st.last_batch_tokens = nt;
+
+    /* Phase 5: the K/V are in the cache now; register full blocks. */
+    for (int32_t i = 0; i < e->n_run; i++) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        if (seq->n_sched == 0) {
+            continue;
+        }
+        int32_t from = seq->n_computed, to = from + seq->n_sched;
+        int32_t n_prefill = to < seq->prefill_end ? to - from : seq->prefill_end - from;
+        if (n_prefill < 0) {
+            n_prefill = 0;
+        }
+        e->st.n_prefill_tokens += n_prefill;
+        e->st.n_decode_tokens += seq->n_sched - n_prefill;
+        seq->n_computed = to;
+        seq->n_sched = 0;
+        kg_kv_seq_commit(e->kv, seq->slot, seq->tokens, seq->n_computed);
+        if (seq->n_pending > 0 && seq->n_computed == seq->n_prompt) {
+            fork_choices(e, e->run[i]);
+        }
+    }
+    /* Sample every row, then end the finished sequences (the same step). */
+    for (int32_t row = 0; row < n_rows; row++) {
+        int32_t r = e->b_row_rec[row];
+        kg_seq_t *seq = &e->recs[r];
+        kg_sample_result_t res;
+        const uint32_t *mask = NULL;
+        bool ended = false;
+        if (seq->grammar) {
+            mask = e->masks + (size_t)row * (size_t)e->mask_words;
+            int32_t forced = e->p.no_jump_forward ? -1 : kg_matcher_forced(seq->matcher);
+            if (forced >= 0) {
+                /* jump-forward at the start (or past the per-step limit) */
+                e->st.n_grammar_forced_tokens++;
+                res = (kg_sample_result_t){.token = forced, .logprob = 0.0f, .n_top = 0};
+                ended = accept(e, r, &res);
+                goto sampled;
+            }
+            if (!e->row_any[row]) {
+                KG_LOG_WARN("engine", "grammar allows no token of this vocabulary id=%llu",
+                            (unsigned long long)seq->id);
+                report(e, seq, -1, KG_FINISH_GRAMMAR, NULL);
+                ended = true;
+                goto sampled;
+            }
+        }
+        if (e->device_sample) {
+            res = e->sres[row];
+        } else {
+            kg_sampler_sample_masked(
+                &seq->sampling, &seq->rng, e->logits + (size_t)row * (size_t)e->p.n_vocab, mask,
+                e->p.n_vocab, seq->tokens, seq->n_prompt, seq->tokens + seq->n_prompt,
+                seq->n_tokens - seq->n_prompt, e->scratch, &res);
+        }
+        ended = accept(e, r, &res);
+    sampled:
+        if (ended) {
+            for (int32_t i = 0; i < e->n_run; i++) {
+                if (e->run[i] == r) {
+                    unschedule(e, i);
+                    break;
+                }
+            }
+            free_record(e, r);
+        }
+    }
+    return flush(e, out);
+}
