@@ -47,8 +47,8 @@ typedef struct kg_test_model_opts {
  * copy it to keep it). */
 const char *kg_test_make_model(const kg_test_model_opts_t *o);
 
-/** `kgen mkmodel --out OUT ARGS` in this process: the CLI's own parser and
- * checks (kg_cmd_mkmodel), then kg_mkmodel_write, without running the
- * binary. ARGS are split at whitespace (no quoting). Returns kgen's exit
- * code; its error message goes to stderr. */
+/** `kgen mkmodel --out OUT ARGS` in this process: the command's own parser
+ * and checks (kg_mkmodel_parse_args, src/model/kg_mkmodel_args.c), then
+ * kg_mkmodel_write, without running the binary. ARGS are split at whitespace (no quoting). Returns
+ * kgen's exit code; its error message goes to stderr. */
 int kg_test_mkmodel(const char *out, const char *args);
