@@ -49,7 +49,7 @@ const char *kg_backend_list(void) {
 }
 
 /* The CUDA backend uploads F32 and F16 as they are and every other type
- * dequantized on the host (kg_dequantize) into BF16 (gpu/kg_backend_cuda.cu
+ * dequantized on the host (kg_dequantize) into BF16 (gpu/kg_backend_cuda_weights.cu
  * upload_rows): it runs exactly the types kg_dequantize reads. A type added
  * to the CPU backend without that path is refused here, before the upload. */
 static const kg_ggml_type_t cuda_types[] = {
