@@ -5,7 +5,7 @@
  * Every CUDA and cuBLAS call goes through KG_CUDA_CHECK / KG_CUBLAS_CHECK,
  * which log the statement, the place and the error text and make the
  * enclosing function return KG_ERR_BACKEND (ggml's CUDA_CHECK_GEN, minus
- * the abort): the backend then marks itself dead (kg_backend_cuda.cu). */
+ * the abort): the backend then marks itself dead (kg_backend_cuda_step.cu). */
 #pragma once
 
 #include <cuda_bf16.h>
@@ -102,7 +102,7 @@ __device__ __forceinline__ void kg_st(void *p, int64_t i, float x, int dt) {
 
 /* The per-step scalars kernels read from device memory rather than from
  * launch arguments, so one captured CUDA graph serves every decode step of
- * its batch-size bucket (kg_backend_cuda.cu, "graphs"). */
+ * its batch-size bucket (kg_backend_cuda_step.cu, "Graphs"). */
 typedef struct kg_cuda_step_hdr {
     int32_t n_tokens;  /* real tokens; launches may cover a padded bucket */
     int32_t n_outputs; /* rows that want logits */

@@ -66,7 +66,7 @@ kg_status_t kg_cuda_op_add_rmsnorm(float *x,
 kg_status_t kg_cuda_op_rope_store(
     const kg_cuda_op_attn_t *a, const float *qkv, float *q_out, float *k_cache, float *v_cache);
 
-/* How kg_cuda_op_attention cuts the work (kg_backend_cuda.cu makes the
+/* How kg_cuda_op_attention cuts the work (kg_backend_cuda_step.cu makes the
  * same choices; any choice must give the same bits per row). */
 typedef struct kg_cuda_op_attn_cut {
     int32_t split_len; /* positions per split; 0: the backend's for n_cache_rows */

@@ -22,7 +22,7 @@
  *   combine the weighted sum of a token's k outputs in rank order, each
  *           product rounded, then added (ggml_mul, then ggml_add of views).
  *
- * The backend runs them for every expert layer (kg_backend_cuda.cu, run_step:
+ * The backend runs them for every expert layer (kg_backend_cuda_step.cu, run_step:
  * the router GEMM through gemm.cu, then route, align, gemm x 3, act,
  * combine); kg_cuda_op_moe_ffn (moe_ops.h) runs them on host data for
  * tests/unit/check_cuda_moe.c. */

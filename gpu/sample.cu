@@ -1,5 +1,10 @@
 /* sample: the device sampler, several blocks per row.
  *
+ * One idea: one sampling pass, six launches that share its key order, its
+ * block primitives and its argument block, and the host code that runs
+ * them in order (kg_cuda_sampler_run); split apart, each half would state
+ * only part of the contract the other relies on.
+ *
  * DESIGN
  * The CPU sampler is the specification (the rules are listed in
  * src/model/kg_sampler.h): the same sanitising (NaN -> -inf, +inf ->

@@ -28,6 +28,7 @@
 #include "backend/kg_backend.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
+#include "engine/kg_backend_registry.h"
 #include "model/kg_model.h"
 #include "model/kg_sampler.h"
 

@@ -4,7 +4,9 @@
  * scratch buffers; the engine owns the block tables and decides which token
  * goes where. One call of kg_backend_forward runs one step: every token of
  * the step batch (decode tokens and prefill chunks of many sequences)
- * through every layer, with one GEMM per weight matrix for all tokens. */
+ * through every layer, with one GEMM per weight matrix for all tokens.
+ * Creating a backend by name (auto/cpu/cuda) is kg_backend_new, in
+ * engine/kg_backend_registry.h. */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -73,13 +75,6 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                                  const kg_backend_params_t *params,
                                  char *errstr,
                                  size_t errstr_size);
-
-/** Pick and create a backend by name: "cpu", "cuda" or "auto". */
-kg_backend_t *kg_backend_new(const char *name,
-                             const kg_model_t *model,
-                             const kg_backend_params_t *params,
-                             char *errstr,
-                             size_t errstr_size);
 
 void kg_backend_free(kg_backend_t *be);
 const char *kg_backend_name(const kg_backend_t *be);
@@ -180,9 +175,6 @@ void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
 /** Bytes of KV cache one token takes in this backend (to size the pool). */
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model);
 
-/** Names of the backends compiled in, e.g. "cpu" or "cpu,cuda". */
-const char *kg_backend_list(void);
-
 /** Check that every tensor of `model` has one of the n_types types in
  * `types`: KG_OK, or KG_ERR_UNSUPPORTED with errstr naming the backend, the
  * first tensor that has another type, that type, and the types the backend
@@ -193,7 +185,3 @@ KG_NODISCARD kg_status_t kg_backend_check_types(const char *backend,
                                                 int n_types,
                                                 char *errstr,
                                                 size_t errstr_size);
-
-/** The weight types the CUDA backend runs (it converts them on upload),
- * and their count in *n. */
-const kg_ggml_type_t *kg_backend_cuda_types(int *n);

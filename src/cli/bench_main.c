@@ -33,6 +33,7 @@
 #include "cli_util.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
+#include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
 #include "engine/kg_sizing.h"
 #include "grammar/kg_grammar_cache.h"

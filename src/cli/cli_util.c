@@ -2,6 +2,7 @@
 #include "cli_util.h"
 
 #include "backend/kg_backend.h"
+#include "engine/kg_backend_registry.h"
 
 #include <errno.h>
 #include <math.h>

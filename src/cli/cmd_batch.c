@@ -13,6 +13,7 @@
 #include "cmd.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
+#include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
 #include "engine/kg_sizing.h"
 #include "model/kg_model.h"

@@ -5,6 +5,7 @@
 #include "../backend/kg_backend.h"
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
+#include "../engine/kg_backend_registry.h"
 #include "../engine/kg_engine.h"
 #include "../engine/kg_sizing.h"
 #include "../pipeline/kg_events.h"

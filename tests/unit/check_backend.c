@@ -3,6 +3,7 @@
  * message naming the tensor, its type and what the backend runs. */
 #include "backend/kg_backend.h"
 #include "check_common.h"
+#include "engine/kg_backend_registry.h"
 #include "model/kg_model.h"
 #include "model/kg_quant.h"
 

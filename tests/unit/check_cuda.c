@@ -39,6 +39,7 @@ int main(void) {
 #include "backend/cpu/cpu_ops.h"
 #include "backend/kg_backend.h"
 #include "backend/kg_math.h"
+#include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
 #include "model/kg_model.h"
 #include "model/kg_quant.h"

@@ -19,6 +19,7 @@ int main(void) {
 
 #include "../../gpu/kg_backend_cuda.h"
 #include "backend/kg_backend.h"
+#include "engine/kg_backend_registry.h"
 #include "model/kg_model.h"
 
 #include <stdio.h>

@@ -9,6 +9,7 @@
  * the GGUF writer. */
 #include "backend/kg_backend.h"
 #include "check_common.h"
+#include "engine/kg_backend_registry.h"
 #include "model/kg_gguf_writer.h"
 #include "model/kg_model.h"
 

@@ -15,6 +15,7 @@
 #include "backend/kg_backend.h"
 #include "backend/kg_math.h"
 #include "check_common.h"
+#include "engine/kg_backend_registry.h"
 #include "model/kg_gguf_writer.h"
 #include "model/kg_mkmodel.h"
 #include "model/kg_model.h"

@@ -1,0 +1,207 @@
+/* kg_backend_cuda_int: what the CUDA backend's three files share: its
+ * context (weights, KV pool, buffers, graph buckets) and the functions one
+ * file gives another. kg_backend_cuda.cu builds and frees the backend
+ * (and fills the vtable), kg_backend_cuda_weights.cu uploads the weights,
+ * kg_backend_cuda_step.cu runs steps (forward, graphs, sampling, faults). */
+#pragma once
+
+#include "attention.cuh"
+#include "cuda_common.cuh"
+#include "embed.cuh"
+#include "geglu.cuh"
+#include "gemm.cuh"
+#include "kg_backend_cuda.h"
+#include "kv_copy.cuh"
+#include "logit_bias.cuh"
+#include "logits.cuh"
+#include "mask.cuh"
+#include "moe.cuh"
+#include "rmsnorm.cuh"
+#include "rope.cuh"
+#include "sample.cuh"
+#include "swiglu.cuh"
+
+#include <stdarg.h>
+#include <string.h>
+
+extern "C" {
+#include "../src/backend/kg_backend_impl.h"
+#include "../src/model/kg_quant.h"
+}
+
+#define MAX_BUCKETS     64
+#define GRAPH_MAX_ROWS  1024
+#define MAX_OUTPUTS     512
+#define STAGE_SIZE      ((size_t)32 << 20)
+#define BLAS_WORKSPACE  ((size_t)32 << 20)
+#define ATT_PAIR_CAP    2048 /* (token, split) partial results of attention */
+#define DEFAULT_MAX_CTX 4096
+
+typedef struct cuda_layer {
+    float *attn_norm, *ffn_norm; /* (n_embd) */
+    kg_cuda_mat_t wqkv;          /* (n_q + 2 n_kv, n_embd) */
+    kg_cuda_mat_t wo;            /* (n_embd, n_q) */
+    kg_cuda_mat_t wgu;           /* (2 n_ff, embd): gate rows, then up rows (dense layers) */
+    kg_cuda_mat_t wdown;         /* (n_embd, n_ff) (dense layers) */
+    /* what a family adds; NULL when it has none */
+    float *bqkv;                           /* (n_q + 2 n_kv) Q|K|V biases */
+    float *bo;                             /* (n_embd) attention output bias */
+    float *q_norm, *k_norm;                /* (head_dim) per-head RMSNorm weights */
+    float *attn_post_norm, *ffn_post_norm; /* (n_embd) */
+    float *sinks;                          /* (n_head) attention sinks */
+    int32_t rope;                          /* index into cuda_ctx_t.ropes */
+    int32_t n_swa;                         /* window; 0: global */
+    /* mixture of experts (moe: no wgu, wdown) */
+    bool moe;
+    kg_cuda_mat_t router;           /* (n_expert, n_embd) */
+    float *router_b;                /* (n_expert) */
+    kg_cuda_mat_t exp_gate, exp_up; /* (n_expert * n_ff_exp, n_embd), one type */
+    kg_cuda_mat_t exp_down;         /* (n_expert * n_embd, n_ff_exp) */
+    float *exp_gate_b, *exp_up_b;   /* (n_expert, n_ff_exp) */
+    float *exp_down_b;              /* (n_expert, n_embd) */
+} cuda_layer_t;
+
+typedef enum bucket_state {
+    BUCKET_NEW = 0, /* not run yet: the next step warms it up and captures it */
+    BUCKET_GRAPH,   /* captured */
+    BUCKET_EAGER,   /* capturing failed: runs kernel by kernel */
+} bucket_state_t;
+
+typedef struct bucket {
+    int32_t rows;
+    bucket_state_t state;
+    cudaGraphExec_t exec;
+} bucket_t;
+
+typedef struct cuda_ctx {
+    const kg_model_t *model;
+    kg_hparams_t hp;
+    int device, n_sm;
+    bool dead;
+    cudaStream_t stream;
+    kg_cuda_blas_t blas;
+    void *blas_ws;
+    int32_t n_kv_blocks, block_size, max_tokens, out_cap, table_cap;
+
+    cuda_layer_t *layers;  /* (n_layer) */
+    kg_cuda_mat_t emb;     /* (n_vocab, n_embd) */
+    kg_cuda_mat_t head;    /* (n_vocab, n_embd); data == emb.data when tied */
+    float *out_norm;       /* (n_embd) */
+    float *out_b;          /* (n_vocab) output bias or NULL */
+    float *rope_freqs;     /* (n_rot / 2) frequency factors (rope_freqs or LongRoPE's) or NULL */
+    kg_cuda_rope_t *ropes; /* (n_ropes) the distinct RoPEs of the layers */
+    int32_t n_ropes;
+    uint16_t *gelu_table;  /* (65536) fp16 GELU of every fp16 input (GeGLU models) */
+    int32_t max_seq_len;   /* picks LongRoPE's factors, as the CPU backend does */
+    int32_t kv_window;     /* kg_model_kv_window: blocks before it may be freed */
+    __half *kv;            /* (n_layer, 2, n_kv_blocks * block_size, n_kv) */
+    size_t kv_layer_elems; /* elements of one layer's K (or V) */
+
+    /* activations, T = max_tokens rows; 16-bit ones sized for 4-byte elements
+     * when any weight is F32 */
+    float *x;       /* (T, n_embd) residual stream */
+    float *qkv;     /* (T, n_q + 2 n_kv) */
+    float *tmp;     /* (T, n_embd) projection output before the residual add */
+    float *gu;      /* (T, 2 n_ff) */
+    float *rope_cs; /* (n_ropes, T, n_rot) */
+    float *split;   /* (ATT_PAIR_CAP) attention partials */
+    float *logits;  /* (out_cap, n_vocab) one chunk of output rows */
+    __half *q16;    /* (T, n_q) */
+    void *xn;       /* (T, n_embd) normed input of a block, in the next GEMM's type */
+    void *att;      /* (T, n_q) in wo's type */
+    void *h;        /* (T, n_ff) in wdown's type */
+    void *xo;       /* (T, n_embd) normed output rows, in the head's type */
+
+    /* mixture of experts (n_expert > 0), k = n_expert_used, R = the plan's
+     * rows for T tokens (kg_cuda_moe_rows_cap) */
+    kg_cuda_moe_router_t router;
+    kg_cuda_moe_plan_t moe_plan; /* buffers for T tokens */
+    float *moe_logits;           /* (T, n_expert) router logits */
+    void *xe;                    /* (T, n_embd) normed input in the experts' gate/up type */
+    float *moe_g, *moe_u;        /* (R, n_ff_exp) */
+    void *moe_h;                 /* (R, n_ff_exp) in the down experts' type */
+    float *moe_y;                /* (R, n_embd) */
+    long long *moe_stats_h;      /* (4 + n_expert) pinned copy of moe_plan.stats */
+    int64_t *moe_tokens;         /* (n_expert) rows each expert took */
+
+    /* attention: fixed at the first step from the batch's context size */
+    kg_cuda_attn_shape_t ash;
+    int32_t max_ctx;          /* positions per sequence; 0 until the first step */
+    kg_cuda_attn_plan_t plan; /* split_len, max_splits; rt of the current step */
+    int32_t prefill_rt, prefill_qt;
+    /* the current eager step's attention launches: tile and token ranges */
+    int32_t *grp_tile0, *grp_ntiles, *grp_tok0, *grp_ntok; /* (max_tokens) */
+    int32_t n_groups;
+
+    /* the step's inputs */
+    int32_t *h_in, *d_in; /* pinned / device: header, per-token arrays, table */
+    size_t in_cap;        /* int32s */
+    cudaEvent_t ev_in;    /* the last input copy has been read */
+    /* host scratch for compacting block tables */
+    int32_t *hash_seq, *hash_idx; /* (hash_cap) open addressing: seq -> distinct index */
+    int32_t hash_cap;
+    int32_t *dist_seq, *dist_max_pos, *dist_off, *dist_slot, *tok_dist; /* (max_tokens) */
+    int32_t *dist_min_pos;                                              /* (max_tokens) */
+
+    bool use_graphs;
+    bucket_t buckets[MAX_BUCKETS];
+    int32_t n_buckets;
+
+    /* the last step's output rows: [head_row0, head_row0 + out_cap) are in
+     * `logits` (-1: none) */
+    int32_t last_n_outputs, head_row0;
+    kg_cuda_sampler_t sampler;
+    bool sampler_ready;
+    kg_cuda_bias_t bias; /* logit_bias.cu: the requests' logit_bias before sampling */
+    kg_cuda_mask_t mask; /* constrained decoding: token masks applied before sampling */
+
+    kg_backend_fault_t fault;
+    kg_backend_counters_t cnt; /* updated with __atomic builtins, read from any thread */
+
+    size_t weights_size, kv_size, scratch_size;
+} cuda_ctx_t;
+
+static inline int env_int(const char *name, int def) {
+    const char *v = getenv(name);
+    return v && v[0] ? atoi(v) : def;
+}
+
+static inline void count(int64_t *c) {
+    __atomic_fetch_add(c, 1, __ATOMIC_RELAXED);
+}
+
+// ---- kg_backend_cuda.cu ----
+
+/* Record what the current call failed on; returns st. */
+kg_status_t cuda_fault(cuda_ctx_t *ctx,
+                       kg_status_t st,
+                       kg_fault_scope_t scope,
+                       int32_t seq,
+                       int32_t row,
+                       const char *fmt,
+                       ...) __attribute__((format(printf, 6, 7)));
+
+/* The step's input buffers for table_cap block-table entries. */
+kg_status_t cuda_alloc_inputs(cuda_ctx_t *ctx);
+
+/* The graph bucket of a step of `rows` rows, or -1 when none holds it. */
+int cuda_bucket_for(const cuda_ctx_t *ctx, int32_t rows);
+
+// ---- kg_backend_cuda_weights.cu ----
+
+/* KG_OK when the CUDA backend runs tensor t's type, else
+ * KG_ERR_UNSUPPORTED with one line in errstr. */
+kg_status_t cuda_check_type(const kg_gguf_tensor_t *t, char *errstr, size_t errstr_size);
+
+/* Every weight to the device (ctx->layers and the head). */
+kg_status_t cuda_upload_weights(cuda_ctx_t *ctx);
+
+// ---- kg_backend_cuda_step.cu: the vtable's slots ----
+
+kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits);
+kg_status_t
+cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sample_result_t *out);
+kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n);
+void cuda_last_fault(const kg_backend_t *be, kg_backend_fault_t *out);
+void cuda_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
+void cuda_counters(const kg_backend_t *be, kg_backend_counters_t *out);

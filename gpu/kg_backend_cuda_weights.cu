@@ -1,0 +1,357 @@
+/* kg_backend_cuda_weights: the CUDA backend's weights: which device type
+ * each GGUF type becomes (the type table), the host-side conversion, and
+ * the upload, staged through pinned memory, of every layer's matrices and
+ * vectors.
+ *
+ * DESIGN
+ * Weights. Uploaded once at start. Per layer, Q|K|V are fused into one
+ * (n_q + 2 n_kv, n_embd) matrix and gate|up into one (2 n_ff, n_embd)
+ * matrix, so a step runs 4 GEMMs per layer. A matrix is stored BF16 unless
+ * all its parts are F16 (kept F16) or F32 (kept F32: tiny test models and
+ * exact parity with the CPU backend, which computes those in F32); Q8_0,
+ * Q4_0 and K-quants are dequantized with kg_dequantize on the host and
+ * converted to BF16. The activation entering a GEMM is written in the
+ * weight's type by the kernel that produces it, as the CPU backend rounds
+ * activations to the weight type. Norm weights are F32. A tied head reuses
+ * the embedding matrix. */
+#include "kg_backend_cuda_int.cuh"
+
+#include <string.h>
+
+// ---- weights ----
+
+kg_cuda_dtype_t kg_cuda_weight_dtype(kg_ggml_type_t type) {
+    switch (type) {
+    case KG_GGML_TYPE_F32:
+        return KG_CUDA_F32;
+    case KG_GGML_TYPE_F16:
+        return KG_CUDA_F16;
+    default:
+        return KG_CUDA_BF16;
+    }
+}
+
+void kg_cuda_weight_convert(
+    kg_ggml_type_t type, const void *src, int64_t n, kg_cuda_dtype_t dt, void *dst, float *f32) {
+    const bool same = (dt == KG_CUDA_F32 && type == KG_GGML_TYPE_F32) ||
+                      (dt == KG_CUDA_F16 && type == KG_GGML_TYPE_F16) ||
+                      (dt == KG_CUDA_BF16 && type == KG_GGML_TYPE_BF16);
+    if (same) {
+        memcpy(dst, src, (size_t)n * kg_cuda_dtype_size(dt));
+        return;
+    }
+    kg_dequantize(type, src, f32, n);
+    if (dt == KG_CUDA_F32) {
+        memcpy(dst, f32, (size_t)n * 4);
+        return;
+    }
+    uint16_t *o = (uint16_t *)dst;
+    for (int64_t i = 0; i < n; i++) {
+        o[i] = dt == KG_CUDA_F16 ? kg_fp32_to_fp16(f32[i]) : kg_fp32_to_bf16(f32[i]);
+    }
+}
+
+/* One matrix from parts of one type keeps that type's kg_cuda_weight_dtype;
+ * parts of different types meet in BF16. */
+static kg_cuda_dtype_t pick_dtype(const kg_gguf_tensor_t *const *parts, int n) {
+    for (int i = 1; i < n; i++) {
+        if (parts[i]->type != parts[0]->type) {
+            return KG_CUDA_BF16;
+        }
+    }
+    return kg_cuda_weight_dtype(parts[0]->type);
+}
+
+/* Staging for uploads: two pinned buffers so the conversion of one chunk
+ * overlaps the copy of the previous one. */
+typedef struct stage {
+    void *buf[2];
+    cudaEvent_t ev[2];
+    float *f32; /* host scratch for dequantized rows */
+    int cur;
+} stage_t;
+
+static kg_status_t stage_init(stage_t *s) {
+    memset(s, 0, sizeof(*s));
+    KG_CUDA_CHECK(cudaMallocHost(&s->buf[0], STAGE_SIZE));
+    KG_CUDA_CHECK(cudaMallocHost(&s->buf[1], STAGE_SIZE));
+    KG_CUDA_CHECK(cudaEventCreateWithFlags(&s->ev[0], cudaEventDisableTiming));
+    KG_CUDA_CHECK(cudaEventCreateWithFlags(&s->ev[1], cudaEventDisableTiming));
+    s->f32 = (float *)malloc(STAGE_SIZE);
+    if (!s->f32) {
+        KG_LOG_ERROR("cuda", "out of host memory for the upload buffer");
+        return KG_ERR_NOMEM;
+    }
+    return KG_OK;
+}
+
+static void stage_clear(stage_t *s) {
+    for (int i = 0; i < 2; i++) {
+        if (s->ev[i]) {
+            cudaEventSynchronize(s->ev[i]);
+            cudaEventDestroy(s->ev[i]);
+        }
+        cudaFreeHost(s->buf[i]);
+    }
+    free(s->f32);
+}
+
+/* Rows of a weight: ne[1] * ne[2] * ... (an expert tensor's matrices are
+ * stacked: expert e's rows follow expert e - 1's). */
+static int64_t tensor_rows(const kg_gguf_tensor_t *t) {
+    int64_t rows = 1;
+    for (uint32_t d = 1; d < t->n_dims; d++) {
+        rows *= t->ne[d];
+    }
+    return rows;
+}
+
+/* Whether the upload can convert t's type: F32 and F16 as they are, every
+ * other type kg_dequantize reads (the CPU backend's dequantizer, so every
+ * type kgen loads: kg_gguf refuses the others) dequantized into BF16. A
+ * type that kg_quant does not describe is refused, the message naming the
+ * tensor and the type. */
+kg_status_t cuda_check_type(const kg_gguf_tensor_t *t, char *errstr, size_t errstr_size) {
+    if (kg_type_block_size(t->type) != 0 && kg_type_block_elems(t->type) > 0 &&
+        t->ne[0] % kg_type_block_elems(t->type) == 0) {
+        return KG_OK;
+    }
+    const char *name = kg_ggml_type_name(t->type);
+    snprintf(errstr, errstr_size,
+             "cuda backend: tensor '%.*s' has type %s (%d), which the CUDA backend cannot "
+             "convert (it runs the types kgen's dequantizer reads, converted to BF16 at upload)",
+             (int)t->name.len, t->name.data, name && name[0] != '?' ? name : "unknown",
+             (int)t->type);
+    KG_LOG_ERROR("cuda", "%s", errstr);
+    return KG_ERR_UNSUPPORTED;
+}
+
+/* Copy `n_rows` rows of tensor t (starting at row r0) into device memory
+ * `dst` as type dt. */
+static kg_status_t upload_rows(cuda_ctx_t *ctx,
+                               stage_t *s,
+                               const kg_gguf_tensor_t *t,
+                               int64_t r0,
+                               int64_t n_rows,
+                               kg_cuda_dtype_t dt,
+                               char *dst) {
+    const int64_t n_in = t->ne[0];
+    const size_t es = kg_cuda_dtype_size(dt);
+    const int64_t per_chunk = (int64_t)(STAGE_SIZE / ((size_t)n_in * 4)) > 0
+                                  ? (int64_t)(STAGE_SIZE / ((size_t)n_in * 4))
+                                  : 1;
+    const size_t src_row = kg_type_row_size(t->type, n_in);
+    for (int64_t r = 0; r < n_rows; r += per_chunk) {
+        const int64_t nr = n_rows - r < per_chunk ? n_rows - r : per_chunk;
+        const int64_t n = nr * n_in;
+        const char *src = (const char *)t->data + (size_t)(r0 + r) * src_row;
+        void *buf = s->buf[s->cur];
+        KG_CUDA_CHECK(cudaEventSynchronize(s->ev[s->cur])); /* its previous copy is done */
+        kg_cuda_weight_convert(t->type, src, n, dt, buf, s->f32);
+        KG_CUDA_CHECK(cudaMemcpyAsync(dst + (size_t)r * (size_t)n_in * es, buf, (size_t)n * es,
+                                      cudaMemcpyHostToDevice, ctx->stream));
+        KG_CUDA_CHECK(cudaEventRecord(s->ev[s->cur], ctx->stream));
+        s->cur ^= 1;
+    }
+    return KG_OK;
+}
+
+/* One device matrix of type dt from the row-concatenation of `parts`
+ * (same n_in). */
+static kg_status_t upload_mat_as(cuda_ctx_t *ctx,
+                                 stage_t *s,
+                                 const kg_gguf_tensor_t *const *parts,
+                                 int n_parts,
+                                 kg_cuda_dtype_t dt,
+                                 kg_cuda_mat_t *m) {
+    m->dt = dt;
+    m->n_in = (int32_t)parts[0]->ne[0];
+    m->n_out = 0;
+    for (int i = 0; i < n_parts; i++) {
+        m->n_out += (int32_t)tensor_rows(parts[i]);
+    }
+    const size_t es = kg_cuda_dtype_size(m->dt);
+    const size_t size = (size_t)m->n_out * (size_t)m->n_in * es;
+    KG_CUDA_CHECK(cudaMalloc(&m->data, size));
+    ctx->weights_size += size;
+    int64_t row = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const int64_t rows = tensor_rows(parts[i]);
+        KG_TRY(upload_rows(ctx, s, parts[i], 0, rows, m->dt,
+                           (char *)m->data + (size_t)row * (size_t)m->n_in * es));
+        row += rows;
+    }
+    return KG_OK;
+}
+
+/* One device matrix from the row-concatenation of `parts`, in the type
+ * pick_dtype gives them. */
+static kg_status_t upload_mat(cuda_ctx_t *ctx,
+                              stage_t *s,
+                              const kg_gguf_tensor_t *const *parts,
+                              int n_parts,
+                              kg_cuda_mat_t *m) {
+    return upload_mat_as(ctx, s, parts, n_parts, pick_dtype(parts, n_parts), m);
+}
+
+/* A small F32 vector from the concatenation of `parts` (norm weights, rope
+ * factors, biases; every element of a part, whatever its shape):
+ * dequantize and copy. */
+static kg_status_t
+upload_vec_parts(cuda_ctx_t *ctx, const kg_gguf_tensor_t *const *parts, int n_parts, float **out) {
+    int64_t n = 0;
+    for (int i = 0; i < n_parts; i++) {
+        n += parts[i]->ne[0] * tensor_rows(parts[i]);
+    }
+    float *h = (float *)malloc((size_t)n * sizeof(float));
+    if (!h) {
+        KG_LOG_ERROR("cuda", "out of host memory");
+        return KG_ERR_NOMEM;
+    }
+    for (int64_t i = 0, off = 0; i < n_parts; i++) {
+        const int64_t ni = parts[i]->ne[0] * tensor_rows(parts[i]);
+        kg_dequantize(parts[i]->type, parts[i]->data, h + off, ni);
+        off += ni;
+    }
+    cudaError_t err = cudaMalloc((void **)out, (size_t)n * sizeof(float));
+    if (err == cudaSuccess) {
+        err = cudaMemcpy(*out, h, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+    }
+    free(h);
+    KG_CUDA_CHECK(err);
+    ctx->weights_size += (size_t)n * sizeof(float);
+    return KG_OK;
+}
+
+/* upload_vec_parts of one tensor; t NULL leaves *out NULL. */
+static kg_status_t upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float **out) {
+    return t ? upload_vec_parts(ctx, &t, 1, out) : KG_OK;
+}
+
+/* The index of the RoPE (base, scale) in ctx->ropes, added when new (the
+ * CPU backend's add_rope). */
+static kg_status_t add_rope(cuda_ctx_t *ctx, float base, float scale, int32_t *index) {
+    const kg_hparams_t *hp = &ctx->hp;
+    for (int32_t r = 0; r < ctx->n_ropes; r++) {
+        if (ctx->ropes[r].base == base && ctx->ropes[r].freq_scale == scale) {
+            *index = r;
+            return KG_OK;
+        }
+    }
+    kg_cuda_rope_t *grown =
+        (kg_cuda_rope_t *)realloc(ctx->ropes, (size_t)(ctx->n_ropes + 1) * sizeof(*grown));
+    if (!grown) {
+        KG_LOG_ERROR("cuda", "out of host memory");
+        return KG_ERR_NOMEM;
+    }
+    ctx->ropes = grown;
+    kg_cuda_rope_t *r = &ctx->ropes[ctx->n_ropes];
+    r->n_rot = hp->n_rot;
+    r->base = base;
+    r->freq_scale = scale;
+    r->ext_factor = hp->yarn_ext_factor;
+    r->attn_factor = hp->yarn_attn_factor;
+    kg_rope_yarn_corr_dims(hp->n_rot, hp->n_ctx_orig, base, hp->yarn_beta_fast, hp->yarn_beta_slow,
+                           r->corr_dims);
+    *index = ctx->n_ropes++;
+    return KG_OK;
+}
+
+/* The router, the experts' stacked matrices (gate and up in one type, so
+ * one normed input feeds both) and the expert biases of one layer. */
+static kg_status_t
+upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
+    const kg_gguf_tensor_t *gu[2] = {src->gate_exps, src->up_exps};
+    const kg_cuda_dtype_t dt_gu = pick_dtype(gu, 2);
+    L->moe = true;
+    KG_TRY(upload_mat(ctx, s, &src->ffn_gate_inp, 1, &L->router));
+    KG_TRY(upload_mat_as(ctx, s, &src->gate_exps, 1, dt_gu, &L->exp_gate));
+    KG_TRY(upload_mat_as(ctx, s, &src->up_exps, 1, dt_gu, &L->exp_up));
+    KG_TRY(upload_mat(ctx, s, &src->down_exps, 1, &L->exp_down));
+    KG_TRY(upload_vec(ctx, src->ffn_gate_inp_b, &L->router_b));
+    KG_TRY(upload_vec(ctx, src->gate_exps_b, &L->exp_gate_b));
+    KG_TRY(upload_vec(ctx, src->up_exps_b, &L->exp_up_b));
+    KG_TRY(upload_vec(ctx, src->down_exps_b, &L->exp_down_b));
+    return KG_OK;
+}
+
+/* Everything of layer il. */
+static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
+    const kg_layer_weights_t *src = &ctx->model->layers[il];
+    cuda_layer_t *L = &ctx->layers[il];
+    const kg_gguf_tensor_t *qkv[3] = {src->wq, src->wk, src->wv};
+    KG_TRY(upload_vec(ctx, src->attn_norm, &L->attn_norm));
+    KG_TRY(upload_vec(ctx, src->ffn_norm, &L->ffn_norm));
+    KG_TRY(upload_mat(ctx, s, qkv, 3, &L->wqkv));
+    KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+    if (src->ffn_gate_inp) {
+        KG_TRY(upload_experts(ctx, s, src, L));
+    } else {
+        const kg_gguf_tensor_t *gu[2] = {src->w_gate, src->w_up};
+        KG_TRY(upload_mat(ctx, s, gu, 2, &L->wgu));
+        KG_TRY(upload_mat(ctx, s, &src->w_down, 1, &L->wdown));
+    }
+    if (src->bq) { /* the model has all three or none */
+        const kg_gguf_tensor_t *b[3] = {src->bq, src->bk, src->bv};
+        KG_TRY(upload_vec_parts(ctx, b, 3, &L->bqkv));
+    }
+    KG_TRY(upload_vec(ctx, src->bo, &L->bo));
+    KG_TRY(upload_vec(ctx, src->q_norm, &L->q_norm));
+    KG_TRY(upload_vec(ctx, src->k_norm, &L->k_norm));
+    KG_TRY(upload_vec(ctx, src->attn_post_norm, &L->attn_post_norm));
+    KG_TRY(upload_vec(ctx, src->ffn_post_norm, &L->ffn_post_norm));
+    KG_TRY(upload_vec(ctx, src->attn_sinks, &L->sinks));
+    L->n_swa = src->n_swa > 0 ? src->n_swa : 0;
+    return add_rope(ctx, src->rope_base, src->rope_scale, &L->rope);
+}
+
+kg_status_t cuda_upload_weights(cuda_ctx_t *ctx) {
+    const kg_model_t *model = ctx->model;
+    const kg_hparams_t *hp = &ctx->hp;
+    stage_t s;
+    kg_status_t st = stage_init(&s);
+    for (int32_t il = 0; st == KG_OK && il < hp->n_layer; il++) {
+        st = upload_layer(ctx, &s, il);
+    }
+    if (st == KG_OK) {
+        st = upload_vec(ctx, model->output_norm, &ctx->out_norm);
+    }
+    if (st == KG_OK) {
+        st = upload_vec(ctx, model->output_b, &ctx->out_b);
+    }
+    if (st == KG_OK) {
+        st = upload_mat(ctx, &s, &model->tok_embd, 1, &ctx->emb);
+    }
+    if (st == KG_OK) {
+        if (model->output == model->tok_embd) {
+            ctx->head = ctx->emb;
+        } else {
+            st = upload_mat(ctx, &s, &model->output, 1, &ctx->head);
+        }
+    }
+    if (st == KG_OK) { /* rope_freqs, or LongRoPE's factors for this context */
+        st = upload_vec(ctx, kg_model_rope_factors(model, ctx->max_seq_len), &ctx->rope_freqs);
+    }
+    if (st == KG_OK && hp->ffn_act == KG_FFN_GELU) {
+        uint16_t *table = (uint16_t *)malloc(65536 * sizeof(uint16_t));
+        cudaError_t err = cudaErrorMemoryAllocation;
+        if (table) {
+            kg_cuda_gelu_table_fill(table);
+            err = cudaMalloc((void **)&ctx->gelu_table, 65536 * sizeof(uint16_t));
+            if (err == cudaSuccess) {
+                err = cudaMemcpy(ctx->gelu_table, table, 65536 * sizeof(uint16_t),
+                                 cudaMemcpyHostToDevice);
+            }
+            free(table);
+        }
+        if (err != cudaSuccess) {
+            KG_LOG_ERROR("cuda", "the GELU table: %s", cudaGetErrorName(err));
+            st = KG_ERR_BACKEND;
+        }
+    }
+    stage_clear(&s);
+    if (st == KG_OK) {
+        KG_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    }
+    return st;
+}

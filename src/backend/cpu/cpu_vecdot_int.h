@@ -1,0 +1,93 @@
+/* cpu_vecdot_int: what cpu_vecdot's files share: the blocking constants,
+ * the build's x86 kernels switch (VECDOT_AVX2), and each kernel family's
+ * entry points, which the driver in cpu_vecdot.c calls:
+ *   cpu_vecdot_scalar.c  the portable tile and the reference (every kernel's order)
+ *   cpu_vecdot_avx2.c    AVX2 tiles on unpacked panels (prefill without VNNI)
+ *   cpu_vecdot_decode.c  AVX2 fused decode tiles, straight from the blocks
+ *                        (maddubs, or vpdpbusd in its VEX or EVEX form)
+ *   cpu_vecdot_vnni.c    AVX-VNNI and AVX512-VNNI tiles on interleaved panels
+ * Their shared AVX2 helpers are in cpu_vecdot_x86.h. */
+#pragma once
+
+#include "cpu_quant.h"
+#include "cpu_vecdot.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define VECDOT_AVX2 1
+#endif
+
+#define NP CPU_QPANEL
+
+/* Panels a task unpacks and computes: a run of them stays in L2 while the
+ * activation rows stream past (prefill), and tasks stay small enough to
+ * balance two threads on a decode step. */
+#define TASK_PANELS        4
+#define TASK_PANELS_DECODE 4
+
+/* Activation rows per block: MC rows of k int8 stay in L2 with the task's
+ * panels. */
+#define MC 64
+
+/* Below this many activation rows the fused decode tiles read the blocks
+ * in place (unpacked panels pay off from there on): 32-block types, whose
+ * panels are cheap to build, and the K-quants, whose are not. */
+#define FUSED_MAX_ROWS_32 5
+#define FUSED_MAX_ROWS_K  17
+#define FUSED_MAX_ROWS    17 /* the larger: the fused tiles' buffers hold this many rows */
+
+/* Rows [i1, i2) of a against one unpacked panel (its first nc rows valid):
+ * c[i * ldc + j] for the panel's columns, by the scalar tile. */
+void cpu_vecdot_scalar_rows(const cpu_qtraits_t *tr,
+                            const cpu_qpanel_t *p,
+                            int nc,
+                            const cpu_qact_t *a,
+                            int64_t i1,
+                            int64_t i2,
+                            float *c,
+                            int64_t ldc);
+
+#ifdef VECDOT_AVX2
+/* The same by the AVX2 tiles (the panel as cpu_quant_unpack leaves it). */
+void cpu_vecdot_avx2_rows(const cpu_qtraits_t *tr,
+                          const cpu_qpanel_t *p,
+                          int nc,
+                          const cpu_qact_t *a,
+                          int64_t i1,
+                          int64_t i2,
+                          float *c,
+                          int64_t ldc);
+
+/* Panels [p0, p1) of w against the few rows of a (decode), read from the
+ * blocks in place, into c (a->m, w->n); vnni: 0 maddubs, 1 vpdpbusd VEX,
+ * 2 vpdpbusd EVEX. mem: the thread's scratch (TASK_PANELS panels). */
+void cpu_vecdot_decode(int vnni,
+                       const cpu_qmat_t *w,
+                       const cpu_qact_t *a,
+                       char *mem,
+                       int64_t p0,
+                       int64_t p1,
+                       float *c);
+
+/* The interleaved panel p of the n_rows rows at src (row_size bytes each),
+ * for the VNNI tiles (vnni 1: VEX, 2: EVEX). */
+void cpu_vecdot_vnni_panel(int vnni,
+                           const cpu_qtraits_t *tr,
+                           const uint8_t *src,
+                           size_t row_size,
+                           int n_rows,
+                           cpu_qpanel_t *p);
+
+/* cpu_vecdot_scalar_rows by the VNNI tiles, on an interleaved panel. */
+void cpu_vecdot_vnni_rows(int vnni,
+                          const cpu_qtraits_t *tr,
+                          const cpu_qpanel_t *p,
+                          int nc,
+                          const cpu_qact_t *a,
+                          int64_t i1,
+                          int64_t i2,
+                          float *c,
+                          int64_t ldc);
+#endif

@@ -1,0 +1,478 @@
+/* kg_backend_cpu_forward: the CPU backend's step, one step batch through
+ * every layer with one GEMM per weight matrix over all the step's tokens
+ * (the weights, the KV pool and the buffers it uses are kg_backend_cpu.c's).
+ *
+ * DESIGN
+ * Step. x = embed(tokens) (times the embedding scale: gemma); per layer:
+ * rmsnorm, Q/K/V GEMMs (+ biases: qwen2), per-head Q/K RMSNorm (qwen3,
+ * gemma3), RoPE with the layer's base and scale (normal or NeoX pairs,
+ * YaRN, LongRoPE factors), the query scale (gemma, phi3), K/V rows written
+ * to their blocks, attention of every token over its own sequence's
+ * positions [0, pos], or the last n_swa of them in a windowed layer
+ * (soft-capped scores: gemma2; parallel over tokens x heads), output GEMM
+ * (+ post-norm: gemma) + residual, rmsnorm, gate/up GEMMs, SwiGLU or
+ * GeGLU, down GEMM (+ post-norm) + residual; then the final norm and the
+ * head only for the rows that want logits (+ bias, soft-capping). Each
+ * token's row is computed independently of the others in the batch, so a
+ * sequence's results do not depend on what shares its step. The llama.cpp
+ * ops each step mirrors are named where they are done.
+ *
+ * Experts. A mixture-of-experts layer replaces the gate/up/down GEMMs with
+ * cpu_moe's plan: the router's logits (one GEMM; + bias: gpt-oss), each
+ * token's k experts and weights, the rows gathered by expert, then per
+ * active expert one gate/up GEMM and one down GEMM over its group (its
+ * packed matrices are weights like any other: matmul_n_on, so the
+ * activation rounding and the kernels are the dense path's; many small
+ * groups run side by side, one pool task each), the expert biases and
+ * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
+ * order (see cpu_moe.h for why a token's bits do not depend on its
+ * neighbours). Attention sinks (gpt-oss) add one logit per head to the
+ * softmax. The expert load is counted for kg_backend_moe_stats. */
+#include "../../core/kg_log.h"
+#include "../../model/kg_quant.h"
+#include "../kg_math.h"
+#include "cpu_attn.h"
+#include "cpu_ops.h"
+#include "kg_backend_cpu_int.h"
+
+#include <math.h>
+#include <string.h>
+
+// ---- forward ----
+
+/* Whether two weights can share one hand-off: the same float type, or
+ * quantized types whose dot products take the same activation blocks. */
+static bool same_path(const cpu_weight_t *a, const cpu_weight_t *b) {
+    if (a->q.tr || b->q.tr) {
+        return a->q.tr && b->q.tr && a->q.tr->act == b->q.tr->act;
+    }
+    return a->type == b->type;
+}
+
+/* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
+ * their input, with in rounded into xr (T, n_in) (float types) or
+ * quantized into qa (block types) for their type: one hand-off to `pool`
+ * when they share a path (Q, K and V; gate and up). pool NULL: the calling
+ * thread only, pool thread `thread`, whose unpacking buffers it uses. */
+static void matmul_n_on(cpu_ctx_t *ctx,
+                        kg_pool_t *pool,
+                        int thread,
+                        float *xr,
+                        cpu_qact_t *qa,
+                        int n,
+                        const cpu_weight_t *const *ws,
+                        const float *in,
+                        float *const *outs,
+                        int64_t T) {
+    const cpu_gemm_weights_t *packed[CPU_GEMM_MULTI_MAX];
+    for (int i = 0; i < n; i++) {
+        if (!same_path(ws[i], ws[0])) {
+            for (int r = 0; r < n; r++) {
+                matmul_n_on(ctx, pool, thread, xr, qa, 1, &ws[r], in, &outs[r], T);
+            }
+            return;
+        }
+        packed[i] = &ws[i]->packed;
+    }
+    if (ws[0]->q.tr) {
+        const cpu_qmat_t *qm[CPU_QGEMM_MAX_W];
+        for (int i = 0; i < n; i++) {
+            qm[i] = &ws[i]->q;
+        }
+        cpu_quant_act(ws[0]->q.tr->act, in, T, ws[0]->n_in, qa);
+        if (pool) {
+            cpu_qgemm(pool, ctx->qscratch, qa, n, qm, outs);
+        } else {
+            cpu_qgemm_serial(ctx->qscratch, thread, qa, n, qm, outs);
+        }
+        return;
+    }
+    const float *a = in;
+    if (cpu_round_activations(ws[0]->type, in, xr, T, ws[0]->n_in)) {
+        a = xr;
+    }
+    cpu_gemm_multi(pool, a, T, n, packed, outs);
+}
+
+/* matmul_n_on over the backend's pool and scratch. */
+static void matmul_n(cpu_ctx_t *ctx,
+                     int n,
+                     const cpu_weight_t *const *ws,
+                     const float *in,
+                     float *const *outs,
+                     int64_t T) {
+    matmul_n_on(ctx, ctx->pool, 0, ctx->xr, &ctx->qact, n, ws, in, outs, T);
+}
+
+static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
+    matmul_n(ctx, 1, &w, in, &out, T);
+}
+
+/* out[r] += b for every row (ggml_add of a bias vector). */
+static void add_bias(float *x, const cpu_weight_t *b, int64_t T, int64_t n) {
+    if (!b->data) {
+        return;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t i = 0; i < n; i++) {
+            x[t * n + i] += b->data[i];
+        }
+    }
+}
+
+static void scale_rows(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) {
+        x[i] *= s; /* ggml_scale */
+    }
+}
+
+/* RoPE (ggml_rope_ext) on the first n_rot dims of every head; the rest of
+ * a head passes through. Normal mode rotates adjacent pairs (2i, 2i+1),
+ * NeoX mode pairs i with i + n_rot/2; pair i takes angle i of the cache. */
+static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads, const float *cs_all) {
+    const int32_t hd = ctx->hp.head_dim, half = ctx->hp.n_rot / 2;
+    const bool neox = ctx->hp.rope_mode == KG_ROPE_MODE_NEOX;
+    for (int64_t t = 0; t < T; t++) {
+        const float *cs = cs_all + t * ctx->hp.n_rot;
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *row = x + (t * n_heads + h) * hd;
+            for (int32_t i = 0; i < half; i++) {
+                float *a = neox ? &row[i] : &row[2 * i];
+                float *b = neox ? &row[i + half] : &row[2 * i + 1];
+                kg_rope_pair(a, b, cs[i], cs[half + i]);
+            }
+        }
+    }
+}
+
+/* Attention of every token over its sequence's cached positions [p0, pos]
+ * (p0 = 0, or the start of the layer's window): softmax(q·k * scale) · v
+ * per head, with q and the probabilities rounded to fp16 as ggml does
+ * before its fp16 K/V matmuls. One task = one (token, head). */
+typedef struct attn_job {
+    cpu_ctx_t *ctx;
+    int32_t il;
+    const kg_step_batch_t *batch;
+} attn_job_t;
+
+static void attention_task(void *arg, int64_t w, int thread) {
+    const attn_job_t *job = arg;
+    cpu_ctx_t *ctx = job->ctx;
+    const kg_step_batch_t *batch = job->batch;
+    const kg_hparams_t *hp = &ctx->hp;
+    const int32_t hd = hp->head_dim, n_kv_dim = hp->n_head_kv * hd;
+    const int32_t group = hp->n_head / hp->n_head_kv, bs = ctx->block_size;
+    /* llama scales the scores; gemma and phi3 scaled q already (kq_scale 1) */
+    const float scale = hp->q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)hd);
+    const int32_t n_swa = ctx->model->layers[job->il].n_swa;
+    const int64_t max_pos = (int64_t)ctx->n_kv_blocks * bs;
+
+    const int64_t t = w / hp->n_head;
+    const int32_t h = (int32_t)(w % hp->n_head), g = h / group;
+    const int32_t n_pos = batch->pos[t] + 1;
+    const int32_t p0 = n_swa > 0 && n_pos > n_swa ? n_pos - n_swa : 0;
+    const int32_t *table = batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
+    float *s = ctx->scores + (int64_t)thread * max_pos;
+    float *q = ctx->q + (t * hp->n_head + h) * hd;
+    float *out = ctx->att + (t * hp->n_head + h) * hd;
+
+    const cpu_kv_view_t kv = {.k = ctx->k_cache[job->il],
+                              .v = ctx->v_cache[job->il],
+                              .stride = n_kv_dim,
+                              .offset = (int64_t)g * hd,
+                              .table = table,
+                              .block_size = bs};
+    const cpu_weight_t *sinks = &ctx->layers[job->il].sinks;
+    cpu_attn_head_sink(q, &kv, p0, n_pos, hd, scale, hp->attn_softcap,
+                       sinks->data ? sinks->data[h] : -INFINITY, s, out);
+}
+
+static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) {
+    attn_job_t job = {.ctx = ctx, .il = il, .batch = batch};
+    const int64_t n_work = (int64_t)batch->n_tokens * ctx->hp.n_head;
+    const int32_t n_swa = ctx->model->layers[il].n_swa;
+    /* waking the pool costs microseconds: tiny attention runs inline */
+    int64_t flops = 0;
+    for (int32_t t = 0; t < batch->n_tokens; t++) {
+        const int32_t n_pos = batch->pos[t] + 1;
+        flops += (int64_t)(n_swa > 0 && n_pos > n_swa ? n_swa : n_pos) * ctx->hp.n_head *
+                 ctx->hp.head_dim;
+    }
+    if (flops < 65536) {
+        for (int64_t w = 0; w < n_work; w++) {
+            attention_task(&job, w, 0);
+        }
+        return;
+    }
+    kg_pool_run(ctx->pool, n_work, attention_task, &job);
+}
+
+/* Every block a token reads must be a real block: the engine frees only
+ * blocks wholly before every layer's window. Checked once per step for
+ * the widest range any layer reads. */
+static bool batch_blocks_ok(const cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
+    const int32_t bs = ctx->block_size;
+    int32_t prev_seq = -1, prev_pos = -1;
+    for (int32_t t = 0; t < batch->n_tokens; t++) {
+        const int32_t pos = batch->pos[t];
+        const int32_t p0 =
+            ctx->max_window > 0 && pos + 1 > ctx->max_window ? pos + 1 - ctx->max_window : 0;
+        const int32_t *table =
+            batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
+        int32_t first = p0 / bs;
+        /* the next token of a prefill chunk: its window starts no earlier
+         * and the blocks up to the previous token's are checked already */
+        if (batch->seq[t] == prev_seq && pos == prev_pos + 1 && prev_pos / bs + 1 > first) {
+            first = prev_pos / bs + 1;
+        }
+        prev_seq = batch->seq[t];
+        prev_pos = pos;
+        for (int32_t b = first; b <= pos / bs; b++) {
+            if (table[b] < 0 || table[b] >= ctx->n_kv_blocks) {
+                KG_LOG_ERROR("cpu", "token %d (seq %d pos %d) reads block %d = %d (pool %d)", t,
+                             batch->seq[t], pos, b, table[b], ctx->n_kv_blocks);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/* x[r] += b[e] over the rows r of expert e's group (ggml_add_id): b is
+ * (n_expert, n) flat, or data NULL for none. */
+static void add_expert_bias(float *x, const cpu_weight_t *b, int32_t e, int64_t rows, int64_t n) {
+    if (!b->data) {
+        return;
+    }
+    const float *be = b->data + (int64_t)e * n;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t i = 0; i < n; i++) {
+            x[r * n + i] += be[i];
+        }
+    }
+}
+
+/* Expert e's FFN over its group of rows (grouped rows [r0, r0 + n)):
+ * gate/up GEMMs, biases, the gate, the down GEMM and its bias, on `pool`
+ * (NULL: this thread), rounding activations into the group's own rows of
+ * ctx->moe_xr, so groups can run side by side. */
+static void
+expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, int thread, const cpu_layer_t *L, int32_t e) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const int64_t E = hp->n_embd, FX = hp->n_ff_exp;
+    const int64_t W = E > FX ? E : FX;
+    const int64_t r0 = ctx->plan.offset[e], n = ctx->plan.offset[e + 1] - r0;
+    float *g = ctx->moe_g + r0 * FX, *u = ctx->moe_u + r0 * FX, *y = ctx->moe_y + r0 * E;
+    float *xr = ctx->moe_xr + r0 * W;
+    const cpu_weight_t *gate_up[2] = {&L->exp_gate[e], &L->exp_up[e]};
+    float *const gate_up_out[2] = {g, u};
+    /* on the pool: the backend's quantized activations; alone on a pool
+     * thread: that thread's own */
+    cpu_qact_t *qa = pool ? &ctx->qact : &ctx->moe_qact[thread];
+    matmul_n_on(ctx, pool, thread, xr, qa, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
+    add_expert_bias(u, &L->exp_up_b, e, n, FX);
+    add_expert_bias(g, &L->exp_gate_b, e, n, FX);
+    if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
+        cpu_moe_swiglu_oai(g, u, g, n * FX);
+    } else {
+        for (int64_t i = 0; i < n * FX; i++) {
+            g[i] = kg_silu(g[i]) * u[i];
+        }
+    }
+    const cpu_weight_t *down = &L->exp_down[e];
+    matmul_n_on(ctx, pool, thread, xr, qa, 1, &down, g, &y, n);
+    add_expert_bias(y, &L->exp_down_b, e, n, E);
+}
+
+typedef struct expert_job {
+    cpu_ctx_t *ctx;
+    const cpu_layer_t *L;
+} expert_job_t;
+
+/* One pool task: one active expert's whole FFN on this thread. */
+static void expert_task(void *arg, int64_t w, int thread) {
+    const expert_job_t *job = arg;
+    expert_ffn(job->ctx, NULL, thread, job->L, job->ctx->moe_active[w]);
+}
+
+/* The mixture-of-experts FFN of layer L on ctx->xn (T, n_embd) into
+ * ctx->tmp (T, n_embd) (llama.cpp's build_moe_ffn): route, group, one
+ * gate/up and one down GEMM per active expert over its rows, weigh and
+ * add. With enough active experts to keep every thread busy (decode: many
+ * experts of a few rows each) the experts run side by side, one pool task
+ * each, largest group first; otherwise one after another, each GEMM split
+ * over the pool by columns. Either way every row's bits are the same: the
+ * GEMM's per-element chain does not depend on threads or row counts. */
+static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
+    const kg_hparams_t *hp = &ctx->hp;
+    cpu_moe_plan_t *plan = &ctx->plan;
+    kg_moe_stats_t *st = &ctx->moe_stats;
+    matmul(ctx, &L->gate_inp, ctx->xn, ctx->moe_logits, T);
+    add_bias(ctx->moe_logits, &L->gate_inp_b, T, hp->n_expert);
+    cpu_moe_route(plan, hp, ctx->moe_logits, T);
+    cpu_moe_gather(plan, ctx->xn, hp->n_embd, ctx->moe_x, T);
+    int32_t n_active = 0;
+    for (int32_t e = 0; e < hp->n_expert; e++) {
+        const int32_t n = plan->offset[e + 1] - plan->offset[e];
+        if (n == 0) {
+            continue;
+        }
+        /* insertion by group size, descending (ties: lower expert first) */
+        int32_t i = n_active++;
+        while (i > 0 &&
+               plan->offset[ctx->moe_active[i - 1] + 1] - plan->offset[ctx->moe_active[i - 1]] <
+                   n) {
+            ctx->moe_active[i] = ctx->moe_active[i - 1];
+            i--;
+        }
+        ctx->moe_active[i] = e;
+        ctx->moe_tokens[e] += n;
+        st->max_group = n > st->max_group ? n : st->max_group;
+    }
+    if (n_active >= 2 * ctx->n_threads) {
+        expert_job_t job = {.ctx = ctx, .L = L};
+        kg_pool_run(ctx->pool, n_active, expert_task, &job);
+    } else {
+        for (int32_t i = 0; i < n_active; i++) {
+            expert_ffn(ctx, ctx->pool, 0, L, ctx->moe_active[i]);
+        }
+    }
+    cpu_moe_combine(plan, ctx->moe_y, hp->n_embd, ctx->tmp, T);
+    st->n_groups += n_active;
+    st->n_layer_steps++;
+    st->n_routed += T * hp->n_expert_used;
+}
+
+kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
+    cpu_ctx_t *ctx = be->ctx;
+    const kg_hparams_t *hp = &ctx->hp;
+    const int64_t T = batch->n_tokens, E = hp->n_embd, F = hp->n_ff;
+    const int64_t n_q = (int64_t)hp->n_head * hp->head_dim;
+    const int64_t n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int32_t bs = ctx->block_size;
+    if (T <= 0 || T > ctx->max_tokens) {
+        KG_LOG_ERROR("cpu", "step of %lld tokens (max %d)", (long long)T, ctx->max_tokens);
+        return KG_ERR_INVALID;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t tok = batch->token[t], pos = batch->pos[t], seq = batch->seq[t];
+        if (tok < 0 || tok >= hp->n_vocab || pos < 0 || seq < 0 || seq >= batch->n_slots ||
+            pos / bs >= batch->max_blocks_per_seq) {
+            KG_LOG_ERROR("cpu", "bad batch entry %lld: token %d pos %d seq %d", (long long)t, tok,
+                         pos, seq);
+            return KG_ERR_INVALID;
+        }
+    }
+    if (!batch_blocks_ok(ctx, batch)) {
+        return KG_ERR_INVALID;
+    }
+    /* embeddings: dequantize each token's row (ggml_get_rows), then scale */
+    const kg_gguf_tensor_t *emb = ctx->model->tok_embd;
+    const size_t row_size = kg_type_row_size(emb->type, E);
+    for (int64_t t = 0; t < T; t++) {
+        kg_dequantize(emb->type, (const char *)emb->data + (size_t)batch->token[t] * row_size,
+                      ctx->x + t * E, E);
+        if (hp->embd_scale != 0.0f) {
+            scale_rows(ctx->x + t * E, E, hp->embd_scale);
+        }
+    }
+    /* the angles of every distinct RoPE of the layers */
+    for (int32_t r = 0; r < ctx->n_ropes; r++) {
+        const cpu_rope_t *rp = &ctx->ropes[r];
+        for (int64_t t = 0; t < T; t++) {
+            float *cs = ctx->rope_cs + (r * T + t) * hp->n_rot;
+            kg_rope_cache_yarn(batch->pos[t], hp->n_rot, rp->base, rp->scale, ctx->rope_freqs,
+                               hp->yarn_ext_factor, hp->yarn_attn_factor, rp->corr_dims, cs,
+                               cs + hp->n_rot / 2);
+        }
+    }
+
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const cpu_layer_t *L = &ctx->layers[il];
+        const float *cs = ctx->rope_cs + (int64_t)L->rope * T * hp->n_rot;
+        cpu_rmsnorm_rows(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
+        matmul_n(ctx, 3, qkv, ctx->xn, qkv_out, T);
+        add_bias(ctx->q, &L->bq, T, n_q);
+        add_bias(ctx->k, &L->bk, T, n_kv);
+        add_bias(ctx->v, &L->bv, T, n_kv);
+        if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
+            cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T * hp->n_head, hp->head_dim,
+                             hp->norm_eps);
+            cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T * hp->n_head_kv, hp->head_dim,
+                             hp->norm_eps);
+        }
+        rope_rows(ctx, ctx->q, T, hp->n_head, cs);
+        rope_rows(ctx, ctx->k, T, hp->n_head_kv, cs);
+        if (hp->q_scale != 0.0f) {
+            scale_rows(ctx->q, T * n_q, hp->q_scale);
+        }
+        cpu_round_fp16(ctx->q, T * n_q); /* ggml converts q to fp16 for the K matmul */
+        for (int64_t t = 0; t < T; t++) {
+            const int32_t pos = batch->pos[t];
+            const int32_t blk =
+                batch->block_table[(int64_t)batch->seq[t] * batch->max_blocks_per_seq + pos / bs];
+            const int64_t row = (int64_t)blk * bs + pos % bs;
+            cpu_fp32_to_fp16(ctx->k + t * n_kv, ctx->k_cache[il] + row * n_kv, n_kv);
+            cpu_fp32_to_fp16(ctx->v + t * n_kv, ctx->v_cache[il] + row * n_kv, n_kv);
+        }
+        attention(ctx, il, batch);
+        matmul(ctx, &L->wo, ctx->att, ctx->tmp, T);
+        add_bias(ctx->tmp, &L->bo, T, E);
+        if (L->attn_post_norm.data) {
+            cpu_rmsnorm_rows(ctx->tmp, L->attn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
+        }
+        for (int64_t i = 0; i < T * E; i++) {
+            ctx->x[i] += ctx->tmp[i];
+        }
+
+        cpu_rmsnorm_rows(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        if (L->moe) {
+            moe_ffn(ctx, L, T);
+        } else {
+            const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
+            float *const gate_up_out[2] = {ctx->gate, ctx->up};
+            matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
+            if (hp->ffn_act == KG_FFN_GELU) {
+                cpu_geglu(ctx->gelu_table, ctx->gate, ctx->up, ctx->gate, T * F);
+            } else {
+                for (int64_t i = 0; i < T * F; i++) {
+                    ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+                }
+            }
+            matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
+        }
+        if (L->ffn_post_norm.data) {
+            cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
+        }
+        for (int64_t i = 0; i < T * E; i++) {
+            ctx->x[i] += ctx->tmp[i];
+        }
+    }
+
+    /* head: only the rows that want logits, gathered in token order */
+    int64_t n_out = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (batch->want_logits[t]) {
+            memmove(ctx->xn + n_out * E, ctx->x + t * E, (size_t)E * sizeof(float));
+            n_out++;
+        }
+    }
+    if (n_out != batch->n_outputs) {
+        KG_LOG_ERROR("cpu", "batch says %d outputs, want_logits has %lld", batch->n_outputs,
+                     (long long)n_out);
+        return KG_ERR_INVALID;
+    }
+    if (n_out > 0) {
+        cpu_rmsnorm_rows(ctx->xn, ctx->output_norm.data, ctx->xn, n_out, E, hp->norm_eps);
+        matmul(ctx, &ctx->output, ctx->xn, logits, n_out);
+        add_bias(logits, &ctx->output_b, n_out, hp->n_vocab);
+        if (hp->final_softcap != 0.0f) {
+            for (int64_t i = 0; i < n_out * hp->n_vocab; i++) {
+                logits[i] = kg_softcap(logits[i], hp->final_softcap);
+            }
+        }
+    }
+    return KG_OK;
+}

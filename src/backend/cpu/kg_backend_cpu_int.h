@@ -1,0 +1,102 @@
+/* kg_backend_cpu_int: what the CPU backend's two files share: its
+ * weights, layers and context (the buffers the forward pass works in),
+ * built by kg_backend_cpu.c and run by kg_backend_cpu_forward.c. */
+#pragma once
+
+#include "../../core/kg_pool.h"
+#include "../kg_backend_impl.h"
+#include "cpu_gemm.h"
+#include "cpu_moe.h"
+#include "cpu_quant.h"
+#include "cpu_vecdot.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cpu_weight {
+    const float *data;         /* vectors only: (n_in) F32 */
+    float *owned;              /* non-NULL when a vector was dequantized at load */
+    cpu_gemm_weights_t packed; /* F32/F16/BF16 matrices: (n_out, n_in) packed for cpu_gemm */
+    cpu_qmat_t q;              /* quantized matrices: (n_out, n_in) blocks in the mapping */
+    int64_t n_in, n_out;
+    kg_ggml_type_t type; /* type in the file: decides activation rounding */
+} cpu_weight_t;
+
+typedef struct cpu_layer {
+    cpu_weight_t attn_norm, ffn_norm; /* (n_embd) as (1, n_embd) */
+    cpu_weight_t wq, wk, wv, wo, w_gate, w_up, w_down;
+    /* optional vectors (data NULL when the family has none) */
+    cpu_weight_t bq, bk, bv, bo;                /* biases: (n_q), (n_kv), (n_kv), (n_embd) */
+    cpu_weight_t q_norm, k_norm;                /* (head_dim) */
+    cpu_weight_t attn_post_norm, ffn_post_norm; /* (n_embd) */
+    int32_t rope;                               /* index into cpu_ctx_t.ropes */
+    /* mixture of experts (moe false: the dense w_gate, w_up, w_down) */
+    bool moe;
+    cpu_weight_t gate_inp;                         /* (n_expert, n_embd) the router */
+    cpu_weight_t gate_inp_b;                       /* (n_expert) or data NULL */
+    cpu_weight_t *exp_gate, *exp_up, *exp_down;    /* (n_expert) expert e's matrices */
+    cpu_weight_t exp_gate_b, exp_up_b, exp_down_b; /* (n_expert, n_ff_exp) x 2,
+                                                      (n_expert, n_embd); or data NULL */
+    cpu_weight_t sinks;                            /* (n_head) or data NULL */
+} cpu_layer_t;
+
+/* One distinct RoPE among the layers (Gemma: local and global). */
+typedef struct cpu_rope {
+    float base, scale;
+    float corr_dims[2]; /* YaRN's blend range for this base */
+} cpu_rope_t;
+
+typedef struct cpu_ctx {
+    const kg_model_t *model;
+    kg_hparams_t hp;
+    int n_threads;
+    kg_pool_t *pool; /* n_threads workers for attention */
+    int32_t n_kv_blocks, block_size, max_tokens;
+    cpu_layer_t *layers;      /* (n_layer) */
+    cpu_weight_t output_norm; /* (n_embd) */
+    cpu_weight_t output;      /* (n_vocab, n_embd) */
+    cpu_weight_t output_b;    /* (n_vocab) or data NULL */
+    float *rope_freqs;        /* (n_rot / 2) frequency divisors (rope_freqs or LongRoPE) or NULL */
+    cpu_rope_t *ropes;        /* (n_ropes) */
+    int32_t n_ropes;
+    int32_t max_window;   /* largest layer window, 0 when some layer is global */
+    uint16_t *gelu_table; /* (65536) GeGLU models only */
+    uint16_t **k_cache;   /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
+    uint16_t **v_cache;   /* same shape as k_cache */
+    /* scratch for max_tokens tokens */
+    float *x;        /* (T, n_embd) residual stream */
+    float *xn;       /* (T, n_embd) normed input of a block */
+    float *xr;       /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
+    float *q;        /* (T, n_head * head_dim) */
+    float *k;        /* (T, n_head_kv * head_dim) */
+    float *v;        /* (T, n_head_kv * head_dim) */
+    float *att;      /* (T, n_head * head_dim) attention output */
+    float *gate;     /* (T, n_ff) */
+    float *up;       /* (T, n_ff) */
+    float *tmp;      /* (T, n_embd) projection output before the residual add */
+    float *rope_cs;  /* (n_ropes, T, n_rot) cos | sin per token */
+    float *scores;   /* (n_threads, n_kv_blocks * block_size) */
+    cpu_qact_t qact; /* (T, widest) activations quantized for cpu_vecdot */
+    cpu_qgemm_scratch_t *qscratch; /* cpu_vecdot's per-thread unpacked panels */
+    /* mixture of experts (n_expert > 0), k = n_expert_used */
+    cpu_moe_plan_t plan;
+    float *moe_logits;    /* (T, n_expert) router logits */
+    float *moe_x;         /* (T * k, n_embd) normed inputs grouped by expert */
+    float *moe_g;         /* (T * k, n_ff_exp) gate, then the gated activation */
+    float *moe_u;         /* (T * k, n_ff_exp) up */
+    float *moe_y;         /* (T * k, n_embd) expert outputs */
+    float *moe_xr;        /* (T * k, max(n_embd, n_ff_exp)) activations rounded for an expert */
+    int32_t *moe_active;  /* (n_expert) this layer's active experts, largest group first */
+    int64_t *moe_tokens;  /* (n_expert) rows each expert took, all layers and steps */
+    cpu_qact_t *moe_qact; /* (n_threads) x (T, max(n_embd, n_ff_exp)): expert groups that run
+                             side by side quantize their activations into their thread's own */
+    kg_moe_stats_t moe_stats;
+    size_t weights_size, kv_size, scratch_size;
+} cpu_ctx_t;
+
+/** Run one step (the vtable's forward; see kg_backend_forward).
+ * @thread engine */
+KG_NODISCARD kg_status_t cpu_backend_forward(kg_backend_t *be,
+                                             const kg_step_batch_t *batch,
+                                             float *logits);
