@@ -2,16 +2,14 @@
  * See kg_worker.h for the design. */
 #include "kg_worker.h"
 
-#include "../backend/kg_backend.h"
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
-#include "../engine/kg_engine.h"
-#include "../engine/kg_sizing.h"
 #include "../pipeline/kg_events.h"
 #include "../pipeline/kg_intake.h"
 #include "../pipeline/kg_jobrun.h"
 #include "../pipeline/kg_runner.h"
 #include "../pipeline/kg_served.h"
+#include "../pipeline/kg_stack.h"
 #include "../schema/kg_codec.h"
 #include "kg_cancel.h"
 #include "kg_journal.h"
@@ -130,9 +128,8 @@ struct kg_worker {
     char worker_id[128];
     kg_lanes_t lanes;                  /* the jobs topics and their weights */
     char dlq_topic[KG_LANES_MAX][512]; /* per lane */
-    kg_backend_t *be;
-    kg_engine_t *engine;
-    kg_runner_t *runner;
+    kg_stack_t *stack;                 /* backend, engine, grammar cache, runner (kg_stack) */
+    kg_runner_t *runner;               /* the stack's: the engine thread */
     rd_kafka_t *consumer, *producer;
     kg_offsets_t *offsets;
     kg_journal_t *journal[KG_LANES_MAX]; /* the poison-job journal per lane; NULL when off */
@@ -146,8 +143,7 @@ struct kg_worker {
     int64_t suspect_offset;
     const char *crash_request_id; /* TEST-ONLY fault injection; NULL normally */
     kg_intake_limits_t limits;
-    kg_served_t served;           /* the model's names (limits.served points into it) */
-    kg_grammar_cache_t *grammars; /* compiled constraints, owned */
+    kg_served_t served; /* the model's names (limits.served points into it) */
     kg_codec_opts_t codec_opts;
     int32_t max_inflight;
     int32_t n_engine_recs;  /* engine request records: one per choice (kg_engine_submit) */
@@ -1839,39 +1835,6 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
     w->codec_opts.default_max_tokens = cfg->default_max_tokens;
 
-    /* engine: every job the worker lets in may wait inside the engine while
-     * the running ones finish, so the engine's queue holds all of them */
-    kg_engine_options_t eo = kg_engine_options_default();
-    eo.max_batch_size = cfg->max_batch_size;
-    eo.max_queue_depth = cfg->max_batch_size + cfg->max_queue_depth;
-    eo.max_batch_tokens = cfg->max_batch_tokens;
-    eo.ctx = cfg->ctx;
-    eo.kv_block_size = cfg->kv_block_size;
-    eo.kv_memory_mib = cfg->kv_memory_mib;
-    eo.prefix_cache = cfg->prefix_cache;
-    eo.threads = cfg->threads;
-    kg_engine_params_t ep;
-    kg_backend_params_t bp;
-    bool clamped;
-    if (kg_engine_size(model, &eo, &ep, &bp, &clamped, errstr, errstr_size) != KG_OK) {
-        goto fail;
-    }
-    if (clamped) {
-        KG_LOG_WARN("worker", "the KV pool holds %d tokens: the context is cut to that",
-                    ep.max_seq_len);
-    }
-    w->limits.max_seq_len = ep.max_seq_len;
-    w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
-    w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
-    /* constrained jobs compile here, on the kafka thread, once per schema */
-    w->grammars = kg_grammar_cache_new_for(model->tok, KG_GRAMMAR_CACHE_DEFAULT_BYTES);
-    if (!w->grammars) {
-        snprintf(errstr, errstr_size, "out of memory for the grammar cache");
-        goto fail;
-    }
-    w->limits.grammars = w->grammars;
-    w->limits.max_choices = ep.max_batch_size < KG_JOB_MAX_N ? ep.max_batch_size : KG_JOB_MAX_N;
-    w->n_engine_recs = ep.max_batch_size + ep.max_queue_depth;
     if (kg_served_init(&w->served, cfg->served_model_name, model, cfg->model, errstr,
                        errstr_size) != KG_OK) {
         goto fail;
@@ -1884,18 +1847,37 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         KG_LOG_INFO("worker", "serving model names=\"%s\"", names);
     }
 
-    w->be = kg_backend_new(cfg->backend, model, &bp, errstr, errstr_size);
-    if (!w->be) {
+    /* engine: every job the worker lets in may wait inside the engine while
+     * the running ones finish, so the engine's queue holds all of them;
+     * constrained jobs compile here, on the kafka thread, once per schema */
+    kg_stack_options_t so = kg_stack_options_default();
+    so.backend = cfg->backend;
+    so.engine.max_batch_size = cfg->max_batch_size;
+    so.engine.max_queue_depth = cfg->max_batch_size + cfg->max_queue_depth;
+    so.engine.max_batch_tokens = cfg->max_batch_tokens;
+    so.engine.ctx = cfg->ctx;
+    so.engine.kv_block_size = cfg->kv_block_size;
+    so.engine.kv_memory_mib = cfg->kv_memory_mib;
+    so.engine.prefix_cache = cfg->prefix_cache;
+    so.engine.threads = cfg->threads;
+    so.grammar_bytes = KG_GRAMMAR_CACHE_DEFAULT_BYTES;
+    so.runner_inflight = w->max_inflight;
+    w->stack = kg_stack_new(model, &so, errstr, errstr_size);
+    if (!w->stack) {
         goto fail;
     }
-    w->engine = kg_engine_new(w->be, &ep, errstr, errstr_size);
-    if (!w->engine) {
-        goto fail;
+    w->runner = kg_stack_runner(w->stack);
+    const kg_engine_params_t *ep = kg_stack_params(w->stack);
+    if (kg_stack_ctx_clamped(w->stack)) {
+        KG_LOG_WARN("worker", "the KV pool holds %d tokens: the context is cut to that",
+                    ep->max_seq_len);
     }
-    w->runner = kg_runner_new(w->engine, w->max_inflight, errstr, errstr_size);
-    if (!w->runner) {
-        goto fail;
-    }
+    w->limits.max_seq_len = ep->max_seq_len;
+    w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
+    w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
+    w->limits.grammars = kg_stack_grammars(w->stack);
+    w->limits.max_choices = ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size : KG_JOB_MAX_N;
+    w->n_engine_recs = ep->max_batch_size + ep->max_queue_depth;
     w->table_size = 1;
     while (w->table_size < (size_t)w->max_inflight * 2) {
         w->table_size <<= 1;
@@ -1961,8 +1943,8 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     KG_LOG_INFO("worker",
                 "started worker_id=%s backend=%s jobs_topic=%s results_topic=%s "
                 "max_batch_size=%d kv_blocks=%d",
-                w->worker_id, kg_backend_name(w->be), cfg->jobs_topic, cfg->results_topic,
-                ep.max_batch_size, ep.n_kv_blocks);
+                w->worker_id, kg_stack_backend_name(w->stack), cfg->jobs_topic, cfg->results_topic,
+                ep->max_batch_size, ep->n_kv_blocks);
     return w;
 fail:
     kg_worker_free(w);
@@ -2088,7 +2070,9 @@ void kg_worker_free(kg_worker_t *w) {
     if (!w) {
         return;
     }
-    kg_runner_free(w->runner); /* stops the engine thread first */
+    if (w->stack) {
+        kg_stack_stop(w->stack); /* stops the engine thread first */
+    }
     if (w->table) {
         for (size_t i = 0; i < w->table_size; i++) {
             while (w->table[i]) {
@@ -2115,15 +2099,13 @@ void kg_worker_free(kg_worker_t *w) {
     }
     kg_offsets_free(w->offsets);
     free(w->table);
-    kg_engine_free(w->engine);
-    kg_backend_free(w->be);
-    kg_grammar_cache_free(w->grammars);
+    kg_stack_free(w->stack); /* engine, backend, grammar cache */
     kg_served_clear(&w->served);
     free(w);
 }
 
 const kg_grammar_cache_t *kg_worker_grammar_cache(const kg_worker_t *w) {
-    return w->grammars;
+    return kg_stack_grammars(w->stack);
 }
 
 const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {
@@ -2135,7 +2117,7 @@ const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w) {
 }
 
 void kg_worker_backend_counters(const kg_worker_t *w, kg_backend_counters_t *out) {
-    kg_backend_counters(w->be, out);
+    kg_stack_backend_counters(w->stack, out);
 }
 
 int kg_worker_partition_lag(
