@@ -18,23 +18,15 @@
 #include "kg_offsets.h"
 #include "kg_topic_config.h"
 #include "kg_txn.h"
+#include "kg_worker_int.h"
 
 #include <librdkafka/rdkafka.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#define MAX_PARTITIONS 1024 /* per jobs topic, for the lag gauges */
-/* Inside the worker a job's "partition" is a dense index over the lanes'
- * topics (kg_lanes): lane * LANE_STRIDE + the partition on its topic, so one
- * number keys the offsets tracker, the records and the acks; with one lane
- * it is the partition itself. The real topic and partition are taken back
- * at the edges: events, the journal, DLQ headers, logs, Kafka calls. */
-#define LANE_STRIDE  (KG_OFFSETS_MAX_PARTITIONS / KG_LANES_MAX)
 #define ENGINE_SLACK 2 /* with lanes: jobs waiting in the engine beyond its slots */
-#define POLL_BATCH   64
 /* Bytes of a produced message beyond its value: the key (a request_id,
  * <= 128 bytes), the record and the record-batch framing (~90 bytes). */
 #define RECORD_OVERHEAD 512
@@ -50,148 +42,8 @@
 
 // ---- job records ----
 
-typedef enum rec_state {
-    REC_PENDING,   /* prepared, waiting for room in the engine */
-    REC_SUBMITTED, /* in the engine */
-    REC_REVOKED,   /* partition revoked or shutdown: finish quietly */
-} rec_state_t;
-
-typedef struct job_rec {
-    uint64_t id;
-    kg_jobrun_t run; /* the job from intake to its terminal event (kg_jobrun) */
-    rec_state_t state;
-    int64_t cancel_step;   /* kg_runner_steps when a user's cancel was applied */
-    struct job_rec *hnext; /* id hash chain */
-    struct job_rec *qnext; /* pending FIFO */
-} job_rec_t;
-
-/* What a message answers, for its delivery report. A message without one
- * (a token event, a dead-letter copy of an event) answers nothing. */
-typedef enum ack_kind {
-    ACK_RESULT, /* a job's terminal event (done or error) */
-    ACK_ANSWER, /* the error event that replaces a terminal event the broker refused */
-    ACK_DLQ,    /* an unparseable job's dead-letter copy: its only answer */
-} ack_kind_t;
-
-/* What a delivery report needs: the job's offset to mark done, and what to
- * log and count once the broker has the answer. */
-typedef struct ack {
-    int32_t partition;
-    int64_t offset;
-    ack_kind_t kind;
-    bool is_error;             /* ACK_RESULT */
-    kg_finish_reason_t reason; /* ACK_RESULT, done */
-    kg_error_code_t code;      /* ACK_RESULT, error */
-    int32_t n_gen;             /* ACK_RESULT, done: tokens generated */
-    double total_ms;           /* ACK_RESULT, done */
-} ack_t;
-
-/* A job message off the jobs topic: borrowed from the consumer's message,
- * or from a held copy. */
-typedef struct job_msg {
-    int32_t partition;
-    int64_t offset;
-    const void *key;
-    size_t key_len;
-    const void *payload;
-    size_t len;
-    int64_t taken_us;       /* when it was taken off Kafka (kg_clock_us): its timings start here */
-    kg_job_format_t format; /* its kgen-format header (AUTO when it has none) */
-} job_msg_t;
-
-/* A message that waits before it may start (kg_journal): for the snapshot
- * that records it as running to be acknowledged, or, a suspect (a job that
- * was running when a worker failed), for its turn: one at a time. */
-typedef struct held_msg {
-    job_msg_t m;     /* key and payload are owned copies */
-    int strikes;     /* consecutive worker failures it was present in */
-    uint64_t ticket; /* its journal snapshot; 0 while a suspect waits for its turn */
-    struct held_msg *next;
-} held_msg_t;
-
-/* A dead-letter copy: what goes to the DLQ and why (headers kgen-*). */
-typedef struct dlq_copy {
-    const char *key;
-    size_t key_len;
-    const void *payload;
-    size_t len;
-    const char *payload_kind; /* kgen-payload: "job" or "event" */
-    const char *reason;       /* kgen-error-reason */
-    const char *message;      /* kgen-error-message */
-    int32_t partition;        /* of the job on the jobs topic */
-    int64_t offset;
-} dlq_copy_t;
-
-struct kg_worker {
-    const kg_config_t *cfg;
-    const kg_model_t *model;
-    char worker_id[128];
-    kg_lanes_t lanes;                  /* the jobs topics and their weights */
-    char dlq_topic[KG_LANES_MAX][512]; /* per lane */
-    kg_stack_t *stack;                 /* backend, engine, grammar cache, runner (kg_stack) */
-    kg_runner_t *runner;               /* the stack's: the engine thread */
-    rd_kafka_t *consumer, *producer;
-    kg_offsets_t *offsets;
-    kg_journal_t *journal[KG_LANES_MAX]; /* the poison-job journal per lane; NULL when off */
-    kg_cancel_t *cancel;                 /* the cancel topic's reader; NULL with none */
-    kg_txn_t *txn; /* --exactly-once: answers and offsets in transactions (producer: tokens) */
-    held_msg_t *held_head, *held_tail;         /* waiting for their snapshot's ack */
-    held_msg_t *suspects_head, *suspects_tail; /* suspects waiting for their turn */
-    int32_t n_held;                            /* in both lists */
-    bool suspect_busy;                         /* a suspect runs (or is about to) */
-    int32_t suspect_partition;                 /* dense */
-    int64_t suspect_offset;
-    const char *crash_request_id; /* TEST-ONLY fault injection; NULL normally */
-    kg_intake_limits_t limits;
-    kg_served_t served; /* the model's names (limits.served points into it) */
-    kg_codec_opts_t codec_opts;
-    int32_t max_inflight;
-    int32_t n_engine_recs;  /* engine request records: one per choice (kg_engine_submit) */
-    int32_t n_engine_seqs;  /* choices of the jobs in the engine */
-    size_t max_event_bytes; /* value bytes one event may take (kg_events' budget) */
-    size_t max_dlq_bytes;   /* payload bytes of a dead-letter copy (headers apart) */
-    int32_t n_inflight;     /* records alive: pending + submitted + revoked awaiting finish */
-    int32_t n_pending;      /* records waiting in the lane queues */
-    int32_t n_in_engine;    /* records submitted to the engine and not finished there */
-    uint64_t next_id;
-    job_rec_t **table; /* (table_size) id -> record */
-    size_t table_size;
-    struct {
-        job_rec_t *head, *tail;                /* priority, then arrival */
-    } q[KG_LANES_MAX];                         /* prepared jobs waiting for the engine, per lane */
-    rd_kafka_topic_partition_list_t *assigned; /* owned copy of the assignment */
-    bool paused;                               /* every lane paused (draining) */
-    bool lane_paused[KG_LANES_MAX];            /* backpressure, lowest lanes first */
-    _Atomic int stop_requested; /* set by a signal handler or another thread (the demo) */
-    bool draining;
-    int64_t drain_deadline_us;
-    int fatal;        /* non-zero: stop at once, exit non-zero */
-    bool fatal_kafka; /* the fatal error was Kafka's, not possibly a job's */
-    _Atomic int64_t lag[KG_LANES_MAX][MAX_PARTITIONS];
-    _Atomic int32_t lag_valid[KG_LANES_MAX][MAX_PARTITIONS];
-    int64_t last_lag_us;
-    kg_worker_metrics_t m;
-};
-
-static int lane_of(int32_t dense) {
-    return dense / LANE_STRIDE;
-}
-
-/* The partition on its topic of a dense index. */
-static int32_t part_of(int32_t dense) {
-    return dense % LANE_STRIDE;
-}
-
-static int32_t dense_of(int lane, int32_t partition) {
-    return lane * LANE_STRIDE + partition;
-}
-
-static const char *topic_of(const kg_worker_t *w, int32_t dense) {
-    return w->lanes.lane[lane_of(dense)].topic;
-}
-
 static job_rec_t *rec_find(kg_worker_t *w, uint64_t id) {
-    for (job_rec_t *r = w->table[id & (w->table_size - 1)]; r; r = r->hnext) {
+    for (job_rec_t *r = w->jobs.table[id & (w->jobs.table_size - 1)]; r; r = r->hnext) {
         if (r->id == id) {
             return r;
         }
@@ -200,26 +52,26 @@ static job_rec_t *rec_find(kg_worker_t *w, uint64_t id) {
 }
 
 static void rec_insert(kg_worker_t *w, job_rec_t *r) {
-    job_rec_t **slot = &w->table[r->id & (w->table_size - 1)];
+    job_rec_t **slot = &w->jobs.table[r->id & (w->jobs.table_size - 1)];
     r->hnext = *slot;
     *slot = r;
-    w->n_inflight++;
-    atomic_store(&w->m.inflight, w->n_inflight);
+    w->jobs.n_inflight++;
+    atomic_store(&w->m.inflight, w->jobs.n_inflight);
 }
 
 static void rec_free(kg_worker_t *w, job_rec_t *r) {
-    job_rec_t **p = &w->table[r->id & (w->table_size - 1)];
+    job_rec_t **p = &w->jobs.table[r->id & (w->jobs.table_size - 1)];
     while (*p && *p != r) {
         p = &(*p)->hnext;
     }
     if (*p) {
         *p = r->hnext;
-        w->n_inflight--;
-        atomic_store(&w->m.inflight, w->n_inflight);
+        w->jobs.n_inflight--;
+        atomic_store(&w->m.inflight, w->jobs.n_inflight);
     }
     if (r->state != REC_PENDING) {
-        w->n_in_engine--;
-        w->n_engine_seqs -= r->run.n_choices; /* its engine records are free again */
+        w->jobs.n_in_engine--;
+        w->jobs.n_engine_seqs -= r->run.n_choices; /* its engine records are free again */
     }
     kg_jobrun_clear(&r->run);
     free(r);
@@ -228,36 +80,37 @@ static void rec_free(kg_worker_t *w, job_rec_t *r) {
 // ---- producing ----
 
 static void fatal(kg_worker_t *w, const char *what) {
-    if (!w->fatal) {
+    if (!w->life.fatal) {
         KG_LOG_ERROR("worker", "fatal: %s; stopping without storing unfinished offsets", what);
     }
-    w->fatal = 1;
+    w->life.fatal = 1;
 }
 
 /* A fatal error of the broker or a topic: no job can have caused it, so
  * the journal hands the partitions over as clean (kg_journal_revoke). */
 static void fatal_kafka(kg_worker_t *w, const char *what) {
-    w->fatal_kafka = !w->fatal;
+    w->life.fatal_kafka = !w->life.fatal;
     fatal(w, what);
 }
 
 static void end_suspect(kg_worker_t *w, int32_t partition, int64_t offset) {
-    if (w->suspect_busy && w->suspect_partition == partition && w->suspect_offset == offset) {
-        w->suspect_busy = false;
-        atomic_store(&w->m.suspects, w->suspects_head != NULL);
+    if (w->intake.suspect_busy && w->intake.suspect_partition == partition &&
+        w->intake.suspect_offset == offset) {
+        w->intake.suspect_busy = false;
+        atomic_store(&w->m.suspects, w->intake.suspects_head != NULL);
     }
 }
 
 /* The job was answered (its terminal event or DLQ copy produced): off the
  * journal's record; when it was the running suspect, the next may start. */
 static void job_answered(kg_worker_t *w, int32_t partition, int64_t offset) {
-    kg_journal_finish(w->journal[lane_of(partition)], part_of(partition), offset);
+    kg_journal_finish(w->intake.journal[lane_of(partition)], part_of(partition), offset);
     end_suspect(w, partition, offset);
 }
 
 /* The job was given back unfinished (revoke, drain): it keeps its strikes. */
 static void job_given_back(kg_worker_t *w, int32_t partition, int64_t offset) {
-    kg_journal_release(w->journal[lane_of(partition)], part_of(partition), offset);
+    kg_journal_release(w->intake.journal[lane_of(partition)], part_of(partition), offset);
     end_suspect(w, partition, offset);
 }
 
@@ -288,7 +141,7 @@ static void on_refused(kg_worker_t *w,
                        const ack_t *ack,
                        rd_kafka_resp_err_t err);
 
-/* Produce one event (or DLQ copy) on w->producer. `ack` (may be NULL)
+/* Produce one event (or DLQ copy) on w->out.producer. `ack` (may be NULL)
  * travels as the message opaque and is freed by the delivery report. A
  * message the producer refuses for its own sake is handled as a refused
  * delivery (on_refused); any other failure is fatal. */
@@ -323,7 +176,7 @@ static bool produce_now(kg_worker_t *w,
             vus[n].vtype = RD_KAFKA_VTYPE_HEADERS;
             vus[n++].u.headers = h;
         }
-        rd_kafka_error_t *e = rd_kafka_produceva(w->producer, vus, n);
+        rd_kafka_error_t *e = rd_kafka_produceva(w->out.producer, vus, n);
         err = e ? rd_kafka_error_code(e) : RD_KAFKA_RESP_ERR_NO_ERROR;
         if (e) {
             rd_kafka_error_destroy(e);
@@ -338,7 +191,7 @@ static bool produce_now(kg_worker_t *w,
         if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL || attempt > 600) {
             break;
         }
-        rd_kafka_poll(w->producer, 100); /* the local queue drains as the broker acks */
+        rd_kafka_poll(w->out.producer, 100); /* the local queue drains as the broker acks */
     }
     if (is_message_fault(err)) {
         on_refused(w, topic, key, key_len, value, len, hdrs, ack, err);
@@ -365,10 +218,10 @@ static bool produce(kg_worker_t *w,
                     size_t len,
                     ack_t *ack,
                     rd_kafka_headers_t *hdrs) {
-    if (!w->txn) {
+    if (!w->out.txn) {
         return produce_now(w, topic, key, key_len, value, len, ack, hdrs);
     }
-    if (kg_txn_add(w->txn, topic, key, key_len, value, len, hdrs,
+    if (kg_txn_add(w->out.txn, topic, key, key_len, value, len, hdrs,
                    ack ? topic_of(w, ack->partition) : "", ack ? part_of(ack->partition) : -1,
                    ack ? ack->offset : -1, ack) != KG_OK) {
         free(ack);
@@ -376,7 +229,7 @@ static bool produce(kg_worker_t *w,
         return false;
     }
     atomic_fetch_add(&w->m.events_produced, 1);
-    if (ack && kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
+    if (ack && kg_offsets_done(w->parts.offsets, ack->partition, ack->offset)) {
         store_offsets(w);
     }
     return true;
@@ -395,16 +248,16 @@ static ack_t *ack_new(int32_t partition, int64_t offset, ack_kind_t kind) {
 static void store_offsets(kg_worker_t *w) {
     int32_t part;
     int64_t next;
-    while (kg_offsets_next_committable(w->offsets, &part, &next)) {
+    while (kg_offsets_next_committable(w->parts.offsets, &part, &next)) {
         rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
         rd_kafka_topic_partition_list_add(l, topic_of(w, part), part_of(part))->offset = next;
-        if (w->txn) {
+        if (w->out.txn) {
             /* the next transaction commits it (kg_txn) */ kg_txn_set_offset(
-                w->txn, topic_of(w, part), part_of(part), next);
+                w->out.txn, topic_of(w, part), part_of(part), next);
             rd_kafka_topic_partition_list_destroy(l);
             continue;
         }
-        rd_kafka_resp_err_t err = rd_kafka_offsets_store(w->consumer, l);
+        rd_kafka_resp_err_t err = rd_kafka_offsets_store(w->parts.consumer, l);
         if (err) {
             KG_LOG_WARN("worker", "offsets_store failed: %s topic=%s partition=%d offset=%lld",
                         rd_kafka_err2str(err), topic_of(w, part), part_of(part), (long long)next);
@@ -443,7 +296,7 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
     (void)rk;
     kg_worker_t *w = opaque;
     ack_t *ack = rkm->_private;
-    if (rkm->err && is_message_fault(rkm->err) && !w->fatal) {
+    if (rkm->err && is_message_fault(rkm->err) && !w->life.fatal) {
         rd_kafka_headers_t *h = NULL;
         if (rd_kafka_message_headers(rkm, &h) != RD_KAFKA_RESP_ERR_NO_ERROR) {
             h = NULL;
@@ -462,9 +315,9 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
                  rd_kafka_topic_name(rkm->rkt), rd_kafka_err2str(rkm->err), rkm->key ? kl : 0,
                  rkm->key ? (const char *)rkm->key : "", job);
         fatal_kafka(w, what);
-    } else if (ack && !w->fatal) {
+    } else if (ack && !w->life.fatal) {
         log_answered(w, rkm->key, rkm->key_len, ack);
-        if (kg_offsets_done(w->offsets, ack->partition, ack->offset)) {
+        if (kg_offsets_done(w->parts.offsets, ack->partition, ack->offset)) {
             store_offsets(w);
         }
     }
@@ -487,9 +340,9 @@ static kg_event_origin_t origin(const kg_worker_t *w, int32_t partition, int64_t
 static void dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack) {
     rd_kafka_headers_t *h = rd_kafka_headers_new(8);
     size_t len = c->len;
-    if (len > w->max_dlq_bytes) {
+    if (len > w->out.max_dlq_bytes) {
         char orig[24];
-        len = w->max_dlq_bytes;
+        len = w->out.max_dlq_bytes;
         snprintf(orig, sizeof(orig), "%zu", c->len);
         rd_kafka_header_add(h, "kgen-payload-truncated-from", -1, orig, -1);
     }
@@ -504,7 +357,7 @@ static void dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack) {
     rd_kafka_header_add(h, "kgen-source-offset", -1, off, -1);
     rd_kafka_header_add(h, "kgen-worker-id", -1, w->worker_id, -1);
     rd_kafka_header_add(h, "kgen-payload", -1, c->payload_kind, -1);
-    produce(w, w->dlq_topic[lane], c->key, c->key_len, c->payload, len, ack, h);
+    produce(w, w->out.dlq_topic[lane], c->key, c->key_len, c->payload, len, ack, h);
     rd_kafka_headers_destroy(h);
 }
 
@@ -530,8 +383,8 @@ static void dead_letter_bare(kg_worker_t *w,
         rd_kafka_header_add(h, "kgen-key-truncated-from", -1, orig, -1);
         key_len = DLQ_KEY_MAX;
     }
-    produce(w, w->dlq_topic[ack->partition >= 0 ? lane_of(ack->partition) : 0], key, key_len, "", 0,
-            again, h);
+    produce(w, w->out.dlq_topic[ack->partition >= 0 ? lane_of(ack->partition) : 0], key, key_len,
+            "", 0, again, h);
     rd_kafka_headers_destroy(h);
 }
 
@@ -559,7 +412,7 @@ static void on_refused(kg_worker_t *w,
     atomic_fetch_add(&w->m.events_refused, 1);
     bool to_dlq = false;
     for (int l = 0; l < w->lanes.n; l++) {
-        to_dlq |= strcmp(topic, w->dlq_topic[l]) == 0;
+        to_dlq |= strcmp(topic, w->out.dlq_topic[l]) == 0;
     }
     KG_LOG_WARN("worker",
                 "the broker refused one message for its own sake topic=%s bytes=%zu "
@@ -605,7 +458,7 @@ static void on_refused(kg_worker_t *w,
              ack->is_error ? "error" : "done", len, rd_kafka_err2str(err));
     size_t elen;
     char *json =
-        kg_events_error(&o, rid, KG_ERROR_INTERNAL, msg, NULL, w->max_event_bytes, &elen, NULL);
+        kg_events_error(&o, rid, KG_ERROR_INTERNAL, msg, NULL, w->out.max_event_bytes, &elen, NULL);
     if (!json) {
         fatal(w, "out of memory encoding an error event");
         return;
@@ -626,8 +479,8 @@ static void produce_error(kg_worker_t *w,
                           const char *metadata_json) {
     kg_event_origin_t o = origin(w, partition, offset);
     size_t len;
-    char *json = kg_events_error(&o, request_id, code, message, metadata_json, w->max_event_bytes,
-                                 &len, NULL);
+    char *json = kg_events_error(&o, request_id, code, message, metadata_json,
+                                 w->out.max_event_bytes, &len, NULL);
     if (!json) {
         fatal(w, "out of memory encoding an error event");
         return;
@@ -650,8 +503,8 @@ static void emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_step
     kg_event_origin_t o = origin(w, job->partition, job->offset);
     for (int i = 0; i < js->n_evs; i++) {
         size_t len;
-        char *json = kg_jobrun_token_event(&r->run, js, i, &o, w->model->tok, w->max_event_bytes,
-                                           &len, NULL);
+        char *json = kg_jobrun_token_event(&r->run, js, i, &o, w->model->tok,
+                                           w->out.max_event_bytes, &len, NULL);
         if (!json) {
             fatal(w, "out of memory encoding a token event");
             return;
@@ -682,8 +535,8 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
     size_t len;
     char *json =
         refused != KG_OK
-            ? kg_jobrun_refused(&r->run, &o, refused, w->max_event_bytes, &len, &oc)
-            : kg_jobrun_terminal(&r->run, &o, w->model->tok, w->max_event_bytes, &len, &oc);
+            ? kg_jobrun_refused(&r->run, &o, refused, w->out.max_event_bytes, &len, &oc)
+            : kg_jobrun_terminal(&r->run, &o, w->model->tok, w->out.max_event_bytes, &len, &oc);
     ack_t *ack = ack_new(job->partition, job->offset, ACK_RESULT);
     if (!json || !ack) {
         free(json);
@@ -691,7 +544,7 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
         fatal(w, "out of memory encoding a terminal event");
         return;
     }
-    log_shed(job, &oc.fit, w->max_event_bytes);
+    log_shed(job, &oc.fit, w->out.max_event_bytes);
     ack->is_error = oc.is_error;
     ack->code = oc.code;
     ack->reason = oc.reason;
@@ -724,33 +577,33 @@ static void produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, 
  * front (a job the engine handed back). */
 static void pending_push(kg_worker_t *w, job_rec_t *r, bool front) {
     int lane = lane_of(r->run.job->partition);
-    job_rec_t **p = &w->q[lane].head;
+    job_rec_t **p = &w->jobs.q[lane].head;
     while (!front && *p && (*p)->run.job->priority >= r->run.job->priority) {
         p = &(*p)->qnext;
     }
     r->qnext = *p;
     *p = r;
     if (!r->qnext) {
-        w->q[lane].tail = r;
+        w->jobs.q[lane].tail = r;
     }
     r->state = REC_PENDING;
-    w->n_pending++;
+    w->jobs.n_pending++;
 }
 
 /* Take a pending record off its lane's queue. */
 static void pending_unlink(kg_worker_t *w, job_rec_t *r) {
     int lane = lane_of(r->run.job->partition);
-    job_rec_t **p = &w->q[lane].head, *prev = NULL;
+    job_rec_t **p = &w->jobs.q[lane].head, *prev = NULL;
     while (*p && *p != r) {
         prev = *p;
         p = &(*p)->qnext;
     }
     if (*p) {
         *p = r->qnext;
-        if (w->q[lane].tail == r) {
-            w->q[lane].tail = prev;
+        if (w->jobs.q[lane].tail == r) {
+            w->jobs.q[lane].tail = prev;
         }
-        w->n_pending--;
+        w->jobs.n_pending--;
     }
     r->qnext = NULL;
 }
@@ -764,21 +617,21 @@ static job_rec_t *pending_next(kg_worker_t *w) {
     int lane = 0;
     if (w->lanes.n == 1) {
         int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
-        if (!w->q[0].head || w->n_inflight - w->n_pending >= cap) {
+        if (!w->jobs.q[0].head || w->jobs.n_inflight - w->jobs.n_pending >= cap) {
             return NULL;
         }
     } else {
         bool has_work[KG_LANES_MAX];
         for (int l = 0; l < w->lanes.n; l++) {
-            has_work[l] = w->q[l].head != NULL;
+            has_work[l] = w->jobs.q[l].head != NULL;
         }
-        if (w->n_in_engine >= w->cfg->max_batch_size + ENGINE_SLACK ||
+        if (w->jobs.n_in_engine >= w->cfg->max_batch_size + ENGINE_SLACK ||
             (lane = kg_lanes_pick(&w->lanes, has_work)) < 0) {
             return NULL;
         }
     }
-    job_rec_t *r = w->q[lane].head;
-    if (w->n_engine_seqs + r->run.n_choices > w->n_engine_recs) {
+    job_rec_t *r = w->jobs.q[lane].head;
+    if (w->jobs.n_engine_seqs + r->run.n_choices > w->jobs.n_engine_recs) {
         return NULL; /* its n choices need that many engine records: wait for them */
     }
     pending_unlink(w, r);
@@ -798,8 +651,8 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
          * rather than fail it. It goes back to the front of the pending FIFO. */
         KG_LOG_WARN("worker", "engine queue full: job requeued (queue sizing bug) request_id=%s",
                     r->run.job->request_id);
-        w->n_in_engine--;
-        w->n_engine_seqs -= r->run.n_choices;
+        w->jobs.n_in_engine--;
+        w->jobs.n_engine_seqs -= r->run.n_choices;
         pending_push(w, r, true);
         return;
     }
@@ -848,8 +701,8 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
  * an error, code cancelled, with the text so far. A job not here is caught on
  * arrival by the memo (kg_cancel_is_cancelled in start_message). */
 static void apply_cancel(kg_worker_t *w, const char *rid) {
-    for (size_t i = 0; i < w->table_size; i++) {
-        for (job_rec_t *r = w->table[i], *next; r; r = next) {
+    for (size_t i = 0; i < w->jobs.table_size; i++) {
+        for (job_rec_t *r = w->jobs.table[i], *next; r; r = next) {
             next = r->hnext;
             if (r->state == REC_REVOKED || strcmp(r->run.job->request_id, rid) != 0 ||
                 !kg_jobrun_cancel(&r->run)) {
@@ -883,8 +736,8 @@ static void apply_cancel(kg_worker_t *w, const char *rid) {
 
 static void poll_cancels(kg_worker_t *w) {
     char rids[32][KG_JOB_REQUEST_ID_MAX + 1];
-    int n = kg_cancel_poll(w->cancel, rids, 32);
-    for (int i = 0; i < n && !w->fatal; i++) {
+    int n = kg_cancel_poll(w->jobs.cancel, rids, 32);
+    for (int i = 0; i < n && !w->life.fatal; i++) {
         apply_cancel(w, rids[i]);
     }
 }
@@ -893,7 +746,7 @@ static void poll_cancels(kg_worker_t *w) {
 
 static void submit_pending(kg_worker_t *w) {
     job_rec_t *r;
-    while (!w->fatal && (r = pending_next(w)) != NULL) {
+    while (!w->life.fatal && (r = pending_next(w)) != NULL) {
         kg_request_t req = kg_jobrun_request(&r->run, r->id);
         kg_status_t st = kg_runner_submit(w->runner, &req);
         if (st == KG_QUEUE_FULL) {
@@ -905,9 +758,9 @@ static void submit_pending(kg_worker_t *w) {
             fatal(w, "out of memory submitting a job");
             return;
         }
-        w->n_in_engine++;
+        w->jobs.n_in_engine++;
         r->state = REC_SUBMITTED;
-        w->n_engine_seqs += r->run.n_choices;
+        w->jobs.n_engine_seqs += r->run.n_choices;
         kg_jobrun_submitted(&r->run, kg_clock_us());
     }
 }
@@ -954,7 +807,7 @@ static kg_job_format_t message_format(const rd_kafka_message_t *rkm) {
 static kg_job_t *decode_or_answer(kg_worker_t *w, const job_msg_t *m) {
     kg_job_t *job = NULL;
     kg_codec_error_t cerr;
-    kg_codec_opts_t copts = w->codec_opts;
+    kg_codec_opts_t copts = w->intake.codec_opts;
     copts.key = m->key; /* the request_id of a bare OpenAI body */
     copts.key_len = m->key_len;
     copts.format = m->format;
@@ -980,7 +833,7 @@ static kg_job_t *decode_or_answer(kg_worker_t *w, const job_msg_t *m) {
  * that job, so the poison-job journal can be tested with a real crash
  * (tests/integration/test_worker_poison.sh). Never set it in production. */
 static void crash_if_test_target(const kg_worker_t *w, const kg_job_t *job) {
-    if (w->crash_request_id && strcmp(job->request_id, w->crash_request_id) == 0) {
+    if (w->intake.crash_request_id && strcmp(job->request_id, w->intake.crash_request_id) == 0) {
         KG_LOG_ERROR("worker",
                      "TEST-ONLY fault injection: abort() request_id=%s topic=%s partition=%d "
                      "offset=%lld",
@@ -1004,10 +857,10 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
         fatal(w, "out of memory");
         return;
     }
-    r->id = w->next_id++;
+    r->id = w->jobs.next_id++;
     kg_error_code_t code;
     char msg[256];
-    kg_status_t st = kg_jobrun_start(&r->run, w->model, &w->limits, job, kg_clock_epoch_ms(),
+    kg_status_t st = kg_jobrun_start(&r->run, w->model, &w->intake.limits, job, kg_clock_epoch_ms(),
                                      m->taken_us, &code, msg, sizeof(msg));
     if (st != KG_OK) {
         if (st == KG_ERR_NOMEM) {
@@ -1020,7 +873,7 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
         free(r);
         return;
     }
-    if (kg_cancel_is_cancelled(w->cancel, job->request_id) && kg_jobrun_cancel(&r->run)) {
+    if (kg_cancel_is_cancelled(w->jobs.cancel, job->request_id) && kg_jobrun_cancel(&r->run)) {
         /* cancelled before it arrived (or before this attempt): answered, not run */
         kg_jobrun_end_cancelled(&r->run, kg_clock_us());
         KG_LOG_INFO("worker",
@@ -1041,7 +894,7 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
 // ---- poison jobs: held messages and suspects (see kg_journal.h) ----
 
 static void update_inflight_gauge(kg_worker_t *w) {
-    atomic_store(&w->m.inflight, w->n_inflight + w->n_held);
+    atomic_store(&w->m.inflight, w->jobs.n_inflight + w->intake.n_held);
 }
 
 static held_msg_t *held_new(const job_msg_t *m, int strikes) {
@@ -1097,47 +950,47 @@ static void hold_message(kg_worker_t *w, const job_msg_t *m, int strikes) {
         fatal(w, "out of memory holding a job");
         return;
     }
-    w->n_held++;
+    w->intake.n_held++;
     update_inflight_gauge(w);
     if (strikes == 0) {
-        h->ticket = kg_journal_start(w->journal[lane_of(m->partition)], part_of(m->partition),
-                                     m->offset, 0);
-        held_push(&w->held_head, &w->held_tail, h);
+        h->ticket = kg_journal_start(w->intake.journal[lane_of(m->partition)],
+                                     part_of(m->partition), m->offset, 0);
+        held_push(&w->intake.held_head, &w->intake.held_tail, h);
         return;
     }
     KG_LOG_WARN("worker",
                 "suspect job: it was running when a worker failed, so it runs alone among "
                 "suspects topic=%s partition=%d offset=%lld strikes=%d",
                 topic_of(w, m->partition), part_of(m->partition), (long long)m->offset, strikes);
-    held_push(&w->suspects_head, &w->suspects_tail, h);
+    held_push(&w->intake.suspects_head, &w->intake.suspects_tail, h);
     atomic_store(&w->m.suspects, 1);
 }
 
 /* At most one suspect runs at a time: when a worker then fails, it is the
  * only job present in two failures in a row (kg_journal.h). */
 static void start_next_suspect(kg_worker_t *w) {
-    held_msg_t *h = w->suspects_head;
-    if (w->suspect_busy || !h || w->draining) {
+    held_msg_t *h = w->intake.suspects_head;
+    if (w->intake.suspect_busy || !h || w->life.draining) {
         return;
     }
-    w->suspects_head = h->next;
-    if (!w->suspects_head) {
-        w->suspects_tail = NULL;
+    w->intake.suspects_head = h->next;
+    if (!w->intake.suspects_head) {
+        w->intake.suspects_tail = NULL;
     }
-    w->suspect_busy = true;
-    w->suspect_partition = h->m.partition;
-    w->suspect_offset = h->m.offset;
-    h->ticket = kg_journal_start(w->journal[lane_of(h->m.partition)], part_of(h->m.partition),
-                                 h->m.offset, h->strikes);
-    held_push(&w->held_head, &w->held_tail, h);
+    w->intake.suspect_busy = true;
+    w->intake.suspect_partition = h->m.partition;
+    w->intake.suspect_offset = h->m.offset;
+    h->ticket = kg_journal_start(w->intake.journal[lane_of(h->m.partition)],
+                                 part_of(h->m.partition), h->m.offset, h->strikes);
+    held_push(&w->intake.held_head, &w->intake.held_tail, h);
 }
 
 /* Start every held job whose snapshot the broker has acknowledged. */
 static void release_held(kg_worker_t *w) {
     held_msg_t *prev = NULL;
-    for (held_msg_t *h = w->held_head, *next; h && !w->fatal; h = next) {
+    for (held_msg_t *h = w->intake.held_head, *next; h && !w->life.fatal; h = next) {
         next = h->next;
-        if (!kg_journal_durable(w->journal[lane_of(h->m.partition)], part_of(h->m.partition),
+        if (!kg_journal_durable(w->intake.journal[lane_of(h->m.partition)], part_of(h->m.partition),
                                 h->ticket)) {
             prev = h;
             continue;
@@ -1145,28 +998,16 @@ static void release_held(kg_worker_t *w) {
         if (prev) {
             prev->next = next;
         } else {
-            w->held_head = next;
+            w->intake.held_head = next;
         }
-        if (w->held_tail == h) {
-            w->held_tail = prev;
+        if (w->intake.held_tail == h) {
+            w->intake.held_tail = prev;
         }
-        w->n_held--;
+        w->intake.n_held--;
         start_message(w, &h->m);
         held_free(h);
     }
     update_inflight_gauge(w);
-}
-
-/* Whether the dense `partition` is in `parts` (topics and partitions; NULL: all). */
-static bool
-in_parts(const kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, int32_t partition) {
-    for (int k = 0; parts && k < parts->cnt; k++) {
-        if (parts->elems[k].partition == part_of(partition) &&
-            strcmp(parts->elems[k].topic, topic_of(w, partition)) == 0) {
-            return true;
-        }
-    }
-    return parts == NULL;
 }
 
 /* Give back (uncommitted) the held messages of the listed partitions (NULL: all). */
@@ -1189,17 +1030,17 @@ static void drop_held_list(kg_worker_t *w,
         if (*tail == h) {
             *tail = prev;
         }
-        w->n_held--;
+        w->intake.n_held--;
         job_given_back(w, h->m.partition, h->m.offset);
         held_free(h);
     }
 }
 
 static void drop_held(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
-    drop_held_list(w, &w->held_head, &w->held_tail, parts);
-    drop_held_list(w, &w->suspects_head, &w->suspects_tail, parts);
+    drop_held_list(w, &w->intake.held_head, &w->intake.held_tail, parts);
+    drop_held_list(w, &w->intake.suspects_head, &w->intake.suspects_tail, parts);
     update_inflight_gauge(w);
-    atomic_store(&w->m.suspects, w->suspect_busy || w->suspects_head);
+    atomic_store(&w->m.suspects, w->intake.suspect_busy || w->intake.suspects_head);
 }
 
 /* A job present in poison_after consecutive worker failures: not run again.
@@ -1248,14 +1089,14 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
         return;
     }
     int32_t dense = dense_of(lane, rkm->partition);
-    kg_status_t st = kg_offsets_track(w->offsets, dense, rkm->offset);
+    kg_status_t st = kg_offsets_track(w->parts.offsets, dense, rkm->offset);
     if (st != KG_OK) {
         /* cannot happen while we pause at the in-flight cap; never drop a job silently */
         KG_LOG_ERROR("worker", "cannot track topic=%s partition=%d offset=%lld: %s; seeking back",
                      topic, rkm->partition, (long long)rkm->offset, kg_status_str(st));
         rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
         rd_kafka_topic_partition_list_add(l, topic, rkm->partition)->offset = rkm->offset;
-        rd_kafka_error_t *e = rd_kafka_seek_partitions(w->consumer, l, 1000);
+        rd_kafka_error_t *e = rd_kafka_seek_partitions(w->parts.consumer, l, 1000);
         if (e) {
             rd_kafka_error_destroy(e);
         }
@@ -1270,7 +1111,7 @@ static void on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
                    .len = rkm->len,
                    .taken_us = kg_clock_us(),
                    .format = message_format(rkm)};
-    int strikes = kg_journal_strikes(w->journal[lane], rkm->partition, m.offset);
+    int strikes = kg_journal_strikes(w->intake.journal[lane], rkm->partition, m.offset);
     if (strikes < 0) {
         start_message(w, &m); /* not journaled */
     } else if (strikes >= w->cfg->poison_after) {
@@ -1302,26 +1143,26 @@ lane_parts(const kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, i
 static void update_paused_gauge(kg_worker_t *w) {
     int n = 0;
     for (int l = 0; l < w->lanes.n; l++) {
-        n += w->lane_paused[l];
+        n += w->parts.lane_paused[l];
     }
     atomic_store(&w->m.paused, n);
 }
 
 static void set_lane_paused(kg_worker_t *w, int lane, bool pause) {
-    rd_kafka_topic_partition_list_t *l = lane_parts(w, w->assigned, lane);
-    w->lane_paused[lane] = pause;
+    rd_kafka_topic_partition_list_t *l = lane_parts(w, w->parts.assigned, lane);
+    w->parts.lane_paused[lane] = pause;
     update_paused_gauge(w);
     if (!l) {
         return;
     }
-    rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(w->consumer, l)
-                                    : rd_kafka_resume_partitions(w->consumer, l);
+    rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(w->parts.consumer, l)
+                                    : rd_kafka_resume_partitions(w->parts.consumer, l);
     if (err) {
         KG_LOG_WARN("worker", "%s partitions: %s topic=%s", pause ? "pause" : "resume",
                     rd_kafka_err2str(err), w->lanes.lane[lane].topic);
     }
     KG_LOG_DEBUG("worker", "%s partitions inflight=%d topic=%s", pause ? "paused" : "resumed",
-                 w->n_inflight, w->lanes.lane[lane].topic);
+                 w->jobs.n_inflight, w->lanes.lane[lane].topic);
     rd_kafka_topic_partition_list_destroy(l);
 }
 
@@ -1329,16 +1170,17 @@ static void set_lane_paused(kg_worker_t *w, int lane, bool pause) {
  * lowest lanes pause first (kg_lanes_pause_at), so a bulk backlog leaves
  * room for interactive jobs. */
 static void check_backpressure(kg_worker_t *w) {
-    int32_t taken = w->n_inflight + w->n_held + (w->txn ? (int32_t)kg_txn_n_pending(w->txn) : 0);
+    int32_t taken = w->jobs.n_inflight + w->intake.n_held +
+                    (w->out.txn ? (int32_t)kg_txn_n_pending(w->out.txn) : 0);
     for (int l = 0; l < w->lanes.n; l++) {
         int32_t at = kg_lanes_pause_at(&w->lanes, l, w->max_inflight);
-        if (w->draining) {
-            if (!w->lane_paused[l]) {
+        if (w->life.draining) {
+            if (!w->parts.lane_paused[l]) {
                 set_lane_paused(w, l, true);
             }
-        } else if (!w->lane_paused[l] && taken >= at) {
+        } else if (!w->parts.lane_paused[l] && taken >= at) {
             set_lane_paused(w, l, true);
-        } else if (w->lane_paused[l] && taken <= at * 3 / 4) {
+        } else if (w->parts.lane_paused[l] && taken <= at * 3 / 4) {
             set_lane_paused(w, l, false);
         }
     }
@@ -1348,8 +1190,8 @@ static void check_backpressure(kg_worker_t *w) {
  * those that have not streamed a token yet. */
 static void
 abandon_jobs(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, bool unstarted_only) {
-    for (size_t i = 0; i < w->table_size; i++) {
-        for (job_rec_t *r = w->table[i], *next; r; r = next) {
+    for (size_t i = 0; i < w->jobs.table_size; i++) {
+        for (job_rec_t *r = w->jobs.table[i], *next; r; r = next) {
             next = r->hnext;
             if (!in_parts(w, parts, r->run.job->partition) || r->state == REC_REVOKED ||
                 (unstarted_only && r->run.t.first_token_us != 0)) {
@@ -1400,7 +1242,7 @@ fetch_committed(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t 
         rd_kafka_topic_partition_list_destroy(c);
         KG_LOG_WARN("worker", "reading the committed offsets: %s; trying again attempt=%d",
                     rd_kafka_err2str(err), attempt);
-        if (atomic_load(&w->stop_requested) || attempt >= 120) {
+        if (atomic_load(&w->life.stop_requested) || attempt >= 120) {
             fatal_kafka(w, "cannot read the committed offsets of the assigned partitions");
             return;
         }
@@ -1418,25 +1260,26 @@ static void rebalance_cb(rd_kafka_t *rk,
             /* the strikes of their jobs, before any is taken */
             rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
             if (lp) {
-                kg_journal_assign(w->journal[l], lp);
+                kg_journal_assign(w->intake.journal[l], lp);
                 rd_kafka_topic_partition_list_destroy(lp);
             }
         }
         for (int i = 0; i < parts->cnt; i++) {
             int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
             if (lane < 0 || parts->elems[i].partition >= LANE_STRIDE ||
-                kg_offsets_assign(w->offsets, dense_of(lane, parts->elems[i].partition)) != KG_OK) {
+                kg_offsets_assign(w->parts.offsets, dense_of(lane, parts->elems[i].partition)) !=
+                    KG_OK) {
                 fatal(w, "cannot track an assigned partition");
             }
         }
-        if (w->txn) {
+        if (w->out.txn) {
             fetch_committed(w, rk, parts);
         }
         rd_kafka_assign(rk, parts);
-        if (w->assigned) {
-            rd_kafka_topic_partition_list_destroy(w->assigned);
+        if (w->parts.assigned) {
+            rd_kafka_topic_partition_list_destroy(w->parts.assigned);
         }
-        w->assigned = rd_kafka_topic_partition_list_copy(parts);
+        w->parts.assigned = rd_kafka_topic_partition_list_copy(parts);
         atomic_store(&w->m.assigned_partitions, parts->cnt);
         atomic_store(&w->m.ready, 1);
         KG_LOG_INFO("worker", "partitions assigned count=%d", parts->cnt);
@@ -1446,27 +1289,28 @@ static void rebalance_cb(rd_kafka_t *rk,
          * not assigned, which reached no partition) would never fetch again
          * (librdkafka #1849, #5591; seen after a broker restart). */
         for (int l = 0; l < w->lanes.n; l++) {
-            set_lane_paused(w, l, w->lane_paused[l]);
+            set_lane_paused(w, l, w->parts.lane_paused[l]);
         }
         return;
     }
     if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
-        KG_LOG_INFO("worker", "partitions revoked count=%d inflight=%d", parts->cnt, w->n_inflight);
+        KG_LOG_INFO("worker", "partitions revoked count=%d inflight=%d", parts->cnt,
+                    w->jobs.n_inflight);
         /* let acks of finished jobs land and their offsets be committed first */
-        rd_kafka_flush(w->producer, 10000);
-        rd_kafka_poll(w->producer, 0);
-        if (!w->fatal && !w->txn) {
+        rd_kafka_flush(w->out.producer, 10000);
+        rd_kafka_poll(w->out.producer, 0);
+        if (!w->life.fatal && !w->out.txn) {
             rd_kafka_commit(rk, NULL, 0);
         }
-        if (w->txn) {
-            if (!w->fatal) {
+        if (w->out.txn) {
+            if (!w->life.fatal) {
                 (void)commit_txn(w, true);
             }
             /* what did not commit (the transaction failed, or answers waiting for an
              * earlier job of their partition) was never visible: the jobs run again on the
              * new owner */
             for (int l = 0; l < w->lanes.n; l++) {
-                kg_txn_drop(w->txn, w->lanes.lane[l].topic, parts);
+                kg_txn_drop(w->out.txn, w->lanes.lane[l].topic, parts);
             }
         }
         abandon_jobs(w, parts, false);
@@ -1476,7 +1320,7 @@ static void rebalance_cb(rd_kafka_t *rk,
         for (int l = 0; l < w->lanes.n; l++) {
             rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
             if (lp) {
-                kg_journal_revoke(w->journal[l], lp, !w->fatal || w->fatal_kafka);
+                kg_journal_revoke(w->intake.journal[l], lp, !w->life.fatal || w->life.fatal_kafka);
                 rd_kafka_topic_partition_list_destroy(lp);
             }
         }
@@ -1486,17 +1330,17 @@ static void rebalance_cb(rd_kafka_t *rk,
             if (lane < 0 || p < 0 || p >= LANE_STRIDE) {
                 continue;
             }
-            kg_offsets_revoke(w->offsets, dense_of(lane, p));
+            kg_offsets_revoke(w->parts.offsets, dense_of(lane, p));
             if (p < MAX_PARTITIONS) {
-                atomic_store(&w->lag_valid[lane][p], 0);
+                atomic_store(&w->parts.lag_valid[lane][p], 0);
             }
         }
         /* leave no pause flag behind on partitions that go (see the assign case) */
         rd_kafka_resume_partitions(rk, parts);
         rd_kafka_assign(rk, NULL);
-        if (w->assigned) {
-            rd_kafka_topic_partition_list_destroy(w->assigned);
-            w->assigned = NULL;
+        if (w->parts.assigned) {
+            rd_kafka_topic_partition_list_destroy(w->parts.assigned);
+            w->parts.assigned = NULL;
         }
         atomic_store(&w->m.assigned_partitions, 0);
         return;
@@ -1522,29 +1366,31 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
 
 static void update_lag(kg_worker_t *w) {
     int64_t now = kg_clock_us();
-    if (!w->assigned || now - w->last_lag_us < 1000000) {
+    if (!w->parts.assigned || now - w->parts.last_lag_us < 1000000) {
         return;
     }
-    w->last_lag_us = now;
-    rd_kafka_topic_partition_list_t *pos = rd_kafka_topic_partition_list_copy(w->assigned);
-    rd_kafka_position(w->consumer, pos);
+    w->parts.last_lag_us = now;
+    rd_kafka_topic_partition_list_t *pos = rd_kafka_topic_partition_list_copy(w->parts.assigned);
+    rd_kafka_position(w->parts.consumer, pos);
     int64_t total = 0;
     for (int i = 0; i < pos->cnt; i++) {
         int32_t p = pos->elems[i].partition;
         int lane = kg_lanes_find(&w->lanes, pos->elems[i].topic);
         int64_t lo, hi;
         if (p < 0 || p >= MAX_PARTITIONS || lane < 0 ||
-            rd_kafka_get_watermark_offsets(w->consumer, pos->elems[i].topic, p, &lo, &hi) != 0 ||
+            rd_kafka_get_watermark_offsets(w->parts.consumer, pos->elems[i].topic, p, &lo, &hi) !=
+                0 ||
             hi < 0) {
             continue;
         }
         int64_t at = pos->elems[i].offset >= 0 ? pos->elems[i].offset : lo;
-        atomic_store(&w->lag[lane][p], hi > at ? hi - at : 0);
-        atomic_store(&w->lag_valid[lane][p], 1);
+        atomic_store(&w->parts.lag[lane][p], hi > at ? hi - at : 0);
+        atomic_store(&w->parts.lag_valid[lane][p], 1);
         total += hi > at ? hi - at : 0;
     }
     rd_kafka_topic_partition_list_destroy(pos);
-    kg_drain_update(&w->m.drain, total, w->n_inflight + w->n_held, (int32_t)w->cfg->max_batch_size);
+    kg_drain_update(&w->m.drain, total, w->jobs.n_inflight + w->intake.n_held,
+                    (int32_t)w->cfg->max_batch_size);
 }
 
 // ---- lifecycle ----
@@ -1676,7 +1522,7 @@ make_producer(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
 /* An answer is visible: log and count it as a delivery report would. */
 static void txn_committed(void *ctx, void *opaque, const void *key, size_t key_len) {
     kg_worker_t *w = ctx;
-    if (opaque && !w->fatal) {
+    if (opaque && !w->life.fatal) {
         log_answered(w, key, key_len, opaque);
     }
     free(opaque);
@@ -1713,17 +1559,18 @@ start_transactions(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errst
                              .refused = txn_refused,
                              .dropped = txn_dropped,
                              .is_message_fault = is_message_fault};
-    w->txn = kg_txn_new(w->cfg, conf, w->worker_id, &cb, errstr, errstr_size);
-    return w->txn ? KG_OK : KG_ERR_KAFKA;
+    w->out.txn = kg_txn_new(w->cfg, conf, w->worker_id, &cb, errstr, errstr_size);
+    return w->out.txn ? KG_OK : KG_ERR_KAFKA;
 }
 
 /* Commit the transaction when it is due (or now, with `force`); a fatal
  * transactional error stops the worker. */
 static bool commit_txn(kg_worker_t *w, bool force) {
-    if (!w->txn) {
+    if (!w->out.txn) {
         return true;
     }
-    kg_status_t st = kg_txn_commit(w->txn, w->producer, w->consumer, kg_clock_us(), force);
+    kg_status_t st =
+        kg_txn_commit(w->out.txn, w->out.producer, w->parts.consumer, kg_clock_us(), force);
     if (st == KG_ERR_KAFKA) {
         fatal_kafka(w, "the transactional producer failed (fenced by a newer instance?)");
     }
@@ -1738,7 +1585,7 @@ static kg_status_t size_messages(kg_worker_t *w, char *errstr, size_t errstr_siz
     const kg_config_t *cfg = w->cfg;
     int64_t topic_max[2] = {-1, -1}; /* results, DLQ */
     if (cfg->max_event_bytes == 0) {
-        const char *topics[2] = {cfg->results_topic, w->dlq_topic[0]};
+        const char *topics[2] = {cfg->results_topic, w->out.dlq_topic[0]};
         char why[512];
         int n = strcmp(topics[0], topics[1]) == 0 ? 1 : 2;
         if (kg_topic_max_message_bytes(cfg, topics, n, TOPIC_LOOKUP_MS, topic_max, why,
@@ -1754,8 +1601,8 @@ static kg_status_t size_messages(kg_worker_t *w, char *errstr, size_t errstr_siz
     int64_t smallest = topic_max[0] > 0 && (topic_max[1] <= 0 || topic_max[0] < topic_max[1])
                            ? topic_max[0]
                            : topic_max[1];
-    w->producer = make_producer(w, smallest > 0 ? smallest : 0, errstr, errstr_size);
-    if (!w->producer) {
+    w->out.producer = make_producer(w, smallest > 0 ? smallest : 0, errstr, errstr_size);
+    if (!w->out.producer) {
         return KG_ERR_INVALID;
     }
     if (cfg->exactly_once && start_transactions(w, smallest, errstr, errstr_size) != KG_OK) {
@@ -1764,7 +1611,7 @@ static kg_status_t size_messages(kg_worker_t *w, char *errstr, size_t errstr_siz
     char buf[32];
     size_t bl = sizeof(buf);
     int64_t producer_max = 1000000;
-    if (rd_kafka_conf_get(rd_kafka_conf(w->producer), "message.max.bytes", buf, &bl) ==
+    if (rd_kafka_conf_get(rd_kafka_conf(w->out.producer), "message.max.bytes", buf, &bl) ==
         RD_KAFKA_CONF_OK) {
         producer_max = atoll(buf);
     }
@@ -1784,14 +1631,14 @@ static kg_status_t size_messages(kg_worker_t *w, char *errstr, size_t errstr_siz
                  (long long)results, (long long)dlq, MIN_MESSAGE_BYTES);
         return KG_ERR_INVALID;
     }
-    w->max_event_bytes = (size_t)(results - RECORD_OVERHEAD);
-    w->max_dlq_bytes = (size_t)(dlq - RECORD_OVERHEAD - DLQ_HEADER_ROOM);
+    w->out.max_event_bytes = (size_t)(results - RECORD_OVERHEAD);
+    w->out.max_dlq_bytes = (size_t)(dlq - RECORD_OVERHEAD - DLQ_HEADER_ROOM);
     KG_LOG_INFO(
         "worker",
         "event budget max_event_bytes=%zu max_dlq_bytes=%zu producer_message_max_bytes=%lld "
         "results_topic_max_message_bytes=%lld dlq_topic_max_message_bytes=%lld",
-        w->max_event_bytes, w->max_dlq_bytes, (long long)producer_max, (long long)topic_max[0],
-        (long long)topic_max[1]);
+        w->out.max_event_bytes, w->out.max_dlq_bytes, (long long)producer_max,
+        (long long)topic_max[0], (long long)topic_max[1]);
     return KG_OK;
 }
 
@@ -1826,21 +1673,21 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     }
     for (int l = 0; l < w->lanes.n; l++) {
         /* one DLQ for all (--dlq-topic), or <topic>.dlq for each */
-        snprintf(w->dlq_topic[l], sizeof(w->dlq_topic[l]), "%s%s",
+        snprintf(w->out.dlq_topic[l], sizeof(w->out.dlq_topic[l]), "%s%s",
                  *cfg->dlq_topic ? cfg->dlq_topic : w->lanes.lane[l].topic,
                  *cfg->dlq_topic ? "" : ".dlq");
     }
     w->max_inflight = (int32_t)(cfg->max_batch_size + cfg->max_queue_depth);
-    w->codec_opts = kg_codec_opts_default();
-    w->codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
-    w->codec_opts.default_max_tokens = cfg->default_max_tokens;
+    w->intake.codec_opts = kg_codec_opts_default();
+    w->intake.codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
+    w->intake.codec_opts.default_max_tokens = cfg->default_max_tokens;
 
     if (kg_served_init(&w->served, cfg->served_model_name, model, cfg->model, errstr,
                        errstr_size) != KG_OK) {
         goto fail;
     }
-    w->limits.served = (const char *const *)w->served.names;
-    w->limits.n_served = w->served.n;
+    w->intake.limits.served = (const char *const *)w->served.names;
+    w->intake.limits.n_served = w->served.n;
     {
         char names[512];
         kg_served_describe(&w->served, names, sizeof(names));
@@ -1872,32 +1719,33 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         KG_LOG_WARN("worker", "the KV pool holds %d tokens: the context is cut to that",
                     ep->max_seq_len);
     }
-    w->limits.max_seq_len = ep->max_seq_len;
-    w->limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
-    w->limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
-    w->limits.grammars = kg_stack_grammars(w->stack);
-    w->limits.max_choices = ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size : KG_JOB_MAX_N;
-    w->n_engine_recs = ep->max_batch_size + ep->max_queue_depth;
-    w->table_size = 1;
-    while (w->table_size < (size_t)w->max_inflight * 2) {
-        w->table_size <<= 1;
+    w->intake.limits.max_seq_len = ep->max_seq_len;
+    w->intake.limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
+    w->intake.limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
+    w->intake.limits.grammars = kg_stack_grammars(w->stack);
+    w->intake.limits.max_choices =
+        ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size : KG_JOB_MAX_N;
+    w->jobs.n_engine_recs = ep->max_batch_size + ep->max_queue_depth;
+    w->jobs.table_size = 1;
+    while (w->jobs.table_size < (size_t)w->max_inflight * 2) {
+        w->jobs.table_size <<= 1;
     }
-    w->table = calloc(w->table_size, sizeof(*w->table));
+    w->jobs.table = calloc(w->jobs.table_size, sizeof(*w->jobs.table));
     /* the fetch queue can hand us a few messages after a pause: room for them */
-    w->offsets = kg_offsets_new((size_t)w->max_inflight * 4 + 4096);
-    if (!w->table || !w->offsets) {
+    w->parts.offsets = kg_offsets_new((size_t)w->max_inflight * 4 + 4096);
+    if (!w->jobs.table || !w->parts.offsets) {
         snprintf(errstr, errstr_size, "out of memory");
         goto fail;
     }
     if (size_messages(w, errstr, errstr_size) != KG_OK) {
         goto fail;
     }
-    w->limits.max_event_bytes = w->max_event_bytes;
+    w->intake.limits.max_event_bytes = w->out.max_event_bytes;
     if (cfg->poison_after > 0) {
         for (int l = 0; l < w->lanes.n; l++) {
-            w->journal[l] = kg_journal_new(cfg, w->lanes.lane[l].topic, cfg->inflight_topic,
-                                           w->worker_id, errstr, errstr_size);
-            if (!w->journal[l]) {
+            w->intake.journal[l] = kg_journal_new(cfg, w->lanes.lane[l].topic, cfg->inflight_topic,
+                                                  w->worker_id, errstr, errstr_size);
+            if (!w->intake.journal[l]) {
                 goto fail;
             }
         }
@@ -1909,31 +1757,31 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         for (int l = 0; l < n_topics; l++) {
             topics[l] = names[l];
         }
-        w->cancel =
+        w->jobs.cancel =
             kg_cancel_new(cfg, topics, n_topics, w->worker_id, (int32_t)cfg->cancel_remember,
                           (int64_t)(cfg->cancel_ttl_s * 1000), errstr, errstr_size);
-        if (!w->cancel) {
+        if (!w->jobs.cancel) {
             goto fail;
         }
     }
-    w->crash_request_id = getenv("KGEN_TEST_CRASH_ON_REQUEST_ID");
-    if (w->crash_request_id && *w->crash_request_id) {
+    w->intake.crash_request_id = getenv("KGEN_TEST_CRASH_ON_REQUEST_ID");
+    if (w->intake.crash_request_id && *w->intake.crash_request_id) {
         KG_LOG_WARN("worker",
                     "TEST-ONLY fault injection armed: this worker abort()s when it starts the "
                     "job request_id=%s (KGEN_TEST_CRASH_ON_REQUEST_ID; never in production)",
-                    w->crash_request_id);
+                    w->intake.crash_request_id);
     } else {
-        w->crash_request_id = NULL;
+        w->intake.crash_request_id = NULL;
     }
-    w->consumer = make_consumer(w, errstr, errstr_size);
-    if (!w->consumer) {
+    w->parts.consumer = make_consumer(w, errstr, errstr_size);
+    if (!w->parts.consumer) {
         goto fail;
     }
     rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
     for (int l = 0; l < w->lanes.n; l++) {
         rd_kafka_topic_partition_list_add(sub, w->lanes.lane[l].topic, RD_KAFKA_PARTITION_UA);
     }
-    rd_kafka_resp_err_t err = rd_kafka_subscribe(w->consumer, sub);
+    rd_kafka_resp_err_t err = rd_kafka_subscribe(w->parts.consumer, sub);
     rd_kafka_topic_partition_list_destroy(sub);
     if (err) {
         snprintf(errstr, errstr_size, "subscribe to %s: %s", cfg->jobs_topic,
@@ -1952,7 +1800,7 @@ fail:
 }
 
 void kg_worker_stop(kg_worker_t *w) {
-    atomic_store(&w->stop_requested, 1); /* lock-free: async-signal-safe */
+    atomic_store(&w->life.stop_requested, 1); /* lock-free: async-signal-safe */
 }
 
 static void drain_engine_events(kg_worker_t *w, int timeout_ms) {
@@ -1968,17 +1816,17 @@ static void drain_engine_events(kg_worker_t *w, int timeout_ms) {
 }
 
 int kg_worker_run(kg_worker_t *w) {
-    while (!w->fatal) {
+    while (!w->life.fatal) {
         int64_t now = kg_clock_us();
         atomic_store(&w->m.last_loop_us, now);
-        if (atomic_load(&w->stop_requested) && !w->draining) {
-            w->draining = true;
-            w->drain_deadline_us = now + (int64_t)(w->cfg->drain_timeout_s * 1e6);
-            KG_LOG_INFO("worker", "stopping: draining inflight=%d timeout_s=%g", w->n_inflight,
+        if (atomic_load(&w->life.stop_requested) && !w->life.draining) {
+            w->life.draining = true;
+            w->life.drain_deadline_us = now + (int64_t)(w->cfg->drain_timeout_s * 1e6);
+            KG_LOG_INFO("worker", "stopping: draining inflight=%d timeout_s=%g", w->jobs.n_inflight,
                         w->cfg->drain_timeout_s);
             /* jobs not yet in the engine are given back (not committed) */
             for (int l = 0; l < w->lanes.n; l++) {
-                for (job_rec_t *r = w->q[l].head; r; r = w->q[l].head) {
+                for (job_rec_t *r = w->jobs.q[l].head; r; r = w->jobs.q[l].head) {
                     pending_unlink(w, r);
                     job_given_back(w, r->run.job->partition, r->run.job->offset);
                     rec_free(w, r);
@@ -1990,15 +1838,15 @@ int kg_worker_run(kg_worker_t *w) {
              * running ones, and the next owner can start these at once */
             abandon_jobs(w, NULL, true);
         }
-        if (w->draining) {
-            if (w->n_inflight == 0 && w->n_held == 0) {
+        if (w->life.draining) {
+            if (w->jobs.n_inflight == 0 && w->intake.n_held == 0) {
                 break;
             }
-            if (now > w->drain_deadline_us) {
+            if (now > w->life.drain_deadline_us) {
                 KG_LOG_WARN("worker", "drain timeout: cancelling inflight=%d (not committed)",
-                            w->n_inflight);
+                            w->jobs.n_inflight);
                 abandon_jobs(w, NULL, false);
-                w->drain_deadline_us = INT64_MAX;
+                w->life.drain_deadline_us = INT64_MAX;
             }
         }
         poll_cancels(w);
@@ -2006,15 +1854,15 @@ int kg_worker_run(kg_worker_t *w) {
         /* consumer: messages and rebalances; short timeout so completions flow */
         int n_taken = 0;
         rd_kafka_message_t *rkm;
-        while (n_taken < POLL_BATCH && !w->fatal &&
-               (rkm = rd_kafka_consumer_poll(w->consumer, n_taken == 0 && !w->held_head ? 5 : 0)) !=
-                   NULL) {
+        while (n_taken < POLL_BATCH && !w->life.fatal &&
+               (rkm = rd_kafka_consumer_poll(
+                    w->parts.consumer, n_taken == 0 && !w->intake.held_head ? 5 : 0)) != NULL) {
             n_taken++;
             if (rkm->err) {
                 if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                     KG_LOG_WARN("worker", "consumer: %s", rd_kafka_message_errstr(rkm));
                 }
-            } else if (w->draining) {
+            } else if (w->life.draining) {
                 /* after the stop: not taken, not committed; the next owner runs it */
             } else {
                 on_message(w, rkm);
@@ -2025,12 +1873,12 @@ int kg_worker_run(kg_worker_t *w) {
         start_next_suspect(w);
         /* while jobs wait for their snapshot, wait here for its ack */
         for (int l = 0; l < w->lanes.n; l++) {
-            kg_journal_poll(w->journal[l], now, w->held_head && l == 0 ? 2 : 0);
+            kg_journal_poll(w->intake.journal[l], now, w->intake.held_head && l == 0 ? 2 : 0);
         }
         release_held(w);
         submit_pending(w);
         drain_engine_events(w, n_taken ? 0 : 2);
-        rd_kafka_poll(w->producer, 0);
+        rd_kafka_poll(w->out.producer, 0);
         commit_txn(w, false);
         update_lag(w);
         if (kg_runner_is_dead(w->runner)) {
@@ -2039,29 +1887,29 @@ int kg_worker_run(kg_worker_t *w) {
         }
     }
     /* flush what was produced, store and commit offsets, leave the group */
-    int rc = w->fatal ? 1 : 0;
-    if (!w->fatal) {
-        rd_kafka_flush(w->producer, 30000);
-        rd_kafka_poll(w->producer, 0);
-        if (rd_kafka_outq_len(w->producer) > 0) {
+    int rc = w->life.fatal ? 1 : 0;
+    if (!w->life.fatal) {
+        rd_kafka_flush(w->out.producer, 30000);
+        rd_kafka_poll(w->out.producer, 0);
+        if (rd_kafka_outq_len(w->out.producer) > 0) {
             KG_LOG_ERROR("worker", "%d events not delivered at shutdown",
-                         rd_kafka_outq_len(w->producer));
+                         rd_kafka_outq_len(w->out.producer));
             rc = 1;
         }
-        if (w->txn) {
-            for (int i = 0; i < 5 && !commit_txn(w, true) && !w->fatal; i++) {
-                rd_kafka_poll(w->producer, 1000);
+        if (w->out.txn) {
+            for (int i = 0; i < 5 && !commit_txn(w, true) && !w->life.fatal; i++) {
+                rd_kafka_poll(w->out.producer, 1000);
             }
-            if (kg_txn_n_pending(w->txn) > 0) {
+            if (kg_txn_n_pending(w->out.txn) > 0) {
                 KG_LOG_ERROR("worker", "%zu answers not committed at shutdown",
-                             kg_txn_n_pending(w->txn));
+                             kg_txn_n_pending(w->out.txn));
                 rc = 1;
             }
         } else {
-            rd_kafka_commit(w->consumer, NULL, 0);
+            rd_kafka_commit(w->parts.consumer, NULL, 0);
         }
     }
-    rd_kafka_consumer_close(w->consumer);
+    rd_kafka_consumer_close(w->parts.consumer);
     KG_LOG_INFO("worker", "stopped rc=%d", rc);
     return rc;
 }
@@ -2073,32 +1921,32 @@ void kg_worker_free(kg_worker_t *w) {
     if (w->stack) {
         kg_stack_stop(w->stack); /* stops the engine thread first */
     }
-    if (w->table) {
-        for (size_t i = 0; i < w->table_size; i++) {
-            while (w->table[i]) {
-                rec_free(w, w->table[i]);
+    if (w->jobs.table) {
+        for (size_t i = 0; i < w->jobs.table_size; i++) {
+            while (w->jobs.table[i]) {
+                rec_free(w, w->jobs.table[i]);
             }
         }
     }
-    if (w->assigned) {
-        rd_kafka_topic_partition_list_destroy(w->assigned);
+    if (w->parts.assigned) {
+        rd_kafka_topic_partition_list_destroy(w->parts.assigned);
     }
-    if (w->consumer) {
-        rd_kafka_destroy(w->consumer);
+    if (w->parts.consumer) {
+        rd_kafka_destroy(w->parts.consumer);
     }
-    kg_txn_free(w->txn);
-    if (w->producer) {
-        rd_kafka_purge(w->producer, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-        rd_kafka_poll(w->producer, 0);
-        rd_kafka_destroy(w->producer);
+    kg_txn_free(w->out.txn);
+    if (w->out.producer) {
+        rd_kafka_purge(w->out.producer, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        rd_kafka_poll(w->out.producer, 0);
+        rd_kafka_destroy(w->out.producer);
     }
     drop_held(w, NULL);
-    kg_cancel_free(w->cancel);
+    kg_cancel_free(w->jobs.cancel);
     for (int l = 0; l < KG_LANES_MAX; l++) {
-        kg_journal_free(w->journal[l]);
+        kg_journal_free(w->intake.journal[l]);
     }
-    kg_offsets_free(w->offsets);
-    free(w->table);
+    kg_offsets_free(w->parts.offsets);
+    free(w->jobs.table);
     kg_stack_free(w->stack); /* engine, backend, grammar cache */
     kg_served_clear(&w->served);
     free(w);
@@ -2125,10 +1973,10 @@ int kg_worker_partition_lag(
     int n = 0;
     for (int l = 0; l < w->lanes.n; l++) {
         for (int32_t p = 0; p < MAX_PARTITIONS && n < max; p++) {
-            if (atomic_load(&w->lag_valid[l][p])) {
+            if (atomic_load(&w->parts.lag_valid[l][p])) {
                 topics[n] = w->lanes.lane[l].topic;
                 partitions[n] = p;
-                lags[n++] = atomic_load(&w->lag[l][p]);
+                lags[n++] = atomic_load(&w->parts.lag[l][p]);
             }
         }
     }
