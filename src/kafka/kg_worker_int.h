@@ -225,3 +225,81 @@ in_parts(const kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, int
     }
     return parts == NULL;
 }
+
+// ---- kg_worker.c ----
+
+/** Stop at once and exit non-zero, storing no unfinished offsets. */
+void kg_worker_fatal(kg_worker_t *w, const char *what);
+/** The same for a fatal error of the broker or a topic: no job can have
+ * caused it, so the journal hands the partitions over as clean. */
+void kg_worker_fatal_kafka(kg_worker_t *w, const char *what);
+/** librdkafka's error_cb, for the consumer and the producer. */
+void kg_worker_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque);
+
+// ---- kg_worker_intake.c ----
+
+/** A message off the jobs topic (borrowed: destroyed by the caller). */
+void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm);
+/** Start the next suspect when none runs. */
+void kg_worker_start_next_suspect(kg_worker_t *w);
+/** Start every held job whose snapshot the broker has acknowledged. */
+void kg_worker_release_held(kg_worker_t *w);
+/** Give back (uncommitted) the held messages of `parts` (NULL: all). */
+void kg_worker_drop_held(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts);
+/** The job was answered: off the journal's record. */
+void kg_worker_job_answered(kg_worker_t *w, int32_t partition, int64_t offset);
+/** The job was given back unfinished (revoke, drain): it keeps its strikes. */
+void kg_worker_job_given_back(kg_worker_t *w, int32_t partition, int64_t offset);
+
+// ---- kg_worker_jobs.c ----
+
+void kg_worker_rec_insert(kg_worker_t *w, job_rec_t *r);
+void kg_worker_rec_free(kg_worker_t *w, job_rec_t *r);
+/** Queue a prepared record in its lane (`front`: a job the engine handed back). */
+void kg_worker_pending_push(kg_worker_t *w, job_rec_t *r, bool front);
+/** Take a pending record off its lane's queue. */
+void kg_worker_pending_unlink(kg_worker_t *w, job_rec_t *r);
+/** Hand the runner every pending record it may take now. */
+void kg_worker_submit_pending(kg_worker_t *w);
+/** Take the runner's events (completions), waiting up to timeout_ms. */
+void kg_worker_drain_engine_events(kg_worker_t *w, int timeout_ms);
+/** Apply the cancels that arrived on the cancel topic. */
+void kg_worker_poll_cancels(kg_worker_t *w);
+
+// ---- kg_worker_produce.c ----
+
+/** Make the producer (and the transactional one) and fit the event budget
+ * to the topics (out.max_event_bytes, out.max_dlq_bytes). */
+KG_NODISCARD kg_status_t kg_worker_size_messages(kg_worker_t *w, char *errstr, size_t errstr_size);
+/** An error event for a job that never reached the engine. */
+void kg_worker_produce_error(kg_worker_t *w,
+                             const char *request_id,
+                             int32_t partition,
+                             int64_t offset,
+                             kg_error_code_t code,
+                             const char *message,
+                             const char *metadata_json);
+/** The terminal event of a finished job (or of one the engine refused). */
+void kg_worker_produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, int64_t now_us);
+/** The token events of one step of a streaming job. */
+void kg_worker_emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_step_t *js);
+
+/** Copy a message to the dead-letter topic; `ack` (may be NULL) is taken. */
+void kg_worker_dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack);
+/** An unparseable job: its DLQ copy is its answer. */
+void kg_worker_dead_letter_job(kg_worker_t *w, const job_msg_t *m, const kg_codec_error_t *err);
+/** Commit the transaction when due (or now, with `force`); true without one. */
+bool kg_worker_commit_txn(kg_worker_t *w, bool force);
+
+// ---- kg_worker_partitions.c ----
+
+/** The consumer, configured for the worker (not yet subscribed). */
+rd_kafka_t *kg_worker_make_consumer(kg_worker_t *w, char *errstr, size_t errstr_size);
+/** Pause at the in-flight cap and resume at 3/4 of it. */
+void kg_worker_check_backpressure(kg_worker_t *w);
+/** Cancel quietly every job of `parts` (NULL: all), or only the unstarted. */
+void kg_worker_abandon_jobs(kg_worker_t *w,
+                            const rd_kafka_topic_partition_list_t *parts,
+                            bool unstarted_only);
+/** Refresh the lag gauges (at most once a second). */
+void kg_worker_update_lag(kg_worker_t *w);
