@@ -35,10 +35,10 @@
 #include "core/kg_log.h"
 #include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
-#include "engine/kg_sizing.h"
 #include "grammar/kg_grammar_cache.h"
 #include "metrics/kg_metrics.h"
 #include "model/kg_model.h"
+#include "pipeline/kg_stack.h"
 #include "schema/kg_json_schema.h"
 
 #include <getopt.h>
@@ -272,8 +272,9 @@ static void random_prompt(const kg_model_t *model, uint64_t *rng, int32_t *out, 
 
 typedef struct bench_env {
     kg_model_t *model;
-    kg_backend_t *be;
-    kg_engine_t *engine;
+    kg_stack_t *stack;   /* backend, engine and, for constrained runs, the grammar cache */
+    kg_backend_t *be;    /* the stack's */
+    kg_engine_t *engine; /* the stack's */
     kg_engine_params_t ep;
     kg_completion_t *comps;
     int32_t comps_cap;
@@ -312,24 +313,22 @@ static bool env_open(bench_env_t *env,
                      int64_t max_ctx,
                      char *err,
                      size_t err_size) {
-    kg_engine_options_t eo = o->eo;
-    eo.max_batch_size = max_seqs;
-    eo.max_queue_depth = max_seqs;
-    eo.ctx = max_ctx;
-    kg_backend_params_t bp;
-    if (kg_engine_size(env->model, &eo, &env->ep, &bp, NULL, err, err_size) != KG_OK) {
+    kg_stack_options_t so = {.backend = o->backend,
+                             .engine = o->eo,
+                             .no_jump_forward = o->no_jump_forward,
+                             /* constrained runs compile their one grammar into it */
+                             .grammar_bytes =
+                                 o->constraint != KG_CONSTRAINT_NONE ? (size_t)1 << 30 : 0};
+    so.engine.max_batch_size = max_seqs;
+    so.engine.max_queue_depth = max_seqs;
+    so.engine.ctx = max_ctx;
+    env->stack = kg_stack_new(env->model, &so, err, err_size);
+    if (!env->stack) {
         return false;
     }
-    kg_engine_params_t *ep = &env->ep;
-    ep->no_jump_forward = o->no_jump_forward;
-    env->be = kg_backend_new(o->backend, env->model, &bp, err, err_size);
-    if (!env->be) {
-        return false;
-    }
-    env->engine = kg_engine_new(env->be, ep, err, err_size);
-    if (!env->engine) {
-        return false;
-    }
+    env->be = kg_stack_backend(env->stack);
+    env->engine = kg_stack_engine(env->stack);
+    env->ep = *kg_stack_params(env->stack);
     env->comps_cap = kg_engine_max_completions(env->engine);
     env->comps = malloc((size_t)env->comps_cap * sizeof(*env->comps));
     if (!env->comps) {
@@ -340,9 +339,9 @@ static bool env_open(bench_env_t *env,
 }
 
 static void env_close(bench_env_t *env) {
-    kg_engine_free(env->engine);
-    kg_backend_free(env->be);
+    kg_stack_free(env->stack);
     free(env->comps);
+    env->stack = NULL;
     env->engine = NULL;
     env->be = NULL;
     env->comps = NULL;
@@ -492,7 +491,7 @@ static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
         fprintf(stderr, "kgen-bench: cannot read %s\n", o->constraint_arg);
         return false;
     }
-    kg_grammar_cache_t *cache = kg_grammar_cache_new_for(env->model->tok, (size_t)1 << 30);
+    kg_grammar_cache_t *cache = kg_stack_grammars(env->stack);
     kg_constraint_t k = {.kind = o->constraint, .text = text, .len = len};
     int64_t t0 = kg_clock_us();
     kg_grammar_t *g =
@@ -573,7 +572,6 @@ static bool run_constrained(bench_env_t *env, const bench_opts_t *o) {
     free(cu);
 out:
     kg_grammar_unref(g);
-    kg_grammar_cache_free(cache);
     free(text);
     return ok;
 }

@@ -9,18 +9,17 @@
  * output code as kgen-worker, on one thread. A line that is not a job with
  * a usable request_id gets an error event with request_id "line-<N>"
  * (1-based), which is also the request_id of a bare body. */
-#include "backend/kg_backend.h"
 #include "cmd.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
 #include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
-#include "engine/kg_sizing.h"
 #include "model/kg_model.h"
 #include "pipeline/kg_events.h"
 #include "pipeline/kg_intake.h"
 #include "pipeline/kg_jobrun.h"
 #include "pipeline/kg_served.h"
+#include "pipeline/kg_stack.h"
 #include "schema/kg_codec.h"
 #include "schema/kg_codec_event.h"
 #include "schema/kg_openai.h"
@@ -137,13 +136,13 @@ static void set_result(batch_job_t *bj, char *json, size_t len) {
 }
 
 int kg_cmd_batch(int argc, char **argv) {
-    const char *model_path = NULL, *in_path = NULL, *out_path = NULL, *backend = "auto";
+    const char *model_path = NULL, *in_path = NULL, *out_path = NULL;
     const char *err_path = NULL;
     char served_spec[1024] = "";
     bool openai = false;
     int64_t max_tokens_limit = 4096;
     int64_t max_event_bytes = 0;
-    kg_engine_options_t eo = kg_engine_options_default();
+    kg_stack_options_t so = kg_stack_options_default();
     enum {
         O_MODEL = 256,
         O_IN,
@@ -172,7 +171,8 @@ int kg_cmd_batch(int argc, char **argv) {
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        int taken = kg_cli_engine_option(c, optarg, argc, argv, "kgen batch", &eo, &backend);
+        int taken =
+            kg_cli_engine_option(c, optarg, argc, argv, "kgen batch", &so.engine, &so.backend);
         if (taken < 0) {
             return 2;
         }
@@ -244,11 +244,10 @@ int kg_cmd_batch(int argc, char **argv) {
     size_t in_len = 0;
     char *input = read_all(in_path, &in_len);
     kg_model_t *model = NULL;
-    kg_backend_t *be = NULL;
-    kg_engine_t *engine = NULL;
+    kg_stack_t *stack = NULL;
+    kg_engine_t *engine = NULL; /* the stack's */
     batch_job_t *jobs = NULL;
     kg_completion_t *comps = NULL;
-    kg_grammar_cache_t *grammars = NULL;
     FILE *out = NULL, *errf = NULL;
     kg_served_t served = {0};
     int n_jobs = 0;
@@ -261,21 +260,17 @@ int kg_cmd_batch(int argc, char **argv) {
         fprintf(stderr, "kgen batch: %s\n", err);
         goto out;
     }
-    kg_engine_params_t ep;
-    kg_backend_params_t bp;
-    bool clamped;
-    if (kg_engine_size(model, &eo, &ep, &bp, &clamped, err, sizeof(err)) != KG_OK) {
+    so.grammar_bytes = KG_GRAMMAR_CACHE_DEFAULT_BYTES;
+    stack = kg_stack_new(model, &so, err, sizeof(err));
+    if (!stack) {
         fprintf(stderr, "kgen batch: %s\n", err);
         goto out;
     }
-    if (clamped) {
+    engine = kg_stack_engine(stack);
+    const kg_engine_params_t *ep = kg_stack_params(stack);
+    if (kg_stack_ctx_clamped(stack)) {
         fprintf(stderr, "kgen batch: the KV pool holds %d tokens: the context is cut to that\n",
-                ep.max_seq_len);
-    }
-    be = kg_backend_new(backend, model, &bp, err, sizeof(err));
-    if (!be || !(engine = kg_engine_new(be, &ep, err, sizeof(err)))) {
-        fprintf(stderr, "kgen batch: %s\n", err);
-        goto out;
+                ep->max_seq_len);
     }
     if (kg_served_init(&served, served_spec, model, model_path, err, sizeof(err)) != KG_OK) {
         fprintf(stderr, "kgen batch: %s\n", err);
@@ -294,14 +289,13 @@ int kg_cmd_batch(int argc, char **argv) {
     /* split lines (blank lines are skipped) */
     int cap_jobs = 64;
     jobs = calloc((size_t)cap_jobs, sizeof(*jobs));
-    grammars = kg_grammar_cache_new_for(model->tok, KG_GRAMMAR_CACHE_DEFAULT_BYTES);
     size_t budget = (size_t)max_event_bytes;
-    kg_intake_limits_t lim = {.max_seq_len = ep.max_seq_len,
+    kg_intake_limits_t lim = {.max_seq_len = ep->max_seq_len,
                               .max_tokens_limit = (int32_t)max_tokens_limit,
                               .max_event_bytes = budget,
-                              .grammars = grammars,
-                              .max_choices = ep.max_batch_size < KG_JOB_MAX_N ? ep.max_batch_size
-                                                                              : KG_JOB_MAX_N,
+                              .grammars = kg_stack_grammars(stack),
+                              .max_choices = ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size
+                                                                               : KG_JOB_MAX_N,
                               .served = (const char *const *)served.names,
                               .n_served = served.n};
     kg_event_origin_t origin = {.worker_id = "kgen-batch",
@@ -465,9 +459,7 @@ out:
     }
     free(jobs);
     free(comps);
-    kg_engine_free(engine);
-    kg_grammar_cache_free(grammars);
-    kg_backend_free(be);
+    kg_stack_free(stack);
     kg_model_free(model);
     free(input);
     return rc;

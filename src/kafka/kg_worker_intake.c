@@ -1,0 +1,381 @@
+/* kg_worker_intake: a message off the jobs topic, up to the lanes' queues.
+ * on_message (at the bottom) tracks its offset and asks the poison journal
+ * (kg_journal) how often the job was present when a worker failed: a job
+ * not journaled starts at once; one with no strike waits (is held) until
+ * the snapshot that records it as running is acknowledged; a suspect (some
+ * strikes) waits for its turn, one at a time; one with poison_after
+ * strikes is answered instead of run. Starting a job decodes it (an
+ * unparseable one goes to the DLQ, an invalid one gets an error event),
+ * prepares it (tokenize, check the limits) and queues it for the engine
+ * (kg_worker_jobs.c). */
+#include "../core/kg_clock.h"
+#include "../core/kg_log.h"
+#include "kg_worker_int.h"
+
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- starting a job ----
+
+/* The kgen-format header of a message: what its payload is (an OpenAI shape
+ * or a kgen job); AUTO, recognised from the fields, when it has none or an
+ * unknown one (which is logged). */
+static kg_job_format_t message_format(const rd_kafka_message_t *rkm) {
+    kg_job_format_t f = KG_JOB_FORMAT_AUTO;
+    rd_kafka_headers_t *hdrs = NULL;
+    const void *v = NULL;
+    size_t n = 0;
+    if (rd_kafka_message_headers(rkm, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+        rd_kafka_header_get_last(hdrs, "kgen-format", &v, &n) == RD_KAFKA_RESP_ERR_NO_ERROR && v &&
+        !kg_codec_job_format_parse(v, n, &f)) {
+        KG_LOG_WARN("worker", "unknown kgen-format header (%.*s) partition=%d offset=%lld",
+                    (int)(n < 32 ? n : 32), (const char *)v, rkm->partition,
+                    (long long)rkm->offset);
+        f = KG_JOB_FORMAT_AUTO;
+    }
+    return f;
+}
+
+/* Decode a job; one that does not decode is answered (DLQ or invalid_job)
+ * and NULL returned. */
+static kg_job_t *decode_or_answer(kg_worker_t *w, const job_msg_t *m) {
+    kg_job_t *job = NULL;
+    kg_codec_error_t cerr;
+    kg_codec_opts_t copts = w->intake.codec_opts;
+    copts.key = m->key; /* the request_id of a bare OpenAI body */
+    copts.key_len = m->key_len;
+    copts.format = m->format;
+    kg_status_t st =
+        kg_codec_decode_job_opts(m->payload ? m->payload : "", m->len, &copts, &job, &cerr);
+    if (st == KG_ERR_NOMEM) {
+        kg_worker_fatal(w, "out of memory decoding a job");
+    } else if (st != KG_OK && cerr.kind == KG_CODEC_DLQ) {
+        kg_worker_dead_letter_job(w, m, &cerr);
+    } else if (st != KG_OK) {
+        kg_worker_produce_error(w, cerr.request_id, m->partition, m->offset, KG_ERROR_INVALID_JOB,
+                                cerr.message, NULL);
+    }
+    if (job) {
+        job->partition = m->partition;
+        job->offset = m->offset;
+    }
+    return job;
+}
+
+/* TEST-ONLY fault injection: with KGEN_TEST_CRASH_ON_REQUEST_ID set (read
+ * at startup, announced with a warning), the worker abort()s when it starts
+ * that job, so the poison-job journal can be tested with a real crash
+ * (tests/integration/test_worker_poison.sh). Never set it in production. */
+static void crash_if_test_target(const kg_worker_t *w, const kg_job_t *job) {
+    if (w->intake.crash_request_id && strcmp(job->request_id, w->intake.crash_request_id) == 0) {
+        KG_LOG_ERROR("worker",
+                     "TEST-ONLY fault injection: abort() request_id=%s topic=%s partition=%d "
+                     "offset=%lld",
+                     job->request_id, topic_of(w, job->partition), part_of(job->partition),
+                     (long long)job->offset);
+        abort();
+    }
+}
+
+/* Start a job: decode, prepare (tokenize, check the limits) and queue it
+ * for the engine; a job that cannot run is answered at once. */
+static void start_message(kg_worker_t *w, const job_msg_t *m) {
+    kg_job_t *job = decode_or_answer(w, m);
+    if (!job) {
+        return;
+    }
+    crash_if_test_target(w, job);
+    job_rec_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        kg_job_free(job);
+        kg_worker_fatal(w, "out of memory");
+        return;
+    }
+    r->id = w->jobs.next_id++;
+    kg_error_code_t code;
+    char msg[256];
+    kg_status_t st = kg_jobrun_start(&r->run, w->model, &w->intake.limits, job, kg_clock_epoch_ms(),
+                                     m->taken_us, &code, msg, sizeof(msg));
+    if (st != KG_OK) {
+        if (st == KG_ERR_NOMEM) {
+            kg_worker_fatal(w, "out of memory preparing a job");
+        } else {
+            kg_worker_produce_error(w, job->request_id, job->partition, job->offset, code, msg,
+                                    job->metadata_json);
+        }
+        kg_jobrun_clear(&r->run);
+        free(r);
+        return;
+    }
+    if (kg_cancel_is_cancelled(w->jobs.cancel, job->request_id) && kg_jobrun_cancel(&r->run)) {
+        /* cancelled before it arrived (or before this attempt): answered, not run */
+        kg_jobrun_end_cancelled(&r->run, kg_clock_us());
+        KG_LOG_INFO("worker",
+                    "job cancelled request_id=%s topic=%s partition=%d offset=%lld tokens=0 "
+                    "steps_after_cancel=0 on_arrival=1",
+                    job->request_id, topic_of(w, job->partition), part_of(job->partition),
+                    (long long)job->offset);
+        kg_worker_produce_terminal(w, r, KG_OK, kg_clock_us());
+        kg_jobrun_clear(&r->run);
+        free(r);
+        return;
+    }
+    kg_worker_rec_insert(w, r);
+    kg_worker_pending_push(w, r, false);
+    kg_worker_submit_pending(w);
+}
+
+// ---- poison jobs: held messages and suspects (see kg_journal.h) ----
+
+static void end_suspect(kg_worker_t *w, int32_t partition, int64_t offset) {
+    if (w->intake.suspect_busy && w->intake.suspect_partition == partition &&
+        w->intake.suspect_offset == offset) {
+        w->intake.suspect_busy = false;
+        atomic_store(&w->m.suspects, w->intake.suspects_head != NULL);
+    }
+}
+
+/* The job was answered (its terminal event or DLQ copy produced): off the
+ * journal's record; when it was the running suspect, the next may start. */
+void kg_worker_job_answered(kg_worker_t *w, int32_t partition, int64_t offset) {
+    kg_journal_finish(w->intake.journal[lane_of(partition)], part_of(partition), offset);
+    end_suspect(w, partition, offset);
+}
+
+/* The job was given back unfinished (revoke, drain): it keeps its strikes. */
+void kg_worker_job_given_back(kg_worker_t *w, int32_t partition, int64_t offset) {
+    kg_journal_release(w->intake.journal[lane_of(partition)], part_of(partition), offset);
+    end_suspect(w, partition, offset);
+}
+
+static void update_inflight_gauge(kg_worker_t *w) {
+    atomic_store(&w->m.inflight, w->jobs.n_inflight + w->intake.n_held);
+}
+
+static held_msg_t *held_new(const job_msg_t *m, int strikes) {
+    held_msg_t *h = calloc(1, sizeof(*h));
+    void *key = malloc(m->key_len ? m->key_len : 1);
+    void *payload = malloc(m->len ? m->len : 1);
+    if (!h || !key || !payload) {
+        free(h);
+        free(key);
+        free(payload);
+        return NULL;
+    }
+    if (m->key_len) {
+        memcpy(key, m->key, m->key_len);
+    }
+    if (m->len) {
+        memcpy(payload, m->payload, m->len);
+    }
+    h->m = *m;
+    h->m.key = m->key ? key : NULL;
+    h->m.payload = m->payload ? payload : NULL;
+    h->strikes = strikes;
+    if (!m->key) {
+        free(key);
+    }
+    if (!m->payload) {
+        free(payload);
+    }
+    return h;
+}
+
+static void held_free(held_msg_t *h) {
+    free((void *)h->m.key);
+    free((void *)h->m.payload);
+    free(h);
+}
+
+static void held_push(held_msg_t **head, held_msg_t **tail, held_msg_t *h) {
+    h->next = NULL;
+    if (*tail) {
+        (*tail)->next = h;
+    } else {
+        *head = h;
+    }
+    *tail = h;
+}
+
+/* Hold a journaled message: a job with no strike starts once its snapshot
+ * is acknowledged; a suspect waits for its turn. */
+static void hold_message(kg_worker_t *w, const job_msg_t *m, int strikes) {
+    held_msg_t *h = held_new(m, strikes);
+    if (!h) {
+        kg_worker_fatal(w, "out of memory holding a job");
+        return;
+    }
+    w->intake.n_held++;
+    update_inflight_gauge(w);
+    if (strikes == 0) {
+        h->ticket = kg_journal_start(w->intake.journal[lane_of(m->partition)],
+                                     part_of(m->partition), m->offset, 0);
+        held_push(&w->intake.held_head, &w->intake.held_tail, h);
+        return;
+    }
+    KG_LOG_WARN("worker",
+                "suspect job: it was running when a worker failed, so it runs alone among "
+                "suspects topic=%s partition=%d offset=%lld strikes=%d",
+                topic_of(w, m->partition), part_of(m->partition), (long long)m->offset, strikes);
+    held_push(&w->intake.suspects_head, &w->intake.suspects_tail, h);
+    atomic_store(&w->m.suspects, 1);
+}
+
+/* At most one suspect runs at a time: when a worker then fails, it is the
+ * only job present in two failures in a row (kg_journal.h). */
+void kg_worker_start_next_suspect(kg_worker_t *w) {
+    held_msg_t *h = w->intake.suspects_head;
+    if (w->intake.suspect_busy || !h || w->life.draining) {
+        return;
+    }
+    w->intake.suspects_head = h->next;
+    if (!w->intake.suspects_head) {
+        w->intake.suspects_tail = NULL;
+    }
+    w->intake.suspect_busy = true;
+    w->intake.suspect_partition = h->m.partition;
+    w->intake.suspect_offset = h->m.offset;
+    h->ticket = kg_journal_start(w->intake.journal[lane_of(h->m.partition)],
+                                 part_of(h->m.partition), h->m.offset, h->strikes);
+    held_push(&w->intake.held_head, &w->intake.held_tail, h);
+}
+
+/* Start every held job whose snapshot the broker has acknowledged. */
+void kg_worker_release_held(kg_worker_t *w) {
+    held_msg_t *prev = NULL;
+    for (held_msg_t *h = w->intake.held_head, *next; h && !w->life.fatal; h = next) {
+        next = h->next;
+        if (!kg_journal_durable(w->intake.journal[lane_of(h->m.partition)], part_of(h->m.partition),
+                                h->ticket)) {
+            prev = h;
+            continue;
+        }
+        if (prev) {
+            prev->next = next;
+        } else {
+            w->intake.held_head = next;
+        }
+        if (w->intake.held_tail == h) {
+            w->intake.held_tail = prev;
+        }
+        w->intake.n_held--;
+        start_message(w, &h->m);
+        held_free(h);
+    }
+    update_inflight_gauge(w);
+}
+
+/* Give back (uncommitted) the held messages of the listed partitions (NULL: all). */
+static void drop_held_list(kg_worker_t *w,
+                           held_msg_t **head,
+                           held_msg_t **tail,
+                           const rd_kafka_topic_partition_list_t *parts) {
+    held_msg_t *prev = NULL;
+    for (held_msg_t *h = *head, *next; h; h = next) {
+        next = h->next;
+        if (!in_parts(w, parts, h->m.partition)) {
+            prev = h;
+            continue;
+        }
+        if (prev) {
+            prev->next = next;
+        } else {
+            *head = next;
+        }
+        if (*tail == h) {
+            *tail = prev;
+        }
+        w->intake.n_held--;
+        kg_worker_job_given_back(w, h->m.partition, h->m.offset);
+        held_free(h);
+    }
+}
+
+void kg_worker_drop_held(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
+    drop_held_list(w, &w->intake.held_head, &w->intake.held_tail, parts);
+    drop_held_list(w, &w->intake.suspects_head, &w->intake.suspects_tail, parts);
+    update_inflight_gauge(w);
+    atomic_store(&w->m.suspects, w->intake.suspect_busy || w->intake.suspects_head);
+}
+
+/* A job present in poison_after consecutive worker failures: not run again.
+ * It is answered with an `internal` error event and copied to the DLQ. */
+static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
+    kg_job_t *job = decode_or_answer(w, m); /* the codec is fuzzed; the engine is what crashes */
+    if (!job) {
+        return;
+    }
+    char msg[256];
+    snprintf(msg, sizeof(msg),
+             "poisoned after %d attempts: the job was running each time a worker failed (a "
+             "crash, a kill or a device fault), so it is not run again; a copy is on the "
+             "dead-letter topic",
+             strikes);
+    dlq_copy_t c = {.key = m->key,
+                    .key_len = m->key_len,
+                    .payload = m->payload,
+                    .len = m->len,
+                    .payload_kind = "job",
+                    .reason = "poisoned",
+                    .message = msg,
+                    .partition = m->partition,
+                    .offset = m->offset};
+    atomic_fetch_add(&w->m.jobs_poisoned, 1);
+    KG_LOG_ERROR("worker",
+                 "job poisoned, not run again request_id=%s topic=%s partition=%d offset=%lld "
+                 "strikes=%d",
+                 job->request_id, topic_of(w, m->partition), part_of(m->partition),
+                 (long long)m->offset, strikes);
+    kg_worker_dead_letter(w, &c, NULL);
+    kg_worker_produce_error(w, job->request_id, m->partition, m->offset, KG_ERROR_INTERNAL, msg,
+                            job->metadata_json);
+    kg_job_free(job);
+}
+
+// ---- a message off the jobs topic ----
+
+void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
+    atomic_fetch_add(&w->m.messages_consumed, 1);
+    const char *topic = rd_kafka_topic_name(rkm->rkt);
+    int lane = kg_lanes_find(&w->lanes, topic);
+    if (lane < 0 || rkm->partition < 0 || rkm->partition >= LANE_STRIDE) {
+        KG_LOG_ERROR("worker",
+                     "a message of a topic or partition not read here topic=%s "
+                     "partition=%d offset=%lld",
+                     topic, rkm->partition, (long long)rkm->offset);
+        return;
+    }
+    int32_t dense = dense_of(lane, rkm->partition);
+    kg_status_t st = kg_offsets_track(w->parts.offsets, dense, rkm->offset);
+    if (st != KG_OK) {
+        /* cannot happen while we pause at the in-flight cap; never drop a job silently */
+        KG_LOG_ERROR("worker", "cannot track topic=%s partition=%d offset=%lld: %s; seeking back",
+                     topic, rkm->partition, (long long)rkm->offset, kg_status_str(st));
+        rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+        rd_kafka_topic_partition_list_add(l, topic, rkm->partition)->offset = rkm->offset;
+        rd_kafka_error_t *e = rd_kafka_seek_partitions(w->parts.consumer, l, 1000);
+        if (e) {
+            rd_kafka_error_destroy(e);
+        }
+        rd_kafka_topic_partition_list_destroy(l);
+        return;
+    }
+    job_msg_t m = {.partition = dense,
+                   .offset = rkm->offset,
+                   .key = rkm->key,
+                   .key_len = rkm->key_len,
+                   .payload = rkm->payload,
+                   .len = rkm->len,
+                   .taken_us = kg_clock_us(),
+                   .format = message_format(rkm)};
+    int strikes = kg_journal_strikes(w->intake.journal[lane], rkm->partition, m.offset);
+    if (strikes < 0) {
+        start_message(w, &m); /* not journaled */
+    } else if (strikes >= w->cfg->poison_after) {
+        answer_poisoned(w, &m, strikes);
+    } else {
+        hold_message(w, &m, strikes);
+    }
+}

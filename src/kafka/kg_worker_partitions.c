@@ -1,0 +1,351 @@
+/* kg_worker_partitions: the consumer and the partitions it is given.
+ * Backpressure pauses the lanes' partitions at the in-flight cap and
+ * resumes them at 3/4. On assign the journal and the offsets tracker learn
+ * the new partitions; on revoke the finished work is flushed and committed
+ * first, then the partitions' jobs are cancelled quietly and handed over
+ * (the new owner runs them again). Lag is read once a second for the
+ * gauges. At the bottom: the consumer itself (offsets stored by hand,
+ * committed by librdkafka or, with --exactly-once, by the transactions). */
+#include "../core/kg_clock.h"
+#include "../core/kg_log.h"
+#include "kg_kafka_conf.h"
+#include "kg_worker_int.h"
+
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+// ---- pause and resume ----
+
+/* The assigned partitions of one lane (NULL when there are none). */
+static rd_kafka_topic_partition_list_t *
+lane_parts(const kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts, int lane) {
+    rd_kafka_topic_partition_list_t *l = NULL;
+    for (int i = 0; parts && i < parts->cnt; i++) {
+        if (strcmp(parts->elems[i].topic, w->lanes.lane[lane].topic) == 0) {
+            if (!l) {
+                l = rd_kafka_topic_partition_list_new(parts->cnt);
+            }
+            rd_kafka_topic_partition_list_add(l, parts->elems[i].topic, parts->elems[i].partition);
+        }
+    }
+    return l;
+}
+
+static void update_paused_gauge(kg_worker_t *w) {
+    int n = 0;
+    for (int l = 0; l < w->lanes.n; l++) {
+        n += w->parts.lane_paused[l];
+    }
+    atomic_store(&w->m.paused, n);
+}
+
+static void set_lane_paused(kg_worker_t *w, int lane, bool pause) {
+    rd_kafka_topic_partition_list_t *l = lane_parts(w, w->parts.assigned, lane);
+    w->parts.lane_paused[lane] = pause;
+    update_paused_gauge(w);
+    if (!l) {
+        return;
+    }
+    rd_kafka_resp_err_t err = pause ? rd_kafka_pause_partitions(w->parts.consumer, l)
+                                    : rd_kafka_resume_partitions(w->parts.consumer, l);
+    if (err) {
+        KG_LOG_WARN("worker", "%s partitions: %s topic=%s", pause ? "pause" : "resume",
+                    rd_kafka_err2str(err), w->lanes.lane[lane].topic);
+    }
+    KG_LOG_DEBUG("worker", "%s partitions inflight=%d topic=%s", pause ? "paused" : "resumed",
+                 w->jobs.n_inflight, w->lanes.lane[lane].topic);
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* Pause at the in-flight cap and resume at 3/4 of it; with lanes, the
+ * lowest lanes pause first (kg_lanes_pause_at), so a bulk backlog leaves
+ * room for interactive jobs. */
+void kg_worker_check_backpressure(kg_worker_t *w) {
+    int32_t taken = w->jobs.n_inflight + w->intake.n_held +
+                    (w->out.txn ? (int32_t)kg_txn_n_pending(w->out.txn) : 0);
+    for (int l = 0; l < w->lanes.n; l++) {
+        int32_t at = kg_lanes_pause_at(&w->lanes, l, w->max_inflight);
+        if (w->life.draining) {
+            if (!w->parts.lane_paused[l]) {
+                set_lane_paused(w, l, true);
+            }
+        } else if (!w->parts.lane_paused[l] && taken >= at) {
+            set_lane_paused(w, l, true);
+        } else if (w->parts.lane_paused[l] && taken <= at * 3 / 4) {
+            set_lane_paused(w, l, false);
+        }
+    }
+}
+
+// ---- rebalance ----
+
+/* Cancel quietly every job of the listed partitions (NULL: all), or only
+ * those that have not streamed a token yet. */
+void kg_worker_abandon_jobs(kg_worker_t *w,
+                            const rd_kafka_topic_partition_list_t *parts,
+                            bool unstarted_only) {
+    for (size_t i = 0; i < w->jobs.table_size; i++) {
+        for (job_rec_t *r = w->jobs.table[i], *next; r; r = next) {
+            next = r->hnext;
+            if (!in_parts(w, parts, r->run.job->partition) || r->state == REC_REVOKED ||
+                (unstarted_only && r->run.t.first_token_us != 0)) {
+                continue;
+            }
+            if (r->state == REC_PENDING) {
+                /* never reached the engine: unlink from the FIFO and drop */
+                kg_worker_pending_unlink(w, r);
+                atomic_fetch_add(&w->m.jobs_cancelled, 1);
+                kg_worker_job_given_back(w, r->run.job->partition, r->run.job->offset);
+                kg_worker_rec_free(w, r);
+                continue;
+            }
+            r->state = REC_REVOKED;
+            atomic_fetch_add(&w->m.jobs_cancelled, 1);
+            kg_worker_job_given_back(w, r->run.job->partition, r->run.job->offset);
+            if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
+                kg_worker_fatal(w, "engine command queue stuck");
+            }
+        }
+    }
+}
+
+/* --exactly-once: the committed offsets of newly assigned partitions, read
+ * here and assigned explicitly. librdkafka 2.0.2 falls back to
+ * auto.offset.reset when its own fetch fails (a coordinator still loading
+ * after a broker restart), which would run every job of the partition again
+ * and show its results twice; so fetch until every partition has an answer
+ * (pending transactions of a dead worker answer UNSTABLE_OFFSET_COMMIT until
+ * the broker aborts them). Partitions with no committed offset start at the
+ * beginning (auto.offset.reset=earliest). */
+static void
+fetch_committed(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts) {
+    for (int attempt = 1;; attempt++) {
+        rd_kafka_topic_partition_list_t *c = rd_kafka_topic_partition_list_copy(parts);
+        rd_kafka_resp_err_t err = rd_kafka_committed(rk, c, 10000);
+        for (int i = 0; !err && i < c->cnt; i++) {
+            err = c->elems[i].err;
+        }
+        if (!err) {
+            for (int i = 0; i < c->cnt; i++) {
+                parts->elems[i].offset =
+                    c->elems[i].offset >= 0 ? c->elems[i].offset : RD_KAFKA_OFFSET_BEGINNING;
+            }
+            rd_kafka_topic_partition_list_destroy(c);
+            return;
+        }
+        rd_kafka_topic_partition_list_destroy(c);
+        KG_LOG_WARN("worker", "reading the committed offsets: %s; trying again attempt=%d",
+                    rd_kafka_err2str(err), attempt);
+        if (atomic_load(&w->life.stop_requested) || attempt >= 120) {
+            kg_worker_fatal_kafka(w,
+                                  "cannot read the committed offsets of the assigned partitions");
+            return;
+        }
+        usleep(500 * 1000);
+    }
+}
+
+static void rebalance_cb(rd_kafka_t *rk,
+                         rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts,
+                         void *opaque) {
+    kg_worker_t *w = opaque;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        for (int l = 0; l < w->lanes.n; l++) {
+            /* the strikes of their jobs, before any is taken */
+            rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
+            if (lp) {
+                kg_journal_assign(w->intake.journal[l], lp);
+                rd_kafka_topic_partition_list_destroy(lp);
+            }
+        }
+        for (int i = 0; i < parts->cnt; i++) {
+            int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
+            if (lane < 0 || parts->elems[i].partition >= LANE_STRIDE ||
+                kg_offsets_assign(w->parts.offsets, dense_of(lane, parts->elems[i].partition)) !=
+                    KG_OK) {
+                kg_worker_fatal(w, "cannot track an assigned partition");
+            }
+        }
+        if (w->out.txn) {
+            fetch_committed(w, rk, parts);
+        }
+        rd_kafka_assign(rk, parts);
+        if (w->parts.assigned) {
+            rd_kafka_topic_partition_list_destroy(w->parts.assigned);
+        }
+        w->parts.assigned = rd_kafka_topic_partition_list_copy(parts);
+        atomic_store(&w->m.assigned_partitions, parts->cnt);
+        atomic_store(&w->m.ready, 1);
+        KG_LOG_INFO("worker", "partitions assigned count=%d", parts->cnt);
+        /* Say the state of every new partition explicitly: librdkafka keeps a
+         * partition's pause flag across unassign and a later assign, so one
+         * paused under an earlier assignment (and since "resumed" while it was
+         * not assigned, which reached no partition) would never fetch again
+         * (librdkafka #1849, #5591; seen after a broker restart). */
+        for (int l = 0; l < w->lanes.n; l++) {
+            set_lane_paused(w, l, w->parts.lane_paused[l]);
+        }
+        return;
+    }
+    if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
+        KG_LOG_INFO("worker", "partitions revoked count=%d inflight=%d", parts->cnt,
+                    w->jobs.n_inflight);
+        /* let acks of finished jobs land and their offsets be committed first */
+        rd_kafka_flush(w->out.producer, 10000);
+        rd_kafka_poll(w->out.producer, 0);
+        if (!w->life.fatal && !w->out.txn) {
+            rd_kafka_commit(rk, NULL, 0);
+        }
+        if (w->out.txn) {
+            if (!w->life.fatal) {
+                (void)kg_worker_commit_txn(w, true);
+            }
+            /* what did not commit (the transaction failed, or answers waiting for an
+             * earlier job of their partition) was never visible: the jobs run again on the
+             * new owner */
+            for (int l = 0; l < w->lanes.n; l++) {
+                kg_txn_drop(w->out.txn, w->lanes.lane[l].topic, parts);
+            }
+        }
+        kg_worker_abandon_jobs(w, parts, false);
+        kg_worker_drop_held(w, parts);
+        /* a hand-over is no failure, unless the worker stops for a reason
+         * that may be a job's (then the last snapshot stands) */
+        for (int l = 0; l < w->lanes.n; l++) {
+            rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
+            if (lp) {
+                kg_journal_revoke(w->intake.journal[l], lp, !w->life.fatal || w->life.fatal_kafka);
+                rd_kafka_topic_partition_list_destroy(lp);
+            }
+        }
+        for (int i = 0; i < parts->cnt; i++) {
+            int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
+            int32_t p = parts->elems[i].partition;
+            if (lane < 0 || p < 0 || p >= LANE_STRIDE) {
+                continue;
+            }
+            kg_offsets_revoke(w->parts.offsets, dense_of(lane, p));
+            if (p < MAX_PARTITIONS) {
+                atomic_store(&w->parts.lag_valid[lane][p], 0);
+            }
+        }
+        /* leave no pause flag behind on partitions that go (see the assign case) */
+        rd_kafka_resume_partitions(rk, parts);
+        rd_kafka_assign(rk, NULL);
+        if (w->parts.assigned) {
+            rd_kafka_topic_partition_list_destroy(w->parts.assigned);
+            w->parts.assigned = NULL;
+        }
+        atomic_store(&w->m.assigned_partitions, 0);
+        return;
+    }
+    KG_LOG_ERROR("worker", "rebalance error: %s", rd_kafka_err2str(err));
+    rd_kafka_assign(rk, NULL);
+}
+
+// ---- lag ----
+
+void kg_worker_update_lag(kg_worker_t *w) {
+    int64_t now = kg_clock_us();
+    if (!w->parts.assigned || now - w->parts.last_lag_us < 1000000) {
+        return;
+    }
+    w->parts.last_lag_us = now;
+    rd_kafka_topic_partition_list_t *pos = rd_kafka_topic_partition_list_copy(w->parts.assigned);
+    rd_kafka_position(w->parts.consumer, pos);
+    int64_t total = 0;
+    for (int i = 0; i < pos->cnt; i++) {
+        int32_t p = pos->elems[i].partition;
+        int lane = kg_lanes_find(&w->lanes, pos->elems[i].topic);
+        int64_t lo, hi;
+        if (p < 0 || p >= MAX_PARTITIONS || lane < 0 ||
+            rd_kafka_get_watermark_offsets(w->parts.consumer, pos->elems[i].topic, p, &lo, &hi) !=
+                0 ||
+            hi < 0) {
+            continue;
+        }
+        int64_t at = pos->elems[i].offset >= 0 ? pos->elems[i].offset : lo;
+        atomic_store(&w->parts.lag[lane][p], hi > at ? hi - at : 0);
+        atomic_store(&w->parts.lag_valid[lane][p], 1);
+        total += hi > at ? hi - at : 0;
+    }
+    rd_kafka_topic_partition_list_destroy(pos);
+    kg_drain_update(&w->m.drain, total, w->jobs.n_inflight + w->intake.n_held,
+                    (int32_t)w->cfg->max_batch_size);
+}
+
+int kg_worker_partition_lag(
+    kg_worker_t *w, const char **topics, int32_t *partitions, int64_t *lags, int max) {
+    int n = 0;
+    for (int l = 0; l < w->lanes.n; l++) {
+        for (int32_t p = 0; p < MAX_PARTITIONS && n < max; p++) {
+            if (atomic_load(&w->parts.lag_valid[l][p])) {
+                topics[n] = w->lanes.lane[l].topic;
+                partitions[n] = p;
+                lags[n++] = atomic_load(&w->parts.lag[l][p]);
+            }
+        }
+    }
+    return n;
+}
+
+// ---- the consumer ----
+
+rd_kafka_t *kg_worker_make_consumer(kg_worker_t *w, char *errstr, size_t errstr_size) {
+    const kg_config_t *cfg = w->cfg;
+    rd_kafka_conf_t *conf = kg_kafka_conf_new(cfg, errstr, errstr_size);
+    if (!conf) {
+        return NULL;
+    }
+    /* ours first, so an explicit -X of the same key (set again below) wins */
+    struct {
+        const char *k, *v;
+    } ours[] = {{"group.id", cfg->group_id},
+                {"enable.auto.offset.store", "false"},
+                /* --exactly-once: only transactions move the offsets */
+                {"enable.auto.commit", cfg->exactly_once ? "false" : "true"},
+                /* librdkafka's 5 s default reruns up to 5 s of finished jobs
+                 * after a crash; a commit a second costs the coordinator little */
+                {"auto.commit.interval.ms", "1000"},
+                {"auto.offset.reset", "earliest"},
+                {"partition.assignment.strategy", cfg->assignment_strategy},
+                {"queued.max.messages.kbytes", "8192"},
+                /* after a resume the next fetch answers within this, not
+                 * librdkafka's 500 ms default (measured: 133 -> 797 jobs/s
+                 * with pause/resume cycling) */
+                {"fetch.wait.max.ms", "50"},
+                {"client.id", w->worker_id}};
+    for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++) {
+        if (kg_kafka_conf_set(conf, ours[i].k, ours[i].v, errstr, errstr_size) != 0) {
+            rd_kafka_conf_destroy(conf);
+            return NULL;
+        }
+    }
+    if (*cfg->group_instance_id &&
+        kg_kafka_conf_set(conf, "group.instance.id", cfg->group_instance_id, errstr, errstr_size)) {
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    for (int i = 0; i < cfg->n_kafka_props; i++) {
+        if (kg_kafka_conf_set(conf, cfg->kafka_keys[i], cfg->kafka_values[i], errstr,
+                              errstr_size)) {
+            rd_kafka_conf_destroy(conf);
+            return NULL;
+        }
+    }
+    rd_kafka_conf_set_opaque(conf, w);
+    rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+    rd_kafka_conf_set_error_cb(conf, kg_worker_error_cb);
+    char err[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
+    if (!rk) {
+        snprintf(errstr, errstr_size, "consumer: %s", err);
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    rd_kafka_poll_set_consumer(rk);
+    return rk;
+}
