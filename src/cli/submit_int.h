@@ -21,7 +21,7 @@ typedef struct job_state {
     size_t line_len;
     bool sent;
     bool done;
-    char attempt[192]; /* "worker_id/partition/offset" of the attempt being assembled */
+    char attempt[192]; /* the attempt id being assembled (worker_id/partition/offset if none) */
     int32_t next_index;
     int64_t tokens;
     int64_t sent_us;  /* its produce call returned (kg_clock_us) */

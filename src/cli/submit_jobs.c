@@ -1,7 +1,7 @@
 /* submit_jobs: kgen-submit's jobs and their results. Every input line with
  * a request_id becomes a job, found by request_id or custom_id through two
  * open-addressing tables; the events of the results topic are assembled per
- * job and attempt (worker_id, partition, offset: a superseded attempt's
+ * job and attempt (the events' attempt id: a superseded attempt's
  * token events are dropped, the first terminal event wins), and the
  * terminal one is written out, as is or as an OpenAI Batch output line.
  * Cancelling the jobs without a result is here too. */
@@ -166,9 +166,15 @@ void kg_submit_on_event(submit_t *s, const rd_kafka_message_t *rkm, bool write) 
     if (!j->first_us) {
         j->first_us = kg_clock_us();
     }
+    /* an event's attempt id; workers before it had none, and then the best key is the triple,
+     * which two runs on one worker share */
     char attempt[192];
-    snprintf(attempt, sizeof(attempt), "%s/%d/%lld", c->worker_id, c->partition,
-             (long long)c->offset);
+    if (c->attempt) {
+        snprintf(attempt, sizeof(attempt), "%s", c->attempt);
+    } else {
+        snprintf(attempt, sizeof(attempt), "%s/%d/%lld", c->worker_id, c->partition,
+                 (long long)c->offset);
+    }
     if (ev->type == KG_EVENT_TOKEN) {
         if (strcmp(attempt, j->attempt) != 0) {
             if (j->attempt[0] && ev->token.index != 0) {

@@ -6,7 +6,7 @@
  * "line-<N>", which is also the request_id a worker gives a bare OpenAI
  * body), after the end offsets of the results topic have been taken, so no
  * result is missed. Results are assembled per request_id and attempt
- * (worker_id, partition, offset): Kafka may run a job twice (a worker died,
+ * (the events' attempt id): Kafka may run a job twice (a worker died,
  * a partition moved), and token events of an attempt that was superseded
  * are dropped; the first terminal event (done or error) of a job wins and
  * later duplicates are ignored. One line per finished job goes to --output:

@@ -14,7 +14,7 @@
  * Memo. The request_ids of the cancels read in the last ttl_ms, at most `capacity` of them
  * (the oldest is forgotten first): a hash table with chaining over a ring of entries, so a
  * cancel costs O(1) and the memory is fixed (about 160 bytes an entry) at startup.
- * What the worker does with a cancel is in kg_worker.c (apply_cancel): a job still waiting
+ * What the worker does with a cancel is in kg_worker_jobs.c (apply_cancel): a job still waiting
  * in the worker ends at once, one in the engine is cancelled there and ends within one engine
  * step; either way with an error event, code cancelled, carrying the text so far.
  * @thread kafka (every function) */

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 // ---- fatal errors ----
@@ -73,6 +74,10 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         char host[64] = "kgen";
         gethostname(host, sizeof(host) - 1);
         snprintf(w->worker_id, sizeof(w->worker_id), "%s-%d", host, (int)getpid());
+    }
+    if (getrandom(&w->incarnation, sizeof(w->incarnation), 0) != (ssize_t)sizeof(w->incarnation)) {
+        /* no entropy source: the clock and the pid still differ between two processes */
+        w->incarnation = (uint64_t)kg_clock_epoch_ms() * 1000003u ^ (uint64_t)getpid();
     }
     if (kg_lanes_parse(cfg->jobs_topic, &w->lanes, errstr, errstr_size) != KG_OK) {
         goto fail;

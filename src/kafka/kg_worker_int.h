@@ -128,6 +128,9 @@ struct kg_worker {
     const kg_config_t *cfg;
     const kg_model_t *model;
     char worker_id[128];
+    /* random at start: with a run's number (a job record's id) it makes the attempt id every
+     * event carries, which tells two runs of one job apart even on one worker (kg_events.h) */
+    uint64_t incarnation;
     kg_lanes_t lanes; /* the jobs topics and their weights */
     int32_t max_inflight;
     kg_stack_t *stack;     /* backend, engine, grammar cache, runner (kg_stack) */

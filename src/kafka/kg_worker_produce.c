@@ -248,12 +248,18 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
 
 // ---- dead letters and refused deliveries ----
 
-static kg_event_origin_t origin(const kg_worker_t *w, int32_t partition, int64_t offset) {
+/* Where an event comes from. run is the number of this run of the job in this process (its
+ * record's id; a message answered at intake, or an answer that replaces a refused event, takes
+ * a number of its own); attempt (KG_ATTEMPT_ID_SIZE bytes) receives the attempt id. */
+static kg_event_origin_t
+origin(kg_worker_t *w, int32_t partition, int64_t offset, uint64_t run, char *attempt) {
+    kg_events_attempt_id(w->incarnation, run, attempt, KG_ATTEMPT_ID_SIZE);
     kg_event_origin_t o = {.worker_id = w->worker_id,
                            .topic = partition >= 0 ? topic_of(w, partition) : NULL,
                            .partition = partition >= 0 ? part_of(partition) : -1,
                            .offset = offset,
-                           .model = w->served.n > 0 ? w->served.names[0] : NULL};
+                           .model = w->served.n > 0 ? w->served.names[0] : NULL,
+                           .attempt = attempt};
     return o;
 }
 
@@ -375,7 +381,8 @@ static void on_refused(kg_worker_t *w,
                 "job result not delivered, answered with an internal error request_id=%s "
                 "topic=%s partition=%d offset=%lld",
                 rid, topic_of(w, part), part_of(part), (long long)off);
-    kg_event_origin_t o = origin(w, part, off);
+    char attempt[KG_ATTEMPT_ID_SIZE];
+    kg_event_origin_t o = origin(w, part, off, w->jobs.next_id++, attempt);
     snprintf(msg, sizeof(msg),
              "the job's %s event (%zu bytes) could not be delivered: %s; a copy is on the "
              "dead-letter topic",
@@ -421,7 +428,8 @@ void kg_worker_produce_error(kg_worker_t *w,
                              kg_error_code_t code,
                              const char *message,
                              const char *metadata_json) {
-    kg_event_origin_t o = origin(w, partition, offset);
+    char attempt[KG_ATTEMPT_ID_SIZE];
+    kg_event_origin_t o = origin(w, partition, offset, w->jobs.next_id++, attempt);
     size_t len;
     char *json = kg_events_error(&o, request_id, code, message, metadata_json,
                                  w->out.max_event_bytes, &len, NULL);
@@ -444,7 +452,8 @@ void kg_worker_emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_s
     if (!job->stream) {
         return;
     }
-    kg_event_origin_t o = origin(w, job->partition, job->offset);
+    char attempt[KG_ATTEMPT_ID_SIZE];
+    kg_event_origin_t o = origin(w, job->partition, job->offset, r->id, attempt);
     for (int i = 0; i < js->n_evs; i++) {
         size_t len;
         char *json = kg_jobrun_token_event(&r->run, js, i, &o, w->model->tok,
@@ -474,7 +483,8 @@ static void log_shed(const kg_job_t *job, const kg_events_fit_t *fit, size_t bud
  * report logs it and stores its offset. */
 void kg_worker_produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, int64_t now_us) {
     const kg_job_t *job = r->run.job;
-    kg_event_origin_t o = origin(w, job->partition, job->offset);
+    char attempt[KG_ATTEMPT_ID_SIZE];
+    kg_event_origin_t o = origin(w, job->partition, job->offset, r->id, attempt);
     kg_jobrun_outcome_t oc;
     size_t len;
     char *json =

@@ -36,9 +36,12 @@ typedef struct kg_event_origin {
     const char *attempt;
 } kg_event_origin_t;
 
-/** Write the id of one run of a job into out (at least 40 bytes): the worker process's 64-bit
- * random incarnation and the run's number in that process, "9f0c2a7d41e3b865-17". Two runs of
- * one job (a redelivery to another worker, or to the same worker after a rebalance or a broker
+/* Bytes of an attempt id with its NUL: 16 hex digits, '-', a 64-bit decimal. */
+#define KG_ATTEMPT_ID_SIZE 40
+
+/** Write the id of one run of a job into out (KG_ATTEMPT_ID_SIZE bytes): the worker process's
+ * 64-bit random incarnation and the run's number in that process, "9f0c2a7d41e3b865-17". Two runs
+ * of one job (a redelivery to another worker, or to the same worker after a rebalance or a broker
  * outage, where worker_id, partition and offset are all equal) never share it. @thread any */
 void kg_events_attempt_id(uint64_t incarnation, uint64_t run, char *out, size_t size);
 

@@ -429,8 +429,19 @@ for r in res:
 events = [json.loads(l) for l in open(evp) if l.strip()]
 attempts = collections.OrderedDict()
 terminals = collections.defaultdict(list)
+run_of = {}
 for e in events:
-    key = (e["request_id"], e["worker_id"], e["partition"], e["offset"])
+    # every run of a job has its own attempt id, also when the same worker reruns the same
+    # message (a rebalance back, a broker outage): one run, one terminal event at most, and one
+    # (worker_id, partition, offset)
+    if "attempt" not in e:
+        errors.append(f"event without an attempt id: {e}")
+        break
+    where = (e["worker_id"], e["partition"], e["offset"])
+    if run_of.setdefault(e["attempt"], (e["request_id"],) + where) != (e["request_id"],) + where:
+        errors.append(f"attempt {e['attempt']} names two runs: {run_of[e['attempt']]} and "
+                      f"{(e['request_id'],) + where}")
+    key = (e["request_id"],) + where + (e["attempt"],)
     a = attempts.setdefault(key, {"tokens": [], "terminal": []})
     if e["type"] == "token":
         # the same worker may rerun the same message after a rebalance: it restarts at 0
@@ -440,6 +451,8 @@ for e in events:
             a["rerun"] = True
         a["tokens"].append(e)
     else:
+        if a["terminal"]:
+            errors.append(f"attempt {e['attempt']} of {e['request_id']} has two terminal events")
         a["terminal"].append(e)
         terminals[e["request_id"]].append(e)
 bad_order = bad_join = 0
@@ -482,8 +495,11 @@ for r in res:
     if r not in terminals.get(r["request_id"], []):
         errors.append(f"output line of {r['request_id']} is not among its events")
         break
-multi_attempt = sum(1 for rid in expected
-                    if len({(k[1], k[2], k[3]) for k in attempts if k[0] == rid}) > 1)
+multi_attempt = sum(1 for rid in expected if len({k[4] for k in attempts if k[0] == rid}) > 1)
+# reruns a (worker_id, partition, offset) key could not have told apart (issue 30)
+same_place = sum(1 for rid in expected
+                 if len({k[4] for k in attempts if k[0] == rid}) >
+                 len({k[1:4] for k in attempts if k[0] == rid}))
 dup_terminal = sum(1 for rid, t in terminals.items() if len(t) > 1)
 s = {
     "jobs": len(expected), "results": len(res),
@@ -492,6 +508,7 @@ s = {
     "events": len(events), "token_events": n_tok,
     "completion_tokens": sum(r.get("usage", {}).get("completion_tokens", 0) for r in res),
     "attempts": len(attempts), "jobs_with_2plus_attempts": multi_attempt,
+    "jobs_rerun_in_place": same_place,
     "jobs_with_2plus_terminal_events": dup_terminal,
     "workers": sorted({r["worker_id"] for r in res}),
 }

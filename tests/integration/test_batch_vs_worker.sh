@@ -2,7 +2,7 @@
 # test_batch_vs_worker: one completion path. The same jobs go through `kgen batch` and through
 # kgen-worker (on librdkafka's in-process mock cluster, fed by kgen-submit); every terminal event
 # must be the same field by field, except the fields that name the worker and the attempt
-# (worker_id, topic, partition, offset), the event time (ts_ms) and the measured timings.
+# (worker_id, topic, partition, offset, attempt), the event time (ts_ms) and the measured timings.
 # The jobs cover every way a job ends: done (stop, length, stop_sequence; a choice job makes
 # sure of stop), logprobs streamed and not, intake errors (invalid_job, prompt_too_long,
 # max_tokens_too_large, expired, unsupported_chat_template, model_not_found), OpenAI Batch lines
@@ -83,7 +83,7 @@ import collections, json, re, sys
 batch = {e["request_id"]: e for e in map(json.loads, open(sys.argv[1]))}
 worker = {e["request_id"]: e for e in map(json.loads, open(sys.argv[2]))}
 assert set(batch) == set(worker), (sorted(set(batch) ^ set(worker)))
-skip = {"worker_id", "topic", "partition", "offset", "ts_ms", "timings"}
+skip = {"worker_id", "topic", "partition", "offset", "attempt", "ts_ms", "timings"}
 n = {"done": 0, "error": 0}
 for rid, b in sorted(batch.items()):
     w = worker[rid]

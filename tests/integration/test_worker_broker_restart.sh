@@ -47,8 +47,9 @@ after = sum(1 for l in open(sys.argv[1]) if json.loads(l)["ts_ms"] > down)
 print(f"{after} answers made after the restart began")
 assert after >= 1, "every job was answered before the restart began: the outage hit nothing"
 PY
-kg_note "after the restart: $(kg_summary jobs_with_2plus_attempts) jobs ran twice," \
-    "$(kg_summary jobs_with_2plus_terminal_events) with two terminal events;" \
+kg_note "after the restart: $(kg_summary jobs_with_2plus_attempts) jobs ran twice" \
+    "($(kg_summary jobs_rerun_in_place) on the same worker, partition and offset, told apart" \
+    "by attempt), $(kg_summary jobs_with_2plus_terminal_events) with two terminal events;" \
     "$(kg_log_count "$T/w1.log" 'partitions revoked') revokes," \
     "$(kg_log_count "$T/w1.log" 'level=(warn|error) module=rdkafka') librdkafka warnings"
 if grep -q 'fatal' "$T/w1.log"; then
