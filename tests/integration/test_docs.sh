@@ -3,7 +3,8 @@
 # - docs/CONFIGURATION.md's option table is exactly `kgen-worker --help-markdown`
 #   (scripts/gen-config-doc rewrites it);
 # - the README stays under 300 lines, and every page in docs/ is linked from it;
-# - every relative link in README.md, CONTRIBUTING.md and docs/*.md names a file that exists.
+# - every relative link in README.md, CONTRIBUTING.md, gpu/README.md and docs/*.md names a file
+#   that exists.
 set -euo pipefail
 root=${KG_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 bin=${KG_BIN_DIR:-$root/build/bin}
@@ -31,7 +32,7 @@ link = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
 for md in sorted(os.listdir(os.path.join(root, "docs"))):
     if md.endswith(".md") and f"docs/{md}" not in readme:
         fails.append(f"docs/{md}: not linked from README.md")
-pages = ["README.md", "CONTRIBUTING.md"] + [f"docs/{m}" for m in os.listdir(os.path.join(root, "docs")) if m.endswith(".md")]
+pages = ["README.md", "CONTRIBUTING.md", "gpu/README.md"] + [f"docs/{m}" for m in os.listdir(os.path.join(root, "docs")) if m.endswith(".md")]
 n_links = 0
 for p in pages:
     here = os.path.dirname(os.path.join(root, p))
