@@ -147,7 +147,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     while (w->jobs.table_size < (size_t)w->max_inflight * 2) {
         w->jobs.table_size <<= 1;
     }
-    w->jobs.table = calloc(w->jobs.table_size, sizeof(*w->jobs.table));
+    w->jobs.table = calloc(w->jobs.table_size, sizeof(job_rec_t *));
     /* the fetch queue can hand us a few messages after a pause: room for them */
     w->parts.offsets = kg_offsets_new((size_t)w->max_inflight * 4 + 4096);
     if (!w->jobs.table || !w->parts.offsets) {

@@ -599,7 +599,7 @@ producer_conf(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
     size_t bl = sizeof(buf);
     if (topic_max > RECORD_OVERHEAD &&
         rd_kafka_conf_get(conf, "batch.size", buf, &bl) == RD_KAFKA_CONF_OK &&
-        atoll(buf) > topic_max - RECORD_OVERHEAD) {
+        strtoll(buf, NULL, 10) > topic_max - RECORD_OVERHEAD) {
         snprintf(buf, sizeof(buf), "%lld", (long long)(topic_max - RECORD_OVERHEAD));
         if (kg_kafka_conf_set(conf, "batch.size", buf, errstr, errstr_size)) {
             rd_kafka_conf_destroy(conf);
@@ -688,7 +688,7 @@ kg_status_t kg_worker_size_messages(kg_worker_t *w, char *errstr, size_t errstr_
     int64_t producer_max = 1000000;
     if (rd_kafka_conf_get(rd_kafka_conf(w->out.producer), "message.max.bytes", buf, &bl) ==
         RD_KAFKA_CONF_OK) {
-        producer_max = atoll(buf);
+        producer_max = strtoll(buf, NULL, 10);
     }
     int64_t results = topic_max[0] > 0 && topic_max[0] < producer_max ? topic_max[0] : producer_max;
     int64_t dlq = topic_max[1] > 0 && topic_max[1] < producer_max ? topic_max[1] : producer_max;

@@ -99,11 +99,11 @@ static inline __attribute__((always_inline)) void values_chunk(const float *s,
     for (int32_t p = p0; p < n_pos; p++) {
         const uint16_t *v = row_at(kv, kv->v, p) + c0;
         const __m256 w = _mm256_set1_ps(s[p - p0]);
-        for (int r = 0; r < nr; r++) {
+        for (int64_t r = 0; r < nr; r++) {
             acc[r] = _mm256_fmadd_ps(w, load_h8(v + 8 * r), acc[r]);
         }
     }
-    for (int r = 0; r < nr; r++) {
+    for (int64_t r = 0; r < nr; r++) {
         _mm256_storeu_ps(out + c0 + 8 * r, acc[r]);
     }
 }

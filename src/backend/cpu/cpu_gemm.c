@@ -168,10 +168,10 @@ static void scalar_columns(
  * or 8-15 (half 1), widened to F32 exactly. */
 GEMM_INLINE __m256 load_w(const int type, const char *p, const int half) {
     if (type == KG_GGML_TYPE_F32) {
-        return _mm256_loadu_ps((const float *)(const void *)p + 8 * half);
+        return _mm256_loadu_ps((const float *)(const void *)p + 8 * (int64_t)half);
     }
     if (type == KG_GGML_TYPE_F16) {
-        const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * half));
+        const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(p + 16 * (int64_t)half));
         return _mm256_cvtph_ps(h);
     }
     const __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)p);
@@ -206,7 +206,7 @@ GEMM_INLINE void tile(const int type,
            c8 = c0, c9 = c0, c10 = c0, c11 = c0;
     /* statement macros in rows, which clang-format 14 cannot lay out */
     // clang-format off
-#define GEMM_CP(i) (c + (int64_t)((i) / nh) * ldc + ((i) % nh) * 8)
+#define GEMM_CP(i) (c + (int64_t)((i) / nh) * ldc + (int64_t)((i) % nh) * 8)
 #define GEMM_INIT(i)                                                                               \
     if ((i) < n_acc && acc_in) {                                                                   \
         c##i = _mm256_loadu_ps(GEMM_CP(i));                                                        \
@@ -325,11 +325,11 @@ static void partial_tile(const tile_fn (*tab)[6],
                          int64_t nc,
                          bool acc_in) {
     float tmp[6 * NR];
-    for (int r = 0; r < mr && acc_in; r++) {
+    for (int64_t r = 0; r < mr && acc_in; r++) {
         memcpy(tmp + r * NR, c + r * ldc, (size_t)nc * sizeof(float));
     }
     tab[mr - 1][0](a, lda, w, pstride, kc, tmp, NR, acc_in);
-    for (int r = 0; r < mr; r++) {
+    for (int64_t r = 0; r < mr; r++) {
         memcpy(c + r * ldc, tmp + r * NR, (size_t)nc * sizeof(float));
     }
 }

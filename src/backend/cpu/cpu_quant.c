@@ -91,7 +91,7 @@ static float quant_block_q8(const float *x, int8_t *q, int *sum) {
 #ifdef QUANT_AVX2
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], mx = _mm256_setzero_ps();
-    for (int j = 0; j < 4; j++) {
+    for (int64_t j = 0; j < 4; j++) {
         v[j] = _mm256_loadu_ps(x + 8 * j);
         mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
     }
@@ -338,7 +338,7 @@ static void unpack_row(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, 
             for (int e = 0; e < 256; e++) {
                 w[e] = (int8_t)((qs[e / 128 * 32 + e % 32] >> (2 * (e % 128 / 32))) & 3);
             }
-            for (int c = 0; c < 8; c++) {
+            for (int64_t c = 0; c < 8; c++) {
                 sc[c] = pair16(scales[2 * c] & 15, scales[2 * c + 1] & 15);
             }
             for (int j = 0; j < 16; j++) {
@@ -361,7 +361,7 @@ static void unpack_row(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, 
                 const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
                 s16[j] = (lo | (hi << 4)) - 32;
             }
-            for (int c = 0; c < 8; c++) {
+            for (int64_t c = 0; c < 8; c++) {
                 sc[c] = pair16(s16[2 * c], s16[2 * c + 1]);
             }
         }
@@ -386,7 +386,7 @@ static void unpack_row(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, 
                 int s, m;
                 scale_min_k4(j, x + 4, &s, &m);
                 sc[j] = pair16(s, s);
-                mins[2 * j] = mins[2 * j + 1] = (int16_t)m;
+                mins[2 * (int64_t)j] = mins[2 * (int64_t)j + 1] = (int16_t)m;
             }
         }
         return;
@@ -403,7 +403,7 @@ static void unpack_row(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, 
                 const int hi = (qh[half * 32 + l] >> (2 * quarter)) & 3;
                 w[e] = (int8_t)(lo | (hi << 4)); /* the value + 32 */
             }
-            for (int c = 0; c < 8; c++) {
+            for (int64_t c = 0; c < 8; c++) {
                 sc[c] = pair16(s[2 * c], s[2 * c + 1]);
             }
         }
@@ -413,7 +413,7 @@ static void unpack_row(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, 
             uint16_t sh;
             memcpy(&sh, x + 2, sizeof(sh));
             d[b * N] = rd_half(x);
-            for (int ib = 0; ib < 8; ib++) {
+            for (int64_t ib = 0; ib < 8; ib++) {
                 nibbles32(x + 8 + 16 * ib, nib);
                 for (int e = 0; e < 32; e++) {
                     w[32 * ib + e] = kg_iq4nl_values[nib[e]];
@@ -527,15 +527,15 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
         for (int64_t b = 0; b < k / 256; b++, x += 84, w += 256, sc += 8, mins += 16) {
             d[b * N] = rd_half(x + 80);
             dm[b * N] = rd_half(x + 82);
-            for (int h = 0; h < 2; h++) {
+            for (int64_t h = 0; h < 2; h++) {
                 const __m256i q =
                     _mm256_loadu_si256((const __m256i *)(const void *)(x + 16 + 32 * h));
-                for (int s2 = 0; s2 < 4; s2++) {
+                for (int64_t s2 = 0; s2 < 4; s2++) {
                     store32(w + 128 * h + 32 * s2,
                             _mm256_and_si256(_mm256_srli_epi16(q, 2 * s2), m2));
                 }
             }
-            for (int c = 0; c < 8; c++) {
+            for (int64_t c = 0; c < 8; c++) {
                 sc[c] = pair16(x[2 * c] & 15, x[2 * c + 1] & 15);
             }
             const __m128i sb = _mm_loadu_si128((const __m128i *)(const void *)x);
@@ -550,13 +550,13 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
             const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)x);
             for (int h = 0; h < 2; h++) {
                 const __m256i q =
-                    _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 + 32 * h));
+                    _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 + 32 * (int64_t)h));
                 for (int s2 = 0; s2 < 4; s2++) {
                     const int c = 4 * h + s2;
                     /* the value + 4: q + 4 * hbit */
                     const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s2), m2);
                     const __m256i hb = _mm256_slli_epi16(bit_plane(hm, c), 2);
-                    store32(w + 32 * c, _mm256_add_epi8(lo, hb));
+                    store32(w + 32 * (int64_t)c, _mm256_add_epi8(lo, hb));
                 }
             }
             const uint8_t *s3 = x + 96;
@@ -566,7 +566,7 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
                 const int hi = (s3[8 + j % 4] >> (2 * (j / 4))) & 3;
                 s16[j] = (lo | (hi << 4)) - 32;
             }
-            for (int c = 0; c < 8; c++) {
+            for (int64_t c = 0; c < 8; c++) {
                 sc[c] = pair16(s16[2 * c], s16[2 * c + 1]);
             }
         }
@@ -582,21 +582,22 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
             const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)(const void *)(x + 16))
                                     : _mm256_setzero_si256();
             for (int g = 0; g < 4; g++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32 * g));
+                const __m256i q =
+                    _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32 * (int64_t)g));
                 __m256i lo = _mm256_and_si256(q, m4);
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
                 if (five) {
                     lo = _mm256_or_si256(lo, _mm256_slli_epi16(bit_plane(qh, 2 * g), 4));
                     hi = _mm256_or_si256(hi, _mm256_slli_epi16(bit_plane(qh, 2 * g + 1), 4));
                 }
-                store32(w + 64 * g, lo);
-                store32(w + 64 * g + 32, hi);
+                store32(w + 64 * (int64_t)g, lo);
+                store32(w + 64 * (int64_t)g + 32, hi);
             }
             for (int j = 0; j < 8; j++) {
                 int s6, m6;
                 scale_min_k4(j, x + 4, &s6, &m6);
                 sc[j] = pair16(s6, s6);
-                mins[2 * j] = mins[2 * j + 1] = (int16_t)m6;
+                mins[2 * (int64_t)j] = mins[2 * (int64_t)j + 1] = (int16_t)m6;
             }
         }
         return true;
@@ -604,7 +605,7 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
     case KG_GGML_TYPE_Q6_K:
         for (int64_t b = 0; b < k / 256; b++, x += 210, w += 256, sc += 8) {
             d[b * N] = rd_half(x + 208);
-            for (int h = 0; h < 2; h++) {
+            for (int64_t h = 0; h < 2; h++) {
                 const uint8_t *ql = x + 64 * h, *qhp = x + 128 + 32 * h;
                 const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
                 const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
@@ -612,7 +613,7 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
                 const __m256i lo[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
                                        _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
                                        _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
-                for (int q4 = 0; q4 < 4; q4++) {
+                for (int64_t q4 = 0; q4 < 4; q4++) {
                     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), m2);
                     /* the value + 32 */
                     store32(w + 128 * h + 32 * q4,
@@ -620,7 +621,7 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
                 }
             }
             const int8_t *s6 = (const int8_t *)(x + 192);
-            for (int c = 0; c < 8; c++) {
+            for (int64_t c = 0; c < 8; c++) {
                 sc[c] = pair16(s6[2 * c], s6[2 * c + 1]);
             }
         }
@@ -630,7 +631,7 @@ unpack_row_avx2(kg_ggml_type_t type, const uint8_t *x, int64_t k, int r, cpu_qpa
             uint16_t sh;
             memcpy(&sh, x + 2, sizeof(sh));
             d[b * N] = rd_half(x);
-            for (int ib = 0; ib < 8; ib++) {
+            for (int64_t ib = 0; ib < 8; ib++) {
                 store32(w + 32 * ib, _mm256_shuffle_epi8(iq4, nibbles_avx2(x + 8 + 16 * ib)));
                 const int ls =
                     ((x[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4);

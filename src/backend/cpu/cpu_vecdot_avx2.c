@@ -49,7 +49,7 @@ QV_INLINE __m256i pair_isum(const int nonneg,
                             const int16_t *bsums) {
     __m256i p = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int ch = 0; ch < nch; ch++) {
+    for (int64_t ch = 0; ch < nch; ch++) {
         const __m256i wv = _mm256_load_si256((const __m256i *)(const void *)(w + 32 * ch));
         __m256i t32;
         const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(aq + 32 * ch));

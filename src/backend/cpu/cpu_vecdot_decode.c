@@ -96,10 +96,10 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
     switch (type) {
     case KG_GGML_TYPE_Q2_K: {
 #pragma GCC unroll 8
-        for (int h = 0; h < 2; h++) {
+        for (int64_t h = 0; h < 2; h++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(x + 16 + 32 * h));
 #pragma GCC unroll 8
-            for (int s2 = 0; s2 < 4; s2++) {
+            for (int64_t s2 = 0; s2 < 4; s2++) {
                 w[4 * h + s2] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s2), m2);
             }
         }
@@ -113,7 +113,8 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
         const __m256i hm = _mm256_loadu_si256((const __m256i *)(const void *)x);
 #pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 + 32 * h));
+            const __m256i q =
+                _mm256_loadu_si256((const __m256i *)(const void *)(x + 32 + 32 * (int64_t)h));
 #pragma GCC unroll 8
             for (int s2 = 0; s2 < 4; s2++) {
                 const int ch = 4 * h + s2;
@@ -144,7 +145,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
                                 : _mm256_setzero_si256();
         const __m256i one = _mm256_set1_epi8(1);
 #pragma GCC unroll 8
-        for (int g = 0; g < 4; g++) {
+        for (int64_t g = 0; g < 4; g++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32 * g));
             w[2 * g] = _mm256_and_si256(q, m4);
             w[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -173,7 +174,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
     }
     case KG_GGML_TYPE_Q6_K:
 #pragma GCC unroll 8
-        for (int h = 0; h < 2; h++) {
+        for (int64_t h = 0; h < 2; h++) {
             const uint8_t *ql = x + 64 * h;
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
@@ -183,7 +184,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
                                    _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
 #pragma GCC unroll 8
-            for (int q4 = 0; q4 < 4; q4++) {
+            for (int64_t q4 = 0; q4 < 4; q4++) {
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), m2);
                 /* the value + 32 */
                 w[4 * h + q4] = _mm256_or_si256(lo[q4], _mm256_slli_epi16(hi, 4));
@@ -195,7 +196,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
         const __m256i iq4 = _mm256_broadcastsi128_si256(
             _mm_loadu_si128((const __m128i *)(const void *)kg_iq4nl_values));
 #pragma GCC unroll 8
-        for (int ib = 0; ib < 8; ib++) {
+        for (int64_t ib = 0; ib < 8; ib++) {
             w[ib] = _mm256_shuffle_epi8(iq4, nib32(x + 8 + 16 * ib));
         }
         /* ls = a nibble of scales_l | 2 bits of scales_h << 4, per 32 */
@@ -239,7 +240,8 @@ QV_INLINE __m256i kblock_dot(const int nonneg,
     __m256i p = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int ch = 0; ch < 8; ch++) {
-        const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(aq + 32 * ch));
+        const __m256i av =
+            _mm256_load_si256((const __m256i *)(const void *)(aq + 32 * (int64_t)ch));
         const __m256i t16 = nonneg ? _mm256_maddubs_epi16(w[ch], av)
                                    : _mm256_maddubs_epi16(_mm256_sign_epi8(w[ch], w[ch]),
                                                           _mm256_sign_epi8(av, w[ch]));

@@ -26,6 +26,12 @@
  * balance two threads on a decode step. */
 #define TASK_PANELS        4
 #define TASK_PANELS_DECODE 4
+/* the larger of the two: each thread's scratch holds this many panels */
+#if TASK_PANELS > TASK_PANELS_DECODE
+#define TASK_PANELS_MAX TASK_PANELS
+#else
+#define TASK_PANELS_MAX TASK_PANELS_DECODE
+#endif
 
 /* Activation rows per block: MC rows of k int8 stay in L2 with the task's
  * panels. */

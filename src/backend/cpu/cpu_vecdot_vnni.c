@@ -209,7 +209,7 @@ QV_INLINE void tile_vnni(const int vnni,
         } else {
             const int sub = sub16 ? 16 : 32, nsub = 256 / sub, gps = sub / 4;
 #pragma GCC unroll 16
-            for (int sb = 0; sb < nsub; sb++) {
+            for (int64_t sb = 0; sb < nsub; sb++) {
                 __m256i t[4];
 #pragma GCC unroll 4
                 for (int r = 0; r < RM; r++) {
@@ -246,7 +246,7 @@ QV_INLINE void tile_vnni(const int vnni,
                 __m256i msum = _mm256_setzero_si256();
                 const int16_t *bs = a->bsums + (i0 + r) * (k / 16) + 16 * b;
 #pragma GCC unroll 8
-                for (int jp = 0; jp < 8; jp++) {
+                for (int64_t jp = 0; jp < 8; jp++) {
                     const __m256i mn = _mm256_load_si256(
                         (const __m256i *)(const void *)(p->mini + (b * 8 + jp) * NP));
                     msum = _mm256_add_epi32(

@@ -136,7 +136,7 @@ static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads, cons
         const float *cs = cs_all + t * ctx->hp.n_rot;
         for (int32_t h = 0; h < n_heads; h++) {
             float *row = x + (t * n_heads + h) * hd;
-            for (int32_t i = 0; i < half; i++) {
+            for (int64_t i = 0; i < half; i++) {
                 float *a = neox ? &row[i] : &row[2 * i];
                 float *b = neox ? &row[i + half] : &row[2 * i + 1];
                 kg_rope_pair(a, b, cs[i], cs[half + i]);
