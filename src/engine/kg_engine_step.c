@@ -266,7 +266,7 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
             seq->admitted_once = true;
             seq->n_cached = hit * bs;
             e->st.n_prompt_tokens += seq->n_prompt;
-            e->st.n_prefix_hit_tokens += hit * bs;
+            e->st.n_prefix_hit_tokens += (int64_t)hit * bs;
         }
         nt += schedule(e, r, e->p.max_batch_tokens - nt, nt, n_rows);
     }

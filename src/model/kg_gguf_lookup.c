@@ -33,7 +33,8 @@ bool kg_gguf_kv_int(const kg_gguf_t *g, const kg_gguf_kv_t *e, bool *neg, uint64
         *mag = kg_gguf_rd_u64(p);
         return true;
     case KG_GGUF_TYPE_INT8:
-        s = (int8_t)p[0];
+        // a GGUF int8 is a small signed integer, not a character: sign extension is the point
+        s = (int8_t)p[0]; // NOLINT(bugprone-signed-char-misuse,cert-str34-c)
         break;
     case KG_GGUF_TYPE_INT16: {
         int16_t v;
@@ -194,7 +195,8 @@ static bool arr_elem_int(const kg_gguf_t *g, const kg_gguf_kv_t *e, uint64_t i, 
         *iv = p[0];
         return true;
     case KG_GGUF_TYPE_INT8:
-        *iv = (int8_t)p[0];
+        // a GGUF int8 is a small signed integer, not a character: sign extension is the point
+        *iv = (int8_t)p[0]; // NOLINT(bugprone-signed-char-misuse,cert-str34-c)
         return true;
     case KG_GGUF_TYPE_UINT16: {
         uint16_t x;

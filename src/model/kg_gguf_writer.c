@@ -161,7 +161,8 @@ void kg_gguf_writer_set_str(kg_gguf_writer_t *w, const char *key, const char *v)
         return;
     }
     memcpy(val, &len, 8);
-    memcpy(val + 8, v, len);
+    // a GGUF string is length-prefixed (the u64 just written), never NUL-terminated
+    memcpy(val + 8, v, len); // NOLINT(bugprone-not-null-terminated-result)
     set_kv_owned(w, key, KG_GGUF_TYPE_STRING, val, 8 + len);
 }
 

@@ -358,10 +358,11 @@ static bool read_arch_hparams(const kg_gguf_t *g,
         kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
         /* query_pre_attn_scalar: not in the file; llama.cpp takes the 27B
          * shape (46 layers for Gemma 2, 62 for Gemma 3) to mean
-         * n_embd / n_head, every other shape head_dim */
+         * n_embd / n_head (an integer division there too), every other
+         * shape head_dim */
         const bool is_27b = hp->n_layer == (g2 ? 46 : 62);
-        hp->q_scale = is_27b ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head))
-                             : 1.0f / sqrtf((float)hp->head_dim);
+        const int32_t scale_dim = is_27b ? hp->n_embd / hp->n_head : hp->head_dim;
+        hp->q_scale = 1.0f / sqrtf((float)scale_dim);
         break;
     }
     case KG_ARCH_QWEN3MOE:

@@ -445,7 +445,8 @@ static void dequant_iq4_xs(const uint8_t *x, float *y, int64_t nb) {
 
 void kg_dequantize(kg_ggml_type_t type, const void *src, float *dst, int64_t n) {
     const uint8_t *x = src;
-    const int64_t nb = kg_type_block_elems(type) > 0 ? n / kg_type_block_elems(type) : 0;
+    const int64_t block_elems = kg_type_block_elems(type);
+    const int64_t nb = block_elems > 0 ? n / block_elems : 0;
     switch (type) {
     case KG_GGML_TYPE_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));

@@ -12,7 +12,9 @@
 #include "kg_quant.h"
 
 #include <ctype.h>
-#include <stdio.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const struct {
@@ -126,12 +128,19 @@ static bool use_more_bits(int i, int n) {
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
+/* The layer number of "blk.N...", or -1 (as sscanf "blk.%d" read it, but
+ * out-of-range numbers are -1 too). */
 static int layer_of(const char *name) {
-    int il = -1;
-    if (sscanf(name, "blk.%d.", &il) != 1) {
+    if (strncmp(name, "blk.", 4) != 0) {
         return -1;
     }
-    return il;
+    char *end;
+    errno = 0;
+    long il = strtol(name + 4, &end, 10);
+    if (end == name + 4 || errno != 0 || il < INT_MIN || il > INT_MAX) {
+        return -1;
+    }
+    return (int)il;
 }
 
 /* llama_model's LLM_TYPE_70B for the architectures that have one. */
@@ -158,6 +167,9 @@ static kg_ggml_type_t mix_type(
         } else if (t != KG_GGML_TYPE_Q8_0) {
             t = KG_GGML_TYPE_Q6_K;
         }
+        // The empty branches claim a tensor so that no later substring test
+        // takes it; merging them would reorder the chain away from llama.cpp's.
+        // NOLINTNEXTLINE(bugprone-branch-clone)
     } else if (strcmp(name, "token_embd.weight") == 0) {
         /* only the IQ1/IQ2/IQ3 and TQ mixes change it */
     } else if (has(name, "attn_v.weight")) {
@@ -165,15 +177,13 @@ static kg_ggml_type_t mix_type(
             t = n_gqa >= 4 ? KG_GGML_TYPE_Q4_K : KG_GGML_TYPE_Q3_K;
         } else if (ft == KG_FTYPE_MOSTLY_Q3_K_M) {
             t = i < 2 ? KG_GGML_TYPE_Q5_K : KG_GGML_TYPE_Q4_K;
-        } else if (ft == KG_FTYPE_MOSTLY_Q3_K_L) {
-            t = KG_GGML_TYPE_Q5_K;
-        } else if ((ft == KG_FTYPE_MOSTLY_IQ4_NL || ft == KG_FTYPE_MOSTLY_IQ4_XS) && n_gqa >= 4) {
+        } else if (ft == KG_FTYPE_MOSTLY_Q3_K_L ||
+                   ((ft == KG_FTYPE_MOSTLY_IQ4_NL || ft == KG_FTYPE_MOSTLY_IQ4_XS) && n_gqa >= 4) ||
+                   (ft == KG_FTYPE_MOSTLY_Q4_K_S && i < 4)) {
             t = KG_GGML_TYPE_Q5_K;
         } else if ((ft == KG_FTYPE_MOSTLY_Q4_K_M || ft == KG_FTYPE_MOSTLY_Q5_K_M) &&
                    use_more_bits(i, n)) {
             t = KG_GGML_TYPE_Q6_K;
-        } else if (ft == KG_FTYPE_MOSTLY_Q4_K_S && i < 4) {
-            t = KG_GGML_TYPE_Q5_K;
         }
         if (is_70b(m) && (t == KG_GGML_TYPE_Q3_K || t == KG_GGML_TYPE_Q4_K)) {
             /* 8 query heads share each V head there: more bits cost little */
@@ -205,12 +215,11 @@ static kg_ggml_type_t mix_type(
             } else if (use_more_bits(i, n)) {
                 t = KG_GGML_TYPE_Q6_K;
             }
-        } else if (i < n / 8 && (ft == KG_FTYPE_MOSTLY_IQ4_NL || ft == KG_FTYPE_MOSTLY_IQ4_XS)) {
-            t = KG_GGML_TYPE_Q5_K; /* without an importance matrix */
+        } else if (i < n / 8 && (ft == KG_FTYPE_MOSTLY_IQ4_NL || ft == KG_FTYPE_MOSTLY_IQ4_XS ||
+                                 (ft == KG_FTYPE_MOSTLY_Q4_K_S && !falcon))) {
+            t = KG_GGML_TYPE_Q5_K; /* IQ4: without an importance matrix */
         } else if (ft == KG_FTYPE_MOSTLY_Q5_K_M && use_more_bits(i, n)) {
             t = KG_GGML_TYPE_Q6_K;
-        } else if (ft == KG_FTYPE_MOSTLY_Q4_K_S && !falcon && i < n / 8) {
-            t = KG_GGML_TYPE_Q5_K;
         }
     } else if (has(name, "attn_output.weight")) {
         if (!falcon && m->n_expert == 8) {

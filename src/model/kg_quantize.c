@@ -113,7 +113,11 @@ static void quant_q4_1(const float *x, uint8_t *y, int64_t nb) {
         put_half(y, d);
         put_half(y + 2, min);
         for (int j = 0; j < 16; j++) {
+            // ggml's quantize_row_q4_1_ref rounds so (x - min >= 0 here); lroundf
+            // would differ on ties and break bit-exactness with ggml.
+            // NOLINTNEXTLINE(bugprone-incorrect-roundings)
             const int q0 = imin(15, (int8_t)((x[j] - min) * id + 0.5f));
+            // NOLINTNEXTLINE(bugprone-incorrect-roundings)
             const int q1 = imin(15, (int8_t)((x[j + 16] - min) * id + 0.5f));
             y[4 + j] = (uint8_t)(q0 | (q1 << 4));
         }
@@ -385,6 +389,8 @@ static void quant_q2_k(const float *x, uint8_t *y, int64_t nb) {
             for (int l = 0; l < 16; l++) {
                 weights[l] = fabsf(x[16 * j + l]);
             }
+            // j < 16: the sub-block offset 16 * j stays below KG_QK_K, no overflow
+            // NOLINTNEXTLINE(bugprone-implicit-widening-of-multiplication-result)
             scales[j] = make_qkx2(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f,
                                   0.1f, 15, true);
             if (scales[j] > max_scale) {
@@ -437,6 +443,8 @@ static void quant_q3_k(const float *x, uint8_t *y, int64_t nb) {
         uint8_t *hmask = y, *qs = y + 32, *sc = y + 96;
         float max_scale = 0, amax = 0;
         for (int j = 0; j < 16; j++) {
+            // j < 16: the sub-block offset 16 * j stays below KG_QK_K, no overflow
+            // NOLINTNEXTLINE(bugprone-implicit-widening-of-multiplication-result)
             scales[j] = make_q3(16, 4, x + 16 * j, L + 16 * j);
             const float scale = fabsf(scales[j]);
             if (scale > amax) {
@@ -483,7 +491,8 @@ static void quant_q3_k(const float *x, uint8_t *y, int64_t nb) {
         memset(hmask, 0, 32);
         uint8_t Lu[KG_QK_K];
         for (int j = 0; j < KG_QK_K; j++) {
-            int l = L[j];
+            // L holds small quant levels (0..7), not characters
+            int l = L[j]; // NOLINT(bugprone-signed-char-misuse,cert-str34-c)
             if (l > 3) {
                 hmask[j % 32] = (uint8_t)(hmask[j % 32] | (1 << (j / 32)));
                 l -= 4;
@@ -530,6 +539,8 @@ static void quant_k4_scales(const float *x,
         for (int l = 0; l < 32; l++) {
             weights[l] = av_x + fabsf(x[32 * j + l]);
         }
+        // j < 8: the sub-block offset 32 * j stays below KG_QK_K, no overflow
+        // NOLINTNEXTLINE(bugprone-implicit-widening-of-multiplication-result)
         scales[j] = make_qkx2(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f,
                               nstep, false);
         if (scales[j] > max_scale) {
@@ -610,6 +621,8 @@ static void quant_q6_k(const float *x, uint8_t *y, int64_t nb) {
         int8_t *sc = (int8_t *)(y + 192);
         float max_scale = 0, max_abs_scale = 0;
         for (int ib = 0; ib < 16; ib++) {
+            // ib < 16: the sub-block offset 16 * ib stays below KG_QK_K, no overflow
+            // NOLINTNEXTLINE(bugprone-implicit-widening-of-multiplication-result)
             scales[ib] = make_qx(16, 32, x + 16 * ib, L + 16 * ib);
             const float abs_scale = fabsf(scales[ib]);
             if (abs_scale > max_abs_scale) {
@@ -687,7 +700,10 @@ static void quant_iq4(const float *x, int sbs, uint8_t *dh, uint8_t *q4, uint8_t
     put_half(dh, 0.0f);
     float max_scale = 0, amax_scale = 0;
     for (int ib = 0; ib < nsub; ib++) {
+        // ib < nsub <= KG_QK_K / 32: the offset ib * 32 stays below KG_QK_K, no overflow
+        // NOLINTNEXTLINE(bugprone-implicit-widening-of-multiplication-result)
         const float *xb = x + ib * 32;
+        // NOLINTNEXTLINE(bugprone-implicit-widening-of-multiplication-result)
         uint8_t *Lb = L + ib * 32;
         float amax = 0, max = 0;
         for (int j = 0; j < 32; j++) {

@@ -35,8 +35,8 @@ typedef struct kg_logit_bias {
     float bias;
 } kg_logit_bias_t;
 
-#define KG_MAX_LOGIT_BIAS 300     /* entries per job (OpenAI's limit) */
-#define KG_LOGIT_BIAS_BAN -100.0f /* a bias at or below it bans the token */
+#define KG_MAX_LOGIT_BIAS 300       /* entries per job (OpenAI's limit) */
+#define KG_LOGIT_BIAS_BAN (-100.0f) /* a bias at or below it bans the token */
 
 typedef struct kg_sampling_params {
     float temperature;        /* 0 = greedy */

@@ -340,7 +340,9 @@ static int32_t top_p_unsorted(
         }
     }
     *t = sc->kval[last];
-    *t_id = sc->kidx[last];
+    // sc->kidx is allocated with the scratch (kg_sampler.c checks it); the
+    // analyzer cannot see that and takes run_idx == NULL to mean it is NULL
+    *t_id = sc->kidx[last]; // NOLINT(clang-analyzer-core.NullDereference)
     return whole ? last + 1 : 0;
 }
 

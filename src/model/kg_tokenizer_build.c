@@ -652,6 +652,9 @@ static bool compile_regexes(kg_tokenizer_t *tok,
         return false;
     }
     pcre2_set_match_limit(tok->mctx, UINT32_MAX);
+    // pre is non-NULL: kg_tokenizer_new calls here only for BPE, whose branch
+    // set it (the analyzer loses tok->kind across the calls in between)
+    // NOLINTNEXTLINE(clang-analyzer-core.NullDereference)
     for (int i = 0; i < MAX_REGEX && pre->regex[i]; i++) {
         int err;
         PCRE2_SIZE erroff;
