@@ -26,6 +26,9 @@
  * balance two threads on a decode step. */
 #define TASK_PANELS        4
 #define TASK_PANELS_DECODE 4
+/* qgemm_task keeps TASK_PANELS panels a task (its panels[] and the scratch stride), and
+ * qgemm_run hands a decode task up to TASK_PANELS_DECODE of them */
+_Static_assert(TASK_PANELS_DECODE <= TASK_PANELS, "a decode task must fit a task's panels");
 /* the larger of the two: each thread's scratch holds this many panels */
 #if TASK_PANELS > TASK_PANELS_DECODE
 #define TASK_PANELS_MAX TASK_PANELS
