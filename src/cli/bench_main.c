@@ -411,7 +411,7 @@ static bool run_batched_with(bench_env_t *env,
     row->t_pp = (double)(t_pp_end - t0) / 1e6;
     row->t_tg = (double)(t1 - t_pp_end) / 1e6;
     row->cpu_tg = cpu_seconds() - cpu_pp_end;
-    if (got) {
+    if (got && n_out) { /* n_out is NULL when its calloc failed (ok is false then) */
         memcpy(got, n_out, (size_t)B * sizeof(int32_t));
     }
     free(prompt);

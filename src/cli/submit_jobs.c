@@ -225,8 +225,9 @@ void kg_submit_ttft_summary(const submit_t *s, char *out, size_t size) {
     out[0] = '\0';
     if (n > 0) {
         qsort(v, n, sizeof(*v), cmp_i64);
-        snprintf(out, size, " ttft_ms p50=%.1f p90=%.1f max=%.1f", (double)v[n / 2] / 1e3,
-                 (double)v[n * 9 / 10] / 1e3, (double)v[n - 1] / 1e3);
+        const size_t i50 = n / 2, i90 = n * 9 / 10; /* the quantiles' ranks */
+        snprintf(out, size, " ttft_ms p50=%.1f p90=%.1f max=%.1f", (double)v[i50] / 1e3,
+                 (double)v[i90] / 1e3, (double)v[n - 1] / 1e3);
     }
     free(v);
 }

@@ -10,7 +10,9 @@
 #include "schema/kg_openai.h"
 #include "submit_int.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,26 +20,75 @@
 
 // ---- the state file ----
 
+/* The numbers of a state line, read with strtoll/strtoull (which report what sscanf cannot:
+ * no digits, or a value out of range). Each skips leading spaces, as sscanf's %d does, and
+ * moves *s past the number; false when there is none or it does not fit. */
+static bool read_ll(const char **s, long long *v) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(*s, &end, 10);
+    if (end == *s || errno == ERANGE) {
+        return false;
+    }
+    *v = x;
+    *s = end;
+    return true;
+}
+
+static bool read_ull(const char **s, int base, unsigned long long *v) {
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(*s, &end, base);
+    if (end == *s || errno == ERANGE) {
+        return false;
+    }
+    *v = x;
+    *s = end;
+    return true;
+}
+
+static bool read_int(const char **s, int *v) {
+    long long x;
+    if (!read_ll(s, &x) || x < INT_MIN || x > INT_MAX) {
+        return false;
+    }
+    *v = (int)x;
+    return true;
+}
+
+/* `line` (after leading spaces) starts with the word `w` followed by a space: the rest */
+static const char *after_word(const char *line, const char *w) {
+    while (isspace((unsigned char)*line)) {
+        line++;
+    }
+    size_t n = strlen(w);
+    return strncmp(line, w, n) == 0 && isspace((unsigned char)line[n]) ? line + n : NULL;
+}
+
 bool kg_submit_state_read(const char *path, state_t *st) {
     FILE *f = fopen(path, "r");
-    char line[512], word[64];
+    char line[512];
     int version = 0;
     memset(st, 0, sizeof(*st));
     if (!f) {
         return false;
     }
-    bool ok = fgets(line, sizeof(line), f) && sscanf(line, "kgen-submit-state %d", &version) == 1 &&
-              version == 1;
+    static const char magic[] = "kgen-submit-state";
+    bool ok = fgets(line, sizeof(line), f) && strncmp(line, magic, sizeof(magic) - 1) == 0;
+    const char *p = line + sizeof(magic) - 1;
+    ok = ok && read_int(&p, &version) && version == 1;
     while (ok && fgets(line, sizeof(line), f)) {
         unsigned long long a, b;
         long long off;
         int part;
-        if (sscanf(line, "input %llu %llx", &a, &b) == 2) {
+        const char *q = line + strlen("input");
+        const char *jobs = after_word(line, "jobs");
+        const char *r = jobs ? jobs : after_word(line, "results");
+        if (strncmp(line, "input", strlen("input")) == 0 && read_ull(&q, 10, &a) &&
+            read_ull(&q, 16, &b)) {
             st->in_size = a;
             st->in_hash = b;
-        } else if (sscanf(line, "%63s %d %lld", word, &part, &off) == 3 &&
-                   (strcmp(word, "jobs") == 0 || strcmp(word, "results") == 0)) {
-            bool jobs = strcmp(word, "jobs") == 0;
+        } else if (r && read_int(&r, &part) && read_ll(&r, &off)) {
             int *n = jobs ? &st->n_jobs_parts : &st->n_results_parts;
             if (*n < MAX_PARTS) {
                 (jobs ? st->jobs_part : st->results_part)[*n] = part;

@@ -50,16 +50,23 @@ fail(parser_t *p, const char *at, const char *fmt, ...) {
     char msg[200];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    /* ap is initialized by va_start just above: clang 14's valist checker misses it */
+    vsnprintf(msg, sizeof(msg), fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized)
     va_end(ap);
     snprintf(p->errstr, p->errstr_size, "grammar line %d column %d: %s", line, col, msg);
     longjmp(p->fail, 1);
 }
 
+/* An allocation failed: the parse ends here (longjmp to kg_gbnf_parse). */
+static _Noreturn void out_of_memory(parser_t *p) {
+    snprintf(p->errstr, p->errstr_size, "grammar: out of memory");
+    longjmp(p->fail, 1);
+}
+
+/* A kg_gir constructor's result: a negative handle means out of memory. */
 static void check(parser_t *p, int32_t handle) {
     if (handle < 0) {
-        snprintf(p->errstr, p->errstr_size, "grammar: out of memory");
-        longjmp(p->fail, 1);
+        out_of_memory(p);
     }
 }
 
@@ -74,14 +81,12 @@ static bool is_digit(char c) {
 /* Spaces, tabs and comments; newlines too when newline_ok. */
 static const char *skip_space(const parser_t *p, const char *s, bool newline_ok) {
     while (s < p->end) {
-        if (*s == ' ' || *s == '\t') {
+        if (*s == ' ' || *s == '\t' || (newline_ok && (*s == '\n' || *s == '\r'))) {
             s++;
         } else if (*s == '#') {
             while (s < p->end && *s != '\n' && *s != '\r') {
                 s++;
             }
-        } else if (newline_ok && (*s == '\n' || *s == '\r')) {
-            s++;
         } else {
             break;
         }
@@ -199,7 +204,9 @@ static int32_t rule_ref(parser_t *p, const char *name, size_t len) {
             nc *= 2;
         }
         int32_t *l = realloc(p->rule_line, (size_t)nc * sizeof(*l));
-        check(p, l ? 0 : -1);
+        if (!l) {
+            out_of_memory(p);
+        }
         p->rule_line = l;
         for (int32_t i = p->cap_rule_line; i < nc; i++) {
             p->rule_line[i] = -1;
@@ -251,7 +258,9 @@ static const char *parse_sequence(parser_t *p, const char *s, bool nested, int32
                 if (len + 4 > p->lit_cap) {
                     size_t cap = p->lit_cap ? p->lit_cap * 2 : 64;
                     char *nb = realloc(p->lit, cap);
-                    check(p, nb ? 0 : -1);
+                    if (!nb) {
+                        out_of_memory(p);
+                    }
                     p->lit = nb;
                     p->lit_cap = cap;
                 }

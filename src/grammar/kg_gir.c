@@ -249,8 +249,8 @@ int32_t kg_gir_chars(kg_gir_t *g, const uint32_t *lo, const uint32_t *hi, int32_
                 free(s);
                 return -1;
             }
-            g->ranges[2 * g->n_ranges] = out[j].lo;
-            g->ranges[2 * g->n_ranges + 1] = out[j].hi;
+            g->ranges[2 * (size_t)g->n_ranges] = out[j].lo;
+            g->ranges[2 * (size_t)g->n_ranges + 1] = out[j].hi;
             g->n_ranges++;
             nr++;
         }
@@ -345,8 +345,8 @@ int32_t kg_gir_kid(const kg_gir_t *g, const kg_gx_t *x, int32_t i) {
 }
 
 void kg_gir_range(const kg_gir_t *g, const kg_gx_t *x, int32_t i, uint32_t *lo, uint32_t *hi) {
-    *lo = g->ranges[2 * (x->a + i)];
-    *hi = g->ranges[2 * (x->a + i) + 1];
+    *lo = g->ranges[2 * (size_t)(x->a + i)];
+    *hi = g->ranges[2 * (size_t)(x->a + i) + 1];
 }
 
 const char *kg_gir_byte_data(const kg_gir_t *g, const kg_gx_t *x) {

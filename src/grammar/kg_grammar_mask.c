@@ -132,11 +132,12 @@ static uint64_t hash_words(const uint32_t *w, int32_t n) {
     return h ^ (h >> 31);
 }
 
-/* The index of bitmap `bm` in g->bitmaps, stored if new. */
-static int32_t store_bitmap(mb_t *b, const uint32_t *bm) {
+/* The index of the current state's accepted bitmap (b->acc) in g->bitmaps, stored if new. */
+static int32_t store_bitmap(mb_t *b) {
+    const uint32_t *bm = b->acc;
     kg_grammar_t *g = b->c->g;
     const int32_t nw = g->n_words;
-    if ((g->n_bitmaps + 1) * 2 > b->bm_hcap) {
+    if (!b->bm_htab || (g->n_bitmaps + 1) * 2 > b->bm_hcap) {
         int32_t nc = b->bm_hcap ? b->bm_hcap * 2 : 64;
         int32_t *t = malloc((size_t)nc * sizeof(*t));
         if (!t) {
@@ -267,12 +268,15 @@ bool kg_grammar_build_masks(cc_t *c) {
         }
         m->acc_n = b.acc_n;
         if (b.acc_n >= nw) {
-            m->acc_bitmap = store_bitmap(&b, b.acc);
+            m->acc_bitmap = store_bitmap(&b);
         } else {
             /* few: a list (extracted in id order) */
             int32_t *list = b.cur; /* reuse as scratch only if large enough */
             int32_t *tmp = NULL;
             if (b.acc_n > v->max_len + 2) {
+                /* acc_n >= 3 here (max_len >= 0, the longest token); the analyzer does not
+                 * know max_len's sign and tries acc_n == 0 */
+                // NOLINTNEXTLINE(clang-analyzer-optin.portability.UnixAPI)
                 tmp = malloc((size_t)b.acc_n * sizeof(int32_t));
                 if (!tmp) {
                     cfail(c, "grammar: out of memory");

@@ -59,6 +59,9 @@ static size_t utf8_seq(const unsigned char *s, size_t n, size_t *bad) {
     return need + 1;
 }
 
+/* U+FFFD in UTF-8: three bytes, no NUL (the copy below is counted, not a C string) */
+static const char replacement_char[3] = "\xEF\xBF\xBD";
+
 /* A copy of s with every ill-formed sequence replaced by U+FFFD. */
 static char *utf8_sanitize(const char *s, size_t len, size_t *out_len) {
     char *out = malloc(len * 3 + 1); // each bad byte may become 3 bytes
@@ -74,8 +77,8 @@ static char *utf8_sanitize(const char *s, size_t len, size_t *out_len) {
             o += k;
             i += k;
         } else {
-            memcpy(out + o, "\xEF\xBF\xBD", 3);
-            o += 3;
+            memcpy(out + o, replacement_char, sizeof(replacement_char));
+            o += sizeof(replacement_char);
             i += bad;
         }
     }
@@ -206,10 +209,9 @@ char *kg_codec_dump_with_metadata(json_t *obj, const char *metadata_json, size_t
         goto out;
     }
     text = joined;
-    // text ends with the object's '}'; it always holds other members.
-    memcpy(text + n - 1, ",\"metadata\":", 12);
-    memcpy(text + n + 11, metadata_json, m);
-    memcpy(text + n + 11 + m, "}", 2);
+    // text ends with the object's '}' (it always holds other members): replace that '}' with
+    // the new member and the closing '}'; 1 + m + sizeof(...) bytes are left from text + n - 1.
+    snprintf(text + n - 1, 1 + m + sizeof(",\"metadata\":"), ",\"metadata\":%s}", metadata_json);
 out:
     json_decref(check);
     if (text && len) {
