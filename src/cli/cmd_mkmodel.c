@@ -75,7 +75,7 @@ static void usage(FILE *f) {
            "  --vocab-from FILE   copy every tokenizer.* key of FILE (n_vocab: its token count);\n"
            "                      default: the family's built-in vocabulary (llama: 259-token\n"
            "                      SentencePiece bytes; qwen: byte-level BPE, pre qwen2; gemma,\n"
-           "                      phi3: SentencePiece pieces; see the README)\n"
+           "                      phi3: SentencePiece pieces; see docs/MODELS.md)\n"
            "  --n-vocab N         built-in vocabulary of N tokens (at least the built-in size):\n"
            "                      made-up words fill the rest (benchmarks at a real model's size)\n"
            "  --chat-template T   tokenizer.chat_template: chatml, llama2, llama3, gemma, phi3,\n"

@@ -44,7 +44,7 @@ typedef struct kg_grammar kg_grammar_t;
 #define KG_GRAMMAR_MAX_NFA_STATES 2000000
 #define KG_GRAMMAR_MAX_DFA_STATES 100000
 /* Trie nodes the mask precomputation may walk (20-80 ns each on the build
- * machine: the README's benchmark schema walks 87 M on a 152k vocabulary
+ * machine: docs/PERFORMANCE.md's benchmark schema walks 87 M on a 152k vocabulary
  * in about 2 s). Bounds the time one grammar can hold the kafka thread to
  * about a minute. */
 #define KG_GRAMMAR_MAX_WORK 1000000000LL

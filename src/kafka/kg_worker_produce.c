@@ -585,7 +585,7 @@ producer_conf(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
      * still open upstream: confluentinc/librdkafka#4953) bumps the producer epoch and
      * sends them again, which can put a job's token events out of order or twice
      * (check_worker_mock's test_request_errors saw it). Requests still carry every
-     * event lingered for them, so throughput stays (README, Kafka path). */
+     * event lingered for them, so throughput stays (docs/DELIVERY.md). */
     if (kg_kafka_conf_set(conf, "enable.idempotence", "true", errstr, errstr_size) ||
         kg_kafka_conf_set(conf, "max.in.flight.requests.per.connection", "1", errstr,
                           errstr_size) ||
