@@ -2,34 +2,19 @@
 #include "cli_util.h"
 
 #include "backend/kg_backend.h"
+#include "core/kg_parse.h"
 #include "engine/kg_backend_registry.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
 
 bool kg_cli_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < min || v > max) {
-        return false;
-    }
-    *out = v;
-    return true;
+    return kg_parse_i64(s, min, max, out);
 }
 
 bool kg_cli_parse_f32(const char *s, float min, float max, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < min || v > max) {
-        return false;
-    }
-    *out = v;
-    return true;
+    return kg_parse_f32(s, min, max, out);
 }
 
 void kg_cmd_print_version(const char *prog) {

@@ -9,11 +9,11 @@
  * sliding-window keys, ...). kg_mkmodel_write trusts what passes here. */
 #include "kg_mkmodel_args.h"
 
+#include "../core/kg_parse.h"
 #include "kg_quant.h"
 #include "kg_quant_mix.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -22,30 +22,8 @@
 
 // ---- numbers ----
 
-/* Strict numbers, the rules of src/cli's kg_cli_parse_i64/_f32 (the model
- * layer sits below src/cli): the whole string, in range, no junk. */
-static bool parse_i64(const char *s, int64_t min, int64_t max, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < min || v > max) {
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_f32(const char *s, float min, float max, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < min || v > max) {
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
+/* Integers and floats follow every program's strict rules (core/kg_parse); a seed is any
+ * unsigned 64-bit number. */
 static bool parse_u64(const char *s, uint64_t *out) {
     char *end;
     errno = 0;
@@ -145,8 +123,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         for (size_t k = 0; k < sizeof(ints) / sizeof(ints[0]); k++) {
             if (strcmp(flag, ints[k].flag) == 0) {
                 known = true;
-                ok = ok &&
-                     parse_i64(val, ints[k].min, ints[k].max, (int64_t *)((char *)o + ints[k].off));
+                ok = ok && kg_parse_i64(val, ints[k].min, ints[k].max,
+                                        (int64_t *)((char *)o + ints[k].off));
                 if (val && !ok) {
                     return bad(errstr, errstr_size, "%s: '%s' is not an integer in %lld..%lld",
                                flag, val, (long long)ints[k].min, (long long)ints[k].max);
@@ -183,7 +161,7 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
             }
         } else if (strcmp(flag, "--rope-base") == 0) {
             known = true;
-            ok = ok && parse_f32(val, 1.0f, 1e9f, &o->rope_base);
+            ok = ok && kg_parse_f32(val, 1.0f, 1e9f, &o->rope_base);
             if (val && !ok) {
                 return bad(errstr, errstr_size, "--rope-base: '%s' is not a number in 1..1e9", val);
             }
@@ -228,8 +206,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
             for (size_t k = 0; k < sizeof(floats) / sizeof(floats[0]); k++) {
                 if (strcmp(flag, floats[k].flag) == 0) {
                     known = true;
-                    ok = ok && parse_f32(val, floats[k].min, floats[k].max,
-                                         (float *)((char *)o + floats[k].off));
+                    ok = ok && kg_parse_f32(val, floats[k].min, floats[k].max,
+                                            (float *)((char *)o + floats[k].off));
                     if (val && !ok) {
                         return bad(errstr, errstr_size, "%s: '%s' is not a number in %g..%g", flag,
                                    val, (double)floats[k].min, (double)floats[k].max);

@@ -3,6 +3,7 @@
  * were polling or asleep when the run came). */
 #include "check_common.h"
 #include "core/kg_log.h"
+#include "core/kg_parse.h"
 #include "core/kg_pool.h"
 #include "core/kg_status.h"
 
@@ -80,6 +81,25 @@ START_TEST(logfmt_long_line_closes) {
     ck_assert_ptr_nonnull(nl);
     ck_assert_int_eq(nl[-1], '"');
     free(out);
+}
+END_TEST
+
+/* Strict numbers: the whole string, in range, finite; a failure leaves the output alone. */
+START_TEST(strict_numbers) {
+    int64_t i = 7;
+    ck_assert(kg_parse_i64("42", 0, 100, &i) && i == 42);
+    ck_assert(kg_parse_i64("-5", -10, 10, &i) && i == -5);
+    ck_assert(!kg_parse_i64("101", 0, 100, &i) && i == -5);
+    ck_assert(!kg_parse_i64("4x", 0, 100, &i));
+    ck_assert(!kg_parse_i64("", 0, 100, &i));
+    ck_assert(!kg_parse_i64("99999999999999999999", INT64_MIN, INT64_MAX, &i));
+    float f = 1.0f;
+    ck_assert(kg_parse_f32("0.5", 0.0f, 1.0f, &f) && f == 0.5f);
+    ck_assert(!kg_parse_f32("nan", -1e9f, 1e9f, &f) && f == 0.5f);
+    ck_assert(!kg_parse_f32("inf", -1e9f, 1e9f, &f));
+    ck_assert(!kg_parse_f32("1e40", -1e9f, 1e9f, &f));
+    ck_assert(!kg_parse_f32("2", 0.0f, 1.0f, &f));
+    ck_assert(!kg_parse_f32("0.5 ", 0.0f, 1.0f, &f));
 }
 END_TEST
 
@@ -174,6 +194,7 @@ static Suite *make_suite(void) {
     tc = tcase_create("log");
     tcase_add_test(tc, logfmt_line);
     tcase_add_test(tc, json_line);
+    tcase_add_test(tc, strict_numbers);
     tcase_add_test(tc, logfmt_text_with_equals);
     tcase_add_test(tc, logfmt_long_line_closes);
     tcase_add_test(tc, level_parse);
