@@ -762,8 +762,10 @@ int main(int argc, char **argv) {
             fprintf(stderr, "kgen-bench: %s\n", err);
             goto out;
         }
-        printf(o.json ? "" : "\nmodel %s, backend %s, max sequences %d, token budget %d\n\n",
-               o.model_path, kg_backend_name(env.be), seqs, env.ep.max_batch_tokens);
+        if (!o.json) {
+            printf("\nmodel %s, backend %s, max sequences %d, token budget %d\n\n", o.model_path,
+                   kg_backend_name(env.be), seqs, env.ep.max_batch_tokens);
+        }
         rc = run_arrivals(&env, &o) ? 0 : 1;
         goto out;
     }

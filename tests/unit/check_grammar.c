@@ -202,8 +202,10 @@ static const char *const grammars[] = {
     "number ::= \"-\"? [0-9]+ (\".\" [0-9]+)?\n"
     "ws ::= [ \\n]?\n",
     /* arithmetic */
-    "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= factor ((\"*\" | \"/\") "
-    "factor)*\nfactor ::= [0-9]+ | \"(\" expr \")\"\n",
+    "root ::= expr\n"
+    "expr ::= term ((\"+\" | \"-\") term)*\n"
+    "term ::= factor ((\"*\" | \"/\") factor)*\n"
+    "factor ::= [0-9]+ | \"(\" expr \")\"\n",
     /* nested parentheses, two calls in one rule */
     "root ::= p\np ::= \"(\" p p \")\" | \"\"\n",
     /* ambiguous alternatives and repetition counts */
