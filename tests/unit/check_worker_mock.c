@@ -1127,6 +1127,70 @@ START_TEST(test_trace_headers) {
 }
 END_TEST
 
+/* The dead worker's record, and the W3C headers propagated (the journal stays on). */
+static void traced_poison(fixture_t *f) {
+    write_dead_worker_record(f);
+    cfg_set(&f->cfg, "propagate-headers", "x-tenant");
+}
+
+/* A poison job (offset 0 of the dead worker's partition: its second failure) with trace headers:
+ * its `internal` answer and its DLQ copy carry them, the answer with the worker's span. */
+START_TEST(test_trace_poisoned) {
+    fixture_t f;
+    setup_with(&f, 1, "64", traced_poison);
+    rd_kafka_headers_t *hdrs = rd_kafka_headers_new(2);
+    rd_kafka_header_add(hdrs, "traceparent", -1, TRACEPARENT, -1);
+    rd_kafka_header_add(hdrs, "x-tenant", -1, "acme", -1);
+    const char *job = "{\"request_id\":\"job-0\",\"prompt\":\"Once\",\"max_tokens\":4}";
+    rd_kafka_vu_t vus[6] = {
+        {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+        {.vtype = RD_KAFKA_VTYPE_PARTITION, .u.i32 = POISON_PARTITION},
+        {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {"job-0", 5}},
+        {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {(void *)job, strlen(job)}},
+        {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+        {.vtype = RD_KAFKA_VTYPE_HEADERS, .u.headers = hdrs},
+    };
+    rd_kafka_error_t *e = rd_kafka_produceva(f.producer, vus, 6);
+    ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+    rd_kafka_flush(f.producer, 5000);
+    rd_kafka_t *dlq = reader_of(&f, "jobs.dlq", 1);
+    bool answered = false, copied = false;
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (!(answered && copied) && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(answered ? dlq : f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        char b[128];
+        if (!answered) {
+            kg_event_t *ev = NULL;
+            char err[256];
+            ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) ==
+                      KG_OK);
+            ck_assert_int_eq(ev->type, KG_EVENT_ERROR);
+            ck_assert_msg(strncmp(ev->error.message, "poisoned", 8) == 0, "%s", ev->error.message);
+            ck_assert(ev->error.common.has_span);
+            ck_assert_str_eq(ev->error.common.span.parent_span_id, "00f067aa0ba902b7");
+            kg_event_free(ev);
+            answered = true;
+        } else {
+            ck_assert_str_eq(header(rkm, "kgen-error-reason", b, sizeof(b)), "poisoned");
+            copied = true;
+        }
+        ck_assert_str_eq(header(rkm, "traceparent", b, sizeof(b)), TRACEPARENT);
+        ck_assert_str_eq(header(rkm, "x-tenant", b, sizeof(b)), "acme");
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert(answered && copied);
+    rd_kafka_consumer_close(dlq);
+    rd_kafka_destroy(dlq);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
@@ -1141,8 +1205,12 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_poison_from_record);
     tcase_add_test(tc, test_openai_and_choices);
     tcase_add_test(tc, test_openai_response_format);
-    tcase_add_test(tc, test_trace_headers);
     suite_add_tcase(s, tc);
+    TCase *trace = tcase_create("trace"); /* CK_RUN_CASE=trace runs these alone */
+    tcase_set_timeout(trace, 240);
+    tcase_add_test(trace, test_trace_headers);
+    tcase_add_test(trace, test_trace_poisoned);
+    suite_add_tcase(s, trace);
     return s;
 }
 
