@@ -74,6 +74,11 @@ static const opt_t options[] = {
     {"txn-interval-ms", OPT_INT, OFF(txn_interval_ms), "100", 1, 60000, "Kafka",
      "with --exactly-once: commit a transaction this often, or at 1000 terminal events; "
      "results become visible to read_committed readers then"},
+    {"propagate-headers", OPT_STR, OFF(propagate_headers), "", 0, 0, "Kafka",
+     "job headers copied onto every event and DLQ copy of the job, comma-separated, besides "
+     "traceparent, tracestate and baggage, which always are (at most 13 names; a job's copied "
+     "headers are capped at 16 KiB, or a quarter of --max-event-bytes when smaller; kgen-* "
+     "names are refused)"},
     {"model", OPT_STR, OFF(model), "", 0, 0, "Model", "GGUF model file"},
     {"served-model-name", OPT_STR, OFF(served_model_name), "", 0, 0, "Model",
      "names jobs may give as model, comma-separated or repeated (default: the GGUF's "
@@ -123,6 +128,52 @@ static const opt_t *find_opt(const char *name) {
         }
     }
     return NULL;
+}
+
+/* --propagate-headers: header names (RFC 9110 tokens of at most 128 bytes, no kgen-* name, 13 at
+ * most) separated by commas, spaces around them ignored; the worker's kg_trace reads the list with
+ * the same rules (config sits below kafka, so the rules are written twice, tested by both). */
+static bool propagate_headers_ok(const char *list, char *errstr, size_t errstr_size) {
+    int n = 0;
+    for (const char *p = list; *p; n++) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *s = p;
+        while (len > 0 && *s == ' ') {
+            s++;
+            len--;
+        }
+        while (len > 0 && s[len - 1] == ' ') {
+            len--;
+        }
+        bool ok = len > 0 && len <= 128;
+        for (size_t i = 0; ok && i < len; i++) {
+            ok = isalnum((unsigned char)s[i]) || (s[i] && strchr("!#$%&'*+-.^_`|~", s[i]));
+        }
+        if (!ok) {
+            snprintf(errstr, errstr_size,
+                     "--propagate-headers: expected header names (1 to 128 letters, digits or "
+                     "!#$%%&'*+-.^_`|~) separated by commas, got '%.*s'",
+                     (int)(len > 64 ? 64 : len), s);
+            return false;
+        }
+        if (len >= 5 && strncasecmp(s, "kgen-", 5) == 0) {
+            snprintf(errstr, errstr_size,
+                     "--propagate-headers: '%.*s': kgen-* headers are the worker's own and are "
+                     "not copied",
+                     (int)len, s);
+            return false;
+        }
+        p = end ? end + 1 : p + strlen(p);
+    }
+    if (n > 13) {
+        snprintf(errstr, errstr_size,
+                 "--propagate-headers: at most 13 names besides traceparent, tracestate and "
+                 "baggage, got %d",
+                 n);
+        return false;
+    }
+    return true;
 }
 
 static bool parse_bool(const char *s, bool *out) {
@@ -508,6 +559,9 @@ kg_status_t kg_config_parse(
                  "--max-event-bytes: expected 0 or at least 4096, got %lld (a done event with "
                  "everything shed still needs about a KiB)",
                  (long long)cfg->max_event_bytes);
+        return KG_ERR_INVALID;
+    }
+    if (!propagate_headers_ok(cfg->propagate_headers, errstr, errstr_size)) {
         return KG_ERR_INVALID;
     }
     unsigned char addr[sizeof(struct in6_addr)];

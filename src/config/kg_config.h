@@ -36,6 +36,7 @@ typedef struct kg_config {
     double cancel_ttl_s;     /* how long a cancel is remembered */
     bool exactly_once;       /* terminal events, DLQ copies and offsets in transactions */
     int64_t txn_interval_ms; /* a transaction is committed this often (--exactly-once) */
+    char *propagate_headers; /* comma list of job headers copied onto its events (kg_trace) */
     /* model and engine */
     char *model;
     char *served_model_name; /* comma list; "" = the model's general.name and file stem */

@@ -12,6 +12,15 @@ int kg_log_min_level_get(void) {
 }
 static kg_log_format_t log_format = KG_LOG_FORMAT_LOGFMT;
 
+/* This thread's scope fields (kg_log_scope); borrowed, NULL when none. */
+static _Thread_local const char *scope_fields;
+
+const char *kg_log_scope(const char *fields) {
+    const char *prev = scope_fields;
+    scope_fields = fields && *fields ? fields : NULL;
+    return prev;
+}
+
 static const char *level_names[] = {"debug", "info", "warn", "error", "off"};
 
 void kg_log_setup(kg_log_level_t level, kg_log_format_t format) {
@@ -149,6 +158,40 @@ static size_t append_value(char *dst, size_t pos, size_t cap, const char *v, siz
     return pos;
 }
 
+/* Whether the pairs in `pairs` (may be NULL) have the key (key, key_len). */
+static int has_key(const char *pairs, const char *key, size_t key_len) {
+    const char *s = pairs, *k, *v;
+    size_t kl, vl;
+    int quoted;
+    while (s && (s = parse_pair(s, &k, &kl, &v, &vl, &quoted))) {
+        if (kl == key_len && memcmp(k, key, kl) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Append the " key=value" pairs of `pairs` (may be NULL) as fields, leaving out the keys that
+ * `skip` (may be NULL) has. */
+static size_t
+append_pairs(char *line, size_t pos, size_t cap, const char *pairs, const char *skip, int json) {
+    const char *s = pairs, *key, *val;
+    size_t key_len, val_len;
+    int quoted;
+    while (s && (s = parse_pair(s, &key, &key_len, &val, &val_len, &quoted))) {
+        if (pos + key_len + 8 >= cap) {
+            break;
+        }
+        if (skip && has_key(skip, key, key_len)) {
+            continue;
+        }
+        pos += (size_t)snprintf(line + pos, cap - pos, json ? ",\"%.*s\":" : " %.*s=", (int)key_len,
+                                key);
+        pos = append_value(line, pos, cap, val, val_len, json);
+    }
+    return pos;
+}
+
 void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...) {
     char msg[2048];
     va_list ap;
@@ -187,17 +230,8 @@ void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...
         pos += (size_t)snprintf(line, cap, "ts=%s level=%s module=%s msg=", tbuf, lvl, module);
     }
     pos = append_value(line, pos, cap, msg, strlen(msg), 1);
-    const char *s = kv, *key, *val;
-    size_t key_len, val_len;
-    int quoted;
-    while (s && (s = parse_pair(s, &key, &key_len, &val, &val_len, &quoted))) {
-        if (pos + key_len + 8 >= cap) {
-            break;
-        }
-        pos += (size_t)snprintf(line + pos, cap - pos, json ? ",\"%.*s\":" : " %.*s=", (int)key_len,
-                                key);
-        pos = append_value(line, pos, cap, val, val_len, json);
-    }
+    pos = append_pairs(line, pos, cap, kv, NULL, json);
+    pos = append_pairs(line, pos, cap, scope_fields, kv, json);
     if (json) {
         line[pos++] = '}';
     }

@@ -42,9 +42,19 @@ void kg_log_setup(kg_log_level_t level, kg_log_format_t format);
 int kg_log_level_parse(const char *s);
 
 /** Write one line. `msg` is printf-formatted; the message may end with
- * extra ` key=value` pairs already formatted by the caller. @thread any */
+ * extra ` key=value` pairs already formatted by the caller. The calling
+ * thread's scope fields (kg_log_scope) follow them. @thread any */
 void kg_log_write(kg_log_level_t level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/** Set the fields (` key=value` pairs, formatted as a message's are) that
+ * every line this thread writes carries after its own pairs, until set
+ * again: the worker sets a job's `trace_id` while it works on that job, so
+ * every line about the job carries it without each call site saying so. A
+ * key the line already has is not repeated. NULL or "" clears. `fields` is
+ * borrowed until replaced. Returns the previous scope, to restore on the way
+ * out (scopes nest). @thread any (each thread has its own) */
+const char *kg_log_scope(const char *fields);
 
 #define KG_LOG_(lvl, module, ...)                                                                  \
     do {                                                                                           \

@@ -98,6 +98,10 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->intake.codec_opts = kg_codec_opts_default();
     w->intake.codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
     w->intake.codec_opts.default_max_tokens = cfg->default_max_tokens;
+    if (kg_trace_names_init(&w->intake.trace_names, cfg->propagate_headers, errstr, errstr_size) !=
+        KG_OK) {
+        goto fail;
+    }
 
     if (kg_served_init(&w->served, cfg->served_model_name, model, cfg->model, errstr,
                        errstr_size) != KG_OK) {

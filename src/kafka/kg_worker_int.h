@@ -30,6 +30,7 @@
 #include "kg_journal.h"
 #include "kg_lanes.h"
 #include "kg_offsets.h"
+#include "kg_trace.h"
 #include "kg_txn.h"
 #include "kg_worker.h"
 
@@ -60,6 +61,7 @@ typedef struct job_rec {
     kg_jobrun_t run; /* the job from intake to its terminal event (kg_jobrun) */
     rec_state_t state;
     int64_t cancel_step;   /* kg_runner_steps when a user's cancel was applied */
+    kg_trace_t trace;      /* the headers its events carry, its trace_id (kg_trace) */
     struct job_rec *hnext; /* id hash chain */
     struct job_rec *qnext; /* pending FIFO */
 } job_rec_t;
@@ -83,6 +85,7 @@ typedef struct ack {
     kg_error_code_t code;      /* ACK_RESULT, error */
     int32_t n_gen;             /* ACK_RESULT, done: tokens generated */
     double total_ms;           /* ACK_RESULT, done */
+    char log_fields[48];       /* the job's " trace_id=..." for the log line, or "" */
 } ack_t;
 
 /* A job message off the jobs topic: borrowed from the consumer's message,
@@ -94,17 +97,19 @@ typedef struct job_msg {
     size_t key_len;
     const void *payload;
     size_t len;
-    int64_t taken_us;       /* when it was taken off Kafka (kg_clock_us): its timings start here */
-    kg_job_format_t format; /* its kgen-format header (AUTO when it has none) */
+    int64_t taken_us;        /* when it was taken off Kafka (kg_clock_us): its timings start here */
+    kg_job_format_t format;  /* its kgen-format header (AUTO when it has none) */
+    const kg_trace_t *trace; /* its headers to copy onto its events (kg_trace) */
 } job_msg_t;
 
 /* A message that waits before it may start (kg_journal): for the snapshot
  * that records it as running to be acknowledged, or, a suspect (a job that
  * was running when a worker failed), for its turn: one at a time. */
 typedef struct held_msg {
-    job_msg_t m;     /* key and payload are owned copies */
-    int strikes;     /* consecutive worker failures it was present in */
-    uint64_t ticket; /* its journal snapshot; 0 while a suspect waits for its turn */
+    job_msg_t m;      /* key and payload are owned copies; m.trace is &trace */
+    kg_trace_t trace; /* owned copy */
+    int strikes;      /* consecutive worker failures it was present in */
+    uint64_t ticket;  /* its journal snapshot; 0 while a suspect waits for its turn */
     struct held_msg *next;
 } held_msg_t;
 
@@ -119,6 +124,7 @@ typedef struct dlq_copy {
     const char *message;      /* kgen-error-message */
     int32_t partition;        /* of the job on the jobs topic */
     int64_t offset;
+    const rd_kafka_headers_t *trace_hdrs; /* the job's headers to copy (kg_trace), or NULL */
 } dlq_copy_t;
 
 // ---- the worker ----
@@ -151,6 +157,7 @@ struct kg_worker {
     struct {
         kg_intake_limits_t limits;
         kg_codec_opts_t codec_opts;
+        kg_trace_names_t trace_names;        /* the headers copied from a job onto its events */
         const char *crash_request_id;        /* TEST-ONLY fault injection; NULL normally */
         kg_journal_t *journal[KG_LANES_MAX]; /* the poison-job journal per lane; NULL when off */
         held_msg_t *held_head, *held_tail;   /* waiting for their snapshot's ack */
@@ -184,6 +191,7 @@ struct kg_worker {
         char dlq_topic[KG_LANES_MAX][512]; /* per lane */
         size_t max_event_bytes;            /* value bytes one event may take (kg_events' budget) */
         size_t max_dlq_bytes;              /* payload bytes of a dead-letter copy (headers apart) */
+        size_t max_trace_bytes;            /* bytes of a job's headers its messages carry */
     } out;
 
     /* kg_worker_partitions.c: the consumer, its partitions and their offsets */
@@ -274,14 +282,16 @@ void kg_worker_poll_cancels(kg_worker_t *w);
 /** Make the producer (and the transactional one) and fit the event budget
  * to the topics (out.max_event_bytes, out.max_dlq_bytes). */
 KG_NODISCARD kg_status_t kg_worker_size_messages(kg_worker_t *w, char *errstr, size_t errstr_size);
-/** An error event for a job that never reached the engine. */
+/** An error event for a job that never reached the engine; it carries the
+ * job's headers (`trace`, may be NULL). */
 void kg_worker_produce_error(kg_worker_t *w,
                              const char *request_id,
                              int32_t partition,
                              int64_t offset,
                              kg_error_code_t code,
                              const char *message,
-                             const char *metadata_json);
+                             const char *metadata_json,
+                             const kg_trace_t *trace);
 /** The terminal event of a finished job (or of one the engine refused). */
 void kg_worker_produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refused, int64_t now_us);
 /** The token events of one step of a streaming job. */

@@ -55,7 +55,7 @@ static kg_job_t *decode_or_answer(kg_worker_t *w, const job_msg_t *m) {
         kg_worker_dead_letter_job(w, m, &cerr);
     } else if (st != KG_OK) {
         kg_worker_produce_error(w, cerr.request_id, m->partition, m->offset, KG_ERROR_INVALID_JOB,
-                                cerr.message, NULL);
+                                cerr.message, NULL, m->trace);
     }
     if (job) {
         job->partition = m->partition;
@@ -88,7 +88,8 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
     }
     crash_if_test_target(w, job);
     job_rec_t *r = calloc(1, sizeof(*r));
-    if (!r) {
+    if (!r || kg_trace_copy(&r->trace, m->trace) != KG_OK) {
+        free(r);
         kg_job_free(job);
         kg_worker_fatal(w, "out of memory");
         return;
@@ -103,9 +104,10 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
             kg_worker_fatal(w, "out of memory preparing a job");
         } else {
             kg_worker_produce_error(w, job->request_id, job->partition, job->offset, code, msg,
-                                    job->metadata_json);
+                                    job->metadata_json, m->trace);
         }
         kg_jobrun_clear(&r->run);
+        kg_trace_clear(&r->trace);
         free(r);
         return;
     }
@@ -119,6 +121,7 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
                     (long long)job->offset);
         kg_worker_produce_terminal(w, r, KG_OK, kg_clock_us());
         kg_jobrun_clear(&r->run);
+        kg_trace_clear(&r->trace);
         free(r);
         return;
     }
@@ -158,7 +161,7 @@ static held_msg_t *held_new(const job_msg_t *m, int strikes) {
     held_msg_t *h = calloc(1, sizeof(*h));
     void *key = malloc(m->key_len ? m->key_len : 1);
     void *payload = malloc(m->len ? m->len : 1);
-    if (!h || !key || !payload) {
+    if (!h || !key || !payload || kg_trace_copy(&h->trace, m->trace) != KG_OK) {
         free(h);
         free(key);
         free(payload);
@@ -173,6 +176,7 @@ static held_msg_t *held_new(const job_msg_t *m, int strikes) {
     h->m = *m;
     h->m.key = m->key ? key : NULL;
     h->m.payload = m->payload ? payload : NULL;
+    h->m.trace = &h->trace;
     h->strikes = strikes;
     if (!m->key) {
         free(key);
@@ -184,6 +188,7 @@ static held_msg_t *held_new(const job_msg_t *m, int strikes) {
 }
 
 static void held_free(held_msg_t *h) {
+    kg_trace_clear(&h->trace);
     free((void *)h->m.key);
     free((void *)h->m.payload);
     free(h);
@@ -261,7 +266,9 @@ void kg_worker_release_held(kg_worker_t *w) {
             w->intake.held_tail = prev;
         }
         w->intake.n_held--;
+        const char *scope = kg_log_scope(h->trace.log_fields);
         start_message(w, &h->m);
+        kg_log_scope(scope);
         held_free(h);
     }
     update_inflight_gauge(w);
@@ -321,7 +328,8 @@ static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
                     .reason = "poisoned",
                     .message = msg,
                     .partition = m->partition,
-                    .offset = m->offset};
+                    .offset = m->offset,
+                    .trace_hdrs = m->trace->hdrs};
     atomic_fetch_add(&w->m.jobs_poisoned, 1);
     KG_LOG_ERROR("worker",
                  "job poisoned, not run again request_id=%s topic=%s partition=%d offset=%lld "
@@ -330,7 +338,7 @@ static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
                  (long long)m->offset, strikes);
     kg_worker_dead_letter(w, &c, NULL);
     kg_worker_produce_error(w, job->request_id, m->partition, m->offset, KG_ERROR_INTERNAL, msg,
-                            job->metadata_json);
+                            job->metadata_json, m->trace);
     kg_job_free(job);
 }
 
@@ -362,6 +370,24 @@ void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
         rd_kafka_topic_partition_list_destroy(l);
         return;
     }
+    /* the headers its events will carry (kg_trace), and its trace_id on every log line about it */
+    kg_trace_t trace;
+    rd_kafka_headers_t *hdrs = NULL;
+    if (rd_kafka_message_headers(rkm, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        hdrs = NULL;
+    }
+    if (kg_trace_take(&trace, hdrs, &w->intake.trace_names, w->out.max_trace_bytes) != KG_OK) {
+        kg_worker_fatal(w, "out of memory copying a job's headers");
+        return;
+    }
+    const char *scope = kg_log_scope(trace.log_fields);
+    if (trace.n_dropped > 0) {
+        KG_LOG_WARN("worker",
+                    "job headers not copied onto its events: over the %zu-byte cap topic=%s "
+                    "partition=%d offset=%lld dropped=%d first=%s first_bytes=%zu",
+                    w->out.max_trace_bytes, topic, rkm->partition, (long long)rkm->offset,
+                    trace.n_dropped, trace.dropped, trace.dropped_size);
+    }
     job_msg_t m = {.partition = dense,
                    .offset = rkm->offset,
                    .key = rkm->key,
@@ -369,7 +395,8 @@ void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
                    .payload = rkm->payload,
                    .len = rkm->len,
                    .taken_us = kg_clock_us(),
-                   .format = message_format(rkm)};
+                   .format = message_format(rkm),
+                   .trace = &trace};
     int strikes = kg_journal_strikes(w->intake.journal[lane], rkm->partition, m.offset);
     if (strikes < 0) {
         start_message(w, &m); /* not journaled */
@@ -378,4 +405,6 @@ void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
     } else {
         hold_message(w, &m, strikes);
     }
+    kg_log_scope(scope);
+    kg_trace_clear(&trace);
 }

@@ -48,6 +48,7 @@ void kg_worker_rec_free(kg_worker_t *w, job_rec_t *r) {
         w->jobs.n_engine_seqs -= r->run.n_choices; /* its engine records are free again */
     }
     kg_jobrun_clear(&r->run);
+    kg_trace_clear(&r->trace);
     free(r);
 }
 
@@ -142,6 +143,22 @@ void kg_worker_submit_pending(kg_worker_t *w) {
 
 // ---- completions from the engine ----
 
+static void on_completion(kg_worker_t *w, const kg_runner_event_t *re);
+
+/* A completion, with the job's trace_id on every line it logs (the record may be freed inside,
+ * so the scope is a copy). */
+static void on_completion_scoped(kg_worker_t *w, const kg_runner_event_t *re) {
+    job_rec_t *r = rec_find(w, re->c.id);
+    if (!r) {
+        return;
+    }
+    char fields[sizeof(r->trace.log_fields)];
+    memcpy(fields, r->trace.log_fields, sizeof(fields));
+    const char *scope = kg_log_scope(fields);
+    on_completion(w, re);
+    kg_log_scope(scope);
+}
+
 static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
     job_rec_t *r = rec_find(w, re->c.id);
     if (!r) {
@@ -204,7 +221,7 @@ void kg_worker_drain_engine_events(kg_worker_t *w, int timeout_ms) {
                 w, "the backend failed; running jobs are not committed and will be redelivered");
             continue;
         }
-        on_completion(w, &evs[i]);
+        on_completion_scoped(w, &evs[i]);
     }
 }
 
@@ -223,6 +240,9 @@ static void apply_cancel(kg_worker_t *w, const char *rid) {
                 !kg_jobrun_cancel(&r->run)) {
                 continue;
             }
+            char fields[sizeof(r->trace.log_fields)];
+            memcpy(fields, r->trace.log_fields, sizeof(fields));
+            const char *scope = kg_log_scope(fields);
             r->cancel_step = kg_runner_steps(w->runner);
             KG_LOG_INFO("worker",
                         "cancel received request_id=%s topic=%s partition=%d offset=%lld state=%s",
@@ -245,6 +265,7 @@ static void apply_cancel(kg_worker_t *w, const char *rid) {
             } else if (kg_runner_cancel(w->runner, r->id) != KG_OK) {
                 kg_worker_fatal(w, "engine command queue stuck");
             }
+            kg_log_scope(scope);
         }
     }
 }

@@ -72,7 +72,7 @@ static bool produce_now(kg_worker_t *w,
                         const void *value,
                         size_t len,
                         ack_t *ack,
-                        rd_kafka_headers_t *hdrs) {
+                        const rd_kafka_headers_t *hdrs) {
     rd_kafka_resp_err_t err;
     for (int attempt = 0;; attempt++) {
         /* produceva rather than the producev macros: the varargs list cannot
@@ -137,7 +137,7 @@ static bool produce(kg_worker_t *w,
                     const void *value,
                     size_t len,
                     ack_t *ack,
-                    rd_kafka_headers_t *hdrs) {
+                    const rd_kafka_headers_t *hdrs) {
     if (!w->out.txn) {
         return produce_now(w, topic, key, key_len, value, len, ack, hdrs);
     }
@@ -155,14 +155,23 @@ static bool produce(kg_worker_t *w,
     return true;
 }
 
-static ack_t *ack_new(int32_t partition, int64_t offset, ack_kind_t kind) {
+/* `log_fields` (may be NULL): the job's " trace_id=..." for the line that logs the answer. */
+static ack_t *ack_new(int32_t partition, int64_t offset, ack_kind_t kind, const char *log_fields) {
     ack_t *a = calloc(1, sizeof(*a));
     if (a) {
         a->partition = partition;
         a->offset = offset;
         a->kind = kind;
+        snprintf(a->log_fields, sizeof(a->log_fields), "%s", log_fields ? log_fields : "");
     }
     return a;
+}
+
+/* The bytes an event's value may take when its message also carries hdr_size bytes of the job's
+ * headers (kg_trace: at most a quarter of the budget, so this keeps three quarters or more). */
+static size_t event_budget(const kg_worker_t *w, size_t hdr_size) {
+    size_t max = w->out.max_event_bytes;
+    return hdr_size < max / 2 ? max - hdr_size : max / 2;
 }
 
 static void store_offsets(kg_worker_t *w) {
@@ -193,6 +202,7 @@ static void store_offsets(kg_worker_t *w) {
 static void log_answered(kg_worker_t *w, const void *rkey, size_t key_len, const ack_t *ack) {
     int klen = (int)key_len;
     const char *key = rkey ? rkey : "";
+    const char *scope = kg_log_scope(ack->log_fields);
     if (ack->kind == ACK_RESULT && !ack->is_error) {
         atomic_fetch_add(&w->m.jobs_done, 1);
         atomic_fetch_add(&w->m.jobs_by_finish[ack->reason], 1);
@@ -211,6 +221,7 @@ static void log_answered(kg_worker_t *w, const void *rkey, size_t key_len, const
                     key, topic_of(w, ack->partition), part_of(ack->partition),
                     (long long)ack->offset, kg_error_code_str(code));
     }
+    kg_log_scope(scope);
 }
 
 /* Delivery report (called from rd_kafka_poll on the producer, kafka thread). */
@@ -268,11 +279,16 @@ origin(kg_worker_t *w, int32_t partition, int64_t offset, uint64_t run, char *at
  * (the offset is never stored): the payload is cut to max_dlq_bytes and
  * kgen-payload-truncated-from says how long it was. */
 void kg_worker_dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack) {
-    rd_kafka_headers_t *h = rd_kafka_headers_new(8);
+    /* the job's own headers first (kg_trace: bounded), so a trace goes on through the DLQ too */
+    rd_kafka_headers_t *h =
+        c->trace_hdrs ? rd_kafka_headers_copy(c->trace_hdrs) : rd_kafka_headers_new(8);
+    size_t trace_size = kg_trace_headers_size(c->trace_hdrs);
+    size_t max = trace_size < w->out.max_dlq_bytes / 2 ? w->out.max_dlq_bytes - trace_size
+                                                       : w->out.max_dlq_bytes / 2;
     size_t len = c->len;
-    if (len > w->out.max_dlq_bytes) {
+    if (len > max) {
         char orig[24];
-        len = w->out.max_dlq_bytes;
+        len = max;
         snprintf(orig, sizeof(orig), "%zu", c->len);
         rd_kafka_header_add(h, "kgen-payload-truncated-from", -1, orig, -1);
     }
@@ -301,7 +317,7 @@ static void dead_letter_bare(kg_worker_t *w,
                              size_t len,
                              const rd_kafka_headers_t *hdrs,
                              const ack_t *ack) {
-    ack_t *again = ack_new(ack->partition, ack->offset, ACK_DLQ);
+    ack_t *again = ack_new(ack->partition, ack->offset, ACK_DLQ, ack->log_fields);
     rd_kafka_headers_t *h = hdrs ? rd_kafka_headers_copy(hdrs) : rd_kafka_headers_new(2);
     char orig[24];
     snprintf(orig, sizeof(orig), "%zu", len);
@@ -327,6 +343,17 @@ static void dead_letter_bare(kg_worker_t *w,
  * a DLQ copy of an event is dropped with a log line. Only when even the
  * small error event or an empty DLQ message is refused is the topic at
  * fault: that stays fatal. */
+static void refused(kg_worker_t *w,
+                    const char *topic,
+                    const void *key,
+                    size_t key_len,
+                    const void *value,
+                    size_t len,
+                    const rd_kafka_headers_t *hdrs,
+                    const ack_t *ack,
+                    rd_kafka_resp_err_t err,
+                    const char *rid);
+
 static void on_refused(kg_worker_t *w,
                        const char *topic,
                        const void *key,
@@ -340,6 +367,24 @@ static void on_refused(kg_worker_t *w,
     snprintf(rid, sizeof(rid), "%.*s", (int)(key_len < sizeof(rid) ? key_len : sizeof(rid) - 1),
              key ? (const char *)key : "");
     atomic_fetch_add(&w->m.events_refused, 1);
+    char fields[48];
+    kg_trace_log_fields_of(hdrs, fields, sizeof(fields));
+    const char *scope = kg_log_scope(fields);
+    refused(w, topic, key, key_len, value, len, hdrs, ack, err, rid);
+    kg_log_scope(scope);
+}
+
+/* on_refused, on the job's log scope; rid is the key as a request_id. */
+static void refused(kg_worker_t *w,
+                    const char *topic,
+                    const void *key,
+                    size_t key_len,
+                    const void *value,
+                    size_t len,
+                    const rd_kafka_headers_t *hdrs,
+                    const ack_t *ack,
+                    rd_kafka_resp_err_t err,
+                    const char *rid) {
     bool to_dlq = false;
     for (int l = 0; l < w->lanes.n; l++) {
         to_dlq |= strcmp(topic, w->out.dlq_topic[l]) == 0;
@@ -372,7 +417,8 @@ static void on_refused(kg_worker_t *w,
                     .reason = "undeliverable",
                     .message = msg,
                     .partition = part,
-                    .offset = off};
+                    .offset = off,
+                    .trace_hdrs = hdrs};
     kg_worker_dead_letter(w, &c, NULL);
     if (!ack) {
         return;
@@ -388,14 +434,14 @@ static void on_refused(kg_worker_t *w,
              "dead-letter topic",
              ack->is_error ? "error" : "done", len, rd_kafka_err2str(err));
     size_t elen;
-    char *json =
-        kg_events_error(&o, rid, KG_ERROR_INTERNAL, msg, NULL, w->out.max_event_bytes, &elen, NULL);
+    char *json = kg_events_error(&o, rid, KG_ERROR_INTERNAL, msg, NULL,
+                                 event_budget(w, kg_trace_headers_size(hdrs)), &elen, NULL);
     if (!json) {
         kg_worker_fatal(w, "out of memory encoding an error event");
         return;
     }
-    produce(w, w->cfg->results_topic, key, key_len, json, elen, ack_new(part, off, ACK_ANSWER),
-            NULL);
+    produce(w, w->cfg->results_topic, key, key_len, json, elen,
+            ack_new(part, off, ACK_ANSWER, ack->log_fields), hdrs);
     free(json);
 }
 
@@ -409,12 +455,14 @@ void kg_worker_dead_letter_job(kg_worker_t *w, const job_msg_t *m, const kg_code
                     .reason = kg_codec_dlq_reason_str(err->reason),
                     .message = err->message,
                     .partition = m->partition,
-                    .offset = m->offset};
+                    .offset = m->offset,
+                    .trace_hdrs = m->trace ? m->trace->hdrs : NULL};
     atomic_fetch_add(&w->m.jobs_dlq, 1);
     KG_LOG_WARN("worker", "dead-lettered topic=%s partition=%d offset=%lld reason=%s",
                 topic_of(w, m->partition), part_of(m->partition), (long long)m->offset, c.reason);
     kg_worker_job_answered(w, m->partition, m->offset);
-    kg_worker_dead_letter(w, &c, ack_new(m->partition, m->offset, ACK_DLQ));
+    kg_worker_dead_letter(
+        w, &c, ack_new(m->partition, m->offset, ACK_DLQ, m->trace ? m->trace->log_fields : NULL));
 }
 
 // ---- events ----
@@ -427,23 +475,27 @@ void kg_worker_produce_error(kg_worker_t *w,
                              int64_t offset,
                              kg_error_code_t code,
                              const char *message,
-                             const char *metadata_json) {
+                             const char *metadata_json,
+                             const kg_trace_t *trace) {
     char attempt[KG_ATTEMPT_ID_SIZE];
     kg_event_origin_t o = origin(w, partition, offset, w->jobs.next_id++, attempt);
+    kg_event_span_t span;
+    o.span = kg_trace_span(trace, kg_trace_unix_nano(), &span) ? &span : NULL;
     size_t len;
     char *json = kg_events_error(&o, request_id, code, message, metadata_json,
-                                 w->out.max_event_bytes, &len, NULL);
+                                 event_budget(w, trace ? trace->hdrs_size : 0), &len, NULL);
     if (!json) {
         kg_worker_fatal(w, "out of memory encoding an error event");
         return;
     }
-    ack_t *ack = ack_new(partition, offset, ACK_RESULT);
+    ack_t *ack = ack_new(partition, offset, ACK_RESULT, trace ? trace->log_fields : NULL);
     if (ack) {
         ack->is_error = true;
         ack->code = code;
     }
     kg_worker_job_answered(w, partition, offset);
-    produce(w, w->cfg->results_topic, request_id, strlen(request_id), json, len, ack, NULL);
+    produce(w, w->cfg->results_topic, request_id, strlen(request_id), json, len, ack,
+            trace ? trace->hdrs : NULL);
     free(json);
 }
 
@@ -457,13 +509,13 @@ void kg_worker_emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_s
     for (int i = 0; i < js->n_evs; i++) {
         size_t len;
         char *json = kg_jobrun_token_event(&r->run, js, i, &o, w->model->tok,
-                                           w->out.max_event_bytes, &len, NULL);
+                                           event_budget(w, r->trace.hdrs_size), &len, NULL);
         if (!json) {
             kg_worker_fatal(w, "out of memory encoding a token event");
             return;
         }
         produce_now(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len,
-                    NULL, NULL);
+                    NULL, r->trace.hdrs);
         free(json);
     }
 }
@@ -485,20 +537,21 @@ void kg_worker_produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refuse
     const kg_job_t *job = r->run.job;
     char attempt[KG_ATTEMPT_ID_SIZE];
     kg_event_origin_t o = origin(w, job->partition, job->offset, r->id, attempt);
+    kg_event_span_t span;
+    o.span = kg_trace_span(&r->trace, kg_trace_unix_nano(), &span) ? &span : NULL;
     kg_jobrun_outcome_t oc;
-    size_t len;
-    char *json =
-        refused != KG_OK
-            ? kg_jobrun_refused(&r->run, &o, refused, w->out.max_event_bytes, &len, &oc)
-            : kg_jobrun_terminal(&r->run, &o, w->model->tok, w->out.max_event_bytes, &len, &oc);
-    ack_t *ack = ack_new(job->partition, job->offset, ACK_RESULT);
+    size_t len, budget = event_budget(w, r->trace.hdrs_size);
+    char *json = refused != KG_OK
+                     ? kg_jobrun_refused(&r->run, &o, refused, budget, &len, &oc)
+                     : kg_jobrun_terminal(&r->run, &o, w->model->tok, budget, &len, &oc);
+    ack_t *ack = ack_new(job->partition, job->offset, ACK_RESULT, r->trace.log_fields);
     if (!json || !ack) {
         free(json);
         free(ack);
         kg_worker_fatal(w, "out of memory encoding a terminal event");
         return;
     }
-    log_shed(job, &oc.fit, w->out.max_event_bytes);
+    log_shed(job, &oc.fit, budget);
     ack->is_error = oc.is_error;
     ack->code = oc.code;
     ack->reason = oc.reason;
@@ -520,7 +573,7 @@ void kg_worker_produce_terminal(kg_worker_t *w, job_rec_t *r, kg_status_t refuse
     }
     kg_worker_job_answered(w, job->partition, job->offset);
     produce(w, w->cfg->results_topic, job->request_id, strlen(job->request_id), json, len, ack,
-            NULL);
+            r->trace.hdrs);
     free(json);
 }
 
@@ -708,11 +761,16 @@ kg_status_t kg_worker_size_messages(kg_worker_t *w, char *errstr, size_t errstr_
     }
     w->out.max_event_bytes = (size_t)(results - RECORD_OVERHEAD);
     w->out.max_dlq_bytes = (size_t)(dlq - RECORD_OVERHEAD - DLQ_HEADER_ROOM);
-    KG_LOG_INFO(
-        "worker",
-        "event budget max_event_bytes=%zu max_dlq_bytes=%zu producer_message_max_bytes=%lld "
-        "results_topic_max_message_bytes=%lld dlq_topic_max_message_bytes=%lld",
-        w->out.max_event_bytes, w->out.max_dlq_bytes, (long long)producer_max,
-        (long long)topic_max[0], (long long)topic_max[1]);
+    /* a job's copied headers (kg_trace) take at most a quarter of what an event or a DLQ copy
+     * may, so its events still fit with everything the job brought */
+    size_t smaller = w->out.max_event_bytes < w->out.max_dlq_bytes ? w->out.max_event_bytes
+                                                                   : w->out.max_dlq_bytes;
+    w->out.max_trace_bytes = smaller / 4 < KG_TRACE_BYTES_MAX ? smaller / 4 : KG_TRACE_BYTES_MAX;
+    KG_LOG_INFO("worker",
+                "event budget max_event_bytes=%zu max_dlq_bytes=%zu max_trace_bytes=%zu "
+                "producer_message_max_bytes=%lld results_topic_max_message_bytes=%lld "
+                "dlq_topic_max_message_bytes=%lld",
+                w->out.max_event_bytes, w->out.max_dlq_bytes, w->out.max_trace_bytes,
+                (long long)producer_max, (long long)topic_max[0], (long long)topic_max[1]);
     return KG_OK;
 }

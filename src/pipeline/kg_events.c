@@ -16,6 +16,10 @@ static void common(const kg_event_origin_t *o, const char *request_id, kg_event_
     c->offset = o->offset;
     c->attempt = o->attempt;
     c->ts_ms = kg_clock_epoch_ms();
+    c->has_span = o->span != NULL;
+    if (o->span) {
+        c->span = *o->span;
+    }
 }
 
 void kg_events_attempt_id(uint64_t incarnation, uint64_t run, char *out, size_t size) {

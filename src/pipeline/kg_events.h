@@ -34,6 +34,8 @@ typedef struct kg_event_origin {
     /* this run of the job, unique across runs and workers (kg_events_attempt_id); NULL outside
      * Kafka, where a job runs once */
     const char *attempt;
+    /* the worker's span of the job (terminal events of a job with a traceparent); NULL: none */
+    const kg_event_span_t *span;
 } kg_event_origin_t;
 
 /* Bytes of an attempt id with its NUL: 16 hex digits, '-', a 64-bit decimal. */

@@ -67,6 +67,20 @@ const char *kg_event_type_str(kg_event_type_t type);
 
 // ---- events ----
 
+/* The worker's own span of a job (W3C trace context, OpenTelemetry): a new
+ * span under the trace the job's traceparent header names, from when the
+ * worker took the job off Kafka to when it made the terminal event. Ids are
+ * lowercase hex; times are ns since the Unix epoch. */
+#define KG_TRACE_ID_HEX 32
+#define KG_SPAN_ID_HEX  16
+typedef struct kg_event_span {
+    char trace_id[KG_TRACE_ID_HEX + 1];      /* the job's trace */
+    char span_id[KG_SPAN_ID_HEX + 1];        /* the worker's span: 8 random bytes */
+    char parent_span_id[KG_SPAN_ID_HEX + 1]; /* the traceparent's parent-id: the producer's span */
+    int64_t start_unix_nano;
+    int64_t end_unix_nano;
+} kg_event_span_t;
+
 /* Fields every event carries. All pointers are borrowed when encoding. */
 typedef struct kg_event_common {
     const char *request_id; /* required */
@@ -77,6 +91,8 @@ typedef struct kg_event_common {
     const char *attempt;    /* this run of the job (kg_events_attempt_id); NULL: not written */
     int64_t ts_ms;          /* epoch ms the event was made */
     int32_t schema_version; /* decoded value; encoders always write KG_SCHEMA_VERSION */
+    bool has_span;          /* a terminal event of a job with a valid traceparent: `span` */
+    kg_event_span_t span;
 } kg_event_common_t;
 
 /* One token and its log-probability. Text is (ptr, len) because a token's

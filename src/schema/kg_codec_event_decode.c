@@ -104,9 +104,49 @@ ev_str(evdec_t *d, json_t *o, const char *key, bool optional, const char **s, si
     return true;
 }
 
+/* A lowercase hex id of exactly n digits, not all zero (W3C trace context), into out (n + 1). */
+static bool ev_hex_id(evdec_t *d, json_t *o, const char *key, size_t n, char *out) {
+    json_t *v = json_object_get(o, key);
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    bool ok = s && json_string_length(v) == n;
+    bool nonzero = false;
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f');
+        nonzero |= s[i] != '0';
+    }
+    if (!ok || !nonzero) {
+        return ev_bad(d, key,
+                      n == KG_TRACE_ID_HEX ? "32 lowercase hex digits, not all zero"
+                                           : "16 lowercase hex digits, not all zero");
+    }
+    memcpy(out, s, n + 1);
+    return true;
+}
+
+/* The worker's span (optional): ids as W3C writes them, end not before start. */
+static bool ev_span(evdec_t *d, kg_event_common_t *c) {
+    json_t *sp = json_object_get(d->root, "span");
+    if (!sp) {
+        return true;
+    }
+    if (!json_is_object(sp)) {
+        return ev_bad(d, "span", "an object");
+    }
+    kg_event_span_t *s = &c->span;
+    if (!ev_hex_id(d, sp, "trace_id", KG_TRACE_ID_HEX, s->trace_id) ||
+        !ev_hex_id(d, sp, "span_id", KG_SPAN_ID_HEX, s->span_id) ||
+        !ev_hex_id(d, sp, "parent_span_id", KG_SPAN_ID_HEX, s->parent_span_id) ||
+        !ev_int(d, sp, "start_unix_nano", 0, INT64_MAX, &s->start_unix_nano) ||
+        !ev_int(d, sp, "end_unix_nano", s->start_unix_nano, INT64_MAX, &s->end_unix_nano)) {
+        return false;
+    }
+    c->has_span = true;
+    return true;
+}
+
 static bool ev_common(evdec_t *d, kg_event_common_t *c) {
     json_t *r = d->root;
-    return ev_str(d, r, "request_id", false, &c->request_id, NULL) &&
+    return ev_span(d, c) && ev_str(d, r, "request_id", false, &c->request_id, NULL) &&
            ev_str(d, r, "worker_id", false, &c->worker_id, NULL) &&
            ev_str(d, r, "topic", true, &c->topic, NULL) &&
            ev_int32(d, r, "partition", -1, &c->partition) &&

@@ -51,6 +51,20 @@ const char *kg_event_type_str(kg_event_type_t type) {
 
 // ---- event encode ----
 
+static json_t *span_json(const kg_event_span_t *sp, bool *ok) {
+    json_t *o = json_object();
+    if (!o) {
+        *ok = false;
+        return NULL;
+    }
+    kg_codec_put(o, "trace_id", kg_codec_cstr_json(sp->trace_id), ok);
+    kg_codec_put(o, "span_id", kg_codec_cstr_json(sp->span_id), ok);
+    kg_codec_put(o, "parent_span_id", kg_codec_cstr_json(sp->parent_span_id), ok);
+    kg_codec_put(o, "start_unix_nano", json_integer(sp->start_unix_nano), ok);
+    kg_codec_put(o, "end_unix_nano", json_integer(sp->end_unix_nano), ok);
+    return o;
+}
+
 static json_t *event_new(const char *type, const kg_event_common_t *c, bool *ok) {
     json_t *o = json_object();
     if (!o) {
@@ -70,6 +84,9 @@ static json_t *event_new(const char *type, const kg_event_common_t *c, bool *ok)
     }
     kg_codec_put(o, "schema_version", json_integer(KG_SCHEMA_VERSION), ok);
     kg_codec_put(o, "ts_ms", json_integer(c->ts_ms < 0 ? 0 : c->ts_ms), ok);
+    if (c->has_span) {
+        kg_codec_put(o, "span", span_json(&c->span, ok), ok);
+    }
     return o;
 }
 

@@ -531,6 +531,60 @@ START_TEST(valid_events_round_trip) {
 }
 END_TEST
 
+/* The worker's span on a terminal event: read back as written, and refused when its ids are not
+ * W3C's (lowercase hex of the right length, not all zero) or it ends before it starts. */
+START_TEST(event_span) {
+    size_t len;
+    char err[256];
+    char *text = read_example("valid", "event-done-span.json", &len);
+    kg_event_t *ev = NULL;
+    ck_assert_int_eq(kg_codec_decode_event(text, len, &ev, err, sizeof(err)), KG_OK);
+    ck_assert(ev->done.common.has_span);
+    ck_assert_str_eq(ev->done.common.span.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    ck_assert_str_eq(ev->done.common.span.span_id, "53995c3f42cd8ad8");
+    ck_assert_str_eq(ev->done.common.span.parent_span_id, "00f067aa0ba902b7");
+    ck_assert_int_eq(ev->done.common.span.start_unix_nano, 1718000001119871003LL);
+    ck_assert_int_eq(ev->done.common.span.end_unix_nano, 1718000001199871004LL);
+    kg_event_free(ev);
+    free(text);
+    text = read_example("valid", "event-done-stop.json", &len);
+    ck_assert_int_eq(kg_codec_decode_event(text, len, &ev, err, sizeof(err)), KG_OK);
+    ck_assert(!ev->done.common.has_span);
+    kg_event_free(ev);
+    free(text);
+    static const struct {
+        const char *span, *want;
+    } bad[] = {
+        {"[]", "span: expected an object"},
+        {"{\"span_id\":\"53995c3f42cd8ad8\"}", "trace_id: expected 32"},
+        {"{\"trace_id\":\"4BF92F3577B34DA6A3CE929D0E0E4736\"}", "trace_id: expected 32"},
+        {"{\"trace_id\":\"00000000000000000000000000000000\"}", "trace_id: expected 32"},
+        {"{\"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\",\"span_id\":\"53995c3f42cd8a\"}",
+         "span_id: expected 16"},
+        {"{\"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\",\"span_id\":\"53995c3f42cd8ad8\","
+         "\"parent_span_id\":\"0000000000000000\"}",
+         "parent_span_id: expected 16"},
+        {"{\"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\",\"span_id\":\"53995c3f42cd8ad8\","
+         "\"parent_span_id\":\"00f067aa0ba902b7\",\"start_unix_nano\":5,\"end_unix_nano\":4}",
+         "end_unix_nano: expected an integer"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char buf[1024];
+        int n = snprintf(buf, sizeof(buf),
+                         "{\"type\":\"error\",\"request_id\":\"r\",\"worker_id\":\"w\","
+                         "\"partition\":0,\"offset\":0,\"schema_version\":1,\"ts_ms\":1,"
+                         "\"code\":\"internal\",\"message\":\"m\",\"span\":%s}",
+                         bad[i].span);
+        ev = (kg_event_t *)1;
+        err[0] = '\0';
+        ck_assert_int_eq(kg_codec_decode_event(buf, (size_t)n, &ev, err, sizeof(err)),
+                         KG_ERR_INVALID);
+        ck_assert_ptr_null(ev);
+        ck_assert_msg(strncmp(err, bad[i].want, strlen(bad[i].want)) == 0, "%zu: %s", i, err);
+    }
+}
+END_TEST
+
 START_TEST(event_fields) {
     size_t len;
     char err[256];
@@ -973,6 +1027,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, invalid_jobs_fail_as_listed);
     tcase_add_test(tc, valid_events_round_trip);
     tcase_add_test(tc, event_fields);
+    tcase_add_test(tc, event_span);
     suite_add_tcase(s, tc);
     tc = tcase_create("encode");
     tcase_add_test(tc, encode_is_defensive);

@@ -132,6 +132,10 @@ START_TEST(bad_input_is_an_error) {
         {4, {"w", "--demo", "1", "--http-address=10.0.0.300"}, "IPv4 or IPv6"},
         {4, {"w", "--demo", "1", "--max-event-bytes=1000"}, "at least 4096"},
         {4, {"w", "--demo", "1", "--poison-after=-1"}, "poison-after"},
+        {4, {"w", "--demo", "1", "--propagate-headers=a,,b"}, "propagate-headers"},
+        {4, {"w", "--demo", "1", "--propagate-headers=x;y"}, "propagate-headers"},
+        {4, {"w", "--demo", "1", "--propagate-headers=kgen-format"}, "worker's own"},
+        {4, {"w", "--demo", "1", "--propagate-headers=a,b,c,d,e,f,g,h,i,j,k,l,m,n"}, "at most 13"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         kg_config_t cfg;
@@ -143,6 +147,13 @@ START_TEST(bad_input_is_an_error) {
                       cases[i].want);
         kg_config_clear(&cfg);
     }
+    kg_config_t ok;
+    char ok_err[256] = "";
+    char *ok_envp[] = {NULL};
+    char *ok_argv[] = {"w", "--demo", "1", "--propagate-headers= x-tenant , b3"};
+    ck_assert_int_eq(parse(&ok, ok_envp, 4, ok_argv, ok_err), KG_OK);
+    ck_assert_str_eq(ok.propagate_headers, " x-tenant , b3");
+    kg_config_clear(&ok);
     kg_config_t cfg;
     char err[256];
     char *envp[] = {"KGEN_THREADS=lots", NULL};

@@ -111,6 +111,38 @@ START_TEST(json_line) {
 }
 END_TEST
 
+/* A thread's scope fields (a job's trace_id) follow every line's own pairs, in both formats,
+ * once: a key the line already has is not repeated; scopes nest and clear. */
+START_TEST(log_scope_fields) {
+    const char *prev = kg_log_scope(" trace_id=4bf92f3577b34da6a3ce929d0e0e4736");
+    ck_assert_ptr_null(prev);
+    char *out = capture_log(KG_LOG_FORMAT_LOGFMT, "job done request_id=r1");
+    ck_assert_ptr_nonnull(
+        strstr(out, "msg=\"job done\" request_id=r1 trace_id=4bf92f3577b34da6a3ce929d0e0e4736\n"));
+    free(out);
+    out = capture_log(KG_LOG_FORMAT_LOGFMT, "no pairs here");
+    ck_assert_ptr_nonnull(
+        strstr(out, "msg=\"no pairs here\" trace_id=4bf92f3577b34da6a3ce929d0e0e4736\n"));
+    free(out);
+    out = capture_log(KG_LOG_FORMAT_LOGFMT, "given trace_id=x");
+    ck_assert_ptr_nonnull(strstr(out, "msg=\"given\" trace_id=x\n"));
+    free(out);
+    out = capture_log(KG_LOG_FORMAT_JSON, "job done request_id=r1");
+    ck_assert_ptr_nonnull(
+        strstr(out, "\"request_id\":\"r1\",\"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\"}"));
+    free(out);
+    const char *outer = kg_log_scope(" trace_id=inner");
+    out = capture_log(KG_LOG_FORMAT_LOGFMT, "x");
+    ck_assert_ptr_nonnull(strstr(out, "msg=\"x\" trace_id=inner\n"));
+    free(out);
+    kg_log_scope(outer);
+    kg_log_scope(prev);
+    out = capture_log(KG_LOG_FORMAT_LOGFMT, "cleared");
+    ck_assert_ptr_null(strstr(out, "trace_id"));
+    free(out);
+}
+END_TEST
+
 START_TEST(level_parse) {
     ck_assert_int_eq(kg_log_level_parse("debug"), KG_LOG_LEVEL_DEBUG);
     ck_assert_int_eq(kg_log_level_parse("warn"), KG_LOG_LEVEL_WARN);
@@ -198,6 +230,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, logfmt_text_with_equals);
     tcase_add_test(tc, logfmt_long_line_closes);
     tcase_add_test(tc, level_parse);
+    tcase_add_test(tc, log_scope_fields);
     suite_add_tcase(s, tc);
     tc = tcase_create("pool");
     tcase_set_timeout(tc, 120);

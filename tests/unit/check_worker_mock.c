@@ -942,6 +942,255 @@ START_TEST(test_openai_response_format) {
 }
 END_TEST
 
+// ---- trace context: a job's headers on its events (kg_trace) ----
+
+#define TRACEPARENT "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+/* No journal (the injected Produce error must hit the worker's event producer), and one named
+ * header to copy besides the W3C ones. */
+static void traced(fixture_t *f) {
+    cfg_set(&f->cfg, "poison-after", "0");
+    cfg_set(&f->cfg, "propagate-headers", "x-tenant");
+}
+
+/* A job with headers (name=value pairs, NULL-terminated; NULL for none). */
+static void produce_with_headers(fixture_t *f, const char *key, const char *value, const char **h) {
+    rd_kafka_headers_t *hdrs = rd_kafka_headers_new(8);
+    for (int i = 0; h && h[i]; i += 2) {
+        rd_kafka_header_add(hdrs, h[i], -1, h[i + 1], -1);
+    }
+    rd_kafka_vu_t vus[5] = {
+        {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+        {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {(void *)key, strlen(key)}},
+        {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {(void *)value, strlen(value)}},
+        {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+        {.vtype = RD_KAFKA_VTYPE_HEADERS, .u.headers = hdrs},
+    };
+    rd_kafka_error_t *e = rd_kafka_produceva(f->producer, vus, 5);
+    ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+}
+
+static size_t header_count(const rd_kafka_message_t *rkm) {
+    rd_kafka_headers_t *h = NULL;
+    return rd_kafka_message_headers(rkm, &h) == 0 ? rd_kafka_header_cnt(h) : 0;
+}
+
+/* Every event of a traced job carries its traceparent, tracestate, baggage and the named
+ * x-tenant (and no other header); a job without headers gets none; an invalid job's error event
+ * and an unparseable job's DLQ copy carry them too; an invalid traceparent is copied verbatim
+ * but gives no span; a terminal event of a job with a valid one carries the worker's span under
+ * its trace. Then a refused done event: the `internal` error event that answers instead and the
+ * DLQ copy of the refused event carry the job's headers too. */
+START_TEST(test_trace_headers) {
+    fixture_t f;
+    setup_with(&f, 1, "64", traced);
+    const char *full[] = {"traceparent", TRACEPARENT,    "tracestate", "congo=t61rcWkgMzE",
+                          "baggage",     "userId=alice", "x-tenant",   "acme",
+                          "x-other",     "not-copied",   NULL};
+    const char *tp_only[] = {"traceparent", TRACEPARENT, NULL};
+    const char *bad_tp[] = {"traceparent", "garbage", NULL};
+    produce_with_headers(&f, "t-0",
+                         "{\"request_id\":\"t-0\",\"prompt\":\"Once\",\"max_tokens\":4,"
+                         "\"ignore_eos\":true,\"stream\":true}",
+                         full);
+    produce_with_headers(&f, "t-1",
+                         "{\"request_id\":\"t-1\",\"prompt\":\"Once\",\"max_tokens\":4,"
+                         "\"ignore_eos\":true,\"stream\":true}",
+                         NULL);
+    produce_with_headers(&f, "t-2", "{\"request_id\":\"t-2\",\"prompt\":\"Once\",\"max_tokens\":0}",
+                         tp_only);
+    produce_with_headers(&f, "t-3", "{not json", tp_only);
+    produce_with_headers(&f, "t-4",
+                         "{\"request_id\":\"t-4\",\"prompt\":\"Once\",\"max_tokens\":2,"
+                         "\"ignore_eos\":true}",
+                         bad_tp);
+    rd_kafka_flush(f.producer, 5000);
+    int n_terminal = 0, n_tokens0 = 0;
+    bool seen[5] = {false};
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (n_terminal < 4 && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        kg_event_t *ev = NULL;
+        char err[256], b[128];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        const kg_event_common_t *c = ev->type == KG_EVENT_TOKEN  ? &ev->token.common
+                                     : ev->type == KG_EVENT_DONE ? &ev->done.common
+                                                                 : &ev->error.common;
+        int i = -1;
+        ck_assert(sscanf(c->request_id, "t-%d", &i) == 1 && i >= 0 && i < 5 && i != 3);
+        if (i == 0) {
+            ck_assert_str_eq(header(rkm, "traceparent", b, sizeof(b)), TRACEPARENT);
+            ck_assert_str_eq(header(rkm, "tracestate", b, sizeof(b)), "congo=t61rcWkgMzE");
+            ck_assert_str_eq(header(rkm, "baggage", b, sizeof(b)), "userId=alice");
+            ck_assert_str_eq(header(rkm, "x-tenant", b, sizeof(b)), "acme");
+            ck_assert_uint_eq(header_count(rkm), 4);
+            n_tokens0 += ev->type == KG_EVENT_TOKEN;
+        } else if (i == 1) {
+            ck_assert_uint_eq(header_count(rkm), 0);
+        } else if (i == 2) {
+            ck_assert_int_eq(ev->type, KG_EVENT_ERROR);
+            ck_assert_int_eq(ev->error.code, KG_ERROR_INVALID_JOB);
+            ck_assert_str_eq(header(rkm, "traceparent", b, sizeof(b)), TRACEPARENT);
+            ck_assert_uint_eq(header_count(rkm), 1);
+        } else {
+            ck_assert_str_eq(header(rkm, "traceparent", b, sizeof(b)), "garbage");
+            ck_assert(!c->has_span);
+        }
+        if (ev->type != KG_EVENT_TOKEN) {
+            ck_assert_int_eq(c->has_span, i == 0 || i == 2);
+            if (c->has_span) {
+                ck_assert_str_eq(c->span.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+                ck_assert_str_eq(c->span.parent_span_id, "00f067aa0ba902b7");
+                ck_assert_uint_eq(strlen(c->span.span_id), 16);
+                ck_assert_str_ne(c->span.span_id, c->span.parent_span_id);
+                ck_assert(c->span.start_unix_nano > 0);
+                ck_assert(c->span.end_unix_nano >= c->span.start_unix_nano);
+                ck_assert(c->span.end_unix_nano / 1000000 <= c->ts_ms + 1);
+            } else {
+                ck_assert(ev->type == KG_EVENT_TOKEN || i == 1 || i == 4);
+            }
+            ck_assert(!seen[i]);
+            seen[i] = true;
+            n_terminal++;
+        } else {
+            ck_assert(!c->has_span);
+        }
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert_int_eq(n_terminal, 4);
+    ck_assert_int_eq(n_tokens0, 4);
+    /* the unparseable job's DLQ copy: its headers and the worker's kgen-* ones */
+    rd_kafka_t *dlq = reader_of(&f, "jobs.dlq", 1);
+    bool found = false;
+    deadline = kg_clock_us() + 30 * 1000000LL;
+    while (!found && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(dlq, 100);
+        if (rkm && !rkm->err) {
+            char b[128];
+            ck_assert_str_eq(header(rkm, "kgen-payload", b, sizeof(b)), "job");
+            ck_assert_str_eq(header(rkm, "traceparent", b, sizeof(b)), TRACEPARENT);
+            found = true;
+        }
+        if (rkm) {
+            rd_kafka_message_destroy(rkm);
+        }
+    }
+    ck_assert(found);
+
+    /* a done event the broker refuses: its answer and its DLQ copy keep the headers */
+    produce_with_headers(&f, "t-5",
+                         "{\"request_id\":\"t-5\",\"prompt\":\"Once\",\"max_tokens\":1500,"
+                         "\"ignore_eos\":true,\"stream\":false}",
+                         full);
+    rd_kafka_flush(f.producer, 5000);
+    rd_kafka_mock_push_request_errors(f.mc, API_PRODUCE, 1, RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE);
+    bool answered = false, copied = false;
+    deadline = kg_clock_us() + 60 * 1000000LL;
+    while (!(answered && copied) && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(answered ? dlq : f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        char b[128];
+        kg_event_t *ev = NULL;
+        char err[256];
+        ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) == KG_OK);
+        if (!answered) {
+            ck_assert_int_eq(ev->type, KG_EVENT_ERROR); /* the done event was refused */
+            ck_assert_int_eq(ev->error.code, KG_ERROR_INTERNAL);
+            answered = true;
+        } else {
+            ck_assert_str_eq(header(rkm, "kgen-payload", b, sizeof(b)), "event");
+            ck_assert_int_eq(ev->type, KG_EVENT_DONE);
+            ck_assert(ev->done.common.has_span);
+            copied = true;
+        }
+        ck_assert_str_eq(header(rkm, "traceparent", b, sizeof(b)), TRACEPARENT);
+        ck_assert_str_eq(header(rkm, "x-tenant", b, sizeof(b)), "acme");
+        kg_event_free(ev);
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert(answered && copied);
+    rd_kafka_consumer_close(dlq);
+    rd_kafka_destroy(dlq);
+    teardown(&f);
+}
+END_TEST
+
+/* The dead worker's record, and the W3C headers propagated (the journal stays on). */
+static void traced_poison(fixture_t *f) {
+    write_dead_worker_record(f);
+    cfg_set(&f->cfg, "propagate-headers", "x-tenant");
+}
+
+/* A poison job (offset 0 of the dead worker's partition: its second failure) with trace headers:
+ * its `internal` answer and its DLQ copy carry them, the answer with the worker's span. */
+START_TEST(test_trace_poisoned) {
+    fixture_t f;
+    setup_with(&f, 1, "64", traced_poison);
+    rd_kafka_headers_t *hdrs = rd_kafka_headers_new(2);
+    rd_kafka_header_add(hdrs, "traceparent", -1, TRACEPARENT, -1);
+    rd_kafka_header_add(hdrs, "x-tenant", -1, "acme", -1);
+    const char *job = "{\"request_id\":\"job-0\",\"prompt\":\"Once\",\"max_tokens\":4}";
+    rd_kafka_vu_t vus[6] = {
+        {.vtype = RD_KAFKA_VTYPE_TOPIC, .u.cstr = "jobs"},
+        {.vtype = RD_KAFKA_VTYPE_PARTITION, .u.i32 = POISON_PARTITION},
+        {.vtype = RD_KAFKA_VTYPE_KEY, .u.mem = {"job-0", 5}},
+        {.vtype = RD_KAFKA_VTYPE_VALUE, .u.mem = {(void *)job, strlen(job)}},
+        {.vtype = RD_KAFKA_VTYPE_MSGFLAGS, .u.i = RD_KAFKA_MSG_F_COPY},
+        {.vtype = RD_KAFKA_VTYPE_HEADERS, .u.headers = hdrs},
+    };
+    rd_kafka_error_t *e = rd_kafka_produceva(f.producer, vus, 6);
+    ck_assert_msg(e == NULL, "produceva: %s", e ? rd_kafka_error_string(e) : "");
+    rd_kafka_flush(f.producer, 5000);
+    rd_kafka_t *dlq = reader_of(&f, "jobs.dlq", 1);
+    bool answered = false, copied = false;
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (!(answered && copied) && kg_clock_us() < deadline) {
+        rd_kafka_message_t *rkm = rd_kafka_consumer_poll(answered ? dlq : f.reader, 100);
+        if (!rkm || rkm->err) {
+            if (rkm) {
+                rd_kafka_message_destroy(rkm);
+            }
+            continue;
+        }
+        char b[128];
+        if (!answered) {
+            kg_event_t *ev = NULL;
+            char err[256];
+            ck_assert(kg_codec_decode_event(rkm->payload, rkm->len, &ev, err, sizeof(err)) ==
+                      KG_OK);
+            ck_assert_int_eq(ev->type, KG_EVENT_ERROR);
+            ck_assert_msg(strncmp(ev->error.message, "poisoned", 8) == 0, "%s", ev->error.message);
+            ck_assert(ev->error.common.has_span);
+            ck_assert_str_eq(ev->error.common.span.parent_span_id, "00f067aa0ba902b7");
+            kg_event_free(ev);
+            answered = true;
+        } else {
+            ck_assert_str_eq(header(rkm, "kgen-error-reason", b, sizeof(b)), "poisoned");
+            copied = true;
+        }
+        ck_assert_str_eq(header(rkm, "traceparent", b, sizeof(b)), TRACEPARENT);
+        ck_assert_str_eq(header(rkm, "x-tenant", b, sizeof(b)), "acme");
+        rd_kafka_message_destroy(rkm);
+    }
+    ck_assert(answered && copied);
+    rd_kafka_consumer_close(dlq);
+    rd_kafka_destroy(dlq);
+    teardown(&f);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
@@ -957,6 +1206,11 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_openai_and_choices);
     tcase_add_test(tc, test_openai_response_format);
     suite_add_tcase(s, tc);
+    TCase *trace = tcase_create("trace"); /* CK_RUN_CASE=trace runs these alone */
+    tcase_set_timeout(trace, 240);
+    tcase_add_test(trace, test_trace_headers);
+    tcase_add_test(trace, test_trace_poisoned);
+    suite_add_tcase(s, trace);
     return s;
 }
 
