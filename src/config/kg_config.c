@@ -55,8 +55,10 @@ static const opt_t options[] = {
      "compacted topic where workers record the jobs they run, for --poison-after (default: "
      "<jobs-topic>.inflight; as many partitions as the jobs topic)"},
     {"poison-after", OPT_INT, OFF(poison_after), "2", 0, 100, "Kafka",
-     "a job present in this many consecutive worker failures (crash, kill, device fault) is "
-     "answered with an internal error and a DLQ copy instead of being run again (0 = off)"},
+     "the jobs running when a worker failed (crash, kill, device fault) are rerun in groups, "
+     "halved while they fail; a job that was the only one running on a failed worker this "
+     "many times minus one is answered with an internal error and a DLQ copy instead of being "
+     "run again (1 = at its first failure, 0 = off)"},
     {"cancel-topic", OPT_STR, OFF(cancel_topic), "", 0, 0, "Kafka",
      "topic of cancel messages ({\"request_id\": ...}), read by every worker from the "
      "cancels of the last --cancel-ttl (default: <jobs-topic>.cancel, each lane's with "

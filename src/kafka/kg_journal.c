@@ -14,17 +14,21 @@
 #define READ_MS        10000          /* at most, to read them */
 #define FLUSH_MS       10000          /* at most, for the clean snapshots on revoke */
 #define GRACE_EXTRA_MS 2000           /* beyond a heartbeat, for an evicted owner's revoke */
+#define BACKOFF_MAX_MS 10000          /* librdkafka's reconnect.backoff.max.ms */
 #define LAZY_US        (200 * 1000LL) /* finished jobs leave the record within this */
 #define MAX_ENTRIES    KG_INFLIGHT_MAX_JOBS
 
 typedef enum jstate {
     J_WAITING, /* carries strikes, not running here */
     J_STARTED, /* running (or about to) */
+    J_SOLO,    /* running (or about to) as the only job on the worker */
 } jstate_t;
 
 typedef struct jentry {
     int64_t offset;
     uint8_t strikes;
+    uint8_t level; /* kg_suspects.h */
+    uint8_t alone; /* failures it was the only job running in */
     uint8_t state; /* jstate_t */
 } jentry_t;
 
@@ -60,7 +64,8 @@ struct kg_journal {
     rd_kafka_topic_t *reader_rkt; /* keeps the topic's leaders known to the reader */
     jpart_t *parts;               /* (n_parts) by jobs partition */
     int32_t n_parts;
-    int64_t grace_us; /* how long a new owner waits for a live predecessor's clean record */
+    int64_t grace_us;         /* how long a new owner waits for a live predecessor's clean record */
+    int64_t verdict_grace_us; /* the same, where the failure would decide a verdict */
 };
 
 // ---- entries ----
@@ -137,17 +142,23 @@ static kg_inflight_run_t *entries_to_runs(const jpart_t *jp, size_t *n_runs) {
     size_t k = 0;
     for (size_t i = 0; runs && i < jp->n; i++) {
         const jentry_t *x = &jp->e[i];
-        bool started = x->state == J_STARTED;
+        bool started = x->state != J_WAITING, solo = x->state == J_SOLO;
         if (!started && x->strikes == 0) {
             continue;
         }
         kg_inflight_run_t *last = k ? &runs[k - 1] : NULL;
         if (last && last->offset + last->count == x->offset && last->strikes == x->strikes &&
-            last->started == started) {
+            last->started == started && last->level == x->level && last->alone == x->alone &&
+            last->solo == solo) {
             last->count++;
         } else {
-            runs[k++] = (kg_inflight_run_t){
-                .offset = x->offset, .count = 1, .strikes = x->strikes, .started = started};
+            runs[k++] = (kg_inflight_run_t){.offset = x->offset,
+                                            .count = 1,
+                                            .strikes = x->strikes,
+                                            .started = started,
+                                            .level = x->level,
+                                            .alone = x->alone,
+                                            .solo = solo};
         }
     }
     *n_runs = k;
@@ -253,10 +264,11 @@ void kg_journal_poll(kg_journal_t *j, int64_t now_us, int timeout_ms) {
 
 // ---- per job ----
 
-int kg_journal_strikes(kg_journal_t *j, int32_t partition, int64_t offset) {
+bool kg_journal_lookup(kg_journal_t *j, int32_t partition, int64_t offset, kg_journal_rec_t *rec) {
     jpart_t *jp = part(j, partition);
+    *rec = (kg_journal_rec_t){0};
     if (!jp || !jp->protected_) {
-        return -1;
+        return false;
     }
     if (!jp->pruned) {
         /* the first offset taken is where the committed prefix ends: the
@@ -268,11 +280,28 @@ int kg_journal_strikes(kg_journal_t *j, int32_t partition, int64_t offset) {
         }
         jp->pruned = true;
     }
-    jentry_t *x = find(jp, offset);
-    return x ? x->strikes : 0;
+    const jentry_t *x = find(jp, offset);
+    if (x) {
+        *rec = (kg_journal_rec_t){.strikes = x->strikes, .level = x->level, .alone = x->alone};
+    }
+    return true;
 }
 
-uint64_t kg_journal_start(kg_journal_t *j, int32_t partition, int64_t offset, int strikes) {
+int kg_journal_strikes(kg_journal_t *j, int32_t partition, int64_t offset) {
+    kg_journal_rec_t rec;
+    return kg_journal_lookup(j, partition, offset, &rec) ? rec.strikes : -1;
+}
+
+int kg_journal_n_waiting(const kg_journal_t *j, int32_t partition) {
+    const jpart_t *jp = part(j, partition);
+    int n = 0;
+    for (size_t i = 0; jp && jp->protected_ && i < jp->n; i++) {
+        n += jp->e[i].state == J_WAITING && jp->e[i].strikes > 0;
+    }
+    return n;
+}
+
+uint64_t kg_journal_start(kg_journal_t *j, int32_t partition, int64_t offset, bool solo) {
     jpart_t *jp = part(j, partition);
     if (!jp || !jp->protected_) {
         return 0;
@@ -282,8 +311,7 @@ uint64_t kg_journal_start(kg_journal_t *j, int32_t partition, int64_t offset, in
         unprotect(j, partition, "too many jobs in flight to record");
         return 0;
     }
-    x->strikes = (uint8_t)(strikes < KG_INFLIGHT_MAX_STRIKES ? strikes : KG_INFLIGHT_MAX_STRIKES);
-    x->state = J_STARTED;
+    x->state = solo ? J_SOLO : J_STARTED; /* its strikes, level and alone stay as taken over */
     mark_dirty(jp, true);
     return jp->seq_written + 1;
 }
@@ -305,7 +333,7 @@ void kg_journal_finish(kg_journal_t *j, int32_t partition, int64_t offset) {
 void kg_journal_release(kg_journal_t *j, int32_t partition, int64_t offset) {
     jpart_t *jp = part(j, partition);
     jentry_t *x = jp ? find(jp, offset) : NULL;
-    if (x && x->state == J_STARTED) {
+    if (x && x->state != J_WAITING) {
         x->state = J_WAITING;
         mark_dirty(jp, false);
     }
@@ -396,19 +424,43 @@ static bool left_running(const kg_inflight_t *s) {
     return false;
 }
 
+/* Whether counting the failure of the owner of `s` could answer a job: one ran solo in it (its
+ * alone count is what the verdict reads, kg_suspects.h), or every failure answers
+ * (--poison-after 1). Any other failure only moves jobs in the search for the culprit. */
+static bool decides_a_verdict(const kg_journal_t *j, const kg_inflight_t *s) {
+    if (!left_running(s)) {
+        return false;
+    }
+    for (size_t r = 0; r < s->n_runs; r++) {
+        if (s->runs[r].started && (s->runs[r].solo || j->cfg->poison_after == 1)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* An owner whose last snapshot is not clean may still be alive: evicted from the group (its
  * session timed out while the broker restarted, say), not dead. It learns so at its next
- * heartbeat and revokes, which writes a clean snapshot. Wait that long (grace_us) for one
- * before its running jobs are counted in a failure: otherwise an eviction gives them a strike,
- * and a job that was a suspect already (a real crash before) is poisoned by a hand-over, as
- * test_worker_exactly_once saw. A dead owner writes nothing: its strikes stand after the wait.
- * The reader is still assigned to the tails, so new records arrive here. */
+ * heartbeat and revokes, which writes a clean snapshot. Wait for one before its running jobs
+ * are counted in a failure. A dead owner writes nothing: its strikes stand after the wait.
+ * How long: a heartbeat + 2 s (grace_us) covers an owner that can reach the broker; one cut
+ * off by a broker restart reconnects only after its reconnect back-off, which doubles up to
+ * reconnect.backoff.max.ms while the broker is down (an 8 s restart left an owner 5 s behind
+ * the new one, and test_worker_exactly_once saw an innocent suspect poisoned by it). Waiting
+ * that long at every take-over would stall the new owner's loop after every crash, and most
+ * failures cannot hurt an innocent job any more: a strike only moves it in the search, and only
+ * a failure it was alone in (solo) counts toward a verdict. So the long wait (verdict_grace_us)
+ * is paid where such a failure is on record: a solo job was running, or --poison-after 1. The
+ * reader is still assigned to the tails, so new records arrive here. */
 static void wait_for_evicted(kg_journal_t *j, const int32_t *parts, int n, kg_inflight_t *best) {
     int n_wait = 0;
+    bool verdict = false;
     for (int i = 0; i < n; i++) {
         n_wait += left_running(&best[i]);
+        verdict |= decides_a_verdict(j, &best[i]);
     }
-    int64_t deadline = kg_clock_us() + j->grace_us;
+    int64_t t0 = kg_clock_us();
+    int64_t deadline = t0 + (verdict ? j->verdict_grace_us : j->grace_us);
     while (n_wait > 0 && kg_clock_us() < deadline) {
         rd_kafka_message_t *rkm = rd_kafka_consumer_poll(j->reader, 100);
         if (!rkm) {
@@ -434,6 +486,12 @@ static void wait_for_evicted(kg_journal_t *j, const int32_t *parts, int n, kg_in
             kg_inflight_clear(&s);
         }
         rd_kafka_message_destroy(rkm);
+    }
+    if (verdict) {
+        KG_LOG_INFO("journal",
+                    "waited for a clean record where a failure decides a verdict ms=%.0f "
+                    "handed_over=%d",
+                    (double)(kg_clock_us() - t0) / 1e3, n_wait == 0);
     }
 }
 
@@ -509,6 +567,8 @@ static void take_over(kg_journal_t *j, int32_t p, const kg_inflight_t *snap) {
                 break;
             }
             x->strikes = (uint8_t)runs[r].strikes;
+            x->level = (uint8_t)runs[r].level;
+            x->alone = (uint8_t)runs[r].alone;
             x->state = J_WAITING;
             n_suspects++;
         }
@@ -651,12 +711,17 @@ kg_journal_t *kg_journal_new(const kg_config_t *cfg,
     j->cfg = cfg;
     /* a live owner that was evicted hears of it at its next heartbeat, then revokes */
     int64_t heartbeat_ms = 3000; /* librdkafka's heartbeat.interval.ms */
+    int64_t backoff_max_ms = BACKOFF_MAX_MS;
     for (int i = 0; i < cfg->n_kafka_props; i++) {
+        /* librdkafka checked them */
         if (strcmp(cfg->kafka_keys[i], "heartbeat.interval.ms") == 0) {
-            heartbeat_ms = strtoll(cfg->kafka_values[i], NULL, 10); /* librdkafka checked it */
+            heartbeat_ms = strtoll(cfg->kafka_values[i], NULL, 10);
+        } else if (strcmp(cfg->kafka_keys[i], "reconnect.backoff.max.ms") == 0) {
+            backoff_max_ms = strtoll(cfg->kafka_values[i], NULL, 10);
         }
     }
     j->grace_us = (heartbeat_ms + GRACE_EXTRA_MS) * 1000;
+    j->verdict_grace_us = (heartbeat_ms + backoff_max_ms + GRACE_EXTRA_MS) * 1000;
     snprintf(j->worker_id, sizeof(j->worker_id), "%s", worker_id);
     snprintf(j->jobs_topic, sizeof(j->jobs_topic), "%s", jobs_topic);
     if (inflight_topic && *inflight_topic) {

@@ -3,9 +3,12 @@
  * stopping every worker that takes it in turn.
  *
  * DESIGN
- * Rule: a job present in `poison_after` (default 2) consecutive worker
- * failures is not run again; it is answered with an `internal` error event
- * ("poisoned after 2 attempts") and a copy on the DLQ.
+ * Rule: a job that was the only job running on a worker that failed,
+ * `poison_after` - 1 times (default 2: once), after a failure before that,
+ * is not run again; it is answered with an `internal` error event
+ * ("poisoned after N attempts") and a copy on the DLQ. Finding that job
+ * among the bystanders of a crash is kg_suspects.h's group testing; this
+ * journal keeps what it needs on record (strikes, level, alone, solo).
  *
  * Record. What a worker is running must outlive the worker and reach the
  * next owner of the partition, which may be another host, so it lives in
@@ -25,14 +28,19 @@
  * for it: its running jobs were in no failure. An owner that dies (crash,
  * SIGKILL, OOM kill, abort, a device fault that stops it) leaves a snapshot
  * that is not clean: every job marked running in it was present in that
- * failure and gets one strike more (kg_inflight_inherit). A revoked
- * partition therefore never counts, and neither does a drain. An owner
- * evicted from the group while alive (its session timed out while the broker
- * restarted) looks dead at first: it revokes, writing its clean snapshot,
- * only at its next heartbeat. So a new owner that finds a snapshot that is
- * not clean, with jobs running, waits a heartbeat interval + 2 s for a clean
- * one before it counts the failure (5 s with librdkafka's defaults; only
- * after a crash or an eviction, never on a plain hand-over).
+ * failure and gets one strike more and moves a level up in the search
+ * (kg_inflight_inherit; a job that ran solo gets an alone failure). A
+ * revoked partition therefore never counts, and neither does a drain. An
+ * owner evicted from the group while alive (its session timed out while the
+ * broker restarted) looks dead at first: it revokes, writing its clean
+ * snapshot, only at its next heartbeat, and later still when the broker
+ * restart left it in its reconnect back-off. So a new owner that finds a
+ * snapshot that is not clean, with jobs running, waits a heartbeat interval
+ * + 2 s for a clean one before it counts the failure (5 s with librdkafka's
+ * defaults; only after a crash or an eviction, never on a plain hand-over),
+ * and a heartbeat + reconnect.backoff.max.ms + 2 s (15 s) where the failure
+ * would decide a verdict: a job ran solo, or poison_after is 1. A failure
+ * counted by mistake elsewhere only moves jobs in the search.
  *
  * Ordering. A job may start only once a snapshot that marks it running is
  * acknowledged (acks=all): a job that crashes the worker at once (a crash in
@@ -42,13 +50,11 @@
  * LAZY_MS): a job that finished but was still on record when the worker
  * died gets a strike it did not earn, which at worst makes it a suspect.
  *
- * Consecutive, and the bystanders. When a worker dies, every job it was
- * running gets a strike, not only the culprit. Were those suspects run
- * together again, the culprit's second crash would give all of them their
- * second strike. So a worker runs at most one suspect (a job with a strike)
- * at a time, alongside jobs with none: a failure then finds at most one
- * suspect running, the one that was present in both. A job that was not
- * running in a failure keeps its strikes: it was in no new failure.
+ * The bystanders. When a worker dies, every job it was running gets a
+ * strike, not only the culprit: the suspects are run in groups that are
+ * halved while they fail (kg_suspects.h), and only a failure a job was alone
+ * in counts toward its verdict. A job that was not running in a failure
+ * keeps its strikes: it was in no new failure.
  *
  * Cost on the hot path: one small produce per partition per turn of the
  * worker loop that took jobs (the jobs of one poll share it), on its own
@@ -107,13 +113,31 @@ void kg_journal_assign(kg_journal_t *j, const rd_kafka_topic_partition_list_t *p
  * nothing, so the last snapshot stands for the failure. */
 void kg_journal_revoke(kg_journal_t *j, const rd_kafka_topic_partition_list_t *parts, bool clean);
 
+/** What the record says of one job (all 0: a job in no failure). */
+typedef struct kg_journal_rec {
+    int strikes; /* consecutive worker failures it was present in */
+    int level;   /* its group in the search for the culprit (kg_suspects.h) */
+    int alone;   /* of those failures, the ones it was the only job running in */
+} kg_journal_rec_t;
+
+/** The record of the job at (partition, offset) in *rec; false (and *rec
+ * zero) when the partition is not protected (journal off, no counterpart
+ * partition, a failed write). */
+bool kg_journal_lookup(kg_journal_t *j, int32_t partition, int64_t offset, kg_journal_rec_t *rec);
+
 /** The strikes of the job at (partition, offset), or -1 when the partition
- * is not protected (journal off, no counterpart partition, a failed write). */
+ * is not protected. */
 int kg_journal_strikes(kg_journal_t *j, int32_t partition, int64_t offset);
 
-/** Mark the job running. Returns the ticket to wait for: the job may start
- * once kg_journal_durable says so. */
-uint64_t kg_journal_start(kg_journal_t *j, int32_t partition, int64_t offset, int strikes);
+/** How many suspects (jobs with strikes) of the partition the record holds
+ * that are not running: the worker waits for their messages before it
+ * splits a group (kg_suspects.h). 0 when not protected. */
+int kg_journal_n_waiting(const kg_journal_t *j, int32_t partition);
+
+/** Mark the job running, `solo` when it runs as the only job on the worker
+ * (a failure then is its own: alone + 1). Returns the ticket to wait for:
+ * the job may start once kg_journal_durable says so. */
+uint64_t kg_journal_start(kg_journal_t *j, int32_t partition, int64_t offset, bool solo);
 
 /** Whether the snapshot of `ticket` has been acknowledged (or the partition
  * is no longer protected: nothing to wait for). */

@@ -103,15 +103,23 @@ typedef struct job_msg {
 } job_msg_t;
 
 /* A message that waits before it may start (kg_journal): for the snapshot
- * that records it as running to be acknowledged, or, a suspect (a job that
- * was running when a worker failed), for its turn: one at a time. */
+ * that records it as running to be acknowledged; a suspect (a job that was
+ * running when a worker failed) for its group's turn (kg_suspects.h); any
+ * job while a suspect runs solo. */
 typedef struct held_msg {
     job_msg_t m;      /* key and payload are owned copies; m.trace is &trace */
     kg_trace_t trace; /* owned copy */
     int strikes;      /* consecutive worker failures it was present in */
-    uint64_t ticket;  /* its journal snapshot; 0 while a suspect waits for its turn */
+    int level;        /* its group (kg_suspects.h) */
+    uint64_t ticket;  /* its journal snapshot; 0 while it waits for its turn */
     struct held_msg *next;
 } held_msg_t;
+
+/* A suspect of the group that runs (kg_suspects.h). */
+typedef struct round_slot {
+    int32_t partition; /* dense */
+    int64_t offset;
+} round_slot_t;
 
 /* A dead-letter copy: what goes to the DLQ and why (headers kgen-*). */
 typedef struct dlq_copy {
@@ -161,11 +169,14 @@ struct kg_worker {
         const char *crash_request_id;        /* TEST-ONLY fault injection; NULL normally */
         kg_journal_t *journal[KG_LANES_MAX]; /* the poison-job journal per lane; NULL when off */
         held_msg_t *held_head, *held_tail;   /* waiting for their snapshot's ack */
-        held_msg_t *suspects_head, *suspects_tail; /* suspects waiting for their turn */
-        int32_t n_held;                            /* in both lists */
-        bool suspect_busy;                         /* a suspect runs (or is about to) */
-        int32_t suspect_partition;                 /* dense */
-        int64_t suspect_offset;
+        held_msg_t *suspects_head, *suspects_tail; /* suspects waiting for their group's turn */
+        held_msg_t *deferred_head, *deferred_tail; /* jobs taken while a suspect runs solo */
+        int32_t n_held;                            /* in the three lists */
+        round_slot_t *round;                       /* (n_round) the group that runs */
+        int32_t n_round, cap_round;
+        int round_level;         /* its level; 1 is open to late level-1 suspects */
+        bool solo;               /* a suspect runs (or waits to run) alone: jobs are deferred */
+        int64_t last_suspect_us; /* when the newest suspect was held */
     } intake;
 
     /* kg_worker_jobs.c: the records of the jobs taken, their way to the engine */
@@ -251,7 +262,7 @@ void kg_worker_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaqu
 
 /** A message off the jobs topic (borrowed: destroyed by the caller). */
 void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm);
-/** Start the next suspect when none runs. */
+/** Start the next group of suspects when none runs (kg_suspects.h). */
 void kg_worker_start_next_suspect(kg_worker_t *w);
 /** Start every held job whose snapshot the broker has acknowledged. */
 void kg_worker_release_held(kg_worker_t *w);

@@ -3,13 +3,15 @@
  * (kg_journal) how often the job was present when a worker failed: a job
  * not journaled starts at once; one with no strike waits (is held) until
  * the snapshot that records it as running is acknowledged; a suspect (some
- * strikes) waits for its turn, one at a time; one with poison_after
- * strikes is answered instead of run. Starting a job decodes it (an
+ * strikes) waits for its group's turn (kg_suspects.h: group testing); one
+ * found poison is answered instead of run; while a suspect runs solo, every
+ * job taken waits for it. Starting a job decodes it (an
  * unparseable one goes to the DLQ, an invalid one gets an error event),
  * prepares it (tokenize, check the limits) and queues it for the engine
  * (kg_worker_jobs.c). */
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
+#include "kg_suspects.h"
 #include "kg_worker_int.h"
 
 #include <librdkafka/rdkafka.h>
@@ -130,18 +132,22 @@ static void start_message(kg_worker_t *w, const job_msg_t *m) {
     kg_worker_submit_pending(w);
 }
 
-// ---- poison jobs: held messages and suspects (see kg_journal.h) ----
+// ---- poison jobs: held messages and suspects (see kg_journal.h, kg_suspects.h) ----
 
+/* The suspect left the running group (answered or given back): when it was
+ * the last, the next group may start. */
 static void end_suspect(kg_worker_t *w, int32_t partition, int64_t offset) {
-    if (w->intake.suspect_busy && w->intake.suspect_partition == partition &&
-        w->intake.suspect_offset == offset) {
-        w->intake.suspect_busy = false;
-        atomic_store(&w->m.suspects, w->intake.suspects_head != NULL);
+    for (int32_t i = 0; i < w->intake.n_round; i++) {
+        if (w->intake.round[i].partition == partition && w->intake.round[i].offset == offset) {
+            w->intake.round[i] = w->intake.round[--w->intake.n_round];
+            break;
+        }
     }
+    atomic_store(&w->m.suspects, w->intake.n_round > 0 || w->intake.suspects_head != NULL);
 }
 
 /* The job was answered (its terminal event or DLQ copy produced): off the
- * journal's record; when it was the running suspect, the next may start. */
+ * journal's record; when it was the group's last suspect, the next may start. */
 void kg_worker_job_answered(kg_worker_t *w, int32_t partition, int64_t offset) {
     kg_journal_finish(w->intake.journal[lane_of(partition)], part_of(partition), offset);
     end_suspect(w, partition, offset);
@@ -157,7 +163,7 @@ static void update_inflight_gauge(kg_worker_t *w) {
     atomic_store(&w->m.inflight, w->jobs.n_inflight + w->intake.n_held);
 }
 
-static held_msg_t *held_new(const job_msg_t *m, int strikes) {
+static held_msg_t *held_new(const job_msg_t *m, const kg_journal_rec_t *rec) {
     held_msg_t *h = calloc(1, sizeof(*h));
     void *key = malloc(m->key_len ? m->key_len : 1);
     void *payload = malloc(m->len ? m->len : 1);
@@ -177,7 +183,8 @@ static held_msg_t *held_new(const job_msg_t *m, int strikes) {
     h->m.key = m->key ? key : NULL;
     h->m.payload = m->payload ? payload : NULL;
     h->m.trace = &h->trace;
-    h->strikes = strikes;
+    h->strikes = rec ? rec->strikes : 0;
+    h->level = rec ? rec->level : 0;
     if (!m->key) {
         free(key);
     }
@@ -204,47 +211,181 @@ static void held_push(held_msg_t **head, held_msg_t **tail, held_msg_t *h) {
     *tail = h;
 }
 
-/* Hold a journaled message: a job with no strike starts once its snapshot
- * is acknowledged; a suspect waits for its turn. */
-static void hold_message(kg_worker_t *w, const job_msg_t *m, int strikes) {
-    held_msg_t *h = held_new(m, strikes);
+/* Unlink `h` (whose predecessor is `prev`) from a list. */
+static void held_unlink(held_msg_t **head, held_msg_t **tail, held_msg_t *prev, held_msg_t *h) {
+    if (prev) {
+        prev->next = h->next;
+    } else {
+        *head = h->next;
+    }
+    if (*tail == h) {
+        *tail = prev;
+    }
+    h->next = NULL;
+}
+
+/* Journal the message as running (solo: the only job on the worker) and hold it for the ack. */
+static void hold_for_ack(kg_worker_t *w, held_msg_t *h, bool solo) {
+    h->ticket = kg_journal_start(w->intake.journal[lane_of(h->m.partition)],
+                                 part_of(h->m.partition), h->m.offset, solo);
+    held_push(&w->intake.held_head, &w->intake.held_tail, h);
+}
+
+/* Hold a message that may not start at once: a job with no strike starts
+ * once its snapshot is acknowledged (after the solo suspect, when one runs);
+ * a suspect waits for its group. `rec` NULL: not journaled (it waits only
+ * for a solo suspect). */
+static void hold_message(kg_worker_t *w, const job_msg_t *m, const kg_journal_rec_t *rec) {
+    held_msg_t *h = held_new(m, rec);
     if (!h) {
         kg_worker_fatal(w, "out of memory holding a job");
         return;
     }
     w->intake.n_held++;
     update_inflight_gauge(w);
-    if (strikes == 0) {
-        h->ticket = kg_journal_start(w->intake.journal[lane_of(m->partition)],
-                                     part_of(m->partition), m->offset, 0);
-        held_push(&w->intake.held_head, &w->intake.held_tail, h);
+    if (!rec || rec->strikes == 0) {
+        if (w->intake.solo) {
+            held_push(&w->intake.deferred_head, &w->intake.deferred_tail, h);
+        } else {
+            hold_for_ack(w, h, false);
+        }
         return;
     }
     KG_LOG_WARN("worker",
-                "suspect job: it was running when a worker failed, so it runs alone among "
-                "suspects topic=%s partition=%d offset=%lld strikes=%d",
-                topic_of(w, m->partition), part_of(m->partition), (long long)m->offset, strikes);
+                "suspect job: it was running when a worker failed, so it runs in a group of "
+                "suspects that is split while it fails again topic=%s partition=%d offset=%lld "
+                "strikes=%d level=%d alone=%d",
+                topic_of(w, m->partition), part_of(m->partition), (long long)m->offset,
+                rec->strikes, rec->level, rec->alone);
     held_push(&w->intake.suspects_head, &w->intake.suspects_tail, h);
+    w->intake.last_suspect_us = kg_clock_us();
     atomic_store(&w->m.suspects, 1);
 }
 
-/* At most one suspect runs at a time: when a worker then fails, it is the
- * only job present in two failures in a row (kg_journal.h). */
+/* No suspect runs solo any more: the jobs deferred meanwhile go on. */
+static void end_solo(kg_worker_t *w) {
+    w->intake.solo = false;
+    for (held_msg_t *h = w->intake.deferred_head, *next; h; h = next) {
+        next = h->next;
+        hold_for_ack(w, h, false);
+    }
+    w->intake.deferred_head = w->intake.deferred_tail = NULL;
+}
+
+/* Whether the worker holds every suspect its partitions' records list (the
+ * group would differ otherwise); a second after the newest one came, it
+ * goes on with what it has (a suspect's message may be gone: retention). */
+static bool have_all_suspects(kg_worker_t *w) {
+    if (kg_clock_us() - w->intake.last_suspect_us > 1000000) {
+        return true;
+    }
+    held_msg_t *head = w->intake.suspects_head;
+    for (held_msg_t *h = head; h; h = h->next) {
+        held_msg_t *g = head;
+        while (g->m.partition != h->m.partition) {
+            g = g->next;
+        }
+        if (g != h) {
+            continue; /* its partition was counted at its first suspect */
+        }
+        int n_held = 0;
+        for (; g; g = g->next) {
+            n_held += g->m.partition == h->m.partition;
+        }
+        if (n_held < kg_journal_n_waiting(w->intake.journal[lane_of(h->m.partition)],
+                                          part_of(h->m.partition))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Start the picked suspects as the running group. */
+static void start_round(kg_worker_t *w, const bool *pick, int level, bool solo) {
+    int32_t n = 0;
+    for (held_msg_t *h = w->intake.suspects_head; h; h = h->next) {
+        n++;
+    }
+    if (w->intake.n_round + n > w->intake.cap_round) {
+        int32_t cap = w->intake.n_round + n;
+        round_slot_t *r = realloc(w->intake.round, (size_t)cap * sizeof(*r));
+        if (!r) {
+            kg_worker_fatal(w, "out of memory starting suspects");
+            return;
+        }
+        w->intake.round = r;
+        w->intake.cap_round = cap;
+    }
+    held_msg_t *prev = NULL;
+    size_t i = 0;
+    for (held_msg_t *h = w->intake.suspects_head, *next; h; h = next, i++) {
+        next = h->next;
+        if (!pick[i]) {
+            prev = h;
+            continue;
+        }
+        held_unlink(&w->intake.suspects_head, &w->intake.suspects_tail, prev, h);
+        w->intake.round[w->intake.n_round++] =
+            (round_slot_t){.partition = h->m.partition, .offset = h->m.offset};
+        KG_LOG_INFO("worker",
+                    "suspect starts topic=%s partition=%d offset=%lld level=%d group=%d solo=%d",
+                    topic_of(w, h->m.partition), part_of(h->m.partition), (long long)h->m.offset,
+                    level, w->intake.n_round, solo);
+        hold_for_ack(w, h, solo);
+    }
+    w->intake.round_level = level;
+}
+
+/* The suspects run in groups (kg_suspects.h): the next group starts when the
+ * last one is done; level-1 suspects that arrive while a level-1 group runs
+ * join it; a group of one runs solo, once every other job is done. */
 void kg_worker_start_next_suspect(kg_worker_t *w) {
-    held_msg_t *h = w->intake.suspects_head;
-    if (w->intake.suspect_busy || !h || w->life.draining) {
+    if (w->life.draining || w->life.fatal) {
         return;
     }
-    w->intake.suspects_head = h->next;
-    if (!w->intake.suspects_head) {
-        w->intake.suspects_tail = NULL;
+    size_t n = 0;
+    for (held_msg_t *h = w->intake.suspects_head; h; h = h->next) {
+        n++;
     }
-    w->intake.suspect_busy = true;
-    w->intake.suspect_partition = h->m.partition;
-    w->intake.suspect_offset = h->m.offset;
-    h->ticket = kg_journal_start(w->intake.journal[lane_of(h->m.partition)],
-                                 part_of(h->m.partition), h->m.offset, h->strikes);
-    held_push(&w->intake.held_head, &w->intake.held_tail, h);
+    bool running = w->intake.n_round > 0;
+    bool may_join = running && w->intake.round_level == 1 && !w->intake.solo;
+    if (n == 0 && !running && w->intake.solo) {
+        end_solo(w); /* the solo suspect is done, or was given back before it started */
+    }
+    if (n == 0 || (running && !may_join) || (!running && !have_all_suspects(w))) {
+        return; /* (the loop's common case: no allocation) */
+    }
+    kg_suspect_t *s = malloc(n * sizeof(*s));
+    bool *pick = malloc(n * sizeof(*pick));
+    if (!s || !pick) {
+        free(s);
+        free(pick);
+        kg_worker_fatal(w, "out of memory choosing suspects");
+        return;
+    }
+    size_t i = 0;
+    for (held_msg_t *h = w->intake.suspects_head; h; h = h->next, i++) {
+        s[i] =
+            (kg_suspect_t){.partition = h->m.partition, .offset = h->m.offset, .level = h->level};
+        pick[i] = may_join && h->level <= 1; /* late level-1 suspects join the level-1 group */
+    }
+    if (may_join) {
+        start_round(w, pick, 1, false);
+    } else {
+        kg_suspects_round_t r = kg_suspects_pick(s, n, pick);
+        if (!r.alone && w->intake.solo) {
+            end_solo(w);
+        }
+        if (r.alone) {
+            /* from now on jobs taken wait; it starts when the others are done */
+            w->intake.solo = true;
+        }
+        if (!r.alone || (w->jobs.n_inflight == 0 && !w->intake.held_head)) {
+            start_round(w, pick, r.level, r.alone);
+        }
+    }
+    free(s);
+    free(pick);
 }
 
 /* Start every held job whose snapshot the broker has acknowledged. */
@@ -257,14 +398,7 @@ void kg_worker_release_held(kg_worker_t *w) {
             prev = h;
             continue;
         }
-        if (prev) {
-            prev->next = next;
-        } else {
-            w->intake.held_head = next;
-        }
-        if (w->intake.held_tail == h) {
-            w->intake.held_tail = prev;
-        }
+        held_unlink(&w->intake.held_head, &w->intake.held_tail, prev, h);
         w->intake.n_held--;
         const char *scope = kg_log_scope(h->trace.log_fields);
         start_message(w, &h->m);
@@ -286,14 +420,7 @@ static void drop_held_list(kg_worker_t *w,
             prev = h;
             continue;
         }
-        if (prev) {
-            prev->next = next;
-        } else {
-            *head = next;
-        }
-        if (*tail == h) {
-            *tail = prev;
-        }
+        held_unlink(head, tail, prev, h);
         w->intake.n_held--;
         kg_worker_job_given_back(w, h->m.partition, h->m.offset);
         held_free(h);
@@ -303,23 +430,30 @@ static void drop_held_list(kg_worker_t *w,
 void kg_worker_drop_held(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
     drop_held_list(w, &w->intake.held_head, &w->intake.held_tail, parts);
     drop_held_list(w, &w->intake.suspects_head, &w->intake.suspects_tail, parts);
+    drop_held_list(w, &w->intake.deferred_head, &w->intake.deferred_tail, parts);
+    if (!parts) { /* the drain or the end: no group starts again */
+        free(w->intake.round);
+        w->intake.round = NULL;
+        w->intake.n_round = w->intake.cap_round = 0;
+        w->intake.solo = false;
+    }
     update_inflight_gauge(w);
-    atomic_store(&w->m.suspects, w->intake.suspect_busy || w->intake.suspects_head);
+    atomic_store(&w->m.suspects, w->intake.n_round > 0 || w->intake.suspects_head);
 }
 
-/* A job present in poison_after consecutive worker failures: not run again.
- * It is answered with an `internal` error event and copied to the DLQ. */
-static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
+/* A job found poison (kg_suspects_is_poison): not run again. It is answered
+ * with an `internal` error event and copied to the DLQ. */
+static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, const kg_journal_rec_t *rec) {
     kg_job_t *job = decode_or_answer(w, m); /* the codec is fuzzed; the engine is what crashes */
     if (!job) {
         return;
     }
-    char msg[256];
+    char msg[320];
     snprintf(msg, sizeof(msg),
              "poisoned after %d attempts: the job was running each time a worker failed (a "
-             "crash, a kill or a device fault), so it is not run again; a copy is on the "
-             "dead-letter topic",
-             strikes);
+             "crash, a kill or a device fault), the last %d time%s as the only job on the "
+             "worker, so it is not run again; a copy is on the dead-letter topic",
+             rec->strikes, rec->alone, rec->alone == 1 ? "" : "s");
     dlq_copy_t c = {.key = m->key,
                     .key_len = m->key_len,
                     .payload = m->payload,
@@ -333,9 +467,9 @@ static void answer_poisoned(kg_worker_t *w, const job_msg_t *m, int strikes) {
     atomic_fetch_add(&w->m.jobs_poisoned, 1);
     KG_LOG_ERROR("worker",
                  "job poisoned, not run again request_id=%s topic=%s partition=%d offset=%lld "
-                 "strikes=%d",
+                 "strikes=%d alone=%d",
                  job->request_id, topic_of(w, m->partition), part_of(m->partition),
-                 (long long)m->offset, strikes);
+                 (long long)m->offset, rec->strikes, rec->alone);
     kg_worker_dead_letter(w, &c, NULL);
     kg_worker_produce_error(w, job->request_id, m->partition, m->offset, KG_ERROR_INTERNAL, msg,
                             job->metadata_json, m->trace);
@@ -397,13 +531,17 @@ void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
                    .taken_us = kg_clock_us(),
                    .format = message_format(rkm),
                    .trace = &trace};
-    int strikes = kg_journal_strikes(w->intake.journal[lane], rkm->partition, m.offset);
-    if (strikes < 0) {
-        start_message(w, &m); /* not journaled */
-    } else if (strikes >= w->cfg->poison_after) {
-        answer_poisoned(w, &m, strikes);
+    kg_journal_rec_t rec;
+    if (!kg_journal_lookup(w->intake.journal[lane], rkm->partition, m.offset, &rec)) {
+        if (w->intake.solo) {
+            hold_message(w, &m, NULL); /* not journaled, but a suspect runs solo */
+        } else {
+            start_message(w, &m); /* not journaled */
+        }
+    } else if (kg_suspects_is_poison(rec.strikes, rec.alone, w->cfg->poison_after)) {
+        answer_poisoned(w, &m, &rec);
     } else {
-        hold_message(w, &m, strikes);
+        hold_message(w, &m, &rec);
     }
     kg_log_scope(scope);
     kg_trace_clear(&trace);

@@ -29,8 +29,9 @@ char *kg_inflight_encode(const kg_inflight_t *s, size_t *len) {
     char *text = NULL;
     for (size_t i = 0; ok && i < s->n_runs; i++) {
         const kg_inflight_run_t *r = &s->runs[i];
-        json_t *a = json_pack("[IIib]", (json_int_t)r->offset, (json_int_t)r->count,
-                              (int)r->strikes, (int)r->started);
+        json_t *a =
+            json_pack("[IIibiib]", (json_int_t)r->offset, (json_int_t)r->count, (int)r->strikes,
+                      (int)r->started, (int)r->level, (int)r->alone, (int)(r->started && r->solo));
         ok = a && json_array_append_new(runs, a) == 0;
     }
     if (ok) {
@@ -73,28 +74,37 @@ static char *get_str(json_t *o, const char *key) {
     return json_is_string(v) ? strdup(json_string_value(v)) : NULL;
 }
 
-/* One [offset, count, strikes, started] run, after `prev` (NULL: first). */
-static bool decode_run(json_t *a, const kg_inflight_run_t *prev, kg_inflight_run_t *r) {
-    json_t *v[4];
-    if (!json_is_array(a) || json_array_size(a) != 4) {
+/* One run, after `prev` (NULL: first): [offset, count, strikes, started] in
+ * version 1, [offset, count, strikes, started, level, alone, solo] in 2. */
+static bool
+decode_run(json_t *a, int64_t version, const kg_inflight_run_t *prev, kg_inflight_run_t *r) {
+    size_t n = version == 1 ? 4 : 7;
+    json_t *v[7];
+    if (!json_is_array(a) || json_array_size(a) != n) {
         return false;
     }
-    for (size_t i = 0; i < 4; i++) {
+    for (size_t i = 0; i < n; i++) {
         v[i] = json_array_get(a, i);
-    }
-    if (!json_is_integer(v[0]) || !json_is_integer(v[1]) || !json_is_integer(v[2]) ||
-        !json_is_boolean(v[3])) {
-        return false;
+        if (!(i == 3 || i == 6 ? json_is_boolean(v[i]) : json_is_integer(v[i]))) {
+            return false;
+        }
     }
     r->offset = json_integer_value(v[0]);
     r->count = json_integer_value(v[1]);
     json_int_t strikes = json_integer_value(v[2]);
     r->started = json_is_true(v[3]);
+    /* version 1 ran suspects one at a time but beside other jobs: never solo */
+    json_int_t level = n == 7 ? json_integer_value(v[4]) : strikes;
+    json_int_t alone = n == 7 ? json_integer_value(v[5]) : 0;
+    r->solo = n == 7 && json_is_true(v[6]);
     if (r->offset < 0 || r->count < 1 || r->count > KG_INFLIGHT_MAX_JOBS || strikes < 0 ||
-        strikes > KG_INFLIGHT_MAX_STRIKES || r->offset > INT64_MAX - r->count) {
+        strikes > KG_INFLIGHT_MAX_STRIKES || r->offset > INT64_MAX - r->count || level < 0 ||
+        level > strikes || alone < 0 || alone > strikes || (r->solo && !r->started)) {
         return false;
     }
     r->strikes = (int32_t)strikes;
+    r->level = (int32_t)level;
+    r->alone = (int32_t)alone;
     return !prev || r->offset >= prev->offset + prev->count; /* sorted, disjoint */
 }
 
@@ -111,8 +121,8 @@ kg_status_t kg_inflight_decode(
         bad(errstr, errstr_size, o ? "not an object" : jerr.text);
         goto out;
     }
-    if (!get_int(o, "v", KG_INFLIGHT_VERSION, KG_INFLIGHT_VERSION, &v)) {
-        bad(errstr, errstr_size, "v: expected 1");
+    if (!get_int(o, "v", 1, KG_INFLIGHT_VERSION, &v)) {
+        bad(errstr, errstr_size, "v: expected 1 or 2");
         goto out;
     }
     if (!get_int(o, "partition", 0, INT32_MAX, &part) ||
@@ -139,11 +149,11 @@ kg_status_t kg_inflight_decode(
     }
     int64_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!decode_run(json_array_get(runs, i), i ? &out->runs[i - 1] : NULL, &out->runs[i]) ||
+        if (!decode_run(json_array_get(runs, i), v, i ? &out->runs[i - 1] : NULL, &out->runs[i]) ||
             (total += out->runs[i].count) > KG_INFLIGHT_MAX_JOBS) {
             bad(errstr, errstr_size,
-                "runs: expected sorted, disjoint [offset, count, strikes, "
-                "started] within bounds");
+                "runs: expected sorted, disjoint [offset, count, strikes, started] (v1) or "
+                "[offset, count, strikes, started, level, alone, solo] (v2) within bounds");
             goto out;
         }
         out->n_runs = i + 1;
@@ -165,13 +175,25 @@ kg_inflight_inherit(const kg_inflight_t *s, int64_t committed, kg_inflight_run_t
     if (!runs) {
         return KG_ERR_NOMEM;
     }
+    /* the levels of the groups that ran when the owner failed: a waiting job
+     * on one of them (2 and up) was in the half that did not run */
+    bool ran[KG_INFLIGHT_MAX_STRIKES + 1] = {false};
+    for (size_t i = 0; !s->clean && i < s->n_runs; i++) {
+        if (s->runs[i].started) {
+            ran[s->runs[i].level] = true;
+        }
+    }
     size_t k = 0;
     for (size_t i = 0; i < s->n_runs; i++) {
         kg_inflight_run_t r = s->runs[i];
         if (!s->clean && r.started && r.strikes < KG_INFLIGHT_MAX_STRIKES) {
             r.strikes++; /* it was running when its owner failed */
+            r.level++;
+            r.alone += r.solo; /* and when it ran solo, the failure was its own */
+        } else if (!s->clean && !r.started && r.level >= 2 && ran[r.level]) {
+            r.level = 1;
         }
-        r.started = false;
+        r.started = r.solo = false;
         if (committed > r.offset) { /* the part below the committed offset is finished */
             int64_t cut = committed - r.offset < r.count ? committed - r.offset : r.count;
             r.offset += cut;

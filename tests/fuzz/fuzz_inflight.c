@@ -35,7 +35,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < s.n_runs; i++) {
         check(again.runs[i].offset == s.runs[i].offset && again.runs[i].count == s.runs[i].count &&
               again.runs[i].strikes == s.runs[i].strikes &&
-              again.runs[i].started == s.runs[i].started);
+              again.runs[i].started == s.runs[i].started &&
+              again.runs[i].level == s.runs[i].level && again.runs[i].alone == s.runs[i].alone &&
+              again.runs[i].solo == s.runs[i].solo);
     }
     kg_inflight_run_t *runs;
     size_t n;
