@@ -169,9 +169,10 @@ struct kg_worker {
         struct {
             job_rec_t *head, *tail; /* priority, then arrival */
         } q[KG_LANES_MAX];          /* prepared jobs waiting for the engine, per lane */
-        int32_t n_inflight;    /* records alive: pending + submitted + revoked awaiting finish */
-        int32_t n_pending;     /* records waiting in the lane queues */
-        int32_t n_in_engine;   /* records submitted to the engine and not finished there */
+        int32_t n_inflight;  /* records alive: pending + submitted + revoked awaiting finish */
+        int32_t n_pending;   /* records waiting in the lane queues */
+        int32_t n_in_engine; /* records submitted to the engine and not finished there */
+        int32_t n_in_engine_lane[KG_LANES_MAX]; /* the same, per lane (kg_lanes_has_room) */
         int32_t n_engine_recs; /* engine request records: one per choice (kg_engine_submit) */
         int32_t n_engine_seqs; /* choices of the jobs in the engine */
         kg_cancel_t *cancel;   /* the cancel topic's reader; NULL with none */
