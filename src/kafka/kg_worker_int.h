@@ -131,8 +131,9 @@ struct kg_worker {
     /* random at start: with a run's number (a job record's id) it makes the attempt id every
      * event carries, which tells two runs of one job apart even on one worker (kg_events.h) */
     uint64_t incarnation;
-    kg_lanes_t lanes; /* the jobs topics and their weights */
-    int32_t max_inflight;
+    kg_lanes_t lanes;      /* the jobs topics and their weights */
+    int32_t queue_depth;   /* --max-queue-depth, or what 0 chose (kg_worker_new) */
+    int32_t max_inflight;  /* max_batch_size + queue_depth */
     kg_stack_t *stack;     /* backend, engine, grammar cache, runner (kg_stack) */
     kg_runner_t *runner;   /* the stack's: the engine thread */
     kg_served_t served;    /* the model's names (intake.limits.served points into it) */

@@ -101,8 +101,7 @@ void kg_worker_pending_unlink(kg_worker_t *w, job_rec_t *r) {
 static job_rec_t *pending_next(kg_worker_t *w) {
     int lane = 0;
     if (w->lanes.n == 1) {
-        int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
-        if (!w->jobs.q[0].head || w->jobs.n_inflight - w->jobs.n_pending >= cap) {
+        if (!w->jobs.q[0].head || w->jobs.n_inflight - w->jobs.n_pending >= w->max_inflight) {
             return NULL;
         }
     } else {
