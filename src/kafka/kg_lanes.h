@@ -10,7 +10,8 @@
  * waiting jobs and the smallest pass goes, and its pass grows by STRIDE / weight. A lane that
  * was idle starts at the current pass (no credit for idling), so with weights 8:1 and both
  * lanes backlogged, 8 of every 9 free slots go to the first; an interactive job that arrives
- * during a bulk backlog takes the next free slot; a bulk backlog is never starved.
+ * during a bulk backlog takes a slot at once (below); a bulk backlog is never starved by
+ * the choice here, though higher lanes whose jobs alone fill every slot run first.
  * A slot without waiting. A lane's jobs enter the engine with a tier (the number of distinct
  * weights below the lane's): the engine gives a job of a higher tier that finds every slot
  * taken the slot of the newest running job of a lower tier, which is preempted (its tokens
@@ -22,7 +23,9 @@
  * partial block of recompute once per interactive job. And a lane may have jobs in the engine
  * while those of its tier or higher number fewer than the room (max_batch_size + a slack):
  * lower lanes do not count, so a full engine of bulk jobs does not keep an interactive job
- * out. Equal weights share a tier: neither preempts the other.
+ * out. Equal weights share a tier: neither preempts the other. The price: where the higher
+ * lanes' jobs alone keep every slot busy, lower lanes wait (strict priority in the engine, as
+ * in vLLM), where slots freed one by one went 1 in 9 to them.
  * Backpressure. Lanes are paused lowest weight first: the lane of rank r (0 = the highest
  * weight) pauses when the jobs taken reach cap - r * cap / (4 * (n - 1)) (the lowest at 3/4
  * of the cap) and resumes at 3/4 of that, so a bulk backlog leaves room for interactive jobs
