@@ -96,9 +96,8 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     }
     /* 0: deep enough that tiny jobs do not make the consumer pause and resume
      * every few jobs (librdkafka refetches from scratch after each resume),
-     * except with lanes, where bulk messages taken in long bursts delay an
-     * interactive one behind them in the consumer's one queue
-     * (docs/PERFORMANCE.md, Defaults) */
+     * except with lanes, where bulk messages taken in longer bursts made
+     * interactive answers slower (docs/PERFORMANCE.md, Default queue depth) */
     w->queue_depth = cfg->max_queue_depth > 0 ? (int32_t)cfg->max_queue_depth
                      : w->lanes.n > 1         ? 64
                                               : 1024;
