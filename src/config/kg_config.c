@@ -89,8 +89,10 @@ static const opt_t options[] = {
     {"threads", OPT_INT, OFF(threads), "0", 0, 1024, "Model", "CPU threads (0 = all cores)"},
     {"max-batch-size", OPT_INT, OFF(max_batch_size), "16", 1, 4096, "Engine",
      "running sequences (slots) at most"},
-    {"max-queue-depth", OPT_INT, OFF(max_queue_depth), "64", 1, 1 << 20, "Engine",
-     "jobs waiting for a slot at most; beyond, the consumer pauses"},
+    {"max-queue-depth", OPT_INT, OFF(max_queue_depth), "0", 0, 1 << 20, "Engine",
+     "jobs taken from Kafka and waiting for a slot at most; beyond, the consumer pauses (0 = "
+     "1024 with one jobs topic, 64 with several, logged at start; each costs its message and "
+     "prompt tokens, see docs/PERFORMANCE.md)"},
     {"max-batch-tokens", OPT_INT, OFF(max_batch_tokens), "512", 1, 1 << 20, "Engine",
      "tokens per step: one decode token per running sequence plus prefill chunks"},
     {"kv-memory", OPT_INT, OFF(kv_memory_mib), "0", 0, 1 << 30, "Engine",

@@ -195,25 +195,37 @@ void kg_engine_set_clock(kg_engine_t *e, int64_t (*now_us)(void *ctx), void *ctx
 
 // ---- the waiting queue ----
 
-/* Preempted requests go to the very front, most recent first: requests are
- * preempted newest first, so they come back in their original order. */
-void kg_engine_wait_push_front(kg_engine_t *e, int32_t r) {
-    memmove(e->wait + 1, e->wait, (size_t)e->n_wait * sizeof(*e->wait));
-    e->wait[0] = r;
-    e->n_wait++;
-}
-
-/* After the preempted ones and every request of the same or a higher
- * priority: priority order, FIFO within a priority. */
-static void wait_insert(kg_engine_t *e, int32_t r) {
-    int32_t prio = e->recs[r].priority;
-    int32_t i = 0;
-    while (i < e->n_wait && (e->recs[e->wait[i]].front || e->recs[e->wait[i]].priority >= prio)) {
-        i++;
-    }
+static void wait_insert_at(kg_engine_t *e, int32_t i, int32_t r) {
     memmove(e->wait + i + 1, e->wait + i, (size_t)(e->n_wait - i) * sizeof(*e->wait));
     e->wait[i] = r;
     e->n_wait++;
+}
+
+/* Preempted requests go to the front of their tier, most recent first:
+ * requests are preempted newest first, so they come back in their
+ * original order. */
+void kg_engine_wait_push_front(kg_engine_t *e, int32_t r) {
+    int32_t tier = e->recs[r].tier, i = 0;
+    while (i < e->n_wait && e->recs[e->wait[i]].tier > tier) {
+        i++;
+    }
+    wait_insert_at(e, i, r);
+}
+
+/* After every request of a higher tier, and in its own tier after the
+ * preempted ones and every request of the same or a higher priority:
+ * priority order, FIFO within a priority. */
+static void wait_insert(kg_engine_t *e, int32_t r) {
+    int32_t prio = e->recs[r].priority, tier = e->recs[r].tier;
+    int32_t i = 0;
+    while (i < e->n_wait) {
+        const kg_seq_t *w = &e->recs[e->wait[i]];
+        if (w->tier < tier || (w->tier == tier && !w->front && w->priority < prio)) {
+            break;
+        }
+        i++;
+    }
+    wait_insert_at(e, i, r);
 }
 
 void kg_engine_wait_remove_at(kg_engine_t *e, int32_t i) {
@@ -255,6 +267,7 @@ static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t
     seq->live = true;
     seq->id = req->id;
     seq->priority = req->priority;
+    seq->tier = req->tier;
     seq->deadline_us = req->deadline_us;
     seq->max_tokens = req->max_tokens;
     seq->ignore_eos = req->ignore_eos;
@@ -295,7 +308,7 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     const kg_engine_params_t *p = &e->p;
     int32_t n = req->n_choices > 0 ? req->n_choices : 1;
     if (!req->prompt || req->n_prompt < 1 || req->n_prompt >= p->max_seq_len ||
-        req->max_tokens < 1 || req->sampling.n_logprobs < 0 ||
+        req->max_tokens < 1 || req->tier < 0 || req->sampling.n_logprobs < 0 ||
         req->sampling.n_logprobs > KG_MAX_LOGPROBS || n > KG_MAX_CHOICES || n > p->max_batch_size) {
         return KG_ERR_INVALID;
     }

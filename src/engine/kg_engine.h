@@ -16,11 +16,21 @@
  *      recomputed later) until the block is there or the needy sequence was
  *      itself the newest and got preempted. A sequence alone in a pool it
  *      has filled cannot grow: it finishes LENGTH rather than hang;
+ *   2b. when the head of the queue is of a higher tier than some running
+ *      sequence and finds no free slot or too few blocks, preempts the
+ *      newest running sequence of the lowest tier below the head's (as in
+ *      2: blocks freed, tokens kept, the full blocks left in the prefix
+ *      cache, so taking it back recomputes its last partial block), until
+ *      the head fits or no lower tier runs. So a high tier (an interactive
+ *      lane) gets a slot within a step instead of waiting for a long
+ *      low-tier job to finish; all tiers 0 (the default) never do this.
+ *      A preempted request waits at the front of its own tier;
  *   3. builds one batch: one decode token for every running sequence whose
  *      prompt is done, then prefill chunks in admission order up to
  *      max_batch_tokens (a long prompt is split over steps; decodes never
  *      wait behind it);
- *   4. admits waiting requests (priority, then FIFO; preempted ones first)
+ *   4. admits waiting requests (tier, then preempted ones, then priority,
+ *      then FIFO)
  *      into free slots while the step still has token budget and the pool
  *      can supply blocks for the part of the tokens the prefix cache does
  *      not hold plus a headroom of max(1, n_kv_blocks / 100) blocks (none
@@ -146,6 +156,10 @@ typedef struct kg_request {
     int32_t n_prompt;
     int32_t max_tokens;  /* > 0 */
     int32_t priority;    /* higher runs first; FIFO within a priority */
+    int32_t tier;        /* >= 0, default 0. Higher tiers wait ahead of lower ones whatever
+                            their priority, and one that finds no slot (or too few blocks)
+                            takes those of the newest running request of the lowest tier
+                            below its own, which is preempted (see step 2b) */
     int64_t deadline_us; /* kg_clock_us() deadline, 0 = none */
     bool ignore_eos;
     kg_sampling_params_t sampling; /* its logit_bias is copied at submit */
@@ -182,8 +196,9 @@ typedef struct kg_engine_stats {
     int64_t n_decode_tokens;
     int64_t n_prefix_hit_tokens; /* prompt tokens served from the cache */
     int64_t n_prompt_tokens;     /* prompt tokens of admitted requests */
-    int64_t n_preemptions;
-    int64_t n_forks; /* choices started from their leader's prompt blocks */
+    int64_t n_preemptions;       /* for lack of blocks (step 2) */
+    int64_t n_tier_preemptions;  /* to give a higher tier a slot or blocks (step 2b) */
+    int64_t n_forks;             /* choices started from their leader's prompt blocks */
     int32_t last_batch_tokens;
     /* constrained decoding */
     int64_t n_grammar_masks;         /* masks built (one per constrained sequence-step) */
@@ -203,7 +218,7 @@ void kg_engine_free(kg_engine_t *e);
  * request records are free (every running or waiting choice holds one).
  * KG_ERR_INVALID when the prompt is empty, leaves no room in max_seq_len,
  * does not fit the whole KV pool, holds a token id outside the vocabulary,
- * when max_tokens < 1, n_logprobs, n_choices or the logit_bias (count, a
+ * when max_tokens < 1 or tier < 0, when n_logprobs, n_choices or the logit_bias (count, a
  * token id, a token listed twice) is out of range, or the id belongs to a
  * live request.
  * @thread engine */

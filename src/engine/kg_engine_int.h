@@ -24,6 +24,7 @@ typedef struct kg_seq {
     bool admitted_once; /* n_cached is known */
     uint64_t id;
     int32_t priority;
+    int32_t tier;        /* see kg_request_t */
     int64_t deadline_us; /* 0: none */
     int32_t max_tokens;
     bool ignore_eos;
@@ -99,7 +100,8 @@ struct kg_engine {
 
 // ---- the waiting queue (kg_engine.c) ----
 
-/** Put a preempted request at the very front of the waiting queue. */
+/** Put a preempted request at the front of the waiting queue, behind the
+ * requests of higher tiers. */
 void kg_engine_wait_push_front(kg_engine_t *e, int32_t r);
 /** Drop wait[i] (admitted or finished while waiting). */
 void kg_engine_wait_remove_at(kg_engine_t *e, int32_t i);

@@ -85,7 +85,6 @@ static void preempt(kg_engine_t *e, int32_t i) {
     seq->n_computed = 0;
     seq->front = true;
     kg_engine_wait_push_front(e, r);
-    e->st.n_preemptions++;
     KG_LOG_DEBUG("engine", "preempted id=%llu tokens=%d", (unsigned long long)seq->id,
                  seq->n_tokens);
 }
@@ -175,6 +174,7 @@ static bool reserve_blocks(kg_engine_t *e) {
                 break;
             }
             int32_t victim = e->n_run - 1;
+            e->st.n_preemptions++;
             preempt(e, victim);
             preempted = true;
             if (victim == i) {
@@ -230,6 +230,44 @@ static bool prefix_in_flight(const kg_engine_t *e, const kg_seq_t *w, int32_t hi
     return false;
 }
 
+/* Whether `seq` finds the slots (its own and one per choice waiting to
+ * fork) and the blocks (those of its tokens the prefix cache does not
+ * hold, a block per such choice, and the headroom when others run) to be
+ * admitted now; *hit gets its cached leading blocks. */
+static bool fits(const kg_engine_t *e, const kg_seq_t *seq, int32_t *hit) {
+    const int32_t bs = e->p.kv_block_size;
+    /* Leave at least the last token to compute: its logits are needed. */
+    int32_t idle = 0;
+    *hit = kg_kv_match(e->kv, seq->tokens, (seq->n_tokens - 1) / bs, &idle);
+    const int32_t need = (seq->n_tokens - 1) / bs + 1;
+    const int32_t headroom = e->n_run > 0 ? e->headroom : 0;
+    const int32_t k = seq->n_pending;
+    return e->n_free_slots - e->n_reserved_slots >= 1 + k &&
+           need - *hit + headroom + k <= kg_kv_n_available(e->kv) - idle;
+}
+
+/* Step phase 2b: while the head of the queue does not fit and sequences of
+ * a lower tier run, preempt the newest of the lowest of them (see
+ * kg_engine.h). Before the batch is built, so no victim has a token in it. */
+static void preempt_for_tier(kg_engine_t *e) {
+    while (e->n_wait > 0) {
+        const int32_t tier = e->recs[e->wait[0]].tier;
+        int32_t victim = -1, hit;
+        for (int32_t i = e->n_run - 1; i >= 0; i--) {
+            const int32_t t = e->recs[e->run[i]].tier;
+            if (t < tier && (victim < 0 || t < e->recs[e->run[victim]].tier)) {
+                victim = i;
+            }
+        }
+        /* (the cheap test first: with one tier this is all a step costs) */
+        if (victim < 0 || fits(e, &e->recs[e->wait[0]], &hit)) {
+            return;
+        }
+        e->st.n_tier_preemptions++;
+        preempt(e, victim);
+    }
+}
+
 /* Step phase 4: admit from the head of the queue while there is a slot,
  * token budget and blocks. Returns the new batch size. */
 static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
@@ -237,16 +275,11 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
     while (e->n_wait > 0 && e->n_free_slots > e->n_reserved_slots && nt < e->p.max_batch_tokens) {
         int32_t r = e->wait[0];
         kg_seq_t *seq = &e->recs[r];
-        /* Leave at least the last token to compute: its logits are needed. */
-        int32_t idle = 0;
-        int32_t hit = kg_kv_match(e->kv, seq->tokens, (seq->n_tokens - 1) / bs, &idle);
+        int32_t hit;
         int32_t need = (seq->n_tokens - 1) / bs + 1;
-        int32_t headroom = e->n_run > 0 ? e->headroom : 0;
         /* choices waiting to fork: a slot and a block each, held from now */
         int32_t k = seq->n_pending;
-        if (e->n_free_slots - e->n_reserved_slots < 1 + k ||
-            need - hit + headroom + k > kg_kv_n_available(e->kv) - idle ||
-            prefix_in_flight(e, seq, hit)) {
+        if (!fits(e, seq, &hit) || prefix_in_flight(e, seq, hit)) {
             break; /* the head waits; nobody overtakes it */
         }
         seq->n_reserved = k;
@@ -475,6 +508,9 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
     expire(e);
     drop_out_of_window(e);
     bool preempted = reserve_blocks(e);
+    if (!preempted) {
+        preempt_for_tier(e);
+    }
 
     /* Phase 3: decode tokens first, then prefill chunks in admission order. */
     int32_t nt = 0, n_rows = 0, budget = e->p.max_batch_tokens;

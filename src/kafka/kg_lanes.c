@@ -63,6 +63,15 @@ kg_status_t kg_lanes_parse(const char *spec, kg_lanes_t *out, char *errstr, size
             }
         }
     }
+    for (int i = 0; i < out->n; i++) {
+        for (int k = 0; k < out->n; k++) {
+            bool first = true; /* count each lower weight once */
+            for (int j = 0; j < k; j++) {
+                first = first && out->lane[j].weight != out->lane[k].weight;
+            }
+            out->lane[i].tier += first && out->lane[k].weight < out->lane[i].weight;
+        }
+    }
     return KG_OK;
 }
 
@@ -103,4 +112,14 @@ int32_t kg_lanes_pause_at(const kg_lanes_t *l, int i, int32_t cap) {
     }
     int32_t at = cap - l->lane[i].rank * cap / (4 * (l->n - 1));
     return at > 1 ? at : 1;
+}
+
+bool kg_lanes_has_room(const kg_lanes_t *l, int i, const int32_t *n_in_engine, int32_t room) {
+    int32_t n = 0;
+    for (int k = 0; k < l->n; k++) {
+        if (l->lane[k].tier >= l->lane[i].tier) {
+            n += n_in_engine[k];
+        }
+    }
+    return n < room;
 }

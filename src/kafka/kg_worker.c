@@ -94,7 +94,14 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
                  *cfg->dlq_topic ? cfg->dlq_topic : w->lanes.lane[l].topic,
                  *cfg->dlq_topic ? "" : ".dlq");
     }
-    w->max_inflight = (int32_t)(cfg->max_batch_size + cfg->max_queue_depth);
+    /* 0: deep enough that tiny jobs do not make the consumer pause and resume
+     * every few jobs (librdkafka refetches from scratch after each resume),
+     * except with lanes, where bulk messages taken in longer bursts made
+     * interactive answers slower (docs/PERFORMANCE.md, Default queue depth) */
+    w->queue_depth = cfg->max_queue_depth > 0 ? (int32_t)cfg->max_queue_depth
+                     : w->lanes.n > 1         ? 64
+                                              : 1024;
+    w->max_inflight = (int32_t)cfg->max_batch_size + w->queue_depth;
     w->intake.codec_opts = kg_codec_opts_default();
     w->intake.codec_opts.max_message_size = (size_t)cfg->max_message_bytes;
     w->intake.codec_opts.default_max_tokens = cfg->default_max_tokens;
@@ -121,7 +128,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     kg_stack_options_t so = kg_stack_options_default();
     so.backend = cfg->backend;
     so.engine.max_batch_size = cfg->max_batch_size;
-    so.engine.max_queue_depth = cfg->max_batch_size + cfg->max_queue_depth;
+    so.engine.max_queue_depth = (int32_t)cfg->max_batch_size + w->queue_depth;
     so.engine.max_batch_tokens = cfg->max_batch_tokens;
     so.engine.ctx = cfg->ctx;
     so.engine.kv_block_size = cfg->kv_block_size;
@@ -211,9 +218,9 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     }
     KG_LOG_INFO("worker",
                 "started worker_id=%s backend=%s jobs_topic=%s results_topic=%s "
-                "max_batch_size=%d kv_blocks=%d",
+                "max_batch_size=%d max_queue_depth=%d max_inflight=%d kv_blocks=%d",
                 w->worker_id, kg_stack_backend_name(w->stack), cfg->jobs_topic, cfg->results_topic,
-                ep->max_batch_size, ep->n_kv_blocks);
+                ep->max_batch_size, w->queue_depth, w->max_inflight, ep->n_kv_blocks);
     return w;
 fail:
     kg_worker_free(w);

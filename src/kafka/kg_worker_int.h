@@ -145,8 +145,9 @@ struct kg_worker {
     /* random at start: with a run's number (a job record's id) it makes the attempt id every
      * event carries, which tells two runs of one job apart even on one worker (kg_events.h) */
     uint64_t incarnation;
-    kg_lanes_t lanes; /* the jobs topics and their weights */
-    int32_t max_inflight;
+    kg_lanes_t lanes;      /* the jobs topics and their weights */
+    int32_t queue_depth;   /* --max-queue-depth, or what 0 chose (kg_worker_new) */
+    int32_t max_inflight;  /* max_batch_size + queue_depth */
     kg_stack_t *stack;     /* backend, engine, grammar cache, runner (kg_stack) */
     kg_runner_t *runner;   /* the stack's: the engine thread */
     kg_served_t served;    /* the model's names (intake.limits.served points into it) */
@@ -187,9 +188,10 @@ struct kg_worker {
         struct {
             job_rec_t *head, *tail; /* priority, then arrival */
         } q[KG_LANES_MAX];          /* prepared jobs waiting for the engine, per lane */
-        int32_t n_inflight;    /* records alive: pending + submitted + revoked awaiting finish */
-        int32_t n_pending;     /* records waiting in the lane queues */
-        int32_t n_in_engine;   /* records submitted to the engine and not finished there */
+        int32_t n_inflight;  /* records alive: pending + submitted + revoked awaiting finish */
+        int32_t n_pending;   /* records waiting in the lane queues */
+        int32_t n_in_engine; /* records submitted to the engine and not finished there */
+        int32_t n_in_engine_lane[KG_LANES_MAX]; /* the same, per lane (kg_lanes_has_room) */
         int32_t n_engine_recs; /* engine request records: one per choice (kg_engine_submit) */
         int32_t n_engine_seqs; /* choices of the jobs in the engine */
         kg_cancel_t *cancel;   /* the cancel topic's reader; NULL with none */

@@ -45,6 +45,7 @@ void kg_worker_rec_free(kg_worker_t *w, job_rec_t *r) {
     }
     if (r->state != REC_PENDING) {
         w->jobs.n_in_engine--;
+        w->jobs.n_in_engine_lane[lane_of(r->run.job->partition)]--;
         w->jobs.n_engine_seqs -= r->run.n_choices; /* its engine records are free again */
     }
     kg_jobrun_clear(&r->run);
@@ -93,21 +94,27 @@ void kg_worker_pending_unlink(kg_worker_t *w, job_rec_t *r) {
 /* The next record for the engine, taken off its queue: with one lane the
  * head of its queue while the worker's in-flight cap allows (the engine
  * queues and orders them); with several, only as the engine has room for
- * it (max_batch_size running + ENGINE_SLACK waiting) and from the lane the
- * weighted fair choice names. NULL when none may go now. */
+ * it (max_batch_size running + ENGINE_SLACK waiting, counting the jobs of
+ * its lane's tier and higher: kg_lanes_has_room) and from the lane the
+ * weighted fair choice names. A job of a higher lane that enters an engine
+ * full of lower ones preempts one of them there (its request tier). NULL
+ * when none may go now. */
 static job_rec_t *pending_next(kg_worker_t *w) {
     int lane = 0;
     if (w->lanes.n == 1) {
-        int32_t cap = (int32_t)(w->cfg->max_batch_size + w->cfg->max_queue_depth);
-        if (!w->jobs.q[0].head || w->jobs.n_inflight - w->jobs.n_pending >= cap) {
+        if (!w->jobs.q[0].head || w->jobs.n_inflight - w->jobs.n_pending >= w->max_inflight) {
             return NULL;
         }
     } else {
         bool has_work[KG_LANES_MAX];
+        int32_t room = (int32_t)w->cfg->max_batch_size + ENGINE_SLACK;
         for (int l = 0; l < w->lanes.n; l++) {
-            has_work[l] = w->jobs.q[l].head != NULL;
+            has_work[l] = w->jobs.q[l].head != NULL &&
+                          kg_lanes_has_room(&w->lanes, l, w->jobs.n_in_engine_lane, room);
         }
-        if (w->jobs.n_in_engine >= w->cfg->max_batch_size + ENGINE_SLACK ||
+        /* the engine's queue holds max_batch_size + max_queue_depth waiting
+         * (kg_worker_new): never more in it than that, running or not */
+        if (w->jobs.n_in_engine >= w->jobs.n_engine_recs - w->cfg->max_batch_size ||
             (lane = kg_lanes_pick(&w->lanes, has_work)) < 0) {
             return NULL;
         }
@@ -124,6 +131,8 @@ void kg_worker_submit_pending(kg_worker_t *w) {
     job_rec_t *r;
     while (!w->life.fatal && (r = pending_next(w)) != NULL) {
         kg_request_t req = kg_jobrun_request(&r->run, r->id);
+        const int lane = lane_of(r->run.job->partition);
+        req.tier = w->lanes.lane[lane].tier;
         kg_status_t st = kg_runner_submit(w->runner, &req);
         if (st == KG_QUEUE_FULL) {
             kg_worker_pending_push(w, r, true);
@@ -135,6 +144,7 @@ void kg_worker_submit_pending(kg_worker_t *w) {
             return;
         }
         w->jobs.n_in_engine++;
+        w->jobs.n_in_engine_lane[lane]++;
         r->state = REC_SUBMITTED;
         w->jobs.n_engine_seqs += r->run.n_choices;
         kg_jobrun_submitted(&r->run, kg_clock_us());
@@ -171,6 +181,7 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
         KG_LOG_WARN("worker", "engine queue full: job requeued (queue sizing bug) request_id=%s",
                     r->run.job->request_id);
         w->jobs.n_in_engine--;
+        w->jobs.n_in_engine_lane[lane_of(r->run.job->partition)]--;
         w->jobs.n_engine_seqs -= r->run.n_choices;
         kg_worker_pending_push(w, r, true);
         return;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_worker_backpressure (acceptance 4): 5,000 jobs already waiting in the jobs topic when one
-# worker starts with --max-batch-size 8 (and the default --max-queue-depth 64): the worker
+# worker starts with --max-batch-size 8 and --max-queue-depth 64: the worker
 # takes at most what it may hold, pauses its partitions, resumes as jobs finish (both logged
 # at debug level with the in-flight count: every pause is seen), and every job completes. A
 # sampler reads /metrics (kgen_consumer_paused, kgen_jobs_inflight) and /proc/PID/status every

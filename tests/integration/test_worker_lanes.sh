@@ -13,7 +13,9 @@
 # partition with its topic. A cancel sent by a producer that knows only its lane
 # (`kgen-submit --jobs-topic lanes.bulk --cancel ID`, which writes to lanes.bulk.cancel) reaches
 # the worker, which reads every lane's `<topic>.cancel`: the job sent after it is answered
-# `cancelled` on arrival.
+# `cancelled` on arrival. A slot without waiting: with the batch full of long bulk jobs (4,000
+# tokens, seconds each), an interactive job preempts the newest of them and is answered while
+# every one still runs (they are then cancelled, none having finished).
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -28,7 +30,7 @@ for t in lanes.interactive lanes.bulk; do
     kg_topic "$t.cancel" 1
 done
 kg_topic "$RESULTS" 4
-kg_model
+kg_model "$T/model.gguf" --ctx 4096 # room for the long bulk jobs
 port=$(kg_free_port)
 JOBS=lanes.interactive:8,lanes.bulk:1
 
@@ -114,8 +116,38 @@ assert len(r) == 1 and r[0]["type"] == "error" and r[0]["code"] == "cancelled", 
 assert r[0]["text"] == "" and r[0]["topic"] == "lanes.bulk", r
 print("a cancel sent to lanes.bulk.cancel answered its bulk job `cancelled` on arrival")
 PY
+# a slot without waiting: 6 long bulk jobs fill the 4 slots and the engine's slack of 2; an
+# interactive job sent then takes the slot of the newest (the engine preempts a lower lane's
+# tier for a higher one) and is answered while all run: each ends `cancelled`, with text,
+# by the cancels sent after that answer. Without preemption it waited for a bulk job to finish.
+kg_jobs "$T/long.jsonl" 6 '{"max_tokens": 4000, "ignore_eos": true, "stream": false}' long
+kg_bg long "$KG_BIN/kgen-submit" --brokers "$BROKERS" --jobs-topic lanes.bulk --results-topic \
+    "$RESULTS" --input "$T/long.jsonl" --output "$T/long.out" --timeout 120 --no-progress
+full_batch() { test "$(kg_metric "$port" kgen_num_requests_running)" = 4; }
+kg_wait 60 "a batch full of long bulk jobs" full_batch
+kg_jobs "$T/now.jsonl" 1 '{"max_tokens": 8, "ignore_eos": true}' now
+kg_submit --jobs-topic lanes.interactive --input "$T/now.jsonl" --output "$T/now.out" \
+    --timeout 60 --no-progress 2>"$T/now.log" || kg_fail "the interactive job: $(cat "$T/now.log")"
+kg_submit --jobs-topic lanes.bulk --cancel long-0 long-1 long-2 long-3 long-4 long-5 \
+    2>"$T/cancel-long.log" || kg_fail "cancelling the long jobs: $(cat "$T/cancel-long.log")"
+kg_wait_exit "$(kg_pid long)" 60
+python3 - "$T/now.out" "$T/long.out" <<'PY'
+import json, sys
+now = [json.loads(l) for l in open(sys.argv[1])]
+long = [json.loads(l) for l in open(sys.argv[2])]
+assert len(now) == 1 and now[0]["type"] == "done", now
+assert len(long) == 6, f"{len(long)} answers to the 6 long bulk jobs"
+done = [r["request_id"] for r in long if r["type"] == "done"]
+assert not done, f"bulk jobs {done} finished before the interactive job was answered"
+assert all(r["type"] == "error" and r["code"] == "cancelled" for r in long), long
+ran = sorted(len(r["text"]) for r in long)
+assert sum(1 for n in ran if n > 0) >= 4, f"the batch was not full of bulk jobs: {ran}"
+print(f"an interactive job sent to a batch full of long bulk jobs was answered in "
+      f"{now[0]['timings']['ttft_ms']} ms to its first token while all ran (text so far: {ran} "
+      f"bytes); they ended cancelled")
+PY
 kg_wait 60 "bulk lag 0" test "$(kg_group_lag "$GROUP" lanes.bulk)" = 0
 kg_wait 60 "interactive lag 0" test "$(kg_group_lag "$GROUP" lanes.interactive)" = 0
 kg_stop_pid "$(kg_pid w1)" 30
 grep -q 'msg="stopped" rc=0' "$T/w1.log" || kg_fail "the worker did not stop cleanly"
-kg_finish "two lanes: both topics answered and committed, interactive jobs jump a bulk backlog, a lane's own cancel topic is read"
+kg_finish "two lanes: both topics answered and committed, interactive jobs jump a bulk backlog and preempt long bulk jobs, a lane's own cancel topic is read"

@@ -438,6 +438,97 @@ START_TEST(priority_order) {
 }
 END_TEST
 
+/* Tiers (step 2b): a higher tier that finds the batch full takes the slot of
+ * the newest running request of a lower tier, within one step; a high
+ * priority of the same tier does not preempt; the victim waits at the front
+ * of its tier and loses no token. */
+START_TEST(tier_preemption) {
+    kg_engine_params_t p = base_params();
+    env_t env;
+    env_init(&env, &p, 0);
+    int32_t low[6][10], hi[6], urgent[6];
+    for (int i = 0; i < 6; i++) {
+        fill_prompt(low[i], 10, 900 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, low[i], 10, 40);
+        submit_ok(&env, &r);
+    }
+    for (int i = 0; i < 5; i++) {
+        env_step(&env); /* 1..4 run, 5 and 6 wait */
+    }
+    int32_t n4 = env.jobs[4].n;
+    /* the same tier with a high priority: waits for a slot like anyone */
+    fill_prompt(urgent, 6, 990);
+    kg_request_t u = make_req(8, urgent, 6, 3);
+    u.priority = 9;
+    submit_ok(&env, &u);
+    env_step(&env);
+    ck_assert_int_lt(env.jobs[8].first_step, 0);
+    kg_engine_stats_t st;
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_eq(st.n_tier_preemptions, 0);
+    /* a higher tier, priority 0: its first token comes in the next step */
+    fill_prompt(hi, 6, 991);
+    kg_request_t h = make_req(7, hi, 6, 3);
+    h.tier = 1;
+    submit_ok(&env, &h);
+    n4 = env.jobs[4].n;
+    int64_t at = env.n_steps;
+    env_step(&env);
+    ck_assert_int_eq(env.jobs[7].first_step, at + 1);
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_eq(st.n_tier_preemptions, 1);
+    ck_assert_int_eq(st.n_preemptions, 0);
+    ck_assert_int_eq(st.n_running, 4);
+    ck_assert_int_eq(env.jobs[4].n, n4); /* the newest low one made room */
+    for (int i = 1; i <= 3; i++) {
+        ck_assert_int_eq(env.jobs[i].n, n4 + 1);
+    }
+    env_run(&env, 500);
+    /* the victim takes the first slot to free (7's, ahead of priority 9), then 8, 5, 6 */
+    ck_assert_int_lt(env.jobs[7].done_step, env.jobs[8].first_step);
+    ck_assert_int_le(env.jobs[1].done_step, env.jobs[8].first_step);
+    ck_assert_int_le(env.jobs[8].first_step, env.jobs[5].first_step);
+    ck_assert_int_le(env.jobs[5].first_step, env.jobs[6].first_step);
+    for (int i = 0; i < 6; i++) {
+        check_greedy(&env, (uint64_t)i + 1, low[i], 10, 40, false);
+    }
+    check_greedy(&env, 7, hi, 6, 3, false);
+    check_greedy(&env, 8, urgent, 6, 3, false);
+    /* its prompt blocks stayed in the prefix cache: only the tail was computed again */
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_le(st.n_prefill_tokens, 6 * 10 + 6 + 6 + 4);
+    env_clear(&env);
+
+    /* blocks: a free slot, but the low ones hold the pool */
+    p.n_kv_blocks = 12;
+    env_init(&env, &p, 0);
+    int32_t big[2][16];
+    for (int i = 0; i < 2; i++) {
+        fill_prompt(big[i], 16, 950 + (uint64_t)i);
+        kg_request_t r = make_req((uint64_t)i + 1, big[i], 16, 8);
+        submit_ok(&env, &r);
+    }
+    env_step(&env);
+    h = make_req(3, hi, 6, 3);
+    h.tier = 2;
+    submit_ok(&env, &h);
+    at = env.n_steps;
+    env_step(&env);
+    ck_assert_int_eq(env.jobs[3].first_step, at + 1);
+    kg_engine_stats(env.e, &st);
+    ck_assert_int_eq(st.n_tier_preemptions, 1);
+    env_run(&env, 500);
+    check_greedy(&env, 1, big[0], 16, 8, false);
+    check_greedy(&env, 2, big[1], 16, 8, false);
+    check_greedy(&env, 3, hi, 6, 3, false);
+    /* a negative tier is refused */
+    h.id = 9;
+    h.tier = -1;
+    ck_assert_int_eq(kg_engine_submit(env.e, &h), KG_ERR_INVALID);
+    env_clear(&env);
+}
+END_TEST
+
 START_TEST(chunked_prefill) {
     kg_engine_params_t p = base_params();
     p.max_batch_tokens = 16;
@@ -2012,6 +2103,7 @@ static Suite *make_suite(void) {
     tc = tcase_create("schedule");
     tcase_add_test(tc, admission_limit);
     tcase_add_test(tc, priority_order);
+    tcase_add_test(tc, tier_preemption);
     tcase_add_test(tc, chunked_prefill);
     tcase_add_test(tc, no_starvation);
     suite_add_tcase(s, tc);

@@ -1,6 +1,7 @@
 /* check_lanes: --jobs-topic parsing (a plain name is one lane, weights, errors), weighted fair
  * picking (shares by weight under backlog, no credit for idling, an arriving lane goes next,
- * no starvation) and the pause thresholds (lowest weight first). */
+ * no starvation), the pause thresholds (lowest weight first) and the room each lane has in the
+ * engine by tier (the admission decision that lets a higher lane preempt). */
 #include "check_common.h"
 #include "kafka/kg_lanes.h"
 
@@ -98,6 +99,35 @@ START_TEST(pause_lowest_first) {
 }
 END_TEST
 
+/* The admission decision for the engine: tiers by distinct weight (the engine preempts lower
+ * tiers for higher ones), and lower lanes' jobs in the engine do not keep a higher lane out. */
+START_TEST(room_by_tier) {
+    kg_lanes_t l = parse_ok("interactive:8,bulk:1");
+    ck_assert_int_eq(l.lane[0].tier, 1);
+    ck_assert_int_eq(l.lane[1].tier, 0);
+    int32_t in_engine[2] = {0, 18}; /* a batch of 16 and the slack, all bulk */
+    ck_assert(!kg_lanes_has_room(&l, 1, in_engine, 18));
+    ck_assert(kg_lanes_has_room(&l, 0, in_engine, 18)); /* interactive goes in, to preempt */
+    in_engine[0] = 17;
+    ck_assert(kg_lanes_has_room(&l, 0, in_engine, 18));
+    in_engine[0] = 18; /* interactive jobs alone fill the room: bulk waits too */
+    ck_assert(!kg_lanes_has_room(&l, 0, in_engine, 18));
+    in_engine[1] = 0;
+    ck_assert(!kg_lanes_has_room(&l, 1, in_engine, 18));
+    l = parse_ok("a:4,b:1,c:4,d:2,e:1");
+    const int32_t tier[5] = {2, 0, 2, 1, 0}; /* equal weights share a tier */
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(l.lane[i].tier, tier[i]);
+    }
+    int32_t n[5] = {0, 9, 0, 0, 0}; /* b counts for e (same tier), not for d above it */
+    ck_assert(!kg_lanes_has_room(&l, 4, n, 9));
+    ck_assert(kg_lanes_has_room(&l, 3, n, 9));
+    n[2] = 9; /* c counts for a (same tier) */
+    ck_assert(!kg_lanes_has_room(&l, 0, n, 9));
+    ck_assert(parse_ok("only").lane[0].tier == 0); /* one lane: tier 0, no preemption */
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("lanes");
     TCase *tc = tcase_create("lanes");
@@ -105,6 +135,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, shares_by_weight);
     tcase_add_test(tc, arriving_lane_goes_next);
     tcase_add_test(tc, pause_lowest_first);
+    tcase_add_test(tc, room_by_tier);
     suite_add_tcase(s, tc);
     return s;
 }
