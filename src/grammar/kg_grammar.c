@@ -159,7 +159,8 @@ out:
 
 // ---- NFA ----
 
-int32_t kg_grammar_nfa_add(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2) {
+int32_t
+kg_grammar_nfa_add(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2) {
     if (c->failed) {
         return 0;
     }

@@ -83,7 +83,8 @@ static inline bool grow(cc_t *c, void **p, int64_t *cap, int64_t need, size_t si
 
 /** Append an NFA state; returns its index (0, with the failure recorded,
  * beyond KG_GRAMMAR_MAX_NFA_STATES or on OOM). */
-int32_t kg_grammar_nfa_add(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2);
+int32_t
+kg_grammar_nfa_add(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2);
 /** An N_EPS fan-out to every start in `alts` (n 0: a state leading nowhere). */
 int32_t kg_grammar_nfa_fan_out(cc_t *c, const int32_t *alts, int32_t n);
 /** The intersection of two NFA pieces (a KG_GX_AND, kg_grammar_and.c):

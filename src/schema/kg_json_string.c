@@ -119,7 +119,8 @@ int32_t kg_json_string(conv_t *c, json_t *s, int64_t min, int64_t max) {
         char has[48];
         snprintf(has, sizeof(has), hi < 0 ? "%" PRId64 " or more" : "%" PRId64 " to %" PRId64, lo,
                  hi);
-        return fail(c, "minLength/maxLength at %s leave no string the %s allows (its strings have %s "
+        return fail(c,
+                    "minLength/maxLength at %s leave no string the %s allows (its strings have %s "
                     "characters)",
                     here(c), what, has);
     }

@@ -120,8 +120,8 @@ static const struct {
     {"{\"type\":\"string\",\"pattern\":\"^[^x]*$\",\"minLength\":2,\"maxLength\":4}",
      {"\"ab\"", "\"\\\"\\u000a\"", "\"\xc3\xa9\xf0\x9f\x98\x80\\\\z\"",
       "\"\\\\\\u0009\xc3\xa9\xc3\xa9\"", NULL},
-     {"\"a\"", "\"\xf0\x9f\x98\x80\"", "\"abcde\"", "\"\\\"\\u000a\\\\\xc3\xa9\xc3\xa9\"", "\"axb\"",
-      NULL}},
+     {"\"a\"", "\"\xf0\x9f\x98\x80\"", "\"abcde\"", "\"\\\"\\u000a\\\\\xc3\xa9\xc3\xa9\"",
+      "\"axb\"", NULL}},
     /* an unanchored pattern: a digit somewhere, at most 3 characters */
     {"{\"type\":\"string\",\"pattern\":\"[0-9]\",\"maxLength\":3}",
      {"\"7\"", "\"a1\xc3\xa9\"", "\"\xf0\x9f\x98\x80\\\"9\"", NULL},
@@ -155,8 +155,8 @@ START_TEST(combined_keywords) {
                       combined[_i].good[k]);
     }
     for (int k = 0; k < 6 && combined[_i].bad[k]; k++) {
-        ck_assert_msg(!accepts(g, combined[_i].bad[k]), "schema %s accepts %s",
-                      combined[_i].schema, combined[_i].bad[k]);
+        ck_assert_msg(!accepts(g, combined[_i].bad[k]), "schema %s accepts %s", combined[_i].schema,
+                      combined[_i].bad[k]);
     }
     kg_grammar_unref(g);
     kg_gvocab_unref(v);
@@ -196,7 +196,8 @@ START_TEST(unsupported_keywords) {
         {"{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":1001}",
          "maxLength 1001 together with pattern at (root): at most 1000 is supported"},
         {"{\"type\":\"string\",\"format\":\"email\",\"minLength\":2000}",
-         "minLength/maxLength at (root) leave no string the format allows (its strings have 6 to 72"},
+         "minLength/maxLength at (root) leave no string the format allows (its strings have 6 to "
+         "72"},
         {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":9}", "have 10 to 10"},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":2}", "minimum above maximum"},
         {"{\"type\":\"fish\"}", "unknown type 'fish'"},
