@@ -70,7 +70,7 @@ static int32_t closure(and_t *x, int32_t from, int32_t end, int32_t *out) {
 static bool map_grow(and_t *x) {
     int64_t nc = x->cap_map ? x->cap_map * 2 : 4096;
     uint64_t *k = malloc((size_t)nc * sizeof(*k));
-    int32_t *v = malloc((size_t)nc * sizeof(*v));
+    int32_t *v = calloc((size_t)nc, sizeof(*v)); /* zeroed: read only where a key is */
     if (!k || !v) {
         free(k);
         free(v);

@@ -94,7 +94,7 @@ int32_t kg_json_string(conv_t *c, json_t *s, int64_t min, int64_t max) {
         return -1;
     }
     if (pattern) {
-        int64_t plo, phi;
+        int64_t plo = 0, phi = -1;
         int32_t p = gen_pattern(c, pattern, &plo, &phi);
         if (p < 0) {
             return -1;
