@@ -344,6 +344,16 @@ int32_t kg_gir_and(kg_gir_t *g, int32_t a, int32_t b) {
     return add_node(g, KG_GX_AND, a, b, 0);
 }
 
+/* Lengths beyond this are taken as that many (a minimum) or unbounded (a
+ * maximum), which keeps the range true and the arithmetic from overflowing
+ * (nested counted repetitions multiply). */
+#define BIG_LENGTH 1000000000000000LL
+
+static void clamp(int64_t *min, int64_t *max) {
+    *min = *min > BIG_LENGTH ? BIG_LENGTH : *min;
+    *max = *max > BIG_LENGTH ? -1 : *max;
+}
+
 /* The text lengths of e (see kg_gir.h); depth guards the C stack. */
 static bool text_length(const kg_gir_t *g, int32_t e, int64_t *min, int64_t *max, int depth) {
     const kg_gx_t *x = &g->nodes[e];
@@ -379,6 +389,7 @@ static bool text_length(const kg_gir_t *g, int32_t e, int64_t *min, int64_t *max
             if (*max >= 0) {
                 *max = hi < 0 ? -1 : seq ? *max + hi : (hi > *max ? hi : *max);
             }
+            clamp(min, max);
         }
         return true;
     }
@@ -387,8 +398,13 @@ static bool text_length(const kg_gir_t *g, int32_t e, int64_t *min, int64_t *max
         if (!text_length(g, x->a, &lo, &hi, depth + 1)) {
             return false;
         }
-        *min = lo * x->b;
-        *max = hi == 0 ? 0 : hi < 0 || x->c == KG_GIR_UNBOUNDED ? -1 : hi * x->c;
+        /* lo and hi are at most BIG_LENGTH: a product beyond it is BIG_LENGTH */
+        *min = x->b > 0 && lo > BIG_LENGTH / x->b ? BIG_LENGTH : lo * x->b;
+        *max = hi == 0                              ? 0
+               : hi < 0 || x->c == KG_GIR_UNBOUNDED ? -1
+               : x->c > 0 && hi > BIG_LENGTH / x->c ? -1
+                                                    : hi * x->c;
+        clamp(min, max);
         return true;
     }
     case KG_GX_AND: {

@@ -639,6 +639,11 @@ START_TEST(intersection) {
     int64_t mn, mx;
     ck_assert(kg_gir_text_length(ir, ends_b, &mn, &mx) && mn == 1 && mx == -1);
     ck_assert(kg_gir_text_length(ir, kg_gir_rule_expr(ir, root), &mn, &mx) && mn == 2 && mx == 3);
+    /* nested counts that would overflow: a true range, at least 10^15, no upper bound */
+    static const char deep[] = "(((a{10000}){10000}){10000}){10000}";
+    kg_regex_opts_t o = {0};
+    int32_t e = kg_regex_to_gir(ir, deep, strlen(deep), &o, err, sizeof(err));
+    ck_assert(kg_gir_text_length(ir, e, &mn, &mx) && mn == 1000000000000000LL && mx == -1);
     kg_gir_free(ir);
 
     ir = kg_gir_new();

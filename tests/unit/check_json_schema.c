@@ -142,6 +142,12 @@ static const struct {
     {"{\"type\":\"string\",\"format\":\"email\",\"pattern\":\"\\\\.org$\",\"maxLength\":8}",
      {"\"a@bc.org\"", "\"a@b.org\"", NULL},
      {"\"ab@cd.org\"", "\"a@bc.com\"", NULL}},
+    /* inside a recursive rule (the intersection is built in the rule's own automaton) */
+    {"{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"e\":{\"type\":\"string\","
+     "\"format\":\"email\",\"maxLength\":7},\"next\":{\"$ref\":\"#/$defs/n\"}},\"required\":["
+     "\"e\"]}},\"$ref\":\"#/$defs/n\"}",
+     {"{\"e\":\"a@b.cd\"}", "{\"e\":\"a@b.cd\",\"next\":{\"e\":\"ab@c.de\"}}", NULL},
+     {"{\"e\":\"a@b.cd\",\"next\":{\"e\":\"abc@d.ef\"}}", "{\"e\":\"abc@d.ef\"}", NULL}},
     {"{\"type\":\"string\",\"pattern\":\"^a+$\",\"minLength\":3}",
      {"\"aaa\"", "\"aaaaaaa\"", NULL},
      {"\"aa\"", "\"\"", NULL}},
