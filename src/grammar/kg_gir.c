@@ -336,6 +336,97 @@ int32_t kg_gir_ref(kg_gir_t *g, int32_t rule) {
     return add_node(g, KG_GX_REF, rule, 0, 0);
 }
 
+int32_t kg_gir_and(kg_gir_t *g, int32_t a, int32_t b) {
+    if (a < 0 || b < 0) {
+        g->oom = true;
+        return -1;
+    }
+    return add_node(g, KG_GX_AND, a, b, 0);
+}
+
+/* Lengths beyond this are taken as that many (a minimum) or unbounded (a
+ * maximum), which keeps the range true and the arithmetic from overflowing
+ * (nested counted repetitions multiply). */
+#define BIG_LENGTH 1000000000000000LL
+
+static void clamp(int64_t *min, int64_t *max) {
+    *min = *min > BIG_LENGTH ? BIG_LENGTH : *min;
+    *max = *max > BIG_LENGTH ? -1 : *max;
+}
+
+/* The text lengths of e (see kg_gir.h); depth guards the C stack. */
+static bool text_length(const kg_gir_t *g, int32_t e, int64_t *min, int64_t *max, int depth) {
+    const kg_gx_t *x = &g->nodes[e];
+    if (depth > 2000) {
+        return false;
+    }
+    switch (x->kind) {
+    case KG_GX_EMPTY:
+        *min = *max = 0;
+        return true;
+    case KG_GX_CHARS:
+        *min = *max = 1;
+        return true;
+    case KG_GX_BYTES: {
+        int64_t n = 0;
+        for (int32_t i = 0; i < x->b; i++) {
+            n += ((unsigned char)g->bytes[x->a + i] & 0xC0) != 0x80; /* lead bytes */
+        }
+        *min = *max = n;
+        return true;
+    }
+    case KG_GX_SEQ:
+    case KG_GX_ALT: {
+        bool seq = x->kind == KG_GX_SEQ;
+        *min = seq ? 0 : INT64_MAX;
+        *max = 0;
+        for (int32_t i = 0; i < x->b; i++) {
+            int64_t lo, hi;
+            if (!text_length(g, g->kids[x->a + i], &lo, &hi, depth + 1)) {
+                return false;
+            }
+            *min = seq ? *min + lo : (lo < *min ? lo : *min);
+            if (*max >= 0) {
+                *max = hi < 0 ? -1 : seq ? *max + hi : (hi > *max ? hi : *max);
+            }
+            clamp(min, max);
+        }
+        return true;
+    }
+    case KG_GX_REPEAT: {
+        int64_t lo, hi;
+        if (!text_length(g, x->a, &lo, &hi, depth + 1)) {
+            return false;
+        }
+        /* lo and hi are at most BIG_LENGTH: a product beyond it is BIG_LENGTH */
+        *min = x->b > 0 && lo > BIG_LENGTH / x->b ? BIG_LENGTH : lo * x->b;
+        *max = hi == 0                              ? 0
+               : hi < 0 || x->c == KG_GIR_UNBOUNDED ? -1
+               : x->c > 0 && hi > BIG_LENGTH / x->c ? -1
+                                                    : hi * x->c;
+        clamp(min, max);
+        return true;
+    }
+    case KG_GX_AND: {
+        int64_t lo, hi;
+        if (!text_length(g, x->a, min, max, depth + 1) ||
+            !text_length(g, x->b, &lo, &hi, depth + 1)) {
+            return false;
+        }
+        *min = lo > *min ? lo : *min;
+        *max = *max < 0 ? hi : hi < 0 || *max < hi ? *max : hi;
+        return true;
+    }
+    case KG_GX_REF:
+        break;
+    }
+    return false;
+}
+
+bool kg_gir_text_length(const kg_gir_t *g, int32_t expr, int64_t *min, int64_t *max) {
+    return expr >= 0 && text_length(g, expr, min, max, 0);
+}
+
 const kg_gx_t *kg_gir_node(const kg_gir_t *g, int32_t expr) {
     return &g->nodes[expr];
 }
@@ -480,6 +571,14 @@ static void put_expr(sbuf_t *b, const kg_gir_t *g, int32_t e, int depth) {
     }
     case KG_GX_REF:
         puts_(b, g->rules[x->a].name);
+        break;
+    case KG_GX_AND:
+        /* GBNF has no intersection: this form is for reading only */
+        puts_(b, "((");
+        put_expr(b, g, x->a, 0);
+        puts_(b, ") & (");
+        put_expr(b, g, x->b, 0);
+        puts_(b, "))");
         break;
     }
 }

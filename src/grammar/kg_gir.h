@@ -28,6 +28,7 @@ typedef enum kg_gx_kind {
     KG_GX_ALT,       /* one of the children */
     KG_GX_REPEAT,    /* child {min, max}; max -1 = unbounded */
     KG_GX_REF,       /* a rule */
+    KG_GX_AND,       /* text both children match (intersection; regular children only) */
 } kg_gx_kind_t;
 
 /* The largest code point, and the repetition bound meaning "unbounded". */
@@ -37,8 +38,9 @@ typedef enum kg_gx_kind {
 typedef struct kg_gx {
     kg_gx_kind_t kind;
     int32_t a; /* CHARS: first range; BYTES: first byte; SEQ/ALT: first child; REPEAT: child;
-                  REF: rule */
-    int32_t b; /* CHARS: ranges; BYTES: length; SEQ/ALT: children; REPEAT: min */
+                  REF: rule; AND: first child */
+    int32_t b; /* CHARS: ranges; BYTES: length; SEQ/ALT: children; REPEAT: min; AND: second
+                  child */
     int32_t c; /* REPEAT: max */
 } kg_gx_t;
 
@@ -80,7 +82,19 @@ int32_t kg_gir_alt2(kg_gir_t *g, int32_t a, int32_t b);
 int32_t kg_gir_repeat(kg_gir_t *g, int32_t expr, int32_t min, int32_t max);
 int32_t kg_gir_opt(kg_gir_t *g, int32_t expr);
 int32_t kg_gir_ref(kg_gir_t *g, int32_t rule);
+/** The texts both a and b match: how a JSON Schema string's pattern, format
+ * and length bounds combine. The compiler builds the product of the two
+ * automata, so neither side may use a recursive rule (it refuses that);
+ * the product's size is about the product of the sides' sizes. */
+int32_t kg_gir_and(kg_gir_t *g, int32_t a, int32_t b);
 
+/** Code points of the shortest and the longest text `expr` matches (*max
+ * -1: unbounded), read from its structure: a literal counts its UTF-8 code
+ * points, a class one (the range holds every match's length; it is wider
+ * than the truth where a part can match nothing). Meant for expressions
+ * built without JSON escapes (kg_regex with json_string false). False when
+ * expr uses a rule. */
+bool kg_gir_text_length(const kg_gir_t *g, int32_t expr, int64_t *min, int64_t *max);
 /** Read an expression node (children through kg_gir_kid, ranges through
  * kg_gir_range, bytes through kg_gir_byte_data). */
 const kg_gx_t *kg_gir_node(const kg_gir_t *g, int32_t expr);

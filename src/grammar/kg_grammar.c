@@ -17,19 +17,6 @@
 /* Inlining deeper than this is refused (protects the C stack). */
 #define MAX_BUILD_DEPTH 2000
 
-enum { N_EPS = 0, N_BYTE, N_CALL, N_MATCH };
-
-struct nst {
-    uint8_t kind;
-    uint8_t lo, hi;
-    int32_t out, out2; /* -1: none */
-    int32_t unit;      /* N_CALL */
-};
-
-typedef struct frag {
-    int32_t start, end; /* end: an N_EPS whose out is patched by the user */
-} frag_t;
-
 // ---- rules and units ----
 
 typedef struct tarjan {
@@ -57,6 +44,10 @@ static void refs_of(const kg_gir_t *ir, int32_t e, void (*fn)(void *, int32_t), 
         break;
     case KG_GX_REPEAT:
         refs_of(ir, x->a, fn, ctx, d + 1);
+        break;
+    case KG_GX_AND:
+        refs_of(ir, x->a, fn, ctx, d + 1);
+        refs_of(ir, x->b, fn, ctx, d + 1);
         break;
     case KG_GX_REF:
         fn(ctx, x->a);
@@ -168,7 +159,8 @@ out:
 
 // ---- NFA ----
 
-static int32_t nadd(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2) {
+int32_t
+kg_grammar_nfa_add(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2) {
     if (c->failed) {
         return 0;
     }
@@ -185,6 +177,10 @@ static int32_t nadd(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, 
     c->ns[c->n_ns] =
         (nst_t){.kind = kind, .lo = lo, .hi = hi, .out = out, .out2 = out2, .unit = -1};
     return c->n_ns++;
+}
+
+static int32_t nadd(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2) {
+    return kg_grammar_nfa_add(c, kind, lo, hi, out, out2);
 }
 
 static int32_t eps(cc_t *c, int32_t out, int32_t out2) {
@@ -250,8 +246,7 @@ utf8_seqs(cc_t *c, uint32_t lo, uint32_t hi, int32_t *alts, int32_t *n_alts, int
     alts[(*n_alts)++] = byte_chain(c, a, b, n, end);
 }
 
-/* An N_EPS fan-out to every start in `alts`. */
-static int32_t fan_out(cc_t *c, const int32_t *alts, int32_t n) {
+int32_t kg_grammar_nfa_fan_out(cc_t *c, const int32_t *alts, int32_t n) {
     if (n == 0) {
         return eps(c, -1, -1); /* leads nowhere: matches nothing */
     }
@@ -260,6 +255,10 @@ static int32_t fan_out(cc_t *c, const int32_t *alts, int32_t n) {
         s = eps(c, alts[i], s);
     }
     return s;
+}
+
+static int32_t fan_out(cc_t *c, const int32_t *alts, int32_t n) {
+    return kg_grammar_nfa_fan_out(c, alts, n);
 }
 
 static frag_t build(cc_t *c, int32_t e);
@@ -393,6 +392,16 @@ static frag_t build(cc_t *c, int32_t e) {
             r = (frag_t){call, end};
         } else {
             r = build(c, kg_gir_rule_expr(c->ir, rule));
+        }
+        break;
+    }
+    case KG_GX_AND: {
+        /* both sides into the NFA, then their product in their place */
+        int32_t first = c->n_ns;
+        frag_t fa = build(c, x->a);
+        frag_t fb = build(c, x->b);
+        if (!c->failed) {
+            r = kg_grammar_nfa_and(c, first, fa.start, fa.end, fb.start, fb.end);
         }
         break;
     }

@@ -10,8 +10,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* One NFA state (defined in kg_grammar.c, where the NFA is built). */
-typedef struct nst nst_t;
+/* One NFA state: Thompson's construction over bytes, with calls of other
+ * units and the final state of a unit. */
+enum { N_EPS = 0, N_BYTE, N_CALL, N_MATCH };
+
+typedef struct nst {
+    uint8_t kind;
+    uint8_t lo, hi;
+    int32_t out, out2; /* -1: none */
+    int32_t unit;      /* N_CALL */
+} nst_t;
+
+/* A piece of NFA under construction. */
+typedef struct frag {
+    int32_t start, end; /* end: an N_EPS whose out is patched by the user */
+} frag_t;
 
 typedef struct cc {
     const kg_gir_t *ir;
@@ -67,6 +80,18 @@ static inline bool grow(cc_t *c, void **p, int64_t *cap, int64_t need, size_t si
     *cap = nc;
     return true;
 }
+
+/** Append an NFA state; returns its index (0, with the failure recorded,
+ * beyond KG_GRAMMAR_MAX_NFA_STATES or on OOM). */
+int32_t
+kg_grammar_nfa_add(cc_t *c, uint8_t kind, uint8_t lo, uint8_t hi, int32_t out, int32_t out2);
+/** An N_EPS fan-out to every start in `alts` (n 0: a state leading nowhere). */
+int32_t kg_grammar_nfa_fan_out(cc_t *c, const int32_t *alts, int32_t n);
+/** The intersection of two NFA pieces (a KG_GX_AND, kg_grammar_and.c):
+ * both were just built, so their states are ns[first .. n_ns); they are
+ * replaced by their product, which is returned. */
+frag_t kg_grammar_nfa_and(
+    cc_t *c, int32_t first, int32_t a_start, int32_t a_end, int32_t b_start, int32_t b_end);
 
 /** Precompute every state's token masks and forced token from a walk of
  * the vocabulary trie (kg_grammar_mask.c). false when it failed (errstr

@@ -227,73 +227,14 @@ static int32_t gen_ref(conv_t *c, const char *ref) {
 }
 
 static int32_t gen_string(conv_t *c, json_t *s) {
-    json_t *pattern = json_object_get(s, "pattern"), *format = json_object_get(s, "format");
     int64_t min = 0, max = -1;
     if (!get_count(c, s, "minLength", &min) || !get_count(c, s, "maxLength", &max)) {
         return -1;
     }
-    bool lengths = json_object_get(s, "minLength") || json_object_get(s, "maxLength");
     if (max >= 0 && max < min) {
         return fail(c, "maxLength below minLength at %s", here(c));
     }
-    int32_t body;
-    if (pattern || format) {
-        if (lengths) {
-            return fail(c, "minLength/maxLength together with %s at %s is not supported",
-                        pattern ? "pattern" : "format", here(c));
-        }
-        if (pattern && format) {
-            return fail(c, "pattern together with format at %s is not supported", here(c));
-        }
-    }
-    if (pattern) {
-        if (!json_is_string(pattern)) {
-            return fail(c, "pattern at %s: expected a string", here(c));
-        }
-        kg_regex_opts_t o = {.search = true, .json_string = true};
-        char err[256];
-        body = kg_regex_to_gir(c->g, json_string_value(pattern), json_string_length(pattern), &o,
-                               err, sizeof(err));
-        if (body < 0) {
-            size_t saved = ptr_push(c, "pattern");
-            fail(c, "pattern at %s: %s", here(c), err);
-            ptr_pop(c, saved);
-            return -1;
-        }
-    } else if (format) {
-        static const struct {
-            const char *name, *re;
-        } formats[] = {
-            {"date", "[0-9]{4}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|"
-                     "(0[13578]|1[02])-31)"},
-            {"time", "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|"
-                     "2[0-3]):[0-5][0-9])"},
-            {"date-time",
-             "[0-9]{4}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|"
-             "(0[13578]|1[02])-31)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|"
-             "[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
-            {"uuid", "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"},
-            {"email", "[A-Za-z0-9._%+-]{1,32}@[A-Za-z0-9-]{1,32}\\.[A-Za-z]{2,6}"},
-        };
-        const char *name = json_string_value(format);
-        body = -1;
-        for (size_t i = 0; name && i < sizeof(formats) / sizeof(*formats); i++) {
-            if (strcmp(name, formats[i].name) == 0) {
-                body = kg_json_rules_regex(c, formats[i].re, true);
-            }
-        }
-        if (body < 0 && !c->failed) {
-            size_t saved = ptr_push(c, "format");
-            fail(c, "unsupported format '%s' at %s (supported: date, time, date-time, uuid, email)",
-                 name ? name : "?", here(c));
-            ptr_pop(c, saved);
-            return -1;
-        }
-    } else {
-        body = oom(c, kg_gir_repeat(c->g, kg_json_rules_char(c), (int32_t)min,
-                                    max < 0 ? KG_GIR_UNBOUNDED : (int32_t)max));
-    }
-    return oom(c, kg_gir_seq3(c->g, lit(c, "\""), body, lit(c, "\"")));
+    return kg_json_string(c, s, min, max);
 }
 
 static int32_t gen_number(conv_t *c, json_t *s, bool integer) {

@@ -5,7 +5,8 @@
  * (as anyOf: keep branches disjoint), allOf of object schemas, $ref to
  * "#..." JSON pointers ($defs, definitions, recursion included),
  * minItems/maxItems, minLength/maxLength, pattern, format (date, time,
- * date-time, uuid, email), minimum/maximum/exclusiveMinimum/
+ * date-time, uuid, email; pattern, format and length bounds combine as
+ * the intersection of their languages), minimum/maximum/exclusiveMinimum/
  * exclusiveMaximum on integers (on numbers: integers in the range), and
  * the annotations (title, description, default, examples, $schema, $id,
  * $comment, deprecated, readOnly, writeOnly). Any other keyword is refused
@@ -28,6 +29,12 @@
 #include "../grammar/kg_gir.h"
 
 #include <stddef.h>
+
+/* The largest minLength/maxLength that can be combined with a pattern or
+ * format (when the pattern or format does not imply it already): the
+ * grammar holds about one copy of the pattern's automaton per length, and
+ * the compiler precomputes token masks for each of its states. */
+#define KG_JSON_MAX_LENGTH_WITH_PATTERN 1000
 
 /** The grammar of documents valid against `schema` (len bytes of JSON).
  * NULL with a message naming the keyword and its JSON pointer. */

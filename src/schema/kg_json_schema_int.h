@@ -117,3 +117,9 @@ int32_t kg_json_rules_literal(conv_t *c, json_t *v);
 /** Integers lo..hi with INT64_MIN / INT64_MAX meaning unbounded; fails
  * (naming the schema location) when the range is empty. */
 int32_t kg_json_rules_int_range(conv_t *c, int64_t lo, int64_t hi);
+
+// ---- strings (kg_json_string.c) ----
+
+/** A string schema s: `pattern`, `format` and the length bounds min..max
+ * (max -1: none) together, as the quoted JSON string. */
+int32_t kg_json_string(conv_t *c, json_t *s, int64_t min, int64_t max);

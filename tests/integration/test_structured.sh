@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # test_structured: constrained output through `kgen batch` on a random-weight
 # model with a real BPE vocabulary (GPT-2's), at temperature 1.
-#   - 1,000 jobs over 20 JSON Schemas (recursive $ref, anyOf/oneOf, enums,
+#   - 1,000 jobs over 22 JSON Schemas (recursive $ref, anyOf/oneOf, enums,
 #     arrays of objects, string patterns, formats, integer ranges, allOf,
-#     prefixItems, additionalProperties...): every done text parses as JSON
-#     and validates against its schema with python3-jsonschema (formats
-#     checked), except those ended by length; most jobs must finish.
+#     prefixItems, additionalProperties, length bounds with a format or a
+#     pattern, a pattern with a format...): every done text parses as JSON
+#     and validates against its schema with python3-jsonschema (formats and
+#     lengths in code points checked), except those ended by length; most
+#     jobs must finish.
 #   - 150 grammar jobs over 3 GBNF grammars: every done text is accepted by
 #     an Earley recognizer written here (independent of src/grammar).
 #   - 100 regex and 100 choice jobs: full matches (Python re here; PCRE2 checks the
@@ -26,7 +28,7 @@ trap 'rm -rf "$tmp"' EXIT
 python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
-S = []  # the 20 schemas
+S = []  # the 22 schemas
 S.append({"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
     "email": {"type": "string", "format": "email"}}, "required": ["name", "age", "email"],
@@ -90,7 +92,21 @@ S.append({"type": "object", "properties": {"v": {"type": "integer", "minimum": 0
 S.append({"type": "object", "properties": {"events": {"type": "array", "maxItems": 2, "items": {"type": "object", "properties": {
     "at": {"type": "string", "format": "date-time"}, "t": {"type": "string", "format": "time"},
     "who": {"type": "string", "format": "email"}}, "required": ["at", "t", "who"]}}}, "required": ["events"]})
-assert len(S) == 20
+# length bounds with formats and patterns (intersections): an email shorter than the format
+# allows, a pattern with both bounds, a date whose bound it implies anyway, an unanchored
+# pattern (any characters around a digit: escapes and UTF-8 count one each), a date-time only
+# its shortest form fits, a uuid that must also match a pattern
+S.append({"type": "object", "properties": {
+    "email": {"type": "string", "format": "email", "maxLength": 16},
+    "handle": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "minLength": 3, "maxLength": 8},
+    "day": {"type": "string", "format": "date", "minLength": 10}},
+    "required": ["email", "handle", "day"], "additionalProperties": False})
+S.append({"type": "object", "properties": {
+    "code": {"type": "string", "pattern": "[0-9]", "minLength": 2, "maxLength": 5},
+    "at": {"type": "string", "format": "date-time", "maxLength": 20},
+    "id": {"type": "string", "format": "uuid", "pattern": "^[0-9a-f]{8}-0"}},
+    "required": ["code", "at", "id"], "additionalProperties": False})
+assert len(S) == 22
 G = [
     'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
     'factor ::= [0-9]{1,3} | "(" expr ")"\n',
@@ -105,10 +121,10 @@ C = [["positive", "negative", "neutral"], ["A", "B", "C", "D"], ["the cat", "the
 jobs = []
 prompts = ["Output:", "Data", "Here is the answer", "JSON", "{", "Sure:"]
 for i in range(1000):
-    s = S[i % 20]
-    jobs.append({"request_id": f"s{i % 20}-{i}", "prompt": prompts[i % len(prompts)], "max_tokens": 200,
+    k = i % len(S)
+    jobs.append({"request_id": f"s{k}-{i}", "prompt": prompts[i % len(prompts)], "max_tokens": 200,
                  "temperature": 1.0,
-                 "response_format": {"type": "json_schema", "json_schema": {"name": f"s{i % 20}", "strict": True, "schema": s}}})
+                 "response_format": {"type": "json_schema", "json_schema": {"name": f"s{k}", "strict": True, "schema": S[k]}}})
 for i in range(150):
     jobs.append({"request_id": f"g{i % 3}-{i}", "prompt": prompts[i % 6], "max_tokens": 120, "grammar": G[i % 3]})
 for i in range(100):
@@ -124,6 +140,10 @@ bad = [
      "invalid_schema", "$ref 'https://x.org/s.json' at (root): only local references"),
     ("bad-unique", {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "array", "uniqueItems": True}}}},
      "invalid_schema", "unsupported JSON Schema keyword 'uniqueItems' at /uniqueItems"),
+    ("bad-length", {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "properties": {"x": {"type": "string", "pattern": "^a", "maxLength": 5000}}}}}},
+     "invalid_schema", "maxLength 5000 together with pattern at /properties/x: at most 1000 is supported"),
+    ("bad-empty", {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string", "format": "uuid", "maxLength": 30}}}},
+     "invalid_schema", "minLength/maxLength at (root) leave no string the format allows (its strings have 36 to 36 characters)"),
     ("bad-regex", {"regex": "(?<=a)b"}, "invalid_job", "regex at offset 0: lookaround assertions are not supported"),
     ("bad-grammar", {"grammar": "root ::= \"a\" | \n  undefined-rule"}, "invalid_job", "grammar line 2 column 3: undefined rule 'undefined-rule'"),
     ("bad-left", {"grammar": "root ::= root \"a\" | \"b\""}, "invalid_job", "left recursion: rule 'root'"),
@@ -352,8 +372,8 @@ g2 = parse_gbnf(spec["grammars"][2])
 assert earley(g2, 'a = 1\nb_2="x y"\n') and not earley(g2, "a = 1")
 
 # ---- JSON Schema jobs ----
-stats = Counter()
-for i in range(20):
+stats, per_schema = Counter(), Counter()
+for i in range(len(spec["schemas"])):
     v = Draft202012Validator(spec["schemas"][i], format_checker=checker)
     for rid, e in out.items():
         if not rid.startswith(f"s{i}-"):
@@ -376,7 +396,13 @@ for i in range(20):
         if errs:
             fails.append(f"{rid}: invalid against schema {i}: {errs[0].message}: {e['text']!r}")
         stats["valid"] += 1
+        per_schema[i] += 1
 print(f"json schema jobs: {dict(stats)}")
+# the intersections must have been exercised, not only ended by length
+for i in (20, 21):
+    if per_schema[i] < 10:
+        fails.append(f"only {per_schema[i]} jobs of schema {i} finished (stop)")
+print(f"finished with the intersections: {per_schema[20]} and {per_schema[21]} jobs")
 if stats["valid"] < 600:
     fails.append(f"only {stats['valid']} of 1000 schema jobs finished (stop): too few to judge")
 

@@ -598,6 +598,73 @@ START_TEST(llama_cpp_grammars) {
 }
 END_TEST
 
+// ---- intersections (KG_GX_AND) ----
+
+static bool accepts_text(kg_grammar_t *g, const char *text) {
+    kg_matcher_t *m = kg_matcher_new();
+    kg_matcher_reset(m, g);
+    bool ok = true;
+    for (const unsigned char *p = (const unsigned char *)text; *p && ok; p++) {
+        ok = kg_matcher_accept(m, *p); /* ids 0..255 are the single bytes */
+    }
+    ok = ok && kg_matcher_can_end(m);
+    kg_matcher_free(m);
+    return ok;
+}
+
+/* Texts of (a|b|é)* that end in b, 2..3 characters (é is two bytes, one
+ * character); masks agree with acceptance; a recursive side is refused;
+ * the length range of an expression is read from its structure. */
+START_TEST(intersection) {
+    kg_gvocab_t *v = test_vocab();
+    kg_gir_t *ir = kg_gir_new();
+    uint32_t lo[3] = {'a', 'b', 0xE9}, hi[3] = {'a', 'b', 0xE9};
+    int32_t any = kg_gir_chars(ir, lo, hi, 3, false);
+    int32_t ends_b =
+        kg_gir_seq2(ir, kg_gir_repeat(ir, any, 0, KG_GIR_UNBOUNDED), kg_gir_bytes(ir, "b", 1));
+    int32_t root = kg_gir_rule(ir, "root", 4);
+    kg_gir_define(ir, root, kg_gir_and(ir, ends_b, kg_gir_repeat(ir, any, 2, 3)));
+    kg_gir_set_root(ir, root);
+    char err[256] = "";
+    kg_grammar_t *g = kg_grammar_compile(ir, v, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    /* é is \xc3\xa9, b is \x62 (a hex escape would swallow a plain b) */
+    static const char *const good[] = {"ab", "bb", "\xc3\xa9\x62", "aab", "\xc3\xa9\xc3\xa9\x62"};
+    static const char *const bad[] = {"b", "ba", "abab", "\xc3\xa9\xc3\xa9\xc3\xa9\x62", "aa"};
+    for (size_t i = 0; i < sizeof(good) / sizeof(*good); i++) {
+        ck_assert_msg(accepts_text(g, good[i]), "refuses %s", good[i]);
+        ck_assert_msg(!accepts_text(g, bad[i]), "accepts %s", bad[i]);
+    }
+    static char texts[8][512];
+    ck_assert_int_gt(random_walks(g, v, 8, 8, 7, texts), 0);
+    kg_grammar_unref(g);
+    int64_t mn, mx;
+    ck_assert(kg_gir_text_length(ir, ends_b, &mn, &mx) && mn == 1 && mx == -1);
+    ck_assert(kg_gir_text_length(ir, kg_gir_rule_expr(ir, root), &mn, &mx) && mn == 2 && mx == 3);
+    /* nested counts that would overflow: a true range, at least 10^15, no upper bound */
+    static const char deep[] = "(((a{10000}){10000}){10000}){10000}";
+    kg_regex_opts_t o = {0};
+    int32_t e = kg_regex_to_gir(ir, deep, strlen(deep), &o, err, sizeof(err));
+    ck_assert(kg_gir_text_length(ir, e, &mn, &mx) && mn == 1000000000000000LL && mx == -1);
+    kg_gir_free(ir);
+
+    ir = kg_gir_new();
+    int32_t r = kg_gir_rule(ir, "r", 1);
+    int32_t alts[2] = {
+        kg_gir_seq3(ir, kg_gir_bytes(ir, "(", 1), kg_gir_ref(ir, r), kg_gir_bytes(ir, ")", 1)),
+        kg_gir_empty(ir)};
+    kg_gir_define(ir, r, kg_gir_alt(ir, alts, 2));
+    root = kg_gir_rule(ir, "root", 4);
+    kg_gir_define(ir, root, kg_gir_and(ir, kg_gir_ref(ir, r), kg_gir_bytes(ir, "()", 2)));
+    kg_gir_set_root(ir, root);
+    ck_assert(kg_grammar_compile(ir, v, err, sizeof(err)) == NULL);
+    ck_assert_msg(strstr(err, "intersection cannot use a recursive rule"), "%s", err);
+    ck_assert(!kg_gir_text_length(ir, kg_gir_rule_expr(ir, root), &mn, &mx));
+    kg_gir_free(ir);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("grammar");
     TCase *tc = tcase_create("parse");
@@ -612,6 +679,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, regex_outputs_full_match, 0,
                         (int)(sizeof(regexes) / sizeof(regexes[0])));
     tcase_add_test(tc, choice_and_forcing);
+    tcase_add_test(tc, intersection);
     tcase_add_loop_test(tc, llama_cpp_grammars, 0,
                         (int)(sizeof(llama_grammars) / sizeof(llama_grammars[0])));
     suite_add_tcase(s, tc);

@@ -99,6 +99,76 @@ static const struct {
      {"{\"a\":1}", "{\"b\":true,\"a\":1}", NULL}},
 };
 
+/* Length bounds with a format or pattern: strings at the bounds (min-1,
+ * min, max, max+1), counted in characters whatever their encoding: an
+ * escape (\" \n \u00e9) and a multi-byte character (é, 😀) are one each. */
+static const struct {
+    const char *schema;
+    const char *good[6];
+    const char *bad[6];
+} combined[] = {
+    /* email (6..72 characters alone) with maxLength 12 */
+    {"{\"type\":\"string\",\"format\":\"email\",\"maxLength\":12}",
+     {"\"a@b.cd\"", "\"abcdef@gh.ij\"", "\"x@y.abcdef\"", NULL},
+     {"\"abcdefg@hi.jk\"", "\"a@bcdefghij.kl\"", "\"@b.cd\"", "\"a@b.c\"", NULL}},
+    /* email with minLength 8 and maxLength 9 */
+    {"{\"type\":\"string\",\"format\":\"email\",\"minLength\":8,\"maxLength\":9}",
+     {"\"ab@cd.ef\"", "\"abc@cd.ef\"", NULL},
+     {"\"a@cd.ef\"", "\"abcd@cd.ef\"", NULL}},
+    /* any characters but x, 2..4 of them: an escape (as a pattern writes them: \" \\ and
+     * \u00XX for controls) and a UTF-8 character count one each */
+    {"{\"type\":\"string\",\"pattern\":\"^[^x]*$\",\"minLength\":2,\"maxLength\":4}",
+     {"\"ab\"", "\"\\\"\\u000a\"", "\"\xc3\xa9\xf0\x9f\x98\x80\\\\z\"",
+      "\"\\\\\\u0009\xc3\xa9\xc3\xa9\"", NULL},
+     {"\"a\"", "\"\xf0\x9f\x98\x80\"", "\"abcde\"", "\"\\\"\\u000a\\\\\xc3\xa9\xc3\xa9\"",
+      "\"axb\"", NULL}},
+    /* an unanchored pattern: a digit somewhere, at most 3 characters */
+    {"{\"type\":\"string\",\"pattern\":\"[0-9]\",\"maxLength\":3}",
+     {"\"7\"", "\"a1\xc3\xa9\"", "\"\xf0\x9f\x98\x80\\\"9\"", NULL},
+     {"\"ab\"", "\"ab12\"", "\"\xc3\xa9\xc3\xa9\xc3\xa9\x31\"", "\"\\\\\\\\\\\\1\"", NULL}},
+    /* date (always 10) with minLength 10: nothing to intersect, still a date */
+    {"{\"type\":\"string\",\"format\":\"date\",\"minLength\":10}",
+     {"\"2024-02-28\"", NULL},
+     {"\"2024-02-30\"", "\"2024-2-28\"", NULL}},
+    /* time (9..21 alone) with 14..15: the offset or a fraction */
+    {"{\"type\":\"string\",\"format\":\"time\",\"minLength\":14,\"maxLength\":15}",
+     {"\"12:00:00+02:00\"", "\"12:00:00.12345Z\"", NULL},
+     {"\"12:00:00Z\"", "\"12:00:00.1+02:00\"", "\"12:00:00.123Z\"", NULL}},
+    /* pattern and format: the UUIDs that start with 0 */
+    {"{\"type\":\"string\",\"format\":\"uuid\",\"pattern\":\"^0\"}",
+     {"\"023e4567-e89b-12d3-a456-426614174000\"", NULL},
+     {"\"123e4567-e89b-12d3-a456-426614174000\"", "\"0\"", NULL}},
+    /* pattern, format and lengths together; minLength alone */
+    {"{\"type\":\"string\",\"format\":\"email\",\"pattern\":\"\\\\.org$\",\"maxLength\":8}",
+     {"\"a@bc.org\"", "\"a@b.org\"", NULL},
+     {"\"ab@cd.org\"", "\"a@bc.com\"", NULL}},
+    /* inside a recursive rule (the intersection is built in the rule's own automaton) */
+    {"{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"e\":{\"type\":\"string\","
+     "\"format\":\"email\",\"maxLength\":7},\"next\":{\"$ref\":\"#/$defs/n\"}},\"required\":["
+     "\"e\"]}},\"$ref\":\"#/$defs/n\"}",
+     {"{\"e\":\"a@b.cd\"}", "{\"e\":\"a@b.cd\",\"next\":{\"e\":\"ab@c.de\"}}", NULL},
+     {"{\"e\":\"a@b.cd\",\"next\":{\"e\":\"abc@d.ef\"}}", "{\"e\":\"abc@d.ef\"}", NULL}},
+    {"{\"type\":\"string\",\"pattern\":\"^a+$\",\"minLength\":3}",
+     {"\"aaa\"", "\"aaaaaaa\"", NULL},
+     {"\"aa\"", "\"\"", NULL}},
+};
+
+START_TEST(combined_keywords) {
+    kg_gvocab_t *v = byte_vocab();
+    kg_grammar_t *g = compile(v, combined[_i].schema);
+    for (int k = 0; k < 6 && combined[_i].good[k]; k++) {
+        ck_assert_msg(accepts(g, combined[_i].good[k]), "schema %s refuses %s", combined[_i].schema,
+                      combined[_i].good[k]);
+    }
+    for (int k = 0; k < 6 && combined[_i].bad[k]; k++) {
+        ck_assert_msg(!accepts(g, combined[_i].bad[k]), "schema %s accepts %s", combined[_i].schema,
+                      combined[_i].bad[k]);
+    }
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 START_TEST(documents) {
     kg_gvocab_t *v = byte_vocab();
     kg_grammar_t *g = compile(v, cases[_i].schema);
@@ -129,7 +199,12 @@ START_TEST(unsupported_keywords) {
         {"{\"type\":\"string\",\"format\":\"hostname\"}", "unsupported format 'hostname'"},
         {"{\"$ref\":\"#/$defs/missing\"}", "no such location"},
         {"{\"type\":\"string\",\"pattern\":\"(?=x)\"}", "pattern at /pattern: regex"},
-        {"{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", "together with pattern"},
+        {"{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":1001}",
+         "maxLength 1001 together with pattern at (root): at most 1000 is supported"},
+        {"{\"type\":\"string\",\"format\":\"email\",\"minLength\":2000}",
+         "minLength/maxLength at (root) leave no string the format allows (its strings have 6 to "
+         "72"},
+        {"{\"type\":\"string\",\"format\":\"date\",\"maxLength\":9}", "have 10 to 10"},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":2}", "minimum above maximum"},
         {"{\"type\":\"fish\"}", "unknown type 'fish'"},
         {"{\"anyOf\":[{}],\"type\":\"string\"}", "beside anyOf"},
@@ -169,6 +244,7 @@ static Suite *make_suite(void) {
     Suite *s = suite_create("json_schema");
     TCase *tc = tcase_create("grammar");
     tcase_add_loop_test(tc, documents, 0, (int)(sizeof(cases) / sizeof(cases[0])));
+    tcase_add_loop_test(tc, combined_keywords, 0, (int)(sizeof(combined) / sizeof(combined[0])));
     tcase_add_test(tc, unsupported_keywords);
     tcase_add_test(tc, any_json_object);
     suite_add_tcase(s, tc);
