@@ -2,6 +2,8 @@
  * librdkafka rd_kafka_properties[]). */
 #include "kg_config.h"
 
+#include "../core/kg_parse.h"
+
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
@@ -132,52 +134,6 @@ static const opt_t *find_opt(const char *name) {
         }
     }
     return NULL;
-}
-
-/* --propagate-headers: header names (RFC 9110 tokens of at most 128 bytes, no kgen-* name, 13 at
- * most) separated by commas, spaces around them ignored; the worker's kg_trace reads the list with
- * the same rules (config sits below kafka, so the rules are written twice, tested by both). */
-static bool propagate_headers_ok(const char *list, char *errstr, size_t errstr_size) {
-    int n = 0;
-    for (const char *p = list; *p; n++) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *s = p;
-        while (len > 0 && *s == ' ') {
-            s++;
-            len--;
-        }
-        while (len > 0 && s[len - 1] == ' ') {
-            len--;
-        }
-        bool ok = len > 0 && len <= 128;
-        for (size_t i = 0; ok && i < len; i++) {
-            ok = isalnum((unsigned char)s[i]) || (s[i] && strchr("!#$%&'*+-.^_`|~", s[i]));
-        }
-        if (!ok) {
-            snprintf(errstr, errstr_size,
-                     "--propagate-headers: expected header names (1 to 128 letters, digits or "
-                     "!#$%%&'*+-.^_`|~) separated by commas, got '%.*s'",
-                     (int)(len > 64 ? 64 : len), s);
-            return false;
-        }
-        if (len >= 5 && strncasecmp(s, "kgen-", 5) == 0) {
-            snprintf(errstr, errstr_size,
-                     "--propagate-headers: '%.*s': kgen-* headers are the worker's own and are "
-                     "not copied",
-                     (int)len, s);
-            return false;
-        }
-        p = end ? end + 1 : p + strlen(p);
-    }
-    if (n > 13) {
-        snprintf(errstr, errstr_size,
-                 "--propagate-headers: at most 13 names besides traceparent, tracestate and "
-                 "baggage, got %d",
-                 n);
-        return false;
-    }
-    return true;
 }
 
 static bool parse_bool(const char *s, bool *out) {
@@ -565,7 +521,10 @@ kg_status_t kg_config_parse(
                  (long long)cfg->max_event_bytes);
         return KG_ERR_INVALID;
     }
-    if (!propagate_headers_ok(cfg->propagate_headers, errstr, errstr_size)) {
+    kg_header_names_t names;
+    char why[256];
+    if (!kg_parse_header_names(cfg->propagate_headers, &names, why, sizeof(why))) {
+        snprintf(errstr, errstr_size, "--propagate-headers: %s", why);
         return KG_ERR_INVALID;
     }
     unsigned char addr[sizeof(struct in6_addr)];

@@ -14,15 +14,9 @@ static const char *const w3c_names[] = {"traceparent", "tracestate", "baggage"};
 
 // ---- names ----
 
-/* RFC 9110 tchar: what a header name made of one token may hold. */
-static bool is_tchar(unsigned char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
-}
-
-static bool names_has(const kg_trace_names_t *tn, const char *name, size_t n) {
+static bool names_has(const kg_trace_names_t *tn, const char *name) {
     for (int i = 0; i < tn->n; i++) {
-        if (strlen(tn->name[i]) == n && memcmp(tn->name[i], name, n) == 0) {
+        if (strcmp(tn->name[i], name) == 0) {
             return true;
         }
     }
@@ -35,47 +29,16 @@ kg_trace_names_init(kg_trace_names_t *tn, const char *extra, char *errstr, size_
     for (size_t i = 0; i < sizeof(w3c_names) / sizeof(w3c_names[0]); i++) {
         snprintf(tn->name[tn->n++], sizeof(tn->name[0]), "%s", w3c_names[i]);
     }
-    for (const char *p = extra ? extra : ""; *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *s = p;
-        while (len > 0 && *s == ' ') {
-            s++;
-            len--;
+    kg_header_names_t extra_names; /* the rules live in kg_parse, shared with kg_config */
+    char why[256];
+    if (!kg_parse_header_names(extra, &extra_names, why, sizeof(why))) {
+        snprintf(errstr, errstr_size, "--propagate-headers: %s", why);
+        return KG_ERR_INVALID;
+    }
+    for (int i = 0; i < extra_names.n; i++) {
+        if (!names_has(tn, extra_names.name[i])) {
+            snprintf(tn->name[tn->n++], sizeof(tn->name[0]), "%s", extra_names.name[i]);
         }
-        while (len > 0 && s[len - 1] == ' ') {
-            len--;
-        }
-        bool token = len > 0 && len <= KG_TRACE_NAME_MAX;
-        for (size_t i = 0; token && i < len; i++) {
-            token = is_tchar((unsigned char)s[i]);
-        }
-        if (!token) {
-            snprintf(errstr, errstr_size,
-                     "--propagate-headers: expected header names (1 to %d letters, digits or "
-                     "!#$%%&'*+-.^_`|~) separated by commas, got '%.*s'",
-                     KG_TRACE_NAME_MAX, (int)(len > 64 ? 64 : len), s);
-            return KG_ERR_INVALID;
-        }
-        if (len >= 5 && strncasecmp(s, "kgen-", 5) == 0) {
-            snprintf(errstr, errstr_size,
-                     "--propagate-headers: '%.*s': kgen-* headers are the worker's own (the DLQ's "
-                     "kgen-error-reason, ...) and are not copied",
-                     (int)len, s);
-            return KG_ERR_INVALID;
-        }
-        if (!names_has(tn, s, len)) {
-            if (tn->n == KG_TRACE_MAX_NAMES) {
-                snprintf(errstr, errstr_size,
-                         "--propagate-headers: at most %d names besides traceparent, tracestate "
-                         "and baggage",
-                         KG_TRACE_MAX_NAMES - 3);
-                return KG_ERR_INVALID;
-            }
-            memcpy(tn->name[tn->n], s, len);
-            tn->name[tn->n++][len] = '\0';
-        }
-        p = end ? end + 1 : p + strlen(p);
     }
     return KG_OK;
 }

@@ -27,6 +27,7 @@
  * (docs/CONTRACT.md). @thread kafka */
 #pragma once
 
+#include "../core/kg_parse.h"
 #include "../core/kg_status.h"
 #include "../schema/kg_codec_event.h"
 
@@ -35,8 +36,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KG_TRACE_MAX_NAMES       16    /* traceparent, tracestate, baggage and 13 named */
-#define KG_TRACE_NAME_MAX        128   /* bytes of a header name --propagate-headers may give */
+#define KG_TRACE_MAX_NAMES                                                                         \
+    (3 + KG_HEADER_NAMES_MAX)                       /* traceparent, tracestate, baggage, 13 named */
+#define KG_TRACE_NAME_MAX        KG_HEADER_NAME_MAX /* bytes of a name --propagate-headers may give */
 #define KG_TRACE_BYTES_MAX       16384 /* copied bytes (kg_trace_headers_size) of one job, at most */
 #define KG_TRACE_HEADER_OVERHEAD 8     /* a header's framing in a record, counted per header */
 
