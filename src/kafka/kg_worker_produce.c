@@ -51,6 +51,8 @@ static bool is_message_fault(rd_kafka_resp_err_t err) {
     }
 }
 
+/* A message the broker refused for its own sake: counted, then refused() on the job's log
+ * scope (its trace_id, read from the message's headers). */
 static void on_refused(kg_worker_t *w,
                        const char *topic,
                        const void *key,
@@ -167,11 +169,15 @@ static ack_t *ack_new(int32_t partition, int64_t offset, ack_kind_t kind, const 
     return a;
 }
 
-/* The bytes an event's value may take when its message also carries hdr_size bytes of the job's
- * headers (kg_trace: at most a quarter of the budget, so this keeps three quarters or more). */
-static size_t event_budget(const kg_worker_t *w, size_t hdr_size) {
-    size_t max = w->out.max_event_bytes;
+/* The bytes a value may take in a message of at most `max` bytes that also carries hdr_size
+ * bytes of the job's headers (kg_trace: at most a quarter of the event budget, so an event keeps
+ * three quarters or more; never less than half). */
+static size_t room_beside(size_t max, size_t hdr_size) {
     return hdr_size < max / 2 ? max - hdr_size : max / 2;
+}
+
+static size_t event_budget(const kg_worker_t *w, size_t hdr_size) {
+    return room_beside(w->out.max_event_bytes, hdr_size);
 }
 
 static void store_offsets(kg_worker_t *w) {
@@ -283,8 +289,7 @@ void kg_worker_dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack) {
     rd_kafka_headers_t *h =
         c->trace_hdrs ? rd_kafka_headers_copy(c->trace_hdrs) : rd_kafka_headers_new(8);
     size_t trace_size = kg_trace_headers_size(c->trace_hdrs);
-    size_t max = trace_size < w->out.max_dlq_bytes / 2 ? w->out.max_dlq_bytes - trace_size
-                                                       : w->out.max_dlq_bytes / 2;
+    size_t max = room_beside(w->out.max_dlq_bytes, trace_size);
     size_t len = c->len;
     if (len > max) {
         char orig[24];
@@ -342,39 +347,8 @@ static void dead_letter_bare(kg_worker_t *w,
  *   a DLQ copy of a job -> the headers alone;
  * a DLQ copy of an event is dropped with a log line. Only when even the
  * small error event or an empty DLQ message is refused is the topic at
- * fault: that stays fatal. */
-static void refused(kg_worker_t *w,
-                    const char *topic,
-                    const void *key,
-                    size_t key_len,
-                    const void *value,
-                    size_t len,
-                    const rd_kafka_headers_t *hdrs,
-                    const ack_t *ack,
-                    rd_kafka_resp_err_t err,
-                    const char *rid);
-
-static void on_refused(kg_worker_t *w,
-                       const char *topic,
-                       const void *key,
-                       size_t key_len,
-                       const void *value,
-                       size_t len,
-                       const rd_kafka_headers_t *hdrs,
-                       const ack_t *ack,
-                       rd_kafka_resp_err_t err) {
-    char rid[KG_JOB_REQUEST_ID_MAX + 1];
-    snprintf(rid, sizeof(rid), "%.*s", (int)(key_len < sizeof(rid) ? key_len : sizeof(rid) - 1),
-             key ? (const char *)key : "");
-    atomic_fetch_add(&w->m.events_refused, 1);
-    char fields[48];
-    kg_trace_log_fields_of(hdrs, fields, sizeof(fields));
-    const char *scope = kg_log_scope(fields);
-    refused(w, topic, key, key_len, value, len, hdrs, ack, err, rid);
-    kg_log_scope(scope);
-}
-
-/* on_refused, on the job's log scope; rid is the key as a request_id. */
+ * fault: that stays fatal. This is on_refused's body, run on the job's log
+ * scope; rid is the key as a request_id. */
 static void refused(kg_worker_t *w,
                     const char *topic,
                     const void *key,
@@ -443,6 +417,26 @@ static void refused(kg_worker_t *w,
     produce(w, w->cfg->results_topic, key, key_len, json, elen,
             ack_new(part, off, ACK_ANSWER, ack->log_fields), hdrs);
     free(json);
+}
+
+static void on_refused(kg_worker_t *w,
+                       const char *topic,
+                       const void *key,
+                       size_t key_len,
+                       const void *value,
+                       size_t len,
+                       const rd_kafka_headers_t *hdrs,
+                       const ack_t *ack,
+                       rd_kafka_resp_err_t err) {
+    char rid[KG_JOB_REQUEST_ID_MAX + 1];
+    snprintf(rid, sizeof(rid), "%.*s", (int)(key_len < sizeof(rid) ? key_len : sizeof(rid) - 1),
+             key ? (const char *)key : "");
+    atomic_fetch_add(&w->m.events_refused, 1);
+    char fields[48];
+    kg_trace_log_fields_of(hdrs, fields, sizeof(fields));
+    const char *scope = kg_log_scope(fields);
+    refused(w, topic, key, key_len, value, len, hdrs, ack, err, rid);
+    kg_log_scope(scope);
 }
 
 /* An unparseable job: its DLQ copy is its answer (the delivery stores the offset). */
