@@ -12,6 +12,10 @@
  * refused (the message names it; a secret's value is never printed). */
 rd_kafka_conf_t *kg_kafka_conf_new(const kg_config_t *cfg, char *errstr, size_t errstr_size);
 
+/** The librdkafka version this process runs with ("2.12.0"): the loaded library's, which
+ * can differ from the headers' where another librdkafka.so.1 is found first. */
+const char *kg_kafka_version(void);
+
 /** Set one property, or fail with a message naming it. */
 int kg_kafka_conf_set(
     rd_kafka_conf_t *conf, const char *key, const char *value, char *errstr, size_t errstr_size);

@@ -13,6 +13,7 @@
 
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
+#include "kg_kafka_conf.h"
 #include "kg_worker_int.h"
 
 #include <librdkafka/rdkafka.h>
@@ -218,9 +219,10 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     }
     KG_LOG_INFO("worker",
                 "started worker_id=%s backend=%s jobs_topic=%s results_topic=%s "
-                "max_batch_size=%d max_queue_depth=%d max_inflight=%d kv_blocks=%d",
+                "max_batch_size=%d max_queue_depth=%d max_inflight=%d kv_blocks=%d librdkafka=%s",
                 w->worker_id, kg_stack_backend_name(w->stack), cfg->jobs_topic, cfg->results_topic,
-                ep->max_batch_size, w->queue_depth, w->max_inflight, ep->n_kv_blocks);
+                ep->max_batch_size, w->queue_depth, w->max_inflight, ep->n_kv_blocks,
+                kg_kafka_version());
     return w;
 fail:
     kg_worker_free(w);
