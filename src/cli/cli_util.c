@@ -4,6 +4,7 @@
 #include "backend/kg_backend.h"
 #include "core/kg_parse.h"
 #include "engine/kg_backend_registry.h"
+#include "kafka/kg_kafka_conf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +19,8 @@ bool kg_cli_parse_f32(const char *s, float min, float max, float *out) {
 }
 
 void kg_cmd_print_version(const char *prog) {
-    printf("%s %s (backends: %s)\n", prog, KGEN_VERSION, kg_backend_list());
+    printf("%s %s (backends: %s; librdkafka %s)\n", prog, KGEN_VERSION, kg_backend_list(),
+           kg_kafka_version());
 }
 
 const char kg_cli_engine_help[] =

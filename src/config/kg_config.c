@@ -120,6 +120,9 @@ static const opt_t options[] = {
     {"log-format", OPT_STR, OFF(log_format), "logfmt", 0, 0, "Operations", "logfmt or json"},
     {"drain-timeout", OPT_FLOAT, OFF(drain_timeout_s), "30", 0, 86400, "Operations",
      "seconds running jobs may take to finish after SIGTERM"},
+    {"auth-timeout", OPT_FLOAT, OFF(auth_timeout_s), "60", 0, 86400, "Operations",
+     "seconds a failing Kafka login (a wrong SASL password) may go on before the worker exits "
+     "with an error (0 = retry for ever)"},
     {"demo", OPT_INT, OFF(demo), "-1", -1, 1000000, "Operations",
      "run on librdkafka's in-process mock cluster with N sample jobs (0 = until a signal)"},
     {"print-config", OPT_BOOL, OFF(print_config), "false", 0, 0, "Operations",

@@ -58,7 +58,8 @@ typedef struct kg_config {
     char *log_level;
     char *log_format;
     double drain_timeout_s;
-    int64_t demo; /* -1 = off */
+    double auth_timeout_s; /* 0 = retry a failing login for ever */
+    int64_t demo;          /* -1 = off */
     bool print_config;
     /* librdkafka passthrough, in the order given */
     int n_kafka_props;

@@ -193,6 +193,13 @@ static void look_up(kg_cancel_t *c) {
         cancel_topic_t *t = &c->topics[i];
         rd_kafka_resp_err_t err;
         int32_t n = topic_partitions(c, t, &err);
+        if (n == 0 && kg_kafka_err_no_broker(err)) {
+            /* not a missing topic: no broker answered (down, or the login refused, which the
+             * rdkafka errors say); whether it exists is known at the next look-up */
+            KG_LOG_DEBUG("cancel", "cannot look the cancel topic up yet topic=%s error=\"%s\"",
+                         t->name, rd_kafka_err2str(err));
+            continue;
+        }
         if (n == 0) {
             if (!t->missing) {
                 KG_LOG_WARN("cancel",

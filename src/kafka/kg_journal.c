@@ -58,7 +58,8 @@ struct kg_journal {
     char worker_id[128];
     char jobs_topic[256]; /* the jobs topic it records */
     char topic[512];
-    bool off;              /* the in-flight topic is not there: nothing is journaled */
+    bool off;       /* the in-flight topic is not there: nothing is journaled */
+    bool no_broker; /* the last look-up found no broker that answered (down, login refused) */
     int32_t n_topic_parts; /* partitions of the in-flight topic */
     rd_kafka_t *producer, *reader;
     rd_kafka_topic_t *reader_rkt; /* keeps the topic's leaders known to the reader */
@@ -360,9 +361,16 @@ static void look_up_topic(kg_journal_t *j) {
         rd_kafka_topic_destroy(rkt);
     }
     bool found = !err && n_parts > 0;
+    /* whether the topic is there is unknown then: no warning says it is missing */
+    j->no_broker = !found && kg_kafka_err_no_broker(err);
     if (found && (j->off || n_parts != j->n_topic_parts)) {
         KG_LOG_INFO("journal", "poison-job protection on topic=%s partitions=%d", j->topic,
                     n_parts);
+    } else if (!found && !j->off && j->no_broker) {
+        KG_LOG_WARN("journal",
+                    "poison-job protection is off until a broker answers (down, or the login "
+                    "refused) topic=%s error=\"%s\"",
+                    j->topic, rd_kafka_err2str(err));
     } else if (!found && !j->off) {
         KG_LOG_WARN("journal",
                     "poison-job protection is off: the in-flight topic is not there (create it "
@@ -764,7 +772,13 @@ kg_journal_t *kg_journal_new(const kg_config_t *cfg,
     j->off = true; /* until found: look_up_topic logs the change */
     j->n_topic_parts = -1;
     look_up_topic(j);
-    if (j->off) {
+    if (j->off && j->no_broker) {
+        KG_LOG_WARN("journal",
+                    "poison-job protection is off until a broker answers (down, or the login "
+                    "refused: see the rdkafka errors); the in-flight topic is looked up again at "
+                    "every assignment topic=%s",
+                    j->topic);
+    } else if (j->off) {
         KG_LOG_WARN("journal",
                     "poison-job protection is off until the in-flight topic is there (create it "
                     "with cleanup.policy=compact and as many partitions as the jobs topic; it "

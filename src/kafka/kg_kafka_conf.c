@@ -15,6 +15,16 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char 
     KG_LOG_(lvl, "rdkafka", "%s client=%s facility=%s", buf, rd_kafka_name(rk), fac);
 }
 
+const char *kg_kafka_version(void) {
+    return rd_kafka_version_str();
+}
+
+bool kg_kafka_err_no_broker(rd_kafka_resp_err_t err) {
+    return err == RD_KAFKA_RESP_ERR__TRANSPORT || err == RD_KAFKA_RESP_ERR__TIMED_OUT ||
+           err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || err == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
+           err == RD_KAFKA_RESP_ERR__RESOLVE;
+}
+
 int kg_kafka_conf_set(
     rd_kafka_conf_t *conf, const char *key, const char *value, char *errstr, size_t errstr_size) {
     char err[512];

@@ -13,6 +13,7 @@
 
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
+#include "kg_kafka_conf.h"
 #include "kg_worker_int.h"
 
 #include <librdkafka/rdkafka.h>
@@ -48,9 +49,26 @@ void kg_worker_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaqu
         kg_worker_fatal_kafka(w, what);
         return;
     }
+    if (err == RD_KAFKA_RESP_ERR__AUTHENTICATION) {
+        /* retried by librdkafka too, but for ever: kg_worker_check_auth ends it */
+        kg_auth_failed(&w->life.auth, kg_clock_us() / 1000, reason);
+    }
     /* informational: librdkafka retries by itself (a broker that went away) */
     KG_LOG_WARN("rdkafka", "%s client=%s error=%s", reason, rd_kafka_name(rk),
                 rd_kafka_err2name((rd_kafka_resp_err_t)err));
+}
+
+/* --auth-timeout: a login failing that long ends the worker (kg_auth.h says why) */
+static void check_auth(kg_worker_t *w, int64_t now_us) {
+    int64_t ms = kg_auth_failing_ms(&w->life.auth, now_us / 1000);
+    if (w->cfg->auth_timeout_s > 0 && ms >= (int64_t)(w->cfg->auth_timeout_s * 1000)) {
+        char what[640];
+        snprintf(what, sizeof(what),
+                 "cannot log in to Kafka: authentication failing for %.0f s (--auth-timeout %g; "
+                 "check the -X sasl.* properties): %s",
+                 (double)ms / 1000, w->cfg->auth_timeout_s, w->life.auth.reason);
+        kg_worker_fatal_kafka(w, what);
+    }
 }
 
 // ---- new, run, stop, free ----
@@ -64,6 +82,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     }
     w->cfg = cfg;
     w->model = model;
+    kg_auth_start(&w->life.auth, kg_clock_us() / 1000);
     kg_histogram_init(&w->m.ttft, KG_HIST_TTFT);
     kg_histogram_init(&w->m.tpot, KG_HIST_TPOT);
     kg_histogram_init(&w->m.e2e, KG_HIST_E2E);
@@ -218,9 +237,10 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     }
     KG_LOG_INFO("worker",
                 "started worker_id=%s backend=%s jobs_topic=%s results_topic=%s "
-                "max_batch_size=%d max_queue_depth=%d max_inflight=%d kv_blocks=%d",
+                "max_batch_size=%d max_queue_depth=%d max_inflight=%d kv_blocks=%d librdkafka=%s",
                 w->worker_id, kg_stack_backend_name(w->stack), cfg->jobs_topic, cfg->results_topic,
-                ep->max_batch_size, w->queue_depth, w->max_inflight, ep->n_kv_blocks);
+                ep->max_batch_size, w->queue_depth, w->max_inflight, ep->n_kv_blocks,
+                kg_kafka_version());
     return w;
 fail:
     kg_worker_free(w);
@@ -280,7 +300,9 @@ int kg_worker_run(kg_worker_t *w) {
                 }
             } else if (w->life.draining) {
                 /* after the stop: not taken, not committed; the next owner runs it */
+                kg_auth_ok(&w->life.auth);
             } else {
+                kg_auth_ok(&w->life.auth);
                 kg_worker_on_message(w, rkm);
             }
             rd_kafka_message_destroy(rkm);
@@ -297,6 +319,7 @@ int kg_worker_run(kg_worker_t *w) {
         rd_kafka_poll(w->out.producer, 0);
         kg_worker_commit_txn(w, false);
         kg_worker_update_lag(w);
+        check_auth(w, now);
         if (kg_runner_is_dead(w->runner)) {
             kg_worker_drain_engine_events(w, 0);
             kg_worker_fatal(w, "the backend failed");

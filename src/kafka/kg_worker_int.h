@@ -26,6 +26,7 @@
 #include "../pipeline/kg_served.h"
 #include "../pipeline/kg_stack.h"
 #include "../schema/kg_codec.h"
+#include "kg_auth.h"
 #include "kg_cancel.h"
 #include "kg_journal.h"
 #include "kg_lanes.h"
@@ -160,6 +161,7 @@ struct kg_worker {
         int64_t drain_deadline_us;
         int fatal;        /* non-zero: stop at once, exit non-zero */
         bool fatal_kafka; /* the fatal error was Kafka's, not possibly a job's */
+        kg_auth_t auth;   /* failing logins, for --auth-timeout */
     } life;
 
     /* kg_worker_intake.c: decoding and starting jobs, the poison holds */

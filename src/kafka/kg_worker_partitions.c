@@ -152,6 +152,7 @@ static void rebalance_cb(rd_kafka_t *rk,
                          rd_kafka_topic_partition_list_t *parts,
                          void *opaque) {
     kg_worker_t *w = opaque;
+    kg_auth_ok(&w->life.auth); /* a rebalance is an answer of the group coordinator */
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         for (int l = 0; l < w->lanes.n; l++) {
             /* the strikes of their jobs, before any is taken */

@@ -628,11 +628,13 @@ producer_conf(kg_worker_t *w, int64_t topic_max, char *errstr, size_t errstr_siz
         return NULL;
     }
     /* One Produce request in flight per broker: with 2 to 5, a retriable error on one
-     * request answers the ones behind it OUT_OF_ORDER_SEQUENCE, and librdkafka (2.0.2,
-     * still open upstream: confluentinc/librdkafka#4953) bumps the producer epoch and
-     * sends them again, which can put a job's token events out of order or twice
-     * (check_worker_mock's test_request_errors saw it). Requests still carry every
-     * event lingered for them, so throughput stays (docs/DELIVERY.md). */
+     * request answers the ones behind it OUT_OF_ORDER_SEQUENCE, and librdkafka bumps the
+     * producer epoch and sends them again, which can put a job's token events out of order
+     * or twice (check_worker_mock's test_request_errors saw it on 2.0.2). Still so in 2.12.0:
+     * its CHANGELOG names no fix for confluentinc/librdkafka#4953, and rdkafka_request.c
+     * still calls rd_kafka_idemp_drain_epoch_bump on "skipped sequence numbers" (the fix,
+     * PR #4972, is not merged). Requests still carry every event lingered for them, so
+     * throughput stays (docs/DELIVERY.md). */
     if (kg_kafka_conf_set(conf, "enable.idempotence", "true", errstr, errstr_size) ||
         kg_kafka_conf_set(conf, "max.in.flight.requests.per.connection", "1", errstr,
                           errstr_size) ||

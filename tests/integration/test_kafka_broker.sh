@@ -2,12 +2,16 @@
 # test_kafka_broker: scripts/kafka-broker runs a real single-node Kafka 4 broker that the
 # Kafka CLI can use: a 4-partition topic is created, a message goes through the console
 # producer and consumer, survives a broker restart on the same address, and stop leaves
-# nothing running. Skips (77) only when java is missing.
+# nothing running. Its SASL_PLAINTEXT listener (KGEN_KAFKA_SASL_USERS, PLAIN) lets kgen-worker in
+# with the right password, and with a wrong one the worker exits 1 by itself within --auth-timeout
+# (plus its start-up look-ups), saying why, without claiming its cancel and in-flight topics are
+# missing and without the password in its log. Skips (77) only when java is missing.
 set -euo pipefail
 
 SRC=${KG_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 TMP=${KG_TEST_TMP:-${TMPDIR:-/tmp}}
 BROKER=$SRC/scripts/kafka-broker
+BIN=${KG_BIN_DIR:-$SRC/build/bin}
 DIR=$TMP/kafka-$$
 
 if ! command -v "${JAVA_HOME:+$JAVA_HOME/bin/}java" >/dev/null 2>&1; then
@@ -20,8 +24,12 @@ fail() {
     exit 1
 }
 
+worker_pids=()
 cleanup() {
-    local rc=$?
+    local rc=$? pid
+    for pid in ${worker_pids[@]+"${worker_pids[@]}"}; do
+        kill -KILL "$pid" 2>/dev/null || true
+    done
     if ((rc != 0)) && [[ -f "$DIR/server.log" ]]; then
         echo "---- last lines of $DIR/server.log ----" >&2
         tail -n 30 "$DIR/server.log" >&2 || true
@@ -36,7 +44,8 @@ trap 'exit 130' INT TERM
 mkdir -p "$TMP"
 "$BROKER" fetch
 
-out=$("$BROKER" start --dir "$DIR")
+password="kgen-pw-$$-$RANDOM"
+out=$(KGEN_KAFKA_SASL_USERS="kgen:$password" "$BROKER" start --dir "$DIR")
 bootstrap=$(printf '%s\n' "$out" | tail -n 1)
 [[ "$bootstrap" =~ ^127\.0\.0\.1:[0-9]+$ ]] || fail "start printed '$bootstrap', not 127.0.0.1:PORT"
 [[ "$(cat "$DIR/bootstrap")" == "$bootstrap" ]] || fail "DIR/bootstrap differs from start's output"
@@ -73,9 +82,60 @@ consume() {
 got=$(consume)
 [[ "$got" == "r-$$	$payload" ]] || fail "consumed '$got', expected key r-$$ and '$payload'"
 
+# SASL: the right password logs in (the group assigns the topic's 4 partitions), a wrong one
+# ends the worker. Both at once: the wrong one waits out its start-up look-ups (5 s each).
+sasl=$(cat "$DIR/bootstrap-sasl")
+"$BIN/kgen" mkmodel --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 --seed 1 \
+    --out "$DIR/model.gguf" >/dev/null
+worker() { # worker NAME PASSWORD [flags]: run in the background, its pid is the worker's (exec)
+    local name=$1 pw=$2
+    shift 2
+    exec "$BIN/kgen-worker" --brokers "$sasl" --jobs-topic "$topic" --results-topic "$topic.results" \
+        --group-id "g-$name" --worker-id "$name" --model "$DIR/model.gguf" --http-port 0 \
+        --threads 1 -X security.protocol=SASL_PLAINTEXT -X sasl.mechanisms=PLAIN \
+        -X sasl.username=kgen -X "sasl.password=$pw" "$@" >"$DIR/$name.log" 2>&1
+}
+t0=$(date +%s)
+worker wrong "not-$password" --auth-timeout 3 &
+wrong_pid=$!
+worker_pids+=("$wrong_pid")
+worker right "$password" &
+right_pid=$!
+worker_pids+=("$right_pid")
+for ((i = 0; i < 300; i++)); do
+    grep -q 'msg="partitions assigned" count=4' "$DIR/right.log" && break
+    kill -0 "$right_pid" 2>/dev/null || break
+    sleep 0.1
+done
+grep -q 'msg="partitions assigned" count=4' "$DIR/right.log" || {
+    tail -n 20 "$DIR/right.log" >&2
+    fail "the worker with the right password got no assignment in 30 s"
+}
+kill -TERM "$right_pid"
+rc=0
+wait "$right_pid" || rc=$?
+((rc == 0)) || fail "the worker with the right password exited $rc on SIGTERM"
+rc=0
+wait "$wrong_pid" || rc=$?
+took=$(($(date +%s) - t0))
+wrong_log=$(grep -v 'module=rdkafka' "$DIR/wrong.log")
+((rc == 1)) || fail "the worker with a wrong password exited $rc, not 1: $wrong_log"
+# 3 s from its start, which the look-ups (event budget, journal, cancel) hold up to 15 s
+((took <= 25)) || fail "the worker with a wrong password took $took s to exit"
+grep -q 'level=error module=worker msg="fatal: cannot log in to Kafka' <<<"$wrong_log" ||
+    fail "no error says the login failed: $wrong_log"
+if grep -E 'no cancel topic|in-flight topic is (not )?there' <<<"$wrong_log"; then
+    fail "the worker that could not log in says its topics are missing"
+fi
+if grep -qF "$password" "$DIR/wrong.log" "$DIR/right.log"; then
+    fail "a password is in a worker's log"
+fi
+echo "SASL: right password assigned, wrong password: exit 1 after $took s"
+
 # Same address and data after a restart (what a broker-restart test relies on).
 "$BROKER" restart --dir "$DIR" >/dev/null
 [[ "$("$BROKER" bootstrap --dir "$DIR")" == "$bootstrap" ]] || fail "restart changed the address"
+[[ "$(cat "$DIR/bootstrap-sasl")" == "$sasl" ]] || fail "restart changed the SASL address"
 got=$(consume)
 [[ "$got" == "r-$$	$payload" ]] || fail "after restart consumed '$got'"
 
@@ -92,4 +152,4 @@ if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     fail "port $port still accepts connections after stop"
 fi
 [[ -d "$DIR/data" ]] || fail "stop without --clean removed the data"
-echo "PASS: kafka broker start/topic/produce/consume/restart/stop"
+echo "PASS: kafka broker start/topic/produce/consume/SASL login and --auth-timeout/restart/stop"

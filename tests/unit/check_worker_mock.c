@@ -9,6 +9,7 @@
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
 #include "grammar/kg_grammar_cache.h"
+#include "kafka/kg_auth.h"
 #include "kafka/kg_worker.h"
 #include "model/kg_model.h"
 #include "schema/kg_codec.h"
@@ -1191,6 +1192,91 @@ START_TEST(test_trace_poisoned) {
 }
 END_TEST
 
+/* --auth-timeout's streak: from the start while never logged in, from the first failure after
+ * a login; a login (an assignment, a message) or KG_AUTH_QUIET_MS without a failure ends it. */
+START_TEST(test_auth_streak) {
+    kg_auth_t a;
+    kg_auth_start(&a, 1000);
+    ck_assert_int_eq(kg_auth_failing_ms(&a, 5000), 0); /* no failure: not failing */
+    kg_auth_failed(&a, 16000, "SASL authentication error");
+    ck_assert_int_eq(kg_auth_failing_ms(&a, 16000), 15000); /* counted from the start */
+    ck_assert_str_eq(a.reason, "SASL authentication error");
+    kg_auth_failed(&a, 46000, "again");
+    ck_assert_int_eq(kg_auth_failing_ms(&a, 61000), 60000);
+    ck_assert_str_eq(a.reason, "again");
+    kg_auth_ok(&a); /* logged in: the streak ends, and the start no longer counts */
+    ck_assert_int_eq(kg_auth_failing_ms(&a, 62000), 0);
+    kg_auth_failed(&a, 100000, "x");
+    ck_assert_int_eq(kg_auth_failing_ms(&a, 110000), 10000);
+    /* a refused login that does not come again within the quiet time was passing */
+    ck_assert_int_eq(kg_auth_failing_ms(&a, 100000 + KG_AUTH_QUIET_MS + 1), 0);
+    kg_auth_failed(&a, 200000, "y"); /* a new streak */
+    ck_assert_int_eq(kg_auth_failing_ms(&a, 201000), 1000);
+}
+END_TEST
+
+/* The worker's clients speak SASL (PLAIN) to the mock cluster, which does not: every login
+ * fails with RD_KAFKA_RESP_ERR__AUTHENTICATION, as a wrong password does on a real broker
+ * (tests/integration/test_kafka_broker.sh has that). The worker must end by itself with rc 1 and
+ * say why, --auth-timeout after its start, and meanwhile not warn that its cancel and in-flight
+ * topics are missing: they are there, it could not look. */
+static void sasl_client(fixture_t *f) {
+    char err[256];
+    ck_assert(kg_config_set_kafka(&f->cfg, "security.protocol", "SASL_PLAINTEXT", err,
+                                  sizeof(err)) == KG_OK);
+    ck_assert(kg_config_set_kafka(&f->cfg, "sasl.mechanisms", "PLAIN", err, sizeof(err)) == KG_OK);
+    ck_assert(kg_config_set_kafka(&f->cfg, "sasl.username", "kgen", err, sizeof(err)) == KG_OK);
+    ck_assert(kg_config_set_kafka(&f->cfg, "sasl.password", "not-this-one", err, sizeof(err)) ==
+              KG_OK);
+    ck_assert(rd_kafka_mock_topic_create(f->mc, "jobs.cancel", 1, 1) == 0);
+    cfg_set(&f->cfg, "auth-timeout", "2");
+}
+
+START_TEST(test_auth_timeout) {
+    /* the worker's log, kept in a file (Check runs each test in its own process) */
+    char path[] = "/tmp/kgen-auth-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    int saved = dup(2);
+    ck_assert(dup2(fd, 2) == 2);
+    int64_t t0 = kg_clock_us();
+    fixture_t f;
+    setup_with(&f, 1, "0", sasl_client);
+    pthread_join(f.thread, NULL);
+    f.stopped = true;
+    double took_s = (double)(kg_clock_us() - t0) / 1e6;
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char log[1 << 16];
+    ssize_t n = pread(fd, log, sizeof(log) - 1, 0);
+    close(fd);
+    unlink(path);
+    ck_assert(n > 0);
+    log[n] = 0;
+    fputs(log, stderr);
+    ck_assert_int_eq(f.rc, 1);
+    ck_assert_msg(strstr(log, "cannot log in to Kafka: authentication failing") != NULL,
+                  "no fatal error naming the login");
+    ck_assert_msg(strstr(log, "not-this-one") == NULL, "the password is in the log");
+    ck_assert_msg(strstr(log, "no cancel topic") == NULL, "warns that the cancel topic is missing");
+    ck_assert_msg(strstr(log, "in-flight topic is not there") == NULL &&
+                      strstr(log, "until the in-flight topic is there") == NULL,
+                  "warns that the in-flight topic is missing");
+    /* the start-up look-ups wait 5 s each for a broker (event budget, journal, cancel); the
+     * 2 s count from the start, and the fatal error ends the loop within a turn */
+    ck_assert_msg(took_s < 25, "the worker took %.1f s to give up", took_s);
+    kg_worker_free(f.w);
+    kg_model_free(f.model);
+    kg_config_clear(&f.cfg);
+    rd_kafka_consumer_close(f.reader);
+    rd_kafka_destroy(f.reader);
+    rd_kafka_destroy(f.producer);
+    rd_kafka_mock_cluster_destroy(f.mc);
+    rd_kafka_destroy(f.mock_rk);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
@@ -1211,6 +1297,11 @@ static Suite *make_suite(void) {
     tcase_add_test(trace, test_trace_headers);
     tcase_add_test(trace, test_trace_poisoned);
     suite_add_tcase(s, trace);
+    TCase *auth = tcase_create("auth"); /* not under TSan: its threads are the mock case's */
+    tcase_set_timeout(auth, 120);
+    tcase_add_test(auth, test_auth_streak);
+    tcase_add_test(auth, test_auth_timeout);
+    suite_add_tcase(s, auth);
     return s;
 }
 
