@@ -16,6 +16,12 @@ void kg_auth_failed(kg_auth_t *a, int64_t now_ms, const char *reason) {
     a->last_ms = now_ms;
     a->n_failures++;
     snprintf(a->reason, sizeof(a->reason), "%s", reason ? reason : "");
+    a->denied = false;
+}
+
+void kg_auth_denied(kg_auth_t *a, int64_t now_ms, const char *reason) {
+    kg_auth_failed(a, now_ms, reason);
+    a->denied = true;
 }
 
 void kg_auth_ok(kg_auth_t *a) {

@@ -12,6 +12,7 @@
  * to 15 s when no broker answers). Called on the kafka thread only. */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,7 @@ typedef struct {
     int64_t last_ms;  /* its latest */
     int n_failures;
     char reason[384]; /* librdkafka's words for the latest (no secret: it never prints one) */
+    bool denied;      /* the latest was an authorization error (an ACL missing), not a login */
 } kg_auth_t;
 
 /** The worker starts at now_ms, not logged in yet. */
@@ -32,6 +34,11 @@ void kg_auth_start(kg_auth_t *a, int64_t now_ms);
 
 /** An authentication failure at now_ms (a monotonic clock in ms). */
 void kg_auth_failed(kg_auth_t *a, int64_t now_ms, const char *reason);
+
+/** An authorization failure at now_ms: logged in, but an ACL the worker cannot run without
+ * (Read on its group or jobs topic) is missing. It counts as a login failure does, so that
+ * an ACL added within --auth-timeout lets the worker go on, and one never added ends it. */
+void kg_auth_denied(kg_auth_t *a, int64_t now_ms, const char *reason);
 
 /** A sign that the worker is logged in: the streak ends. */
 void kg_auth_ok(kg_auth_t *a);

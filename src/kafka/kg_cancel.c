@@ -4,6 +4,7 @@
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 #include "../schema/kg_cancelmsg.h"
+#include "kg_acl.h"
 #include "kg_kafka_conf.h"
 
 #include <librdkafka/rdkafka.h>
@@ -128,7 +129,7 @@ int32_t kg_cancel_memo_size(const kg_cancel_memo_t *m) {
 typedef struct cancel_topic {
     char name[KG_CANCEL_NAME_MAX];
     int32_t n_parts; /* partitions assigned so far: 0 .. n_parts-1 */
-    bool missing;    /* the topic was not there at the last look-up */
+    bool missing;    /* the topic was not there (or not ours to read) at the last look-up */
 } cancel_topic_t;
 
 struct kg_cancel {
@@ -139,6 +140,8 @@ struct kg_cancel {
     int64_t ttl_ms;
     int64_t next_lookup_us;
     int64_t n_read;
+    char group[600];    /* the reader's group.id: FindCoordinator needs Describe on it */
+    bool denied_logged; /* a group authorization error was said once already */
 };
 
 /* The partitions of topic t, 0 when it is not there. */
@@ -198,6 +201,15 @@ static void look_up(kg_cancel_t *c) {
              * rdkafka errors say); whether it exists is known at the next look-up */
             KG_LOG_DEBUG("cancel", "cannot look the cancel topic up yet topic=%s error=\"%s\"",
                          t->name, rd_kafka_err2str(err));
+            continue;
+        }
+        if (n == 0 && kg_acl_denied(err)) {
+            if (!t->missing) {
+                char hint[320];
+                KG_LOG_WARN("cancel", "cancellation is off for this topic: the worker %s topic=%s",
+                            kg_acl_hint(err, "Read", t->name, hint, sizeof(hint)), t->name);
+            }
+            t->missing = true;
             continue;
         }
         if (n == 0) {
@@ -270,6 +282,7 @@ kg_cancel_t *kg_cancel_new(const kg_config_t *cfg,
     char client_id[160], group[600];
     snprintf(client_id, sizeof(client_id), "%s-cancel", worker_id);
     snprintf(group, sizeof(group), "%s.cancel-reader", cfg->group_id);
+    snprintf(c->group, sizeof(c->group), "%s", group);
     /* assign-only: the group id is required by the consumer API, never joined or committed */
     const char *props[] = {"group.id",
                            group,
@@ -329,7 +342,20 @@ int kg_cancel_poll(kg_cancel_t *c, char (*rids)[KG_JOB_REQUEST_ID_MAX + 1], int 
     while (n < max && (rkm = rd_kafka_consumer_poll(c->rk, 0)) != NULL) {
         char why[160];
         if (rkm->err) {
-            if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            if (kg_acl_denied(rkm->err)) {
+                char hint[320];
+                if (!c->denied_logged) {
+                    bool group = rkm->err == RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED;
+                    KG_LOG_WARN("cancel", "cancellation is off: the cancel reader %s error=\"%s\"",
+                                kg_acl_hint(rkm->err, group ? "Describe" : "Read",
+                                            group      ? c->group
+                                            : rkm->rkt ? rd_kafka_topic_name(rkm->rkt)
+                                                       : "",
+                                            hint, sizeof(hint)),
+                                rd_kafka_message_errstr(rkm));
+                }
+                c->denied_logged = true;
+            } else if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                 KG_LOG_WARN("cancel", "reading cancels: %s", rd_kafka_message_errstr(rkm));
             }
         } else if (kg_cancelmsg_decode(rkm->key, rkm->key_len, rkm->payload, rkm->len, rids[n], why,

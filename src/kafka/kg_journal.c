@@ -4,6 +4,7 @@
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 #include "../schema/kg_inflight.h"
+#include "kg_acl.h"
 #include "kg_kafka_conf.h"
 
 #include <stdio.h>
@@ -60,6 +61,9 @@ struct kg_journal {
     char topic[512];
     bool off;       /* the in-flight topic is not there: nothing is journaled */
     bool no_broker; /* the last look-up found no broker that answered (down, login refused) */
+    rd_kafka_resp_err_t denied; /* the last look-up's authorization error (kg_acl.h), or 0 */
+    char reader_group[600];     /* FindCoordinator needs Describe on it */
+    bool reader_denied_logged;
     int32_t n_topic_parts; /* partitions of the in-flight topic */
     rd_kafka_t *producer, *reader;
     rd_kafka_topic_t *reader_rkt; /* keeps the topic's leaders known to the reader */
@@ -363,6 +367,7 @@ static void look_up_topic(kg_journal_t *j) {
     bool found = !err && n_parts > 0;
     /* whether the topic is there is unknown then: no warning says it is missing */
     j->no_broker = !found && kg_kafka_err_no_broker(err);
+    j->denied = !found && kg_acl_denied(err) ? err : RD_KAFKA_RESP_ERR_NO_ERROR;
     if (found && (j->off || n_parts != j->n_topic_parts)) {
         KG_LOG_INFO("journal", "poison-job protection on topic=%s partitions=%d", j->topic,
                     n_parts);
@@ -371,6 +376,10 @@ static void look_up_topic(kg_journal_t *j) {
                     "poison-job protection is off until a broker answers (down, or the login "
                     "refused) topic=%s error=\"%s\"",
                     j->topic, rd_kafka_err2str(err));
+    } else if (!found && !j->off && j->denied) {
+        char hint[320];
+        KG_LOG_WARN("journal", "poison-job protection is off: the worker %s topic=%s",
+                    kg_acl_hint(err, "Read and Write", j->topic, hint, sizeof(hint)), j->topic);
     } else if (!found && !j->off) {
         KG_LOG_WARN("journal",
                     "poison-job protection is off: the in-flight topic is not there (create it "
@@ -533,6 +542,18 @@ static bool read_tails(kg_journal_t *j, const int32_t *parts, int n, kg_inflight
         } else if (rkm->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
             n_left -= !at_end[i];
             at_end[i] = true;
+        } else if (rkm->err && kg_acl_denied(rkm->err)) {
+            char hint[320];
+            bool group = rkm->err == RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED;
+            if (!j->reader_denied_logged) {
+                KG_LOG_WARN("journal",
+                            "poison-job protection cannot read the in-flight topic: the reader %s "
+                            "error=\"%s\"",
+                            kg_acl_hint(rkm->err, group ? "Describe" : "Read",
+                                        group ? j->reader_group : j->topic, hint, sizeof(hint)),
+                            rd_kafka_message_errstr(rkm));
+            }
+            j->reader_denied_logged = true;
         } else if (rkm->err) {
             KG_LOG_WARN("journal", "reading the in-flight topic partition=%d error=\"%s\"",
                         rkm->partition, rd_kafka_message_errstr(rkm));
@@ -740,6 +761,7 @@ kg_journal_t *kg_journal_new(const kg_config_t *cfg,
     char client_id[160], group[600];
     snprintf(client_id, sizeof(client_id), "%s-journal", worker_id);
     snprintf(group, sizeof(group), "%s.journal-reader", cfg->group_id);
+    snprintf(j->reader_group, sizeof(j->reader_group), "%s", group);
     /* linger 0: a job waits for this ack before it starts */
     const char *const pprops[] = {
         "enable.idempotence",       "true",  "acks",      "all",     "linger.ms", "0",
@@ -777,6 +799,13 @@ kg_journal_t *kg_journal_new(const kg_config_t *cfg,
                     "poison-job protection is off until a broker answers (down, or the login "
                     "refused: see the rdkafka errors); the in-flight topic is looked up again at "
                     "every assignment topic=%s",
+                    j->topic);
+    } else if (j->off && j->denied) {
+        char hint[320];
+        KG_LOG_WARN("journal",
+                    "poison-job protection is off: the worker %s (looked up again at every "
+                    "assignment) topic=%s",
+                    kg_acl_hint(j->denied, "Read and Write", j->topic, hint, sizeof(hint)),
                     j->topic);
     } else if (j->off) {
         KG_LOG_WARN("journal",

@@ -1,6 +1,7 @@
 /* kg_topic_config: DescribeConfigs on our topics (librdkafka admin API). */
 #include "kg_topic_config.h"
 
+#include "kg_acl.h"
 #include "kg_kafka_conf.h"
 
 #include <librdkafka/rdkafka.h>
@@ -13,8 +14,15 @@ static int64_t read_max_bytes(const rd_kafka_ConfigResource_t *res, char *errstr
     rd_kafka_resp_err_t err = rd_kafka_ConfigResource_error(res);
     if (err) {
         const char *why = rd_kafka_ConfigResource_error_string(res);
-        snprintf(errstr, size, "%s: %s", rd_kafka_ConfigResource_name(res),
-                 why && *why ? why : rd_kafka_err2str(err));
+        char hint[256] = "";
+        if (kg_acl_denied(err)) {
+            kg_acl_hint(err, "DescribeConfigs", rd_kafka_ConfigResource_name(res), hint + 2,
+                        sizeof(hint) - 2);
+            hint[0] = ':';
+            hint[1] = ' ';
+        }
+        snprintf(errstr, size, "%s: %s%s", rd_kafka_ConfigResource_name(res),
+                 why && *why ? why : rd_kafka_err2str(err), hint);
         return -1;
     }
     size_t n;

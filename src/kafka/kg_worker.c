@@ -13,6 +13,7 @@
 
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
+#include "kg_acl.h"
 #include "kg_kafka_conf.h"
 #include "kg_worker_int.h"
 
@@ -42,10 +43,18 @@ void kg_worker_fatal_kafka(kg_worker_t *w, const char *what) {
 void kg_worker_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
     kg_worker_t *w = opaque;
     if (err == RD_KAFKA_RESP_ERR__FATAL) {
-        char buf[512];
-        rd_kafka_fatal_error(rk, buf, sizeof(buf));
-        char what[640];
-        snprintf(what, sizeof(what), "librdkafka fatal error: %s", buf);
+        char buf[512], hint[320] = "";
+        rd_kafka_resp_err_t orig = rd_kafka_fatal_error(rk, buf, sizeof(buf));
+        if (kg_acl_denied(orig)) {
+            /* an idempotent or transactional producer refused its id by the authorizer */
+            char id[600];
+            snprintf(id, sizeof(id), "kgen-%s-", w->cfg->group_id);
+            kg_acl_hint(orig, "Write", id, hint + 2, sizeof(hint) - 2);
+            hint[0] = ':';
+            hint[1] = ' ';
+        }
+        char what[900];
+        snprintf(what, sizeof(what), "librdkafka fatal error: %s%s", buf, hint);
         kg_worker_fatal_kafka(w, what);
         return;
     }
@@ -58,15 +67,38 @@ void kg_worker_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaqu
                 rd_kafka_err2name((rd_kafka_resp_err_t)err));
 }
 
+/* The jobs consumer was refused by the broker's authorizer: its group or a jobs topic lacks an
+ * ACL. Said once per streak with the ACL to add; the streak ends the worker as a failing login
+ * does (kg_auth_denied). */
+static void worker_denied(kg_worker_t *w, const rd_kafka_message_t *rkm) {
+    bool group = rkm->err == RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED;
+    char hint[320];
+    kg_acl_hint(rkm->err, "Read",
+                group      ? w->cfg->group_id
+                : rkm->rkt ? rd_kafka_topic_name(rkm->rkt)
+                           : w->cfg->jobs_topic,
+                hint, sizeof(hint));
+    if (!w->life.auth.denied || kg_auth_failing_ms(&w->life.auth, kg_clock_us() / 1000) == 0) {
+        KG_LOG_ERROR("worker", "no job can be read: the worker %s", hint);
+    }
+    kg_auth_denied(&w->life.auth, kg_clock_us() / 1000, hint);
+}
+
 /* --auth-timeout: a login failing that long ends the worker (kg_auth.h says why) */
 static void check_auth(kg_worker_t *w, int64_t now_us) {
     int64_t ms = kg_auth_failing_ms(&w->life.auth, now_us / 1000);
     if (w->cfg->auth_timeout_s > 0 && ms >= (int64_t)(w->cfg->auth_timeout_s * 1000)) {
         char what[640];
-        snprintf(what, sizeof(what),
-                 "cannot log in to Kafka: authentication failing for %.0f s (--auth-timeout %g; "
-                 "check the -X sasl.* properties): %s",
-                 (double)ms / 1000, w->cfg->auth_timeout_s, w->life.auth.reason);
+        if (w->life.auth.denied) {
+            snprintf(what, sizeof(what),
+                     "not authorized by Kafka for %.0f s (--auth-timeout %g): %s",
+                     (double)ms / 1000, w->cfg->auth_timeout_s, w->life.auth.reason);
+        } else {
+            snprintf(what, sizeof(what),
+                     "cannot log in to Kafka: authentication failing for %.0f s (--auth-timeout "
+                     "%g; check the -X sasl.* properties): %s",
+                     (double)ms / 1000, w->cfg->auth_timeout_s, w->life.auth.reason);
+        }
         kg_worker_fatal_kafka(w, what);
     }
 }
@@ -297,6 +329,10 @@ int kg_worker_run(kg_worker_t *w) {
             if (rkm->err) {
                 if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                     KG_LOG_WARN("worker", "consumer: %s", rd_kafka_message_errstr(rkm));
+                }
+                if (kg_acl_denied(rkm->err)) {
+                    /* no job can run without it: ended by --auth-timeout as a login is */
+                    worker_denied(w, rkm);
                 }
             } else if (w->life.draining) {
                 /* after the stop: not taken, not committed; the next owner runs it */
