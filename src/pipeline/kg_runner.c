@@ -78,6 +78,7 @@ static void update_gauges(kg_runner_t *r) {
     atomic_store(&g->n_prefix_hit_tokens, s.n_prefix_hit_tokens);
     atomic_store(&g->n_prompt_tokens, s.n_prompt_tokens);
     atomic_store(&g->n_preemptions, s.n_preemptions);
+    atomic_store(&g->n_tier_preemptions, s.n_tier_preemptions);
     atomic_store(&g->last_batch_tokens, s.last_batch_tokens);
     atomic_store(&g->n_grammar_masks, s.n_grammar_masks);
     atomic_store(&g->grammar_mask_ns, s.grammar_mask_ns);
