@@ -1,0 +1,174 @@
+/* kg_chat_jinja: chat rendering through the model's own template with the
+ * Jinja engine (src/jinja): the variables a template expects, built from a
+ * conversation or from JSON (jansson stays in src/schema), as llama.cpp's
+ * --jinja path sets them: messages, bos_token, eos_token, enable_thinking
+ * (true unless the job's chat_template_kwargs say otherwise),
+ * add_generation_prompt (only when true), tools (only when given),
+ * date_string / datetime, and every chat_template_kwargs key as a
+ * top-level variable. */
+#include "kg_chat.h"
+
+#include "../jinja/kg_jinja.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// ---- JSON -> values ----
+
+static kg_jinja_value_t from_json(kg_jinja_ctx_t *ctx, const json_t *j, int depth) {
+    if (depth > 64) {
+        return kg_jinja_none();
+    }
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: {
+        kg_jinja_value_t d = kg_jinja_dict_new(ctx);
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)j, k, v) {
+            if (kg_jinja_dict_set(ctx, d, k, from_json(ctx, v, depth + 1)) != KG_OK) {
+                break;
+            }
+        }
+        return d;
+    }
+    case JSON_ARRAY: {
+        kg_jinja_value_t l = kg_jinja_list_new(ctx);
+        size_t i;
+        json_t *v;
+        json_array_foreach(j, i, v) {
+            if (kg_jinja_list_push(ctx, l, from_json(ctx, v, depth + 1)) != KG_OK) {
+                break;
+            }
+        }
+        return l;
+    }
+    case JSON_STRING:
+        return kg_jinja_string(ctx, json_string_value(j), json_string_length(j));
+    case JSON_INTEGER:
+        return kg_jinja_int((int64_t)json_integer_value(j));
+    case JSON_REAL:
+        return kg_jinja_float(json_real_value(j));
+    case JSON_TRUE:
+        return kg_jinja_bool(true);
+    case JSON_FALSE:
+        return kg_jinja_bool(false);
+    default:
+        return kg_jinja_none();
+    }
+}
+
+kg_status_t kg_chat_jinja_set_json(kg_jinja_ctx_t *ctx,
+                                   const char *json,
+                                   size_t len,
+                                   char *errstr,
+                                   size_t errstr_size) {
+    json_error_t e;
+    json_t *root = json_loadb(json, len, JSON_DECODE_ANY, &e);
+    if (!root || !json_is_object(root)) {
+        snprintf(errstr, errstr_size, "template variables: %s",
+                 root ? "expected a JSON object" : e.text);
+        json_decref(root);
+        return KG_ERR_INVALID;
+    }
+    const char *k;
+    json_t *v;
+    kg_status_t st = KG_OK;
+    json_object_foreach(root, k, v) {
+        st = kg_jinja_ctx_set(ctx, k, from_json(ctx, v, 0));
+        if (st != KG_OK) {
+            break;
+        }
+    }
+    json_decref(root);
+    if (st != KG_OK || kg_jinja_ctx_failed(ctx)) {
+        snprintf(errstr, errstr_size, "template variables: past the template's memory limit");
+        return KG_ERR_INVALID;
+    }
+    return KG_OK;
+}
+
+// ---- a conversation ----
+
+static kg_status_t set_str(kg_jinja_ctx_t *ctx, const char *name, const char *s) {
+    return kg_jinja_ctx_set(ctx, name, kg_jinja_string(ctx, s ? s : "", s ? strlen(s) : 0));
+}
+
+static kg_status_t set_dates(kg_jinja_ctx_t *ctx, int64_t now_s) {
+    time_t now = now_s ? (time_t)now_s : time(NULL);
+    struct tm tm;
+    char datetime[64] = "", date[64] = "";
+    if (gmtime_r(&now, &tm)) {
+        strftime(datetime, sizeof(datetime), "%b %d %Y", &tm);
+        strftime(date, sizeof(date), "%d %b %Y", &tm);
+    }
+    kg_status_t st = set_str(ctx, "datetime", datetime);
+    return st != KG_OK ? st : set_str(ctx, "date_string", date);
+}
+
+kg_status_t kg_chat_render_jinja(const kg_jinja_template_t *tmpl,
+                                 const kg_chat_message_t *msgs,
+                                 size_t n,
+                                 const kg_chat_jinja_opts_t *o,
+                                 char **out,
+                                 char *errstr,
+                                 size_t errstr_size) {
+    *out = NULL;
+    kg_jinja_ctx_t *ctx = kg_jinja_ctx_new(o->limits);
+    if (!ctx) {
+        return KG_ERR_NOMEM;
+    }
+    kg_jinja_ctx_set_time(ctx, o->now_s);
+    kg_status_t st = set_dates(ctx, o->now_s);
+    kg_jinja_value_t list = kg_jinja_list_new(ctx);
+    for (size_t i = 0; st == KG_OK && i < n; i++) {
+        kg_jinja_value_t m = kg_jinja_dict_new(ctx);
+        st = kg_jinja_dict_set(
+            ctx, m, "role", kg_jinja_string(ctx, msgs[i].role, strlen(msgs[i].role)));
+        if (st == KG_OK) {
+            st = kg_jinja_dict_set(
+                ctx, m, "content",
+                kg_jinja_string(ctx, msgs[i].content, strlen(msgs[i].content)));
+        }
+        if (st == KG_OK) {
+            st = kg_jinja_list_push(ctx, list, m);
+        }
+    }
+    if (st == KG_OK) {
+        st = kg_jinja_ctx_set(ctx, "messages", list);
+    }
+    if (st == KG_OK) {
+        st = set_str(ctx, "bos_token", o->bos_text);
+    }
+    if (st == KG_OK) {
+        st = set_str(ctx, "eos_token", o->eos_text);
+    }
+    if (st == KG_OK) {
+        st = kg_jinja_ctx_set(ctx, "enable_thinking", kg_jinja_bool(true));
+    }
+    if (st == KG_OK && o->add_generation_prompt) {
+        st = kg_jinja_ctx_set(ctx, "add_generation_prompt", kg_jinja_bool(true));
+    }
+    if (st != KG_OK) {
+        kg_jinja_ctx_free(ctx);
+        snprintf(errstr, errstr_size, "chat template: the conversation passed its memory limit");
+        return KG_ERR_INVALID;
+    }
+    if (o->extra_json && o->extra_json_len > 0) {
+        st = kg_chat_jinja_set_json(ctx, o->extra_json, o->extra_json_len, errstr, errstr_size);
+        if (st != KG_OK) {
+            kg_jinja_ctx_free(ctx);
+            return st;
+        }
+    }
+    size_t len = 0;
+    char err[400] = "";
+    st = kg_jinja_render(tmpl, ctx, out, &len, err, sizeof(err));
+    kg_jinja_ctx_free(ctx);
+    if (st == KG_ERR_INVALID) {
+        snprintf(errstr, errstr_size, "chat template: %s", err);
+    }
+    return st;
+}
