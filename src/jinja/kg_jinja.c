@@ -83,11 +83,13 @@ void kg_jinja_ctx_free(kg_jinja_ctx_t *ctx) {
 kg_status_t kg_jinja_ctx_set(kg_jinja_ctx_t *ctx, const char *name, kg_jinja_value_t v) {
     size_t n = strlen(name);
     char *copy = kj_alloc(&ctx->arena, n + 1);
+    if (copy) {
+        memcpy(copy, name, n);
+    }
     if (!copy || !kj_scope_put(&ctx->arena, ctx->globals, copy, v)) {
         ctx->failed = true;
         return KG_ERR_NOMEM;
     }
-    memcpy(copy, name, n);
     return KG_OK;
 }
 
@@ -117,20 +119,21 @@ kg_status_t kg_jinja_render(const kg_jinja_template_t *tmpl,
                  ctx->lim.max_memory_bytes);
         return KG_ERR_INVALID;
     }
-    kj_buf_t buf = {0};
+    kj_buf_t buf = {.heap = true};
     kj_rs_t rs = {.ctx = ctx, .arena = &ctx->arena, .err = errstr, .err_size = errstr_size,
                   .out = &buf};
     if (!render_guarded(&rs, tmpl)) {
+        free(buf.p);
         return KG_ERR_INVALID;
     }
-    *out = malloc(buf.len + 1);
-    if (!*out) {
-        return KG_ERR_NOMEM;
+    if (!buf.p) {
+        buf.p = malloc(1);
+        if (!buf.p) {
+            return KG_ERR_NOMEM;
+        }
+        buf.p[0] = '\0';
     }
-    if (buf.len) {
-        memcpy(*out, buf.p, buf.len);
-    }
-    (*out)[buf.len] = '\0';
+    *out = buf.p;
     *out_len = buf.len;
     return KG_OK;
 }

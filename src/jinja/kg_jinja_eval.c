@@ -701,31 +701,33 @@ static void exec_for(kj_rs_t *rs, const kj_node_t *nd) {
     cyc->kind = KJ_FN_BUILTIN;
     cyc->builtin = loop_cycle;
     cyc->name = "cycle";
+    /* one loop object and one scope, updated in place each iteration: a long
+     * loop must not cost memory per iteration */
+    static const char *const keys[] = {"index",     "index0", "revindex", "revindex0",
+                                       "first",     "last",   "length",   "previtem",
+                                       "nextitem",  "depth",  "depth0",   "cycle"};
+    kg_jinja_value_t loop = kj_dict(rs);
+    for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+        kj_dict_set(rs, loop, kj_str_new(rs, keys[k], strlen(keys[k])), (kg_jinja_value_t){0});
+    }
+    kj_scope_t *it = scope_new(rs, saved);
     for (size_t i = 0; i < n; i++) {
         kj_step(rs, nd, 1);
-        kj_scope_t *it = scope_new(rs, saved);
+        it->n = 0;
         rs->scope = it;
-        kg_jinja_value_t loop = kj_dict(rs);
-        struct {
-            const char *k;
-            kg_jinja_value_t v;
-        } f[] = {
-            {"index", kg_jinja_int((int64_t)i + 1)},
-            {"index0", kg_jinja_int((int64_t)i)},
-            {"revindex", kg_jinja_int((int64_t)(n - i))},
-            {"revindex0", kg_jinja_int((int64_t)(n - i - 1))},
-            {"first", kg_jinja_bool(i == 0)},
-            {"last", kg_jinja_bool(i + 1 == n)},
-            {"length", kg_jinja_int((int64_t)n)},
-            {"previtem", i > 0 ? seq.u.l->v[i - 1] : (kg_jinja_value_t){0}},
-            {"nextitem", i + 1 < n ? seq.u.l->v[i + 1] : (kg_jinja_value_t){0}},
-            {"depth", kg_jinja_int(1)},
-            {"depth0", kg_jinja_int(0)},
-            {"cycle", (kg_jinja_value_t){.type = KG_JINJA_CALLABLE, .u.fn = cyc}},
-        };
-        for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++) {
-            kj_dict_set(rs, loop, kj_str_new(rs, f[k].k, strlen(f[k].k)), f[k].v);
-        }
+        kg_jinja_value_t *f = loop.u.d->v;
+        f[0] = kg_jinja_int((int64_t)i + 1);
+        f[1] = kg_jinja_int((int64_t)i);
+        f[2] = kg_jinja_int((int64_t)(n - i));
+        f[3] = kg_jinja_int((int64_t)(n - i - 1));
+        f[4] = kg_jinja_bool(i == 0);
+        f[5] = kg_jinja_bool(i + 1 == n);
+        f[6] = kg_jinja_int((int64_t)n);
+        f[7] = i > 0 ? seq.u.l->v[i - 1] : (kg_jinja_value_t){0};
+        f[8] = i + 1 < n ? seq.u.l->v[i + 1] : (kg_jinja_value_t){0};
+        f[9] = kg_jinja_int(1);
+        f[10] = kg_jinja_int(0);
+        f[11] = (kg_jinja_value_t){.type = KG_JINJA_CALLABLE, .u.fn = cyc};
         scope_set(rs, it, "loop", loop);
         bind_targets(rs, nd, it, seq.u.l->v[i]);
         exec_body(rs, it, nd->items, nd->n_items);

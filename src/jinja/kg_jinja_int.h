@@ -168,6 +168,7 @@ struct kg_jinja_ctx {
 typedef struct kj_buf {
     char *p;
     size_t len, cap;
+    bool heap; /* malloc'ed (the render's output), not the arena's */
 } kj_buf_t;
 
 struct kj_rs {

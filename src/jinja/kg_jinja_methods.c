@@ -100,12 +100,32 @@ kg_jinja_value_t kj_filter(kj_rs_t *rs, const kj_node_t *at, const char *name, k
     kj_fail(rs, at, "filter '%s' does not apply to a %s", name, kj_type_name(v));
 }
 
+/* The attributes that are methods: Python's own for each type. Filters
+ * such as default or length are not attributes (`spec.default is defined`
+ * must be false for a dict without that key). */
+static bool is_method(kg_jinja_type_t type, const char *name) {
+    static const char *const str_methods[] = {
+        "strip", "lstrip", "rstrip",  "split", "rsplit",     "startswith", "endswith", "upper",
+        "lower", "title",  "capitalize", "replace", "format", NULL};
+    static const char *const list_methods[] = {"append", "pop", "insert", "extend", "index",
+                                               "copy",   NULL};
+    static const char *const dict_methods[] = {"get",        "keys",   "values", "items", "pop",
+                                               "setdefault", "update", "copy",   NULL};
+    const char *const *m = type == KG_JINJA_STRING ? str_methods
+                           : type == KG_JINJA_LIST ? list_methods
+                           : type == KG_JINJA_DICT ? dict_methods
+                                                   : NULL;
+    for (size_t i = 0; m && m[i]; i++) {
+        if (!strcmp(m[i], name)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 kg_jinja_value_t kj_method(kj_rs_t *rs, kg_jinja_value_t self, const char *name) {
     bool known = false;
-    if (self.type != KG_JINJA_STRING && self.type != KG_JINJA_LIST && self.type != KG_JINJA_DICT) {
-        return UNDEF;
-    }
-    if (!lookup(name, self.type, &known)) {
+    if (!is_method(self.type, name) || !lookup(name, self.type, &known)) {
         return UNDEF;
     }
     kg_jinja_fn_t *fn = kj_alloc(rs->arena, sizeof(*fn));

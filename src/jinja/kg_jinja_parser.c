@@ -368,6 +368,7 @@ static kj_node_t *parse_filters_tests(parser_t *ps, kj_node_t *nd) {
                 /* one argument without parentheses: `is divisibleby 3`, `is sameas none` */
                 const kj_tok_t *a = peek(ps);
                 if (a->kind == KJ_T_STRING || a->kind == KJ_T_INT || a->kind == KJ_T_FLOAT ||
+                    is_op(a, "[") || is_op(a, "{") ||
                     (a->kind == KJ_T_NAME && !is_name(a, "and") && !is_name(a, "or") &&
                      !is_name(a, "else") && !is_name(a, "if") && !is_name(a, "is") &&
                      !is_name(a, "in") && !is_name(a, "not"))) {
@@ -383,16 +384,23 @@ static kj_node_t *parse_filters_tests(parser_t *ps, kj_node_t *nd) {
     }
 }
 
-static kj_node_t *parse_unary(parser_t *ps) {
+/* As Jinja2: `-x|f` is `(-x)|f`, the sign binds before filters and tests. */
+static kj_node_t *parse_unary_inner(parser_t *ps, bool with_filter) {
     const kj_tok_t *t = peek(ps);
+    kj_node_t *nd;
     if (is_op(t, "-") || is_op(t, "+")) {
         ps->i++;
-        kj_node_t *nd = node(ps, KJ_E_UNARY, t);
+        nd = node(ps, KJ_E_UNARY, t);
         nd->op = t->text[0];
-        nd->a = parse_unary(ps);
-        return parse_filters_tests(ps, nd);
+        nd->a = parse_unary_inner(ps, false);
+    } else {
+        nd = parse_postfix(ps, parse_primary(ps));
     }
-    return parse_filters_tests(ps, parse_postfix(ps, parse_primary(ps)));
+    return with_filter ? parse_filters_tests(ps, nd) : nd;
+}
+
+static kj_node_t *parse_unary(parser_t *ps) {
+    return parse_unary_inner(ps, true);
 }
 
 static kj_node_t *binary(parser_t *ps, const kj_tok_t *t, int op, kj_node_t *a, kj_node_t *b) {
@@ -603,7 +611,7 @@ static kj_node_t *parse_for(parser_t *ps, const kj_tok_t *t) {
         syntax(ps, "expected 'in'");
     }
     /* the iterable stops before a filtering `if` */
-    nd->a = parse_postfix(ps, parse_filters_tests(ps, parse_or(ps)));
+    nd->a = parse_or(ps);
     if (accept_name(ps, "if")) {
         nd->b = parse_expr(ps);
     }

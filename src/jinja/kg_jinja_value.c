@@ -364,9 +364,17 @@ void kj_buf_put(kj_rs_t *rs, kj_buf_t *b, const char *s, size_t len) {
         while (cap < b->len + len + 1) {
             cap *= 2;
         }
-        char *p = rs_alloc(rs, cap);
-        if (b->len) {
-            memcpy(p, b->p, b->len);
+        char *p;
+        if (b->heap) {
+            p = realloc(b->p, cap);
+            if (!p) {
+                kj_fail(rs, NULL, "out of memory for the template's output");
+            }
+        } else {
+            p = rs_alloc(rs, cap);
+            if (b->len) {
+                memcpy(p, b->p, b->len);
+            }
         }
         b->p = p;
         b->cap = cap;
