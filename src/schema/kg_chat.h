@@ -160,6 +160,12 @@ KG_NODISCARD kg_status_t kg_chat_render_jinja(const kg_jinja_template_t *tmpl,
                                               char *errstr,
                                               size_t errstr_size);
 
+/** Compile a model's tokenizer.chat_template for kg_chat_render_jinja, once
+ * at model load. NULL when the model has none or it does not compile; the
+ * latter logs one WARN line saying why, and chat jobs then use the
+ * recognised-family renderer (kg_chat_render). @thread any */
+kg_jinja_template_t *kg_chat_jinja_compile(const char *template_text);
+
 /** Set each key of the JSON object `json` as a top-level variable of `ctx`
  * (key order kept: tojson of a dict writes keys as the JSON had them).
  * KG_ERR_INVALID with errstr when it is not an object or passes the

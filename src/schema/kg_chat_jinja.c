@@ -8,6 +8,7 @@
  * top-level variable. */
 #include "kg_chat.h"
 
+#include "../core/kg_log.h"
 #include "../jinja/kg_jinja.h"
 
 #include <jansson.h>
@@ -88,6 +89,19 @@ kg_status_t kg_chat_jinja_set_json(kg_jinja_ctx_t *ctx,
         return KG_ERR_INVALID;
     }
     return KG_OK;
+}
+
+kg_jinja_template_t *kg_chat_jinja_compile(const char *template_text) {
+    if (!template_text) {
+        return NULL;
+    }
+    char err[400] = "";
+    kg_jinja_template_t *t = kg_jinja_compile(template_text, strlen(template_text), err, sizeof(err));
+    if (!t) {
+        KG_LOG_WARN("chat", "the model's chat template does not compile, so chat jobs use the "
+                            "recognised-family renderer: %s", err);
+    }
+    return t;
 }
 
 // ---- a conversation ----
