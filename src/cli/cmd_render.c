@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void usage(FILE *f) {
     fprintf(f, "usage: kgen render --model FILE [--ids] < job.json\n"
@@ -28,6 +29,9 @@ static void usage(FILE *f) {
                "\n"
                "  --model FILE   GGUF model (its tokenizer and tokenizer.chat_template)\n"
                "  --ids          print the prompt's token ids (BOS included) on one line instead\n"
+               "  --template FILE  use this Jinja chat template instead of the model's own\n"
+               "  --bench N      render (and tokenize) the job N times; print the median times\n"
+               "                 to stderr (scripts/bench-chat-template)\n"
                "  --help, --version\n");
 }
 
@@ -99,9 +103,73 @@ static int print_text(const kg_model_t *model, const kg_intake_limits_t *lim, co
     return 0;
 }
 
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of `n` timings (sorted in place). */
+static int64_t median(int64_t *v, int n) {
+    qsort(v, (size_t)n, sizeof(*v), cmp_i64);
+    return v[n / 2];
+}
+
+/* What rendering costs a chat job: the render alone and the whole intake
+ * (kg_intake_prepare: render + tokenize), `n` times each, medians in
+ * microseconds. */
+static int run_bench(const kg_model_t *model, const kg_intake_limits_t *lim, const kg_job_t *job,
+                     int n) {
+    int64_t *r = calloc((size_t)n, sizeof(int64_t)), *p = calloc((size_t)n, sizeof(int64_t));
+    int rc = 1, n_tokens = 0;
+    size_t text_len = 0;
+    if (!r || !p || job->prompt_kind != KG_PROMPT_MESSAGES) {
+        fprintf(stderr, "kgen render: --bench needs a chat job\n");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        char *text = NULL, msg[600] = "";
+        bool has_bos = false;
+        kg_error_code_t code;
+        int64_t t0 = now_ns();
+        kg_status_t st = kg_intake_render_chat(model, lim, job, &text, &has_bos, &code, msg,
+                                               sizeof(msg));
+        int64_t t1 = now_ns();
+        text_len = text ? strlen(text) : 0;
+        free(text);
+        kg_prepared_t prep;
+        if (st == KG_OK) {
+            st = kg_intake_prepare(model, lim, job, 0, &prep, &code, msg, sizeof(msg));
+        }
+        int64_t t2 = now_ns();
+        if (st != KG_OK) {
+            fprintf(stderr, "kgen render: %s: %s\n", kg_error_code_str(code), msg);
+            goto out;
+        }
+        n_tokens = prep.n_tokens;
+        kg_prepared_clear(&prep);
+        r[i] = t1 - t0;
+        p[i] = t2 - t1;
+    }
+    fprintf(stderr,
+            "render_us=%.1f prepare_us=%.1f prompt_bytes=%zu prompt_tokens=%d runs=%d\n",
+            (double)median(r, n) / 1e3, (double)median(p, n) / 1e3, text_len, n_tokens, n);
+    rc = 0;
+out:
+    free(r);
+    free(p);
+    return rc;
+}
+
 int kg_cmd_render(int argc, char **argv) {
-    const char *model_path = NULL;
+    const char *model_path = NULL, *template_path = NULL;
     bool ids = false;
+    int bench = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -122,6 +190,14 @@ int kg_cmd_render(int argc, char **argv) {
             model_path = a + 8;
         } else if (strcmp(a, "--ids") == 0) {
             ids = true;
+        } else if (strcmp(a, "--template") == 0 && i + 1 < argc) {
+            template_path = argv[++i];
+        } else if (strcmp(a, "--bench") == 0 && i + 1 < argc) {
+            bench = atoi(argv[++i]);
+            if (bench < 1) {
+                fprintf(stderr, "kgen render: --bench needs a positive count\n");
+                return 2;
+            }
         } else {
             fprintf(stderr, "kgen render: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -141,8 +217,26 @@ int kg_cmd_render(int argc, char **argv) {
         fprintf(stderr, "kgen render: %s\n", err);
         goto out;
     }
-    chat = kg_chat_jinja_compile(model->chat_template);
     size_t len = 0;
+    if (template_path) {
+        FILE *f = fopen(template_path, "rb");
+        char *src = f ? read_all(f, &len) : NULL;
+        if (f) {
+            fclose(f);
+        }
+        if (!src) {
+            fprintf(stderr, "kgen render: cannot read %s: %s\n", template_path, strerror(errno));
+            goto out;
+        }
+        chat = kg_jinja_compile(src, len, err, sizeof(err));
+        free(src);
+        if (!chat) {
+            fprintf(stderr, "kgen render: %s: %s\n", template_path, err);
+            goto out;
+        }
+    } else {
+        chat = kg_chat_jinja_compile(model->chat_template);
+    }
     in = read_all(stdin, &len);
     if (!in) {
         fprintf(stderr, "kgen render: cannot read stdin: %s\n", strerror(errno));
@@ -162,6 +256,10 @@ int kg_cmd_render(int argc, char **argv) {
     kg_intake_limits_t lim = {.max_seq_len = ctx,
                               .max_tokens_limit = INT32_MAX,
                               .chat_template = chat};
+    if (bench > 0) {
+        rc = run_bench(model, &lim, job, bench);
+        goto out;
+    }
     rc = ids ? print_ids(model, &lim, job) : print_text(model, &lim, job);
     if (rc == 0 && fflush(stdout) != 0) {
         fprintf(stderr, "kgen render: cannot write stdout: %s\n", strerror(errno));

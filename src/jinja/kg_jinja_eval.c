@@ -217,7 +217,7 @@ static double as_f(kg_jinja_value_t v) {
 }
 
 static int64_t as_i(kg_jinja_value_t v) {
-    return v.type == KG_JINJA_INT ? v.u.i : v.u.b;
+    return v.type == KG_JINJA_INT ? v.u.i : v.type == KG_JINJA_BOOL ? v.u.b : 0;
 }
 
 static bool contains(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t hay, kg_jinja_value_t x) {
