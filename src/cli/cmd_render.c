@@ -92,7 +92,8 @@ static int print_text(const kg_model_t *model, const kg_intake_limits_t *lim, co
     char *text = NULL, msg[600] = "";
     bool has_bos = false;
     kg_error_code_t code = KG_ERROR_INVALID_JOB;
-    kg_status_t st = kg_intake_render_chat(model, lim, job, &text, &has_bos, &code, msg, sizeof(msg));
+    kg_status_t st =
+        kg_intake_render_chat(model, lim, job, &text, &has_bos, &code, msg, sizeof(msg));
     if (st != KG_OK) {
         fprintf(stderr, "kgen render: %s: %s\n", kg_error_code_str(code),
                 st == KG_ERR_NOMEM ? "out of memory" : msg);
@@ -123,8 +124,8 @@ static int64_t median(int64_t *v, int n) {
 /* What rendering costs a chat job: the render alone and the whole intake
  * (kg_intake_prepare: render + tokenize), `n` times each, medians in
  * microseconds. */
-static int run_bench(const kg_model_t *model, const kg_intake_limits_t *lim, const kg_job_t *job,
-                     int n) {
+static int
+run_bench(const kg_model_t *model, const kg_intake_limits_t *lim, const kg_job_t *job, int n) {
     int64_t *r = calloc((size_t)n, sizeof(int64_t)), *p = calloc((size_t)n, sizeof(int64_t));
     int rc = 1, n_tokens = 0;
     size_t text_len = 0;
@@ -137,8 +138,8 @@ static int run_bench(const kg_model_t *model, const kg_intake_limits_t *lim, con
         bool has_bos = false;
         kg_error_code_t code;
         int64_t t0 = now_ns();
-        kg_status_t st = kg_intake_render_chat(model, lim, job, &text, &has_bos, &code, msg,
-                                               sizeof(msg));
+        kg_status_t st =
+            kg_intake_render_chat(model, lim, job, &text, &has_bos, &code, msg, sizeof(msg));
         int64_t t1 = now_ns();
         text_len = text ? strlen(text) : 0;
         free(text);
@@ -156,8 +157,7 @@ static int run_bench(const kg_model_t *model, const kg_intake_limits_t *lim, con
         r[i] = t1 - t0;
         p[i] = t2 - t1;
     }
-    fprintf(stderr,
-            "render_us=%.1f prepare_us=%.1f prompt_bytes=%zu prompt_tokens=%d runs=%d\n",
+    fprintf(stderr, "render_us=%.1f prepare_us=%.1f prompt_bytes=%zu prompt_tokens=%d runs=%d\n",
             (double)median(r, n) / 1e3, (double)median(p, n) / 1e3, text_len, n_tokens, n);
     rc = 0;
 out:
@@ -193,7 +193,7 @@ int kg_cmd_render(int argc, char **argv) {
         } else if (strcmp(a, "--template") == 0 && i + 1 < argc) {
             template_path = argv[++i];
         } else if (strcmp(a, "--bench") == 0 && i + 1 < argc) {
-            bench = atoi(argv[++i]);
+            bench = (int)strtol(argv[++i], NULL, 10);
             if (bench < 1) {
                 fprintf(stderr, "kgen render: --bench needs a positive count\n");
                 return 2;
@@ -253,9 +253,8 @@ int kg_cmd_render(int argc, char **argv) {
     }
     /* no worker limits: the model's context bounds the prompt */
     int32_t ctx = model->hp.n_ctx_train > 1 ? model->hp.n_ctx_train : INT32_MAX;
-    kg_intake_limits_t lim = {.max_seq_len = ctx,
-                              .max_tokens_limit = INT32_MAX,
-                              .chat_template = chat};
+    kg_intake_limits_t lim = {
+        .max_seq_len = ctx, .max_tokens_limit = INT32_MAX, .chat_template = chat};
     if (bench > 0) {
         rc = run_bench(model, &lim, job, bench);
         goto out;

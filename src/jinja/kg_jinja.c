@@ -25,7 +25,8 @@ static bool parse_guarded(kj_rs_t *rs, kg_jinja_template_t *t, const char *src, 
     return true;
 }
 
-kg_jinja_template_t *kg_jinja_compile(const char *src, size_t len, char *errstr, size_t errstr_size) {
+kg_jinja_template_t *
+kg_jinja_compile(const char *src, size_t len, char *errstr, size_t errstr_size) {
     kg_jinja_template_t *t = calloc(1, sizeof(*t));
     if (!t) {
         snprintf(errstr, errstr_size, "out of memory");
@@ -56,10 +57,10 @@ kg_jinja_ctx_t *kg_jinja_ctx_new(const kg_jinja_limits_t *lim) {
     }
     ctx->lim = defaults;
     if (lim) {
-        ctx->lim.max_output_bytes = lim->max_output_bytes ? lim->max_output_bytes
-                                                          : defaults.max_output_bytes;
-        ctx->lim.max_memory_bytes = lim->max_memory_bytes ? lim->max_memory_bytes
-                                                          : defaults.max_memory_bytes;
+        ctx->lim.max_output_bytes =
+            lim->max_output_bytes ? lim->max_output_bytes : defaults.max_output_bytes;
+        ctx->lim.max_memory_bytes =
+            lim->max_memory_bytes ? lim->max_memory_bytes : defaults.max_memory_bytes;
         ctx->lim.max_steps = lim->max_steps ? lim->max_steps : defaults.max_steps;
         ctx->lim.max_depth = lim->max_depth ? lim->max_depth : defaults.max_depth;
     }
@@ -84,7 +85,7 @@ kg_status_t kg_jinja_ctx_set(kg_jinja_ctx_t *ctx, const char *name, kg_jinja_val
     size_t n = strlen(name);
     char *copy = kj_alloc(&ctx->arena, n + 1);
     if (copy) {
-        memcpy(copy, name, n);
+        memcpy(copy, name, n + 1);
     }
     if (!copy || !kj_scope_put(&ctx->arena, ctx->globals, copy, v)) {
         ctx->failed = true;
@@ -115,13 +116,14 @@ kg_status_t kg_jinja_render(const kg_jinja_template_t *tmpl,
     *out = NULL;
     *out_len = 0;
     if (ctx->failed) {
-        snprintf(errstr, errstr_size, "the template's variables passed its memory limit of %zu bytes",
+        snprintf(errstr, errstr_size,
+                 "the template's variables passed its memory limit of %zu bytes",
                  ctx->lim.max_memory_bytes);
         return KG_ERR_INVALID;
     }
     kj_buf_t buf = {.heap = true};
-    kj_rs_t rs = {.ctx = ctx, .arena = &ctx->arena, .err = errstr, .err_size = errstr_size,
-                  .out = &buf};
+    kj_rs_t rs = {
+        .ctx = ctx, .arena = &ctx->arena, .err = errstr, .err_size = errstr_size, .out = &buf};
     if (!render_guarded(&rs, tmpl)) {
         free(buf.p);
         return KG_ERR_INVALID;

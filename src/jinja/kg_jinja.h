@@ -69,10 +69,8 @@ typedef struct kg_jinja_limits {
 /** Compile template source (not NUL-terminated: `len` bytes). NULL with
  * errstr "line:col: message" on a syntax error or allocation failure.
  * @thread any */
-kg_jinja_template_t *kg_jinja_compile(const char *src,
-                                      size_t len,
-                                      char *errstr,
-                                      size_t errstr_size);
+kg_jinja_template_t *
+kg_jinja_compile(const char *src, size_t len, char *errstr, size_t errstr_size);
 
 /** Free a compiled template; NULL does nothing. */
 void kg_jinja_template_free(kg_jinja_template_t *tmpl);

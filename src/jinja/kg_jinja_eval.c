@@ -14,7 +14,6 @@
 static kg_jinja_value_t eval(kj_rs_t *rs, const kj_node_t *nd);
 static void exec_body(kj_rs_t *rs, kj_scope_t *sc, kj_node_t **items, size_t n);
 
-
 // ---- errors and limits ----
 
 _Noreturn void kj_fail(kj_rs_t *rs, const kj_node_t *at, const char *fmt, ...) {
@@ -104,7 +103,8 @@ static kg_jinja_value_t *scope_find(kj_scope_t *sc, const char *name) {
 
 // ---- attributes, indexes, slices ----
 
-kg_jinja_value_t kj_getattr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, const char *name) {
+kg_jinja_value_t
+kj_getattr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, const char *name) {
     (void)at;
     if (v.type == KG_JINJA_DICT) {
         kg_jinja_value_t *f = kj_dict_get(v.u.d, name, strlen(name));
@@ -119,8 +119,8 @@ static int64_t norm_index(int64_t i, size_t n) {
     return i < 0 ? i + (int64_t)n : i;
 }
 
-static kg_jinja_value_t get_index(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v,
-                                  kg_jinja_value_t k) {
+static kg_jinja_value_t
+get_index(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kg_jinja_value_t k) {
     if (v.type == KG_JINJA_DICT && k.type == KG_JINJA_STRING) {
         kg_jinja_value_t *f = kj_dict_get(v.u.d, k.u.s->s, k.u.s->len);
         return f ? *f : (kg_jinja_value_t){0};
@@ -139,7 +139,7 @@ static kg_jinja_value_t get_index(kj_rs_t *rs, const kj_node_t *at, kg_jinja_val
         }
         i = norm_index(i, v.u.s->len);
         return i >= 0 && (size_t)i < v.u.s->len ? kj_str(rs, v.u.s->s + i, 1)
-                                                  : (kg_jinja_value_t){0};
+                                                : (kg_jinja_value_t){0};
     }
     if (v.type == KG_JINJA_UNDEFINED || v.type == KG_JINJA_NONE) {
         return (kg_jinja_value_t){0};
@@ -181,13 +181,21 @@ static kg_jinja_value_t eval_slice(kj_rs_t *rs, const kj_node_t *nd) {
     int64_t start = slice_bound(rs, nd->items[0], lo), stop = slice_bound(rs, nd->items[1], hi);
     if (nd->items[0]) {
         start = start < 0 ? start + n : start;
-        start = step > 0 ? (start < 0 ? 0 : start > n ? n : start)
-                         : (start < -1 ? -1 : start > n - 1 ? n - 1 : start);
+        start = step > 0 ? (start < 0   ? 0
+                            : start > n ? n
+                                        : start)
+                         : (start < -1      ? -1
+                            : start > n - 1 ? n - 1
+                                            : start);
     }
     if (nd->items[1] && stop != hi) {
         stop = stop < 0 ? stop + n : stop;
-        stop = step > 0 ? (stop < 0 ? 0 : stop > n ? n : stop)
-                        : (stop < -1 ? -1 : stop > n - 1 ? n - 1 : stop);
+        stop = step > 0 ? (stop < 0   ? 0
+                           : stop > n ? n
+                                      : stop)
+                        : (stop < -1      ? -1
+                           : stop > n - 1 ? n - 1
+                                          : stop);
     }
     if (v.type == KG_JINJA_LIST) {
         kg_jinja_value_t out = kj_list(rs);
@@ -253,8 +261,8 @@ static bool contains(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t hay, kg_
     }
 }
 
-static kg_jinja_value_t arith(kj_rs_t *rs, const kj_node_t *nd, int op, kg_jinja_value_t a,
-                              kg_jinja_value_t b) {
+static kg_jinja_value_t
+arith(kj_rs_t *rs, const kj_node_t *nd, int op, kg_jinja_value_t a, kg_jinja_value_t b) {
     if (op == '+' && a.type == KG_JINJA_STRING && b.type == KG_JINJA_STRING) {
         kj_buf_t buf = {0};
         kj_buf_put(rs, &buf, a.u.s->s, a.u.s->len);
@@ -413,8 +421,8 @@ static void eval_args(kj_rs_t *rs, const kj_node_t *nd, kj_args_t *args, size_t 
     }
 }
 
-static kg_jinja_value_t call_macro(kj_rs_t *rs, const kj_node_t *at, kg_jinja_fn_t *fn,
-                                   kj_args_t *args, kg_jinja_value_t caller) {
+static kg_jinja_value_t call_macro(
+    kj_rs_t *rs, const kj_node_t *at, kg_jinja_fn_t *fn, kj_args_t *args, kg_jinja_value_t caller) {
     const kj_node_t *m = fn->macro;
     if (++rs->depth > rs->ctx->lim.max_depth) {
         kj_fail(rs, at, "macro calls nested deeper than %d (runaway recursion?)",
@@ -477,9 +485,8 @@ static kg_jinja_value_t call_macro(kj_rs_t *rs, const kj_node_t *at, kg_jinja_fn
 kg_jinja_value_t kj_call(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t fn, kj_args_t *args) {
     kj_step(rs, at, 1);
     if (fn.type != KG_JINJA_CALLABLE) {
-        kj_fail(rs, at, "%s is not callable", fn.type == KG_JINJA_UNDEFINED
-                                                  ? "an undefined value"
-                                                  : kj_type_name(fn));
+        kj_fail(rs, at, "%s is not callable",
+                fn.type == KG_JINJA_UNDEFINED ? "an undefined value" : kj_type_name(fn));
     }
     switch (fn.u.fn->kind) {
     case KJ_FN_MACRO:
@@ -703,9 +710,9 @@ static void exec_for(kj_rs_t *rs, const kj_node_t *nd) {
     cyc->name = "cycle";
     /* one loop object and one scope, updated in place each iteration: a long
      * loop must not cost memory per iteration */
-    static const char *const keys[] = {"index",     "index0", "revindex", "revindex0",
-                                       "first",     "last",   "length",   "previtem",
-                                       "nextitem",  "depth",  "depth0",   "cycle"};
+    static const char *const keys[] = {"index",    "index0", "revindex", "revindex0",
+                                       "first",    "last",   "length",   "previtem",
+                                       "nextitem", "depth",  "depth0",   "cycle"};
     kg_jinja_value_t loop = kj_dict(rs);
     for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
         kj_dict_set(rs, loop, kj_str_new(rs, keys[k], strlen(keys[k])), (kg_jinja_value_t){0});
@@ -815,9 +822,8 @@ static void exec_stmt(kj_rs_t *rs, const kj_node_t *nd) {
         if (fn.type != KG_JINJA_CALLABLE || fn.u.fn->kind != KJ_FN_MACRO) {
             kj_fail(rs, nd, "call blocks need a macro");
         }
-        kg_jinja_value_t v =
-            call_macro(rs, nd, fn.u.fn, &args,
-                       (kg_jinja_value_t){.type = KG_JINJA_CALLABLE, .u.fn = caller});
+        kg_jinja_value_t v = call_macro(
+            rs, nd, fn.u.fn, &args, (kg_jinja_value_t){.type = KG_JINJA_CALLABLE, .u.fn = caller});
         emit(rs, nd, v.u.s->s, v.u.s->len);
         return;
     }

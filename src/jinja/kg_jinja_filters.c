@@ -25,8 +25,8 @@ kg_jinja_value_t kj_arg(const kj_args_t *a, size_t i, const char *name) {
     return i < a->n_pos ? a->pos[i] : UNDEF;
 }
 
-static kg_jinja_value_t need_str(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v,
-                                 const char *what) {
+static kg_jinja_value_t
+need_str(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, const char *what) {
     if (v.type != KG_JINJA_STRING) {
         kj_fail(rs, at, "%s: expected a string, got %s", what, kj_type_name(v));
     }
@@ -37,8 +37,8 @@ static kg_jinja_value_t need_str(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
 
 static const char *const WS = " \t\n\r\v\f";
 
-static kg_jinja_value_t strip_common(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                     kj_args_t *a, bool left, bool right) {
+static kg_jinja_value_t strip_common(
+    kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a, bool left, bool right) {
     need_str(rs, at, self, "strip");
     kg_jinja_value_t cv = kj_arg(a, 0, "chars");
     const char *chars = cv.type == KG_JINJA_STRING ? cv.u.s->s : WS;
@@ -52,15 +52,18 @@ static kg_jinja_value_t strip_common(kj_rs_t *rs, const kj_node_t *at, kg_jinja_
     return kj_str(rs, self.u.s->s + b, e - b);
 }
 
-static kg_jinja_value_t f_strip(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_strip(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return strip_common(rs, at, s, a, true, true);
 }
 
-static kg_jinja_value_t f_lstrip(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_lstrip(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return strip_common(rs, at, s, a, true, false);
 }
 
-static kg_jinja_value_t f_rstrip(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_rstrip(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return strip_common(rs, at, s, a, false, true);
 }
 
@@ -86,23 +89,26 @@ static kg_jinja_value_t recase(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_
     return o;
 }
 
-static kg_jinja_value_t f_upper(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_upper(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     (void)a;
     return recase(rs, at, s, 0);
 }
 
-static kg_jinja_value_t f_lower(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_lower(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     (void)a;
     return recase(rs, at, s, 1);
 }
 
-static kg_jinja_value_t f_title(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_title(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     (void)a;
     return recase(rs, at, s, 2);
 }
 
-static kg_jinja_value_t f_capitalize(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s,
-                                     kj_args_t *a) {
+static kg_jinja_value_t
+f_capitalize(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     (void)a;
     return recase(rs, at, s, 3);
 }
@@ -115,8 +121,8 @@ static bool has_affix(kg_jinja_value_t s, kg_jinja_value_t x, bool prefix) {
     return memcmp(p, x.u.s->s, x.u.s->len) == 0;
 }
 
-static kg_jinja_value_t affix(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a,
-                              bool prefix) {
+static kg_jinja_value_t
+affix(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a, bool prefix) {
     need_str(rs, at, s, prefix ? "startswith" : "endswith");
     kg_jinja_value_t x = kj_arg(a, 0, NULL);
     if (x.type == KG_JINJA_LIST) { /* a tuple of choices */
@@ -131,13 +137,13 @@ static kg_jinja_value_t affix(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
     return kg_jinja_bool(has_affix(s, x, prefix));
 }
 
-static kg_jinja_value_t f_startswith(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s,
-                                     kj_args_t *a) {
+static kg_jinja_value_t
+f_startswith(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return affix(rs, at, s, a, true);
 }
 
-static kg_jinja_value_t f_endswith(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s,
-                                   kj_args_t *a) {
+static kg_jinja_value_t
+f_endswith(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return affix(rs, at, s, a, false);
 }
 
@@ -161,8 +167,8 @@ static const char *find(const char *h, size_t hl, const char *n, size_t nl, bool
     return NULL;
 }
 
-static kg_jinja_value_t split_common(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s,
-                                     kj_args_t *a, bool from_right) {
+static kg_jinja_value_t
+split_common(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a, bool from_right) {
     need_str(rs, at, s, "split");
     kg_jinja_value_t d = kj_arg(a, 0, "sep");
     kg_jinja_value_t m = kj_arg(a, 1, "maxsplit");
@@ -229,15 +235,18 @@ static kg_jinja_value_t split_common(kj_rs_t *rs, const kj_node_t *at, kg_jinja_
     return out;
 }
 
-static kg_jinja_value_t f_split(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_split(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return split_common(rs, at, s, a, false);
 }
 
-static kg_jinja_value_t f_rsplit(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_rsplit(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return split_common(rs, at, s, a, true);
 }
 
-static kg_jinja_value_t f_replace(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_replace(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     need_str(rs, at, s, "replace");
     kg_jinja_value_t o = need_str(rs, at, kj_arg(a, 0, "old"), "replace");
     kg_jinja_value_t n = need_str(rs, at, kj_arg(a, 1, "new"), "replace");
@@ -272,7 +281,8 @@ static kg_jinja_value_t f_replace(kj_rs_t *rs, const kj_node_t *at, kg_jinja_val
     return kj_buf_value(rs, &b);
 }
 
-static kg_jinja_value_t f_indent(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_indent(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     need_str(rs, at, s, "indent");
     kg_jinja_value_t w = kj_arg(a, 0, "width");
     bool first = kj_truthy(kj_arg(a, 1, "first")), blank = kj_truthy(kj_arg(a, 2, "blank"));
@@ -314,7 +324,8 @@ static kg_jinja_value_t f_indent(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return kj_buf_value(rs, &b);
 }
 
-static kg_jinja_value_t f_escape(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_escape(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     (void)a;
     (void)at;
     s = kj_to_string(rs, s);
@@ -337,8 +348,8 @@ static kg_jinja_value_t f_escape(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return kj_buf_value(rs, &b);
 }
 
-static kg_jinja_value_t f_wordcount(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s,
-                                    kj_args_t *a) {
+static kg_jinja_value_t
+f_wordcount(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     (void)a;
     need_str(rs, at, s, "wordcount");
     int64_t n = 0;
@@ -352,7 +363,8 @@ static kg_jinja_value_t f_wordcount(kj_rs_t *rs, const kj_node_t *at, kg_jinja_v
 }
 
 /* "{}" placeholders (str.format) or, with a '%', printf style (the filter). */
-static kg_jinja_value_t f_format(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_format(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     need_str(rs, at, s, "format");
     if (memchr(s.u.s->s, '%', s.u.s->len)) {
         kg_jinja_value_t l = kj_list(rs);
@@ -375,8 +387,8 @@ static kg_jinja_value_t f_format(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return kj_buf_value(rs, &b);
 }
 
-kg_jinja_value_t kj_percent_format(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t fmt,
-                                   kg_jinja_value_t args) {
+kg_jinja_value_t
+kj_percent_format(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t fmt, kg_jinja_value_t args) {
     kj_buf_t b = {0};
     kj_buf_put(rs, &b, "", 0);
     size_t k = 0;
@@ -413,13 +425,16 @@ kg_jinja_value_t kj_percent_format(kj_rs_t *rs, const kj_node_t *at, kg_jinja_va
 
 // ---- any value ----
 
-static kg_jinja_value_t f_tojson(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
+static kg_jinja_value_t
+f_tojson(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
     (void)at;
     kg_jinja_value_t ind = kj_arg(a, 1, "indent"), sep = kj_arg(a, 2, "separators");
     if (a->n_pos == 1 && kj_arg(a, 0, NULL).type == KG_JINJA_INT) { /* tojson(2) */
         ind = a->pos[0];
     }
-    int indent = ind.type == KG_JINJA_INT ? (int)(ind.u.i < 0 ? -1 : ind.u.i > 64 ? 64 : ind.u.i)
+    int indent = ind.type == KG_JINJA_INT ? (int)(ind.u.i < 0    ? -1
+                                                  : ind.u.i > 64 ? 64
+                                                                 : ind.u.i)
                                           : -1;
     const char *item_sep = indent < 0 ? ", " : ",", *key_sep = ": ";
     if (sep.type == KG_JINJA_LIST) {
@@ -433,7 +448,8 @@ static kg_jinja_value_t f_tojson(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     kj_buf_t b = {0};
     kj_buf_put(rs, &b, "", 0);
     kj_buf_put_json(rs, &b, v, indent, 0, item_sep, key_sep);
-    if (kj_truthy(kj_arg(a, 0, "ensure_ascii")) && !(a->n_pos == 1 && a->pos[0].type == KG_JINJA_INT)) {
+    if (kj_truthy(kj_arg(a, 0, "ensure_ascii")) &&
+        !(a->n_pos == 1 && a->pos[0].type == KG_JINJA_INT)) {
         kj_buf_t e = {0};
         kj_buf_put(rs, &e, "", 0);
         for (size_t i = 0; i < b.len;) {
@@ -464,7 +480,8 @@ static kg_jinja_value_t f_tojson(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return kj_buf_value(rs, &b);
 }
 
-static kg_jinja_value_t f_string(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
+static kg_jinja_value_t
+f_string(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
     (void)at;
     (void)a;
     if (v.type == KG_JINJA_UNDEFINED) {
@@ -480,8 +497,8 @@ static kg_jinja_value_t f_safe(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_
     return f_string(rs, at, v, a);
 }
 
-static kg_jinja_value_t f_default(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v,
-                                  kj_args_t *a) {
+static kg_jinja_value_t
+f_default(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
     (void)at;
     kg_jinja_value_t d = kj_arg(a, 0, "default_value");
     if (d.type == KG_JINJA_UNDEFINED) {
@@ -494,7 +511,8 @@ static kg_jinja_value_t f_default(kj_rs_t *rs, const kj_node_t *at, kg_jinja_val
     return v;
 }
 
-static kg_jinja_value_t f_length(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
+static kg_jinja_value_t
+f_length(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
     (void)a;
     switch (v.type) {
     case KG_JINJA_STRING:
@@ -536,7 +554,8 @@ static kg_jinja_value_t f_list(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_
     return to_list(rs, at, v);
 }
 
-static kg_jinja_value_t f_first(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
+static kg_jinja_value_t
+f_first(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
     (void)a;
     kg_jinja_value_t l = to_list(rs, at, v);
     return l.u.l->n ? l.u.l->v[0] : UNDEF;
@@ -573,7 +592,8 @@ static kg_jinja_value_t f_int(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
     return d.type == KG_JINJA_INT ? d : kg_jinja_int(0);
 }
 
-static kg_jinja_value_t f_float(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
+static kg_jinja_value_t
+f_float(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
     (void)rs;
     (void)at;
     switch (v.type) {
@@ -609,7 +629,8 @@ static kg_jinja_value_t f_abs(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
     kj_fail(rs, at, "abs: expected a number");
 }
 
-static kg_jinja_value_t f_round(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
+static kg_jinja_value_t
+f_round(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kj_args_t *a) {
     if (v.type == KG_JINJA_INT) {
         return kg_jinja_float((double)v.u.i);
     }

@@ -45,7 +45,7 @@ struct kg_jinja_list {
 struct kg_jinja_dict {
     kg_jinja_str_t **k;   /* (cap) the keys as strings, for lookups */
     kg_jinja_value_t *kv; /* (cap) the keys as given ({0: ...} keeps an integer key) */
-    kg_jinja_value_t *v; /* (cap) */
+    kg_jinja_value_t *v;  /* (cap) */
     size_t n, cap;
     bool is_namespace; /* namespace(): attribute assignment allowed */
 };
@@ -80,12 +80,12 @@ struct kg_jinja_fn {
 
 typedef enum kj_kind {
     /* statements */
-    KJ_S_BODY,   /* items: statements */
-    KJ_S_TEXT,   /* lit: the text */
-    KJ_S_OUTPUT, /* a: expression */
-    KJ_S_IF,     /* a: cond, items: then, items2: else (an elif is one KJ_S_IF there) */
-    KJ_S_FOR,    /* names: targets, a: iterable, b: filter or NULL, items: body, items2: else */
-    KJ_S_SET,    /* a: target (name, attr or tuple), b: value */
+    KJ_S_BODY,      /* items: statements */
+    KJ_S_TEXT,      /* lit: the text */
+    KJ_S_OUTPUT,    /* a: expression */
+    KJ_S_IF,        /* a: cond, items: then, items2: else (an elif is one KJ_S_IF there) */
+    KJ_S_FOR,       /* names: targets, a: iterable, b: filter or NULL, items: body, items2: else */
+    KJ_S_SET,       /* a: target (name, attr or tuple), b: value */
     KJ_S_SET_BLOCK, /* name, items: body, c: filter chain applied to the body (or NULL) */
     KJ_S_MACRO,     /* name, names: params, items2: defaults (NULL entries), items: body */
     KJ_S_CALL,      /* a: the call expression, names/items2: caller params, items: body */
@@ -177,7 +177,7 @@ struct kj_rs {
     jmp_buf fail;
     char *err;
     size_t err_size;
-    kj_buf_t *out;    /* where output goes now (a set block captures) */
+    kj_buf_t *out;     /* where output goes now (a set block captures) */
     kj_scope_t *scope; /* the scope of the statement being run */
     size_t total_out;
     uint64_t steps;
@@ -226,8 +226,7 @@ kg_jinja_value_t kj_buf_value(kj_rs_t *rs, kj_buf_t *b);
 const char *kj_type_name(kg_jinja_value_t v);
 
 /** Call a callable value. */
-kg_jinja_value_t
-kj_call(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t fn, kj_args_t *args);
+kg_jinja_value_t kj_call(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t fn, kj_args_t *args);
 /** The attribute (dict key or method) `name` of `v`; undefined if none. */
 kg_jinja_value_t kj_getattr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, const char *name);
 
@@ -241,12 +240,12 @@ typedef struct kj_filter_def {
     unsigned types;
     kj_filter_fn fn;
 } kj_filter_def_t;
-#define KJ_T(t)    (1u << (t))
-#define KJ_T_ANY   0x1ffu
-#define KJ_T_STR   KJ_T(KG_JINJA_STRING)
-#define KJ_T_LIST  KJ_T(KG_JINJA_LIST)
-#define KJ_T_DICT  KJ_T(KG_JINJA_DICT)
-#define KJ_T_NUM   (KJ_T(KG_JINJA_INT) | KJ_T(KG_JINJA_FLOAT) | KJ_T(KG_JINJA_BOOL))
+#define KJ_T(t)   (1u << (t))
+#define KJ_T_ANY  0x1ffu
+#define KJ_T_STR  KJ_T(KG_JINJA_STRING)
+#define KJ_T_LIST KJ_T(KG_JINJA_LIST)
+#define KJ_T_DICT KJ_T(KG_JINJA_DICT)
+#define KJ_T_NUM  (KJ_T(KG_JINJA_INT) | KJ_T(KG_JINJA_FLOAT) | KJ_T(KG_JINJA_BOOL))
 
 extern const kj_filter_def_t kj_scalar_filters[]; /* kg_jinja_filters.c, NULL-terminated */
 extern const kj_filter_def_t kj_list_filters[];   /* kg_jinja_lists.c, NULL-terminated */
@@ -255,7 +254,8 @@ kg_jinja_value_t kj_arg(const kj_args_t *a, size_t i, const char *name);
 /* kg_jinja_methods.c */
 kg_jinja_value_t
 kj_filter(kj_rs_t *rs, const kj_node_t *at, const char *name, kg_jinja_value_t v, kj_args_t *args);
-bool kj_test(kj_rs_t *rs, const kj_node_t *at, const char *name, kg_jinja_value_t v, kj_args_t *args);
+bool kj_test(
+    kj_rs_t *rs, const kj_node_t *at, const char *name, kg_jinja_value_t v, kj_args_t *args);
 bool kj_test_exists(const char *name);
 /** A global function (range, namespace, dict, raise_exception, strftime_now) or undefined. */
 kg_jinja_value_t kj_global_fn(kj_rs_t *rs, const char *name);
@@ -263,8 +263,12 @@ kg_jinja_value_t kj_global_fn(kj_rs_t *rs, const char *name);
 /* kg_jinja_methods.c */
 /** A method of a string, list or dict, bound to `self`; undefined if none. */
 kg_jinja_value_t kj_method(kj_rs_t *rs, kg_jinja_value_t self, const char *name);
-kg_jinja_value_t kj_filter_find_apply(kj_rs_t *rs, const kj_node_t *at, const char *name,
-                                      kg_jinja_value_t v, kj_args_t *args, bool *found);
+kg_jinja_value_t kj_filter_find_apply(kj_rs_t *rs,
+                                      const kj_node_t *at,
+                                      const char *name,
+                                      kg_jinja_value_t v,
+                                      kj_args_t *args,
+                                      bool *found);
 kg_jinja_value_t
 kj_call_method(kj_rs_t *rs, const kj_node_t *at, kg_jinja_fn_t *fn, kj_args_t *args);
 
@@ -301,8 +305,8 @@ kj_scope_t *kj_scope_new(kj_rs_t *rs, kj_scope_t *parent);
 /** Set a variable in `sc`; false past the arena's cap. */
 bool kj_scope_put(kj_arena_t *a, kj_scope_t *sc, const char *name, kg_jinja_value_t v);
 /** "fmt % args" with Python's %s %d %i %f %r %%. */
-kg_jinja_value_t kj_percent_format(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t fmt,
-                                   kg_jinja_value_t args);
+kg_jinja_value_t
+kj_percent_format(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t fmt, kg_jinja_value_t args);
 
 /* kg_jinja_parser.c */
 kj_node_t *kj_parse(kj_rs_t *rs, kj_arena_t *arena, const char *src, size_t len);

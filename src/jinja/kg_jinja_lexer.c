@@ -135,8 +135,8 @@ static void lex_text(lexer_t *lx) {
         }
     }
     if (p + 2 < lx->len && tag_open_at(lx, p) && lx->src[p + 2] == '-') {
-        while (tl > 0 && (t[tl - 1] == ' ' || t[tl - 1] == '\t' || t[tl - 1] == '\r' ||
-                          t[tl - 1] == '\n')) {
+        while (tl > 0 &&
+               (t[tl - 1] == ' ' || t[tl - 1] == '\t' || t[tl - 1] == '\r' || t[tl - 1] == '\n')) {
             tl--;
         }
     }
@@ -209,9 +209,9 @@ static void lex_string(lexer_t *lx) {
 }
 
 /* Punctuation, longest first. */
-static const char *const ops[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                  "<",  ">",  "(",  ")",  "[",  "]",  "{", "}", ",", ".", ":",
-                                  "|",  "~",  "=",  "?",  "!"};
+static const char *const ops[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                                  "/",  "%",  "<",  ">",  "(",  ")",  "[", "]", "{",
+                                  "}",  ",",  ".",  ":",  "|",  "~",  "=", "?", "!"};
 
 /* Tokens inside a tag until its close. */
 static void lex_tag(lexer_t *lx, bool is_stmt) {
@@ -222,8 +222,9 @@ static void lex_tag(lexer_t *lx, bool is_stmt) {
         }
         size_t p = lx->pos;
         if (p >= lx->len) {
-            lex_fail(lx, p, is_stmt ? "missing %} at the end of the template"
-                                    : "missing }} at the end of the template");
+            lex_fail(lx, p,
+                     is_stmt ? "missing %} at the end of the template"
+                             : "missing }} at the end of the template");
         }
         const char *close = is_stmt ? "%}" : "}}";
         bool dash = lx->src[p] == '-' && at(lx, p + 1, close);

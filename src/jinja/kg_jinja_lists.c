@@ -9,8 +9,8 @@
 
 #define UNDEF ((kg_jinja_value_t){0})
 
-static kg_jinja_value_t as_list(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v,
-                                const char *what) {
+static kg_jinja_value_t
+as_list(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, const char *what) {
     if (v.type == KG_JINJA_LIST) {
         return v;
     }
@@ -34,8 +34,8 @@ static kg_jinja_value_t as_list(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value
 }
 
 /* item.attr, with dotted paths and integer parts ("a.0.b"). */
-static kg_jinja_value_t attr_path(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v,
-                                  kg_jinja_value_t attr) {
+static kg_jinja_value_t
+attr_path(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t v, kg_jinja_value_t attr) {
     if (attr.type == KG_JINJA_INT) {
         if (v.type == KG_JINJA_LIST) {
             int64_t i = attr.u.i < 0 ? attr.u.i + (int64_t)v.u.l->n : attr.u.i;
@@ -73,8 +73,8 @@ static kg_jinja_value_t attr_path(kj_rs_t *rs, const kj_node_t *at, kg_jinja_val
     return v;
 }
 
-static kg_jinja_value_t f_join(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                               kj_args_t *a) {
+static kg_jinja_value_t
+f_join(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t l = as_list(rs, at, self, "join");
     kg_jinja_value_t sep = kj_arg(a, 0, "d"), attr = kj_arg(a, 1, "attribute");
     kj_buf_t b = {0};
@@ -90,8 +90,8 @@ static kg_jinja_value_t f_join(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_
     return kj_buf_value(rs, &b);
 }
 
-static kg_jinja_value_t f_map(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                              kj_args_t *a) {
+static kg_jinja_value_t
+f_map(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t l = as_list(rs, at, self, "map");
     kg_jinja_value_t attr = kj_arg(a, 99, "attribute"), dflt = kj_arg(a, 99, "default");
     kg_jinja_value_t out = kj_list(rs);
@@ -119,8 +119,12 @@ static kg_jinja_value_t f_map(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
 }
 
 /* select / reject (by_attr false) and selectattr / rejectattr (true). */
-static kg_jinja_value_t select_common(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                      kj_args_t *a, bool by_attr, bool reject) {
+static kg_jinja_value_t select_common(kj_rs_t *rs,
+                                      const kj_node_t *at,
+                                      kg_jinja_value_t self,
+                                      kj_args_t *a,
+                                      bool by_attr,
+                                      bool reject) {
     kg_jinja_value_t l = as_list(rs, at, self, "select");
     size_t k = 0;
     kg_jinja_value_t attr = by_attr ? kj_arg(a, k++, NULL) : UNDEF;
@@ -128,12 +132,14 @@ static kg_jinja_value_t select_common(kj_rs_t *rs, const kj_node_t *at, kg_jinja
     if (test.type != KG_JINJA_UNDEFINED && test.type != KG_JINJA_STRING) {
         kj_fail(rs, at, "select: the test name must be a string");
     }
-    kj_args_t rest = {.pos = a->n_pos > k ? a->pos + k : NULL, .n_pos = a->n_pos > k ? a->n_pos - k : 0};
+    kj_args_t rest = {.pos = a->n_pos > k ? a->pos + k : NULL,
+                      .n_pos = a->n_pos > k ? a->n_pos - k : 0};
     kg_jinja_value_t out = kj_list(rs);
     for (size_t i = 0; i < l.u.l->n; i++) {
         kj_step(rs, at, 1);
         kg_jinja_value_t v = by_attr ? attr_path(rs, at, l.u.l->v[i], attr) : l.u.l->v[i];
-        bool ok = test.type == KG_JINJA_STRING ? kj_test(rs, at, test.u.s->s, v, &rest) : kj_truthy(v);
+        bool ok =
+            test.type == KG_JINJA_STRING ? kj_test(rs, at, test.u.s->s, v, &rest) : kj_truthy(v);
         if (ok != reject) {
             kj_list_push(rs, out, l.u.l->v[i]);
         }
@@ -141,21 +147,23 @@ static kg_jinja_value_t select_common(kj_rs_t *rs, const kj_node_t *at, kg_jinja
     return out;
 }
 
-static kg_jinja_value_t f_select(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_select(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return select_common(rs, at, s, a, false, false);
 }
 
-static kg_jinja_value_t f_reject(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
+static kg_jinja_value_t
+f_reject(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return select_common(rs, at, s, a, false, true);
 }
 
-static kg_jinja_value_t f_selectattr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s,
-                                     kj_args_t *a) {
+static kg_jinja_value_t
+f_selectattr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return select_common(rs, at, s, a, true, false);
 }
 
-static kg_jinja_value_t f_rejectattr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s,
-                                     kj_args_t *a) {
+static kg_jinja_value_t
+f_rejectattr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t s, kj_args_t *a) {
     return select_common(rs, at, s, a, true, true);
 }
 
@@ -165,8 +173,8 @@ typedef struct sort_key {
     kg_jinja_value_t key, item;
 } sort_key_t;
 
-static int key_cmp(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t a, kg_jinja_value_t b,
-                   bool case_sensitive) {
+static int key_cmp(
+    kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t a, kg_jinja_value_t b, bool case_sensitive) {
     if (!case_sensitive && a.type == KG_JINJA_STRING && b.type == KG_JINJA_STRING) {
         size_t n = a.u.s->len < b.u.s->len ? a.u.s->len : b.u.s->len;
         for (size_t i = 0; i < n; i++) {
@@ -181,8 +189,13 @@ static int key_cmp(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t a, kg_jinj
 }
 
 /* A stable merge sort (kj_compare may fail and unwind, so no qsort). */
-static void sort_keys(kj_rs_t *rs, const kj_node_t *at, sort_key_t *v, sort_key_t *tmp, size_t n,
-                      bool cs, bool reverse) {
+static void sort_keys(kj_rs_t *rs,
+                      const kj_node_t *at,
+                      sort_key_t *v,
+                      sort_key_t *tmp,
+                      size_t n,
+                      bool cs,
+                      bool reverse) {
     if (n < 2) {
         return;
     }
@@ -204,8 +217,13 @@ static void sort_keys(kj_rs_t *rs, const kj_node_t *at, sort_key_t *v, sort_key_
     memcpy(v, tmp, n * sizeof(*v));
 }
 
-static kg_jinja_value_t sorted(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t l,
-                               kg_jinja_value_t attr, bool by_value_of_pair, bool cs, bool reverse) {
+static kg_jinja_value_t sorted(kj_rs_t *rs,
+                               const kj_node_t *at,
+                               kg_jinja_value_t l,
+                               kg_jinja_value_t attr,
+                               bool by_value_of_pair,
+                               bool cs,
+                               bool reverse) {
     size_t n = l.u.l->n;
     sort_key_t *v = kj_alloc(rs->arena, (n + 1) * sizeof(*v));
     sort_key_t *tmp = kj_alloc(rs->arena, (n + 1) * sizeof(*tmp));
@@ -227,8 +245,8 @@ static kg_jinja_value_t sorted(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_
     return out;
 }
 
-static kg_jinja_value_t f_sort(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                               kj_args_t *a) {
+static kg_jinja_value_t
+f_sort(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t l = as_list(rs, at, self, "sort");
     return sorted(rs, at, l, kj_arg(a, 2, "attribute"), false,
                   kj_truthy(kj_arg(a, 1, "case_sensitive")), kj_truthy(kj_arg(a, 0, "reverse")));
@@ -245,8 +263,8 @@ static kg_jinja_value_t items_of(kj_rs_t *rs, kg_jinja_value_t d) {
     return out;
 }
 
-static kg_jinja_value_t f_dictsort(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                   kj_args_t *a) {
+static kg_jinja_value_t
+f_dictsort(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     if (self.type != KG_JINJA_DICT) {
         kj_fail(rs, at, "dictsort: expected a dict");
     }
@@ -255,14 +273,15 @@ static kg_jinja_value_t f_dictsort(kj_rs_t *rs, const kj_node_t *at, kg_jinja_va
     kg_jinja_value_t items = items_of(rs, self);
     if (!by_value) {
         return sorted(rs, at, items, kg_jinja_int(0), false,
-                      kj_truthy(kj_arg(a, 0, "case_sensitive")), kj_truthy(kj_arg(a, 2, "reverse")));
+                      kj_truthy(kj_arg(a, 0, "case_sensitive")),
+                      kj_truthy(kj_arg(a, 2, "reverse")));
     }
     return sorted(rs, at, items, UNDEF, true, kj_truthy(kj_arg(a, 0, "case_sensitive")),
                   kj_truthy(kj_arg(a, 2, "reverse")));
 }
 
-static kg_jinja_value_t f_reverse(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                  kj_args_t *a) {
+static kg_jinja_value_t
+f_reverse(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     (void)a;
     if (self.type == KG_JINJA_STRING) {
         kg_jinja_value_t o = kj_str(rs, self.u.s->s, self.u.s->len);
@@ -278,13 +297,13 @@ static kg_jinja_value_t f_reverse(kj_rs_t *rs, const kj_node_t *at, kg_jinja_val
     return out;
 }
 
-static kg_jinja_value_t f_unique(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                 kj_args_t *a) {
+static kg_jinja_value_t
+f_unique(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t l = as_list(rs, at, self, "unique"), out = kj_list(rs);
     kg_jinja_value_t attr = kj_arg(a, 1, "attribute");
     for (size_t i = 0; i < l.u.l->n; i++) {
-        kg_jinja_value_t k = attr.type != KG_JINJA_UNDEFINED ? attr_path(rs, at, l.u.l->v[i], attr)
-                                                             : l.u.l->v[i];
+        kg_jinja_value_t k =
+            attr.type != KG_JINJA_UNDEFINED ? attr_path(rs, at, l.u.l->v[i], attr) : l.u.l->v[i];
         bool seen = false;
         for (size_t j = 0; j < out.u.l->n && !seen; j++) {
             kj_step(rs, at, 1);
@@ -298,14 +317,14 @@ static kg_jinja_value_t f_unique(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return out;
 }
 
-static kg_jinja_value_t minmax(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                               kj_args_t *a, int sign) {
+static kg_jinja_value_t
+minmax(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a, int sign) {
     kg_jinja_value_t l = as_list(rs, at, self, "min/max"), attr = kj_arg(a, 1, "attribute");
     bool cs = kj_truthy(kj_arg(a, 0, "case_sensitive"));
     kg_jinja_value_t best = UNDEF, best_key = UNDEF;
     for (size_t i = 0; i < l.u.l->n; i++) {
-        kg_jinja_value_t k = attr.type != KG_JINJA_UNDEFINED ? attr_path(rs, at, l.u.l->v[i], attr)
-                                                             : l.u.l->v[i];
+        kg_jinja_value_t k =
+            attr.type != KG_JINJA_UNDEFINED ? attr_path(rs, at, l.u.l->v[i], attr) : l.u.l->v[i];
         if (i == 0 || key_cmp(rs, at, k, best_key, cs) * sign > 0) {
             best = l.u.l->v[i];
             best_key = k;
@@ -322,16 +341,16 @@ static kg_jinja_value_t f_max(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
     return minmax(rs, at, s, a, 1);
 }
 
-static kg_jinja_value_t f_sum(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                              kj_args_t *a) {
+static kg_jinja_value_t
+f_sum(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t l = as_list(rs, at, self, "sum"), attr = kj_arg(a, 0, "attribute");
     kg_jinja_value_t acc = kj_arg(a, 1, "start");
     if (acc.type == KG_JINJA_UNDEFINED) {
         acc = kg_jinja_int(0);
     }
     for (size_t i = 0; i < l.u.l->n; i++) {
-        kg_jinja_value_t v = attr.type != KG_JINJA_UNDEFINED ? attr_path(rs, at, l.u.l->v[i], attr)
-                                                             : l.u.l->v[i];
+        kg_jinja_value_t v =
+            attr.type != KG_JINJA_UNDEFINED ? attr_path(rs, at, l.u.l->v[i], attr) : l.u.l->v[i];
         if (acc.type == KG_JINJA_INT && v.type == KG_JINJA_INT) {
             acc.u.i = (int64_t)((uint64_t)acc.u.i + (uint64_t)v.u.i);
         } else if ((acc.type == KG_JINJA_INT || acc.type == KG_JINJA_FLOAT) &&
@@ -346,8 +365,8 @@ static kg_jinja_value_t f_sum(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
     return acc;
 }
 
-static kg_jinja_value_t f_batch(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                kj_args_t *a) {
+static kg_jinja_value_t
+f_batch(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t l = as_list(rs, at, self, "batch"), n = kj_arg(a, 0, "linecount");
     kg_jinja_value_t fill = kj_arg(a, 1, "fill_with");
     if (n.type != KG_JINJA_INT || n.u.i <= 0) {
@@ -368,8 +387,8 @@ static kg_jinja_value_t f_batch(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value
     return out;
 }
 
-static kg_jinja_value_t f_repr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                               kj_args_t *a) {
+static kg_jinja_value_t
+f_repr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     (void)at;
     (void)a;
     return kj_to_string(rs, self);
@@ -377,15 +396,15 @@ static kg_jinja_value_t f_repr(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_
 
 // ---- list methods ----
 
-static kg_jinja_value_t f_append(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                 kj_args_t *a) {
+static kg_jinja_value_t
+f_append(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     (void)at;
     kj_list_push(rs, self, kj_arg(a, 0, NULL));
     return kg_jinja_none();
 }
 
-static kg_jinja_value_t f_extend(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                 kj_args_t *a) {
+static kg_jinja_value_t
+f_extend(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t o = as_list(rs, at, kj_arg(a, 0, NULL), "extend");
     for (size_t i = 0; i < o.u.l->n; i++) {
         kj_list_push(rs, self, o.u.l->v[i]);
@@ -393,8 +412,8 @@ static kg_jinja_value_t f_extend(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return kg_jinja_none();
 }
 
-static kg_jinja_value_t f_insert(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                 kj_args_t *a) {
+static kg_jinja_value_t
+f_insert(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t iv = kj_arg(a, 0, NULL);
     if (iv.type != KG_JINJA_INT) {
         kj_fail(rs, at, "insert: the index must be an integer");
@@ -408,8 +427,8 @@ static kg_jinja_value_t f_insert(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return kg_jinja_none();
 }
 
-static kg_jinja_value_t f_index(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                kj_args_t *a) {
+static kg_jinja_value_t
+f_index(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t x = kj_arg(a, 0, NULL);
     for (size_t i = 0; i < self.u.l->n; i++) {
         if (kj_equal(self.u.l->v[i], x)) {
@@ -419,8 +438,8 @@ static kg_jinja_value_t f_index(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value
     kj_fail(rs, at, "index: value not in list");
 }
 
-static kg_jinja_value_t f_pop(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                              kj_args_t *a) {
+static kg_jinja_value_t
+f_pop(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t k = kj_arg(a, 0, NULL);
     if (self.type == KG_JINJA_LIST) {
         kg_jinja_list_t *l = self.u.l;
@@ -444,7 +463,7 @@ static kg_jinja_value_t f_pop(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
     for (size_t i = 0; i < d->n; i++) {
         if (d->k[i]->len == k.u.s->len && !memcmp(d->k[i]->s, k.u.s->s, k.u.s->len)) {
             kg_jinja_value_t v = d->v[i];
-            memmove(d->k + i, d->k + i + 1, (d->n - i - 1) * sizeof(*d->k));
+            memmove(d->k + i, d->k + i + 1, (d->n - i - 1) * sizeof(kg_jinja_str_t *));
             memmove(d->kv + i, d->kv + i + 1, (d->n - i - 1) * sizeof(*d->kv));
             memmove(d->v + i, d->v + i + 1, (d->n - i - 1) * sizeof(*d->v));
             d->n--;
@@ -459,8 +478,8 @@ static kg_jinja_value_t f_pop(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
 
 // ---- dict methods ----
 
-static kg_jinja_value_t f_items(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                kj_args_t *a) {
+static kg_jinja_value_t
+f_items(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     (void)at;
     (void)a;
     if (self.type != KG_JINJA_DICT) {
@@ -469,8 +488,8 @@ static kg_jinja_value_t f_items(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value
     return items_of(rs, self);
 }
 
-static kg_jinja_value_t f_keys(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                               kj_args_t *a) {
+static kg_jinja_value_t
+f_keys(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     (void)at;
     (void)a;
     kg_jinja_value_t out = kj_list(rs);
@@ -480,8 +499,8 @@ static kg_jinja_value_t f_keys(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_
     return out;
 }
 
-static kg_jinja_value_t f_values(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                 kj_args_t *a) {
+static kg_jinja_value_t
+f_values(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     (void)at;
     (void)a;
     kg_jinja_value_t out = kj_list(rs);
@@ -491,8 +510,8 @@ static kg_jinja_value_t f_values(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return out;
 }
 
-static kg_jinja_value_t f_get(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                              kj_args_t *a) {
+static kg_jinja_value_t
+f_get(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     (void)rs;
     kg_jinja_value_t k = kj_arg(a, 0, "key"), d = kj_arg(a, 1, "default");
     if (k.type != KG_JINJA_STRING) {
@@ -502,8 +521,8 @@ static kg_jinja_value_t f_get(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t
     return v ? *v : d.type == KG_JINJA_UNDEFINED ? kg_jinja_none() : d;
 }
 
-static kg_jinja_value_t f_setdefault(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                     kj_args_t *a) {
+static kg_jinja_value_t
+f_setdefault(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t k = kj_arg(a, 0, NULL), d = kj_arg(a, 1, NULL);
     if (k.type != KG_JINJA_STRING) {
         kj_fail(rs, at, "setdefault: dict keys are strings");
@@ -517,8 +536,8 @@ static kg_jinja_value_t f_setdefault(kj_rs_t *rs, const kj_node_t *at, kg_jinja_
     return d;
 }
 
-static kg_jinja_value_t f_update(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                                 kj_args_t *a) {
+static kg_jinja_value_t
+f_update(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     kg_jinja_value_t o = kj_arg(a, 0, NULL);
     if (o.type == KG_JINJA_DICT) {
         for (size_t i = 0; i < o.u.d->n; i++) {
@@ -533,8 +552,8 @@ static kg_jinja_value_t f_update(kj_rs_t *rs, const kj_node_t *at, kg_jinja_valu
     return kg_jinja_none();
 }
 
-static kg_jinja_value_t f_copy(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self,
-                               kj_args_t *a) {
+static kg_jinja_value_t
+f_copy(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t self, kj_args_t *a) {
     (void)at;
     (void)a;
     if (self.type == KG_JINJA_LIST) {

@@ -29,12 +29,12 @@ static const kj_filter_def_t *lookup(const char *name, kg_jinja_type_t type, boo
  * empty results rather than errors, so `x|default(...)`, `x|length` and
  * loops over missing lists behave. */
 static bool undefined_filter(kj_rs_t *rs, const char *name, kg_jinja_value_t *out) {
-    static const char *const to_list[] = {"list",   "items",  "map",  "select", "selectattr",
-                                          "reject", "rejectattr", "unique", "sort", "reverse",
-                                          "batch",  NULL};
-    static const char *const to_str[] = {"join",  "lower", "upper",  "trim",   "strip",
-                                         "lstrip", "rstrip", "string", "safe",  "capitalize",
-                                         "title", "escape", "e", "indent", "replace", NULL};
+    static const char *const to_list[] = {"list",       "items",   "map",        "select",
+                                          "selectattr", "reject",  "rejectattr", "unique",
+                                          "sort",       "reverse", "batch",      NULL};
+    static const char *const to_str[] = {
+        "join", "lower",      "upper", "trim",   "strip", "lstrip", "rstrip",  "string",
+        "safe", "capitalize", "title", "escape", "e",     "indent", "replace", NULL};
     for (size_t i = 0; to_list[i]; i++) {
         if (!strcmp(name, to_list[i])) {
             *out = kj_list(rs);
@@ -56,8 +56,8 @@ static bool undefined_filter(kj_rs_t *rs, const char *name, kg_jinja_value_t *ou
 
 /* None gives empty lists to the list filters (llama.cpp's none builtins). */
 static bool none_filter(kj_rs_t *rs, const char *name, kg_jinja_value_t *out) {
-    static const char *const to_list[] = {"items",      "map",    "reject", "rejectattr",
-                                          "select",     "selectattr", "unique", NULL};
+    static const char *const to_list[] = {"items",  "map",        "reject", "rejectattr",
+                                          "select", "selectattr", "unique", NULL};
     for (size_t i = 0; to_list[i]; i++) {
         if (!strcmp(name, to_list[i])) {
             *out = kj_list(rs);
@@ -67,8 +67,12 @@ static bool none_filter(kj_rs_t *rs, const char *name, kg_jinja_value_t *out) {
     return false;
 }
 
-kg_jinja_value_t kj_filter_find_apply(kj_rs_t *rs, const kj_node_t *at, const char *name,
-                                      kg_jinja_value_t v, kj_args_t *args, bool *found) {
+kg_jinja_value_t kj_filter_find_apply(kj_rs_t *rs,
+                                      const kj_node_t *at,
+                                      const char *name,
+                                      kg_jinja_value_t v,
+                                      kj_args_t *args,
+                                      bool *found) {
     bool known = false;
     const kj_filter_def_t *f = lookup(name, v.type, &known);
     *found = f != NULL;
@@ -79,8 +83,8 @@ kg_jinja_value_t kj_filter_find_apply(kj_rs_t *rs, const kj_node_t *at, const ch
     return f->fn(rs, at, v, args);
 }
 
-kg_jinja_value_t kj_filter(kj_rs_t *rs, const kj_node_t *at, const char *name, kg_jinja_value_t v,
-                           kj_args_t *args) {
+kg_jinja_value_t
+kj_filter(kj_rs_t *rs, const kj_node_t *at, const char *name, kg_jinja_value_t v, kj_args_t *args) {
     bool known = false;
     const kj_filter_def_t *f = lookup(name, v.type, &known);
     if (f) {
@@ -104,11 +108,11 @@ kg_jinja_value_t kj_filter(kj_rs_t *rs, const kj_node_t *at, const char *name, k
  * such as default or length are not attributes (`spec.default is defined`
  * must be false for a dict without that key). */
 static bool is_method(kg_jinja_type_t type, const char *name) {
-    static const char *const str_methods[] = {
-        "strip", "lstrip", "rstrip",  "split", "rsplit",     "startswith", "endswith", "upper",
-        "lower", "title",  "capitalize", "replace", "format", NULL};
-    static const char *const list_methods[] = {"append", "pop", "insert", "extend", "index",
-                                               "copy",   NULL};
+    static const char *const str_methods[] = {"strip",      "lstrip",   "rstrip", "split", "rsplit",
+                                              "startswith", "endswith", "upper",  "lower", "title",
+                                              "capitalize", "replace",  "format", NULL};
+    static const char *const list_methods[] = {"append", "pop",  "insert", "extend",
+                                               "index",  "copy", NULL};
     static const char *const dict_methods[] = {"get",        "keys",   "values", "items", "pop",
                                                "setdefault", "update", "copy",   NULL};
     const char *const *m = type == KG_JINJA_STRING ? str_methods
@@ -138,8 +142,8 @@ kg_jinja_value_t kj_method(kj_rs_t *rs, kg_jinja_value_t self, const char *name)
     return (kg_jinja_value_t){.type = KG_JINJA_CALLABLE, .u.fn = fn};
 }
 
-kg_jinja_value_t kj_call_method(kj_rs_t *rs, const kj_node_t *at, kg_jinja_fn_t *fn,
-                                kj_args_t *args) {
+kg_jinja_value_t
+kj_call_method(kj_rs_t *rs, const kj_node_t *at, kg_jinja_fn_t *fn, kj_args_t *args) {
     return kj_filter(rs, at, fn->name, fn->self, args);
 }
 
@@ -163,8 +167,8 @@ static bool str_all(kg_jinja_value_t v, int (*pred)(int), int (*other)(int)) {
     return true;
 }
 
-bool kj_test(kj_rs_t *rs, const kj_node_t *at, const char *name, kg_jinja_value_t v,
-             kj_args_t *args) {
+bool kj_test(
+    kj_rs_t *rs, const kj_node_t *at, const char *name, kg_jinja_value_t v, kj_args_t *args) {
     kg_jinja_value_t x = kj_arg(args, 0, NULL);
     kj_step(rs, at, 1);
     if (!strcmp(name, "defined")) {
@@ -278,11 +282,11 @@ bool kj_test(kj_rs_t *rs, const kj_node_t *at, const char *name, kg_jinja_value_
 
 bool kj_test_exists(const char *name) {
     static const char *const names[] = {
-        "defined", "undefined", "none",   "string",  "number",      "integer", "float",
-        "boolean", "true",      "false",  "mapping", "iterable",    "sequence", "callable",
-        "odd",     "even",      "divisibleby", "equalto", "eq", "ne", "sameas", "lt",
-        "lessthan", "le",       "gt",     "greaterthan", "ge", "in", "lower",  "upper",
-        "filter",  "test",      "escaped", NULL};
+        "defined", "undefined", "none",        "string",  "number",      "integer",  "float",
+        "boolean", "true",      "false",       "mapping", "iterable",    "sequence", "callable",
+        "odd",     "even",      "divisibleby", "equalto", "eq",          "ne",       "sameas",
+        "lt",      "lessthan",  "le",          "gt",      "greaterthan", "ge",       "in",
+        "lower",   "upper",     "filter",      "test",    "escaped",     NULL};
     for (size_t i = 0; names[i]; i++) {
         if (!strcmp(names[i], name)) {
             return true;

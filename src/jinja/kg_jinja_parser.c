@@ -112,9 +112,9 @@ typedef struct nodes {
 static void push(parser_t *ps, nodes_t *a, kj_node_t *nd) {
     if (a->n == a->cap) {
         size_t cap = a->cap ? a->cap * 2 : 4;
-        kj_node_t **v = alloc(ps, cap * sizeof(*v));
+        kj_node_t **v = alloc(ps, cap * sizeof(kj_node_t *));
         if (a->n) {
-            memcpy(v, a->v, a->n * sizeof(*v));
+            memcpy(v, a->v, a->n * sizeof(kj_node_t *));
         }
         a->v = v;
         a->cap = cap;
@@ -391,7 +391,7 @@ static kj_node_t *parse_unary_inner(parser_t *ps, bool with_filter) {
     if (is_op(t, "-") || is_op(t, "+")) {
         ps->i++;
         nd = node(ps, KJ_E_UNARY, t);
-        nd->op = t->text[0];
+        nd->op = (unsigned char)t->text[0];
         nd->a = parse_unary_inner(ps, false);
     } else {
         nd = parse_postfix(ps, parse_primary(ps));

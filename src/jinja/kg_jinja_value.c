@@ -128,14 +128,14 @@ static bool dict_set(kj_arena_t *a,
     }
     if (d->n == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 4;
-        kg_jinja_str_t **nk = kj_alloc(a, cap * sizeof(*nk));
+        kg_jinja_str_t **nk = kj_alloc(a, cap * sizeof(kg_jinja_str_t *));
         kg_jinja_value_t *nkv = kj_alloc(a, cap * sizeof(*nkv));
         kg_jinja_value_t *nv = kj_alloc(a, cap * sizeof(*nv));
         if (!nk || !nkv || !nv) {
             return false;
         }
         if (d->n) {
-            memcpy(nk, d->k, d->n * sizeof(*nk));
+            memcpy(nk, d->k, d->n * sizeof(kg_jinja_str_t *));
             memcpy(nkv, d->kv, d->n * sizeof(*nkv));
             memcpy(nv, d->v, d->n * sizeof(*nv));
         }
@@ -166,8 +166,8 @@ void kj_dict_set(kj_rs_t *rs, kg_jinja_value_t dict, kg_jinja_str_t *key, kg_jin
 
 void kj_dict_set_key(kj_rs_t *rs, kg_jinja_value_t dict, kg_jinja_value_t key, kg_jinja_value_t v) {
     kg_jinja_value_t ks = kj_to_string(rs, key);
-    if (!dict_set(rs->arena, dict.u.d, ks.u.s, key.type == KG_JINJA_STRING ? (kg_jinja_value_t){0} : key,
-                  v)) {
+    if (!dict_set(rs->arena, dict.u.d, ks.u.s,
+                  key.type == KG_JINJA_STRING ? (kg_jinja_value_t){0} : key, v)) {
         (void)rs_alloc(rs, SIZE_MAX / 2);
     }
 }
@@ -238,7 +238,8 @@ kg_jinja_dict_set(kg_jinja_ctx_t *ctx, kg_jinja_value_t dict, const char *key, k
         return KG_ERR_INVALID;
     }
     kg_jinja_value_t k = kg_jinja_string(ctx, key, strlen(key));
-    if (k.type != KG_JINJA_STRING || !dict_set(&ctx->arena, dict.u.d, k.u.s, (kg_jinja_value_t){0}, v)) {
+    if (k.type != KG_JINJA_STRING ||
+        !dict_set(&ctx->arena, dict.u.d, k.u.s, (kg_jinja_value_t){0}, v)) {
         ctx->failed = true;
         return KG_ERR_NOMEM;
     }
@@ -351,7 +352,7 @@ int kj_compare(kj_rs_t *rs, const kj_node_t *at, kg_jinja_value_t a, kg_jinja_va
 }
 
 const char *kj_type_name(kg_jinja_value_t v) {
-    static const char *const names[] = {"undefined", "none",  "bool", "int",     "float",
+    static const char *const names[] = {"undefined", "none", "bool", "int",     "float",
                                         "string",    "list", "dict", "callable"};
     return names[v.type];
 }
@@ -486,9 +487,9 @@ kg_jinja_value_t kj_to_string(kj_rs_t *rs, kg_jinja_value_t v) {
     if (v.type == KG_JINJA_STRING) {
         return v;
     }
-    kj_buf_t b = {0};
+    kj_buf_t b = {0}; /* an arena buffer (heap false): nothing to free */
     kj_buf_put_value(rs, &b, v);
-    return kj_buf_value(rs, &b);
+    return kj_buf_value(rs, &b); // NOLINT(clang-analyzer-unix.Malloc): b.p is the arena's
 }
 
 static void put_indent(kj_rs_t *rs, kj_buf_t *b, int indent, int level) {

@@ -89,11 +89,12 @@ kg_status_t kg_intake_render_chat(const kg_model_t *model,
         st = kg_chat_render_jinja(lim->chat_template, job->messages, (size_t)job->n_messages, &co,
                                   text, err, sizeof(err));
     } else {
-        st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true,
-                            bos, eos, text, err, sizeof(err));
+        st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true, bos,
+                            eos, text, err, sizeof(err));
     }
     if (st == KG_ERR_UNSUPPORTED || (st != KG_OK && st != KG_ERR_NOMEM)) {
-        *code = st == KG_ERR_UNSUPPORTED ? KG_ERROR_UNSUPPORTED_CHAT_TEMPLATE : KG_ERROR_INVALID_JOB;
+        *code =
+            st == KG_ERR_UNSUPPORTED ? KG_ERROR_UNSUPPORTED_CHAT_TEMPLATE : KG_ERROR_INVALID_JOB;
         snprintf(msg, msg_size, "%s", *err ? err : "the model has no usable chat template");
         return KG_ERR_INVALID;
     }

@@ -14,7 +14,7 @@ struct kg_stack {
     kg_grammar_cache_t *grammars; /* NULL without one */
     kg_backend_t *be;
     kg_engine_t *engine;
-    kg_runner_t *runner; /* NULL without one, or after kg_stack_stop */
+    kg_runner_t *runner;       /* NULL without one, or after kg_stack_stop */
     kg_jinja_template_t *chat; /* the model's chat template compiled; NULL: none usable */
 };
 

@@ -136,13 +136,13 @@ KG_NODISCARD kg_status_t kg_chat_render_template(kg_chat_template_t tmpl,
 
 typedef struct kg_chat_jinja_opts {
     bool add_generation_prompt;
-    const char *bos_text;             /* bos_token; NULL: "" */
-    const char *eos_text;             /* eos_token; NULL: "" */
-    const char *extra_json;           /* a JSON object whose keys become variables
-                                         (chat_template_kwargs, tools); may be NULL */
+    const char *bos_text;   /* bos_token; NULL: "" */
+    const char *eos_text;   /* eos_token; NULL: "" */
+    const char *extra_json; /* a JSON object whose keys become variables
+                               (chat_template_kwargs, tools); may be NULL */
     size_t extra_json_len;
-    int64_t now_s;                    /* strftime_now and date_string; 0: the clock */
-    const kg_jinja_limits_t *limits;  /* NULL: the engine's defaults */
+    int64_t now_s;                   /* strftime_now and date_string; 0: the clock */
+    const kg_jinja_limits_t *limits; /* NULL: the engine's defaults */
 } kg_chat_jinja_opts_t;
 
 /** Render `n` messages with a compiled template, setting the variables as
@@ -170,8 +170,5 @@ kg_jinja_template_t *kg_chat_jinja_compile(const char *template_text);
  * (key order kept: tojson of a dict writes keys as the JSON had them).
  * KG_ERR_INVALID with errstr when it is not an object or passes the
  * context's memory limit. @thread any */
-KG_NODISCARD kg_status_t kg_chat_jinja_set_json(kg_jinja_ctx_t *ctx,
-                                                const char *json,
-                                                size_t len,
-                                                char *errstr,
-                                                size_t errstr_size);
+KG_NODISCARD kg_status_t kg_chat_jinja_set_json(
+    kg_jinja_ctx_t *ctx, const char *json, size_t len, char *errstr, size_t errstr_size);

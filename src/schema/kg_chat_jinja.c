@@ -6,10 +6,9 @@
  * add_generation_prompt (only when true), tools (only when given),
  * date_string / datetime, and every chat_template_kwargs key as a
  * top-level variable. */
-#include "kg_chat.h"
-
 #include "../core/kg_log.h"
 #include "../jinja/kg_jinja.h"
+#include "kg_chat.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -61,11 +60,8 @@ static kg_jinja_value_t from_json(kg_jinja_ctx_t *ctx, const json_t *j, int dept
     }
 }
 
-kg_status_t kg_chat_jinja_set_json(kg_jinja_ctx_t *ctx,
-                                   const char *json,
-                                   size_t len,
-                                   char *errstr,
-                                   size_t errstr_size) {
+kg_status_t kg_chat_jinja_set_json(
+    kg_jinja_ctx_t *ctx, const char *json, size_t len, char *errstr, size_t errstr_size) {
     json_error_t e;
     json_t *root = json_loadb(json, len, JSON_DECODE_ANY, &e);
     if (!root || !json_is_object(root)) {
@@ -96,10 +92,13 @@ kg_jinja_template_t *kg_chat_jinja_compile(const char *template_text) {
         return NULL;
     }
     char err[400] = "";
-    kg_jinja_template_t *t = kg_jinja_compile(template_text, strlen(template_text), err, sizeof(err));
+    kg_jinja_template_t *t =
+        kg_jinja_compile(template_text, strlen(template_text), err, sizeof(err));
     if (!t) {
-        KG_LOG_WARN("chat", "the model's chat template does not compile, so chat jobs use the "
-                            "recognised-family renderer: %s", err);
+        KG_LOG_WARN("chat",
+                    "the model's chat template does not compile, so chat jobs use the "
+                    "recognised-family renderer: %s",
+                    err);
     }
     return t;
 }
@@ -139,12 +138,11 @@ kg_status_t kg_chat_render_jinja(const kg_jinja_template_t *tmpl,
     kg_jinja_value_t list = kg_jinja_list_new(ctx);
     for (size_t i = 0; st == KG_OK && i < n; i++) {
         kg_jinja_value_t m = kg_jinja_dict_new(ctx);
-        st = kg_jinja_dict_set(
-            ctx, m, "role", kg_jinja_string(ctx, msgs[i].role, strlen(msgs[i].role)));
+        st = kg_jinja_dict_set(ctx, m, "role",
+                               kg_jinja_string(ctx, msgs[i].role, strlen(msgs[i].role)));
         if (st == KG_OK) {
-            st = kg_jinja_dict_set(
-                ctx, m, "content",
-                kg_jinja_string(ctx, msgs[i].content, strlen(msgs[i].content)));
+            st = kg_jinja_dict_set(ctx, m, "content",
+                                   kg_jinja_string(ctx, msgs[i].content, strlen(msgs[i].content)));
         }
         if (st == KG_OK) {
             st = kg_jinja_list_push(ctx, list, m);

@@ -27,7 +27,8 @@ static const char vars[] =
     " \"arguments\": {\"city\": \"Paris\"}}}]},"
     " {\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"21C\"}],"
     " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\","
-    " \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}],"
+    " \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+    "\"string\"}}}}}],"
     " \"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"add_generation_prompt\": true,"
     " \"enable_thinking\": false, \"reasoning_effort\": \"low\", \"n\": 3, \"x\": 1.5}";
 

@@ -13,8 +13,8 @@
 
 /* Render `src` with the variables of the JSON object `vars` (may be NULL).
  * Returns the output (caller frees) or NULL with err filled. */
-static char *render_lim(const char *src, const char *vars, const kg_jinja_limits_t *lim, char *err,
-                        size_t err_size) {
+static char *render_lim(
+    const char *src, const char *vars, const kg_jinja_limits_t *lim, char *err, size_t err_size) {
     kg_jinja_template_t *t = kg_jinja_compile(src, strlen(src), err, err_size);
     if (!t) {
         return NULL;
@@ -45,7 +45,7 @@ static char *render(const char *src, const char *vars, char *err, size_t err_siz
         char err_[512] = "";                                                                       \
         char *out_ = render(src, vars, err_, sizeof(err_));                                        \
         ck_assert_msg(out_ != NULL, "%s: %s", src, err_);                                          \
-        ck_assert_msg(strcmp(out_, want) == 0, "%s\n got: [%s]\nwant: [%s]", src, out_, want);    \
+        ck_assert_msg(strcmp(out_, want) == 0, "%s\n got: [%s]\nwant: [%s]", src, out_, want);     \
         free(out_);                                                                                \
     } while (0)
 
@@ -108,12 +108,13 @@ START_TEST(test_expressions) {
     EXPECT("{{ 1 + 2 * 3 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ 2 ** 10 }} {{ 7 / 2 }}", NULL,
            "7 3 -4 1 1024 3.5");
     EXPECT("{{ 'a' ~ 1 ~ none }} {{ 'ab' + 'c' }} {{ '=' * 3 }}", NULL, "a1None abc ===");
-    EXPECT("{{ 'b' in 'abc' }} {{ 2 not in [1, 3] }} {{ 'k' in {'k': 1} }}", NULL, "True True True");
+    EXPECT("{{ 'b' in 'abc' }} {{ 2 not in [1, 3] }} {{ 'k' in {'k': 1} }}", NULL,
+           "True True True");
     EXPECT("{{ 'yes' if x else 'no' }}{{ 'y' if not x }}", "{\"x\": false}", "noy");
     EXPECT("{{ s[::-1] }} {{ s[1:] }} {{ s[:2] }} {{ xs[-1] }} {{ xs[1:3] }}",
            "{\"s\": \"hello\", \"xs\": [1, 2, 3, 4]}", "olleh ello he 4 [2, 3]");
-    EXPECT("{{ d.a.b }} {{ d['a']['b'] }} {{ d.missing is defined }}", "{\"d\": {\"a\": {\"b\": 7}}}",
-           "7 7 False");
+    EXPECT("{{ d.a.b }} {{ d['a']['b'] }} {{ d.missing is defined }}",
+           "{\"d\": {\"a\": {\"b\": 7}}}", "7 7 False");
     EXPECT("{{ [1, 'a', none, true] }} {{ {'k': 'v'} }}", NULL, "[1, 'a', None, True] {'k': 'v'}");
     EXPECT("{{ x is none }} {{ y is undefined }} {{ 3 is odd }} {{ 4 is divisibleby 2 }}",
            "{\"x\": null}", "True True True True");
@@ -192,12 +193,14 @@ START_TEST(test_errors) {
 END_TEST
 
 START_TEST(test_limits) {
-    kg_jinja_limits_t lim = {.max_steps = 100000, .max_output_bytes = 1 << 20, .max_depth = 50,
+    kg_jinja_limits_t lim = {.max_steps = 100000,
+                             .max_output_bytes = 1 << 20,
+                             .max_depth = 50,
                              .max_memory_bytes = 8 << 20};
     char err[512];
     /* an endless loop: a huge range is cut by the step budget */
-    char *out = render_lim("{% for i in range(1000000000) %}{% endfor %}", NULL, &lim, err,
-                           sizeof(err));
+    char *out =
+        render_lim("{% for i in range(1000000000) %}{% endfor %}", NULL, &lim, err, sizeof(err));
     ck_assert_ptr_null(out);
     ck_assert_msg(strstr(err, "evaluation steps"), "%s", err);
     /* runaway recursion */
