@@ -211,7 +211,7 @@ int kg_cmd_render(int argc, char **argv) {
     char err[512];
     char *in = NULL;
     kg_job_t *job = NULL;
-    kg_jinja_template_t *chat = NULL;
+    kg_chat_jinja_t *chat = NULL;
     kg_model_t *model = kg_model_load(model_path, err, sizeof(err));
     if (!model) {
         fprintf(stderr, "kgen render: %s\n", err);
@@ -228,7 +228,7 @@ int kg_cmd_render(int argc, char **argv) {
             fprintf(stderr, "kgen render: cannot read %s: %s\n", template_path, strerror(errno));
             goto out;
         }
-        chat = kg_jinja_compile(src, len, err, sizeof(err));
+        chat = kg_chat_jinja_new(src, len, err, sizeof(err));
         free(src);
         if (!chat) {
             fprintf(stderr, "kgen render: %s: %s\n", template_path, err);
@@ -267,7 +267,7 @@ int kg_cmd_render(int argc, char **argv) {
 out:
     kg_job_free(job);
     free(in);
-    kg_jinja_template_free(chat);
+    kg_chat_jinja_free(chat);
     kg_model_free(model);
     return rc;
 }

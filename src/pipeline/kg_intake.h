@@ -19,8 +19,8 @@
 
 #include "../core/kg_status.h"
 #include "../grammar/kg_grammar_cache.h"
-#include "../jinja/kg_jinja.h"
 #include "../model/kg_model.h"
+#include "../schema/kg_chat.h"
 #include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
 
@@ -40,7 +40,7 @@ typedef struct kg_intake_limits {
     int32_t n_served;
     /* the model's chat template compiled (kg_stack_chat_template; borrowed): chat jobs render
      * through it; a render error is invalid_job. NULL: the recognised-family renderer */
-    const kg_jinja_template_t *chat_template;
+    const kg_chat_jinja_t *chat_template;
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {

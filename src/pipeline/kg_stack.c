@@ -14,8 +14,8 @@ struct kg_stack {
     kg_grammar_cache_t *grammars; /* NULL without one */
     kg_backend_t *be;
     kg_engine_t *engine;
-    kg_runner_t *runner;       /* NULL without one, or after kg_stack_stop */
-    kg_jinja_template_t *chat; /* the model's chat template compiled; NULL: none usable */
+    kg_runner_t *runner;   /* NULL without one, or after kg_stack_stop */
+    kg_chat_jinja_t *chat; /* the model's chat template compiled; NULL: none usable */
 };
 
 kg_stack_options_t kg_stack_options_default(void) {
@@ -81,7 +81,7 @@ void kg_stack_free(kg_stack_t *stack) {
     kg_engine_free(stack->engine);
     kg_backend_free(stack->be);
     kg_grammar_cache_free(stack->grammars);
-    kg_jinja_template_free(stack->chat);
+    kg_chat_jinja_free(stack->chat);
     free(stack);
 }
 
@@ -101,7 +101,7 @@ kg_grammar_cache_t *kg_stack_grammars(const kg_stack_t *stack) {
     return stack->grammars;
 }
 
-const kg_jinja_template_t *kg_stack_chat_template(const kg_stack_t *stack) {
+const kg_chat_jinja_t *kg_stack_chat_template(const kg_stack_t *stack) {
     return stack->chat;
 }
 

@@ -87,22 +87,6 @@ kg_status_t kg_chat_jinja_set_json(
     return KG_OK;
 }
 
-kg_jinja_template_t *kg_chat_jinja_compile(const char *template_text) {
-    if (!template_text) {
-        return NULL;
-    }
-    char err[400] = "";
-    kg_jinja_template_t *t =
-        kg_jinja_compile(template_text, strlen(template_text), err, sizeof(err));
-    if (!t) {
-        KG_LOG_WARN("chat",
-                    "the model's chat template does not compile, so chat jobs use the "
-                    "recognised-family renderer: %s",
-                    err);
-    }
-    return t;
-}
-
 // ---- a conversation ----
 
 static kg_status_t set_str(kg_jinja_ctx_t *ctx, const char *name, const char *s) {
@@ -121,13 +105,14 @@ static kg_status_t set_dates(kg_jinja_ctx_t *ctx, int64_t now_s) {
     return st != KG_OK ? st : set_str(ctx, "date_string", date);
 }
 
-kg_status_t kg_chat_render_jinja(const kg_jinja_template_t *tmpl,
-                                 const kg_chat_message_t *msgs,
-                                 size_t n,
-                                 const kg_chat_jinja_opts_t *o,
-                                 char **out,
-                                 char *errstr,
-                                 size_t errstr_size) {
+static kg_status_t render(const kg_jinja_template_t *tmpl,
+                          bool merge_system,
+                          const kg_chat_message_t *msgs,
+                          size_t n,
+                          const kg_chat_jinja_opts_t *o,
+                          char **out,
+                          char *errstr,
+                          size_t errstr_size) {
     *out = NULL;
     kg_jinja_ctx_t *ctx = kg_jinja_ctx_new(o->limits);
     if (!ctx) {
@@ -136,13 +121,29 @@ kg_status_t kg_chat_render_jinja(const kg_jinja_template_t *tmpl,
     kg_jinja_ctx_set_time(ctx, o->now_s);
     kg_status_t st = set_dates(ctx, o->now_s);
     kg_jinja_value_t list = kg_jinja_list_new(ctx);
-    for (size_t i = 0; st == KG_OK && i < n; i++) {
+    /* llama.cpp's workaround for templates without a system role: the system
+     * text goes before the next message's, or is dropped when alone */
+    bool merge = merge_system && n > 0 && strcmp(msgs[0].role, "system") == 0;
+    for (size_t i = merge ? 1 : 0; st == KG_OK && i < n; i++) {
         kg_jinja_value_t m = kg_jinja_dict_new(ctx);
         st = kg_jinja_dict_set(ctx, m, "role",
                                kg_jinja_string(ctx, msgs[i].role, strlen(msgs[i].role)));
+        kg_jinja_value_t content = kg_jinja_string(ctx, msgs[i].content, strlen(msgs[i].content));
+        if (merge && i == 1) {
+            size_t a = strlen(msgs[0].content), b = strlen(msgs[1].content);
+            char *joined = malloc(a + b + 2);
+            if (!joined) {
+                st = KG_ERR_NOMEM;
+                break;
+            }
+            memcpy(joined, msgs[0].content, a);
+            joined[a] = '\n';
+            memcpy(joined + a + 1, msgs[1].content, b + 1);
+            content = kg_jinja_string(ctx, joined, a + b + 1);
+            free(joined);
+        }
         if (st == KG_OK) {
-            st = kg_jinja_dict_set(ctx, m, "content",
-                                   kg_jinja_string(ctx, msgs[i].content, strlen(msgs[i].content)));
+            st = kg_jinja_dict_set(ctx, m, "content", content);
         }
         if (st == KG_OK) {
             st = kg_jinja_list_push(ctx, list, m);
@@ -166,7 +167,7 @@ kg_status_t kg_chat_render_jinja(const kg_jinja_template_t *tmpl,
     if (st != KG_OK) {
         kg_jinja_ctx_free(ctx);
         snprintf(errstr, errstr_size, "chat template: the conversation passed its memory limit");
-        return KG_ERR_INVALID;
+        return st == KG_ERR_NOMEM ? st : KG_ERR_INVALID;
     }
     if (o->extra_json && o->extra_json_len > 0) {
         st = kg_chat_jinja_set_json(ctx, o->extra_json, o->extra_json_len, errstr, errstr_size);
@@ -183,4 +184,80 @@ kg_status_t kg_chat_render_jinja(const kg_jinja_template_t *tmpl,
         snprintf(errstr, errstr_size, "chat template: %s", err);
     }
     return st;
+}
+
+// ---- compiled templates ----
+
+struct kg_chat_jinja {
+    kg_jinja_template_t *tmpl;
+    bool system_role;
+};
+
+/* llama.cpp's supports_system_role probe: a system message the template
+ * does not write (or that makes it raise) means it has no system role. */
+static bool probe_system_role(const kg_jinja_template_t *tmpl) {
+    static const char probe[] = "kgen-probe-system-7f3a";
+    kg_chat_message_t msgs[] = {{"system", probe}, {"user", "User message"}};
+    kg_chat_jinja_opts_t o = {.add_generation_prompt = true};
+    char *out = NULL, err[64];
+    if (render(tmpl, false, msgs, 2, &o, &out, err, sizeof(err)) != KG_OK) {
+        return false;
+    }
+    bool used = strstr(out, probe) != NULL;
+    free(out);
+    return used;
+}
+
+kg_chat_jinja_t *
+kg_chat_jinja_new(const char *template_text, size_t len, char *errstr, size_t errstr_size) {
+    kg_chat_jinja_t *chat = calloc(1, sizeof(*chat));
+    if (!chat) {
+        snprintf(errstr, errstr_size, "out of memory");
+        return NULL;
+    }
+    chat->tmpl = kg_jinja_compile(template_text, len, errstr, errstr_size);
+    if (!chat->tmpl) {
+        free(chat);
+        return NULL;
+    }
+    chat->system_role = probe_system_role(chat->tmpl);
+    return chat;
+}
+
+kg_chat_jinja_t *kg_chat_jinja_compile(const char *template_text) {
+    if (!template_text) {
+        return NULL;
+    }
+    char err[400] = "";
+    kg_chat_jinja_t *chat =
+        kg_chat_jinja_new(template_text, strlen(template_text), err, sizeof(err));
+    if (!chat) {
+        KG_LOG_WARN("chat",
+                    "the model's chat template does not compile, so chat jobs use the "
+                    "recognised-family renderer: %s",
+                    err);
+    }
+    return chat;
+}
+
+void kg_chat_jinja_free(kg_chat_jinja_t *chat) {
+    if (!chat) {
+        return;
+    }
+    kg_jinja_template_free(chat->tmpl);
+    free(chat);
+}
+
+bool kg_chat_jinja_system_role(const kg_chat_jinja_t *chat) {
+    return chat->system_role;
+}
+
+kg_status_t kg_chat_render_jinja(const kg_chat_jinja_t *chat,
+                                 const kg_chat_message_t *msgs,
+                                 size_t n,
+                                 const kg_chat_jinja_opts_t *o,
+                                 char **out,
+                                 char *errstr,
+                                 size_t errstr_size) {
+    return render(chat->tmpl, !chat->system_role, msgs, n, o, out, errstr, errstr_size);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kgen render: a chat job, an OpenAI body and an OpenAI Batch line become the prompt the model's
 # own chat template gives (the Jinja engine); --ids are the ids of that prompt, as kgen tokenize
-# gives them; a template that raises ends with invalid_job and its message; a model without a
+# gives them; a system message to a template without a system role joins the next message; a
+# template that raises ends with invalid_job and its message; a model without a
 # template answers unsupported_chat_template; a text prompt prints as is. No broker (~1 s).
 set -euo pipefail
 bin="${KG_BIN_DIR:?}"
@@ -35,10 +36,15 @@ ids=$(printf '%s' "$job" | "$bin/kgen" render --model "$tmp/chatml.gguf" --ids)
 tok=$(printf '%s' "$want" | "$bin/kgen" tokenize --model "$tmp/chatml.gguf")
 [ -n "$ids" ] && [ "$ids" = "$tok" ] || fail "--ids [$ids] differ from kgen tokenize [$tok]"
 
-if printf '%s' "$job" | "$bin/kgen" render --model "$tmp/gemma.gguf" 2>"$tmp/err"; then
-    fail "gemma's template accepted a system message"
+# gemma's template has no system role: the system text goes before the user's, as llama.cpp does
+got=$(printf '%s' "$job" | "$bin/kgen" render --model "$tmp/gemma.gguf"; echo x)
+[ "${got%x}" = $'<s><start_of_turn>user\nBe brief.\nHi<end_of_turn>\n<start_of_turn>model\n' ] ||
+    fail "gemma with a system message rendered [${got%x}]"
+twice='{"request_id": "r3", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}'
+if printf '%s' "$twice" | "$bin/kgen" render --model "$tmp/gemma.gguf" 2>"$tmp/err"; then
+    fail "gemma's template accepted two user turns in a row"
 fi
-grep -q "invalid_job: chat template: 1:[0-9]*: .*System role not supported" "$tmp/err" ||
+grep -q "invalid_job: chat template: 1:[0-9]*: .*roles must alternate" "$tmp/err" ||
     fail "gemma: $(cat "$tmp/err")"
 user='{"request_id": "r2", "messages": [{"role": "user", "content": "Hi"}]}'
 got=$(printf '%s' "$user" | "$bin/kgen" render --model "$tmp/gemma.gguf"; echo x)

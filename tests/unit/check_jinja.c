@@ -241,8 +241,9 @@ START_TEST(test_chat_render) {
                       "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
                       "{{ enable_thinking }}";
     char err[256];
-    kg_jinja_template_t *t = kg_jinja_compile(src, strlen(src), err, sizeof(err));
+    kg_chat_jinja_t *t = kg_chat_jinja_new(src, strlen(src), err, sizeof(err));
     ck_assert_ptr_nonnull(t);
+    ck_assert(kg_chat_jinja_system_role(t));
     kg_chat_message_t msgs[] = {{"system", "S"}, {"user", "U"}};
     kg_chat_jinja_opts_t o = {.add_generation_prompt = true, .bos_text = "<s>", .eos_text = "</s>"};
     char *out = NULL;
@@ -256,13 +257,25 @@ START_TEST(test_chat_render) {
     ck_assert_int_eq(kg_chat_render_jinja(t, msgs, 2, &o, &out, err, sizeof(err)), KG_OK);
     ck_assert_str_eq(out, "<s><system>S<user>UFalse");
     free(out);
-    kg_jinja_template_free(t);
+    kg_chat_jinja_free(t);
+    /* a template without a system role gets the system text merged into the next message */
+    const char *nosys = "{% if messages[0].role == 'system' %}{{ raise_exception('no system role') "
+                        "}}{% endif %}{% for m in messages %}[{{ m.content }}]{% endfor %}";
+    t = kg_chat_jinja_new(nosys, strlen(nosys), err, sizeof(err));
+    ck_assert(!kg_chat_jinja_system_role(t));
+    ck_assert_int_eq(kg_chat_render_jinja(t, msgs, 2, &o, &out, err, sizeof(err)), KG_OK);
+    ck_assert_str_eq(out, "[S\nU]");
+    free(out);
+    ck_assert_int_eq(kg_chat_render_jinja(t, msgs, 1, &o, &out, err, sizeof(err)), KG_OK);
+    ck_assert_str_eq(out, "");
+    free(out);
+    kg_chat_jinja_free(t);
     const char *bad = "{{ raise_exception('no system role') }}";
-    t = kg_jinja_compile(bad, strlen(bad), err, sizeof(err));
+    t = kg_chat_jinja_new(bad, strlen(bad), err, sizeof(err));
     ck_assert_int_eq(kg_chat_render_jinja(t, msgs, 2, &o, &out, err, sizeof(err)), KG_ERR_INVALID);
     ck_assert_ptr_null(out);
     ck_assert_msg(strstr(err, "chat template: 1:") && strstr(err, "no system role"), "%s", err);
-    kg_jinja_template_free(t);
+    kg_chat_jinja_free(t);
 }
 END_TEST
 
@@ -349,6 +362,89 @@ START_TEST(test_goldens) {
 }
 END_TEST
 
+/* The worker's own path (kg_chat_render_jinja from role/content messages,
+ * as kg_intake renders a chat job) gives llama.cpp's prompt for the plain
+ * conversations: the goldens' outputs are what common_chat_templates_apply
+ * returned for them. */
+START_TEST(test_worker_path) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s", kg_test_data("chat/jinja/goldens.json"));
+    json_error_t je;
+    json_t *doc = json_load_file(path, 0, &je);
+    json_t *convs = json_load_file(kg_test_data("chat/jinja/conversations.json"), 0, &je);
+    ck_assert(doc && convs);
+    json_int_t now = json_integer_value(json_object_get(doc, "now"));
+    size_t i, n_cases = 0, n_bad = 0;
+    json_t *c;
+    json_array_foreach(json_object_get(doc, "cases"), i, c) {
+        const char *name = json_string_value(json_object_get(c, "template"));
+        const char *cname = json_string_value(json_object_get(c, "case"));
+        const char *want = json_string_value(json_object_get(c, "output"));
+        json_t *conv = NULL, *cv;
+        size_t k;
+        json_array_foreach(convs, k, cv) {
+            if (!strcmp(json_string_value(json_object_get(cv, "name")), cname)) {
+                conv = cv;
+            }
+        }
+        if (!want || !conv || json_object_get(conv, "tools")) {
+            continue; /* tools and tool calls are not in kgen's job contract yet */
+        }
+        json_t *ms = json_object_get(conv, "messages");
+        kg_chat_message_t msgs[8];
+        size_t n = 0;
+        bool plain = true;
+        json_t *m;
+        json_array_foreach(ms, k, m) {
+            plain &= json_object_size(m) == 2 && n < 8;
+            if (plain) {
+                msgs[n].role = json_string_value(json_object_get(m, "role"));
+                msgs[n++].content = json_string_value(json_object_get(m, "content"));
+            }
+        }
+        if (!plain) {
+            continue;
+        }
+        n_cases++;
+        char tp[1200], err[512] = "";
+        snprintf(tp, sizeof(tp), "%s/%s", kg_test_data("chat/jinja/templates"), name);
+        size_t len = 0;
+        char *src = kg_test_read_file(tp, &len);
+        ck_assert_ptr_nonnull(src);
+        kg_chat_jinja_t *t = kg_chat_jinja_new(src, len, err, sizeof(err));
+        free(src);
+        ck_assert_msg(t != NULL, "%s: %s", name, err);
+        const char *think = json_is_true(json_object_get(conv, "enable_thinking"))
+                                ? "{\"enable_thinking\": true}"
+                                : "{\"enable_thinking\": false}";
+        kg_chat_jinja_opts_t o = {.add_generation_prompt =
+                                      json_is_true(json_object_get(conv, "add_generation_prompt")),
+                                  .bos_text = "<s>",
+                                  .eos_text = "</s>",
+                                  .extra_json = think,
+                                  .extra_json_len = strlen(think),
+                                  .now_s = (int64_t)now};
+        char *out = NULL;
+        kg_status_t st = kg_chat_render_jinja(t, msgs, n, &o, &out, err, sizeof(err));
+        if (st != KG_OK || strcmp(out, want) != 0) {
+            n_bad++;
+            fprintf(stderr, "worker path %s / %s: %s\n", name, cname,
+                    st == KG_OK ? "differs" : err);
+            if (st == KG_OK && getenv("KG_JINJA_DIFF")) {
+                fprintf(stderr, "--- got\n%s\n--- want\n%s\n---\n", out, want);
+            }
+        }
+        free(out);
+        kg_chat_jinja_free(t);
+    }
+    json_decref(doc);
+    json_decref(convs);
+    ck_assert_msg(n_cases > 200, "only %zu cases", n_cases);
+    ck_assert_msg(n_bad == 0, "%zu of %zu worker-path renders differ from llama.cpp", n_bad,
+                  n_cases);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("jinja");
     TCase *tc = tcase_create("engine");
@@ -364,6 +460,7 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, lim);
     TCase *gold = tcase_create("goldens");
     tcase_add_test(gold, test_goldens);
+    tcase_add_test(gold, test_worker_path);
     suite_add_tcase(s, gold);
     return s;
 }
