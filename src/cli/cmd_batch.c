@@ -294,6 +294,7 @@ int kg_cmd_batch(int argc, char **argv) {
                               .max_tokens_limit = (int32_t)max_tokens_limit,
                               .max_event_bytes = budget,
                               .grammars = kg_stack_grammars(stack),
+                              .chat_template = kg_stack_chat_template(stack),
                               .max_choices = ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size
                                                                                : KG_JOB_MAX_N,
                               .served = (const char *const *)served.names,

@@ -202,6 +202,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->intake.limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->intake.limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
     w->intake.limits.grammars = kg_stack_grammars(w->stack);
+    w->intake.limits.chat_template = kg_stack_chat_template(w->stack);
     w->intake.limits.max_choices =
         ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size : KG_JOB_MAX_N;
     w->jobs.n_engine_recs = ep->max_batch_size + ep->max_queue_depth;

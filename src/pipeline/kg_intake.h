@@ -20,6 +20,7 @@
 #include "../core/kg_status.h"
 #include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
+#include "../schema/kg_chat.h"
 #include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
 
@@ -37,6 +38,9 @@ typedef struct kg_intake_limits {
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;
     int32_t n_served;
+    /* the model's chat template compiled (kg_stack_chat_template; borrowed): chat jobs render
+     * through it; a render error is invalid_job. NULL: the recognised-family renderer */
+    const kg_chat_jinja_t *chat_template;
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {
@@ -59,3 +63,18 @@ KG_NODISCARD kg_status_t kg_intake_prepare(const kg_model_t *model,
                                            size_t msg_size);
 
 void kg_prepared_clear(kg_prepared_t *p);
+
+/** The prompt text of a chat job (job->prompt_kind KG_PROMPT_MESSAGES) as
+ * kg_intake_prepare renders it: through lim->chat_template when set, else the
+ * recognised-family renderer; `*has_bos` says whether it starts with the BOS
+ * text (then tokenizing adds none). KG_OK: `*text` malloc'ed (caller frees);
+ * KG_ERR_INVALID sets *code and msg; KG_ERR_NOMEM. kgen render prints it.
+ * @thread any */
+KG_NODISCARD kg_status_t kg_intake_render_chat(const kg_model_t *model,
+                                               const kg_intake_limits_t *lim,
+                                               const kg_job_t *job,
+                                               char **text,
+                                               bool *has_bos,
+                                               kg_error_code_t *code,
+                                               char *msg,
+                                               size_t msg_size);
