@@ -1,6 +1,8 @@
 /* kg_intake: tokenize or render a job and check it against the limits. */
 #include "kg_intake.h"
 
+#include "kg_embedjob.h"
+
 #include "../schema/kg_chat.h"
 #include "../schema/kg_json_schema.h"
 
@@ -14,6 +16,9 @@ void kg_prepared_clear(kg_prepared_t *p) {
     p->n_tokens = 0;
     kg_grammar_unref(p->grammar);
     p->grammar = NULL;
+    free(p->input_len);
+    p->input_len = NULL;
+    p->n_inputs = 0;
 }
 
 /* The compiled grammar of a constrained job, through the cache. */
@@ -139,6 +144,9 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         return KG_ERR_INVALID;
     }
 
+    if (job->task != KG_TASK_GENERATE) {
+        return kg_embedjob_prepare(model, lim, job, out, code, msg, msg_size);
+    }
     switch (job->prompt_kind) {
     case KG_PROMPT_TEXT:
         st = tokenize(tok, job->prompt, job->prompt_len, true, out);

@@ -37,6 +37,8 @@ typedef struct kg_intake_limits {
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;
     int32_t n_served;
+    int32_t max_inputs; /* inputs (documents) of an embed/rerank/score job at most (the
+                           engine's queue depth); 0 = KG_JOB_MAX_INPUTS */
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {
@@ -44,6 +46,10 @@ typedef struct kg_prepared {
     int32_t n_tokens;
     int32_t max_tokens;    /* after clamping to the context */
     kg_grammar_t *grammar; /* a reference for a constrained job (kg_prepared_clear drops it) */
+    /* embed, rerank and score jobs (kg_embedjob): `tokens` holds the inputs one after another */
+    int32_t *input_len; /* (n_inputs) owned */
+    int32_t n_inputs;   /* 0: a generation job */
+    int32_t pooling;    /* KG_EMBED_POOL_* the job runs with */
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a
