@@ -302,8 +302,15 @@ char *kg_jobrun_refused(const kg_jobrun_t *r,
     memset(outcome, 0, sizeof(*outcome));
     outcome->is_error = true;
     outcome->code = KG_ERROR_INTERNAL;
-    char msg[128];
-    snprintf(msg, sizeof(msg), "the engine refused the request: %s", kg_status_str(status));
+    char msg[160];
+    if (status == KG_ERR_UNSUPPORTED && r->prep.n_inputs > 0) {
+        /* the CUDA backend returns no hidden states yet */
+        snprintf(msg, sizeof(msg),
+                 "this worker's backend does not run embed, rerank or score jobs (the CPU "
+                 "backend does)");
+    } else {
+        snprintf(msg, sizeof(msg), "the engine refused the request: %s", kg_status_str(status));
+    }
     return kg_events_error(o, r->job->request_id, outcome->code, msg, r->job->metadata_json,
                            max_bytes, len, &outcome->fit);
 }

@@ -13,6 +13,7 @@
  * Q8_0, see below). The texts'
  * tokenization with the vocabulary's BOS/EOS must give llama.cpp's ids. */
 #include "check_common.h"
+#include "fakes/fake_backend.h"
 
 #include "backend/kg_backend.h"
 #include "engine/kg_engine.h"
@@ -20,6 +21,7 @@
 #include "model/kg_model.h"
 #include "model/kg_tokenizer.h"
 #include "pipeline/kg_embedjob.h"
+#include "schema/kg_codec_event.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -344,6 +346,22 @@ START_TEST(engine_rules) {
     req.n_inputs = 129; /* more than the queue holds */
     ck_assert_int_eq(kg_engine_submit(e, &req), KG_ERR_INVALID);
     run_embed(e, 4, ids, lens, 2, KG_ENGINE_POOL_MEAN, rows);
+    /* a backend that returns no hidden states (CUDA today) refuses them at submit */
+    kg_fake_backend_params_t fp = {.n_vocab = 64, .n_kv_blocks = 64, .kv_block_size = 16,
+                                   .max_batch_tokens = 32, .n_slots = 4};
+    kg_backend_t *fake = kg_fake_backend_new(&fp);
+    kg_engine_params_t ep = kg_engine_params_default(m, 0);
+    ep.max_batch_size = 4;
+    ep.max_batch_tokens = 32;
+    ep.n_kv_blocks = 64;
+    ep.n_vocab = 64;
+    char err[256];
+    kg_engine_t *fe = kg_engine_new(fake, &ep, err, sizeof(err));
+    ck_assert_msg(fe != NULL, "%s", err);
+    req.n_inputs = 2;
+    ck_assert_int_eq(kg_engine_submit(fe, &req), KG_ERR_UNSUPPORTED);
+    kg_engine_free(fe);
+    kg_backend_free(fake);
     kg_engine_stats_t st;
     kg_engine_stats(e, &st);
     ck_assert_int_eq(st.kv_blocks_used, 0);
@@ -363,6 +381,139 @@ START_TEST(engine_rules) {
 }
 END_TEST
 
+static kg_job_t *new_job(kg_task_t task, int32_t n) {
+    kg_job_t *job = calloc(1, sizeof(*job));
+    job->request_id = strdup("j1");
+    job->task = task;
+    job->normalize = true;
+    job->pooling = KG_POOLING_MODEL;
+    job->inputs = calloc((size_t)n, sizeof(*job->inputs));
+    job->n_inputs = n;
+    for (int32_t i = 0; i < n; i++) {
+        char text[64];
+        snprintf(text, sizeof(text), "document number %d about %s", i, i % 2 ? "cats" : "queues");
+        job->inputs[i].text = strdup(text);
+        job->inputs[i].len = strlen(text);
+    }
+    return job;
+}
+
+/* An answer over the event budget is an invalid_job error that says so,
+ * never a cut vector; under it, a done event with every vector. */
+START_TEST(answer_fits_or_errors) {
+    kg_model_t *m = make_model("--n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 --n-ff 128 "
+                               "--ctx 512 --seed 43",
+                               0);
+    const int32_t n = 64, E = m->hp.n_embd;
+    kg_job_t *job = new_job(KG_TASK_EMBED, n);
+    kg_intake_limits_t lim = {.max_seq_len = CTX, .max_inputs = 128};
+    kg_prepared_t prep = {0};
+    kg_error_code_t code;
+    char msg[256] = "";
+    ck_assert_int_eq(kg_embedjob_prepare(m, &lim, job, &prep, &code, msg, sizeof(msg)), KG_OK);
+    ck_assert_int_eq(prep.n_inputs, n);
+    ck_assert_int_eq(prep.pooling, KG_EMBED_POOL_LAST);
+    float *rows = malloc((size_t)n * (size_t)E * sizeof(float));
+    for (int32_t k = 0; k < n * E; k++) {
+        rows[k] = (float)(k % 7) - 3.0f;
+    }
+    kg_event_origin_t o = {.worker_id = "w", .partition = -1, .offset = -1};
+    kg_job_timing_t t = {.n_prompt = prep.n_tokens};
+    size_t len;
+    bool is_error;
+    kg_events_fit_t fit;
+    char *ev = kg_embedjob_terminal(m, job, &prep, rows, &o, &t, 8192, &len, &is_error, &fit);
+    ck_assert(is_error && len <= 8192);
+    ck_assert_msg(strstr(ev, "\"invalid_job\"") && strstr(ev, "does not fit the 8192 bytes"), "%s",
+                  ev);
+    free(ev);
+    ev = kg_embedjob_terminal(m, job, &prep, rows, &o, &t, 0, &len, &is_error, &fit);
+    ck_assert(!is_error);
+    ck_assert_ptr_nonnull(strstr(ev, "\"embeddings\":[["));
+    free(ev);
+    /* dimensions beyond the model's width, or more inputs than the queue holds */
+    kg_prepared_t p2 = {0};
+    job->dimensions = E + 1;
+    ck_assert_int_eq(kg_embedjob_prepare(m, &lim, job, &p2, &code, msg, sizeof(msg)),
+                     KG_ERR_INVALID);
+    ck_assert_msg(strncmp(msg, "dimensions:", 11) == 0, "%s", msg);
+    job->dimensions = 0;
+    lim.max_inputs = 10;
+    ck_assert_int_eq(kg_embedjob_prepare(m, &lim, job, &p2, &code, msg, sizeof(msg)),
+                     KG_ERR_INVALID);
+    ck_assert_msg(strstr(msg, "at most 10 per job") != NULL, "%s", msg);
+    kg_job_t *rr = new_job(KG_TASK_RERANK, 2);
+    rr->query.text = strdup("q");
+    rr->query.len = 1;
+    ck_assert_int_eq(kg_embedjob_prepare(m, &lim, rr, &p2, &code, msg, sizeof(msg)),
+                     KG_ERR_INVALID);
+    ck_assert_msg(strstr(msg, "no reranking head") != NULL, "%s", msg);
+    free(rows);
+    kg_prepared_clear(&prep);
+    kg_job_free(job);
+    kg_job_free(rr);
+    kg_model_free(m);
+}
+END_TEST
+
+/* A rerank job end to end below the worker: pairs built, every score in
+ * (0, 1), results best first and cut to top_n; a score job keeps the order. */
+START_TEST(rerank_sorted_and_cut) {
+    kg_model_t *m = make_model("--arch qwen3 --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 "
+                               "--head-dim 32 --n-ff 128 --ctx 512 --rerank --seed 44",
+                               0);
+    const int32_t E = m->hp.n_embd;
+    for (int task = KG_TASK_RERANK; task <= KG_TASK_SCORE; task++) {
+        kg_job_t *job = new_job((kg_task_t)task, 5);
+        job->query.text = strdup("what is a cat?");
+        job->query.len = strlen(job->query.text);
+        job->top_n = 3;
+        kg_intake_limits_t lim = {.max_seq_len = CTX};
+        kg_prepared_t prep = {0};
+        kg_error_code_t code;
+        char msg[256] = "";
+        ck_assert_int_eq(kg_embedjob_prepare(m, &lim, job, &prep, &code, msg, sizeof(msg)), KG_OK);
+        ck_assert_int_eq(prep.pooling, KG_EMBED_POOL_RANK);
+        kg_backend_t *be;
+        kg_engine_t *e = make_engine(m, &be, 32);
+        float *rows = malloc((size_t)prep.n_inputs * (size_t)E * sizeof(float));
+        run_embed(e, 9, prep.tokens, prep.input_len, prep.n_inputs,
+                  (kg_engine_pool_t)kg_embedjob_engine_pool(prep.pooling), rows);
+        kg_event_origin_t o = {.worker_id = "w", .partition = -1, .offset = -1};
+        kg_job_timing_t t = {.n_prompt = prep.n_tokens};
+        size_t len;
+        bool is_error;
+        kg_events_fit_t fit;
+        char *ev = kg_embedjob_terminal(m, job, &prep, rows, &o, &t, 0, &len, &is_error, &fit);
+        ck_assert(!is_error);
+        kg_event_t *d = NULL;
+        char err[128];
+        ck_assert_int_eq(kg_codec_decode_event(ev, len, &d, err, sizeof(err)), KG_OK);
+        ck_assert(d->done.has_results);
+        ck_assert_int_eq(d->done.n_results, task == KG_TASK_RERANK ? 3 : 5);
+        for (int32_t i = 0; i < d->done.n_results; i++) {
+            const kg_rank_result_t *r = &d->done.results[i];
+            ck_assert(r->relevance_score > 0.0f && r->relevance_score < 1.0f);
+            if (task == KG_TASK_SCORE) {
+                ck_assert_int_eq(r->index, i);
+            } else if (i > 0) {
+                ck_assert(r->relevance_score <= d->done.results[i - 1].relevance_score);
+            }
+            const float want = kg_embed_rank_score(m, rows + (size_t)r->index * (size_t)E);
+            ck_assert_float_eq_tol(r->relevance_score, want, 1e-6f);
+        }
+        kg_event_free(d);
+        free(ev);
+        free(rows);
+        kg_engine_free(e);
+        kg_backend_free(be);
+        kg_prepared_clear(&prep);
+        kg_job_free(job);
+    }
+    kg_model_free(m);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     find_goldens();
     Suite *s = suite_create("embed");
@@ -374,6 +525,8 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, batch_invariant, 0, 2);
     tcase_add_test(tc, engine_rules);
+    tcase_add_test(tc, answer_fits_or_errors);
+    tcase_add_test(tc, rerank_sorted_and_cut);
     suite_add_tcase(s, tc);
     return s;
 }
