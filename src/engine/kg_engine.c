@@ -127,8 +127,8 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->copy_dst = malloc(nb * sizeof(*e->copy_dst));
     if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
         !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
-        !e->b_seq || !e->b_want || !e->b_hid || !e->b_row_rec || !e->b_in_step || !e->logits || !e->done ||
-        !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst) {
+        !e->b_seq || !e->b_want || !e->b_hid || !e->b_row_rec || !e->b_in_step || !e->logits ||
+        !e->done || !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {

@@ -96,9 +96,9 @@ struct kg_engine {
     bool *row_any;      /* (max_batch_size) the row's mask allows a token or the end */
     kg_rng_t dummy_rng; /* what a forced row's device sample draws from (and drops) */
     /* embedding requests (kg_engine_embed.c) */
-    bool *b_hid;        /* (max_batch_tokens) the token's hidden state is wanted */
-    float *hidden;      /* (max_batch_tokens, n_embd) the step's hidden rows; on first use */
-    float *pool_acc;    /* (max_batch_size, n_embd) per slot: the pooled row so far */
+    bool *b_hid;     /* (max_batch_tokens) the token's hidden state is wanted */
+    float *hidden;   /* (max_batch_tokens, n_embd) the step's hidden rows; on first use */
+    float *pool_acc; /* (max_batch_size, n_embd) per slot: the pooled row so far */
 
     int64_t (*now_us)(void *ctx);
     void *now_ctx;

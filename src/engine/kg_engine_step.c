@@ -201,10 +201,10 @@ static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, in
         e->b_pos[nt + k] = pos;
         e->b_seq[nt + k] = seq->slot;
         e->b_want[nt + k] = !seq->embed && pos == seq->n_tokens - 1;
-        e->b_hid[nt + k] = seq->embed && (seq->pool == KG_ENGINE_POOL_MEAN ||
-                                          (seq->pool == KG_ENGINE_POOL_FIRST && pos == 0) ||
-                                          (seq->pool == KG_ENGINE_POOL_LAST &&
-                                           pos == seq->n_tokens - 1));
+        e->b_hid[nt + k] =
+            seq->embed &&
+            (seq->pool == KG_ENGINE_POOL_MEAN || (seq->pool == KG_ENGINE_POOL_FIRST && pos == 0) ||
+             (seq->pool == KG_ENGINE_POOL_LAST && pos == seq->n_tokens - 1));
     }
     if (n > 0 && !seq->embed && seq->n_computed + n == seq->n_tokens) {
         e->b_row_rec[(*n_rows)++] = r;

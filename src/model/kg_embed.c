@@ -32,9 +32,8 @@ float kg_embed_rank_score(const kg_model_t *model, const float *h) {
     /* ggml's matmul rounds the activation first: to the weight's float type,
      * or to Q8_0 blocks for the 32-blocks quants, whose dot products take them */
     float *x = row + E;
-    const kg_ggml_type_t act = w->type == KG_GGML_TYPE_F16 || w->type == KG_GGML_TYPE_BF16
-                                   ? w->type
-                                   : KG_GGML_TYPE_Q8_0;
+    const kg_ggml_type_t act =
+        w->type == KG_GGML_TYPE_F16 || w->type == KG_GGML_TYPE_BF16 ? w->type : KG_GGML_TYPE_Q8_0;
     if (w->type != KG_GGML_TYPE_F32 && kg_quantize(act, h, q, E)) {
         kg_dequantize(act, q, x, E);
     } else {

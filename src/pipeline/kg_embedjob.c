@@ -64,6 +64,9 @@ static kg_status_t push_text(
 }
 
 static kg_status_t push_ids(toks_t *t, const kg_job_input_t *in) {
+    if (in->n_tokens <= 0) {
+        return KG_OK;
+    }
     if (!toks_room(t, in->n_tokens)) {
         return KG_ERR_NOMEM;
     }
@@ -83,7 +86,7 @@ static char *fill_template(const char *tpl, const kg_job_input_t *q, const kg_jo
         return NULL;
     }
     for (const char *p = tpl; *p;) {
-        const kg_job_input_t *v = strncmp(p, "{query}", 7) == 0      ? q
+        const kg_job_input_t *v = strncmp(p, "{query}", 7) == 0       ? q
                                   : strncmp(p, "{document}", 10) == 0 ? d
                                                                       : NULL;
         if (v) {
@@ -174,9 +177,9 @@ kg_status_t kg_embedjob_prepare(const kg_model_t *model,
                  model->hp.n_embd);
         return KG_ERR_INVALID;
     }
-    out->pooling = rank                                ? KG_EMBED_POOL_RANK
+    out->pooling = rank                               ? KG_EMBED_POOL_RANK
                    : job->pooling != KG_POOLING_MODEL ? (int32_t)job->pooling
-                                                       : kg_embed_model_pooling(model);
+                                                      : kg_embed_model_pooling(model);
     if (!rank && out->pooling == KG_EMBED_POOL_RANK) {
         out->pooling = KG_EMBED_POOL_LAST; /* a reranker asked for embeddings: its hidden state */
     }
@@ -273,8 +276,7 @@ char *kg_embedjob_terminal(const kg_model_t *model,
     if (job->task == KG_TASK_EMBED) {
         int32_t dim = E;
         for (int32_t i = 0; i < n; i++) {
-            dim = kg_embed_finish(rows + (size_t)i * (size_t)E, E, job->dimensions,
-                                  job->normalize);
+            dim = kg_embed_finish(rows + (size_t)i * (size_t)E, E, job->dimensions, job->normalize);
         }
         /* rows cut to `dim` are packed so the codec reads (n, dim) */
         for (int32_t i = 1; dim < E && i < n; i++) {
@@ -306,8 +308,7 @@ char *kg_embedjob_terminal(const kg_model_t *model,
         snprintf(m, sizeof(m),
                  "the answer (%d %s, %zu bytes as an event) does not fit the %zu bytes an event "
                  "may carry here (max-event-bytes); ask for fewer inputs per job%s",
-                 a.embd ? a.n_embd : a.n_results, a.embd ? "vectors" : "results", *len,
-                 max_bytes,
+                 a.embd ? a.n_embd : a.n_results, a.embd ? "vectors" : "results", *len, max_bytes,
                  a.embd ? ", fewer dimensions or encoding_format \"base64\" (about half the size)"
                         : "");
         *is_error = true;

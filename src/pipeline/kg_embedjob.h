@@ -48,9 +48,9 @@ KG_NODISCARD kg_status_t kg_embedjob_prepare(const kg_model_t *model,
 int kg_embedjob_engine_pool(int32_t pooling);
 
 /** The done event of a finished job whose engine rows (`pooled`, n_inputs
- * rows of n_embd floats) are all there, made into vectors or scores; fitted to max_bytes (kg_events_done_answer). When the answer
- * cannot fit, an error event (invalid_job) that says how large it is, with
- * *is_error set. NULL on out of memory. */
+ * rows of n_embd floats) are all there, made into vectors or scores; fitted to max_bytes
+ * (kg_events_done_answer). When the answer cannot fit, an error event (invalid_job) that says how
+ * large it is, with *is_error set. NULL on out of memory. */
 char *kg_embedjob_terminal(const kg_model_t *model,
                            const kg_job_t *job,
                            const kg_prepared_t *prep,

@@ -1,10 +1,9 @@
 /* kg_intake: tokenize or render a job and check it against the limits. */
 #include "kg_intake.h"
 
-#include "kg_embedjob.h"
-
 #include "../schema/kg_chat.h"
 #include "../schema/kg_json_schema.h"
+#include "kg_embedjob.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -206,7 +206,7 @@ json_t *kg_codec_embeddings_json(const float *v, int32_t n, int32_t dim, bool b6
     bool ok = true;
     json_t *arr = json_array();
     const size_t bytes = (size_t)dim * 4;
-    unsigned char *raw = b64 ? malloc(bytes + 1) : NULL;
+    unsigned char *raw = b64 ? calloc(bytes + 1, 1) : NULL;
     char *text = b64 ? malloc(4 * ((bytes + 2) / 3) + 1) : NULL;
     if (!arr || (b64 && (!raw || !text))) {
         ok = false;
@@ -382,22 +382,21 @@ kg_status_t kg_codec_decode_answer(json_t *root, kg_event_done_t *e, char *msg, 
         const json_t *first = json_array_get(em, 0);
         const int64_t dim = json_is_string(first) ? (int64_t)json_string_length(first) / 4 * 3 / 4
                                                   : (int64_t)json_array_size(first);
-        float *v = n > 0 && dim > 0 ? malloc(n * (size_t)dim * sizeof(float)) : NULL;
-        if (n > 0 && dim > 0 && !v) {
+        if (!json_is_array(em) || n == 0 || n > INT32_MAX || dim <= 0) {
+            snprintf(msg, size, "embeddings: expected a non-empty array of vectors");
+            return KG_ERR_INVALID;
+        }
+        float *v = malloc(n * (size_t)dim * sizeof(float));
+        if (!v) {
             return KG_ERR_NOMEM;
         }
         e->embeddings = v;
         for (size_t i = 0; i < n; i++) {
             if (one_embedding(json_array_get(em, i), v + i * (size_t)dim, dim) != dim) {
                 snprintf(msg, size,
-                         "embeddings: expected vectors of one length (numbers or "
-                         "base64 float32)");
+                         "embeddings: expected vectors of one length (numbers or base64 float32)");
                 return KG_ERR_INVALID;
             }
-        }
-        if (!json_is_array(em) || n == 0 || n > INT32_MAX || dim <= 0) {
-            snprintf(msg, size, "embeddings: expected a non-empty array of vectors");
-            return KG_ERR_INVALID;
         }
         e->n_embeddings = (int32_t)n;
         e->embedding_dim = (int32_t)dim;

@@ -12,11 +12,10 @@
  * (Q8_0) for vectors, |kgen - llama.cpp| <= 1e-3 for scores (5e-3 for
  * Q8_0, see below). The texts'
  * tokenization with the vocabulary's BOS/EOS must give llama.cpp's ids. */
-#include "check_common.h"
-#include "fakes/fake_backend.h"
-
 #include "backend/kg_backend.h"
+#include "check_common.h"
 #include "engine/kg_engine.h"
+#include "fakes/fake_backend.h"
 #include "model/kg_embed.h"
 #include "model/kg_model.h"
 #include "model/kg_tokenizer.h"
@@ -247,8 +246,8 @@ START_TEST(matches_llama_cpp) {
         if (!g.rerank) {
             /* the text path: kgen's ids for the text with the vocabulary's marks */
             int32_t mine[MAX_IDS];
-            int64_t k = kg_tokenizer_encode(m->tok, g.in[i].text, strlen(g.in[i].text), true,
-                                            true, mine, MAX_IDS);
+            int64_t k = kg_tokenizer_encode(m->tok, g.in[i].text, strlen(g.in[i].text), true, true,
+                                            mine, MAX_IDS);
             ck_assert_int_eq(k, g.in[i].n_ids);
             ck_assert_mem_eq(mine, g.in[i].ids, (size_t)k * sizeof(int32_t));
         }
@@ -266,8 +265,9 @@ START_TEST(matches_llama_cpp) {
              * few 1e-3, the F32/F16 scores agree to 1e-3 */
             const float tol = strcmp(g.type, "q8_0") == 0 ? 5e-3f : 1e-3f;
             const float s = kg_embed_rank_score(m, v);
-            ck_assert_msg(fabsf(s - g.in[i].score) <= tol, "%s %s pair %d: score %.6f, llama.cpp %.6f",
-                          g.model, g.type, i, (double)s, (double)g.in[i].score);
+            ck_assert_msg(fabsf(s - g.in[i].score) <= tol,
+                          "%s %s pair %d: score %.6f, llama.cpp %.6f", g.model, g.type, i,
+                          (double)s, (double)g.in[i].score);
         } else {
             ck_assert_int_eq(g.in[i].n_vec, E);
             const double c = cosine(v, g.in[i].vec, E);
@@ -339,16 +339,25 @@ START_TEST(engine_rules) {
     kg_engine_t *e = make_engine(m, &be, 32);
     int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8}, lens[2] = {5, 3}, bad_lens[2] = {5, 4};
     float rows[2 * 64];
-    kg_request_t req = {.id = 3, .prompt = ids, .n_prompt = 8, .max_tokens = 1, .n_inputs = 2,
-                        .input_len = bad_lens, .pool = KG_ENGINE_POOL_MEAN, .embd = rows};
+    kg_request_t req = {.id = 3,
+                        .prompt = ids,
+                        .n_prompt = 8,
+                        .max_tokens = 1,
+                        .n_inputs = 2,
+                        .input_len = bad_lens,
+                        .pool = KG_ENGINE_POOL_MEAN,
+                        .embd = rows};
     ck_assert_int_eq(kg_engine_submit(e, &req), KG_ERR_INVALID); /* lengths do not add up */
     req.input_len = lens;
     req.n_inputs = 129; /* more than the queue holds */
     ck_assert_int_eq(kg_engine_submit(e, &req), KG_ERR_INVALID);
     run_embed(e, 4, ids, lens, 2, KG_ENGINE_POOL_MEAN, rows);
     /* a backend that returns no hidden states (CUDA today) refuses them at submit */
-    kg_fake_backend_params_t fp = {.n_vocab = 64, .n_kv_blocks = 64, .kv_block_size = 16,
-                                   .max_batch_tokens = 32, .n_slots = 4};
+    kg_fake_backend_params_t fp = {.n_vocab = 64,
+                                   .n_kv_blocks = 64,
+                                   .kv_block_size = 16,
+                                   .max_batch_tokens = 32,
+                                   .n_slots = 4};
     kg_backend_t *fake = kg_fake_backend_new(&fp);
     kg_engine_params_t ep = kg_engine_params_default(m, 0);
     ep.max_batch_size = 4;
