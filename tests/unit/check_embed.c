@@ -330,6 +330,137 @@ START_TEST(batch_invariant) {
 }
 END_TEST
 
+/* Embedding inputs packed with generation jobs in a KV pool too small for
+ * all of them: the engine preempts (embedding inputs too, recomputed from
+ * their first token), every request ends, and each vector is still
+ * bit-identical to the one the input gets alone. */
+START_TEST(mixed_with_generation_and_preempted) {
+    kg_model_t *m = make_model("--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 "
+                               "--ctx 512 --seed 45",
+                               0);
+    const int32_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    enum { N = 6, LEN = 70 };
+    int32_t ids[N * LEN], lens[N];
+    for (int32_t k = 0; k < N * LEN; k++) {
+        ids[k] = 3 + (k * 31) % (V - 3);
+    }
+    for (int32_t i = 0; i < N; i++) {
+        lens[i] = LEN;
+    }
+    float alone[N * 64], mixed[N * 64];
+    kg_backend_t *be;
+    kg_engine_t *e = make_engine(m, &be, 64);
+    for (int32_t i = 0; i < N; i++) {
+        run_embed(e, 100 + (uint64_t)i, ids + i * LEN, &lens[i], 1, KG_ENGINE_POOL_MEAN,
+                  alone + (size_t)i * (size_t)E);
+    }
+    kg_engine_free(e);
+    kg_backend_free(be);
+
+    /* 16 blocks of 16: two 158-token generations (10 blocks each) and six 70-token inputs
+     * (5 each) do not fit at once */
+    kg_engine_params_t ep = kg_engine_params_default(m, 0);
+    ep.max_batch_size = 8;
+    ep.max_queue_depth = 32;
+    ep.max_batch_tokens = 64;
+    ep.max_seq_len = CTX;
+    ep.n_kv_blocks = 16;
+    ep.prefix_cache = false;
+    kg_backend_params_t bp = {.n_threads = 2,
+                              .n_kv_blocks = ep.n_kv_blocks,
+                              .kv_block_size = ep.kv_block_size,
+                              .max_batch_tokens = 64,
+                              .max_seq_len = CTX};
+    char err[256];
+    be = kg_backend_cpu_new(m, &bp, err, sizeof(err));
+    e = kg_engine_new(be, &ep, err, sizeof(err));
+    ck_assert_msg(e != NULL, "%s", err);
+    int32_t prompt[8] = {1, 5, 9, 13, 17, 21, 25, 29};
+    for (uint64_t g = 0; g < 2; g++) {
+        kg_request_t gen = {
+            .id = 1 + g, .prompt = prompt, .n_prompt = 8, .max_tokens = 150, .ignore_eos = true};
+        gen.sampling.temperature = 0.0f;
+        ck_assert_int_eq(kg_engine_submit(e, &gen), KG_OK);
+    }
+    kg_request_t req = {.id = 9,
+                        .prompt = ids,
+                        .n_prompt = N * LEN,
+                        .max_tokens = 1,
+                        .n_inputs = N,
+                        .input_len = lens,
+                        .pool = KG_ENGINE_POOL_MEAN,
+                        .embd = mixed};
+    ck_assert_int_eq(kg_engine_submit(e, &req), KG_OK);
+    int32_t cap = kg_engine_max_completions(e), finished = 0, steps = 0;
+    kg_completion_t *c = malloc((size_t)cap * sizeof(*c));
+    while (kg_engine_busy(e) && steps++ < 2000) {
+        int32_t k = kg_engine_step(e, c, cap);
+        ck_assert_int_ge(k, 0);
+        for (int32_t j = 0; j < k; j++) {
+            finished += c[j].finish != KG_FINISH_NONE;
+            if (c[j].id == 9) {
+                ck_assert_int_eq(c[j].finish, KG_FINISH_STOP);
+            }
+        }
+    }
+    free(c);
+    ck_assert_int_eq(finished, 2 + N);
+    kg_engine_stats_t st;
+    kg_engine_stats(e, &st);
+    ck_assert_msg(st.n_preemptions > 0, "the pool was large enough: no preemption tested");
+    ck_assert_int_eq(st.kv_blocks_used, 0);
+    ck_assert_mem_eq(alone, mixed, (size_t)N * (size_t)E * sizeof(float));
+    kg_engine_free(e);
+    kg_backend_free(be);
+
+    /* an input preempted in the middle of its prefill (a higher tier's job takes its blocks)
+     * starts again from its first token and still gives the same vector */
+    ep.max_batch_tokens = bp.max_batch_tokens = 16;
+    be = kg_backend_cpu_new(m, &bp, err, sizeof(err));
+    e = kg_engine_new(be, &ep, err, sizeof(err));
+    ck_assert_msg(e != NULL, "%s", err);
+    int32_t long_len = 200; /* 13 of the 16 blocks, 13 steps of 16 tokens */
+    int32_t long_ids[200];
+    for (int32_t k = 0; k < long_len; k++) {
+        long_ids[k] = 3 + (k * 17) % (V - 3);
+    }
+    float before[64], after[64];
+    run_embed(e, 20, long_ids, &long_len, 1, KG_ENGINE_POOL_MEAN, before);
+    kg_request_t lr = {.id = 21,
+                       .prompt = long_ids,
+                       .n_prompt = long_len,
+                       .max_tokens = 1,
+                       .n_inputs = 1,
+                       .input_len = &long_len,
+                       .pool = KG_ENGINE_POOL_MEAN,
+                       .embd = after};
+    ck_assert_int_eq(kg_engine_submit(e, &lr), KG_OK);
+    c = malloc((size_t)cap * sizeof(*c));
+    for (int k = 0; k < 4; k++) {
+        ck_assert_int_eq(kg_engine_step(e, c, cap), 0);
+    }
+    kg_request_t hi = {
+        .id = 22, .prompt = ids, .n_prompt = 60, .max_tokens = 20, .tier = 1, .ignore_eos = true};
+    ck_assert_int_eq(kg_engine_submit(e, &hi), KG_OK);
+    finished = 0;
+    while (kg_engine_busy(e)) {
+        int32_t k = kg_engine_step(e, c, cap);
+        ck_assert_int_ge(k, 0);
+        for (int32_t j = 0; j < k; j++) {
+            finished += c[j].finish != KG_FINISH_NONE;
+        }
+    }
+    free(c);
+    ck_assert_int_eq(finished, 2);
+    kg_engine_stats(e, &st);
+    ck_assert_int_eq(st.n_tier_preemptions, 1);
+    ck_assert_mem_eq(before, after, sizeof(before));
+    kg_engine_free(e);
+    kg_backend_free(be);
+    kg_model_free(m);
+}
+END_TEST
+
 /* The engine refuses what it cannot run and frees every block of a finished input. */
 START_TEST(engine_rules) {
     kg_model_t *m = make_model("--n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 --n-ff 128 "
@@ -534,6 +665,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, batch_invariant, 0, 2);
     tcase_add_test(tc, engine_rules);
+    tcase_add_test(tc, mixed_with_generation_and_preempted);
     tcase_add_test(tc, answer_fits_or_errors);
     tcase_add_test(tc, rerank_sorted_and_cut);
     suite_add_tcase(s, tc);
