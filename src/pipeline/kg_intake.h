@@ -33,12 +33,12 @@ typedef struct kg_intake_limits {
     size_t max_event_bytes;       /* bytes one event may have (kg_events); 0 = no limit */
     kg_grammar_cache_t *grammars; /* compiles constrained jobs; NULL: they are refused */
     int32_t max_choices;          /* n above it (the engine's slots) is invalid_job; 0 = 16 */
+    int32_t max_inputs;           /* inputs (documents) of an embed/rerank/score job at most (the
+                                     engine's queue depth); 0 = KG_JOB_MAX_INPUTS */
     /* the names the model is served under (borrowed); a job naming another
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;
     int32_t n_served;
-    int32_t max_inputs; /* inputs (documents) of an embed/rerank/score job at most (the
-                           engine's queue depth); 0 = KG_JOB_MAX_INPUTS */
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {
