@@ -298,7 +298,8 @@ int kg_cmd_batch(int argc, char **argv) {
                               .max_choices = ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size
                                                                                : KG_JOB_MAX_N,
                               .served = (const char *const *)served.names,
-                              .n_served = served.n};
+                              .n_served = served.n,
+                              .max_inputs = ep->max_queue_depth};
     kg_event_origin_t origin = {.worker_id = "kgen-batch",
                                 .partition = -1,
                                 .offset = -1,

@@ -494,7 +494,8 @@ kg_mkmodel_opts_t kg_mkmodel_opts_default(void) {
                            .ctx = 2048,
                            .rope_base = 10000.0f,
                            .type = KG_GGML_TYPE_F32,
-                           .swa_pattern = -1};
+                           .swa_pattern = -1,
+                           .pooling = -1};
     return o;
 }
 
@@ -678,6 +679,23 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     }
     if (tmpl) {
         kg_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl);
+    }
+    if (o->pooling >= 0 || o->rerank) {
+        char key[64];
+        snprintf(key, sizeof(key), "%s.pooling_type", fam->gguf_arch);
+        kg_gguf_writer_set_u32(w, key, (uint32_t)(o->pooling >= 0 ? o->pooling : 4));
+    }
+    if (o->rerank) {
+        /* what convert_hf_to_gguf.py writes for Qwen3-Reranker: the head is
+         * the lm_head rows of "yes" and "no" (here random rows) */
+        const kg_gguf_str_t labels[2] = {{"yes", 3}, {"no", 2}};
+        char key[64];
+        snprintf(key, sizeof(key), "%s.classifier.output_labels", fam->gguf_arch);
+        kg_gguf_writer_set_arr_str(w, key, labels, 2);
+        if (!add_random(w, o, "cls.output.weight", o->type, o->n_embd, 2, 0.0f,
+                        fan_in_scale(o->n_embd))) {
+            goto out;
+        }
     }
     if (fam->vocab == KG_MKVOCAB_LLAMA) {
         kg_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab);

@@ -37,6 +37,9 @@ typedef struct kg_mkmodel_opts {
     float attn_softcap;        /* gemma2: attn_logit_softcapping; 0: the family default */
     float final_softcap;       /* gemma2/gemma3: final_logit_softcapping; 0: default/none */
     const char *chat_template; /* a name from kg_mkmodel_chat_template; NULL: none */
+    int64_t pooling;           /* <arch>.pooling_type (llama.cpp's numbers); -1: not written */
+    bool rerank;               /* qwen3: a Qwen3-Reranker head (cls.output.weight, labels
+                                  "yes" and "no", pooling rank unless `pooling` says) */
 
     /* mixture of experts (qwen3moe, mixtral, gpt-oss) */
     int64_t n_expert;           /* expert_count; 0: 8 */

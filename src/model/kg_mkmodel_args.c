@@ -82,6 +82,10 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         if (strcmp(a, "--version") == 0) {
             return KG_MKMODEL_ARGS_VERSION;
         }
+        if (strcmp(a, "--rerank") == 0) {
+            o->rerank = true;
+            continue;
+        }
         if (strcmp(a, "--tied") == 0) {
             o->tied = true;
             continue;
@@ -173,6 +177,17 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                            "--arch: unknown '%s' (known: llama, qwen2, qwen3, gemma2, "
                            "gemma3, phi3, qwen3moe, mixtral, gpt-oss)",
                            val);
+            }
+        } else if (strcmp(flag, "--pooling") == 0) {
+            known = true;
+            static const char *const pools[] = {"none", "mean", "cls", "last", "rank"};
+            o->pooling = -2;
+            for (int k = 0; val && k < 5; k++) {
+                o->pooling = strcmp(val, pools[k]) == 0 ? k : o->pooling;
+            }
+            if (val && o->pooling < 0) {
+                return bad(errstr, errstr_size,
+                           "--pooling: unknown '%s' (known: none, mean, cls, last, rank)", val);
             }
         } else if (strcmp(flag, "--chat-template") == 0) {
             known = true;
@@ -283,6 +298,9 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
                    "are for qwen3moe, mixtral and gpt-oss");
+    }
+    if (o->rerank && strcmp(arch, "qwen3") != 0) {
+        return bad(errstr, errstr_size, "--rerank is for qwen3 (a Qwen3-Reranker head)");
     }
     if (o->n_ff_exp > 0 && strcmp(arch, "mixtral") == 0) {
         return bad(errstr, errstr_size, "mixtral has no --n-ff-exp: --n-ff is each expert's width");

@@ -679,6 +679,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     hp->n_rot = hp->head_dim;
     get_i32(g, akey(key, sizeof(key), arch, "rope.dimension_count"), &hp->n_rot);
     hp->norm_eps = 1e-5f;
+    if (!get_i32(g, akey(key, sizeof(key), arch, "pooling_type"), &hp->pooling_type)) {
+        hp->pooling_type = -1;
+    }
     kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.layer_norm_rms_epsilon"),
                     &hp->norm_eps);
     if (!read_rope(g, arch, hp, errstr, errstr_size)) {
@@ -738,6 +741,11 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     if (hp->arch == KG_ARCH_QWEN2) {
         model->output_b = find_tensor(&ld, "output.bias", V, 0, true, &bad);
     }
+    const kg_gguf_tensor_t *cls = kg_gguf_find_tensor(g, "cls.output.weight");
+    if (cls && hp->arch == KG_ARCH_QWEN3 && cls->n_dims == 2 && cls->ne[1] <= 64) {
+        model->cls_out = find_tensor(&ld, "cls.output.weight", E, cls->ne[1], false, &bad);
+        model->n_cls_out = (int32_t)cls->ne[1];
+    }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL) { /* Llama 3.1 */
         model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
     }
@@ -782,6 +790,13 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
             goto fail;
         }
     }
+    if (kg_gguf_get_str(g, "tokenizer.chat_template.rerank", &s)) {
+        model->rerank_template = strndup(s.data, s.len);
+        if (!model->rerank_template) {
+            snprintf(errstr, errstr_size, "model: out of memory");
+            goto fail;
+        }
+    }
     if (kg_gguf_get_str(g, "tokenizer.chat_template", &s)) {
         model->chat_template = malloc(s.len + 1);
         if (!model->chat_template) {
@@ -811,6 +826,7 @@ void kg_model_free(kg_model_t *model) {
     free(model->views);
     free(model->expert_views);
     free(model->chat_template);
+    free(model->rerank_template);
     free(model);
 }
 

@@ -127,6 +127,10 @@ typedef struct kg_hparams {
     kg_moe_gating_t moe_gating;
     bool moe_norm_w;   /* divide the k weights by their sum (clamped to >= 2^-14) */
     float moe_w_scale; /* then multiply them by this; 0 or 1 = not */
+
+    /* embeddings: <arch>.pooling_type as llama.cpp numbers it (0 none, 1 mean,
+     * 2 cls, 3 last, 4 rank); -1 when the file has no such key */
+    int32_t pooling_type;
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -187,6 +191,11 @@ typedef struct kg_model {
     kg_gguf_tensor_t *views;             /* owned: row views of fused tensors */
     kg_gguf_tensor_t *expert_views;      /* owned: (n_layer, 3, n_expert) per-expert views */
     char *chat_template;                 /* tokenizer.chat_template or NULL */
+    /* a reranker's head (qwen3: cls.output.weight, (n_embd, n_cls_out), the
+     * rows of its labels, Qwen3-Reranker's "yes" and "no") or NULL */
+    const kg_gguf_tensor_t *cls_out;
+    int32_t n_cls_out;
+    char *rerank_template; /* tokenizer.chat_template.rerank ({query}, {document}) or NULL */
 } kg_model_t;
 
 /* What a model needs beyond the plain Llama graph. A backend that lacks a

@@ -3,6 +3,7 @@
 
 #include "../schema/kg_chat.h"
 #include "../schema/kg_json_schema.h"
+#include "kg_embedjob.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,9 @@ void kg_prepared_clear(kg_prepared_t *p) {
     p->n_tokens = 0;
     kg_grammar_unref(p->grammar);
     p->grammar = NULL;
+    free(p->input_len);
+    p->input_len = NULL;
+    p->n_inputs = 0;
 }
 
 /* The compiled grammar of a constrained job, through the cache. */
@@ -176,6 +180,9 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         return KG_ERR_INVALID;
     }
 
+    if (job->task != KG_TASK_GENERATE) {
+        return kg_embedjob_prepare(model, lim, job, out, code, msg, msg_size);
+    }
     switch (job->prompt_kind) {
     case KG_PROMPT_TEXT:
         st = tokenize(tok, job->prompt, job->prompt_len, true, out);

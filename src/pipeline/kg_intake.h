@@ -34,6 +34,8 @@ typedef struct kg_intake_limits {
     size_t max_event_bytes;       /* bytes one event may have (kg_events); 0 = no limit */
     kg_grammar_cache_t *grammars; /* compiles constrained jobs; NULL: they are refused */
     int32_t max_choices;          /* n above it (the engine's slots) is invalid_job; 0 = 16 */
+    int32_t max_inputs;           /* inputs (documents) of an embed/rerank/score job at most (the
+                                     engine's queue depth); 0 = KG_JOB_MAX_INPUTS */
     /* the names the model is served under (borrowed); a job naming another
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;
@@ -48,6 +50,10 @@ typedef struct kg_prepared {
     int32_t n_tokens;
     int32_t max_tokens;    /* after clamping to the context */
     kg_grammar_t *grammar; /* a reference for a constrained job (kg_prepared_clear drops it) */
+    /* embed, rerank and score jobs (kg_embedjob): `tokens` holds the inputs one after another */
+    int32_t *input_len; /* (n_inputs) owned */
+    int32_t n_inputs;   /* 0: a generation job */
+    int32_t pooling;    /* KG_EMBED_POOL_* the job runs with */
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a

@@ -304,6 +304,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     be->iface = cpu_iface;
     be->ctx = ctx;
     be->kv_copy = cpu_kv_copy;
+    be->hidden = true;
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;
     ctx->hp = *hp;

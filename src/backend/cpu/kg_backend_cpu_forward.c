@@ -12,7 +12,8 @@
  * (soft-capped scores: gemma2; parallel over tokens x heads), output GEMM
  * (+ post-norm: gemma) + residual, rmsnorm, gate/up GEMMs, SwiGLU or
  * GeGLU, down GEMM (+ post-norm) + residual; then the final norm and the
- * head only for the rows that want logits (+ bias, soft-capping). Each
+ * head only for the rows that want logits (+ bias, soft-capping); the
+ * normed rows themselves for those that want hidden states. Each
  * token's row is computed independently of the others in the batch, so a
  * sequence's results do not depend on what shares its step. The llama.cpp
  * ops each step mirrors are named where they are done.
@@ -451,6 +452,26 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         }
     }
 
+    /* hidden states for embedding jobs: the final norm of the rows that
+     * want them, in token order (llama.cpp's t_embd, what pooling reads) */
+    if (batch->want_hidden) {
+        int64_t n_hid = 0;
+        for (int64_t t = 0; t < T; t++) {
+            if (batch->want_hidden[t]) {
+                if (n_hid == batch->n_hidden) {
+                    break;
+                }
+                cpu_rmsnorm_rows(ctx->x + t * E, ctx->output_norm.data, batch->hidden + n_hid * E,
+                                 1, E, hp->norm_eps);
+                n_hid++;
+            }
+        }
+        if (n_hid != batch->n_hidden) {
+            KG_LOG_ERROR("cpu", "batch says %d hidden rows, want_hidden has more or fewer",
+                         batch->n_hidden);
+            return KG_ERR_INVALID;
+        }
+    }
     /* head: only the rows that want logits, gathered in token order */
     int64_t n_out = 0;
     for (int64_t t = 0; t < T; t++) {
