@@ -323,6 +323,8 @@ void kg_worker_emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_s
 void kg_worker_dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack);
 /** An unparseable job: its DLQ copy is its answer. */
 void kg_worker_dead_letter_job(kg_worker_t *w, const job_msg_t *m, const kg_codec_error_t *err);
+/** Store the offsets that advanced (or hand them to the transaction). */
+void kg_worker_store_offsets(kg_worker_t *w);
 /** Commit the transaction when due (or now, with `force`); true without one. */
 bool kg_worker_commit_txn(kg_worker_t *w, bool force);
 

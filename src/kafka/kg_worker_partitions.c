@@ -11,6 +11,7 @@
  * by the transactions) and its group protocol. */
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
+#include "kg_answered.h"
 #include "kg_kafka_conf.h"
 #include "kg_worker_int.h"
 
@@ -213,6 +214,98 @@ static void handoff(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts
                 (long long)((kg_clock_us() - t0) / 1000));
 }
 
+/* Without --exactly-once: the jobs the previous owners of `parts` answered
+ * above their committed offsets (kg_answered.h), read once on assignment (the
+ * transactions commit no such list: their answers and offsets are one). Failing
+ * to read them only reruns those jobs. */
+static void
+read_answered(kg_worker_t *w, rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *parts) {
+    rd_kafka_topic_partition_list_t *c = rd_kafka_topic_partition_list_copy(parts);
+    rd_kafka_resp_err_t err = rd_kafka_committed(rk, c, 5000);
+    if (err) {
+        KG_LOG_WARN("worker",
+                    "reading the committed offsets' metadata: %s; jobs answered above "
+                    "them by the previous owner may run again",
+                    rd_kafka_err2str(err));
+    }
+    static int64_t offs[KG_ANSWERED_MAX_BYTES / 2];
+    for (int i = 0; !err && i < c->cnt; i++) {
+        const rd_kafka_topic_partition_t *e = &c->elems[i];
+        int lane = kg_lanes_find(&w->lanes, e->topic);
+        size_t n = e->err || lane < 0 || e->partition >= LANE_STRIDE || !e->metadata
+                       ? 0
+                       : kg_answered_decode(e->metadata, e->metadata_size, e->offset, offs,
+                                            sizeof(offs) / sizeof(offs[0]));
+        if (n == 0) {
+            continue;
+        }
+        if (kg_offsets_set_answered(w->parts.offsets, dense_of(lane, e->partition), e->offset, offs,
+                                    n) != KG_OK) {
+            kg_worker_fatal(w, "out of memory keeping the answered offsets");
+            break;
+        }
+        KG_LOG_INFO("worker",
+                    "jobs answered above the committed offset by the previous owner "
+                    "topic=%s partition=%d committed=%lld answered=%zu",
+                    e->topic, e->partition, (long long)e->offset, n);
+    }
+    rd_kafka_topic_partition_list_destroy(c);
+}
+
+/* Commit, for the partitions given up, the offset and the jobs answered above
+ * it (done here after a still-running one, or named by the previous owner and
+ * not reached yet), so the next owner runs none of them again (kg_answered.h).
+ * An explicit commit: librdkafka's commits of stored offsets skip an offset
+ * already committed, metadata and all. */
+static void
+commit_answered(kg_worker_t *w, rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *parts) {
+    static int64_t offs[KG_ANSWERED_MAX_BYTES / 2];
+    char md[KG_ANSWERED_MAX_BYTES + 1];
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new(parts->cnt > 0 ? parts->cnt : 1);
+    size_t total = 0;
+    for (int i = 0; i < parts->cnt; i++) {
+        int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
+        int64_t pos;
+        if (lane < 0 || parts->elems[i].partition >= LANE_STRIDE) {
+            continue;
+        }
+        size_t n =
+            kg_offsets_answered_above(w->parts.offsets, dense_of(lane, parts->elems[i].partition),
+                                      &pos, offs, sizeof(offs) / sizeof(offs[0]));
+        n = n > 0 ? kg_answered_encode(pos, offs, n, md, sizeof(md)) : 0;
+        if (n == 0) {
+            continue;
+        }
+        rd_kafka_topic_partition_t *e =
+            rd_kafka_topic_partition_list_add(l, parts->elems[i].topic, parts->elems[i].partition);
+        e->offset = pos;
+        e->metadata_size = strlen(md);
+        e->metadata = malloc(e->metadata_size); /* the list frees it */
+        if (!e->metadata) {
+            e->metadata_size = 0;
+            continue;
+        }
+        memcpy(e->metadata, md, e->metadata_size);
+        total += n;
+    }
+    if (l->cnt > 0) {
+        rd_kafka_resp_err_t err = rd_kafka_commit(rk, l, 0);
+        if (err) {
+            KG_LOG_WARN("worker",
+                        "committing the jobs answered above the committed offsets: %s; "
+                        "the next owner runs them again",
+                        rd_kafka_err2str(err));
+        } else {
+            KG_LOG_INFO("worker",
+                        "committed the jobs answered above the committed offsets "
+                        "partitions=%d answered=%zu",
+                        l->cnt, total);
+        }
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
 static void log_assign_error(kg_worker_t *w, const char *what, rd_kafka_error_t *e) {
     if (e) {
         char msg[512];
@@ -241,6 +334,8 @@ static void on_assign(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_l
     }
     if (w->out.txn && parts->cnt > 0) {
         fetch_committed(w, rk, parts);
+    } else if (parts->cnt > 0) {
+        read_answered(w, rk, parts);
     }
     if (is_incremental(rk)) {
         log_assign_error(w, "incremental assign", rd_kafka_incremental_assign(rk, parts));
@@ -279,6 +374,7 @@ static void on_revoke(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_l
     rd_kafka_poll(w->out.producer, 0);
     if (!w->life.fatal && !w->out.txn && !lost) {
         rd_kafka_commit(rk, NULL, 0);
+        commit_answered(w, rk, parts);
     }
     if (w->out.txn) {
         if (!w->life.fatal) {
