@@ -38,6 +38,8 @@ typedef struct kg_cuda_qkv_ops {
     float norm_eps;
     int neox;      /* pair i with i + n_rot/2 (else 2i with 2i + 1) */
     float q_scale; /* q *= q_scale after the rotation; 0: not */
+    int no_rope;   /* no rotation in this layer (NoPE) */
+    int norm_full; /* q_norm (n_head*hd) and k_norm (n_kv*hd) norm all heads at once (olmo2) */
 } kg_cuda_qkv_ops_t;
 
 /** For t < hdr->n_tokens, with qkv(t) = [q (n_head*hd) | k (n_kv*hd) | v (n_kv*hd)]

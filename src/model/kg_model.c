@@ -17,12 +17,15 @@
 #include <string.h>
 
 static const char *const arch_names[KG_ARCH_COUNT_] = {
-    [KG_ARCH_LLAMA] = "llama", [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
-    [KG_ARCH_QWEN3] = "qwen3", [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
-    [KG_ARCH_PHI3] = "phi3",   [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
+    [KG_ARCH_LLAMA] = "llama",     [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
+    [KG_ARCH_QWEN3] = "qwen3",     [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
+    [KG_ARCH_PHI3] = "phi3",       [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
+    [KG_ARCH_SMOLLM3] = "smollm3", [KG_ARCH_GRANITE] = "granite",   [KG_ARCH_OLMO2] = "olmo2",
 };
 
-#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss"
+#define SUPPORTED_ARCHS                                                                            \
+    "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
+    "olmo2"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -278,11 +281,13 @@ static bool check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_si
         bad = "head dimension must be even and at most 1024";
     } else if (hp->n_rot <= 0 || hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim) {
         bad = "rope.dimension_count must be even and at most the head dimension";
-    } else if ((hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_QWEN3MOE ||
-                hp->arch == KG_ARCH_GPT_OSS) &&
+    } else if (hp->arch != KG_ARCH_MISTRAL && hp->arch != KG_ARCH_QWEN2 &&
+               hp->arch != KG_ARCH_QWEN3 && hp->arch != KG_ARCH_GEMMA2 &&
+               hp->arch != KG_ARCH_GEMMA3 && hp->arch != KG_ARCH_PHI3 &&
                hp->n_rot != hp->head_dim) {
-        bad = "llama, qwen3moe and gpt-oss need rope.dimension_count equal to the head dimension "
-              "(as llama.cpp)";
+        bad = "this family needs rope.dimension_count equal to the head dimension (as llama.cpp)";
+    } else if (hp->arch == KG_ARCH_OLMO2 && (int64_t)hp->n_head * hp->head_dim != hp->n_embd) {
+        bad = "olmo2 needs head_count x key_length equal to embedding_length (as llama.cpp)";
     } else if (hp->n_vocab <= 0) {
         bad = "empty vocabulary";
     } else if (!(hp->norm_eps > 0.0f) || !(hp->rope_base > 0.0f) || !(hp->rope_scale > 0.0f) ||
@@ -306,9 +311,11 @@ static bool read_arch_hparams(const kg_gguf_t *g,
                               bool *is_swa,
                               float *swa_base,
                               float *swa_scale,
+                              int32_t *nope_every,
                               char *errstr,
                               size_t errstr_size) {
     char key[128];
+    *nope_every = 0;
     *swa_base = hp->rope_base;
     *swa_scale = hp->rope_scale;
     hp->rope_mode = KG_ROPE_MODE_NEOX;
@@ -366,6 +373,65 @@ static bool read_arch_hparams(const kg_gguf_t *g,
         break;
     }
     case KG_ARCH_QWEN3MOE:
+        break;
+    case KG_ARCH_SMOLLM3:
+        /* llama_model_smollm3: n_no_rope_layer_step is fixed at 4 in code
+         * (no key): layers 3, 7, 11, ... attend without RoPE */
+        hp->rope_mode = KG_ROPE_MODE_NORM;
+        *nope_every = 4;
+        break;
+    case KG_ARCH_GRANITE: {
+        /* llama_model_granite: logit_scale is required, the other
+         * multipliers optional (0: not applied); rope.scaling.finetuned
+         * (default true there) switches RoPE on for every layer */
+        hp->rope_mode = KG_ROPE_MODE_NORM;
+        if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "logit_scale"), &hp->logit_scale)) {
+            snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
+            return false;
+        }
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "residual_scale"), &hp->residual_scale);
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "embedding_scale"), &hp->embd_scale);
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.scale"), &hp->kq_scale);
+        bool rope_on = true;
+        kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "rope.scaling.finetuned"), &rope_on);
+        *nope_every = rope_on ? 0 : 1;
+        if (!(hp->logit_scale != 0.0f) || !isfinite(hp->logit_scale) ||
+            !isfinite(hp->residual_scale) || !isfinite(hp->embd_scale) || !isfinite(hp->kq_scale)) {
+            snprintf(errstr, errstr_size,
+                     "model: %s.logit_scale must be finite and not 0, and the residual, "
+                     "embedding and attention scales finite",
+                     arch);
+            return false;
+        }
+        break;
+    }
+    case KG_ARCH_OLMO2:
+        /* llama_model_olmo2: Q/K norms over the whole projection, and with
+         * attention.sliding_window > 0 (Olmo 3) windows on three layers of
+         * every four (pattern 4), whose RoPE has the global base but no
+         * frequency scale and no YaRN (freq_scale 1, ext_factor 0,
+         * attn_factor 1 in its graph) */
+        hp->qk_norm_full = true;
+        get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa);
+        if (hp->n_swa > 0) {
+            if (!read_swa_pattern(g, arch, 4, hp->n_layer, is_swa)) {
+                snprintf(errstr, errstr_size,
+                         "model: bad %s.attention.sliding_window_pattern (a period, or %d flags)",
+                         arch, hp->n_layer);
+                return false;
+            }
+            /* llama.cpp reads rope.freq_base_swa here but its graph rotates
+             * the windowed layers with the global base */
+            *swa_scale = 1.0f;
+            if (hp->yarn_ext_factor != 0.0f || hp->yarn_attn_factor != 1.0f) {
+                /* kgen's YaRN factors are the model's, not a layer's */
+                snprintf(errstr, errstr_size,
+                         "model: %s with sliding windows and YaRN or rope.scaling.attn_factor is "
+                         "not supported (the windowed layers run without them)",
+                         arch);
+                return false;
+            }
+        }
         break;
     case KG_ARCH_GPT_OSS:
         /* llama_model_openai_moe: every other layer slides (pattern 2:
@@ -501,14 +567,16 @@ static bool load_layer(loader_t *ld,
     const kg_arch_t a = hp->arch;
     const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3;
     const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE;
-    const bool oss = a == KG_ARCH_GPT_OSS;
+    const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     bool bad = false;
     char name[96];
 #define KG_T(suffix, ne0, ne1, opt)                                                                \
     (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il),                                      \
      find_tensor(ld, name, (ne0), (ne1), (opt), &bad))
 
-    L->attn_norm = KG_T("attn_norm.weight", E, 0, false);
+    if (!olmo2) {
+        L->attn_norm = KG_T("attn_norm.weight", E, 0, false);
+    }
     snprintf(name, sizeof(name), "blk.%d.attn_qkv.weight", (int)il);
     const kg_gguf_tensor_t *qkv = kg_gguf_find_tensor(ld->g, name);
     if (qkv) {
@@ -540,7 +608,8 @@ static bool load_layer(loader_t *ld,
         L->bv = KG_T("attn_v.bias", n_kv, 0, true);
     }
     L->wo = KG_T("attn_output.weight", n_q, E, false);
-    if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || oss) {
+    if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || a == KG_ARCH_GRANITE ||
+        oss) {
         L->bo = KG_T("attn_output.bias", E, 0, !oss);
     }
     if (oss) {
@@ -550,13 +619,20 @@ static bool load_layer(loader_t *ld,
         L->q_norm = KG_T("attn_q_norm.weight", hp->head_dim, 0, false);
         L->k_norm = KG_T("attn_k_norm.weight", hp->head_dim, 0, false);
     }
-    if (gemma) {
+    if (olmo2) {
+        L->q_norm = KG_T("attn_q_norm.weight", n_q, 0, false);
+        L->k_norm = KG_T("attn_k_norm.weight", n_kv, 0, false);
+    }
+    if (gemma || olmo2) {
         L->attn_post_norm = KG_T("post_attention_norm.weight", E, 0, false);
         L->ffn_post_norm = KG_T("post_ffw_norm.weight", E, 0, false);
     }
-    /* gpt-oss names its FFN norm post_attention_norm (after the attention) */
-    L->ffn_norm = oss ? KG_T("post_attention_norm.weight", E, 0, false)
-                      : KG_T("ffn_norm.weight", E, 0, false);
+    /* gpt-oss names its FFN norm post_attention_norm (after the attention);
+     * olmo2 has none */
+    if (!olmo2) {
+        L->ffn_norm = oss ? KG_T("post_attention_norm.weight", E, 0, false)
+                          : KG_T("ffn_norm.weight", E, 0, false);
+    }
     if (hp->n_expert > 0) {
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
         L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
@@ -694,7 +770,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         goto fail;
     }
     float swa_base, swa_scale;
-    if (!read_arch_hparams(g, arch, hp, is_swa, &swa_base, &swa_scale, errstr, errstr_size) ||
+    int32_t nope_every;
+    if (!read_arch_hparams(g, arch, hp, is_swa, &swa_base, &swa_scale, &nope_every, errstr,
+                           errstr_size) ||
         !read_moe_hparams(g, arch, hp, errstr, errstr_size)) {
         goto fail;
     }
@@ -726,7 +804,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     }
     /* Gemma 2's head is always the embedding (llama.cpp ignores an
      * output.weight there); the others use output.weight when present */
-    const bool output_optional = hp->arch != KG_ARCH_GPT_OSS; /* llama.cpp requires it there */
+    /* llama.cpp requires it for these */
+    const bool output_optional = hp->arch != KG_ARCH_GPT_OSS && hp->arch != KG_ARCH_OLMO2;
     model->output = find_tensor(&ld, "output.weight", E, V, output_optional, &bad);
     if (hp->arch == KG_ARCH_GEMMA2) {
         model->output = NULL;
@@ -738,7 +817,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     if (hp->arch == KG_ARCH_QWEN2) {
         model->output_b = find_tensor(&ld, "output.bias", V, 0, true, &bad);
     }
-    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL) { /* Llama 3.1 */
+    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL ||
+        hp->arch == KG_ARCH_GRANITE) { /* Llama 3.1's frequency divisors */
         model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {
@@ -762,6 +842,7 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         L->n_swa = is_swa[il] ? hp->n_swa : 0;
         L->rope_base = is_swa[il] ? swa_base : hp->rope_base;
         L->rope_scale = is_swa[il] ? swa_scale : hp->rope_scale;
+        L->no_rope = nope_every > 0 && (il + 1) % nope_every == 0;
         if (!(L->rope_base > 0.0f) || !(L->rope_scale > 0.0f)) {
             snprintf(errstr, errstr_size, "model: layer %d: RoPE base and scale must be > 0",
                      (int)il);
@@ -872,6 +953,18 @@ uint32_t kg_model_features(const kg_model_t *model) {
         if (L->attn_sinks) {
             f |= KG_MODEL_FEAT_ATTN_SINKS;
         }
+        if (L->no_rope) {
+            f |= KG_MODEL_FEAT_NOPE;
+        }
+        if (!L->attn_norm || !L->ffn_norm) {
+            f |= KG_MODEL_FEAT_NO_PRE_NORM;
+        }
+    }
+    if (hp->qk_norm_full) {
+        f |= KG_MODEL_FEAT_QK_NORM_FULL;
+    }
+    if (hp->kq_scale != 0.0f || hp->residual_scale != 0.0f || hp->logit_scale != 0.0f) {
+        f |= KG_MODEL_FEAT_SCALES;
     }
     if (hp->n_expert > 0 && (hp->moe_gating != KG_MOE_SOFTMAX || hp->ffn_act != KG_FFN_SILU)) {
         f |= KG_MODEL_FEAT_MOE_OAI;
@@ -884,7 +977,7 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
         "qkv_bias",   "qk_norm",        "post_norm", "gelu",         "embd_scale",
         "softcap",    "sliding_window", "rope_neox", "rope_partial", "rope_per_layer",
         "rope_yarn",  "rope_factors",   "q_scale",   "moe",          "moe_oai",
-        "attn_sinks",
+        "attn_sinks", "nope",           "scales",    "no_pre_norm",  "qk_norm_full",
     };
     size_t n = 0;
     if (cap == 0) {

@@ -126,6 +126,30 @@ static void scale_rows(float *x, int64_t n, float s) {
     }
 }
 
+/* y = RMSNorm(x) * w, the input norm of a block; a copy when the family
+ * has none (olmo2 norms the blocks' outputs instead). */
+static void pre_norm(const float *x, const float *w, float *y, int64_t T, int64_t n, float eps) {
+    if (w) {
+        cpu_rmsnorm_rows(x, w, y, T, n, eps);
+    } else {
+        memcpy(y, x, (size_t)(T * n) * sizeof(float));
+    }
+}
+
+/* x += s * b (granite's ggml_scale of the block output, then ggml_add),
+ * or x += b when s is 0. */
+static void add_residual(float *x, const float *b, int64_t n, float s) {
+    if (s != 0.0f) {
+        for (int64_t i = 0; i < n; i++) {
+            x[i] += b[i] * s;
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        x[i] += b[i];
+    }
+}
+
 /* RoPE (ggml_rope_ext) on the first n_rot dims of every head; the rest of
  * a head passes through. Normal mode rotates adjacent pairs (2i, 2i+1),
  * NeoX mode pairs i with i + n_rot/2; pair i takes angle i of the cache. */
@@ -162,8 +186,11 @@ static void attention_task(void *arg, int64_t w, int thread) {
     const kg_hparams_t *hp = &ctx->hp;
     const int32_t hd = hp->head_dim, n_kv_dim = hp->n_head_kv * hd;
     const int32_t group = hp->n_head / hp->n_head_kv, bs = ctx->block_size;
-    /* llama scales the scores; gemma and phi3 scaled q already (kq_scale 1) */
-    const float scale = hp->q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)hd);
+    /* llama scales the scores (by attention.scale where granite's file gives
+     * one); gemma and phi3 scaled q already (kq_scale 1) */
+    const float scale = hp->q_scale != 0.0f    ? 1.0f
+                        : hp->kq_scale != 0.0f ? hp->kq_scale
+                                               : 1.0f / sqrtf((float)hd);
     const int32_t n_swa = ctx->model->layers[job->il].n_swa;
     const int64_t max_pos = (int64_t)ctx->n_kv_blocks * bs;
 
@@ -390,21 +417,26 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cpu_layer_t *L = &ctx->layers[il];
         const float *cs = ctx->rope_cs + (int64_t)L->rope * T * hp->n_rot;
-        cpu_rmsnorm_rows(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        pre_norm(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
         const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
         matmul_n(ctx, 3, qkv, ctx->xn, qkv_out, T);
         add_bias(ctx->q, &L->bq, T, n_q);
         add_bias(ctx->k, &L->bk, T, n_kv);
         add_bias(ctx->v, &L->bv, T, n_kv);
-        if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
+        if (L->q_norm.data && hp->qk_norm_full) { /* build_norm on (n_q, T): olmo2 */
+            cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T, n_q, hp->norm_eps);
+            cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T, n_kv, hp->norm_eps);
+        } else if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
             cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T * hp->n_head, hp->head_dim,
                              hp->norm_eps);
             cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T * hp->n_head_kv, hp->head_dim,
                              hp->norm_eps);
         }
-        rope_rows(ctx, ctx->q, T, hp->n_head, cs);
-        rope_rows(ctx, ctx->k, T, hp->n_head_kv, cs);
+        if (!ctx->model->layers[il].no_rope) {
+            rope_rows(ctx, ctx->q, T, hp->n_head, cs);
+            rope_rows(ctx, ctx->k, T, hp->n_head_kv, cs);
+        }
         if (hp->q_scale != 0.0f) {
             scale_rows(ctx->q, T * n_q, hp->q_scale);
         }
@@ -423,11 +455,9 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         if (L->attn_post_norm.data) {
             cpu_rmsnorm_rows(ctx->tmp, L->attn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
         }
-        for (int64_t i = 0; i < T * E; i++) {
-            ctx->x[i] += ctx->tmp[i];
-        }
+        add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
 
-        cpu_rmsnorm_rows(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        pre_norm(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (L->moe) {
             moe_ffn(ctx, L, T);
         } else {
@@ -446,9 +476,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         if (L->ffn_post_norm.data) {
             cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
         }
-        for (int64_t i = 0; i < T * E; i++) {
-            ctx->x[i] += ctx->tmp[i];
-        }
+        add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
     }
 
     /* head: only the rows that want logits, gathered in token order */
@@ -468,6 +496,9 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         cpu_rmsnorm_rows(ctx->xn, ctx->output_norm.data, ctx->xn, n_out, E, hp->norm_eps);
         matmul(ctx, &ctx->output, ctx->xn, logits, n_out);
         add_bias(logits, &ctx->output_b, n_out, hp->n_vocab);
+        if (hp->logit_scale != 0.0f) { /* granite: ggml_scale by 1 / logit_scale */
+            scale_rows(logits, n_out * hp->n_vocab, 1.0f / hp->logit_scale);
+        }
         if (hp->final_softcap != 0.0f) {
             for (int64_t i = 0; i < n_out * hp->n_vocab; i++) {
                 logits[i] = kg_softcap(logits[i], hp->final_softcap);
