@@ -365,7 +365,9 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                        hp->rope_mode == KG_ROPE_MODE_NEOX,
                                        hp->q_scale,
                                        ctx->model->layers[il].no_rope,
-                                       hp->qk_norm_full};
+                                       hp->qk_norm_full,
+                                       hp->attn_temp_scale,
+                                       hp->attn_temp_floor};
         KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv,
                                   ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
                                   k_cache(ctx, il), v_cache(ctx, il)));

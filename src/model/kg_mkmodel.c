@@ -217,6 +217,7 @@ typedef struct family {
     bool granite_scales; /* embedding_scale, residual_scale, attention.scale, logit_scale */
     bool no_pre_norms;   /* no attn_norm / ffn_norm: the post-norms only (olmo2) */
     bool qk_norm_full;   /* attn_q_norm (n_head * head_dim), attn_k_norm (n_head_kv * head_dim) */
+    bool llama4_temp;    /* attention.temperature_scale, and YaRN's betas and log multiplier */
 } family_t;
 
 static const family_t families[] = {
@@ -291,6 +292,15 @@ static const family_t families[] = {
      .rms_eps = 1e-6f,
      .no_pre_norms = true,
      .qk_norm_full = true},
+    /* Ministral 3 / Mistral Small 3.x text: llama with Llama 4's attention
+     * temperature and YaRN's betas from the file (Tekken's BPE: the qwen
+     * one stands in) */
+    {.arch = "mistral3",
+     .gguf_arch = "mistral3",
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .norm_rope = true,
+     .llama4_temp = true},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -643,6 +653,18 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     if ((gemma2 || gemma3) && o->swa_pattern >= 0) {
         kg_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"),
                                (uint32_t)o->swa_pattern);
+    }
+    if (fam->llama4_temp) {
+        /* Ministral 3's llama_4_scaling_beta and mscale_all_dim 1; betas
+         * apart from its (and the default) 32 and 1, small enough to move
+         * YaRN's blend range for a short original context, so that reading
+         * them is tested */
+        kg_gguf_writer_set_f32(w, KEY("attention.temperature_scale"), 0.1f);
+        if (o->rope_scaling && strcmp(o->rope_scaling, "yarn") == 0) {
+            kg_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 2.0f);
+            kg_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 0.5f);
+            kg_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), 1.0f);
+        }
     }
     if (fam->granite_scales) {
         /* Granite 3.x's multipliers, but a logit scale of 2 rather than 8,

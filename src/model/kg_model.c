@@ -17,15 +17,16 @@
 #include <string.h>
 
 static const char *const arch_names[KG_ARCH_COUNT_] = {
-    [KG_ARCH_LLAMA] = "llama",     [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
-    [KG_ARCH_QWEN3] = "qwen3",     [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
-    [KG_ARCH_PHI3] = "phi3",       [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
-    [KG_ARCH_SMOLLM3] = "smollm3", [KG_ARCH_GRANITE] = "granite",   [KG_ARCH_OLMO2] = "olmo2",
+    [KG_ARCH_LLAMA] = "llama",       [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
+    [KG_ARCH_QWEN3] = "qwen3",       [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
+    [KG_ARCH_PHI3] = "phi3",         [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
+    [KG_ARCH_SMOLLM3] = "smollm3",   [KG_ARCH_GRANITE] = "granite",   [KG_ARCH_OLMO2] = "olmo2",
+    [KG_ARCH_MISTRAL3] = "mistral3",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2"
+    "olmo2, mistral3"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -204,6 +205,11 @@ static bool read_swa_pattern(
         is_swa[il] = period == 0 || ((uint32_t)il % period < period - 1);
     }
     return true;
+}
+
+/* YaRN's magnitude correction (llama_context's get_mscale). */
+static float yarn_mscale(float scale, float mscale) {
+    return scale <= 1.0f ? 1.0f : 0.1f * mscale * logf(scale) + 1.0f;
 }
 
 /* RoPE scaling as llama.cpp reads it (load_hparams) and completes it for a
@@ -401,6 +407,41 @@ static bool read_arch_hparams(const kg_gguf_t *g,
                      "model: %s.logit_scale must be finite and not 0, and the residual, "
                      "embedding and attention scales finite",
                      arch);
+            return false;
+        }
+        break;
+    }
+    case KG_ARCH_MISTRAL3: {
+        /* llama_model_mistral3: YaRN's betas and its log multiplier
+         * (mscale_all_dim) from the file, and Llama 4's attention
+         * temperature over blocks of the original context */
+        hp->rope_mode = KG_ROPE_MODE_NORM;
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.yarn_beta_fast"),
+                        &hp->yarn_beta_fast);
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.yarn_beta_slow"),
+                        &hp->yarn_beta_slow);
+        float log_mul = 0.0f;
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.yarn_log_multiplier"),
+                        &log_mul);
+        if (log_mul != 0.0f && hp->yarn_ext_factor != 0.0f) {
+            /* llama_context: mscale(factor, 1) / mscale(factor, mscale_all_dims),
+             * then the same cancelling and rope.scaling.attn_factor as read_rope */
+            const float f = 1.0f / hp->rope_scale;
+            float rope_attn_factor = 1.0f;
+            kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.attn_factor"),
+                            &rope_attn_factor);
+            hp->yarn_attn_factor = yarn_mscale(f, 1.0f) / yarn_mscale(f, log_mul);
+            hp->yarn_attn_factor *= 1.0f / (1.0f + 0.1f * logf(f));
+            hp->yarn_attn_factor *= rope_attn_factor;
+        }
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.temperature_scale"),
+                        &hp->attn_temp_scale);
+        hp->attn_temp_floor = hp->n_ctx_orig;
+        if (!isfinite(hp->attn_temp_scale) || !isfinite(log_mul) || !(hp->yarn_beta_fast > 0.0f) ||
+            !(hp->yarn_beta_slow > 0.0f) || !isfinite(hp->yarn_beta_fast) ||
+            !isfinite(hp->yarn_beta_slow)) {
+            snprintf(errstr, errstr_size,
+                     "model: bad %s YaRN betas, log multiplier or attention temperature", arch);
             return false;
         }
         break;
@@ -609,7 +650,7 @@ static bool load_layer(loader_t *ld,
     }
     L->wo = KG_T("attn_output.weight", n_q, E, false);
     if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || a == KG_ARCH_GRANITE ||
-        oss) {
+        a == KG_ARCH_MISTRAL3 || oss) {
         L->bo = KG_T("attn_output.bias", E, 0, !oss);
     }
     if (oss) {
@@ -817,8 +858,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     if (hp->arch == KG_ARCH_QWEN2) {
         model->output_b = find_tensor(&ld, "output.bias", V, 0, true, &bad);
     }
-    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL ||
-        hp->arch == KG_ARCH_GRANITE) { /* Llama 3.1's frequency divisors */
+    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL || hp->arch == KG_ARCH_GRANITE ||
+        hp->arch == KG_ARCH_MISTRAL3) { /* Llama 3.1's frequency divisors */
         model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {
@@ -963,6 +1004,9 @@ uint32_t kg_model_features(const kg_model_t *model) {
     if (hp->qk_norm_full) {
         f |= KG_MODEL_FEAT_QK_NORM_FULL;
     }
+    if (hp->attn_temp_scale != 0.0f) {
+        f |= KG_MODEL_FEAT_ATTN_TEMP;
+    }
     if (hp->kq_scale != 0.0f || hp->residual_scale != 0.0f || hp->logit_scale != 0.0f) {
         f |= KG_MODEL_FEAT_SCALES;
     }
@@ -978,6 +1022,7 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
         "softcap",    "sliding_window", "rope_neox", "rope_partial", "rope_per_layer",
         "rope_yarn",  "rope_factors",   "q_scale",   "moe",          "moe_oai",
         "attn_sinks", "nope",           "scales",    "no_pre_norm",  "qk_norm_full",
+        "attn_temp",
     };
     size_t n = 0;
     if (cap == 0) {

@@ -51,6 +51,7 @@ typedef enum kg_arch {
     KG_ARCH_SMOLLM3,
     KG_ARCH_GRANITE,
     KG_ARCH_OLMO2,
+    KG_ARCH_MISTRAL3,
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -128,6 +129,11 @@ typedef struct kg_hparams {
     float logit_scale;    /* the logits are multiplied by 1 / logit_scale (granite); 0 = not */
     bool qk_norm_full;    /* q_norm / k_norm are one RMSNorm over all the query (key) heads
                              of a token, not one per head (olmo2) */
+    /* Llama 4's attention temperature (mistral3: attention.temperature_scale): after RoPE,
+     * q at position p is multiplied by log(floor(p / attn_temp_floor) + 1) * attn_temp_scale
+     * + 1; attn_temp_scale 0 = off */
+    float attn_temp_scale;
+    int32_t attn_temp_floor; /* llama.cpp's n_attn_temp_floor_scale: the original context */
     kg_ffn_act_t ffn_act;
 
     /* mixture of experts (n_expert 0: a dense model) */
@@ -228,6 +234,7 @@ enum {
                                                and logit scales */
     KG_MODEL_FEAT_NO_PRE_NORM = 1u << 18,   /* layers without the attention / FFN input norms */
     KG_MODEL_FEAT_QK_NORM_FULL = 1u << 19,  /* Q/K RMSNorm over all heads of a token */
+    KG_MODEL_FEAT_ATTN_TEMP = 1u << 20,     /* queries scaled by position (attention temperature) */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and

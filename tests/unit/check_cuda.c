@@ -1546,6 +1546,8 @@ static const cuda_family_t k_cuda_families[] = {
     {"gpt-oss", true, NULL, "mxfp4_moe"},      /* its router, sinks, MXFP4 experts */
     {"smollm3", false, "q8_0", NULL, true},    /* NoPE on every fourth layer */
     {"granite", false, "q4_k_m", "f32", true}, /* embedding, residual, attention, logit scales */
+    {"olmo2", false, "q8_0", "f32", true}, /* output norms only, full-width Q/K norms, windows */
+    {"mistral3", false, "q4_k_m", NULL, true}, /* attention temperature, YaRN betas */
 };
 
 #define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))
@@ -1568,17 +1570,33 @@ static bool row_inv(const cuda_family_t *f) {
     return f->inv != NULL;
 }
 
+/* KG_CUDA_ARCH_ONLY=a,b,...: only those rows (the emulator takes minutes
+ * a row; a new family's rows can be checked alone). */
+static bool row_selected(const cuda_family_t *f) {
+    const char *only = getenv("KG_CUDA_ARCH_ONLY");
+    if (!only || !*only) {
+        return true;
+    }
+    const size_t n = strlen(f->name);
+    for (const char *p = only; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        if (strncmp(p, f->name, n) == 0 && (p[n] == ',' || p[n] == '\0')) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static int n_rows(bool (*takes)(const cuda_family_t *)) {
     int n = 0;
     for (int r = 0; r < N_CUDA_FAMILIES; r++) {
-        n += takes(&k_cuda_families[r]);
+        n += takes(&k_cuda_families[r]) && row_selected(&k_cuda_families[r]);
     }
     return n;
 }
 
 static const cuda_family_t *nth_row(bool (*takes)(const cuda_family_t *), int i) {
     for (int r = 0; r < N_CUDA_FAMILIES; r++) {
-        if (takes(&k_cuda_families[r]) && i-- == 0) {
+        if (takes(&k_cuda_families[r]) && row_selected(&k_cuda_families[r]) && i-- == 0) {
             return &k_cuda_families[r];
         }
     }

@@ -8,6 +8,7 @@
  * written with `kgen mkmodel`, then some keys or tensors are changed with
  * the GGUF writer. */
 #include "backend/kg_backend.h"
+#include "backend/kg_math.h"
 #include "check_common.h"
 #include "engine/kg_backend_registry.h"
 #include "model/kg_gguf_writer.h"
@@ -253,6 +254,22 @@ static void loads_olmo2(const kg_model_t *m) {
     ck_assert(!m->hp.tied);
 }
 
+/* mistral3: YaRN's betas and log multiplier from the file (factor 4:
+ * mscale(4, 1) / mscale(4, 1) / (1 + 0.1 ln 4)), the attention
+ * temperature over blocks of the original context */
+static void loads_mistral3(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NORM);
+    ck_assert_float_eq(m->hp.yarn_beta_fast, 2.0f);
+    ck_assert_float_eq(m->hp.yarn_beta_slow, 0.5f);
+    ck_assert_float_eq(m->hp.yarn_attn_factor, 1.0f / (1.0f + 0.1f * logf(4.0f)));
+    ck_assert_float_eq(m->hp.attn_temp_scale, 0.1f);
+    ck_assert_int_eq(m->hp.attn_temp_floor, 64);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_ROPE_YARN | KG_MODEL_FEAT_ATTN_TEMP);
+    /* the temperature: 1 in the first block, log(2) * 0.1 + 1 in the second */
+    ck_assert_float_eq(kg_attn_temp(0.1f, 64, 63), 1.0f);
+    ck_assert_float_eq(kg_attn_temp(0.1f, 64, 64), (float)(log(2.0) * 0.1f + 1.0));
+}
+
 static const char *const gemma2_defaults[] = {"gemma2.attention.sliding_window",
                                               "gemma2.attn_logit_softcapping",
                                               "gemma2.final_logit_softcapping", NULL};
@@ -288,6 +305,9 @@ static const struct model_family {
      "--arch olmo2 --n-layer 4 --sliding-window 16 --rope-base 500000 --rope-scaling linear "
      "--rope-factor 2 " SMALL,
      NULL, loads_olmo2},
+    {"mistral3",
+     "--arch mistral3 --n-layer 1 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64 " SMALL,
+     NULL, loads_mistral3},
 };
 
 /* The row's model, written, edited and loaded. */

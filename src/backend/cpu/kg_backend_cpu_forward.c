@@ -437,6 +437,12 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             rope_rows(ctx, ctx->q, T, hp->n_head, cs);
             rope_rows(ctx, ctx->k, T, hp->n_head_kv, cs);
         }
+        if (hp->attn_temp_scale != 0.0f) { /* mistral3: ggml_mul by the per-token scale */
+            for (int64_t t = 0; t < T; t++) {
+                scale_rows(ctx->q + t * n_q, n_q,
+                           kg_attn_temp(hp->attn_temp_scale, hp->attn_temp_floor, batch->pos[t]));
+            }
+        }
         if (hp->q_scale != 0.0f) {
             scale_rows(ctx->q, T * n_q, hp->q_scale);
         }
