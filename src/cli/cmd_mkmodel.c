@@ -44,7 +44,7 @@ static void usage(FILE *f) {
             "  --arch A            llama (default), qwen2, qwen3, gemma2, gemma3, phi3, smollm3\n"
             "                      (NoPE every 4th layer), granite (its multipliers), olmo2\n"
             "                      (output norms only; Olmo 3 with --sliding-window), mistral3\n"
-            "                      (attention temperature, YaRN betas), or the\n"
+            "                      (attention temperature, YaRN betas), seed_oss, or the\n"
             "                      mixtures of experts qwen3moe, mixtral (llama with experts)\n"
             "                      and gpt-oss\n"
             "  --n-embd N          embedding width\n"

@@ -218,6 +218,7 @@ typedef struct family {
     bool no_pre_norms;   /* no attn_norm / ffn_norm: the post-norms only (olmo2) */
     bool qk_norm_full;   /* attn_q_norm (n_head * head_dim), attn_k_norm (n_head_kv * head_dim) */
     bool llama4_temp;    /* attention.temperature_scale, and YaRN's betas and log multiplier */
+    bool ffn_norm_post;  /* the FFN norm named post_attention_norm (gpt-oss, seed_oss) */
 } family_t;
 
 static const family_t families[] = {
@@ -301,6 +302,14 @@ static const family_t families[] = {
      .rms_eps = 1e-5f,
      .norm_rope = true,
      .llama4_temp = true},
+    /* Seed-OSS: llama's graph with NeoX pairs, Q/K/V biases, its FFN norm
+     * named post_attention_norm; a byte-level BPE */
+    {.arch = "seed_oss",
+     .gguf_arch = "seed_oss",
+     .qkv_bias = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f,
+     .ffn_norm_post = true},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -407,10 +416,11 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
                 KG_ADD(KG_GGML_TYPE_F32, o->n_head, 1, 0.0f, 1.0f, "blk.%lld.attn_sinks.weight", L);
         }
         /* gpt-oss's converter maps post_attention_layernorm to its own name */
-        ok = ok && (fam->no_pre_norms || KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f,
-                                                fam->oss ? "blk.%lld.post_attention_norm.weight"
-                                                         : "blk.%lld.ffn_norm.weight",
-                                                L));
+        ok = ok && (fam->no_pre_norms ||
+                    KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f,
+                           fam->oss || fam->ffn_norm_post ? "blk.%lld.post_attention_norm.weight"
+                                                          : "blk.%lld.ffn_norm.weight",
+                           L));
         if (fam->moe) {
             const int64_t X = o->n_expert, FX = o->n_ff_exp;
             const kg_ggml_type_t xt = o->has_expert_type ? o->expert_type : wt;
@@ -599,7 +609,7 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     /* Qwen3 and Gemma configs carry head_dim, so their converters always
      * write it; the others only have it when it is not n_embd / n_head */
     if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0 || fam->oss || gemma2 || gemma3 ||
-        o->head_dim * o->n_head != o->n_embd) {
+        strcmp(a, "seed_oss") == 0 || o->head_dim * o->n_head != o->n_embd) {
         kg_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)o->head_dim);
         kg_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)o->head_dim);
     }

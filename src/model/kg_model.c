@@ -21,12 +21,12 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_QWEN3] = "qwen3",       [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
     [KG_ARCH_PHI3] = "phi3",         [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
     [KG_ARCH_SMOLLM3] = "smollm3",   [KG_ARCH_GRANITE] = "granite",   [KG_ARCH_OLMO2] = "olmo2",
-    [KG_ARCH_MISTRAL3] = "mistral3",
+    [KG_ARCH_MISTRAL3] = "mistral3", [KG_ARCH_SEED_OSS] = "seed_oss",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3"
+    "olmo2, mistral3, seed_oss"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -379,6 +379,7 @@ static bool read_arch_hparams(const kg_gguf_t *g,
         break;
     }
     case KG_ARCH_QWEN3MOE:
+    case KG_ARCH_SEED_OSS: /* llama_model_seed_oss: the llama graph with NeoX pairs */
         break;
     case KG_ARCH_SMOLLM3:
         /* llama_model_smollm3: n_no_rope_layer_step is fixed at 4 in code
@@ -668,11 +669,11 @@ static bool load_layer(loader_t *ld,
         L->attn_post_norm = KG_T("post_attention_norm.weight", E, 0, false);
         L->ffn_post_norm = KG_T("post_ffw_norm.weight", E, 0, false);
     }
-    /* gpt-oss names its FFN norm post_attention_norm (after the attention);
-     * olmo2 has none */
+    /* gpt-oss and seed_oss name their FFN norm post_attention_norm (after
+     * the attention); olmo2 has none */
     if (!olmo2) {
-        L->ffn_norm = oss ? KG_T("post_attention_norm.weight", E, 0, false)
-                          : KG_T("ffn_norm.weight", E, 0, false);
+        L->ffn_norm = oss || a == KG_ARCH_SEED_OSS ? KG_T("post_attention_norm.weight", E, 0, false)
+                                                   : KG_T("ffn_norm.weight", E, 0, false);
     }
     if (hp->n_expert > 0) {
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;

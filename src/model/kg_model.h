@@ -52,6 +52,7 @@ typedef enum kg_arch {
     KG_ARCH_GRANITE,
     KG_ARCH_OLMO2,
     KG_ARCH_MISTRAL3,
+    KG_ARCH_SEED_OSS,
     KG_ARCH_COUNT_,
 } kg_arch_t;
 

@@ -1548,6 +1548,7 @@ static const cuda_family_t k_cuda_families[] = {
     {"granite", false, "q4_k_m", "f32", true}, /* embedding, residual, attention, logit scales */
     {"olmo2", false, "q8_0", "f32", true}, /* output norms only, full-width Q/K norms, windows */
     {"mistral3", false, "q4_k_m", NULL, true}, /* attention temperature, YaRN betas */
+    {"seed_oss", false, "q8_0", NULL, true},   /* NeoX llama, Q/K/V biases, head_dim 128 */
 };
 
 #define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))

@@ -270,6 +270,16 @@ static void loads_mistral3(const kg_model_t *m) {
     ck_assert_float_eq(kg_attn_temp(0.1f, 64, 64), (float)(log(2.0) * 0.1f + 1.0));
 }
 
+/* seed_oss: NeoX pairs, the biases, its FFN norm from post_attention_norm */
+static void loads_seed_oss(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NEOX);
+    ck_assert_int_eq(m->hp.head_dim, 32);
+    ck_assert_ptr_nonnull(m->layers[0].bq);
+    ck_assert_ptr_nonnull(m->layers[0].ffn_norm);
+    ck_assert_ptr_null(m->layers[0].attn_post_norm);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_QKV_BIAS);
+}
+
 static const char *const gemma2_defaults[] = {"gemma2.attention.sliding_window",
                                               "gemma2.attn_logit_softcapping",
                                               "gemma2.final_logit_softcapping", NULL};
@@ -308,6 +318,7 @@ static const struct model_family {
     {"mistral3",
      "--arch mistral3 --n-layer 1 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64 " SMALL,
      NULL, loads_mistral3},
+    {"seed_oss", "--arch seed_oss --n-layer 1 --head-dim 32 " SMALL, NULL, loads_seed_oss},
 };
 
 /* The row's model, written, edited and loaded. */
