@@ -388,7 +388,11 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                    ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                    hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
-        if (hp->ffn_act == KG_FFN_GELU) {
+        if (hp->ffn_act == KG_FFN_XIELU) {
+            const kg_layer_weights_t *ML = &ctx->model->layers[il];
+            const float xp[4] = {ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps};
+            KG_TRY(kg_cuda_xielu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff, xp));
+        } else if (hp->ffn_act == KG_FFN_GELU) {
             KG_TRY(kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt,
                                  hp->n_ff));
         } else {

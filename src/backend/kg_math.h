@@ -123,6 +123,17 @@ KG_HD void kg_rope_pair(float *x0, float *x1, float cos_t, float sin_t) {
     *x1 = a * sin_t + b * cos_t;
 }
 
+/** xIELU of one element (Apertus), as ggml's op_xielu, with the op's
+ * parameters (alpha_n already beta + softplus(alpha_n), alpha_p
+ * softplus(alpha_p)). */
+KG_HD float kg_xielu(float x, float alpha_n, float alpha_p, float beta, float eps) {
+    if (x > 0.0f) {
+        return alpha_p * x * x + beta * x;
+    }
+    const float min_x_eps = fminf(x, eps);
+    return (expm1f(min_x_eps) - x) * alpha_n + beta * x;
+}
+
 /** Llama 4's attention temperature at position pos (mistral3), as
  * llm_graph_input_attn_temp computes it: log(floor(pos / floor_len) + 1)
  * in double, times scale, plus 1, stored as a float. */

@@ -219,6 +219,7 @@ typedef struct family {
     bool qk_norm_full;   /* attn_q_norm (n_head * head_dim), attn_k_norm (n_head_kv * head_dim) */
     bool llama4_temp;    /* attention.temperature_scale, and YaRN's betas and log multiplier */
     bool ffn_norm_post;  /* the FFN norm named post_attention_norm (gpt-oss, seed_oss) */
+    bool xielu;          /* no ffn_gate; xielu.* keys, one value per layer (apertus) */
 } family_t;
 
 static const family_t families[] = {
@@ -310,6 +311,14 @@ static const family_t families[] = {
      .vocab = KG_MKVOCAB_QWEN,
      .rms_eps = 1e-6f,
      .ffn_norm_post = true},
+    /* Apertus: per-head Q/K norms, NeoX pairs, an ungated xIELU FFN; a
+     * byte-level BPE */
+    {.arch = "apertus",
+     .gguf_arch = "apertus",
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .xielu = true},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -448,6 +457,10 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
         } else if (fam->fused) {
             ok = ok && KG_ADD(wt, E, 2 * F, 0.0f, fe, "blk.%lld.ffn_up.weight", L) &&
                  KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L);
+        } else if (fam->xielu) {
+            ok = ok &&
+                 KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L) &&
+                 KG_ADD(wt, E, F, 0.0f, fe, "blk.%lld.ffn_up.weight", L);
         } else {
             ok = ok && KG_ADD(wt, E, F, 0.0f, fe, "blk.%lld.ffn_gate.weight", L) &&
                  KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L) &&
@@ -676,6 +689,22 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
             kg_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), 1.0f);
         }
     }
+    if (fam->xielu) {
+        /* the raw values ApertusModel writes per layer (op parameters are
+         * made from them: softplus), varied by layer as trained ones are */
+        float an[64], ap[64], beta[64], eps[64];
+        const int64_t n = o->n_layer < 64 ? o->n_layer : 64;
+        for (int64_t l = 0; l < n; l++) {
+            an[l] = 0.8f + 0.05f * (float)l;
+            ap[l] = 0.6f - 0.05f * (float)l;
+            beta[l] = 0.5f;
+            eps[l] = -1e-6f;
+        }
+        kg_gguf_writer_set_arr(w, "xielu.alpha_n", KG_GGUF_TYPE_FLOAT32, an, (uint64_t)n);
+        kg_gguf_writer_set_arr(w, "xielu.alpha_p", KG_GGUF_TYPE_FLOAT32, ap, (uint64_t)n);
+        kg_gguf_writer_set_arr(w, "xielu.beta", KG_GGUF_TYPE_FLOAT32, beta, (uint64_t)n);
+        kg_gguf_writer_set_arr(w, "xielu.eps", KG_GGUF_TYPE_FLOAT32, eps, (uint64_t)n);
+    }
     if (fam->granite_scales) {
         /* Granite 3.x's multipliers, but a logit scale of 2 rather than 8,
          * so that the random model's greedy picks keep clear margins, and
@@ -749,6 +778,10 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     if (is_longrope(o) && (strcmp(fam->arch, "phi3") != 0 || o->rope_orig_ctx <= 0)) {
         snprintf(errstr, errstr_size,
                  "longrope needs --arch phi3 and an original context (rope_orig_ctx)");
+        return KG_ERR_INVALID;
+    }
+    if (fam->xielu && o->n_layer > 64) {
+        snprintf(errstr, errstr_size, "apertus: at most 64 layers (its xielu.* arrays)");
         return KG_ERR_INVALID;
     }
     kg_gguf_writer_t *w = kg_gguf_writer_new();

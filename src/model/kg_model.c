@@ -21,12 +21,12 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_QWEN3] = "qwen3",       [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
     [KG_ARCH_PHI3] = "phi3",         [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
     [KG_ARCH_SMOLLM3] = "smollm3",   [KG_ARCH_GRANITE] = "granite",   [KG_ARCH_OLMO2] = "olmo2",
-    [KG_ARCH_MISTRAL3] = "mistral3", [KG_ARCH_SEED_OSS] = "seed_oss",
+    [KG_ARCH_MISTRAL3] = "mistral3", [KG_ARCH_SEED_OSS] = "seed_oss", [KG_ARCH_APERTUS] = "apertus",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss"
+    "olmo2, mistral3, seed_oss, apertus"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -447,6 +447,11 @@ static bool read_arch_hparams(const kg_gguf_t *g,
         }
         break;
     }
+    case KG_ARCH_APERTUS:
+        /* llama_model_apertus: per-head Q/K norms, xIELU (its xielu.* keys
+         * are read per layer with the tensors) */
+        hp->ffn_act = KG_FFN_XIELU;
+        break;
     case KG_ARCH_OLMO2:
         /* llama_model_olmo2: Q/K norms over the whole projection, and with
          * attention.sliding_window > 0 (Olmo 3) windows on three layers of
@@ -587,6 +592,66 @@ static bool read_moe_hparams(
     return true;
 }
 
+/* One float per layer: <key> holds one value for every layer or an array
+ * of n_layer (llama.cpp's get_key_or_arr). */
+static bool get_f32_per_layer(const kg_gguf_t *g, const char *key, int32_t n_layer, float *out) {
+    kg_gguf_type_t et;
+    uint64_t n = 0;
+    if (kg_gguf_get_arr(g, key, &et, &n)) {
+        return et == KG_GGUF_TYPE_FLOAT32 && n == (uint64_t)n_layer &&
+               kg_gguf_arr_f32(g, key, out, n);
+    }
+    float v;
+    if (!kg_gguf_get_f32(g, key, &v)) {
+        return false;
+    }
+    for (int32_t il = 0; il < n_layer; il++) {
+        out[il] = v;
+    }
+    return true;
+}
+
+/* ggml_compute_softplus_f32 */
+static float softplus(float x) {
+    return x > 20.0f ? x : logf(1 + expf(x));
+}
+
+/* Apertus's xIELU constants (the keys have no architecture prefix), made
+ * into ggml_xielu's op parameters for each layer. */
+static bool read_xielu(const kg_gguf_t *g, kg_model_t *model, char *errstr, size_t errstr_size) {
+    static const char *const keys[4] = {"xielu.alpha_n", "xielu.alpha_p", "xielu.beta",
+                                        "xielu.eps"};
+    const int32_t n_layer = model->hp.n_layer;
+    float *v = malloc((size_t)n_layer * 4 * sizeof(float));
+    bool ok = v != NULL;
+    for (int k = 0; ok && k < 4; k++) {
+        if (!get_f32_per_layer(g, keys[k], n_layer, v + (size_t)k * n_layer)) {
+            snprintf(errstr, errstr_size,
+                     "model: missing or bad '%s' (one F32, or an array of %d: one per layer)",
+                     keys[k], n_layer);
+            ok = false;
+        }
+    }
+    for (int32_t il = 0; ok && il < n_layer; il++) {
+        kg_layer_weights_t *L = &model->layers[il];
+        const float an = v[il], ap = v[n_layer + il], beta = v[2 * n_layer + il];
+        L->xielu_an = beta + softplus(an);
+        L->xielu_ap = softplus(ap);
+        L->xielu_beta = beta;
+        L->xielu_eps = v[3 * n_layer + il];
+        if (!isfinite(L->xielu_an) || !isfinite(L->xielu_ap) || !isfinite(L->xielu_beta) ||
+            !isfinite(L->xielu_eps)) {
+            snprintf(errstr, errstr_size, "model: layer %d: xielu values must be finite", (int)il);
+            ok = false;
+        }
+    }
+    if (!v) {
+        snprintf(errstr, errstr_size, "model: out of memory");
+    }
+    free(v);
+    return ok;
+}
+
 // ---- loading ----
 
 /* Every tensor of one layer. Q/K/V come separately or fused (attn_qkv,
@@ -608,7 +673,8 @@ static bool load_layer(loader_t *ld,
     const int64_t n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
     const kg_arch_t a = hp->arch;
     const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3;
-    const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE;
+    const bool qk_norm =
+        a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     bool bad = false;
     char name[96];
@@ -651,7 +717,7 @@ static bool load_layer(loader_t *ld,
     }
     L->wo = KG_T("attn_output.weight", n_q, E, false);
     if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || a == KG_ARCH_GRANITE ||
-        a == KG_ARCH_MISTRAL3 || oss) {
+        a == KG_ARCH_MISTRAL3 || a == KG_ARCH_APERTUS || oss) {
         L->bo = KG_T("attn_output.bias", E, 0, !oss);
     }
     if (oss) {
@@ -660,6 +726,12 @@ static bool load_layer(loader_t *ld,
     if (qk_norm) {
         L->q_norm = KG_T("attn_q_norm.weight", hp->head_dim, 0, false);
         L->k_norm = KG_T("attn_k_norm.weight", hp->head_dim, 0, false);
+    }
+    if (a == KG_ARCH_APERTUS) {
+        /* llama.cpp loads these optional biases and its graph never adds
+         * them (build_norm with no bias): taken and ignored alike */
+        (void)KG_T("attn_q_norm.bias", hp->head_dim, 0, true);
+        (void)KG_T("attn_k_norm.bias", hp->head_dim, 0, true);
     }
     if (olmo2) {
         L->q_norm = KG_T("attn_q_norm.weight", n_q, 0, false);
@@ -717,6 +789,8 @@ static bool load_layer(loader_t *ld,
             L->w_gate = make_view(&views[6], up, 0, F, 0);
             L->w_up = make_view(&views[7], up, F, F, 0);
         }
+    } else if (hp->ffn_act == KG_FFN_XIELU) {
+        L->w_up = KG_T("ffn_up.weight", E, F, false);
     } else {
         L->w_gate = KG_T("ffn_gate.weight", E, F, false);
         L->w_up = KG_T("ffn_up.weight", E, F, false);
@@ -860,7 +934,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         model->output_b = find_tensor(&ld, "output.bias", V, 0, true, &bad);
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL || hp->arch == KG_ARCH_GRANITE ||
-        hp->arch == KG_ARCH_MISTRAL3) { /* Llama 3.1's frequency divisors */
+        hp->arch == KG_ARCH_MISTRAL3 ||
+        hp->arch == KG_ARCH_APERTUS) { /* Llama 3.1's frequency divisors */
         model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {
@@ -873,6 +948,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
                      "model: rope_factors_long and rope_factors_short come together");
             bad = true;
         }
+    }
+    if (hp->ffn_act == KG_FFN_XIELU && !read_xielu(g, model, errstr, errstr_size)) {
+        goto fail;
     }
     for (int32_t il = 0; il < hp->n_layer && !bad; il++) {
         if (!load_layer(&ld, model, il, model->views + (size_t)il * 8,
@@ -1008,6 +1086,9 @@ uint32_t kg_model_features(const kg_model_t *model) {
     if (hp->attn_temp_scale != 0.0f) {
         f |= KG_MODEL_FEAT_ATTN_TEMP;
     }
+    if (hp->ffn_act == KG_FFN_XIELU) {
+        f |= KG_MODEL_FEAT_XIELU;
+    }
     if (hp->kq_scale != 0.0f || hp->residual_scale != 0.0f || hp->logit_scale != 0.0f) {
         f |= KG_MODEL_FEAT_SCALES;
     }
@@ -1023,7 +1104,7 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
         "softcap",    "sliding_window", "rope_neox", "rope_partial", "rope_per_layer",
         "rope_yarn",  "rope_factors",   "q_scale",   "moe",          "moe_oai",
         "attn_sinks", "nope",           "scales",    "no_pre_norm",  "qk_norm_full",
-        "attn_temp",
+        "attn_temp",  "xielu",
     };
     size_t n = 0;
     if (cap == 0) {

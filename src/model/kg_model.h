@@ -4,13 +4,15 @@
  *
  * DESIGN
  * The families kgen runs (llama, mistral, qwen2, qwen3, gemma2, gemma3,
- * phi3, and the mixture-of-experts qwen3moe, Mixtral (llama with experts)
- * and gpt-oss) differ in a handful of switches, so one description covers
- * them:
+ * phi3, smollm3, granite, olmo2, mistral3, seed_oss, apertus, and the
+ * mixture-of-experts qwen3moe, Mixtral (llama with experts) and gpt-oss)
+ * differ in a handful of switches, so one description covers them:
  * model-wide switches in kg_hparams_t (RoPE mode and scaling, GELU or SiLU
  * gate, embedding scale, soft-capping, how queries are scaled) and
  * per-layer attributes in kg_layer_weights_t (sliding window, RoPE base and
- * scale, optional tensors: Q/K/V biases, Q/K norms, post-norms). They are
+ * scale, NoPE, optional tensors: Q/K/V biases, Q/K norms, input and
+ * post-norms; granite's multipliers, mistral3's attention temperature,
+ * apertus's xIELU constants). They are
  * filled at load from the GGUF keys exactly as llama.cpp reads them, with
  * the values llama.cpp fixes in its code rather than in the file (Gemma's
  * layer patterns and query scale, Gemma 3's local RoPE base, YaRN's
@@ -53,6 +55,7 @@ typedef enum kg_arch {
     KG_ARCH_OLMO2,
     KG_ARCH_MISTRAL3,
     KG_ARCH_SEED_OSS,
+    KG_ARCH_APERTUS,
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -77,6 +80,9 @@ typedef enum kg_ffn_act {
     /* gpt-oss's clamped SwiGLU (ggml_swiglu_oai, alpha 1.702, limit 7):
      * x = min(gate, 7), y = clamp(up, -7, 7), x * sigmoid(1.702 x) * (y + 1) */
     KG_FFN_SWIGLU_OAI,
+    /* Apertus's xIELU on the up projection alone (no gate; ggml_xielu with
+     * the layer's xielu_* values) */
+    KG_FFN_XIELU,
 } kg_ffn_act_t;
 
 /* How a router's logits pick the k experts of a token and weigh them
@@ -157,7 +163,7 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *wv;        /* (n_embd, n_head_kv * head_dim) */
     const kg_gguf_tensor_t *wo;        /* (n_head * head_dim, n_embd) */
     const kg_gguf_tensor_t *ffn_norm;  /* (n_embd); NULL: none (olmo2) */
-    const kg_gguf_tensor_t *w_gate;    /* (n_embd, n_ff) */
+    const kg_gguf_tensor_t *w_gate;    /* (n_embd, n_ff); NULL with KG_FFN_XIELU */
     const kg_gguf_tensor_t *w_up;      /* (n_embd, n_ff) */
     const kg_gguf_tensor_t *w_down;    /* (n_ff, n_embd) */
 
@@ -185,10 +191,14 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *exp_gate, *exp_up, *exp_down;
     const kg_gguf_tensor_t *attn_sinks; /* (n_head) one extra softmax logit per head (gpt-oss) */
 
-    int32_t n_swa;   /* this layer's window (it attends to the last n_swa positions,
-                        itself included); 0 = global */
-    bool no_rope;    /* no rotation of q and k in this layer (NoPE: smollm3's every
-                        fourth layer, granite with rope.scaling.finetuned false) */
+    int32_t n_swa; /* this layer's window (it attends to the last n_swa positions,
+                      itself included); 0 = global */
+    bool no_rope;  /* no rotation of q and k in this layer (NoPE: smollm3's every
+                      fourth layer, granite with rope.scaling.finetuned false) */
+    /* xIELU's constants as ggml_xielu makes them from the file's per-layer
+     * xielu.* values: alpha_n = beta + softplus(alpha_n), alpha_p =
+     * softplus(alpha_p), beta, eps (KG_FFN_XIELU) */
+    float xielu_an, xielu_ap, xielu_beta, xielu_eps;
     float rope_base; /* this layer's RoPE base and frequency scale */
     float rope_scale;
 } kg_layer_weights_t;
@@ -236,6 +246,7 @@ enum {
     KG_MODEL_FEAT_NO_PRE_NORM = 1u << 18,   /* layers without the attention / FFN input norms */
     KG_MODEL_FEAT_QK_NORM_FULL = 1u << 19,  /* Q/K RMSNorm over all heads of a token */
     KG_MODEL_FEAT_ATTN_TEMP = 1u << 20,     /* queries scaled by position (attention temperature) */
+    KG_MODEL_FEAT_XIELU = 1u << 21,         /* xIELU FFN without a gate (apertus) */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and

@@ -1549,6 +1549,7 @@ static const cuda_family_t k_cuda_families[] = {
     {"olmo2", false, "q8_0", "f32", true}, /* output norms only, full-width Q/K norms, windows */
     {"mistral3", false, "q4_k_m", NULL, true}, /* attention temperature, YaRN betas */
     {"seed_oss", false, "q8_0", NULL, true},   /* NeoX llama, Q/K/V biases, head_dim 128 */
+    {"apertus", false, "q8_0", "f32", true},   /* ungated xIELU FFN, Q/K norms */
 };
 
 #define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))

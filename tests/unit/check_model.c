@@ -280,6 +280,24 @@ static void loads_seed_oss(const kg_model_t *m) {
     ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_QKV_BIAS);
 }
 
+/* apertus: no gate, xIELU's op parameters per layer from the raw values
+ * (layer 1: alpha_n 0.85, alpha_p 0.55, beta 0.5, eps -1e-6) */
+static void loads_apertus(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.ffn_act, KG_FFN_XIELU);
+    ck_assert_ptr_null(m->layers[1].w_gate);
+    ck_assert_ptr_nonnull(m->layers[1].q_norm);
+    ck_assert_float_eq(m->layers[1].xielu_an, 0.5f + logf(1 + expf(0.8f + 0.05f)));
+    ck_assert_float_eq(m->layers[1].xielu_ap, logf(1 + expf(0.6f - 0.05f)));
+    ck_assert_float_eq(m->layers[1].xielu_beta, 0.5f);
+    ck_assert_float_eq(m->layers[1].xielu_eps, -1e-6f);
+    ck_assert_uint_eq(kg_model_features(m),
+                      KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_XIELU);
+    /* the two branches of the op */
+    ck_assert_float_eq(kg_xielu(2.0f, 1.0f, 0.5f, 0.25f, -1e-6f), 0.5f * 2 * 2 + 0.25f * 2);
+    ck_assert_float_eq(kg_xielu(-1.0f, 1.0f, 0.5f, 0.25f, -1e-6f),
+                       (expm1f(-1.0f) + 1.0f) * 1.0f - 0.25f);
+}
+
 static const char *const gemma2_defaults[] = {"gemma2.attention.sliding_window",
                                               "gemma2.attn_logit_softcapping",
                                               "gemma2.final_logit_softcapping", NULL};
@@ -319,6 +337,7 @@ static const struct model_family {
      "--arch mistral3 --n-layer 1 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64 " SMALL,
      NULL, loads_mistral3},
     {"seed_oss", "--arch seed_oss --n-layer 1 --head-dim 32 " SMALL, NULL, loads_seed_oss},
+    {"apertus", "--arch apertus --n-layer 2 " SMALL, NULL, loads_apertus},
 };
 
 /* The row's model, written, edited and loaded. */
@@ -390,6 +409,12 @@ START_TEST(refusals_name_what_is_supported) {
         mk("--arch olmo2 --n-layer 4 --sliding-window 16 --rope-scaling yarn --rope-factor 4 "
            "--rope-orig-ctx 64 " SMALL);
     load_fails(ol, (const char *[]){"olmo2 with sliding windows and YaRN", NULL});
+    /* apertus's xielu values: required, one per layer */
+    char *ap = mk("--arch apertus --n-layer 2 " SMALL);
+    load_fails(rewrite(ap, (const char *[]){"xielu.beta", NULL}, NULL, NULL, 0),
+               (const char *[]){"'xielu.beta'", "one per layer", NULL});
+    remove(ap);
+    free(ap);
 }
 END_TEST
 

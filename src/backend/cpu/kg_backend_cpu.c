@@ -340,7 +340,8 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
             if (!moe_layer_init(L, src, ctx, errstr, errstr_size)) {
                 goto fail;
             }
-        } else if (!weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size) ||
+        } else if ((src->w_gate &&
+                    !weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size)) ||
                    !weight_init(&L->w_up, src->w_up, ctx, errstr, errstr_size) ||
                    !weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size)) {
             goto fail;

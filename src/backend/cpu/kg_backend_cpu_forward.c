@@ -3,16 +3,20 @@
  * (the weights, the KV pool and the buffers it uses are kg_backend_cpu.c's).
  *
  * DESIGN
- * Step. x = embed(tokens) (times the embedding scale: gemma); per layer:
- * rmsnorm, Q/K/V GEMMs (+ biases: qwen2), per-head Q/K RMSNorm (qwen3,
- * gemma3), RoPE with the layer's base and scale (normal or NeoX pairs,
- * YaRN, LongRoPE factors), the query scale (gemma, phi3), K/V rows written
+ * Step. x = embed(tokens) (times the embedding scale: gemma, granite); per
+ * layer: rmsnorm (none: olmo2), Q/K/V GEMMs (+ biases: qwen2), per-head
+ * Q/K RMSNorm (qwen3, gemma3, apertus; over all heads: olmo2), RoPE with
+ * the layer's base and scale (normal or NeoX pairs, YaRN, LongRoPE factors;
+ * none in a NoPE layer: smollm3), the attention temperature (mistral3), the
+ * query scale (gemma, phi3), K/V rows written
  * to their blocks, attention of every token over its own sequence's
  * positions [0, pos], or the last n_swa of them in a windowed layer
- * (soft-capped scores: gemma2; parallel over tokens x heads), output GEMM
- * (+ post-norm: gemma) + residual, rmsnorm, gate/up GEMMs, SwiGLU or
- * GeGLU, down GEMM (+ post-norm) + residual; then the final norm and the
- * head only for the rows that want logits (+ bias, soft-capping). Each
+ * (soft-capped scores: gemma2; granite's attention scale; parallel over
+ * tokens x heads), output GEMM (+ post-norm: gemma, olmo2) (x residual
+ * scale: granite) + residual, rmsnorm, gate/up GEMMs, SwiGLU or GeGLU (or
+ * the up GEMM alone and xIELU: apertus), down GEMM (+ post-norm) +
+ * residual; then the final norm and the head only for the rows that want
+ * logits (+ bias, / logit scale: granite, soft-capping). Each
  * token's row is computed independently of the others in the batch, so a
  * sequence's results do not depend on what shares its step. The llama.cpp
  * ops each step mirrors are named where they are done.
@@ -466,6 +470,14 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         pre_norm(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (L->moe) {
             moe_ffn(ctx, L, T);
+        } else if (hp->ffn_act == KG_FFN_XIELU) { /* apertus: up, xIELU, down */
+            const kg_layer_weights_t *ML = &ctx->model->layers[il];
+            matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
+            for (int64_t i = 0; i < T * F; i++) {
+                ctx->gate[i] =
+                    kg_xielu(ctx->up[i], ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps);
+            }
+            matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
         } else {
             const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
             float *const gate_up_out[2] = {ctx->gate, ctx->up};
