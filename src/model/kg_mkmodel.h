@@ -11,11 +11,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The families `kgen mkmodel --arch` writes, for messages. */
+#define KG_MKMODEL_ARCHS                                                                           \
+    "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss, smollm3, granite, "    \
+    "olmo2, mistral3, seed_oss, apertus"
+
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
     const char *name;       /* general.name */
-    const char *arch;       /* llama (default), qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe,
-                               mixtral (a llama with experts) or gpt-oss */
+    const char *arch;       /* one of KG_MKMODEL_ARCHS (default llama; mixtral is a llama
+                               with experts) */
     const char *vocab_from; /* copy tokenizer.* from this GGUF; NULL: the family's built-in one */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, ctx;
     float rope_base;
