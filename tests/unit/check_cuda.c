@@ -1535,17 +1535,17 @@ typedef struct cuda_family {
 } cuda_family_t;
 
 static const cuda_family_t k_cuda_families[] = {
-    {"qwen2", false, "q8_0", NULL},            /* QKV biases, YaRN */
-    {"qwen3", false, NULL, NULL},              /* QK norms */
-    {"gemma2", false, "q8_0", "f16"},          /* GeGLU, soft-capping, windows on even layers */
-    {"gemma3", false, NULL, NULL},             /* per-layer RoPE, a window pattern */
-    {"gemma3-swa", false, NULL, "f32"},        /* gemma3 with every layer windowed */
-    {"phi3", false, "q8_0", NULL},             /* fused QKV and gate-up, LongRoPE */
-    {"qwen3moe", true, NULL, "q8_0"},          /* softmax router */
-    {"mixtral", true, NULL, NULL},             /* a llama with experts */
-    {"gpt-oss", true, NULL, "mxfp4_moe"},      /* its router, sinks, MXFP4 experts */
-    {"smollm3", false, "q8_0", NULL, true},    /* NoPE on every fourth layer */
-    {"granite", false, "q4_k_m", "f32", true}, /* embedding, residual, attention, logit scales */
+    {"qwen2", false, "q8_0", NULL, false},       /* QKV biases, YaRN */
+    {"qwen3", false, NULL, NULL, false},         /* QK norms */
+    {"gemma2", false, "q8_0", "f16", false},     /* GeGLU, soft-capping, windows on even layers */
+    {"gemma3", false, NULL, NULL, false},        /* per-layer RoPE, a window pattern */
+    {"gemma3-swa", false, NULL, "f32", false},   /* gemma3 with every layer windowed */
+    {"phi3", false, "q8_0", NULL, false},        /* fused QKV and gate-up, LongRoPE */
+    {"qwen3moe", true, NULL, "q8_0", false},     /* softmax router */
+    {"mixtral", true, NULL, NULL, false},        /* a llama with experts */
+    {"gpt-oss", true, NULL, "mxfp4_moe", false}, /* its router, sinks, MXFP4 experts */
+    {"smollm3", false, "q8_0", NULL, true},      /* NoPE on every fourth layer */
+    {"granite", false, "q4_k_m", "f32", true},   /* embedding, residual, attention, logit scales */
     {"olmo2", false, "q8_0", "f32", true}, /* output norms only, full-width Q/K norms, windows */
     {"mistral3", false, "q4_k_m", NULL, true}, /* attention temperature, YaRN betas */
     {"seed_oss", false, "q8_0", NULL, true},   /* NeoX llama, Q/K/V biases, head_dim 128 */
