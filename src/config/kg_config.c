@@ -44,8 +44,9 @@ static const opt_t options[] = {
     {"group-protocol", OPT_STR, OFF(group_protocol), "auto", 0, 0, "Kafka",
      "consumer group protocol: consumer (KIP-848: the broker assigns, incrementally), classic "
      "(--assignment-strategy), or auto (consumer, falling back to classic at startup when the "
-     "broker refuses it; classic when settings only it takes are given: a non-default "
-     "--assignment-strategy, -X session.timeout.ms or heartbeat.interval.ms); see "
+     "broker refuses it; classic with --group-instance-id, where a member restarted after a "
+     "crash gets its partitions back at once, and when settings only classic takes are given: a "
+     "non-default --assignment-strategy, -X session.timeout.ms or heartbeat.interval.ms); see "
      "docs/DELIVERY.md, Rebalances"},
     {"assignment-strategy", OPT_STR, OFF(assignment_strategy), "cooperative-sticky", 0, 0, "Kafka",
      "partition.assignment.strategy of the classic protocol: cooperative-sticky (only the "

@@ -558,8 +558,11 @@ static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_siz
 
 kg_status_t kg_worker_start_consumer(kg_worker_t *w, char *errstr, size_t errstr_size) {
     const kg_config_t *cfg = w->cfg;
+    /* static members too: under the consumer protocol a member restarted after a crash is
+     * refused its instance id (UNRELEASED_INSTANCE_ID, fatal) until the dead one's session
+     * expires, 45 s of crash loop, where the classic protocol hands it the partitions at once */
     bool classic_settings =
-        strcmp(cfg->assignment_strategy, "cooperative-sticky") != 0 ||
+        *cfg->group_instance_id || strcmp(cfg->assignment_strategy, "cooperative-sticky") != 0 ||
         x_value(cfg, "session.timeout.ms") || x_value(cfg, "heartbeat.interval.ms") ||
         x_value(cfg, "partition.assignment.strategy") || x_value(cfg, "group.protocol.type");
     if (!w->parts.fall_back) {
