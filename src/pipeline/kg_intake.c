@@ -84,14 +84,30 @@ kg_status_t kg_intake_render_chat(const kg_model_t *model,
     token_text(tok, kg_tokenizer_bos(tok), bos, sizeof(bos));
     token_text(tok, kg_tokenizer_eos(tok), eos, sizeof(eos));
     kg_status_t st;
+    bool oom = false;
+    char *vars = kg_job_template_vars(job, &oom);
+    if (oom) {
+        return KG_ERR_NOMEM;
+    }
     if (lim->chat_template) {
-        kg_chat_jinja_opts_t co = {.add_generation_prompt = true, .bos_text = bos, .eos_text = eos};
+        kg_chat_jinja_opts_t co = {.add_generation_prompt = true,
+                                   .bos_text = bos,
+                                   .eos_text = eos,
+                                   .extra_json = vars,
+                                   .extra_json_len = vars ? strlen(vars) : 0};
         st = kg_chat_render_jinja(lim->chat_template, job->messages, (size_t)job->n_messages, &co,
                                   text, err, sizeof(err));
+    } else if (job->tools_json) {
+        /* the recognised-family renderer has no place for tool definitions */
+        st = KG_ERR_UNSUPPORTED;
+        snprintf(err, sizeof(err),
+                 "tools: this model's chat template is not rendered by the Jinja engine, so "
+                 "tool definitions cannot be shown to it");
     } else {
         st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true, bos,
                             eos, text, err, sizeof(err));
     }
+    free(vars);
     if (st == KG_ERR_UNSUPPORTED || (st != KG_OK && st != KG_ERR_NOMEM)) {
         *code =
             st == KG_ERR_UNSUPPORTED ? KG_ERROR_UNSUPPORTED_CHAT_TEMPLATE : KG_ERROR_INVALID_JOB;

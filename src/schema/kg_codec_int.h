@@ -12,6 +12,8 @@
  *     splice). */
 #pragma once
 
+#include "kg_job.h"
+
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -69,3 +71,12 @@ void kg_codec_append(json_t *arr, json_t *v, bool *ok);
  * left out with a warning). malloc'ed text, length in *len when not NULL;
  * NULL when memory ran out. */
 char *kg_codec_dump_with_metadata(json_t *obj, const char *metadata_json, size_t *len);
+
+// ---- chat template variables and reasoning fields (kg_codec_reasoning.c) ----
+
+/** chat_template_kwargs, reasoning_effort, tools, reasoning_format and
+ * thinking_token_budget of the job object `root` into `job`; KG_ERR_INVALID
+ * with msg set (the field and what was expected), or KG_ERR_NOMEM. */
+kg_status_t kg_codec_decode_reasoning(json_t *root, kg_job_t *job, char *msg, size_t msg_size);
+/** The same fields, when not their defaults, into the job object `o`. */
+void kg_codec_encode_reasoning(json_t *o, const kg_job_t *job, bool *ok);

@@ -213,6 +213,18 @@ START_TEST(sampling_and_logprobs) {
     ck_assert(job->stream && job->ignore_eos);
     ck_assert_int_eq(job->sampling.top_k, 5);
     ck_assert_str_eq(job->metadata_json, "{\"k\":\"v\"}");
+    /* tools with tool_choice "none" reach the template (shown, never called) */
+    ck_assert_str_eq(job->tools_json, "[{\"type\":\"function\"}]");
+    kg_job_free(job);
+    /* vLLM's template and reasoning extensions pass through to the job */
+    job = decode_ok("{\"custom_id\": \"r\", " CHAT ", \"body\": {\"messages\": [{\"role\": "
+                    "\"user\", \"content\": \"x\"}], \"chat_template_kwargs\": "
+                    "{\"enable_thinking\": false}, \"reasoning_effort\": \"low\", "
+                    "\"reasoning_format\": \"none\", \"thinking_token_budget\": 7}}");
+    ck_assert_str_eq(job->template_kwargs_json, "{\"enable_thinking\":false}");
+    ck_assert_str_eq(job->reasoning_effort, "low");
+    ck_assert_int_eq(job->reasoning_format, KG_REASONING_NONE);
+    ck_assert(job->has_thinking_budget && job->thinking_token_budget == 7);
     kg_job_free(job);
     job = decode_ok("{\"custom_id\": \"s\", " CMPL ", \"body\": {\"prompt\": \"x\", \"logprobs\": "
                     "4, \"best_of\": 1, \"echo\": false, \"suffix\": \"\"}}");
