@@ -3,6 +3,7 @@
 
 #include "../schema/kg_chat.h"
 #include "../schema/kg_json_schema.h"
+#include "kg_reasoning.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,41 @@ static kg_status_t tokenize(
     }
     out->n_tokens = (int32_t)n;
     return KG_OK;
+}
+
+/* Whether the job's output is parsed for reasoning (see kg_prepared_t). */
+static bool think_on(const kg_model_t *model, const kg_job_t *job) {
+    switch (job->reasoning_format) {
+    case KG_REASONING_NONE:
+        return false;
+    case KG_REASONING_DEEPSEEK:
+        return true;
+    default:
+        return job->prompt_kind == KG_PROMPT_MESSAGES && model->chat_template &&
+               strstr(model->chat_template, KG_THINK_CLOSE) != NULL;
+    }
+}
+
+/* The markers as tokens, and whether a token prompt's last tokens open the thought. */
+static void think_tokens(const kg_tokenizer_t *tok, const kg_job_t *job, kg_prepared_t *out) {
+    int32_t ids[KG_THINK_MAX_CLOSE];
+    int64_t n = kg_tokenizer_encode(tok, KG_THINK_OPEN, sizeof(KG_THINK_OPEN) - 1, false, true,
+                                    ids, KG_THINK_MAX_CLOSE);
+    out->think_open_token = n == 1 ? ids[0] : -1;
+    n = kg_tokenizer_encode(tok, KG_THINK_CLOSE, sizeof(KG_THINK_CLOSE) - 1, false, true,
+                            out->think_close, KG_THINK_MAX_CLOSE);
+    out->n_think_close = n > 0 && n <= KG_THINK_MAX_CLOSE ? (int32_t)n : 0;
+    if (job->prompt_kind == KG_PROMPT_TOKENS) {
+        char tail[256];
+        size_t at = 0;
+        for (int32_t i = out->n_tokens > 8 ? out->n_tokens - 8 : 0; i < out->n_tokens; i++) {
+            at += kg_tokenizer_piece(tok, out->tokens[i], true, tail + at, sizeof(tail) - at);
+            at = at < sizeof(tail) ? at : sizeof(tail) - 1;
+        }
+        out->think_opened = kg_think_prompt_opens(tail, at);
+    } else if (job->prompt_kind == KG_PROMPT_TEXT) {
+        out->think_opened = kg_think_prompt_opens(job->prompt, job->prompt_len);
+    }
 }
 
 static const char *token_text(const kg_tokenizer_t *tok, int32_t id, char *buf, size_t cap) {
@@ -223,6 +259,7 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
             return st;
         }
         st = tokenize(tok, text, strlen(text), !has_bos, out);
+        out->think_opened = kg_think_prompt_opens(text, strlen(text));
         free(text);
         break;
     }
@@ -248,6 +285,12 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
                  out->n_tokens, max_prompt);
         kg_prepared_clear(out);
         return KG_ERR_INVALID;
+    }
+    out->think = think_on(model, job);
+    if (out->think) {
+        think_tokens(tok, job, out);
+    } else {
+        out->think_opened = false;
     }
     int32_t room = lim->max_seq_len - out->n_tokens;
     out->max_tokens = job->max_tokens < room ? (int32_t)job->max_tokens : room;

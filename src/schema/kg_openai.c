@@ -744,6 +744,12 @@ static json_t *choice_json(const asked_t *a, const json_t *c, int64_t index, boo
         if (msg) {
             put(msg, "role", json_string("assistant"), ok);
             put(msg, "content", json_incref(json_object_get(c, "text")), ok);
+            /* a parsed thought: vLLM's reasoning_content and its newer reasoning */
+            json_t *thought = json_object_get(c, "reasoning");
+            if (json_is_string(thought)) {
+                put(msg, "reasoning_content", json_incref(thought), ok);
+                put(msg, "reasoning", json_incref(thought), ok);
+            }
             put(msg, "refusal", json_null(), ok);
         }
     } else {

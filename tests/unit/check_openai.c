@@ -451,6 +451,19 @@ START_TEST(chat_completion_line) {
                &is_error);
     ck_assert(json_is_null(at(o, "response.body.choices.0.logprobs")));
     ck_assert_str_eq(str_at(o, "response.body.model"), "served-name");
+    ck_assert_ptr_null(at(o, "response.body.choices.0.message.reasoning_content"));
+    json_decref(o);
+    /* a parsed thought: content is the answer, the thought in reasoning_content and reasoning */
+    const char *think =
+        "{\"type\":\"done\",\"request_id\":\"request-1\"," EV_COMMON
+        ",\"finish_reason\":\"stop\",\"text\":\"{}\",\"reasoning\":\"hmm\","
+        "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":5,\"cached_tokens\":0},"
+        "\"timings\":{\"queue_ms\":0,\"ttft_ms\":1,\"total_ms\":2,\"tokens_per_s\":3}}";
+    o = output("{\"custom_id\": \"request-1\", " CHAT ", \"body\": {\"messages\": []}}", think,
+               &is_error);
+    ck_assert_str_eq(str_at(o, "response.body.choices.0.message.content"), "{}");
+    ck_assert_str_eq(str_at(o, "response.body.choices.0.message.reasoning_content"), "hmm");
+    ck_assert_str_eq(str_at(o, "response.body.choices.0.message.reasoning"), "hmm");
     json_decref(o);
 }
 END_TEST
