@@ -287,7 +287,7 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         return KG_ERR_INVALID;
     }
     out->think = think_on(model, job);
-    if (out->think) {
+    if (out->think || job->has_thinking_budget) {
         think_tokens(tok, job, out);
     } else {
         out->think_opened = false;

@@ -68,6 +68,17 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
                         .sampling = job->sampling,
                         .grammar = r->prep.grammar, /* the engine takes its own reference */
                         .n_choices = r->n_choices};
+    /* the thought, for the engine: a budget to enforce, a grammar to defer */
+    const kg_prepared_t *p = &r->prep;
+    if ((p->think || job->has_thinking_budget) && p->n_think_close > 0) {
+        req.think = p->think_opened             ? KG_THINK_REQ_OPEN
+                    : p->think_open_token >= 0 ? KG_THINK_REQ_MAY_OPEN
+                                               : KG_THINK_REQ_NONE;
+        req.think_open = p->think_open_token;
+        req.think_close = p->think_close;
+        req.n_think_close = p->n_think_close;
+        req.think_budget = job->has_thinking_budget ? job->thinking_token_budget : -1;
+    }
     if (job->deadline_ms > 0) {
         req.deadline_us = kg_clock_us() + (job->deadline_ms - kg_clock_epoch_ms()) * 1000;
     }
