@@ -168,7 +168,7 @@ typedef struct kg_request {
     int32_t n_choices;             /* 1..min(KG_MAX_CHOICES, max_batch_size); 0 means 1 */
     /* A reasoning model's thought (all zero: none). While the output is
      * inside the thought the grammar is not applied (it starts at the token
-     * after the closing tokens), and after think_budget thought tokens the
+     * after the closing tokens; only EOG is masked out, so the answer comes), and after think_budget thought tokens the
      * engine appends the closing tokens itself (a sampled token is dropped
      * for them; they are reported with logprob 0). The thought is open from
      * the first output token (think KG_THINK_REQ_OPEN: the prompt opened it)

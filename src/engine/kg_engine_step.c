@@ -423,9 +423,11 @@ grammar_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result
     return append_token(e, seq, tok, res);
 }
 
-/* Whether the sequence's grammar masks its next token: not inside a thought. */
+/* Whether the sequence's next token is masked: a constrained sequence's
+ * always (inside a thought only EOG is masked out, so that the answer the
+ * grammar promises follows the thought). */
 static bool masked(const kg_seq_t *seq) {
-    return seq->grammar && seq->think != KG_SEQ_THINK_IN;
+    return seq->grammar != NULL;
 }
 
 /* Whether the grammar's forced tokens may be appended: not while a thought may still open. */
@@ -522,6 +524,14 @@ static void build_masks(kg_engine_t *e, int32_t n_rows) {
         }
         int64_t t0 = now_ns();
         uint32_t *mask = e->masks + (size_t)row * (size_t)e->mask_words;
+        if (seq->think == KG_SEQ_THINK_IN) {
+            memset(mask, 0xff, (size_t)e->mask_words * sizeof(*mask));
+            for (int32_t i = 0; i < e->p.n_eog; i++) {
+                mask[e->p.eog[i] >> 5] &= ~(1u << (e->p.eog[i] & 31));
+            }
+            e->row_any[row] = true;
+            continue;
+        }
         bool any = kg_matcher_fill_mask(seq->matcher, mask);
         if (seq->think == KG_SEQ_THINK_START) {
             /* the first token may open the thought instead */
