@@ -168,18 +168,17 @@ typedef struct kg_request {
     int32_t n_choices;             /* 1..min(KG_MAX_CHOICES, max_batch_size); 0 means 1 */
     /* A reasoning model's thought (all zero: none). While the output is
      * inside the thought the grammar is not applied (it starts at the token
-     * after the closing tokens; only EOG is masked out, so the answer comes), and after think_budget thought tokens the
-     * engine appends the closing tokens itself (a sampled token is dropped
-     * for them; they are reported with logprob 0). The thought is open from
-     * the first output token (think KG_THINK_REQ_OPEN: the prompt opened it)
-     * or opens when the first output token is think_open (KG_THINK_REQ_MAY_OPEN:
-     * with a grammar, that token is allowed beside the grammar's first ones;
-     * any other first token starts the answer). */
-    int32_t think;                  /* KG_THINK_REQ_* */
-    int32_t think_open;             /* MAY_OPEN: the token that opens the thought */
-    const int32_t *think_close;     /* (n_think_close) the tokens that close it; copied */
-    int32_t n_think_close;          /* 1..KG_ENGINE_MAX_THINK_CLOSE */
-    int32_t think_budget;           /* thought tokens before it is closed; < 0: no budget */
+     * after the closing tokens; only EOG is masked out, so the answer comes), and after
+     * think_budget thought tokens the engine appends the closing tokens itself (a sampled token is
+     * dropped for them; they are reported with logprob 0). The thought is open from the first
+     * output token (think KG_THINK_REQ_OPEN: the prompt opened it) or opens when the first output
+     * token is think_open (KG_THINK_REQ_MAY_OPEN: with a grammar, that token is allowed beside the
+     * grammar's first ones; any other first token starts the answer). */
+    int32_t think;              /* KG_THINK_REQ_* */
+    int32_t think_open;         /* MAY_OPEN: the token that opens the thought */
+    const int32_t *think_close; /* (n_think_close) the tokens that close it; copied */
+    int32_t n_think_close;      /* 1..KG_ENGINE_MAX_THINK_CLOSE */
+    int32_t think_budget;       /* thought tokens before it is closed; < 0: no budget */
 } kg_request_t;
 
 enum { KG_THINK_REQ_NONE = 0, KG_THINK_REQ_MAY_OPEN, KG_THINK_REQ_OPEN };

@@ -413,14 +413,14 @@ static int64_t copy_vocab(kg_gguf_writer_t *w, const char *path) {
 /* Each family's chat template as its publisher ships it (the texts
  * llama.cpp's tests/test-chat-template.cpp carries for these models), so
  * kg_chat recognises the format the way llama.cpp does. */
-#define QWEN3_TEMPLATE(gen)                                                                      \
+#define QWEN3_TEMPLATE(gen)                                                                        \
     "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}{{- "      \
-    "messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n\\n<tools>' }}{%- for tool in "  \
-    "tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}{%- "  \
+    "messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n\\n<tools>' }}{%- for tool in "   \
+    "tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}{%- "   \
     "elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + "     \
-    "'<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if message.role != 'system' "  \
-    "%}{%- set content = message.content %}{%- if message.role == 'assistant' and '</think>' in "   \
-    "content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{- "  \
+    "'<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if message.role != 'system' " \
+    "%}{%- set content = message.content %}{%- if message.role == 'assistant' and '</think>' in "  \
+    "content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{- "   \
     "'<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}{%- endif %}{%- endfor "  \
     "%}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}" gen "{%- endif %}"
 
@@ -689,15 +689,15 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
         kg_gguf_writer_set_u32(w, "general.quantization_version", 2); /* ggml's QNT_VERSION */
     }
 
-    int64_t n_vocab = o->vocab_from
-                          ? copy_vocab(w, o->vocab_from)
-                          : kg_mkvocab_add(w,
-                                           /* a thinking template needs the think tokens */
-                                           fam->vocab == KG_MKVOCAB_QWEN && tmpl &&
-                                                   strstr(tmpl, "</think>")
-                                               ? KG_MKVOCAB_QWEN3
-                                               : fam->vocab,
-                                           o->n_words, g_err, sizeof(g_err));
+    int64_t n_vocab =
+        o->vocab_from
+            ? copy_vocab(w, o->vocab_from)
+            : kg_mkvocab_add(w,
+                             /* a thinking template needs the think tokens */
+                             fam->vocab == KG_MKVOCAB_QWEN && tmpl && strstr(tmpl, "</think>")
+                                 ? KG_MKVOCAB_QWEN3
+                                 : fam->vocab,
+                             o->n_words, g_err, sizeof(g_err));
     if (n_vocab < 0) {
         goto out;
     }

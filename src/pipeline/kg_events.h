@@ -55,7 +55,7 @@ typedef struct kg_events_fit {
     bool metadata_dropped;
     size_t text_bytes_cut;
     size_t reasoning_bytes_cut; /* a reasoning job's thought, cut before its answer */
-    bool over_budget; /* still larger than max_bytes with everything shed */
+    bool over_budget;           /* still larger than max_bytes with everything shed */
 } kg_events_fit_t;
 
 typedef struct kg_job_timing {

@@ -78,8 +78,8 @@ static bool think_on(const kg_model_t *model, const kg_job_t *job) {
 /* The markers as tokens, and whether a token prompt's last tokens open the thought. */
 static void think_tokens(const kg_tokenizer_t *tok, const kg_job_t *job, kg_prepared_t *out) {
     int32_t ids[KG_THINK_MAX_CLOSE];
-    int64_t n = kg_tokenizer_encode(tok, KG_THINK_OPEN, sizeof(KG_THINK_OPEN) - 1, false, true,
-                                    ids, KG_THINK_MAX_CLOSE);
+    int64_t n = kg_tokenizer_encode(tok, KG_THINK_OPEN, sizeof(KG_THINK_OPEN) - 1, false, true, ids,
+                                    KG_THINK_MAX_CLOSE);
     out->think_open_token = n == 1 ? ids[0] : -1;
     n = kg_tokenizer_encode(tok, KG_THINK_CLOSE, sizeof(KG_THINK_CLOSE) - 1, false, true,
                             out->think_close, KG_THINK_MAX_CLOSE);

@@ -57,7 +57,7 @@ typedef struct kg_prepared {
      * thought, and the markers as tokens for the engine (thinking budget,
      * grammar after the thought) */
     bool think;
-    bool think_opened; /* also set (with the tokens) for a job with a thinking budget */
+    bool think_opened;        /* also set (with the tokens) for a job with a thinking budget */
     int32_t think_open_token; /* <think> as one token, else -1 */
     int32_t think_close[KG_THINK_MAX_CLOSE];
     int32_t n_think_close; /* 0: </think> is more tokens than that */

@@ -71,7 +71,7 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
     /* the thought, for the engine: a budget to enforce, a grammar to defer */
     const kg_prepared_t *p = &r->prep;
     if ((p->think || job->has_thinking_budget) && p->n_think_close > 0) {
-        req.think = p->think_opened             ? KG_THINK_REQ_OPEN
+        req.think = p->think_opened            ? KG_THINK_REQ_OPEN
                     : p->think_open_token >= 0 ? KG_THINK_REQ_MAY_OPEN
                                                : KG_THINK_REQ_NONE;
         req.think_open = p->think_open_token;

@@ -25,8 +25,8 @@ void kg_output_split(const kg_output_t *out,
                      size_t *answer_len,
                      const char **reasoning,
                      size_t *reasoning_len) {
-    kg_think_split(&out->think, out->text ? out->text : "", out->len, answer, answer_len,
-                   reasoning, reasoning_len);
+    kg_think_split(&out->think, out->text ? out->text : "", out->len, answer, answer_len, reasoning,
+                   reasoning_len);
 }
 
 void kg_output_clear(kg_output_t *out) {

@@ -1,7 +1,8 @@
 /* kg_reasoning: a reasoning model's output split into its thought and its
  * answer, for the <think>...</think> format (Qwen3, QwQ, DeepSeek-R1 and
- * its distills), as llama.cpp's chat parser and vLLM's reasoning parsers
- * split it (facts from llama.cpp's common/chat*.cpp, not its code).
+ * its distills), with the markers and cases llama.cpp's chat parser and
+ * vLLM's reasoning parsers know (facts from llama.cpp's common/chat*.cpp,
+ * not its code).
  *
  * DESIGN
  * The split works on the output text as it grows (kg_output scans after
@@ -12,10 +13,12 @@
  *     <think> and whitespace (Qwen3 Thinking, QwQ, DeepSeek-R1 templates
  *     write it into the generation prompt), so the output starts inside it;
  *   - it closes at the first </think>; the answer is everything after it,
- *     unchanged (no whitespace trimmed, as vLLM does);
+ *     unchanged (no whitespace trimmed, as vLLM does; llama.cpp trims);
  *   - an output that does not open a thought is all answer, with no
  *     reasoning; a thought that never closes (max_tokens, a stop string) is
- *     all reasoning, with an empty answer (llama.cpp and vLLM do the same).
+ *     all reasoning, with an empty answer (vLLM's DeepSeek-R1 parser does
+ *     the same; llama.cpp returns it as content), so a consumer of the
+ *     answer never gets half a thought.
  * A token belongs to the reasoning when its text ends at or before the end
  * of </think> (so <think> and </think> tokens are reasoning tokens), and to
  * the answer after. Markers are plain text here: a vocabulary without

@@ -167,7 +167,7 @@ typedef struct kg_event_done {
     const char *text; /* the whole output text (the answer when reasoning is parsed) */
     size_t text_len;
     kg_event_reasoning_t r; /* choice 0's reasoning when n > 1 */
-    const char *stop; /* the matched stop string (STOP_SEQUENCE), else NULL */
+    const char *stop;       /* the matched stop string (STOP_SEQUENCE), else NULL */
     size_t stop_len;
     int32_t prompt_tokens;
     int32_t completion_tokens;

@@ -80,3 +80,7 @@ char *kg_codec_dump_with_metadata(json_t *obj, const char *metadata_json, size_t
 kg_status_t kg_codec_decode_reasoning(json_t *root, kg_job_t *job, char *msg, size_t msg_size);
 /** The same fields, when not their defaults, into the job object `o`. */
 void kg_codec_encode_reasoning(json_t *o, const kg_job_t *job, bool *ok);
+/** An OpenAI body's copies of them (vLLM's extensions) into the kgen job
+ * object `job`, and its tools for a chat body (kg_openai.c has refused
+ * tools unless tool_choice is "none"). */
+void kg_codec_copy_reasoning(const json_t *body, json_t *job, bool chat, bool *ok);

@@ -93,7 +93,8 @@ kg_status_t kg_codec_decode_reasoning(json_t *root, kg_job_t *job, char *msg, si
 void kg_codec_encode_reasoning(json_t *o, const kg_job_t *job, bool *ok) {
     static const char *const formats[] = {"auto", "none", "deepseek"};
     if (job->template_kwargs_json) {
-        kg_codec_put(o, "chat_template_kwargs", json_loads(job->template_kwargs_json, KG_LOAD_FLAGS, NULL), ok);
+        kg_codec_put(o, "chat_template_kwargs",
+                     json_loads(job->template_kwargs_json, KG_LOAD_FLAGS, NULL), ok);
     }
     if (job->reasoning_effort) {
         kg_codec_put(o, "reasoning_effort", kg_codec_cstr_json(job->reasoning_effort), ok);
@@ -106,6 +107,23 @@ void kg_codec_encode_reasoning(json_t *o, const kg_job_t *job, bool *ok) {
     }
     if (job->has_thinking_budget) {
         kg_codec_put(o, "thinking_token_budget", json_integer(job->thinking_token_budget), ok);
+    }
+}
+
+void kg_codec_copy_reasoning(const json_t *body, json_t *job, bool chat, bool *ok) {
+    static const char *const same[] = {"chat_template_kwargs", "reasoning_effort",
+                                       "reasoning_format", "thinking_token_budget"};
+    for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++) {
+        json_t *v = json_object_get(body, same[i]);
+        if (v) {
+            kg_codec_put(job, same[i], json_incref(v), ok);
+        }
+    }
+    /* past the tool check, tools come with tool_choice "none": the template
+     * still shows them to the model, as OpenAI does */
+    json_t *tools = json_object_get(body, "tools");
+    if (chat && json_array_size(tools) > 0) {
+        kg_codec_put(job, "tools", json_incref(tools), ok);
     }
 }
 
@@ -122,7 +140,9 @@ char *kg_job_template_vars(const kg_job_t *job, bool *oom) {
     if (job->tools_json) {
         kg_codec_put(o, "tools", json_loads(job->tools_json, KG_LOAD_FLAGS, NULL), &ok);
     }
-    json_t *kw = job->template_kwargs_json ? json_loads(job->template_kwargs_json, KG_LOAD_FLAGS, NULL) : NULL;
+    json_t *kw = job->template_kwargs_json
+                     ? json_loads(job->template_kwargs_json, KG_LOAD_FLAGS, NULL)
+                     : NULL;
     if (ok && kw && json_object_update(o, kw) != 0) {
         ok = false;
     }

@@ -492,11 +492,6 @@ static kg_status_t translate_body(tr_t *t, const json_t *body, kg_openai_shape_t
         "ignore_eos",
         "priority",
         "deadline_ms",
-        /* chat template variables and reasoning (vLLM's extensions) */
-        "chat_template_kwargs",
-        "reasoning_effort",
-        "reasoning_format",
-        "thinking_token_budget",
     };
     kg_status_t st;
     put(t->job, "request_id", json_string(t->err->request_id), &t->ok);
@@ -509,12 +504,7 @@ static kg_status_t translate_body(tr_t *t, const json_t *body, kg_openai_shape_t
             put(t->job, same[i], json_incref(v), &t->ok);
         }
     }
-    /* past refuse_unsupported, tools come with tool_choice "none": the
-     * template still shows them to the model, as OpenAI does */
-    json_t *tools = json_object_get(body, "tools");
-    if (shape == KG_OPENAI_SHAPE_CHAT && json_array_size(tools) > 0) {
-        put(t->job, "tools", json_incref(tools), &t->ok);
-    }
+    kg_codec_copy_reasoning(body, t->job, shape == KG_OPENAI_SHAPE_CHAT, &t->ok);
     const json_t *stream = given(body, "stream");
     put(t->job, "stream", stream ? json_incref((json_t *)stream) : json_false(), &t->ok);
     if ((st = translate_max_tokens(t, body, shape)) != KG_OK ||

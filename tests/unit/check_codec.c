@@ -429,7 +429,8 @@ END_TEST
 /* The template variables and reasoning fields (kg_codec_reasoning.c). */
 START_TEST(reasoning_fields) {
     kg_job_t *job = decode_file_ok("job-17-reasoning.json");
-    ck_assert_str_eq(job->template_kwargs_json, "{\"enable_thinking\":true,\"custom\":[1,\"two\"]}");
+    ck_assert_str_eq(job->template_kwargs_json,
+                     "{\"enable_thinking\":true,\"custom\":[1,\"two\"]}");
     ck_assert_str_eq(job->reasoning_effort, "high");
     ck_assert_ptr_nonnull(strstr(job->tools_json, "\"name\":\"factor\""));
     ck_assert_int_eq(job->reasoning_format, KG_REASONING_DEEPSEEK);

@@ -278,8 +278,8 @@ START_TEST(done_reasoning_cut_before_text) {
     }
     ck_assert(saw_both_cut && saw_reasoning_cut);
     size_t len;
-    char *json = kg_events_done(&origin, tok, job, &out, KG_FINISH_REASON_STOP, &t, NULL, 0, 0,
-                                &len, NULL);
+    char *json =
+        kg_events_done(&origin, tok, job, &out, KG_FINISH_REASON_STOP, &t, NULL, 0, 0, &len, NULL);
     kg_event_t *e = decode(json, len);
     ck_assert_uint_eq(e->done.r.reasoning_len, strlen(thought));
     ck_assert_uint_eq(e->done.text_len, strlen(answer));
