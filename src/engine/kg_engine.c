@@ -288,6 +288,14 @@ static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t
     seq->slot = -1;
     seq->choice = choice;
     seq->leader = -1;
+    if (req->think != KG_THINK_REQ_NONE) {
+        seq->think = req->think == KG_THINK_REQ_OPEN ? KG_SEQ_THINK_IN : KG_SEQ_THINK_START;
+        seq->think_open = req->think_open;
+        seq->n_think_close = req->n_think_close;
+        memcpy(seq->think_close, req->think_close,
+               (size_t)req->n_think_close * sizeof(*seq->think_close));
+        seq->think_budget = req->think_budget;
+    }
 }
 
 static bool bias_is_valid(const kg_engine_t *e, const kg_sampling_params_t *sp) {
@@ -333,6 +341,19 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     }
     if (req->grammar && kg_grammar_n_vocab(req->grammar) != p->n_vocab) {
         return KG_ERR_INVALID; /* compiled for another vocabulary */
+    }
+    if (req->think != KG_THINK_REQ_NONE) {
+        bool ok = (req->think == KG_THINK_REQ_OPEN ||
+                   (req->think == KG_THINK_REQ_MAY_OPEN && req->think_open >= 0 &&
+                    req->think_open < p->n_vocab)) &&
+                  req->think_close && req->n_think_close >= 1 &&
+                  req->n_think_close <= KG_ENGINE_MAX_THINK_CLOSE;
+        for (int32_t i = 0; ok && i < req->n_think_close; i++) {
+            ok = req->think_close[i] >= 0 && req->think_close[i] < p->n_vocab;
+        }
+        if (!ok) {
+            return KG_ERR_INVALID;
+        }
     }
     /* With single-choice requests a record is always free (waiting <
      * max_queue_depth, running <= max_batch_size); choices waiting to fork

@@ -197,7 +197,23 @@ typedef struct kg_request {
     kg_engine_pool_t pool;
     float *embd; /* (n_inputs, n_embd) out: input i's pooled row is written before its
                     finish is reported; borrowed until the request's last completion */
+    /* A reasoning model's thought (all zero: none). While the output is
+     * inside the thought the grammar is not applied (it starts at the token
+     * after the closing tokens; only EOG is masked out, so the answer comes), and after
+     * think_budget thought tokens the engine appends the closing tokens itself (a sampled token is
+     * dropped for them; they are reported with logprob 0). The thought is open from the first
+     * output token (think KG_THINK_REQ_OPEN: the prompt opened it) or opens when the first output
+     * token is think_open (KG_THINK_REQ_MAY_OPEN: with a grammar, that token is allowed beside the
+     * grammar's first ones; any other first token starts the answer). */
+    int32_t think;              /* KG_THINK_REQ_* */
+    int32_t think_open;         /* MAY_OPEN: the token that opens the thought */
+    const int32_t *think_close; /* (n_think_close) the tokens that close it; copied */
+    int32_t n_think_close;      /* 1..KG_ENGINE_MAX_THINK_CLOSE */
+    int32_t think_budget;       /* thought tokens before it is closed; < 0: no budget */
 } kg_request_t;
+
+enum { KG_THINK_REQ_NONE = 0, KG_THINK_REQ_MAY_OPEN, KG_THINK_REQ_OPEN };
+#define KG_ENGINE_MAX_THINK_CLOSE 8
 
 /* Jump-forward tokens appended per request and step at most. */
 #define KG_ENGINE_MAX_FORCED 16

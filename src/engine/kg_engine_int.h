@@ -48,7 +48,20 @@ typedef struct kg_seq {
     bool embed;            /* an embedding input: prefill only (see EMBEDDINGS) */
     kg_engine_pool_t pool;
     float *embd_out; /* embed: (n_embd) where the pooled row goes */
+    /* the thought (kg_request_t.think): where the output is, and its markers */
+    int32_t think; /* KG_SEQ_THINK_* */
+    int32_t think_open;
+    int32_t think_close[KG_ENGINE_MAX_THINK_CLOSE];
+    int32_t n_think_close;
+    int32_t think_budget; /* < 0: none */
+    int32_t n_thought;    /* thought tokens so far */
 } kg_seq_t;
+
+enum {
+    KG_SEQ_THINK_ANSWER = 0, /* no thought, or it closed: the grammar applies */
+    KG_SEQ_THINK_START,      /* the first output token may open the thought */
+    KG_SEQ_THINK_IN,         /* inside the thought: unconstrained, counted */
+};
 
 struct kg_engine {
     kg_backend_t *be; /* borrowed */

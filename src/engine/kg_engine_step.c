@@ -431,17 +431,68 @@ grammar_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result
     return append_token(e, seq, tok, res);
 }
 
+/* Whether the sequence's next token is masked: a constrained sequence's
+ * always (inside a thought only EOG is masked out, so that the answer the
+ * grammar promises follows the thought). */
+static bool masked(const kg_seq_t *seq) {
+    return seq->grammar != NULL;
+}
+
+/* Whether the grammar's forced tokens may be appended: not while a thought may still open. */
+static bool jumps(const kg_engine_t *e, const kg_seq_t *seq) {
+    return seq->grammar && seq->think == KG_SEQ_THINK_ANSWER && !e->p.no_jump_forward;
+}
+
+/* A token inside the thought: the budget spent, the sampled token gives
+ * way to the closing tokens; else it is appended, and the thought ends when
+ * the output ends with the closing tokens. Returns whether the sequence ended. */
+static bool think_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result_t *res) {
+    if (seq->think_budget >= 0 && seq->n_thought >= seq->think_budget) {
+        seq->think = KG_SEQ_THINK_ANSWER;
+        for (int32_t i = 0; i < seq->n_think_close; i++) {
+            kg_sample_result_t fr = {.token = seq->think_close[i], .logprob = 0.0f, .n_top = 0};
+            if (append_token(e, seq, fr.token, &fr)) {
+                return true;
+            }
+        }
+        return false;
+    }
+    bool ended = append_token(e, seq, tok, res);
+    int32_t n = seq->n_think_close, n_out = seq->n_tokens - seq->n_prompt;
+    bool closed = n_out >= n;
+    for (int32_t i = 0; closed && i < n; i++) {
+        closed = seq->tokens[seq->n_tokens - n + i] == seq->think_close[i];
+    }
+    if (closed) {
+        seq->think = KG_SEQ_THINK_ANSWER;
+    } else {
+        seq->n_thought++;
+    }
+    return ended;
+}
+
 /* Append a sampled token or finish; returns whether the sequence ended.
  * A constrained sequence advances its matcher, ends STOP when the grammar
- * is complete, and takes the forced tokens that follow (jump-forward). */
+ * is complete, and takes the forced tokens that follow (jump-forward);
+ * inside a reasoning model's thought it is not constrained (think_token). */
 static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
     kg_seq_t *seq = &e->recs[r];
     int32_t tok = res->token;
     /* a grammar's mask holds EOG only where it may end (and never with
      * ignore_eos), so an EOG token there is always the end */
-    if ((!seq->ignore_eos || seq->grammar) && is_eog(e, tok)) {
+    if ((!seq->ignore_eos || masked(seq)) && is_eog(e, tok)) {
         report(e, seq, -1, KG_FINISH_STOP, res);
         return true;
+    }
+    if (seq->think == KG_SEQ_THINK_START) {
+        if (tok == seq->think_open) {
+            seq->think = KG_SEQ_THINK_IN;
+            return append_token(e, seq, tok, res);
+        }
+        seq->think = KG_SEQ_THINK_ANSWER; /* no thought: the answer starts here */
+    }
+    if (seq->think == KG_SEQ_THINK_IN) {
+        return think_token(e, seq, tok, res);
     }
     if (!seq->grammar) {
         return append_token(e, seq, tok, res);
@@ -458,7 +509,7 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
         return true;
     }
     for (int32_t k = 0; k < KG_ENGINE_MAX_FORCED; k++) {
-        int32_t f = e->p.no_jump_forward ? -1 : kg_matcher_forced(m);
+        int32_t f = jumps(e, seq) ? kg_matcher_forced(m) : -1;
         if (f < 0 || !kg_matcher_accept(m, f)) {
             break;
         }
@@ -476,12 +527,25 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
 static void build_masks(kg_engine_t *e, int32_t n_rows) {
     for (int32_t row = 0; row < n_rows; row++) {
         kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
-        if (!seq->grammar) {
+        if (!masked(seq)) {
             continue;
         }
         int64_t t0 = now_ns();
         uint32_t *mask = e->masks + (size_t)row * (size_t)e->mask_words;
+        if (seq->think == KG_SEQ_THINK_IN) {
+            memset(mask, 0xff, (size_t)e->mask_words * sizeof(*mask));
+            for (int32_t i = 0; i < e->p.n_eog; i++) {
+                mask[e->p.eog[i] >> 5] &= ~(1u << (e->p.eog[i] & 31));
+            }
+            e->row_any[row] = true;
+            continue;
+        }
         bool any = kg_matcher_fill_mask(seq->matcher, mask);
+        if (seq->think == KG_SEQ_THINK_START) {
+            /* the first token may open the thought instead */
+            mask[seq->think_open >> 5] |= 1u << (seq->think_open & 31);
+            any = true;
+        }
         if (kg_matcher_can_end(seq->matcher) && !seq->ignore_eos) {
             for (int32_t i = 0; i < e->p.n_eog; i++) {
                 int32_t id = e->p.eog[i];
@@ -574,9 +638,8 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
             kg_seq_t *seq = &e->recs[e->b_row_rec[row]];
             /* a forced or stuck constrained row is not sampled: its draw comes
              * from a scratch RNG and is dropped */
-            bool skip =
-                seq->grammar && ((!e->p.no_jump_forward && kg_matcher_forced(seq->matcher) >= 0) ||
-                                 !e->row_any[row]);
+            bool skip = masked(seq) && ((jumps(e, seq) && kg_matcher_forced(seq->matcher) >= 0) ||
+                                        !e->row_any[row]);
             e->sreq[row] = (kg_sample_request_t){
                 .params = &seq->sampling,
                 .rng = skip ? &e->dummy_rng : &seq->rng,
@@ -584,7 +647,7 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
                 .n_prompt = seq->n_prompt,
                 .output = seq->tokens + seq->n_prompt,
                 .n_output = seq->n_tokens - seq->n_prompt,
-                .mask = seq->grammar ? e->masks + (size_t)row * (size_t)e->mask_words : NULL};
+                .mask = masked(seq) ? e->masks + (size_t)row * (size_t)e->mask_words : NULL};
             e->rng_save[row] = seq->rng;
         }
         st = kg_backend_sample(e->be, e->sreq, n_rows, e->sres);
@@ -657,9 +720,9 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         kg_sample_result_t res;
         const uint32_t *mask = NULL;
         bool ended = false;
-        if (seq->grammar) {
+        if (masked(seq)) {
             mask = e->masks + (size_t)row * (size_t)e->mask_words;
-            int32_t forced = e->p.no_jump_forward ? -1 : kg_matcher_forced(seq->matcher);
+            int32_t forced = jumps(e, seq) ? kg_matcher_forced(seq->matcher) : -1;
             if (forced >= 0) {
                 /* jump-forward at the start (or past the per-step limit) */
                 e->st.n_grammar_forced_tokens++;

@@ -512,6 +512,17 @@ static int64_t copy_vocab(kg_gguf_writer_t *w, const char *path) {
 /* Each family's chat template as its publisher ships it (the texts
  * llama.cpp's tests/test-chat-template.cpp carries for these models), so
  * kg_chat recognises the format the way llama.cpp does. */
+#define QWEN3_TEMPLATE(gen)                                                                        \
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}{{- "      \
+    "messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n\\n<tools>' }}{%- for tool in "   \
+    "tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}{%- "   \
+    "elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + "     \
+    "'<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if message.role != 'system' " \
+    "%}{%- set content = message.content %}{%- if message.role == 'assistant' and '</think>' in "  \
+    "content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{- "   \
+    "'<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}{%- endif %}{%- endfor "  \
+    "%}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}" gen "{%- endif %}"
+
 static const struct {
     const char *name, *text;
 } chat_templates[] = {
@@ -555,11 +566,19 @@ static const struct {
      "'assistant' %}{{ ' ' + message['content'] + eos_token }}{% else %}{{ "
      "raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}{% "
      "endfor %}"},
+    /* Qwen3's thinking template, shortened (tools, the system turn, thoughts
+     * dropped from past turns, enable_thinking: false closing an empty
+     * thought), and the variant whose generation prompt opens the thought
+     * itself (Qwen3 Thinking-2507, QwQ and DeepSeek-R1 distills do). With
+     * --arch qwen3 or qwen2 either adds <think> and </think> to the vocabulary. */
+    {"qwen3", QWEN3_TEMPLATE("{%- if enable_thinking is defined and enable_thinking is false %}{{- "
+                             "'<think>\\n\\n</think>\\n\\n' }}{%- endif %}")},
+    {"qwen3-thinking", QWEN3_TEMPLATE("{{- '<think>\\n' }}")},
 };
 
 const char *kg_mkmodel_chat_template(const char *name, const char **names) {
     if (names) {
-        *names = "chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7";
+        *names = "chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7, qwen3, qwen3-thinking";
     }
     for (size_t i = 0; name && i < sizeof(chat_templates) / sizeof(chat_templates[0]); i++) {
         if (strcmp(name, chat_templates[i].name) == 0) {
@@ -812,9 +831,15 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
         kg_gguf_writer_set_u32(w, "general.quantization_version", 2); /* ggml's QNT_VERSION */
     }
 
-    int64_t n_vocab = o->vocab_from
-                          ? copy_vocab(w, o->vocab_from)
-                          : kg_mkvocab_add(w, fam->vocab, o->n_words, g_err, sizeof(g_err));
+    int64_t n_vocab =
+        o->vocab_from
+            ? copy_vocab(w, o->vocab_from)
+            : kg_mkvocab_add(w,
+                             /* a thinking template needs the think tokens */
+                             fam->vocab == KG_MKVOCAB_QWEN && tmpl && strstr(tmpl, "</think>")
+                                 ? KG_MKVOCAB_QWEN3
+                                 : fam->vocab,
+                             o->n_words, g_err, sizeof(g_err));
     if (n_vocab < 0) {
         goto out;
     }

@@ -299,7 +299,7 @@ typedef struct vocab {
     bool oom;
 } vocab_t;
 
-enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_BYTE = 6 };
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_BYTE = 6 };
 
 static int64_t vocab_push(vocab_t *v, const char *text, size_t len, float score, int32_t type) {
     if (v->n == v->cap) {
@@ -400,7 +400,8 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     vocab_t v = {0};
     char **merges = NULL;
     int64_t rc = -1;
-    const bool spm = style != KG_MKVOCAB_QWEN && style != KG_MKVOCAB_GPT_OSS;
+    const bool spm =
+        style != KG_MKVOCAB_QWEN && style != KG_MKVOCAB_QWEN3 && style != KG_MKVOCAB_GPT_OSS;
     tr.cap = spm ? 512 : 640;
     tr.tok = calloc((size_t)tr.cap, TOK_MAX);
     if (!tr.tok) {
@@ -471,6 +472,10 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
             bos = pad = vocab_push(&v, "<|endoftext|>", 13, 0.0f, TT_CONTROL);
             vocab_push(&v, "<|im_start|>", 12, 0.0f, TT_CONTROL);
             eos = vocab_push(&v, "<|im_end|>", 10, 0.0f, TT_CONTROL);
+            if (style == KG_MKVOCAB_QWEN3) {
+                vocab_push(&v, "<think>", 7, 0.0f, TT_USER_DEFINED);
+                vocab_push(&v, "</think>", 8, 0.0f, TT_USER_DEFINED);
+            }
         }
         merges = calloc((size_t)tr.n_merge + 1, sizeof(*merges));
         if (!merges) {

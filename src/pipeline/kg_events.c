@@ -143,7 +143,8 @@ char *kg_events_token(const kg_event_origin_t *o,
                           .index = ev->index,
                           .token_id = ev->token_id,
                           .text = text + ev->text_off,
-                          .text_len = ev->text_len};
+                          .text_len = ev->text_len,
+                          .part = ev->part};
     common(o, job->request_id, &e.common);
     char buf[(KG_MAX_LOGPROBS + 1) * 256];
     size_t used = 0;
@@ -271,7 +272,10 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
         return NULL;
     }
     size_t tlen;
-    const char *text = kg_output_text(ch[0].out, &tlen);
+    const char *text;
+    kg_event_reasoning_t r0 = {0};
+    kg_output_split(ch[0].out, &text, &tlen, &r0.reasoning, &r0.reasoning_len);
+    const size_t r0_full = r0.reasoning_len;
     int64_t first = t->first_token_us ? t->first_token_us : t->finished_us;
     double gen_s = (double)(t->finished_us - first) / 1e6;
     int32_t n_gen = 0;
@@ -281,6 +285,7 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
     kg_event_done_t e = {.finish_reason = ch[0].reason,
                          .text = text,
                          .text_len = tlen,
+                         .r = r0,
                          .prompt_tokens = t->n_prompt,
                          .completion_tokens = n_gen,
                          .cached_tokens = t->n_cached,
@@ -314,7 +319,8 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
                                         .completion_tokens = ch[c].out->n_tokens,
                                         .logprobs = lps[c],
                                         .n_logprobs = lps[c] ? ch[c].n_samples : 0};
-            cs[c].text = kg_output_text(ch[c].out, &clen);
+            kg_output_split(ch[c].out, &cs[c].text, &clen, &cs[c].r.reasoning,
+                            &cs[c].r.reasoning_len);
             cs[c].text_len = clen;
             cs[c].stop = stop_of(job, &ch[c]);
             cs[c].stop_len = cs[c].stop ? strlen(cs[c].stop) : 0;
@@ -343,6 +349,27 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
         free(json);
         e.metadata_json = NULL;
         e.metadata_truncated = got.metadata_dropped = true;
+        json = kg_codec_encode_done(&e, len);
+    }
+    /* the reasoning goes before the answer: cut from its end, as the text is */
+    if (!fits(json, *len, max_bytes) && n == 1 && e.r.reasoning) {
+        free(json);
+        json = cut_text(encode_done, &e, e.r.reasoning, r0_full, &e.r.reasoning_len,
+                        &e.r.reasoning_truncated, &e.r.reasoning_bytes_cut, max_bytes, len);
+        got.reasoning_bytes_cut = (size_t)e.r.reasoning_bytes_cut;
+    }
+    if (!fits(json, *len, max_bytes) && n > 1) {
+        free(json);
+        for (int32_t c = 0; c < n; c++) {
+            if (cs[c].r.reasoning && cs[c].r.reasoning_len > 0) {
+                size_t bytes;
+                kg_codec_text_prefix(cs[c].r.reasoning, cs[c].r.reasoning_len, SIZE_MAX, &bytes);
+                cs[c].r.reasoning_len = 0;
+                cs[c].r.reasoning_truncated = true;
+                cs[c].r.reasoning_bytes_cut = (int64_t)bytes;
+                got.reasoning_bytes_cut += bytes;
+            }
+        }
         json = kg_codec_encode_done(&e, len);
     }
     if (!fits(json, *len, max_bytes)) {

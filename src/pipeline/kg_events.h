@@ -5,9 +5,11 @@
  * the results topic may carry; 0 = no limit). An event that would be
  * larger sheds, in this order, until it fits:
  *   done    logprobs (logprobs_truncated), then the metadata echo
- *           (metadata_truncated), then the end of the text (text_truncated,
- *           text_bytes_cut; a streamed job's token events still carry all of
- *           it);
+ *           (metadata_truncated), then the end of the reasoning
+ *           (reasoning_truncated, reasoning_bytes_cut; with n > 1 every
+ *           choice's reasoning at once), then the end of the text
+ *           (text_truncated, text_bytes_cut; a streamed job's token events
+ *           still carry all of both);
  *   token   logprobs (logprobs_truncated), then the end of its text;
  *   error   the metadata echo (metadata_truncated), then the end of its text
  *           (a cancelled job's text so far; text_truncated, text_bytes_cut).
@@ -52,7 +54,8 @@ typedef struct kg_events_fit {
     bool logprobs_dropped;
     bool metadata_dropped;
     size_t text_bytes_cut;
-    bool over_budget; /* still larger than max_bytes with everything shed */
+    size_t reasoning_bytes_cut; /* a reasoning job's thought, cut before its answer */
+    bool over_budget;           /* still larger than max_bytes with everything shed */
 } kg_events_fit_t;
 
 typedef struct kg_job_timing {

@@ -4,6 +4,7 @@
 #include "../schema/kg_chat.h"
 #include "../schema/kg_json_schema.h"
 #include "kg_embedjob.h"
+#include "kg_reasoning.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,41 @@ static kg_status_t tokenize(
     return KG_OK;
 }
 
+/* Whether the job's output is parsed for reasoning (see kg_prepared_t). */
+static bool think_on(const kg_model_t *model, const kg_job_t *job) {
+    switch (job->reasoning_format) {
+    case KG_REASONING_NONE:
+        return false;
+    case KG_REASONING_DEEPSEEK:
+        return true;
+    default:
+        return job->prompt_kind == KG_PROMPT_MESSAGES && model->chat_template &&
+               strstr(model->chat_template, KG_THINK_CLOSE) != NULL;
+    }
+}
+
+/* The markers as tokens, and whether a token prompt's last tokens open the thought. */
+static void think_tokens(const kg_tokenizer_t *tok, const kg_job_t *job, kg_prepared_t *out) {
+    int32_t ids[KG_THINK_MAX_CLOSE];
+    int64_t n = kg_tokenizer_encode(tok, KG_THINK_OPEN, sizeof(KG_THINK_OPEN) - 1, false, true, ids,
+                                    KG_THINK_MAX_CLOSE);
+    out->think_open_token = n == 1 ? ids[0] : -1;
+    n = kg_tokenizer_encode(tok, KG_THINK_CLOSE, sizeof(KG_THINK_CLOSE) - 1, false, true,
+                            out->think_close, KG_THINK_MAX_CLOSE);
+    out->n_think_close = n > 0 && n <= KG_THINK_MAX_CLOSE ? (int32_t)n : 0;
+    if (job->prompt_kind == KG_PROMPT_TOKENS) {
+        char tail[256];
+        size_t at = 0;
+        for (int32_t i = out->n_tokens > 8 ? out->n_tokens - 8 : 0; i < out->n_tokens; i++) {
+            at += kg_tokenizer_piece(tok, out->tokens[i], true, tail + at, sizeof(tail) - at);
+            at = at < sizeof(tail) ? at : sizeof(tail) - 1;
+        }
+        out->think_opened = kg_think_prompt_opens(tail, at);
+    } else if (job->prompt_kind == KG_PROMPT_TEXT) {
+        out->think_opened = kg_think_prompt_opens(job->prompt, job->prompt_len);
+    }
+}
+
 static const char *token_text(const kg_tokenizer_t *tok, int32_t id, char *buf, size_t cap) {
     buf[0] = '\0';
     if (id >= 0) {
@@ -88,14 +124,30 @@ kg_status_t kg_intake_render_chat(const kg_model_t *model,
     token_text(tok, kg_tokenizer_bos(tok), bos, sizeof(bos));
     token_text(tok, kg_tokenizer_eos(tok), eos, sizeof(eos));
     kg_status_t st;
+    bool oom = false;
+    char *vars = kg_job_template_vars(job, &oom);
+    if (oom) {
+        return KG_ERR_NOMEM;
+    }
     if (lim->chat_template) {
-        kg_chat_jinja_opts_t co = {.add_generation_prompt = true, .bos_text = bos, .eos_text = eos};
+        kg_chat_jinja_opts_t co = {.add_generation_prompt = true,
+                                   .bos_text = bos,
+                                   .eos_text = eos,
+                                   .extra_json = vars,
+                                   .extra_json_len = vars ? strlen(vars) : 0};
         st = kg_chat_render_jinja(lim->chat_template, job->messages, (size_t)job->n_messages, &co,
                                   text, err, sizeof(err));
+    } else if (job->tools_json) {
+        /* the recognised-family renderer has no place for tool definitions */
+        st = KG_ERR_UNSUPPORTED;
+        snprintf(err, sizeof(err),
+                 "tools: this model's chat template is not rendered by the Jinja engine, so "
+                 "tool definitions cannot be shown to it");
     } else {
         st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true, bos,
                             eos, text, err, sizeof(err));
     }
+    free(vars);
     if (st == KG_ERR_UNSUPPORTED || (st != KG_OK && st != KG_ERR_NOMEM)) {
         *code =
             st == KG_ERR_UNSUPPORTED ? KG_ERROR_UNSUPPORTED_CHAT_TEMPLATE : KG_ERROR_INVALID_JOB;
@@ -214,6 +266,7 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
             return st;
         }
         st = tokenize(tok, text, strlen(text), !has_bos, out);
+        out->think_opened = kg_think_prompt_opens(text, strlen(text));
         free(text);
         break;
     }
@@ -239,6 +292,12 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
                  out->n_tokens, max_prompt);
         kg_prepared_clear(out);
         return KG_ERR_INVALID;
+    }
+    out->think = think_on(model, job);
+    if (out->think || job->has_thinking_budget) {
+        think_tokens(tok, job, out);
+    } else {
+        out->think_opened = false;
     }
     int32_t room = lim->max_seq_len - out->n_tokens;
     out->max_tokens = job->max_tokens < room ? (int32_t)job->max_tokens : room;

@@ -24,6 +24,9 @@
 #include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
 
+/* Tokens </think> may take (one in Qwen3's and DeepSeek's vocabularies). */
+#define KG_THINK_MAX_CLOSE 8
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +57,16 @@ typedef struct kg_prepared {
     int32_t *input_len; /* (n_inputs) owned */
     int32_t n_inputs;   /* 0: a generation job */
     int32_t pooling;    /* KG_EMBED_POOL_* the job runs with */
+    /* reasoning (kg_reasoning): whether the output's <think>...</think> is
+     * parsed (reasoning_format deepseek; auto: a chat job on a model whose
+     * chat template mentions </think>), whether the prompt opened the
+     * thought, and the markers as tokens for the engine (thinking budget,
+     * grammar after the thought) */
+    bool think;
+    bool think_opened;        /* also set (with the tokens) for a job with a thinking budget */
+    int32_t think_open_token; /* <think> as one token, else -1 */
+    int32_t think_close[KG_THINK_MAX_CLOSE];
+    int32_t n_think_close; /* 0: </think> is more tokens than that */
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a

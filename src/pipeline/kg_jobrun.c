@@ -40,6 +40,9 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
     for (int32_t c = 0; c < r->n_choices; c++) {
         kg_jobrun_choice_t *ch = &r->choices[c];
         kg_output_init(&ch->out, model->tok, (const char *const *)job->stop, job->n_stop);
+        if (r->prep.think) {
+            kg_output_think(&ch->out, r->prep.think_opened);
+        }
         if (job->sampling.n_logprobs > 0 && r->prep.n_inputs == 0) {
             ch->samples = malloc((size_t)r->prep.max_tokens * sizeof(*ch->samples));
             if (!ch->samples) {
@@ -80,6 +83,17 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
         req.pool = (kg_engine_pool_t)kg_embedjob_engine_pool(r->prep.pooling);
         req.embd = r->embd;
         req.n_choices = 0;
+    }
+    /* the thought, for the engine: a budget to enforce, a grammar to defer */
+    const kg_prepared_t *p = &r->prep;
+    if ((p->think || job->has_thinking_budget) && p->n_think_close > 0) {
+        req.think = p->think_opened            ? KG_THINK_REQ_OPEN
+                    : p->think_open_token >= 0 ? KG_THINK_REQ_MAY_OPEN
+                                               : KG_THINK_REQ_NONE;
+        req.think_open = p->think_open_token;
+        req.think_close = p->think_close;
+        req.n_think_close = p->n_think_close;
+        req.think_budget = job->has_thinking_budget ? job->thinking_token_budget : -1;
     }
     if (job->deadline_ms > 0) {
         req.deadline_us = kg_clock_us() + (job->deadline_ms - kg_clock_epoch_ms()) * 1000;

@@ -16,6 +16,19 @@ void kg_output_init(kg_output_t *out,
     out->stop_index = -1;
 }
 
+void kg_output_think(kg_output_t *out, bool opened) {
+    kg_think_init(&out->think, true, opened);
+}
+
+void kg_output_split(const kg_output_t *out,
+                     const char **answer,
+                     size_t *answer_len,
+                     const char **reasoning,
+                     size_t *reasoning_len) {
+    kg_think_split(&out->think, out->text ? out->text : "", out->len, answer, answer_len, reasoning,
+                   reasoning_len);
+}
+
 void kg_output_clear(kg_output_t *out) {
     free(out->text);
     out->text = NULL;
@@ -129,9 +142,15 @@ int kg_output_push(kg_output_t *out,
         ev.sample = *sample;
     }
     size_t at = 0;
-    if (find_stop(out, out->released, &at)) {
+    bool stopped = find_stop(out, out->released, &at);
+    if (stopped) {
         out->len = at;
         out->text[at] = '\0';
+    }
+    /* after the cut: a stop string's text is in neither part */
+    kg_think_scan(&out->think, out->text, out->len);
+    ev.part = kg_think_part(&out->think, out->len);
+    if (stopped) {
         ev.text_len = at - out->released;
         out->released = at;
         ready[n_ready++] = ev;

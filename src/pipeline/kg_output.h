@@ -18,6 +18,7 @@
 
 #include "../model/kg_sampler.h"
 #include "../model/kg_tokenizer.h"
+#include "kg_reasoning.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,6 +30,7 @@ typedef struct kg_output_event {
     size_t text_off; /* the event's text is kg_output_text()[text_off, text_off + text_len) */
     size_t text_len;
     kg_sample_result_t sample;
+    kg_token_part_t part; /* reasoning or answer, when the reasoning is parsed */
 } kg_output_event_t;
 
 typedef struct kg_output {
@@ -42,6 +44,7 @@ typedef struct kg_output {
     int32_t stop_index; /* -1, or which stop string matched */
     bool has_pending;
     kg_output_event_t pending;
+    kg_think_t think; /* the reasoning split (off unless kg_output_think) */
 } kg_output_t;
 
 /** Set up for a job; `stop` (n_stop strings) is borrowed for the lifetime. */
@@ -50,6 +53,18 @@ void kg_output_init(kg_output_t *out,
                     const char *const *stop,
                     int32_t n_stop);
 void kg_output_clear(kg_output_t *out);
+
+/** Parse the output's reasoning (kg_reasoning): before the first push.
+ * `opened`: the prompt opened the thought. */
+void kg_output_think(kg_output_t *out, bool opened);
+
+/** The final text split into answer and reasoning (reasoning NULL when
+ * there was no thought or it is not parsed). */
+void kg_output_split(const kg_output_t *out,
+                     const char **answer,
+                     size_t *answer_len,
+                     const char **reasoning,
+                     size_t *reasoning_len);
 
 /** Add one generated token. Writes 0, 1 or 2 events that are ready to be
  * sent into `ready` and returns how many; -1 on out of memory. After a stop

@@ -605,6 +605,10 @@ static kg_status_t decode_fields(dec_t *d) {
     if ((v = given(d, "metadata")) && (st = decode_metadata(d, v)) != KG_OK) {
         return st;
     }
+    if ((st = kg_codec_decode_reasoning(d->root, d->job, d->err->message,
+                                        sizeof(d->err->message))) != KG_OK) {
+        return st;
+    }
     return decode_constraint(d);
 }
 

@@ -111,8 +111,26 @@ typedef struct kg_token_logprobs {
     kg_logprob_entry_t top[KG_MAX_LOGPROBS]; /* most likely first */
 } kg_token_logprobs_t;
 
+/* Which part of a reasoning model's output a token belongs to (the job's
+ * reasoning is parsed: kg_reasoning); NONE: not written. */
+typedef enum kg_token_part {
+    KG_PART_NONE = 0,
+    KG_PART_REASONING, /* "reasoning": the thought, its <think> and </think> included */
+    KG_PART_ANSWER,    /* "answer" */
+} kg_token_part_t;
+
+/* The reasoning of a completion, beside its text (the answer); a NULL
+ * reasoning is not written. Cut like the text to fit the transport. */
+typedef struct kg_event_reasoning {
+    const char *reasoning;
+    size_t reasoning_len;
+    bool reasoning_truncated;    /* reasoning is a prefix of the thought ... */
+    int64_t reasoning_bytes_cut; /* ... which was this many bytes longer */
+} kg_event_reasoning_t;
+
 typedef struct kg_event_token {
     kg_event_common_t common;
+    kg_token_part_t part;
     bool has_choice; /* a job with n > 1: `choice` is written */
     int32_t choice;  /* which of the job's n completions the token belongs to */
     int32_t index;   /* position in that completion's output, from 0 */
@@ -133,6 +151,7 @@ typedef struct kg_event_choice {
     kg_finish_reason_t finish_reason;
     const char *text;
     size_t text_len;
+    kg_event_reasoning_t r;
     const char *stop; /* the matched stop string (STOP_SEQUENCE), else NULL */
     size_t stop_len;
     int32_t completion_tokens;
@@ -151,9 +170,10 @@ typedef struct kg_rank_result {
 typedef struct kg_event_done {
     kg_event_common_t common;
     kg_finish_reason_t finish_reason;
-    const char *text; /* the whole output text */
+    const char *text; /* the whole output text (the answer when reasoning is parsed) */
     size_t text_len;
-    const char *stop; /* the matched stop string (STOP_SEQUENCE), else NULL */
+    kg_event_reasoning_t r; /* choice 0's reasoning when n > 1 */
+    const char *stop;       /* the matched stop string (STOP_SEQUENCE), else NULL */
     size_t stop_len;
     int32_t prompt_tokens;
     int32_t completion_tokens;

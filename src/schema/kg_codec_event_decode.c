@@ -177,6 +177,20 @@ static bool ev_text_cut(evdec_t *d, bool *truncated, int64_t *cut) {
     return !*truncated || ev_int(d, d->root, "text_bytes_cut", 1, INT64_MAX, cut);
 }
 
+/* reasoning and its truncation markers, all optional, from object o. */
+static bool ev_reasoning(evdec_t *d, json_t *o, kg_event_reasoning_t *r) {
+    if (!ev_str(d, o, "reasoning", true, &r->reasoning, &r->reasoning_len)) {
+        return false;
+    }
+    json_t *t = json_object_get(o, "reasoning_truncated");
+    r->reasoning_truncated = json_is_true(t);
+    if (t && !json_is_boolean(t)) {
+        return ev_bad(d, "reasoning_truncated", "true or false");
+    }
+    return !r->reasoning_truncated ||
+           ev_int(d, o, "reasoning_bytes_cut", 1, INT64_MAX, &r->reasoning_bytes_cut);
+}
+
 static bool ev_candidate(evdec_t *d, json_t *o, kg_logprob_entry_t *e) {
     double lp;
     if (!json_is_object(o)) {
@@ -204,6 +218,10 @@ static bool ev_top(evdec_t *d, json_t *o, kg_token_logprobs_t *lp) {
     return true;
 }
 
+static bool is_str_eq(const json_t *v, const char *s) {
+    return json_is_string(v) && strcmp(json_string_value(v), s) == 0;
+}
+
 static bool ev_token(evdec_t *d, kg_event_token_t *t) {
     json_t *lp = json_object_get(d->root, "logprobs");
     double x;
@@ -213,6 +231,14 @@ static bool ev_token(evdec_t *d, kg_event_token_t *t) {
         !ev_flag(d, "logprobs_truncated", &t->logprobs_truncated) ||
         !ev_text_cut(d, &t->text_truncated, &t->text_bytes_cut)) {
         return false;
+    }
+    json_t *part = json_object_get(d->root, "part");
+    if (part) {
+        bool r = is_str_eq(part, "reasoning");
+        if (!r && !is_str_eq(part, "answer")) {
+            return ev_bad(d, "part", "\"reasoning\" or \"answer\"");
+        }
+        t->part = r ? KG_PART_REASONING : KG_PART_ANSWER;
     }
     if (json_object_get(d->root, "choice")) {
         t->has_choice = true;
@@ -287,6 +313,7 @@ static bool ev_choices(evdec_t *d, kg_event_done_t *e) {
         cs[i].finish_reason = (kg_finish_reason_t)f;
         if (!ev_int32(d, c, "index", 0, &cs[i].index) ||
             !ev_str(d, c, "text", false, &cs[i].text, &cs[i].text_len) ||
+            !ev_reasoning(d, c, &cs[i].r) ||
             !ev_str(d, c, "stop", true, &cs[i].stop, &cs[i].stop_len) ||
             !ev_int32(d, c, "completion_tokens", 0, &cs[i].completion_tokens) ||
             !ev_done_logprobs(d, c, &cs[i].logprobs, &cs[i].n_logprobs)) {
@@ -335,7 +362,7 @@ static bool ev_done(evdec_t *d, kg_event_done_t *e) {
         return ev_bad(d, "usage/timings", "objects");
     }
     e->finish_reason = (kg_finish_reason_t)f;
-    return ev_str(d, r, "text", false, &e->text, &e->text_len) &&
+    return ev_str(d, r, "text", false, &e->text, &e->text_len) && ev_reasoning(d, r, &e->r) &&
            ev_str(d, r, "stop", true, &e->stop, &e->stop_len) &&
            ev_int32(d, usage, "prompt_tokens", 0, &e->prompt_tokens) &&
            ev_int32(d, usage, "completion_tokens", 0, &e->completion_tokens) &&
@@ -425,6 +452,7 @@ void kg_event_free(kg_event_t *ev) {
     free_logprobs(&ev->token.logprobs);
     free_common(&ev->done.common);
     free((void *)ev->done.text);
+    free((void *)ev->done.r.reasoning);
     free((void *)ev->done.stop);
     for (int32_t i = 0; i < ev->done.n_logprobs; i++) {
         free_logprobs((kg_token_logprobs_t *)&ev->done.logprobs[i]);
@@ -433,6 +461,7 @@ void kg_event_free(kg_event_t *ev) {
     for (int32_t c = 0; c < ev->done.n_choices; c++) {
         const kg_event_choice_t *ch = &ev->done.choices[c];
         free((void *)ch->text);
+        free((void *)ch->r.reasoning);
         free((void *)ch->stop);
         for (int32_t i = 0; i < ch->n_logprobs; i++) {
             free_logprobs((kg_token_logprobs_t *)&ch->logprobs[i]);

@@ -120,6 +120,16 @@ static char *finish_event(json_t *o, bool ok, const char *metadata_json, size_t 
     return text;
 }
 
+static void put_reasoning(json_t *o, const kg_event_reasoning_t *r, bool *ok) {
+    if (r->reasoning) {
+        kg_codec_put(o, "reasoning", kg_codec_text_json(r->reasoning, r->reasoning_len), ok);
+    }
+    if (r->reasoning_truncated) {
+        kg_codec_put(o, "reasoning_truncated", json_true(), ok);
+        kg_codec_put(o, "reasoning_bytes_cut", json_integer(r->reasoning_bytes_cut), ok);
+    }
+}
+
 /* The markers of what an event left out to fit (written only when set). */
 static void put_truncation(json_t *o, bool logprobs, bool metadata, int64_t text_cut, bool *ok) {
     if (logprobs) {
@@ -144,6 +154,10 @@ char *kg_codec_encode_token(const kg_event_token_t *ev, size_t *len) {
         kg_codec_put(o, "index", json_integer(ev->index), &ok);
         kg_codec_put(o, "token_id", json_integer(ev->token_id), &ok);
         kg_codec_put(o, "text", kg_codec_text_json(ev->text, ev->text_len), &ok);
+        if (ev->part != KG_PART_NONE) {
+            kg_codec_put(o, "part",
+                         json_string(ev->part == KG_PART_REASONING ? "reasoning" : "answer"), &ok);
+        }
         put_truncation(o, ev->logprobs_truncated, false,
                        ev->text_truncated ? ev->text_bytes_cut : 0, &ok);
     }
@@ -188,6 +202,7 @@ static json_t *choices_json(const kg_event_done_t *ev, bool *ok) {
         kg_codec_put(o, "index", json_integer(c->index), ok);
         kg_codec_put(o, "finish_reason", json_string(kg_finish_reason_str(c->finish_reason)), ok);
         kg_codec_put(o, "text", kg_codec_text_json(c->text, c->text_len), ok);
+        put_reasoning(o, &c->r, ok);
         if (c->stop) {
             kg_codec_put(o, "stop", kg_codec_text_json(c->stop, c->stop_len), ok);
         }
@@ -226,6 +241,7 @@ char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len) {
     if (o) {
         kg_codec_put(o, "finish_reason", json_string(kg_finish_reason_str(ev->finish_reason)), &ok);
         kg_codec_put(o, "text", kg_codec_text_json(ev->text, ev->text_len), &ok);
+        put_reasoning(o, &ev->r, &ok);
         if (ev->stop) {
             kg_codec_put(o, "stop", kg_codec_text_json(ev->stop, ev->stop_len), &ok);
         }

@@ -95,3 +95,15 @@ json_t *kg_codec_results_json(const kg_rank_result_t *r, int32_t n);
  * then owns e->embeddings and e->results (kg_event_free frees them).
  * KG_ERR_INVALID with the message in `msg`; KG_ERR_NOMEM. */
 kg_status_t kg_codec_decode_answer(json_t *root, kg_event_done_t *e, char *msg, size_t size);
+// ---- chat template variables and reasoning fields (kg_codec_reasoning.c) ----
+
+/** chat_template_kwargs, reasoning_effort, tools, reasoning_format and
+ * thinking_token_budget of the job object `root` into `job`; KG_ERR_INVALID
+ * with msg set (the field and what was expected), or KG_ERR_NOMEM. */
+kg_status_t kg_codec_decode_reasoning(json_t *root, kg_job_t *job, char *msg, size_t msg_size);
+/** The same fields, when not their defaults, into the job object `o`. */
+void kg_codec_encode_reasoning(json_t *o, const kg_job_t *job, bool *ok);
+/** An OpenAI body's copies of them (vLLM's extensions) into the kgen job
+ * object `job`, and its tools for a chat body (kg_openai.c has refused
+ * tools unless tool_choice is "none"). */
+void kg_codec_copy_reasoning(const json_t *body, json_t *job, bool chat, bool *ok);

@@ -153,6 +153,7 @@ char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
         }
     }
     put_constraint(o, job, &ok);
+    kg_codec_encode_reasoning(o, job, &ok);
     if (ok) {
         text = kg_codec_dump_with_metadata(o, job->metadata_json, len);
     }

@@ -23,6 +23,9 @@ void kg_job_free(kg_job_t *job) {
     free((void *)job->sampling.logit_bias); // owned; const for the sampler
     free(job->constraint_text);
     free(job->schema_name);
+    free(job->template_kwargs_json);
+    free(job->reasoning_effort);
+    free(job->tools_json);
     free(job->topic);
     for (int32_t i = 0; i < job->n_inputs; i++) {
         free(job->inputs[i].text);

@@ -60,6 +60,12 @@ typedef struct kg_job_input {
     int32_t *tokens; /* owned (n_tokens) ids >= 0, when text is NULL */
     int32_t n_tokens;
 } kg_job_input_t;
+/* reasoning_format: how `<think>...</think>` in the output is reported. */
+typedef enum kg_reasoning_format {
+    KG_REASONING_AUTO = 0, /* parsed when the model's chat template is a thinking one */
+    KG_REASONING_NONE,     /* never: the raw text, as before reasoning was parsed */
+    KG_REASONING_DEEPSEEK, /* always (llama.cpp's name for the <think> format) */
+} kg_reasoning_format_t;
 
 typedef struct kg_job {
     char *request_id;       /* NUL-terminated, 1..128 chars of [A-Za-z0-9._:-] */
@@ -109,6 +115,13 @@ typedef struct kg_job {
     bool normalize;       /* embed: L2-normalise (default true) */
     int32_t dimensions;   /* embed: keep the first n, then normalise; 0 = all */
     bool base64;          /* embed: encoding_format "base64" (little-endian float32) */
+    /* ---- chat template variables and reasoning (kg_codec_reasoning.c) ---- */
+    char *template_kwargs_json; /* chat_template_kwargs: a JSON object as compact text, or NULL */
+    char *reasoning_effort;     /* a template variable ("low", "medium", "high"), or NULL */
+    char *tools_json;           /* tools: a JSON array as compact text (rendered only), or NULL */
+    kg_reasoning_format_t reasoning_format; /* default KG_REASONING_AUTO */
+    bool has_thinking_budget;               /* thinking_token_budget was given */
+    int32_t thinking_token_budget;          /* reasoning tokens before the thought is closed */
 
     /* ---- where the job came from: set by the caller, not by the codec ---- */
     char *topic;       /* owned (strdup it); NULL when not from Kafka */
@@ -132,3 +145,9 @@ uint64_t kg_job_default_seed(const char *request_id);
  * seed 0 (the decoder then derives it from the request_id), no logprobs.
  * @thread any */
 kg_sampling_params_t kg_job_sampling_defaults(void);
+
+/** The variables a job adds to its chat template, as a JSON object's text
+ * (malloc'ed): reasoning_effort and tools when given, then every key of
+ * chat_template_kwargs (which wins). NULL with *oom false when the job sets
+ * none; NULL with *oom true when out of memory. @thread any */
+char *kg_job_template_vars(const kg_job_t *job, bool *oom);

@@ -504,6 +504,7 @@ static kg_status_t translate_body(tr_t *t, const json_t *body, kg_openai_shape_t
             put(t->job, same[i], json_incref(v), &t->ok);
         }
     }
+    kg_codec_copy_reasoning(body, t->job, shape == KG_OPENAI_SHAPE_CHAT, &t->ok);
     const json_t *stream = given(body, "stream");
     put(t->job, "stream", stream ? json_incref((json_t *)stream) : json_false(), &t->ok);
     if ((st = translate_max_tokens(t, body, shape)) != KG_OK ||
@@ -742,6 +743,12 @@ static json_t *choice_json(const asked_t *a, const json_t *c, int64_t index, boo
         if (msg) {
             put(msg, "role", json_string("assistant"), ok);
             put(msg, "content", json_incref(json_object_get(c, "text")), ok);
+            /* a parsed thought: vLLM's reasoning_content and its newer reasoning */
+            json_t *thought = json_object_get(c, "reasoning");
+            if (json_is_string(thought)) {
+                put(msg, "reasoning_content", json_incref(thought), ok);
+                put(msg, "reasoning", json_incref(thought), ok);
+            }
             put(msg, "refusal", json_null(), ok);
         }
     } else {

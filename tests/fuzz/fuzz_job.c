@@ -1,7 +1,8 @@
 /* fuzz_job: arbitrary bytes through the job decoder (and the event
  * decoder, which must not crash on them either). A job that decodes
  * must re-encode, decode again to the same encoding, render its messages
- * with a chat template, and echo its metadata in events; a rejection must
+ * with a chat template, give its template variables (chat_template_kwargs,
+ * reasoning_effort, tools) as a JSON object, and echo its metadata in events; a rejection must
  * come with a kind and a message. Any crash, leak or sanitizer report is a
  * finding. */
 #include "schema/kg_chat.h"
@@ -87,6 +88,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check(enc2 != NULL && len == len2 && memcmp(enc, enc2, len) == 0);
     exercise_events(job);
     exercise_chat(job);
+    /* the chat template's variables from the job: a JSON object, or none */
+    bool oom = false;
+    char *vars = kg_job_template_vars(job, &oom);
+    check(!oom && (vars == NULL || vars[0] == '{'));
+    free(vars);
     free(enc);
     free(enc2);
     kg_job_free(again);

@@ -2,7 +2,8 @@
 # kgen render: a chat job, an OpenAI body and an OpenAI Batch line become the prompt the model's
 # own chat template gives (the Jinja engine); --ids are the ids of that prompt, as kgen tokenize
 # gives them; a system message to a template without a system role joins the next message; a
-# template that raises ends with invalid_job and its message; a model without a
+# template that raises ends with invalid_job and its message; chat_template_kwargs and tools
+# reach the template; a model without a
 # template answers unsupported_chat_template; a text prompt prints as is. No broker (~1 s).
 set -euo pipefail
 bin="${KG_BIN_DIR:?}"
@@ -61,4 +62,19 @@ if printf '{bad' | "$bin/kgen" render --model "$stories" 2>"$tmp/err"; then
     fail "bad JSON accepted"
 fi
 grep -q "not a job" "$tmp/err" || fail "bad JSON: $(cat "$tmp/err")"
+# chat_template_kwargs, tools and reasoning_effort reach the template (Qwen3's
+# enable_thinking: false closes an empty thought; tools are listed, never called)
+"$bin/kgen" mkmodel --arch qwen3 --n-embd 64 --n-layer 1 --n-head 2 --n-head-kv 2 --n-ff 128 \
+    --seed 1 --chat-template qwen3 --out "$tmp/qwen3.gguf" >/dev/null
+think='{"request_id": "k", "messages": [{"role": "user", "content": "Hi"}],
+        "chat_template_kwargs": {"enable_thinking": false}}'
+got=$(printf '%s' "$think" | "$bin/kgen" render --model "$tmp/qwen3.gguf"; echo x)
+[ "${got%x}" = $'<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n' ] ||
+    fail "enable_thinking false rendered [${got%x}]"
+tools='{"custom_id": "t", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user",
+       "content": "Hi"}], "tools": [{"type": "function", "function": {"name": "lookup"}}],
+       "tool_choice": "none"}}'
+got=$(printf '%s' "$tools" | "$bin/kgen" render --model "$tmp/qwen3.gguf")
+case "$got" in *'<tools>'$'\n''{"type": "function", "function": {"name": "lookup"}}'*) ;;
+*) fail "tools rendered as [$got]" ;; esac
 echo "render: ok"

@@ -167,6 +167,12 @@ static const struct {
     {"top_n", NULL},
     {"text_1", NULL},
     {"text_2", NULL},
+    /* kg_codec_reasoning.c */
+    {"chat_template_kwargs", NULL},
+    {"reasoning_effort", NULL},
+    {"tools", NULL},
+    {"reasoning_format", NULL},
+    {"thinking_token_budget", NULL},
 };
 #define N_JOB_KEYS (sizeof(job_keys) / sizeof(job_keys[0]))
 
@@ -302,6 +308,14 @@ static void check_same_job(const kg_job_t *a, const kg_job_t *b) {
         ck_assert_int_eq(x->logit_bias[i].token, y->logit_bias[i].token);
         ck_assert(x->logit_bias[i].bias == y->logit_bias[i].bias);
     }
+    ck_assert_int_eq(a->reasoning_format, b->reasoning_format);
+    ck_assert_int_eq(a->has_thinking_budget, b->has_thinking_budget);
+    ck_assert_int_eq(a->thinking_token_budget, b->thinking_token_budget);
+    ck_assert_str_eq(a->template_kwargs_json ? a->template_kwargs_json : "-",
+                     b->template_kwargs_json ? b->template_kwargs_json : "-");
+    ck_assert_str_eq(a->tools_json ? a->tools_json : "-", b->tools_json ? b->tools_json : "-");
+    ck_assert_str_eq(a->reasoning_effort ? a->reasoning_effort : "-",
+                     b->reasoning_effort ? b->reasoning_effort : "-");
     ck_assert_int_eq(a->metadata_json == NULL, b->metadata_json == NULL);
     if (a->metadata_json) {
         ck_assert_str_eq(a->metadata_json, b->metadata_json);
@@ -430,6 +444,46 @@ START_TEST(decoded_fields) {
     ck_assert_int_eq(job->max_tokens, INT32_MAX);
     ck_assert_int_eq(job->n_stop, 8);
     ck_assert_uint_eq(strlen(job->stop[7]), 512); // 256 two-byte characters
+    kg_job_free(job);
+}
+END_TEST
+
+/* The template variables and reasoning fields (kg_codec_reasoning.c). */
+START_TEST(reasoning_fields) {
+    kg_job_t *job = decode_file_ok("job-17-reasoning.json");
+    ck_assert_str_eq(job->template_kwargs_json,
+                     "{\"enable_thinking\":true,\"custom\":[1,\"two\"]}");
+    ck_assert_str_eq(job->reasoning_effort, "high");
+    ck_assert_ptr_nonnull(strstr(job->tools_json, "\"name\":\"factor\""));
+    ck_assert_int_eq(job->reasoning_format, KG_REASONING_DEEPSEEK);
+    ck_assert(job->has_thinking_budget);
+    ck_assert_int_eq(job->thinking_token_budget, 64);
+    /* the template sees reasoning_effort and tools, then the kwargs' keys */
+    bool oom = true;
+    char *vars = kg_job_template_vars(job, &oom);
+    ck_assert(!oom);
+    json_t *v = parse(vars, strlen(vars));
+    ck_assert_str_eq(json_string_value(json_object_get(v, "reasoning_effort")), "high");
+    ck_assert(json_is_true(json_object_get(v, "enable_thinking")));
+    ck_assert_int_eq(json_array_size(json_object_get(v, "tools")), 1);
+    ck_assert_int_eq(json_array_size(json_object_get(v, "custom")), 2);
+    json_decref(v);
+    free(vars);
+    kg_job_free(job);
+    /* a kwarg overrides kgen's own variable; a job without any has none */
+    static const char both[] = "{\"request_id\":\"r\",\"prompt\":\"x\",\"reasoning_effort\":"
+                               "\"low\",\"chat_template_kwargs\":{\"reasoning_effort\":\"high\"}}";
+    kg_codec_error_t err;
+    ck_assert_int_eq(kg_codec_decode_job(both, strlen(both), &job, &err), KG_OK);
+    vars = kg_job_template_vars(job, &oom);
+    ck_assert_str_eq(vars, "{\"reasoning_effort\":\"high\"}");
+    free(vars);
+    kg_job_free(job);
+    job = decode_file_ok("job-01-minimal.json");
+    ck_assert_ptr_null(kg_job_template_vars(job, &oom));
+    ck_assert(!oom);
+    ck_assert_int_eq(job->reasoning_format, KG_REASONING_AUTO);
+    ck_assert(!job->has_thinking_budget);
     kg_job_free(job);
 }
 END_TEST
@@ -1045,6 +1099,7 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("examples");
     tcase_add_test(tc, valid_jobs_round_trip);
     tcase_add_test(tc, decoded_fields);
+    tcase_add_test(tc, reasoning_fields);
     tcase_add_test(tc, metadata_verbatim);
     tcase_add_test(tc, invalid_jobs_fail_as_listed);
     tcase_add_test(tc, valid_events_round_trip);

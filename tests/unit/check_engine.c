@@ -1911,6 +1911,175 @@ START_TEST(constrained_jobs) {
 }
 END_TEST
 
+// ---- reasoning: the thinking budget and the grammar after the thought ----
+
+#define THINK_OPEN  1 /* the fake's <think> and </think> (tokens without text) */
+#define THINK_CLOSE 2
+
+static const int32_t think_close[1] = {THINK_CLOSE};
+
+static kg_request_t think_req(uint64_t id, const int32_t *prompt, int32_t mode, int32_t budget) {
+    kg_request_t r = make_req(id, prompt, 6, 40);
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = 1000 + id;
+    r.think = mode;
+    r.think_open = THINK_OPEN;
+    r.think_close = think_close;
+    r.n_think_close = 1;
+    r.think_budget = budget;
+    return r;
+}
+
+/* Index of the first `tok` in the job's output at or after `from`, or -1. */
+static int32_t find_tok(const job_out_t *j, int32_t tok, int32_t from) {
+    for (int32_t i = from; i < j->n; i++) {
+        if (j->tok[i] == tok) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* A thought opened by the prompt closes after think_budget tokens (the
+ * closing token appended by the engine) or earlier when the model closes
+ * it; budget 0 closes it at once; no budget leaves the thought alone; a
+ * thought the first token opens counts from the token after it. */
+START_TEST(thinking_budget) {
+    env_t env;
+    kg_engine_params_t ep = base_params();
+    env_init(&env, &ep, 0);
+    int32_t prompt[6];
+    fill_prompt(prompt, 6, 77);
+    const int32_t NJ = 40;
+    for (int32_t i = 0; i < NJ; i++) {
+        int32_t budget = i % 4 == 0 ? 0 : i % 4 == 1 ? -1 : 3 + i % 5;
+        kg_request_t r = think_req((uint64_t)i, prompt, KG_THINK_REQ_OPEN, budget);
+        if (i >= 30) {
+            r.think = KG_THINK_REQ_MAY_OPEN;
+        }
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 5000);
+    int n_forced = 0;
+    for (int32_t i = 0; i < NJ; i++) {
+        const job_out_t *j = &env.jobs[i];
+        int32_t budget = i % 4 == 0 ? 0 : i % 4 == 1 ? -1 : 3 + i % 5;
+        int32_t from = 0;
+        if (i >= 30) {
+            if (j->tok[0] != THINK_OPEN) {
+                continue; /* no thought opened: nothing to close */
+            }
+            from = 1;
+        }
+        int32_t close = find_tok(j, THINK_CLOSE, from);
+        if (budget < 0) {
+            continue; /* the model closes it, or max_tokens ends it */
+        }
+        ck_assert_msg(close >= 0 && close - from <= budget, "job %d: close at %d, budget %d", i,
+                      close, budget);
+        n_forced += close - from == budget;
+    }
+    ck_assert_int_gt(n_forced, 10);
+    env_clear(&env);
+}
+END_TEST
+
+/* With a grammar, the thought is not constrained and the grammar starts at
+ * the token after the closing token: the answer matches it, the thought
+ * holds tokens the grammar would refuse. MAY_OPEN: the first token is the
+ * opening token or the grammar's (the mask allows both). The same jobs
+ * give the same tokens among unconstrained jobs. */
+START_TEST(grammar_after_thought) {
+    kg_gvocab_t *v = fake_vocab();
+    kg_grammar_t *g = fake_grammar(v, KG_CONSTRAINT_REGEX, "[a-c]+");
+    int32_t prompt[6];
+    fill_prompt(prompt, 6, 78);
+    const int32_t NJ = 32;
+    job_out_t alone[32];
+    for (int pass = 0; pass < 2; pass++) {
+        env_t env;
+        kg_engine_params_t ep = base_params();
+        env_init(&env, &ep, 20);
+        for (int32_t i = 0; i < NJ; i++) {
+            kg_request_t r = think_req((uint64_t)i, prompt,
+                                       i < 24 ? KG_THINK_REQ_OPEN : KG_THINK_REQ_MAY_OPEN, 4);
+            r.grammar = g;
+            /* MAY_OPEN: half the jobs prefer the opening token, half never take it */
+            static const kg_logit_bias_t open_bias[2] = {{THINK_OPEN, 100.0f},
+                                                         {THINK_OPEN, -100.0f}};
+            if (i >= 24) {
+                r.sampling.logit_bias = &open_bias[i % 2];
+                r.sampling.n_logit_bias = 1;
+            }
+            submit_ok(&env, &r);
+            if (pass == 1) {
+                kg_request_t u = make_req((uint64_t)(100 + i), prompt, 5, 12);
+                u.sampling.temperature = 1.0f;
+                submit_ok(&env, &u);
+            } else {
+                env_run(&env, 5000);
+            }
+        }
+        env_run(&env, 20000);
+        int n_refused_in_thought = 0, n_opened = 0, n_matched = 0;
+        for (int32_t i = 0; i < NJ; i++) {
+            const job_out_t *j = &env.jobs[i];
+            ck_assert(j->done);
+            int32_t from = i < 24 ? 0 : j->tok[0] == THINK_OPEN ? 1 : -1;
+            int32_t close = from >= 0 ? find_tok(j, THINK_CLOSE, from) : -1;
+            ck_assert(from < 0 || (close >= 0 && close - from <= 4));
+            n_opened += i >= 24 && from == 1;
+            for (int32_t k = from >= 0 ? from : 0; k < close; k++) {
+                n_refused_in_thought += j->tok[k] < 4 || j->tok[k] > 6;
+            }
+            job_out_t answer = {.n = 0};
+            for (int32_t k = close + 1; k < j->n; k++) {
+                answer.tok[answer.n++] = j->tok[k];
+            }
+            if (j->finish == KG_FINISH_STOP) {
+                ck_assert_msg(spells_match(g, &answer), "job %d: the answer does not match", i);
+                n_matched++;
+            }
+            if (pass == 0) {
+                alone[i] = *j;
+            } else {
+                ck_assert_int_eq(j->n, alone[i].n);
+                ck_assert(memcmp(j->tok, alone[i].tok, (size_t)j->n * sizeof(int32_t)) == 0);
+            }
+        }
+        ck_assert_int_gt(n_refused_in_thought, 0);
+        ck_assert_int_gt(n_matched, NJ / 2);
+        if (pass == 0) {
+            ck_assert_msg(n_opened == 4, "MAY_OPEN opened %d of 8", n_opened);
+        }
+        env_clear(&env);
+    }
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
+/* A request's thought must name valid markers. */
+START_TEST(thinking_submit_validation) {
+    env_t env;
+    kg_engine_params_t ep = base_params();
+    env_init(&env, &ep, 0);
+    int32_t prompt[6];
+    fill_prompt(prompt, 6, 79);
+    kg_request_t r = think_req(1, prompt, KG_THINK_REQ_OPEN, 3);
+    r.n_think_close = 0;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    r = think_req(1, prompt, KG_THINK_REQ_MAY_OPEN, 3);
+    r.think_open = VOCAB;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    static const int32_t bad_close[1] = {-1};
+    r = think_req(1, prompt, KG_THINK_REQ_OPEN, 3);
+    r.think_close = bad_close;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    env_clear(&env);
+}
+END_TEST
+
 /* A grammar the vocabulary cannot finish: after "a" the regex a[ij] needs
  * an i or a j, and the fake vocabulary has neither. The request ends
  * KG_FINISH_GRAMMAR after its one token (it used to end STOP, which made
@@ -2143,6 +2312,9 @@ static Suite *make_suite(void) {
     tc = tcase_create("grammar");
     tcase_add_test(tc, constrained_jobs);
     tcase_add_test(tc, constrained_dead_end);
+    tcase_add_test(tc, thinking_budget);
+    tcase_add_test(tc, grammar_after_thought);
+    tcase_add_test(tc, thinking_submit_validation);
     tcase_add_test(tc, constrained_choices);
     suite_add_tcase(s, tc);
     return s;

@@ -234,6 +234,65 @@ START_TEST(done_fits_every_budget) {
 }
 END_TEST
 
+/* A reasoning job's done event: the answer in text, the thought in
+ * reasoning; under a budget the reasoning is cut from its end first, then
+ * the text, each cut counted (reasoning_bytes_cut, text_bytes_cut). */
+START_TEST(done_reasoning_cut_before_text) {
+    char *thought = long_text(2000), *answer = long_text(600);
+    size_t total = strlen(thought) + strlen(answer) + 32;
+    char *text = malloc(total);
+    ck_assert_ptr_nonnull(text);
+    snprintf(text, total, "<think>%s</think>%s", thought, answer);
+    kg_job_t *job = make_job(",\"reasoning_format\":\"deepseek\"", 0);
+    kg_output_t out;
+    int32_t ids[4096];
+    int64_t k = kg_tokenizer_encode(tok, text, strlen(text), false, false, ids, 4096);
+    kg_output_init(&out, tok, NULL, 0);
+    kg_output_think(&out, false);
+    kg_output_event_t ev[3];
+    for (int64_t i = 0; i < k; i++) {
+        ck_assert_int_ge(kg_output_push(&out, ids[i], NULL, ev), 0);
+    }
+    ck_assert_int_ge(kg_output_finish(&out, ev), 0);
+    kg_job_timing_t t = {0};
+    bool saw_both_cut = false, saw_reasoning_cut = false;
+    for (size_t budget = 800; budget < 3800; budget += 41) {
+        kg_events_fit_t fit;
+        size_t len;
+        char *json = kg_events_done(&origin, tok, job, &out, KG_FINISH_REASON_STOP, &t, NULL, 0,
+                                    budget, &len, &fit);
+        ck_assert_msg(len <= budget, "budget %zu: %zu", budget, len);
+        kg_event_t *e = decode(json, len);
+        ck_assert_ptr_nonnull(e->done.r.reasoning);
+        ck_assert(valid_utf8_prefix(e->done.r.reasoning, e->done.r.reasoning_len, thought));
+        ck_assert(valid_utf8_prefix(e->done.text, e->done.text_len, answer));
+        ck_assert_uint_eq(e->done.r.reasoning_len + fit.reasoning_bytes_cut, strlen(thought));
+        ck_assert_uint_eq(e->done.text_len + fit.text_bytes_cut, strlen(answer));
+        ck_assert_int_eq(e->done.r.reasoning_truncated, fit.reasoning_bytes_cut > 0);
+        /* the answer is cut only once the whole thought is gone */
+        ck_assert(fit.text_bytes_cut == 0 || e->done.r.reasoning_len == 0);
+        saw_both_cut |= fit.text_bytes_cut > 0;
+        saw_reasoning_cut |= fit.reasoning_bytes_cut > 0 && fit.text_bytes_cut == 0;
+        kg_event_free(e);
+        free(json);
+    }
+    ck_assert(saw_both_cut && saw_reasoning_cut);
+    size_t len;
+    char *json =
+        kg_events_done(&origin, tok, job, &out, KG_FINISH_REASON_STOP, &t, NULL, 0, 0, &len, NULL);
+    kg_event_t *e = decode(json, len);
+    ck_assert_uint_eq(e->done.r.reasoning_len, strlen(thought));
+    ck_assert_uint_eq(e->done.text_len, strlen(answer));
+    kg_event_free(e);
+    free(json);
+    kg_output_clear(&out);
+    kg_job_free(job);
+    free(text);
+    free(thought);
+    free(answer);
+}
+END_TEST
+
 /* n > 1: the done event carries every choice; over budget it sheds every
  * choice's logprobs, the metadata, the top-level text (choice 0's), then
  * cuts each choice's text to a share, marking each cut in its choice. */
@@ -501,6 +560,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, done_sheds_in_order);
     tcase_add_test(tc, attempt_on_every_event);
     tcase_add_test(tc, done_fits_every_budget);
+    tcase_add_test(tc, done_reasoning_cut_before_text);
     tcase_add_test(tc, done_with_choices_fits);
     tcase_add_test(tc, token_sheds_logprobs_then_text);
     tcase_add_test(tc, error_sheds_metadata);

@@ -214,6 +214,18 @@ START_TEST(sampling_and_logprobs) {
     ck_assert(job->stream && job->ignore_eos);
     ck_assert_int_eq(job->sampling.top_k, 5);
     ck_assert_str_eq(job->metadata_json, "{\"k\":\"v\"}");
+    /* tools with tool_choice "none" reach the template (shown, never called) */
+    ck_assert_str_eq(job->tools_json, "[{\"type\":\"function\"}]");
+    kg_job_free(job);
+    /* vLLM's template and reasoning extensions pass through to the job */
+    job = decode_ok("{\"custom_id\": \"r\", " CHAT ", \"body\": {\"messages\": [{\"role\": "
+                    "\"user\", \"content\": \"x\"}], \"chat_template_kwargs\": "
+                    "{\"enable_thinking\": false}, \"reasoning_effort\": \"low\", "
+                    "\"reasoning_format\": \"none\", \"thinking_token_budget\": 7}}");
+    ck_assert_str_eq(job->template_kwargs_json, "{\"enable_thinking\":false}");
+    ck_assert_str_eq(job->reasoning_effort, "low");
+    ck_assert_int_eq(job->reasoning_format, KG_REASONING_NONE);
+    ck_assert(job->has_thinking_budget && job->thinking_token_budget == 7);
     kg_job_free(job);
     job = decode_ok("{\"custom_id\": \"s\", " CMPL ", \"body\": {\"prompt\": \"x\", \"logprobs\": "
                     "4, \"best_of\": 1, \"echo\": false, \"suffix\": \"\"}}");
@@ -440,6 +452,19 @@ START_TEST(chat_completion_line) {
                &is_error);
     ck_assert(json_is_null(at(o, "response.body.choices.0.logprobs")));
     ck_assert_str_eq(str_at(o, "response.body.model"), "served-name");
+    ck_assert_ptr_null(at(o, "response.body.choices.0.message.reasoning_content"));
+    json_decref(o);
+    /* a parsed thought: content is the answer, the thought in reasoning_content and reasoning */
+    const char *think =
+        "{\"type\":\"done\",\"request_id\":\"request-1\"," EV_COMMON
+        ",\"finish_reason\":\"stop\",\"text\":\"{}\",\"reasoning\":\"hmm\","
+        "\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":5,\"cached_tokens\":0},"
+        "\"timings\":{\"queue_ms\":0,\"ttft_ms\":1,\"total_ms\":2,\"tokens_per_s\":3}}";
+    o = output("{\"custom_id\": \"request-1\", " CHAT ", \"body\": {\"messages\": []}}", think,
+               &is_error);
+    ck_assert_str_eq(str_at(o, "response.body.choices.0.message.content"), "{}");
+    ck_assert_str_eq(str_at(o, "response.body.choices.0.message.reasoning_content"), "hmm");
+    ck_assert_str_eq(str_at(o, "response.body.choices.0.message.reasoning"), "hmm");
     json_decref(o);
 }
 END_TEST

@@ -6,6 +6,7 @@
 #include "model/kg_tokenizer.h"
 #include "pipeline/kg_output.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static kg_gguf_t *g;
@@ -150,11 +151,120 @@ START_TEST(stop_inside_one_token_and_at_start) {
 }
 END_TEST
 
+// ---- reasoning (kg_reasoning through kg_output) ----
+
+typedef struct think_run {
+    char reasoning[1024], answer[1024]; /* the final split ("<null>": no reasoning) */
+    char by_part[3][1024];              /* event texts joined per part */
+    int n_part[3];
+} think_run_t;
+
+/* Push `text` token by token (GPT-2's vocabulary: <think> and </think> are
+ * three tokens each, so markers arrive split) with the reasoning parsed
+ * (`on`), the prompt having opened the thought or not. */
+static void run_think(const char *text, bool on, bool opened, const char *stop, think_run_t *r) {
+    int32_t ids[512];
+    int64_t n = kg_tokenizer_encode(tok, text, strlen(text), false, false, ids, 512);
+    ck_assert(n > 0 && n <= 512);
+    memset(r, 0, sizeof(*r));
+    const char *stops[1] = {stop};
+    kg_output_t out;
+    kg_output_init(&out, tok, stops, stop ? 1 : 0);
+    if (on) {
+        kg_output_think(&out, opened);
+    }
+    kg_output_event_t ev[2];
+    for (int64_t i = 0; i <= n; i++) {
+        if (i < n && kg_output_stopped(&out)) {
+            continue; /* tokens after a stop string are not output */
+        }
+        int k = i < n ? kg_output_push(&out, ids[i], NULL, ev) : kg_output_finish(&out, ev);
+        size_t len;
+        const char *t = kg_output_text(&out, &len);
+        for (int j = 0; j < k; j++) {
+            ck_assert_int_eq(ev[j].part == KG_PART_NONE, !on);
+            strncat(r->by_part[ev[j].part], t + ev[j].text_off, ev[j].text_len);
+            r->n_part[ev[j].part]++;
+        }
+    }
+    const char *a, *rs;
+    size_t al, rl;
+    kg_output_split(&out, &a, &al, &rs, &rl);
+    snprintf(r->answer, sizeof(r->answer), "%.*s", (int)al, a);
+    snprintf(r->reasoning, sizeof(r->reasoning), "%.*s", rs ? (int)rl : 6, rs ? rs : "<null>");
+    kg_output_clear(&out);
+}
+
+START_TEST(reasoning_split_across_token_boundaries) {
+    think_run_t r;
+    run_think("<think>\n91 = 7 * 13.\n</think>\n\n{\"prime\": false}", true, false, NULL, &r);
+    ck_assert_str_eq(r.reasoning, "\n91 = 7 * 13.\n");
+    ck_assert_str_eq(r.answer, "\n\n{\"prime\": false}");
+    /* every token to its part: the markers' tokens are the thought's */
+    ck_assert_str_eq(r.by_part[KG_PART_REASONING], "<think>\n91 = 7 * 13.\n</think>");
+    ck_assert_str_eq(r.by_part[KG_PART_ANSWER], r.answer);
+    /* leading whitespace before <think> is allowed */
+    run_think("\n <think>a</think>b", true, false, NULL, &r);
+    ck_assert_str_eq(r.reasoning, "a");
+    ck_assert_str_eq(r.answer, "b");
+}
+END_TEST
+
+START_TEST(reasoning_unclosed_and_absent) {
+    think_run_t r;
+    /* max_tokens inside the thought: all reasoning, an empty answer */
+    run_think("<think>still weighing it", true, false, NULL, &r);
+    ck_assert_str_eq(r.reasoning, "still weighing it");
+    ck_assert_str_eq(r.answer, "");
+    ck_assert_int_eq(r.n_part[KG_PART_ANSWER], 0);
+    /* no thought opened: all answer, no reasoning, even with a later marker */
+    run_think("Yes. <think>x</think>", true, false, NULL, &r);
+    ck_assert_str_eq(r.reasoning, "<null>");
+    ck_assert_str_eq(r.answer, "Yes. <think>x</think>");
+    ck_assert_int_eq(r.n_part[KG_PART_REASONING], 0);
+    /* "<thin" is a prefix of <think> until the next token says otherwise */
+    run_think("<thing>", true, false, NULL, &r);
+    ck_assert_str_eq(r.reasoning, "<null>");
+    ck_assert_str_eq(r.answer, "<thing>");
+}
+END_TEST
+
+START_TEST(reasoning_opened_by_the_prompt) {
+    think_run_t r;
+    run_think("Seven times thirteen.\n</think>\n\nNo.", true, true, NULL, &r);
+    ck_assert_str_eq(r.reasoning, "Seven times thirteen.\n");
+    ck_assert_str_eq(r.answer, "\n\nNo.");
+    ck_assert_str_eq(r.by_part[KG_PART_REASONING], "Seven times thirteen.\n</think>");
+    ck_assert_str_eq(r.by_part[KG_PART_ANSWER], "\n\nNo.");
+    /* a stop string in the answer cuts the answer only */
+    run_think("hmm</think>A. B.", true, true, " B", &r);
+    ck_assert_str_eq(r.reasoning, "hmm");
+    ck_assert_str_eq(r.answer, "A.");
+    ck_assert(kg_think_prompt_opens("<|im_start|>assistant\n<think>\n", 30));
+    ck_assert(kg_think_prompt_opens("<think>", 7));
+    ck_assert(!kg_think_prompt_opens("<think>\n\n</think>\n\n", 21));
+    ck_assert(!kg_think_prompt_opens("assistant\n", 10));
+}
+END_TEST
+
+START_TEST(reasoning_format_none_keeps_the_raw_text) {
+    think_run_t r;
+    run_think("<think>a</think>b", false, false, NULL, &r);
+    ck_assert_str_eq(r.reasoning, "<null>");
+    ck_assert_str_eq(r.answer, "<think>a</think>b");
+    ck_assert_str_eq(r.by_part[KG_PART_NONE], "<think>a</think>b");
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("output");
     TCase *tc = tcase_create("output");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, plain_text_round_trips);
+    tcase_add_test(tc, reasoning_split_across_token_boundaries);
+    tcase_add_test(tc, reasoning_unclosed_and_absent);
+    tcase_add_test(tc, reasoning_opened_by_the_prompt);
+    tcase_add_test(tc, reasoning_format_none_keeps_the_raw_text);
     tcase_add_test(tc, utf8_split_across_tokens_is_held_back);
     tcase_add_test(tc, stop_string_cuts_the_text);
     tcase_add_test(tc, stop_prefix_that_never_completes_is_released);
