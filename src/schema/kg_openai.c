@@ -812,69 +812,6 @@ done_body(const asked_t *a, const json_t *ev, const kg_openai_output_opts_t *opt
     return body;
 }
 
-/* HTTP-style status, OpenAI error type and code of a kgen error code; 0:
- * not an HTTP error (a batch_expired / batch_cancelled line). */
-static int error_status(const char *code, const char **type, const char **oa_code) {
-    *type = "invalid_request_error";
-    *oa_code = code;
-    if (strcmp(code, "expired") == 0) {
-        *oa_code = "batch_expired";
-        return 0;
-    }
-    if (strcmp(code, "cancelled") == 0) {
-        *oa_code = "batch_cancelled";
-        return 0;
-    }
-    if (strcmp(code, "model_not_found") == 0) {
-        return 404;
-    }
-    if (strcmp(code, "prompt_too_long") == 0) {
-        *oa_code = "context_length_exceeded";
-        return 400;
-    }
-    if (strcmp(code, "internal") == 0) {
-        *type = "server_error";
-        return 500;
-    }
-    if (strcmp(code, "queue_full") == 0 || strcmp(code, "shutdown") == 0) {
-        *type = "server_error";
-        return 503;
-    }
-    return 400;
-}
-
-/* The constraint field an invalid_schema error is about: the one the request
- * gave (a Batch line's body, a bare body or a kgen job), response_format
- * when the input is not there to say. */
-static const char *constraint_param(const json_t *in) {
-    static const char *const keys[] = {"response_format", "regex", "choice", "grammar"};
-    const json_t *body = json_object_get(in, "body");
-    const json_t *req = json_is_object(body) ? body : in;
-    for (size_t i = 0; req && i < sizeof(keys) / sizeof(keys[0]); i++) {
-        if (given(req, keys[i])) {
-            return keys[i];
-        }
-    }
-    return "response_format";
-}
-
-static const char *error_param(const char *code, const char *message, bool chat, const json_t *in) {
-    if (strcmp(code, "model_not_found") == 0) {
-        return "model";
-    }
-    if (strcmp(code, "prompt_too_long") == 0 || strcmp(code, "unsupported_chat_template") == 0) {
-        return chat ? "messages" : "prompt";
-    }
-    if (strcmp(code, "max_tokens_too_large") == 0) {
-        return "max_tokens";
-    }
-    if (strcmp(code, "invalid_schema") == 0) {
-        return constraint_param(in);
-    }
-    (void)message;
-    return NULL;
-}
-
 kg_status_t kg_openai_batch_output(const char *input,
                                    size_t input_len,
                                    const char *event,
@@ -939,7 +876,7 @@ kg_status_t kg_openai_batch_output(const char *input,
         const char *etype, *oa_code;
         code = code ? code : "internal";
         message = message ? message : "";
-        int status = error_status(code, &etype, &oa_code);
+        int status = kg_openai_error_status(code, &etype, &oa_code);
         if (status == 0) {
             json_t *err = json_object();
             put(line, "response", json_null(), &ok);
@@ -950,7 +887,7 @@ kg_status_t kg_openai_batch_output(const char *input,
             }
         } else {
             json_t *resp = json_object(), *body = json_object(), *err = json_object();
-            const char *param = error_param(code, message, a.chat, json_is_object(in) ? in : NULL);
+            const char *param = kg_openai_error_param(code, a.chat, json_is_object(in) ? in : NULL);
             put(line, "response", resp, &ok);
             if (resp) {
                 put(resp, "status_code", json_integer(status), &ok);

@@ -1,5 +1,5 @@
 /* kg_openai_int: the OpenAI request shapes inside the job decoder. Shared by
- * kg_codec.c and kg_openai.c only: it passes json_t, which never leaves
+ * kg_codec.c and the kg_openai*.c files only: it passes json_t, which never leaves
  * src/schema/ (see kg_openai.h for the contract). */
 #pragma once
 
@@ -54,3 +54,12 @@ KG_NODISCARD kg_status_t kg_openai_answer_to_job(const json_t *body,
  * NULL when the event carries neither; clears *ok when memory ran out. */
 json_t *
 kg_openai_answer_body(const json_t *in, const json_t *ev, const char *default_model, bool *ok);
+
+// ---- errors of Batch output lines (kg_openai_errors.c) ----
+
+/** HTTP-style status, OpenAI error type and code of a kgen error code; 0: not an HTTP error
+ * (a batch_expired or batch_cancelled line). */
+int kg_openai_error_status(const char *code, const char **type, const char **oa_code);
+/** The request field the error `code` is about (param), or NULL; `in` is the job's input line
+ * (a Batch line, a bare body or a kgen job) or NULL; chat: a Chat Completions request. */
+const char *kg_openai_error_param(const char *code, bool chat, const json_t *in);
