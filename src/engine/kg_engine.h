@@ -166,6 +166,8 @@ typedef struct kg_request {
     kg_grammar_t *grammar;         /* NULL, or the output's grammar (borrowed: submit takes its own
                                       reference) */
     int32_t n_choices;             /* 1..min(KG_MAX_CHOICES, max_batch_size); 0 means 1 */
+    kg_lora_set_t lora; /* the LoRA adapters it runs with (kg_backend_lora_add ids; n = 0: the
+                           base); its prefix is cached apart from other adapter sets' */
 } kg_request_t;
 
 /* Jump-forward tokens appended per request and step at most. */

@@ -178,6 +178,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
      * constrained jobs compile here, on the kafka thread, once per schema */
     kg_stack_options_t so = kg_stack_options_default();
     so.backend = cfg->backend;
+    so.lora = cfg->lora;
     so.engine.max_batch_size = cfg->max_batch_size;
     so.engine.max_queue_depth = (int32_t)cfg->max_batch_size + w->queue_depth;
     so.engine.max_batch_tokens = cfg->max_batch_tokens;
@@ -202,6 +203,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->intake.limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->intake.limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
     w->intake.limits.grammars = kg_stack_grammars(w->stack);
+    w->intake.limits.loras = kg_stack_loras(w->stack);
     w->intake.limits.max_choices =
         ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size : KG_JOB_MAX_N;
     w->jobs.n_engine_recs = ep->max_batch_size + ep->max_queue_depth;

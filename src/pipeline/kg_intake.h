@@ -17,11 +17,13 @@
  * malformed regex, choice or grammar invalid_job. */
 #pragma once
 
+#include "../backend/kg_backend.h"
 #include "../core/kg_status.h"
 #include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
 #include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
+#include "kg_loras.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -37,6 +39,9 @@ typedef struct kg_intake_limits {
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;
     int32_t n_served;
+    /* the LoRA adapters served (borrowed; NULL: none): a job's model may
+     * name one, its lora list names them */
+    const kg_loras_t *loras;
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {
@@ -44,6 +49,7 @@ typedef struct kg_prepared {
     int32_t n_tokens;
     int32_t max_tokens;    /* after clamping to the context */
     kg_grammar_t *grammar; /* a reference for a constrained job (kg_prepared_clear drops it) */
+    kg_lora_set_t lora;    /* the adapters the job runs with (n 0: the base) */
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a

@@ -64,7 +64,8 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
                         .ignore_eos = job->ignore_eos,
                         .sampling = job->sampling,
                         .grammar = r->prep.grammar, /* the engine takes its own reference */
-                        .n_choices = r->n_choices};
+                        .n_choices = r->n_choices,
+                        .lora = r->prep.lora};
     if (job->deadline_ms > 0) {
         req.deadline_us = kg_clock_us() + (job->deadline_ms - kg_clock_epoch_ms()) * 1000;
     }
