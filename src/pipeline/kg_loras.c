@@ -1,6 +1,7 @@
 /* kg_loras: the served LoRA adapters (see kg_loras.h). */
 #include "kg_loras.h"
 
+#include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 
 #include <errno.h>
@@ -96,6 +97,7 @@ kg_status_t kg_loras_load(
     for (int32_t i = 0; i < l->n; i++) {
         kg_lora_entry_t *e = &l->e[i];
         char err[480];
+        const int64_t t0 = kg_clock_us();
         e->lora = kg_lora_load(e->path, model, err, sizeof(err));
         if (!e->lora) {
             snprintf(errstr, errstr_size, "--lora %s: %s", e->name, err);
@@ -106,9 +108,11 @@ kg_status_t kg_loras_load(
             snprintf(errstr, errstr_size, "--lora %s: %s", e->name, err);
             return st;
         }
-        KG_LOG_INFO("lora", "adapter name=%s path=%s pairs=%d rank=%d alpha=%g scale=%g", e->name,
-                    e->path, e->lora->n_pairs, e->lora->max_rank, (double)e->lora->alpha,
-                    (double)e->scale);
+        KG_LOG_INFO("lora",
+                    "adapter name=%s path=%s pairs=%d rank=%d alpha=%g scale=%g bytes=%zu "
+                    "load_ms=%.1f",
+                    e->name, e->path, e->lora->n_pairs, e->lora->max_rank, (double)e->lora->alpha,
+                    (double)e->scale, e->lora->size, (double)(kg_clock_us() - t0) / 1000.0);
     }
     return KG_OK;
 }
