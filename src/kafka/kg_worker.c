@@ -443,6 +443,10 @@ const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w) {
     return kg_runner_gauges(w->runner);
 }
 
+const kg_loras_t *kg_worker_loras(const kg_worker_t *w) {
+    return kg_stack_loras(w->stack);
+}
+
 void kg_worker_backend_counters(const kg_worker_t *w, kg_backend_counters_t *out) {
     kg_stack_backend_counters(w->stack, out);
 }

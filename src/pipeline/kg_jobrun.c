@@ -23,6 +23,10 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
     if (st != KG_OK) {
         return st;
     }
+    if (r->prep.lora.n > 0) {
+        r->loras = lim->loras;
+        kg_loras_count(r->loras, &r->prep.lora, 1, 0);
+    }
     r->n_choices = job->n > 1 ? job->n : 1;
     r->choices = calloc((size_t)r->n_choices, sizeof(*r->choices));
     if (!r->choices) {
@@ -100,6 +104,9 @@ kg_status_t kg_jobrun_on_completion(kg_jobrun_t *r,
         if (!r->t.first_token_us) {
             r->t.first_token_us = ts_us;
             r->t.n_cached = c->n_cached;
+        }
+        if (r->loras) {
+            kg_loras_count(r->loras, &r->prep.lora, 0, 1);
         }
         int n = kg_output_push(&ch->out, c->token, &c->sample, st->evs);
         if (n < 0) {

@@ -58,6 +58,7 @@ typedef struct kg_jobrun {
     int32_t n_choices;
     int32_t n_finished; /* choices whose last completion came */
     bool cancelled;     /* a user's cancel (kg_jobrun_cancel): tokens after it are dropped */
+    const kg_loras_t *loras; /* the limits' adapters: their counters (NULL: none) */
 } kg_jobrun_t;
 
 /* What one completion produced. */

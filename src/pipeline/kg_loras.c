@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,13 @@ add_one(kg_loras_t *l, const char *item, size_t len, char *errstr, size_t errstr
         }
     }
     const size_t name_len = (size_t)(eq - item);
+    for (size_t i = 0; i < name_len; i++) {
+        if (item[i] == '"' || item[i] == '\\' || (unsigned char)item[i] < 0x20) {
+            snprintf(errstr, errstr_size, "--lora: the name '%.*s' has a quote, a backslash or a "
+                     "control character", (int)name_len, item);
+            return KG_ERR_INVALID;
+        }
+    }
     for (int32_t i = 0; i < l->n; i++) {
         if (strlen(l->e[i].name) == name_len && memcmp(l->e[i].name, item, name_len) == 0) {
             snprintf(errstr, errstr_size, "--lora: the name '%.*s' twice", (int)name_len, item);
@@ -71,8 +79,9 @@ add_one(kg_loras_t *l, const char *item, size_t len, char *errstr, size_t errstr
     e->path = dup_n(path, path_len);
     e->scale = scale;
     e->id = -1;
+    e->stats = calloc(1, sizeof(*e->stats));
     l->n++;
-    return e->name && e->path ? KG_OK : KG_ERR_NOMEM;
+    return e->name && e->path && e->stats ? KG_OK : KG_ERR_NOMEM;
 }
 
 kg_status_t kg_loras_parse(kg_loras_t *l, const char *spec, char *errstr, size_t errstr_size) {
@@ -126,6 +135,18 @@ const kg_lora_entry_t *kg_loras_find(const kg_loras_t *l, const char *name) {
     return NULL;
 }
 
+void kg_loras_count(const kg_loras_t *l, const kg_lora_set_t *set, int64_t jobs, int64_t tokens) {
+    for (int32_t j = 0; l && j < set->n; j++) {
+        for (int32_t i = 0; i < l->n; i++) {
+            if (l->e[i].id == set->id[j]) {
+                atomic_fetch_add(&l->e[i].stats->n_jobs, jobs);
+                atomic_fetch_add(&l->e[i].stats->n_tokens, tokens);
+                break;
+            }
+        }
+    }
+}
+
 void kg_loras_clear(kg_loras_t *l, kg_backend_t *be) {
     for (int32_t i = 0; i < l->n; i++) {
         if (be && l->e[i].id >= 0) {
@@ -134,6 +155,7 @@ void kg_loras_clear(kg_loras_t *l, kg_backend_t *be) {
         kg_lora_free(l->e[i].lora);
         free(l->e[i].name);
         free(l->e[i].path);
+        free(l->e[i].stats);
     }
     free(l->e);
     memset(l, 0, sizeof(*l));

@@ -20,12 +20,20 @@
 
 #define KG_LORAS_MAX 256 /* adapters one program serves at most */
 
+/* What jobs an adapter ran, for metrics: written on the thread that runs
+ * jobs, read by a metrics scrape. */
+typedef struct kg_lora_stats {
+    _Atomic int64_t n_jobs;   /* jobs accepted that use the adapter */
+    _Atomic int64_t n_tokens; /* tokens those jobs generated */
+} kg_lora_stats_t;
+
 typedef struct kg_lora_entry {
     char *name;  /* owned */
     char *path;  /* owned */
     float scale; /* the default scale (1 unless :SCALE) */
     kg_lora_t *lora;
-    int32_t id; /* the backend's id */
+    int32_t id;             /* the backend's id */
+    kg_lora_stats_t *stats; /* owned */
 } kg_lora_entry_t;
 
 typedef struct kg_loras {
@@ -49,6 +57,10 @@ KG_NODISCARD kg_status_t kg_loras_load(kg_loras_t *l,
 
 /** The adapter named `name`, or NULL. @thread any */
 const kg_lora_entry_t *kg_loras_find(const kg_loras_t *l, const char *name);
+
+/** Count `jobs` jobs and `tokens` generated tokens for every adapter of
+ * `set` (l may be NULL). @thread any (atomics) */
+void kg_loras_count(const kg_loras_t *l, const kg_lora_set_t *set, int64_t jobs, int64_t tokens);
 
 /** Free the adapters (removing them from `be`, which may be NULL when it
  * is already gone) and the names. */

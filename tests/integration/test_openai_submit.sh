@@ -17,7 +17,8 @@
 #    kgen batch; a schema kgen cannot enforce is invalid_schema (400, param response_format);
 #  - kgen-submit --status prints request_counts (total, completed, failed) from the results topic;
 #  - LoRA: a body whose model is an adapter's name (--lora, vLLM's convention) runs on the
-#    adapter, alone and beside jobs on the base, as in kgen batch, and differs from the base.
+#    adapter beside a job on the base, as in kgen batch, differs from the base, and is counted
+#    in the adapter's metrics (jobs, tokens).
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -141,6 +142,9 @@ with open(sys.argv[1], "w") as f:
 PY
 submit lora "$T/lora.jsonl"
 batch lora "$T/lora.jsonl"
+[[ "$(kg_metric "$PORT" kgen_lora_jobs_total)" == 1 && "$(kg_metric "$PORT" kgen_lora_tokens_total)" == 16 &&
+    "$(kg_metric "$PORT" kgen_lora_adapters_resident)" == 1 ]] ||
+    kg_fail "LoRA metrics: $(curl -s "http://127.0.0.1:$PORT/metrics" | grep lora)"
 python3 - "$T" <<'PY'
 import json, sys
 T = sys.argv[1]

@@ -310,6 +310,13 @@ static void mm(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *ou
     cpu_gemm(ctx->pool, a, &w->packed, out, m);
 }
 
+/* o += d * s (the delta is a scratch row: never the output). */
+static void add_scaled(float *restrict o, const float *restrict d, float s, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        o[j] += d[j] * s;
+    }
+}
+
 void cpu_lora_apply(cpu_ctx_t *ctx,
                     int32_t il,
                     kg_lora_proj_t first,
@@ -345,11 +352,8 @@ void cpu_lora_apply(cpu_ctx_t *ctx,
             for (int32_t k = 0; k < m; k++) {
                 /* ggml_scale then ggml_add, as build_lora_mm does */
                 const float s = kg_lora_pair_scale(ad->lora, pair, st->row_scale[r0 + k]);
-                float *o = outs[i] + (int64_t)st->rows[r0 + k] * n_out;
-                const float *d = st->dy + (int64_t)k * n_out;
-                for (int64_t j = 0; j < n_out; j++) {
-                    o[j] += d[j] * s;
-                }
+                add_scaled(outs[i] + (int64_t)st->rows[r0 + k] * n_out,
+                           st->dy + (int64_t)k * n_out, s, n_out);
             }
         }
     }
