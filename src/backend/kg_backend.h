@@ -46,7 +46,7 @@ typedef struct kg_step_batch {
     int32_t n_outputs;       /* count of want_logits */
     int32_t n_slots;
     int32_t max_blocks_per_seq;
-    const int32_t *block_table; /* (n_slots, max_blocks_per_seq) physical block ids */
+    const int32_t *block_table;     /* (n_slots, max_blocks_per_seq) physical block ids */
     const kg_lora_set_t *slot_lora; /* (n_slots) each slot's adapters, or NULL: none at all */
 } kg_step_batch_t;
 

@@ -24,9 +24,9 @@
  * the messages' "kgen mkmodel: " prefix and the exit status (0 ok, 1 the
  * write failed, 2 a usage error). */
 #include "cmd.h"
+#include "model/kg_mklora.h"
 #include "model/kg_mkmodel.h"
 #include "model/kg_mkmodel_args.h"
-#include "model/kg_mklora.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -104,8 +104,12 @@ static void map_remove(kg_kv_t *kv, int32_t b) {
 
 /* The registered block with hash `h`, chain key `key`, parent (parent,
  * pgen) and these token ids, or -1. */
-static int32_t map_find(
-    const kg_kv_t *kv, uint64_t key, uint64_t h, int32_t parent, uint32_t pgen, const int32_t *tok) {
+static int32_t map_find(const kg_kv_t *kv,
+                        uint64_t key,
+                        uint64_t h,
+                        int32_t parent,
+                        uint32_t pgen,
+                        const int32_t *tok) {
     int32_t bs = kv->p.block_size;
     uint32_t i = (uint32_t)h & kv->map_mask;
     for (int32_t b; (b = kv->map[i]) >= 0; i = (i + 1) & kv->map_mask) {

@@ -2,6 +2,7 @@
 #include "kg_lora.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,14 +29,19 @@ static bool str_is(kg_gguf_str_t s, const char *c) {
 
 /* "blk.N.<proj>.weight" -> (N, proj); false for any other base name. */
 static bool parse_name(const char *name, int32_t *il, kg_lora_proj_t *p) {
-    int n = 0, layer = -1;
-    if (sscanf(name, "blk.%d.%n", &layer, &n) != 1 || n == 0 || layer < 0) {
+    if (strncmp(name, "blk.", 4) != 0 || name[4] < '0' || name[4] > '9') {
         return false;
     }
+    char *end;
+    long layer = strtol(name + 4, &end, 10);
+    if (*end != '.' || layer < 0 || layer > INT32_MAX) {
+        return false;
+    }
+    const char *rest = end + 1;
     for (int i = 0; i < KG_LORA_N_PROJ; i++) {
         size_t len = strlen(proj_names[i]);
-        if (strncmp(name + n, proj_names[i], len) == 0 && strcmp(name + n + len, ".weight") == 0) {
-            *il = layer;
+        if (strncmp(rest, proj_names[i], len) == 0 && strcmp(rest + len, ".weight") == 0) {
+            *il = (int32_t)layer;
             *p = (kg_lora_proj_t)i;
             return true;
         }
@@ -72,9 +78,8 @@ static bool check_header(const kg_gguf_t *g,
     if (!kg_gguf_get_str(base->gguf, "general.architecture", &base_arch) ||
         arch.len != base_arch.len || memcmp(arch.data, base_arch.data, arch.len) != 0) {
         snprintf(errstr, errstr_size,
-                 "lora: %s is an adapter for architecture \"%.*s\", the base model is \"%s\"",
-                 path, (int)(arch.len > 64 ? 64 : arch.len), arch.data,
-                 kg_arch_name(base->hp.arch));
+                 "lora: %s is an adapter for architecture \"%.*s\", the base model is \"%s\"", path,
+                 (int)(arch.len > 64 ? 64 : arch.len), arch.data, kg_arch_name(base->hp.arch));
         return false;
     }
     *alpha = 0.0f;
@@ -143,11 +148,8 @@ static bool add_tensor(kg_lora_t *lora,
 }
 
 /* Both halves of every pair, with shapes that fit the base weight. */
-static bool check_pairs(kg_lora_t *lora,
-                        const char *path,
-                        const kg_model_t *base,
-                        char *errstr,
-                        size_t errstr_size) {
+static bool check_pairs(
+    kg_lora_t *lora, const char *path, const kg_model_t *base, char *errstr, size_t errstr_size) {
     for (int32_t il = 0; il < lora->n_layer; il++) {
         for (int p = 0; p < KG_LORA_N_PROJ; p++) {
             kg_lora_pair_t *pair = &lora->pairs[il][p];

@@ -63,8 +63,8 @@ kg_lora_t *kg_lora_load(const char *path, const kg_model_t *base, char *errstr, 
 
 /** kg_lora_load on an opened file (fuzzing, tests); takes `gguf` (freed on
  * failure too). `path` names it in messages. */
-kg_lora_t *
-kg_lora_load_gguf(kg_gguf_t *gguf, const char *path, const kg_model_t *base, char *errstr, size_t errstr_size);
+kg_lora_t *kg_lora_load_gguf(
+    kg_gguf_t *gguf, const char *path, const kg_model_t *base, char *errstr, size_t errstr_size);
 
 void kg_lora_free(kg_lora_t *lora);
 

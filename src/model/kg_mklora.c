@@ -30,8 +30,7 @@ const char *kg_mklora_usage(void) {
     return usage_text;
 }
 
-static const char *const target_names[KG_LORA_N_PROJ] = {"q",    "k",  "v",   "o",
-                                                         "gate", "up", "down"};
+static const char *const target_names[KG_LORA_N_PROJ] = {"q", "k", "v", "o", "gate", "up", "down"};
 
 static bool parse_targets(const char *s, uint32_t *out) {
     uint32_t m = 0;
@@ -102,9 +101,11 @@ int kg_mklora_parse_args(
             return 2;
         }
     }
-    const char *missing = !o->base ? "--base" : !o->out ? "--out" : o->rank == 0 ? "--rank"
-                          : !o->have_seed                                      ? "--seed"
-                                                                               : NULL;
+    const char *missing = !o->base        ? "--base"
+                          : !o->out       ? "--out"
+                          : o->rank == 0  ? "--rank"
+                          : !o->have_seed ? "--seed"
+                                          : NULL;
     if (missing) {
         snprintf(errstr, errstr_size, "%s is required with --lora (see --help)", missing);
         return 2;
@@ -150,10 +151,8 @@ static kg_status_t add_random(kg_gguf_writer_t *w,
     return st;
 }
 
-kg_status_t kg_mklora_write(const kg_mklora_opts_t *o,
-                            int32_t *n_pairs_out,
-                            char *errstr,
-                            size_t errstr_size) {
+kg_status_t
+kg_mklora_write(const kg_mklora_opts_t *o, int32_t *n_pairs_out, char *errstr, size_t errstr_size) {
     kg_model_t *base = kg_model_load(o->base, errstr, errstr_size);
     if (!base) {
         return KG_ERR_INVALID;

@@ -19,14 +19,15 @@ typedef struct kg_mklora_opts {
     float alpha;      /* adapter.lora.alpha */
     uint64_t seed;
     bool have_seed;
-    kg_ggml_type_t type;  /* of every pair: f32, f16, bf16 or q8_0 */
-    uint32_t targets;     /* bit p: projection kg_lora_proj_t p is adapted */
+    kg_ggml_type_t type; /* of every pair: f32, f16, bf16 or q8_0 */
+    uint32_t targets;    /* bit p: projection kg_lora_proj_t p is adapted */
 } kg_mklora_opts_t;
 
 /** Read `kgen mkmodel --lora`'s flags (argv[0] skipped; --lora itself is
  * accepted and ignored). 0: complete, 1: --help, 2: a usage error in
  * errstr. @thread any */
-int kg_mklora_parse_args(int argc, char **argv, kg_mklora_opts_t *o, char *errstr, size_t errstr_size);
+int kg_mklora_parse_args(
+    int argc, char **argv, kg_mklora_opts_t *o, char *errstr, size_t errstr_size);
 
 /** The usage text of `kgen mkmodel --lora`. */
 const char *kg_mklora_usage(void);

@@ -56,8 +56,8 @@ typedef struct kg_jobrun {
     kg_job_timing_t t;
     kg_jobrun_choice_t *choices; /* (n_choices) = job->n, owned */
     int32_t n_choices;
-    int32_t n_finished; /* choices whose last completion came */
-    bool cancelled;     /* a user's cancel (kg_jobrun_cancel): tokens after it are dropped */
+    int32_t n_finished;      /* choices whose last completion came */
+    bool cancelled;          /* a user's cancel (kg_jobrun_cancel): tokens after it are dropped */
     const kg_loras_t *loras; /* the limits' adapters: their counters (NULL: none) */
 } kg_jobrun_t;
 

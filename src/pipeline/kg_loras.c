@@ -53,8 +53,10 @@ add_one(kg_loras_t *l, const char *item, size_t len, char *errstr, size_t errstr
     const size_t name_len = (size_t)(eq - item);
     for (size_t i = 0; i < name_len; i++) {
         if (item[i] == '"' || item[i] == '\\' || (unsigned char)item[i] < 0x20) {
-            snprintf(errstr, errstr_size, "--lora: the name '%.*s' has a quote, a backslash or a "
-                     "control character", (int)name_len, item);
+            snprintf(errstr, errstr_size,
+                     "--lora: the name '%.*s' has a quote, a backslash or a "
+                     "control character",
+                     (int)name_len, item);
             return KG_ERR_INVALID;
         }
     }

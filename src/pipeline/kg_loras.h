@@ -45,15 +45,15 @@ typedef struct kg_loras {
  * into `l` (names distinct, non-empty; SCALE a float, the last ':'
  * followed by one). KG_ERR_INVALID with errstr. Clear with kg_loras_clear
  * whatever the result. @thread any */
-KG_NODISCARD kg_status_t kg_loras_parse(kg_loras_t *l, const char *spec, char *errstr, size_t errstr_size);
+KG_NODISCARD kg_status_t kg_loras_parse(kg_loras_t *l,
+                                        const char *spec,
+                                        char *errstr,
+                                        size_t errstr_size);
 
 /** Load every adapter for `model` and add it to `be` (before the engine
  * runs). The first failure's message names the adapter. */
-KG_NODISCARD kg_status_t kg_loras_load(kg_loras_t *l,
-                                       const kg_model_t *model,
-                                       kg_backend_t *be,
-                                       char *errstr,
-                                       size_t errstr_size);
+KG_NODISCARD kg_status_t kg_loras_load(
+    kg_loras_t *l, const kg_model_t *model, kg_backend_t *be, char *errstr, size_t errstr_size);
 
 /** The adapter named `name`, or NULL. @thread any */
 const kg_lora_entry_t *kg_loras_find(const kg_loras_t *l, const char *name);

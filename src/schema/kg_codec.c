@@ -359,9 +359,9 @@ static kg_status_t decode_lora(dec_t *d, const json_t *v) {
         size_t len = json_string_length(name);
         if (!json_is_object(e) || !json_is_string(name) || len < 1 ||
             utf8_chars(json_string_value(name), len) > KG_JOB_MODEL_MAX ||
-            strlen(json_string_value(name)) != len || (scale && !json_is_null(scale) &&
-                                                        (!json_is_number(scale) ||
-                                                         fabs(json_number_value(scale)) > 1e6))) {
+            strlen(json_string_value(name)) != len ||
+            (scale && !json_is_null(scale) &&
+             (!json_is_number(scale) || fabs(json_number_value(scale)) > 1e6))) {
             return bad_field(d, "lora", expect, e);
         }
         kg_job_lora_t *l = &d->job->lora[d->job->n_lora];

@@ -36,8 +36,8 @@ typedef enum kg_prompt_kind {
 
 /* One adapter of a job's lora list. */
 typedef struct kg_job_lora {
-    char *name;     /* owned, 1..256 code points */
-    float scale;    /* when has_scale; else the worker's --lora scale */
+    char *name;  /* owned, 1..256 code points */
+    float scale; /* when has_scale; else the worker's --lora scale */
     bool has_scale;
 } kg_job_lora_t;
 
@@ -69,7 +69,7 @@ typedef struct kg_job {
     char *model;         /* the model the job names; NULL: whichever the worker serves */
     kg_job_lora_t lora[KG_JOB_MAX_LORA]; /* LoRA adapters by name (llama.cpp's lora field) */
     int32_t n_lora;
-    int32_t n;           /* choices: independent completions of the prompt, 1..16 (default 1) */
+    int32_t n; /* choices: independent completions of the prompt, 1..16 (default 1) */
     /* sampling.logit_bias, when set, points to an array the job owns */
 
     /* ---- constrained output: at most one of response_format (json_object /

@@ -147,8 +147,7 @@ static void golden_load(const char *file, golden_t *g) {
         }
     }
     free(text);
-    ck_assert_msg(g->base_args[0] && g->n_loras > 0 && g->n_prompts == 2, "%s is incomplete",
-                  rel);
+    ck_assert_msg(g->base_args[0] && g->n_loras > 0 && g->n_prompts == 2, "%s is incomplete", rel);
 }
 
 static void golden_clear(golden_t *g) {
@@ -342,8 +341,7 @@ START_TEST(matches_llama_cpp) {
             if (next != gp->ids[k]) {
                 ck_assert_msg(next == gp->second[k] && gp->margin[k] < tie_bound(g.type),
                               "%s prompt %d: id %d is %d, llama.cpp's %d (runner-up %d, margin %g)",
-                              g.name, p, k, next, gp->ids[k], gp->second[k],
-                              (double)gp->margin[k]);
+                              g.name, p, k, next, gp->ids[k], gp->second[k], (double)gp->margin[k]);
                 tied = true;
                 break;
             }
@@ -398,8 +396,8 @@ static kg_gguf_writer_t *adapter_writer(const char *type, const char *arch) {
     return w;
 }
 
-static void add_half(kg_gguf_writer_t *w, const char *name, kg_ggml_type_t t, int64_t ne0,
-                     int64_t ne1) {
+static void
+add_half(kg_gguf_writer_t *w, const char *name, kg_ggml_type_t t, int64_t ne0, int64_t ne1) {
     float *v = calloc((size_t)(ne0 * ne1), sizeof(float));
     const int64_t ne[2] = {ne0, ne1};
     ck_assert_int_eq(kg_gguf_writer_add_tensor(w, name, t, 2, ne, v), KG_OK);
@@ -407,8 +405,8 @@ static void add_half(kg_gguf_writer_t *w, const char *name, kg_ggml_type_t t, in
 }
 
 /* Load w's bytes as an adapter for m: NULL (and the message) or the adapter. */
-static kg_lora_t *load_mem(kg_gguf_writer_t *w, const kg_model_t *m, char *err, size_t size,
-                           uint8_t **bytes) {
+static kg_lora_t *
+load_mem(kg_gguf_writer_t *w, const kg_model_t *m, char *err, size_t size, uint8_t **bytes) {
     size_t n;
     ck_assert_int_eq(kg_gguf_writer_to_memory(w, bytes, &n), KG_OK);
     kg_gguf_writer_free(w);
@@ -474,9 +472,9 @@ END_TEST
 
 // ---- batch invariance through the engine ----
 
-#define N_JOBS   64
-#define N_ADAPT  8
-#define MAX_OUT  12
+#define N_JOBS     64
+#define N_ADAPT    8
+#define MAX_OUT    12
 #define MAX_PROMPT 40
 
 typedef struct engine_run {
@@ -485,8 +483,8 @@ typedef struct engine_run {
     int32_t ids[N_ADAPT];
 } engine_run_t;
 
-static void engine_start(engine_run_t *r, const kg_model_t *m, kg_lora_t **loras, int batch,
-                         bool prefix_cache) {
+static void engine_start(
+    engine_run_t *r, const kg_model_t *m, kg_lora_t **loras, int batch, bool prefix_cache) {
     kg_engine_params_t ep = kg_engine_params_default(m, 0);
     ep.max_batch_size = batch;
     ep.max_batch_tokens = 96; /* prompts are chunked over steps */
@@ -525,8 +523,14 @@ static kg_lora_set_t job_set(const engine_run_t *r, int j) {
 
 /* Submit jobs [j0, j1) and run them to the end; ids into out, the first
  * completion's n_cached into cached (may be NULL). */
-static void run_jobs(engine_run_t *r, const int32_t (*prompts)[MAX_PROMPT], const int32_t *n_prompt,
-                     int j0, int j1, int32_t (*out)[MAX_OUT], int32_t *n_out, int32_t *cached) {
+static void run_jobs(engine_run_t *r,
+                     const int32_t (*prompts)[MAX_PROMPT],
+                     const int32_t *n_prompt,
+                     int j0,
+                     int j1,
+                     int32_t (*out)[MAX_OUT],
+                     int32_t *n_out,
+                     int32_t *cached) {
     const int32_t cap = kg_engine_max_completions(r->e);
     kg_completion_t *comps = malloc((size_t)cap * sizeof(*comps));
     for (int j = j0; j < j1; j++) {
@@ -732,11 +736,8 @@ START_TEST(job_picks_adapters) {
     l.e[0].id = 4; /* as the backend numbered them */
     l.e[1].id = 9;
     const char *served[] = {"base"};
-    kg_intake_limits_t lim = {.max_seq_len = 64,
-                              .max_tokens_limit = 100,
-                              .served = served,
-                              .n_served = 1,
-                              .loras = &l};
+    kg_intake_limits_t lim = {
+        .max_seq_len = 64, .max_tokens_limit = 100, .served = served, .n_served = 1, .loras = &l};
     struct {
         const char *job;
         kg_error_code_t code; /* KG_ERROR_INTERNAL: accepted */
@@ -744,7 +745,8 @@ START_TEST(job_picks_adapters) {
         int32_t id0, id1;
         float s0, s1;
     } cases[] = {
-        {"{\"request_id\":\"a\",\"prompt\":\"x\",\"max_tokens\":4}", KG_ERROR_INTERNAL, 0, 0, 0, 0, 0},
+        {"{\"request_id\":\"a\",\"prompt\":\"x\",\"max_tokens\":4}", KG_ERROR_INTERNAL, 0, 0, 0, 0,
+         0},
         {"{\"request_id\":\"a\",\"prompt\":\"x\",\"max_tokens\":4,\"model\":\"base\"}",
          KG_ERROR_INTERNAL, 0, 0, 0, 0, 0},
         {"{\"request_id\":\"a\",\"prompt\":\"x\",\"max_tokens\":4,\"model\":\"sql\"}",
@@ -755,7 +757,8 @@ START_TEST(job_picks_adapters) {
         {"{\"request_id\":\"a\",\"prompt\":\"x\",\"max_tokens\":4,\"model\":\"sql\",\"lora\":[{"
          "\"name\":\"chat\",\"scale\":2}]}",
          KG_ERROR_INTERNAL, 2, 4, 9, 0.75f, 2.0f},
-        {"{\"request_id\":\"a\",\"prompt\":\"x\",\"model\":\"nope\"}", KG_ERROR_MODEL_NOT_FOUND, 0, 0, 0, 0, 0},
+        {"{\"request_id\":\"a\",\"prompt\":\"x\",\"model\":\"nope\"}", KG_ERROR_MODEL_NOT_FOUND, 0,
+         0, 0, 0, 0},
         {"{\"request_id\":\"a\",\"prompt\":\"x\",\"lora\":[{\"name\":\"nope\"}]}",
          KG_ERROR_MODEL_NOT_FOUND, 0, 0, 0, 0, 0},
     };
@@ -785,14 +788,14 @@ START_TEST(job_picks_adapters) {
         kg_job_free(job);
     }
     /* the schema's bounds on the field */
-    const char *bad[] = {"[]", "[{}]", "[{\"name\":\"\"}]", "[{\"name\":\"a\",\"scale\":\"x\"}]",
-                         "[{\"name\":\"a\"},{\"name\":\"a\"},{\"name\":\"a\"},{\"name\":\"a\"},"
-                         "{\"name\":\"a\"}]",
-                         "{\"name\":\"a\"}"};
+    const char *bad[] = {
+        "[]", "[{}]", "[{\"name\":\"\"}]", "[{\"name\":\"a\",\"scale\":\"x\"}]",
+        /* five: one too many */
+        "[{\"name\":\"a\"},{\"name\":\"a\"},{\"name\":\"a\"},{\"name\":\"a\"},{\"name\":\"a\"}]",
+        "{\"name\":\"a\"}"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char json[512];
-        snprintf(json, sizeof(json), "{\"request_id\":\"a\",\"prompt\":\"x\",\"lora\":%s}",
-                 bad[i]);
+        snprintf(json, sizeof(json), "{\"request_id\":\"a\",\"prompt\":\"x\",\"lora\":%s}", bad[i]);
         kg_job_t *job = NULL;
         kg_codec_error_t e;
         ck_assert_msg(kg_codec_decode_job(json, strlen(json), &job, &e) == KG_ERR_INVALID, "%s",

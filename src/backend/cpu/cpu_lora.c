@@ -27,10 +27,10 @@ struct cpu_lora_state {
     int64_t widest; /* the widest projection input or output */
     /* the step's plan: groups in increasing id order, their rows */
     int32_t n_groups;
-    int32_t *g_ad;     /* (KG_LORA_SET_MAX * max_tokens) adapter index of group g */
-    int32_t *g_off;    /* (KG_LORA_SET_MAX * max_tokens + 1) group g's rows at [off[g], off[g+1]) */
-    int32_t *rows;     /* (KG_LORA_SET_MAX * max_tokens) token index */
-    float *row_scale;  /* (KG_LORA_SET_MAX * max_tokens) the user's scale of that row */
+    int32_t *g_ad;    /* (KG_LORA_SET_MAX * max_tokens) adapter index of group g */
+    int32_t *g_off;   /* (KG_LORA_SET_MAX * max_tokens + 1) group g's rows at [off[g], off[g+1]) */
+    int32_t *rows;    /* (KG_LORA_SET_MAX * max_tokens) token index */
+    float *row_scale; /* (KG_LORA_SET_MAX * max_tokens) the user's scale of that row */
     /* scratch for max_tokens rows */
     float *gx;  /* (T, widest) a group's inputs */
     float *mid; /* (T, max rank) x·Aᵀ */
@@ -124,8 +124,8 @@ kg_status_t cpu_lora_add(
         return KG_ERR_INVALID;
     }
     if (lora->max_rank > st->max_rank) {
-        float *mid = realloc(st->mid, (size_t)ctx->max_tokens * (size_t)lora->max_rank *
-                                          sizeof(float));
+        float *mid =
+            realloc(st->mid, (size_t)ctx->max_tokens * (size_t)lora->max_rank * sizeof(float));
         if (!mid) {
             snprintf(errstr, errstr_size, "cpu backend: out of memory for LoRA scratch");
             return KG_ERR_NOMEM;
@@ -352,8 +352,8 @@ void cpu_lora_apply(cpu_ctx_t *ctx,
             for (int32_t k = 0; k < m; k++) {
                 /* ggml_scale then ggml_add, as build_lora_mm does */
                 const float s = kg_lora_pair_scale(ad->lora, pair, st->row_scale[r0 + k]);
-                add_scaled(outs[i] + (int64_t)st->rows[r0 + k] * n_out,
-                           st->dy + (int64_t)k * n_out, s, n_out);
+                add_scaled(outs[i] + (int64_t)st->rows[r0 + k] * n_out, st->dy + (int64_t)k * n_out,
+                           s, n_out);
             }
         }
     }
