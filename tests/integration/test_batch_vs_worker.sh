@@ -7,7 +7,8 @@
 # sure of stop), logprobs streamed and not, intake errors (invalid_job, prompt_too_long,
 # max_tokens_too_large, expired, unsupported_chat_template, model_not_found), OpenAI Batch lines
 # and a bare Completions body, n > 1 (with per-choice stop strings and logprobs) and logit_bias,
-# LoRA adapters (--lora; picked by model and by lora, two at once, an unknown one).
+# LoRA adapters (--lora; picked by model and by lora, two at once, an unknown one; kgen generate
+# --lora gives the same greedy text).
 # The prefix cache is off on both sides so usage.cached_tokens cannot differ by scheduling.
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -80,6 +81,10 @@ common=(--threads 2 --max-batch-size 8 --prefix-cache false --lora "sql=$T/sql.g
 "$KG_BIN/kgen" batch --model "$MODEL" --input "$T/jobs.jsonl" --output "$T/batch.jsonl" \
     "${common[@]}" 2>"$T/batch.log"
 
+# kgen generate --lora: the same greedy text as the job on that adapter
+"$KG_BIN/kgen" generate --model "$MODEL" --prompt "The sun was" --n-predict 24 --temp 0 --quiet \
+    --threads 2 --lora "$T/sql.gguf" >"$T/generate-lora.txt"
+
 kg_bg worker "$KG_BIN/kgen-worker" --demo 0 --model "$MODEL" --http-port 0 "${common[@]}"
 kg_wait_log "$T/worker.log" 'partitions assigned' 60
 BROKERS=$(sed -n 's/.*mock cluster up.* brokers=\([^ ]*\).*/\1/p' "$T/worker.log" | head -n 1)
@@ -88,9 +93,11 @@ RESULTS=kgen.results
 kg_submit_timed 120
 kg_stop_pid "$(kg_pid worker)" 10
 
-python3 - "$T/batch.jsonl" "$T/results.jsonl" "$T/events.jsonl" <<'PY'
+python3 - "$T/batch.jsonl" "$T/results.jsonl" "$T/events.jsonl" "$T/generate-lora.txt" <<'PY'
 import collections, json, re, sys
 batch = {e["request_id"]: e for e in map(json.loads, open(sys.argv[1]))}
+gen = open(sys.argv[4], encoding="utf-8", errors="replace").read()
+assert gen == batch["cmp-lora-model"]["text"] + "\n", (gen, batch["cmp-lora-model"]["text"])
 worker = {e["request_id"]: e for e in map(json.loads, open(sys.argv[2]))}
 assert set(batch) == set(worker), (sorted(set(batch) ^ set(worker)))
 skip = {"worker_id", "topic", "partition", "offset", "attempt", "ts_ms", "timings"}
