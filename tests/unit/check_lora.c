@@ -15,6 +15,7 @@
 #include "backend/kg_backend.h"
 #include "check_common.h"
 #include "engine/kg_engine.h"
+#include "fakes/fake_backend.h"
 #include "model/kg_gguf_writer.h"
 #include "model/kg_lora.h"
 #include "model/kg_mklora.h"
@@ -470,6 +471,31 @@ START_TEST(refuses_mismatches) {
 }
 END_TEST
 
+/* A backend that runs no adapters (the CUDA one, here the fake) refuses
+ * one by name, so a worker with --lora stops at start, saying why. */
+START_TEST(backend_without_adapters_refuses) {
+    kg_model_t *m = small_base();
+    char path[4096], base[4096], err[256];
+    snprintf(base, sizeof(base), "%s.gguf", kg_test_tmp_path("lora-refuse"));
+    ck_assert(kg_test_mkmodel(base, BASE_ARGS) == 0);
+    snprintf(path, sizeof(path), "%s.a.gguf", kg_test_tmp_path("lora-refuse"));
+    make_lora(base, path, "--rank 4 --seed 1");
+    kg_lora_t *lora = kg_lora_load(path, m, err, sizeof(err));
+    ck_assert_msg(lora != NULL, "%s", err);
+    kg_fake_backend_params_t fp = {
+        .n_vocab = 16, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 8, .n_slots = 1};
+    kg_backend_t *be = kg_fake_backend_new(&fp);
+    int32_t id = -1;
+    ck_assert_int_eq(kg_backend_lora_add(be, lora, &id, err, sizeof(err)), KG_ERR_UNSUPPORTED);
+    ck_assert_str_eq(err, "the fake backend does not run LoRA adapters (the cpu one does)");
+    kg_backend_free(be);
+    kg_lora_free(lora);
+    kg_model_free(m);
+    remove(path);
+    remove(base);
+}
+END_TEST
+
 // ---- batch invariance through the engine ----
 
 #define N_JOBS     64
@@ -817,6 +843,7 @@ static Suite *make_suite(void) {
     tc = tcase_create("adapters");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, refuses_mismatches);
+    tcase_add_test(tc, backend_without_adapters_refuses);
     tcase_add_test(tc, batch_invariant);
     tcase_add_test(tc, prefix_cache_per_adapter);
     tcase_add_test(tc, specs);
