@@ -52,7 +52,7 @@ int kg_cmd_generate(int argc, char **argv) {
     eo.max_batch_size = 1;
     bool print_ids = false, quiet = false;
     kg_sampling_params_t sp = kg_sampling_params_default();
-    char lora_spec[4096] = ""; /* "g0=PATH[:SCALE],g1=..." for kg_loras_parse */
+    char lora_spec[4096] = ""; /* "#1=PATH[:SCALE],#2=..." for kg_loras_parse */
     int n_lora = 0;
     kg_loras_t loras = {0};
     kg_lora_set_t lora_set = {0};
@@ -139,8 +139,8 @@ int kg_cmd_generate(int argc, char **argv) {
             break;
         case O_LORA: {
             size_t at = strlen(lora_spec);
-            int w = snprintf(lora_spec + at, sizeof(lora_spec) - at, "%sg%d=%s", at ? "," : "",
-                             n_lora, optarg);
+            int w = snprintf(lora_spec + at, sizeof(lora_spec) - at, "%s#%d=%s", at ? "," : "",
+                             n_lora + 1, optarg);
             ok = *optarg && n_lora < KG_LORA_SET_MAX && w > 0 &&
                  (size_t)w < sizeof(lora_spec) - at && !strchr(optarg, ',');
             n_lora++;
