@@ -260,9 +260,12 @@ static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
 static kg_status_t attention(cuda_ctx_t *ctx, int32_t il, int32_t rows, bool single) {
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const cuda_layer_t *L = &ctx->layers[il];
-    /* llama scales the scores; gemma and phi3 scaled q already */
+    /* llama scales the scores (by attention.scale where granite's file gives
+     * one); gemma and phi3 scaled q already */
     kg_cuda_attn_layer_t lay;
-    lay.scale = ctx->hp.q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)ctx->hp.head_dim);
+    lay.scale = ctx->hp.q_scale != 0.0f    ? 1.0f
+                : ctx->hp.kq_scale != 0.0f ? ctx->hp.kq_scale
+                                           : 1.0f / sqrtf((float)ctx->hp.head_dim);
     lay.softcap = ctx->hp.attn_softcap;
     lay.n_swa = L->n_swa;
     lay.sinks = L->sinks;
@@ -293,8 +296,9 @@ static kg_status_t run_head(cuda_ctx_t *ctx, int32_t row0, int32_t n) {
     const size_t es = kg_cuda_dtype_size(ctx->head.dt);
     const char *xo = (const char *)ctx->xo + (size_t)row0 * (size_t)ctx->hp.n_embd * es;
     KG_TRY(kg_cuda_gemm(&ctx->blas, ctx->stream, &ctx->head, xo, ctx->logits, n));
+    const float mul = ctx->hp.logit_scale != 0.0f ? 1.0f / ctx->hp.logit_scale : 0.0f;
     KG_TRY(kg_cuda_logits_post(ctx->stream, ctx->logits, n, ctx->hp.n_vocab, ctx->out_b,
-                               ctx->hp.final_softcap));
+                               ctx->hp.final_softcap, mul));
     ctx->head_row0 = row0;
     return KG_OK;
 }
@@ -348,21 +352,30 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         /* the previous layer's FFN output (after its post-norm) joins the
          * residual here */
         const kg_cuda_residual_t res_ffn = {il > 0 ? ctx->tmp : NULL, NULL,
-                                            il > 0 ? ctx->layers[il - 1].ffn_post_norm : NULL};
+                                            il > 0 ? ctx->layers[il - 1].ffn_post_norm : NULL,
+                                            hp->residual_scale};
         KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_ffn, L->attn_norm,
                                    ctx->xn, L->wqkv.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                    hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
-        const kg_cuda_qkv_ops_t ops = {
-            L->bqkv,    L->q_norm, L->k_norm, hp->norm_eps, hp->rope_mode == KG_ROPE_MODE_NEOX,
-            hp->q_scale};
+        const kg_cuda_qkv_ops_t ops = {L->bqkv,
+                                       L->q_norm,
+                                       L->k_norm,
+                                       hp->norm_eps,
+                                       hp->rope_mode == KG_ROPE_MODE_NEOX,
+                                       hp->q_scale,
+                                       ctx->model->layers[il].no_rope,
+                                       hp->qk_norm_full,
+                                       hp->attn_temp_scale,
+                                       hp->attn_temp_floor};
         KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv,
                                   ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
                                   k_cache(ctx, il), v_cache(ctx, il)));
         KG_TRY(attention(ctx, il, rows, single));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
         /* the attention output (+ bias, post-norm) joins the residual */
-        const kg_cuda_residual_t res_attn = {ctx->tmp, L->bo, L->attn_post_norm};
+        const kg_cuda_residual_t res_attn = {ctx->tmp, L->bo, L->attn_post_norm,
+                                             hp->residual_scale};
         if (L->moe) {
             /* the normed input twice: for the router, and for the experts */
             KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_attn, L->ffn_norm,
@@ -375,7 +388,11 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                    ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                    hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
-        if (hp->ffn_act == KG_FFN_GELU) {
+        if (hp->ffn_act == KG_FFN_XIELU) {
+            const kg_layer_weights_t *ML = &ctx->model->layers[il];
+            const float xp[4] = {ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps};
+            KG_TRY(kg_cuda_xielu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff, xp));
+        } else if (hp->ffn_act == KG_FFN_GELU) {
             KG_TRY(kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt,
                                  hp->n_ff));
         } else {
@@ -384,8 +401,8 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
     }
     /* the last residual add and the final norm, only for the rows that want logits */
-    const kg_cuda_residual_t res_last = {ctx->tmp, NULL,
-                                         ctx->layers[hp->n_layer - 1].ffn_post_norm};
+    const kg_cuda_residual_t res_last = {ctx->tmp, NULL, ctx->layers[hp->n_layer - 1].ffn_post_norm,
+                                         hp->residual_scale};
     KG_TRY(kg_cuda_add_rmsnorm(st, out_rows, hdr, true, in.out_row, ctx->x, &res_last,
                                ctx->out_norm, ctx->xo, ctx->head.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                hp->norm_eps));

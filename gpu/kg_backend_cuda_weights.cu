@@ -287,8 +287,10 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     if (src->ffn_gate_inp) {
         KG_TRY(upload_experts(ctx, s, src, L));
     } else {
+        /* gate|up fused, or up alone (apertus's ungated xIELU) */
         const kg_gguf_tensor_t *gu[2] = {src->w_gate, src->w_up};
-        KG_TRY(upload_mat(ctx, s, gu, 2, &L->wgu));
+        KG_TRY(src->w_gate ? upload_mat(ctx, s, gu, 2, &L->wgu)
+                           : upload_mat(ctx, s, &src->w_up, 1, &L->wgu));
         KG_TRY(upload_mat(ctx, s, &src->w_down, 1, &L->wdown));
     }
     if (src->bq) { /* the model has all three or none */

@@ -205,6 +205,7 @@ kg_status_t kg_cuda_op_add_rmsnorm(float *x,
     res.add = (const float *)dadd;
     res.add_b = (const float *)dab;
     res.add_w = (const float *)daw;
+    res.scale = 0.0f;
     TRY_OUT(kg_cuda_add_rmsnorm(0, rows, (const kg_cuda_step_hdr_t *)dh, false, NULL, (float *)dx,
                                 &res, (const float *)dw, dy, (kg_cuda_dtype_t)dtype, NULL,
                                 KG_CUDA_F32, n, eps));
@@ -396,7 +397,7 @@ kg_cuda_op_logits_post(float *logits, int32_t rows, int32_t n_vocab, const float
     if (bias) {
         TRY_OUT(dup(&dp, &db, bias, (size_t)n_vocab * sizeof(float)));
     }
-    TRY_OUT(kg_cuda_logits_post(0, (float *)dl, rows, n_vocab, (const float *)db, cap));
+    TRY_OUT(kg_cuda_logits_post(0, (float *)dl, rows, n_vocab, (const float *)db, cap, 0.0f));
     TRY_OUT(fetch(logits, dl, (size_t)rows * n_vocab, KG_CUDA_OP_F32));
 out:
     dfree(&dp);

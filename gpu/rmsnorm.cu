@@ -42,6 +42,9 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(const kg_cuda_step_hdr
             if (res.add_w) {
                 a = (a * add_scale) * res.add_w[e];
             }
+            if (res.scale != 0.0f) {
+                a = a * res.scale;
+            }
             v += a;
             xr[e] = v;
         }
@@ -51,7 +54,8 @@ __global__ void __launch_bounds__(256) add_rmsnorm_kernel(const kg_cuda_step_hdr
     const float mean = (float)(sum / (double)n);
     const float scale = 1.0f / sqrtf(mean + eps);
     for (int32_t e = threadIdx.x; e < n; e += blockDim.x) {
-        const float v = (xr[e] * scale) * w[e];
+        /* no weight: the row itself (olmo2's blocks have no input norm) */
+        const float v = w ? (xr[e] * scale) * w[e] : xr[e];
         kg_st(y, (int64_t)i * n + e, v, dt);
         if (y2) {
             kg_st(y2, (int64_t)i * n + e, v, dt2);

@@ -65,18 +65,22 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
         __syncthreads();
     }
     if (ops.q_norm) {
+        /* a unit is a head, or with norm_full all of q, then all of k */
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-        for (int32_t h = warp; h < sh.n_head + sh.n_head_kv; h += n_warps) {
-            float *x = src + (int64_t)h * hd;
-            const float *w = h < sh.n_head ? ops.q_norm : ops.k_norm;
+        const int32_t n_units = ops.norm_full ? 2 : sh.n_head + sh.n_head_kv;
+        for (int32_t h = warp; h < n_units; h += n_warps) {
+            const bool is_q = ops.norm_full ? h == 0 : h < sh.n_head;
+            const int64_t width = !ops.norm_full ? hd : is_q ? n_q : n_kv;
+            float *x = src + (ops.norm_full ? (is_q ? 0 : n_q) : (int64_t)h * hd);
+            const float *w = is_q ? ops.q_norm : ops.k_norm;
             double sum = 0.0;
-            for (int32_t e = lane; e < hd; e += 32) {
+            for (int64_t e = lane; e < width; e += 32) {
                 sum += (double)(x[e] * x[e]);
             }
             sum = kg_warp_sum_d(sum);
-            const float mean = (float)(sum / (double)hd);
+            const float mean = (float)(sum / (double)width);
             const float scale = 1.0f / sqrtf(mean + ops.norm_eps);
-            for (int32_t e = lane; e < hd; e += 32) {
+            for (int64_t e = lane; e < width; e += 32) {
                 x[e] = (x[e] * scale) * w[e];
             }
         }
@@ -87,6 +91,8 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
      * mode (i, i + n_rot/2) for i < n_rot/2, and the dims past n_rot pass
      * through two at a time; heads 0..n_head-1 are q, the next n_head_kv k */
     const int32_t n_pairs = (sh.n_head + sh.n_head_kv) * half_hd;
+    const float temp =
+        ops.temp_scale != 0.0f ? kg_attn_temp(ops.temp_scale, ops.temp_floor, pos) : 1.0f;
     for (int32_t j = threadIdx.x; j < n_pairs; j += blockDim.x) {
         const int32_t h = j / half_hd, i = j % half_hd;
         int32_t ia = 2 * i, ib = 2 * i + 1;
@@ -95,10 +101,14 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
             ib = i < half_rot ? i + half_rot : ia + 1;
         }
         float a = src[(int64_t)h * hd + ia], b = src[(int64_t)h * hd + ib];
-        if (i < half_rot) {
+        if (i < half_rot && !ops.no_rope) {
             kg_rope_pair(&a, &b, cs[i], cs[half_rot + i]);
         }
         if (h < sh.n_head) {
+            if (ops.temp_scale != 0.0f) {
+                a = a * temp;
+                b = b * temp;
+            }
             if (ops.q_scale != 0.0f) {
                 a = a * ops.q_scale;
                 b = b * ops.q_scale;

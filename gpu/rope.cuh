@@ -36,8 +36,13 @@ typedef struct kg_cuda_qkv_ops {
     const float *q_norm; /* (head_dim) RMSNorm weight of every query head, or NULL */
     const float *k_norm; /* (head_dim) of every key head (with q_norm) */
     float norm_eps;
-    int neox;      /* pair i with i + n_rot/2 (else 2i with 2i + 1) */
-    float q_scale; /* q *= q_scale after the rotation; 0: not */
+    int neox;         /* pair i with i + n_rot/2 (else 2i with 2i + 1) */
+    float q_scale;    /* q *= q_scale after the rotation; 0: not */
+    int no_rope;      /* no rotation in this layer (NoPE) */
+    int norm_full;    /* q_norm (n_head*hd) and k_norm (n_kv*hd) norm all heads at once (olmo2) */
+    float temp_scale; /* q *= kg_attn_temp(temp_scale, temp_floor, pos) after the rotation
+                         (mistral3's attention temperature); 0: not */
+    int32_t temp_floor;
 } kg_cuda_qkv_ops_t;
 
 /** For t < hdr->n_tokens, with qkv(t) = [q (n_head*hd) | k (n_kv*hd) | v (n_kv*hd)]

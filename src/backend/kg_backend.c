@@ -54,6 +54,13 @@ const char *kg_backend_name(const kg_backend_t *be) {
 }
 
 kg_status_t kg_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
+    if (batch->n_hidden > 0 && !be->hidden) {
+        /* hidden states are written by the backend's forward alone: one that
+         * does not know the fields would leave them unset, never fail */
+        KG_LOG_ERROR("backend", "backend %s does not return hidden states (embedding jobs)",
+                     be->iface.name);
+        return KG_ERR_UNSUPPORTED;
+    }
     return be->iface.forward(be, batch, logits);
 }
 
@@ -70,6 +77,10 @@ kg_status_t kg_backend_sample(kg_backend_t *be,
         return KG_ERR_UNSUPPORTED;
     }
     return be->sample(be, reqs, n, out);
+}
+
+bool kg_backend_has_hidden(const kg_backend_t *be) {
+    return be->hidden;
 }
 
 bool kg_backend_has_kv_copy(const kg_backend_t *be) {

@@ -48,6 +48,14 @@ typedef struct kg_step_batch {
     int32_t max_blocks_per_seq;
     const int32_t *block_table;     /* (n_slots, max_blocks_per_seq) physical block ids */
     const kg_lora_set_t *slot_lora; /* (n_slots) each slot's adapters, or NULL: none at all */
+    /* Embedding jobs: the final hidden states (after the output norm, before
+     * the head) of the tokens with want_hidden[i], n_hidden rows of n_embd
+     * floats in token order, written into `hidden`. want_hidden NULL (and
+     * n_hidden 0): none. Only a backend with kg_backend_has_hidden fills
+     * them; the others refuse a step that asks. */
+    const bool *want_hidden; /* (n_tokens) or NULL */
+    int32_t n_hidden;        /* count of want_hidden */
+    float *hidden;           /* (n_hidden, n_embd) out */
 } kg_step_batch_t;
 
 typedef struct kg_backend_params {
@@ -126,6 +134,10 @@ KG_NODISCARD kg_status_t kg_backend_sample(kg_backend_t *be,
                                            const kg_sample_request_t *reqs,
                                            int32_t n,
                                            kg_sample_result_t *out);
+
+/** Whether the backend writes hidden states (kg_step_batch_t.want_hidden),
+ * which embedding jobs need. @thread any */
+bool kg_backend_has_hidden(const kg_backend_t *be);
 
 /** Whether the backend copies KV blocks (kg_backend_kv_copy). @thread any */
 bool kg_backend_has_kv_copy(const kg_backend_t *be);

@@ -33,4 +33,6 @@ struct kg_backend {
     kg_status_t (*lora_add)(
         kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size);
     void (*lora_remove)(kg_backend_t *be, int32_t id);
+    /* optional: forward fills kg_step_batch_t.hidden (false: it refuses a step that asks) */
+    bool hidden;
 };

@@ -123,6 +123,25 @@ KG_HD void kg_rope_pair(float *x0, float *x1, float cos_t, float sin_t) {
     *x1 = a * sin_t + b * cos_t;
 }
 
+/** xIELU of one element (Apertus), as ggml's op_xielu, with the op's
+ * parameters (alpha_n already beta + softplus(alpha_n), alpha_p
+ * softplus(alpha_p)). */
+KG_HD float kg_xielu(float x, float alpha_n, float alpha_p, float beta, float eps) {
+    if (x > 0.0f) {
+        return alpha_p * x * x + beta * x;
+    }
+    const float min_x_eps = fminf(x, eps);
+    return (expm1f(min_x_eps) - x) * alpha_n + beta * x;
+}
+
+/** Llama 4's attention temperature at position pos (mistral3), as
+ * llm_graph_input_attn_temp computes it: log(floor(pos / floor_len) + 1)
+ * in double, times scale, plus 1, stored as a float. */
+KG_HD float kg_attn_temp(float scale, int32_t floor_len, int32_t pos) {
+    const float blocks = floorf((float)pos / (float)floor_len);
+    return (float)(log((double)blocks + 1.0) * (double)scale + 1.0);
+}
+
 /** One step of the online softmax (running max m, running sum l): returns
  * the factor by which the accumulator so far must be rescaled, and updates
  * m and l for a new score s; *p gets exp(s - m_new). */

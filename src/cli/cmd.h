@@ -8,3 +8,4 @@ int kg_cmd_generate(int argc, char **argv);
 int kg_cmd_tokenize(int argc, char **argv);
 int kg_cmd_mkmodel(int argc, char **argv);
 int kg_cmd_batch(int argc, char **argv);
+int kg_cmd_render(int argc, char **argv);

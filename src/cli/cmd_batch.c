@@ -307,11 +307,13 @@ int kg_cmd_batch(int argc, char **argv) {
                               .max_tokens_limit = (int32_t)max_tokens_limit,
                               .max_event_bytes = budget,
                               .grammars = kg_stack_grammars(stack),
+                              .chat_template = kg_stack_chat_template(stack),
                               .max_choices = ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size
                                                                                : KG_JOB_MAX_N,
                               .served = (const char *const *)served.names,
                               .n_served = served.n,
-                              .loras = kg_stack_loras(stack)};
+                              .loras = kg_stack_loras(stack),
+                              .max_inputs = ep->max_queue_depth};
     kg_event_origin_t origin = {.worker_id = "kgen-batch",
                                 .partition = -1,
                                 .offset = -1,

@@ -1,4 +1,4 @@
-/* kgen: the offline tool: generate, tokenize, mkmodel, batch. */
+/* kgen: the offline tool: generate, tokenize, mkmodel, batch, render. */
 #include "cmd.h"
 
 #include <stdio.h>
@@ -13,6 +13,7 @@ static const struct {
     {"tokenize", kg_cmd_tokenize, "print the token ids of stdin"},
     {"mkmodel", kg_cmd_mkmodel, "write a random-weight Llama GGUF model of any shape"},
     {"batch", kg_cmd_batch, "run a JSONL file of jobs through the engine (offline mode)"},
+    {"render", kg_cmd_render, "print the prompt a job becomes (the model's chat template)"},
 };
 
 static void usage(FILE *f) {

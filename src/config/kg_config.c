@@ -41,9 +41,16 @@ static const opt_t options[] = {
      "consumer group of the workers"},
     {"group-instance-id", OPT_STR, OFF(group_instance_id), "", 0, 0, "Kafka",
      "static membership id (a restart within session.timeout.ms keeps the assignment)"},
-    {"assignment-strategy", OPT_STR, OFF(assignment_strategy), "range,roundrobin", 0, 0, "Kafka",
-     "partition.assignment.strategy (eager; see docs/OPERATIONS.md on cooperative-sticky "
-     "and librdkafka 2.0.2)"},
+    {"group-protocol", OPT_STR, OFF(group_protocol), "auto", 0, 0, "Kafka",
+     "consumer group protocol: consumer (KIP-848: the broker assigns, incrementally), classic "
+     "(--assignment-strategy), or auto (consumer, falling back to classic at startup when the "
+     "broker refuses it; classic when settings only it takes are given: a non-default "
+     "--assignment-strategy, -X session.timeout.ms or heartbeat.interval.ms); see "
+     "docs/DELIVERY.md, Rebalances"},
+    {"assignment-strategy", OPT_STR, OFF(assignment_strategy), "cooperative-sticky", 0, 0, "Kafka",
+     "partition.assignment.strategy of the classic protocol: cooperative-sticky (only the "
+     "partitions that move are revoked) or eager range, roundrobin (every partition is revoked "
+     "at every rebalance); the consumer protocol assigns on the broker (-X group.remote.assignor)"},
     {"worker-id", OPT_STR, OFF(worker_id), "", 0, 0, "Kafka",
      "id written into every event (default: <hostname>-<pid>)"},
     {"max-message-bytes", OPT_INT, OFF(max_message_bytes), "1048576", 64, 1 << 30, "Kafka",
@@ -123,6 +130,10 @@ static const opt_t options[] = {
     {"log-format", OPT_STR, OFF(log_format), "logfmt", 0, 0, "Operations", "logfmt or json"},
     {"drain-timeout", OPT_FLOAT, OFF(drain_timeout_s), "30", 0, 86400, "Operations",
      "seconds running jobs may take to finish after SIGTERM"},
+    {"handoff-timeout", OPT_FLOAT, OFF(handoff_timeout_s), "30", 0, 86400, "Operations",
+     "seconds the running jobs of a partition taken away in a rebalance may take to finish "
+     "before it is released (intake from it stops at once; 0 = abandon them at once, the new "
+     "owner runs them again)"},
     {"auth-timeout", OPT_FLOAT, OFF(auth_timeout_s), "60", 0, 86400, "Operations",
      "seconds a failing Kafka login (a wrong SASL password) may go on before the worker exits "
      "with an error (0 = retry for ever)"},
@@ -502,6 +513,13 @@ kg_status_t kg_config_parse(
         strcmp(cfg->backend, "cuda") != 0) {
         snprintf(errstr, errstr_size, "--backend: expected auto, cpu or cuda, got '%s'",
                  cfg->backend);
+        return KG_ERR_INVALID;
+    }
+    if (strcmp(cfg->group_protocol, "auto") != 0 && strcmp(cfg->group_protocol, "consumer") != 0 &&
+        strcmp(cfg->group_protocol, "classic") != 0) {
+        snprintf(errstr, errstr_size,
+                 "--group-protocol: expected auto, consumer or classic, got '%s'",
+                 cfg->group_protocol);
         return KG_ERR_INVALID;
     }
     if (strcmp(cfg->log_format, "logfmt") != 0 && strcmp(cfg->log_format, "json") != 0) {

@@ -25,6 +25,8 @@ typedef struct kg_config {
     char *dlq_topic; /* "" = "<jobs_topic>.dlq" */
     char *group_id;
     char *group_instance_id; /* "" = dynamic membership */
+    /* "auto", "consumer" (KIP-848) or "classic" */
+    char *group_protocol;
     char *assignment_strategy;
     char *worker_id; /* "" = hostname-pid */
     int64_t max_message_bytes;
@@ -59,6 +61,8 @@ typedef struct kg_config {
     char *log_level;
     char *log_format;
     double drain_timeout_s;
+    /* a revoked partition's running jobs may finish this long */
+    double handoff_timeout_s;
     double auth_timeout_s; /* 0 = retry a failing login for ever */
     int64_t demo;          /* -1 = off */
     bool print_config;

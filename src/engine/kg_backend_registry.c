@@ -26,7 +26,10 @@
      KG_MODEL_FEAT_GELU | KG_MODEL_FEAT_EMBD_SCALE | KG_MODEL_FEAT_SOFTCAP |                       \
      KG_MODEL_FEAT_SLIDING_WINDOW | KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_ROPE_PARTIAL |         \
      KG_MODEL_FEAT_ROPE_PER_LAYER | KG_MODEL_FEAT_ROPE_YARN | KG_MODEL_FEAT_ROPE_FACTORS |         \
-     KG_MODEL_FEAT_Q_SCALE | KG_MODEL_FEAT_MOE | KG_MODEL_FEAT_MOE_OAI | KG_MODEL_FEAT_ATTN_SINKS)
+     KG_MODEL_FEAT_Q_SCALE | KG_MODEL_FEAT_MOE | KG_MODEL_FEAT_MOE_OAI |                           \
+     KG_MODEL_FEAT_ATTN_SINKS | KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES |                        \
+     KG_MODEL_FEAT_NO_PRE_NORM | KG_MODEL_FEAT_QK_NORM_FULL | KG_MODEL_FEAT_ATTN_TEMP |            \
+     KG_MODEL_FEAT_XIELU)
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     const uint32_t missing = kg_model_features(model) & ~(uint32_t)KG_CUDA_FEATURES;

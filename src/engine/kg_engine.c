@@ -108,6 +108,7 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->b_seq = malloc(nt * sizeof(*e->b_seq));
     e->b_want = malloc(nt * sizeof(*e->b_want));
     e->b_lora = calloc(nb, sizeof(*e->b_lora));
+    e->b_hid = calloc(nt, sizeof(*e->b_hid));
     e->b_row_rec = malloc(nb * sizeof(*e->b_row_rec));
     e->b_in_step = malloc(nb * sizeof(*e->b_in_step));
     e->logits = malloc(nb * (size_t)p->n_vocab * sizeof(*e->logits));
@@ -127,8 +128,9 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->copy_dst = malloc(nb * sizeof(*e->copy_dst));
     if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
         !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
-        !e->b_seq || !e->b_want || !e->b_row_rec || !e->b_in_step || !e->logits || !e->done ||
-        !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst || !e->b_lora) {
+        !e->b_seq || !e->b_want || !e->b_hid || !e->b_row_rec || !e->b_in_step || !e->logits ||
+        !e->done || !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst ||
+        !e->b_lora) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
@@ -175,6 +177,9 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->b_seq);
     free(e->b_want);
     free(e->b_lora);
+    free(e->b_hid);
+    free(e->hidden);
+    free(e->pool_acc);
     free(e->b_row_rec);
     free(e->b_in_step);
     free(e->logits);
@@ -217,7 +222,7 @@ void kg_engine_wait_push_front(kg_engine_t *e, int32_t r) {
 /* After every request of a higher tier, and in its own tier after the
  * preempted ones and every request of the same or a higher priority:
  * priority order, FIFO within a priority. */
-static void wait_insert(kg_engine_t *e, int32_t r) {
+void kg_engine_wait_insert(kg_engine_t *e, int32_t r) {
     int32_t prio = e->recs[r].priority, tier = e->recs[r].tier;
     int32_t i = 0;
     while (i < e->n_wait) {
@@ -329,6 +334,9 @@ static bool bias_is_valid(const kg_engine_t *e, const kg_sampling_params_t *sp) 
 
 kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     const kg_engine_params_t *p = &e->p;
+    if (req->n_inputs != 0) {
+        return kg_engine_embed_submit(e, req);
+    }
     int32_t n = req->n_choices > 0 ? req->n_choices : 1;
     if (!req->prompt || req->n_prompt < 1 || req->n_prompt >= p->max_seq_len ||
         req->max_tokens < 1 || req->tier < 0 || req->sampling.n_logprobs < 0 ||
@@ -379,7 +387,7 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
         e->recs[f].leader = r;
     }
     e->n_submitted++;
-    wait_insert(e, r);
+    kg_engine_wait_insert(e, r);
     return KG_OK;
 }
 
@@ -432,6 +440,7 @@ kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_m
     p.prefix_cache = true;
     p.n_vocab = model->hp.n_vocab;
     p.kv_window = kg_model_kv_window(model);
+    p.n_embd = model->hp.n_embd;
     size_t n_blocks;
     if (kv_memory_size > 0) {
         size_t block_bytes = kg_backend_kv_bytes_per_token(model) * (size_t)p.kv_block_size;

@@ -104,7 +104,22 @@
  * the forward pass is launched and before sampling, so on a device backend
  * (whose forward returns before the logits are ready) they overlap it; at
  * a microsecond or two per sequence-step (precomputed per grammar state)
- * building them on more threads would not pay. */
+ * building them on more threads would not pay.
+ *
+ * EMBEDDINGS
+ * A request with n_inputs > 0 runs each input as a sequence of its own
+ * (choice i is input i: queued, admitted, preempted like any request) that
+ * is prefill only: its tokens are computed in chunks as any prompt's, but
+ * none asks for logits; the backend returns the final hidden states
+ * (kg_step_batch_t.want_hidden) of the positions its pooling reads, which
+ * the engine keeps per slot (the mean sums rows in position order, so the
+ * result does not depend on how the prompt was chunked or what shared its
+ * steps). When the last token is computed the pooled row goes to
+ * req->embd, the finish (STOP, token -1) is reported and the slot and
+ * blocks are freed the same step. These sequences never take blocks from
+ * the prefix cache (the hidden states of cached positions are not kept).
+ * Submit refuses them (KG_ERR_UNSUPPORTED) on a backend without
+ * kg_backend_has_hidden or with n_embd 0. */
 #pragma once
 
 #include "../backend/kg_backend.h"
@@ -136,6 +151,7 @@ typedef struct kg_engine_params {
                              own (every layer windowed: kg_model_kv_window), so blocks wholly
                              before that are given back as a sequence advances; 0: none */
     bool no_jump_forward; /* constrained requests: sample every token, even a forced one */
+    int32_t n_embd;       /* the model's hidden width (embedding requests); 0: none run */
 } kg_engine_params_t;
 
 typedef enum kg_finish {
@@ -149,6 +165,13 @@ typedef enum kg_finish {
 } kg_finish_t;
 
 const char *kg_finish_str(kg_finish_t f);
+
+/* Which hidden states an embedding request keeps (see EMBEDDINGS). */
+typedef enum kg_engine_pool {
+    KG_ENGINE_POOL_MEAN = 0, /* the mean over every position */
+    KG_ENGINE_POOL_FIRST,    /* position 0 (cls) */
+    KG_ENGINE_POOL_LAST,     /* the last position (last, and qwen3's rank) */
+} kg_engine_pool_t;
 
 typedef struct kg_request {
     uint64_t id;           /* caller's handle, unique among live requests */
@@ -168,6 +191,14 @@ typedef struct kg_request {
     int32_t n_choices;             /* 1..min(KG_MAX_CHOICES, max_batch_size); 0 means 1 */
     kg_lora_set_t lora; /* the LoRA adapters it runs with (kg_backend_lora_add ids; n = 0: the
                            base); its prefix is cached apart from other adapter sets' */
+    /* An embedding request (see EMBEDDINGS) when n_inputs > 0: `prompt` holds
+     * the inputs one after another, input_len[i] tokens each (copied at
+     * submit); max_tokens, sampling, grammar and n_choices are not used. */
+    int32_t n_inputs;
+    const int32_t *input_len;
+    kg_engine_pool_t pool;
+    float *embd; /* (n_inputs, n_embd) out: input i's pooled row is written before its
+                    finish is reported; borrowed until the request's last completion */
 } kg_request_t;
 
 /* Jump-forward tokens appended per request and step at most. */

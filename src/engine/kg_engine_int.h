@@ -47,6 +47,9 @@ typedef struct kg_seq {
     kg_matcher_t *matcher; /* the record's matcher (allocated on first use, kept) */
     kg_lora_set_t lora;    /* its adapters (n = 0: the base) */
     uint64_t lora_key;     /* the prefix cache's key of that set (0: the base) */
+    bool embed;            /* an embedding input: prefill only (see EMBEDDINGS) */
+    kg_engine_pool_t pool;
+    float *embd_out; /* embed: (n_embd) where the pooled row goes */
 } kg_seq_t;
 
 struct kg_engine {
@@ -95,6 +98,10 @@ struct kg_engine {
     uint32_t *masks;    /* (max_batch_size, mask_words) this step's masks, by row */
     bool *row_any;      /* (max_batch_size) the row's mask allows a token or the end */
     kg_rng_t dummy_rng; /* what a forced row's device sample draws from (and drops) */
+    /* embedding requests (kg_engine_embed.c) */
+    bool *b_hid;     /* (max_batch_tokens) the token's hidden state is wanted */
+    float *hidden;   /* (max_batch_tokens, n_embd) the step's hidden rows; on first use */
+    float *pool_acc; /* (max_batch_size, n_embd) per slot: the pooled row so far */
 
     int64_t (*now_us)(void *ctx);
     void *now_ctx;
@@ -110,3 +117,19 @@ void kg_engine_wait_push_front(kg_engine_t *e, int32_t r);
 void kg_engine_wait_remove_at(kg_engine_t *e, int32_t i);
 /** Drop run[i] (finished or preempted). */
 void kg_engine_run_remove_at(kg_engine_t *e, int32_t i);
+/** Put record r in the waiting queue (priority order). */
+void kg_engine_wait_insert(kg_engine_t *e, int32_t r);
+
+// ---- embedding requests (kg_engine_embed.c) ----
+
+/** kg_engine_submit for a request with n_inputs > 0. */
+kg_status_t kg_engine_embed_submit(kg_engine_t *e, const kg_request_t *req);
+/** A running embed sequence was admitted into its slot: its pooled row
+ * starts from zero (it computes every token again). */
+void kg_engine_embed_admit(kg_engine_t *e, const kg_seq_t *seq);
+/** After a successful forward of `nt` tokens: add the step's hidden rows
+ * to their slots' pooled rows. */
+void kg_engine_embed_collect(kg_engine_t *e, int32_t nt);
+/** Whether the running embed sequence `seq` (all computed) is done: writes
+ * its pooled row out. */
+void kg_engine_embed_finish(kg_engine_t *e, kg_seq_t *seq);

@@ -200,9 +200,13 @@ static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, in
         e->b_token[nt + k] = seq->tokens[pos];
         e->b_pos[nt + k] = pos;
         e->b_seq[nt + k] = seq->slot;
-        e->b_want[nt + k] = pos == seq->n_tokens - 1;
+        e->b_want[nt + k] = !seq->embed && pos == seq->n_tokens - 1;
+        e->b_hid[nt + k] =
+            seq->embed &&
+            (seq->pool == KG_ENGINE_POOL_MEAN || (seq->pool == KG_ENGINE_POOL_FIRST && pos == 0) ||
+             (seq->pool == KG_ENGINE_POOL_LAST && pos == seq->n_tokens - 1));
     }
-    if (n > 0 && seq->n_computed + n == seq->n_tokens) {
+    if (n > 0 && !seq->embed && seq->n_computed + n == seq->n_tokens) {
         e->b_row_rec[(*n_rows)++] = r;
     }
     seq->n_sched = n;
@@ -236,9 +240,12 @@ static bool prefix_in_flight(const kg_engine_t *e, const kg_seq_t *w, int32_t hi
  * admitted now; *hit gets its cached leading blocks. */
 static bool fits(const kg_engine_t *e, const kg_seq_t *seq, int32_t *hit) {
     const int32_t bs = e->p.kv_block_size;
-    /* Leave at least the last token to compute: its logits are needed. */
+    /* Leave at least the last token to compute: its logits are needed. An
+     * embedding input computes all of them (its hidden states are not cached). */
     int32_t idle = 0;
-    *hit = kg_kv_match_key(e->kv, seq->lora_key, seq->tokens, (seq->n_tokens - 1) / bs, &idle);
+    *hit = seq->embed ? 0
+                      : kg_kv_match_key(e->kv, seq->lora_key, seq->tokens, (seq->n_tokens - 1) / bs,
+                                        &idle);
     const int32_t need = (seq->n_tokens - 1) / bs + 1;
     const int32_t headroom = e->n_run > 0 ? e->headroom : 0;
     const int32_t k = seq->n_pending;
@@ -279,7 +286,7 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         int32_t need = (seq->n_tokens - 1) / bs + 1;
         /* choices waiting to fork: a slot and a block each, held from now */
         int32_t k = seq->n_pending;
-        if (!fits(e, seq, &hit) || prefix_in_flight(e, seq, hit)) {
+        if (!fits(e, seq, &hit) || (!seq->embed && prefix_in_flight(e, seq, hit))) {
             break; /* the head waits; nobody overtakes it */
         }
         seq->n_reserved = k;
@@ -292,6 +299,9 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         seq->slot = slot;
         seq->front = false;
         seq->n_computed = hit * bs;
+        if (seq->embed) {
+            kg_engine_embed_admit(e, seq);
+        }
         /* Recomputing a preempted sequence's tokens counts as prefill, but
          * its last token was sampled and never fed: that one is a decode. */
         seq->prefill_end = seq->n_tokens > seq->n_prompt ? seq->n_tokens - 1 : seq->n_tokens;
@@ -545,6 +555,10 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
             any_lora = any_lora || seq->lora.n > 0;
         }
     }
+    int32_t n_hid = 0;
+    for (int32_t t = 0; t < nt; t++) {
+        n_hid += e->b_hid[t];
+    }
     kg_step_batch_t batch = {
         .slot_lora = any_lora ? e->b_lora : NULL,
         .n_tokens = nt,
@@ -556,6 +570,9 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         .n_slots = e->p.max_batch_size,
         .max_blocks_per_seq = e->max_blocks_per_seq,
         .block_table = kg_kv_block_table(e->kv),
+        .want_hidden = n_hid > 0 ? e->b_hid : NULL,
+        .n_hidden = n_hid,
+        .hidden = e->hidden,
     };
     kg_status_t st = kg_backend_forward(e->be, &batch, e->device_sample ? NULL : e->logits);
     /* A device backend that samples returns before its forward is done, so
@@ -608,6 +625,9 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
     }
     e->st.n_steps++;
     e->st.last_batch_tokens = nt;
+    if (n_hid > 0) {
+        kg_engine_embed_collect(e, nt);
+    }
 
     /* Phase 5: the K/V are in the cache now; register full blocks. */
     for (int32_t i = 0; i < e->n_run; i++) {
@@ -627,6 +647,19 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         kg_kv_seq_commit(e->kv, seq->slot, seq->tokens, seq->n_computed);
         if (seq->n_pending > 0 && seq->n_computed == seq->n_prompt) {
             fork_choices(e, e->run[i]);
+        }
+    }
+    /* Embedding inputs whose every token is computed: pooled row out, done. */
+    for (int32_t i = 0; i < e->n_run;) {
+        kg_seq_t *seq = &e->recs[e->run[i]];
+        if (seq->embed && seq->n_computed == seq->n_tokens) {
+            const int32_t r = e->run[i];
+            kg_engine_embed_finish(e, seq);
+            report(e, seq, -1, KG_FINISH_STOP, NULL);
+            unschedule(e, i);
+            free_record(e, r);
+        } else {
+            i++;
         }
     }
     /* Sample every row, then end the finished sequences (the same step). */

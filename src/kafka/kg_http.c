@@ -81,6 +81,9 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
             (long long)atomic_load(&g->n_prompt_tokens));
     counter(f, "kgen_preemptions_total", "Sequences preempted for lack of KV blocks.",
             (long long)atomic_load(&g->n_preemptions));
+    counter(f, "kgen_lane_preemptions_total",
+            "Sequences of a lower lane preempted to give a job of a higher lane a slot or blocks.",
+            (long long)atomic_load(&g->n_tier_preemptions));
     counter(f, "kgen_engine_steps_total", "Engine steps (batched forward passes).",
             (long long)atomic_load(&g->n_steps));
     counter(f, "kgen_grammar_masks_total",

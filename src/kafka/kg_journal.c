@@ -738,8 +738,12 @@ kg_journal_t *kg_journal_new(const kg_config_t *cfg,
         return NULL;
     }
     j->cfg = cfg;
-    /* a live owner that was evicted hears of it at its next heartbeat, then revokes */
-    int64_t heartbeat_ms = 3000; /* librdkafka's heartbeat.interval.ms */
+    /* a live owner that was evicted hears of it at its next heartbeat, then revokes: the
+     * classic protocol's is librdkafka's heartbeat.interval.ms (3 s), the consumer protocol's
+     * (KIP-848, which --group-protocol auto may pick) the broker's
+     * group.consumer.heartbeat.interval.ms (5 s by default) */
+    int64_t heartbeat_ms =
+        cfg->group_protocol && strcmp(cfg->group_protocol, "classic") == 0 ? 3000 : 5000;
     int64_t backoff_max_ms = BACKOFF_MAX_MS;
     for (int i = 0; i < cfg->n_kafka_props; i++) {
         /* librdkafka checked them */

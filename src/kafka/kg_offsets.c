@@ -19,7 +19,10 @@ typedef struct part {
     int64_t next;       /* storable offset (one past the done prefix), -1 when none yet */
     int64_t reported;   /* last next reported by committable, -1 when none */
     bool assigned;
-    bool dirty; /* next > reported and the partition is on the dirty list */
+    bool dirty;        /* next > reported and the partition is on the dirty list */
+    int64_t *answered; /* (n_answered) answered by a previous owner, ascending (kg_answered.h) */
+    uint32_t n_answered;
+    int64_t committed; /* the committed offset they are above; -1 when none */
 } part_t;
 
 struct kg_offsets {
@@ -50,6 +53,7 @@ void kg_offsets_free(kg_offsets_t *o) {
     }
     for (uint32_t i = 0; i < o->n_parts; i++) {
         free(o->parts[i].ring);
+        free(o->parts[i].answered);
     }
     free(o->parts);
     free(o->dirty);
@@ -122,7 +126,7 @@ kg_status_t kg_offsets_assign(kg_offsets_t *o, int32_t partition) {
         p->cap = RING_INITIAL;
     }
     p->head = p->len = p->n_pending = 0;
-    p->last = p->next = p->reported = -1;
+    p->last = p->next = p->reported = p->committed = -1;
     p->dirty = false;
     p->assigned = true;
     return KG_OK;
@@ -282,6 +286,10 @@ void kg_offsets_revoke(kg_offsets_t *o, int32_t partition) {
     p->head = p->len = p->n_pending = 0;
     p->last = p->next = p->reported = -1;
     p->assigned = false;
+    free(p->answered);
+    p->answered = NULL;
+    p->n_answered = 0;
+    p->committed = -1;
 }
 
 size_t kg_offsets_n_held(const kg_offsets_t *o) {
@@ -291,4 +299,81 @@ size_t kg_offsets_n_held(const kg_offsets_t *o) {
 size_t kg_offsets_n_pending(const kg_offsets_t *o, int32_t partition) {
     const part_t *p = find_part(o, partition);
     return p ? p->n_pending : 0;
+}
+
+// ---- answered above the committed offset (kg_answered.h) ----
+
+kg_status_t kg_offsets_set_answered(
+    kg_offsets_t *o, int32_t partition, int64_t committed, const int64_t *offsets, size_t n) {
+    part_t *p = find_part(o, partition);
+    if (!p || n > UINT32_MAX) {
+        return KG_ERR_INVALID;
+    }
+    int64_t *a = NULL;
+    if (n > 0) {
+        a = malloc(n * sizeof(*a));
+        if (!a) {
+            return KG_ERR_NOMEM;
+        }
+        memcpy(a, offsets, n * sizeof(*a));
+    }
+    free(p->answered);
+    p->answered = a;
+    p->n_answered = (uint32_t)n;
+    p->committed = committed;
+    return KG_OK;
+}
+
+bool kg_offsets_is_answered(const kg_offsets_t *o, int32_t partition, int64_t offset) {
+    const part_t *p = find_part(o, partition);
+    uint32_t lo = 0, hi = p ? p->n_answered : 0;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (p->answered[mid] < offset) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return p && lo < p->n_answered && p->answered[lo] == offset;
+}
+
+size_t kg_offsets_answered_above(
+    const kg_offsets_t *o, int32_t partition, int64_t *position, int64_t *out, size_t max) {
+    const part_t *p = find_part(o, partition);
+    *position = -1;
+    if (!p) {
+        return 0;
+    }
+    /* the head entry is never done (pop_done), so it is the first unfinished offset */
+    *position = p->len > 0     ? (int64_t)(p->ring[p->head] & ~DONE_BIT)
+                : p->next >= 0 ? p->next
+                               : p->committed; /* nothing taken yet: pass the list on as it came */
+    if (*position < 0) {
+        return 0;
+    }
+    /* merge the done entries held with the previous owner's list, both ascending */
+    size_t n = 0;
+    uint32_t i = 0, j = 0;
+    while (n < max && (i < p->len || j < p->n_answered)) {
+        int64_t v;
+        if (i < p->len && !(*entry(p, i) & DONE_BIT)) {
+            i++;
+            continue;
+        }
+        int64_t a = i < p->len ? (int64_t)(*entry(p, i) & ~DONE_BIT) : INT64_MAX;
+        int64_t b = j < p->n_answered ? p->answered[j] : INT64_MAX;
+        if (a <= b) {
+            v = a;
+            i++;
+            j += a == b;
+        } else {
+            v = b;
+            j++;
+        }
+        if (v > *position && (n == 0 || v > out[n - 1])) {
+            out[n++] = v;
+        }
+    }
+    return n;
 }

@@ -82,3 +82,22 @@ size_t kg_offsets_n_held(const kg_offsets_t *o);
 
 /** Tracked offsets of a partition not yet done (0 for an unknown partition). */
 size_t kg_offsets_n_pending(const kg_offsets_t *o, int32_t partition);
+
+/** A previous owner's answered offsets of a newly assigned partition above its `committed`
+ * offset (kg_answered.h), ascending: messages at these offsets were answered and are not run
+ * again (kg_offsets_is_answered). Replaces the partition's list; a revoke forgets it.
+ * KG_ERR_INVALID for a partition not assigned, KG_ERR_NOMEM on OOM. @thread kafka */
+KG_NODISCARD kg_status_t kg_offsets_set_answered(
+    kg_offsets_t *o, int32_t partition, int64_t committed, const int64_t *offsets, size_t n);
+
+/** Whether `offset` of `partition` was answered by a previous owner. @thread kafka */
+bool kg_offsets_is_answered(const kg_offsets_t *o, int32_t partition, int64_t offset);
+
+/** What a worker giving `partition` up commits: *position, the offset to commit (its first
+ * unfinished tracked offset, or one past the done prefix, or with nothing taken since the
+ * assignment the committed offset given to kg_offsets_set_answered; -1 when there is none: then
+ * 0 is returned), and up to `max` offsets above it already answered (done
+ * here, or named by the previous owner and not reached yet), ascending; returns their count.
+ * @thread kafka */
+size_t kg_offsets_answered_above(
+    const kg_offsets_t *o, int32_t partition, int64_t *position, int64_t *out, size_t max);

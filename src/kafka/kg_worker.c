@@ -40,22 +40,36 @@ void kg_worker_fatal_kafka(kg_worker_t *w, const char *what) {
     kg_worker_fatal(w, what);
 }
 
+/* librdkafka's fatal error on `rk` (the producer's reaches error_cb, the consumer's comes as
+ * a message error): the worker stops, unless the consumer protocol was refused under
+ * --group-protocol auto before anything was assigned (then the poll loop switches). */
+static void on_fatal(kg_worker_t *w, rd_kafka_t *rk) {
+    char buf[512];
+    rd_kafka_resp_err_t orig = rd_kafka_fatal_error(rk, buf, sizeof(buf));
+    if (rk == w->parts.consumer && w->parts.may_fall_back && !w->parts.ever_assigned &&
+        kg_assignment_refused(orig)) {
+        KG_LOG_WARN("rdkafka", "%s client=%s", buf, rd_kafka_name(rk));
+        w->parts.fall_back = true; /* kg_worker_fall_back_to_classic */
+        return;
+    }
+    char hint[320] = "";
+    if (kg_acl_denied(orig)) {
+        /* an idempotent or transactional producer refused its id by the authorizer */
+        char id[600];
+        snprintf(id, sizeof(id), "kgen-%s-", w->cfg->group_id);
+        kg_acl_hint(orig, "Write", id, hint + 2, sizeof(hint) - 2);
+        hint[0] = ':';
+        hint[1] = ' ';
+    }
+    char what[900];
+    snprintf(what, sizeof(what), "librdkafka fatal error: %s%s", buf, hint);
+    kg_worker_fatal_kafka(w, what);
+}
+
 void kg_worker_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
     kg_worker_t *w = opaque;
     if (err == RD_KAFKA_RESP_ERR__FATAL) {
-        char buf[512], hint[320] = "";
-        rd_kafka_resp_err_t orig = rd_kafka_fatal_error(rk, buf, sizeof(buf));
-        if (kg_acl_denied(orig)) {
-            /* an idempotent or transactional producer refused its id by the authorizer */
-            char id[600];
-            snprintf(id, sizeof(id), "kgen-%s-", w->cfg->group_id);
-            kg_acl_hint(orig, "Write", id, hint + 2, sizeof(hint) - 2);
-            hint[0] = ':';
-            hint[1] = ' ';
-        }
-        char what[900];
-        snprintf(what, sizeof(what), "librdkafka fatal error: %s%s", buf, hint);
-        kg_worker_fatal_kafka(w, what);
+        on_fatal(w, rk);
         return;
     }
     if (err == RD_KAFKA_RESP_ERR__AUTHENTICATION) {
@@ -204,8 +218,10 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->intake.limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
     w->intake.limits.grammars = kg_stack_grammars(w->stack);
     w->intake.limits.loras = kg_stack_loras(w->stack);
+    w->intake.limits.chat_template = kg_stack_chat_template(w->stack);
     w->intake.limits.max_choices =
         ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size : KG_JOB_MAX_N;
+    w->intake.limits.max_inputs = ep->max_queue_depth; /* one engine request each */
     w->jobs.n_engine_recs = ep->max_batch_size + ep->max_queue_depth;
     w->jobs.table_size = 1;
     while (w->jobs.table_size < (size_t)w->max_inflight * 2) {
@@ -254,19 +270,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     } else {
         w->intake.crash_request_id = NULL;
     }
-    w->parts.consumer = kg_worker_make_consumer(w, errstr, errstr_size);
-    if (!w->parts.consumer) {
-        goto fail;
-    }
-    rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
-    for (int l = 0; l < w->lanes.n; l++) {
-        rd_kafka_topic_partition_list_add(sub, w->lanes.lane[l].topic, RD_KAFKA_PARTITION_UA);
-    }
-    rd_kafka_resp_err_t err = rd_kafka_subscribe(w->parts.consumer, sub);
-    rd_kafka_topic_partition_list_destroy(sub);
-    if (err) {
-        snprintf(errstr, errstr_size, "subscribe to %s: %s", cfg->jobs_topic,
-                 rd_kafka_err2str(err));
+    if (kg_worker_start_consumer(w, errstr, errstr_size) != KG_OK) {
         goto fail;
     }
     KG_LOG_INFO("worker",
@@ -324,11 +328,13 @@ int kg_worker_run(kg_worker_t *w) {
         /* consumer: messages and rebalances; short timeout so completions flow */
         int n_taken = 0;
         rd_kafka_message_t *rkm;
-        while (n_taken < POLL_BATCH && !w->life.fatal &&
+        while (n_taken < POLL_BATCH && !w->life.fatal && !w->parts.fall_back &&
                (rkm = rd_kafka_consumer_poll(
                     w->parts.consumer, n_taken == 0 && !w->intake.held_head ? 5 : 0)) != NULL) {
             n_taken++;
-            if (rkm->err) {
+            if (rkm->err == RD_KAFKA_RESP_ERR__FATAL) {
+                on_fatal(w, w->parts.consumer);
+            } else if (rkm->err) {
                 if (rkm->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
                     KG_LOG_WARN("worker", "consumer: %s", rd_kafka_message_errstr(rkm));
                 }
@@ -346,6 +352,10 @@ int kg_worker_run(kg_worker_t *w) {
             rd_kafka_message_destroy(rkm);
             kg_worker_check_backpressure(w);
         }
+        if (w->parts.fall_back) {
+            kg_worker_fall_back_to_classic(w);
+        }
+        kg_worker_check_group(w, now);
         kg_worker_start_next_suspect(w);
         /* while jobs wait for their snapshot, wait here for its ack */
         for (int l = 0; l < w->lanes.n; l++) {

@@ -26,6 +26,7 @@
 #include "../pipeline/kg_served.h"
 #include "../pipeline/kg_stack.h"
 #include "../schema/kg_codec.h"
+#include "kg_assignment.h"
 #include "kg_auth.h"
 #include "kg_cancel.h"
 #include "kg_journal.h"
@@ -213,8 +214,14 @@ struct kg_worker {
     struct {
         rd_kafka_t *consumer;
         kg_offsets_t *offsets;
-        rd_kafka_topic_partition_list_t *assigned; /* owned copy of the assignment */
-        bool lane_paused[KG_LANES_MAX];            /* backpressure, lowest lanes first */
+        rd_kafka_topic_partition_list_t *assigned; /* owned copy of what is held (kg_assignment) */
+        kg_group_protocol_t protocol;              /* the group protocol the consumer runs */
+        bool may_fall_back; /* --group-protocol auto: a refusal switches to classic */
+        bool fall_back;     /* the broker refused the consumer protocol: switch (kg_worker.c) */
+        bool ever_assigned; /* a rebalance callback has assigned partitions */
+        bool warned_unassigned;
+        int64_t started_us; /* the consumer's start, for the warning without partitions */
+        bool lane_paused[KG_LANES_MAX]; /* backpressure, lowest lanes first */
         _Atomic int64_t lag[KG_LANES_MAX][MAX_PARTITIONS];
         _Atomic int32_t lag_valid[KG_LANES_MAX][MAX_PARTITIONS];
         int64_t last_lag_us;
@@ -316,13 +323,21 @@ void kg_worker_emit_token_events(kg_worker_t *w, job_rec_t *r, const kg_jobrun_s
 void kg_worker_dead_letter(kg_worker_t *w, const dlq_copy_t *c, ack_t *ack);
 /** An unparseable job: its DLQ copy is its answer. */
 void kg_worker_dead_letter_job(kg_worker_t *w, const job_msg_t *m, const kg_codec_error_t *err);
+/** Store the offsets that advanced (or hand them to the transaction). */
+void kg_worker_store_offsets(kg_worker_t *w);
 /** Commit the transaction when due (or now, with `force`); true without one. */
 bool kg_worker_commit_txn(kg_worker_t *w, bool force);
 
 // ---- kg_worker_partitions.c ----
 
-/** The consumer, configured for the worker (not yet subscribed). */
-rd_kafka_t *kg_worker_make_consumer(kg_worker_t *w, char *errstr, size_t errstr_size);
+/** The consumer, configured for the worker and subscribed to the jobs topics
+ * (parts.consumer; its group protocol in parts.protocol). */
+KG_NODISCARD kg_status_t kg_worker_start_consumer(kg_worker_t *w, char *errstr, size_t errstr_size);
+/** The broker refused the consumer group protocol (parts.fall_back, set by the error
+ * callback under --group-protocol auto): a new consumer on the classic one. */
+void kg_worker_fall_back_to_classic(kg_worker_t *w);
+/** Warn once when the consumer protocol has assigned nothing for 30 s. */
+void kg_worker_check_group(kg_worker_t *w, int64_t now_us);
 /** Pause at the in-flight cap and resume at 3/4 of it. */
 void kg_worker_check_backpressure(kg_worker_t *w);
 /** Cancel quietly every job of `parts` (NULL: all), or only the unstarted. */

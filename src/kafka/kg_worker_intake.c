@@ -504,6 +504,18 @@ void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
         rd_kafka_topic_partition_list_destroy(l);
         return;
     }
+    if (kg_offsets_is_answered(w->parts.offsets, dense, rkm->offset)) {
+        /* a previous owner answered it after an earlier job of the partition was still running
+         * (kg_answered.h): done here without running it again */
+        KG_LOG_INFO("worker",
+                    "job answered by the previous owner: not run again topic=%s "
+                    "partition=%d offset=%lld",
+                    topic, rkm->partition, (long long)rkm->offset);
+        if (kg_offsets_done(w->parts.offsets, dense, rkm->offset)) {
+            kg_worker_store_offsets(w);
+        }
+        return;
+    }
     /* the headers its events will carry (kg_trace), and its trace_id on every log line about it */
     kg_trace_t trace;
     rd_kafka_headers_t *hdrs = NULL;

@@ -1,13 +1,17 @@
 /* kg_worker_partitions: the consumer and the partitions it is given.
  * Backpressure pauses the lanes' partitions at the in-flight cap and
  * resumes them at 3/4. On assign the journal and the offsets tracker learn
- * the new partitions; on revoke the finished work is flushed and committed
- * first, then the partitions' jobs are cancelled quietly and handed over
- * (the new owner runs them again). Lag is read once a second for the
- * gauges. At the bottom: the consumer itself (offsets stored by hand,
- * committed by librdkafka or, with --exactly-once, by the transactions). */
+ * the new partitions; on revoke their running jobs get --handoff-timeout to
+ * finish (handoff), the finished work is flushed and committed, then the
+ * jobs still running are cancelled quietly and handed over (the new owner
+ * runs them again). Assign and revoke are incremental with the consumer
+ * protocol and cooperative-sticky, eager otherwise (kg_assignment.h). Lag is
+ * read once a second for the gauges. At the bottom: the consumer itself
+ * (offsets stored by hand, committed by librdkafka or, with --exactly-once,
+ * by the transactions) and its group protocol. */
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
+#include "kg_answered.h"
 #include "kg_kafka_conf.h"
 #include "kg_worker_int.h"
 
@@ -147,6 +151,275 @@ fetch_committed(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t 
     }
 }
 
+/* Whether librdkafka hands this consumer incremental lists (KIP-848 and cooperative-sticky):
+ * then only rd_kafka_incremental_assign/unassign are accepted (kg_assignment.h). */
+static bool is_incremental(rd_kafka_t *rk) {
+    return strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+}
+
+static const char *protocol_name(const kg_worker_t *w) {
+    return w->parts.protocol == KG_GROUP_CONSUMER ? "consumer" : "classic";
+}
+
+/* The jobs of `parts` that still run for their answer (not given back). */
+static int32_t n_running_in(const kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
+    int32_t n = 0;
+    for (size_t i = 0; i < w->jobs.table_size; i++) {
+        for (const job_rec_t *r = w->jobs.table[i]; r; r = r->hnext) {
+            n += r->state != REC_REVOKED && in_parts(w, parts, r->run.job->partition);
+        }
+    }
+    return n;
+}
+
+/* Graceful handoff (docs/DELIVERY.md, Rebalances), in the revoke callback before the
+ * partitions are released. Intake has stopped: the callback runs inside consumer_poll, and
+ * no message is taken until it returns. Jobs of `parts` that have not streamed a token are
+ * given back at once (the new owner can start them as soon as it has the partition); the
+ * others run on for up to --handoff-timeout while this loop serves everything the poll loop
+ * does but intake: the engine's events, deliveries, cancels, held jobs, transactions. Jobs of
+ * the partitions that stay keep running and streaming meanwhile. librdkafka keeps the group
+ * membership alive (heartbeats are its own thread's) and waits for the callback: with
+ * KIP-848 and cooperative-sticky the new owner gets these partitions once they are released;
+ * eager, the whole group waits. */
+static void handoff(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts) {
+    kg_worker_abandon_jobs(w, parts, true);
+    kg_worker_drop_held(w, parts);
+    int32_t n0 = n_running_in(w, parts), n = n0;
+    if (n == 0 || w->cfg->handoff_timeout_s <= 0) {
+        return;
+    }
+    int64_t t0 = kg_clock_us();
+    int64_t deadline = t0 + (int64_t)(w->cfg->handoff_timeout_s * 1e6);
+    KG_LOG_INFO("worker", "handoff: waiting for running jobs count=%d timeout_s=%g", n,
+                w->cfg->handoff_timeout_s);
+    for (int64_t now = t0; n > 0 && !w->life.fatal && now < deadline; now = kg_clock_us()) {
+        atomic_store(&w->m.last_loop_us, now);
+        kg_worker_poll_cancels(w);
+        for (int l = 0; l < w->lanes.n; l++) {
+            kg_journal_poll(w->intake.journal[l], now, 0);
+        }
+        kg_worker_release_held(w);
+        kg_worker_submit_pending(w);
+        kg_worker_drain_engine_events(w, 5);
+        rd_kafka_poll(w->out.producer, 0);
+        kg_worker_commit_txn(w, false);
+        if (kg_runner_is_dead(w->runner)) {
+            kg_worker_drain_engine_events(w, 0);
+            kg_worker_fatal(w, "the backend failed");
+        }
+        n = n_running_in(w, parts);
+    }
+    KG_LOG_INFO("worker", "handoff: done finished=%d abandoned=%d waited_ms=%lld", n0 - n, n,
+                (long long)((kg_clock_us() - t0) / 1000));
+}
+
+/* Without --exactly-once: the jobs the previous owners of `parts` answered
+ * above their committed offsets (kg_answered.h), read once on assignment (the
+ * transactions commit no such list: their answers and offsets are one). Failing
+ * to read them only reruns those jobs. */
+static void
+read_answered(kg_worker_t *w, rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *parts) {
+    rd_kafka_topic_partition_list_t *c = rd_kafka_topic_partition_list_copy(parts);
+    rd_kafka_resp_err_t err = rd_kafka_committed(rk, c, 5000);
+    if (err) {
+        KG_LOG_WARN("worker",
+                    "reading the committed offsets' metadata: %s; jobs answered above "
+                    "them by the previous owner may run again",
+                    rd_kafka_err2str(err));
+    }
+    static int64_t offs[KG_ANSWERED_MAX_BYTES / 2];
+    for (int i = 0; !err && i < c->cnt; i++) {
+        const rd_kafka_topic_partition_t *e = &c->elems[i];
+        int lane = kg_lanes_find(&w->lanes, e->topic);
+        size_t n = e->err || lane < 0 || e->partition >= LANE_STRIDE || !e->metadata
+                       ? 0
+                       : kg_answered_decode(e->metadata, e->metadata_size, e->offset, offs,
+                                            sizeof(offs) / sizeof(offs[0]));
+        if (n == 0) {
+            continue;
+        }
+        if (kg_offsets_set_answered(w->parts.offsets, dense_of(lane, e->partition), e->offset, offs,
+                                    n) != KG_OK) {
+            kg_worker_fatal(w, "out of memory keeping the answered offsets");
+            break;
+        }
+        KG_LOG_INFO("worker",
+                    "jobs answered above the committed offset by the previous owner "
+                    "topic=%s partition=%d committed=%lld answered=%zu",
+                    e->topic, e->partition, (long long)e->offset, n);
+    }
+    rd_kafka_topic_partition_list_destroy(c);
+}
+
+/* Commit, for the partitions given up, the offset and the jobs answered above
+ * it (done here after a still-running one, or named by the previous owner and
+ * not reached yet), so the next owner runs none of them again (kg_answered.h).
+ * An explicit commit: librdkafka's commits of stored offsets skip an offset
+ * already committed, metadata and all. */
+static void
+commit_answered(kg_worker_t *w, rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *parts) {
+    static int64_t offs[KG_ANSWERED_MAX_BYTES / 2];
+    char md[KG_ANSWERED_MAX_BYTES + 1];
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new(parts->cnt > 0 ? parts->cnt : 1);
+    size_t total = 0;
+    for (int i = 0; i < parts->cnt; i++) {
+        int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
+        int64_t pos;
+        if (lane < 0 || parts->elems[i].partition >= LANE_STRIDE) {
+            continue;
+        }
+        size_t n =
+            kg_offsets_answered_above(w->parts.offsets, dense_of(lane, parts->elems[i].partition),
+                                      &pos, offs, sizeof(offs) / sizeof(offs[0]));
+        n = n > 0 ? kg_answered_encode(pos, offs, n, md, sizeof(md)) : 0;
+        if (n == 0) {
+            continue;
+        }
+        rd_kafka_topic_partition_t *e =
+            rd_kafka_topic_partition_list_add(l, parts->elems[i].topic, parts->elems[i].partition);
+        e->offset = pos;
+        e->metadata_size = strlen(md);
+        e->metadata = malloc(e->metadata_size); /* the list frees it */
+        if (!e->metadata) {
+            e->metadata_size = 0;
+            continue;
+        }
+        memcpy(e->metadata, md, e->metadata_size);
+        total += n;
+    }
+    if (l->cnt > 0) {
+        rd_kafka_resp_err_t err = rd_kafka_commit(rk, l, 0);
+        if (err) {
+            KG_LOG_WARN("worker",
+                        "committing the jobs answered above the committed offsets: %s; "
+                        "the next owner runs them again",
+                        rd_kafka_err2str(err));
+        } else {
+            KG_LOG_INFO("worker",
+                        "committed the jobs answered above the committed offsets "
+                        "partitions=%d answered=%zu",
+                        l->cnt, total);
+        }
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+static void log_assign_error(kg_worker_t *w, const char *what, rd_kafka_error_t *e) {
+    if (e) {
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s: %s", what, rd_kafka_error_string(e));
+        rd_kafka_error_destroy(e);
+        kg_worker_fatal_kafka(w, msg);
+    }
+}
+
+static void on_assign(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts) {
+    for (int l = 0; l < w->lanes.n; l++) {
+        /* the strikes of their jobs, before any is taken */
+        rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
+        if (lp) {
+            kg_journal_assign(w->intake.journal[l], lp);
+            rd_kafka_topic_partition_list_destroy(lp);
+        }
+    }
+    for (int i = 0; i < parts->cnt; i++) {
+        int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
+        if (lane < 0 || parts->elems[i].partition >= LANE_STRIDE ||
+            kg_offsets_assign(w->parts.offsets, dense_of(lane, parts->elems[i].partition)) !=
+                KG_OK) {
+            kg_worker_fatal(w, "cannot track an assigned partition");
+        }
+    }
+    if (w->out.txn && parts->cnt > 0) {
+        fetch_committed(w, rk, parts);
+    } else if (parts->cnt > 0) {
+        read_answered(w, rk, parts);
+    }
+    if (is_incremental(rk)) {
+        log_assign_error(w, "incremental assign", rd_kafka_incremental_assign(rk, parts));
+    } else {
+        rd_kafka_assign(rk, parts);
+    }
+    kg_assignment_add(&w->parts.assigned, parts);
+    int held = w->parts.assigned->cnt;
+    atomic_store(&w->m.assigned_partitions, held);
+    atomic_store(&w->m.ready, 1);
+    w->parts.ever_assigned = true; /* the protocol works, even if it gave this worker nothing */
+    KG_LOG_INFO("worker", "partitions assigned count=%d added=%d protocol=%s/%s", held, parts->cnt,
+                protocol_name(w), rd_kafka_rebalance_protocol(rk));
+    /* Say the state of every new partition explicitly: librdkafka keeps a
+     * partition's pause flag across unassign and a later assign, so one
+     * paused under an earlier assignment (and since "resumed" while it was
+     * not assigned, which reached no partition) would never fetch again
+     * (librdkafka #1849, #5591; seen after a broker restart). */
+    for (int l = 0; l < w->lanes.n; l++) {
+        set_lane_paused(w, l, w->parts.lane_paused[l]);
+    }
+}
+
+static void on_revoke(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts) {
+    /* lost (the session expired, the member was fenced): another member may run them already,
+     * and no commit of ours would count */
+    bool lost = rd_kafka_assignment_lost(rk);
+    KG_LOG_INFO("worker", "partitions revoked count=%d held=%d inflight=%d lost=%s", parts->cnt,
+                (w->parts.assigned ? w->parts.assigned->cnt : 0) - parts->cnt, w->jobs.n_inflight,
+                lost ? "true" : "false");
+    if (!lost && !w->life.fatal) {
+        handoff(w, parts);
+    }
+    /* let acks of finished jobs land and their offsets be committed first */
+    rd_kafka_flush(w->out.producer, 10000);
+    rd_kafka_poll(w->out.producer, 0);
+    if (!w->life.fatal && !w->out.txn && !lost) {
+        rd_kafka_commit(rk, NULL, 0);
+        commit_answered(w, rk, parts);
+    }
+    if (w->out.txn) {
+        if (!w->life.fatal) {
+            (void)kg_worker_commit_txn(w, true);
+        }
+        /* what did not commit (the transaction failed, or answers waiting for an
+         * earlier job of their partition) was never visible: the jobs run again on the
+         * new owner */
+        for (int l = 0; l < w->lanes.n; l++) {
+            kg_txn_drop(w->out.txn, w->lanes.lane[l].topic, parts);
+        }
+    }
+    kg_worker_abandon_jobs(w, parts, false);
+    kg_worker_drop_held(w, parts);
+    /* a hand-over is no failure, unless the worker stops for a reason
+     * that may be a job's (then the last snapshot stands) */
+    for (int l = 0; l < w->lanes.n; l++) {
+        rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
+        if (lp) {
+            kg_journal_revoke(w->intake.journal[l], lp, !w->life.fatal || w->life.fatal_kafka);
+            rd_kafka_topic_partition_list_destroy(lp);
+        }
+    }
+    for (int i = 0; i < parts->cnt; i++) {
+        int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
+        int32_t p = parts->elems[i].partition;
+        if (lane < 0 || p < 0 || p >= LANE_STRIDE) {
+            continue;
+        }
+        kg_offsets_revoke(w->parts.offsets, dense_of(lane, p));
+        if (p < MAX_PARTITIONS) {
+            atomic_store(&w->parts.lag_valid[lane][p], 0);
+        }
+    }
+    /* leave no pause flag behind on partitions that go (see the assign case) */
+    rd_kafka_resume_partitions(rk, parts);
+    if (is_incremental(rk)) {
+        log_assign_error(w, "incremental unassign", rd_kafka_incremental_unassign(rk, parts));
+    } else {
+        rd_kafka_assign(rk, NULL);
+    }
+    kg_assignment_remove(&w->parts.assigned, parts);
+    atomic_store(&w->m.assigned_partitions, w->parts.assigned ? w->parts.assigned->cnt : 0);
+}
+
 static void rebalance_cb(rd_kafka_t *rk,
                          rd_kafka_resp_err_t err,
                          rd_kafka_topic_partition_list_t *parts,
@@ -154,97 +427,15 @@ static void rebalance_cb(rd_kafka_t *rk,
     kg_worker_t *w = opaque;
     kg_auth_ok(&w->life.auth); /* a rebalance is an answer of the group coordinator */
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-        for (int l = 0; l < w->lanes.n; l++) {
-            /* the strikes of their jobs, before any is taken */
-            rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
-            if (lp) {
-                kg_journal_assign(w->intake.journal[l], lp);
-                rd_kafka_topic_partition_list_destroy(lp);
-            }
+        on_assign(w, rk, parts);
+    } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
+        on_revoke(w, rk, parts);
+    } else {
+        KG_LOG_ERROR("worker", "rebalance error: %s", rd_kafka_err2str(err));
+        if (!is_incremental(rk)) {
+            rd_kafka_assign(rk, NULL);
         }
-        for (int i = 0; i < parts->cnt; i++) {
-            int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
-            if (lane < 0 || parts->elems[i].partition >= LANE_STRIDE ||
-                kg_offsets_assign(w->parts.offsets, dense_of(lane, parts->elems[i].partition)) !=
-                    KG_OK) {
-                kg_worker_fatal(w, "cannot track an assigned partition");
-            }
-        }
-        if (w->out.txn) {
-            fetch_committed(w, rk, parts);
-        }
-        rd_kafka_assign(rk, parts);
-        if (w->parts.assigned) {
-            rd_kafka_topic_partition_list_destroy(w->parts.assigned);
-        }
-        w->parts.assigned = rd_kafka_topic_partition_list_copy(parts);
-        atomic_store(&w->m.assigned_partitions, parts->cnt);
-        atomic_store(&w->m.ready, 1);
-        KG_LOG_INFO("worker", "partitions assigned count=%d", parts->cnt);
-        /* Say the state of every new partition explicitly: librdkafka keeps a
-         * partition's pause flag across unassign and a later assign, so one
-         * paused under an earlier assignment (and since "resumed" while it was
-         * not assigned, which reached no partition) would never fetch again
-         * (librdkafka #1849, #5591; seen after a broker restart). */
-        for (int l = 0; l < w->lanes.n; l++) {
-            set_lane_paused(w, l, w->parts.lane_paused[l]);
-        }
-        return;
     }
-    if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
-        KG_LOG_INFO("worker", "partitions revoked count=%d inflight=%d", parts->cnt,
-                    w->jobs.n_inflight);
-        /* let acks of finished jobs land and their offsets be committed first */
-        rd_kafka_flush(w->out.producer, 10000);
-        rd_kafka_poll(w->out.producer, 0);
-        if (!w->life.fatal && !w->out.txn) {
-            rd_kafka_commit(rk, NULL, 0);
-        }
-        if (w->out.txn) {
-            if (!w->life.fatal) {
-                (void)kg_worker_commit_txn(w, true);
-            }
-            /* what did not commit (the transaction failed, or answers waiting for an
-             * earlier job of their partition) was never visible: the jobs run again on the
-             * new owner */
-            for (int l = 0; l < w->lanes.n; l++) {
-                kg_txn_drop(w->out.txn, w->lanes.lane[l].topic, parts);
-            }
-        }
-        kg_worker_abandon_jobs(w, parts, false);
-        kg_worker_drop_held(w, parts);
-        /* a hand-over is no failure, unless the worker stops for a reason
-         * that may be a job's (then the last snapshot stands) */
-        for (int l = 0; l < w->lanes.n; l++) {
-            rd_kafka_topic_partition_list_t *lp = lane_parts(w, parts, l);
-            if (lp) {
-                kg_journal_revoke(w->intake.journal[l], lp, !w->life.fatal || w->life.fatal_kafka);
-                rd_kafka_topic_partition_list_destroy(lp);
-            }
-        }
-        for (int i = 0; i < parts->cnt; i++) {
-            int lane = kg_lanes_find(&w->lanes, parts->elems[i].topic);
-            int32_t p = parts->elems[i].partition;
-            if (lane < 0 || p < 0 || p >= LANE_STRIDE) {
-                continue;
-            }
-            kg_offsets_revoke(w->parts.offsets, dense_of(lane, p));
-            if (p < MAX_PARTITIONS) {
-                atomic_store(&w->parts.lag_valid[lane][p], 0);
-            }
-        }
-        /* leave no pause flag behind on partitions that go (see the assign case) */
-        rd_kafka_resume_partitions(rk, parts);
-        rd_kafka_assign(rk, NULL);
-        if (w->parts.assigned) {
-            rd_kafka_topic_partition_list_destroy(w->parts.assigned);
-            w->parts.assigned = NULL;
-        }
-        atomic_store(&w->m.assigned_partitions, 0);
-        return;
-    }
-    KG_LOG_ERROR("worker", "rebalance error: %s", rd_kafka_err2str(err));
-    rd_kafka_assign(rk, NULL);
 }
 
 // ---- lag ----
@@ -295,16 +486,30 @@ int kg_worker_partition_lag(
 
 // ---- the consumer ----
 
-rd_kafka_t *kg_worker_make_consumer(kg_worker_t *w, char *errstr, size_t errstr_size) {
+/* The -X value of `key`, or NULL when none was given. */
+static const char *x_value(const kg_config_t *cfg, const char *key) {
+    const char *v = NULL;
+    for (int i = 0; i < cfg->n_kafka_props; i++) {
+        if (strcmp(cfg->kafka_keys[i], key) == 0) {
+            v = cfg->kafka_values[i];
+        }
+    }
+    return v;
+}
+
+static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_size) {
     const kg_config_t *cfg = w->cfg;
     rd_kafka_conf_t *conf = kg_kafka_conf_new(cfg, errstr, errstr_size);
     if (!conf) {
         return NULL;
     }
-    /* ours first, so an explicit -X of the same key (set again below) wins */
+    bool consumer = w->parts.protocol == KG_GROUP_CONSUMER;
+    /* ours first, so an explicit -X of the same key (set again below) wins; the consumer
+     * protocol refuses the classic one's assignor and session keys (the broker has them) */
     struct {
         const char *k, *v;
     } ours[] = {{"group.id", cfg->group_id},
+                {"group.protocol", consumer ? "consumer" : "classic"},
                 {"enable.auto.offset.store", "false"},
                 /* --exactly-once: only transactions move the offsets */
                 {"enable.auto.commit", cfg->exactly_once ? "false" : "true"},
@@ -312,15 +517,15 @@ rd_kafka_t *kg_worker_make_consumer(kg_worker_t *w, char *errstr, size_t errstr_
                  * after a crash; a commit a second costs the coordinator little */
                 {"auto.commit.interval.ms", "1000"},
                 {"auto.offset.reset", "earliest"},
-                {"partition.assignment.strategy", cfg->assignment_strategy},
                 {"queued.max.messages.kbytes", "8192"},
                 /* after a resume the next fetch answers within this, not
                  * librdkafka's 500 ms default (measured: 133 -> 797 jobs/s
                  * with pause/resume cycling) */
                 {"fetch.wait.max.ms", "50"},
-                {"client.id", w->worker_id}};
+                {"client.id", w->worker_id},
+                {consumer ? NULL : "partition.assignment.strategy", cfg->assignment_strategy}};
     for (size_t i = 0; i < sizeof(ours) / sizeof(ours[0]); i++) {
-        if (kg_kafka_conf_set(conf, ours[i].k, ours[i].v, errstr, errstr_size) != 0) {
+        if (ours[i].k && kg_kafka_conf_set(conf, ours[i].k, ours[i].v, errstr, errstr_size) != 0) {
             rd_kafka_conf_destroy(conf);
             return NULL;
         }
@@ -349,4 +554,75 @@ rd_kafka_t *kg_worker_make_consumer(kg_worker_t *w, char *errstr, size_t errstr_
     }
     rd_kafka_poll_set_consumer(rk);
     return rk;
+}
+
+kg_status_t kg_worker_start_consumer(kg_worker_t *w, char *errstr, size_t errstr_size) {
+    const kg_config_t *cfg = w->cfg;
+    bool classic_settings =
+        strcmp(cfg->assignment_strategy, "cooperative-sticky") != 0 ||
+        x_value(cfg, "session.timeout.ms") || x_value(cfg, "heartbeat.interval.ms") ||
+        x_value(cfg, "partition.assignment.strategy") || x_value(cfg, "group.protocol.type");
+    if (!w->parts.fall_back) {
+        w->parts.protocol =
+            kg_assignment_protocol(cfg->group_protocol, x_value(cfg, "group.protocol"),
+                                   classic_settings, &w->parts.may_fall_back);
+    }
+    if (w->parts.protocol == KG_GROUP_CONSUMER &&
+        strcmp(cfg->assignment_strategy, "cooperative-sticky") != 0) {
+        KG_LOG_WARN("worker",
+                    "--assignment-strategy %s is for the classic group protocol; the consumer "
+                    "protocol assigns on the broker (-X group.remote.assignor=uniform|range)",
+                    cfg->assignment_strategy);
+    }
+    w->parts.consumer = make_consumer(w, errstr, errstr_size);
+    if (!w->parts.consumer) {
+        return KG_ERR_INVALID;
+    }
+    w->parts.started_us = kg_clock_us();
+    rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
+    for (int l = 0; l < w->lanes.n; l++) {
+        rd_kafka_topic_partition_list_add(sub, w->lanes.lane[l].topic, RD_KAFKA_PARTITION_UA);
+    }
+    rd_kafka_resp_err_t err = rd_kafka_subscribe(w->parts.consumer, sub);
+    rd_kafka_topic_partition_list_destroy(sub);
+    if (err) {
+        snprintf(errstr, errstr_size, "subscribe to %s: %s", cfg->jobs_topic,
+                 rd_kafka_err2str(err));
+        return KG_ERR_INVALID;
+    }
+    KG_LOG_INFO("worker", "joining group_id=%s group_protocol=%s assignment_strategy=%s",
+                cfg->group_id, protocol_name(w),
+                w->parts.protocol == KG_GROUP_CLASSIC ? cfg->assignment_strategy : "broker");
+    return KG_OK;
+}
+
+void kg_worker_fall_back_to_classic(kg_worker_t *w) {
+    /* nothing was assigned (kg_worker_error_cb checks), so nothing is handed over; the
+     * consumer in fatal state cannot leave the group properly, nor need it: it never joined */
+    KG_LOG_WARN("worker", "the broker does not offer the consumer group protocol (KIP-848, "
+                          "Kafka 4.0+): joining with the classic protocol and "
+                          "--assignment-strategy instead (--group-protocol classic skips the try)");
+    rd_kafka_destroy_flags(w->parts.consumer, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+    w->parts.consumer = NULL;
+    w->parts.protocol = KG_GROUP_CLASSIC;
+    w->parts.may_fall_back = false;
+    char errstr[512];
+    if (kg_worker_start_consumer(w, errstr, sizeof(errstr)) != KG_OK) {
+        kg_worker_fatal_kafka(w, errstr);
+    }
+    w->parts.fall_back = false;
+}
+
+void kg_worker_check_group(kg_worker_t *w, int64_t now_us) {
+    if (w->parts.protocol != KG_GROUP_CONSUMER || w->parts.ever_assigned ||
+        w->parts.warned_unassigned || now_us - w->parts.started_us < 30 * 1000000LL) {
+        return;
+    }
+    w->parts.warned_unassigned = true;
+    /* librdkafka retries silently when the broker lists no ConsumerGroupHeartbeat at all
+     * (before Kafka 3.7; 3.7-3.9 unless enabled), so say what may be wrong */
+    KG_LOG_WARN("worker", "no partitions assigned after 30 s with the consumer group protocol "
+                          "(KIP-848): a broker before Kafka 4.0 may not offer it (use "
+                          "--group-protocol classic), or the group has more workers than "
+                          "partitions");
 }

@@ -126,8 +126,6 @@ static bool produce_now(kg_worker_t *w,
     return false;
 }
 
-static void store_offsets(kg_worker_t *w);
-
 /* Produce an answer (a terminal event, a DLQ copy) or, with --exactly-once,
  * keep it for the next transaction (kg_txn), which carries the job's offset
  * too: the offset is marked done now, and `ack` is logged when the
@@ -152,7 +150,7 @@ static bool produce(kg_worker_t *w,
     }
     atomic_fetch_add(&w->m.events_produced, 1);
     if (ack && kg_offsets_done(w->parts.offsets, ack->partition, ack->offset)) {
-        store_offsets(w);
+        kg_worker_store_offsets(w);
     }
     return true;
 }
@@ -180,7 +178,7 @@ static size_t event_budget(const kg_worker_t *w, size_t hdr_size) {
     return room_beside(w->out.max_event_bytes, hdr_size);
 }
 
-static void store_offsets(kg_worker_t *w) {
+void kg_worker_store_offsets(kg_worker_t *w) {
     int32_t part;
     int64_t next;
     while (kg_offsets_next_committable(w->parts.offsets, &part, &next)) {
@@ -257,7 +255,7 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
     } else if (ack && !w->life.fatal) {
         log_answered(w, rkm->key, rkm->key_len, ack);
         if (kg_offsets_done(w->parts.offsets, ack->partition, ack->offset)) {
-            store_offsets(w);
+            kg_worker_store_offsets(w);
         }
     }
     free(ack);

@@ -213,26 +213,112 @@ typedef struct family {
                               sqrt(n_embd), so they enter the residual at unit scale (gemma) */
     kg_mkvocab_style_t vocab;
     float rms_eps;
+    bool norm_rope;      /* llama's RoPE pairs: the converter writes rope.dimension_count */
+    bool granite_scales; /* embedding_scale, residual_scale, attention.scale, logit_scale */
+    bool no_pre_norms;   /* no attn_norm / ffn_norm: the post-norms only (olmo2) */
+    bool qk_norm_full;   /* attn_q_norm (n_head * head_dim), attn_k_norm (n_head_kv * head_dim) */
+    bool llama4_temp;    /* attention.temperature_scale, and YaRN's betas and log multiplier */
+    bool ffn_norm_post;  /* the FFN norm named post_attention_norm (gpt-oss, seed_oss) */
+    bool xielu;          /* no ffn_gate; xielu.* keys, one value per layer (apertus) */
 } family_t;
 
 static const family_t families[] = {
-    {"llama", "llama", false, false, false, false, false, false, false, false, KG_MKVOCAB_LLAMA,
-     1e-5f},
-    {"qwen2", "qwen2", false, false, true, false, false, false, false, false, KG_MKVOCAB_QWEN,
-     1e-6f},
-    {"qwen3", "qwen3", false, false, false, true, false, false, false, false, KG_MKVOCAB_QWEN,
-     1e-6f},
-    {"gemma2", "gemma2", false, false, false, false, true, false, true, true, KG_MKVOCAB_GEMMA,
-     1e-6f},
-    {"gemma3", "gemma3", false, false, false, true, true, false, false, true, KG_MKVOCAB_GEMMA,
-     1e-6f},
-    {"phi3", "phi3", false, false, false, false, false, true, false, false, KG_MKVOCAB_PHI3, 1e-5f},
-    {"qwen3moe", "qwen3moe", true, false, false, true, false, false, false, false, KG_MKVOCAB_QWEN,
-     1e-6f},
-    {"mixtral", "llama", true, false, false, false, false, false, false, false, KG_MKVOCAB_LLAMA,
-     1e-5f},
-    {"gpt-oss", "gpt-oss", true, true, true, false, false, false, false, false, KG_MKVOCAB_GPT_OSS,
-     1e-5f},
+    {.arch = "llama", .gguf_arch = "llama", .vocab = KG_MKVOCAB_LLAMA, .rms_eps = 1e-5f},
+    {.arch = "qwen2",
+     .gguf_arch = "qwen2",
+     .qkv_bias = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f},
+    {.arch = "qwen3",
+     .gguf_arch = "qwen3",
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f},
+    {.arch = "gemma2",
+     .gguf_arch = "gemma2",
+     .post_norms = true,
+     .always_tied = true,
+     .small_embd = true,
+     .vocab = KG_MKVOCAB_GEMMA,
+     .rms_eps = 1e-6f},
+    {.arch = "gemma3",
+     .gguf_arch = "gemma3",
+     .qk_norm = true,
+     .post_norms = true,
+     .small_embd = true,
+     .vocab = KG_MKVOCAB_GEMMA,
+     .rms_eps = 1e-6f},
+    {.arch = "phi3",
+     .gguf_arch = "phi3",
+     .fused = true,
+     .vocab = KG_MKVOCAB_PHI3,
+     .rms_eps = 1e-5f},
+    {.arch = "qwen3moe",
+     .gguf_arch = "qwen3moe",
+     .moe = true,
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f},
+    {.arch = "mixtral",
+     .gguf_arch = "llama",
+     .moe = true,
+     .vocab = KG_MKVOCAB_LLAMA,
+     .rms_eps = 1e-5f},
+    {.arch = "gpt-oss",
+     .gguf_arch = "gpt-oss",
+     .moe = true,
+     .oss = true,
+     .qkv_bias = true,
+     .vocab = KG_MKVOCAB_GPT_OSS,
+     .rms_eps = 1e-5f},
+    /* SmolLM3 and Granite ship byte-level BPE vocabularies (the qwen one
+     * stands in); RoPE in llama's pairs */
+    {.arch = "smollm3",
+     .gguf_arch = "smollm3",
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f,
+     .norm_rope = true},
+    {.arch = "granite",
+     .gguf_arch = "granite",
+     .small_embd = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .norm_rope = true,
+     .granite_scales = true},
+    /* OLMo 2 (and Olmo 3 with --sliding-window): norms on the blocks'
+     * outputs only, Q/K norms over all heads; a byte-level BPE */
+    {.arch = "olmo2",
+     .gguf_arch = "olmo2",
+     .post_norms = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f,
+     .no_pre_norms = true,
+     .qk_norm_full = true},
+    /* Ministral 3 / Mistral Small 3.x text: llama with Llama 4's attention
+     * temperature and YaRN's betas from the file (Tekken's BPE: the qwen
+     * one stands in) */
+    {.arch = "mistral3",
+     .gguf_arch = "mistral3",
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .norm_rope = true,
+     .llama4_temp = true},
+    /* Seed-OSS: llama's graph with NeoX pairs, Q/K/V biases, its FFN norm
+     * named post_attention_norm; a byte-level BPE */
+    {.arch = "seed_oss",
+     .gguf_arch = "seed_oss",
+     .qkv_bias = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f,
+     .ffn_norm_post = true},
+    /* Apertus: per-head Q/K norms, NeoX pairs, an ungated xIELU FFN; a
+     * byte-level BPE */
+    {.arch = "apertus",
+     .gguf_arch = "apertus",
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .xielu = true},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -274,8 +360,10 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
     const float fe = fan_in_scale(E);
     /* Gemma's post-norms set how much each block adds to the residual
      * stream; at 3 the blocks outweigh the (unit-scale) embedding, so a
-     * tied head does not just echo the last token */
-    const float post = 3.0f;
+     * tied head does not just echo the last token; olmo2's (untied, no
+     * input norms) stay near 1, so the residual stream its GEMMs read
+     * unnormed grows slowly */
+    const float post = fam->no_pre_norms ? 1.0f : 3.0f;
     char name[64];
 #define KG_ADD(type, ne0, ne1, center, scale, ...)                                                 \
     (snprintf(name, sizeof(name), __VA_ARGS__),                                                    \
@@ -301,7 +389,8 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
     }
     for (int64_t l = 0; l < o->n_layer; l++) {
         const long long L = (long long)l;
-        bool ok = KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.attn_norm.weight", L);
+        bool ok = fam->no_pre_norms ||
+                  KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.attn_norm.weight", L);
         if (fam->fused) {
             ok = ok && KG_ADD(wt, E, q_dim + 2 * kv_dim, 0.0f, fe, "blk.%lld.attn_qkv.weight", L);
         } else {
@@ -313,6 +402,11 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
             ok = ok && KG_ADD(KG_GGML_TYPE_F32, q_dim, 1, 0.0f, 0.2f, "blk.%lld.attn_q.bias", L) &&
                  KG_ADD(KG_GGML_TYPE_F32, kv_dim, 1, 0.0f, 0.2f, "blk.%lld.attn_k.bias", L) &&
                  KG_ADD(KG_GGML_TYPE_F32, kv_dim, 1, 0.0f, 0.2f, "blk.%lld.attn_v.bias", L);
+        }
+        if (fam->qk_norm_full) {
+            ok = ok &&
+                 KG_ADD(KG_GGML_TYPE_F32, q_dim, 1, 1.0f, 0.1f, "blk.%lld.attn_q_norm.weight", L) &&
+                 KG_ADD(KG_GGML_TYPE_F32, kv_dim, 1, 1.0f, 0.1f, "blk.%lld.attn_k_norm.weight", L);
         }
         if (fam->qk_norm) {
             ok = ok &&
@@ -331,10 +425,11 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
                 KG_ADD(KG_GGML_TYPE_F32, o->n_head, 1, 0.0f, 1.0f, "blk.%lld.attn_sinks.weight", L);
         }
         /* gpt-oss's converter maps post_attention_layernorm to its own name */
-        ok = ok &&
-             KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f,
-                    fam->oss ? "blk.%lld.post_attention_norm.weight" : "blk.%lld.ffn_norm.weight",
-                    L);
+        ok = ok && (fam->no_pre_norms ||
+                    KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f,
+                           fam->oss || fam->ffn_norm_post ? "blk.%lld.post_attention_norm.weight"
+                                                          : "blk.%lld.ffn_norm.weight",
+                           L));
         if (fam->moe) {
             const int64_t X = o->n_expert, FX = o->n_ff_exp;
             const kg_ggml_type_t xt = o->has_expert_type ? o->expert_type : wt;
@@ -362,6 +457,10 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
         } else if (fam->fused) {
             ok = ok && KG_ADD(wt, E, 2 * F, 0.0f, fe, "blk.%lld.ffn_up.weight", L) &&
                  KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L);
+        } else if (fam->xielu) {
+            ok = ok &&
+                 KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L) &&
+                 KG_ADD(wt, E, F, 0.0f, fe, "blk.%lld.ffn_up.weight", L);
         } else {
             ok = ok && KG_ADD(wt, E, F, 0.0f, fe, "blk.%lld.ffn_gate.weight", L) &&
                  KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L) &&
@@ -494,7 +593,8 @@ kg_mkmodel_opts_t kg_mkmodel_opts_default(void) {
                            .ctx = 2048,
                            .rope_base = 10000.0f,
                            .type = KG_GGML_TYPE_F32,
-                           .swa_pattern = -1};
+                           .swa_pattern = -1,
+                           .pooling = -1};
     return o;
 }
 
@@ -515,7 +615,7 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     kg_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)o->n_embd);
     kg_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)o->n_layer);
     kg_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)o->n_ff);
-    if (llama || phi3) {
+    if (llama || phi3 || fam->norm_rope) {
         kg_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)n_rot_of(o));
     }
     kg_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)o->n_head);
@@ -523,7 +623,7 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     /* Qwen3 and Gemma configs carry head_dim, so their converters always
      * write it; the others only have it when it is not n_embd / n_head */
     if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0 || fam->oss || gemma2 || gemma3 ||
-        o->head_dim * o->n_head != o->n_embd) {
+        strcmp(a, "seed_oss") == 0 || o->head_dim * o->n_head != o->n_embd) {
         kg_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)o->head_dim);
         kg_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)o->head_dim);
     }
@@ -560,6 +660,9 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
         kg_gguf_writer_set_u32(w, KEY("attention.sliding_window"),
                                (uint32_t)(o->sliding_window > 0 ? o->sliding_window : def));
     }
+    if (strcmp(a, "olmo2") == 0 && o->sliding_window > 0) { /* Olmo 3 */
+        kg_gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)o->sliding_window);
+    }
     if (fam->oss) {
         kg_gguf_writer_set_u32(w, KEY("attention.sliding_window"),
                                (uint32_t)(o->sliding_window > 0 ? o->sliding_window : 128));
@@ -574,6 +677,43 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     if ((gemma2 || gemma3) && o->swa_pattern >= 0) {
         kg_gguf_writer_set_u32(w, KEY("attention.sliding_window_pattern"),
                                (uint32_t)o->swa_pattern);
+    }
+    if (fam->llama4_temp) {
+        /* Ministral 3's llama_4_scaling_beta and mscale_all_dim 1; betas
+         * apart from its (and the default) 32 and 1, small enough to move
+         * YaRN's blend range for a short original context, so that reading
+         * them is tested */
+        kg_gguf_writer_set_f32(w, KEY("attention.temperature_scale"), 0.1f);
+        if (o->rope_scaling && strcmp(o->rope_scaling, "yarn") == 0) {
+            kg_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 2.0f);
+            kg_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 0.5f);
+            kg_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), 1.0f);
+        }
+    }
+    if (fam->xielu) {
+        /* the raw values ApertusModel writes per layer (op parameters are
+         * made from them: softplus), varied by layer as trained ones are */
+        float an[64], ap[64], beta[64], eps[64];
+        const int64_t n = o->n_layer < 64 ? o->n_layer : 64;
+        for (int64_t l = 0; l < n; l++) {
+            an[l] = 0.8f + 0.05f * (float)l;
+            ap[l] = 0.6f - 0.05f * (float)l;
+            beta[l] = 0.5f;
+            eps[l] = -1e-6f;
+        }
+        kg_gguf_writer_set_arr(w, "xielu.alpha_n", KG_GGUF_TYPE_FLOAT32, an, (uint64_t)n);
+        kg_gguf_writer_set_arr(w, "xielu.alpha_p", KG_GGUF_TYPE_FLOAT32, ap, (uint64_t)n);
+        kg_gguf_writer_set_arr(w, "xielu.beta", KG_GGUF_TYPE_FLOAT32, beta, (uint64_t)n);
+        kg_gguf_writer_set_arr(w, "xielu.eps", KG_GGUF_TYPE_FLOAT32, eps, (uint64_t)n);
+    }
+    if (fam->granite_scales) {
+        /* Granite 3.x's multipliers, but a logit scale of 2 rather than 8,
+         * so that the random model's greedy picks keep clear margins, and
+         * an attention scale apart from 1/sqrt(head_dim) */
+        kg_gguf_writer_set_f32(w, KEY("embedding_scale"), 12.0f);
+        kg_gguf_writer_set_f32(w, KEY("residual_scale"), 0.22f);
+        kg_gguf_writer_set_f32(w, KEY("attention.scale"), 0.75f / sqrtf((float)o->head_dim));
+        kg_gguf_writer_set_f32(w, KEY("logit_scale"), 2.0f);
     }
     if ((gemma2 || gemma3) && o->rope_base_swa > 0.0f) {
         kg_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), o->rope_base_swa);
@@ -590,9 +730,7 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     const family_t *fam = find_family(opts->arch);
     const char *tmpl = NULL;
     if (!fam) {
-        snprintf(errstr, errstr_size,
-                 "unknown architecture '%s' (known: llama, qwen2, qwen3, "
-                 "gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss)",
+        snprintf(errstr, errstr_size, "unknown architecture '%s' (known: " KG_MKMODEL_ARCHS ")",
                  opts->arch);
         return KG_ERR_INVALID;
     }
@@ -643,6 +781,10 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                  "longrope needs --arch phi3 and an original context (rope_orig_ctx)");
         return KG_ERR_INVALID;
     }
+    if (fam->xielu && o->n_layer > 64) {
+        snprintf(errstr, errstr_size, "apertus: at most 64 layers (its xielu.* arrays)");
+        return KG_ERR_INVALID;
+    }
     kg_gguf_writer_t *w = kg_gguf_writer_new();
     if (!w) {
         snprintf(errstr, errstr_size, "out of memory");
@@ -678,6 +820,23 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     }
     if (tmpl) {
         kg_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl);
+    }
+    if (o->pooling >= 0 || o->rerank) {
+        char key[64];
+        snprintf(key, sizeof(key), "%s.pooling_type", fam->gguf_arch);
+        kg_gguf_writer_set_u32(w, key, (uint32_t)(o->pooling >= 0 ? o->pooling : 4));
+    }
+    if (o->rerank) {
+        /* what convert_hf_to_gguf.py writes for Qwen3-Reranker: the head is
+         * the lm_head rows of "yes" and "no" (here random rows) */
+        const kg_gguf_str_t labels[2] = {{"yes", 3}, {"no", 2}};
+        char key[64];
+        snprintf(key, sizeof(key), "%s.classifier.output_labels", fam->gguf_arch);
+        kg_gguf_writer_set_arr_str(w, key, labels, 2);
+        if (!add_random(w, o, "cls.output.weight", o->type, o->n_embd, 2, 0.0f,
+                        fan_in_scale(o->n_embd))) {
+            goto out;
+        }
     }
     if (fam->vocab == KG_MKVOCAB_LLAMA) {
         kg_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab);

@@ -11,11 +11,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The families `kgen mkmodel --arch` writes, for messages. */
+#define KG_MKMODEL_ARCHS                                                                           \
+    "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss, smollm3, granite, "    \
+    "olmo2, mistral3, seed_oss, apertus"
+
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
     const char *name;       /* general.name */
-    const char *arch;       /* llama (default), qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe,
-                               mixtral (a llama with experts) or gpt-oss */
+    const char *arch;       /* one of KG_MKMODEL_ARCHS (default llama; mixtral is a llama
+                               with experts) */
     const char *vocab_from; /* copy tokenizer.* from this GGUF; NULL: the family's built-in one */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, head_dim, ctx;
     float rope_base;
@@ -37,6 +42,9 @@ typedef struct kg_mkmodel_opts {
     float attn_softcap;        /* gemma2: attn_logit_softcapping; 0: the family default */
     float final_softcap;       /* gemma2/gemma3: final_logit_softcapping; 0: default/none */
     const char *chat_template; /* a name from kg_mkmodel_chat_template; NULL: none */
+    int64_t pooling;           /* <arch>.pooling_type (llama.cpp's numbers); -1: not written */
+    bool rerank;               /* qwen3: a Qwen3-Reranker head (cls.output.weight, labels
+                                  "yes" and "no", pooling rank unless `pooling` says) */
 
     /* mixture of experts (qwen3moe, mixtral, gpt-oss) */
     int64_t n_expert;           /* expert_count; 0: 8 */

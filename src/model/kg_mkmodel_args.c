@@ -82,6 +82,10 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         if (strcmp(a, "--version") == 0) {
             return KG_MKMODEL_ARGS_VERSION;
         }
+        if (strcmp(a, "--rerank") == 0) {
+            o->rerank = true;
+            continue;
+        }
         if (strcmp(a, "--tied") == 0) {
             o->tied = true;
             continue;
@@ -170,9 +174,18 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
             o->arch = val;
             if (val && !kg_mkmodel_arch_is_known(val)) {
                 return bad(errstr, errstr_size,
-                           "--arch: unknown '%s' (known: llama, qwen2, qwen3, gemma2, "
-                           "gemma3, phi3, qwen3moe, mixtral, gpt-oss)",
-                           val);
+                           "--arch: unknown '%s' (known: " KG_MKMODEL_ARCHS ")", val);
+            }
+        } else if (strcmp(flag, "--pooling") == 0) {
+            known = true;
+            static const char *const pools[] = {"none", "mean", "cls", "last", "rank"};
+            o->pooling = -2;
+            for (int k = 0; val && k < 5; k++) {
+                o->pooling = strcmp(val, pools[k]) == 0 ? k : o->pooling;
+            }
+            if (val && o->pooling < 0) {
+                return bad(errstr, errstr_size,
+                           "--pooling: unknown '%s' (known: none, mean, cls, last, rank)", val);
             }
         } else if (strcmp(flag, "--chat-template") == 0) {
             known = true;
@@ -266,23 +279,28 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     const bool phi3 = strcmp(arch, "phi3") == 0, oss = strcmp(arch, "gpt-oss") == 0;
     const bool moe = oss || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "mixtral") == 0;
     if (o->n_rot > 0 && (o->n_rot % 2 != 0 || o->n_rot > o->head_dim ||
-                         ((strcmp(arch, "llama") == 0 || moe) && o->n_rot != o->head_dim))) {
+                         (!gemma && !phi3 && strcmp(arch, "qwen2") != 0 &&
+                          strcmp(arch, "qwen3") != 0 && o->n_rot != o->head_dim))) {
         return bad(errstr, errstr_size,
                    "--n-rot %lld must be even and at most the head width %lld (%s: "
                    "equal)",
-                   (long long)o->n_rot, (long long)o->head_dim, moe ? arch : "llama");
+                   (long long)o->n_rot, (long long)o->head_dim, arch);
     }
-    if ((o->sliding_window > 0 && !gemma && !phi3 && !oss) || (o->swa_pattern >= 0 && !gemma) ||
-        (o->rope_base_swa > 0.0f && !gemma)) {
+    const bool olmo2 = strcmp(arch, "olmo2") == 0;
+    if ((o->sliding_window > 0 && !gemma && !phi3 && !oss && !olmo2) ||
+        (o->swa_pattern >= 0 && !gemma) || (o->rope_base_swa > 0.0f && !gemma)) {
         return bad(errstr, errstr_size,
                    "--sliding-window, --swa-pattern and --rope-base-swa are "
-                   "for gemma2 and gemma3 (phi3, gpt-oss: --sliding-window only)");
+                   "for gemma2 and gemma3 (phi3, gpt-oss, olmo2: --sliding-window only)");
     }
     if (!moe && (o->n_expert > 0 || o->n_expert_used > 0 || o->n_ff_exp > 0 ||
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
                    "are for qwen3moe, mixtral and gpt-oss");
+    }
+    if (o->rerank && strcmp(arch, "qwen3") != 0) {
+        return bad(errstr, errstr_size, "--rerank is for qwen3 (a Qwen3-Reranker head)");
     }
     if (o->n_ff_exp > 0 && strcmp(arch, "mixtral") == 0) {
         return bad(errstr, errstr_size, "mixtral has no --n-ff-exp: --n-ff is each expert's width");

@@ -9,6 +9,7 @@
  * setup (RoPE scaling and YaRN defaults). */
 #include "kg_model.h"
 
+#include "kg_model_int.h"
 #include "kg_quant.h"
 
 #include <math.h>
@@ -17,34 +18,19 @@
 #include <string.h>
 
 static const char *const arch_names[KG_ARCH_COUNT_] = {
-    [KG_ARCH_LLAMA] = "llama", [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
-    [KG_ARCH_QWEN3] = "qwen3", [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
-    [KG_ARCH_PHI3] = "phi3",   [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
+    [KG_ARCH_LLAMA] = "llama",       [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
+    [KG_ARCH_QWEN3] = "qwen3",       [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
+    [KG_ARCH_PHI3] = "phi3",         [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
+    [KG_ARCH_SMOLLM3] = "smollm3",   [KG_ARCH_GRANITE] = "granite",   [KG_ARCH_OLMO2] = "olmo2",
+    [KG_ARCH_MISTRAL3] = "mistral3", [KG_ARCH_SEED_OSS] = "seed_oss", [KG_ARCH_APERTUS] = "apertus",
 };
 
-#define SUPPORTED_ARCHS "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss"
+#define SUPPORTED_ARCHS                                                                            \
+    "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
+    "olmo2, mistral3, seed_oss, apertus"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
-}
-
-/* "<arch>.<suffix>" */
-static const char *akey(char *buf, size_t cap, const char *arch, const char *suffix) {
-    snprintf(buf, cap, "%s.%s", arch, suffix);
-    return buf;
-}
-
-static bool get_i32(const kg_gguf_t *g, const char *key, int32_t *out) {
-    int64_t v;
-    if (!kg_gguf_get_i64(g, key, &v) || v < 0 || v > INT32_MAX) {
-        return false;
-    }
-    *out = (int32_t)v;
-    return true;
-}
-
-static bool str_is(kg_gguf_str_t s, const char *lit) {
-    return s.len == strlen(lit) && memcmp(s.data, lit, s.len) == 0;
 }
 
 // ---- tensors ----
@@ -156,329 +142,6 @@ static void make_expert_views(kg_gguf_tensor_t *views, const kg_gguf_tensor_t *t
     }
 }
 
-// ---- hyperparameters ----
-
-/* Which layers slide (llama_model_base::load_swa_pattern and
- * llama_hparams::set_swa_pattern with dense_first = false): an array of
- * n_layer bools or integers in <arch>.attention.sliding_window_pattern, or
- * a period N there (default `n_pattern`): layer il slides when
- * il % N < N - 1, every layer when N = 0. */
-static bool read_swa_pattern(
-    const kg_gguf_t *g, const char *arch, int32_t n_pattern, int32_t n_layer, bool *is_swa) {
-    char key[128];
-    kg_gguf_type_t et;
-    uint64_t n = 0;
-    akey(key, sizeof(key), arch, "attention.sliding_window_pattern");
-    if (kg_gguf_get_arr(g, key, &et, &n)) {
-        if (n != (uint64_t)n_layer) {
-            return false;
-        }
-        if (et == KG_GGUF_TYPE_BOOL) {
-            size_t size = 0;
-            const uint8_t *raw = kg_gguf_kv_raw(g, kg_gguf_find_key(g, key), &size);
-            /* element type (u32), count (u64), then one byte per element */
-            if (size < 12 + n) {
-                return false;
-            }
-            for (int32_t il = 0; il < n_layer; il++) {
-                is_swa[il] = raw[12 + il] != 0;
-            }
-            return true;
-        }
-        int32_t *v = malloc((size_t)n_layer * sizeof(int32_t));
-        bool ok = v && kg_gguf_arr_i32(g, key, v, n);
-        for (int32_t il = 0; ok && il < n_layer; il++) {
-            is_swa[il] = v[il] != 0;
-        }
-        free(v);
-        return ok;
-    }
-    uint32_t period = (uint32_t)n_pattern;
-    if (kg_gguf_find_key(g, key) >= 0 && !kg_gguf_get_u32(g, key, &period)) {
-        return false;
-    }
-    for (int32_t il = 0; il < n_layer; il++) {
-        is_swa[il] = period == 0 || ((uint32_t)il % period < period - 1);
-    }
-    return true;
-}
-
-/* RoPE scaling as llama.cpp reads it (load_hparams) and completes it for a
- * context (llama_context: rope_freq_scale, yarn_* defaults). */
-static bool
-read_rope(const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *err, size_t cap) {
-    char key[128];
-    kg_gguf_str_t s;
-    hp->rope_base = 10000.0f;
-    kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base"), &hp->rope_base);
-    hp->rope_scaling = KG_ROPE_SCALING_LINEAR; /* llama.cpp's default when the key is absent */
-    if (kg_gguf_get_str(g, akey(key, sizeof(key), arch, "rope.scaling.type"), &s)) {
-        if (str_is(s, "none")) {
-            hp->rope_scaling = KG_ROPE_SCALING_NONE;
-        } else if (str_is(s, "linear")) {
-            hp->rope_scaling = KG_ROPE_SCALING_LINEAR;
-        } else if (str_is(s, "yarn")) {
-            hp->rope_scaling = KG_ROPE_SCALING_YARN;
-        } else if (str_is(s, "longrope")) {
-            hp->rope_scaling = KG_ROPE_SCALING_LONGROPE;
-        } else {
-            snprintf(err, cap,
-                     "model: unsupported %s.rope.scaling.type '%.*s' (supported: none, linear, "
-                     "yarn, longrope)",
-                     arch, (int)(s.len > 64 ? 64 : s.len), s.data);
-            return false;
-        }
-    }
-    float factor = 0.0f;
-    if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.factor"), &factor)) {
-        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scale_linear"), &factor);
-    }
-    if (factor < 0.0f || !isfinite(factor)) {
-        snprintf(err, cap, "model: bad %s.rope.scaling.factor %g", arch, (double)factor);
-        return false;
-    }
-    hp->rope_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
-    hp->n_ctx_orig = hp->n_ctx_train;
-    get_i32(g, akey(key, sizeof(key), arch, "rope.scaling.original_context_length"),
-            &hp->n_ctx_orig);
-    if (hp->n_ctx_orig == 0) {
-        hp->n_ctx_orig = hp->n_ctx_train;
-    }
-    float rope_attn_factor = 1.0f;
-    kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.scaling.attn_factor"), &rope_attn_factor);
-
-    /* llama_context: no scaling means no frequency scale; YaRN extrapolates
-     * (ext_factor 1) with the magnitude correction computed for the factor,
-     * cancelled by the one ggml's rope applies itself (llama.cpp #17945). */
-    if (hp->rope_scaling == KG_ROPE_SCALING_NONE) {
-        hp->rope_scale = 1.0f;
-    }
-    hp->yarn_ext_factor = hp->rope_scaling == KG_ROPE_SCALING_YARN ? 1.0f : 0.0f;
-    hp->yarn_attn_factor = 1.0f;
-    hp->yarn_beta_fast = 32.0f;
-    hp->yarn_beta_slow = 1.0f;
-    if (hp->yarn_ext_factor != 0.0f) {
-        const float f = 1.0f / hp->rope_scale;
-        hp->yarn_attn_factor = f <= 1.0f ? 1.0f : 0.1f * 1.0f * logf(f) + 1.0f;
-        hp->yarn_attn_factor *= 1.0f / (1.0f + 0.1f * logf(f));
-    }
-    hp->yarn_attn_factor *= rope_attn_factor;
-    return true;
-}
-
-static bool check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_size) {
-    const char *bad = NULL;
-    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_ff <= 0) {
-        bad = "embedding_length, block_count, head_count and feed_forward_length must be > 0";
-    } else if (hp->n_layer > 4096 || hp->n_embd > (1 << 20) || hp->n_ff > (1 << 24)) {
-        bad = "block_count, embedding_length or feed_forward_length is implausibly large";
-    } else if (hp->n_head_kv <= 0 || hp->n_head % hp->n_head_kv != 0) {
-        bad = "head_count must be a multiple of head_count_kv";
-    } else if (hp->head_dim <= 0 || hp->head_dim % 2 != 0 || hp->head_dim > 1024) {
-        bad = "head dimension must be even and at most 1024";
-    } else if (hp->n_rot <= 0 || hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim) {
-        bad = "rope.dimension_count must be even and at most the head dimension";
-    } else if ((hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_QWEN3MOE ||
-                hp->arch == KG_ARCH_GPT_OSS) &&
-               hp->n_rot != hp->head_dim) {
-        bad = "llama, qwen3moe and gpt-oss need rope.dimension_count equal to the head dimension "
-              "(as llama.cpp)";
-    } else if (hp->n_vocab <= 0) {
-        bad = "empty vocabulary";
-    } else if (!(hp->norm_eps > 0.0f) || !(hp->rope_base > 0.0f) || !(hp->rope_scale > 0.0f) ||
-               !isfinite(hp->rope_base) || !(hp->n_ctx_orig > 0)) {
-        bad = "rms epsilon, rope base, rope scale and the original context must be > 0";
-    } else if (hp->n_swa < 0 || !(hp->attn_softcap >= 0.0f) || !(hp->final_softcap >= 0.0f) ||
-               !isfinite(hp->attn_softcap) || !isfinite(hp->final_softcap)) {
-        bad = "sliding_window and the soft-capping values must not be negative";
-    }
-    if (bad) {
-        snprintf(errstr, errstr_size, "model: bad hyperparameters: %s", bad);
-        return false;
-    }
-    return true;
-}
-
-/* The family's switches, llama.cpp's load_arch_hparams for each. */
-static bool read_arch_hparams(const kg_gguf_t *g,
-                              const char *arch,
-                              kg_hparams_t *hp,
-                              bool *is_swa,
-                              float *swa_base,
-                              float *swa_scale,
-                              char *errstr,
-                              size_t errstr_size) {
-    char key[128];
-    *swa_base = hp->rope_base;
-    *swa_scale = hp->rope_scale;
-    hp->rope_mode = KG_ROPE_MODE_NEOX;
-    hp->ffn_act = KG_FFN_SILU;
-    switch (hp->arch) {
-    case KG_ARCH_LLAMA:
-    case KG_ARCH_MISTRAL:
-        hp->rope_mode = KG_ROPE_MODE_NORM;
-        break;
-    case KG_ARCH_QWEN2:
-    case KG_ARCH_QWEN3:
-        break;
-    case KG_ARCH_PHI3:
-        /* llama.cpp disables Phi's sliding window (phi3.cpp, PR 13676): the
-         * key is read and ignored */
-        hp->q_scale = 1.0f / sqrtf((float)hp->head_dim);
-        break;
-    case KG_ARCH_GEMMA2:
-    case KG_ARCH_GEMMA3: {
-        const bool g2 = hp->arch == KG_ARCH_GEMMA2;
-        hp->ffn_act = KG_FFN_GELU;
-        hp->embd_scale = sqrtf((float)hp->n_embd);
-        if (g2) {
-            hp->n_swa = 4096; /* Gemma 2's window when the file does not say */
-            get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa);
-            hp->attn_softcap = 50.0f;
-            kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attn_logit_softcapping"),
-                            &hp->attn_softcap);
-            hp->final_softcap = 30.0f;
-        } else {
-            /* Gemma 3: windowed only when the file gives a window; local
-             * layers keep RoPE base 10000 and no frequency scale unless
-             * rope.freq_base_swa says otherwise */
-            get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa);
-            *swa_base = 10000.0f;
-            *swa_scale = 1.0f;
-            hp->final_softcap = 0.0f;
-        }
-        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "final_logit_softcapping"),
-                        &hp->final_softcap);
-        if (hp->n_swa > 0 && !read_swa_pattern(g, arch, g2 ? 2 : 6, hp->n_layer, is_swa)) {
-            snprintf(errstr, errstr_size,
-                     "model: bad %s.attention.sliding_window_pattern (a period, or %d flags)", arch,
-                     hp->n_layer);
-            return false;
-        }
-        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
-        /* query_pre_attn_scalar: not in the file; llama.cpp takes the 27B
-         * shape (46 layers for Gemma 2, 62 for Gemma 3) to mean
-         * n_embd / n_head (an integer division there too), every other
-         * shape head_dim */
-        const bool is_27b = hp->n_layer == (g2 ? 46 : 62);
-        const int32_t scale_dim = is_27b ? hp->n_embd / hp->n_head : hp->head_dim;
-        hp->q_scale = 1.0f / sqrtf((float)scale_dim);
-        break;
-    }
-    case KG_ARCH_QWEN3MOE:
-        break;
-    case KG_ARCH_GPT_OSS:
-        /* llama_model_openai_moe: every other layer slides (pattern 2:
-         * layers 0, 2, 4, ...), with the global RoPE unless
-         * rope.freq_base_swa says otherwise; attention.sliding_window is
-         * required */
-        hp->ffn_act = KG_FFN_SWIGLU_OAI;
-        if (!get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa)) {
-            snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
-            return false;
-        }
-        if (!read_swa_pattern(g, arch, 2, hp->n_layer, is_swa)) {
-            snprintf(errstr, errstr_size,
-                     "model: bad %s.attention.sliding_window_pattern (a period, or %d flags)", arch,
-                     hp->n_layer);
-            return false;
-        }
-        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
-        break;
-    case KG_ARCH_COUNT_:
-        break;
-    }
-    return true;
-}
-
-/* An integer key that may be absent (*out untouched) but, when present,
- * must be one non-negative integer: llama.cpp also takes per-layer arrays
- * for some of these, which kgen does not run. */
-static bool get_i32_opt(const kg_gguf_t *g,
-                        const char *arch,
-                        const char *suffix,
-                        int32_t *out,
-                        char *errstr,
-                        size_t errstr_size) {
-    char key[128];
-    akey(key, sizeof(key), arch, suffix);
-    if (kg_gguf_find_key(g, key) < 0 || get_i32(g, key, out)) {
-        return true;
-    }
-    kg_gguf_type_t et;
-    uint64_t n;
-    snprintf(errstr, errstr_size, "model: %s %s", key,
-             kg_gguf_get_arr(g, key, &et, &n)
-                 ? "is a per-layer array; kgen runs one value for every layer"
-                 : "must be a non-negative integer");
-    return false;
-}
-
-/* The experts (llama_model_base::load_hparams, then each family): the
- * counts for every family (0 experts: dense), the expert width and the
- * router's rule, which llama.cpp fixes per family in code: softmax, top-k,
- * renormalised, for qwen3moe and llama (Mixtral); top-k of the logits, then
- * a softmax over them, for gpt-oss. <arch>.expert_weights_norm and
- * expert_weights_scale, which llama.cpp reads for other MoE families, are
- * honoured when a file has them. */
-static bool read_moe_hparams(
-    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size) {
-    char key[128];
-    const kg_arch_t a = hp->arch;
-    if (!get_i32_opt(g, arch, "expert_count", &hp->n_expert, errstr, errstr_size) ||
-        !get_i32_opt(g, arch, "expert_used_count", &hp->n_expert_used, errstr, errstr_size) ||
-        !get_i32_opt(g, arch, "expert_feed_forward_length", &hp->n_ff_exp, errstr, errstr_size)) {
-        return false;
-    }
-    const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS;
-    if (hp->n_expert == 0) {
-        if (moe_arch || hp->n_expert_used != 0) {
-            snprintf(errstr, errstr_size,
-                     "model: %s needs %s.expert_count > 0 and expert_used_count > 0",
-                     kg_arch_name(a), arch);
-            return false;
-        }
-        hp->n_ff_exp = 0;
-        return true;
-    }
-    if (!moe_arch && a != KG_ARCH_LLAMA) {
-        snprintf(errstr, errstr_size,
-                 "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
-                 "gpt-oss)",
-                 kg_arch_name(a));
-        return false;
-    }
-    if (hp->n_expert > KG_MOE_MAX_EXPERTS || hp->n_expert_used < 1 ||
-        hp->n_expert_used > hp->n_expert) {
-        snprintf(errstr, errstr_size,
-                 "model: bad hyperparameters: expert_count %d (1..1024) and expert_used_count %d "
-                 "(1..expert_count)",
-                 hp->n_expert, hp->n_expert_used);
-        return false;
-    }
-    if (a == KG_ARCH_LLAMA) {
-        hp->n_ff_exp = hp->n_ff; /* Mixtral: feed_forward_length is each expert's */
-    } else if (a == KG_ARCH_QWEN3MOE && hp->n_ff_exp == 0) {
-        hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
-    }
-    if (hp->n_ff_exp <= 0 || hp->n_ff_exp > (1 << 24)) {
-        snprintf(errstr, errstr_size, "model: %s.expert_feed_forward_length must be in 1..2^24",
-                 arch);
-        return false;
-    }
-    hp->moe_gating = a == KG_ARCH_GPT_OSS ? KG_MOE_SOFTMAX_WEIGHT : KG_MOE_SOFTMAX;
-    hp->moe_norm_w = a != KG_ARCH_GPT_OSS;
-    kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "expert_weights_norm"), &hp->moe_norm_w);
-    hp->moe_w_scale = 0.0f;
-    kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "expert_weights_scale"), &hp->moe_w_scale);
-    if (!isfinite(hp->moe_w_scale) || hp->moe_w_scale < 0.0f) {
-        snprintf(errstr, errstr_size, "model: bad %s.expert_weights_scale %g", arch,
-                 (double)hp->moe_w_scale);
-        return false;
-    }
-    return true;
-}
-
 // ---- loading ----
 
 /* Every tensor of one layer. Q/K/V come separately or fused (attn_qkv,
@@ -500,15 +163,18 @@ static bool load_layer(loader_t *ld,
     const int64_t n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
     const kg_arch_t a = hp->arch;
     const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3;
-    const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE;
-    const bool oss = a == KG_ARCH_GPT_OSS;
+    const bool qk_norm =
+        a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS;
+    const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     bool bad = false;
     char name[96];
 #define KG_T(suffix, ne0, ne1, opt)                                                                \
     (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il),                                      \
      find_tensor(ld, name, (ne0), (ne1), (opt), &bad))
 
-    L->attn_norm = KG_T("attn_norm.weight", E, 0, false);
+    if (!olmo2) {
+        L->attn_norm = KG_T("attn_norm.weight", E, 0, false);
+    }
     snprintf(name, sizeof(name), "blk.%d.attn_qkv.weight", (int)il);
     const kg_gguf_tensor_t *qkv = kg_gguf_find_tensor(ld->g, name);
     if (qkv) {
@@ -540,7 +206,8 @@ static bool load_layer(loader_t *ld,
         L->bv = KG_T("attn_v.bias", n_kv, 0, true);
     }
     L->wo = KG_T("attn_output.weight", n_q, E, false);
-    if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || oss) {
+    if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || a == KG_ARCH_GRANITE ||
+        a == KG_ARCH_MISTRAL3 || a == KG_ARCH_APERTUS || oss) {
         L->bo = KG_T("attn_output.bias", E, 0, !oss);
     }
     if (oss) {
@@ -550,13 +217,26 @@ static bool load_layer(loader_t *ld,
         L->q_norm = KG_T("attn_q_norm.weight", hp->head_dim, 0, false);
         L->k_norm = KG_T("attn_k_norm.weight", hp->head_dim, 0, false);
     }
-    if (gemma) {
+    if (a == KG_ARCH_APERTUS) {
+        /* llama.cpp loads these optional biases and its graph never adds
+         * them (build_norm with no bias): taken and ignored alike */
+        (void)KG_T("attn_q_norm.bias", hp->head_dim, 0, true);
+        (void)KG_T("attn_k_norm.bias", hp->head_dim, 0, true);
+    }
+    if (olmo2) {
+        L->q_norm = KG_T("attn_q_norm.weight", n_q, 0, false);
+        L->k_norm = KG_T("attn_k_norm.weight", n_kv, 0, false);
+    }
+    if (gemma || olmo2) {
         L->attn_post_norm = KG_T("post_attention_norm.weight", E, 0, false);
         L->ffn_post_norm = KG_T("post_ffw_norm.weight", E, 0, false);
     }
-    /* gpt-oss names its FFN norm post_attention_norm (after the attention) */
-    L->ffn_norm = oss ? KG_T("post_attention_norm.weight", E, 0, false)
-                      : KG_T("ffn_norm.weight", E, 0, false);
+    /* gpt-oss and seed_oss name their FFN norm post_attention_norm (after
+     * the attention); olmo2 has none */
+    if (!olmo2) {
+        L->ffn_norm = oss || a == KG_ARCH_SEED_OSS ? KG_T("post_attention_norm.weight", E, 0, false)
+                                                   : KG_T("ffn_norm.weight", E, 0, false);
+    }
     if (hp->n_expert > 0) {
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
         L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
@@ -599,6 +279,8 @@ static bool load_layer(loader_t *ld,
             L->w_gate = make_view(&views[6], up, 0, F, 0);
             L->w_up = make_view(&views[7], up, F, F, 0);
         }
+    } else if (hp->ffn_act == KG_FFN_XIELU) {
+        L->w_up = KG_T("ffn_up.weight", E, F, false);
     } else {
         L->w_gate = KG_T("ffn_gate.weight", E, F, false);
         L->w_up = KG_T("ffn_up.weight", E, F, false);
@@ -679,9 +361,12 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     hp->n_rot = hp->head_dim;
     get_i32(g, akey(key, sizeof(key), arch, "rope.dimension_count"), &hp->n_rot);
     hp->norm_eps = 1e-5f;
+    if (!get_i32(g, akey(key, sizeof(key), arch, "pooling_type"), &hp->pooling_type)) {
+        hp->pooling_type = -1;
+    }
     kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.layer_norm_rms_epsilon"),
                     &hp->norm_eps);
-    if (!read_rope(g, arch, hp, errstr, errstr_size)) {
+    if (!kg_model_read_rope(g, arch, hp, errstr, errstr_size)) {
         goto fail;
     }
     if (hp->n_layer <= 0 || hp->n_layer > 4096) {
@@ -694,8 +379,10 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         goto fail;
     }
     float swa_base, swa_scale;
-    if (!read_arch_hparams(g, arch, hp, is_swa, &swa_base, &swa_scale, errstr, errstr_size) ||
-        !read_moe_hparams(g, arch, hp, errstr, errstr_size)) {
+    int32_t nope_every;
+    if (!kg_model_read_arch_hparams(g, arch, hp, is_swa, &swa_base, &swa_scale, &nope_every, errstr,
+                                    errstr_size) ||
+        !kg_model_read_moe_hparams(g, arch, hp, errstr, errstr_size)) {
         goto fail;
     }
 
@@ -704,7 +391,7 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         goto fail;
     }
     hp->n_vocab = kg_tokenizer_n_vocab(model->tok);
-    if (!check_hparams(hp, errstr, errstr_size)) {
+    if (!kg_model_check_hparams(hp, errstr, errstr_size)) {
         goto fail;
     }
 
@@ -726,7 +413,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     }
     /* Gemma 2's head is always the embedding (llama.cpp ignores an
      * output.weight there); the others use output.weight when present */
-    const bool output_optional = hp->arch != KG_ARCH_GPT_OSS; /* llama.cpp requires it there */
+    /* llama.cpp requires it for these */
+    const bool output_optional = hp->arch != KG_ARCH_GPT_OSS && hp->arch != KG_ARCH_OLMO2;
     model->output = find_tensor(&ld, "output.weight", E, V, output_optional, &bad);
     if (hp->arch == KG_ARCH_GEMMA2) {
         model->output = NULL;
@@ -738,7 +426,14 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     if (hp->arch == KG_ARCH_QWEN2) {
         model->output_b = find_tensor(&ld, "output.bias", V, 0, true, &bad);
     }
-    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL) { /* Llama 3.1 */
+    const kg_gguf_tensor_t *cls = kg_gguf_find_tensor(g, "cls.output.weight");
+    if (cls && hp->arch == KG_ARCH_QWEN3 && cls->n_dims == 2 && cls->ne[1] <= 64) {
+        model->cls_out = find_tensor(&ld, "cls.output.weight", E, cls->ne[1], false, &bad);
+        model->n_cls_out = (int32_t)cls->ne[1];
+    }
+    if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL || hp->arch == KG_ARCH_GRANITE ||
+        hp->arch == KG_ARCH_MISTRAL3 ||
+        hp->arch == KG_ARCH_APERTUS) { /* Llama 3.1's frequency divisors */
         model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {
@@ -752,6 +447,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
             bad = true;
         }
     }
+    if (hp->ffn_act == KG_FFN_XIELU && !kg_model_read_xielu(g, model, errstr, errstr_size)) {
+        goto fail;
+    }
     for (int32_t il = 0; il < hp->n_layer && !bad; il++) {
         if (!load_layer(&ld, model, il, model->views + (size_t)il * 8,
                         model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert)) {
@@ -762,6 +460,7 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         L->n_swa = is_swa[il] ? hp->n_swa : 0;
         L->rope_base = is_swa[il] ? swa_base : hp->rope_base;
         L->rope_scale = is_swa[il] ? swa_scale : hp->rope_scale;
+        L->no_rope = nope_every > 0 && (il + 1) % nope_every == 0;
         if (!(L->rope_base > 0.0f) || !(L->rope_scale > 0.0f)) {
             snprintf(errstr, errstr_size, "model: layer %d: RoPE base and scale must be > 0",
                      (int)il);
@@ -779,6 +478,13 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
                      "model: tensor '%.*s' is not part of the %s graph kgen runs (a variant it "
                      "does not support)",
                      (int)(t->name.len > 96 ? 96 : t->name.len), t->name.data, arch);
+            goto fail;
+        }
+    }
+    if (kg_gguf_get_str(g, "tokenizer.chat_template.rerank", &s)) {
+        model->rerank_template = strndup(s.data, s.len);
+        if (!model->rerank_template) {
+            snprintf(errstr, errstr_size, "model: out of memory");
             goto fail;
         }
     }
@@ -811,6 +517,7 @@ void kg_model_free(kg_model_t *model) {
     free(model->views);
     free(model->expert_views);
     free(model->chat_template);
+    free(model->rerank_template);
     free(model);
 }
 
@@ -872,6 +579,24 @@ uint32_t kg_model_features(const kg_model_t *model) {
         if (L->attn_sinks) {
             f |= KG_MODEL_FEAT_ATTN_SINKS;
         }
+        if (L->no_rope) {
+            f |= KG_MODEL_FEAT_NOPE;
+        }
+        if (!L->attn_norm || !L->ffn_norm) {
+            f |= KG_MODEL_FEAT_NO_PRE_NORM;
+        }
+    }
+    if (hp->qk_norm_full) {
+        f |= KG_MODEL_FEAT_QK_NORM_FULL;
+    }
+    if (hp->attn_temp_scale != 0.0f) {
+        f |= KG_MODEL_FEAT_ATTN_TEMP;
+    }
+    if (hp->ffn_act == KG_FFN_XIELU) {
+        f |= KG_MODEL_FEAT_XIELU;
+    }
+    if (hp->kq_scale != 0.0f || hp->residual_scale != 0.0f || hp->logit_scale != 0.0f) {
+        f |= KG_MODEL_FEAT_SCALES;
     }
     if (hp->n_expert > 0 && (hp->moe_gating != KG_MOE_SOFTMAX || hp->ffn_act != KG_FFN_SILU)) {
         f |= KG_MODEL_FEAT_MOE_OAI;
@@ -884,7 +609,8 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
         "qkv_bias",   "qk_norm",        "post_norm", "gelu",         "embd_scale",
         "softcap",    "sliding_window", "rope_neox", "rope_partial", "rope_per_layer",
         "rope_yarn",  "rope_factors",   "q_scale",   "moe",          "moe_oai",
-        "attn_sinks",
+        "attn_sinks", "nope",           "scales",    "no_pre_norm",  "qk_norm_full",
+        "attn_temp",  "xielu",
     };
     size_t n = 0;
     if (cap == 0) {

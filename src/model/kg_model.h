@@ -4,13 +4,15 @@
  *
  * DESIGN
  * The families kgen runs (llama, mistral, qwen2, qwen3, gemma2, gemma3,
- * phi3, and the mixture-of-experts qwen3moe, Mixtral (llama with experts)
- * and gpt-oss) differ in a handful of switches, so one description covers
- * them:
+ * phi3, smollm3, granite, olmo2, mistral3, seed_oss, apertus, and the
+ * mixture-of-experts qwen3moe, Mixtral (llama with experts) and gpt-oss)
+ * differ in a handful of switches, so one description covers them:
  * model-wide switches in kg_hparams_t (RoPE mode and scaling, GELU or SiLU
  * gate, embedding scale, soft-capping, how queries are scaled) and
  * per-layer attributes in kg_layer_weights_t (sliding window, RoPE base and
- * scale, optional tensors: Q/K/V biases, Q/K norms, post-norms). They are
+ * scale, NoPE, optional tensors: Q/K/V biases, Q/K norms, input and
+ * post-norms; granite's multipliers, mistral3's attention temperature,
+ * apertus's xIELU constants). They are
  * filled at load from the GGUF keys exactly as llama.cpp reads them, with
  * the values llama.cpp fixes in its code rather than in the file (Gemma's
  * layer patterns and query scale, Gemma 3's local RoPE base, YaRN's
@@ -48,6 +50,12 @@ typedef enum kg_arch {
     KG_ARCH_PHI3,
     KG_ARCH_QWEN3MOE,
     KG_ARCH_GPT_OSS, /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
+    KG_ARCH_SMOLLM3,
+    KG_ARCH_GRANITE,
+    KG_ARCH_OLMO2,
+    KG_ARCH_MISTRAL3,
+    KG_ARCH_SEED_OSS,
+    KG_ARCH_APERTUS,
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -72,6 +80,9 @@ typedef enum kg_ffn_act {
     /* gpt-oss's clamped SwiGLU (ggml_swiglu_oai, alpha 1.702, limit 7):
      * x = min(gate, 7), y = clamp(up, -7, 7), x * sigmoid(1.702 x) * (y + 1) */
     KG_FFN_SWIGLU_OAI,
+    /* Apertus's xIELU on the up projection alone (no gate; ggml_xielu with
+     * the layer's xielu_* values) */
+    KG_FFN_XIELU,
 } kg_ffn_act_t;
 
 /* How a router's logits pick the k experts of a token and weigh them
@@ -111,13 +122,25 @@ typedef struct kg_hparams {
     float yarn_attn_factor;
     float yarn_beta_fast;
     float yarn_beta_slow;
-    int32_t n_swa;       /* attention.sliding_window of the windowed layers; 0 = none */
-    float embd_scale;    /* embeddings are multiplied by it after the lookup; 0 = not */
-    float attn_softcap;  /* scores = c * tanh(scores / c) before the softmax; 0 = off */
-    float final_softcap; /* the same on the logits; 0 = off */
-    float q_scale;       /* 0: scores are scaled by 1/sqrt(head_dim) (llama); else q is
-                            multiplied by q_scale before attention, scores unscaled
-                            (gemma's query_pre_attn_scalar rule, phi3) */
+    int32_t n_swa;        /* attention.sliding_window of the windowed layers; 0 = none */
+    float embd_scale;     /* embeddings are multiplied by it after the lookup; 0 = not */
+    float attn_softcap;   /* scores = c * tanh(scores / c) before the softmax; 0 = off */
+    float final_softcap;  /* the same on the logits; 0 = off */
+    float q_scale;        /* 0: scores are scaled by 1/sqrt(head_dim) (llama); else q is
+                             multiplied by q_scale before attention, scores unscaled
+                             (gemma's query_pre_attn_scalar rule, phi3) */
+    float kq_scale;       /* with q_scale 0: the scores' scale instead of 1/sqrt(head_dim)
+                             (granite's attention.scale); 0 = the default */
+    float residual_scale; /* each block's output is multiplied by it before it joins the
+                             residual stream (granite); 0 = not */
+    float logit_scale;    /* the logits are multiplied by 1 / logit_scale (granite); 0 = not */
+    bool qk_norm_full;    /* q_norm / k_norm are one RMSNorm over all the query (key) heads
+                             of a token, not one per head (olmo2) */
+    /* Llama 4's attention temperature (mistral3: attention.temperature_scale): after RoPE,
+     * q at position p is multiplied by log(floor(p / attn_temp_floor) + 1) * attn_temp_scale
+     * + 1; attn_temp_scale 0 = off */
+    float attn_temp_scale;
+    int32_t attn_temp_floor; /* llama.cpp's n_attn_temp_floor_scale: the original context */
     kg_ffn_act_t ffn_act;
 
     /* mixture of experts (n_expert 0: a dense model) */
@@ -127,6 +150,10 @@ typedef struct kg_hparams {
     kg_moe_gating_t moe_gating;
     bool moe_norm_w;   /* divide the k weights by their sum (clamped to >= 2^-14) */
     float moe_w_scale; /* then multiply them by this; 0 or 1 = not */
+
+    /* embeddings: <arch>.pooling_type as llama.cpp numbers it (0 none, 1 mean,
+     * 2 cls, 3 last, 4 rank); -1 when the file has no such key */
+    int32_t pooling_type;
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -134,20 +161,22 @@ typedef struct kg_hparams {
  * y[out] = sum_in W[out][in] x[in]. Optional tensors are NULL when the
  * family does not have them. */
 typedef struct kg_layer_weights {
-    const kg_gguf_tensor_t *attn_norm; /* (n_embd) */
+    const kg_gguf_tensor_t *attn_norm; /* (n_embd); NULL: none (olmo2 norms outputs only) */
     const kg_gguf_tensor_t *wq;        /* (n_embd, n_head * head_dim) */
     const kg_gguf_tensor_t *wk;        /* (n_embd, n_head_kv * head_dim) */
     const kg_gguf_tensor_t *wv;        /* (n_embd, n_head_kv * head_dim) */
     const kg_gguf_tensor_t *wo;        /* (n_head * head_dim, n_embd) */
-    const kg_gguf_tensor_t *ffn_norm;  /* (n_embd) */
-    const kg_gguf_tensor_t *w_gate;    /* (n_embd, n_ff) */
+    const kg_gguf_tensor_t *ffn_norm;  /* (n_embd); NULL: none (olmo2) */
+    const kg_gguf_tensor_t *w_gate;    /* (n_embd, n_ff); NULL with KG_FFN_XIELU */
     const kg_gguf_tensor_t *w_up;      /* (n_embd, n_ff) */
     const kg_gguf_tensor_t *w_down;    /* (n_ff, n_embd) */
 
     const kg_gguf_tensor_t *bq, *bk, *bv;   /* (n_head * head_dim), (n_head_kv * head_dim) x 2 */
     const kg_gguf_tensor_t *bo;             /* (n_embd) attn_output.bias */
-    const kg_gguf_tensor_t *q_norm;         /* (head_dim) RMSNorm of each query head */
-    const kg_gguf_tensor_t *k_norm;         /* (head_dim) RMSNorm of each key head */
+    const kg_gguf_tensor_t *q_norm;         /* (head_dim) RMSNorm of each query head, or
+                                               (n_head * head_dim) of all (qk_norm_full) */
+    const kg_gguf_tensor_t *k_norm;         /* (head_dim) RMSNorm of each key head, or
+                                               (n_head_kv * head_dim) of all */
     const kg_gguf_tensor_t *attn_post_norm; /* (n_embd) on the attention output */
     const kg_gguf_tensor_t *ffn_post_norm;  /* (n_embd) on the FFN output */
 
@@ -166,8 +195,14 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *exp_gate, *exp_up, *exp_down;
     const kg_gguf_tensor_t *attn_sinks; /* (n_head) one extra softmax logit per head (gpt-oss) */
 
-    int32_t n_swa;   /* this layer's window (it attends to the last n_swa positions,
-                        itself included); 0 = global */
+    int32_t n_swa; /* this layer's window (it attends to the last n_swa positions,
+                      itself included); 0 = global */
+    bool no_rope;  /* no rotation of q and k in this layer (NoPE: smollm3's every
+                      fourth layer, granite with rope.scaling.finetuned false) */
+    /* xIELU's constants as ggml_xielu makes them from the file's per-layer
+     * xielu.* values: alpha_n = beta + softplus(alpha_n), alpha_p =
+     * softplus(alpha_p), beta, eps (KG_FFN_XIELU) */
+    float xielu_an, xielu_ap, xielu_beta, xielu_eps;
     float rope_base; /* this layer's RoPE base and frequency scale */
     float rope_scale;
 } kg_layer_weights_t;
@@ -187,6 +222,11 @@ typedef struct kg_model {
     kg_gguf_tensor_t *views;             /* owned: row views of fused tensors */
     kg_gguf_tensor_t *expert_views;      /* owned: (n_layer, 3, n_expert) per-expert views */
     char *chat_template;                 /* tokenizer.chat_template or NULL */
+    /* a reranker's head (qwen3: cls.output.weight, (n_embd, n_cls_out), the
+     * rows of its labels, Qwen3-Reranker's "yes" and "no") or NULL */
+    const kg_gguf_tensor_t *cls_out;
+    int32_t n_cls_out;
+    char *rerank_template; /* tokenizer.chat_template.rerank ({query}, {document}) or NULL */
 } kg_model_t;
 
 /* What a model needs beyond the plain Llama graph. A backend that lacks a
@@ -209,6 +249,13 @@ enum {
     KG_MODEL_FEAT_MOE_OAI = 1u << 14,       /* gpt-oss's experts: top-k-then-softmax router, router
                                                and expert biases, clamped SwiGLU */
     KG_MODEL_FEAT_ATTN_SINKS = 1u << 15,    /* a per-head sink logit in the attention softmax */
+    KG_MODEL_FEAT_NOPE = 1u << 16,          /* layers without RoPE */
+    KG_MODEL_FEAT_SCALES = 1u << 17,        /* granite's multipliers: attention scale, residual
+                                               and logit scales */
+    KG_MODEL_FEAT_NO_PRE_NORM = 1u << 18,   /* layers without the attention / FFN input norms */
+    KG_MODEL_FEAT_QK_NORM_FULL = 1u << 19,  /* Q/K RMSNorm over all heads of a token */
+    KG_MODEL_FEAT_ATTN_TEMP = 1u << 20,     /* queries scaled by position (attention temperature) */
+    KG_MODEL_FEAT_XIELU = 1u << 21,         /* xIELU FFN without a gate (apertus) */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and

@@ -364,6 +364,49 @@ out:
     return json;
 }
 
+char *kg_events_done_answer(const kg_event_origin_t *o,
+                            const kg_job_t *job,
+                            const kg_events_answer_t *a,
+                            const kg_job_timing_t *t,
+                            size_t max_bytes,
+                            size_t *len,
+                            kg_events_fit_t *fit,
+                            bool *too_big) {
+    kg_event_done_t e = {.finish_reason = KG_FINISH_REASON_STOP,
+                         .text = "",
+                         .prompt_tokens = t->n_prompt,
+                         .queue_ms = (double)(t->submitted_us - t->taken_us) / 1e3,
+                         .ttft_ms = (double)(t->finished_us - t->taken_us) / 1e3,
+                         .total_ms = (double)(t->finished_us - t->taken_us) / 1e3,
+                         .metadata_json = job->metadata_json,
+                         .model = job->model ? job->model : o->model,
+                         .embeddings = a->embd,
+                         .n_embeddings = a->embd ? a->n_embd : 0,
+                         .embedding_dim = a->dim,
+                         .embeddings_base64 = job->base64,
+                         .has_results = a->results != NULL,
+                         .results = a->results,
+                         .n_results = a->n_results};
+    common(o, job->request_id, &e.common);
+    kg_events_fit_t got = {0};
+    *too_big = false;
+    char *json = kg_codec_encode_done(&e, len);
+    if (!fits(json, *len, max_bytes) && e.metadata_json) {
+        free(json);
+        e.metadata_json = NULL;
+        e.metadata_truncated = got.metadata_dropped = true;
+        json = kg_codec_encode_done(&e, len);
+    }
+    if (!fits(json, *len, max_bytes)) {
+        /* a vector cut short is a wrong vector: no answer rather than that */
+        free(json);
+        json = NULL;
+        *too_big = true;
+    }
+    note_fit(fit, &got, json ? *len : 0, max_bytes);
+    return json;
+}
+
 char *kg_events_error(const kg_event_origin_t *o,
                       const char *request_id,
                       kg_error_code_t code,

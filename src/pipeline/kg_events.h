@@ -112,6 +112,28 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
                              size_t *len,
                              kg_events_fit_t *fit);
 
+/* What an embedding, rerank or score job's done event carries. */
+typedef struct kg_events_answer {
+    const float *embd; /* embed: (n_embd, dim) final vectors, or NULL */
+    int32_t n_embd, dim;
+    const kg_rank_result_t *results; /* rerank/score: (n_results), or NULL */
+    int32_t n_results;
+} kg_events_answer_t;
+
+/** The done event of an embedding, rerank or score job: `embeddings` or
+ * `results`, usage (prompt_tokens), timings. Fitted to max_bytes by shedding
+ * the metadata echo only: the answer itself is never cut, so when it alone
+ * is over the budget this returns NULL with *too_big set (the caller sends
+ * an error that says so). NULL with *too_big false: out of memory. */
+char *kg_events_done_answer(const kg_event_origin_t *o,
+                            const kg_job_t *job,
+                            const kg_events_answer_t *a,
+                            const kg_job_timing_t *t,
+                            size_t max_bytes,
+                            size_t *len,
+                            kg_events_fit_t *fit,
+                            bool *too_big);
+
 /** An error event; request_id and metadata_json may come from a job or not.
  * Fitted to max_bytes as above. */
 char *kg_events_error(const kg_event_origin_t *o,

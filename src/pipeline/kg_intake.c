@@ -3,6 +3,7 @@
 
 #include "../schema/kg_chat.h"
 #include "../schema/kg_json_schema.h"
+#include "kg_embedjob.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,9 @@ void kg_prepared_clear(kg_prepared_t *p) {
     p->n_tokens = 0;
     kg_grammar_unref(p->grammar);
     p->grammar = NULL;
+    free(p->input_len);
+    p->input_len = NULL;
+    p->n_inputs = 0;
 }
 
 /* The compiled grammar of a constrained job, through the cache. */
@@ -128,6 +132,43 @@ static kg_status_t pick_loras(const kg_intake_limits_t *lim,
     return KG_OK;
 }
 
+kg_status_t kg_intake_render_chat(const kg_model_t *model,
+                                  const kg_intake_limits_t *lim,
+                                  const kg_job_t *job,
+                                  char **text,
+                                  bool *has_bos,
+                                  kg_error_code_t *code,
+                                  char *msg,
+                                  size_t msg_size) {
+    char bos[256], eos[256], err[512] = "";
+    const kg_tokenizer_t *tok = model->tok;
+    *text = NULL;
+    token_text(tok, kg_tokenizer_bos(tok), bos, sizeof(bos));
+    token_text(tok, kg_tokenizer_eos(tok), eos, sizeof(eos));
+    kg_status_t st;
+    if (lim->chat_template) {
+        kg_chat_jinja_opts_t co = {.add_generation_prompt = true, .bos_text = bos, .eos_text = eos};
+        st = kg_chat_render_jinja(lim->chat_template, job->messages, (size_t)job->n_messages, &co,
+                                  text, err, sizeof(err));
+    } else {
+        st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true, bos,
+                            eos, text, err, sizeof(err));
+    }
+    if (st == KG_ERR_UNSUPPORTED || (st != KG_OK && st != KG_ERR_NOMEM)) {
+        *code =
+            st == KG_ERR_UNSUPPORTED ? KG_ERROR_UNSUPPORTED_CHAT_TEMPLATE : KG_ERROR_INVALID_JOB;
+        snprintf(msg, msg_size, "%s", *err ? err : "the model has no usable chat template");
+        return KG_ERR_INVALID;
+    }
+    if (st != KG_OK) {
+        return st;
+    }
+    /* the template may already start with the BOS text: tokenizing must not add a second */
+    size_t bl = strlen(bos);
+    *has_bos = bl > 0 && strncmp(*text, bos, bl) == 0;
+    return KG_OK;
+}
+
 kg_status_t kg_intake_prepare(const kg_model_t *model,
                               const kg_intake_limits_t *lim,
                               const kg_job_t *job,
@@ -180,6 +221,9 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         return KG_ERR_INVALID;
     }
 
+    if (job->task != KG_TASK_GENERATE) {
+        return kg_embedjob_prepare(model, lim, job, out, code, msg, msg_size);
+    }
     switch (job->prompt_kind) {
     case KG_PROMPT_TEXT:
         st = tokenize(tok, job->prompt, job->prompt_len, true, out);
@@ -204,24 +248,12 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         out->n_tokens = job->n_prompt_tokens;
         break;
     case KG_PROMPT_MESSAGES: {
-        char bos[256], eos[256], err[256] = "";
         char *text = NULL;
-        token_text(tok, kg_tokenizer_bos(tok), bos, sizeof(bos));
-        token_text(tok, kg_tokenizer_eos(tok), eos, sizeof(eos));
-        st = kg_chat_render(model->chat_template, job->messages, (size_t)job->n_messages, true, bos,
-                            eos, &text, err, sizeof(err));
-        if (st == KG_ERR_UNSUPPORTED || (st != KG_OK && st != KG_ERR_NOMEM)) {
-            *code = st == KG_ERR_UNSUPPORTED ? KG_ERROR_UNSUPPORTED_CHAT_TEMPLATE
-                                             : KG_ERROR_INVALID_JOB;
-            snprintf(msg, msg_size, "%s", *err ? err : "the model has no usable chat template");
-            return KG_ERR_INVALID;
-        }
+        bool has_bos = false;
+        st = kg_intake_render_chat(model, lim, job, &text, &has_bos, code, msg, msg_size);
         if (st != KG_OK) {
             return st;
         }
-        /* the template may already start with the BOS text: do not add a second */
-        size_t bl = strlen(bos);
-        bool has_bos = bl > 0 && strncmp(text, bos, bl) == 0;
         st = tokenize(tok, text, strlen(text), !has_bos, out);
         free(text);
         break;

@@ -21,6 +21,7 @@
 #include "../core/kg_status.h"
 #include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
+#include "../schema/kg_chat.h"
 #include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
 #include "kg_loras.h"
@@ -35,6 +36,8 @@ typedef struct kg_intake_limits {
     size_t max_event_bytes;       /* bytes one event may have (kg_events); 0 = no limit */
     kg_grammar_cache_t *grammars; /* compiles constrained jobs; NULL: they are refused */
     int32_t max_choices;          /* n above it (the engine's slots) is invalid_job; 0 = 16 */
+    int32_t max_inputs;           /* inputs (documents) of an embed/rerank/score job at most (the
+                                     engine's queue depth); 0 = KG_JOB_MAX_INPUTS */
     /* the names the model is served under (borrowed); a job naming another
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;
@@ -42,6 +45,9 @@ typedef struct kg_intake_limits {
     /* the LoRA adapters served (borrowed; NULL: none): a job's model may
      * name one, its lora list names them */
     const kg_loras_t *loras;
+    /* the model's chat template compiled (kg_stack_chat_template; borrowed): chat jobs render
+     * through it; a render error is invalid_job. NULL: the recognised-family renderer */
+    const kg_chat_jinja_t *chat_template;
 } kg_intake_limits_t;
 
 typedef struct kg_prepared {
@@ -50,6 +56,10 @@ typedef struct kg_prepared {
     int32_t max_tokens;    /* after clamping to the context */
     kg_grammar_t *grammar; /* a reference for a constrained job (kg_prepared_clear drops it) */
     kg_lora_set_t lora;    /* the adapters the job runs with (n 0: the base) */
+    /* embed, rerank and score jobs (kg_embedjob): `tokens` holds the inputs one after another */
+    int32_t *input_len; /* (n_inputs) owned */
+    int32_t n_inputs;   /* 0: a generation job */
+    int32_t pooling;    /* KG_EMBED_POOL_* the job runs with */
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a
@@ -65,3 +75,18 @@ KG_NODISCARD kg_status_t kg_intake_prepare(const kg_model_t *model,
                                            size_t msg_size);
 
 void kg_prepared_clear(kg_prepared_t *p);
+
+/** The prompt text of a chat job (job->prompt_kind KG_PROMPT_MESSAGES) as
+ * kg_intake_prepare renders it: through lim->chat_template when set, else the
+ * recognised-family renderer; `*has_bos` says whether it starts with the BOS
+ * text (then tokenizing adds none). KG_OK: `*text` malloc'ed (caller frees);
+ * KG_ERR_INVALID sets *code and msg; KG_ERR_NOMEM. kgen render prints it.
+ * @thread any */
+KG_NODISCARD kg_status_t kg_intake_render_chat(const kg_model_t *model,
+                                               const kg_intake_limits_t *lim,
+                                               const kg_job_t *job,
+                                               char **text,
+                                               bool *has_bos,
+                                               kg_error_code_t *code,
+                                               char *msg,
+                                               size_t msg_size);

@@ -2,6 +2,7 @@
 #include "kg_jobrun.h"
 
 #include "../core/kg_clock.h"
+#include "kg_embedjob.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,14 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
         r->loras = lim->loras;
         kg_loras_count(r->loras, &r->prep.lora, 1, 0);
     }
-    r->n_choices = job->n > 1 ? job->n : 1;
+    r->model = model;
+    r->n_choices = r->prep.n_inputs > 0 ? r->prep.n_inputs : job->n > 1 ? job->n : 1;
+    if (r->prep.n_inputs > 0) {
+        r->embd = malloc((size_t)r->prep.n_inputs * (size_t)model->hp.n_embd * sizeof(float));
+        if (!r->embd) {
+            return KG_ERR_NOMEM;
+        }
+    }
     r->choices = calloc((size_t)r->n_choices, sizeof(*r->choices));
     if (!r->choices) {
         r->n_choices = 0;
@@ -36,7 +44,7 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
     for (int32_t c = 0; c < r->n_choices; c++) {
         kg_jobrun_choice_t *ch = &r->choices[c];
         kg_output_init(&ch->out, model->tok, (const char *const *)job->stop, job->n_stop);
-        if (job->sampling.n_logprobs > 0) {
+        if (job->sampling.n_logprobs > 0 && r->prep.n_inputs == 0) {
             ch->samples = malloc((size_t)r->prep.max_tokens * sizeof(*ch->samples));
             if (!ch->samples) {
                 return KG_ERR_NOMEM;
@@ -53,6 +61,7 @@ void kg_jobrun_clear(kg_jobrun_t *r) {
         free(r->choices[c].samples);
     }
     free(r->choices);
+    free(r->embd);
     kg_prepared_clear(&r->prep);
     kg_job_free(r->job);
     memset(r, 0, sizeof(*r));
@@ -70,6 +79,13 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
                         .grammar = r->prep.grammar, /* the engine takes its own reference */
                         .n_choices = r->n_choices,
                         .lora = r->prep.lora};
+    if (r->prep.n_inputs > 0) {
+        req.n_inputs = r->prep.n_inputs;
+        req.input_len = r->prep.input_len;
+        req.pool = (kg_engine_pool_t)kg_embedjob_engine_pool(r->prep.pooling);
+        req.embd = r->embd;
+        req.n_choices = 0;
+    }
     if (job->deadline_ms > 0) {
         req.deadline_us = kg_clock_us() + (job->deadline_ms - kg_clock_epoch_ms()) * 1000;
     }
@@ -225,6 +241,13 @@ char *kg_jobrun_terminal(const kg_jobrun_t *r,
             failed = KG_FINISH_CANCELLED;
         }
     }
+    if (failed == KG_FINISH_NONE && r->prep.n_inputs > 0) {
+        outcome->reason = KG_FINISH_REASON_STOP;
+        char *json = kg_embedjob_terminal(r->model, job, &r->prep, r->embd, o, &r->t, max_bytes,
+                                          len, &outcome->is_error, &outcome->fit);
+        outcome->code = KG_ERROR_INVALID_JOB;
+        return json;
+    }
     if (failed == KG_FINISH_NONE) {
         outcome->reason = reason_of(&r->choices[0]);
         /* logprobs of a long output, a large metadata echo or a long text can
@@ -287,8 +310,15 @@ char *kg_jobrun_refused(const kg_jobrun_t *r,
     memset(outcome, 0, sizeof(*outcome));
     outcome->is_error = true;
     outcome->code = KG_ERROR_INTERNAL;
-    char msg[128];
-    snprintf(msg, sizeof(msg), "the engine refused the request: %s", kg_status_str(status));
+    char msg[160];
+    if (status == KG_ERR_UNSUPPORTED && r->prep.n_inputs > 0) {
+        /* the CUDA backend returns no hidden states yet */
+        snprintf(msg, sizeof(msg),
+                 "this worker's backend does not run embed, rerank or score jobs (the CPU "
+                 "backend does)");
+    } else {
+        snprintf(msg, sizeof(msg), "the engine refused the request: %s", kg_status_str(status));
+    }
     return kg_events_error(o, r->job->request_id, outcome->code, msg, r->job->metadata_json,
                            max_bytes, len, &outcome->fit);
 }

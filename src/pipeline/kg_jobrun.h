@@ -59,6 +59,9 @@ typedef struct kg_jobrun {
     int32_t n_finished;      /* choices whose last completion came */
     bool cancelled;          /* a user's cancel (kg_jobrun_cancel): tokens after it are dropped */
     const kg_loras_t *loras; /* the limits' adapters: their counters (NULL: none) */
+    /* embed, rerank and score jobs (kg_embedjob): one choice per input */
+    const kg_model_t *model; /* borrowed */
+    float *embd;             /* (prep.n_inputs, n_embd) the engine's pooled rows, owned */
 } kg_jobrun_t;
 
 /* What one completion produced. */

@@ -15,7 +15,7 @@ typedef enum cmd_kind { CMD_SUBMIT, CMD_CANCEL } cmd_kind_t;
 typedef struct cmd {
     cmd_kind_t kind;
     kg_request_t req; /* CMD_SUBMIT: req.prompt is owned by the command (one block with
-                         req.sampling.logit_bias after the prompt) */
+                         req.sampling.logit_bias and req.input_len after the prompt) */
     uint64_t id;      /* CMD_CANCEL */
     int32_t choice;   /* CMD_CANCEL: one choice, or -1 for all */
 } cmd_t;
@@ -78,6 +78,7 @@ static void update_gauges(kg_runner_t *r) {
     atomic_store(&g->n_prefix_hit_tokens, s.n_prefix_hit_tokens);
     atomic_store(&g->n_prompt_tokens, s.n_prompt_tokens);
     atomic_store(&g->n_preemptions, s.n_preemptions);
+    atomic_store(&g->n_tier_preemptions, s.n_tier_preemptions);
     atomic_store(&g->last_batch_tokens, s.last_batch_tokens);
     atomic_store(&g->n_grammar_masks, s.n_grammar_masks);
     atomic_store(&g->grammar_mask_ns, s.grammar_mask_ns);
@@ -192,10 +193,19 @@ kg_status_t kg_runner_submit(kg_runner_t *r, const kg_request_t *req) {
     cmd_t c = {.kind = CMD_SUBMIT, .req = *req};
     size_t n_prompt = (size_t)(req->n_prompt > 0 ? req->n_prompt : 1);
     size_t n_bias = req->sampling.n_logit_bias > 0 ? (size_t)req->sampling.n_logit_bias : 0;
-    /* the prompt and the logit bias in one block (both 4-byte aligned) */
-    int32_t *copy = malloc(n_prompt * sizeof(int32_t) + n_bias * sizeof(kg_logit_bias_t));
+    size_t n_inputs = req->n_inputs > 0 && req->input_len ? (size_t)req->n_inputs : 0;
+    /* the prompt, the logit bias and an embedding request's input lengths in
+     * one block (all 4-byte aligned) */
+    int32_t *copy = malloc(n_prompt * sizeof(int32_t) + n_bias * sizeof(kg_logit_bias_t) +
+                           n_inputs * sizeof(int32_t));
     if (!copy) {
         return KG_ERR_NOMEM;
+    }
+    if (n_inputs > 0) {
+        int32_t *lens = (int32_t *)(void *)((char *)copy + n_prompt * sizeof(int32_t) +
+                                            n_bias * sizeof(kg_logit_bias_t));
+        memcpy(lens, req->input_len, n_inputs * sizeof(int32_t));
+        c.req.input_len = lens;
     }
     memcpy(copy, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
     c.req.prompt = copy;

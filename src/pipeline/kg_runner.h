@@ -41,7 +41,7 @@ typedef struct kg_runner_event {
 typedef struct kg_runner_gauges {
     _Atomic int32_t n_waiting, n_running, kv_blocks_used, kv_blocks_total, kv_blocks_cached;
     _Atomic int64_t n_steps, n_prefill_tokens, n_decode_tokens, n_prefix_hit_tokens,
-        n_prompt_tokens, n_preemptions;
+        n_prompt_tokens, n_preemptions, n_tier_preemptions;
     _Atomic int64_t last_loop_us; /* kg_clock_us() of the last loop turn (liveness) */
     _Atomic int64_t step_us_total;
     _Atomic int64_t n_stepped; /* kg_engine_step calls that ended (kg_runner_steps) */

@@ -3,6 +3,7 @@
 #include "kg_stack.h"
 
 #include "../engine/kg_backend_registry.h"
+#include "../schema/kg_chat.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +14,9 @@ struct kg_stack {
     kg_grammar_cache_t *grammars; /* NULL without one */
     kg_backend_t *be;
     kg_engine_t *engine;
-    kg_runner_t *runner; /* NULL without one, or after kg_stack_stop */
-    kg_loras_t loras;    /* the served LoRA adapters */
+    kg_runner_t *runner;   /* NULL without one, or after kg_stack_stop */
+    kg_chat_jinja_t *chat; /* the model's chat template compiled; NULL: none usable */
+    kg_loras_t loras;      /* the served LoRA adapters */
 };
 
 kg_stack_options_t kg_stack_options_default(void) {
@@ -48,6 +50,8 @@ kg_stack_t *kg_stack_new(const kg_model_t *model,
     if (kg_loras_parse(&stack->loras, o->lora, errstr, errstr_size) != KG_OK) {
         goto fail;
     }
+    /* compiled once here; a template that does not compile logs why */
+    stack->chat = kg_chat_jinja_compile(model->chat_template);
     stack->be = kg_backend_new(o->backend, model, &bp, errstr, errstr_size);
     if (!stack->be) {
         goto fail;
@@ -86,6 +90,7 @@ void kg_stack_free(kg_stack_t *stack) {
     kg_loras_clear(&stack->loras, stack->be);
     kg_backend_free(stack->be);
     kg_grammar_cache_free(stack->grammars);
+    kg_chat_jinja_free(stack->chat);
     free(stack);
 }
 
@@ -107,6 +112,10 @@ kg_runner_t *kg_stack_runner(const kg_stack_t *stack) {
 
 kg_grammar_cache_t *kg_stack_grammars(const kg_stack_t *stack) {
     return stack->grammars;
+}
+
+const kg_chat_jinja_t *kg_stack_chat_template(const kg_stack_t *stack) {
+    return stack->chat;
 }
 
 const kg_engine_params_t *kg_stack_params(const kg_stack_t *stack) {

@@ -18,6 +18,7 @@
 #include "../engine/kg_sizing.h"
 #include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
+#include "../schema/kg_chat.h"
 #include "kg_loras.h"
 #include "kg_runner.h"
 
@@ -70,6 +71,9 @@ const kg_loras_t *kg_stack_loras(const kg_stack_t *stack);
 kg_runner_t *kg_stack_runner(const kg_stack_t *stack);
 /** NULL when built without one (grammar_bytes 0). */
 kg_grammar_cache_t *kg_stack_grammars(const kg_stack_t *stack);
+/** The model's chat template compiled by the Jinja engine; NULL when the
+ * model has none or it did not compile (chat jobs then use kg_chat_render). */
+const kg_chat_jinja_t *kg_stack_chat_template(const kg_stack_t *stack);
 /** The engine's parameters as sized (max_seq_len, max_batch_size, ...). */
 const kg_engine_params_t *kg_stack_params(const kg_stack_t *stack);
 /** Whether the KV pool was too small for one full context, so max_seq_len

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "../core/kg_status.h"
+#include "../jinja/kg_jinja.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -130,3 +131,63 @@ KG_NODISCARD kg_status_t kg_chat_render_template(kg_chat_template_t tmpl,
                                                  char **out,
                                                  char *errstr,
                                                  size_t errstr_size);
+
+// ---- the model's own template through the Jinja engine (kg_chat_jinja.c) ----
+
+/* A chat template compiled for the Jinja engine, with what it supports
+ * (read once, by probing it as llama.cpp does). Read-only after creation:
+ * renders may run from any thread. */
+typedef struct kg_chat_jinja kg_chat_jinja_t;
+
+/** Compile template text. NULL with errstr ("line:col: why") when it does
+ * not compile or memory ran out. @thread any */
+kg_chat_jinja_t *
+kg_chat_jinja_new(const char *template_text, size_t len, char *errstr, size_t errstr_size);
+
+/** Compile a model's tokenizer.chat_template, once at model load. NULL when
+ * the model has none or it does not compile; the latter logs one WARN line
+ * saying why, and chat jobs then use the recognised-family renderer
+ * (kg_chat_render). @thread any */
+kg_chat_jinja_t *kg_chat_jinja_compile(const char *template_text);
+
+/** Free; NULL does nothing. */
+void kg_chat_jinja_free(kg_chat_jinja_t *chat);
+
+/** Whether the template renders a system message (llama.cpp's
+ * supports_system_role): when not, kg_chat_render_jinja merges a leading
+ * system message into the next one ("system\nnext"), as llama.cpp does. */
+bool kg_chat_jinja_system_role(const kg_chat_jinja_t *chat);
+
+typedef struct kg_chat_jinja_opts {
+    bool add_generation_prompt;
+    const char *bos_text;   /* bos_token; NULL: "" */
+    const char *eos_text;   /* eos_token; NULL: "" */
+    const char *extra_json; /* a JSON object whose keys become variables
+                               (chat_template_kwargs, tools); may be NULL */
+    size_t extra_json_len;
+    int64_t now_s;                   /* strftime_now and date_string; 0: the clock */
+    const kg_jinja_limits_t *limits; /* NULL: the engine's defaults */
+} kg_chat_jinja_opts_t;
+
+/** Render `n` messages with a compiled template, setting the variables as
+ * llama.cpp's --jinja path does (messages as {role, content}, a leading
+ * system message merged into the next when the template has no system role,
+ * bos_token, eos_token, enable_thinking true, add_generation_prompt when
+ * set, date_string and datetime; then each key of `extra_json`, which may
+ * override them). KG_OK: `*out` malloc'ed (the caller frees).
+ * KG_ERR_INVALID: the template failed (errstr: "chat template: line:col:
+ * why"). KG_ERR_NOMEM. @thread any */
+KG_NODISCARD kg_status_t kg_chat_render_jinja(const kg_chat_jinja_t *chat,
+                                              const kg_chat_message_t *msgs,
+                                              size_t n,
+                                              const kg_chat_jinja_opts_t *o,
+                                              char **out,
+                                              char *errstr,
+                                              size_t errstr_size);
+
+/** Set each key of the JSON object `json` as a top-level variable of `ctx`
+ * (key order kept: tojson of a dict writes keys as the JSON had them).
+ * KG_ERR_INVALID with errstr when it is not an object or passes the
+ * context's memory limit. @thread any */
+KG_NODISCARD kg_status_t kg_chat_jinja_set_json(
+    kg_jinja_ctx_t *ctx, const char *json, size_t len, char *errstr, size_t errstr_size);

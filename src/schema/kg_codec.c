@@ -611,7 +611,11 @@ static kg_status_t decode_fields(dec_t *d) {
     if ((v = given(d, "schema_version")) && (st = decode_schema_version(d, v)) != KG_OK) {
         return st;
     }
-    if ((st = decode_prompt(d)) != KG_OK) {
+    if ((st = kg_codec_decode_task(d->root, d->job, d->err->message, sizeof(d->err->message))) !=
+        KG_OK) {
+        return st;
+    }
+    if (d->job->task == KG_TASK_GENERATE && (st = decode_prompt(d)) != KG_OK) {
         return st;
     }
     for (size_t i = 0; i < sizeof(job_fields) / sizeof(job_fields[0]); i++) {

@@ -142,6 +142,12 @@ typedef struct kg_event_choice {
     int64_t text_bytes_cut; /* ... which was this many bytes longer */
 } kg_event_choice_t;
 
+/* One result of a rerank or score job. */
+typedef struct kg_rank_result {
+    int32_t index;         /* the document's (text_2's) position in the job */
+    float relevance_score; /* the reranker's probability that it is relevant */
+} kg_rank_result_t;
+
 typedef struct kg_event_done {
     kg_event_common_t common;
     kg_finish_reason_t finish_reason;
@@ -170,6 +176,17 @@ typedef struct kg_event_done {
     bool metadata_truncated; /* the job's metadata is not echoed */
     bool text_truncated;     /* text is a prefix of the output text ... */
     int64_t text_bytes_cut;  /* ... which was this many bytes longer */
+    /* An embed job: n_embeddings vectors of embedding_dim floats, in input
+     * order, as arrays of numbers or, embeddings_base64, as base64 strings of
+     * their little-endian float32 bytes (OpenAI's encoding_format); 0: none */
+    const float *embeddings;
+    int32_t n_embeddings;
+    int32_t embedding_dim;
+    bool embeddings_base64;
+    /* A rerank or score job: "results" (has_results), n_results of them */
+    bool has_results;
+    const kg_rank_result_t *results;
+    int32_t n_results;
 } kg_event_done_t;
 
 typedef struct kg_event_error {

@@ -312,6 +312,13 @@ static bool ev_metadata(evdec_t *d, const char **out) {
     return *out != NULL;
 }
 
+/* An embed job's embeddings, a rerank or score job's results. */
+static bool ev_answer(evdec_t *d, kg_event_done_t *e) {
+    kg_status_t st = kg_codec_decode_answer(d->root, e, d->errstr, d->errstr_size);
+    d->nomem = st == KG_ERR_NOMEM;
+    return st == KG_OK;
+}
+
 static bool ev_done(evdec_t *d, kg_event_done_t *e) {
     json_t *r = d->root;
     json_t *fr = json_object_get(r, "finish_reason");
@@ -340,7 +347,7 @@ static bool ev_done(evdec_t *d, kg_event_done_t *e) {
            ev_str(d, r, "model", true, &e->model, NULL) && ev_metadata(d, &e->metadata_json) &&
            ev_flag(d, "logprobs_truncated", &e->logprobs_truncated) &&
            ev_flag(d, "metadata_truncated", &e->metadata_truncated) &&
-           ev_text_cut(d, &e->text_truncated, &e->text_bytes_cut);
+           ev_text_cut(d, &e->text_truncated, &e->text_bytes_cut) && ev_answer(d, e);
 }
 
 static bool ev_error(evdec_t *d, kg_event_error_t *e) {
@@ -433,6 +440,8 @@ void kg_event_free(kg_event_t *ev) {
         free((void *)ch->logprobs);
     }
     free((void *)ev->done.choices);
+    free((void *)ev->done.embeddings);
+    free((void *)ev->done.results);
     free((void *)ev->done.model);
     free((void *)ev->done.metadata_json);
     free_common(&ev->error.common);

@@ -239,6 +239,15 @@ char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len) {
         if (ev->model) {
             kg_codec_put(o, "model", kg_codec_cstr_json(ev->model), &ok);
         }
+        if (ev->embeddings && ev->n_embeddings > 0) {
+            kg_codec_put(o, "embeddings",
+                         kg_codec_embeddings_json(ev->embeddings, ev->n_embeddings,
+                                                  ev->embedding_dim, ev->embeddings_base64),
+                         &ok);
+        }
+        if (ev->has_results) {
+            kg_codec_put(o, "results", kg_codec_results_json(ev->results, ev->n_results), &ok);
+        }
         put_truncation(o, ev->logprobs_truncated, ev->metadata_truncated,
                        ev->text_truncated ? ev->text_bytes_cut : 0, &ok);
     }

@@ -12,6 +12,10 @@
  *     splice). */
 #pragma once
 
+#include "../core/kg_status.h"
+#include "kg_codec_event.h"
+#include "kg_job.h"
+
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -69,3 +73,25 @@ void kg_codec_append(json_t *arr, json_t *v, bool *ok);
  * left out with a warning). malloc'ed text, length in *len when not NULL;
  * NULL when memory ran out. */
 char *kg_codec_dump_with_metadata(json_t *obj, const char *metadata_json, size_t *len);
+
+// ---- embedding, rerank and score fields (kg_codec_embed.c) ----
+
+/** "task" and, for a task other than generate, its fields (input, pooling,
+ * normalize, dimensions, encoding_format; query, documents, top_n; text_1,
+ * text_2) into `job`; sets their defaults either way. KG_ERR_INVALID with
+ * the message in `msg`; KG_ERR_NOMEM. */
+kg_status_t kg_codec_decode_task(json_t *root, kg_job_t *job, char *msg, size_t size);
+/** The encoding of those fields (nothing for a generate job): "task", its
+ * inputs as a list, and the options that differ from the defaults. */
+void kg_codec_put_task(json_t *o, const kg_job_t *job, bool *ok);
+
+/** The "embeddings" value of a done event: n rows of dim floats, each an
+ * array of numbers or (base64) a base64 string of its little-endian
+ * float32 bytes. NULL when memory ran out. */
+json_t *kg_codec_embeddings_json(const float *v, int32_t n, int32_t dim, bool base64);
+/** The "results" value: [{"index", "relevance_score"}...]. */
+json_t *kg_codec_results_json(const kg_rank_result_t *r, int32_t n);
+/** A done event's "embeddings" and "results" (when there) into `e`, which
+ * then owns e->embeddings and e->results (kg_event_free frees them).
+ * KG_ERR_INVALID with the message in `msg`; KG_ERR_NOMEM. */
+kg_status_t kg_codec_decode_answer(json_t *root, kg_event_done_t *e, char *msg, size_t size);

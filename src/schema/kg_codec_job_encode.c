@@ -121,8 +121,11 @@ char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
     bool ok = o && stop;
     kg_codec_put(o, "schema_version", json_integer(KG_SCHEMA_VERSION), &ok);
     kg_codec_put(o, "request_id", kg_codec_cstr_json(job->request_id), &ok);
-    kg_codec_put(o, prompt_keys[job->prompt_kind <= KG_PROMPT_MESSAGES ? job->prompt_kind : 0],
-                 prompt_json(job), &ok);
+    if (job->task == KG_TASK_GENERATE) {
+        kg_codec_put(o, prompt_keys[job->prompt_kind <= KG_PROMPT_MESSAGES ? job->prompt_kind : 0],
+                     prompt_json(job), &ok);
+    }
+    kg_codec_put_task(o, job, &ok);
     kg_codec_put(o, "max_tokens", json_integer(job->max_tokens), &ok);
     put_sampling(o, &job->sampling, &ok);
     for (int32_t i = 0; stop && i < job->n_stop; i++) {

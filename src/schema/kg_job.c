@@ -27,6 +27,13 @@ void kg_job_free(kg_job_t *job) {
     free(job->constraint_text);
     free(job->schema_name);
     free(job->topic);
+    for (int32_t i = 0; i < job->n_inputs; i++) {
+        free(job->inputs[i].text);
+        free(job->inputs[i].tokens);
+    }
+    free(job->inputs);
+    free(job->query.text);
+    free(job->query.tokens);
     free(job);
 }
 

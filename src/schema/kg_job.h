@@ -40,6 +40,33 @@ typedef struct kg_job_lora {
     float scale; /* when has_scale; else the worker's --lora scale */
     bool has_scale;
 } kg_job_lora_t;
+/* What a job asks for (its "task"). */
+typedef enum kg_task {
+    KG_TASK_GENERATE = 0, /* text from a prompt (the default) */
+    KG_TASK_EMBED,        /* one vector per input */
+    KG_TASK_RERANK,       /* relevance of each document to the query, sorted, cut to top_n */
+    KG_TASK_SCORE,        /* relevance of each text_2 to text_1, in input order */
+} kg_task_t;
+
+#define KG_JOB_MAX_INPUTS 2048 /* inputs (or documents) per job, as OpenAI allows */
+
+/* Pooling as llama.cpp numbers it (<arch>.pooling_type). */
+typedef enum kg_pooling {
+    KG_POOLING_MODEL = -1, /* the job gave none: the model's, else last */
+    KG_POOLING_NONE = 0,
+    KG_POOLING_MEAN = 1,
+    KG_POOLING_CLS = 2,
+    KG_POOLING_LAST = 3,
+    KG_POOLING_RANK = 4,
+} kg_pooling_t;
+
+/* One input of an embedding or rerank job: text, or token ids when text is NULL. */
+typedef struct kg_job_input {
+    char *text; /* owned, len bytes + a NUL, or NULL */
+    size_t len;
+    int32_t *tokens; /* owned (n_tokens) ids >= 0, when text is NULL */
+    int32_t n_tokens;
+} kg_job_input_t;
 
 typedef struct kg_job {
     char *request_id;       /* NUL-terminated, 1..128 chars of [A-Za-z0-9._:-] */
@@ -80,6 +107,17 @@ typedef struct kg_job {
     size_t constraint_len;
     char *schema_name;  /* json_schema: response_format.json_schema.name (owned) */
     bool schema_strict; /* json_schema: its strict flag (the output is constrained either way) */
+
+    /* ---- embeddings and reranking (task != GENERATE; the prompt is then unused) ---- */
+    kg_task_t task;
+    kg_job_input_t *inputs; /* (n_inputs) embed: input; rerank: documents; score: text_2 */
+    int32_t n_inputs;
+    kg_job_input_t query; /* rerank: query; score: text_1 */
+    int32_t top_n;        /* rerank: results kept, 0 = all */
+    kg_pooling_t pooling; /* embed: KG_POOLING_MODEL unless the job says */
+    bool normalize;       /* embed: L2-normalise (default true) */
+    int32_t dimensions;   /* embed: keep the first n, then normalise; 0 = all */
+    bool base64;          /* embed: encoding_format "base64" (little-endian float32) */
 
     /* ---- where the job came from: set by the caller, not by the codec ---- */
     char *topic;       /* owned (strdup it); NULL when not from Kafka */

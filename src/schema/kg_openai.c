@@ -92,9 +92,10 @@ kg_openai_shape_t kg_openai_detect(const json_t *root, kg_job_format_t format) {
     case KG_JOB_FORMAT_OPENAI_COMPLETION:
         return KG_OPENAI_SHAPE_COMPLETION;
     case KG_JOB_FORMAT_OPENAI:
-        return has_custom || has_body ? KG_OPENAI_SHAPE_BATCH
-               : chat                 ? KG_OPENAI_SHAPE_CHAT
-                                      : KG_OPENAI_SHAPE_COMPLETION;
+        return has_custom || has_body              ? KG_OPENAI_SHAPE_BATCH
+               : chat                              ? KG_OPENAI_SHAPE_CHAT
+               : kg_openai_answer_detect(root) > 0 ? kg_openai_answer_detect(root)
+                                                   : KG_OPENAI_SHAPE_COMPLETION;
     case KG_JOB_FORMAT_AUTO:
     default:
         if (has_custom && has_body) {
@@ -106,7 +107,8 @@ kg_openai_shape_t kg_openai_detect(const json_t *root, kg_job_format_t format) {
         if (chat) {
             return KG_OPENAI_SHAPE_CHAT;
         }
-        return json_object_get(root, "prompt") ? KG_OPENAI_SHAPE_COMPLETION : KG_OPENAI_SHAPE_NONE;
+        return json_object_get(root, "prompt") ? KG_OPENAI_SHAPE_COMPLETION
+                                               : kg_openai_answer_detect(root);
     }
 }
 
@@ -475,24 +477,22 @@ static kg_status_t translate_constraint(tr_t *t, const json_t *body) {
 }
 
 static kg_status_t translate_body(tr_t *t, const json_t *body, kg_openai_shape_t shape) {
-    static const char *const same[] = {
-        "model",
-        "temperature",
-        "top_p",
-        "n",
-        "stop",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "metadata",
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "ignore_eos",
-        "priority",
-        "deadline_ms",
-    };
+    static const char *const same[] = {"model",
+                                       "temperature",
+                                       "top_p",
+                                       "n",
+                                       "stop",
+                                       "seed",
+                                       "presence_penalty",
+                                       "frequency_penalty",
+                                       "logit_bias",
+                                       "metadata",
+                                       "top_k",
+                                       "min_p",
+                                       "repetition_penalty",
+                                       "ignore_eos",
+                                       "priority",
+                                       "deadline_ms"};
     kg_status_t st;
     put(t->job, "request_id", json_string(t->err->request_id), &t->ok);
     if ((st = refuse_unsupported(t, body, shape)) != KG_OK) {
@@ -549,8 +549,12 @@ kg_status_t kg_openai_to_job(const json_t *root,
             shape = KG_OPENAI_SHAPE_CHAT;
         } else if (is_str(url, COMPLETIONS_URL)) {
             shape = KG_OPENAI_SHAPE_COMPLETION;
+        } else if (kg_openai_answer_url(url) != KG_OPENAI_SHAPE_NONE) {
+            shape = kg_openai_answer_url(url);
         } else if (url) {
-            return invalid(&t, "url: %.64s is not served here (this worker serves %s and %s)",
+            return invalid(&t,
+                           "url: %.64s is not served here (this worker serves %s, %s, "
+                           "/v1/embeddings, /v1/rerank and /v1/score)",
                            json_string_value(url), CHAT_URL, COMPLETIONS_URL);
         } else {
             shape = json_object_get(body, "messages") ? KG_OPENAI_SHAPE_CHAT
@@ -563,7 +567,12 @@ kg_status_t kg_openai_to_job(const json_t *root,
     if (!t.job) {
         return KG_ERR_NOMEM;
     }
-    st = translate_body(&t, body, shape);
+    if (shape >= KG_OPENAI_SHAPE_EMBED) {
+        put(t.job, "request_id", json_string(err->request_id), &t.ok);
+        st = kg_openai_answer_to_job(body, shape, t.job, err);
+    } else {
+        st = translate_body(&t, body, shape);
+    }
     if (st == KG_OK && !t.ok) {
         st = KG_ERR_NOMEM;
     }
@@ -912,7 +921,9 @@ kg_status_t kg_openai_batch_output(const char *input,
         if (resp) {
             put(resp, "status_code", json_integer(200), &ok);
             put(resp, "request_id", json_string(hex2), &ok);
-            put(resp, "body", done_body(&a, ev, opts, &ok), &ok);
+            json_t *answer = kg_openai_answer_body(json_is_object(in) ? in : NULL, ev,
+                                                   opts ? opts->default_model : NULL, &ok);
+            put(resp, "body", answer ? answer : done_body(&a, ev, opts, &ok), &ok);
         }
         put(line, "error", json_null(), &ok);
     } else {

@@ -12,7 +12,11 @@
  *     that is a valid request_id, else "cid-" and 32 hex digits of a hash
  *     of the custom_id; a bare body takes the message key;
  *   - url /v1/chat/completions (messages) or /v1/completions (prompt);
- *     any other url is an invalid_job error;
+ *     /v1/embeddings, /v1/rerank and /v1/score become embed, rerank and
+ *     score jobs (kg_openai_embed.c, which says how); any other url is an
+ *     invalid_job error; a bare body with input (and no prompt or messages)
+ *     is an Embeddings body, with query and documents a rerank one, with
+ *     text_1 a score one;
  *   - messages: string content, or an array of text parts joined with a
  *     newline (as vLLM does); role developer is read as system;
  *   - prompt: a string, token ids, or a list holding one of those;
@@ -37,7 +41,8 @@
  * or error) and its input line into one OpenAI Batch API output line, as
  * OpenAI writes them: {"id": "batch_req_...", "custom_id", "response":
  * {"status_code", "request_id", "body"}, "error"} with a chat.completion or
- * text_completion body (choices, usage), or an error: an HTTP-style error
+ * text_completion body (choices, usage), an embedding list, a rerank or a
+ * score body (for a done event with embeddings or results), or an error: an HTTP-style error
  * body ({"error": {"message", "type", "param", "code"}}, status 400, 404
  * for model_not_found, 500/503 for the worker's own failures) or, for
  * expired and cancelled jobs, response null and error {"code":

@@ -1,4 +1,5 @@
-/* fuzz_job: arbitrary bytes through the job decoder. A job that decodes
+/* fuzz_job: arbitrary bytes through the job decoder (and the event
+ * decoder, which must not crash on them either). A job that decodes
  * must re-encode, decode again to the same encoding, render its messages
  * with a chat template, and echo its metadata in events; a rejection must
  * come with a kind and a message. Any crash, leak or sanitizer report is a
@@ -64,6 +65,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kg_job_t *job = NULL;
     kg_job_t *again = NULL;
     kg_codec_error_t err;
+    /* the same bytes as an event, as kgen-submit reads the results topic
+     * (embeddings as numbers or base64, results): decoded or refused */
+    kg_event_t *ev = NULL;
+    char ev_err[128];
+    if (kg_codec_decode_event((const char *)data, size, &ev, ev_err, sizeof(ev_err)) == KG_OK) {
+        kg_event_free(ev);
+    }
     kg_status_t st = kg_codec_decode_job((const char *)data, size, &job, &err);
     if (st != KG_OK) {
         check(job == NULL && st == KG_ERR_INVALID);

@@ -288,11 +288,13 @@ kg_wait_exit() { # kg_wait_exit PID SECS: wait for PID to exit; sets KG_RC to it
     wait "$pid" || KG_RC=$?
 }
 
-# The worker's "partitions assigned count=N" lines: the last N it logged (0 when none).
+# The partitions a worker holds: the count of its last "partitions assigned" line, or the held=
+# of its last "partitions revoked" line (an incremental revoke keeps the others; 0 when none).
 kg_assigned() {
     local n
     n=$(grep -E 'msg="partitions (assigned|revoked)"' "$T/$1.log" 2>/dev/null | tail -n 1 |
-        sed -n 's/.*msg="partitions assigned" count=\([0-9]*\).*/\1/p')
+        sed -n -e 's/.*msg="partitions assigned" count=\([0-9]*\).*/\1/p' \
+            -e 's/.*msg="partitions revoked" .*held=\([0-9]*\).*/\1/p')
     echo "${n:-0}"
 }
 

@@ -6,8 +6,9 @@
 # The jobs cover every way a job ends: done (stop, length, stop_sequence; a choice job makes
 # sure of stop), logprobs streamed and not, intake errors (invalid_job, prompt_too_long,
 # max_tokens_too_large, expired, unsupported_chat_template, model_not_found), OpenAI Batch lines
-# and a bare Completions body, n > 1 (with per-choice stop strings and logprobs) and logit_bias,
-# LoRA adapters (--lora; picked by model and by lora, two at once, an unknown one; kgen generate
+# and a bare Completions body, n > 1 (with per-choice stop strings and logprobs), logit_bias,
+# embed jobs (their vectors bit for bit, an OpenAI /v1/embeddings line among them) and LoRA
+# adapters (--lora; picked by model and by lora, two at once, an unknown one; kgen generate
 # --lora gives the same greedy text).
 # The prefix cache is off on both sides so usage.cached_tokens cannot differ by scheduling.
 set -euo pipefail
@@ -67,6 +68,11 @@ jobs += [
               "seed": 3, "logprobs": 1}},
     {"custom_id": "cmp openai chat", "method": "POST", "url": "/v1/chat/completions",
      "body": {"messages": [{"role": "user", "content": "hi"}]}},
+    {"request_id": "cmp-embed", "task": "embed", "input": ["Once upon a time", "The little dog"]},
+    {"request_id": "cmp-embed-mean", "task": "embed", "input": [[1, 2, 3], [4, 5]],
+     "pooling": "mean", "encoding_format": "base64"},
+    {"custom_id": "cmp-openai-embed", "method": "POST", "url": "/v1/embeddings",
+     "body": {"input": "Lily", "dimensions": 16}},
     {"custom_id": "cmp-openai-tools", "method": "POST", "url": "/v1/chat/completions",
      "body": {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required",
               "tools": [{"type": "function", "function": {"name": "f"}}]}},
@@ -140,6 +146,9 @@ assert reasons == {"stop", "length", "stop_sequence"}, reasons
 assert batch["cmp-choice"]["finish_reason"] == "stop", batch["cmp-choice"]
 assert batch["cmp-choice"]["text"] in ("yes", "no"), batch["cmp-choice"]
 assert sum("logprobs" in e for e in batch.values()) >= 4
+# embed jobs: the same vectors, bit for bit (written in shortest round-trip form)
+assert len(batch["cmp-embed"]["embeddings"]) == 2 and len(batch["cmp-openai-embed"]["embeddings"][0]) == 16
+assert all(isinstance(v, str) for v in batch["cmp-embed-mean"]["embeddings"])
 print(f"{len(batch)} jobs: terminal events identical in kgen batch and kgen-worker "
       f"({n['done']} done, {n['error']} errors, {n_choices} choices of n > 1 jobs; "
       f"finish reasons {sorted(reasons)})")

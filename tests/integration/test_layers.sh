@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_layers: the build shows the layers. Every #include "..." of a file under src/ or gpu/
 # names a folder its layer may use (docs/CONVENTIONS.md §1): base (core, model) < engine
-# (backend, engine, grammar) < service (metrics, schema, config < pipeline < kafka) < cli; gpu/
+# (backend, engine, grammar) < service (metrics, jinja < schema, config < pipeline < kafka) < cli; gpu/
 # uses the base layer and the backend interface only (the engine's backend registry calls gpu/'s
 # C entry point; backend/ may not), and gpu/tools/ holds programs. A new folder must be placed
 # here, so the include graph between src/ folders stays without cycles.
@@ -20,13 +20,16 @@ allowed = {
     "engine": {"core", "model", "backend", "grammar", "gpu"},
     "metrics": {"core"},
     "config": {"core"},
-    "schema": {"core", "model", "grammar"},
-    "pipeline": {"core", "model", "backend", "engine", "grammar", "metrics", "schema"},
+    # the Jinja interpreter for chat templates: plain C over core; schema feeds it JSON
+    "jinja": {"core"},
+    "schema": {"core", "model", "grammar", "jinja"},
+    "pipeline": {"core", "model", "backend", "engine", "grammar", "metrics", "schema", "jinja"},
     # kafka builds its engine stack through pipeline/kg_stack, so it calls no engine code; only
     # kg_http.c still names backend/ (kg_backend_counters_t, for /metrics)
-    "kafka": {"core", "model", "backend", "grammar", "metrics", "schema", "pipeline", "config"},
+    "kafka": {"core", "model", "backend", "grammar", "metrics", "schema", "pipeline", "config",
+              "jinja"},
     "cli": {"core", "model", "backend", "engine", "grammar", "metrics", "schema", "pipeline",
-            "config", "kafka"},
+            "config", "kafka", "jinja"},
     "gpu": {"core", "model", "backend"},
     # gpu/tools/: programs over the CUDA backend (kgen-parity creates backends by name)
     "gpu/tools": {"core", "model", "backend", "engine", "gpu"},

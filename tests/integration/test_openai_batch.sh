@@ -6,8 +6,9 @@
 #    (OpenAI's own published output line is checked against the schema too);
 #  - errors as OpenAI writes them, in --error-file: model_not_found (404), fields kgen cannot
 #    honour (tools with tool_choice "required", image parts, n > 16, top_logprobs > 20,
-#    an unserved url), a JSON Schema kgen cannot enforce (invalid_schema), expired
+#    an unserved url: /v1/moderations), a JSON Schema kgen cannot enforce (invalid_schema), expired
 #    (batch_expired);
+#  - /v1/embeddings: OpenAI's embedding list, unit vectors cut to dimensions;
 #  - response_format copied into the job: json_schema gives a document of the schema,
 #    json_object is accepted; vLLM's guided_choice gives one of its strings;
 #  - n = 4 with a seed: four different texts, the same four in a second run with other jobs
@@ -63,7 +64,9 @@ batch("guided-choice", chat, {"model": "tiny-chat", "messages": msgs, "seed": 5,
 batch("bad-schema", chat, {"model": "tiny-chat", "messages": msgs,
                            "response_format": {"type": "json_schema", "json_schema": {
                                "name": "n", "schema": {"type": "object", "not": {}}}}})
-batch("embeddings", "/v1/embeddings", {"model": "tiny-chat", "input": "hi"})
+batch("moderations", "/v1/moderations", {"model": "tiny-chat", "input": "hi"})
+batch("embeddings", "/v1/embeddings", {"model": "tiny-chat", "input": ["hi", "there"],
+                                       "dimensions": 8})
 batch("expired", chat, {"model": "tiny-chat", "messages": msgs, "deadline_ms": 1000})
 L.append({"request_id": "kgen-job", "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0})
 L.append({"model": "tiny-chat", "prompt": "A bare Completions body", "max_tokens": 3})
@@ -141,14 +144,21 @@ status = {o["custom_id"]: (o["response"] or {}).get("status_code") for o in err}
 codes = {o["custom_id"]: ((o["response"] or {}).get("body") or {}).get("error", {}).get("code")
          or o["error"]["code"] for o in err}
 assert status["other-model"] == 404 and codes["other-model"] == "model_not_found", by["other-model"]
-for cid in ("tools-required", "image", "n17", "top21", "embeddings"):
+for cid in ("tools-required", "image", "n17", "top21", "moderations"):
     assert status[cid] == 400 and codes[cid] == "invalid_job", (cid, by[cid])
     print(f"  {cid}: {by[cid]['response']['body']['error']['message']}")
 assert status["expired"] is None and codes["expired"] == "batch_expired", by["expired"]
 assert status["bad-schema"] == 400 and codes["bad-schema"] == "invalid_schema", by["bad-schema"]
 assert by["bad-schema"]["response"]["body"]["error"]["param"] == "response_format"
-assert set(status) == {"other-model", "tools-required", "image", "n17", "top21", "embeddings",
+assert set(status) == {"other-model", "tools-required", "image", "n17", "top21", "moderations",
                        "bad-schema", "expired"}, sorted(status)
+# /v1/embeddings: OpenAI's embedding list, one unit vector of `dimensions` per input
+emb = by["embeddings"]["response"]["body"]
+assert emb["object"] == "list" and [d["index"] for d in emb["data"]] == [0, 1], emb
+for d in emb["data"]:
+    assert d["object"] == "embedding" and len(d["embedding"]) == 8, d
+    assert abs(sum(x * x for x in d["embedding"]) - 1) < 1e-5, d
+assert emb["usage"]["prompt_tokens"] == emb["usage"]["total_tokens"] > 0, emb
 # response_format: json_object runs; json_schema gives a document of the schema
 assert by["json-mode"] in out
 js = by["json-schema"]["response"]["body"]["choices"][0]

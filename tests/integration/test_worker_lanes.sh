@@ -128,6 +128,9 @@ kg_wait 60 "a batch full of long bulk jobs" full_batch
 kg_jobs "$T/now.jsonl" 1 '{"max_tokens": 8, "ignore_eos": true}' now
 kg_submit --jobs-topic lanes.interactive --input "$T/now.jsonl" --output "$T/now.out" \
     --timeout 60 --no-progress 2>"$T/now.log" || kg_fail "the interactive job: $(cat "$T/now.log")"
+# the preemption is counted where an operator sees it
+lane_preemptions=$(kg_metric "$port" kgen_lane_preemptions_total)
+((${lane_preemptions:-0} >= 1)) || kg_fail "kgen_lane_preemptions_total is ${lane_preemptions:-missing}"
 kg_submit --jobs-topic lanes.bulk --cancel long-0 long-1 long-2 long-3 long-4 long-5 \
     2>"$T/cancel-long.log" || kg_fail "cancelling the long jobs: $(cat "$T/cancel-long.log")"
 kg_wait_exit "$(kg_pid long)" 60

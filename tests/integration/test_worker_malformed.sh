@@ -7,7 +7,8 @@
 # every message without a usable request_id is in the DLQ (counted with the console consumer,
 # by kgen-error-reason header), every other malformed one has an error event (invalid_job or
 # prompt_too_long), every valid job is done, and the group's committed offsets reach the end
-# of the jobs topic (ConsumerGroupCommand: lag 0) while the worker still runs.
+# of the jobs topic (ConsumerGroupCommand: lag 0) while the worker still runs. Then, on the same
+# broker, embedding, rerank and score jobs through a second worker (see below).
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -159,4 +160,69 @@ grep -q 'msg="stopped" rc=0' "$T/w1.log" || kg_fail "the worker did not stop cle
 if grep -q 'fatal' "$T/w1.log"; then
     kg_fail "the worker logged a fatal error: $(grep -m1 fatal "$T/w1.log")"
 fi
-echo "PASS: 1,000 malformed messages dead-lettered or failed, 100 valid done, lag 0 ($(kg_elapsed) s)"
+t_embed=$(date +%s)
+
+# Embedding, rerank and score jobs (issue 26) on the same broker, beside malformed ones: a worker
+# serving a tiny Qwen3-Reranker-shaped model (kgen mkmodel --rerank: it embeds with its last
+# token and ranks with its yes/no head) answers embed jobs (strings, token ids, base64,
+# dimensions, mean pooling, an OpenAI /v1/embeddings Batch line), a rerank and a score job and
+# two bad ones; every vector is finite, of the asked length and unit norm, results sorted and
+# cut to top_n, and the group's lag on the topic reaches 0.
+JOBS=embed.jobs
+RESULTS=embed.results
+GROUP=kgen-embed
+kg_topics 2
+kg_model "$T/rerank.gguf" --arch qwen3 --head-dim 32 --rerank
+python3 - "$T/jobs.jsonl" <<'PY'
+import json, sys
+docs = ["the engine keeps keys and values in blocks", "a queue of jobs", "stock prices fell",
+        "blocks of sixteen positions"]
+J = [{"request_id": f"emb-{i}", "task": "embed",
+      "input": [f"input {k} of job {i}: " + "word " * (3 * k + i) for k in range(1 + i % 4)]}
+     for i in range(8)]
+J[1].update(input=[[1, 2, 3, 4], [5, 6]], pooling="mean")
+J[2].update(encoding_format="base64", dimensions=16)
+J[3].update(dimensions=8, normalize=True)
+J += [{"request_id": "rr-1", "task": "rerank", "query": "what does the engine keep?",
+       "documents": docs, "top_n": 2},
+      {"request_id": "sc-1", "task": "score", "text_1": "what does the engine keep?",
+       "text_2": docs[:3]},
+      {"custom_id": "oa-emb", "method": "POST", "url": "/v1/embeddings",
+       "body": {"input": ["one", "two"], "dimensions": 32}},
+      {"request_id": "emb-bad", "task": "embed", "input": []},
+      {"request_id": "emb-dims", "task": "embed", "input": "x", "dimensions": 65}]
+open(sys.argv[1], "w").write("".join(json.dumps(j) + "\n" for j in J))
+PY
+kg_worker e1
+kg_wait_assigned 60 2 e1
+kg_submit_timed 60
+printf '%s\n' emb-{0..7} rr-1 sc-1 oa-emb emb-bad emb-dims >"$T/embed.ids"
+kg_check_results "$T/jobs.jsonl" "$T/results.jsonl" "$T/events.jsonl" "$T/embed.ids"
+python3 - "$T/results.jsonl" <<'PY'
+import base64, json, math, struct, sys
+by = {r["request_id"]: r for r in map(json.loads, open(sys.argv[1]))}
+def vecs(r):
+    return [list(struct.unpack(f"<{len(base64.b64decode(v)) // 4}f", base64.b64decode(v)))
+            if isinstance(v, str) else v for v in r["embeddings"]]
+n = 0
+for rid, r in by.items():
+    if rid.startswith("emb-") and rid not in ("emb-bad", "emb-dims") or rid == "oa-emb":
+        assert r["type"] == "done", r
+        want = {"emb-2": 16, "emb-3": 8, "oa-emb": 32}.get(rid, 64)
+        for v in vecs(r):
+            assert len(v) == want and all(math.isfinite(x) for x in v), (rid, len(v))
+            assert abs(math.fsum(x * x for x in v) - 1) < 1e-4, rid
+            n += 1
+assert len(by["emb-0"]["embeddings"]) == 1 and len(by["emb-3"]["embeddings"]) == 4
+res = by["rr-1"]["results"]
+assert len(res) == 2 and res[0]["relevance_score"] >= res[1]["relevance_score"], res
+assert [x["index"] for x in by["sc-1"]["results"]] == [0, 1, 2], by["sc-1"]
+assert all(0 < x["relevance_score"] < 1 for x in res + by["sc-1"]["results"])
+assert by["emb-bad"]["code"] == "invalid_job" and by["emb-dims"]["code"] == "invalid_job"
+print(f"embed: {n} unit vectors, rerank top 2 of 4, score of 3, 2 bad jobs refused")
+PY
+kg_wait 40 "group lag 0 on $JOBS" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_stop_pid "$(kg_pid e1)" 30
+grep -q 'msg="stopped" rc=0' "$T/e1.log" || kg_fail "the embedding worker did not stop cleanly"
+kg_note "embed, rerank and score jobs: done, lag 0 ($(($(date +%s) - t_embed)) s)"
+echo "PASS: 1,000 malformed messages dead-lettered or failed, 100 valid done, lag 0; embed, rerank and score jobs answered ($(kg_elapsed) s)"

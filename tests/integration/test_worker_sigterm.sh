@@ -8,8 +8,10 @@
 # the drain timeout plus a few seconds (flush, commit, leave the group). A second worker
 # started afterwards in the same group gets what was not committed (jobs still waiting, and
 # running jobs cancelled at the deadline) and finishes it: every job has exactly one terminal
-# event, no job got a `cancelled` error, and the split (finished during the drain / rerun by
-# the second worker) is printed.
+# event, no job got a `cancelled` error, no job the first worker answered is answered again by
+# the second (those that finished behind a still-running job of their partition are named in
+# the commit metadata, kg_answered.h: 27 of 50 ran twice before), and the split (finished during
+# the drain / rerun by the second worker) is printed.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -72,10 +74,18 @@ assert all(r["request_id"] in {x["request_id"] for x in w2} for r in res if r["r
 print(f"sigterm: {len(w1)} jobs finished by w1 ({len(drained)} of them during the drain), "
       f"{len(w2)} by w2 after the stop ({len(cut)} of which w1 had started and dropped at the "
       f"drain deadline); drain deadline hit: {'yes' if cancelled else 'no'}")
+# jobs w1 answered (a terminal event) that w2 answered again: the drain commits the offsets of
+# jobs finished behind a still-running one in the commit metadata (kg_answered.h), so none
+again = {e["request_id"] for e in ev if e["worker_id"] == "w1" and e["type"] in ("done", "error")} & \
+        {e["request_id"] for e in ev if e["worker_id"] == "w2" and e["type"] in ("done", "error")}
+print(f"sigterm: {len(again)} of the {len(w1)} jobs w1 answered were answered again by w2")
+assert not again, f"w2 answered again jobs w1 had answered: {sorted(again)[:5]}"
 assert len(w2) >= 1, "nothing was left for the second worker"
 assert drained, "no running job finished during the drain"
 if cancelled:
     assert cut, "the drain deadline passed but no started job was rerun"
 PY
+kg_note "w1 committed jobs answered above its offsets: $(sed -n 's/.*msg="committed the jobs answered above the committed offsets".* answered=\([0-9]*\).*/\1/p' "$T/w1.log" | tail -n 1);" \
+    "w2 did not run $(kg_log_count "$T/w2.log" 'job answered by the previous owner') of them again"
 kg_stop_pid "$(kg_pid w2)" 30
 kg_finish "SIGTERM: exit 0 in ${took} ms, unfinished jobs rerun by a second worker"

@@ -157,6 +157,17 @@ static const struct {
     {"regex", NULL},
     {"choice", NULL},
     {"grammar", NULL},
+    {"task", NULL},
+    {"input", NULL},
+    {"pooling", NULL},
+    {"normalize", NULL},
+    {"dimensions", NULL},
+    {"encoding_format", NULL},
+    {"query", NULL},
+    {"documents", NULL},
+    {"top_n", NULL},
+    {"text_1", NULL},
+    {"text_2", NULL},
 };
 #define N_JOB_KEYS (sizeof(job_keys) / sizeof(job_keys[0]))
 
@@ -178,6 +189,17 @@ static json_t *canonical(json_t *orig, const char *key) {
     }
     if (strcmp(key, "stop") == 0 && json_is_string(v)) {
         return json_pack("[O]", v);
+    }
+    /* embed inputs and text_2 as a list; the defaults of normalize and
+     * encoding_format are not echoed */
+    if ((strcmp(key, "input") == 0 || strcmp(key, "text_2") == 0) &&
+        (json_is_string(v) || json_is_integer(json_array_get(v, 0)))) {
+        return json_pack("[O]", v);
+    }
+    if ((strcmp(key, "normalize") == 0 && json_is_true(v)) ||
+        (strcmp(key, "encoding_format") == 0 && strcmp(json_string_value(v), "float") == 0) ||
+        (strcmp(key, "task") == 0 && strcmp(json_string_value(v), "generate") == 0)) {
+        return NULL;
     }
     if (strcmp(key, "response_format") == 0) {
         /* text is no constraint (not echoed); json_schema is echoed with its

@@ -8,6 +8,7 @@
  * written with `kgen mkmodel`, then some keys or tensors are changed with
  * the GGUF writer. */
 #include "backend/kg_backend.h"
+#include "backend/kg_math.h"
 #include "check_common.h"
 #include "engine/kg_backend_registry.h"
 #include "model/kg_gguf_writer.h"
@@ -206,6 +207,97 @@ static void loads_phi3(const kg_model_t *m) {
                      "rope_neox, rope_partial, rope_yarn, rope_factors, q_scale");
 }
 
+/* smollm3: llama's RoPE pairs, no RoPE on every fourth layer (3, 7) */
+static void loads_smollm3(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NORM);
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        ck_assert_int_eq(m->layers[il].no_rope, il % 4 == 3);
+    }
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_NOPE);
+}
+
+/* granite: the four multipliers as the file gives them */
+static void loads_granite(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NORM);
+    ck_assert_float_eq(m->hp.embd_scale, 12.0f);
+    ck_assert_float_eq(m->hp.residual_scale, 0.22f);
+    ck_assert_float_eq(m->hp.kq_scale, 0.75f / sqrtf(16.0f));
+    ck_assert_float_eq(m->hp.logit_scale, 2.0f);
+    ck_assert(!m->layers[0].no_rope && !m->layers[1].no_rope);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_EMBD_SCALE | KG_MODEL_FEAT_SCALES);
+}
+
+/* granite without the optional multipliers, and rope.scaling.finetuned
+ * false: no scales but the logit one, and no RoPE in any layer */
+static const char *const granite_optional[] = {"granite.residual_scale", "granite.embedding_scale",
+                                               "granite.attention.scale", NULL};
+
+static void set_granite_no_rope(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_bool(w, "granite.rope.scaling.finetuned", false);
+}
+
+/* olmo2 with a window (Olmo 3): no input norms, Q/K norms over all heads,
+ * layers 0-2 of 4 windowed with the global base and no frequency scale */
+static void loads_olmo2(const kg_model_t *m) {
+    ck_assert(m->hp.qk_norm_full);
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        const kg_layer_weights_t *L = &m->layers[il];
+        ck_assert_ptr_null(L->attn_norm);
+        ck_assert_ptr_null(L->ffn_norm);
+        ck_assert_int_eq(L->q_norm->ne[0], 32);
+        ck_assert_int_eq(L->k_norm->ne[0], 16);
+        ck_assert_ptr_nonnull(L->attn_post_norm);
+        ck_assert_int_eq(L->n_swa, il % 4 < 3 ? 16 : 0);
+        ck_assert_float_eq(L->rope_base, 500000.0f);
+        ck_assert_float_eq(L->rope_scale, il % 4 < 3 ? 1.0f : 0.5f);
+    }
+    ck_assert(!m->hp.tied);
+}
+
+/* mistral3: YaRN's betas and log multiplier from the file (factor 4:
+ * mscale(4, 1) / mscale(4, 1) / (1 + 0.1 ln 4)), the attention
+ * temperature over blocks of the original context */
+static void loads_mistral3(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NORM);
+    ck_assert_float_eq(m->hp.yarn_beta_fast, 2.0f);
+    ck_assert_float_eq(m->hp.yarn_beta_slow, 0.5f);
+    ck_assert_float_eq(m->hp.yarn_attn_factor, 1.0f / (1.0f + 0.1f * logf(4.0f)));
+    ck_assert_float_eq(m->hp.attn_temp_scale, 0.1f);
+    ck_assert_int_eq(m->hp.attn_temp_floor, 64);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_ROPE_YARN | KG_MODEL_FEAT_ATTN_TEMP);
+    /* the temperature: 1 in the first block, log(2) * 0.1 + 1 in the second */
+    ck_assert_float_eq(kg_attn_temp(0.1f, 64, 63), 1.0f);
+    ck_assert_float_eq(kg_attn_temp(0.1f, 64, 64), (float)(log(2.0) * 0.1f + 1.0));
+}
+
+/* seed_oss: NeoX pairs, the biases, its FFN norm from post_attention_norm */
+static void loads_seed_oss(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NEOX);
+    ck_assert_int_eq(m->hp.head_dim, 32);
+    ck_assert_ptr_nonnull(m->layers[0].bq);
+    ck_assert_ptr_nonnull(m->layers[0].ffn_norm);
+    ck_assert_ptr_null(m->layers[0].attn_post_norm);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_QKV_BIAS);
+}
+
+/* apertus: no gate, xIELU's op parameters per layer from the raw values
+ * (layer 1: alpha_n 0.85, alpha_p 0.55, beta 0.5, eps -1e-6) */
+static void loads_apertus(const kg_model_t *m) {
+    ck_assert_int_eq(m->hp.ffn_act, KG_FFN_XIELU);
+    ck_assert_ptr_null(m->layers[1].w_gate);
+    ck_assert_ptr_nonnull(m->layers[1].q_norm);
+    ck_assert_float_eq(m->layers[1].xielu_an, 0.5f + logf(1 + expf(0.8f + 0.05f)));
+    ck_assert_float_eq(m->layers[1].xielu_ap, logf(1 + expf(0.6f - 0.05f)));
+    ck_assert_float_eq(m->layers[1].xielu_beta, 0.5f);
+    ck_assert_float_eq(m->layers[1].xielu_eps, -1e-6f);
+    ck_assert_uint_eq(kg_model_features(m),
+                      KG_MODEL_FEAT_ROPE_NEOX | KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_XIELU);
+    /* the two branches of the op */
+    ck_assert_float_eq(kg_xielu(2.0f, 1.0f, 0.5f, 0.25f, -1e-6f), 0.5f * 2 * 2 + 0.25f * 2);
+    ck_assert_float_eq(kg_xielu(-1.0f, 1.0f, 0.5f, 0.25f, -1e-6f),
+                       (expm1f(-1.0f) + 1.0f) * 1.0f - 0.25f);
+}
+
 static const char *const gemma2_defaults[] = {"gemma2.attention.sliding_window",
                                               "gemma2.attn_logit_softcapping",
                                               "gemma2.final_logit_softcapping", NULL};
@@ -235,6 +327,17 @@ static const struct model_family {
      "--arch phi3 --n-layer 1 --n-rot 8 --rope-scaling longrope --rope-orig-ctx 64 "
      "--sliding-window 16 --ctx 256 --n-embd 32 --n-head 2 --n-head-kv 2 --n-ff 64 --seed 3",
      NULL, loads_phi3},
+    {"smollm3", "--arch smollm3 --n-layer 8 " SMALL, NULL, loads_smollm3},
+    {"granite", "--arch granite --n-layer 2 " SMALL, NULL, loads_granite},
+    {"olmo2",
+     "--arch olmo2 --n-layer 4 --sliding-window 16 --rope-base 500000 --rope-scaling linear "
+     "--rope-factor 2 " SMALL,
+     NULL, loads_olmo2},
+    {"mistral3",
+     "--arch mistral3 --n-layer 1 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 64 " SMALL,
+     NULL, loads_mistral3},
+    {"seed_oss", "--arch seed_oss --n-layer 1 --head-dim 32 " SMALL, NULL, loads_seed_oss},
+    {"apertus", "--arch apertus --n-layer 2 " SMALL, NULL, loads_apertus},
 };
 
 /* The row's model, written, edited and loaded. */
@@ -288,6 +391,30 @@ START_TEST(refusals_name_what_is_supported) {
                (const char *[]){"rope.dimension_count equal to the head dimension", NULL});
     remove(l);
     free(l);
+    /* granite's logit_scale is required (llama.cpp's get_key without a default) */
+    char *gr = mk("--arch granite --n-layer 1 " SMALL);
+    load_fails(rewrite(gr, (const char *[]){"granite.logit_scale", NULL}, NULL, NULL, 0),
+               (const char *[]){"granite.logit_scale", NULL});
+    /* without the optional ones: defaults; finetuned false: no RoPE at all */
+    kg_model_t *m = load_ok(rewrite(gr, granite_optional, set_granite_no_rope, NULL, 0));
+    ck_assert(m->hp.embd_scale == 0.0f && m->hp.residual_scale == 0.0f && m->hp.kq_scale == 0.0f);
+    ck_assert(m->layers[0].no_rope);
+    ck_assert_uint_eq(kg_model_features(m), KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES);
+    kg_model_free(m);
+    remove(gr);
+    free(gr);
+    /* Olmo 3's windowed layers run without YaRN: a file asking for both is
+     * refused rather than run with YaRN on every layer */
+    char *ol =
+        mk("--arch olmo2 --n-layer 4 --sliding-window 16 --rope-scaling yarn --rope-factor 4 "
+           "--rope-orig-ctx 64 " SMALL);
+    load_fails(ol, (const char *[]){"olmo2 with sliding windows and YaRN", NULL});
+    /* apertus's xielu values: required, one per layer */
+    char *ap = mk("--arch apertus --n-layer 2 " SMALL);
+    load_fails(rewrite(ap, (const char *[]){"xielu.beta", NULL}, NULL, NULL, 0),
+               (const char *[]){"'xielu.beta'", "one per layer", NULL});
+    remove(ap);
+    free(ap);
 }
 END_TEST
 

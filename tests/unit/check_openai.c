@@ -2,6 +2,7 @@
  * the job decoder), and terminal events into OpenAI Batch output lines. */
 #include "check_common.h"
 #include "schema/kg_codec.h"
+#include "schema/kg_job.h"
 #include "schema/kg_openai.h"
 
 #include <jansson.h>
@@ -123,8 +124,8 @@ END_TEST
 START_TEST(line_and_url_errors) {
     decode_invalid("{\"custom_id\": \"r\", \"method\": \"GET\", " CHAT ", \"body\": {}}", "r",
                    "method: expected \"POST\"");
-    decode_invalid("{\"custom_id\": \"r\", \"url\": \"/v1/embeddings\", \"body\": {}}", "r",
-                   "url: /v1/embeddings is not served here");
+    decode_invalid("{\"custom_id\": \"r\", \"url\": \"/v1/moderations\", \"body\": {}}", "r",
+                   "url: /v1/moderations is not served here");
     decode_invalid("{\"custom_id\": \"r\", " CHAT ", \"body\": [1]}", "r",
                    "body: expected an object");
     /* a chat url without messages: the job decoder names what is missing */
@@ -559,6 +560,77 @@ START_TEST(line_ids) {
 }
 END_TEST
 
+/* /v1/embeddings, /v1/rerank and /v1/score: Batch lines and bare bodies
+ * become embed, rerank and score jobs; their done events become OpenAI's
+ * embedding list, a rerank body and a score list. */
+START_TEST(embeddings_rerank_score) {
+    kg_job_t *job = decode_ok("{\"custom_id\": \"e1\", \"method\": \"POST\", \"url\": "
+                              "\"/v1/embeddings\", \"body\": {\"model\": \"m\", \"input\": "
+                              "[\"a\", \"b\"], \"encoding_format\": \"base64\", \"dimensions\": 8, "
+                              "\"user\": \"u\"}}");
+    ck_assert_int_eq(job->task, KG_TASK_EMBED);
+    ck_assert_int_eq(job->n_inputs, 2);
+    ck_assert_str_eq(job->inputs[1].text, "b");
+    ck_assert(job->base64 && job->normalize);
+    ck_assert_int_eq(job->dimensions, 8);
+    ck_assert_str_eq(job->model, "m");
+    kg_job_free(job);
+    job = decode_ok("{\"input\": [[1, 2, 3]]}"); /* a bare Embeddings body: token ids */
+    ck_assert_int_eq(job->task, KG_TASK_EMBED);
+    ck_assert_int_eq(job->inputs[0].n_tokens, 3);
+    ck_assert_str_eq(job->request_id, "key-1");
+    kg_job_free(job);
+    job = decode_ok("{\"custom_id\": \"r1\", \"url\": \"/v1/rerank\", \"body\": {\"query\": \"q\", "
+                    "\"documents\": [\"x\", {\"text\": \"y\"}], \"top_n\": 1}}");
+    ck_assert_int_eq(job->task, KG_TASK_RERANK);
+    ck_assert_str_eq(job->query.text, "q");
+    ck_assert_str_eq(job->inputs[1].text, "y");
+    ck_assert_int_eq(job->top_n, 1);
+    kg_job_free(job);
+    job = decode_ok("{\"text_1\": \"q\", \"text_2\": \"x\"}");
+    ck_assert_int_eq(job->task, KG_TASK_SCORE);
+    ck_assert_int_eq(job->n_inputs, 1);
+    kg_job_free(job);
+    decode_invalid("{\"custom_id\": \"e2\", \"url\": \"/v1/embeddings\", \"body\": {\"input\": "
+                   "\"a\", \"encoding_format\": \"int8\"}}",
+                   "e2", "encoding_format:");
+
+    bool is_error = true;
+    json_t *v = output("{\"custom_id\": \"e1\", \"url\": \"/v1/embeddings\", \"body\": {\"input\": "
+                       "[\"a\", \"b\"]}}",
+                       "{\"type\": \"done\", \"request_id\": \"e1\", \"ts_ms\": 5000, "
+                       "\"usage\": {\"prompt_tokens\": 6}, \"embeddings\": [[0.6, 0.8], [1, 0]]}",
+                       &is_error);
+    ck_assert(!is_error);
+    json_t *body = json_object_get(json_object_get(v, "response"), "body");
+    ck_assert_str_eq(json_string_value(json_object_get(body, "object")), "list");
+    ck_assert_str_eq(json_string_value(json_object_get(body, "model")), "served-name");
+    json_t *d1 = json_array_get(json_object_get(body, "data"), 1);
+    ck_assert_str_eq(json_string_value(json_object_get(d1, "object")), "embedding");
+    ck_assert_int_eq(json_integer_value(json_object_get(d1, "index")), 1);
+    ck_assert_int_eq(json_array_size(json_object_get(d1, "embedding")), 2);
+    ck_assert_int_eq(
+        json_integer_value(json_object_get(json_object_get(body, "usage"), "total_tokens")), 6);
+    json_decref(v);
+    const char *res = "{\"type\": \"done\", \"request_id\": \"r1\", \"model\": \"rr\", "
+                      "\"usage\": {\"prompt_tokens\": 9}, \"results\": [{\"index\": 1, "
+                      "\"relevance_score\": 0.75}]}";
+    v = output("{\"custom_id\": \"r1\", \"url\": \"/v1/rerank\", \"body\": {}}", res, &is_error);
+    body = json_object_get(json_object_get(v, "response"), "body");
+    json_t *r0 = json_array_get(json_object_get(body, "results"), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(r0, "index")), 1);
+    ck_assert(json_real_value(json_object_get(r0, "relevance_score")) == 0.75);
+    ck_assert_str_eq(json_string_value(json_object_get(body, "model")), "rr");
+    json_decref(v);
+    v = output("{\"custom_id\": \"s1\", \"url\": \"/v1/score\", \"body\": {}}", res, &is_error);
+    body = json_object_get(json_object_get(v, "response"), "body");
+    r0 = json_array_get(json_object_get(body, "data"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(r0, "object")), "score");
+    ck_assert(json_real_value(json_object_get(r0, "score")) == 0.75);
+    json_decref(v);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("openai");
     TCase *tc = tcase_create("jobs");
@@ -576,6 +648,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, text_completion_line_with_choices);
     tcase_add_test(tc, error_lines);
     tcase_add_test(tc, line_ids);
+    tcase_add_test(tc, embeddings_rerank_score);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -347,6 +347,43 @@ START_TEST(test_no_faults) {
 }
 END_TEST
 
+/* --group-protocol classic with cooperative-sticky: the rebalance callback must assign
+ * incrementally (an eager assign() is refused by librdkafka, and the worker took nothing). */
+static void classic_cooperative(fixture_t *f) {
+    cfg_set(&f->cfg, "group-protocol", "classic");
+    cfg_set(&f->cfg, "assignment-strategy", "cooperative-sticky");
+}
+
+START_TEST(test_cooperative) {
+    fixture_t f;
+    setup_with(&f, 1, "64", classic_cooperative);
+    produce_jobs(&f, 0, 12);
+    int n_events = 0;
+    ck_assert_int_eq(collect(&f, 12, 60, &n_events), 12);
+    teardown(&f);
+}
+END_TEST
+
+/* --group-protocol auto on a broker that refuses the consumer protocol (its
+ * ConsumerGroupHeartbeat answers UNSUPPORTED_VERSION, as a Kafka 4 broker with only the classic
+ * coordinator does): a fatal error of librdkafka, after which the worker joins again with the
+ * classic protocol instead of stopping, and runs the jobs. */
+#define API_CONSUMER_GROUP_HEARTBEAT 68
+static void refuse_kip848(fixture_t *f) {
+    rd_kafka_mock_push_request_errors(f->mc, API_CONSUMER_GROUP_HEARTBEAT, 1,
+                                      RD_KAFKA_RESP_ERR_UNSUPPORTED_VERSION);
+}
+
+START_TEST(test_protocol_fallback) {
+    fixture_t f;
+    setup_with(&f, 1, "64", refuse_kip848);
+    produce_jobs(&f, 0, 12);
+    int n_events = 0;
+    ck_assert_int_eq(collect(&f, 12, 60, &n_events), 12);
+    teardown(&f);
+}
+END_TEST
+
 /* The fault tests' start: a worker on one mock broker that has finished a
  * first batch of 8 jobs (so it is in its group and streaming). */
 static void start_warm(fixture_t *f, int *n_events) {
@@ -1282,6 +1319,8 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("mock");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_no_faults);
+    tcase_add_test(tc, test_cooperative);
+    tcase_add_test(tc, test_protocol_fallback);
     tcase_add_test(tc, test_constrained);
     tcase_add_test(tc, test_request_errors);
     tcase_add_test(tc, test_broker_down_up);

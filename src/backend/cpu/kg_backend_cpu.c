@@ -308,6 +308,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     be->kv_copy = cpu_kv_copy;
     be->lora_add = cpu_lora_add;
     be->lora_remove = cpu_lora_remove;
+    be->hidden = true;
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;
     ctx->hp = *hp;
@@ -334,9 +335,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const kg_layer_weights_t *src = &model->layers[il];
         cpu_layer_t *L = &ctx->layers[il];
-        if (!weight_init(&L->attn_norm, src->attn_norm, ctx, errstr, errstr_size) ||
-            !weight_init(&L->ffn_norm, src->ffn_norm, ctx, errstr, errstr_size) ||
-            !weight_init(&L->wq, src->wq, ctx, errstr, errstr_size) ||
+        if (!weight_init(&L->wq, src->wq, ctx, errstr, errstr_size) ||
             !weight_init(&L->wk, src->wk, ctx, errstr, errstr_size) ||
             !weight_init(&L->wv, src->wv, ctx, errstr, errstr_size) ||
             !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
@@ -346,12 +345,15 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
             if (!moe_layer_init(L, src, ctx, errstr, errstr_size)) {
                 goto fail;
             }
-        } else if (!weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size) ||
+        } else if ((src->w_gate &&
+                    !weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size)) ||
                    !weight_init(&L->w_up, src->w_up, ctx, errstr, errstr_size) ||
                    !weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size)) {
             goto fail;
         }
-        const kg_gguf_tensor_t *opt_src[] = {src->bq,
+        const kg_gguf_tensor_t *opt_src[] = {src->attn_norm,
+                                             src->ffn_norm,
+                                             src->bq,
                                              src->bk,
                                              src->bv,
                                              src->bo,
@@ -360,7 +362,9 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                                              src->attn_post_norm,
                                              src->ffn_post_norm,
                                              src->attn_sinks};
-        cpu_weight_t *opt_dst[] = {&L->bq,
+        cpu_weight_t *opt_dst[] = {&L->attn_norm,
+                                   &L->ffn_norm,
+                                   &L->bq,
                                    &L->bk,
                                    &L->bv,
                                    &L->bo,

@@ -3,16 +3,21 @@
  * (the weights, the KV pool and the buffers it uses are kg_backend_cpu.c's).
  *
  * DESIGN
- * Step. x = embed(tokens) (times the embedding scale: gemma); per layer:
- * rmsnorm, Q/K/V GEMMs (+ biases: qwen2), per-head Q/K RMSNorm (qwen3,
- * gemma3), RoPE with the layer's base and scale (normal or NeoX pairs,
- * YaRN, LongRoPE factors), the query scale (gemma, phi3), K/V rows written
+ * Step. x = embed(tokens) (times the embedding scale: gemma, granite); per
+ * layer: rmsnorm (none: olmo2), Q/K/V GEMMs (+ biases: qwen2), per-head
+ * Q/K RMSNorm (qwen3, gemma3, apertus; over all heads: olmo2), RoPE with
+ * the layer's base and scale (normal or NeoX pairs, YaRN, LongRoPE factors;
+ * none in a NoPE layer: smollm3), the attention temperature (mistral3), the
+ * query scale (gemma, phi3), K/V rows written
  * to their blocks, attention of every token over its own sequence's
  * positions [0, pos], or the last n_swa of them in a windowed layer
- * (soft-capped scores: gemma2; parallel over tokens x heads), output GEMM
- * (+ post-norm: gemma) + residual, rmsnorm, gate/up GEMMs, SwiGLU or
- * GeGLU, down GEMM (+ post-norm) + residual; then the final norm and the
- * head only for the rows that want logits (+ bias, soft-capping). Each
+ * (soft-capped scores: gemma2; granite's attention scale; parallel over
+ * tokens x heads), output GEMM (+ post-norm: gemma, olmo2) (x residual
+ * scale: granite) + residual, rmsnorm, gate/up GEMMs, SwiGLU or GeGLU (or
+ * the up GEMM alone and xIELU: apertus), down GEMM (+ post-norm) +
+ * residual; then the final norm and the head only for the rows that want
+ * logits (+ bias, / logit scale: granite, soft-capping); the normed rows
+ * themselves for those that want hidden states. Each
  * token's row is computed independently of the others in the batch, so a
  * sequence's results do not depend on what shares its step. The llama.cpp
  * ops each step mirrors are named where they are done.
@@ -128,6 +133,30 @@ static void scale_rows(float *x, int64_t n, float s) {
     }
 }
 
+/* y = RMSNorm(x) * w, the input norm of a block; a copy when the family
+ * has none (olmo2 norms the blocks' outputs instead). */
+static void pre_norm(const float *x, const float *w, float *y, int64_t T, int64_t n, float eps) {
+    if (w) {
+        cpu_rmsnorm_rows(x, w, y, T, n, eps);
+    } else {
+        memcpy(y, x, (size_t)(T * n) * sizeof(float));
+    }
+}
+
+/* x += s * b (granite's ggml_scale of the block output, then ggml_add),
+ * or x += b when s is 0. */
+static void add_residual(float *x, const float *b, int64_t n, float s) {
+    if (s != 0.0f) {
+        for (int64_t i = 0; i < n; i++) {
+            x[i] += b[i] * s;
+        }
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        x[i] += b[i];
+    }
+}
+
 /* RoPE (ggml_rope_ext) on the first n_rot dims of every head; the rest of
  * a head passes through. Normal mode rotates adjacent pairs (2i, 2i+1),
  * NeoX mode pairs i with i + n_rot/2; pair i takes angle i of the cache. */
@@ -164,8 +193,11 @@ static void attention_task(void *arg, int64_t w, int thread) {
     const kg_hparams_t *hp = &ctx->hp;
     const int32_t hd = hp->head_dim, n_kv_dim = hp->n_head_kv * hd;
     const int32_t group = hp->n_head / hp->n_head_kv, bs = ctx->block_size;
-    /* llama scales the scores; gemma and phi3 scaled q already (kq_scale 1) */
-    const float scale = hp->q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)hd);
+    /* llama scales the scores (by attention.scale where granite's file gives
+     * one); gemma and phi3 scaled q already (kq_scale 1) */
+    const float scale = hp->q_scale != 0.0f    ? 1.0f
+                        : hp->kq_scale != 0.0f ? hp->kq_scale
+                                               : 1.0f / sqrtf((float)hd);
     const int32_t n_swa = ctx->model->layers[job->il].n_swa;
     const int64_t max_pos = (int64_t)ctx->n_kv_blocks * bs;
 
@@ -392,7 +424,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cpu_layer_t *L = &ctx->layers[il];
         const float *cs = ctx->rope_cs + (int64_t)L->rope * T * hp->n_rot;
-        cpu_rmsnorm_rows(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        pre_norm(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
         const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
         matmul_n(ctx, 3, qkv, ctx->xn, qkv_out, T);
@@ -400,14 +432,25 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         add_bias(ctx->q, &L->bq, T, n_q);
         add_bias(ctx->k, &L->bk, T, n_kv);
         add_bias(ctx->v, &L->bv, T, n_kv);
-        if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
+        if (L->q_norm.data && hp->qk_norm_full) { /* build_norm on (n_q, T): olmo2 */
+            cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T, n_q, hp->norm_eps);
+            cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T, n_kv, hp->norm_eps);
+        } else if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
             cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T * hp->n_head, hp->head_dim,
                              hp->norm_eps);
             cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T * hp->n_head_kv, hp->head_dim,
                              hp->norm_eps);
         }
-        rope_rows(ctx, ctx->q, T, hp->n_head, cs);
-        rope_rows(ctx, ctx->k, T, hp->n_head_kv, cs);
+        if (!ctx->model->layers[il].no_rope) {
+            rope_rows(ctx, ctx->q, T, hp->n_head, cs);
+            rope_rows(ctx, ctx->k, T, hp->n_head_kv, cs);
+        }
+        if (hp->attn_temp_scale != 0.0f) { /* mistral3: ggml_mul by the per-token scale */
+            for (int64_t t = 0; t < T; t++) {
+                scale_rows(ctx->q + t * n_q, n_q,
+                           kg_attn_temp(hp->attn_temp_scale, hp->attn_temp_floor, batch->pos[t]));
+            }
+        }
         if (hp->q_scale != 0.0f) {
             scale_rows(ctx->q, T * n_q, hp->q_scale);
         }
@@ -427,13 +470,19 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         if (L->attn_post_norm.data) {
             cpu_rmsnorm_rows(ctx->tmp, L->attn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
         }
-        for (int64_t i = 0; i < T * E; i++) {
-            ctx->x[i] += ctx->tmp[i];
-        }
+        add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
 
-        cpu_rmsnorm_rows(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        pre_norm(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (L->moe) {
             moe_ffn(ctx, L, T);
+        } else if (hp->ffn_act == KG_FFN_XIELU) { /* apertus: up, xIELU, down */
+            const kg_layer_weights_t *ML = &ctx->model->layers[il];
+            matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
+            for (int64_t i = 0; i < T * F; i++) {
+                ctx->gate[i] =
+                    kg_xielu(ctx->up[i], ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps);
+            }
+            matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
         } else {
             const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
             float *const gate_up_out[2] = {ctx->gate, ctx->up};
@@ -452,11 +501,29 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         if (L->ffn_post_norm.data) {
             cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
         }
-        for (int64_t i = 0; i < T * E; i++) {
-            ctx->x[i] += ctx->tmp[i];
-        }
+        add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
     }
 
+    /* hidden states for embedding jobs: the final norm of the rows that
+     * want them, in token order (llama.cpp's t_embd, what pooling reads) */
+    if (batch->want_hidden) {
+        int64_t n_hid = 0;
+        for (int64_t t = 0; t < T; t++) {
+            if (batch->want_hidden[t]) {
+                if (n_hid == batch->n_hidden) {
+                    break;
+                }
+                cpu_rmsnorm_rows(ctx->x + t * E, ctx->output_norm.data, batch->hidden + n_hid * E,
+                                 1, E, hp->norm_eps);
+                n_hid++;
+            }
+        }
+        if (n_hid != batch->n_hidden) {
+            KG_LOG_ERROR("cpu", "batch says %d hidden rows, want_hidden has more or fewer",
+                         batch->n_hidden);
+            return KG_ERR_INVALID;
+        }
+    }
     /* head: only the rows that want logits, gathered in token order */
     int64_t n_out = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -474,6 +541,9 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         cpu_rmsnorm_rows(ctx->xn, ctx->output_norm.data, ctx->xn, n_out, E, hp->norm_eps);
         matmul(ctx, &ctx->output, ctx->xn, logits, n_out);
         add_bias(logits, &ctx->output_b, n_out, hp->n_vocab);
+        if (hp->logit_scale != 0.0f) { /* granite: ggml_scale by 1 / logit_scale */
+            scale_rows(logits, n_out * hp->n_vocab, 1.0f / hp->logit_scale);
+        }
         if (hp->final_softcap != 0.0f) {
             for (int64_t i = 0; i < n_out * hp->n_vocab; i++) {
                 logits[i] = kg_softcap(logits[i], hp->final_softcap);

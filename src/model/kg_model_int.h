@@ -1,0 +1,57 @@
+/* kg_model_int: what kg_model.c (loading the tensors) and
+ * kg_model_hparams.c (reading the hyperparameters) share: the key helpers
+ * and the hyperparameter readers the loader calls in order. */
+#pragma once
+
+#include "kg_model.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* "<arch>.<suffix>" */
+static inline const char *akey(char *buf, size_t cap, const char *arch, const char *suffix) {
+    snprintf(buf, cap, "%s.%s", arch, suffix);
+    return buf;
+}
+
+static inline bool get_i32(const kg_gguf_t *g, const char *key, int32_t *out) {
+    int64_t v;
+    if (!kg_gguf_get_i64(g, key, &v) || v < 0 || v > INT32_MAX) {
+        return false;
+    }
+    *out = (int32_t)v;
+    return true;
+}
+
+static inline bool str_is(kg_gguf_str_t s, const char *lit) {
+    return s.len == strlen(lit) && memcmp(s.data, lit, s.len) == 0;
+}
+
+/** RoPE scaling as llama.cpp reads it and completes it for a context. */
+bool kg_model_read_rope(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *err, size_t cap);
+
+/** The family's switches (llama.cpp's load_arch_hparams): which layers
+ * slide (is_swa, n_layer flags), the windowed layers' RoPE base and scale,
+ * and every how many layers one runs without RoPE (0: none). */
+bool kg_model_read_arch_hparams(const kg_gguf_t *g,
+                                const char *arch,
+                                kg_hparams_t *hp,
+                                bool *is_swa,
+                                float *swa_base,
+                                float *swa_scale,
+                                int32_t *nope_every,
+                                char *errstr,
+                                size_t errstr_size);
+
+/** The experts' counts, width and router rule. */
+bool kg_model_read_moe_hparams(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
+
+/** Every hyperparameter in range (after the vocabulary is known). */
+bool kg_model_check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_size);
+
+/** Apertus's per-layer xIELU constants into model->layers (allocated). */
+bool kg_model_read_xielu(const kg_gguf_t *g, kg_model_t *model, char *errstr, size_t errstr_size);

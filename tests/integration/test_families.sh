@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The families of issue 24 through the worker: for each, kgen-worker --demo 0
+# (librdkafka's mock cluster, no broker to start) on a small random model of
+# that family serves two greedy jobs from kgen-submit, which must come back
+# complete with their tokens. The graphs themselves are checked against
+# llama.cpp by check_arch; this is the path a user takes.
+set -euo pipefail
+bin="${KG_BIN_DIR:?}"
+tmp=$(mktemp -d "${KG_TEST_TMP:-/tmp}/families.XXXXXX")
+pid=""
+cleanup() {
+    for p in $pid; do
+        kill -9 "$p" 2>/dev/null || true
+    done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+shape=(--n-embd 64 --n-head 4 --n-head-kv 2 --n-ff 128 --ctx 256 --seed 7)
+families=(
+    "smollm3 --n-layer 4"
+    "granite --n-layer 2"
+    "olmo2 --n-layer 4 --sliding-window 16"
+    "mistral3 --n-layer 2 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 16"
+    "seed_oss --n-layer 2 --head-dim 32"
+    "apertus --n-layer 2"
+)
+python3 - "$tmp/jobs.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(2):
+        f.write(json.dumps({"request_id": f"fam-{i}", "prompt": f"Once upon a time, job {i}",
+                            "max_tokens": 8, "temperature": 0}) + "\n")
+PY
+# every family's worker starts at once (each on its own mock cluster): the
+# joins overlap, so the test costs about one worker's start
+pids=()
+ports=()
+names=()
+for fam in "${families[@]}"; do
+    read -r -a args <<<"$fam"
+    name=${args[0]}
+    "$bin/kgen" mkmodel --out "$tmp/$name.gguf" --arch "${args[@]}" "${shape[@]}" >/dev/null
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$bin/kgen-worker" --demo 0 --model "$tmp/$name.gguf" --backend cpu --http-port "$port" \
+        --max-batch-size 4 >"$tmp/$name.out" 2>"$tmp/$name.err" &
+    pids+=("$!")
+    ports+=("$port")
+    names+=("$name")
+done
+pid="${pids[*]}"
+for i in "${!names[@]}"; do
+    name=${names[$i]}
+    code=""
+    for _ in $(seq 1 300); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${ports[$i]}/readyz" || true)
+        [[ "$code" == 200 ]] && break
+        sleep 0.1
+    done
+    [[ "$code" == 200 ]] || { echo "$name: /readyz never turned 200"; cat "$tmp/$name.err"; exit 1; }
+    brokers=$(grep -o 'brokers=[^ ]*' "$tmp/$name.err" | head -1 | cut -d= -f2)
+    "$bin/kgen-submit" --brokers "$brokers" --input "$tmp/jobs.jsonl" \
+        --output "$tmp/$name.results.jsonl" --timeout 60 --no-progress
+    python3 - "$name" "$tmp/$name.results.jsonl" <<'PY'
+import json, sys
+name, path = sys.argv[1], sys.argv[2]
+rows = [json.loads(line) for line in open(path) if line.strip()]
+assert len(rows) == 2, (name, rows)
+for r in rows:
+    # a random model may end at its end-of-generation token before 8
+    assert r.get("type") == "done" and r.get("finish_reason") in ("length", "stop"), (name, r)
+    n = r["usage"]["completion_tokens"]
+    assert 1 <= n <= 8 and (n == 8 or r["finish_reason"] == "stop"), (name, r)
+print(f"{name}: 2 jobs served")
+PY
+done
+for i in "${!names[@]}"; do
+    kill -TERM "${pids[$i]}"
+done
+for i in "${!names[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    [[ "$rc" == 0 ]] || {
+        echo "${names[$i]}: kgen-worker exited $rc after SIGTERM"
+        tail -20 "$tmp/${names[$i]}.err"
+        exit 1
+    }
+done
+pid=""
+echo "families test passed"
