@@ -131,6 +131,22 @@ void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out) {
     }
 }
 
+kg_status_t kg_backend_lora_add(
+    kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size) {
+    if (!be->lora_add) {
+        snprintf(errstr, errstr_size,
+                 "the %s backend does not run LoRA adapters (the cpu one does)", be->iface.name);
+        return KG_ERR_UNSUPPORTED;
+    }
+    return be->lora_add(be, lora, id, errstr, errstr_size);
+}
+
+void kg_backend_lora_remove(kg_backend_t *be, int32_t id) {
+    if (be->lora_remove) {
+        be->lora_remove(be, id);
+    }
+}
+
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
     const kg_hparams_t *hp = &model->hp;
     /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same size) */

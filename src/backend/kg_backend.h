@@ -10,6 +10,7 @@
 #pragma once
 
 #include "../core/kg_status.h"
+#include "../model/kg_lora.h"
 #include "../model/kg_model.h"
 #include "../model/kg_sampler.h"
 
@@ -27,6 +28,15 @@ typedef struct kg_backend kg_backend_t;
  * them in a windowed layer. Tokens of one slot appear in increasing position
  * order. Table entries of blocks wholly before every layer's window may be
  * -1 (the engine freed them); they are never read. */
+/* The LoRA adapters a sequence runs with (kg_backend_lora_add's ids and
+ * the user's scales; n = 0: the base model alone). */
+#define KG_LORA_SET_MAX 4
+typedef struct kg_lora_set {
+    int32_t n;
+    int32_t id[KG_LORA_SET_MAX];
+    float scale[KG_LORA_SET_MAX];
+} kg_lora_set_t;
+
 typedef struct kg_step_batch {
     int32_t n_tokens;
     const int32_t *token;    /* (n_tokens) */
@@ -36,7 +46,8 @@ typedef struct kg_step_batch {
     int32_t n_outputs;       /* count of want_logits */
     int32_t n_slots;
     int32_t max_blocks_per_seq;
-    const int32_t *block_table; /* (n_slots, max_blocks_per_seq) physical block ids */
+    const int32_t *block_table;     /* (n_slots, max_blocks_per_seq) physical block ids */
+    const kg_lora_set_t *slot_lora; /* (n_slots) each slot's adapters, or NULL: none at all */
     /* Embedding jobs: the final hidden states (after the output norm, before
      * the head) of the tokens with want_hidden[i], n_hidden rows of n_embd
      * floats in token order, written into `hidden`. want_hidden NULL (and
@@ -183,6 +194,18 @@ void kg_backend_counters(const kg_backend_t *be, kg_backend_counters_t *out);
 /** The expert load so far (see kg_moe_stats_t); all zero for a dense
  * model or a backend that does not count it. @thread engine */
 void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
+
+/** Make the adapter `lora` (which must outlive it there) usable in step
+ * batches: *id gets its id, never given to another adapter while this
+ * backend lives (so the engine may key cached prefixes by it). The CPU
+ * backend packs its pairs as it packs the model's weights.
+ * KG_ERR_UNSUPPORTED (with errstr) from a backend that runs no adapters;
+ * KG_ERR_NOMEM. @thread engine (or before the engine runs) */
+KG_NODISCARD kg_status_t kg_backend_lora_add(
+    kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size);
+
+/** Forget adapter `id` (no running sequence may use it). @thread engine */
+void kg_backend_lora_remove(kg_backend_t *be, int32_t id);
 
 /** Bytes of KV cache one token takes in this backend (to size the pool). */
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model);

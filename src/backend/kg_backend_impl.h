@@ -29,6 +29,10 @@ struct kg_backend {
     kg_status_t (*kv_copy)(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n);
     /* optional: the expert load behind kg_backend_moe_stats (NULL: none) */
     void (*moe_stats)(const kg_backend_t *be, kg_moe_stats_t *out);
+    /* optional: LoRA adapters behind kg_backend_lora_add/_remove (NULL: none) */
+    kg_status_t (*lora_add)(
+        kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size);
+    void (*lora_remove)(kg_backend_t *be, int32_t id);
     /* optional: forward fills kg_step_batch_t.hidden (false: it refuses a step that asks) */
     bool hidden;
 };

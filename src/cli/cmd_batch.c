@@ -49,6 +49,7 @@ static void usage(FILE *f) {
         "                         results topic (0 = no limit, the default; at least 4096)\n"
         "  --served-model-name N  names jobs may give as model, comma-separated or repeated\n"
         "                         (default: the GGUF's general.name and the file stem)\n"
+        "  --lora NAME=PATH[:SCALE]  a LoRA adapter jobs pick by model or lora (repeatable)\n"
         "  --output-format F      kgen (events, default) or openai (OpenAI Batch output lines)\n"
         "  --error-file FILE      with openai: the lines of failed requests go here\n"
         "  --version, --help\n",
@@ -139,6 +140,7 @@ int kg_cmd_batch(int argc, char **argv) {
     const char *model_path = NULL, *in_path = NULL, *out_path = NULL;
     const char *err_path = NULL;
     char served_spec[1024] = "";
+    char lora_spec[8192] = "";
     bool openai = false;
     int64_t max_tokens_limit = 4096;
     int64_t max_event_bytes = 0;
@@ -150,6 +152,7 @@ int kg_cmd_batch(int argc, char **argv) {
         O_MTL,
         O_MEB,
         O_SERVED,
+        O_LORA,
         O_FORMAT,
         O_ERRFILE,
         O_VERSION,
@@ -160,6 +163,7 @@ int kg_cmd_batch(int argc, char **argv) {
                                          {"output", required_argument, 0, O_OUT},
                                          {"max-tokens-limit", required_argument, 0, O_MTL},
                                          {"served-model-name", required_argument, 0, O_SERVED},
+                                         {"lora", required_argument, 0, O_LORA},
                                          {"output-format", required_argument, 0, O_FORMAT},
                                          {"error-file", required_argument, 0, O_ERRFILE},
                                          {"max-event-bytes", required_argument, 0, O_MEB},
@@ -198,6 +202,14 @@ int kg_cmd_batch(int argc, char **argv) {
             ok = at + strlen(optarg) + 2 < sizeof(served_spec) && *optarg;
             if (ok) {
                 snprintf(served_spec + at, sizeof(served_spec) - at, "%s%s", at ? "," : "", optarg);
+            }
+            break;
+        }
+        case O_LORA: {
+            size_t at = strlen(lora_spec);
+            ok = at + strlen(optarg) + 2 < sizeof(lora_spec) && *optarg;
+            if (ok) {
+                snprintf(lora_spec + at, sizeof(lora_spec) - at, "%s%s", at ? "," : "", optarg);
             }
             break;
         }
@@ -261,6 +273,7 @@ int kg_cmd_batch(int argc, char **argv) {
         goto out;
     }
     so.grammar_bytes = KG_GRAMMAR_CACHE_DEFAULT_BYTES;
+    so.lora = lora_spec;
     stack = kg_stack_new(model, &so, err, sizeof(err));
     if (!stack) {
         fprintf(stderr, "kgen batch: %s\n", err);
@@ -299,6 +312,7 @@ int kg_cmd_batch(int argc, char **argv) {
                                                                                : KG_JOB_MAX_N,
                               .served = (const char *const *)served.names,
                               .n_served = served.n,
+                              .loras = kg_stack_loras(stack),
                               .max_inputs = ep->max_queue_depth};
     kg_event_origin_t origin = {.worker_id = "kgen-batch",
                                 .partition = -1,

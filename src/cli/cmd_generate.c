@@ -13,6 +13,7 @@
 #include "model/kg_model.h"
 #include "model/kg_sampler.h"
 #include "model/kg_tokenizer.h"
+#include "pipeline/kg_loras.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -32,6 +33,8 @@ static void usage(FILE *f) {
             "  --min-p M          (default 0.05)\n"
             "  --repeat-penalty R (default 1.0 = off)\n"
             "  --seed S           RNG seed (default: random)\n"
+            "  --lora PATH[:SCALE] a LoRA adapter (repeatable, at most 4: their deltas\n"
+            "                     add; llama-cli's --lora, --lora-scaled; cpu backend)\n"
             "  --print-ids        print the generated ids on one line instead of text\n"
             "  --quiet            no timing line on stderr\n"
             "  engine options as in kgen-worker (one sequence; --max-batch-tokens is the\n"
@@ -49,6 +52,10 @@ int kg_cmd_generate(int argc, char **argv) {
     eo.max_batch_size = 1;
     bool print_ids = false, quiet = false;
     kg_sampling_params_t sp = kg_sampling_params_default();
+    char lora_spec[4096] = ""; /* "#1=PATH[:SCALE],#2=..." for kg_loras_parse */
+    int n_lora = 0;
+    kg_loras_t loras = {0};
+    kg_lora_set_t lora_set = {0};
     sp.temperature = 0.8f;
     sp.top_k = 40;
     sp.top_p = 0.95f;
@@ -65,6 +72,7 @@ int kg_cmd_generate(int argc, char **argv) {
         O_REP,
         O_SEED,
         O_IDS,
+        O_LORA,
         O_QUIET,
         O_VERSION,
         O_HELP
@@ -81,6 +89,7 @@ int kg_cmd_generate(int argc, char **argv) {
         {"seed", required_argument, 0, O_SEED},
         {"batch-tokens", required_argument, 0, KG_CLI_O_MAX_BATCH_TOKENS},
         {"print-ids", no_argument, 0, O_IDS},
+        {"lora", required_argument, 0, O_LORA},
         {"quiet", no_argument, 0, O_QUIET},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, O_HELP},
@@ -128,6 +137,15 @@ int kg_cmd_generate(int argc, char **argv) {
         case O_SEED:
             ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &seed);
             break;
+        case O_LORA: {
+            size_t at = strlen(lora_spec);
+            int w = snprintf(lora_spec + at, sizeof(lora_spec) - at, "%s#%d=%s", at ? "," : "",
+                             n_lora + 1, optarg);
+            ok = *optarg && n_lora < KG_LORA_SET_MAX && w > 0 &&
+                 (size_t)w < sizeof(lora_spec) - at && !strchr(optarg, ',');
+            n_lora++;
+            break;
+        }
         case O_IDS:
             print_ids = true;
             break;
@@ -225,6 +243,15 @@ int kg_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kgen generate: %s\n", err);
         goto out;
     }
+    if (kg_loras_parse(&loras, lora_spec, err, sizeof(err)) != KG_OK ||
+        kg_loras_load(&loras, model, be, err, sizeof(err)) != KG_OK) {
+        fprintf(stderr, "kgen generate: %s\n", err);
+        goto out;
+    }
+    for (int32_t i = 0; i < loras.n; i++) {
+        lora_set.id[lora_set.n] = loras.e[i].id;
+        lora_set.scale[lora_set.n++] = loras.e[i].scale;
+    }
     sc = kg_sampler_scratch_new(hp->n_vocab);
     table = malloc((size_t)n_blocks * sizeof(int32_t));
     logits = malloc((size_t)hp->n_vocab * sizeof(float));
@@ -265,7 +292,8 @@ int kg_cmd_generate(int argc, char **argv) {
                                  .n_outputs = last ? 1 : 0,
                                  .n_slots = 1,
                                  .max_blocks_per_seq = n_blocks,
-                                 .block_table = table};
+                                 .block_table = table,
+                                 .slot_lora = lora_set.n > 0 ? &lora_set : NULL};
         kg_status_t st = kg_backend_forward(be, &batch, logits);
         if (st != KG_OK) {
             fprintf(stderr, "kgen generate: forward failed: %s\n", kg_status_str(st));
@@ -314,6 +342,7 @@ out:
     free(table);
     free(ids);
     kg_sampler_scratch_free(sc);
+    kg_loras_clear(&loras, be);
     kg_backend_free(be);
     kg_model_free(model);
     return rc;

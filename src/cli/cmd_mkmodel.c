@@ -24,6 +24,7 @@
  * the messages' "kgen mkmodel: " prefix and the exit status (0 ok, 1 the
  * write failed, 2 a usage error). */
 #include "cmd.h"
+#include "model/kg_mklora.h"
 #include "model/kg_mkmodel.h"
 #include "model/kg_mkmodel_args.h"
 
@@ -107,6 +108,8 @@ static void usage(FILE *f) {
            "  --attn-softcap C    gemma2: attn_logit_softcapping (default 50)\n"
            "  --final-softcap C   gemma2, gemma3: final_logit_softcapping (gemma2 default 30)\n"
            "  --name NAME         general.name (default \"kgen-random\")\n"
+           "  --lora              write a random LoRA adapter for a base instead (kgen\n"
+           "                      mkmodel --lora --help)\n"
            "  --help, --version\n");
 }
 
@@ -121,7 +124,36 @@ static size_t message_room(int argc, char **argv) {
     return 1024 + longest;
 }
 
+/* kgen mkmodel --lora: a random adapter for a base (kg_mklora). */
+static int mklora(int argc, char **argv) {
+    kg_mklora_opts_t o;
+    char err[1024];
+    switch (kg_mklora_parse_args(argc, argv, &o, err, sizeof(err))) {
+    case 0:
+        break;
+    case 1:
+        fputs(kg_mklora_usage(), stdout);
+        return 0;
+    default:
+        fprintf(stderr, "kgen mkmodel: %s\n", err);
+        return 2;
+    }
+    int32_t n_pairs = 0;
+    if (kg_mklora_write(&o, &n_pairs, err, sizeof(err)) != KG_OK) {
+        fprintf(stderr, "kgen mkmodel: %s\n", err);
+        return 1;
+    }
+    printf("kgen mkmodel: wrote %s: lora rank=%lld alpha=%g pairs=%d type=%s\n", o.out,
+           (long long)o.rank, (double)o.alpha, n_pairs, kg_ggml_type_name(o.type));
+    return 0;
+}
+
 int kg_cmd_mkmodel(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--lora") == 0) {
+            return mklora(argc, argv);
+        }
+    }
     kg_mkmodel_opts_t o = kg_mkmodel_opts_default();
     const size_t msg_size = message_room(argc, argv);
     char *msg = malloc(msg_size);

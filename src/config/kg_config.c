@@ -92,6 +92,9 @@ static const opt_t options[] = {
      "headers are capped at 16 KiB, or a quarter of --max-event-bytes when smaller; kgen-* "
      "names are refused)"},
     {"model", OPT_STR, OFF(model), "", 0, 0, "Model", "GGUF model file"},
+    {"lora", OPT_STR, OFF(lora), "", 0, 0, "Model",
+     "LoRA adapters for the model, NAME=PATH[:SCALE], comma-separated or repeated (GGUF as "
+     "llama.cpp writes them; cpu backend); a job picks one by model (its NAME) or by lora"},
     {"served-model-name", OPT_STR, OFF(served_model_name), "", 0, 0, "Model",
      "names jobs may give as model, comma-separated or repeated (default: the GGUF's "
      "general.name and the file stem); other names get model_not_found"},
@@ -421,6 +424,7 @@ kg_status_t kg_config_parse(
         return st;
     }
     bool served_seen = false; /* --served-model-name given earlier on the command line */
+    bool lora_seen = false;   /* --lora given earlier */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -475,21 +479,24 @@ kg_status_t kg_config_parse(
                 snprintf(errstr, errstr_size, "option '%s' needs a value", a);
                 return KG_ERR_INVALID;
             }
-            if (o->offset == OFF(served_model_name) && served_seen) {
+            if ((o->offset == OFF(served_model_name) && served_seen) ||
+                (o->offset == OFF(lora) && lora_seen)) {
                 /* repeated on the command line: the names add up */
-                char *joined = malloc(strlen(cfg->served_model_name) + strlen(value) + 2);
+                char **field = (char **)((char *)cfg + o->offset);
+                char *joined = malloc(strlen(*field) + strlen(value) + 2);
                 if (!joined) {
                     snprintf(errstr, errstr_size, "out of memory");
                     return KG_ERR_NOMEM;
                 }
-                sprintf(joined, "%s,%s", cfg->served_model_name, value);
-                free(cfg->served_model_name);
-                cfg->served_model_name = joined;
+                sprintf(joined, "%s,%s", *field, value);
+                free(*field);
+                *field = joined;
                 st = KG_OK;
             } else {
                 st = set_opt(cfg, o, value, errstr, errstr_size);
             }
             served_seen |= o->offset == OFF(served_model_name);
+            lora_seen |= o->offset == OFF(lora);
         } else {
             snprintf(errstr, errstr_size, "unexpected argument '%s' (see --help)", a);
             return KG_ERR_INVALID;

@@ -42,6 +42,7 @@ typedef struct kg_config {
     /* model and engine */
     char *model;
     char *served_model_name; /* comma list; "" = the model's general.name and file stem */
+    char *lora;              /* comma list of NAME=PATH[:SCALE] LoRA adapters; "" = none */
     char *backend;
     int64_t threads;
     int64_t max_batch_size;

@@ -107,6 +107,7 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->b_pos = malloc(nt * sizeof(*e->b_pos));
     e->b_seq = malloc(nt * sizeof(*e->b_seq));
     e->b_want = malloc(nt * sizeof(*e->b_want));
+    e->b_lora = calloc(nb, sizeof(*e->b_lora));
     e->b_hid = calloc(nt, sizeof(*e->b_hid));
     e->b_row_rec = malloc(nb * sizeof(*e->b_row_rec));
     e->b_in_step = malloc(nb * sizeof(*e->b_in_step));
@@ -128,7 +129,8 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
         !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
         !e->b_seq || !e->b_want || !e->b_hid || !e->b_row_rec || !e->b_in_step || !e->logits ||
-        !e->done || !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst) {
+        !e->done || !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst ||
+        !e->b_lora) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
@@ -174,6 +176,7 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->b_pos);
     free(e->b_seq);
     free(e->b_want);
+    free(e->b_lora);
     free(e->b_hid);
     free(e->hidden);
     free(e->pool_acc);
@@ -253,6 +256,25 @@ static bool id_is_live(const kg_engine_t *e, uint64_t id) {
     return false;
 }
 
+/* The prefix cache's key of an adapter set: FNV-1a over its ids and
+ * scales' bits (0, the base's key, only for the empty set). */
+static uint64_t lora_key(const kg_lora_set_t *set) {
+    if (set->n == 0) {
+        return 0;
+    }
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int32_t i = 0; i < set->n; i++) {
+        uint32_t words[2] = {(uint32_t)set->id[i], 0};
+        memcpy(&words[1], &set->scale[i], sizeof(float));
+        for (int w = 0; w < 2; w++) {
+            for (int b = 0; b < 4; b++) {
+                h = (h ^ ((words[w] >> (8 * b)) & 0xff)) * 0x100000001b3ULL;
+            }
+        }
+    }
+    return h ? h : 1;
+}
+
 /* Fill record r for choice `choice` of `req` (with a grammar, the record's
  * matcher is already there). */
 static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t choice) {
@@ -296,6 +318,8 @@ static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t
                (size_t)req->n_think_close * sizeof(*seq->think_close));
         seq->think_budget = req->think_budget;
     }
+    seq->lora = req->lora;
+    seq->lora_key = lora_key(&req->lora);
 }
 
 static bool bias_is_valid(const kg_engine_t *e, const kg_sampling_params_t *sp) {
@@ -362,7 +386,7 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
         return KG_QUEUE_FULL;
     }
     /* after the queue check: callers retry a full queue every step */
-    if (!bias_is_valid(e, &req->sampling)) {
+    if (!bias_is_valid(e, &req->sampling) || req->lora.n < 0 || req->lora.n > KG_LORA_SET_MAX) {
         return KG_ERR_INVALID;
     }
     if (req->grammar) {

@@ -189,6 +189,8 @@ typedef struct kg_request {
     kg_grammar_t *grammar;         /* NULL, or the output's grammar (borrowed: submit takes its own
                                       reference) */
     int32_t n_choices;             /* 1..min(KG_MAX_CHOICES, max_batch_size); 0 means 1 */
+    kg_lora_set_t lora; /* the LoRA adapters it runs with (kg_backend_lora_add ids; n = 0: the
+                           base); its prefix is cached apart from other adapter sets' */
     /* An embedding request (see EMBEDDINGS) when n_inputs > 0: `prompt` holds
      * the inputs one after another, input_len[i] tokens each (copied at
      * submit); max_tokens, sampling, grammar and n_choices are not used. */

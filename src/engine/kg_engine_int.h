@@ -45,6 +45,8 @@ typedef struct kg_seq {
     kg_logit_bias_t *bias; /* (KG_MAX_LOGIT_BIAS) sampling.logit_bias points here */
     kg_grammar_t *grammar; /* a reference, NULL when unconstrained */
     kg_matcher_t *matcher; /* the record's matcher (allocated on first use, kept) */
+    kg_lora_set_t lora;    /* its adapters (n = 0: the base) */
+    uint64_t lora_key;     /* the prefix cache's key of that set (0: the base) */
     bool embed;            /* an embedding input: prefill only (see EMBEDDINGS) */
     kg_engine_pool_t pool;
     float *embd_out; /* embed: (n_embd) where the pooled row goes */
@@ -93,6 +95,7 @@ struct kg_engine {
     int32_t *b_token;          /* (max_batch_tokens) */
     int32_t *b_pos;            /* (max_batch_tokens) */
     int32_t *b_seq;            /* (max_batch_tokens) slot of each token */
+    kg_lora_set_t *b_lora;     /* (max_batch_size) each slot's adapters this step */
     bool *b_want;              /* (max_batch_tokens) */
     int32_t *b_row_rec;        /* (max_batch_size) record of each logits row */
     bool *b_in_step;           /* (max_batch_size) run[i] had tokens in a failed step */

@@ -226,7 +226,7 @@ static bool prefix_in_flight(const kg_engine_t *e, const kg_seq_t *w, int32_t hi
     }
     for (int32_t i = 0; i < e->n_run; i++) {
         const kg_seq_t *r = &e->recs[e->run[i]];
-        if (r->n_computed < end && r->n_tokens >= end &&
+        if (r->n_computed < end && r->n_tokens >= end && r->lora_key == w->lora_key &&
             memcmp(r->tokens, w->tokens, (size_t)end * sizeof(int32_t)) == 0) {
             return true;
         }
@@ -243,7 +243,9 @@ static bool fits(const kg_engine_t *e, const kg_seq_t *seq, int32_t *hit) {
     /* Leave at least the last token to compute: its logits are needed. An
      * embedding input computes all of them (its hidden states are not cached). */
     int32_t idle = 0;
-    *hit = seq->embed ? 0 : kg_kv_match(e->kv, seq->tokens, (seq->n_tokens - 1) / bs, &idle);
+    *hit = seq->embed ? 0
+                      : kg_kv_match_key(e->kv, seq->lora_key, seq->tokens, (seq->n_tokens - 1) / bs,
+                                        &idle);
     const int32_t need = (seq->n_tokens - 1) / bs + 1;
     const int32_t headroom = e->n_run > 0 ? e->headroom : 0;
     const int32_t k = seq->n_pending;
@@ -290,7 +292,7 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         seq->n_reserved = k;
         e->n_reserved_slots += k;
         int32_t slot = e->free_slots[--e->n_free_slots];
-        kg_status_t st = kg_kv_seq_assign(e->kv, slot, seq->tokens, hit, need);
+        kg_status_t st = kg_kv_seq_assign_key(e->kv, slot, seq->lora_key, seq->tokens, hit, need);
         KG_ASSERT(st == KG_OK);
         kg_engine_wait_remove_at(e, 0);
         e->run[e->n_run++] = r;
@@ -608,11 +610,21 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         return flush(e, out);
     }
 
+    /* each slot's adapters; none at all: NULL, the base's plain step */
+    bool any_lora = false;
+    for (int32_t i = 0; i < e->n_run; i++) {
+        const kg_seq_t *seq = &e->recs[e->run[i]];
+        if (seq->n_sched > 0) {
+            e->b_lora[seq->slot] = seq->lora;
+            any_lora = any_lora || seq->lora.n > 0;
+        }
+    }
     int32_t n_hid = 0;
     for (int32_t t = 0; t < nt; t++) {
         n_hid += e->b_hid[t];
     }
     kg_step_batch_t batch = {
+        .slot_lora = any_lora ? e->b_lora : NULL,
         .n_tokens = nt,
         .token = e->b_token,
         .pos = e->b_pos,

@@ -14,6 +14,7 @@ struct kg_kv {
     int32_t *ref;         /* (n_blocks) slots referencing the block */
     bool *registered;     /* (n_blocks) in the prefix cache map */
     uint64_t *hash;       /* (n_blocks) chain hash of a registered block */
+    uint64_t *key;        /* (n_blocks) the key of the chain a registered block is on */
     int32_t *parent;      /* (n_blocks) parent of a registered block, -1 for a first block */
     uint32_t *parent_gen; /* (n_blocks) gen[parent] when the block was registered */
     uint32_t *gen;        /* (n_blocks) bumped when the block leaves the cache */
@@ -38,6 +39,7 @@ struct kg_kv {
     uint64_t *chain_hash; /* (n_slots) hash of the last chained block, 0 before the first */
     int32_t *chain_block; /* (n_slots) registered block equal to the last chained one, or -1 */
     uint32_t *chain_gen;  /* (n_slots) its generation */
+    uint64_t *slot_key;   /* (n_slots) the key the slot's blocks are cached under */
 
     kg_kv_stats_t st;
 };
@@ -100,14 +102,19 @@ static void map_remove(kg_kv_t *kv, int32_t b) {
     }
 }
 
-/* The registered block with hash `h`, parent (parent, pgen) and these
- * token ids, or -1. */
-static int32_t
-map_find(const kg_kv_t *kv, uint64_t h, int32_t parent, uint32_t pgen, const int32_t *tok) {
+/* The registered block with hash `h`, chain key `key`, parent (parent,
+ * pgen) and these token ids, or -1. */
+static int32_t map_find(const kg_kv_t *kv,
+                        uint64_t key,
+                        uint64_t h,
+                        int32_t parent,
+                        uint32_t pgen,
+                        const int32_t *tok) {
     int32_t bs = kv->p.block_size;
     uint32_t i = (uint32_t)h & kv->map_mask;
     for (int32_t b; (b = kv->map[i]) >= 0; i = (i + 1) & kv->map_mask) {
-        if (kv->hash[b] == h && kv->parent[b] == parent && kv->parent_gen[b] == pgen &&
+        if (kv->hash[b] == h && kv->key[b] == key && kv->parent[b] == parent &&
+            kv->parent_gen[b] == pgen &&
             memcmp(kv->tokens + (size_t)b * (size_t)bs, tok, (size_t)bs * sizeof(int32_t)) == 0) {
             return b;
         }
@@ -212,6 +219,7 @@ kg_kv_t *kg_kv_new(const kg_kv_params_t *params, char *errstr, size_t errstr_siz
     kv->ref = calloc(nb, sizeof(*kv->ref));
     kv->registered = calloc(nb, sizeof(*kv->registered));
     kv->hash = calloc(nb, sizeof(*kv->hash));
+    kv->key = calloc(nb, sizeof(*kv->key));
     kv->parent = calloc(nb, sizeof(*kv->parent));
     kv->parent_gen = calloc(nb, sizeof(*kv->parent_gen));
     kv->gen = calloc(nb, sizeof(*kv->gen));
@@ -227,10 +235,11 @@ kg_kv_t *kg_kv_new(const kg_kv_params_t *params, char *errstr, size_t errstr_siz
     kv->chain_hash = calloc(ns, sizeof(*kv->chain_hash));
     kv->chain_block = malloc(ns * sizeof(*kv->chain_block));
     kv->chain_gen = calloc(ns, sizeof(*kv->chain_gen));
+    kv->slot_key = calloc(ns, sizeof(*kv->slot_key));
     if (!kv->ref || !kv->registered || !kv->hash || !kv->parent || !kv->parent_gen || !kv->gen ||
         !kv->tokens || !kv->lru_prev || !kv->lru_next || !kv->free_stack || !kv->map ||
         !kv->table || !kv->n_seq || !kv->n_dropped || !kv->n_chain || !kv->chain_hash ||
-        !kv->chain_block || !kv->chain_gen) {
+        !kv->chain_block || !kv->chain_gen || !kv->key || !kv->slot_key) {
         goto fail;
     }
     /* Stack order: block 0 is handed out first (easier to read in tests). */
@@ -263,6 +272,7 @@ void kg_kv_free(kg_kv_t *kv) {
     free(kv->ref);
     free(kv->registered);
     free(kv->hash);
+    free(kv->key);
     free(kv->parent);
     free(kv->parent_gen);
     free(kv->gen);
@@ -276,6 +286,7 @@ void kg_kv_free(kg_kv_t *kv) {
     free(kv->n_dropped);
     free(kv->n_chain);
     free(kv->chain_hash);
+    free(kv->slot_key);
     free(kv->chain_block);
     free(kv->chain_gen);
     free(kv);
@@ -316,16 +327,21 @@ void kg_kv_stats(const kg_kv_t *kv, kg_kv_stats_t *out) {
 }
 
 int32_t kg_kv_match(const kg_kv_t *kv, const int32_t *tokens, int32_t max_blocks, int32_t *n_idle) {
+    return kg_kv_match_key(kv, 0, tokens, max_blocks, n_idle);
+}
+
+int32_t kg_kv_match_key(
+    const kg_kv_t *kv, uint64_t key, const int32_t *tokens, int32_t max_blocks, int32_t *n_idle) {
     int32_t n = 0, idle = 0;
     if (kv->p.prefix_cache) {
-        uint64_t h = 0;
+        uint64_t h = key;
         int32_t parent = -1;
         uint32_t pgen = 0;
         int32_t bs = kv->p.block_size;
         for (; n < max_blocks; n++) {
             const int32_t *tok = tokens + (size_t)n * (size_t)bs;
             uint64_t hn = block_hash(h, tok, bs);
-            int32_t b = map_find(kv, hn, parent, pgen, tok);
+            int32_t b = map_find(kv, key, hn, parent, pgen, tok);
             if (b < 0) {
                 break;
             }
@@ -345,8 +361,17 @@ int32_t kg_kv_match(const kg_kv_t *kv, const int32_t *tokens, int32_t max_blocks
 
 kg_status_t kg_kv_seq_assign(
     kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t n_hit, int32_t n_blocks) {
+    return kg_kv_seq_assign_key(kv, slot, 0, tokens, n_hit, n_blocks);
+}
+
+kg_status_t kg_kv_seq_assign_key(kg_kv_t *kv,
+                                 int32_t slot,
+                                 uint64_t key,
+                                 const int32_t *tokens,
+                                 int32_t n_hit,
+                                 int32_t n_blocks) {
     int32_t idle = 0;
-    int32_t got = kg_kv_match(kv, tokens, n_hit, &idle);
+    int32_t got = kg_kv_match_key(kv, key, tokens, n_hit, &idle);
     if (got != n_hit || n_blocks > kv->p.max_blocks_per_seq || n_hit > n_blocks ||
         kv->n_seq[slot] != 0) {
         KG_LOG_ERROR("kv", "bad assign slot=%d hit=%d matched=%d blocks=%d held=%d", slot, n_hit,
@@ -358,13 +383,13 @@ kg_status_t kg_kv_seq_assign(
     }
     int32_t *row = kv->table + (size_t)slot * (size_t)kv->p.max_blocks_per_seq;
     int32_t bs = kv->p.block_size;
-    uint64_t h = 0;
+    uint64_t h = key;
     int32_t parent = -1;
     uint32_t pgen = 0;
     for (int32_t i = 0; i < n_hit; i++) {
         const int32_t *tok = tokens + (size_t)i * (size_t)bs;
         h = block_hash(h, tok, bs);
-        int32_t b = map_find(kv, h, parent, pgen, tok);
+        int32_t b = map_find(kv, key, h, parent, pgen, tok);
         if (kv->ref[b] == 0) {
             lru_remove(kv, b);
         }
@@ -376,6 +401,7 @@ kg_status_t kg_kv_seq_assign(
     kv->st.n_hit_blocks += n_hit;
     kv->n_chain[slot] = n_hit;
     kv->chain_hash[slot] = h;
+    kv->slot_key[slot] = key;
     kv->chain_block[slot] = parent;
     kv->chain_gen[slot] = pgen;
     for (int32_t i = n_hit; i < n_blocks; i++) {
@@ -419,6 +445,8 @@ bool kg_kv_seq_fork(
     }
     row[n_share] = b;
     kv->n_seq[dst] = n_share + 1;
+    kv->slot_key[dst] = kv->slot_key[src];
+    kv->chain_hash[dst] = kv->slot_key[src];
     kv->n_dropped[dst] = kv->n_dropped[src] < n_share ? kv->n_dropped[src] : n_share;
     /* the cache chain of dst is walked again from its first block at its
      * first commit; shared blocks are found registered (or equal to
@@ -441,11 +469,13 @@ void kg_kv_seq_commit(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t 
     for (int32_t i = kv->n_chain[slot]; i < n_full && row[i] >= 0; i++) {
         const int32_t *tok = tokens + (size_t)i * (size_t)bs;
         uint64_t h = block_hash(kv->chain_hash[slot], tok, bs);
-        int32_t c = map_find(kv, h, kv->chain_block[slot], kv->chain_gen[slot], tok);
+        int32_t c =
+            map_find(kv, kv->slot_key[slot], h, kv->chain_block[slot], kv->chain_gen[slot], tok);
         if (c < 0) {
             /* First time this block content (after this prefix) is cached. */
             c = row[i];
             kv->hash[c] = h;
+            kv->key[c] = kv->slot_key[slot];
             kv->parent[c] = kv->chain_block[slot];
             kv->parent_gen[c] = kv->chain_gen[slot];
             memcpy(kv->tokens + (size_t)c * (size_t)bs, tok, (size_t)bs * sizeof(int32_t));
@@ -491,4 +521,5 @@ void kg_kv_seq_release(kg_kv_t *kv, int32_t slot) {
     kv->chain_hash[slot] = 0;
     kv->chain_block[slot] = -1;
     kv->chain_gen[slot] = 0;
+    kv->slot_key[slot] = 0;
 }

@@ -76,12 +76,27 @@ int32_t kg_kv_n_available(const kg_kv_t *kv);
  * them are unreferenced: taking those lowers kg_kv_n_available. */
 int32_t kg_kv_match(const kg_kv_t *kv, const int32_t *tokens, int32_t max_blocks, int32_t *n_idle);
 
+/** kg_kv_match within the chains of `key` (kg_kv_match is key 0): blocks
+ * are cached per key, so the same tokens computed under another key (a
+ * LoRA adapter set: other K/V) are never found. */
+int32_t kg_kv_match_key(
+    const kg_kv_t *kv, uint64_t key, const int32_t *tokens, int32_t max_blocks, int32_t *n_idle);
+
 /** Fill the empty table of `slot`: the first `n_hit` blocks from the cache
  * (as counted by kg_kv_match for the same tokens), then fresh blocks up to
  * `n_blocks` in all. KG_KV_FULL, with the table left empty, when the pool
  * cannot supply them. */
 KG_NODISCARD kg_status_t
 kg_kv_seq_assign(kg_kv_t *kv, int32_t slot, const int32_t *tokens, int32_t n_hit, int32_t n_blocks);
+
+/** kg_kv_seq_assign under `key` (see kg_kv_match_key): the slot's blocks
+ * are registered under it as they are committed; a fork inherits it. */
+KG_NODISCARD kg_status_t kg_kv_seq_assign_key(kg_kv_t *kv,
+                                              int32_t slot,
+                                              uint64_t key,
+                                              const int32_t *tokens,
+                                              int32_t n_hit,
+                                              int32_t n_blocks);
 
 /** Append one block to the table of `slot`, evicting the least recently
  * used cached block when none is free. false when the pool has none. */

@@ -4,6 +4,7 @@
 #include "../backend/kg_backend.h"
 #include "../core/kg_clock.h"
 #include "../grammar/kg_grammar_cache.h"
+#include "../pipeline/kg_loras.h"
 #include "../pipeline/kg_runner.h"
 #include "../schema/kg_codec_event.h"
 
@@ -151,6 +152,23 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
                 "Expert groups run: one gate/up and one down GEMM over an expert's rows of a "
                 "layer and step.",
                 (long long)atomic_load(&g->moe_groups));
+    }
+    const kg_loras_t *loras = kg_worker_loras(w);
+    if (loras && loras->n > 0) {
+        gauge(f, "kgen_lora_adapters_resident", "LoRA adapters loaded (--lora).", loras->n);
+        counter(f, "kgen_lora_loads_total", "LoRA adapters loaded since start.", loras->n);
+        fprintf(f, "# HELP kgen_lora_jobs_total Jobs accepted per LoRA adapter.\n"
+                   "# TYPE kgen_lora_jobs_total counter\n");
+        for (int32_t i = 0; i < loras->n; i++) {
+            fprintf(f, "kgen_lora_jobs_total{adapter=\"%s\"} %lld\n", loras->e[i].name,
+                    (long long)atomic_load(&loras->e[i].stats->n_jobs));
+        }
+        fprintf(f, "# HELP kgen_lora_tokens_total Tokens generated per LoRA adapter.\n"
+                   "# TYPE kgen_lora_tokens_total counter\n");
+        for (int32_t i = 0; i < loras->n; i++) {
+            fprintf(f, "kgen_lora_tokens_total{adapter=\"%s\"} %lld\n", loras->e[i].name,
+                    (long long)atomic_load(&loras->e[i].stats->n_tokens));
+        }
     }
     gauge(f, "kgen_consumer_paused", "1 while the consumer is paused for backpressure.",
           atomic_load(&m->paused));

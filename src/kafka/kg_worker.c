@@ -192,6 +192,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
      * constrained jobs compile here, on the kafka thread, once per schema */
     kg_stack_options_t so = kg_stack_options_default();
     so.backend = cfg->backend;
+    so.lora = cfg->lora;
     so.engine.max_batch_size = cfg->max_batch_size;
     so.engine.max_queue_depth = (int32_t)cfg->max_batch_size + w->queue_depth;
     so.engine.max_batch_tokens = cfg->max_batch_tokens;
@@ -216,6 +217,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->intake.limits.max_prompt_tokens = (int32_t)cfg->max_prompt_tokens;
     w->intake.limits.max_tokens_limit = (int32_t)cfg->max_tokens_limit;
     w->intake.limits.grammars = kg_stack_grammars(w->stack);
+    w->intake.limits.loras = kg_stack_loras(w->stack);
     w->intake.limits.chat_template = kg_stack_chat_template(w->stack);
     w->intake.limits.max_choices =
         ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size : KG_JOB_MAX_N;
@@ -449,6 +451,10 @@ const kg_worker_metrics_t *kg_worker_metrics(const kg_worker_t *w) {
 
 const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w) {
     return kg_runner_gauges(w->runner);
+}
+
+const kg_loras_t *kg_worker_loras(const kg_worker_t *w) {
+    return kg_stack_loras(w->stack);
 }
 
 void kg_worker_backend_counters(const kg_worker_t *w, kg_backend_counters_t *out) {

@@ -89,6 +89,9 @@ const struct kg_runner_gauges *kg_worker_engine_gauges(const kg_worker_t *w);
 struct kg_backend_counters;
 /** The backend's own counters (CUDA graphs and their fallbacks); any thread. */
 void kg_worker_backend_counters(const kg_worker_t *w, struct kg_backend_counters *out);
+struct kg_loras;
+/** The served LoRA adapters (their counters are atomics, readable from any thread). */
+const struct kg_loras *kg_worker_loras(const kg_worker_t *w);
 /** The grammar cache (its stats are atomics, readable from any thread). */
 const struct kg_grammar_cache *kg_worker_grammar_cache(const kg_worker_t *w);
 /** Per-partition lag: fills up to `max` (topic, partition, lag) triples (the

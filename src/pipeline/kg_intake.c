@@ -110,6 +110,64 @@ static const char *token_text(const kg_tokenizer_t *tok, int32_t id, char *buf, 
     return buf;
 }
 
+/* The model check and the job's adapters: its model must be a served name
+ * or an adapter's (that adapter at its --lora scale), and each name of its
+ * lora list an adapter's. model_not_found otherwise, naming what is
+ * served. */
+static kg_status_t pick_loras(const kg_intake_limits_t *lim,
+                              const kg_job_t *job,
+                              kg_lora_set_t *set,
+                              kg_error_code_t *code,
+                              char *msg,
+                              size_t msg_size) {
+    memset(set, 0, sizeof(*set));
+    const kg_lora_entry_t *by_model = kg_loras_find(lim->loras, job->model);
+    if (by_model) {
+        set->id[set->n] = by_model->id;
+        set->scale[set->n++] = by_model->scale;
+    } else if (job->model && lim->n_served > 0) {
+        bool served = false;
+        for (int32_t i = 0; i < lim->n_served && !served; i++) {
+            served = strcmp(job->model, lim->served[i]) == 0;
+        }
+        if (!served) {
+            *code = KG_ERROR_MODEL_NOT_FOUND;
+            int at =
+                snprintf(msg, msg_size,
+                         "model \"%.64s\" is not served here (this worker serves:", job->model);
+            for (int32_t i = 0; i < lim->n_served && at > 0 && (size_t)at < msg_size; i++) {
+                at += snprintf(msg + at, msg_size - (size_t)at, "%s \"%.48s\"", i ? "," : "",
+                               lim->served[i]);
+            }
+            for (int32_t i = 0; lim->loras && i < lim->loras->n && at > 0 && (size_t)at < msg_size;
+                 i++) {
+                at += snprintf(msg + at, msg_size - (size_t)at, "%s \"%.48s\"",
+                               i ? "," : "; LoRA adapters:", lim->loras->e[i].name);
+            }
+            if (at > 0 && (size_t)at < msg_size) {
+                snprintf(msg + at, msg_size - (size_t)at, ")");
+            }
+            return KG_ERR_INVALID;
+        }
+    }
+    for (int32_t i = 0; i < job->n_lora; i++) {
+        const kg_lora_entry_t *e = kg_loras_find(lim->loras, job->lora[i].name);
+        if (!e) {
+            *code = KG_ERROR_MODEL_NOT_FOUND;
+            snprintf(msg, msg_size, "lora: no adapter \"%.64s\" here (%d served; see --lora)",
+                     job->lora[i].name, lim->loras ? lim->loras->n : 0);
+            return KG_ERR_INVALID;
+        }
+        if (set->n == KG_LORA_SET_MAX) {
+            snprintf(msg, msg_size, "lora: more than %d adapters with model's", KG_LORA_SET_MAX);
+            return KG_ERR_INVALID;
+        }
+        set->id[set->n] = e->id;
+        set->scale[set->n++] = job->lora[i].has_scale ? job->lora[i].scale : e->scale;
+    }
+    return KG_OK;
+}
+
 kg_status_t kg_intake_render_chat(const kg_model_t *model,
                                   const kg_intake_limits_t *lim,
                                   const kg_job_t *job,
@@ -182,25 +240,8 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
                  (long long)job->deadline_ms, (long long)(now_ms - job->deadline_ms));
         return KG_ERR_INVALID;
     }
-    if (job->model && lim->n_served > 0) {
-        bool served = false;
-        for (int32_t i = 0; i < lim->n_served && !served; i++) {
-            served = strcmp(job->model, lim->served[i]) == 0;
-        }
-        if (!served) {
-            *code = KG_ERROR_MODEL_NOT_FOUND;
-            int at =
-                snprintf(msg, msg_size,
-                         "model \"%.64s\" is not served here (this worker serves:", job->model);
-            for (int32_t i = 0; i < lim->n_served && at > 0 && (size_t)at < msg_size; i++) {
-                at += snprintf(msg + at, msg_size - (size_t)at, "%s \"%.48s\"", i ? "," : "",
-                               lim->served[i]);
-            }
-            if (at > 0 && (size_t)at < msg_size) {
-                snprintf(msg + at, msg_size - (size_t)at, ")");
-            }
-            return KG_ERR_INVALID;
-        }
+    if (pick_loras(lim, job, &out->lora, code, msg, msg_size) != KG_OK) {
+        return KG_ERR_INVALID;
     }
     int32_t max_n = lim->max_choices > 0 ? lim->max_choices : KG_JOB_MAX_N;
     if (job->n > max_n) {

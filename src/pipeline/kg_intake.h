@@ -17,12 +17,14 @@
  * malformed regex, choice or grammar invalid_job. */
 #pragma once
 
+#include "../backend/kg_backend.h"
 #include "../core/kg_status.h"
 #include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
 #include "../schema/kg_chat.h"
 #include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
+#include "kg_loras.h"
 
 /* Tokens </think> may take (one in Qwen3's and DeepSeek's vocabularies). */
 #define KG_THINK_MAX_CLOSE 8
@@ -43,6 +45,9 @@ typedef struct kg_intake_limits {
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;
     int32_t n_served;
+    /* the LoRA adapters served (borrowed; NULL: none): a job's model may
+     * name one, its lora list names them */
+    const kg_loras_t *loras;
     /* the model's chat template compiled (kg_stack_chat_template; borrowed): chat jobs render
      * through it; a render error is invalid_job. NULL: the recognised-family renderer */
     const kg_chat_jinja_t *chat_template;
@@ -53,6 +58,7 @@ typedef struct kg_prepared {
     int32_t n_tokens;
     int32_t max_tokens;    /* after clamping to the context */
     kg_grammar_t *grammar; /* a reference for a constrained job (kg_prepared_clear drops it) */
+    kg_lora_set_t lora;    /* the adapters the job runs with (n 0: the base) */
     /* embed, rerank and score jobs (kg_embedjob): `tokens` holds the inputs one after another */
     int32_t *input_len; /* (n_inputs) owned */
     int32_t n_inputs;   /* 0: a generation job */

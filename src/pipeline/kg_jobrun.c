@@ -24,6 +24,10 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
     if (st != KG_OK) {
         return st;
     }
+    if (r->prep.lora.n > 0) {
+        r->loras = lim->loras;
+        kg_loras_count(r->loras, &r->prep.lora, 1, 0);
+    }
     r->model = model;
     r->n_choices = r->prep.n_inputs > 0 ? r->prep.n_inputs : job->n > 1 ? job->n : 1;
     if (r->prep.n_inputs > 0) {
@@ -76,7 +80,8 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
                         .ignore_eos = job->ignore_eos,
                         .sampling = job->sampling,
                         .grammar = r->prep.grammar, /* the engine takes its own reference */
-                        .n_choices = r->n_choices};
+                        .n_choices = r->n_choices,
+                        .lora = r->prep.lora};
     if (r->prep.n_inputs > 0) {
         req.n_inputs = r->prep.n_inputs;
         req.input_len = r->prep.input_len;
@@ -129,6 +134,9 @@ kg_status_t kg_jobrun_on_completion(kg_jobrun_t *r,
         if (!r->t.first_token_us) {
             r->t.first_token_us = ts_us;
             r->t.n_cached = c->n_cached;
+        }
+        if (r->loras) {
+            kg_loras_count(r->loras, &r->prep.lora, 0, 1);
         }
         int n = kg_output_push(&ch->out, c->token, &c->sample, st->evs);
         if (n < 0) {

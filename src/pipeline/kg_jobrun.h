@@ -56,8 +56,9 @@ typedef struct kg_jobrun {
     kg_job_timing_t t;
     kg_jobrun_choice_t *choices; /* (n_choices) = job->n, owned */
     int32_t n_choices;
-    int32_t n_finished; /* choices whose last completion came */
-    bool cancelled;     /* a user's cancel (kg_jobrun_cancel): tokens after it are dropped */
+    int32_t n_finished;      /* choices whose last completion came */
+    bool cancelled;          /* a user's cancel (kg_jobrun_cancel): tokens after it are dropped */
+    const kg_loras_t *loras; /* the limits' adapters: their counters (NULL: none) */
     /* embed, rerank and score jobs (kg_embedjob): one choice per input */
     const kg_model_t *model; /* borrowed */
     float *embd;             /* (prep.n_inputs, n_embd) the engine's pooled rows, owned */

@@ -16,6 +16,7 @@ struct kg_stack {
     kg_engine_t *engine;
     kg_runner_t *runner;   /* NULL without one, or after kg_stack_stop */
     kg_chat_jinja_t *chat; /* the model's chat template compiled; NULL: none usable */
+    kg_loras_t loras;      /* the served LoRA adapters */
 };
 
 kg_stack_options_t kg_stack_options_default(void) {
@@ -46,10 +47,17 @@ kg_stack_t *kg_stack_new(const kg_model_t *model,
             goto fail;
         }
     }
+    if (kg_loras_parse(&stack->loras, o->lora, errstr, errstr_size) != KG_OK) {
+        goto fail;
+    }
     /* compiled once here; a template that does not compile logs why */
     stack->chat = kg_chat_jinja_compile(model->chat_template);
     stack->be = kg_backend_new(o->backend, model, &bp, errstr, errstr_size);
     if (!stack->be) {
+        goto fail;
+    }
+    /* before the runner: the backend takes adapters only between steps */
+    if (kg_loras_load(&stack->loras, model, stack->be, errstr, errstr_size) != KG_OK) {
         goto fail;
     }
     stack->engine = kg_engine_new(stack->be, &stack->ep, errstr, errstr_size);
@@ -79,6 +87,7 @@ void kg_stack_free(kg_stack_t *stack) {
     }
     kg_stack_stop(stack);
     kg_engine_free(stack->engine);
+    kg_loras_clear(&stack->loras, stack->be);
     kg_backend_free(stack->be);
     kg_grammar_cache_free(stack->grammars);
     kg_chat_jinja_free(stack->chat);
@@ -91,6 +100,10 @@ kg_engine_t *kg_stack_engine(const kg_stack_t *stack) {
 
 kg_backend_t *kg_stack_backend(const kg_stack_t *stack) {
     return stack->be;
+}
+
+const kg_loras_t *kg_stack_loras(const kg_stack_t *stack) {
+    return &stack->loras;
 }
 
 kg_runner_t *kg_stack_runner(const kg_stack_t *stack) {

@@ -19,6 +19,7 @@
 #include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
 #include "../schema/kg_chat.h"
+#include "kg_loras.h"
 #include "kg_runner.h"
 
 #include <stdbool.h>
@@ -33,6 +34,7 @@ typedef struct kg_stack_options {
     kg_engine_options_t engine; /* the programs' engine flags (kg_sizing) */
     bool no_jump_forward;       /* kg_engine_params_t.no_jump_forward (kgen-bench) */
     size_t grammar_bytes;       /* the grammar cache's budget; 0: no cache */
+    const char *lora;           /* --lora: NAME=PATH[:SCALE],... adapters (kg_loras); NULL: none */
     int32_t runner_inflight;    /* > 0: a runner (the engine thread) with queues for this many
                                    requests; 0: none, the caller steps the engine itself */
 } kg_stack_options_t;
@@ -63,6 +65,8 @@ void kg_stack_free(kg_stack_t *stack);
  * kg_stack_stop). */
 kg_engine_t *kg_stack_engine(const kg_stack_t *stack);
 kg_backend_t *kg_stack_backend(const kg_stack_t *stack);
+/** The served LoRA adapters (none: n 0). */
+const kg_loras_t *kg_stack_loras(const kg_stack_t *stack);
 /** NULL when built without one (runner_inflight 0). */
 kg_runner_t *kg_stack_runner(const kg_stack_t *stack);
 /** NULL when built without one (grammar_bytes 0). */

@@ -344,6 +344,38 @@ static kg_status_t decode_model(dec_t *d, const json_t *v) {
     return d->job->model ? KG_OK : KG_ERR_NOMEM;
 }
 
+/* lora: [{"name": string, "scale": number?}], 1..KG_JOB_MAX_LORA entries
+ * (llama.cpp's server takes [{"id", "scale"}]; kgen names adapters, as
+ * --lora does). */
+static kg_status_t decode_lora(dec_t *d, const json_t *v) {
+    const char *expect = "an array of 1..4 {\"name\": string, \"scale\": number}";
+    if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > KG_JOB_MAX_LORA) {
+        return bad_field(d, "lora", expect, v);
+    }
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *e = json_array_get(v, i);
+        const json_t *name = json_object_get(e, "name");
+        const json_t *scale = json_object_get(e, "scale");
+        size_t len = json_string_length(name);
+        if (!json_is_object(e) || !json_is_string(name) || len < 1 ||
+            utf8_chars(json_string_value(name), len) > KG_JOB_MODEL_MAX ||
+            strlen(json_string_value(name)) != len ||
+            (scale && !json_is_null(scale) &&
+             (!json_is_number(scale) || fabs(json_number_value(scale)) > 1e6))) {
+            return bad_field(d, "lora", expect, e);
+        }
+        kg_job_lora_t *l = &d->job->lora[d->job->n_lora];
+        l->name = kg_codec_dup_bytes(json_string_value(name), len);
+        if (!l->name) {
+            return KG_ERR_NOMEM;
+        }
+        d->job->n_lora++;
+        l->has_scale = scale && !json_is_null(scale);
+        l->scale = l->has_scale ? (float)json_number_value(scale) : 1.0f;
+    }
+    return KG_OK;
+}
+
 /* A token id as OpenAI writes logit_bias keys: decimal digits, no sign, no
  * leading zero (so one token cannot appear under two keys). */
 static bool parse_token_key(const char *k, int32_t *out) {
@@ -597,6 +629,9 @@ static kg_status_t decode_fields(dec_t *d) {
         }
     }
     if ((v = given(d, "model")) && (st = decode_model(d, v)) != KG_OK) {
+        return st;
+    }
+    if ((v = given(d, "lora")) && (st = decode_lora(d, v)) != KG_OK) {
         return st;
     }
     if ((v = given(d, "logit_bias")) && (st = decode_logit_bias(d, v)) != KG_OK) {

@@ -143,6 +143,20 @@ char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
     if (job->model) {
         kg_codec_put(o, "model", kg_codec_cstr_json(job->model), &ok);
     }
+    if (job->n_lora > 0) {
+        json_t *arr = json_array();
+        kg_codec_put(o, "lora", arr, &ok);
+        for (int32_t i = 0; arr && i < job->n_lora; i++) {
+            json_t *e = json_object();
+            ok = ok && e && json_array_append_new(arr, e) == 0;
+            if (e) {
+                kg_codec_put(e, "name", kg_codec_cstr_json(job->lora[i].name), &ok);
+                if (job->lora[i].has_scale) {
+                    kg_codec_put(e, "scale", kg_codec_float_json(job->lora[i].scale), &ok);
+                }
+            }
+        }
+    }
     if (job->sampling.n_logit_bias > 0) {
         json_t *lb = json_object();
         kg_codec_put(o, "logit_bias", lb, &ok);

@@ -20,6 +20,9 @@ void kg_job_free(kg_job_t *job) {
     free(job->stop);
     free(job->metadata_json);
     free(job->model);
+    for (int32_t i = 0; i < job->n_lora; i++) {
+        free(job->lora[i].name);
+    }
     free((void *)job->sampling.logit_bias); // owned; const for the sampler
     free(job->constraint_text);
     free(job->schema_name);

@@ -26,6 +26,7 @@
 #define KG_JOB_DEFAULT_MAX_TOKENS 256
 #define KG_JOB_MAX_N              16  /* choices per job (KG_MAX_CHOICES of the engine) */
 #define KG_JOB_MODEL_MAX          256 /* code points of a model name */
+#define KG_JOB_MAX_LORA           4   /* adapters one job names at most (KG_LORA_SET_MAX) */
 
 typedef enum kg_prompt_kind {
     KG_PROMPT_TEXT = 0,     /* prompt / prompt_len */
@@ -33,6 +34,12 @@ typedef enum kg_prompt_kind {
     KG_PROMPT_MESSAGES = 2, /* messages / n_messages */
 } kg_prompt_kind_t;
 
+/* One adapter of a job's lora list. */
+typedef struct kg_job_lora {
+    char *name;  /* owned, 1..256 code points */
+    float scale; /* when has_scale; else the worker's --lora scale */
+    bool has_scale;
+} kg_job_lora_t;
 /* What a job asks for (its "task"). */
 typedef enum kg_task {
     KG_TASK_GENERATE = 0, /* text from a prompt (the default) */
@@ -93,7 +100,9 @@ typedef struct kg_job {
     int32_t priority;    /* higher runs first; default 0 */
     char *metadata_json; /* the metadata object as compact JSON text, NULL when absent */
     char *model;         /* the model the job names; NULL: whichever the worker serves */
-    int32_t n;           /* choices: independent completions of the prompt, 1..16 (default 1) */
+    kg_job_lora_t lora[KG_JOB_MAX_LORA]; /* LoRA adapters by name (llama.cpp's lora field) */
+    int32_t n_lora;
+    int32_t n; /* choices: independent completions of the prompt, 1..16 (default 1) */
     /* sampling.logit_bias, when set, points to an array the job owns */
 
     /* ---- constrained output: at most one of response_format (json_object /

@@ -6,14 +6,18 @@
 # The jobs cover every way a job ends: done (stop, length, stop_sequence; a choice job makes
 # sure of stop), logprobs streamed and not, intake errors (invalid_job, prompt_too_long,
 # max_tokens_too_large, expired, unsupported_chat_template, model_not_found), OpenAI Batch lines
-# and a bare Completions body, n > 1 (with per-choice stop strings and logprobs), logit_bias and
-# embed jobs (their vectors bit for bit, an OpenAI /v1/embeddings line among them).
+# and a bare Completions body, n > 1 (with per-choice stop strings and logprobs), logit_bias,
+# embed jobs (their vectors bit for bit, an OpenAI /v1/embeddings line among them) and LoRA
+# adapters (--lora; picked by model and by lora, two at once, an unknown one; kgen generate
+# --lora gives the same greedy text).
 # The prefix cache is off on both sides so usage.cached_tokens cannot differ by scheduling.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 kg_setup batch-vs-worker
 MODEL="${KG_DATA_DIR:?}/models/stories260K.gguf"
+"$KG_BIN/kgen" mkmodel --lora --base "$MODEL" --rank 8 --type f16 --seed 1 --out "$T/sql.gguf" >/dev/null
+"$KG_BIN/kgen" mkmodel --lora --base "$MODEL" --rank 4 --seed 2 --targets q,v --out "$T/chat.gguf" >/dev/null
 
 python3 - "$T/jobs.jsonl" <<'PY'
 import json, random, sys
@@ -46,6 +50,12 @@ jobs += [
     {"request_id": "cmp-ignore-eos", "prompt": "The end.", "max_tokens": 40, "temperature": 0,
      "ignore_eos": True},
     {"request_id": "cmp-model", "prompt": "x", "model": "another-model"},
+    {"request_id": "cmp-lora-base", "prompt": "The sun was", "max_tokens": 24, "temperature": 0},
+    {"request_id": "cmp-lora-model", "prompt": "The sun was", "max_tokens": 24, "temperature": 0,
+     "model": "sql"},
+    {"request_id": "cmp-lora-two", "prompt": "The sun was", "max_tokens": 24, "temperature": 0.7,
+     "seed": 4, "lora": [{"name": "sql", "scale": 0.5}, {"name": "chat"}]},
+    {"request_id": "cmp-lora-unknown", "prompt": "x", "lora": [{"name": "nope"}]},
     # ends "stop" whatever the model samples: the grammar completes
     {"request_id": "cmp-choice", "prompt": "Is it red?", "choice": ["yes", "no"],
      "temperature": 0.8, "seed": 9},
@@ -72,9 +82,14 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps(j) + "\n")
 PY
 
-common=(--threads 2 --max-batch-size 8 --prefix-cache false)
+common=(--threads 2 --max-batch-size 8 --prefix-cache false --lora "sql=$T/sql.gguf"
+        --lora "chat=$T/chat.gguf:0.8")
 "$KG_BIN/kgen" batch --model "$MODEL" --input "$T/jobs.jsonl" --output "$T/batch.jsonl" \
     "${common[@]}" 2>"$T/batch.log"
+
+# kgen generate --lora: the same greedy text as the job on that adapter
+"$KG_BIN/kgen" generate --model "$MODEL" --prompt "The sun was" --n-predict 24 --temp 0 --quiet \
+    --threads 2 --lora "$T/sql.gguf" >"$T/generate-lora.txt"
 
 kg_bg worker "$KG_BIN/kgen-worker" --demo 0 --model "$MODEL" --http-port 0 "${common[@]}"
 kg_wait_log "$T/worker.log" 'partitions assigned' 60
@@ -84,9 +99,11 @@ RESULTS=kgen.results
 kg_submit_timed 120
 kg_stop_pid "$(kg_pid worker)" 10
 
-python3 - "$T/batch.jsonl" "$T/results.jsonl" "$T/events.jsonl" <<'PY'
+python3 - "$T/batch.jsonl" "$T/results.jsonl" "$T/events.jsonl" "$T/generate-lora.txt" <<'PY'
 import collections, json, re, sys
 batch = {e["request_id"]: e for e in map(json.loads, open(sys.argv[1]))}
+gen = open(sys.argv[4], encoding="utf-8", errors="replace").read()
+assert gen == batch["cmp-lora-model"]["text"] + "\n", (gen, batch["cmp-lora-model"]["text"])
 worker = {e["request_id"]: e for e in map(json.loads, open(sys.argv[2]))}
 assert set(batch) == set(worker), (sorted(set(batch) ^ set(worker)))
 skip = {"worker_id", "topic", "partition", "offset", "attempt", "ts_ms", "timings"}
@@ -104,7 +121,10 @@ for rid, b in sorted(batch.items()):
 codes = sorted(e["code"] for e in batch.values() if e["type"] == "error")
 assert codes == sorted(["invalid_job", "prompt_too_long", "max_tokens_too_large", "expired",
                         "unsupported_chat_template", "unsupported_chat_template",
-                        "model_not_found", "invalid_job"]), codes
+                        "model_not_found", "model_not_found", "invalid_job"]), codes
+# an adapter changes what the model writes
+assert batch["cmp-lora-model"]["text"] != batch["cmp-lora-base"]["text"], batch["cmp-lora-model"]
+assert "nope" in batch["cmp-lora-unknown"]["message"], batch["cmp-lora-unknown"]
 for rid, k in (("cmp-n3", 3), ("cmp-n4-stream", 4), ("cmp-openai-cmpl", 2)):
     ch = batch[rid]["choices"]
     assert [c["index"] for c in ch] == list(range(k)), rid

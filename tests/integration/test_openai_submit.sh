@@ -15,7 +15,10 @@
 #    (custom_ids, --output-format openai, --error-file) keeps both files' lines;
 #  - response_format: a strict json_schema with n = 2 gives documents of the schema, the same as
 #    kgen batch; a schema kgen cannot enforce is invalid_schema (400, param response_format);
-#  - kgen-submit --status prints request_counts (total, completed, failed) from the results topic.
+#  - kgen-submit --status prints request_counts (total, completed, failed) from the results topic;
+#  - LoRA: a body whose model is an adapter's name (--lora, vLLM's convention) runs on the
+#    adapter beside a job on the base, as in kgen batch, differs from the base, and is counted
+#    in the adapter's metrics (jobs, tokens).
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -28,10 +31,14 @@ python3 -c 'import jsonschema' 2>/dev/null || kg_fail "python3-jsonschema is not
 kg_model "$T/chat.gguf" --n-embd 32 --n-head 2 --n-head-kv 1 --n-ff 64 --name tiny-chat \
     --vocab-from "$KG_DATA_DIR/tokenizer-vectors/ggml-vocab-phi-3.gguf"
 NAMES="gpt-3.5-turbo-0125,gpt-4o-mini,VAR_completion_model_id,meta-llama/Meta-Llama-3-8B-Instruct,tiny-chat"
+"$KG_BIN/kgen" mkmodel --lora --base "$T/chat.gguf" --rank 4 --type f16 --seed 5 --out "$T/sql.gguf" \
+    >/dev/null
+LORA=(--lora "tiny-sql=$T/sql.gguf")
 kg_broker_start
 kg_topics 4
 PORT=$(kg_free_port)
-kg_worker w1 --max-batch-size 8 --threads 2 --served-model-name "$NAMES" --http-port "$PORT"
+kg_worker w1 --max-batch-size 8 --threads 2 --served-model-name "$NAMES" --http-port "$PORT" \
+    "${LORA[@]}"
 kg_wait_assigned 60 4 w1
 
 jobs_in_topic() { # messages ever produced to $JOBS (sum of the end offsets)
@@ -49,7 +56,8 @@ submit() { # submit NAME IN [flags]: kgen-submit --output-format openai of IN in
 }
 batch() { # batch NAME IN: the same lines through kgen batch
     "$KG_BIN/kgen" batch --model "$T/chat.gguf" --input "$2" --output "$T/$1.batch.jsonl" \
-        --output-format openai --threads 2 --served-model-name "$NAMES" 2>>"$T/batch.log"
+        --output-format openai --threads 2 --served-model-name "$NAMES" "${LORA[@]}" \
+        2>>"$T/batch.log"
 }
 
 # 1. the published files, one submission each (they reuse custom_ids)
@@ -120,6 +128,33 @@ prompt = body["usage"]["prompt_tokens"]
 assert prefill == prompt, f"the worker prefilled {prefill} tokens for a {prompt}-token prompt with n = 4"
 print(f"  n = 4: four different texts, the same as kgen batch; {prefill} prompt tokens prefilled once")
 print(f"  model_not_found: {e['body']['error']['message']}")
+PY
+
+# 2a. LoRA through Kafka: the same question on the base and on the adapter, in one batch
+python3 - "$T/lora.jsonl" <<'PY'
+import json, sys
+chat = "/v1/chat/completions"
+with open(sys.argv[1], "w") as f:
+    for cid, model in (("lora-base", "tiny-chat"), ("lora-sql", "tiny-sql")):
+        f.write(json.dumps({"custom_id": cid, "method": "POST", "url": chat, "body": {
+            "model": model, "temperature": 0, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Write a query"}]}}) + "\n")
+PY
+submit lora "$T/lora.jsonl"
+batch lora "$T/lora.jsonl"
+[[ "$(kg_metric "$PORT" kgen_lora_jobs_total)" == 1 && "$(kg_metric "$PORT" kgen_lora_tokens_total)" == 16 &&
+    "$(kg_metric "$PORT" kgen_lora_adapters_resident)" == 1 ]] ||
+    kg_fail "LoRA metrics: $(curl -s "http://127.0.0.1:$PORT/metrics" | grep lora)"
+python3 - "$T" <<'PY'
+import json, sys
+T = sys.argv[1]
+def texts(path):
+    return {o["custom_id"]: o["response"]["body"]["choices"][0]["message"]["content"]
+            for o in map(json.loads, open(path))}
+k, b = texts(f"{T}/lora.out.jsonl"), texts(f"{T}/lora.batch.jsonl")
+assert k == b and set(k) == {"lora-base", "lora-sql"}, (k, b)
+assert k["lora-base"] != k["lora-sql"], k
+print(f"  LoRA: the adapter's answer {k['lora-sql']!r}, the base's {k['lora-base']!r}")
 PY
 
 # 2b. response_format through Kafka: a strict json_schema with n = 2 gives documents of the

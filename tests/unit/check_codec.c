@@ -150,6 +150,7 @@ static const struct {
     {"ignore_eos", "false"},
     {"n", "1"},
     {"model", NULL},
+    {"lora", NULL},
     {"logit_bias", NULL},
     {"metadata", NULL},
     {"response_format", NULL},

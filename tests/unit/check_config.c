@@ -62,6 +62,15 @@ START_TEST(served_model_name_repeats) {
     ck_assert_int_eq(parse(&cfg, envp, 3, argv2, err), KG_OK);
     ck_assert_str_eq(cfg.served_model_name, "from-env");
     kg_config_clear(&cfg);
+    /* --lora adds up the same way */
+    char *envl[] = {"KGEN_LORA=x=x.gguf", NULL};
+    char *argv3[] = {"kgen-worker", "--demo", "1", "--lora", "a=a.gguf:0.5", "--lora=b=b.gguf"};
+    ck_assert_int_eq(parse(&cfg, envl, 6, argv3, err), KG_OK);
+    ck_assert_str_eq(cfg.lora, "a=a.gguf:0.5,b=b.gguf");
+    kg_config_clear(&cfg);
+    ck_assert_int_eq(parse(&cfg, envl, 3, argv2, err), KG_OK);
+    ck_assert_str_eq(cfg.lora, "x=x.gguf");
+    kg_config_clear(&cfg);
 }
 END_TEST
 

@@ -200,6 +200,35 @@ START_TEST(same_tokens_other_prefix) {
 }
 END_TEST
 
+START_TEST(keyed_chains) {
+    /* The same tokens under another key (a LoRA adapter set) are other K/V:
+     * never matched across keys; a fork keeps its source's key. */
+    kg_kv_t *kv = make_kv(16, 2, 3, 4, true);
+    int32_t a[4] = {1, 2, 3, 4};
+    ck_assert_int_eq(kg_kv_seq_assign_key(kv, 0, 77, a, 0, 2), KG_OK);
+    kg_kv_seq_commit(kv, 0, a, 4);
+    ck_assert_int_eq(kg_kv_match_key(kv, 77, a, 2, NULL), 2);
+    ck_assert_int_eq(kg_kv_match_key(kv, 78, a, 2, NULL), 0);
+    ck_assert_int_eq(kg_kv_match(kv, a, 2, NULL), 0); /* key 0: the base */
+    /* the base computes the same tokens: its own entries, both kept */
+    ck_assert_int_eq(kg_kv_seq_assign(kv, 1, a, 0, 2), KG_OK);
+    kg_kv_seq_commit(kv, 1, a, 4);
+    ck_assert_int_eq(kg_kv_match(kv, a, 2, NULL), 2);
+    ck_assert_int_eq(kg_kv_match_key(kv, 77, a, 2, NULL), 2);
+    kg_kv_seq_release(kv, 1);
+    /* a fork of slot 0 registers its blocks under 77 */
+    int32_t src = -1, dst = -1;
+    ck_assert(kg_kv_seq_fork(kv, 0, 2, 1, &src, &dst));
+    int32_t b[4] = {1, 2, 5, 6};
+    kg_kv_seq_commit(kv, 2, b, 4);
+    ck_assert_int_eq(kg_kv_match_key(kv, 77, b, 2, NULL), 2);
+    ck_assert_int_eq(kg_kv_match(kv, b, 2, NULL), 1);
+    kg_kv_seq_release(kv, 0);
+    kg_kv_seq_release(kv, 2);
+    kg_kv_free(kv);
+}
+END_TEST
+
 START_TEST(duplicate_blocks_chain) {
     /* Two slots compute the same prefix at once: the second's copies stay
      * private, but its later blocks are still registered through the chain. */
@@ -417,6 +446,7 @@ static Suite *make_suite(void) {
     tc = tcase_create("prefix");
     tcase_add_test(tc, prefix_sharing);
     tcase_add_test(tc, same_tokens_other_prefix);
+    tcase_add_test(tc, keyed_chains);
     tcase_add_test(tc, drop_front);
     tcase_add_test(tc, duplicate_blocks_chain);
     tcase_add_test(tc, stale_child_after_parent_eviction);

@@ -32,6 +32,7 @@
 #include "../kg_backend_impl.h"
 #include "../kg_math.h"
 #include "cpu_gemm.h"
+#include "cpu_lora.h"
 #include "cpu_moe.h"
 #include "cpu_ops.h"
 #include "cpu_quant.h"
@@ -217,6 +218,7 @@ static void cpu_free(kg_backend_t *be) {
         }
         free(ctx->k_cache);
         free(ctx->v_cache);
+        cpu_lora_free(ctx);
         kg_pool_free(ctx->pool);
         cpu_qact_clear(&ctx->qact);
         cpu_qgemm_scratch_free(ctx->qscratch);
@@ -304,6 +306,8 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     be->iface = cpu_iface;
     be->ctx = ctx;
     be->kv_copy = cpu_kv_copy;
+    be->lora_add = cpu_lora_add;
+    be->lora_remove = cpu_lora_remove;
     be->hidden = true;
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;

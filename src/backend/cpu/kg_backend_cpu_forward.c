@@ -31,12 +31,14 @@
  * groups run side by side, one pool task each), the expert biases and
  * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
  * order (see cpu_moe.h for why a token's bits do not depend on its
- * neighbours). Attention sinks (gpt-oss) add one logit per head to the
+ * neighbours). LoRA adapters add their deltas after the q/k/v, output,
+ * gate/up and down GEMMs (cpu_lora.h). Attention sinks (gpt-oss) add one logit per head to the
  * softmax. The expert load is counted for kg_backend_moe_stats. */
 #include "../../core/kg_log.h"
 #include "../../model/kg_quant.h"
 #include "../kg_math.h"
 #include "cpu_attn.h"
+#include "cpu_lora.h"
 #include "cpu_ops.h"
 #include "kg_backend_cpu_int.h"
 
@@ -395,7 +397,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             return KG_ERR_INVALID;
         }
     }
-    if (!batch_blocks_ok(ctx, batch)) {
+    if (!batch_blocks_ok(ctx, batch) || !cpu_lora_plan(ctx, batch)) {
         return KG_ERR_INVALID;
     }
     /* embeddings: dequantize each token's row (ggml_get_rows), then scale */
@@ -426,6 +428,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
         matmul_n(ctx, 3, qkv, ctx->xn, qkv_out, T);
+        cpu_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, qkv_out, T);
         add_bias(ctx->q, &L->bq, T, n_q);
         add_bias(ctx->k, &L->bk, T, n_kv);
         add_bias(ctx->v, &L->bv, T, n_kv);
@@ -462,6 +465,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         }
         attention(ctx, il, batch);
         matmul(ctx, &L->wo, ctx->att, ctx->tmp, T);
+        cpu_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, &ctx->tmp, T);
         add_bias(ctx->tmp, &L->bo, T, E);
         if (L->attn_post_norm.data) {
             cpu_rmsnorm_rows(ctx->tmp, L->attn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
@@ -483,6 +487,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
             float *const gate_up_out[2] = {ctx->gate, ctx->up};
             matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
+            cpu_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, gate_up_out, T);
             if (hp->ffn_act == KG_FFN_GELU) {
                 cpu_geglu(ctx->gelu_table, ctx->gate, ctx->up, ctx->gate, T * F);
             } else {
@@ -491,6 +496,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
                 }
             }
             matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
+            cpu_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->gate, &ctx->tmp, T);
         }
         if (L->ffn_post_norm.data) {
             cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);

@@ -92,6 +92,7 @@ typedef struct cpu_ctx {
     cpu_qact_t *moe_qact; /* (n_threads) x (T, max(n_embd, n_ff_exp)): expert groups that run
                              side by side quantize their activations into their thread's own */
     kg_moe_stats_t moe_stats;
+    struct cpu_lora_state *lora; /* LoRA adapters (cpu_lora.c), NULL until one is added */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
 

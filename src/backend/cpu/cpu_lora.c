@@ -1,0 +1,360 @@
+/* cpu_lora: LoRA adapters on the CPU backend (see cpu_lora.h). */
+#include "cpu_lora.h"
+
+#include "../../core/kg_log.h"
+#include "cpu_ops.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct lora_weights {
+    cpu_weight_t a, b; /* a: (r, n_in), b: (n_out, r); a.n_in == 0: not adapted */
+    int32_t rank;
+} lora_weights_t;
+
+typedef struct lora_adapter {
+    int32_t id;
+    const kg_lora_t *lora;
+    lora_weights_t (*w)[KG_LORA_N_PROJ]; /* (n_layer) */
+} lora_adapter_t;
+
+struct cpu_lora_state {
+    lora_adapter_t *ad; /* (n_ad), in increasing id order */
+    int32_t n_ad, cap_ad;
+    int32_t *count; /* (cap_ad) a step's rows per adapter */
+    int32_t next_id;
+    int64_t widest; /* the widest projection input or output */
+    /* the step's plan: groups in increasing id order, their rows */
+    int32_t n_groups;
+    int32_t *g_ad;    /* (KG_LORA_SET_MAX * max_tokens) adapter index of group g */
+    int32_t *g_off;   /* (KG_LORA_SET_MAX * max_tokens + 1) group g's rows at [off[g], off[g+1]) */
+    int32_t *rows;    /* (KG_LORA_SET_MAX * max_tokens) token index */
+    float *row_scale; /* (KG_LORA_SET_MAX * max_tokens) the user's scale of that row */
+    /* scratch for max_tokens rows */
+    float *gx;  /* (T, widest) a group's inputs */
+    float *mid; /* (T, max rank) x·Aᵀ */
+    float *dy;  /* (T, widest) (x·Aᵀ)·Bᵀ */
+    float *xr;  /* (T, widest) activations rounded for a float type */
+    cpu_qact_t qa;
+    int64_t max_rank;
+};
+
+static void weights_clear(cpu_weight_t *w) {
+    cpu_gemm_clear(&w->packed);
+    memset(w, 0, sizeof(*w));
+}
+
+/* One half of a pair as the model's matrices are held: Q8_0 in place, the
+ * float types packed. */
+static bool weight_init(cpu_weight_t *w, const kg_gguf_tensor_t *t, size_t *bytes) {
+    w->n_in = t->ne[0];
+    w->n_out = t->ne[1];
+    w->type = t->type;
+    if (cpu_qtraits(t->type)) {
+        *bytes += t->size;
+        return cpu_qmat_init(&w->q, t->type, t->data, w->n_out, w->n_in);
+    }
+    if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
+        return false;
+    }
+    *bytes += w->packed.size;
+    return true;
+}
+
+static void adapter_clear(cpu_ctx_t *ctx, lora_adapter_t *ad) {
+    for (int32_t il = 0; ad->w && il < ctx->hp.n_layer; il++) {
+        for (int p = 0; p < KG_LORA_N_PROJ; p++) {
+            weights_clear(&ad->w[il][p].a);
+            weights_clear(&ad->w[il][p].b);
+        }
+    }
+    free(ad->w);
+    ad->w = NULL;
+}
+
+/* The state and its step scratch, made on the first adapter. */
+static cpu_lora_state_t *state_new(cpu_ctx_t *ctx) {
+    cpu_lora_state_t *st = calloc(1, sizeof(*st));
+    if (!st) {
+        return NULL;
+    }
+    const kg_hparams_t *hp = &ctx->hp;
+    int64_t widest = hp->n_embd;
+    const int64_t dims[] = {hp->n_ff, (int64_t)hp->n_head * hp->head_dim,
+                            (int64_t)hp->n_head_kv * hp->head_dim};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        widest = dims[i] > widest ? dims[i] : widest;
+    }
+    st->widest = widest;
+    const size_t T = (size_t)ctx->max_tokens, G = KG_LORA_SET_MAX * T;
+    st->g_ad = malloc(G * sizeof(int32_t));
+    st->g_off = malloc((G + 1) * sizeof(int32_t));
+    st->rows = malloc(G * sizeof(int32_t));
+    st->row_scale = malloc(G * sizeof(float));
+    st->gx = malloc(T * (size_t)widest * sizeof(float));
+    st->dy = malloc(T * (size_t)widest * sizeof(float));
+    st->xr = malloc(T * (size_t)widest * sizeof(float));
+    if (!st->g_ad || !st->g_off || !st->rows || !st->row_scale || !st->gx || !st->dy || !st->xr ||
+        !cpu_qact_init(&st->qa, (int64_t)T, widest)) {
+        ctx->lora = st;
+        cpu_lora_free(ctx);
+        return NULL;
+    }
+    ctx->scratch_size += T * (size_t)widest * 3 * sizeof(float) + cpu_qact_size((int64_t)T, widest);
+    return st;
+}
+
+kg_status_t cpu_lora_add(
+    kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size) {
+    cpu_ctx_t *ctx = be->ctx;
+    if (lora->n_layer != ctx->hp.n_layer) {
+        snprintf(errstr, errstr_size, "cpu backend: adapter for %d layers, the model has %d",
+                 lora->n_layer, ctx->hp.n_layer);
+        return KG_ERR_INVALID;
+    }
+    if (!ctx->lora && !(ctx->lora = state_new(ctx))) {
+        snprintf(errstr, errstr_size, "cpu backend: out of memory for LoRA scratch");
+        return KG_ERR_NOMEM;
+    }
+    cpu_lora_state_t *st = ctx->lora;
+    if (lora->max_rank > st->widest) {
+        snprintf(errstr, errstr_size, "cpu backend: adapter rank %d above the model's width %lld",
+                 lora->max_rank, (long long)st->widest);
+        return KG_ERR_INVALID;
+    }
+    if (lora->max_rank > st->max_rank) {
+        float *mid =
+            realloc(st->mid, (size_t)ctx->max_tokens * (size_t)lora->max_rank * sizeof(float));
+        if (!mid) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory for LoRA scratch");
+            return KG_ERR_NOMEM;
+        }
+        st->mid = mid;
+        st->max_rank = lora->max_rank;
+    }
+    if (st->n_ad == st->cap_ad) {
+        int32_t cap = st->cap_ad ? 2 * st->cap_ad : 8;
+        lora_adapter_t *grown = realloc(st->ad, (size_t)cap * sizeof(*grown));
+        if (!grown) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory");
+            return KG_ERR_NOMEM;
+        }
+        st->ad = grown;
+        int32_t *count = realloc(st->count, (size_t)cap * sizeof(*count));
+        if (!count) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory");
+            return KG_ERR_NOMEM;
+        }
+        st->count = count;
+        st->cap_ad = cap;
+    }
+    lora_adapter_t ad = {.id = st->next_id, .lora = lora};
+    ad.w = calloc((size_t)ctx->hp.n_layer, sizeof(*ad.w));
+    bool ok = ad.w != NULL;
+    size_t bytes = 0;
+    for (int32_t il = 0; ok && il < ctx->hp.n_layer; il++) {
+        for (int p = 0; ok && p < KG_LORA_N_PROJ; p++) {
+            const kg_lora_pair_t *pair = &lora->pairs[il][p];
+            if (!pair->a) {
+                continue;
+            }
+            ok = weight_init(&ad.w[il][p].a, pair->a, &bytes) &&
+                 weight_init(&ad.w[il][p].b, pair->b, &bytes);
+            ad.w[il][p].rank = pair->rank;
+        }
+    }
+    if (!ok) {
+        adapter_clear(ctx, &ad);
+        snprintf(errstr, errstr_size, "cpu backend: out of memory packing an adapter");
+        return KG_ERR_NOMEM;
+    }
+    /* ids only grow, so appending keeps the id order */
+    st->ad[st->n_ad++] = ad;
+    st->next_id++;
+    ctx->weights_size += bytes;
+    *id = ad.id;
+    return KG_OK;
+}
+
+void cpu_lora_remove(kg_backend_t *be, int32_t id) {
+    cpu_ctx_t *ctx = be->ctx;
+    cpu_lora_state_t *st = ctx->lora;
+    for (int32_t i = 0; st && i < st->n_ad; i++) {
+        if (st->ad[i].id == id) {
+            adapter_clear(ctx, &st->ad[i]);
+            memmove(&st->ad[i], &st->ad[i + 1], (size_t)(st->n_ad - i - 1) * sizeof(st->ad[0]));
+            st->n_ad--;
+            return;
+        }
+    }
+}
+
+void cpu_lora_free(cpu_ctx_t *ctx) {
+    cpu_lora_state_t *st = ctx->lora;
+    if (!st) {
+        return;
+    }
+    for (int32_t i = 0; i < st->n_ad; i++) {
+        adapter_clear(ctx, &st->ad[i]);
+    }
+    free(st->ad);
+    free(st->count);
+    free(st->g_ad);
+    free(st->g_off);
+    free(st->rows);
+    free(st->row_scale);
+    free(st->gx);
+    free(st->mid);
+    free(st->dy);
+    free(st->xr);
+    cpu_qact_clear(&st->qa);
+    free(st);
+    ctx->lora = NULL;
+}
+
+static int32_t find_adapter(const cpu_lora_state_t *st, int32_t id) {
+    int32_t lo = 0, hi = st->n_ad - 1;
+    while (lo <= hi) { /* ids are sorted */
+        int32_t mid = (lo + hi) / 2;
+        if (st->ad[mid].id == id) {
+            return mid;
+        }
+        if (st->ad[mid].id < id) {
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return -1;
+}
+
+bool cpu_lora_plan(cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
+    cpu_lora_state_t *st = ctx->lora;
+    if (st) {
+        st->n_groups = 0;
+    }
+    if (!batch->slot_lora) {
+        return true;
+    }
+    int32_t n_used = 0;
+    for (int32_t t = 0; t < batch->n_tokens; t++) {
+        const kg_lora_set_t *set = &batch->slot_lora[batch->seq[t]];
+        if (set->n == 0) {
+            continue;
+        }
+        if (!st || set->n < 0 || set->n > KG_LORA_SET_MAX) {
+            KG_LOG_ERROR("cpu", "slot %d: %d adapters, none added", batch->seq[t], set->n);
+            return false;
+        }
+        if (n_used == 0) {
+            memset(st->count, 0, (size_t)st->n_ad * sizeof(int32_t));
+        }
+        for (int32_t j = 0; j < set->n; j++) {
+            int32_t a = find_adapter(st, set->id[j]);
+            if (a < 0) {
+                KG_LOG_ERROR("cpu", "slot %d uses adapter %d, which is not loaded", batch->seq[t],
+                             set->id[j]);
+                return false;
+            }
+            st->count[a]++;
+            n_used++;
+        }
+    }
+    if (n_used == 0) {
+        return true;
+    }
+    /* groups: the adapters with rows, in id order */
+    int32_t at = 0;
+    for (int32_t a = 0; a < st->n_ad; a++) {
+        if (st->count[a] > 0) {
+            st->g_ad[st->n_groups] = a;
+            st->g_off[st->n_groups] = at;
+            st->n_groups++;
+            at += st->count[a];
+        }
+    }
+    st->g_off[st->n_groups] = at;
+    /* each group's rows in token order */
+    for (int32_t g = 0; g < st->n_groups; g++) {
+        const int32_t id = st->ad[st->g_ad[g]].id;
+        int32_t k = st->g_off[g];
+        for (int32_t t = 0; t < batch->n_tokens; t++) {
+            const kg_lora_set_t *set = &batch->slot_lora[batch->seq[t]];
+            for (int32_t j = 0; j < set->n; j++) {
+                if (set->id[j] == id) {
+                    st->rows[k] = t;
+                    st->row_scale[k] = set->scale[j];
+                    k++;
+                }
+            }
+        }
+    }
+    return true;
+}
+
+/* out(m, w->n_out) = in(m, w->n_in) · wᵀ with the activations rounded or
+ * quantized for w's type, as the base projections are. */
+static void mm(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t m) {
+    cpu_lora_state_t *st = ctx->lora;
+    if (w->q.tr) {
+        cpu_quant_act(w->q.tr->act, in, m, w->n_in, &st->qa);
+        const cpu_qmat_t *qm = &w->q;
+        cpu_qgemm(ctx->pool, ctx->qscratch, &st->qa, 1, &qm, &out);
+        return;
+    }
+    const float *a = in;
+    if (cpu_round_activations(w->type, in, st->xr, m, w->n_in)) {
+        a = st->xr;
+    }
+    cpu_gemm(ctx->pool, a, &w->packed, out, m);
+}
+
+/* o += d * s (the delta is a scratch row: never the output). */
+static void add_scaled(float *restrict o, const float *restrict d, float s, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        o[j] += d[j] * s;
+    }
+}
+
+void cpu_lora_apply(cpu_ctx_t *ctx,
+                    int32_t il,
+                    kg_lora_proj_t first,
+                    int n,
+                    const float *in,
+                    float *const *outs,
+                    int64_t T) {
+    cpu_lora_state_t *st = ctx->lora;
+    (void)T;
+    if (!st || st->n_groups == 0) {
+        return;
+    }
+    for (int32_t g = 0; g < st->n_groups; g++) {
+        const lora_adapter_t *ad = &st->ad[st->g_ad[g]];
+        const int32_t r0 = st->g_off[g], m = st->g_off[g + 1] - r0;
+        bool gathered = false;
+        for (int i = 0; i < n; i++) {
+            const lora_weights_t *lw = &ad->w[il][first + i];
+            if (lw->a.n_in == 0) {
+                continue;
+            }
+            const int64_t n_in = lw->a.n_in, n_out = lw->b.n_out;
+            if (!gathered) {
+                for (int32_t k = 0; k < m; k++) {
+                    memcpy(st->gx + (int64_t)k * n_in, in + (int64_t)st->rows[r0 + k] * n_in,
+                           (size_t)n_in * sizeof(float));
+                }
+                gathered = true;
+            }
+            mm(ctx, &lw->a, st->gx, st->mid, m);
+            mm(ctx, &lw->b, st->mid, st->dy, m);
+            const kg_lora_pair_t *pair = &ad->lora->pairs[il][first + i];
+            for (int32_t k = 0; k < m; k++) {
+                /* ggml_scale then ggml_add, as build_lora_mm does */
+                const float s = kg_lora_pair_scale(ad->lora, pair, st->row_scale[r0 + k]);
+                add_scaled(outs[i] + (int64_t)st->rows[r0 + k] * n_out, st->dy + (int64_t)k * n_out,
+                           s, n_out);
+            }
+        }
+    }
+}
