@@ -26,30 +26,30 @@
 #include <string>
 #include <vector>
 
-#define WRAPPED _ZN5jinja16global_from_jsonI11common_jsonEEvRNS_7contextERKT_b
+#define WRAPPED    _ZN5jinja16global_from_jsonI11common_jsonEEvRNS_7contextERKT_b
 #define CAT2(a, b) a##b
-#define CAT(a, b) CAT2(a, b)
+#define CAT(a, b)  CAT2(a, b)
 
-extern "C" void CAT(__real_, WRAPPED)(jinja::context & ctx, const common_json & j, bool mark);
+extern "C" void CAT(__real_, WRAPPED)(jinja::context &ctx, const common_json &j, bool mark);
 
 static std::vector<std::string> g_captured;
 static bool g_capture = true;
 
-extern "C" void CAT(__wrap_, WRAPPED)(jinja::context & ctx, const common_json & j, bool mark) {
+extern "C" void CAT(__wrap_, WRAPPED)(jinja::context &ctx, const common_json &j, bool mark) {
     if (g_capture) {
         g_captured.push_back(j.dump());
     }
     CAT(__real_, WRAPPED)(ctx, j, mark);
 }
 
-static std::string slurp(const std::string & path) {
+static std::string slurp(const std::string &path) {
     std::ifstream f(path, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();
     return ss.str();
 }
 
-static bool render_direct(const std::string & src, const std::string & ctx_json, std::string & out) {
+static bool render_direct(const std::string &src, const std::string &ctx_json, std::string &out) {
     try {
         jinja::lexer lx;
         auto lr = lx.tokenize(src);
@@ -68,14 +68,14 @@ static bool render_direct(const std::string & src, const std::string & ctx_json,
     }
 }
 
-int main(int argc, char ** argv) {
+int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: jinja-render conversations.json template.jinja...\n");
         return 2;
     }
     common_json convs = common_json::parse(slurp(argv[1]));
     common_json doc = common_json::object();
-    doc["now"] = (int64_t) std::time(nullptr);
+    doc["now"] = (int64_t)std::time(nullptr);
     common_json contexts = common_json::array();
     common_json cases = common_json::array();
     std::map<std::string, size_t> ctx_index;
@@ -86,7 +86,7 @@ int main(int argc, char ** argv) {
         common_chat_templates_ptr tmpls;
         try {
             tmpls = common_chat_templates_init(nullptr, src, "<s>", "</s>");
-        } catch (const std::exception & e) {
+        } catch (const std::exception &e) {
             common_json c = common_json::object();
             c["template"] = name;
             c["case"] = "*";
@@ -95,7 +95,7 @@ int main(int argc, char ** argv) {
             continue;
         }
         for (size_t i = 0; i < convs.size(); i++) {
-            const common_json & conv = convs[i];
+            const common_json &conv = convs[i];
             common_json c = common_json::object();
             c["template"] = name;
             c["case"] = conv["name"].get<std::string>();
@@ -112,7 +112,7 @@ int main(int argc, char ** argv) {
             std::string prompt;
             try {
                 prompt = common_chat_templates_apply(tmpls.get(), in).prompt;
-            } catch (const std::exception & e) {
+            } catch (const std::exception &e) {
                 c["error"] = std::string("apply: ") + e.what();
                 cases.push_back(c);
                 continue;
@@ -137,7 +137,7 @@ int main(int argc, char ** argv) {
                 it = ctx_index.emplace(found, contexts.size()).first;
                 contexts.push_back(common_json::parse(found));
             }
-            c["context"] = (int64_t) it->second;
+            c["context"] = (int64_t)it->second;
             c["output"] = prompt;
             cases.push_back(c);
         }
