@@ -26,7 +26,11 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"request_id": f"short-{i}", "prompt": f"Short {i}", "max_tokens": 4,
                             "ignore_eos": True}) + "\n")
 PY
-fast=(-X session.timeout.ms=6000 -X heartbeat.interval.ms=500)
+# eager assignment without the graceful handoff, so that the partition is revoked while the long
+# job runs (cooperative-sticky would leave the one partition where it is, and the handoff would
+# let the long job finish first: test_worker_rebalance covers those)
+fast=(-X session.timeout.ms=6000 -X heartbeat.interval.ms=500 --assignment-strategy "range,roundrobin"
+    --handoff-timeout 0)
 p1=$(kg_free_port)
 kg_worker w1 --exactly-once --max-batch-size 10 --poison-after 0 --cancel-topic none \
     --http-port "$p1" "${fast[@]}"
