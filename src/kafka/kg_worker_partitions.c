@@ -290,6 +290,10 @@ commit_answered(kg_worker_t *w, rd_kafka_t *rk, const rd_kafka_topic_partition_l
         total += n;
     }
     if (l->cnt > 0) {
+        /* stored too (librdkafka keeps a stored offset's metadata since 2.1): a later commit
+         * of the stored offsets (auto-commit, the close) must not replace this one by the
+         * same offset without the list, which the next owner would then run again */
+        (void)rd_kafka_offsets_store(rk, l); /* best effort: the commit below is what counts */
         rd_kafka_resp_err_t err = rd_kafka_commit(rk, l, 0);
         if (err) {
             KG_LOG_WARN("worker",
