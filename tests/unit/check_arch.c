@@ -33,10 +33,6 @@ static int g_n_files;
 static char g_tok_files[8][256]; /* "tokenizer-<model>.golden" */
 static int g_n_tok_files;
 
-static int cmp_name(const void *a, const void *b) {
-    return strcmp((const char *)a, (const char *)b);
-}
-
 static void find_goldens(void) {
     DIR *d = opendir(kg_test_data("arch"));
     struct dirent *de;
@@ -56,8 +52,8 @@ static void find_goldens(void) {
     if (d) {
         closedir(d);
     }
-    qsort(g_files, (size_t)g_n_files, sizeof(g_files[0]), cmp_name);
-    qsort(g_tok_files, (size_t)g_n_tok_files, sizeof(g_tok_files[0]), cmp_name);
+    qsort(g_files, (size_t)g_n_files, sizeof(g_files[0]), kg_test_cmp_name);
+    qsort(g_tok_files, (size_t)g_n_tok_files, sizeof(g_tok_files[0]), kg_test_cmp_name);
 }
 
 typedef struct golden_prompt {
@@ -133,29 +129,6 @@ static bool parse_json_string(const char *s, char *out, size_t cap) {
     return *s == '"';
 }
 
-static int32_t parse_ids(const char *s, int32_t *ids, int32_t cap) {
-    int32_t n = 0;
-    char *end;
-    for (long v = strtol(s, &end, 10); end != s && n < cap; v = strtol(s, &end, 10)) {
-        ids[n++] = (int32_t)v;
-        s = end;
-    }
-    return n;
-}
-
-static float *parse_floats(const char *s, int32_t *n_out) {
-    char *end;
-    long n = strtol(s, &end, 10);
-    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    s = end;
-    for (long i = 0; i < n; i++) {
-        v[i] = strtof(s, &end);
-        s = end;
-    }
-    *n_out = (int32_t)n;
-    return v;
-}
-
 static void golden_load(const char *file, golden_t *g) {
     char rel[300];
     snprintf(rel, sizeof(rel), "arch/%s", file);
@@ -175,9 +148,9 @@ static void golden_load(const char *file, golden_t *g) {
             ck_assert(parse_json_string(line + off, g->p[idx].text, sizeof(g->p[idx].text)));
             g->n_prompts = idx + 1 > g->n_prompts ? idx + 1 : g->n_prompts;
         } else if (sscanf(line, "input %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
-            g->p[idx].n_input = parse_ids(line + off, g->p[idx].input, MAX_IDS);
+            g->p[idx].n_input = kg_test_parse_ids(line + off, g->p[idx].input, MAX_IDS);
         } else if (sscanf(line, "ids %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
-            g->p[idx].n_ids = parse_ids(line + off, g->p[idx].ids, 64);
+            g->p[idx].n_ids = kg_test_parse_ids(line + off, g->p[idx].ids, 64);
         } else if (sscanf(line, "second %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
             const char *q = line + off;
             int k = 0, used = 0;
@@ -187,9 +160,9 @@ static void golden_load(const char *file, golden_t *g) {
                 k++;
             }
         } else if (sscanf(line, "logits_end %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
-            g->p[idx].logits_end = parse_floats(line + off, &g->p[idx].n_logits);
+            g->p[idx].logits_end = kg_test_parse_floats(line + off, &g->p[idx].n_logits);
         } else if (sscanf(line, "logits %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
-            g->p[idx].logits = parse_floats(line + off, &g->p[idx].n_logits);
+            g->p[idx].logits = kg_test_parse_floats(line + off, &g->p[idx].n_logits);
         }
     }
     free(text);
@@ -205,18 +178,6 @@ static void golden_clear(golden_t *g) {
 
 // ---- models ----
 
-static uint64_t fnv64_file(const char *path) {
-    size_t len;
-    char *data = kg_test_read_file(path, &len);
-    ck_assert_ptr_nonnull(data);
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < len; i++) {
-        h = (h ^ (unsigned char)data[i]) * 0x100000001b3ULL;
-    }
-    free(data);
-    return h;
-}
-
 /* `kgen mkmodel --out <tmp> <args>`, in process; the path (static). */
 static const char *make_model(const char *args) {
     static char path[4096];
@@ -227,10 +188,10 @@ static const char *make_model(const char *args) {
 
 static kg_model_t *load_golden_model(const golden_t *g) {
     const char *path = make_model(g->args);
-    ck_assert_msg(fnv64_file(path) == g->fnv,
+    ck_assert_msg(kg_test_fnv64_file(path) == g->fnv,
                   "%s %s: kgen mkmodel wrote a different file than the golden's (FNV %016llx, "
                   "golden %016llx): the generator changed; remake the goldens",
-                  g->model, g->type, (unsigned long long)fnv64_file(path),
+                  g->model, g->type, (unsigned long long)kg_test_fnv64_file(path),
                   (unsigned long long)g->fnv);
     char err[512];
     kg_model_t *m = kg_model_load(path, err, sizeof(err));
@@ -251,48 +212,15 @@ static kg_backend_t *make_cpu(const kg_model_t *m, int32_t n_blocks, int32_t max
     return be;
 }
 
-static double nmse(const float *want, const float *got, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-        den += (double)want[i] * want[i];
-    }
-    return den > 0 ? num / den : num;
-}
-
-static int32_t argmax(const float *v, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++) {
-        if (v[i] > v[best]) {
-            best = i;
-        }
-    }
-    return best;
-}
-
 /* NMSE bound of the logits against llama.cpp's: both sides compute the same
  * products; the sums run in other orders (and ggml's SIMD exp/silu are
  * approximations), so the error is a few float roundings, more where
  * activations are rounded to fp16 or Q8 blocks (a rounding of an input near
  * a rounding boundary can go either way). */
-static double nmse_bound(const char *type) {
-    if (strcmp(type, "f32") == 0) {
-        return 1e-6;
-    }
-    return strcmp(type, "f16") == 0 || strcmp(type, "bf16") == 0 ? 1e-5 : 5e-4;
-}
-
 /* A greedy step may go the other way only at a near-tie: kgen's pick is
  * llama.cpp's runner-up, and llama.cpp's margin between the two is below
  * this, about twice the RMS logit error the NMSE bound allows (the models'
  * logits have a spread of about 1). */
-static float tie_bound(const char *type) {
-    if (strcmp(type, "f32") == 0) {
-        return 1e-3f;
-    }
-    return strcmp(type, "f16") == 0 || strcmp(type, "bf16") == 0 ? 1e-2f : 5e-2f;
-}
-
 // ---- the golden test ----
 
 START_TEST(matches_llama_cpp) {
@@ -335,16 +263,16 @@ START_TEST(matches_llama_cpp) {
                              .max_blocks_per_seq = CTX / BLOCK,
                              .block_table = table};
         ck_assert_int_eq(kg_backend_forward(be, &b, logits), KG_OK);
-        double e = nmse(gp->logits, logits, V);
+        double e = kg_test_nmse(gp->logits, logits, V);
         if (getenv("KG_ARCH_VERBOSE")) {
             fprintf(stderr, "%s %s prompt %d: nmse %.3g", g.model, g.type, p, e);
         }
-        ck_assert_msg(e < nmse_bound(g.type), "%s %s prompt %d: logits nmse %g >= %g", g.model,
-                      g.type, p, e, nmse_bound(g.type));
+        ck_assert_msg(e < kg_test_nmse_bound(g.type), "%s %s prompt %d: logits nmse %g >= %g",
+                      g.model, g.type, p, e, kg_test_nmse_bound(g.type));
         int32_t n_pos = gp->n_input;
         bool tied = false;
         for (int32_t k = 0; k <= gp->n_ids; k++) {
-            int32_t next = argmax(logits, V);
+            int32_t next = kg_test_argmax(logits, V);
             if (k == gp->n_ids) {
                 /* llama.cpp stopped early: it sampled an end-of-generation token */
                 ck_assert_msg(gp->n_ids == 24 || kg_tokenizer_is_eog(m->tok, next),
@@ -354,7 +282,7 @@ START_TEST(matches_llama_cpp) {
                 break;
             }
             if (next != gp->ids[k]) {
-                ck_assert_msg(next == gp->second[k] && gp->margin[k] < tie_bound(g.type),
+                ck_assert_msg(next == gp->second[k] && gp->margin[k] < kg_test_tie_bound(g.type),
                               "%s %s prompt %d: id %d is %d, llama.cpp's %d (its runner-up %d, "
                               "margin %g)",
                               g.model, g.type, p, k, next, gp->ids[k], gp->second[k],
@@ -378,12 +306,12 @@ START_TEST(matches_llama_cpp) {
             ck_assert_int_eq(kg_backend_forward(be, &d, logits), KG_OK);
         }
         if (!tied) {
-            e = nmse(gp->logits_end, logits, V);
+            e = kg_test_nmse(gp->logits_end, logits, V);
             if (getenv("KG_ARCH_VERBOSE")) {
                 fprintf(stderr, ", after %d ids %.3g\n", gp->n_ids, e);
             }
-            ck_assert_msg(e < nmse_bound(g.type), "%s %s prompt %d: logits after the ids: nmse %g",
-                          g.model, g.type, p, e);
+            ck_assert_msg(e < kg_test_nmse_bound(g.type),
+                          "%s %s prompt %d: logits after the ids: nmse %g", g.model, g.type, p, e);
         }
         kg_backend_free(be);
     }
@@ -424,7 +352,7 @@ START_TEST(tokenizer_matches_llama_cpp) {
         if (strncmp(line, "eog ", 4) == 0) {
             /* the end-of-generation set: exactly llama.cpp's */
             int32_t eog[64];
-            int32_t n_eog = parse_ids(line + 4, eog, 64), n_kgen = 0;
+            int32_t n_eog = kg_test_parse_ids(line + 4, eog, 64), n_kgen = 0;
             for (int32_t id = 0; id < m->hp.n_vocab; id++) {
                 if (kg_tokenizer_is_eog(m->tok, id)) {
                     ck_assert_msg(n_kgen < n_eog && eog[n_kgen] == id,
@@ -443,7 +371,7 @@ START_TEST(tokenizer_matches_llama_cpp) {
             ck_assert(parse_json_string(line + 5, s, sizeof(s)));
         } else if (plain || special) {
             int32_t want[MAX_IDS], got[MAX_IDS];
-            int32_t n_want = parse_ids(line + (plain ? 5 : 7), want, MAX_IDS);
+            int32_t n_want = kg_test_parse_ids(line + (plain ? 5 : 7), want, MAX_IDS);
             int64_t n = kg_tokenizer_encode(m->tok, s, strlen(s), false, special, got, MAX_IDS);
             ck_assert_msg(n == n_want && memcmp(got, want, (size_t)n * 4) == 0,
                           "%s: \"%s\" (%s): kgen %lld ids, llama.cpp %d", name, s,

@@ -52,3 +52,22 @@ const char *kg_test_make_model(const kg_test_model_opts_t *o);
  * kg_mkmodel_write, without running the binary. ARGS are split at whitespace (no quoting). Returns
  * kgen's exit code; its error message goes to stderr. */
 int kg_test_mkmodel(const char *out, const char *args);
+
+// ---- golden files made by llama.cpp (check_arch, check_lora, check_embed) ----
+
+/** FNV-1a 64 of a file's bytes: the goldens name the model file they were made from. */
+uint64_t kg_test_fnv64_file(const char *path);
+/** Normalised mean squared error of `got` against `want` (n values). */
+double kg_test_nmse(const float *want, const float *got, int n);
+/** The logits NMSE a weight type's forward may reach against llama.cpp's. */
+double kg_test_nmse_bound(const char *type);
+/** The logit margin under which a greedy pick may be llama.cpp's runner-up (a near-tie). */
+float kg_test_tie_bound(const char *type);
+/** The index of the first maximum. */
+int32_t kg_test_argmax(const float *v, int32_t n);
+/** "N v1 ... vN" into a new array (the caller frees it); *n_out = N. */
+float *kg_test_parse_floats(const char *s, int32_t *n_out);
+/** Space-separated ids into ids (at most cap); their count. */
+int32_t kg_test_parse_ids(const char *s, int32_t *ids, int32_t cap);
+/** qsort comparator of NUL-terminated names (char arrays). */
+int kg_test_cmp_name(const void *a, const void *b);

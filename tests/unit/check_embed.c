@@ -37,10 +37,6 @@
 static char g_files[MAX_GOLDENS][256];
 static int g_n_files;
 
-static int cmp_name(const void *a, const void *b) {
-    return strcmp(a, b);
-}
-
 static void find_goldens(void) {
     DIR *d = opendir(kg_test_data("embed"));
     struct dirent *de;
@@ -54,7 +50,7 @@ static void find_goldens(void) {
     if (d) {
         closedir(d);
     }
-    qsort(g_files, (size_t)g_n_files, sizeof(g_files[0]), cmp_name);
+    qsort(g_files, (size_t)g_n_files, sizeof(g_files[0]), kg_test_cmp_name);
 }
 
 typedef struct golden_input {
@@ -136,24 +132,12 @@ static void golden_clear(golden_t *g) {
     }
 }
 
-static uint64_t fnv64_file(const char *path) {
-    size_t len;
-    char *data = kg_test_read_file(path, &len);
-    ck_assert_ptr_nonnull(data);
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < len; i++) {
-        h = (h ^ (unsigned char)data[i]) * 0x100000001b3ULL;
-    }
-    free(data);
-    return h;
-}
-
 static kg_model_t *make_model(const char *args, uint64_t fnv) {
     static char path[4096];
     snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("embed"));
     ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
     if (fnv) {
-        ck_assert_msg(fnv64_file(path) == fnv,
+        ck_assert_msg(kg_test_fnv64_file(path) == fnv,
                       "kgen mkmodel %s wrote a different file than the golden's: the generator "
                       "changed; remake the goldens",
                       args);

@@ -41,10 +41,6 @@
 static char g_files[MAX_GOLDENS][256];
 static int g_n_files;
 
-static int cmp_name(const void *a, const void *b) {
-    return strcmp((const char *)a, (const char *)b);
-}
-
 static void find_goldens(void) {
     DIR *d = opendir(kg_test_data("lora"));
     struct dirent *de;
@@ -58,7 +54,7 @@ static void find_goldens(void) {
     if (d) {
         closedir(d);
     }
-    qsort(g_files, (size_t)g_n_files, sizeof(g_files[0]), cmp_name);
+    qsort(g_files, (size_t)g_n_files, sizeof(g_files[0]), kg_test_cmp_name);
 }
 
 typedef struct golden_prompt {
@@ -81,30 +77,6 @@ typedef struct golden {
     golden_prompt_t p[2];
     int n_prompts;
 } golden_t;
-
-static int32_t parse_ids(const char *s, int32_t *ids, int32_t cap) {
-    int32_t n = 0;
-    int used = 0;
-    while (n < cap && sscanf(s, "%d%n", &ids[n], &used) == 1) {
-        s += used;
-        n++;
-    }
-    return n;
-}
-
-static float *parse_floats(const char *s, int32_t *n_out) {
-    int used = 0, n = 0;
-    ck_assert_int_eq(sscanf(s, "%d%n", &n, &used), 1);
-    s += used;
-    float *v = malloc((size_t)n * sizeof(float));
-    ck_assert_ptr_nonnull(v);
-    for (int i = 0; i < n; i++) {
-        ck_assert_int_eq(sscanf(s, "%f%n", &v[i], &used), 1);
-        s += used;
-    }
-    *n_out = n;
-    return v;
-}
 
 static void golden_load(const char *file, golden_t *g) {
     char rel[300];
@@ -129,10 +101,10 @@ static void golden_load(const char *file, golden_t *g) {
             snprintf(g->lora_args[g->n_loras], sizeof(g->lora_args[0]), "%s", line + off);
             g->n_loras++;
         } else if (sscanf(line, "input %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
-            g->p[idx].n_input = parse_ids(line + off, g->p[idx].input, MAX_IDS);
+            g->p[idx].n_input = kg_test_parse_ids(line + off, g->p[idx].input, MAX_IDS);
             g->n_prompts = idx + 1 > g->n_prompts ? idx + 1 : g->n_prompts;
         } else if (sscanf(line, "ids %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
-            g->p[idx].n_ids = parse_ids(line + off, g->p[idx].ids, 64);
+            g->p[idx].n_ids = kg_test_parse_ids(line + off, g->p[idx].ids, 64);
         } else if (sscanf(line, "second %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
             const char *q = line + off;
             int k = 0, used = 0;
@@ -142,9 +114,9 @@ static void golden_load(const char *file, golden_t *g) {
                 k++;
             }
         } else if (sscanf(line, "logits_end %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
-            g->p[idx].logits_end = parse_floats(line + off, &g->p[idx].n_logits);
+            g->p[idx].logits_end = kg_test_parse_floats(line + off, &g->p[idx].n_logits);
         } else if (sscanf(line, "logits %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
-            g->p[idx].logits = parse_floats(line + off, &g->p[idx].n_logits);
+            g->p[idx].logits = kg_test_parse_floats(line + off, &g->p[idx].n_logits);
         }
     }
     free(text);
@@ -159,18 +131,6 @@ static void golden_clear(golden_t *g) {
 }
 
 // ---- models and adapters ----
-
-static uint64_t fnv64_file(const char *path) {
-    size_t len;
-    char *data = kg_test_read_file(path, &len);
-    ck_assert_ptr_nonnull(data);
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < len; i++) {
-        h = (h ^ (unsigned char)data[i]) * 0x100000001b3ULL;
-    }
-    free(data);
-    return h;
-}
 
 /* kgen mkmodel --lora --base base --out out <args>, in process. */
 static void make_lora(const char *base, const char *out, const char *args) {
@@ -199,7 +159,7 @@ static void load_golden(const golden_t *g, loaded_t *l) {
     char base[4096], path[4096], err[512];
     snprintf(base, sizeof(base), "%s.gguf", kg_test_tmp_path("lora-base"));
     ck_assert(kg_test_mkmodel(base, g->base_args) == 0);
-    ck_assert_msg(fnv64_file(base) == g->base_fnv,
+    ck_assert_msg(kg_test_fnv64_file(base) == g->base_fnv,
                   "%s: kgen mkmodel wrote another base than the golden's: remake the goldens",
                   g->name);
     l->model = kg_model_load(base, err, sizeof(err));
@@ -208,7 +168,7 @@ static void load_golden(const golden_t *g, loaded_t *l) {
     for (int i = 0; i < g->n_loras; i++) {
         snprintf(path, sizeof(path), "%s.%d.gguf", kg_test_tmp_path("lora-adapter"), i);
         make_lora(base, path, g->lora_args[i]);
-        ck_assert_msg(fnv64_file(path) == g->lora_fnv[i],
+        ck_assert_msg(kg_test_fnv64_file(path) == g->lora_fnv[i],
                       "%s: adapter %d differs from the golden's: remake the goldens", g->name, i);
         l->lora[i] = kg_lora_load(path, l->model, err, sizeof(err));
         ck_assert_msg(l->lora[i] != NULL, "%s", err);
@@ -243,33 +203,8 @@ static int32_t add_lora(kg_backend_t *be, const kg_lora_t *lora) {
     return id;
 }
 
-static double nmse(const float *want, const float *got, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-        den += (double)want[i] * want[i];
-    }
-    return den > 0 ? num / den : num;
-}
-
-static int32_t argmax(const float *v, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++) {
-        best = v[i] > v[best] ? i : best;
-    }
-    return best;
-}
-
 /* check_arch's bounds: the adapters' products round activations as the
  * base's do, so the errors are of the same kind. */
-static double nmse_bound(const char *type) {
-    return strcmp(type, "f32") == 0 ? 1e-6 : strcmp(type, "f16") == 0 ? 1e-5 : 5e-4;
-}
-
-static float tie_bound(const char *type) {
-    return strcmp(type, "f32") == 0 ? 1e-3f : strcmp(type, "f16") == 0 ? 1e-2f : 5e-2f;
-}
-
 /* Prefill prompt p in one step on a fresh backend, with the golden's
  * adapters (with_lora) or none; logits into `logits`. */
 static kg_backend_t *prefill(const loaded_t *l,
@@ -323,24 +258,24 @@ START_TEST(matches_llama_cpp) {
         int32_t table[CTX / BLOCK];
         /* the base alone is far from llama.cpp's adapted logits */
         kg_backend_free(prefill(&l, &g, gp, false, &set, table, logits));
-        double e_base = nmse(gp->logits, logits, V);
+        double e_base = kg_test_nmse(gp->logits, logits, V);
         kg_backend_t *be = prefill(&l, &g, gp, true, &set, table, logits);
-        double e = nmse(gp->logits, logits, V);
+        double e = kg_test_nmse(gp->logits, logits, V);
         if (getenv("KG_LORA_VERBOSE")) {
             fprintf(stderr, "%s prompt %d: nmse %.3g (base alone %.3g)\n", g.name, p, e, e_base);
         }
-        ck_assert_msg(e < nmse_bound(g.type), "%s prompt %d: logits nmse %g >= %g", g.name, p, e,
-                      nmse_bound(g.type));
-        ck_assert_msg(e_base > 100 * nmse_bound(g.type),
+        ck_assert_msg(e < kg_test_nmse_bound(g.type), "%s prompt %d: logits nmse %g >= %g", g.name,
+                      p, e, kg_test_nmse_bound(g.type));
+        ck_assert_msg(e_base > 100 * kg_test_nmse_bound(g.type),
                       "%s prompt %d: the base alone is as close (nmse %g): the adapter does "
                       "nothing",
                       g.name, p, e_base);
         int32_t n_pos = gp->n_input;
         bool tied = false;
         for (int32_t k = 0; k < gp->n_ids; k++) {
-            int32_t next = argmax(logits, V);
+            int32_t next = kg_test_argmax(logits, V);
             if (next != gp->ids[k]) {
-                ck_assert_msg(next == gp->second[k] && gp->margin[k] < tie_bound(g.type),
+                ck_assert_msg(next == gp->second[k] && gp->margin[k] < kg_test_tie_bound(g.type),
                               "%s prompt %d: id %d is %d, llama.cpp's %d (runner-up %d, margin %g)",
                               g.name, p, k, next, gp->ids[k], gp->second[k], (double)gp->margin[k]);
                 tied = true;
@@ -361,9 +296,9 @@ START_TEST(matches_llama_cpp) {
             ck_assert_int_eq(kg_backend_forward(be, &d, logits), KG_OK);
         }
         if (!tied) {
-            e = nmse(gp->logits_end, logits, V);
-            ck_assert_msg(e < nmse_bound(g.type), "%s prompt %d: logits after the ids: nmse %g",
-                          g.name, p, e);
+            e = kg_test_nmse(gp->logits_end, logits, V);
+            ck_assert_msg(e < kg_test_nmse_bound(g.type),
+                          "%s prompt %d: logits after the ids: nmse %g", g.name, p, e);
         }
         kg_backend_free(be);
     }

@@ -133,3 +133,77 @@ int kg_test_mkmodel(const char *out, const char *args) {
     free(copy);
     return rc;
 }
+
+// ---- golden files made by llama.cpp ----
+
+uint64_t kg_test_fnv64_file(const char *path) {
+    size_t len;
+    char *data = kg_test_read_file(path, &len);
+    ck_assert_ptr_nonnull(data);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < len; i++) {
+        h = (h ^ (unsigned char)data[i]) * 0x100000001b3ULL;
+    }
+    free(data);
+    return h;
+}
+
+double kg_test_nmse(const float *want, const float *got, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+double kg_test_nmse_bound(const char *type) {
+    if (strcmp(type, "f32") == 0) {
+        return 1e-6;
+    }
+    return strcmp(type, "f16") == 0 || strcmp(type, "bf16") == 0 ? 1e-5 : 5e-4;
+}
+
+float kg_test_tie_bound(const char *type) {
+    if (strcmp(type, "f32") == 0) {
+        return 1e-3f;
+    }
+    return strcmp(type, "f16") == 0 || strcmp(type, "bf16") == 0 ? 1e-2f : 5e-2f;
+}
+
+int32_t kg_test_argmax(const float *v, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++) {
+        if (v[i] > v[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+float *kg_test_parse_floats(const char *s, int32_t *n_out) {
+    char *end;
+    long n = strtol(s, &end, 10);
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    s = end;
+    for (long i = 0; i < n; i++) {
+        v[i] = strtof(s, &end);
+        s = end;
+    }
+    *n_out = (int32_t)n;
+    return v;
+}
+
+int32_t kg_test_parse_ids(const char *s, int32_t *ids, int32_t cap) {
+    int32_t n = 0;
+    char *end;
+    for (long v = strtol(s, &end, 10); end != s && n < cap; v = strtol(s, &end, 10)) {
+        ids[n++] = (int32_t)v;
+        s = end;
+    }
+    return n;
+}
+
+int kg_test_cmp_name(const void *a, const void *b) {
+    return strcmp((const char *)a, (const char *)b);
+}
