@@ -240,10 +240,14 @@ START_TEST(reasoning_opened_by_the_prompt) {
     run_think("hmm</think>A. B.", true, true, " B", &r);
     ck_assert_str_eq(r.reasoning, "hmm");
     ck_assert_str_eq(r.answer, "A.");
-    ck_assert(kg_think_prompt_opens("<|im_start|>assistant\n<think>\n", 30));
-    ck_assert(kg_think_prompt_opens("<think>", 7));
-    ck_assert(!kg_think_prompt_opens("<think>\n\n</think>\n\n", 21));
-    ck_assert(!kg_think_prompt_opens("assistant\n", 10));
+    static const char *const opens[] = {"<|im_start|>assistant\n<think>\n", "<think>"};
+    static const char *const closed[] = {"<think>\n\n</think>\n\n", "assistant\n", "think>", ""};
+    for (size_t i = 0; i < sizeof(opens) / sizeof(opens[0]); i++) {
+        ck_assert(kg_think_prompt_opens(opens[i], strlen(opens[i])));
+    }
+    for (size_t i = 0; i < sizeof(closed) / sizeof(closed[0]); i++) {
+        ck_assert(!kg_think_prompt_opens(closed[i], strlen(closed[i])));
+    }
 }
 END_TEST
 
