@@ -210,7 +210,8 @@ static char *done_event(const kg_jobrun_t *r,
         ch[c] = (kg_events_choice_t){.out = &x->out,
                                      .reason = reason_of(x),
                                      .samples = x->samples,
-                                     .n_samples = x->n_samples};
+                                     .n_samples = x->n_samples,
+                                     .toolfmt = r->prep.toolfmt};
     }
     return kg_events_done_choices(o, tok, r->job, ch, r->n_choices, &r->t, max_bytes, len, fit);
 }

@@ -145,6 +145,16 @@ static kg_status_t render(const kg_jinja_template_t *tmpl,
         if (st == KG_OK) {
             st = kg_jinja_dict_set(ctx, m, "content", content);
         }
+        const char *xj = o->message_extra ? o->message_extra[i] : NULL;
+        json_t *extra = xj ? json_loads(xj, 0, NULL) : NULL;
+        const char *k;
+        json_t *v;
+        json_object_foreach(extra, k, v) {
+            if (st == KG_OK) {
+                st = kg_jinja_dict_set(ctx, m, k, from_json(ctx, v, 0));
+            }
+        }
+        json_decref(extra);
         if (st == KG_OK) {
             st = kg_jinja_list_push(ctx, list, m);
         }

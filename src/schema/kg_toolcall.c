@@ -51,10 +51,9 @@ kg_toolfmt_t kg_toolfmt_detect(const char *t) {
 }
 
 const char *kg_toolfmt_name(kg_toolfmt_t f) {
-    static const char *const names[] = {"none",         "hermes",      "qwen3_coder",
-                                        "llama3",       "mistral",     "mistral_args",
-                                        "deepseek_r1",  "deepseek_v3", "command_r7b",
-                                        "functionary",  "gpt_oss"};
+    static const char *const names[] = {"none",        "hermes",       "qwen3_coder", "llama3",
+                                        "mistral",     "mistral_args", "deepseek_r1", "deepseek_v3",
+                                        "command_r7b", "functionary",  "gpt_oss"};
     return (unsigned)f < sizeof(names) / sizeof(names[0]) ? names[f] : "?";
 }
 
@@ -102,8 +101,13 @@ static void add_call(parse_t *p, char *name, char *args, char *id) {
     c[o->n_calls++] = (kg_toolcall_t){name, args, id};
 }
 
-static void add_call_n(parse_t *p, const char *name, size_t name_n, const char *args, size_t args_n,
-                       const char *id, size_t id_n) {
+static void add_call_n(parse_t *p,
+                       const char *name,
+                       size_t name_n,
+                       const char *args,
+                       size_t args_n,
+                       const char *id,
+                       size_t id_n) {
     add_call(p, dup_n(name, name_n), dup_n(args, args_n), dup_n(id ? id : "", id ? id_n : 0));
 }
 
@@ -126,6 +130,13 @@ static void add_reasoning(parse_t *p, const char *s, size_t n) {
     if (!p->out->reasoning) {
         p->oom = true;
     }
+}
+
+/* Whether `lit` starts at byte i of the text, within [0, end) (the text has
+ * no NUL after it: model output is bytes with a length). */
+static bool has_at(const parse_t *p, size_t i, size_t end, const char *lit) {
+    size_t n = strlen(lit);
+    return i <= end && end - i >= n && memcmp(p->s + i, lit, n) == 0;
 }
 
 static bool at(const parse_t *p, const char *lit) {
@@ -152,6 +163,18 @@ static size_t find(const parse_t *p, size_t from, const char *lit) {
     return p->len;
 }
 
+/* The text ends inside `lit` (a proper prefix of it is all that is left):
+ * the output was cut there (max_tokens), which is no syntax error. */
+static bool cut_in(parse_t *p, const char *lit) {
+    size_t rest = p->len - p->i;
+    return rest > 0 && rest < strlen(lit) && memcmp(p->s + p->i, lit, rest) == 0;
+}
+
+/* The end of the text, or a cut inside what had to come next. */
+static bool end_or_cut(parse_t *p, const char *lit) {
+    return p->i >= p->len || cut_in(p, lit);
+}
+
 static void skip_ws(parse_t *p) {
     p->i = kg_tc_ws(p->s, p->len, p->i);
 }
@@ -172,8 +195,11 @@ static kg_jspan_t value(parse_t *p) {
 /* A call from an object's name and arguments members (and an id member when
  * `id_key`): false when the object is not a call. The arguments may be cut by
  * the end of the text. */
-static bool object_call(parse_t *p, const kg_jspan_t *obj, const char *name_key,
-                        const char *args_key, const char *id_key) {
+static bool object_call(parse_t *p,
+                        const kg_jspan_t *obj,
+                        const char *name_key,
+                        const char *args_key,
+                        const char *id_key) {
     kg_jspan_t nv, av, iv;
     if (!kg_tc_json_member(p->s, obj, name_key, &nv) ||
         !kg_tc_json_member(p->s, obj, args_key, &av)) {
@@ -205,18 +231,18 @@ static bool parse_hermes(parse_t *p) {
     while (eat(p, open)) {
         kg_jspan_t obj = value(p);
         if (obj.bad || !object_call(p, &obj, "name", "arguments", NULL)) {
-            return false;
+            return obj.partial; /* cut before its name and arguments: no call yet */
         }
         if (obj.partial) {
             return true;
         }
         skip_ws(p);
         if (!eat(p, "</tool_call>")) {
-            return at_end(p);
+            return end_or_cut(p, "</tool_call>");
         }
         skip_ws(p);
     }
-    return at_end(p);
+    return end_or_cut(p, open);
 }
 
 /* The schema type of parameter `key` of tool `name`, or NULL. */
@@ -266,8 +292,9 @@ static bool coder_param(parse_t *p, json_t *tools, const char *fname, kg_tcbuf_t
     free(key);
     kg_jspan_t raw = kg_tc_json_value(p->s, v1, v0);
     /* a number running to the value's end scans as partial (it could go on): it is whole here */
-    bool whole = !raw.partial || (raw.end == v1 && v1 > v0 && p->s[v1 - 1] >= '0' && p->s[v1 - 1] <= '9' &&
-                                  p->s[raw.start] != '"' && p->s[raw.start] != '[' && p->s[raw.start] != '{');
+    bool whole = !raw.partial ||
+                 (raw.end == v1 && v1 > v0 && p->s[v1 - 1] >= '0' && p->s[v1 - 1] <= '9' &&
+                  p->s[raw.start] != '"' && p->s[raw.start] != '[' && p->s[raw.start] != '{');
     bool as_json = (!type || strcmp(type, "string") != 0) && !raw.bad && whole &&
                    kg_tc_ws(p->s, v1, raw.end) == v1 && vend < p->len;
     if (as_json) {
@@ -289,7 +316,8 @@ static bool coder_param(parse_t *p, json_t *tools, const char *fname, kg_tcbuf_t
     return true;
 }
 
-/* Qwen3-Coder: <tool_call>\n<function=N>\n(<parameter=K>\nV\n</parameter>\n)*</function>\n</tool_call> */
+/* Qwen3-Coder:
+ * <tool_call>\n<function=N>\n(<parameter=K>\nV\n</parameter>\n)*</function>\n</tool_call> */
 static bool parse_qwen3_coder(parse_t *p) {
     const char *open = "<tool_call>\n<function=";
     size_t first = find(p, 0, open);
@@ -324,18 +352,20 @@ static bool parse_qwen3_coder(parse_t *p) {
         }
         skip_ws(p);
         if (!eat(p, "</function>")) {
-            ok = at_end(p);
+            ok = end_or_cut(p, "</function>");
+            p->i = ok ? p->len : p->i;
             break;
         }
         skip_ws(p);
         if (!eat(p, "</tool_call>")) {
-            ok = at_end(p);
+            ok = end_or_cut(p, "</tool_call>");
+            p->i = ok ? p->len : p->i;
             break;
         }
         skip_ws(p);
     }
     json_decref(tools);
-    return ok && at_end(p);
+    return ok && (end_or_cut(p, open));
 }
 
 /* Llama 3.x: the answer is one {"name", "parameters"} object, perhaps after
@@ -377,7 +407,7 @@ static bool parse_mistral(parse_t *p) {
         skip_ws(p);
         kg_jspan_t obj = value(p);
         if (obj.bad || !object_call(p, &obj, "name", "arguments", "id")) {
-            return false;
+            return obj.partial;
         }
         if (obj.partial) {
             return true;
@@ -471,16 +501,16 @@ static bool parse_deepseek(parse_t *p, bool r1) {
         }
         skip_ws(p);
         if (r1 && !eat(p, "```")) {
-            return at_end(p);
+            return end_or_cut(p, "```");
         }
         skip_ws(p);
         if (!eat(p, DS_CALL_END)) {
-            return at_end(p);
+            return end_or_cut(p, DS_CALL_END);
         }
         skip_ws(p);
     }
     if (!eat(p, DS_CALLS_END)) {
-        return at_end(p);
+        return end_or_cut(p, DS_CALLS_END) || end_or_cut(p, DS_CALL_BEGIN);
     }
     skip_ws(p);
     return at_end(p);
@@ -515,7 +545,7 @@ static bool parse_command_r7b(parse_t *p) {
         skip_ws(p);
         kg_jspan_t obj = value(p);
         if (obj.bad || !object_call(p, &obj, "tool_name", "parameters", "tool_call_id")) {
-            return false;
+            return obj.partial;
         }
         if (obj.partial) {
             return true;
@@ -582,9 +612,8 @@ static bool parse_gpt_oss(parse_t *p) {
         }
         size_t body = m + strlen("<|message|>");
         size_t e = body;
-        while (e < p->len && !(p->s[e] == '<' && (strncmp(p->s + e, "<|end|>", 7) == 0 ||
-                                                  strncmp(p->s + e, "<|call|>", 8) == 0 ||
-                                                  strncmp(p->s + e, "<|return|>", 10) == 0))) {
+        while (e < p->len && !(has_at(p, e, p->len, "<|end|>") || has_at(p, e, p->len, "<|call|>") ||
+                               has_at(p, e, p->len, "<|return|>"))) {
             e++;
         }
         /* the header's recipient and channel */
@@ -600,7 +629,7 @@ static bool parse_gpt_oss(parse_t *p) {
             kg_jspan_t v = kg_tc_json_value(p->s, e, body);
             size_t a0 = v.bad ? body : v.start, a1 = v.bad ? e : v.end;
             add_call_n(p, p->s + n0, n1 - n0, p->s + a0, a1 - a0, NULL, 0);
-        } else if (ch < m && strncmp(p->s + ch + 11, "analysis", 8) == 0) {
+        } else if (ch < m && has_at(p, ch + strlen("<|channel|>"), m, "analysis")) {
             add_reasoning(p, p->s + body, e - body);
         } else if (ch < m) {
             kg_tcbuf_put(&content, p->s + body, e - body);
@@ -624,23 +653,44 @@ static bool parse_gpt_oss(parse_t *p) {
     return ok;
 }
 
-kg_status_t kg_toolcall_parse(kg_toolfmt_t f, const char *text, size_t len, const char *tools_json,
-                              kg_toolparse_t *out) {
+kg_status_t kg_toolcall_parse(
+    kg_toolfmt_t f, const char *text, size_t len, const char *tools_json, kg_toolparse_t *out) {
     memset(out, 0, sizeof(*out));
     parse_t p = {text, len, 0, out, tools_json, false};
     bool ok = true;
     switch (f) {
-    case KG_TOOLFMT_HERMES: ok = parse_hermes(&p); break;
-    case KG_TOOLFMT_QWEN3_CODER: ok = parse_qwen3_coder(&p); break;
-    case KG_TOOLFMT_LLAMA3: ok = parse_llama3(&p); break;
-    case KG_TOOLFMT_MISTRAL: ok = parse_mistral(&p); break;
-    case KG_TOOLFMT_MISTRAL_ARGS: ok = parse_mistral_args(&p); break;
-    case KG_TOOLFMT_DEEPSEEK_R1: ok = parse_deepseek(&p, true); break;
-    case KG_TOOLFMT_DEEPSEEK_V3: ok = parse_deepseek(&p, false); break;
-    case KG_TOOLFMT_COMMAND_R7B: ok = parse_command_r7b(&p); break;
-    case KG_TOOLFMT_FUNCTIONARY: ok = parse_functionary(&p); break;
-    case KG_TOOLFMT_GPT_OSS: ok = parse_gpt_oss(&p); break;
-    default: break;
+    case KG_TOOLFMT_HERMES:
+        ok = parse_hermes(&p);
+        break;
+    case KG_TOOLFMT_QWEN3_CODER:
+        ok = parse_qwen3_coder(&p);
+        break;
+    case KG_TOOLFMT_LLAMA3:
+        ok = parse_llama3(&p);
+        break;
+    case KG_TOOLFMT_MISTRAL:
+        ok = parse_mistral(&p);
+        break;
+    case KG_TOOLFMT_MISTRAL_ARGS:
+        ok = parse_mistral_args(&p);
+        break;
+    case KG_TOOLFMT_DEEPSEEK_R1:
+        ok = parse_deepseek(&p, true);
+        break;
+    case KG_TOOLFMT_DEEPSEEK_V3:
+        ok = parse_deepseek(&p, false);
+        break;
+    case KG_TOOLFMT_COMMAND_R7B:
+        ok = parse_command_r7b(&p);
+        break;
+    case KG_TOOLFMT_FUNCTIONARY:
+        ok = parse_functionary(&p);
+        break;
+    case KG_TOOLFMT_GPT_OSS:
+        ok = parse_gpt_oss(&p);
+        break;
+    default:
+        break;
     }
     if (p.oom) {
         kg_toolparse_clear(out);

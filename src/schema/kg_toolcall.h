@@ -25,22 +25,24 @@
 #pragma once
 
 #include "../core/kg_status.h"
+#include "../grammar/kg_constraint.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 
 typedef enum kg_toolfmt {
     KG_TOOLFMT_NONE = 0,     /* no call syntax known: all content */
-    KG_TOOLFMT_HERMES,       /* <tool_call>\n{"name", "arguments"}\n</tool_call> (Hermes, Qwen2.5/3, Granite 4) */
+    KG_TOOLFMT_HERMES,       /* <tool_call>\n{"name", "arguments"}\n</tool_call> (Hermes, Qwen2.5/3,
+                                Granite 4) */
     KG_TOOLFMT_QWEN3_CODER,  /* <tool_call>\n<function=N>\n<parameter=K>\nV\n</parameter>... */
     KG_TOOLFMT_LLAMA3,       /* {"name", "parameters"}, optionally after <|python_tag|> */
     KG_TOOLFMT_MISTRAL,      /* [TOOL_CALLS][{"name", "arguments", "id"}, ...] (Nemo) */
     KG_TOOLFMT_MISTRAL_ARGS, /* [TOOL_CALLS]name[ARGS]{...}, repeated (Devstral, Magistral) */
-    KG_TOOLFMT_DEEPSEEK_R1,  /* <｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\nA\n```... */
-    KG_TOOLFMT_DEEPSEEK_V3,  /* <｜tool▁call▁begin｜>N<｜tool▁sep｜>A<｜tool▁call▁end｜> (V3.1) */
-    KG_TOOLFMT_COMMAND_R7B,  /* <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]... */
-    KG_TOOLFMT_FUNCTIONARY,  /* v3.2: after the prompt's ">>>", "all\n" content or "name\n{...}" */
-    KG_TOOLFMT_GPT_OSS,      /* Harmony: <|channel|>commentary to=functions.N ...<|message|>A<|call|> */
+    KG_TOOLFMT_DEEPSEEK_R1, /* <｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\nA\n```... */
+    KG_TOOLFMT_DEEPSEEK_V3, /* <｜tool▁call▁begin｜>N<｜tool▁sep｜>A<｜tool▁call▁end｜> (V3.1) */
+    KG_TOOLFMT_COMMAND_R7B, /* <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]... */
+    KG_TOOLFMT_FUNCTIONARY, /* v3.2: after the prompt's ">>>", "all\n" content or "name\n{...}" */
+    KG_TOOLFMT_GPT_OSS, /* Harmony: <|channel|>commentary to=functions.N ...<|message|>A<|call|> */
 } kg_toolfmt_t;
 
 typedef struct kg_toolcall {
@@ -73,3 +75,23 @@ kg_status_t kg_toolcall_parse(kg_toolfmt_t f,
                               kg_toolparse_t *out) KG_NODISCARD;
 
 void kg_toolparse_clear(kg_toolparse_t *p);
+
+// ---- required calls (kg_toolcall_grammar.c) ----
+
+/** The constraint text (KG_CONSTRAINT_TOOL_CALLS) of a required call in
+ * format f: any of the tools (`tools_json`, checked by the job decoder) or,
+ * `only` not NULL, that one; more than one call when `parallel` and the
+ * syntax has room for several. Malloc'ed, *len its length; NULL with a
+ * message when the format cannot be constrained (Qwen3-Coder's XML, none). */
+char *kg_toolcall_constraint(kg_toolfmt_t f,
+                             const char *tools_json,
+                             const char *only,
+                             bool parallel,
+                             size_t *len,
+                             char *msg,
+                             size_t msg_size);
+
+/** The grammar cache's builder for KG_CONSTRAINT_TOOL_CALLS (other kinds go
+ * to kg_json_schema_builder). */
+kg_gir_t *
+kg_toolcall_builder(const kg_constraint_t *c, char *errstr, size_t errstr_size, void *ctx);
