@@ -3,6 +3,8 @@
  * calls, and equality with llama.cpp's own parser on the golden outputs of
  * tests/data/toolcall/ (made by scripts/goldens/toolcall-goldens.sh). */
 #include "check_common.h"
+#include "grammar/kg_grammar.h"
+#include "grammar/kg_gvocab.h"
 #include "pipeline/kg_reasoning.h"
 #include "schema/kg_toolcall.h"
 
@@ -63,10 +65,11 @@ START_TEST(test_detect) {
 END_TEST
 
 START_TEST(test_hermes) {
-    kg_toolparse_t p = parse(KG_TOOLFMT_HERMES,
-                             "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, {\"b\": "
-                             "\"\\u00e9\"}]}}\n</tool_call>\n<tool_call>\n{\"arguments\": {}, "
-                             "\"name\": \"g\\u00e9\"}\n</tool_call>\n");
+    kg_toolparse_t p =
+        parse(KG_TOOLFMT_HERMES,
+              "Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, {\"b\": "
+              "\"\\u00e9\"}]}}\n</tool_call>\n<tool_call>\n{\"arguments\": {}, "
+              "\"name\": \"g\\u00e9\"}\n</tool_call>\n");
     ck_assert_str_eq(p.content, "Sure.\n");
     ck_assert_uint_eq(p.n_calls, 2);
     ck_assert_str_eq(p.calls[0].name, "f");
@@ -86,7 +89,8 @@ START_TEST(test_hermes) {
     kg_toolparse_clear(&p);
 
     /* text after the last call is not the syntax */
-    p = parse(KG_TOOLFMT_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call> and more");
+    p = parse(KG_TOOLFMT_HERMES,
+              "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call> and more");
     ck_assert(p.malformed);
     kg_toolparse_clear(&p);
 
@@ -116,22 +120,27 @@ START_TEST(test_hermes) {
 END_TEST
 
 START_TEST(test_formats) {
-    kg_toolparse_t p = parse(KG_TOOLFMT_NONE, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+    kg_toolparse_t p =
+        parse(KG_TOOLFMT_NONE, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
     ck_assert_uint_eq(p.n_calls, 0);
     ck_assert(!p.malformed);
     kg_toolparse_clear(&p);
 
     /* Qwen3-Coder: parameters typed by the tool's schema */
-    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
-                        "\"object\",\"properties\":{\"s\":{\"type\":\"string\"},\"n\":{\"type\":"
-                        "\"integer\"}}}}}]";
-    const char *coder = "<tool_call>\n<function=f>\n<parameter=s>\n42\n</parameter>\n<parameter=n>\n42\n"
-                        "</parameter>\n<parameter=o>\n{\"k\": \"a\\\"b\"}\n</parameter>\n"
-                        "<parameter=t>\nline\n\"two\"\n</parameter>\n</function>\n</tool_call>";
-    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_QWEN3_CODER, coder, strlen(coder), tools, &p), KG_OK);
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+        "\"object\",\"properties\":{\"s\":{\"type\":\"string\"},\"n\":{\"type\":"
+        "\"integer\"}}}}}]";
+    const char *coder =
+        "<tool_call>\n<function=f>\n<parameter=s>\n42\n</parameter>\n<parameter=n>\n42\n"
+        "</parameter>\n<parameter=o>\n{\"k\": \"a\\\"b\"}\n</parameter>\n"
+        "<parameter=t>\nline\n\"two\"\n</parameter>\n</function>\n</tool_call>";
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_QWEN3_CODER, coder, strlen(coder), tools, &p),
+                     KG_OK);
     ck_assert_uint_eq(p.n_calls, 1);
-    ck_assert_str_eq(p.calls[0].arguments,
-                     "{\"s\":\"42\",\"n\":42,\"o\":{\"k\": \"a\\\"b\"},\"t\":\"line\\n\\\"two\\\"\"}");
+    ck_assert_str_eq(
+        p.calls[0].arguments,
+        "{\"s\":\"42\",\"n\":42,\"o\":{\"k\": \"a\\\"b\"},\"t\":\"line\\n\\\"two\\\"\"}");
     kg_toolparse_clear(&p);
 
     /* Llama 3: a JSON answer that is no call stays an answer */
@@ -142,13 +151,15 @@ START_TEST(test_formats) {
     kg_toolparse_clear(&p);
 
     /* Mistral: the model's ids */
-    p = parse(KG_TOOLFMT_MISTRAL, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abc123def\"}]");
+    p = parse(KG_TOOLFMT_MISTRAL,
+              "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abc123def\"}]");
     ck_assert_uint_eq(p.n_calls, 1);
     ck_assert_str_eq(p.calls[0].id, "abc123def");
     kg_toolparse_clear(&p);
 
     /* Command R7B: its own reasoning markers */
-    p = parse(KG_TOOLFMT_COMMAND_R7B, "<|START_THINKING|>hm<|END_THINKING|><|START_RESPONSE|>Hi<|END_RESPONSE|>");
+    p = parse(KG_TOOLFMT_COMMAND_R7B,
+              "<|START_THINKING|>hm<|END_THINKING|><|START_RESPONSE|>Hi<|END_RESPONSE|>");
     ck_assert_str_eq(p.content, "Hi");
     ck_assert_str_eq(p.reasoning, "hm");
     kg_toolparse_clear(&p);
@@ -166,10 +177,13 @@ START_TEST(test_formats) {
         "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": -1.5e3}}",
         "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"x\"}]",
         "[TOOL_CALLS]f[ARGS]{\"a\": true}",
-        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
-        "<|START_THINKING|>x<|END_THINKING|><|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"f\", \"parameters\": {}}]<|END_ACTION|>",
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<"
+        "｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        "<|START_THINKING|>x<|END_THINKING|><|START_ACTION|>[{\"tool_call_id\": \"0\", "
+        "\"tool_name\": \"f\", \"parameters\": {}}]<|END_ACTION|>",
         "f\n{\"a\": null}",
-        "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>",
+        "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.f <|constrain|>json<|message|>{}<|call|>",
     };
     for (int f = KG_TOOLFMT_NONE; f <= KG_TOOLFMT_GPT_OSS; f++) {
         for (size_t t = 0; t < sizeof(texts) / sizeof(texts[0]); t++) {
@@ -180,6 +194,163 @@ START_TEST(test_formats) {
             }
         }
     }
+}
+END_TEST
+
+// ---- required calls: the grammar and the parser agree ----
+
+static kg_gvocab_t *byte_vocab(void) {
+    static char bytes[256];
+    const char *texts[256];
+    size_t lens[256];
+    for (int i = 0; i < 256; i++) {
+        bytes[i] = (char)i;
+        texts[i] = &bytes[i];
+        lens[i] = 1;
+    }
+    char err[128];
+    kg_gvocab_t *v = kg_gvocab_new_raw(texts, lens, 256, err, sizeof(err));
+    ck_assert_msg(v != NULL, "%s", err);
+    return v;
+}
+
+static bool accepts(kg_grammar_t *g, const char *doc) {
+    kg_matcher_t *m = kg_matcher_new();
+    kg_matcher_reset(m, g);
+    bool ok = true;
+    for (const unsigned char *p = (const unsigned char *)doc; *p && ok; p++) {
+        ok = kg_matcher_accept(m, *p);
+    }
+    ok = ok && kg_matcher_can_end(m);
+    kg_matcher_free(m);
+    return ok;
+}
+
+static kg_grammar_t *
+tool_grammar(kg_gvocab_t *v, kg_toolfmt_t f, const char *tools, const char *only, bool parallel) {
+    char err[512] = "";
+    size_t len = 0;
+    char *text = kg_toolcall_constraint(f, tools, only, parallel, &len, err, sizeof(err));
+    ck_assert_msg(text != NULL, "%s: %s", kg_toolfmt_name(f), err);
+    kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+    kg_gir_t *ir = kg_toolcall_builder(&k, err, sizeof(err), NULL);
+    ck_assert_msg(ir != NULL, "%s: %s", kg_toolfmt_name(f), err);
+    kg_grammar_t *g = kg_grammar_compile(ir, v, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s: %s", kg_toolfmt_name(f), err);
+    kg_gir_free(ir);
+    free(text);
+    return g;
+}
+
+#define W_ARGS "{\"city\": \"Paris\"}"
+#define S_ARGS "{\"q\": \"caf\u00e9\", \"n\": 3}"
+
+START_TEST(test_required_grammar) {
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8}},"
+        "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"search\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"q\":{\"type\":\"string\"},"
+        "\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9}},\"required\":[\"q\",\"n\"]}}}]";
+    /* per format: one call of get_weather, two calls (where the syntax holds several), a call
+     * whose arguments break the schema */
+    static const struct {
+        kg_toolfmt_t f;
+        const char *one, *two, *bad;
+    } cases[] = {
+        {KG_TOOLFMT_HERMES,
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " W_ARGS "}\n</tool_call>",
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": " W_ARGS "}\n</tool_call>\n"
+         "<tool_call>\n{\"name\": \"search\", \"arguments\": " S_ARGS "}\n</tool_call>",
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 7}}\n</tool_call>"},
+        {KG_TOOLFMT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": " W_ARGS "}", NULL,
+         "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris, France\"}}"},
+        {KG_TOOLFMT_MISTRAL, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": " W_ARGS "}]",
+         "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": " W_ARGS
+         "}, {\"name\": \"search\", \"arguments\": " S_ARGS "}]",
+         "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"q\": \"x\", \"n\": 10}}]"},
+        {KG_TOOLFMT_MISTRAL_ARGS, "[TOOL_CALLS]get_weather[ARGS]" W_ARGS,
+         "[TOOL_CALLS]get_weather[ARGS]" W_ARGS "[TOOL_CALLS]search[ARGS]" S_ARGS,
+         "[TOOL_CALLS]search[ARGS]{\"q\": \"x\"}"},
+        {KG_TOOLFMT_DEEPSEEK_R1,
+         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```"
+         "json\n" W_ARGS "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+         NULL,
+         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>nope\n```json\n{}\n```"
+         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+        {KG_TOOLFMT_DEEPSEEK_V3,
+         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>" W_ARGS
+         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>" W_ARGS
+         "<｜tool▁call▁end｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>" S_ARGS
+         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+         "<｜tool▁calls▁end｜>"},
+        {KG_TOOLFMT_COMMAND_R7B,
+         "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", "
+         "\"parameters\": " W_ARGS "}\n]<|END_ACTION|>",
+         "<|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", "
+         "\"parameters\": " W_ARGS "},\n    {\"tool_call_id\": \"1\", \"tool_name\": \"search\", "
+         "\"parameters\": " S_ARGS "}\n]<|END_ACTION|>",
+         "<|START_ACTION|>[\n    {\"tool_call_id\": \"x\", \"tool_name\": \"get_weather\", "
+         "\"parameters\": " W_ARGS "}\n]<|END_ACTION|>"},
+        {KG_TOOLFMT_FUNCTIONARY, "get_weather\n" W_ARGS, NULL, "get_weather\n{\"town\": \"x\"}"},
+        {KG_TOOLFMT_GPT_OSS,
+         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" W_ARGS
+         "<|call|>",
+         NULL,
+         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>[]<|call|>"},
+    };
+    kg_gvocab_t *v = byte_vocab();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *fn = kg_toolfmt_name(cases[i].f);
+        kg_grammar_t *g = tool_grammar(v, cases[i].f, tools, NULL, true);
+        ck_assert_msg(accepts(g, cases[i].one), "%s refuses one call", fn);
+        ck_assert_msg(!accepts(g, cases[i].bad), "%s accepts a bad call", fn);
+        ck_assert_msg(!accepts(g, "It is sunny."), "%s accepts no call", fn);
+        if (cases[i].two) {
+            ck_assert_msg(accepts(g, cases[i].two), "%s refuses two calls", fn);
+        }
+        kg_grammar_unref(g);
+        /* one call only, and a named one */
+        g = tool_grammar(v, cases[i].f, tools, NULL, false);
+        ck_assert_msg(accepts(g, cases[i].one), "%s (single) refuses one call", fn);
+        ck_assert_msg(!cases[i].two || !accepts(g, cases[i].two), "%s (single) takes two", fn);
+        kg_grammar_unref(g);
+        g = tool_grammar(v, cases[i].f, tools, "search", true);
+        ck_assert_msg(!accepts(g, cases[i].one), "%s (named search) takes get_weather", fn);
+        kg_grammar_unref(g);
+        /* what the grammar makes, the parser reads back */
+        const char *texts[] = {cases[i].one, cases[i].two};
+        for (int t = 0; t < 2 && texts[t]; t++) {
+            kg_toolparse_t p;
+            ck_assert_int_eq(kg_toolcall_parse(cases[i].f, texts[t], strlen(texts[t]), tools, &p),
+                             KG_OK);
+            ck_assert_msg(p.n_calls == (size_t)t + 1 && !p.malformed, "%s: %zu calls", fn,
+                          p.n_calls);
+            ck_assert_str_eq(p.calls[0].name, "get_weather");
+            ck_assert_str_eq(p.calls[0].arguments, W_ARGS);
+            ck_assert_str_eq(p.content, "");
+            kg_toolparse_clear(&p);
+        }
+    }
+    kg_gvocab_unref(v);
+    /* the syntaxes a grammar cannot wrap */
+    char err[256];
+    size_t len;
+    ck_assert_ptr_null(
+        kg_toolcall_constraint(KG_TOOLFMT_QWEN3_CODER, tools, NULL, true, &len, err, sizeof(err)));
+    ck_assert_ptr_nonnull(strstr(err, "qwen3_coder"));
+    ck_assert_ptr_null(
+        kg_toolcall_constraint(KG_TOOLFMT_NONE, tools, NULL, true, &len, err, sizeof(err)));
+    /* a parameters schema kgen cannot enforce is named */
+    const char *odd = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{"
+                      "\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}}}]";
+    char *text = kg_toolcall_constraint(KG_TOOLFMT_HERMES, odd, NULL, true, &len, err, sizeof(err));
+    kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+    ck_assert_ptr_null(kg_toolcall_builder(&k, err, sizeof(err), NULL));
+    ck_assert_msg(strstr(err, "tools[0].function.parameters/properties/a") != NULL, "%s", err);
+    free(text);
 }
 END_TEST
 
@@ -216,9 +387,14 @@ static bool check_case(json_t *out, json_t *gold, const char *tools, const char 
     kg_think_split(&th, text, len, &ans, &ans_n, &rsn, &rsn_n);
     kg_toolparse_t p;
     ck_assert_int_eq(kg_toolcall_parse(kg_toolfmt_detect(src), ans, ans_n, tools, &p), KG_OK);
-    char *r_kgen = strndup(p.reasoning ? p.reasoning : rsn ? rsn : "", p.reasoning ? strlen(p.reasoning) : rsn_n);
-    char *r_a = trimmed(r_kgen), *r_b = trimmed(json_string_value(json_object_get(gold, "reasoning_content")));
-    char *c_a = trimmed(p.content), *c_b = trimmed(json_string_value(json_object_get(gold, "content")));
+    char *r_kgen = strndup(p.reasoning ? p.reasoning
+                           : rsn       ? rsn
+                                       : "",
+                           p.reasoning ? strlen(p.reasoning) : rsn_n);
+    char *r_a = trimmed(r_kgen),
+         *r_b = trimmed(json_string_value(json_object_get(gold, "reasoning_content")));
+    char *c_a = trimmed(p.content),
+         *c_b = trimmed(json_string_value(json_object_get(gold, "content")));
     bool ok = strcmp(r_a, r_b) == 0 && strcmp(c_a, c_b) == 0;
     if (!think && strcmp(p.content, json_string_value(json_object_get(gold, "content"))) != 0) {
         ok = false; /* no thought split: the content is byte-equal, whitespace too */
@@ -227,15 +403,18 @@ static bool check_case(json_t *out, json_t *gold, const char *tools, const char 
     ok = ok && json_array_size(calls) == p.n_calls;
     for (size_t i = 0; ok && i < p.n_calls; i++) {
         json_t *c = json_array_get(calls, i);
-        ok = strcmp(p.calls[i].name, json_string_value(json_object_get(c, "name"))) == 0 &&
-             strcmp(p.calls[i].arguments, json_string_value(json_object_get(c, "arguments"))) == 0 &&
-             strcmp(p.calls[i].id, json_string_value(json_object_get(c, "id"))) == 0;
+        ok =
+            strcmp(p.calls[i].name, json_string_value(json_object_get(c, "name"))) == 0 &&
+            strcmp(p.calls[i].arguments, json_string_value(json_object_get(c, "arguments"))) == 0 &&
+            strcmp(p.calls[i].id, json_string_value(json_object_get(c, "id"))) == 0;
     }
     if (!ok) {
-        fprintf(stderr, "%s / %s: kgen content [%s] reasoning [%s] %zu calls%s%s%s; llama.cpp content "
-                "[%s] reasoning [%s] %zu calls\n", tmpl, name, c_a, r_a, p.n_calls,
-                p.n_calls ? " [" : "", p.n_calls ? p.calls[0].arguments : "", p.n_calls ? "]" : "",
-                c_b, r_b, json_array_size(calls));
+        fprintf(stderr,
+                "%s / %s: kgen content [%s] reasoning [%s] %zu calls%s%s%s; llama.cpp content "
+                "[%s] reasoning [%s] %zu calls\n",
+                tmpl, name, c_a, r_a, p.n_calls, p.n_calls ? " [" : "",
+                p.n_calls ? p.calls[0].arguments : "", p.n_calls ? "]" : "", c_b, r_b,
+                json_array_size(calls));
     }
     free(r_kgen), free(r_a), free(r_b), free(c_a), free(c_b);
     kg_toolparse_clear(&p);
@@ -265,7 +444,8 @@ START_TEST(test_goldens) {
             json_array_foreach(json_object_get(group, "outputs"), o, out) {
                 json_t *gold = json_array_get(cases, gi++);
                 ck_assert_ptr_nonnull(gold);
-                ck_assert_str_eq(json_string_value(json_object_get(gold, "template")), json_string_value(tn));
+                ck_assert_str_eq(json_string_value(json_object_get(gold, "template")),
+                                 json_string_value(tn));
                 ck_assert_str_eq(json_string_value(json_object_get(gold, "output")),
                                  json_string_value(json_object_get(out, "name")));
                 if (json_object_get(gold, "error")) {
@@ -283,8 +463,8 @@ START_TEST(test_goldens) {
     json_decref(outputs);
     json_decref(goldens);
     ck_assert_msg(n > 100, "only %zu golden parses", n);
-    ck_assert_msg(n_bad == 0, "%zu of %zu parses differ from llama.cpp's (%zu it refuses)", n_bad, n,
-                  n_refused);
+    ck_assert_msg(n_bad == 0, "%zu of %zu parses differ from llama.cpp's (%zu it refuses)", n_bad,
+                  n, n_refused);
 }
 END_TEST
 
@@ -294,6 +474,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_detect);
     tcase_add_test(tc, test_hermes);
     tcase_add_test(tc, test_formats);
+    tcase_add_test(tc, test_required_grammar);
     suite_add_tcase(s, tc);
     TCase *gold = tcase_create("goldens");
     tcase_add_test(gold, test_goldens);
