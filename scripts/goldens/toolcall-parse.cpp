@@ -40,7 +40,8 @@ int main(int argc, char **argv) {
             head["template"] = name;
             common_chat_params params;
             try {
-                auto tmpls = common_chat_templates_init(nullptr, slurp(dir + "/" + name), "<s>", "</s>");
+                auto tmpls =
+                    common_chat_templates_init(nullptr, slurp(dir + "/" + name), "<s>", "</s>");
                 common_chat_templates_inputs in;
                 in.use_jinja = true;
                 in.messages = common_chat_msgs_parse_oaicompat(doc["messages"]);
@@ -66,14 +67,16 @@ int main(int argc, char **argv) {
                 common_json c = head;
                 c["output"] = out["name"];
                 try {
-                    common_chat_msg msg = common_chat_parse(out["text"].get<std::string>(), false, pp);
+                    common_chat_msg msg =
+                        common_chat_parse(out["text"].get<std::string>(), false, pp);
                     c["format"] = common_chat_format_name(params.format);
                     c["generation_prompt"] = params.generation_prompt;
                     c["content"] = msg.content;
                     c["reasoning_content"] = msg.reasoning_content;
                     common_json calls = common_json::array();
                     for (const auto &tc : msg.tool_calls) {
-                        calls.push_back({{"name", tc.name}, {"arguments", tc.arguments}, {"id", tc.id}});
+                        calls.push_back(
+                            {{"name", tc.name}, {"arguments", tc.arguments}, {"id", tc.id}});
                     }
                     c["tool_calls"] = calls;
                 } catch (const std::exception &e) {

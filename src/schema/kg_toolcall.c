@@ -612,8 +612,9 @@ static bool parse_gpt_oss(parse_t *p) {
         }
         size_t body = m + strlen("<|message|>");
         size_t e = body;
-        while (e < p->len && !(has_at(p, e, p->len, "<|end|>") || has_at(p, e, p->len, "<|call|>") ||
-                               has_at(p, e, p->len, "<|return|>"))) {
+        while (e < p->len &&
+               !(has_at(p, e, p->len, "<|end|>") || has_at(p, e, p->len, "<|call|>") ||
+                 has_at(p, e, p->len, "<|return|>"))) {
             e++;
         }
         /* the header's recipient and channel */

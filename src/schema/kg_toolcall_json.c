@@ -329,13 +329,27 @@ void kg_tcbuf_put_json_chars(kg_tcbuf_t *b, const char *s, size_t n) {
         unsigned char c = (unsigned char)s[i];
         char esc[8];
         switch (c) {
-        case '"': kg_tcbuf_put(b, "\\\"", 2); break;
-        case '\\': kg_tcbuf_put(b, "\\\\", 2); break;
-        case '\b': kg_tcbuf_put(b, "\\b", 2); break;
-        case '\f': kg_tcbuf_put(b, "\\f", 2); break;
-        case '\n': kg_tcbuf_put(b, "\\n", 2); break;
-        case '\r': kg_tcbuf_put(b, "\\r", 2); break;
-        case '\t': kg_tcbuf_put(b, "\\t", 2); break;
+        case '"':
+            kg_tcbuf_put(b, "\\\"", 2);
+            break;
+        case '\\':
+            kg_tcbuf_put(b, "\\\\", 2);
+            break;
+        case '\b':
+            kg_tcbuf_put(b, "\\b", 2);
+            break;
+        case '\f':
+            kg_tcbuf_put(b, "\\f", 2);
+            break;
+        case '\n':
+            kg_tcbuf_put(b, "\\n", 2);
+            break;
+        case '\r':
+            kg_tcbuf_put(b, "\\r", 2);
+            break;
+        case '\t':
+            kg_tcbuf_put(b, "\\t", 2);
+            break;
         default:
             if (c < 0x20) {
                 snprintf(esc, sizeof(esc), "\\u%04x", c);
