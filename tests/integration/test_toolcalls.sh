@@ -6,6 +6,7 @@
 #     job's tools and, but for a cut last call, its arguments (a JSON string) validate against that
 #     tool's parameters with python3-jsonschema; ids are unique within a job.
 #   - 40 jobs naming a function: every call is that function's, valid.
+#   - 10 jobs with n = 2: each choice carries its own calls (ids apart), valid.
 #   - OpenAI Batch lines with tools (`--output-format openai`): message.tool_calls in OpenAI's
 #     shape, content null beside them, finish_reason "tool_calls".
 #   - a conversation with an assistant's tool calls and the tool's result renders through the
@@ -56,6 +57,10 @@ for i in range(40):
     jobs.append({"request_id": f"n{i}", "messages": [{"role": "user", "content": f"named {i}"}],
                  "tools": tools, "tool_choice": {"type": "function", "function": {"name": name}},
                  "max_tokens": 160, "temperature": 1.0})
+for i in range(10):
+    jobs.append({"request_id": f"c{i}", "messages": [{"role": "user", "content": f"two {i}"}],
+                 "tools": tools, "tool_choice": "required", "parallel_tool_calls": False,
+                 "n": 2, "max_tokens": 160, "temperature": 1.0})
 with open(f"{tmp}/jobs.jsonl", "w") as f:
     for j in jobs:
         f.write(json.dumps(j) + "\n")
@@ -117,6 +122,18 @@ n_calls = n_cut = n_parallel = 0
 for rid, e in done.items():
     job = jobs[rid]
     offered = {t["function"]["name"] for t in job["tools"]}
+    if job.get("n", 1) > 1:
+        # each choice its own calls, ids apart across choices; the top level is choice 0's
+        assert len(e["choices"]) == 2 and e["tool_calls"] == e["choices"][0]["tool_calls"], rid
+        ids = [c["id"] for ch in e["choices"] for c in ch["tool_calls"]]
+        assert len(set(ids)) == len(ids), ids
+        for ch in e["choices"][1:]:
+            assert ch["finish_reason"] in ("tool_calls", "length"), ch
+            for c in ch["tool_calls"]:
+                if ch["finish_reason"] == "tool_calls":
+                    jsonschema.validate(json.loads(c["function"]["arguments"]),
+                                        T[c["function"]["name"]], format_checker=checker)
+                    n_calls += 1
     calls = e.get("tool_calls", [])
     fr = e["finish_reason"]
     assert fr in ("tool_calls", "length"), (rid, fr, e["text"][:200])
@@ -143,7 +160,7 @@ for rid, e in done.items():
     if fr == "tool_calls":
         assert e["text"] == "", (rid, e["text"][:100])
 finished = sum(e["finish_reason"] == "tool_calls" for e in done.values())
-assert finished >= 200, f"only {finished} of 240 jobs ended their turn with calls"
+assert finished >= 200, f"only {finished} of {len(done)} jobs ended their turn with calls"
 print(f"{len(done)} jobs: {n_calls} calls valid against their schemas, {n_cut} cut by max_tokens, "
       f"{finished} finished tool_calls, {n_parallel} with parallel calls")
 
