@@ -42,6 +42,37 @@ static kg_status_t compile_constraint(const kg_intake_limits_t *lim,
     return out->grammar ? KG_OK : KG_ERR_INVALID;
 }
 
+/* An auto call constrained once it opens (llama.cpp's lazy grammar): where
+ * the call's opening marker is one token the grammar can take (a
+ * user-defined token, as Qwen's <tool_call> is) and the job has no
+ * constraint of its own. Otherwise the answer stays unconstrained (its calls
+ * are parsed as written). */
+static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
+                              const kg_intake_limits_t *lim,
+                              const kg_job_t *job,
+                              kg_prepared_t *out) {
+    const char *marker = kg_toolfmt_marker(out->toolfmt);
+    int32_t id = marker ? kg_tokenizer_find(tok, marker, strlen(marker)) : -1;
+    if (id < 0 || kg_tokenizer_is_control(tok, id) || kg_tokenizer_is_eog(tok, id) ||
+        !lim->grammars || out->grammar || job->constraint != KG_CONSTRAINT_NONE) {
+        return KG_OK;
+    }
+    char msg[256];
+    size_t len = 0;
+    char *text = kg_toolcall_constraint(out->toolfmt, job->tools_json, NULL,
+                                        !job->no_parallel_tool_calls, &len, msg, sizeof(msg));
+    if (!text) {
+        return KG_OK;
+    }
+    kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+    out->grammar = kg_grammar_cache_get(lim->grammars, &k, kg_toolcall_builder, msg, sizeof(msg));
+    free(text);
+    /* a tool schema the grammar cannot hold leaves the call unconstrained, as before */
+    out->lazy = out->grammar != NULL;
+    out->lazy_token = id;
+    return KG_OK;
+}
+
 /* A chat job with tools: the call syntax its answer is parsed in and, for a
  * required call, the grammar that makes the model call. */
 static kg_status_t prepare_tools(const kg_model_t *model,
@@ -63,7 +94,7 @@ static kg_status_t prepare_tools(const kg_model_t *model,
     }
     out->toolfmt = kg_toolfmt_detect(model->chat_template);
     if (!required) {
-        return KG_OK;
+        return lazy_tools(model->tok, lim, job, out);
     }
     if (out->toolfmt == KG_TOOLFMT_NONE) {
         snprintf(msg, msg_size,

@@ -78,6 +78,10 @@ typedef struct kg_prepared {
      * chat job with tools (tool_choice not "none"); NONE: not parsed. A
      * required call's grammar is `grammar` (kg_toolcall_grammar) */
     kg_toolfmt_t toolfmt;
+    /* an auto call's lazy grammar (`grammar`): unconstrained until the call's
+     * opening marker, one token of this vocabulary, is sampled */
+    bool lazy;
+    int32_t lazy_token;
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a

@@ -91,6 +91,11 @@ char *kg_toolcall_constraint(kg_toolfmt_t f,
                              char *msg,
                              size_t msg_size);
 
+/** The marker a call opens with in format f, where the call grammar starts
+ * with it (so an `auto` job's grammar can wait for it: a lazy grammar), or
+ * NULL (Llama 3.x's bare JSON, Functionary's name, gpt-oss's channel). */
+const char *kg_toolfmt_marker(kg_toolfmt_t f);
+
 /** The grammar cache's builder for KG_CONSTRAINT_TOOL_CALLS (other kinds go
  * to kg_json_schema_builder). */
 kg_gir_t *

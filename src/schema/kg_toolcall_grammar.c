@@ -71,6 +71,23 @@ char *kg_toolcall_constraint(kg_toolfmt_t f,
     return text;
 }
 
+const char *kg_toolfmt_marker(kg_toolfmt_t f) {
+    switch (f) {
+    case KG_TOOLFMT_HERMES:
+        return "<tool_call>";
+    case KG_TOOLFMT_MISTRAL:
+    case KG_TOOLFMT_MISTRAL_ARGS:
+        return "[TOOL_CALLS]";
+    case KG_TOOLFMT_DEEPSEEK_R1:
+    case KG_TOOLFMT_DEEPSEEK_V3:
+        return DS_CALLS_BEGIN;
+    case KG_TOOLFMT_COMMAND_R7B:
+        return "<|START_ACTION|>";
+    default:
+        return NULL;
+    }
+}
+
 // ---- the wrap: call syntax around each tool's arguments ----
 
 typedef struct wrap_ctx {

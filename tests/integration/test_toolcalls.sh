@@ -7,6 +7,9 @@
 #     tool's parameters with python3-jsonschema; ids are unique within a job.
 #   - 40 jobs naming a function: every call is that function's, valid.
 #   - 10 jobs with n = 2: each choice carries its own calls (ids apart), valid.
+#   - 100 jobs with tool_choice auto: the model's <tool_call> token (a user-defined token of the
+#     model's vocabulary, as in Qwen's) starts a lazy grammar, so every call a job ends with is
+#     valid; the others answer text with no calls.
 #   - OpenAI Batch lines with tools (`--output-format openai`): message.tool_calls in OpenAI's
 #     shape, content null beside them, finish_reason "tool_calls".
 #   - a conversation with an assistant's tool calls and the tool's result renders through the
@@ -61,6 +64,9 @@ for i in range(10):
     jobs.append({"request_id": f"c{i}", "messages": [{"role": "user", "content": f"two {i}"}],
                  "tools": tools, "tool_choice": "required", "parallel_tool_calls": False,
                  "n": 2, "max_tokens": 160, "temperature": 1.0})
+for i in range(100):
+    jobs.append({"request_id": f"a{i}", "messages": [{"role": "user", "content": f"auto {i}"}],
+                 "tools": tools[:3], "max_tokens": 200, "temperature": 1.0})
 with open(f"{tmp}/jobs.jsonl", "w") as f:
     for j in jobs:
         f.write(json.dumps(j) + "\n")
@@ -118,7 +124,7 @@ for line in open(f"{tmp}/out.jsonl"):
     if e["type"] == "done":
         done[e["request_id"]] = e
 assert set(done) == set(jobs), set(jobs) - set(done)
-n_calls = n_cut = n_parallel = 0
+n_calls = n_cut = n_parallel = n_auto_calls = 0
 for rid, e in done.items():
     job = jobs[rid]
     offered = {t["function"]["name"] for t in job["tools"]}
@@ -136,6 +142,17 @@ for rid, e in done.items():
                     n_calls += 1
     calls = e.get("tool_calls", [])
     fr = e["finish_reason"]
+    if "tool_choice" not in job:
+        # auto: text, or calls constrained from their opening marker on (the lazy grammar)
+        n_auto_calls += fr == "tool_calls"
+        assert (fr == "tool_calls") == (fr != "length" and bool(calls)), (rid, fr, calls)
+        for i, c in enumerate(calls):
+            if fr == "length" and i == len(calls) - 1:
+                continue  # may be cut
+            jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]],
+                                format_checker=checker)
+            n_calls += 1
+        continue
     assert fr in ("tool_calls", "length"), (rid, fr, e["text"][:200])
     assert calls, (rid, fr, e["text"][:200])
     assert len({c["id"] for c in calls}) == len(calls), rid
@@ -159,10 +176,12 @@ for rid, e in done.items():
         n_calls += 1
     if fr == "tool_calls":
         assert e["text"] == "", (rid, e["text"][:100])
-finished = sum(e["finish_reason"] == "tool_calls" for e in done.values())
-assert finished >= 200, f"only {finished} of {len(done)} jobs ended their turn with calls"
+finished = sum(e["finish_reason"] == "tool_calls" for e in done.values()) - n_auto_calls
+assert finished >= 200, f"only {finished} of {len(done) - 100} required jobs ended with calls"
+assert n_auto_calls >= 5, f"only {n_auto_calls} of 100 auto jobs called"
 print(f"{len(done)} jobs: {n_calls} calls valid against their schemas, {n_cut} cut by max_tokens, "
-      f"{finished} finished tool_calls, {n_parallel} with parallel calls")
+      f"{finished} required jobs finished tool_calls, {n_parallel} with parallel calls, "
+      f"{n_auto_calls} of 100 auto jobs called")
 
 for line in open(f"{tmp}/openai.out"):
     o = json.loads(line)
