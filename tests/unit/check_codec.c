@@ -240,8 +240,8 @@ static json_t *canonical(json_t *orig, const char *key) {
         for (size_t i = 0; i < json_array_size(v); i++) {
             json_t *m = json_array_get(v, i);
             json_t *content = json_object_get(m, "content");
-            json_t *o = json_pack("{s:O,s:O}", "role", json_object_get(m, "role"), "content",
-                                  json_is_null(content) ? json_string("") : content);
+            json_t *o = json_pack("{s:O,s:o}", "role", json_object_get(m, "role"), "content",
+                                  json_is_null(content) ? json_string("") : json_incref(content));
             const char *role = json_string_value(json_object_get(m, "role"));
             json_t *calls = json_object_get(m, "tool_calls");
             if (json_array_size(calls) > 0) {
