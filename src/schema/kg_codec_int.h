@@ -105,7 +105,7 @@ kg_status_t kg_codec_decode_reasoning(json_t *root, kg_job_t *job, char *msg, si
 void kg_codec_encode_reasoning(json_t *o, const kg_job_t *job, bool *ok);
 /** An OpenAI body's copies of them (vLLM's extensions) into the kgen job
  * object `job`, and its tools for a chat body (kg_openai.c has refused
- * tools unless tool_choice is "none"). */
+ * them on other bodies unless tool_choice is "none"). */
 void kg_codec_copy_reasoning(const json_t *body, json_t *job, bool chat, bool *ok);
 
 // ---- tool_choice and parallel_tool_calls (kg_codec_tools.c) ----
