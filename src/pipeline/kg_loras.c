@@ -153,6 +153,7 @@ kg_status_t kg_loras_set_dir(kg_loras_t *l, const char *dir, char *errstr, size_
 /* Read and check entry e and add it to the table (not loaded). */
 static kg_status_t read_entry(kg_loras_t *l, kg_lora_entry_t *e, char *errstr, size_t errstr_size) {
     char err[480];
+    const int64_t t0 = kg_clock_us();
     e->lora = kg_lora_load(e->path, l->model, err, sizeof(err));
     if (!e->lora) {
         snprintf(errstr, errstr_size, "%s", err);
@@ -163,9 +164,10 @@ static kg_status_t read_entry(kg_loras_t *l, kg_lora_entry_t *e, char *errstr, s
         snprintf(errstr, errstr_size, "more than %d adapters", KG_ADAPTERS_MAX);
         return KG_ERR_INVALID;
     }
-    KG_LOG_INFO("lora", "adapter name=%s path=%s pairs=%d rank=%d alpha=%g scale=%g bytes=%zu",
+    KG_LOG_INFO("lora",
+                "adapter name=%s path=%s pairs=%d rank=%d alpha=%g scale=%g bytes=%zu read_ms=%.1f",
                 e->name, e->path, e->lora->n_pairs, e->lora->max_rank, (double)e->lora->alpha,
-                (double)e->scale, e->lora->size);
+                (double)e->scale, e->lora->size, (double)(kg_clock_us() - t0) / 1000.0);
     return KG_OK;
 }
 
