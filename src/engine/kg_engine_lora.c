@@ -1,8 +1,7 @@
 /* kg_engine_lora: which adapters the backend holds, decided at admission
  * (see kg_engine_set_adapters and kg_adapters.h). */
-#include "kg_engine_int.h"
-
 #include "../core/kg_log.h"
+#include "kg_engine_int.h"
 
 #include <string.h>
 

@@ -57,13 +57,14 @@ static void lora_metrics(FILE *f, const kg_loras_t *l) {
     const int32_t n = l->n;
     gauge(f, "kgen_lora_adapters_resident", "LoRA adapters held in the backend now.",
           kg_adapters_n_resident(l->adapters));
-    gauge(f, "kgen_lora_max_resident", "LoRA adapters held at once at most (--max-loras; 0: no cap).",
+    gauge(f, "kgen_lora_max_resident",
+          "LoRA adapters held at once at most (--max-loras; 0: no cap).",
           kg_adapters_max_resident(l->adapters));
     gauge(f, "kgen_lora_adapters_known",
           "LoRA adapters read and checked (--lora, and --lora-dir ones jobs have named).", n);
     per_adapter(f, l, n, "kgen_lora_jobs_total", "counter", "Jobs accepted per LoRA adapter.", 0);
-    per_adapter(f, l, n, "kgen_lora_tokens_total", "counter",
-                "Tokens generated per LoRA adapter.", 1);
+    per_adapter(f, l, n, "kgen_lora_tokens_total", "counter", "Tokens generated per LoRA adapter.",
+                1);
     per_adapter(f, l, n, "kgen_lora_resident", "gauge",
                 "1 while the LoRA adapter is held in the backend.", 2);
     per_adapter(f, l, n, "kgen_lora_loads_total", "counter",

@@ -237,8 +237,8 @@ kg_status_t kg_loras_resolve(kg_loras_t *l,
     if (read_entry(l, e, err, sizeof(err)) != KG_OK) {
         /* not kept: the next job naming it reads the file again (it may
          * have been fixed) */
-        snprintf(errstr, errstr_size, "lora: adapter \"%.64s\" (%s) cannot be used: %s", name,
-                 path, err);
+        snprintf(errstr, errstr_size, "lora: adapter \"%.64s\" (%s) cannot be used: %s", name, path,
+                 err);
         kg_lora_free(e->lora);
         free(e->name);
         free(e->path);

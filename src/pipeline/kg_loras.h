@@ -41,9 +41,9 @@ typedef struct kg_lora_stats {
 /* (loads, evictions and residency: kg_adapters_stats of the entry's id) */
 
 typedef struct kg_lora_entry {
-    char *name;  /* owned */
-    char *path;  /* owned */
-    float scale; /* the default scale (1 unless :SCALE) */
+    char *name;             /* owned */
+    char *path;             /* owned */
+    float scale;            /* the default scale (1 unless :SCALE) */
     kg_lora_t *lora;        /* NULL until read (a --lora-dir one before its first job) */
     int32_t id;             /* its kg_adapters id (the backend's while resident); -1 before */
     kg_lora_stats_t *stats; /* owned */
@@ -93,11 +93,8 @@ const kg_lora_entry_t *kg_loras_find(const kg_loras_t *l, const char *name);
  * KG_LORAS_MAX adapters already); KG_ERR_INVALID with errstr when the file is not an adapter for
  * this model (the loader's message, naming the tensor); KG_ERR_NOMEM.
  * @thread the one that takes jobs (one at a time) */
-KG_NODISCARD kg_status_t kg_loras_resolve(kg_loras_t *l,
-                                          const char *name,
-                                          const kg_lora_entry_t **out,
-                                          char *errstr,
-                                          size_t errstr_size);
+KG_NODISCARD kg_status_t kg_loras_resolve(
+    kg_loras_t *l, const char *name, const kg_lora_entry_t **out, char *errstr, size_t errstr_size);
 
 /** Count `jobs` jobs and `tokens` generated tokens for every adapter of
  * `set` (l may be NULL). @thread any (atomics) */

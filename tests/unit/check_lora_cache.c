@@ -62,8 +62,8 @@ static void fixture_init(fixture_t *f) {
     static const char *const types[] = {"f32", "f16", "q8_0", "bf16"};
     for (int a = 0; a < N_AD; a++) {
         snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("lora-cache-ad"));
-        snprintf(args, sizeof(args), "--rank %d --type %s --seed %d", a == 2 ? 32 : 4 + a,
-                 types[a], 300 + a);
+        snprintf(args, sizeof(args), "--rank %d --type %s --seed %d", a == 2 ? 32 : 4 + a, types[a],
+                 300 + a);
         make_lora(f->base, path, args);
         f->lora[a] = kg_lora_load(path, f->m, err, sizeof(err));
         ck_assert_msg(f->lora[a] != NULL, "%s", err);
@@ -303,10 +303,9 @@ START_TEST(same_ids_after_reload) {
                 int k = round == 0 ? s : 3 - s;
                 submit(&r, id, sets[k], n_set[k], MAX_OUT, 10 + (uint32_t)k);
                 drain(&r);
-                ck_assert_msg(r.n_out[id] == MAX_OUT &&
-                                  memcmp(r.out[id], want[k], sizeof(want[k])) == 0,
-                              "set %d, round %d, prefix cache %d: ids differ after reloads", k,
-                              round, pc);
+                ck_assert_msg(
+                    r.n_out[id] == MAX_OUT && memcmp(r.out[id], want[k], sizeof(want[k])) == 0,
+                    "set %d, round %d, prefix cache %d: ids differ after reloads", k, round, pc);
                 id++;
             }
         }
@@ -428,9 +427,9 @@ START_TEST(dir_first_use) {
     /* through intake: the job gets model_not_found with the loader's words */
     kg_error_code_t code;
     char msg[512];
-    ck_assert_int_eq(prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"wrong\"}",
-                             &code, msg),
-                     KG_ERR_INVALID);
+    ck_assert_int_eq(
+        prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"wrong\"}", &code, msg),
+        KG_ERR_INVALID);
     ck_assert_int_eq(code, KG_ERROR_MODEL_NOT_FOUND);
     ck_assert_msg(strstr(msg, "cannot be used") && strstr(msg, "incorrect shape"), "%s", msg);
     ck_assert_int_eq(
@@ -438,10 +437,10 @@ START_TEST(dir_first_use) {
         KG_ERR_INVALID);
     ck_assert_int_eq(code, KG_ERROR_MODEL_NOT_FOUND);
     ck_assert_msg(strstr(msg, "each NAME.gguf of") != NULL, "%s", msg);
-    ck_assert_int_eq(prepare(f.m, &l,
-                             "{\"request_id\":\"1\",\"prompt\":\"x\",\"lora\":[{\"name\":\"nope\"}]}",
-                             &code, msg),
-                     KG_ERR_INVALID);
+    ck_assert_int_eq(
+        prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"lora\":[{\"name\":\"nope\"}]}",
+                &code, msg),
+        KG_ERR_INVALID);
     ck_assert_msg(strstr(msg, "--lora-dir") != NULL, "%s", msg);
 
     /* fixed on disk (a new file renamed over it): the next job reads it */
