@@ -500,11 +500,17 @@ START_TEST(preloaded_count_in_the_cap) {
                               .max_seq_len = 64};
     kg_backend_t *be = kg_backend_cpu_new(f.m, &bp, err, sizeof(err));
     ck_assert_msg(be != NULL, "%s", err);
+    kg_backend_memory_t c0, c1, c2;
+    kg_backend_memory(be, &c0);
     ck_assert_int_eq(kg_loras_load(&l, f.m, be, 2, err, sizeof(err)), KG_OK);
     ck_assert_int_eq(l.n, 3);
     ck_assert_int_eq(kg_adapters_n_resident(l.adapters), 2);
     ck_assert_int_eq(atomic_load(&kg_adapters_stats(l.adapters, l.e[2].id)->resident), 0);
+    kg_backend_memory(be, &c1);
+    ck_assert_uint_gt(c1.weights_size, c0.weights_size);
     kg_loras_clear(&l);
+    kg_backend_memory(be, &c2); /* removed adapters give their bytes back */
+    ck_assert_uint_eq(c2.weights_size, c0.weights_size);
     /* a bad --lora stops the start, naming it */
     snprintf(spec, sizeof(spec), "x=%s,bad=%s", p[0], f.base);
     ck_assert_int_eq(kg_loras_parse(&l, spec, err, sizeof(err)), KG_OK);

@@ -17,6 +17,7 @@ typedef struct lora_adapter {
     int32_t id;
     const kg_lora_t *lora;
     lora_weights_t (*w)[KG_LORA_N_PROJ]; /* (n_layer) */
+    size_t bytes;                        /* counted in weights_size while added */
 } lora_adapter_t;
 
 struct cpu_lora_state {
@@ -188,6 +189,7 @@ kg_status_t cpu_lora_add(
     st->n_ad++;
     st->next_id = want >= st->next_id ? want + 1 : st->next_id;
     ctx->weights_size += bytes;
+    st->ad[at].bytes = bytes;
     *id = ad.id;
     return KG_OK;
 }
@@ -197,6 +199,7 @@ void cpu_lora_remove(kg_backend_t *be, int32_t id) {
     cpu_lora_state_t *st = ctx->lora;
     for (int32_t i = 0; st && i < st->n_ad; i++) {
         if (st->ad[i].id == id) {
+            ctx->weights_size -= st->ad[i].bytes; /* an evicted adapter's memory is back */
             adapter_clear(ctx, &st->ad[i]);
             memmove(&st->ad[i], &st->ad[i + 1], (size_t)(st->n_ad - i - 1) * sizeof(st->ad[0]));
             st->n_ad--;
