@@ -122,8 +122,15 @@ static kg_status_t pick_loras(const kg_intake_limits_t *lim,
                               char *msg,
                               size_t msg_size) {
     memset(set, 0, sizeof(*set));
-    const kg_lora_entry_t *by_model = NULL;
-    if (kg_loras_resolve(lim->loras, job->model, &by_model, msg, msg_size) != KG_OK) {
+    bool served = false;
+    for (int32_t i = 0; job->model && i < lim->n_served && !served; i++) {
+        served = strcmp(job->model, lim->served[i]) == 0;
+    }
+    /* a --lora name first (as before --lora-dir); a served name is the base's, never a
+     * directory file's (and costs no file lookup) */
+    const kg_lora_entry_t *by_model = kg_loras_find(lim->loras, job->model);
+    if (!by_model && !served &&
+        kg_loras_resolve(lim->loras, job->model, &by_model, msg, msg_size) != KG_OK) {
         *code = KG_ERROR_MODEL_NOT_FOUND;
         return KG_ERR_INVALID;
     }
@@ -131,10 +138,6 @@ static kg_status_t pick_loras(const kg_intake_limits_t *lim,
         set->id[set->n] = by_model->id;
         set->scale[set->n++] = by_model->scale;
     } else if (job->model && lim->n_served > 0) {
-        bool served = false;
-        for (int32_t i = 0; i < lim->n_served && !served; i++) {
-            served = strcmp(job->model, lim->served[i]) == 0;
-        }
         if (!served) {
             *code = KG_ERROR_MODEL_NOT_FOUND;
             int at =

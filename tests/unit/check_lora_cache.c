@@ -347,9 +347,14 @@ static kg_job_t *job_of(const char *json) {
     return job;
 }
 
-/* kg_intake_prepare of `json`: its status, code and message. */
-static kg_status_t
-prepare(const kg_model_t *m, kg_loras_t *l, const char *json, kg_error_code_t *code, char *msg) {
+/* kg_intake_prepare of `json`: its status, code and message; when it is
+ * accepted, it must run on `want_n` adapters. */
+static kg_status_t prepare(const kg_model_t *m,
+                           kg_loras_t *l,
+                           const char *json,
+                           kg_error_code_t *code,
+                           char *msg,
+                           int want_n) {
     const char *served[] = {"base"};
     kg_intake_limits_t lim = {
         .max_seq_len = 512, .max_tokens_limit = 1000, .served = served, .n_served = 1, .loras = l};
@@ -357,7 +362,7 @@ prepare(const kg_model_t *m, kg_loras_t *l, const char *json, kg_error_code_t *c
     kg_prepared_t p;
     kg_status_t st = kg_intake_prepare(m, &lim, job, 0, &p, code, msg, 512);
     if (st == KG_OK) {
-        ck_assert_int_eq(p.lora.n, 1);
+        ck_assert_int_eq(p.lora.n, want_n);
         kg_prepared_clear(&p);
     }
     kg_job_free(job);
@@ -427,19 +432,19 @@ START_TEST(dir_first_use) {
     /* through intake: the job gets model_not_found with the loader's words */
     kg_error_code_t code;
     char msg[512];
-    ck_assert_int_eq(
-        prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"wrong\"}", &code, msg),
-        KG_ERR_INVALID);
+    ck_assert_int_eq(prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"wrong\"}",
+                             &code, msg, 1),
+                     KG_ERR_INVALID);
     ck_assert_int_eq(code, KG_ERROR_MODEL_NOT_FOUND);
     ck_assert_msg(strstr(msg, "cannot be used") && strstr(msg, "incorrect shape"), "%s", msg);
-    ck_assert_int_eq(
-        prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"nope\"}", &code, msg),
-        KG_ERR_INVALID);
+    ck_assert_int_eq(prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"nope\"}",
+                             &code, msg, 1),
+                     KG_ERR_INVALID);
     ck_assert_int_eq(code, KG_ERROR_MODEL_NOT_FOUND);
     ck_assert_msg(strstr(msg, "each NAME.gguf of") != NULL, "%s", msg);
     ck_assert_int_eq(
         prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"lora\":[{\"name\":\"nope\"}]}",
-                &code, msg),
+                &code, msg, 1),
         KG_ERR_INVALID);
     ck_assert_msg(strstr(msg, "--lora-dir") != NULL, "%s", msg);
 
@@ -449,11 +454,19 @@ START_TEST(dir_first_use) {
     char wrong[4200];
     snprintf(wrong, sizeof(wrong), "%s/wrong.gguf", dir);
     ck_assert_int_eq(rename(path, wrong), 0);
-    kg_status_t st =
-        prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"wrong\"}", &code, msg);
+    kg_status_t st = prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"wrong\"}",
+                             &code, msg, 1);
     ck_assert_msg(st == KG_OK, "%s", msg);
     ck_assert_int_eq(l.n, 2);
     ck_assert_ptr_nonnull(kg_loras_find(&l, "wrong"));
+
+    /* a served name is the base's, even with a file of that name in the directory */
+    snprintf(path, sizeof(path), "%s/base.gguf", dir);
+    make_lora(f.base, path, "--rank 4 --seed 5");
+    st = prepare(f.m, &l, "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"base\"}", &code, msg,
+                 0);
+    ck_assert_msg(st == KG_OK, "%s", msg);
+    ck_assert_ptr_null(kg_loras_find(&l, "base"));
 
     /* more adapters than --max-loras in one job: refused, not left waiting */
     snprintf(path, sizeof(path), "%s/third.gguf", dir);
@@ -462,14 +475,15 @@ START_TEST(dir_first_use) {
         prepare(f.m, &l,
                 "{\"request_id\":\"1\",\"prompt\":\"x\",\"model\":\"good\",\"lora\":[{\"name\":"
                 "\"wrong\"},{\"name\":\"third\"}]}",
-                &code, msg),
+                &code, msg, 1),
         KG_ERR_INVALID);
     ck_assert_int_eq(code, KG_ERROR_INVALID_JOB);
     ck_assert_msg(strstr(msg, "--max-loras") != NULL, "%s", msg);
 
     kg_loras_clear(&l);
     kg_backend_free(be);
-    const char *files[] = {"good.gguf", "wrong.gguf", "trunc.gguf", "notes.txt", "third.gguf"};
+    const char *files[] = {"good.gguf", "wrong.gguf", "trunc.gguf",
+                           "notes.txt", "third.gguf", "base.gguf"};
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
         remove(path);
