@@ -200,11 +200,11 @@ kg_status_t kg_loras_load(kg_loras_t *l,
                           char *errstr,
                           size_t errstr_size) {
     l->model = model;
-    if (l->dir && !kg_backend_has_lora(be)) {
+    if ((l->dir || l->n > 0) && !kg_backend_has_lora(be)) {
         /* refused now rather than on every job naming one */
         snprintf(errstr, errstr_size,
-                 "--lora-dir: the %s backend does not run LoRA adapters (the cpu one does)",
-                 kg_backend_name(be));
+                 "%s: the %s backend does not run LoRA adapters (the cpu one does)",
+                 l->dir ? "--lora-dir" : "--lora", kg_backend_name(be));
         return KG_ERR_UNSUPPORTED;
     }
     l->adapters = kg_adapters_new(be, max_loras);

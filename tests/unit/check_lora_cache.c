@@ -11,6 +11,7 @@
 #include "check_common.h"
 #include "engine/kg_adapters.h"
 #include "engine/kg_engine.h"
+#include "fakes/fake_backend.h"
 #include "model/kg_lora.h"
 #include "model/kg_mklora.h"
 #include "model/kg_model.h"
@@ -539,6 +540,24 @@ START_TEST(preloaded_count_in_the_cap) {
 }
 END_TEST
 
+/* A backend that runs no adapters refuses --lora-dir (and --lora) at start,
+ * not on each job. */
+START_TEST(refused_by_a_backend_without_adapters) {
+    kg_fake_backend_params_t fp = {
+        .n_vocab = 16, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 8, .n_slots = 1};
+    kg_backend_t *be = kg_fake_backend_new(&fp);
+    kg_loras_t l;
+    char err[256];
+    ck_assert_int_eq(kg_loras_parse(&l, "", err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(kg_loras_set_dir(&l, ".", err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(kg_loras_load(&l, NULL, be, 0, err, sizeof(err)), KG_ERR_UNSUPPORTED);
+    ck_assert_str_eq(err,
+                     "--lora-dir: the fake backend does not run LoRA adapters (the cpu one does)");
+    kg_loras_clear(&l);
+    kg_backend_free(be);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("lora_cache");
     TCase *tc = tcase_create("cache");
@@ -548,6 +567,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, same_ids_after_reload);
     tcase_add_test(tc, dir_first_use);
     tcase_add_test(tc, preloaded_count_in_the_cap);
+    tcase_add_test(tc, refused_by_a_backend_without_adapters);
     suite_add_tcase(s, tc);
     return s;
 }
