@@ -391,14 +391,11 @@ static bool parse_llama3(parse_t *p) {
     return at_end(p);
 }
 
-/* Mistral Nemo: content[TOOL_CALLS][{"name", "arguments", "id"}, ...] */
-static bool parse_mistral(parse_t *p) {
-    size_t first = find(p, 0, "[TOOL_CALLS]");
-    if (first == p->len) {
-        return true;
-    }
-    set_content(p, 0, first);
-    p->i = first + strlen("[TOOL_CALLS]");
+/* A JSON array of call objects at p->i, up to the end of the output: `[{NAME: ..., ARGS: ...,
+ * ID: ...}, ...]` and then `close` (NULL: none) if the format ends with one. Mistral's
+ * [TOOL_CALLS] and Command R7B's action list share it. */
+static bool call_array(
+    parse_t *p, const char *name_key, const char *args_key, const char *id_key, const char *close) {
     skip_ws(p);
     if (!eat(p, "[")) {
         return false;
@@ -406,7 +403,7 @@ static bool parse_mistral(parse_t *p) {
     for (;;) {
         skip_ws(p);
         kg_jspan_t obj = value(p);
-        if (obj.bad || !object_call(p, &obj, "name", "arguments", "id")) {
+        if (obj.bad || !object_call(p, &obj, name_key, args_key, id_key)) {
             return obj.partial;
         }
         if (obj.partial) {
@@ -415,12 +412,27 @@ static bool parse_mistral(parse_t *p) {
         skip_ws(p);
         if (eat(p, "]")) {
             skip_ws(p);
+            if (close) {
+                eat(p, close);
+                skip_ws(p);
+            }
             return at_end(p);
         }
         if (!eat(p, ",")) {
             return at_end(p);
         }
     }
+}
+
+/* Mistral Nemo: content[TOOL_CALLS][{"name", "arguments", "id"}, ...] */
+static bool parse_mistral(parse_t *p) {
+    size_t first = find(p, 0, "[TOOL_CALLS]");
+    if (first == p->len) {
+        return true;
+    }
+    set_content(p, 0, first);
+    p->i = first + strlen("[TOOL_CALLS]");
+    return call_array(p, "name", "arguments", "id", NULL);
 }
 
 /* Devstral, Magistral: content([TOOL_CALLS]name[ARGS]{...})+ */
@@ -537,30 +549,7 @@ static bool parse_command_r7b(parse_t *p) {
         return true;
     }
     p->i = a + strlen("<|START_ACTION|>");
-    skip_ws(p);
-    if (!eat(p, "[")) {
-        return false;
-    }
-    for (;;) {
-        skip_ws(p);
-        kg_jspan_t obj = value(p);
-        if (obj.bad || !object_call(p, &obj, "tool_name", "parameters", "tool_call_id")) {
-            return obj.partial;
-        }
-        if (obj.partial) {
-            return true;
-        }
-        skip_ws(p);
-        if (eat(p, "]")) {
-            skip_ws(p);
-            eat(p, "<|END_ACTION|>");
-            skip_ws(p);
-            return at_end(p);
-        }
-        if (!eat(p, ",")) {
-            return at_end(p);
-        }
-    }
+    return call_array(p, "tool_name", "parameters", "tool_call_id", "<|END_ACTION|>");
 }
 
 static bool is_name_char(char c) {
