@@ -81,7 +81,7 @@ static void cpu_ffn(const kg_cuda_op_moe_t *m, const float *x, const float *logi
     hp.moe_w_scale = m->w_scale;
     cpu_moe_plan_t plan;
     ck_assert(cpu_moe_plan_init(&plan, X, k, T));
-    cpu_moe_route(&plan, &hp, logits, T);
+    cpu_moe_route(&plan, &hp, logits, NULL, T);
     const int64_t TK = (int64_t)T * k;
     float *xa = malloc((size_t)(TK * E) * 4), *xr = malloc((size_t)(TK * E) * 4);
     float *g = malloc((size_t)(TK * F) * 4), *u = malloc((size_t)(TK * F) * 4);
@@ -165,7 +165,7 @@ static void check_ffn(kg_cuda_op_moe_t *m, uint64_t seed) {
     hp.moe_w_scale = m->w_scale;
     cpu_moe_plan_t plan;
     ck_assert(cpu_moe_plan_init(&plan, X, k, T));
-    cpu_moe_route(&plan, &hp, logits, T);
+    cpu_moe_route(&plan, &hp, logits, NULL, T);
     for (int32_t i = 0; i < T * k; i++) {
         ck_assert_int_eq(sel[i], plan.sel[i]);
         ck_assert_msg(fabsf(w[i] - plan.w[i]) <= 1e-6f * (1.0f + fabsf(plan.w[i])), "%g vs %g",
