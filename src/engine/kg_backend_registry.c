@@ -29,7 +29,7 @@
      KG_MODEL_FEAT_Q_SCALE | KG_MODEL_FEAT_MOE | KG_MODEL_FEAT_MOE_OAI |                           \
      KG_MODEL_FEAT_ATTN_SINKS | KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES |                        \
      KG_MODEL_FEAT_NO_PRE_NORM | KG_MODEL_FEAT_QK_NORM_FULL | KG_MODEL_FEAT_ATTN_TEMP |            \
-     KG_MODEL_FEAT_XIELU)
+     KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT)
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     const uint32_t missing = kg_model_features(model) & ~(uint32_t)KG_CUDA_FEATURES;
