@@ -323,15 +323,14 @@ static const family_t families[] = {
     /* GLM-4.5/4.6/4.7: Q/K/V biases, per-head Q/K norms (the 355B files;
      * Air has none), partial NeoX RoPE, the FFN norm named
      * post_attention_norm, a sigmoid router with a selection bias, a shared
-     * expert, leading dense layers and next-token-prediction blocks; GLM's
-     * BPE is byte-level (the qwen one stands in, with the glm4 pre-tokenizer
-     * being the same split) */
+     * expert, leading dense layers and next-token-prediction blocks; a
+     * byte-level BPE with the glm4 pre-tokenizer and GLM-4.5's specials */
     {.arch = "glm4moe",
      .gguf_arch = "glm4moe",
      .moe = true,
      .qkv_bias = true,
      .qk_norm = true,
-     .vocab = KG_MKVOCAB_QWEN,
+     .vocab = KG_MKVOCAB_GLM,
      .rms_eps = 1e-5f,
      .ffn_norm_post = true,
      .glm = true},
@@ -616,11 +615,61 @@ static const struct {
     {"qwen3", QWEN3_TEMPLATE("{%- if enable_thinking is defined and enable_thinking is false %}{{- "
                              "'<think>\\n\\n</think>\\n\\n' }}{%- endif %}")},
     {"qwen3-thinking", QWEN3_TEMPLATE("{{- '<think>\\n' }}")},
+    /* GLM-4.5/4.6's template as its publisher ships it (llama.cpp's
+     * models/templates/GLM-4.6.jinja, verbatim): [gMASK]<sop>, the role
+     * tokens, tools as XML, reasoning_content in <think> */
+    {"glm4.6",
+     "[gMASK]<sop>\n{%- if tools -%}\n<|system|>\n# Tools\n\nYou may call one or more func"
+     "tions to assist with the user query.\n\nYou are provided with function signatures wi"
+     "thin <tools></tools> XML tags:\n<tools>\n{% for tool in tools %}\n"
+     "{{ tool | tojson(ensure_ascii=False) }}\n{% endfor %}\n</tools>\n"
+     "\nFor each function call, output the function name and arguments within the followin"
+     "g XML format:\n<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n"
+     "<arg_value>{arg-value-1}</arg_value>\n<arg_key>{arg-key-2}</arg_key>\n"
+     "<arg_value>{arg-value-2}</arg_value>\n...\n</tool_call>{%- endif -%}\n"
+     "{%- macro visible_text(content) -%}\n    {%- if content is string -%}\n"
+     "        {{- content }}\n    {%- elif content is iterable and content is not mapping "
+     "-%}\n        {%- for item in content -%}\n            {%- if item is mapping and ite"
+     "m.type == 'text' -%}\n                {{- item.text }}\n            {%- elif item is"
+     " string -%}\n                {{- item }}\n            {%- endif -%}\n"
+     "        {%- endfor -%}\n    {%- else -%}\n        {{- content }}\n"
+     "    {%- endif -%}\n{%- endmacro -%}\n{%- set ns = namespace(last_user_index=-1) %}\n"
+     "{%- for m in messages %}\n    {%- if m.role == 'user' %}\n        {% set ns.last_use"
+     "r_index = loop.index0 -%}\n    {%- endif %}\n{%- endfor %}\n{% for m in messages %}\n"
+     "{%- if m.role == 'user' -%}<|user|>\n{{ visible_text(m.content) }}\n"
+     "{{- '/nothink' if (enable_thinking is defined and not enable_thinking and not visibl"
+     "e_text(m.content).endswith(\"/nothink\")) else '' -}}\n{%- elif m.role == 'assistant"
+     "' -%}\n<|assistant|>\n{%- set reasoning_content = '' %}\n{%- set content = visible_t"
+     "ext(m.content) %}\n{%- if m.reasoning_content is string %}\n    {%- set reasoning_co"
+     "ntent = m.reasoning_content %}\n{%- else %}\n    {%- if '</think>' in content %}\n"
+     "        {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split"
+     "('<think>')[-1].lstrip('\\n') %}\n        {%- set content = content.split('</think>'"
+     ")[-1].lstrip('\\n') %}\n    {%- endif %}\n{%- endif %}\n{%- if loop.index0 > ns.last"
+     "_user_index and reasoning_content -%}\n{{ '\\n<think>' + reasoning_content.strip() +"
+     "  '</think>'}}\n{%- else -%}\n{{ '\\n<think></think>' }}\n{%- endif -%}\n"
+     "{%- if content.strip() -%}\n{{ '\\n' + content.strip() }}\n{%- endif -%}\n"
+     "{% if m.tool_calls %}\n{% for tc in m.tool_calls %}\n{%- if tc.function %}\n"
+     "    {%- set tc = tc.function %}\n{%- endif %}\n{{ '\\n<tool_call>' + tc.name }}\n"
+     "{% set _args = tc.arguments or {} %}\n{% if _args is not mapping %}\n"
+     "    {{ raise_exception(\"Invalid tool call arguments passed: \" + _args | string) }}"
+     "\n{% endif %}\n{% for k, v in _args.items() %}\n<arg_key>{{ k }}</arg_key>\n"
+     "<arg_value>{{ v | tojson(ensure_ascii=False) if v is not string else v }}</arg_value"
+     ">\n{% endfor %}\n</tool_call>{% endfor %}\n{% endif %}\n{%- elif m.role == 'tool' -%"
+     "}\n{%- if m.content is string -%}\n{%- if loop.first or (messages[loop.index0 - 1].r"
+     "ole != \"tool\") %}\n    {{- '<|observation|>' }}\n{%- endif %}\n"
+     "{{- '\\n<tool_response>\\n' }}\n{{- m.content }}\n{{- '\\n</tool_response>' }}\n"
+     "{%- else -%}\n<|observation|>{% for tr in m.content %}\n\n<tool_response>\n"
+     "{{ tr.output if tr.output is defined else tr }}\n</tool_response>{% endfor -%}\n"
+     "{% endif -%}\n{%- elif m.role == 'system' -%}\n<|system|>\n{{ visible_text(m.content"
+     ") }}\n{%- endif -%}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n"
+     "    <|assistant|>{{- '\\n<think></think>' if (enable_thinking is defined and not ena"
+     "ble_thinking) else '' -}}\n{%- endif -%}\n"},
 };
 
 const char *kg_mkmodel_chat_template(const char *name, const char **names) {
     if (names) {
-        *names = "chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7, qwen3, qwen3-thinking";
+        *names = "chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7, qwen3, qwen3-thinking, "
+                 "glm4.6";
     }
     for (size_t i = 0; name && i < sizeof(chat_templates) / sizeof(chat_templates[0]); i++) {
         if (strcmp(name, chat_templates[i].name) == 0) {

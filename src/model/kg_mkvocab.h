@@ -15,6 +15,8 @@ typedef enum kg_mkvocab_style {
     KG_MKVOCAB_GPT_OSS,   /* byte-level BPE, tokenizer.ggml.pre = gpt-4o, Harmony's specials */
     KG_MKVOCAB_QWEN3,     /* KG_MKVOCAB_QWEN plus Qwen3's <think> and </think> (user-defined
                              tokens, as Qwen3's converter writes them): for thinking templates */
+    KG_MKVOCAB_GLM,       /* byte-level BPE, tokenizer.ggml.pre = glm4, GLM-4.5's specials
+                             ([gMASK] as BOS, <|user|> EOT, <|observation|> EOM, <think>) */
 } kg_mkvocab_style_t;
 
 /** Write the tokenizer.* keys of a built-in vocabulary of `style`, with
