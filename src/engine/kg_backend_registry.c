@@ -18,8 +18,9 @@
 /* The KG_MODEL_FEAT_* bits the CUDA backend implements, each checked
  * against the CPU backend on the emulator (tests/unit/check_cuda.c: the
  * kernels, and whole forwards of the tests/data/arch models): the dense
- * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN) and the experts
- * (qwen3moe, Mixtral, gpt-oss with its sinks). A model that needs anything
+ * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN, issue 24's) and the
+ * experts (qwen3moe, Mixtral, gpt-oss with its sinks, glm4moe's sigmoid
+ * router and shared expert). A model that needs anything
  * else is refused for it, and `auto` takes the CPU. */
 #define KG_CUDA_FEATURES                                                                           \
     (KG_MODEL_FEAT_QKV_BIAS | KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_POST_NORM |                    \

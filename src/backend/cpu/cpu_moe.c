@@ -80,12 +80,14 @@ static void top_k(const float *v, int32_t n, int32_t k, int32_t *idx) {
  * the G groups of n / G experts scores the sum of its two largest values
  * of v; every expert outside the n_used best groups gets -inf. */
 static void mask_groups(float *v, int32_t n, int32_t G, int32_t n_used) {
-    const int32_t per = n / G;
+    const int32_t per = n / G; /* >= 2: the loader checks it */
     float score[KG_MOE_MAX_GROUPS] = {0};
-    int32_t best[KG_MOE_MAX_GROUPS], top2[2];
+    int32_t best[KG_MOE_MAX_GROUPS] = {0};
     for (int32_t gi = 0; gi < G; gi++) {
-        top_k(v + gi * per, per, 2, top2);
-        score[gi] = v[gi * per + top2[0]] + v[gi * per + top2[1]];
+        const float *gv = v + (int64_t)gi * per;
+        int32_t top2[2] = {0, 1};
+        top_k(gv, per, 2, top2);
+        score[gi] = gv[top2[0]] + gv[top2[1]];
     }
     top_k(score, G, n_used, best);
     for (int32_t gi = 0; gi < G; gi++) {
@@ -94,7 +96,7 @@ static void mask_groups(float *v, int32_t n, int32_t G, int32_t n_used) {
             keep = keep || best[j] == gi;
         }
         for (int32_t e = 0; !keep && e < per; e++) {
-            v[gi * per + e] = -INFINITY;
+            v[(int64_t)gi * per + e] = -INFINITY;
         }
     }
 }

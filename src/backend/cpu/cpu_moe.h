@@ -9,7 +9,8 @@
  * runs one gate/up GEMM and one down GEMM per active expert over its group
  * (kg_backend_cpu.c, through the same matmul entry points as the dense
  * weights), never one per token. llama.cpp's build_moe_ffn is the
- * reference for every step: the router's softmax, the top-k (descending),
+ * reference for every step: the router's softmax (or sigmoid: glm4moe), the
+ * selection bias and group limit that only choose, the top-k (descending),
  * the renormalisation (sum clamped to 2^-14) and scale, the expert
  * outputs times their weights, then added in rank order.
  *
