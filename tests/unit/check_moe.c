@@ -22,6 +22,7 @@
 #include "model/kg_quant.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -70,11 +71,13 @@ static void ref_softmax(const double *x, double *y, int n) {
  * scored by their two largest, all but the n_used best set to -inf. */
 static void ref_mask_groups(double *v, int n, int G, int n_used) {
     const int per = n / G;
-    double score[64];
-    int best[64], top2[2];
+    double score[64] = {0};
+    int best[64] = {0};
     for (int gi = 0; gi < G; gi++) {
-        ref_top_k(v + gi * per, per, 2, top2);
-        score[gi] = v[gi * per + top2[0]] + v[gi * per + top2[1]];
+        const double *gv = v + (ptrdiff_t)gi * per;
+        int top2[2] = {0, 1};
+        ref_top_k(gv, per, 2, top2);
+        score[gi] = gv[top2[0]] + gv[top2[1]];
     }
     ref_top_k(score, G, n_used, best);
     for (int gi = 0; gi < G; gi++) {
@@ -83,7 +86,7 @@ static void ref_mask_groups(double *v, int n, int G, int n_used) {
             keep = keep || best[j] == gi;
         }
         for (int e = 0; !keep && e < per; e++) {
-            v[gi * per + e] = -INFINITY;
+            v[(ptrdiff_t)gi * per + e] = -INFINITY;
         }
     }
 }
@@ -101,8 +104,8 @@ static void check_route_b(const kg_hparams_t *hp, const float *probs_b, int T) {
     }
     cpu_moe_route(&plan, hp, logits, probs_b, T);
     for (int t = 0; t < T; t++) {
-        double lg[64], p[64], w[64];
-        int idx[64];
+        double lg[64] = {0}, p[64] = {0}, w[64] = {0};
+        int idx[64] = {0};
         for (int e = 0; e < n; e++) {
             lg[e] = logits[t * n + e];
         }
