@@ -318,6 +318,8 @@ static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t
                (size_t)req->n_think_close * sizeof(*seq->think_close));
         seq->think_budget = req->think_budget;
     }
+    seq->lazy_wait = req->lazy && req->grammar;
+    seq->lazy_token = req->lazy_token;
     seq->lora = req->lora;
     seq->lora_key = lora_key(&req->lora);
 }
@@ -365,6 +367,9 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     }
     if (req->grammar && kg_grammar_n_vocab(req->grammar) != p->n_vocab) {
         return KG_ERR_INVALID; /* compiled for another vocabulary */
+    }
+    if (req->lazy && (!req->grammar || req->lazy_token < 0 || req->lazy_token >= p->n_vocab)) {
+        return KG_ERR_INVALID;
     }
     if (req->think != KG_THINK_REQ_NONE) {
         bool ok = (req->think == KG_THINK_REQ_OPEN ||

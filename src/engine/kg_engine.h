@@ -212,6 +212,12 @@ typedef struct kg_request {
     const int32_t *think_close; /* (n_think_close) the tokens that close it; copied */
     int32_t n_think_close;      /* 1..KG_ENGINE_MAX_THINK_CLOSE */
     int32_t think_budget;       /* thought tokens before it is closed; < 0: no budget */
+    /* A lazy grammar (llama.cpp's, triggered by a token): with `lazy` the
+     * output is unconstrained (EOG allowed) until lazy_token is sampled; the
+     * grammar takes that token as its first and constrains the rest (a tool
+     * call's opening marker, then the call). Needs a grammar. */
+    bool lazy;
+    int32_t lazy_token;
 } kg_request_t;
 
 enum { KG_THINK_REQ_NONE = 0, KG_THINK_REQ_MAY_OPEN, KG_THINK_REQ_OPEN };

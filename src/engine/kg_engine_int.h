@@ -57,6 +57,8 @@ typedef struct kg_seq {
     int32_t n_think_close;
     int32_t think_budget; /* < 0: none */
     int32_t n_thought;    /* thought tokens so far */
+    bool lazy_wait;       /* a lazy grammar not yet triggered (kg_request_t.lazy) */
+    int32_t lazy_token;
 } kg_seq_t;
 
 enum {

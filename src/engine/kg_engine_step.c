@@ -437,12 +437,13 @@ grammar_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sample_result
  * always (inside a thought only EOG is masked out, so that the answer the
  * grammar promises follows the thought). */
 static bool masked(const kg_seq_t *seq) {
-    return seq->grammar != NULL;
+    return seq->grammar != NULL && !seq->lazy_wait;
 }
 
 /* Whether the grammar's forced tokens may be appended: not while a thought may still open. */
 static bool jumps(const kg_engine_t *e, const kg_seq_t *seq) {
-    return seq->grammar && seq->think == KG_SEQ_THINK_ANSWER && !e->p.no_jump_forward;
+    return seq->grammar && !seq->lazy_wait && seq->think == KG_SEQ_THINK_ANSWER &&
+           !e->p.no_jump_forward;
 }
 
 /* A token inside the thought: the budget spent, the sampled token gives
@@ -495,6 +496,12 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
     }
     if (seq->think == KG_SEQ_THINK_IN) {
         return think_token(e, seq, tok, res);
+    }
+    if (seq->lazy_wait) {
+        if (tok != seq->lazy_token) {
+            return append_token(e, seq, tok, res);
+        }
+        seq->lazy_wait = false; /* triggered: the matcher takes the token below */
     }
     if (!seq->grammar) {
         return append_token(e, seq, tok, res);

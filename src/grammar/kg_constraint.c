@@ -20,6 +20,8 @@ const char *kg_constraint_kind_str(kg_constraint_kind_t kind) {
         return "choice";
     case KG_CONSTRAINT_GRAMMAR:
         return "grammar";
+    case KG_CONSTRAINT_TOOL_CALLS:
+        return "tool_calls";
     default:
         return "none";
     }
@@ -158,6 +160,7 @@ kg_gir_t *kg_constraint_build(const kg_constraint_t *c,
     }
     case KG_CONSTRAINT_JSON_OBJECT:
     case KG_CONSTRAINT_JSON_SCHEMA:
+    case KG_CONSTRAINT_TOOL_CALLS:
         if (json) {
             return json(c, errstr, errstr_size, json_ctx);
         }

@@ -17,6 +17,8 @@ typedef enum kg_constraint_kind {
     KG_CONSTRAINT_REGEX = 3,       /* text: the pattern (full match) */
     KG_CONSTRAINT_CHOICE = 4,      /* text: kg_constraint_choice_encode's form */
     KG_CONSTRAINT_GRAMMAR = 5,     /* text: GBNF */
+    KG_CONSTRAINT_TOOL_CALLS = 6,  /* text: the call syntax and the tools (src/schema/
+                                      kg_toolcall_grammar.c); never a job's own constraint */
 } kg_constraint_kind_t;
 
 typedef struct kg_constraint {

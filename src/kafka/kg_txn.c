@@ -3,6 +3,7 @@
 
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
+#include "kg_answered.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -26,11 +27,19 @@ typedef struct entry {
     rd_kafka_resp_err_t refused; /* set by the delivery report: a message fault */
 } entry_t;
 
+/* The jobs answered above a partition's committed offset ride in the offset commit's metadata
+ * (kg_answered.h), in the same transaction as their answers: `above` holds those of committed
+ * transactions (and those a previous owner named), `sending` those the next or open transaction
+ * names (what is left of `above` over the prefix, and its own answers above it). */
 typedef struct offset {
     const char *topic; /* borrowed */
     int32_t partition;
     int64_t next, committed; /* -1 when none */
     int64_t sent;            /* what the open transaction carries for it, -1 when nothing */
+    int64_t *above;          /* (n_above) ascending, all >= committed */
+    int64_t *sending;        /* (n_sending, cap_sending) ascending, all >= next */
+    uint32_t n_above, cap_above, n_sending, cap_sending;
+    bool has_new; /* sending names answers of this transaction above the prefix */
 } offset_t;
 
 struct kg_txn {
@@ -109,24 +118,91 @@ size_t kg_txn_n_pending(const kg_txn_t *t) {
     return t->n;
 }
 
-void kg_txn_set_offset(kg_txn_t *t, const char *topic, int32_t partition, int64_t next) {
+static offset_t *find_offset(const kg_txn_t *t, const char *topic, int32_t partition) {
     for (size_t i = 0; i < t->n_offs; i++) {
         if (t->offs[i].partition == partition && strcmp(t->offs[i].topic, topic) == 0) {
-            t->offs[i].next = next;
-            return;
+            return &t->offs[i];
         }
+    }
+    return NULL;
+}
+
+/* The record of a partition, made with `next` when there is none; NULL when out of memory. */
+static offset_t *
+get_offset(kg_txn_t *t, const char *topic, int32_t partition, int64_t next, int64_t committed) {
+    offset_t *o = find_offset(t, topic, partition);
+    if (o) {
+        return o;
     }
     if (t->n_offs == t->cap_offs) {
         size_t cap = t->cap_offs ? t->cap_offs * 2 : 64;
-        offset_t *o = realloc(t->offs, cap * sizeof(*o));
-        if (!o) {
-            return; /* the offset is committed with a later one of the partition */
+        offset_t *no = realloc(t->offs, cap * sizeof(*no));
+        if (!no) {
+            return NULL;
         }
-        t->offs = o;
+        t->offs = no;
         t->cap_offs = cap;
     }
-    t->offs[t->n_offs++] = (offset_t){
-        .topic = topic, .partition = partition, .next = next, .committed = -1, .sent = -1};
+    o = &t->offs[t->n_offs++];
+    *o = (offset_t){
+        .topic = topic, .partition = partition, .next = next, .committed = committed, .sent = -1};
+    return o;
+}
+
+static void offset_clear(offset_t *o) {
+    free(o->above);
+    free(o->sending);
+    o->above = o->sending = NULL;
+    o->n_above = o->cap_above = o->n_sending = o->cap_sending = 0;
+}
+
+size_t kg_txn_answered_above(const kg_txn_t *t,
+                             const char *topic,
+                             int32_t partition,
+                             int64_t *committed,
+                             int64_t *out,
+                             size_t max) {
+    const offset_t *o = find_offset(t, topic, partition);
+    *committed = o ? o->committed : -1;
+    size_t n = 0;
+    for (uint32_t k = 0; o && k < o->n_above && n < max; k++) {
+        if (o->above[k] > o->committed) {
+            out[n++] = o->above[k];
+        }
+    }
+    return n;
+}
+
+void kg_txn_set_offset(kg_txn_t *t, const char *topic, int32_t partition, int64_t next) {
+    offset_t *o = get_offset(t, topic, partition, next, -1);
+    if (o && next > o->next) {
+        o->next = next; /* never back: front_eligible may have moved it over answered jobs */
+    } /* out of memory: the offset is committed with a later one of the partition */
+}
+
+void kg_txn_track(kg_txn_t *t, const char *topic, int32_t partition, int64_t offset) {
+    (void)get_offset(t, topic, partition, offset, -1); /* out of memory: answers wait */
+}
+
+kg_status_t kg_txn_seed_answered(kg_txn_t *t,
+                                 const char *topic,
+                                 int32_t partition,
+                                 int64_t committed,
+                                 const int64_t *offsets,
+                                 size_t n) {
+    offset_t *o = get_offset(t, topic, partition, committed, committed);
+    int64_t *a = n ? malloc(n * sizeof(*a)) : NULL;
+    if (!o || (n && !a)) {
+        free(a);
+        return KG_ERR_NOMEM;
+    }
+    if (n) {
+        memcpy(a, offsets, n * sizeof(*a));
+    }
+    free(o->above);
+    o->above = a;
+    o->n_above = o->cap_above = (uint32_t)n;
+    return KG_OK;
 }
 
 static bool
@@ -159,7 +235,11 @@ void kg_txn_drop(kg_txn_t *t,
     for (size_t i = 0; i < t->n_offs;) {
         if (strcmp(t->offs[i].topic, jobs_topic) == 0 &&
             in_list(parts, jobs_topic, t->offs[i].partition)) {
-            t->offs[i] = t->offs[--t->n_offs];
+            offset_clear(&t->offs[i]);
+            if (i != --t->n_offs) {
+                t->offs[i] = t->offs[t->n_offs];
+                t->offs[t->n_offs] = (offset_t){0}; /* its lists live on at i */
+            }
         } else {
             i++;
         }
@@ -286,18 +366,61 @@ static verdict_t judge(rd_kafka_error_t *e, const char *what) {
     return v;
 }
 
-/* An answer may commit only with its job's offset: when the partition's finished prefix
- * (kg_txn_set_offset) has passed the job. One that finished ahead of an earlier job of its
- * partition waits: committed without its offset, it would be visible while the job is not
- * consumed, and a revoke would run the job again on the new owner, which answers it again. */
-static bool eligible(const kg_txn_t *t, const entry_t *x) {
+/* Put `off` into o->sending (ascending, no repeats) if the metadata can still name every
+ * offset there (kg_answered_encode); false when it cannot (or out of memory). */
+static bool sending_add(offset_t *o, int64_t off) {
+    if (off <= o->next) {
+        return false; /* not above the offset (the prefix is about to pass it) */
+    }
+    uint32_t at = 0;
+    while (at < o->n_sending && o->sending[at] < off) {
+        at++;
+    }
+    if (at < o->n_sending && o->sending[at] == off) {
+        return true; /* another answer of the same job (its DLQ copy) */
+    }
+    if (o->n_sending == o->cap_sending) {
+        uint32_t cap = o->cap_sending ? o->cap_sending * 2 : 16;
+        int64_t *s = realloc(o->sending, cap * sizeof(*s));
+        if (!s) {
+            return false;
+        }
+        o->sending = s;
+        o->cap_sending = cap;
+    }
+    memmove(o->sending + at + 1, o->sending + at, (o->n_sending - at) * sizeof(*o->sending));
+    o->sending[at] = off;
+    o->n_sending++;
+    char md[KG_ANSWERED_MAX_BYTES + 1];
+    if (kg_answered_encode(o->next, o->sending, o->n_sending, md, sizeof(md)) == o->n_sending) {
+        return true;
+    }
+    memmove(o->sending + at, o->sending + at + 1, (o->n_sending - at - 1) * sizeof(*o->sending));
+    o->n_sending--;
+    return false;
+}
+
+/* An answer may commit only in a transaction that also takes its job off the group's hands:
+ * either the partition's offset passes the job (kg_txn_set_offset: its finished prefix does),
+ * or the offset commit's metadata names the job as answered above that offset (kg_answered.h),
+ * which the next owner reads and skips. Were it committed without either, it would be visible
+ * while the group still has the job unconsumed, and a new owner would answer it again. So a
+ * short job that finished behind a long one of its partition is visible at the next
+ * transaction, not when the long one ends; one the metadata has no room left for waits. */
+static bool eligible(kg_txn_t *t, const entry_t *x) {
     if (x->offset < 0) {
         return true;
     }
-    for (size_t i = 0; i < t->n_offs; i++) {
-        if (t->offs[i].partition == x->partition && strcmp(t->offs[i].topic, x->jobs_topic) == 0) {
-            return x->offset < t->offs[i].next;
-        }
+    offset_t *o = find_offset(t, x->jobs_topic, x->partition);
+    if (!o) {
+        return false;
+    }
+    if (x->offset < o->next) {
+        return true;
+    }
+    if (sending_add(o, x->offset)) {
+        o->has_new = true;
+        return true;
     }
     return false;
 }
@@ -305,6 +428,28 @@ static bool eligible(const kg_txn_t *t, const entry_t *x) {
 /* Move the answers that may commit now to the front, each group in its order; returns how
  * many. Out of memory for the scratch copy: 0 (they commit at a later turn). */
 static size_t front_eligible(kg_txn_t *t) {
+    /* what the metadata names before this transaction's answers: the committed list over the
+     * prefix (a job the prefix passed needs no naming) */
+    for (size_t i = 0; i < t->n_offs; i++) {
+        offset_t *o = &t->offs[i];
+        o->n_sending = 0;
+        o->has_new = false;
+        uint32_t k = 0;
+        while (k < o->n_above && o->above[k] < o->next) {
+            k++;
+        }
+        /* the prefix reached a job a previous owner answered, before this worker came to skip
+         * it: the offset may pass it already (and must, the list cannot name the offset) */
+        while (k < o->n_above && o->above[k] == o->next) {
+            o->next++;
+            k++;
+        }
+        for (; k < o->n_above; k++) {
+            if (!sending_add(o, o->above[k])) {
+                break; /* cannot happen: the list was encoded from a lower base */
+            }
+        }
+    }
     if (t->n == 0) {
         return 0;
     }
@@ -325,12 +470,45 @@ static size_t front_eligible(kg_txn_t *t) {
     return n_ok;
 }
 
+/* A partition's offset goes into the transaction when its prefix moved or the transaction
+ * answers jobs above it; the metadata names what is answered above it (none: no metadata,
+ * which also clears an earlier list the prefix has passed). */
+static bool offset_pending(const offset_t *o) {
+    return o->next > o->committed || o->has_new;
+}
+
+static bool any_offset_pending(const kg_txn_t *t) {
+    for (size_t i = 0; i < t->n_offs; i++) {
+        if (offset_pending(&t->offs[i])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The offsets to send; NULL when out of memory (a list without its metadata would hand the jobs
+ * it names to the next owner again: the transaction is aborted instead). */
 static rd_kafka_topic_partition_list_t *pending_offsets(const kg_txn_t *t) {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)t->n_offs + 1);
+    char md[KG_ANSWERED_MAX_BYTES + 1];
     for (size_t i = 0; i < t->n_offs; i++) {
-        if (t->offs[i].next > t->offs[i].committed) {
-            rd_kafka_topic_partition_list_add(l, t->offs[i].topic, t->offs[i].partition)->offset =
-                t->offs[i].next;
+        const offset_t *o = &t->offs[i];
+        if (!offset_pending(o)) {
+            continue;
+        }
+        rd_kafka_topic_partition_t *e =
+            rd_kafka_topic_partition_list_add(l, o->topic, o->partition);
+        e->offset = o->next;
+        if (o->n_sending > 0 &&
+            kg_answered_encode(o->next, o->sending, o->n_sending, md, sizeof(md)) > 0) {
+            e->metadata_size = strlen(md);
+            e->metadata = malloc(e->metadata_size); /* the list frees it */
+            if (!e->metadata) {
+                e->metadata_size = 0;
+                rd_kafka_topic_partition_list_destroy(l);
+                return NULL;
+            }
+            memcpy(e->metadata, md, e->metadata_size);
         }
     }
     return l;
@@ -339,13 +517,16 @@ static rd_kafka_topic_partition_list_t *pending_offsets(const kg_txn_t *t) {
 /* Record what this transaction's offsets are (what a commit makes committed). */
 static void mark_sent(kg_txn_t *t) {
     for (size_t i = 0; i < t->n_offs; i++) {
-        t->offs[i].sent = t->offs[i].next > t->offs[i].committed ? t->offs[i].next : -1;
+        t->offs[i].sent = offset_pending(&t->offs[i]) ? t->offs[i].next : -1;
     }
 }
 
 static verdict_t send_offsets(kg_txn_t *t, rd_kafka_t *consumer) {
     rd_kafka_topic_partition_list_t *l = pending_offsets(t);
     verdict_t v = V_RETRY;
+    if (!l) {
+        return V_ABORT;
+    }
     if (l->cnt == 0) {
         rd_kafka_topic_partition_list_destroy(l);
         return V_RETRY; /* nothing to send: "retry" means go on */
@@ -396,10 +577,23 @@ static void committed(kg_txn_t *t) {
     t->n -= n;
     t->n_in_txn = 0;
     for (size_t i = 0; i < t->n_offs; i++) {
-        if (t->offs[i].sent > t->offs[i].committed) {
-            t->offs[i].committed = t->offs[i].sent;
+        offset_t *o = &t->offs[i];
+        if (o->sent >= 0) {
+            /* the metadata sent is what the broker now holds for the partition */
+            int64_t *a = o->above;
+            uint32_t cap = o->cap_above;
+            o->above = o->sending;
+            o->n_above = o->n_sending;
+            o->cap_above = o->cap_sending;
+            o->sending = a;
+            o->cap_sending = cap;
+            o->n_sending = 0;
+            o->has_new = false;
+            if (o->sent > o->committed) {
+                o->committed = o->sent;
+            }
         }
-        t->offs[i].sent = -1;
+        o->sent = -1;
     }
     t->n_committed++;
 }
@@ -447,11 +641,8 @@ kg_txn_commit(kg_txn_t *t, rd_kafka_t *tokens, rd_kafka_t *consumer, int64_t now
     if (t->committing) {
         return finish_commit(t);
     }
-    rd_kafka_topic_partition_list_t *l = pending_offsets(t);
     size_t n_ok = front_eligible(t);
-    bool idle = n_ok == 0 && l->cnt == 0;
-    rd_kafka_topic_partition_list_destroy(l);
-    if (idle) {
+    if (n_ok == 0 && !any_offset_pending(t)) {
         return KG_OK;
     }
     /* a job's token events come before its terminal event in the partition: while some
@@ -600,6 +791,9 @@ void kg_txn_free(kg_txn_t *t) {
         rd_kafka_destroy(t->rk);
     }
     free(t->e);
+    for (size_t i = 0; i < t->n_offs; i++) {
+        offset_clear(&t->offs[i]);
+    }
     free(t->offs);
     free(t);
 }

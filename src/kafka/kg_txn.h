@@ -10,18 +10,22 @@
  * (they stay at least once and carry the attempt, as without --exactly-once).
  * Batching. Answers are kept in memory (copied) as they are made and written when a
  * transaction is committed: every txn_interval_ms, at KG_TXN_MAX_ENTRIES answers, on a revoke
- * and at shutdown. An answer goes only into a transaction that also commits its job's offset:
- * jobs finish out of order, and the offset of a partition moves only over its finished prefix,
- * so the answer of a job that finished before an earlier one of its partition waits for it
- * (were it committed alone, a revoke would hand the job, not yet consumed as far as the group
- * knows, to a new owner that answers it again). A commit flushes the token producer first, so in
- * every results partition a job's token events precede its terminal event; then begin, produce the
- * answers, send_offsets_to_transaction (the storable offsets, kg_offsets, with the consumer's group
- * metadata, so a zombie of an older group generation is fenced), commit. It blocks the kafka
- * thread for a few round trips (the engine thread goes on stepping).
- * Failures. A retriable error (a timeout, a broker restarting) leaves everything buffered and
- * the next turn tries again. An abortable one aborts the transaction, and the answers stay
- * buffered for the next attempt, except those the broker refused for their own sake (size:
+ * and at shutdown. An answer goes only into a transaction that also takes its job off the
+ * group's hands (were it committed alone, a revoke would hand the job, not yet consumed as far
+ * as the group knows, to a new owner that answers it again): jobs finish out of order, and the
+ * offset of a partition moves only over its finished prefix, so the answer of a job that
+ * finished before an earlier one of its partition is named in the offset commit's metadata
+ * (kg_answered.h: the jobs answered above the committed offset), which the transaction commits
+ * with it and the next owner reads and skips (issue 29: the answer of a short job behind a long
+ * one is visible at the next transaction, not when the long one ends). Only what the metadata
+ * has room for (KG_ANSWERED_MAX_BYTES) goes early; the rest waits for the prefix. A commit flushes
+ * the token producer first, so in every results partition a job's token events precede its terminal
+ * event; then begin, produce the answers, send_offsets_to_transaction (the storable offsets,
+ * kg_offsets, with the consumer's group metadata, so a zombie of an older group generation is
+ * fenced), commit. It blocks the kafka thread for a few round trips (the engine thread goes on
+ * stepping). Failures. A retriable error (a timeout, a broker restarting) leaves everything
+ * buffered and the next turn tries again. An abortable one aborts the transaction, and the answers
+ * stay buffered for the next attempt, except those the broker refused for their own sake (size:
  * kg_txn_refused_fn replaces them, as the at-least-once path does, with a small internal error
  * and a DLQ copy). Answers of partitions that were revoked meanwhile are dropped
  * (kg_txn_drop): their jobs run again on the new owner, and nothing of ours was visible. A
@@ -104,8 +108,31 @@ KG_NODISCARD kg_status_t kg_txn_add(kg_txn_t *t,
                                     void *opaque);
 
 /** The next offset to commit for a jobs partition (one past its finished prefix); `topic` is
- * borrowed for the worker's lifetime. */
+ * borrowed for the worker's lifetime. It never moves back. */
 void kg_txn_set_offset(kg_txn_t *t, const char *topic, int32_t partition, int64_t next);
+
+/** A job of a partition consumed: the partition's offset starts there when nothing set it
+ * before (kg_txn_seed_answered, kg_txn_set_offset), so answers above it can commit early. */
+void kg_txn_track(kg_txn_t *t, const char *topic, int32_t partition, int64_t offset);
+
+/** On assignment: the partition's committed offset and the jobs a previous owner answered above
+ * it (read from the commit's metadata, ascending, all above `committed`), which every later
+ * commit of the partition names again until its offset passes them. KG_ERR_NOMEM. */
+kg_status_t kg_txn_seed_answered(kg_txn_t *t,
+                                 const char *topic,
+                                 int32_t partition,
+                                 int64_t committed,
+                                 const int64_t *offsets,
+                                 size_t n);
+
+/** The jobs of a partition that its last committed transaction named answered above its offset
+ * (kg_answered.h), with that offset in *committed (-1: none committed yet); at most `max`. */
+size_t kg_txn_answered_above(const kg_txn_t *t,
+                             const char *topic,
+                             int32_t partition,
+                             int64_t *committed,
+                             int64_t *out,
+                             size_t max);
 
 /** Answers buffered and not committed. */
 size_t kg_txn_n_pending(const kg_txn_t *t);

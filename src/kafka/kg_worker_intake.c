@@ -491,6 +491,10 @@ void kg_worker_on_message(kg_worker_t *w, rd_kafka_message_t *rkm) {
     }
     int32_t dense = dense_of(lane, rkm->partition);
     kg_status_t st = kg_offsets_track(w->parts.offsets, dense, rkm->offset);
+    if (st == KG_OK && w->out.txn) {
+        /* a partition with no committed offset: its transactions start at its first job */
+        kg_txn_track(w->out.txn, w->lanes.lane[lane].topic, rkm->partition, rkm->offset);
+    }
     if (st != KG_OK) {
         /* cannot happen while we pause at the in-flight cap; never drop a job silently */
         KG_LOG_ERROR("worker", "cannot track topic=%s partition=%d offset=%lld: %s; seeking back",

@@ -115,6 +115,36 @@ void kg_worker_abandon_jobs(kg_worker_t *w,
     }
 }
 
+/* The jobs the previous owner of a partition answered above its committed offset, named in
+ * the commit's metadata (kg_answered.h): skipped when consumed (kg_offsets), and under
+ * --exactly-once named again by this worker's transactions until its offset passes them
+ * (kg_txn), so that no owner after this one runs them either. */
+static void take_answered(kg_worker_t *w, const rd_kafka_topic_partition_t *e) {
+    static int64_t offs[KG_ANSWERED_MAX_BYTES / 2];
+    int lane = kg_lanes_find(&w->lanes, e->topic);
+    if (e->err || lane < 0 || e->partition >= LANE_STRIDE) {
+        return;
+    }
+    size_t n = e->metadata ? kg_answered_decode(e->metadata, e->metadata_size, e->offset, offs,
+                                                sizeof(offs) / sizeof(offs[0]))
+                           : 0;
+    /* the transactions start from the committed offset, with or without a list */
+    if ((w->out.txn && e->offset >= 0 &&
+         kg_txn_seed_answered(w->out.txn, w->lanes.lane[lane].topic, e->partition, e->offset, offs,
+                              n) != KG_OK) ||
+        (n > 0 && kg_offsets_set_answered(w->parts.offsets, dense_of(lane, e->partition), e->offset,
+                                          offs, n) != KG_OK)) {
+        kg_worker_fatal(w, "out of memory keeping the answered offsets");
+        return;
+    }
+    if (n > 0) {
+        KG_LOG_INFO("worker",
+                    "jobs answered above the committed offset by the previous owner "
+                    "topic=%s partition=%d committed=%lld answered=%zu",
+                    e->topic, e->partition, (long long)e->offset, n);
+    }
+}
+
 /* --exactly-once: the committed offsets of newly assigned partitions, read
  * here and assigned explicitly. librdkafka 2.0.2 falls back to
  * auto.offset.reset when its own fetch fails (a coordinator still loading
@@ -122,7 +152,8 @@ void kg_worker_abandon_jobs(kg_worker_t *w,
  * and show its results twice; so fetch until every partition has an answer
  * (pending transactions of a dead worker answer UNSTABLE_OFFSET_COMMIT until
  * the broker aborts them). Partitions with no committed offset start at the
- * beginning (auto.offset.reset=earliest). */
+ * beginning (auto.offset.reset=earliest). The metadata names the jobs answered
+ * above the offsets (take_answered). */
 static void
 fetch_committed(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t *parts) {
     for (int attempt = 1;; attempt++) {
@@ -135,6 +166,7 @@ fetch_committed(kg_worker_t *w, rd_kafka_t *rk, rd_kafka_topic_partition_list_t 
             for (int i = 0; i < c->cnt; i++) {
                 parts->elems[i].offset =
                     c->elems[i].offset >= 0 ? c->elems[i].offset : RD_KAFKA_OFFSET_BEGINNING;
+                take_answered(w, &c->elems[i]);
             }
             rd_kafka_topic_partition_list_destroy(c);
             return;
@@ -215,9 +247,8 @@ static void handoff(kg_worker_t *w, const rd_kafka_topic_partition_list_t *parts
 }
 
 /* Without --exactly-once: the jobs the previous owners of `parts` answered
- * above their committed offsets (kg_answered.h), read once on assignment (the
- * transactions commit no such list: their answers and offsets are one). Failing
- * to read them only reruns those jobs. */
+ * above their committed offsets (kg_answered.h), read once on assignment.
+ * Failing to read them only reruns those jobs. */
 static void
 read_answered(kg_worker_t *w, rd_kafka_t *rk, const rd_kafka_topic_partition_list_t *parts) {
     rd_kafka_topic_partition_list_t *c = rd_kafka_topic_partition_list_copy(parts);
@@ -228,26 +259,8 @@ read_answered(kg_worker_t *w, rd_kafka_t *rk, const rd_kafka_topic_partition_lis
                     "them by the previous owner may run again",
                     rd_kafka_err2str(err));
     }
-    static int64_t offs[KG_ANSWERED_MAX_BYTES / 2];
     for (int i = 0; !err && i < c->cnt; i++) {
-        const rd_kafka_topic_partition_t *e = &c->elems[i];
-        int lane = kg_lanes_find(&w->lanes, e->topic);
-        size_t n = e->err || lane < 0 || e->partition >= LANE_STRIDE || !e->metadata
-                       ? 0
-                       : kg_answered_decode(e->metadata, e->metadata_size, e->offset, offs,
-                                            sizeof(offs) / sizeof(offs[0]));
-        if (n == 0) {
-            continue;
-        }
-        if (kg_offsets_set_answered(w->parts.offsets, dense_of(lane, e->partition), e->offset, offs,
-                                    n) != KG_OK) {
-            kg_worker_fatal(w, "out of memory keeping the answered offsets");
-            break;
-        }
-        KG_LOG_INFO("worker",
-                    "jobs answered above the committed offset by the previous owner "
-                    "topic=%s partition=%d committed=%lld answered=%zu",
-                    e->topic, e->partition, (long long)e->offset, n);
+        take_answered(w, &c->elems[i]);
     }
     rd_kafka_topic_partition_list_destroy(c);
 }

@@ -836,9 +836,12 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
         o->vocab_from
             ? copy_vocab(w, o->vocab_from)
             : kg_mkvocab_add(w,
-                             /* a thinking template needs the think tokens */
+                             /* a thinking template needs the think tokens, a tool
+                              * template the call markers */
                              fam->vocab == KG_MKVOCAB_QWEN && tmpl && strstr(tmpl, "</think>")
                                  ? KG_MKVOCAB_QWEN3
+                             : fam->vocab == KG_MKVOCAB_QWEN && tmpl && strstr(tmpl, "<tool_call>")
+                                 ? KG_MKVOCAB_QWEN_TOOLS
                                  : fam->vocab,
                              o->n_words, g_err, sizeof(g_err));
     if (n_vocab < 0) {

@@ -72,6 +72,39 @@ static const struct {
     {"qwen3", QWEN3_TEMPLATE("{%- if enable_thinking is defined and enable_thinking is false %}{{- "
                              "'<think>\\n\\n</think>\\n\\n' }}{%- endif %}")},
     {"qwen3-thinking", QWEN3_TEMPLATE("{{- '<think>\\n' }}")},
+    /* Qwen2.5-Instruct's template, unchanged: Hermes-style tool calls
+     * (<tool_call>{"name", "arguments"}</tool_call>), for tool-call tests */
+    {"qwen2.5",
+     "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == '"
+     "system' %}\n        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are"
+     " Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n   "
+     " {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user que"
+     "ry.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<t"
+     "ools>\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | toj"
+     "son }}\n    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a j"
+     "son object with function name and arguments within <tool_call></tool_call> XML tags:\\n<"
+     "tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</"
+     "tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}"
+     "\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n   "
+     " {%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. "
+     "You are a helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for m"
+     "essage in messages %}\n    {%- if (message.role == \"user\") or (message.role == \"syste"
+     "m\" and not loop.first) or (message.role == \"assistant\" and not message.tool_calls) %}"
+     "\n        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '"
+     "\\n' }}\n    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + mes"
+     "sage.role }}\n        {%- if message.content %}\n            {{- '\\n' + message.content"
+     " }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n         "
+     "   {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_cal"
+     "l.function %}\n            {%- endif %}\n            {{- '\\n<tool_call>\\n{\"name\": \""
+     "' }}\n            {{- tool_call.name }}\n            {{- '\", \"arguments\": ' }}\n     "
+     "       {{- tool_call.arguments | tojson }}\n            {{- '}\\n</tool_call>' }}\n     "
+     "   {%- endfor %}\n        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" "
+     "%}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}"
+     "\n            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_res"
+     "ponse>\\n' }}\n        {{- message.content }}\n        {{- '\\n</tool_response>' }}\n   "
+     "     {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n            {{"
+     "- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_"
+     "generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"},
     /* GLM-4.5/4.6's template as its publisher ships it (llama.cpp's
      * models/templates/GLM-4.6.jinja, verbatim): [gMASK]<sop>, the role
      * tokens, tools as XML, reasoning_content in <think> */
@@ -126,7 +159,7 @@ static const struct {
 const char *kg_mkmodel_chat_template(const char *name, const char **names) {
     if (names) {
         *names = "chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7, qwen3, qwen3-thinking, "
-                 "glm4.6";
+                 "qwen2.5, glm4.6";
     }
     for (size_t i = 0; name && i < sizeof(chat_templates) / sizeof(chat_templates[0]); i++) {
         if (strcmp(name, chat_templates[i].name) == 0) {

@@ -3,6 +3,7 @@
 
 #include "../core/kg_clock.h"
 
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -259,6 +260,50 @@ static char *cut_choice_texts(kg_event_done_t *e,
     return kg_codec_encode_done(e, len);
 }
 
+/* The answer of choice c parsed for tool calls (ch->toolfmt set): the calls
+ * get ids where the model wrote none (call_ + the request's hash, the
+ * choice and the call's index: a rerun of the job names them the same), and
+ * a turn that ended in calls finishes "tool_calls". Out of memory: false. */
+static bool parse_calls(const kg_job_t *job,
+                        const kg_events_choice_t *ch,
+                        int32_t c,
+                        const char **text,
+                        size_t *tlen,
+                        kg_event_reasoning_t *r,
+                        kg_toolparse_t *tp,
+                        kg_finish_reason_t *reason) {
+    if (ch->toolfmt == KG_TOOLFMT_NONE) {
+        return true;
+    }
+    if (kg_toolcall_parse(ch->toolfmt, *text, *tlen, job->tools_json, tp) != KG_OK) {
+        return false;
+    }
+    uint64_t h = kg_job_default_seed(job->request_id);
+    for (size_t i = 0; i < tp->n_calls; i++) {
+        if (tp->calls[i].id[0] == '\0') {
+            char id[48];
+            snprintf(id, sizeof(id), "call_%016" PRIx64 "%02x%02zx", h, (unsigned)c & 0xffu,
+                     i & 0xffu);
+            char *dup = strdup(id);
+            if (!dup) {
+                return false;
+            }
+            free(tp->calls[i].id);
+            tp->calls[i].id = dup;
+        }
+    }
+    *text = tp->content;
+    *tlen = strlen(tp->content);
+    if (!r->reasoning && tp->reasoning) {
+        r->reasoning = tp->reasoning;
+        r->reasoning_len = strlen(tp->reasoning);
+    }
+    if (tp->n_calls > 0 && *reason == KG_FINISH_REASON_STOP) {
+        *reason = KG_FINISH_REASON_TOOL_CALLS;
+    }
+    return true;
+}
+
 char *kg_events_done_choices(const kg_event_origin_t *o,
                              const kg_tokenizer_t *tok,
                              const kg_job_t *job,
@@ -275,6 +320,13 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
     const char *text;
     kg_event_reasoning_t r0 = {0};
     kg_output_split(ch[0].out, &text, &tlen, &r0.reasoning, &r0.reasoning_len);
+    kg_toolparse_t tps[KG_JOB_MAX_N];
+    memset(tps, 0, sizeof(tps));
+    kg_finish_reason_t reason0 = ch[0].reason;
+    if (!parse_calls(job, &ch[0], 0, &text, &tlen, &r0, &tps[0], &reason0)) {
+        kg_toolparse_clear(&tps[0]);
+        return NULL;
+    }
     const size_t r0_full = r0.reasoning_len;
     int64_t first = t->first_token_us ? t->first_token_us : t->finished_us;
     double gen_s = (double)(t->finished_us - first) / 1e6;
@@ -282,7 +334,7 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
     for (int32_t c = 0; c < n; c++) {
         n_gen += ch[c].out->n_tokens;
     }
-    kg_event_done_t e = {.finish_reason = ch[0].reason,
+    kg_event_done_t e = {.finish_reason = reason0,
                          .text = text,
                          .text_len = tlen,
                          .r = r0,
@@ -294,7 +346,9 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
                          .total_ms = (double)(t->finished_us - t->taken_us) / 1e3,
                          .tokens_per_s = n_gen > 1 && gen_s > 0 ? (n_gen - 1) / gen_s : 0.0,
                          .metadata_json = job->metadata_json,
-                         .model = job->model ? job->model : o->model};
+                         .model = job->model ? job->model : o->model,
+                         .tool_calls = tps[0].calls,
+                         .n_tool_calls = tps[0].n_calls};
     e.stop = stop_of(job, &ch[0]);
     e.stop_len = e.stop ? strlen(e.stop) : 0;
     common(o, job->request_id, &e.common);
@@ -321,6 +375,17 @@ char *kg_events_done_choices(const kg_event_origin_t *o,
                                         .n_logprobs = lps[c] ? ch[c].n_samples : 0};
             kg_output_split(ch[c].out, &cs[c].text, &clen, &cs[c].r.reasoning,
                             &cs[c].r.reasoning_len);
+            if (c == 0) {
+                cs[c].text = text; /* parsed above */
+                clen = tlen;
+                cs[c].r = r0;
+                cs[c].finish_reason = reason0;
+            } else if (!parse_calls(job, &ch[c], c, &cs[c].text, &clen, &cs[c].r, &tps[c],
+                                    &cs[c].finish_reason)) {
+                goto out;
+            }
+            cs[c].tool_calls = tps[c].calls;
+            cs[c].n_tool_calls = tps[c].n_calls;
             cs[c].text_len = clen;
             cs[c].stop = stop_of(job, &ch[c]);
             cs[c].stop_len = cs[c].stop ? strlen(cs[c].stop) : 0;
@@ -386,6 +451,7 @@ out:
     for (int32_t c = 0; c < n; c++) {
         free(lps[c]);
         free(bufs[c]);
+        kg_toolparse_clear(&tps[c]);
     }
     note_fit(fit, &got, json ? *len : 0, max_bytes);
     return json;

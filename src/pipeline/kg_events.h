@@ -98,6 +98,7 @@ typedef struct kg_events_choice {
     kg_finish_reason_t reason;
     const kg_sample_result_t *samples; /* (n_samples) or NULL */
     int32_t n_samples;
+    kg_toolfmt_t toolfmt; /* the answer's tool-call syntax (kg_toolcall); NONE: not parsed */
 } kg_events_choice_t;
 
 /** The done event of a job with n = `n` completions: for n = 1 as

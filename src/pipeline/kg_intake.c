@@ -42,6 +42,84 @@ static kg_status_t compile_constraint(const kg_intake_limits_t *lim,
     return out->grammar ? KG_OK : KG_ERR_INVALID;
 }
 
+/* An auto call constrained once it opens (llama.cpp's lazy grammar): where
+ * the call's opening marker is one token the grammar can take (a
+ * user-defined token, as Qwen's <tool_call> is) and the job has no
+ * constraint of its own. Otherwise the answer stays unconstrained (its calls
+ * are parsed as written). */
+static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
+                              const kg_intake_limits_t *lim,
+                              const kg_job_t *job,
+                              kg_prepared_t *out) {
+    const char *marker = kg_toolfmt_marker(out->toolfmt);
+    int32_t id = marker ? kg_tokenizer_find(tok, marker, strlen(marker)) : -1;
+    if (id < 0 || kg_tokenizer_is_control(tok, id) || kg_tokenizer_is_eog(tok, id) ||
+        !lim->grammars || out->grammar || job->constraint != KG_CONSTRAINT_NONE) {
+        return KG_OK;
+    }
+    char msg[256];
+    size_t len = 0;
+    char *text = kg_toolcall_constraint(out->toolfmt, job->tools_json, NULL,
+                                        !job->no_parallel_tool_calls, &len, msg, sizeof(msg));
+    if (!text) {
+        return KG_OK;
+    }
+    kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+    out->grammar = kg_grammar_cache_get(lim->grammars, &k, kg_toolcall_builder, msg, sizeof(msg));
+    free(text);
+    /* a tool schema the grammar cannot hold leaves the call unconstrained, as before */
+    out->lazy = out->grammar != NULL;
+    out->lazy_token = id;
+    return KG_OK;
+}
+
+/* A chat job with tools: the call syntax its answer is parsed in and, for a
+ * required call, the grammar that makes the model call. */
+static kg_status_t prepare_tools(const kg_model_t *model,
+                                 const kg_intake_limits_t *lim,
+                                 const kg_job_t *job,
+                                 kg_prepared_t *out,
+                                 kg_error_code_t *code,
+                                 char *msg,
+                                 size_t msg_size) {
+    *code = KG_ERROR_INVALID_JOB;
+    bool required =
+        job->tool_choice == KG_TOOL_CHOICE_REQUIRED || job->tool_choice == KG_TOOL_CHOICE_FUNCTION;
+    if (job->prompt_kind != KG_PROMPT_MESSAGES) {
+        if (!required) {
+            return KG_OK; /* a plain prompt shows no tools: nothing to parse */
+        }
+        snprintf(msg, msg_size, "tool_choice: tool calls need a chat job (messages)");
+        return KG_ERR_INVALID;
+    }
+    out->toolfmt = kg_toolfmt_detect(model->chat_template);
+    if (!required) {
+        return lazy_tools(model->tok, lim, job, out);
+    }
+    if (out->toolfmt == KG_TOOLFMT_NONE) {
+        snprintf(msg, msg_size,
+                 "tool_choice: this model's chat template teaches no tool-call syntax kgen knows, "
+                 "so a call cannot be required");
+        return KG_ERR_INVALID;
+    }
+    if (!lim->grammars) {
+        snprintf(msg, msg_size, "tool_choice: constrained output is not available here");
+        return KG_ERR_INVALID;
+    }
+    size_t len = 0;
+    char *text = kg_toolcall_constraint(out->toolfmt, job->tools_json, job->tool_choice_name,
+                                        !job->no_parallel_tool_calls, &len, msg, msg_size);
+    if (!text) {
+        return KG_ERR_INVALID;
+    }
+    kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+    out->grammar = kg_grammar_cache_get(lim->grammars, &k, kg_toolcall_builder, msg, msg_size);
+    free(text);
+    /* a tool's parameters schema kgen cannot enforce */
+    *code = KG_ERROR_INVALID_SCHEMA;
+    return out->grammar ? KG_OK : KG_ERR_INVALID;
+}
+
 /* Tokenize text into a fresh array (grows once if the guess was short). */
 static kg_status_t tokenize(
     const kg_tokenizer_t *tok, const char *text, size_t len, bool add_special, kg_prepared_t *out) {
@@ -192,10 +270,11 @@ kg_status_t kg_intake_render_chat(const kg_model_t *model,
                                    .bos_text = bos,
                                    .eos_text = eos,
                                    .extra_json = vars,
-                                   .extra_json_len = vars ? strlen(vars) : 0};
+                                   .extra_json_len = vars ? strlen(vars) : 0,
+                                   .message_extra = (const char *const *)job->message_extra};
         st = kg_chat_render_jinja(lim->chat_template, job->messages, (size_t)job->n_messages, &co,
                                   text, err, sizeof(err));
-    } else if (job->tools_json) {
+    } else if (job->tools_json || job->message_extra) {
         /* the recognised-family renderer has no place for tool definitions */
         st = KG_ERR_UNSUPPORTED;
         snprintf(err, sizeof(err),
@@ -344,6 +423,11 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
     out->max_tokens = job->max_tokens < room ? (int32_t)job->max_tokens : room;
     if (job->constraint != KG_CONSTRAINT_NONE &&
         compile_constraint(lim, job, out, code, msg, msg_size) != KG_OK) {
+        kg_prepared_clear(out);
+        return KG_ERR_INVALID;
+    }
+    if (job->tools_json && job->tool_choice != KG_TOOL_CHOICE_NONE &&
+        prepare_tools(model, lim, job, out, code, msg, msg_size) != KG_OK) {
         kg_prepared_clear(out);
         return KG_ERR_INVALID;
     }

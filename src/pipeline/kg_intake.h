@@ -24,6 +24,7 @@
 #include "../schema/kg_chat.h"
 #include "../schema/kg_codec_event.h"
 #include "../schema/kg_job.h"
+#include "../schema/kg_toolcall.h"
 #include "kg_loras.h"
 
 /* Tokens </think> may take (one in Qwen3's and DeepSeek's vocabularies). */
@@ -73,6 +74,14 @@ typedef struct kg_prepared {
     int32_t think_open_token; /* <think> as one token, else -1 */
     int32_t think_close[KG_THINK_MAX_CLOSE];
     int32_t n_think_close; /* 0: </think> is more tokens than that */
+    /* tool calls (kg_toolcall): the call syntax parsed out of the answer of a
+     * chat job with tools (tool_choice not "none"); NONE: not parsed. A
+     * required call's grammar is `grammar` (kg_toolcall_grammar) */
+    kg_toolfmt_t toolfmt;
+    /* an auto call's lazy grammar (`grammar`): unconstrained until the call's
+     * opening marker, one token of this vocabulary, is sampled */
+    bool lazy;
+    int32_t lazy_token;
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a

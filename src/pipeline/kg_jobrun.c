@@ -89,6 +89,8 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
         req.embd = r->embd;
         req.n_choices = 0;
     }
+    req.lazy = r->prep.lazy;
+    req.lazy_token = r->prep.lazy_token;
     /* the thought, for the engine: a budget to enforce, a grammar to defer */
     const kg_prepared_t *p = &r->prep;
     if ((p->think || job->has_thinking_budget) && p->n_think_close > 0) {
@@ -210,7 +212,8 @@ static char *done_event(const kg_jobrun_t *r,
         ch[c] = (kg_events_choice_t){.out = &x->out,
                                      .reason = reason_of(x),
                                      .samples = x->samples,
-                                     .n_samples = x->n_samples};
+                                     .n_samples = x->n_samples,
+                                     .toolfmt = r->prep.toolfmt};
     }
     return kg_events_done_choices(o, tok, r->job, ch, r->n_choices, &r->t, max_bytes, len, fit);
 }

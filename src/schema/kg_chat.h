@@ -167,6 +167,9 @@ typedef struct kg_chat_jinja_opts {
     size_t extra_json_len;
     int64_t now_s;                   /* strftime_now and date_string; 0: the clock */
     const kg_jinja_limits_t *limits; /* NULL: the engine's defaults */
+    /* per message (n of them) or NULL: a JSON object's text whose keys join
+     * that message (tool_calls, tool_call_id, name), or NULL */
+    const char *const *message_extra;
 } kg_chat_jinja_opts_t;
 
 /** Render `n` messages with a compiled template, setting the variables as

@@ -105,8 +105,41 @@ static kg_status_t set_dates(kg_jinja_ctx_t *ctx, int64_t now_s) {
     return st != KG_OK ? st : set_str(ctx, "date_string", date);
 }
 
+/* A message's extra keys (tool_calls, tool_call_id, name) into dict m; with
+ * `object_args`, calls' arguments strings become the objects they hold, as
+ * llama.cpp passes them to templates that read arguments as an object (its
+ * supports_object_arguments probe; kg_chat_jinja_new probes the same). */
+static kg_status_t
+set_extra(kg_jinja_ctx_t *ctx, kg_jinja_value_t m, const char *xj, bool object_args) {
+    json_t *extra = xj ? json_loads(xj, 0, NULL) : NULL;
+    json_t *calls = json_object_get(extra, "tool_calls");
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c) {
+        json_t *f = json_object_get(c, "function");
+        json_t *args = json_object_get(f, "arguments");
+        json_t *obj = object_args && json_is_string(args)
+                          ? json_loadb(json_string_value(args), json_string_length(args), 0, NULL)
+                          : NULL;
+        if (obj) {
+            json_object_set_new(f, "arguments", obj);
+        }
+    }
+    kg_status_t st = KG_OK;
+    const char *k;
+    json_t *v;
+    json_object_foreach(extra, k, v) {
+        if (st == KG_OK) {
+            st = kg_jinja_dict_set(ctx, m, k, from_json(ctx, v, 0));
+        }
+    }
+    json_decref(extra);
+    return st;
+}
+
 static kg_status_t render(const kg_jinja_template_t *tmpl,
                           bool merge_system,
+                          bool object_args,
                           const kg_chat_message_t *msgs,
                           size_t n,
                           const kg_chat_jinja_opts_t *o,
@@ -144,6 +177,9 @@ static kg_status_t render(const kg_jinja_template_t *tmpl,
         }
         if (st == KG_OK) {
             st = kg_jinja_dict_set(ctx, m, "content", content);
+        }
+        if (st == KG_OK && o->message_extra && o->message_extra[i]) {
+            st = set_extra(ctx, m, o->message_extra[i], object_args);
         }
         if (st == KG_OK) {
             st = kg_jinja_list_push(ctx, list, m);
@@ -191,6 +227,7 @@ static kg_status_t render(const kg_jinja_template_t *tmpl,
 struct kg_chat_jinja {
     kg_jinja_template_t *tmpl;
     bool system_role;
+    bool object_args; /* tool calls' arguments go to the template as objects */
 };
 
 /* llama.cpp's supports_system_role probe: a system message the template
@@ -200,7 +237,32 @@ static bool probe_system_role(const kg_jinja_template_t *tmpl) {
     kg_chat_message_t msgs[] = {{"system", probe}, {"user", "User message"}};
     kg_chat_jinja_opts_t o = {.add_generation_prompt = true};
     char *out = NULL, err[64];
-    if (render(tmpl, false, msgs, 2, &o, &out, err, sizeof(err)) != KG_OK) {
+    if (render(tmpl, false, false, msgs, 2, &o, &out, err, sizeof(err)) != KG_OK) {
+        return false;
+    }
+    bool used = strstr(out, probe) != NULL;
+    free(out);
+    return used;
+}
+
+/* llama.cpp's supports_object_arguments probe: an assistant turn whose call
+ * has object arguments; a template that writes the argument's value (tojson,
+ * or reading its member) takes objects, one that raises or leaves it out
+ * takes the JSON text. */
+static bool probe_object_args(const kg_jinja_template_t *tmpl) {
+    static const char probe[] = "kgen-probe-args-5c1d";
+    static const char tools[] =
+        "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"tool_name\","
+        "\"description\":\"Tool description\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"arg\":{\"type\":\"string\"}},\"required\":[\"arg\"]}}}]}";
+    const char *extra[] = {NULL, "{\"tool_calls\":[{\"id\":\"call_1___\",\"type\":\"function\","
+                                 "\"function\":{\"name\":\"tool_name\",\"arguments\":{\"arg\":"
+                                 "\"kgen-probe-args-5c1d\"}}}]}"};
+    kg_chat_message_t msgs[] = {{"user", "User message"}, {"assistant", ""}};
+    kg_chat_jinja_opts_t o = {
+        .extra_json = tools, .extra_json_len = sizeof(tools) - 1, .message_extra = extra};
+    char *out = NULL, err[64];
+    if (render(tmpl, false, false, msgs, 2, &o, &out, err, sizeof(err)) != KG_OK) {
         return false;
     }
     bool used = strstr(out, probe) != NULL;
@@ -221,6 +283,7 @@ kg_chat_jinja_new(const char *template_text, size_t len, char *errstr, size_t er
         return NULL;
     }
     chat->system_role = probe_system_role(chat->tmpl);
+    chat->object_args = probe_object_args(chat->tmpl);
     return chat;
 }
 
@@ -259,5 +322,6 @@ kg_status_t kg_chat_render_jinja(const kg_chat_jinja_t *chat,
                                  char **out,
                                  char *errstr,
                                  size_t errstr_size) {
-    return render(chat->tmpl, !chat->system_role, msgs, n, o, out, errstr, errstr_size);
+    return render(chat->tmpl, !chat->system_role, chat->object_args, msgs, n, o, out, errstr,
+                  errstr_size);
 }

@@ -219,13 +219,36 @@ static kg_status_t decode_message(dec_t *d, size_t i, const json_t *m) {
         return bad_field(d, field, "one of system, user, assistant, tool",
                          role ? role : json_null());
     }
-    if (!json_is_string(content) ||
-        strlen(json_string_value(content)) != json_string_length(content)) {
+    json_t *extra = NULL;
+    kg_status_t st = kg_codec_decode_message_tools(m, i, role_names[r], &extra, d->err->message,
+                                                   sizeof(d->err->message));
+    if (st != KG_OK) {
+        return st;
+    }
+    if (extra && json_is_null(content)) {
+        content = NULL; /* an assistant turn of tool calls only */
+    } else if (!json_is_string(content) ||
+               strlen(json_string_value(content)) != json_string_length(content)) {
+        json_decref(extra);
         snprintf(field, sizeof(field), "messages[%zu].content", i);
         return bad_field(d, field, "a string without U+0000", content ? content : json_null());
     }
     out->role = role_names[r];
-    out->content = kg_codec_dup_bytes(json_string_value(content), json_string_length(content));
+    if (extra) {
+        if (!d->job->message_extra) {
+            d->job->message_extra =
+                calloc(json_array_size(json_object_get(d->root, "messages")), sizeof(char *));
+        }
+        char *xj = d->job->message_extra ? json_dumps(extra, JSON_COMPACT) : NULL;
+        json_decref(extra);
+        if (!xj) {
+            return KG_ERR_NOMEM;
+        }
+        d->job->message_extra[i] = xj;
+    }
+    out->content = content
+                       ? kg_codec_dup_bytes(json_string_value(content), json_string_length(content))
+                       : kg_codec_dup_bytes("", 0);
     return out->content ? KG_OK : KG_ERR_NOMEM;
 }
 
@@ -644,7 +667,10 @@ static kg_status_t decode_fields(dec_t *d) {
                                         sizeof(d->err->message))) != KG_OK) {
         return st;
     }
-    return decode_constraint(d);
+    if ((st = decode_constraint(d)) != KG_OK) {
+        return st;
+    }
+    return kg_codec_decode_tools(d->root, d->job, d->err->message, sizeof(d->err->message));
 }
 
 // ---- job decode ----

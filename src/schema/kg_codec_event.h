@@ -23,6 +23,7 @@
 #include "../core/kg_status.h"
 #include "../model/kg_sampler.h"
 #include "kg_job.h"
+#include "kg_toolcall.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,6 +39,7 @@ typedef enum kg_finish_reason {
     KG_FINISH_REASON_STOP = 0,          /* an end-of-generation token */
     KG_FINISH_REASON_LENGTH = 1,        /* max_tokens or the context limit */
     KG_FINISH_REASON_STOP_SEQUENCE = 2, /* one of the job's stop strings */
+    KG_FINISH_REASON_TOOL_CALLS = 3,    /* the model ended its turn with tool calls */
 } kg_finish_reason_t;
 
 typedef enum kg_error_code {
@@ -57,7 +59,7 @@ typedef enum kg_error_code {
 
 // ---- names (kg_codec_event_encode.c) ----
 
-/** "stop", "length", "stop_sequence"; "unknown" otherwise. */
+/** "stop", "length", "stop_sequence", "tool_calls"; "unknown" otherwise. */
 const char *kg_finish_reason_str(kg_finish_reason_t reason);
 /** The schema's code string ("invalid_job", ...); "internal" for a value
  * outside the enum. */
@@ -157,8 +159,10 @@ typedef struct kg_event_choice {
     int32_t completion_tokens;
     const kg_token_logprobs_t *logprobs; /* (n_logprobs) per output token, or NULL */
     int32_t n_logprobs;
-    bool text_truncated;    /* text is a prefix of the choice's text ... */
-    int64_t text_bytes_cut; /* ... which was this many bytes longer */
+    bool text_truncated;             /* text is a prefix of the choice's text ... */
+    int64_t text_bytes_cut;          /* ... which was this many bytes longer */
+    const kg_toolcall_t *tool_calls; /* (n_tool_calls) the calls parsed out of the answer */
+    size_t n_tool_calls;
 } kg_event_choice_t;
 
 /* One result of a rerank or score job. */
@@ -191,6 +195,11 @@ typedef struct kg_event_done {
      * choice 0's; completion_tokens is their sum); n_choices 0: not written */
     const kg_event_choice_t *choices;
     int32_t n_choices;
+    /* the calls parsed out of the answer (choice 0's when n > 1), written as
+     * OpenAI's tool_calls: {"id", "type": "function", "function": {"name",
+     * "arguments"}}; 0: not written */
+    const kg_toolcall_t *tool_calls;
+    size_t n_tool_calls;
     /* What the event left out to fit the transport (kg_events); written only when set. */
     bool logprobs_truncated; /* the job asked for logprobs; they did not fit */
     bool metadata_truncated; /* the job's metadata is not echoed */

@@ -14,7 +14,7 @@
 /* The value whose name the encoder writes (kg_*_str) is `s`, or -1. */
 
 static int finish_reason_named(const char *s) {
-    for (int i = 0; i <= KG_FINISH_REASON_STOP_SEQUENCE; i++) {
+    for (int i = 0; i <= KG_FINISH_REASON_TOOL_CALLS; i++) {
         if (strcmp(kg_finish_reason_str((kg_finish_reason_t)i), s) == 0) {
             return i;
         }
@@ -287,6 +287,52 @@ ev_done_logprobs(evdec_t *d, json_t *o, const kg_token_logprobs_t **out, int32_t
     return true;
 }
 
+/* tool_calls (optional) of object o, owned by the event. */
+static bool ev_tool_calls(evdec_t *d, json_t *o, const kg_toolcall_t **out, size_t *n_out) {
+    json_t *arr = json_object_get(o, "tool_calls");
+    if (!arr) {
+        return true;
+    }
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr) || n == 0) {
+        return ev_bad(d, "tool_calls", "a non-empty array of calls");
+    }
+    kg_toolcall_t *cs = calloc(n, sizeof(*cs));
+    if (!cs) {
+        d->nomem = true;
+        return false;
+    }
+    *out = cs;
+    for (size_t i = 0; i < n; i++) {
+        json_t *c = json_array_get(arr, i);
+        json_t *f = json_object_get(c, "function");
+        json_t *id = json_object_get(c, "id"), *name = json_object_get(f, "name");
+        json_t *args = json_object_get(f, "arguments");
+        if (!json_is_string(id) || !json_is_string(name) || !json_is_string(args)) {
+            return ev_bad(d, "tool_calls",
+                          "{\"id\", \"function\": {\"name\", \"arguments\"}} objects");
+        }
+        *n_out = i + 1; // freed up to here on failure
+        cs[i].id = strdup(json_string_value(id));
+        cs[i].name = strdup(json_string_value(name));
+        cs[i].arguments = strdup(json_string_value(args));
+        if (!cs[i].id || !cs[i].name || !cs[i].arguments) {
+            d->nomem = true;
+            return false;
+        }
+    }
+    return true;
+}
+
+static void free_tool_calls(const kg_toolcall_t *cs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        free(cs[i].id);
+        free(cs[i].name);
+        free(cs[i].arguments);
+    }
+    free((void *)cs);
+}
+
 static bool ev_choices(evdec_t *d, kg_event_done_t *e) {
     json_t *arr = json_object_get(d->root, "choices");
     if (!arr) {
@@ -314,6 +360,7 @@ static bool ev_choices(evdec_t *d, kg_event_done_t *e) {
         if (!ev_int32(d, c, "index", 0, &cs[i].index) ||
             !ev_str(d, c, "text", false, &cs[i].text, &cs[i].text_len) ||
             !ev_reasoning(d, c, &cs[i].r) ||
+            !ev_tool_calls(d, c, &cs[i].tool_calls, &cs[i].n_tool_calls) ||
             !ev_str(d, c, "stop", true, &cs[i].stop, &cs[i].stop_len) ||
             !ev_int32(d, c, "completion_tokens", 0, &cs[i].completion_tokens) ||
             !ev_done_logprobs(d, c, &cs[i].logprobs, &cs[i].n_logprobs)) {
@@ -356,13 +403,14 @@ static bool ev_done(evdec_t *d, kg_event_done_t *e) {
         return false;
     }
     if (f < 0) {
-        return ev_bad(d, "finish_reason", "stop, length or stop_sequence");
+        return ev_bad(d, "finish_reason", "stop, length, stop_sequence or tool_calls");
     }
     if (!json_is_object(usage) || !json_is_object(tm)) {
         return ev_bad(d, "usage/timings", "objects");
     }
     e->finish_reason = (kg_finish_reason_t)f;
     return ev_str(d, r, "text", false, &e->text, &e->text_len) && ev_reasoning(d, r, &e->r) &&
+           ev_tool_calls(d, r, &e->tool_calls, &e->n_tool_calls) &&
            ev_str(d, r, "stop", true, &e->stop, &e->stop_len) &&
            ev_int32(d, usage, "prompt_tokens", 0, &e->prompt_tokens) &&
            ev_int32(d, usage, "completion_tokens", 0, &e->completion_tokens) &&
@@ -453,6 +501,7 @@ void kg_event_free(kg_event_t *ev) {
     free_common(&ev->done.common);
     free((void *)ev->done.text);
     free((void *)ev->done.r.reasoning);
+    free_tool_calls(ev->done.tool_calls, ev->done.n_tool_calls);
     free((void *)ev->done.stop);
     for (int32_t i = 0; i < ev->done.n_logprobs; i++) {
         free_logprobs((kg_token_logprobs_t *)&ev->done.logprobs[i]);
@@ -462,6 +511,7 @@ void kg_event_free(kg_event_t *ev) {
         const kg_event_choice_t *ch = &ev->done.choices[c];
         free((void *)ch->text);
         free((void *)ch->r.reasoning);
+        free_tool_calls(ch->tool_calls, ch->n_tool_calls);
         free((void *)ch->stop);
         for (int32_t i = 0; i < ch->n_logprobs; i++) {
             free_logprobs((kg_token_logprobs_t *)&ch->logprobs[i]);

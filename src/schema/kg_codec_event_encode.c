@@ -25,7 +25,7 @@ static const char *const error_code_names[KG_ERROR_CODE_COUNT_] = {
     [KG_ERROR_MODEL_NOT_FOUND] = "model_not_found",
 };
 
-static const char *const finish_reason_names[] = {"stop", "length", "stop_sequence"};
+static const char *const finish_reason_names[] = {"stop", "length", "stop_sequence", "tool_calls"};
 static const char *const event_type_names[] = {"token", "done", "error"};
 
 const char *kg_error_code_str(kg_error_code_t code) {
@@ -36,7 +36,7 @@ const char *kg_error_code_str(kg_error_code_t code) {
 }
 
 const char *kg_finish_reason_str(kg_finish_reason_t reason) {
-    if ((int)reason < 0 || reason > KG_FINISH_REASON_STOP_SEQUENCE) {
+    if ((int)reason < 0 || reason > KG_FINISH_REASON_TOOL_CALLS) {
         return "unknown";
     }
     return finish_reason_names[reason];
@@ -187,6 +187,30 @@ static json_t *done_logprobs_json(const kg_token_logprobs_t *lps, int32_t n, boo
     return arr;
 }
 
+/* OpenAI's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}] */
+static void put_tool_calls(json_t *o, const kg_toolcall_t *calls, size_t n, bool *ok) {
+    if (n == 0) {
+        return;
+    }
+    json_t *arr = json_array();
+    kg_codec_put(o, "tool_calls", arr, ok);
+    for (size_t i = 0; arr && i < n; i++) {
+        json_t *c = json_object(), *f = json_object();
+        kg_codec_append(arr, c, ok);
+        if (!c) {
+            json_decref(f);
+            break;
+        }
+        kg_codec_put(c, "id", kg_codec_cstr_json(calls[i].id), ok);
+        kg_codec_put(c, "type", json_string("function"), ok);
+        kg_codec_put(c, "function", f, ok);
+        if (f) {
+            kg_codec_put(f, "name", kg_codec_cstr_json(calls[i].name), ok);
+            kg_codec_put(f, "arguments", kg_codec_cstr_json(calls[i].arguments), ok);
+        }
+    }
+}
+
 static json_t *choices_json(const kg_event_done_t *ev, bool *ok) {
     json_t *arr = json_array();
     if (!arr) {
@@ -203,6 +227,7 @@ static json_t *choices_json(const kg_event_done_t *ev, bool *ok) {
         kg_codec_put(o, "finish_reason", json_string(kg_finish_reason_str(c->finish_reason)), ok);
         kg_codec_put(o, "text", kg_codec_text_json(c->text, c->text_len), ok);
         put_reasoning(o, &c->r, ok);
+        put_tool_calls(o, c->tool_calls, c->n_tool_calls, ok);
         if (c->stop) {
             kg_codec_put(o, "stop", kg_codec_text_json(c->stop, c->stop_len), ok);
         }
@@ -242,6 +267,7 @@ char *kg_codec_encode_done(const kg_event_done_t *ev, size_t *len) {
         kg_codec_put(o, "finish_reason", json_string(kg_finish_reason_str(ev->finish_reason)), &ok);
         kg_codec_put(o, "text", kg_codec_text_json(ev->text, ev->text_len), &ok);
         put_reasoning(o, &ev->r, &ok);
+        put_tool_calls(o, ev->tool_calls, ev->n_tool_calls, &ok);
         if (ev->stop) {
             kg_codec_put(o, "stop", kg_codec_text_json(ev->stop, ev->stop_len), &ok);
         }

@@ -105,5 +105,23 @@ kg_status_t kg_codec_decode_reasoning(json_t *root, kg_job_t *job, char *msg, si
 void kg_codec_encode_reasoning(json_t *o, const kg_job_t *job, bool *ok);
 /** An OpenAI body's copies of them (vLLM's extensions) into the kgen job
  * object `job`, and its tools for a chat body (kg_openai.c has refused
- * tools unless tool_choice is "none"). */
+ * them on other bodies unless tool_choice is "none"). */
 void kg_codec_copy_reasoning(const json_t *body, json_t *job, bool chat, bool *ok);
+
+// ---- tool_choice and parallel_tool_calls (kg_codec_tools.c) ----
+
+/** tool_choice and parallel_tool_calls of the job object `root` (its tools
+ * already decoded into job->tools_json), and the tools' definitions checked
+ * when the output is to be parsed for calls. KG_ERR_INVALID with msg set. */
+kg_status_t kg_codec_decode_tools(json_t *root, kg_job_t *job, char *msg, size_t msg_size);
+/** The same fields, when not their defaults, into the job object `o`. */
+void kg_codec_encode_tools(json_t *o, const kg_job_t *job, bool *ok);
+/** An OpenAI body's tool_choice and parallel_tool_calls (functions and
+ * function_call, the deprecated names, as tools and tool_choice) into the
+ * kgen job object `job`. */
+void kg_codec_copy_tools(const json_t *body, json_t *job, bool *ok);
+/** Message i's tool_calls (an assistant turn's), tool_call_id and name (a
+ * tool turn's), checked, as a new JSON object in *extra (NULL when it has
+ * none); KG_ERR_INVALID with msg set. */
+kg_status_t kg_codec_decode_message_tools(
+    const json_t *m, size_t i, const char *role, json_t **extra, char *msg, size_t msg_size);

@@ -19,6 +19,12 @@ static json_t *messages_json(const kg_job_t *job) {
         if (ok) {
             kg_codec_put(m, "role", kg_codec_cstr_json(job->messages[i].role), &ok);
             kg_codec_put(m, "content", kg_codec_cstr_json(job->messages[i].content), &ok);
+            const char *xj = job->message_extra ? job->message_extra[i] : NULL;
+            json_t *extra = xj ? json_loads(xj, KG_LOAD_FLAGS, NULL) : NULL;
+            if (extra && json_object_update(m, extra) != 0) {
+                ok = false;
+            }
+            json_decref(extra);
         }
     }
     if (!ok) {
@@ -168,6 +174,7 @@ char *kg_codec_encode_job(const kg_job_t *job, size_t *len) {
     }
     put_constraint(o, job, &ok);
     kg_codec_encode_reasoning(o, job, &ok);
+    kg_codec_encode_tools(o, job, &ok);
     if (ok) {
         text = kg_codec_dump_with_metadata(o, job->metadata_json, len);
     }

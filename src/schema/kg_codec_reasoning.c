@@ -119,8 +119,8 @@ void kg_codec_copy_reasoning(const json_t *body, json_t *job, bool chat, bool *o
             kg_codec_put(job, same[i], json_incref(v), ok);
         }
     }
-    /* past the tool check, tools come with tool_choice "none": the template
-     * still shows them to the model, as OpenAI does */
+    /* a chat body's tools reach the template (and, unless tool_choice is
+     * "none", the call parse: kg_codec_tools.c) */
     json_t *tools = json_object_get(body, "tools");
     if (chat && json_array_size(tools) > 0) {
         kg_codec_put(job, "tools", json_incref(tools), ok);

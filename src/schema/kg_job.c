@@ -12,8 +12,10 @@ void kg_job_free(kg_job_t *job) {
     free(job->prompt_tokens);
     for (int32_t i = 0; i < job->n_messages; i++) {
         free((void *)job->messages[i].content); // owned; const only for kg_chat_render
+        free(job->message_extra ? job->message_extra[i] : NULL);
     }
     free(job->messages);
+    free(job->message_extra);
     for (int32_t i = 0; i < job->n_stop; i++) {
         free(job->stop[i]);
     }
@@ -29,6 +31,7 @@ void kg_job_free(kg_job_t *job) {
     free(job->template_kwargs_json);
     free(job->reasoning_effort);
     free(job->tools_json);
+    free(job->tool_choice_name);
     free(job->topic);
     for (int32_t i = 0; i < job->n_inputs; i++) {
         free(job->inputs[i].text);

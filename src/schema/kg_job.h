@@ -74,6 +74,14 @@ typedef enum kg_reasoning_format {
     KG_REASONING_DEEPSEEK, /* always (llama.cpp's name for the <think> format) */
 } kg_reasoning_format_t;
 
+/* tool_choice (with tools): whether and which tool calls the output holds. */
+typedef enum kg_tool_choice {
+    KG_TOOL_CHOICE_AUTO = 0, /* the model decides; its calls are parsed out of the answer */
+    KG_TOOL_CHOICE_NONE,     /* tools are shown to the model, the output is not parsed */
+    KG_TOOL_CHOICE_REQUIRED, /* one call or more, constrained to the tools' schemas */
+    KG_TOOL_CHOICE_FUNCTION, /* a call of tool_choice_name, constrained */
+} kg_tool_choice_t;
+
 typedef struct kg_job {
     char *request_id;       /* NUL-terminated, 1..128 chars of [A-Za-z0-9._:-] */
     int32_t schema_version; /* always KG_SCHEMA_VERSION once decoded */
@@ -125,9 +133,14 @@ typedef struct kg_job {
     int32_t dimensions;   /* embed: keep the first n, then normalise; 0 = all */
     bool base64;          /* embed: encoding_format "base64" (little-endian float32) */
     /* ---- chat template variables and reasoning (kg_codec_reasoning.c) ---- */
-    char *template_kwargs_json; /* chat_template_kwargs: a JSON object as compact text, or NULL */
-    char *reasoning_effort;     /* a template variable ("low", "medium", "high"), or NULL */
-    char *tools_json;           /* tools: a JSON array as compact text (rendered only), or NULL */
+    char *template_kwargs_json;   /* chat_template_kwargs: a JSON object as compact text, or NULL */
+    char *reasoning_effort;       /* a template variable ("low", "medium", "high"), or NULL */
+    char *tools_json;             /* tools: a JSON array as compact text, or NULL */
+    char **message_extra;         /* NULL, or per message its tool_calls, tool_call_id and name
+                                     as a JSON object's compact text (or NULL) */
+    kg_tool_choice_t tool_choice; /* with tools; default auto (kg_codec_tools.c) */
+    char *tool_choice_name;       /* KG_TOOL_CHOICE_FUNCTION: the function (owned) */
+    bool no_parallel_tool_calls;  /* parallel_tool_calls false: one call at most */
     kg_reasoning_format_t reasoning_format; /* default KG_REASONING_AUTO */
     bool has_thinking_budget;               /* thinking_token_budget was given */
     int32_t thinking_token_budget;          /* reasoning tokens before the thought is closed */

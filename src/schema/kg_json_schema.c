@@ -806,6 +806,56 @@ kg_gir_t *kg_json_schema_gir(const char *schema, size_t len, char *errstr, size_
     return out;
 }
 
+kg_gir_t *kg_json_schemas_gir(const char *schemas,
+                              size_t len,
+                              const char *what,
+                              kg_json_schema_wrap_fn wrap,
+                              void *ctx,
+                              char *errstr,
+                              size_t errstr_size) {
+    conv_t c;
+    conv_init(&c, errstr, errstr_size);
+    json_error_t jerr;
+    json_t *all = json_loadb(schemas, len, JSON_REJECT_DUPLICATES, &jerr);
+    kg_gir_t *out = NULL;
+    size_t n = json_array_size(all);
+    int32_t *docs = calloc(n ? n : 1, sizeof(*docs));
+    if (!c.g || !docs) {
+        snprintf(errstr, errstr_size, "schema: out of memory");
+        kg_gir_free(c.g);
+    } else if (!json_is_array(all) || n > INT32_MAX) {
+        snprintf(errstr, errstr_size, "schemas: not a JSON array: %s", all ? "" : jerr.text);
+        kg_gir_free(c.g);
+    } else {
+        int32_t body = 0;
+        for (size_t i = 0; i < n && body >= 0; i++) {
+            /* each schema is a document of its own: its pointers, its $refs */
+            c.root = json_array_get(all, i);
+            for (int32_t r = 0; r < c.n_refs; r++) {
+                free(c.refs[r].ptr);
+            }
+            c.n_refs = 0;
+            int w = snprintf(c.ptr, MAX_POINTER, "%s[%zu].function.parameters", what, i);
+            c.ptr_len = w > 0 && w < MAX_POINTER ? (size_t)w : 0;
+            docs[i] = body = gen(&c, c.root);
+        }
+        c.ptr_len = 0;
+        c.ptr[0] = '\0';
+        if (body >= 0) {
+            body = wrap(c.g, docs, (int32_t)n, ctx, errstr, errstr_size);
+            c.failed |= body < 0;
+        }
+        out = finish(&c, body);
+    }
+    free(docs);
+    json_decref(all);
+    for (int32_t i = 0; i < c.n_refs; i++) {
+        free(c.refs[i].ptr);
+    }
+    free(c.refs);
+    return out;
+}
+
 kg_gir_t *kg_json_object_gir(char *errstr, size_t errstr_size) {
     conv_t c;
     conv_init(&c, errstr, errstr_size);

@@ -43,6 +43,24 @@ kg_gir_t *kg_json_schema_gir(const char *schema, size_t len, char *errstr, size_
 /** Any JSON object (response_format json_object). */
 kg_gir_t *kg_json_object_gir(char *errstr, size_t errstr_size);
 
+/** Builds the root of a grammar from the expressions of several documents
+ * (kg_json_schemas_gir): -1 on failure (with its own message in errstr). */
+typedef int32_t (*kg_json_schema_wrap_fn)(
+    kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_t errstr_size);
+
+/** One grammar for the `n` JSON Schemas of the JSON array `schemas` (len
+ * bytes), each document an expression of the same IR (its $refs resolved in
+ * its own schema), joined by `wrap` into the root: how tool calls put each
+ * tool's arguments inside their call syntax. NULL with a message naming the
+ * schema (`what`[i].function.parameters: "tools[1].function.parameters") and the keyword. */
+kg_gir_t *kg_json_schemas_gir(const char *schemas,
+                              size_t len,
+                              const char *what,
+                              kg_json_schema_wrap_fn wrap,
+                              void *ctx,
+                              char *errstr,
+                              size_t errstr_size);
+
 /** The kg_gir_builder_fn for the grammar cache: KG_CONSTRAINT_JSON_SCHEMA
  * and KG_CONSTRAINT_JSON_OBJECT. */
 kg_gir_t *

@@ -207,25 +207,21 @@ body_request_id(const json_t *body, const char *key, size_t key_len, kg_codec_er
 
 /* Fields OpenAI defines that kgen cannot honour: an error, never dropped. */
 static kg_status_t refuse_unsupported(tr_t *t, const json_t *body, kg_openai_shape_t shape) {
-    static const struct {
-        const char *list, *choice;
-    } tool_fields[] = {{"tools", "tool_choice"}, {"functions", "function_call"}};
-    for (size_t i = 0; i < 2; i++) {
-        const json_t *list = given(body, tool_fields[i].list);
-        const json_t *choice = given(body, tool_fields[i].choice);
-        bool none = is_str(choice, "none");
-        if (choice && !none && !is_str(choice, "auto")) {
-            char what[64];
-            kg_codec_describe_json(choice, what, sizeof(what));
-            return invalid(t, "%s: %s cannot be honoured: this worker does not call tools",
-                           tool_fields[i].choice, what);
-        }
-        if (json_array_size(list) > 0 && !none) {
-            return invalid(t,
-                           "%s: this worker does not call tools (send %s \"none\" to run the "
-                           "request without them)",
-                           tool_fields[i].list, tool_fields[i].choice);
-        }
+    /* tools are called through chat bodies (the template shows them); the
+     * deprecated functions / function_call are refused unless unused */
+    const json_t *fn_choice = given(body, "function_call");
+    if (json_array_size(given(body, "functions")) > 0 && !is_str(fn_choice, "none")) {
+        return invalid(t, "functions: the deprecated functions are not supported: send tools "
+                          "(and tool_choice) instead");
+    }
+    if (fn_choice && !is_str(fn_choice, "none") && !is_str(fn_choice, "auto")) {
+        return invalid(t, "function_call: the deprecated function_call is not supported: send "
+                          "tool_choice instead");
+    }
+    const json_t *choice = given(body, "tool_choice");
+    if (shape != KG_OPENAI_SHAPE_CHAT && json_array_size(given(body, "tools")) > 0 &&
+        !is_str(choice, "none")) {
+        return invalid(t, "tools: tool calls need a chat completions body (messages)");
     }
     const json_t *mods = given(body, "modalities");
     for (size_t i = 0; i < json_array_size(mods); i++) {
@@ -334,8 +330,11 @@ static kg_status_t translate_messages(tr_t *t, const json_t *msgs) {
                            "worker does not call tools)",
                            i);
         }
-        if (json_array_size(given(m, "tool_calls")) > 0 || given(m, "function_call")) {
-            return invalid(t, "messages[%zu].tool_calls: tool calls are not supported", i);
+        if (given(m, "function_call")) {
+            return invalid(t,
+                           "messages[%zu].function_call: the deprecated function_call is not "
+                           "supported: send tool_calls instead",
+                           i);
         }
         json_t *content = NULL;
         const char *r = json_is_string(role) ? json_string_value(role) : "";
@@ -353,6 +352,15 @@ static kg_status_t translate_messages(tr_t *t, const json_t *msgs) {
                                           : json_null(),
                 &t->ok);
             put(o, "content", content, &t->ok);
+            /* the turn's tool calls and a tool result's id, for the template (the job
+             * decoder checks them) */
+            static const char *const tool_keys[] = {"tool_calls", "tool_call_id", "name"};
+            for (size_t k = 0; k < sizeof(tool_keys) / sizeof(tool_keys[0]); k++) {
+                const json_t *v = given(m, tool_keys[k]);
+                if (v && (k > 0 || json_array_size(v) > 0)) {
+                    put(o, tool_keys[k], json_incref((json_t *)v), &t->ok);
+                }
+            }
         } else {
             json_decref(content);
         }
@@ -505,6 +513,7 @@ static kg_status_t translate_body(tr_t *t, const json_t *body, kg_openai_shape_t
         }
     }
     kg_codec_copy_reasoning(body, t->job, shape == KG_OPENAI_SHAPE_CHAT, &t->ok);
+    kg_codec_copy_tools(body, t->job, &t->ok);
     const json_t *stream = given(body, "stream");
     put(t->job, "stream", stream ? json_incref((json_t *)stream) : json_false(), &t->ok);
     if ((st = translate_max_tokens(t, body, shape)) != KG_OK ||
@@ -719,7 +728,9 @@ static json_t *completion_logprobs(const json_t *lps, int64_t top, bool *ok) {
 }
 
 static const char *openai_finish(const json_t *fr) {
-    return is_str(fr, "length") ? "length" : "stop"; /* stop and stop_sequence */
+    return is_str(fr, "length")       ? "length"
+           : is_str(fr, "tool_calls") ? "tool_calls"
+                                      : "stop"; /* stop and stop_sequence */
 }
 
 /* One choice of the body from a done event's completion `c` (the event
@@ -742,7 +753,15 @@ static json_t *choice_json(const asked_t *a, const json_t *c, int64_t index, boo
         put(o, "message", msg, ok);
         if (msg) {
             put(msg, "role", json_string("assistant"), ok);
-            put(msg, "content", json_incref(json_object_get(c, "text")), ok);
+            /* calls (already OpenAI's shape in the event); content null beside them when the
+             * answer was only calls, as OpenAI writes it */
+            const json_t *text = json_object_get(c, "text");
+            const json_t *calls = json_object_get(c, "tool_calls");
+            bool bare = json_array_size(calls) > 0 && json_string_length(text) == 0;
+            put(msg, "content", bare ? json_null() : json_incref((json_t *)text), ok);
+            if (json_array_size(calls) > 0) {
+                put(msg, "tool_calls", json_incref((json_t *)calls), ok);
+            }
             /* a parsed thought: vLLM's reasoning_content and its newer reasoning */
             json_t *thought = json_object_get(c, "reasoning");
             if (json_is_string(thought)) {

@@ -29,14 +29,17 @@
  *     frequency_penalty, logit_bias, response_format, metadata, and the
  *     vLLM-style extras kgen also has (top_k, min_p, repetition_penalty,
  *     ignore_eos, priority, deadline_ms) are copied unchanged;
+ *   - tools, tool_choice, parallel_tool_calls and the messages' tool_calls,
+ *     tool_call_id and (tool turns) name are copied (kg_codec_tools.c
+ *     checks them); tools need a chat body;
  *   - fields OpenAI defines that kgen cannot honour are invalid_job
- *     errors, never dropped: tools or functions unless tool_choice (or
- *     function_call) is "none", assistant tool_calls, non-text content
- *     parts, audio output, web_search_options, echo, suffix, best_of other
- *     than n, several prompts in one request, top_logprobs above 20;
- *   - user, store, service_tier, stream_options, parallel_tool_calls,
- *     prediction and other fields that do not change the output are
- *     ignored, as are unknown fields.
+ *     errors, never dropped: the deprecated functions / function_call
+ *     unless "none", non-text content parts, audio output,
+ *     web_search_options, echo, suffix, best_of other than n, several
+ *     prompts in one request, top_logprobs above 20;
+ *   - user, store, service_tier, stream_options, prediction and other
+ *     fields that do not change the output are ignored, as are unknown
+ *     fields.
  * Results out. kg_openai_batch_output turns a job's terminal event (done
  * or error) and its input line into one OpenAI Batch API output line, as
  * OpenAI writes them: {"id": "batch_req_...", "custom_id", "response":

@@ -25,7 +25,8 @@
 #   kg_group_lag GROUP TOPIC   sum of LAG over the topic's partitions (ConsumerGroupCommand)
 #   kg_free_port               a free TCP port on 127.0.0.1
 #   kg_metric PORT NAME        a worker's /metrics value (kg_metric_ge PORT NAME MIN to wait on)
-#   kg_read_results ISOLATION OUT [flags]   the whole results topic (read_committed or not)
+#   kg_read_topic TOPIC ISOLATION OUT [headers] [key]   every message of a topic, to its end (kcat)
+#   kg_read_results ISOLATION OUT [key]     the whole results topic (read_committed or not)
 #   kg_jobs FILE N [json fields]            N valid jobs (request_id job-0..), one per line
 
 KG_BIN=${KG_BIN_DIR:?KG_BIN_DIR is not set (run through ctest)}
@@ -337,10 +338,34 @@ with open(path, "w") as f:
 PY
 }
 
-kg_read_results() { # kg_read_results ISOLATION OUT [ConsoleConsumer flags]: the whole results topic
-    kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
-        --topic "$RESULTS" --from-beginning --timeout-ms 15000 \
-        --consumer-property "isolation.level=$1" "${@:3}" >"$2" 2>/dev/null || true
+kg_read_topic() { # kg_read_topic TOPIC ISOLATION OUT [headers] [key]: every message, to the end
+    # kcat stops at the end of every partition (-e), where Kafka's console consumer waits out an
+    # idle timeout in a JVM; the lines are the console consumer's (print.headers: "name:value,...
+    # <tab>", print.key: "key<tab>", then the value), which the scenarios parse
+    local topic=$1 iso=$2 out=$3 hdr=0 key=0 a
+    for a in "${@:4}"; do
+        case $a in headers) hdr=1 ;; key) key=1 ;; *) kg_fail "kg_read_topic: unknown '$a'" ;; esac
+    done
+    kcat -C -b "$BROKERS" -t "$topic" -o beginning -e -q -J -X "isolation.level=$iso" \
+        -X fetch.message.max.bytes=16777216 2>/dev/null |
+        python3 -c '
+import json, sys
+hdr, key = sys.argv[1] == "1", sys.argv[2] == "1"
+for line in sys.stdin:
+    m = json.loads(line)
+    out = ""
+    if hdr:
+        h = m.get("headers") or []
+        out += ",".join(f"{h[i]}:{h[i + 1]}" for i in range(0, len(h), 2)) or "NO_HEADERS"
+        out += "\t"
+    if key:
+        out += ("null" if m.get("key") is None else m["key"]) + "\t"
+    sys.stdout.write(out + (m.get("payload") or "") + "\n")
+' "$hdr" "$key" >"$out" || true
+}
+
+kg_read_results() { # kg_read_results ISOLATION OUT [key]: the whole results topic
+    kg_read_topic "$RESULTS" "$1" "$2" "${@:3}"
 }
 
 kg_metric() { # kg_metric PORT NAME: the value of a /metrics series (summed over labels); "" if down

@@ -58,8 +58,7 @@ with open(sys.argv[1], "w") as f:
 PY
 kg_submit --input "$T/aff.jsonl" --output "$T/aff.out.jsonl" --key prefix --timeout 120 \
     --no-progress 2>"$T/aff.log" || kg_fail "kgen-submit --key prefix: $(cat "$T/aff.log")"
-kg_read_results read_uncommitted "$T/keyed.txt" --property print.key=true \
-    --property key.separator=$'\t'
+kg_read_results read_uncommitted "$T/keyed.txt" key
 python3 - "$T/aff.out.jsonl" "$T/keyed.txt" <<'PY'
 import collections, json, sys
 res = [json.loads(l) for l in open(sys.argv[1])]

@@ -89,9 +89,7 @@ print(f"the 20 urgent bulk jobs passed {sum(passed)} earlier bulk jobs of their 
 # in arrival order none could pass: an earlier job of the same length is admitted no later
 assert sum(passed) >= 10, "priority did not order jobs within the bulk lane"
 PY
-kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
-    --topic lanes.bulk.dlq --from-beginning --timeout-ms 10000 \
-    --formatter-property print.headers=true >"$T/dlq.txt" 2>/dev/null || true
+kg_read_topic lanes.bulk.dlq read_uncommitted "$T/dlq.txt" headers
 grep -q 'kgen-source-topic:lanes.bulk' "$T/dlq.txt" || kg_fail "no DLQ copy on lanes.bulk.dlq"
 # the lag of a partition shows once the worker has read its end offset (a periodic query)
 lag_gauge() {

@@ -87,9 +87,7 @@ print(f"phase 1: {len(sizes)} events, the largest {big[0][0]} bytes (budget {bud
 PY
 grep -q 'msg="event budget" max_event_bytes=999488 .*results_topic_max_message_bytes=1048588' \
     "$T/w1.log" || kg_fail "w1 did not log the event budget it read"
-kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
-    --topic "$JOBS.dlq" --from-beginning --timeout-ms 10000 \
-    --formatter-property print.headers=true >"$T/dlq.txt" 2>/dev/null || true
+kg_read_topic "$JOBS.dlq" read_uncommitted "$T/dlq.txt" headers
 python3 - "$T/dlq.txt" <<'PY'
 import re, sys
 lines = [l for l in open(sys.argv[1], "rb") if b"kgen-error-reason:too_large" in l]
@@ -162,9 +160,7 @@ kg_jobs "$T/jobs.jsonl" 4
 kg_submit_timed 120
 kg_expect_no_errors "$T/results.jsonl"
 kg_alive "$(kg_pid w3)" || kg_fail "w3 died"
-kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
-    --topic "$JOBS.dlq" --from-beginning --timeout-ms 10000 \
-    --formatter-property print.headers=true >"$T/dlq3.txt" 2>/dev/null || true
+kg_read_topic "$JOBS.dlq" read_uncommitted "$T/dlq3.txt" headers
 grep -q 'kgen-error-reason:undeliverable.*kgen-payload:event' "$T/dlq3.txt" ||
     kg_fail "no DLQ copy of the refused event"
 kg_note "phase 3: the refused done event is on the DLQ; w3 finished 4 more jobs"

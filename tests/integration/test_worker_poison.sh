@@ -110,9 +110,7 @@ kg_note "the poison job crashed $crashes workers ($starts starts) among $suspect
     "(bound $bound); $together suspect starts were in a group of 2 or more"
 
 # Its DLQ copy says why.
-kg_tool org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$BROKERS" \
-    --topic "$JOBS.dlq" --from-beginning --timeout-ms 10000 \
-    --formatter-property print.headers=true >"$T/dlq.txt" 2>/dev/null || true
+kg_read_topic "$JOBS.dlq" read_uncommitted "$T/dlq.txt" headers
 grep -q "kgen-error-reason:poisoned" "$T/dlq.txt" || kg_fail "no DLQ copy with reason poisoned"
 grep -q "kgen-payload:job" "$T/dlq.txt" || kg_fail "the DLQ copy is not the job"
 grep -q "\"request_id\": \"$POISON\"" "$T/dlq.txt" || kg_fail "the DLQ copy is not $POISON"

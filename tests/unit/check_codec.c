@@ -172,6 +172,8 @@ static const struct {
     {"chat_template_kwargs", NULL},
     {"reasoning_effort", NULL},
     {"tools", NULL},
+    {"tool_choice", NULL},
+    {"parallel_tool_calls", NULL},
     {"reasoning_format", NULL},
     {"thinking_token_budget", NULL},
 };
@@ -226,12 +228,32 @@ static json_t *canonical(json_t *orig, const char *key) {
         }
         return json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", out_js);
     }
+    if ((strcmp(key, "parallel_tool_calls") == 0 && json_is_true(v)) ||
+        (strcmp(key, "tool_choice") == 0 && json_is_string(v) &&
+         strcmp(json_string_value(v), "auto") == 0)) {
+        return NULL; /* the defaults are not echoed */
+    }
     if (strcmp(key, "messages") == 0) {
+        /* role and content (null beside tool calls: ""), a turn's tool calls, a tool
+         * result's tool_call_id and name */
         json_t *arr = json_array();
         for (size_t i = 0; i < json_array_size(v); i++) {
             json_t *m = json_array_get(v, i);
-            json_array_append_new(arr, json_pack("{s:O,s:O}", "role", json_object_get(m, "role"),
-                                                 "content", json_object_get(m, "content")));
+            json_t *content = json_object_get(m, "content");
+            json_t *o = json_pack("{s:O,s:o}", "role", json_object_get(m, "role"), "content",
+                                  json_is_null(content) ? json_string("") : json_incref(content));
+            const char *role = json_string_value(json_object_get(m, "role"));
+            json_t *calls = json_object_get(m, "tool_calls");
+            if (json_array_size(calls) > 0) {
+                json_object_set(o, "tool_calls", calls);
+            }
+            if (json_object_get(m, "tool_call_id")) {
+                json_object_set(o, "tool_call_id", json_object_get(m, "tool_call_id"));
+            }
+            if (role && strcmp(role, "tool") == 0 && json_object_get(m, "name")) {
+                json_object_set(o, "name", json_object_get(m, "name"));
+            }
+            json_array_append_new(arr, o);
         }
         return arr;
     }
@@ -315,6 +337,15 @@ static void check_same_job(const kg_job_t *a, const kg_job_t *b) {
     ck_assert_str_eq(a->template_kwargs_json ? a->template_kwargs_json : "-",
                      b->template_kwargs_json ? b->template_kwargs_json : "-");
     ck_assert_str_eq(a->tools_json ? a->tools_json : "-", b->tools_json ? b->tools_json : "-");
+    ck_assert_int_eq(a->tool_choice, b->tool_choice);
+    ck_assert_str_eq(a->tool_choice_name ? a->tool_choice_name : "-",
+                     b->tool_choice_name ? b->tool_choice_name : "-");
+    ck_assert_int_eq(a->no_parallel_tool_calls, b->no_parallel_tool_calls);
+    ck_assert_int_eq(a->message_extra == NULL, b->message_extra == NULL);
+    for (int32_t i = 0; a->message_extra && i < a->n_messages; i++) {
+        ck_assert_str_eq(a->message_extra[i] ? a->message_extra[i] : "-",
+                         b->message_extra[i] ? b->message_extra[i] : "-");
+    }
     ck_assert_str_eq(a->reasoning_effort ? a->reasoning_effort : "-",
                      b->reasoning_effort ? b->reasoning_effort : "-");
     ck_assert_int_eq(a->metadata_json == NULL, b->metadata_json == NULL);

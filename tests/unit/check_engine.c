@@ -2059,6 +2059,67 @@ START_TEST(grammar_after_thought) {
 }
 END_TEST
 
+/* A lazy grammar (an auto tool call's): the output is free until the
+ * trigger token, which the grammar takes as its first; from there it matches
+ * the grammar and ends when it is complete. Jobs that never sample the
+ * trigger end as unconstrained ones do (EOG allowed). A lazy request needs a
+ * grammar and a trigger of the vocabulary. */
+START_TEST(lazy_grammar) {
+    kg_gvocab_t *v = fake_vocab();
+    kg_grammar_t *g = fake_grammar(v, KG_CONSTRAINT_REGEX, "hel[lo]{3}");
+    const int32_t HEL = 41;
+    env_t env;
+    kg_engine_params_t ep = base_params();
+    env_init(&env, &ep, 30);
+    int32_t prompt[6];
+    fill_prompt(prompt, 6, 79);
+    const int32_t NJ = 40;
+    for (int32_t i = 0; i < NJ; i++) {
+        kg_request_t r = make_req((uint64_t)i, prompt, 6, 80);
+        r.sampling.temperature = 1.0f;
+        r.sampling.seed = 3000 + (uint64_t)i;
+        r.grammar = g;
+        r.lazy = true;
+        r.lazy_token = HEL;
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 20000);
+    int n_triggered = 0, n_free = 0, n_eog = 0;
+    for (int32_t i = 0; i < NJ; i++) {
+        const job_out_t *j = &env.jobs[i];
+        ck_assert(j->done);
+        int32_t t = find_tok(j, HEL, 0);
+        for (int32_t k = 0; k < (t >= 0 ? t : j->n); k++) {
+            n_free += j->tok[k] != 12 && j->tok[k] != 13 && j->tok[k] != 44;
+        }
+        if (t < 0) {
+            n_eog += j->finish == KG_FINISH_STOP;
+            continue;
+        }
+        n_triggered++;
+        job_out_t call = {.n = 0};
+        for (int32_t k = t; k < j->n; k++) {
+            call.tok[call.n++] = j->tok[k];
+        }
+        ck_assert_msg(j->finish == KG_FINISH_STOP && spells_match(g, &call),
+                      "job %d: after the trigger the output is not the grammar's", i);
+    }
+    ck_assert_int_gt(n_triggered, 3);
+    ck_assert_int_gt(n_free, 0);
+    ck_assert_int_gt(n_eog, 0);
+    kg_request_t r = make_req(100, prompt, 6, 8);
+    r.lazy = true;
+    r.lazy_token = HEL;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID); /* no grammar */
+    r.grammar = g;
+    r.lazy_token = VOCAB;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    env_clear(&env);
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 /* A request's thought must name valid markers. */
 START_TEST(thinking_submit_validation) {
     env_t env;
@@ -2314,6 +2375,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, constrained_dead_end);
     tcase_add_test(tc, thinking_budget);
     tcase_add_test(tc, grammar_after_thought);
+    tcase_add_test(tc, lazy_grammar);
     tcase_add_test(tc, thinking_submit_validation);
     tcase_add_test(tc, constrained_choices);
     suite_add_tcase(s, tc);

@@ -153,7 +153,7 @@ START_TEST(messages) {
                    "m", "messages[0].content[0]: \"input_audio\" parts are not supported");
     decode_invalid("{\"custom_id\": \"m\", " CHAT ", \"body\": {\"messages\": [{\"role\": "
                    "\"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"t\"}]}]}}",
-                   "m", "messages[0].tool_calls: tool calls are not supported");
+                   "m", "messages[0].tool_calls: expected an array of");
     decode_invalid("{\"custom_id\": \"m\", " CHAT ", \"body\": {\"messages\": [{\"role\": "
                    "\"function\", \"content\": \"x\"}]}}",
                    "m", "messages[0].role: \"function\"");
@@ -217,6 +217,27 @@ START_TEST(sampling_and_logprobs) {
     /* tools with tool_choice "none" reach the template (shown, never called) */
     ck_assert_str_eq(job->tools_json, "[{\"type\":\"function\"}]");
     kg_job_free(job);
+    /* tools with any tool_choice, parallel_tool_calls, and a conversation with calls */
+    job = decode_ok(
+        "{\"custom_id\": \"t\", " CHAT ", \"body\": {\"messages\": [{\"role\": \"user\", "
+        "\"content\": \"x\"}, {\"role\": \"assistant\", \"content\": null, \"tool_calls\": "
+        "[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"f\", "
+        "\"arguments\": \"{}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"c1\", \"name\": "
+        "\"f\", \"content\": \"1\"}], \"tools\": [{\"type\": \"function\", \"function\": "
+        "{\"name\": \"f\", \"parameters\": {\"type\": \"object\"}}}], \"tool_choice\": "
+        "{\"type\": \"function\", \"function\": {\"name\": \"f\"}}, "
+        "\"parallel_tool_calls\": false}}");
+    ck_assert_int_eq(job->tool_choice, KG_TOOL_CHOICE_FUNCTION);
+    ck_assert_str_eq(job->tool_choice_name, "f");
+    ck_assert(job->no_parallel_tool_calls);
+    ck_assert_int_eq(job->n_messages, 3);
+    ck_assert_str_eq(job->messages[1].content, "");
+    ck_assert_ptr_null(job->message_extra[0]);
+    ck_assert_str_eq(job->message_extra[1],
+                     "{\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+                     "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}");
+    ck_assert_str_eq(job->message_extra[2], "{\"tool_call_id\":\"c1\",\"name\":\"f\"}");
+    kg_job_free(job);
     /* vLLM's template and reasoning extensions pass through to the job */
     job = decode_ok("{\"custom_id\": \"r\", " CHAT ", \"body\": {\"messages\": [{\"role\": "
                     "\"user\", \"content\": \"x\"}], \"chat_template_kwargs\": "
@@ -240,10 +261,17 @@ START_TEST(sampling_and_logprobs) {
         {"\"logprobs\": true, \"top_logprobs\": 21", "top_logprobs: expected an integer in 0..20"},
         {"\"logprobs\": 3", "logprobs: expected true or false"},
         {"\"n\": 17", "n: expected an integer in 1..16"},
-        {"\"tool_choice\": \"required\", \"tools\": [{}]", "tool_choice: \"required\" cannot be"},
-        {"\"tool_choice\": {\"type\": \"function\"}", "tool_choice: an object cannot be"},
-        {"\"tools\": [{\"type\": \"function\"}]", "tools: this worker does not call tools"},
-        {"\"functions\": [{\"name\": \"f\"}]", "functions: this worker does not call tools"},
+        {"\"tool_choice\": \"required\", \"tools\": [{}]", "tools[0]: expected {\"type\""},
+        {"\"tool_choice\": {\"type\": \"function\"}", "tool_choice: expected \"auto\""},
+        {"\"tool_choice\": \"required\"", "tool_choice: \"required\" needs tools"},
+        {"\"tools\": [{\"type\": \"function\"}]", "tools[0]: expected {\"type\""},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]",
+         "tools[0].function.name: expected 1..256 characters"},
+        {"\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}, "
+         "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]",
+         "tool_choice: \"g\" is not one of the tools"},
+        {"\"parallel_tool_calls\": 1", "parallel_tool_calls: expected true or false"},
+        {"\"functions\": [{\"name\": \"f\"}]", "functions: the deprecated functions"},
         {"\"modalities\": [\"text\", \"audio\"]", "modalities: audio output is not supported"},
         {"\"audio\": {\"voice\": \"x\"}", "audio: audio output is not supported"},
         {"\"web_search_options\": {}", "web_search_options: web search is not supported"},

@@ -1,0 +1,136 @@
+# toolcall-outputs: the golden set of model outputs for the tool-call parser goldens
+# (tests/data/toolcall/outputs.json): per call syntax, the real templates that teach it and
+# outputs in it (plain answer, one call, parallel calls, content before a call, a call after
+# reasoning, nested JSON and unicode arguments, cut and broken calls). Run by toolcall-goldens.sh.
+import json
+W = {"city": "Paris"}
+W2 = {"city": "Tokyo", "unit": "celsius"}
+S = {"query": "café ☕ 東京 \"quoted\"", "filters": {"tags": ["a", {"b": [1, 2.5, None, True]}], "nested": {"x": "line\nbreak"}}}
+def j(o): return json.dumps(o, ensure_ascii=False)
+tools = [
+ {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather for a city",
+   "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
+ {"type": "function", "function": {"name": "search", "description": "Search documents",
+   "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "filters": {"type": "object"}}, "required": ["query"]}}},
+]
+groups = []
+def hermes(n, a): return "<tool_call>\n" + j({"name": n, "arguments": a}) + "\n</tool_call>"
+groups.append({"format": "hermes", "templates": [
+  "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+  "Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja", "ibm-granite-granite-4.0.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "one_call", "text": hermes("get_weather", W)},
+  {"name": "parallel", "text": hermes("get_weather", W) + "\n" + hermes("get_weather", W2)},
+  {"name": "content_then_call", "text": "Let me check.\n" + hermes("get_weather", W)},
+  {"name": "reasoning_call", "text": "<think>\nThe user wants the weather.\n</think>\n\n" + hermes("get_weather", W)},
+  {"name": "nested_unicode", "text": hermes("search", S)},
+  {"name": "compact", "text": "<tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}</tool_call>"},
+  {"name": "truncated", "text": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"},
+  {"name": "bad_json", "text": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {city: Paris}}\n</tool_call>"},
+ ]})
+def coder(n, a):
+    s = "<tool_call>\n<function=" + n + ">\n"
+    for k, v in a.items():
+        s += "<parameter=" + k + ">\n" + (v if isinstance(v, str) else j(v)) + "\n</parameter>\n"
+    return s + "</function>\n</tool_call>"
+groups.append({"format": "qwen3_coder", "templates": ["Qwen3-Coder.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "one_call", "text": coder("get_weather", W)},
+  {"name": "parallel", "text": coder("get_weather", W) + "\n" + coder("get_weather", W2)},
+  {"name": "content_then_call", "text": "Let me check.\n" + coder("get_weather", W)},
+  {"name": "reasoning_call", "text": "<think>\nThe user wants the weather.\n</think>\n\n" + coder("get_weather", W)},
+  {"name": "nested_unicode", "text": coder("search", S)},
+  {"name": "truncated", "text": "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"},
+ ]})
+T = "The user wants the weather.\n</think>\n\n"
+groups.append({"format": "qwen3_coder_thinking", "templates": ["NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", "Qwen3.5-4B.jinja"],
+ "outputs": [
+  {"name": "plain", "text": T + "It is sunny in Paris."},
+  {"name": "one_call", "text": T + coder("get_weather", W)},
+  {"name": "parallel", "text": T + coder("get_weather", W) + "\n" + coder("get_weather", W2)},
+  {"name": "content_then_call", "text": T + "Let me check.\n" + coder("get_weather", W)},
+  {"name": "nested_unicode", "text": T + coder("search", S)},
+  {"name": "unclosed_thought", "text": "The user wants"},
+ ]})
+def l3(n, a): return j({"name": n, "parameters": a})
+groups.append({"format": "llama3", "templates": ["meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "one_call", "text": l3("get_weather", W)},
+  {"name": "python_tag", "text": "<|python_tag|>" + l3("get_weather", W)},
+  {"name": "type_function", "text": j({"type": "function", "name": "get_weather", "parameters": W})},
+  {"name": "parallel", "text": l3("get_weather", W) + "; " + l3("get_weather", W2)},
+  {"name": "nested_unicode", "text": l3("search", S)},
+  {"name": "truncated", "text": "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Par"},
+ ]})
+groups.append({"format": "mistral_nemo", "templates": ["mistralai-Mistral-Nemo-Instruct-2407.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "one_call", "text": "[TOOL_CALLS]" + j([{"name": "get_weather", "arguments": W, "id": "abc123def"}])},
+  {"name": "parallel", "text": "[TOOL_CALLS]" + j([{"name": "get_weather", "arguments": W, "id": "abc123def"}, {"name": "get_weather", "arguments": W2, "id": "xyz987uvw"}])},
+  {"name": "content_then_call", "text": "Let me check.[TOOL_CALLS]" + j([{"name": "get_weather", "arguments": W, "id": "abc123def"}])},
+  {"name": "nested_unicode", "text": "[TOOL_CALLS]" + j([{"name": "search", "arguments": S, "id": "abc123def"}])},
+  {"name": "truncated", "text": "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par"},
+ ]})
+groups.append({"format": "mistral_small", "templates": ["Mistral-Small-3.2-24B-Instruct-2506.jinja", "unsloth-mistral-Devstral-Small-2507.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "one_call", "text": "[TOOL_CALLS]get_weather[ARGS]" + j(W)},
+
+  {"name": "parallel", "text": "[TOOL_CALLS]get_weather[ARGS]" + j(W) + "[TOOL_CALLS]get_weather[ARGS]" + j(W2)},
+  {"name": "content_then_call", "text": "Let me check.[TOOL_CALLS]get_weather[ARGS]" + j(W)},
+  {"name": "nested_unicode", "text": "[TOOL_CALLS]search[ARGS]" + j(S)},
+  {"name": "truncated", "text": "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Par"},
+ ]})
+def ds(n, a): return "<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + n + "\n```json\n" + j(a) + "\n```<｜tool▁call▁end｜>"
+def dsw(*c): return "<｜tool▁calls▁begin｜>" + "".join(c) + "<｜tool▁calls▁end｜>"
+groups.append({"format": "deepseek_r1", "templates": ["llama-cpp-deepseek-r1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "Easy.\n</think>\n\nIt is sunny in Paris."},
+  {"name": "one_call", "text": T + dsw(ds("get_weather", W))},
+  {"name": "parallel", "text": T + dsw(ds("get_weather", W), ds("get_weather", W2))},
+  {"name": "content_then_call", "text": T + "Let me check." + dsw(ds("get_weather", W))},
+  {"name": "nested_unicode", "text": T + dsw(ds("search", S))},
+  {"name": "truncated", "text": T + "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Par"},
+ ]})
+def ds3(n, a): return "<｜tool▁call▁begin｜>" + n + "<｜tool▁sep｜>" + j(a) + "<｜tool▁call▁end｜>"
+groups.append({"format": "deepseek_v3_1", "templates": ["deepseek-ai-DeepSeek-V3.1.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "Easy.</think>It is sunny in Paris."},
+  {"name": "one_call", "text": "Weather.</think>" + dsw(ds3("get_weather", W))},
+  {"name": "parallel", "text": "Weather.</think>" + dsw(ds3("get_weather", W), ds3("get_weather", W2))},
+  {"name": "content_then_call", "text": "Weather.</think>Let me check." + dsw(ds3("get_weather", W))},
+  {"name": "nested_unicode", "text": "Search.</think>" + dsw(ds3("search", S))},
+ ]})
+def cr(*c): return "<|START_ACTION|>[\n" + ",\n".join("    " + j({"tool_call_id": str(i), "tool_name": n, "parameters": a}) for i, (n, a) in enumerate(c)) + "\n]<|END_ACTION|>"
+groups.append({"format": "command_r7b", "templates": ["CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "<|START_RESPONSE|>It is sunny in Paris.<|END_RESPONSE|>"},
+  {"name": "one_call", "text": cr(("get_weather", W))},
+  {"name": "parallel", "text": cr(("get_weather", W), ("get_weather", W2))},
+  {"name": "reasoning_call", "text": "<|START_THINKING|>The user wants the weather.<|END_THINKING|>" + cr(("get_weather", W))},
+  {"name": "nested_unicode", "text": cr(("search", S))},
+ ]})
+groups.append({"format": "functionary_v3_2", "templates": ["meetkai-functionary-medium-v3.2.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "all\nIt is sunny in Paris."},
+  {"name": "one_call", "text": "get_weather\n" + j(W)},
+  {"name": "content_then_call", "text": "all\nLet me check.\n>>>get_weather\n" + j(W)},
+  {"name": "parallel", "text": "get_weather\n" + j(W) + "\n>>>get_weather\n" + j(W2)},
+  {"name": "nested_unicode", "text": "search\n" + j(S)},
+ ]})
+def oss(n, a): return "<|start|>assistant<|channel|>commentary to=functions." + n + " <|constrain|>json<|message|>" + j(a) + "<|call|>"
+groups.append({"format": "gpt_oss", "templates": ["openai-gpt-oss-120b.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "<|channel|>final<|message|>It is sunny in Paris."},
+  {"name": "reasoning_plain", "text": "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny in Paris."},
+  {"name": "one_call", "text": "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" + j(W) + "<|call|>"},
+  {"name": "reasoning_call", "text": "<|channel|>analysis<|message|>The user wants the weather.<|end|>" + oss("get_weather", W)},
+  {"name": "recipient_in_role", "text": "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" + j(W) + "<|call|>"},
+  {"name": "nested_unicode", "text": "<|channel|>analysis<|message|>Search.<|end|>" + oss("search", S)},
+ ]})
+doc = {"messages": [{"role": "user", "content": "What's the weather in Paris?"}], "tools": tools, "groups": groups}
+import sys
+json.dump(doc, open(sys.argv[1] if len(sys.argv) > 1 else "tests/data/toolcall/outputs.json", "w"), ensure_ascii=False, indent=1)

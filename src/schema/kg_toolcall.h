@@ -1,0 +1,102 @@
+/* kg_toolcall: tool calls parsed out of a chat model's output, in the call
+ * syntax its chat template teaches it, for the formats llama.cpp's chat
+ * parser knows (facts from llama.cpp's common/chat*.cpp, not its code;
+ * checked against that parser's own results in tests/data/toolcall/).
+ *
+ * DESIGN
+ * The format is chosen once per model from its template source by the
+ * markers that template writes (as llama.cpp's specialised-template checks
+ * do; for the formats its differential autoparser derives, the markers that
+ * analysis finds in these templates): kg_toolfmt_detect. The parse runs once
+ * on the finished answer (after the <think> split of kg_reasoning, which
+ * already took a thought out): text before the first call is content; each
+ * call keeps its arguments as the model wrote them (a JSON value's own text,
+ * as llama.cpp does), except Qwen3-Coder's XML parameters, which become a
+ * compact JSON object (string-typed parameters, by the tool's schema, as JSON
+ * strings; others as written when they are JSON).
+ *   - A call the output ends inside (max_tokens) is kept with the arguments
+ *     written so far, as llama.cpp does; a consumer sees finish_reason
+ *     "length" beside it.
+ *   - An output with a call marker that does not follow the syntax is all
+ *     content, with no calls (llama.cpp throws "does not match the expected
+ *     format" there): `malformed` says so, nothing is lost.
+ *   - Command R7B and gpt-oss carry their reasoning in their own markers
+ *     (<|START_THINKING|>, the analysis channel): the parse returns it. */
+#pragma once
+
+#include "../core/kg_status.h"
+#include "../grammar/kg_constraint.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum kg_toolfmt {
+    KG_TOOLFMT_NONE = 0,     /* no call syntax known: all content */
+    KG_TOOLFMT_HERMES,       /* <tool_call>\n{"name", "arguments"}\n</tool_call> (Hermes, Qwen2.5/3,
+                                Granite 4) */
+    KG_TOOLFMT_QWEN3_CODER,  /* <tool_call>\n<function=N>\n<parameter=K>\nV\n</parameter>... */
+    KG_TOOLFMT_LLAMA3,       /* {"name", "parameters"}, optionally after <|python_tag|> */
+    KG_TOOLFMT_MISTRAL,      /* [TOOL_CALLS][{"name", "arguments", "id"}, ...] (Nemo) */
+    KG_TOOLFMT_MISTRAL_ARGS, /* [TOOL_CALLS]name[ARGS]{...}, repeated (Devstral, Magistral) */
+    KG_TOOLFMT_DEEPSEEK_R1, /* <｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\nA\n```... */
+    KG_TOOLFMT_DEEPSEEK_V3, /* <｜tool▁call▁begin｜>N<｜tool▁sep｜>A<｜tool▁call▁end｜> (V3.1) */
+    KG_TOOLFMT_COMMAND_R7B, /* <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]... */
+    KG_TOOLFMT_FUNCTIONARY, /* v3.2: after the prompt's ">>>", "all\n" content or "name\n{...}" */
+    KG_TOOLFMT_GPT_OSS, /* Harmony: <|channel|>commentary to=functions.N ...<|message|>A<|call|> */
+} kg_toolfmt_t;
+
+typedef struct kg_toolcall {
+    char *name;
+    char *arguments; /* JSON text (partial when the output ended inside it) */
+    char *id;        /* the model's own id (Mistral, Command R), else "" */
+} kg_toolcall_t;
+
+typedef struct kg_toolparse {
+    char *content;   /* the answer without the calls (malloc'ed, never NULL after a parse) */
+    char *reasoning; /* the format's own reasoning (Command R7B, gpt-oss), else NULL */
+    kg_toolcall_t *calls;
+    size_t n_calls;
+    bool malformed; /* a call marker was there but the syntax was not: all content */
+} kg_toolparse_t;
+
+/** The call syntax a chat template teaches, from its source. @thread any */
+kg_toolfmt_t kg_toolfmt_detect(const char *tmpl_src);
+
+/** A format's name for logs and goldens ("hermes", "qwen3_coder", ...). */
+const char *kg_toolfmt_name(kg_toolfmt_t f);
+
+/** Parse a finished answer text [0, len). `tools_json` (the job's tools as
+ * a JSON array, or NULL) gives Qwen3-Coder's parameter types. On KG_OK the
+ * caller owns `out` (kg_toolparse_clear); KG_ERR_NOMEM leaves it cleared. */
+kg_status_t kg_toolcall_parse(kg_toolfmt_t f,
+                              const char *text,
+                              size_t len,
+                              const char *tools_json,
+                              kg_toolparse_t *out) KG_NODISCARD;
+
+void kg_toolparse_clear(kg_toolparse_t *p);
+
+// ---- required calls (kg_toolcall_grammar.c) ----
+
+/** The constraint text (KG_CONSTRAINT_TOOL_CALLS) of a required call in
+ * format f: any of the tools (`tools_json`, checked by the job decoder) or,
+ * `only` not NULL, that one; more than one call when `parallel` and the
+ * syntax has room for several. Malloc'ed, *len its length; NULL with a
+ * message when the format cannot be constrained (Qwen3-Coder's XML, none). */
+char *kg_toolcall_constraint(kg_toolfmt_t f,
+                             const char *tools_json,
+                             const char *only,
+                             bool parallel,
+                             size_t *len,
+                             char *msg,
+                             size_t msg_size);
+
+/** The marker a call opens with in format f, where the call grammar starts
+ * with it (so an `auto` job's grammar can wait for it: a lazy grammar), or
+ * NULL (Llama 3.x's bare JSON, Functionary's name, gpt-oss's channel). */
+const char *kg_toolfmt_marker(kg_toolfmt_t f);
+
+/** The grammar cache's builder for KG_CONSTRAINT_TOOL_CALLS (other kinds go
+ * to kg_json_schema_builder). */
+kg_gir_t *
+kg_toolcall_builder(const kg_constraint_t *c, char *errstr, size_t errstr_size, void *ctx);

@@ -1,0 +1,212 @@
+#!/usr/bin/env bash
+# test_toolcalls: tool calls through `kgen batch` on a random-weight model with a Hermes-style chat
+# template (Qwen2.5's, `kgen mkmodel --chat-template qwen2.5`), at temperature 1 (no broker).
+#   - 200 jobs with tools and tool_choice "required" (one call each, or parallel calls): every job
+#     finishes "tool_calls" (or "length", whose last call may be cut), every call names one of the
+#     job's tools and, but for a cut last call, its arguments (a JSON string) validate against that
+#     tool's parameters with python3-jsonschema; ids are unique within a job.
+#   - 40 jobs naming a function: every call is that function's, valid.
+#   - 10 jobs with n = 2: each choice carries its own calls (ids apart), valid.
+#   - 100 jobs with tool_choice auto: the model's <tool_call> token (a user-defined token of the
+#     model's vocabulary, as in Qwen's) starts a lazy grammar, so every call a job ends with is
+#     valid; the others answer text with no calls.
+#   - OpenAI Batch lines with tools (`--output-format openai`): message.tool_calls in OpenAI's
+#     shape, content null beside them, finish_reason "tool_calls".
+#   - a conversation with an assistant's tool calls and the tool's result renders through the
+#     template (kgen render) with the call and the result in it.
+#   - refusals: required without tools, a named function that is not a tool, required on a model
+#     whose template has no call syntax (invalid_job, each naming the field).
+set -euo pipefail
+bin="${KG_BIN_DIR:?}"
+tmp=$(mktemp -d "${KG_TEST_TMP:-/tmp}/toolcalls.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+"$bin/kgen" mkmodel --out "$tmp/m.gguf" --arch qwen2 --n-embd 64 --n-layer 2 --n-head 4 \
+    --n-head-kv 2 --n-ff 128 --seed 11 --chat-template qwen2.5 >/dev/null
+"$bin/kgen" mkmodel --out "$tmp/plain.gguf" --arch qwen2 --n-embd 64 --n-layer 2 --n-head 4 \
+    --n-head-kv 2 --n-ff 128 --seed 11 --chat-template chatml >/dev/null
+
+python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+T = [
+    {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"],
+        "additionalProperties": False}},
+    {"name": "search", "parameters": {"type": "object", "properties": {
+        "query": {"type": "string", "maxLength": 12},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 20},
+        "filters": {"type": "object", "properties": {
+            "lang": {"type": "string", "pattern": "^[a-z]{2}$"},
+            "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 6}}},
+            "required": ["lang"]}},
+        "required": ["query", "limit"]}},
+    {"name": "book", "parameters": {"type": "object", "properties": {
+        "day": {"type": "string", "format": "date"},
+        "seats": {"type": "integer", "minimum": 1, "maximum": 8},
+        "vip": {"type": "boolean"}}, "required": ["day", "seats", "vip"]}},
+    {"name": "ping", "parameters": {"type": "object", "properties": {}}},
+]
+tools = [{"type": "function", "function": t} for t in T]
+jobs = []
+for i in range(200):
+    k = 1 + i % 4  # 1..4 tools offered
+    jobs.append({"request_id": f"r{i}", "messages": [{"role": "user", "content": f"task {i}"}],
+                 "tools": tools[:k], "tool_choice": "required",
+                 "parallel_tool_calls": i % 5 == 0, "max_tokens": 160, "temperature": 1.0})
+for i in range(40):
+    name = T[i % 3]["name"]
+    jobs.append({"request_id": f"n{i}", "messages": [{"role": "user", "content": f"named {i}"}],
+                 "tools": tools, "tool_choice": {"type": "function", "function": {"name": name}},
+                 "max_tokens": 160, "temperature": 1.0})
+for i in range(10):
+    jobs.append({"request_id": f"c{i}", "messages": [{"role": "user", "content": f"two {i}"}],
+                 "tools": tools, "tool_choice": "required", "parallel_tool_calls": False,
+                 "n": 2, "max_tokens": 160, "temperature": 1.0})
+for i in range(100):
+    jobs.append({"request_id": f"a{i}", "messages": [{"role": "user", "content": f"auto {i}"}],
+                 "tools": tools[:3], "max_tokens": 200, "temperature": 1.0})
+with open(f"{tmp}/jobs.jsonl", "w") as f:
+    for j in jobs:
+        f.write(json.dumps(j) + "\n")
+with open(f"{tmp}/openai.jsonl", "w") as f:
+    for i in range(3):
+        f.write(json.dumps({"custom_id": f"o{i}", "method": "POST", "url": "/v1/chat/completions",
+                            "body": {"messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                                     "tool_choice": "required", "parallel_tool_calls": False,
+                                     "max_tokens": 160}}) + "\n")
+bad = [
+    ("b0", {"tool_choice": "required"}, "tool_choice: \"required\" needs tools"),
+    ("b1", {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice: \"nope\" is not one of the tools"),
+]
+with open(f"{tmp}/bad.jsonl", "w") as f:
+    for rid, extra, _ in bad:
+        f.write(json.dumps({"request_id": rid, "messages": [{"role": "user", "content": "x"}], **extra}) + "\n")
+json.dump({r: m for r, _, m in bad}, open(f"{tmp}/bad.want", "w"))
+json.dump({"request_id": "p0", "messages": [{"role": "user", "content": "x"}], "tools": tools,
+           "tool_choice": "required"}, open(f"{tmp}/plain.json", "w"))
+json.dump({"request_id": "c0", "tools": tools, "messages": [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"t\": 21}"}]},
+    open(f"{tmp}/conv.json", "w"))
+json.dump(T, open(f"{tmp}/tools.json", "w"))
+PY
+
+"$bin/kgen" batch --model "$tmp/m.gguf" --input "$tmp/jobs.jsonl" --output "$tmp/out.jsonl" \
+    2>"$tmp/batch.log"
+"$bin/kgen" batch --model "$tmp/m.gguf" --input "$tmp/openai.jsonl" --output "$tmp/openai.out" \
+    --output-format openai --error-file "$tmp/openai.err" 2>>"$tmp/batch.log"
+"$bin/kgen" batch --model "$tmp/m.gguf" --input "$tmp/bad.jsonl" --output "$tmp/bad.out" \
+    2>>"$tmp/batch.log"
+"$bin/kgen" batch --model "$tmp/plain.gguf" --input "$tmp/plain.json" --output "$tmp/plain.out" \
+    2>>"$tmp/batch.log"
+"$bin/kgen" render --model "$tmp/m.gguf" <"$tmp/conv.json" >"$tmp/conv.prompt"
+
+python3 - "$tmp" <<'PY'
+import json, sys
+import jsonschema
+tmp = sys.argv[1]
+T = {t["name"]: t["parameters"] for t in json.load(open(f"{tmp}/tools.json"))}
+checker = jsonschema.FormatChecker()
+jobs = {}
+for line in open(f"{tmp}/jobs.jsonl"):
+    j = json.loads(line)
+    jobs[j["request_id"]] = j
+done = {}
+for line in open(f"{tmp}/out.jsonl"):
+    e = json.loads(line)
+    if e["type"] == "error":
+        sys.exit(f"{e['request_id']}: error {e['code']}: {e['message']}")
+    if e["type"] == "done":
+        done[e["request_id"]] = e
+assert set(done) == set(jobs), set(jobs) - set(done)
+n_calls = n_cut = n_parallel = n_auto_calls = 0
+for rid, e in done.items():
+    job = jobs[rid]
+    offered = {t["function"]["name"] for t in job["tools"]}
+    if job.get("n", 1) > 1:
+        # each choice its own calls, ids apart across choices; the top level is choice 0's
+        assert len(e["choices"]) == 2 and e["tool_calls"] == e["choices"][0]["tool_calls"], rid
+        ids = [c["id"] for ch in e["choices"] for c in ch["tool_calls"]]
+        assert len(set(ids)) == len(ids), ids
+        for ch in e["choices"][1:]:
+            assert ch["finish_reason"] in ("tool_calls", "length"), ch
+            for c in ch["tool_calls"]:
+                if ch["finish_reason"] == "tool_calls":
+                    jsonschema.validate(json.loads(c["function"]["arguments"]),
+                                        T[c["function"]["name"]], format_checker=checker)
+                    n_calls += 1
+    calls = e.get("tool_calls", [])
+    fr = e["finish_reason"]
+    if "tool_choice" not in job:
+        # auto: text, or calls constrained from their opening marker on (the lazy grammar)
+        n_auto_calls += fr == "tool_calls"
+        assert (fr == "tool_calls") == (fr != "length" and bool(calls)), (rid, fr, calls)
+        for i, c in enumerate(calls):
+            if fr == "length" and i == len(calls) - 1:
+                continue  # may be cut
+            jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]],
+                                format_checker=checker)
+            n_calls += 1
+        continue
+    assert fr in ("tool_calls", "length"), (rid, fr, e["text"][:200])
+    assert calls, (rid, fr, e["text"][:200])
+    assert len({c["id"] for c in calls}) == len(calls), rid
+    if not job.get("parallel_tool_calls", True):
+        assert len(calls) == 1, (rid, len(calls))
+    n_parallel += len(calls) > 1
+    if isinstance(job["tool_choice"], dict):
+        offered = {job["tool_choice"]["function"]["name"]}
+    for i, c in enumerate(calls):
+        assert c["type"] == "function" and c["id"].startswith("call_"), c
+        name = c["function"]["name"]
+        assert name in offered, (rid, name, offered)
+        try:
+            args = json.loads(c["function"]["arguments"])
+        except ValueError:
+            # only the last call of a job cut by max_tokens may be unfinished
+            assert fr == "length" and i == len(calls) - 1, (rid, c)
+            n_cut += 1
+            continue
+        jsonschema.validate(args, T[name], format_checker=checker)
+        n_calls += 1
+    if fr == "tool_calls":
+        assert e["text"] == "", (rid, e["text"][:100])
+finished = sum(e["finish_reason"] == "tool_calls" for e in done.values()) - n_auto_calls
+assert finished >= 200, f"only {finished} of {len(done) - 100} required jobs ended with calls"
+assert n_auto_calls >= 5, f"only {n_auto_calls} of 100 auto jobs called"
+print(f"{len(done)} jobs: {n_calls} calls valid against their schemas, {n_cut} cut by max_tokens, "
+      f"{finished} required jobs finished tool_calls, {n_parallel} with parallel calls, "
+      f"{n_auto_calls} of 100 auto jobs called")
+
+for line in open(f"{tmp}/openai.out"):
+    o = json.loads(line)
+    ch = o["response"]["body"]["choices"][0]
+    m = ch["message"]
+    assert ch["finish_reason"] == "tool_calls", ch
+    assert m["content"] is None and len(m["tool_calls"]) == 1, m
+    c = m["tool_calls"][0]
+    assert set(c) == {"id", "type", "function"} and set(c["function"]) == {"name", "arguments"}, c
+    jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]],
+                        format_checker=checker)
+
+want = json.load(open(f"{tmp}/bad.want"))
+got = {}
+for line in open(f"{tmp}/bad.out"):
+    e = json.loads(line)
+    got[e["request_id"]] = (e["code"], e["message"])
+for rid, msg in want.items():
+    assert got[rid][0] == "invalid_job" and got[rid][1].startswith(msg), (rid, got[rid])
+e = json.loads(open(f"{tmp}/plain.out").readline())
+assert e["type"] == "error" and e["code"] == "invalid_job" and "no tool-call syntax" in e["message"], e
+
+prompt = open(f"{tmp}/conv.prompt").read()
+assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in prompt, prompt
+assert '<tool_response>\n{"t": 21}\n</tool_response>' in prompt, prompt
+assert '"name": "search"' in prompt, prompt
+print("openai lines, refusals and the tool conversation's render: ok")
+PY
