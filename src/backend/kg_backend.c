@@ -141,6 +141,10 @@ kg_status_t kg_backend_lora_add(
     return be->lora_add(be, lora, id, errstr, errstr_size);
 }
 
+bool kg_backend_has_lora(const kg_backend_t *be) {
+    return be->lora_add != NULL;
+}
+
 void kg_backend_lora_remove(kg_backend_t *be, int32_t id) {
     if (be->lora_remove) {
         be->lora_remove(be, id);

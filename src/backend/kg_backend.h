@@ -197,12 +197,17 @@ void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
 
 /** Make the adapter `lora` (which must outlive it there) usable in step
  * batches: *id gets its id, never given to another adapter while this
- * backend lives (so the engine may key cached prefixes by it). The CPU
+ * backend lives (so the engine may key cached prefixes by it). *id >= 0 on
+ * entry asks for that id (kg_adapters reloads an evicted adapter under its
+ * old one; the caller keeps ids distinct); -1: the backend picks. The CPU
  * backend packs its pairs as it packs the model's weights.
  * KG_ERR_UNSUPPORTED (with errstr) from a backend that runs no adapters;
  * KG_ERR_NOMEM. @thread engine (or before the engine runs) */
 KG_NODISCARD kg_status_t kg_backend_lora_add(
     kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size);
+
+/** Whether kg_backend_lora_add can succeed here (the backend runs adapters). */
+bool kg_backend_has_lora(const kg_backend_t *be);
 
 /** Forget adapter `id` (no running sequence may use it). @thread engine */
 void kg_backend_lora_remove(kg_backend_t *be, int32_t id);

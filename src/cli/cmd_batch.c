@@ -50,6 +50,10 @@ static void usage(FILE *f) {
         "  --served-model-name N  names jobs may give as model, comma-separated or repeated\n"
         "                         (default: the GGUF's general.name and the file stem)\n"
         "  --lora NAME=PATH[:SCALE]  a LoRA adapter jobs pick by model or lora (repeatable)\n"
+        "  --lora-dir DIR         adapters by name: DIR/NAME.gguf, read on the first job naming "
+        "it\n"
+        "  --max-loras N          adapters held at once (0 = no cap, the default); the least\n"
+        "                         recently used idle one is evicted to load another\n"
         "  --output-format F      kgen (events, default) or openai (OpenAI Batch output lines)\n"
         "  --error-file FILE      with openai: the lines of failed requests go here\n"
         "  --version, --help\n",
@@ -153,6 +157,8 @@ int kg_cmd_batch(int argc, char **argv) {
         O_MEB,
         O_SERVED,
         O_LORA,
+        O_LORA_DIR,
+        O_MAX_LORAS,
         O_FORMAT,
         O_ERRFILE,
         O_VERSION,
@@ -164,6 +170,8 @@ int kg_cmd_batch(int argc, char **argv) {
                                          {"max-tokens-limit", required_argument, 0, O_MTL},
                                          {"served-model-name", required_argument, 0, O_SERVED},
                                          {"lora", required_argument, 0, O_LORA},
+                                         {"lora-dir", required_argument, 0, O_LORA_DIR},
+                                         {"max-loras", required_argument, 0, O_MAX_LORAS},
                                          {"output-format", required_argument, 0, O_FORMAT},
                                          {"error-file", required_argument, 0, O_ERRFILE},
                                          {"max-event-bytes", required_argument, 0, O_MEB},
@@ -211,6 +219,15 @@ int kg_cmd_batch(int argc, char **argv) {
             if (ok) {
                 snprintf(lora_spec + at, sizeof(lora_spec) - at, "%s%s", at ? "," : "", optarg);
             }
+            break;
+        }
+        case O_LORA_DIR:
+            so.lora_dir = optarg;
+            break;
+        case O_MAX_LORAS: {
+            int64_t v = 0;
+            ok = kg_cli_parse_i64(optarg, 0, 256, &v);
+            so.max_loras = (int32_t)v;
             break;
         }
         case O_FORMAT:

@@ -35,6 +35,7 @@ static void usage(FILE *f) {
             "  --seed S           RNG seed (default: random)\n"
             "  --lora PATH[:SCALE] a LoRA adapter (repeatable, at most 4: their deltas\n"
             "                     add; llama-cli's --lora, --lora-scaled; cpu backend)\n"
+            "  --lora-dir DIR     --lora NAME[:SCALE] is DIR/NAME.gguf when NAME has no '/'\n"
             "  --print-ids        print the generated ids on one line instead of text\n"
             "  --quiet            no timing line on stderr\n"
             "  engine options as in kgen-worker (one sequence; --max-batch-tokens is the\n"
@@ -54,6 +55,8 @@ int kg_cmd_generate(int argc, char **argv) {
     kg_sampling_params_t sp = kg_sampling_params_default();
     char lora_spec[4096] = ""; /* "#1=PATH[:SCALE],#2=..." for kg_loras_parse */
     int n_lora = 0;
+    const char *lora_arg[KG_LORA_SET_MAX]; /* --lora as given (--lora-dir may follow it) */
+    const char *lora_dir = NULL;
     kg_loras_t loras = {0};
     kg_lora_set_t lora_set = {0};
     sp.temperature = 0.8f;
@@ -73,6 +76,7 @@ int kg_cmd_generate(int argc, char **argv) {
         O_SEED,
         O_IDS,
         O_LORA,
+        O_LORA_DIR,
         O_QUIET,
         O_VERSION,
         O_HELP
@@ -90,6 +94,7 @@ int kg_cmd_generate(int argc, char **argv) {
         {"batch-tokens", required_argument, 0, KG_CLI_O_MAX_BATCH_TOKENS},
         {"print-ids", no_argument, 0, O_IDS},
         {"lora", required_argument, 0, O_LORA},
+        {"lora-dir", required_argument, 0, O_LORA_DIR},
         {"quiet", no_argument, 0, O_QUIET},
         {"version", no_argument, 0, O_VERSION},
         {"help", no_argument, 0, O_HELP},
@@ -137,15 +142,15 @@ int kg_cmd_generate(int argc, char **argv) {
         case O_SEED:
             ok = kg_cli_parse_i64(optarg, 0, INT64_MAX, &seed);
             break;
-        case O_LORA: {
-            size_t at = strlen(lora_spec);
-            int w = snprintf(lora_spec + at, sizeof(lora_spec) - at, "%s#%d=%s", at ? "," : "",
-                             n_lora + 1, optarg);
-            ok = *optarg && n_lora < KG_LORA_SET_MAX && w > 0 &&
-                 (size_t)w < sizeof(lora_spec) - at && !strchr(optarg, ',');
-            n_lora++;
+        case O_LORA:
+            ok = *optarg && n_lora < KG_LORA_SET_MAX && !strchr(optarg, ',');
+            if (ok) {
+                lora_arg[n_lora++] = optarg;
+            }
             break;
-        }
+        case O_LORA_DIR:
+            lora_dir = optarg;
+            break;
         case O_IDS:
             print_ids = true;
             break;
@@ -166,6 +171,34 @@ int kg_cmd_generate(int argc, char **argv) {
         if (!ok) {
             fprintf(stderr, "kgen generate: bad value '%s' for %s\n", optarg, argv[optind - 1]);
             return 2;
+        }
+    }
+    for (int i = 0; i < n_lora; i++) {
+        /* with --lora-dir, a bare name is a file of it (as kgen-worker reads one) */
+        size_t at = strlen(lora_spec);
+        bool in_dir = lora_dir && !strchr(lora_arg[i], '/');
+        int w = snprintf(lora_spec + at, sizeof(lora_spec) - at, "%s#%d=%s%s%s", at ? "," : "",
+                         i + 1, in_dir ? lora_dir : "", in_dir ? "/" : "", lora_arg[i]);
+        if (w < 0 || (size_t)w >= sizeof(lora_spec) - at) {
+            fprintf(stderr, "kgen generate: --lora: too long\n");
+            return 2;
+        }
+        if (in_dir) {
+            /* NAME[:SCALE] -> DIR/NAME.gguf[:SCALE] */
+            char *entry = lora_spec + at + (at ? 1 : 0);
+            char *name = strchr(entry, '=') + 1 + strlen(lora_dir) + 1;
+            char *colon = strrchr(name, ':');
+            char tail[64] = "";
+            if (colon) {
+                snprintf(tail, sizeof(tail), "%s", colon);
+                *colon = '\0';
+            }
+            size_t used = strlen(lora_spec);
+            w = snprintf(lora_spec + used, sizeof(lora_spec) - used, ".gguf%s", tail);
+            if (w < 0 || (size_t)w >= sizeof(lora_spec) - used) {
+                fprintf(stderr, "kgen generate: --lora: too long\n");
+                return 2;
+            }
         }
     }
     if (optind < argc || !model_path || !prompt) {
@@ -244,7 +277,7 @@ int kg_cmd_generate(int argc, char **argv) {
         goto out;
     }
     if (kg_loras_parse(&loras, lora_spec, err, sizeof(err)) != KG_OK ||
-        kg_loras_load(&loras, model, be, err, sizeof(err)) != KG_OK) {
+        kg_loras_load(&loras, model, be, 0, err, sizeof(err)) != KG_OK) {
         fprintf(stderr, "kgen generate: %s\n", err);
         goto out;
     }
@@ -342,7 +375,7 @@ out:
     free(table);
     free(ids);
     kg_sampler_scratch_free(sc);
-    kg_loras_clear(&loras, be);
+    kg_loras_clear(&loras);
     kg_backend_free(be);
     kg_model_free(model);
     return rc;

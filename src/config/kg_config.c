@@ -95,6 +95,13 @@ static const opt_t options[] = {
     {"lora", OPT_STR, OFF(lora), "", 0, 0, "Model",
      "LoRA adapters for the model, NAME=PATH[:SCALE], comma-separated or repeated (GGUF as "
      "llama.cpp writes them; cpu backend); a job picks one by model (its NAME) or by lora"},
+    {"lora-dir", OPT_STR, OFF(lora_dir), "", 0, 0, "Model",
+     "a directory of LoRA adapters: a job naming NAME gets DIR/NAME.gguf, read and checked "
+     "against the model on the first job that names it (a bad file answers that job)"},
+    {"max-loras", OPT_INT, OFF(max_loras), "0", 0, 256, "Model",
+     "LoRA adapters held in the backend at once (vLLM's name; 0: no cap): to load another, "
+     "the least recently used one no running job uses is evicted (--lora ones too); with "
+     "every one in use, a job for another waits"},
     {"served-model-name", OPT_STR, OFF(served_model_name), "", 0, 0, "Model",
      "names jobs may give as model, comma-separated or repeated (default: the GGUF's "
      "general.name and the file stem); other names get model_not_found"},

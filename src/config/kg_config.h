@@ -43,6 +43,8 @@ typedef struct kg_config {
     char *model;
     char *served_model_name; /* comma list; "" = the model's general.name and file stem */
     char *lora;              /* comma list of NAME=PATH[:SCALE] LoRA adapters; "" = none */
+    char *lora_dir;          /* --lora-dir: adapters by file name, read on first use; "" = none */
+    int64_t max_loras;       /* --max-loras: adapters resident at once; 0 = no cap */
     char *backend;
     int64_t threads;
     int64_t max_batch_size;

@@ -394,6 +394,17 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     if (!bias_is_valid(e, &req->sampling) || req->lora.n < 0 || req->lora.n > KG_LORA_SET_MAX) {
         return KG_ERR_INVALID;
     }
+    if (e->adapters) {
+        const int32_t cap = kg_adapters_max_resident(e->adapters);
+        for (int32_t i = 0; i < req->lora.n; i++) {
+            if (!kg_adapters_has(e->adapters, req->lora.id[i])) {
+                return KG_ERR_INVALID;
+            }
+        }
+        if (cap > 0 && req->lora.n > cap) {
+            return KG_ERR_INVALID; /* could never be admitted */
+        }
+    }
     if (req->grammar) {
         /* the records taken below: each choice has its own matcher, allocated
          * once per record, outside the step loop, and kept for the next job */

@@ -126,6 +126,7 @@
 #include "../core/kg_status.h"
 #include "../grammar/kg_grammar.h"
 #include "../model/kg_sampler.h"
+#include "kg_adapters.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -189,8 +190,9 @@ typedef struct kg_request {
     kg_grammar_t *grammar;         /* NULL, or the output's grammar (borrowed: submit takes its own
                                       reference) */
     int32_t n_choices;             /* 1..min(KG_MAX_CHOICES, max_batch_size); 0 means 1 */
-    kg_lora_set_t lora; /* the LoRA adapters it runs with (kg_backend_lora_add ids; n = 0: the
-                           base); its prefix is cached apart from other adapter sets' */
+    kg_lora_set_t lora; /* the LoRA adapters it runs with (kg_backend_lora_add ids, or with
+                           kg_engine_set_adapters kg_adapters ids; n = 0: the base); its prefix
+                           is cached apart from other adapter sets' */
     /* An embedding request (see EMBEDDINGS) when n_inputs > 0: `prompt` holds
      * the inputs one after another, input_len[i] tokens each (copied at
      * submit); max_tokens, sampling, grammar and n_choices are not used. */
@@ -267,6 +269,16 @@ typedef struct kg_engine_stats {
 kg_engine_t *
 kg_engine_new(kg_backend_t *be, const kg_engine_params_t *params, char *errstr, size_t errstr_size);
 void kg_engine_free(kg_engine_t *e);
+
+/** Let the engine keep the backend's adapters through `a` (borrowed; must
+ * outlive the engine; before the first step): requests then name
+ * kg_adapters ids, and admission loads a waiting request's adapters that
+ * are not resident, evicting the least recently used one no running
+ * request uses when max_resident are (one no waiting request uses either
+ * first); with none to evict the request waits at the head of the queue,
+ * nobody overtaking it, until a running one ends. Submit refuses
+ * (KG_ERR_INVALID) an id not in `a` or more adapters than max_resident. */
+void kg_engine_set_adapters(kg_engine_t *e, kg_adapters_t *a);
 
 /** Queue a request; the prompt and the logit_bias are copied.
  * KG_QUEUE_FULL when max_queue_depth are waiting or fewer than n_choices

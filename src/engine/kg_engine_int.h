@@ -3,6 +3,7 @@
  * (finishing, preemption, admission and the step), and by no one else. */
 #pragma once
 
+#include "kg_adapters.h"
 #include "kg_engine.h"
 #include "kg_kv.h"
 
@@ -118,6 +119,9 @@ struct kg_engine {
     float *hidden;   /* (max_batch_tokens, n_embd) the step's hidden rows; on first use */
     float *pool_acc; /* (max_batch_size, n_embd) per slot: the pooled row so far */
 
+    kg_adapters_t *adapters; /* NULL: requests name backend ids (kg_engine_set_adapters) */
+    bool lora_blocked;       /* the head waits for an adapter (logged once) */
+
     int64_t (*now_us)(void *ctx);
     void *now_ctx;
     kg_engine_stats_t st;
@@ -134,6 +138,14 @@ void kg_engine_wait_remove_at(kg_engine_t *e, int32_t i);
 void kg_engine_run_remove_at(kg_engine_t *e, int32_t i);
 /** Put record r in the waiting queue (priority order). */
 void kg_engine_wait_insert(kg_engine_t *e, int32_t r);
+
+// ---- adapters (kg_engine_lora.c) ----
+
+/** Whether waiting record r's adapters are all resident now, after
+ * evicting and loading what its admission needs: 1 yes, 0 it must wait (no
+ * adapter can be evicted), -1 a load failed (the log says why; the caller
+ * ends it). @thread engine */
+int kg_engine_lora_ready(kg_engine_t *e, int32_t r);
 
 // ---- embedding requests (kg_engine_embed.c) ----
 

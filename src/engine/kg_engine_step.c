@@ -286,6 +286,19 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         int32_t need = (seq->n_tokens - 1) / bs + 1;
         /* choices waiting to fork: a slot and a block each, held from now */
         int32_t k = seq->n_pending;
+        if (e->adapters && seq->lora.n > 0) {
+            int ready = kg_engine_lora_ready(e, r);
+            if (ready == 0) {
+                break; /* the head waits for an adapter; nobody overtakes it */
+            }
+            if (ready < 0) {
+                report(e, seq, -1, KG_FINISH_ERROR, NULL);
+                kg_engine_wait_remove_at(e, 0);
+                end_pending(e, r, KG_FINISH_ERROR);
+                free_record(e, r);
+                continue;
+            }
+        }
         if (!fits(e, seq, &hit) || (!seq->embed && prefix_in_flight(e, seq, hit))) {
             break; /* the head waits; nobody overtakes it */
         }
@@ -624,6 +637,9 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         if (seq->n_sched > 0) {
             e->b_lora[seq->slot] = seq->lora;
             any_lora = any_lora || seq->lora.n > 0;
+            for (int32_t j = 0; e->adapters && j < seq->lora.n; j++) {
+                kg_adapters_touch(e->adapters, seq->lora.id[j], e->st.n_steps);
+            }
         }
     }
     int32_t n_hid = 0;

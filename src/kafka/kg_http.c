@@ -30,6 +30,51 @@ static void gauge(FILE *f, const char *name, const char *help, double v) {
     fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %g\n", name, help, name, name, v);
 }
 
+/* One counter or gauge per adapter (read while the kafka thread may add
+ * one: entries never move, n is read once). */
+static void per_adapter(FILE *f,
+                        const kg_loras_t *l,
+                        int32_t n,
+                        const char *name,
+                        const char *type,
+                        const char *help,
+                        int what) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    for (int32_t i = 0; i < n; i++) {
+        const kg_lora_entry_t *e = &l->e[i];
+        const kg_adapter_stats_t *as = e->id >= 0 ? kg_adapters_stats(l->adapters, e->id) : NULL;
+        long long v = what == 0   ? atomic_load(&e->stats->n_jobs)
+                      : what == 1 ? atomic_load(&e->stats->n_tokens)
+                      : !as       ? 0
+                      : what == 2 ? atomic_load(&as->resident)
+                      : what == 3 ? atomic_load(&as->n_loads)
+                                  : atomic_load(&as->n_evictions);
+        fprintf(f, "%s{adapter=\"%s\"} %lld\n", name, e->name, v);
+    }
+}
+
+static void lora_metrics(FILE *f, const kg_loras_t *l) {
+    const int32_t n = l->n;
+    gauge(f, "kgen_lora_adapters_resident", "LoRA adapters held in the backend now.",
+          kg_adapters_n_resident(l->adapters));
+    gauge(f, "kgen_lora_max_resident",
+          "LoRA adapters held at once at most (--max-loras; 0: no cap).",
+          kg_adapters_max_resident(l->adapters));
+    gauge(f, "kgen_lora_adapters_known",
+          "LoRA adapters read and checked (--lora, and --lora-dir ones jobs have named).", n);
+    per_adapter(f, l, n, "kgen_lora_jobs_total", "counter", "Jobs accepted per LoRA adapter.", 0);
+    per_adapter(f, l, n, "kgen_lora_tokens_total", "counter", "Tokens generated per LoRA adapter.",
+                1);
+    per_adapter(f, l, n, "kgen_lora_resident", "gauge",
+                "1 while the LoRA adapter is held in the backend.", 2);
+    per_adapter(f, l, n, "kgen_lora_loads_total", "counter",
+                "Loads of the LoRA adapter into the backend (at start, first use, after an "
+                "eviction).",
+                3);
+    per_adapter(f, l, n, "kgen_lora_evictions_total", "counter",
+                "Evictions of the LoRA adapter (least recently used, to load another).", 4);
+}
+
 char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
     char *text = NULL;
     size_t n = 0;
@@ -154,21 +199,8 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
                 (long long)atomic_load(&g->moe_groups));
     }
     const kg_loras_t *loras = kg_worker_loras(w);
-    if (loras && loras->n > 0) {
-        gauge(f, "kgen_lora_adapters_resident", "LoRA adapters loaded (--lora).", loras->n);
-        counter(f, "kgen_lora_loads_total", "LoRA adapters loaded since start.", loras->n);
-        fprintf(f, "# HELP kgen_lora_jobs_total Jobs accepted per LoRA adapter.\n"
-                   "# TYPE kgen_lora_jobs_total counter\n");
-        for (int32_t i = 0; i < loras->n; i++) {
-            fprintf(f, "kgen_lora_jobs_total{adapter=\"%s\"} %lld\n", loras->e[i].name,
-                    (long long)atomic_load(&loras->e[i].stats->n_jobs));
-        }
-        fprintf(f, "# HELP kgen_lora_tokens_total Tokens generated per LoRA adapter.\n"
-                   "# TYPE kgen_lora_tokens_total counter\n");
-        for (int32_t i = 0; i < loras->n; i++) {
-            fprintf(f, "kgen_lora_tokens_total{adapter=\"%s\"} %lld\n", loras->e[i].name,
-                    (long long)atomic_load(&loras->e[i].stats->n_tokens));
-        }
+    if (loras && (loras->n > 0 || loras->dir) && loras->adapters) {
+        lora_metrics(f, loras);
     }
     gauge(f, "kgen_consumer_paused", "1 while the consumer is paused for backpressure.",
           atomic_load(&m->paused));

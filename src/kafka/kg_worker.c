@@ -193,6 +193,8 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     kg_stack_options_t so = kg_stack_options_default();
     so.backend = cfg->backend;
     so.lora = cfg->lora;
+    so.lora_dir = cfg->lora_dir;
+    so.max_loras = (int32_t)cfg->max_loras;
     so.engine.max_batch_size = cfg->max_batch_size;
     so.engine.max_queue_depth = (int32_t)cfg->max_batch_size + w->queue_depth;
     so.engine.max_batch_tokens = cfg->max_batch_tokens;
@@ -273,12 +275,19 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     if (kg_worker_start_consumer(w, errstr, errstr_size) != KG_OK) {
         goto fail;
     }
+    char lora_desc[600] = ""; /* the adapters' source and cap, when any are served */
+    const kg_loras_t *loras = kg_stack_loras(w->stack);
+    if (loras->n > 0 || loras->dir) {
+        snprintf(lora_desc, sizeof(lora_desc), " lora_adapters=%d lora_dir=%.512s max_loras=%d",
+                 (int)loras->n, loras->dir ? loras->dir : "-", (int)cfg->max_loras);
+    }
     KG_LOG_INFO("worker",
                 "started worker_id=%s backend=%s jobs_topic=%s results_topic=%s "
-                "max_batch_size=%d max_queue_depth=%d max_inflight=%d kv_blocks=%d librdkafka=%s",
+                "max_batch_size=%d max_queue_depth=%d max_inflight=%d kv_blocks=%d "
+                "librdkafka=%s%s",
                 w->worker_id, kg_stack_backend_name(w->stack), cfg->jobs_topic, cfg->results_topic,
                 ep->max_batch_size, w->queue_depth, w->max_inflight, ep->n_kv_blocks,
-                kg_kafka_version());
+                kg_kafka_version(), lora_desc);
     return w;
 fail:
     kg_worker_free(w);

@@ -190,8 +190,9 @@ static const char *token_text(const kg_tokenizer_t *tok, int32_t id, char *buf, 
 
 /* The model check and the job's adapters: its model must be a served name
  * or an adapter's (that adapter at its --lora scale), and each name of its
- * lora list an adapter's. model_not_found otherwise, naming what is
- * served. */
+ * lora list an adapter's (--lora, or a file of --lora-dir, read on its
+ * first job). model_not_found otherwise, naming what is served, or why an
+ * adapter file cannot be used. */
 static kg_status_t pick_loras(const kg_intake_limits_t *lim,
                               const kg_job_t *job,
                               kg_lora_set_t *set,
@@ -199,15 +200,22 @@ static kg_status_t pick_loras(const kg_intake_limits_t *lim,
                               char *msg,
                               size_t msg_size) {
     memset(set, 0, sizeof(*set));
+    bool served = false;
+    for (int32_t i = 0; job->model && i < lim->n_served && !served; i++) {
+        served = strcmp(job->model, lim->served[i]) == 0;
+    }
+    /* a --lora name first (as before --lora-dir); a served name is the base's, never a
+     * directory file's (and costs no file lookup) */
     const kg_lora_entry_t *by_model = kg_loras_find(lim->loras, job->model);
+    if (!by_model && !served &&
+        kg_loras_resolve(lim->loras, job->model, &by_model, msg, msg_size) != KG_OK) {
+        *code = KG_ERROR_MODEL_NOT_FOUND;
+        return KG_ERR_INVALID;
+    }
     if (by_model) {
         set->id[set->n] = by_model->id;
         set->scale[set->n++] = by_model->scale;
     } else if (job->model && lim->n_served > 0) {
-        bool served = false;
-        for (int32_t i = 0; i < lim->n_served && !served; i++) {
-            served = strcmp(job->model, lim->served[i]) == 0;
-        }
         if (!served) {
             *code = KG_ERROR_MODEL_NOT_FOUND;
             int at =
@@ -222,6 +230,10 @@ static kg_status_t pick_loras(const kg_intake_limits_t *lim,
                 at += snprintf(msg + at, msg_size - (size_t)at, "%s \"%.48s\"",
                                i ? "," : "; LoRA adapters:", lim->loras->e[i].name);
             }
+            if (lim->loras && lim->loras->dir && at > 0 && (size_t)at < msg_size) {
+                at += snprintf(msg + at, msg_size - (size_t)at, "; and each NAME.gguf of %.128s",
+                               lim->loras->dir);
+            }
             if (at > 0 && (size_t)at < msg_size) {
                 snprintf(msg + at, msg_size - (size_t)at, ")");
             }
@@ -229,11 +241,16 @@ static kg_status_t pick_loras(const kg_intake_limits_t *lim,
         }
     }
     for (int32_t i = 0; i < job->n_lora; i++) {
-        const kg_lora_entry_t *e = kg_loras_find(lim->loras, job->lora[i].name);
+        const kg_lora_entry_t *e = NULL;
+        if (kg_loras_resolve(lim->loras, job->lora[i].name, &e, msg, msg_size) != KG_OK) {
+            *code = KG_ERROR_MODEL_NOT_FOUND;
+            return KG_ERR_INVALID;
+        }
         if (!e) {
             *code = KG_ERROR_MODEL_NOT_FOUND;
-            snprintf(msg, msg_size, "lora: no adapter \"%.64s\" here (%d served; see --lora)",
-                     job->lora[i].name, lim->loras ? lim->loras->n : 0);
+            snprintf(msg, msg_size, "lora: no adapter \"%.64s\" here (%d served; see --lora%s)",
+                     job->lora[i].name, lim->loras ? lim->loras->n : 0,
+                     lim->loras && lim->loras->dir ? " and --lora-dir" : "");
             return KG_ERR_INVALID;
         }
         if (set->n == KG_LORA_SET_MAX) {
@@ -242,6 +259,15 @@ static kg_status_t pick_loras(const kg_intake_limits_t *lim,
         }
         set->id[set->n] = e->id;
         set->scale[set->n++] = job->lora[i].has_scale ? job->lora[i].scale : e->scale;
+    }
+    const int32_t cap =
+        lim->loras && lim->loras->adapters ? kg_adapters_max_resident(lim->loras->adapters) : 0;
+    if (cap > 0 && set->n > cap) {
+        snprintf(msg, msg_size,
+                 "lora: the job runs with %d adapters; this worker holds at most %d at once "
+                 "(--max-loras)",
+                 set->n, cap);
+        return KG_ERR_INVALID;
     }
     return KG_OK;
 }

@@ -47,8 +47,9 @@ typedef struct kg_intake_limits {
     const char *const *served;
     int32_t n_served;
     /* the LoRA adapters served (borrowed; NULL: none): a job's model may
-     * name one, its lora list names them */
-    const kg_loras_t *loras;
+     * name one, its lora list names them; one of --lora-dir is read on its
+     * first job (kg_loras_resolve), so intake runs on one thread at a time */
+    kg_loras_t *loras;
     /* the model's chat template compiled (kg_stack_chat_template; borrowed): chat jobs render
      * through it; a render error is invalid_job. NULL: the recognised-family renderer */
     const kg_chat_jinja_t *chat_template;

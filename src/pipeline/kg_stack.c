@@ -47,7 +47,8 @@ kg_stack_t *kg_stack_new(const kg_model_t *model,
             goto fail;
         }
     }
-    if (kg_loras_parse(&stack->loras, o->lora, errstr, errstr_size) != KG_OK) {
+    if (kg_loras_parse(&stack->loras, o->lora, errstr, errstr_size) != KG_OK ||
+        kg_loras_set_dir(&stack->loras, o->lora_dir, errstr, errstr_size) != KG_OK) {
         goto fail;
     }
     /* compiled once here; a template that does not compile logs why */
@@ -57,13 +58,15 @@ kg_stack_t *kg_stack_new(const kg_model_t *model,
         goto fail;
     }
     /* before the runner: the backend takes adapters only between steps */
-    if (kg_loras_load(&stack->loras, model, stack->be, errstr, errstr_size) != KG_OK) {
+    if (kg_loras_load(&stack->loras, model, stack->be, o->max_loras, errstr, errstr_size) !=
+        KG_OK) {
         goto fail;
     }
     stack->engine = kg_engine_new(stack->be, &stack->ep, errstr, errstr_size);
     if (!stack->engine) {
         goto fail;
     }
+    kg_engine_set_adapters(stack->engine, stack->loras.adapters);
     if (o->runner_inflight > 0) {
         stack->runner = kg_runner_new(stack->engine, o->runner_inflight, errstr, errstr_size);
         if (!stack->runner) {
@@ -87,7 +90,7 @@ void kg_stack_free(kg_stack_t *stack) {
     }
     kg_stack_stop(stack);
     kg_engine_free(stack->engine);
-    kg_loras_clear(&stack->loras, stack->be);
+    kg_loras_clear(&stack->loras);
     kg_backend_free(stack->be);
     kg_grammar_cache_free(stack->grammars);
     kg_chat_jinja_free(stack->chat);
@@ -102,7 +105,7 @@ kg_backend_t *kg_stack_backend(const kg_stack_t *stack) {
     return stack->be;
 }
 
-const kg_loras_t *kg_stack_loras(const kg_stack_t *stack) {
+kg_loras_t *kg_stack_loras(kg_stack_t *stack) {
     return &stack->loras;
 }
 

@@ -35,6 +35,8 @@ typedef struct kg_stack_options {
     bool no_jump_forward;       /* kg_engine_params_t.no_jump_forward (kgen-bench) */
     size_t grammar_bytes;       /* the grammar cache's budget; 0: no cache */
     const char *lora;           /* --lora: NAME=PATH[:SCALE],... adapters (kg_loras); NULL: none */
+    const char *lora_dir;       /* --lora-dir: adapters by file name, read on first use; NULL */
+    int32_t max_loras;          /* --max-loras: adapters resident at once; 0: no cap */
     int32_t runner_inflight;    /* > 0: a runner (the engine thread) with queues for this many
                                    requests; 0: none, the caller steps the engine itself */
 } kg_stack_options_t;
@@ -65,8 +67,8 @@ void kg_stack_free(kg_stack_t *stack);
  * kg_stack_stop). */
 kg_engine_t *kg_stack_engine(const kg_stack_t *stack);
 kg_backend_t *kg_stack_backend(const kg_stack_t *stack);
-/** The served LoRA adapters (none: n 0). */
-const kg_loras_t *kg_stack_loras(const kg_stack_t *stack);
+/** The served LoRA adapters (none: n 0); kg_loras_resolve adds to them. */
+kg_loras_t *kg_stack_loras(kg_stack_t *stack);
 /** NULL when built without one (runner_inflight 0). */
 kg_runner_t *kg_stack_runner(const kg_stack_t *stack);
 /** NULL when built without one (grammar_bytes 0). */

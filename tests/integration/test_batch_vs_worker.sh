@@ -119,9 +119,10 @@ for rid, b in sorted(batch.items()):
     assert set(b["timings"]) == set(w["timings"]) if "timings" in b else "timings" not in w, rid
     n[b["type"]] += 1
 codes = sorted(e["code"] for e in batch.values() if e["type"] == "error")
+# (the tools job: a chat job, and this model has no chat template to teach a call syntax)
 assert codes == sorted(["invalid_job", "prompt_too_long", "max_tokens_too_large", "expired",
                         "unsupported_chat_template", "unsupported_chat_template",
-                        "model_not_found", "model_not_found", "invalid_job"]), codes
+                        "model_not_found", "model_not_found", "unsupported_chat_template"]), codes
 # an adapter changes what the model writes
 assert batch["cmp-lora-model"]["text"] != batch["cmp-lora-base"]["text"], batch["cmp-lora-model"]
 assert "nope" in batch["cmp-lora-unknown"]["message"], batch["cmp-lora-unknown"]

@@ -18,7 +18,12 @@
 #  - kgen-submit --status prints request_counts (total, completed, failed) from the results topic;
 #  - LoRA: a body whose model is an adapter's name (--lora, vLLM's convention) runs on the
 #    adapter beside a job on the base, as in kgen batch, differs from the base, and is counted
-#    in the adapter's metrics (jobs, tokens).
+#    in the adapter's metrics (jobs, tokens);
+#  - --lora-dir with --max-loras 2 and four adapters (tiny-sql and three of the directory): two
+#    rounds of jobs over all four, so adapters are evicted and loaded again while others' jobs
+#    run; every job ends with the completion kgen batch gives and the first round gave (its
+#    ids do not depend on the eviction); a corrupt file of the directory answers its job
+#    model_not_found and the worker goes on; the metrics count the evictions and reloads.
 set -euo pipefail
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -33,7 +38,13 @@ kg_model "$T/chat.gguf" --n-embd 32 --n-head 2 --n-head-kv 1 --n-ff 64 --name ti
 NAMES="gpt-3.5-turbo-0125,gpt-4o-mini,VAR_completion_model_id,meta-llama/Meta-Llama-3-8B-Instruct,tiny-chat"
 "$KG_BIN/kgen" mkmodel --lora --base "$T/chat.gguf" --rank 4 --type f16 --seed 5 --out "$T/sql.gguf" \
     >/dev/null
-LORA=(--lora "tiny-sql=$T/sql.gguf")
+mkdir -p "$T/loras"
+for i in 1 2 3; do
+    "$KG_BIN/kgen" mkmodel --lora --base "$T/chat.gguf" --rank $((2 + i)) --seed $((20 + i)) \
+        --type "$(sed -n "${i}p" <<<$'f16\nbf16\nf32')" --out "$T/loras/d$i.gguf" >/dev/null
+done
+head -c 300 "$T/loras/d1.gguf" >"$T/loras/broken.gguf"
+LORA=(--lora "tiny-sql=$T/sql.gguf" --lora-dir "$T/loras" --max-loras 2)
 kg_broker_start
 kg_topics 4
 PORT=$(kg_free_port)
@@ -155,6 +166,49 @@ k, b = texts(f"{T}/lora.out.jsonl"), texts(f"{T}/lora.batch.jsonl")
 assert k == b and set(k) == {"lora-base", "lora-sql"}, (k, b)
 assert k["lora-base"] != k["lora-sql"], k
 print(f"  LoRA: the adapter's answer {k['lora-sql']!r}, the base's {k['lora-base']!r}")
+PY
+
+# 2c. --lora-dir, --max-loras 2, four adapters: two rounds, so adapters are evicted and loaded
+# again while jobs on others run
+python3 - "$T" <<'PY'
+import json, sys
+chat = "/v1/chat/completions"
+for r in (1, 2):
+    with open(f"{sys.argv[1]}/dir{r}.jsonl", "w") as f:
+        for i, model in enumerate(["d1", "d2", "d3", "tiny-sql"] * 2 + ["broken"] * (r == 1)):
+            f.write(json.dumps({"custom_id": f"{model}-{i // 4}", "method": "POST", "url": chat,
+                "body": {"model": model, "temperature": 0, "max_tokens": 12 + 4 * (i // 4),
+                         "messages": [{"role": "user", "content": f"Query {i // 4}"}]}}) + "\n")
+PY
+loads0=$(kg_metric "$PORT" kgen_lora_loads_total)
+submit dir1 "$T/dir1.jsonl" --error-file "$T/dir1.err.jsonl"
+submit dir2 "$T/dir2.jsonl"
+batch dir1 "$T/dir1.jsonl"
+loads=$(($(kg_metric "$PORT" kgen_lora_loads_total) - loads0))
+evictions=$(kg_metric "$PORT" kgen_lora_evictions_total)
+resident=$(kg_metric "$PORT" kgen_lora_adapters_resident)
+((loads >= 5 && evictions >= 2 && resident <= 2)) ||
+    kg_fail "--max-loras 2: $loads loads, $evictions evictions, $resident resident" \
+        "$(curl -s "http://127.0.0.1:$PORT/metrics" | grep lora)"
+python3 - "$T" "$loads" "$evictions" <<'PY'
+import json, sys
+T = sys.argv[1]
+def texts(path):
+    return {o["custom_id"]: o["response"]["body"]["choices"][0]["message"]["content"]
+            for o in map(json.loads, open(path)) if o["response"]["status_code"] == 200}
+k1, k2, b = (texts(f"{T}/{n}") for n in ("dir1.out.jsonl", "dir2.out.jsonl", "dir1.batch.jsonl"))
+want = {f"{m}-{j}" for m in ("d1", "d2", "d3", "tiny-sql") for j in (0, 1)}
+assert set(k1) == set(k2) == want, (sorted(k1), sorted(k2))
+assert k1 == k2, "a job's completion changed once its adapter was evicted and loaded again"
+assert {c: t for c, t in b.items() if c in want} == k1, "Kafka and kgen batch differ"
+assert len({k1[f"{m}-0"] for m in ("d1", "d2", "d3", "tiny-sql")}) == 4, k1
+err = [json.loads(l) for l in open(f"{T}/dir1.err.jsonl")]
+assert [o["custom_id"] for o in err] == ["broken-2"], err
+e = err[0]["response"]["body"]["error"]
+assert e["code"] == "model_not_found" and "cannot be used" in e["message"], e
+print(f"  --lora-dir, --max-loras 2: 16 jobs over 4 adapters, {sys.argv[2]} loads and "
+      f"{sys.argv[3]} evictions, the same completions in both rounds and in kgen batch; "
+      f"broken.gguf: {e['message']}")
 PY
 
 # 2b. response_format through Kafka: a strict json_schema with n = 2 gives documents of the

@@ -673,11 +673,11 @@ START_TEST(specs) {
     ck_assert_str_eq(l.e[2].path, "c:d.gguf"); /* not a scale after the colon: part of the path */
     ck_assert_ptr_eq(kg_loras_find(&l, "b"), &l.e[1]);
     ck_assert_ptr_null(kg_loras_find(&l, "d"));
-    kg_loras_clear(&l, NULL);
+    kg_loras_clear(&l);
     const char *bad[] = {"a", "=p", "a=", "a=p,,b=q", "a=p,a=q"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ck_assert_msg(kg_loras_parse(&l, bad[i], err, sizeof(err)) == KG_ERR_INVALID, "%s", bad[i]);
-        kg_loras_clear(&l, NULL);
+        kg_loras_clear(&l);
     }
 }
 END_TEST
@@ -763,7 +763,7 @@ START_TEST(job_picks_adapters) {
                       bad[i]);
         ck_assert_msg(strstr(e.message, "lora"), "%s", e.message);
     }
-    kg_loras_clear(&l, NULL);
+    kg_loras_clear(&l);
     kg_model_free(m);
 }
 END_TEST

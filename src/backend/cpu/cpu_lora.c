@@ -17,6 +17,7 @@ typedef struct lora_adapter {
     int32_t id;
     const kg_lora_t *lora;
     lora_weights_t (*w)[KG_LORA_N_PROJ]; /* (n_layer) */
+    size_t bytes;                        /* counted in weights_size while added */
 } lora_adapter_t;
 
 struct cpu_lora_state {
@@ -105,6 +106,8 @@ static cpu_lora_state_t *state_new(cpu_ctx_t *ctx) {
     return st;
 }
 
+static int32_t find_adapter(const cpu_lora_state_t *st, int32_t id);
+
 kg_status_t cpu_lora_add(
     kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size) {
     cpu_ctx_t *ctx = be->ctx;
@@ -149,7 +152,14 @@ kg_status_t cpu_lora_add(
         st->count = count;
         st->cap_ad = cap;
     }
-    lora_adapter_t ad = {.id = st->next_id, .lora = lora};
+    /* a caller's id (kg_adapters: an adapter reloaded after an eviction keeps
+     * its id, so its rows keep their place in the delta order) or the next */
+    const int32_t want = *id >= 0 ? *id : st->next_id;
+    if (find_adapter(st, want) >= 0) {
+        snprintf(errstr, errstr_size, "cpu backend: adapter id %d is taken", want);
+        return KG_ERR_INVALID;
+    }
+    lora_adapter_t ad = {.id = want, .lora = lora};
     ad.w = calloc((size_t)ctx->hp.n_layer, sizeof(*ad.w));
     bool ok = ad.w != NULL;
     size_t bytes = 0;
@@ -169,10 +179,17 @@ kg_status_t cpu_lora_add(
         snprintf(errstr, errstr_size, "cpu backend: out of memory packing an adapter");
         return KG_ERR_NOMEM;
     }
-    /* ids only grow, so appending keeps the id order */
-    st->ad[st->n_ad++] = ad;
-    st->next_id++;
+    /* kept in id order */
+    int32_t at = st->n_ad;
+    while (at > 0 && st->ad[at - 1].id > want) {
+        at--;
+    }
+    memmove(&st->ad[at + 1], &st->ad[at], (size_t)(st->n_ad - at) * sizeof(st->ad[0]));
+    st->ad[at] = ad;
+    st->n_ad++;
+    st->next_id = want >= st->next_id ? want + 1 : st->next_id;
     ctx->weights_size += bytes;
+    st->ad[at].bytes = bytes;
     *id = ad.id;
     return KG_OK;
 }
@@ -182,6 +199,7 @@ void cpu_lora_remove(kg_backend_t *be, int32_t id) {
     cpu_lora_state_t *st = ctx->lora;
     for (int32_t i = 0; st && i < st->n_ad; i++) {
         if (st->ad[i].id == id) {
+            ctx->weights_size -= st->ad[i].bytes; /* an evicted adapter's memory is back */
             adapter_clear(ctx, &st->ad[i]);
             memmove(&st->ad[i], &st->ad[i + 1], (size_t)(st->n_ad - i - 1) * sizeof(st->ad[0]));
             st->n_ad--;
