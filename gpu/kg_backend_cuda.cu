@@ -112,6 +112,9 @@ static kg_status_t alloc_moe(cuda_ctx_t *ctx, size_t es) {
     ctx->router.top_k_then_softmax = hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT;
     ctx->router.norm_w = hp->moe_norm_w;
     ctx->router.w_scale = hp->moe_w_scale;
+    ctx->router.sigmoid = hp->moe_gating == KG_MOE_SIGMOID;
+    ctx->router.n_groups = hp->n_expert_groups;
+    ctx->router.n_group_used = hp->n_group_used;
     p->rows_cap = kg_cuda_moe_rows_cap(ctx->max_tokens, hp->n_expert_used, hp->n_expert);
     const size_t R = (size_t)p->rows_cap;
     KG_TRY(dev_alloc(ctx, (void **)&p->sel, T * k * sizeof(int32_t)));
@@ -127,6 +130,9 @@ static kg_status_t alloc_moe(cuda_ctx_t *ctx, size_t es) {
     KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_u, R * FX * sizeof(float)));
     KG_TRY(dev_alloc(ctx, &ctx->moe_h, R * FX * es));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_y, R * E * sizeof(float)));
+    if (hp->n_expert_shared > 0) {
+        KG_TRY(dev_alloc(ctx, (void **)&ctx->shexp, T * E * sizeof(float)));
+    }
     KG_CUDA_CHECK(cudaMallocHost((void **)&ctx->moe_stats_h, (4 + X) * sizeof(long long)));
     ctx->moe_tokens = (int64_t *)calloc(X, sizeof(int64_t));
     if (!ctx->moe_tokens) {
@@ -153,7 +159,9 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
                 es = 4;
             }
         }
-        F = L->moe ? F : (size_t)hp->n_ff;
+        /* the shared expert runs in the dense FFN's buffers */
+        const size_t FL = L->moe ? (size_t)L->n_ff_shexp : (size_t)hp->n_ff;
+        F = FL > F ? FL : F;
     }
     const size_t es_head = kg_cuda_dtype_size(ctx->head.dt);
 
@@ -252,9 +260,9 @@ static void cuda_free(kg_backend_t *be) {
                 free_mat(&L->exp_up);
                 free_mat(&L->exp_down);
                 float *vecs[] = {
-                    L->bqkv,          L->bo,    L->q_norm,   L->k_norm,     L->attn_post_norm,
-                    L->ffn_post_norm, L->sinks, L->router_b, L->exp_gate_b, L->exp_up_b,
-                    L->exp_down_b};
+                    L->bqkv,          L->bo,     L->q_norm,   L->k_norm,     L->attn_post_norm,
+                    L->ffn_post_norm, L->sinks,  L->router_b, L->exp_gate_b, L->exp_up_b,
+                    L->exp_down_b,    L->probs_b};
                 for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
                     cudaFree(vecs[i]);
                 }
@@ -276,7 +284,7 @@ static void cuda_free(kg_backend_t *be) {
                         ctx->h,     ctx->xo,         ctx->d_in,  ctx->blas_ws, mp->sel,
                         mp->w,      mp->slot,        mp->offset, mp->row_tok,  mp->tile_expert,
                         mp->stats,  ctx->moe_logits, ctx->xe,    ctx->moe_g,   ctx->moe_u,
-                        ctx->moe_h, ctx->moe_y};
+                        ctx->moe_h, ctx->moe_y,      ctx->shexp};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             cudaFree(bufs[i]);
         }

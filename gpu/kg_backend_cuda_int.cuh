@@ -41,8 +41,9 @@ typedef struct cuda_layer {
     float *attn_norm, *ffn_norm; /* (n_embd) */
     kg_cuda_mat_t wqkv;          /* (n_q + 2 n_kv, n_embd) */
     kg_cuda_mat_t wo;            /* (n_embd, n_q) */
-    kg_cuda_mat_t wgu;           /* (2 n_ff, embd): gate rows, then up rows (dense layers) */
-    kg_cuda_mat_t wdown;         /* (n_embd, n_ff) (dense layers) */
+    kg_cuda_mat_t wgu;           /* (2 n_ff, embd): gate rows, then up rows (dense layers; an expert
+                                    layer's shared expert, 2 FS rows) */
+    kg_cuda_mat_t wdown; /* (n_embd, n_ff) (dense layers; the shared expert's (n_embd, FS)) */
     /* what a family adds; NULL when it has none */
     float *bqkv;                           /* (n_q + 2 n_kv) Q|K|V biases */
     float *bo;                             /* (n_embd) attention output bias */
@@ -59,6 +60,8 @@ typedef struct cuda_layer {
     kg_cuda_mat_t exp_down;         /* (n_expert * n_embd, n_ff_exp) */
     float *exp_gate_b, *exp_up_b;   /* (n_expert, n_ff_exp) */
     float *exp_down_b;              /* (n_expert, n_embd) */
+    float *probs_b;                 /* (n_expert) selection bias (glm4moe) */
+    int32_t n_ff_shexp;             /* FS: the shared expert's width; 0: none */
 } cuda_layer_t;
 
 typedef enum bucket_state {
@@ -121,6 +124,7 @@ typedef struct cuda_ctx {
     float *moe_g, *moe_u;        /* (R, n_ff_exp) */
     void *moe_h;                 /* (R, n_ff_exp) in the down experts' type */
     float *moe_y;                /* (R, n_embd) */
+    float *shexp;                /* (T, n_embd) the shared expert's output (NULL: none) */
     long long *moe_stats_h;      /* (4 + n_expert) pinned copy of moe_plan.stats */
     int64_t *moe_tokens;         /* (n_expert) rows each expert took */
 

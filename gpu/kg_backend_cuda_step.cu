@@ -315,7 +315,8 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
     plan.rows_cap = kg_cuda_moe_rows_cap(rows, hp->n_expert_used, hp->n_expert);
     const int32_t E = hp->n_embd, FX = hp->n_ff_exp;
     KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->router, ctx->xn, ctx->moe_logits, rows));
-    KG_TRY(kg_cuda_moe_route(st, rows, hdr, &ctx->router, ctx->moe_logits, L->router_b, &plan));
+    KG_TRY(kg_cuda_moe_route(st, rows, hdr, &ctx->router, ctx->moe_logits, L->router_b, L->probs_b,
+                             &plan));
     KG_TRY(kg_cuda_moe_align(st, hdr, &ctx->router, &plan));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_gate.data, L->exp_gate_b, ctx->xe, 1, ctx->moe_g, FX,
                             E, L->exp_gate.dt));
@@ -325,7 +326,15 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
                            hp->ffn_act == KG_FFN_SWIGLU_OAI));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_down.data, L->exp_down_b, ctx->moe_h, 0, ctx->moe_y,
                             E, FX, L->exp_down.dt));
-    return kg_cuda_moe_combine(st, rows, hdr, &ctx->router, &plan, ctx->moe_y, ctx->tmp, E);
+    if (L->n_ff_shexp > 0) {
+        /* the shared expert (glm4moe): a SwiGLU FFN on the experts' input,
+         * its output added to their weighted sum in combine */
+        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xe, ctx->gu, rows));
+        KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, L->n_ff_shexp));
+        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->shexp, rows));
+    }
+    return kg_cuda_moe_combine(st, rows, hdr, &ctx->router, &plan, ctx->moe_y,
+                               L->n_ff_shexp > 0 ? ctx->shexp : NULL, ctx->tmp, E);
 }
 
 /* Every kernel of one step over `rows` token slots (the real count is in

@@ -272,6 +272,15 @@ upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_
     KG_TRY(upload_vec(ctx, src->gate_exps_b, &L->exp_gate_b));
     KG_TRY(upload_vec(ctx, src->up_exps_b, &L->exp_up_b));
     KG_TRY(upload_vec(ctx, src->down_exps_b, &L->exp_down_b));
+    KG_TRY(upload_vec(ctx, src->exp_probs_b, &L->probs_b));
+    if (src->gate_shexp) {
+        /* the shared expert: gate|up in the experts' type, so it reads the
+         * experts' normed input */
+        const kg_gguf_tensor_t *sgu[2] = {src->gate_shexp, src->up_shexp};
+        KG_TRY(upload_mat_as(ctx, s, sgu, 2, dt_gu, &L->wgu));
+        KG_TRY(upload_mat(ctx, s, &src->down_shexp, 1, &L->wdown));
+        L->n_ff_shexp = (int32_t)src->gate_shexp->ne[1];
+    }
     return KG_OK;
 }
 

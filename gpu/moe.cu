@@ -43,10 +43,44 @@ __device__ __forceinline__ float router_logit(const float *lg, const float *bias
     return bias ? lg[e] + bias[e] : lg[e];
 }
 
+/* Expert e's probability, the value that weighs it: its logit (gpt-oss,
+ * softmaxed after the choice), its sigmoid, or its softmax share (m the
+ * largest logit, inv the reciprocal of the sum). Recomputed where needed:
+ * the same float each time. */
+__device__ __forceinline__ float router_prob(const kg_cuda_moe_router_t &r,
+                                             const float *lg,
+                                             const float *bias,
+                                             int32_t e,
+                                             float m,
+                                             float inv) {
+    const float x = router_logit(lg, bias, e);
+    if (r.top_k_then_softmax) {
+        return x;
+    }
+    if (r.sigmoid) {
+        return 1.0f / (1.0f + expf(-x)); /* ggml_vec_sigmoid_f32 */
+    }
+    return expf(x - m) * inv;
+}
+
+/* The value that chooses expert e: its probability plus the selection bias
+ * (exp_probs_b; NULL: none). */
+__device__ __forceinline__ float router_choice(const kg_cuda_moe_router_t &r,
+                                               const float *lg,
+                                               const float *bias,
+                                               const float *probs_b,
+                                               int32_t e,
+                                               float m,
+                                               float inv) {
+    const float p = router_prob(r, lg, bias, e, m, inv);
+    return probs_b ? p + probs_b[e] : p;
+}
+
 __global__ void moe_route_kernel(const kg_cuda_step_hdr_t *hdr,
                                  kg_cuda_moe_router_t r,
                                  const float *__restrict__ logits,
                                  const float *__restrict__ bias,
+                                 const float *__restrict__ probs_b,
                                  int32_t *__restrict__ sel,
                                  float *__restrict__ wout,
                                  int32_t n_launch) {
@@ -57,27 +91,9 @@ __global__ void moe_route_kernel(const kg_cuda_step_hdr_t *hdr,
     const float *lg = logits + (int64_t)t * r.n_expert;
     float val[KG_CUDA_MOE_MAX_K], w[KG_CUDA_MOE_MAX_K];
     int32_t idx[KG_CUDA_MOE_MAX_K], count = 0;
-    if (r.top_k_then_softmax) {
-        for (int32_t e = 0; e < r.n_expert; e++) {
-            top_k_insert(val, idx, &count, r.k, router_logit(lg, bias, e), e);
-        }
-        float m = -INFINITY;
-        for (int32_t j = 0; j < r.k; j++) {
-            m = fmaxf(m, val[j]);
-        }
-        double sum = 0.0;
-        for (int32_t j = 0; j < r.k; j++) {
-            w[j] = expf(val[j] - m);
-            sum += (double)w[j];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int32_t j = 0; j < r.k; j++) {
-            w[j] *= inv;
-        }
-    } else {
-        /* softmax over every expert, each probability recomputed where the
-         * top-k needs it: the same float as a stored one */
-        float m = -INFINITY;
+    /* the softmax's max and reciprocal sum (unused by the other rules) */
+    float m = -INFINITY, inv = 1.0f;
+    if (!r.top_k_then_softmax && !r.sigmoid) {
         for (int32_t e = 0; e < r.n_expert; e++) {
             m = fmaxf(m, router_logit(lg, bias, e));
         }
@@ -85,12 +101,51 @@ __global__ void moe_route_kernel(const kg_cuda_step_hdr_t *hdr,
         for (int32_t e = 0; e < r.n_expert; e++) {
             sum += (double)expf(router_logit(lg, bias, e) - m);
         }
-        const float inv = (float)(1.0 / sum);
-        for (int32_t e = 0; e < r.n_expert; e++) {
-            top_k_insert(val, idx, &count, r.k, expf(router_logit(lg, bias, e) - m) * inv, e);
+        inv = (float)(1.0 / sum);
+    }
+    /* group-limited top-k: each group scored by its two best choices, the
+     * n_group_used best groups kept (cpu_moe.c's mask_groups) */
+    uint64_t keep = ~0ull;
+    if (r.n_groups > 1) {
+        const int32_t per = r.n_expert / r.n_groups;
+        float gval[KG_CUDA_MOE_MAX_GROUPS], top[2];
+        int32_t gidx[KG_CUDA_MOE_MAX_GROUPS], tidx[2], gcount = 0;
+        for (int32_t gi = 0; gi < r.n_groups; gi++) {
+            int32_t tc = 0;
+            for (int32_t e = 0; e < per; e++) {
+                top_k_insert(top, tidx, &tc, 2,
+                             router_choice(r, lg, bias, probs_b, gi * per + e, m, inv), e);
+            }
+            top_k_insert(gval, gidx, &gcount, r.n_group_used, top[0] + top[1], gi);
         }
+        keep = 0;
+        for (int32_t j = 0; j < r.n_group_used; j++) {
+            keep |= 1ull << gidx[j];
+        }
+    }
+    const int32_t per = r.n_groups > 1 ? r.n_expert / r.n_groups : r.n_expert;
+    for (int32_t e = 0; e < r.n_expert; e++) {
+        const float v =
+            keep >> (e / per) & 1ull ? router_choice(r, lg, bias, probs_b, e, m, inv) : -INFINITY;
+        top_k_insert(val, idx, &count, r.k, v, e);
+    }
+    for (int32_t j = 0; j < r.k; j++) {
+        w[j] = router_prob(r, lg, bias, idx[j], m, inv);
+    }
+    if (r.top_k_then_softmax) {
+        /* gpt-oss: a softmax over the k chosen logits */
+        float mk = -INFINITY;
         for (int32_t j = 0; j < r.k; j++) {
-            w[j] = val[j];
+            mk = fmaxf(mk, w[j]);
+        }
+        double sum = 0.0;
+        for (int32_t j = 0; j < r.k; j++) {
+            w[j] = expf(w[j] - mk);
+            sum += (double)w[j];
+        }
+        const float ik = (float)(1.0 / sum);
+        for (int32_t j = 0; j < r.k; j++) {
+            w[j] *= ik;
         }
     }
     if (r.norm_w) {
@@ -117,12 +172,13 @@ kg_status_t kg_cuda_moe_route(cudaStream_t stream,
                               const kg_cuda_moe_router_t *r,
                               const float *logits,
                               const float *bias,
+                              const float *probs_b,
                               const kg_cuda_moe_plan_t *plan) {
     if (n_launch <= 0) {
         return KG_OK;
     }
     const unsigned blocks = (unsigned)((n_launch + 127) / 128);
-    moe_route_kernel<<<blocks, 128, 0, stream>>>(hdr, *r, logits, bias, plan->sel, plan->w,
+    moe_route_kernel<<<blocks, 128, 0, stream>>>(hdr, *r, logits, bias, probs_b, plan->sel, plan->w,
                                                  n_launch);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
@@ -330,6 +386,7 @@ __global__ void moe_combine_kernel(const kg_cuda_step_hdr_t *hdr,
                                    const int32_t *__restrict__ slot,
                                    const float *__restrict__ w,
                                    const float *__restrict__ y,
+                                   const float *__restrict__ add,
                                    float *__restrict__ out,
                                    int32_t n,
                                    int64_t total) {
@@ -342,7 +399,7 @@ __global__ void moe_combine_kernel(const kg_cuda_step_hdr_t *hdr,
             const float prod = y[(int64_t)slot[t * k + j] * n + c] * w[t * k + j];
             acc = acc + prod;
         }
-        out[i] = acc;
+        out[i] = add ? acc + add[i] : acc;
     }
 }
 
@@ -352,6 +409,7 @@ kg_status_t kg_cuda_moe_combine(cudaStream_t stream,
                                 const kg_cuda_moe_router_t *r,
                                 const kg_cuda_moe_plan_t *plan,
                                 const float *y,
+                                const float *add,
                                 float *out,
                                 int32_t n) {
     const int64_t total = (int64_t)n_launch * n;
@@ -360,8 +418,8 @@ kg_status_t kg_cuda_moe_combine(cudaStream_t stream,
     }
     int64_t blocks = (total + 255) / 256;
     blocks = blocks > 65536 ? 65536 : blocks;
-    moe_combine_kernel<<<(unsigned)blocks, 256, 0, stream>>>(hdr, r->k, plan->slot, plan->w, y, out,
-                                                             n, total);
+    moe_combine_kernel<<<(unsigned)blocks, 256, 0, stream>>>(hdr, r->k, plan->slot, plan->w, y, add,
+                                                             out, n, total);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
@@ -433,15 +491,18 @@ extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
     kg_status_t st = KG_OK;
     const int32_t T = m->n_tokens, E = m->n_embd, F = m->n_ff, X = m->n_expert, k = m->k;
     const kg_cuda_dtype_t dt = (kg_cuda_dtype_t)m->dtype;
-    const kg_cuda_moe_router_t r = {X, k, m->top_k_then_softmax, m->norm_w, m->w_scale};
+    const kg_cuda_moe_router_t r = {X,          k,          m->top_k_then_softmax, m->norm_w,
+                                    m->w_scale, m->sigmoid, m->n_groups,           m->n_group_used};
     kg_cuda_moe_plan_t plan;
     memset(&plan, 0, sizeof(plan));
     plan.rows_cap = kg_cuda_moe_rows_cap(T, k, X);
     const int32_t R = plan.rows_cap;
     const int32_t hdr_h[4] = {T, T, 0, 0};
     void *hdr = NULL, *dx = NULL, *dl = NULL, *dg = NULL, *du = NULL, *dd = NULL, *gb = NULL,
-         *ub = NULL, *db = NULL, *g = NULL, *u = NULL, *h = NULL, *y = NULL, *dout = NULL;
-    if (k < 1 || k > KG_CUDA_MOE_MAX_K || k > X || X > MOE_MAX_EXPERTS || T < 1) {
+         *ub = NULL, *db = NULL, *g = NULL, *u = NULL, *h = NULL, *y = NULL, *dout = NULL,
+         *pb = NULL;
+    if (k < 1 || k > KG_CUDA_MOE_MAX_K || k > X || X > MOE_MAX_EXPERTS || T < 1 ||
+        m->n_groups > KG_CUDA_MOE_MAX_GROUPS) {
         return KG_ERR_INVALID;
     }
     MOE_TRY(moe_alloc(&b, &hdr, sizeof(hdr_h)));
@@ -455,6 +516,9 @@ extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
         MOE_TRY(moe_put(&b, &gb, m->gate_b, (size_t)X * F, KG_CUDA_OP_F32));
         MOE_TRY(moe_put(&b, &ub, m->up_b, (size_t)X * F, KG_CUDA_OP_F32));
         MOE_TRY(moe_put(&b, &db, m->down_b, (size_t)X * E, KG_CUDA_OP_F32));
+    }
+    if (m->probs_b) {
+        MOE_TRY(moe_put(&b, &pb, m->probs_b, (size_t)X, KG_CUDA_OP_F32));
     }
     MOE_TRY(moe_alloc(&b, (void **)&plan.sel, (size_t)T * k * sizeof(int32_t)));
     MOE_TRY(moe_alloc(&b, (void **)&plan.w, (size_t)T * k * sizeof(float)));
@@ -471,13 +535,13 @@ extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
 
     {
         const kg_cuda_step_hdr_t *dh = (const kg_cuda_step_hdr_t *)hdr;
-        MOE_TRY(kg_cuda_moe_route(0, T, dh, &r, (const float *)dl, NULL, &plan));
+        MOE_TRY(kg_cuda_moe_route(0, T, dh, &r, (const float *)dl, NULL, (const float *)pb, &plan));
         MOE_TRY(kg_cuda_moe_align(0, dh, &r, &plan));
         MOE_TRY(kg_cuda_moe_gemm(0, &plan, dg, (const float *)gb, dx, 1, (float *)g, F, E, dt));
         MOE_TRY(kg_cuda_moe_gemm(0, &plan, du, (const float *)ub, dx, 1, (float *)u, F, E, dt));
         MOE_TRY(kg_cuda_moe_act(0, &plan, (const float *)g, (const float *)u, h, dt, F, m->oai));
         MOE_TRY(kg_cuda_moe_gemm(0, &plan, dd, (const float *)db, h, 0, (float *)y, E, F, dt));
-        MOE_TRY(kg_cuda_moe_combine(0, T, dh, &r, &plan, (const float *)y, (float *)dout, E));
+        MOE_TRY(kg_cuda_moe_combine(0, T, dh, &r, &plan, (const float *)y, NULL, (float *)dout, E));
     }
     MOE_CUDA(cudaStreamSynchronize(0));
     MOE_CUDA(cudaMemcpy(out, dout, (size_t)T * E * sizeof(float), cudaMemcpyDeviceToHost));

@@ -2,8 +2,9 @@
  * CPU backend runs it (src/backend/cpu/cpu_moe.h):
  *
  *   route   one thread per token: the router's softmax and top-k (or
- *           gpt-oss's top-k of the logits then a softmax over them), the
- *           renormalisation and scale; the same rules and tie order as
+ *           gpt-oss's top-k of the logits then a softmax over them, or
+ *           glm4moe's sigmoid with the selection bias and group limit),
+ *           the renormalisation and scale; the same rules and tie order as
  *           cpu_moe_route, so a token picks the same experts.
  *   align   one block: each expert's rows (token order) laid out after the
  *           previous expert's, every group padded to KG_CUDA_MOE_TILE rows,
@@ -34,6 +35,8 @@
 #define KG_CUDA_MOE_TILE 8
 /* Most experts per token the route kernel keeps (in registers). */
 #define KG_CUDA_MOE_MAX_K 32
+/* Most expert groups it limits the choice to (one bit each). */
+#define KG_CUDA_MOE_MAX_GROUPS 64
 
 /* The router's rule (kg_moe_gating_t). */
 typedef struct kg_cuda_moe_router {
@@ -41,6 +44,9 @@ typedef struct kg_cuda_moe_router {
     int top_k_then_softmax; /* gpt-oss; else softmax then top-k */
     int norm_w;             /* divide the k weights by their sum (clamped to 2^-14) */
     float w_scale;          /* then multiply them by it; 0 or 1 = not */
+    int sigmoid;            /* glm4moe: sigmoid scores (else softmax) */
+    int32_t n_groups;       /* group-limited top-k over n_groups groups (<= 1: not), */
+    int32_t n_group_used;   /* n_group_used of them kept */
 } kg_cuda_moe_router_t;
 
 /* The grouped layout of one step, device buffers for up to `cap` tokens. */
@@ -67,14 +73,16 @@ static inline int32_t kg_cuda_moe_rows_cap(int32_t cap, int32_t k, int32_t n_exp
 }
 
 /** Route hdr->n_tokens tokens by their logits (n_launch, n_expert), plus
- * the router's bias (n_expert) when not NULL (gpt-oss), into plan->sel and
- * plan->w. */
+ * the router's bias (n_expert) when not NULL (gpt-oss), choosing by the
+ * probabilities plus probs_b (n_expert) when not NULL (glm4moe), into
+ * plan->sel and plan->w. */
 kg_status_t kg_cuda_moe_route(cudaStream_t stream,
                               int32_t n_launch,
                               const kg_cuda_step_hdr_t *hdr,
                               const kg_cuda_moe_router_t *r,
                               const float *logits,
                               const float *bias,
+                              const float *probs_b,
                               const kg_cuda_moe_plan_t *plan);
 
 /** The grouped layout of plan->sel: offset, row_tok, slot, tile_expert;
@@ -112,12 +120,14 @@ kg_status_t kg_cuda_moe_act(cudaStream_t stream,
                             int oai);
 
 /** out(n_launch, n) F32 = for token t < hdr->n_tokens, the sum over ranks
- * j in order of w[t][j] * y[slot[t][j]]. */
+ * j in order of w[t][j] * y[slot[t][j]], then + add[t] (n; NULL: none: the
+ * shared expert's output). */
 kg_status_t kg_cuda_moe_combine(cudaStream_t stream,
                                 int32_t n_launch,
                                 const kg_cuda_step_hdr_t *hdr,
                                 const kg_cuda_moe_router_t *r,
                                 const kg_cuda_moe_plan_t *plan,
                                 const float *y,
+                                const float *add,
                                 float *out,
                                 int32_t n);

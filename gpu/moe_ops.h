@@ -14,7 +14,10 @@ extern "C" {
 
 typedef struct kg_cuda_op_moe {
     int32_t n_tokens, n_embd, n_ff, n_expert, k;
-    int top_k_then_softmax;     /* gpt-oss's router; else softmax then top-k */
+    int top_k_then_softmax;     /* gpt-oss's router; else softmax (or sigmoid) then top-k */
+    int sigmoid;                /* glm4moe's sigmoid scores */
+    int n_groups, n_group_used; /* group-limited top-k (n_groups <= 1: not) */
+    const float *probs_b;       /* (n_expert) selection bias, or NULL */
     int norm_w;                 /* renormalise the k weights */
     float w_scale;              /* then scale them (0 or 1: not) */
     int oai;                    /* gpt-oss's clamped SwiGLU; else SwiGLU */

@@ -18,8 +18,9 @@
 /* The KG_MODEL_FEAT_* bits the CUDA backend implements, each checked
  * against the CPU backend on the emulator (tests/unit/check_cuda.c: the
  * kernels, and whole forwards of the tests/data/arch models): the dense
- * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN) and the experts
- * (qwen3moe, Mixtral, gpt-oss with its sinks). A model that needs anything
+ * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN, issue 24's) and the
+ * experts (qwen3moe, Mixtral, gpt-oss with its sinks, glm4moe's sigmoid
+ * router and shared expert). A model that needs anything
  * else is refused for it, and `auto` takes the CPU. */
 #define KG_CUDA_FEATURES                                                                           \
     (KG_MODEL_FEAT_QKV_BIAS | KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_POST_NORM |                    \
@@ -29,7 +30,7 @@
      KG_MODEL_FEAT_Q_SCALE | KG_MODEL_FEAT_MOE | KG_MODEL_FEAT_MOE_OAI |                           \
      KG_MODEL_FEAT_ATTN_SINKS | KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES |                        \
      KG_MODEL_FEAT_NO_PRE_NORM | KG_MODEL_FEAT_QK_NORM_FULL | KG_MODEL_FEAT_ATTN_TEMP |            \
-     KG_MODEL_FEAT_XIELU)
+     KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT)
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     const uint32_t missing = kg_model_features(model) & ~(uint32_t)KG_CUDA_FEATURES;

@@ -220,6 +220,7 @@ typedef struct family {
     bool llama4_temp;    /* attention.temperature_scale, and YaRN's betas and log multiplier */
     bool ffn_norm_post;  /* the FFN norm named post_attention_norm (gpt-oss, seed_oss) */
     bool xielu;          /* no ffn_gate; xielu.* keys, one value per layer (apertus) */
+    bool glm;            /* shared experts, selection bias, leading dense layers, nextn blocks */
 } family_t;
 
 static const family_t families[] = {
@@ -319,6 +320,20 @@ static const family_t families[] = {
      .vocab = KG_MKVOCAB_QWEN,
      .rms_eps = 1e-5f,
      .xielu = true},
+    /* GLM-4.5/4.6/4.7: Q/K/V biases, per-head Q/K norms (the 355B files;
+     * Air has none), partial NeoX RoPE, the FFN norm named
+     * post_attention_norm, a sigmoid router with a selection bias, a shared
+     * expert, leading dense layers and next-token-prediction blocks; a
+     * byte-level BPE with the glm4 pre-tokenizer and GLM-4.5's specials */
+    {.arch = "glm4moe",
+     .gguf_arch = "glm4moe",
+     .moe = true,
+     .qkv_bias = true,
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_GLM,
+     .rms_eps = 1e-5f,
+     .ffn_norm_post = true,
+     .glm = true},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -387,8 +402,10 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
             return false;
         }
     }
-    for (int64_t l = 0; l < o->n_layer; l++) {
+    const int64_t n_blocks = o->n_layer + (fam->glm ? o->n_nextn : 0);
+    for (int64_t l = 0; l < n_blocks; l++) {
         const long long L = (long long)l;
+        const bool dense = fam->glm && l < o->n_layer_dense;
         bool ok = fam->no_pre_norms ||
                   KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.attn_norm.weight", L);
         if (fam->fused) {
@@ -430,7 +447,7 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
                            fam->oss || fam->ffn_norm_post ? "blk.%lld.post_attention_norm.weight"
                                                           : "blk.%lld.ffn_norm.weight",
                            L));
-        if (fam->moe) {
+        if (fam->moe && !dense) {
             const int64_t X = o->n_expert, FX = o->n_ff_exp;
             const kg_ggml_type_t xt = o->has_expert_type ? o->expert_type : wt;
             /* the router, F32: its logits are unit-variance, so tokens
@@ -454,6 +471,19 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
                     KG_ADD(KG_GGML_TYPE_F32, E, X, 0.0f, 0.1f * resid,
                            "blk.%lld.ffn_down_exps.bias", L);
             }
+            if (fam->glm) {
+                /* the selection bias (DeepSeek V3's e_score_correction_bias):
+                 * large enough to change which experts win */
+                const int64_t FS = o->n_expert_shared * FX;
+                ok = ok &&
+                     KG_ADD(KG_GGML_TYPE_F32, X, 1, 0.0f, 0.3f, "blk.%lld.exp_probs_b.bias", L);
+                if (FS > 0) {
+                    ok = ok && KG_ADD(wt, E, FS, 0.0f, fe, "blk.%lld.ffn_gate_shexp.weight", L) &&
+                         KG_ADD(wt, FS, E, 0.0f, fan_in_scale(FS) * resid,
+                                "blk.%lld.ffn_down_shexp.weight", L) &&
+                         KG_ADD(wt, E, FS, 0.0f, fe, "blk.%lld.ffn_up_shexp.weight", L);
+                }
+            }
         } else if (fam->fused) {
             ok = ok && KG_ADD(wt, E, 2 * F, 0.0f, fe, "blk.%lld.ffn_up.weight", L) &&
                  KG_ADD(wt, F, E, 0.0f, fan_in_scale(F) * resid, "blk.%lld.ffn_down.weight", L);
@@ -469,6 +499,17 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
         if (fam->post_norms) {
             ok = ok && KG_ADD(KG_GGML_TYPE_F32, E, 1, post, 0.1f * post,
                               "blk.%lld.post_ffw_norm.weight", L);
+        }
+        if (l >= o->n_layer) {
+            /* a next-token-prediction block (Glm4MoeModel's converter): the
+             * block's own tensors above plus these */
+            ok = ok &&
+                 KG_ADD(wt, 2 * E, E, 0.0f, fan_in_scale(2 * E), "blk.%lld.nextn.eh_proj.weight",
+                        L) &&
+                 KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.nextn.enorm.weight", L) &&
+                 KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.nextn.hnorm.weight", L) &&
+                 KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f,
+                        "blk.%lld.nextn.shared_head_norm.weight", L);
         }
         if (!ok) {
             return false;
@@ -507,121 +548,6 @@ static int64_t copy_vocab(kg_gguf_writer_t *w, const char *path) {
     return (int64_t)n;
 }
 
-// ---- chat templates ----
-
-/* Each family's chat template as its publisher ships it (the texts
- * llama.cpp's tests/test-chat-template.cpp carries for these models), so
- * kg_chat recognises the format the way llama.cpp does. */
-#define QWEN3_TEMPLATE(gen)                                                                        \
-    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}{{- "      \
-    "messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n\\n<tools>' }}{%- for tool in "   \
-    "tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}{%- "   \
-    "elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + "     \
-    "'<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if message.role != 'system' " \
-    "%}{%- set content = message.content %}{%- if message.role == 'assistant' and '</think>' in "  \
-    "content %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{- "   \
-    "'<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}{%- endif %}{%- endfor "  \
-    "%}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}" gen "{%- endif %}"
-
-static const struct {
-    const char *name, *text;
-} chat_templates[] = {
-    {"chatml", "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-               "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if "
-               "add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"},
-    {"llama2", "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != "
-               "(loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
-               "user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' "
-               "%}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == "
-               "'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ "
-               "raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% "
-               "endfor %}"},
-    {"llama3", "{% set loop_messages = messages %}{% for message in loop_messages %}{% set "
-               "content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
-               "message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set "
-               "content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{{ "
-               "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"},
-    {"gemma", "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System "
-              "role not supported') }}{% endif %}{% for message in messages %}{% if "
-              "(message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ "
-              "raise_exception('Conversation roles must alternate "
-              "user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == "
-              "'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% "
-              "endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + "
-              "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt "
-              "%}{{'<start_of_turn>model\\n'}}{% endif %}"},
-    {"phi3", "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') "
-             "%}{{'<|user|>' + '\\n' + message['content'] + '<|end|>' + '\\n' + '<|assistant|>' "
-             "+ '\\n'}}{% elif (message['role'] == 'assistant') %}{{message['content'] + "
-             "'<|end|>' + '\\n'}}{% endif %}{% endfor %}"},
-    {"phi4", "{% for message in messages %}{% if (message['role'] == 'system') "
-             "%}{{'<|im_start|>system<|im_sep|>' + message['content'] + '<|im_end|>'}}{% elif "
-             "(message['role'] == 'user') %}{{'<|im_start|>user<|im_sep|>' + message['content'] "
-             "+ '<|im_end|><|im_start|>assistant<|im_sep|>'}}{% elif (message['role'] == "
-             "'assistant') %}{{message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}"},
-    {"mistral-v7",
-     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' "
-     "+ message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ "
-     "'[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == "
-     "'assistant' %}{{ ' ' + message['content'] + eos_token }}{% else %}{{ "
-     "raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}{% "
-     "endfor %}"},
-    /* Qwen3's thinking template, shortened (tools, the system turn, thoughts
-     * dropped from past turns, enable_thinking: false closing an empty
-     * thought), and the variant whose generation prompt opens the thought
-     * itself (Qwen3 Thinking-2507, QwQ and DeepSeek-R1 distills do). With
-     * --arch qwen3 or qwen2 either adds <think> and </think> to the vocabulary. */
-    {"qwen3", QWEN3_TEMPLATE("{%- if enable_thinking is defined and enable_thinking is false %}{{- "
-                             "'<think>\\n\\n</think>\\n\\n' }}{%- endif %}")},
-    {"qwen3-thinking", QWEN3_TEMPLATE("{{- '<think>\\n' }}")},
-    /* Qwen2.5-Instruct's template, unchanged: Hermes-style tool calls
-     * (<tool_call>{"name", "arguments"}</tool_call>), for tool-call tests */
-    {"qwen2.5",
-     "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == '"
-     "system' %}\n        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are"
-     " Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n   "
-     " {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user que"
-     "ry.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<t"
-     "ools>\" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | toj"
-     "son }}\n    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a j"
-     "son object with function name and arguments within <tool_call></tool_call> XML tags:\\n<"
-     "tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</"
-     "tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}"
-     "\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n   "
-     " {%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. "
-     "You are a helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for m"
-     "essage in messages %}\n    {%- if (message.role == \"user\") or (message.role == \"syste"
-     "m\" and not loop.first) or (message.role == \"assistant\" and not message.tool_calls) %}"
-     "\n        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '"
-     "\\n' }}\n    {%- elif message.role == \"assistant\" %}\n        {{- '<|im_start|>' + mes"
-     "sage.role }}\n        {%- if message.content %}\n            {{- '\\n' + message.content"
-     " }}\n        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n         "
-     "   {%- if tool_call.function is defined %}\n                {%- set tool_call = tool_cal"
-     "l.function %}\n            {%- endif %}\n            {{- '\\n<tool_call>\\n{\"name\": \""
-     "' }}\n            {{- tool_call.name }}\n            {{- '\", \"arguments\": ' }}\n     "
-     "       {{- tool_call.arguments | tojson }}\n            {{- '}\\n</tool_call>' }}\n     "
-     "   {%- endfor %}\n        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" "
-     "%}\n        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}"
-     "\n            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_res"
-     "ponse>\\n' }}\n        {{- message.content }}\n        {{- '\\n</tool_response>' }}\n   "
-     "     {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n            {{"
-     "- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_"
-     "generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"},
-};
-
-const char *kg_mkmodel_chat_template(const char *name, const char **names) {
-    if (names) {
-        *names = "chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7, qwen3, qwen3-thinking, "
-                 "qwen2.5";
-    }
-    for (size_t i = 0; name && i < sizeof(chat_templates) / sizeof(chat_templates[0]); i++) {
-        if (strcmp(name, chat_templates[i].name) == 0) {
-            return chat_templates[i].text;
-        }
-    }
-    return NULL;
-}
-
 // ---- options ----
 
 /** llama.cpp's general.file_type (llama_ftype) for the weights' type. */
@@ -647,7 +573,10 @@ kg_mkmodel_opts_t kg_mkmodel_opts_default(void) {
                            .rope_base = 10000.0f,
                            .type = KG_GGML_TYPE_F32,
                            .swa_pattern = -1,
-                           .pooling = -1};
+                           .pooling = -1,
+                           .n_expert_shared = -1,
+                           .n_layer_dense = -1,
+                           .n_nextn = -1};
     return o;
 }
 
@@ -666,9 +595,10 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
                                (uint32_t)o->rope_orig_ctx);
     }
     kg_gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)o->n_embd);
-    kg_gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)o->n_layer);
+    kg_gguf_writer_set_u32(w, KEY("block_count"),
+                           (uint32_t)(o->n_layer + (fam->glm ? o->n_nextn : 0)));
     kg_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)o->n_ff);
-    if (llama || phi3 || fam->norm_rope) {
+    if (llama || phi3 || fam->norm_rope || fam->glm) {
         kg_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)n_rot_of(o));
     }
     kg_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)o->n_head);
@@ -725,6 +655,22 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
         kg_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)o->n_expert_used);
         if (strcmp(a, "llama") != 0) {
             kg_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)o->n_ff_exp);
+        }
+    }
+    if (fam->glm) {
+        /* Glm4MoeModel: GLM-4.5's routed_scaling_factor 2.5 and
+         * norm_topk_prob, sigmoid gating (2) */
+        kg_gguf_writer_set_u32(w, KEY("expert_shared_count"), (uint32_t)o->n_expert_shared);
+        kg_gguf_writer_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)o->n_layer_dense);
+        kg_gguf_writer_set_u32(w, KEY("expert_gating_func"), 2);
+        kg_gguf_writer_set_f32(w, KEY("expert_weights_scale"), 2.5f);
+        kg_gguf_writer_set_bool(w, KEY("expert_weights_norm"), true);
+        if (o->n_nextn > 0) {
+            kg_gguf_writer_set_u32(w, KEY("nextn_predict_layers"), (uint32_t)o->n_nextn);
+        }
+        if (o->n_expert_groups > 0) {
+            kg_gguf_writer_set_u32(w, KEY("expert_group_count"), (uint32_t)o->n_expert_groups);
+            kg_gguf_writer_set_u32(w, KEY("expert_group_used_count"), (uint32_t)o->n_group_used);
         }
     }
     if ((gemma2 || gemma3) && o->swa_pattern >= 0) {
@@ -789,6 +735,27 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     }
     kg_mkmodel_opts_t mo = *opts; /* with the expert defaults filled in */
     const kg_mkmodel_opts_t *o = &mo;
+    if (fam->glm) {
+        mo.n_expert_shared = mo.n_expert_shared >= 0 ? mo.n_expert_shared : 1;
+        mo.n_layer_dense = mo.n_layer_dense >= 0 ? mo.n_layer_dense : 1;
+        mo.n_nextn = mo.n_nextn >= 0 ? mo.n_nextn : 1;
+        mo.n_expert_groups = mo.n_expert_groups > 0 ? mo.n_expert_groups : 0;
+        mo.n_rot =
+            mo.n_rot > 0 ? mo.n_rot : mo.head_dim / 2 / 2 * 2; /* partial_rotary_factor 0.5 */
+        if (mo.n_layer_dense > mo.n_layer || mo.n_expert_shared > 64 || mo.n_nextn > 4) {
+            snprintf(errstr, errstr_size,
+                     "glm4moe: at most --n-layer leading dense layers, 64 shared experts and 4 "
+                     "nextn blocks");
+            return KG_ERR_INVALID;
+        }
+    } else if (mo.n_expert_shared >= 0 || mo.n_layer_dense >= 0 || mo.n_nextn >= 0 ||
+               mo.n_expert_groups > 0) {
+        snprintf(errstr, errstr_size,
+                 "shared experts, leading dense layers, nextn blocks and expert groups are for "
+                 "glm4moe, not %s",
+                 fam->arch);
+        return KG_ERR_INVALID;
+    }
     if (fam->moe) {
         mo.n_expert = mo.n_expert > 0 ? mo.n_expert : 8;
         mo.n_expert_used = mo.n_expert_used > 0 ? mo.n_expert_used : 2;

@@ -14,7 +14,7 @@
 /* The families `kgen mkmodel --arch` writes, for messages. */
 #define KG_MKMODEL_ARCHS                                                                           \
     "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe"
 
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
@@ -53,6 +53,12 @@ typedef struct kg_mkmodel_opts {
                                    (mixtral: n_ff is each expert's width) */
     bool has_expert_type;       /* the experts take expert_type, not type */
     kg_ggml_type_t expert_type; /* mxfp4_moe: MXFP4 experts, the rest Q8_0 */
+    /* glm4moe (-1: the family default) */
+    int64_t n_expert_shared; /* expert_shared_count (default 1) */
+    int64_t n_layer_dense;   /* leading_dense_block_count (default 1) */
+    int64_t n_nextn;         /* nextn_predict_layers: extra blocks after --n-layer (default 1) */
+    int64_t n_expert_groups; /* expert_group_count and expert_group_used_count (default: */
+    int64_t n_group_used;    /* not written) */
 } kg_mkmodel_opts_t;
 
 /** name "kgen-random", arch llama, ctx 2048, rope base 10000, F32, no

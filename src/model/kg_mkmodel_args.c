@@ -73,6 +73,11 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         {"--n-expert", offsetof(kg_mkmodel_opts_t, n_expert), 1, 1024},
         {"--n-expert-used", offsetof(kg_mkmodel_opts_t, n_expert_used), 1, 1024},
         {"--n-ff-exp", offsetof(kg_mkmodel_opts_t, n_ff_exp), 1, 1 << 20},
+        {"--n-expert-shared", offsetof(kg_mkmodel_opts_t, n_expert_shared), 0, 64},
+        {"--n-dense-lead", offsetof(kg_mkmodel_opts_t, n_layer_dense), 0, 1024},
+        {"--n-nextn", offsetof(kg_mkmodel_opts_t, n_nextn), 0, 4},
+        {"--n-expert-groups", offsetof(kg_mkmodel_opts_t, n_expert_groups), 2, 64},
+        {"--n-group-used", offsetof(kg_mkmodel_opts_t, n_group_used), 1, 63},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -277,9 +282,19 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     const char *arch = o->arch ? o->arch : "llama";
     const bool gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0;
     const bool phi3 = strcmp(arch, "phi3") == 0, oss = strcmp(arch, "gpt-oss") == 0;
-    const bool moe = oss || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "mixtral") == 0;
+    const bool glm = strcmp(arch, "glm4moe") == 0;
+    const bool moe = oss || glm || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "mixtral") == 0;
+    if (!glm && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 || o->n_nextn >= 0 ||
+                 o->n_expert_groups > 0 || o->n_group_used > 0)) {
+        return bad(errstr, errstr_size,
+                   "--n-expert-shared, --n-dense-lead, --n-nextn, --n-expert-groups and "
+                   "--n-group-used are for glm4moe");
+    }
+    if ((o->n_expert_groups > 0) != (o->n_group_used > 0)) {
+        return bad(errstr, errstr_size, "--n-expert-groups and --n-group-used come together");
+    }
     if (o->n_rot > 0 && (o->n_rot % 2 != 0 || o->n_rot > o->head_dim ||
-                         (!gemma && !phi3 && strcmp(arch, "qwen2") != 0 &&
+                         (!gemma && !phi3 && !glm && strcmp(arch, "qwen2") != 0 &&
                           strcmp(arch, "qwen3") != 0 && o->n_rot != o->head_dim))) {
         return bad(errstr, errstr_size,
                    "--n-rot %lld must be even and at most the head width %lld (%s: "
@@ -297,7 +312,7 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
-                   "are for qwen3moe, mixtral and gpt-oss");
+                   "are for qwen3moe, mixtral, gpt-oss and glm4moe");
     }
     if (o->rerank && strcmp(arch, "qwen3") != 0) {
         return bad(errstr, errstr_size, "--rerank is for qwen3 (a Qwen3-Reranker head)");
@@ -353,7 +368,7 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
     int64_t hd = o->head_dim;
     const bool tied = o->tied || strcmp(o->arch, "gemma2") == 0;
     const bool moe = strcmp(o->arch, "qwen3moe") == 0 || strcmp(o->arch, "mixtral") == 0 ||
-                     strcmp(o->arch, "gpt-oss") == 0;
+                     strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0;
     const int64_t n_exp = o->n_expert > 0 ? o->n_expert : 8;
     const int64_t ff_exp = o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
     /* the FFN's weights: dense, or the router and every expert */

@@ -401,7 +401,9 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     char **merges = NULL;
     int64_t rc = -1;
     const bool spm = style != KG_MKVOCAB_QWEN && style != KG_MKVOCAB_QWEN3 &&
-                     style != KG_MKVOCAB_QWEN_TOOLS && style != KG_MKVOCAB_GPT_OSS;
+                     style != KG_MKVOCAB_QWEN_TOOLS && style != KG_MKVOCAB_GPT_OSS &&
+                     style != KG_MKVOCAB_GLM;
+    int64_t eot = -1, eom = -1;
     tr.cap = spm ? 512 : 640;
     tr.tok = calloc((size_t)tr.cap, TOK_MAX);
     if (!tr.tok) {
@@ -468,6 +470,23 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
             bos = ids[0];
             pad = ids[1];
             eos = ids[2];
+        } else if (style == KG_MKVOCAB_GLM) {
+            /* GLM-4.5's added tokens in their order, as _set_vocab_glm
+             * names them: [gMASK] begins every prompt (its template writes
+             * it), <|user|> ends a turn, <|observation|> a tool call */
+            static const char *glm[] = {"<|endoftext|>", "[MASK]",         "[gMASK]",    "[sMASK]",
+                                        "<sop>",         "<eop>",          "<|system|>", "<|user|>",
+                                        "<|assistant|>", "<|observation|>"};
+            int64_t ids[10];
+            for (size_t i = 0; i < sizeof(glm) / sizeof(glm[0]); i++) {
+                ids[i] = vocab_push(&v, glm[i], strlen(glm[i]), 0.0f, TT_CONTROL);
+            }
+            vocab_push(&v, "<think>", 7, 0.0f, TT_USER_DEFINED);
+            vocab_push(&v, "</think>", 8, 0.0f, TT_USER_DEFINED);
+            eos = unk = pad = ids[0];
+            bos = ids[2];
+            eot = ids[7];
+            eom = ids[9];
         } else {
             bos = pad = vocab_push(&v, "<|endoftext|>", 13, 0.0f, TT_CONTROL);
             vocab_push(&v, "<|im_start|>", 12, 0.0f, TT_CONTROL);
@@ -503,6 +522,7 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     kg_gguf_writer_set_str(w, "tokenizer.ggml.pre",
                            spm                           ? "default"
                            : style == KG_MKVOCAB_GPT_OSS ? "gpt-4o"
+                           : style == KG_MKVOCAB_GLM     ? "glm4"
                                                          : "qwen2");
     kg_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", v.tokens, (uint64_t)v.n);
     if (spm) {
@@ -528,6 +548,10 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     }
     if (pad >= 0) {
         kg_gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)pad);
+    }
+    if (eot >= 0) {
+        kg_gguf_writer_set_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)eot);
+        kg_gguf_writer_set_u32(w, "tokenizer.ggml.eom_token_id", (uint32_t)eom);
     }
     /* Gemma and Phi-3 add BOS; Qwen and gpt-oss do not */
     kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", spm);

@@ -17,6 +17,8 @@ typedef enum kg_mkvocab_style {
                               tokens, as Qwen3's converter writes them): for thinking templates */
     KG_MKVOCAB_QWEN_TOOLS, /* KG_MKVOCAB_QWEN plus Qwen2.5's <tool_call> and </tool_call>
                               (user-defined, as its converter writes them): for tool templates */
+    KG_MKVOCAB_GLM,        /* byte-level BPE, tokenizer.ggml.pre = glm4, GLM-4.5's specials
+                              ([gMASK] as BOS, <|user|> EOT, <|observation|> EOM, <think>) */
 } kg_mkvocab_style_t;
 
 /** Write the tokenizer.* keys of a built-in vocabulary of `style`, with

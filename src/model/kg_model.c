@@ -23,11 +23,12 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_PHI3] = "phi3",         [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
     [KG_ARCH_SMOLLM3] = "smollm3",   [KG_ARCH_GRANITE] = "granite",   [KG_ARCH_OLMO2] = "olmo2",
     [KG_ARCH_MISTRAL3] = "mistral3", [KG_ARCH_SEED_OSS] = "seed_oss", [KG_ARCH_APERTUS] = "apertus",
+    [KG_ARCH_GLM4MOE] = "glm4moe",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -144,6 +145,19 @@ static void make_expert_views(kg_gguf_tensor_t *views, const kg_gguf_tensor_t *t
 
 // ---- loading ----
 
+/* N of a tensor named "blk.N.*", or -1. */
+static int32_t tensor_block(kg_gguf_str_t name) {
+    if (name.len < 6 || memcmp(name.data, "blk.", 4) != 0) {
+        return -1;
+    }
+    int64_t n = 0;
+    size_t i = 4;
+    for (; i < name.len && name.data[i] >= '0' && name.data[i] <= '9' && n < 100000; i++) {
+        n = n * 10 + (name.data[i] - '0');
+    }
+    return i > 4 && i < name.len && name.data[i] == '.' && n < 100000 ? (int32_t)n : -1;
+}
+
 /* Every tensor of one layer. Q/K/V come separately or fused (attn_qkv,
  * split into views); biases are optional for every family, as in
  * llama.cpp's create_tensor_qkv; phi3's ffn_up holds gate then up. A
@@ -166,6 +180,9 @@ static bool load_layer(loader_t *ld,
     const bool qk_norm =
         a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
+    const bool glm = a == KG_ARCH_GLM4MOE;
+    /* glm4moe's first n_layer_dense layers have a dense FFN */
+    const bool moe_layer = hp->n_expert > 0 && il >= hp->n_layer_dense;
     bool bad = false;
     char name[96];
 #define KG_T(suffix, ne0, ne1, opt)                                                                \
@@ -217,6 +234,17 @@ static bool load_layer(loader_t *ld,
         L->q_norm = KG_T("attn_q_norm.weight", hp->head_dim, 0, false);
         L->k_norm = KG_T("attn_k_norm.weight", hp->head_dim, 0, false);
     }
+    if (glm) {
+        /* optional (GLM-4.5 355B has them, 4.5-Air not), both or neither */
+        L->q_norm = KG_T("attn_q_norm.weight", hp->head_dim, 0, true);
+        L->k_norm = KG_T("attn_k_norm.weight", hp->head_dim, 0, true);
+        if (!bad && !L->q_norm != !L->k_norm) {
+            snprintf(ld->errstr, ld->errstr_size,
+                     "model: layer %d has one of attn_q_norm and attn_k_norm without the other",
+                     (int)il);
+            bad = true;
+        }
+    }
     if (a == KG_ARCH_APERTUS) {
         /* llama.cpp loads these optional biases and its graph never adds
          * them (build_norm with no bias): taken and ignored alike */
@@ -234,12 +262,28 @@ static bool load_layer(loader_t *ld,
     /* gpt-oss and seed_oss name their FFN norm post_attention_norm (after
      * the attention); olmo2 has none */
     if (!olmo2) {
-        L->ffn_norm = oss || a == KG_ARCH_SEED_OSS ? KG_T("post_attention_norm.weight", E, 0, false)
-                                                   : KG_T("ffn_norm.weight", E, 0, false);
+        L->ffn_norm = oss || glm || a == KG_ARCH_SEED_OSS
+                          ? KG_T("post_attention_norm.weight", E, 0, false)
+                          : KG_T("ffn_norm.weight", E, 0, false);
     }
-    if (hp->n_expert > 0) {
+    if (moe_layer) {
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
         L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
+        if (glm) {
+            const int64_t FS = (int64_t)hp->n_expert_shared * FX;
+            L->exp_probs_b = KG_T("exp_probs_b.bias", X, 0, false);
+            if (L->exp_probs_b && kg_type_block_elems(L->exp_probs_b->type) != 1) {
+                snprintf(ld->errstr, ld->errstr_size,
+                         "model: blk.%d.exp_probs_b.bias is %s; it must be F32, F16 or BF16",
+                         (int)il, kg_ggml_type_name(L->exp_probs_b->type));
+                bad = true;
+            }
+            if (FS > 0) {
+                L->gate_shexp = KG_T("ffn_gate_shexp.weight", E, FS, false);
+                L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
+                L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);
+            }
+        }
 #define KG_T3(suffix, ne0, ne1)                                                                    \
     (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il),                                      \
      find_tensor3(ld, name, (ne0), (ne1), X, &bad))
@@ -285,7 +329,7 @@ static bool load_layer(loader_t *ld,
         L->w_gate = KG_T("ffn_gate.weight", E, F, false);
         L->w_up = KG_T("ffn_up.weight", E, F, false);
     }
-    if (hp->n_expert == 0) {
+    if (!moe_layer) {
         L->w_down = KG_T("ffn_down.weight", F, E, false);
     }
 #undef KG_T
@@ -344,6 +388,24 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
         goto fail;
     }
+    /* block_count includes the next-token-prediction blocks (glm4moe's
+     * nextn): the trunk is the blocks before them */
+    if (!get_i32_opt_key(g, akey(key, sizeof(key), arch, "nextn_predict_layers"),
+                         &hp->n_layer_nextn) ||
+        hp->n_layer_nextn >= hp->n_layer) {
+        snprintf(errstr, errstr_size,
+                 "model: %s must be a non-negative integer below block_count (%d)", key,
+                 hp->n_layer);
+        goto fail;
+    }
+    if (hp->n_layer_nextn > 0 && hp->arch != KG_ARCH_GLM4MOE) {
+        snprintf(errstr, errstr_size,
+                 "model: %s with next-token-prediction blocks (%s) is not supported (glm4moe's "
+                 "are skipped)",
+                 arch, key);
+        goto fail;
+    }
+    hp->n_layer -= hp->n_layer_nextn;
     hp->n_head_kv = hp->n_head;
     get_i32(g, akey(key, sizeof(key), arch, "attention.head_count_kv"), &hp->n_head_kv);
     hp->n_ctx_train = 2048;
@@ -472,8 +534,13 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     }
     for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
         const kg_gguf_tensor_t *t = kg_gguf_tensor(g, i);
-        /* a Gemma 2 file's output.weight is a copy llama.cpp ignores too */
-        if (!ld.used[i] && !(hp->arch == KG_ARCH_GEMMA2 && str_is(t->name, "output.weight"))) {
+        /* a Gemma 2 file's output.weight is a copy llama.cpp ignores too;
+         * the next-token-prediction blocks are for speculative decoding,
+         * which kgen does not run (llama.cpp skips them too unless asked) */
+        const int32_t blk = tensor_block(t->name);
+        const bool nextn = blk >= hp->n_layer && blk < hp->n_layer + hp->n_layer_nextn;
+        if (!ld.used[i] && !nextn &&
+            !(hp->arch == KG_ARCH_GEMMA2 && str_is(t->name, "output.weight"))) {
             snprintf(errstr, errstr_size,
                      "model: tensor '%.*s' is not part of the %s graph kgen runs (a variant it "
                      "does not support)",
@@ -579,6 +646,12 @@ uint32_t kg_model_features(const kg_model_t *model) {
         if (L->attn_sinks) {
             f |= KG_MODEL_FEAT_ATTN_SINKS;
         }
+        if (L->exp_probs_b) {
+            f |= KG_MODEL_FEAT_MOE_SIGMOID;
+        }
+        if (L->gate_shexp) {
+            f |= KG_MODEL_FEAT_SHARED_EXPERT;
+        }
         if (L->no_rope) {
             f |= KG_MODEL_FEAT_NOPE;
         }
@@ -598,19 +671,23 @@ uint32_t kg_model_features(const kg_model_t *model) {
     if (hp->kq_scale != 0.0f || hp->residual_scale != 0.0f || hp->logit_scale != 0.0f) {
         f |= KG_MODEL_FEAT_SCALES;
     }
-    if (hp->n_expert > 0 && (hp->moe_gating != KG_MOE_SOFTMAX || hp->ffn_act != KG_FFN_SILU)) {
+    if (hp->n_expert > 0 &&
+        (hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT || hp->ffn_act != KG_FFN_SILU)) {
         f |= KG_MODEL_FEAT_MOE_OAI;
+    }
+    if (hp->n_expert > 0 && (hp->moe_gating == KG_MOE_SIGMOID || hp->n_expert_groups > 1)) {
+        f |= KG_MODEL_FEAT_MOE_SIGMOID;
     }
     return f;
 }
 
 const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
     static const char *const names[] = {
-        "qkv_bias",   "qk_norm",        "post_norm", "gelu",         "embd_scale",
-        "softcap",    "sliding_window", "rope_neox", "rope_partial", "rope_per_layer",
-        "rope_yarn",  "rope_factors",   "q_scale",   "moe",          "moe_oai",
-        "attn_sinks", "nope",           "scales",    "no_pre_norm",  "qk_norm_full",
-        "attn_temp",  "xielu",
+        "qkv_bias",   "qk_norm",        "post_norm",   "gelu",          "embd_scale",
+        "softcap",    "sliding_window", "rope_neox",   "rope_partial",  "rope_per_layer",
+        "rope_yarn",  "rope_factors",   "q_scale",     "moe",           "moe_oai",
+        "attn_sinks", "nope",           "scales",      "no_pre_norm",   "qk_norm_full",
+        "attn_temp",  "xielu",          "moe_sigmoid", "shared_expert",
     };
     size_t n = 0;
     if (cap == 0) {

@@ -5,7 +5,8 @@
  * DESIGN
  * The families kgen runs (llama, mistral, qwen2, qwen3, gemma2, gemma3,
  * phi3, smollm3, granite, olmo2, mistral3, seed_oss, apertus, and the
- * mixture-of-experts qwen3moe, Mixtral (llama with experts) and gpt-oss)
+ * mixture-of-experts qwen3moe, Mixtral (llama with experts), gpt-oss and
+ * glm4moe)
  * differ in a handful of switches, so one description covers them:
  * model-wide switches in kg_hparams_t (RoPE mode and scaling, GELU or SiLU
  * gate, embedding scale, soft-capping, how queries are scaled) and
@@ -26,7 +27,15 @@
  * view per expert, so a backend packs and multiplies an expert's matrix as
  * it does any other weight. How the router's logits become the k experts
  * and their weights is kg_moe_gating_t, with llama.cpp's renormalisation
- * and scale (build_moe_ffn). */
+ * and scale (build_moe_ffn). GLM-4.5's layers add a shared expert (a dense
+ * SwiGLU FFN beside the routed ones, its output added to theirs), a
+ * selection bias (exp_probs_b: added to the sigmoid scores for choosing
+ * the experts, not for weighing them), optionally group-limited top-k,
+ * and leading dense layers (the first leading_dense_block_count layers
+ * have a plain FFN). Its next-token-prediction blocks (the last
+ * nextn_predict_layers of block_count, for speculative decoding) are not
+ * part of the trunk: the loader takes their tensors as known and skips
+ * them. */
 #pragma once
 
 #include "kg_gguf.h"
@@ -38,6 +47,8 @@
 
 /* The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
 #define KG_MOE_MAX_EXPERTS 1024
+/* The most expert groups group-limited top-k takes (DeepSeek V3 has 8). */
+#define KG_MOE_MAX_GROUPS 64
 
 /* general.architecture values kgen runs. */
 typedef enum kg_arch {
@@ -56,6 +67,7 @@ typedef enum kg_arch {
     KG_ARCH_MISTRAL3,
     KG_ARCH_SEED_OSS,
     KG_ARCH_APERTUS,
+    KG_ARCH_GLM4MOE,
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -94,6 +106,10 @@ typedef enum kg_moe_gating {
     KG_MOE_SOFTMAX = 0,
     /* the k largest logits, a softmax over those k as weights: gpt-oss */
     KG_MOE_SOFTMAX_WEIGHT,
+    /* a sigmoid of each logit; the k largest of sigmoid + exp_probs_b (the
+     * selection bias, when the layer has one) pick the experts, the
+     * unbiased sigmoids weigh them: glm4moe (expert_gating_func 2) */
+    KG_MOE_SIGMOID,
 } kg_moe_gating_t;
 
 typedef struct kg_hparams {
@@ -150,6 +166,18 @@ typedef struct kg_hparams {
     kg_moe_gating_t moe_gating;
     bool moe_norm_w;   /* divide the k weights by their sum (clamped to >= 2^-14) */
     float moe_w_scale; /* then multiply them by this; 0 or 1 = not */
+    /* group-limited top-k (expert_group_count > 1): the experts split into
+     * n_expert_groups equal groups, each scored by the sum of its two best
+     * selection values; only the n_group_used best groups' experts may be
+     * picked; 0 = not */
+    int32_t n_expert_groups;
+    int32_t n_group_used;
+    int32_t n_expert_shared; /* expert_shared_count: the shared expert is n_expert_shared x
+                                n_ff_exp wide; 0 = none */
+    int32_t n_layer_dense;   /* leading_dense_block_count: layers [0, n_layer_dense) have a
+                                dense FFN of n_ff */
+    int32_t n_layer_nextn;   /* nextn_predict_layers: blocks after the n_layer trunk ones
+                                that kgen skips (block_count = n_layer + n_layer_nextn) */
 
     /* embeddings: <arch>.pooling_type as llama.cpp numbers it (0 none, 1 mean,
      * 2 cls, 3 last, 4 rank); -1 when the file has no such key */
@@ -193,7 +221,12 @@ typedef struct kg_layer_weights {
     /* expert e's matrices as 2-D views: exp_gate[e] is (n_embd, n_ff_exp),
      * exp_up[e] the same, exp_down[e] (n_ff_exp, n_embd); (n_expert) each */
     const kg_gguf_tensor_t *exp_gate, *exp_up, *exp_down;
-    const kg_gguf_tensor_t *attn_sinks; /* (n_head) one extra softmax logit per head (gpt-oss) */
+    const kg_gguf_tensor_t *attn_sinks;  /* (n_head) one extra softmax logit per head (gpt-oss) */
+    const kg_gguf_tensor_t *exp_probs_b; /* (n_expert) selection bias (glm4moe) */
+    /* the shared expert (glm4moe): FS = n_expert_shared * n_ff_exp */
+    const kg_gguf_tensor_t *gate_shexp; /* (n_embd, FS) */
+    const kg_gguf_tensor_t *up_shexp;   /* (n_embd, FS) */
+    const kg_gguf_tensor_t *down_shexp; /* (FS, n_embd) */
 
     int32_t n_swa; /* this layer's window (it attends to the last n_swa positions,
                       itself included); 0 = global */
@@ -256,6 +289,9 @@ enum {
     KG_MODEL_FEAT_QK_NORM_FULL = 1u << 19,  /* Q/K RMSNorm over all heads of a token */
     KG_MODEL_FEAT_ATTN_TEMP = 1u << 20,     /* queries scaled by position (attention temperature) */
     KG_MODEL_FEAT_XIELU = 1u << 21,         /* xIELU FFN without a gate (apertus) */
+    KG_MODEL_FEAT_MOE_SIGMOID = 1u << 22,   /* sigmoid router with a selection bias, group-
+                                               limited top-k (glm4moe) */
+    KG_MODEL_FEAT_SHARED_EXPERT = 1u << 23, /* a dense shared expert beside the routed ones */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and

@@ -135,7 +135,7 @@ bool kg_model_check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_
     } else if (hp->arch != KG_ARCH_MISTRAL && hp->arch != KG_ARCH_QWEN2 &&
                hp->arch != KG_ARCH_QWEN3 && hp->arch != KG_ARCH_GEMMA2 &&
                hp->arch != KG_ARCH_GEMMA3 && hp->arch != KG_ARCH_PHI3 &&
-               hp->n_rot != hp->head_dim) {
+               hp->arch != KG_ARCH_GLM4MOE && hp->n_rot != hp->head_dim) {
         bad = "this family needs rope.dimension_count equal to the head dimension (as llama.cpp)";
     } else if (hp->arch == KG_ARCH_OLMO2 && (int64_t)hp->n_head * hp->head_dim != hp->n_embd) {
         bad = "olmo2 needs head_count x key_length equal to embedding_length (as llama.cpp)";
@@ -226,6 +226,24 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
     case KG_ARCH_QWEN3MOE:
     case KG_ARCH_SEED_OSS: /* llama_model_seed_oss: the llama graph with NeoX pairs */
         break;
+    case KG_ARCH_GLM4MOE: {
+        /* llama_model_glm4_moe: NeoX pairs over rope.dimension_count (half
+         * the head in GLM-4.5: partial RoPE); rope.dimension_sections with
+         * two non-zero sections means M-RoPE (the vision files), which
+         * kgen does not run */
+        akey(key, sizeof(key), arch, "rope.dimension_sections");
+        kg_gguf_type_t et;
+        uint64_t n = 0;
+        int32_t sec[4] = {0, 0, 0, 0};
+        if (kg_gguf_get_arr(g, key, &et, &n) && n >= 2 &&
+            (n > 4 || !kg_gguf_arr_i32(g, key, sec, n) || (sec[0] > 0 && sec[1] > 0))) {
+            snprintf(errstr, errstr_size,
+                     "model: %s with multi-section RoPE (%s, the vision files) is not supported",
+                     arch, key);
+            return false;
+        }
+        break;
+    }
     case KG_ARCH_SMOLLM3:
         /* llama_model_smollm3: n_no_rope_layer_step is fixed at 4 in code
          * (no key): layers 3, 7, 11, ... attend without RoPE */
@@ -388,7 +406,7 @@ bool kg_model_read_moe_hparams(
         !get_i32_opt(g, arch, "expert_feed_forward_length", &hp->n_ff_exp, errstr, errstr_size)) {
         return false;
     }
-    const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS;
+    const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS || a == KG_ARCH_GLM4MOE;
     if (hp->n_expert == 0) {
         if (moe_arch || hp->n_expert_used != 0) {
             snprintf(errstr, errstr_size,
@@ -402,7 +420,7 @@ bool kg_model_read_moe_hparams(
     if (!moe_arch && a != KG_ARCH_LLAMA) {
         snprintf(errstr, errstr_size,
                  "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
-                 "gpt-oss)",
+                 "gpt-oss, glm4moe)",
                  kg_arch_name(a));
         return false;
     }
@@ -416,7 +434,7 @@ bool kg_model_read_moe_hparams(
     }
     if (a == KG_ARCH_LLAMA) {
         hp->n_ff_exp = hp->n_ff; /* Mixtral: feed_forward_length is each expert's */
-    } else if (a == KG_ARCH_QWEN3MOE && hp->n_ff_exp == 0) {
+    } else if ((a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GLM4MOE) && hp->n_ff_exp == 0) {
         hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
     }
     if (hp->n_ff_exp <= 0 || hp->n_ff_exp > (1 << 24)) {
@@ -424,14 +442,73 @@ bool kg_model_read_moe_hparams(
                  arch);
         return false;
     }
-    hp->moe_gating = a == KG_ARCH_GPT_OSS ? KG_MOE_SOFTMAX_WEIGHT : KG_MOE_SOFTMAX;
-    hp->moe_norm_w = a != KG_ARCH_GPT_OSS;
+    hp->moe_gating = a == KG_ARCH_GPT_OSS   ? KG_MOE_SOFTMAX_WEIGHT
+                     : a == KG_ARCH_GLM4MOE ? KG_MOE_SIGMOID
+                                            : KG_MOE_SOFTMAX;
+    /* llama_hparams' default is false; llama.cpp's qwen3moe and Mixtral
+     * graphs renormalise whatever the file says */
+    hp->moe_norm_w = a != KG_ARCH_GPT_OSS && a != KG_ARCH_GLM4MOE;
     kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "expert_weights_norm"), &hp->moe_norm_w);
+    if (a == KG_ARCH_GLM4MOE && !kg_model_read_glm4moe(g, arch, hp, errstr, errstr_size)) {
+        return false;
+    }
+    /* group-limited top-k: llama_model_base reads the keys for every family */
+    if (!get_i32_opt(g, arch, "expert_group_count", &hp->n_expert_groups, errstr, errstr_size) ||
+        !get_i32_opt(g, arch, "expert_group_used_count", &hp->n_group_used, errstr, errstr_size)) {
+        return false;
+    }
+    if (hp->n_expert_groups > 1) {
+        const int32_t per = hp->n_expert / hp->n_expert_groups;
+        if (hp->n_expert_groups > KG_MOE_MAX_GROUPS || hp->n_expert % hp->n_expert_groups != 0 ||
+            per < 2 || hp->n_group_used < 1 || hp->n_group_used >= hp->n_expert_groups ||
+            hp->n_group_used * per < hp->n_expert_used) {
+            snprintf(errstr, errstr_size,
+                     "model: bad %s.expert_group_count %d / expert_group_used_count %d (groups "
+                     "of at least 2 that divide the %d experts, at most %d groups, 1..groups-1 "
+                     "used, holding at least expert_used_count experts)",
+                     arch, hp->n_expert_groups, hp->n_group_used, hp->n_expert, KG_MOE_MAX_GROUPS);
+            return false;
+        }
+    } else {
+        hp->n_expert_groups = 0; /* one group: no limit */
+        hp->n_group_used = 0;
+    }
     hp->moe_w_scale = 0.0f;
     kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "expert_weights_scale"), &hp->moe_w_scale);
     if (!isfinite(hp->moe_w_scale) || hp->moe_w_scale < 0.0f) {
         snprintf(errstr, errstr_size, "model: bad %s.expert_weights_scale %g", arch,
                  (double)hp->moe_w_scale);
+        return false;
+    }
+    return true;
+}
+
+/* GLM-4.5's MoE keys (llama_model_glm4_moe::load_arch_hparams): the
+ * shared experts (required), the leading dense layers, the gating function
+ * (sigmoid when absent; softmax also taken). */
+bool kg_model_read_glm4moe(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size) {
+    char key[128];
+    if (!get_i32(g, akey(key, sizeof(key), arch, "expert_shared_count"), &hp->n_expert_shared) ||
+        !get_i32_opt_key(g, akey(key, sizeof(key), arch, "leading_dense_block_count"),
+                         &hp->n_layer_dense)) {
+        snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
+        return false;
+    }
+    int32_t func = 0;
+    if (!get_i32_opt_key(g, akey(key, sizeof(key), arch, "expert_gating_func"), &func) ||
+        func > 2) {
+        snprintf(errstr, errstr_size,
+                 "model: %s %d is not supported (1 softmax, 2 sigmoid; absent: sigmoid)", key,
+                 func);
+        return false;
+    }
+    hp->moe_gating = func == 1 ? KG_MOE_SOFTMAX : KG_MOE_SIGMOID;
+    if (hp->n_layer_dense > hp->n_layer || hp->n_expert_shared > 64) {
+        snprintf(errstr, errstr_size,
+                 "model: %s.leading_dense_block_count %d must be at most the %d trunk layers and "
+                 "expert_shared_count %d at most 64",
+                 arch, hp->n_layer_dense, hp->n_layer, hp->n_expert_shared);
         return false;
     }
     return true;

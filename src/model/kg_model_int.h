@@ -25,6 +25,12 @@ static inline bool get_i32(const kg_gguf_t *g, const char *key, int32_t *out) {
     return true;
 }
 
+/* An optional integer key: absent leaves *out alone; present, it must be
+ * a non-negative integer that fits. */
+static inline bool get_i32_opt_key(const kg_gguf_t *g, const char *key, int32_t *out) {
+    return kg_gguf_find_key(g, key) < 0 || get_i32(g, key, out);
+}
+
 static inline bool str_is(kg_gguf_str_t s, const char *lit) {
     return s.len == strlen(lit) && memcmp(s.data, lit, s.len) == 0;
 }
@@ -48,6 +54,10 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
 
 /** The experts' counts, width and router rule. */
 bool kg_model_read_moe_hparams(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
+
+/** glm4moe's shared experts, leading dense layers and gating function. */
+bool kg_model_read_glm4moe(
     const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
 
 /** Every hyperparameter in range (after the vocabulary is known). */

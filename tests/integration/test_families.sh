@@ -24,6 +24,7 @@ families=(
     "mistral3 --n-layer 2 --rope-scaling yarn --rope-factor 4 --rope-orig-ctx 16"
     "seed_oss --n-layer 2 --head-dim 32"
     "apertus --n-layer 2"
+    "glm4moe --n-layer 2 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --n-expert-groups 4 --n-group-used 2"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys

@@ -70,18 +70,28 @@ static void pack(cpu_gemm_weights_t *pw, const float *w, int64_t n, int64_t k, i
     free(raw);
 }
 
+/* The op's router as the CPU's hyperparameters. */
+static kg_hparams_t router_hparams(const kg_cuda_op_moe_t *m) {
+    kg_hparams_t hp = {.n_expert = m->n_expert, .n_expert_used = m->k};
+    hp.moe_gating = m->top_k_then_softmax ? KG_MOE_SOFTMAX_WEIGHT
+                    : m->sigmoid          ? KG_MOE_SIGMOID
+                                          : KG_MOE_SOFTMAX;
+    hp.moe_norm_w = m->norm_w != 0;
+    hp.moe_w_scale = m->w_scale;
+    hp.n_expert_groups = m->n_groups;
+    hp.n_group_used = m->n_group_used;
+    return hp;
+}
+
 /* The CPU path on the same inputs: route, then per expert its rows'
  * gate/up GEMMs (activations rounded to the type), biases, the gate, the
  * down GEMM, its bias, and the rank-order sum. */
 static void cpu_ffn(const kg_cuda_op_moe_t *m, const float *x, const float *logits, float *out) {
     const int32_t T = m->n_tokens, E = m->n_embd, F = m->n_ff, X = m->n_expert, k = m->k;
-    kg_hparams_t hp = {.n_expert = X, .n_expert_used = k};
-    hp.moe_gating = m->top_k_then_softmax ? KG_MOE_SOFTMAX_WEIGHT : KG_MOE_SOFTMAX;
-    hp.moe_norm_w = m->norm_w != 0;
-    hp.moe_w_scale = m->w_scale;
+    const kg_hparams_t hp = router_hparams(m);
     cpu_moe_plan_t plan;
     ck_assert(cpu_moe_plan_init(&plan, X, k, T));
-    cpu_moe_route(&plan, &hp, logits, T);
+    cpu_moe_route(&plan, &hp, logits, m->probs_b, T);
     const int64_t TK = (int64_t)T * k;
     float *xa = malloc((size_t)(TK * E) * 4), *xr = malloc((size_t)(TK * E) * 4);
     float *g = malloc((size_t)(TK * F) * 4), *u = malloc((size_t)(TK * F) * 4);
@@ -159,13 +169,10 @@ static void check_ffn(kg_cuda_op_moe_t *m, uint64_t seed) {
     ck_assert_int_eq(kg_cuda_op_moe_ffn(m, x, logits, out, sel, w), KG_OK);
 
     /* the route: cpu_moe_route's */
-    kg_hparams_t hp = {.n_expert = X, .n_expert_used = k};
-    hp.moe_gating = m->top_k_then_softmax ? KG_MOE_SOFTMAX_WEIGHT : KG_MOE_SOFTMAX;
-    hp.moe_norm_w = m->norm_w != 0;
-    hp.moe_w_scale = m->w_scale;
+    const kg_hparams_t hp = router_hparams(m);
     cpu_moe_plan_t plan;
     ck_assert(cpu_moe_plan_init(&plan, X, k, T));
-    cpu_moe_route(&plan, &hp, logits, T);
+    cpu_moe_route(&plan, &hp, logits, m->probs_b, T);
     for (int32_t i = 0; i < T * k; i++) {
         ck_assert_int_eq(sel[i], plan.sel[i]);
         ck_assert_msg(fabsf(w[i] - plan.w[i]) <= 1e-6f * (1.0f + fabsf(plan.w[i])), "%g vs %g",
@@ -196,6 +203,9 @@ static void check_ffn(kg_cuda_op_moe_t *m, uint64_t seed) {
 /* The routers and shapes check_ffn compares (a new family's router is one
  * row here): the op (its dtype where not every one), the seed, and whether
  * it runs in each of BF16, F16 and F32 (seed + dtype) or once. */
+static const float k_glm_bias[16] = {0.1f,  -0.2f, 0.3f,  0.0f, -0.4f,  0.25f, 0.05f, -0.1f,
+                                     0.15f, 0.35f, -0.3f, 0.2f, -0.05f, 0.0f,  0.4f,  -0.25f};
+
 static const struct moe_router {
     const char *name;
     kg_cuda_op_moe_t m;
@@ -230,6 +240,22 @@ static const struct moe_router {
       .top_k_then_softmax = 1,
       .oai = 1},
      31,
+     true},
+    /* glm4moe: sigmoid scores, the selection bias choosing, top 4 of 16
+     * within the 2 best of 4 groups, renormalised and scaled by 2.5 */
+    {"sigmoid, bias, top 4 of 16 in 2 of 4 groups",
+     {.n_tokens = 12,
+      .n_embd = 64,
+      .n_ff = 40,
+      .n_expert = 16,
+      .k = 4,
+      .norm_w = 1,
+      .w_scale = 2.5f,
+      .sigmoid = 1,
+      .n_groups = 4,
+      .n_group_used = 2,
+      .probs_b = k_glm_bias},
+     41,
      true},
 };
 

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static char err[512];
@@ -635,6 +636,36 @@ START_TEST(chat_templates) {
     ck_assert_msg(m != NULL, "%s", err);
     ck_assert_ptr_nonnull(m->chat_template);
     ck_assert_ptr_nonnull(strstr(m->chat_template, "<|im_start|>"));
+    kg_model_free(m);
+
+    /* glm4.6 is llama.cpp's GLM-4.6.jinja byte for byte (check_jinja
+     * renders that file like llama.cpp); glm4moe's vocabulary has the
+     * specials it writes, [gMASK] as BOS, <|user|> and <|observation|>
+     * ending generation */
+    size_t len;
+    char *want = kg_test_read_file(kg_test_data("chat/jinja/templates/GLM-4.6.jinja"), &len);
+    ck_assert_ptr_nonnull(want);
+    ck_assert_str_eq(kg_mkmodel_chat_template("glm4.6", NULL), want);
+    free(want);
+    snprintf(a, sizeof(a),
+             "--out %.3000s --arch glm4moe --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 "
+             "--n-ff 64 --n-ff-exp 64 --seed 1 --chat-template glm4.6",
+             path);
+    ck_assert_int_eq(mkmodel(a, &o), 0);
+    free(o);
+    m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_str_eq(m->chat_template, kg_mkmodel_chat_template("glm4.6", NULL));
+    const char *specials[] = {"[gMASK]", "<sop>", "<|user|>", "<|observation|>", "<|assistant|>"};
+    int32_t id[5];
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(
+            kg_tokenizer_encode(m->tok, specials[i], strlen(specials[i]), false, true, &id[i], 1),
+            1);
+    }
+    ck_assert_int_eq(kg_tokenizer_bos(m->tok), id[0]);
+    ck_assert(kg_tokenizer_is_eog(m->tok, id[2]) && kg_tokenizer_is_eog(m->tok, id[3]));
+    ck_assert(!kg_tokenizer_is_eog(m->tok, id[4]) && !kg_tokenizer_is_eog(m->tok, id[1]));
     kg_model_free(m);
 }
 END_TEST

@@ -22,6 +22,7 @@
 #include "model/kg_quant.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -66,9 +67,34 @@ static void ref_softmax(const double *x, double *y, int n) {
     }
 }
 
-/* Route T random tokens with `hp`'s rule and compare with the double
- * reference: the same experts in the same order, weights within 1e-6. */
-static void check_route(const kg_hparams_t *hp, int T) {
+/* build_moe_ffn's group limit on the selection values v: groups of n / G
+ * scored by their two largest, all but the n_used best set to -inf. */
+static void ref_mask_groups(double *v, int n, int G, int n_used) {
+    const int per = n / G;
+    double score[64] = {0};
+    int best[64] = {0};
+    for (int gi = 0; gi < G; gi++) {
+        const double *gv = v + (ptrdiff_t)gi * per;
+        int top2[2] = {0, 1};
+        ref_top_k(gv, per, 2, top2);
+        score[gi] = gv[top2[0]] + gv[top2[1]];
+    }
+    ref_top_k(score, G, n_used, best);
+    for (int gi = 0; gi < G; gi++) {
+        bool keep = false;
+        for (int j = 0; j < n_used; j++) {
+            keep = keep || best[j] == gi;
+        }
+        for (int e = 0; !keep && e < per; e++) {
+            v[(ptrdiff_t)gi * per + e] = -INFINITY;
+        }
+    }
+}
+
+/* Route T random tokens with `hp`'s rule (and the selection bias probs_b,
+ * may be NULL) and compare with the double reference: the same experts in
+ * the same order, weights within 1e-6. */
+static void check_route_b(const kg_hparams_t *hp, const float *probs_b, int T) {
     const int n = hp->n_expert, k = hp->n_expert_used;
     cpu_moe_plan_t plan;
     ck_assert(cpu_moe_plan_init(&plan, n, k, T));
@@ -76,14 +102,28 @@ static void check_route(const kg_hparams_t *hp, int T) {
     for (int i = 0; i < T * n; i++) {
         logits[i] = rng_uniform(-3.0f, 3.0f);
     }
-    cpu_moe_route(&plan, hp, logits, T);
+    cpu_moe_route(&plan, hp, logits, probs_b, T);
     for (int t = 0; t < T; t++) {
-        double lg[64], p[64], w[64];
-        int idx[64];
+        double lg[64] = {0}, p[64] = {0}, w[64] = {0};
+        int idx[64] = {0};
         for (int e = 0; e < n; e++) {
             lg[e] = logits[t * n + e];
         }
-        if (hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT) {
+        if (hp->moe_gating == KG_MOE_SIGMOID) {
+            /* sigmoid scores; bias and groups choose, the scores weigh */
+            double v[64];
+            for (int e = 0; e < n; e++) {
+                p[e] = 1.0 / (1.0 + exp(-lg[e]));
+                v[e] = p[e] + (probs_b ? probs_b[e] : 0.0);
+            }
+            if (hp->n_expert_groups > 1) {
+                ref_mask_groups(v, n, hp->n_expert_groups, hp->n_group_used);
+            }
+            ref_top_k(v, n, k, idx);
+            for (int j = 0; j < k; j++) {
+                w[j] = p[idx[j]];
+            }
+        } else if (hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT) {
             ref_top_k(lg, n, k, idx);
             double chosen[64];
             for (int j = 0; j < k; j++) {
@@ -131,6 +171,10 @@ static void check_route(const kg_hparams_t *hp, int T) {
     cpu_moe_plan_clear(&plan);
 }
 
+static void check_route(const kg_hparams_t *hp, int T) {
+    check_route_b(hp, NULL, T);
+}
+
 START_TEST(route_softmax_then_top_k) {
     kg_hparams_t hp = {.n_expert = 8, .n_expert_used = 2, .moe_gating = KG_MOE_SOFTMAX};
     hp.moe_norm_w = true;
@@ -153,6 +197,42 @@ START_TEST(route_top_k_then_softmax) {
 }
 END_TEST
 
+/* glm4moe's router: sigmoid scores, the selection bias choosing (not
+ * weighing), group-limited top-k, renormalised and scaled by 2.5. */
+START_TEST(route_sigmoid_bias_groups) {
+    kg_hparams_t hp = {.n_expert = 16, .n_expert_used = 4, .moe_gating = KG_MOE_SIGMOID};
+    float bias[16];
+    for (int e = 0; e < 16; e++) {
+        bias[e] = rng_uniform(-0.5f, 0.5f);
+    }
+    check_route_b(&hp, NULL, 40);
+    check_route_b(&hp, bias, 40);
+    hp.moe_norm_w = true;
+    hp.moe_w_scale = 2.5f;
+    check_route_b(&hp, bias, 40);
+    hp.n_expert_groups = 4;
+    hp.n_group_used = 2;
+    check_route_b(&hp, bias, 40);
+    check_route_b(&hp, NULL, 40);
+    /* a large bias on expert 3 picks it always; its weight stays its score */
+    bias[3] = 10.0f;
+    hp.n_expert_groups = 0;
+    hp.moe_norm_w = false;
+    hp.moe_w_scale = 0.0f;
+    cpu_moe_plan_t plan;
+    ck_assert(cpu_moe_plan_init(&plan, 16, 4, 1));
+    float logits[16];
+    for (int e = 0; e < 16; e++) {
+        logits[e] = rng_uniform(-1.0f, 1.0f);
+    }
+    logits[3] = -2.0f;
+    cpu_moe_route(&plan, &hp, logits, bias, 1);
+    ck_assert_int_eq(plan.sel[0], 3);
+    ck_assert(plan.w[0] == 1.0f / (1.0f + expf(2.0f)));
+    cpu_moe_plan_clear(&plan);
+}
+END_TEST
+
 /* Equal logits: the lower expert ranks first, whatever the rest. */
 START_TEST(route_ties_go_to_the_lower_expert) {
     kg_hparams_t hp = {.n_expert = 6, .n_expert_used = 3, .moe_gating = KG_MOE_SOFTMAX};
@@ -160,7 +240,7 @@ START_TEST(route_ties_go_to_the_lower_expert) {
     cpu_moe_plan_t plan;
     ck_assert(cpu_moe_plan_init(&plan, 6, 3, 2));
     const float logits[12] = {1, 2, 2, 0, 2, 1, /* */ 0, 0, 0, 0, 0, 0};
-    cpu_moe_route(&plan, &hp, logits, 2);
+    cpu_moe_route(&plan, &hp, logits, NULL, 2);
     ck_assert(plan.sel[0] == 1 && plan.sel[1] == 2 && plan.sel[2] == 4);
     ck_assert(plan.sel[3] == 0 && plan.sel[4] == 1 && plan.sel[5] == 2);
     ck_assert(plan.w[3] == plan.w[4] && plan.w[4] == plan.w[5]);
@@ -178,7 +258,7 @@ START_TEST(combine_in_rank_order) {
     for (int i = 0; i < 12; i++) {
         logits[i] = rng_uniform(-2.0f, 2.0f);
     }
-    cpu_moe_route(&plan, &hp, logits, 3);
+    cpu_moe_route(&plan, &hp, logits, NULL, 3);
     const int n = 5;
     float y[9 * 5], out[3 * 5];
     for (int i = 0; i < 9 * n; i++) {
@@ -309,6 +389,12 @@ static char *write_model(
         o.rope_factor = 4.0f;
         o.rope_orig_ctx = 64;
     }
+    if (strcmp(arch, "glm4moe") == 0) {
+        /* layer 0 dense, a shared expert, one nextn block after the
+         * trunk; 4 groups of n_expert / 4, 2 used */
+        o.n_expert_groups = 4;
+        o.n_group_used = 2;
+    }
     if (type && strcmp(type, "q8_0") == 0) {
         o.type = KG_GGML_TYPE_Q8_0;
     } else if (type && strcmp(type, "mxfp4_moe") == 0) {
@@ -330,7 +416,8 @@ static kg_model_t *load_ok(char *path) {
 }
 
 /* A copy of `src` with the keys in `drop` left out, `edit` adding keys,
- * and the tensors named in `skip` left out. Returns the new path. */
+ * and the tensor named `skip` left out (`*part`: every tensor whose name
+ * holds `part`). Returns the new path. */
 static char *rewrite(const char *src,
                      const char *const *drop,
                      void (*edit)(kg_gguf_writer_t *w),
@@ -356,7 +443,7 @@ static char *rewrite(const char *src,
         const kg_gguf_tensor_t *t = kg_gguf_tensor(g, i);
         char name[128];
         snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.data);
-        if (skip && strcmp(name, skip) == 0) {
+        if (skip && (strcmp(name, skip) == 0 || (skip[0] == '*' && strstr(name, skip + 1)))) {
             continue;
         }
         ck_assert_int_eq(
@@ -432,6 +519,28 @@ static void loads_gpt_oss(const kg_model_t *m) {
         strstr(kg_model_feature_names(f, names, sizeof(names)), "moe, moe_oai, attn_sinks"));
 }
 
+/* glm4moe: the trunk without its nextn block, layer 0 dense, sigmoid
+ * router with selection bias and groups, the shared expert, half-head
+ * RoPE, GLM-4.5's scale and renormalisation */
+static void loads_glm4moe(const kg_model_t *m) {
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert_int_eq(hp->arch, KG_ARCH_GLM4MOE);
+    ck_assert(hp->n_layer == 3 && hp->n_layer_nextn == 1 && hp->n_layer_dense == 1);
+    ck_assert(hp->moe_gating == KG_MOE_SIGMOID && hp->moe_norm_w && hp->moe_w_scale == 2.5f);
+    ck_assert(hp->n_expert_groups == 4 && hp->n_group_used == 2 && hp->n_expert_shared == 1);
+    ck_assert(hp->head_dim == 16 && hp->n_rot == 8 && hp->rope_mode == KG_ROPE_MODE_NEOX);
+    ck_assert(m->layers[0].w_gate && m->layers[0].w_down && !m->layers[0].ffn_gate_inp);
+    ck_assert(m->layers[0].w_gate->ne[1] == hp->n_ff);
+    const kg_layer_weights_t *L = &m->layers[2];
+    ck_assert(L->ffn_gate_inp && L->exp_probs_b && L->exp_probs_b->ne[0] == 8);
+    ck_assert(L->gate_shexp && L->gate_shexp->ne[1] == hp->n_ff_exp && L->down_shexp);
+    ck_assert(!L->w_gate && L->q_norm && L->k_norm && L->bq && !L->bo);
+    ck_assert_uint_eq(kg_model_features(m),
+                      KG_MODEL_FEAT_QKV_BIAS | KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_ROPE_NEOX |
+                          KG_MODEL_FEAT_ROPE_PARTIAL | KG_MODEL_FEAT_MOE |
+                          KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT);
+}
+
 /* The expert families the loader reads (a new family is one row here):
  * write_model's arguments and what the loaded model must hold. */
 static const struct moe_family {
@@ -443,6 +552,7 @@ static const struct moe_family {
     {"qwen3moe", 64, 2, 32, 8, 2, NULL, loads_qwen3moe},
     {"mixtral", 64, 1, 96, 4, 2, "q8_0", loads_mixtral},
     {"gpt-oss", 64, 3, 32, 4, 2, "mxfp4_moe", loads_gpt_oss},
+    {"glm4moe", 64, 3, 32, 8, 2, NULL, loads_glm4moe},
 };
 
 static kg_model_t *load_family(const struct moe_family *f) {
@@ -476,6 +586,26 @@ static void llama_experts(kg_gguf_writer_t *w) {
     kg_gguf_writer_set_u32(w, "qwen3.expert_used_count", 2);
 }
 
+static void qwen_nextn(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "qwen3moe.nextn_predict_layers", 1);
+}
+
+static void glm_softplus(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "glm4moe.expert_gating_func", 4);
+}
+
+static void glm_softmax(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "glm4moe.expert_gating_func", 1);
+}
+
+static void glm_groups_all_used(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "glm4moe.expert_group_used_count", 4);
+}
+
+static const char *const drop_glm_gating[] = {"glm4moe.expert_gating_func", NULL};
+static const char *const drop_glm_shared[] = {"glm4moe.expert_shared_count", NULL};
+static const char *const drop_glm_nextn[] = {"glm4moe.nextn_predict_layers", NULL};
+static const char *const drop_glm_used[] = {"glm4moe.expert_group_used_count", NULL};
 static const char *const drop_count[] = {"qwen3moe.expert_count", NULL};
 static const char *const drop_used[] = {"qwen3moe.expert_used_count", NULL};
 static const char *const drop_ffexp[] = {"qwen3moe.expert_feed_forward_length", NULL};
@@ -498,6 +628,46 @@ START_TEST(loader_refusals) {
                (const char *[]){"blk.0.ffn_gate_exps.weight", "[64, 32, 8]", "[64, 16, 8]", NULL});
     kg_model_t *m = load_ok(rewrite(src, NULL, no_renorm, NULL));
     ck_assert(!m->hp.moe_norm_w && m->hp.moe_w_scale == 2.0f);
+    kg_model_free(m);
+    /* next-token-prediction blocks are glm4moe's only */
+    load_fails(rewrite(src, NULL, qwen_nextn, NULL),
+               (const char *[]){"next-token-prediction blocks", NULL});
+    remove(src);
+    free(src);
+
+    src = write_model("glm4moe", 64, 3, 32, 8, 2, NULL);
+    load_fails(rewrite(src, drop_glm_shared, NULL, NULL),
+               (const char *[]){"glm4moe.expert_shared_count", NULL});
+    load_fails(rewrite(src, drop_glm_gating, glm_softplus, NULL),
+               (const char *[]){"expert_gating_func 4 is not supported", NULL});
+    load_fails(rewrite(src, drop_glm_used, glm_groups_all_used, NULL),
+               (const char *[]){"expert_group_used_count 4", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.2.exp_probs_b.bias"),
+               (const char *[]){"missing tensor 'blk.2.exp_probs_b.bias'", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.1.ffn_down_shexp.weight"),
+               (const char *[]){"missing tensor 'blk.1.ffn_down_shexp.weight'", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.1.attn_k_norm.weight"),
+               (const char *[]){"one of attn_q_norm and attn_k_norm", NULL});
+    /* without nextn_predict_layers block 3 is a trunk block, whose nextn
+     * tensors no graph of kgen's uses */
+    load_fails(rewrite(src, drop_glm_nextn, NULL, NULL),
+               (const char *[]){"'blk.3.nextn.", "not part of the glm4moe graph", NULL});
+    /* GLM-4.5-Air's files have no Q/K norms at all */
+    char *air = rewrite(src, NULL, NULL, "*attn_q_norm");
+    m = load_ok(rewrite(air, NULL, NULL, "*attn_k_norm"));
+    remove(air);
+    free(air);
+    for (int il = 0; il < 3; il++) {
+        ck_assert(!m->layers[il].q_norm && !m->layers[il].k_norm);
+    }
+    ck_assert(!(kg_model_features(m) & KG_MODEL_FEAT_QK_NORM));
+    kg_model_free(m);
+    /* the gating function: sigmoid without the key, softmax when it says 1 */
+    m = load_ok(rewrite(src, drop_glm_gating, NULL, NULL));
+    ck_assert_int_eq(m->hp.moe_gating, KG_MOE_SIGMOID);
+    kg_model_free(m);
+    m = load_ok(rewrite(src, drop_glm_gating, glm_softmax, NULL));
+    ck_assert_int_eq(m->hp.moe_gating, KG_MOE_SOFTMAX);
     kg_model_free(m);
     remove(src);
     free(src);
@@ -589,8 +759,11 @@ START_TEST(mkmodel_usage_errors) {
     static const struct {
         const char *args, *want;
     } cases[] = {
-        {"--arch qwen3 --n-expert 4", "are for qwen3moe, mixtral and gpt-oss"},
-        {"--arch llama --mxfp4_moe", "are for qwen3moe, mixtral and gpt-oss"},
+        {"--arch qwen3 --n-expert 4", "are for qwen3moe, mixtral, gpt-oss and glm4moe"},
+        {"--arch llama --mxfp4_moe", "are for qwen3moe, mixtral, gpt-oss and glm4moe"},
+        {"--arch qwen3moe --n-expert-shared 1", "are for glm4moe"},
+        {"--arch glm4moe --n-expert-groups 4", "come together"},
+        {"--arch glm4moe --n-dense-lead 2", "at most --n-layer leading dense layers"},
         {"--arch mixtral --n-ff-exp 32", "mixtral has no --n-ff-exp"},
         {"--arch qwen3moe --n-expert 4 --n-expert-used 5", "expert_used_count (5)"},
         {"--arch gpt-oss --n-ff-exp 48 --mxfp4_moe", "multiples of mxfp4's block (32)"},
@@ -770,6 +943,7 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("route");
     tcase_add_test(tc, route_softmax_then_top_k);
     tcase_add_test(tc, route_top_k_then_softmax);
+    tcase_add_test(tc, route_sigmoid_bias_groups);
     tcase_add_test(tc, route_ties_go_to_the_lower_expert);
     tcase_add_test(tc, combine_in_rank_order);
     tcase_add_test(tc, swiglu_oai_clamps);

@@ -21,7 +21,9 @@ bool cpu_moe_plan_init(cpu_moe_plan_t *p, int32_t n_expert, int32_t k, int64_t m
     p->count = calloc((size_t)n_expert, sizeof(*p->count));
     p->offset = calloc((size_t)n_expert + 1, sizeof(*p->offset));
     p->probs = malloc((size_t)n_expert * sizeof(*p->probs));
-    if (!p->sel || !p->w || !p->slot || !p->row_tok || !p->count || !p->offset || !p->probs) {
+    p->sel_v = malloc((size_t)n_expert * sizeof(*p->sel_v));
+    if (!p->sel || !p->w || !p->slot || !p->row_tok || !p->count || !p->offset || !p->probs ||
+        !p->sel_v) {
         cpu_moe_plan_clear(p);
         return false;
     }
@@ -36,6 +38,7 @@ void cpu_moe_plan_clear(cpu_moe_plan_t *p) {
     free(p->count);
     free(p->offset);
     free(p->probs);
+    free(p->sel_v);
     memset(p, 0, sizeof(*p));
 }
 
@@ -73,26 +76,74 @@ static void top_k(const float *v, int32_t n, int32_t k, int32_t *idx) {
     }
 }
 
-void cpu_moe_route(cpu_moe_plan_t *p, const kg_hparams_t *hp, const float *logits, int64_t T) {
+/* Group-limited top-k (build_moe_ffn with n_expert_groups > 1): each of
+ * the G groups of n / G experts scores the sum of its two largest values
+ * of v; every expert outside the n_used best groups gets -inf. */
+static void mask_groups(float *v, int32_t n, int32_t G, int32_t n_used) {
+    const int32_t per = n / G; /* >= 2: the loader checks it */
+    float score[KG_MOE_MAX_GROUPS] = {0};
+    int32_t best[KG_MOE_MAX_GROUPS] = {0};
+    for (int32_t gi = 0; gi < G; gi++) {
+        const float *gv = v + (int64_t)gi * per;
+        int32_t top2[2] = {0, 1};
+        top_k(gv, per, 2, top2);
+        score[gi] = gv[top2[0]] + gv[top2[1]];
+    }
+    top_k(score, G, n_used, best);
+    for (int32_t gi = 0; gi < G; gi++) {
+        bool keep = false;
+        for (int32_t j = 0; j < n_used; j++) {
+            keep = keep || best[j] == gi;
+        }
+        for (int32_t e = 0; !keep && e < per; e++) {
+            v[(int64_t)gi * per + e] = -INFINITY;
+        }
+    }
+}
+
+void cpu_moe_route(cpu_moe_plan_t *p,
+                   const kg_hparams_t *hp,
+                   const float *logits,
+                   const float *probs_b,
+                   int64_t T) {
     const int32_t n = p->n_expert, k = p->k;
     for (int64_t t = 0; t < T; t++) {
         const float *lg = logits + t * n;
         int32_t *sel = p->sel + t * k;
         float *w = p->w + t * k;
+        /* the probabilities that weigh the experts (gpt-oss: the logits,
+         * softmaxed after the choice) */
+        float *probs = p->probs;
         if (hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT) {
-            /* gpt-oss: the k largest logits, then a softmax over those k */
-            top_k(lg, n, k, sel);
-            float *chosen = p->probs; /* k <= n_expert */
-            for (int32_t j = 0; j < k; j++) {
-                chosen[j] = lg[sel[j]];
+            memcpy(probs, lg, (size_t)n * sizeof(float));
+        } else if (hp->moe_gating == KG_MOE_SIGMOID) {
+            for (int32_t e = 0; e < n; e++) {
+                probs[e] = 1.0f / (1.0f + expf(-lg[e])); /* ggml_vec_sigmoid_f32 */
             }
-            cpu_moe_softmax(chosen, w, k);
         } else {
-            cpu_moe_softmax(lg, p->probs, n);
-            top_k(p->probs, n, k, sel);
-            for (int32_t j = 0; j < k; j++) {
-                w[j] = p->probs[sel[j]];
+            cpu_moe_softmax(lg, probs, n);
+        }
+        /* the values that choose them: + the selection bias, then the
+         * groups' mask */
+        const float *choose = probs;
+        if (probs_b || hp->n_expert_groups > 1) {
+            for (int32_t e = 0; e < n; e++) {
+                p->sel_v[e] = probs_b ? probs[e] + probs_b[e] : probs[e];
             }
+            if (hp->n_expert_groups > 1) {
+                mask_groups(p->sel_v, n, hp->n_expert_groups, hp->n_group_used);
+            }
+            choose = p->sel_v;
+        }
+        top_k(choose, n, k, sel);
+        for (int32_t j = 0; j < k; j++) {
+            w[j] = probs[sel[j]];
+        }
+        if (hp->moe_gating == KG_MOE_SOFTMAX_WEIGHT) {
+            /* gpt-oss: a softmax over the k chosen logits */
+            float *chosen = p->sel_v; /* k <= n_expert; the choice is made */
+            memcpy(chosen, w, (size_t)k * sizeof(float));
+            cpu_moe_softmax(chosen, w, k);
         }
         if (hp->moe_norm_w) {
             double sum = 0.0; /* ggml_sum_rows: a double sum, rounded to float */

@@ -9,7 +9,8 @@
  * runs one gate/up GEMM and one down GEMM per active expert over its group
  * (kg_backend_cpu.c, through the same matmul entry points as the dense
  * weights), never one per token. llama.cpp's build_moe_ffn is the
- * reference for every step: the router's softmax, the top-k (descending),
+ * reference for every step: the router's softmax (or sigmoid: glm4moe), the
+ * selection bias and group limit that only choose, the top-k (descending),
  * the renormalisation (sum clamped to 2^-14) and scale, the expert
  * outputs times their weights, then added in rank order.
  *
@@ -43,6 +44,7 @@ typedef struct cpu_moe_plan {
     int32_t *offset;  /* (n_expert + 1) first grouped row of each expert */
     int32_t *row_tok; /* (max_tokens * k) token of each grouped row */
     float *probs;     /* (n_expert) one token's probabilities (scratch) */
+    float *sel_v;     /* (n_expert) the values that choose its experts (scratch) */
 } cpu_moe_plan_t;
 
 /** Allocate a plan for up to max_tokens tokens; false when out of memory
@@ -51,9 +53,14 @@ bool cpu_moe_plan_init(cpu_moe_plan_t *p, int32_t n_expert, int32_t k, int64_t m
 void cpu_moe_plan_clear(cpu_moe_plan_t *p);
 
 /** Route T tokens by their router logits (T, n_expert) (biases added) as
- * hp's gating, renormalisation and scale say, then group the rows by
- * expert: fills every field of the plan for these T tokens. */
-void cpu_moe_route(cpu_moe_plan_t *p, const kg_hparams_t *hp, const float *logits, int64_t T);
+ * hp's gating, groups, renormalisation and scale say, choosing by the
+ * probabilities plus probs_b (n_expert; NULL: none), then group the rows
+ * by expert: fills every field of the plan for these T tokens. */
+void cpu_moe_route(cpu_moe_plan_t *p,
+                   const kg_hparams_t *hp,
+                   const float *logits,
+                   const float *probs_b,
+                   int64_t T);
 
 /** dst(T * k, n) = the rows of src (T, n) in grouped order. */
 void cpu_moe_gather(const cpu_moe_plan_t *p, const float *src, int64_t n, float *dst, int64_t T);

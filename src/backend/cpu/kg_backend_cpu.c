@@ -159,12 +159,18 @@ static bool moe_layer_init(cpu_layer_t *L,
         }
     }
     const kg_gguf_tensor_t *bsrc[] = {src->ffn_gate_inp_b, src->gate_exps_b, src->up_exps_b,
-                                      src->down_exps_b};
-    cpu_weight_t *bdst[] = {&L->gate_inp_b, &L->exp_gate_b, &L->exp_up_b, &L->exp_down_b};
+                                      src->down_exps_b, src->exp_probs_b};
+    cpu_weight_t *bdst[] = {&L->gate_inp_b, &L->exp_gate_b, &L->exp_up_b, &L->exp_down_b,
+                            &L->exp_probs_b};
     for (size_t i = 0; i < sizeof(bsrc) / sizeof(bsrc[0]); i++) {
         if (bsrc[i] && !vector_init(bdst[i], bsrc[i], ctx, errstr, errstr_size)) {
             return false;
         }
+    }
+    if (src->gate_shexp && (!weight_init(&L->sh_gate, src->gate_shexp, ctx, errstr, errstr_size) ||
+                            !weight_init(&L->sh_up, src->up_shexp, ctx, errstr, errstr_size) ||
+                            !weight_init(&L->sh_down, src->down_shexp, ctx, errstr, errstr_size))) {
+        return false;
     }
     return true;
 }
@@ -186,8 +192,9 @@ static void cpu_free(kg_backend_t *be) {
                 for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
                     weight_clear(ws[i]);
                 }
-                cpu_weight_t *moe_ws[] = {&L->gate_inp, &L->gate_inp_b, &L->exp_gate_b,
-                                          &L->exp_up_b, &L->exp_down_b, &L->sinks};
+                cpu_weight_t *moe_ws[] = {
+                    &L->gate_inp, &L->gate_inp_b,  &L->exp_gate_b, &L->exp_up_b, &L->exp_down_b,
+                    &L->sinks,    &L->exp_probs_b, &L->sh_gate,    &L->sh_up,    &L->sh_down};
                 for (size_t i = 0; i < sizeof(moe_ws) / sizeof(moe_ws[0]); i++) {
                     weight_clear(moe_ws[i]);
                 }
@@ -229,7 +236,7 @@ static void cpu_free(kg_backend_t *be) {
         float *bufs[] = {ctx->x,       ctx->xn,     ctx->xr,         ctx->q,     ctx->k,
                          ctx->v,       ctx->att,    ctx->gate,       ctx->up,    ctx->tmp,
                          ctx->rope_cs, ctx->scores, ctx->moe_logits, ctx->moe_x, ctx->moe_g,
-                         ctx->moe_u,   ctx->moe_y,  ctx->moe_xr};
+                         ctx->moe_u,   ctx->moe_y,  ctx->moe_xr,     ctx->shexp};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -438,9 +445,14 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd;
     /* the dense FFN's width; a model whose every layer has experts has none */
     size_t F = 0;
+    bool shared = false;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         F = ctx->layers[il].moe ? F : (size_t)hp->n_ff;
+        shared = shared || ctx->layers[il].sh_gate.n_out > 0;
     }
+    /* the shared expert runs in the dense FFN's buffers */
+    const size_t FS = (size_t)hp->n_expert_shared * (size_t)hp->n_ff_exp;
+    F = shared && FS > F ? FS : F;
     const size_t FX = (size_t)hp->n_ff_exp, TK = T * (size_t)hp->n_expert_used;
     const size_t n_q = (size_t)hp->n_head * (size_t)hp->head_dim;
     size_t widest = E > F ? E : F;
@@ -457,6 +469,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     ctx->gate = scratch(ctx, T * F, &ok);
     ctx->up = scratch(ctx, T * F, &ok);
     ctx->tmp = scratch(ctx, T * E, &ok);
+    ctx->shexp = shared ? scratch(ctx, T * E, &ok) : NULL;
     ctx->rope_cs = scratch(ctx, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot, &ok);
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
     ok = ok && cpu_qact_init(&ctx->qact, (int64_t)T, (int64_t)widest);

@@ -31,7 +31,8 @@
  * groups run side by side, one pool task each), the expert biases and
  * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
  * order (see cpu_moe.h for why a token's bits do not depend on its
- * neighbours). LoRA adapters add their deltas after the q/k/v, output,
+ * neighbours); glm4moe's shared expert, a dense SwiGLU FFN on the same
+ * input, adds its output to that sum. LoRA adapters add their deltas after the q/k/v, output,
  * gate/up and down GEMMs (cpu_lora.h). Attention sinks (gpt-oss) add one logit per head to the
  * softmax. The expert load is counted for kg_backend_moe_stats. */
 #include "../../core/kg_log.h"
@@ -343,7 +344,7 @@ static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
     kg_moe_stats_t *st = &ctx->moe_stats;
     matmul(ctx, &L->gate_inp, ctx->xn, ctx->moe_logits, T);
     add_bias(ctx->moe_logits, &L->gate_inp_b, T, hp->n_expert);
-    cpu_moe_route(plan, hp, ctx->moe_logits, T);
+    cpu_moe_route(plan, hp, ctx->moe_logits, L->exp_probs_b.data, T);
     cpu_moe_gather(plan, ctx->xn, hp->n_embd, ctx->moe_x, T);
     int32_t n_active = 0;
     for (int32_t e = 0; e < hp->n_expert; e++) {
@@ -372,6 +373,21 @@ static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
         }
     }
     cpu_moe_combine(plan, ctx->moe_y, hp->n_embd, ctx->tmp, T);
+    if (L->sh_gate.n_out > 0) {
+        /* the shared expert on the same normed input, added to the routed
+         * experts' sum (glm4moe: ggml_add(routed_out, shared_out)) */
+        const int64_t FS = L->sh_gate.n_out;
+        const cpu_weight_t *gate_up[2] = {&L->sh_gate, &L->sh_up};
+        float *const gate_up_out[2] = {ctx->gate, ctx->up};
+        matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
+        for (int64_t i = 0; i < T * FS; i++) {
+            ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+        }
+        matmul(ctx, &L->sh_down, ctx->gate, ctx->shexp, T);
+        for (int64_t i = 0; i < T * hp->n_embd; i++) {
+            ctx->tmp[i] = ctx->tmp[i] + ctx->shexp[i];
+        }
+    }
     st->n_groups += n_active;
     st->n_layer_steps++;
     st->n_routed += T * hp->n_expert_used;

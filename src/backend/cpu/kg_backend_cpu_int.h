@@ -39,6 +39,10 @@ typedef struct cpu_layer {
     cpu_weight_t exp_gate_b, exp_up_b, exp_down_b; /* (n_expert, n_ff_exp) x 2,
                                                       (n_expert, n_embd); or data NULL */
     cpu_weight_t sinks;                            /* (n_head) or data NULL */
+    cpu_weight_t exp_probs_b;                      /* (n_expert) selection bias or data NULL */
+    /* the shared expert (glm4moe), FS = n_expert_shared * n_ff_exp wide;
+     * sh_gate.n_out 0: none */
+    cpu_weight_t sh_gate, sh_up, sh_down;
 } cpu_layer_t;
 
 /* One distinct RoPE among the layers (Gemma: local and global). */
@@ -72,8 +76,9 @@ typedef struct cpu_ctx {
     float *k;        /* (T, n_head_kv * head_dim) */
     float *v;        /* (T, n_head_kv * head_dim) */
     float *att;      /* (T, n_head * head_dim) attention output */
-    float *gate;     /* (T, n_ff) */
-    float *up;       /* (T, n_ff) */
+    float *gate;     /* (T, max(n_ff, FS)) FS: the shared expert's width */
+    float *up;       /* (T, max(n_ff, FS)) */
+    float *shexp;    /* (T, n_embd) the shared expert's output (NULL: none) */
     float *tmp;      /* (T, n_embd) projection output before the residual add */
     float *rope_cs;  /* (n_ropes, T, n_rot) cos | sin per token */
     float *scores;   /* (n_threads, n_kv_blocks * block_size) */
