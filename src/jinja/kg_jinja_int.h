@@ -26,7 +26,11 @@ typedef struct kj_arena {
     size_t cap;  /* 0: unlimited */
 } kj_arena_t;
 
-/** Zeroed memory, or NULL past the cap / on ENOMEM. */
+/* No single allocation is larger (1 TiB): a size computed from outside input past it fails
+ * rather than wrap in the arena's rounding. */
+#define KJ_ALLOC_MAX ((size_t)1 << 40)
+
+/** Zeroed memory, or NULL past the cap, past KJ_ALLOC_MAX or on ENOMEM. */
 void *kj_alloc(kj_arena_t *a, size_t size);
 void kj_arena_clear(kj_arena_t *a);
 

@@ -17,6 +17,9 @@ struct kj_chunk {
 };
 
 void *kj_alloc(kj_arena_t *a, size_t size) {
+    if (size > KJ_ALLOC_MAX) {
+        return NULL; /* and the rounding below cannot wrap */
+    }
     size = (size + 15) & ~(size_t)15;
     if (size == 0) {
         size = 16;
@@ -54,11 +57,14 @@ void kj_arena_clear(kj_arena_t *a) {
     a->used = 0;
 }
 
+static void rs_out_of_memory(kj_rs_t *rs) {
+    kj_fail(rs, NULL, "the template used more than its memory limit of %zu bytes", rs->arena->cap);
+}
+
 static void *rs_alloc(kj_rs_t *rs, size_t size) {
     void *p = kj_alloc(rs->arena, size);
     if (!p) {
-        kj_fail(rs, NULL, "the template used more than its memory limit of %zu bytes",
-                rs->arena->cap);
+        rs_out_of_memory(rs);
     }
     return p;
 }
@@ -154,13 +160,13 @@ static bool dict_set(kj_arena_t *a,
 
 void kj_list_push(kj_rs_t *rs, kg_jinja_value_t list, kg_jinja_value_t v) {
     if (!list_push(rs->arena, list.u.l, v)) {
-        (void)rs_alloc(rs, SIZE_MAX / 2); /* fails with the memory message */
+        rs_out_of_memory(rs);
     }
 }
 
 void kj_dict_set(kj_rs_t *rs, kg_jinja_value_t dict, kg_jinja_str_t *key, kg_jinja_value_t v) {
     if (!dict_set(rs->arena, dict.u.d, key, (kg_jinja_value_t){0}, v)) {
-        (void)rs_alloc(rs, SIZE_MAX / 2);
+        rs_out_of_memory(rs);
     }
 }
 
@@ -168,7 +174,7 @@ void kj_dict_set_key(kj_rs_t *rs, kg_jinja_value_t dict, kg_jinja_value_t key, k
     kg_jinja_value_t ks = kj_to_string(rs, key);
     if (!dict_set(rs->arena, dict.u.d, ks.u.s,
                   key.type == KG_JINJA_STRING ? (kg_jinja_value_t){0} : key, v)) {
-        (void)rs_alloc(rs, SIZE_MAX / 2);
+        rs_out_of_memory(rs);
     }
 }
 
