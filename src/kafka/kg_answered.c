@@ -37,6 +37,14 @@ kg_answered_encode(int64_t committed, const int64_t *offsets, size_t n, char *bu
     return n_done;
 }
 
+size_t kg_answered_item_bytes(int64_t committed, int64_t offset) {
+    size_t digits = 1;
+    for (int64_t d = offset - committed; d >= 10; d /= 10) {
+        digits++;
+    }
+    return digits + 1;
+}
+
 size_t kg_answered_decode(const char *md, size_t len, int64_t committed, int64_t *out, size_t max) {
     size_t plen = strlen(KG_ANSWERED_PREFIX);
     if (!md || committed < 0 || len < plen || memcmp(md, KG_ANSWERED_PREFIX, plen) != 0) {

@@ -29,6 +29,11 @@
 size_t
 kg_answered_encode(int64_t committed, const int64_t *offsets, size_t n, char *buf, size_t cap);
 
+/** The bytes `offset` adds to a list encoded above `committed`, its comma counted: a list fits
+ * when strlen(KG_ANSWERED_PREFIX) + the sum of its items' bytes - 1 <= KG_ANSWERED_MAX_BYTES
+ * (what kg_answered_encode then holds whole), so a list can grow without encoding it again. */
+size_t kg_answered_item_bytes(int64_t committed, int64_t offset);
+
 /** The offsets named by `md` (len bytes, need not be NUL terminated) above `committed`, at most
  * `max` into out, ascending; 0 for metadata that is not ours or is malformed (a malformed
  * entry ends the list). */

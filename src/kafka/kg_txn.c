@@ -39,7 +39,8 @@ typedef struct offset {
     int64_t *above;          /* (n_above) ascending, all >= committed */
     int64_t *sending;        /* (n_sending, cap_sending) ascending, all >= next */
     uint32_t n_above, cap_above, n_sending, cap_sending;
-    bool has_new; /* sending names answers of this transaction above the prefix */
+    size_t sending_bytes; /* the items of `sending` in the metadata (kg_answered_item_bytes) */
+    bool has_new;         /* sending names answers of this transaction above the prefix */
 } offset_t;
 
 struct kg_txn {
@@ -154,6 +155,7 @@ static void offset_clear(offset_t *o) {
     free(o->sending);
     o->above = o->sending = NULL;
     o->n_above = o->cap_above = o->n_sending = o->cap_sending = 0;
+    o->sending_bytes = 0;
 }
 
 size_t kg_txn_answered_above(const kg_txn_t *t,
@@ -367,7 +369,8 @@ static verdict_t judge(rd_kafka_error_t *e, const char *what) {
 }
 
 /* Put `off` into o->sending (ascending, no repeats) if the metadata can still name every
- * offset there (kg_answered_encode); false when it cannot (or out of memory). */
+ * offset there (counted as it grows, kg_answered_item_bytes, rather than encoded at each
+ * answer); false when it cannot (or out of memory). */
 static bool sending_add(offset_t *o, int64_t off) {
     if (off <= o->next) {
         return false; /* not above the offset (the prefix is about to pass it) */
@@ -378,6 +381,10 @@ static bool sending_add(offset_t *o, int64_t off) {
     }
     if (at < o->n_sending && o->sending[at] == off) {
         return true; /* another answer of the same job (its DLQ copy) */
+    }
+    size_t bytes = kg_answered_item_bytes(o->next, off);
+    if (strlen(KG_ANSWERED_PREFIX) + o->sending_bytes + bytes - 1 > KG_ANSWERED_MAX_BYTES) {
+        return false; /* the metadata has no room left for it */
     }
     if (o->n_sending == o->cap_sending) {
         uint32_t cap = o->cap_sending ? o->cap_sending * 2 : 16;
@@ -391,13 +398,8 @@ static bool sending_add(offset_t *o, int64_t off) {
     memmove(o->sending + at + 1, o->sending + at, (o->n_sending - at) * sizeof(*o->sending));
     o->sending[at] = off;
     o->n_sending++;
-    char md[KG_ANSWERED_MAX_BYTES + 1];
-    if (kg_answered_encode(o->next, o->sending, o->n_sending, md, sizeof(md)) == o->n_sending) {
-        return true;
-    }
-    memmove(o->sending + at, o->sending + at + 1, (o->n_sending - at - 1) * sizeof(*o->sending));
-    o->n_sending--;
-    return false;
+    o->sending_bytes += bytes;
+    return true;
 }
 
 /* An answer may commit only in a transaction that also takes its job off the group's hands:
@@ -433,6 +435,7 @@ static size_t front_eligible(kg_txn_t *t) {
     for (size_t i = 0; i < t->n_offs; i++) {
         offset_t *o = &t->offs[i];
         o->n_sending = 0;
+        o->sending_bytes = 0;
         o->has_new = false;
         uint32_t k = 0;
         while (k < o->n_above && o->above[k] < o->next) {
@@ -486,8 +489,9 @@ static bool any_offset_pending(const kg_txn_t *t) {
     return false;
 }
 
-/* The offsets to send; NULL when out of memory (a list without its metadata would hand the jobs
- * it names to the next owner again: the transaction is aborted instead). */
+/* The offsets to send; NULL when out of memory or when a list does not encode whole (a list
+ * without its metadata would hand the jobs it names to the next owner again: the transaction
+ * is aborted instead). */
 static rd_kafka_topic_partition_list_t *pending_offsets(const kg_txn_t *t) {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)t->n_offs + 1);
     char md[KG_ANSWERED_MAX_BYTES + 1];
@@ -499,10 +503,12 @@ static rd_kafka_topic_partition_list_t *pending_offsets(const kg_txn_t *t) {
         rd_kafka_topic_partition_t *e =
             rd_kafka_topic_partition_list_add(l, o->topic, o->partition);
         e->offset = o->next;
-        if (o->n_sending > 0 &&
-            kg_answered_encode(o->next, o->sending, o->n_sending, md, sizeof(md)) > 0) {
+        if (o->n_sending > 0) {
+            /* sending_add kept the list within the metadata's room: it encodes whole */
+            bool whole = kg_answered_encode(o->next, o->sending, o->n_sending, md, sizeof(md)) ==
+                         o->n_sending;
             e->metadata_size = strlen(md);
-            e->metadata = malloc(e->metadata_size); /* the list frees it */
+            e->metadata = whole ? malloc(e->metadata_size) : NULL; /* the list frees it */
             if (!e->metadata) {
                 e->metadata_size = 0;
                 rd_kafka_topic_partition_list_destroy(l);
@@ -588,6 +594,7 @@ static void committed(kg_txn_t *t) {
             o->sending = a;
             o->cap_sending = cap;
             o->n_sending = 0;
+            o->sending_bytes = 0;
             o->has_new = false;
             if (o->sent > o->committed) {
                 o->committed = o->sent;

@@ -136,10 +136,40 @@ START_TEST(previous_owner_list) {
 }
 END_TEST
 
+/* Counting items as a list grows (kg_answered_item_bytes) says exactly when the encoding
+ * holds the whole list: the transactions grow their lists that way. */
+START_TEST(item_bytes_match_the_encoding) {
+    static int64_t offs[2048];
+    char md[KG_ANSWERED_MAX_BYTES + 1];
+    const int64_t committed = 100;
+    int64_t off = committed;
+    size_t bytes = 0, n = 0;
+    uint64_t r = 12345;
+    for (;;) {
+        r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+        off += 1 + (int64_t)((r >> 33) % 100000); /* deltas of 1 to 6 or 7 digits */
+        size_t b = kg_answered_item_bytes(committed, off);
+        bool fits = strlen(KG_ANSWERED_PREFIX) + bytes + b - 1 <= KG_ANSWERED_MAX_BYTES;
+        offs[n] = off;
+        size_t held = kg_answered_encode(committed, offs, n + 1, md, sizeof(md));
+        ck_assert_uint_eq(held, fits ? n + 1 : n);
+        if (!fits) {
+            break;
+        }
+        bytes += b;
+        n++;
+    }
+    ck_assert_uint_gt(n, 100);
+    ck_assert_uint_eq(kg_answered_item_bytes(10, 11), 2);   /* "1," */
+    ck_assert_uint_eq(kg_answered_item_bytes(10, 1010), 5); /* "1000," */
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("answered");
     TCase *tc = tcase_create("answered");
     tcase_add_test(tc, encode_decode);
+    tcase_add_test(tc, item_bytes_match_the_encoding);
     tcase_add_test(tc, size_cap);
     tcase_add_test(tc, not_ours);
     tcase_add_test(tc, tracker_lists_done_above);
