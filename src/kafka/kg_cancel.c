@@ -8,12 +8,19 @@
 #include "kg_kafka_conf.h"
 
 #include <librdkafka/rdkafka.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define LOOKUP_US   (30 * 1000000LL) /* the topic's partitions are looked up this often */
 #define METADATA_MS 5000
+/* The periodic look-up must not run on the worker's loop thread, which also feeds the engine:
+ * its blocking metadata call stalled generation for METADATA_MS every LOOKUP_US while the broker
+ * was away (measured: 4.6 s token pauses every 30 s in a broker outage). It runs on a thread of
+ * its own, its answer taken by a later poll. (librdkafka's asynchronous DescribeTopics would
+ * do too, but its mock cluster never answers it, and it needs 2.3.) */
 
 // ---- memo ----
 
@@ -139,6 +146,11 @@ struct kg_cancel {
     kg_cancel_memo_t *memo; /* NULL with capacity 0 */
     int64_t ttl_ms;
     int64_t next_lookup_us;
+    pthread_t lookup_thread; /* the periodic look-up, while lookup_running */
+    bool lookup_running;     /* (loop thread only) a look-up thread was started */
+    atomic_bool lookup_done; /* set by that thread once found_n/found_err are written */
+    int32_t found_n[KG_CANCEL_TOPICS_MAX];
+    rd_kafka_resp_err_t found_err[KG_CANCEL_TOPICS_MAX];
     int64_t n_read;
     char group[600];    /* the reader's group.id: FindCoordinator needs Describe on it */
     bool denied_logged; /* a group authorization error was said once already */
@@ -190,42 +202,80 @@ static void assign_new(kg_cancel_t *c, cancel_topic_t *t, int32_t n) {
     rd_kafka_topic_partition_list_destroy(l);
 }
 
+/* What a look-up found for topic t: n partitions, or none with err. */
+static void found(kg_cancel_t *c, cancel_topic_t *t, int32_t n, rd_kafka_resp_err_t err) {
+    if (n == 0 && kg_kafka_err_no_broker(err)) {
+        /* not a missing topic: no broker answered (down, or the login refused, which the
+         * rdkafka errors say); whether it exists is known at the next look-up */
+        KG_LOG_DEBUG("cancel", "cannot look the cancel topic up yet topic=%s error=\"%s\"", t->name,
+                     rd_kafka_err2str(err));
+        return;
+    }
+    if (n == 0 && kg_acl_denied(err)) {
+        if (!t->missing) {
+            char hint[320];
+            KG_LOG_WARN("cancel", "cancellation is off for this topic: the worker %s topic=%s",
+                        kg_acl_hint(err, "Read", t->name, hint, sizeof(hint)), t->name);
+        }
+        t->missing = true;
+        return;
+    }
+    if (n == 0) {
+        if (!t->missing) {
+            KG_LOG_WARN("cancel",
+                        "no cancel topic: its cancels are not read until it exists (it is "
+                        "looked up again every 30 s) topic=%s error=\"%s\"",
+                        t->name, rd_kafka_err2str(err));
+        }
+        t->missing = true;
+        return;
+    }
+    t->missing = false;
+    if (n > t->n_parts) {
+        assign_new(c, t, n);
+    }
+}
+
+/* At start: every topic looked up, blocking (the worker is not serving yet). */
 static void look_up(kg_cancel_t *c) {
     c->next_lookup_us = kg_clock_us() + LOOKUP_US;
     for (int i = 0; i < c->n_topics; i++) {
-        cancel_topic_t *t = &c->topics[i];
         rd_kafka_resp_err_t err;
-        int32_t n = topic_partitions(c, t, &err);
-        if (n == 0 && kg_kafka_err_no_broker(err)) {
-            /* not a missing topic: no broker answered (down, or the login refused, which the
-             * rdkafka errors say); whether it exists is known at the next look-up */
-            KG_LOG_DEBUG("cancel", "cannot look the cancel topic up yet topic=%s error=\"%s\"",
-                         t->name, rd_kafka_err2str(err));
-            continue;
-        }
-        if (n == 0 && kg_acl_denied(err)) {
-            if (!t->missing) {
-                char hint[320];
-                KG_LOG_WARN("cancel", "cancellation is off for this topic: the worker %s topic=%s",
-                            kg_acl_hint(err, "Read", t->name, hint, sizeof(hint)), t->name);
-            }
-            t->missing = true;
-            continue;
-        }
-        if (n == 0) {
-            if (!t->missing) {
-                KG_LOG_WARN("cancel",
-                            "no cancel topic: its cancels are not read until it exists (it is "
-                            "looked up again every 30 s) topic=%s error=\"%s\"",
-                            t->name, rd_kafka_err2str(err));
-            }
-            t->missing = true;
-            continue;
-        }
-        t->missing = false;
-        if (n > t->n_parts) {
-            assign_new(c, t, n);
-        }
+        int32_t n = topic_partitions(c, &c->topics[i], &err);
+        found(c, &c->topics[i], n, err);
+    }
+}
+
+/* The look-up thread: the topics' partitions into found_n/found_err, then lookup_done. */
+static void *lookup_main(void *arg) {
+    kg_cancel_t *c = arg;
+    for (int i = 0; i < c->n_topics; i++) {
+        c->found_n[i] = topic_partitions(c, &c->topics[i], &c->found_err[i]);
+    }
+    atomic_store(&c->lookup_done, true);
+    return NULL;
+}
+
+/* Start a periodic look-up; a later poll takes its answer (take_lookup). */
+static void send_lookup(kg_cancel_t *c) {
+    c->next_lookup_us = kg_clock_us() + LOOKUP_US;
+    atomic_store(&c->lookup_done, false);
+    if (pthread_create(&c->lookup_thread, NULL, lookup_main, c) == 0) {
+        c->lookup_running = true;
+    } else {
+        KG_LOG_DEBUG("cancel", "cannot start the cancel topics' look-up (tried again later)");
+    }
+}
+
+/* The answer of the look-up send_lookup started, once it has come. */
+static void take_lookup(kg_cancel_t *c) {
+    if (!atomic_load(&c->lookup_done)) {
+        return;
+    }
+    pthread_join(c->lookup_thread, NULL);
+    c->lookup_running = false;
+    for (int i = 0; i < c->n_topics; i++) {
+        found(c, &c->topics[i], c->found_n[i], c->found_err[i]);
     }
 }
 
@@ -322,6 +372,9 @@ void kg_cancel_free(kg_cancel_t *c) {
     if (!c) {
         return;
     }
+    if (c->lookup_running) {
+        pthread_join(c->lookup_thread, NULL); /* up to METADATA_MS, at shutdown only */
+    }
     if (c->rk) {
         rd_kafka_consumer_close(c->rk);
         rd_kafka_destroy(c->rk);
@@ -334,8 +387,10 @@ int kg_cancel_poll(kg_cancel_t *c, char (*rids)[KG_JOB_REQUEST_ID_MAX + 1], int 
     if (!c) {
         return 0;
     }
-    if (kg_clock_us() >= c->next_lookup_us) {
-        look_up(c);
+    if (c->lookup_running) {
+        take_lookup(c);
+    } else if (kg_clock_us() >= c->next_lookup_us) {
+        send_lookup(c);
     }
     int n = 0;
     rd_kafka_message_t *rkm;
@@ -378,6 +433,20 @@ bool kg_cancel_is_cancelled(const kg_cancel_t *c, const char *rid) {
 
 int64_t kg_cancel_n_read(const kg_cancel_t *c) {
     return c ? c->n_read : 0;
+}
+
+int32_t kg_cancel_n_partitions(const kg_cancel_t *c) {
+    int32_t n = 0;
+    for (int i = 0; c && i < c->n_topics; i++) {
+        n += c->topics[i].n_parts;
+    }
+    return n;
+}
+
+void kg_cancel_look_up_soon(kg_cancel_t *c) {
+    if (c) {
+        c->next_lookup_us = 0;
+    }
 }
 
 rd_kafka_resp_err_t

@@ -88,6 +88,12 @@ bool kg_cancel_is_cancelled(const kg_cancel_t *c, const char *rid);
 /** Cancels read since startup. */
 int64_t kg_cancel_n_read(const kg_cancel_t *c);
 
+/** The cancel partitions read (over every topic): those the look-ups found so far. */
+int32_t kg_cancel_n_partitions(const kg_cancel_t *c);
+
+/** Look the topics up again at the next poll instead of up to 30 s later (tests). */
+void kg_cancel_look_up_soon(kg_cancel_t *c);
+
 // ---- the sending side (kgen-submit --cancel) ----
 
 /** Produce a cancel of `request_id` to `topic` on `producer` (key and value name the job;

@@ -1,14 +1,20 @@
 /* check_cancel: the memo of recent cancels (TTL, renewal, the bound forgets the oldest first,
- * hash chains stay consistent under churn) and the cancel message (value, key-only, rejects). */
+ * hash chains stay consistent under churn), the cancel message (value, key-only, rejects), and
+ * the reader's periodic look-up on librdkafka's mock cluster (a topic made after start is
+ * found; with the broker away the look-up never blocks the loop that polls it). */
 #include "check_common.h"
 #include "config/kg_config.h"
+#include "core/kg_clock.h"
+#include "core/kg_log.h"
 #include "kafka/kg_cancel.h"
 #include "kafka/kg_lanes.h"
 #include "schema/kg_cancelmsg.h"
 
+#include <librdkafka/rdkafka_mock.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 START_TEST(memo_ttl) {
     kg_cancel_memo_t *m = kg_cancel_memo_new(8, 1000);
@@ -116,6 +122,99 @@ START_TEST(topic_names) {
 }
 END_TEST
 
+/* Poll c until cond holds (up to 20 s); the longest single poll goes to *worst_us. */
+#define POLL_UNTIL(c, cond, worst_us)                                                              \
+    do {                                                                                           \
+        char rids_[4][KG_JOB_REQUEST_ID_MAX + 1];                                                  \
+        int64_t end_ = kg_clock_us() + 20 * 1000000LL;                                             \
+        while (!(cond) && kg_clock_us() < end_) {                                                  \
+            int64_t t_ = kg_clock_us();                                                            \
+            int got_ = kg_cancel_poll(c, rids_, 4);                                                \
+            n_got += got_;                                                                         \
+            for (int g_ = 0; g_ < got_; g_++) {                                                    \
+                memcpy(last, rids_[g_], sizeof(last));                                             \
+            }                                                                                      \
+            if (kg_clock_us() - t_ > *(worst_us)) {                                                \
+                *(worst_us) = kg_clock_us() - t_;                                                  \
+            }                                                                                      \
+            struct timespec ts_ = {0, 20 * 1000000L};                                              \
+            nanosleep(&ts_, NULL);                                                                 \
+        }                                                                                          \
+    } while (0)
+
+/* A cancel topic made after the reader started is found by a later look-up, and its cancels
+ * read; with the broker down, polls that start a look-up or wait for one return at once (the
+ * blocking look-up took 5 s each, on the loop that feeds the engine). */
+START_TEST(lookup_later_and_not_blocking) {
+    kg_log_setup(getenv("KG_TEST_DEBUG") ? KG_LOG_LEVEL_DEBUG : KG_LOG_LEVEL_ERROR,
+                 KG_LOG_FORMAT_LOGFMT);
+    char err[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    ck_assert(rd_kafka_conf_set(conf, "log_level", "0", err, sizeof(err)) == 0);
+    rd_kafka_t *mock_rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof(err));
+    ck_assert_msg(mock_rk != NULL, "%s", err);
+    rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(mock_rk, 1);
+    ck_assert(mc != NULL);
+    const char *bootstrap = rd_kafka_mock_cluster_bootstraps(mc);
+    ck_assert(rd_kafka_mock_topic_create(mc, "jobs", 1, 1) == 0);
+    kg_config_t cfg;
+    kg_config_init(&cfg);
+    ck_assert(kg_config_set(&cfg, "brokers", bootstrap, err, sizeof(err)) == KG_OK);
+    ck_assert(kg_config_set(&cfg, "group-id", "cancel-test", err, sizeof(err)) == KG_OK);
+    const char *topics[] = {"jobs.cancel"};
+    kg_cancel_t *c = kg_cancel_new(&cfg, topics, 1, "w1", 16, 60000, err, sizeof(err));
+    ck_assert_msg(c != NULL, "%s", err);
+    ck_assert_int_eq(kg_cancel_n_partitions(c), 0); /* not there yet */
+
+    ck_assert(rd_kafka_mock_topic_create(mc, "jobs.cancel", 2, 1) == 0);
+    int n_got = 0;
+    char last[KG_JOB_REQUEST_ID_MAX + 1] = "";
+    int64_t worst_us = 0;
+    kg_cancel_look_up_soon(c);
+    POLL_UNTIL(c, kg_cancel_n_partitions(c) == 2, &worst_us);
+    ck_assert_int_eq(kg_cancel_n_partitions(c), 2);
+
+    rd_kafka_conf_t *pc = rd_kafka_conf_new();
+    ck_assert(rd_kafka_conf_set(pc, "bootstrap.servers", bootstrap, err, sizeof(err)) == 0);
+    ck_assert(rd_kafka_conf_set(pc, "log_level", "0", err, sizeof(err)) == 0);
+    rd_kafka_t *producer = rd_kafka_new(RD_KAFKA_PRODUCER, pc, err, sizeof(err));
+    ck_assert_msg(producer != NULL, "%s", err);
+    ck_assert_int_eq(kg_cancel_send(producer, "jobs.cancel", "req-7"), RD_KAFKA_RESP_ERR_NO_ERROR);
+    ck_assert_int_eq(rd_kafka_flush(producer, 10000), RD_KAFKA_RESP_ERR_NO_ERROR);
+    POLL_UNTIL(c, n_got >= 1, &worst_us);
+    ck_assert_int_eq(n_got, 1);
+    ck_assert_str_eq(last, "req-7");
+    ck_assert(kg_cancel_is_cancelled(c, "req-7"));
+
+    /* the broker away: look-ups are sent and time out in the background */
+    ck_assert_int_eq(rd_kafka_mock_broker_set_down(mc, 1), RD_KAFKA_RESP_ERR_NO_ERROR);
+    worst_us = 0;
+    int64_t until = kg_clock_us() + 7 * 1000000LL;
+    for (int round = 0; kg_clock_us() < until; round++) {
+        if (round % 25 == 0) {
+            kg_cancel_look_up_soon(c); /* about every 0.5 s */
+        }
+        char one[1][KG_JOB_REQUEST_ID_MAX + 1];
+        int64_t t = kg_clock_us();
+        n_got += kg_cancel_poll(c, one, 1);
+        t = kg_clock_us() - t;
+        worst_us = t > worst_us ? t : worst_us;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    /* a blocking look-up waits 5 s for a broker; a generous bound for a loaded machine */
+    ck_assert_msg(worst_us < 2000000, "a poll took %lld us with the broker down",
+                  (long long)worst_us);
+    ck_assert_int_eq(kg_cancel_n_partitions(c), 2); /* nothing forgotten */
+
+    rd_kafka_destroy(producer);
+    kg_cancel_free(c);
+    kg_config_clear(&cfg);
+    rd_kafka_mock_cluster_destroy(mc);
+    rd_kafka_destroy(mock_rk);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("cancel");
     TCase *tc = tcase_create("memo");
@@ -126,6 +225,10 @@ static Suite *make_suite(void) {
     tc = tcase_create("message");
     tcase_add_test(tc, message);
     tcase_add_test(tc, topic_names);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("reader");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, lookup_later_and_not_blocking);
     suite_add_tcase(s, tc);
     return s;
 }
