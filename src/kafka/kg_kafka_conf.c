@@ -1,8 +1,10 @@
 /* kg_kafka_conf: shared librdkafka setup (kcat try_conf_set style). */
 #include "kg_kafka_conf.h"
 
+#include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +15,71 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char 
                          : level <= 6 ? KG_LOG_LEVEL_INFO
                                       : KG_LOG_LEVEL_DEBUG;
     KG_LOG_(lvl, "rdkafka", "%s client=%s facility=%s", buf, rd_kafka_name(rk), fac);
+}
+
+/* Errors of the clients that set no error callback of their own (the journal's and the cancel
+ * reader's). Without one librdkafka logs every error event, and while a broker is down that is
+ * "N/N brokers are down" at every failed reconnect of every client: 508 lines from one journal
+ * reader in a 50 s outage. Connectivity errors are said once per client per
+ * NO_BROKER_EVERY_US, with a count of the ones not said; the rest as they come. */
+#define NO_BROKER_EVERY_US (30 * 1000000LL)
+#define QUIET_SLOTS        16
+
+static struct {
+    const rd_kafka_t *rk;
+    int64_t said_us;
+    int64_t unsaid;
+} quiet[QUIET_SLOTS];
+static pthread_mutex_t quiet_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Whether to say this connectivity error of rk now; *unsaid: how many were held back since. */
+static bool say_no_broker(const rd_kafka_t *rk, int64_t *unsaid) {
+    int64_t now = kg_clock_us();
+    bool say = true;
+    *unsaid = 0;
+    pthread_mutex_lock(&quiet_mu);
+    int slot = -1, oldest = 0;
+    for (int i = 0; i < QUIET_SLOTS; i++) {
+        if (quiet[i].rk == rk) {
+            slot = i;
+            break;
+        }
+        if (quiet[i].said_us < quiet[oldest].said_us) {
+            oldest = i;
+        }
+    }
+    if (slot >= 0 && now - quiet[slot].said_us < NO_BROKER_EVERY_US) {
+        quiet[slot].unsaid++;
+        say = false;
+    } else {
+        slot = slot >= 0 ? slot : oldest; /* a handle gone long ago gives its slot up */
+        *unsaid = quiet[slot].rk == rk ? quiet[slot].unsaid : 0;
+        quiet[slot].rk = rk;
+        quiet[slot].said_us = now;
+        quiet[slot].unsaid = 0;
+    }
+    pthread_mutex_unlock(&quiet_mu);
+    return say;
+}
+
+static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
+    (void)opaque;
+    rd_kafka_resp_err_t e = (rd_kafka_resp_err_t)err;
+    if (e == RD_KAFKA_RESP_ERR__FATAL) {
+        char why[512];
+        rd_kafka_resp_err_t orig = rd_kafka_fatal_error(rk, why, sizeof(why));
+        KG_LOG_ERROR("rdkafka", "%s client=%s error=%s", why, rd_kafka_name(rk),
+                     rd_kafka_err2name(orig));
+        return;
+    }
+    int64_t unsaid = 0;
+    if ((e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || e == RD_KAFKA_RESP_ERR__TRANSPORT) &&
+        !say_no_broker(rk, &unsaid)) {
+        return;
+    }
+    /* informational: librdkafka retries by itself (a broker that went away) */
+    KG_LOG_WARN("rdkafka", "%s client=%s error=%s held_back=%lld", reason, rd_kafka_name(rk),
+                rd_kafka_err2name(e), (long long)unsaid);
 }
 
 const char *kg_kafka_version(void) {
@@ -38,6 +105,7 @@ int kg_kafka_conf_set(
 rd_kafka_conf_t *kg_kafka_conf_new(const kg_config_t *cfg, char *errstr, size_t errstr_size) {
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     rd_kafka_conf_set_log_cb(conf, log_cb);
+    rd_kafka_conf_set_error_cb(conf, error_cb); /* the worker's clients set their own */
     if (kg_kafka_conf_set(conf, "bootstrap.servers", cfg->brokers, errstr, errstr_size) != 0) {
         goto fail;
     }
