@@ -17,11 +17,11 @@ static void log_cb(const rd_kafka_t *rk, int level, const char *fac, const char 
     KG_LOG_(lvl, "rdkafka", "%s client=%s facility=%s", buf, rd_kafka_name(rk), fac);
 }
 
-/* Errors of the clients that set no error callback of their own (the journal's and the cancel
- * reader's). Without one librdkafka logs every error event, and while a broker is down that is
- * "N/N brokers are down" at every failed reconnect of every client: 508 lines from one journal
- * reader in a 50 s outage. Connectivity errors are said once per client per
- * NO_BROKER_EVERY_US, with a count of the ones not said; the rest as they come. */
+/* librdkafka's error events. While a broker is down they are "N/N brokers are down" at every
+ * failed reconnect of every client (without an error callback librdkafka logs each: 508 lines
+ * from one journal reader in a 50 s outage; the worker's producer said it every second).
+ * Connectivity errors are said once per client per NO_BROKER_EVERY_US, with a count of the ones
+ * held back; the rest as they come. */
 #define NO_BROKER_EVERY_US (30 * 1000000LL)
 #define QUIET_SLOTS        16
 
@@ -62,16 +62,8 @@ static bool say_no_broker(const rd_kafka_t *rk, int64_t *unsaid) {
     return say;
 }
 
-static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
-    (void)opaque;
+void kg_kafka_log_error(rd_kafka_t *rk, int err, const char *reason) {
     rd_kafka_resp_err_t e = (rd_kafka_resp_err_t)err;
-    if (e == RD_KAFKA_RESP_ERR__FATAL) {
-        char why[512];
-        rd_kafka_resp_err_t orig = rd_kafka_fatal_error(rk, why, sizeof(why));
-        KG_LOG_ERROR("rdkafka", "%s client=%s error=%s", why, rd_kafka_name(rk),
-                     rd_kafka_err2name(orig));
-        return;
-    }
     int64_t unsaid = 0;
     if ((e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || e == RD_KAFKA_RESP_ERR__TRANSPORT) &&
         !say_no_broker(rk, &unsaid)) {
@@ -80,6 +72,18 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
     /* informational: librdkafka retries by itself (a broker that went away) */
     KG_LOG_WARN("rdkafka", "%s client=%s error=%s held_back=%lld", reason, rd_kafka_name(rk),
                 rd_kafka_err2name(e), (long long)unsaid);
+}
+
+static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) {
+    (void)opaque;
+    if (err == RD_KAFKA_RESP_ERR__FATAL) {
+        char why[512];
+        rd_kafka_resp_err_t orig = rd_kafka_fatal_error(rk, why, sizeof(why));
+        KG_LOG_ERROR("rdkafka", "%s client=%s error=%s", why, rd_kafka_name(rk),
+                     rd_kafka_err2name(orig));
+        return;
+    }
+    kg_kafka_log_error(rk, err, reason);
 }
 
 const char *kg_kafka_version(void) {

@@ -22,6 +22,12 @@ const char *kg_kafka_version(void);
  * and a warning must not say it is missing. */
 bool kg_kafka_err_no_broker(rd_kafka_resp_err_t err);
 
+/** Log a non-fatal librdkafka error event of rk (what an error callback gets): a warning, but
+ * a connectivity error (all brokers down, a transport error) only once per client per 30 s,
+ * with a count of those held back. kg_kafka_conf_new's conf logs so by default.
+ * @thread any (librdkafka's) */
+void kg_kafka_log_error(rd_kafka_t *rk, int err, const char *reason);
+
 /** Set one property, or fail with a message naming it. */
 int kg_kafka_conf_set(
     rd_kafka_conf_t *conf, const char *key, const char *value, char *errstr, size_t errstr_size);

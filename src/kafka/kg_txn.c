@@ -4,6 +4,7 @@
 #include "../core/kg_clock.h"
 #include "../core/kg_log.h"
 #include "kg_answered.h"
+#include "kg_kafka_conf.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -279,8 +280,7 @@ static void error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque) 
         KG_LOG_ERROR("txn", "fatal: %s", buf);
         return;
     }
-    KG_LOG_WARN("rdkafka", "%s client=%s error=%s", reason, rd_kafka_name(rk),
-                rd_kafka_err2name((rd_kafka_resp_err_t)err));
+    kg_kafka_log_error(rk, err, reason);
 }
 
 // ---- committing ----

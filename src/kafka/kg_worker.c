@@ -76,9 +76,7 @@ void kg_worker_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaqu
         /* retried by librdkafka too, but for ever: kg_worker_check_auth ends it */
         kg_auth_failed(&w->life.auth, kg_clock_us() / 1000, reason);
     }
-    /* informational: librdkafka retries by itself (a broker that went away) */
-    KG_LOG_WARN("rdkafka", "%s client=%s error=%s", reason, rd_kafka_name(rk),
-                rd_kafka_err2name((rd_kafka_resp_err_t)err));
+    kg_kafka_log_error(rk, err, reason); /* librdkafka retries by itself */
 }
 
 /* The jobs consumer was refused by the broker's authorizer: its group or a jobs topic lacks an
