@@ -362,8 +362,12 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     be->iface = cpu_iface;
     be->ctx = ctx;
     be->kv_copy = cpu_kv_copy;
-    be->lora_add = cpu_lora_add;
-    be->lora_remove = cpu_lora_remove;
+    /* the latent attention runs no adapter deltas: such a model takes no
+     * adapters at all rather than some of their tensors */
+    if (model->hp.n_lora_kv == 0) {
+        be->lora_add = cpu_lora_add;
+        be->lora_remove = cpu_lora_remove;
+    }
     be->hidden = true;
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;
