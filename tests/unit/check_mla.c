@@ -6,6 +6,7 @@
  * of files it cannot run that way. */
 #include "backend/kg_backend.h"
 #include "check_common.h"
+#include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
 #include "model/kg_gguf_writer.h"
 #include "model/kg_model.h"
@@ -146,12 +147,34 @@ START_TEST(loader_refuses_what_it_cannot_run_latent) {
 }
 END_TEST
 
+START_TEST(cuda_refuses_latent_attention) {
+    /* the CUDA backend keeps full K/V heads: it does not take an MLA model
+     * (--backend auto runs it on the CPU, --backend cuda says why) */
+    const char *path = kg_test_tmp_path("mla-auto.gguf");
+    ck_assert_int_eq(kg_test_mkmodel(path, DS2_ARGS), 0);
+    kg_model_t *m = load(path);
+    kg_backend_params_t bp = {
+        .n_threads = 1, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 16};
+    char err[512] = "";
+    kg_backend_t *be = kg_backend_new("auto", m, &bp, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    ck_assert_str_eq(kg_backend_name(be), "cpu");
+    kg_backend_free(be);
+    ck_assert_ptr_null(kg_backend_new("cuda", m, &bp, err, sizeof(err)));
+#ifdef KG_USE_CUDA
+    ck_assert_msg(strstr(err, "mla") != NULL, "%s", err);
+#endif
+    kg_model_free(m);
+}
+END_TEST
+
 static Suite *mla_suite(void) {
     Suite *s = suite_create("mla");
     TCase *tc = tcase_create("mla");
     tcase_add_test(tc, kv_cache_holds_the_latent);
     tcase_add_test(tc, dense_model_keeps_both_caches);
     tcase_add_test(tc, loader_refuses_what_it_cannot_run_latent);
+    tcase_add_test(tc, cuda_refuses_latent_attention);
     suite_add_tcase(s, tc);
     return s;
 }
