@@ -160,7 +160,7 @@ static bool add_random3(kg_gguf_writer_t *w,
                         int64_t n_exp,
                         float scale) {
     int64_t n = ne0 * ne1 * n_exp;
-    float *v = malloc((size_t)n * sizeof(float));
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!v) {
         snprintf(g_err, sizeof(g_err), "out of memory for %s (%lld x %lld x %lld)", name,
                  (long long)ne0, (long long)ne1, (long long)n_exp);
