@@ -12,6 +12,7 @@
 #include "model/kg_model.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* DeepSeek V3's attention shape in small: 4 heads of 64 nope + 32 rope
@@ -147,6 +148,64 @@ START_TEST(loader_refuses_what_it_cannot_run_latent) {
 }
 END_TEST
 
+/* The logits of a 24-token prefill then one decode step of model m on
+ * `threads` threads into out (2 x n_vocab). */
+static void run_steps(const kg_model_t *m, int threads, float *out) {
+    kg_backend_params_t bp = {
+        .n_threads = threads, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 32};
+    char err[256];
+    kg_backend_t *be = kg_backend_cpu_new(m, &bp, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    int32_t tok[24], pos[24], seq[24] = {0}, table[4] = {2, 0, 3, 1};
+    bool want[24] = {false};
+    for (int32_t i = 0; i < 24; i++) {
+        tok[i] = (i * 37 + 5) % m->hp.n_vocab;
+        pos[i] = i;
+    }
+    want[23] = true;
+    kg_step_batch_t b = {.n_tokens = 24,
+                         .token = tok,
+                         .pos = pos,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_outputs = 1,
+                         .n_slots = 1,
+                         .max_blocks_per_seq = 4,
+                         .block_table = table};
+    ck_assert_int_eq(kg_backend_forward(be, &b, out), KG_OK);
+    int32_t next = 11, next_pos = 24;
+    bool one = true;
+    kg_step_batch_t d = b;
+    d.n_tokens = 1;
+    d.token = &next;
+    d.pos = &next_pos;
+    d.want_logits = &one;
+    ck_assert_int_eq(kg_backend_forward(be, &d, out + m->hp.n_vocab), KG_OK);
+    kg_backend_free(be);
+}
+
+START_TEST(heads_side_by_side_or_in_turn_give_the_same_bits) {
+    /* 4 heads: on 1 or 2 threads each head's k_b / v_b GEMM is its own
+     * pool task, on 8 they run one after another across the pool */
+    const char *path = kg_test_tmp_path("mla-threads.gguf");
+    ck_assert_int_eq(kg_test_mkmodel(path, DS2_ARGS " --type q8_0"), 0);
+    kg_model_t *m = load(path);
+    const size_t n = 2 * (size_t)m->hp.n_vocab;
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+    float *c = malloc(n * sizeof(float));
+    ck_assert(a && b && c);
+    run_steps(m, 1, a);
+    run_steps(m, 2, b);
+    run_steps(m, 8, c);
+    ck_assert_int_eq(memcmp(a, b, n * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(a, c, n * sizeof(float)), 0);
+    free(a);
+    free(b);
+    free(c);
+    kg_model_free(m);
+}
+END_TEST
+
 START_TEST(cuda_refuses_latent_attention) {
     /* the CUDA backend keeps full K/V heads: it does not take an MLA model
      * (--backend auto runs it on the CPU, --backend cuda says why) */
@@ -175,6 +234,7 @@ static Suite *mla_suite(void) {
     tcase_add_test(tc, dense_model_keeps_both_caches);
     tcase_add_test(tc, loader_refuses_what_it_cannot_run_latent);
     tcase_add_test(tc, cuda_refuses_latent_attention);
+    tcase_add_test(tc, heads_side_by_side_or_in_turn_give_the_same_bits);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -258,6 +258,10 @@ static void cpu_free(kg_backend_t *be) {
             cpu_qact_clear(&ctx->moe_qact[i]);
         }
         free(ctx->moe_qact);
+        for (int i = 0; ctx->mla_qact && i < ctx->n_threads; i++) {
+            cpu_qact_clear(&ctx->mla_qact[i]);
+        }
+        free(ctx->mla_qact);
         free(ctx->moe_tokens);
         free(ctx->moe_active);
         weight_clear(&ctx->output_norm);
@@ -279,11 +283,11 @@ static void cpu_free(kg_backend_t *be) {
         free(ctx->rope_freqs);
         free(ctx->ropes);
         free(ctx->gelu_table);
-        float *bufs[] = {ctx->x,       ctx->xn,     ctx->xr,         ctx->q,      ctx->k,
-                         ctx->v,       ctx->att,    ctx->gate,       ctx->up,     ctx->tmp,
-                         ctx->rope_cs, ctx->scores, ctx->moe_logits, ctx->moe_x,  ctx->moe_g,
-                         ctx->moe_u,   ctx->moe_y,  ctx->moe_xr,     ctx->shexp,  ctx->mla_q,
-                         ctx->mla_qa,  ctx->mla_in, ctx->mla_out,    ctx->mla_att};
+        float *bufs[] = {ctx->x,       ctx->xn,      ctx->xr,         ctx->q,        ctx->k,
+                         ctx->v,       ctx->att,     ctx->gate,       ctx->up,       ctx->tmp,
+                         ctx->rope_cs, ctx->scores,  ctx->moe_logits, ctx->moe_x,    ctx->moe_g,
+                         ctx->moe_u,   ctx->moe_y,   ctx->moe_xr,     ctx->shexp,    ctx->mla_q,
+                         ctx->mla_qa,  ctx->mla_att, ctx->mla_hin,    ctx->mla_hout, ctx->mla_xr};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -545,9 +549,19 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     if (mla) {
         ctx->mla_q = scratch(ctx, T * H * (size_t)hp->mla_k, &ok);
         ctx->mla_qa = scratch(ctx, T * (size_t)hp->n_lora_q, &ok);
-        ctx->mla_in = scratch(ctx, T * (nope > R ? nope : R), &ok);
-        ctx->mla_out = scratch(ctx, T * (R > MV ? R : MV), &ok);
         ctx->mla_att = scratch(ctx, T * H * MV, &ok);
+        size_t W = nope > R ? nope : R;
+        W = W > MV ? W : MV;
+        const size_t NT = (size_t)ctx->n_threads;
+        ctx->mla_hin = scratch(ctx, H * T * W, &ok);
+        ctx->mla_hout = scratch(ctx, H * T * W, &ok);
+        ctx->mla_xr = scratch(ctx, NT * T * W, &ok);
+        ctx->mla_qact = calloc(NT, sizeof(*ctx->mla_qact));
+        ok = ok && ctx->mla_qact;
+        for (size_t i = 0; ok && i < NT; i++) {
+            ok = cpu_qact_init(&ctx->mla_qact[i], (int64_t)T, (int64_t)W);
+            ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)W);
+        }
     }
     ok = ok && cpu_qact_init(&ctx->qact, (int64_t)T, (int64_t)widest);
     ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)widest);

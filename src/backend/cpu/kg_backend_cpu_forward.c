@@ -290,6 +290,59 @@ static void mla_attention_task(void *arg, int64_t w, int thread) {
                       ctx->att + (t * H + h) * R);
 }
 
+/* One GEMM per head: y[t, h] (n_out) = w[h] · x[t, h] (n_in), x and y
+ * rows at the given strides (floats per token, per head). */
+typedef struct mla_heads_job {
+    cpu_ctx_t *ctx;
+    const cpu_weight_t *w; /* (n_head) */
+    const float *x;
+    float *y;
+    int64_t T, n_in, n_out, x_tok, x_head, y_tok, y_head;
+} mla_heads_job_t;
+
+/* Head h's GEMM on `pool` (NULL: this thread alone, in head h's own rows
+ * of mla_hin / mla_hout and this thread's rounding buffers). */
+static void mla_head(const mla_heads_job_t *j, kg_pool_t *pool, int thread, int64_t h) {
+    cpu_ctx_t *ctx = j->ctx;
+    const kg_hparams_t *hp = &ctx->hp;
+    int64_t W = hp->mla_k - hp->n_rot > hp->n_lora_kv ? hp->mla_k - hp->n_rot : hp->n_lora_kv;
+    W = W > hp->mla_v ? W : hp->mla_v;
+    float *in = ctx->mla_hin + h * j->T * W, *out = ctx->mla_hout + h * j->T * W;
+    for (int64_t t = 0; t < j->T; t++) {
+        memcpy(in + t * j->n_in, j->x + t * j->x_tok + h * j->x_head,
+               (size_t)j->n_in * sizeof(float));
+    }
+    const cpu_weight_t *w = &j->w[h];
+    if (pool) {
+        matmul_n(ctx, 1, &w, in, &out, j->T);
+    } else {
+        matmul_n_on(ctx, NULL, thread, ctx->mla_xr + (int64_t)thread * j->T * W,
+                    &ctx->mla_qact[thread], 1, &w, in, &out, j->T);
+    }
+    for (int64_t t = 0; t < j->T; t++) {
+        memcpy(j->y + t * j->y_tok + h * j->y_head, out + t * j->n_out,
+               (size_t)j->n_out * sizeof(float));
+    }
+}
+
+static void mla_head_task(void *arg, int64_t h, int thread) {
+    mla_head(arg, NULL, thread, h);
+}
+
+/* Every head's GEMM: side by side, one pool task each, when the heads
+ * keep every thread busy (decode: GEMMs of a few rows), else one after
+ * another over the pool; the bits are the same either way. */
+static void mla_heads(const mla_heads_job_t *j) {
+    const int64_t H = j->ctx->hp.n_head;
+    if (H >= j->ctx->n_threads) {
+        kg_pool_run(j->ctx->pool, H, mla_head_task, (void *)j);
+        return;
+    }
+    for (int64_t h = 0; h < H; h++) {
+        mla_head(j, j->ctx->pool, 0, h);
+    }
+}
+
 /* Multi-head latent attention (llama.cpp's deepseek2 graph with MLA, the
  * absorbed form for prefill and decode alike) of layer il on ctx->xn into
  * ctx->tmp: the queries (attn_q, or attn_q_a, its norm and attn_q_b), the
@@ -321,16 +374,22 @@ static void mla_attention(cpu_ctx_t *ctx,
     rope_part(ctx, ctx->k, T, 1, D, R, cs);
     rope_part(ctx, ctx->mla_q, T, (int32_t)H, K, nope, cs);
     /* Qcur = concat(k_b · q_nope, q_pe) per head */
-    for (int64_t h = 0; h < H; h++) {
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(ctx->mla_in + t * nope, ctx->mla_q + (t * H + h) * K,
-                   (size_t)nope * sizeof(float));
-        }
-        matmul(ctx, &L->k_b[h], ctx->mla_in, ctx->mla_out, T);
-        for (int64_t t = 0; t < T; t++) {
-            float *qh = ctx->q + (t * H + h) * D;
-            memcpy(qh, ctx->mla_out + t * R, (size_t)R * sizeof(float));
-            memcpy(qh + R, ctx->mla_q + (t * H + h) * K + nope, (size_t)hp->n_rot * sizeof(float));
+    const mla_heads_job_t kb = {.ctx = ctx,
+                                .w = L->k_b,
+                                .x = ctx->mla_q,
+                                .y = ctx->q,
+                                .T = T,
+                                .n_in = nope,
+                                .n_out = R,
+                                .x_tok = H * K,
+                                .x_head = K,
+                                .y_tok = H * D,
+                                .y_head = D};
+    mla_heads(&kb);
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t h = 0; h < H; h++) {
+            memcpy(ctx->q + (t * H + h) * D + R, ctx->mla_q + (t * H + h) * K + nope,
+                   (size_t)hp->n_rot * sizeof(float));
         }
     }
     cpu_round_fp16(ctx->q, T * H * D); /* ggml converts q to fp16 for the K matmul */
@@ -354,16 +413,18 @@ static void mla_attention(cpu_ctx_t *ctx,
         kg_pool_run(ctx->pool, T * H, mla_attention_task, &job);
     }
     /* kqv_mla = v_b · kqv per head, then attn_output */
-    for (int64_t h = 0; h < H; h++) {
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(ctx->mla_in + t * R, ctx->att + (t * H + h) * R, (size_t)R * sizeof(float));
-        }
-        matmul(ctx, &L->v_b[h], ctx->mla_in, ctx->mla_out, T);
-        for (int64_t t = 0; t < T; t++) {
-            memcpy(ctx->mla_att + (t * H + h) * MV, ctx->mla_out + t * MV,
-                   (size_t)MV * sizeof(float));
-        }
-    }
+    const mla_heads_job_t vb = {.ctx = ctx,
+                                .w = L->v_b,
+                                .x = ctx->att,
+                                .y = ctx->mla_att,
+                                .T = T,
+                                .n_in = R,
+                                .n_out = MV,
+                                .x_tok = H * R,
+                                .x_head = R,
+                                .y_tok = H * MV,
+                                .y_head = MV};
+    mla_heads(&vb);
     matmul(ctx, &L->wo, ctx->mla_att, ctx->tmp, T);
 }
 

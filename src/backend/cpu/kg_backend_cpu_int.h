@@ -107,9 +107,14 @@ typedef struct cpu_ctx {
     /* multi-head latent attention (n_lora_kv > 0) */
     float *mla_q;   /* (T, n_head * mla_k) the queries before absorption */
     float *mla_qa;  /* (T, n_lora_q) the compressed queries */
-    float *mla_in;  /* (T, max(nope, n_lora_kv)) one head's rows gathered for its GEMM */
-    float *mla_out; /* (T, max(n_lora_kv, mla_v)) that GEMM's output */
     float *mla_att; /* (T, n_head * mla_v) the heads' values, attn_output's input */
+    /* the per-head GEMMs side by side (n_head >= n_threads), W = max(nope, n_lora_kv,
+     * mla_v): each head's gathered rows and output, each thread's rounding and
+     * quantized activations */
+    float *mla_hin;              /* (n_head, T, W) */
+    float *mla_hout;             /* (n_head, T, W) */
+    float *mla_xr;               /* (n_threads, T, W) */
+    cpu_qact_t *mla_qact;        /* (n_threads) x (T, W) */
     struct cpu_lora_state *lora; /* LoRA adapters (cpu_lora.c), NULL until one is added */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
