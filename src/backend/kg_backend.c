@@ -153,7 +153,9 @@ void kg_backend_lora_remove(kg_backend_t *be, int32_t id) {
 
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
     const kg_hparams_t *hp = &model->hp;
-    /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same size) */
-    return (size_t)2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim *
-           sizeof(uint16_t);
+    /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same size);
+     * multi-head latent attention caches one latent row (head_dim = kv_lora_rank + rope
+     * dims, n_head_kv 1) whose first dims are the values: K only */
+    return (size_t)(hp->n_lora_kv > 0 ? 1 : 2) * (size_t)hp->n_layer * (size_t)hp->n_head_kv *
+           (size_t)hp->head_dim * sizeof(uint16_t);
 }

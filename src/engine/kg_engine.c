@@ -462,6 +462,10 @@ void kg_engine_stats(const kg_engine_t *e, kg_engine_stats_t *out) {
     out->kv_blocks_total = kg_kv_n_total(e->kv);
     out->kv_blocks_used = kg_kv_n_used(e->kv);
     out->kv_blocks_cached = kg_kv_n_cached(e->kv);
+    kg_backend_memory_t mem = {0};
+    kg_backend_memory(e->be, &mem);
+    const int64_t kv_rows = (int64_t)e->p.n_kv_blocks * e->p.kv_block_size;
+    out->kv_bytes_per_token = kv_rows > 0 ? (int64_t)mem.kv_size / kv_rows : 0;
     kg_backend_moe_stats(e->be, &out->moe);
 }
 

@@ -248,6 +248,9 @@ typedef struct kg_engine_stats {
     int32_t kv_blocks_total;
     int32_t kv_blocks_used;   /* referenced by a running sequence */
     int32_t kv_blocks_cached; /* unreferenced but holding a cached prefix */
+    /* the backend's KV pool bytes per cached token (all layers): what a
+     * token costs, measured from the allocation (MLA: its latent row) */
+    int64_t kv_bytes_per_token;
     int64_t n_steps;
     int64_t n_prefill_tokens; /* tokens computed as prefill (including recomputation) */
     int64_t n_decode_tokens;

@@ -173,6 +173,10 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           atomic_load(&g->kv_blocks_cached));
     gauge(f, "kgen_kv_blocks_total", "KV cache blocks in the pool.",
           atomic_load(&g->kv_blocks_total));
+    gauge(f, "kgen_kv_cache_bytes_per_token",
+          "KV cache bytes one cached token takes over all layers (the backend's allocation; "
+          "multi-head latent attention: its latent row).",
+          (double)atomic_load(&g->kv_bytes_per_token));
     int32_t total = atomic_load(&g->kv_blocks_total);
     gauge(f, "kgen_kv_cache_usage_ratio", "Used / total KV blocks.",
           total > 0 ? (double)atomic_load(&g->kv_blocks_used) / total : 0.0);

@@ -160,7 +160,7 @@ static bool add_random3(kg_gguf_writer_t *w,
                         int64_t n_exp,
                         float scale) {
     int64_t n = ne0 * ne1 * n_exp;
-    float *v = malloc((size_t)n * sizeof(float));
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!v) {
         snprintf(g_err, sizeof(g_err), "out of memory for %s (%lld x %lld x %lld)", name,
                  (long long)ne0, (long long)ne1, (long long)n_exp);
@@ -221,6 +221,7 @@ typedef struct family {
     bool ffn_norm_post;  /* the FFN norm named post_attention_norm (gpt-oss, seed_oss) */
     bool xielu;          /* no ffn_gate; xielu.* keys, one value per layer (apertus) */
     bool glm;            /* shared experts, selection bias, leading dense layers, nextn blocks */
+    bool mla;            /* multi-head latent attention's tensors and keys (deepseek2) */
 } family_t;
 
 static const family_t families[] = {
@@ -334,6 +335,16 @@ static const family_t families[] = {
      .rms_eps = 1e-5f,
      .ffn_norm_post = true,
      .glm = true},
+    /* DeepSeek V3 (V2-Lite with --q-lora-rank 0): multi-head latent
+     * attention, llama's RoPE pairs over the rope dims, GLM's MoE (sigmoid
+     * router with a selection bias, shared experts, leading dense layers);
+     * a byte-level BPE with the deepseek-v3 pre-tokenizer and V3's specials */
+    {.arch = "deepseek2",
+     .gguf_arch = "deepseek2",
+     .moe = true,
+     .vocab = KG_MKVOCAB_DEEPSEEK,
+     .rms_eps = 1e-6f,
+     .mla = true},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -403,12 +414,34 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
         }
     }
     const int64_t n_blocks = o->n_layer + (fam->glm ? o->n_nextn : 0);
+    /* MLA (DeepseekV2Model): R latent dims, a query head of hd = nope +
+     * rope dims, MV value dims per head */
+    const int64_t R = o->kv_lora_rank, QL = o->q_lora_rank, rope = n_rot_of(o), MV = o->v_head_dim;
     for (int64_t l = 0; l < n_blocks; l++) {
         const long long L = (long long)l;
-        const bool dense = fam->glm && l < o->n_layer_dense;
+        const bool dense = (fam->glm || fam->mla) && l < o->n_layer_dense;
         bool ok = fam->no_pre_norms ||
                   KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.attn_norm.weight", L);
-        if (fam->fused) {
+        if (fam->mla) {
+            if (QL > 0) {
+                ok = ok && KG_ADD(wt, E, QL, 0.0f, fe, "blk.%lld.attn_q_a.weight", L) &&
+                     KG_ADD(KG_GGML_TYPE_F32, QL, 1, 1.0f, 0.1f, "blk.%lld.attn_q_a_norm.weight",
+                            L) &&
+                     KG_ADD(wt, QL, o->n_head * hd, 0.0f, fan_in_scale(QL),
+                            "blk.%lld.attn_q_b.weight", L);
+            } else {
+                ok = ok && KG_ADD(wt, E, o->n_head * hd, 0.0f, fe, "blk.%lld.attn_q.weight", L);
+            }
+            ok = ok && KG_ADD(wt, E, R + rope, 0.0f, fe, "blk.%lld.attn_kv_a_mqa.weight", L) &&
+                 KG_ADD(KG_GGML_TYPE_F32, R, 1, 1.0f, 0.1f, "blk.%lld.attn_kv_a_norm.weight", L);
+            snprintf(name, sizeof(name), "blk.%lld.attn_k_b.weight", L);
+            ok =
+                ok && add_random3(w, o, name, wt, hd - rope, R, o->n_head, fan_in_scale(hd - rope));
+            snprintf(name, sizeof(name), "blk.%lld.attn_v_b.weight", L);
+            ok = ok && add_random3(w, o, name, wt, R, MV, o->n_head, fan_in_scale(R));
+            ok = ok && KG_ADD(wt, o->n_head * MV, E, 0.0f, fan_in_scale(o->n_head * MV) * resid,
+                              "blk.%lld.attn_output.weight", L);
+        } else if (fam->fused) {
             ok = ok && KG_ADD(wt, E, q_dim + 2 * kv_dim, 0.0f, fe, "blk.%lld.attn_qkv.weight", L);
         } else {
             ok = ok && KG_ADD(wt, E, q_dim, 0.0f, fe, "blk.%lld.attn_q.weight", L) &&
@@ -430,8 +463,8 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
                  KG_ADD(KG_GGML_TYPE_F32, hd, 1, 1.0f, 0.1f, "blk.%lld.attn_q_norm.weight", L) &&
                  KG_ADD(KG_GGML_TYPE_F32, hd, 1, 1.0f, 0.1f, "blk.%lld.attn_k_norm.weight", L);
         }
-        ok = ok && KG_ADD(wt, q_dim, E, 0.0f, fan_in_scale(q_dim) * resid,
-                          "blk.%lld.attn_output.weight", L);
+        ok = ok && (fam->mla || KG_ADD(wt, q_dim, E, 0.0f, fan_in_scale(q_dim) * resid,
+                                       "blk.%lld.attn_output.weight", L));
         if (fam->post_norms) {
             ok = ok && KG_ADD(KG_GGML_TYPE_F32, E, 1, post, 0.1f * post,
                               "blk.%lld.post_attention_norm.weight", L);
@@ -471,12 +504,12 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
                     KG_ADD(KG_GGML_TYPE_F32, E, X, 0.0f, 0.1f * resid,
                            "blk.%lld.ffn_down_exps.bias", L);
             }
-            if (fam->glm) {
+            if (fam->glm || fam->mla) {
                 /* the selection bias (DeepSeek V3's e_score_correction_bias):
-                 * large enough to change which experts win */
+                 * large enough to change which experts win; V2-Lite has none */
                 const int64_t FS = o->n_expert_shared * FX;
-                ok = ok &&
-                     KG_ADD(KG_GGML_TYPE_F32, X, 1, 0.0f, 0.3f, "blk.%lld.exp_probs_b.bias", L);
+                ok = ok && (QL == 0 || KG_ADD(KG_GGML_TYPE_F32, X, 1, 0.0f, 0.3f,
+                                              "blk.%lld.exp_probs_b.bias", L));
                 if (FS > 0) {
                     ok = ok && KG_ADD(wt, E, FS, 0.0f, fe, "blk.%lld.ffn_gate_shexp.weight", L) &&
                          KG_ADD(wt, FS, E, 0.0f, fan_in_scale(FS) * resid,
@@ -576,7 +609,8 @@ kg_mkmodel_opts_t kg_mkmodel_opts_default(void) {
                            .pooling = -1,
                            .n_expert_shared = -1,
                            .n_layer_dense = -1,
-                           .n_nextn = -1};
+                           .n_nextn = -1,
+                           .q_lora_rank = -1};
     return o;
 }
 
@@ -598,15 +632,31 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     kg_gguf_writer_set_u32(w, KEY("block_count"),
                            (uint32_t)(o->n_layer + (fam->glm ? o->n_nextn : 0)));
     kg_gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)o->n_ff);
-    if (llama || phi3 || fam->norm_rope || fam->glm) {
+    if (llama || phi3 || fam->norm_rope || fam->glm || fam->mla) {
         kg_gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)n_rot_of(o));
     }
     kg_gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)o->n_head);
     kg_gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)o->n_head_kv);
     /* Qwen3 and Gemma configs carry head_dim, so their converters always
      * write it; the others only have it when it is not n_embd / n_head */
-    if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0 || fam->oss || gemma2 || gemma3 ||
-        strcmp(a, "seed_oss") == 0 || o->head_dim * o->n_head != o->n_embd) {
+    if (fam->mla) {
+        /* DeepseekV2Model: MLA as MQA over the latent rows */
+        const int64_t R = o->kv_lora_rank;
+        kg_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)(R + n_rot_of(o)));
+        kg_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)R);
+        kg_gguf_writer_set_u32(w, KEY("attention.key_length_mla"), (uint32_t)o->head_dim);
+        kg_gguf_writer_set_u32(w, KEY("attention.value_length_mla"), (uint32_t)o->v_head_dim);
+        kg_gguf_writer_set_u32(w, KEY("attention.kv_lora_rank"), (uint32_t)R);
+        /* the converter writes none for V2-Lite (q_lora_rank null), which
+         * llama.cpp then only takes at V2-Lite's 27 layers: 0 says it for
+         * any depth */
+        kg_gguf_writer_set_u32(w, KEY("attention.q_lora_rank"), (uint32_t)o->q_lora_rank);
+        if (o->rope_scaling && strcmp(o->rope_scaling, "yarn") == 0) {
+            /* 0.1 x V3's mscale_all_dim 1.0 */
+            kg_gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), 0.1f);
+        }
+    } else if (strcmp(a, "qwen3") == 0 || strcmp(a, "qwen3moe") == 0 || fam->oss || gemma2 ||
+               gemma3 || strcmp(a, "seed_oss") == 0 || o->head_dim * o->n_head != o->n_embd) {
         kg_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)o->head_dim);
         kg_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)o->head_dim);
     }
@@ -655,6 +705,21 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
         kg_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)o->n_expert_used);
         if (strcmp(a, "llama") != 0) {
             kg_gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)o->n_ff_exp);
+        }
+    }
+    if (fam->mla) {
+        /* DeepSeek V3: routed_scaling_factor 2.5, norm_topk_prob, sigmoid
+         * gating; V2-Lite (no q_lora_rank): neither key, softmax by default */
+        kg_gguf_writer_set_u32(w, KEY("expert_shared_count"), (uint32_t)o->n_expert_shared);
+        kg_gguf_writer_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)o->n_layer_dense);
+        kg_gguf_writer_set_f32(w, KEY("expert_weights_scale"), o->q_lora_rank > 0 ? 2.5f : 1.0f);
+        if (o->q_lora_rank > 0) {
+            kg_gguf_writer_set_u32(w, KEY("expert_gating_func"), 2);
+            kg_gguf_writer_set_bool(w, KEY("expert_weights_norm"), true);
+        }
+        if (o->n_expert_groups > 0) {
+            kg_gguf_writer_set_u32(w, KEY("expert_group_count"), (uint32_t)o->n_expert_groups);
+            kg_gguf_writer_set_u32(w, KEY("expert_group_used_count"), (uint32_t)o->n_group_used);
         }
     }
     if (fam->glm) {
@@ -735,7 +800,28 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     }
     kg_mkmodel_opts_t mo = *opts; /* with the expert defaults filled in */
     const kg_mkmodel_opts_t *o = &mo;
-    if (fam->glm) {
+    if (fam->mla) {
+        mo.n_expert_shared = mo.n_expert_shared >= 0 ? mo.n_expert_shared : 1;
+        mo.n_layer_dense = mo.n_layer_dense >= 0 ? mo.n_layer_dense : 1;
+        mo.n_expert_groups = mo.n_expert_groups > 0 ? mo.n_expert_groups : 0;
+        mo.n_rot = mo.n_rot > 0 ? mo.n_rot : mo.head_dim / 3 / 2 * 2; /* V3: 64 of 192 */
+        mo.kv_lora_rank = mo.kv_lora_rank > 0 ? mo.kv_lora_rank : 4 * (mo.head_dim - mo.n_rot);
+        mo.q_lora_rank = mo.q_lora_rank >= 0 ? mo.q_lora_rank : 3 * mo.kv_lora_rank;
+        mo.v_head_dim = mo.v_head_dim > 0 ? mo.v_head_dim : mo.head_dim - mo.n_rot;
+        if (mo.n_rot >= mo.head_dim || mo.n_head_kv != 1 || mo.n_layer_dense > mo.n_layer ||
+            mo.n_nextn > 0 || mo.kv_lora_rank + mo.n_rot > 1024) {
+            snprintf(errstr, errstr_size,
+                     "deepseek2: --n-rot below --head-dim (the nope dims), --n-head-kv 1, at most "
+                     "--n-layer leading dense layers, no nextn blocks, kv_lora_rank + n_rot at "
+                     "most 1024");
+            return KG_ERR_INVALID;
+        }
+    } else if (mo.q_lora_rank >= 0 || mo.kv_lora_rank > 0 || mo.v_head_dim > 0) {
+        snprintf(errstr, errstr_size,
+                 "--q-lora-rank, --kv-lora-rank and --v-head-dim are for "
+                 "deepseek2");
+        return KG_ERR_INVALID;
+    } else if (fam->glm) {
         mo.n_expert_shared = mo.n_expert_shared >= 0 ? mo.n_expert_shared : 1;
         mo.n_layer_dense = mo.n_layer_dense >= 0 ? mo.n_layer_dense : 1;
         mo.n_nextn = mo.n_nextn >= 0 ? mo.n_nextn : 1;
@@ -748,8 +834,8 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                      "nextn blocks");
             return KG_ERR_INVALID;
         }
-    } else if (mo.n_expert_shared >= 0 || mo.n_layer_dense >= 0 || mo.n_nextn >= 0 ||
-               mo.n_expert_groups > 0) {
+    } else if (!fam->mla && (mo.n_expert_shared >= 0 || mo.n_layer_dense >= 0 || mo.n_nextn >= 0 ||
+                             mo.n_expert_groups > 0)) {
         snprintf(errstr, errstr_size,
                  "shared experts, leading dense layers, nextn blocks and expert groups are for "
                  "glm4moe, not %s",
@@ -869,6 +955,9 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     }
     if (fam->vocab == KG_MKVOCAB_LLAMA) {
         kg_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)n_vocab);
+    }
+    if (fam->mla) {
+        kg_gguf_writer_set_u32(w, "deepseek2.vocab_size", (uint32_t)n_vocab);
     }
     if (!add_weights(w, o, fam, n_vocab)) {
         goto out;

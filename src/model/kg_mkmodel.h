@@ -14,7 +14,7 @@
 /* The families `kgen mkmodel --arch` writes, for messages. */
 #define KG_MKMODEL_ARCHS                                                                           \
     "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2"
 
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
@@ -59,6 +59,12 @@ typedef struct kg_mkmodel_opts {
     int64_t n_nextn;         /* nextn_predict_layers: extra blocks after --n-layer (default 1) */
     int64_t n_expert_groups; /* expert_group_count and expert_group_used_count (default: */
     int64_t n_group_used;    /* not written) */
+    /* deepseek2 (also takes the glm4moe options above): --head-dim is a query
+     * head's nope + rope dims (key_length_mla), --n-rot its rope dims */
+    int64_t q_lora_rank;  /* attention.q_lora_rank; 0: none, DeepSeek-V2-Lite's shape (attn_q,
+                             softmax router without selection bias); -1: 3 x kv_lora_rank */
+    int64_t kv_lora_rank; /* attention.kv_lora_rank; 0: 4 x (head_dim - n_rot) */
+    int64_t v_head_dim;   /* attention.value_length_mla; 0: head_dim - n_rot */
 } kg_mkmodel_opts_t;
 
 /** name "kgen-random", arch llama, ctx 2048, rope base 10000, F32, no

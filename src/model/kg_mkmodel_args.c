@@ -78,6 +78,9 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         {"--n-nextn", offsetof(kg_mkmodel_opts_t, n_nextn), 0, 4},
         {"--n-expert-groups", offsetof(kg_mkmodel_opts_t, n_expert_groups), 2, 64},
         {"--n-group-used", offsetof(kg_mkmodel_opts_t, n_group_used), 1, 63},
+        {"--q-lora-rank", offsetof(kg_mkmodel_opts_t, q_lora_rank), 0, 1 << 16},
+        {"--kv-lora-rank", offsetof(kg_mkmodel_opts_t, kv_lora_rank), 1, 4096},
+        {"--v-head-dim", offsetof(kg_mkmodel_opts_t, v_head_dim), 1, 1024},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -282,19 +285,30 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     const char *arch = o->arch ? o->arch : "llama";
     const bool gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0;
     const bool phi3 = strcmp(arch, "phi3") == 0, oss = strcmp(arch, "gpt-oss") == 0;
+    const bool ds2 = strcmp(arch, "deepseek2") == 0;
     const bool glm = strcmp(arch, "glm4moe") == 0;
-    const bool moe = oss || glm || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "mixtral") == 0;
-    if (!glm && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 || o->n_nextn >= 0 ||
-                 o->n_expert_groups > 0 || o->n_group_used > 0)) {
+    const bool moe =
+        oss || glm || ds2 || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "mixtral") == 0;
+    if (!glm && (o->n_nextn >= 0 || (!ds2 && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 ||
+                                              o->n_expert_groups > 0 || o->n_group_used > 0)))) {
         return bad(errstr, errstr_size,
                    "--n-expert-shared, --n-dense-lead, --n-nextn, --n-expert-groups and "
-                   "--n-group-used are for glm4moe");
+                   "--n-group-used are for glm4moe (deepseek2: all but --n-nextn)");
+    }
+    if (!ds2 && (o->q_lora_rank >= 0 || o->kv_lora_rank > 0 || o->v_head_dim > 0)) {
+        return bad(errstr, errstr_size,
+                   "--q-lora-rank, --kv-lora-rank and --v-head-dim are for deepseek2");
+    }
+    if (ds2 && (o->n_head_kv != 1 || (o->n_rot > 0 && o->n_rot >= o->head_dim))) {
+        return bad(errstr, errstr_size,
+                   "deepseek2: --n-head-kv must be 1 (MLA's one latent head) and --n-rot below "
+                   "--head-dim (a head's nope + rope dims)");
     }
     if ((o->n_expert_groups > 0) != (o->n_group_used > 0)) {
         return bad(errstr, errstr_size, "--n-expert-groups and --n-group-used come together");
     }
     if (o->n_rot > 0 && (o->n_rot % 2 != 0 || o->n_rot > o->head_dim ||
-                         (!gemma && !phi3 && !glm && strcmp(arch, "qwen2") != 0 &&
+                         (!gemma && !phi3 && !glm && !ds2 && strcmp(arch, "qwen2") != 0 &&
                           strcmp(arch, "qwen3") != 0 && o->n_rot != o->head_dim))) {
         return bad(errstr, errstr_size,
                    "--n-rot %lld must be even and at most the head width %lld (%s: "
@@ -312,7 +326,7 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
-                   "are for qwen3moe, mixtral, gpt-oss and glm4moe");
+                   "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2");
     }
     if (o->rerank && strcmp(arch, "qwen3") != 0) {
         return bad(errstr, errstr_size, "--rerank is for qwen3 (a Qwen3-Reranker head)");
@@ -368,7 +382,8 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
     int64_t hd = o->head_dim;
     const bool tied = o->tied || strcmp(o->arch, "gemma2") == 0;
     const bool moe = strcmp(o->arch, "qwen3moe") == 0 || strcmp(o->arch, "mixtral") == 0 ||
-                     strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0;
+                     strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0 ||
+                     strcmp(o->arch, "deepseek2") == 0;
     const int64_t n_exp = o->n_expert > 0 ? o->n_expert : 8;
     const int64_t ff_exp = o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
     /* the FFN's weights: dense, or the router and every expert */

@@ -402,7 +402,7 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     int64_t rc = -1;
     const bool spm = style != KG_MKVOCAB_QWEN && style != KG_MKVOCAB_QWEN3 &&
                      style != KG_MKVOCAB_QWEN_TOOLS && style != KG_MKVOCAB_GPT_OSS &&
-                     style != KG_MKVOCAB_GLM;
+                     style != KG_MKVOCAB_GLM && style != KG_MKVOCAB_DEEPSEEK;
     int64_t eot = -1, eom = -1;
     tr.cap = spm ? 512 : 640;
     tr.tok = calloc((size_t)tr.cap, TOK_MAX);
@@ -427,6 +427,17 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
         unk = vocab_push(&v, "<unk>", 5, 0.0f, TT_UNKNOWN);
         vocab_push(&v, "<start_of_turn>", 15, 0.0f, TT_CONTROL);
         vocab_push(&v, "<end_of_turn>", 13, 0.0f, TT_CONTROL);
+    } else if (style == KG_MKVOCAB_DEEPSEEK) {
+/* DeepSeek's fullwidth bar and SentencePiece space in its token names */
+#define BAR "\xef\xbd\x9c"
+#define SPC "\xe2\x96\x81"
+        /* DeepSeek V3's first ids (its tokenizer.json's added tokens 0-2) */
+        bos = vocab_push(&v, "<" BAR "begin" SPC "of" SPC "sentence" BAR ">",
+                         strlen("<" BAR "begin" SPC "of" SPC "sentence" BAR ">"), 0.0f, TT_CONTROL);
+        eos = vocab_push(&v, "<" BAR "end" SPC "of" SPC "sentence" BAR ">",
+                         strlen("<" BAR "end" SPC "of" SPC "sentence" BAR ">"), 0.0f, TT_CONTROL);
+        pad = vocab_push(&v, "<" BAR SPC "pad" SPC BAR ">", strlen("<" BAR SPC "pad" SPC BAR ">"),
+                         0.0f, TT_CONTROL);
     } else if (style == KG_MKVOCAB_PHI3) {
         unk = vocab_push(&v, "<unk>", 5, 0.0f, TT_UNKNOWN);
         bos = vocab_push(&v, "<s>", 3, 0.0f, TT_CONTROL);
@@ -470,6 +481,27 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
             bos = ids[0];
             pad = ids[1];
             eos = ids[2];
+        } else if (style == KG_MKVOCAB_DEEPSEEK) {
+            /* the tokens DeepSeek V3.1's template writes, user-defined as
+             * its tokenizer.json has them (special: false) */
+            static const char *ds[] = {
+                "<" BAR "User" BAR ">",
+                "<" BAR "Assistant" BAR ">",
+                "<think>",
+                "</think>",
+                "<" BAR "tool" SPC "calls" SPC "begin" BAR ">",
+                "<" BAR "tool" SPC "calls" SPC "end" BAR ">",
+                "<" BAR "tool" SPC "call" SPC "begin" BAR ">",
+                "<" BAR "tool" SPC "call" SPC "end" BAR ">",
+                "<" BAR "tool" SPC "sep" BAR ">",
+                "<" BAR "tool" SPC "output" SPC "begin" BAR ">",
+                "<" BAR "tool" SPC "output" SPC "end" BAR ">",
+            };
+            for (size_t i = 0; i < sizeof(ds) / sizeof(ds[0]); i++) {
+                vocab_push(&v, ds[i], strlen(ds[i]), 0.0f, TT_USER_DEFINED);
+            }
+#undef BAR
+#undef SPC
         } else if (style == KG_MKVOCAB_GLM) {
             /* GLM-4.5's added tokens in their order, as _set_vocab_glm
              * names them: [gMASK] begins every prompt (its template writes
@@ -520,10 +552,11 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     }
     kg_gguf_writer_set_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
     kg_gguf_writer_set_str(w, "tokenizer.ggml.pre",
-                           spm                           ? "default"
-                           : style == KG_MKVOCAB_GPT_OSS ? "gpt-4o"
-                           : style == KG_MKVOCAB_GLM     ? "glm4"
-                                                         : "qwen2");
+                           spm                            ? "default"
+                           : style == KG_MKVOCAB_GPT_OSS  ? "gpt-4o"
+                           : style == KG_MKVOCAB_GLM      ? "glm4"
+                           : style == KG_MKVOCAB_DEEPSEEK ? "deepseek-v3"
+                                                          : "qwen2");
     kg_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", v.tokens, (uint64_t)v.n);
     if (spm) {
         kg_gguf_writer_set_arr_f32(w, "tokenizer.ggml.scores", v.scores, (uint64_t)v.n);
@@ -554,7 +587,7 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
         kg_gguf_writer_set_u32(w, "tokenizer.ggml.eom_token_id", (uint32_t)eom);
     }
     /* Gemma and Phi-3 add BOS; Qwen and gpt-oss do not */
-    kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", spm);
+    kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", spm || style == KG_MKVOCAB_DEEPSEEK);
     kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
     if (style == KG_MKVOCAB_GEMMA) {
         kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false);

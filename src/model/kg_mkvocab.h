@@ -19,6 +19,9 @@ typedef enum kg_mkvocab_style {
                               (user-defined, as its converter writes them): for tool templates */
     KG_MKVOCAB_GLM,        /* byte-level BPE, tokenizer.ggml.pre = glm4, GLM-4.5's specials
                               ([gMASK] as BOS, <|user|> EOT, <|observation|> EOM, <think>) */
+    KG_MKVOCAB_DEEPSEEK,   /* byte-level BPE, tokenizer.ggml.pre = deepseek-v3, DeepSeek V3's
+                              specials (BOS 0, EOS 1, pad 2 first; the chat, think and tool
+                              tokens after the pieces), add_bos_token */
 } kg_mkvocab_style_t;
 
 /** Write the tokenizer.* keys of a built-in vocabulary of `style`, with

@@ -18,17 +18,20 @@
 #include <string.h>
 
 static const char *const arch_names[KG_ARCH_COUNT_] = {
-    [KG_ARCH_LLAMA] = "llama",       [KG_ARCH_MISTRAL] = "mistral",   [KG_ARCH_QWEN2] = "qwen2",
-    [KG_ARCH_QWEN3] = "qwen3",       [KG_ARCH_GEMMA2] = "gemma2",     [KG_ARCH_GEMMA3] = "gemma3",
-    [KG_ARCH_PHI3] = "phi3",         [KG_ARCH_QWEN3MOE] = "qwen3moe", [KG_ARCH_GPT_OSS] = "gpt-oss",
-    [KG_ARCH_SMOLLM3] = "smollm3",   [KG_ARCH_GRANITE] = "granite",   [KG_ARCH_OLMO2] = "olmo2",
-    [KG_ARCH_MISTRAL3] = "mistral3", [KG_ARCH_SEED_OSS] = "seed_oss", [KG_ARCH_APERTUS] = "apertus",
-    [KG_ARCH_GLM4MOE] = "glm4moe",
+    [KG_ARCH_LLAMA] = "llama",         [KG_ARCH_MISTRAL] = "mistral",
+    [KG_ARCH_QWEN2] = "qwen2",         [KG_ARCH_QWEN3] = "qwen3",
+    [KG_ARCH_GEMMA2] = "gemma2",       [KG_ARCH_GEMMA3] = "gemma3",
+    [KG_ARCH_PHI3] = "phi3",           [KG_ARCH_QWEN3MOE] = "qwen3moe",
+    [KG_ARCH_GPT_OSS] = "gpt-oss",     [KG_ARCH_SMOLLM3] = "smollm3",
+    [KG_ARCH_GRANITE] = "granite",     [KG_ARCH_OLMO2] = "olmo2",
+    [KG_ARCH_MISTRAL3] = "mistral3",   [KG_ARCH_SEED_OSS] = "seed_oss",
+    [KG_ARCH_APERTUS] = "apertus",     [KG_ARCH_GLM4MOE] = "glm4moe",
+    [KG_ARCH_DEEPSEEK2] = "deepseek2",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -169,7 +172,8 @@ static bool load_layer(loader_t *ld,
                        kg_model_t *model,
                        int32_t il,
                        kg_gguf_tensor_t *views,
-                       kg_gguf_tensor_t *exp_views) {
+                       kg_gguf_tensor_t *exp_views,
+                       kg_gguf_tensor_t *mla_views) {
     const kg_hparams_t *hp = &model->hp;
     kg_layer_weights_t *L = &model->layers[il];
     const int64_t E = hp->n_embd, F = hp->n_ff;
@@ -180,7 +184,7 @@ static bool load_layer(loader_t *ld,
     const bool qk_norm =
         a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
-    const bool glm = a == KG_ARCH_GLM4MOE;
+    const bool glm = a == KG_ARCH_GLM4MOE, ds2 = a == KG_ARCH_DEEPSEEK2;
     /* glm4moe's first n_layer_dense layers have a dense FFN */
     const bool moe_layer = hp->n_expert > 0 && il >= hp->n_layer_dense;
     bool bad = false;
@@ -194,7 +198,33 @@ static bool load_layer(loader_t *ld,
     }
     snprintf(name, sizeof(name), "blk.%d.attn_qkv.weight", (int)il);
     const kg_gguf_tensor_t *qkv = kg_gguf_find_tensor(ld->g, name);
-    if (qkv) {
+    if (ds2) {
+        /* llama_model_deepseek2::load_arch_tensors with MLA: compressed
+         * queries (or attn_q: V2-Lite), the latent's down-projection and
+         * norm, k_b and v_b (3-D: one matrix per head), the output over
+         * n_head x value_length_mla */
+        const int64_t H = hp->n_head, R = hp->n_lora_kv, nope = hp->mla_k - hp->n_rot;
+        if (hp->n_lora_q > 0) {
+            L->wq_a = KG_T("attn_q_a.weight", E, hp->n_lora_q, false);
+            L->q_a_norm = KG_T("attn_q_a_norm.weight", hp->n_lora_q, 0, false);
+            L->wq_b = KG_T("attn_q_b.weight", hp->n_lora_q, H * hp->mla_k, false);
+        } else {
+            L->wq = KG_T("attn_q.weight", E, H * hp->mla_k, false);
+        }
+        L->wkv_a_mqa = KG_T("attn_kv_a_mqa.weight", E, R + hp->n_rot, false);
+        L->kv_a_norm = KG_T("attn_kv_a_norm.weight", R, 0, false);
+        snprintf(name, sizeof(name), "blk.%d.attn_k_b.weight", (int)il);
+        const kg_gguf_tensor_t *kb = find_tensor3(ld, name, nope, R, H, &bad);
+        snprintf(name, sizeof(name), "blk.%d.attn_v_b.weight", (int)il);
+        const kg_gguf_tensor_t *vb = find_tensor3(ld, name, R, hp->mla_v, H, &bad);
+        if (!bad) {
+            make_expert_views(mla_views, kb);
+            make_expert_views(mla_views + H, vb);
+            L->k_b = mla_views;
+            L->v_b = mla_views + H;
+        }
+        L->wo = KG_T("attn_output.weight", H * hp->mla_v, E, false);
+    } else if (qkv) {
         qkv = KG_T("attn_qkv.weight", E, n_q + 2 * n_kv, false);
         if (qkv) {
             L->wq = make_view(&views[0], qkv, 0, n_q, 0);
@@ -217,12 +247,14 @@ static bool load_layer(loader_t *ld,
         L->wk = KG_T("attn_k.weight", E, n_kv, false);
         L->wv = KG_T("attn_v.weight", E, n_kv, false);
     }
-    if (!L->bq) {
+    if (!L->bq && !ds2) {
         L->bq = KG_T("attn_q.bias", n_q, 0, true);
         L->bk = KG_T("attn_k.bias", n_kv, 0, true);
         L->bv = KG_T("attn_v.bias", n_kv, 0, true);
     }
-    L->wo = KG_T("attn_output.weight", n_q, E, false);
+    if (!ds2) {
+        L->wo = KG_T("attn_output.weight", n_q, E, false);
+    }
     if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || a == KG_ARCH_GRANITE ||
         a == KG_ARCH_MISTRAL3 || a == KG_ARCH_APERTUS || oss) {
         L->bo = KG_T("attn_output.bias", E, 0, !oss);
@@ -269,9 +301,10 @@ static bool load_layer(loader_t *ld,
     if (moe_layer) {
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
         L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
-        if (glm) {
+        if (glm || ds2) {
+            /* optional in DeepSeek V2 files (V3 and Kimi K2 have it) */
             const int64_t FS = (int64_t)hp->n_expert_shared * FX;
-            L->exp_probs_b = KG_T("exp_probs_b.bias", X, 0, false);
+            L->exp_probs_b = KG_T("exp_probs_b.bias", X, 0, ds2);
             if (L->exp_probs_b && kg_type_block_elems(L->exp_probs_b->type) != 1) {
                 snprintf(ld->errstr, ld->errstr_size,
                          "model: blk.%d.exp_probs_b.bias is %s; it must be F32, F16 or BF16",
@@ -398,10 +431,10 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
                  hp->n_layer);
         goto fail;
     }
-    if (hp->n_layer_nextn > 0 && hp->arch != KG_ARCH_GLM4MOE) {
+    if (hp->n_layer_nextn > 0 && hp->arch != KG_ARCH_GLM4MOE && hp->arch != KG_ARCH_DEEPSEEK2) {
         snprintf(errstr, errstr_size,
                  "model: %s with next-token-prediction blocks (%s) is not supported (glm4moe's "
-                 "are skipped)",
+                 "and deepseek2's are skipped)",
                  arch, key);
         goto fail;
     }
@@ -414,7 +447,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     get_i32(g, akey(key, sizeof(key), arch, "attention.key_length"), &hp->head_dim);
     int32_t v_len = hp->head_dim;
     get_i32(g, akey(key, sizeof(key), arch, "attention.value_length"), &v_len);
-    if (v_len != hp->head_dim) {
+    /* MLA: value_length is the latent's rank (kg_model_read_mla checks it) */
+    if (v_len != hp->head_dim && hp->arch != KG_ARCH_DEEPSEEK2) {
         snprintf(errstr, errstr_size,
                  "model: attention.value_length %d != key_length %d unsupported", v_len,
                  hp->head_dim);
@@ -462,7 +496,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     model->views = calloc((size_t)hp->n_layer * 8, sizeof(*model->views));
     model->expert_views =
         calloc((size_t)hp->n_layer * 3 * (size_t)hp->n_expert + 1, sizeof(*model->expert_views));
-    if (!ld.used || !model->layers || !model->views || !model->expert_views) {
+    model->mla_views = calloc(hp->n_lora_kv > 0 ? (size_t)hp->n_layer * 2 * (size_t)hp->n_head : 1,
+                              sizeof(*model->mla_views));
+    if (!ld.used || !model->layers || !model->views || !model->expert_views || !model->mla_views) {
         snprintf(errstr, errstr_size, "model: out of memory");
         goto fail;
     }
@@ -514,7 +550,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     }
     for (int32_t il = 0; il < hp->n_layer && !bad; il++) {
         if (!load_layer(&ld, model, il, model->views + (size_t)il * 8,
-                        model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert)) {
+                        model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert,
+                        model->mla_views + (size_t)il * 2 * (size_t)hp->n_head)) {
             bad = true;
             break;
         }
@@ -583,6 +620,7 @@ void kg_model_free(kg_model_t *model) {
     free(model->layers);
     free(model->views);
     free(model->expert_views);
+    free(model->mla_views);
     free(model->chat_template);
     free(model->rerank_template);
     free(model);
@@ -659,6 +697,9 @@ uint32_t kg_model_features(const kg_model_t *model) {
             f |= KG_MODEL_FEAT_NO_PRE_NORM;
         }
     }
+    if (hp->n_lora_kv > 0) {
+        f |= KG_MODEL_FEAT_MLA;
+    }
     if (hp->qk_norm_full) {
         f |= KG_MODEL_FEAT_QK_NORM_FULL;
     }
@@ -687,7 +728,7 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
         "softcap",    "sliding_window", "rope_neox",   "rope_partial",  "rope_per_layer",
         "rope_yarn",  "rope_factors",   "q_scale",     "moe",           "moe_oai",
         "attn_sinks", "nope",           "scales",      "no_pre_norm",   "qk_norm_full",
-        "attn_temp",  "xielu",          "moe_sigmoid", "shared_expert",
+        "attn_temp",  "xielu",          "moe_sigmoid", "shared_expert", "mla",
     };
     size_t n = 0;
     if (cap == 0) {

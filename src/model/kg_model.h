@@ -35,7 +35,12 @@
  * have a plain FFN). Its next-token-prediction blocks (the last
  * nextn_predict_layers of block_count, for speculative decoding) are not
  * part of the trunk: the loader takes their tensors as known and skips
- * them. */
+ * them.
+ *
+ * DeepSeek V2/V3 (deepseek2) keep GLM's MoE (softmax or sigmoid router,
+ * selection bias, groups, shared experts, leading dense layers) and
+ * replace the attention with multi-head latent attention: see the MLA
+ * fields of kg_hparams_t. */
 #pragma once
 
 #include "kg_gguf.h"
@@ -68,6 +73,7 @@ typedef enum kg_arch {
     KG_ARCH_SEED_OSS,
     KG_ARCH_APERTUS,
     KG_ARCH_GLM4MOE,
+    KG_ARCH_DEEPSEEK2, /* DeepSeek V2/V2.5/V3/R1, Kimi K2: multi-head latent attention */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -179,6 +185,23 @@ typedef struct kg_hparams {
     int32_t n_layer_nextn;   /* nextn_predict_layers: blocks after the n_layer trunk ones
                                 that kgen skips (block_count = n_layer + n_layer_nextn) */
 
+    /* Multi-head latent attention (deepseek2; n_lora_kv 0: not MLA). Each
+     * token caches one latent row per layer: the normed kv_lora_rank
+     * compression of its keys and values, then n_rot RoPE'd key dims shared
+     * by every head; head_dim is that row (n_lora_kv + n_rot) and
+     * n_head_kv 1, as the converter writes them (key_length,
+     * head_count_kv). A query head has mla_k nope + rope dims; it is
+     * absorbed into the latent through attn_k_b (its nope part), attends
+     * the latent rows as one shared head, and the result is projected
+     * out through attn_v_b (mla_v dims per head) before attn_output. */
+    int32_t n_lora_q;   /* attention.q_lora_rank: 0 = queries straight from attn_q
+                           (V2-Lite) */
+    int32_t n_lora_kv;  /* attention.kv_lora_rank */
+    int32_t mla_k;      /* attention.key_length_mla: a query head's nope + rope dims */
+    int32_t mla_v;      /* attention.value_length_mla: a head's value dims */
+    float mla_kq_scale; /* the scores' scale: mscale^2 / sqrt(mla_k) with YaRN's
+                           mscale as llama.cpp's deepseek2 graph makes it */
+
     /* embeddings: <arch>.pooling_type as llama.cpp numbers it (0 none, 1 mean,
      * 2 cls, 3 last, 4 rank); -1 when the file has no such key */
     int32_t pooling_type;
@@ -228,6 +251,18 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *up_shexp;   /* (n_embd, FS) */
     const kg_gguf_tensor_t *down_shexp; /* (FS, n_embd) */
 
+    /* multi-head latent attention (deepseek2): wq above is NULL when the
+     * queries are compressed (wq_a, q_a_norm, wq_b); wk, wv are NULL */
+    const kg_gguf_tensor_t *wq_a;      /* (n_embd, n_lora_q) */
+    const kg_gguf_tensor_t *q_a_norm;  /* (n_lora_q) */
+    const kg_gguf_tensor_t *wq_b;      /* (n_lora_q, n_head * mla_k) */
+    const kg_gguf_tensor_t *wkv_a_mqa; /* (n_embd, n_lora_kv + n_rot) latent and k_pe */
+    const kg_gguf_tensor_t *kv_a_norm; /* (n_lora_kv) */
+    /* head h's absorption matrices as 2-D views of attn_k_b and attn_v_b:
+     * k_b[h] is (mla_k - n_rot, n_lora_kv) (the nope query into the latent),
+     * v_b[h] (n_lora_kv, mla_v) (the latent into the head's values) */
+    const kg_gguf_tensor_t *k_b, *v_b;
+
     int32_t n_swa; /* this layer's window (it attends to the last n_swa positions,
                       itself included); 0 = global */
     bool no_rope;  /* no rotation of q and k in this layer (NoPE: smollm3's every
@@ -254,6 +289,7 @@ typedef struct kg_model {
     kg_layer_weights_t *layers;          /* (n_layer) */
     kg_gguf_tensor_t *views;             /* owned: row views of fused tensors */
     kg_gguf_tensor_t *expert_views;      /* owned: (n_layer, 3, n_expert) per-expert views */
+    kg_gguf_tensor_t *mla_views;         /* owned: (n_layer, 2, n_head) per-head k_b / v_b views */
     char *chat_template;                 /* tokenizer.chat_template or NULL */
     /* a reranker's head (qwen3: cls.output.weight, (n_embd, n_cls_out), the
      * rows of its labels, Qwen3-Reranker's "yes" and "no") or NULL */
@@ -292,6 +328,8 @@ enum {
     KG_MODEL_FEAT_MOE_SIGMOID = 1u << 22,   /* sigmoid router with a selection bias, group-
                                                limited top-k (glm4moe) */
     KG_MODEL_FEAT_SHARED_EXPERT = 1u << 23, /* a dense shared expert beside the routed ones */
+    KG_MODEL_FEAT_MLA = 1u << 24,           /* multi-head latent attention with a latent KV
+                                               cache (deepseek2) */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and

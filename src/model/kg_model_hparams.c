@@ -135,7 +135,8 @@ bool kg_model_check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_
     } else if (hp->arch != KG_ARCH_MISTRAL && hp->arch != KG_ARCH_QWEN2 &&
                hp->arch != KG_ARCH_QWEN3 && hp->arch != KG_ARCH_GEMMA2 &&
                hp->arch != KG_ARCH_GEMMA3 && hp->arch != KG_ARCH_PHI3 &&
-               hp->arch != KG_ARCH_GLM4MOE && hp->n_rot != hp->head_dim) {
+               hp->arch != KG_ARCH_GLM4MOE && hp->arch != KG_ARCH_DEEPSEEK2 &&
+               hp->n_rot != hp->head_dim) {
         bad = "this family needs rope.dimension_count equal to the head dimension (as llama.cpp)";
     } else if (hp->arch == KG_ARCH_OLMO2 && (int64_t)hp->n_head * hp->head_dim != hp->n_embd) {
         bad = "olmo2 needs head_count x key_length equal to embedding_length (as llama.cpp)";
@@ -361,6 +362,11 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
         }
         kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
         break;
+    case KG_ARCH_DEEPSEEK2:
+        if (!kg_model_read_mla(g, arch, hp, errstr, errstr_size)) {
+            return false;
+        }
+        break;
     case KG_ARCH_COUNT_:
         break;
     }
@@ -406,7 +412,8 @@ bool kg_model_read_moe_hparams(
         !get_i32_opt(g, arch, "expert_feed_forward_length", &hp->n_ff_exp, errstr, errstr_size)) {
         return false;
     }
-    const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS || a == KG_ARCH_GLM4MOE;
+    const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS || a == KG_ARCH_GLM4MOE ||
+                          a == KG_ARCH_DEEPSEEK2;
     if (hp->n_expert == 0) {
         if (moe_arch || hp->n_expert_used != 0) {
             snprintf(errstr, errstr_size,
@@ -420,7 +427,7 @@ bool kg_model_read_moe_hparams(
     if (!moe_arch && a != KG_ARCH_LLAMA) {
         snprintf(errstr, errstr_size,
                  "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
-                 "gpt-oss, glm4moe)",
+                 "gpt-oss, glm4moe, deepseek2)",
                  kg_arch_name(a));
         return false;
     }
@@ -434,7 +441,8 @@ bool kg_model_read_moe_hparams(
     }
     if (a == KG_ARCH_LLAMA) {
         hp->n_ff_exp = hp->n_ff; /* Mixtral: feed_forward_length is each expert's */
-    } else if ((a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GLM4MOE) && hp->n_ff_exp == 0) {
+    } else if ((a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GLM4MOE || a == KG_ARCH_DEEPSEEK2) &&
+               hp->n_ff_exp == 0) {
         hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
     }
     if (hp->n_ff_exp <= 0 || hp->n_ff_exp > (1 << 24)) {
@@ -447,9 +455,12 @@ bool kg_model_read_moe_hparams(
                                             : KG_MOE_SOFTMAX;
     /* llama_hparams' default is false; llama.cpp's qwen3moe and Mixtral
      * graphs renormalise whatever the file says */
-    hp->moe_norm_w = a != KG_ARCH_GPT_OSS && a != KG_ARCH_GLM4MOE;
+    hp->moe_norm_w = a != KG_ARCH_GPT_OSS && a != KG_ARCH_GLM4MOE && a != KG_ARCH_DEEPSEEK2;
     kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "expert_weights_norm"), &hp->moe_norm_w);
     if (a == KG_ARCH_GLM4MOE && !kg_model_read_glm4moe(g, arch, hp, errstr, errstr_size)) {
+        return false;
+    }
+    if (a == KG_ARCH_DEEPSEEK2 && !kg_model_read_deepseek2_moe(g, arch, hp, errstr, errstr_size)) {
         return false;
     }
     /* group-limited top-k: llama_model_base reads the keys for every family */

@@ -65,3 +65,13 @@ bool kg_model_check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_
 
 /** Apertus's per-layer xIELU constants into model->layers (allocated). */
 bool kg_model_read_xielu(const kg_gguf_t *g, kg_model_t *model, char *errstr, size_t errstr_size);
+
+/** deepseek2's multi-head latent attention (kg_model_mla.c): the ranks,
+ * the head sizes, YaRN's magnitude and the scores' scale; after
+ * kg_model_read_rope. */
+bool kg_model_read_mla(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
+
+/** deepseek2's shared experts, leading dense layers and gating function. */
+bool kg_model_read_deepseek2_moe(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);

@@ -70,6 +70,16 @@ static const kg_tokenizer_pre_t pre_deepseek_llm = {
     false};
 static const kg_tokenizer_pre_t pre_deepseek_coder = {
     {"[\\r\\n]", SP "?\\p{L}+", SP "?\\p{P}+", RE_CJK, "\\p{N}"}, false, false, false};
+/* DeepSeek V3 (LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM): digits in threes, CJK
+ * runs, then words with their marks */
+static const kg_tokenizer_pre_t pre_deepseek3 = {
+    {"\\p{N}{1,3}", "[\\x{4e00}-\\x{9fa5}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}]+",
+     "[!\"#$%&'()*+,\\-./"
+     ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+     "?[\\p{P}\\p{S}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+"},
+    false,
+    false,
+    false};
 static const kg_tokenizer_pre_t pre_poro = {{RE_PORO}, false, false, false};
 static const kg_tokenizer_pre_t pre_viking = {{RE_PORO, "\\p{N}"}, false, false, false};
 static const kg_tokenizer_pre_t pre_tekken = {
@@ -109,6 +119,7 @@ static const struct {
     {"smaug-bpe", &pre_dbrx},
     {"deepseek-llm", &pre_deepseek_llm},
     {"deepseek-coder", &pre_deepseek_coder},
+    {"deepseek-v3", &pre_deepseek3},
     {"falcon", &pre_falcon},
     {"mpt", &pre_gpt2},
     {"olmo", &pre_gpt2},

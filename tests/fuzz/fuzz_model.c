@@ -2,7 +2,9 @@
  * the hyperparameter keys of every family, the sliding-window pattern
  * (integer, integer array or raw bool array), RoPE scaling, tensor shapes,
  * fused-tensor views, and the experts (counts, 3-D tensors cut into
- * per-expert views, gpt-oss's biases and sinks). Any input must load or give one error line,
+ * per-expert views, gpt-oss's biases and sinks), deepseek2's latent
+ * attention (its ranks and head sizes, the 3-D k_b / v_b cut into per-head
+ * views). Any input must load or give one error line,
  * never a crash or an out-of-bounds read. On success the queries backends
  * use are run and every view's bytes are read. */
 #include "model/kg_gguf.h"
@@ -75,6 +77,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                             L->attn_sinks};
             for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++) {
                 touch(ts[i]);
+            }
+            /* deepseek2's latent attention and its MoE's extras */
+            const kg_gguf_tensor_t *mla[] = {L->wq_a,       L->q_a_norm,  L->wq_b,
+                                             L->wkv_a_mqa,  L->kv_a_norm, L->exp_probs_b,
+                                             L->gate_shexp, L->up_shexp,  L->down_shexp};
+            for (size_t i = 0; i < sizeof(mla) / sizeof(mla[0]); i++) {
+                touch(mla[i]);
+            }
+            for (int32_t h = 0; L->k_b && h < m->hp.n_head; h++) {
+                touch(&L->k_b[h]);
+                touch(&L->v_b[h]);
             }
             for (int32_t e = 0; L->ffn_gate_inp && e < m->hp.n_expert; e++) {
                 touch(&L->exp_gate[e]);

@@ -25,6 +25,7 @@ families=(
     "seed_oss --n-layer 2 --head-dim 32"
     "apertus --n-layer 2"
     "glm4moe --n-layer 2 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --n-expert-groups 4 --n-group-used 2"
+    "deepseek2 --n-layer 2 --n-head-kv 1 --head-dim 48 --n-rot 16 --kv-lora-rank 32 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --chat-template deepseek-v3.1"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys
@@ -41,7 +42,8 @@ names=()
 for fam in "${families[@]}"; do
     read -r -a args <<<"$fam"
     name=${args[0]}
-    "$bin/kgen" mkmodel --out "$tmp/$name.gguf" --arch "${args[@]}" "${shape[@]}" >/dev/null
+    # the family's flags after the shared shape, so they may override it
+    "$bin/kgen" mkmodel --out "$tmp/$name.gguf" --arch "$name" "${shape[@]}" "${args[@]:1}" >/dev/null
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     "$bin/kgen-worker" --demo 0 --model "$tmp/$name.gguf" --backend cpu --http-port "$port" \
         --max-batch-size 4 >"$tmp/$name.out" 2>"$tmp/$name.err" &
@@ -74,6 +76,13 @@ for r in rows:
     assert 1 <= n <= 8 and (n == 8 or r["finish_reason"] == "stop"), (name, r)
 print(f"{name}: 2 jobs served")
 PY
+    if [[ "$name" == deepseek2 ]]; then
+        # multi-head latent attention caches (kv_lora_rank 32 + rope dims 16) x 2 layers x fp16
+        bpt=$(curl -s "http://127.0.0.1:${ports[$i]}/metrics" |
+            awk '$1 == "kgen_kv_cache_bytes_per_token" {print $2}')
+        [[ "$bpt" == 192 ]] || { echo "deepseek2: kgen_kv_cache_bytes_per_token is '$bpt', not 192"; exit 1; }
+        echo "deepseek2: kgen_kv_cache_bytes_per_token 192"
+    fi
 done
 for i in "${!names[@]}"; do
     kill -TERM "${pids[$i]}"

@@ -19,6 +19,7 @@
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_GOLDENS 128
@@ -30,7 +31,7 @@
 
 static char g_files[MAX_GOLDENS][256]; /* model goldens: "<model>.<type>.golden" */
 static int g_n_files;
-static char g_tok_files[8][256]; /* "tokenizer-<model>.golden" */
+static char g_tok_files[16][256]; /* "tokenizer-<model>.golden" */
 static int g_n_tok_files;
 
 static void find_goldens(void) {
@@ -41,8 +42,16 @@ static void find_goldens(void) {
         if (n < 8 || strcmp(de->d_name + n - 7, ".golden") != 0 || n >= 256) {
             continue;
         }
+        /* KG_ARCH_ONLY=name: only the goldens whose file names start so
+         * (e.g. deepseek2 or tokenizer-deepseek2), for working on one family */
+        const char *only = getenv("KG_ARCH_ONLY");
+        if (only && *only && strncmp(de->d_name, only, strlen(only)) != 0 &&
+            !(strncmp(de->d_name, "tokenizer-", 10) == 0 &&
+              strncmp(de->d_name + 10, only, strlen(only)) == 0)) {
+            continue;
+        }
         if (strncmp(de->d_name, "tokenizer-", 10) == 0) {
-            if (g_n_tok_files < 8) {
+            if (g_n_tok_files < 16) {
                 snprintf(g_tok_files[g_n_tok_files++], 256, "%s", de->d_name);
             }
         } else if (g_n_files < MAX_GOLDENS) {

@@ -667,6 +667,44 @@ START_TEST(chat_templates) {
     ck_assert(kg_tokenizer_is_eog(m->tok, id[2]) && kg_tokenizer_is_eog(m->tok, id[3]));
     ck_assert(!kg_tokenizer_is_eog(m->tok, id[4]) && !kg_tokenizer_is_eog(m->tok, id[1]));
     kg_model_free(m);
+
+    /* deepseek-v3.1 is llama.cpp's DeepSeek-V3.1.jinja byte for byte;
+     * deepseek2's vocabulary has what it writes: BOS <｜begin▁of▁sentence｜>
+     * (added to prompts), <｜end▁of▁sentence｜> ending generation, the
+     * role and think tokens whole */
+    want = kg_test_read_file(kg_test_data("chat/jinja/templates/deepseek-ai-DeepSeek-V3.1.jinja"),
+                             &len);
+    ck_assert_ptr_nonnull(want);
+    ck_assert_str_eq(kg_mkmodel_chat_template("deepseek-v3.1", NULL), want);
+    free(want);
+    snprintf(a, sizeof(a),
+             "--out %.3000s --arch deepseek2 --n-embd 64 --n-layer 2 --n-head 2 --n-head-kv 1 "
+             "--head-dim 48 --n-rot 16 --kv-lora-rank 32 --n-ff 64 --n-ff-exp 32 --seed 1 "
+             "--chat-template deepseek-v3.1",
+             path);
+    ck_assert_int_eq(mkmodel(a, &o), 0);
+    free(o);
+    m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_str_eq(m->chat_template, kg_mkmodel_chat_template("deepseek-v3.1", NULL));
+    const char *ds[] = {"<\xef\xbd\x9c"
+                        "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                        "<\xef\xbd\x9c"
+                        "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                        "<\xef\xbd\x9cUser\xef\xbd\x9c>",
+                        "<\xef\xbd\x9c"
+                        "Assistant\xef\xbd\x9c>",
+                        "</think>"};
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(kg_tokenizer_encode(m->tok, ds[i], strlen(ds[i]), false, true, &id[i], 1),
+                         1);
+    }
+    ck_assert_int_eq(kg_tokenizer_bos(m->tok), id[0]);
+    ck_assert_int_eq(id[0], 0);
+    ck_assert(kg_tokenizer_is_eog(m->tok, id[1]));
+    ck_assert(!kg_tokenizer_is_eog(m->tok, id[2]) && !kg_tokenizer_is_eog(m->tok, id[3]));
+    ck_assert_int_eq(m->hp.n_lora_q, 96); /* the default: 3 x kv_lora_rank */
+    kg_model_free(m);
 }
 END_TEST
 

@@ -759,8 +759,11 @@ START_TEST(mkmodel_usage_errors) {
     static const struct {
         const char *args, *want;
     } cases[] = {
-        {"--arch qwen3 --n-expert 4", "are for qwen3moe, mixtral, gpt-oss and glm4moe"},
-        {"--arch llama --mxfp4_moe", "are for qwen3moe, mixtral, gpt-oss and glm4moe"},
+        {"--arch qwen3 --n-expert 4", "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2"},
+        {"--arch llama --mxfp4_moe", "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2"},
+        {"--arch deepseek2", "--n-head-kv must be 1"},
+        {"--arch deepseek2 --n-nextn 1", "(deepseek2: all but --n-nextn)"},
+        {"--arch glm4moe --kv-lora-rank 8", "are for deepseek2"},
         {"--arch qwen3moe --n-expert-shared 1", "are for glm4moe"},
         {"--arch glm4moe --n-expert-groups 4", "come together"},
         {"--arch glm4moe --n-dense-lead 2", "at most --n-layer leading dense layers"},

@@ -150,19 +150,23 @@ void cpu_attn_head(const float *q,
     cpu_attn_head_sink(q, kv, p0, n_pos, hd, scale, softcap, -INFINITY, s, out);
 }
 
-void cpu_attn_head_sink(const float *q,
-                        const cpu_kv_view_t *kv,
-                        int32_t p0,
-                        int32_t n_pos,
-                        int32_t hd,
-                        float scale,
-                        float softcap,
-                        float sink,
-                        float *s,
-                        float *out) {
+/* The head's attention with hd_k dims of q·K and hd_v dims of values
+ * (equal but for MLA, whose values are the first hd_v dims of the rows the
+ * scores read). */
+static void attn_head(const float *q,
+                      const cpu_kv_view_t *kv,
+                      int32_t p0,
+                      int32_t n_pos,
+                      int32_t hd_k,
+                      int32_t hd,
+                      float scale,
+                      float softcap,
+                      float sink,
+                      float *s,
+                      float *out) {
     int32_t p;
     const int32_t n = n_pos - p0; /* visible positions; s[i] belongs to position p0 + i */
-    cpu_attn_scores(q, kv, p0, n_pos, hd, scale, softcap, s);
+    cpu_attn_scores(q, kv, p0, n_pos, hd_k, scale, softcap, s);
     float m = -INFINITY;
     for (p = 0; p < n; p++) {
         m = fmaxf(m, s[p]);
@@ -223,6 +227,30 @@ void cpu_attn_head_sink(const float *q,
         }
         out[c] = acc;
     }
+}
+
+void cpu_attn_head_sink(const float *q,
+                        const cpu_kv_view_t *kv,
+                        int32_t p0,
+                        int32_t n_pos,
+                        int32_t hd,
+                        float scale,
+                        float softcap,
+                        float sink,
+                        float *s,
+                        float *out) {
+    attn_head(q, kv, p0, n_pos, hd, hd, scale, softcap, sink, s, out);
+}
+
+void cpu_attn_head_mla(const float *q,
+                       const cpu_kv_view_t *kv,
+                       int32_t n_pos,
+                       int32_t hd_k,
+                       int32_t hd_v,
+                       float scale,
+                       float *s,
+                       float *out) {
+    attn_head(q, kv, 0, n_pos, hd_k, hd_v, scale, 0.0f, -INFINITY, s, out);
 }
 
 const char *cpu_attn_kernel_name(void) {

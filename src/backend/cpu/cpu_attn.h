@@ -66,5 +66,18 @@ void cpu_attn_head_sink(const float *q,
                         float *s,
                         float *out);
 
+/** Multi-head latent attention's absorbed head (deepseek2): the scores
+ * are q · K over hd_k dims of each cached latent row (the latent, then the
+ * RoPE'd key dims), the values its first hd_v dims (the latent itself), so
+ * out is hd_v wide; positions [0, n_pos), no window, no soft-capping. */
+void cpu_attn_head_mla(const float *q,
+                       const cpu_kv_view_t *kv,
+                       int32_t n_pos,
+                       int32_t hd_k,
+                       int32_t hd_v,
+                       float scale,
+                       float *s,
+                       float *out);
+
 /** "avx2" or "scalar": which kernel this build runs. */
 const char *cpu_attn_kernel_name(void);

@@ -134,6 +134,41 @@ static bool vector_init(
 
 /* The router, every expert's three matrices (packed one by one from the
  * model's per-expert views) and the expert biases of one layer. */
+/* Multi-head latent attention's weights of one layer (deepseek2): the
+ * query path, the latent's down-projection and norm, and each head's k_b
+ * and v_b matrices packed from the model's per-head views. */
+static bool mla_layer_init(cpu_layer_t *L,
+                           const kg_layer_weights_t *src,
+                           cpu_ctx_t *ctx,
+                           char *errstr,
+                           size_t errstr_size) {
+    const int32_t H = ctx->hp.n_head;
+    L->k_b = calloc((size_t)H, sizeof(*L->k_b));
+    L->v_b = calloc((size_t)H, sizeof(*L->v_b));
+    if (!L->k_b || !L->v_b) {
+        snprintf(errstr, errstr_size, "cpu backend: out of memory");
+        return false;
+    }
+    if (src->wq_a ? !weight_init(&L->wq_a, src->wq_a, ctx, errstr, errstr_size) ||
+                        !weight_init(&L->q_a_norm, src->q_a_norm, ctx, errstr, errstr_size) ||
+                        !weight_init(&L->wq_b, src->wq_b, ctx, errstr, errstr_size)
+                  : !weight_init(&L->wq, src->wq, ctx, errstr, errstr_size)) {
+        return false;
+    }
+    if (!weight_init(&L->wkv_a, src->wkv_a_mqa, ctx, errstr, errstr_size) ||
+        !weight_init(&L->kv_a_norm, src->kv_a_norm, ctx, errstr, errstr_size) ||
+        !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
+        return false;
+    }
+    for (int32_t h = 0; h < H; h++) {
+        if (!weight_init(&L->k_b[h], &src->k_b[h], ctx, errstr, errstr_size) ||
+            !weight_init(&L->v_b[h], &src->v_b[h], ctx, errstr, errstr_size)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool moe_layer_init(cpu_layer_t *L,
                            const kg_layer_weights_t *src,
                            cpu_ctx_t *ctx,
@@ -198,6 +233,17 @@ static void cpu_free(kg_backend_t *be) {
                 for (size_t i = 0; i < sizeof(moe_ws) / sizeof(moe_ws[0]); i++) {
                     weight_clear(moe_ws[i]);
                 }
+                cpu_weight_t *mla_ws[] = {&L->wq_a, &L->q_a_norm, &L->wq_b, &L->wkv_a,
+                                          &L->kv_a_norm};
+                for (size_t i = 0; i < sizeof(mla_ws) / sizeof(mla_ws[0]); i++) {
+                    weight_clear(mla_ws[i]);
+                }
+                for (int32_t h = 0; L->k_b && L->v_b && h < ctx->hp.n_head; h++) {
+                    weight_clear(&L->k_b[h]);
+                    weight_clear(&L->v_b[h]);
+                }
+                free(L->k_b);
+                free(L->v_b);
                 cpu_weight_t *exps[] = {L->exp_gate, L->exp_up, L->exp_down};
                 for (size_t i = 0; i < 3; i++) {
                     for (int32_t e = 0; exps[i] && e < ctx->hp.n_expert; e++) {
@@ -212,6 +258,10 @@ static void cpu_free(kg_backend_t *be) {
             cpu_qact_clear(&ctx->moe_qact[i]);
         }
         free(ctx->moe_qact);
+        for (int i = 0; ctx->mla_qact && i < ctx->n_threads; i++) {
+            cpu_qact_clear(&ctx->mla_qact[i]);
+        }
+        free(ctx->mla_qact);
         free(ctx->moe_tokens);
         free(ctx->moe_active);
         weight_clear(&ctx->output_norm);
@@ -233,10 +283,11 @@ static void cpu_free(kg_backend_t *be) {
         free(ctx->rope_freqs);
         free(ctx->ropes);
         free(ctx->gelu_table);
-        float *bufs[] = {ctx->x,       ctx->xn,     ctx->xr,         ctx->q,     ctx->k,
-                         ctx->v,       ctx->att,    ctx->gate,       ctx->up,    ctx->tmp,
-                         ctx->rope_cs, ctx->scores, ctx->moe_logits, ctx->moe_x, ctx->moe_g,
-                         ctx->moe_u,   ctx->moe_y,  ctx->moe_xr,     ctx->shexp};
+        float *bufs[] = {ctx->x,       ctx->xn,      ctx->xr,         ctx->q,        ctx->k,
+                         ctx->v,       ctx->att,     ctx->gate,       ctx->up,       ctx->tmp,
+                         ctx->rope_cs, ctx->scores,  ctx->moe_logits, ctx->moe_x,    ctx->moe_g,
+                         ctx->moe_u,   ctx->moe_y,   ctx->moe_xr,     ctx->shexp,    ctx->mla_q,
+                         ctx->mla_qa,  ctx->mla_att, ctx->mla_hin,    ctx->mla_hout, ctx->mla_xr};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -284,8 +335,10 @@ cpu_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n)
         for (int32_t i = 0; i < n; i++) {
             memcpy(ctx->k_cache[il] + (size_t)dst[i] * block,
                    ctx->k_cache[il] + (size_t)src[i] * block, block * sizeof(uint16_t));
-            memcpy(ctx->v_cache[il] + (size_t)dst[i] * block,
-                   ctx->v_cache[il] + (size_t)src[i] * block, block * sizeof(uint16_t));
+            if (ctx->v_cache[il]) { /* MLA has none */
+                memcpy(ctx->v_cache[il] + (size_t)dst[i] * block,
+                       ctx->v_cache[il] + (size_t)src[i] * block, block * sizeof(uint16_t));
+            }
         }
     }
     return KG_OK;
@@ -313,8 +366,12 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     be->iface = cpu_iface;
     be->ctx = ctx;
     be->kv_copy = cpu_kv_copy;
-    be->lora_add = cpu_lora_add;
-    be->lora_remove = cpu_lora_remove;
+    /* the latent attention runs no adapter deltas: such a model takes no
+     * adapters at all rather than some of their tensors */
+    if (model->hp.n_lora_kv == 0) {
+        be->lora_add = cpu_lora_add;
+        be->lora_remove = cpu_lora_remove;
+    }
     be->hidden = true;
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;
@@ -342,10 +399,14 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const kg_layer_weights_t *src = &model->layers[il];
         cpu_layer_t *L = &ctx->layers[il];
-        if (!weight_init(&L->wq, src->wq, ctx, errstr, errstr_size) ||
-            !weight_init(&L->wk, src->wk, ctx, errstr, errstr_size) ||
-            !weight_init(&L->wv, src->wv, ctx, errstr, errstr_size) ||
-            !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
+        if (src->wkv_a_mqa) {
+            if (!mla_layer_init(L, src, ctx, errstr, errstr_size)) {
+                goto fail;
+            }
+        } else if (!weight_init(&L->wq, src->wq, ctx, errstr, errstr_size) ||
+                   !weight_init(&L->wk, src->wk, ctx, errstr, errstr_size) ||
+                   !weight_init(&L->wv, src->wv, ctx, errstr, errstr_size) ||
+                   !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
             goto fail;
         }
         if (src->ffn_gate_inp) {
@@ -431,15 +492,18 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         snprintf(errstr, errstr_size, "cpu backend: out of memory");
         goto fail;
     }
+    /* MLA caches the latent rows only: its values are their first dims */
+    const bool mla = hp->n_lora_kv > 0;
+    const size_t n_caches = mla ? 1 : 2;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         ctx->k_cache[il] = calloc(kv_rows * n_kv, sizeof(uint16_t));
-        ctx->v_cache[il] = calloc(kv_rows * n_kv, sizeof(uint16_t));
-        if (!ctx->k_cache[il] || !ctx->v_cache[il]) {
+        ctx->v_cache[il] = mla ? NULL : calloc(kv_rows * n_kv, sizeof(uint16_t));
+        if (!ctx->k_cache[il] || (!mla && !ctx->v_cache[il])) {
             snprintf(errstr, errstr_size, "cpu backend: out of memory for the KV cache (%zu MiB)",
-                     (2 * kv_rows * n_kv * sizeof(uint16_t) * (size_t)hp->n_layer) >> 20);
+                     (n_caches * kv_rows * n_kv * sizeof(uint16_t) * (size_t)hp->n_layer) >> 20);
             goto fail;
         }
-        ctx->kv_size += 2 * kv_rows * n_kv * sizeof(uint16_t);
+        ctx->kv_size += n_caches * kv_rows * n_kv * sizeof(uint16_t);
     }
 
     const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd;
@@ -458,6 +522,16 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     size_t widest = E > F ? E : F;
     widest = widest > n_q ? widest : n_q;
     widest = widest > FX ? widest : FX;
+    /* MLA's GEMM inputs: the compressed queries, a head's nope query or
+     * latent, the heads' values */
+    const size_t H = (size_t)hp->n_head, R = (size_t)hp->n_lora_kv;
+    const size_t nope = (size_t)(hp->mla_k - hp->n_rot), MV = (size_t)hp->mla_v;
+    if (mla) {
+        const size_t mla_w[] = {(size_t)hp->n_lora_q, nope, R, H * MV};
+        for (size_t i = 0; i < sizeof(mla_w) / sizeof(mla_w[0]); i++) {
+            widest = widest > mla_w[i] ? widest : mla_w[i];
+        }
+    }
     bool ok = true;
     ctx->x = scratch(ctx, T * E, &ok);
     ctx->xn = scratch(ctx, T * E, &ok);
@@ -472,6 +546,23 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     ctx->shexp = shared ? scratch(ctx, T * E, &ok) : NULL;
     ctx->rope_cs = scratch(ctx, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot, &ok);
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
+    if (mla) {
+        ctx->mla_q = scratch(ctx, T * H * (size_t)hp->mla_k, &ok);
+        ctx->mla_qa = scratch(ctx, T * (size_t)hp->n_lora_q, &ok);
+        ctx->mla_att = scratch(ctx, T * H * MV, &ok);
+        size_t W = nope > R ? nope : R;
+        W = W > MV ? W : MV;
+        const size_t NT = (size_t)ctx->n_threads;
+        ctx->mla_hin = scratch(ctx, H * T * W, &ok);
+        ctx->mla_hout = scratch(ctx, H * T * W, &ok);
+        ctx->mla_xr = scratch(ctx, NT * T * W, &ok);
+        ctx->mla_qact = calloc(NT, sizeof(*ctx->mla_qact));
+        ok = ok && ctx->mla_qact;
+        for (size_t i = 0; ok && i < NT; i++) {
+            ok = cpu_qact_init(&ctx->mla_qact[i], (int64_t)T, (int64_t)W);
+            ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)W);
+        }
+    }
     ok = ok && cpu_qact_init(&ctx->qact, (int64_t)T, (int64_t)widest);
     ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)widest);
     ctx->qscratch = ok ? cpu_qgemm_scratch_new(ctx->n_threads, (int64_t)widest) : NULL;

@@ -242,6 +242,192 @@ static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) 
     kg_pool_run(ctx->pool, n_work, attention_task, &job);
 }
 
+/* RoPE on the n_rot dims at `off` of each of a token's n_heads rows of
+ * `hs` floats (MLA: the rope part of a query head, the latent row's key
+ * dims). */
+static void rope_part(cpu_ctx_t *ctx,
+                      float *x,
+                      int64_t T,
+                      int32_t n_heads,
+                      int64_t hs,
+                      int64_t off,
+                      const float *cs_all) {
+    const int32_t half = ctx->hp.n_rot / 2;
+    const bool neox = ctx->hp.rope_mode == KG_ROPE_MODE_NEOX;
+    for (int64_t t = 0; t < T; t++) {
+        const float *cs = cs_all + t * ctx->hp.n_rot;
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *row = x + (t * n_heads + h) * hs + off;
+            for (int64_t i = 0; i < half; i++) {
+                float *a = neox ? &row[i] : &row[2 * i];
+                float *b = neox ? &row[i + half] : &row[2 * i + 1];
+                kg_rope_pair(a, b, cs[i], cs[half + i]);
+            }
+        }
+    }
+}
+
+/* One (token, head) of the absorbed MLA attention: the head's latent query
+ * (ctx->q, head_dim = n_lora_kv + n_rot) over the layer's latent rows, the
+ * latent-space values into ctx->att (n_lora_kv per head). */
+static void mla_attention_task(void *arg, int64_t w, int thread) {
+    const attn_job_t *job = arg;
+    cpu_ctx_t *ctx = job->ctx;
+    const kg_step_batch_t *batch = job->batch;
+    const kg_hparams_t *hp = &ctx->hp;
+    const int32_t D = hp->head_dim, R = hp->n_lora_kv, H = hp->n_head;
+    const int64_t t = w / H;
+    const int32_t h = (int32_t)(w % H);
+    const int32_t *table = batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
+    const cpu_kv_view_t kv = {.k = ctx->k_cache[job->il],
+                              .v = ctx->k_cache[job->il],
+                              .stride = D,
+                              .offset = 0,
+                              .table = table,
+                              .block_size = ctx->block_size};
+    float *s = ctx->scores + (int64_t)thread * ctx->n_kv_blocks * ctx->block_size;
+    cpu_attn_head_mla(ctx->q + (t * H + h) * D, &kv, batch->pos[t] + 1, D, R, hp->mla_kq_scale, s,
+                      ctx->att + (t * H + h) * R);
+}
+
+/* One GEMM per head: y[t, h] (n_out) = w[h] · x[t, h] (n_in), x and y
+ * rows at the given strides (floats per token, per head). */
+typedef struct mla_heads_job {
+    cpu_ctx_t *ctx;
+    const cpu_weight_t *w; /* (n_head) */
+    const float *x;
+    float *y;
+    int64_t T, n_in, n_out, x_tok, x_head, y_tok, y_head;
+} mla_heads_job_t;
+
+/* Head h's GEMM on `pool` (NULL: this thread alone, in head h's own rows
+ * of mla_hin / mla_hout and this thread's rounding buffers). */
+static void mla_head(const mla_heads_job_t *j, kg_pool_t *pool, int thread, int64_t h) {
+    cpu_ctx_t *ctx = j->ctx;
+    const kg_hparams_t *hp = &ctx->hp;
+    int64_t W = hp->mla_k - hp->n_rot > hp->n_lora_kv ? hp->mla_k - hp->n_rot : hp->n_lora_kv;
+    W = W > hp->mla_v ? W : hp->mla_v;
+    float *in = ctx->mla_hin + h * j->T * W, *out = ctx->mla_hout + h * j->T * W;
+    for (int64_t t = 0; t < j->T; t++) {
+        memcpy(in + t * j->n_in, j->x + t * j->x_tok + h * j->x_head,
+               (size_t)j->n_in * sizeof(float));
+    }
+    const cpu_weight_t *w = &j->w[h];
+    if (pool) {
+        matmul_n(ctx, 1, &w, in, &out, j->T);
+    } else {
+        matmul_n_on(ctx, NULL, thread, ctx->mla_xr + (int64_t)thread * j->T * W,
+                    &ctx->mla_qact[thread], 1, &w, in, &out, j->T);
+    }
+    for (int64_t t = 0; t < j->T; t++) {
+        memcpy(j->y + t * j->y_tok + h * j->y_head, out + t * j->n_out,
+               (size_t)j->n_out * sizeof(float));
+    }
+}
+
+static void mla_head_task(void *arg, int64_t h, int thread) {
+    mla_head(arg, NULL, thread, h);
+}
+
+/* Every head's GEMM: side by side, one pool task each, when the heads
+ * keep every thread busy (decode: GEMMs of a few rows), else one after
+ * another over the pool; the bits are the same either way. */
+static void mla_heads(const mla_heads_job_t *j) {
+    const int64_t H = j->ctx->hp.n_head;
+    if (H >= j->ctx->n_threads) {
+        kg_pool_run(j->ctx->pool, H, mla_head_task, (void *)j);
+        return;
+    }
+    for (int64_t h = 0; h < H; h++) {
+        mla_head(j, j->ctx->pool, 0, h);
+    }
+}
+
+/* Multi-head latent attention (llama.cpp's deepseek2 graph with MLA, the
+ * absorbed form for prefill and decode alike) of layer il on ctx->xn into
+ * ctx->tmp: the queries (attn_q, or attn_q_a, its norm and attn_q_b), the
+ * latent (attn_kv_a_mqa: kv_lora_rank normed dims, then the shared key's
+ * RoPE dims), RoPE on the queries' last n_rot dims; each head's nope query
+ * taken into the latent space through its k_b (one GEMM per head), the
+ * latent row cached (fp16: one row per token and layer is the whole
+ * cache), attention of every head over the latent rows as one shared KV
+ * head, each head's result out through its v_b, then attn_output. */
+static void mla_attention(cpu_ctx_t *ctx,
+                          const cpu_layer_t *L,
+                          int32_t il,
+                          const kg_step_batch_t *batch,
+                          const float *cs) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const int64_t T = batch->n_tokens, H = hp->n_head, D = hp->head_dim, R = hp->n_lora_kv;
+    const int64_t K = hp->mla_k, nope = hp->mla_k - hp->n_rot, MV = hp->mla_v;
+    const int32_t bs = ctx->block_size;
+    const cpu_weight_t *ws[2] = {L->wq_a.n_out > 0 ? &L->wq_a : &L->wq, &L->wkv_a};
+    float *const outs[2] = {L->wq_a.n_out > 0 ? ctx->mla_qa : ctx->mla_q, ctx->k};
+    matmul_n(ctx, 2, ws, ctx->xn, outs, T);
+    if (L->wq_a.n_out > 0) {
+        cpu_rmsnorm_rows(ctx->mla_qa, L->q_a_norm.data, ctx->mla_qa, T, hp->n_lora_q, hp->norm_eps);
+        matmul(ctx, &L->wq_b, ctx->mla_qa, ctx->mla_q, T);
+    }
+    for (int64_t t = 0; t < T; t++) { /* kv_cmpr = build_norm(view of the first R) */
+        cpu_rmsnorm_rows(ctx->k + t * D, L->kv_a_norm.data, ctx->k + t * D, 1, R, hp->norm_eps);
+    }
+    rope_part(ctx, ctx->k, T, 1, D, R, cs);
+    rope_part(ctx, ctx->mla_q, T, (int32_t)H, K, nope, cs);
+    /* Qcur = concat(k_b · q_nope, q_pe) per head */
+    const mla_heads_job_t kb = {.ctx = ctx,
+                                .w = L->k_b,
+                                .x = ctx->mla_q,
+                                .y = ctx->q,
+                                .T = T,
+                                .n_in = nope,
+                                .n_out = R,
+                                .x_tok = H * K,
+                                .x_head = K,
+                                .y_tok = H * D,
+                                .y_head = D};
+    mla_heads(&kb);
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t h = 0; h < H; h++) {
+            memcpy(ctx->q + (t * H + h) * D + R, ctx->mla_q + (t * H + h) * K + nope,
+                   (size_t)hp->n_rot * sizeof(float));
+        }
+    }
+    cpu_round_fp16(ctx->q, T * H * D); /* ggml converts q to fp16 for the K matmul */
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t pos = batch->pos[t];
+        const int32_t blk =
+            batch->block_table[(int64_t)batch->seq[t] * batch->max_blocks_per_seq + pos / bs];
+        const int64_t row = (int64_t)blk * bs + pos % bs;
+        cpu_fp32_to_fp16(ctx->k + t * D, ctx->k_cache[il] + row * D, D);
+    }
+    attn_job_t job = {.ctx = ctx, .il = il, .batch = batch};
+    int64_t flops = 0;
+    for (int64_t t = 0; t < T; t++) {
+        flops += (int64_t)(batch->pos[t] + 1) * H * D;
+    }
+    if (flops < 65536) { /* waking the pool costs microseconds */
+        for (int64_t w = 0; w < T * H; w++) {
+            mla_attention_task(&job, w, 0);
+        }
+    } else {
+        kg_pool_run(ctx->pool, T * H, mla_attention_task, &job);
+    }
+    /* kqv_mla = v_b · kqv per head, then attn_output */
+    const mla_heads_job_t vb = {.ctx = ctx,
+                                .w = L->v_b,
+                                .x = ctx->att,
+                                .y = ctx->mla_att,
+                                .T = T,
+                                .n_in = R,
+                                .n_out = MV,
+                                .x_tok = H * R,
+                                .x_head = R,
+                                .y_tok = H * MV,
+                                .y_head = MV};
+    mla_heads(&vb);
+    matmul(ctx, &L->wo, ctx->mla_att, ctx->tmp, T);
+}
+
 /* Every block a token reads must be a real block: the engine frees only
  * blocks wholly before every layer's window. Checked once per step for
  * the widest range any layer reads. */
@@ -441,6 +627,11 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         const cpu_layer_t *L = &ctx->layers[il];
         const float *cs = ctx->rope_cs + (int64_t)L->rope * T * hp->n_rot;
         pre_norm(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        if (L->wkv_a.n_out > 0) { /* deepseek2: no biases, post-norms or LoRA there */
+            mla_attention(ctx, L, il, batch, cs);
+            add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
+            goto ffn;
+        }
         const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
         matmul_n(ctx, 3, qkv, ctx->xn, qkv_out, T);
@@ -488,6 +679,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         }
         add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
 
+    ffn:
         pre_norm(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (L->moe) {
             moe_ffn(ctx, L, T);

@@ -43,6 +43,11 @@ typedef struct cpu_layer {
     /* the shared expert (glm4moe), FS = n_expert_shared * n_ff_exp wide;
      * sh_gate.n_out 0: none */
     cpu_weight_t sh_gate, sh_up, sh_down;
+    /* multi-head latent attention (deepseek2; wkv_a.n_out 0: none): wq, or
+     * wq_a, q_a_norm and wq_b; k_b[h], v_b[h] are head h's absorption
+     * matrices, (n_lora_kv, nope) and (mla_v, n_lora_kv) */
+    cpu_weight_t wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm;
+    cpu_weight_t *k_b, *v_b; /* (n_head) each */
 } cpu_layer_t;
 
 /* One distinct RoPE among the layers (Gemma: local and global). */
@@ -67,7 +72,9 @@ typedef struct cpu_ctx {
     int32_t max_window;   /* largest layer window, 0 when some layer is global */
     uint16_t *gelu_table; /* (65536) GeGLU models only */
     uint16_t **k_cache;   /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
-    uint16_t **v_cache;   /* same shape as k_cache */
+    uint16_t **v_cache;   /* same shape as k_cache; NULL rows for MLA, whose values are
+                             the first n_lora_kv dims of the K rows (one latent row per token:
+                             head_dim = n_lora_kv + n_rot, n_head_kv 1) */
     /* scratch for max_tokens tokens */
     float *x;        /* (T, n_embd) residual stream */
     float *xn;       /* (T, n_embd) normed input of a block */
@@ -97,6 +104,17 @@ typedef struct cpu_ctx {
     cpu_qact_t *moe_qact; /* (n_threads) x (T, max(n_embd, n_ff_exp)): expert groups that run
                              side by side quantize their activations into their thread's own */
     kg_moe_stats_t moe_stats;
+    /* multi-head latent attention (n_lora_kv > 0) */
+    float *mla_q;   /* (T, n_head * mla_k) the queries before absorption */
+    float *mla_qa;  /* (T, n_lora_q) the compressed queries */
+    float *mla_att; /* (T, n_head * mla_v) the heads' values, attn_output's input */
+    /* the per-head GEMMs side by side (n_head >= n_threads), W = max(nope, n_lora_kv,
+     * mla_v): each head's gathered rows and output, each thread's rounding and
+     * quantized activations */
+    float *mla_hin;              /* (n_head, T, W) */
+    float *mla_hout;             /* (n_head, T, W) */
+    float *mla_xr;               /* (n_threads, T, W) */
+    cpu_qact_t *mla_qact;        /* (n_threads) x (T, W) */
     struct cpu_lora_state *lora; /* LoRA adapters (cpu_lora.c), NULL until one is added */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
