@@ -755,9 +755,9 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
     read_id(g, "tokenizer.ggml.padding_token_id", tok->n_vocab, &tok->pad);
     read_id(g, "tokenizer.ggml.seperator_token_id", tok->n_vocab, &tok->sep);
     kg_gguf_get_bool(g, "tokenizer.ggml.add_sep_token", &tok->add_sep);
-    if (tok->kind == KG_TOKENIZER_WPM && (tok->bos < 0 || tok->bos >= tok->n_vocab ||
-                                          tok->sep < 0 || tok->sep >= tok->n_vocab ||
-                                          tok->unk < 0 || tok->unk >= tok->n_vocab)) {
+    if (tok->kind == KG_TOKENIZER_WPM &&
+        (tok->bos < 0 || tok->bos >= tok->n_vocab || tok->sep < 0 || tok->sep >= tok->n_vocab ||
+         tok->unk < 0 || tok->unk >= tok->n_vocab)) {
         set_err(errstr, errstr_size, "%s",
                 "a bert (WordPiece) vocabulary needs its CLS (BOS), SEP and UNK tokens");
         goto fail;

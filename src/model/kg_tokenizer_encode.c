@@ -613,7 +613,8 @@ int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok,
             emit(&o, f->token);
             prev_special = true;
         } else if (tok->kind == KG_TOKENIZER_WPM) {
-            const int64_t n = kg_tokenizer_wpm_encode(tok, text + f->off, f->len, o.ids, o.n_max, o.n);
+            const int64_t n =
+                kg_tokenizer_wpm_encode(tok, text + f->off, f->len, o.ids, o.n_max, o.n);
             ok = n >= 0;
             o.n = ok ? n : o.n;
         } else if (tok->kind == KG_TOKENIZER_SPM) {

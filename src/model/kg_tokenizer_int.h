@@ -114,8 +114,12 @@ const char *kg_tokenizer_text(const kg_tokenizer_t *tok, int32_t id, size_t *len
 /** The ids of `len` bytes of raw text (no special tokens), appended to ids
  * at index n (written while below n_max); returns the new count, or -1
  * when out of memory. */
-int64_t kg_tokenizer_wpm_encode(
-    const kg_tokenizer_t *tok, const char *text, size_t len, int32_t *ids, int64_t n_max, int64_t n);
+int64_t kg_tokenizer_wpm_encode(const kg_tokenizer_t *tok,
+                                const char *text,
+                                size_t len,
+                                int32_t *ids,
+                                int64_t n_max,
+                                int64_t n);
 
 // ---- pre-tokenizers (kg_tokenizer_pre.c) ----
 

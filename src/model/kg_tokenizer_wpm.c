@@ -13,10 +13,9 @@
  * vocabulary entry first (by bytes, up to the longest token); a word with
  * any part that matches nothing becomes the unknown token whole. The
  * Unicode tables are kg_tokenizer_wpm_data.c (scripts/gen-wpm-unicode). */
+#include "../core/kg_utf8.h"
 #include "kg_tokenizer_int.h"
 #include "kg_tokenizer_wpm_data.h"
-
-#include "../core/kg_utf8.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -102,8 +101,12 @@ static void word_ids(const kg_tokenizer_t *tok, const char *w, size_t n, wpm_out
     }
 }
 
-int64_t kg_tokenizer_wpm_encode(
-    const kg_tokenizer_t *tok, const char *text, size_t len, int32_t *ids, int64_t n_max, int64_t n) {
+int64_t kg_tokenizer_wpm_encode(const kg_tokenizer_t *tok,
+                                const char *text,
+                                size_t len,
+                                int32_t *ids,
+                                int64_t n_max,
+                                int64_t n) {
     wpm_out_t o = {ids, n_max, n};
     /* a character's output is at most 4 bytes and its input at least 1 */
     char *w = malloc(3 + 4 * len + 4);

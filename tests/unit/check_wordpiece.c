@@ -21,8 +21,8 @@ static kg_tokenizer_t *load_bge(void) {
     return tok;
 }
 
-static int32_t *encode(const kg_tokenizer_t *tok, const char *s, size_t len, bool special,
-                       int64_t *n) {
+static int32_t *
+encode(const kg_tokenizer_t *tok, const char *s, size_t len, bool special, int64_t *n) {
     const int64_t need = kg_tokenizer_encode(tok, s, len, special, false, NULL, 0);
     ck_assert_int_ge(need, 0);
     int32_t *ids = malloc(((size_t)need + 1) * sizeof(int32_t));
@@ -36,10 +36,10 @@ START_TEST(bge_vectors) {
     kg_tokenizer_t *tok = load_bge();
     ck_assert_int_eq(kg_tokenizer_kind(tok), KG_TOKENIZER_WPM);
     size_t n_in, n_out;
-    char *inp = kg_test_read_file(
-        kg_test_data("tokenizer-vectors/ggml-vocab-bert-bge.gguf.inp"), &n_in);
-    char *out = kg_test_read_file(
-        kg_test_data("tokenizer-vectors/ggml-vocab-bert-bge.gguf.out"), &n_out);
+    char *inp =
+        kg_test_read_file(kg_test_data("tokenizer-vectors/ggml-vocab-bert-bge.gguf.inp"), &n_in);
+    char *out =
+        kg_test_read_file(kg_test_data("tokenizer-vectors/ggml-vocab-bert-bge.gguf.out"), &n_out);
     ck_assert(inp && out);
     char *p = inp, *line = out;
     int n = 0, pass = 0;
