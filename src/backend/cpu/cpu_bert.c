@@ -31,6 +31,10 @@
 
 #include <math.h>
 #include <stdio.h>
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define BERT_F16C 1
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -275,13 +279,109 @@ static void bert_attn_task(void *arg, int64_t w, int thread) {
                   ctx->att + t * E + (int64_t)h * hd);
 }
 
+/* The elementwise work between the GEMMs, by chunks of rows on the pool
+ * (each row's arithmetic is its own, so the chunking changes no bits). */
+typedef enum rows_stage {
+    ROWS_QKV,      /* Q/K/V biases; q rounded to fp16, K and V stored as fp16 */
+    ROWS_ATTN_OUT, /* x = LN(attn_out + bias + x) */
+    ROWS_GELU,     /* up = gelu(up + bias) */
+    ROWS_FFN_OUT,  /* x = LN(down + bias + x) */
+} rows_stage_t;
+
+#define ROWS_CHUNK 8
+
+typedef struct rows_job {
+    cpu_ctx_t *ctx;
+    int32_t il;
+    rows_stage_t stage;
+    int64_t T;
+} rows_job_t;
+
+static void rows_task(void *arg, int64_t w, int thread) {
+    (void)thread;
+    const rows_job_t *job = arg;
+    cpu_ctx_t *ctx = job->ctx;
+    struct cpu_bert *b = ctx->bert;
+    const cpu_layer_t *L = &ctx->layers[job->il];
+    const int64_t E = ctx->hp.n_embd, F = ctx->hp.n_ff, t0 = w * ROWS_CHUNK;
+    const int64_t n = job->T - t0 < ROWS_CHUNK ? job->T - t0 : ROWS_CHUNK;
+    const float eps = ctx->hp.norm_eps;
+    switch (job->stage) {
+    case ROWS_QKV:
+        add_bias(ctx->q + t0 * E, &L->bq, n, E);
+        add_bias(ctx->k + t0 * E, &L->bk, n, E);
+        add_bias(ctx->v + t0 * E, &L->bv, n, E);
+        /* flash attention casts K and V to fp16 and converts q for its fp16
+         * dot products */
+        cpu_round_fp16(ctx->q + t0 * E, n * E);
+        cpu_fp32_to_fp16(ctx->k + t0 * E, b->k16 + t0 * E, n * E);
+        cpu_fp32_to_fp16(ctx->v + t0 * E, b->v16 + t0 * E, n * E);
+        break;
+    case ROWS_ATTN_OUT:
+    case ROWS_FFN_OUT: {
+        const bool attn = job->stage == ROWS_ATTN_OUT;
+        float *y = ctx->tmp + t0 * E;
+        const float *x = ctx->x + t0 * E;
+        add_bias(y, attn ? &L->bo : &b->down_b[job->il], n, E);
+        for (int64_t i = 0; i < n * E; i++) {
+            y[i] = y[i] + x[i];
+        }
+        layernorm_rows(y, attn ? L->attn_norm.data : L->ffn_norm.data,
+                       attn ? b->ln1_b[job->il].data : b->ln2_b[job->il].data, ctx->x + t0 * E, n,
+                       E, eps);
+        break;
+    }
+    case ROWS_GELU: {
+        float *u = ctx->up + t0 * F;
+        add_bias(u, &b->up_b[job->il], n, F);
+        int64_t i = 0;
+#ifdef BERT_F16C
+        /* the same rounding (to nearest even) as kg_fp32_to_fp16, 8 at a time */
+        for (; i + 8 <= n * F; i += 8) {
+            const __m256 v = _mm256_loadu_ps(u + i);
+            uint16_t h[8] __attribute__((aligned(16)));
+            _mm_store_si128((__m128i *)(void *)h, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+            for (int k = 0; k < 8; k++) {
+                h[k] = ctx->gelu_table[h[k]];
+            }
+            const __m256 g = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h));
+            const __m256 lo = _mm256_cmp_ps(v, _mm256_set1_ps(-10.0f), _CMP_LE_OQ);
+            const __m256 hi = _mm256_cmp_ps(v, _mm256_set1_ps(10.0f), _CMP_GE_OQ);
+            __m256 r = _mm256_blendv_ps(g, v, hi);
+            r = _mm256_blendv_ps(r, _mm256_setzero_ps(), lo);
+            _mm256_storeu_ps(u + i, r);
+        }
+#endif
+        for (; i < n * F; i++) { /* ggml_vec_gelu_f32 with its fp16 table */
+            const float v = u[i];
+            u[i] = v <= -10.0f  ? 0.0f
+                   : v >= 10.0f ? v
+                                : kg_fp16_to_fp32(ctx->gelu_table[kg_fp32_to_fp16(v)]);
+        }
+        break;
+    }
+    }
+}
+
+static void rows_run(cpu_ctx_t *ctx, int32_t il, rows_stage_t stage, int64_t T) {
+    rows_job_t job = {.ctx = ctx, .il = il, .stage = stage, .T = T};
+    const int64_t n = (T + ROWS_CHUNK - 1) / ROWS_CHUNK;
+    if (n < 4) { /* waking the pool costs more than a few rows */
+        for (int64_t w = 0; w < n; w++) {
+            rows_task(&job, w, 0);
+        }
+        return;
+    }
+    kg_pool_run(ctx->pool, n, rows_task, &job);
+}
+
 kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
     (void)logits;
     cpu_ctx_t *ctx = be->ctx;
     struct cpu_bert *b = ctx->bert;
     const kg_hparams_t *hp = &ctx->hp;
     const kg_model_t *model = ctx->model;
-    const int64_t T = batch->n_tokens, E = hp->n_embd, F = hp->n_ff;
+    const int64_t T = batch->n_tokens, E = hp->n_embd;
     if (T <= 0 || T > ctx->max_tokens) {
         KG_LOG_ERROR("cpu", "step of %lld tokens (max %d)", (long long)T, ctx->max_tokens);
         return KG_ERR_INVALID;
@@ -327,14 +427,7 @@ kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, flo
         const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
         cpu_matmul_n(ctx, 3, qkv, ctx->x, qkv_out, T);
-        add_bias(ctx->q, &L->bq, T, E);
-        add_bias(ctx->k, &L->bk, T, E);
-        add_bias(ctx->v, &L->bv, T, E);
-        /* flash attention casts K and V to fp16 and converts q for its fp16
-         * dot products */
-        cpu_round_fp16(ctx->q, T * E);
-        cpu_fp32_to_fp16(ctx->k, b->k16, T * E);
-        cpu_fp32_to_fp16(ctx->v, b->v16, T * E);
+        rows_run(ctx, il, ROWS_QKV, T);
         if (T * hp->n_head >= 64) {
             kg_pool_run(ctx->pool, T * hp->n_head, bert_attn_task, (void *)&job);
         } else {
@@ -345,29 +438,15 @@ kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, flo
         const cpu_weight_t *wo = &L->wo;
         float *const o_out[1] = {ctx->tmp};
         cpu_matmul_n(ctx, 1, &wo, ctx->att, o_out, T);
-        add_bias(ctx->tmp, &L->bo, T, E);
-        for (int64_t i = 0; i < T * E; i++) {
-            ctx->tmp[i] = ctx->tmp[i] + ctx->x[i];
-        }
-        layernorm_rows(ctx->tmp, L->attn_norm.data, b->ln1_b[il].data, ctx->x, T, E, hp->norm_eps);
+        rows_run(ctx, il, ROWS_ATTN_OUT, T);
 
         const cpu_weight_t *up = &L->w_up, *down = &L->w_down;
         float *const up_out[1] = {ctx->up};
         cpu_matmul_n(ctx, 1, &up, ctx->x, up_out, T);
-        add_bias(ctx->up, &b->up_b[il], T, F);
-        for (int64_t i = 0; i < T * F; i++) { /* ggml_vec_gelu_f32 with its fp16 table */
-            const float v = ctx->up[i];
-            ctx->up[i] = v <= -10.0f  ? 0.0f
-                         : v >= 10.0f ? v
-                                      : kg_fp16_to_fp32(ctx->gelu_table[kg_fp32_to_fp16(v)]);
-        }
+        rows_run(ctx, il, ROWS_GELU, T);
         float *const down_out[1] = {ctx->tmp};
         cpu_matmul_n(ctx, 1, &down, ctx->up, down_out, T);
-        add_bias(ctx->tmp, &b->down_b[il], T, E);
-        for (int64_t i = 0; i < T * E; i++) {
-            ctx->tmp[i] = ctx->tmp[i] + ctx->x[i];
-        }
-        layernorm_rows(ctx->tmp, L->ffn_norm.data, b->ln2_b[il].data, ctx->x, T, E, hp->norm_eps);
+        rows_run(ctx, il, ROWS_FFN_OUT, T);
     }
 
     if (batch->want_hidden) {
