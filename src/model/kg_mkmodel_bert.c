@@ -58,7 +58,7 @@ static int64_t add_wordpiece_vocab(kg_gguf_writer_t *w, int32_t n_words, char *e
         } else if (i < 104 + 2 * 95) {
             snprintf(t, 24, "%c", (char)(' ' + 1 + (i - 104 - 95)));
         } else {
-            snprintf(t, 24, "\xe2\x96\x81w%d", (int)(i - 104 - 2 * 95));
+            snprintf(t, 24, "\xe2\x96\x81w%d", (int)(i - 104 - (int64_t)2 * 95));
         }
         toks[i] = (kg_gguf_str_t){t, strlen(t)};
     }

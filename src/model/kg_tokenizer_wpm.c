@@ -113,7 +113,8 @@ int64_t kg_tokenizer_wpm_encode(const kg_tokenizer_t *tok,
     if (!w) {
         return -1;
     }
-    memcpy(w, LOW8, 3);
+    /* a byte buffer with its length in wn, never read as a C string */
+    memcpy(w, LOW8, 3); // NOLINT(bugprone-not-null-terminated-result)
     size_t wn = 3;
     for (size_t i = 0; i < len;) {
         uint32_t c;

@@ -98,14 +98,6 @@ static void weight_clear(cpu_weight_t *w) {
     cpu_gemm_clear(&w->packed);
 }
 
-bool cpu_weight_init(
-    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
-    return weight_init(w, t, ctx, errstr, errstr_size);
-}
-
-void cpu_weight_clear(cpu_weight_t *w) {
-    weight_clear(w);
-}
 
 /* The index of the RoPE (base, scale) in ctx->ropes, added when new;
  * false when out of memory. */

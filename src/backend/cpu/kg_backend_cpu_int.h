@@ -108,14 +108,6 @@ KG_NODISCARD kg_status_t cpu_backend_forward(kg_backend_t *be,
                                              const kg_step_batch_t *batch,
                                              float *logits);
 
-/** Convert or pack one tensor at load into `w` (kg_backend_cpu.c's
- * weight_init: matrices packed or kept quantized in place, vectors F32).
- * False with errstr set. */
-bool cpu_weight_init(
-    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size);
-/** Free what cpu_weight_init made. */
-void cpu_weight_clear(cpu_weight_t *w);
-
 /** outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T on the backend's pool,
  * activations rounded as ggml rounds them for the weight type (the
  * forward's matmul_n). @thread engine */
