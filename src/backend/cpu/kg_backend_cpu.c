@@ -98,7 +98,6 @@ static void weight_clear(cpu_weight_t *w) {
     cpu_gemm_clear(&w->packed);
 }
 
-
 /* The index of the RoPE (base, scale) in ctx->ropes, added when new;
  * false when out of memory. */
 static bool add_rope(cpu_ctx_t *ctx, float base, float scale, int32_t *index) {
