@@ -13,13 +13,14 @@
 //     last token's hidden state when it names none; not normalised;
 //   - rerank models (kgen mkmodel --rerank): for a query and each document,
 //     the ids LlamaRankingContext evaluates for the pair and the score of
-//     rank(query, document) (llama.cpp's LLAMA_POOLING_TYPE_RANK: the
+//     rank(query, document) (llama.cpp's LLAMA_POOLING_TYPE_RANK: qwen3's
 //     classification head over the last token, softmax, p of the first
-//     label).
+//     label; bert's head over the CLS token, whose first logit
+//     node-llama-cpp turns into a probability with a sigmoid).
 //
 // Usage (from the repository root; see tests/data/embed/README.md):
 //   node scripts/goldens/embed-goldens.mjs --nlc /path/to/node_modules \
-//        --kgen build/bin/kgen --out tests/data/embed --types f32,f16,q8_0
+//        --kgen build/bin/kgen --out tests/data/embed --types f32,f16,q8_0 [--models a,b]
 import {execFileSync} from "node:child_process";
 import {mkdtempSync, readFileSync, rmSync, writeFileSync} from "node:fs";
 import {tmpdir} from "node:os";
@@ -49,6 +50,8 @@ const nlc = arg("--nlc", process.env.NLC_MODULES);
 const kgen = arg("--kgen", "build/bin/kgen");
 const outDir = arg("--out", "tests/data/embed");
 const types = arg("--types", "f32,f16,q8_0").split(",").filter(Boolean);
+// --models a,b: remake only these rows of models.tsv (the others' goldens stay as they are)
+const only = arg("--models", "").split(",").filter(Boolean);
 if (!nlc) {
     console.error("usage: embed-goldens.mjs --nlc NODE_MODULES [--kgen BIN] [--out DIR] [--types LIST]");
     process.exit(2);
@@ -75,7 +78,8 @@ const models = readFileSync(join(outDir, "models.tsv"), "utf8")
     .map((l) => {
         const [name, args] = l.split("\t");
         return {name, args: args.trim().split(/\s+/)};
-    });
+    })
+    .filter((m) => only.length === 0 || only.includes(m.name));
 
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
 const tmp = mkdtempSync(join(tmpdir(), "kgen-embed-goldens-"));

@@ -330,7 +330,8 @@ int kg_cmd_batch(int argc, char **argv) {
                               .served = (const char *const *)served.names,
                               .n_served = served.n,
                               .loras = kg_stack_loras(stack),
-                              .max_inputs = ep->max_queue_depth};
+                              .max_inputs = ep->max_queue_depth,
+                              .max_step_tokens = ep->max_batch_tokens};
     kg_event_origin_t origin = {.worker_id = "kgen-batch",
                                 .partition = -1,
                                 .offset = -1,

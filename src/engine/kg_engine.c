@@ -347,6 +347,9 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     if (req->n_inputs != 0) {
         return kg_engine_embed_submit(e, req);
     }
+    if (p->non_causal) {
+        return KG_ERR_UNSUPPORTED; /* an encoder has no LM head to generate with */
+    }
     int32_t n = req->n_choices > 0 ? req->n_choices : 1;
     if (!req->prompt || req->n_prompt < 1 || req->n_prompt >= p->max_seq_len ||
         req->max_tokens < 1 || req->tier < 0 || req->sampling.n_logprobs < 0 ||
@@ -482,6 +485,7 @@ kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_m
     p.n_vocab = model->hp.n_vocab;
     p.kv_window = kg_model_kv_window(model);
     p.n_embd = model->hp.n_embd;
+    p.non_causal = kg_model_embed_only(model);
     size_t n_blocks;
     if (kv_memory_size > 0) {
         size_t block_bytes = kg_backend_kv_bytes_per_token(model) * (size_t)p.kv_block_size;

@@ -40,7 +40,7 @@ kg_status_t kg_engine_embed_submit(kg_engine_t *e, const kg_request_t *req) {
     int64_t total = 0;
     for (int32_t i = 0; i < n; i++) {
         const int32_t len = req->input_len[i];
-        if (len < 1 || len >= p->max_seq_len ||
+        if (len < 1 || len >= p->max_seq_len || (p->non_causal && len > p->max_batch_tokens) ||
             (len + p->kv_block_size - 1) / p->kv_block_size > p->n_kv_blocks) {
             return KG_ERR_INVALID;
         }

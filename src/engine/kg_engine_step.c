@@ -193,7 +193,8 @@ static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, in
     kg_seq_t *seq = &e->recs[r];
     int32_t n = seq->n_tokens - seq->n_computed;
     if (n > n_max) {
-        n = n_max;
+        /* a non-causal input runs whole or waits for a step with room */
+        n = e->p.non_causal && seq->embed ? 0 : n_max;
     }
     for (int32_t k = 0; k < n; k++) {
         int32_t pos = seq->n_computed + k;

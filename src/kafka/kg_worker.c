@@ -222,6 +222,7 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     w->intake.limits.max_choices =
         ep->max_batch_size < KG_JOB_MAX_N ? ep->max_batch_size : KG_JOB_MAX_N;
     w->intake.limits.max_inputs = ep->max_queue_depth; /* one engine request each */
+    w->intake.limits.max_step_tokens = ep->max_batch_tokens;
     w->jobs.n_engine_recs = ep->max_batch_size + ep->max_queue_depth;
     w->jobs.table_size = 1;
     while (w->jobs.table_size < (size_t)w->max_inflight * 2) {

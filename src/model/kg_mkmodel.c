@@ -38,6 +38,7 @@
 
 #include "kg_gguf.h"
 #include "kg_gguf_writer.h"
+#include "kg_mkmodel_int.h"
 #include "kg_mkvocab.h"
 #include "kg_quant.h"
 #include "kg_quant_mix.h"
@@ -357,10 +358,13 @@ static const family_t *find_family(const char *arch) {
 }
 
 bool kg_mkmodel_arch_is_known(const char *arch) {
-    return find_family(arch) != NULL;
+    return find_family(arch) != NULL || (arch && strcmp(arch, "bert") == 0);
 }
 
 int64_t kg_mkmodel_builtin_vocab_size(const char *arch) {
+    if (arch && strcmp(arch, "bert") == 0) {
+        return kg_mkmodel_bert_vocab_size();
+    }
     const family_t *fam = find_family(arch);
     kg_gguf_writer_t *w = kg_gguf_writer_new();
     char err[128];
@@ -581,6 +585,31 @@ static int64_t copy_vocab(kg_gguf_writer_t *w, const char *path) {
     return (int64_t)n;
 }
 
+bool kg_mkmodel_random(kg_gguf_writer_t *w,
+                       const kg_mkmodel_opts_t *o,
+                       const char *name,
+                       kg_ggml_type_t type,
+                       int64_t ne0,
+                       int64_t ne1,
+                       float center,
+                       float scale,
+                       char *err,
+                       size_t cap) {
+    if (!add_random(w, o, name, type, ne0, ne1, center, scale)) {
+        snprintf(err, cap, "%s", g_err);
+        return false;
+    }
+    return true;
+}
+
+int64_t kg_mkmodel_copy_vocab(kg_gguf_writer_t *w, const char *path, char *err, size_t cap) {
+    const int64_t n = copy_vocab(w, path);
+    if (n < 0) {
+        snprintf(err, cap, "%s", g_err);
+    }
+    return n;
+}
+
 // ---- options ----
 
 /** llama.cpp's general.file_type (llama_ftype) for the weights' type. */
@@ -597,6 +626,10 @@ static uint32_t file_type(kg_ggml_type_t t) {
     default:
         return 0;
     }
+}
+
+uint32_t kg_mkmodel_file_type(kg_ggml_type_t t) {
+    return file_type(t);
 }
 
 kg_mkmodel_opts_t kg_mkmodel_opts_default(void) {
@@ -793,6 +826,16 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     g_err[0] = '\0';
     const family_t *fam = find_family(opts->arch);
     const char *tmpl = NULL;
+    if (!fam && opts->arch && strcmp(opts->arch, "bert") == 0) {
+        g_mix.on = opts->ftype != KG_FTYPE_ALL_F32; /* each tensor typed by the mix */
+        g_mix.ftype = opts->ftype;
+        g_mix.pure = opts->pure;
+        g_mix.model = (kg_quant_mix_model_t){.arch = "bert",
+                                             .n_layer = (int32_t)opts->n_layer,
+                                             .n_head = (int32_t)opts->n_head,
+                                             .n_head_kv = (int32_t)opts->n_head_kv};
+        return kg_mkmodel_write_bert(opts, n_vocab_out, errstr, errstr_size);
+    }
     if (!fam) {
         snprintf(errstr, errstr_size, "unknown architecture '%s' (known: " KG_MKMODEL_ARCHS ")",
                  opts->arch);

@@ -328,8 +328,16 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
                    "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2");
     }
-    if (o->rerank && strcmp(arch, "qwen3") != 0) {
-        return bad(errstr, errstr_size, "--rerank is for qwen3 (a Qwen3-Reranker head)");
+    if (strcmp(arch, "bert") == 0 &&
+        (o->n_head_kv != o->n_head || o->head_dim * o->n_head != o->n_embd)) {
+        return bad(errstr, errstr_size,
+                   "bert: --n-head-kv must equal --n-head, and --n-embd be --n-head x the head "
+                   "width");
+    }
+    if (o->rerank && strcmp(arch, "qwen3") != 0 && strcmp(arch, "bert") != 0) {
+        return bad(errstr, errstr_size,
+                   "--rerank is for qwen3 (a Qwen3-Reranker head) and bert (a classification "
+                   "head)");
     }
     if (o->n_ff_exp > 0 && strcmp(arch, "mixtral") == 0) {
         return bad(errstr, errstr_size, "mixtral has no --n-ff-exp: --n-ff is each expert's width");

@@ -9,6 +9,7 @@
  * setup (RoPE scaling and YaRN defaults). */
 #include "kg_model.h"
 
+#include "kg_model_bert.h"
 #include "kg_model_int.h"
 #include "kg_quant.h"
 
@@ -26,12 +27,12 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_GRANITE] = "granite",     [KG_ARCH_OLMO2] = "olmo2",
     [KG_ARCH_MISTRAL3] = "mistral3",   [KG_ARCH_SEED_OSS] = "seed_oss",
     [KG_ARCH_APERTUS] = "apertus",     [KG_ARCH_GLM4MOE] = "glm4moe",
-    [KG_ARCH_DEEPSEEK2] = "deepseek2",
+    [KG_ARCH_DEEPSEEK2] = "deepseek2", [KG_ARCH_BERT] = "bert",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -413,6 +414,12 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
                  "model: unsupported architecture '%s' (supported: " SUPPORTED_ARCHS ")", arch);
         goto fail;
     }
+    if (hp->arch == KG_ARCH_BERT) { /* an encoder: its own keys and tensors */
+        if (!kg_model_load_bert(model, path, errstr, errstr_size)) {
+            goto fail;
+        }
+        return model;
+    }
 
     if (!get_i32(g, akey(key, sizeof(key), arch, "embedding_length"), &hp->n_embd) ||
         !get_i32(g, akey(key, sizeof(key), arch, "block_count"), &hp->n_layer) ||
@@ -623,6 +630,7 @@ void kg_model_free(kg_model_t *model) {
     free(model->mla_views);
     free(model->chat_template);
     free(model->rerank_template);
+    free(model->bert);
     free(model);
 }
 
@@ -719,6 +727,9 @@ uint32_t kg_model_features(const kg_model_t *model) {
     if (hp->n_expert > 0 && (hp->moe_gating == KG_MOE_SIGMOID || hp->n_expert_groups > 1)) {
         f |= KG_MODEL_FEAT_MOE_SIGMOID;
     }
+    if (kg_model_embed_only(model)) {
+        f |= KG_MODEL_FEAT_ENCODER;
+    }
     return f;
 }
 
@@ -729,6 +740,7 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
         "rope_yarn",  "rope_factors",   "q_scale",     "moe",           "moe_oai",
         "attn_sinks", "nope",           "scales",      "no_pre_norm",   "qk_norm_full",
         "attn_temp",  "xielu",          "moe_sigmoid", "shared_expert", "mla",
+        "encoder",
     };
     size_t n = 0;
     if (cap == 0) {

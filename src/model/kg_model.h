@@ -74,6 +74,7 @@ typedef enum kg_arch {
     KG_ARCH_APERTUS,
     KG_ARCH_GLM4MOE,
     KG_ARCH_DEEPSEEK2, /* DeepSeek V2/V2.5/V3/R1, Kimi K2: multi-head latent attention */
+    KG_ARCH_BERT,      /* an encoder for embedding jobs (kg_model_bert.h) */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -296,6 +297,8 @@ typedef struct kg_model {
     const kg_gguf_tensor_t *cls_out;
     int32_t n_cls_out;
     char *rerank_template; /* tokenizer.chat_template.rerank ({query}, {document}) or NULL */
+    /* owned: bert's own tensors (kg_model_bert.h), else NULL */
+    struct kg_bert_weights *bert;
 } kg_model_t;
 
 /* What a model needs beyond the plain Llama graph. A backend that lacks a
@@ -330,6 +333,7 @@ enum {
     KG_MODEL_FEAT_SHARED_EXPERT = 1u << 23, /* a dense shared expert beside the routed ones */
     KG_MODEL_FEAT_MLA = 1u << 24,           /* multi-head latent attention with a latent KV
                                                cache (deepseek2) */
+    KG_MODEL_FEAT_ENCODER = 1u << 25,       /* a non-causal encoder for embeddings only (bert) */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and
@@ -346,6 +350,10 @@ void kg_model_free(kg_model_t *model);
 
 /** The architecture's GGUF name ("qwen2", ...). */
 const char *kg_arch_name(kg_arch_t arch);
+
+/** Whether the model is an encoder that runs embedding jobs only (no LM
+ * head, non-causal attention): bert (kg_model_bert.c). @thread any */
+bool kg_model_embed_only(const kg_model_t *model);
 
 /** KG_MODEL_FEAT_* bits the model uses. @thread any */
 uint32_t kg_model_features(const kg_model_t *model);

@@ -180,6 +180,14 @@ bool kg_tokenizer_add_eos(const kg_tokenizer_t *tok) {
     return tok->add_eos;
 }
 
+int32_t kg_tokenizer_sep(const kg_tokenizer_t *tok) {
+    return tok->sep;
+}
+
+bool kg_tokenizer_add_sep(const kg_tokenizer_t *tok) {
+    return tok->add_sep && tok->sep >= 0;
+}
+
 bool kg_tokenizer_is_eog(const kg_tokenizer_t *tok, int32_t id) {
     return id >= 0 && id < tok->n_vocab && (tok->attr[id] & ATTR_EOG);
 }

@@ -25,6 +25,7 @@ typedef struct kg_tokenizer kg_tokenizer_t;
 typedef enum kg_tokenizer_kind {
     KG_TOKENIZER_SPM = 0, /* "llama" */
     KG_TOKENIZER_BPE = 1, /* "gpt2" */
+    KG_TOKENIZER_WPM = 2, /* "bert": WordPiece (kg_tokenizer_wpm.c) */
 } kg_tokenizer_kind_t;
 
 /** Build from the metadata of `g` (copies what it needs; `g` may be freed
@@ -39,6 +40,11 @@ int32_t kg_tokenizer_eos(const kg_tokenizer_t *tok); /* -1 when none */
 /** Whether the metadata (or llama.cpp's default for the kind) asks for BOS/EOS. */
 bool kg_tokenizer_add_bos(const kg_tokenizer_t *tok);
 bool kg_tokenizer_add_eos(const kg_tokenizer_t *tok);
+/** The separator token (bert's [SEP]), -1 when none, and whether the
+ * vocabulary appends it (llama.cpp's add_sep: rerank pairs put it between
+ * query and document). */
+int32_t kg_tokenizer_sep(const kg_tokenizer_t *tok);
+bool kg_tokenizer_add_sep(const kg_tokenizer_t *tok);
 /** End of generation: EOS, EOT, EOM and other tokens llama.cpp treats as such. */
 bool kg_tokenizer_is_eog(const kg_tokenizer_t *tok, int32_t id);
 /** Control tokens (type 3) are not printed when decoding. */

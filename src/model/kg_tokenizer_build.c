@@ -446,7 +446,7 @@ static size_t render_piece(const kg_tokenizer_t *tok, int32_t id, char *dst) {
     }
     if (a & ATTR_NORMAL) {
         size_t o = 0;
-        if (tok->kind == KG_TOKENIZER_SPM) {
+        if (tok->kind != KG_TOKENIZER_BPE) { /* SPM and WordPiece: "▁" is a space */
             for (size_t i = 0; i < len;) {
                 if (i + 3 <= len && memcmp(t + i, LOW8, 3) == 0) {
                     dst[o++] = ' ';
@@ -716,13 +716,27 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
         if (pre->no_bos_token) {
             tok->bos = -1;
         }
+    } else if (strcmp(mname, "bert") == 0 && model.len == 4) {
+        /* llama.cpp's defaults for WPM vocabularies */
+        tok->kind = KG_TOKENIZER_WPM;
+        tok->bos = 101;
+        tok->eos = -1;
+        tok->unk = 100;
+        tok->add_bos = true;
+        tok->add_sep = true;
+        tok->wpm_lowercase = true;
+        kg_gguf_get_bool(g, "tokenizer.ggml.normalizer.lowercase", &tok->wpm_lowercase);
+        tok->wpm_strip_accents = tok->wpm_lowercase;
+        kg_gguf_get_bool(g, "tokenizer.ggml.normalizer.strip_accents", &tok->wpm_strip_accents);
     } else {
         set_err(errstr, errstr_size,
-                "unsupported tokenizer model '%s' (kgen supports 'llama' (SPM) and 'gpt2' (BPE))",
+                "unsupported tokenizer model '%s' (kgen supports 'llama' (SPM), 'gpt2' (BPE) and "
+                "'bert' (WordPiece))",
                 mname);
         goto fail;
     }
     tok->eot = tok->eom = tok->pad = -1;
+    tok->sep = tok->kind == KG_TOKENIZER_WPM ? 102 : -1;
 
     if (!load_tokens(tok, g, errstr, errstr_size)) {
         goto fail;
@@ -739,6 +753,15 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
     read_id(g, "tokenizer.ggml.eos_token_id", tok->n_vocab, &tok->eos);
     read_id(g, "tokenizer.ggml.unknown_token_id", tok->n_vocab, &tok->unk);
     read_id(g, "tokenizer.ggml.padding_token_id", tok->n_vocab, &tok->pad);
+    read_id(g, "tokenizer.ggml.seperator_token_id", tok->n_vocab, &tok->sep);
+    kg_gguf_get_bool(g, "tokenizer.ggml.add_sep_token", &tok->add_sep);
+    if (tok->kind == KG_TOKENIZER_WPM &&
+        (tok->bos < 0 || tok->bos >= tok->n_vocab || tok->sep < 0 || tok->sep >= tok->n_vocab ||
+         tok->unk < 0 || tok->unk >= tok->n_vocab)) {
+        set_err(errstr, errstr_size, "%s",
+                "a bert (WordPiece) vocabulary needs its CLS (BOS), SEP and UNK tokens");
+        goto fail;
+    }
     kg_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &tok->add_bos);
     kg_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &tok->add_eos);
     if (tok->add_bos && tok->bos < 0) {
@@ -780,6 +803,12 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
                 char c = (char)b;
                 tok->byte_tok[b] = kg_tokenizer_find(tok, &c, 1);
             }
+        }
+    } else if (tok->kind == KG_TOKENIZER_WPM) {
+        for (int32_t id = 0; id < tok->n_vocab; id++) {
+            size_t len;
+            (void)kg_tokenizer_text(tok, id, &len);
+            tok->wpm_max_len = len > tok->wpm_max_len ? len : tok->wpm_max_len;
         }
     } else if (!compile_regexes(tok, pre, errstr, errstr_size)) {
         goto fail;

@@ -602,7 +602,8 @@ int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok,
         s.md = pcre2_match_data_create(16, NULL); // the overall match is all we read
         ok = s.md != NULL;
     }
-    if (ok && add_special && tok->add_bos) {
+    /* WordPiece starts every text with [CLS], whatever add_bos says (llama.cpp) */
+    if (ok && add_special && (tok->add_bos || tok->kind == KG_TOKENIZER_WPM)) {
         emit(&o, tok->bos);
     }
     bool prev_special = true; // SPM: a leading space at the start and after special tokens
@@ -611,6 +612,11 @@ int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok,
         if (f->token >= 0) {
             emit(&o, f->token);
             prev_special = true;
+        } else if (tok->kind == KG_TOKENIZER_WPM) {
+            const int64_t n =
+                kg_tokenizer_wpm_encode(tok, text + f->off, f->len, o.ids, o.n_max, o.n);
+            ok = n >= 0;
+            o.n = ok ? n : o.n;
         } else if (tok->kind == KG_TOKENIZER_SPM) {
             ok = spm_fragment(&s, text + f->off, f->len, tok->add_space_prefix && prev_special, &o);
             prev_special = false;
@@ -620,6 +626,11 @@ int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok,
     }
     if (ok && add_special && tok->add_eos) {
         emit(&o, tok->eos);
+    }
+    /* WordPiece ends every text with [SEP] (llama.cpp appends it whenever
+     * special tokens are added) */
+    if (ok && add_special && tok->kind == KG_TOKENIZER_WPM) {
+        emit(&o, tok->sep);
     }
     pcre2_match_data_free(s.md);
     free(frags);

@@ -75,6 +75,12 @@ struct kg_tokenizer {
     char bmap[256][2];         /* GPT-2 byte -> UTF-8 of its code point (1 or 2 bytes) */
     uint8_t bmap_len[256];
     int16_t bmap_inv[324]; /* code point (< 0x144) -> byte, or -1 */
+
+    /* WordPiece (bert): the separator appended after the text, llama.cpp's
+     * BertNormalizer options and the longest token in bytes */
+    int32_t sep;
+    bool add_sep, wpm_lowercase, wpm_strip_accents;
+    size_t wpm_max_len;
 };
 
 #define LOW8 "\xe2\x96\x81" /* U+2581 "▁", SentencePiece's space */
@@ -102,6 +108,18 @@ bool kg_tokenizer_is_canonical(uint32_t cpt, size_t len);
 
 /** Token `id`'s text (borrowed from the tokenizer) and its length. */
 const char *kg_tokenizer_text(const kg_tokenizer_t *tok, int32_t id, size_t *len);
+
+// ---- WordPiece (kg_tokenizer_wpm.c) ----
+
+/** The ids of `len` bytes of raw text (no special tokens), appended to ids
+ * at index n (written while below n_max); returns the new count, or -1
+ * when out of memory. */
+int64_t kg_tokenizer_wpm_encode(const kg_tokenizer_t *tok,
+                                const char *text,
+                                size_t len,
+                                int32_t *ids,
+                                int64_t n_max,
+                                int64_t n);
 
 // ---- pre-tokenizers (kg_tokenizer_pre.c) ----
 

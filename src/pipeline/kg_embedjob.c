@@ -125,7 +125,8 @@ static kg_status_t push_pair(toks_t *t,
         free(s);
         return st;
     }
-    const int32_t eos = kg_tokenizer_eos(tok);
+    /* EOS, or SEP where the vocabulary has no EOS (bert) */
+    const int32_t eos = kg_tokenizer_eos(tok) >= 0 ? kg_tokenizer_eos(tok) : kg_tokenizer_sep(tok);
     const bool add_eos = kg_tokenizer_add_eos(tok) && eos >= 0;
     if (kg_tokenizer_add_bos(tok) && kg_tokenizer_bos(tok) >= 0 &&
         (st = push_tok(t, kg_tokenizer_bos(tok))) != KG_OK) {
@@ -134,6 +135,9 @@ static kg_status_t push_pair(toks_t *t,
     st = q->text ? push_text(t, tok, q->text, q->len, false, false) : push_ids(t, q);
     if (st == KG_OK && add_eos) {
         st = push_tok(t, eos);
+    }
+    if (st == KG_OK && kg_tokenizer_add_sep(tok)) {
+        st = push_tok(t, kg_tokenizer_sep(tok));
     }
     if (st == KG_OK) {
         st = d->text ? push_text(t, tok, d->text, d->len, false, false) : push_ids(t, d);
@@ -156,9 +160,17 @@ kg_status_t kg_embedjob_prepare(const kg_model_t *model,
                         : job->task == KG_TASK_RERANK ? "documents"
                                                       : "text_2";
     const int32_t max_inputs = lim->max_inputs > 0 ? lim->max_inputs : KG_JOB_MAX_INPUTS;
-    const int32_t max_len = lim->max_prompt_tokens > 0 && lim->max_prompt_tokens < lim->max_seq_len
-                                ? lim->max_prompt_tokens
-                                : lim->max_seq_len - 1;
+    int32_t max_len = lim->max_prompt_tokens > 0 && lim->max_prompt_tokens < lim->max_seq_len
+                          ? lim->max_prompt_tokens
+                          : lim->max_seq_len - 1;
+    /* an encoder's positions end at its trained context (position_embd),
+     * and an input runs whole in one step */
+    if (kg_model_embed_only(model) && max_len > model->hp.n_ctx_train) {
+        max_len = model->hp.n_ctx_train;
+    }
+    if (kg_model_embed_only(model) && lim->max_step_tokens > 0 && max_len > lim->max_step_tokens) {
+        max_len = lim->max_step_tokens;
+    }
     *code = KG_ERROR_INVALID_JOB;
     if (job->n_inputs > max_inputs) {
         snprintf(msg, msg_size, "%s: %d entries; this worker takes at most %d per job", field,
@@ -167,8 +179,8 @@ kg_status_t kg_embedjob_prepare(const kg_model_t *model,
     }
     if (rank && !kg_embed_can_rank(model)) {
         snprintf(msg, msg_size,
-                 "task %s: this model has no reranking head (a qwen3 reranker with "
-                 "cls.output.weight)",
+                 "task %s: this model has no reranking head (a qwen3 or bert reranker "
+                 "with cls.output.weight)",
                  job->task == KG_TASK_RERANK ? "rerank" : "score");
         return KG_ERR_INVALID;
     }
@@ -234,13 +246,15 @@ kg_status_t kg_embedjob_prepare(const kg_model_t *model,
     return KG_OK;
 }
 
-int kg_embedjob_engine_pool(int32_t pooling) {
+int kg_embedjob_engine_pool(const kg_model_t *model, int32_t pooling) {
     switch (pooling) {
     case KG_EMBED_POOL_MEAN:
         return KG_ENGINE_POOL_MEAN;
     case KG_EMBED_POOL_CLS:
         return KG_ENGINE_POOL_FIRST;
-    default: /* last; rank pools the last token for qwen3 */
+    case KG_EMBED_POOL_RANK: /* llama.cpp's rank reads the CLS row, the last for qwen3 */
+        return model && kg_model_embed_only(model) ? KG_ENGINE_POOL_FIRST : KG_ENGINE_POOL_LAST;
+    default: /* last */
         return KG_ENGINE_POOL_LAST;
     }
 }

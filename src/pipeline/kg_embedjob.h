@@ -45,7 +45,7 @@ KG_NODISCARD kg_status_t kg_embedjob_prepare(const kg_model_t *model,
 
 /** The engine pooling (kg_engine_pool_t's value) for prepared pooling
  * `pooling` (KG_EMBED_POOL_*). */
-int kg_embedjob_engine_pool(int32_t pooling);
+int kg_embedjob_engine_pool(const kg_model_t *model, int32_t pooling);
 
 /** The done event of a finished job whose engine rows (`pooled`, n_inputs
  * rows of n_embd floats) are all there, made into vectors or scores; fitted to max_bytes

@@ -381,6 +381,13 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
     if (job->task != KG_TASK_GENERATE) {
         return kg_embedjob_prepare(model, lim, job, out, code, msg, msg_size);
     }
+    if (kg_model_embed_only(model)) {
+        snprintf(msg, msg_size,
+                 "this model (%s) is an encoder: it runs embed, rerank and score jobs, not "
+                 "generation",
+                 kg_arch_name(model->hp.arch));
+        return KG_ERR_INVALID;
+    }
     switch (job->prompt_kind) {
     case KG_PROMPT_TEXT:
         st = tokenize(tok, job->prompt, job->prompt_len, true, out);

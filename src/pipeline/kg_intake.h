@@ -42,6 +42,9 @@ typedef struct kg_intake_limits {
     int32_t max_choices;          /* n above it (the engine's slots) is invalid_job; 0 = 16 */
     int32_t max_inputs;           /* inputs (documents) of an embed/rerank/score job at most (the
                                      engine's queue depth); 0 = KG_JOB_MAX_INPUTS */
+    int32_t max_step_tokens;      /* the engine's max_batch_tokens: an encoder's (bert's) inputs
+                                     run whole in one step, so longer ones are prompt_too_long;
+                                     0 = no such bound */
     /* the names the model is served under (borrowed); a job naming another
      * gets model_not_found; n_served 0 accepts any name */
     const char *const *served;

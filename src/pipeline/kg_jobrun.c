@@ -85,7 +85,7 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
     if (r->prep.n_inputs > 0) {
         req.n_inputs = r->prep.n_inputs;
         req.input_len = r->prep.input_len;
-        req.pool = (kg_engine_pool_t)kg_embedjob_engine_pool(r->prep.pooling);
+        req.pool = (kg_engine_pool_t)kg_embedjob_engine_pool(r->model, r->prep.pooling);
         req.embd = r->embd;
         req.n_choices = 0;
     }

@@ -4,11 +4,12 @@
  * fused-tensor views, and the experts (counts, 3-D tensors cut into
  * per-expert views, gpt-oss's biases and sinks), deepseek2's latent
  * attention (its ranks and head sizes, the 3-D k_b / v_b cut into per-head
- * views). Any input must load or give one error line,
- * never a crash or an out-of-bounds read. On success the queries backends
- * use are run and every view's bytes are read. */
+ * views), and bert's encoder tensors. Any input must load or give one error
+ * line, never a crash or an out-of-bounds read. On success the queries
+ * backends use are run and every view's bytes are read. */
 #include "model/kg_gguf.h"
 #include "model/kg_model.h"
+#include "model/kg_model_bert.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -95,6 +96,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 touch(&L->exp_down[e]);
             }
             sink += (uint64_t)L->n_swa;
+        }
+        if (m->bert) { /* bert's own tensors */
+            const struct kg_bert_weights *b = m->bert;
+            const kg_gguf_tensor_t *bs[] = {b->type_embd, b->pos_embd, b->tok_norm,  b->tok_norm_b,
+                                            b->cls,       b->cls_b,    b->cls_out_b, m->cls_out};
+            for (size_t i = 0; i < sizeof(bs) / sizeof(bs[0]); i++) {
+                touch(bs[i]);
+            }
+            for (int32_t il = 0; il < m->hp.n_layer; il++) {
+                const kg_bert_layer_t *BL = &b->layers[il];
+                const kg_gguf_tensor_t *ls[] = {BL->attn_out_norm,  BL->attn_out_norm_b,
+                                                BL->ffn_up_b,       BL->ffn_down_b,
+                                                BL->layer_out_norm, BL->layer_out_norm_b};
+                for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++) {
+                    touch(ls[i]);
+                }
+            }
         }
     }
     kg_model_free(m);

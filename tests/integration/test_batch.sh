@@ -82,3 +82,49 @@ print(f"prefix cache: {prompt} prompt tokens, {cached_on} served from the cache,
       f"{prompt - cached_on} prefilled (without the cache: {prompt})")
 assert cached_on > prompt // 2, (cached_on, prompt)
 PY
+
+# bert, an encoder: embed, rerank and score jobs answered (unit vectors, scores in (0, 1),
+# best first), a generation job and an input longer than a step answered with errors that
+# say why, an OpenAI /v1/embeddings line; the same vectors with steps of 512 and of 64 tokens
+# (inputs run whole in either)
+"$bin/kgen" mkmodel --arch bert --out "$tmp/bert.gguf" --n-embd 64 --n-layer 2 --n-head 4 \
+    --n-head-kv 4 --n-ff 128 --ctx 512 --pooling mean --rerank --seed 7 >/dev/null
+cat >"$tmp/bert.jsonl" <<'J'
+{"request_id": "be", "task": "embed", "input": ["Once upon a time", "The little dog ran.", "hi"]}
+{"request_id": "br", "task": "rerank", "query": "a dog", "documents": ["The little dog ran.", "stocks fell", "cats"], "top_n": 2}
+{"request_id": "bs", "task": "score", "text_1": "a dog", "text_2": ["The little dog ran.", "cats"]}
+{"request_id": "bg", "prompt": "Once upon a time", "max_tokens": 4}
+{"request_id": "bl", "task": "embed", "input": "one two three four five six seven"}
+{"custom_id": "oe", "method": "POST", "url": "/v1/embeddings", "body": {"input": ["Once upon a time"], "model": "bert"}}
+J
+"$bin/kgen" batch --model "$tmp/bert.gguf" --input "$tmp/bert.jsonl" --output "$tmp/bert512.jsonl" --threads 2
+"$bin/kgen" batch --model "$tmp/bert.gguf" --input "$tmp/bert.jsonl" --output "$tmp/bert64.jsonl" --threads 2 \
+    --max-batch-size 4 --max-batch-tokens 64
+python3 - "$tmp/bert512.jsonl" "$tmp/bert64.jsonl" <<'PY'
+import json, math, sys
+a = {x["request_id"]: x for x in map(json.loads, open(sys.argv[1]))}
+b = {x["request_id"]: x for x in map(json.loads, open(sys.argv[2]))}
+e = a["be"]
+assert e["type"] == "done" and len(e["embeddings"]) == 3, e
+assert all(abs(math.sqrt(sum(v * v for v in vec)) - 1) < 1e-5 for vec in e["embeddings"])
+assert e["embeddings"] == b["be"]["embeddings"], "vectors differ with smaller steps"
+r = a["br"]["results"]
+assert len(r) == 2 and r[0]["relevance_score"] >= r[1]["relevance_score"], r
+assert all(0 < x["relevance_score"] < 1 for x in r) and r == b["br"]["results"]
+assert [x["index"] for x in a["bs"]["results"]] == [0, 1]
+g = a["bg"]
+assert g["type"] == "error" and g["code"] == "invalid_job" and "encoder" in g["message"], g
+assert a["bl"]["type"] == "done" and a["bl"]["usage"]["prompt_tokens"] > 16
+assert b["bl"]["embeddings"] == a["bl"]["embeddings"]
+assert a["oe"]["type"] == "done" and len(a["oe"]["embeddings"]) == 1
+print("bert: embed, rerank and score answered; generation refused:", g["message"])
+PY
+"$bin/kgen" batch --model "$tmp/bert.gguf" --input "$tmp/bert.jsonl" --output "$tmp/bert8.jsonl" --threads 2 \
+    --max-batch-size 4 --max-batch-tokens 16
+python3 - "$tmp/bert8.jsonl" <<'PY'
+import json, sys
+a = {x.get("request_id"): x for x in map(json.loads, open(sys.argv[1]))}
+l = a["bl"]  # longer than a step of 16: it could only run cut, which an encoder cannot
+assert l["type"] == "error" and l["code"] == "prompt_too_long", l
+print("bert: an input longer than a step:", l["message"])
+PY

@@ -221,7 +221,9 @@ START_TEST(matches_llama_cpp) {
     golden_load(g_files[_i], &g);
     kg_model_t *m = make_model(g.args, g.fnv);
     kg_backend_t *be;
-    kg_engine_t *e = make_engine(m, &be, 24);
+    /* 24 tokens a step cuts a decoder's prompts into chunks; an encoder's
+     * inputs run whole, so its steps must hold the longest */
+    kg_engine_t *e = make_engine(m, &be, kg_model_embed_only(m) ? 128 : 24);
     const int32_t E = m->hp.n_embd;
     int32_t ids[MAX_INPUTS * MAX_IDS], lens[MAX_INPUTS], n_ids = 0;
     for (int32_t i = 0; i < g.n_in; i++) {
@@ -238,7 +240,7 @@ START_TEST(matches_llama_cpp) {
     }
     const int32_t pooling = g.rerank ? KG_EMBED_POOL_RANK : kg_embed_model_pooling(m);
     float *rows = malloc((size_t)g.n_in * (size_t)E * sizeof(float));
-    run_embed(e, 7, ids, lens, g.n_in, (kg_engine_pool_t)kg_embedjob_engine_pool(pooling), rows);
+    run_embed(e, 7, ids, lens, g.n_in, (kg_engine_pool_t)kg_embedjob_engine_pool(m, pooling), rows);
     const double min_cos = strcmp(g.type, "q8_0") == 0 ? 0.999 : 0.9999;
     for (int32_t i = 0; i < g.n_in; i++) {
         const float *v = rows + (size_t)i * (size_t)E;
@@ -246,9 +248,19 @@ START_TEST(matches_llama_cpp) {
             /* Q8_0: activations rounded to Q8 blocks on both sides can round
              * the other way near a boundary (check_arch allows an NMSE of 5e-4
              * there); through two random layers that moves a score by up to a
-             * few 1e-3, the F32/F16 scores agree to 1e-3 */
-            const float tol = strcmp(g.type, "q8_0") == 0 ? 5e-3f : 1e-3f;
+             * few 1e-3, the F32/F16 scores agree to 1e-3. bert's head reads
+             * the CLS row alone through two random 64-wide layers (tanh, then
+             * the label), which carries that noise further: its Q8_0 scores
+             * land 5e-3 from llama.cpp's, on either side of the F32 score
+             * (its F32/F16 ones within 2e-4) */
+            const float tol = strcmp(g.type, "q8_0") != 0 ? 1e-3f
+                              : kg_model_embed_only(m)    ? 1e-2f
+                                                          : 5e-3f;
             const float s = kg_embed_rank_score(m, v);
+            if (getenv("KG_EMBED_VERBOSE")) {
+                fprintf(stderr, "%s %s pair %d: score %.6f, llama.cpp %.6f\n", g.model, g.type, i,
+                        (double)s, (double)g.in[i].score);
+            }
             ck_assert_msg(fabsf(s - g.in[i].score) <= tol,
                           "%s %s pair %d: score %.6f, llama.cpp %.6f", g.model, g.type, i,
                           (double)s, (double)g.in[i].score);
@@ -602,7 +614,7 @@ START_TEST(rerank_sorted_and_cut) {
         kg_engine_t *e = make_engine(m, &be, 32);
         float *rows = malloc((size_t)prep.n_inputs * (size_t)E * sizeof(float));
         run_embed(e, 9, prep.tokens, prep.input_len, prep.n_inputs,
-                  (kg_engine_pool_t)kg_embedjob_engine_pool(prep.pooling), rows);
+                  (kg_engine_pool_t)kg_embedjob_engine_pool(m, prep.pooling), rows);
         kg_event_origin_t o = {.worker_id = "w", .partition = -1, .offset = -1};
         kg_job_timing_t t = {.n_prompt = prep.n_tokens};
         size_t len;

@@ -712,8 +712,11 @@ START_TEST(family_usage_errors) {
     const char *out = kg_test_tmp_path("never");
     char a[4096];
 #define SHAPE "--n-embd 64 --n-layer 1 --n-head 4 --n-head-kv 2 --n-ff 64 --seed 1"
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --arch t5", out);
+    expect_usage_error(a, "--arch: unknown 't5' (known: llama, qwen2, qwen3, gemma2");
+    /* bert: every head a key/value head, n_embd = n_head x the head width */
     snprintf(a, sizeof(a), "--out %s " SHAPE " --arch bert", out);
-    expect_usage_error(a, "--arch: unknown 'bert' (known: llama, qwen2, qwen3, gemma2");
+    expect_usage_error(a, "bert: --n-head-kv must equal --n-head");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --chat-template nope", out);
     expect_usage_error(a, "known: chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --sliding-window 8", out);

@@ -361,8 +361,8 @@ END_TEST
 
 // ---- refusals ----
 
-static void set_arch_bert(kg_gguf_writer_t *w) {
-    kg_gguf_writer_set_str(w, "general.architecture", "bert");
+static void set_arch_t5(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_str(w, "general.architecture", "t5");
 }
 
 static void set_scaling_su(kg_gguf_writer_t *w) {
@@ -376,8 +376,8 @@ static void set_llama_rot8(kg_gguf_writer_t *w) {
 START_TEST(refusals_name_what_is_supported) {
     char *src = mk("--arch qwen2 --n-layer 1 " SMALL);
     load_fails(
-        rewrite(src, NULL, set_arch_bert, NULL, 0),
-        (const char *[]){"unsupported architecture 'bert'", "qwen3", "gemma3", "phi3", NULL});
+        rewrite(src, NULL, set_arch_t5, NULL, 0),
+        (const char *[]){"unsupported architecture 't5'", "qwen3", "gemma3", "phi3", "bert", NULL});
     load_fails(rewrite(src, NULL, set_scaling_su, NULL, 0),
                (const char *[]){"rope.scaling.type 'su'", "none, linear, yarn, longrope", NULL});
     /* a tensor the qwen2 graph does not use: refused, not ignored */

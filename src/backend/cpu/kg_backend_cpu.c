@@ -28,9 +28,11 @@
  * the types both files share are in kg_backend_cpu_int.h. */
 #include "../../core/kg_log.h"
 #include "../../core/kg_pool.h"
+#include "../../model/kg_model_bert.h"
 #include "../../model/kg_quant.h"
 #include "../kg_backend_impl.h"
 #include "../kg_math.h"
+#include "cpu_bert.h"
 #include "cpu_gemm.h"
 #include "cpu_lora.h"
 #include "cpu_moe.h"
@@ -253,6 +255,7 @@ static void cpu_free(kg_backend_t *be) {
                 }
             }
         }
+        cpu_bert_free(ctx);
         cpu_moe_plan_clear(&ctx->plan);
         for (int i = 0; ctx->moe_qact && i < ctx->n_threads; i++) {
             cpu_qact_clear(&ctx->moe_qact[i]);
@@ -389,6 +392,16 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         snprintf(errstr, errstr_size,
                  "cpu backend: KV blocks, block size and batch tokens must be > 0");
         goto fail;
+    }
+    if (kg_model_embed_only(model)) { /* bert: an encoder with its own forward */
+        if (!cpu_bert_init(ctx, errstr, errstr_size)) {
+            goto fail;
+        }
+        be->iface.forward = cpu_bert_forward;
+        be->kv_copy = NULL;
+        be->lora_add = NULL;
+        be->lora_remove = NULL;
+        return be;
     }
 
     ctx->layers = calloc((size_t)hp->n_layer, sizeof(*ctx->layers));

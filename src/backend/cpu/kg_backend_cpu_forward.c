@@ -112,6 +112,15 @@ static void matmul_n(cpu_ctx_t *ctx,
     matmul_n_on(ctx, ctx->pool, 0, ctx->xr, &ctx->qact, n, ws, in, outs, T);
 }
 
+void cpu_matmul_n(cpu_ctx_t *ctx,
+                  int n,
+                  const cpu_weight_t *const *ws,
+                  const float *in,
+                  float *const *outs,
+                  int64_t T) {
+    matmul_n(ctx, n, ws, in, outs, T);
+}
+
 static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
     matmul_n(ctx, 1, &w, in, &out, T);
 }

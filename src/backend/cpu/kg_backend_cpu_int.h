@@ -116,6 +116,7 @@ typedef struct cpu_ctx {
     float *mla_xr;               /* (n_threads, T, W) */
     cpu_qact_t *mla_qact;        /* (n_threads) x (T, W) */
     struct cpu_lora_state *lora; /* LoRA adapters (cpu_lora.c), NULL until one is added */
+    struct cpu_bert *bert;       /* the bert encoder's own parts (cpu_bert.c), else NULL */
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
 
@@ -124,3 +125,13 @@ typedef struct cpu_ctx {
 KG_NODISCARD kg_status_t cpu_backend_forward(kg_backend_t *be,
                                              const kg_step_batch_t *batch,
                                              float *logits);
+
+/** outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T on the backend's pool,
+ * activations rounded as ggml rounds them for the weight type (the
+ * forward's matmul_n). @thread engine */
+void cpu_matmul_n(cpu_ctx_t *ctx,
+                  int n,
+                  const cpu_weight_t *const *ws,
+                  const float *in,
+                  float *const *outs,
+                  int64_t T);

@@ -1,0 +1,516 @@
+/* cpu_bert: the CPU backend's forward pass for the `bert` encoder
+ * (kg_model_bert.h), which embedding and rerank jobs run.
+ *
+ * DESIGN
+ * A bert step is whole inputs: every token attends to every token of its
+ * own input, before and after it (llama.cpp's no-cache, non-causal
+ * attention), so an input's tokens must all be in the step, contiguous and
+ * in position order from 0; a step that would make one attend causally
+ * (an input cut into chunks) is refused, not computed wrong. The engine
+ * schedules bert inputs whole (kg_engine_params_t.non_causal). Nothing is
+ * kept between steps: no KV cache is allocated.
+ *
+ * Per step, as llama.cpp's graph: x = tok_embd[token] + token_types[0] +
+ * position_embd[pos]; x = LN(x) (ggml_norm: a double sum for the mean and
+ * the variance, then * w + b); per layer: Q/K/V GEMMs + biases, attention
+ * with q, K and V rounded to fp16 as ggml's flash attention casts them
+ * (cpu_attn's kernel, over the input's own rows), output GEMM + bias,
+ * x = LN(x + attn); up GEMM + bias, GELU (ggml's fp16 table), down GEMM +
+ * bias, x = LN(x + ffn). The hidden rows asked for are the last layer's
+ * output (bert has no output norm). Each row's arithmetic does not depend
+ * on what else is in the step, so an input's vector is the same alone or
+ * among others. */
+#include "cpu_bert.h"
+
+#include "../../core/kg_log.h"
+#include "../../model/kg_model_bert.h"
+#include "../../model/kg_quant.h"
+#include "../kg_math.h"
+#include "cpu_attn.h"
+#include "cpu_ops.h"
+
+#include <math.h>
+#include <stdio.h>
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define BERT_F16C 1
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+struct cpu_bert {
+    cpu_weight_t tok_norm, tok_norm_b;
+    float *type_row;      /* (n_embd) token type 0's row, or NULL */
+    cpu_weight_t *ln1_b;  /* (n_layer) attn_output_norm.bias */
+    cpu_weight_t *ln2_b;  /* (n_layer) layer_output_norm.bias */
+    cpu_weight_t *up_b;   /* (n_layer) or data NULL */
+    cpu_weight_t *down_b; /* (n_layer) or data NULL */
+    uint16_t *k16, *v16;  /* (T, n_embd) this layer's K and V in fp16 */
+    int32_t *run_start;   /* (T) the batch index of the token's input's first token */
+    int32_t *run_len;     /* (T) its input's length */
+    int32_t *zero_table;  /* {0}: every input's rows are one block */
+};
+
+/* y = (x - mean) / sqrt(var + eps) * w + b for n_rows rows (ggml_norm,
+ * then build_norm's ggml_mul and ggml_add). x and y may alias. */
+static void layernorm_rows(const float *x,
+                           const float *w,
+                           const float *b,
+                           float *y,
+                           int64_t n_rows,
+                           int64_t n,
+                           float eps) {
+    for (int64_t r = 0; r < n_rows; r++) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            sum += (double)xr[i];
+        }
+        const float mean = (float)sum / (float)n;
+        double sum2 = 0.0;
+        for (int64_t i = 0; i < n; i++) {
+            const float d = xr[i] - mean;
+            yr[i] = d;
+            sum2 += (double)(d * d);
+        }
+        const float variance = (float)(sum2 / (double)n);
+        const float scale = 1.0f / sqrtf(variance + eps);
+        for (int64_t i = 0; i < n; i++) {
+            yr[i] = yr[i] * scale * w[i] + b[i];
+        }
+    }
+}
+
+static void add_bias(float *x, const cpu_weight_t *b, int64_t T, int64_t n) {
+    if (!b->data) {
+        return;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t i = 0; i < n; i++) {
+            x[t * n + i] += b->data[i];
+        }
+    }
+}
+
+/* One tensor into `w` as kg_backend_cpu.c's weight_init makes it (kept
+ * apart so the two files do not call each other): F32/F16/BF16 matrices
+ * packed for cpu_gemm (the file's pages let go), quantized ones used in
+ * place, vectors F32 in place or dequantized. The layer matrices live in
+ * ctx->layers, which the backend's free clears; the vectors only here. */
+static bool weight_init(
+    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
+    w->n_in = t->ne[0];
+    w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
+    w->type = t->type;
+    if (t->n_dims > 1 && cpu_qtraits(t->type)) {
+        if (!cpu_qmat_init(&w->q, t->type, t->data, w->n_out, w->n_in)) {
+            snprintf(errstr, errstr_size, "cpu backend: tensor '%.*s' of type %s has rows of %lld",
+                     (int)t->name.len, t->name.data, kg_type_name(t->type), (long long)w->n_in);
+            return false;
+        }
+        ctx->weights_size += t->size;
+        return true;
+    }
+    if (t->n_dims > 1) {
+        if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory packing '%.*s'",
+                     (int)t->name.len, t->name.data);
+            return false;
+        }
+        ctx->weights_size += w->packed.size;
+        kg_gguf_release(ctx->model->gguf, t->data, t->size);
+        return true;
+    }
+    if (t->type == KG_GGML_TYPE_F32) {
+        w->data = t->data;
+        ctx->weights_size += t->size;
+        return true;
+    }
+    w->owned = malloc((size_t)w->n_in * sizeof(float));
+    if (!w->owned) {
+        snprintf(errstr, errstr_size, "cpu backend: out of memory");
+        return false;
+    }
+    kg_dequantize(t->type, t->data, w->owned, w->n_in);
+    w->data = w->owned;
+    ctx->weights_size += (size_t)w->n_in * sizeof(float);
+    return true;
+}
+
+static float *bert_scratch(cpu_ctx_t *ctx, size_t n, bool *ok) {
+    float *p = calloc(n ? n : 1, sizeof(float));
+    *ok = *ok && p;
+    ctx->scratch_size += n * sizeof(float);
+    return p;
+}
+
+bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
+    const kg_model_t *model = ctx->model;
+    const kg_hparams_t *hp = &ctx->hp;
+    const struct kg_bert_weights *bw = model->bert;
+    const int32_t NL = hp->n_layer;
+    const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
+    struct cpu_bert *b = calloc(1, sizeof(*b));
+    ctx->bert = b;
+    ctx->layers = calloc((size_t)NL, sizeof(*ctx->layers));
+    if (!b || !ctx->layers) {
+        snprintf(errstr, errstr_size, "cpu backend: out of memory");
+        return false;
+    }
+    b->ln1_b = calloc((size_t)NL, sizeof(*b->ln1_b));
+    b->ln2_b = calloc((size_t)NL, sizeof(*b->ln2_b));
+    b->up_b = calloc((size_t)NL, sizeof(*b->up_b));
+    b->down_b = calloc((size_t)NL, sizeof(*b->down_b));
+    if (!b->ln1_b || !b->ln2_b || !b->up_b || !b->down_b) {
+        snprintf(errstr, errstr_size, "cpu backend: out of memory");
+        return false;
+    }
+    for (int32_t il = 0; il < NL; il++) {
+        const kg_layer_weights_t *src = &model->layers[il];
+        const kg_bert_layer_t *bl = &bw->layers[il];
+        cpu_layer_t *L = &ctx->layers[il];
+        const kg_gguf_tensor_t *srcs[] = {src->wq,
+                                          src->wk,
+                                          src->wv,
+                                          src->wo,
+                                          src->w_up,
+                                          src->w_down,
+                                          src->bq,
+                                          src->bk,
+                                          src->bv,
+                                          src->bo,
+                                          bl->attn_out_norm,
+                                          bl->layer_out_norm,
+                                          bl->attn_out_norm_b,
+                                          bl->layer_out_norm_b,
+                                          bl->ffn_up_b,
+                                          bl->ffn_down_b};
+        cpu_weight_t *dsts[] = {&L->wq,        &L->wk,        &L->wv,        &L->wo,
+                                &L->w_up,      &L->w_down,    &L->bq,        &L->bk,
+                                &L->bv,        &L->bo,        &L->attn_norm, &L->ffn_norm,
+                                &b->ln1_b[il], &b->ln2_b[il], &b->up_b[il],  &b->down_b[il]};
+        for (size_t i = 0; i < sizeof(srcs) / sizeof(srcs[0]); i++) {
+            if (srcs[i] && !weight_init(dsts[i], srcs[i], ctx, errstr, errstr_size)) {
+                return false;
+            }
+        }
+    }
+    if (!weight_init(&b->tok_norm, bw->tok_norm, ctx, errstr, errstr_size) ||
+        !weight_init(&b->tok_norm_b, bw->tok_norm_b, ctx, errstr, errstr_size)) {
+        return false;
+    }
+    ctx->gelu_table = malloc(65536 * sizeof(uint16_t));
+    bool ok = ctx->gelu_table != NULL;
+    if (ok) {
+        cpu_gelu_table_init(ctx->gelu_table);
+    }
+    if (bw->type_embd) {
+        b->type_row = bert_scratch(ctx, E, &ok);
+        if (b->type_row) {
+            kg_dequantize(bw->type_embd->type, bw->type_embd->data, b->type_row, (int64_t)E);
+        }
+    }
+    const size_t widest = E > F ? E : F;
+    ctx->x = bert_scratch(ctx, T * E, &ok);
+    ctx->xn = bert_scratch(ctx, T * E, &ok);
+    ctx->xr = bert_scratch(ctx, T * widest, &ok);
+    ctx->q = bert_scratch(ctx, T * E, &ok);
+    ctx->k = bert_scratch(ctx, T * E, &ok);
+    ctx->v = bert_scratch(ctx, T * E, &ok);
+    ctx->att = bert_scratch(ctx, T * E, &ok);
+    ctx->up = bert_scratch(ctx, T * F, &ok);
+    ctx->tmp = bert_scratch(ctx, T * E, &ok);
+    ctx->scores = bert_scratch(ctx, (size_t)ctx->n_threads * T, &ok);
+    /* T and E are > 0 (the backend checks max_tokens, the model n_embd) */
+    b->k16 = calloc(T * E + 1, sizeof(uint16_t));
+    b->v16 = calloc(T * E + 1, sizeof(uint16_t));
+    b->run_start = calloc(T, sizeof(int32_t));
+    b->run_len = calloc(T, sizeof(int32_t));
+    b->zero_table = calloc(1, sizeof(int32_t));
+    ok = ok && b->k16 && b->v16 && b->run_start && b->run_len && b->zero_table;
+    ctx->scratch_size += 2 * T * E * sizeof(uint16_t) + 2 * T * sizeof(int32_t);
+    ok = ok && cpu_qact_init(&ctx->qact, (int64_t)T, (int64_t)widest);
+    ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)widest);
+    ctx->qscratch = ok ? cpu_qgemm_scratch_new(ctx->n_threads, (int64_t)widest) : NULL;
+    ok = ok && ctx->qscratch;
+    if (!ok) {
+        snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
+        return false;
+    }
+    ctx->scratch_size += cpu_qgemm_scratch_size(ctx->qscratch);
+    return true;
+}
+
+void cpu_bert_free(cpu_ctx_t *ctx) {
+    struct cpu_bert *b = ctx->bert;
+    if (!b) {
+        return;
+    }
+    cpu_weight_t *vecs[] = {b->ln1_b, b->ln2_b, b->up_b, b->down_b};
+    for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
+        for (int32_t il = 0; vecs[i] && il < ctx->hp.n_layer; il++) {
+            free(vecs[i][il].owned); /* vectors: nothing packed */
+        }
+        free(vecs[i]);
+    }
+    free(b->tok_norm.owned);
+    free(b->tok_norm_b.owned);
+    free(b->type_row);
+    free(b->k16);
+    free(b->v16);
+    free(b->run_start);
+    free(b->run_len);
+    free(b->zero_table);
+    free(b);
+    ctx->bert = NULL;
+}
+
+/* Every input whole: a run of one sequence's tokens at positions 0, 1,
+ * ..., n-1, and no sequence in two runs. Fills run_start and run_len. */
+static bool whole_inputs(const cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
+    struct cpu_bert *b = ctx->bert;
+    const int32_t T = batch->n_tokens;
+    for (int32_t t = 0; t < T;) {
+        const int32_t seq = batch->seq[t];
+        int32_t n = 0;
+        while (t + n < T && batch->seq[t + n] == seq && batch->pos[t + n] == n) {
+            n++;
+        }
+        if (n == 0) {
+            KG_LOG_ERROR("cpu",
+                         "bert: token %d (seq %d pos %d) is not part of a whole input "
+                         "(an encoder attends both ways: inputs come whole, from "
+                         "position 0)",
+                         t, seq, batch->pos[t]);
+            return false;
+        }
+        for (int32_t u = 0; u < t; u++) {
+            if (batch->seq[u] == seq) {
+                KG_LOG_ERROR("cpu", "bert: seq %d comes twice in one step", seq);
+                return false;
+            }
+        }
+        for (int32_t k = 0; k < n; k++) {
+            b->run_start[t + k] = t;
+            b->run_len[t + k] = n;
+        }
+        t += n;
+    }
+    return true;
+}
+
+typedef struct bert_attn_job {
+    cpu_ctx_t *ctx;
+} bert_attn_job_t;
+
+/* One (token, head): softmax(q · K / sqrt(hd)) · V over the token's input. */
+static void bert_attn_task(void *arg, int64_t w, int thread) {
+    const bert_attn_job_t *job = arg;
+    cpu_ctx_t *ctx = job->ctx;
+    const struct cpu_bert *b = ctx->bert;
+    const int32_t H = ctx->hp.n_head, hd = ctx->hp.head_dim;
+    const int64_t E = ctx->hp.n_embd;
+    const int64_t t = w / H;
+    const int32_t h = (int32_t)(w % H);
+    const int32_t start = b->run_start[t], n = b->run_len[t];
+    const cpu_kv_view_t kv = {.k = b->k16 + (int64_t)start * E,
+                              .v = b->v16 + (int64_t)start * E,
+                              .stride = E,
+                              .offset = (int64_t)h * hd,
+                              .table = b->zero_table,
+                              .block_size = ctx->max_tokens};
+    float *s = ctx->scores + (int64_t)thread * ctx->max_tokens;
+    cpu_attn_head(ctx->q + t * E + (int64_t)h * hd, &kv, 0, n, hd, 1.0f / sqrtf((float)hd), 0.0f, s,
+                  ctx->att + t * E + (int64_t)h * hd);
+}
+
+/* The elementwise work between the GEMMs, by chunks of rows on the pool
+ * (each row's arithmetic is its own, so the chunking changes no bits). */
+typedef enum rows_stage {
+    ROWS_QKV,      /* Q/K/V biases; q rounded to fp16, K and V stored as fp16 */
+    ROWS_ATTN_OUT, /* x = LN(attn_out + bias + x) */
+    ROWS_GELU,     /* up = gelu(up + bias) */
+    ROWS_FFN_OUT,  /* x = LN(down + bias + x) */
+} rows_stage_t;
+
+#define ROWS_CHUNK 8
+
+typedef struct rows_job {
+    cpu_ctx_t *ctx;
+    int32_t il;
+    rows_stage_t stage;
+    int64_t T;
+} rows_job_t;
+
+static void rows_task(void *arg, int64_t w, int thread) {
+    (void)thread;
+    const rows_job_t *job = arg;
+    cpu_ctx_t *ctx = job->ctx;
+    struct cpu_bert *b = ctx->bert;
+    const cpu_layer_t *L = &ctx->layers[job->il];
+    const int64_t E = ctx->hp.n_embd, F = ctx->hp.n_ff, t0 = w * ROWS_CHUNK;
+    const int64_t n = job->T - t0 < ROWS_CHUNK ? job->T - t0 : ROWS_CHUNK;
+    const float eps = ctx->hp.norm_eps;
+    switch (job->stage) {
+    case ROWS_QKV:
+        add_bias(ctx->q + t0 * E, &L->bq, n, E);
+        add_bias(ctx->k + t0 * E, &L->bk, n, E);
+        add_bias(ctx->v + t0 * E, &L->bv, n, E);
+        /* flash attention casts K and V to fp16 and converts q for its fp16
+         * dot products */
+        cpu_round_fp16(ctx->q + t0 * E, n * E);
+        cpu_fp32_to_fp16(ctx->k + t0 * E, b->k16 + t0 * E, n * E);
+        cpu_fp32_to_fp16(ctx->v + t0 * E, b->v16 + t0 * E, n * E);
+        break;
+    case ROWS_ATTN_OUT:
+    case ROWS_FFN_OUT: {
+        const bool attn = job->stage == ROWS_ATTN_OUT;
+        float *y = ctx->tmp + t0 * E;
+        const float *x = ctx->x + t0 * E;
+        add_bias(y, attn ? &L->bo : &b->down_b[job->il], n, E);
+        for (int64_t i = 0; i < n * E; i++) {
+            y[i] = y[i] + x[i];
+        }
+        layernorm_rows(y, attn ? L->attn_norm.data : L->ffn_norm.data,
+                       attn ? b->ln1_b[job->il].data : b->ln2_b[job->il].data, ctx->x + t0 * E, n,
+                       E, eps);
+        break;
+    }
+    case ROWS_GELU: {
+        float *u = ctx->up + t0 * F;
+        add_bias(u, &b->up_b[job->il], n, F);
+        int64_t i = 0;
+#ifdef BERT_F16C
+        /* the same rounding (to nearest even) as kg_fp32_to_fp16, 8 at a time */
+        for (; i + 8 <= n * F; i += 8) {
+            const __m256 v = _mm256_loadu_ps(u + i);
+            uint16_t h[8] __attribute__((aligned(16)));
+            _mm_store_si128((__m128i *)(void *)h, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+            for (int k = 0; k < 8; k++) {
+                h[k] = ctx->gelu_table[h[k]];
+            }
+            const __m256 g = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)h));
+            const __m256 lo = _mm256_cmp_ps(v, _mm256_set1_ps(-10.0f), _CMP_LE_OQ);
+            const __m256 hi = _mm256_cmp_ps(v, _mm256_set1_ps(10.0f), _CMP_GE_OQ);
+            __m256 r = _mm256_blendv_ps(g, v, hi);
+            r = _mm256_blendv_ps(r, _mm256_setzero_ps(), lo);
+            _mm256_storeu_ps(u + i, r);
+        }
+#endif
+        for (; i < n * F; i++) { /* ggml_vec_gelu_f32 with its fp16 table */
+            const float v = u[i];
+            u[i] = v <= -10.0f  ? 0.0f
+                   : v >= 10.0f ? v
+                                : kg_fp16_to_fp32(ctx->gelu_table[kg_fp32_to_fp16(v)]);
+        }
+        break;
+    }
+    }
+}
+
+static void rows_run(cpu_ctx_t *ctx, int32_t il, rows_stage_t stage, int64_t T) {
+    rows_job_t job = {.ctx = ctx, .il = il, .stage = stage, .T = T};
+    const int64_t n = (T + ROWS_CHUNK - 1) / ROWS_CHUNK;
+    if (n < 4) { /* waking the pool costs more than a few rows */
+        for (int64_t w = 0; w < n; w++) {
+            rows_task(&job, w, 0);
+        }
+        return;
+    }
+    kg_pool_run(ctx->pool, n, rows_task, &job);
+}
+
+kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
+    (void)logits;
+    cpu_ctx_t *ctx = be->ctx;
+    struct cpu_bert *b = ctx->bert;
+    const kg_hparams_t *hp = &ctx->hp;
+    const kg_model_t *model = ctx->model;
+    const int64_t T = batch->n_tokens, E = hp->n_embd;
+    if (T <= 0 || T > ctx->max_tokens) {
+        KG_LOG_ERROR("cpu", "step of %lld tokens (max %d)", (long long)T, ctx->max_tokens);
+        return KG_ERR_INVALID;
+    }
+    if (batch->n_outputs > 0) {
+        KG_LOG_ERROR("cpu", "bert has no LM head: a step asked for %d logits rows",
+                     batch->n_outputs);
+        return KG_ERR_UNSUPPORTED;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t tok = batch->token[t], pos = batch->pos[t], seq = batch->seq[t];
+        if (tok < 0 || tok >= hp->n_vocab || pos < 0 || pos >= hp->n_ctx_train || seq < 0 ||
+            seq >= batch->n_slots) {
+            KG_LOG_ERROR("cpu", "bad batch entry %lld: token %d pos %d seq %d", (long long)t, tok,
+                         pos, seq);
+            return KG_ERR_INVALID;
+        }
+    }
+    if (!whole_inputs(ctx, batch)) {
+        return KG_ERR_INVALID;
+    }
+    /* embeddings: token + type 0 + position (ggml_get_rows, ggml_add), LN */
+    const struct kg_bert_weights *bw = model->bert;
+    const kg_gguf_tensor_t *emb = model->tok_embd, *pe = bw->pos_embd;
+    const size_t row_size = kg_type_row_size(emb->type, E);
+    const size_t pos_row_size = kg_type_row_size(pe->type, E);
+    for (int64_t t = 0; t < T; t++) {
+        float *x = ctx->x + t * E, *p = ctx->xn + t * E;
+        kg_dequantize(emb->type, (const char *)emb->data + (size_t)batch->token[t] * row_size, x,
+                      E);
+        kg_dequantize(pe->type, (const char *)pe->data + (size_t)batch->pos[t] * pos_row_size, p,
+                      E);
+        for (int64_t i = 0; i < E; i++) {
+            const float tt = b->type_row ? x[i] + b->type_row[i] : x[i];
+            x[i] = p[i] + tt;
+        }
+    }
+    layernorm_rows(ctx->x, b->tok_norm.data, b->tok_norm_b.data, ctx->x, T, E, hp->norm_eps);
+
+    const bert_attn_job_t job = {.ctx = ctx};
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const cpu_layer_t *L = &ctx->layers[il];
+        const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
+        cpu_matmul_n(ctx, 3, qkv, ctx->x, qkv_out, T);
+        rows_run(ctx, il, ROWS_QKV, T);
+        if (T * hp->n_head >= 64) {
+            kg_pool_run(ctx->pool, T * hp->n_head, bert_attn_task, (void *)&job);
+        } else {
+            for (int64_t w = 0; w < T * hp->n_head; w++) {
+                bert_attn_task((void *)&job, w, 0);
+            }
+        }
+        const cpu_weight_t *wo = &L->wo;
+        float *const o_out[1] = {ctx->tmp};
+        cpu_matmul_n(ctx, 1, &wo, ctx->att, o_out, T);
+        rows_run(ctx, il, ROWS_ATTN_OUT, T);
+
+        const cpu_weight_t *up = &L->w_up, *down = &L->w_down;
+        float *const up_out[1] = {ctx->up};
+        cpu_matmul_n(ctx, 1, &up, ctx->x, up_out, T);
+        rows_run(ctx, il, ROWS_GELU, T);
+        float *const down_out[1] = {ctx->tmp};
+        cpu_matmul_n(ctx, 1, &down, ctx->up, down_out, T);
+        rows_run(ctx, il, ROWS_FFN_OUT, T);
+    }
+
+    if (batch->want_hidden) {
+        int64_t n_hid = 0;
+        for (int64_t t = 0; t < T; t++) {
+            if (batch->want_hidden[t]) {
+                if (n_hid == batch->n_hidden) {
+                    break;
+                }
+                memcpy(batch->hidden + n_hid * E, ctx->x + t * E, (size_t)E * sizeof(float));
+                n_hid++;
+            }
+        }
+        if (n_hid != batch->n_hidden) {
+            KG_LOG_ERROR("cpu", "batch says %d hidden rows, want_hidden has more or fewer",
+                         batch->n_hidden);
+            return KG_ERR_INVALID;
+        }
+    }
+    return KG_OK;
+}
