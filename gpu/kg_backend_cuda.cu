@@ -241,6 +241,7 @@ static void cuda_free(kg_backend_t *be) {
         if (ctx->stream) {
             cudaStreamSynchronize(ctx->stream);
         }
+        cuda_lora_free(ctx);
         for (int i = 0; i < ctx->n_buckets; i++) {
             if (ctx->buckets[i].exec) {
                 cudaGraphExecDestroy(ctx->buckets[i].exec);
@@ -346,6 +347,8 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     be->counters = cuda_counters;
     be->moe_stats = hp->n_expert > 0 ? cuda_moe_stats : NULL;
     be->kv_copy = cuda_kv_copy;
+    be->lora_add = cuda_lora_add;
+    be->lora_remove = cuda_lora_remove;
     ctx->model = model;
     ctx->hp = *hp;
     ctx->n_kv_blocks = params->n_kv_blocks;

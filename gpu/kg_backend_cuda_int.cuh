@@ -76,6 +76,8 @@ typedef struct bucket {
     cudaGraphExec_t exec;
 } bucket_t;
 
+typedef struct cuda_lora cuda_lora_t; /* lora.cu */
+
 typedef struct cuda_ctx {
     const kg_model_t *model;
     kg_hparams_t hp;
@@ -163,6 +165,7 @@ typedef struct cuda_ctx {
     kg_backend_counters_t cnt; /* updated with __atomic builtins, read from any thread */
 
     size_t weights_size, kv_size, scratch_size;
+    cuda_lora_t *lora; /* LoRA adapters (lora.cu), NULL until one is added */
 } cuda_ctx_t;
 
 static inline int env_int(const char *name, int def) {
@@ -209,3 +212,35 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
 void cuda_last_fault(const kg_backend_t *be, kg_backend_fault_t *out);
 void cuda_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
 void cuda_counters(const kg_backend_t *be, kg_backend_counters_t *out);
+
+// ---- lora.cu: LoRA adapters ----
+
+/* The vtable's lora_add / lora_remove (see kg_backend_lora_add). */
+kg_status_t cuda_lora_add(
+    kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size);
+void cuda_lora_remove(kg_backend_t *be, int32_t id);
+
+/* Every adapter and the plan's buffers (ctx->lora NULL: nothing). */
+void cuda_lora_free(cuda_ctx_t *ctx);
+
+/* Group the step's (token, adapter) entries by adapter and send the plan;
+ * *used: the step uses an adapter (it then runs eagerly). KG_ERR_INVALID
+ * with a KG_FAULT_SEQ fault for a slot naming an adapter not loaded;
+ * KG_ERR_BACKEND for a device failure. */
+kg_status_t cuda_lora_plan(cuda_ctx_t *ctx, const kg_step_batch_t *batch, bool *used);
+
+/* out(token, col[i] .. col[i] + n_out[i]) (row stride `stride`) += each
+ * adapter's delta of projection first + i (i < n <= 3) of layer il on x
+ * (n_in wide, type xdt), over the rows the last plan gave each adapter.
+ * Nothing when the step uses no adapter. */
+kg_status_t cuda_lora_apply(cuda_ctx_t *ctx,
+                            int32_t il,
+                            kg_lora_proj_t first,
+                            int n,
+                            const void *x,
+                            kg_cuda_dtype_t xdt,
+                            int32_t n_in,
+                            float *out,
+                            int32_t stride,
+                            const int32_t *col,
+                            const int32_t *n_out);

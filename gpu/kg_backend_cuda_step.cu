@@ -349,6 +349,11 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
     const kg_cuda_rope_shape_t rsh = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
                                       ctx->block_size};
     const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
+    /* where each adapted projection's delta goes (lora.cu): Q|K|V and
+     * gate|up are fused matrices, one output row each */
+    const int32_t n_q = hp->n_head * hp->head_dim, n_kv = hp->n_head_kv * hp->head_dim;
+    const int32_t qkv_col[3] = {0, n_q, n_q + n_kv}, qkv_n[3] = {n_q, n_kv, n_kv};
+    const int32_t gu_col[2] = {0, hp->n_ff}, gu_n[2] = {hp->n_ff, hp->n_ff}, zero[1] = {0};
 
     KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, hp->n_embd, hp->embd_scale,
                          ctx->x));
@@ -367,6 +372,8 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                    ctx->xn, L->wqkv.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                    hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
+        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, L->wqkv.dt, hp->n_embd, ctx->qkv,
+                               n_q + 2 * n_kv, qkv_col, qkv_n));
         const kg_cuda_qkv_ops_t ops = {L->bqkv,
                                        L->q_norm,
                                        L->k_norm,
@@ -382,6 +389,8 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                   k_cache(ctx, il), v_cache(ctx, il)));
         KG_TRY(attention(ctx, il, rows, single));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
+        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, L->wo.dt, n_q, ctx->tmp, hp->n_embd,
+                               zero, &hp->n_embd));
         /* the attention output (+ bias, post-norm) joins the residual */
         const kg_cuda_residual_t res_attn = {ctx->tmp, L->bo, L->attn_post_norm,
                                              hp->residual_scale};
@@ -397,6 +406,10 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                    ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                    hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
+        if (hp->ffn_act != KG_FFN_XIELU) { /* the CPU backend adapts no xIELU FFN either */
+            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, L->wgu.dt, hp->n_embd,
+                                   ctx->gu, 2 * hp->n_ff, gu_col, gu_n));
+        }
         if (hp->ffn_act == KG_FFN_XIELU) {
             const kg_layer_weights_t *ML = &ctx->model->layers[il];
             const float xp[4] = {ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps};
@@ -408,6 +421,10 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
             KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
         }
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
+        if (hp->ffn_act != KG_FFN_XIELU) {
+            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff,
+                                   ctx->tmp, hp->n_embd, zero, &hp->n_embd));
+        }
     }
     /* the last residual add and the final norm, only for the rows that want logits */
     const kg_cuda_residual_t res_last = {ctx->tmp, NULL, ctx->layers[hp->n_layer - 1].ffn_post_norm,
@@ -555,10 +572,19 @@ kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *
         cudaEventSynchronize(ctx->ev_in) != cudaSuccess) {
         return mark_dead(ctx, "the input upload"); /* the pinned inputs may still be in flight */
     }
+    /* the adapters' plan (lora.cu); a step that uses one runs eagerly */
+    bool lora_used = false;
+    const kg_status_t lst = cuda_lora_plan(ctx, batch, &lora_used);
+    if (lst == KG_ERR_INVALID) {
+        return lst;
+    }
+    if (lst != KG_OK) {
+        return mark_dead(ctx, "the LoRA plan's upload");
+    }
     /* a decode-only step runs as the graph of its bucket */
     int b = -1;
     int32_t rows = T;
-    if (ctx->use_graphs && n_out == T) {
+    if (ctx->use_graphs && n_out == T && !lora_used) {
         b = cuda_bucket_for(ctx, T);
         rows = b >= 0 && ctx->buckets[b].state != BUCKET_EAGER ? ctx->buckets[b].rows : T;
     }

@@ -135,7 +135,8 @@ kg_status_t kg_backend_lora_add(
     kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size) {
     if (!be->lora_add) {
         snprintf(errstr, errstr_size,
-                 "the %s backend does not run LoRA adapters (the cpu one does)", be->iface.name);
+                 "the %s backend does not run LoRA adapters (the cpu and cuda ones do)",
+                 be->iface.name);
         return KG_ERR_UNSUPPORTED;
     }
     return be->lora_add(be, lora, id, errstr, errstr_size);

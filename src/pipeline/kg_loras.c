@@ -203,7 +203,7 @@ kg_status_t kg_loras_load(kg_loras_t *l,
     if ((l->dir || l->n > 0) && !kg_backend_has_lora(be)) {
         /* refused now rather than on every job naming one */
         snprintf(errstr, errstr_size,
-                 "%s: the %s backend does not run LoRA adapters (the cpu one does)",
+                 "%s: the %s backend does not run LoRA adapters (the cpu and cuda ones do)",
                  l->dir ? "--lora-dir" : "--lora", kg_backend_name(be));
         return KG_ERR_UNSUPPORTED;
     }

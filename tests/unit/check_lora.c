@@ -406,7 +406,7 @@ START_TEST(refuses_mismatches) {
 }
 END_TEST
 
-/* A backend that runs no adapters (the CUDA one, here the fake) refuses
+/* A backend that runs no adapters (here the fake) refuses
  * one by name, so a worker with --lora stops at start, saying why. */
 START_TEST(backend_without_adapters_refuses) {
     kg_model_t *m = small_base();
@@ -422,7 +422,7 @@ START_TEST(backend_without_adapters_refuses) {
     kg_backend_t *be = kg_fake_backend_new(&fp);
     int32_t id = -1;
     ck_assert_int_eq(kg_backend_lora_add(be, lora, &id, err, sizeof(err)), KG_ERR_UNSUPPORTED);
-    ck_assert_str_eq(err, "the fake backend does not run LoRA adapters (the cpu one does)");
+    ck_assert_str_eq(err, "the fake backend does not run LoRA adapters (the cpu and cuda ones do)");
     kg_backend_free(be);
     kg_lora_free(lora);
     kg_model_free(m);

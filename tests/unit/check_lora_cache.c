@@ -551,8 +551,8 @@ START_TEST(refused_by_a_backend_without_adapters) {
     ck_assert_int_eq(kg_loras_parse(&l, "", err, sizeof(err)), KG_OK);
     ck_assert_int_eq(kg_loras_set_dir(&l, ".", err, sizeof(err)), KG_OK);
     ck_assert_int_eq(kg_loras_load(&l, NULL, be, 0, err, sizeof(err)), KG_ERR_UNSUPPORTED);
-    ck_assert_str_eq(err,
-                     "--lora-dir: the fake backend does not run LoRA adapters (the cpu one does)");
+    ck_assert_str_eq(
+        err, "--lora-dir: the fake backend does not run LoRA adapters (the cpu and cuda ones do)");
     kg_loras_clear(&l);
     kg_backend_free(be);
 }

@@ -2,6 +2,7 @@
 #include "cpu_lora.h"
 
 #include "../../core/kg_log.h"
+#include "../../model/kg_quant.h"
 #include "cpu_ops.h"
 
 #include <stdio.h>
@@ -13,10 +14,26 @@ typedef struct lora_weights {
     int32_t rank;
 } lora_weights_t;
 
+/* The A matrices of the pairs that share an input (Q, K, V; gate, up)
+ * stacked into one: one product x·Aᵀ for the set instead of one per pair
+ * (one rounding of x, and a product with enough output columns to fill the
+ * GEMM's register tiles: a single rank-16 A is one panel, latency-bound).
+ * Every output column is still its own chain over the input (cpu_gemm.h),
+ * so the stacked product gives each pair's x·Aᵀ bit for bit. */
+typedef struct lora_fused {
+    cpu_weight_t a; /* (sum of the set's ranks, n_in); a.n_in == 0: not stacked */
+    int32_t off[3]; /* where projection first + i's columns start in the product */
+} lora_fused_t;
+
+#define LORA_N_SETS 2 /* Q, K, V; gate, up */
+static const kg_lora_proj_t k_set_first[LORA_N_SETS] = {KG_LORA_Q, KG_LORA_GATE};
+static const int k_set_n[LORA_N_SETS] = {3, 2};
+
 typedef struct lora_adapter {
     int32_t id;
     const kg_lora_t *lora;
     lora_weights_t (*w)[KG_LORA_N_PROJ]; /* (n_layer) */
+    lora_fused_t (*fused)[LORA_N_SETS];  /* (n_layer) */
     size_t bytes;                        /* counted in weights_size while added */
 } lora_adapter_t;
 
@@ -33,10 +50,11 @@ struct cpu_lora_state {
     int32_t *rows;    /* (KG_LORA_SET_MAX * max_tokens) token index */
     float *row_scale; /* (KG_LORA_SET_MAX * max_tokens) the user's scale of that row */
     /* scratch for max_tokens rows */
-    float *gx;  /* (T, widest) a group's inputs */
-    float *mid; /* (T, max rank) x·Aᵀ */
-    float *dy;  /* (T, widest) (x·Aᵀ)·Bᵀ */
-    float *xr;  /* (T, widest) activations rounded for a float type */
+    float *gx;   /* (T, widest) a group's inputs */
+    float *mid;  /* (T, 3 max rank) x·Aᵀ (of a stacked set: the pairs side by side) */
+    float *mid1; /* (T, max rank) one pair's columns of a stacked product */
+    float *dy;   /* (T, widest) (x·Aᵀ)·Bᵀ */
+    float *xr;   /* (T, widest) activations rounded for a float type */
     cpu_qact_t qa;
     int64_t max_rank;
 };
@@ -70,8 +88,64 @@ static void adapter_clear(cpu_ctx_t *ctx, lora_adapter_t *ad) {
             weights_clear(&ad->w[il][p].b);
         }
     }
+    for (int32_t il = 0; ad->fused && il < ctx->hp.n_layer; il++) {
+        for (int s = 0; s < LORA_N_SETS; s++) {
+            weights_clear(&ad->fused[il][s].a);
+        }
+    }
     free(ad->w);
+    free(ad->fused);
     ad->w = NULL;
+    ad->fused = NULL;
+}
+
+/* Stack the A of set s's pairs of layer il when at least two are present
+ * and all are of one float type (quantized A stay apart: cpu_qmat reads the
+ * file's blocks in place). false: out of memory. */
+static bool fuse_set(lora_fused_t *f, const kg_lora_pair_t *pairs, int s, size_t *bytes) {
+    const kg_lora_proj_t first = k_set_first[s];
+    const kg_gguf_tensor_t *a0 = NULL;
+    int64_t rows = 0;
+    int n_present = 0;
+    for (int i = 0; i < k_set_n[s]; i++) {
+        const kg_gguf_tensor_t *a = pairs[first + i].a;
+        if (!a) {
+            continue;
+        }
+        if (cpu_qtraits(a->type) || (a0 && (a->type != a0->type || a->ne[0] != a0->ne[0]))) {
+            return true;
+        }
+        a0 = a0 ? a0 : a;
+        f->off[i] = (int32_t)rows;
+        rows += a->ne[1];
+        n_present++;
+    }
+    if (n_present < 2) {
+        return true;
+    }
+    const size_t row_size = kg_type_row_size(a0->type, a0->ne[0]);
+    char *stacked = malloc((size_t)rows * row_size);
+    if (!stacked) {
+        return false;
+    }
+    size_t at = 0;
+    for (int i = 0; i < k_set_n[s]; i++) {
+        const kg_gguf_tensor_t *a = pairs[first + i].a;
+        if (a) {
+            memcpy(stacked + at, a->data, (size_t)a->ne[1] * row_size);
+            at += (size_t)a->ne[1] * row_size;
+        }
+    }
+    const bool ok = cpu_gemm_pack(&f->a.packed, a0->type, stacked, rows, a0->ne[0]);
+    free(stacked);
+    if (!ok) {
+        return false;
+    }
+    f->a.n_in = a0->ne[0];
+    f->a.n_out = rows;
+    f->a.type = a0->type;
+    *bytes += f->a.packed.size;
+    return true;
 }
 
 /* The state and its step scratch, made on the first adapter. */
@@ -127,13 +201,17 @@ kg_status_t cpu_lora_add(
         return KG_ERR_INVALID;
     }
     if (lora->max_rank > st->max_rank) {
-        float *mid =
-            realloc(st->mid, (size_t)ctx->max_tokens * (size_t)lora->max_rank * sizeof(float));
-        if (!mid) {
+        const size_t row = (size_t)ctx->max_tokens * (size_t)lora->max_rank * sizeof(float);
+        float *mid = realloc(st->mid, 3 * row);
+        if (mid) {
+            st->mid = mid;
+        }
+        float *mid1 = mid ? realloc(st->mid1, row) : NULL;
+        if (!mid1) {
             snprintf(errstr, errstr_size, "cpu backend: out of memory for LoRA scratch");
             return KG_ERR_NOMEM;
         }
-        st->mid = mid;
+        st->mid1 = mid1;
         st->max_rank = lora->max_rank;
     }
     if (st->n_ad == st->cap_ad) {
@@ -161,17 +239,32 @@ kg_status_t cpu_lora_add(
     }
     lora_adapter_t ad = {.id = want, .lora = lora};
     ad.w = calloc((size_t)ctx->hp.n_layer, sizeof(*ad.w));
-    bool ok = ad.w != NULL;
+    ad.fused = calloc((size_t)ctx->hp.n_layer, sizeof(*ad.fused));
+    bool ok = ad.w != NULL && ad.fused != NULL;
     size_t bytes = 0;
     for (int32_t il = 0; ok && il < ctx->hp.n_layer; il++) {
+        bool stacked[KG_LORA_N_PROJ] = {false};
+        for (int s = 0; ok && s < LORA_N_SETS; s++) {
+            ok = fuse_set(&ad.fused[il][s], lora->pairs[il], s, &bytes);
+            for (int i = 0; i < k_set_n[s]; i++) {
+                stacked[k_set_first[s] + i] = ad.fused[il][s].a.n_in > 0;
+            }
+        }
         for (int p = 0; ok && p < KG_LORA_N_PROJ; p++) {
             const kg_lora_pair_t *pair = &lora->pairs[il][p];
+            lora_weights_t *lw = &ad.w[il][p];
             if (!pair->a) {
                 continue;
             }
-            ok = weight_init(&ad.w[il][p].a, pair->a, &bytes) &&
-                 weight_init(&ad.w[il][p].b, pair->b, &bytes);
-            ad.w[il][p].rank = pair->rank;
+            if (stacked[p]) { /* its A lives in the stack: only the shape here */
+                lw->a.n_in = pair->a->ne[0];
+                lw->a.n_out = pair->a->ne[1];
+                lw->a.type = pair->a->type;
+            } else {
+                ok = weight_init(&lw->a, pair->a, &bytes);
+            }
+            ok = ok && weight_init(&lw->b, pair->b, &bytes);
+            lw->rank = pair->rank;
         }
     }
     if (!ok) {
@@ -224,6 +317,7 @@ void cpu_lora_free(cpu_ctx_t *ctx) {
     free(st->row_scale);
     free(st->gx);
     free(st->mid);
+    free(st->mid1);
     free(st->dy);
     free(st->xr);
     cpu_qact_clear(&st->qa);
@@ -335,6 +429,24 @@ static void add_scaled(float *restrict o, const float *restrict d, float s, int6
     }
 }
 
+/* The group's rows of out += their delta dy (m, n_out) times their scale. */
+static void add_delta(const lora_adapter_t *ad,
+                      int32_t il,
+                      int p,
+                      const cpu_lora_state_t *st,
+                      int32_t r0,
+                      int32_t m,
+                      const float *dy,
+                      float *out,
+                      int64_t n_out) {
+    const kg_lora_pair_t *pair = &ad->lora->pairs[il][p];
+    for (int32_t k = 0; k < m; k++) {
+        /* ggml_scale then ggml_add, as build_lora_mm does */
+        const float s = kg_lora_pair_scale(ad->lora, pair, st->row_scale[r0 + k]);
+        add_scaled(out + (int64_t)st->rows[r0 + k] * n_out, dy + (int64_t)k * n_out, s, n_out);
+    }
+}
+
 void cpu_lora_apply(cpu_ctx_t *ctx,
                     int32_t il,
                     kg_lora_proj_t first,
@@ -347,10 +459,38 @@ void cpu_lora_apply(cpu_ctx_t *ctx,
     if (!st || st->n_groups == 0) {
         return;
     }
+    int set = -1;
+    for (int s = 0; s < LORA_N_SETS; s++) {
+        set = first == k_set_first[s] && n == k_set_n[s] ? s : set;
+    }
     for (int32_t g = 0; g < st->n_groups; g++) {
         const lora_adapter_t *ad = &st->ad[st->g_ad[g]];
         const int32_t r0 = st->g_off[g], m = st->g_off[g + 1] - r0;
+        const lora_fused_t *f =
+            set >= 0 && ad->fused[il][set].a.n_in > 0 ? &ad->fused[il][set] : NULL;
         bool gathered = false;
+        if (f) { /* one product for the set, then each pair's B on its columns */
+            const int64_t n_in = f->a.n_in, R = f->a.n_out;
+            for (int32_t k = 0; k < m; k++) {
+                memcpy(st->gx + (int64_t)k * n_in, in + (int64_t)st->rows[r0 + k] * n_in,
+                       (size_t)n_in * sizeof(float));
+            }
+            mm(ctx, &f->a, st->gx, st->mid, m);
+            for (int i = 0; i < n; i++) {
+                const lora_weights_t *lw = &ad->w[il][first + i];
+                if (lw->a.n_in == 0) {
+                    continue;
+                }
+                const int64_t r = lw->a.n_out;
+                for (int32_t k = 0; k < m; k++) {
+                    memcpy(st->mid1 + (int64_t)k * r, st->mid + (int64_t)k * R + f->off[i],
+                           (size_t)r * sizeof(float));
+                }
+                mm(ctx, &lw->b, st->mid1, st->dy, m);
+                add_delta(ad, il, first + i, st, r0, m, st->dy, outs[i], lw->b.n_out);
+            }
+            continue;
+        }
         for (int i = 0; i < n; i++) {
             const lora_weights_t *lw = &ad->w[il][first + i];
             if (lw->a.n_in == 0) {
@@ -366,13 +506,7 @@ void cpu_lora_apply(cpu_ctx_t *ctx,
             }
             mm(ctx, &lw->a, st->gx, st->mid, m);
             mm(ctx, &lw->b, st->mid, st->dy, m);
-            const kg_lora_pair_t *pair = &ad->lora->pairs[il][first + i];
-            for (int32_t k = 0; k < m; k++) {
-                /* ggml_scale then ggml_add, as build_lora_mm does */
-                const float s = kg_lora_pair_scale(ad->lora, pair, st->row_scale[r0 + k]);
-                add_scaled(outs[i] + (int64_t)st->rows[r0 + k] * n_out, st->dy + (int64_t)k * n_out,
-                           s, n_out);
-            }
+            add_delta(ad, il, first + i, st, r0, m, st->dy, outs[i], n_out);
         }
     }
 }

@@ -3,8 +3,10 @@
  * blocks used in place by cpu_vecdot, so the activations are rounded as
  * ggml rounds them for that type); a step groups its rows by adapter, and
  * after each base projection (one GEMM over every row) each adapter adds
- * its delta s·(x·Aᵀ)·Bᵀ to the rows that use it (two small GEMMs per
- * adapter and projection, like the expert groups of cpu_moe).
+ * its delta s·(x·Aᵀ)·Bᵀ to the rows that use it (small GEMMs per adapter,
+ * like the expert groups of cpu_moe: one x·Aᵀ for the projections that
+ * share an input, their float A stacked at load, then one (x·Aᵀ)·Bᵀ per
+ * projection).
  *
  * Batch invariance: a row's delta is computed from its own input only
  * (the GEMMs' per-element chains do not depend on the rows beside it), and
