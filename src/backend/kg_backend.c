@@ -153,7 +153,15 @@ void kg_backend_lora_remove(kg_backend_t *be, int32_t id) {
 
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
     const kg_hparams_t *hp = &model->hp;
-    /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same size) */
-    return (size_t)2 * (size_t)hp->n_layer * (size_t)hp->n_head_kv * (size_t)hp->head_dim *
-           sizeof(uint16_t);
+    /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same
+     * size), each layer's own shape; a layer reading another's K/V (Gemma
+     * 4's shared layers) has none */
+    size_t n = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kg_layer_weights_t *L = &model->layers[il];
+        if (L->kv_layer == il) {
+            n += (size_t)2 * (size_t)L->n_head_kv * (size_t)L->head_dim * sizeof(uint16_t);
+        }
+    }
+    return n;
 }

@@ -38,6 +38,7 @@
 
 #include "kg_gguf.h"
 #include "kg_gguf_writer.h"
+#include "kg_mkmodel_int.h"
 #include "kg_mkvocab.h"
 #include "kg_quant.h"
 #include "kg_quant_mix.h"
@@ -149,6 +150,17 @@ static bool add_random(kg_gguf_writer_t *w,
     return true;
 }
 
+bool kg_mkmodel_add_random(kg_gguf_writer_t *w,
+                           const kg_mkmodel_opts_t *o,
+                           const char *name,
+                           kg_ggml_type_t type,
+                           int64_t ne0,
+                           int64_t ne1,
+                           float center,
+                           float scale) {
+    return add_random(w, o, name, type, ne0, ne1, center, scale);
+}
+
 /** A stack of n_exp (ne0, ne1) matrices (an expert tensor), each matrix
  * drawn as add_random would draw it. */
 static bool add_random3(kg_gguf_writer_t *w,
@@ -221,6 +233,7 @@ typedef struct family {
     bool ffn_norm_post;  /* the FFN norm named post_attention_norm (gpt-oss, seed_oss) */
     bool xielu;          /* no ffn_gate; xielu.* keys, one value per layer (apertus) */
     bool glm;            /* shared experts, selection bias, leading dense layers, nextn blocks */
+    bool gemma4;         /* its own layers and keys: kg_mkmodel_gemma4.c */
 } family_t;
 
 static const family_t families[] = {
@@ -334,6 +347,15 @@ static const family_t families[] = {
      .rms_eps = 1e-5f,
      .ffn_norm_post = true,
      .glm = true},
+    /* Gemma 4: windowed and global layers of different head sizes, per-layer
+     * inputs, shared K/V layers (kg_mkmodel_gemma4.c); Gemma's SentencePiece
+     * vocabulary stands in for its own BPE one */
+    {.arch = "gemma4",
+     .gguf_arch = "gemma4",
+     .small_embd = true,
+     .vocab = KG_MKVOCAB_GEMMA,
+     .rms_eps = 1e-6f,
+     .gemma4 = true},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -401,6 +423,9 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
             !add_random(w, o, "rope_factors_short.weight", KG_GGML_TYPE_F32, n, 1, 1.05f, 0.05f)) {
             return false;
         }
+    }
+    if (fam->gemma4) {
+        return kg_mkmodel_gemma4_weights(w, o, n_vocab);
     }
     const int64_t n_blocks = o->n_layer + (fam->glm ? o->n_nextn : 0);
     for (int64_t l = 0; l < n_blocks; l++) {
@@ -717,6 +742,9 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     if ((gemma2 || gemma3) && o->rope_base_swa > 0.0f) {
         kg_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), o->rope_base_swa);
     }
+    if (fam->gemma4) {
+        kg_mkmodel_gemma4_hparams(w, o);
+    }
 #undef KEY
 }
 
@@ -799,6 +827,11 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     if (is_longrope(o) && (strcmp(fam->arch, "phi3") != 0 || o->rope_orig_ctx <= 0)) {
         snprintf(errstr, errstr_size,
                  "longrope needs --arch phi3 and an original context (rope_orig_ctx)");
+        return KG_ERR_INVALID;
+    }
+    const char *g4 = fam->gemma4 ? kg_mkmodel_gemma4_check(o) : NULL;
+    if (g4) {
+        snprintf(errstr, errstr_size, "%s", g4);
         return KG_ERR_INVALID;
     }
     if (fam->xielu && o->n_layer > 64) {

@@ -14,7 +14,7 @@
 /* The families `kgen mkmodel --arch` writes, for messages. */
 #define KG_MKMODEL_ARCHS                                                                           \
     "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, gemma4"
 
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
@@ -59,6 +59,10 @@ typedef struct kg_mkmodel_opts {
     int64_t n_nextn;         /* nextn_predict_layers: extra blocks after --n-layer (default 1) */
     int64_t n_expert_groups; /* expert_group_count and expert_group_used_count (default: */
     int64_t n_group_used;    /* not written) */
+    /* gemma4 (kg_mkmodel_gemma4.c) */
+    int64_t n_embd_per_layer; /* embedding_length_per_layer_input: per-layer inputs; 0: none */
+    int64_t n_kv_shared;      /* attention.shared_kv_layers: the last layers read earlier
+                                 layers' K/V (their FFNs twice as wide, as E2B's); 0: none */
 } kg_mkmodel_opts_t;
 
 /** name "kgen-random", arch llama, ctx 2048, rope base 10000, F32, no

@@ -25,6 +25,7 @@ families=(
     "seed_oss --n-layer 2 --head-dim 32"
     "apertus --n-layer 2"
     "glm4moe --n-layer 2 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --n-expert-groups 4 --n-group-used 2"
+    "gemma4 --n-layer 4 --swa-pattern 2 --sliding-window 8 --n-embd-per-layer 16 --n-kv-shared 2"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys

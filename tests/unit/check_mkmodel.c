@@ -679,7 +679,11 @@ START_TEST(family_usage_errors) {
     snprintf(a, sizeof(a), "--out %s " SHAPE " --chat-template nope", out);
     expect_usage_error(a, "known: chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --sliding-window 8", out);
-    expect_usage_error(a, "are for gemma2 and gemma3");
+    expect_usage_error(a, "are for gemma2, gemma3 and gemma4");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --n-embd-per-layer 16", out);
+    expect_usage_error(a, "--n-embd-per-layer and --n-kv-shared are for gemma4");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --arch gemma4 --n-rot 8", out);
+    expect_usage_error(a, "gemma4 rotates its windowed layers' whole head");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --arch qwen2 --attn-softcap 5", out);
     expect_usage_error(a, "--attn-softcap is for gemma2");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --arch qwen2 --rope-scaling longrope", out);
