@@ -103,6 +103,14 @@ find_tensor(loader_t *ld, const char *name, int64_t ne0, int64_t ne1, bool optio
 
 const kg_gguf_tensor_t *kg_model_find(
     kg_loader_t *ld, const char *name, int64_t ne0, int64_t ne1, bool optional, bool *bad) {
+    if (*bad) { /* keep the first error of the layer */
+        char scratch[8];
+        kg_loader_t quiet = *ld;
+        quiet.errstr = scratch;
+        quiet.errstr_size = sizeof(scratch);
+        bool also_bad = false;
+        return find_tensor(&quiet, name, ne0, ne1, optional, &also_bad);
+    }
     return find_tensor(ld, name, ne0, ne1, optional, bad);
 }
 

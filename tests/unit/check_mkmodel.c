@@ -667,6 +667,24 @@ START_TEST(chat_templates) {
     ck_assert(kg_tokenizer_is_eog(m->tok, id[2]) && kg_tokenizer_is_eog(m->tok, id[3]));
     ck_assert(!kg_tokenizer_is_eog(m->tok, id[4]) && !kg_tokenizer_is_eog(m->tok, id[1]));
     kg_model_free(m);
+
+    /* gemma4 is llama.cpp's google-gemma-4-31B-it.jinja byte for byte,
+     * joined from its parts */
+    want =
+        kg_test_read_file(kg_test_data("chat/jinja/templates/google-gemma-4-31B-it.jinja"), &len);
+    ck_assert_ptr_nonnull(want);
+    ck_assert_str_eq(kg_mkmodel_chat_template("gemma4", NULL), want);
+    free(want);
+    snprintf(a, sizeof(a),
+             "--out %.3000s --arch gemma4 --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 "
+             "--n-ff 64 --swa-pattern 2 --seed 1 --chat-template gemma4",
+             path);
+    ck_assert_int_eq(mkmodel(a, &o), 0);
+    free(o);
+    m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_str_eq(m->chat_template, kg_mkmodel_chat_template("gemma4", NULL));
+    kg_model_free(m);
 }
 END_TEST
 

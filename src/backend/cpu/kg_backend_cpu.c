@@ -502,6 +502,10 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
             continue; /* reads layer kv_layer's */
         }
         const size_t kv_l = (size_t)ML->n_head_kv * (size_t)ML->head_dim;
+        if (kv_l == 0) { /* the loader checks the shapes; a cache of nothing is a bug */
+            snprintf(errstr, errstr_size, "cpu backend: layer %d has no K/V width", (int)il);
+            goto fail;
+        }
         ctx->k_cache[il] = calloc(kv_rows * kv_l, sizeof(uint16_t));
         ctx->v_cache[il] = calloc(kv_rows * kv_l, sizeof(uint16_t));
         if (!ctx->k_cache[il] || !ctx->v_cache[il]) {
