@@ -154,9 +154,18 @@ void kg_backend_lora_remove(kg_backend_t *be, int32_t id) {
 
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
     const kg_hparams_t *hp = &model->hp;
-    /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same size);
-     * multi-head latent attention caches one latent row (head_dim = kv_lora_rank + rope
-     * dims, n_head_kv 1) whose first dims are the values: K only */
-    return (size_t)(hp->n_lora_kv > 0 ? 1 : 2) * (size_t)hp->n_layer * (size_t)hp->n_head_kv *
-           (size_t)hp->head_dim * sizeof(uint16_t);
+    /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same
+     * size), each layer's own shape; a layer reading another's K/V (Gemma
+     * 4's shared layers) has none; multi-head latent attention caches one
+     * latent row (head_dim = kv_lora_rank + rope dims, n_head_kv 1) whose
+     * first dims are the values: K only */
+    const size_t n_caches = hp->n_lora_kv > 0 ? 1 : 2;
+    size_t n = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kg_layer_weights_t *L = &model->layers[il];
+        if (L->kv_layer == il) {
+            n += n_caches * (size_t)L->n_head_kv * (size_t)L->head_dim * sizeof(uint16_t);
+        }
+    }
+    return n;
 }

@@ -150,6 +150,17 @@ static bool add_random(kg_gguf_writer_t *w,
     return true;
 }
 
+bool kg_mkmodel_add_random(kg_gguf_writer_t *w,
+                           const kg_mkmodel_opts_t *o,
+                           const char *name,
+                           kg_ggml_type_t type,
+                           int64_t ne0,
+                           int64_t ne1,
+                           float center,
+                           float scale) {
+    return add_random(w, o, name, type, ne0, ne1, center, scale);
+}
+
 /** A stack of n_exp (ne0, ne1) matrices (an expert tensor), each matrix
  * drawn as add_random would draw it. */
 static bool add_random3(kg_gguf_writer_t *w,
@@ -223,6 +234,7 @@ typedef struct family {
     bool xielu;          /* no ffn_gate; xielu.* keys, one value per layer (apertus) */
     bool glm;            /* shared experts, selection bias, leading dense layers, nextn blocks */
     bool mla;            /* multi-head latent attention's tensors and keys (deepseek2) */
+    bool gemma4;         /* its own layers and keys: kg_mkmodel_gemma4.c */
 } family_t;
 
 static const family_t families[] = {
@@ -346,6 +358,15 @@ static const family_t families[] = {
      .vocab = KG_MKVOCAB_DEEPSEEK,
      .rms_eps = 1e-6f,
      .mla = true},
+    /* Gemma 4: windowed and global layers of different head sizes, per-layer
+     * inputs, shared K/V layers (kg_mkmodel_gemma4.c); Gemma's SentencePiece
+     * vocabulary stands in for its own BPE one */
+    {.arch = "gemma4",
+     .gguf_arch = "gemma4",
+     .small_embd = true,
+     .vocab = KG_MKVOCAB_GEMMA,
+     .rms_eps = 1e-6f,
+     .gemma4 = true},
 };
 
 static const family_t *find_family(const char *arch) {
@@ -416,6 +437,9 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
             !add_random(w, o, "rope_factors_short.weight", KG_GGML_TYPE_F32, n, 1, 1.05f, 0.05f)) {
             return false;
         }
+    }
+    if (fam->gemma4) {
+        return kg_mkmodel_gemma4_weights(w, o, n_vocab);
     }
     const int64_t n_blocks = o->n_layer + (fam->glm ? o->n_nextn : 0);
     /* MLA (DeepseekV2Model): R latent dims, a query head of hd = nope +
@@ -815,6 +839,9 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     if ((gemma2 || gemma3) && o->rope_base_swa > 0.0f) {
         kg_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), o->rope_base_swa);
     }
+    if (fam->gemma4) {
+        kg_mkmodel_gemma4_hparams(w, o);
+    }
 #undef KEY
 }
 
@@ -928,6 +955,11 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     if (is_longrope(o) && (strcmp(fam->arch, "phi3") != 0 || o->rope_orig_ctx <= 0)) {
         snprintf(errstr, errstr_size,
                  "longrope needs --arch phi3 and an original context (rope_orig_ctx)");
+        return KG_ERR_INVALID;
+    }
+    const char *g4 = fam->gemma4 ? kg_mkmodel_gemma4_check(o) : NULL;
+    if (g4) {
+        snprintf(errstr, errstr_size, "%s", g4);
         return KG_ERR_INVALID;
     }
     if (fam->xielu && o->n_layer > 64) {

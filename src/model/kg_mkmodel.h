@@ -14,7 +14,7 @@
 /* The families `kgen mkmodel --arch` writes, for messages. */
 #define KG_MKMODEL_ARCHS                                                                           \
     "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4"
 
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */
@@ -65,6 +65,10 @@ typedef struct kg_mkmodel_opts {
                              softmax router without selection bias); -1: 3 x kv_lora_rank */
     int64_t kv_lora_rank; /* attention.kv_lora_rank; 0: 4 x (head_dim - n_rot) */
     int64_t v_head_dim;   /* attention.value_length_mla; 0: head_dim - n_rot */
+    /* gemma4 (kg_mkmodel_gemma4.c) */
+    int64_t n_embd_per_layer; /* embedding_length_per_layer_input: per-layer inputs; 0: none */
+    int64_t n_kv_shared;      /* attention.shared_kv_layers: the last layers read earlier
+                                 layers' K/V (their FFNs twice as wide, as E2B's); 0: none */
 } kg_mkmodel_opts_t;
 
 /** name "kgen-random", arch llama, ctx 2048, rope base 10000, F32, no

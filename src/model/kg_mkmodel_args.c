@@ -81,6 +81,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         {"--q-lora-rank", offsetof(kg_mkmodel_opts_t, q_lora_rank), 0, 1 << 16},
         {"--kv-lora-rank", offsetof(kg_mkmodel_opts_t, kv_lora_rank), 1, 4096},
         {"--v-head-dim", offsetof(kg_mkmodel_opts_t, v_head_dim), 1, 1024},
+        {"--n-embd-per-layer", offsetof(kg_mkmodel_opts_t, n_embd_per_layer), 1, 4096},
+        {"--n-kv-shared", offsetof(kg_mkmodel_opts_t, n_kv_shared), 1, 1024},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -283,7 +285,16 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                    (long long)o->head_dim);
     }
     const char *arch = o->arch ? o->arch : "llama";
-    const bool gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0;
+    const bool gemma4 = strcmp(arch, "gemma4") == 0;
+    const bool gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0 || gemma4;
+    if (!gemma4 && (o->n_embd_per_layer > 0 || o->n_kv_shared > 0)) {
+        return bad(errstr, errstr_size, "--n-embd-per-layer and --n-kv-shared are for gemma4");
+    }
+    if (gemma4 && o->n_rot > 0) {
+        return bad(errstr, errstr_size,
+                   "gemma4 rotates its windowed layers' whole head and a quarter of its global "
+                   "layers' (proportional RoPE): no --n-rot");
+    }
     const bool phi3 = strcmp(arch, "phi3") == 0, oss = strcmp(arch, "gpt-oss") == 0;
     const bool ds2 = strcmp(arch, "deepseek2") == 0;
     const bool glm = strcmp(arch, "glm4moe") == 0;
@@ -320,7 +331,7 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         (o->swa_pattern >= 0 && !gemma) || (o->rope_base_swa > 0.0f && !gemma)) {
         return bad(errstr, errstr_size,
                    "--sliding-window, --swa-pattern and --rope-base-swa are "
-                   "for gemma2 and gemma3 (phi3, gpt-oss, olmo2: --sliding-window only)");
+                   "for gemma2, gemma3 and gemma4 (phi3, gpt-oss, olmo2: --sliding-window only)");
     }
     if (!moe && (o->n_expert > 0 || o->n_expert_used > 0 || o->n_ff_exp > 0 ||
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
@@ -345,8 +356,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     if ((o->attn_softcap > 0.0f && strcmp(arch, "gemma2") != 0) ||
         (o->final_softcap > 0.0f && !gemma)) {
         return bad(errstr, errstr_size,
-                   "--attn-softcap is for gemma2, --final-softcap for gemma2 "
-                   "and gemma3");
+                   "--attn-softcap is for gemma2, --final-softcap for gemma2, "
+                   "gemma3 and gemma4");
     }
     if (o->rope_scaling && strcmp(o->rope_scaling, "longrope") == 0 &&
         (!phi3 || o->rope_orig_ctx <= 0 || o->rope_orig_ctx >= o->ctx)) {

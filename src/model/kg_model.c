@@ -28,11 +28,12 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_MISTRAL3] = "mistral3",   [KG_ARCH_SEED_OSS] = "seed_oss",
     [KG_ARCH_APERTUS] = "apertus",     [KG_ARCH_GLM4MOE] = "glm4moe",
     [KG_ARCH_DEEPSEEK2] = "deepseek2", [KG_ARCH_BERT] = "bert",
+    [KG_ARCH_GEMMA4] = "gemma4",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -40,14 +41,9 @@ const char *kg_arch_name(kg_arch_t arch) {
 
 // ---- tensors ----
 
-/* The tensors a load has taken, so a tensor the graph would not use (a
- * bias of a variant kgen does not run) is an error, not silently dropped. */
-typedef struct loader {
-    const kg_gguf_t *g;
-    bool *used; /* (n_tensors) */
-    char *errstr;
-    size_t errstr_size;
-} loader_t;
+/* The tensors a load has taken (kg_model_int.h), so a tensor the graph
+ * would not use (a bias of a variant kgen does not run) is an error. */
+typedef kg_loader_t loader_t;
 
 static void mark_used(loader_t *ld, const kg_gguf_tensor_t *t) {
     if (t) {
@@ -108,6 +104,19 @@ find_tensor(loader_t *ld, const char *name, int64_t ne0, int64_t ne1, bool optio
     }
     mark_used(ld, t);
     return t;
+}
+
+const kg_gguf_tensor_t *kg_model_find(
+    kg_loader_t *ld, const char *name, int64_t ne0, int64_t ne1, bool optional, bool *bad) {
+    if (*bad) { /* keep the first error of the layer */
+        char scratch[8];
+        kg_loader_t quiet = *ld;
+        quiet.errstr = scratch;
+        quiet.errstr_size = sizeof(scratch);
+        bool also_bad = false;
+        return find_tensor(&quiet, name, ne0, ne1, optional, &also_bad);
+    }
+    return find_tensor(ld, name, ne0, ne1, optional, bad);
 }
 
 /* Row view [row0, row0 + n_rows) of a fused matrix (n_rows = 0 for rows of
@@ -423,7 +432,10 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
 
     if (!get_i32(g, akey(key, sizeof(key), arch, "embedding_length"), &hp->n_embd) ||
         !get_i32(g, akey(key, sizeof(key), arch, "block_count"), &hp->n_layer) ||
-        !get_i32(g, akey(key, sizeof(key), arch, "feed_forward_length"), &hp->n_ff) ||
+        /* Gemma 4's may be per layer (E2B's double-wide kv-shared layers):
+         * the widest sizes the buffers, each layer has its own */
+        !kg_model_get_count(g, akey(key, sizeof(key), arch, "feed_forward_length"),
+                            hp->arch == KG_ARCH_GEMMA4, &hp->n_ff) ||
         !get_i32(g, akey(key, sizeof(key), arch, "attention.head_count"), &hp->n_head)) {
         snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
         goto fail;
@@ -555,15 +567,26 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     if (hp->ffn_act == KG_FFN_XIELU && !kg_model_read_xielu(g, model, errstr, errstr_size)) {
         goto fail;
     }
+    const bool gemma4 = hp->arch == KG_ARCH_GEMMA4;
+    if (gemma4 && !kg_model_gemma4_inputs(&ld, model)) {
+        goto fail;
+    }
     for (int32_t il = 0; il < hp->n_layer && !bad; il++) {
-        if (!load_layer(&ld, model, il, model->views + (size_t)il * 8,
-                        model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert,
-                        model->mla_views + (size_t)il * 2 * (size_t)hp->n_head)) {
+        kg_layer_weights_t *L = &model->layers[il];
+        L->n_swa = is_swa[il] ? hp->n_swa : 0;
+        L->head_dim = hp->head_dim;
+        L->n_head_kv = hp->n_head_kv;
+        L->n_rot = hp->n_rot;
+        L->n_ff = hp->n_ff;
+        L->kv_layer = il;
+        if (gemma4 ? !kg_model_gemma4_shape(model, il, is_swa[il], errstr, errstr_size) ||
+                         !kg_model_gemma4_layer(&ld, model, il, is_swa[il])
+                   : !load_layer(&ld, model, il, model->views + (size_t)il * 8,
+                                 model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert,
+                                 model->mla_views + (size_t)il * 2 * (size_t)hp->n_head)) {
             bad = true;
             break;
         }
-        kg_layer_weights_t *L = &model->layers[il];
-        L->n_swa = is_swa[il] ? hp->n_swa : 0;
         L->rope_base = is_swa[il] ? swa_base : hp->rope_base;
         L->rope_scale = is_swa[il] ? swa_scale : hp->rope_scale;
         L->no_rope = nope_every > 0 && (il + 1) % nope_every == 0;
@@ -711,6 +734,25 @@ uint32_t kg_model_features(const kg_model_t *model) {
     if (hp->qk_norm_full) {
         f |= KG_MODEL_FEAT_QK_NORM_FULL;
     }
+    for (int32_t il = 0; il < hp->n_layer; il++) { /* Gemma 4 */
+        const kg_layer_weights_t *L = &model->layers[il];
+        if (L->head_dim != hp->head_dim || L->n_head_kv != hp->n_head_kv || L->n_rot != hp->n_rot ||
+            L->n_ff != hp->n_ff || L->rope_freqs) {
+            f |= KG_MODEL_FEAT_HEAD_PER_LAYER;
+        }
+        if (L->kv_layer != il) {
+            f |= KG_MODEL_FEAT_KV_SHARED;
+        }
+        if (L->out_scale != 0.0f) {
+            f |= KG_MODEL_FEAT_V_NORM;
+        }
+    }
+    if (model->pl_tok_embd) {
+        f |= KG_MODEL_FEAT_PER_LAYER_EMBD;
+    }
+    if (hp->v_norm) {
+        f |= KG_MODEL_FEAT_V_NORM;
+    }
     if (hp->attn_temp_scale != 0.0f) {
         f |= KG_MODEL_FEAT_ATTN_TEMP;
     }
@@ -735,12 +777,36 @@ uint32_t kg_model_features(const kg_model_t *model) {
 
 const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
     static const char *const names[] = {
-        "qkv_bias",   "qk_norm",        "post_norm",   "gelu",          "embd_scale",
-        "softcap",    "sliding_window", "rope_neox",   "rope_partial",  "rope_per_layer",
-        "rope_yarn",  "rope_factors",   "q_scale",     "moe",           "moe_oai",
-        "attn_sinks", "nope",           "scales",      "no_pre_norm",   "qk_norm_full",
-        "attn_temp",  "xielu",          "moe_sigmoid", "shared_expert", "mla",
+        "qkv_bias",
+        "qk_norm",
+        "post_norm",
+        "gelu",
+        "embd_scale",
+        "softcap",
+        "sliding_window",
+        "rope_neox",
+        "rope_partial",
+        "rope_per_layer",
+        "rope_yarn",
+        "rope_factors",
+        "q_scale",
+        "moe",
+        "moe_oai",
+        "attn_sinks",
+        "nope",
+        "scales",
+        "no_pre_norm",
+        "qk_norm_full",
+        "attn_temp",
+        "xielu",
+        "moe_sigmoid",
+        "shared_expert",
+        "mla",
         "encoder",
+        [27] = "head_per_layer",
+        "kv_shared",
+        "per_layer_embd",
+        "v_norm",
     };
     size_t n = 0;
     if (cap == 0) {
@@ -748,7 +814,7 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
     }
     buf[0] = '\0';
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        if (mask & (1u << i)) {
+        if ((mask & (1u << i)) && names[i]) {
             int w = snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", names[i]);
             if (w < 0 || (size_t)w >= cap - n) {
                 break;

@@ -75,6 +75,7 @@ typedef enum kg_arch {
     KG_ARCH_GLM4MOE,
     KG_ARCH_DEEPSEEK2, /* DeepSeek V2/V2.5/V3/R1, Kimi K2: multi-head latent attention */
     KG_ARCH_BERT,      /* an encoder for embedding jobs (kg_model_bert.h) */
+    KG_ARCH_GEMMA4,
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -202,6 +203,17 @@ typedef struct kg_hparams {
     int32_t mla_v;      /* attention.value_length_mla: a head's value dims */
     float mla_kq_scale; /* the scores' scale: mscale^2 / sqrt(mla_k) with YaRN's
                            mscale as llama.cpp's deepseek2 graph makes it */
+    /* Gemma 4 (kg_model_gemma4.c): the windowed layers' head size and RoPE
+     * dims (key_length_swa, rope.dimension_count_swa; head_dim and n_rot are
+     * the global layers'), the width of each layer's slice of the per-layer
+     * token embeddings (embedding_length_per_layer_input; 0 = none), the
+     * layers [0, n_layer_kv) that keep their own K/V (the others read an
+     * earlier layer's: shared_kv_layers), and V's weightless RMSNorm */
+    int32_t head_dim_swa;
+    int32_t n_rot_swa;
+    int32_t n_embd_per_layer;
+    int32_t n_layer_kv;
+    bool v_norm;
 
     /* embeddings: <arch>.pooling_type as llama.cpp numbers it (0 none, 1 mean,
      * 2 cls, 3 last, 4 rank); -1 when the file has no such key */
@@ -274,6 +286,21 @@ typedef struct kg_layer_weights {
     float xielu_an, xielu_ap, xielu_beta, xielu_eps;
     float rope_base; /* this layer's RoPE base and frequency scale */
     float rope_scale;
+
+    /* this layer's attention and FFN shape: the model's for every family but
+     * Gemma 4, whose windowed and global layers differ (and whose FFN width
+     * may be a per-layer array) */
+    int32_t head_dim, n_head_kv, n_rot, n_ff;
+    int32_t kv_layer; /* the layer whose K/V cache it reads: itself, or for a
+                         Gemma 4 shared-KV layer the last earlier one of its kind */
+    /* Gemma 4 */
+    const kg_gguf_tensor_t *rope_freqs;   /* (n_rot / 2) this layer's RoPE divisors (the
+                                             global layers' proportional RoPE) or NULL */
+    float out_scale;                      /* layer_output_scale: the block's result times it;
+                                             0 = none */
+    const kg_gguf_tensor_t *pe_gate;      /* (n_embd, P) inp_gate */
+    const kg_gguf_tensor_t *pe_proj;      /* (P, n_embd) proj */
+    const kg_gguf_tensor_t *pe_post_norm; /* (n_embd) post_norm */
 } kg_layer_weights_t;
 
 typedef struct kg_model {
@@ -287,11 +314,15 @@ typedef struct kg_model {
     const kg_gguf_tensor_t *rope_freqs;  /* (n_rot / 2) frequency divisors (Llama 3.1) or NULL */
     const kg_gguf_tensor_t *rope_long;   /* (n_rot / 2) LongRoPE factors or NULL */
     const kg_gguf_tensor_t *rope_short;  /* (n_rot / 2), present with rope_long */
-    kg_layer_weights_t *layers;          /* (n_layer) */
-    kg_gguf_tensor_t *views;             /* owned: row views of fused tensors */
-    kg_gguf_tensor_t *expert_views;      /* owned: (n_layer, 3, n_expert) per-expert views */
-    kg_gguf_tensor_t *mla_views;         /* owned: (n_layer, 2, n_head) per-head k_b / v_b views */
-    char *chat_template;                 /* tokenizer.chat_template or NULL */
+    /* Gemma 4's per-layer inputs (P = n_embd_per_layer > 0), else NULL */
+    const kg_gguf_tensor_t *pl_tok_embd;   /* (n_layer * P, n_vocab) per_layer_token_embd */
+    const kg_gguf_tensor_t *pl_model_proj; /* (n_embd, n_layer * P) per_layer_model_proj */
+    const kg_gguf_tensor_t *pl_proj_norm;  /* (P) per_layer_proj_norm */
+    kg_layer_weights_t *layers;            /* (n_layer) */
+    kg_gguf_tensor_t *views;               /* owned: row views of fused tensors */
+    kg_gguf_tensor_t *expert_views;        /* owned: (n_layer, 3, n_expert) per-expert views */
+    kg_gguf_tensor_t *mla_views; /* owned: (n_layer, 2, n_head) per-head k_b / v_b views */
+    char *chat_template;         /* tokenizer.chat_template or NULL */
     /* a reranker's head (qwen3: cls.output.weight, (n_embd, n_cls_out), the
      * rows of its labels, Qwen3-Reranker's "yes" and "no") or NULL */
     const kg_gguf_tensor_t *cls_out;
@@ -334,6 +365,12 @@ enum {
     KG_MODEL_FEAT_MLA = 1u << 24,           /* multi-head latent attention with a latent KV
                                                cache (deepseek2) */
     KG_MODEL_FEAT_ENCODER = 1u << 25,       /* a non-causal encoder for embeddings only (bert) */
+    /* Gemma 4 (the high bits, apart from the next families'): */
+    KG_MODEL_FEAT_HEAD_PER_LAYER = 1u << 27, /* layers with their own head size, K/V heads,
+                                                RoPE dims, RoPE divisors or FFN width */
+    KG_MODEL_FEAT_KV_SHARED = 1u << 28,      /* layers reading an earlier layer's K/V */
+    KG_MODEL_FEAT_PER_LAYER_EMBD = 1u << 29, /* per-layer token embeddings, gate and proj */
+    KG_MODEL_FEAT_V_NORM = 1u << 30,         /* V's RMSNorm, layer output scales */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and

@@ -369,6 +369,26 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
             return false;
         }
         break;
+    case KG_ARCH_GEMMA4: {
+        /* llama_model_gemma4: the window and the per-layer flags are
+         * required (no period); the windowed layers' RoPE base 10000 and
+         * scale 1 unless rope.freq_base_swa says otherwise */
+        kg_gguf_type_t et;
+        uint64_t n = 0;
+        if (!get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa) ||
+            !kg_gguf_get_arr(g, akey(key, sizeof(key), arch, "attention.sliding_window_pattern"),
+                             &et, &n) ||
+            !read_swa_pattern(g, arch, 0, hp->n_layer, is_swa)) {
+            snprintf(errstr, errstr_size,
+                     "model: missing or bad %s (sliding_window, and a pattern of %d flags)", key,
+                     hp->n_layer);
+            return false;
+        }
+        *swa_base = 10000.0f;
+        *swa_scale = 1.0f;
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
+        return kg_model_read_gemma4(g, arch, hp, errstr, errstr_size);
+    }
     case KG_ARCH_COUNT_:
         break;
     }

@@ -75,3 +75,37 @@ bool kg_model_read_mla(
 /** deepseek2's shared experts, leading dense layers and gating function. */
 bool kg_model_read_deepseek2_moe(
     const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
+/* The tensors a load has taken (kg_model.c), so a tensor the graph would
+ * not use is an error, not silently dropped. */
+typedef struct kg_loader {
+    const kg_gguf_t *g;
+    bool *used; /* (n_tensors) */
+    char *errstr;
+    size_t errstr_size;
+} kg_loader_t;
+
+/** Find a weight, check its shape (ne0, ne1; ne1 = 0 for a vector) and
+ * mark it taken; NULL with errstr and *bad set when absent (unless
+ * optional) or misshapen. */
+const kg_gguf_tensor_t *kg_model_find(
+    kg_loader_t *ld, const char *name, int64_t ne0, int64_t ne1, bool optional, bool *bad);
+
+/** An integer key that is one value, or (per_layer_ok) an array of
+ * positive per-layer values, whose largest it gives. */
+bool kg_model_get_count(const kg_gguf_t *g, const char *key, bool per_layer_ok, int32_t *out);
+
+/** Gemma 4's keys (kg_model_gemma4.c): the windowed layers' head size and
+ * RoPE dims, per-layer inputs, shared K/V layers, the largest K/V head
+ * count; GeGLU, the embedding scale, unscaled attention, V's norm. */
+bool kg_model_read_gemma4(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
+
+/** Layer il's shape (head size, K/V heads, RoPE dims, FFN width) and the
+ * layer whose K/V it reads; model->layers[0..il-1] are loaded, n_swa set. */
+bool kg_model_gemma4_shape(kg_model_t *model, int32_t il, bool is_swa, char *errstr, size_t cap);
+
+/** Layer il's tensors, by the shape kg_model_gemma4_shape gave it. */
+bool kg_model_gemma4_layer(kg_loader_t *ld, kg_model_t *model, int32_t il, bool is_swa);
+
+/** The per-layer inputs' model-wide tensors (none when P is 0). */
+bool kg_model_gemma4_inputs(kg_loader_t *ld, kg_model_t *model);

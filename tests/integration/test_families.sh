@@ -26,6 +26,7 @@ families=(
     "apertus --n-layer 2"
     "glm4moe --n-layer 2 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --n-expert-groups 4 --n-group-used 2"
     "deepseek2 --n-layer 2 --n-head-kv 1 --head-dim 48 --n-rot 16 --kv-lora-rank 32 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --chat-template deepseek-v3.1"
+    "gemma4 --n-layer 4 --swa-pattern 2 --sliding-window 8 --n-embd-per-layer 16 --n-kv-shared 2"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys

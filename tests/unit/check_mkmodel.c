@@ -705,6 +705,24 @@ START_TEST(chat_templates) {
     ck_assert(!kg_tokenizer_is_eog(m->tok, id[2]) && !kg_tokenizer_is_eog(m->tok, id[3]));
     ck_assert_int_eq(m->hp.n_lora_q, 96); /* the default: 3 x kv_lora_rank */
     kg_model_free(m);
+
+    /* gemma4 is llama.cpp's google-gemma-4-31B-it.jinja byte for byte,
+     * joined from its parts */
+    want =
+        kg_test_read_file(kg_test_data("chat/jinja/templates/google-gemma-4-31B-it.jinja"), &len);
+    ck_assert_ptr_nonnull(want);
+    ck_assert_str_eq(kg_mkmodel_chat_template("gemma4", NULL), want);
+    free(want);
+    snprintf(a, sizeof(a),
+             "--out %.3000s --arch gemma4 --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 "
+             "--n-ff 64 --swa-pattern 2 --seed 1 --chat-template gemma4",
+             path);
+    ck_assert_int_eq(mkmodel(a, &o), 0);
+    free(o);
+    m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    ck_assert_str_eq(m->chat_template, kg_mkmodel_chat_template("gemma4", NULL));
+    kg_model_free(m);
 }
 END_TEST
 
@@ -720,7 +738,11 @@ START_TEST(family_usage_errors) {
     snprintf(a, sizeof(a), "--out %s " SHAPE " --chat-template nope", out);
     expect_usage_error(a, "known: chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --sliding-window 8", out);
-    expect_usage_error(a, "are for gemma2 and gemma3");
+    expect_usage_error(a, "are for gemma2, gemma3 and gemma4");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --n-embd-per-layer 16", out);
+    expect_usage_error(a, "--n-embd-per-layer and --n-kv-shared are for gemma4");
+    snprintf(a, sizeof(a), "--out %s " SHAPE " --arch gemma4 --n-rot 8", out);
+    expect_usage_error(a, "gemma4 rotates its windowed layers' whole head");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --arch qwen2 --attn-softcap 5", out);
     expect_usage_error(a, "--attn-softcap is for gemma2");
     snprintf(a, sizeof(a), "--out %s " SHAPE " --arch qwen2 --rope-scaling longrope", out);

@@ -465,6 +465,60 @@ START_TEST(gemma3_window_patterns) {
 }
 END_TEST
 
+/* Gemma 4: each layer's shape from its kind (windowed: key_length_swa;
+ * global: key_length, rope_freqs, its own K/V head count), the shared-KV
+ * layers reading the last earlier layer of their kind, per-layer FFN
+ * widths, the KV bytes per token of the layers that keep K/V; a file
+ * without a required key or with K/V layers missing is refused by name,
+ * and the CPU backend runs it without LoRA (one shape per layer there). */
+START_TEST(gemma4_layers) {
+    char *src = mk("--arch gemma4 --n-layer 4 --head-dim 16 --swa-pattern 2 --sliding-window 8 "
+                   "--n-embd-per-layer 16 --n-kv-shared 2 " SMALL);
+    kg_model_t *m = load_ok(rewrite(src, NULL, NULL, NULL, 0));
+    const kg_layer_weights_t *L = m->layers;
+    ck_assert_int_eq(L[0].head_dim, 16);
+    ck_assert_int_eq(L[0].n_swa, 8);
+    ck_assert_ptr_null(L[0].rope_freqs);
+    ck_assert_int_eq(L[1].head_dim, 32);
+    ck_assert_int_eq(L[1].n_swa, 0);
+    ck_assert_ptr_nonnull(L[1].rope_freqs);
+    ck_assert_int_eq(L[2].kv_layer, 0);
+    ck_assert_int_eq(L[3].kv_layer, 1);
+    ck_assert_int_eq(L[1].n_ff, 64);
+    ck_assert_int_eq(L[2].n_ff, 128);
+    ck_assert(m->pl_tok_embd != NULL && L[3].pe_gate != NULL);
+    /* K and V in fp16 of layers 0 (1 x 16) and 1 (1 x 32) only */
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m), 2 * 2 * (16 + 32));
+    const uint32_t f = kg_model_features(m);
+    ck_assert(f & KG_MODEL_FEAT_HEAD_PER_LAYER);
+    ck_assert(f & KG_MODEL_FEAT_KV_SHARED);
+    ck_assert(f & KG_MODEL_FEAT_PER_LAYER_EMBD);
+    ck_assert(f & KG_MODEL_FEAT_V_NORM);
+    kg_backend_params_t p = {
+        .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
+    char err[512] = "";
+    kg_backend_t *be = kg_backend_new("cpu", m, &p, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    ck_assert(!kg_backend_has_lora(be));
+    kg_backend_free(be);
+    be = kg_backend_new("cuda", m, &p, err, sizeof(err));
+    ck_assert_ptr_null(be); /* no CUDA build here, or its gate names what it lacks */
+#ifdef KG_USE_CUDA
+    ck_assert_msg(strstr(err, "kv_shared") != NULL, "%s", err);
+#endif
+    kg_model_free(m);
+    load_fails(
+        rewrite(src, (const char *[]){"gemma4.attention.key_length_swa", NULL}, NULL, NULL, 0),
+        (const char *[]){"gemma4.attention.key_length_swa", NULL});
+    /* without shared_kv_layers every layer must have its K projection */
+    load_fails(
+        rewrite(src, (const char *[]){"gemma4.attention.shared_kv_layers", NULL}, NULL, NULL, 0),
+        (const char *[]){"blk.2.attn_k.weight", NULL});
+    remove(src);
+    free(src);
+}
+END_TEST
+
 // ---- backends ----
 
 /* The dense families (each row of k_model_families) pass the CUDA
@@ -499,6 +553,7 @@ static Suite *make_suite(void) {
                         (int)(sizeof(k_model_families) / sizeof(k_model_families[0])));
     tcase_add_test(tc, refusals_name_what_is_supported);
     tcase_add_test(tc, gemma3_window_patterns);
+    tcase_add_test(tc, gemma4_layers);
     tcase_add_loop_test(tc, cuda_takes_the_dense_families, 0,
                         (int)(sizeof(k_model_families) / sizeof(k_model_families[0])));
     suite_add_tcase(s, tc);

@@ -26,6 +26,12 @@ void cpu_rmsnorm_rows(
         }
         const float mean = (float)(sum / (double)n);
         const float scale = 1.0f / sqrtf(mean + eps);
+        if (!w) { /* ggml_rms_norm alone (Gemma 4's V) */
+            for (int64_t i = 0; i < n; i++) {
+                yr[i] = xr[i] * scale;
+            }
+            continue;
+        }
         for (int64_t i = 0; i < n; i++) {
             yr[i] = (xr[i] * scale) * w[i];
         }

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 /** y[r] = x[r] / rms(x[r]) * w for n_rows rows of n floats (ggml rms_norm
- * followed by the weight multiply). x and y may alias. */
+ * followed by the weight multiply; w NULL: none). x and y may alias. */
 void cpu_rmsnorm_rows(
     const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
 

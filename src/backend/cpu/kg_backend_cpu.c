@@ -98,24 +98,39 @@ static void weight_clear(cpu_weight_t *w) {
     cpu_gemm_clear(&w->packed);
 }
 
-/* The index of the RoPE (base, scale) in ctx->ropes, added when new;
- * false when out of memory. */
-static bool add_rope(cpu_ctx_t *ctx, float base, float scale, int32_t *index) {
+/* The index of layer L's RoPE (base, scale, dims, divisors) in
+ * ctx->ropes, added when new; false when out of memory. */
+static bool add_rope(cpu_ctx_t *ctx, const kg_layer_weights_t *L, int32_t *index) {
+    const float base = L->rope_base, scale = L->rope_scale;
     for (int32_t r = 0; r < ctx->n_ropes; r++) {
-        if (ctx->ropes[r].base == base && ctx->ropes[r].scale == scale) {
+        if (ctx->ropes[r].base == base && ctx->ropes[r].scale == scale &&
+            ctx->ropes[r].n_rot == L->n_rot && ctx->ropes[r].factors == L->rope_freqs) {
             *index = r;
             return true;
         }
     }
+    float *freqs = NULL;
+    if (L->rope_freqs) {
+        freqs = malloc((size_t)L->n_rot / 2 * sizeof(float));
+        if (!freqs) {
+            return false;
+        }
+        kg_dequantize(L->rope_freqs->type, L->rope_freqs->data, freqs, L->n_rot / 2);
+    }
     cpu_rope_t *grown = realloc(ctx->ropes, (size_t)(ctx->n_ropes + 1) * sizeof(*grown));
     if (!grown) {
+        free(freqs);
         return false;
     }
     ctx->ropes = grown;
     cpu_rope_t *rp = &ctx->ropes[ctx->n_ropes];
     rp->base = base;
     rp->scale = scale;
-    kg_rope_yarn_corr_dims(ctx->hp.n_rot, ctx->hp.n_ctx_orig, base, ctx->hp.yarn_beta_fast,
+    rp->n_rot = L->n_rot;
+    rp->factors = L->rope_freqs;
+    rp->freqs = freqs;
+    ctx->rope_stride = L->n_rot > ctx->rope_stride ? L->n_rot : ctx->rope_stride;
+    kg_rope_yarn_corr_dims(L->n_rot, ctx->hp.n_ctx_orig, base, ctx->hp.yarn_beta_fast,
                            ctx->hp.yarn_beta_slow, rp->corr_dims);
     *index = ctx->n_ropes++;
     return true;
@@ -220,12 +235,26 @@ static void cpu_free(kg_backend_t *be) {
         if (ctx->layers) {
             for (int32_t il = 0; il < ctx->hp.n_layer; il++) {
                 cpu_layer_t *L = &ctx->layers[il];
-                cpu_weight_t *ws[] = {
-                    &L->attn_norm,    &L->ffn_norm, &L->wq,     &L->wk,
-                    &L->wv,           &L->wo,       &L->w_gate, &L->w_up,
-                    &L->w_down,       &L->bq,       &L->bk,     &L->bv,
-                    &L->bo,           &L->q_norm,   &L->k_norm, &L->attn_post_norm,
-                    &L->ffn_post_norm};
+                cpu_weight_t *ws[] = {&L->attn_norm,
+                                      &L->ffn_norm,
+                                      &L->wq,
+                                      &L->wk,
+                                      &L->wv,
+                                      &L->wo,
+                                      &L->w_gate,
+                                      &L->w_up,
+                                      &L->w_down,
+                                      &L->bq,
+                                      &L->bk,
+                                      &L->bv,
+                                      &L->bo,
+                                      &L->q_norm,
+                                      &L->k_norm,
+                                      &L->attn_post_norm,
+                                      &L->ffn_post_norm,
+                                      &L->pe_gate,
+                                      &L->pe_proj,
+                                      &L->pe_post_norm};
                 for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
                     weight_clear(ws[i]);
                 }
@@ -270,6 +299,11 @@ static void cpu_free(kg_backend_t *be) {
         weight_clear(&ctx->output_norm);
         weight_clear(&ctx->output);
         weight_clear(&ctx->output_b);
+        weight_clear(&ctx->pl_model_proj);
+        weight_clear(&ctx->pl_proj_norm);
+        for (int32_t r = 0; ctx->ropes && r < ctx->n_ropes; r++) {
+            free(ctx->ropes[r].freqs);
+        }
         if (ctx->k_cache) {
             for (int32_t il = 0; il < ctx->hp.n_layer; il++) {
                 free(ctx->k_cache[il]);
@@ -290,7 +324,8 @@ static void cpu_free(kg_backend_t *be) {
                          ctx->v,       ctx->att,     ctx->gate,       ctx->up,       ctx->tmp,
                          ctx->rope_cs, ctx->scores,  ctx->moe_logits, ctx->moe_x,    ctx->moe_g,
                          ctx->moe_u,   ctx->moe_y,   ctx->moe_xr,     ctx->shexp,    ctx->mla_q,
-                         ctx->mla_qa,  ctx->mla_att, ctx->mla_hin,    ctx->mla_hout, ctx->mla_xr};
+                         ctx->mla_qa,  ctx->mla_att, ctx->mla_hin,    ctx->mla_hout, ctx->mla_xr,
+                         ctx->pl_in,   ctx->pl_gate};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -326,8 +361,6 @@ static kg_status_t
 cpu_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n) {
     cpu_ctx_t *ctx = be->ctx;
     const size_t rows = (size_t)ctx->block_size;
-    const size_t n_kv = (size_t)ctx->hp.n_head_kv * (size_t)ctx->hp.head_dim;
-    const size_t block = rows * n_kv; /* fp16 values per block and layer */
     for (int32_t i = 0; i < n; i++) {
         if (src[i] < 0 || src[i] >= ctx->n_kv_blocks || dst[i] < 0 || dst[i] >= ctx->n_kv_blocks ||
             src[i] == dst[i]) {
@@ -335,7 +368,10 @@ cpu_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n)
         }
     }
     for (int32_t il = 0; il < ctx->hp.n_layer; il++) {
-        for (int32_t i = 0; i < n; i++) {
+        const kg_layer_weights_t *L = &ctx->model->layers[il];
+        /* fp16 values per block and layer, the layer's own shape */
+        const size_t block = rows * (size_t)L->n_head_kv * (size_t)L->head_dim;
+        for (int32_t i = 0; ctx->k_cache[il] && i < n; i++) {
             memcpy(ctx->k_cache[il] + (size_t)dst[i] * block,
                    ctx->k_cache[il] + (size_t)src[i] * block, block * sizeof(uint16_t));
             if (ctx->v_cache[il]) { /* MLA has none */
@@ -369,12 +405,14 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     be->iface = cpu_iface;
     be->ctx = ctx;
     be->kv_copy = cpu_kv_copy;
-    /* the latent attention runs no adapter deltas: such a model takes no
-     * adapters at all rather than some of their tensors */
-    if (model->hp.n_lora_kv == 0) {
-        be->lora_add = cpu_lora_add;
-        be->lora_remove = cpu_lora_remove;
-    }
+    /* cpu_lora takes one Q/K/V/FFN shape for every layer (not Gemma 4's),
+     * and the latent attention runs no adapter deltas: such a model takes
+     * no adapters at all rather than some of their tensors */
+    const bool lora_ok =
+        model->hp.n_lora_kv == 0 &&
+        !(kg_model_features(model) & (KG_MODEL_FEAT_HEAD_PER_LAYER | KG_MODEL_FEAT_KV_SHARED));
+    be->lora_add = lora_ok ? cpu_lora_add : NULL;
+    be->lora_remove = lora_ok ? cpu_lora_remove : NULL;
     be->hidden = true;
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;
@@ -412,13 +450,15 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const kg_layer_weights_t *src = &model->layers[il];
         cpu_layer_t *L = &ctx->layers[il];
+        /* a layer reading another's K/V (Gemma 4) projects no K or V */
+        const bool own_kv = src->kv_layer == il;
         if (src->wkv_a_mqa) {
             if (!mla_layer_init(L, src, ctx, errstr, errstr_size)) {
                 goto fail;
             }
         } else if (!weight_init(&L->wq, src->wq, ctx, errstr, errstr_size) ||
-                   !weight_init(&L->wk, src->wk, ctx, errstr, errstr_size) ||
-                   !weight_init(&L->wv, src->wv, ctx, errstr, errstr_size) ||
+                   (own_kv && !weight_init(&L->wk, src->wk, ctx, errstr, errstr_size)) ||
+                   (own_kv && !weight_init(&L->wv, src->wv, ctx, errstr, errstr_size)) ||
                    !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
             goto fail;
         }
@@ -442,7 +482,10 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                                              src->k_norm,
                                              src->attn_post_norm,
                                              src->ffn_post_norm,
-                                             src->attn_sinks};
+                                             src->attn_sinks,
+                                             src->pe_gate,
+                                             src->pe_proj,
+                                             src->pe_post_norm};
         cpu_weight_t *opt_dst[] = {&L->attn_norm,
                                    &L->ffn_norm,
                                    &L->bq,
@@ -453,13 +496,17 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                                    &L->k_norm,
                                    &L->attn_post_norm,
                                    &L->ffn_post_norm,
-                                   &L->sinks};
+                                   &L->sinks,
+                                   &L->pe_gate,
+                                   &L->pe_proj,
+                                   &L->pe_post_norm};
         for (size_t i = 0; i < sizeof(opt_src) / sizeof(opt_src[0]); i++) {
-            if (opt_src[i] && !weight_init(opt_dst[i], opt_src[i], ctx, errstr, errstr_size)) {
+            if (opt_src[i] && (own_kv || opt_dst[i] != &L->k_norm) &&
+                !weight_init(opt_dst[i], opt_src[i], ctx, errstr, errstr_size)) {
                 goto fail;
             }
         }
-        if (!add_rope(ctx, src->rope_base, src->rope_scale, &L->rope)) {
+        if (!add_rope(ctx, src, &L->rope)) {
             snprintf(errstr, errstr_size, "cpu backend: out of memory");
             goto fail;
         }
@@ -476,6 +523,11 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     }
     if (model->output_b &&
         !weight_init(&ctx->output_b, model->output_b, ctx, errstr, errstr_size)) {
+        goto fail;
+    }
+    if (model->pl_tok_embd &&
+        (!weight_init(&ctx->pl_model_proj, model->pl_model_proj, ctx, errstr, errstr_size) ||
+         !weight_init(&ctx->pl_proj_norm, model->pl_proj_norm, ctx, errstr, errstr_size))) {
         goto fail;
     }
     const kg_gguf_tensor_t *factors = kg_model_rope_factors(
@@ -498,7 +550,19 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     }
 
     const size_t kv_rows = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size;
-    const size_t n_kv = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    /* the widest layer's shapes size the step's buffers (Gemma 4's differ) */
+    size_t n_kv = 0, n_q = 0, F = 0;
+    bool shared = false;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kg_layer_weights_t *ML = &model->layers[il];
+        const size_t kv_l = (size_t)ML->n_head_kv * (size_t)ML->head_dim;
+        const size_t q_l = (size_t)hp->n_head * (size_t)ML->head_dim;
+        n_kv = kv_l > n_kv ? kv_l : n_kv;
+        n_q = q_l > n_q ? q_l : n_q;
+        /* the dense FFN's width; a model whose every layer has experts has none */
+        F = ctx->layers[il].moe || (size_t)ML->n_ff < F ? F : (size_t)ML->n_ff;
+        shared = shared || ctx->layers[il].sh_gate.n_out > 0;
+    }
     ctx->k_cache = calloc((size_t)hp->n_layer, sizeof(uint16_t *));
     ctx->v_cache = calloc((size_t)hp->n_layer, sizeof(uint16_t *));
     if (!ctx->k_cache || !ctx->v_cache) {
@@ -509,29 +573,30 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     const bool mla = hp->n_lora_kv > 0;
     const size_t n_caches = mla ? 1 : 2;
     for (int32_t il = 0; il < hp->n_layer; il++) {
-        ctx->k_cache[il] = calloc(kv_rows * n_kv, sizeof(uint16_t));
-        ctx->v_cache[il] = mla ? NULL : calloc(kv_rows * n_kv, sizeof(uint16_t));
-        if (!ctx->k_cache[il] || (!mla && !ctx->v_cache[il])) {
-            snprintf(errstr, errstr_size, "cpu backend: out of memory for the KV cache (%zu MiB)",
-                     (n_caches * kv_rows * n_kv * sizeof(uint16_t) * (size_t)hp->n_layer) >> 20);
+        const kg_layer_weights_t *ML = &model->layers[il];
+        if (ML->kv_layer != il) {
+            continue; /* reads layer kv_layer's */
+        }
+        const size_t kv_l = (size_t)ML->n_head_kv * (size_t)ML->head_dim;
+        if (kv_l == 0) { /* the loader checks the shapes; a cache of nothing is a bug */
+            snprintf(errstr, errstr_size, "cpu backend: layer %d has no K/V width", (int)il);
             goto fail;
         }
-        ctx->kv_size += n_caches * kv_rows * n_kv * sizeof(uint16_t);
+        ctx->k_cache[il] = calloc(kv_rows * kv_l, sizeof(uint16_t));
+        ctx->v_cache[il] = mla ? NULL : calloc(kv_rows * kv_l, sizeof(uint16_t));
+        if (!ctx->k_cache[il] || (!mla && !ctx->v_cache[il])) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory for the KV cache (%zu MiB)",
+                     (n_caches * kv_rows * kv_l * sizeof(uint16_t) * (size_t)hp->n_layer) >> 20);
+            goto fail;
+        }
+        ctx->kv_size += n_caches * kv_rows * kv_l * sizeof(uint16_t);
     }
 
     const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd;
-    /* the dense FFN's width; a model whose every layer has experts has none */
-    size_t F = 0;
-    bool shared = false;
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        F = ctx->layers[il].moe ? F : (size_t)hp->n_ff;
-        shared = shared || ctx->layers[il].sh_gate.n_out > 0;
-    }
     /* the shared expert runs in the dense FFN's buffers */
     const size_t FS = (size_t)hp->n_expert_shared * (size_t)hp->n_ff_exp;
     F = shared && FS > F ? FS : F;
     const size_t FX = (size_t)hp->n_ff_exp, TK = T * (size_t)hp->n_expert_used;
-    const size_t n_q = (size_t)hp->n_head * (size_t)hp->head_dim;
     size_t widest = E > F ? E : F;
     widest = widest > n_q ? widest : n_q;
     widest = widest > FX ? widest : FX;
@@ -545,6 +610,9 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
             widest = widest > mla_w[i] ? widest : mla_w[i];
         }
     }
+    /* Gemma 4's per-layer input projection writes n_layer * P per token */
+    const size_t NP = (size_t)hp->n_layer * (size_t)hp->n_embd_per_layer;
+    widest = model->pl_tok_embd && NP > widest ? NP : widest;
     bool ok = true;
     ctx->x = scratch(ctx, T * E, &ok);
     ctx->xn = scratch(ctx, T * E, &ok);
@@ -557,7 +625,12 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     ctx->up = scratch(ctx, T * F, &ok);
     ctx->tmp = scratch(ctx, T * E, &ok);
     ctx->shexp = shared ? scratch(ctx, T * E, &ok) : NULL;
-    ctx->rope_cs = scratch(ctx, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot, &ok);
+    ctx->rope_cs = scratch(ctx, (size_t)ctx->n_ropes * T * (size_t)ctx->rope_stride, &ok);
+    if (model->pl_tok_embd) {
+        const size_t P = (size_t)hp->n_embd_per_layer;
+        ctx->pl_in = scratch(ctx, T * (size_t)hp->n_layer * P, &ok);
+        ctx->pl_gate = scratch(ctx, T * P, &ok);
+    }
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
     if (mla) {
         ctx->mla_q = scratch(ctx, T * H * (size_t)hp->mla_k, &ok);

@@ -167,14 +167,21 @@ static void add_residual(float *x, const float *b, int64_t n, float s) {
     }
 }
 
-/* RoPE (ggml_rope_ext) on the first n_rot dims of every head; the rest of
- * a head passes through. Normal mode rotates adjacent pairs (2i, 2i+1),
- * NeoX mode pairs i with i + n_rot/2; pair i takes angle i of the cache. */
-static void rope_rows(cpu_ctx_t *ctx, float *x, int64_t T, int32_t n_heads, const float *cs_all) {
-    const int32_t hd = ctx->hp.head_dim, half = ctx->hp.n_rot / 2;
+/* RoPE (ggml_rope_ext) on the first n_rot dims of every head of hd; the
+ * rest of a head passes through. Normal mode rotates adjacent pairs (2i,
+ * 2i+1), NeoX mode pairs i with i + n_rot/2; pair i takes angle i of the
+ * cache (rope_stride floats per token). */
+static void rope_rows(cpu_ctx_t *ctx,
+                      float *x,
+                      int64_t T,
+                      int32_t n_heads,
+                      int32_t hd,
+                      int32_t n_rot,
+                      const float *cs_all) {
+    const int32_t half = n_rot / 2;
     const bool neox = ctx->hp.rope_mode == KG_ROPE_MODE_NEOX;
     for (int64_t t = 0; t < T; t++) {
-        const float *cs = cs_all + t * ctx->hp.n_rot;
+        const float *cs = cs_all + t * ctx->rope_stride;
         for (int32_t h = 0; h < n_heads; h++) {
             float *row = x + (t * n_heads + h) * hd;
             for (int64_t i = 0; i < half; i++) {
@@ -201,8 +208,9 @@ static void attention_task(void *arg, int64_t w, int thread) {
     cpu_ctx_t *ctx = job->ctx;
     const kg_step_batch_t *batch = job->batch;
     const kg_hparams_t *hp = &ctx->hp;
-    const int32_t hd = hp->head_dim, n_kv_dim = hp->n_head_kv * hd;
-    const int32_t group = hp->n_head / hp->n_head_kv, bs = ctx->block_size;
+    const kg_layer_weights_t *ML = &ctx->model->layers[job->il];
+    const int32_t hd = ML->head_dim, n_kv_dim = ML->n_head_kv * hd;
+    const int32_t group = hp->n_head / ML->n_head_kv, bs = ctx->block_size;
     /* llama scales the scores (by attention.scale where granite's file gives
      * one); gemma and phi3 scaled q already (kq_scale 1) */
     const float scale = hp->q_scale != 0.0f    ? 1.0f
@@ -220,8 +228,9 @@ static void attention_task(void *arg, int64_t w, int thread) {
     float *q = ctx->q + (t * hp->n_head + h) * hd;
     float *out = ctx->att + (t * hp->n_head + h) * hd;
 
-    const cpu_kv_view_t kv = {.k = ctx->k_cache[job->il],
-                              .v = ctx->v_cache[job->il],
+    /* a Gemma 4 shared-KV layer reads an earlier layer's cache */
+    const cpu_kv_view_t kv = {.k = ctx->k_cache[ML->kv_layer],
+                              .v = ctx->v_cache[ML->kv_layer],
                               .stride = n_kv_dim,
                               .offset = (int64_t)g * hd,
                               .table = table,
@@ -240,7 +249,7 @@ static void attention(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batch) 
     for (int32_t t = 0; t < batch->n_tokens; t++) {
         const int32_t n_pos = batch->pos[t] + 1;
         flops += (int64_t)(n_swa > 0 && n_pos > n_swa ? n_swa : n_pos) * ctx->hp.n_head *
-                 ctx->hp.head_dim;
+                 ctx->model->layers[il].head_dim;
     }
     if (flops < 65536) {
         for (int64_t w = 0; w < n_work; w++) {
@@ -588,12 +597,52 @@ static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
     st->n_routed += T * hp->n_expert_used;
 }
 
+/* Gemma 4's per-layer inputs of every token and layer into ctx->pl_in
+ * (T, n_layer, P) (llama.cpp's build_inp_per_layer and
+ * project_per_layer_inputs): the scaled embeddings x projected, times
+ * 1/sqrt(n_embd), RMS-normed per layer slice, plus the token's row of
+ * per_layer_token_embd times sqrt(P), times 1/sqrt(2). */
+static void per_layer_inputs(cpu_ctx_t *ctx, const kg_step_batch_t *batch, int64_t T) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const int64_t P = hp->n_embd_per_layer, NP = (int64_t)hp->n_layer * P;
+    const kg_gguf_tensor_t *emb = ctx->model->pl_tok_embd;
+    const size_t row_size = kg_type_row_size(emb->type, NP);
+    const float proj_scale = 1.0f / sqrtf((float)hp->n_embd);
+    const float tok_scale = sqrtf((float)P), in_scale = 1.0f / sqrtf(2.0f);
+    matmul(ctx, &ctx->pl_model_proj, ctx->x, ctx->pl_in, T);
+    scale_rows(ctx->pl_in, T * NP, proj_scale);
+    cpu_rmsnorm_rows(ctx->pl_in, ctx->pl_proj_norm.data, ctx->pl_in, T * hp->n_layer, P,
+                     hp->norm_eps);
+    float *row = ctx->xr; /* free between GEMMs; at least NP wide */
+    for (int64_t t = 0; t < T; t++) {
+        kg_dequantize(emb->type, (const char *)emb->data + (size_t)batch->token[t] * row_size, row,
+                      NP);
+        float *in = ctx->pl_in + t * NP;
+        for (int64_t i = 0; i < NP; i++) {
+            in[i] = (in[i] + row[i] * tok_scale) * in_scale;
+        }
+    }
+}
+
+/* Gemma 4's per-layer input of layer il, added to the residual stream x:
+ * gelu(inp_gate x) * the layer's input, proj, post-norm. */
+static void per_layer_add(cpu_ctx_t *ctx, const cpu_layer_t *L, int32_t il, int64_t T) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const int64_t P = hp->n_embd_per_layer, NP = (int64_t)hp->n_layer * P, E = hp->n_embd;
+    matmul(ctx, &L->pe_gate, ctx->x, ctx->pl_gate, T);
+    for (int64_t t = 0; t < T; t++) { /* ggml_gelu then ggml_mul: GeGLU's bits */
+        float *g = ctx->pl_gate + t * P;
+        cpu_geglu(ctx->gelu_table, g, ctx->pl_in + t * NP + (int64_t)il * P, g, P);
+    }
+    matmul(ctx, &L->pe_proj, ctx->pl_gate, ctx->tmp, T);
+    cpu_rmsnorm_rows(ctx->tmp, L->pe_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
+    add_residual(ctx->x, ctx->tmp, T * E, 0.0f);
+}
+
 kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
     cpu_ctx_t *ctx = be->ctx;
     const kg_hparams_t *hp = &ctx->hp;
-    const int64_t T = batch->n_tokens, E = hp->n_embd, F = hp->n_ff;
-    const int64_t n_q = (int64_t)hp->n_head * hp->head_dim;
-    const int64_t n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t T = batch->n_tokens, E = hp->n_embd;
     const int32_t bs = ctx->block_size;
     if (T <= 0 || T > ctx->max_tokens) {
         KG_LOG_ERROR("cpu", "step of %lld tokens (max %d)", (long long)T, ctx->max_tokens);
@@ -625,16 +674,26 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
     for (int32_t r = 0; r < ctx->n_ropes; r++) {
         const cpu_rope_t *rp = &ctx->ropes[r];
         for (int64_t t = 0; t < T; t++) {
-            float *cs = ctx->rope_cs + (r * T + t) * hp->n_rot;
-            kg_rope_cache_yarn(batch->pos[t], hp->n_rot, rp->base, rp->scale, ctx->rope_freqs,
-                               hp->yarn_ext_factor, hp->yarn_attn_factor, rp->corr_dims, cs,
-                               cs + hp->n_rot / 2);
+            float *cs = ctx->rope_cs + (r * T + t) * ctx->rope_stride;
+            kg_rope_cache_yarn(batch->pos[t], rp->n_rot, rp->base, rp->scale,
+                               rp->freqs ? rp->freqs : ctx->rope_freqs, hp->yarn_ext_factor,
+                               hp->yarn_attn_factor, rp->corr_dims, cs, cs + rp->n_rot / 2);
         }
+    }
+    if (ctx->model->pl_tok_embd) {
+        per_layer_inputs(ctx, batch, T);
     }
 
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cpu_layer_t *L = &ctx->layers[il];
-        const float *cs = ctx->rope_cs + (int64_t)L->rope * T * hp->n_rot;
+        /* the layer's own shape (Gemma 4's windowed and global layers differ) */
+        const kg_layer_weights_t *ML = &ctx->model->layers[il];
+        const int32_t hd = ML->head_dim, n_rot = ML->n_rot;
+        const int64_t n_q = (int64_t)hp->n_head * hd, n_kv = (int64_t)ML->n_head_kv * hd;
+        const int64_t F = ML->n_ff;
+        /* a Gemma 4 shared-KV layer computes Q only and reads kv_layer's cache */
+        const bool own_kv = ML->kv_layer == il;
+        const float *cs = ctx->rope_cs + (int64_t)L->rope * T * ctx->rope_stride;
         pre_norm(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (L->wkv_a.n_out > 0) { /* deepseek2: no biases, post-norms or LoRA there */
             mla_attention(ctx, L, il, batch, cs);
@@ -643,7 +702,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         }
         const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
-        matmul_n(ctx, 3, qkv, ctx->xn, qkv_out, T);
+        matmul_n(ctx, own_kv ? 3 : 1, qkv, ctx->xn, qkv_out, T);
         cpu_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, qkv_out, T);
         add_bias(ctx->q, &L->bq, T, n_q);
         add_bias(ctx->k, &L->bk, T, n_kv);
@@ -652,14 +711,20 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T, n_q, hp->norm_eps);
             cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T, n_kv, hp->norm_eps);
         } else if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
-            cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T * hp->n_head, hp->head_dim,
-                             hp->norm_eps);
-            cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T * hp->n_head_kv, hp->head_dim,
-                             hp->norm_eps);
+            cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T * hp->n_head, hd, hp->norm_eps);
+            if (own_kv) {
+                cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T * ML->n_head_kv, hd,
+                                 hp->norm_eps);
+            }
         }
-        if (!ctx->model->layers[il].no_rope) {
-            rope_rows(ctx, ctx->q, T, hp->n_head, cs);
-            rope_rows(ctx, ctx->k, T, hp->n_head_kv, cs);
+        if (hp->v_norm && own_kv) { /* Gemma 4: ggml_rms_norm of each V head, no weight */
+            cpu_rmsnorm_rows(ctx->v, NULL, ctx->v, T * ML->n_head_kv, hd, hp->norm_eps);
+        }
+        if (!ML->no_rope) {
+            rope_rows(ctx, ctx->q, T, hp->n_head, hd, n_rot, cs);
+            if (own_kv) {
+                rope_rows(ctx, ctx->k, T, ML->n_head_kv, hd, n_rot, cs);
+            }
         }
         if (hp->attn_temp_scale != 0.0f) { /* mistral3: ggml_mul by the per-token scale */
             for (int64_t t = 0; t < T; t++) {
@@ -671,7 +736,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             scale_rows(ctx->q, T * n_q, hp->q_scale);
         }
         cpu_round_fp16(ctx->q, T * n_q); /* ggml converts q to fp16 for the K matmul */
-        for (int64_t t = 0; t < T; t++) {
+        for (int64_t t = 0; own_kv && t < T; t++) {
             const int32_t pos = batch->pos[t];
             const int32_t blk =
                 batch->block_table[(int64_t)batch->seq[t] * batch->max_blocks_per_seq + pos / bs];
@@ -693,7 +758,6 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         if (L->moe) {
             moe_ffn(ctx, L, T);
         } else if (hp->ffn_act == KG_FFN_XIELU) { /* apertus: up, xIELU, down */
-            const kg_layer_weights_t *ML = &ctx->model->layers[il];
             matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
             for (int64_t i = 0; i < T * F; i++) {
                 ctx->gate[i] =
@@ -719,6 +783,12 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
         }
         add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
+        if (L->pe_gate.n_out > 0) {
+            per_layer_add(ctx, L, il, T);
+        }
+        if (ML->out_scale != 0.0f) { /* Gemma 4's layer_output_scale: ggml_mul */
+            scale_rows(ctx->x, T * E, ML->out_scale);
+        }
     }
 
     /* hidden states for embedding jobs: the final norm of the rows that

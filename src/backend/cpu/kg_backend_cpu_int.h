@@ -48,12 +48,18 @@ typedef struct cpu_layer {
      * matrices, (n_lora_kv, nope) and (mla_v, n_lora_kv) */
     cpu_weight_t wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm;
     cpu_weight_t *k_b, *v_b; /* (n_head) each */
+    /* Gemma 4's per-layer input: gate (P, n_embd), proj (n_embd, P), post
+     * norm (n_embd); gate n_out 0: none */
+    cpu_weight_t pe_gate, pe_proj, pe_post_norm;
 } cpu_layer_t;
 
 /* One distinct RoPE among the layers (Gemma: local and global). */
 typedef struct cpu_rope {
     float base, scale;
-    float corr_dims[2]; /* YaRN's blend range for this base */
+    int32_t n_rot;                   /* dims it rotates (Gemma 4: the layer kind's) */
+    const kg_gguf_tensor_t *factors; /* the layer's own divisors (Gemma 4) or NULL */
+    float *freqs;                    /* factors as F32 (owned), or NULL: the model's rope_freqs */
+    float corr_dims[2];              /* YaRN's blend range for this base */
 } cpu_rope_t;
 
 typedef struct cpu_ctx {
@@ -69,27 +75,33 @@ typedef struct cpu_ctx {
     float *rope_freqs;        /* (n_rot / 2) frequency divisors (rope_freqs or LongRoPE) or NULL */
     cpu_rope_t *ropes;        /* (n_ropes) */
     int32_t n_ropes;
+    int32_t rope_stride;  /* floats per token in rope_cs: the largest n_rot */
     int32_t max_window;   /* largest layer window, 0 when some layer is global */
     uint16_t *gelu_table; /* (65536) GeGLU models only */
-    uint16_t **k_cache;   /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16 */
+    uint16_t **k_cache;   /* (n_layer) x (n_kv_blocks * block_size, n_head_kv * head_dim) fp16,
+                             the layer's own shape; NULL for a layer reading another's */
     uint16_t **v_cache;   /* same shape as k_cache; NULL rows for MLA, whose values are
                              the first n_lora_kv dims of the K rows (one latent row per token:
                              head_dim = n_lora_kv + n_rot, n_head_kv 1) */
     /* scratch for max_tokens tokens */
-    float *x;        /* (T, n_embd) residual stream */
-    float *xn;       /* (T, n_embd) normed input of a block */
-    float *xr;       /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
-    float *q;        /* (T, n_head * head_dim) */
-    float *k;        /* (T, n_head_kv * head_dim) */
-    float *v;        /* (T, n_head_kv * head_dim) */
-    float *att;      /* (T, n_head * head_dim) attention output */
-    float *gate;     /* (T, max(n_ff, FS)) FS: the shared expert's width */
-    float *up;       /* (T, max(n_ff, FS)) */
-    float *shexp;    /* (T, n_embd) the shared expert's output (NULL: none) */
-    float *tmp;      /* (T, n_embd) projection output before the residual add */
-    float *rope_cs;  /* (n_ropes, T, n_rot) cos | sin per token */
-    float *scores;   /* (n_threads, n_kv_blocks * block_size) */
-    cpu_qact_t qact; /* (T, widest) activations quantized for cpu_vecdot */
+    float *x;       /* (T, n_embd) residual stream */
+    float *xn;      /* (T, n_embd) normed input of a block */
+    float *xr;      /* (T, max(n_embd, n_ff, n_q)) activations rounded for a weight type */
+    float *q;       /* (T, n_head * head_dim) */
+    float *k;       /* (T, n_head_kv * head_dim) */
+    float *v;       /* (T, n_head_kv * head_dim) */
+    float *att;     /* (T, n_head * head_dim) attention output */
+    float *gate;    /* (T, max(n_ff, FS)) FS: the shared expert's width */
+    float *up;      /* (T, max(n_ff, FS)) */
+    float *shexp;   /* (T, n_embd) the shared expert's output (NULL: none) */
+    float *tmp;     /* (T, n_embd) projection output before the residual add */
+    float *rope_cs; /* (n_ropes, T, rope_stride) cos | sin per token */
+    /* Gemma 4's per-layer inputs (P > 0): the projected and looked-up
+     * inputs of every layer, (T, n_layer * P), and one layer's gate (T, P) */
+    cpu_weight_t pl_model_proj, pl_proj_norm;
+    float *pl_in, *pl_gate;
+    float *scores;                 /* (n_threads, n_kv_blocks * block_size) */
+    cpu_qact_t qact;               /* (T, widest) activations quantized for cpu_vecdot */
     cpu_qgemm_scratch_t *qscratch; /* cpu_vecdot's per-thread unpacked panels */
     /* mixture of experts (n_expert > 0), k = n_expert_used */
     cpu_moe_plan_t plan;
