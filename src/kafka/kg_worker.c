@@ -262,6 +262,10 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
             goto fail;
         }
     }
+    /* TEST-ONLY: the coordinator watchdog's two minutes, shortened (check_worker_mock) */
+    const char *stuck_ms = getenv("KGEN_TEST_COORD_STUCK_MS");
+    w->parts.coord_stuck_us =
+        stuck_ms && atoll(stuck_ms) > 0 ? atoll(stuck_ms) * 1000 : 120 * 1000000LL;
     w->intake.crash_request_id = getenv("KGEN_TEST_CRASH_ON_REQUEST_ID");
     if (w->intake.crash_request_id && *w->intake.crash_request_id) {
         KG_LOG_WARN("worker",
@@ -364,6 +368,7 @@ int kg_worker_run(kg_worker_t *w) {
             kg_worker_fall_back_to_classic(w);
         }
         kg_worker_check_group(w, now);
+        kg_worker_check_coordinator(w, now);
         kg_worker_start_next_suspect(w);
         /* while jobs wait for their snapshot, wait here for its ack */
         for (int l = 0; l < w->lanes.n; l++) {

@@ -208,6 +208,7 @@ struct kg_worker {
         size_t max_event_bytes;            /* value bytes one event may take (kg_events' budget) */
         size_t max_dlq_bytes;              /* payload bytes of a dead-letter copy (headers apart) */
         size_t max_trace_bytes;            /* bytes of a job's headers its messages carry */
+        int64_t delivered_us;              /* the last delivery a broker acknowledged */
     } out;
 
     /* kg_worker_partitions.c: the consumer, its partitions and their offsets */
@@ -225,6 +226,11 @@ struct kg_worker {
         _Atomic int64_t lag[KG_LANES_MAX][MAX_PARTITIONS];
         _Atomic int32_t lag_valid[KG_LANES_MAX][MAX_PARTITIONS];
         int64_t last_lag_us;
+        /* the coordinator watchdog (kg_worker_check_coordinator): since when offset commits
+         * fail for want of a group coordinator (0: the last one went through), and how long
+         * that may last while the brokers take this worker's events */
+        int64_t coord_lost_us;
+        int64_t coord_stuck_us;
     } parts;
 };
 
@@ -338,6 +344,10 @@ KG_NODISCARD kg_status_t kg_worker_start_consumer(kg_worker_t *w, char *errstr, 
 void kg_worker_fall_back_to_classic(kg_worker_t *w);
 /** Warn once when the consumer protocol has assigned nothing for 30 s. */
 void kg_worker_check_group(kg_worker_t *w, int64_t now_us);
+
+/** A jobs consumer that reaches no group coordinator for parts.coord_stuck_us while the brokers
+ * acknowledge this worker's events ends the worker (kg_worker_partitions.c says why). */
+void kg_worker_check_coordinator(kg_worker_t *w, int64_t now_us);
 /** Pause at the in-flight cap and resume at 3/4 of it. */
 void kg_worker_check_backpressure(kg_worker_t *w);
 /** Cancel quietly every job of `parts` (NULL: all), or only the unstarted. */

@@ -514,6 +514,35 @@ static const char *x_value(const kg_config_t *cfg, const char *key) {
     return v;
 }
 
+/* The coordinator watchdog. After a broker restart a librdkafka 2.12 consumer was seen to log
+ * "Waiting for coordinator" at every auto-commit for as long as it ran (12 minutes, until it
+ * was stopped), while its producer delivered: the broker gave its partitions to another worker
+ * once its session expired, and it went on running their jobs, which the other worker ran
+ * too, never to commit. Commits that fail for want of a coordinator for coord_stuck_us (two
+ * minutes: well past any session timeout, so the group has moved on), while the brokers take
+ * this worker's events, end the worker with a clear error; a restart rejoins the group. In a
+ * broker outage the deliveries stop too, and the worker waits. */
+static bool coordinator_missing(rd_kafka_resp_err_t err) {
+    return err == RD_KAFKA_RESP_ERR__WAIT_COORD ||
+           err == RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE ||
+           err == RD_KAFKA_RESP_ERR_NOT_COORDINATOR || err == RD_KAFKA_RESP_ERR__TRANSPORT;
+}
+
+/* Offset commits' results (the auto-commit timer's; served by the consumer poll, kafka thread). */
+static void offset_commit_cb(rd_kafka_t *rk,
+                             rd_kafka_resp_err_t err,
+                             rd_kafka_topic_partition_list_t *offsets,
+                             void *opaque) {
+    (void)rk;
+    (void)offsets;
+    kg_worker_t *w = opaque;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        w->parts.coord_lost_us = 0;
+    } else if (coordinator_missing(err) && w->parts.coord_lost_us == 0) {
+        w->parts.coord_lost_us = kg_clock_us();
+    }
+}
+
 static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_size) {
     const kg_config_t *cfg = w->cfg;
     rd_kafka_conf_t *conf = kg_kafka_conf_new(cfg, errstr, errstr_size);
@@ -561,6 +590,7 @@ static rd_kafka_t *make_consumer(kg_worker_t *w, char *errstr, size_t errstr_siz
     }
     rd_kafka_conf_set_opaque(conf, w);
     rd_kafka_conf_set_rebalance_cb(conf, rebalance_cb);
+    rd_kafka_conf_set_offset_commit_cb(conf, offset_commit_cb);
     rd_kafka_conf_set_error_cb(conf, kg_worker_error_cb);
     char err[512];
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof(err));
@@ -631,6 +661,21 @@ void kg_worker_fall_back_to_classic(kg_worker_t *w) {
         kg_worker_fatal_kafka(w, errstr);
     }
     w->parts.fall_back = false;
+}
+
+void kg_worker_check_coordinator(kg_worker_t *w, int64_t now_us) {
+    const int64_t since = w->parts.coord_lost_us;
+    if (since == 0 || w->life.fatal || now_us - since < w->parts.coord_stuck_us ||
+        now_us - w->out.delivered_us > 10 * 1000000LL) {
+        return;
+    }
+    char what[320];
+    snprintf(what, sizeof(what),
+             "the jobs consumer has reached no group coordinator for %.0f s while the brokers "
+             "take this worker's events (a client that did not recover after a broker restart); "
+             "exiting so that a restart rejoins the group",
+             (double)(now_us - since) / 1e6);
+    kg_worker_fatal_kafka(w, what);
 }
 
 void kg_worker_check_group(kg_worker_t *w, int64_t now_us) {

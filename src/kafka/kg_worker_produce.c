@@ -233,6 +233,9 @@ static void dr_msg_cb(rd_kafka_t *rk, const rd_kafka_message_t *rkm, void *opaqu
     (void)rk;
     kg_worker_t *w = opaque;
     ack_t *ack = rkm->_private;
+    if (!rkm->err) {
+        w->out.delivered_us = kg_clock_us(); /* a broker takes our writes */
+    }
     if (rkm->err && is_message_fault(rkm->err) && !w->life.fatal) {
         rd_kafka_headers_t *h = NULL;
         if (rd_kafka_message_headers(rkm, &h) != RD_KAFKA_RESP_ERR_NO_ERROR) {

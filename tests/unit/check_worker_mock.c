@@ -20,6 +20,7 @@
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,13 +47,15 @@ typedef struct fixture {
     bool seen[MAX_JOBS];          /* job-<i> has a terminal event */
     int32_t next_index[MAX_JOBS]; /* of job-<i>'s next token event */
     int n_seen;
-    int max_job;  /* highest i with any event so far (-1: none) */
-    bool stopped; /* the worker thread was stopped and joined */
+    int max_job;        /* highest i with any event so far (-1: none) */
+    bool stopped;       /* the worker thread was stopped and joined */
+    _Atomic bool ended; /* kg_worker_run returned (f->rc is set) */
 } fixture_t;
 
 static void *worker_main(void *arg) {
     fixture_t *f = arg;
     f->rc = kg_worker_run(f->w);
+    atomic_store(&f->ended, true);
     return NULL;
 }
 
@@ -1314,6 +1317,76 @@ START_TEST(test_auth_timeout) {
 }
 END_TEST
 
+/* The coordinator watchdog. Every offset commit is answered NOT_COORDINATOR from some point on,
+ * while jobs keep coming and their events keep being delivered: what the worker sees of a
+ * librdkafka client that never found its coordinator again after a broker restart (issue 29; a
+ * mock broker set down takes the partition leaders with it, and then nothing is delivered, which
+ * the watchdog rightly takes for an outage). Past the watchdog's time (2 minutes; 3 s here) the
+ * worker must end with rc 1 and say why. */
+static void quick_watchdog(fixture_t *f) {
+    (void)f;
+    setenv("KGEN_TEST_COORD_STUCK_MS", "3000", 1);
+}
+
+START_TEST(test_coordinator_watchdog) {
+    char path[] = "/tmp/kgen-coord-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    int saved = dup(2);
+    ck_assert(dup2(fd, 2) == 2);
+    fixture_t f;
+    setup_with(&f, 1, "64", quick_watchdog);
+    unsetenv("KGEN_TEST_COORD_STUCK_MS");
+    int n_events = 0;
+    produce_jobs(&f, 0, 8);
+    ck_assert_int_eq(collect(&f, 8, 60, &n_events), 8);
+    rd_kafka_resp_err_t errs[1000];
+    for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++) {
+        errs[i] = RD_KAFKA_RESP_ERR_NOT_COORDINATOR;
+    }
+    rd_kafka_mock_push_request_errors_array(f.mc, API_OFFSET_COMMIT, 1000, errs);
+    /* jobs keep coming and their answers keep going out, so the brokers take our writes */
+    for (int batch = 1; batch < 7; batch++) {
+        produce_jobs(&f, batch * 8, 8);
+        rd_kafka_flush(f.producer, 5000);
+        collect(&f, 8 * (batch + 1), 5, &n_events);
+    }
+    int64_t deadline = kg_clock_us() + 60 * 1000000LL;
+    while (!atomic_load(&f.ended) && kg_clock_us() < deadline) {
+        usleep(100000);
+    }
+    f.stopped = atomic_load(&f.ended);
+    if (f.stopped) {
+        pthread_join(f.thread, NULL);
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char log[1 << 17];
+    ssize_t n = pread(fd, log, sizeof(log) - 1, 0);
+    close(fd);
+    unlink(path);
+    log[n > 0 ? n : 0] = 0;
+    if (!f.stopped) {
+        fputs(log, stderr);
+        kg_worker_stop(f.w);
+        pthread_join(f.thread, NULL);
+        ck_abort_msg("the worker went on for 60 s without a coordinator");
+    }
+    ck_assert_int_eq(f.rc, 1);
+    ck_assert_msg(strstr(log, "has reached no group coordinator for") != NULL,
+                  "no fatal error naming the coordinator");
+    kg_worker_free(f.w);
+    kg_model_free(f.model);
+    kg_config_clear(&f.cfg);
+    rd_kafka_consumer_close(f.reader);
+    rd_kafka_destroy(f.reader);
+    rd_kafka_destroy(f.producer);
+    rd_kafka_mock_cluster_destroy(f.mc);
+    rd_kafka_destroy(f.mock_rk);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("worker_mock");
     TCase *tc = tcase_create("mock");
@@ -1340,6 +1413,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(auth, 120);
     tcase_add_test(auth, test_auth_streak);
     tcase_add_test(auth, test_auth_timeout);
+    tcase_add_test(auth, test_coordinator_watchdog);
     suite_add_tcase(s, auth);
     return s;
 }
