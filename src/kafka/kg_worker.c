@@ -263,9 +263,9 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
         }
     }
     /* TEST-ONLY: the coordinator watchdog's two minutes, shortened (check_worker_mock) */
-    const char *stuck_ms = getenv("KGEN_TEST_COORD_STUCK_MS");
-    w->parts.coord_stuck_us =
-        stuck_ms && atoll(stuck_ms) > 0 ? atoll(stuck_ms) * 1000 : 120 * 1000000LL;
+    const char *stuck_env = getenv("KGEN_TEST_COORD_STUCK_MS");
+    const long long stuck_ms = stuck_env ? strtoll(stuck_env, NULL, 10) : 0;
+    w->parts.coord_stuck_us = stuck_ms > 0 ? stuck_ms * 1000 : 120 * 1000000LL;
     w->intake.crash_request_id = getenv("KGEN_TEST_CRASH_ON_REQUEST_ID");
     if (w->intake.crash_request_id && *w->intake.crash_request_id) {
         KG_LOG_WARN("worker",

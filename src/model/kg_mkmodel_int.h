@@ -1,10 +1,12 @@
 /* kg_mkmodel_int: what kg_mkmodel.c shares with the families written in
- * files of their own (kg_mkmodel_bert.c, kg_mkmodel_gemma4.c): its seeded
- * random tensors, the vocabulary copy and the file-type key. */
+ * files of their own (kg_mkmodel_bert.c, kg_mkmodel_gemma4.c) and with the
+ * family table (kg_mkmodel_families.c): its seeded random tensors, the
+ * vocabulary copy, the file-type key, the families. */
 #pragma once
 
 #include "kg_gguf_writer.h"
 #include "kg_mkmodel.h"
+#include "kg_mkvocab.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -63,3 +65,35 @@ bool kg_mkmodel_gemma4_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
 /** Why the options cannot make a Gemma 4 file (the shared K/V layers must
  * find a windowed and a global layer just before them), or NULL. */
 const char *kg_mkmodel_gemma4_check(const kg_mkmodel_opts_t *o);
+
+/* What llama.cpp's converter writes for each family: the tensors of a layer
+ * and the built-in vocabulary style (see the metadata in write_hparams). */
+typedef struct kg_mkmodel_family {
+    const char *arch;      /* the --arch name */
+    const char *gguf_arch; /* general.architecture (mixtral is a llama) */
+    bool moe;              /* router and 3-D expert tensors instead of the dense FFN */
+    bool oss;              /* gpt-oss: sinks, output/router/expert biases, yarn, windows */
+    bool qkv_bias;         /* blk.N.attn_{q,k,v}.bias (qwen2) */
+    bool qk_norm;          /* blk.N.attn_{q,k}_norm (qwen3, gemma3) */
+    bool post_norms;       /* blk.N.post_attention_norm, post_ffw_norm (gemma) */
+    bool fused;            /* blk.N.attn_qkv and a 2 * n_ff ffn_up holding gate then up (phi3) */
+    bool always_tied;      /* no output.weight (gemma2's converter drops lm_head) */
+    bool small_embd;       /* embeddings of variance 1/n_embd: the graph scales them by
+                              sqrt(n_embd), so they enter the residual at unit scale (gemma) */
+    kg_mkvocab_style_t vocab;
+    float rms_eps;
+    bool norm_rope;      /* llama's RoPE pairs: the converter writes rope.dimension_count */
+    bool granite_scales; /* embedding_scale, residual_scale, attention.scale, logit_scale */
+    bool no_pre_norms;   /* no attn_norm / ffn_norm: the post-norms only (olmo2) */
+    bool qk_norm_full;   /* attn_q_norm (n_head * head_dim), attn_k_norm (n_head_kv * head_dim) */
+    bool llama4_temp;    /* attention.temperature_scale, and YaRN's betas and log multiplier */
+    bool ffn_norm_post;  /* the FFN norm named post_attention_norm (gpt-oss, seed_oss) */
+    bool xielu;          /* no ffn_gate; xielu.* keys, one value per layer (apertus) */
+    bool glm;            /* shared experts, selection bias, leading dense layers, nextn blocks */
+    bool mla;            /* multi-head latent attention's tensors and keys (deepseek2) */
+    bool gemma4;         /* its own layers and keys: kg_mkmodel_gemma4.c */
+} kg_mkmodel_family_t;
+
+/** The family of --arch `arch` (NULL: llama), or NULL when the table has none (bert is written
+ * by kg_mkmodel_bert.c). */
+const kg_mkmodel_family_t *kg_mkmodel_find_family(const char *arch);
