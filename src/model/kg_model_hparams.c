@@ -479,10 +479,9 @@ bool kg_model_read_moe_hparams(
      * graphs renormalise whatever the file says */
     hp->moe_norm_w = a != KG_ARCH_GPT_OSS && a != KG_ARCH_GLM4MOE && a != KG_ARCH_DEEPSEEK2;
     kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "expert_weights_norm"), &hp->moe_norm_w);
-    if (a == KG_ARCH_GLM4MOE && !kg_model_read_glm4moe(g, arch, hp, errstr, errstr_size)) {
-        return false;
-    }
-    if (a == KG_ARCH_DEEPSEEK2 && !kg_model_read_deepseek2_moe(g, arch, hp, errstr, errstr_size)) {
+    if ((a == KG_ARCH_GLM4MOE || a == KG_ARCH_DEEPSEEK2) &&
+        !kg_model_read_shared_moe(g, arch, a == KG_ARCH_GLM4MOE ? KG_MOE_SIGMOID : KG_MOE_SOFTMAX,
+                                  hp, errstr, errstr_size)) {
         return false;
     }
     /* group-limited top-k: llama_model_base reads the keys for every family */
@@ -516,11 +515,17 @@ bool kg_model_read_moe_hparams(
     return true;
 }
 
-/* GLM-4.5's MoE keys (llama_model_glm4_moe::load_arch_hparams): the
- * shared experts (required), the leading dense layers, the gating function
- * (sigmoid when absent; softmax also taken). */
-bool kg_model_read_glm4moe(
-    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size) {
+/* The shared-expert MoE keys of glm4moe and deepseek2 (llama_model_glm4_moe's and
+ * llama_model_deepseek2's load_arch_hparams): the shared experts (required), the leading dense
+ * layers, the gating function (1 softmax, 2 sigmoid; absent or 0: the family's default, sigmoid
+ * for GLM, softmax for DeepSeek V2/V2.5 files, as llama.cpp; its GLM-4.7 Lite exception is a
+ * glm file on the deepseek2 graph, which kgen does not special-case). */
+bool kg_model_read_shared_moe(const kg_gguf_t *g,
+                              const char *arch,
+                              kg_moe_gating_t absent,
+                              kg_hparams_t *hp,
+                              char *errstr,
+                              size_t errstr_size) {
     char key[128];
     if (!get_i32(g, akey(key, sizeof(key), arch, "expert_shared_count"), &hp->n_expert_shared) ||
         !get_i32_opt_key(g, akey(key, sizeof(key), arch, "leading_dense_block_count"),
@@ -532,11 +537,11 @@ bool kg_model_read_glm4moe(
     if (!get_i32_opt_key(g, akey(key, sizeof(key), arch, "expert_gating_func"), &func) ||
         func > 2) {
         snprintf(errstr, errstr_size,
-                 "model: %s %d is not supported (1 softmax, 2 sigmoid; absent: sigmoid)", key,
-                 func);
+                 "model: %s %d is not supported (1 softmax, 2 sigmoid; absent: %s)", key, func,
+                 absent == KG_MOE_SIGMOID ? "sigmoid" : "softmax");
         return false;
     }
-    hp->moe_gating = func == 1 ? KG_MOE_SOFTMAX : KG_MOE_SIGMOID;
+    hp->moe_gating = func == 1 ? KG_MOE_SOFTMAX : func == 2 ? KG_MOE_SIGMOID : absent;
     if (hp->n_layer_dense > hp->n_layer || hp->n_expert_shared > 64) {
         snprintf(errstr, errstr_size,
                  "model: %s.leading_dense_block_count %d must be at most the %d trunk layers and "

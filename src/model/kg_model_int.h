@@ -56,9 +56,14 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
 bool kg_model_read_moe_hparams(
     const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
 
-/** glm4moe's shared experts, leading dense layers and gating function. */
-bool kg_model_read_glm4moe(
-    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
+/** glm4moe's and deepseek2's shared experts, leading dense layers and gating function
+ * (`absent`: the family's default when the file names none). */
+bool kg_model_read_shared_moe(const kg_gguf_t *g,
+                              const char *arch,
+                              kg_moe_gating_t absent,
+                              kg_hparams_t *hp,
+                              char *errstr,
+                              size_t errstr_size);
 
 /** Every hyperparameter in range (after the vocabulary is known). */
 bool kg_model_check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_size);
@@ -72,9 +77,6 @@ bool kg_model_read_xielu(const kg_gguf_t *g, kg_model_t *model, char *errstr, si
 bool kg_model_read_mla(
     const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
 
-/** deepseek2's shared experts, leading dense layers and gating function. */
-bool kg_model_read_deepseek2_moe(
-    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size);
 /* The tensors a load has taken (kg_model.c), so a tensor the graph would
  * not use is an error, not silently dropped. */
 typedef struct kg_loader {

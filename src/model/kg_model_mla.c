@@ -90,34 +90,3 @@ bool kg_model_read_mla(
     }
     return true;
 }
-
-bool kg_model_read_deepseek2_moe(
-    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size) {
-    char key[128];
-    if (!get_i32(g, akey(key, sizeof(key), arch, "expert_shared_count"), &hp->n_expert_shared) ||
-        !get_i32_opt_key(g, akey(key, sizeof(key), arch, "leading_dense_block_count"),
-                         &hp->n_layer_dense)) {
-        snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
-        return false;
-    }
-    /* absent (DeepSeek V2/V2.5 files): softmax, as llama.cpp (its GLM-4.7
-     * Lite exception is a glm file on this graph, which kgen does not
-     * special-case) */
-    int32_t func = 1;
-    if (!get_i32_opt_key(g, akey(key, sizeof(key), arch, "expert_gating_func"), &func) ||
-        func > 2) {
-        snprintf(errstr, errstr_size,
-                 "model: %s %d is not supported (1 softmax, 2 sigmoid; absent: softmax)", key,
-                 func);
-        return false;
-    }
-    hp->moe_gating = func == 2 ? KG_MOE_SIGMOID : KG_MOE_SOFTMAX;
-    if (hp->n_layer_dense > hp->n_layer || hp->n_expert_shared > 64) {
-        snprintf(errstr, errstr_size,
-                 "model: %s.leading_dense_block_count %d must be at most the %d trunk layers and "
-                 "expert_shared_count %d at most 64",
-                 arch, hp->n_layer_dense, hp->n_layer, hp->n_expert_shared);
-        return false;
-    }
-    return true;
-}
