@@ -236,7 +236,10 @@ kg_status_t kg_embedjob_prepare(const kg_model_t *model,
         }
     }
     if (st != KG_OK) {
+        /* a refused job leaves nothing to clear: callers answer it and drop `out` */
         free(t.v);
+        free(out->input_len);
+        out->input_len = NULL;
         return st;
     }
     out->tokens = t.v;
