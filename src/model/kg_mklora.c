@@ -20,10 +20,12 @@ static const char usage_text[] =
     "\n"
     "  --base FILE      the base model the adapter is for (its architecture and shapes)\n"
     "  --out FILE       the adapter to write\n"
-    "  --rank R         rank of every pair (q8_0: a multiple of 32)\n"
+    "  --rank R         rank of every pair\n"
     "  --alpha A        adapter.lora.alpha (default R: scale alpha/R = 1)\n"
     "  --seed S         weight seed (0 .. 2^64-1)\n"
-    "  --type T         f32 (default), f16, bf16 or q8_0\n"
+    "  --type T         f32 (default), f16, bf16 or q8_0 (a q8_0 tensor whose rows are\n"
+    "                   not a multiple of 32 wide, lora_b below rank 32, is written f16,\n"
+    "                   as llama.cpp's convert_lora_to_gguf.py does)\n"
     "  --targets LIST   comma list of q,k,v,o,gate,up,down (default all seven)\n";
 
 const char *kg_mklora_usage(void) {
@@ -110,10 +112,6 @@ int kg_mklora_parse_args(
         snprintf(errstr, errstr_size, "%s is required with --lora (see --help)", missing);
         return 2;
     }
-    if (o->type == KG_GGML_TYPE_Q8_0 && o->rank % 32 != 0) {
-        snprintf(errstr, errstr_size, "--type q8_0 needs --rank a multiple of 32 (lora_b's rows)");
-        return 2;
-    }
     if (isnan(o->alpha)) {
         o->alpha = (float)o->rank;
     }
@@ -146,7 +144,11 @@ static kg_status_t add_random(kg_gguf_writer_t *w,
         v[i] = c * ((float)(splitmix64(&x) >> 40) * (2.0f / 16777216.0f) - 1.0f);
     }
     const int64_t ne[2] = {ne0, ne1};
-    kg_status_t st = kg_gguf_writer_add_tensor(w, name, o->type, 2, ne, v);
+    /* q8_0 blocks run along a row: a row of another width (lora_b of a rank
+     * under 32) falls back to f16, as llama.cpp's converter does */
+    const kg_ggml_type_t type =
+        o->type == KG_GGML_TYPE_Q8_0 && ne0 % 32 != 0 ? KG_GGML_TYPE_F16 : o->type;
+    kg_status_t st = kg_gguf_writer_add_tensor(w, name, type, 2, ne, v);
     free(v);
     return st;
 }

@@ -408,6 +408,34 @@ END_TEST
 
 /* A backend that runs no adapters (here the fake) refuses
  * one by name, so a worker with --lora stops at start, saying why. */
+/* kgen mkmodel --lora --type q8_0 below rank 32: lora_a in q8_0, lora_b
+ * (rows rank wide, under one block) in f16, as llama.cpp's converter falls
+ * back; the adapter loads and its pairs say so. */
+START_TEST(mklora_q8_0_small_rank) {
+    char base[4096], path[4096], err[256];
+    snprintf(base, sizeof(base), "%s.gguf", kg_test_tmp_path("lora-q8"));
+    snprintf(path, sizeof(path), "%s.a.gguf", kg_test_tmp_path("lora-q8"));
+    ck_assert(kg_test_mkmodel(base, BASE_ARGS) == 0);
+    kg_model_t *m = kg_model_load(base, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    make_lora(base, path, "--rank 16 --type q8_0 --seed 3");
+    kg_lora_t *lora = kg_lora_load(path, m, err, sizeof(err));
+    ck_assert_msg(lora != NULL, "%s", err);
+    ck_assert_int_eq(lora->n_pairs, 14); /* 2 layers of 7 */
+    for (int32_t il = 0; il < lora->n_layer; il++) {
+        for (int p = 0; p < KG_LORA_N_PROJ; p++) {
+            ck_assert_int_eq(lora->pairs[il][p].a->type, KG_GGML_TYPE_Q8_0);
+            ck_assert_int_eq(lora->pairs[il][p].b->type, KG_GGML_TYPE_F16);
+            ck_assert_int_eq(lora->pairs[il][p].rank, 16);
+        }
+    }
+    kg_lora_free(lora);
+    kg_model_free(m);
+    remove(path);
+    remove(base);
+}
+END_TEST
+
 START_TEST(backend_without_adapters_refuses) {
     kg_model_t *m = small_base();
     char path[4096], base[4096], err[256];
@@ -622,6 +650,104 @@ END_TEST
 /* A prompt computed under one adapter set is not served from the cache to
  * another: adapter 0, then adapter 1 (nothing cached), then adapter 0 again
  * (its full blocks cached), then the base (nothing). */
+/* One prefill step of N_SIDE slots of 9 tokens on a fresh 2-thread backend
+ * holding every adapter; slot i on sets[i]. The last token's logits of
+ * each slot in slot order. */
+#define N_SIDE 6
+static void side_step(const kg_model_t *m,
+                      kg_lora_t **loras,
+                      int n_slots,
+                      const int *slot_of,
+                      const kg_lora_set_t *sets,
+                      float *logits) {
+    enum { LEN = 9, MAXB = 2 };
+    kg_backend_t *be = make_cpu(m, N_SIDE * MAXB, N_SIDE * LEN);
+    int32_t ids[N_ADAPT];
+    for (int a = 0; a < N_ADAPT; a++) {
+        ids[a] = add_lora(be, loras[a]);
+    }
+    kg_lora_set_t set[N_SIDE];
+    int32_t table[N_SIDE * MAXB], tok[N_SIDE * LEN], pos[N_SIDE * LEN], seq[N_SIDE * LEN];
+    bool want[N_SIDE * LEN];
+    for (int i = 0; i < n_slots; i++) {
+        set[i] = sets[i];
+        for (int k = 0; k < set[i].n; k++) {
+            set[i].id[k] = ids[sets[i].id[k]]; /* sets name adapters by index */
+        }
+        const int32_t b0 = i * MAXB;
+        table[b0] = b0;
+        table[b0 + 1] = b0 + 1;
+        for (int t = 0; t < LEN; t++) {
+            const int32_t r = i * LEN + t;
+            tok[r] = 3 + (slot_of[i] * 37 + t * 11) % 250; /* the prompt goes with the slot's job */
+            pos[r] = t;
+            seq[r] = i;
+            want[r] = t == LEN - 1;
+        }
+    }
+    kg_step_batch_t b = {.n_tokens = n_slots * LEN,
+                         .token = tok,
+                         .pos = pos,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_outputs = n_slots,
+                         .n_slots = n_slots,
+                         .max_blocks_per_seq = MAXB,
+                         .block_table = table,
+                         .slot_lora = set};
+    ck_assert_int_eq(kg_backend_forward(be, &b, logits), KG_OK);
+    kg_backend_free(be);
+}
+
+/* With one adapter per row the adapters' groups run side by side on the
+ * pool's threads (cpu_lora_apply); with a row on two they run one after
+ * another. Either way a row's logits are bit for bit those it has alone. */
+START_TEST(groups_side_by_side) {
+    kg_model_t *m = small_base();
+    kg_lora_t *loras[N_ADAPT];
+    make_adapters(m, loras);
+    const int64_t V = m->hp.n_vocab;
+    /* adapters of four types (make_adapters: f32, f16, bf16, q8_0 in turn),
+     * the base, and one adapter twice */
+    kg_lora_set_t sets[N_SIDE] = {{.n = 1, .id = {0}, .scale = {1.0f}},
+                                  {.n = 1, .id = {1}, .scale = {0.5f}},
+                                  {.n = 0},
+                                  {.n = 1, .id = {3}, .scale = {1.0f}},
+                                  {.n = 1, .id = {2}, .scale = {1.0f}},
+                                  {.n = 1, .id = {0}, .scale = {2.0f}}};
+    const int slot_of[N_SIDE] = {0, 1, 2, 3, 4, 5};
+    float *together = malloc((size_t)(N_SIDE * V) * sizeof(float));
+    float *mixed = malloc((size_t)(N_SIDE * V) * sizeof(float));
+    float *alone = malloc((size_t)V * sizeof(float));
+    side_step(m, loras, N_SIDE, slot_of, sets, together);
+    /* slot 2 on two adapters: the step is no longer one adapter a row */
+    kg_lora_set_t two[N_SIDE];
+    memcpy(two, sets, sizeof(two));
+    two[2] = (kg_lora_set_t){.n = 2, .id = {5, 6}, .scale = {1.0f, 0.5f}};
+    side_step(m, loras, N_SIDE, slot_of, two, mixed);
+    for (int i = 0; i < N_SIDE; i++) {
+        side_step(m, loras, 1, &slot_of[i], &sets[i], alone);
+        ck_assert_msg(memcmp(alone, together + i * V, (size_t)V * sizeof(float)) == 0,
+                      "slot %d: logits alone and beside other adapters' groups differ", i);
+        if (i != 2) {
+            ck_assert_msg(memcmp(alone, mixed + i * V, (size_t)V * sizeof(float)) == 0,
+                          "slot %d: logits alone and in a step with a two-adapter row differ", i);
+        }
+    }
+    /* and the adapters did something: slot 0's logits are not the base's */
+    kg_lora_set_t none = {.n = 0};
+    side_step(m, loras, 1, &slot_of[0], &none, alone);
+    ck_assert(memcmp(alone, together, (size_t)V * sizeof(float)) != 0);
+    free(together);
+    free(mixed);
+    free(alone);
+    for (int a = 0; a < N_ADAPT; a++) {
+        kg_lora_free(loras[a]);
+    }
+    kg_model_free(m);
+}
+END_TEST
+
 START_TEST(prefix_cache_per_adapter) {
     kg_model_t *m = small_base();
     kg_lora_t *loras[N_ADAPT];
@@ -779,7 +905,9 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, refuses_mismatches);
     tcase_add_test(tc, backend_without_adapters_refuses);
+    tcase_add_test(tc, mklora_q8_0_small_rank);
     tcase_add_test(tc, batch_invariant);
+    tcase_add_test(tc, groups_side_by_side);
     tcase_add_test(tc, prefix_cache_per_adapter);
     tcase_add_test(tc, specs);
     tcase_add_test(tc, job_picks_adapters);

@@ -56,8 +56,14 @@ struct cpu_lora_state {
     float *dy;   /* (T, widest) (x·Aᵀ)·Bᵀ */
     float *xr;   /* (T, widest) activations rounded for a float type */
     cpu_qact_t qa;
+    cpu_qact_t *tqa; /* (n_threads) x (LORA_QROWS, widest): the side-by-side groups' */
     int64_t max_rank;
+    bool exclusive; /* the step's rows use one adapter at most: groups may run side by side */
 };
+
+/* Rows a side-by-side group quantizes at a time (its own cpu_qact): the
+ * rows are independent, so the chunking changes no result. */
+#define LORA_QROWS 64
 
 static void weights_clear(cpu_weight_t *w) {
     cpu_gemm_clear(&w->packed);
@@ -170,13 +176,20 @@ static cpu_lora_state_t *state_new(cpu_ctx_t *ctx) {
     st->gx = malloc(T * (size_t)widest * sizeof(float));
     st->dy = malloc(T * (size_t)widest * sizeof(float));
     st->xr = malloc(T * (size_t)widest * sizeof(float));
-    if (!st->g_ad || !st->g_off || !st->rows || !st->row_scale || !st->gx || !st->dy || !st->xr ||
-        !cpu_qact_init(&st->qa, (int64_t)T, widest)) {
+    st->tqa = calloc((size_t)ctx->n_threads, sizeof(*st->tqa));
+    bool ok = st->tqa != NULL;
+    for (int i = 0; ok && i < ctx->n_threads; i++) {
+        ok = cpu_qact_init(&st->tqa[i], LORA_QROWS, widest);
+    }
+    if (!ok || !st->g_ad || !st->g_off || !st->rows || !st->row_scale || !st->gx || !st->dy ||
+        !st->xr || !cpu_qact_init(&st->qa, (int64_t)T, widest)) {
         ctx->lora = st;
         cpu_lora_free(ctx);
         return NULL;
     }
-    ctx->scratch_size += T * (size_t)widest * 3 * sizeof(float) + cpu_qact_size((int64_t)T, widest);
+    ctx->scratch_size += T * (size_t)widest * 3 * sizeof(float) +
+                         cpu_qact_size((int64_t)T, widest) +
+                         (size_t)ctx->n_threads * cpu_qact_size(LORA_QROWS, widest);
     return st;
 }
 
@@ -321,6 +334,10 @@ void cpu_lora_free(cpu_ctx_t *ctx) {
     free(st->dy);
     free(st->xr);
     cpu_qact_clear(&st->qa);
+    for (int i = 0; st->tqa && i < ctx->n_threads; i++) {
+        cpu_qact_clear(&st->tqa[i]);
+    }
+    free(st->tqa);
     free(st);
     ctx->lora = NULL;
 }
@@ -345,6 +362,7 @@ bool cpu_lora_plan(cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
     cpu_lora_state_t *st = ctx->lora;
     if (st) {
         st->n_groups = 0;
+        st->exclusive = true;
     }
     if (!batch->slot_lora) {
         return true;
@@ -372,6 +390,7 @@ bool cpu_lora_plan(cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
             st->count[a]++;
             n_used++;
         }
+        st->exclusive = st->exclusive && set->n == 1;
     }
     if (n_used == 0) {
         return true;
@@ -405,21 +424,39 @@ bool cpu_lora_plan(cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
     return true;
 }
 
-/* out(m, w->n_out) = in(m, w->n_in) · wᵀ with the activations rounded or
- * quantized for w's type, as the base projections are. */
-static void mm(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t m) {
+/* out(m, w->n_out) = in(m, w->n_in) · wᵀ with the activations rounded
+ * (into xr) or quantized for w's type, as the base projections are. thread
+ * < 0: the product over the pool; else on the calling pool thread alone,
+ * with that thread's buffers (the same bits either way: cpu_gemm.h,
+ * cpu_vecdot.h). */
+static void mm(cpu_ctx_t *ctx,
+               int thread,
+               const cpu_weight_t *w,
+               const float *in,
+               float *xr,
+               float *out,
+               int64_t m) {
     cpu_lora_state_t *st = ctx->lora;
     if (w->q.tr) {
-        cpu_quant_act(w->q.tr->act, in, m, w->n_in, &st->qa);
         const cpu_qmat_t *qm = &w->q;
-        cpu_qgemm(ctx->pool, ctx->qscratch, &st->qa, 1, &qm, &out);
+        if (thread < 0) {
+            cpu_quant_act(w->q.tr->act, in, m, w->n_in, &st->qa);
+            cpu_qgemm(ctx->pool, ctx->qscratch, &st->qa, 1, &qm, &out);
+            return;
+        }
+        for (int64_t r = 0; r < m; r += LORA_QROWS) {
+            const int64_t n = m - r < LORA_QROWS ? m - r : LORA_QROWS;
+            cpu_quant_act(w->q.tr->act, in + r * w->n_in, n, w->n_in, &st->tqa[thread]);
+            float *o = out + r * w->n_out;
+            cpu_qgemm_serial(ctx->qscratch, thread, &st->tqa[thread], 1, &qm, &o);
+        }
         return;
     }
     const float *a = in;
-    if (cpu_round_activations(w->type, in, st->xr, m, w->n_in)) {
-        a = st->xr;
+    if (cpu_round_activations(w->type, in, xr, m, w->n_in)) {
+        a = xr;
     }
-    cpu_gemm(ctx->pool, a, &w->packed, out, m);
+    cpu_gemm(thread < 0 ? ctx->pool : NULL, a, &w->packed, out, m);
 }
 
 /* o += d * s (the delta is a scratch row: never the output). */
@@ -447,6 +484,71 @@ static void add_delta(const lora_adapter_t *ad,
     }
 }
 
+typedef struct apply_job {
+    cpu_ctx_t *ctx;
+    int32_t il;
+    kg_lora_proj_t first;
+    int n, set;
+    const float *in;
+    float *const *outs;
+} apply_job_t;
+
+/* Group g's deltas of the job's projections, added to its rows. thread < 0:
+ * the groups one after another, each product over the pool, the scratch
+ * from its start; else one of the groups side by side on pool thread
+ * `thread`, in the scratch rows from the group's offset (the step's rows
+ * are exclusive, so the groups' rows together fit the scratch, and no two
+ * groups add to one row). */
+static void group_apply(const apply_job_t *j, int32_t g, int thread) {
+    cpu_ctx_t *ctx = j->ctx;
+    cpu_lora_state_t *st = ctx->lora;
+    const int32_t il = j->il, n = j->n;
+    const lora_adapter_t *ad = &st->ad[st->g_ad[g]];
+    const int32_t r0 = st->g_off[g], m = st->g_off[g + 1] - r0;
+    const int64_t o = thread < 0 ? 0 : r0; /* the group's first scratch row */
+    float *gx = st->gx + o * st->widest, *xr = st->xr + o * st->widest;
+    float *dy = st->dy + o * st->widest;
+    float *mid = st->mid + o * 3 * st->max_rank, *mid1 = st->mid1 + o * st->max_rank;
+    const lora_fused_t *f =
+        j->set >= 0 && ad->fused[il][j->set].a.n_in > 0 ? &ad->fused[il][j->set] : NULL;
+    bool gathered = false;
+    for (int i = 0; i < n; i++) {
+        const lora_weights_t *lw = &ad->w[il][j->first + i];
+        if (lw->a.n_in == 0) {
+            continue;
+        }
+        const int64_t n_in = lw->a.n_in, r = lw->a.n_out;
+        if (!gathered) {
+            for (int32_t k = 0; k < m; k++) {
+                memcpy(gx + (int64_t)k * n_in, j->in + (int64_t)st->rows[r0 + k] * n_in,
+                       (size_t)n_in * sizeof(float));
+            }
+            /* one product for a stacked set, then each pair's B on its columns */
+            if (f) {
+                mm(ctx, thread, &f->a, gx, xr, mid, m);
+            }
+            gathered = true;
+        }
+        const float *x_a = mid;
+        if (f) {
+            const int64_t R = f->a.n_out;
+            for (int32_t k = 0; k < m; k++) {
+                memcpy(mid1 + (int64_t)k * r, mid + (int64_t)k * R + f->off[i],
+                       (size_t)r * sizeof(float));
+            }
+            x_a = mid1;
+        } else {
+            mm(ctx, thread, &lw->a, gx, xr, mid, m);
+        }
+        mm(ctx, thread, &lw->b, x_a, xr, dy, m);
+        add_delta(ad, il, j->first + i, st, r0, m, dy, j->outs[i], lw->b.n_out);
+    }
+}
+
+static void group_task(void *arg, int64_t task, int thread) {
+    group_apply(arg, (int32_t)task, thread);
+}
+
 void cpu_lora_apply(cpu_ctx_t *ctx,
                     int32_t il,
                     kg_lora_proj_t first,
@@ -459,54 +561,19 @@ void cpu_lora_apply(cpu_ctx_t *ctx,
     if (!st || st->n_groups == 0) {
         return;
     }
-    int set = -1;
+    apply_job_t j = {
+        .ctx = ctx, .il = il, .first = first, .n = n, .set = -1, .in = in, .outs = outs};
     for (int s = 0; s < LORA_N_SETS; s++) {
-        set = first == k_set_first[s] && n == k_set_n[s] ? s : set;
+        j.set = first == k_set_first[s] && n == k_set_n[s] ? s : j.set;
+    }
+    /* A decode step's groups are a few rows each: their products are too
+     * small to split over the threads (cpu_gemm runs them inline), so with
+     * one adapter per row the groups run side by side instead, one a task. */
+    if (st->exclusive && st->n_groups > 1 && ctx->n_threads > 1) {
+        kg_pool_run(ctx->pool, st->n_groups, group_task, &j);
+        return;
     }
     for (int32_t g = 0; g < st->n_groups; g++) {
-        const lora_adapter_t *ad = &st->ad[st->g_ad[g]];
-        const int32_t r0 = st->g_off[g], m = st->g_off[g + 1] - r0;
-        const lora_fused_t *f =
-            set >= 0 && ad->fused[il][set].a.n_in > 0 ? &ad->fused[il][set] : NULL;
-        bool gathered = false;
-        if (f) { /* one product for the set, then each pair's B on its columns */
-            const int64_t n_in = f->a.n_in, R = f->a.n_out;
-            for (int32_t k = 0; k < m; k++) {
-                memcpy(st->gx + (int64_t)k * n_in, in + (int64_t)st->rows[r0 + k] * n_in,
-                       (size_t)n_in * sizeof(float));
-            }
-            mm(ctx, &f->a, st->gx, st->mid, m);
-            for (int i = 0; i < n; i++) {
-                const lora_weights_t *lw = &ad->w[il][first + i];
-                if (lw->a.n_in == 0) {
-                    continue;
-                }
-                const int64_t r = lw->a.n_out;
-                for (int32_t k = 0; k < m; k++) {
-                    memcpy(st->mid1 + (int64_t)k * r, st->mid + (int64_t)k * R + f->off[i],
-                           (size_t)r * sizeof(float));
-                }
-                mm(ctx, &lw->b, st->mid1, st->dy, m);
-                add_delta(ad, il, first + i, st, r0, m, st->dy, outs[i], lw->b.n_out);
-            }
-            continue;
-        }
-        for (int i = 0; i < n; i++) {
-            const lora_weights_t *lw = &ad->w[il][first + i];
-            if (lw->a.n_in == 0) {
-                continue;
-            }
-            const int64_t n_in = lw->a.n_in, n_out = lw->b.n_out;
-            if (!gathered) {
-                for (int32_t k = 0; k < m; k++) {
-                    memcpy(st->gx + (int64_t)k * n_in, in + (int64_t)st->rows[r0 + k] * n_in,
-                           (size_t)n_in * sizeof(float));
-                }
-                gathered = true;
-            }
-            mm(ctx, &lw->a, st->gx, st->mid, m);
-            mm(ctx, &lw->b, st->mid, st->dy, m);
-            add_delta(ad, il, first + i, st, r0, m, st->dy, outs[i], n_out);
-        }
+        group_apply(&j, g, -1);
     }
 }
