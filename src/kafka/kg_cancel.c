@@ -449,6 +449,10 @@ void kg_cancel_look_up_soon(kg_cancel_t *c) {
     }
 }
 
+bool kg_cancel_lookup_pending(const kg_cancel_t *c) {
+    return c && c->lookup_running;
+}
+
 rd_kafka_resp_err_t
 kg_cancel_send(rd_kafka_t *producer, const char *topic, const char *request_id) {
     char rid[KG_JOB_REQUEST_ID_MAX + 1], why[160];

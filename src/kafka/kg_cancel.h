@@ -94,6 +94,10 @@ int32_t kg_cancel_n_partitions(const kg_cancel_t *c);
 /** Look the topics up again at the next poll instead of up to 30 s later (tests). */
 void kg_cancel_look_up_soon(kg_cancel_t *c);
 
+/** Whether a periodic look-up has been started and its answer not yet taken by a poll (tests:
+ * a poll that returns while this holds did not wait for the look-up). @thread the loop's */
+bool kg_cancel_lookup_pending(const kg_cancel_t *c);
+
 // ---- the sending side (kgen-submit --cancel) ----
 
 /** Produce a cancel of `request_id` to `topic` on `producer` (key and value name the job;
