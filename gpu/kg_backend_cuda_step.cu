@@ -406,9 +406,12 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                    ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                    hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
-        if (hp->ffn_act != KG_FFN_XIELU) { /* the CPU backend adapts no xIELU FFN either */
+        if (hp->ffn_act != KG_FFN_XIELU) {
             KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, L->wgu.dt, hp->n_embd,
                                    ctx->gu, 2 * hp->n_ff, gu_col, gu_n));
+        } else { /* apertus: gu is the up projection alone */
+            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
+                                   hp->n_ff, zero, &hp->n_ff));
         }
         if (hp->ffn_act == KG_FFN_XIELU) {
             const kg_layer_weights_t *ML = &ctx->model->layers[il];
@@ -421,10 +424,8 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
             KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
         }
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
-        if (hp->ffn_act != KG_FFN_XIELU) {
-            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff,
-                                   ctx->tmp, hp->n_embd, zero, &hp->n_embd));
-        }
+        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff, ctx->tmp,
+                               hp->n_embd, zero, &hp->n_embd));
     }
     /* the last residual add and the final norm, only for the rows that want logits */
     const kg_cuda_residual_t res_last = {ctx->tmp, NULL, ctx->layers[hp->n_layer - 1].ffn_post_norm,

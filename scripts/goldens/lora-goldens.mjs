@@ -14,7 +14,7 @@
 //
 // Usage (from the repository root):
 //   node scripts/goldens/lora-goldens.mjs --nlc /work/ref/nlc/node_modules \
-//        --kgen build/bin/kgen --out tests/data/lora
+//        --kgen build/bin/kgen --out tests/data/lora [--only NAME]
 import {execFileSync} from "node:child_process";
 import {mkdtempSync, readFileSync, rmSync, writeFileSync} from "node:fs";
 import {tmpdir} from "node:os";
@@ -35,6 +35,9 @@ const QWEN3 = "--arch qwen3 --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --h
 const F16_R8 = "--rank 8 --alpha 16 --type f16 --seed 31";
 const Q8_R32 = "--rank 32 --type q8_0 --seed 32";
 const F32_QKV = "--rank 4 --type f32 --targets q,v,down --seed 33";
+// apertus: an up, xIELU, down FFN (no gate): its up and down pairs adapted too
+const APERTUS = "--arch apertus --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 --ctx 512 " +
+                "--rope-base 12000000 --seed 23";
 // name, base args (with its type), adapters [mklora args, scale]; `type`
 // picks check_lora's NMSE bound (the least precise of base and adapters)
 const CASES = [
@@ -45,6 +48,7 @@ const CASES = [
     {name: "qwen3-q8_0-lora-q8_0", type: "q8_0", base: `${QWEN3} --type q8_0`, loras: [[Q8_R32, 1.0]]},
     {name: "qwen3-f32-two", type: "q8_0", base: `${QWEN3} --type f32`,
      loras: [[F32_QKV, 1.0], [Q8_R32, 0.5]]},
+    {name: "apertus-f32-lora-f16", type: "f16", base: `${APERTUS} --type f32`, loras: [[F16_R8, 1.0]]},
 ];
 
 function arg(name, def) {
@@ -55,6 +59,7 @@ function arg(name, def) {
 const nlc = arg("--nlc", process.env.NLC_MODULES);
 const kgen = arg("--kgen", "build/bin/kgen");
 const outDir = arg("--out", "tests/data/lora");
+const only = arg("--only", null);
 if (!nlc) {
     console.error("usage: lora-goldens.mjs --nlc NODE_MODULES [--kgen BIN] [--out DIR]");
     process.exit(2);
@@ -90,7 +95,7 @@ const toArray = (map) => {
 };
 
 try {
-    for (const c of CASES) {
+    for (const c of CASES.filter((c) => !only || c.name === only)) {
         const basePath = join(tmp, `${c.name}.gguf`);
         execFileSync(kgen, ["mkmodel", "--out", basePath, ...c.base.split(" ")], {stdio: "ignore"});
         const lines = [`# ${provenance}`, `case ${c.name} ${c.type}`, `base fnv64 ${fnv64(readFileSync(basePath))} ${c.base}`];

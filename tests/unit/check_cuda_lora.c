@@ -35,6 +35,12 @@ int main(void) {
 #include <string.h>
 
 #define BASE_ARGS  "--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 --seed 5"
+/* lora_vs_cpu's bases: a llama, and an apertus (up, xIELU, down: its FFN
+ * adapted without a gate) */
+static const char *const k_bases[] = {
+    BASE_ARGS,
+    "--arch apertus --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 --seed 6",
+};
 #define N_ADAPT    3
 #define N_SEQ      4
 #define MAX_TOK    32
@@ -98,10 +104,10 @@ static void make_lora(const char *base, const char *out, const char *args) {
     ck_assert_msg(kg_mklora_write(&o, NULL, err, sizeof(err)) == KG_OK, "%s", err);
 }
 
-static void fixture_load(fixture_t *f) {
+static void fixture_load(fixture_t *f, const char *base_args) {
     char base[4096], path[4096], err[512];
     snprintf(base, sizeof(base), "%s.gguf", kg_test_tmp_path("cuda-lora-base"));
-    ck_assert(kg_test_mkmodel(base, BASE_ARGS) == 0);
+    ck_assert(kg_test_mkmodel(base, base_args) == 0);
     f->m = kg_model_load(base, err, sizeof(err));
     ck_assert_msg(f->m != NULL, "%s", err);
     for (int a = 0; a < N_ADAPT; a++) {
@@ -235,7 +241,7 @@ static void free_logits(float **l) {
 
 START_TEST(lora_vs_cpu) {
     fixture_t f;
-    fixture_load(&f);
+    fixture_load(&f, k_bases[_i]);
     const int V = f.m->hp.n_vocab;
     int32_t ids_c[N_ADAPT], ids_g[N_ADAPT];
     kg_backend_t *cpu = make_backend(false, &f, ids_c), *gpu = make_backend(true, &f, ids_g);
@@ -257,9 +263,9 @@ START_TEST(lora_vs_cpu) {
         }
     }
     fprintf(stderr,
-            "check_cuda_lora: worst NMSE against the CPU: base %.3g, f32 %.3g, f16 at 0.5 %.3g, "
-            "q8_0 + f32 %.3g\n",
-            worst[0], worst[1], worst[2], worst[3]);
+            "check_cuda_lora: %s: worst NMSE against the CPU: base %.3g, f32 %.3g, f16 at 0.5 "
+            "%.3g, q8_0 + f32 %.3g\n",
+            _i == 0 ? "llama" : "apertus", worst[0], worst[1], worst[2], worst[3]);
     /* the last step (sequence 0 on the base, decode only) ran as a graph */
     kg_backend_counters_t cnt;
     kg_backend_counters(gpu, &cnt);
@@ -311,7 +317,7 @@ static int32_t row_in_all(int k, unsigned mask, int32_t r) {
 
 START_TEST(lora_batch_invariance) {
     fixture_t f;
-    fixture_load(&f);
+    fixture_load(&f, BASE_ARGS);
     const int V = f.m->hp.n_vocab;
     int32_t ids[N_ADAPT];
     kg_backend_t *gpu = make_backend(true, &f, ids);
@@ -344,7 +350,7 @@ END_TEST
 
 START_TEST(lora_remove_and_reload) {
     fixture_t f;
-    fixture_load(&f);
+    fixture_load(&f, BASE_ARGS);
     const int V = f.m->hp.n_vocab;
     int32_t ids[N_ADAPT];
     kg_backend_t *gpu = make_backend(true, &f, ids);
@@ -400,7 +406,7 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("lora");
     tcase_set_tags(tc, "gpu");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, lora_vs_cpu);
+    tcase_add_loop_test(tc, lora_vs_cpu, 0, (int)(sizeof(k_bases) / sizeof(k_bases[0])));
     tcase_add_test(tc, lora_batch_invariance);
     tcase_add_test(tc, lora_remove_and_reload);
     suite_add_tcase(s, tc);

@@ -759,11 +759,13 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             moe_ffn(ctx, L, T);
         } else if (hp->ffn_act == KG_FFN_XIELU) { /* apertus: up, xIELU, down */
             matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
+            cpu_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, &ctx->up, T); /* build_lora_mm */
             for (int64_t i = 0; i < T * F; i++) {
                 ctx->gate[i] =
                     kg_xielu(ctx->up[i], ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps);
             }
             matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
+            cpu_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->gate, &ctx->tmp, T);
         } else {
             const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
             float *const gate_up_out[2] = {ctx->gate, ctx->up};
