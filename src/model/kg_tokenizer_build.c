@@ -446,7 +446,7 @@ static size_t render_piece(const kg_tokenizer_t *tok, int32_t id, char *dst) {
     }
     if (a & ATTR_NORMAL) {
         size_t o = 0;
-        if (tok->kind != KG_TOKENIZER_BPE) { /* SPM and WordPiece: "▁" is a space */
+        if (tok->kind != KG_TOKENIZER_BPE || tok->bpe_spm) { /* SPM, WordPiece: "▁" a space */
             for (size_t i = 0; i < len;) {
                 if (i + 3 <= len && memcmp(t + i, LOW8, 3) == 0) {
                     dst[o++] = ' ';
@@ -696,13 +696,17 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
         tok->unk = 0;
         tok->add_bos = true;
         tok->add_space_prefix = true;
-    } else if (strcmp(mname, "gpt2") == 0 && model.len == 4) {
+    } else if ((strcmp(mname, "gpt2") == 0 && model.len == 4) ||
+               (strcmp(mname, "gemma4") == 0 && model.len == 6)) {
+        const bool gemma4 = mname[0] == 'g' && mname[1] == 'e';
         tok->kind = KG_TOKENIZER_BPE;
-        tok->bos = 11; // llama.cpp's defaults (from Falcon) when the file names none
-        tok->eos = 11;
+        tok->bos = gemma4 ? -1 : 11; // llama.cpp's defaults (from Falcon) when the file names none
+        tok->eos = gemma4 ? -1 : 11;
         tok->unk = -1;
         kg_gguf_str_t p;
-        if (!kg_gguf_get_str(g, "tokenizer.ggml.pre", &p)) {
+        if (gemma4) { /* its own pre-tokenizer, whatever tokenizer.ggml.pre says */
+            pre = kg_tokenizer_find_pre("gemma4", strlen("gemma4"));
+        } else if (!kg_gguf_get_str(g, "tokenizer.ggml.pre", &p)) {
             KG_LOG_WARN("tokenizer", "tokenizer.ggml.pre is missing, using 'default'");
             pre = kg_tokenizer_find_pre("default", strlen("default"));
         } else if (!(pre = kg_tokenizer_find_pre(p.data, (size_t)p.len))) {
@@ -713,6 +717,7 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
         }
         tok->ignore_merges = pre->ignore_merges;
         tok->add_bos = pre->add_bos;
+        tok->bpe_spm = pre->spm_style;
         if (pre->no_bos_token) {
             tok->bos = -1;
         }
@@ -730,8 +735,8 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
         kg_gguf_get_bool(g, "tokenizer.ggml.normalizer.strip_accents", &tok->wpm_strip_accents);
     } else {
         set_err(errstr, errstr_size,
-                "unsupported tokenizer model '%s' (kgen supports 'llama' (SPM), 'gpt2' (BPE) and "
-                "'bert' (WordPiece))",
+                "unsupported tokenizer model '%s' (kgen supports 'llama' (SPM), 'gpt2' and "
+                "'gemma4' (BPE) and 'bert' (WordPiece))",
                 mname);
         goto fail;
     }
@@ -764,6 +769,9 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
     }
     kg_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &tok->add_bos);
     kg_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &tok->add_eos);
+    if (tok->bpe_spm) { /* llama.cpp PR 21500: Gemma 4 always starts with BOS */
+        tok->add_bos = true;
+    }
     if (tok->add_bos && tok->bos < 0) {
         set_err(errstr, errstr_size, "%s",
                 "tokenizer.ggml.add_bos_token is true, but there is no BOS token");

@@ -118,6 +118,8 @@ typedef struct session {
     size_t vmap_cap;
     span_t *spans[2];
     size_t span_cap[2];
+    char *esc; /* SentencePiece-style BPE: the fragment with its spaces as "▁" */
+    size_t esc_cap;
     pcre2_match_data *md;
     bool failed;
 } session_t;
@@ -317,11 +319,79 @@ static bool bpe_pair(session_t *s, const char *word, int32_t left, int32_t right
     return heap_push(s, (bigram_t){-(float)rank, left, right, l->n + r->n});
 }
 
+/* One piece of a SentencePiece-style BPE text (Gemma 4): merges over its
+ * UTF-8 characters as they are, and a symbol no token spells goes out as
+ * its bytes' <0xXX> tokens (llama.cpp's llm_tokenizer_bpe_session with
+ * byte_encode false). */
+static bool bpe_spm_piece(session_t *s, const char *p, size_t len, out_t *o) {
+    const kg_tokenizer_t *tok = s->tok;
+    size_t nl = 0;
+    while (nl < len && p[nl] == '\n') {
+        nl++;
+    }
+    if (nl == len) { /* a run of newlines is one token where there is one (llama.cpp PR 21343) */
+        int32_t id = kg_tokenizer_find(tok, p, len);
+        if (id >= 0) {
+            emit(o, id);
+            return true;
+        }
+    }
+    /* symbols of one character each; a byte that starts no valid character is
+     * a symbol alone (llama.cpp would have made it U+FFFD: kgen keeps the
+     * bytes, which then go out as byte tokens, and the "▁" beside them stays
+     * a space) */
+    int32_t n = 0;
+    for (size_t off = 0; off < len; n++) {
+        if (!grow((void **)&s->sym, &s->sym_cap, (size_t)n + 1, sizeof(symbol_t))) {
+            return false;
+        }
+        uint32_t cpt;
+        size_t cl = kg_tokenizer_lcpp_decode((const unsigned char *)p + off, len - off, &cpt);
+        if (!kg_tokenizer_is_canonical(cpt, cl)) {
+            cl = 1;
+        }
+        s->sym[n] = (symbol_t){(uint32_t)off, (uint32_t)cl, n - 1, n + 1};
+        off += cl;
+    }
+    s->sym[n - 1].next = -1;
+    s->heap_n = 0;
+    for (int32_t i = 1; i < n; i++) {
+        if (!bpe_pair(s, p, i - 1, i)) {
+            return false;
+        }
+    }
+    merge_symbols(s, p, bpe_pair);
+    if (s->failed) {
+        return false;
+    }
+    static const char hex[] = "0123456789ABCDEF";
+    for (int32_t i = 0; i != -1; i = s->sym[i].next) {
+        const symbol_t *sym = &s->sym[i];
+        int32_t id = kg_tokenizer_find(tok, p + sym->start, sym->n);
+        if (id >= 0) {
+            emit(o, id);
+            continue;
+        }
+        for (uint32_t j = 0; j < sym->n; j++) { /* misses are dropped, as llama.cpp does */
+            const unsigned char b = (unsigned char)p[sym->start + j];
+            const char name[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
+            id = kg_tokenizer_find(tok, name, sizeof(name));
+            if (id >= 0) {
+                emit(o, id);
+            }
+        }
+    }
+    return true;
+}
+
 /* One pre-tokenized piece (raw bytes) of a BPE text: byte map, merges, ids. */
 static bool bpe_piece(session_t *s, const char *p, size_t len, out_t *o) {
     const kg_tokenizer_t *tok = s->tok;
     if (len == 0) {
         return true;
+    }
+    if (tok->bpe_spm) {
+        return bpe_spm_piece(s, p, len, o);
     }
     if (!grow((void **)&s->buf, &s->buf_cap, 2 * len, 1) ||
         !grow((void **)&s->sym, &s->sym_cap, len, sizeof(symbol_t))) {
@@ -427,6 +497,25 @@ static bool regex_split(session_t *s, const pcre2_code *re, int r, size_t n_in, 
 /* llm_tokenizer_bpe_session::tokenize on one raw fragment. */
 static bool bpe_fragment(session_t *s, const char *text, size_t len, out_t *o) {
     const kg_tokenizer_t *tok = s->tok;
+    if (tok->bpe_spm) { /* llama_escape_whitespace: every ' ' becomes "▁" first */
+        if (len > SIZE_MAX / 3 || !grow((void **)&s->esc, &s->esc_cap, 3 * len + 1, 1)) {
+            return false;
+        }
+        size_t m = 0;
+        for (size_t i = 0; i < len; i++) {
+            if (text[i] == ' ') {
+                memcpy(s->esc + m, LOW8, 3);
+                m += 3;
+            } else {
+                s->esc[m++] = text[i];
+            }
+        }
+        if (m > (size_t)INT32_MAX) {
+            return false;
+        }
+        text = s->esc;
+        len = m;
+    }
     // The regexes run on valid UTF-8 holding llama.cpp's code points: each
     // invalid byte becomes U+FFFD, overlong forms their code point. Pieces
     // are mapped back to the original bytes through vmap.
@@ -641,5 +730,6 @@ int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok,
     free(s.vmap);
     free(s.spans[0]);
     free(s.spans[1]);
+    free(s.esc);
     return ok ? o.n : -1;
 }

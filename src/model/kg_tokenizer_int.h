@@ -63,6 +63,9 @@ struct kg_tokenizer {
 
     int32_t bos, eos, eot, eom, unk, pad;
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
+    /* SentencePiece-style BPE (Gemma 4): merges over raw UTF-8 characters, no
+     * GPT-2 byte map, spaces written "▁" first, <0xXX> byte fallback */
+    bool bpe_spm;
 
     int32_t *special; /* control/user-defined/unknown tokens, longest text first */
     int32_t n_special;
@@ -128,6 +131,7 @@ typedef struct kg_tokenizer_pre {
     bool ignore_merges; /* a piece that is a whole token is used as is */
     bool add_bos;       /* llama.cpp's default when the file does not say */
     bool no_bos_token;  /* no default BOS id (ChatGLM) */
+    bool spm_style;     /* SentencePiece-style BPE (see kg_tokenizer.bpe_spm) */
 } kg_tokenizer_pre_t;
 
 /** The pre-tokenizer named by tokenizer.ggml.pre (`n` bytes), or NULL for a

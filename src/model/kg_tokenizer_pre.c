@@ -54,22 +54,30 @@
 #define RE_CONTRACTION "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
 
 static const kg_tokenizer_pre_t pre_default = {
-    {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}, false, false, false};
-static const kg_tokenizer_pre_t pre_gpt2 = {{RE_GPT2}, false, false, false};
-static const kg_tokenizer_pre_t pre_llama3 = {{RE_LLAMA3}, true, true, false};
-static const kg_tokenizer_pre_t pre_dbrx = {{RE_LLAMA3}, false, false, false};
-static const kg_tokenizer_pre_t pre_chatglm4 = {{RE_LLAMA3}, false, false, true};
-static const kg_tokenizer_pre_t pre_qwen2 = {{RE_QWEN2}, false, false, false};
+    {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"},
+    false,
+    false,
+    false,
+    false};
+static const kg_tokenizer_pre_t pre_gpt2 = {{RE_GPT2}, false, false, false, false};
+/* Gemma 4: no word split, only newline runs apart (merges never join across a
+ * newline); BOS always (llama.cpp overrides add_bos_token false) */
+static const kg_tokenizer_pre_t pre_gemma4 = {{"[^\\n]+|[\\n]+"}, false, true, false, true};
+static const kg_tokenizer_pre_t pre_llama3 = {{RE_LLAMA3}, true, true, false, false};
+static const kg_tokenizer_pre_t pre_dbrx = {{RE_LLAMA3}, false, false, false, false};
+static const kg_tokenizer_pre_t pre_chatglm4 = {{RE_LLAMA3}, false, false, true, false};
+static const kg_tokenizer_pre_t pre_qwen2 = {{RE_QWEN2}, false, false, false, false};
 static const kg_tokenizer_pre_t pre_falcon = {
-    {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false, false, false};
-static const kg_tokenizer_pre_t pre_starcoder = {{"\\p{N}", RE_GPT2}, false, false, false};
+    {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false, false, false, false};
+static const kg_tokenizer_pre_t pre_starcoder = {{"\\p{N}", RE_GPT2}, false, false, false, false};
 static const kg_tokenizer_pre_t pre_deepseek_llm = {
     {"[\\r\\n]", RE_DEEPSEEK_LETTERS, RE_DEEPSEEK_PUNCT, SP "+$", RE_CJK, "\\p{N}+"},
     false,
     false,
+    false,
     false};
 static const kg_tokenizer_pre_t pre_deepseek_coder = {
-    {"[\\r\\n]", SP "?\\p{L}+", SP "?\\p{P}+", RE_CJK, "\\p{N}"}, false, false, false};
+    {"[\\r\\n]", SP "?\\p{L}+", SP "?\\p{P}+", RE_CJK, "\\p{N}"}, false, false, false, false};
 /* DeepSeek V3 (LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM): digits in threes, CJK
  * runs, then words with their marks */
 static const kg_tokenizer_pre_t pre_deepseek3 = {
@@ -79,18 +87,21 @@ static const kg_tokenizer_pre_t pre_deepseek3 = {
      "?[\\p{P}\\p{S}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+"},
     false,
     false,
+    false,
     false};
-static const kg_tokenizer_pre_t pre_poro = {{RE_PORO}, false, false, false};
-static const kg_tokenizer_pre_t pre_viking = {{RE_PORO, "\\p{N}"}, false, false, false};
+static const kg_tokenizer_pre_t pre_poro = {{RE_PORO}, false, false, false, false};
+static const kg_tokenizer_pre_t pre_viking = {{RE_PORO, "\\p{N}"}, false, false, false, false};
 static const kg_tokenizer_pre_t pre_tekken = {
     {RE_MIXED_CASE_LETTERS("") "|\\p{N}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|" SP "*[\\r\\n]+|" SP
                                "+(?!" NSP ")|" SP "+"},
     true,
     true,
+    false,
     false};
 static const kg_tokenizer_pre_t pre_gpt4o = {
     {RE_MIXED_CASE_LETTERS(RE_CONTRACTION) "|\\p{N}{1,3}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|" SP
                                            "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+"},
+    false,
     false,
     false,
     false};
@@ -99,6 +110,7 @@ static const kg_tokenizer_pre_t pre_chameleon = {
      "[\\p{P}!-/:-@\\[-`{-~]", RE_GPT2},
     false,
     true,
+    false,
     false};
 
 /* tokenizer.ggml.pre names -> pre-tokenizer (llama_vocab::impl::load). */
@@ -160,6 +172,7 @@ static const struct {
     {"chameleon", &pre_chameleon},
     {"gpt-4o", &pre_gpt4o},
     {"llama4", &pre_gpt4o},
+    {"gemma4", &pre_gemma4},
 };
 
 const kg_tokenizer_pre_t *kg_tokenizer_find_pre(const char *s, size_t n) {

@@ -1,5 +1,6 @@
 /* check_tokenizer: the SPM and BPE tokenizers against llama.cpp's own test
- * vectors (tokenizer-vectors/: phi-3 SPM, gpt-2, falcon and mpt BPE), the
+ * vectors (tokenizer-vectors/: phi-3 SPM, gpt-2, falcon and mpt BPE, Gemma 4's
+ * SentencePiece-style BPE on a cut of its vocabulary), the
  * stories260K prompt, decoding round trips (also for invalid UTF-8 and NUL
  * bytes), special-token parsing, the EOG set, hand-made vocabularies for
  * the merge order and error paths, and `kgen tokenize` end to end. */
@@ -13,8 +14,8 @@
 
 static char err[512];
 
-static const char *const vocab_names[] = {"phi-3", "gpt-2", "falcon", "mpt"};
-#define N_VOCABS 4
+static const char *const vocab_names[] = {"phi-3", "gpt-2", "falcon", "mpt", "gemma-4-mini"};
+#define N_VOCABS 5
 
 static const char *vocab_path(const char *name) {
     static char path[4096];
