@@ -109,9 +109,16 @@ bool kg_mkmodel_gemma4_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
      kg_mkmodel_add_random(w, o, name, (type), (ne0), (ne1), (center), (scale)))
 
     /* proportional RoPE (partial_rotary_factor 0.25) over the global head:
-     * the first quarter of the pairs rotate, the others are held still */
-    const int64_t half = o->head_dim; /* (2 * head_dim) / 2 pairs */
-    float *freqs = malloc((size_t)half * sizeof(float));
+     * the first quarter of the pairs rotate, the others are held still;
+     * only where a layer is global (every layer windowed, as a short model
+     * with the default period is, reads none: llama.cpp and kgen refuse an
+     * unread tensor) */
+    bool any_global = false;
+    for (int64_t il = 0; il < o->n_layer; il++) {
+        any_global = any_global || !is_swa(o, il);
+    }
+    const int64_t half = any_global ? o->head_dim : 0; /* (2 * head_dim) / 2 pairs */
+    float *freqs = malloc((size_t)(half > 0 ? half : 1) * sizeof(float));
     if (!freqs) {
         return false;
     }
@@ -119,7 +126,8 @@ bool kg_mkmodel_gemma4_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
         freqs[i] = i < half / 4 ? 1.0f : 1e30f;
     }
     const int64_t ne_f[2] = {half, 1};
-    const kg_status_t st = kg_gguf_writer_add_tensor(w, "rope_freqs.weight", f32, 1, ne_f, freqs);
+    const kg_status_t st =
+        half > 0 ? kg_gguf_writer_add_tensor(w, "rope_freqs.weight", f32, 1, ne_f, freqs) : KG_OK;
     free(freqs);
     if (st != KG_OK) {
         return false;

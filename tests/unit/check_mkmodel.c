@@ -367,6 +367,17 @@ START_TEST(loads_as_model) {
     ck_assert_int_eq(m->hp.head_dim, 32);
     ck_assert(m->hp.tied);
     kg_model_free(m);
+
+    /* gemma4 of two layers with the default period (six): both windowed, so
+     * no global layer reads rope_freqs and none is written */
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("mk-gemma4-short"));
+    ck_assert(kg_test_mkmodel(path, "--arch gemma4 --n-embd 64 --n-layer 2 --n-head 4 "
+                                    "--n-head-kv 2 --n-ff 128 --seed 3") == 0);
+    m = kg_model_load(path, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    kg_model_free(m);
+    remove(path);
 }
 END_TEST
 
