@@ -19,8 +19,14 @@
 #define DS_CALL_END    "<｜tool▁call▁end｜>"
 #define DS_SEP         "<｜tool▁sep｜>"
 
+#define KIMI_SECTION_BEGIN "<|tool_calls_section_begin|>"
+#define KIMI_SECTION_END   "<|tool_calls_section_end|>"
+
+/* The tagged parameters (Qwen3-Coder, GLM, MiniMax-M2) are no JSON document the schema engine
+ * can constrain. */
 static bool constrainable(kg_toolfmt_t f) {
-    return f != KG_TOOLFMT_NONE && f != KG_TOOLFMT_QWEN3_CODER;
+    return f != KG_TOOLFMT_NONE && f != KG_TOOLFMT_QWEN3_CODER && f != KG_TOOLFMT_GLM &&
+           f != KG_TOOLFMT_MINIMAX_M2;
 }
 
 char *kg_toolcall_constraint(kg_toolfmt_t f,
@@ -83,6 +89,8 @@ const char *kg_toolfmt_marker(kg_toolfmt_t f) {
         return DS_CALLS_BEGIN;
     case KG_TOOLFMT_COMMAND_R7B:
         return "<|START_ACTION|>";
+    case KG_TOOLFMT_KIMI_K2:
+        return KIMI_SECTION_BEGIN;
     default:
         return NULL;
     }
@@ -137,6 +145,14 @@ static int32_t one_call(kg_gir_t *g, const wrap_ctx_t *w, int32_t i, int32_t arg
         snprintf(head, sizeof(head),
                  "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", name);
         return kg_gir_seq3(g, lit(g, head), args, lit(g, "<|call|>"));
+    case KG_TOOLFMT_KIMI_K2: {
+        /* the id's index counts the conversation's calls: any number */
+        int32_t index = kg_gir_repeat(g, kg_gir_char_range(g, '0', '9'), 1, 3);
+        snprintf(head, sizeof(head), "<|tool_call_begin|>functions.%s:", name);
+        int32_t parts[] = {lit(g, head), index, lit(g, "<|tool_call_argument_begin|>"), args,
+                           lit(g, "<|tool_call_end|>")};
+        return kg_gir_seq(g, parts, 5);
+    }
     default:
         return -1;
     }
@@ -189,6 +205,9 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
     case KG_TOOLFMT_COMMAND_R7B:
         return kg_gir_seq3(g, lit(g, "<|START_ACTION|>[\n    "), some(g, call, ",\n    ", many),
                            lit(g, "\n]<|END_ACTION|>"));
+    case KG_TOOLFMT_KIMI_K2:
+        return kg_gir_seq3(g, lit(g, KIMI_SECTION_BEGIN), some(g, call, "", many),
+                           lit(g, KIMI_SECTION_END));
     default: /* one call a turn: Llama 3.x, Functionary, gpt-oss (<|call|> ends the turn) */
         return call;
     }
@@ -204,7 +223,7 @@ kg_toolcall_builder(const kg_constraint_t *c, char *errstr, size_t errstr_size, 
                     json_integer_value(json_object_get(spec, "only")),
                     json_is_true(json_object_get(spec, "parallel"))};
     const char *fname = json_string_value(json_object_get(spec, "format"));
-    for (int f = KG_TOOLFMT_NONE; fname && f <= KG_TOOLFMT_GPT_OSS; f++) {
+    for (int f = KG_TOOLFMT_NONE; fname && f <= KG_TOOLFMT_LAST; f++) {
         if (strcmp(kg_toolfmt_name((kg_toolfmt_t)f), fname) == 0) {
             w.f = (kg_toolfmt_t)f;
         }
