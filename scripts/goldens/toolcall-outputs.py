@@ -153,7 +153,8 @@ groups.append({"format": "glm_4_6", "templates": ["GLM-4.6.jinja"],
   {"name": "typed", "text": "<think></think>\n" + glm("set_alarm", A, True)},
   {"name": "truncated", "text": "<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par"},
  ]})
-groups.append({"format": "glm_4_7", "templates": ["GLM-4.7-Flash.jinja"],
+groups.append({"format": "glm_4_7",
+ "templates": ["GLM-4.7-Flash.jinja", "Spark2.5.jinja", "poolside-Laguna-S-2.1.jinja"],
  "outputs": [
   {"name": "plain", "text": "Easy.</think>It is sunny in Paris."},
   {"name": "one_call", "text": "Weather.</think>" + glm("get_weather", W, False)},

@@ -54,6 +54,7 @@ START_TEST(test_detect) {
         {"GLM-4.6.jinja", KG_TOOLFMT_GLM},
         {"GLM-4.7-Flash.jinja", KG_TOOLFMT_GLM},
         {"poolside-Laguna-S-2.1.jinja", KG_TOOLFMT_GLM},
+        {"Spark2.5.jinja", KG_TOOLFMT_GLM},
         {"Kimi-K2-Instruct.jinja", KG_TOOLFMT_KIMI_K2},
         {"Kimi-K2-Thinking.jinja", KG_TOOLFMT_KIMI_K2},
         {"moonshotai-Kimi-K2.jinja", KG_TOOLFMT_KIMI_K2},
@@ -68,6 +69,10 @@ START_TEST(test_detect) {
         free(src);
     }
     ck_assert_int_eq(kg_toolfmt_detect(NULL), KG_TOOLFMT_NONE);
+    /* Ling 3.0 writes <arg_key> in its own syntax (llama.cpp's specialised parser): not GLM's */
+    char *ling = template_src("inclusionai-ling-3.0-flash.jinja");
+    ck_assert_int_ne(kg_toolfmt_detect(ling), KG_TOOLFMT_GLM);
+    free(ling);
 }
 END_TEST
 
@@ -565,7 +570,7 @@ START_TEST(test_goldens) {
     free(tools);
     json_decref(outputs);
     json_decref(goldens);
-    ck_assert_msg(n > 160, "only %zu golden parses", n);
+    ck_assert_msg(n > 175, "only %zu golden parses", n);
     ck_assert_msg(n_bad == 0, "%zu of %zu parses differ from llama.cpp's (%zu it refuses)", n_bad,
                   n, n_refused);
 }
