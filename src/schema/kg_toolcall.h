@@ -91,9 +91,9 @@ void kg_toolparse_clear(kg_toolparse_t *p);
 /** The constraint text (KG_CONSTRAINT_TOOL_CALLS) of a required call in
  * format f: any of the tools (`tools_json`, checked by the job decoder) or,
  * `only` not NULL, that one; more than one call when `parallel` and the
- * syntax has room for several. Malloc'ed, *len its length; NULL with a
- * message when the format cannot be constrained (the tagged parameters of
- * Qwen3-Coder, GLM and MiniMax-M2; none). */
+ * syntax has room for several (the tagged syntaxes of Qwen3-Coder, GLM and
+ * MiniMax-M2: one expression a parameter, string-typed ones free text).
+ * Malloc'ed, *len its length; NULL with a message for no format. */
 char *kg_toolcall_constraint(kg_toolfmt_t f,
                              const char *tools_json,
                              const char *only,

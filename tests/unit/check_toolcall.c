@@ -438,17 +438,9 @@ START_TEST(test_required_grammar) {
         }
     }
     kg_gvocab_unref(v);
-    /* the syntaxes a grammar cannot wrap */
+    /* no call syntax: nothing to wrap */
     char err[256];
     size_t len;
-    ck_assert_ptr_null(
-        kg_toolcall_constraint(KG_TOOLFMT_QWEN3_CODER, tools, NULL, true, &len, err, sizeof(err)));
-    ck_assert_ptr_nonnull(strstr(err, "qwen3_coder"));
-    ck_assert_ptr_null(
-        kg_toolcall_constraint(KG_TOOLFMT_GLM, tools, NULL, true, &len, err, sizeof(err)));
-    ck_assert_ptr_null(
-        kg_toolcall_constraint(KG_TOOLFMT_MINIMAX_M2, tools, NULL, true, &len, err, sizeof(err)));
-    ck_assert_ptr_nonnull(strstr(err, "minimax_m2"));
     ck_assert_ptr_null(
         kg_toolcall_constraint(KG_TOOLFMT_NONE, tools, NULL, true, &len, err, sizeof(err)));
     /* a parameters schema kgen cannot enforce is named */
@@ -576,6 +568,93 @@ START_TEST(test_goldens) {
 }
 END_TEST
 
+/* The tagged syntaxes: a grammar of one expression a parameter (string-typed ones raw text, the
+ * others their schema's JSON), required ones always there, in the schema's order. */
+START_TEST(test_tagged_grammar) {
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{"
+        "\"$ref\":\"#/$defs/d\"}},\"required\":[\"city\"],\"$defs\":{\"d\":{\"type\":"
+        "\"integer\",\"minimum\":1,\"maximum\":9}}}}},{\"type\":\"function\",\"function\":{"
+        "\"name\":\"ping\"}}]";
+    static const struct {
+        kg_toolfmt_t f;
+        const char *one, *two, *bad, *missing;
+    } cases[] = {
+        {KG_TOOLFMT_GLM,
+         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+         "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+         "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>\n<tool_call>ping\n"
+         "</tool_call>",
+         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+         "<arg_key>days</arg_key>\n<arg_value>10</arg_value>\n</tool_call>",
+         "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
+         "</tool_call>"},
+        {KG_TOOLFMT_MINIMAX_M2,
+         "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris"
+         "</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n</minimax:tool_call>",
+         "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris"
+         "</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n<invoke name=\"ping\">"
+         "\n</invoke>\n</minimax:tool_call>",
+         "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris"
+         "</parameter>\n<parameter name=\"days\">x</parameter>\n</invoke>\n</minimax:tool_call>",
+         "<minimax:tool_call>\n<invoke name=\"get_weather\">\n</invoke>\n</minimax:tool_call>"},
+        {KG_TOOLFMT_QWEN3_CODER,
+         "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+         "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+         "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+         "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+         "<function=ping>\n</function>\n</tool_call>",
+         "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+         "<parameter=days>\n0\n</parameter>\n</function>\n</tool_call>",
+         "<tool_call>\n<function=nope>\n</function>\n</tool_call>"},
+    };
+    kg_gvocab_t *v = byte_vocab();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *fn = kg_toolfmt_name(cases[i].f);
+        kg_grammar_t *g = tool_grammar(v, cases[i].f, tools, NULL, true);
+        ck_assert_msg(accepts(g, cases[i].one), "%s refuses one call", fn);
+        ck_assert_msg(accepts(g, cases[i].two), "%s refuses two calls", fn);
+        ck_assert_msg(!accepts(g, cases[i].bad), "%s accepts a bad value", fn);
+        ck_assert_msg(!accepts(g, cases[i].missing), "%s accepts a call without city", fn);
+        ck_assert_msg(!accepts(g, "It is sunny."), "%s accepts no call", fn);
+        kg_grammar_unref(g);
+        g = tool_grammar(v, cases[i].f, tools, NULL, false);
+        ck_assert_msg(!accepts(g, cases[i].two), "%s (single) takes two", fn);
+        kg_grammar_unref(g);
+        g = tool_grammar(v, cases[i].f, tools, "ping", true);
+        ck_assert_msg(!accepts(g, cases[i].one), "%s (named ping) takes get_weather", fn);
+        kg_grammar_unref(g);
+        /* what the grammar makes, the parser reads back, typed */
+        kg_toolparse_t p;
+        ck_assert_int_eq(
+            kg_toolcall_parse(cases[i].f, cases[i].two, strlen(cases[i].two), tools, &p), KG_OK);
+        ck_assert_msg(p.n_calls == 2 && !p.malformed, "%s: %zu calls", fn, p.n_calls);
+        ck_assert_str_eq(p.calls[0].arguments, "{\"city\":\"Paris\",\"days\":3}");
+        ck_assert_str_eq(p.calls[1].name, "ping");
+        ck_assert_str_eq(p.calls[1].arguments, "{}");
+        kg_toolparse_clear(&p);
+    }
+    /* GLM-4.7 writes no newlines between the tags */
+    kg_grammar_t *g = tool_grammar(v, KG_TOOLFMT_GLM, tools, NULL, true);
+    ck_assert(accepts(g, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris"
+                         "</arg_value></tool_call><tool_call>ping</tool_call>"));
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+    /* a parameter schema kgen cannot enforce is named by its tool */
+    char err[256];
+    size_t len;
+    const char *odd = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{"
+                      "\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}}}]";
+    char *text = kg_toolcall_constraint(KG_TOOLFMT_GLM, odd, NULL, true, &len, err, sizeof(err));
+    kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+    ck_assert_ptr_null(kg_toolcall_builder(&k, err, sizeof(err), NULL));
+    ck_assert_msg(strstr(err, "tools[0].function.parameters/properties/a") != NULL, "%s", err);
+    free(text);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("toolcall");
     TCase *tc = tcase_create("parse");
@@ -583,6 +662,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_hermes);
     tcase_add_test(tc, test_formats);
     tcase_add_test(tc, test_required_grammar);
+    tcase_add_test(tc, test_tagged_grammar);
     suite_add_tcase(s, tc);
     TCase *gold = tcase_create("goldens");
     tcase_add_test(gold, test_goldens);
