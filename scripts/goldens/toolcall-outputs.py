@@ -12,7 +12,11 @@ tools = [
    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}},
  {"type": "function", "function": {"name": "search", "description": "Search documents",
    "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "filters": {"type": "object"}}, "required": ["query"]}}},
+ {"type": "function", "function": {"name": "set_alarm", "description": "Set an alarm",
+   "parameters": {"type": "object", "properties": {"hour": {"type": "integer"}, "loud": {"type": "boolean"}, "label": {"type": "string"}, "days": {"type": "array", "items": {"type": "string"}}}, "required": ["hour"]}}},
 ]
+# typed arguments for the XML-like syntaxes (GLM, MiniMax): the string label "7" stays a string
+A = {"hour": 7, "loud": True, "label": "7", "days": ["mon", "tue"]}
 groups = []
 def hermes(n, a): return "<tool_call>\n" + j({"name": n, "arguments": a}) + "\n</tool_call>"
 groups.append({"format": "hermes", "templates": [
@@ -130,6 +134,65 @@ groups.append({"format": "gpt_oss", "templates": ["openai-gpt-oss-120b.jinja"],
   {"name": "reasoning_call", "text": "<|channel|>analysis<|message|>The user wants the weather.<|end|>" + oss("get_weather", W)},
   {"name": "recipient_in_role", "text": "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" + j(W) + "<|call|>"},
   {"name": "nested_unicode", "text": "<|channel|>analysis<|message|>Search.<|end|>" + oss("search", S)},
+ ]})
+def xml_val(v): return v if isinstance(v, str) else j(v)
+def glm(n, a, nl):
+    sep = "\n" if nl else ""
+    s = "<tool_call>" + n + sep
+    for k, v in a.items():
+        s += "<arg_key>" + k + "</arg_key>" + sep + "<arg_value>" + xml_val(v) + "</arg_value>" + sep
+    return s + "</tool_call>"
+groups.append({"format": "glm_4_6", "templates": ["GLM-4.6.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "<think>Easy.</think>\nIt is sunny in Paris."},
+  {"name": "one_call", "text": "<think></think>\n" + glm("get_weather", W, True)},
+  {"name": "parallel", "text": "<think></think>\n" + glm("get_weather", W, True) + "\n" + glm("get_weather", W2, True)},
+  {"name": "content_then_call", "text": "<think></think>\nLet me check.\n" + glm("get_weather", W, True)},
+  {"name": "reasoning_call", "text": "<think>The user wants the weather.</think>\n" + glm("get_weather", W, True)},
+  {"name": "nested_unicode", "text": "<think></think>\n" + glm("search", S, True)},
+  {"name": "typed", "text": "<think></think>\n" + glm("set_alarm", A, True)},
+  {"name": "truncated", "text": "<think></think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par"},
+ ]})
+groups.append({"format": "glm_4_7",
+ "templates": ["GLM-4.7-Flash.jinja", "Spark2.5.jinja", "poolside-Laguna-S-2.1.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "Easy.</think>It is sunny in Paris."},
+  {"name": "one_call", "text": "Weather.</think>" + glm("get_weather", W, False)},
+  {"name": "parallel", "text": "Weather.</think>" + glm("get_weather", W, False) + glm("get_weather", W2, False)},
+  {"name": "content_then_call", "text": "Weather.</think>Let me check." + glm("get_weather", W, False)},
+  {"name": "nested_unicode", "text": "Search.</think>" + glm("search", S, False)},
+  {"name": "typed", "text": "Alarm.</think>" + glm("set_alarm", A, False)},
+  {"name": "truncated", "text": "Weather.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Par"},
+ ]})
+def kimi(*c): return "<|tool_calls_section_begin|>" + "".join("<|tool_call_begin|>functions." + n + ":" + str(i) + "<|tool_call_argument_begin|>" + j(a) + "<|tool_call_end|>" for i, (n, a) in enumerate(c)) + "<|tool_calls_section_end|>"
+groups.append({"format": "kimi_k2", "templates": ["Kimi-K2-Instruct.jinja", "Kimi-K2-Thinking.jinja", "moonshotai-Kimi-K2.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "one_call", "text": kimi(("get_weather", W))},
+  {"name": "parallel", "text": kimi(("get_weather", W), ("get_weather", W2))},
+  {"name": "content_then_call", "text": "Let me check." + kimi(("get_weather", W))},
+  {"name": "reasoning_call", "text": "<think>The user wants the weather.</think>" + kimi(("get_weather", W))},
+  {"name": "nested_unicode", "text": kimi(("search", S))},
+  {"name": "no_section", "text": "<|tool_call_begin|>functions.get_weather:3<|tool_call_argument_begin|>" + j(W) + "<|tool_call_end|>"},
+  {"name": "truncated", "text": "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Par"},
+ ]})
+def mm(*c):
+    s = "<minimax:tool_call>\n"
+    for n, a in c:
+        s += "<invoke name=\"" + n + "\">\n"
+        for k, v in a.items():
+            s += "<parameter name=\"" + k + "\">" + xml_val(v) + "</parameter>\n"
+        s += "</invoke>\n"
+    return s + "</minimax:tool_call>"
+groups.append({"format": "minimax_m2", "templates": ["MiniMax-M2.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "Easy.\n</think>\n\nIt is sunny in Paris."},
+  {"name": "one_call", "text": T + mm(("get_weather", W))},
+  {"name": "parallel", "text": T + mm(("get_weather", W), ("get_weather", W2))},
+  {"name": "content_then_call", "text": T + "Let me check.\n" + mm(("get_weather", W))},
+  {"name": "nested_unicode", "text": T + mm(("search", S))},
+  {"name": "typed", "text": T + mm(("set_alarm", A))},
+  {"name": "truncated", "text": T + "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Par"},
  ]})
 doc = {"messages": [{"role": "user", "content": "What's the weather in Paris?"}], "tools": tools, "groups": groups}
 import sys

@@ -28,8 +28,22 @@ kg_toolfmt_t kg_toolfmt_detect(const char *t) {
     if (has(t, ">>>all") && has(t, ">>>${recipient}")) {
         return KG_TOOLFMT_FUNCTIONARY;
     }
+    if (has(t, "<|tool_calls_section_begin|>") && has(t, "<|tool_call_begin|>")) {
+        return KG_TOOLFMT_KIMI_K2;
+    }
     if (has(t, "<tool_call>") && has(t, "<function=") && has(t, "<parameter=")) {
         return KG_TOOLFMT_QWEN3_CODER;
+    }
+    /* GLM's tagged arguments (llama.cpp's autoparser finds them; Ling 3.0, which also writes
+     * <arg_key>, has its own specialised parser there and none here) */
+    if (has(t, "<tool_call>") && has(t, "<arg_key>") && has(t, "<arg_value>") &&
+        !has(t, "<role>ASSISTANT</role>")) {
+        return KG_TOOLFMT_GLM;
+    }
+    /* MiniMax-M2's invoke blocks (M3 writes them inside <tool_call> with its own namespace
+     * token, a different syntax) */
+    if (has(t, "<minimax:tool_call>") && has(t, "<invoke name=")) {
+        return KG_TOOLFMT_MINIMAX_M2;
     }
     /* then what the autoparser finds in the templates that write these markers */
     if (has(t, "<|START_ACTION|>") && has(t, "<|START_THINKING|>")) {
@@ -53,7 +67,8 @@ kg_toolfmt_t kg_toolfmt_detect(const char *t) {
 const char *kg_toolfmt_name(kg_toolfmt_t f) {
     static const char *const names[] = {"none",        "hermes",       "qwen3_coder", "llama3",
                                         "mistral",     "mistral_args", "deepseek_r1", "deepseek_v3",
-                                        "command_r7b", "functionary",  "gpt_oss"};
+                                        "command_r7b", "functionary",  "gpt_oss",     "glm",
+                                        "kimi_k2",     "minimax_m2"};
     return (unsigned)f < sizeof(names) / sizeof(names[0]) ? names[f] : "?";
 }
 
@@ -71,16 +86,9 @@ void kg_toolparse_clear(kg_toolparse_t *p) {
     memset(p, 0, sizeof(*p));
 }
 
-/* A parse in progress: the text, the cursor and what it found. */
-typedef struct parse {
-    const char *s;
-    size_t len, i;
-    kg_toolparse_t *out;
-    const char *tools_json;
-    bool oom;
-} parse_t;
+typedef kg_tcparse_t parse_t;
 
-static char *dup_n(const char *s, size_t n) {
+char *kg_tc_dup_n(const char *s, size_t n) {
     char *p = malloc(n + 1);
     if (p) {
         memcpy(p, s, n);
@@ -89,7 +97,7 @@ static char *dup_n(const char *s, size_t n) {
     return p;
 }
 
-static void add_call(parse_t *p, char *name, char *args, char *id) {
+void kg_tc_add_call(parse_t *p, char *name, char *args, char *id) {
     kg_toolparse_t *o = p->out;
     kg_toolcall_t *c = name && args && id ? realloc(o->calls, (o->n_calls + 1) * sizeof(*c)) : NULL;
     if (!c) {
@@ -101,25 +109,26 @@ static void add_call(parse_t *p, char *name, char *args, char *id) {
     c[o->n_calls++] = (kg_toolcall_t){name, args, id};
 }
 
-static void add_call_n(parse_t *p,
-                       const char *name,
-                       size_t name_n,
-                       const char *args,
-                       size_t args_n,
-                       const char *id,
-                       size_t id_n) {
-    add_call(p, dup_n(name, name_n), dup_n(args, args_n), dup_n(id ? id : "", id ? id_n : 0));
+void kg_tc_add_call_n(parse_t *p,
+                      const char *name,
+                      size_t name_n,
+                      const char *args,
+                      size_t args_n,
+                      const char *id,
+                      size_t id_n) {
+    kg_tc_add_call(p, kg_tc_dup_n(name, name_n), kg_tc_dup_n(args, args_n),
+                   kg_tc_dup_n(id ? id : "", id ? id_n : 0));
 }
 
-static void set_content(parse_t *p, size_t from, size_t to) {
+void kg_tc_set_content(parse_t *p, size_t from, size_t to) {
     free(p->out->content);
-    p->out->content = dup_n(p->s + from, to - from);
+    p->out->content = kg_tc_dup_n(p->s + from, to - from);
     if (!p->out->content) {
         p->oom = true;
     }
 }
 
-static void add_reasoning(parse_t *p, const char *s, size_t n) {
+void kg_tc_add_reasoning(parse_t *p, const char *s, size_t n) {
     kg_tcbuf_t b = {0};
     if (p->out->reasoning) {
         kg_tcbuf_puts(&b, p->out->reasoning);
@@ -139,13 +148,13 @@ static bool has_at(const parse_t *p, size_t i, size_t end, const char *lit) {
     return i <= end && end - i >= n && memcmp(p->s + i, lit, n) == 0;
 }
 
-static bool at(const parse_t *p, const char *lit) {
+bool kg_tc_at(const parse_t *p, const char *lit) {
     size_t n = strlen(lit);
     return p->len - p->i >= n && memcmp(p->s + p->i, lit, n) == 0;
 }
 
-static bool eat(parse_t *p, const char *lit) {
-    if (!at(p, lit)) {
+bool kg_tc_eat(parse_t *p, const char *lit) {
+    if (!kg_tc_at(p, lit)) {
         return false;
     }
     p->i += strlen(lit);
@@ -153,7 +162,7 @@ static bool eat(parse_t *p, const char *lit) {
 }
 
 /* Where `lit` next starts at or after `from`, or len. */
-static size_t find(const parse_t *p, size_t from, const char *lit) {
+size_t kg_tc_find(const parse_t *p, size_t from, const char *lit) {
     size_t n = strlen(lit);
     for (size_t i = from; i + n <= p->len; i++) {
         if (memcmp(p->s + i, lit, n) == 0) {
@@ -165,26 +174,26 @@ static size_t find(const parse_t *p, size_t from, const char *lit) {
 
 /* The text ends inside `lit` (a proper prefix of it is all that is left):
  * the output was cut there (max_tokens), which is no syntax error. */
-static bool cut_in(parse_t *p, const char *lit) {
+static bool kg_tc_cut_in(parse_t *p, const char *lit) {
     size_t rest = p->len - p->i;
     return rest > 0 && rest < strlen(lit) && memcmp(p->s + p->i, lit, rest) == 0;
 }
 
 /* The end of the text, or a cut inside what had to come next. */
-static bool end_or_cut(parse_t *p, const char *lit) {
-    return p->i >= p->len || cut_in(p, lit);
+bool kg_tc_end_or_cut(parse_t *p, const char *lit) {
+    return p->i >= p->len || kg_tc_cut_in(p, lit);
 }
 
-static void skip_ws(parse_t *p) {
+void kg_tc_skip_ws(parse_t *p) {
     p->i = kg_tc_ws(p->s, p->len, p->i);
 }
 
-static bool at_end(parse_t *p) {
+bool kg_tc_at_end(parse_t *p) {
     return p->i >= p->len;
 }
 
 /* A JSON value at the cursor; the cursor moves past it. */
-static kg_jspan_t value(parse_t *p) {
+kg_jspan_t kg_tc_value(parse_t *p) {
     kg_jspan_t v = kg_tc_json_value(p->s, p->len, p->i);
     if (!v.bad) {
         p->i = v.end;
@@ -213,7 +222,8 @@ static bool object_call(parse_t *p,
     if (id_key && kg_tc_json_member(p->s, obj, id_key, &iv)) {
         id = kg_tc_json_string(p->s, &iv);
     }
-    add_call(p, name, dup_n(p->s + av.start, av.end - av.start), id ? id : dup_n("", 0));
+    kg_tc_add_call(p, name, kg_tc_dup_n(p->s + av.start, av.end - av.start),
+                   id ? id : kg_tc_dup_n("", 0));
     return true;
 }
 
@@ -222,31 +232,31 @@ static bool object_call(parse_t *p,
 /* Hermes: <tool_call>\n{json}\n</tool_call>, repeated with whitespace between. */
 static bool parse_hermes(parse_t *p) {
     const char *open = "<tool_call>\n";
-    size_t first = find(p, 0, open);
+    size_t first = kg_tc_find(p, 0, open);
     if (first == p->len) {
         return true;
     }
-    set_content(p, 0, first);
+    kg_tc_set_content(p, 0, first);
     p->i = first;
-    while (eat(p, open)) {
-        kg_jspan_t obj = value(p);
+    while (kg_tc_eat(p, open)) {
+        kg_jspan_t obj = kg_tc_value(p);
         if (obj.bad || !object_call(p, &obj, "name", "arguments", NULL)) {
             return obj.partial; /* cut before its name and arguments: no call yet */
         }
         if (obj.partial) {
             return true;
         }
-        skip_ws(p);
-        if (!eat(p, "</tool_call>")) {
-            return end_or_cut(p, "</tool_call>");
+        kg_tc_skip_ws(p);
+        if (!kg_tc_eat(p, "</tool_call>")) {
+            return kg_tc_end_or_cut(p, "</tool_call>");
         }
-        skip_ws(p);
+        kg_tc_skip_ws(p);
     }
-    return end_or_cut(p, open);
+    return kg_tc_end_or_cut(p, open);
 }
 
 /* The schema type of parameter `key` of tool `name`, or NULL. */
-static const char *param_type(json_t *tools, const char *name, const char *key) {
+const char *kg_tc_param_type(json_t *tools, const char *name, const char *key) {
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
@@ -263,21 +273,41 @@ static const char *param_type(json_t *tools, const char *name, const char *key) 
     return NULL;
 }
 
+void kg_tc_put_value(
+    const parse_t *p, kg_tcbuf_t *args, const char *type, size_t v0, size_t v1, bool closed) {
+    kg_jspan_t raw = kg_tc_json_value(p->s, v1, v0);
+    /* a number running to the value's end scans as partial (it could go on): it is whole here */
+    bool whole = !raw.partial ||
+                 (raw.end == v1 && v1 > v0 && p->s[v1 - 1] >= '0' && p->s[v1 - 1] <= '9' &&
+                  p->s[raw.start] != '"' && p->s[raw.start] != '[' && p->s[raw.start] != '{');
+    bool as_json = (!type || strcmp(type, "string") != 0) && !raw.bad && whole &&
+                   kg_tc_ws(p->s, v1, raw.end) == v1 && closed;
+    if (as_json) {
+        kg_tcbuf_put(args, p->s + v0, v1 - v0);
+    } else {
+        kg_tcbuf_puts(args, "\"");
+        kg_tcbuf_put_json_chars(args, p->s + v0, v1 - v0);
+        if (closed) {
+            kg_tcbuf_puts(args, "\"");
+        }
+    }
+}
+
 /* One <parameter=K>\nV\n</parameter> into the arguments object being built. */
 static bool coder_param(parse_t *p, json_t *tools, const char *fname, kg_tcbuf_t *args, bool *cut) {
-    size_t kend = find(p, p->i, ">");
+    size_t kend = kg_tc_find(p, p->i, ">");
     if (kend == p->len) {
         *cut = true;
         return true;
     }
-    char *key = dup_n(p->s + p->i, kend - p->i);
+    char *key = kg_tc_dup_n(p->s + p->i, kend - p->i);
     if (!key) {
         p->oom = true;
         return false;
     }
     p->i = kend + 1;
-    eat(p, "\n");
-    size_t vend = find(p, p->i, "</parameter>");
+    kg_tc_eat(p, "\n");
+    size_t vend = kg_tc_find(p, p->i, "</parameter>");
     size_t v0 = p->i, v1 = vend;
     if (vend < p->len && v1 > v0 && p->s[v1 - 1] == '\n') {
         v1--; /* the newline before </parameter> is the syntax's */
@@ -288,31 +318,15 @@ static bool coder_param(parse_t *p, json_t *tools, const char *fname, kg_tcbuf_t
     kg_tcbuf_puts(args, "\"");
     kg_tcbuf_put_json_chars(args, key, strlen(key));
     kg_tcbuf_puts(args, "\":");
-    const char *type = param_type(tools, fname, key);
+    kg_tc_put_value(p, args, kg_tc_param_type(tools, fname, key), v0, v1, vend < p->len);
     free(key);
-    kg_jspan_t raw = kg_tc_json_value(p->s, v1, v0);
-    /* a number running to the value's end scans as partial (it could go on): it is whole here */
-    bool whole = !raw.partial ||
-                 (raw.end == v1 && v1 > v0 && p->s[v1 - 1] >= '0' && p->s[v1 - 1] <= '9' &&
-                  p->s[raw.start] != '"' && p->s[raw.start] != '[' && p->s[raw.start] != '{');
-    bool as_json = (!type || strcmp(type, "string") != 0) && !raw.bad && whole &&
-                   kg_tc_ws(p->s, v1, raw.end) == v1 && vend < p->len;
-    if (as_json) {
-        kg_tcbuf_put(args, p->s + v0, v1 - v0);
-    } else {
-        kg_tcbuf_puts(args, "\"");
-        kg_tcbuf_put_json_chars(args, p->s + v0, v1 - v0);
-        if (vend < p->len) {
-            kg_tcbuf_puts(args, "\"");
-        }
-    }
     if (vend == p->len) {
         *cut = true;
         p->i = p->len;
         return true;
     }
     p->i = vend + strlen("</parameter>");
-    eat(p, "\n");
+    kg_tc_eat(p, "\n");
     return true;
 }
 
@@ -320,75 +334,75 @@ static bool coder_param(parse_t *p, json_t *tools, const char *fname, kg_tcbuf_t
  * <tool_call>\n<function=N>\n(<parameter=K>\nV\n</parameter>\n)*</function>\n</tool_call> */
 static bool parse_qwen3_coder(parse_t *p) {
     const char *open = "<tool_call>\n<function=";
-    size_t first = find(p, 0, open);
+    size_t first = kg_tc_find(p, 0, open);
     if (first == p->len) {
         return true;
     }
-    set_content(p, 0, first);
+    kg_tc_set_content(p, 0, first);
     p->i = first;
     json_t *tools = p->tools_json ? json_loads(p->tools_json, 0, NULL) : NULL;
     bool ok = true;
-    while (ok && eat(p, open)) {
-        size_t nend = find(p, p->i, ">");
+    while (ok && kg_tc_eat(p, open)) {
+        size_t nend = kg_tc_find(p, p->i, ">");
         if (nend == p->len) {
             ok = false;
             break;
         }
-        char *name = dup_n(p->s + p->i, nend - p->i);
+        char *name = kg_tc_dup_n(p->s + p->i, nend - p->i);
         p->i = nend + 1;
-        eat(p, "\n");
+        kg_tc_eat(p, "\n");
         kg_tcbuf_t args = {0};
         kg_tcbuf_puts(&args, "{");
         bool cut = false;
-        while (ok && !cut && name && eat(p, "<parameter=")) {
+        while (ok && !cut && name && kg_tc_eat(p, "<parameter=")) {
             ok = coder_param(p, tools, name, &args, &cut);
         }
         if (!cut) {
             kg_tcbuf_puts(&args, "}");
         }
-        add_call(p, name, kg_tcbuf_take(&args), dup_n("", 0));
+        kg_tc_add_call(p, name, kg_tcbuf_take(&args), kg_tc_dup_n("", 0));
         if (!ok || cut || p->oom) {
             break;
         }
-        skip_ws(p);
-        if (!eat(p, "</function>")) {
-            ok = end_or_cut(p, "</function>");
+        kg_tc_skip_ws(p);
+        if (!kg_tc_eat(p, "</function>")) {
+            ok = kg_tc_end_or_cut(p, "</function>");
             p->i = ok ? p->len : p->i;
             break;
         }
-        skip_ws(p);
-        if (!eat(p, "</tool_call>")) {
-            ok = end_or_cut(p, "</tool_call>");
+        kg_tc_skip_ws(p);
+        if (!kg_tc_eat(p, "</tool_call>")) {
+            ok = kg_tc_end_or_cut(p, "</tool_call>");
             p->i = ok ? p->len : p->i;
             break;
         }
-        skip_ws(p);
+        kg_tc_skip_ws(p);
     }
     json_decref(tools);
-    return ok && (end_or_cut(p, open));
+    return ok && (kg_tc_end_or_cut(p, open));
 }
 
 /* Llama 3.x: the answer is one {"name", "parameters"} object, perhaps after
  * <|python_tag|> (which llama.cpp leaves in the content). */
 static bool parse_llama3(parse_t *p) {
     size_t c0 = p->i;
-    eat(p, "<|python_tag|>");
+    kg_tc_eat(p, "<|python_tag|>");
     size_t c1 = p->i;
-    skip_ws(p);
-    if (at_end(p) || p->s[p->i] != '{') {
+    kg_tc_skip_ws(p);
+    if (kg_tc_at_end(p) || p->s[p->i] != '{') {
         p->i = 0;
         return true;
     }
-    kg_jspan_t obj = value(p);
+    kg_jspan_t obj = kg_tc_value(p);
     if (obj.bad || !object_call(p, &obj, "name", "parameters", NULL)) {
         if (obj.bad && c1 > c0) {
             return false;
         }
         return true; /* JSON that is no call: an answer */
     }
-    set_content(p, c0, c1);
-    skip_ws(p);
-    return at_end(p);
+    kg_tc_set_content(p, c0, c1);
+    kg_tc_skip_ws(p);
+    return kg_tc_at_end(p);
 }
 
 /* A JSON array of call objects at p->i, up to the end of the output: `[{NAME: ..., ARGS: ...,
@@ -396,71 +410,71 @@ static bool parse_llama3(parse_t *p) {
  * [TOOL_CALLS] and Command R7B's action list share it. */
 static bool call_array(
     parse_t *p, const char *name_key, const char *args_key, const char *id_key, const char *close) {
-    skip_ws(p);
-    if (!eat(p, "[")) {
+    kg_tc_skip_ws(p);
+    if (!kg_tc_eat(p, "[")) {
         return false;
     }
     for (;;) {
-        skip_ws(p);
-        kg_jspan_t obj = value(p);
+        kg_tc_skip_ws(p);
+        kg_jspan_t obj = kg_tc_value(p);
         if (obj.bad || !object_call(p, &obj, name_key, args_key, id_key)) {
             return obj.partial;
         }
         if (obj.partial) {
             return true;
         }
-        skip_ws(p);
-        if (eat(p, "]")) {
-            skip_ws(p);
+        kg_tc_skip_ws(p);
+        if (kg_tc_eat(p, "]")) {
+            kg_tc_skip_ws(p);
             if (close) {
-                eat(p, close);
-                skip_ws(p);
+                kg_tc_eat(p, close);
+                kg_tc_skip_ws(p);
             }
-            return at_end(p);
+            return kg_tc_at_end(p);
         }
-        if (!eat(p, ",")) {
-            return at_end(p);
+        if (!kg_tc_eat(p, ",")) {
+            return kg_tc_at_end(p);
         }
     }
 }
 
 /* Mistral Nemo: content[TOOL_CALLS][{"name", "arguments", "id"}, ...] */
 static bool parse_mistral(parse_t *p) {
-    size_t first = find(p, 0, "[TOOL_CALLS]");
+    size_t first = kg_tc_find(p, 0, "[TOOL_CALLS]");
     if (first == p->len) {
         return true;
     }
-    set_content(p, 0, first);
+    kg_tc_set_content(p, 0, first);
     p->i = first + strlen("[TOOL_CALLS]");
     return call_array(p, "name", "arguments", "id", NULL);
 }
 
 /* Devstral, Magistral: content([TOOL_CALLS]name[ARGS]{...})+ */
 static bool parse_mistral_args(parse_t *p) {
-    size_t first = find(p, 0, "[TOOL_CALLS]");
+    size_t first = kg_tc_find(p, 0, "[TOOL_CALLS]");
     if (first == p->len) {
         return true;
     }
-    set_content(p, 0, first);
+    kg_tc_set_content(p, 0, first);
     p->i = first;
-    while (eat(p, "[TOOL_CALLS]")) {
-        size_t a = find(p, p->i, "[ARGS]");
-        if (a == p->len || find(p, p->i, "[") < a) {
+    while (kg_tc_eat(p, "[TOOL_CALLS]")) {
+        size_t a = kg_tc_find(p, p->i, "[ARGS]");
+        if (a == p->len || kg_tc_find(p, p->i, "[") < a) {
             return false;
         }
         size_t n0 = p->i;
         p->i = a + strlen("[ARGS]");
-        kg_jspan_t v = value(p);
+        kg_jspan_t v = kg_tc_value(p);
         if (v.bad) {
             return false;
         }
-        add_call_n(p, p->s + n0, a - n0, p->s + v.start, v.end - v.start, NULL, 0);
+        kg_tc_add_call_n(p, p->s + n0, a - n0, p->s + v.start, v.end - v.start, NULL, 0);
         if (v.partial) {
             return true;
         }
     }
-    skip_ws(p);
-    return at_end(p);
+    kg_tc_skip_ws(p);
+    return kg_tc_at_end(p);
 }
 
 #define DS_CALLS_BEGIN "<｜tool▁calls▁begin｜>"
@@ -471,80 +485,80 @@ static bool parse_mistral_args(parse_t *p) {
 
 /* DeepSeek R1 (`r1`: function<sep>name\n```json\nA\n```) and V3.1 (name<sep>A). */
 static bool parse_deepseek(parse_t *p, bool r1) {
-    size_t first = find(p, 0, DS_CALLS_BEGIN);
+    size_t first = kg_tc_find(p, 0, DS_CALLS_BEGIN);
     if (first == p->len) {
         return true;
     }
-    set_content(p, 0, first);
+    kg_tc_set_content(p, 0, first);
     p->i = first + strlen(DS_CALLS_BEGIN);
-    skip_ws(p);
-    while (eat(p, DS_CALL_BEGIN)) {
-        if (r1 && !eat(p, "function")) {
+    kg_tc_skip_ws(p);
+    while (kg_tc_eat(p, DS_CALL_BEGIN)) {
+        if (r1 && !kg_tc_eat(p, "function")) {
             return false;
         }
         size_t n0 = p->i, n1;
         if (r1) {
-            if (!eat(p, DS_SEP)) {
+            if (!kg_tc_eat(p, DS_SEP)) {
                 return false;
             }
             n0 = p->i;
-            n1 = find(p, p->i, "\n");
+            n1 = kg_tc_find(p, p->i, "\n");
             if (n1 == p->len) {
                 return false;
             }
             p->i = n1 + 1;
-            if (!eat(p, "```json")) {
+            if (!kg_tc_eat(p, "```json")) {
                 return false;
             }
         } else {
-            n1 = find(p, p->i, DS_SEP);
+            n1 = kg_tc_find(p, p->i, DS_SEP);
             if (n1 == p->len) {
                 return false;
             }
             p->i = n1 + strlen(DS_SEP);
         }
-        kg_jspan_t v = value(p);
+        kg_jspan_t v = kg_tc_value(p);
         if (v.bad) {
             return false;
         }
-        add_call_n(p, p->s + n0, n1 - n0, p->s + v.start, v.end - v.start, NULL, 0);
+        kg_tc_add_call_n(p, p->s + n0, n1 - n0, p->s + v.start, v.end - v.start, NULL, 0);
         if (v.partial) {
             return true;
         }
-        skip_ws(p);
-        if (r1 && !eat(p, "```")) {
-            return end_or_cut(p, "```");
+        kg_tc_skip_ws(p);
+        if (r1 && !kg_tc_eat(p, "```")) {
+            return kg_tc_end_or_cut(p, "```");
         }
-        skip_ws(p);
-        if (!eat(p, DS_CALL_END)) {
-            return end_or_cut(p, DS_CALL_END);
+        kg_tc_skip_ws(p);
+        if (!kg_tc_eat(p, DS_CALL_END)) {
+            return kg_tc_end_or_cut(p, DS_CALL_END);
         }
-        skip_ws(p);
+        kg_tc_skip_ws(p);
     }
-    if (!eat(p, DS_CALLS_END)) {
-        return end_or_cut(p, DS_CALLS_END) || end_or_cut(p, DS_CALL_BEGIN);
+    if (!kg_tc_eat(p, DS_CALLS_END)) {
+        return kg_tc_end_or_cut(p, DS_CALLS_END) || kg_tc_end_or_cut(p, DS_CALL_BEGIN);
     }
-    skip_ws(p);
-    return at_end(p);
+    kg_tc_skip_ws(p);
+    return kg_tc_at_end(p);
 }
 
 /* Command R7B: [<|START_THINKING|>R<|END_THINKING|>] then <|START_RESPONSE|>C<|END_RESPONSE|>
  * or <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]<|END_ACTION|>. */
 static bool parse_command_r7b(parse_t *p) {
-    if (eat(p, "<|START_THINKING|>")) {
-        size_t e = find(p, p->i, "<|END_THINKING|>");
-        add_reasoning(p, p->s + p->i, e - p->i);
+    if (kg_tc_eat(p, "<|START_THINKING|>")) {
+        size_t e = kg_tc_find(p, p->i, "<|END_THINKING|>");
+        kg_tc_add_reasoning(p, p->s + p->i, e - p->i);
         p->i = e == p->len ? e : e + strlen("<|END_THINKING|>");
-        skip_ws(p);
+        kg_tc_skip_ws(p);
     }
     size_t c0 = p->i;
-    if (eat(p, "<|START_RESPONSE|>")) {
-        size_t e = find(p, p->i, "<|END_RESPONSE|>");
-        set_content(p, p->i, e);
+    if (kg_tc_eat(p, "<|START_RESPONSE|>")) {
+        size_t e = kg_tc_find(p, p->i, "<|END_RESPONSE|>");
+        kg_tc_set_content(p, p->i, e);
         return true;
     }
-    size_t a = find(p, p->i, "<|START_ACTION|>");
-    set_content(p, c0, a);
+    size_t a = kg_tc_find(p, p->i, "<|START_ACTION|>");
+    kg_tc_set_content(p, c0, a);
     if (a == p->len) {
         return true;
     }
@@ -560,26 +574,26 @@ static bool is_name_char(char c) {
 /* Functionary v3.2, after the prompt's ">>>": "all\n" and the content, or a
  * function's name, a newline and its JSON arguments (one call). */
 static bool parse_functionary(parse_t *p) {
-    if (eat(p, "all\n")) {
-        set_content(p, p->i, p->len);
+    if (kg_tc_eat(p, "all\n")) {
+        kg_tc_set_content(p, p->i, p->len);
         return true;
     }
     size_t n0 = p->i;
-    while (!at_end(p) && is_name_char(p->s[p->i])) {
+    while (!kg_tc_at_end(p) && is_name_char(p->s[p->i])) {
         p->i++;
     }
     size_t n1 = p->i;
-    if (n1 == n0 || !eat(p, "\n")) {
+    if (n1 == n0 || !kg_tc_eat(p, "\n")) {
         p->i = 0;
         return true; /* no recipient line: an answer */
     }
-    kg_jspan_t v = value(p);
+    kg_jspan_t v = kg_tc_value(p);
     if (v.bad) {
         return false;
     }
-    add_call_n(p, p->s + n0, n1 - n0, p->s + v.start, v.end - v.start, NULL, 0);
-    skip_ws(p);
-    return at_end(p);
+    kg_tc_add_call_n(p, p->s + n0, n1 - n0, p->s + v.start, v.end - v.start, NULL, 0);
+    kg_tc_skip_ws(p);
+    return kg_tc_at_end(p);
 }
 
 /* gpt-oss Harmony, after the prompt's <|start|>assistant: messages of a
@@ -587,14 +601,14 @@ static bool parse_functionary(parse_t *p) {
  * to <|end|>, <|call|> or <|return|>; analysis is reasoning, final the
  * content, a functions recipient a call. */
 static bool parse_gpt_oss(parse_t *p) {
-    if (!at(p, "<|channel|>") && !at(p, " to=")) {
+    if (!kg_tc_at(p, "<|channel|>") && !kg_tc_at(p, " to=")) {
         return true;
     }
     kg_tcbuf_t content = {0};
     bool ok = true;
-    while (!at_end(p)) {
+    while (!kg_tc_at_end(p)) {
         size_t h = p->i;
-        size_t m = find(p, h, "<|message|>");
+        size_t m = kg_tc_find(p, h, "<|message|>");
         if (m == p->len) {
             ok = false;
             break;
@@ -609,8 +623,8 @@ static bool parse_gpt_oss(parse_t *p) {
         /* the header's recipient and channel */
         parse_t hp = *p;
         hp.len = m;
-        size_t to = find(&hp, h, "to=functions.");
-        size_t ch = find(&hp, h, "<|channel|>");
+        size_t to = kg_tc_find(&hp, h, "to=functions.");
+        size_t ch = kg_tc_find(&hp, h, "<|channel|>");
         if (to < m) {
             size_t n0 = to + strlen("to=functions."), n1 = n0;
             while (n1 < m && is_name_char(p->s[n1])) {
@@ -618,17 +632,17 @@ static bool parse_gpt_oss(parse_t *p) {
             }
             kg_jspan_t v = kg_tc_json_value(p->s, e, body);
             size_t a0 = v.bad ? body : v.start, a1 = v.bad ? e : v.end;
-            add_call_n(p, p->s + n0, n1 - n0, p->s + a0, a1 - a0, NULL, 0);
+            kg_tc_add_call_n(p, p->s + n0, n1 - n0, p->s + a0, a1 - a0, NULL, 0);
         } else if (ch < m && has_at(p, ch + strlen("<|channel|>"), m, "analysis")) {
-            add_reasoning(p, p->s + body, e - body);
+            kg_tc_add_reasoning(p, p->s + body, e - body);
         } else if (ch < m) {
             kg_tcbuf_put(&content, p->s + body, e - body);
         }
         p->i = e;
-        if (!eat(p, "<|end|>") && !eat(p, "<|call|>") && !eat(p, "<|return|>")) {
+        if (!kg_tc_eat(p, "<|end|>") && !kg_tc_eat(p, "<|call|>") && !kg_tc_eat(p, "<|return|>")) {
             break;
         }
-        if (!at_end(p) && !eat(p, "<|start|>assistant")) {
+        if (!kg_tc_at_end(p) && !kg_tc_eat(p, "<|start|>assistant")) {
             ok = false;
             break;
         }
@@ -679,6 +693,15 @@ kg_status_t kg_toolcall_parse(
     case KG_TOOLFMT_GPT_OSS:
         ok = parse_gpt_oss(&p);
         break;
+    case KG_TOOLFMT_GLM:
+        ok = kg_tc_parse_glm(&p);
+        break;
+    case KG_TOOLFMT_KIMI_K2:
+        ok = kg_tc_parse_kimi(&p);
+        break;
+    case KG_TOOLFMT_MINIMAX_M2:
+        ok = kg_tc_parse_minimax(&p);
+        break;
     default:
         break;
     }
@@ -700,7 +723,7 @@ kg_status_t kg_toolcall_parse(
         kg_toolparse_clear(out);
         out->malformed = !ok;
         out->reasoning = reasoning;
-        out->content = content ? content : dup_n(text, len);
+        out->content = content ? content : kg_tc_dup_n(text, len);
         if (!out->content) {
             free(out->reasoning);
             out->reasoning = NULL;
@@ -709,7 +732,7 @@ kg_status_t kg_toolcall_parse(
         return KG_OK;
     }
     if (!out->content) {
-        out->content = dup_n(text, 0);
+        out->content = kg_tc_dup_n(text, 0);
         if (!out->content) {
             kg_toolparse_clear(out);
             return KG_ERR_NOMEM;

@@ -11,9 +11,9 @@
  * on the finished answer (after the <think> split of kg_reasoning, which
  * already took a thought out): text before the first call is content; each
  * call keeps its arguments as the model wrote them (a JSON value's own text,
- * as llama.cpp does), except Qwen3-Coder's XML parameters, which become a
- * compact JSON object (string-typed parameters, by the tool's schema, as JSON
- * strings; others as written when they are JSON).
+ * as llama.cpp does), except the tagged parameters of Qwen3-Coder, GLM and
+ * MiniMax-M2, which become a compact JSON object (string-typed parameters, by
+ * the tool's schema, as JSON strings; others as written when they are JSON).
  *   - A call the output ends inside (max_tokens) is kept with the arguments
  *     written so far, as llama.cpp does; a consumer sees finish_reason
  *     "length" beside it.
@@ -21,7 +21,9 @@
  *     content, with no calls (llama.cpp throws "does not match the expected
  *     format" there): `malformed` says so, nothing is lost.
  *   - Command R7B and gpt-oss carry their reasoning in their own markers
- *     (<|START_THINKING|>, the analysis channel): the parse returns it. */
+ *     (<|START_THINKING|>, the analysis channel), and Kimi K2 a <think> block
+ *     its Instruct templates do not close: the parse returns it.
+ *   - Kimi K2's call ids (functions.N:I) are the model's own: kept as `id`. */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -43,17 +45,25 @@ typedef enum kg_toolfmt {
     KG_TOOLFMT_COMMAND_R7B, /* <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]... */
     KG_TOOLFMT_FUNCTIONARY, /* v3.2: after the prompt's ">>>", "all\n" content or "name\n{...}" */
     KG_TOOLFMT_GPT_OSS, /* Harmony: <|channel|>commentary to=functions.N ...<|message|>A<|call|> */
+    KG_TOOLFMT_GLM,     /* GLM-4.5/4.6/4.7: <tool_call>N<arg_key>K</arg_key><arg_value>V</arg_value>
+                           ...</tool_call> (newlines between in 4.5/4.6) */
+    KG_TOOLFMT_KIMI_K2, /* <|tool_calls_section_begin|><|tool_call_begin|>functions.N:I
+                           <|tool_call_argument_begin|>A<|tool_call_end|>...<|tool_calls_section_end|>
+                         */
+    KG_TOOLFMT_MINIMAX_M2, /* <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V
+                              </parameter>\n...</invoke>\n...</minimax:tool_call> */
+    KG_TOOLFMT_LAST = KG_TOOLFMT_MINIMAX_M2,
 } kg_toolfmt_t;
 
 typedef struct kg_toolcall {
     char *name;
     char *arguments; /* JSON text (partial when the output ended inside it) */
-    char *id;        /* the model's own id (Mistral, Command R), else "" */
+    char *id;        /* the model's own id (Mistral, Command R, Kimi K2), else "" */
 } kg_toolcall_t;
 
 typedef struct kg_toolparse {
     char *content;   /* the answer without the calls (malloc'ed, never NULL after a parse) */
-    char *reasoning; /* the format's own reasoning (Command R7B, gpt-oss), else NULL */
+    char *reasoning; /* the format's own reasoning (Command R7B, gpt-oss, Kimi K2), else NULL */
     kg_toolcall_t *calls;
     size_t n_calls;
     bool malformed; /* a call marker was there but the syntax was not: all content */
@@ -66,7 +76,7 @@ kg_toolfmt_t kg_toolfmt_detect(const char *tmpl_src);
 const char *kg_toolfmt_name(kg_toolfmt_t f);
 
 /** Parse a finished answer text [0, len). `tools_json` (the job's tools as
- * a JSON array, or NULL) gives Qwen3-Coder's parameter types. On KG_OK the
+ * a JSON array, or NULL) gives the tagged formats' parameter types. On KG_OK the
  * caller owns `out` (kg_toolparse_clear); KG_ERR_NOMEM leaves it cleared. */
 kg_status_t kg_toolcall_parse(kg_toolfmt_t f,
                               const char *text,
@@ -81,8 +91,9 @@ void kg_toolparse_clear(kg_toolparse_t *p);
 /** The constraint text (KG_CONSTRAINT_TOOL_CALLS) of a required call in
  * format f: any of the tools (`tools_json`, checked by the job decoder) or,
  * `only` not NULL, that one; more than one call when `parallel` and the
- * syntax has room for several. Malloc'ed, *len its length; NULL with a
- * message when the format cannot be constrained (Qwen3-Coder's XML, none). */
+ * syntax has room for several (the tagged syntaxes of Qwen3-Coder, GLM and
+ * MiniMax-M2: one expression a parameter, string-typed ones free text).
+ * Malloc'ed, *len its length; NULL with a message for no format. */
 char *kg_toolcall_constraint(kg_toolfmt_t f,
                              const char *tools_json,
                              const char *only,

@@ -4,7 +4,9 @@
  * engine's), inside the call syntax of the model's template, so a model must
  * call and every call's arguments validate. The constraint's text (the cache
  * key) is a small JSON spec: {"format", "names", "params", "only",
- * "parallel"}. */
+ * "parallel"}. The tagged syntaxes (Qwen3-Coder, GLM, MiniMax-M2) write one
+ * tag pair a parameter, so their grammar is built from each property's own
+ * schema (tagged_gir), after the whole schemas compile (their errors). */
 #include "kg_json_schema.h"
 #include "kg_toolcall.h"
 
@@ -19,8 +21,16 @@
 #define DS_CALL_END    "<｜tool▁call▁end｜>"
 #define DS_SEP         "<｜tool▁sep｜>"
 
+#define KIMI_SECTION_BEGIN "<|tool_calls_section_begin|>"
+#define KIMI_SECTION_END   "<|tool_calls_section_end|>"
+
 static bool constrainable(kg_toolfmt_t f) {
-    return f != KG_TOOLFMT_NONE && f != KG_TOOLFMT_QWEN3_CODER;
+    return f != KG_TOOLFMT_NONE;
+}
+
+/* The syntaxes that write each parameter in tags of its own rather than one JSON object. */
+static bool tagged(kg_toolfmt_t f) {
+    return f == KG_TOOLFMT_QWEN3_CODER || f == KG_TOOLFMT_GLM || f == KG_TOOLFMT_MINIMAX_M2;
 }
 
 char *kg_toolcall_constraint(kg_toolfmt_t f,
@@ -83,6 +93,13 @@ const char *kg_toolfmt_marker(kg_toolfmt_t f) {
         return DS_CALLS_BEGIN;
     case KG_TOOLFMT_COMMAND_R7B:
         return "<|START_ACTION|>";
+    case KG_TOOLFMT_KIMI_K2:
+        return KIMI_SECTION_BEGIN;
+    case KG_TOOLFMT_QWEN3_CODER:
+    case KG_TOOLFMT_GLM:
+        return "<tool_call>";
+    case KG_TOOLFMT_MINIMAX_M2:
+        return "<minimax:tool_call>";
     default:
         return NULL;
     }
@@ -137,6 +154,14 @@ static int32_t one_call(kg_gir_t *g, const wrap_ctx_t *w, int32_t i, int32_t arg
         snprintf(head, sizeof(head),
                  "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", name);
         return kg_gir_seq3(g, lit(g, head), args, lit(g, "<|call|>"));
+    case KG_TOOLFMT_KIMI_K2: {
+        /* the id's index counts the conversation's calls: any number */
+        int32_t index = kg_gir_repeat(g, kg_gir_char_range(g, '0', '9'), 1, 3);
+        snprintf(head, sizeof(head), "<|tool_call_begin|>functions.%s:", name);
+        int32_t parts[] = {lit(g, head), index, lit(g, "<|tool_call_argument_begin|>"), args,
+                           lit(g, "<|tool_call_end|>")};
+        return kg_gir_seq(g, parts, 5);
+    }
     default:
         return -1;
     }
@@ -189,9 +214,193 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
     case KG_TOOLFMT_COMMAND_R7B:
         return kg_gir_seq3(g, lit(g, "<|START_ACTION|>[\n    "), some(g, call, ",\n    ", many),
                            lit(g, "\n]<|END_ACTION|>"));
+    case KG_TOOLFMT_KIMI_K2:
+        return kg_gir_seq3(g, lit(g, KIMI_SECTION_BEGIN), some(g, call, "", many),
+                           lit(g, KIMI_SECTION_END));
     default: /* one call a turn: Llama 3.x, Functionary, gpt-oss (<|call|> ends the turn) */
         return call;
     }
+}
+
+// ---- the tagged syntaxes: one expression a parameter ----
+
+/* A tool's parameters as tagged syntaxes write them: per property its key, the index of its
+ * schema among the flattened documents (-1: a string-typed one, written as raw text) and
+ * whether it is required. */
+typedef struct tag_ctx {
+    kg_toolfmt_t f;
+    json_t *names;
+    json_t *props; /* per tool: [[key, doc, required], ...] */
+    int64_t only;
+    bool parallel;
+} tag_ctx_t;
+
+/* Raw text up to the closing tag: no '<' (the parser reads to the first closing tag). Its string
+ * keywords (maxLength, pattern, enum) are not enforced. */
+static int32_t raw_text(kg_gir_t *g) {
+    uint32_t lt = '<';
+    return kg_gir_repeat(g, kg_gir_chars(g, &lt, &lt, 1, true), 0, KG_GIR_UNBOUNDED);
+}
+
+static int32_t
+tag_call(kg_gir_t *g, const tag_ctx_t *w, size_t t, const int32_t *doc_rules, int32_t raw) {
+    const char *name = json_string_value(json_array_get(w->names, t));
+    json_t *props = json_array_get(w->props, t);
+    size_t n = json_array_size(props);
+    int32_t *parts = malloc((n + 2) * sizeof(*parts));
+    if (!parts) {
+        return -1;
+    }
+    char buf[600];
+    /* GLM-4.5/4.6 put a newline after the name and each tag pair, 4.7 none: either */
+    int32_t nl = w->f == KG_TOOLFMT_GLM ? kg_gir_opt(g, lit(g, "\n")) : -1;
+    const char *item_open, *item_mid, *item_close;
+    switch (w->f) {
+    case KG_TOOLFMT_GLM:
+        snprintf(buf, sizeof(buf), "<tool_call>%s", name);
+        item_open = "<arg_key>", item_mid = "</arg_key>", item_close = "</arg_value>";
+        break;
+    case KG_TOOLFMT_MINIMAX_M2:
+        snprintf(buf, sizeof(buf), "<invoke name=\"%s\">\n", name);
+        item_open = "<parameter name=\"", item_mid = "\">", item_close = "</parameter>\n";
+        break;
+    default: /* Qwen3-Coder */
+        snprintf(buf, sizeof(buf), "<tool_call>\n<function=%s>\n", name);
+        item_open = "<parameter=", item_mid = ">\n", item_close = "\n</parameter>\n";
+        break;
+    }
+    parts[0] = nl < 0 ? lit(g, buf) : kg_gir_seq2(g, lit(g, buf), nl);
+    for (size_t k = 0; k < n; k++) {
+        json_t *p = json_array_get(props, k);
+        json_int_t doc = json_integer_value(json_array_get(p, 1));
+        snprintf(buf, sizeof(buf), "%s%s%s", item_open, json_string_value(json_array_get(p, 0)),
+                 item_mid);
+        int32_t head =
+            nl < 0 ? lit(g, buf) : kg_gir_seq3(g, lit(g, buf), nl, lit(g, "<arg_value>"));
+        int32_t tail = nl < 0 ? lit(g, item_close) : kg_gir_seq2(g, lit(g, item_close), nl);
+        int32_t item = kg_gir_seq3(g, head, doc < 0 ? raw : kg_gir_ref(g, doc_rules[doc]), tail);
+        parts[k + 1] = json_is_true(json_array_get(p, 2)) ? item : kg_gir_opt(g, item);
+    }
+    parts[n + 1] = lit(g, w->f == KG_TOOLFMT_GLM          ? "</tool_call>"
+                          : w->f == KG_TOOLFMT_MINIMAX_M2 ? "</invoke>\n"
+                                                          : "</function>\n</tool_call>");
+    int32_t call = kg_gir_seq(g, parts, (int32_t)n + 2);
+    free(parts);
+    return call;
+}
+
+static int32_t
+tag_wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_t errstr_size) {
+    const tag_ctx_t *w = ctx;
+    size_t n_tools = json_array_size(w->names);
+    int32_t *rules = malloc((size_t)(n > 0 ? n : 1) * sizeof(*rules));
+    int32_t *calls = malloc((n_tools ? n_tools : 1) * sizeof(*calls));
+    int32_t k = 0;
+    if (rules && calls) {
+        for (int32_t i = 0; i < n; i++) {
+            rules[i] = kg_gir_rule_new(g, "value");
+            kg_gir_define(g, rules[i], docs[i]);
+        }
+        int32_t raw = kg_gir_rule_new(g, "text");
+        kg_gir_define(g, raw, raw_text(g));
+        for (size_t t = 0; t < n_tools; t++) {
+            if (w->only < 0 || w->only == (int64_t)t) {
+                calls[k++] = tag_call(g, w, t, rules, kg_gir_ref(g, raw));
+            }
+        }
+    }
+    int32_t call = k > 0 ? kg_gir_alt(g, calls, k) : -1;
+    free(rules), free(calls);
+    if (call < 0) {
+        snprintf(errstr, errstr_size, "tool_calls: no tool to call");
+        return -1;
+    }
+    if (w->f == KG_TOOLFMT_MINIMAX_M2) {
+        return kg_gir_seq3(g, lit(g, "<minimax:tool_call>\n"), some(g, call, "", w->parallel),
+                           lit(g, "</minimax:tool_call>"));
+    }
+    if (w->f == KG_TOOLFMT_GLM && w->parallel) { /* a newline between calls or none */
+        return kg_gir_seq2(g, call,
+                           kg_gir_repeat(g, kg_gir_seq2(g, kg_gir_opt(g, lit(g, "\n")), call), 0,
+                                         KG_GIR_UNBOUNDED));
+    }
+    return some(g, call, "\n", w->parallel);
+}
+
+/* The validation pass's root: every document, so each tool's schema is compiled whole (its
+ * errors name tools[i].function.parameters). */
+static int32_t
+any_doc(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_t errstr_size) {
+    (void)ctx, (void)errstr, (void)errstr_size;
+    return kg_gir_alt(g, docs, n);
+}
+
+/* Each tool's properties split out: the non-string ones' schemas (with the tool's $defs, which
+ * their $refs name) as flat documents, and the per-tool list tag_ctx_t wants. */
+static bool flatten(json_t *params, json_t *flat, json_t *props) {
+    size_t i;
+    json_t *p;
+    bool ok = true;
+    json_array_foreach(params, i, p) {
+        json_t *list = json_array();
+        json_t *req = json_object_get(p, "required");
+        const char *key;
+        json_t *ps;
+        ok = ok && list && json_array_append_new(props, list) == 0;
+        json_object_foreach(json_object_get(p, "properties"), key, ps) {
+            const char *type = json_string_value(json_object_get(ps, "type"));
+            json_int_t doc = -1;
+            if (!type || strcmp(type, "string") != 0) {
+                json_t *copy = json_is_object(ps) ? json_deep_copy(ps) : json_object();
+                static const char *const defs[] = {"$defs", "definitions"};
+                for (int d = 0; copy && d < 2; d++) {
+                    json_t *v = json_object_get(p, defs[d]);
+                    ok = ok && (!v || json_object_set(copy, defs[d], v) == 0);
+                }
+                ok = ok && copy && json_array_append_new(flat, copy) == 0;
+                doc = (json_int_t)json_array_size(flat) - 1;
+            }
+            bool required = false;
+            size_t r;
+            json_t *rv;
+            json_array_foreach(req, r, rv) {
+                required =
+                    required || (json_is_string(rv) && strcmp(json_string_value(rv), key) == 0);
+            }
+            ok = ok && json_array_append_new(list, json_pack("[s,I,b]", key, doc, required)) == 0;
+        }
+    }
+    /* one document at least (the engine wants one): unused when no property needs it */
+    return ok && json_array_append_new(flat, json_object()) == 0;
+}
+
+static kg_gir_t *tagged_gir(json_t *spec, kg_toolfmt_t f, char *errstr, size_t errstr_size) {
+    json_t *params = json_object_get(spec, "params");
+    char *whole = json_dumps(params, JSON_COMPACT);
+    kg_gir_t *g = whole ? kg_json_schemas_gir(whole, strlen(whole), "tools", any_doc, NULL, errstr,
+                                              errstr_size)
+                        : NULL;
+    free(whole);
+    if (!g) {
+        return NULL;
+    }
+    kg_gir_free(g);
+    json_t *flat = json_array(), *props = json_array();
+    char *text = NULL;
+    if (flat && props && flatten(params, flat, props)) {
+        text = json_dumps(flat, JSON_COMPACT);
+    }
+    tag_ctx_t w = {f, json_object_get(spec, "names"), props,
+                   json_integer_value(json_object_get(spec, "only")),
+                   json_is_true(json_object_get(spec, "parallel"))};
+    g = text ? kg_json_schemas_gir(text, strlen(text), "tools", tag_wrap, &w, errstr, errstr_size)
+             : NULL;
+    if (!text) {
+        snprintf(errstr, errstr_size, "tool_calls: out of memory");
+    }
+    free(text);
+    json_decref(flat), json_decref(props);
+    return g;
 }
 
 kg_gir_t *
@@ -204,7 +413,7 @@ kg_toolcall_builder(const kg_constraint_t *c, char *errstr, size_t errstr_size, 
                     json_integer_value(json_object_get(spec, "only")),
                     json_is_true(json_object_get(spec, "parallel"))};
     const char *fname = json_string_value(json_object_get(spec, "format"));
-    for (int f = KG_TOOLFMT_NONE; fname && f <= KG_TOOLFMT_GPT_OSS; f++) {
+    for (int f = KG_TOOLFMT_NONE; fname && f <= KG_TOOLFMT_LAST; f++) {
         if (strcmp(kg_toolfmt_name((kg_toolfmt_t)f), fname) == 0) {
             w.f = (kg_toolfmt_t)f;
         }
@@ -213,6 +422,8 @@ kg_toolcall_builder(const kg_constraint_t *c, char *errstr, size_t errstr_size, 
     kg_gir_t *g = NULL;
     if (!spec || !params || !constrainable(w.f)) {
         snprintf(errstr, errstr_size, "tool_calls: a malformed constraint");
+    } else if (tagged(w.f)) {
+        g = tagged_gir(spec, w.f, errstr, errstr_size);
     } else {
         g = kg_json_schemas_gir(params, strlen(params), "tools", wrap, &w, errstr, errstr_size);
     }

@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) {
         return 0;
     }
-    kg_toolfmt_t f = (kg_toolfmt_t)(data[0] % (KG_TOOLFMT_GPT_OSS + 1));
+    kg_toolfmt_t f = (kg_toolfmt_t)(data[0] % (KG_TOOLFMT_LAST + 1));
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
     kg_toolparse_t p;

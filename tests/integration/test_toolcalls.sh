@@ -16,6 +16,9 @@
 #     template (kgen render) with the call and the result in it.
 #   - refusals: required without tools, a named function that is not a tool, required on a model
 #     whose template has no call syntax (invalid_job, each naming the field).
+#   - 40 required jobs on a random glm4moe model with GLM-4.6's own template (`--chat-template
+#     glm4.6`): the tagged syntax (<arg_key>/<arg_value>), constrained one parameter at a time;
+#     every finished call's arguments (typed back into JSON by the schema) validate.
 set -euo pipefail
 bin="${KG_BIN_DIR:?}"
 tmp=$(mktemp -d "${KG_TEST_TMP:-/tmp}/toolcalls.XXXXXX")
@@ -209,4 +212,51 @@ assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 assert '<tool_response>\n{"t": 21}\n</tool_response>' in prompt, prompt
 assert '"name": "search"' in prompt, prompt
 print("openai lines, refusals and the tool conversation's render: ok")
+PY
+
+# GLM's tagged calls: required, through the template's own syntax, typed back by the schema
+"$bin/kgen" mkmodel --out "$tmp/glm.gguf" --arch glm4moe --n-layer 2 --n-ff-exp 64 --n-expert 8 \
+    --n-expert-used 2 --n-expert-groups 4 --n-group-used 2 --n-embd 64 --n-head 4 --n-head-kv 2 \
+    --n-ff 128 --seed 3 --chat-template glm4.6 >/dev/null
+python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+# string-typed parameters are free text in a tagged grammar: no string keywords here
+T = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "days"]}},
+     {"name": "book", "parameters": {"type": "object", "properties": {
+        "seats": {"type": "integer", "minimum": 1, "maximum": 8}, "vip": {"type": "boolean"},
+        "tags": {"type": "array", "maxItems": 2, "items": {"type": "integer"}}},
+        "required": ["seats", "vip"]}},
+     {"name": "ping", "parameters": {"type": "object", "properties": {}}}]
+json.dump(T, open(f"{tmp}/glm-tools.json", "w"))
+with open(f"{tmp}/glm.jsonl", "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"request_id": f"g{i}", "messages": [{"role": "user", "content": f"task {i}"}],
+                            "tools": [{"type": "function", "function": t} for t in T],
+                            "tool_choice": "required", "parallel_tool_calls": i % 4 == 0,
+                            "max_tokens": 120, "temperature": 1.0}) + "\n")
+PY
+"$bin/kgen" batch --model "$tmp/glm.gguf" --input "$tmp/glm.jsonl" --output "$tmp/glm.out" \
+    2>>"$tmp/batch.log"
+python3 - "$tmp" <<'PY'
+import json, sys
+import jsonschema
+tmp = sys.argv[1]
+T = {t["name"]: t["parameters"] for t in json.load(open(f"{tmp}/glm-tools.json"))}
+n_done = n_calls = 0
+for line in open(f"{tmp}/glm.out"):
+    e = json.loads(line)
+    assert e["type"] == "done", e
+    fr, calls = e["finish_reason"], e.get("tool_calls", [])
+    assert fr in ("tool_calls", "length"), (e["request_id"], fr)
+    n_done += fr == "tool_calls"
+    for i, c in enumerate(calls):
+        if fr == "length" and i == len(calls) - 1:
+            continue  # may be cut
+        jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]])
+        n_calls += 1
+assert n_done >= 15, f"only {n_done} of 40 GLM jobs ended with calls"
+print(f"GLM: {n_done} of 40 required jobs finished tool_calls, {n_calls} calls valid")
 PY
