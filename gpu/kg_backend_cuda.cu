@@ -6,7 +6,8 @@
  *
  * DESIGN
  * KV pool. F16 in device memory, the CPU backend's layout: per layer K and
- * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim).
+ * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim); none for
+ * a bert encoder, which keeps nothing between steps.
  *
  * Buffers. Every activation buffer is allocated here at start for
  * max_batch_tokens tokens (see kg_backend_cuda_step.cu), so a step makes

@@ -21,6 +21,13 @@
  * device for sample(), which runs the device sampler (sample.cu) and
  * returns only the picks.
  *
+ * Hidden states. A step with want_hidden rows (embedding and rerank jobs)
+ * runs eagerly: the last residual add and the final RMSNorm run on every
+ * row into hid (F32, the CPU backend's hidden rows), the logits rows' norm
+ * then reads the sums already made (the same bits as without), and the
+ * wanted rows are copied back, one copy per run of consecutive rows. A
+ * bert model's steps are kg_backend_cuda_bert.cu's.
+ *
  * Batch invariance. A job's logits do not depend on its batch mates: the
  * GEMMs (gemm.cu) and attention (attention.cu) compute every row with the
  * same reduction order whatever the row count, the bucket, the tile or the
