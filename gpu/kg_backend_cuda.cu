@@ -6,7 +6,8 @@
  *
  * DESIGN
  * KV pool. F16 in device memory, the CPU backend's layout: per layer K and
- * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim).
+ * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim); none for
+ * a bert encoder, which keeps nothing between steps.
  *
  * Buffers. Every activation buffer is allocated here at start for
  * max_batch_tokens tokens (see kg_backend_cuda_step.cu), so a step makes
@@ -165,11 +166,13 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     }
     const size_t es_head = kg_cuda_dtype_size(ctx->head.dt);
 
-    /* KV pool */
-    ctx->kv_layer_elems = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size * n_kv;
-    ctx->kv_size = 2 * ctx->kv_layer_elems * (size_t)hp->n_layer * sizeof(__half);
-    KG_CUDA_CHECK(cudaMalloc((void **)&ctx->kv, ctx->kv_size));
-    KG_CUDA_CHECK(cudaMemset(ctx->kv, 0, ctx->kv_size));
+    /* KV pool (none for an encoder: its steps keep nothing) */
+    if (!ctx->bert) {
+        ctx->kv_layer_elems = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size * n_kv;
+        ctx->kv_size = 2 * ctx->kv_layer_elems * (size_t)hp->n_layer * sizeof(__half);
+        KG_CUDA_CHECK(cudaMalloc((void **)&ctx->kv, ctx->kv_size));
+        KG_CUDA_CHECK(cudaMemset(ctx->kv, 0, ctx->kv_size));
+    }
 
     KG_TRY(dev_alloc(ctx, (void **)&ctx->x, T * E * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->qkv, T * (n_q + 2 * n_kv) * 4));
@@ -185,6 +188,13 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(dev_alloc(ctx, &ctx->att, T * n_q * es));
     KG_TRY(dev_alloc(ctx, &ctx->h, T * F * es));
     KG_TRY(dev_alloc(ctx, &ctx->xo, T * E * es_head));
+    /* a step's hidden rows: gu holds them when it is as large (gate|up
+     * outputs are dead once the last layer's down GEMM has run) */
+    if (2 * F >= E) {
+        ctx->hid = ctx->gu;
+    } else {
+        KG_TRY(dev_alloc(ctx, (void **)&ctx->hid, T * E * 4));
+    }
     if (hp->n_expert > 0) {
         KG_TRY(alloc_moe(ctx, es));
     }
@@ -261,9 +271,10 @@ static void cuda_free(kg_backend_t *be) {
                 free_mat(&L->exp_up);
                 free_mat(&L->exp_down);
                 float *vecs[] = {
-                    L->bqkv,          L->bo,     L->q_norm,   L->k_norm,     L->attn_post_norm,
-                    L->ffn_post_norm, L->sinks,  L->router_b, L->exp_gate_b, L->exp_up_b,
-                    L->exp_down_b,    L->probs_b};
+                    L->bqkv,          L->bo,      L->q_norm,      L->k_norm,     L->attn_post_norm,
+                    L->ffn_post_norm, L->sinks,   L->router_b,    L->exp_gate_b, L->exp_up_b,
+                    L->exp_down_b,    L->probs_b, L->attn_norm_b, L->ffn_norm_b, L->up_b,
+                    L->down_b};
                 for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
                     cudaFree(vecs[i]);
                 }
@@ -276,6 +287,13 @@ static void cuda_free(kg_backend_t *be) {
         free_mat(&ctx->emb);
         cudaFree(ctx->out_norm);
         cudaFree(ctx->out_b);
+        cudaFree(ctx->pos_embd);
+        cudaFree(ctx->type_embd);
+        cudaFree(ctx->tok_norm);
+        cudaFree(ctx->tok_norm_b);
+        if (ctx->hid != ctx->gu) {
+            cudaFree(ctx->hid);
+        }
         cudaFree(ctx->rope_freqs);
         cudaFree(ctx->gelu_table);
         cudaFree(ctx->kv);
@@ -346,9 +364,14 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     be->last_fault = cuda_last_fault;
     be->counters = cuda_counters;
     be->moe_stats = hp->n_expert > 0 ? cuda_moe_stats : NULL;
-    be->kv_copy = cuda_kv_copy;
-    be->lora_add = cuda_lora_add;
-    be->lora_remove = cuda_lora_remove;
+    ctx->bert = hp->arch == KG_ARCH_BERT;
+    /* an encoder keeps no KV and has no LM head: nothing to copy, sample or
+     * adapt; every family returns hidden states (embedding jobs) */
+    be->kv_copy = ctx->bert ? NULL : cuda_kv_copy;
+    be->lora_add = ctx->bert ? NULL : cuda_lora_add;
+    be->lora_remove = ctx->bert ? NULL : cuda_lora_remove;
+    be->sample = ctx->bert ? NULL : cuda_sample;
+    be->hidden = true;
     ctx->model = model;
     ctx->hp = *hp;
     ctx->n_kv_blocks = params->n_kv_blocks;

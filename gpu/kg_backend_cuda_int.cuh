@@ -6,6 +6,7 @@
 #pragma once
 
 #include "attention.cuh"
+#include "bert.cuh"
 #include "cuda_common.cuh"
 #include "embed.cuh"
 #include "geglu.cuh"
@@ -62,6 +63,11 @@ typedef struct cuda_layer {
     float *exp_down_b;              /* (n_expert, n_embd) */
     float *probs_b;                 /* (n_expert) selection bias (glm4moe) */
     int32_t n_ff_shexp;             /* FS: the shared expert's width; 0: none */
+    /* bert (attn_norm and ffn_norm hold its post-norms' weights, wgu its up
+     * matrix alone): the post-norms' biases, the FFN's biases (NULL: none) */
+    float *attn_norm_b, *ffn_norm_b; /* (n_embd) */
+    float *up_b;                     /* (n_ff) */
+    float *down_b;                   /* (n_embd) */
 } cuda_layer_t;
 
 typedef enum bucket_state {
@@ -88,11 +94,16 @@ typedef struct cuda_ctx {
     void *blas_ws;
     int32_t n_kv_blocks, block_size, max_tokens, out_cap, table_cap;
 
-    cuda_layer_t *layers;  /* (n_layer) */
-    kg_cuda_mat_t emb;     /* (n_vocab, n_embd) */
-    kg_cuda_mat_t head;    /* (n_vocab, n_embd); data == emb.data when tied */
-    float *out_norm;       /* (n_embd) */
-    float *out_b;          /* (n_vocab) output bias or NULL */
+    cuda_layer_t *layers; /* (n_layer) */
+    kg_cuda_mat_t emb;    /* (n_vocab, n_embd) */
+    kg_cuda_mat_t head;   /* (n_vocab, n_embd); data == emb.data when tied */
+    float *out_norm;      /* (n_embd) */
+    float *out_b;         /* (n_vocab) output bias or NULL */
+    /* bert (kg_backend_cuda_bert.cu); NULL for the other families */
+    bool bert;
+    float *pos_embd;              /* (n_ctx_train, n_embd) */
+    float *type_embd;             /* (n_types, n_embd): row 0 is what every token adds, or NULL */
+    float *tok_norm, *tok_norm_b; /* (n_embd) LayerNorm of the summed embeddings */
     float *rope_freqs;     /* (n_rot / 2) frequency factors (rope_freqs or LongRoPE's) or NULL */
     kg_cuda_rope_t *ropes; /* (n_ropes) the distinct RoPEs of the layers */
     int32_t n_ropes;
@@ -116,6 +127,8 @@ typedef struct cuda_ctx {
     void *att;      /* (T, n_q) in wo's type */
     void *h;        /* (T, n_ff) in wdown's type */
     void *xo;       /* (T, n_embd) normed output rows, in the head's type */
+    float *hid;     /* (T, n_embd) every row's final norm, F32, for steps that want hidden
+                       states (decoders); gu's memory when that is large enough */
 
     /* mixture of experts (n_expert > 0), k = n_expert_used, R = the plan's
      * rows for T tokens (kg_cuda_moe_rows_cap) */
@@ -212,6 +225,20 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
 void cuda_last_fault(const kg_backend_t *be, kg_backend_fault_t *out);
 void cuda_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
 void cuda_counters(const kg_backend_t *be, kg_backend_counters_t *out);
+
+/* Mark the backend dead after a device failure in `what` (every later
+ * call fails); returns KG_ERR_BACKEND. */
+kg_status_t cuda_mark_dead(cuda_ctx_t *ctx, const char *what);
+
+/* Copy the rows of `rows` ((n_tokens, n_embd) F32 on the device) that
+ * batch->want_hidden marks into batch->hidden, in token order, and wait. */
+kg_status_t cuda_copy_hidden(cuda_ctx_t *ctx, const kg_step_batch_t *batch, const float *rows);
+
+// ---- kg_backend_cuda_bert.cu ----
+
+/* A bert step (the forward slot's work for a bert model): whole inputs,
+ * hidden rows out, no logits. */
+kg_status_t cuda_bert_forward(cuda_ctx_t *ctx, const kg_step_batch_t *batch);
 
 // ---- lora.cu: LoRA adapters ----
 

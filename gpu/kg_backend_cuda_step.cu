@@ -21,6 +21,13 @@
  * device for sample(), which runs the device sampler (sample.cu) and
  * returns only the picks.
  *
+ * Hidden states. A step with want_hidden rows (embedding and rerank jobs)
+ * runs eagerly: the last residual add and the final RMSNorm run on every
+ * row into hid (F32, the CPU backend's hidden rows), the logits rows' norm
+ * then reads the sums already made (the same bits as without), and the
+ * wanted rows are copied back, one copy per run of consecutive rows. A
+ * bert model's steps are kg_backend_cuda_bert.cu's.
+ *
  * Batch invariance. A job's logits do not depend on its batch mates: the
  * GEMMs (gemm.cu) and attention (attention.cu) compute every row with the
  * same reduction order whatever the row count, the bucket, the tile or the
@@ -341,7 +348,7 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
  * the device header) and `out_rows` output rows, plus the head of the first
  * out_cap of them when `head`. Also what a graph captures. */
 static kg_status_t
-run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head) {
+run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head, bool hidden) {
     const kg_hparams_t *hp = &ctx->hp;
     cudaStream_t st = ctx->stream;
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
@@ -427,12 +434,21 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff, ctx->tmp,
                                hp->n_embd, zero, &hp->n_embd));
     }
-    /* the last residual add and the final norm, only for the rows that want logits */
+    /* the last residual add and the final norm, only for the rows that want
+     * logits; a step that wants hidden states adds it on every row first
+     * and norms them all into hid (F32, as the CPU backend's), then the
+     * logits rows' norm reads the sums made (the same bits either way) */
     const kg_cuda_residual_t res_last = {ctx->tmp, NULL, ctx->layers[hp->n_layer - 1].ffn_post_norm,
                                          hp->residual_scale};
-    KG_TRY(kg_cuda_add_rmsnorm(st, out_rows, hdr, true, in.out_row, ctx->x, &res_last,
-                               ctx->out_norm, ctx->xo, ctx->head.dt, NULL, KG_CUDA_F32, hp->n_embd,
-                               hp->norm_eps));
+    const kg_cuda_residual_t res_none = {NULL, NULL, NULL, 0.0f};
+    if (hidden) {
+        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_last, ctx->out_norm,
+                                   ctx->hid, KG_CUDA_F32, NULL, KG_CUDA_F32, hp->n_embd,
+                                   hp->norm_eps));
+    }
+    KG_TRY(kg_cuda_add_rmsnorm(st, out_rows, hdr, true, in.out_row, ctx->x,
+                               hidden ? &res_none : &res_last, ctx->out_norm, ctx->xo, ctx->head.dt,
+                               NULL, KG_CUDA_F32, hp->n_embd, hp->norm_eps));
     if (head && out_rows > 0) {
         KG_TRY(run_head(ctx, 0, out_rows < ctx->out_cap ? out_rows : ctx->out_cap));
     }
@@ -450,7 +466,7 @@ static kg_status_t capture(cuda_ctx_t *ctx, int b) {
     kg_status_t st = KG_OK;
     cudaError_t err = cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal);
     if (err == cudaSuccess) {
-        st = run_step(ctx, rows, rows, true, rows <= ctx->out_cap);
+        st = run_step(ctx, rows, rows, true, rows <= ctx->out_cap, false);
         /* always end what was begun, whatever run_step did */
         err = cudaStreamEndCapture(ctx->stream, &graph);
     }
@@ -486,15 +502,15 @@ static kg_status_t capture(cuda_ctx_t *ctx, int b) {
 
 /* The device part of a step, inputs already packed: T tokens (rows slots,
  * padded to the bucket's size when b >= 0), n_out output rows. */
-static kg_status_t
-device_step(cuda_ctx_t *ctx, int32_t T, int32_t rows, int b, int32_t n_out, size_t n_ints) {
+static kg_status_t device_step(
+    cuda_ctx_t *ctx, int32_t T, int32_t rows, int b, int32_t n_out, size_t n_ints, bool hidden) {
     KG_CUDA_CHECK(cudaMemcpyAsync(ctx->d_in, ctx->h_in, n_ints * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, ctx->stream));
     KG_CUDA_CHECK(cudaEventRecord(ctx->ev_in, ctx->stream));
     ctx->head_row0 = -1;
     if (b < 0) {
         count(&ctx->cnt.eager_steps);
-        return run_step(ctx, T, n_out, false, true);
+        return run_step(ctx, T, n_out, false, true, hidden);
     }
     bucket_t *bk = &ctx->buckets[b];
     if (bk->state == BUCKET_GRAPH) {
@@ -507,18 +523,18 @@ device_step(cuda_ctx_t *ctx, int32_t T, int32_t rows, int b, int32_t n_out, size
     }
     count(&ctx->cnt.eager_steps);
     if (bk->state == BUCKET_EAGER) {
-        return run_step(ctx, T, n_out, true, true);
+        return run_step(ctx, T, n_out, true, true, false);
     }
     /* first step of the bucket: the warm-up runs exactly the launches the
      * graph will hold (and computes this step), then the capture */
-    KG_TRY(run_step(ctx, rows, rows, true, rows <= ctx->out_cap));
+    KG_TRY(run_step(ctx, rows, rows, true, rows <= ctx->out_cap, false));
     if (rows <= ctx->out_cap) {
         ctx->head_row0 = 0;
     }
     return capture(ctx, b);
 }
 
-static kg_status_t mark_dead(cuda_ctx_t *ctx, const char *what) {
+kg_status_t cuda_mark_dead(cuda_ctx_t *ctx, const char *what) {
     if (!ctx->dead) {
         KG_LOG_ERROR("cuda", "device error in %s: the CUDA backend is dead, every later call fails",
                      what);
@@ -554,6 +570,28 @@ static kg_status_t copy_logits(cuda_ctx_t *ctx, float *logits, int32_t n_out) {
     return KG_OK;
 }
 
+kg_status_t cuda_copy_hidden(cuda_ctx_t *ctx, const kg_step_batch_t *batch, const float *rows) {
+    const size_t E = (size_t)ctx->hp.n_embd;
+    int32_t n = 0;
+    for (int32_t t = 0; t < batch->n_tokens;) {
+        if (!batch->want_hidden[t]) {
+            t++;
+            continue;
+        }
+        int32_t run = 1; /* consecutive rows wanted: one copy (mean pooling wants them all) */
+        while (t + run < batch->n_tokens && batch->want_hidden[t + run]) {
+            run++;
+        }
+        KG_CUDA_CHECK(cudaMemcpyAsync(batch->hidden + (size_t)n * E, rows + (size_t)t * E,
+                                      (size_t)run * E * sizeof(float), cudaMemcpyDeviceToHost,
+                                      ctx->stream));
+        n += run;
+        t += run;
+    }
+    KG_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
+    return KG_OK;
+}
+
 kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
     cuda_ctx_t *ctx = (cuda_ctx_t *)be->ctx;
     if (ctx->dead) {
@@ -566,12 +604,33 @@ kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *
                           "step of %d tokens and %d outputs (max %d tokens)", T, n_out,
                           ctx->max_tokens);
     }
+    if (batch->n_hidden < 0 || (batch->n_hidden > 0 && (!batch->want_hidden || !batch->hidden))) {
+        return cuda_fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
+                          "step asks for %d hidden rows without their flags or buffer",
+                          batch->n_hidden);
+    }
+    if (ctx->bert) {
+        if (cudaSetDevice(ctx->device) != cudaSuccess ||
+            cudaEventSynchronize(ctx->ev_in) != cudaSuccess) {
+            return cuda_mark_dead(ctx, "the input upload");
+        }
+        return cuda_bert_forward(ctx, batch);
+    }
+    int32_t n_hid = 0;
+    for (int32_t t = 0; batch->want_hidden && t < T; t++) {
+        n_hid += batch->want_hidden[t] ? 1 : 0;
+    }
+    if (n_hid != batch->n_hidden) {
+        return cuda_fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
+                          "batch says %d hidden rows, want_hidden has %d", batch->n_hidden, n_hid);
+    }
     if (ctx->max_ctx == 0 && fix_attention(ctx, batch) != KG_OK) {
-        return mark_dead(ctx, "sizing the step inputs");
+        return cuda_mark_dead(ctx, "sizing the step inputs");
     }
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
         cudaEventSynchronize(ctx->ev_in) != cudaSuccess) {
-        return mark_dead(ctx, "the input upload"); /* the pinned inputs may still be in flight */
+        return cuda_mark_dead(ctx,
+                              "the input upload"); /* the pinned inputs may still be in flight */
     }
     /* the adapters' plan (lora.cu); a step that uses one runs eagerly */
     bool lora_used = false;
@@ -580,12 +639,13 @@ kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *
         return lst;
     }
     if (lst != KG_OK) {
-        return mark_dead(ctx, "the LoRA plan's upload");
+        return cuda_mark_dead(ctx, "the LoRA plan's upload");
     }
-    /* a decode-only step runs as the graph of its bucket */
+    /* a decode-only step runs as the graph of its bucket (one that wants
+     * hidden states eagerly: the graphs norm the logits rows only) */
     int b = -1;
     int32_t rows = T;
-    if (ctx->use_graphs && n_out == T && !lora_used) {
+    if (ctx->use_graphs && n_out == T && !lora_used && n_hid == 0) {
         b = cuda_bucket_for(ctx, T);
         rows = b >= 0 && ctx->buckets[b].state != BUCKET_EAGER ? ctx->buckets[b].rows : T;
     }
@@ -594,12 +654,15 @@ kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *
     if (st != KG_OK) {
         return st;
     }
-    if (device_step(ctx, T, rows, b, n_out, n_ints) != KG_OK) {
-        return mark_dead(ctx, "a step");
+    if (device_step(ctx, T, rows, b, n_out, n_ints, n_hid > 0) != KG_OK) {
+        return cuda_mark_dead(ctx, "a step");
+    }
+    if (n_hid > 0 && cuda_copy_hidden(ctx, batch, ctx->hid) != KG_OK) {
+        return cuda_mark_dead(ctx, "reading the hidden states");
     }
     ctx->last_n_outputs = n_out;
     if (logits && n_out > 0 && copy_logits(ctx, logits, n_out) != KG_OK) {
-        return mark_dead(ctx, "reading the logits");
+        return cuda_mark_dead(ctx, "reading the logits");
     }
     return KG_OK;
 }
@@ -615,14 +678,14 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
                           "sample of %d rows, the last step produced %d", n, ctx->last_n_outputs);
     }
     if (cudaSetDevice(ctx->device) != cudaSuccess) {
-        return mark_dead(ctx, "sampling");
+        return cuda_mark_dead(ctx, "sampling");
     }
     /* one logits chunk at a time: the head of a chunk, then its rows */
     for (int32_t r0 = 0; r0 < n; r0 += ctx->out_cap) {
         const int32_t rows = n - r0 < ctx->out_cap ? n - r0 : ctx->out_cap;
         int32_t bad = -1;
         if (ensure_rows(ctx, r0) != KG_OK) {
-            return mark_dead(ctx, "the head GEMM");
+            return cuda_mark_dead(ctx, "the head GEMM");
         }
         /* the requests' logit_bias first (logit_bias.cu), then the constrained
          * rows' masks (mask.cu), then the usual sampler: a masked token stays
@@ -630,11 +693,11 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
          * out uniform over them, as in kg_sampler_sample_masked */
         if (kg_cuda_bias_apply(&ctx->bias, ctx->stream, ctx->logits, ctx->hp.n_vocab, reqs + r0,
                                rows) != KG_OK) {
-            return mark_dead(ctx, "the logit bias");
+            return cuda_mark_dead(ctx, "the logit bias");
         }
         if (kg_cuda_mask_apply(&ctx->mask, ctx->stream, ctx->logits, ctx->sampler.n_vocab,
                                reqs + r0, rows) != KG_OK) {
-            return mark_dead(ctx, "applying token masks");
+            return cuda_mark_dead(ctx, "applying token masks");
         }
         const kg_status_t st = kg_cuda_sampler_run(&ctx->sampler, ctx->stream, ctx->logits,
                                                    reqs + r0, rows, out + r0, &bad);
@@ -645,7 +708,7 @@ cuda_sample(kg_backend_t *be, const kg_sample_request_t *reqs, int32_t n, kg_sam
                               r0 + bad, out[r0 + bad].token);
         }
         if (st != KG_OK) {
-            return mark_dead(ctx, "sampling");
+            return cuda_mark_dead(ctx, "sampling");
         }
         /* this chunk's logits are consumed (penalties are applied in place) */
         ctx->head_row0 = -1;
@@ -670,7 +733,7 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
         kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems, 2 * ctx->hp.n_layer, block, src,
                         dst, n) != KG_OK) {
-        return mark_dead(ctx, "the KV block copy");
+        return cuda_mark_dead(ctx, "the KV block copy");
     }
     return KG_OK;
 }

@@ -18,6 +18,10 @@
 
 #include <string.h>
 
+extern "C" {
+#include "../src/model/kg_model_bert.h"
+}
+
 // ---- weights ----
 
 kg_cuda_dtype_t kg_cuda_weight_dtype(kg_ggml_type_t type) {
@@ -313,7 +317,27 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     KG_TRY(upload_vec(ctx, src->ffn_post_norm, &L->ffn_post_norm));
     KG_TRY(upload_vec(ctx, src->attn_sinks, &L->sinks));
     L->n_swa = src->n_swa > 0 ? src->n_swa : 0;
+    if (ctx->bert) { /* its post-norms, with biases, and the FFN's biases */
+        const kg_bert_layer_t *bl = &ctx->model->bert->layers[il];
+        KG_TRY(upload_vec(ctx, bl->attn_out_norm, &L->attn_norm));
+        KG_TRY(upload_vec(ctx, bl->attn_out_norm_b, &L->attn_norm_b));
+        KG_TRY(upload_vec(ctx, bl->layer_out_norm, &L->ffn_norm));
+        KG_TRY(upload_vec(ctx, bl->layer_out_norm_b, &L->ffn_norm_b));
+        KG_TRY(upload_vec(ctx, bl->ffn_up_b, &L->up_b));
+        KG_TRY(upload_vec(ctx, bl->ffn_down_b, &L->down_b));
+    }
     return add_rope(ctx, src->rope_base, src->rope_scale, &L->rope);
+}
+
+/* bert's embeddings' parts beside tok_embd: positions and token types
+ * dequantized to F32 (added to the token's row before the LayerNorm, as
+ * cpu_bert does), the LayerNorm's weight and bias. */
+static kg_status_t upload_bert(cuda_ctx_t *ctx) {
+    const struct kg_bert_weights *bw = ctx->model->bert;
+    KG_TRY(upload_vec(ctx, bw->pos_embd, &ctx->pos_embd));
+    KG_TRY(upload_vec(ctx, bw->type_embd, &ctx->type_embd));
+    KG_TRY(upload_vec(ctx, bw->tok_norm, &ctx->tok_norm));
+    return upload_vec(ctx, bw->tok_norm_b, &ctx->tok_norm_b);
 }
 
 kg_status_t cuda_upload_weights(cuda_ctx_t *ctx) {
@@ -336,9 +360,12 @@ kg_status_t cuda_upload_weights(cuda_ctx_t *ctx) {
     if (st == KG_OK) {
         if (model->output == model->tok_embd) {
             ctx->head = ctx->emb;
-        } else {
+        } else if (model->output) { /* an encoder has no LM head */
             st = upload_mat(ctx, &s, &model->output, 1, &ctx->head);
         }
+    }
+    if (st == KG_OK && ctx->bert) {
+        st = upload_bert(ctx);
     }
     if (st == KG_OK) { /* rope_freqs, or LongRoPE's factors for this context */
         st = upload_vec(ctx, kg_model_rope_factors(model, ctx->max_seq_len), &ctx->rope_freqs);

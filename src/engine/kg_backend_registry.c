@@ -20,8 +20,9 @@
  * kernels, and whole forwards of the tests/data/arch models): the dense
  * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN, issue 24's) and the
  * experts (qwen3moe, Mixtral, gpt-oss with its sinks, glm4moe's sigmoid
- * router and shared expert). A model that needs anything
- * else is refused for it, and `auto` takes the CPU. */
+ * router and shared expert), and the bert encoder (check_cuda_embed.c).
+ * A model that needs anything else is refused for it, and `auto` takes
+ * the CPU. */
 #define KG_CUDA_FEATURES                                                                           \
     (KG_MODEL_FEAT_QKV_BIAS | KG_MODEL_FEAT_QK_NORM | KG_MODEL_FEAT_POST_NORM |                    \
      KG_MODEL_FEAT_GELU | KG_MODEL_FEAT_EMBD_SCALE | KG_MODEL_FEAT_SOFTCAP |                       \
@@ -30,10 +31,19 @@
      KG_MODEL_FEAT_Q_SCALE | KG_MODEL_FEAT_MOE | KG_MODEL_FEAT_MOE_OAI |                           \
      KG_MODEL_FEAT_ATTN_SINKS | KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES |                        \
      KG_MODEL_FEAT_NO_PRE_NORM | KG_MODEL_FEAT_QK_NORM_FULL | KG_MODEL_FEAT_ATTN_TEMP |            \
-     KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT)
+     KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT |               \
+     KG_MODEL_FEAT_ENCODER)
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
-    const uint32_t missing = kg_model_features(model) & ~(uint32_t)KG_CUDA_FEATURES;
+    uint32_t used = kg_model_features(model);
+    if (used & KG_MODEL_FEAT_ENCODER) {
+        /* the bert loader leaves the per-layer shape fields (head_dim,
+         * n_ff, kv_layer) unset, which reads as per-layer shapes and
+         * shared KV; its layers are uniform (every tensor's shape is
+         * checked against the model's) and keep no KV */
+        used &= ~(uint32_t)(KG_MODEL_FEAT_HEAD_PER_LAYER | KG_MODEL_FEAT_KV_SHARED);
+    }
+    const uint32_t missing = used & ~(uint32_t)KG_CUDA_FEATURES;
     char names[256];
     if (missing == 0) {
         return true;

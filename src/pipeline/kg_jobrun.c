@@ -329,7 +329,7 @@ char *kg_jobrun_refused(const kg_jobrun_t *r,
     outcome->code = KG_ERROR_INTERNAL;
     char msg[160];
     if (status == KG_ERR_UNSUPPORTED && r->prep.n_inputs > 0) {
-        /* the CUDA backend returns no hidden states yet */
+        /* a backend that returns no hidden states (kg_backend_has_hidden) */
         snprintf(msg, sizeof(msg),
                  "this worker's backend does not run embed, rerank or score jobs (the CPU "
                  "backend does)");
