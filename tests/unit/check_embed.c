@@ -338,6 +338,43 @@ START_TEST(batch_invariant) {
 }
 END_TEST
 
+/* A non-causal model's step must hold each input whole: the CPU backend
+ * refuses a step whose input starts past position 0 (its earlier tokens,
+ * which every token attends to, are not there), and a generation request
+ * is refused by the engine. */
+START_TEST(non_causal_input_runs_whole) {
+    kg_model_t *m = make_model("--arch gemma-embedding --n-embd 64 --n-layer 2 --n-head 4 "
+                               "--n-head-kv 2 --head-dim 32 --n-ff 128 --ctx 512 --seed 51",
+                               0);
+    kg_backend_t *be;
+    kg_engine_t *e = make_engine(m, &be, 64);
+    const int32_t tok[3] = {5, 6, 7}, seq[3] = {0, 0, 0}, table[4] = {0, 1, 2, 3};
+    const bool want[3] = {false, false, false}, hid[3] = {true, true, true};
+    float hidden[3 * 64];
+    const int32_t cut[3] = {1, 2, 3}, whole[3] = {0, 1, 2};
+    kg_step_batch_t b = {.n_tokens = 3,
+                         .token = tok,
+                         .pos = cut,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_slots = 1,
+                         .max_blocks_per_seq = 4,
+                         .block_table = table,
+                         .want_hidden = hid,
+                         .n_hidden = 3,
+                         .hidden = hidden};
+    ck_assert_int_eq(kg_backend_forward(be, &b, NULL), KG_ERR_INVALID);
+    b.pos = whole;
+    ck_assert_int_eq(kg_backend_forward(be, &b, NULL), KG_OK);
+    const int32_t prompt[2] = {5, 6};
+    kg_request_t gen = {.id = 9, .prompt = prompt, .n_prompt = 2, .max_tokens = 2};
+    ck_assert_int_eq(kg_engine_submit(e, &gen), KG_ERR_UNSUPPORTED);
+    kg_engine_free(e);
+    kg_backend_free(be);
+    kg_model_free(m);
+}
+END_TEST
+
 /* Embedding inputs packed with generation jobs in a KV pool too small for
  * all of them: the engine preempts (embedding inputs too, recomputed from
  * their first token), every request ends, and each vector is still
@@ -673,6 +710,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, batch_invariant, 0, 3);
     tcase_add_test(tc, engine_rules);
+    tcase_add_test(tc, non_causal_input_runs_whole);
     tcase_add_test(tc, mixed_with_generation_and_preempted);
     tcase_add_test(tc, answer_fits_or_errors);
     tcase_add_test(tc, rerank_sorted_and_cut);
