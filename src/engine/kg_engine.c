@@ -485,7 +485,7 @@ kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_m
     p.n_vocab = model->hp.n_vocab;
     p.kv_window = kg_model_kv_window(model);
     p.n_embd = model->hp.n_embd;
-    p.non_causal = kg_model_embed_only(model);
+    p.non_causal = kg_model_non_causal(model);
     size_t n_blocks;
     if (kv_memory_size > 0) {
         size_t block_bytes = kg_backend_kv_bytes_per_token(model) * (size_t)p.kv_block_size;

@@ -153,9 +153,10 @@ typedef struct kg_engine_params {
                              before that are given back as a sequence advances; 0: none */
     bool no_jump_forward; /* constrained requests: sample every token, even a forced one */
     int32_t n_embd;       /* the model's hidden width (embedding requests); 0: none run */
-    /* an encoder (bert): an input attends both ways, so it is scheduled whole
-     * in one step (an input longer than max_batch_tokens is refused) and
-     * nothing else (generation) runs; kg_model_embed_only */
+    /* an encoder (bert) or a non-causal decoder stack (gemma-embedding): an
+     * input attends both ways, so it is scheduled whole in one step (an input
+     * longer than max_batch_tokens is refused) and nothing else (generation)
+     * runs; kg_model_non_causal */
     bool non_causal;
 } kg_engine_params_t;
 

@@ -122,6 +122,20 @@ float kg_embed_rank_score(const kg_model_t *model, const float *h) {
     return (float)(exp((double)(logits[0] - mx)) / sum);
 }
 
+bool kg_embed_dense(const kg_model_t *model, float *v) {
+    if (!model->dense_2) {
+        return true;
+    }
+    const int32_t E = model->hp.n_embd, N = model->n_dense;
+    float *mid = malloc((size_t)N * sizeof(float));
+    /* llama.cpp's build_dense_out: two ggml_mul_mat after pooling, no bias
+     * and no activation between them */
+    const bool ok = mid && head_matmul(model->dense_2, v, E, N, mid) &&
+                    head_matmul(model->dense_3, mid, N, E, v);
+    free(mid);
+    return ok;
+}
+
 int32_t kg_embed_finish(float *v, int32_t n, int32_t dims, bool normalize) {
     if (dims > 0 && dims < n) {
         n = dims;

@@ -33,6 +33,13 @@ bool kg_embed_can_rank(const kg_model_t *model);
  * it. @thread any */
 float kg_embed_rank_score(const kg_model_t *model, const float *h);
 
+/** The pooled row `v` (n_embd floats) through the model's Sentence-
+ * Transformers dense projections, in place (dense_2 then dense_3, as
+ * llama.cpp applies them after pooling and before any normalisation); a
+ * model without them leaves v as it is. False when out of memory.
+ * @thread any */
+bool kg_embed_dense(const kg_model_t *model, float *v);
+
 /** The vector a job gets from a pooled row `v` of n floats: the first
  * `dims` (0 or more than n: all), then divided by its L2 norm when
  * `normalize` (a zero vector stays zero). Returns the length kept. */

@@ -278,6 +278,11 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
     if (fam->gemma4) {
         return kg_mkmodel_gemma4_weights(w, o, n_vocab);
     }
+    if (strcmp(fam->gguf_arch, "gemma-embedding") == 0 &&
+        (!add_random(w, o, "dense_2.weight", wt, E, 4 * E, 0.0f, fe) ||
+         !add_random(w, o, "dense_3.weight", wt, 4 * E, E, 0.0f, fan_in_scale(4 * E)))) {
+        return false;
+    }
     const int64_t n_blocks = o->n_layer + (fam->glm ? o->n_nextn : 0);
     /* MLA (DeepseekV2Model): R latent dims, a query head of hd = nope +
      * rope dims, MV value dims per head */
@@ -515,7 +520,9 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     const char *a = fam->gguf_arch;
     char key[128];
     const bool llama = strcmp(a, "llama") == 0, phi3 = strcmp(a, "phi3") == 0;
-    const bool gemma2 = strcmp(a, "gemma2") == 0, gemma3 = strcmp(a, "gemma3") == 0;
+    /* EmbeddingGemma's keys are Gemma 3's (window, pattern, RoPE bases) */
+    const bool gemma_embd = strcmp(a, "gemma-embedding") == 0;
+    const bool gemma2 = strcmp(a, "gemma2") == 0, gemma3 = strcmp(a, "gemma3") == 0 || gemma_embd;
 #define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, a), key)
     kg_gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)o->ctx);
     if (phi3 && o->rope_orig_ctx > 0) {
@@ -678,6 +685,14 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     }
     if (fam->gemma4) {
         kg_mkmodel_gemma4_hparams(w, o);
+    }
+    if (gemma_embd) {
+        /* --sentence-transformers-dense-modules: 768 -> 3072 -> 768 in
+         * EmbeddingGemma, n_embd -> 4 n_embd -> n_embd here */
+        kg_gguf_writer_set_u32(w, KEY("dense_2_feat_in"), (uint32_t)o->n_embd);
+        kg_gguf_writer_set_u32(w, KEY("dense_2_feat_out"), (uint32_t)(4 * o->n_embd));
+        kg_gguf_writer_set_u32(w, KEY("dense_3_feat_in"), (uint32_t)(4 * o->n_embd));
+        kg_gguf_writer_set_u32(w, KEY("dense_3_feat_out"), (uint32_t)o->n_embd);
     }
 #undef KEY
 }
@@ -848,10 +863,15 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     if (tmpl) {
         kg_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl);
     }
-    if (o->pooling >= 0 || o->rerank) {
+    /* EmbeddingGemma's Sentence-Transformers config pools by the mean */
+    const int32_t def_pool = strcmp(fam->gguf_arch, "gemma-embedding") == 0 ? 1 : -1;
+    if (o->pooling >= 0 || o->rerank || def_pool >= 0) {
         char key[64];
         snprintf(key, sizeof(key), "%s.pooling_type", fam->gguf_arch);
-        kg_gguf_writer_set_u32(w, key, (uint32_t)(o->pooling >= 0 ? o->pooling : 4));
+        kg_gguf_writer_set_u32(w, key,
+                               (uint32_t)(o->pooling >= 0 ? o->pooling
+                                          : o->rerank     ? 4
+                                                          : def_pool));
     }
     if (o->rerank) {
         /* what convert_hf_to_gguf.py writes for Qwen3-Reranker: the head is

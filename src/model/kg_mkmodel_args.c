@@ -286,7 +286,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     }
     const char *arch = o->arch ? o->arch : "llama";
     const bool gemma4 = strcmp(arch, "gemma4") == 0;
-    const bool gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0 || gemma4;
+    const bool gemma = strcmp(arch, "gemma2") == 0 || strcmp(arch, "gemma3") == 0 || gemma4 ||
+                       strcmp(arch, "gemma-embedding") == 0;
     if (!gemma4 && (o->n_embd_per_layer > 0 || o->n_kv_shared > 0)) {
         return bad(errstr, errstr_size, "--n-embd-per-layer and --n-kv-shared are for gemma4");
     }
@@ -331,7 +332,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         (o->swa_pattern >= 0 && !gemma) || (o->rope_base_swa > 0.0f && !gemma)) {
         return bad(errstr, errstr_size,
                    "--sliding-window, --swa-pattern and --rope-base-swa are "
-                   "for gemma2, gemma3 and gemma4 (phi3, gpt-oss, olmo2: --sliding-window only)");
+                   "for gemma2, gemma3 and gemma4, and gemma-embedding (phi3, gpt-oss, olmo2: "
+                   "--sliding-window only)");
     }
     if (!moe && (o->n_expert > 0 || o->n_expert_used > 0 || o->n_ff_exp > 0 ||
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
@@ -399,7 +401,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
 
 void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, size_t size) {
     int64_t hd = o->head_dim;
-    const bool tied = o->tied || strcmp(o->arch, "gemma2") == 0;
+    const bool gemma_embd = strcmp(o->arch, "gemma-embedding") == 0;
+    const bool tied = o->tied || strcmp(o->arch, "gemma2") == 0 || gemma_embd;
     const bool moe = strcmp(o->arch, "qwen3moe") == 0 || strcmp(o->arch, "mixtral") == 0 ||
                      strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0 ||
                      strcmp(o->arch, "deepseek2") == 0;
@@ -411,6 +414,7 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
     int64_t per_layer = 2 * o->n_embd + o->n_embd * (o->n_head + 2 * o->n_head_kv) * hd +
                         o->n_head * hd * o->n_embd + ffn;
     int64_t params = n_vocab * o->n_embd * (tied ? 1 : 2) + o->n_embd + o->n_layer * per_layer;
+    params += gemma_embd ? 8 * o->n_embd * o->n_embd : 0; /* the dense projections */
     FILE *f = fopen(o->out, "rb");
     long bytes = -1;
     if (f && fseek(f, 0, SEEK_END) == 0) {

@@ -35,6 +35,17 @@ static const kg_mkmodel_family_t families[] = {
      .small_embd = true,
      .vocab = KG_MKVOCAB_GEMMA,
      .rms_eps = 1e-6f},
+    /* EmbeddingGemma (llama.cpp's gemma-embedding): gemma3's layers, no
+     * lm_head, mean pooling and the Sentence-Transformers dense projections
+     * (kg_mkmodel.c writes those by this arch) */
+    {.arch = "gemma-embedding",
+     .gguf_arch = "gemma-embedding",
+     .qk_norm = true,
+     .post_norms = true,
+     .always_tied = true,
+     .small_embd = true,
+     .vocab = KG_MKVOCAB_GEMMA,
+     .rms_eps = 1e-6f},
     {.arch = "phi3",
      .gguf_arch = "phi3",
      .fused = true,

@@ -28,12 +28,12 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_MISTRAL3] = "mistral3",   [KG_ARCH_SEED_OSS] = "seed_oss",
     [KG_ARCH_APERTUS] = "apertus",     [KG_ARCH_GLM4MOE] = "glm4moe",
     [KG_ARCH_DEEPSEEK2] = "deepseek2", [KG_ARCH_BERT] = "bert",
-    [KG_ARCH_GEMMA4] = "gemma4",
+    [KG_ARCH_GEMMA4] = "gemma4",       [KG_ARCH_GEMMA_EMBED] = "gemma-embedding",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -190,9 +190,9 @@ static bool load_layer(loader_t *ld,
     const int64_t n_q = (int64_t)hp->n_head * hp->head_dim;
     const int64_t n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
     const kg_arch_t a = hp->arch;
-    const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3;
-    const bool qk_norm =
-        a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS;
+    const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED;
+    const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED ||
+                         a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     const bool glm = a == KG_ARCH_GLM4MOE, ds2 = a == KG_ARCH_DEEPSEEK2;
     /* glm4moe's first n_layer_dense layers have a dense FFN */
@@ -384,6 +384,45 @@ static bool load_layer(loader_t *ld,
     return !bad;
 }
 
+/* Sentence-Transformers' dense projections (llama_model_gemma_embedding's
+ * optional dense_2 / dense_3, sized by <arch>.dense_{2,3}_feat_{in,out}):
+ * both or neither, n_embd -> n_dense -> n_embd, as EmbeddingGemma's are.
+ * llama.cpp would take one alone, which leaves vectors of another width
+ * than n_embd; kgen refuses that. */
+static bool load_dense(loader_t *ld, kg_model_t *model, const char *arch) {
+    const int64_t E = model->hp.n_embd;
+    int32_t f[4] = {0, 0, 0, 0}; /* dense_2 in, out; dense_3 in, out */
+    static const char *const names[4] = {"dense_2_feat_in", "dense_2_feat_out", "dense_3_feat_in",
+                                         "dense_3_feat_out"};
+    char key[160];
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof(key), "%s.%s", arch, names[i]);
+        if (kg_gguf_find_key(ld->g, key) >= 0 && (!get_i32(ld->g, key, &f[i]) || f[i] <= 0)) {
+            snprintf(ld->errstr, ld->errstr_size, "model: bad hyperparameter '%s'", key);
+            return false;
+        }
+    }
+    const bool has2 = kg_gguf_find_tensor(ld->g, "dense_2.weight") != NULL;
+    const bool has3 = kg_gguf_find_tensor(ld->g, "dense_3.weight") != NULL;
+    if (!has2 && !has3) {
+        return true;
+    }
+    if (!has2 || !has3 || f[0] != E || f[3] != E || f[1] != f[2] || f[1] <= 0 || f[1] > (1 << 20)) {
+        snprintf(ld->errstr, ld->errstr_size,
+                 "model: the dense projections must come together, n_embd (%lld) -> N -> n_embd, "
+                 "with %s.dense_{2,3}_feat_{in,out} saying so (dense_2 %s, dense_3 %s; %d -> %d, "
+                 "%d -> %d)",
+                 (long long)E, arch, has2 ? "present" : "absent", has3 ? "present" : "absent", f[0],
+                 f[1], f[2], f[3]);
+        return false;
+    }
+    bool bad = false;
+    model->dense_2 = find_tensor(ld, "dense_2.weight", E, f[1], false, &bad);
+    model->dense_3 = find_tensor(ld, "dense_3.weight", f[1], E, false, &bad);
+    model->n_dense = f[1];
+    return !bad;
+}
+
 kg_model_t *kg_model_load(const char *path, char *errstr, size_t errstr_size) {
     kg_gguf_t *g = kg_gguf_open(path, errstr, errstr_size);
     return g ? kg_model_load_gguf(g, path, errstr, errstr_size) : NULL;
@@ -565,6 +604,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         }
     }
     if (hp->ffn_act == KG_FFN_XIELU && !kg_model_read_xielu(g, model, errstr, errstr_size)) {
+        goto fail;
+    }
+    if (hp->arch == KG_ARCH_GEMMA_EMBED && !load_dense(&ld, model, arch)) {
         goto fail;
     }
     const bool gemma4 = hp->arch == KG_ARCH_GEMMA4;
@@ -771,8 +813,16 @@ uint32_t kg_model_features(const kg_model_t *model) {
     }
     if (kg_model_embed_only(model)) {
         f |= KG_MODEL_FEAT_ENCODER;
+    } else if (kg_model_non_causal(model)) {
+        /* not the encoder bit: a backend that runs bert's encoder may still
+         * have no non-causal path through its decoder layers (CUDA) */
+        f |= KG_MODEL_FEAT_BIDIR;
     }
     return f;
+}
+
+bool kg_model_non_causal(const kg_model_t *model) {
+    return kg_model_embed_only(model) || model->hp.non_causal;
 }
 
 const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
@@ -807,6 +857,7 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
         "kv_shared",
         "per_layer_embd",
         "v_norm",
+        "bidirectional",
     };
     size_t n = 0;
     if (cap == 0) {
@@ -827,6 +878,9 @@ const char *kg_model_feature_names(uint32_t mask, char *buf, size_t cap) {
 
 int32_t kg_model_kv_window(const kg_model_t *model) {
     int32_t w = 0;
+    if (model->hp.non_causal) {
+        return 0; /* a symmetric window reaches forward too; an input runs whole anyway */
+    }
     for (int32_t il = 0; il < model->hp.n_layer; il++) {
         if (model->layers[il].n_swa <= 0) {
             return 0;

@@ -76,6 +76,7 @@ typedef enum kg_arch {
     KG_ARCH_DEEPSEEK2, /* DeepSeek V2/V2.5/V3/R1, Kimi K2: multi-head latent attention */
     KG_ARCH_BERT,      /* an encoder for embedding jobs (kg_model_bert.h) */
     KG_ARCH_GEMMA4,
+    KG_ARCH_GEMMA_EMBED, /* "gemma-embedding" (EmbeddingGemma): gemma3's layers, non-causal */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -218,6 +219,11 @@ typedef struct kg_hparams {
     /* embeddings: <arch>.pooling_type as llama.cpp numbers it (0 none, 1 mean,
      * 2 cls, 3 last, 4 rank); -1 when the file has no such key */
     int32_t pooling_type;
+    /* every token of an input attends to every other (llama.cpp's causal_attn
+     * false: gemma-embedding); a windowed layer's window is then symmetric,
+     * |p - pos| <= n_swa / 2 (LLAMA_SWA_TYPE_SYMMETRIC). Such a model runs
+     * embedding jobs only, each input whole in one step. */
+    bool non_causal;
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -330,6 +336,12 @@ typedef struct kg_model {
     char *rerank_template; /* tokenizer.chat_template.rerank ({query}, {document}) or NULL */
     /* owned: bert's own tensors (kg_model_bert.h), else NULL */
     struct kg_bert_weights *bert;
+    /* Sentence-Transformers' dense projections after pooling (a file
+     * converted with --sentence-transformers-dense-modules: gemma-embedding),
+     * else NULL: dense_2 (n_embd, n_dense), then dense_3 (n_dense, n_embd) */
+    const kg_gguf_tensor_t *dense_2;
+    const kg_gguf_tensor_t *dense_3;
+    int32_t n_dense;
 } kg_model_t;
 
 /* What a model needs beyond the plain Llama graph. A backend that lacks a
@@ -371,6 +383,7 @@ enum {
     KG_MODEL_FEAT_KV_SHARED = 1u << 28,      /* layers reading an earlier layer's K/V */
     KG_MODEL_FEAT_PER_LAYER_EMBD = 1u << 29, /* per-layer token embeddings, gate and proj */
     KG_MODEL_FEAT_V_NORM = 1u << 30,         /* V's RMSNorm, layer output scales */
+    KG_MODEL_FEAT_BIDIR = 1u << 31, /* a decoder's layers run non-causally (gemma-embedding) */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and
@@ -391,6 +404,11 @@ const char *kg_arch_name(kg_arch_t arch);
 /** Whether the model is an encoder that runs embedding jobs only (no LM
  * head, non-causal attention): bert (kg_model_bert.c). @thread any */
 bool kg_model_embed_only(const kg_model_t *model);
+
+/** Whether the model's attention is non-causal, so that it runs embedding
+ * jobs only, each input whole in one step: an encoder (kg_model_embed_only)
+ * or a decoder stack without the causal mask (gemma-embedding). @thread any */
+bool kg_model_non_causal(const kg_model_t *model);
 
 /** KG_MODEL_FEAT_* bits the model uses. @thread any */
 uint32_t kg_model_features(const kg_model_t *model);

@@ -389,6 +389,31 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
         kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
         return kg_model_read_gemma4(g, arch, hp, errstr, errstr_size);
     }
+    case KG_ARCH_GEMMA_EMBED:
+        /* llama_model_gemma_embedding: gemma3's layers without the causal
+         * mask; the window is required and symmetric, five windowed layers
+         * in six by default, their RoPE base 10000 unless rope.freq_base_swa
+         * says otherwise; queries scaled by 1/sqrt(head_dim) at every size;
+         * no soft-capping */
+        hp->ffn_act = KG_FFN_GELU;
+        hp->embd_scale = sqrtf((float)hp->n_embd);
+        hp->non_causal = true;
+        if (!get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa) ||
+            hp->n_swa <= 0) {
+            snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
+            return false;
+        }
+        if (!read_swa_pattern(g, arch, 6, hp->n_layer, is_swa)) {
+            snprintf(errstr, errstr_size,
+                     "model: bad %s.attention.sliding_window_pattern (a period, or %d flags)", arch,
+                     hp->n_layer);
+            return false;
+        }
+        *swa_base = 10000.0f;
+        *swa_scale = 1.0f;
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
+        hp->q_scale = 1.0f / sqrtf((float)hp->head_dim);
+        break;
     case KG_ARCH_COUNT_:
         break;
     }

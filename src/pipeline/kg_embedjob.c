@@ -164,11 +164,11 @@ kg_status_t kg_embedjob_prepare(const kg_model_t *model,
                           ? lim->max_prompt_tokens
                           : lim->max_seq_len - 1;
     /* an encoder's positions end at its trained context (position_embd),
-     * and an input runs whole in one step */
-    if (kg_model_embed_only(model) && max_len > model->hp.n_ctx_train) {
+     * and a non-causal model's input runs whole in one step */
+    if (kg_model_non_causal(model) && max_len > model->hp.n_ctx_train) {
         max_len = model->hp.n_ctx_train;
     }
-    if (kg_model_embed_only(model) && lim->max_step_tokens > 0 && max_len > lim->max_step_tokens) {
+    if (kg_model_non_causal(model) && lim->max_step_tokens > 0 && max_len > lim->max_step_tokens) {
         max_len = lim->max_step_tokens;
     }
     *code = KG_ERROR_INVALID_JOB;
@@ -293,6 +293,10 @@ char *kg_embedjob_terminal(const kg_model_t *model,
     if (job->task == KG_TASK_EMBED) {
         int32_t dim = E;
         for (int32_t i = 0; i < n; i++) {
+            if (!kg_embed_dense(model, rows + (size_t)i * (size_t)E)) {
+                free(rows);
+                return NULL;
+            }
             dim = kg_embed_finish(rows + (size_t)i * (size_t)E, E, job->dimensions, job->normalize);
         }
         /* rows cut to `dim` are packed so the codec reads (n, dim) */

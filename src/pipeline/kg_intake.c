@@ -381,10 +381,13 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
     if (job->task != KG_TASK_GENERATE) {
         return kg_embedjob_prepare(model, lim, job, out, code, msg, msg_size);
     }
-    if (kg_model_embed_only(model)) {
+    if (kg_model_non_causal(model)) {
         snprintf(msg, msg_size,
-                 "this model (%s) is an encoder: it runs embed, rerank and score jobs, not "
-                 "generation",
+                 kg_model_embed_only(model)
+                     ? "this model (%s) is an encoder: it runs embed, rerank and score jobs, not "
+                       "generation"
+                     : "this model (%s) is an embedding model (non-causal attention): it runs "
+                       "embed jobs, not generation",
                  kg_arch_name(model->hp.arch));
         return KG_ERR_INVALID;
     }

@@ -128,3 +128,39 @@ l = a["bl"]  # longer than a step of 16: it could only run cut, which an encoder
 assert l["type"] == "error" and l["code"] == "prompt_too_long", l
 print("bert: an input longer than a step:", l["message"])
 PY
+
+# gemma-embedding (EmbeddingGemma's graph: non-causal, mean pooling, dense projections): the
+# embed lines answered with unit vectors equal, up to the norm, to llama.cpp's for the
+# tests/data/embed gemma-embd model (its golden), the same with steps of 64 tokens, a
+# /v1/embeddings line cut to 16 dimensions, generation refused
+ge_args=$(awk -F'\t' '$1 == "gemma-embd" {print $2}' "$KG_DATA_DIR/embed/models.tsv")
+# shellcheck disable=SC2086 # the row's arguments, split as the golden script splits them
+"$bin/kgen" mkmodel --out "$tmp/ge.gguf" $ge_args >/dev/null
+cat >"$tmp/ge.jsonl" <<'J'
+{"request_id": "ge", "task": "embed", "input": ["Once upon a time", "The engine keeps the keys and values of each sequence in blocks of sixteen positions.", "hello"]}
+{"request_id": "gg", "prompt": "Once upon a time", "max_tokens": 4}
+{"custom_id": "oe", "method": "POST", "url": "/v1/embeddings", "body": {"input": ["hello"], "model": "ge", "dimensions": 16}}
+J
+"$bin/kgen" batch --model "$tmp/ge.gguf" --input "$tmp/ge.jsonl" --output "$tmp/ge512.jsonl" --threads 2
+"$bin/kgen" batch --model "$tmp/ge.gguf" --input "$tmp/ge.jsonl" --output "$tmp/ge64.jsonl" --threads 2 \
+    --max-batch-size 4 --max-batch-tokens 64
+python3 - "$tmp/ge512.jsonl" "$tmp/ge64.jsonl" "$KG_DATA_DIR/embed/gemma-embd.f32.golden" <<'PY'
+import json, math, sys
+a = {x.get("request_id"): x for x in map(json.loads, open(sys.argv[1]))}
+b = {x.get("request_id"): x for x in map(json.loads, open(sys.argv[2]))}
+want = {int(r[1]): [float(v) for v in r[3:]]
+        for r in (l.split() for l in open(sys.argv[3])) if r and r[0] == "vec"}
+def cos(x, y):
+    return sum(p * q for p, q in zip(x, y)) / math.sqrt(sum(p * p for p in x) * sum(q * q for q in y))
+e = a["ge"]
+assert e["type"] == "done" and len(e["embeddings"]) == 3, e
+assert all(abs(math.sqrt(sum(v * v for v in vec)) - 1) < 1e-5 for vec in e["embeddings"])
+c = [cos(e["embeddings"][i], want[i]) for i in range(3)]
+assert min(c) >= 0.9999, c
+assert e["embeddings"] == b["ge"]["embeddings"], "vectors differ with smaller steps"
+g = a["gg"]
+assert g["type"] == "error" and g["code"] == "invalid_job" and "embedding model" in g["message"], g
+o = a["oe"]
+assert o["type"] == "done" and len(o["embeddings"]) == 1 and len(o["embeddings"][0]) == 16, o
+print(f"gemma-embedding: cosine with llama.cpp {min(c):.7f}; generation refused:", g["message"])
+PY

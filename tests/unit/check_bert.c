@@ -139,7 +139,7 @@ END_TEST
 START_TEST(encoder_rules) {
     kg_model_t *m = make_model(BERT_ARGS "--seed 44");
     ck_assert(kg_model_embed_only(m));
-    ck_assert(kg_model_features(m) & KG_MODEL_FEAT_ENCODER); /* CUDA refuses the model */
+    ck_assert(kg_model_features(m) & KG_MODEL_FEAT_ENCODER);
     kg_backend_t *be;
     kg_engine_t *e = make_engine(m, &be, 32);
     int32_t ids[40];

@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_GOLDENS 32
+#define MAX_GOLDENS 64
 #define MAX_INPUTS  8
 #define MAX_IDS     256
 #define CTX         512
@@ -221,9 +221,10 @@ START_TEST(matches_llama_cpp) {
     golden_load(g_files[_i], &g);
     kg_model_t *m = make_model(g.args, g.fnv);
     kg_backend_t *be;
-    /* 24 tokens a step cuts a decoder's prompts into chunks; an encoder's
-     * inputs run whole, so its steps must hold the longest */
-    kg_engine_t *e = make_engine(m, &be, kg_model_embed_only(m) ? 128 : 24);
+    /* 24 tokens a step cuts a decoder's prompts into chunks; a non-causal
+     * model's inputs (an encoder's, gemma-embedding's) run whole, so its
+     * steps must hold the longest */
+    kg_engine_t *e = make_engine(m, &be, kg_model_non_causal(m) ? 128 : 24);
     const int32_t E = m->hp.n_embd;
     int32_t ids[MAX_INPUTS * MAX_IDS], lens[MAX_INPUTS], n_ids = 0;
     for (int32_t i = 0; i < g.n_in; i++) {
@@ -266,6 +267,9 @@ START_TEST(matches_llama_cpp) {
                           (double)s, (double)g.in[i].score);
         } else {
             ck_assert_int_eq(g.in[i].n_vec, E);
+            /* llama.cpp's vectors come after the dense projections, when the
+             * model has them (gemma-embedding), as kgen's jobs get theirs */
+            ck_assert(kg_embed_dense(m, rows + (size_t)i * (size_t)E));
             const double c = cosine(v, g.in[i].vec, E);
             if (getenv("KG_EMBED_VERBOSE")) {
                 fprintf(stderr, "%s %s input %d: cosine %.8f\n", g.model, g.type, i, c);
@@ -284,12 +288,18 @@ END_TEST
 
 /* An input's vector is bit-identical alone and among 64 others of other
  * lengths (chunked differently, in other steps, beside other slots), for
- * mean pooling (every row summed) and last. */
+ * mean pooling (every row summed) and last; and for gemma-embedding, whose
+ * inputs run whole (non-causal) in steps they share with others. */
 START_TEST(batch_invariant) {
-    const kg_engine_pool_t pool = _i == 0 ? KG_ENGINE_POOL_MEAN : KG_ENGINE_POOL_LAST;
-    kg_model_t *m = make_model("--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 "
-                               "--ctx 512 --seed 41",
-                               0);
+    const kg_engine_pool_t pool = _i == 1 ? KG_ENGINE_POOL_LAST : KG_ENGINE_POOL_MEAN;
+    kg_model_t *m =
+        make_model(_i < 2 ? "--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 "
+                            "--ctx 512 --seed 41"
+                          : "--arch gemma-embedding --n-embd 64 --n-layer 2 --n-head 4 "
+                            "--n-head-kv 2 --head-dim 32 --n-ff 128 --ctx 512 --sliding-window 8 "
+                            "--swa-pattern 2 --seed 51",
+                   0);
+    const bool whole = kg_model_non_causal(m);
     const int32_t E = m->hp.n_embd, V = m->hp.n_vocab;
     enum { N = 65, TARGET = 37 };
     int32_t lens[N], total = 0;
@@ -310,11 +320,13 @@ START_TEST(batch_invariant) {
     float *alone = malloc((size_t)E * sizeof(float));
     float *rows = malloc((size_t)N * (size_t)E * sizeof(float));
     kg_backend_t *be;
-    kg_engine_t *e = make_engine(m, &be, 64);
+    /* a decoder's inputs are cut into chunks of 40 among the others; a
+     * non-causal model's run whole, several to a step of 160 */
+    kg_engine_t *e = make_engine(m, &be, whole ? 96 : 64);
     run_embed(e, 1, ids + at, &lens[TARGET], 1, pool, alone);
     kg_engine_free(e);
     kg_backend_free(be);
-    e = make_engine(m, &be, 40);
+    e = make_engine(m, &be, whole ? 160 : 40);
     run_embed(e, 2, ids, lens, N, pool, rows);
     ck_assert_mem_eq(alone, rows + (size_t)TARGET * (size_t)E, (size_t)E * sizeof(float));
     kg_engine_free(e);
@@ -322,6 +334,43 @@ START_TEST(batch_invariant) {
     free(ids);
     free(alone);
     free(rows);
+    kg_model_free(m);
+}
+END_TEST
+
+/* A non-causal model's step must hold each input whole: the CPU backend
+ * refuses a step whose input starts past position 0 (its earlier tokens,
+ * which every token attends to, are not there), and a generation request
+ * is refused by the engine. */
+START_TEST(non_causal_input_runs_whole) {
+    kg_model_t *m = make_model("--arch gemma-embedding --n-embd 64 --n-layer 2 --n-head 4 "
+                               "--n-head-kv 2 --head-dim 32 --n-ff 128 --ctx 512 --seed 51",
+                               0);
+    kg_backend_t *be;
+    kg_engine_t *e = make_engine(m, &be, 64);
+    const int32_t tok[3] = {5, 6, 7}, seq[3] = {0, 0, 0}, table[4] = {0, 1, 2, 3};
+    const bool want[3] = {false, false, false}, hid[3] = {true, true, true};
+    float hidden[3 * 64];
+    const int32_t cut[3] = {1, 2, 3}, whole[3] = {0, 1, 2};
+    kg_step_batch_t b = {.n_tokens = 3,
+                         .token = tok,
+                         .pos = cut,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_slots = 1,
+                         .max_blocks_per_seq = 4,
+                         .block_table = table,
+                         .want_hidden = hid,
+                         .n_hidden = 3,
+                         .hidden = hidden};
+    ck_assert_int_eq(kg_backend_forward(be, &b, NULL), KG_ERR_INVALID);
+    b.pos = whole;
+    ck_assert_int_eq(kg_backend_forward(be, &b, NULL), KG_OK);
+    const int32_t prompt[2] = {5, 6};
+    kg_request_t gen = {.id = 9, .prompt = prompt, .n_prompt = 2, .max_tokens = 2};
+    ck_assert_int_eq(kg_engine_submit(e, &gen), KG_ERR_UNSUPPORTED);
+    kg_engine_free(e);
+    kg_backend_free(be);
     kg_model_free(m);
 }
 END_TEST
@@ -659,8 +708,9 @@ static Suite *make_suite(void) {
     suite_add_tcase(s, tc);
     tc = tcase_create("engine");
     tcase_set_timeout(tc, 600);
-    tcase_add_loop_test(tc, batch_invariant, 0, 2);
+    tcase_add_loop_test(tc, batch_invariant, 0, 3);
     tcase_add_test(tc, engine_rules);
+    tcase_add_test(tc, non_causal_input_runs_whole);
     tcase_add_test(tc, mixed_with_generation_and_preempted);
     tcase_add_test(tc, answer_fits_or_errors);
     tcase_add_test(tc, rerank_sorted_and_cut);

@@ -465,6 +465,49 @@ START_TEST(gemma3_window_patterns) {
 }
 END_TEST
 
+static const char *const gemma_embd_dense_keys[] = {"gemma-embedding.dense_2_feat_out",
+                                                    "gemma-embedding.dense_3_feat_in", NULL};
+static const char *const gemma_embd_window[] = {"gemma-embedding.attention.sliding_window", NULL};
+
+/* gemma-embedding: gemma3's switches, non-causal (embedding jobs only, no
+ * KV window), a required window in five layers of six (RoPE base 10000
+ * there, the file's in the global ones), queries scaled by
+ * 1/sqrt(head_dim), mean pooling, the dense projections n_embd -> 4 n_embd
+ * -> n_embd; without the keys that size them, or without the window, the
+ * file is refused by name */
+START_TEST(gemma_embedding_loads) {
+    char *src = mk("--arch gemma-embedding --n-layer 7 --head-dim 32 --sliding-window 16 "
+                   "--rope-base 1000000 " SMALL);
+    kg_model_t *m = load_ok(rewrite(src, NULL, NULL, NULL, 0));
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert_int_eq(hp->arch, KG_ARCH_GEMMA_EMBED);
+    ck_assert(hp->non_causal && kg_model_non_causal(m) && !kg_model_embed_only(m));
+    ck_assert(hp->ffn_act == KG_FFN_GELU && hp->embd_scale == sqrtf(32.0f));
+    ck_assert(hp->q_scale == 1.0f / sqrtf(32.0f) && hp->final_softcap == 0.0f);
+    ck_assert_int_eq(hp->pooling_type, 1);
+    ck_assert(hp->tied && m->layers[0].q_norm && m->layers[0].ffn_post_norm);
+    for (int il = 0; il < 7; il++) {
+        ck_assert_int_eq(m->layers[il].n_swa, il == 5 ? 0 : 16);
+        ck_assert(m->layers[il].rope_base == (il == 5 ? 1000000.0f : 10000.0f));
+    }
+    ck_assert_int_eq(kg_model_kv_window(m), 0);
+    ck_assert_int_eq(m->n_dense, 4 * 32);
+    ck_assert(m->dense_2->ne[0] == 32 && m->dense_2->ne[1] == 128);
+    ck_assert(m->dense_3->ne[0] == 128 && m->dense_3->ne[1] == 32);
+    /* non-causal decoder layers, which the CUDA backend has no path for (its
+     * encoder bit is bert's) */
+    ck_assert(kg_model_features(m) & KG_MODEL_FEAT_BIDIR);
+    ck_assert(!(kg_model_features(m) & KG_MODEL_FEAT_ENCODER));
+    kg_model_free(m);
+    load_fails(rewrite(src, gemma_embd_dense_keys, NULL, NULL, 0),
+               (const char *[]){"dense projections must come together", NULL});
+    load_fails(rewrite(src, gemma_embd_window, NULL, NULL, 0),
+               (const char *[]){"gemma-embedding.attention.sliding_window", NULL});
+    remove(src);
+    free(src);
+}
+END_TEST
+
 /* Gemma 4: each layer's shape from its kind (windowed: key_length_swa;
  * global: key_length, rope_freqs, its own K/V head count), the shared-KV
  * layers reading the last earlier layer of their kind, per-layer FFN
@@ -554,6 +597,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, refusals_name_what_is_supported);
     tcase_add_test(tc, gemma3_window_patterns);
     tcase_add_test(tc, gemma4_layers);
+    tcase_add_test(tc, gemma_embedding_loads);
     tcase_add_loop_test(tc, cuda_takes_the_dense_families, 0,
                         (int)(sizeof(k_model_families) / sizeof(k_model_families[0])));
     suite_add_tcase(s, tc);

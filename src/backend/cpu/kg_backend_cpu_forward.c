@@ -11,7 +11,9 @@
  * query scale (gemma, phi3), K/V rows written
  * to their blocks, attention of every token over its own sequence's
  * positions [0, pos], or the last n_swa of them in a windowed layer
- * (soft-capped scores: gemma2; granite's attention scale; parallel over
+ * (a non-causal model, gemma-embedding: over its whole input, which the
+ * engine runs in one step, or within n_swa / 2 either side in a windowed
+ * layer) (soft-capped scores: gemma2; granite's attention scale; parallel over
  * tokens x heads), output GEMM (+ post-norm: gemma, olmo2) (x residual
  * scale: granite) + residual, rmsnorm, gate/up GEMMs, SwiGLU or GeGLU (or
  * the up GEMM alone and xIELU: apertus), down GEMM (+ post-norm) +
@@ -203,6 +205,17 @@ typedef struct attn_job {
     const kg_step_batch_t *batch;
 } attn_job_t;
 
+/* One past the last position of token t's input in this step: a non-causal
+ * model's input is one run of consecutive tokens from position 0
+ * (cpu_backend_forward checks it), so the run's remaining tokens say. */
+static int32_t input_end(const kg_step_batch_t *batch, int64_t t) {
+    int64_t u = t + 1;
+    while (u < batch->n_tokens && batch->seq[u] == batch->seq[t]) {
+        u++;
+    }
+    return batch->pos[t] + (int32_t)(u - t);
+}
+
 static void attention_task(void *arg, int64_t w, int thread) {
     const attn_job_t *job = arg;
     cpu_ctx_t *ctx = job->ctx;
@@ -221,8 +234,17 @@ static void attention_task(void *arg, int64_t w, int thread) {
 
     const int64_t t = w / hp->n_head;
     const int32_t h = (int32_t)(w % hp->n_head), g = h / group;
-    const int32_t n_pos = batch->pos[t] + 1;
-    const int32_t p0 = n_swa > 0 && n_pos > n_swa ? n_pos - n_swa : 0;
+    int32_t n_pos = batch->pos[t] + 1;
+    int32_t p0 = n_swa > 0 && n_pos > n_swa ? n_pos - n_swa : 0;
+    if (hp->non_causal) {
+        /* the whole input, in this step (the engine runs it whole): every
+         * position up to its last token's, or within n_swa / 2 either side
+         * in a windowed layer (llama.cpp's LLAMA_SWA_TYPE_SYMMETRIC) */
+        const int32_t half = n_swa / 2, pos = batch->pos[t];
+        n_pos = input_end(batch, t);
+        p0 = n_swa > 0 && pos > half ? pos - half : 0;
+        n_pos = n_swa > 0 && n_pos > pos + half + 1 ? pos + half + 1 : n_pos;
+    }
     const int32_t *table = batch->block_table + (int64_t)batch->seq[t] * batch->max_blocks_per_seq;
     float *s = ctx->scores + (int64_t)thread * max_pos;
     float *q = ctx->q + (t * hp->n_head + h) * hd;
@@ -654,6 +676,18 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             pos / bs >= batch->max_blocks_per_seq) {
             KG_LOG_ERROR("cpu", "bad batch entry %lld: token %d pos %d seq %d", (long long)t, tok,
                          pos, seq);
+            return KG_ERR_INVALID;
+        }
+    }
+    for (int64_t t = 0; hp->non_causal && t < T; t++) {
+        /* every token sees its whole input, so the input must be here
+         * whole: one run from position 0 */
+        const bool first = t == 0 || batch->seq[t] != batch->seq[t - 1];
+        if (batch->pos[t] != (first ? 0 : batch->pos[t - 1] + 1)) {
+            KG_LOG_ERROR("cpu",
+                         "non-causal step: token %lld (seq %d pos %d) is not its input's "
+                         "next; an input must run whole in one step",
+                         (long long)t, batch->seq[t], batch->pos[t]);
             return KG_ERR_INVALID;
         }
     }
