@@ -377,13 +377,13 @@ enum {
     KG_MODEL_FEAT_MLA = 1u << 24,           /* multi-head latent attention with a latent KV
                                                cache (deepseek2) */
     KG_MODEL_FEAT_ENCODER = 1u << 25,       /* a non-causal encoder for embeddings only (bert) */
+    KG_MODEL_FEAT_BIDIR = 1u << 26, /* a decoder's layers run non-causally (gemma-embedding) */
     /* Gemma 4 (the high bits, apart from the next families'): */
     KG_MODEL_FEAT_HEAD_PER_LAYER = 1u << 27, /* layers with their own head size, K/V heads,
                                                 RoPE dims, RoPE divisors or FFN width */
     KG_MODEL_FEAT_KV_SHARED = 1u << 28,      /* layers reading an earlier layer's K/V */
     KG_MODEL_FEAT_PER_LAYER_EMBD = 1u << 29, /* per-layer token embeddings, gate and proj */
     KG_MODEL_FEAT_V_NORM = 1u << 30,         /* V's RMSNorm, layer output scales */
-    KG_MODEL_FEAT_BIDIR = 1u << 31, /* a decoder's layers run non-causally (gemma-embedding) */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and
