@@ -93,51 +93,6 @@ static void add_bias(float *x, const cpu_weight_t *b, int64_t T, int64_t n) {
     }
 }
 
-/* One tensor into `w` as kg_backend_cpu.c's weight_init makes it (kept
- * apart so the two files do not call each other): F32/F16/BF16 matrices
- * packed for cpu_gemm (the file's pages let go), quantized ones used in
- * place, vectors F32 in place or dequantized. The layer matrices live in
- * ctx->layers, which the backend's free clears; the vectors only here. */
-static bool weight_init(
-    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
-    w->n_in = t->ne[0];
-    w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
-    w->type = t->type;
-    if (t->n_dims > 1 && cpu_qtraits(t->type)) {
-        if (!cpu_qmat_init(&w->q, t->type, t->data, w->n_out, w->n_in)) {
-            snprintf(errstr, errstr_size, "cpu backend: tensor '%.*s' of type %s has rows of %lld",
-                     (int)t->name.len, t->name.data, kg_type_name(t->type), (long long)w->n_in);
-            return false;
-        }
-        ctx->weights_size += t->size;
-        return true;
-    }
-    if (t->n_dims > 1) {
-        if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
-            snprintf(errstr, errstr_size, "cpu backend: out of memory packing '%.*s'",
-                     (int)t->name.len, t->name.data);
-            return false;
-        }
-        ctx->weights_size += w->packed.size;
-        kg_gguf_release(ctx->model->gguf, t->data, t->size);
-        return true;
-    }
-    if (t->type == KG_GGML_TYPE_F32) {
-        w->data = t->data;
-        ctx->weights_size += t->size;
-        return true;
-    }
-    w->owned = malloc((size_t)w->n_in * sizeof(float));
-    if (!w->owned) {
-        snprintf(errstr, errstr_size, "cpu backend: out of memory");
-        return false;
-    }
-    kg_dequantize(t->type, t->data, w->owned, w->n_in);
-    w->data = w->owned;
-    ctx->weights_size += (size_t)w->n_in * sizeof(float);
-    return true;
-}
-
 static float *bert_scratch(cpu_ctx_t *ctx, size_t n, bool *ok) {
     float *p = calloc(n ? n : 1, sizeof(float));
     *ok = *ok && p;
@@ -191,13 +146,13 @@ bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
                                 &L->bv,        &L->bo,        &L->attn_norm, &L->ffn_norm,
                                 &b->ln1_b[il], &b->ln2_b[il], &b->up_b[il],  &b->down_b[il]};
         for (size_t i = 0; i < sizeof(srcs) / sizeof(srcs[0]); i++) {
-            if (srcs[i] && !weight_init(dsts[i], srcs[i], ctx, errstr, errstr_size)) {
+            if (srcs[i] && !cpu_weight_init(dsts[i], srcs[i], ctx, errstr, errstr_size)) {
                 return false;
             }
         }
     }
-    if (!weight_init(&b->tok_norm, bw->tok_norm, ctx, errstr, errstr_size) ||
-        !weight_init(&b->tok_norm_b, bw->tok_norm_b, ctx, errstr, errstr_size)) {
+    if (!cpu_weight_init(&b->tok_norm, bw->tok_norm, ctx, errstr, errstr_size) ||
+        !cpu_weight_init(&b->tok_norm_b, bw->tok_norm_b, ctx, errstr, errstr_size)) {
         return false;
     }
     ctx->gelu_table = malloc(65536 * sizeof(uint16_t));
