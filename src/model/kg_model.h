@@ -76,6 +76,7 @@ typedef enum kg_arch {
     KG_ARCH_DEEPSEEK2, /* DeepSeek V2/V2.5/V3/R1, Kimi K2: multi-head latent attention */
     KG_ARCH_BERT,      /* an encoder for embedding jobs (kg_model_bert.h) */
     KG_ARCH_GEMMA4,
+    KG_ARCH_NOMIC_BERT, /* nomic-embed-text: bert with RoPE and SwiGLU (kg_model_bert.h) */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 

@@ -1,5 +1,5 @@
-/* cpu_bert: the CPU backend's forward pass for the `bert` encoder
- * (kg_model_bert.h), which embedding and rerank jobs run.
+/* cpu_bert: the CPU backend's forward pass for the `bert` and `nomic-bert`
+ * encoders (kg_model_bert.h), which embedding and rerank jobs run.
  *
  * DESIGN
  * A bert step is whole inputs: every token attends to every token of its
@@ -19,7 +19,14 @@
  * bias, x = LN(x + ffn). The hidden rows asked for are the last layer's
  * output (bert has no output norm). Each row's arithmetic does not depend
  * on what else is in the step, so an input's vector is the same alone or
- * among others. */
+ * among others.
+ *
+ * nomic-bert, the same graph in llama.cpp, differs in three places: no
+ * position rows are added (x = tok_embd[token] + token_types[0]); q and k
+ * are rotated (ggml_rope_ext, NeoX pairs) after their biases and before
+ * the fp16 rounding, with angles for positions 0..max_tokens-1 made once
+ * at init (an input's positions start at 0 in every step); and the FFN is
+ * gate and up GEMMs, silu(gate) * up, down, without biases. */
 #include "cpu_bert.h"
 
 #include "../../core/kg_log.h"
@@ -49,6 +56,8 @@ struct cpu_bert {
     int32_t *run_start;   /* (T) the batch index of the token's input's first token */
     int32_t *run_len;     /* (T) its input's length */
     int32_t *zero_table;  /* {0}: every input's rows are one block */
+    bool nomic;           /* nomic-bert: RoPE, SwiGLU, no position rows */
+    float *rope_cs;       /* nomic-bert: (max_tokens, n_rot) cos | sin of position p */
 };
 
 /* y = (x - mean) / sqrt(var + eps) * w + b for n_rows rows (ggml_norm,
@@ -131,6 +140,7 @@ bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
                                           src->wo,
                                           src->w_up,
                                           src->w_down,
+                                          src->w_gate,
                                           src->bq,
                                           src->bk,
                                           src->bv,
@@ -141,10 +151,10 @@ bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
                                           bl->layer_out_norm_b,
                                           bl->ffn_up_b,
                                           bl->ffn_down_b};
-        cpu_weight_t *dsts[] = {&L->wq,        &L->wk,        &L->wv,        &L->wo,
-                                &L->w_up,      &L->w_down,    &L->bq,        &L->bk,
-                                &L->bv,        &L->bo,        &L->attn_norm, &L->ffn_norm,
-                                &b->ln1_b[il], &b->ln2_b[il], &b->up_b[il],  &b->down_b[il]};
+        cpu_weight_t *dsts[] = {
+            &L->wq,       &L->wk,        &L->wv,        &L->wo,       &L->w_up,      &L->w_down,
+            &L->w_gate,   &L->bq,        &L->bk,        &L->bv,       &L->bo,        &L->attn_norm,
+            &L->ffn_norm, &b->ln1_b[il], &b->ln2_b[il], &b->up_b[il], &b->down_b[il]};
         for (size_t i = 0; i < sizeof(srcs) / sizeof(srcs[0]); i++) {
             if (srcs[i] && !cpu_weight_init(dsts[i], srcs[i], ctx, errstr, errstr_size)) {
                 return false;
@@ -155,10 +165,30 @@ bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
         !cpu_weight_init(&b->tok_norm_b, bw->tok_norm_b, ctx, errstr, errstr_size)) {
         return false;
     }
-    ctx->gelu_table = malloc(65536 * sizeof(uint16_t));
-    bool ok = ctx->gelu_table != NULL;
-    if (ok) {
-        cpu_gelu_table_init(ctx->gelu_table);
+    b->nomic = hp->arch == KG_ARCH_NOMIC_BERT;
+    bool ok = true;
+    if (!b->nomic) {
+        ctx->gelu_table = malloc(65536 * sizeof(uint16_t));
+        ok = ctx->gelu_table != NULL;
+        if (ok) {
+            cpu_gelu_table_init(ctx->gelu_table);
+        }
+    } else {
+        ctx->gate = bert_scratch(ctx, T * F, &ok);
+        b->rope_cs = bert_scratch(ctx, T * (size_t)hp->n_rot, &ok);
+        if (b->rope_cs) {
+            /* llama_context's cparams: no YaRN ramp unless rope.scaling.type
+             * says yarn (then ext_factor 1 over ggml_rope_yarn_corr_dims) */
+            float corr[2];
+            kg_rope_yarn_corr_dims(hp->n_rot, hp->n_ctx_orig, hp->rope_base, hp->yarn_beta_fast,
+                                   hp->yarn_beta_slow, corr);
+            for (size_t p = 0; p < T; p++) {
+                float *cs = b->rope_cs + p * (size_t)hp->n_rot;
+                kg_rope_cache_yarn((int32_t)p, hp->n_rot, hp->rope_base, hp->rope_scale, NULL,
+                                   hp->yarn_ext_factor, hp->yarn_attn_factor, corr, cs,
+                                   cs + hp->n_rot / 2);
+            }
+        }
     }
     if (bw->type_embd) {
         b->type_row = bert_scratch(ctx, E, &ok);
@@ -212,6 +242,7 @@ void cpu_bert_free(cpu_ctx_t *ctx) {
     free(b->tok_norm.owned);
     free(b->tok_norm_b.owned);
     free(b->type_row);
+    free(b->rope_cs);
     free(b->k16);
     free(b->v16);
     free(b->run_start);
@@ -286,10 +317,30 @@ typedef enum rows_stage {
     ROWS_QKV,      /* Q/K/V biases; q rounded to fp16, K and V stored as fp16 */
     ROWS_ATTN_OUT, /* x = LN(attn_out + bias + x) */
     ROWS_GELU,     /* up = gelu(up + bias) */
+    ROWS_SWIGLU,   /* up = silu(gate) * up (nomic-bert) */
     ROWS_FFN_OUT,  /* x = LN(down + bias + x) */
 } rows_stage_t;
 
 #define ROWS_CHUNK 8
+
+/* RoPE on n rows (every head) of x, the first of them batch row t0: row
+ * t is position t - run_start[t] of its input (whole inputs from 0). NeoX
+ * pairs (i, i + n_rot/2) of each head's first n_rot dims, as ggml_rope_ext
+ * with LLAMA_ROPE_TYPE_NEOX; the rest of a head passes through. */
+static void
+rope_rows(const cpu_ctx_t *ctx, float *x, int64_t n, const int32_t *run_start, int64_t t0) {
+    const struct cpu_bert *b = ctx->bert;
+    const int32_t H = ctx->hp.n_head, hd = ctx->hp.head_dim, R = ctx->hp.n_rot, half = R / 2;
+    for (int64_t r = 0; r < n; r++) {
+        const float *cs = b->rope_cs + (t0 + r - run_start[r]) * R;
+        for (int32_t h = 0; h < H; h++) {
+            float *row = x + (r * H + h) * hd;
+            for (int32_t i = 0; i < half; i++) {
+                kg_rope_pair(&row[i], &row[i + half], cs[i], cs[half + i]);
+            }
+        }
+    }
+}
 
 typedef struct rows_job {
     cpu_ctx_t *ctx;
@@ -312,6 +363,10 @@ static void rows_task(void *arg, int64_t w, int thread) {
         add_bias(ctx->q + t0 * E, &L->bq, n, E);
         add_bias(ctx->k + t0 * E, &L->bk, n, E);
         add_bias(ctx->v + t0 * E, &L->bv, n, E);
+        if (b->nomic) {
+            rope_rows(ctx, ctx->q + t0 * E, n, b->run_start + t0, t0);
+            rope_rows(ctx, ctx->k + t0 * E, n, b->run_start + t0, t0);
+        }
         /* flash attention casts K and V to fp16 and converts q for its fp16
          * dot products */
         cpu_round_fp16(ctx->q + t0 * E, n * E);
@@ -330,6 +385,15 @@ static void rows_task(void *arg, int64_t w, int thread) {
         layernorm_rows(y, attn ? L->attn_norm.data : L->ffn_norm.data,
                        attn ? b->ln1_b[job->il].data : b->ln2_b[job->il].data, ctx->x + t0 * E, n,
                        E, eps);
+        break;
+    }
+    case ROWS_SWIGLU: {
+        /* ggml_swiglu_split(gate, up) */
+        float *u = ctx->up + t0 * F;
+        const float *g = ctx->gate + t0 * F;
+        for (int64_t i = 0; i < n * F; i++) {
+            u[i] = kg_silu(g[i]) * u[i];
+        }
         break;
     }
     case ROWS_GELU: {
@@ -404,20 +468,23 @@ kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, flo
     if (!whole_inputs(ctx, batch)) {
         return KG_ERR_INVALID;
     }
-    /* embeddings: token + type 0 + position (ggml_get_rows, ggml_add), LN */
+    /* embeddings: token + type 0 (+ position for bert) (ggml_get_rows,
+     * ggml_add), LN */
     const struct kg_bert_weights *bw = model->bert;
     const kg_gguf_tensor_t *emb = model->tok_embd, *pe = bw->pos_embd;
     const size_t row_size = kg_type_row_size(emb->type, E);
-    const size_t pos_row_size = kg_type_row_size(pe->type, E);
+    const size_t pos_row_size = pe ? kg_type_row_size(pe->type, E) : 0;
     for (int64_t t = 0; t < T; t++) {
         float *x = ctx->x + t * E, *p = ctx->xn + t * E;
         kg_dequantize(emb->type, (const char *)emb->data + (size_t)batch->token[t] * row_size, x,
                       E);
-        kg_dequantize(pe->type, (const char *)pe->data + (size_t)batch->pos[t] * pos_row_size, p,
-                      E);
+        if (pe) {
+            kg_dequantize(pe->type, (const char *)pe->data + (size_t)batch->pos[t] * pos_row_size,
+                          p, E);
+        }
         for (int64_t i = 0; i < E; i++) {
             const float tt = b->type_row ? x[i] + b->type_row[i] : x[i];
-            x[i] = p[i] + tt;
+            x[i] = pe ? p[i] + tt : tt;
         }
     }
     layernorm_rows(ctx->x, b->tok_norm.data, b->tok_norm_b.data, ctx->x, T, E, hp->norm_eps);
@@ -441,10 +508,18 @@ kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, flo
         cpu_matmul_n(ctx, 1, &wo, ctx->att, o_out, T);
         rows_run(ctx, il, ROWS_ATTN_OUT, T);
 
-        const cpu_weight_t *up = &L->w_up, *down = &L->w_down;
-        float *const up_out[1] = {ctx->up};
-        cpu_matmul_n(ctx, 1, &up, ctx->x, up_out, T);
-        rows_run(ctx, il, ROWS_GELU, T);
+        const cpu_weight_t *down = &L->w_down;
+        if (b->nomic) {
+            const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
+            float *const gu_out[2] = {ctx->gate, ctx->up};
+            cpu_matmul_n(ctx, 2, gate_up, ctx->x, gu_out, T);
+            rows_run(ctx, il, ROWS_SWIGLU, T);
+        } else {
+            const cpu_weight_t *up = &L->w_up;
+            float *const up_out[1] = {ctx->up};
+            cpu_matmul_n(ctx, 1, &up, ctx->x, up_out, T);
+            rows_run(ctx, il, ROWS_GELU, T);
+        }
         float *const down_out[1] = {ctx->tmp};
         cpu_matmul_n(ctx, 1, &down, ctx->up, down_out, T);
         rows_run(ctx, il, ROWS_FFN_OUT, T);
