@@ -13,8 +13,12 @@
  * Per step, as llama.cpp's graph: x = tok_embd[token] + token_types[0] +
  * position_embd[pos]; x = LN(x) (ggml_norm: a double sum for the mean and
  * the variance, then * w + b); per layer: Q/K/V GEMMs + biases, attention
- * with q, K and V rounded to fp16 as ggml's flash attention casts them
- * (cpu_attn's kernel, over the input's own rows), output GEMM + bias,
+ * over the input's own rows with ggml-cpu's flash attention arithmetic (K
+ * and V cast to fp16; under 64 tokens its one-chunk kernel with q in fp16
+ * and an fp16 accumulator, from 64 its tiled one in F32: see
+ * BERT_FA_TILE; matching it, not only its rounding of K and V, is what
+ * brings Q8_0 scores onto llama.cpp's, whose activations round to Q8
+ * blocks at every matmul and carry any difference on), output GEMM + bias,
  * x = LN(x + attn); up GEMM + bias, GELU (ggml's fp16 table), down GEMM +
  * bias, x = LN(x + ffn). The hidden rows asked for are the last layer's
  * output (bert has no output norm). Each row's arithmetic does not depend
@@ -33,7 +37,6 @@
 #include "../../model/kg_model_bert.h"
 #include "../../model/kg_quant.h"
 #include "../kg_math.h"
-#include "cpu_attn.h"
 #include "cpu_ops.h"
 
 #include <math.h>
@@ -42,8 +45,19 @@
 #include <immintrin.h>
 #define BERT_F16C 1
 #endif
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+#define BERT_AVX2 1 /* the attention's vector paths: the scalar loops' bits */
+#endif
 #include <stdlib.h>
 #include <string.h>
+
+/* llama.cpp runs bert's attention as ggml_flash_attn_ext with K and V
+ * cast to fp16, and ggml-cpu computes it one of two ways by how many
+ * queries the ubatch has (GGML_FA_TILE_Q, 64): a ubatch of one input
+ * (node-llama-cpp embeds one at a time) takes the first under 64 tokens
+ * and the second from 64. kgen goes by the input's own length, so an
+ * input's arithmetic stays its own (batch invariance). */
+#define BERT_FA_TILE 64
 
 struct cpu_bert {
     cpu_weight_t tok_norm, tok_norm_b;
@@ -52,12 +66,14 @@ struct cpu_bert {
     cpu_weight_t *ln2_b;  /* (n_layer) layer_output_norm.bias */
     cpu_weight_t *up_b;   /* (n_layer) or data NULL */
     cpu_weight_t *down_b; /* (n_layer) or data NULL */
-    uint16_t *k16, *v16;  /* (T, n_embd) this layer's K and V in fp16 */
-    int32_t *run_start;   /* (T) the batch index of the token's input's first token */
-    int32_t *run_len;     /* (T) its input's length */
-    int32_t *zero_table;  /* {0}: every input's rows are one block */
-    bool nomic;           /* nomic-bert: RoPE, SwiGLU, no position rows */
-    float *rope_cs;       /* nomic-bert: (max_tokens, n_rot) cos | sin of position p */
+    float *kt; /* (T, n_embd) this layer's K (fp16 values) by dimension, for the attention's
+                  eight-keys-at-once scores: an input of n rows from batch row s keeps its
+                  (n_embd, n) block at s * n_embd; V is rounded in place */
+    int32_t *run_start;  /* (T) the batch index of the token's input's first token */
+    int32_t *run_len;    /* (T) its input's length */
+    bool nomic;          /* nomic-bert: RoPE, SwiGLU, no position rows */
+    float *rope_cs;      /* nomic-bert: (max_tokens, n_rot) cos | sin of position p */
+    float *attn_scratch; /* (n_threads, 2 * head_dim + 64) the attention's per-thread scratch */
 };
 
 /* y = (x - mean) / sqrt(var + eps) * w + b for n_rows rows (ggml_norm,
@@ -206,15 +222,14 @@ bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
     ctx->att = bert_scratch(ctx, T * E, &ok);
     ctx->up = bert_scratch(ctx, T * F, &ok);
     ctx->tmp = bert_scratch(ctx, T * E, &ok);
-    ctx->scores = bert_scratch(ctx, (size_t)ctx->n_threads * T, &ok);
+    b->attn_scratch =
+        bert_scratch(ctx, (size_t)ctx->n_threads * (2 * (size_t)hp->head_dim + T), &ok);
     /* T and E are > 0 (the backend checks max_tokens, the model n_embd) */
-    b->k16 = calloc(T * E + 1, sizeof(uint16_t));
-    b->v16 = calloc(T * E + 1, sizeof(uint16_t));
+    b->kt = bert_scratch(ctx, T * E, &ok);
     b->run_start = calloc(T, sizeof(int32_t));
     b->run_len = calloc(T, sizeof(int32_t));
-    b->zero_table = calloc(1, sizeof(int32_t));
-    ok = ok && b->k16 && b->v16 && b->run_start && b->run_len && b->zero_table;
-    ctx->scratch_size += 2 * T * E * sizeof(uint16_t) + 2 * T * sizeof(int32_t);
+    ok = ok && b->run_start && b->run_len;
+    ctx->scratch_size += 2 * T * sizeof(int32_t);
     ok = ok && cpu_qact_init(&ctx->qact, (int64_t)T, (int64_t)widest);
     ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)widest);
     ctx->qscratch = ok ? cpu_qgemm_scratch_new(ctx->n_threads, (int64_t)widest) : NULL;
@@ -243,11 +258,10 @@ void cpu_bert_free(cpu_ctx_t *ctx) {
     free(b->tok_norm_b.owned);
     free(b->type_row);
     free(b->rope_cs);
-    free(b->k16);
-    free(b->v16);
+    free(b->attn_scratch);
+    free(b->kt);
     free(b->run_start);
     free(b->run_len);
-    free(b->zero_table);
     free(b);
     ctx->bert = NULL;
 }
@@ -286,29 +300,204 @@ static bool whole_inputs(const cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
     return true;
 }
 
+/* fp16 rounding of 8 floats (to nearest even, as ggml's casts) */
+#ifdef BERT_AVX2
+static inline __m256 round_h8(__m256 x) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
+static inline float round_h(float x) {
+    return kg_fp16_to_fp32(kg_fp32_to_fp16(x));
+}
+
+/* ggml's flash_attn_ext_f16_one_chunk for one query row: q converted to
+ * fp16, each score an fp16 · fp16 dot product summed in double (ggml's
+ * order for heads under 32 wide, the products summed one by one), then the
+ * online softmax in float whose V accumulator is fp16, rounded at every
+ * step (ggml_vec_scale_f16 on a new maximum, ggml_vec_mad_f16 for the
+ * row); the output the accumulator over the sum. kt: the input's keys by
+ * head dimension (kt[d * kt_stride + p]); v: its value rows. qh and acc:
+ * hd floats of scratch each, s: n. */
+static void attn_one_chunk(const float *q,
+                           const float *kt,
+                           int64_t kt_stride,
+                           const float *v,
+                           int64_t stride,
+                           int32_t n,
+                           int32_t hd,
+                           float scale,
+                           float *qh,
+                           float *acc,
+                           float *s) {
+    for (int32_t d = 0; d < hd; d++) {
+        qh[d] = round_h(q[d]);
+        acc[d] = 0.0f;
+    }
+    int32_t p = 0;
+#ifdef BERT_AVX2
+    for (; p + 8 <= n; p += 8) { /* eight keys' sums side by side, each in order */
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        for (int32_t d = 0; d < hd; d++) {
+            const __m256 pr =
+                _mm256_mul_ps(_mm256_loadu_ps(kt + d * kt_stride + p), _mm256_set1_ps(qh[d]));
+            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(pr)));
+            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(pr, 1)));
+        }
+        _mm_storeu_ps(s + p, _mm256_cvtpd_ps(lo));
+        _mm_storeu_ps(s + p + 4, _mm256_cvtpd_ps(hi));
+    }
+#endif
+    for (; p < n; p++) {
+        double dot = 0.0;
+        for (int32_t d = 0; d < hd; d++) {
+            dot += (double)(qh[d] * kt[d * kt_stride + p]);
+        }
+        s[p] = (float)dot;
+    }
+    float M = -INFINITY, S = 0.0f;
+    for (p = 0; p < n; p++) {
+        const float *vr = v + (int64_t)p * stride;
+        const float sc = s[p] * scale, m_old = M;
+        float ms = 1.0f, vs = 1.0f;
+        if (sc > M) {
+            M = sc;
+            ms = expf(m_old - M);
+        } else {
+            vs = expf(sc - M);
+        }
+        int32_t d = 0;
+#ifdef BERT_AVX2
+        const __m256 msv = _mm256_set1_ps(ms), vsv = _mm256_set1_ps(vs);
+        for (; d + 8 <= hd; d += 8) {
+            __m256 a = _mm256_loadu_ps(acc + d);
+            if (ms != 1.0f) {
+                a = round_h8(_mm256_mul_ps(a, msv));
+            }
+            _mm256_storeu_ps(acc + d, round_h8(_mm256_fmadd_ps(_mm256_loadu_ps(vr + d), vsv, a)));
+        }
+#endif
+        for (; d < hd; d++) {
+            const float a = ms != 1.0f ? round_h(acc[d] * ms) : acc[d];
+            acc[d] = round_h(fmaf(vr[d], vs, a));
+        }
+        S = S * ms + vs;
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int32_t d = 0; d < hd; d++) {
+        acc[d] *= inv;
+    }
+}
+
+/* ggml's flash_attn_ext_tiled for one query row: q in F32, the keys and
+ * values (fp16) in tiles of 64; a score is one FMA chain over the head,
+ * then scaled; per tile the running maximum moves (the F32 accumulator and
+ * the sum scaled by expf of the step), the tile's exponentials are summed
+ * in double, and each value row is added to the accumulator by FMA in
+ * position order; the output the accumulator over the sum. ggml takes the
+ * tile's exponentials from its SIMD expf, kgen from expf (an ulp or so
+ * apart). kt, v as for attn_one_chunk; sc: 64 floats of scratch. */
+static void attn_tiled(const float *q,
+                       const float *kt,
+                       int64_t kt_stride,
+                       const float *v,
+                       int64_t stride,
+                       int32_t n,
+                       int32_t hd,
+                       float scale,
+                       float *sc,
+                       float *out) {
+    float M = -INFINITY, S = 0.0f;
+    for (int32_t d = 0; d < hd; d++) {
+        out[d] = 0.0f;
+    }
+    for (int32_t p0 = 0; p0 < n; p0 += BERT_FA_TILE) {
+        const int32_t nt = n - p0 < BERT_FA_TILE ? n - p0 : BERT_FA_TILE;
+        int32_t p = 0;
+#ifdef BERT_AVX2
+        for (; p + 8 <= nt; p += 8) { /* eight keys' chains side by side */
+            __m256 a = _mm256_setzero_ps();
+            for (int32_t d = 0; d < hd; d++) {
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(kt + d * kt_stride + p0 + p),
+                                    _mm256_set1_ps(q[d]), a);
+            }
+            _mm256_storeu_ps(sc + p, _mm256_mul_ps(a, _mm256_set1_ps(scale)));
+        }
+#endif
+        for (; p < nt; p++) {
+            float a = 0.0f;
+            for (int32_t d = 0; d < hd; d++) {
+                a = fmaf(kt[d * kt_stride + p0 + p], q[d], a);
+            }
+            sc[p] = a * scale;
+        }
+        float tile_max = -INFINITY;
+        for (p = 0; p < nt; p++) {
+            tile_max = sc[p] > tile_max ? sc[p] : tile_max;
+        }
+        const float m_new = fmaxf(M, tile_max);
+        if (m_new > M) {
+            const float ms = expf(M - m_new);
+            for (int32_t d = 0; d < hd; d++) {
+                out[d] *= ms;
+            }
+            S *= ms;
+        }
+        M = m_new;
+        double sum = 0.0;
+        for (p = 0; p < nt; p++) {
+            sc[p] = expf(sc[p] - M);
+            sum += (double)sc[p];
+        }
+        S = (float)((double)S + sum);
+        for (p = 0; p < nt; p++) {
+            const float *vr = v + (int64_t)(p0 + p) * stride;
+            int32_t d = 0;
+#ifdef BERT_AVX2
+            const __m256 w = _mm256_set1_ps(sc[p]);
+            for (; d + 8 <= hd; d += 8) {
+                _mm256_storeu_ps(
+                    out + d, _mm256_fmadd_ps(_mm256_loadu_ps(vr + d), w, _mm256_loadu_ps(out + d)));
+            }
+#endif
+            for (; d < hd; d++) {
+                out[d] = fmaf(vr[d], sc[p], out[d]);
+            }
+        }
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int32_t d = 0; d < hd; d++) {
+        out[d] *= inv;
+    }
+}
+
 typedef struct bert_attn_job {
     cpu_ctx_t *ctx;
 } bert_attn_job_t;
 
-/* One (token, head): softmax(q · K / sqrt(hd)) · V over the token's input. */
+/* One (token, head): softmax(q · K / sqrt(hd)) · V over the token's input,
+ * with the arithmetic of ggml's flash attention for an input of its length. */
 static void bert_attn_task(void *arg, int64_t w, int thread) {
     const bert_attn_job_t *job = arg;
     cpu_ctx_t *ctx = job->ctx;
     const struct cpu_bert *b = ctx->bert;
     const int32_t H = ctx->hp.n_head, hd = ctx->hp.head_dim;
-    const int64_t E = ctx->hp.n_embd;
+    const int64_t E = ctx->hp.n_embd, T = ctx->max_tokens;
     const int64_t t = w / H;
     const int32_t h = (int32_t)(w % H);
     const int32_t start = b->run_start[t], n = b->run_len[t];
-    const cpu_kv_view_t kv = {.k = b->k16 + (int64_t)start * E,
-                              .v = b->v16 + (int64_t)start * E,
-                              .stride = E,
-                              .offset = (int64_t)h * hd,
-                              .table = b->zero_table,
-                              .block_size = ctx->max_tokens};
-    float *s = ctx->scores + (int64_t)thread * ctx->max_tokens;
-    cpu_attn_head(ctx->q + t * E + (int64_t)h * hd, &kv, 0, n, hd, 1.0f / sqrtf((float)hd), 0.0f, s,
-                  ctx->att + t * E + (int64_t)h * hd);
+    const float *q = ctx->q + t * E + (int64_t)h * hd;
+    const float *kt = b->kt + (int64_t)start * E + (int64_t)h * hd * n;
+    const float *v = ctx->v + (int64_t)start * E + (int64_t)h * hd;
+    float *out = ctx->att + t * E + (int64_t)h * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *s = b->attn_scratch + (int64_t)thread * (2 * (int64_t)hd + T);
+    if (n < BERT_FA_TILE) {
+        attn_one_chunk(q, kt, n, v, E, n, hd, scale, s, s + hd, s + 2 * (int64_t)hd);
+        memcpy(out, s + hd, (size_t)hd * sizeof(float));
+    } else {
+        attn_tiled(q, kt, n, v, E, n, hd, scale, s, out);
+    }
 }
 
 /* The elementwise work between the GEMMs, by chunks of rows on the pool
@@ -367,11 +556,17 @@ static void rows_task(void *arg, int64_t w, int thread) {
             rope_rows(ctx, ctx->q + t0 * E, n, b->run_start + t0, t0);
             rope_rows(ctx, ctx->k + t0 * E, n, b->run_start + t0, t0);
         }
-        /* flash attention casts K and V to fp16 and converts q for its fp16
-         * dot products */
-        cpu_round_fp16(ctx->q + t0 * E, n * E);
-        cpu_fp32_to_fp16(ctx->k + t0 * E, b->k16 + t0 * E, n * E);
-        cpu_fp32_to_fp16(ctx->v + t0 * E, b->v16 + t0 * E, n * E);
+        /* flash attention casts K and V to fp16 (q: by the path, below);
+         * K goes by dimension for the scores */
+        cpu_round_fp16(ctx->k + t0 * E, n * E);
+        cpu_round_fp16(ctx->v + t0 * E, n * E);
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t t = t0 + r, start = b->run_start[t], len = b->run_len[t];
+            float *kt = b->kt + start * E + (t - start);
+            for (int64_t i = 0; i < E; i++) {
+                kt[i * len] = ctx->k[t * E + i];
+            }
+        }
         break;
     case ROWS_ATTN_OUT:
     case ROWS_FFN_OUT: {
