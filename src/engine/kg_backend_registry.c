@@ -36,6 +36,14 @@
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     uint32_t used = kg_model_features(model);
+    if ((used & KG_MODEL_FEAT_ENCODER) && model->hp.arch != KG_ARCH_BERT) {
+        /* its encoder step (gpu/kg_backend_cuda_bert.cu) is bert's: learned
+         * positions, separate Q/K/V, a GELU FFN; nomic-bert's RoPE and
+         * SwiGLU are the CPU backend's only */
+        snprintf(why, cap, "the cuda backend runs bert's encoder only, not this %s model",
+                 kg_arch_name(model->hp.arch));
+        return false;
+    }
     if (used & KG_MODEL_FEAT_ENCODER) {
         /* the bert loader leaves the per-layer shape fields (head_dim,
          * n_ff, kv_layer) unset, which reads as per-layer shapes and

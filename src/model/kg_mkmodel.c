@@ -216,11 +216,12 @@ static const family_t *find_family(const char *arch) {
 }
 
 bool kg_mkmodel_arch_is_known(const char *arch) {
-    return find_family(arch) != NULL || (arch && strcmp(arch, "bert") == 0);
+    return find_family(arch) != NULL ||
+           (arch && (strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0));
 }
 
 int64_t kg_mkmodel_builtin_vocab_size(const char *arch) {
-    if (arch && strcmp(arch, "bert") == 0) {
+    if (arch && (strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0)) {
         return kg_mkmodel_bert_vocab_size();
     }
     const family_t *fam = find_family(arch);
@@ -705,11 +706,12 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     g_err[0] = '\0';
     const family_t *fam = find_family(opts->arch);
     const char *tmpl = NULL;
-    if (!fam && opts->arch && strcmp(opts->arch, "bert") == 0) {
+    if (!fam && opts->arch &&
+        (strcmp(opts->arch, "bert") == 0 || strcmp(opts->arch, "nomic-bert") == 0)) {
         g_mix.on = opts->ftype != KG_FTYPE_ALL_F32; /* each tensor typed by the mix */
         g_mix.ftype = opts->ftype;
         g_mix.pure = opts->pure;
-        g_mix.model = (kg_quant_mix_model_t){.arch = "bert",
+        g_mix.model = (kg_quant_mix_model_t){.arch = opts->arch,
                                              .n_layer = (int32_t)opts->n_layer,
                                              .n_head = (int32_t)opts->n_head,
                                              .n_head_kv = (int32_t)opts->n_head_kv};

@@ -341,11 +341,12 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
                    "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2");
     }
-    if (strcmp(arch, "bert") == 0 &&
+    if ((strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0) &&
         (o->n_head_kv != o->n_head || o->head_dim * o->n_head != o->n_embd)) {
         return bad(errstr, errstr_size,
-                   "bert: --n-head-kv must equal --n-head, and --n-embd be --n-head x the head "
-                   "width");
+                   "%s: --n-head-kv must equal --n-head, and --n-embd be --n-head x the head "
+                   "width",
+                   arch);
     }
     if (o->rerank && strcmp(arch, "qwen3") != 0 && strcmp(arch, "bert") != 0) {
         return bad(errstr, errstr_size,

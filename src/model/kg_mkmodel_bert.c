@@ -7,7 +7,14 @@
  * and continuations, made-up words) or one copied with --vocab-from.
  * Weights are uniform with variance 1/fan_in, biases small, LayerNorm
  * weights near 1, from the same seeded streams as every family
- * (kg_mkmodel_random). */
+ * (kg_mkmodel_random).
+ *
+ * `--arch nomic-bert` writes what llama.cpp's converter writes for
+ * NomicBertModel (nomic-embed-text v1.5): no position embeddings but
+ * nomic-bert.rope.freq_base (--rope-base; nomic's own is 1000), a fused
+ * attn_qkv and an attention output without biases, ffn_gate/ffn_up/ffn_down
+ * without biases (SwiGLU), the same LayerNorms, pooling_type mean unless
+ * --pooling says, and the same WordPiece vocabulary. */
 #include "kg_gguf_writer.h"
 #include "kg_mkmodel.h"
 #include "kg_mkmodel_int.h"
@@ -90,11 +97,18 @@ kg_status_t kg_mkmodel_write_bert(const kg_mkmodel_opts_t *o,
                                   char *errstr,
                                   size_t errstr_size) {
     const int64_t E = o->n_embd, F = o->n_ff, C = o->ctx;
+    const bool nomic = strcmp(o->arch, "nomic-bert") == 0;
+    const char *arch = nomic ? "nomic-bert" : "bert";
     if (o->n_head <= 0 || E % o->n_head != 0 || o->n_head_kv != o->n_head ||
         o->head_dim * o->n_head != E) {
         snprintf(errstr, errstr_size,
-                 "bert: --n-embd must be --n-head x the head width, with --n-head-kv equal to "
-                 "--n-head");
+                 "%s: --n-embd must be --n-head x the head width, with --n-head-kv equal to "
+                 "--n-head",
+                 arch);
+        return KG_ERR_INVALID;
+    }
+    if (nomic && o->rerank) {
+        snprintf(errstr, errstr_size, "nomic-bert has no classification head (--rerank)");
         return KG_ERR_INVALID;
     }
     kg_gguf_writer_t *w = kg_gguf_writer_new();
@@ -104,19 +118,28 @@ kg_status_t kg_mkmodel_write_bert(const kg_mkmodel_opts_t *o,
     }
     kg_status_t rc = KG_ERR_IO;
     char err[400] = "";
-    kg_gguf_writer_set_str(w, "general.architecture", "bert");
+    char key[96];
+#define AKEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, arch), key)
+    kg_gguf_writer_set_str(w, "general.architecture", arch);
     kg_gguf_writer_set_str(w, "general.name", o->name);
-    kg_gguf_writer_set_u32(w, "bert.context_length", (uint32_t)C);
-    kg_gguf_writer_set_u32(w, "bert.embedding_length", (uint32_t)E);
-    kg_gguf_writer_set_u32(w, "bert.feed_forward_length", (uint32_t)F);
-    kg_gguf_writer_set_u32(w, "bert.block_count", (uint32_t)o->n_layer);
-    kg_gguf_writer_set_u32(w, "bert.attention.head_count", (uint32_t)o->n_head);
-    kg_gguf_writer_set_f32(w, "bert.attention.layer_norm_epsilon", 1e-12f);
-    kg_gguf_writer_set_bool(w, "bert.attention.causal", false);
-    if (o->pooling >= 0 || o->rerank) {
-        kg_gguf_writer_set_u32(w, "bert.pooling_type",
-                               (uint32_t)(o->pooling >= 0 ? o->pooling : 4));
+    kg_gguf_writer_set_u32(w, AKEY("context_length"), (uint32_t)C);
+    kg_gguf_writer_set_u32(w, AKEY("embedding_length"), (uint32_t)E);
+    kg_gguf_writer_set_u32(w, AKEY("feed_forward_length"), (uint32_t)F);
+    kg_gguf_writer_set_u32(w, AKEY("block_count"), (uint32_t)o->n_layer);
+    kg_gguf_writer_set_u32(w, AKEY("attention.head_count"), (uint32_t)o->n_head);
+    kg_gguf_writer_set_f32(w, AKEY("attention.layer_norm_epsilon"), 1e-12f);
+    kg_gguf_writer_set_bool(w, AKEY("attention.causal"), false);
+    if (nomic) {
+        kg_gguf_writer_set_f32(w, AKEY("rope.freq_base"), o->rope_base);
     }
+    if (o->pooling >= 0 || o->rerank || nomic) {
+        /* nomic-embed-text's sentence-transformers pooling is mean */
+        kg_gguf_writer_set_u32(w, AKEY("pooling_type"),
+                               (uint32_t)(o->pooling >= 0 ? o->pooling
+                                          : o->rerank     ? 4
+                                                          : 1));
+    }
+#undef AKEY
     /* --type names llama-quantize's file type: kg_mkmodel_random types each
      * tensor by its mix; the base type is what a plain matrix gets */
     const bool mix = o->ftype != KG_FTYPE_ALL_F32;
@@ -141,7 +164,8 @@ kg_status_t kg_mkmodel_write_bert(const kg_mkmodel_opts_t *o,
         /* F32 whatever --type says, as the converter and llama-quantize keep
          * them (llama.cpp's graph adds them to F32 rows) */
         kg_mkmodel_random(w, o, "token_types.weight", F32, E, 2, 0.0f, 0.5f, err, sizeof(err)) &&
-        kg_mkmodel_random(w, o, "position_embd.weight", F32, E, C, 0.0f, 0.5f, err, sizeof(err)) &&
+        (nomic || kg_mkmodel_random(w, o, "position_embd.weight", F32, E, C, 0.0f, 0.5f, err,
+                                    sizeof(err))) &&
         kg_mkmodel_random(w, o, "token_embd_norm.weight", F32, E, 1, 1.0f, 0.1f, err,
                           sizeof(err)) &&
         kg_mkmodel_random(w, o, "token_embd_norm.bias", F32, E, 1, 0.0f, 0.05f, err, sizeof(err));
@@ -157,7 +181,17 @@ kg_status_t kg_mkmodel_write_bert(const kg_mkmodel_opts_t *o,
 #define BW(suffix, type, ne0, ne1, center, scale)                                                  \
     (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il),                                      \
      kg_mkmodel_random(w, o, name, (type), (ne0), (ne1), (center), (scale), err, sizeof(err)))
-    for (int64_t il = 0; il < o->n_layer && ok; il++) {
+    for (int64_t il = 0; il < o->n_layer && ok && nomic; il++) {
+        ok = BW("attn_qkv.weight", T, E, 3 * E, 0.0f, sE) &&
+             BW("attn_output.weight", T, E, E, 0.0f, sE) &&
+             BW("attn_output_norm.weight", F32, E, 1, 1.0f, 0.1f) &&
+             BW("attn_output_norm.bias", F32, E, 1, 0.0f, 0.05f) &&
+             BW("ffn_up.weight", T, E, F, 0.0f, sE) && BW("ffn_gate.weight", T, E, F, 0.0f, sE) &&
+             BW("ffn_down.weight", T, F, E, 0.0f, sF) &&
+             BW("layer_output_norm.weight", F32, E, 1, 1.0f, 0.1f) &&
+             BW("layer_output_norm.bias", F32, E, 1, 0.0f, 0.05f);
+    }
+    for (int64_t il = 0; il < o->n_layer && ok && !nomic; il++) {
         ok = BW("attn_q.weight", T, E, E, 0.0f, sE) && BW("attn_q.bias", F32, E, 1, 0.0f, 0.05f) &&
              BW("attn_k.weight", T, E, E, 0.0f, sE) && BW("attn_k.bias", F32, E, 1, 0.0f, 0.05f) &&
              BW("attn_v.weight", T, E, E, 0.0f, sE) && BW("attn_v.bias", F32, E, 1, 0.0f, 0.05f) &&

@@ -19,21 +19,33 @@
 #include <string.h>
 
 static const char *const arch_names[KG_ARCH_COUNT_] = {
-    [KG_ARCH_LLAMA] = "llama",         [KG_ARCH_MISTRAL] = "mistral",
-    [KG_ARCH_QWEN2] = "qwen2",         [KG_ARCH_QWEN3] = "qwen3",
-    [KG_ARCH_GEMMA2] = "gemma2",       [KG_ARCH_GEMMA3] = "gemma3",
-    [KG_ARCH_PHI3] = "phi3",           [KG_ARCH_QWEN3MOE] = "qwen3moe",
-    [KG_ARCH_GPT_OSS] = "gpt-oss",     [KG_ARCH_SMOLLM3] = "smollm3",
-    [KG_ARCH_GRANITE] = "granite",     [KG_ARCH_OLMO2] = "olmo2",
-    [KG_ARCH_MISTRAL3] = "mistral3",   [KG_ARCH_SEED_OSS] = "seed_oss",
-    [KG_ARCH_APERTUS] = "apertus",     [KG_ARCH_GLM4MOE] = "glm4moe",
-    [KG_ARCH_DEEPSEEK2] = "deepseek2", [KG_ARCH_BERT] = "bert",
-    [KG_ARCH_GEMMA4] = "gemma4",       [KG_ARCH_GEMMA_EMBED] = "gemma-embedding",
+    [KG_ARCH_LLAMA] = "llama",
+    [KG_ARCH_MISTRAL] = "mistral",
+    [KG_ARCH_QWEN2] = "qwen2",
+    [KG_ARCH_QWEN3] = "qwen3",
+    [KG_ARCH_GEMMA2] = "gemma2",
+    [KG_ARCH_GEMMA3] = "gemma3",
+    [KG_ARCH_PHI3] = "phi3",
+    [KG_ARCH_QWEN3MOE] = "qwen3moe",
+    [KG_ARCH_GPT_OSS] = "gpt-oss",
+    [KG_ARCH_SMOLLM3] = "smollm3",
+    [KG_ARCH_GRANITE] = "granite",
+    [KG_ARCH_OLMO2] = "olmo2",
+    [KG_ARCH_MISTRAL3] = "mistral3",
+    [KG_ARCH_SEED_OSS] = "seed_oss",
+    [KG_ARCH_APERTUS] = "apertus",
+    [KG_ARCH_GLM4MOE] = "glm4moe",
+    [KG_ARCH_DEEPSEEK2] = "deepseek2",
+    [KG_ARCH_BERT] = "bert",
+    [KG_ARCH_GEMMA4] = "gemma4",
+    [KG_ARCH_GEMMA_EMBED] = "gemma-embedding",
+    [KG_ARCH_NOMIC_BERT] = "nomic-bert",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding, "      \
+    "nomic-bert"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -462,7 +474,7 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
                  "model: unsupported architecture '%s' (supported: " SUPPORTED_ARCHS ")", arch);
         goto fail;
     }
-    if (hp->arch == KG_ARCH_BERT) { /* an encoder: its own keys and tensors */
+    if (hp->arch == KG_ARCH_BERT || hp->arch == KG_ARCH_NOMIC_BERT) { /* encoders: their own */
         if (!kg_model_load_bert(model, path, errstr, errstr_size)) {
             goto fail;
         }

@@ -246,6 +246,7 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
         break;
     }
     case KG_ARCH_BERT: /* kg_model_bert.c reads its own */
+    case KG_ARCH_NOMIC_BERT:
         break;
     case KG_ARCH_SMOLLM3:
         /* llama_model_smollm3: n_no_rope_layer_step is fixed at 4 in code

@@ -4,9 +4,10 @@
  * fused-tensor views, and the experts (counts, 3-D tensors cut into
  * per-expert views, gpt-oss's biases and sinks), deepseek2's latent
  * attention (its ranks and head sizes, the 3-D k_b / v_b cut into per-head
- * views), and bert's encoder tensors. Any input must load or give one error
- * line, never a crash or an out-of-bounds read. On success the queries
- * backends use are run and every view's bytes are read. */
+ * views), and bert's and nomic-bert's encoder tensors (a fused attn_qkv
+ * cut into views). Any input must load or give one error line, never a
+ * crash or an out-of-bounds read. On success the queries backends use are
+ * run and every view's bytes are read. */
 #include "model/kg_gguf.h"
 #include "model/kg_model.h"
 #include "model/kg_model_bert.h"

@@ -1,14 +1,16 @@
-/* check_bert: the bert encoder beyond its goldens (check_embed compares its
- * vectors and rerank scores with llama.cpp's): an input's vector is the
- * same bits alone and among 64 others, inputs run whole in one step (the
- * engine never cuts one; the backend refuses a cut one or a step asking for
- * logits), generation is refused, and a rerank pair is [CLS] query [SEP]
- * document as llama.cpp's server builds it. */
+/* check_bert: the bert and nomic-bert encoders beyond their goldens
+ * (check_embed compares their vectors and rerank scores with llama.cpp's):
+ * an input's vector is the same bits alone and among 64 others, inputs run
+ * whole in one step (the engine never cuts one; the backend refuses a cut
+ * one or a step asking for logits), generation is refused, a rerank pair is
+ * [CLS] query [SEP] document as llama.cpp's server builds it, and
+ * nomic-bert's file is what llama.cpp's converter writes. */
 #include "backend/kg_backend.h"
 #include "check_common.h"
 #include "engine/kg_engine.h"
 #include "model/kg_embed.h"
 #include "model/kg_model.h"
+#include "model/kg_model_bert.h"
 #include "model/kg_tokenizer.h"
 #include "pipeline/kg_embedjob.h"
 #include "pipeline/kg_intake.h"
@@ -20,6 +22,9 @@
 
 #define BERT_ARGS                                                                                  \
     "--arch bert --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 4 --n-ff 128 --ctx 512 "
+#define NOMIC_ARGS                                                                                 \
+    "--arch nomic-bert --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 4 --n-ff 128 --ctx 512 "     \
+    "--rope-base 1000 "
 
 static kg_model_t *make_model(const char *args) {
     char path[4096];
@@ -92,14 +97,19 @@ static int32_t run_embed(kg_engine_t *e,
     return steps;
 }
 
-/* Input 37 of 65 (3 to 92 tokens each) alone, and among the others in
+/* Input 38 of 65 (3 to 92 tokens each) alone, and among the others in
  * steps of up to 256 tokens that pack several whole inputs: the same bits,
- * for mean and CLS pooling. */
+ * for mean and CLS pooling, bert (0, 1) and nomic-bert (2, 3: its RoPE
+ * angles are each input's own positions, whatever row the input starts at;
+ * Q8_0 for 3, whose activations are quantized per row). The engine packs
+ * the longest first: input 38 (55 tokens) starts 56 rows into its step. */
 START_TEST(batch_invariant) {
-    const kg_engine_pool_t pool = _i == 0 ? KG_ENGINE_POOL_MEAN : KG_ENGINE_POOL_FIRST;
-    kg_model_t *m = make_model(BERT_ARGS "--seed 41");
+    const kg_engine_pool_t pool = _i % 2 == 0 ? KG_ENGINE_POOL_MEAN : KG_ENGINE_POOL_FIRST;
+    kg_model_t *m = make_model(_i < 2    ? BERT_ARGS "--seed 41"
+                               : _i == 2 ? NOMIC_ARGS "--seed 45"
+                                         : NOMIC_ARGS "--seed 45 --type q8_0");
     const int32_t E = m->hp.n_embd, V = m->hp.n_vocab;
-    enum { N = 65, TARGET = 37 };
+    enum { N = 65, TARGET = 38 };
     int32_t lens[N], total = 0;
     for (int32_t i = 0; i < N; i++) {
         lens[i] = 3 + (i * 7919) % 90;
@@ -242,10 +252,37 @@ START_TEST(jobs) {
 }
 END_TEST
 
+/* nomic-bert's file and model: the converter's keys (pooling mean, the
+ * RoPE base), a fused attn_qkv and SwiGLU, no position embeddings, and no
+ * classification head to rank with (mkmodel refuses --rerank). */
+START_TEST(nomic_model) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("nomic"));
+    ck_assert_int_ne(kg_test_mkmodel(path, NOMIC_ARGS "--rerank --seed 46"), 0);
+    kg_model_t *m = make_model(NOMIC_ARGS "--seed 46");
+    ck_assert_int_eq(m->hp.arch, KG_ARCH_NOMIC_BERT);
+    ck_assert(kg_model_embed_only(m));
+    ck_assert(kg_model_features(m) & KG_MODEL_FEAT_ENCODER);
+    ck_assert(kg_model_features(m) & KG_MODEL_FEAT_ROPE_NEOX);
+    ck_assert_int_eq(kg_embed_model_pooling(m), KG_EMBED_POOL_MEAN);
+    ck_assert(!kg_embed_can_rank(m));
+    ck_assert_float_eq(m->hp.rope_base, 1000.0f);
+    ck_assert_int_eq(m->hp.n_rot, 16);
+    ck_assert_ptr_null(m->bert->pos_embd);
+    ck_assert_ptr_nonnull(m->layers[1].w_gate);
+    /* the fused matrix's three row views: K starts n_embd rows after Q */
+    ck_assert_ptr_eq((const char *)m->layers[1].wk->data,
+                     (const char *)m->layers[1].wq->data + m->layers[1].wq->size);
+    ck_assert_ptr_null(m->layers[1].bq);
+    kg_model_free(m);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("bert");
     TCase *tc = tcase_create("encoder");
-    tcase_add_loop_test(tc, batch_invariant, 0, 2);
+    tcase_add_loop_test(tc, batch_invariant, 0, 4);
+    tcase_add_test(tc, nomic_model);
     tcase_add_test(tc, encoder_rules);
     tcase_add_test(tc, jobs);
     tcase_set_timeout(tc, 120);

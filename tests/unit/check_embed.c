@@ -248,15 +248,12 @@ START_TEST(matches_llama_cpp) {
         if (g.rerank) {
             /* Q8_0: activations rounded to Q8 blocks on both sides can round
              * the other way near a boundary (check_arch allows an NMSE of 5e-4
-             * there); through two random layers that moves a score by up to a
-             * few 1e-3, the F32/F16 scores agree to 1e-3. bert's head reads
-             * the CLS row alone through two random 64-wide layers (tanh, then
-             * the label), which carries that noise further: its Q8_0 scores
-             * land 5e-3 from llama.cpp's, on either side of the F32 score
-             * (its F32/F16 ones within 2e-4) */
-            const float tol = strcmp(g.type, "q8_0") != 0 ? 1e-3f
-                              : kg_model_embed_only(m)    ? 1e-2f
-                                                          : 5e-3f;
+             * there); through two random layers that moves a qwen3 score by
+             * up to a few 1e-3, the F32/F16 scores agree to 1e-3. bert's
+             * encoder follows ggml's flash attention arithmetic (cpu_bert.c),
+             * so its Q8_0 scores land on llama.cpp's (within 1e-6 here) and
+             * take the issue's 1e-3 too */
+            const float tol = strcmp(g.type, "q8_0") != 0 || kg_model_embed_only(m) ? 1e-3f : 5e-3f;
             const float s = kg_embed_rank_score(m, v);
             if (getenv("KG_EMBED_VERBOSE")) {
                 fprintf(stderr, "%s %s pair %d: score %.6f, llama.cpp %.6f\n", g.model, g.type, i,

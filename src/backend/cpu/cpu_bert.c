@@ -1,5 +1,5 @@
-/* cpu_bert: the CPU backend's forward pass for the `bert` encoder
- * (kg_model_bert.h), which embedding and rerank jobs run.
+/* cpu_bert: the CPU backend's forward pass for the `bert` and `nomic-bert`
+ * encoders (kg_model_bert.h), which embedding and rerank jobs run.
  *
  * DESIGN
  * A bert step is whole inputs: every token attends to every token of its
@@ -13,20 +13,30 @@
  * Per step, as llama.cpp's graph: x = tok_embd[token] + token_types[0] +
  * position_embd[pos]; x = LN(x) (ggml_norm: a double sum for the mean and
  * the variance, then * w + b); per layer: Q/K/V GEMMs + biases, attention
- * with q, K and V rounded to fp16 as ggml's flash attention casts them
- * (cpu_attn's kernel, over the input's own rows), output GEMM + bias,
+ * over the input's own rows with ggml-cpu's flash attention arithmetic (K
+ * and V cast to fp16; under 64 tokens its one-chunk kernel with q in fp16
+ * and an fp16 accumulator, from 64 its tiled one in F32: see
+ * BERT_FA_TILE; matching it, not only its rounding of K and V, is what
+ * brings Q8_0 scores onto llama.cpp's, whose activations round to Q8
+ * blocks at every matmul and carry any difference on), output GEMM + bias,
  * x = LN(x + attn); up GEMM + bias, GELU (ggml's fp16 table), down GEMM +
  * bias, x = LN(x + ffn). The hidden rows asked for are the last layer's
  * output (bert has no output norm). Each row's arithmetic does not depend
  * on what else is in the step, so an input's vector is the same alone or
- * among others. */
+ * among others.
+ *
+ * nomic-bert, the same graph in llama.cpp, differs in three places: no
+ * position rows are added (x = tok_embd[token] + token_types[0]); q and k
+ * are rotated (ggml_rope_ext, NeoX pairs) after their biases and before
+ * the fp16 rounding, with angles for positions 0..max_tokens-1 made once
+ * at init (an input's positions start at 0 in every step); and the FFN is
+ * gate and up GEMMs, silu(gate) * up, down, without biases. */
 #include "cpu_bert.h"
 
 #include "../../core/kg_log.h"
 #include "../../model/kg_model_bert.h"
 #include "../../model/kg_quant.h"
 #include "../kg_math.h"
-#include "cpu_attn.h"
 #include "cpu_ops.h"
 
 #include <math.h>
@@ -35,8 +45,19 @@
 #include <immintrin.h>
 #define BERT_F16C 1
 #endif
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+#define BERT_AVX2 1 /* the attention's vector paths: the scalar loops' bits */
+#endif
 #include <stdlib.h>
 #include <string.h>
+
+/* llama.cpp runs bert's attention as ggml_flash_attn_ext with K and V
+ * cast to fp16, and ggml-cpu computes it one of two ways by how many
+ * queries the ubatch has (GGML_FA_TILE_Q, 64): a ubatch of one input
+ * (node-llama-cpp embeds one at a time) takes the first under 64 tokens
+ * and the second from 64. kgen goes by the input's own length, so an
+ * input's arithmetic stays its own (batch invariance). */
+#define BERT_FA_TILE 64
 
 struct cpu_bert {
     cpu_weight_t tok_norm, tok_norm_b;
@@ -45,10 +66,14 @@ struct cpu_bert {
     cpu_weight_t *ln2_b;  /* (n_layer) layer_output_norm.bias */
     cpu_weight_t *up_b;   /* (n_layer) or data NULL */
     cpu_weight_t *down_b; /* (n_layer) or data NULL */
-    uint16_t *k16, *v16;  /* (T, n_embd) this layer's K and V in fp16 */
-    int32_t *run_start;   /* (T) the batch index of the token's input's first token */
-    int32_t *run_len;     /* (T) its input's length */
-    int32_t *zero_table;  /* {0}: every input's rows are one block */
+    float *kt; /* (T, n_embd) this layer's K (fp16 values) by dimension, for the attention's
+                  eight-keys-at-once scores: an input of n rows from batch row s keeps its
+                  (n_embd, n) block at s * n_embd; V is rounded in place */
+    int32_t *run_start;  /* (T) the batch index of the token's input's first token */
+    int32_t *run_len;    /* (T) its input's length */
+    bool nomic;          /* nomic-bert: RoPE, SwiGLU, no position rows */
+    float *rope_cs;      /* nomic-bert: (max_tokens, n_rot) cos | sin of position p */
+    float *attn_scratch; /* (n_threads, 2 * head_dim + 64) the attention's per-thread scratch */
 };
 
 /* y = (x - mean) / sqrt(var + eps) * w + b for n_rows rows (ggml_norm,
@@ -93,51 +118,6 @@ static void add_bias(float *x, const cpu_weight_t *b, int64_t T, int64_t n) {
     }
 }
 
-/* One tensor into `w` as kg_backend_cpu.c's weight_init makes it (kept
- * apart so the two files do not call each other): F32/F16/BF16 matrices
- * packed for cpu_gemm (the file's pages let go), quantized ones used in
- * place, vectors F32 in place or dequantized. The layer matrices live in
- * ctx->layers, which the backend's free clears; the vectors only here. */
-static bool weight_init(
-    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
-    w->n_in = t->ne[0];
-    w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
-    w->type = t->type;
-    if (t->n_dims > 1 && cpu_qtraits(t->type)) {
-        if (!cpu_qmat_init(&w->q, t->type, t->data, w->n_out, w->n_in)) {
-            snprintf(errstr, errstr_size, "cpu backend: tensor '%.*s' of type %s has rows of %lld",
-                     (int)t->name.len, t->name.data, kg_type_name(t->type), (long long)w->n_in);
-            return false;
-        }
-        ctx->weights_size += t->size;
-        return true;
-    }
-    if (t->n_dims > 1) {
-        if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
-            snprintf(errstr, errstr_size, "cpu backend: out of memory packing '%.*s'",
-                     (int)t->name.len, t->name.data);
-            return false;
-        }
-        ctx->weights_size += w->packed.size;
-        kg_gguf_release(ctx->model->gguf, t->data, t->size);
-        return true;
-    }
-    if (t->type == KG_GGML_TYPE_F32) {
-        w->data = t->data;
-        ctx->weights_size += t->size;
-        return true;
-    }
-    w->owned = malloc((size_t)w->n_in * sizeof(float));
-    if (!w->owned) {
-        snprintf(errstr, errstr_size, "cpu backend: out of memory");
-        return false;
-    }
-    kg_dequantize(t->type, t->data, w->owned, w->n_in);
-    w->data = w->owned;
-    ctx->weights_size += (size_t)w->n_in * sizeof(float);
-    return true;
-}
-
 static float *bert_scratch(cpu_ctx_t *ctx, size_t n, bool *ok) {
     float *p = calloc(n ? n : 1, sizeof(float));
     *ok = *ok && p;
@@ -176,6 +156,7 @@ bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
                                           src->wo,
                                           src->w_up,
                                           src->w_down,
+                                          src->w_gate,
                                           src->bq,
                                           src->bk,
                                           src->bv,
@@ -186,24 +167,44 @@ bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
                                           bl->layer_out_norm_b,
                                           bl->ffn_up_b,
                                           bl->ffn_down_b};
-        cpu_weight_t *dsts[] = {&L->wq,        &L->wk,        &L->wv,        &L->wo,
-                                &L->w_up,      &L->w_down,    &L->bq,        &L->bk,
-                                &L->bv,        &L->bo,        &L->attn_norm, &L->ffn_norm,
-                                &b->ln1_b[il], &b->ln2_b[il], &b->up_b[il],  &b->down_b[il]};
+        cpu_weight_t *dsts[] = {
+            &L->wq,       &L->wk,        &L->wv,        &L->wo,       &L->w_up,      &L->w_down,
+            &L->w_gate,   &L->bq,        &L->bk,        &L->bv,       &L->bo,        &L->attn_norm,
+            &L->ffn_norm, &b->ln1_b[il], &b->ln2_b[il], &b->up_b[il], &b->down_b[il]};
         for (size_t i = 0; i < sizeof(srcs) / sizeof(srcs[0]); i++) {
-            if (srcs[i] && !weight_init(dsts[i], srcs[i], ctx, errstr, errstr_size)) {
+            if (srcs[i] && !cpu_weight_init(dsts[i], srcs[i], ctx, errstr, errstr_size)) {
                 return false;
             }
         }
     }
-    if (!weight_init(&b->tok_norm, bw->tok_norm, ctx, errstr, errstr_size) ||
-        !weight_init(&b->tok_norm_b, bw->tok_norm_b, ctx, errstr, errstr_size)) {
+    if (!cpu_weight_init(&b->tok_norm, bw->tok_norm, ctx, errstr, errstr_size) ||
+        !cpu_weight_init(&b->tok_norm_b, bw->tok_norm_b, ctx, errstr, errstr_size)) {
         return false;
     }
-    ctx->gelu_table = malloc(65536 * sizeof(uint16_t));
-    bool ok = ctx->gelu_table != NULL;
-    if (ok) {
-        cpu_gelu_table_init(ctx->gelu_table);
+    b->nomic = hp->arch == KG_ARCH_NOMIC_BERT;
+    bool ok = true;
+    if (!b->nomic) {
+        ctx->gelu_table = malloc(65536 * sizeof(uint16_t));
+        ok = ctx->gelu_table != NULL;
+        if (ok) {
+            cpu_gelu_table_init(ctx->gelu_table);
+        }
+    } else {
+        ctx->gate = bert_scratch(ctx, T * F, &ok);
+        b->rope_cs = bert_scratch(ctx, T * (size_t)hp->n_rot, &ok);
+        if (b->rope_cs) {
+            /* llama_context's cparams: no YaRN ramp unless rope.scaling.type
+             * says yarn (then ext_factor 1 over ggml_rope_yarn_corr_dims) */
+            float corr[2];
+            kg_rope_yarn_corr_dims(hp->n_rot, hp->n_ctx_orig, hp->rope_base, hp->yarn_beta_fast,
+                                   hp->yarn_beta_slow, corr);
+            for (size_t p = 0; p < T; p++) {
+                float *cs = b->rope_cs + p * (size_t)hp->n_rot;
+                kg_rope_cache_yarn((int32_t)p, hp->n_rot, hp->rope_base, hp->rope_scale, NULL,
+                                   hp->yarn_ext_factor, hp->yarn_attn_factor, corr, cs,
+                                   cs + hp->n_rot / 2);
+            }
+        }
     }
     if (bw->type_embd) {
         b->type_row = bert_scratch(ctx, E, &ok);
@@ -221,15 +222,14 @@ bool cpu_bert_init(cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
     ctx->att = bert_scratch(ctx, T * E, &ok);
     ctx->up = bert_scratch(ctx, T * F, &ok);
     ctx->tmp = bert_scratch(ctx, T * E, &ok);
-    ctx->scores = bert_scratch(ctx, (size_t)ctx->n_threads * T, &ok);
+    b->attn_scratch =
+        bert_scratch(ctx, (size_t)ctx->n_threads * (2 * (size_t)hp->head_dim + T), &ok);
     /* T and E are > 0 (the backend checks max_tokens, the model n_embd) */
-    b->k16 = calloc(T * E + 1, sizeof(uint16_t));
-    b->v16 = calloc(T * E + 1, sizeof(uint16_t));
+    b->kt = bert_scratch(ctx, T * E, &ok);
     b->run_start = calloc(T, sizeof(int32_t));
     b->run_len = calloc(T, sizeof(int32_t));
-    b->zero_table = calloc(1, sizeof(int32_t));
-    ok = ok && b->k16 && b->v16 && b->run_start && b->run_len && b->zero_table;
-    ctx->scratch_size += 2 * T * E * sizeof(uint16_t) + 2 * T * sizeof(int32_t);
+    ok = ok && b->run_start && b->run_len;
+    ctx->scratch_size += 2 * T * sizeof(int32_t);
     ok = ok && cpu_qact_init(&ctx->qact, (int64_t)T, (int64_t)widest);
     ctx->scratch_size += cpu_qact_size((int64_t)T, (int64_t)widest);
     ctx->qscratch = ok ? cpu_qgemm_scratch_new(ctx->n_threads, (int64_t)widest) : NULL;
@@ -257,11 +257,11 @@ void cpu_bert_free(cpu_ctx_t *ctx) {
     free(b->tok_norm.owned);
     free(b->tok_norm_b.owned);
     free(b->type_row);
-    free(b->k16);
-    free(b->v16);
+    free(b->rope_cs);
+    free(b->attn_scratch);
+    free(b->kt);
     free(b->run_start);
     free(b->run_len);
-    free(b->zero_table);
     free(b);
     ctx->bert = NULL;
 }
@@ -300,29 +300,204 @@ static bool whole_inputs(const cpu_ctx_t *ctx, const kg_step_batch_t *batch) {
     return true;
 }
 
+/* fp16 rounding of 8 floats (to nearest even, as ggml's casts) */
+#ifdef BERT_AVX2
+static inline __m256 round_h8(__m256 x) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
+static inline float round_h(float x) {
+    return kg_fp16_to_fp32(kg_fp32_to_fp16(x));
+}
+
+/* ggml's flash_attn_ext_f16_one_chunk for one query row: q converted to
+ * fp16, each score an fp16 · fp16 dot product summed in double (ggml's
+ * order for heads under 32 wide, the products summed one by one), then the
+ * online softmax in float whose V accumulator is fp16, rounded at every
+ * step (ggml_vec_scale_f16 on a new maximum, ggml_vec_mad_f16 for the
+ * row); the output the accumulator over the sum. kt: the input's keys by
+ * head dimension (kt[d * kt_stride + p]); v: its value rows. qh and acc:
+ * hd floats of scratch each, s: n. */
+static void attn_one_chunk(const float *q,
+                           const float *kt,
+                           int64_t kt_stride,
+                           const float *v,
+                           int64_t stride,
+                           int32_t n,
+                           int32_t hd,
+                           float scale,
+                           float *qh,
+                           float *acc,
+                           float *s) {
+    for (int32_t d = 0; d < hd; d++) {
+        qh[d] = round_h(q[d]);
+        acc[d] = 0.0f;
+    }
+    int32_t p = 0;
+#ifdef BERT_AVX2
+    for (; p + 8 <= n; p += 8) { /* eight keys' sums side by side, each in order */
+        __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+        for (int32_t d = 0; d < hd; d++) {
+            const __m256 pr =
+                _mm256_mul_ps(_mm256_loadu_ps(kt + d * kt_stride + p), _mm256_set1_ps(qh[d]));
+            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(pr)));
+            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(pr, 1)));
+        }
+        _mm_storeu_ps(s + p, _mm256_cvtpd_ps(lo));
+        _mm_storeu_ps(s + p + 4, _mm256_cvtpd_ps(hi));
+    }
+#endif
+    for (; p < n; p++) {
+        double dot = 0.0;
+        for (int32_t d = 0; d < hd; d++) {
+            dot += (double)(qh[d] * kt[d * kt_stride + p]);
+        }
+        s[p] = (float)dot;
+    }
+    float M = -INFINITY, S = 0.0f;
+    for (p = 0; p < n; p++) {
+        const float *vr = v + (int64_t)p * stride;
+        const float sc = s[p] * scale, m_old = M;
+        float ms = 1.0f, vs = 1.0f;
+        if (sc > M) {
+            M = sc;
+            ms = expf(m_old - M);
+        } else {
+            vs = expf(sc - M);
+        }
+        int32_t d = 0;
+#ifdef BERT_AVX2
+        const __m256 msv = _mm256_set1_ps(ms), vsv = _mm256_set1_ps(vs);
+        for (; d + 8 <= hd; d += 8) {
+            __m256 a = _mm256_loadu_ps(acc + d);
+            if (ms != 1.0f) {
+                a = round_h8(_mm256_mul_ps(a, msv));
+            }
+            _mm256_storeu_ps(acc + d, round_h8(_mm256_fmadd_ps(_mm256_loadu_ps(vr + d), vsv, a)));
+        }
+#endif
+        for (; d < hd; d++) {
+            const float a = ms != 1.0f ? round_h(acc[d] * ms) : acc[d];
+            acc[d] = round_h(fmaf(vr[d], vs, a));
+        }
+        S = S * ms + vs;
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int32_t d = 0; d < hd; d++) {
+        acc[d] *= inv;
+    }
+}
+
+/* ggml's flash_attn_ext_tiled for one query row: q in F32, the keys and
+ * values (fp16) in tiles of 64; a score is one FMA chain over the head,
+ * then scaled; per tile the running maximum moves (the F32 accumulator and
+ * the sum scaled by expf of the step), the tile's exponentials are summed
+ * in double, and each value row is added to the accumulator by FMA in
+ * position order; the output the accumulator over the sum. ggml takes the
+ * tile's exponentials from its SIMD expf, kgen from expf (an ulp or so
+ * apart). kt, v as for attn_one_chunk; sc: 64 floats of scratch. */
+static void attn_tiled(const float *q,
+                       const float *kt,
+                       int64_t kt_stride,
+                       const float *v,
+                       int64_t stride,
+                       int32_t n,
+                       int32_t hd,
+                       float scale,
+                       float *sc,
+                       float *out) {
+    float M = -INFINITY, S = 0.0f;
+    for (int32_t d = 0; d < hd; d++) {
+        out[d] = 0.0f;
+    }
+    for (int32_t p0 = 0; p0 < n; p0 += BERT_FA_TILE) {
+        const int32_t nt = n - p0 < BERT_FA_TILE ? n - p0 : BERT_FA_TILE;
+        int32_t p = 0;
+#ifdef BERT_AVX2
+        for (; p + 8 <= nt; p += 8) { /* eight keys' chains side by side */
+            __m256 a = _mm256_setzero_ps();
+            for (int32_t d = 0; d < hd; d++) {
+                a = _mm256_fmadd_ps(_mm256_loadu_ps(kt + d * kt_stride + p0 + p),
+                                    _mm256_set1_ps(q[d]), a);
+            }
+            _mm256_storeu_ps(sc + p, _mm256_mul_ps(a, _mm256_set1_ps(scale)));
+        }
+#endif
+        for (; p < nt; p++) {
+            float a = 0.0f;
+            for (int32_t d = 0; d < hd; d++) {
+                a = fmaf(kt[d * kt_stride + p0 + p], q[d], a);
+            }
+            sc[p] = a * scale;
+        }
+        float tile_max = -INFINITY;
+        for (p = 0; p < nt; p++) {
+            tile_max = sc[p] > tile_max ? sc[p] : tile_max;
+        }
+        const float m_new = fmaxf(M, tile_max);
+        if (m_new > M) {
+            const float ms = expf(M - m_new);
+            for (int32_t d = 0; d < hd; d++) {
+                out[d] *= ms;
+            }
+            S *= ms;
+        }
+        M = m_new;
+        double sum = 0.0;
+        for (p = 0; p < nt; p++) {
+            sc[p] = expf(sc[p] - M);
+            sum += (double)sc[p];
+        }
+        S = (float)((double)S + sum);
+        for (p = 0; p < nt; p++) {
+            const float *vr = v + (int64_t)(p0 + p) * stride;
+            int32_t d = 0;
+#ifdef BERT_AVX2
+            const __m256 w = _mm256_set1_ps(sc[p]);
+            for (; d + 8 <= hd; d += 8) {
+                _mm256_storeu_ps(
+                    out + d, _mm256_fmadd_ps(_mm256_loadu_ps(vr + d), w, _mm256_loadu_ps(out + d)));
+            }
+#endif
+            for (; d < hd; d++) {
+                out[d] = fmaf(vr[d], sc[p], out[d]);
+            }
+        }
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int32_t d = 0; d < hd; d++) {
+        out[d] *= inv;
+    }
+}
+
 typedef struct bert_attn_job {
     cpu_ctx_t *ctx;
 } bert_attn_job_t;
 
-/* One (token, head): softmax(q · K / sqrt(hd)) · V over the token's input. */
+/* One (token, head): softmax(q · K / sqrt(hd)) · V over the token's input,
+ * with the arithmetic of ggml's flash attention for an input of its length. */
 static void bert_attn_task(void *arg, int64_t w, int thread) {
     const bert_attn_job_t *job = arg;
     cpu_ctx_t *ctx = job->ctx;
     const struct cpu_bert *b = ctx->bert;
     const int32_t H = ctx->hp.n_head, hd = ctx->hp.head_dim;
-    const int64_t E = ctx->hp.n_embd;
+    const int64_t E = ctx->hp.n_embd, T = ctx->max_tokens;
     const int64_t t = w / H;
     const int32_t h = (int32_t)(w % H);
     const int32_t start = b->run_start[t], n = b->run_len[t];
-    const cpu_kv_view_t kv = {.k = b->k16 + (int64_t)start * E,
-                              .v = b->v16 + (int64_t)start * E,
-                              .stride = E,
-                              .offset = (int64_t)h * hd,
-                              .table = b->zero_table,
-                              .block_size = ctx->max_tokens};
-    float *s = ctx->scores + (int64_t)thread * ctx->max_tokens;
-    cpu_attn_head(ctx->q + t * E + (int64_t)h * hd, &kv, 0, n, hd, 1.0f / sqrtf((float)hd), 0.0f, s,
-                  ctx->att + t * E + (int64_t)h * hd);
+    const float *q = ctx->q + t * E + (int64_t)h * hd;
+    const float *kt = b->kt + (int64_t)start * E + (int64_t)h * hd * n;
+    const float *v = ctx->v + (int64_t)start * E + (int64_t)h * hd;
+    float *out = ctx->att + t * E + (int64_t)h * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *s = b->attn_scratch + (int64_t)thread * (2 * (int64_t)hd + T);
+    if (n < BERT_FA_TILE) {
+        attn_one_chunk(q, kt, n, v, E, n, hd, scale, s, s + hd, s + 2 * (int64_t)hd);
+        memcpy(out, s + hd, (size_t)hd * sizeof(float));
+    } else {
+        attn_tiled(q, kt, n, v, E, n, hd, scale, s, out);
+    }
 }
 
 /* The elementwise work between the GEMMs, by chunks of rows on the pool
@@ -331,10 +506,30 @@ typedef enum rows_stage {
     ROWS_QKV,      /* Q/K/V biases; q rounded to fp16, K and V stored as fp16 */
     ROWS_ATTN_OUT, /* x = LN(attn_out + bias + x) */
     ROWS_GELU,     /* up = gelu(up + bias) */
+    ROWS_SWIGLU,   /* up = silu(gate) * up (nomic-bert) */
     ROWS_FFN_OUT,  /* x = LN(down + bias + x) */
 } rows_stage_t;
 
 #define ROWS_CHUNK 8
+
+/* RoPE on n rows (every head) of x, the first of them batch row t0: row
+ * t is position t - run_start[t] of its input (whole inputs from 0). NeoX
+ * pairs (i, i + n_rot/2) of each head's first n_rot dims, as ggml_rope_ext
+ * with LLAMA_ROPE_TYPE_NEOX; the rest of a head passes through. */
+static void
+rope_rows(const cpu_ctx_t *ctx, float *x, int64_t n, const int32_t *run_start, int64_t t0) {
+    const struct cpu_bert *b = ctx->bert;
+    const int32_t H = ctx->hp.n_head, hd = ctx->hp.head_dim, R = ctx->hp.n_rot, half = R / 2;
+    for (int64_t r = 0; r < n; r++) {
+        const float *cs = b->rope_cs + (t0 + r - run_start[r]) * R;
+        for (int32_t h = 0; h < H; h++) {
+            float *row = x + (r * H + h) * hd;
+            for (int32_t i = 0; i < half; i++) {
+                kg_rope_pair(&row[i], &row[i + half], cs[i], cs[half + i]);
+            }
+        }
+    }
+}
 
 typedef struct rows_job {
     cpu_ctx_t *ctx;
@@ -357,11 +552,21 @@ static void rows_task(void *arg, int64_t w, int thread) {
         add_bias(ctx->q + t0 * E, &L->bq, n, E);
         add_bias(ctx->k + t0 * E, &L->bk, n, E);
         add_bias(ctx->v + t0 * E, &L->bv, n, E);
-        /* flash attention casts K and V to fp16 and converts q for its fp16
-         * dot products */
-        cpu_round_fp16(ctx->q + t0 * E, n * E);
-        cpu_fp32_to_fp16(ctx->k + t0 * E, b->k16 + t0 * E, n * E);
-        cpu_fp32_to_fp16(ctx->v + t0 * E, b->v16 + t0 * E, n * E);
+        if (b->nomic) {
+            rope_rows(ctx, ctx->q + t0 * E, n, b->run_start + t0, t0);
+            rope_rows(ctx, ctx->k + t0 * E, n, b->run_start + t0, t0);
+        }
+        /* flash attention casts K and V to fp16 (q: by the path, below);
+         * K goes by dimension for the scores */
+        cpu_round_fp16(ctx->k + t0 * E, n * E);
+        cpu_round_fp16(ctx->v + t0 * E, n * E);
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t t = t0 + r, start = b->run_start[t], len = b->run_len[t];
+            float *kt = b->kt + start * E + (t - start);
+            for (int64_t i = 0; i < E; i++) {
+                kt[i * len] = ctx->k[t * E + i];
+            }
+        }
         break;
     case ROWS_ATTN_OUT:
     case ROWS_FFN_OUT: {
@@ -375,6 +580,15 @@ static void rows_task(void *arg, int64_t w, int thread) {
         layernorm_rows(y, attn ? L->attn_norm.data : L->ffn_norm.data,
                        attn ? b->ln1_b[job->il].data : b->ln2_b[job->il].data, ctx->x + t0 * E, n,
                        E, eps);
+        break;
+    }
+    case ROWS_SWIGLU: {
+        /* ggml_swiglu_split(gate, up) */
+        float *u = ctx->up + t0 * F;
+        const float *g = ctx->gate + t0 * F;
+        for (int64_t i = 0; i < n * F; i++) {
+            u[i] = kg_silu(g[i]) * u[i];
+        }
         break;
     }
     case ROWS_GELU: {
@@ -449,20 +663,23 @@ kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, flo
     if (!whole_inputs(ctx, batch)) {
         return KG_ERR_INVALID;
     }
-    /* embeddings: token + type 0 + position (ggml_get_rows, ggml_add), LN */
+    /* embeddings: token + type 0 (+ position for bert) (ggml_get_rows,
+     * ggml_add), LN */
     const struct kg_bert_weights *bw = model->bert;
     const kg_gguf_tensor_t *emb = model->tok_embd, *pe = bw->pos_embd;
     const size_t row_size = kg_type_row_size(emb->type, E);
-    const size_t pos_row_size = kg_type_row_size(pe->type, E);
+    const size_t pos_row_size = pe ? kg_type_row_size(pe->type, E) : 0;
     for (int64_t t = 0; t < T; t++) {
         float *x = ctx->x + t * E, *p = ctx->xn + t * E;
         kg_dequantize(emb->type, (const char *)emb->data + (size_t)batch->token[t] * row_size, x,
                       E);
-        kg_dequantize(pe->type, (const char *)pe->data + (size_t)batch->pos[t] * pos_row_size, p,
-                      E);
+        if (pe) {
+            kg_dequantize(pe->type, (const char *)pe->data + (size_t)batch->pos[t] * pos_row_size,
+                          p, E);
+        }
         for (int64_t i = 0; i < E; i++) {
             const float tt = b->type_row ? x[i] + b->type_row[i] : x[i];
-            x[i] = p[i] + tt;
+            x[i] = pe ? p[i] + tt : tt;
         }
     }
     layernorm_rows(ctx->x, b->tok_norm.data, b->tok_norm_b.data, ctx->x, T, E, hp->norm_eps);
@@ -486,10 +703,18 @@ kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, flo
         cpu_matmul_n(ctx, 1, &wo, ctx->att, o_out, T);
         rows_run(ctx, il, ROWS_ATTN_OUT, T);
 
-        const cpu_weight_t *up = &L->w_up, *down = &L->w_down;
-        float *const up_out[1] = {ctx->up};
-        cpu_matmul_n(ctx, 1, &up, ctx->x, up_out, T);
-        rows_run(ctx, il, ROWS_GELU, T);
+        const cpu_weight_t *down = &L->w_down;
+        if (b->nomic) {
+            const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
+            float *const gu_out[2] = {ctx->gate, ctx->up};
+            cpu_matmul_n(ctx, 2, gate_up, ctx->x, gu_out, T);
+            rows_run(ctx, il, ROWS_SWIGLU, T);
+        } else {
+            const cpu_weight_t *up = &L->w_up;
+            float *const up_out[1] = {ctx->up};
+            cpu_matmul_n(ctx, 1, &up, ctx->x, up_out, T);
+            rows_run(ctx, il, ROWS_GELU, T);
+        }
         float *const down_out[1] = {ctx->tmp};
         cpu_matmul_n(ctx, 1, &down, ctx->up, down_out, T);
         rows_run(ctx, il, ROWS_FFN_OUT, T);

@@ -48,50 +48,6 @@
 
 // ---- weights ----
 
-static bool weight_init(
-    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size) {
-    w->n_in = t->ne[0];
-    w->n_out = t->n_dims > 1 ? t->ne[1] : 1;
-    w->type = t->type;
-    if (t->n_dims > 1 && cpu_qtraits(t->type)) {
-        /* used in place: the mapped blocks are what cpu_vecdot reads */
-        if (!cpu_qmat_init(&w->q, t->type, t->data, w->n_out, w->n_in)) {
-            snprintf(errstr, errstr_size, "cpu backend: tensor '%.*s' of type %s has rows of %lld",
-                     (int)t->name.len, t->name.data, kg_type_name(t->type), (long long)w->n_in);
-            return false;
-        }
-        ctx->weights_size += t->size;
-        return true;
-    }
-    if (t->n_dims > 1) {
-        if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
-            snprintf(errstr, errstr_size, "cpu backend: out of memory packing '%.*s'",
-                     (int)t->name.len, t->name.data);
-            return false;
-        }
-        ctx->weights_size += w->packed.size;
-        /* the panels are the copy we use: let the file's pages go */
-        kg_gguf_release(ctx->model->gguf, t->data, t->size);
-        return true;
-    }
-    if (t->type == KG_GGML_TYPE_F32) {
-        w->data = t->data; /* in place from the mapping */
-        ctx->weights_size += t->size;
-        return true;
-    }
-    size_t n = (size_t)(w->n_in * w->n_out);
-    w->owned = malloc(n * sizeof(float));
-    if (!w->owned) {
-        snprintf(errstr, errstr_size, "cpu backend: out of memory dequantizing '%.*s' (%zu MiB)",
-                 (int)t->name.len, t->name.data, n * sizeof(float) >> 20);
-        return false;
-    }
-    kg_dequantize(t->type, t->data, w->owned, (int64_t)n);
-    w->data = w->owned;
-    ctx->weights_size += n * sizeof(float);
-    return true;
-}
-
 static void weight_clear(cpu_weight_t *w) {
     free(w->owned);
     w->owned = NULL;
@@ -146,7 +102,7 @@ static bool vector_init(
         flat.ne[d] = 1;
     }
     flat.n_dims = 1;
-    return weight_init(w, &flat, ctx, errstr, errstr_size);
+    return cpu_weight_init(w, &flat, ctx, errstr, errstr_size);
 }
 
 /* The router, every expert's three matrices (packed one by one from the
@@ -166,20 +122,20 @@ static bool mla_layer_init(cpu_layer_t *L,
         snprintf(errstr, errstr_size, "cpu backend: out of memory");
         return false;
     }
-    if (src->wq_a ? !weight_init(&L->wq_a, src->wq_a, ctx, errstr, errstr_size) ||
-                        !weight_init(&L->q_a_norm, src->q_a_norm, ctx, errstr, errstr_size) ||
-                        !weight_init(&L->wq_b, src->wq_b, ctx, errstr, errstr_size)
-                  : !weight_init(&L->wq, src->wq, ctx, errstr, errstr_size)) {
+    if (src->wq_a ? !cpu_weight_init(&L->wq_a, src->wq_a, ctx, errstr, errstr_size) ||
+                        !cpu_weight_init(&L->q_a_norm, src->q_a_norm, ctx, errstr, errstr_size) ||
+                        !cpu_weight_init(&L->wq_b, src->wq_b, ctx, errstr, errstr_size)
+                  : !cpu_weight_init(&L->wq, src->wq, ctx, errstr, errstr_size)) {
         return false;
     }
-    if (!weight_init(&L->wkv_a, src->wkv_a_mqa, ctx, errstr, errstr_size) ||
-        !weight_init(&L->kv_a_norm, src->kv_a_norm, ctx, errstr, errstr_size) ||
-        !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
+    if (!cpu_weight_init(&L->wkv_a, src->wkv_a_mqa, ctx, errstr, errstr_size) ||
+        !cpu_weight_init(&L->kv_a_norm, src->kv_a_norm, ctx, errstr, errstr_size) ||
+        !cpu_weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
         return false;
     }
     for (int32_t h = 0; h < H; h++) {
-        if (!weight_init(&L->k_b[h], &src->k_b[h], ctx, errstr, errstr_size) ||
-            !weight_init(&L->v_b[h], &src->v_b[h], ctx, errstr, errstr_size)) {
+        if (!cpu_weight_init(&L->k_b[h], &src->k_b[h], ctx, errstr, errstr_size) ||
+            !cpu_weight_init(&L->v_b[h], &src->v_b[h], ctx, errstr, errstr_size)) {
             return false;
         }
     }
@@ -200,13 +156,13 @@ static bool moe_layer_init(cpu_layer_t *L,
         snprintf(errstr, errstr_size, "cpu backend: out of memory");
         return false;
     }
-    if (!weight_init(&L->gate_inp, src->ffn_gate_inp, ctx, errstr, errstr_size)) {
+    if (!cpu_weight_init(&L->gate_inp, src->ffn_gate_inp, ctx, errstr, errstr_size)) {
         return false;
     }
     for (int32_t e = 0; e < X; e++) {
-        if (!weight_init(&L->exp_gate[e], &src->exp_gate[e], ctx, errstr, errstr_size) ||
-            !weight_init(&L->exp_up[e], &src->exp_up[e], ctx, errstr, errstr_size) ||
-            !weight_init(&L->exp_down[e], &src->exp_down[e], ctx, errstr, errstr_size)) {
+        if (!cpu_weight_init(&L->exp_gate[e], &src->exp_gate[e], ctx, errstr, errstr_size) ||
+            !cpu_weight_init(&L->exp_up[e], &src->exp_up[e], ctx, errstr, errstr_size) ||
+            !cpu_weight_init(&L->exp_down[e], &src->exp_down[e], ctx, errstr, errstr_size)) {
             return false;
         }
     }
@@ -219,9 +175,10 @@ static bool moe_layer_init(cpu_layer_t *L,
             return false;
         }
     }
-    if (src->gate_shexp && (!weight_init(&L->sh_gate, src->gate_shexp, ctx, errstr, errstr_size) ||
-                            !weight_init(&L->sh_up, src->up_shexp, ctx, errstr, errstr_size) ||
-                            !weight_init(&L->sh_down, src->down_shexp, ctx, errstr, errstr_size))) {
+    if (src->gate_shexp &&
+        (!cpu_weight_init(&L->sh_gate, src->gate_shexp, ctx, errstr, errstr_size) ||
+         !cpu_weight_init(&L->sh_up, src->up_shexp, ctx, errstr, errstr_size) ||
+         !cpu_weight_init(&L->sh_down, src->down_shexp, ctx, errstr, errstr_size))) {
         return false;
     }
     return true;
@@ -456,10 +413,10 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
             if (!mla_layer_init(L, src, ctx, errstr, errstr_size)) {
                 goto fail;
             }
-        } else if (!weight_init(&L->wq, src->wq, ctx, errstr, errstr_size) ||
-                   (own_kv && !weight_init(&L->wk, src->wk, ctx, errstr, errstr_size)) ||
-                   (own_kv && !weight_init(&L->wv, src->wv, ctx, errstr, errstr_size)) ||
-                   !weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
+        } else if (!cpu_weight_init(&L->wq, src->wq, ctx, errstr, errstr_size) ||
+                   (own_kv && !cpu_weight_init(&L->wk, src->wk, ctx, errstr, errstr_size)) ||
+                   (own_kv && !cpu_weight_init(&L->wv, src->wv, ctx, errstr, errstr_size)) ||
+                   !cpu_weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
             goto fail;
         }
         if (src->ffn_gate_inp) {
@@ -467,9 +424,9 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                 goto fail;
             }
         } else if ((src->w_gate &&
-                    !weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size)) ||
-                   !weight_init(&L->w_up, src->w_up, ctx, errstr, errstr_size) ||
-                   !weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size)) {
+                    !cpu_weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size)) ||
+                   !cpu_weight_init(&L->w_up, src->w_up, ctx, errstr, errstr_size) ||
+                   !cpu_weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size)) {
             goto fail;
         }
         const kg_gguf_tensor_t *opt_src[] = {src->attn_norm,
@@ -502,7 +459,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                                    &L->pe_post_norm};
         for (size_t i = 0; i < sizeof(opt_src) / sizeof(opt_src[0]); i++) {
             if (opt_src[i] && (own_kv || opt_dst[i] != &L->k_norm) &&
-                !weight_init(opt_dst[i], opt_src[i], ctx, errstr, errstr_size)) {
+                !cpu_weight_init(opt_dst[i], opt_src[i], ctx, errstr, errstr_size)) {
                 goto fail;
             }
         }
@@ -517,17 +474,17 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         }
     }
     ctx->max_window = ctx->max_window < 0 ? 0 : ctx->max_window;
-    if (!weight_init(&ctx->output_norm, model->output_norm, ctx, errstr, errstr_size) ||
-        !weight_init(&ctx->output, model->output, ctx, errstr, errstr_size)) {
+    if (!cpu_weight_init(&ctx->output_norm, model->output_norm, ctx, errstr, errstr_size) ||
+        !cpu_weight_init(&ctx->output, model->output, ctx, errstr, errstr_size)) {
         goto fail;
     }
     if (model->output_b &&
-        !weight_init(&ctx->output_b, model->output_b, ctx, errstr, errstr_size)) {
+        !cpu_weight_init(&ctx->output_b, model->output_b, ctx, errstr, errstr_size)) {
         goto fail;
     }
     if (model->pl_tok_embd &&
-        (!weight_init(&ctx->pl_model_proj, model->pl_model_proj, ctx, errstr, errstr_size) ||
-         !weight_init(&ctx->pl_proj_norm, model->pl_proj_norm, ctx, errstr, errstr_size))) {
+        (!cpu_weight_init(&ctx->pl_model_proj, model->pl_model_proj, ctx, errstr, errstr_size) ||
+         !cpu_weight_init(&ctx->pl_proj_norm, model->pl_proj_norm, ctx, errstr, errstr_size))) {
         goto fail;
     }
     const kg_gguf_tensor_t *factors = kg_model_rope_factors(

@@ -132,6 +132,13 @@ typedef struct cpu_ctx {
     size_t weights_size, kv_size, scratch_size;
 } cpu_ctx_t;
 
+/** One tensor into `w` (kg_backend_cpu_weight.c): F32/F16/BF16 matrices
+ * packed for cpu_gemm (the file's pages let go), quantized ones used in
+ * place from the mapping, vectors F32 in place or dequantized into
+ * w->owned. ctx->weights_size counts what it takes. False with errstr set. */
+bool cpu_weight_init(
+    cpu_weight_t *w, const kg_gguf_tensor_t *t, cpu_ctx_t *ctx, char *errstr, size_t errstr_size);
+
 /** Run one step (the vtable's forward; see kg_backend_forward).
  * @thread engine */
 KG_NODISCARD kg_status_t cpu_backend_forward(kg_backend_t *be,
