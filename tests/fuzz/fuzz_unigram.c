@@ -34,10 +34,8 @@ static const char *const toks[] = {
     "b",
     "c",
     "ab",
-    "\xe2\x96\x81"
-    "a",
-    "\xe2\x96\x81"
-    "ab",
+    "\342\226\201a",
+    "\342\226\201ab",
     "\xe4\xb8\xad",
     "\xe6\x96\x87",
     "\xe4\xb8\xad\xe6\x96\x87",

@@ -149,16 +149,8 @@ typedef struct mini {
 
 /* <pad> </s> <unk> ▁ a b ab ▁ab c: llama.cpp's default ids (pad 0, EOS 1, UNK 2). */
 static kg_tokenizer_t *make_mini(const mini_t *m) {
-    static const char *const toks[] = {"<pad>",
-                                       "</s>",
-                                       "<unk>",
-                                       "\xe2\x96\x81",
-                                       "a",
-                                       "b",
-                                       "ab",
-                                       "\xe2\x96\x81"
-                                       "ab",
-                                       "c"};
+    static const char *const toks[] = {"<pad>", "</s>",           "<unk>", "\xe2\x96\x81", "a", "b",
+                                       "ab",    "\342\226\201ab", "c"};
     static const float scores[] = {0, 0, 0, -2.0f, -3.0f, -3.0f, -4.0f, -3.5f, -9.0f};
     static const int32_t types[] = {3, 3, 2, 1, 1, 1, 1, 1, 1};
     kg_gguf_writer_t *w = kg_gguf_writer_new();
@@ -256,18 +248,27 @@ START_TEST(xlmr_bert_embeds) {
     float *vecs[8];
     int n = 0, n_vec = 0, dim = 0;
     for (char *line = strtok(gold, "\n"); line; line = strtok(NULL, "\n")) {
-        int i, off = 0;
+        char *end;
         if (strncmp(line, "# kgen mkmodel ", 15) == 0) {
             // the vocabulary path, relative to the source tree in the golden
             const char *v = strstr(line, "--vocab-from ");
             ck_assert(v != NULL);
             snprintf(args, sizeof(args), "%.*s--vocab-from %s", (int)(v - line - 15), line + 15,
                      kg_test_data("tokenizer-vectors/ggml-vocab-xlm-r.gguf"));
-        } else if (sscanf(line, "text %d %n", &i, &off) == 1 && i == n && n < 8) {
-            texts[n++] = line + off;
-        } else if (sscanf(line, "vec %d %d %n", &i, &dim, &off) == 2 && i == n_vec && i < n) {
+        } else if (strncmp(line, "text ", 5) == 0) {
+            // "text I <the text as is, leading spaces included>"
+            const long i = strtol(line + 5, &end, 10);
+            ck_assert(i == n && n < 8 && *end == ' ');
+            texts[n++] = end + 1;
+        } else if (strncmp(line, "vec ", 4) == 0) {
+            // "vec I DIM v..."
+            const long i = strtol(line + 4, &end, 10);
+            ck_assert(i == n_vec && i < n);
+            char *q = end;
+            dim = (int)strtol(q, &end, 10);
+            ck_assert(end != q && dim > 0 && dim <= 4096);
             vecs[n_vec] = malloc((size_t)dim * sizeof(float));
-            char *q = line + off, *end;
+            q = end;
             for (int k = 0; k < dim; k++, q = end) {
                 vecs[n_vec][k] = strtof(q, &end);
                 ck_assert(end != q);
