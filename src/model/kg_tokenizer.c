@@ -39,7 +39,9 @@
  *   GGUF: tokens, merges, attributes, special tokens, byte maps, pieces.
  * - kg_tokenizer_pre.c: the BPE pre-tokenizer regexes by tokenizer.ggml.pre.
  * - kg_tokenizer_encode.c: kg_tokenizer_encode: the special-token partition,
- *   then SPM or BPE on each fragment.
+ *   then SPM, BPE, WordPiece or unigram on each fragment.
+ * - kg_tokenizer_wpm.c: WordPiece (bert); kg_tokenizer_ugm.c: the
+ *   SentencePiece unigram (t5: XLM-RoBERTa encoders) with its charsmap.
  * - kg_tokenizer_int.h: the struct and the functions the files share. */
 #include "kg_tokenizer_int.h"
 

@@ -4,7 +4,9 @@
  * of UTF-8 characters, byte fallback to <0xXX> tokens, the leading space
  * ("▁") added before the text. Byte-level BPE (`gpt2`): the pre-tokenizer
  * regexes named by `tokenizer.ggml.pre` (through PCRE2), the GPT-2
- * byte-to-unicode map and rank-ordered merges. Control tokens in the text
+ * byte-to-unicode map and rank-ordered merges. WordPiece (`bert`) and the
+ * SentencePiece unigram (`t5`: the charsmap's normalization, then the
+ * best-scoring split by Viterbi). Control tokens in the text
  * are matched as wholes when `parse_special` is set; user-defined tokens
  * always (as llama.cpp does).
  *
@@ -26,6 +28,7 @@ typedef enum kg_tokenizer_kind {
     KG_TOKENIZER_SPM = 0, /* "llama" */
     KG_TOKENIZER_BPE = 1, /* "gpt2" */
     KG_TOKENIZER_WPM = 2, /* "bert": WordPiece (kg_tokenizer_wpm.c) */
+    KG_TOKENIZER_UGM = 3, /* "t5": SentencePiece unigram (kg_tokenizer_ugm.c) */
 } kg_tokenizer_kind_t;
 
 /** Build from the metadata of `g` (copies what it needs; `g` may be freed

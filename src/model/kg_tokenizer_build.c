@@ -605,9 +605,40 @@ static void mark_specials(kg_tokenizer_t *tok, const kg_gguf_t *g) {
     }
 }
 
-/* Phi-3 GGUFs strip the whitespace after special tokens (llama.cpp keys
- * this on general.name). */
+/* Whether the string key `key` contains one of `subs` (llama.cpp's
+ * _contains_any). */
+static bool key_contains(const kg_gguf_t *g, const char *key, const char *const *subs) {
+    kg_gguf_str_t v;
+    if (!kg_gguf_get_str(g, key, &v)) {
+        return false;
+    }
+    for (size_t i = 0; subs[i]; i++) {
+        if (kg_tokenizer_find_bytes(v.data, v.len, subs[i], strlen(subs[i]))) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void set_lstrip(kg_tokenizer_t *tok, const char *text) {
+    int32_t id = find_cstr(tok, text);
+    if (id >= 0) {
+        tok->attr[id] |= ATTR_LSTRIP;
+    }
+}
+
+/* llama.cpp's attributes by model name: the mask token of the Jina v2 and
+ * nomic-bert-moe (XLM-R) vocabularies takes the spaces before it; Phi-3
+ * GGUFs strip the whitespace after special tokens; ModernBERT's [MASK]
+ * takes the spaces before it. */
 static void apply_name_rules(kg_tokenizer_t *tok, const kg_gguf_t *g) {
+    static const char *const jina_pre[] = {"jina-v2-de", "jina-v2-es", "jina-v2-code", NULL};
+    static const char *const mask_arch[] = {"nomic-bert-moe", "jina-bert-v3", NULL};
+    if (key_contains(g, "tokenizer.ggml.pre", jina_pre) ||
+        key_contains(g, "general.architecture", mask_arch)) {
+        set_lstrip(tok, "<mask>");
+        return;
+    }
     kg_gguf_str_t name;
     if (!kg_gguf_get_str(g, "general.name", &name)) {
         return;
@@ -620,6 +651,9 @@ static void apply_name_rules(kg_tokenizer_t *tok, const kg_gguf_t *g) {
     }
     lower[n] = '\0';
     if (!strstr(lower, "phi-3") && !strstr(lower, "phi3")) {
+        if (strstr(lower, "modern-bert")) {
+            set_lstrip(tok, "[MASK]");
+        }
         return;
     }
     for (int32_t i = 0; i < tok->n_special; i++) {
@@ -733,14 +767,24 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
         kg_gguf_get_bool(g, "tokenizer.ggml.normalizer.lowercase", &tok->wpm_lowercase);
         tok->wpm_strip_accents = tok->wpm_lowercase;
         kg_gguf_get_bool(g, "tokenizer.ggml.normalizer.strip_accents", &tok->wpm_strip_accents);
+    } else if (strcmp(mname, "t5") == 0 && model.len == 2) {
+        /* llama.cpp's defaults for UGM vocabularies: EOS added, no BOS, no
+         * space prefix unless the file asks */
+        tok->kind = KG_TOKENIZER_UGM;
+        tok->bos = -1;
+        tok->eos = 1;
+        tok->unk = 2;
+        tok->add_eos = true;
+        kg_gguf_get_bool(g, "tokenizer.ggml.remove_extra_whitespaces", &tok->ugm_remove_extra_ws);
     } else {
         set_err(errstr, errstr_size,
                 "unsupported tokenizer model '%s' (kgen supports 'llama' (SPM), 'gpt2' and "
-                "'gemma4' (BPE) and 'bert' (WordPiece))",
+                "'gemma4' (BPE), 'bert' (WordPiece) and 't5' (SentencePiece unigram))",
                 mname);
         goto fail;
     }
-    tok->eot = tok->eom = tok->pad = -1;
+    tok->eot = tok->eom = -1;
+    tok->pad = tok->kind == KG_TOKENIZER_UGM ? 0 : -1;
     tok->sep = tok->kind == KG_TOKENIZER_WPM ? 102 : -1;
 
     if (!load_tokens(tok, g, errstr, errstr_size)) {
@@ -765,6 +809,11 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
          tok->unk < 0 || tok->unk >= tok->n_vocab)) {
         set_err(errstr, errstr_size, "%s",
                 "a bert (WordPiece) vocabulary needs its CLS (BOS), SEP and UNK tokens");
+        goto fail;
+    }
+    if (tok->kind == KG_TOKENIZER_UGM && (tok->unk < 0 || tok->unk >= tok->n_vocab)) {
+        set_err(errstr, errstr_size, "%s",
+                "a t5 (SentencePiece unigram) vocabulary needs its unknown token");
         goto fail;
     }
     kg_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &tok->add_bos);
@@ -818,6 +867,10 @@ kg_tokenizer_t *kg_tokenizer_new(const kg_gguf_t *g, char *errstr, size_t errstr
             (void)kg_tokenizer_text(tok, id, &len);
             tok->wpm_max_len = len > tok->wpm_max_len ? len : tok->wpm_max_len;
         }
+    } else if (tok->kind == KG_TOKENIZER_UGM) {
+        if (!kg_tokenizer_ugm_build(tok, g, errstr, errstr_size)) {
+            goto fail;
+        }
     } else if (!compile_regexes(tok, pre, errstr, errstr_size)) {
         goto fail;
     }
@@ -848,5 +901,8 @@ void kg_tokenizer_free(kg_tokenizer_t *tok) {
     free(tok->merge_split);
     free(tok->merge_slots);
     free(tok->special);
+    free(tok->ugm_xcda);
+    free(tok->ugm_repl);
+    free(tok->ugm_bits);
     free(tok);
 }

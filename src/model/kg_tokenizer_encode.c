@@ -706,6 +706,11 @@ int64_t kg_tokenizer_encode(const kg_tokenizer_t *tok,
                 kg_tokenizer_wpm_encode(tok, text + f->off, f->len, o.ids, o.n_max, o.n);
             ok = n >= 0;
             o.n = ok ? n : o.n;
+        } else if (tok->kind == KG_TOKENIZER_UGM) {
+            const int64_t n =
+                kg_tokenizer_ugm_encode(tok, text + f->off, f->len, o.ids, o.n_max, o.n);
+            ok = n >= 0;
+            o.n = ok ? n : o.n;
         } else if (tok->kind == KG_TOKENIZER_SPM) {
             ok = spm_fragment(&s, text + f->off, f->len, tok->add_space_prefix && prev_special, &o);
             prev_special = false;

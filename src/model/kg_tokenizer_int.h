@@ -84,6 +84,19 @@ struct kg_tokenizer {
     int32_t sep;
     bool add_sep, wpm_lowercase, wpm_strip_accents;
     size_t wpm_max_len;
+
+    /* SentencePiece unigram (t5): the precompiled charsmap (its XOR-compressed
+     * double array and the replacement strings), the unknown token's score,
+     * and a filter of the entries' prefixes (kg_tokenizer_ugm.c) */
+    uint32_t *ugm_xcda;
+    size_t ugm_xcda_n;
+    char *ugm_repl;
+    size_t ugm_repl_n;
+    float ugm_unk_score;
+    bool ugm_remove_extra_ws;
+    uint64_t *ugm_bits;
+    size_t ugm_bits_mask;
+    uint64_t ugm_ud_first[4]; /* first bytes of the user-defined tokens */
 };
 
 #define LOW8 "\xe2\x96\x81" /* U+2581 "▁", SentencePiece's space */
@@ -118,6 +131,22 @@ const char *kg_tokenizer_text(const kg_tokenizer_t *tok, int32_t id, size_t *len
  * at index n (written while below n_max); returns the new count, or -1
  * when out of memory. */
 int64_t kg_tokenizer_wpm_encode(const kg_tokenizer_t *tok,
+                                const char *text,
+                                size_t len,
+                                int32_t *ids,
+                                int64_t n_max,
+                                int64_t n);
+
+// ---- SentencePiece unigram (kg_tokenizer_ugm.c) ----
+
+/** Read the charsmap and build the unigram tables; false with errstr set. */
+bool kg_tokenizer_ugm_build(kg_tokenizer_t *tok,
+                            const kg_gguf_t *g,
+                            char *errstr,
+                            size_t errstr_size);
+/** As kg_tokenizer_wpm_encode, for a unigram vocabulary; -1 also when the
+ * charsmap points outside itself. */
+int64_t kg_tokenizer_ugm_encode(const kg_tokenizer_t *tok,
                                 const char *text,
                                 size_t len,
                                 int32_t *ids,
