@@ -77,7 +77,7 @@ typedef enum kg_arch {
     KG_ARCH_BERT,      /* an encoder for embedding jobs (kg_model_bert.h) */
     KG_ARCH_GEMMA4,
     KG_ARCH_GEMMA_EMBED, /* "gemma-embedding" (EmbeddingGemma): gemma3's layers, non-causal */
-    KG_ARCH_NOMIC_BERT, /* nomic-embed-text: bert with RoPE and SwiGLU (kg_model_bert.h) */
+    KG_ARCH_NOMIC_BERT,  /* nomic-embed-text: bert with RoPE and SwiGLU (kg_model_bert.h) */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
