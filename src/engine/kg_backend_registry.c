@@ -44,13 +44,6 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
                  kg_arch_name(model->hp.arch));
         return false;
     }
-    if (used & KG_MODEL_FEAT_ENCODER) {
-        /* the bert loader leaves the per-layer shape fields (head_dim,
-         * n_ff, kv_layer) unset, which reads as per-layer shapes and
-         * shared KV; its layers are uniform (every tensor's shape is
-         * checked against the model's) and keep no KV */
-        used &= ~(uint32_t)(KG_MODEL_FEAT_HEAD_PER_LAYER | KG_MODEL_FEAT_KV_SHARED);
-    }
     const uint32_t missing = used & ~(uint32_t)KG_CUDA_FEATURES;
     char names[256];
     if (missing == 0) {

@@ -305,6 +305,7 @@ bool kg_model_load_bert(kg_model_t *model, const char *path, char *errstr, size_
         L->head_dim = hp->head_dim;
         L->n_head_kv = hp->n_head_kv;
         L->n_ff = hp->n_ff;
+        L->kv_layer = il; /* its own K/V (kg_model_features reads it, as for decoders) */
         L->no_rope = !nomic;
     }
     for (int64_t i = 0; i < kg_gguf_n_tensors(g) && !ld.bad; i++) {

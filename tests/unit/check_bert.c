@@ -150,6 +150,9 @@ START_TEST(encoder_rules) {
     kg_model_t *m = make_model(BERT_ARGS "--seed 44");
     ck_assert(kg_model_embed_only(m));
     ck_assert(kg_model_features(m) & KG_MODEL_FEAT_ENCODER);
+    /* uniform layers, each with its own K/V: no per-layer shapes, no shared K/V */
+    ck_assert(!(kg_model_features(m) &
+                (KG_MODEL_FEAT_HEAD_PER_LAYER | KG_MODEL_FEAT_KV_SHARED | KG_MODEL_FEAT_BIDIR)));
     kg_backend_t *be;
     kg_engine_t *e = make_engine(m, &be, 32);
     int32_t ids[40];
