@@ -169,9 +169,10 @@ static bigram_t heap_pop(session_t *s) {
     return top;
 }
 
-/* Split `text` into symbols of one UTF-8 character each (by the lead byte,
- * as llama.cpp: no validation). Returns the count, or -1 on no memory. */
-static int64_t split_chars(session_t *s, const char *text, size_t len) {
+/* Split `text` into symbols of one UTF-8 character each: by the lead byte,
+ * as llama.cpp (no validation), or with `valid` a byte that starts no valid
+ * character a symbol alone. Returns the count, or -1 on no memory. */
+static int64_t split_chars(session_t *s, const char *text, size_t len, bool valid) {
     size_t n = 0;
     for (size_t off = 0; off < len; n++) {
         if (!grow((void **)&s->sym, &s->sym_cap, n + 1, sizeof(symbol_t))) {
@@ -180,6 +181,13 @@ static int64_t split_chars(session_t *s, const char *text, size_t len) {
         size_t cl = utf8_len((unsigned char)text[off]);
         if (cl > len - off) {
             cl = len - off;
+        }
+        if (valid) {
+            uint32_t cpt;
+            cl = kg_tokenizer_lcpp_decode((const unsigned char *)text + off, len - off, &cpt);
+            if (!kg_tokenizer_is_canonical(cpt, cl)) {
+                cl = 1;
+            }
         }
         s->sym[n] = (symbol_t){(uint32_t)off, (uint32_t)cl, (int32_t)n - 1, (int32_t)n + 1};
         off += cl;
@@ -228,7 +236,7 @@ static bool spm_pair(session_t *s, const char *text, int32_t left, int32_t right
 /* llm_tokenizer_spm_session::tokenize on a segment of escaped text. */
 static bool spm_segment(session_t *s, const char *text, size_t len, out_t *o) {
     const kg_tokenizer_t *tok = s->tok;
-    int64_t n = split_chars(s, text, len);
+    int64_t n = split_chars(s, text, len, false);
     if (n < 0) {
         return false;
     }
@@ -340,22 +348,12 @@ static bool bpe_spm_piece(session_t *s, const char *p, size_t len, out_t *o) {
      * a symbol alone (llama.cpp would have made it U+FFFD: kgen keeps the
      * bytes, which then go out as byte tokens, and the "▁" beside them stays
      * a space) */
-    int32_t n = 0;
-    for (size_t off = 0; off < len; n++) {
-        if (!grow((void **)&s->sym, &s->sym_cap, (size_t)n + 1, sizeof(symbol_t))) {
-            return false;
-        }
-        uint32_t cpt;
-        size_t cl = kg_tokenizer_lcpp_decode((const unsigned char *)p + off, len - off, &cpt);
-        if (!kg_tokenizer_is_canonical(cpt, cl)) {
-            cl = 1;
-        }
-        s->sym[n] = (symbol_t){(uint32_t)off, (uint32_t)cl, n - 1, n + 1};
-        off += cl;
+    const int64_t n = split_chars(s, p, len, true);
+    if (n < 0) {
+        return false;
     }
-    s->sym[n - 1].next = -1;
     s->heap_n = 0;
-    for (int32_t i = 1; i < n; i++) {
+    for (int32_t i = 1; i < (int32_t)n; i++) {
         if (!bpe_pair(s, p, i - 1, i)) {
             return false;
         }
