@@ -95,6 +95,27 @@ kg_backend_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int
     return n > 0 ? be->kv_copy(be, src, dst, n) : KG_OK;
 }
 
+bool kg_backend_has_state(const kg_backend_t *be) {
+    return be->state_copy != NULL;
+}
+
+kg_status_t
+kg_backend_state_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n) {
+    if (!be->state_copy) {
+        return KG_ERR_UNSUPPORTED;
+    }
+    return n > 0 ? be->state_copy(be, src, dst, n) : KG_OK;
+}
+
+size_t kg_backend_state_bytes_per_seq(const kg_model_t *model) {
+    /* F32, each recurrent layer's own (kg_model_state_floats) */
+    size_t n = 0;
+    for (int32_t il = 0; il < model->hp.n_layer; il++) {
+        n += (size_t)kg_model_state_floats(model, il) * sizeof(float);
+    }
+    return n;
+}
+
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     memset(out, 0, sizeof(*out));
     if (be->iface.memory) {
@@ -163,7 +184,9 @@ size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
     size_t n = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const kg_layer_weights_t *L = &model->layers[il];
-        if (L->kv_layer == il) {
+        /* a recurrent layer keeps a state per sequence instead
+         * (kg_backend_state_bytes_per_seq) */
+        if (L->kv_layer == il && L->kind == KG_LAYER_ATTN) {
             n += n_caches * (size_t)L->n_head_kv * (size_t)L->head_dim * sizeof(uint16_t);
         }
     }

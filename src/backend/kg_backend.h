@@ -27,7 +27,14 @@ typedef struct kg_backend kg_backend_t;
  * (so a prefill chunk is causal by construction), or to the last n_swa of
  * them in a windowed layer. Tokens of one slot appear in increasing position
  * order. Table entries of blocks wholly before every layer's window may be
- * -1 (the engine freed them); they are never read. */
+ * -1 (the engine freed them); they are never read.
+ *
+ * A recurrent (hybrid) model's backend also keeps a state per slot
+ * (kg_backend_has_state): a slot's token at position 0 starts it from
+ * zero, and every other token must be the one after the slot's last
+ * computed token (the state cannot go back or skip), so the engine runs a
+ * slot's tokens in order with no gap and never skips a prefix it cannot
+ * restore. A token that breaks this fails its sequence (KG_FAULT_SEQ). */
 /* The LoRA adapters a sequence runs with (kg_backend_lora_add's ids and
  * the user's scales; n = 0: the base model alone). */
 #define KG_LORA_SET_MAX 4
@@ -65,12 +72,16 @@ typedef struct kg_backend_params {
     int32_t max_batch_tokens; /* most tokens in one step */
     int32_t max_seq_len;      /* per-sequence context (picks LongRoPE's short or long factors,
                                  as llama.cpp's n_ctx_seq does); <= 0: the model's n_ctx_train */
+    int32_t n_seq_slots;      /* sequence slots (the engine's max_batch_size): a recurrent
+                                 model's states are allocated for them up front; <= 0: as
+                                 steps first name them */
 } kg_backend_params_t;
 
 typedef struct kg_backend_memory {
     size_t weights_size;
     size_t kv_size;
     size_t scratch_size;
+    size_t state_size; /* recurrent states, every slot (0: not a recurrent model) */
 } kg_backend_memory_t;
 
 /* How a mixture-of-experts model's tokens spread over its experts since
@@ -152,6 +163,25 @@ KG_NODISCARD kg_status_t kg_backend_kv_copy(kg_backend_t *be,
                                             const int32_t *src,
                                             const int32_t *dst,
                                             int32_t n);
+
+/** Whether the backend keeps recurrent state per slot (the model is a
+ * hybrid: kg_model_is_recurrent), so that forks copy it with
+ * kg_backend_state_copy and a prefix must be recomputed, not looked up.
+ * @thread any */
+bool kg_backend_has_state(const kg_backend_t *be);
+
+/** Copy slot src[i]'s recurrent state (and the position it has reached)
+ * into slot dst[i], i < n: the n choices of a prompt start from its
+ * state. Ordered with the steps. KG_ERR_UNSUPPORTED without state.
+ * @thread engine */
+KG_NODISCARD kg_status_t kg_backend_state_copy(kg_backend_t *be,
+                                               const int32_t *src,
+                                               const int32_t *dst,
+                                               int32_t n);
+
+/** Bytes of recurrent state one sequence slot takes (0 for a model with
+ * attention layers only). */
+size_t kg_backend_state_bytes_per_seq(const kg_model_t *model);
 
 void kg_backend_memory(const kg_backend_t *be, kg_backend_memory_t *out);
 

@@ -36,6 +36,14 @@
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     uint32_t used = kg_model_features(model);
+    if (kg_model_is_recurrent(model)) {
+        /* the recurrent layers (gpu/ has no kernels for them yet) and
+         * their per-slot states are the CPU backend's only */
+        snprintf(why, cap,
+                 "the cuda backend does not run this %s model's recurrent (hybrid) layers",
+                 kg_arch_name(model->hp.arch));
+        return false;
+    }
     if ((used & KG_MODEL_FEAT_ENCODER) && model->hp.arch != KG_ARCH_BERT) {
         /* its encoder step (gpu/kg_backend_cuda_bert.cu) is bert's: learned
          * positions, separate Q/K/V, a GELU FFN; nomic-bert's RoPE and

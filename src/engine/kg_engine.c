@@ -81,6 +81,13 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     }
     e->be = be;
     e->p = *p;
+    /* a recurrent model's state cannot be rebuilt from cached K/V blocks:
+     * every sequence computes its prompt from position 0 */
+    e->state = kg_backend_has_state(be);
+    if (e->state && e->p.prefix_cache) {
+        KG_LOG_INFO("engine", "recurrent (hybrid) model: the prefix cache is off");
+        e->p.prefix_cache = false;
+    }
     e->max_blocks_per_seq = (p->max_seq_len + p->kv_block_size - 1) / p->kv_block_size;
     e->headroom = p->n_kv_blocks / 100 > 1 ? p->n_kv_blocks / 100 : 1;
     e->now_us = default_now_us;
@@ -88,7 +95,7 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
                          .block_size = p->kv_block_size,
                          .n_slots = p->max_batch_size,
                          .max_blocks_per_seq = e->max_blocks_per_seq,
-                         .prefix_cache = p->prefix_cache};
+                         .prefix_cache = e->p.prefix_cache};
     e->kv = kg_kv_new(&kp, errstr, errstr_size);
     if (!e->kv) {
         goto fail_quiet;
@@ -126,11 +133,13 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->bias_arena = malloc(nr * KG_MAX_LOGIT_BIAS * sizeof(*e->bias_arena));
     e->copy_src = malloc(nb * sizeof(*e->copy_src));
     e->copy_dst = malloc(nb * sizeof(*e->copy_dst));
+    e->state_src = malloc(nb * sizeof(*e->state_src));
+    e->state_dst = malloc(nb * sizeof(*e->state_dst));
     if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
         !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
         !e->b_seq || !e->b_want || !e->b_hid || !e->b_row_rec || !e->b_in_step || !e->logits ||
         !e->done || !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst ||
-        !e->b_lora) {
+        !e->state_src || !e->state_dst || !e->b_lora) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
@@ -190,6 +199,8 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->bias_arena);
     free(e->copy_src);
     free(e->copy_dst);
+    free(e->state_src);
+    free(e->state_dst);
     free(e->masks);
     free(e->row_any);
     free(e);

@@ -92,6 +92,12 @@ struct kg_engine {
     kg_logit_bias_t *bias_arena; /* (n_recs, KG_MAX_LOGIT_BIAS) */
     int32_t *copy_src;           /* (max_batch_size) KV blocks to copy at a fork */
     int32_t *copy_dst;           /* (max_batch_size) */
+    /* the backend keeps recurrent state per slot (a hybrid model): no
+     * prefix cache, and a leader stops one token short of its prompt so
+     * that its choices fork from the state before that token */
+    bool state;
+    int32_t *state_src; /* (max_batch_size) slots whose state a fork copies */
+    int32_t *state_dst; /* (max_batch_size) */
     uint64_t n_submitted;
 
     // ---- the step ----

@@ -189,9 +189,16 @@ static bool reserve_blocks(kg_engine_t *e) {
     return preempted;
 }
 
+/* Where a sequence's computing stops for now: its tokens, or with a
+ * recurrent model a leader's prompt but its last token until its choices
+ * have forked (they copy the state from before that token). */
+static int32_t compute_end(const kg_engine_t *e, const kg_seq_t *seq) {
+    return e->state && seq->n_pending > 0 && seq->n_prompt >= 2 ? seq->n_prompt - 1 : seq->n_tokens;
+}
+
 static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, int32_t *n_rows) {
     kg_seq_t *seq = &e->recs[r];
-    int32_t n = seq->n_tokens - seq->n_computed;
+    int32_t n = compute_end(e, seq) - seq->n_computed;
     if (n > n_max) {
         /* a non-causal input runs whole or waits for a step with room */
         n = e->p.non_causal && seq->embed ? 0 : n_max;
@@ -337,7 +344,11 @@ static void fork_choices(kg_engine_t *e, int32_t r) {
     const int32_t bs = e->p.kv_block_size;
     const int32_t n_share = (lead->n_prompt - 1) / bs; /* full blocks before the last token's */
     const bool copy = kg_backend_has_kv_copy(e->be);
-    int32_t n_copy = 0;
+    /* a recurrent model forks from the state before the last prompt token
+     * (compute_end), by copies only; a one-token prompt has no such state
+     * apart from zero, and its choices start as requests */
+    const bool state_fork = e->state && copy && lead->n_computed == lead->n_prompt - 1;
+    int32_t n_copy = 0, n_state = 0;
     for (int32_t f = 0; f < e->n_recs && lead->n_pending > 0; f++) {
         kg_seq_t *seq = &e->recs[f];
         if (!seq->live || seq->leader != r) {
@@ -356,7 +367,7 @@ static void fork_choices(kg_engine_t *e, int32_t r) {
         int32_t src = -1, dst = -1;
         /* recomputing the copied block would read positions a windowed leader
          * may have given back already: then the choice starts as a request */
-        if ((!copy && e->p.kv_window > 0) ||
+        if ((!copy && e->p.kv_window > 0) || (e->state && !state_fork) ||
             !kg_kv_seq_fork(e->kv, lead->slot, slot, n_share, &src, &dst)) {
             /* no block now: an ordinary request at the front of the queue */
             e->free_slots[e->n_free_slots++] = slot;
@@ -375,8 +386,23 @@ static void fork_choices(kg_engine_t *e, int32_t r) {
             e->copy_src[n_copy] = src;
             e->copy_dst[n_copy++] = dst;
         }
+        if (state_fork) {
+            e->state_src[n_state] = lead->slot;
+            e->state_dst[n_state++] = slot;
+        }
         e->run[e->n_run++] = f;
         e->st.n_forks++;
+    }
+    if (n_state > 0 && kg_backend_state_copy(e->be, e->state_src, e->state_dst, n_state) != KG_OK) {
+        /* the choices cannot continue a state they do not have: they
+         * compute the prompt from position 0 (their blocks are theirs) */
+        for (int32_t i = 0; i < e->n_run; i++) {
+            kg_seq_t *seq = &e->recs[e->run[i]];
+            if (seq->id == lead->id && seq != lead && seq->n_computed == lead->n_prompt - 1) {
+                seq->n_computed = 0;
+            }
+        }
+        n_copy = 0;
     }
     if (n_copy > 0 && kg_backend_kv_copy(e->be, e->copy_src, e->copy_dst, n_copy) != KG_OK) {
         /* the copies are not there: recompute those blocks instead (a dead
@@ -732,7 +758,7 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         seq->n_computed = to;
         seq->n_sched = 0;
         kg_kv_seq_commit(e->kv, seq->slot, seq->tokens, seq->n_computed);
-        if (seq->n_pending > 0 && seq->n_computed == seq->n_prompt) {
+        if (seq->n_pending > 0 && seq->n_computed == compute_end(e, seq)) {
             fork_choices(e, e->run[i]);
         }
     }

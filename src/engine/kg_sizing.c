@@ -78,5 +78,6 @@ kg_status_t kg_engine_size(const kg_model_t *model,
     bp->kv_block_size = p.kv_block_size;
     bp->max_batch_tokens = p.max_batch_tokens;
     bp->max_seq_len = p.max_seq_len;
+    bp->n_seq_slots = p.max_batch_size;
     return KG_OK;
 }

@@ -260,7 +260,8 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
 
     if (!add_random(w, o, "token_embd.weight", wt, E, n_vocab, 0.0f,
                     fam->small_embd ? 0.5f * fe : 1.0f) ||
-        !add_random(w, o, "output_norm.weight", KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f)) {
+        !add_random(w, o, fam->lfm2 ? "token_embd_norm.weight" : "output_norm.weight",
+                    KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f)) {
         return false;
     }
     if (!o->tied && !fam->always_tied &&
@@ -278,6 +279,9 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
     }
     if (fam->gemma4) {
         return kg_mkmodel_gemma4_weights(w, o, n_vocab);
+    }
+    if (fam->lfm2) {
+        return kg_mkmodel_lfm2_weights(w, o);
     }
     if (strcmp(fam->gguf_arch, "gemma-embedding") == 0 &&
         (!add_random(w, o, "dense_2.weight", wt, E, 4 * E, 0.0f, fe) ||
@@ -686,6 +690,9 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     }
     if (fam->gemma4) {
         kg_mkmodel_gemma4_hparams(w, o);
+    }
+    if (fam->lfm2) {
+        kg_mkmodel_lfm2_hparams(w, o);
     }
     if (gemma_embd) {
         /* --sentence-transformers-dense-modules: 768 -> 3072 -> 768 in

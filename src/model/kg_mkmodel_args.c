@@ -327,13 +327,13 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                    "equal)",
                    (long long)o->n_rot, (long long)o->head_dim, arch);
     }
-    const bool olmo2 = strcmp(arch, "olmo2") == 0;
-    if ((o->sliding_window > 0 && !gemma && !phi3 && !oss && !olmo2) ||
+    const bool olmo2 = strcmp(arch, "olmo2") == 0, lfm2 = strcmp(arch, "lfm2") == 0;
+    if ((o->sliding_window > 0 && !gemma && !phi3 && !oss && !olmo2 && !lfm2) ||
         (o->swa_pattern >= 0 && !gemma) || (o->rope_base_swa > 0.0f && !gemma)) {
         return bad(errstr, errstr_size,
                    "--sliding-window, --swa-pattern and --rope-base-swa are "
-                   "for gemma2, gemma3 and gemma4, and gemma-embedding (phi3, gpt-oss, olmo2: "
-                   "--sliding-window only)");
+                   "for gemma2, gemma3 and gemma4, and gemma-embedding (phi3, gpt-oss, olmo2, "
+                   "lfm2: --sliding-window only)");
     }
     if (!moe && (o->n_expert > 0 || o->n_expert_used > 0 || o->n_ff_exp > 0 ||
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {

@@ -150,6 +150,15 @@ static const kg_mkmodel_family_t families[] = {
      .vocab = KG_MKVOCAB_GEMMA,
      .rms_eps = 1e-6f,
      .gemma4 = true},
+    /* LFM2: gated short convolutions, every third layer attention with
+     * per-head Q/K norms, NeoX pairs (kg_mkmodel_lfm2.c); a byte-level BPE
+     * (the qwen one stands in for its llama3-style one) */
+    {.arch = "lfm2",
+     .gguf_arch = "lfm2",
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .lfm2 = true},
 };
 
 const kg_mkmodel_family_t *kg_mkmodel_find_family(const char *arch) {

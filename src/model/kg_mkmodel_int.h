@@ -66,6 +66,13 @@ bool kg_mkmodel_gemma4_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
  * find a windowed and a global layer just before them), or NULL. */
 const char *kg_mkmodel_gemma4_check(const kg_mkmodel_opts_t *o);
 
+/** LFM2's keys beyond the generic ones (head_count_kv becomes per layer,
+ * 0 for a convolution layer; shortconv.l_cache). */
+void kg_mkmodel_lfm2_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);
+
+/** LFM2's layers (token_embd, the final norm and output are written). */
+bool kg_mkmodel_lfm2_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);
+
 /* What llama.cpp's converter writes for each family: the tensors of a layer
  * and the built-in vocabulary style (see the metadata in write_hparams). */
 typedef struct kg_mkmodel_family {
@@ -92,6 +99,7 @@ typedef struct kg_mkmodel_family {
     bool glm;            /* shared experts, selection bias, leading dense layers, nextn blocks */
     bool mla;            /* multi-head latent attention's tensors and keys (deepseek2) */
     bool gemma4;         /* its own layers and keys: kg_mkmodel_gemma4.c */
+    bool lfm2;           /* short-convolution and attention layers: kg_mkmodel_lfm2.c */
 } kg_mkmodel_family_t;
 
 /** The family of --arch `arch` (NULL: llama), or NULL when the table has none (bert is written

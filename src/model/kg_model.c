@@ -40,12 +40,13 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_GEMMA4] = "gemma4",
     [KG_ARCH_GEMMA_EMBED] = "gemma-embedding",
     [KG_ARCH_NOMIC_BERT] = "nomic-bert",
+    [KG_ARCH_LFM2] = "lfm2",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
     "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding, "      \
-    "nomic-bert"
+    "nomic-bert, lfm2"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -204,7 +205,7 @@ static bool load_layer(loader_t *ld,
     const kg_arch_t a = hp->arch;
     const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED;
     const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED ||
-                         a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS;
+                         a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS || a == KG_ARCH_LFM2;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     const bool glm = a == KG_ARCH_GLM4MOE, ds2 = a == KG_ARCH_DEEPSEEK2;
     /* glm4moe's first n_layer_dense layers have a dense FFN */
@@ -217,6 +218,10 @@ static bool load_layer(loader_t *ld,
 
     if (!olmo2) {
         L->attn_norm = KG_T("attn_norm.weight", E, 0, false);
+    }
+    if (L->kind != KG_LAYER_ATTN) { /* a hybrid's recurrent layer: its own mixer */
+        bad = bad || !kg_model_recurrent_layer(ld, model, il);
+        goto ffn;
     }
     snprintf(name, sizeof(name), "blk.%d.attn_qkv.weight", (int)il);
     const kg_gguf_tensor_t *qkv = kg_gguf_find_tensor(ld->g, name);
@@ -313,6 +318,7 @@ static bool load_layer(loader_t *ld,
         L->attn_post_norm = KG_T("post_attention_norm.weight", E, 0, false);
         L->ffn_post_norm = KG_T("post_ffw_norm.weight", E, 0, false);
     }
+ffn:
     /* gpt-oss and seed_oss name their FFN norm post_attention_norm (after
      * the attention); olmo2 has none */
     if (!olmo2) {
@@ -445,6 +451,7 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     kg_model_t *model = calloc(1, sizeof(*model));
     loader_t ld = {.errstr = errstr, .errstr_size = errstr_size};
     bool *is_swa = NULL;
+    kg_layer_kind_t *kinds = NULL;
     char key[256];
     if (!model) {
         snprintf(errstr, errstr_size, "model: out of memory");
@@ -551,6 +558,17 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         !kg_model_read_moe_hparams(g, arch, hp, errstr, errstr_size)) {
         goto fail;
     }
+    kinds = calloc((size_t)hp->n_layer, sizeof(*kinds));
+    if (!kinds) {
+        snprintf(errstr, errstr_size, "model: out of memory");
+        goto fail;
+    }
+    if (!kg_model_read_recurrent(g, arch, hp, kinds, errstr, errstr_size)) {
+        goto fail;
+    }
+    for (int32_t il = 0; hp->arch == KG_ARCH_LFM2 && il < hp->n_layer; il++) {
+        is_swa[il] = hp->n_swa > 0 && kinds[il] == KG_LAYER_ATTN;
+    }
 
     model->tok = kg_tokenizer_new(g, errstr, errstr_size);
     if (!model->tok) {
@@ -575,7 +593,11 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     bool bad = false;
     const int64_t E = hp->n_embd, V = hp->n_vocab;
     model->tok_embd = find_tensor(&ld, "token_embd.weight", E, V, false, &bad);
-    model->output_norm = find_tensor(&ld, "output_norm.weight", E, 0, false, &bad);
+    /* LFM2's final norm is named token_embd_norm (llama.cpp's
+     * LLM_TENSOR_OUTPUT_NORM_LFM2: a converter's naming, kept for its files) */
+    model->output_norm =
+        find_tensor(&ld, hp->arch == KG_ARCH_LFM2 ? "token_embd_norm.weight" : "output_norm.weight",
+                    E, 0, false, &bad);
     if (bad) {
         goto fail;
     }
@@ -633,6 +655,7 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         L->n_rot = hp->n_rot;
         L->n_ff = hp->n_ff;
         L->kv_layer = il;
+        L->kind = kinds[il];
         if (gemma4 ? !kg_model_gemma4_shape(model, il, is_swa[il], errstr, errstr_size) ||
                          !kg_model_gemma4_layer(&ld, model, il, is_swa[il])
                    : !load_layer(&ld, model, il, model->views + (size_t)il * 8,
@@ -687,10 +710,12 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     }
     free(ld.used);
     free(is_swa);
+    free(kinds);
     return model;
 fail:
     free(ld.used);
     free(is_swa);
+    free(kinds);
     kg_model_free(model);
     return NULL;
 }
@@ -870,6 +895,9 @@ int32_t kg_model_kv_window(const kg_model_t *model) {
         return 0; /* a symmetric window reaches forward too; an input runs whole anyway */
     }
     for (int32_t il = 0; il < model->hp.n_layer; il++) {
+        if (model->layers[il].kind != KG_LAYER_ATTN) {
+            continue; /* a recurrent layer reads no K/V rows */
+        }
         if (model->layers[il].n_swa <= 0) {
             return 0;
         }

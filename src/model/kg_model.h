@@ -78,6 +78,7 @@ typedef enum kg_arch {
     KG_ARCH_GEMMA4,
     KG_ARCH_GEMMA_EMBED, /* "gemma-embedding" (EmbeddingGemma): gemma3's layers, non-causal */
     KG_ARCH_NOMIC_BERT,  /* nomic-embed-text: bert with RoPE and SwiGLU (kg_model_bert.h) */
+    KG_ARCH_LFM2,        /* Liquid LFM2: gated short convolutions beside attention (hybrid) */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -121,6 +122,16 @@ typedef enum kg_moe_gating {
      * unbiased sigmoids weigh them: glm4moe (expert_gating_func 2) */
     KG_MOE_SIGMOID,
 } kg_moe_gating_t;
+
+/* What a layer mixes its tokens with (the block before its FFN). The
+ * hybrid families (kg_model_recurrent.c) mix attention layers with
+ * recurrent ones, which keep a fixed-size state per sequence instead of
+ * K/V rows per token: the backend holds one state per sequence slot,
+ * zeroed at a sequence's position 0 and carried from step to step. */
+typedef enum kg_layer_kind {
+    KG_LAYER_ATTN = 0,  /* attention over the paged KV cache (every non-hybrid layer) */
+    KG_LAYER_SHORTCONV, /* LFM2's gated short convolution: conv state only */
+} kg_layer_kind_t;
 
 typedef struct kg_hparams {
     int32_t n_vocab;
@@ -225,6 +236,10 @@ typedef struct kg_hparams {
      * |p - pos| <= n_swa / 2 (LLAMA_SWA_TYPE_SYMMETRIC). Such a model runs
      * embedding jobs only, each input whole in one step. */
     bool non_causal;
+
+    /* hybrid models' recurrent layers (n_layer_recurrent > 0; kg_model_recurrent.c) */
+    int32_t n_layer_recurrent; /* layers whose kind is not KG_LAYER_ATTN */
+    int32_t shortconv_l_cache; /* shortconv.l_cache: the short convolution's length (LFM2) */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -308,6 +323,14 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *pe_gate;      /* (n_embd, P) inp_gate */
     const kg_gguf_tensor_t *pe_proj;      /* (P, n_embd) proj */
     const kg_gguf_tensor_t *pe_post_norm; /* (n_embd) post_norm */
+
+    /* A hybrid model's recurrent layer (kind != KG_LAYER_ATTN) has none of
+     * the attention tensors above; its own are below (llama.cpp's names). */
+    kg_layer_kind_t kind;
+    /* LFM2's short convolution: in_proj (n_embd, 3 n_embd) gives B, C and x;
+     * y = out_proj(C * conv(B * x)), conv a causal depthwise convolution of
+     * length shortconv_l_cache, (L, n_embd) */
+    const kg_gguf_tensor_t *sc_in_proj, *sc_conv, *sc_out_proj;
 } kg_layer_weights_t;
 
 typedef struct kg_model {
@@ -410,6 +433,15 @@ bool kg_model_embed_only(const kg_model_t *model);
  * jobs only, each input whole in one step: an encoder (kg_model_embed_only)
  * or a decoder stack without the causal mask (gemma-embedding). @thread any */
 bool kg_model_non_causal(const kg_model_t *model);
+
+/** Whether some layer of the model is recurrent (a hybrid: LFM2), so that
+ * a backend keeps a state per sequence slot (kg_model_state_floats) and
+ * a sequence cannot start from cached K/V blocks alone. @thread any */
+bool kg_model_is_recurrent(const kg_model_t *model);
+
+/** Floats of recurrent state layer il keeps per sequence (0 for an
+ * attention layer): LFM2's (l_cache - 1) x n_embd convolution window. */
+int64_t kg_model_state_floats(const kg_model_t *model, int32_t il);
 
 /** KG_MODEL_FEAT_* bits the model uses. @thread any */
 uint32_t kg_model_features(const kg_model_t *model);

@@ -248,6 +248,11 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
     case KG_ARCH_BERT: /* kg_model_bert.c reads its own */
     case KG_ARCH_NOMIC_BERT:
         break;
+    case KG_ARCH_LFM2:
+        /* llama_model_lfm2: NeoX pairs; with a window, every attention
+         * layer is windowed (set once the layer kinds are known) */
+        get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa);
+        break;
     case KG_ARCH_SMOLLM3:
         /* llama_model_smollm3: n_no_rope_layer_step is fixed at 4 in code
          * (no key): layers 3, 7, 11, ... attend without RoPE */

@@ -111,3 +111,18 @@ bool kg_model_gemma4_layer(kg_loader_t *ld, kg_model_t *model, int32_t il, bool 
 
 /** The per-layer inputs' model-wide tensors (none when P is 0). */
 bool kg_model_gemma4_inputs(kg_loader_t *ld, kg_model_t *model);
+
+/** The hybrid families' layer kinds (kg_model_recurrent.c): kinds[il] for
+ * every layer (KG_LAYER_ATTN for a family without recurrent layers), the
+ * keys that size the recurrent ones, n_layer_recurrent; an LFM2 file's
+ * per-layer K/V head counts become n_head_kv. */
+bool kg_model_read_recurrent(const kg_gguf_t *g,
+                             const char *arch,
+                             kg_hparams_t *hp,
+                             kg_layer_kind_t *kinds,
+                             char *errstr,
+                             size_t errstr_size);
+
+/** A recurrent layer's own tensors (by model->layers[il].kind); its norms
+ * and FFN are load_layer's, as for an attention layer. */
+bool kg_model_recurrent_layer(kg_loader_t *ld, kg_model_t *model, int32_t il);

@@ -106,6 +106,7 @@ static bool is_quantizable(const char *name, int n_dims) {
         "_norm.weight",
         "ffn_gate_inp.weight",
         "ssm_conv1d.weight",
+        "shortconv.conv.weight",
         "time_mix_first.weight",
         "time_mix_w1.weight",
         "time_mix_w2.weight",

@@ -499,6 +499,97 @@ START_TEST(batch_invariant) {
 }
 END_TEST
 
+/* One job (n_choices choices, greedy) through the engine with prefill
+ * chunks of `chunk` tokens; each choice's ids into out, the engine's
+ * counters into st. */
+static void run_chunked(kg_model_t *m,
+                        const int32_t *prompt,
+                        int32_t n_prompt,
+                        int32_t chunk,
+                        int32_t n_choices,
+                        int32_t (*out)[32],
+                        int32_t *n_out,
+                        kg_engine_stats_t *st) {
+    kg_engine_params_t ep = kg_engine_params_default(m, 0);
+    ep.max_batch_size = 4;
+    ep.max_batch_tokens = chunk;
+    ep.max_seq_len = 128;
+    ep.kv_block_size = BLOCK;
+    ep.n_kv_blocks = 4 * 128 / BLOCK;
+    kg_backend_t *be = make_cpu(m, ep.n_kv_blocks, ep.max_batch_tokens);
+    char err[256];
+    kg_engine_t *e = kg_engine_new(be, &ep, err, sizeof(err));
+    ck_assert_msg(e != NULL, "%s", err);
+    const int32_t cap = kg_engine_max_completions(e);
+    kg_completion_t *comps = malloc((size_t)cap * sizeof(*comps));
+    ck_assert_ptr_nonnull(comps);
+    kg_request_t r = {.id = 1,
+                      .prompt = prompt,
+                      .n_prompt = n_prompt,
+                      .max_tokens = 24,
+                      .ignore_eos = true,
+                      .n_choices = n_choices,
+                      .sampling = kg_sampling_params_default()};
+    ck_assert_int_eq(kg_engine_submit(e, &r), KG_OK);
+    for (int c = 0; c < n_choices; c++) {
+        n_out[c] = 0;
+    }
+    while (kg_engine_busy(e)) {
+        int32_t n = kg_engine_step(e, comps, cap);
+        ck_assert_int_ge(n, 0);
+        for (int32_t c = 0; c < n; c++) {
+            ck_assert_int_ne(comps[c].finish, KG_FINISH_ERROR);
+            if (comps[c].token >= 0) {
+                out[comps[c].choice][n_out[comps[c].choice]++] = comps[c].token;
+            }
+        }
+    }
+    kg_engine_stats(e, st);
+    free(comps);
+    kg_engine_free(e);
+    kg_backend_free(be);
+}
+
+/* A hybrid model's recurrent state makes the cut of a prompt into prefill
+ * chunks and the fork of n choices visible unless the state is carried
+ * exactly: one job prefilled in chunks of 7, 64 and 512 tokens says the
+ * same ids, and 3 greedy choices (forked from the state before the
+ * prompt's last token, not recomputed) each say them too. */
+START_TEST(recurrent_chunks_and_forks) {
+    golden_t g;
+    golden_load(g_files[_i], &g);
+    kg_model_t *m = load_golden_model(&g);
+    if (strcmp(g.type, "f32") != 0 || !kg_model_is_recurrent(m)) {
+        kg_model_free(m);
+        golden_clear(&g);
+        return;
+    }
+    const golden_prompt_t *gp = &g.p[1];
+    const int32_t n = gp->n_input < 64 ? gp->n_input : 64;
+    int32_t ref[3][32], got[3][32], n_ref[3], n_got[3];
+    kg_engine_stats_t st;
+    const int32_t chunks[] = {7, 64, 512};
+    run_chunked(m, gp->input, n, 48, 1, ref, n_ref, &st);
+    ck_assert_int_eq(n_ref[0], 24);
+    for (size_t c = 0; c < sizeof(chunks) / sizeof(chunks[0]); c++) {
+        run_chunked(m, gp->input, n, chunks[c], 1, got, n_got, &st);
+        ck_assert_msg(n_got[0] == 24 && memcmp(ref[0], got[0], 24 * 4) == 0,
+                      "%s: prefill in chunks of %d differs from chunks of 48", g.model, chunks[c]);
+    }
+    run_chunked(m, gp->input, n, 48, 3, got, n_got, &st);
+    ck_assert_int_eq(st.n_forks, 2);
+    /* the prompt is prefilled once (the leader's last token after the
+     * fork); each choice computes that token as its first decode row */
+    ck_assert_int_eq(st.n_prefill_tokens, n);
+    for (int c = 0; c < 3; c++) {
+        ck_assert_msg(n_got[c] == 24 && memcmp(ref[0], got[c], 24 * 4) == 0,
+                      "%s: choice %d of 3 differs from the job alone", g.model, c);
+    }
+    kg_model_free(m);
+    golden_clear(&g);
+}
+END_TEST
+
 /* A model whose every layer is windowed (gemma3-swa, window 32) reads no
  * block before the window: with those entries -1 (given back by the engine)
  * the logits are the same bits; a missing block inside the window is
@@ -581,6 +672,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, batch_invariant, 0, g_n_files);
     tcase_add_test(tc, window_reads_only_the_window);
+    tcase_add_loop_test(tc, recurrent_chunks_and_forks, 0, g_n_files);
     suite_add_tcase(s, tc);
     return s;
 }

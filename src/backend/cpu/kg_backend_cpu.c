@@ -38,6 +38,7 @@
 #include "cpu_moe.h"
 #include "cpu_ops.h"
 #include "cpu_quant.h"
+#include "cpu_recurrent.h"
 #include "cpu_vecdot.h"
 #include "kg_backend_cpu_int.h"
 
@@ -232,6 +233,9 @@ static void cpu_free(kg_backend_t *be) {
                 }
                 free(L->k_b);
                 free(L->v_b);
+                weight_clear(&L->sc_in);
+                weight_clear(&L->sc_out);
+                cpu_recurrent_layer_clear(L);
                 cpu_weight_t *exps[] = {L->exp_gate, L->exp_up, L->exp_down};
                 for (size_t i = 0; i < 3; i++) {
                     for (int32_t e = 0; exps[i] && e < ctx->hp.n_expert; e++) {
@@ -270,6 +274,7 @@ static void cpu_free(kg_backend_t *be) {
         free(ctx->k_cache);
         free(ctx->v_cache);
         cpu_lora_free(ctx);
+        cpu_recurrent_free(ctx);
         kg_pool_free(ctx->pool);
         cpu_qact_clear(&ctx->qact);
         cpu_qgemm_scratch_free(ctx->qscratch);
@@ -296,6 +301,12 @@ static void cpu_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     out->weights_size = ctx->weights_size;
     out->kv_size = ctx->kv_size;
     out->scratch_size = ctx->scratch_size;
+    out->state_size = cpu_recurrent_size(ctx);
+}
+
+static void cpu_last_fault(const kg_backend_t *be, kg_backend_fault_t *out) {
+    const cpu_ctx_t *ctx = be->ctx;
+    *out = ctx->fault;
 }
 
 static float *scratch(cpu_ctx_t *ctx, size_t n_floats, bool *ok) {
@@ -362,6 +373,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     be->iface = cpu_iface;
     be->ctx = ctx;
     be->kv_copy = cpu_kv_copy;
+    be->last_fault = cpu_last_fault;
     /* cpu_lora takes one Q/K/V/FFN shape for every layer (not Gemma 4's),
      * and the latent attention runs no adapter deltas: such a model takes
      * no adapters at all rather than some of their tensors */
@@ -409,7 +421,11 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         cpu_layer_t *L = &ctx->layers[il];
         /* a layer reading another's K/V (Gemma 4) projects no K or V */
         const bool own_kv = src->kv_layer == il;
-        if (src->wkv_a_mqa) {
+        if (src->kind != KG_LAYER_ATTN) { /* a hybrid's recurrent layer */
+            if (!cpu_recurrent_layer_init(ctx, il, L, errstr, errstr_size)) {
+                goto fail;
+            }
+        } else if (src->wkv_a_mqa) {
             if (!mla_layer_init(L, src, ctx, errstr, errstr_size)) {
                 goto fail;
             }
@@ -467,7 +483,9 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
             snprintf(errstr, errstr_size, "cpu backend: out of memory");
             goto fail;
         }
-        if (src->n_swa <= 0) {
+        if (src->kind != KG_LAYER_ATTN) {
+            /* reads no K/V rows */
+        } else if (src->n_swa <= 0) {
             ctx->max_window = -1; /* a global layer: every position stays needed */
         } else if (ctx->max_window >= 0 && src->n_swa > ctx->max_window) {
             ctx->max_window = src->n_swa;
@@ -531,8 +549,8 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     const size_t n_caches = mla ? 1 : 2;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const kg_layer_weights_t *ML = &model->layers[il];
-        if (ML->kv_layer != il) {
-            continue; /* reads layer kv_layer's */
+        if (ML->kv_layer != il || ML->kind != KG_LAYER_ATTN) {
+            continue; /* reads layer kv_layer's, or a recurrent layer (no K/V) */
         }
         const size_t kv_l = (size_t)ML->n_head_kv * (size_t)ML->head_dim;
         if (kv_l == 0) { /* the loader checks the shapes; a cache of nothing is a bug */
@@ -638,6 +656,15 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     if (!ok) {
         snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
         goto fail;
+    }
+    if (!cpu_recurrent_init(ctx, params->n_seq_slots, errstr, errstr_size)) {
+        goto fail;
+    }
+    if (ctx->rec) {
+        be->state_copy = cpu_recurrent_copy;
+        /* adapters: cpu_lora has no deltas for the recurrent projections */
+        be->lora_add = NULL;
+        be->lora_remove = NULL;
     }
     KG_LOG_DEBUG("cpu", "backend ready threads=%d weights_mib=%zu kv_mib=%zu", ctx->n_threads,
                  ctx->weights_size >> 20, ctx->kv_size >> 20);

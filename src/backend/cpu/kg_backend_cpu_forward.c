@@ -43,6 +43,7 @@
 #include "cpu_attn.h"
 #include "cpu_lora.h"
 #include "cpu_ops.h"
+#include "cpu_recurrent.h"
 #include "kg_backend_cpu_int.h"
 
 #include <math.h>
@@ -663,6 +664,7 @@ static void per_layer_add(cpu_ctx_t *ctx, const cpu_layer_t *L, int32_t il, int6
 
 kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
     cpu_ctx_t *ctx = be->ctx;
+    ctx->fault = (kg_backend_fault_t){.scope = KG_FAULT_NONE, .seq = -1, .row = -1};
     const kg_hparams_t *hp = &ctx->hp;
     const int64_t T = batch->n_tokens, E = hp->n_embd;
     const int32_t bs = ctx->block_size;
@@ -693,6 +695,16 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
     }
     if (!batch_blocks_ok(ctx, batch) || !cpu_lora_plan(ctx, batch)) {
         return KG_ERR_INVALID;
+    }
+    int32_t bad_seq;
+    const kg_status_t rst = cpu_recurrent_begin(ctx, batch, &bad_seq);
+    if (rst != KG_OK) {
+        if (bad_seq >= 0) { /* that sequence alone: its state cannot take this token */
+            ctx->fault = (kg_backend_fault_t){.scope = KG_FAULT_SEQ, .seq = bad_seq, .row = -1};
+            snprintf(ctx->fault.message, sizeof(ctx->fault.message),
+                     "cpu: slot %d's recurrent state does not continue at this token", bad_seq);
+        }
+        return rst;
     }
     /* embeddings: dequantize each token's row (ggml_get_rows), then scale */
     const kg_gguf_tensor_t *emb = ctx->model->tok_embd;
@@ -729,6 +741,11 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         const bool own_kv = ML->kv_layer == il;
         const float *cs = ctx->rope_cs + (int64_t)L->rope * T * ctx->rope_stride;
         pre_norm(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        if (ML->kind != KG_LAYER_ATTN) { /* a hybrid's recurrent layer (cpu_recurrent.c) */
+            cpu_recurrent_mixer(ctx, il, batch);
+            add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
+            goto ffn;
+        }
         if (L->wkv_a.n_out > 0) { /* deepseek2: no biases, post-norms or LoRA there */
             mla_attention(ctx, L, il, batch, cs);
             add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
@@ -827,6 +844,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         }
     }
 
+    cpu_recurrent_end(ctx, batch);
     /* hidden states for embedding jobs: the final norm of the rows that
      * want them, in token order (llama.cpp's t_embd, what pooling reads) */
     if (batch->want_hidden) {

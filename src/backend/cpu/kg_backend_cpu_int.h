@@ -51,6 +51,11 @@ typedef struct cpu_layer {
     /* Gemma 4's per-layer input: gate (P, n_embd), proj (n_embd, P), post
      * norm (n_embd); gate n_out 0: none */
     cpu_weight_t pe_gate, pe_proj, pe_post_norm;
+    /* a hybrid's recurrent mixer (cpu_recurrent.c; kind in the model's
+     * layer): LFM2's short convolution, in_proj (3 n_embd, n_embd),
+     * out_proj (n_embd, n_embd), the kernel F32 (n_embd, l_cache) */
+    cpu_weight_t sc_in, sc_out;
+    float *sc_conv;
 } cpu_layer_t;
 
 /* One distinct RoPE among the layers (Gemma: local and global). */
@@ -129,7 +134,9 @@ typedef struct cpu_ctx {
     cpu_qact_t *mla_qact;        /* (n_threads) x (T, W) */
     struct cpu_lora_state *lora; /* LoRA adapters (cpu_lora.c), NULL until one is added */
     struct cpu_bert *bert;       /* the bert encoder's own parts (cpu_bert.c), else NULL */
+    struct cpu_rec *rec;         /* recurrent states per slot (cpu_recurrent.c), else NULL */
     size_t weights_size, kv_size, scratch_size;
+    kg_backend_fault_t fault; /* what the last failed forward hit (kg_backend_last_fault) */
 } cpu_ctx_t;
 
 /** One tensor into `w` (kg_backend_cpu_weight.c): F32/F16/BF16 matrices
