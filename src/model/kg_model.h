@@ -131,6 +131,8 @@ typedef enum kg_moe_gating {
 typedef enum kg_layer_kind {
     KG_LAYER_ATTN = 0,  /* attention over the paged KV cache (every non-hybrid layer) */
     KG_LAYER_SHORTCONV, /* LFM2's gated short convolution: conv state only */
+    KG_LAYER_DELTANET,  /* Qwen3.5 / Qwen3-Next gated DeltaNet: conv and delta-rule states */
+    KG_LAYER_MAMBA2,    /* Mamba-2 (nemotron_h, granitehybrid): conv and SSM states */
 } kg_layer_kind_t;
 
 typedef struct kg_hparams {
@@ -240,6 +242,12 @@ typedef struct kg_hparams {
     /* hybrid models' recurrent layers (n_layer_recurrent > 0; kg_model_recurrent.c) */
     int32_t n_layer_recurrent; /* layers whose kind is not KG_LAYER_ATTN */
     int32_t shortconv_l_cache; /* shortconv.l_cache: the short convolution's length (LFM2) */
+    /* ssm.*: DeltaNet's and Mamba-2's sizes, as llama.cpp names them */
+    int32_t ssm_d_conv;  /* ssm.conv_kernel */
+    int32_t ssm_d_inner; /* ssm.inner_size */
+    int32_t ssm_d_state; /* ssm.state_size */
+    int32_t ssm_dt_rank; /* ssm.time_step_rank (DeltaNet: V heads; Mamba-2: heads) */
+    int32_t ssm_n_group; /* ssm.group_count (DeltaNet: K heads; Mamba-2: B/C groups) */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -331,6 +339,19 @@ typedef struct kg_layer_weights {
      * y = out_proj(C * conv(B * x)), conv a causal depthwise convolution of
      * length shortconv_l_cache, (L, n_embd) */
     const kg_gguf_tensor_t *sc_in_proj, *sc_conv, *sc_out_proj;
+    /* DeltaNet and Mamba-2 (llama.cpp's layer.ssm_* and wqkv_gate; NULL
+     * where the kind has none) */
+    const kg_gguf_tensor_t *ssm_in;       /* in_proj (Mamba-2) / attn_qkv (DeltaNet) */
+    const kg_gguf_tensor_t *ssm_gate;     /* DeltaNet's attn_gate (z) */
+    const kg_gguf_tensor_t *ssm_conv1d;   /* (d_conv, conv channels), F32 */
+    const kg_gguf_tensor_t *ssm_conv1d_b; /* (conv channels) Mamba-2 */
+    const kg_gguf_tensor_t *ssm_dt_b;     /* ssm_dt.bias */
+    const kg_gguf_tensor_t *ssm_a;
+    const kg_gguf_tensor_t *ssm_d;     /* Mamba-2 */
+    const kg_gguf_tensor_t *ssm_beta;  /* DeltaNet */
+    const kg_gguf_tensor_t *ssm_alpha; /* DeltaNet */
+    const kg_gguf_tensor_t *ssm_norm;  /* the gated RMSNorm's weight */
+    const kg_gguf_tensor_t *ssm_out;
 } kg_layer_weights_t;
 
 typedef struct kg_model {

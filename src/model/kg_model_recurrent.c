@@ -106,6 +106,8 @@ bool kg_model_recurrent_layer(kg_loader_t *ld, kg_model_t *model, int32_t il) {
         }
         L->sc_out_proj = KG_T("shortconv.out_proj.weight", E, E);
         break;
+    case KG_LAYER_DELTANET: /* not read yet: the loader assigns no such layer */
+    case KG_LAYER_MAMBA2:
     case KG_LAYER_ATTN:
         break;
     }
@@ -122,6 +124,8 @@ int64_t kg_model_state_floats(const kg_model_t *model, int32_t il) {
     switch (model->layers[il].kind) {
     case KG_LAYER_SHORTCONV:
         return (int64_t)(hp->shortconv_l_cache - 1) * hp->n_embd;
+    case KG_LAYER_DELTANET: /* not read yet: the loader assigns no such layer */
+    case KG_LAYER_MAMBA2:
     case KG_LAYER_ATTN:
         break;
     }

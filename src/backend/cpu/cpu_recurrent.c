@@ -41,6 +41,8 @@ bool cpu_recurrent_layer_init(
         ctx->weights_size += n * sizeof(float);
         return true;
     }
+    case KG_LAYER_DELTANET: /* not read yet: the loader assigns no such layer */
+    case KG_LAYER_MAMBA2:
     case KG_LAYER_ATTN:
         break;
     }
@@ -264,6 +266,8 @@ void cpu_recurrent_mixer(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batc
     case KG_LAYER_SHORTCONV:
         shortconv(ctx, il, batch);
         return;
+    case KG_LAYER_DELTANET: /* not read yet: the loader assigns no such layer */
+    case KG_LAYER_MAMBA2:
     case KG_LAYER_ATTN:
         break;
     }
