@@ -480,6 +480,7 @@ void kg_engine_stats(const kg_engine_t *e, kg_engine_stats_t *out) {
     kg_backend_memory(e->be, &mem);
     const int64_t kv_rows = (int64_t)e->p.n_kv_blocks * e->p.kv_block_size;
     out->kv_bytes_per_token = kv_rows > 0 ? (int64_t)mem.kv_size / kv_rows : 0;
+    out->state_bytes = (int64_t)mem.state_size;
     kg_backend_moe_stats(e->be, &out->moe);
 }
 

@@ -256,6 +256,8 @@ typedef struct kg_engine_stats {
     /* the backend's KV pool bytes per cached token (all layers): what a
      * token costs, measured from the allocation (MLA: its latent row) */
     int64_t kv_bytes_per_token;
+    /* a hybrid model's recurrent states, every slot's (0: attention only) */
+    int64_t state_bytes;
     int64_t n_steps;
     int64_t n_prefill_tokens; /* tokens computed as prefill (including recomputation) */
     int64_t n_decode_tokens;

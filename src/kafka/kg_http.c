@@ -177,6 +177,10 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           "KV cache bytes one cached token takes over all layers (the backend's allocation; "
           "multi-head latent attention: its latent row).",
           (double)atomic_load(&g->kv_bytes_per_token));
+    gauge(f, "kgen_recurrent_state_bytes",
+          "Bytes of recurrent state a hybrid model's sequence slots hold, all slots (0: "
+          "attention only).",
+          (double)atomic_load(&g->state_bytes));
     int32_t total = atomic_load(&g->kv_blocks_total);
     gauge(f, "kgen_kv_cache_usage_ratio", "Used / total KV blocks.",
           total > 0 ? (double)atomic_load(&g->kv_blocks_used) / total : 0.0);

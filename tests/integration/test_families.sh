@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The families of issue 24 through the worker: for each, kgen-worker --demo 0
+# The families of issues 23 and 24 through the worker: for each, kgen-worker --demo 0
 # (librdkafka's mock cluster, no broker to start) on a small random model of
 # that family serves two greedy jobs from kgen-submit, which must come back
 # complete with their tokens. The graphs themselves are checked against
@@ -27,6 +27,7 @@ families=(
     "glm4moe --n-layer 2 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --n-expert-groups 4 --n-group-used 2"
     "deepseek2 --n-layer 2 --n-head-kv 1 --head-dim 48 --n-rot 16 --kv-lora-rank 32 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --chat-template deepseek-v3.1"
     "gemma4 --n-layer 4 --swa-pattern 2 --sliding-window 8 --n-embd-per-layer 16 --n-kv-shared 2"
+    "lfm2 --n-layer 4"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys
@@ -83,6 +84,13 @@ PY
             awk '$1 == "kgen_kv_cache_bytes_per_token" {print $2}')
         [[ "$bpt" == 192 ]] || { echo "deepseek2: kgen_kv_cache_bytes_per_token is '$bpt', not 192"; exit 1; }
         echo "deepseek2: kgen_kv_cache_bytes_per_token 192"
+    fi
+    if [[ "$name" == lfm2 ]]; then
+        # 3 convolution layers (attention is layer 2) x (l_cache 3 - 1) x 64 floats x 4 slots
+        sb=$(curl -s "http://127.0.0.1:${ports[$i]}/metrics" |
+            awk '$1 == "kgen_recurrent_state_bytes" {print $2}')
+        [[ "$sb" == 6144 ]] || { echo "lfm2: kgen_recurrent_state_bytes is '$sb', not 6144"; exit 1; }
+        echo "lfm2: kgen_recurrent_state_bytes 6144"
     fi
 done
 for i in "${!names[@]}"; do

@@ -28,7 +28,7 @@
  * cpu_moe's plan: the router's logits (one GEMM; + bias: gpt-oss), each
  * token's k experts and weights, the rows gathered by expert, then per
  * active expert one gate/up GEMM and one down GEMM over its group (its
- * packed matrices are weights like any other: matmul_n_on, so the
+ * packed matrices are weights like any other: cpu_matmul_n_on, so the
  * activation rounding and the kernels are the dense path's; many small
  * groups run side by side, one pool task each), the expert biases and
  * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
@@ -51,77 +51,14 @@
 
 // ---- forward ----
 
-/* Whether two weights can share one hand-off: the same float type, or
- * quantized types whose dot products take the same activation blocks. */
-static bool same_path(const cpu_weight_t *a, const cpu_weight_t *b) {
-    if (a->q.tr || b->q.tr) {
-        return a->q.tr && b->q.tr && a->q.tr->act == b->q.tr->act;
-    }
-    return a->type == b->type;
-}
-
-/* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
- * their input, with in rounded into xr (T, n_in) (float types) or
- * quantized into qa (block types) for their type: one hand-off to `pool`
- * when they share a path (Q, K and V; gate and up). pool NULL: the calling
- * thread only, pool thread `thread`, whose unpacking buffers it uses. */
-static void matmul_n_on(cpu_ctx_t *ctx,
-                        kg_pool_t *pool,
-                        int thread,
-                        float *xr,
-                        cpu_qact_t *qa,
-                        int n,
-                        const cpu_weight_t *const *ws,
-                        const float *in,
-                        float *const *outs,
-                        int64_t T) {
-    const cpu_gemm_weights_t *packed[CPU_GEMM_MULTI_MAX];
-    for (int i = 0; i < n; i++) {
-        if (!same_path(ws[i], ws[0])) {
-            for (int r = 0; r < n; r++) {
-                matmul_n_on(ctx, pool, thread, xr, qa, 1, &ws[r], in, &outs[r], T);
-            }
-            return;
-        }
-        packed[i] = &ws[i]->packed;
-    }
-    if (ws[0]->q.tr) {
-        const cpu_qmat_t *qm[CPU_QGEMM_MAX_W];
-        for (int i = 0; i < n; i++) {
-            qm[i] = &ws[i]->q;
-        }
-        cpu_quant_act(ws[0]->q.tr->act, in, T, ws[0]->n_in, qa);
-        if (pool) {
-            cpu_qgemm(pool, ctx->qscratch, qa, n, qm, outs);
-        } else {
-            cpu_qgemm_serial(ctx->qscratch, thread, qa, n, qm, outs);
-        }
-        return;
-    }
-    const float *a = in;
-    if (cpu_round_activations(ws[0]->type, in, xr, T, ws[0]->n_in)) {
-        a = xr;
-    }
-    cpu_gemm_multi(pool, a, T, n, packed, outs);
-}
-
-/* matmul_n_on over the backend's pool and scratch. */
+/* cpu_matmul_n (cpu_matmul.c) over the backend's pool and scratch. */
 static void matmul_n(cpu_ctx_t *ctx,
                      int n,
                      const cpu_weight_t *const *ws,
                      const float *in,
                      float *const *outs,
                      int64_t T) {
-    matmul_n_on(ctx, ctx->pool, 0, ctx->xr, &ctx->qact, n, ws, in, outs, T);
-}
-
-void cpu_matmul_n(cpu_ctx_t *ctx,
-                  int n,
-                  const cpu_weight_t *const *ws,
-                  const float *in,
-                  float *const *outs,
-                  int64_t T) {
-    matmul_n(ctx, n, ws, in, outs, T);
+    cpu_matmul_n(ctx, n, ws, in, outs, T);
 }
 
 static void matmul(cpu_ctx_t *ctx, const cpu_weight_t *w, const float *in, float *out, int64_t T) {
@@ -357,8 +294,8 @@ static void mla_head(const mla_heads_job_t *j, kg_pool_t *pool, int thread, int6
     if (pool) {
         matmul_n(ctx, 1, &w, in, &out, j->T);
     } else {
-        matmul_n_on(ctx, NULL, thread, ctx->mla_xr + (int64_t)thread * j->T * W,
-                    &ctx->mla_qact[thread], 1, &w, in, &out, j->T);
+        cpu_matmul_n_on(ctx, NULL, thread, ctx->mla_xr + (int64_t)thread * j->T * W,
+                        &ctx->mla_qact[thread], 1, &w, in, &out, j->T);
     }
     for (int64_t t = 0; t < j->T; t++) {
         memcpy(j->y + t * j->y_tok + h * j->y_head, out + t * j->n_out,
@@ -531,7 +468,7 @@ expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, int thread, const cpu_layer_t *L, in
     /* on the pool: the backend's quantized activations; alone on a pool
      * thread: that thread's own */
     cpu_qact_t *qa = pool ? &ctx->qact : &ctx->moe_qact[thread];
-    matmul_n_on(ctx, pool, thread, xr, qa, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
+    cpu_matmul_n_on(ctx, pool, thread, xr, qa, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
     add_expert_bias(u, &L->exp_up_b, e, n, FX);
     add_expert_bias(g, &L->exp_gate_b, e, n, FX);
     if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
@@ -542,7 +479,7 @@ expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, int thread, const cpu_layer_t *L, in
         }
     }
     const cpu_weight_t *down = &L->exp_down[e];
-    matmul_n_on(ctx, pool, thread, xr, qa, 1, &down, g, &y, n);
+    cpu_matmul_n_on(ctx, pool, thread, xr, qa, 1, &down, g, &y, n);
     add_expert_bias(y, &L->exp_down_b, e, n, E);
 }
 

@@ -152,6 +152,23 @@ KG_NODISCARD kg_status_t cpu_backend_forward(kg_backend_t *be,
                                              const kg_step_batch_t *batch,
                                              float *logits);
 
+/** outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
+ * their input (cpu_matmul.c), in rounded into xr (T, n_in) (float types)
+ * or quantized into qa (block types) for their type: one hand-off to
+ * `pool` when they share a path (Q, K and V; gate and up). pool NULL: the
+ * calling thread only, pool thread `thread`, whose unpacking buffers it
+ * uses. */
+void cpu_matmul_n_on(cpu_ctx_t *ctx,
+                     kg_pool_t *pool,
+                     int thread,
+                     float *xr,
+                     cpu_qact_t *qa,
+                     int n,
+                     const cpu_weight_t *const *ws,
+                     const float *in,
+                     float *const *outs,
+                     int64_t T);
+
 /** outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T on the backend's pool,
  * activations rounded as ggml rounds them for the weight type (the
  * forward's matmul_n). @thread engine */
