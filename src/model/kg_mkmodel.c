@@ -164,13 +164,13 @@ bool kg_mkmodel_add_random(kg_gguf_writer_t *w,
 /* A stack of n_exp (ne0, ne1) matrices (an expert tensor), each matrix
  * drawn as add_random would draw it. */
 bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
-                        const kg_mkmodel_opts_t *o,
-                        const char *name,
-                        kg_ggml_type_t type,
-                        int64_t ne0,
-                        int64_t ne1,
-                        int64_t n_exp,
-                        float scale) {
+                            const kg_mkmodel_opts_t *o,
+                            const char *name,
+                            kg_ggml_type_t type,
+                            int64_t ne0,
+                            int64_t ne1,
+                            int64_t n_exp,
+                            float scale) {
     int64_t n = ne0 * ne1 * n_exp;
     float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!v) {
@@ -306,8 +306,8 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
             ok = ok && KG_ADD(wt, E, R + rope, 0.0f, fe, "blk.%lld.attn_kv_a_mqa.weight", L) &&
                  KG_ADD(KG_GGML_TYPE_F32, R, 1, 1.0f, 0.1f, "blk.%lld.attn_kv_a_norm.weight", L);
             snprintf(name, sizeof(name), "blk.%lld.attn_k_b.weight", L);
-            ok =
-                ok && kg_mkmodel_add_random3(w, o, name, wt, hd - rope, R, o->n_head, fan_in_scale(hd - rope));
+            ok = ok && kg_mkmodel_add_random3(w, o, name, wt, hd - rope, R, o->n_head,
+                                              fan_in_scale(hd - rope));
             snprintf(name, sizeof(name), "blk.%lld.attn_v_b.weight", L);
             ok = ok && kg_mkmodel_add_random3(w, o, name, wt, R, MV, o->n_head, fan_in_scale(R));
             ok = ok && KG_ADD(wt, o->n_head * MV, E, 0.0f, fan_in_scale(o->n_head * MV) * resid,

@@ -2,8 +2,10 @@
  * llama_model_gemma4::load_arch_hparams and load_arch_tensors): its keys
  * (the windowed layers' own head size and RoPE dims, per-layer K/V head
  * counts and FFN widths, per-layer inputs, shared K/V layers) and one
- * layer's tensors, whose shapes follow the layer's kind. kg_model.c calls
- * these; the generic layer loader does not know per-layer shapes. */
+ * layer's tensors, whose shapes follow the layer's kind, with the
+ * 26B-A4B's experts beside the dense MLP where the layer has a router.
+ * kg_model.c calls these; the generic layer loader does not know per-layer
+ * shapes. */
 #include "kg_model_int.h"
 #include "kg_quant.h"
 
@@ -166,7 +168,8 @@ static bool load_moe(kg_loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_ten
     L->ffn_post_norm_1 = kg_model_find(ld, KG_NAME("post_ffw_norm_1.weight"), E, 0, false, &bad);
     L->ffn_post_norm_2 = kg_model_find(ld, KG_NAME("post_ffw_norm_2.weight"), E, 0, false, &bad);
     L->down_exps_s = kg_model_find(ld, KG_NAME("ffn_down_exps.scale"), X, 0, true, &bad);
-    const kg_gguf_tensor_t *gate_up = kg_gguf_find_tensor(ld->g, KG_NAME("ffn_gate_up_exps.weight"));
+    const kg_gguf_tensor_t *gate_up =
+        kg_gguf_find_tensor(ld->g, KG_NAME("ffn_gate_up_exps.weight"));
     if (gate_up) {
         gate_up = kg_model_find3(ld, name, E, 2 * FX, X, &bad);
         if (!bad && (kg_gguf_find_tensor(ld->g, KG_NAME("ffn_gate_exps.weight")) ||

@@ -108,8 +108,8 @@ bool kg_model_gemma4_shape(kg_model_t *model, int32_t il, bool is_swa, char *err
 
 /** A stack of ne2 (ne0, ne1) matrices (a 3-D expert tensor), marked taken;
  * NULL with errstr and *bad set when absent or misshapen. */
-const kg_gguf_tensor_t *kg_model_find3(
-    kg_loader_t *ld, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, bool *bad);
+const kg_gguf_tensor_t *
+kg_model_find3(kg_loader_t *ld, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, bool *bad);
 
 /** views[e] = rows [row0, row0 + n_rows) of matrix e of the 3-D tensor t
  * (ne[2] of them): a plain 2-D tensor of t's type (rows are whole blocks). */

@@ -977,7 +977,8 @@ static char *split_gate_up(const char *src, bool keep) {
         const size_t half = (size_t)(E * FX) * sizeof(float);
         char *part[2] = {malloc(half * (size_t)X), malloc(half * (size_t)X)};
         for (int64_t e = 0; e < X; e++) {
-            memcpy(part[0] + (size_t)e * half, (const char *)t->data + (size_t)(2 * e) * half, half);
+            memcpy(part[0] + (size_t)e * half, (const char *)t->data + (size_t)(2 * e) * half,
+                   half);
             memcpy(part[1] + (size_t)e * half, (const char *)t->data + (size_t)(2 * e + 1) * half,
                    half);
         }
@@ -1037,8 +1038,8 @@ START_TEST(gemma4_experts) {
     ck_assert(hp->moe_gating == KG_MOE_SOFTMAX && hp->moe_norm_w && hp->moe_w_scale == 0.0f);
     for (int il = 0; il < 2; il++) {
         const kg_layer_weights_t *L = &m->layers[il];
-        ck_assert(L->ffn_gate_inp && L->ffn_gate_inp_s && L->ffn_pre_norm_2 &&
-                  L->ffn_post_norm_1 && L->ffn_post_norm_2 && L->down_exps_s);
+        ck_assert(L->ffn_gate_inp && L->ffn_gate_inp_s && L->ffn_pre_norm_2 && L->ffn_post_norm_1 &&
+                  L->ffn_post_norm_2 && L->down_exps_s);
         ck_assert(L->w_gate && L->w_up && L->w_down && L->ffn_post_norm);
         ck_assert(!L->gate_exps && !L->up_exps && L->down_exps);
     }
@@ -1048,8 +1049,8 @@ START_TEST(gemma4_experts) {
     const char *mat5 = (const char *)gu->data + (size_t)5 * 64 * 64 * 4;
     ck_assert_ptr_eq(L1->exp_gate[5].data, mat5);
     ck_assert_ptr_eq(L1->exp_up[5].data, mat5 + (size_t)32 * 64 * 4);
-    ck_assert(L1->exp_up[5].ne[0] == 64 && L1->exp_up[5].ne[1] == 32 &&
-              L1->exp_up[5].n_dims == 2 && L1->exp_up[5].size == (size_t)32 * 64 * 4);
+    ck_assert(L1->exp_up[5].ne[0] == 64 && L1->exp_up[5].ne[1] == 32 && L1->exp_up[5].n_dims == 2 &&
+              L1->exp_up[5].size == (size_t)32 * 64 * 4);
     const uint32_t f = kg_model_features(m);
     ck_assert((f & KG_MODEL_FEAT_MOE) && (f & KG_MODEL_FEAT_V_NORM));
     kg_backend_params_t p = {
@@ -1087,9 +1088,9 @@ START_TEST(gemma4_experts) {
                (const char *[]){"missing tensor 'blk.0.ffn_down_exps.weight'", NULL});
     load_fails(split_gate_up(src, true),
                (const char *[]){"layer 0 has ffn_gate_up_exps and also", NULL});
-    load_fails(rewrite(src, drop_g4_counts, NULL, NULL),
-               (const char *[]){"blk.0.ffn_gate_inp.weight: a router without gemma4.expert_count",
-                                NULL});
+    load_fails(
+        rewrite(src, drop_g4_counts, NULL, NULL),
+        (const char *[]){"blk.0.ffn_gate_inp.weight: a router without gemma4.expert_count", NULL});
     load_fails(rewrite(src, drop_g4_ffexp, NULL, NULL),
                (const char *[]){"gemma4.expert_feed_forward_length must be in 1..2^24", NULL});
     /* without its routers a layer is dense, and its expert tensors are

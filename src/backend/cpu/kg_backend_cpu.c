@@ -225,10 +225,10 @@ static void cpu_free(kg_backend_t *be) {
                     weight_clear(ws[i]);
                 }
                 cpu_weight_t *moe_ws[] = {
-                    &L->gate_inp,        &L->gate_inp_b,      &L->exp_gate_b, &L->exp_up_b,
-                    &L->exp_down_b,      &L->sinks,           &L->exp_probs_b, &L->sh_gate,
-                    &L->sh_up,           &L->sh_down,         &L->gate_inp_s,  &L->exp_down_s,
-                    &L->ffn_pre_norm_2,  &L->ffn_post_norm_1, &L->ffn_post_norm_2};
+                    &L->gate_inp,       &L->gate_inp_b,      &L->exp_gate_b,     &L->exp_up_b,
+                    &L->exp_down_b,     &L->sinks,           &L->exp_probs_b,    &L->sh_gate,
+                    &L->sh_up,          &L->sh_down,         &L->gate_inp_s,     &L->exp_down_s,
+                    &L->ffn_pre_norm_2, &L->ffn_post_norm_1, &L->ffn_post_norm_2};
                 for (size_t i = 0; i < sizeof(moe_ws) / sizeof(moe_ws[0]); i++) {
                     weight_clear(moe_ws[i]);
                 }
@@ -530,8 +530,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         /* the dense FFN's width; a model whose every layer has experts has none */
         F = !ML->w_down || (size_t)ML->n_ff < F ? F : (size_t)ML->n_ff;
         /* the shared expert's output, or Gemma 4's MLP's beside the experts */
-        shared = shared || ctx->layers[il].sh_gate.n_out > 0 ||
-                 (ctx->layers[il].moe && ML->w_down);
+        shared = shared || ctx->layers[il].sh_gate.n_out > 0 || (ctx->layers[il].moe && ML->w_down);
     }
     ctx->k_cache = calloc((size_t)hp->n_layer, sizeof(uint16_t *));
     ctx->v_cache = calloc((size_t)hp->n_layer, sizeof(uint16_t *));

@@ -36,9 +36,9 @@
  * neighbours); glm4moe's shared expert, a dense SwiGLU FFN on the same
  * input, adds its output to that sum. Gemma 4's MoE layers keep their
  * dense MLP beside the experts, each branch with its own norms, and route
- * on a scaled, unweighted RMSNorm of the residual (gemma4_moe_ffn). LoRA adapters add their deltas after the q/k/v, output,
- * gate/up and down GEMMs (cpu_lora.h). Attention sinks (gpt-oss) add one logit per head to the
- * softmax. The expert load is counted for kg_backend_moe_stats. */
+ * on a scaled, unweighted RMSNorm of the residual (gemma4_moe_ffn). LoRA adapters add their deltas
+ * after the q/k/v, output, gate/up and down GEMMs (cpu_lora.h). Attention sinks (gpt-oss) add one
+ * logit per head to the softmax. The expert load is counted for kg_backend_moe_stats. */
 #include "../../core/kg_log.h"
 #include "../../model/kg_quant.h"
 #include "../kg_math.h"

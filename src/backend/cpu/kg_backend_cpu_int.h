@@ -47,7 +47,7 @@ typedef struct cpu_layer {
      * MLP (w_gate, w_up, w_down) runs beside the experts: the router
      * input's scale, each expert's output scale (data NULL: none), and
      * the norms of the experts' input, the MLP's output and the experts' */
-    cpu_weight_t gate_inp_s, exp_down_s;                  /* (n_embd), (n_expert) */
+    cpu_weight_t gate_inp_s, exp_down_s;                           /* (n_embd), (n_expert) */
     cpu_weight_t ffn_pre_norm_2, ffn_post_norm_1, ffn_post_norm_2; /* (n_embd) */
     /* multi-head latent attention (deepseek2; wkv_a.n_out 0: none): wq, or
      * wq_a, q_a_norm and wq_b; k_b[h], v_b[h] are head h's absorption
