@@ -88,9 +88,11 @@ static void usage(FILE *f) {
             "                      short for --type f16 (bf16, q8_0, q4_0, mxfp4_moe)\n");
     fprintf(
         f,
-        "  --n-expert N        qwen3moe, mixtral, gpt-oss, glm4moe: expert_count (default 8)\n"
+        "  --n-expert N        qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2: expert_count\n"
+        "                      (default 8); gemma4: N experts beside each layer's MLP (26B-A4B)\n"
         "  --n-expert-used K   experts per token, expert_used_count (default 2)\n"
-        "  --n-ff-exp F        qwen3moe, gpt-oss, glm4moe: each expert's width (default --n-ff)\n"
+        "  --n-ff-exp F        qwen3moe, gpt-oss, glm4moe, gemma4: each expert's width\n"
+        "                      (default --n-ff)\n"
         "  --n-expert-shared S glm4moe: expert_shared_count, a shared expert S x F wide\n"
         "                      (default 1)\n"
         "  --n-dense-lead D    glm4moe: leading_dense_block_count (default 1)\n"

@@ -161,16 +161,16 @@ bool kg_mkmodel_add_random(kg_gguf_writer_t *w,
     return add_random(w, o, name, type, ne0, ne1, center, scale);
 }
 
-/** A stack of n_exp (ne0, ne1) matrices (an expert tensor), each matrix
+/* A stack of n_exp (ne0, ne1) matrices (an expert tensor), each matrix
  * drawn as add_random would draw it. */
-static bool add_random3(kg_gguf_writer_t *w,
-                        const kg_mkmodel_opts_t *o,
-                        const char *name,
-                        kg_ggml_type_t type,
-                        int64_t ne0,
-                        int64_t ne1,
-                        int64_t n_exp,
-                        float scale) {
+bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
+                            const kg_mkmodel_opts_t *o,
+                            const char *name,
+                            kg_ggml_type_t type,
+                            int64_t ne0,
+                            int64_t ne1,
+                            int64_t n_exp,
+                            float scale) {
     int64_t n = ne0 * ne1 * n_exp;
     float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!v) {
@@ -310,10 +310,10 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
             ok = ok && KG_ADD(wt, E, R + rope, 0.0f, fe, "blk.%lld.attn_kv_a_mqa.weight", L) &&
                  KG_ADD(KG_GGML_TYPE_F32, R, 1, 1.0f, 0.1f, "blk.%lld.attn_kv_a_norm.weight", L);
             snprintf(name, sizeof(name), "blk.%lld.attn_k_b.weight", L);
-            ok =
-                ok && add_random3(w, o, name, wt, hd - rope, R, o->n_head, fan_in_scale(hd - rope));
+            ok = ok && kg_mkmodel_add_random3(w, o, name, wt, hd - rope, R, o->n_head,
+                                              fan_in_scale(hd - rope));
             snprintf(name, sizeof(name), "blk.%lld.attn_v_b.weight", L);
-            ok = ok && add_random3(w, o, name, wt, R, MV, o->n_head, fan_in_scale(R));
+            ok = ok && kg_mkmodel_add_random3(w, o, name, wt, R, MV, o->n_head, fan_in_scale(R));
             ok = ok && KG_ADD(wt, o->n_head * MV, E, 0.0f, fan_in_scale(o->n_head * MV) * resid,
                               "blk.%lld.attn_output.weight", L);
         } else if (fam->fused) {
@@ -366,11 +366,11 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
                      KG_ADD(KG_GGML_TYPE_F32, X, 1, 0.0f, 0.2f, "blk.%lld.ffn_gate_inp.bias", L);
             }
             snprintf(name, sizeof(name), "blk.%lld.ffn_gate_exps.weight", L);
-            ok = ok && add_random3(w, o, name, xt, E, FX, X, fe);
+            ok = ok && kg_mkmodel_add_random3(w, o, name, xt, E, FX, X, fe);
             snprintf(name, sizeof(name), "blk.%lld.ffn_down_exps.weight", L);
-            ok = ok && add_random3(w, o, name, xt, FX, E, X, fan_in_scale(FX) * resid);
+            ok = ok && kg_mkmodel_add_random3(w, o, name, xt, FX, E, X, fan_in_scale(FX) * resid);
             snprintf(name, sizeof(name), "blk.%lld.ffn_up_exps.weight", L);
-            ok = ok && add_random3(w, o, name, xt, E, FX, X, fe);
+            ok = ok && kg_mkmodel_add_random3(w, o, name, xt, E, FX, X, fe);
             if (fam->oss) {
                 ok =
                     ok &&
@@ -729,6 +729,8 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                  opts->arch);
         return KG_ERR_INVALID;
     }
+    /* Gemma 4 has experts when asked for them (the 26B-A4B), dense otherwise */
+    const bool moe = fam->moe || (fam->gemma4 && opts->n_expert > 0);
     kg_mkmodel_opts_t mo = *opts; /* with the expert defaults filled in */
     const kg_mkmodel_opts_t *o = &mo;
     if (fam->mla) {
@@ -773,7 +775,7 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                  fam->arch);
         return KG_ERR_INVALID;
     }
-    if (fam->moe) {
+    if (moe) {
         mo.n_expert = mo.n_expert > 0 ? mo.n_expert : 8;
         mo.n_expert_used = mo.n_expert_used > 0 ? mo.n_expert_used : 2;
         mo.n_ff_exp =
@@ -801,7 +803,9 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     } else if (mo.n_expert > 0 || mo.n_expert_used > 0 || mo.n_ff_exp > 0 || mo.has_expert_type ||
                mo.ftype == KG_FTYPE_MOSTLY_MXFP4_MOE) {
         snprintf(errstr, errstr_size,
-                 "expert options are for qwen3moe, mixtral and gpt-oss, not %s", fam->arch);
+                 "expert options are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2 and "
+                 "gemma4 (with --n-expert), not %s",
+                 fam->arch);
         return KG_ERR_INVALID;
     }
     if (o->chat_template) {
@@ -840,7 +844,7 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                                          .n_head = (int32_t)o->n_head,
                                          .n_head_kv = (int32_t)o->n_head_kv,
                                          .has_output = !o->tied && !fam->always_tied,
-                                         .n_expert = fam->moe ? (int32_t)o->n_expert : 0};
+                                         .n_expert = moe ? (int32_t)o->n_expert : 0};
     kg_gguf_writer_set_str(w, "general.architecture", fam->gguf_arch);
     kg_gguf_writer_set_str(w, "general.name", o->name);
     write_hparams(w, o, fam);

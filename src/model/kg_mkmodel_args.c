@@ -299,8 +299,9 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     const bool phi3 = strcmp(arch, "phi3") == 0, oss = strcmp(arch, "gpt-oss") == 0;
     const bool ds2 = strcmp(arch, "deepseek2") == 0;
     const bool glm = strcmp(arch, "glm4moe") == 0;
-    const bool moe =
-        oss || glm || ds2 || strcmp(arch, "qwen3moe") == 0 || strcmp(arch, "mixtral") == 0;
+    /* gemma4: the MoE variant (26B-A4B) when --n-expert asks for experts */
+    const bool moe = oss || glm || ds2 || strcmp(arch, "qwen3moe") == 0 ||
+                     strcmp(arch, "mixtral") == 0 || (gemma4 && o->n_expert > 0);
     if (!glm && (o->n_nextn >= 0 || (!ds2 && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 ||
                                               o->n_expert_groups > 0 || o->n_group_used > 0)))) {
         return bad(errstr, errstr_size,
@@ -339,7 +340,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
-                   "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2");
+                   "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2, and gemma4 "
+                   "with --n-expert");
     }
     if ((strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0) &&
         (o->n_head_kv != o->n_head || o->head_dim * o->n_head != o->n_embd)) {

@@ -9,7 +9,13 @@
  * layer's inp_gate, proj and post_norm) with --n-embd-per-layer, and with
  * --n-kv-shared the last layers without K/V of their own, whose FFNs are
  * twice as wide (use_double_wide_mlp: feed_forward_length per layer).
- * Every layer has a layer_output_scale. */
+ * Every layer has a layer_output_scale. With --n-expert, every layer is
+ * a mixture-of-experts layer as in the 26B-A4B (Gemma4Model's converter):
+ * the dense MLP stays beside a router (ffn_gate_inp and its .scale), the
+ * experts' merged gate and up (ffn_gate_up_exps, from experts.gate_up_proj),
+ * their down and per-expert output scale (ffn_down_exps.scale, from the
+ * router's per_expert_scale), and the norms pre_ffw_norm_2,
+ * post_ffw_norm_1 and post_ffw_norm_2. */
 #include "kg_mkmodel_int.h"
 #include "kg_quant.h"
 
@@ -93,10 +99,44 @@ void kg_mkmodel_gemma4_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o) 
                            o->final_softcap > 0.0f ? o->final_softcap : 30.0f);
     kg_gguf_writer_set_f32(w, "gemma4.rope.freq_base_swa",
                            o->rope_base_swa > 0.0f ? o->rope_base_swa : 10000.0f);
+    if (o->n_expert > 0) {
+        kg_gguf_writer_set_u32(w, "gemma4.expert_count", (uint32_t)o->n_expert);
+        kg_gguf_writer_set_u32(w, "gemma4.expert_used_count", (uint32_t)o->n_expert_used);
+        kg_gguf_writer_set_u32(w, "gemma4.expert_feed_forward_length", (uint32_t)o->n_ff_exp);
+    }
 }
 
 static float fan_in(int64_t n) {
     return sqrtf(3.0f / (float)n);
+}
+
+/* Layer l's MoE block beside its dense MLP. The router reads a vector of
+ * norm about 1 (RMS-normed, times 1/sqrt(n_embd), times its scale), so
+ * weights of half-width sqrt(3) give unit-variance logits: tokens spread
+ * over the experts as the other families' routers spread them. */
+static bool add_moe(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, int64_t l, float resid) {
+    const kg_ggml_type_t f32 = KG_GGML_TYPE_F32;
+    const kg_ggml_type_t xt = o->has_expert_type ? o->expert_type : o->type;
+    const int64_t E = o->n_embd, X = o->n_expert, FX = o->n_ff_exp;
+    const long long L = (long long)l;
+    char name[64];
+#define KG_ADD(type, ne0, ne1, center, scale, suffix)                                              \
+    (snprintf(name, sizeof(name), "blk.%lld." suffix, L),                                          \
+     kg_mkmodel_add_random(w, o, name, (type), (ne0), (ne1), (center), (scale)))
+#define KG_ADD3(ne0, ne1, scale, suffix)                                                           \
+    (snprintf(name, sizeof(name), "blk.%lld." suffix, L),                                          \
+     kg_mkmodel_add_random3(w, o, name, xt, (ne0), (ne1), X, (scale)))
+    const bool ok = KG_ADD(f32, E, X, 0.0f, sqrtf(3.0f), "ffn_gate_inp.weight") &&
+                    KG_ADD(f32, E, 1, 1.0f, 0.2f, "ffn_gate_inp.scale") &&
+                    KG_ADD(f32, E, 1, 1.0f, 0.1f, "pre_ffw_norm_2.weight") &&
+                    KG_ADD(f32, E, 1, 1.0f, 0.1f, "post_ffw_norm_1.weight") &&
+                    KG_ADD(f32, E, 1, 1.0f, 0.1f, "post_ffw_norm_2.weight") &&
+                    KG_ADD3(E, 2 * FX, fan_in(E), "ffn_gate_up_exps.weight") &&
+                    KG_ADD3(FX, E, fan_in(FX) * resid, "ffn_down_exps.weight") &&
+                    KG_ADD(f32, X, 1, 1.0f, 0.3f, "ffn_down_exps.scale");
+#undef KG_ADD3
+#undef KG_ADD
+    return ok;
 }
 
 bool kg_mkmodel_gemma4_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, int64_t n_vocab) {
@@ -168,7 +208,7 @@ bool kg_mkmodel_gemma4_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
                  KG_ADD(wt, P, E, 0.0f, fan_in(P) * resid, "blk.%lld.proj.weight", L) &&
                  KG_ADD(f32, E, 1, 1.0f, 0.1f, "blk.%lld.post_norm.weight", L);
         }
-        if (!ok) {
+        if (!ok || (o->n_expert > 0 && !add_moe(w, o, l, resid))) {
             return false;
         }
     }

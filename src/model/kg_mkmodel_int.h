@@ -54,6 +54,19 @@ bool kg_mkmodel_add_random(kg_gguf_writer_t *w,
                            float center,
                            float scale);
 
+/** Add a stack of n_exp (ne0, ne1) matrices (a 3-D expert tensor), each
+ * drawn uniform in [-scale, scale] from the stream of (o->seed, name) and
+ * typed by the current write's quantization mix; false with the write's
+ * error set. */
+bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
+                            const kg_mkmodel_opts_t *o,
+                            const char *name,
+                            kg_ggml_type_t type,
+                            int64_t ne0,
+                            int64_t ne1,
+                            int64_t n_exp,
+                            float scale);
+
 /** Gemma 4's keys beyond the generic ones write_hparams has written (it
  * overwrites head_count_kv, feed_forward_length and the head sizes). */
 void kg_mkmodel_gemma4_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);

@@ -155,18 +155,33 @@ static const kg_gguf_tensor_t *make_view(kg_gguf_tensor_t *view,
     return view;
 }
 
-/* Expert views[e] = matrix e of the 3-D tensor t (ne[2] of them). */
-static void make_expert_views(kg_gguf_tensor_t *views, const kg_gguf_tensor_t *t) {
-    const size_t mat_size = kg_type_row_size(t->type, t->ne[0]) * (size_t)t->ne[1];
+void kg_model_expert_views(kg_gguf_tensor_t *views,
+                           const kg_gguf_tensor_t *t,
+                           int64_t row0,
+                           int64_t n_rows) {
+    const size_t row_size = kg_type_row_size(t->type, t->ne[0]);
+    const size_t mat_size = row_size * (size_t)t->ne[1];
     for (int64_t e = 0; e < t->ne[2]; e++) {
+        const size_t at = (size_t)e * mat_size + (size_t)row0 * row_size;
         kg_gguf_tensor_t *v = &views[e];
         *v = *t;
         v->n_dims = 2;
+        v->ne[1] = n_rows;
         v->ne[2] = 1;
-        v->data = (const char *)t->data + (size_t)e * mat_size;
-        v->offset = t->offset + (uint64_t)e * mat_size;
-        v->size = mat_size;
+        v->data = (const char *)t->data + at;
+        v->offset = t->offset + (uint64_t)at;
+        v->size = (size_t)n_rows * row_size;
     }
+}
+
+/* Expert views[e] = matrix e of the 3-D tensor t (ne[2] of them). */
+static void make_expert_views(kg_gguf_tensor_t *views, const kg_gguf_tensor_t *t) {
+    kg_model_expert_views(views, t, 0, t->ne[1]);
+}
+
+const kg_gguf_tensor_t *kg_model_find3(
+    kg_loader_t *ld, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, bool *bad) {
+    return find_tensor3(ld, name, ne0, ne1, ne2, bad);
 }
 
 // ---- loading ----
@@ -656,10 +671,10 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         L->n_ff = hp->n_ff;
         L->kv_layer = il;
         L->kind = kinds[il];
+        kg_gguf_tensor_t *exp_views = model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert;
         if (gemma4 ? !kg_model_gemma4_shape(model, il, is_swa[il], errstr, errstr_size) ||
-                         !kg_model_gemma4_layer(&ld, model, il, is_swa[il])
-                   : !load_layer(&ld, model, il, model->views + (size_t)il * 8,
-                                 model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert,
+                         !kg_model_gemma4_layer(&ld, model, il, is_swa[il], exp_views)
+                   : !load_layer(&ld, model, il, model->views + (size_t)il * 8, exp_views,
                                  model->mla_views + (size_t)il * 2 * (size_t)hp->n_head)) {
             bad = true;
             break;
@@ -822,7 +837,7 @@ uint32_t kg_model_features(const kg_model_t *model) {
         if (L->kv_layer != il) {
             f |= KG_MODEL_FEAT_KV_SHARED;
         }
-        if (L->out_scale != 0.0f) {
+        if (L->out_scale != 0.0f || L->ffn_pre_norm_2) {
             f |= KG_MODEL_FEAT_V_NORM;
         }
     }

@@ -275,7 +275,8 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *ffn_post_norm;  /* (n_embd) on the FFN output */
 
     /* mixture of experts: a layer with a router has no dense FFN (w_gate,
-     * w_up, w_down NULL) */
+     * w_up, w_down NULL) but in Gemma 4, where the dense MLP runs beside
+     * the experts */
     const kg_gguf_tensor_t *ffn_gate_inp;   /* (n_embd, n_expert) router */
     const kg_gguf_tensor_t *ffn_gate_inp_b; /* (n_expert) router bias (gpt-oss) */
     const kg_gguf_tensor_t *gate_exps;      /* (n_embd, n_ff_exp, n_expert) */
@@ -331,6 +332,16 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *pe_gate;      /* (n_embd, P) inp_gate */
     const kg_gguf_tensor_t *pe_proj;      /* (P, n_embd) proj */
     const kg_gguf_tensor_t *pe_post_norm; /* (n_embd) post_norm */
+    /* Gemma 4's MoE layers (ffn_gate_inp set): the router reads the
+     * unweighted RMSNorm of the residual times 1/sqrt(n_embd) times
+     * ffn_gate_inp.scale; the dense MLP's output is normed by post_norm_1,
+     * the experts' input by pre_norm_2 and their sum by post_norm_2 */
+    const kg_gguf_tensor_t *ffn_gate_inp_s;  /* (n_embd) ffn_gate_inp.scale */
+    const kg_gguf_tensor_t *down_exps_s;     /* (n_expert) each expert's output scale
+                                                (ffn_down_exps.scale: per_expert_scale) or NULL */
+    const kg_gguf_tensor_t *ffn_pre_norm_2;  /* (n_embd) pre_ffw_norm_2 */
+    const kg_gguf_tensor_t *ffn_post_norm_1; /* (n_embd) post_ffw_norm_1 */
+    const kg_gguf_tensor_t *ffn_post_norm_2; /* (n_embd) post_ffw_norm_2 */
 
     /* A hybrid model's recurrent layer (kind != KG_LAYER_ATTN) has none of
      * the attention tensors above; its own are below (llama.cpp's names). */
@@ -428,7 +439,10 @@ enum {
                                                 RoPE dims, RoPE divisors or FFN width */
     KG_MODEL_FEAT_KV_SHARED = 1u << 28,      /* layers reading an earlier layer's K/V */
     KG_MODEL_FEAT_PER_LAYER_EMBD = 1u << 29, /* per-layer token embeddings, gate and proj */
-    KG_MODEL_FEAT_V_NORM = 1u << 30,         /* V's RMSNorm, layer output scales */
+    KG_MODEL_FEAT_V_NORM = 1u << 30,         /* V's RMSNorm, layer output scales, and the
+                                                MoE layers' MLP beside the experts with its
+                                                own norms and scaled router input (the rest
+                                                of Gemma 4's graph; no bit is left) */
 };
 
 /** Open a GGUF model file. Checks the architecture, every hyperparameter and

@@ -2,8 +2,10 @@
  * llama_model_gemma4::load_arch_hparams and load_arch_tensors): its keys
  * (the windowed layers' own head size and RoPE dims, per-layer K/V head
  * counts and FFN widths, per-layer inputs, shared K/V layers) and one
- * layer's tensors, whose shapes follow the layer's kind. kg_model.c calls
- * these; the generic layer loader does not know per-layer shapes. */
+ * layer's tensors, whose shapes follow the layer's kind, with the
+ * 26B-A4B's experts beside the dense MLP where the layer has a router.
+ * kg_model.c calls these; the generic layer loader does not know per-layer
+ * shapes. */
 #include "kg_model_int.h"
 #include "kg_quant.h"
 
@@ -132,7 +134,76 @@ bool kg_model_gemma4_shape(kg_model_t *model, int32_t il, bool is_swa, char *err
     return true;
 }
 
-bool kg_model_gemma4_layer(kg_loader_t *ld, kg_model_t *model, int32_t il, bool is_swa) {
+/* A MoE layer's tensors beside its dense MLP (llama_model_gemma4's
+ * load_arch_tensors with a router, blk.N.ffn_gate_inp): the router and
+ * its input scale, pre_ffw_norm_2, post_ffw_norm_1 and _2, the experts'
+ * gate and up (merged, ffn_gate_up_exps: gate rows then up rows, as the
+ * converter writes Gemma 4's experts.gate_up_proj; or apart), their down,
+ * and each expert's output scale (ffn_down_exps.scale: the router's
+ * per_expert_scale) where the file has one. A router is optional per
+ * layer, as in llama.cpp: a layer without one is dense. */
+static bool load_moe(kg_loader_t *ld, kg_model_t *model, int32_t il, kg_gguf_tensor_t *views) {
+    const kg_hparams_t *hp = &model->hp;
+    kg_layer_weights_t *L = &model->layers[il];
+    const int64_t E = hp->n_embd, X = hp->n_expert, FX = hp->n_ff_exp;
+    bool bad = false;
+    char name[96];
+#define KG_NAME(suffix) (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il), name)
+    if (X == 0) {
+        if (kg_gguf_find_tensor(ld->g, KG_NAME("ffn_gate_inp.weight"))) {
+            snprintf(ld->errstr, ld->errstr_size,
+                     "model: %s: a router without gemma4.expert_count, expert_used_count and "
+                     "expert_feed_forward_length",
+                     name);
+            return false;
+        }
+        return true;
+    }
+    L->ffn_gate_inp = kg_model_find(ld, KG_NAME("ffn_gate_inp.weight"), E, X, true, &bad);
+    if (!L->ffn_gate_inp) {
+        return !bad;
+    }
+    L->ffn_gate_inp_s = kg_model_find(ld, KG_NAME("ffn_gate_inp.scale"), E, 0, false, &bad);
+    L->ffn_pre_norm_2 = kg_model_find(ld, KG_NAME("pre_ffw_norm_2.weight"), E, 0, false, &bad);
+    L->ffn_post_norm_1 = kg_model_find(ld, KG_NAME("post_ffw_norm_1.weight"), E, 0, false, &bad);
+    L->ffn_post_norm_2 = kg_model_find(ld, KG_NAME("post_ffw_norm_2.weight"), E, 0, false, &bad);
+    L->down_exps_s = kg_model_find(ld, KG_NAME("ffn_down_exps.scale"), X, 0, true, &bad);
+    const kg_gguf_tensor_t *gate_up =
+        kg_gguf_find_tensor(ld->g, KG_NAME("ffn_gate_up_exps.weight"));
+    if (gate_up) {
+        gate_up = kg_model_find3(ld, name, E, 2 * FX, X, &bad);
+        if (!bad && (kg_gguf_find_tensor(ld->g, KG_NAME("ffn_gate_exps.weight")) ||
+                     kg_gguf_find_tensor(ld->g, KG_NAME("ffn_up_exps.weight")))) {
+            snprintf(ld->errstr, ld->errstr_size,
+                     "model: layer %d has ffn_gate_up_exps and also ffn_gate_exps or ffn_up_exps",
+                     (int)il);
+            bad = true;
+        }
+    } else {
+        L->gate_exps = kg_model_find3(ld, KG_NAME("ffn_gate_exps.weight"), E, FX, X, &bad);
+        L->up_exps = kg_model_find3(ld, KG_NAME("ffn_up_exps.weight"), E, FX, X, &bad);
+    }
+    L->down_exps = kg_model_find3(ld, KG_NAME("ffn_down_exps.weight"), FX, E, X, &bad);
+#undef KG_NAME
+    if (bad) {
+        return false;
+    }
+    if (gate_up) {
+        kg_model_expert_views(views, gate_up, 0, FX);
+        kg_model_expert_views(views + X, gate_up, FX, FX);
+    } else {
+        kg_model_expert_views(views, L->gate_exps, 0, FX);
+        kg_model_expert_views(views + X, L->up_exps, 0, FX);
+    }
+    kg_model_expert_views(views + 2 * X, L->down_exps, 0, E);
+    L->exp_gate = views;
+    L->exp_up = views + X;
+    L->exp_down = views + 2 * X;
+    return true;
+}
+
+bool kg_model_gemma4_layer(
+    kg_loader_t *ld, kg_model_t *model, int32_t il, bool is_swa, kg_gguf_tensor_t *exp_views) {
     const kg_hparams_t *hp = &model->hp;
     kg_layer_weights_t *L = &model->layers[il];
     const int64_t E = hp->n_embd, F = L->n_ff, P = hp->n_embd_per_layer;
@@ -196,7 +267,7 @@ bool kg_model_gemma4_layer(kg_loader_t *ld, kg_model_t *model, int32_t il, bool 
                  "model: layer %d has one of attn_k and attn_k_norm without the other", (int)il);
         bad = true;
     }
-    return !bad;
+    return !bad && load_moe(ld, model, il, exp_views);
 }
 
 bool kg_model_gemma4_inputs(kg_loader_t *ld, kg_model_t *model) {

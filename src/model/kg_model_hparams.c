@@ -477,10 +477,10 @@ bool kg_model_read_moe_hparams(
         hp->n_ff_exp = 0;
         return true;
     }
-    if (!moe_arch && a != KG_ARCH_LLAMA) {
+    if (!moe_arch && a != KG_ARCH_LLAMA && a != KG_ARCH_GEMMA4) {
         snprintf(errstr, errstr_size,
                  "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
-                 "gpt-oss, glm4moe, deepseek2)",
+                 "gpt-oss, glm4moe, deepseek2, gemma4)",
                  kg_arch_name(a));
         return false;
     }
@@ -542,6 +542,13 @@ bool kg_model_read_moe_hparams(
         snprintf(errstr, errstr_size, "model: bad %s.expert_weights_scale %g", arch,
                  (double)hp->moe_w_scale);
         return false;
+    }
+    if (a == KG_ARCH_GEMMA4) {
+        /* llama_model_gemma4's graph passes these to build_moe_ffn as
+         * literals (softmax, renormalised, scale 1), whatever the file says */
+        hp->moe_gating = KG_MOE_SOFTMAX;
+        hp->moe_norm_w = true;
+        hp->moe_w_scale = 0.0f;
     }
     return true;
 }

@@ -106,8 +106,22 @@ bool kg_model_read_gemma4(
  * layer whose K/V it reads; model->layers[0..il-1] are loaded, n_swa set. */
 bool kg_model_gemma4_shape(kg_model_t *model, int32_t il, bool is_swa, char *errstr, size_t cap);
 
-/** Layer il's tensors, by the shape kg_model_gemma4_shape gave it. */
-bool kg_model_gemma4_layer(kg_loader_t *ld, kg_model_t *model, int32_t il, bool is_swa);
+/** A stack of ne2 (ne0, ne1) matrices (a 3-D expert tensor), marked taken;
+ * NULL with errstr and *bad set when absent or misshapen. */
+const kg_gguf_tensor_t *
+kg_model_find3(kg_loader_t *ld, const char *name, int64_t ne0, int64_t ne1, int64_t ne2, bool *bad);
+
+/** views[e] = rows [row0, row0 + n_rows) of matrix e of the 3-D tensor t
+ * (ne[2] of them): a plain 2-D tensor of t's type (rows are whole blocks). */
+void kg_model_expert_views(kg_gguf_tensor_t *views,
+                           const kg_gguf_tensor_t *t,
+                           int64_t row0,
+                           int64_t n_rows);
+
+/** Layer il's tensors, by the shape kg_model_gemma4_shape gave it; a MoE
+ * layer's experts are cut into exp_views (3 * n_expert of them). */
+bool kg_model_gemma4_layer(
+    kg_loader_t *ld, kg_model_t *model, int32_t il, bool is_swa, kg_gguf_tensor_t *exp_views);
 
 /** The per-layer inputs' model-wide tensors (none when P is 0). */
 bool kg_model_gemma4_inputs(kg_loader_t *ld, kg_model_t *model);

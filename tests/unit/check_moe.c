@@ -9,7 +9,9 @@
  * feature bits and the CUDA refusal), and the backend: a token gives the
  * same logits bit for bit alone and among many others, with expert groups
  * large enough for the pool's GEMM paths and in MXFP4, and the expert load
- * counters add up. llama.cpp agreement of whole models is check_arch's. */
+ * counters add up; Gemma 4's MoE layers (the dense MLP beside the
+ * experts, merged or split gate/up, per-expert scales, refusals). llama.cpp
+ * agreement of whole models is check_arch's. */
 #include "backend/cpu/cpu_attn.h"
 #include "backend/cpu/cpu_moe.h"
 #include "backend/kg_backend.h"
@@ -771,6 +773,7 @@ START_TEST(mkmodel_usage_errors) {
         {"--arch qwen3moe --n-expert 4 --n-expert-used 5", "expert_used_count (5)"},
         {"--arch gpt-oss --n-ff-exp 48 --mxfp4_moe", "multiples of mxfp4's block (32)"},
         {"--arch qwen3moe --n-expert 0", "--n-expert: '0' is not an integer in 1..1024"},
+        {"--arch gemma4 --n-expert-used 2", "and gemma4 with --n-expert"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char cmd[1024];
@@ -886,7 +889,8 @@ static void check_batch_invariance(const char *arch, const char *type) {
 
 /* The expert files check_batch_invariance runs (a new family is one row
  * here): F32 experts, and gpt-oss's MXFP4 ones. */
-static const char *const k_inv_families[][2] = {{"qwen3moe", NULL}, {"gpt-oss", "mxfp4_moe"}};
+static const char *const k_inv_families[][2] = {
+    {"qwen3moe", NULL}, {"gpt-oss", "mxfp4_moe"}, {"gemma4", NULL}};
 
 START_TEST(batch_invariant) {
     check_batch_invariance(k_inv_families[_i][0], k_inv_families[_i][1]);
@@ -941,6 +945,163 @@ START_TEST(dense_has_no_moe_stats) {
 }
 END_TEST
 
+// ---- Gemma 4 ----
+
+/* A copy of `src` whose ffn_gate_up_exps (F32) are cut into ffn_gate_exps
+ * (each expert's first n_ff_exp rows) and ffn_up_exps (the rest): the same
+ * experts in the layout of files that store them apart; `keep`: the merged
+ * tensors stay too. */
+static char *split_gate_up(const char *src, bool keep) {
+    char err[256];
+    kg_gguf_t *g = kg_gguf_open(src, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    kg_gguf_writer_t *w = kg_gguf_writer_new();
+    for (int64_t i = 0; i < kg_gguf_n_kv(g); i++) {
+        kg_gguf_writer_copy_kv(w, g, i);
+    }
+    for (int64_t i = 0; i < kg_gguf_n_tensors(g); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(g, i);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.data);
+        char *at = strstr(name, "ffn_gate_up_exps");
+        if (!at || keep) {
+            ck_assert_int_eq(
+                kg_gguf_writer_add_tensor_raw(w, name, t->type, t->n_dims, t->ne, t->data, t->size),
+                KG_OK);
+        }
+        if (!at) {
+            continue;
+        }
+        ck_assert_int_eq(t->type, KG_GGML_TYPE_F32);
+        const int64_t E = t->ne[0], FX = t->ne[1] / 2, X = t->ne[2];
+        const size_t half = (size_t)(E * FX) * sizeof(float);
+        char *part[2] = {malloc(half * (size_t)X), malloc(half * (size_t)X)};
+        for (int64_t e = 0; e < X; e++) {
+            memcpy(part[0] + (size_t)e * half, (const char *)t->data + (size_t)(2 * e) * half,
+                   half);
+            memcpy(part[1] + (size_t)e * half, (const char *)t->data + (size_t)(2 * e + 1) * half,
+                   half);
+        }
+        const int64_t ne[3] = {E, FX, X};
+        const char *const suffix[2] = {"ffn_gate_exps.weight", "ffn_up_exps.weight"};
+        for (int h = 0; h < 2; h++) {
+            snprintf(at, sizeof(name) - (size_t)(at - name), "%s", suffix[h]);
+            ck_assert_int_eq(kg_gguf_writer_add_tensor_raw(w, name, KG_GGML_TYPE_F32, 3, ne,
+                                                           part[h], half * (size_t)X),
+                             KG_OK);
+            free(part[h]);
+        }
+    }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("moe-split"));
+    ck_assert_int_eq(kg_gguf_writer_write(w, path, err, sizeof(err)), KG_OK);
+    kg_gguf_writer_free(w);
+    kg_gguf_free(g);
+    return strdup(path);
+}
+
+/* Tokens 0..3's logits on the CPU backend (one step, four sequences). */
+static float *gemma4_logits(kg_model_t *m) {
+    kg_backend_params_t p = {.n_threads = 1,
+                             .n_kv_blocks = N_TOK,
+                             .kv_block_size = BLOCK,
+                             .max_batch_tokens = N_TOK,
+                             .max_seq_len = 256};
+    char err[256];
+    kg_backend_t *be = kg_backend_cpu_new(m, &p, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    const int32_t tokens[4] = {5, 17, 42, 99};
+    float *logits = malloc((size_t)4 * (size_t)m->hp.n_vocab * sizeof(float));
+    run_step(be, tokens, 4, logits);
+    kg_backend_free(be);
+    return logits;
+}
+
+static const char *const drop_g4_counts[] = {"gemma4.expert_count", "gemma4.expert_used_count",
+                                             NULL};
+static const char *const drop_g4_ffexp[] = {"gemma4.expert_feed_forward_length", NULL};
+
+/* Gemma 4's MoE layers (the 26B-A4B's): the loader takes the router, its
+ * input scale, the three extra norms, the merged gate/up experts as views
+ * (gate rows, then up rows, of each expert), the per-expert scales, and
+ * keeps the dense MLP; llama.cpp's literal routing (softmax, renormalised,
+ * scale 1) whatever the file says; the same experts stored apart give the
+ * same logits bit for bit, and without the per-expert scales other ones;
+ * a file short of a piece is refused by name; the CUDA backend refuses it
+ * (Gemma 4's bit). llama.cpp agreement is check_arch's gemma4-moe. */
+START_TEST(gemma4_experts) {
+    char *src = write_model("gemma4", 64, 2, 32, 8, 2, NULL);
+    kg_model_t *m = load_ok(rewrite(src, NULL, NULL, NULL));
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert(hp->arch == KG_ARCH_GEMMA4 && hp->ffn_act == KG_FFN_GELU);
+    ck_assert(hp->n_expert == 8 && hp->n_expert_used == 2 && hp->n_ff_exp == 32);
+    ck_assert(hp->moe_gating == KG_MOE_SOFTMAX && hp->moe_norm_w && hp->moe_w_scale == 0.0f);
+    for (int il = 0; il < 2; il++) {
+        const kg_layer_weights_t *L = &m->layers[il];
+        ck_assert(L->ffn_gate_inp && L->ffn_gate_inp_s && L->ffn_pre_norm_2 && L->ffn_post_norm_1 &&
+                  L->ffn_post_norm_2 && L->down_exps_s);
+        ck_assert(L->w_gate && L->w_up && L->w_down && L->ffn_post_norm);
+        ck_assert(!L->gate_exps && !L->up_exps && L->down_exps);
+    }
+    const kg_gguf_tensor_t *gu = kg_gguf_find_tensor(m->gguf, "blk.1.ffn_gate_up_exps.weight");
+    ck_assert(gu && gu->ne[0] == 64 && gu->ne[1] == 64 && gu->ne[2] == 8);
+    const kg_layer_weights_t *L1 = &m->layers[1];
+    const char *mat5 = (const char *)gu->data + (size_t)5 * 64 * 64 * 4;
+    ck_assert_ptr_eq(L1->exp_gate[5].data, mat5);
+    ck_assert_ptr_eq(L1->exp_up[5].data, mat5 + (size_t)32 * 64 * 4);
+    ck_assert(L1->exp_up[5].ne[0] == 64 && L1->exp_up[5].ne[1] == 32 && L1->exp_up[5].n_dims == 2 &&
+              L1->exp_up[5].size == (size_t)32 * 64 * 4);
+    const uint32_t f = kg_model_features(m);
+    ck_assert((f & KG_MODEL_FEAT_MOE) && (f & KG_MODEL_FEAT_V_NORM));
+    kg_backend_params_t p = {
+        .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
+    char err[512] = "";
+    kg_backend_t *be = kg_backend_new("cuda", m, &p, err, sizeof(err));
+    ck_assert_ptr_null(be);
+#ifdef KG_USE_CUDA
+    ck_assert_msg(strstr(err, "v_norm") != NULL, "%s", err);
+#endif
+    float *merged = gemma4_logits(m);
+    const size_t bytes = (size_t)4 * (size_t)hp->n_vocab * sizeof(float);
+
+    kg_model_t *ms = load_ok(split_gate_up(src, false));
+    ck_assert(ms->layers[0].gate_exps && ms->layers[0].up_exps);
+    float *split = gemma4_logits(ms);
+    ck_assert_mem_eq(split, merged, bytes);
+    free(split);
+    kg_model_free(ms);
+
+    kg_model_t *mu = load_ok(rewrite(src, NULL, NULL, "*ffn_down_exps.scale"));
+    ck_assert_ptr_null(mu->layers[0].down_exps_s);
+    float *unscaled = gemma4_logits(mu);
+    ck_assert(memcmp(unscaled, merged, bytes) != 0);
+    free(unscaled);
+    kg_model_free(mu);
+    free(merged);
+    kg_model_free(m);
+
+    load_fails(rewrite(src, NULL, NULL, "blk.1.ffn_gate_inp.scale"),
+               (const char *[]){"missing tensor 'blk.1.ffn_gate_inp.scale'", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.0.post_ffw_norm_2.weight"),
+               (const char *[]){"missing tensor 'blk.0.post_ffw_norm_2.weight'", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.0.ffn_down_exps.weight"),
+               (const char *[]){"missing tensor 'blk.0.ffn_down_exps.weight'", NULL});
+    load_fails(split_gate_up(src, true),
+               (const char *[]){"layer 0 has ffn_gate_up_exps and also", NULL});
+    load_fails(
+        rewrite(src, drop_g4_counts, NULL, NULL),
+        (const char *[]){"blk.0.ffn_gate_inp.weight: a router without gemma4.expert_count", NULL});
+    load_fails(rewrite(src, drop_g4_ffexp, NULL, NULL),
+               (const char *[]){"gemma4.expert_feed_forward_length must be in 1..2^24", NULL});
+    /* without its routers a layer is dense, and its expert tensors are
+     * left over */
+    load_fails(rewrite(src, NULL, NULL, "*ffn_gate_inp.weight"),
+               (const char *[]){"not part of the gemma4 graph", NULL});
+    remove(src);
+    free(src);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("moe");
     TCase *tc = tcase_create("route");
@@ -968,6 +1129,7 @@ static Suite *make_suite(void) {
                         (int)(sizeof(k_inv_families) / sizeof(k_inv_families[0])));
     tcase_add_test(tc, mxfp4_experts_in_place);
     tcase_add_test(tc, dense_has_no_moe_stats);
+    tcase_add_test(tc, gemma4_experts);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -176,6 +176,15 @@ static bool moe_layer_init(cpu_layer_t *L,
             return false;
         }
     }
+    const kg_gguf_tensor_t *g4src[] = {src->ffn_gate_inp_s, src->down_exps_s, src->ffn_pre_norm_2,
+                                       src->ffn_post_norm_1, src->ffn_post_norm_2};
+    cpu_weight_t *g4dst[] = {&L->gate_inp_s, &L->exp_down_s, &L->ffn_pre_norm_2,
+                             &L->ffn_post_norm_1, &L->ffn_post_norm_2};
+    for (size_t i = 0; i < sizeof(g4src) / sizeof(g4src[0]); i++) {
+        if (g4src[i] && !cpu_weight_init(g4dst[i], g4src[i], ctx, errstr, errstr_size)) {
+            return false;
+        }
+    }
     if (src->gate_shexp &&
         (!cpu_weight_init(&L->sh_gate, src->gate_shexp, ctx, errstr, errstr_size) ||
          !cpu_weight_init(&L->sh_up, src->up_shexp, ctx, errstr, errstr_size) ||
@@ -217,8 +226,10 @@ static void cpu_free(kg_backend_t *be) {
                     weight_clear(ws[i]);
                 }
                 cpu_weight_t *moe_ws[] = {
-                    &L->gate_inp, &L->gate_inp_b,  &L->exp_gate_b, &L->exp_up_b, &L->exp_down_b,
-                    &L->sinks,    &L->exp_probs_b, &L->sh_gate,    &L->sh_up,    &L->sh_down};
+                    &L->gate_inp,       &L->gate_inp_b,      &L->exp_gate_b,     &L->exp_up_b,
+                    &L->exp_down_b,     &L->sinks,           &L->exp_probs_b,    &L->sh_gate,
+                    &L->sh_up,          &L->sh_down,         &L->gate_inp_s,     &L->exp_down_s,
+                    &L->ffn_pre_norm_2, &L->ffn_post_norm_1, &L->ffn_post_norm_2};
                 for (size_t i = 0; i < sizeof(moe_ws) / sizeof(moe_ws[0]); i++) {
                     weight_clear(moe_ws[i]);
                 }
@@ -435,14 +446,14 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                    !cpu_weight_init(&L->wo, src->wo, ctx, errstr, errstr_size)) {
             goto fail;
         }
-        if (src->ffn_gate_inp) {
-            if (!moe_layer_init(L, src, ctx, errstr, errstr_size)) {
-                goto fail;
-            }
-        } else if ((src->w_gate &&
-                    !cpu_weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size)) ||
-                   !cpu_weight_init(&L->w_up, src->w_up, ctx, errstr, errstr_size) ||
-                   !cpu_weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size)) {
+        /* experts, a dense FFN, or both (Gemma 4's MoE layers) */
+        if (src->ffn_gate_inp && !moe_layer_init(L, src, ctx, errstr, errstr_size)) {
+            goto fail;
+        }
+        if (src->w_down &&
+            ((src->w_gate && !cpu_weight_init(&L->w_gate, src->w_gate, ctx, errstr, errstr_size)) ||
+             !cpu_weight_init(&L->w_up, src->w_up, ctx, errstr, errstr_size) ||
+             !cpu_weight_init(&L->w_down, src->w_down, ctx, errstr, errstr_size))) {
             goto fail;
         }
         const kg_gguf_tensor_t *opt_src[] = {src->attn_norm,
@@ -535,8 +546,9 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         n_kv = kv_l > n_kv ? kv_l : n_kv;
         n_q = q_l > n_q ? q_l : n_q;
         /* the dense FFN's width; a model whose every layer has experts has none */
-        F = ctx->layers[il].moe || (size_t)ML->n_ff < F ? F : (size_t)ML->n_ff;
-        shared = shared || ctx->layers[il].sh_gate.n_out > 0;
+        F = !ML->w_down || (size_t)ML->n_ff < F ? F : (size_t)ML->n_ff;
+        /* the shared expert's output, or Gemma 4's MLP's beside the experts */
+        shared = shared || ctx->layers[il].sh_gate.n_out > 0 || (ctx->layers[il].moe && ML->w_down);
     }
     ctx->k_cache = calloc((size_t)hp->n_layer, sizeof(uint16_t *));
     ctx->v_cache = calloc((size_t)hp->n_layer, sizeof(uint16_t *));

@@ -34,9 +34,11 @@
  * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
  * order (see cpu_moe.h for why a token's bits do not depend on its
  * neighbours); glm4moe's shared expert, a dense SwiGLU FFN on the same
- * input, adds its output to that sum. LoRA adapters add their deltas after the q/k/v, output,
- * gate/up and down GEMMs (cpu_lora.h). Attention sinks (gpt-oss) add one logit per head to the
- * softmax. The expert load is counted for kg_backend_moe_stats. */
+ * input, adds its output to that sum. Gemma 4's MoE layers keep their
+ * dense MLP beside the experts, each branch with its own norms, and route
+ * on a scaled, unweighted RMSNorm of the residual (gemma4_moe_ffn). LoRA adapters add their deltas
+ * after the q/k/v, output, gate/up and down GEMMs (cpu_lora.h). Attention sinks (gpt-oss) add one
+ * logit per head to the softmax. The expert load is counted for kg_backend_moe_stats. */
 #include "../../core/kg_log.h"
 #include "../../model/kg_quant.h"
 #include "../kg_math.h"
@@ -473,6 +475,8 @@ expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, int thread, const cpu_layer_t *L, in
     add_expert_bias(g, &L->exp_gate_b, e, n, FX);
     if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
         cpu_moe_swiglu_oai(g, u, g, n * FX);
+    } else if (hp->ffn_act == KG_FFN_GELU) { /* Gemma 4: ggml_geglu_split */
+        cpu_geglu(ctx->gelu_table, g, u, g, n * FX);
     } else {
         for (int64_t i = 0; i < n * FX; i++) {
             g[i] = kg_silu(g[i]) * u[i];
@@ -481,6 +485,9 @@ expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, int thread, const cpu_layer_t *L, in
     const cpu_weight_t *down = &L->exp_down[e];
     cpu_matmul_n_on(ctx, pool, thread, xr, qa, 1, &down, g, &y, n);
     add_expert_bias(y, &L->exp_down_b, e, n, E);
+    if (L->exp_down_s.data) { /* Gemma 4's per-expert scale (build_lora_mm_id's w_s) */
+        scale_rows(y, n * E, L->exp_down_s.data[e]);
+    }
 }
 
 typedef struct expert_job {
@@ -494,20 +501,19 @@ static void expert_task(void *arg, int64_t w, int thread) {
     expert_ffn(job->ctx, NULL, thread, job->L, job->ctx->moe_active[w]);
 }
 
-/* The mixture-of-experts FFN of layer L on ctx->xn (T, n_embd) into
- * ctx->tmp (T, n_embd) (llama.cpp's build_moe_ffn): route, group, one
+/* The routed experts of layer L on ctx->xn (T, n_embd) by the router's
+ * logits in ctx->moe_logits, into ctx->tmp (T, n_embd) (llama.cpp's
+ * build_moe_ffn after the logits): route, group, one
  * gate/up and one down GEMM per active expert over its rows, weigh and
  * add. With enough active experts to keep every thread busy (decode: many
  * experts of a few rows each) the experts run side by side, one pool task
  * each, largest group first; otherwise one after another, each GEMM split
  * over the pool by columns. Either way every row's bits are the same: the
  * GEMM's per-element chain does not depend on threads or row counts. */
-static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
+static void moe_experts(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
     const kg_hparams_t *hp = &ctx->hp;
     cpu_moe_plan_t *plan = &ctx->plan;
     kg_moe_stats_t *st = &ctx->moe_stats;
-    matmul(ctx, &L->gate_inp, ctx->xn, ctx->moe_logits, T);
-    add_bias(ctx->moe_logits, &L->gate_inp_b, T, hp->n_expert);
     cpu_moe_route(plan, hp, ctx->moe_logits, L->exp_probs_b.data, T);
     cpu_moe_gather(plan, ctx->xn, hp->n_embd, ctx->moe_x, T);
     int32_t n_active = 0;
@@ -537,6 +543,19 @@ static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
         }
     }
     cpu_moe_combine(plan, ctx->moe_y, hp->n_embd, ctx->tmp, T);
+    st->n_groups += n_active;
+    st->n_layer_steps++;
+    st->n_routed += T * hp->n_expert_used;
+}
+
+/* The mixture-of-experts FFN of layer L on ctx->xn (T, n_embd) into
+ * ctx->tmp: the router's logits (+ bias: gpt-oss) on the same input as
+ * the experts, the experts, and glm4moe's shared expert. */
+static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
+    const kg_hparams_t *hp = &ctx->hp;
+    matmul(ctx, &L->gate_inp, ctx->xn, ctx->moe_logits, T);
+    add_bias(ctx->moe_logits, &L->gate_inp_b, T, hp->n_expert);
+    moe_experts(ctx, L, T);
     if (L->sh_gate.n_out > 0) {
         /* the shared expert on the same normed input, added to the routed
          * experts' sum (glm4moe: ggml_add(routed_out, shared_out)) */
@@ -552,9 +571,6 @@ static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
             ctx->tmp[i] = ctx->tmp[i] + ctx->shexp[i];
         }
     }
-    st->n_groups += n_active;
-    st->n_layer_steps++;
-    st->n_routed += T * hp->n_expert_used;
 }
 
 /* Gemma 4's per-layer inputs of every token and layer into ctx->pl_in
@@ -597,6 +613,53 @@ static void per_layer_add(cpu_ctx_t *ctx, const cpu_layer_t *L, int32_t il, int6
     matmul(ctx, &L->pe_proj, ctx->pl_gate, ctx->tmp, T);
     cpu_rmsnorm_rows(ctx->tmp, L->pe_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
     add_residual(ctx->x, ctx->tmp, T * E, 0.0f);
+}
+
+/* The dense FFN of layer il on ctx->xn (T, n_embd) into ctx->tmp:
+ * gate/up GEMMs, SwiGLU or GeGLU, the down GEMM (LoRA deltas after each). */
+static void dense_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int32_t il, int64_t F, int64_t T) {
+    const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
+    float *const gate_up_out[2] = {ctx->gate, ctx->up};
+    matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
+    cpu_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, gate_up_out, T);
+    if (ctx->hp.ffn_act == KG_FFN_GELU) {
+        cpu_geglu(ctx->gelu_table, ctx->gate, ctx->up, ctx->gate, T * F);
+    } else {
+        for (int64_t i = 0; i < T * F; i++) {
+            ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+        }
+    }
+    matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
+    cpu_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->gate, &ctx->tmp, T);
+}
+
+/* Gemma 4's MoE block on the residual stream x (T, n_embd), ctx->xn
+ * holding x normed by ffn_norm, into ctx->tmp (llama_model_gemma4's graph
+ * with a router): the dense MLP on xn, normed by post_ffw_norm_1; the
+ * router's logits from x RMS-normed without a weight, times 1/sqrt(n_embd)
+ * (ggml_scale), times ffn_gate_inp.scale (ggml_mul); the experts (GeGLU,
+ * each output times its expert's scale) on x normed by pre_ffw_norm_2,
+ * their weighted sum normed by post_ffw_norm_2; the two added. */
+static void gemma4_moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int32_t il, int64_t F, int64_t T) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const int64_t E = hp->n_embd;
+    dense_ffn(ctx, L, il, F, T);
+    cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm_1.data, ctx->shexp, T, E, hp->norm_eps);
+    cpu_rmsnorm_rows(ctx->x, NULL, ctx->xn, T, E, hp->norm_eps);
+    scale_rows(ctx->xn, T * E, 1.0f / sqrtf((float)E));
+    for (int64_t t = 0; t < T; t++) {
+        float *r = ctx->xn + t * E;
+        for (int64_t i = 0; i < E; i++) {
+            r[i] *= L->gate_inp_s.data[i];
+        }
+    }
+    matmul(ctx, &L->gate_inp, ctx->xn, ctx->moe_logits, T);
+    cpu_rmsnorm_rows(ctx->x, L->ffn_pre_norm_2.data, ctx->xn, T, E, hp->norm_eps);
+    moe_experts(ctx, L, T);
+    cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm_2.data, ctx->tmp, T, E, hp->norm_eps);
+    for (int64_t i = 0; i < T * E; i++) {
+        ctx->tmp[i] = ctx->shexp[i] + ctx->tmp[i]; /* ggml_add(cur_mlp, cur_moe) */
+    }
 }
 
 kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {
@@ -743,7 +806,9 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
 
     ffn:
         pre_norm(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
-        if (L->moe) {
+        if (L->ffn_pre_norm_2.data) {
+            gemma4_moe_ffn(ctx, L, il, F, T);
+        } else if (L->moe) {
             moe_ffn(ctx, L, T);
         } else if (hp->ffn_act == KG_FFN_XIELU) { /* apertus: up, xIELU, down */
             matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
@@ -755,19 +820,7 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
             cpu_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->gate, &ctx->tmp, T);
         } else {
-            const cpu_weight_t *gate_up[2] = {&L->w_gate, &L->w_up};
-            float *const gate_up_out[2] = {ctx->gate, ctx->up};
-            matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
-            cpu_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, gate_up_out, T);
-            if (hp->ffn_act == KG_FFN_GELU) {
-                cpu_geglu(ctx->gelu_table, ctx->gate, ctx->up, ctx->gate, T * F);
-            } else {
-                for (int64_t i = 0; i < T * F; i++) {
-                    ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
-                }
-            }
-            matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
-            cpu_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->gate, &ctx->tmp, T);
+            dense_ffn(ctx, L, il, F, T);
         }
         if (L->ffn_post_norm.data) {
             cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);

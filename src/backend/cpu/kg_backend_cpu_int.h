@@ -43,6 +43,12 @@ typedef struct cpu_layer {
     /* the shared expert (glm4moe), FS = n_expert_shared * n_ff_exp wide;
      * sh_gate.n_out 0: none */
     cpu_weight_t sh_gate, sh_up, sh_down;
+    /* Gemma 4's MoE layers (ffn_pre_norm_2 data NULL: none), whose dense
+     * MLP (w_gate, w_up, w_down) runs beside the experts: the router
+     * input's scale, each expert's output scale (data NULL: none), and
+     * the norms of the experts' input, the MLP's output and the experts' */
+    cpu_weight_t gate_inp_s, exp_down_s;                           /* (n_embd), (n_expert) */
+    cpu_weight_t ffn_pre_norm_2, ffn_post_norm_1, ffn_post_norm_2; /* (n_embd) */
     /* multi-head latent attention (deepseek2; wkv_a.n_out 0: none): wq, or
      * wq_a, q_a_norm and wq_b; k_b[h], v_b[h] are head h's absorption
      * matrices, (n_lora_kv, nope) and (mla_v, n_lora_kv) */
@@ -98,7 +104,8 @@ typedef struct cpu_ctx {
     float *att;     /* (T, n_head * head_dim) attention output */
     float *gate;    /* (T, max(n_ff, FS)) FS: the shared expert's width */
     float *up;      /* (T, max(n_ff, FS)) */
-    float *shexp;   /* (T, n_embd) the shared expert's output (NULL: none) */
+    float *shexp;   /* (T, n_embd) the shared expert's output, or Gemma 4's MLP beside its
+                       experts (NULL: none) */
     float *tmp;     /* (T, n_embd) projection output before the residual add */
     float *rope_cs; /* (n_ropes, T, rope_stride) cos | sin per token */
     /* Gemma 4's per-layer inputs (P > 0): the projected and looked-up
