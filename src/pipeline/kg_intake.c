@@ -462,10 +462,17 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         kg_prepared_clear(out);
         return KG_ERR_INVALID;
     }
-    if (job->tools_json && job->tool_choice != KG_TOOL_CHOICE_NONE &&
-        prepare_tools(model, lim, job, out, code, msg, msg_size) != KG_OK) {
+    bool tools = job->tools_json && job->tool_choice != KG_TOOL_CHOICE_NONE;
+    if (tools && prepare_tools(model, lim, job, out, code, msg, msg_size) != KG_OK) {
         kg_prepared_clear(out);
         return KG_ERR_INVALID;
+    }
+    /* without tools, a chat answer in a syntax with its own reasoning markers (gpt-oss's
+     * channels) is still parsed for its reasoning, as llama.cpp parses it */
+    if (!tools && job->prompt_kind == KG_PROMPT_MESSAGES &&
+        job->reasoning_format != KG_REASONING_NONE) {
+        kg_toolfmt_t own = kg_toolfmt_detect(model->chat_template);
+        out->toolfmt = kg_toolfmt_own_reasoning(own) ? own : KG_TOOLFMT_NONE;
     }
     return KG_OK;
 }

@@ -79,8 +79,10 @@ typedef struct kg_prepared {
     int32_t think_close[KG_THINK_MAX_CLOSE];
     int32_t n_think_close; /* 0: </think> is more tokens than that */
     /* tool calls (kg_toolcall): the call syntax parsed out of the answer of a
-     * chat job with tools (tool_choice not "none"); NONE: not parsed. A
-     * required call's grammar is `grammar` (kg_toolcall_grammar) */
+     * chat job with tools (tool_choice not "none"), or of one without tools
+     * whose syntax has its own reasoning markers (gpt-oss: parsed for its
+     * reasoning only); NONE: not parsed. A required call's grammar is
+     * `grammar` (kg_toolcall_grammar) */
     kg_toolfmt_t toolfmt;
     /* an auto call's lazy grammar (`grammar`): unconstrained until the call's
      * opening marker, one token of this vocabulary, is sampled */

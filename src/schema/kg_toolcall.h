@@ -52,7 +52,9 @@ typedef enum kg_toolfmt {
                          */
     KG_TOOLFMT_MINIMAX_M2, /* <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V
                               </parameter>\n...</invoke>\n...</minimax:tool_call> */
-    KG_TOOLFMT_LAST = KG_TOOLFMT_MINIMAX_M2,
+    KG_TOOLFMT_GEMMA4,     /* <|tool_call>call:N{k:<|"|>v<|"|>,n:1}<tool_call|>, repeated */
+    KG_TOOLFMT_LFM2,       /* <|tool_call_start|>[N(k="v", n=1), ...]<|tool_call_end|> */
+    KG_TOOLFMT_LAST = KG_TOOLFMT_LFM2,
 } kg_toolfmt_t;
 
 typedef struct kg_toolcall {
@@ -83,6 +85,20 @@ kg_status_t kg_toolcall_parse(kg_toolfmt_t f,
                               size_t len,
                               const char *tools_json,
                               kg_toolparse_t *out) KG_NODISCARD;
+
+/** Whether format f carries its reasoning in markers of its own that only its
+ * parse splits out, with tools or without (gpt-oss's Harmony channels; the
+ * <think> formats are split by kg_reasoning). */
+bool kg_toolfmt_own_reasoning(kg_toolfmt_t f);
+
+/** The answer of a job without tools, in a format with its own reasoning
+ * (kg_toolfmt_own_reasoning; else all content): its reasoning and content
+ * split as kg_toolcall_parse does, never a call (a call the model writes
+ * anyway is dropped, as llama.cpp drops it). */
+kg_status_t kg_toolcall_parse_answer(kg_toolfmt_t f,
+                                     const char *text,
+                                     size_t len,
+                                     kg_toolparse_t *out) KG_NODISCARD;
 
 void kg_toolparse_clear(kg_toolparse_t *p);
 

@@ -6,7 +6,9 @@
  * key) is a small JSON spec: {"format", "names", "params", "only",
  * "parallel"}. The tagged syntaxes (Qwen3-Coder, GLM, MiniMax-M2) write one
  * tag pair a parameter, so their grammar is built from each property's own
- * schema (tagged_gir), after the whole schemas compile (their errors). */
+ * schema (tagged_gir), after the whole schemas compile (their errors); so do
+ * the keyed syntaxes of Gemma 4 (key:value, strings in <|"|> quotes) and LFM2
+ * (name(key=value, ...)), with a separator between the pairs. */
 #include "kg_json_schema.h"
 #include "kg_toolcall.h"
 
@@ -30,7 +32,13 @@ static bool constrainable(kg_toolfmt_t f) {
 
 /* The syntaxes that write each parameter in tags of its own rather than one JSON object. */
 static bool tagged(kg_toolfmt_t f) {
-    return f == KG_TOOLFMT_QWEN3_CODER || f == KG_TOOLFMT_GLM || f == KG_TOOLFMT_MINIMAX_M2;
+    return f == KG_TOOLFMT_QWEN3_CODER || f == KG_TOOLFMT_GLM || f == KG_TOOLFMT_MINIMAX_M2 ||
+           f == KG_TOOLFMT_GEMMA4 || f == KG_TOOLFMT_LFM2;
+}
+
+/* Of those, the ones that write key-value pairs with a separator between them. */
+static bool keyed(kg_toolfmt_t f) {
+    return f == KG_TOOLFMT_GEMMA4 || f == KG_TOOLFMT_LFM2;
 }
 
 char *kg_toolcall_constraint(kg_toolfmt_t f,
@@ -100,6 +108,10 @@ const char *kg_toolfmt_marker(kg_toolfmt_t f) {
         return "<tool_call>";
     case KG_TOOLFMT_MINIMAX_M2:
         return "<minimax:tool_call>";
+    case KG_TOOLFMT_GEMMA4:
+        return "<|tool_call>";
+    case KG_TOOLFMT_LFM2:
+        return "<|tool_call_start|>";
     default:
         return NULL;
     }
@@ -226,7 +238,8 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
 
 /* A tool's parameters as tagged syntaxes write them: per property its key, the index of its
  * schema among the flattened documents (-1: a string-typed one, written as raw text) and
- * whether it is required. */
+ * whether it is required (-2: Gemma 4's own value syntax, unconstrained, for the schemas it
+ * cannot write as JSON: objects, arrays, unions). */
 typedef struct tag_ctx {
     kg_toolfmt_t f;
     json_t *names;
@@ -289,6 +302,72 @@ tag_call(kg_gir_t *g, const tag_ctx_t *w, size_t t, const int32_t *doc_rules, in
     return call;
 }
 
+/* Gemma 4's value syntax, any value: <|"|>text<|"|>, {key:value,...}, [value,...] or a JSON
+ * scalar (`scalar`, a rule). Strings without '<' (as raw_text). */
+static int32_t gemma_any(kg_gir_t *g, int32_t raw, int32_t scalar) {
+    int32_t v = kg_gir_rule_new(g, "gemma-value");
+    uint32_t lo[] = {'0', 'A', '_', 'a'}, hi[] = {'9', 'Z', '_', 'z'};
+    int32_t key = kg_gir_repeat(g, kg_gir_chars(g, lo, hi, 4, false), 1, KG_GIR_UNBOUNDED);
+    int32_t kv = kg_gir_seq3(g, key, lit(g, ":"), kg_gir_ref(g, v));
+    int32_t kvs =
+        kg_gir_seq2(g, kv, kg_gir_repeat(g, kg_gir_seq2(g, lit(g, ","), kv), 0, KG_GIR_UNBOUNDED));
+    int32_t vs = kg_gir_seq2(
+        g, kg_gir_ref(g, v),
+        kg_gir_repeat(g, kg_gir_seq2(g, lit(g, ","), kg_gir_ref(g, v)), 0, KG_GIR_UNBOUNDED));
+    int32_t alts[] = {
+        kg_gir_seq3(g, lit(g, "<|\"|>"), raw, lit(g, "<|\"|>")),
+        kg_gir_seq3(g, lit(g, "{"), kg_gir_opt(g, kvs), lit(g, "}")),
+        kg_gir_seq3(g, lit(g, "["), kg_gir_opt(g, vs), lit(g, "]")),
+        scalar,
+    };
+    kg_gir_define(g, v, kg_gir_alt(g, alts, 4));
+    return v;
+}
+
+/* A keyed call: its pairs in the schema's order, required ones always, a separator between
+ * two (so the chain of rules: `head[k]` nothing written yet, `tail[k]` something written,
+ * from property k on). LFM2 takes one pair at least where the tool has properties. */
+static int32_t keyed_call(
+    kg_gir_t *g, const tag_ctx_t *w, size_t t, const int32_t *doc_rules, int32_t raw, int32_t any) {
+    const char *name = json_string_value(json_array_get(w->names, t));
+    json_t *props = json_array_get(w->props, t);
+    size_t n = json_array_size(props);
+    bool gemma = w->f == KG_TOOLFMT_GEMMA4;
+    const char *sep = gemma ? "," : ", ";
+    int32_t *head = malloc((n + 1) * sizeof(*head)), *tail = malloc((n + 1) * sizeof(*tail));
+    if (!head || !tail) {
+        free(head), free(tail);
+        return -1;
+    }
+    head[n] = !gemma && n > 0 ? -1 : kg_gir_empty(g);
+    tail[n] = kg_gir_empty(g);
+    char buf[600];
+    for (size_t k = n; k-- > 0;) {
+        json_t *p = json_array_get(props, k);
+        json_int_t doc = json_integer_value(json_array_get(p, 1));
+        snprintf(buf, sizeof(buf), "%s%s", json_string_value(json_array_get(p, 0)),
+                 gemma ? ":" : "=");
+        int32_t value = doc >= 0    ? kg_gir_ref(g, doc_rules[doc])
+                        : doc == -1 ? kg_gir_seq3(g, lit(g, "<|\"|>"), raw, lit(g, "<|\"|>"))
+                                    : kg_gir_ref(g, any);
+        int32_t item = kg_gir_seq2(g, lit(g, buf), value);
+        int32_t rt = kg_gir_rule_new(g, "pairs"), rh = kg_gir_rule_new(g, "pairs");
+        int32_t sep_item = kg_gir_seq2(g, lit(g, sep), item);
+        bool required = json_is_true(json_array_get(p, 2));
+        kg_gir_define(g, rt,
+                      kg_gir_seq2(g, required ? sep_item : kg_gir_opt(g, sep_item), tail[k + 1]));
+        int32_t first = kg_gir_seq2(g, item, tail[k + 1]);
+        kg_gir_define(g, rh,
+                      required || head[k + 1] < 0 ? first : kg_gir_alt2(g, first, head[k + 1]));
+        tail[k] = kg_gir_ref(g, rt);
+        head[k] = kg_gir_ref(g, rh);
+    }
+    snprintf(buf, sizeof(buf), gemma ? "<|tool_call>call:%s{" : "%s(", name);
+    int32_t call = kg_gir_seq3(g, lit(g, buf), head[0], lit(g, gemma ? "}<tool_call|>" : ")"));
+    free(head), free(tail);
+    return call;
+}
+
 static int32_t
 tag_wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_t errstr_size) {
     const tag_ctx_t *w = ctx;
@@ -303,9 +382,14 @@ tag_wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, s
         }
         int32_t raw = kg_gir_rule_new(g, "text");
         kg_gir_define(g, raw, raw_text(g));
+        /* the last document is Gemma 4's scalar (flatten) */
+        int32_t any = w->f == KG_TOOLFMT_GEMMA4
+                          ? gemma_any(g, kg_gir_ref(g, raw), kg_gir_ref(g, rules[n - 1]))
+                          : -1;
         for (size_t t = 0; t < n_tools; t++) {
             if (w->only < 0 || w->only == (int64_t)t) {
-                calls[k++] = tag_call(g, w, t, rules, kg_gir_ref(g, raw));
+                calls[k++] = keyed(w->f) ? keyed_call(g, w, t, rules, kg_gir_ref(g, raw), any)
+                                         : tag_call(g, w, t, rules, kg_gir_ref(g, raw));
             }
         }
     }
@@ -314,6 +398,13 @@ tag_wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, s
     if (call < 0) {
         snprintf(errstr, errstr_size, "tool_calls: no tool to call");
         return -1;
+    }
+    if (w->f == KG_TOOLFMT_GEMMA4) {
+        return some(g, call, "", w->parallel);
+    }
+    if (w->f == KG_TOOLFMT_LFM2) {
+        return kg_gir_seq3(g, lit(g, "<|tool_call_start|>["), some(g, call, ", ", w->parallel),
+                           lit(g, "]<|tool_call_end|>"));
     }
     if (w->f == KG_TOOLFMT_MINIMAX_M2) {
         return kg_gir_seq3(g, lit(g, "<minimax:tool_call>\n"), some(g, call, "", w->parallel),
@@ -335,9 +426,23 @@ any_doc(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, si
     return kg_gir_alt(g, docs, n);
 }
 
-/* Each tool's properties split out: the non-string ones' schemas (with the tool's $defs, which
- * their $refs name) as flat documents, and the per-tool list tag_ctx_t wants. */
-static bool flatten(json_t *params, json_t *flat, json_t *props) {
+/* Whether Gemma 4 writes values of this schema as JSON does: scalars only. */
+static bool gemma_scalar(json_t *ps) {
+    static const char *const scalars[] = {"integer", "number", "boolean", "null"};
+    const char *type = json_string_value(json_object_get(ps, "type"));
+    for (size_t i = 0; type && i < sizeof(scalars) / sizeof(scalars[0]); i++) {
+        if (strcmp(type, scalars[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Each tool's properties split out: the schemas of those written as JSON (with the tool's $defs,
+ * which their $refs name) as flat documents, and the per-tool list tag_ctx_t wants. LFM2 writes
+ * every value as JSON (strings quoted), the other tagged syntaxes all but strings, Gemma 4 only
+ * scalars. */
+static bool flatten(json_t *params, json_t *flat, json_t *props, kg_toolfmt_t f) {
     size_t i;
     json_t *p;
     bool ok = true;
@@ -349,8 +454,9 @@ static bool flatten(json_t *params, json_t *flat, json_t *props) {
         ok = ok && list && json_array_append_new(props, list) == 0;
         json_object_foreach(json_object_get(p, "properties"), key, ps) {
             const char *type = json_string_value(json_object_get(ps, "type"));
-            json_int_t doc = -1;
-            if (!type || strcmp(type, "string") != 0) {
+            bool string = type && strcmp(type, "string") == 0;
+            json_int_t doc = f == KG_TOOLFMT_GEMMA4 && !string && !gemma_scalar(ps) ? -2 : -1;
+            if (f == KG_TOOLFMT_LFM2 || (f == KG_TOOLFMT_GEMMA4 ? gemma_scalar(ps) : !string)) {
                 json_t *copy = json_is_object(ps) ? json_deep_copy(ps) : json_object();
                 static const char *const defs[] = {"$defs", "definitions"};
                 for (int d = 0; copy && d < 2; d++) {
@@ -370,8 +476,12 @@ static bool flatten(json_t *params, json_t *flat, json_t *props) {
             ok = ok && json_array_append_new(list, json_pack("[s,I,b]", key, doc, required)) == 0;
         }
     }
-    /* one document at least (the engine wants one): unused when no property needs it */
-    return ok && json_array_append_new(flat, json_object()) == 0;
+    /* one document more: Gemma 4's scalar inside its own values; else unused (and the engine
+     * wants one document at least) */
+    json_t *last = f == KG_TOOLFMT_GEMMA4
+                       ? json_pack("{s:[s,s,s]}", "type", "number", "boolean", "null")
+                       : json_object();
+    return ok && json_array_append_new(flat, last) == 0;
 }
 
 static kg_gir_t *tagged_gir(json_t *spec, kg_toolfmt_t f, char *errstr, size_t errstr_size) {
@@ -387,7 +497,7 @@ static kg_gir_t *tagged_gir(json_t *spec, kg_toolfmt_t f, char *errstr, size_t e
     kg_gir_free(g);
     json_t *flat = json_array(), *props = json_array();
     char *text = NULL;
-    if (flat && props && flatten(params, flat, props)) {
+    if (flat && props && flatten(params, flat, props, f)) {
         text = json_dumps(flat, JSON_COMPACT);
     }
     tag_ctx_t w = {f, json_object_get(spec, "names"), props,

@@ -59,6 +59,12 @@ START_TEST(test_detect) {
         {"Kimi-K2-Thinking.jinja", KG_TOOLFMT_KIMI_K2},
         {"moonshotai-Kimi-K2.jinja", KG_TOOLFMT_KIMI_K2},
         {"MiniMax-M2.jinja", KG_TOOLFMT_MINIMAX_M2},
+        {"google-gemma-4-31B-it.jinja", KG_TOOLFMT_GEMMA4},
+        {"google-gemma-4-31B-it-interleaved.jinja", KG_TOOLFMT_GEMMA4},
+        {"LFM2-8B-A1B.jinja", KG_TOOLFMT_LFM2},
+        {"LFM2.5-8B-A1B.jinja", KG_TOOLFMT_LFM2},
+        {"LFM2.5-Instruct.jinja", KG_TOOLFMT_LFM2},
+        {"ibm-granite-granite-4.1.jinja", KG_TOOLFMT_HERMES},
         {"google-gemma-2-2b-it.jinja", KG_TOOLFMT_NONE},
         {"microsoft-Phi-3.5-mini-instruct.jinja", KG_TOOLFMT_NONE},
     };
@@ -261,6 +267,52 @@ START_TEST(test_formats) {
         kg_toolparse_clear(&p);
     }
 
+    /* Gemma 4: values converted to JSON, the thought its reasoning; a call that breaks ends the
+     * calls (no error: what follows is dropped, as llama.cpp's parser drops it) */
+    const char *g4 = "<|channel>thought\nhm<channel|>Ok.<|tool_call>call:f{s:<|\"|>a \"b\"\n"
+                     "<|\"|>,n:-2.5e1,o:{k:[true,null,<|\"|>x<|\"|>]}}<tool_call|>"
+                     "<|tool_call>call:g{}<tool_call|><|tool_call>call:h{x:1}<tool_call|>";
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_GEMMA4, g4, strlen(g4), NULL, &p), KG_OK);
+    ck_assert_uint_eq(p.n_calls, 3);
+    ck_assert_str_eq(p.content, "Ok.");
+    ck_assert_str_eq(p.reasoning, "hm");
+    ck_assert_str_eq(p.calls[0].name, "f");
+    ck_assert_str_eq(p.calls[0].arguments,
+                     "{\"s\":\"a \\\"b\\\"\\n\",\"n\":-2.5e1,\"o\":{\"k\":[true,null,\"x\"]}}");
+    ck_assert_str_eq(p.calls[1].arguments, "{}");
+    kg_toolparse_clear(&p);
+    /* with the job's tools, h is no tool: the calls end before it */
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_GEMMA4, g4, strlen(g4), tools, &p), KG_OK);
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert(!p.malformed);
+    kg_toolparse_clear(&p);
+    p = parse(KG_TOOLFMT_GEMMA4, "<|tool_call>call:f{s:<|\"|>ab");
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert_str_eq(p.calls[0].arguments, "{\"s\":\"ab");
+    kg_toolparse_clear(&p);
+
+    /* LFM2: Python-style arguments as JSON, by the tool's properties */
+    const char *lfm = "Ok.<|tool_call_start|>[f(s='it\\'s \"x\"', n=3), f(n=1, s=\"a\", "
+                      "o={'k': [True, None]})]<|tool_call_end|>";
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_LFM2, lfm, strlen(lfm), NULL, &p), KG_OK);
+    ck_assert_uint_eq(p.n_calls, 2);
+    ck_assert_str_eq(p.content, "Ok.");
+    ck_assert_str_eq(p.calls[0].arguments, "{\"s\":\"it's \\\"x\\\"\",\"n\":3}");
+    ck_assert_str_eq(p.calls[1].arguments, "{\"n\":1,\"s\":\"a\",\"o\":{\"k\": [true, null]}}");
+    kg_toolparse_clear(&p);
+    /* o is no property of f, n is no string, text after the calls: malformed, all content */
+    const char *lfm_bad[] = {"<|tool_call_start|>[f(o=1)]<|tool_call_end|>",
+                             "<|tool_call_start|>[f(s=1)]<|tool_call_end|>",
+                             "<|tool_call_start|>[f(n=1)]<|tool_call_end|>x",
+                             "<|tool_call_start|>[g(n=1)]<|tool_call_end|>"};
+    for (size_t i = 0; i < sizeof(lfm_bad) / sizeof(lfm_bad[0]); i++) {
+        ck_assert_int_eq(
+            kg_toolcall_parse(KG_TOOLFMT_LFM2, lfm_bad[i], strlen(lfm_bad[i]), tools, &p), KG_OK);
+        ck_assert_msg(p.malformed && p.n_calls == 0, "%s", lfm_bad[i]);
+        ck_assert_str_eq(p.content, lfm_bad[i]);
+        kg_toolparse_clear(&p);
+    }
+
     /* every format, every prefix of a call: never a crash, content never NULL */
     const char *texts[] = {
         "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"\\u00e9\"}}\n</tool_call>",
@@ -279,6 +331,8 @@ START_TEST(test_formats) {
         mm,
         "<think>x</think>y<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_"
         "call_argument_begin|>{\"a\": [1]}<|tool_call_end|><|tool_calls_section_end|>",
+        g4,
+        lfm,
     };
     for (int f = KG_TOOLFMT_NONE; f <= KG_TOOLFMT_LAST; f++) {
         for (size_t t = 0; t < sizeof(texts) / sizeof(texts[0]); t++) {
@@ -655,6 +709,78 @@ START_TEST(test_tagged_grammar) {
 }
 END_TEST
 
+/* The keyed syntaxes (Gemma 4, LFM2): pairs in the schema's order, a separator between two,
+ * required ones always; Gemma 4's strings raw text in its quotes and its objects its own syntax,
+ * LFM2's every value JSON (its string keywords enforced). */
+START_TEST(test_keyed_grammar) {
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8},"
+        "\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9},\"opts\":{\"type\":"
+        "\"object\"}},\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{"
+        "\"name\":\"ping\"}}]";
+    static const struct {
+        kg_toolfmt_t f;
+        const char *one, *two, *bad, *missing, *args;
+    } cases[] = {
+        {KG_TOOLFMT_GEMMA4,
+         "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,opts:{a:[1,<|\"|>b<|\"|>]}}"
+         "<tool_call|>",
+         "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,opts:{a:[1,<|\"|>b<|\"|>]}}"
+         "<tool_call|><|tool_call>call:ping{}<tool_call|>",
+         "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:10}<tool_call|>",
+         "<|tool_call>call:get_weather{days:3}<tool_call|>",
+         "{\"city\":\"Paris\",\"days\":3,\"opts\":{\"a\":[1,\"b\"]}}"},
+        {KG_TOOLFMT_LFM2,
+         "<|tool_call_start|>[get_weather(city=\"Paris\", days=3, opts={\"a\": [1, \"b\"]})]"
+         "<|tool_call_end|>",
+         "<|tool_call_start|>[get_weather(city=\"Paris\", days=3, opts={\"a\": [1, \"b\"]}), "
+         "ping()]<|tool_call_end|>",
+         "<|tool_call_start|>[get_weather(city=\"Paris, France\")]<|tool_call_end|>",
+         "<|tool_call_start|>[get_weather(days=3)]<|tool_call_end|>",
+         "{\"city\":\"Paris\",\"days\":3,\"opts\":{\"a\": [1, \"b\"]}}"},
+    };
+    kg_gvocab_t *v = byte_vocab();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *fn = kg_toolfmt_name(cases[i].f);
+        kg_grammar_t *g = tool_grammar(v, cases[i].f, tools, NULL, true);
+        ck_assert_msg(accepts(g, cases[i].one), "%s refuses one call", fn);
+        ck_assert_msg(accepts(g, cases[i].two), "%s refuses two calls", fn);
+        ck_assert_msg(!accepts(g, cases[i].bad), "%s accepts a bad value", fn);
+        ck_assert_msg(!accepts(g, cases[i].missing), "%s accepts a call without city", fn);
+        ck_assert_msg(!accepts(g, "It is sunny."), "%s accepts no call", fn);
+        kg_grammar_unref(g);
+        g = tool_grammar(v, cases[i].f, tools, NULL, false);
+        ck_assert_msg(!accepts(g, cases[i].two), "%s (single) takes two", fn);
+        kg_grammar_unref(g);
+        g = tool_grammar(v, cases[i].f, tools, "ping", true);
+        ck_assert_msg(!accepts(g, cases[i].one), "%s (named ping) takes get_weather", fn);
+        kg_grammar_unref(g);
+        /* what the grammar makes, the parser reads back */
+        kg_toolparse_t p;
+        ck_assert_int_eq(
+            kg_toolcall_parse(cases[i].f, cases[i].two, strlen(cases[i].two), tools, &p), KG_OK);
+        ck_assert_msg(p.n_calls == 2 && !p.malformed, "%s: %zu calls", fn, p.n_calls);
+        ck_assert_str_eq(p.calls[0].arguments, cases[i].args);
+        ck_assert_str_eq(p.calls[1].name, "ping");
+        ck_assert_str_eq(p.calls[1].arguments, "{}");
+        kg_toolparse_clear(&p);
+    }
+    /* optional pairs may go, the separator with them */
+    kg_grammar_t *g = tool_grammar(v, KG_TOOLFMT_LFM2, tools, NULL, true);
+    ck_assert(
+        accepts(g, "<|tool_call_start|>[get_weather(city=\"Oslo\", opts={})]<|tool_call_end|>"));
+    ck_assert(!accepts(g, "<|tool_call_start|>[get_weather(, city=\"Oslo\")]<|tool_call_end|>"));
+    kg_grammar_unref(g);
+    g = tool_grammar(v, KG_TOOLFMT_GEMMA4, tools, NULL, true);
+    ck_assert(
+        accepts(g, "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,opts:{}}<tool_call|>"));
+    ck_assert(!accepts(g, "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,}<tool_call|>"));
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("toolcall");
     TCase *tc = tcase_create("parse");
@@ -663,6 +789,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_formats);
     tcase_add_test(tc, test_required_grammar);
     tcase_add_test(tc, test_tagged_grammar);
+    tcase_add_test(tc, test_keyed_grammar);
     suite_add_tcase(s, tc);
     TCase *gold = tcase_create("goldens");
     tcase_add_test(gold, test_goldens);
