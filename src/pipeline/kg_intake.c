@@ -42,25 +42,34 @@ static kg_status_t compile_constraint(const kg_intake_limits_t *lim,
     return out->grammar ? KG_OK : KG_ERR_INVALID;
 }
 
-/* An auto call constrained once it opens (llama.cpp's lazy grammar): where
- * the call's opening marker is one token the grammar can take (a
- * user-defined token, as Qwen's <tool_call> is) and the job has no
- * constraint of its own. Otherwise the answer stays unconstrained (its calls
- * are parsed as written). */
+/* An auto call constrained once it opens (llama.cpp's lazy grammar), where
+ * the job has no constraint of its own: where the call's opening marker is
+ * one token, the answer is free until the model samples it (a text token, as
+ * Qwen's <tool_call> is, is the grammar's first; a control token, as
+ * Mistral's [TOOL_CALLS] is, opens the grammar that follows it); where the
+ * syntax has no marker (Llama 3.x, Functionary), one grammar holds from the
+ * first token whose other branch is free text. A format with no grammar of
+ * that kind, or a marker that is no one token, leaves the answer
+ * unconstrained (its calls parsed as written). */
 static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
                               const kg_intake_limits_t *lim,
                               const kg_job_t *job,
                               kg_prepared_t *out) {
-    const char *marker = kg_toolfmt_marker(out->toolfmt);
-    int32_t id = marker ? kg_tokenizer_find(tok, marker, strlen(marker)) : -1;
-    if (id < 0 || kg_tokenizer_is_control(tok, id) || kg_tokenizer_is_eog(tok, id) ||
-        !lim->grammars || out->grammar || job->constraint != KG_CONSTRAINT_NONE) {
+    if (!lim->grammars || out->grammar || job->constraint != KG_CONSTRAINT_NONE) {
         return KG_OK;
     }
+    const char *marker = kg_toolfmt_marker(out->toolfmt);
+    int32_t id = marker ? kg_tokenizer_find(tok, marker, strlen(marker)) : -1;
+    if (marker && (id < 0 || kg_tokenizer_is_eog(tok, id))) {
+        return KG_OK;
+    }
+    kg_toolauto_t how = !marker                            ? KG_TOOLAUTO_FREE
+                        : kg_tokenizer_is_control(tok, id) ? KG_TOOLAUTO_OPENED
+                                                           : KG_TOOLAUTO_MARKER;
     char msg[256];
     size_t len = 0;
-    char *text = kg_toolcall_constraint(out->toolfmt, job->tools_json, NULL,
-                                        !job->no_parallel_tool_calls, &len, msg, sizeof(msg));
+    char *text = kg_toolcall_auto_constraint(
+        out->toolfmt, job->tools_json, !job->no_parallel_tool_calls, how, &len, msg, sizeof(msg));
     if (!text) {
         return KG_OK;
     }
@@ -68,7 +77,8 @@ static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
     out->grammar = kg_grammar_cache_get(lim->grammars, &k, kg_toolcall_builder, msg, sizeof(msg));
     free(text);
     /* a tool schema the grammar cannot hold leaves the call unconstrained, as before */
-    out->lazy = out->grammar != NULL;
+    out->lazy = out->grammar != NULL && how != KG_TOOLAUTO_FREE;
+    out->lazy_opens = how == KG_TOOLAUTO_OPENED;
     out->lazy_token = id;
     return KG_OK;
 }

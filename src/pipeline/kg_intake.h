@@ -87,6 +87,7 @@ typedef struct kg_prepared {
     /* an auto call's lazy grammar (`grammar`): unconstrained until the call's
      * opening marker, one token of this vocabulary, is sampled */
     bool lazy;
+    bool lazy_opens; /* the marker is a control token: the grammar starts after it */
     int32_t lazy_token;
 } kg_prepared_t;
 

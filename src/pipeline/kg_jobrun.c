@@ -91,6 +91,7 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
     }
     req.lazy = r->prep.lazy;
     req.lazy_token = r->prep.lazy_token;
+    req.lazy_opens = r->prep.lazy_opens;
     /* the thought, for the engine: a budget to enforce, a grammar to defer */
     const kg_prepared_t *p = &r->prep;
     if ((p->think || job->has_thinking_budget) && p->n_think_close > 0) {

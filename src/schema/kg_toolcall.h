@@ -118,6 +118,26 @@ char *kg_toolcall_constraint(kg_toolfmt_t f,
                              char *msg,
                              size_t msg_size);
 
+/* How an `auto` call is constrained once it opens (llama.cpp's lazy grammar). */
+typedef enum kg_toolauto {
+    KG_TOOLAUTO_MARKER, /* lazy: the marker is one text token, the grammar's first */
+    KG_TOOLAUTO_OPENED, /* lazy: the marker is a control token, the grammar starts after it
+                           (Mistral Nemo's [TOOL_CALLS]) */
+    KG_TOOLAUTO_FREE,   /* no marker: one grammar from the first token, the calls or free
+                           text (Llama 3.x's bare JSON, Functionary's recipient line) */
+} kg_toolauto_t;
+
+/** The constraint text of an `auto` call in format f, constrained `how`;
+ * NULL with a message where the format has no grammar of that kind (the
+ * call then stays as the model writes it). */
+char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
+                                  const char *tools_json,
+                                  bool parallel,
+                                  kg_toolauto_t how,
+                                  size_t *len,
+                                  char *msg,
+                                  size_t msg_size);
+
 /** The marker a call opens with in format f, where the call grammar starts
  * with it (so an `auto` job's grammar can wait for it: a lazy grammar), or
  * NULL (Llama 3.x's bare JSON, Functionary's name, gpt-oss's channel). */

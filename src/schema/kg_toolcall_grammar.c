@@ -41,20 +41,17 @@ static bool keyed(kg_toolfmt_t f) {
     return f == KG_TOOLFMT_GEMMA4 || f == KG_TOOLFMT_LFM2;
 }
 
-char *kg_toolcall_constraint(kg_toolfmt_t f,
-                             const char *tools_json,
-                             const char *only,
-                             bool parallel,
-                             size_t *len,
-                             char *msg,
-                             size_t msg_size) {
-    if (!constrainable(f)) {
-        snprintf(msg, msg_size,
-                 "tool_choice: a required call cannot be constrained in this model's call "
-                 "syntax (%s); send tool_choice \"auto\"",
-                 kg_toolfmt_name(f));
-        return NULL;
-    }
+/* The constraint's text: {"format", "names", "params", "only", "parallel", "mode"}, mode
+ * "required" (the calls from their marker), "opened" (the calls after a marker the grammar
+ * cannot spell) or "free" (the calls or free text, from the first token). */
+static char *spec_text(kg_toolfmt_t f,
+                       const char *tools_json,
+                       const char *only,
+                       bool parallel,
+                       const char *mode,
+                       size_t *len,
+                       char *msg,
+                       size_t msg_size) {
     json_t *tools = json_loads(tools_json, 0, NULL);
     json_t *spec = json_object(), *names = json_array(), *params = json_array();
     bool ok = tools && spec && names && params;
@@ -78,7 +75,8 @@ char *kg_toolcall_constraint(kg_toolfmt_t f,
          json_object_set(spec, "names", names) == 0 &&
          json_object_set(spec, "params", params) == 0 &&
          json_object_set_new(spec, "only", json_integer(at)) == 0 &&
-         json_object_set_new(spec, "parallel", json_boolean(parallel && !only)) == 0;
+         json_object_set_new(spec, "parallel", json_boolean(parallel && !only)) == 0 &&
+         json_object_set_new(spec, "mode", json_string(mode)) == 0;
     char *text = ok ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(tools), json_decref(spec), json_decref(names), json_decref(params);
     if (!text) {
@@ -87,6 +85,45 @@ char *kg_toolcall_constraint(kg_toolfmt_t f,
     }
     *len = strlen(text);
     return text;
+}
+
+char *kg_toolcall_constraint(kg_toolfmt_t f,
+                             const char *tools_json,
+                             const char *only,
+                             bool parallel,
+                             size_t *len,
+                             char *msg,
+                             size_t msg_size) {
+    if (!constrainable(f)) {
+        snprintf(msg, msg_size,
+                 "tool_choice: a required call cannot be constrained in this model's call "
+                 "syntax (%s); send tool_choice \"auto\"",
+                 kg_toolfmt_name(f));
+        return NULL;
+    }
+    return spec_text(f, tools_json, only, parallel, "required", len, msg, msg_size);
+}
+
+char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
+                                  const char *tools_json,
+                                  bool parallel,
+                                  kg_toolauto_t how,
+                                  size_t *len,
+                                  char *msg,
+                                  size_t msg_size) {
+    /* the marker grammar is the required one: it starts with the marker */
+    bool ok = how == KG_TOOLAUTO_MARKER   ? kg_toolfmt_marker(f) != NULL
+              : how == KG_TOOLAUTO_OPENED ? f == KG_TOOLFMT_MISTRAL
+                                          : f == KG_TOOLFMT_LLAMA3 || f == KG_TOOLFMT_FUNCTIONARY;
+    if (!ok) {
+        snprintf(msg, msg_size, "tool_choice: no auto grammar of that kind for %s",
+                 kg_toolfmt_name(f));
+        return NULL;
+    }
+    const char *mode = how == KG_TOOLAUTO_MARKER   ? "required"
+                       : how == KG_TOOLAUTO_OPENED ? "opened"
+                                                   : "free";
+    return spec_text(f, tools_json, NULL, parallel, mode, len, msg, msg_size);
 }
 
 const char *kg_toolfmt_marker(kg_toolfmt_t f) {
@@ -124,6 +161,7 @@ typedef struct wrap_ctx {
     json_t *names;
     int64_t only;
     bool parallel;
+    const char *mode; /* "required", "opened" or "free" (spec_text) */
 } wrap_ctx_t;
 
 static int32_t lit(kg_gir_t *g, const char *s) {
@@ -188,6 +226,23 @@ static int32_t some(kg_gir_t *g, int32_t call, const char *sep, bool many) {
                        kg_gir_repeat(g, kg_gir_seq2(g, lit(g, sep), call), 0, KG_GIR_UNBOUNDED));
 }
 
+/* An auto call of the syntaxes without a marker, from the first token: the call or free text.
+ * Llama 3.x: the call is the whole answer (whitespace around it), and text is any answer
+ * that does not start with `{` after its whitespace; Functionary v3.2: its `all` recipient and
+ * any text, or a call. */
+static int32_t free_or_call(kg_gir_t *g, kg_toolfmt_t f, int32_t call) {
+    int32_t any = kg_gir_repeat(g, kg_gir_char_range(g, 0, KG_GIR_MAX_CP), 0, KG_GIR_UNBOUNDED);
+    if (f == KG_TOOLFMT_FUNCTIONARY) {
+        return kg_gir_alt2(g, kg_gir_seq2(g, lit(g, "all\n"), any), call);
+    }
+    uint32_t ws_lo[] = {'\t', '\r', ' '}, ws_hi[] = {'\n', '\r', ' '};
+    uint32_t nb_lo[] = {'\t', '\r', ' ', '{'}, nb_hi[] = {'\n', '\r', ' ', '{'};
+    int32_t ws = kg_gir_repeat(g, kg_gir_chars(g, ws_lo, ws_hi, 3, false), 0, KG_GIR_UNBOUNDED);
+    int32_t text = kg_gir_seq3(g, ws, kg_gir_chars(g, nb_lo, nb_hi, 4, true), any);
+    int32_t alts[] = {kg_gir_seq3(g, ws, call, ws), text, ws};
+    return kg_gir_alt(g, alts, 3);
+}
+
 static int32_t
 wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_t errstr_size) {
     const wrap_ctx_t *w = ctx;
@@ -212,6 +267,12 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
         return -1;
     }
     bool many = w->parallel;
+    if (strcmp(w->mode, "opened") == 0) { /* Mistral's calls after [TOOL_CALLS] */
+        return kg_gir_seq3(g, lit(g, "["), some(g, call, ", ", many), lit(g, "]"));
+    }
+    if (strcmp(w->mode, "free") == 0) {
+        return free_or_call(g, w->f, call);
+    }
     switch (w->f) {
     case KG_TOOLFMT_HERMES:
         return some(g, call, "\n", many);
@@ -519,9 +580,10 @@ kg_toolcall_builder(const kg_constraint_t *c, char *errstr, size_t errstr_size, 
         return kg_json_schema_builder(c, errstr, errstr_size, ctx);
     }
     json_t *spec = json_loadb(c->text, c->len, 0, NULL);
+    const char *mode = json_string_value(json_object_get(spec, "mode"));
     wrap_ctx_t w = {KG_TOOLFMT_NONE, json_object_get(spec, "names"),
                     json_integer_value(json_object_get(spec, "only")),
-                    json_is_true(json_object_get(spec, "parallel"))};
+                    json_is_true(json_object_get(spec, "parallel")), mode ? mode : "required"};
     const char *fname = json_string_value(json_object_get(spec, "format"));
     for (int f = KG_TOOLFMT_NONE; fname && f <= KG_TOOLFMT_LAST; f++) {
         if (strcmp(kg_toolfmt_name((kg_toolfmt_t)f), fname) == 0) {

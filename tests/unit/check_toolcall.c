@@ -525,8 +525,10 @@ static char *trimmed(const char *s) {
 
 /* One golden case through kgen: the <think> split (on when the template
  * closes thoughts, as kg_intake decides for reasoning_format auto), then the
- * call parse of the answer. Returns whether everything matched. */
-static bool check_case(json_t *out, json_t *gold, const char *tools, const char *src) {
+ * call parse of the answer (a group without tools: the answer parse, as
+ * kg_events makes it for such a job). Returns whether everything matched. */
+static bool
+check_case(json_t *out, json_t *gold, const char *tools, const char *src, bool no_tools) {
     const char *tmpl = json_string_value(json_object_get(gold, "template"));
     const char *name = json_string_value(json_object_get(gold, "output"));
     const char *text = json_string_value(json_object_get(out, "text"));
@@ -540,7 +542,10 @@ static bool check_case(json_t *out, json_t *gold, const char *tools, const char 
     size_t ans_n, rsn_n;
     kg_think_split(&th, text, len, &ans, &ans_n, &rsn, &rsn_n);
     kg_toolparse_t p;
-    ck_assert_int_eq(kg_toolcall_parse(kg_toolfmt_detect(src), ans, ans_n, tools, &p), KG_OK);
+    kg_toolfmt_t f = kg_toolfmt_detect(src);
+    ck_assert_int_eq(no_tools ? kg_toolcall_parse_answer(f, ans, ans_n, &p)
+                              : kg_toolcall_parse(f, ans, ans_n, tools, &p),
+                     KG_OK);
     char *r_kgen = strndup(p.reasoning ? p.reasoning
                            : rsn       ? rsn
                                        : "",
@@ -607,7 +612,8 @@ START_TEST(test_goldens) {
                     continue;
                 }
                 n++;
-                n_bad += !check_case(out, gold, tools, src);
+                n_bad += !check_case(out, gold, tools, src,
+                                     json_is_true(json_object_get(group, "no_tools")));
             }
             free(src);
         }
@@ -781,6 +787,72 @@ START_TEST(test_keyed_grammar) {
 }
 END_TEST
 
+/* Auto calls: Mistral's grammar after a [TOOL_CALLS] the grammar cannot spell (a control
+ * token), and the calls or free text from the first token where the syntax has no marker
+ * (Llama 3.x, Functionary). */
+START_TEST(test_auto_grammar) {
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8}},"
+        "\"required\":[\"city\"]}}}]";
+    kg_gvocab_t *v = byte_vocab();
+    char err[256];
+    size_t len;
+    static const struct {
+        kg_toolfmt_t f;
+        kg_toolauto_t how;
+        const char *yes[4], *no[4];
+    } cases[] = {
+        {KG_TOOLFMT_MISTRAL,
+         KG_TOOLAUTO_OPENED,
+         {"[{\"name\": \"get_weather\", \"arguments\": " W_ARGS "}]",
+          "[{\"name\": \"get_weather\", \"arguments\": " W_ARGS
+          "}, {\"name\": \"get_weather\", \"arguments\": " W_ARGS "}]"},
+         {"[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": " W_ARGS "}]",
+          "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris, France\"}}]",
+          "It is sunny."}},
+        {KG_TOOLFMT_LLAMA3,
+         KG_TOOLAUTO_FREE,
+         {"{\"name\": \"get_weather\", \"parameters\": " W_ARGS "}",
+          "\n {\"name\": \"get_weather\", \"parameters\": " W_ARGS "}\n", "It is sunny {ok}.", ""},
+         {"{\"answer\": 42}", "{\"name\": \"get_weather\", \"parameters\": {}}",
+          " {\"name\": \"search\", \"parameters\": {}}"}},
+        {KG_TOOLFMT_FUNCTIONARY,
+         KG_TOOLAUTO_FREE,
+         {"all\nIt is sunny.", "get_weather\n" W_ARGS, "all\n"},
+         {"It is sunny.", "get_weather\n{\"town\": \"x\"}", "search\n{}"}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *fn = kg_toolfmt_name(cases[i].f);
+        char *text = kg_toolcall_auto_constraint(cases[i].f, tools, true, cases[i].how, &len, err,
+                                                 sizeof(err));
+        ck_assert_msg(text != NULL, "%s: %s", fn, err);
+        kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+        kg_gir_t *ir = kg_toolcall_builder(&k, err, sizeof(err), NULL);
+        ck_assert_msg(ir != NULL, "%s: %s", fn, err);
+        kg_grammar_t *g = kg_grammar_compile(ir, v, err, sizeof(err));
+        ck_assert_msg(g != NULL, "%s: %s", fn, err);
+        kg_gir_free(ir);
+        free(text);
+        for (int t = 0; t < 4 && cases[i].yes[t]; t++) {
+            ck_assert_msg(accepts(g, cases[i].yes[t]), "%s refuses [%s]", fn, cases[i].yes[t]);
+        }
+        for (int t = 0; t < 4 && cases[i].no[t]; t++) {
+            ck_assert_msg(!accepts(g, cases[i].no[t]), "%s accepts [%s]", fn, cases[i].no[t]);
+        }
+        kg_grammar_unref(g);
+    }
+    /* no grammar of a kind the format does not have */
+    ck_assert_ptr_null(kg_toolcall_auto_constraint(KG_TOOLFMT_HERMES, tools, true,
+                                                   KG_TOOLAUTO_OPENED, &len, err, sizeof(err)));
+    ck_assert_ptr_null(kg_toolcall_auto_constraint(KG_TOOLFMT_GPT_OSS, tools, true,
+                                                   KG_TOOLAUTO_FREE, &len, err, sizeof(err)));
+    ck_assert_ptr_null(kg_toolcall_auto_constraint(KG_TOOLFMT_GPT_OSS, tools, true,
+                                                   KG_TOOLAUTO_MARKER, &len, err, sizeof(err)));
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("toolcall");
     TCase *tc = tcase_create("parse");
@@ -790,6 +862,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_required_grammar);
     tcase_add_test(tc, test_tagged_grammar);
     tcase_add_test(tc, test_keyed_grammar);
+    tcase_add_test(tc, test_auto_grammar);
     suite_add_tcase(s, tc);
     TCase *gold = tcase_create("goldens");
     tcase_add_test(gold, test_goldens);
