@@ -632,7 +632,11 @@ static bool parse_gpt_oss(parse_t *p) {
         parse_t hp = *p;
         hp.len = m;
         size_t to = kg_tc_find(&hp, h, "to=functions.");
+        /* the last channel: gpt-oss-20b may prefix one with a stray <|channel|>commentary */
         size_t ch = kg_tc_find(&hp, h, "<|channel|>");
+        for (size_t c2 = ch; c2 < m; c2 = kg_tc_find(&hp, c2 + 1, "<|channel|>")) {
+            ch = c2;
+        }
         if (to < m && p->no_calls) {
             /* an unsolicited call (a built-in tool's): dropped, as llama.cpp drops it */
         } else if (to < m) {
