@@ -299,8 +299,8 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
 
 /* A tool's parameters as tagged syntaxes write them: per property its key, the index of its
  * schema among the flattened documents (-1: a string-typed one, written as raw text) and
- * whether it is required (-2: Gemma 4's own value syntax, unconstrained, for the schemas it
- * cannot write as JSON: objects, arrays, unions). */
+ * whether it is required (-2 - GEMMA_*: Gemma 4's own value syntax, unconstrained but for the
+ * schema's type, for the schemas it cannot write as JSON: objects, arrays, unions). */
 typedef struct tag_ctx {
     kg_toolfmt_t f;
     json_t *names;
@@ -363,10 +363,14 @@ tag_call(kg_gir_t *g, const tag_ctx_t *w, size_t t, const int32_t *doc_rules, in
     return call;
 }
 
-/* Gemma 4's value syntax, any value: <|"|>text<|"|>, {key:value,...}, [value,...] or a JSON
- * scalar (`scalar`, a rule). Strings without '<' (as raw_text). */
-static int32_t gemma_any(kg_gir_t *g, int32_t raw, int32_t scalar) {
+/* Gemma 4's value syntax as three rules, out[GEMMA_ANY] any value: <|"|>text<|"|>,
+ * out[GEMMA_OBJECT] {key:value,...}, out[GEMMA_ARRAY] [value,...], or a JSON scalar (`scalar`,
+ * a rule). Strings without '<' (as raw_text). */
+enum { GEMMA_ANY, GEMMA_OBJECT, GEMMA_ARRAY };
+
+static void gemma_rules(kg_gir_t *g, int32_t raw, int32_t scalar, int32_t out[3]) {
     int32_t v = kg_gir_rule_new(g, "gemma-value");
+    int32_t d = kg_gir_rule_new(g, "gemma-object"), a = kg_gir_rule_new(g, "gemma-array");
     uint32_t lo[] = {'0', 'A', '_', 'a'}, hi[] = {'9', 'Z', '_', 'z'};
     int32_t key = kg_gir_repeat(g, kg_gir_chars(g, lo, hi, 4, false), 1, KG_GIR_UNBOUNDED);
     int32_t kv = kg_gir_seq3(g, key, lit(g, ":"), kg_gir_ref(g, v));
@@ -375,21 +379,27 @@ static int32_t gemma_any(kg_gir_t *g, int32_t raw, int32_t scalar) {
     int32_t vs = kg_gir_seq2(
         g, kg_gir_ref(g, v),
         kg_gir_repeat(g, kg_gir_seq2(g, lit(g, ","), kg_gir_ref(g, v)), 0, KG_GIR_UNBOUNDED));
+    kg_gir_define(g, d, kg_gir_seq3(g, lit(g, "{"), kg_gir_opt(g, kvs), lit(g, "}")));
+    kg_gir_define(g, a, kg_gir_seq3(g, lit(g, "["), kg_gir_opt(g, vs), lit(g, "]")));
     int32_t alts[] = {
         kg_gir_seq3(g, lit(g, "<|\"|>"), raw, lit(g, "<|\"|>")),
-        kg_gir_seq3(g, lit(g, "{"), kg_gir_opt(g, kvs), lit(g, "}")),
-        kg_gir_seq3(g, lit(g, "["), kg_gir_opt(g, vs), lit(g, "]")),
+        kg_gir_ref(g, d),
+        kg_gir_ref(g, a),
         scalar,
     };
     kg_gir_define(g, v, kg_gir_alt(g, alts, 4));
-    return v;
+    out[GEMMA_ANY] = v, out[GEMMA_OBJECT] = d, out[GEMMA_ARRAY] = a;
 }
 
 /* A keyed call: its pairs in the schema's order, required ones always, a separator between
  * two (so the chain of rules: `head[k]` nothing written yet, `tail[k]` something written,
  * from property k on). LFM2 takes one pair at least where the tool has properties. */
-static int32_t keyed_call(
-    kg_gir_t *g, const tag_ctx_t *w, size_t t, const int32_t *doc_rules, int32_t raw, int32_t any) {
+static int32_t keyed_call(kg_gir_t *g,
+                          const tag_ctx_t *w,
+                          size_t t,
+                          const int32_t *doc_rules,
+                          int32_t raw,
+                          const int32_t *gem) {
     const char *name = json_string_value(json_array_get(w->names, t));
     json_t *props = json_array_get(w->props, t);
     size_t n = json_array_size(props);
@@ -410,7 +420,7 @@ static int32_t keyed_call(
                  gemma ? ":" : "=");
         int32_t value = doc >= 0    ? kg_gir_ref(g, doc_rules[doc])
                         : doc == -1 ? kg_gir_seq3(g, lit(g, "<|\"|>"), raw, lit(g, "<|\"|>"))
-                                    : kg_gir_ref(g, any);
+                                    : kg_gir_ref(g, gem[-2 - doc]);
         int32_t item = kg_gir_seq2(g, lit(g, buf), value);
         int32_t rt = kg_gir_rule_new(g, "pairs"), rh = kg_gir_rule_new(g, "pairs");
         int32_t sep_item = kg_gir_seq2(g, lit(g, sep), item);
@@ -444,12 +454,13 @@ tag_wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, s
         int32_t raw = kg_gir_rule_new(g, "text");
         kg_gir_define(g, raw, raw_text(g));
         /* the last document is Gemma 4's scalar (flatten) */
-        int32_t any = w->f == KG_TOOLFMT_GEMMA4
-                          ? gemma_any(g, kg_gir_ref(g, raw), kg_gir_ref(g, rules[n - 1]))
-                          : -1;
+        int32_t gem[3] = {-1, -1, -1};
+        if (w->f == KG_TOOLFMT_GEMMA4) {
+            gemma_rules(g, kg_gir_ref(g, raw), kg_gir_ref(g, rules[n - 1]), gem);
+        }
         for (size_t t = 0; t < n_tools; t++) {
             if (w->only < 0 || w->only == (int64_t)t) {
-                calls[k++] = keyed(w->f) ? keyed_call(g, w, t, rules, kg_gir_ref(g, raw), any)
+                calls[k++] = keyed(w->f) ? keyed_call(g, w, t, rules, kg_gir_ref(g, raw), gem)
                                          : tag_call(g, w, t, rules, kg_gir_ref(g, raw));
             }
         }
@@ -499,6 +510,15 @@ static bool gemma_scalar(json_t *ps) {
     return false;
 }
 
+/* Which of Gemma 4's own value rules a schema it cannot write as JSON takes (gemma_rules). */
+static int gemma_kind(json_t *ps) {
+    const char *type = json_string_value(json_object_get(ps, "type"));
+    return !type                         ? GEMMA_ANY
+           : strcmp(type, "object") == 0 ? GEMMA_OBJECT
+           : strcmp(type, "array") == 0  ? GEMMA_ARRAY
+                                         : GEMMA_ANY;
+}
+
 /* Each tool's properties split out: the schemas of those written as JSON (with the tool's $defs,
  * which their $refs name) as flat documents, and the per-tool list tag_ctx_t wants. LFM2 writes
  * every value as JSON (strings quoted), the other tagged syntaxes all but strings, Gemma 4 only
@@ -516,7 +536,8 @@ static bool flatten(json_t *params, json_t *flat, json_t *props, kg_toolfmt_t f)
         json_object_foreach(json_object_get(p, "properties"), key, ps) {
             const char *type = json_string_value(json_object_get(ps, "type"));
             bool string = type && strcmp(type, "string") == 0;
-            json_int_t doc = f == KG_TOOLFMT_GEMMA4 && !string && !gemma_scalar(ps) ? -2 : -1;
+            json_int_t doc =
+                f == KG_TOOLFMT_GEMMA4 && !string && !gemma_scalar(ps) ? -2 - gemma_kind(ps) : -1;
             if (f == KG_TOOLFMT_LFM2 || (f == KG_TOOLFMT_GEMMA4 ? gemma_scalar(ps) : !string)) {
                 json_t *copy = json_is_object(ps) ? json_deep_copy(ps) : json_object();
                 static const char *const defs[] = {"$defs", "definitions"};

@@ -782,6 +782,9 @@ START_TEST(test_keyed_grammar) {
     ck_assert(
         accepts(g, "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,opts:{}}<tool_call|>"));
     ck_assert(!accepts(g, "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,}<tool_call|>"));
+    /* an object-typed property takes Gemma 4's objects only */
+    ck_assert(
+        !accepts(g, "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,opts:7}<tool_call|>"));
     kg_grammar_unref(g);
     kg_gvocab_unref(v);
 }
