@@ -20,10 +20,16 @@
  *   - An output with a call marker that does not follow the syntax is all
  *     content, with no calls (llama.cpp throws "does not match the expected
  *     format" there): `malformed` says so, nothing is lost.
- *   - Command R7B and gpt-oss carry their reasoning in their own markers
- *     (<|START_THINKING|>, the analysis channel), and Kimi K2 a <think> block
+ *   - Command R7B, gpt-oss and Gemma 4 carry their reasoning in their own
+ *     markers (<|START_THINKING|>, the analysis channel, <|channel>thought),
+ *     and Kimi K2 a <think> block
  *     its Instruct templates do not close: the parse returns it.
- *   - Kimi K2's call ids (functions.N:I) are the model's own: kept as `id`. */
+ *   - Kimi K2's call ids (functions.N:I) are the model's own: kept as `id`.
+ *   - Gemma 4's and LFM2's arguments are no JSON as written (<|"|> strings
+ *     and bare keys; Python literals): converted to a compact JSON object as
+ *     llama.cpp's mappers do (kg_toolcall_convert.c). Gemma 4's parse, like
+ *     llama.cpp's, has no end: a call that breaks or names no tool of the
+ *     job ends the calls and what follows is dropped (not malformed). */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -65,7 +71,8 @@ typedef struct kg_toolcall {
 
 typedef struct kg_toolparse {
     char *content;   /* the answer without the calls (malloc'ed, never NULL after a parse) */
-    char *reasoning; /* the format's own reasoning (Command R7B, gpt-oss, Kimi K2), else NULL */
+    char *reasoning; /* the format's own reasoning (Command R7B, gpt-oss, Kimi K2, Gemma 4), else
+                        NULL */
     kg_toolcall_t *calls;
     size_t n_calls;
     bool malformed; /* a call marker was there but the syntax was not: all content */
