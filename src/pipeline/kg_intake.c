@@ -83,6 +83,21 @@ static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
     return KG_OK;
 }
 
+/* The call syntax's markers that are control tokens of this vocabulary (not
+ * end-of-generation ones, which end the output anyway): kept in the output
+ * text, or the parse could not see them. */
+static void keep_markers(const kg_tokenizer_t *tok, kg_prepared_t *out) {
+    const char *m[KG_OUTPUT_MAX_KEEP];
+    size_t n = kg_toolfmt_markers(out->toolfmt, m, KG_OUTPUT_MAX_KEEP);
+    out->n_keep = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = kg_tokenizer_find(tok, m[i], strlen(m[i]));
+        if (id >= 0 && kg_tokenizer_is_control(tok, id) && !kg_tokenizer_is_eog(tok, id)) {
+            out->keep[out->n_keep++] = id;
+        }
+    }
+}
+
 /* A chat job with tools: the call syntax its answer is parsed in and, for a
  * required call, the grammar that makes the model call. */
 static kg_status_t prepare_tools(const kg_model_t *model,
@@ -484,5 +499,6 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         kg_toolfmt_t own = kg_toolfmt_detect(model->chat_template);
         out->toolfmt = kg_toolfmt_own_reasoning(own) ? own : KG_TOOLFMT_NONE;
     }
+    keep_markers(tok, out);
     return KG_OK;
 }

@@ -26,6 +26,7 @@
 #include "../schema/kg_job.h"
 #include "../schema/kg_toolcall.h"
 #include "kg_loras.h"
+#include "kg_output.h"
 
 /* Tokens </think> may take (one in Qwen3's and DeepSeek's vocabularies). */
 #define KG_THINK_MAX_CLOSE 8
@@ -86,6 +87,10 @@ typedef struct kg_prepared {
     kg_toolfmt_t toolfmt;
     /* an auto call's lazy grammar (`grammar`): unconstrained until the call's
      * opening marker, one token of this vocabulary, is sampled */
+    /* the call syntax's markers that are control tokens of this vocabulary,
+     * written into the output as text (kg_output_keep) so the parse sees them */
+    int32_t keep[KG_OUTPUT_MAX_KEEP];
+    int32_t n_keep;
     bool lazy;
     bool lazy_opens; /* the marker is a control token: the grammar starts after it */
     int32_t lazy_token;

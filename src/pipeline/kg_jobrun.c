@@ -44,6 +44,7 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
     for (int32_t c = 0; c < r->n_choices; c++) {
         kg_jobrun_choice_t *ch = &r->choices[c];
         kg_output_init(&ch->out, model->tok, (const char *const *)job->stop, job->n_stop);
+        kg_output_keep(&ch->out, r->prep.keep, r->prep.n_keep);
         if (r->prep.think) {
             kg_output_think(&ch->out, r->prep.think_opened);
         }

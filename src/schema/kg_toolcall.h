@@ -145,6 +145,11 @@ char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
                                   char *msg,
                                   size_t msg_size);
 
+/** The markers format f's parse reads that a vocabulary may hold as control
+ * tokens (written as nothing unless kept: kg_output_keep), as llama.cpp's
+ * preserved tokens: up to `cap` into `out`; returns how many. */
+size_t kg_toolfmt_markers(kg_toolfmt_t f, const char **out, size_t cap);
+
 /** The marker a call opens with in format f, where the call grammar starts
  * with it (so an `auto` job's grammar can wait for it: a lazy grammar), or
  * NULL (Llama 3.x's bare JSON, Functionary's name, gpt-oss's channel). */

@@ -126,6 +126,57 @@ char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
     return spec_text(f, tools_json, NULL, parallel, mode, len, msg, msg_size);
 }
 
+size_t kg_toolfmt_markers(kg_toolfmt_t f, const char **out, size_t cap) {
+    static const char *const mistral[] = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"};
+    static const char *const llama3[] = {"<|python_tag|>"};
+    static const char *const oss[] = {"<|channel|>", "<|constrain|>", "<|message|>", "<|start|>",
+                                      "<|end|>"};
+    static const char *const ds[] = {DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END,
+                                     DS_SEP};
+    static const char *const r7b[] = {"<|START_THINKING|>", "<|END_THINKING|>",
+                                      "<|START_RESPONSE|>", "<|END_RESPONSE|>",
+                                      "<|START_ACTION|>",   "<|END_ACTION|>"};
+    static const char *const kimi[] = {KIMI_SECTION_BEGIN, KIMI_SECTION_END, "<|tool_call_begin|>",
+                                       "<|tool_call_end|>", "<|tool_call_argument_begin|>"};
+    static const char *const lfm2[] = {"<|tool_call_start|>", "<|tool_call_end|>"};
+    const char *const *m = NULL;
+    size_t n = 0;
+#define MARKERS(a) (m = (a), n = sizeof(a) / sizeof((a)[0]))
+    switch (f) {
+    case KG_TOOLFMT_MISTRAL:
+    case KG_TOOLFMT_MISTRAL_ARGS:
+        MARKERS(mistral);
+        break;
+    case KG_TOOLFMT_LLAMA3:
+        MARKERS(llama3);
+        break;
+    case KG_TOOLFMT_GPT_OSS:
+        MARKERS(oss);
+        break;
+    case KG_TOOLFMT_DEEPSEEK_R1:
+    case KG_TOOLFMT_DEEPSEEK_V3:
+        MARKERS(ds);
+        break;
+    case KG_TOOLFMT_COMMAND_R7B:
+        MARKERS(r7b);
+        break;
+    case KG_TOOLFMT_KIMI_K2:
+        MARKERS(kimi);
+        break;
+    case KG_TOOLFMT_LFM2:
+        MARKERS(lfm2);
+        break;
+    default: /* the others' markers are text tokens (Qwen's <tool_call>, Gemma 4's) or text */
+        break;
+    }
+#undef MARKERS
+    n = n < cap ? n : cap;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = m[i];
+    }
+    return n;
+}
+
 const char *kg_toolfmt_marker(kg_toolfmt_t f) {
     switch (f) {
     case KG_TOOLFMT_HERMES:
