@@ -21,7 +21,8 @@ groups = []
 def hermes(n, a): return "<tool_call>\n" + j({"name": n, "arguments": a}) + "\n</tool_call>"
 groups.append({"format": "hermes", "templates": [
   "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
-  "Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja", "ibm-granite-granite-4.0.jinja"],
+  "Qwen-Qwen2.5-7B-Instruct.jinja", "Qwen-Qwen3-0.6B.jinja", "ibm-granite-granite-4.0.jinja",
+  "ibm-granite-granite-4.1.jinja"],
  "outputs": [
   {"name": "plain", "text": "It is sunny in Paris."},
   {"name": "one_call", "text": hermes("get_weather", W)},
@@ -135,6 +136,18 @@ groups.append({"format": "gpt_oss", "templates": ["openai-gpt-oss-120b.jinja"],
   {"name": "recipient_in_role", "text": "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" + j(W) + "<|call|>"},
   {"name": "nested_unicode", "text": "<|channel|>analysis<|message|>Search.<|end|>" + oss("search", S)},
  ]})
+# gpt-oss without tools: the Harmony channels still split into reasoning and content
+groups.append({"format": "gpt_oss_no_tools", "no_tools": True, "templates": ["openai-gpt-oss-120b.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "<|channel|>final<|message|>It is sunny in Paris."},
+  {"name": "reasoning_plain", "text": "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny in Paris."},
+  {"name": "two_thoughts", "text": "<|channel|>analysis<|message|>One.<|end|><|start|>assistant<|channel|>analysis<|message|>Two.<|end|><|start|>assistant<|channel|>final<|message|>Done."},
+  {"name": "preamble", "text": "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary<|message|>Working on it.<|end|><|start|>assistant<|channel|>final<|message|>Done."},
+  {"name": "stray_commentary", "text": "<|channel|>commentary<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Done."},
+  {"name": "unclosed_thought", "text": "<|channel|>analysis<|message|>The user wants"},
+  {"name": "unsolicited_call", "text": "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" + j(W) + "<|end|>"},
+  {"name": "bare_text", "text": "It is sunny in Paris."},
+ ]})
 def xml_val(v): return v if isinstance(v, str) else j(v)
 def glm(n, a, nl):
     sep = "\n" if nl else ""
@@ -193,6 +206,67 @@ groups.append({"format": "minimax_m2", "templates": ["MiniMax-M2.jinja"],
   {"name": "nested_unicode", "text": T + mm(("search", S))},
   {"name": "typed", "text": T + mm(("set_alarm", A))},
   {"name": "truncated", "text": T + "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Par"},
+ ]})
+def g4v(v):
+    if isinstance(v, str): return '<|"|>' + v + '<|"|>'
+    if isinstance(v, bool): return "true" if v else "false"
+    if v is None: return "null"
+    if isinstance(v, dict): return "{" + ",".join(k + ":" + g4v(x) for k, x in v.items()) + "}"
+    if isinstance(v, list): return "[" + ",".join(g4v(x) for x in v) + "]"
+    return j(v)
+def g4(n, a): return "<|tool_call>call:" + n + g4v(a) + "<tool_call|>"
+G4T = "<|channel>thought\nThe user wants the weather.<channel|>"
+groups.append({"format": "gemma4", "templates": ["google-gemma-4-31B-it.jinja", "google-gemma-4-31B-it-interleaved.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "reasoning_plain", "text": G4T + "It is sunny in Paris."},
+  {"name": "one_call", "text": g4("get_weather", W)},
+  {"name": "parallel", "text": g4("get_weather", W) + g4("get_weather", W2)},
+  {"name": "content_then_call", "text": "Let me check." + g4("get_weather", W)},
+  {"name": "reasoning_call", "text": G4T + g4("get_weather", W)},
+  {"name": "nested_unicode", "text": g4("search", S)},
+  {"name": "typed", "text": g4("set_alarm", A)},
+  {"name": "spaced", "text": "<|tool_call>call:get_weather{ city: <|\"|>Tokyo<|\"|>, unit: <|\"|>celsius<|\"|> }<tool_call|>"},
+  {"name": "empty_args", "text": "<|tool_call>call:get_weather{}<tool_call|>"},
+  {"name": "call_then_text", "text": g4("get_weather", W) + "Done."},
+  {"name": "unknown_tool", "text": "Let me see." + g4("get_time", W)},
+  {"name": "truncated", "text": "<|tool_call>call:get_weather{city:<|\"|>Par"},
+ ]})
+def py(v):
+    if isinstance(v, str): return "\"" + v.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n") + "\""
+    return j(v)
+def lfm(*c, q=py): return "<|tool_call_start|>[" + ", ".join(n + "(" + ", ".join(k + "=" + q(v) for k, v in a.items()) + ")" for n, a in c) + "]<|tool_call_end|>"
+def pyq(v):
+    if isinstance(v, str): return "'" + v.replace("'", "\\'") + "'"
+    if isinstance(v, bool): return "True" if v else "False"
+    return j(v)
+LFM = [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "one_call", "text": lfm(("get_weather", W))},
+  {"name": "parallel", "text": lfm(("get_weather", W), ("get_weather", W2))},
+  {"name": "content_then_call", "text": "Let me check." + lfm(("get_weather", W))},
+  {"name": "nested_unicode", "text": lfm(("search", S))},
+  {"name": "typed", "text": lfm(("set_alarm", A))},
+  {"name": "python_literals", "text": lfm(("set_alarm", {"hour": 7, "loud": False, "label": "it's", "days": ["mon"]}), q=pyq)},
+  {"name": "python_dict", "text": "<|tool_call_start|>[search(query='x', filters={'a': True, 'b': None, 'c': \"d\"})]<|tool_call_end|>"},
+  {"name": "call_then_text", "text": lfm(("get_weather", W)) + "Done."},
+  {"name": "unknown_tool", "text": "<|tool_call_start|>[get_time(city=\"Paris\")]<|tool_call_end|>"},
+  {"name": "truncated", "text": "<|tool_call_start|>[get_weather(city=\"Par"},
+]
+groups.append({"format": "lfm2", "templates": ["LFM2-8B-A1B.jinja", "LFM2.5-Instruct.jinja"], "outputs": LFM})
+groups.append({"format": "lfm2_thinking", "templates": ["LFM2.5-8B-A1B.jinja"], "outputs": LFM + [
+  {"name": "reasoning_call", "text": "<think>The user wants the weather.</think>" + lfm(("get_weather", W))},
+  {"name": "reasoning_plain", "text": "<think>Easy.</think>It is sunny in Paris."},
+ ]})
+def gr(*c): return "<|tool_call|>" + j([{"name": n, "arguments": a} for n, a in c])
+groups.append({"format": "granite_3_3", "templates": ["ibm-granite-granite-3.3-2B-Instruct.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "reasoning_plain", "text": "<think>Easy.</think><response>It is sunny in Paris.</response>"},
+  {"name": "one_call", "text": gr(("get_weather", W))},
+  {"name": "parallel", "text": gr(("get_weather", W), ("get_weather", W2))},
+  {"name": "content_then_call", "text": "Let me check." + gr(("get_weather", W))},
+  {"name": "nested_unicode", "text": gr(("search", S))},
  ]})
 doc = {"messages": [{"role": "user", "content": "What's the weather in Paris?"}], "tools": tools, "groups": groups}
 import sys

@@ -4,7 +4,8 @@
 // use it, and model outputs in that syntax) it renders a one-turn
 // conversation with the group's tools through common_chat_templates_apply
 // (use_jinja, tool_choice auto, parallel calls on, reasoning parsed as
-// llama-server's default "deepseek" does), takes the parser that call built
+// llama-server's default "deepseek" does; a group with "no_tools" renders
+// the conversation without tools), takes the parser that call built
 // for the template, and runs common_chat_parse (not partial) on each output.
 //
 // Build and run: scripts/goldens/toolcall-goldens.sh. Output: one JSON
@@ -45,7 +46,9 @@ int main(int argc, char **argv) {
                 common_chat_templates_inputs in;
                 in.use_jinja = true;
                 in.messages = common_chat_msgs_parse_oaicompat(doc["messages"]);
-                in.tools = common_chat_tools_parse_oaicompat(doc["tools"]);
+                if (!group.value("no_tools", false)) {
+                    in.tools = common_chat_tools_parse_oaicompat(doc["tools"]);
+                }
                 in.tool_choice = COMMON_CHAT_TOOL_CHOICE_AUTO;
                 in.parallel_tool_calls = true;
                 in.reasoning_format = COMMON_REASONING_FORMAT_DEEPSEEK;

@@ -121,7 +121,9 @@ static void usage(FILE *f) {
         "                      built-in vocabulary gains <think> and </think>), glm4.6\n"
         "                      (GLM-4.5/4.6's own, for --arch glm4moe), deepseek-v3.1\n"
         "                      (DeepSeek V3.1's own, for --arch deepseek2), gemma4\n"
-        "                      (Gemma 4's own, for --arch gemma4)\n");
+        "                      (Gemma 4's own, for --arch gemma4), mistral-nemo (Mistral\n"
+        "                      Nemo's own, [TOOL_CALLS] calls; with --arch qwen2 its\n"
+        "                      vocabulary gains [TOOL_CALLS] as a control token)\n");
     fprintf(f,
             "  --pooling P         <arch>.pooling_type for embedding jobs: none, mean, cls,\n"
             "                      last or rank (default: not written)\n"

@@ -331,6 +331,7 @@ static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t
     }
     seq->lazy_wait = req->lazy && req->grammar;
     seq->lazy_token = req->lazy_token;
+    seq->lazy_opens = req->lazy_opens;
     seq->lora = req->lora;
     seq->lora_key = lora_key(&req->lora);
 }

@@ -222,8 +222,12 @@ typedef struct kg_request {
     /* A lazy grammar (llama.cpp's, triggered by a token): with `lazy` the
      * output is unconstrained (EOG allowed) until lazy_token is sampled; the
      * grammar takes that token as its first and constrains the rest (a tool
-     * call's opening marker, then the call). Needs a grammar. */
+     * call's opening marker, then the call). Needs a grammar. With
+     * lazy_opens the trigger is not the grammar's: the grammar starts at the
+     * token after it (a control token, which no grammar spells: Mistral's
+     * [TOOL_CALLS]). */
     bool lazy;
+    bool lazy_opens;
     int32_t lazy_token;
 } kg_request_t;
 

@@ -59,6 +59,7 @@ typedef struct kg_seq {
     int32_t think_budget; /* < 0: none */
     int32_t n_thought;    /* thought tokens so far */
     bool lazy_wait;       /* a lazy grammar not yet triggered (kg_request_t.lazy) */
+    bool lazy_opens;      /* the trigger opens the grammar, it is not its first token */
     int32_t lazy_token;
 } kg_seq_t;
 

@@ -542,6 +542,9 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
             return append_token(e, seq, tok, res);
         }
         seq->lazy_wait = false; /* triggered: the matcher takes the token below */
+        if (seq->lazy_opens) {
+            return append_token(e, seq, tok, res); /* or the next one */
+        }
     }
     if (!seq->grammar) {
         return append_token(e, seq, tok, res);

@@ -868,6 +868,8 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                                  ? KG_MKVOCAB_QWEN3
                              : fam->vocab == KG_MKVOCAB_QWEN && tmpl && strstr(tmpl, "<tool_call>")
                                  ? KG_MKVOCAB_QWEN_TOOLS
+                             : fam->vocab == KG_MKVOCAB_QWEN && tmpl && strstr(tmpl, "[TOOL_CALLS]")
+                                 ? KG_MKVOCAB_MISTRAL_TOOLS
                                  : fam->vocab,
                              o->n_words, g_err, sizeof(g_err));
     if (n_vocab < 0) {

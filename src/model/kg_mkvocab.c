@@ -401,8 +401,9 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     char **merges = NULL;
     int64_t rc = -1;
     const bool spm = style != KG_MKVOCAB_QWEN && style != KG_MKVOCAB_QWEN3 &&
-                     style != KG_MKVOCAB_QWEN_TOOLS && style != KG_MKVOCAB_GPT_OSS &&
-                     style != KG_MKVOCAB_GLM && style != KG_MKVOCAB_DEEPSEEK;
+                     style != KG_MKVOCAB_QWEN_TOOLS && style != KG_MKVOCAB_MISTRAL_TOOLS &&
+                     style != KG_MKVOCAB_GPT_OSS && style != KG_MKVOCAB_GLM &&
+                     style != KG_MKVOCAB_DEEPSEEK;
     int64_t eot = -1, eom = -1;
     tr.cap = spm ? 512 : 640;
     tr.tok = calloc((size_t)tr.cap, TOK_MAX);
@@ -530,6 +531,9 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
             if (style == KG_MKVOCAB_QWEN_TOOLS) {
                 vocab_push(&v, "<tool_call>", 11, 0.0f, TT_USER_DEFINED);
                 vocab_push(&v, "</tool_call>", 12, 0.0f, TT_USER_DEFINED);
+            }
+            if (style == KG_MKVOCAB_MISTRAL_TOOLS) {
+                vocab_push(&v, "[TOOL_CALLS]", 12, 0.0f, TT_CONTROL);
             }
         }
         merges = calloc((size_t)tr.n_merge + 1, sizeof(*merges));

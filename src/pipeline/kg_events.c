@@ -260,7 +260,8 @@ static char *cut_choice_texts(kg_event_done_t *e,
     return kg_codec_encode_done(e, len);
 }
 
-/* The answer of choice c parsed for tool calls (ch->toolfmt set): the calls
+/* The answer of choice c parsed for tool calls (ch->toolfmt set; a job
+ * without tools for its reasoning only, kg_toolcall_parse_answer): the calls
  * get ids where the model wrote none (call_ + the request's hash, the
  * choice and the call's index: a rerun of the job names them the same), and
  * a turn that ended in calls finishes "tool_calls". Out of memory: false. */
@@ -275,7 +276,10 @@ static bool parse_calls(const kg_job_t *job,
     if (ch->toolfmt == KG_TOOLFMT_NONE) {
         return true;
     }
-    if (kg_toolcall_parse(ch->toolfmt, *text, *tlen, job->tools_json, tp) != KG_OK) {
+    kg_status_t st = job->tools_json && job->tool_choice != KG_TOOL_CHOICE_NONE
+                         ? kg_toolcall_parse(ch->toolfmt, *text, *tlen, job->tools_json, tp)
+                         : kg_toolcall_parse_answer(ch->toolfmt, *text, *tlen, tp);
+    if (st != KG_OK) {
         return false;
     }
     uint64_t h = kg_job_default_seed(job->request_id);

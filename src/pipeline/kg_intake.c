@@ -42,25 +42,34 @@ static kg_status_t compile_constraint(const kg_intake_limits_t *lim,
     return out->grammar ? KG_OK : KG_ERR_INVALID;
 }
 
-/* An auto call constrained once it opens (llama.cpp's lazy grammar): where
- * the call's opening marker is one token the grammar can take (a
- * user-defined token, as Qwen's <tool_call> is) and the job has no
- * constraint of its own. Otherwise the answer stays unconstrained (its calls
- * are parsed as written). */
+/* An auto call constrained once it opens (llama.cpp's lazy grammar), where
+ * the job has no constraint of its own: where the call's opening marker is
+ * one token, the answer is free until the model samples it (a text token, as
+ * Qwen's <tool_call> is, is the grammar's first; a control token, as
+ * Mistral's [TOOL_CALLS] is, opens the grammar that follows it); where the
+ * syntax has no marker (Llama 3.x, Functionary), one grammar holds from the
+ * first token whose other branch is free text. A format with no grammar of
+ * that kind, or a marker that is no one token, leaves the answer
+ * unconstrained (its calls parsed as written). */
 static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
                               const kg_intake_limits_t *lim,
                               const kg_job_t *job,
                               kg_prepared_t *out) {
-    const char *marker = kg_toolfmt_marker(out->toolfmt);
-    int32_t id = marker ? kg_tokenizer_find(tok, marker, strlen(marker)) : -1;
-    if (id < 0 || kg_tokenizer_is_control(tok, id) || kg_tokenizer_is_eog(tok, id) ||
-        !lim->grammars || out->grammar || job->constraint != KG_CONSTRAINT_NONE) {
+    if (!lim->grammars || out->grammar || job->constraint != KG_CONSTRAINT_NONE) {
         return KG_OK;
     }
+    const char *marker = kg_toolfmt_marker(out->toolfmt);
+    int32_t id = marker ? kg_tokenizer_find(tok, marker, strlen(marker)) : -1;
+    if (marker && (id < 0 || kg_tokenizer_is_eog(tok, id))) {
+        return KG_OK;
+    }
+    kg_toolauto_t how = !marker                            ? KG_TOOLAUTO_FREE
+                        : kg_tokenizer_is_control(tok, id) ? KG_TOOLAUTO_OPENED
+                                                           : KG_TOOLAUTO_MARKER;
     char msg[256];
     size_t len = 0;
-    char *text = kg_toolcall_constraint(out->toolfmt, job->tools_json, NULL,
-                                        !job->no_parallel_tool_calls, &len, msg, sizeof(msg));
+    char *text = kg_toolcall_auto_constraint(
+        out->toolfmt, job->tools_json, !job->no_parallel_tool_calls, how, &len, msg, sizeof(msg));
     if (!text) {
         return KG_OK;
     }
@@ -68,9 +77,25 @@ static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
     out->grammar = kg_grammar_cache_get(lim->grammars, &k, kg_toolcall_builder, msg, sizeof(msg));
     free(text);
     /* a tool schema the grammar cannot hold leaves the call unconstrained, as before */
-    out->lazy = out->grammar != NULL;
+    out->lazy = out->grammar != NULL && how != KG_TOOLAUTO_FREE;
+    out->lazy_opens = how == KG_TOOLAUTO_OPENED;
     out->lazy_token = id;
     return KG_OK;
+}
+
+/* The call syntax's markers that are control tokens of this vocabulary (not
+ * end-of-generation ones, which end the output anyway): kept in the output
+ * text, or the parse could not see them. */
+static void keep_markers(const kg_tokenizer_t *tok, kg_prepared_t *out) {
+    const char *m[KG_OUTPUT_MAX_KEEP];
+    size_t n = kg_toolfmt_markers(out->toolfmt, m, KG_OUTPUT_MAX_KEEP);
+    out->n_keep = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = kg_tokenizer_find(tok, m[i], strlen(m[i]));
+        if (id >= 0 && kg_tokenizer_is_control(tok, id) && !kg_tokenizer_is_eog(tok, id)) {
+            out->keep[out->n_keep++] = id;
+        }
+    }
 }
 
 /* A chat job with tools: the call syntax its answer is parsed in and, for a
@@ -462,10 +487,18 @@ kg_status_t kg_intake_prepare(const kg_model_t *model,
         kg_prepared_clear(out);
         return KG_ERR_INVALID;
     }
-    if (job->tools_json && job->tool_choice != KG_TOOL_CHOICE_NONE &&
-        prepare_tools(model, lim, job, out, code, msg, msg_size) != KG_OK) {
+    bool tools = job->tools_json && job->tool_choice != KG_TOOL_CHOICE_NONE;
+    if (tools && prepare_tools(model, lim, job, out, code, msg, msg_size) != KG_OK) {
         kg_prepared_clear(out);
         return KG_ERR_INVALID;
     }
+    /* without tools, a chat answer in a syntax with its own reasoning markers (gpt-oss's
+     * channels) is still parsed for its reasoning, as llama.cpp parses it */
+    if (!tools && job->prompt_kind == KG_PROMPT_MESSAGES &&
+        job->reasoning_format != KG_REASONING_NONE) {
+        kg_toolfmt_t own = kg_toolfmt_detect(model->chat_template);
+        out->toolfmt = kg_toolfmt_own_reasoning(own) ? own : KG_TOOLFMT_NONE;
+    }
+    keep_markers(tok, out);
     return KG_OK;
 }

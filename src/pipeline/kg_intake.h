@@ -26,6 +26,7 @@
 #include "../schema/kg_job.h"
 #include "../schema/kg_toolcall.h"
 #include "kg_loras.h"
+#include "kg_output.h"
 
 /* Tokens </think> may take (one in Qwen3's and DeepSeek's vocabularies). */
 #define KG_THINK_MAX_CLOSE 8
@@ -79,12 +80,19 @@ typedef struct kg_prepared {
     int32_t think_close[KG_THINK_MAX_CLOSE];
     int32_t n_think_close; /* 0: </think> is more tokens than that */
     /* tool calls (kg_toolcall): the call syntax parsed out of the answer of a
-     * chat job with tools (tool_choice not "none"); NONE: not parsed. A
-     * required call's grammar is `grammar` (kg_toolcall_grammar) */
+     * chat job with tools (tool_choice not "none"), or of one without tools
+     * whose syntax has its own reasoning markers (gpt-oss: parsed for its
+     * reasoning only); NONE: not parsed. A required call's grammar is
+     * `grammar` (kg_toolcall_grammar) */
     kg_toolfmt_t toolfmt;
     /* an auto call's lazy grammar (`grammar`): unconstrained until the call's
      * opening marker, one token of this vocabulary, is sampled */
+    /* the call syntax's markers that are control tokens of this vocabulary,
+     * written into the output as text (kg_output_keep) so the parse sees them */
+    int32_t keep[KG_OUTPUT_MAX_KEEP];
+    int32_t n_keep;
     bool lazy;
+    bool lazy_opens; /* the marker is a control token: the grammar starts after it */
     int32_t lazy_token;
 } kg_prepared_t;
 

@@ -44,6 +44,7 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
     for (int32_t c = 0; c < r->n_choices; c++) {
         kg_jobrun_choice_t *ch = &r->choices[c];
         kg_output_init(&ch->out, model->tok, (const char *const *)job->stop, job->n_stop);
+        kg_output_keep(&ch->out, r->prep.keep, r->prep.n_keep);
         if (r->prep.think) {
             kg_output_think(&ch->out, r->prep.think_opened);
         }
@@ -91,6 +92,7 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
     }
     req.lazy = r->prep.lazy;
     req.lazy_token = r->prep.lazy_token;
+    req.lazy_opens = r->prep.lazy_opens;
     /* the thought, for the engine: a budget to enforce, a grammar to defer */
     const kg_prepared_t *p = &r->prep;
     if ((p->think || job->has_thinking_budget) && p->n_think_close > 0) {

@@ -16,6 +16,20 @@ void kg_output_init(kg_output_t *out,
     out->stop_index = -1;
 }
 
+void kg_output_keep(kg_output_t *out, const int32_t *ids, int32_t n) {
+    out->n_keep = n < KG_OUTPUT_MAX_KEEP ? n : KG_OUTPUT_MAX_KEEP;
+    memcpy(out->keep, ids, (size_t)out->n_keep * sizeof(*ids));
+}
+
+static bool kept(const kg_output_t *out, int32_t token) {
+    for (int32_t i = 0; i < out->n_keep; i++) {
+        if (out->keep[i] == token) {
+            return true;
+        }
+    }
+    return false;
+}
+
 void kg_output_think(kg_output_t *out, bool opened) {
     kg_think_init(&out->think, true, opened);
 }
@@ -121,13 +135,14 @@ int kg_output_push(kg_output_t *out,
         out->has_pending = false;
     }
     char piece[256];
-    size_t n = kg_tokenizer_piece(out->tok, token, false, piece, sizeof(piece));
+    bool special = kept(out, token);
+    size_t n = kg_tokenizer_piece(out->tok, token, special, piece, sizeof(piece));
     if (n > sizeof(piece)) {
         char *big = malloc(n);
         if (!big) {
             return -1;
         }
-        kg_tokenizer_piece(out->tok, token, false, big, n);
+        kg_tokenizer_piece(out->tok, token, special, big, n);
         bool ok = append(out, big, n);
         free(big);
         if (!ok) {

@@ -33,6 +33,8 @@ typedef struct kg_output_event {
     kg_token_part_t part; /* reasoning or answer, when the reasoning is parsed */
 } kg_output_event_t;
 
+#define KG_OUTPUT_MAX_KEEP 8
+
 typedef struct kg_output {
     const kg_tokenizer_t *tok;
     const char *const *stop; /* borrowed from the job */
@@ -45,6 +47,10 @@ typedef struct kg_output {
     bool has_pending;
     kg_output_event_t pending;
     kg_think_t think; /* the reasoning split (off unless kg_output_think) */
+    /* control tokens written as their text (kg_output_keep): a call
+     * syntax's markers, which its parse reads */
+    int32_t keep[KG_OUTPUT_MAX_KEEP];
+    int32_t n_keep;
 } kg_output_t;
 
 /** Set up for a job; `stop` (n_stop strings) is borrowed for the lifetime. */
@@ -53,6 +59,12 @@ void kg_output_init(kg_output_t *out,
                     const char *const *stop,
                     int32_t n_stop);
 void kg_output_clear(kg_output_t *out);
+
+/** Write these control tokens (at most KG_OUTPUT_MAX_KEEP, the rest
+ * ignored) as their text rather than as nothing: the markers of a call
+ * syntax that are control tokens (Mistral's [TOOL_CALLS], gpt-oss's
+ * <|channel|>), as llama.cpp's preserved tokens. Before the first push. */
+void kg_output_keep(kg_output_t *out, const int32_t *ids, int32_t n);
 
 /** Parse the output's reasoning (kg_reasoning): before the first push.
  * `opened`: the prompt opened the thought. */

@@ -31,6 +31,14 @@ kg_toolfmt_t kg_toolfmt_detect(const char *t) {
     if (has(t, "<|tool_calls_section_begin|>") && has(t, "<|tool_call_begin|>")) {
         return KG_TOOLFMT_KIMI_K2;
     }
+    /* LFM2 (its tool list in <|tool_list_start|>) and LFM2.5 (a plain "List of tools: [") */
+    if ((has(t, "<|tool_list_start|>") && has(t, "<|tool_list_end|>")) ||
+        has(t, "List of tools: [")) {
+        return KG_TOOLFMT_LFM2;
+    }
+    if (has(t, "'<|tool_call>call:'")) {
+        return KG_TOOLFMT_GEMMA4;
+    }
     if (has(t, "<tool_call>") && has(t, "<function=") && has(t, "<parameter=")) {
         return KG_TOOLFMT_QWEN3_CODER;
     }
@@ -68,7 +76,7 @@ const char *kg_toolfmt_name(kg_toolfmt_t f) {
     static const char *const names[] = {"none",        "hermes",       "qwen3_coder", "llama3",
                                         "mistral",     "mistral_args", "deepseek_r1", "deepseek_v3",
                                         "command_r7b", "functionary",  "gpt_oss",     "glm",
-                                        "kimi_k2",     "minimax_m2"};
+                                        "kimi_k2",     "minimax_m2",   "gemma4",      "lfm2"};
     return (unsigned)f < sizeof(names) / sizeof(names[0]) ? names[f] : "?";
 }
 
@@ -624,8 +632,14 @@ static bool parse_gpt_oss(parse_t *p) {
         parse_t hp = *p;
         hp.len = m;
         size_t to = kg_tc_find(&hp, h, "to=functions.");
+        /* the last channel: gpt-oss-20b may prefix one with a stray <|channel|>commentary */
         size_t ch = kg_tc_find(&hp, h, "<|channel|>");
-        if (to < m) {
+        for (size_t c2 = ch; c2 < m; c2 = kg_tc_find(&hp, c2 + 1, "<|channel|>")) {
+            ch = c2;
+        }
+        if (to < m && p->no_calls) {
+            /* an unsolicited call (a built-in tool's): dropped, as llama.cpp drops it */
+        } else if (to < m) {
             size_t n0 = to + strlen("to=functions."), n1 = n0;
             while (n1 < m && is_name_char(p->s[n1])) {
                 n1++;
@@ -657,10 +671,14 @@ static bool parse_gpt_oss(parse_t *p) {
     return ok;
 }
 
-kg_status_t kg_toolcall_parse(
-    kg_toolfmt_t f, const char *text, size_t len, const char *tools_json, kg_toolparse_t *out) {
+static kg_status_t parse(kg_toolfmt_t f,
+                         const char *text,
+                         size_t len,
+                         const char *tools_json,
+                         bool no_calls,
+                         kg_toolparse_t *out) {
     memset(out, 0, sizeof(*out));
-    parse_t p = {text, len, 0, out, tools_json, false};
+    parse_t p = {text, len, 0, out, tools_json, no_calls, false};
     bool ok = true;
     switch (f) {
     case KG_TOOLFMT_HERMES:
@@ -702,6 +720,12 @@ kg_status_t kg_toolcall_parse(
     case KG_TOOLFMT_MINIMAX_M2:
         ok = kg_tc_parse_minimax(&p);
         break;
+    case KG_TOOLFMT_GEMMA4:
+        ok = kg_tc_parse_gemma4(&p);
+        break;
+    case KG_TOOLFMT_LFM2:
+        ok = kg_tc_parse_lfm2(&p);
+        break;
     default:
         break;
     }
@@ -739,4 +763,18 @@ kg_status_t kg_toolcall_parse(
         }
     }
     return KG_OK;
+}
+
+kg_status_t kg_toolcall_parse(
+    kg_toolfmt_t f, const char *text, size_t len, const char *tools_json, kg_toolparse_t *out) {
+    return parse(f, text, len, tools_json, false, out);
+}
+
+bool kg_toolfmt_own_reasoning(kg_toolfmt_t f) {
+    return f == KG_TOOLFMT_GPT_OSS;
+}
+
+kg_status_t
+kg_toolcall_parse_answer(kg_toolfmt_t f, const char *text, size_t len, kg_toolparse_t *out) {
+    return parse(kg_toolfmt_own_reasoning(f) ? f : KG_TOOLFMT_NONE, text, len, NULL, true, out);
 }

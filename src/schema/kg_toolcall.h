@@ -20,10 +20,16 @@
  *   - An output with a call marker that does not follow the syntax is all
  *     content, with no calls (llama.cpp throws "does not match the expected
  *     format" there): `malformed` says so, nothing is lost.
- *   - Command R7B and gpt-oss carry their reasoning in their own markers
- *     (<|START_THINKING|>, the analysis channel), and Kimi K2 a <think> block
+ *   - Command R7B, gpt-oss and Gemma 4 carry their reasoning in their own
+ *     markers (<|START_THINKING|>, the analysis channel, <|channel>thought),
+ *     and Kimi K2 a <think> block
  *     its Instruct templates do not close: the parse returns it.
- *   - Kimi K2's call ids (functions.N:I) are the model's own: kept as `id`. */
+ *   - Kimi K2's call ids (functions.N:I) are the model's own: kept as `id`.
+ *   - Gemma 4's and LFM2's arguments are no JSON as written (<|"|> strings
+ *     and bare keys; Python literals): converted to a compact JSON object as
+ *     llama.cpp's mappers do (kg_toolcall_convert.c). Gemma 4's parse, like
+ *     llama.cpp's, has no end: a call that breaks or names no tool of the
+ *     job ends the calls and what follows is dropped (not malformed). */
 #pragma once
 
 #include "../core/kg_status.h"
@@ -52,7 +58,9 @@ typedef enum kg_toolfmt {
                          */
     KG_TOOLFMT_MINIMAX_M2, /* <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V
                               </parameter>\n...</invoke>\n...</minimax:tool_call> */
-    KG_TOOLFMT_LAST = KG_TOOLFMT_MINIMAX_M2,
+    KG_TOOLFMT_GEMMA4,     /* <|tool_call>call:N{k:<|"|>v<|"|>,n:1}<tool_call|>, repeated */
+    KG_TOOLFMT_LFM2,       /* <|tool_call_start|>[N(k="v", n=1), ...]<|tool_call_end|> */
+    KG_TOOLFMT_LAST = KG_TOOLFMT_LFM2,
 } kg_toolfmt_t;
 
 typedef struct kg_toolcall {
@@ -63,7 +71,8 @@ typedef struct kg_toolcall {
 
 typedef struct kg_toolparse {
     char *content;   /* the answer without the calls (malloc'ed, never NULL after a parse) */
-    char *reasoning; /* the format's own reasoning (Command R7B, gpt-oss, Kimi K2), else NULL */
+    char *reasoning; /* the format's own reasoning (Command R7B, gpt-oss, Kimi K2, Gemma 4), else
+                        NULL */
     kg_toolcall_t *calls;
     size_t n_calls;
     bool malformed; /* a call marker was there but the syntax was not: all content */
@@ -84,6 +93,20 @@ kg_status_t kg_toolcall_parse(kg_toolfmt_t f,
                               const char *tools_json,
                               kg_toolparse_t *out) KG_NODISCARD;
 
+/** Whether format f carries its reasoning in markers of its own that only its
+ * parse splits out, with tools or without (gpt-oss's Harmony channels; the
+ * <think> formats are split by kg_reasoning). */
+bool kg_toolfmt_own_reasoning(kg_toolfmt_t f);
+
+/** The answer of a job without tools, in a format with its own reasoning
+ * (kg_toolfmt_own_reasoning; else all content): its reasoning and content
+ * split as kg_toolcall_parse does, never a call (a call the model writes
+ * anyway is dropped, as llama.cpp drops it). */
+kg_status_t kg_toolcall_parse_answer(kg_toolfmt_t f,
+                                     const char *text,
+                                     size_t len,
+                                     kg_toolparse_t *out) KG_NODISCARD;
+
 void kg_toolparse_clear(kg_toolparse_t *p);
 
 // ---- required calls (kg_toolcall_grammar.c) ----
@@ -101,6 +124,31 @@ char *kg_toolcall_constraint(kg_toolfmt_t f,
                              size_t *len,
                              char *msg,
                              size_t msg_size);
+
+/* How an `auto` call is constrained once it opens (llama.cpp's lazy grammar). */
+typedef enum kg_toolauto {
+    KG_TOOLAUTO_MARKER, /* lazy: the marker is one text token, the grammar's first */
+    KG_TOOLAUTO_OPENED, /* lazy: the marker is a control token, the grammar starts after it
+                           (Mistral Nemo's [TOOL_CALLS]) */
+    KG_TOOLAUTO_FREE,   /* no marker: one grammar from the first token, the calls or free
+                           text (Llama 3.x's bare JSON, Functionary's recipient line) */
+} kg_toolauto_t;
+
+/** The constraint text of an `auto` call in format f, constrained `how`;
+ * NULL with a message where the format has no grammar of that kind (the
+ * call then stays as the model writes it). */
+char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
+                                  const char *tools_json,
+                                  bool parallel,
+                                  kg_toolauto_t how,
+                                  size_t *len,
+                                  char *msg,
+                                  size_t msg_size);
+
+/** The markers format f's parse reads that a vocabulary may hold as control
+ * tokens (written as nothing unless kept: kg_output_keep), as llama.cpp's
+ * preserved tokens: up to `cap` into `out`; returns how many. */
+size_t kg_toolfmt_markers(kg_toolfmt_t f, const char **out, size_t cap);
 
 /** The marker a call opens with in format f, where the call grammar starts
  * with it (so an `auto` job's grammar can wait for it: a lazy grammar), or

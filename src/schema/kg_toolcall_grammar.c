@@ -6,7 +6,9 @@
  * key) is a small JSON spec: {"format", "names", "params", "only",
  * "parallel"}. The tagged syntaxes (Qwen3-Coder, GLM, MiniMax-M2) write one
  * tag pair a parameter, so their grammar is built from each property's own
- * schema (tagged_gir), after the whole schemas compile (their errors). */
+ * schema (tagged_gir), after the whole schemas compile (their errors); so do
+ * the keyed syntaxes of Gemma 4 (key:value, strings in <|"|> quotes) and LFM2
+ * (name(key=value, ...)), with a separator between the pairs. */
 #include "kg_json_schema.h"
 #include "kg_toolcall.h"
 
@@ -30,23 +32,26 @@ static bool constrainable(kg_toolfmt_t f) {
 
 /* The syntaxes that write each parameter in tags of its own rather than one JSON object. */
 static bool tagged(kg_toolfmt_t f) {
-    return f == KG_TOOLFMT_QWEN3_CODER || f == KG_TOOLFMT_GLM || f == KG_TOOLFMT_MINIMAX_M2;
+    return f == KG_TOOLFMT_QWEN3_CODER || f == KG_TOOLFMT_GLM || f == KG_TOOLFMT_MINIMAX_M2 ||
+           f == KG_TOOLFMT_GEMMA4 || f == KG_TOOLFMT_LFM2;
 }
 
-char *kg_toolcall_constraint(kg_toolfmt_t f,
-                             const char *tools_json,
-                             const char *only,
-                             bool parallel,
-                             size_t *len,
-                             char *msg,
-                             size_t msg_size) {
-    if (!constrainable(f)) {
-        snprintf(msg, msg_size,
-                 "tool_choice: a required call cannot be constrained in this model's call "
-                 "syntax (%s); send tool_choice \"auto\"",
-                 kg_toolfmt_name(f));
-        return NULL;
-    }
+/* Of those, the ones that write key-value pairs with a separator between them. */
+static bool keyed(kg_toolfmt_t f) {
+    return f == KG_TOOLFMT_GEMMA4 || f == KG_TOOLFMT_LFM2;
+}
+
+/* The constraint's text: {"format", "names", "params", "only", "parallel", "mode"}, mode
+ * "required" (the calls from their marker), "opened" (the calls after a marker the grammar
+ * cannot spell) or "free" (the calls or free text, from the first token). */
+static char *spec_text(kg_toolfmt_t f,
+                       const char *tools_json,
+                       const char *only,
+                       bool parallel,
+                       const char *mode,
+                       size_t *len,
+                       char *msg,
+                       size_t msg_size) {
     json_t *tools = json_loads(tools_json, 0, NULL);
     json_t *spec = json_object(), *names = json_array(), *params = json_array();
     bool ok = tools && spec && names && params;
@@ -70,7 +75,8 @@ char *kg_toolcall_constraint(kg_toolfmt_t f,
          json_object_set(spec, "names", names) == 0 &&
          json_object_set(spec, "params", params) == 0 &&
          json_object_set_new(spec, "only", json_integer(at)) == 0 &&
-         json_object_set_new(spec, "parallel", json_boolean(parallel && !only)) == 0;
+         json_object_set_new(spec, "parallel", json_boolean(parallel && !only)) == 0 &&
+         json_object_set_new(spec, "mode", json_string(mode)) == 0;
     char *text = ok ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(tools), json_decref(spec), json_decref(names), json_decref(params);
     if (!text) {
@@ -79,6 +85,96 @@ char *kg_toolcall_constraint(kg_toolfmt_t f,
     }
     *len = strlen(text);
     return text;
+}
+
+char *kg_toolcall_constraint(kg_toolfmt_t f,
+                             const char *tools_json,
+                             const char *only,
+                             bool parallel,
+                             size_t *len,
+                             char *msg,
+                             size_t msg_size) {
+    if (!constrainable(f)) {
+        snprintf(msg, msg_size,
+                 "tool_choice: a required call cannot be constrained in this model's call "
+                 "syntax (%s); send tool_choice \"auto\"",
+                 kg_toolfmt_name(f));
+        return NULL;
+    }
+    return spec_text(f, tools_json, only, parallel, "required", len, msg, msg_size);
+}
+
+char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
+                                  const char *tools_json,
+                                  bool parallel,
+                                  kg_toolauto_t how,
+                                  size_t *len,
+                                  char *msg,
+                                  size_t msg_size) {
+    /* the marker grammar is the required one: it starts with the marker */
+    bool ok = how == KG_TOOLAUTO_MARKER   ? kg_toolfmt_marker(f) != NULL
+              : how == KG_TOOLAUTO_OPENED ? f == KG_TOOLFMT_MISTRAL
+                                          : f == KG_TOOLFMT_LLAMA3 || f == KG_TOOLFMT_FUNCTIONARY;
+    if (!ok) {
+        snprintf(msg, msg_size, "tool_choice: no auto grammar of that kind for %s",
+                 kg_toolfmt_name(f));
+        return NULL;
+    }
+    const char *mode = how == KG_TOOLAUTO_MARKER   ? "required"
+                       : how == KG_TOOLAUTO_OPENED ? "opened"
+                                                   : "free";
+    return spec_text(f, tools_json, NULL, parallel, mode, len, msg, msg_size);
+}
+
+size_t kg_toolfmt_markers(kg_toolfmt_t f, const char **out, size_t cap) {
+    static const char *const mistral[] = {"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"};
+    static const char *const llama3[] = {"<|python_tag|>"};
+    static const char *const oss[] = {"<|channel|>", "<|constrain|>", "<|message|>", "<|start|>",
+                                      "<|end|>"};
+    static const char *const ds[] = {DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END,
+                                     DS_SEP};
+    static const char *const r7b[] = {"<|START_THINKING|>", "<|END_THINKING|>",
+                                      "<|START_RESPONSE|>", "<|END_RESPONSE|>",
+                                      "<|START_ACTION|>",   "<|END_ACTION|>"};
+    static const char *const kimi[] = {KIMI_SECTION_BEGIN, KIMI_SECTION_END, "<|tool_call_begin|>",
+                                       "<|tool_call_end|>", "<|tool_call_argument_begin|>"};
+    static const char *const lfm2[] = {"<|tool_call_start|>", "<|tool_call_end|>"};
+    const char *const *m = NULL;
+    size_t n = 0;
+#define MARKERS(a) (m = (a), n = sizeof(a) / sizeof((a)[0]))
+    switch (f) {
+    case KG_TOOLFMT_MISTRAL:
+    case KG_TOOLFMT_MISTRAL_ARGS:
+        MARKERS(mistral);
+        break;
+    case KG_TOOLFMT_LLAMA3:
+        MARKERS(llama3);
+        break;
+    case KG_TOOLFMT_GPT_OSS:
+        MARKERS(oss);
+        break;
+    case KG_TOOLFMT_DEEPSEEK_R1:
+    case KG_TOOLFMT_DEEPSEEK_V3:
+        MARKERS(ds);
+        break;
+    case KG_TOOLFMT_COMMAND_R7B:
+        MARKERS(r7b);
+        break;
+    case KG_TOOLFMT_KIMI_K2:
+        MARKERS(kimi);
+        break;
+    case KG_TOOLFMT_LFM2:
+        MARKERS(lfm2);
+        break;
+    default: /* the others' markers are text tokens (Qwen's <tool_call>, Gemma 4's) or text */
+        break;
+    }
+#undef MARKERS
+    n = n < cap ? n : cap;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = m[i];
+    }
+    return n;
 }
 
 const char *kg_toolfmt_marker(kg_toolfmt_t f) {
@@ -100,6 +196,10 @@ const char *kg_toolfmt_marker(kg_toolfmt_t f) {
         return "<tool_call>";
     case KG_TOOLFMT_MINIMAX_M2:
         return "<minimax:tool_call>";
+    case KG_TOOLFMT_GEMMA4:
+        return "<|tool_call>";
+    case KG_TOOLFMT_LFM2:
+        return "<|tool_call_start|>";
     default:
         return NULL;
     }
@@ -112,6 +212,7 @@ typedef struct wrap_ctx {
     json_t *names;
     int64_t only;
     bool parallel;
+    const char *mode; /* "required", "opened" or "free" (spec_text) */
 } wrap_ctx_t;
 
 static int32_t lit(kg_gir_t *g, const char *s) {
@@ -176,6 +277,23 @@ static int32_t some(kg_gir_t *g, int32_t call, const char *sep, bool many) {
                        kg_gir_repeat(g, kg_gir_seq2(g, lit(g, sep), call), 0, KG_GIR_UNBOUNDED));
 }
 
+/* An auto call of the syntaxes without a marker, from the first token: the call or free text.
+ * Llama 3.x: the call is the whole answer (whitespace around it), and text is any answer
+ * that does not start with `{` after its whitespace; Functionary v3.2: its `all` recipient and
+ * any text, or a call. */
+static int32_t free_or_call(kg_gir_t *g, kg_toolfmt_t f, int32_t call) {
+    int32_t any = kg_gir_repeat(g, kg_gir_char_range(g, 0, KG_GIR_MAX_CP), 0, KG_GIR_UNBOUNDED);
+    if (f == KG_TOOLFMT_FUNCTIONARY) {
+        return kg_gir_alt2(g, kg_gir_seq2(g, lit(g, "all\n"), any), call);
+    }
+    uint32_t ws_lo[] = {'\t', '\r', ' '}, ws_hi[] = {'\n', '\r', ' '};
+    uint32_t nb_lo[] = {'\t', '\r', ' ', '{'}, nb_hi[] = {'\n', '\r', ' ', '{'};
+    int32_t ws = kg_gir_repeat(g, kg_gir_chars(g, ws_lo, ws_hi, 3, false), 0, KG_GIR_UNBOUNDED);
+    int32_t text = kg_gir_seq3(g, ws, kg_gir_chars(g, nb_lo, nb_hi, 4, true), any);
+    int32_t alts[] = {kg_gir_seq3(g, ws, call, ws), text, ws};
+    return kg_gir_alt(g, alts, 3);
+}
+
 static int32_t
 wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_t errstr_size) {
     const wrap_ctx_t *w = ctx;
@@ -200,6 +318,12 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
         return -1;
     }
     bool many = w->parallel;
+    if (strcmp(w->mode, "opened") == 0) { /* Mistral's calls after [TOOL_CALLS] */
+        return kg_gir_seq3(g, lit(g, "["), some(g, call, ", ", many), lit(g, "]"));
+    }
+    if (strcmp(w->mode, "free") == 0) {
+        return free_or_call(g, w->f, call);
+    }
     switch (w->f) {
     case KG_TOOLFMT_HERMES:
         return some(g, call, "\n", many);
@@ -226,7 +350,8 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
 
 /* A tool's parameters as tagged syntaxes write them: per property its key, the index of its
  * schema among the flattened documents (-1: a string-typed one, written as raw text) and
- * whether it is required. */
+ * whether it is required (-2 - GEMMA_*: Gemma 4's own value syntax, unconstrained but for the
+ * schema's type, for the schemas it cannot write as JSON: objects, arrays, unions). */
 typedef struct tag_ctx {
     kg_toolfmt_t f;
     json_t *names;
@@ -289,6 +414,82 @@ tag_call(kg_gir_t *g, const tag_ctx_t *w, size_t t, const int32_t *doc_rules, in
     return call;
 }
 
+/* Gemma 4's value syntax as three rules, out[GEMMA_ANY] any value: <|"|>text<|"|>,
+ * out[GEMMA_OBJECT] {key:value,...}, out[GEMMA_ARRAY] [value,...], or a JSON scalar (`scalar`,
+ * a rule). Strings without '<' (as raw_text). */
+enum { GEMMA_ANY, GEMMA_OBJECT, GEMMA_ARRAY };
+
+static void gemma_rules(kg_gir_t *g, int32_t raw, int32_t scalar, int32_t out[3]) {
+    int32_t v = kg_gir_rule_new(g, "gemma-value");
+    int32_t d = kg_gir_rule_new(g, "gemma-object"), a = kg_gir_rule_new(g, "gemma-array");
+    uint32_t lo[] = {'0', 'A', '_', 'a'}, hi[] = {'9', 'Z', '_', 'z'};
+    int32_t key = kg_gir_repeat(g, kg_gir_chars(g, lo, hi, 4, false), 1, KG_GIR_UNBOUNDED);
+    int32_t kv = kg_gir_seq3(g, key, lit(g, ":"), kg_gir_ref(g, v));
+    int32_t kvs =
+        kg_gir_seq2(g, kv, kg_gir_repeat(g, kg_gir_seq2(g, lit(g, ","), kv), 0, KG_GIR_UNBOUNDED));
+    int32_t vs = kg_gir_seq2(
+        g, kg_gir_ref(g, v),
+        kg_gir_repeat(g, kg_gir_seq2(g, lit(g, ","), kg_gir_ref(g, v)), 0, KG_GIR_UNBOUNDED));
+    kg_gir_define(g, d, kg_gir_seq3(g, lit(g, "{"), kg_gir_opt(g, kvs), lit(g, "}")));
+    kg_gir_define(g, a, kg_gir_seq3(g, lit(g, "["), kg_gir_opt(g, vs), lit(g, "]")));
+    int32_t alts[] = {
+        kg_gir_seq3(g, lit(g, "<|\"|>"), raw, lit(g, "<|\"|>")),
+        kg_gir_ref(g, d),
+        kg_gir_ref(g, a),
+        scalar,
+    };
+    kg_gir_define(g, v, kg_gir_alt(g, alts, 4));
+    out[GEMMA_ANY] = v, out[GEMMA_OBJECT] = d, out[GEMMA_ARRAY] = a;
+}
+
+/* A keyed call: its pairs in the schema's order, required ones always, a separator between
+ * two (so the chain of rules: `head[k]` nothing written yet, `tail[k]` something written,
+ * from property k on). LFM2 takes one pair at least where the tool has properties. */
+static int32_t keyed_call(kg_gir_t *g,
+                          const tag_ctx_t *w,
+                          size_t t,
+                          const int32_t *doc_rules,
+                          int32_t raw,
+                          const int32_t *gem) {
+    const char *name = json_string_value(json_array_get(w->names, t));
+    json_t *props = json_array_get(w->props, t);
+    size_t n = json_array_size(props);
+    bool gemma = w->f == KG_TOOLFMT_GEMMA4;
+    const char *sep = gemma ? "," : ", ";
+    int32_t *head = malloc((n + 1) * sizeof(*head)), *tail = malloc((n + 1) * sizeof(*tail));
+    if (!head || !tail) {
+        free(head), free(tail);
+        return -1;
+    }
+    head[n] = !gemma && n > 0 ? -1 : kg_gir_empty(g);
+    tail[n] = kg_gir_empty(g);
+    char buf[600];
+    for (size_t k = n; k-- > 0;) {
+        json_t *p = json_array_get(props, k);
+        json_int_t doc = json_integer_value(json_array_get(p, 1));
+        snprintf(buf, sizeof(buf), "%s%s", json_string_value(json_array_get(p, 0)),
+                 gemma ? ":" : "=");
+        int32_t value = doc >= 0    ? kg_gir_ref(g, doc_rules[doc])
+                        : doc == -1 ? kg_gir_seq3(g, lit(g, "<|\"|>"), raw, lit(g, "<|\"|>"))
+                                    : kg_gir_ref(g, gem[-2 - doc]);
+        int32_t item = kg_gir_seq2(g, lit(g, buf), value);
+        int32_t rt = kg_gir_rule_new(g, "pairs"), rh = kg_gir_rule_new(g, "pairs");
+        int32_t sep_item = kg_gir_seq2(g, lit(g, sep), item);
+        bool required = json_is_true(json_array_get(p, 2));
+        kg_gir_define(g, rt,
+                      kg_gir_seq2(g, required ? sep_item : kg_gir_opt(g, sep_item), tail[k + 1]));
+        int32_t first = kg_gir_seq2(g, item, tail[k + 1]);
+        kg_gir_define(g, rh,
+                      required || head[k + 1] < 0 ? first : kg_gir_alt2(g, first, head[k + 1]));
+        tail[k] = kg_gir_ref(g, rt);
+        head[k] = kg_gir_ref(g, rh);
+    }
+    snprintf(buf, sizeof(buf), gemma ? "<|tool_call>call:%s{" : "%s(", name);
+    int32_t call = kg_gir_seq3(g, lit(g, buf), head[0], lit(g, gemma ? "}<tool_call|>" : ")"));
+    free(head), free(tail);
+    return call;
+}
+
 static int32_t
 tag_wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_t errstr_size) {
     const tag_ctx_t *w = ctx;
@@ -303,9 +504,15 @@ tag_wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, s
         }
         int32_t raw = kg_gir_rule_new(g, "text");
         kg_gir_define(g, raw, raw_text(g));
+        /* the last document is Gemma 4's scalar (flatten) */
+        int32_t gem[3] = {-1, -1, -1};
+        if (w->f == KG_TOOLFMT_GEMMA4) {
+            gemma_rules(g, kg_gir_ref(g, raw), kg_gir_ref(g, rules[n - 1]), gem);
+        }
         for (size_t t = 0; t < n_tools; t++) {
             if (w->only < 0 || w->only == (int64_t)t) {
-                calls[k++] = tag_call(g, w, t, rules, kg_gir_ref(g, raw));
+                calls[k++] = keyed(w->f) ? keyed_call(g, w, t, rules, kg_gir_ref(g, raw), gem)
+                                         : tag_call(g, w, t, rules, kg_gir_ref(g, raw));
             }
         }
     }
@@ -314,6 +521,13 @@ tag_wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, s
     if (call < 0) {
         snprintf(errstr, errstr_size, "tool_calls: no tool to call");
         return -1;
+    }
+    if (w->f == KG_TOOLFMT_GEMMA4) {
+        return some(g, call, "", w->parallel);
+    }
+    if (w->f == KG_TOOLFMT_LFM2) {
+        return kg_gir_seq3(g, lit(g, "<|tool_call_start|>["), some(g, call, ", ", w->parallel),
+                           lit(g, "]<|tool_call_end|>"));
     }
     if (w->f == KG_TOOLFMT_MINIMAX_M2) {
         return kg_gir_seq3(g, lit(g, "<minimax:tool_call>\n"), some(g, call, "", w->parallel),
@@ -335,9 +549,32 @@ any_doc(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, si
     return kg_gir_alt(g, docs, n);
 }
 
-/* Each tool's properties split out: the non-string ones' schemas (with the tool's $defs, which
- * their $refs name) as flat documents, and the per-tool list tag_ctx_t wants. */
-static bool flatten(json_t *params, json_t *flat, json_t *props) {
+/* Whether Gemma 4 writes values of this schema as JSON does: scalars only. */
+static bool gemma_scalar(json_t *ps) {
+    static const char *const scalars[] = {"integer", "number", "boolean", "null"};
+    const char *type = json_string_value(json_object_get(ps, "type"));
+    for (size_t i = 0; type && i < sizeof(scalars) / sizeof(scalars[0]); i++) {
+        if (strcmp(type, scalars[i]) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Which of Gemma 4's own value rules a schema it cannot write as JSON takes (gemma_rules). */
+static int gemma_kind(json_t *ps) {
+    const char *type = json_string_value(json_object_get(ps, "type"));
+    return !type                         ? GEMMA_ANY
+           : strcmp(type, "object") == 0 ? GEMMA_OBJECT
+           : strcmp(type, "array") == 0  ? GEMMA_ARRAY
+                                         : GEMMA_ANY;
+}
+
+/* Each tool's properties split out: the schemas of those written as JSON (with the tool's $defs,
+ * which their $refs name) as flat documents, and the per-tool list tag_ctx_t wants. LFM2 writes
+ * every value as JSON (strings quoted), the other tagged syntaxes all but strings, Gemma 4 only
+ * scalars. */
+static bool flatten(json_t *params, json_t *flat, json_t *props, kg_toolfmt_t f) {
     size_t i;
     json_t *p;
     bool ok = true;
@@ -349,8 +586,10 @@ static bool flatten(json_t *params, json_t *flat, json_t *props) {
         ok = ok && list && json_array_append_new(props, list) == 0;
         json_object_foreach(json_object_get(p, "properties"), key, ps) {
             const char *type = json_string_value(json_object_get(ps, "type"));
-            json_int_t doc = -1;
-            if (!type || strcmp(type, "string") != 0) {
+            bool string = type && strcmp(type, "string") == 0;
+            json_int_t doc =
+                f == KG_TOOLFMT_GEMMA4 && !string && !gemma_scalar(ps) ? -2 - gemma_kind(ps) : -1;
+            if (f == KG_TOOLFMT_LFM2 || (f == KG_TOOLFMT_GEMMA4 ? gemma_scalar(ps) : !string)) {
                 json_t *copy = json_is_object(ps) ? json_deep_copy(ps) : json_object();
                 static const char *const defs[] = {"$defs", "definitions"};
                 for (int d = 0; copy && d < 2; d++) {
@@ -370,8 +609,12 @@ static bool flatten(json_t *params, json_t *flat, json_t *props) {
             ok = ok && json_array_append_new(list, json_pack("[s,I,b]", key, doc, required)) == 0;
         }
     }
-    /* one document at least (the engine wants one): unused when no property needs it */
-    return ok && json_array_append_new(flat, json_object()) == 0;
+    /* one document more: Gemma 4's scalar inside its own values; else unused (and the engine
+     * wants one document at least) */
+    json_t *last = f == KG_TOOLFMT_GEMMA4
+                       ? json_pack("{s:[s,s,s]}", "type", "number", "boolean", "null")
+                       : json_object();
+    return ok && json_array_append_new(flat, last) == 0;
 }
 
 static kg_gir_t *tagged_gir(json_t *spec, kg_toolfmt_t f, char *errstr, size_t errstr_size) {
@@ -387,7 +630,7 @@ static kg_gir_t *tagged_gir(json_t *spec, kg_toolfmt_t f, char *errstr, size_t e
     kg_gir_free(g);
     json_t *flat = json_array(), *props = json_array();
     char *text = NULL;
-    if (flat && props && flatten(params, flat, props)) {
+    if (flat && props && flatten(params, flat, props, f)) {
         text = json_dumps(flat, JSON_COMPACT);
     }
     tag_ctx_t w = {f, json_object_get(spec, "names"), props,
@@ -409,9 +652,10 @@ kg_toolcall_builder(const kg_constraint_t *c, char *errstr, size_t errstr_size, 
         return kg_json_schema_builder(c, errstr, errstr_size, ctx);
     }
     json_t *spec = json_loadb(c->text, c->len, 0, NULL);
+    const char *mode = json_string_value(json_object_get(spec, "mode"));
     wrap_ctx_t w = {KG_TOOLFMT_NONE, json_object_get(spec, "names"),
                     json_integer_value(json_object_get(spec, "only")),
-                    json_is_true(json_object_get(spec, "parallel"))};
+                    json_is_true(json_object_get(spec, "parallel")), mode ? mode : "required"};
     const char *fname = json_string_value(json_object_get(spec, "format"));
     for (int f = KG_TOOLFMT_NONE; fname && f <= KG_TOOLFMT_LAST; f++) {
         if (strcmp(kg_toolfmt_name((kg_toolfmt_t)f), fname) == 0) {

@@ -54,6 +54,7 @@ typedef struct kg_tcparse {
     size_t len, i;
     kg_toolparse_t *out;
     const char *tools_json;
+    bool no_calls; /* the job has no tools: a call is not the answer's (kg_toolcall_parse_answer) */
     bool oom;
 } kg_tcparse_t;
 
@@ -95,3 +96,8 @@ void kg_tc_put_value(
 bool kg_tc_parse_glm(kg_tcparse_t *p);
 bool kg_tc_parse_minimax(kg_tcparse_t *p);
 bool kg_tc_parse_kimi(kg_tcparse_t *p);
+
+// ---- the syntaxes converted to JSON (kg_toolcall_convert.c) ----
+
+bool kg_tc_parse_gemma4(kg_tcparse_t *p);
+bool kg_tc_parse_lfm2(kg_tcparse_t *p);

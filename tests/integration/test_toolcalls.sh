@@ -19,6 +19,11 @@
 #   - 40 required jobs on a random glm4moe model with GLM-4.6's own template (`--chat-template
 #     glm4.6`): the tagged syntax (<arg_key>/<arg_value>), constrained one parameter at a time;
 #     every finished call's arguments (typed back into JSON by the schema) validate.
+#   - 40 required jobs on a random gemma4 model with Gemma 4's own template: its keyed syntax
+#     (key:value, <|"|> strings), typed back into JSON; every finished call validates.
+#   - 60 auto jobs on a random model with Mistral Nemo's template, [TOOL_CALLS] a control token:
+#     the lazy grammar starts after it, the marker is kept in the text for the parse, and every
+#     finished call validates.
 set -euo pipefail
 bin="${KG_BIN_DIR:?}"
 tmp=$(mktemp -d "${KG_TEST_TMP:-/tmp}/toolcalls.XXXXXX")
@@ -259,4 +264,95 @@ for line in open(f"{tmp}/glm.out"):
         n_calls += 1
 assert n_done >= 15, f"only {n_done} of 40 GLM jobs ended with calls"
 print(f"GLM: {n_done} of 40 required jobs finished tool_calls, {n_calls} calls valid")
+PY
+
+# Gemma 4's keyed calls: required, through its own syntax (key:value pairs, strings in <|"|>
+# quotes), typed back into JSON; its strings are free text and its objects its own syntax, so the
+# schemas here constrain the scalars
+"$bin/kgen" mkmodel --out "$tmp/g4.gguf" --arch gemma4 --n-embd 64 --n-head 4 --n-head-kv 2 \
+    --n-ff 128 --n-layer 4 --swa-pattern 2 \
+    --sliding-window 8 --n-embd-per-layer 16 --n-kv-shared 2 --seed 5 --chat-template gemma4 \
+    >/dev/null
+python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+T = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        "metric": {"type": "boolean"}}, "required": ["city", "days"]}},
+     {"name": "book", "parameters": {"type": "object", "properties": {
+        "seats": {"type": "integer", "minimum": 1, "maximum": 8}, "price": {"type": "number"},
+        "extra": {"type": "object"}}, "required": ["seats"]}},
+     {"name": "ping", "parameters": {"type": "object", "properties": {}}}]
+json.dump(T, open(f"{tmp}/g4-tools.json", "w"))
+with open(f"{tmp}/g4.jsonl", "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"request_id": f"m{i}", "messages": [{"role": "user", "content": f"task {i}"}],
+                            "tools": [{"type": "function", "function": t} for t in T],
+                            "tool_choice": "required", "parallel_tool_calls": i % 4 == 0,
+                            "max_tokens": 120, "temperature": 1.0}) + "\n")
+PY
+"$bin/kgen" batch --model "$tmp/g4.gguf" --input "$tmp/g4.jsonl" --output "$tmp/g4.out" \
+    2>>"$tmp/batch.log"
+python3 - "$tmp" <<'PY'
+import json, sys
+import jsonschema
+tmp = sys.argv[1]
+T = {t["name"]: t["parameters"] for t in json.load(open(f"{tmp}/g4-tools.json"))}
+n_done = n_calls = 0
+for line in open(f"{tmp}/g4.out"):
+    e = json.loads(line)
+    assert e["type"] == "done", e
+    fr, calls = e["finish_reason"], e.get("tool_calls", [])
+    assert fr in ("tool_calls", "length"), (e["request_id"], fr, e.get("text"))
+    n_done += fr == "tool_calls"
+    for i, c in enumerate(calls):
+        if fr == "length" and i == len(calls) - 1:
+            continue  # may be cut
+        jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]])
+        n_calls += 1
+assert n_done >= 15, f"only {n_done} of 40 Gemma 4 jobs ended with calls"
+print(f"Gemma 4: {n_done} of 40 required jobs finished tool_calls, {n_calls} calls valid")
+PY
+
+# Mistral Nemo's auto calls: [TOOL_CALLS] is a control token of the vocabulary (as in Mistral's
+# tekken), so the lazy grammar starts after it and the token is written into the text (a kept
+# marker) for the parse; it is the vocabulary's last token, biased up so that most jobs call
+mn_vocab=$("$bin/kgen" mkmodel --out "$tmp/mn.gguf" --arch qwen2 --n-embd 64 --n-layer 2 \
+    --n-head 4 --n-head-kv 2 --n-ff 128 --seed 11 --chat-template mistral-nemo |
+    sed -n 's/.* n_vocab=\([0-9]*\) .*/\1/p')
+python3 - "$tmp" "$((mn_vocab - 1))" <<'PY'
+import json, sys
+tmp, marker = sys.argv[1], sys.argv[2]
+T = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"], "additionalProperties": False}},
+     {"name": "ping", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}]
+json.dump(T, open(f"{tmp}/mn-tools.json", "w"))
+with open(f"{tmp}/mn.jsonl", "w") as f:
+    for i in range(60):
+        f.write(json.dumps({"request_id": f"n{i}", "messages": [{"role": "user", "content": f"auto {i}"}],
+                            "tools": [{"type": "function", "function": t} for t in T],
+                            "max_tokens": 100, "temperature": 1.0, "logit_bias": {marker: 2}}) + "\n")
+PY
+"$bin/kgen" batch --model "$tmp/mn.gguf" --input "$tmp/mn.jsonl" --output "$tmp/mn.out" \
+    2>>"$tmp/batch.log"
+python3 - "$tmp" <<'PY'
+import json, sys
+import jsonschema
+tmp = sys.argv[1]
+T = {t["name"]: t["parameters"] for t in json.load(open(f"{tmp}/mn-tools.json"))}
+n_called = n_calls = 0
+for line in open(f"{tmp}/mn.out"):
+    e = json.loads(line)
+    assert e["type"] == "done", e
+    fr, calls = e["finish_reason"], e.get("tool_calls", [])
+    assert "[TOOL_CALLS]" not in e["text"], e  # a call's marker never stays in the text
+    n_called += fr == "tool_calls"
+    for i, c in enumerate(calls):
+        if fr == "length" and i == len(calls) - 1:
+            continue  # may be cut
+        jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]])
+        n_calls += 1
+assert n_called >= 5, f"only {n_called} of 60 Mistral auto jobs called"
+print(f"Mistral Nemo auto: {n_called} of 60 jobs finished tool_calls, {n_calls} calls valid")
 PY

@@ -2120,6 +2120,54 @@ START_TEST(lazy_grammar) {
 }
 END_TEST
 
+/* A lazy grammar the trigger opens (lazy_opens: a control token, which no
+ * grammar spells): the trigger is appended as it is, and the output after
+ * it matches the grammar from its first token. Token 2 has no text, as a
+ * control token has none in the grammar's vocabulary. */
+START_TEST(lazy_grammar_opens) {
+    kg_gvocab_t *v = fake_vocab();
+    kg_grammar_t *g = fake_grammar(v, KG_CONSTRAINT_REGEX, "hel[lo]{3}");
+    const int32_t TRIGGER = 2;
+    env_t env;
+    kg_engine_params_t ep = base_params();
+    env_init(&env, &ep, 30);
+    int32_t prompt[6];
+    fill_prompt(prompt, 6, 79);
+    const int32_t NJ = 40;
+    for (int32_t i = 0; i < NJ; i++) {
+        kg_request_t r = make_req((uint64_t)i, prompt, 6, 80);
+        r.sampling.temperature = 1.0f;
+        r.sampling.seed = 5000 + (uint64_t)i;
+        r.grammar = g;
+        r.lazy = true;
+        r.lazy_opens = true;
+        r.lazy_token = TRIGGER;
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 20000);
+    int n_triggered = 0;
+    for (int32_t i = 0; i < NJ; i++) {
+        const job_out_t *j = &env.jobs[i];
+        ck_assert(j->done);
+        int32_t t = find_tok(j, TRIGGER, 0);
+        if (t < 0) {
+            continue;
+        }
+        n_triggered++;
+        job_out_t call = {.n = 0};
+        for (int32_t k = t + 1; k < j->n; k++) {
+            call.tok[call.n++] = j->tok[k];
+        }
+        ck_assert_msg(j->finish == KG_FINISH_STOP && spells_match(g, &call),
+                      "job %d: after the trigger the output is not the grammar's", i);
+    }
+    ck_assert_int_gt(n_triggered, 3);
+    env_clear(&env);
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 /* A request's thought must name valid markers. */
 START_TEST(thinking_submit_validation) {
     env_t env;
@@ -2376,6 +2424,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, thinking_budget);
     tcase_add_test(tc, grammar_after_thought);
     tcase_add_test(tc, lazy_grammar);
+    tcase_add_test(tc, lazy_grammar_opens);
     tcase_add_test(tc, thinking_submit_validation);
     tcase_add_test(tc, constrained_choices);
     suite_add_tcase(s, tc);

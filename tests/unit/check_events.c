@@ -353,6 +353,54 @@ START_TEST(done_with_choices_fits) {
 }
 END_TEST
 
+/* A job without tools on a gpt-oss model (toolfmt set by kg_intake for its Harmony channels):
+ * the analysis channel is the reasoning, the final channel the text, and a call the model
+ * writes anyway is dropped (no tool_calls, finish_reason stays "stop"). */
+START_TEST(done_harmony_without_tools) {
+    static const struct {
+        const char *out, *text, *reasoning;
+    } cases[] = {
+        {"<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final"
+         "<|message|>Done.",
+         "Done.", "Think."},
+        {"<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary "
+         "to=functions.f <|constrain|>json<|message|>{}<|end|>",
+         "", "Think."},
+        {"Just text.", "Just text.", NULL},
+    };
+    kg_job_t *job = make_job("", 0);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        kg_output_t out;
+        int n;
+        make_output(&out, cases[i].out, NULL, &n);
+        kg_events_choice_t ch = {
+            .out = &out, .reason = KG_FINISH_REASON_STOP, .toolfmt = KG_TOOLFMT_GPT_OSS};
+        kg_job_timing_t t = {
+            .taken_us = 1, .submitted_us = 2, .first_token_us = 3, .finished_us = 4};
+        kg_events_fit_t fit;
+        size_t len;
+        char *json = kg_events_done_choices(&origin, tok, job, &ch, 1, &t, 0, &len, &fit);
+        ck_assert_ptr_nonnull(json);
+        kg_event_t *ev = decode(json, len);
+        ck_assert_int_eq(ev->done.finish_reason, KG_FINISH_REASON_STOP);
+        ck_assert_uint_eq(ev->done.n_tool_calls, 0);
+        ck_assert_uint_eq(ev->done.text_len, strlen(cases[i].text));
+        ck_assert(memcmp(ev->done.text, cases[i].text, ev->done.text_len) == 0);
+        if (cases[i].reasoning) {
+            ck_assert_uint_eq(ev->done.r.reasoning_len, strlen(cases[i].reasoning));
+            ck_assert(memcmp(ev->done.r.reasoning, cases[i].reasoning, ev->done.r.reasoning_len) ==
+                      0);
+        } else {
+            ck_assert_ptr_null(ev->done.r.reasoning);
+        }
+        kg_event_free(ev);
+        free(json);
+        kg_output_clear(&out);
+    }
+    kg_job_free(job);
+}
+END_TEST
+
 START_TEST(token_sheds_logprobs_then_text) {
     char *text = long_text(2000);
     kg_job_t *job = make_job(",\"logprobs\":20", 0);
@@ -562,6 +610,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, done_fits_every_budget);
     tcase_add_test(tc, done_reasoning_cut_before_text);
     tcase_add_test(tc, done_with_choices_fits);
+    tcase_add_test(tc, done_harmony_without_tools);
     tcase_add_test(tc, token_sheds_logprobs_then_text);
     tcase_add_test(tc, error_sheds_metadata);
     tcase_add_test(tc, intake_refuses_metadata_over_budget);

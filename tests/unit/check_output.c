@@ -260,6 +260,36 @@ START_TEST(reasoning_format_none_keeps_the_raw_text) {
 }
 END_TEST
 
+/* A kept control token is written as its text (a call syntax's marker the parse reads);
+ * others are written as nothing. */
+START_TEST(keeps_control_markers) {
+    int32_t eot = kg_tokenizer_find(tok, "<|endoftext|>", 13);
+    ck_assert(eot >= 0 && kg_tokenizer_is_control(tok, eot));
+    int32_t hi[8];
+    int64_t n = kg_tokenizer_encode(tok, "Hi", 2, false, false, hi, 8);
+    ck_assert_int_eq(n, 1);
+    for (int keep = 0; keep < 2; keep++) {
+        kg_output_t out;
+        kg_output_init(&out, tok, NULL, 0);
+        if (keep) {
+            kg_output_keep(&out, &eot, 1);
+        }
+        kg_output_event_t ev[3];
+        kg_sample_result_t s = {.token = 0};
+        ck_assert_int_ge(kg_output_push(&out, hi[0], &s, ev), 0);
+        ck_assert_int_ge(kg_output_push(&out, eot, &s, ev), 0);
+        ck_assert_int_ge(kg_output_push(&out, hi[0], &s, ev), 0);
+        ck_assert_int_ge(kg_output_finish(&out, ev), 0);
+        size_t len;
+        const char *text = kg_output_text(&out, &len);
+        const char *want = keep ? "Hi<|endoftext|>Hi" : "HiHi";
+        ck_assert_uint_eq(len, strlen(want));
+        ck_assert(memcmp(text, want, len) == 0);
+        kg_output_clear(&out);
+    }
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("output");
     TCase *tc = tcase_create("output");
@@ -273,6 +303,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, stop_string_cuts_the_text);
     tcase_add_test(tc, stop_prefix_that_never_completes_is_released);
     tcase_add_test(tc, stop_inside_one_token_and_at_start);
+    tcase_add_test(tc, keeps_control_markers);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -59,6 +59,12 @@ START_TEST(test_detect) {
         {"Kimi-K2-Thinking.jinja", KG_TOOLFMT_KIMI_K2},
         {"moonshotai-Kimi-K2.jinja", KG_TOOLFMT_KIMI_K2},
         {"MiniMax-M2.jinja", KG_TOOLFMT_MINIMAX_M2},
+        {"google-gemma-4-31B-it.jinja", KG_TOOLFMT_GEMMA4},
+        {"google-gemma-4-31B-it-interleaved.jinja", KG_TOOLFMT_GEMMA4},
+        {"LFM2-8B-A1B.jinja", KG_TOOLFMT_LFM2},
+        {"LFM2.5-8B-A1B.jinja", KG_TOOLFMT_LFM2},
+        {"LFM2.5-Instruct.jinja", KG_TOOLFMT_LFM2},
+        {"ibm-granite-granite-4.1.jinja", KG_TOOLFMT_HERMES},
         {"google-gemma-2-2b-it.jinja", KG_TOOLFMT_NONE},
         {"microsoft-Phi-3.5-mini-instruct.jinja", KG_TOOLFMT_NONE},
     };
@@ -261,6 +267,52 @@ START_TEST(test_formats) {
         kg_toolparse_clear(&p);
     }
 
+    /* Gemma 4: values converted to JSON, the thought its reasoning; a call that breaks ends the
+     * calls (no error: what follows is dropped, as llama.cpp's parser drops it) */
+    const char *g4 = "<|channel>thought\nhm<channel|>Ok.<|tool_call>call:f{s:<|\"|>a \"b\"\n"
+                     "<|\"|>,n:-2.5e1,o:{k:[true,null,<|\"|>x<|\"|>]}}<tool_call|>"
+                     "<|tool_call>call:g{}<tool_call|><|tool_call>call:h{x:1}<tool_call|>";
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_GEMMA4, g4, strlen(g4), NULL, &p), KG_OK);
+    ck_assert_uint_eq(p.n_calls, 3);
+    ck_assert_str_eq(p.content, "Ok.");
+    ck_assert_str_eq(p.reasoning, "hm");
+    ck_assert_str_eq(p.calls[0].name, "f");
+    ck_assert_str_eq(p.calls[0].arguments,
+                     "{\"s\":\"a \\\"b\\\"\\n\",\"n\":-2.5e1,\"o\":{\"k\":[true,null,\"x\"]}}");
+    ck_assert_str_eq(p.calls[1].arguments, "{}");
+    kg_toolparse_clear(&p);
+    /* with the job's tools, h is no tool: the calls end before it */
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_GEMMA4, g4, strlen(g4), tools, &p), KG_OK);
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert(!p.malformed);
+    kg_toolparse_clear(&p);
+    p = parse(KG_TOOLFMT_GEMMA4, "<|tool_call>call:f{s:<|\"|>ab");
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert_str_eq(p.calls[0].arguments, "{\"s\":\"ab");
+    kg_toolparse_clear(&p);
+
+    /* LFM2: Python-style arguments as JSON, by the tool's properties */
+    const char *lfm = "Ok.<|tool_call_start|>[f(s='it\\'s \"x\"', n=3), f(n=1, s=\"a\", "
+                      "o={'k': [True, None]})]<|tool_call_end|>";
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_LFM2, lfm, strlen(lfm), NULL, &p), KG_OK);
+    ck_assert_uint_eq(p.n_calls, 2);
+    ck_assert_str_eq(p.content, "Ok.");
+    ck_assert_str_eq(p.calls[0].arguments, "{\"s\":\"it's \\\"x\\\"\",\"n\":3}");
+    ck_assert_str_eq(p.calls[1].arguments, "{\"n\":1,\"s\":\"a\",\"o\":{\"k\": [true, null]}}");
+    kg_toolparse_clear(&p);
+    /* o is no property of f, n is no string, text after the calls: malformed, all content */
+    const char *lfm_bad[] = {"<|tool_call_start|>[f(o=1)]<|tool_call_end|>",
+                             "<|tool_call_start|>[f(s=1)]<|tool_call_end|>",
+                             "<|tool_call_start|>[f(n=1)]<|tool_call_end|>x",
+                             "<|tool_call_start|>[g(n=1)]<|tool_call_end|>"};
+    for (size_t i = 0; i < sizeof(lfm_bad) / sizeof(lfm_bad[0]); i++) {
+        ck_assert_int_eq(
+            kg_toolcall_parse(KG_TOOLFMT_LFM2, lfm_bad[i], strlen(lfm_bad[i]), tools, &p), KG_OK);
+        ck_assert_msg(p.malformed && p.n_calls == 0, "%s", lfm_bad[i]);
+        ck_assert_str_eq(p.content, lfm_bad[i]);
+        kg_toolparse_clear(&p);
+    }
+
     /* every format, every prefix of a call: never a crash, content never NULL */
     const char *texts[] = {
         "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"\\u00e9\"}}\n</tool_call>",
@@ -279,6 +331,8 @@ START_TEST(test_formats) {
         mm,
         "<think>x</think>y<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_"
         "call_argument_begin|>{\"a\": [1]}<|tool_call_end|><|tool_calls_section_end|>",
+        g4,
+        lfm,
     };
     for (int f = KG_TOOLFMT_NONE; f <= KG_TOOLFMT_LAST; f++) {
         for (size_t t = 0; t < sizeof(texts) / sizeof(texts[0]); t++) {
@@ -471,8 +525,10 @@ static char *trimmed(const char *s) {
 
 /* One golden case through kgen: the <think> split (on when the template
  * closes thoughts, as kg_intake decides for reasoning_format auto), then the
- * call parse of the answer. Returns whether everything matched. */
-static bool check_case(json_t *out, json_t *gold, const char *tools, const char *src) {
+ * call parse of the answer (a group without tools: the answer parse, as
+ * kg_events makes it for such a job). Returns whether everything matched. */
+static bool
+check_case(json_t *out, json_t *gold, const char *tools, const char *src, bool no_tools) {
     const char *tmpl = json_string_value(json_object_get(gold, "template"));
     const char *name = json_string_value(json_object_get(gold, "output"));
     const char *text = json_string_value(json_object_get(out, "text"));
@@ -486,7 +542,10 @@ static bool check_case(json_t *out, json_t *gold, const char *tools, const char 
     size_t ans_n, rsn_n;
     kg_think_split(&th, text, len, &ans, &ans_n, &rsn, &rsn_n);
     kg_toolparse_t p;
-    ck_assert_int_eq(kg_toolcall_parse(kg_toolfmt_detect(src), ans, ans_n, tools, &p), KG_OK);
+    kg_toolfmt_t f = kg_toolfmt_detect(src);
+    ck_assert_int_eq(no_tools ? kg_toolcall_parse_answer(f, ans, ans_n, &p)
+                              : kg_toolcall_parse(f, ans, ans_n, tools, &p),
+                     KG_OK);
     char *r_kgen = strndup(p.reasoning ? p.reasoning
                            : rsn       ? rsn
                                        : "",
@@ -553,7 +612,8 @@ START_TEST(test_goldens) {
                     continue;
                 }
                 n++;
-                n_bad += !check_case(out, gold, tools, src);
+                n_bad += !check_case(out, gold, tools, src,
+                                     json_is_true(json_object_get(group, "no_tools")));
             }
             free(src);
         }
@@ -562,7 +622,7 @@ START_TEST(test_goldens) {
     free(tools);
     json_decref(outputs);
     json_decref(goldens);
-    ck_assert_msg(n > 175, "only %zu golden parses", n);
+    ck_assert_msg(n > 250, "only %zu golden parses", n);
     ck_assert_msg(n_bad == 0, "%zu of %zu parses differ from llama.cpp's (%zu it refuses)", n_bad,
                   n, n_refused);
 }
@@ -655,6 +715,147 @@ START_TEST(test_tagged_grammar) {
 }
 END_TEST
 
+/* The keyed syntaxes (Gemma 4, LFM2): pairs in the schema's order, a separator between two,
+ * required ones always; Gemma 4's strings raw text in its quotes and its objects its own syntax,
+ * LFM2's every value JSON (its string keywords enforced). */
+START_TEST(test_keyed_grammar) {
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8},"
+        "\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9},\"opts\":{\"type\":"
+        "\"object\"}},\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{"
+        "\"name\":\"ping\"}}]";
+    static const struct {
+        kg_toolfmt_t f;
+        const char *one, *two, *bad, *missing, *args;
+    } cases[] = {
+        {KG_TOOLFMT_GEMMA4,
+         "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,opts:{a:[1,<|\"|>b<|\"|>]}}"
+         "<tool_call|>",
+         "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3,opts:{a:[1,<|\"|>b<|\"|>]}}"
+         "<tool_call|><|tool_call>call:ping{}<tool_call|>",
+         "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:10}<tool_call|>",
+         "<|tool_call>call:get_weather{days:3}<tool_call|>",
+         "{\"city\":\"Paris\",\"days\":3,\"opts\":{\"a\":[1,\"b\"]}}"},
+        {KG_TOOLFMT_LFM2,
+         "<|tool_call_start|>[get_weather(city=\"Paris\", days=3, opts={\"a\": [1, \"b\"]})]"
+         "<|tool_call_end|>",
+         "<|tool_call_start|>[get_weather(city=\"Paris\", days=3, opts={\"a\": [1, \"b\"]}), "
+         "ping()]<|tool_call_end|>",
+         "<|tool_call_start|>[get_weather(city=\"Paris, France\")]<|tool_call_end|>",
+         "<|tool_call_start|>[get_weather(days=3)]<|tool_call_end|>",
+         "{\"city\":\"Paris\",\"days\":3,\"opts\":{\"a\": [1, \"b\"]}}"},
+    };
+    kg_gvocab_t *v = byte_vocab();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *fn = kg_toolfmt_name(cases[i].f);
+        kg_grammar_t *g = tool_grammar(v, cases[i].f, tools, NULL, true);
+        ck_assert_msg(accepts(g, cases[i].one), "%s refuses one call", fn);
+        ck_assert_msg(accepts(g, cases[i].two), "%s refuses two calls", fn);
+        ck_assert_msg(!accepts(g, cases[i].bad), "%s accepts a bad value", fn);
+        ck_assert_msg(!accepts(g, cases[i].missing), "%s accepts a call without city", fn);
+        ck_assert_msg(!accepts(g, "It is sunny."), "%s accepts no call", fn);
+        kg_grammar_unref(g);
+        g = tool_grammar(v, cases[i].f, tools, NULL, false);
+        ck_assert_msg(!accepts(g, cases[i].two), "%s (single) takes two", fn);
+        kg_grammar_unref(g);
+        g = tool_grammar(v, cases[i].f, tools, "ping", true);
+        ck_assert_msg(!accepts(g, cases[i].one), "%s (named ping) takes get_weather", fn);
+        kg_grammar_unref(g);
+        /* what the grammar makes, the parser reads back */
+        kg_toolparse_t p;
+        ck_assert_int_eq(
+            kg_toolcall_parse(cases[i].f, cases[i].two, strlen(cases[i].two), tools, &p), KG_OK);
+        ck_assert_msg(p.n_calls == 2 && !p.malformed, "%s: %zu calls", fn, p.n_calls);
+        ck_assert_str_eq(p.calls[0].arguments, cases[i].args);
+        ck_assert_str_eq(p.calls[1].name, "ping");
+        ck_assert_str_eq(p.calls[1].arguments, "{}");
+        kg_toolparse_clear(&p);
+    }
+    /* optional pairs may go, the separator with them */
+    kg_grammar_t *g = tool_grammar(v, KG_TOOLFMT_LFM2, tools, NULL, true);
+    ck_assert(
+        accepts(g, "<|tool_call_start|>[get_weather(city=\"Oslo\", opts={})]<|tool_call_end|>"));
+    ck_assert(!accepts(g, "<|tool_call_start|>[get_weather(, city=\"Oslo\")]<|tool_call_end|>"));
+    kg_grammar_unref(g);
+    g = tool_grammar(v, KG_TOOLFMT_GEMMA4, tools, NULL, true);
+    ck_assert(
+        accepts(g, "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,opts:{}}<tool_call|>"));
+    ck_assert(!accepts(g, "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,}<tool_call|>"));
+    /* an object-typed property takes Gemma 4's objects only */
+    ck_assert(
+        !accepts(g, "<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,opts:7}<tool_call|>"));
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
+/* Auto calls: Mistral's grammar after a [TOOL_CALLS] the grammar cannot spell (a control
+ * token), and the calls or free text from the first token where the syntax has no marker
+ * (Llama 3.x, Functionary). */
+START_TEST(test_auto_grammar) {
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{"
+        "\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8}},"
+        "\"required\":[\"city\"]}}}]";
+    kg_gvocab_t *v = byte_vocab();
+    char err[256];
+    size_t len;
+    static const struct {
+        kg_toolfmt_t f;
+        kg_toolauto_t how;
+        const char *yes[4], *no[4];
+    } cases[] = {
+        {KG_TOOLFMT_MISTRAL,
+         KG_TOOLAUTO_OPENED,
+         {"[{\"name\": \"get_weather\", \"arguments\": " W_ARGS "}]",
+          "[{\"name\": \"get_weather\", \"arguments\": " W_ARGS
+          "}, {\"name\": \"get_weather\", \"arguments\": " W_ARGS "}]"},
+         {"[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": " W_ARGS "}]",
+          "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris, France\"}}]",
+          "It is sunny."}},
+        {KG_TOOLFMT_LLAMA3,
+         KG_TOOLAUTO_FREE,
+         {"{\"name\": \"get_weather\", \"parameters\": " W_ARGS "}",
+          "\n {\"name\": \"get_weather\", \"parameters\": " W_ARGS "}\n", "It is sunny {ok}.", ""},
+         {"{\"answer\": 42}", "{\"name\": \"get_weather\", \"parameters\": {}}",
+          " {\"name\": \"search\", \"parameters\": {}}"}},
+        {KG_TOOLFMT_FUNCTIONARY,
+         KG_TOOLAUTO_FREE,
+         {"all\nIt is sunny.", "get_weather\n" W_ARGS, "all\n"},
+         {"It is sunny.", "get_weather\n{\"town\": \"x\"}", "search\n{}"}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const char *fn = kg_toolfmt_name(cases[i].f);
+        char *text = kg_toolcall_auto_constraint(cases[i].f, tools, true, cases[i].how, &len, err,
+                                                 sizeof(err));
+        ck_assert_msg(text != NULL, "%s: %s", fn, err);
+        kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+        kg_gir_t *ir = kg_toolcall_builder(&k, err, sizeof(err), NULL);
+        ck_assert_msg(ir != NULL, "%s: %s", fn, err);
+        kg_grammar_t *g = kg_grammar_compile(ir, v, err, sizeof(err));
+        ck_assert_msg(g != NULL, "%s: %s", fn, err);
+        kg_gir_free(ir);
+        free(text);
+        for (int t = 0; t < 4 && cases[i].yes[t]; t++) {
+            ck_assert_msg(accepts(g, cases[i].yes[t]), "%s refuses [%s]", fn, cases[i].yes[t]);
+        }
+        for (int t = 0; t < 4 && cases[i].no[t]; t++) {
+            ck_assert_msg(!accepts(g, cases[i].no[t]), "%s accepts [%s]", fn, cases[i].no[t]);
+        }
+        kg_grammar_unref(g);
+    }
+    /* no grammar of a kind the format does not have */
+    ck_assert_ptr_null(kg_toolcall_auto_constraint(KG_TOOLFMT_HERMES, tools, true,
+                                                   KG_TOOLAUTO_OPENED, &len, err, sizeof(err)));
+    ck_assert_ptr_null(kg_toolcall_auto_constraint(KG_TOOLFMT_GPT_OSS, tools, true,
+                                                   KG_TOOLAUTO_FREE, &len, err, sizeof(err)));
+    ck_assert_ptr_null(kg_toolcall_auto_constraint(KG_TOOLFMT_GPT_OSS, tools, true,
+                                                   KG_TOOLAUTO_MARKER, &len, err, sizeof(err)));
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("toolcall");
     TCase *tc = tcase_create("parse");
@@ -663,6 +864,8 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_formats);
     tcase_add_test(tc, test_required_grammar);
     tcase_add_test(tc, test_tagged_grammar);
+    tcase_add_test(tc, test_keyed_grammar);
+    tcase_add_test(tc, test_auto_grammar);
     suite_add_tcase(s, tc);
     TCase *gold = tcase_create("goldens");
     tcase_add_test(gold, test_goldens);
