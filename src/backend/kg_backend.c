@@ -107,6 +107,24 @@ kg_backend_state_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, 
     return n > 0 ? be->state_copy(be, src, dst, n) : KG_OK;
 }
 
+int32_t kg_backend_state_snapshots(const kg_backend_t *be) {
+    return be->state_save ? be->n_snapshots : 0;
+}
+
+kg_status_t kg_backend_state_save(kg_backend_t *be, int32_t slot, int32_t snap) {
+    if (!be->state_save || be->n_snapshots <= 0) {
+        return KG_ERR_UNSUPPORTED;
+    }
+    return be->state_save(be, slot, snap, false);
+}
+
+kg_status_t kg_backend_state_restore(kg_backend_t *be, int32_t snap, int32_t slot) {
+    if (!be->state_save || be->n_snapshots <= 0) {
+        return KG_ERR_UNSUPPORTED;
+    }
+    return be->state_save(be, slot, snap, true);
+}
+
 size_t kg_backend_state_bytes_per_seq(const kg_model_t *model) {
     /* F32, each recurrent layer's own (kg_model_state_floats) */
     size_t n = 0;

@@ -66,22 +66,25 @@ typedef struct kg_step_batch {
 } kg_step_batch_t;
 
 typedef struct kg_backend_params {
-    int32_t n_threads;        /* CPU threads; <= 0 means all cores */
-    int32_t n_kv_blocks;      /* blocks in the KV pool */
-    int32_t kv_block_size;    /* tokens per block */
-    int32_t max_batch_tokens; /* most tokens in one step */
-    int32_t max_seq_len;      /* per-sequence context (picks LongRoPE's short or long factors,
-                                 as llama.cpp's n_ctx_seq does); <= 0: the model's n_ctx_train */
-    int32_t n_seq_slots;      /* sequence slots (the engine's max_batch_size): a recurrent
-                                 model's states are allocated for them up front; <= 0: as
-                                 steps first name them */
+    int32_t n_threads;         /* CPU threads; <= 0 means all cores */
+    int32_t n_kv_blocks;       /* blocks in the KV pool */
+    int32_t kv_block_size;     /* tokens per block */
+    int32_t max_batch_tokens;  /* most tokens in one step */
+    int32_t max_seq_len;       /* per-sequence context (picks LongRoPE's short or long factors,
+                                  as llama.cpp's n_ctx_seq does); <= 0: the model's n_ctx_train */
+    int32_t n_seq_slots;       /* sequence slots (the engine's max_batch_size): a recurrent
+                                  model's states are allocated for them up front; <= 0: as
+                                  steps first name them */
+    int32_t n_state_snapshots; /* a recurrent model's saved states for the prefix cache
+                                  (kg_backend_state_save); 0: none */
 } kg_backend_params_t;
 
 typedef struct kg_backend_memory {
     size_t weights_size;
     size_t kv_size;
     size_t scratch_size;
-    size_t state_size; /* recurrent states, every slot (0: not a recurrent model) */
+    size_t state_size;    /* recurrent states, every slot (0: not a recurrent model) */
+    size_t snapshot_size; /* saved states for the prefix cache, all of them */
 } kg_backend_memory_t;
 
 /* How a mixture-of-experts model's tokens spread over its experts since
@@ -178,6 +181,19 @@ KG_NODISCARD kg_status_t kg_backend_state_copy(kg_backend_t *be,
                                                const int32_t *src,
                                                const int32_t *dst,
                                                int32_t n);
+
+/** How many saved states the backend holds (kg_backend_params_t's
+ * n_state_snapshots; 0: none, or not a recurrent model). @thread any */
+int32_t kg_backend_state_snapshots(const kg_backend_t *be);
+
+/** Save slot `slot`'s recurrent state (and its position) as snapshot
+ * `snap` (< kg_backend_state_snapshots), or restore snapshot `snap` into
+ * `slot`: the prefix cache keeps the state at a shared prefix's end, and a
+ * sequence that finds it continues from there. Ordered with the steps.
+ * KG_ERR_INVALID for an index out of range, KG_ERR_UNSUPPORTED without
+ * snapshots. @thread engine */
+KG_NODISCARD kg_status_t kg_backend_state_save(kg_backend_t *be, int32_t slot, int32_t snap);
+KG_NODISCARD kg_status_t kg_backend_state_restore(kg_backend_t *be, int32_t snap, int32_t slot);
 
 /** Bytes of recurrent state one sequence slot takes (0 for a model with
  * attention layers only). */

@@ -36,6 +36,9 @@ struct kg_backend {
     /* a recurrent model's backend: kg_backend_state_copy (NULL: the model
      * has no recurrent layer) */
     kg_status_t (*state_copy)(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n);
+    /* optional with state: snapshots (kg_backend_state_save/_restore); n_snapshots 0: none */
+    kg_status_t (*state_save)(kg_backend_t *be, int32_t slot, int32_t snap, bool restore);
+    int32_t n_snapshots;
     /* optional: forward fills kg_step_batch_t.hidden (false: it refuses a step that asks) */
     bool hidden;
 };

@@ -84,8 +84,15 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     /* a recurrent model's state cannot be rebuilt from cached K/V blocks:
      * every sequence computes its prompt from position 0 */
     e->state = kg_backend_has_state(be);
-    if (e->state && e->p.prefix_cache) {
-        KG_LOG_INFO("engine", "recurrent (hybrid) model: the prefix cache is off");
+    if (e->state && !kg_engine_state_init(e)) {
+        snprintf(errstr, errstr_size, "engine: out of memory");
+        kg_engine_state_free(e);
+        free(e);
+        return NULL;
+    }
+    if (e->state && e->p.prefix_cache && e->n_snaps == 0) {
+        KG_LOG_INFO("engine", "recurrent (hybrid) model without state snapshots: the prefix cache "
+                              "is off");
         e->p.prefix_cache = false;
     }
     e->max_blocks_per_seq = (p->max_seq_len + p->kv_block_size - 1) / p->kv_block_size;
@@ -201,6 +208,7 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->copy_dst);
     free(e->state_src);
     free(e->state_dst);
+    kg_engine_state_free(e);
     free(e->masks);
     free(e->row_any);
     free(e);
@@ -321,6 +329,8 @@ static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t
     seq->slot = -1;
     seq->choice = choice;
     seq->leader = -1;
+    seq->snap_at = 0;
+    seq->snap_use = -1;
     if (req->think != KG_THINK_REQ_NONE) {
         seq->think = req->think == KG_THINK_REQ_OPEN ? KG_SEQ_THINK_IN : KG_SEQ_THINK_START;
         seq->think_open = req->think_open;
@@ -482,6 +492,7 @@ void kg_engine_stats(const kg_engine_t *e, kg_engine_stats_t *out) {
     const int64_t kv_rows = (int64_t)e->p.n_kv_blocks * e->p.kv_block_size;
     out->kv_bytes_per_token = kv_rows > 0 ? (int64_t)mem.kv_size / kv_rows : 0;
     out->state_bytes = (int64_t)mem.state_size;
+    out->snapshot_bytes = (int64_t)mem.snapshot_size;
     kg_backend_moe_stats(e->be, &out->moe);
 }
 

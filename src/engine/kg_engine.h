@@ -158,6 +158,11 @@ typedef struct kg_engine_params {
      * longer than max_batch_tokens is refused) and nothing else (generation)
      * runs; kg_model_non_causal */
     bool non_causal;
+    /* a hybrid (recurrent) model's prefix cache: how many states saved at
+     * shared prefixes' ends the engine keeps (the backend's
+     * kg_backend_state_snapshots at most; kg_engine_state.c); 0: none, and
+     * such a model computes every prompt from position 0 */
+    int32_t n_state_snapshots;
 } kg_engine_params_t;
 
 typedef enum kg_finish {
@@ -262,10 +267,13 @@ typedef struct kg_engine_stats {
     int64_t kv_bytes_per_token;
     /* a hybrid model's recurrent states, every slot's (0: attention only) */
     int64_t state_bytes;
+    int64_t snapshot_bytes; /* its prefix cache's saved states (kg_engine_state.c) */
     int64_t n_steps;
     int64_t n_prefill_tokens; /* tokens computed as prefill (including recomputation) */
     int64_t n_decode_tokens;
     int64_t n_prefix_hit_tokens; /* prompt tokens served from the cache */
+    int64_t n_state_saves;       /* a hybrid's states saved at a shared prefix's end */
+    int64_t n_state_restores;    /* ... and restored into a sequence that shares it */
     int64_t n_prompt_tokens;     /* prompt tokens of admitted requests */
     int64_t n_preemptions;       /* for lack of blocks (step 2) */
     int64_t n_tier_preemptions;  /* to give a higher tier a slot or blocks (step 2b) */

@@ -33,16 +33,22 @@ typedef struct kg_seq {
     kg_rng_t rng;
     int32_t *tokens; /* (max_seq_len) the prompt, then the output */
     int32_t n_prompt;
-    int32_t n_tokens;      /* prompt + output */
-    int32_t n_computed;    /* leading tokens whose K/V are in the slot's blocks */
-    int32_t prefill_end;   /* tokens before it count as prefill (set at admission) */
-    int32_t n_cached;      /* prompt tokens from the prefix cache at first admission */
-    int32_t slot;          /* -1 while waiting */
-    int32_t n_sched;       /* tokens in this step's batch */
-    int32_t choice;        /* index among the request's choices */
-    int32_t leader;        /* a choice waiting for its fork: the leader's record; else -1 */
-    int32_t n_pending;     /* a leader: choices still waiting for the fork */
-    int32_t n_reserved;    /* a running leader: slots held for them */
+    int32_t n_tokens;    /* prompt + output */
+    int32_t n_computed;  /* leading tokens whose K/V are in the slot's blocks */
+    int32_t prefill_end; /* tokens before it count as prefill (set at admission) */
+    int32_t n_cached;    /* prompt tokens from the prefix cache at first admission */
+    int32_t slot;        /* -1 while waiting */
+    int32_t n_sched;     /* tokens in this step's batch */
+    int32_t choice;      /* index among the request's choices */
+    int32_t leader;      /* a choice waiting for its fork: the leader's record; else -1 */
+    int32_t n_pending;   /* a leader: choices still waiting for the fork */
+    int32_t n_reserved;  /* a running leader: slots held for them */
+    /* a hybrid's prefix cache (kg_engine_state.c): save the slot's state
+     * when n_computed reaches snap_at (0: no), and the snapshot fits()
+     * picked for admission with the prompt tokens it covers */
+    int32_t snap_at;
+    int32_t snap_use;
+    int32_t snap_tokens;
     kg_logit_bias_t *bias; /* (KG_MAX_LOGIT_BIAS) sampling.logit_bias points here */
     kg_grammar_t *grammar; /* a reference, NULL when unconstrained */
     kg_matcher_t *matcher; /* the record's matcher (allocated on first use, kept) */
@@ -97,8 +103,12 @@ struct kg_engine {
      * prefix cache, and a leader stops one token short of its prompt so
      * that its choices fork from the state before that token */
     bool state;
-    int32_t *state_src; /* (max_batch_size) slots whose state a fork copies */
-    int32_t *state_dst; /* (max_batch_size) */
+    int32_t *state_src;          /* (max_batch_size) slots whose state a fork copies */
+    int32_t *state_dst;          /* (max_batch_size) */
+    struct kg_state_snap *snaps; /* (n_snaps) saved states (kg_engine_state.c) */
+    int32_t n_snaps;
+    int32_t *snap_toks; /* (n_snaps, max_seq_len) the tokens each one covers */
+    uint64_t snap_clock;
     uint64_t n_submitted;
 
     // ---- the step ----
@@ -167,3 +177,24 @@ void kg_engine_embed_collect(kg_engine_t *e, int32_t nt);
 /** Whether the running embed sequence `seq` (all computed) is done: writes
  * its pooled row out. */
 void kg_engine_embed_finish(kg_engine_t *e, kg_seq_t *seq);
+
+/* ---- a hybrid model's prefix cache (kg_engine_state.c) ---- */
+
+/** The snapshots (e->p.n_state_snapshots, at most the backend's); false:
+ * out of memory. */
+bool kg_engine_state_init(kg_engine_t *e);
+void kg_engine_state_free(kg_engine_t *e);
+
+/** The saved state covering the most of seq's first max_tokens tokens
+ * (whole blocks; lora key and tokens equal): its index, *n_tokens the
+ * tokens it covers; -1 when none. */
+int32_t
+kg_engine_state_find(kg_engine_t *e, const kg_seq_t *seq, int32_t max_tokens, int32_t *n_tokens);
+
+/** Restore snapshot `snap` into seq's slot; false when the backend fails
+ * (the sequence then computes from position 0). */
+bool kg_engine_state_restore(kg_engine_t *e, kg_seq_t *seq, int32_t snap);
+
+/** Save seq's slot state (n_computed tokens in) in place of the least
+ * recently used snapshot, unless one holds those tokens already. */
+void kg_engine_state_save(kg_engine_t *e, kg_seq_t *seq);

@@ -83,6 +83,7 @@ static void preempt(kg_engine_t *e, int32_t i) {
     kg_seq_t *seq = &e->recs[r];
     unschedule(e, i);
     seq->n_computed = 0;
+    seq->snap_at = 0;
     seq->front = true;
     kg_engine_wait_push_front(e, r);
     KG_LOG_DEBUG("engine", "preempted id=%llu tokens=%d", (unsigned long long)seq->id,
@@ -193,7 +194,13 @@ static bool reserve_blocks(kg_engine_t *e) {
  * recurrent model a leader's prompt but its last token until its choices
  * have forked (they copy the state from before that token). */
 static int32_t compute_end(const kg_engine_t *e, const kg_seq_t *seq) {
-    return e->state && seq->n_pending > 0 && seq->n_prompt >= 2 ? seq->n_prompt - 1 : seq->n_tokens;
+    int32_t end =
+        e->state && seq->n_pending > 0 && seq->n_prompt >= 2 ? seq->n_prompt - 1 : seq->n_tokens;
+    /* a state to save at a shared prefix's end (kg_engine_state.c) */
+    if (seq->snap_at > seq->n_computed && seq->snap_at < end) {
+        end = seq->snap_at;
+    }
+    return end;
 }
 
 static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, int32_t *n_rows) {
@@ -227,7 +234,60 @@ static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, in
  * blocks from the cache: jobs that share a system prompt compute it once,
  * not once per job admitted before the first copy was registered. The wait
  * ends when that sequence has passed the block or has left the batch. */
-static bool prefix_in_flight(const kg_engine_t *e, const kg_seq_t *w, int32_t hit) {
+/* The common prefix of a and b, b's last token left to compute (its
+ * logits are needed), in whole blocks. */
+static int32_t shared_blocks_end(const kg_engine_t *e, const kg_seq_t *a, const kg_seq_t *b) {
+    const int32_t n = a->n_tokens < b->n_tokens - 1 ? a->n_tokens : b->n_tokens - 1;
+    int32_t c = 0;
+    while (c < n && a->tokens[c] == b->tokens[c]) {
+        c++;
+    }
+    return c / e->p.kv_block_size * e->p.kv_block_size;
+}
+
+/* A hybrid's sequence just admitted (n_computed tokens in): where the
+ * waiting requests' prompts leave its own, past what it starts from, it
+ * will stop its prefill and save its state (the nearest such point first),
+ * so that they start there instead of computing the shared part again. */
+static void plan_state_save(kg_engine_t *e, kg_seq_t *seq) {
+    for (int32_t i = 0; i < e->n_wait; i++) {
+        const kg_seq_t *w = &e->recs[e->wait[i]];
+        if (w->lora_key != seq->lora_key || w->embed) {
+            continue;
+        }
+        const int32_t c = shared_blocks_end(e, seq, w);
+        if (c > seq->n_computed && (seq->snap_at <= seq->n_computed || c < seq->snap_at)) {
+            seq->snap_at = c;
+        }
+    }
+}
+
+/* A hybrid's version (kg_engine_state.c): a running sequence that shares
+ * more of w's prompt than w's saved state covers (hit blocks) and has not
+ * passed the shared part's end: w waits, and that sequence stops there
+ * and saves its state. */
+static bool state_in_flight(kg_engine_t *e, const kg_seq_t *w, int32_t hit) {
+    const int32_t bs = e->p.kv_block_size;
+    for (int32_t i = 0; i < e->n_run; i++) {
+        kg_seq_t *r = &e->recs[e->run[i]];
+        if (r->lora_key != w->lora_key || r->embed) {
+            continue;
+        }
+        const int32_t c = shared_blocks_end(e, r, w);
+        if (c > hit * bs && r->n_computed < c) {
+            if (r->snap_at <= r->n_computed || c < r->snap_at) {
+                r->snap_at = c;
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool prefix_in_flight(kg_engine_t *e, const kg_seq_t *w, int32_t hit) {
+    if (e->state) {
+        return e->n_snaps > 0 && state_in_flight(e, w, hit);
+    }
     const int32_t bs = e->p.kv_block_size, end = (hit + 1) * bs;
     if (!e->p.prefix_cache || (w->n_tokens - 1) / bs <= hit) {
         return false; /* w could not take that block from the cache anyway */
@@ -246,7 +306,7 @@ static bool prefix_in_flight(const kg_engine_t *e, const kg_seq_t *w, int32_t hi
  * fork) and the blocks (those of its tokens the prefix cache does not
  * hold, a block per such choice, and the headroom when others run) to be
  * admitted now; *hit gets its cached leading blocks. */
-static bool fits(const kg_engine_t *e, const kg_seq_t *seq, int32_t *hit) {
+static bool fits(kg_engine_t *e, kg_seq_t *seq, int32_t *hit) {
     const int32_t bs = e->p.kv_block_size;
     /* Leave at least the last token to compute: its logits are needed. An
      * embedding input computes all of them (its hidden states are not cached). */
@@ -254,6 +314,14 @@ static bool fits(const kg_engine_t *e, const kg_seq_t *seq, int32_t *hit) {
     *hit = seq->embed ? 0
                       : kg_kv_match_key(e->kv, seq->lora_key, seq->tokens, (seq->n_tokens - 1) / bs,
                                         &idle);
+    if (e->state) {
+        /* a hybrid starts where a saved state does; cached blocks past it
+         * prove a shared prefix: the sequence saves its state there */
+        const int32_t kv_hit = *hit;
+        seq->snap_use = *hit > 0 ? kg_engine_state_find(e, seq, *hit * bs, &seq->snap_tokens) : -1;
+        *hit = seq->snap_use >= 0 ? seq->snap_tokens / bs : 0;
+        seq->snap_at = kv_hit > *hit ? kv_hit * bs : 0;
+    }
     const int32_t need = (seq->n_tokens - 1) / bs + 1;
     const int32_t headroom = e->n_run > 0 ? e->headroom : 0;
     const int32_t k = seq->n_pending;
@@ -313,6 +381,11 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         seq->n_reserved = k;
         e->n_reserved_slots += k;
         int32_t slot = e->free_slots[--e->n_free_slots];
+        seq->slot = slot;
+        if (e->state && hit > 0 && !kg_engine_state_restore(e, seq, seq->snap_use)) {
+            hit = 0; /* the backend could not: compute it all */
+            seq->snap_at = 0;
+        }
         kg_status_t st = kg_kv_seq_assign_key(e->kv, slot, seq->lora_key, seq->tokens, hit, need);
         KG_ASSERT(st == KG_OK);
         kg_engine_wait_remove_at(e, 0);
@@ -322,6 +395,8 @@ static int32_t admit(kg_engine_t *e, int32_t nt, int32_t *n_rows) {
         seq->n_computed = hit * bs;
         if (seq->embed) {
             kg_engine_embed_admit(e, seq);
+        } else if (e->state && e->n_snaps > 0) {
+            plan_state_save(e, seq);
         }
         /* Recomputing a preempted sequence's tokens counts as prefill, but
          * its last token was sampled and never fed: that one is a decode. */
@@ -761,6 +836,10 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         seq->n_computed = to;
         seq->n_sched = 0;
         kg_kv_seq_commit(e->kv, seq->slot, seq->tokens, seq->n_computed);
+        if (seq->snap_at > 0 && seq->n_computed == seq->snap_at) {
+            kg_engine_state_save(e, seq); /* a shared prefix's end */
+            seq->snap_at = 0;
+        }
         if (seq->n_pending > 0 && seq->n_computed == compute_end(e, seq)) {
             fork_choices(e, e->run[i]);
         }

@@ -79,5 +79,8 @@ kg_status_t kg_engine_size(const kg_model_t *model,
     bp->max_batch_tokens = p.max_batch_tokens;
     bp->max_seq_len = p.max_seq_len;
     bp->n_seq_slots = p.max_batch_size;
+    /* a hybrid's prefix cache: a saved state per slot (kg_engine_state.c) */
+    ep->n_state_snapshots = p.max_batch_size;
+    bp->n_state_snapshots = p.max_batch_size;
     return KG_OK;
 }

@@ -124,6 +124,12 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
             (long long)atomic_load(&g->n_prefix_hit_tokens));
     counter(f, "kgen_prefix_cache_query_tokens_total", "Prompt tokens of admitted requests.",
             (long long)atomic_load(&g->n_prompt_tokens));
+    counter(f, "kgen_state_snapshots_total",
+            "A hybrid model's recurrent states saved at a shared prefix's end (prefix cache).",
+            (long long)atomic_load(&g->n_state_saves));
+    counter(f, "kgen_state_restores_total",
+            "Saved recurrent states a sequence started from instead of computing the prefix.",
+            (long long)atomic_load(&g->n_state_restores));
     counter(f, "kgen_preemptions_total", "Sequences preempted for lack of KV blocks.",
             (long long)atomic_load(&g->n_preemptions));
     counter(f, "kgen_lane_preemptions_total",
@@ -181,6 +187,9 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           "Bytes of recurrent state a hybrid model's sequence slots hold, all slots (0: "
           "attention only).",
           (double)atomic_load(&g->state_bytes));
+    gauge(f, "kgen_recurrent_snapshot_bytes",
+          "Bytes the prefix cache's saved recurrent states take (a hybrid model; 0 otherwise).",
+          (double)atomic_load(&g->snapshot_bytes));
     int32_t total = atomic_load(&g->kv_blocks_total);
     gauge(f, "kgen_kv_cache_usage_ratio", "Used / total KV blocks.",
           total > 0 ? (double)atomic_load(&g->kv_blocks_used) / total : 0.0);

@@ -91,6 +91,10 @@ PY
             awk '$1 == "kgen_recurrent_state_bytes" {print $2}')
         [[ "$sb" == 6144 ]] || { echo "lfm2: kgen_recurrent_state_bytes is '$sb', not 6144"; exit 1; }
         echo "lfm2: kgen_recurrent_state_bytes 6144"
+        # and one snapshot per slot for the prefix cache
+        snb=$(curl -s "http://127.0.0.1:${ports[$i]}/metrics" |
+            awk '$1 == "kgen_recurrent_snapshot_bytes" {print $2}')
+        [[ "$snb" == 6144 ]] || { echo "lfm2: kgen_recurrent_snapshot_bytes is '$snb', not 6144"; exit 1; }
     fi
 done
 for i in "${!names[@]}"; do

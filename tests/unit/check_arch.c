@@ -590,6 +590,123 @@ START_TEST(recurrent_chunks_and_forks) {
 }
 END_TEST
 
+#define SYS_LEN 400 /* the shared system prompt: 25 blocks */
+#define TAIL_LEN 9
+#define N_SYS 16
+
+/* The jobs of recurrent_prefix_cache through one engine: `together` (all
+ * submitted at once) or one after another; each job's 8 ids into out. */
+static void run_system_prompt(kg_model_t *m,
+                              const int32_t (*prompts)[SYS_LEN + TAIL_LEN],
+                              bool cache,
+                              bool together,
+                              int32_t (*out)[8],
+                              kg_engine_stats_t *st) {
+    kg_engine_params_t ep = kg_engine_params_default(m, 0);
+    ep.max_batch_size = N_SYS;
+    ep.max_batch_tokens = 512;
+    ep.max_seq_len = CTX;
+    ep.kv_block_size = BLOCK;
+    ep.n_kv_blocks = N_SYS * CTX / BLOCK;
+    ep.prefix_cache = cache;
+    ep.n_state_snapshots = N_SYS;
+    kg_backend_params_t bp = {.n_threads = 2,
+                              .n_kv_blocks = ep.n_kv_blocks,
+                              .kv_block_size = BLOCK,
+                              .max_batch_tokens = ep.max_batch_tokens,
+                              .max_seq_len = CTX,
+                              .n_seq_slots = N_SYS,
+                              .n_state_snapshots = N_SYS};
+    char err[256];
+    kg_backend_t *be = kg_backend_cpu_new(m, &bp, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    ck_assert_int_eq(kg_backend_state_snapshots(be), N_SYS);
+    kg_engine_t *e = kg_engine_new(be, &ep, err, sizeof(err));
+    ck_assert_msg(e != NULL, "%s", err);
+    const int32_t cap = kg_engine_max_completions(e);
+    kg_completion_t *comps = malloc((size_t)cap * sizeof(*comps));
+    ck_assert_ptr_nonnull(comps);
+    int32_t n_out[N_SYS] = {0};
+    for (int i = 0; i < N_SYS; i++) {
+        kg_request_t r = {.id = (uint64_t)i + 1,
+                          .prompt = prompts[i],
+                          .n_prompt = SYS_LEN + TAIL_LEN,
+                          .max_tokens = 8,
+                          .ignore_eos = true,
+                          .sampling = kg_sampling_params_default()};
+        ck_assert_int_eq(kg_engine_submit(e, &r), KG_OK);
+        while (kg_engine_busy(e) && (!together || i == N_SYS - 1)) {
+            int32_t n = kg_engine_step(e, comps, cap);
+            ck_assert_int_ge(n, 0);
+            for (int32_t c = 0; c < n; c++) {
+                ck_assert_int_ne(comps[c].finish, KG_FINISH_ERROR);
+                const int j = (int)comps[c].id - 1;
+                if (comps[c].token >= 0) {
+                    out[j][n_out[j]++] = comps[c].token;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < N_SYS; i++) {
+        ck_assert_int_eq(n_out[i], 8);
+    }
+    kg_engine_stats(e, st);
+    free(comps);
+    kg_engine_free(e);
+    kg_backend_free(be);
+}
+
+/* A hybrid's prefix cache (kg_engine_state.c): 16 jobs that share a
+ * 400-token system prompt, sent together, compute it once (the first job
+ * stops its prefill at the shared part's end and saves its state there; the
+ * others wait for it, then restore it) and say what they say with the
+ * cache off. Sent one after another, the second finds the first's cached
+ * blocks but no saved state: it computes them and saves the state at
+ * their end, and the 14 after it restore it. */
+START_TEST(recurrent_prefix_cache) {
+    golden_t g;
+    golden_load(g_files[_i], &g);
+    kg_model_t *m = load_golden_model(&g);
+    if (strcmp(g.type, "f32") != 0 || !kg_model_is_recurrent(m)) {
+        kg_model_free(m);
+        golden_clear(&g);
+        return;
+    }
+    static int32_t prompts[N_SYS][SYS_LEN + TAIL_LEN];
+    static int32_t off[N_SYS][8], on[N_SYS][8];
+    const int32_t V = m->hp.n_vocab;
+    for (int i = 0; i < N_SYS; i++) {
+        for (int k = 0; k < SYS_LEN; k++) {
+            prompts[i][k] = (int32_t)((k * 7919 + 13) % V);
+        }
+        for (int k = 0; k < TAIL_LEN; k++) {
+            prompts[i][SYS_LEN + k] = (int32_t)((i * 131 + k * 17 + 5) % V);
+        }
+    }
+    kg_engine_stats_t st;
+    run_system_prompt(m, (const int32_t(*)[SYS_LEN + TAIL_LEN])prompts, false, true, off, &st);
+    ck_assert_int_eq(st.n_prefill_tokens, N_SYS * (SYS_LEN + TAIL_LEN));
+    ck_assert_int_eq(st.n_state_saves, 0);
+    for (int together = 1; together >= 0; together--) {
+        run_system_prompt(m, (const int32_t(*)[SYS_LEN + TAIL_LEN])prompts, true, together, on,
+                          &st);
+        const int32_t n_full = together ? 1 : 2; /* jobs that compute the system prompt */
+        ck_assert_msg(st.n_prefill_tokens == n_full * SYS_LEN + N_SYS * TAIL_LEN,
+                      "%s together=%d: %lld tokens prefilled", g.model, together,
+                      (long long)st.n_prefill_tokens);
+        ck_assert_int_eq(st.n_state_restores, N_SYS - n_full);
+        ck_assert_int_eq(st.n_prefix_hit_tokens, (int64_t)(N_SYS - n_full) * SYS_LEN);
+        for (int i = 0; i < N_SYS; i++) {
+            ck_assert_msg(memcmp(off[i], on[i], sizeof(off[i])) == 0,
+                          "%s together=%d: job %d differs with the prefix cache", g.model, together,
+                          i);
+        }
+    }
+    kg_model_free(m);
+    golden_clear(&g);
+}
+END_TEST
+
 /* A model whose every layer is windowed (gemma3-swa, window 32) reads no
  * block before the window: with those entries -1 (given back by the engine)
  * the logits are the same bits; a missing block inside the window is
@@ -673,6 +790,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, batch_invariant, 0, g_n_files);
     tcase_add_test(tc, window_reads_only_the_window);
     tcase_add_loop_test(tc, recurrent_chunks_and_forks, 0, g_n_files);
+    tcase_add_loop_test(tc, recurrent_prefix_cache, 0, g_n_files);
     suite_add_tcase(s, tc);
     return s;
 }

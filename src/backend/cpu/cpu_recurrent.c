@@ -19,6 +19,9 @@ struct cpu_rec {
     int64_t *off;     /* (n_layer) layer il's state in a slot's */
     int32_t *pos;     /* (n_slots) the position each slot's state expects next */
     int32_t n_slots;
+    float *snap;       /* (n_snaps, per_slot) saved states (the engine's prefix cache) */
+    int32_t *snap_pos; /* (n_snaps) */
+    int32_t n_snaps;
     float *bcx; /* (T, 3 n_embd) a short convolution's in_proj output, then C * conv */
 };
 
@@ -79,7 +82,8 @@ static bool grow(struct cpu_rec *r, int32_t n_slots) {
     return true;
 }
 
-bool cpu_recurrent_init(cpu_ctx_t *ctx, int32_t n_slots, char *errstr, size_t errstr_size) {
+bool cpu_recurrent_init(
+    cpu_ctx_t *ctx, int32_t n_slots, int32_t n_snaps, char *errstr, size_t errstr_size) {
     const kg_model_t *model = ctx->model;
     if (!kg_model_is_recurrent(model)) {
         return true;
@@ -104,6 +108,17 @@ bool cpu_recurrent_init(cpu_ctx_t *ctx, int32_t n_slots, char *errstr, size_t er
                  (int)n_slots);
         return false;
     }
+    if (n_snaps > 0) {
+        r->snap = calloc((size_t)n_snaps * (size_t)r->per_slot, sizeof(float));
+        r->snap_pos = calloc((size_t)n_snaps, sizeof(int32_t));
+        if (!r->snap || !r->snap_pos) {
+            snprintf(errstr, errstr_size,
+                     "cpu backend: out of memory for %d recurrent state snapshots (%zu MiB)",
+                     (int)n_snaps, ((size_t)n_snaps * (size_t)r->per_slot * sizeof(float)) >> 20);
+            return false;
+        }
+        r->n_snaps = n_snaps;
+    }
     return true;
 }
 
@@ -114,14 +129,40 @@ void cpu_recurrent_free(cpu_ctx_t *ctx) {
         free(r->off);
         free(r->pos);
         free(r->bcx);
+        free(r->snap);
+        free(r->snap_pos);
         free(r);
         ctx->rec = NULL;
     }
 }
 
-size_t cpu_recurrent_size(const cpu_ctx_t *ctx) {
+size_t cpu_recurrent_size(const cpu_ctx_t *ctx, bool snapshots) {
     const struct cpu_rec *r = ctx->rec;
-    return r ? (size_t)r->n_slots * (size_t)r->per_slot * sizeof(float) : 0;
+    if (!r) {
+        return 0;
+    }
+    return (size_t)(snapshots ? r->n_snaps : r->n_slots) * (size_t)r->per_slot * sizeof(float);
+}
+
+kg_status_t cpu_recurrent_save(kg_backend_t *be, int32_t slot, int32_t snap, bool restore) {
+    cpu_ctx_t *ctx = be->ctx;
+    struct cpu_rec *r = ctx->rec;
+    if (!r || snap < 0 || snap >= r->n_snaps || slot < 0) {
+        return KG_ERR_INVALID;
+    }
+    if (!grow(r, slot + 1)) {
+        return KG_ERR_NOMEM;
+    }
+    const size_t per = (size_t)r->per_slot;
+    float *s = r->state + (size_t)slot * per, *p = r->snap + (size_t)snap * per;
+    if (restore) {
+        memcpy(s, p, per * sizeof(float));
+        r->pos[slot] = r->snap_pos[snap];
+    } else {
+        memcpy(p, s, per * sizeof(float));
+        r->snap_pos[snap] = r->pos[slot];
+    }
+    return KG_OK;
 }
 
 kg_status_t cpu_recurrent_begin(cpu_ctx_t *ctx, const kg_step_batch_t *batch, int32_t *bad_seq) {

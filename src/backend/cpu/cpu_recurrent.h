@@ -23,9 +23,10 @@ bool cpu_recurrent_layer_init(
 /** Free what cpu_recurrent_layer_init took for L. */
 void cpu_recurrent_layer_clear(cpu_layer_t *L);
 
-/** The states (ctx->rec) for n_slots slots, when the model is recurrent,
- * and the step's scratch. False with errstr set. */
-bool cpu_recurrent_init(cpu_ctx_t *ctx, int32_t n_slots, char *errstr, size_t errstr_size);
+/** The states (ctx->rec) for n_slots slots and n_snaps snapshots, when
+ * the model is recurrent, and the step's scratch. False with errstr set. */
+bool cpu_recurrent_init(
+    cpu_ctx_t *ctx, int32_t n_slots, int32_t n_snaps, char *errstr, size_t errstr_size);
 
 /** Free ctx->rec. */
 void cpu_recurrent_free(cpu_ctx_t *ctx);
@@ -51,5 +52,12 @@ KG_NODISCARD kg_status_t cpu_recurrent_copy(kg_backend_t *be,
                                             const int32_t *dst,
                                             int32_t n);
 
-/** Bytes the states take (kg_backend_memory's state_size). */
-size_t cpu_recurrent_size(const cpu_ctx_t *ctx);
+/** The vtable's state_save: slot -> snapshot, or back (restore). */
+KG_NODISCARD kg_status_t cpu_recurrent_save(kg_backend_t *be,
+                                            int32_t slot,
+                                            int32_t snap,
+                                            bool restore);
+
+/** Bytes the slots' states take (kg_backend_memory's state_size), or the
+ * snapshots' (snapshot_size). */
+size_t cpu_recurrent_size(const cpu_ctx_t *ctx, bool snapshots);

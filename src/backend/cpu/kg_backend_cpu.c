@@ -312,7 +312,8 @@ static void cpu_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     out->weights_size = ctx->weights_size;
     out->kv_size = ctx->kv_size;
     out->scratch_size = ctx->scratch_size;
-    out->state_size = cpu_recurrent_size(ctx);
+    out->state_size = cpu_recurrent_size(ctx, false);
+    out->snapshot_size = cpu_recurrent_size(ctx, true);
 }
 
 static void cpu_last_fault(const kg_backend_t *be, kg_backend_fault_t *out) {
@@ -669,11 +670,14 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         snprintf(errstr, errstr_size, "cpu backend: out of memory for scratch buffers");
         goto fail;
     }
-    if (!cpu_recurrent_init(ctx, params->n_seq_slots, errstr, errstr_size)) {
+    if (!cpu_recurrent_init(ctx, params->n_seq_slots, params->n_state_snapshots, errstr,
+                            errstr_size)) {
         goto fail;
     }
     if (ctx->rec) {
         be->state_copy = cpu_recurrent_copy;
+        be->state_save = cpu_recurrent_save;
+        be->n_snapshots = params->n_state_snapshots > 0 ? params->n_state_snapshots : 0;
         /* adapters: cpu_lora has no deltas for the recurrent projections */
         be->lora_add = NULL;
         be->lora_remove = NULL;
