@@ -202,6 +202,17 @@ bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
     return true;
 }
 
+bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
+                            const kg_mkmodel_opts_t *o,
+                            const char *name,
+                            kg_ggml_type_t type,
+                            int64_t ne0,
+                            int64_t ne1,
+                            int64_t n_exp,
+                            float scale) {
+    return add_random3(w, o, name, type, ne0, ne1, n_exp, scale);
+}
+
 /** Uniform with variance 1/fan_in: the half-width is sqrt(3 / fan_in). */
 static float fan_in_scale(int64_t fan_in) {
     return sqrtf(3.0f / (float)fan_in);
@@ -282,6 +293,9 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
     }
     if (fam->lfm2) {
         return kg_mkmodel_lfm2_weights(w, o);
+    }
+    if (fam->qwen35) {
+        return kg_mkmodel_qwen35_weights(w, o, fam->gguf_arch);
     }
     if (strcmp(fam->gguf_arch, "gemma-embedding") == 0 &&
         (!add_random(w, o, "dense_2.weight", wt, E, 4 * E, 0.0f, fe) ||
@@ -694,6 +708,9 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     if (fam->lfm2) {
         kg_mkmodel_lfm2_hparams(w, o);
     }
+    if (fam->qwen35) {
+        kg_mkmodel_qwen35_hparams(w, o, a);
+    }
     if (gemma_embd) {
         /* --sentence-transformers-dense-modules: 768 -> 3072 -> 768 in
          * EmbeddingGemma, n_embd -> 4 n_embd -> n_embd here */
@@ -874,6 +891,10 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                              o->n_words, g_err, sizeof(g_err));
     if (n_vocab < 0) {
         goto out;
+    }
+    if (fam->qwen35 && strcmp(fam->gguf_arch, "qwen3next") != 0 && !o->vocab_from) {
+        /* Qwen's BPE with Qwen3.5's pre-tokenizer */
+        kg_gguf_writer_set_str(w, "tokenizer.ggml.pre", "qwen35");
     }
     if (tmpl) {
         kg_gguf_writer_set_str(w, "tokenizer.chat_template", tmpl);

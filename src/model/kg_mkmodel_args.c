@@ -299,9 +299,12 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     const bool phi3 = strcmp(arch, "phi3") == 0, oss = strcmp(arch, "gpt-oss") == 0;
     const bool ds2 = strcmp(arch, "deepseek2") == 0;
     const bool glm = strcmp(arch, "glm4moe") == 0;
+    const bool qwen35 = strcmp(arch, "qwen35") == 0 || strcmp(arch, "qwen35moe") == 0 ||
+                        strcmp(arch, "qwen3next") == 0;
     /* gemma4: the MoE variant (26B-A4B) when --n-expert asks for experts */
     const bool moe = oss || glm || ds2 || strcmp(arch, "qwen3moe") == 0 ||
-                     strcmp(arch, "mixtral") == 0 || (gemma4 && o->n_expert > 0);
+                     strcmp(arch, "mixtral") == 0 || (gemma4 && o->n_expert > 0) ||
+                     strcmp(arch, "qwen35moe") == 0 || strcmp(arch, "qwen3next") == 0;
     if (!glm && (o->n_nextn >= 0 || (!ds2 && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 ||
                                               o->n_expert_groups > 0 || o->n_group_used > 0)))) {
         return bad(errstr, errstr_size,
@@ -320,9 +323,10 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     if ((o->n_expert_groups > 0) != (o->n_group_used > 0)) {
         return bad(errstr, errstr_size, "--n-expert-groups and --n-group-used come together");
     }
-    if (o->n_rot > 0 && (o->n_rot % 2 != 0 || o->n_rot > o->head_dim ||
-                         (!gemma && !phi3 && !glm && !ds2 && strcmp(arch, "qwen2") != 0 &&
-                          strcmp(arch, "qwen3") != 0 && o->n_rot != o->head_dim))) {
+    if (o->n_rot > 0 &&
+        (o->n_rot % 2 != 0 || o->n_rot > o->head_dim ||
+         (!gemma && !phi3 && !glm && !ds2 && !qwen35 && strcmp(arch, "qwen2") != 0 &&
+          strcmp(arch, "qwen3") != 0 && o->n_rot != o->head_dim))) {
         return bad(errstr, errstr_size,
                    "--n-rot %lld must be even and at most the head width %lld (%s: "
                    "equal)",
@@ -340,8 +344,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
-                   "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2, and gemma4 "
-                   "with --n-expert");
+                   "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and "
+                   "qwen3next, and gemma4 with --n-expert");
     }
     if ((strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0) &&
         (o->n_head_kv != o->n_head || o->head_dim * o->n_head != o->n_embd)) {
@@ -408,7 +412,8 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
     const bool tied = o->tied || strcmp(o->arch, "gemma2") == 0 || gemma_embd;
     const bool moe = strcmp(o->arch, "qwen3moe") == 0 || strcmp(o->arch, "mixtral") == 0 ||
                      strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0 ||
-                     strcmp(o->arch, "deepseek2") == 0;
+                     strcmp(o->arch, "deepseek2") == 0 || strcmp(o->arch, "qwen35moe") == 0 ||
+                     strcmp(o->arch, "qwen3next") == 0;
     const int64_t n_exp = o->n_expert > 0 ? o->n_expert : 8;
     const int64_t ff_exp = o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
     /* the FFN's weights: dense, or the router and every expert */

@@ -159,6 +159,31 @@ static const kg_mkmodel_family_t families[] = {
      .vocab = KG_MKVOCAB_QWEN,
      .rms_eps = 1e-5f,
      .lfm2 = true},
+    /* Qwen3.5: gated DeltaNet and gated attention layers
+     * (kg_mkmodel_qwen35.c); Qwen's byte-level BPE with its qwen35
+     * pre-tokenizer */
+    {.arch = "qwen35",
+     .gguf_arch = "qwen35",
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f,
+     .qwen35 = true},
+    {.arch = "qwen35moe",
+     .gguf_arch = "qwen35moe",
+     .moe = true,
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f,
+     .qwen35 = true},
+    /* Qwen3-Next: qwen35moe's layers, plain NeoX RoPE, ssm_ba; Qwen2's
+     * pre-tokenizer (its converter's) */
+    {.arch = "qwen3next",
+     .gguf_arch = "qwen3next",
+     .moe = true,
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-6f,
+     .qwen35 = true},
 };
 
 const kg_mkmodel_family_t *kg_mkmodel_find_family(const char *arch) {

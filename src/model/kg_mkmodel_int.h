@@ -86,6 +86,25 @@ void kg_mkmodel_lfm2_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);
 /** LFM2's layers (token_embd, the final norm and output are written). */
 bool kg_mkmodel_lfm2_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);
 
+/** Qwen3.5's keys beyond the generic ones (arch: qwen35, qwen35moe or qwen3next):
+ * RoPE dims and sections, the ssm.* sizes, which layers are recurrent. */
+void kg_mkmodel_qwen35_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const char *arch);
+
+/** Qwen3.5's layers (qwen35moe, qwen3next: routed and shared experts
+ * instead of the dense FFN); token_embd, the final norm and output are
+ * written. */
+bool kg_mkmodel_qwen35_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const char *arch);
+
+/** A stack of n_exp (ne0, ne1) random matrices (an expert tensor). */
+bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
+                            const kg_mkmodel_opts_t *o,
+                            const char *name,
+                            kg_ggml_type_t type,
+                            int64_t ne0,
+                            int64_t ne1,
+                            int64_t n_exp,
+                            float scale);
+
 /* What llama.cpp's converter writes for each family: the tensors of a layer
  * and the built-in vocabulary style (see the metadata in write_hparams). */
 typedef struct kg_mkmodel_family {
@@ -113,6 +132,7 @@ typedef struct kg_mkmodel_family {
     bool mla;            /* multi-head latent attention's tensors and keys (deepseek2) */
     bool gemma4;         /* its own layers and keys: kg_mkmodel_gemma4.c */
     bool lfm2;           /* short-convolution and attention layers: kg_mkmodel_lfm2.c */
+    bool qwen35;         /* gated DeltaNet and gated attention layers: kg_mkmodel_qwen35.c */
 } kg_mkmodel_family_t;
 
 /** The family of --arch `arch` (NULL: llama), or NULL when the table has none (bert is written

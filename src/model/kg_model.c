@@ -41,12 +41,15 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_GEMMA_EMBED] = "gemma-embedding",
     [KG_ARCH_NOMIC_BERT] = "nomic-bert",
     [KG_ARCH_LFM2] = "lfm2",
+    [KG_ARCH_QWEN35] = "qwen35",
+    [KG_ARCH_QWEN35MOE] = "qwen35moe",
+    [KG_ARCH_QWEN3NEXT] = "qwen3next",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
     "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding, "      \
-    "nomic-bert, lfm2"
+    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -217,10 +220,14 @@ static bool load_layer(loader_t *ld,
     const int64_t E = hp->n_embd, F = hp->n_ff;
     const int64_t n_q = (int64_t)hp->n_head * hp->head_dim;
     const int64_t n_kv = (int64_t)hp->n_head_kv * hp->head_dim;
+    /* attn_q's width: each head's query, then (qwen35) its output gate */
+    const int64_t n_qw = hp->attn_out_gate ? 2 * n_q : n_q;
     const kg_arch_t a = hp->arch;
+    const bool qwen35 = a == KG_ARCH_QWEN35 || a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT;
     const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED;
     const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED ||
-                         a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS || a == KG_ARCH_LFM2;
+                         a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS || a == KG_ARCH_LFM2 ||
+                         qwen35;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     const bool glm = a == KG_ARCH_GLM4MOE, ds2 = a == KG_ARCH_DEEPSEEK2;
     /* glm4moe's first n_layer_dense layers have a dense FFN */
@@ -267,13 +274,14 @@ static bool load_layer(loader_t *ld,
         }
         L->wo = KG_T("attn_output.weight", H * hp->mla_v, E, false);
     } else if (qkv) {
-        qkv = KG_T("attn_qkv.weight", E, n_q + 2 * n_kv, false);
+        qkv = KG_T("attn_qkv.weight", E, n_qw + 2 * n_kv, false);
         if (qkv) {
-            L->wq = make_view(&views[0], qkv, 0, n_q, 0);
-            L->wk = make_view(&views[1], qkv, n_q, n_kv, 0);
-            L->wv = make_view(&views[2], qkv, n_q + n_kv, n_kv, 0);
+            L->wq = make_view(&views[0], qkv, 0, n_qw, 0);
+            L->wk = make_view(&views[1], qkv, n_qw, n_kv, 0);
+            L->wv = make_view(&views[2], qkv, n_qw + n_kv, n_kv, 0);
         }
-        const kg_gguf_tensor_t *b = KG_T("attn_qkv.bias", n_q + 2 * n_kv, 0, true);
+        const kg_gguf_tensor_t *b =
+            hp->attn_out_gate ? NULL : KG_T("attn_qkv.bias", n_q + 2 * n_kv, 0, true);
         if (b && kg_type_block_elems(b->type) != 1) {
             snprintf(ld->errstr, ld->errstr_size,
                      "model: blk.%d.attn_qkv.bias is %s; a split bias must be F32, F16 or BF16",
@@ -285,11 +293,11 @@ static bool load_layer(loader_t *ld,
             L->bv = make_view(&views[5], b, n_q + n_kv, 0, n_kv);
         }
     } else {
-        L->wq = KG_T("attn_q.weight", E, n_q, false);
+        L->wq = KG_T("attn_q.weight", E, n_qw, false);
         L->wk = KG_T("attn_k.weight", E, n_kv, false);
         L->wv = KG_T("attn_v.weight", E, n_kv, false);
     }
-    if (!L->bq && !ds2) {
+    if (!L->bq && !ds2 && !hp->attn_out_gate) { /* qwen35 has none: refused as unknown */
         L->bq = KG_T("attn_q.bias", n_q, 0, true);
         L->bk = KG_T("attn_k.bias", n_kv, 0, true);
         L->bv = KG_T("attn_v.bias", n_kv, 0, true);
@@ -337,13 +345,24 @@ ffn:
     /* gpt-oss and seed_oss name their FFN norm post_attention_norm (after
      * the attention); olmo2 has none */
     if (!olmo2) {
-        L->ffn_norm = oss || glm || a == KG_ARCH_SEED_OSS
+        /* qwen35's attn_post_norm is the FFN's input norm (of the residual
+         * stream after the attention) */
+        L->ffn_norm = oss || glm || a == KG_ARCH_SEED_OSS || qwen35
                           ? KG_T("post_attention_norm.weight", E, 0, false)
                           : KG_T("ffn_norm.weight", E, 0, false);
     }
     if (moe_layer) {
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
         L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
+        if (a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT) {
+            /* the shared expert, gated per token by
+             * sigmoid(ffn_gate_inp_shexp . x) */
+            const int64_t FS = hp->n_ff_shexp;
+            L->gate_inp_shexp = KG_T("ffn_gate_inp_shexp.weight", E, 0, false);
+            L->gate_shexp = KG_T("ffn_gate_shexp.weight", E, FS, false);
+            L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
+            L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);
+        }
         if (glm || ds2) {
             /* optional in DeepSeek V2 files (V3 and Kimi K2 have it) */
             const int64_t FS = (int64_t)hp->n_expert_shared * FX;
@@ -523,10 +542,12 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
                  hp->n_layer);
         goto fail;
     }
-    if (hp->n_layer_nextn > 0 && hp->arch != KG_ARCH_GLM4MOE && hp->arch != KG_ARCH_DEEPSEEK2) {
+    if (hp->n_layer_nextn > 0 && hp->arch != KG_ARCH_GLM4MOE && hp->arch != KG_ARCH_DEEPSEEK2 &&
+        hp->arch != KG_ARCH_QWEN35 && hp->arch != KG_ARCH_QWEN35MOE &&
+        hp->arch != KG_ARCH_QWEN3NEXT) {
         snprintf(errstr, errstr_size,
-                 "model: %s with next-token-prediction blocks (%s) is not supported (glm4moe's "
-                 "and deepseek2's are skipped)",
+                 "model: %s with next-token-prediction blocks (%s) is not supported (glm4moe's, "
+                 "deepseek2's and qwen35's are skipped)",
                  arch, key);
         goto fail;
     }

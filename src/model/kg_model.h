@@ -79,6 +79,9 @@ typedef enum kg_arch {
     KG_ARCH_GEMMA_EMBED, /* "gemma-embedding" (EmbeddingGemma): gemma3's layers, non-causal */
     KG_ARCH_NOMIC_BERT,  /* nomic-embed-text: bert with RoPE and SwiGLU (kg_model_bert.h) */
     KG_ARCH_LFM2,        /* Liquid LFM2: gated short convolutions beside attention (hybrid) */
+    KG_ARCH_QWEN35,      /* Qwen3.5: gated DeltaNet beside gated attention (hybrid) */
+    KG_ARCH_QWEN35MOE,   /* Qwen3.5 MoE: the same with routed and gated shared experts */
+    KG_ARCH_QWEN3NEXT,   /* Qwen3-Next: qwen35moe's layers, V heads grouped by K head */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -248,6 +251,15 @@ typedef struct kg_hparams {
     int32_t ssm_d_state; /* ssm.state_size */
     int32_t ssm_dt_rank; /* ssm.time_step_rank (DeltaNet: V heads; Mamba-2: heads) */
     int32_t ssm_n_group; /* ssm.group_count (DeltaNet: K heads; Mamba-2: B/C groups) */
+    /* Qwen3.5's gated attention: attn_q is twice as wide, each head's
+     * query then its output gate; the attention's output is multiplied by
+     * sigmoid(gate) before attn_output */
+    bool attn_out_gate;
+    /* DeltaNet V head h reads K head h / (V heads / K heads) (qwen3next: V
+     * heads grouped by K head); else h mod K heads (qwen35: tiled) */
+    bool ssm_v_grouped;
+    int32_t n_ff_shexp; /* qwen35moe's shared expert width (expert_shared_feed_forward_length,
+                           default n_ff); 0: n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -294,6 +306,9 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *gate_shexp; /* (n_embd, FS) */
     const kg_gguf_tensor_t *up_shexp;   /* (n_embd, FS) */
     const kg_gguf_tensor_t *down_shexp; /* (FS, n_embd) */
+    /* (n_embd) qwen35moe: the shared expert's output times
+     * sigmoid(gate_inp_shexp . x), NULL: ungated */
+    const kg_gguf_tensor_t *gate_inp_shexp;
 
     /* multi-head latent attention (deepseek2): wq above is NULL when the
      * queries are compressed (wq_a, q_a_norm, wq_b); wk, wv are NULL */
@@ -361,6 +376,8 @@ typedef struct kg_layer_weights {
     const kg_gguf_tensor_t *ssm_d;     /* Mamba-2 */
     const kg_gguf_tensor_t *ssm_beta;  /* DeltaNet */
     const kg_gguf_tensor_t *ssm_alpha; /* DeltaNet */
+    const kg_gguf_tensor_t *ssm_ba;    /* qwen3next's beta and alpha in one: per K head, its
+                                          V heads' betas then their alphas */
     const kg_gguf_tensor_t *ssm_norm;  /* the gated RMSNorm's weight */
     const kg_gguf_tensor_t *ssm_out;
 } kg_layer_weights_t;

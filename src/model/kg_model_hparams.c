@@ -136,7 +136,8 @@ bool kg_model_check_hparams(const kg_hparams_t *hp, char *errstr, size_t errstr_
                hp->arch != KG_ARCH_QWEN3 && hp->arch != KG_ARCH_GEMMA2 &&
                hp->arch != KG_ARCH_GEMMA3 && hp->arch != KG_ARCH_PHI3 &&
                hp->arch != KG_ARCH_GLM4MOE && hp->arch != KG_ARCH_DEEPSEEK2 &&
-               hp->n_rot != hp->head_dim) {
+               hp->arch != KG_ARCH_QWEN35 && hp->arch != KG_ARCH_QWEN35MOE &&
+               hp->arch != KG_ARCH_QWEN3NEXT && hp->n_rot != hp->head_dim) {
         bad = "this family needs rope.dimension_count equal to the head dimension (as llama.cpp)";
     } else if (hp->arch == KG_ARCH_OLMO2 && (int64_t)hp->n_head * hp->head_dim != hp->n_embd) {
         bad = "olmo2 needs head_count x key_length equal to embedding_length (as llama.cpp)";
@@ -253,6 +254,48 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
          * layer is windowed (set once the layer kinds are known) */
         get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa);
         break;
+    case KG_ARCH_QWEN3NEXT:
+        /* llama_model_qwen3next: qwen35's gated attention with plain NeoX
+         * RoPE over rope.dimension_count */
+        hp->attn_out_gate = true;
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.scale"), &hp->kq_scale);
+        if (!isfinite(hp->kq_scale) || hp->kq_scale < 0.0f) {
+            snprintf(errstr, errstr_size, "model: bad %s", key);
+            return false;
+        }
+        break;
+    case KG_ARCH_QWEN35:
+    case KG_ARCH_QWEN35MOE: {
+        /* llama_model_qwen35(moe): LLAMA_ROPE_TYPE_IMROPE over
+         * rope.dimension_count (a quarter of the head) with the required
+         * rope.dimension_sections. A text token carries its one position in
+         * every section (llama_batch_allocr broadcasts it), so each pair's
+         * angle is pos * base^(-2i/n_rot) whichever section it falls in:
+         * plain NeoX pairs over n_rot dims. Gated attention (the Q
+         * projection holds each head's output gate), the optional
+         * attention.scale; the DeltaNet layers are kg_model_recurrent.c's. */
+        akey(key, sizeof(key), arch, "rope.dimension_sections");
+        kg_gguf_type_t et;
+        uint64_t n = 0;
+        int32_t sec[4] = {0, 0, 0, 0};
+        if (!kg_gguf_get_arr(g, key, &et, &n) || n < 1 || n > 4 ||
+            !kg_gguf_arr_i32(g, key, sec, n) || sec[0] < 0 || sec[1] < 0 || sec[2] < 0 ||
+            sec[3] < 0 || sec[0] + sec[1] + sec[2] == 0 ||
+            sec[0] + sec[1] + sec[2] + sec[3] > hp->head_dim) {
+            snprintf(errstr, errstr_size,
+                     "model: %s missing or bad (up to 4 non-negative section sizes, not all of "
+                     "the first three 0, at most the head dimension in all, as ggml asserts)",
+                     key);
+            return false;
+        }
+        hp->attn_out_gate = true;
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.scale"), &hp->kq_scale);
+        if (!isfinite(hp->kq_scale) || hp->kq_scale < 0.0f) {
+            snprintf(errstr, errstr_size, "model: bad %s", key);
+            return false;
+        }
+        break;
+    }
     case KG_ARCH_SMOLLM3:
         /* llama_model_smollm3: n_no_rope_layer_step is fixed at 4 in code
          * (no key): layers 3, 7, 11, ... attend without RoPE */
@@ -466,7 +509,8 @@ bool kg_model_read_moe_hparams(
         return false;
     }
     const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS || a == KG_ARCH_GLM4MOE ||
-                          a == KG_ARCH_DEEPSEEK2;
+                          a == KG_ARCH_DEEPSEEK2 || a == KG_ARCH_QWEN35MOE ||
+                          a == KG_ARCH_QWEN3NEXT;
     if (hp->n_expert == 0) {
         if (moe_arch || hp->n_expert_used != 0) {
             snprintf(errstr, errstr_size,
@@ -480,7 +524,7 @@ bool kg_model_read_moe_hparams(
     if (!moe_arch && a != KG_ARCH_LLAMA && a != KG_ARCH_GEMMA4) {
         snprintf(errstr, errstr_size,
                  "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
-                 "gpt-oss, glm4moe, deepseek2, gemma4)",
+                 "gpt-oss, glm4moe, deepseek2, gemma4, qwen35moe, qwen3next)",
                  kg_arch_name(a));
         return false;
     }
@@ -494,7 +538,8 @@ bool kg_model_read_moe_hparams(
     }
     if (a == KG_ARCH_LLAMA) {
         hp->n_ff_exp = hp->n_ff; /* Mixtral: feed_forward_length is each expert's */
-    } else if ((a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GLM4MOE || a == KG_ARCH_DEEPSEEK2) &&
+    } else if ((a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GLM4MOE || a == KG_ARCH_DEEPSEEK2 ||
+                a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT) &&
                hp->n_ff_exp == 0) {
         hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
     }
@@ -510,6 +555,20 @@ bool kg_model_read_moe_hparams(
      * graphs renormalise whatever the file says */
     hp->moe_norm_w = a != KG_ARCH_GPT_OSS && a != KG_ARCH_GLM4MOE && a != KG_ARCH_DEEPSEEK2;
     kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "expert_weights_norm"), &hp->moe_norm_w);
+    if (a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT) {
+        /* llama_model_qwen35moe, qwen3next: the shared expert's width, n_ff without
+         * the key; softmax routing, renormalised (build_moe_ffn's norm_w) */
+        hp->n_ff_shexp = hp->n_ff;
+        if (!get_i32_opt(g, arch, "expert_shared_feed_forward_length", &hp->n_ff_shexp, errstr,
+                         errstr_size)) {
+            return false;
+        }
+        if (hp->n_ff_shexp <= 0 || hp->n_ff_shexp > (1 << 24)) {
+            snprintf(errstr, errstr_size,
+                     "model: %s.expert_shared_feed_forward_length must be in 1..2^24", arch);
+            return false;
+        }
+    }
     if ((a == KG_ARCH_GLM4MOE || a == KG_ARCH_DEEPSEEK2) &&
         !kg_model_read_shared_moe(g, arch, a == KG_ARCH_GLM4MOE ? KG_MOE_SIGMOID : KG_MOE_SOFTMAX,
                                   hp, errstr, errstr_size)) {

@@ -25,6 +25,11 @@
 #define RE_QWEN2                                                                                   \
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"     \
     "\\p{N}| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+"
+/* Qwen3.5's: qwen2's with combining marks (\p{M}) joining letter runs */
+#define RE_QWEN35                                                                                  \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{"  \
+    "M}]+|"                                                                                        \
+    "\\p{N}| ?[^" WS "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+"
 #define RE_CJK  "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+"
 #define RE_PORO " ?[^(" WS "|.,!?\\x{2026}\\x{3002}\\x{ff0c}\\x{3001}\\x{964}\\x{6d4}\\x{60c})]+"
 #define RE_DEEPSEEK_LETTERS                                                                        \
@@ -67,6 +72,7 @@ static const kg_tokenizer_pre_t pre_llama3 = {{RE_LLAMA3}, true, true, false, fa
 static const kg_tokenizer_pre_t pre_dbrx = {{RE_LLAMA3}, false, false, false, false};
 static const kg_tokenizer_pre_t pre_chatglm4 = {{RE_LLAMA3}, false, false, true, false};
 static const kg_tokenizer_pre_t pre_qwen2 = {{RE_QWEN2}, false, false, false, false};
+static const kg_tokenizer_pre_t pre_qwen35 = {{RE_QWEN35}, false, false, false, false};
 static const kg_tokenizer_pre_t pre_falcon = {
     {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}, false, false, false, false};
 static const kg_tokenizer_pre_t pre_starcoder = {{"\\p{N}", RE_GPT2}, false, false, false, false};
@@ -159,6 +165,7 @@ static const struct {
     {"exaone", &pre_starcoder},
     {"minerva-7b", &pre_starcoder},
     {"qwen2", &pre_qwen2},
+    {"qwen35", &pre_qwen35},
     {"deepseek-r1-qwen", &pre_qwen2},
     {"megrez", &pre_qwen2},
     {"stablelm2", &pre_qwen2},

@@ -562,6 +562,81 @@ START_TEST(gemma4_layers) {
 }
 END_TEST
 
+// ---- Qwen3.5's hybrid layers ----
+
+static void qwen35_bad_inner(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "qwen35.ssm.inner_size", 48); /* not state_size x V heads */
+}
+
+static void qwen35_short_flags(kg_gguf_writer_t *w) {
+    const uint8_t v[2] = {1, 1};
+    kg_gguf_writer_set_arr(w, "qwen35.attention.recurrent_layers", KG_GGUF_TYPE_BOOL, v, 2);
+}
+
+/* Layers 2 and 5 of 6 are attention (mkmodel's interval 3) */
+static void qwen35_kinds(const kg_model_t *m) {
+    for (int il = 0; il < 6; il++) {
+        ck_assert_int_eq(m->layers[il].kind,
+                         il == 2 || il == 5 ? KG_LAYER_ATTN : KG_LAYER_DELTANET);
+    }
+    ck_assert_int_eq(m->hp.n_layer_recurrent, 4);
+}
+
+/* qwen35's layer kinds (the per-layer flags, else full_attention_interval),
+ * its gated attention, the DeltaNet sizes and state, and the refusals;
+ * qwen3next's ssm_ba and grouped V heads */
+START_TEST(qwen35_layers) {
+    char *src = mk("--arch qwen35 --n-layer 6 " SMALL); /* heads of 16: d_state 16, 1 K head,
+                                                           2 V heads */
+    kg_model_t *m = load_ok(rewrite(src, NULL, NULL, NULL, 0));
+    qwen35_kinds(m);
+    ck_assert(m->hp.attn_out_gate && !m->hp.ssm_v_grouped);
+    ck_assert_int_eq(m->hp.n_rot, 4);                     /* a quarter of the head */
+    ck_assert_int_eq(m->layers[2].wq->ne[1], 2 * 2 * 16); /* queries and gates */
+    ck_assert_ptr_nonnull(m->layers[0].ssm_beta);
+    ck_assert_ptr_null(m->layers[0].ssm_ba);
+    /* 3 conv inputs of 2 x 16 + 32 channels, then 2 V heads of 16 x 16 */
+    ck_assert_int_eq(kg_model_state_floats(m, 0), 3 * 64 + 2 * 256);
+    ck_assert_int_eq(kg_model_state_floats(m, 2), 0);
+    kg_model_free(m);
+    m = load_ok(
+        rewrite(src, (const char *[]){"qwen35.attention.recurrent_layers", NULL}, NULL, NULL, 0));
+    qwen35_kinds(m); /* full_attention_interval 3 says the same */
+    kg_model_free(m);
+    /* neither key: llama.cpp's interval 4 makes layer 2 a DeltaNet layer,
+     * whose tensors this file lacks */
+    load_fails(rewrite(src,
+                       (const char *[]){"qwen35.attention.recurrent_layers",
+                                        "qwen35.full_attention_interval", NULL},
+                       NULL, NULL, 0),
+               (const char *[]){"blk.2.attn_qkv.weight", NULL});
+    load_fails(rewrite(src, NULL, qwen35_bad_inner, NULL, 0),
+               (const char *[]){"ssm.* sizes", "inner_size 48", NULL});
+    load_fails(rewrite(src, NULL, qwen35_short_flags, NULL, 0),
+               (const char *[]){"qwen35.attention.recurrent_layers", "block_count", NULL});
+    load_fails(
+        rewrite(src, (const char *[]){"qwen35.rope.dimension_sections", NULL}, NULL, NULL, 0),
+        (const char *[]){"qwen35.rope.dimension_sections", NULL});
+    load_fails(rewrite(src, (const char *[]){"qwen35.ssm.state_size", NULL}, NULL, NULL, 0),
+               (const char *[]){"qwen35.ssm.state_size", NULL});
+    remove(src);
+    free(src);
+    char *nx = mk("--arch qwen3next --n-layer 3 " SMALL);
+    m = load_ok(rewrite(nx, NULL, NULL, NULL, 0));
+    ck_assert(m->hp.attn_out_gate && m->hp.ssm_v_grouped && m->hp.n_expert == 8);
+    ck_assert_ptr_nonnull(m->layers[0].ssm_ba);
+    ck_assert_ptr_null(m->layers[0].ssm_beta);
+    ck_assert_ptr_nonnull(m->layers[0].gate_inp_shexp);
+    ck_assert_int_eq(m->hp.n_ff_shexp, 64);
+    kg_model_free(m);
+    /* the older converters' fused q/k/v/z projection */
+    load_fails(rewrite(nx, NULL, NULL, "blk.0.ssm_in.weight", 32),
+               (const char *[]){"blk.0.ssm_in.weight", "convert it again", NULL});
+    remove(nx);
+    free(nx);
+}
+END_TEST
+
 // ---- backends ----
 
 /* The dense families (each row of k_model_families) pass the CUDA
@@ -598,6 +673,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, gemma3_window_patterns);
     tcase_add_test(tc, gemma4_layers);
     tcase_add_test(tc, gemma_embedding_loads);
+    tcase_add_test(tc, qwen35_layers);
     tcase_add_loop_test(tc, cuda_takes_the_dense_families, 0,
                         (int)(sizeof(k_model_families) / sizeof(k_model_families[0])));
     suite_add_tcase(s, tc);

@@ -8,6 +8,7 @@
 
 #include "../../core/kg_log.h"
 #include "../../model/kg_quant.h"
+#include "cpu_deltanet.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@ struct cpu_rec {
     int32_t *snap_pos; /* (n_snaps) */
     int32_t n_snaps;
     float *bcx; /* (T, 3 n_embd) a short convolution's in_proj output, then C * conv */
+    float *dn;  /* DeltaNet's step scratch (cpu_deltanet_scratch_floats), NULL: none */
 };
 
 bool cpu_recurrent_layer_init(
@@ -44,7 +46,8 @@ bool cpu_recurrent_layer_init(
         ctx->weights_size += n * sizeof(float);
         return true;
     }
-    case KG_LAYER_DELTANET: /* not read yet: the loader assigns no such layer */
+    case KG_LAYER_DELTANET:
+        return cpu_deltanet_layer_init(ctx, il, L, errstr, errstr_size);
     case KG_LAYER_MAMBA2:
     case KG_LAYER_ATTN:
         break;
@@ -56,6 +59,7 @@ bool cpu_recurrent_layer_init(
 void cpu_recurrent_layer_clear(cpu_layer_t *L) {
     free(L->sc_conv);
     L->sc_conv = NULL;
+    cpu_deltanet_layer_clear(L);
 }
 
 /* Room for n_slots states (the new ones zero). */
@@ -101,6 +105,19 @@ bool cpu_recurrent_init(
     const size_t T = (size_t)ctx->max_tokens, E = (size_t)model->hp.n_embd;
     r->bcx = calloc(T * 3 * E, sizeof(float));
     ctx->scratch_size += T * 3 * E * sizeof(float);
+    bool deltanet = false;
+    for (int32_t il = 0; il < model->hp.n_layer; il++) {
+        deltanet = deltanet || model->layers[il].kind == KG_LAYER_DELTANET;
+    }
+    if (deltanet) {
+        const int64_t n = cpu_deltanet_scratch_floats(&model->hp, (int64_t)T);
+        r->dn = calloc((size_t)n, sizeof(float));
+        ctx->scratch_size += (size_t)n * sizeof(float);
+        if (!r->dn) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory");
+            return false;
+        }
+    }
     if (!r->bcx || !grow(r, n_slots > 0 ? n_slots : 0)) {
         snprintf(errstr, errstr_size,
                  "cpu backend: out of memory for the recurrent states (%zu MiB for %d slots)",
@@ -131,6 +148,7 @@ void cpu_recurrent_free(cpu_ctx_t *ctx) {
         free(r->bcx);
         free(r->snap);
         free(r->snap_pos);
+        free(r->dn);
         free(r);
         ctx->rec = NULL;
     }
@@ -307,7 +325,11 @@ void cpu_recurrent_mixer(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batc
     case KG_LAYER_SHORTCONV:
         shortconv(ctx, il, batch);
         return;
-    case KG_LAYER_DELTANET: /* not read yet: the loader assigns no such layer */
+    case KG_LAYER_DELTANET: {
+        struct cpu_rec *r = ctx->rec;
+        cpu_deltanet_mixer(ctx, il, batch, r->state, r->per_slot, r->off[il], r->dn);
+        return;
+    }
     case KG_LAYER_MAMBA2:
     case KG_LAYER_ATTN:
         break;

@@ -191,6 +191,10 @@ static bool moe_layer_init(cpu_layer_t *L,
          !cpu_weight_init(&L->sh_down, src->down_shexp, ctx, errstr, errstr_size))) {
         return false;
     }
+    if (src->gate_inp_shexp &&
+        !vector_init(&L->sh_gate_inp, src->gate_inp_shexp, ctx, errstr, errstr_size)) {
+        return false;
+    }
     return true;
 }
 
@@ -229,7 +233,7 @@ static void cpu_free(kg_backend_t *be) {
                     &L->gate_inp,       &L->gate_inp_b,      &L->exp_gate_b,     &L->exp_up_b,
                     &L->exp_down_b,     &L->sinks,           &L->exp_probs_b,    &L->sh_gate,
                     &L->sh_up,          &L->sh_down,         &L->gate_inp_s,     &L->exp_down_s,
-                    &L->ffn_pre_norm_2, &L->ffn_post_norm_1, &L->ffn_post_norm_2};
+                    &L->ffn_pre_norm_2, &L->ffn_post_norm_1, &L->ffn_post_norm_2, &L->sh_gate_inp};
                 for (size_t i = 0; i < sizeof(moe_ws) / sizeof(moe_ws[0]); i++) {
                     weight_clear(moe_ws[i]);
                 }
@@ -298,7 +302,7 @@ static void cpu_free(kg_backend_t *be) {
                          ctx->rope_cs, ctx->scores,  ctx->moe_logits, ctx->moe_x,    ctx->moe_g,
                          ctx->moe_u,   ctx->moe_y,   ctx->moe_xr,     ctx->shexp,    ctx->mla_q,
                          ctx->mla_qa,  ctx->mla_att, ctx->mla_hin,    ctx->mla_hout, ctx->mla_xr,
-                         ctx->pl_in,   ctx->pl_gate};
+                         ctx->pl_in,   ctx->pl_gate, ctx->qgate};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -582,12 +586,15 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
 
     const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd;
     /* the shared expert runs in the dense FFN's buffers */
-    const size_t FS = (size_t)hp->n_expert_shared * (size_t)hp->n_ff_exp;
+    const size_t FS = hp->n_ff_shexp > 0 ? (size_t)hp->n_ff_shexp
+                                         : (size_t)hp->n_expert_shared * (size_t)hp->n_ff_exp;
     F = shared && FS > F ? FS : F;
     const size_t FX = (size_t)hp->n_ff_exp, TK = T * (size_t)hp->n_expert_used;
     size_t widest = E > F ? E : F;
     widest = widest > n_q ? widest : n_q;
     widest = widest > FX ? widest : FX;
+    /* DeltaNet's ssm_out reads d_inner per token (cpu_deltanet.c) */
+    widest = widest > (size_t)hp->ssm_d_inner ? widest : (size_t)hp->ssm_d_inner;
     /* MLA's GEMM inputs: the compressed queries, a head's nope query or
      * latent, the heads' values */
     const size_t H = (size_t)hp->n_head, R = (size_t)hp->n_lora_kv;
@@ -605,7 +612,10 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     ctx->x = scratch(ctx, T * E, &ok);
     ctx->xn = scratch(ctx, T * E, &ok);
     ctx->xr = scratch(ctx, T * widest, &ok);
-    ctx->q = scratch(ctx, T * n_q, &ok);
+    /* qwen35: attn_q gives each head's query and output gate, parted into
+     * q and qgate */
+    ctx->q = scratch(ctx, T * n_q * (hp->attn_out_gate ? 2 : 1), &ok);
+    ctx->qgate = hp->attn_out_gate ? scratch(ctx, T * n_q, &ok) : NULL;
     ctx->k = scratch(ctx, T * n_kv, &ok);
     ctx->v = scratch(ctx, T * n_kv, &ok);
     ctx->att = scratch(ctx, T * n_q, &ok);

@@ -567,9 +567,30 @@ static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
             ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
         }
         matmul(ctx, &L->sh_down, ctx->gate, ctx->shexp, T);
+        for (int64_t t = 0; L->sh_gate_inp.data && t < T; t++) {
+            /* qwen35moe: times sigmoid(ffn_gate_inp_shexp . x) (ggml_mul_mat
+             * of the vector, ggml_sigmoid, ggml_mul) */
+            const float *x = ctx->xn + t * hp->n_embd;
+            float s = 0.0f;
+            for (int64_t i = 0; i < hp->n_embd; i++) {
+                s += L->sh_gate_inp.data[i] * x[i];
+            }
+            scale_rows(ctx->shexp + t * hp->n_embd, hp->n_embd, 1.0f / (1.0f + expf(-s)));
+        }
         for (int64_t i = 0; i < T * hp->n_embd; i++) {
             ctx->tmp[i] = ctx->tmp[i] + ctx->shexp[i];
         }
+    }
+}
+
+/* qwen35's attn_q rows, (n_heads) x [query (hd), gate (hd)], parted: the
+ * queries packed in place at the front of qg, the gates into gate
+ * (llama.cpp's two views of Qcur_full). A head's query moves only toward
+ * the front, over what was read already. */
+static void part_query_gate(float *qg, float *gate, int64_t n_heads, int64_t hd) {
+    for (int64_t i = 0; i < n_heads; i++) {
+        memcpy(gate + i * hd, qg + i * 2 * hd + hd, (size_t)hd * sizeof(float));
+        memmove(qg + i * hd, qg + i * 2 * hd, (size_t)hd * sizeof(float));
     }
 }
 
@@ -755,6 +776,9 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         float *const qkv_out[3] = {ctx->q, ctx->k, ctx->v};
         matmul_n(ctx, own_kv ? 3 : 1, qkv, ctx->xn, qkv_out, T);
         cpu_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, qkv_out, T);
+        if (ctx->qgate) { /* qwen35: each head's query, then its output gate */
+            part_query_gate(ctx->q, ctx->qgate, T * hp->n_head, hd);
+        }
         add_bias(ctx->q, &L->bq, T, n_q);
         add_bias(ctx->k, &L->bk, T, n_kv);
         add_bias(ctx->v, &L->bv, T, n_kv);
@@ -796,6 +820,9 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
             cpu_fp32_to_fp16(ctx->v + t * n_kv, ctx->v_cache[il] + row * n_kv, n_kv);
         }
         attention(ctx, il, batch);
+        for (int64_t i = 0; ctx->qgate && i < T * n_q; i++) { /* ggml_sigmoid, ggml_mul */
+            ctx->att[i] *= 1.0f / (1.0f + expf(-ctx->qgate[i]));
+        }
         matmul(ctx, &L->wo, ctx->att, ctx->tmp, T);
         cpu_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, &ctx->tmp, T);
         add_bias(ctx->tmp, &L->bo, T, E);

@@ -49,6 +49,7 @@ typedef struct cpu_layer {
      * the norms of the experts' input, the MLP's output and the experts' */
     cpu_weight_t gate_inp_s, exp_down_s;                           /* (n_embd), (n_expert) */
     cpu_weight_t ffn_pre_norm_2, ffn_post_norm_1, ffn_post_norm_2; /* (n_embd) */
+    cpu_weight_t sh_gate_inp; /* (n_embd) qwen35moe's shared-expert gate, or data NULL */
     /* multi-head latent attention (deepseek2; wkv_a.n_out 0: none): wq, or
      * wq_a, q_a_norm and wq_b; k_b[h], v_b[h] are head h's absorption
      * matrices, (n_lora_kv, nope) and (mla_v, n_lora_kv) */
@@ -62,6 +63,7 @@ typedef struct cpu_layer {
      * out_proj (n_embd, n_embd), the kernel F32 (n_embd, l_cache) */
     cpu_weight_t sc_in, sc_out;
     float *sc_conv;
+    struct cpu_deltanet_layer *dn; /* Qwen3.5's gated DeltaNet (cpu_deltanet.h), else NULL */
 } cpu_layer_t;
 
 /* One distinct RoPE among the layers (Gemma: local and global). */
@@ -102,6 +104,7 @@ typedef struct cpu_ctx {
     float *k;       /* (T, n_head_kv * head_dim) */
     float *v;       /* (T, n_head_kv * head_dim) */
     float *att;     /* (T, n_head * head_dim) attention output */
+    float *qgate;   /* (T, n_head * head_dim) qwen35's output gate, else NULL */
     float *gate;    /* (T, max(n_ff, FS)) FS: the shared expert's width */
     float *up;      /* (T, max(n_ff, FS)) */
     float *shexp;   /* (T, n_embd) the shared expert's output, or Gemma 4's MLP beside its
