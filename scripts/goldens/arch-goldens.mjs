@@ -47,7 +47,7 @@ const TOKENIZER_TEXTS = [
     "<|user|>\nQuestion?<|end|>\n<|assistant|>", "<s>[INST] x [/INST]", "UPPER lower MiXeD 99bottles",
     "ab\u0301c \u00a0nbsp", "x=1;y=2;print(x+y)",
 ];
-const TOKENIZER_MODELS = ["llama", "qwen2", "gemma2", "phi3", "gpt-oss", "glm4moe", "deepseek2"];
+const TOKENIZER_MODELS = ["llama", "qwen2", "gemma2", "phi3", "gpt-oss", "glm4moe", "deepseek2", "qwen35"];
 
 function arg(name, def) {
     const i = process.argv.indexOf(name);

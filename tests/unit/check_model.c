@@ -591,12 +591,12 @@ START_TEST(qwen35_layers) {
     kg_model_t *m = load_ok(rewrite(src, NULL, NULL, NULL, 0));
     qwen35_kinds(m);
     ck_assert(m->hp.attn_out_gate && !m->hp.ssm_v_grouped);
-    ck_assert_int_eq(m->hp.n_rot, 4);                     /* a quarter of the head */
-    ck_assert_int_eq(m->layers[2].wq->ne[1], 2 * 2 * 16); /* queries and gates */
+    ck_assert_int_eq(m->hp.n_rot, 4);             /* a quarter of the head */
+    ck_assert_int_eq(m->layers[2].wq->ne[1], 64); /* 2 heads of 16: queries and gates */
     ck_assert_ptr_nonnull(m->layers[0].ssm_beta);
     ck_assert_ptr_null(m->layers[0].ssm_ba);
     /* 3 conv inputs of 2 x 16 + 32 channels, then 2 V heads of 16 x 16 */
-    ck_assert_int_eq(kg_model_state_floats(m, 0), 3 * 64 + 2 * 256);
+    ck_assert_int_eq(kg_model_state_floats(m, 0), 192 + 512);
     ck_assert_int_eq(kg_model_state_floats(m, 2), 0);
     kg_model_free(m);
     m = load_ok(
