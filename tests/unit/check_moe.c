@@ -761,8 +761,10 @@ START_TEST(mkmodel_usage_errors) {
     static const struct {
         const char *args, *want;
     } cases[] = {
-        {"--arch qwen3 --n-expert 4", "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2"},
-        {"--arch llama --mxfp4_moe", "are for qwen3moe, mixtral, gpt-oss, glm4moe and deepseek2"},
+        {"--arch qwen3 --n-expert 4",
+         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and qwen3next"},
+        {"--arch llama --mxfp4_moe",
+         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and qwen3next"},
         {"--arch deepseek2", "--n-head-kv must be 1"},
         {"--arch deepseek2 --n-nextn 1", "(deepseek2: all but --n-nextn)"},
         {"--arch glm4moe --kv-lora-rank 8", "are for deepseek2"},
