@@ -129,7 +129,6 @@ static void delta_task(void *arg, int64_t w, int thread) {
     const int64_t conv_floats = (int64_t)(hp->ssm_d_conv - 1) * CH;
     const int64_t h0 = HV * w / j->n_chunks, h1 = HV * (w + 1) / j->n_chunks;
     const float scale = 1.0f / sqrtf((float)S);
-    float delta[1024]; /* d_state <= 1024 (kg_model_recurrent.c) */
     for (int64_t t = 0; t < T; t++) {
         const float *row = j->qkv + t * CH;
         float *st = j->states + (int64_t)j->batch->seq[t] * j->per_slot + j->off + conv_floats;
@@ -140,21 +139,20 @@ static void delta_task(void *arg, int64_t w, int thread) {
             const float *v = row + 2 * HK * S + h * S;
             const float b = j->beta[t * HV + h], eg = expf(j->g[t * HV + h]);
             float *M = st + h * S * S;
-            for (int64_t i = 0; i < S * S; i++) {
-                M[i] *= eg;
-            }
-            for (int64_t r = 0; r < S; r++) {
-                delta[r] = (v[r] - dot(M + r * S, k, S)) * b;
-            }
+            float *o = j->o + t * VD + h * S;
+            /* one pass per row of M (value r's weights): a row's decay,
+             * delta, update and output read that row alone, so this is
+             * ggml_gated_delta_net's whole-matrix order, row by row */
             for (int64_t r = 0; r < S; r++) {
                 float *m = M + r * S;
                 for (int64_t i = 0; i < S; i++) {
-                    m[i] += k[i] * delta[r];
+                    m[i] *= eg;
                 }
-            }
-            float *o = j->o + t * VD + h * S;
-            for (int64_t r = 0; r < S; r++) {
-                o[r] = dot(M + r * S, q, S) * scale;
+                const float delta = (v[r] - dot(m, k, S)) * b;
+                for (int64_t i = 0; i < S; i++) {
+                    m[i] += k[i] * delta;
+                }
+                o[r] = dot(m, q, S) * scale;
             }
             /* build_norm_gated: rms_norm * ssm_norm, times silu(z) */
             cpu_rmsnorm_rows(o, j->dn->norm.data, o, 1, S, hp->norm_eps);
