@@ -28,6 +28,9 @@ families=(
     "deepseek2 --n-layer 2 --n-head-kv 1 --head-dim 48 --n-rot 16 --kv-lora-rank 32 --n-ff-exp 64 --n-expert 8 --n-expert-used 2 --chat-template deepseek-v3.1"
     "gemma4 --n-layer 4 --swa-pattern 2 --sliding-window 8 --n-embd-per-layer 16 --n-kv-shared 2"
     "lfm2 --n-layer 4"
+    "qwen35 --n-layer 3"
+    "qwen35moe --n-layer 3 --n-ff-exp 64 --n-expert 8 --n-expert-used 2"
+    "qwen3next --n-layer 3 --n-ff-exp 64 --n-expert 8 --n-expert-used 2"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys
@@ -95,6 +98,14 @@ PY
         snb=$(curl -s "http://127.0.0.1:${ports[$i]}/metrics" |
             awk '$1 == "kgen_recurrent_snapshot_bytes" {print $2}')
         [[ "$snb" == 6144 ]] || { echo "lfm2: kgen_recurrent_snapshot_bytes is '$snb', not 6144"; exit 1; }
+    fi
+    if [[ "$name" == qwen35 ]]; then
+        # 2 DeltaNet layers (attention is layer 2), each (conv 4 - 1) x (2 K heads x 16 + 64)
+        # conv floats and 4 V heads x 16 x 16 delta-rule floats, x 4 bytes x 4 slots
+        sb=$(curl -s "http://127.0.0.1:${ports[$i]}/metrics" |
+            awk '$1 == "kgen_recurrent_state_bytes" {print $2}')
+        [[ "$sb" == 45056 ]] || { echo "qwen35: kgen_recurrent_state_bytes is '$sb', not 45056"; exit 1; }
+        echo "qwen35: kgen_recurrent_state_bytes 45056"
     fi
 done
 for i in "${!names[@]}"; do
