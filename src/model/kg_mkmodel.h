@@ -69,6 +69,11 @@ typedef struct kg_mkmodel_opts {
     int64_t n_embd_per_layer; /* embedding_length_per_layer_input: per-layer inputs; 0: none */
     int64_t n_kv_shared;      /* attention.shared_kv_layers: the last layers read earlier
                                  layers' K/V (their FFNs twice as wide, as E2B's); 0: none */
+    /* qwen35, qwen35moe, qwen3next (kg_mkmodel_qwen35.c); 0: the default */
+    int64_t ssm_state;  /* ssm.state_size: a DeltaNet head's width; default head_dim */
+    int64_t ssm_groups; /* ssm.group_count: DeltaNet K heads; default n_head_kv */
+    int64_t ssm_heads;  /* ssm.time_step_rank: DeltaNet V heads; default n_head */
+    int64_t attn_every; /* full_attention_interval: every N-th layer attention; default 3 */
 } kg_mkmodel_opts_t;
 
 /** name "kgen-random", arch llama, ctx 2048, rope base 10000, F32, no

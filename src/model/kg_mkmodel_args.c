@@ -83,6 +83,10 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         {"--v-head-dim", offsetof(kg_mkmodel_opts_t, v_head_dim), 1, 1024},
         {"--n-embd-per-layer", offsetof(kg_mkmodel_opts_t, n_embd_per_layer), 1, 4096},
         {"--n-kv-shared", offsetof(kg_mkmodel_opts_t, n_kv_shared), 1, 1024},
+        {"--ssm-state", offsetof(kg_mkmodel_opts_t, ssm_state), 2, 1024},
+        {"--ssm-groups", offsetof(kg_mkmodel_opts_t, ssm_groups), 1, 1024},
+        {"--ssm-heads", offsetof(kg_mkmodel_opts_t, ssm_heads), 1, 1024},
+        {"--attn-every", offsetof(kg_mkmodel_opts_t, attn_every), 1, 1024},
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -310,6 +314,20 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         return bad(errstr, errstr_size,
                    "--n-expert-shared, --n-dense-lead, --n-nextn, --n-expert-groups and "
                    "--n-group-used are for glm4moe (deepseek2: all but --n-nextn)");
+    }
+    if (!qwen35 &&
+        (o->ssm_state > 0 || o->ssm_groups > 0 || o->ssm_heads > 0 || o->attn_every > 0)) {
+        return bad(errstr, errstr_size,
+                   "--ssm-state, --ssm-groups, --ssm-heads and --attn-every are for qwen35, "
+                   "qwen35moe and qwen3next");
+    }
+    if (qwen35 && (o->ssm_heads > 0 ? o->ssm_heads : o->n_head) %
+                          (o->ssm_groups > 0 ? o->ssm_groups : o->n_head_kv) !=
+                      0) {
+        return bad(errstr, errstr_size,
+                   "%s: the DeltaNet V heads (--ssm-heads, default --n-head) must be a multiple "
+                   "of its K heads (--ssm-groups, default --n-head-kv)",
+                   arch);
     }
     if (!ds2 && (o->q_lora_rank >= 0 || o->kv_lora_rank > 0 || o->v_head_dim > 0)) {
         return bad(errstr, errstr_size,

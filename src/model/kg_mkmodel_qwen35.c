@@ -5,8 +5,10 @@
  * fourth; three gives a small model both kinds twice); IMRoPE over a
  * quarter of the head (rope.dimension_count, rope.dimension_sections
  * split as 11/11/10 of 32 pairs); the ssm.* sizes of the gated DeltaNet
- * layers: K heads --n-head-kv, V heads --n-head, both --head-dim wide
- * (ssm.state_size), a convolution of 4.
+ * layers: K heads --ssm-groups (default --n-head-kv), V heads --ssm-heads
+ * (default --n-head), both --ssm-state wide (default --head-dim), a
+ * convolution of 4; --attn-every N makes every N-th layer attention
+ * (default 3; Qwen3.5's is 4).
  *
  * A DeltaNet layer: attn_qkv (n_embd -> q | k | v), attn_gate (z), the F32
  * kernel ssm_conv1d, ssm_dt.bias, ssm_a (negative: -exp(A_log)),
@@ -26,11 +28,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define D_CONV   4
-#define INTERVAL 3
+#define D_CONV 4
 
-static bool is_attn(int64_t il) {
-    return (il + 1) % INTERVAL == 0;
+static bool is_attn(const kg_mkmodel_opts_t *o, int64_t il) {
+    return (il + 1) % (o->attn_every > 0 ? o->attn_every : 3) == 0;
+}
+
+/* The DeltaNet sizes: d_state, K heads, V heads */
+static int64_t d_state(const kg_mkmodel_opts_t *o) {
+    return o->ssm_state > 0 ? o->ssm_state : o->head_dim;
+}
+
+static int64_t k_heads(const kg_mkmodel_opts_t *o) {
+    return o->ssm_groups > 0 ? o->ssm_groups : o->n_head_kv;
+}
+
+static int64_t v_heads(const kg_mkmodel_opts_t *o) {
+    return o->ssm_heads > 0 ? o->ssm_heads : o->n_head;
 }
 
 static float fan_in(int64_t n) {
@@ -54,15 +68,16 @@ void kg_mkmodel_qwen35_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
     kg_gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hd);
     kg_gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
     kg_gguf_writer_set_u32(w, KEY("ssm.conv_kernel"), D_CONV);
-    kg_gguf_writer_set_u32(w, KEY("ssm.state_size"), (uint32_t)hd);
-    kg_gguf_writer_set_u32(w, KEY("ssm.group_count"), (uint32_t)o->n_head_kv);
-    kg_gguf_writer_set_u32(w, KEY("ssm.time_step_rank"), (uint32_t)o->n_head);
-    kg_gguf_writer_set_u32(w, KEY("ssm.inner_size"), (uint32_t)(hd * o->n_head));
-    kg_gguf_writer_set_u32(w, KEY("full_attention_interval"), INTERVAL);
+    kg_gguf_writer_set_u32(w, KEY("ssm.state_size"), (uint32_t)d_state(o));
+    kg_gguf_writer_set_u32(w, KEY("ssm.group_count"), (uint32_t)k_heads(o));
+    kg_gguf_writer_set_u32(w, KEY("ssm.time_step_rank"), (uint32_t)v_heads(o));
+    kg_gguf_writer_set_u32(w, KEY("ssm.inner_size"), (uint32_t)(d_state(o) * v_heads(o)));
+    kg_gguf_writer_set_u32(w, KEY("full_attention_interval"),
+                           (uint32_t)(o->attn_every > 0 ? o->attn_every : 3));
     uint8_t *recr = malloc((size_t)n);
     if (recr) { /* else the interval alone says the same */
         for (int64_t il = 0; il < n; il++) {
-            recr[il] = !is_attn(il);
+            recr[il] = !is_attn(o, il);
         }
         kg_gguf_writer_set_arr(w, KEY("attention.recurrent_layers"), KG_GGUF_TYPE_BOOL, recr,
                                (uint64_t)n);
@@ -80,7 +95,7 @@ bool kg_mkmodel_qwen35_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
     const kg_ggml_type_t xt = o->has_expert_type ? o->expert_type : wt;
     const int64_t E = o->n_embd, hd = o->head_dim, F = o->n_ff;
     const int64_t q_dim = o->n_head * hd, kv_dim = o->n_head_kv * hd;
-    const int64_t HV = o->n_head, VD = hd * HV, CH = 2 * o->n_head_kv * hd + VD;
+    const int64_t S = d_state(o), HV = v_heads(o), VD = S * HV, CH = 2 * k_heads(o) * S + VD;
     const float resid = 1.0f / sqrtf(2.0f * (float)o->n_layer), fe = fan_in(E);
     char name[64];
 #define KG_ADD(type, ne0, ne1, center, scale, ...)                                                 \
@@ -92,7 +107,7 @@ bool kg_mkmodel_qwen35_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
     for (int64_t l = 0; l < o->n_layer; l++) {
         const long long L = (long long)l;
         bool ok = KG_ADD(f32, E, 1, 1.0f, 0.1f, "blk.%lld.attn_norm.weight", L);
-        if (is_attn(l)) {
+        if (is_attn(o, l)) {
             ok =
                 ok && KG_ADD(wt, E, 2 * q_dim, 0.0f, fe, "blk.%lld.attn_q.weight", L) &&
                 KG_ADD(wt, E, kv_dim, 0.0f, fe, "blk.%lld.attn_k.weight", L) &&
@@ -112,7 +127,7 @@ bool kg_mkmodel_qwen35_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
                  (next ? KG_ADD(wt, E, 2 * HV, 0.0f, fe, "blk.%lld.ssm_ba.weight", L)
                        : KG_ADD(wt, E, HV, 0.0f, fe, "blk.%lld.ssm_beta.weight", L) &&
                              KG_ADD(wt, E, HV, 0.0f, fe, "blk.%lld.ssm_alpha.weight", L)) &&
-                 KG_ADD(f32, hd, 1, 1.0f, 0.1f, "blk.%lld.ssm_norm.weight", L) &&
+                 KG_ADD(f32, S, 1, 1.0f, 0.1f, "blk.%lld.ssm_norm.weight", L) &&
                  KG_ADD(wt, VD, E, 0.0f, fan_in(VD) * resid, "blk.%lld.ssm_out.weight", L);
         }
         ok = ok && KG_ADD(f32, E, 1, 1.0f, 0.1f, "blk.%lld.post_attention_norm.weight", L);
