@@ -5,6 +5,10 @@
 #include "../kg_math.h"
 #include "cpu_ops.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,20 +104,70 @@ static void conv_task(void *arg, int64_t w, int thread) {
     }
 }
 
-/* A dot product of n floats in eight running sums (the order fixed, so
- * every call gives the same bits). */
-static float dot(const float *a, const float *b, int64_t n) {
+/* The delta rule's two passes over one row m of a head's matrix, each a
+ * dot product in eight running sums (lane l takes the elements i = l mod
+ * 8, the tail lane 0; then ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 +
+ * s7))): the AVX2 form below is that order exactly (no fused multiply-add,
+ * as the scalar one has none), so both give the same bits. */
+static float lanes_sum(const float s[8]) {
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* m *= eg, then m . k */
+static float decay_dot(float *m, float eg, const float *k, int64_t n) {
     float s[8] = {0};
     int64_t i = 0;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 e = _mm256_set1_ps(eg);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(m + i), e);
+        _mm256_storeu_ps(m + i, x);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_loadu_ps(k + i)));
+    }
+    _mm256_storeu_ps(s, acc);
+#else
     for (; i + 8 <= n; i += 8) {
         for (int l = 0; l < 8; l++) {
-            s[l] += a[i + l] * b[i + l];
+            m[i + l] *= eg;
+            s[l] += m[i + l] * k[i + l];
         }
     }
+#endif
     for (; i < n; i++) {
-        s[0] += a[i] * b[i];
+        m[i] *= eg;
+        s[0] += m[i] * k[i];
     }
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    return lanes_sum(s);
+}
+
+/* m += k * d, then m . q */
+static float update_dot(float *m, const float *k, float d, const float *q, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 dd = _mm256_set1_ps(d);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x =
+            _mm256_add_ps(_mm256_loadu_ps(m + i), _mm256_mul_ps(_mm256_loadu_ps(k + i), dd));
+        _mm256_storeu_ps(m + i, x);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, _mm256_loadu_ps(q + i)));
+    }
+    _mm256_storeu_ps(s, acc);
+#else
+    for (; i + 8 <= n; i += 8) {
+        for (int l = 0; l < 8; l++) {
+            m[i + l] += k[i + l] * d;
+            s[l] += m[i + l] * q[i + l];
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        m[i] += k[i] * d;
+        s[0] += m[i] * q[i];
+    }
+    return lanes_sum(s);
 }
 
 /* The delta rule of V heads [h0, h1) over every token in batch order, then
@@ -145,14 +199,8 @@ static void delta_task(void *arg, int64_t w, int thread) {
              * ggml_gated_delta_net's whole-matrix order, row by row */
             for (int64_t r = 0; r < S; r++) {
                 float *m = M + r * S;
-                for (int64_t i = 0; i < S; i++) {
-                    m[i] *= eg;
-                }
-                const float delta = (v[r] - dot(m, k, S)) * b;
-                for (int64_t i = 0; i < S; i++) {
-                    m[i] += k[i] * delta;
-                }
-                o[r] = dot(m, q, S) * scale;
+                const float delta = (v[r] - decay_dot(m, eg, k, S)) * b;
+                o[r] = update_dot(m, k, delta, q, S) * scale;
             }
             /* build_norm_gated: rms_norm * ssm_norm, times silu(z) */
             cpu_rmsnorm_rows(o, j->dn->norm.data, o, 1, S, hp->norm_eps);
