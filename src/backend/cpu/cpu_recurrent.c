@@ -3,7 +3,9 @@
  * ggml_ssm_conv: in_proj gives B, C and x; the window of the last l_cache
  * values of B * x (the state's l_cache - 1, then the token's) is dotted
  * with the channel's kernel in ascending order, one float sum as
- * ggml_ssm_conv keeps it; C times that goes through out_proj. */
+ * ggml_ssm_conv keeps it; C times that goes through out_proj. Qwen3.5's
+ * gated DeltaNet is cpu_deltanet.c's (its weights in cpu_layer_t.dn, its
+ * step scratch here). */
 #include "cpu_recurrent.h"
 
 #include "../../core/kg_log.h"

@@ -14,7 +14,9 @@
  * (a non-causal model, gemma-embedding: over its whole input, which the
  * engine runs in one step, or within n_swa / 2 either side in a windowed
  * layer) (soft-capped scores: gemma2; granite's attention scale; parallel over
- * tokens x heads), output GEMM (+ post-norm: gemma, olmo2) (x residual
+ * tokens x heads; times sigmoid of the query's output gate: qwen35, whose
+ * attn_q gives each head's query and gate), output GEMM (+ post-norm:
+ * gemma, olmo2) (x residual
  * scale: granite) + residual, rmsnorm, gate/up GEMMs, SwiGLU or GeGLU (or
  * the up GEMM alone and xIELU: apertus), down GEMM (+ post-norm) +
  * residual; then the final norm and the head only for the rows that want
