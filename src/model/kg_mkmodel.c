@@ -202,17 +202,6 @@ bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
     return true;
 }
 
-bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
-                            const kg_mkmodel_opts_t *o,
-                            const char *name,
-                            kg_ggml_type_t type,
-                            int64_t ne0,
-                            int64_t ne1,
-                            int64_t n_exp,
-                            float scale) {
-    return add_random3(w, o, name, type, ne0, ne1, n_exp, scale);
-}
-
 /** Uniform with variance 1/fan_in: the half-width is sqrt(3 / fan_in). */
 static float fan_in_scale(int64_t fan_in) {
     return sqrtf(3.0f / (float)fan_in);

@@ -95,15 +95,6 @@ void kg_mkmodel_qwen35_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
  * written. */
 bool kg_mkmodel_qwen35_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const char *arch);
 
-/** A stack of n_exp (ne0, ne1) random matrices (an expert tensor). */
-bool kg_mkmodel_add_random3(kg_gguf_writer_t *w,
-                            const kg_mkmodel_opts_t *o,
-                            const char *name,
-                            kg_ggml_type_t type,
-                            int64_t ne0,
-                            int64_t ne1,
-                            int64_t n_exp,
-                            float scale);
 
 /* What llama.cpp's converter writes for each family: the tensors of a layer
  * and the built-in vocabulary style (see the metadata in write_hparams). */

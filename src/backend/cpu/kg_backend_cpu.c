@@ -230,9 +230,9 @@ static void cpu_free(kg_backend_t *be) {
                     weight_clear(ws[i]);
                 }
                 cpu_weight_t *moe_ws[] = {
-                    &L->gate_inp,       &L->gate_inp_b,      &L->exp_gate_b,     &L->exp_up_b,
-                    &L->exp_down_b,     &L->sinks,           &L->exp_probs_b,    &L->sh_gate,
-                    &L->sh_up,          &L->sh_down,         &L->gate_inp_s,     &L->exp_down_s,
+                    &L->gate_inp,       &L->gate_inp_b,      &L->exp_gate_b,      &L->exp_up_b,
+                    &L->exp_down_b,     &L->sinks,           &L->exp_probs_b,     &L->sh_gate,
+                    &L->sh_up,          &L->sh_down,         &L->gate_inp_s,      &L->exp_down_s,
                     &L->ffn_pre_norm_2, &L->ffn_post_norm_1, &L->ffn_post_norm_2, &L->sh_gate_inp};
                 for (size_t i = 0; i < sizeof(moe_ws) / sizeof(moe_ws[0]); i++) {
                     weight_clear(moe_ws[i]);
