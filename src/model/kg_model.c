@@ -44,12 +44,14 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_QWEN35] = "qwen35",
     [KG_ARCH_QWEN35MOE] = "qwen35moe",
     [KG_ARCH_QWEN3NEXT] = "qwen3next",
+    [KG_ARCH_GRANITEHYBRID] = "granitehybrid",
+    [KG_ARCH_NEMOTRON_H] = "nemotron_h",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
     "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding, "      \
-    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next"
+    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next, granitehybrid, nemotron_h"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -241,6 +243,9 @@ static bool load_layer(loader_t *ld,
     if (!olmo2) {
         L->attn_norm = KG_T("attn_norm.weight", E, 0, false);
     }
+    if (L->kind == KG_LAYER_FFN) { /* no mixer (nemotron_h's MLP layers) */
+        goto ffn;
+    }
     if (L->kind != KG_LAYER_ATTN) { /* a hybrid's recurrent layer: its own mixer */
         bad = bad || !kg_model_recurrent_layer(ld, model, il);
         goto ffn;
@@ -306,7 +311,8 @@ static bool load_layer(loader_t *ld,
         L->wo = KG_T("attn_output.weight", n_q, E, false);
     }
     if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || a == KG_ARCH_GRANITE ||
-        a == KG_ARCH_MISTRAL3 || a == KG_ARCH_APERTUS || oss) {
+        a == KG_ARCH_MISTRAL3 || a == KG_ARCH_APERTUS || a == KG_ARCH_GRANITEHYBRID ||
+        a == KG_ARCH_NEMOTRON_H || oss) {
         L->bo = KG_T("attn_output.bias", E, 0, !oss);
     }
     if (oss) {
@@ -342,9 +348,15 @@ static bool load_layer(loader_t *ld,
         L->ffn_post_norm = KG_T("post_ffw_norm.weight", E, 0, false);
     }
 ffn:
+    if (L->n_ff == 0) {
+        goto done; /* a mixer alone (nemotron_h's attention and Mamba-2 layers) */
+    }
     /* gpt-oss and seed_oss name their FFN norm post_attention_norm (after
-     * the attention); olmo2 has none */
-    if (!olmo2) {
+     * the attention); olmo2 has none; a layer without a mixer norms its
+     * FFN's input with attn_norm (nemotron_h) */
+    if (L->kind == KG_LAYER_FFN) {
+        L->ffn_norm = L->attn_norm;
+    } else if (!olmo2) {
         /* qwen35's attn_post_norm is the FFN's input norm (of the residual
          * stream after the attention) */
         L->ffn_norm = oss || glm || a == KG_ARCH_SEED_OSS || qwen35
@@ -418,7 +430,7 @@ ffn:
             L->w_gate = make_view(&views[6], up, 0, F, 0);
             L->w_up = make_view(&views[7], up, F, F, 0);
         }
-    } else if (hp->ffn_act == KG_FFN_XIELU) {
+    } else if (hp->ffn_act == KG_FFN_XIELU || hp->ffn_act == KG_FFN_RELU_SQR) { /* no gate */
         L->w_up = KG_T("ffn_up.weight", E, F, false);
     } else {
         L->w_gate = KG_T("ffn_gate.weight", E, F, false);
@@ -427,6 +439,7 @@ ffn:
     if (!moe_layer) {
         L->w_down = KG_T("ffn_down.weight", F, E, false);
     }
+done:
 #undef KG_T
     if (!bad && (!L->bq != !L->bk || !L->bq != !L->bv)) {
         snprintf(ld->errstr, ld->errstr_size,
@@ -526,8 +539,11 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         !get_i32(g, akey(key, sizeof(key), arch, "block_count"), &hp->n_layer) ||
         /* Gemma 4's may be per layer (E2B's double-wide kv-shared layers):
          * the widest sizes the buffers, each layer has its own */
-        !kg_model_get_count(g, akey(key, sizeof(key), arch, "feed_forward_length"),
-                            hp->arch == KG_ARCH_GEMMA4, &hp->n_ff) ||
+        /* nemotron_h's is per layer, 0 where a layer has no FFN
+         * (kg_model_read_recurrent reads it) */
+        !(hp->arch == KG_ARCH_NEMOTRON_H ||
+          kg_model_get_count(g, akey(key, sizeof(key), arch, "feed_forward_length"),
+                             hp->arch == KG_ARCH_GEMMA4, &hp->n_ff)) ||
         !get_i32(g, akey(key, sizeof(key), arch, "attention.head_count"), &hp->n_head)) {
         snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
         goto fail;
@@ -689,9 +705,10 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         L->head_dim = hp->head_dim;
         L->n_head_kv = hp->n_head_kv;
         L->n_rot = hp->n_rot;
-        L->n_ff = hp->n_ff;
         L->kv_layer = il;
         L->kind = kinds[il];
+        /* nemotron_h: a mixer layer has no FFN, an MLP layer no mixer */
+        L->n_ff = hp->arch == KG_ARCH_NEMOTRON_H && L->kind != KG_LAYER_FFN ? 0 : hp->n_ff;
         kg_gguf_tensor_t *exp_views = model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert;
         if (gemma4 ? !kg_model_gemma4_shape(model, il, is_swa[il], errstr, errstr_size) ||
                          !kg_model_gemma4_layer(&ld, model, il, is_swa[il], exp_views)

@@ -296,18 +296,43 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
         }
         break;
     }
+    case KG_ARCH_NEMOTRON_H: {
+        /* llama_model_nemotron_h: no RoPE at all (LLAMA_ROPE_TYPE_NONE: its
+         * attention layers see positions through the Mamba-2 layers only),
+         * the MLP layers' squared ReLU; attention.layer_norm_epsilon is
+         * required and stands for the RMS epsilon when that is absent */
+        *nope_every = 1;
+        hp->ffn_act = KG_FFN_RELU_SQR;
+        float eps = 0.0f;
+        if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.layer_norm_epsilon"),
+                             &eps) ||
+            !(eps > 0.0f) || !(eps < 1.0f)) {
+            snprintf(errstr, errstr_size, "model: %s missing or outside (0, 1)", key);
+            return false;
+        }
+        if (kg_gguf_find_key(g, akey(key, sizeof(key), arch, "attention.layer_norm_rms_epsilon")) <
+            0) {
+            hp->norm_eps = eps;
+        }
+        break;
+    }
     case KG_ARCH_SMOLLM3:
         /* llama_model_smollm3: n_no_rope_layer_step is fixed at 4 in code
          * (no key): layers 3, 7, 11, ... attend without RoPE */
         hp->rope_mode = KG_ROPE_MODE_NORM;
         *nope_every = 4;
         break;
-    case KG_ARCH_GRANITE: {
+    case KG_ARCH_GRANITE:
+    case KG_ARCH_GRANITEHYBRID: {
         /* llama_model_granite: logit_scale is required, the other
          * multipliers optional (0: not applied); rope.scaling.finetuned
-         * (default true there) switches RoPE on for every layer */
+         * (default true there) switches RoPE on for every layer.
+         * llama_model_granite_hybrid: the same keys, logit_scale optional
+         * too (its converter writes rope.scaling.finetuned false: NoPE) */
         hp->rope_mode = KG_ROPE_MODE_NORM;
-        if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "logit_scale"), &hp->logit_scale)) {
+        const bool hybrid = hp->arch == KG_ARCH_GRANITEHYBRID;
+        if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "logit_scale"), &hp->logit_scale) &&
+            !hybrid) {
             snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
             return false;
         }
@@ -317,7 +342,7 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
         bool rope_on = true;
         kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "rope.scaling.finetuned"), &rope_on);
         *nope_every = rope_on ? 0 : 1;
-        if (!(hp->logit_scale != 0.0f) || !isfinite(hp->logit_scale) ||
+        if ((!hybrid && !(hp->logit_scale != 0.0f)) || !isfinite(hp->logit_scale) ||
             !isfinite(hp->residual_scale) || !isfinite(hp->embd_scale) || !isfinite(hp->kq_scale)) {
             snprintf(errstr, errstr_size,
                      "model: %s.logit_scale must be finite and not 0, and the residual, "

@@ -138,6 +138,9 @@ bool kg_model_read_recurrent(const kg_gguf_t *g,
         hp->arch == KG_ARCH_QWEN3NEXT) {
         return read_deltanet(g, arch, hp, kinds, errstr, errstr_size);
     }
+    if (hp->arch == KG_ARCH_GRANITEHYBRID || hp->arch == KG_ARCH_NEMOTRON_H) {
+        return kg_model_read_mamba2(g, arch, hp, kinds, errstr, errstr_size);
+    }
     if (hp->arch != KG_ARCH_LFM2) {
         return true;
     }
@@ -267,7 +270,10 @@ bool kg_model_recurrent_layer(kg_loader_t *ld, kg_model_t *model, int32_t il) {
         break;
     }
     case KG_LAYER_MAMBA2:
+        bad = bad || !kg_model_mamba2_layer(ld, model, il);
+        break;
     case KG_LAYER_ATTN:
+    case KG_LAYER_FFN:
         break;
     }
 #undef KG_T
@@ -291,7 +297,9 @@ int64_t kg_model_state_floats(const kg_model_t *model, int32_t il) {
         return (int64_t)(hp->ssm_d_conv - 1) * CH + S * S * hp->ssm_dt_rank;
     }
     case KG_LAYER_MAMBA2:
+        return kg_model_mamba2_state_floats(hp);
     case KG_LAYER_ATTN:
+    case KG_LAYER_FFN:
         break;
     }
     return 0;

@@ -250,6 +250,8 @@ static void cpu_free(kg_backend_t *be) {
                 free(L->v_b);
                 weight_clear(&L->sc_in);
                 weight_clear(&L->sc_out);
+                weight_clear(&L->ssm_in);
+                weight_clear(&L->ssm_out);
                 cpu_recurrent_layer_clear(L);
                 cpu_weight_t *exps[] = {L->exp_gate, L->exp_up, L->exp_down};
                 for (size_t i = 0; i < 3; i++) {
@@ -608,6 +610,8 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     /* Gemma 4's per-layer input projection writes n_layer * P per token */
     const size_t NP = (size_t)hp->n_layer * (size_t)hp->n_embd_per_layer;
     widest = model->pl_tok_embd && NP > widest ? NP : widest;
+    /* Mamba-2's out projection reads d_inner per token */
+    widest = (size_t)hp->ssm_d_inner > widest ? (size_t)hp->ssm_d_inner : widest;
     bool ok = true;
     ctx->x = scratch(ctx, T * E, &ok);
     ctx->xn = scratch(ctx, T * E, &ok);

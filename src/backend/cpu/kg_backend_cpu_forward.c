@@ -763,6 +763,9 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         /* a Gemma 4 shared-KV layer computes Q only and reads kv_layer's cache */
         const bool own_kv = ML->kv_layer == il;
         const float *cs = ctx->rope_cs + (int64_t)L->rope * T * ctx->rope_stride;
+        if (ML->kind == KG_LAYER_FFN) { /* no mixer: its FFN normed by attn_norm (nemotron_h) */
+            goto ffn;
+        }
         pre_norm(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (ML->kind != KG_LAYER_ATTN) { /* a hybrid's recurrent layer (cpu_recurrent.c) */
             cpu_recurrent_mixer(ctx, il, batch);
@@ -834,11 +837,24 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
 
     ffn:
+        if (F == 0) {
+            continue; /* a mixer alone (nemotron_h) */
+        }
         pre_norm(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (L->ffn_pre_norm_2.data) {
             gemma4_moe_ffn(ctx, L, il, F, T);
         } else if (L->moe) {
             moe_ffn(ctx, L, T);
+        } else if (hp->ffn_act == KG_FFN_RELU_SQR) { /* nemotron_h: up, relu^2, down */
+            matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
+            cpu_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, &ctx->up, T);
+            for (int64_t i = 0; i < T * F; i++) {
+                /* ggml_relu, then ggml_sqr */
+                const float r = ctx->up[i] > 0.0f ? ctx->up[i] : 0.0f;
+                ctx->gate[i] = r * r;
+            }
+            matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
+            cpu_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->gate, &ctx->tmp, T);
         } else if (hp->ffn_act == KG_FFN_XIELU) { /* apertus: up, xIELU, down */
             matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
             cpu_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, &ctx->up, T); /* build_lora_mm */
