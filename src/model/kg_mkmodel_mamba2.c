@@ -25,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define D_CONV 4
-#define D_STATE 64
-#define N_GROUP 2
+#define D_CONV   4
+#define D_STATE  64
+#define N_GROUP  2
 #define HEAD_DIM 64
 
 typedef enum { M2_MAMBA, M2_ATTN, M2_MLP } m2_kind_t;
@@ -53,7 +53,7 @@ const char *kg_mkmodel_mamba2_check(const kg_mkmodel_opts_t *o) {
     if (is_nemotron(o) && o->n_layer < 4) {
         return "nemotron_h needs --n-layer 4 or more (Mamba-2, MLP, Mamba-2, attention, ...)";
     }
-    if ((2 * o->n_embd) % (HEAD_DIM * N_GROUP) != 0) {
+    if ((2 * o->n_embd) % ((int64_t)HEAD_DIM * N_GROUP) != 0) {
         return "granitehybrid and nemotron_h need --n-embd a multiple of 64 (Mamba-2 heads of 64 "
                "channels in 2 groups over 2 n_embd)";
     }
@@ -101,7 +101,7 @@ void kg_mkmodel_mamba2_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o) 
 static bool mamba_layer(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, long long L) {
     const kg_ggml_type_t wt = o->type, f32 = KG_GGML_TYPE_F32;
     const int64_t E = o->n_embd, DI = 2 * E, H = DI / HEAD_DIM;
-    const int64_t n_conv = DI + 2 * N_GROUP * D_STATE;
+    const int64_t n_conv = DI + (int64_t)2 * N_GROUP * D_STATE;
     const float resid = 1.0f / sqrtf(2.0f * (float)o->n_layer);
     char name[64];
 #define KG_ADD(type, ne0, ne1, center, scale, ...)                                                 \

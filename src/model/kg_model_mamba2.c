@@ -54,8 +54,8 @@ static bool read_sizes(
     char key[128];
     static const char *const names[5] = {"ssm.conv_kernel", "ssm.inner_size", "ssm.state_size",
                                          "ssm.time_step_rank", "ssm.group_count"};
-    int32_t *const dst[5] = {&hp->ssm_d_conv, &hp->ssm_d_inner, &hp->ssm_d_state,
-                             &hp->ssm_dt_rank, &hp->ssm_n_group};
+    int32_t *const dst[5] = {&hp->ssm_d_conv, &hp->ssm_d_inner, &hp->ssm_d_state, &hp->ssm_dt_rank,
+                             &hp->ssm_n_group};
     for (int i = 0; i < 5; i++) {
         if (!get_i32(g, akey(key, sizeof(key), arch, names[i]), dst[i]) || *dst[i] <= 0) {
             snprintf(errstr, errstr_size, "model: %s missing or not > 0", key);

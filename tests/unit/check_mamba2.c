@@ -167,7 +167,7 @@ START_TEST(nemotron_h_layers) {
     ck_assert_int_eq(hp->n_head_kv, 2);
     ck_assert_int_eq(hp->n_layer_recurrent, 3);
     /* Mamba-2, MLP, Mamba-2, attention, MLP, Mamba-2 */
-    const kg_layer_kind_t want[6] = {KG_LAYER_MAMBA2, KG_LAYER_FFN,  KG_LAYER_MAMBA2,
+    const kg_layer_kind_t want[6] = {KG_LAYER_MAMBA2, KG_LAYER_FFN, KG_LAYER_MAMBA2,
                                      KG_LAYER_ATTN,   KG_LAYER_FFN, KG_LAYER_MAMBA2};
     for (int il = 0; il < 6; il++) {
         const kg_layer_weights_t *L = &m->layers[il];

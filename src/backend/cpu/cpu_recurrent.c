@@ -8,11 +8,10 @@
  * step scratch here). */
 #include "cpu_recurrent.h"
 
-#include "cpu_mamba2.h"
-
 #include "../../core/kg_log.h"
 #include "../../model/kg_quant.h"
 #include "cpu_deltanet.h"
+#include "cpu_mamba2.h"
 
 #include <stdio.h>
 #include <stdlib.h>
