@@ -674,8 +674,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         model->n_cls_out = (int32_t)cls->ne[1];
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL || hp->arch == KG_ARCH_GRANITE ||
-        hp->arch == KG_ARCH_MISTRAL3 ||
-        hp->arch == KG_ARCH_APERTUS) { /* Llama 3.1's frequency divisors */
+        hp->arch == KG_ARCH_MISTRAL3 || hp->arch == KG_ARCH_APERTUS ||
+        hp->arch == KG_ARCH_GRANITEHYBRID) { /* Llama 3.1's frequency divisors */
         model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {
