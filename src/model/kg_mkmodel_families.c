@@ -202,6 +202,13 @@ static const kg_mkmodel_family_t families[] = {
      .vocab = KG_MKVOCAB_QWEN,
      .rms_eps = 1e-5f,
      .mamba2 = true},
+    /* Nemotron 3 (Nano): nemotron_h with experts for its MLPs */
+    {.arch = "nemotron_h_moe",
+     .gguf_arch = "nemotron_h_moe",
+     .moe = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .mamba2 = true},
 };
 
 const kg_mkmodel_family_t *kg_mkmodel_find_family(const char *arch) {

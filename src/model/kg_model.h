@@ -84,6 +84,7 @@ typedef enum kg_arch {
     KG_ARCH_QWEN3NEXT,   /* Qwen3-Next: qwen35moe's layers, V heads grouped by K head */
     KG_ARCH_GRANITEHYBRID, /* IBM Granite 4 (hybrid): Mamba-2 or attention, then the FFN */
     KG_ARCH_NEMOTRON_H,    /* NVIDIA Nemotron-H (hybrid): each layer Mamba-2, attention or MLP */
+    KG_ARCH_NEMOTRON_H_MOE, /* Nemotron 3 (hybrid): nemotron_h with experts for its MLPs */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -266,8 +267,9 @@ typedef struct kg_hparams {
     /* DeltaNet V head h reads K head h / (V heads / K heads) (qwen3next: V
      * heads grouped by K head); else h mod K heads (qwen35: tiled) */
     bool ssm_v_grouped;
-    int32_t n_ff_shexp; /* qwen35moe's shared expert width (expert_shared_feed_forward_length,
-                           default n_ff); 0: n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
+    int32_t n_ff_shexp; /* qwen35moe's and nemotron_h_moe's shared expert width
+                           (expert_shared_feed_forward_length; qwen35moe's default n_ff); 0:
+                           n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row

@@ -87,7 +87,7 @@ bool kg_model_read_mamba2(const kg_gguf_t *g,
                           kg_layer_kind_t *kinds,
                           char *errstr,
                           size_t errstr_size) {
-    const bool nemo = hp->arch == KG_ARCH_NEMOTRON_H;
+    const bool nemo = hp->arch == KG_ARCH_NEMOTRON_H || hp->arch == KG_ARCH_NEMOTRON_H_MOE;
     char kv_key[128], ff_key[128];
     akey(kv_key, sizeof(kv_key), arch, "attention.head_count_kv");
     akey(ff_key, sizeof(ff_key), arch, "feed_forward_length");

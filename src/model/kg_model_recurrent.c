@@ -138,7 +138,8 @@ bool kg_model_read_recurrent(const kg_gguf_t *g,
         hp->arch == KG_ARCH_QWEN3NEXT) {
         return read_deltanet(g, arch, hp, kinds, errstr, errstr_size);
     }
-    if (hp->arch == KG_ARCH_GRANITEHYBRID || hp->arch == KG_ARCH_NEMOTRON_H) {
+    if (hp->arch == KG_ARCH_GRANITEHYBRID || hp->arch == KG_ARCH_NEMOTRON_H ||
+        hp->arch == KG_ARCH_NEMOTRON_H_MOE) {
         return kg_model_read_mamba2(g, arch, hp, kinds, errstr, errstr_size);
     }
     if (hp->arch != KG_ARCH_LFM2) {
