@@ -33,6 +33,7 @@ families=(
     "qwen3next --n-layer 3 --n-ff-exp 64 --n-expert 8 --n-expert-used 2"
     "granitehybrid --n-layer 2"
     "nemotron_h --n-layer 5"
+    "nemotron_h_moe --n-layer 5 --n-ff-exp 64 --n-expert 4 --n-expert-used 2"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys

@@ -2,8 +2,9 @@
  * kinds granitehybrid and nemotron_h files say (per-layer K/V heads and,
  * for nemotron_h, per-layer FFN widths), the sizes of their states, and the
  * refusals of malformed files, each with a message naming what is wrong.
+ * nemotron_h_moe's experts (no gate, a shared expert of its own width).
  * The arithmetic is checked against llama.cpp by check_arch's goldens
- * (models granitehybrid and nemotron_h of tests/data/arch/models.tsv),
+ * (granitehybrid, nemotron_h, nemotron_h_moe of tests/data/arch/models.tsv),
  * chunk and batch invariance by its batch cases. Models are written with
  * `kgen mkmodel`, then keys or tensors are changed with the GGUF writer. */
 #include "check_common.h"
@@ -20,6 +21,9 @@
 #define NEMOTRON                                                                                   \
     "--arch nemotron_h --n-embd 256 --n-layer 6 --n-head 4 --n-head-kv 2 --n-ff 512 --ctx 256 "    \
     "--seed 6"
+#define NEMOTRON_MOE                                                                               \
+    "--arch nemotron_h_moe --n-embd 256 --n-layer 5 --n-head 4 --n-head-kv 2 --n-ff 512 "          \
+    "--n-ff-exp 64 --n-expert 4 --n-expert-used 2 --ctx 256 --seed 7"
 
 static char *mk(const char *args) {
     char path[4096];
@@ -188,6 +192,37 @@ START_TEST(nemotron_h_layers) {
 }
 END_TEST
 
+START_TEST(nemotron_h_moe_layers) {
+    char *src = mk(NEMOTRON_MOE);
+    kg_model_t *m = load_ok(src);
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert_int_eq(hp->arch, KG_ARCH_NEMOTRON_H_MOE);
+    ck_assert_int_eq(hp->ffn_act, KG_FFN_RELU_SQR);
+    /* the sigmoid router, renormalised and scaled as the file says; the
+     * shared expert's own width */
+    ck_assert(hp->n_expert == 4 && hp->n_expert_used == 2 && hp->n_ff_exp == 64);
+    ck_assert_int_eq(hp->moe_gating, KG_MOE_SIGMOID);
+    ck_assert(hp->moe_norm_w && hp->moe_w_scale == 2.5f && hp->n_ff_shexp == 128);
+    const kg_layer_kind_t want[5] = {KG_LAYER_MAMBA2, KG_LAYER_FFN, KG_LAYER_MAMBA2, KG_LAYER_ATTN,
+                                     KG_LAYER_FFN};
+    for (int il = 0; il < 5; il++) {
+        const kg_layer_weights_t *L = &m->layers[il];
+        ck_assert_int_eq(L->kind, want[il]);
+        if (want[il] == KG_LAYER_FFN) { /* experts without a gate, and the shared expert */
+            ck_assert(L->ffn_gate_inp && L->exp_probs_b && L->up_exps && L->down_exps);
+            ck_assert(!L->gate_exps && !L->exp_gate && L->exp_up && L->exp_down);
+            ck_assert(L->up_shexp && L->down_shexp && !L->gate_shexp && !L->w_up);
+            ck_assert_ptr_eq(L->ffn_norm, L->attn_norm);
+        } else {
+            ck_assert(L->n_ff == 0 && !L->ffn_gate_inp);
+        }
+    }
+    kg_model_free(m);
+    remove(src);
+    free(src);
+}
+END_TEST
+
 static void granite_inner_3e(kg_gguf_writer_t *w) {
     kg_gguf_writer_set_u32(w, "granitehybrid.ssm.inner_size", 768);
 }
@@ -213,6 +248,10 @@ static void granite_kv_mixed(kg_gguf_writer_t *w) {
 static void nemo_ff_mixed(kg_gguf_writer_t *w) {
     const int32_t ff[6] = {0, 512, 0, 0, 256, 0};
     kg_gguf_writer_set_arr_i32(w, "nemotron_h.feed_forward_length", ff, 6);
+}
+
+static void nemo_latent(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "nemotron_h_moe.moe_latent_size", 128);
 }
 
 static void nemo_no_mlp(kg_gguf_writer_t *w) {
@@ -249,6 +288,18 @@ START_TEST(malformed_files_are_refused) {
             "'blk.1.ffn_up.bias' is not part of the nemotron_h graph");
     remove(src);
     free(src);
+
+    src = mk(NEMOTRON_MOE);
+    refuses(src, &(edit_t){.set = nemo_latent}, "no moe_latent_size");
+    static const char *const no_shexp[] = {"nemotron_h_moe.expert_shared_feed_forward_length",
+                                           NULL};
+    refuses(src, &(edit_t){.drop_keys = no_shexp}, "expert_shared_feed_forward_length in 1..2^24");
+    refuses(src, &(edit_t){.drop_tensor = "blk.4.exp_probs_b.bias"},
+            "missing tensor 'blk.4.exp_probs_b.bias'");
+    refuses(src, &(edit_t){.drop_tensor = "blk.1.ffn_up_shexp.weight"},
+            "missing tensor 'blk.1.ffn_up_shexp.weight'");
+    remove(src);
+    free(src);
 }
 END_TEST
 
@@ -258,6 +309,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, granitehybrid_layers);
     tcase_add_test(tc, nemotron_h_layers);
+    tcase_add_test(tc, nemotron_h_moe_layers);
     tcase_add_test(tc, malformed_files_are_refused);
     suite_add_tcase(s, tc);
     return s;
