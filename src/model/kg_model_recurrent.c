@@ -8,6 +8,9 @@
  * out_proj), the others are attention with Q/K norms; every layer has the
  * SwiGLU FFN. Its state is the last l_cache - 1 inputs of the convolution.
  *
+ * The Mamba-2 hybrids (granitehybrid, nemotron_h, nemotron_h_moe) are
+ * kg_model_mamba2.c's.
+ *
  * Qwen3.5 (llama_model_qwen35, qwen35moe): attention.recurrent_layers
  * (one flag per block) or, without it, full_attention_interval (default 4:
  * every fourth layer is attention) says which layers are gated DeltaNet.

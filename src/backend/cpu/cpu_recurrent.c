@@ -5,7 +5,8 @@
  * with the channel's kernel in ascending order, one float sum as
  * ggml_ssm_conv keeps it; C times that goes through out_proj. Qwen3.5's
  * gated DeltaNet is cpu_deltanet.c's (its weights in cpu_layer_t.dn, its
- * step scratch here). */
+ * step scratch here); the Mamba-2 mixer (granitehybrid, nemotron_h) is
+ * cpu_mamba2.c's, likewise. */
 #include "cpu_recurrent.h"
 
 #include "../../core/kg_log.h"
