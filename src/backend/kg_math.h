@@ -21,6 +21,12 @@ KG_HD float kg_silu(float x) {
     return x / (1.0f + expf(-x));
 }
 
+/** Nemotron-H's squared ReLU (LLM_FFN_RELU_SQR: ggml_relu, then ggml_sqr). */
+KG_HD float kg_relu_sqr(float x) {
+    const float r = x > 0.0f ? x : 0.0f;
+    return r * r;
+}
+
 /** gpt-oss's clamped SwiGLU of one element, as ggml_swiglu_oai computes
  * it: x = min(gate, limit), y = clamp(up, -limit, limit),
  * x / (1 + exp(alpha * -x)) * (y + 1) (alpha 1.702, limit 7 in gpt-oss). */

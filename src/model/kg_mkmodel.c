@@ -286,6 +286,9 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
     if (fam->qwen35) {
         return kg_mkmodel_qwen35_weights(w, o, fam->gguf_arch);
     }
+    if (fam->mamba2) {
+        return kg_mkmodel_mamba2_weights(w, o);
+    }
     if (strcmp(fam->gguf_arch, "gemma-embedding") == 0 &&
         (!add_random(w, o, "dense_2.weight", wt, E, 4 * E, 0.0f, fe) ||
          !add_random(w, o, "dense_3.weight", wt, 4 * E, E, 0.0f, fan_in_scale(4 * E)))) {
@@ -700,6 +703,9 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     if (fam->qwen35) {
         kg_mkmodel_qwen35_hparams(w, o, a);
     }
+    if (fam->mamba2) {
+        kg_mkmodel_mamba2_hparams(w, o);
+    }
     if (gemma_embd) {
         /* --sentence-transformers-dense-modules: 768 -> 3072 -> 768 in
          * EmbeddingGemma, n_embd -> 4 n_embd -> n_embd here */
@@ -828,7 +834,9 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                  "longrope needs --arch phi3 and an original context (rope_orig_ctx)");
         return KG_ERR_INVALID;
     }
-    const char *g4 = fam->gemma4 ? kg_mkmodel_gemma4_check(o) : NULL;
+    const char *g4 = fam->gemma4   ? kg_mkmodel_gemma4_check(o)
+                     : fam->mamba2 ? kg_mkmodel_mamba2_check(o)
+                                   : NULL;
     if (g4) {
         snprintf(errstr, errstr_size, "%s", g4);
         return KG_ERR_INVALID;

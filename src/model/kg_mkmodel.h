@@ -14,7 +14,8 @@
 /* The families `kgen mkmodel --arch` writes, for messages. */
 #define KG_MKMODEL_ARCHS                                                                           \
     "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss, smollm3, granite, "    \
-    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, nomic-bert"
+    "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, nomic-bert, lfm2, "     \
+    "granitehybrid, nemotron_h, nemotron_h_moe"
 
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */

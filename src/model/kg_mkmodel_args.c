@@ -308,7 +308,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     /* gemma4: the MoE variant (26B-A4B) when --n-expert asks for experts */
     const bool moe = oss || glm || ds2 || strcmp(arch, "qwen3moe") == 0 ||
                      strcmp(arch, "mixtral") == 0 || (gemma4 && o->n_expert > 0) ||
-                     strcmp(arch, "qwen35moe") == 0 || strcmp(arch, "qwen3next") == 0;
+                     strcmp(arch, "qwen35moe") == 0 || strcmp(arch, "qwen3next") == 0 ||
+                     strcmp(arch, "nemotron_h_moe") == 0;
     if (!glm && (o->n_nextn >= 0 || (!ds2 && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 ||
                                               o->n_expert_groups > 0 || o->n_group_used > 0)))) {
         return bad(errstr, errstr_size,

@@ -184,6 +184,31 @@ static const kg_mkmodel_family_t families[] = {
      .vocab = KG_MKVOCAB_QWEN,
      .rms_eps = 1e-6f,
      .qwen35 = true},
+    /* Granite 4's hybrids: Mamba-2 layers beside attention, each with
+     * Granite's SwiGLU FFN and multipliers, llama's RoPE pairs (unused:
+     * NoPE); Nemotron-H: each layer Mamba-2, attention (no RoPE) or a
+     * squared-ReLU MLP (kg_mkmodel_mamba2.c); byte-level BPEs (the qwen one
+     * stands in) */
+    {.arch = "granitehybrid",
+     .gguf_arch = "granitehybrid",
+     .small_embd = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .norm_rope = true,
+     .granite_scales = true,
+     .mamba2 = true},
+    {.arch = "nemotron_h",
+     .gguf_arch = "nemotron_h",
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .mamba2 = true},
+    /* Nemotron 3 (Nano): nemotron_h with experts for its MLPs */
+    {.arch = "nemotron_h_moe",
+     .gguf_arch = "nemotron_h_moe",
+     .moe = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .mamba2 = true},
 };
 
 const kg_mkmodel_family_t *kg_mkmodel_find_family(const char *arch) {

@@ -95,6 +95,16 @@ void kg_mkmodel_qwen35_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
  * written. */
 bool kg_mkmodel_qwen35_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const char *arch);
 
+/** The Mamba-2 hybrids' keys beyond the generic ones (kg_mkmodel_mamba2.c:
+ * granitehybrid, nemotron_h): ssm.*, per-layer head_count_kv (and
+ * nemotron_h's feed_forward_length). */
+void kg_mkmodel_mamba2_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);
+
+/** Their layers (token_embd, the final norm and output are written). */
+bool kg_mkmodel_mamba2_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);
+
+/** Why these options cannot make such a model, or NULL. */
+const char *kg_mkmodel_mamba2_check(const kg_mkmodel_opts_t *o);
 
 /* What llama.cpp's converter writes for each family: the tensors of a layer
  * and the built-in vocabulary style (see the metadata in write_hparams). */
@@ -124,6 +134,7 @@ typedef struct kg_mkmodel_family {
     bool gemma4;         /* its own layers and keys: kg_mkmodel_gemma4.c */
     bool lfm2;           /* short-convolution and attention layers: kg_mkmodel_lfm2.c */
     bool qwen35;         /* gated DeltaNet and gated attention layers: kg_mkmodel_qwen35.c */
+    bool mamba2;         /* Mamba-2, attention (and MLP) layers: kg_mkmodel_mamba2.c */
 } kg_mkmodel_family_t;
 
 /** The family of --arch `arch` (NULL: llama), or NULL when the table has none (bert is written

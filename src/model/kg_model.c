@@ -44,12 +44,15 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_QWEN35] = "qwen35",
     [KG_ARCH_QWEN35MOE] = "qwen35moe",
     [KG_ARCH_QWEN3NEXT] = "qwen3next",
+    [KG_ARCH_GRANITEHYBRID] = "granitehybrid",
+    [KG_ARCH_NEMOTRON_H] = "nemotron_h",
+    [KG_ARCH_NEMOTRON_H_MOE] = "nemotron_h_moe",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
     "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding, "      \
-    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next"
+    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next, granitehybrid, nemotron_h, nemotron_h_moe"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -230,6 +233,7 @@ static bool load_layer(loader_t *ld,
                          qwen35;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     const bool glm = a == KG_ARCH_GLM4MOE, ds2 = a == KG_ARCH_DEEPSEEK2;
+    const bool nemo_moe = a == KG_ARCH_NEMOTRON_H_MOE;
     /* glm4moe's first n_layer_dense layers have a dense FFN */
     const bool moe_layer = hp->n_expert > 0 && il >= hp->n_layer_dense;
     bool bad = false;
@@ -240,6 +244,9 @@ static bool load_layer(loader_t *ld,
 
     if (!olmo2) {
         L->attn_norm = KG_T("attn_norm.weight", E, 0, false);
+    }
+    if (L->kind == KG_LAYER_FFN) { /* no mixer (nemotron_h's MLP layers) */
+        goto ffn;
     }
     if (L->kind != KG_LAYER_ATTN) { /* a hybrid's recurrent layer: its own mixer */
         bad = bad || !kg_model_recurrent_layer(ld, model, il);
@@ -306,7 +313,8 @@ static bool load_layer(loader_t *ld,
         L->wo = KG_T("attn_output.weight", n_q, E, false);
     }
     if (a == KG_ARCH_LLAMA || a == KG_ARCH_MISTRAL || a == KG_ARCH_PHI3 || a == KG_ARCH_GRANITE ||
-        a == KG_ARCH_MISTRAL3 || a == KG_ARCH_APERTUS || oss) {
+        a == KG_ARCH_MISTRAL3 || a == KG_ARCH_APERTUS || a == KG_ARCH_GRANITEHYBRID ||
+        a == KG_ARCH_NEMOTRON_H || a == KG_ARCH_NEMOTRON_H_MOE || oss) {
         L->bo = KG_T("attn_output.bias", E, 0, !oss);
     }
     if (oss) {
@@ -342,9 +350,15 @@ static bool load_layer(loader_t *ld,
         L->ffn_post_norm = KG_T("post_ffw_norm.weight", E, 0, false);
     }
 ffn:
+    if (L->n_ff == 0) {
+        goto done; /* a mixer alone (nemotron_h's attention and Mamba-2 layers) */
+    }
     /* gpt-oss and seed_oss name their FFN norm post_attention_norm (after
-     * the attention); olmo2 has none */
-    if (!olmo2) {
+     * the attention); olmo2 has none; a layer without a mixer norms its
+     * FFN's input with attn_norm (nemotron_h) */
+    if (L->kind == KG_LAYER_FFN) {
+        L->ffn_norm = L->attn_norm;
+    } else if (!olmo2) {
         /* qwen35's attn_post_norm is the FFN's input norm (of the residual
          * stream after the attention) */
         L->ffn_norm = oss || glm || a == KG_ARCH_SEED_OSS || qwen35
@@ -363,9 +377,10 @@ ffn:
             L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
             L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);
         }
-        if (glm || ds2) {
-            /* optional in DeepSeek V2 files (V3 and Kimi K2 have it) */
-            const int64_t FS = (int64_t)hp->n_expert_shared * FX;
+        if (glm || ds2 || nemo_moe) {
+            /* optional in DeepSeek V2 files (V3 and Kimi K2 have it);
+             * nemotron_h_moe's shared expert has its own width */
+            const int64_t FS = nemo_moe ? hp->n_ff_shexp : (int64_t)hp->n_expert_shared * FX;
             L->exp_probs_b = KG_T("exp_probs_b.bias", X, 0, ds2);
             if (L->exp_probs_b && kg_type_block_elems(L->exp_probs_b->type) != 1) {
                 snprintf(ld->errstr, ld->errstr_size,
@@ -373,7 +388,10 @@ ffn:
                          (int)il, kg_ggml_type_name(L->exp_probs_b->type));
                 bad = true;
             }
-            if (FS > 0) {
+            if (FS > 0 && nemo_moe) { /* up, squared ReLU, down: no gate */
+                L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
+                L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);
+            } else if (FS > 0) {
                 L->gate_shexp = KG_T("ffn_gate_shexp.weight", E, FS, false);
                 L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
                 L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);
@@ -382,7 +400,9 @@ ffn:
 #define KG_T3(suffix, ne0, ne1)                                                                    \
     (snprintf(name, sizeof(name), "blk.%d." suffix, (int)il),                                      \
      find_tensor3(ld, name, (ne0), (ne1), X, &bad))
-        L->gate_exps = KG_T3("ffn_gate_exps.weight", E, FX);
+        if (!nemo_moe) { /* nemotron_h_moe's experts have no gate */
+            L->gate_exps = KG_T3("ffn_gate_exps.weight", E, FX);
+        }
         L->up_exps = KG_T3("ffn_up_exps.weight", E, FX);
         L->down_exps = KG_T3("ffn_down_exps.weight", FX, E);
 #undef KG_T3
@@ -404,10 +424,12 @@ ffn:
             }
         }
         if (!bad) {
-            make_expert_views(exp_views, L->gate_exps);
+            if (L->gate_exps) {
+                make_expert_views(exp_views, L->gate_exps);
+                L->exp_gate = exp_views;
+            }
             make_expert_views(exp_views + X, L->up_exps);
             make_expert_views(exp_views + 2 * X, L->down_exps);
-            L->exp_gate = exp_views;
             L->exp_up = exp_views + X;
             L->exp_down = exp_views + 2 * X;
         }
@@ -418,7 +440,7 @@ ffn:
             L->w_gate = make_view(&views[6], up, 0, F, 0);
             L->w_up = make_view(&views[7], up, F, F, 0);
         }
-    } else if (hp->ffn_act == KG_FFN_XIELU) {
+    } else if (hp->ffn_act == KG_FFN_XIELU || hp->ffn_act == KG_FFN_RELU_SQR) { /* no gate */
         L->w_up = KG_T("ffn_up.weight", E, F, false);
     } else {
         L->w_gate = KG_T("ffn_gate.weight", E, F, false);
@@ -427,6 +449,7 @@ ffn:
     if (!moe_layer) {
         L->w_down = KG_T("ffn_down.weight", F, E, false);
     }
+done:
 #undef KG_T
     if (!bad && (!L->bq != !L->bk || !L->bq != !L->bv)) {
         snprintf(ld->errstr, ld->errstr_size,
@@ -526,8 +549,11 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         !get_i32(g, akey(key, sizeof(key), arch, "block_count"), &hp->n_layer) ||
         /* Gemma 4's may be per layer (E2B's double-wide kv-shared layers):
          * the widest sizes the buffers, each layer has its own */
-        !kg_model_get_count(g, akey(key, sizeof(key), arch, "feed_forward_length"),
-                            hp->arch == KG_ARCH_GEMMA4, &hp->n_ff) ||
+        /* nemotron_h's is per layer, 0 where a layer has no FFN
+         * (kg_model_read_recurrent reads it) */
+        !(hp->arch == KG_ARCH_NEMOTRON_H || hp->arch == KG_ARCH_NEMOTRON_H_MOE ||
+          kg_model_get_count(g, akey(key, sizeof(key), arch, "feed_forward_length"),
+                             hp->arch == KG_ARCH_GEMMA4, &hp->n_ff)) ||
         !get_i32(g, akey(key, sizeof(key), arch, "attention.head_count"), &hp->n_head)) {
         snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
         goto fail;
@@ -658,8 +684,8 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         model->n_cls_out = (int32_t)cls->ne[1];
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL || hp->arch == KG_ARCH_GRANITE ||
-        hp->arch == KG_ARCH_MISTRAL3 ||
-        hp->arch == KG_ARCH_APERTUS) { /* Llama 3.1's frequency divisors */
+        hp->arch == KG_ARCH_MISTRAL3 || hp->arch == KG_ARCH_APERTUS ||
+        hp->arch == KG_ARCH_GRANITEHYBRID) { /* Llama 3.1's frequency divisors */
         model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {
@@ -689,9 +715,13 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
         L->head_dim = hp->head_dim;
         L->n_head_kv = hp->n_head_kv;
         L->n_rot = hp->n_rot;
-        L->n_ff = hp->n_ff;
         L->kv_layer = il;
         L->kind = kinds[il];
+        /* nemotron_h: a mixer layer has no FFN, an MLP layer no mixer */
+        L->n_ff = (hp->arch == KG_ARCH_NEMOTRON_H || hp->arch == KG_ARCH_NEMOTRON_H_MOE) &&
+                          L->kind != KG_LAYER_FFN
+                      ? 0
+                      : hp->n_ff;
         kg_gguf_tensor_t *exp_views = model->expert_views + (size_t)il * 3 * (size_t)hp->n_expert;
         if (gemma4 ? !kg_model_gemma4_shape(model, il, is_swa[il], errstr, errstr_size) ||
                          !kg_model_gemma4_layer(&ld, model, il, is_swa[il], exp_views)

@@ -82,6 +82,9 @@ typedef enum kg_arch {
     KG_ARCH_QWEN35,      /* Qwen3.5: gated DeltaNet beside gated attention (hybrid) */
     KG_ARCH_QWEN35MOE,   /* Qwen3.5 MoE: the same with routed and gated shared experts */
     KG_ARCH_QWEN3NEXT,   /* Qwen3-Next: qwen35moe's layers, V heads grouped by K head */
+    KG_ARCH_GRANITEHYBRID, /* IBM Granite 4 (hybrid): Mamba-2 or attention, then the FFN */
+    KG_ARCH_NEMOTRON_H,    /* NVIDIA Nemotron-H (hybrid): each layer Mamba-2, attention or MLP */
+    KG_ARCH_NEMOTRON_H_MOE, /* Nemotron 3 (hybrid): nemotron_h with experts for its MLPs */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -109,6 +112,9 @@ typedef enum kg_ffn_act {
     /* Apertus's xIELU on the up projection alone (no gate; ggml_xielu with
      * the layer's xielu_* values) */
     KG_FFN_XIELU,
+    /* Nemotron-H's ungated MLP: down(relu(up(x))^2) (LLM_FFN_RELU_SQR; no
+     * gate) */
+    KG_FFN_RELU_SQR,
 } kg_ffn_act_t;
 
 /* How a router's logits pick the k experts of a token and weigh them
@@ -136,6 +142,9 @@ typedef enum kg_layer_kind {
     KG_LAYER_SHORTCONV, /* LFM2's gated short convolution: conv state only */
     KG_LAYER_DELTANET,  /* Qwen3.5 / Qwen3-Next gated DeltaNet: conv and delta-rule states */
     KG_LAYER_MAMBA2,    /* Mamba-2 (nemotron_h, granitehybrid): conv and SSM states */
+    /* no mixer: the layer is its FFN alone, normed by attn_norm (Nemotron-H's
+     * MLP layers; its other layers are a mixer alone, n_ff 0) */
+    KG_LAYER_FFN,
 } kg_layer_kind_t;
 
 typedef struct kg_hparams {
@@ -258,8 +267,9 @@ typedef struct kg_hparams {
     /* DeltaNet V head h reads K head h / (V heads / K heads) (qwen3next: V
      * heads grouped by K head); else h mod K heads (qwen35: tiled) */
     bool ssm_v_grouped;
-    int32_t n_ff_shexp; /* qwen35moe's shared expert width (expert_shared_feed_forward_length,
-                           default n_ff); 0: n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
+    int32_t n_ff_shexp; /* qwen35moe's and nemotron_h_moe's shared expert width
+                           (expert_shared_feed_forward_length; qwen35moe's default n_ff); 0:
+                           n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row
@@ -335,7 +345,8 @@ typedef struct kg_layer_weights {
 
     /* this layer's attention and FFN shape: the model's for every family but
      * Gemma 4, whose windowed and global layers differ (and whose FFN width
-     * may be a per-layer array) */
+     * may be a per-layer array); n_ff 0: no FFN (Nemotron-H's mixer
+     * layers) */
     int32_t head_dim, n_head_kv, n_rot, n_ff;
     int32_t kv_layer; /* the layer whose K/V cache it reads: itself, or for a
                          Gemma 4 shared-KV layer the last earlier one of its kind */
@@ -492,7 +503,9 @@ bool kg_model_non_causal(const kg_model_t *model);
 bool kg_model_is_recurrent(const kg_model_t *model);
 
 /** Floats of recurrent state layer il keeps per sequence (0 for an
- * attention layer): LFM2's (l_cache - 1) x n_embd convolution window. */
+ * attention layer): LFM2's (l_cache - 1) x n_embd convolution window;
+ * Mamba-2's (d_conv - 1) x (d_inner + 2 n_group d_state) window and its
+ * d_state x d_inner SSM state. */
 int64_t kg_model_state_floats(const kg_model_t *model, int32_t il);
 
 /** KG_MODEL_FEAT_* bits the model uses. @thread any */

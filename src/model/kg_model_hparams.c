@@ -296,18 +296,44 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
         }
         break;
     }
+    case KG_ARCH_NEMOTRON_H:
+    case KG_ARCH_NEMOTRON_H_MOE: {
+        /* llama_model_nemotron_h: no RoPE at all (LLAMA_ROPE_TYPE_NONE: its
+         * attention layers see positions through the Mamba-2 layers only),
+         * the MLP layers' squared ReLU; attention.layer_norm_epsilon is
+         * required and stands for the RMS epsilon when that is absent */
+        *nope_every = 1;
+        hp->ffn_act = KG_FFN_RELU_SQR;
+        float eps = 0.0f;
+        if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "attention.layer_norm_epsilon"),
+                             &eps) ||
+            !(eps > 0.0f) || !(eps < 1.0f)) {
+            snprintf(errstr, errstr_size, "model: %s missing or outside (0, 1)", key);
+            return false;
+        }
+        if (kg_gguf_find_key(g, akey(key, sizeof(key), arch, "attention.layer_norm_rms_epsilon")) <
+            0) {
+            hp->norm_eps = eps;
+        }
+        break;
+    }
     case KG_ARCH_SMOLLM3:
         /* llama_model_smollm3: n_no_rope_layer_step is fixed at 4 in code
          * (no key): layers 3, 7, 11, ... attend without RoPE */
         hp->rope_mode = KG_ROPE_MODE_NORM;
         *nope_every = 4;
         break;
-    case KG_ARCH_GRANITE: {
+    case KG_ARCH_GRANITE:
+    case KG_ARCH_GRANITEHYBRID: {
         /* llama_model_granite: logit_scale is required, the other
          * multipliers optional (0: not applied); rope.scaling.finetuned
-         * (default true there) switches RoPE on for every layer */
+         * (default true there) switches RoPE on for every layer.
+         * llama_model_granite_hybrid: the same keys, logit_scale optional
+         * too (its converter writes rope.scaling.finetuned false: NoPE) */
         hp->rope_mode = KG_ROPE_MODE_NORM;
-        if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "logit_scale"), &hp->logit_scale)) {
+        const bool hybrid = hp->arch == KG_ARCH_GRANITEHYBRID;
+        if (!kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "logit_scale"), &hp->logit_scale) &&
+            !hybrid) {
             snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
             return false;
         }
@@ -317,7 +343,7 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
         bool rope_on = true;
         kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "rope.scaling.finetuned"), &rope_on);
         *nope_every = rope_on ? 0 : 1;
-        if (!(hp->logit_scale != 0.0f) || !isfinite(hp->logit_scale) ||
+        if ((!hybrid && !(hp->logit_scale != 0.0f)) || !isfinite(hp->logit_scale) ||
             !isfinite(hp->residual_scale) || !isfinite(hp->embd_scale) || !isfinite(hp->kq_scale)) {
             snprintf(errstr, errstr_size,
                      "model: %s.logit_scale must be finite and not 0, and the residual, "
@@ -510,7 +536,7 @@ bool kg_model_read_moe_hparams(
     }
     const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS || a == KG_ARCH_GLM4MOE ||
                           a == KG_ARCH_DEEPSEEK2 || a == KG_ARCH_QWEN35MOE ||
-                          a == KG_ARCH_QWEN3NEXT;
+                          a == KG_ARCH_QWEN3NEXT || a == KG_ARCH_NEMOTRON_H_MOE;
     if (hp->n_expert == 0) {
         if (moe_arch || hp->n_expert_used != 0) {
             snprintf(errstr, errstr_size,
@@ -553,7 +579,8 @@ bool kg_model_read_moe_hparams(
                                             : KG_MOE_SOFTMAX;
     /* llama_hparams' default is false; llama.cpp's qwen3moe and Mixtral
      * graphs renormalise whatever the file says */
-    hp->moe_norm_w = a != KG_ARCH_GPT_OSS && a != KG_ARCH_GLM4MOE && a != KG_ARCH_DEEPSEEK2;
+    hp->moe_norm_w = a != KG_ARCH_GPT_OSS && a != KG_ARCH_GLM4MOE && a != KG_ARCH_DEEPSEEK2 &&
+                     a != KG_ARCH_NEMOTRON_H_MOE;
     kg_gguf_get_bool(g, akey(key, sizeof(key), arch, "expert_weights_norm"), &hp->moe_norm_w);
     if (a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT) {
         /* llama_model_qwen35moe, qwen3next: the shared expert's width, n_ff without
@@ -601,6 +628,29 @@ bool kg_model_read_moe_hparams(
         snprintf(errstr, errstr_size, "model: bad %s.expert_weights_scale %g", arch,
                  (double)hp->moe_w_scale);
         return false;
+    }
+    if (a == KG_ARCH_NEMOTRON_H_MOE) {
+        /* llama_model_nemotron_h's graph: a sigmoid router with the
+         * selection bias exp_probs_b (LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+         * whatever the file says), a shared expert of
+         * expert_shared_feed_forward_length; the latent projections of
+         * Nemotron 3 Super (moe_latent_size) are not run */
+        hp->moe_gating = KG_MOE_SIGMOID;
+        int32_t latent = 0;
+        if (!get_i32_opt(g, arch, "expert_shared_count", &hp->n_expert_shared, errstr,
+                         errstr_size) ||
+            !get_i32_opt(g, arch, "moe_latent_size", &latent, errstr, errstr_size) ||
+            !get_i32_opt(g, arch, "expert_shared_feed_forward_length", &hp->n_ff_shexp, errstr,
+                         errstr_size)) {
+            return false;
+        }
+        if (latent > 0 || hp->n_ff_shexp <= 0 || hp->n_ff_shexp > (1 << 24)) {
+            snprintf(errstr, errstr_size,
+                     "model: %s needs expert_shared_feed_forward_length in 1..2^24 and no "
+                     "moe_latent_size (Nemotron 3 Super's latent experts are not supported)",
+                     arch);
+            return false;
+        }
     }
     if (a == KG_ARCH_GEMMA4) {
         /* llama_model_gemma4's graph passes these to build_moe_ffn as

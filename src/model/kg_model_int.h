@@ -140,3 +140,23 @@ bool kg_model_read_recurrent(const kg_gguf_t *g,
 /** A recurrent layer's own tensors (by model->layers[il].kind); its norms
  * and FFN are load_layer's, as for an attention layer. */
 bool kg_model_recurrent_layer(kg_loader_t *ld, kg_model_t *model, int32_t il);
+
+/** The Mamba-2 hybrids' layer kinds (kg_model_mamba2.c; granitehybrid,
+ * nemotron_h): the ssm.* sizes, kinds[il] from the per-layer K/V head
+ * counts (and nemotron_h's per-layer FFN widths), n_layer_recurrent, the
+ * attention layers' n_head_kv and nemotron_h's MLP width n_ff. */
+bool kg_model_read_mamba2(const kg_gguf_t *g,
+                          const char *arch,
+                          kg_hparams_t *hp,
+                          kg_layer_kind_t *kinds,
+                          char *errstr,
+                          size_t errstr_size);
+
+/** A Mamba-2 layer's tensors (ssm_in, ssm_conv1d and its bias, ssm_dt.bias,
+ * ssm_a, ssm_d, ssm_norm, ssm_out), shapes and types checked. */
+bool kg_model_mamba2_layer(kg_loader_t *ld, kg_model_t *model, int32_t il);
+
+/** Floats of a Mamba-2 layer's state per sequence: the convolution's
+ * (d_conv - 1) x (d_inner + 2 n_group d_state) window, then the
+ * d_state x d_inner SSM state. */
+int64_t kg_model_mamba2_state_floats(const kg_hparams_t *hp);

@@ -8,6 +8,9 @@
  * out_proj), the others are attention with Q/K norms; every layer has the
  * SwiGLU FFN. Its state is the last l_cache - 1 inputs of the convolution.
  *
+ * The Mamba-2 hybrids (granitehybrid, nemotron_h, nemotron_h_moe) are
+ * kg_model_mamba2.c's.
+ *
  * Qwen3.5 (llama_model_qwen35, qwen35moe): attention.recurrent_layers
  * (one flag per block) or, without it, full_attention_interval (default 4:
  * every fourth layer is attention) says which layers are gated DeltaNet.
@@ -138,6 +141,10 @@ bool kg_model_read_recurrent(const kg_gguf_t *g,
         hp->arch == KG_ARCH_QWEN3NEXT) {
         return read_deltanet(g, arch, hp, kinds, errstr, errstr_size);
     }
+    if (hp->arch == KG_ARCH_GRANITEHYBRID || hp->arch == KG_ARCH_NEMOTRON_H ||
+        hp->arch == KG_ARCH_NEMOTRON_H_MOE) {
+        return kg_model_read_mamba2(g, arch, hp, kinds, errstr, errstr_size);
+    }
     if (hp->arch != KG_ARCH_LFM2) {
         return true;
     }
@@ -267,7 +274,10 @@ bool kg_model_recurrent_layer(kg_loader_t *ld, kg_model_t *model, int32_t il) {
         break;
     }
     case KG_LAYER_MAMBA2:
+        bad = bad || !kg_model_mamba2_layer(ld, model, il);
+        break;
     case KG_LAYER_ATTN:
+    case KG_LAYER_FFN:
         break;
     }
 #undef KG_T
@@ -291,7 +301,9 @@ int64_t kg_model_state_floats(const kg_model_t *model, int32_t il) {
         return (int64_t)(hp->ssm_d_conv - 1) * CH + S * S * hp->ssm_dt_rank;
     }
     case KG_LAYER_MAMBA2:
+        return kg_model_mamba2_state_floats(hp);
     case KG_LAYER_ATTN:
+    case KG_LAYER_FFN:
         break;
     }
     return 0;

@@ -31,6 +31,9 @@ families=(
     "qwen35 --n-layer 3"
     "qwen35moe --n-layer 3 --n-ff-exp 64 --n-expert 8 --n-expert-used 2"
     "qwen3next --n-layer 3 --n-ff-exp 64 --n-expert 8 --n-expert-used 2"
+    "granitehybrid --n-layer 2"
+    "nemotron_h --n-layer 5"
+    "nemotron_h_moe --n-layer 5 --n-ff-exp 64 --n-expert 4 --n-expert-used 2"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys
@@ -106,6 +109,17 @@ PY
             awk '$1 == "kgen_recurrent_state_bytes" {print $2}')
         [[ "$sb" == 45056 ]] || { echo "qwen35: kgen_recurrent_state_bytes is '$sb', not 45056"; exit 1; }
         echo "qwen35: kgen_recurrent_state_bytes 45056"
+    fi
+    if [[ "$name" == granitehybrid ]]; then
+        # 1 Mamba-2 layer (attention is the last): the convolution's (4 - 1) x (d_inner 128 +
+        # 2 groups x d_state 64) and the SSM's 64 x 128 floats, x 4 slots
+        sb=$(curl -s "http://127.0.0.1:${ports[$i]}/metrics" |
+            awk '$1 == "kgen_recurrent_state_bytes" {print $2}')
+        [[ "$sb" == 149504 ]] || {
+            echo "granitehybrid: kgen_recurrent_state_bytes is '$sb', not 149504"
+            exit 1
+        }
+        echo "granitehybrid: kgen_recurrent_state_bytes 149504"
     fi
 done
 for i in "${!names[@]}"; do

@@ -5,12 +5,14 @@
  * with the channel's kernel in ascending order, one float sum as
  * ggml_ssm_conv keeps it; C times that goes through out_proj. Qwen3.5's
  * gated DeltaNet is cpu_deltanet.c's (its weights in cpu_layer_t.dn, its
- * step scratch here). */
+ * step scratch here); the Mamba-2 mixer (granitehybrid, nemotron_h) is
+ * cpu_mamba2.c's, likewise. */
 #include "cpu_recurrent.h"
 
 #include "../../core/kg_log.h"
 #include "../../model/kg_quant.h"
 #include "cpu_deltanet.h"
+#include "cpu_mamba2.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@ struct cpu_rec {
     int32_t n_snaps;
     float *bcx; /* (T, 3 n_embd) a short convolution's in_proj output, then C * conv */
     float *dn;  /* DeltaNet's step scratch (cpu_deltanet_scratch_floats), NULL: none */
+    float *m2;  /* Mamba-2's scratch (cpu_mamba2_scratch_floats), or NULL */
 };
 
 bool cpu_recurrent_layer_init(
@@ -51,6 +54,9 @@ bool cpu_recurrent_layer_init(
     case KG_LAYER_DELTANET:
         return cpu_deltanet_layer_init(ctx, il, L, errstr, errstr_size);
     case KG_LAYER_MAMBA2:
+        return cpu_mamba2_layer_init(ctx, il, L, errstr, errstr_size);
+    case KG_LAYER_FFN: /* no mixer: nothing to pack */
+        return true;
     case KG_LAYER_ATTN:
         break;
     }
@@ -62,6 +68,7 @@ void cpu_recurrent_layer_clear(cpu_layer_t *L) {
     free(L->sc_conv);
     L->sc_conv = NULL;
     cpu_deltanet_layer_clear(L);
+    cpu_mamba2_layer_clear(L);
 }
 
 /* Room for n_slots states (the new ones zero). */
@@ -120,6 +127,19 @@ bool cpu_recurrent_init(
             return false;
         }
     }
+    bool mamba2 = false;
+    for (int32_t il = 0; il < model->hp.n_layer; il++) {
+        mamba2 = mamba2 || model->layers[il].kind == KG_LAYER_MAMBA2;
+    }
+    if (mamba2) {
+        const size_t n = (size_t)cpu_mamba2_scratch_floats(&model->hp, (int64_t)T);
+        r->m2 = calloc(n, sizeof(float));
+        ctx->scratch_size += n * sizeof(float);
+        if (!r->m2) {
+            snprintf(errstr, errstr_size, "cpu backend: out of memory");
+            return false;
+        }
+    }
     if (!r->bcx || !grow(r, n_slots > 0 ? n_slots : 0)) {
         snprintf(errstr, errstr_size,
                  "cpu backend: out of memory for the recurrent states (%zu MiB for %d slots)",
@@ -151,6 +171,7 @@ void cpu_recurrent_free(cpu_ctx_t *ctx) {
         free(r->snap);
         free(r->snap_pos);
         free(r->dn);
+        free(r->m2);
         free(r);
         ctx->rec = NULL;
     }
@@ -332,8 +353,13 @@ void cpu_recurrent_mixer(cpu_ctx_t *ctx, int32_t il, const kg_step_batch_t *batc
         cpu_deltanet_mixer(ctx, il, batch, r->state, r->per_slot, r->off[il], r->dn);
         return;
     }
-    case KG_LAYER_MAMBA2:
+    case KG_LAYER_MAMBA2: {
+        struct cpu_rec *r = ctx->rec;
+        cpu_mamba2_mixer(ctx, il, batch, r->m2, r->state + r->off[il], r->per_slot);
+        return;
+    }
     case KG_LAYER_ATTN:
+    case KG_LAYER_FFN:
         break;
     }
 }

@@ -161,7 +161,9 @@ static bool moe_layer_init(cpu_layer_t *L,
         return false;
     }
     for (int32_t e = 0; e < X; e++) {
-        if (!cpu_weight_init(&L->exp_gate[e], &src->exp_gate[e], ctx, errstr, errstr_size) ||
+        /* nemotron_h_moe's experts have no gate */
+        if ((src->exp_gate &&
+             !cpu_weight_init(&L->exp_gate[e], &src->exp_gate[e], ctx, errstr, errstr_size)) ||
             !cpu_weight_init(&L->exp_up[e], &src->exp_up[e], ctx, errstr, errstr_size) ||
             !cpu_weight_init(&L->exp_down[e], &src->exp_down[e], ctx, errstr, errstr_size)) {
             return false;
@@ -185,8 +187,9 @@ static bool moe_layer_init(cpu_layer_t *L,
             return false;
         }
     }
-    if (src->gate_shexp &&
-        (!cpu_weight_init(&L->sh_gate, src->gate_shexp, ctx, errstr, errstr_size) ||
+    if (src->up_shexp &&
+        ((src->gate_shexp &&
+          !cpu_weight_init(&L->sh_gate, src->gate_shexp, ctx, errstr, errstr_size)) ||
          !cpu_weight_init(&L->sh_up, src->up_shexp, ctx, errstr, errstr_size) ||
          !cpu_weight_init(&L->sh_down, src->down_shexp, ctx, errstr, errstr_size))) {
         return false;
@@ -250,6 +253,8 @@ static void cpu_free(kg_backend_t *be) {
                 free(L->v_b);
                 weight_clear(&L->sc_in);
                 weight_clear(&L->sc_out);
+                weight_clear(&L->ssm_in);
+                weight_clear(&L->ssm_out);
                 cpu_recurrent_layer_clear(L);
                 cpu_weight_t *exps[] = {L->exp_gate, L->exp_up, L->exp_down};
                 for (size_t i = 0; i < 3; i++) {
@@ -553,7 +558,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         /* the dense FFN's width; a model whose every layer has experts has none */
         F = !ML->w_down || (size_t)ML->n_ff < F ? F : (size_t)ML->n_ff;
         /* the shared expert's output, or Gemma 4's MLP's beside the experts */
-        shared = shared || ctx->layers[il].sh_gate.n_out > 0 || (ctx->layers[il].moe && ML->w_down);
+        shared = shared || ctx->layers[il].sh_up.n_out > 0 || (ctx->layers[il].moe && ML->w_down);
     }
     ctx->k_cache = calloc((size_t)hp->n_layer, sizeof(uint16_t *));
     ctx->v_cache = calloc((size_t)hp->n_layer, sizeof(uint16_t *));
@@ -608,6 +613,8 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
     /* Gemma 4's per-layer input projection writes n_layer * P per token */
     const size_t NP = (size_t)hp->n_layer * (size_t)hp->n_embd_per_layer;
     widest = model->pl_tok_embd && NP > widest ? NP : widest;
+    /* Mamba-2's out projection reads d_inner per token */
+    widest = (size_t)hp->ssm_d_inner > widest ? (size_t)hp->ssm_d_inner : widest;
     bool ok = true;
     ctx->x = scratch(ctx, T * E, &ok);
     ctx->xn = scratch(ctx, T * E, &ok);

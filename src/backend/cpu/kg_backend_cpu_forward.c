@@ -467,15 +467,21 @@ expert_ffn(cpu_ctx_t *ctx, kg_pool_t *pool, int thread, const cpu_layer_t *L, in
     const int64_t r0 = ctx->plan.offset[e], n = ctx->plan.offset[e + 1] - r0;
     float *g = ctx->moe_g + r0 * FX, *u = ctx->moe_u + r0 * FX, *y = ctx->moe_y + r0 * E;
     float *xr = ctx->moe_xr + r0 * W;
-    const cpu_weight_t *gate_up[2] = {&L->exp_gate[e], &L->exp_up[e]};
+    const cpu_weight_t *gate_up[2] = {L->exp_gate ? &L->exp_gate[e] : NULL, &L->exp_up[e]};
     float *const gate_up_out[2] = {g, u};
     /* on the pool: the backend's quantized activations; alone on a pool
      * thread: that thread's own */
     cpu_qact_t *qa = pool ? &ctx->qact : &ctx->moe_qact[thread];
-    cpu_matmul_n_on(ctx, pool, thread, xr, qa, 2, gate_up, ctx->moe_x + r0 * E, gate_up_out, n);
+    const int gated = hp->ffn_act != KG_FFN_RELU_SQR; /* nemotron_h_moe: up only */
+    cpu_matmul_n_on(ctx, pool, thread, xr, qa, 1 + gated, gate_up + 1 - gated, ctx->moe_x + r0 * E,
+                    gate_up_out + 1 - gated, n);
     add_expert_bias(u, &L->exp_up_b, e, n, FX);
     add_expert_bias(g, &L->exp_gate_b, e, n, FX);
-    if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
+    if (!gated) {
+        for (int64_t i = 0; i < n * FX; i++) {
+            g[i] = kg_relu_sqr(u[i]);
+        }
+    } else if (hp->ffn_act == KG_FFN_SWIGLU_OAI) {
         cpu_moe_swiglu_oai(g, u, g, n * FX);
     } else if (hp->ffn_act == KG_FFN_GELU) { /* Gemma 4: ggml_geglu_split */
         cpu_geglu(ctx->gelu_table, g, u, g, n * FX);
@@ -558,15 +564,23 @@ static void moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
     matmul(ctx, &L->gate_inp, ctx->xn, ctx->moe_logits, T);
     add_bias(ctx->moe_logits, &L->gate_inp_b, T, hp->n_expert);
     moe_experts(ctx, L, T);
-    if (L->sh_gate.n_out > 0) {
+    if (L->sh_up.n_out > 0) {
         /* the shared expert on the same normed input, added to the routed
-         * experts' sum (glm4moe: ggml_add(routed_out, shared_out)) */
-        const int64_t FS = L->sh_gate.n_out;
+         * experts' sum (glm4moe: ggml_add(routed_out, shared_out));
+         * nemotron_h_moe's: up, squared ReLU, down */
+        const int64_t FS = L->sh_up.n_out;
         const cpu_weight_t *gate_up[2] = {&L->sh_gate, &L->sh_up};
         float *const gate_up_out[2] = {ctx->gate, ctx->up};
-        matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
-        for (int64_t i = 0; i < T * FS; i++) {
-            ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+        if (L->sh_gate.n_out == 0) {
+            matmul(ctx, &L->sh_up, ctx->xn, ctx->up, T);
+            for (int64_t i = 0; i < T * FS; i++) {
+                ctx->gate[i] = kg_relu_sqr(ctx->up[i]);
+            }
+        } else {
+            matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
+            for (int64_t i = 0; i < T * FS; i++) {
+                ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
+            }
         }
         matmul(ctx, &L->sh_down, ctx->gate, ctx->shexp, T);
         for (int64_t t = 0; L->sh_gate_inp.data && t < T; t++) {
@@ -763,6 +777,9 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         /* a Gemma 4 shared-KV layer computes Q only and reads kv_layer's cache */
         const bool own_kv = ML->kv_layer == il;
         const float *cs = ctx->rope_cs + (int64_t)L->rope * T * ctx->rope_stride;
+        if (ML->kind == KG_LAYER_FFN) { /* no mixer: its FFN normed by attn_norm (nemotron_h) */
+            goto ffn;
+        }
         pre_norm(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (ML->kind != KG_LAYER_ATTN) { /* a hybrid's recurrent layer (cpu_recurrent.c) */
             cpu_recurrent_mixer(ctx, il, batch);
@@ -834,11 +851,22 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
 
     ffn:
+        if (F == 0) {
+            continue; /* a mixer alone (nemotron_h) */
+        }
         pre_norm(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (L->ffn_pre_norm_2.data) {
             gemma4_moe_ffn(ctx, L, il, F, T);
         } else if (L->moe) {
             moe_ffn(ctx, L, T);
+        } else if (hp->ffn_act == KG_FFN_RELU_SQR) { /* nemotron_h: up, relu^2, down */
+            matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
+            cpu_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, &ctx->up, T);
+            for (int64_t i = 0; i < T * F; i++) {
+                ctx->gate[i] = kg_relu_sqr(ctx->up[i]);
+            }
+            matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
+            cpu_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->gate, &ctx->tmp, T);
         } else if (hp->ffn_act == KG_FFN_XIELU) { /* apertus: up, xIELU, down */
             matmul(ctx, &L->w_up, ctx->xn, ctx->up, T);
             cpu_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, &ctx->up, T); /* build_lora_mm */

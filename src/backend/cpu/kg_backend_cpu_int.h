@@ -64,6 +64,10 @@ typedef struct cpu_layer {
     cpu_weight_t sc_in, sc_out;
     float *sc_conv;
     struct cpu_deltanet_layer *dn; /* Qwen3.5's gated DeltaNet (cpu_deltanet.h), else NULL */
+    /* Mamba-2 (cpu_mamba2.c): in_proj, out_proj, and its F32 arrays (the
+     * kernel, biases, A, D, the norm) in one block */
+    cpu_weight_t ssm_in, ssm_out;
+    float *ssm_f32;
 } cpu_layer_t;
 
 /* One distinct RoPE among the layers (Gemma: local and global). */
