@@ -64,14 +64,6 @@ static void find_goldens(void) {
             !model_selected(de->d_name)) {
             continue;
         }
-        /* KG_ARCH_ONLY=name: only the goldens whose file names start so
-         * (e.g. deepseek2 or tokenizer-deepseek2), for working on one family */
-        const char *only = getenv("KG_ARCH_ONLY");
-        if (only && *only && strncmp(de->d_name, only, strlen(only)) != 0 &&
-            !(strncmp(de->d_name, "tokenizer-", 10) == 0 &&
-              strncmp(de->d_name + 10, only, strlen(only)) == 0)) {
-            continue;
-        }
         if (strncmp(de->d_name, "tokenizer-", 10) == 0) {
             if (g_n_tok_files < 16) {
                 snprintf(g_tok_files[g_n_tok_files++], 256, "%s", de->d_name);
