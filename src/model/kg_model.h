@@ -76,14 +76,14 @@ typedef enum kg_arch {
     KG_ARCH_DEEPSEEK2, /* DeepSeek V2/V2.5/V3/R1, Kimi K2: multi-head latent attention */
     KG_ARCH_BERT,      /* an encoder for embedding jobs (kg_model_bert.h) */
     KG_ARCH_GEMMA4,
-    KG_ARCH_GEMMA_EMBED, /* "gemma-embedding" (EmbeddingGemma): gemma3's layers, non-causal */
-    KG_ARCH_NOMIC_BERT,  /* nomic-embed-text: bert with RoPE and SwiGLU (kg_model_bert.h) */
-    KG_ARCH_LFM2,        /* Liquid LFM2: gated short convolutions beside attention (hybrid) */
-    KG_ARCH_QWEN35,      /* Qwen3.5: gated DeltaNet beside gated attention (hybrid) */
-    KG_ARCH_QWEN35MOE,   /* Qwen3.5 MoE: the same with routed and gated shared experts */
-    KG_ARCH_QWEN3NEXT,   /* Qwen3-Next: qwen35moe's layers, V heads grouped by K head */
-    KG_ARCH_GRANITEHYBRID, /* IBM Granite 4 (hybrid): Mamba-2 or attention, then the FFN */
-    KG_ARCH_NEMOTRON_H,    /* NVIDIA Nemotron-H (hybrid): each layer Mamba-2, attention or MLP */
+    KG_ARCH_GEMMA_EMBED,    /* "gemma-embedding" (EmbeddingGemma): gemma3's layers, non-causal */
+    KG_ARCH_NOMIC_BERT,     /* nomic-embed-text: bert with RoPE and SwiGLU (kg_model_bert.h) */
+    KG_ARCH_LFM2,           /* Liquid LFM2: gated short convolutions beside attention (hybrid) */
+    KG_ARCH_QWEN35,         /* Qwen3.5: gated DeltaNet beside gated attention (hybrid) */
+    KG_ARCH_QWEN35MOE,      /* Qwen3.5 MoE: the same with routed and gated shared experts */
+    KG_ARCH_QWEN3NEXT,      /* Qwen3-Next: qwen35moe's layers, V heads grouped by K head */
+    KG_ARCH_GRANITEHYBRID,  /* IBM Granite 4 (hybrid): Mamba-2 or attention, then the FFN */
+    KG_ARCH_NEMOTRON_H,     /* NVIDIA Nemotron-H (hybrid): each layer Mamba-2, attention or MLP */
     KG_ARCH_NEMOTRON_H_MOE, /* Nemotron 3 (hybrid): nemotron_h with experts for its MLPs */
     KG_ARCH_COUNT_,
 } kg_arch_t;

@@ -582,9 +582,9 @@ START_TEST(recurrent_chunks_and_forks) {
 }
 END_TEST
 
-#define SYS_LEN 400 /* the shared system prompt: 25 blocks */
+#define SYS_LEN  400 /* the shared system prompt: 25 blocks */
 #define TAIL_LEN 9
-#define N_SYS 16
+#define N_SYS    16
 
 /* The jobs of recurrent_prefix_cache through one engine: `together` (all
  * submitted at once) or one after another; each job's 8 ids into out. */
@@ -676,11 +676,11 @@ START_TEST(recurrent_prefix_cache) {
         }
     }
     kg_engine_stats_t st;
-    run_system_prompt(m, (const int32_t(*)[SYS_LEN + TAIL_LEN])prompts, false, true, off, &st);
+    run_system_prompt(m, (const int32_t(*)[SYS_LEN + TAIL_LEN]) prompts, false, true, off, &st);
     ck_assert_int_eq(st.n_prefill_tokens, N_SYS * (SYS_LEN + TAIL_LEN));
     ck_assert_int_eq(st.n_state_saves, 0);
     for (int together = 1; together >= 0; together--) {
-        run_system_prompt(m, (const int32_t(*)[SYS_LEN + TAIL_LEN])prompts, true, together, on,
+        run_system_prompt(m, (const int32_t(*)[SYS_LEN + TAIL_LEN]) prompts, true, together, on,
                           &st);
         const int32_t n_full = together ? 1 : 2; /* jobs that compute the system prompt */
         ck_assert_msg(st.n_prefill_tokens == n_full * SYS_LEN + N_SYS * TAIL_LEN,
