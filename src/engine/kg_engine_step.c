@@ -228,12 +228,6 @@ static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, in
     return n;
 }
 
-/* Whether a running sequence is about to compute the block `w` would need
- * first (block `hit`, after those it finds cached) as part of the same
- * prefix. Then `w` is better off waiting a step or a few and taking those
- * blocks from the cache: jobs that share a system prompt compute it once,
- * not once per job admitted before the first copy was registered. The wait
- * ends when that sequence has passed the block or has left the batch. */
 /* The common prefix of a and b, b's last token left to compute (its
  * logits are needed), in whole blocks. */
 static int32_t shared_blocks_end(const kg_engine_t *e, const kg_seq_t *a, const kg_seq_t *b) {
@@ -284,6 +278,12 @@ static bool state_in_flight(kg_engine_t *e, const kg_seq_t *w, int32_t hit) {
     return false;
 }
 
+/* Whether a running sequence is about to compute the block `w` would need
+ * first (block `hit`, after those it finds cached) as part of the same
+ * prefix. Then `w` is better off waiting a step or a few and taking those
+ * blocks from the cache: jobs that share a system prompt compute it once,
+ * not once per job admitted before the first copy was registered. The wait
+ * ends when that sequence has passed the block or has left the batch. */
 static bool prefix_in_flight(kg_engine_t *e, const kg_seq_t *w, int32_t hit) {
     if (e->state) {
         return e->n_snaps > 0 && state_in_flight(e, w, hit);

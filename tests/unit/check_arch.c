@@ -599,6 +599,34 @@ START_TEST(recurrent_chunks_and_forks) {
         ck_assert_msg(n_got[c] == 24 && memcmp(ref[0], got[c], 24 * 4) == 0,
                       "%s: choice %d of 3 differs from the job alone", g.model, c);
     }
+    /* the backend's contract: a slot's tokens continue its state in order
+     * (within a step and from one step to the next), or that slot alone
+     * fails; position 0 starts it over */
+    kg_backend_t *be = make_cpu(m, 8, 64);
+    int32_t pos[4], seq[4] = {0, 0, 0, 0}, table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    bool want[4] = {false, false, false, false};
+    kg_step_batch_t b = {.token = gp->input,
+                         .pos = pos,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_slots = 2,
+                         .max_blocks_per_seq = 4,
+                         .block_table = table};
+    const int32_t steps[][4] = {{0, 1, 2, -1}, {3, -1}, {5, -1}, {4, 5, 7, -1}, {0, -1}};
+    const kg_status_t expect[] = {KG_OK, KG_OK, KG_ERR_INVALID, KG_ERR_INVALID, KG_OK};
+    for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
+        for (b.n_tokens = 0; steps[k][b.n_tokens] >= 0; b.n_tokens++) {
+            pos[b.n_tokens] = steps[k][b.n_tokens];
+        }
+        ck_assert_int_eq(kg_backend_forward(be, &b, NULL), expect[k]);
+        if (expect[k] != KG_OK) {
+            kg_backend_fault_t f;
+            kg_backend_last_fault(be, expect[k], &f);
+            ck_assert_int_eq(f.scope, KG_FAULT_SEQ);
+            ck_assert_int_eq(f.seq, 0);
+        }
+    }
+    kg_backend_free(be);
     kg_model_free(m);
     golden_clear(&g);
 }

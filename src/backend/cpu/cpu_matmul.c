@@ -16,11 +16,7 @@ static bool same_path(const cpu_weight_t *a, const cpu_weight_t *b) {
     return a->type == b->type;
 }
 
-/* outs[i](T, ws[i].n_out) = in(T, n_in) · ws[i]^T for n weights sharing
- * their input, with in rounded into xr (T, n_in) (float types) or
- * quantized into qa (block types) for their type: one hand-off to `pool`
- * when they share a path (Q, K and V; gate and up). pool NULL: the calling
- * thread only, pool thread `thread`, whose unpacking buffers it uses. */
+/* (kg_backend_cpu_int.h says what it computes) */
 void cpu_matmul_n_on(cpu_ctx_t *ctx,
                      kg_pool_t *pool,
                      int thread,

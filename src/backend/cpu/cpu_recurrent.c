@@ -23,6 +23,7 @@ struct cpu_rec {
     int64_t per_slot; /* floats of one slot's state */
     int64_t *off;     /* (n_layer) layer il's state in a slot's */
     int32_t *pos;     /* (n_slots) the position each slot's state expects next */
+    int32_t *next;    /* (n_slots) the same while a step's tokens are checked */
     int32_t n_slots;
     float *snap;       /* (n_snaps, per_slot) saved states (the engine's prefix cache) */
     int32_t *snap_pos; /* (n_snaps) */
@@ -86,6 +87,11 @@ static bool grow(struct cpu_rec *r, int32_t n_slots) {
         return false;
     }
     r->pos = pos;
+    int32_t *next = realloc(r->next, (size_t)n_slots * sizeof(int32_t));
+    if (!next) {
+        return false;
+    }
+    r->next = next;
     memset(r->state + (size_t)r->n_slots * (size_t)r->per_slot, 0,
            (size_t)(n_slots - r->n_slots) * (size_t)r->per_slot * sizeof(float));
     for (int32_t s = r->n_slots; s < n_slots; s++) {
@@ -167,6 +173,7 @@ void cpu_recurrent_free(cpu_ctx_t *ctx) {
         free(r->state);
         free(r->off);
         free(r->pos);
+        free(r->next);
         free(r->bcx);
         free(r->snap);
         free(r->snap_pos);
@@ -218,15 +225,10 @@ kg_status_t cpu_recurrent_begin(cpu_ctx_t *ctx, const kg_step_batch_t *batch, in
     }
     /* every token continues its slot: position 0 starts it, any other is
      * the one after the slot's previous token (in this step or before) */
+    memcpy(r->next, r->pos, (size_t)r->n_slots * sizeof(int32_t));
     for (int64_t t = 0; t < batch->n_tokens; t++) {
-        const int32_t s = batch->seq[t], p = batch->pos[t];
-        int32_t want = r->pos[s];
-        for (int64_t u = t - 1; u >= 0; u--) { /* the slot's previous token in this step */
-            if (batch->seq[u] == s) {
-                want = batch->pos[u] + 1;
-                break;
-            }
-        }
+        const int32_t s = batch->seq[t], p = batch->pos[t], want = r->next[s];
+        r->next[s] = p + 1;
         if (p != 0 && p != want) {
             KG_LOG_ERROR("cpu",
                          "slot %d: token at position %d, but its recurrent state is at %d (a "
