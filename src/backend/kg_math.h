@@ -21,6 +21,26 @@ KG_HD float kg_silu(float x) {
     return x / (1.0f + expf(-x));
 }
 
+/** One token of a causal depthwise convolution on one channel, as the
+ * hybrids' recurrent layers run ggml_ssm_conv: win holds the channel's
+ * K - 1 earlier inputs, oldest first; the result is their dot with the
+ * kernel's first K - 1 taps plus x times the last, one float sum in
+ * ascending order; x is then shifted into the window. */
+KG_HD float kg_conv_step(float *win, const float *k, int64_t K, float x) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < K - 1; i++) {
+        sum += win[i] * k[i];
+    }
+    sum += x * k[K - 1];
+    for (int64_t i = 0; i + 1 < K - 1; i++) {
+        win[i] = win[i + 1];
+    }
+    if (K > 1) {
+        win[K - 2] = x;
+    }
+    return sum;
+}
+
 /** Nemotron-H's squared ReLU (LLM_FFN_RELU_SQR: ggml_relu, then ggml_sqr). */
 KG_HD float kg_relu_sqr(float x) {
     const float r = x > 0.0f ? x : 0.0f;

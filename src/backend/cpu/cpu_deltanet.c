@@ -91,15 +91,7 @@ static void conv_task(void *arg, int64_t w, int thread) {
         for (int64_t c = c0; c < c1; c++) {
             float *win = st + c * (K - 1); /* oldest first */
             const float *k = j->dn->conv + c * K;
-            const float x = row[c];
-            float sum = 0.0f;
-            for (int64_t i = 0; i < K - 1; i++) {
-                sum += win[i] * k[i];
-            }
-            sum += x * k[K - 1];
-            memmove(win, win + 1, (size_t)(K - 2) * sizeof(float));
-            win[K - 2] = x;
-            row[c] = kg_silu(sum);
+            row[c] = kg_silu(kg_conv_step(win, k, K, row[c]));
         }
     }
 }

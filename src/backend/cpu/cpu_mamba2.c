@@ -130,16 +130,8 @@ static void conv_task(void *arg, int64_t w, int thread) {
         for (int64_t c = c0; c < c1; c++) {
             float *win = win0 + c * (K - 1);
             const float *k = j->a.conv + c * K;
-            const float in = xbc[c];
-            float sum = 0.0f;
-            for (int64_t i = 0; i < K - 1; i++) {
-                sum += win[i] * k[i];
-            }
-            sum += in * k[K - 1];
-            memmove(win, win + 1, (size_t)(K - 2) * sizeof(float));
-            win[K - 2] = in;
-            const float b = sum + j->a.conv_b[c]; /* ggml_add, then ggml_silu */
-            xbc[c] = kg_silu(b);
+            /* ggml_ssm_conv, ggml_add of the bias, then ggml_silu */
+            xbc[c] = kg_silu(kg_conv_step(win, k, K, xbc[c]) + j->a.conv_b[c]);
         }
     }
 }

@@ -11,6 +11,7 @@
 
 #include "../../core/kg_log.h"
 #include "../../model/kg_quant.h"
+#include "../kg_math.h"
 #include "cpu_deltanet.h"
 #include "cpu_mamba2.h"
 
@@ -306,15 +307,7 @@ static void shortconv_task(void *arg, int64_t w, int thread) {
         for (int64_t c = c0; c < c1; c++) {
             float *win = st + c * (L - 1); /* (L - 1) oldest first */
             const float *k = j->kernel + c * L;
-            const float bx = row[c] * row[2 * E + c];
-            float sum = 0.0f;
-            for (int64_t i = 0; i < L - 1; i++) {
-                sum += win[i] * k[i];
-            }
-            sum += bx * k[L - 1];
-            memmove(win, win + 1, (size_t)(L - 2) * sizeof(float));
-            win[L - 2] = bx;
-            row[E + c] *= sum; /* y = C * conv */
+            row[E + c] *= kg_conv_step(win, k, L, row[c] * row[2 * E + c]); /* C * conv(B x) */
         }
     }
 }
