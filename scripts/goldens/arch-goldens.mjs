@@ -34,6 +34,23 @@ const PROMPTS = [
         "blocks that hold the same prefix are shared between jobs. When the queue is empty, it " +
         "waits; when it is full, it pauses. Numbers like 3.14 and 42 appear here too.",
 ];
+// A third prompt for the families named here: a multi-turn chat (system, user, assistant, user)
+// in the family's real template, as llama.cpp's own chat code renders it (the "multi_turn" case
+// of tests/data/chat/jinja/goldens.json, made by scripts/goldens/jinja-goldens.sh), tokenized
+// with special tokens parsed, as a chat job's prompt is. A leading BOS text is left out: the
+// input starts with the BOS id as the other prompts do.
+const CHAT_TEMPLATES = {
+    "lfm2": "LFM2.5-Instruct.jinja",
+    "lfm2-swa": "LFM2.5-Instruct.jinja",
+    "qwen35": "Qwen3.5-4B.jinja",
+    "qwen35moe": "Qwen3.5-4B.jinja",
+    "qwen3next": "Qwen3.5-4B.jinja",
+    "qwen35-wide": "Qwen3.5-4B.jinja",
+    "granitehybrid": "ibm-granite-granite-4.0.jinja",
+    "nemotron_h": "NVIDIA-Nemotron-Nano-v2.jinja",
+    "nemotron_h_moe": "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+};
+const CHAT_CASE = "multi_turn";
 const N_GEN = 24;
 const CONTEXT = 512;
 
@@ -98,6 +115,20 @@ for (const name of only) {
     }
 }
 
+const jinjaGoldens = JSON.parse(readFileSync("tests/data/chat/jinja/goldens.json", "utf8"));
+function chatPrompt(name) {
+    const tmpl = CHAT_TEMPLATES[name];
+    if (!tmpl) {
+        return null;
+    }
+    const c = jinjaGoldens.cases.find((x) => x.template === tmpl && x.case === CHAT_CASE && x.output != null);
+    if (!c) {
+        console.error(`arch-goldens.mjs: no ${CHAT_CASE} render of ${tmpl} in goldens.json`);
+        process.exit(2);
+    }
+    return c.output.replace(/^<s>/, "");
+}
+
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
 const tmp = mkdtempSync(join(tmpdir(), "kgen-goldens-"));
 const date = new Date().toISOString().slice(0, 10);
@@ -122,10 +153,13 @@ try {
                 `# kgen mkmodel ${mkArgs.join(" ")}`,
                 `model ${m.name} ${type} fnv64 ${fnv64(readFileSync(path))}`,
             ];
-            for (let p = 0; p < PROMPTS.length; p++) {
+            const chat = chatPrompt(m.name);
+            const prompts = chat == null ? PROMPTS : [...PROMPTS, chat];
+            for (let p = 0; p < prompts.length; p++) {
+                const special = p >= PROMPTS.length; // the chat prompt: special tokens parsed
                 const input = [
                     ...(model.tokens.shouldPrependBosToken && model.tokens.bos != null ? [model.tokens.bos] : []),
-                    ...model.tokenize(PROMPTS[p]),
+                    ...model.tokenize(prompts[p], special),
                 ];
                 // greedy, one token per step: the logits after the prompt,
                 // each step's top two (so a divergence can be told from a
@@ -167,7 +201,10 @@ try {
                 }
                 const lend = lg;
                 await ctx.dispose();
-                lines.push(`prompt ${p} ${JSON.stringify(PROMPTS[p])}`);
+                lines.push(`prompt ${p} ${JSON.stringify(prompts[p])}`);
+                if (special) {
+                    lines.push(`special ${p} ${CHAT_TEMPLATES[m.name]} ${CHAT_CASE}`);
+                }
                 lines.push(`input ${p} ${input.join(" ")}`);
                 lines.push(`ids ${p} ${ids.join(" ")}`);
                 lines.push(`second ${p} ${tops.join(" ")}`);

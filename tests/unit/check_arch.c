@@ -101,8 +101,11 @@ static void find_goldens(void) {
     qsort(g_tok_files, (size_t)g_n_tok_files, sizeof(g_tok_files[0]), kg_test_cmp_name);
 }
 
+#define MAX_PROMPTS 3 /* a short one, one past every window, and (hybrids) a multi-turn chat */
+
 typedef struct golden_prompt {
     char text[1024];
+    bool special; /* the chat prompt: tokenized with special tokens parsed */
     int32_t input[MAX_IDS], n_input;
     int32_t ids[64], n_ids;
     int32_t second[64];         /* llama.cpp's runner-up at each step */
@@ -115,7 +118,7 @@ typedef struct golden {
     char model[64], type[32];
     uint64_t fnv;
     char args[1024]; /* kgen mkmodel arguments */
-    golden_prompt_t p[2];
+    golden_prompt_t p[MAX_PROMPTS];
     int n_prompts;
 } golden_t;
 
@@ -189,14 +192,16 @@ static void golden_load(const char *file, golden_t *g) {
             unsigned long long h = 0;
             ck_assert_int_eq(sscanf(line, "model %63s %31s fnv64 %llx", g->model, g->type, &h), 3);
             g->fnv = h;
-        } else if (sscanf(line, "prompt %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+        } else if (sscanf(line, "prompt %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
             ck_assert(parse_json_string(line + off, g->p[idx].text, sizeof(g->p[idx].text)));
             g->n_prompts = idx + 1 > g->n_prompts ? idx + 1 : g->n_prompts;
-        } else if (sscanf(line, "input %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+        } else if (sscanf(line, "special %d", &idx) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
+            g->p[idx].special = true;
+        } else if (sscanf(line, "input %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
             g->p[idx].n_input = kg_test_parse_ids(line + off, g->p[idx].input, MAX_IDS);
-        } else if (sscanf(line, "ids %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+        } else if (sscanf(line, "ids %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
             g->p[idx].n_ids = kg_test_parse_ids(line + off, g->p[idx].ids, 64);
-        } else if (sscanf(line, "second %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+        } else if (sscanf(line, "second %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
             const char *q = line + off;
             int k = 0, used = 0;
             while (k < 64 &&
@@ -204,18 +209,23 @@ static void golden_load(const char *file, golden_t *g) {
                 q += used;
                 k++;
             }
-        } else if (sscanf(line, "logits_end %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+        } else if (sscanf(line, "logits_end %d %n", &idx, &off) == 1 && idx >= 0 &&
+                   idx < MAX_PROMPTS) {
             g->p[idx].logits_end = kg_test_parse_floats(line + off, &g->p[idx].n_logits);
-        } else if (sscanf(line, "logits %d %n", &idx, &off) == 1 && idx >= 0 && idx < 2) {
+        } else if (sscanf(line, "logits %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
             g->p[idx].logits = kg_test_parse_floats(line + off, &g->p[idx].n_logits);
         }
     }
     free(text);
-    ck_assert_msg(g->args[0] && g->model[0] && g->n_prompts == 2, "%s is incomplete", rel);
+    ck_assert_msg(g->args[0] && g->model[0] && g->n_prompts >= 2, "%s is incomplete", rel);
+    for (int p = 0; p < g->n_prompts; p++) {
+        ck_assert_msg(g->p[p].n_input > 0 && g->p[p].logits && g->p[p].logits_end,
+                      "%s: prompt %d is incomplete", rel, p);
+    }
 }
 
 static void golden_clear(golden_t *g) {
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < MAX_PROMPTS; i++) {
         free(g->p[i].logits);
         free(g->p[i].logits_end);
     }
@@ -279,8 +289,8 @@ START_TEST(matches_llama_cpp) {
         ck_assert_int_eq(gp->n_logits, V);
         /* the tokenizer: BOS as the vocabulary asks, then the prompt */
         int32_t ids[MAX_IDS];
-        int64_t n =
-            kg_tokenizer_encode(m->tok, gp->text, strlen(gp->text), true, false, ids, MAX_IDS);
+        int64_t n = kg_tokenizer_encode(m->tok, gp->text, strlen(gp->text), true, gp->special, ids,
+                                        MAX_IDS);
         ck_assert_msg(n == gp->n_input && memcmp(ids, gp->input, (size_t)n * 4) == 0,
                       "%s %s prompt %d: kgen tokenizes to %lld ids, llama.cpp to %d", g.model,
                       g.type, p, (long long)n, gp->n_input);
