@@ -9,8 +9,8 @@
  * is the same file (FNV-1a), runs the inputs through the engine as one
  * embedding request on the CPU backend (small steps, so inputs are chunked
  * and share steps), and compares: cosine >= 0.9999 (F32, F16) or 0.999
- * (Q8_0) for vectors, |kgen - llama.cpp| <= 1e-3 for scores (5e-3 for
- * Q8_0, see below). The texts'
+ * (Q8_0) for vectors, |kgen - llama.cpp| <= 5e-4 for scores (the issue
+ * asks 1e-3; see below). The texts'
  * tokenization with the vocabulary's BOS/EOS must give llama.cpp's ids. */
 #include "backend/kg_backend.h"
 #include "check_common.h"
@@ -246,14 +246,16 @@ START_TEST(matches_llama_cpp) {
     for (int32_t i = 0; i < g.n_in; i++) {
         const float *v = rows + (size_t)i * (size_t)E;
         if (g.rerank) {
-            /* Q8_0: activations rounded to Q8 blocks on both sides can round
-             * the other way near a boundary (check_arch allows an NMSE of 5e-4
-             * there); through two random layers that moves a qwen3 score by
-             * up to a few 1e-3, the F32/F16 scores agree to 1e-3. bert's
-             * encoder follows ggml's flash attention arithmetic (cpu_bert.c),
-             * so its Q8_0 scores land on llama.cpp's (within 1e-6 here) and
-             * take the issue's 1e-3 too */
-            const float tol = strcmp(g.type, "q8_0") != 0 || kg_model_embed_only(m) ? 1e-3f : 5e-3f;
+            /* Q8_0: activations round to Q8 blocks at every matmul on both
+             * sides, so a small difference in the attention output rounds a
+             * block the other way and moves a score by a few 1e-3 through two
+             * random layers. llama.cpp runs embeddings with flash attention
+             * (its "auto" on the CPU), and kgen computes embedding inputs'
+             * attention with that arithmetic (cpu_attn_flash.h, cpu_bert.c),
+             * which brings qwen3's Q8_0 scores from 2.7e-3 off llama.cpp's to
+             * 1.1e-4 and bert's to 1e-6; the widest gap left is 2e-4 (F16,
+             * whose activations round to fp16 at every matmul) */
+            const float tol = 5e-4f;
             const float s = kg_embed_rank_score(m, v);
             if (getenv("KG_EMBED_VERBOSE")) {
                 fprintf(stderr, "%s %s pair %d: score %.6f, llama.cpp %.6f\n", g.model, g.type, i,
