@@ -32,27 +32,110 @@ static inline __m256 round_h8(__m256 x) {
 }
 #endif
 
-/* ggml_vec_dot_f16 below its SIMD step: the fp16 products (exact in F32)
- * summed one by one in double. qh: q's fp16 values. */
-static float dot_h(const float *qh, const uint16_t *k, int32_t hd) {
-    double dot = 0.0;
-    int32_t d = 0;
-#ifdef FLASH_AVX2
-    for (; d + 8 <= hd; d += 8) {
-        float pr[8];
-        _mm256_storeu_ps(pr, _mm256_mul_ps(_mm256_loadu_ps(qh + d), load_h8(k + d)));
-        for (int i = 0; i < 8; i++) {
-            dot += (double)pr[i];
+/* How a score sums q · k: ggml_vec_dot_f16 below its SIMD step (the
+ * one-chunk kernel: fp16 q, the products, exact in F32, summed one by one
+ * in double) or the tiled kernel's GEMM (one F32 FMA chain). */
+typedef enum { DOT_DOUBLE, DOT_FMA } dot_mode_t;
+
+static float dot_one(const float *q,
+                     const uint16_t *k,
+                     int32_t d0,
+                     int32_t hd,
+                     dot_mode_t mode,
+                     double dsum,
+                     float fsum) {
+    for (int32_t d = d0; d < hd; d++) {
+        if (mode == DOT_DOUBLE) {
+            dsum += (double)(q[d] * kg_fp16_to_fp32(k[d]));
+        } else {
+            fsum = fmaf(q[d], kg_fp16_to_fp32(k[d]), fsum);
         }
     }
-#endif
-    for (; d < hd; d++) {
-        dot += (double)(qh[d] * kg_fp16_to_fp32(k[d]));
-    }
-    return (float)dot;
+    return mode == DOT_DOUBLE ? (float)dsum : fsum;
 }
 
-/* ggml's flash_attn_ext_f16_one_chunk for one query row (V in fp16). */
+#ifdef FLASH_AVX2
+/* r[j] = element j of eight rows r[0..8) (an 8x8 transpose) */
+static inline void transpose8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* Eight positions' scores side by side, a lane each: eight dimensions of
+ * eight rows at a time, transposed so each lane's sum runs in dimension
+ * order as dot_one's; the tail dimensions by dot_one. */
+static void
+dot8(const float *q, const uint16_t *const k[8], int32_t hd, dot_mode_t mode, float *s) {
+    __m256 acc = _mm256_setzero_ps();
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    int32_t d = 0;
+    for (; d + 8 <= hd; d += 8) {
+        __m256 r[8];
+        for (int j = 0; j < 8; j++) {
+            r[j] = load_h8(k[j] + d);
+        }
+        transpose8(r);
+        for (int j = 0; j < 8; j++) {
+            const __m256 qv = _mm256_set1_ps(q[d + j]);
+            if (mode == DOT_DOUBLE) {
+                const __m256 pr = _mm256_mul_ps(r[j], qv);
+                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(pr)));
+                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(pr, 1)));
+            } else {
+                acc = _mm256_fmadd_ps(r[j], qv, acc);
+            }
+        }
+    }
+    double ds[8];
+    float fs[8];
+    _mm256_storeu_pd(ds, lo);
+    _mm256_storeu_pd(ds + 4, hi);
+    _mm256_storeu_ps(fs, acc);
+    for (int j = 0; j < 8; j++) {
+        s[j] = dot_one(q, k[j], d, hd, mode, ds[j], fs[j]);
+    }
+}
+#endif
+
+/* s[p - p0] = q · K[p] for p in [p0, p1), summed as `mode` says. */
+static void dots(const float *q,
+                 const cpu_kv_view_t *kv,
+                 int32_t p0,
+                 int32_t p1,
+                 int32_t hd,
+                 dot_mode_t mode,
+                 float *s) {
+    int32_t p = p0;
+#ifdef FLASH_AVX2
+    for (; p + 8 <= p1; p += 8) {
+        const uint16_t *k[8];
+        for (int j = 0; j < 8; j++) {
+            k[j] = row_at(kv, kv->k, p + j);
+        }
+        dot8(q, k, hd, mode, s + (p - p0));
+    }
+#endif
+    for (; p < p1; p++) {
+        s[p - p0] = dot_one(q, row_at(kv, kv->k, p), 0, hd, mode, 0.0, 0.0f);
+    }
+}
+
+/* ggml's flash_attn_ext_f16_one_chunk for one query row (V in fp16); the
+ * scores of CPU_FLASH_TILE positions at a time first, in scratch. */
 static void one_chunk(const float *q,
                       const cpu_kv_view_t *kv,
                       int32_t p0,
@@ -62,14 +145,19 @@ static void one_chunk(const float *q,
                       float softcap,
                       float *scratch,
                       float *out) {
-    float *qh = scratch, *acc = scratch + hd;
+    float *qh = scratch, *acc = scratch + hd, *dot = scratch + 2 * (int64_t)hd;
     for (int32_t d = 0; d < hd; d++) {
         qh[d] = round_h(q[d]);
         acc[d] = 0.0f;
     }
     float M = -INFINITY, S = 0.0f;
     for (int32_t p = p0; p < n_pos; p++) {
-        float s = dot_h(qh, row_at(kv, kv->k, p), hd) * scale;
+        const int32_t i = (p - p0) % CPU_FLASH_TILE;
+        if (i == 0) {
+            const int32_t n = n_pos - p < CPU_FLASH_TILE ? n_pos - p : CPU_FLASH_TILE;
+            dots(qh, kv, p, p + n, hd, DOT_DOUBLE, dot);
+        }
+        float s = dot[i] * scale;
         if (softcap > 0.0f) {
             s = softcap * tanhf(s);
         }
@@ -127,25 +215,9 @@ static void tiled(const float *q,
         const int32_t lo = t0 > p0 ? t0 : p0;
         const int32_t hi = n_pos - t0 < CPU_FLASH_TILE ? n_pos : t0 + CPU_FLASH_TILE;
         float tile_max = -INFINITY;
+        dots(q, kv, lo, hi, hd, DOT_FMA, sc + (lo - t0));
         for (int32_t p = lo; p < hi; p++) {
-            const uint16_t *k = row_at(kv, kv->k, p);
-            float a = 0.0f;
-            int32_t d = 0;
-#ifdef FLASH_AVX2
-            /* one chain per position: lanes hold successive dimensions'
-             * products only to widen them; the adds stay in order */
-            for (; d + 8 <= hd; d += 8) {
-                float kf[8];
-                _mm256_storeu_ps(kf, load_h8(k + d));
-                for (int i = 0; i < 8; i++) {
-                    a = fmaf(q[d + i], kf[i], a);
-                }
-            }
-#endif
-            for (; d < hd; d++) {
-                a = fmaf(q[d], kg_fp16_to_fp32(k[d]), a);
-            }
-            a *= scale;
+            float a = sc[p - t0] * scale;
             if (softcap > 0.0f) {
                 a = tanhf(a) * softcap;
             }
