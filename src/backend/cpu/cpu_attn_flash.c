@@ -37,13 +37,13 @@ static inline __m256 round_h8(__m256 x) {
  * in double) or the tiled kernel's GEMM (one F32 FMA chain). */
 typedef enum { DOT_DOUBLE, DOT_FMA } dot_mode_t;
 
-static float dot_one(const float *q,
-                     const uint16_t *k,
-                     int32_t d0,
-                     int32_t hd,
-                     dot_mode_t mode,
-                     double dsum,
-                     float fsum) {
+static inline __attribute__((always_inline)) float dot_one(const float *q,
+                                                           const uint16_t *k,
+                                                           int32_t d0,
+                                                           int32_t hd,
+                                                           dot_mode_t mode,
+                                                           double dsum,
+                                                           float fsum) {
     for (int32_t d = d0; d < hd; d++) {
         if (mode == DOT_DOUBLE) {
             dsum += (double)(q[d] * kg_fp16_to_fp32(k[d]));
@@ -75,6 +75,33 @@ static inline void transpose8(__m256 r[8]) {
     r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
+/* col[j] = dimension d + j of eight rows, for j < 16: the fp16 values
+ * transposed as 16-bit words (two dimensions' columns per register, one in
+ * each 128-bit half), then widened. */
+static inline void columns16(const uint16_t *const k[8], int32_t d, __m256 col[16]) {
+    __m256i r[8];
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm256_loadu_si256((const __m256i *)(const void *)(k[j] + d));
+    }
+    /* rows in pairs, then fours, then all eight, per word */
+    const __m256i a0 = _mm256_unpacklo_epi16(r[0], r[1]), a1 = _mm256_unpackhi_epi16(r[0], r[1]);
+    const __m256i a2 = _mm256_unpacklo_epi16(r[2], r[3]), a3 = _mm256_unpackhi_epi16(r[2], r[3]);
+    const __m256i a4 = _mm256_unpacklo_epi16(r[4], r[5]), a5 = _mm256_unpackhi_epi16(r[4], r[5]);
+    const __m256i a6 = _mm256_unpacklo_epi16(r[6], r[7]), a7 = _mm256_unpackhi_epi16(r[6], r[7]);
+    const __m256i b0 = _mm256_unpacklo_epi32(a0, a2), b1 = _mm256_unpackhi_epi32(a0, a2);
+    const __m256i b2 = _mm256_unpacklo_epi32(a1, a3), b3 = _mm256_unpackhi_epi32(a1, a3);
+    const __m256i b4 = _mm256_unpacklo_epi32(a4, a6), b5 = _mm256_unpackhi_epi32(a4, a6);
+    const __m256i b6 = _mm256_unpacklo_epi32(a5, a7), b7 = _mm256_unpackhi_epi32(a5, a7);
+    const __m256i c[8] = {_mm256_unpacklo_epi64(b0, b4), _mm256_unpackhi_epi64(b0, b4),
+                          _mm256_unpacklo_epi64(b1, b5), _mm256_unpackhi_epi64(b1, b5),
+                          _mm256_unpacklo_epi64(b2, b6), _mm256_unpackhi_epi64(b2, b6),
+                          _mm256_unpacklo_epi64(b3, b7), _mm256_unpackhi_epi64(b3, b7)};
+    for (int j = 0; j < 8; j++) {
+        col[j] = _mm256_cvtph_ps(_mm256_castsi256_si128(c[j]));
+        col[8 + j] = _mm256_cvtph_ps(_mm256_extracti128_si256(c[j], 1));
+    }
+}
+
 /* Eight positions' scores side by side, a lane each: eight dimensions of
  * eight rows at a time, transposed so each lane's sum runs in dimension
  * order as dot_one's; the tail dimensions by dot_one. */
@@ -83,6 +110,20 @@ dot8(const float *q, const uint16_t *const k[8], int32_t hd, dot_mode_t mode, fl
     __m256 acc = _mm256_setzero_ps();
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
     int32_t d = 0;
+    for (; d + 16 <= hd; d += 16) {
+        __m256 col[16];
+        columns16(k, d, col);
+        for (int j = 0; j < 16; j++) {
+            const __m256 qv = _mm256_set1_ps(q[d + j]);
+            if (mode == DOT_DOUBLE) {
+                const __m256 pr = _mm256_mul_ps(col[j], qv);
+                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(pr)));
+                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(pr, 1)));
+            } else {
+                acc = _mm256_fmadd_ps(col[j], qv, acc);
+            }
+        }
+    }
     for (; d + 8 <= hd; d += 8) {
         __m256 r[8];
         for (int j = 0; j < 8; j++) {
@@ -111,14 +152,45 @@ dot8(const float *q, const uint16_t *const k[8], int32_t hd, dot_mode_t mode, fl
 }
 #endif
 
+#ifdef FLASH_AVX2
+/* Registers of output a tile's value pass keeps at once (8 floats each). */
+#define V_REGS 8
+
+/* out[c0 .. c0 + 8 nr) += w[p - lo] * V[p][c0 ..] for p in [lo, hi), one
+ * FMA chain per element in position order, held in registers over the
+ * tile. */
+static inline __attribute__((always_inline)) void tile_values(const cpu_kv_view_t *kv,
+                                                              int32_t lo,
+                                                              int32_t hi,
+                                                              const float *w,
+                                                              int32_t c0,
+                                                              int nr,
+                                                              float *out) {
+    __m256 acc[V_REGS];
+    for (int r = 0; r < nr; r++) {
+        acc[r] = _mm256_loadu_ps(out + c0 + 8 * r);
+    }
+    for (int32_t p = lo; p < hi; p++) {
+        const uint16_t *v = row_at(kv, kv->v, p) + c0;
+        const __m256 wv = _mm256_set1_ps(w[p - lo]);
+        for (int r = 0; r < nr; r++) {
+            acc[r] = _mm256_fmadd_ps(load_h8(v + 8 * r), wv, acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm256_storeu_ps(out + c0 + 8 * r, acc[r]);
+    }
+}
+#endif
+
 /* s[p - p0] = q · K[p] for p in [p0, p1), summed as `mode` says. */
-static void dots(const float *q,
-                 const cpu_kv_view_t *kv,
-                 int32_t p0,
-                 int32_t p1,
-                 int32_t hd,
-                 dot_mode_t mode,
-                 float *s) {
+static inline __attribute__((always_inline)) void dots(const float *q,
+                                                       const cpu_kv_view_t *kv,
+                                                       int32_t p0,
+                                                       int32_t p1,
+                                                       int32_t hd,
+                                                       dot_mode_t mode,
+                                                       float *s) {
     int32_t p = p0;
 #ifdef FLASH_AVX2
     for (; p + 8 <= p1; p += 8) {
@@ -242,19 +314,42 @@ static void tiled(const float *q,
             sum += (double)sc[p - t0];
         }
         S = (float)((double)S + sum);
-        for (int32_t p = lo; p < hi; p++) {
-            const uint16_t *vr = row_at(kv, kv->v, p);
-            const float w = sc[p - t0];
-            int32_t d = 0;
+        int32_t c0 = 0;
 #ifdef FLASH_AVX2
-            const __m256 wv = _mm256_set1_ps(w);
-            for (; d + 8 <= hd; d += 8) {
-                _mm256_storeu_ps(out + d,
-                                 _mm256_fmadd_ps(load_h8(vr + d), wv, _mm256_loadu_ps(out + d)));
+        for (; c0 + 8 <= hd; c0 += 8 * V_REGS) {
+            /* constant register counts, so the chains stay in registers */
+            switch ((hd - c0) / 8 < V_REGS ? (hd - c0) / 8 : V_REGS) {
+            case 1:
+                tile_values(kv, lo, hi, sc + (lo - t0), c0, 1, out);
+                break;
+            case 2:
+                tile_values(kv, lo, hi, sc + (lo - t0), c0, 2, out);
+                break;
+            case 3:
+                tile_values(kv, lo, hi, sc + (lo - t0), c0, 3, out);
+                break;
+            case 4:
+                tile_values(kv, lo, hi, sc + (lo - t0), c0, 4, out);
+                break;
+            case 5:
+                tile_values(kv, lo, hi, sc + (lo - t0), c0, 5, out);
+                break;
+            case 6:
+                tile_values(kv, lo, hi, sc + (lo - t0), c0, 6, out);
+                break;
+            case 7:
+                tile_values(kv, lo, hi, sc + (lo - t0), c0, 7, out);
+                break;
+            default:
+                tile_values(kv, lo, hi, sc + (lo - t0), c0, 8, out);
+                break;
             }
+        }
+        c0 = hd - hd % 8;
 #endif
-            for (; d < hd; d++) {
-                out[d] = fmaf(kg_fp16_to_fp32(vr[d]), w, out[d]);
+        for (int32_t d = c0; d < hd; d++) { /* each element one FMA chain in position order */
+            for (int32_t p = lo; p < hi; p++) {
+                out[d] = fmaf(kg_fp16_to_fp32(row_at(kv, kv->v, p)[d]), sc[p - t0], out[d]);
             }
         }
     }
