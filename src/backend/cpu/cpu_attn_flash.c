@@ -167,17 +167,17 @@ static inline __attribute__((always_inline)) void tile_values(const cpu_kv_view_
                                                               int nr,
                                                               float *out) {
     __m256 acc[V_REGS];
-    for (int r = 0; r < nr; r++) {
+    for (int64_t r = 0; r < nr; r++) {
         acc[r] = _mm256_loadu_ps(out + c0 + 8 * r);
     }
     for (int32_t p = lo; p < hi; p++) {
         const uint16_t *v = row_at(kv, kv->v, p) + c0;
         const __m256 wv = _mm256_set1_ps(w[p - lo]);
-        for (int r = 0; r < nr; r++) {
+        for (int64_t r = 0; r < nr; r++) {
             acc[r] = _mm256_fmadd_ps(load_h8(v + 8 * r), wv, acc[r]);
         }
     }
-    for (int r = 0; r < nr; r++) {
+    for (int64_t r = 0; r < nr; r++) {
         _mm256_storeu_ps(out + c0 + 8 * r, acc[r]);
     }
 }
