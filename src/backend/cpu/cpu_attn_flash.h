@@ -9,9 +9,13 @@
  * every matmul, so any difference in the attention output moves them).
  *
  * ggml-cpu has two kernels and picks one by the number of query rows in
- * the ubatch (GGML_FA_TILE_Q, 64); llama.cpp evaluates an embedding input
- * as one ubatch, so kgen picks by the input's own length (batch
- * invariance: an input's arithmetic never depends on what shares its step):
+ * the ubatch (GGML_FA_TILE_Q, 64); node-llama-cpp evaluates an embedding
+ * input alone, as one ubatch (up to its micro-batch), so kgen picks by the
+ * input's own length (batch invariance: an input's arithmetic never
+ * depends on what shares its step). That is llama.cpp's arithmetic for an
+ * input evaluated alone: where llama.cpp packs several inputs into one
+ * ubatch (llama-embedding, the server) it takes the tiled kernel for all of
+ * them, with tiles from where each input's cache cells begin:
  *   - one chunk (under 64): q rounded to fp16, each score an fp16 · fp16
  *     dot product summed in double in dimension order (ggml's order for
  *     heads narrower than its F16 SIMD step: every head under 64 wide on
