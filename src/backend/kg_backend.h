@@ -63,6 +63,13 @@ typedef struct kg_step_batch {
     const bool *want_hidden; /* (n_tokens) or NULL */
     int32_t n_hidden;        /* count of want_hidden */
     float *hidden;           /* (n_hidden, n_embd) out */
+    /* Embedding inputs' attention: for a token of one, its input's whole
+     * length (> 0), and the CPU backend computes its attention with
+     * ggml-cpu's flash attention arithmetic, as llama.cpp computes
+     * embeddings (cpu_attn_flash.h: the kernel goes by that length, so an
+     * input's arithmetic is its own); 0: a generation token, llama.cpp's
+     * soft_max path. NULL: every token 0. Other backends ignore it. */
+    const int32_t *flash_len; /* (n_tokens) or NULL */
 } kg_step_batch_t;
 
 typedef struct kg_backend_params {

@@ -123,6 +123,7 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->b_want = malloc(nt * sizeof(*e->b_want));
     e->b_lora = calloc(nb, sizeof(*e->b_lora));
     e->b_hid = calloc(nt, sizeof(*e->b_hid));
+    e->b_flash = calloc(nt, sizeof(*e->b_flash));
     e->b_row_rec = malloc(nb * sizeof(*e->b_row_rec));
     e->b_in_step = malloc(nb * sizeof(*e->b_in_step));
     e->logits = malloc(nb * (size_t)p->n_vocab * sizeof(*e->logits));
@@ -144,9 +145,9 @@ kg_engine_t *kg_engine_new(kg_backend_t *be,
     e->state_dst = malloc(nb * sizeof(*e->state_dst));
     if (!e->sreq || !e->sres || !e->rng_save || !e->scratch || !e->recs || !e->arena ||
         !e->free_recs || !e->wait || !e->run || !e->free_slots || !e->b_token || !e->b_pos ||
-        !e->b_seq || !e->b_want || !e->b_hid || !e->b_row_rec || !e->b_in_step || !e->logits ||
-        !e->done || !e->masks || !e->row_any || !e->bias_arena || !e->copy_src || !e->copy_dst ||
-        !e->state_src || !e->state_dst || !e->b_lora) {
+        !e->b_seq || !e->b_want || !e->b_hid || !e->b_flash || !e->b_row_rec || !e->b_in_step ||
+        !e->logits || !e->done || !e->masks || !e->row_any || !e->bias_arena || !e->copy_src ||
+        !e->copy_dst || !e->state_src || !e->state_dst || !e->b_lora) {
         goto fail;
     }
     for (int32_t i = 0; i < e->n_recs; i++) {
@@ -194,6 +195,7 @@ void kg_engine_free(kg_engine_t *e) {
     free(e->b_want);
     free(e->b_lora);
     free(e->b_hid);
+    free(e->b_flash);
     free(e->hidden);
     free(e->pool_acc);
     free(e->b_row_rec);

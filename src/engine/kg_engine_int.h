@@ -132,9 +132,10 @@ struct kg_engine {
     bool *row_any;      /* (max_batch_size) the row's mask allows a token or the end */
     kg_rng_t dummy_rng; /* what a forced row's device sample draws from (and drops) */
     /* embedding requests (kg_engine_embed.c) */
-    bool *b_hid;     /* (max_batch_tokens) the token's hidden state is wanted */
-    float *hidden;   /* (max_batch_tokens, n_embd) the step's hidden rows; on first use */
-    float *pool_acc; /* (max_batch_size, n_embd) per slot: the pooled row so far */
+    bool *b_hid;      /* (max_batch_tokens) the token's hidden state is wanted */
+    int32_t *b_flash; /* (max_batch_tokens) an embedding input's length, or 0 (flash_len) */
+    float *hidden;    /* (max_batch_tokens, n_embd) the step's hidden rows; on first use */
+    float *pool_acc;  /* (max_batch_size, n_embd) per slot: the pooled row so far */
 
     kg_adapters_t *adapters; /* NULL: requests name backend ids (kg_engine_set_adapters) */
     bool lora_blocked;       /* the head waits for an adapter (logged once) */

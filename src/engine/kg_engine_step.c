@@ -220,6 +220,7 @@ static int32_t schedule(kg_engine_t *e, int32_t r, int32_t n_max, int32_t nt, in
             seq->embed &&
             (seq->pool == KG_ENGINE_POOL_MEAN || (seq->pool == KG_ENGINE_POOL_FIRST && pos == 0) ||
              (seq->pool == KG_ENGINE_POOL_LAST && pos == seq->n_tokens - 1));
+        e->b_flash[nt + k] = seq->embed ? seq->n_tokens : 0;
     }
     if (n > 0 && !seq->embed && seq->n_computed + n == seq->n_tokens) {
         e->b_row_rec[(*n_rows)++] = r;
@@ -747,9 +748,10 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
             }
         }
     }
-    int32_t n_hid = 0;
+    int32_t n_hid = 0, n_flash = 0;
     for (int32_t t = 0; t < nt; t++) {
         n_hid += e->b_hid[t];
+        n_flash += e->b_flash[t] > 0;
     }
     kg_step_batch_t batch = {
         .slot_lora = any_lora ? e->b_lora : NULL,
@@ -765,6 +767,7 @@ int32_t kg_engine_step(kg_engine_t *e, kg_completion_t *out, int32_t cap) {
         .want_hidden = n_hid > 0 ? e->b_hid : NULL,
         .n_hidden = n_hid,
         .hidden = e->hidden,
+        .flash_len = n_flash > 0 ? e->b_flash : NULL,
     };
     kg_status_t st = kg_backend_forward(e->be, &batch, e->device_sample ? NULL : e->logits);
     /* A device backend that samples returns before its forward is done, so

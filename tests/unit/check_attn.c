@@ -2,8 +2,12 @@
  * double-precision softmax-attention reference, and its fixed arithmetic:
  * the result is bitwise the same wherever the sequence's blocks lie in the
  * cache, equals the element-by-element chains the header describes, and
- * handles head sizes that are not a multiple of 8. */
+ * handles head sizes that are not a multiple of 8; and the flash
+ * attention kernels embedding inputs take (cpu_attn_head_flash): near the
+ * same reference, ggml's arithmetic written out element by element, bits
+ * that do not depend on where the blocks lie. */
 #include "backend/cpu/cpu_attn.h"
+#include "backend/cpu/cpu_attn_flash.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/kg_math.h"
 #include "check_common.h"
@@ -284,6 +288,166 @@ START_TEST(window_and_softcap) {
 }
 END_TEST
 
+static float round_h(float x) {
+    return kg_fp16_to_fp32(kg_fp32_to_fp16(x));
+}
+
+/* ggml-cpu's two flash attention kernels for one row, element by element
+ * (ops.cpp: flash_attn_ext_f16_one_chunk below 64 query rows, as ggml's
+ * scalar loops run for these heads; flash_attn_ext_tiled from 64). */
+static void flash_chains(const float *q,
+                         const cache_t *c,
+                         const int32_t *table,
+                         int p0,
+                         int n_pos,
+                         int hd,
+                         float scale,
+                         float cap,
+                         bool tiled,
+                         float *out) {
+    const float sc = cap > 0.0f ? scale / cap : scale;
+    float M = -INFINITY, S = 0.0f, acc[MAX_POS];
+    for (int i = 0; i < hd; i++) {
+        acc[i] = 0.0f;
+    }
+    if (!tiled) {
+        for (int p = p0; p < n_pos; p++) {
+            const uint16_t *k = row(c, c->k, table, p, 0), *v = row(c, c->v, table, p, 0);
+            double d = 0.0;
+            for (int i = 0; i < hd; i++) {
+                d += (double)(round_h(q[i]) * kg_fp16_to_fp32(k[i]));
+            }
+            float s = (float)d * sc;
+            s = cap > 0.0f ? cap * tanhf(s) : s;
+            float ms = 1.0f, vs = 1.0f;
+            if (s > M) {
+                ms = expf(M - s);
+                M = s;
+                for (int i = 0; i < hd; i++) {
+                    acc[i] = round_h(acc[i] * ms);
+                }
+            } else {
+                vs = expf(s - M);
+            }
+            for (int i = 0; i < hd; i++) {
+                acc[i] = round_h(fmaf(kg_fp16_to_fp32(v[i]), vs, acc[i]));
+            }
+            S = S * ms + vs;
+        }
+    } else {
+        for (int t0 = 0; t0 < n_pos; t0 += 64) {
+            float e[64], tmax = -INFINITY;
+            for (int j = 0; j < 64; j++) {
+                const int p = t0 + j;
+                e[j] = -INFINITY; /* masked: before the window, past the row */
+                if (p >= p0 && p < n_pos) {
+                    const uint16_t *k = row(c, c->k, table, p, 0);
+                    float a = 0.0f;
+                    for (int i = 0; i < hd; i++) {
+                        a = fmaf(q[i], kg_fp16_to_fp32(k[i]), a);
+                    }
+                    a *= sc;
+                    e[j] = cap > 0.0f ? tanhf(a) * cap : a;
+                }
+                tmax = fmaxf(tmax, e[j]);
+            }
+            if (tmax == -INFINITY) {
+                continue;
+            }
+            const float mn = fmaxf(M, tmax);
+            if (mn > M) {
+                const float ms = expf(M - mn);
+                for (int i = 0; i < hd; i++) {
+                    acc[i] *= ms;
+                }
+                S *= ms;
+            }
+            M = mn;
+            double sum = 0.0;
+            for (int j = 0; j < 64; j++) {
+                e[j] = expf(e[j] - M);
+                sum += (double)e[j];
+            }
+            S = (float)((double)S + sum);
+            for (int j = 0; j < 64 && t0 + j < n_pos; j++) {
+                if (t0 + j >= p0) {
+                    const uint16_t *v = row(c, c->v, table, t0 + j, 0);
+                    for (int i = 0; i < hd; i++) {
+                        acc[i] = fmaf(kg_fp16_to_fp32(v[i]), e[j], acc[i]);
+                    }
+                }
+            }
+        }
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int i = 0; i < hd; i++) {
+        out[i] = acc[i] * inv;
+    }
+}
+
+START_TEST(flash_kernels) {
+    static const int hds[] = {8, 12, 32, 72};
+    rng_state = 31;
+    const int32_t t1[MAX_BLOCKS] = {4, 1, 6, 0, 3, 7, 2, 5};
+    const int32_t t2[MAX_BLOCKS] = {0, 5, 2, 7, 1, 4, 6, 3};
+    for (size_t ih = 0; ih < sizeof(hds) / sizeof(hds[0]); ih++) {
+        const int hd = hds[ih];
+        float q[72], out[72], want[72], again[72];
+        float *scratch = malloc((size_t)cpu_attn_flash_scratch(hd) * sizeof(float));
+        ck_assert(scratch);
+        for (int n_pos = 1; n_pos <= MAX_POS; n_pos += 9) {
+            for (int f = 0; f < 8; f++) {
+                const bool tiled = f & 1, capped = f & 2;
+                const int p0 = f & 4 ? n_pos / 3 : 0; /* a window */
+                const float cap = capped ? 1.5f : 0.0f, scale = 1.0f / sqrtf((float)hd);
+                cache_t c = cache_new(1, hd);
+                for (int i = 0; i < hd; i++) {
+                    q[i] = rng_uniform(-1.0f, 1.0f);
+                }
+                cpu_kv_view_t kv = {
+                    .k = c.k, .v = c.v, .stride = c.stride, .table = t1, .block_size = BS};
+                cpu_attn_head_flash(q, &kv, p0, n_pos, hd, scale, cap, tiled, scratch, out);
+                flash_chains(q, &c, t1, p0, n_pos, hd, scale, cap, tiled, want);
+                ck_assert_msg(memcmp(out, want, (size_t)hd * sizeof(float)) == 0,
+                              "hd %d n_pos %d p0 %d cap %g tiled %d: not ggml's chains", hd, n_pos,
+                              p0, (double)cap, tiled);
+                relocate(&c, t1, t2, MAX_BLOCKS);
+                kv.table = t2;
+                cpu_attn_head_flash(q, &kv, p0, n_pos, hd, scale, cap, tiled, scratch, again);
+                ck_assert(memcmp(out, again, (size_t)hd * sizeof(float)) == 0);
+                /* near softmax attention in double (the one-chunk kernel rounds q
+                 * and its accumulator to fp16) */
+                double w[MAX_POS], m = -INFINITY, sum = 0.0;
+                for (int p = p0; p < n_pos; p++) {
+                    const uint16_t *k = row(&c, c.k, t2, p, 0);
+                    double d = 0.0;
+                    for (int i = 0; i < hd; i++) {
+                        d += (double)q[i] * kg_fp16_to_fp32(k[i]);
+                    }
+                    w[p] = capped ? cap * tanh(d * scale / cap) : d * scale;
+                    m = fmax(m, w[p]);
+                }
+                for (int p = p0; p < n_pos; p++) {
+                    w[p] = exp(w[p] - m);
+                    sum += w[p];
+                }
+                for (int i = 0; i < hd; i++) {
+                    double o = 0.0;
+                    for (int p = p0; p < n_pos; p++) {
+                        o += w[p] / sum * kg_fp16_to_fp32(row(&c, c.v, t2, p, 0)[i]);
+                    }
+                    ck_assert_msg(fabs(out[i] - o) <= (tiled ? 1e-5 : 4e-3) * (1.0 + fabs(o)),
+                                  "hd %d n_pos %d p0 %d tiled %d elem %d: %g vs %g", hd, n_pos, p0,
+                                  tiled, i, out[i], o);
+                }
+                cache_free(&c);
+            }
+        }
+        free(scratch);
+    }
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("attn");
     TCase *tc = tcase_create("attn");
@@ -291,6 +455,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, fixed_arithmetic);
     tcase_add_test(tc, placement_does_not_change_bits);
     tcase_add_test(tc, window_and_softcap);
+    tcase_add_test(tc, flash_kernels);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -9,9 +9,10 @@
  * is the same file (FNV-1a), runs the inputs through the engine as one
  * embedding request on the CPU backend (small steps, so inputs are chunked
  * and share steps), and compares: cosine >= 0.9999 (F32, F16) or 0.999
- * (Q8_0) for vectors, |kgen - llama.cpp| <= 1e-3 for scores (5e-3 for
- * Q8_0, see below). The texts'
- * tokenization with the vocabulary's BOS/EOS must give llama.cpp's ids. */
+ * (Q8_0) for vectors, |kgen - llama.cpp| <= 5e-4 for scores (the issue
+ * asks 1e-3; see below). The texts' tokenization with the vocabulary's
+ * BOS/EOS must give llama.cpp's ids, and a reranker's query and documents
+ * the ids its pairs hold. */
 #include "backend/kg_backend.h"
 #include "check_common.h"
 #include "engine/kg_engine.h"
@@ -66,6 +67,7 @@ typedef struct golden {
     char args[1024], model[64], type[32];
     uint64_t fnv;
     bool rerank;
+    char query[512]; /* a reranker's */
     golden_input_t in[MAX_INPUTS];
     int32_t n_in;
 } golden_t;
@@ -100,6 +102,7 @@ static void golden_load(const char *file, golden_t *g) {
             g->fnv = h;
         } else if (strncmp(line, "query ", 6) == 0) {
             g->rerank = true;
+            parse_text(line + 6, g->query, sizeof(g->query));
         } else if (sscanf(line, "text %d %n", &i, &off) == 1 && i >= 0 && i < MAX_INPUTS) {
             parse_text(line + off, g->in[i].text, sizeof(g->in[i].text));
             g->n_in = i + 1 > g->n_in ? i + 1 : g->n_in;
@@ -132,8 +135,28 @@ static void golden_clear(golden_t *g) {
     }
 }
 
-static kg_model_t *make_model(const char *args, uint64_t fnv) {
+/* The golden's mkmodel arguments with a `--vocab-from tests/data/...` path
+ * (relative to the source tree, as the script ran) made the test data's. */
+static void resolve_args(const char *args, char *out, size_t cap) {
+    static const char key[] = "--vocab-from tests/data/";
+    const char *v = strstr(args, key);
+    if (!v) {
+        snprintf(out, cap, "%s", args);
+        return;
+    }
+    char rel[512];
+    const char *rest = v + strlen(key);
+    const size_t n = strcspn(rest, " ");
+    ck_assert(n < sizeof(rel));
+    memcpy(rel, rest, n);
+    rel[n] = '\0';
+    snprintf(out, cap, "%.*s--vocab-from %s%s", (int)(v - args), args, kg_test_data(rel), rest + n);
+}
+
+static kg_model_t *make_model(const char *golden_args, uint64_t fnv) {
     static char path[4096];
+    char args[2048];
+    resolve_args(golden_args, args, sizeof(args));
     snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("embed"));
     ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
     if (fnv) {
@@ -239,6 +262,26 @@ START_TEST(matches_llama_cpp) {
             ck_assert_mem_eq(mine, g.in[i].ids, (size_t)k * sizeof(int32_t));
         }
     }
+    for (int32_t i = 0; g.rerank && i < g.n_in; i++) {
+        /* kgen's tokens of the query and the document where llama.cpp's pair
+         * holds them: the query's after the first mark (BOS or CLS), the
+         * document's at the end or before a last mark (EOS; bert's pair has
+         * none). The marks between them are node-llama-cpp's (XLM-R's
+         * </s></s>, where llama.cpp's server and kgen's jobs put one </s>);
+         * the scores are compared over the golden's ids */
+        int32_t qt[MAX_IDS], dt[MAX_IDS];
+        const int64_t nq =
+            kg_tokenizer_encode(m->tok, g.query, strlen(g.query), false, false, qt, MAX_IDS);
+        const int64_t nd = kg_tokenizer_encode(m->tok, g.in[i].text, strlen(g.in[i].text), false,
+                                               false, dt, MAX_IDS);
+        const golden_input_t *in = &g.in[i];
+        ck_assert(nq > 0 && nd > 0 && nq + nd + 2 <= in->n_ids);
+        ck_assert_mem_eq(in->ids + 1, qt, (size_t)nq * sizeof(int32_t));
+        const size_t dn = (size_t)nd * sizeof(int32_t);
+        ck_assert_msg(memcmp(in->ids + in->n_ids - nd, dt, dn) == 0 ||
+                          memcmp(in->ids + in->n_ids - 1 - nd, dt, dn) == 0,
+                      "%s pair %d: the document's ids are not llama.cpp's", g.model, i);
+    }
     const int32_t pooling = g.rerank ? KG_EMBED_POOL_RANK : kg_embed_model_pooling(m);
     float *rows = malloc((size_t)g.n_in * (size_t)E * sizeof(float));
     run_embed(e, 7, ids, lens, g.n_in, (kg_engine_pool_t)kg_embedjob_engine_pool(m, pooling), rows);
@@ -246,14 +289,16 @@ START_TEST(matches_llama_cpp) {
     for (int32_t i = 0; i < g.n_in; i++) {
         const float *v = rows + (size_t)i * (size_t)E;
         if (g.rerank) {
-            /* Q8_0: activations rounded to Q8 blocks on both sides can round
-             * the other way near a boundary (check_arch allows an NMSE of 5e-4
-             * there); through two random layers that moves a qwen3 score by
-             * up to a few 1e-3, the F32/F16 scores agree to 1e-3. bert's
-             * encoder follows ggml's flash attention arithmetic (cpu_bert.c),
-             * so its Q8_0 scores land on llama.cpp's (within 1e-6 here) and
-             * take the issue's 1e-3 too */
-            const float tol = strcmp(g.type, "q8_0") != 0 || kg_model_embed_only(m) ? 1e-3f : 5e-3f;
+            /* Q8_0: activations round to Q8 blocks at every matmul on both
+             * sides, so a small difference in the attention output rounds a
+             * block the other way and moves a score by a few 1e-3 through two
+             * random layers. llama.cpp runs embeddings with flash attention
+             * (its "auto" on the CPU), and kgen computes embedding inputs'
+             * attention with that arithmetic (cpu_attn_flash.h, cpu_bert.c),
+             * which brings qwen3's Q8_0 scores from 2.7e-3 off llama.cpp's to
+             * 1.1e-4 and bert's to 1e-6; the widest gap left is 2e-4 (F16,
+             * whose activations round to fp16 at every matmul) */
+            const float tol = 5e-4f;
             const float s = kg_embed_rank_score(m, v);
             if (getenv("KG_EMBED_VERBOSE")) {
                 fprintf(stderr, "%s %s pair %d: score %.6f, llama.cpp %.6f\n", g.model, g.type, i,

@@ -1,5 +1,6 @@
 /* cpu_attn: attention of one query head over a sequence's paged fp16 KV
- * cache, the CPU backend's attention kernel.
+ * cache, the CPU backend's attention kernel (llama.cpp's soft_max path;
+ * embedding inputs take cpu_attn_flash's, llama.cpp's flash attention).
  *
  * The arithmetic is fixed per element and does not depend on how many
  * positions there are or how they are grouped: a score is one 8-lane FMA

@@ -32,6 +32,7 @@
 #include "../../model/kg_quant.h"
 #include "../kg_backend_impl.h"
 #include "../kg_math.h"
+#include "cpu_attn_flash.h"
 #include "cpu_bert.h"
 #include "cpu_gemm.h"
 #include "cpu_lora.h"
@@ -307,7 +308,7 @@ static void cpu_free(kg_backend_t *be) {
                          ctx->rope_cs, ctx->scores,  ctx->moe_logits, ctx->moe_x,    ctx->moe_g,
                          ctx->moe_u,   ctx->moe_y,   ctx->moe_xr,     ctx->shexp,    ctx->mla_q,
                          ctx->mla_qa,  ctx->mla_att, ctx->mla_hin,    ctx->mla_hout, ctx->mla_xr,
-                         ctx->pl_in,   ctx->pl_gate, ctx->qgate};
+                         ctx->pl_in,   ctx->pl_gate, ctx->qgate,      ctx->flash};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             free(bufs[i]);
         }
@@ -555,6 +556,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         const size_t q_l = (size_t)hp->n_head * (size_t)ML->head_dim;
         n_kv = kv_l > n_kv ? kv_l : n_kv;
         n_q = q_l > n_q ? q_l : n_q;
+        ctx->max_head_dim = ML->head_dim > ctx->max_head_dim ? ML->head_dim : ctx->max_head_dim;
         /* the dense FFN's width; a model whose every layer has experts has none */
         F = !ML->w_down || (size_t)ML->n_ff < F ? F : (size_t)ML->n_ff;
         /* the shared expert's output, or Gemma 4's MLP's beside the experts */
@@ -637,6 +639,8 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         ctx->pl_gate = scratch(ctx, T * P, &ok);
     }
     ctx->scores = scratch(ctx, (size_t)ctx->n_threads * kv_rows, &ok);
+    ctx->flash = scratch(
+        ctx, (size_t)ctx->n_threads * (size_t)cpu_attn_flash_scratch(ctx->max_head_dim), &ok);
     if (mla) {
         ctx->mla_q = scratch(ctx, T * H * (size_t)hp->mla_k, &ok);
         ctx->mla_qa = scratch(ctx, T * (size_t)hp->n_lora_q, &ok);

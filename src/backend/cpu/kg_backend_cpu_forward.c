@@ -13,18 +13,17 @@
  * positions [0, pos], or the last n_swa of them in a windowed layer
  * (a non-causal model, gemma-embedding: over its whole input, which the
  * engine runs in one step, or within n_swa / 2 either side in a windowed
- * layer) (soft-capped scores: gemma2; granite's attention scale; parallel over
- * tokens x heads; times sigmoid of the query's output gate: qwen35, whose
- * attn_q gives each head's query and gate), output GEMM (+ post-norm:
- * gemma, olmo2) (x residual
- * scale: granite) + residual, rmsnorm, gate/up GEMMs, SwiGLU or GeGLU (or
- * the up GEMM alone and xIELU: apertus), down GEMM (+ post-norm) +
- * residual; then the final norm and the head only for the rows that want
- * logits (+ bias, / logit scale: granite, soft-capping); the normed rows
- * themselves for those that want hidden states. Each
- * token's row is computed independently of the others in the batch, so a
- * sequence's results do not depend on what shares its step. The llama.cpp
- * ops each step mirrors are named where they are done.
+ * layer) (with llama.cpp's soft_max arithmetic, cpu_attn.h; an embedding
+ * input's tokens with ggml-cpu's flash attention arithmetic, cpu_attn_flash.h,
+ * as llama.cpp computes embeddings) (soft-capped scores: gemma2; granite's attention scale;
+ * parallel over tokens x heads; times sigmoid of the query's output gate: qwen35, whose attn_q
+ * gives each head's query and gate), output GEMM (+ post-norm: gemma, olmo2) (x residual scale:
+ * granite) + residual, rmsnorm, gate/up GEMMs, SwiGLU or GeGLU (or the up GEMM alone and xIELU:
+ * apertus), down GEMM (+ post-norm) + residual; then the final norm and the head only for the rows
+ * that want logits (+ bias, / logit scale: granite, soft-capping); the normed rows themselves for
+ * those that want hidden states. Each token's row is computed independently of the others in the
+ * batch, so a sequence's results do not depend on what shares its step. The llama.cpp ops each step
+ * mirrors are named where they are done.
  *
  * Experts. A mixture-of-experts layer replaces the gate/up/down GEMMs with
  * cpu_moe's plan: the router's logits (one GEMM; + bias: gpt-oss), each
@@ -45,6 +44,7 @@
 #include "../../model/kg_quant.h"
 #include "../kg_math.h"
 #include "cpu_attn.h"
+#include "cpu_attn_flash.h"
 #include "cpu_lora.h"
 #include "cpu_ops.h"
 #include "cpu_recurrent.h"
@@ -200,6 +200,16 @@ static void attention_task(void *arg, int64_t w, int thread) {
                               .table = table,
                               .block_size = bs};
     const cpu_weight_t *sinks = &ctx->layers[job->il].sinks;
+    const int32_t flash_len = batch->flash_len ? batch->flash_len[t] : 0;
+    if (flash_len > 0 && !sinks->data) {
+        /* an embedding input: llama.cpp's flash attention arithmetic, its
+         * kernel chosen by the input's length as llama.cpp's by the ubatch's
+         * (the input's one ubatch) */
+        cpu_attn_head_flash(
+            q, &kv, p0, n_pos, hd, scale, hp->attn_softcap, flash_len >= CPU_FLASH_TILE,
+            ctx->flash + (int64_t)thread * cpu_attn_flash_scratch(ctx->max_head_dim), out);
+        return;
+    }
     cpu_attn_head_sink(q, &kv, p0, n_pos, hd, scale, hp->attn_softcap,
                        sinks->data ? sinks->data[h] : -INFINITY, s, out);
 }

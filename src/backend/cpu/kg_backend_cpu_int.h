@@ -119,8 +119,11 @@ typedef struct cpu_ctx {
      * inputs of every layer, (T, n_layer * P), and one layer's gate (T, P) */
     cpu_weight_t pl_model_proj, pl_proj_norm;
     float *pl_in, *pl_gate;
-    float *scores;                 /* (n_threads, n_kv_blocks * block_size) */
-    cpu_qact_t qact;               /* (T, widest) activations quantized for cpu_vecdot */
+    float *scores;        /* (n_threads, n_kv_blocks * block_size) */
+    float *flash;         /* (n_threads, cpu_attn_flash_scratch(max_head_dim)) embedding inputs'
+                             attention (cpu_attn_flash.h) */
+    int32_t max_head_dim; /* the widest layer's head_dim */
+    cpu_qact_t qact;      /* (T, widest) activations quantized for cpu_vecdot */
     cpu_qgemm_scratch_t *qscratch; /* cpu_vecdot's per-thread unpacked panels */
     /* mixture of experts (n_expert > 0), k = n_expert_used */
     cpu_moe_plan_t plan;
