@@ -1,8 +1,9 @@
 /* check_cuda_embed: embedding and rerank jobs on the CUDA backend against
  * the CPU backend, through the engine as the worker runs them: a qwen3
  * model with a reranking head (last-token pooling of the final norm's
- * hidden states, the yes/no score) and a bert encoder (mean pooling of
- * the non-causal forward's last layer), F32 weights from kgen mkmodel.
+ * hidden states, the yes/no score) and a bert and a nomic-bert encoder
+ * (mean pooling of the non-causal forward's last layer; nomic-bert's RoPE
+ * and SwiGLU), F32 weights from kgen mkmodel.
  * Every pooled vector within cosine 0.9999 of the CPU's and the rerank
  * scores within 1e-3 (the issue's bound against llama.cpp: fp16 K/V
  * rounding makes relative differences of ~1e-4, as check_cuda's logits
@@ -44,6 +45,9 @@ int main(void) {
     "--ctx 512 --rerank --seed 44"
 #define BERT_ARGS                                                                                  \
     "--arch bert --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 4 --n-ff 128 --ctx 512 --seed 41"
+#define NOMIC_ARGS                                                                                 \
+    "--arch nomic-bert --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 4 --n-ff 128 --ctx 512 "     \
+    "--rope-base 1000 --seed 43"
 #define BATCH_TOKENS 64
 #define N_IN         9
 #define TARGET       5
@@ -215,6 +219,11 @@ START_TEST(bert_mean_vs_cpu) {
 }
 END_TEST
 
+START_TEST(nomic_mean_vs_cpu) {
+    compare(NOMIC_ARGS, KG_ENGINE_POOL_MEAN, false);
+}
+END_TEST
+
 /* A decoder prefill step of two sequences, once with logits only and once
  * also wanting every row's hidden state: the same logits bits; the hidden
  * rows within cosine 0.9999 of the CPU backend's. */
@@ -331,6 +340,7 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, qwen3_last_vs_cpu);
     tcase_add_test(tc, bert_mean_vs_cpu);
+    tcase_add_test(tc, nomic_mean_vs_cpu);
     tcase_add_test(tc, qwen3_hidden_step);
     tcase_add_test(tc, bert_refusals);
     suite_add_tcase(s, tc);
