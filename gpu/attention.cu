@@ -17,6 +17,13 @@
  * fits one split is written out directly; longer ones leave (m, l, O) per
  * split and a combine kernel merges the splits in order.
  *
+ * Non-causal layers (gemma-embedding). The step holds each input whole
+ * (its K/V rows are all stored before attention runs), and a row's
+ * visible positions are [lo, hi] instead of [window start, pos]: its whole
+ * input, or pos -+ n_swa / 2 within it in a windowed layer (llama.cpp's
+ * symmetric window). Both ends grow along a tile's tokens as the causal
+ * ones do, so the same tiles, splits and combine serve both.
+ *
  * Batch invariance. Every value a row produces depends only on its own q,
  * its own positions and the fixed cut of positions into splits and KV
  * tiles (both aligned to absolute positions): a tensor-core row is computed
@@ -50,6 +57,7 @@ typedef struct attn_args {
     int32_t n_sub;       /* query-head subgroups per KV head */
     float scale, softcap;
     int32_t n_swa;
+    bool non_causal;
     const float *sinks; /* (n_head) or NULL */
     const __half *q, *kc, *vc;
     float *part_acc; /* (n_tok, n_head, max_splits, hd) */
@@ -61,6 +69,21 @@ typedef struct attn_args {
 /* Rows per KV head: the group's heads, or R of them per subgroup. */
 __device__ __host__ __forceinline__ int32_t heads_per_item(int32_t group, int32_t rows) {
     return group <= rows ? group : rows;
+}
+
+/* The positions token t sees, [*lo, *hi]: causal, up to its own (its last
+ * n_swa in a windowed layer); non-causal, its whole input, or within n_swa
+ * / 2 either side in a windowed layer (cpu's attention_task). */
+__device__ __forceinline__ void visible(const attn_args_t &a, int32_t t, int32_t *lo, int32_t *hi) {
+    const int32_t p = a.in.pos[t];
+    if (!a.non_causal) {
+        *hi = p;
+        *lo = a.n_swa > 0 && p + 1 > a.n_swa ? p + 1 - a.n_swa : 0;
+        return;
+    }
+    const int32_t half = a.n_swa / 2, end = a.in.pos_end[t];
+    *hi = a.n_swa > 0 && end > p + half + 1 ? p + half : end - 1;
+    *lo = a.n_swa > 0 && p > half ? p - half : 0;
 }
 
 template <int RT, int HDMAX, int KT>
@@ -77,7 +100,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
     __shared__ float m_s[R];
     __shared__ float l_s[R];
     __shared__ float alpha_s[R];
-    __shared__ int32_t pos_s[R]; /* -1: a padding row */
+    __shared__ int32_t pos_s[R]; /* the row's last visible position; -1: a padding row */
+    __shared__ int32_t lo_s[R];  /* its first */
 
     const int32_t tile = a.tile0 + blockIdx.x;
     if (tile >= a.in.hdr->n_tiles) {
@@ -89,11 +113,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
     const int32_t g = blockIdx.y / a.n_sub, sub = blockIdx.y % a.n_sub;
     const int32_t h0 = g * group + sub * hs, nh = min(hs, group - sub * hs);
     const int32_t t0 = a.in.tile_tok0[tile], nt = min(a.in.tile_n[tile], qt);
-    const int32_t last = a.in.pos[t0 + nt - 1]; /* positions increase along the tile */
-    /* the tile's first visible position: a windowed layer never reads
-     * before it (the engine may have given those blocks back) */
-    const int32_t first = a.in.pos[t0];
-    const int32_t ws = a.n_swa > 0 && first + 1 > a.n_swa ? first + 1 - a.n_swa : 0;
+    /* both ends of the visible positions grow along the tile: the last
+     * token's last one, and the first token's first one (a windowed layer
+     * never reads before it: the engine may have given those blocks back) */
+    int32_t ws, last, unused;
+    visible(a, t0 + nt - 1, &unused, &last);
+    visible(a, t0, &ws, &unused);
     const int32_t split = blockIdx.z, sl = a.split_len;
     const int32_t p_begin = split * sl;
     if (p_begin > last || p_begin + sl <= ws) {
@@ -112,7 +137,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
     /* rows: (token tt, head hh) at r = tt * hs + hh */
     for (int r = tid; r < R; r += ATT_THREADS) {
         const int tt = r / hs, hh = r % hs;
-        pos_s[r] = r < qt * hs && tt < nt && hh < nh ? a.in.pos[t0 + tt] : -1;
+        int32_t lo = 0, hi = -1;
+        if (r < qt * hs && tt < nt && hh < nh) {
+            visible(a, t0 + tt, &lo, &hi);
+        }
+        pos_s[r] = hi;
+        lo_s[r] = lo;
         m_s[r] = -INFINITY;
         l_s[r] = 0.0f;
     }
@@ -193,8 +223,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
         for (int r = warp; r < R; r += ATT_WARPS) {
             const int32_t pr = pos_s[r];
             const int32_t p = p0 + lane;
-            const bool on =
-                pr >= 0 && lane < KT && p < p_end && p <= pr && (a.n_swa == 0 || p > pr - a.n_swa);
+            const bool on = pr >= 0 && lane < KT && p < p_end && p <= pr && p >= lo_s[r];
             float sc = -INFINITY;
             if (on) {
                 /* cpu_attn_scores: soft-capping works on the raw dot product */
@@ -304,14 +333,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_combine_kernel(attn_arg
     if (t >= a.in.hdr->n_tokens) {
         return;
     }
-    const int32_t pos = a.in.pos[t];
-    const int32_t n_split = pos / a.split_len + 1;
+    int32_t ws, last;
+    visible(a, t, &ws, &last);
+    const int32_t n_split = last / a.split_len + 1;
     if (n_split == 1) {
         return; /* written by the attention kernel */
     }
     /* splits before the token's window hold nothing of it (and may not have
      * been written: no block of its tile reached them) */
-    const int32_t ws = a.n_swa > 0 && pos + 1 > a.n_swa ? pos + 1 - a.n_swa : 0;
     const int32_t hd = a.sh.head_dim;
     const int64_t base = ((int64_t)(t - a.tok0) * a.sh.n_head + h) * a.max_splits;
     for (int32_t e = threadIdx.x; e < hd; e += blockDim.x) {
@@ -399,6 +428,7 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
     a.scale = layer->scale;
     a.softcap = layer->softcap;
     a.n_swa = layer->n_swa;
+    a.non_causal = layer->non_causal;
     a.sinks = layer->sinks;
     a.q = q16;
     a.kc = k_cache;

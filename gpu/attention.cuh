@@ -23,6 +23,8 @@ typedef struct kg_cuda_attn_layer {
     float softcap;      /* scores = softcap * tanh(q.k / softcap) * scale; 0: off (gemma2) */
     int32_t n_swa;      /* a token sees its last n_swa positions, itself included; 0: all */
     const float *sinks; /* (n_head) one more logit per head in the softmax's sum (gpt-oss) */
+    bool non_causal;    /* a token sees its whole input (in.pos_end), or in a windowed layer the
+                           positions within n_swa / 2 either side (gemma-embedding) */
 } kg_cuda_attn_layer_t;
 
 /** Positions per split for contexts of up to max_ctx: 256, or more when
@@ -42,7 +44,8 @@ size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t pa
 
 /** out[t] (n_head*hd, stored as dt) = softmax(scores) v over the positions
  * [0, pos[t]] of token t's sequence (the last n_swa of them in a windowed
- * layer, whose earlier blocks are never read), the scores q k^T * scale
+ * layer, whose earlier blocks are never read; a non-causal layer's: see
+ * kg_cuda_attn_layer_t), the scores q k^T * scale
  * (soft-capped first when the layer says so), a sink logit joining the
  * softmax's max and sum when the layer has sinks, for the tokens of tiles
  * tile0 .. tile0 + n_tiles - 1 (those below hdr->n_tiles), whose first

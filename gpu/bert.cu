@@ -1,5 +1,5 @@
-/* bert: the bert encoder's own kernels (bert.cuh): LayerNorms, bias +
- * GELU, non-causal attention. Built with --fmad=false, so the products
+/* bert: the bert encoders' own kernels (bert.cuh): LayerNorms, bias +
+ * GELU, nomic-bert's RoPE, non-causal attention. Built with --fmad=false, so the products
  * round as cpu_bert.c's do. */
 #include "bert.cuh"
 
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(BERT_NORM_THREADS)
     for (int32_t e = threadIdx.x; e < n; e += blockDim.x) {
         const float v = kg_ld(tok_embd, tok + e, emb_dt);
         const float tt = type_row ? v + type_row[e] : v;
-        xr[e] = pos_embd[pos + e] + tt;
+        xr[e] = pos_embd ? pos_embd[pos + e] + tt : tt;
     }
     layernorm_row(xr, w, b, xn, t, dt, n, eps, red);
 }
@@ -170,6 +170,52 @@ kg_status_t kg_cuda_bert_gelu(cudaStream_t stream,
     blocks = blocks > 65536 ? 65536 : blocks;
     bert_gelu_kernel<<<(unsigned)blocks, 256, 0, stream>>>(up, up_b, table, h, (int)dt, n_ff,
                                                            total);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
+/* One block per token; thread i walks the token's E * 3 values (biases)
+ * and then its heads' pairs (RoPE), each element its own arithmetic. */
+__global__ void __launch_bounds__(128) bert_rope_kernel(kg_cuda_bert_inputs_t in,
+                                                        float *__restrict__ qkv,
+                                                        const float *__restrict__ bqkv,
+                                                        const float *__restrict__ rope_cs,
+                                                        int32_t n_head,
+                                                        int32_t hd,
+                                                        int32_t n_rot) {
+    const int32_t t = blockIdx.x;
+    if (t >= in.hdr->n_tokens) {
+        return;
+    }
+    const int64_t E = (int64_t)n_head * hd;
+    float *row = qkv + (int64_t)t * 3 * E;
+    if (bqkv) {
+        for (int64_t e = threadIdx.x; e < 3 * E; e += blockDim.x) {
+            row[e] += bqkv[e];
+        }
+        __syncthreads();
+    }
+    const int32_t half = n_rot / 2;
+    const float *cs = rope_cs + (int64_t)in.pos[t] * n_rot;
+    /* Q's heads, then K's: 2 * n_head rows of hd, half pairs each */
+    for (int64_t i = threadIdx.x; i < 2 * (int64_t)n_head * half; i += blockDim.x) {
+        const int64_t hh = i / half;
+        const int32_t k = (int32_t)(i % half);
+        float *hr = row + hh * hd;
+        kg_rope_pair(&hr[k], &hr[k + half], cs[k], cs[half + k]);
+    }
+}
+
+kg_status_t kg_cuda_bert_rope(cudaStream_t stream,
+                              int32_t T,
+                              kg_cuda_bert_inputs_t in,
+                              float *qkv,
+                              const float *bqkv,
+                              const float *rope_cs,
+                              int32_t n_head,
+                              int32_t head_dim,
+                              int32_t n_rot) {
+    bert_rope_kernel<<<T, 128, 0, stream>>>(in, qkv, bqkv, rope_cs, n_head, head_dim, n_rot);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }

@@ -1,7 +1,8 @@
-/* bert: the kernels only the `bert` encoder needs on the CUDA backend
- * (kg_backend_cuda_bert.cu runs them): the summed embeddings' LayerNorm,
- * the post-norm residual LayerNorm, bias + GELU, and the non-causal
- * attention over one input's tokens. Each follows cpu_bert.c's arithmetic
+/* bert: the kernels only the `bert` and `nomic-bert` encoders need on the
+ * CUDA backend (kg_backend_cuda_bert.cu runs them): the summed embeddings'
+ * LayerNorm, the post-norm residual LayerNorm, bias + GELU, nomic-bert's
+ * biases + RoPE on Q and K, and the non-causal attention over one input's
+ * tokens. Each follows cpu_bert.c's arithmetic
  * (built with --fmad=false), so the device's vectors stay within rounding
  * of the CPU backend's; every row's result depends on its own input only
  * (batch invariance). */
@@ -34,7 +35,8 @@ static inline kg_cuda_bert_inputs_t kg_cuda_bert_inputs_view(const int32_t *base
 }
 
 /** x[t] = LN(tok_embd[token[t]] + type_row + pos_embd[pos[t]]) * w + b for
- * the T tokens (type_row may be NULL); also stored as dt into xn. LN is
+ * the T tokens (type_row may be NULL; pos_embd NULL: nomic-bert, whose
+ * positions are RoPE's); also stored as dt into xn. LN is
  * ggml_norm as cpu_bert's layernorm_rows: the mean from a double sum, the
  * variance of the centred values in double, 1 / sqrtf(var + eps). */
 kg_status_t kg_cuda_bert_embed(cudaStream_t stream,
@@ -77,6 +79,22 @@ kg_status_t kg_cuda_bert_gelu(cudaStream_t stream,
                               void *h,
                               kg_cuda_dtype_t dt,
                               int32_t n_ff);
+
+/** nomic-bert: in place on the (T, 3 * n_embd) Q|K|V GEMM output, the
+ * biases bqkv (may be NULL) added to Q, K and V, then Q and K rotated
+ * (NeoX pairs (i, i + n_rot / 2) of each head's first n_rot dims, as
+ * cpu_bert's rope_rows) by the angles of the token's position in its
+ * input: rope_cs holds cos | sin (n_rot / 2 each) of positions 0, 1, ...
+ * (n_rot per position). */
+kg_status_t kg_cuda_bert_rope(cudaStream_t stream,
+                              int32_t T,
+                              kg_cuda_bert_inputs_t in,
+                              float *qkv,
+                              const float *bqkv,
+                              const float *rope_cs,
+                              int32_t n_head,
+                              int32_t head_dim,
+                              int32_t n_rot);
 
 /** Per token t and head h: softmax(q · K^T / sqrt(hd)) · V over the
  * tokens of t's input (both ways: no causal cut), q, K and V read from the

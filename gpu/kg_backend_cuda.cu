@@ -364,7 +364,7 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     be->last_fault = cuda_last_fault;
     be->counters = cuda_counters;
     be->moe_stats = hp->n_expert > 0 ? cuda_moe_stats : NULL;
-    ctx->bert = hp->arch == KG_ARCH_BERT;
+    ctx->bert = kg_model_embed_only(model); /* bert, nomic-bert */
     /* an encoder keeps no KV and has no LM head: nothing to copy, sample or
      * adapt; every family returns hidden states (embedding jobs) */
     be->kv_copy = ctx->bert ? NULL : cuda_kv_copy;
@@ -490,6 +490,11 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
         snprintf(errstr, errstr_size,
                  "cuda backend: allocating the KV pool (%zu MiB) and buffers failed (see the log)",
                  ctx->kv_size >> 20);
+        goto fail;
+    }
+    if (ctx->bert && cuda_bert_init(ctx) != KG_OK) {
+        snprintf(errstr, errstr_size,
+                 "cuda backend: the encoder's RoPE table failed (see the log)");
         goto fail;
     }
     KG_LOG_INFO("cuda",

@@ -1,6 +1,6 @@
-/* kg_backend_cuda_bert: the CUDA backend's step for the `bert` encoder
- * (kg_model_bert.h), which embedding and rerank jobs run; cpu_bert.c is
- * the reference it follows.
+/* kg_backend_cuda_bert: the CUDA backend's step for the `bert` and
+ * `nomic-bert` encoders (kg_model_bert.h), which embedding and rerank jobs
+ * run; cpu_bert.c is the reference it follows.
  *
  * DESIGN
  * A bert step is whole inputs, each a run of one sequence's tokens at
@@ -19,7 +19,15 @@
  * classification head run on the host (kg_embed.c), as for the CPU
  * backend. The GEMMs compute every row alike whatever the row count and
  * the other kernels work per row or per (token, head) over the token's own
- * input, so an input's vector is the same bits alone or among others. */
+ * input, so an input's vector is the same bits alone or among others.
+ *
+ * nomic-bert differs where cpu_bert's does: no position rows in the
+ * embeddings; Q|K|V (fused in the file, one GEMM here as for bert) get
+ * their biases and then RoPE on Q and K (NeoX pairs) before the attention,
+ * from a table of angles for positions 0 .. max_tokens - 1 made on the
+ * host at start with the CPU's own function (an input's positions start
+ * at 0 in every step); and the FFN is the gate|up GEMM, SwiGLU
+ * (swiglu.cu) and the down GEMM, without biases. */
 #include "kg_backend_cuda_int.cuh"
 
 /* Check the step and pack its inputs (token, pos, the first token and the
@@ -105,17 +113,26 @@ static kg_status_t bert_run(cuda_ctx_t *ctx, const kg_step_batch_t *batch) {
     KG_TRY(kg_cuda_bert_embed(st, T, in, ctx->emb.data, ctx->emb.dt, ctx->pos_embd, ctx->type_embd,
                               ctx->tok_norm, ctx->tok_norm_b, ctx->x, ctx->xn,
                               ctx->layers[0].wqkv.dt, E, hp->norm_eps));
+    const bool nomic = hp->arch == KG_ARCH_NOMIC_BERT;
     for (int32_t il = 0; il < NL; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, T));
-        KG_TRY(kg_cuda_bert_attention(st, T, in, ctx->qkv, L->bqkv, hp->n_head, hp->head_dim,
-                                      ctx->att, L->wo.dt));
+        if (nomic) { /* the biases go in here, before the rotation */
+            KG_TRY(kg_cuda_bert_rope(st, T, in, ctx->qkv, L->bqkv, ctx->rope_cs, hp->n_head,
+                                     hp->head_dim, hp->n_rot));
+        }
+        KG_TRY(kg_cuda_bert_attention(st, T, in, ctx->qkv, nomic ? NULL : L->bqkv, hp->n_head,
+                                      hp->head_dim, ctx->att, L->wo.dt));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, T));
         KG_TRY(kg_cuda_bert_add_norm(st, T, ctx->tmp, L->bo, L->attn_norm, L->attn_norm_b, ctx->x,
                                      ctx->xn, L->wgu.dt, E, hp->norm_eps));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, T));
-        KG_TRY(kg_cuda_bert_gelu(st, T, ctx->gu, L->up_b, ctx->gelu_table, ctx->h, L->wdown.dt,
-                                 hp->n_ff));
+        if (nomic) { /* wgu is gate|up: silu(gate) * up */
+            KG_TRY(kg_cuda_swiglu(st, T, in.hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+        } else { /* wgu is up alone */
+            KG_TRY(kg_cuda_bert_gelu(st, T, ctx->gu, L->up_b, ctx->gelu_table, ctx->h, L->wdown.dt,
+                                     hp->n_ff));
+        }
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, T));
         /* the next layer's Q|K|V GEMM reads xn; after the last, nothing */
         KG_TRY(kg_cuda_bert_add_norm(st, T, ctx->tmp, L->down_b, L->ffn_norm, L->ffn_norm_b, ctx->x,
@@ -126,6 +143,33 @@ static kg_status_t bert_run(cuda_ctx_t *ctx, const kg_step_batch_t *batch) {
     if (batch->n_hidden > 0) {
         KG_TRY(cuda_copy_hidden(ctx, batch, ctx->x));
     }
+    return KG_OK;
+}
+
+kg_status_t cuda_bert_init(cuda_ctx_t *ctx) {
+    const kg_hparams_t *hp = &ctx->hp;
+    if (hp->arch != KG_ARCH_NOMIC_BERT) {
+        return KG_OK;
+    }
+    /* cpu_bert_init's table, by the same function and arguments: no YaRN
+     * ramp unless rope.scaling.type says yarn (llama_context's cparams) */
+    const size_t n = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
+    float *cs = (float *)malloc(n * sizeof(float));
+    if (!cs) {
+        KG_LOG_ERROR("cuda", "out of host memory");
+        return KG_ERR_NOMEM;
+    }
+    float corr[2];
+    kg_rope_yarn_corr_dims(hp->n_rot, hp->n_ctx_orig, hp->rope_base, hp->yarn_beta_fast,
+                           hp->yarn_beta_slow, corr);
+    for (int32_t p = 0; p < ctx->max_tokens; p++) {
+        float *row = cs + (size_t)p * (size_t)hp->n_rot;
+        kg_rope_cache_yarn(p, hp->n_rot, hp->rope_base, hp->rope_scale, NULL, hp->yarn_ext_factor,
+                           hp->yarn_attn_factor, corr, row, row + hp->n_rot / 2);
+    }
+    const cudaError_t err = cudaMemcpy(ctx->rope_cs, cs, n * sizeof(float), cudaMemcpyHostToDevice);
+    free(cs);
+    KG_CUDA_CHECK(err);
     return KG_OK;
 }
 

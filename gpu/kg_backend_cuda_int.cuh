@@ -63,8 +63,9 @@ typedef struct cuda_layer {
     float *exp_down_b;              /* (n_expert, n_embd) */
     float *probs_b;                 /* (n_expert) selection bias (glm4moe) */
     int32_t n_ff_shexp;             /* FS: the shared expert's width; 0: none */
-    /* bert (attn_norm and ffn_norm hold its post-norms' weights, wgu its up
-     * matrix alone): the post-norms' biases, the FFN's biases (NULL: none) */
+    /* bert and nomic-bert (attn_norm and ffn_norm hold their post-norms'
+     * weights; wgu bert's up matrix alone, nomic-bert's gate|up): the
+     * post-norms' biases, the FFN's biases (NULL: none) */
     float *attn_norm_b, *ffn_norm_b; /* (n_embd) */
     float *up_b;                     /* (n_ff) */
     float *down_b;                   /* (n_embd) */
@@ -99,7 +100,9 @@ typedef struct cuda_ctx {
     kg_cuda_mat_t head;   /* (n_vocab, n_embd); data == emb.data when tied */
     float *out_norm;      /* (n_embd) */
     float *out_b;         /* (n_vocab) output bias or NULL */
-    /* bert (kg_backend_cuda_bert.cu); NULL for the other families */
+    /* bert and nomic-bert (kg_backend_cuda_bert.cu); NULL for the other
+     * families (pos_embd for nomic-bert too, whose steps take their RoPE
+     * angles from rope_cs, filled once at start) */
     bool bert;
     float *pos_embd;              /* (n_ctx_train, n_embd) */
     float *type_embd;             /* (n_types, n_embd): row 0 is what every token adds, or NULL */
@@ -235,6 +238,10 @@ kg_status_t cuda_mark_dead(cuda_ctx_t *ctx, const char *what);
 kg_status_t cuda_copy_hidden(cuda_ctx_t *ctx, const kg_step_batch_t *batch, const float *rows);
 
 // ---- kg_backend_cuda_bert.cu ----
+
+/* What a bert model's steps need beyond the buffers, once they are
+ * allocated: nomic-bert's RoPE angles (into rope_cs). */
+kg_status_t cuda_bert_init(cuda_ctx_t *ctx);
 
 /* A bert step (the forward slot's work for a bert model): whole inputs,
  * hidden rows out, no logits. */

@@ -118,7 +118,8 @@ static kg_status_t pack_inputs(
     const int32_t T = batch->n_tokens, bs = ctx->block_size;
     int32_t *hdr = ctx->h_in;
     int32_t *token = hdr + 4, *pos = token + cap, *tbl_off = pos + cap, *out_row = tbl_off + cap;
-    int32_t *tile_tok0 = out_row + cap, *tile_n = tile_tok0 + cap, *table = tile_n + cap;
+    int32_t *tile_tok0 = out_row + cap, *tile_n = tile_tok0 + cap, *pos_end = tile_n + cap;
+    int32_t *table = pos_end + cap;
     kg_status_t st = KG_OK;
     int32_t n_dist = 0, n_out = 0;
     bool multi = false;
@@ -171,6 +172,21 @@ static kg_status_t pack_inputs(
         st = cuda_fault(ctx, KG_ERR_INVALID, KG_FAULT_STEP, -1, -1,
                         "batch says %d outputs, want_logits has %d", batch->n_outputs, n_out);
         goto out;
+    }
+    /* each token's input end: a non-causal model's tokens see their whole
+     * input, so it must be here whole, one run from position 0 (as the
+     * CPU backend checks); a causal model's is unread */
+    for (int32_t t = T - 1; t >= 0; t--) {
+        const bool last = t == T - 1 || batch->seq[t + 1] != batch->seq[t];
+        pos_end[t] = last ? batch->pos[t] + 1 : pos_end[t + 1];
+        const bool first = t == 0 || batch->seq[t - 1] != batch->seq[t];
+        if (hp->non_causal && batch->pos[t] != (first ? 0 : batch->pos[t - 1] + 1)) {
+            st = cuda_fault(ctx, KG_ERR_INVALID, KG_FAULT_SEQ, batch->seq[t], -1,
+                            "non-causal step: token %d (slot %d position %d) is not its "
+                            "input's next; an input must run whole in one step",
+                            t, batch->seq[t], batch->pos[t]);
+            goto out;
+        }
     }
     {
         int64_t n_table = 0;
@@ -276,6 +292,7 @@ static kg_status_t attention(cuda_ctx_t *ctx, int32_t il, int32_t rows, bool sin
     lay.softcap = ctx->hp.attn_softcap;
     lay.n_swa = L->n_swa;
     lay.sinks = L->sinks;
+    lay.non_causal = ctx->hp.non_causal;
     if (single) {
         kg_cuda_attn_plan_t plan = ctx->plan;
         plan.rt = 1;

@@ -300,6 +300,7 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
     lay.softcap = a->softcap;
     lay.n_swa = a->n_swa;
     lay.sinks = NULL;
+    lay.non_causal = false;
     int32_t *t0 = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
     int32_t *tn = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);
     int32_t n_tiles = 0, max_pos = 0;

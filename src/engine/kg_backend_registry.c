@@ -20,7 +20,8 @@
  * kernels, and whole forwards of the tests/data/arch models): the dense
  * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN, issue 24's) and the
  * experts (qwen3moe, Mixtral, gpt-oss with its sinks, glm4moe's sigmoid
- * router and shared expert), and the bert encoder (check_cuda_embed.c).
+ * router and shared expert), the bert and nomic-bert encoders, and
+ * gemma-embedding's non-causal decoder layers (check_cuda_embed.c).
  * A model that needs anything else is refused for it, and `auto` takes
  * the CPU. */
 #define KG_CUDA_FEATURES                                                                           \
@@ -32,7 +33,7 @@
      KG_MODEL_FEAT_ATTN_SINKS | KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES |                        \
      KG_MODEL_FEAT_NO_PRE_NORM | KG_MODEL_FEAT_QK_NORM_FULL | KG_MODEL_FEAT_ATTN_TEMP |            \
      KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT |               \
-     KG_MODEL_FEAT_ENCODER)
+     KG_MODEL_FEAT_ENCODER | KG_MODEL_FEAT_BIDIR)
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     uint32_t used = kg_model_features(model);
@@ -44,11 +45,12 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
                  kg_arch_name(model->hp.arch));
         return false;
     }
-    if ((used & KG_MODEL_FEAT_ENCODER) && model->hp.arch != KG_ARCH_BERT) {
-        /* its encoder step (gpu/kg_backend_cuda_bert.cu) is bert's: learned
-         * positions, separate Q/K/V, a GELU FFN; nomic-bert's RoPE and
-         * SwiGLU are the CPU backend's only */
-        snprintf(why, cap, "the cuda backend runs bert's encoder only, not this %s model",
+    if ((used & KG_MODEL_FEAT_ENCODER) && model->hp.arch != KG_ARCH_BERT &&
+        model->hp.arch != KG_ARCH_NOMIC_BERT) {
+        /* its encoder step (gpu/kg_backend_cuda_bert.cu) knows those two
+         * graphs: an encoder added to the CPU backend is not one of them */
+        snprintf(why, cap,
+                 "the cuda backend runs the bert and nomic-bert encoders only, not this %s model",
                  kg_arch_name(model->hp.arch));
         return false;
     }

@@ -1,15 +1,21 @@
 /* check_cuda_embed: embedding and rerank jobs on the CUDA backend against
  * the CPU backend, through the engine as the worker runs them: a qwen3
  * model with a reranking head (last-token pooling of the final norm's
- * hidden states, the yes/no score) and a bert encoder (mean pooling of
- * the non-causal forward's last layer), F32 weights from kgen mkmodel.
+ * hidden states, the yes/no score), a bert and a nomic-bert encoder (mean
+ * pooling of the non-causal forward's last layer; nomic-bert's RoPE and
+ * SwiGLU) and gemma-embedding (gemma3's layers run non-causally, windowed
+ * ones symmetrically; mean pooling, then the dense projections), F32
+ * weights from kgen mkmodel.
  * Every pooled vector within cosine 0.9999 of the CPU's and the rerank
  * scores within 1e-3 (the issue's bound against llama.cpp: fp16 K/V
  * rounding makes relative differences of ~1e-4, as check_cuda's logits
  * NMSE of ~3e-8 for F32 qwen3); an input's vector the same bits alone and among the
  * others on CUDA (batch invariance); a decoder step that wants hidden rows
  * gives the same logits bits as one that does not; a bert step that cuts
- * an input or asks for logits is refused and the backend keeps working.
+ * an input or asks for logits is refused and the backend keeps working, as
+ * is a gemma-embedding step that cuts one; a gemma-embedding step whose
+ * inputs span several attention splits (their partial results merged)
+ * gives the CPU's hidden rows.
  * Runs on a GPU, or on the CPU under scripts/gpu-emulate (tcase "embed").
  *
  * Needs a CUDA device: exits 77 (skipped) when the build has no CUDA
@@ -44,6 +50,14 @@ int main(void) {
     "--ctx 512 --rerank --seed 44"
 #define BERT_ARGS                                                                                  \
     "--arch bert --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 4 --n-ff 128 --ctx 512 --seed 41"
+#define NOMIC_ARGS                                                                                 \
+    "--arch nomic-bert --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 4 --n-ff 128 --ctx 512 "     \
+    "--rope-base 1000 --seed 43"
+/* a window of 8 (4 either side) on every other layer: the inputs of 3 to
+ * 19 tokens see part of themselves there */
+#define GEMMA_EMBD_ARGS                                                                            \
+    "--arch gemma-embedding --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --head-dim 32 "       \
+    "--n-ff 128 --ctx 512 --sliding-window 8 --swa-pattern 2 --seed 51"
 #define BATCH_TOKENS 64
 #define N_IN         9
 #define TARGET       5
@@ -179,6 +193,12 @@ static void compare(const char *args, kg_engine_pool_t pool, bool rerank) {
     run_embed(be, m, in.ids, in.lens, N_IN, pool, gpu);
     run_embed(be, m, in.ids + in.at[TARGET], &in.lens[TARGET], 1, pool, alone);
     kg_backend_free(be);
+    /* Sentence-Transformers' projections after pooling, where the model
+     * has them (gemma-embedding: the host's, as kg_embedjob applies them) */
+    for (int32_t i = 0; i < N_IN; i++) {
+        ck_assert(kg_embed_dense(m, cpu + (size_t)i * E) && kg_embed_dense(m, gpu + (size_t)i * E));
+    }
+    ck_assert(kg_embed_dense(m, alone));
     double worst = 1.0;
     float worst_score = 0.0f;
     for (int32_t i = 0; i < N_IN; i++) {
@@ -212,6 +232,92 @@ END_TEST
 
 START_TEST(bert_mean_vs_cpu) {
     compare(BERT_ARGS, KG_ENGINE_POOL_MEAN, false);
+}
+END_TEST
+
+START_TEST(nomic_mean_vs_cpu) {
+    compare(NOMIC_ARGS, KG_ENGINE_POOL_MEAN, false);
+}
+END_TEST
+
+START_TEST(gemma_embd_mean_vs_cpu) {
+    compare(GEMMA_EMBD_ARGS, KG_ENGINE_POOL_MEAN, false);
+}
+END_TEST
+
+/* gemma-embedding steps by hand. With 32 positions per attention split, an
+ * input of 40 tokens makes every token of its global layers read two
+ * splits, and those near position 32 in its windowed layers too (the
+ * combine's merge of partial results, with the non-causal bounds), beside
+ * an input of 9: every hidden row within cosine 0.9999 of the CPU
+ * backend's. Then a step whose input starts past position 0 is refused
+ * for that slot (its earlier tokens, which every token sees, are not
+ * there), as the CPU backend refuses it, and the backend keeps working. */
+START_TEST(gemma_embd_split_step) {
+    kg_model_t *m = make_model(GEMMA_EMBD_ARGS);
+    const int32_t E = m->hp.n_embd, V = m->hp.n_vocab;
+    enum { N0 = 40, N1 = 9, T = N0 + N1, BLOCKS = 8 };
+    int32_t token[T], pos[T], seq[T], table[2 * BLOCKS];
+    bool want[T], want_h[T];
+    for (int32_t t = 0; t < T; t++) {
+        seq[t] = t < N0 ? 0 : 1;
+        pos[t] = t < N0 ? t : t - N0;
+        token[t] = (t * 53 + 11) % V;
+        want[t] = false;
+        want_h[t] = true;
+    }
+    for (int32_t i = 0; i < 2 * BLOCKS; i++) {
+        table[i] = (i * 5 + 3) % (2 * BLOCKS);
+    }
+    kg_step_batch_t b = {.n_tokens = T,
+                         .token = token,
+                         .pos = pos,
+                         .seq = seq,
+                         .want_logits = want,
+                         .n_slots = 2,
+                         .max_blocks_per_seq = BLOCKS,
+                         .block_table = table,
+                         .want_hidden = want_h,
+                         .n_hidden = T};
+    float *hid_cpu = malloc((size_t)T * E * sizeof(float));
+    float *hid_gpu = malloc((size_t)T * E * sizeof(float));
+    /* read at the backend's first step (fix_attention) */
+    ck_assert_int_eq(setenv("KGEN_CUDA_ATTN_SPLIT", "32", 1), 0);
+    kg_backend_t *gpu = make_backend(m, true);
+    b.hidden = hid_gpu;
+    ck_assert_int_eq(kg_backend_forward(gpu, &b, NULL), KG_OK);
+    unsetenv("KGEN_CUDA_ATTN_SPLIT");
+    kg_backend_t *cpu = make_backend(m, false);
+    b.hidden = hid_cpu;
+    ck_assert_int_eq(kg_backend_forward(cpu, &b, NULL), KG_OK);
+    double worst = 1.0;
+    for (int32_t t = 0; t < T; t++) {
+        const double cs = cosine(hid_cpu + (size_t)t * E, hid_gpu + (size_t)t * E, E);
+        ck_assert_msg(cs >= COS_BOUND, "row %d: hidden cosine %.8f with the CPU's", t, cs);
+        worst = cs < worst ? cs : worst;
+    }
+    fprintf(stderr, "check_cuda_embed: gemma-embedding split step: worst row 1 - cosine %.1e\n",
+            1.0 - worst);
+    /* the second input from position 1: refused on both, that slot named */
+    for (int32_t t = N0; t < T; t++) {
+        pos[t] = t - N0 + 1;
+    }
+    ck_assert_int_eq(kg_backend_forward(cpu, &b, NULL), KG_ERR_INVALID);
+    b.hidden = hid_gpu;
+    ck_assert_int_eq(kg_backend_forward(gpu, &b, NULL), KG_ERR_INVALID);
+    kg_backend_fault_t f;
+    kg_backend_last_fault(gpu, KG_ERR_INVALID, &f);
+    ck_assert_int_eq(f.scope, KG_FAULT_SEQ);
+    ck_assert_int_eq(f.seq, 1);
+    for (int32_t t = N0; t < T; t++) {
+        pos[t] = t - N0;
+    }
+    ck_assert_int_eq(kg_backend_forward(gpu, &b, NULL), KG_OK);
+    kg_backend_free(cpu);
+    kg_backend_free(gpu);
+    free(hid_cpu);
+    free(hid_gpu);
+    kg_model_free(m);
 }
 END_TEST
 
@@ -331,6 +437,9 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, qwen3_last_vs_cpu);
     tcase_add_test(tc, bert_mean_vs_cpu);
+    tcase_add_test(tc, nomic_mean_vs_cpu);
+    tcase_add_test(tc, gemma_embd_mean_vs_cpu);
+    tcase_add_test(tc, gemma_embd_split_step);
     tcase_add_test(tc, qwen3_hidden_step);
     tcase_add_test(tc, bert_refusals);
     suite_add_tcase(s, tc);
