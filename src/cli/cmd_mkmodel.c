@@ -126,7 +126,10 @@ static void usage(FILE *f) {
         "                      (DeepSeek V3.1's own, for --arch deepseek2), gemma4\n"
         "                      (Gemma 4's own, for --arch gemma4), mistral-nemo (Mistral\n"
         "                      Nemo's own, [TOOL_CALLS] calls; with --arch qwen2 its\n"
-        "                      vocabulary gains [TOOL_CALLS] as a control token)\n");
+        "                      vocabulary gains [TOOL_CALLS] as a control token)\n"
+        "  --chat-template-file FILE\n"
+        "                      tokenizer.chat_template from a file: any model's Jinja\n"
+        "                      template (tests/data/chat/jinja/templates/ has llama.cpp's)\n");
     fprintf(f,
             "  --pooling P         <arch>.pooling_type for embedding jobs: none, mean, cls,\n"
             "                      last or rank (default: not written)\n"

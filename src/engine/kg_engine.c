@@ -344,6 +344,13 @@ static void seq_init(kg_engine_t *e, int32_t r, const kg_request_t *req, int32_t
     seq->lazy_wait = req->lazy && req->grammar;
     seq->lazy_token = req->lazy_token;
     seq->lazy_opens = req->lazy_opens;
+    seq->n_lazy_texts = req->lazy ? req->n_lazy_texts : 0;
+    for (int32_t i = 0; i < seq->n_lazy_texts; i++) {
+        size_t n = strlen(req->lazy_texts[i]);
+        memcpy(seq->lazy_text[i], req->lazy_texts[i], n);
+        seq->lazy_len[i] = (uint8_t)n;
+        seq->lazy_from[i] = (uint8_t)req->lazy_from[i];
+    }
     seq->lora = req->lora;
     seq->lora_key = lora_key(&req->lora);
 }
@@ -361,6 +368,27 @@ static bool bias_is_valid(const kg_engine_t *e, const kg_sampling_params_t *sp) 
             if (sp->logit_bias[j].token == sp->logit_bias[i].token) {
                 return false;
             }
+        }
+    }
+    return true;
+}
+
+/* A lazy request's trigger: a token of the vocabulary, or text triggers within the limits. */
+static bool lazy_is_valid(const kg_engine_params_t *p, const kg_request_t *req) {
+    if (!req->grammar) {
+        return false;
+    }
+    if (req->n_lazy_texts == 0) {
+        return req->lazy_token >= 0 && req->lazy_token < p->n_vocab;
+    }
+    if (req->n_lazy_texts < 0 || req->n_lazy_texts > KG_ENGINE_MAX_LAZY_TEXTS || req->lazy_opens) {
+        return false;
+    }
+    for (int32_t i = 0; i < req->n_lazy_texts; i++) {
+        size_t n = req->lazy_texts[i] ? strlen(req->lazy_texts[i]) : 0;
+        if (n == 0 || n >= KG_ENGINE_MAX_LAZY_TEXT || req->lazy_from[i] < 0 ||
+            (size_t)req->lazy_from[i] >= n) {
+            return false;
         }
     }
     return true;
@@ -395,7 +423,7 @@ kg_status_t kg_engine_submit(kg_engine_t *e, const kg_request_t *req) {
     if (req->grammar && kg_grammar_n_vocab(req->grammar) != p->n_vocab) {
         return KG_ERR_INVALID; /* compiled for another vocabulary */
     }
-    if (req->lazy && (!req->grammar || req->lazy_token < 0 || req->lazy_token >= p->n_vocab)) {
+    if (req->lazy && !lazy_is_valid(p, req)) {
         return KG_ERR_INVALID;
     }
     if (req->think != KG_THINK_REQ_NONE) {

@@ -184,6 +184,11 @@ typedef enum kg_engine_pool {
     KG_ENGINE_POOL_LAST,     /* the last position (last, and qwen3's rank) */
 } kg_engine_pool_t;
 
+/* A lazy grammar's text triggers (kg_request_t.lazy_texts): how many, how long. */
+#define KG_ENGINE_MAX_LAZY_TEXTS  4
+#define KG_ENGINE_MAX_LAZY_TEXT   48
+#define KG_ENGINE_LAZY_TOKEN_ROOM 1024
+
 typedef struct kg_request {
     uint64_t id;           /* caller's handle, unique among live requests */
     const int32_t *prompt; /* copied at submit */
@@ -234,6 +239,19 @@ typedef struct kg_request {
     bool lazy;
     bool lazy_opens;
     int32_t lazy_token;
+    /* Text triggers (llama.cpp's pattern triggers), for a call whose opening is text inside a
+     * header rather than a token (gpt-oss's `<|start|>assistant<|channel|>commentary to=`):
+     * with `lazy` and n_lazy_texts > 0 (lazy_token and lazy_opens unused) the output is free
+     * until its text, read on from the prompt's last bytes, holds lazy_texts[i] ending inside
+     * the token just sampled; the grammar then starts at byte lazy_from[i] of that trigger and
+     * takes the text from there to the token's end (a trigger may begin in the prompt or in
+     * earlier tokens). Text the grammar refuses there is no trigger: the output stays free.
+     * Tokens are read as the grammar's vocabulary spells them (control tokens as nothing); a
+     * token of more than KG_ENGINE_LAZY_TOKEN_ROOM bytes never triggers. */
+    int32_t n_lazy_texts;                             /* 0..KG_ENGINE_MAX_LAZY_TEXTS */
+    const char *lazy_texts[KG_ENGINE_MAX_LAZY_TEXTS]; /* each 1..KG_ENGINE_MAX_LAZY_TEXT - 1
+                                                         bytes; copied at submit */
+    int32_t lazy_from[KG_ENGINE_MAX_LAZY_TEXTS];      /* 0..its length - 1 */
 } kg_request_t;
 
 enum { KG_THINK_REQ_NONE = 0, KG_THINK_REQ_MAY_OPEN, KG_THINK_REQ_OPEN };

@@ -67,6 +67,10 @@ typedef struct kg_seq {
     bool lazy_wait;       /* a lazy grammar not yet triggered (kg_request_t.lazy) */
     bool lazy_opens;      /* the trigger opens the grammar, it is not its first token */
     int32_t lazy_token;
+    int32_t n_lazy_texts; /* text triggers (kg_request_t.lazy_texts), copied */
+    uint8_t lazy_len[KG_ENGINE_MAX_LAZY_TEXTS];
+    uint8_t lazy_from[KG_ENGINE_MAX_LAZY_TEXTS];
+    char lazy_text[KG_ENGINE_MAX_LAZY_TEXTS][KG_ENGINE_MAX_LAZY_TEXT];
 } kg_seq_t;
 
 enum {

@@ -590,6 +590,46 @@ static bool think_token(kg_engine_t *e, kg_seq_t *seq, int32_t tok, const kg_sam
     return ended;
 }
 
+/* Whether the token `tok`, about to be appended to a lazy sequence, completes one of its text
+ * triggers (kg_request_t.lazy_texts); if so the matcher has taken the text from the trigger's
+ * feed point to the token's end. The window is the bytes before the token (back into the
+ * prompt, as long as a trigger can reach) and the token's own; triggers are tried by where
+ * they start, the first the grammar takes wins. */
+static bool lazy_text_fires(kg_seq_t *seq, int32_t tok) {
+    enum { BEFORE = KG_ENGINE_MAX_LAZY_TEXT - 1 };
+    uint8_t win[BEFORE + KG_ENGINE_LAZY_TOKEN_ROOM];
+    size_t tn;
+    const uint8_t *tb = kg_grammar_token_bytes(seq->grammar, tok, &tn);
+    if (tn == 0 || tn > KG_ENGINE_LAZY_TOKEN_ROOM) {
+        return false;
+    }
+    memcpy(win + BEFORE, tb, tn);
+    size_t w0 = BEFORE; /* the window's first byte: filled backwards from the token */
+    for (int32_t i = seq->n_tokens - 1; i >= 0 && w0 > 0; i--) {
+        size_t n;
+        const uint8_t *b = kg_grammar_token_bytes(seq->grammar, seq->tokens[i], &n);
+        size_t take = n < w0 ? n : w0;
+        memcpy(win + w0 - take, b + n - take, take);
+        w0 -= take;
+    }
+    const size_t end = BEFORE + tn;
+    for (size_t at = w0; at < end; at++) {
+        for (int32_t k = 0; k < seq->n_lazy_texts; k++) {
+            size_t len = seq->lazy_len[k];
+            /* it ends inside the token: earlier text was looked at with earlier tokens */
+            if (at + len <= BEFORE || at + len > end ||
+                memcmp(win + at, seq->lazy_text[k], len) != 0) {
+                continue;
+            }
+            size_t from = at + seq->lazy_from[k];
+            if (kg_matcher_accept_bytes(seq->matcher, win + from, end - from)) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 /* Append a sampled token or finish; returns whether the sequence ended.
  * A constrained sequence advances its matcher, ends STOP when the grammar
  * is complete, and takes the forced tokens that follow (jump-forward);
@@ -613,8 +653,10 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
     if (seq->think == KG_SEQ_THINK_IN) {
         return think_token(e, seq, tok, res);
     }
+    bool fed = false; /* a text trigger fed the matcher this token's text */
     if (seq->lazy_wait) {
-        if (tok != seq->lazy_token) {
+        fed = seq->n_lazy_texts > 0;
+        if (fed ? !lazy_text_fires(seq, tok) : tok != seq->lazy_token) {
             return append_token(e, seq, tok, res);
         }
         seq->lazy_wait = false; /* triggered: the matcher takes the token below */
@@ -626,7 +668,7 @@ static bool accept(kg_engine_t *e, int32_t r, const kg_sample_result_t *res) {
         return append_token(e, seq, tok, res);
     }
     kg_matcher_t *m = seq->matcher;
-    if (!kg_matcher_accept(m, tok)) {
+    if (!fed && !kg_matcher_accept(m, tok)) {
         /* the mask allowed it: a kgen bug, not the job's */
         KG_LOG_ERROR("engine", "grammar refused sampled token id=%llu token=%d",
                      (unsigned long long)seq->id, tok);

@@ -99,6 +99,16 @@ bool kg_matcher_fill_mask(kg_matcher_t *m, uint32_t *mask);
  * does not allow it. @thread any */
 bool kg_matcher_accept(kg_matcher_t *m, int32_t token);
 
+/** Advance by bytes that are no whole token: a lazy grammar's text trigger
+ * (the grammar starts inside the text the tokens wrote). False (and no
+ * change) when the grammar does not allow them, or n is 0. @thread any */
+bool kg_matcher_accept_bytes(kg_matcher_t *m, const uint8_t *p, size_t n);
+
+/** The bytes token `tok` spells in the grammar's vocabulary (*n 0 for one
+ * that spells none: a control or end-of-generation token, or an id out of
+ * range). @thread any */
+const uint8_t *kg_grammar_token_bytes(const kg_grammar_t *g, int32_t tok, size_t *n);
+
 /** Whether the text so far is a complete match (end of generation allowed). */
 bool kg_matcher_can_end(const kg_matcher_t *m);
 /** Whether the match is complete and nothing more can follow. */

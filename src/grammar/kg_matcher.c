@@ -246,14 +246,25 @@ bool kg_matcher_fill_mask(kg_matcher_t *m, uint32_t *mask) {
     return any;
 }
 
-bool kg_matcher_accept(kg_matcher_t *m, int32_t token) {
-    const kg_grammar_t *g = m->g;
+/* the grammar's vocabulary is the matcher's byte source: here beside its one user */
+const uint8_t *kg_grammar_token_bytes(const kg_grammar_t *g, int32_t tok, size_t *n) {
     const kg_gvocab_t *v = g->vocab;
-    if (token < 0 || token >= v->n_vocab) {
-        return false;
+    if (tok < 0 || tok >= v->n_vocab) {
+        *n = 0;
+        return v->bytes;
     }
-    const uint8_t *p = v->bytes + v->off[token];
-    const int64_t n = v->off[token + 1] - v->off[token];
+    *n = (size_t)(v->off[tok + 1] - v->off[tok]);
+    return v->bytes + v->off[tok];
+}
+
+bool kg_matcher_accept(kg_matcher_t *m, int32_t token) {
+    size_t n;
+    const uint8_t *p = kg_grammar_token_bytes(m->g, token, &n);
+    return kg_matcher_accept_bytes(m, p, n);
+}
+
+bool kg_matcher_accept_bytes(kg_matcher_t *m, const uint8_t *p, size_t n) {
+    const kg_grammar_t *g = m->g;
     if (n == 0) {
         return false;
     }
@@ -267,7 +278,7 @@ bool kg_matcher_accept(kg_matcher_t *m, int32_t token) {
     }
     kg_gset_t *b = spare[0];
     bool overflow = false;
-    for (int64_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < n; k++) {
         kg_gset_step(g, a, p[k], &m->w, b, false);
         overflow = overflow || b->overflow;
         if (b->n == 0 && !(k == n - 1 && b->can_end)) {

@@ -717,14 +717,64 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
 #undef KEY
 }
 
+/* A chat template's Jinja text from a file (at most 1 MiB: Gemma 4's, the longest a model
+ * ships, is 16 KiB). Malloc'ed; NULL with a message. */
+static char *read_template(const char *path, char *errstr, size_t errstr_size) {
+    enum { MAX_TEMPLATE = 1 << 20 };
+    FILE *f = fopen(path, "rb");
+    char *text = f ? malloc(MAX_TEMPLATE + 1) : NULL;
+    size_t n = text ? fread(text, 1, MAX_TEMPLATE + 1, f) : 0;
+    bool ok = text && !ferror(f) && n > 0 && n <= MAX_TEMPLATE && !memchr(text, '\0', n);
+    if (!ok) {
+        snprintf(errstr, errstr_size, "--chat-template-file %s: %s", path,
+                 !f                 ? strerror(errno)
+                 : !text            ? "out of memory"
+                 : n == 0           ? "empty or unreadable"
+                 : n > MAX_TEMPLATE ? "over 1 MiB"
+                                    : "not text (a NUL byte)");
+        free(text);
+        text = NULL;
+    } else {
+        text[n] = '\0';
+    }
+    if (f) {
+        fclose(f);
+    }
+    return text;
+}
+
+static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
+                               const char *tmpl_text,
+                               int64_t *n_vocab_out,
+                               char *errstr,
+                               size_t errstr_size);
+
 kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
                              int64_t *n_vocab_out,
                              char *errstr,
                              size_t errstr_size) {
+    if (!opts->chat_template_file) {
+        return write_model(opts, NULL, n_vocab_out, errstr, errstr_size);
+    }
+    char *text = read_template(opts->chat_template_file, errstr, errstr_size);
+    if (!text) {
+        return KG_ERR_IO;
+    }
+    kg_status_t rc = write_model(opts, text, n_vocab_out, errstr, errstr_size);
+    free(text);
+    return rc;
+}
+
+/* kg_mkmodel_write with the template text read (tmpl_text, or NULL). */
+static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
+                               const char *tmpl_text,
+                               int64_t *n_vocab_out,
+                               char *errstr,
+                               size_t errstr_size) {
     kg_status_t rc = KG_ERR_IO;
     g_err[0] = '\0';
     const family_t *fam = find_family(opts->arch);
-    const char *tmpl = NULL;
+    const char *tmpl = tmpl_text;
     if (!fam && opts->arch &&
         (strcmp(opts->arch, "bert") == 0 || strcmp(opts->arch, "nomic-bert") == 0)) {
         g_mix.on = opts->ftype != KG_FTYPE_ALL_F32; /* each tensor typed by the mix */

@@ -46,6 +46,9 @@ typedef struct kg_mkmodel_opts {
     int64_t pooling;           /* <arch>.pooling_type (llama.cpp's numbers); -1: not written */
     bool rerank;               /* qwen3: a Qwen3-Reranker head (cls.output.weight, labels
                                   "yes" and "no", pooling rank unless `pooling` says) */
+    /* the chat template as a file of Jinja text, instead of a named one (a real model's, as
+     * tests/data/chat/jinja/templates/ holds them); NULL: none */
+    const char *chat_template_file;
 
     /* mixture of experts (qwen3moe, mixtral, gpt-oss) */
     int64_t n_expert;           /* expert_count; 0: 8 */

@@ -209,6 +209,10 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                 return bad(errstr, errstr_size, "--chat-template: unknown '%s' (known: %s)", val,
                            names);
             }
+        } else if (strcmp(flag, "--chat-template-file") == 0) {
+            known = true;
+            o->chat_template_file = val;
+            ok = ok && *val;
         } else if (strcmp(flag, "--rope-scaling") == 0) {
             known = true;
             o->rope_scaling = val;
@@ -397,6 +401,9 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         (strcmp(o->rope_scaling, "linear") == 0 || strcmp(o->rope_scaling, "yarn") == 0) &&
         o->rope_factor <= 0.0f) {
         return bad(errstr, errstr_size, "--rope-scaling %s needs --rope-factor", o->rope_scaling);
+    }
+    if (o->chat_template && o->chat_template_file) {
+        return bad(errstr, errstr_size, "--chat-template and --chat-template-file: one of them");
     }
     if (n_vocab > 0) {
         const int64_t base = kg_mkmodel_builtin_vocab_size(arch);

@@ -297,10 +297,10 @@ static bool parse_calls(const kg_job_t *job,
         }
     }
     *text = tp->content;
-    *tlen = strlen(tp->content);
+    *tlen = tp->content_len;
     if (!r->reasoning && tp->reasoning) {
         r->reasoning = tp->reasoning;
-        r->reasoning_len = strlen(tp->reasoning);
+        r->reasoning_len = tp->reasoning_len;
     }
     if (tp->n_calls > 0 && *reason == KG_FINISH_REASON_STOP) {
         *reason = KG_FINISH_REASON_TOOL_CALLS;

@@ -47,10 +47,11 @@ static kg_status_t compile_constraint(const kg_intake_limits_t *lim,
  * one token, the answer is free until the model samples it (a text token, as
  * Qwen's <tool_call> is, is the grammar's first; a control token, as
  * Mistral's [TOOL_CALLS] is, opens the grammar that follows it); where the
- * syntax has no marker (Llama 3.x, Functionary), one grammar holds from the
- * first token whose other branch is free text. A format with no grammar of
- * that kind, or a marker that is no one token, leaves the answer
- * unconstrained (its calls parsed as written). */
+ * call opens with text inside a header (gpt-oss), the answer is free until
+ * its text holds a trigger; where the syntax has no marker (Llama 3.x,
+ * Functionary), one grammar holds from the first token whose other branch is
+ * free text. A format with no grammar of that kind, or a marker that is no
+ * one token, leaves the answer unconstrained (its calls parsed as written). */
 static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
                               const kg_intake_limits_t *lim,
                               const kg_job_t *job,
@@ -63,7 +64,10 @@ static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
     if (marker && (id < 0 || kg_tokenizer_is_eog(tok, id))) {
         return KG_OK;
     }
-    kg_toolauto_t how = !marker                            ? KG_TOOLAUTO_FREE
+    size_t n_texts = kg_toolfmt_triggers(out->toolfmt, out->lazy_texts, out->lazy_from,
+                                         KG_ENGINE_MAX_LAZY_TEXTS);
+    kg_toolauto_t how = n_texts > 0                        ? KG_TOOLAUTO_TEXT
+                        : !marker                          ? KG_TOOLAUTO_FREE
                         : kg_tokenizer_is_control(tok, id) ? KG_TOOLAUTO_OPENED
                                                            : KG_TOOLAUTO_MARKER;
     char msg[256];
@@ -80,6 +84,7 @@ static kg_status_t lazy_tools(const kg_tokenizer_t *tok,
     out->lazy = out->grammar != NULL && how != KG_TOOLAUTO_FREE;
     out->lazy_opens = how == KG_TOOLAUTO_OPENED;
     out->lazy_token = id;
+    out->n_lazy_texts = out->lazy ? (int32_t)n_texts : 0;
     return KG_OK;
 }
 

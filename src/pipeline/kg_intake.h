@@ -19,6 +19,7 @@
 
 #include "../backend/kg_backend.h"
 #include "../core/kg_status.h"
+#include "../engine/kg_engine.h"
 #include "../grammar/kg_grammar_cache.h"
 #include "../model/kg_model.h"
 #include "../schema/kg_chat.h"
@@ -85,15 +86,20 @@ typedef struct kg_prepared {
      * reasoning only); NONE: not parsed. A required call's grammar is
      * `grammar` (kg_toolcall_grammar) */
     kg_toolfmt_t toolfmt;
-    /* an auto call's lazy grammar (`grammar`): unconstrained until the call's
-     * opening marker, one token of this vocabulary, is sampled */
     /* the call syntax's markers that are control tokens of this vocabulary,
      * written into the output as text (kg_output_keep) so the parse sees them */
     int32_t keep[KG_OUTPUT_MAX_KEEP];
     int32_t n_keep;
+    /* an auto call's lazy grammar (`grammar`): unconstrained until the call's
+     * opening marker, one token of this vocabulary, is sampled, or until the
+     * output's text holds one of lazy_texts (gpt-oss's header: static strings
+     * of kg_toolfmt_triggers) */
     bool lazy;
     bool lazy_opens; /* the marker is a control token: the grammar starts after it */
     int32_t lazy_token;
+    int32_t n_lazy_texts;
+    const char *lazy_texts[KG_ENGINE_MAX_LAZY_TEXTS];
+    int32_t lazy_from[KG_ENGINE_MAX_LAZY_TEXTS];
 } kg_prepared_t;
 
 /** Prepare `job`. KG_OK fills `out`; KG_ERR_INVALID sets *code and a

@@ -47,6 +47,9 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
         kg_output_keep(&ch->out, r->prep.keep, r->prep.n_keep);
         if (r->prep.think) {
             kg_output_think(&ch->out, r->prep.think_opened);
+        } else if (kg_toolfmt_own_reasoning(r->prep.toolfmt)) {
+            /* gpt-oss, parsed (the done event splits its channels): they give the parts */
+            kg_output_harmony(&ch->out);
         }
         if (job->sampling.n_logprobs > 0 && r->prep.n_inputs == 0) {
             ch->samples = malloc((size_t)r->prep.max_tokens * sizeof(*ch->samples));
@@ -93,6 +96,11 @@ kg_request_t kg_jobrun_request(const kg_jobrun_t *r, uint64_t id) {
     req.lazy = r->prep.lazy;
     req.lazy_token = r->prep.lazy_token;
     req.lazy_opens = r->prep.lazy_opens;
+    req.n_lazy_texts = r->prep.n_lazy_texts;
+    for (int32_t i = 0; i < r->prep.n_lazy_texts; i++) {
+        req.lazy_texts[i] = r->prep.lazy_texts[i];
+        req.lazy_from[i] = r->prep.lazy_from[i];
+    }
     /* the thought, for the engine: a budget to enforce, a grammar to defer */
     const kg_prepared_t *p = &r->prep;
     if ((p->think || job->has_thinking_budget) && p->n_think_close > 0) {

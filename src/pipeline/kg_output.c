@@ -34,6 +34,10 @@ void kg_output_think(kg_output_t *out, bool opened) {
     kg_think_init(&out->think, true, opened);
 }
 
+void kg_output_harmony(kg_output_t *out) {
+    kg_think_init_harmony(&out->think);
+}
+
 void kg_output_split(const kg_output_t *out,
                      const char **answer,
                      size_t *answer_len,

@@ -70,6 +70,10 @@ void kg_output_keep(kg_output_t *out, const int32_t *ids, int32_t n);
  * `opened`: the prompt opened the thought. */
 void kg_output_think(kg_output_t *out, bool opened);
 
+/** Give the tokens parts by gpt-oss's Harmony channels (kg_think_init_harmony): before the
+ * first push. The text stays whole (its parse splits it). */
+void kg_output_harmony(kg_output_t *out);
+
 /** The final text split into answer and reasoning (reasoning NULL when
  * there was no thought or it is not parsed). */
 void kg_output_split(const kg_output_t *out,

@@ -131,6 +131,7 @@ void kg_tc_add_call_n(parse_t *p,
 void kg_tc_set_content(parse_t *p, size_t from, size_t to) {
     free(p->out->content);
     p->out->content = kg_tc_dup_n(p->s + from, to - from);
+    p->out->content_len = to - from;
     if (!p->out->content) {
         p->oom = true;
     }
@@ -139,10 +140,11 @@ void kg_tc_set_content(parse_t *p, size_t from, size_t to) {
 void kg_tc_add_reasoning(parse_t *p, const char *s, size_t n) {
     kg_tcbuf_t b = {0};
     if (p->out->reasoning) {
-        kg_tcbuf_puts(&b, p->out->reasoning);
+        kg_tcbuf_put(&b, p->out->reasoning, p->out->reasoning_len);
         free(p->out->reasoning);
     }
     kg_tcbuf_put(&b, s, n);
+    p->out->reasoning_len = b.n;
     p->out->reasoning = kg_tcbuf_take(&b);
     if (!p->out->reasoning) {
         p->oom = true;
@@ -604,6 +606,17 @@ static bool parse_functionary(parse_t *p) {
     return kg_tc_at_end(p);
 }
 
+/* Where a Harmony message's body that goes on from `from` ends: its first <|end|>, <|call|> or
+ * <|return|>, or the text's end. */
+static size_t end_of_body(const parse_t *p, size_t from) {
+    size_t e = from;
+    while (e < p->len && !(has_at(p, e, p->len, "<|end|>") || has_at(p, e, p->len, "<|call|>") ||
+                           has_at(p, e, p->len, "<|return|>"))) {
+        e++;
+    }
+    return e;
+}
+
 /* gpt-oss Harmony, after the prompt's <|start|>assistant: messages of a
  * header (<|channel|>C, " to=functions.N", <|constrain|>json) and a body up
  * to <|end|>, <|call|> or <|return|>; analysis is reasoning, final the
@@ -622,12 +635,7 @@ static bool parse_gpt_oss(parse_t *p) {
             break;
         }
         size_t body = m + strlen("<|message|>");
-        size_t e = body;
-        while (e < p->len &&
-               !(has_at(p, e, p->len, "<|end|>") || has_at(p, e, p->len, "<|call|>") ||
-                 has_at(p, e, p->len, "<|return|>"))) {
-            e++;
-        }
+        size_t e = end_of_body(p, body);
         /* the header's recipient and channel */
         parse_t hp = *p;
         hp.len = m;
@@ -644,7 +652,14 @@ static bool parse_gpt_oss(parse_t *p) {
             while (n1 < m && is_name_char(p->s[n1])) {
                 n1++;
             }
-            kg_jspan_t v = kg_tc_json_value(p->s, e, body);
+            /* the arguments are a JSON value, read as one (a string may hold an <|end|>, as
+             * llama.cpp's parser reads it); the message ends after it */
+            kg_jspan_t v = kg_tc_json_value(p->s, p->len, body);
+            if (!v.bad && !v.partial) {
+                e = end_of_body(p, v.end);
+            } else {
+                v = kg_tc_json_value(p->s, e, body);
+            }
             size_t a0 = v.bad ? body : v.start, a1 = v.bad ? e : v.end;
             kg_tc_add_call_n(p, p->s + n0, n1 - n0, p->s + a0, a1 - a0, NULL, 0);
         } else if (ch < m && has_at(p, ch + strlen("<|channel|>"), m, "analysis")) {
@@ -661,6 +676,7 @@ static bool parse_gpt_oss(parse_t *p) {
             break;
         }
     }
+    size_t c_len = content.n;
     char *c = kg_tcbuf_take(&content);
     if (!c) {
         p->oom = true;
@@ -668,6 +684,7 @@ static bool parse_gpt_oss(parse_t *p) {
     }
     free(p->out->content);
     p->out->content = c;
+    p->out->content_len = c_len;
     return ok;
 }
 
@@ -737,7 +754,9 @@ static kg_status_t parse(kg_toolfmt_t f,
         /* no calls, or a syntax that broke: the whole text is the answer */
         bool had_reasoning = out->reasoning != NULL && ok;
         char *reasoning = had_reasoning ? out->reasoning : NULL;
+        size_t reasoning_len = had_reasoning ? out->reasoning_len : 0;
         char *content = ok ? out->content : NULL;
+        size_t content_len = content ? out->content_len : len;
         if (had_reasoning) {
             out->reasoning = NULL;
         }
@@ -747,7 +766,9 @@ static kg_status_t parse(kg_toolfmt_t f,
         kg_toolparse_clear(out);
         out->malformed = !ok;
         out->reasoning = reasoning;
+        out->reasoning_len = reasoning_len;
         out->content = content ? content : kg_tc_dup_n(text, len);
+        out->content_len = content_len;
         if (!out->content) {
             free(out->reasoning);
             out->reasoning = NULL;
@@ -756,6 +777,7 @@ static kg_status_t parse(kg_toolfmt_t f,
         return KG_OK;
     }
     if (!out->content) {
+        out->content_len = 0;
         out->content = kg_tc_dup_n(text, 0);
         if (!out->content) {
             kg_toolparse_clear(out);

@@ -70,9 +70,11 @@ typedef struct kg_toolcall {
 } kg_toolcall_t;
 
 typedef struct kg_toolparse {
-    char *content;   /* the answer without the calls (malloc'ed, never NULL after a parse) */
-    char *reasoning; /* the format's own reasoning (Command R7B, gpt-oss, Kimi K2, Gemma 4), else
-                        NULL */
+    char *content;      /* the answer without the calls (malloc'ed, never NULL after a parse) */
+    size_t content_len; /* its bytes (model output may hold a NUL) */
+    char *reasoning;    /* the format's own reasoning (Command R7B, gpt-oss, Kimi K2, Gemma 4), else
+                           NULL */
+    size_t reasoning_len;
     kg_toolcall_t *calls;
     size_t n_calls;
     bool malformed; /* a call marker was there but the syntax was not: all content */
@@ -132,6 +134,9 @@ typedef enum kg_toolauto {
                            (Mistral Nemo's [TOOL_CALLS]) */
     KG_TOOLAUTO_FREE,   /* no marker: one grammar from the first token, the calls or free
                            text (Llama 3.x's bare JSON, Functionary's recipient line) */
+    KG_TOOLAUTO_TEXT,   /* lazy: the call opens with text inside a message header, no token
+                           (gpt-oss's `<|channel|>commentary to=`): the grammar starts at a
+                           text trigger (kg_toolfmt_triggers) */
 } kg_toolauto_t;
 
 /** The constraint text of an `auto` call in format f, constrained `how`;
@@ -152,8 +157,16 @@ size_t kg_toolfmt_markers(kg_toolfmt_t f, const char **out, size_t cap);
 
 /** The marker a call opens with in format f, where the call grammar starts
  * with it (so an `auto` job's grammar can wait for it: a lazy grammar), or
- * NULL (Llama 3.x's bare JSON, Functionary's name, gpt-oss's channel). */
+ * NULL (Llama 3.x's bare JSON, Functionary's name, gpt-oss's header: kg_toolfmt_triggers). */
 const char *kg_toolfmt_marker(kg_toolfmt_t f);
+
+/** The text triggers of format f's `auto` calls where a call opens with text inside a header
+ * (KG_TOOLAUTO_TEXT; gpt-oss: `<|start|>assistant` and then `<|channel|>commentary to`,
+ * `<|channel|>analysis to` or ` to`, as llama.cpp's grammar triggers for it), each with the
+ * byte its grammar starts at (after `<|start|>assistant`, which the prompt's generation prompt
+ * or an earlier message wrote): up to `cap` into `text` and `from`; returns how many (0: the
+ * format has none). */
+size_t kg_toolfmt_triggers(kg_toolfmt_t f, const char **text, int32_t *from, size_t cap);
 
 /** The grammar cache's builder for KG_CONSTRAINT_TOOL_CALLS (other kinds go
  * to kg_json_schema_builder). */

@@ -219,9 +219,11 @@ bool kg_tc_parse_gemma4(kg_tcparse_t *p) {
             break;
         }
     }
+    size_t c_len = content.n;
     char *c = kg_tcbuf_take(&content);
     free(p->out->content);
     p->out->content = c;
+    p->out->content_len = c_len;
     p->oom = p->oom || !c;
     p->i = kg_tc_find(p, p->i, "<|tool_call>");
     while (!p->oom && g4_call(p, tools)) {

@@ -43,7 +43,8 @@ static bool keyed(kg_toolfmt_t f) {
 
 /* The constraint's text: {"format", "names", "params", "only", "parallel", "mode"}, mode
  * "required" (the calls from their marker), "opened" (the calls after a marker the grammar
- * cannot spell) or "free" (the calls or free text, from the first token). */
+ * cannot spell), "free" (the calls or free text, from the first token) or "header" (a call
+ * from a text trigger inside its header: gpt-oss). */
 static char *spec_text(kg_toolfmt_t f,
                        const char *tools_json,
                        const char *only,
@@ -114,6 +115,7 @@ char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
     /* the marker grammar is the required one: it starts with the marker */
     bool ok = how == KG_TOOLAUTO_MARKER   ? kg_toolfmt_marker(f) != NULL
               : how == KG_TOOLAUTO_OPENED ? f == KG_TOOLFMT_MISTRAL
+              : how == KG_TOOLAUTO_TEXT   ? f == KG_TOOLFMT_GPT_OSS
                                           : f == KG_TOOLFMT_LLAMA3 || f == KG_TOOLFMT_FUNCTIONARY;
     if (!ok) {
         snprintf(msg, msg_size, "tool_choice: no auto grammar of that kind for %s",
@@ -122,6 +124,7 @@ char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
     }
     const char *mode = how == KG_TOOLAUTO_MARKER   ? "required"
                        : how == KG_TOOLAUTO_OPENED ? "opened"
+                       : how == KG_TOOLAUTO_TEXT   ? "header"
                                                    : "free";
     return spec_text(f, tools_json, NULL, parallel, mode, len, msg, msg_size);
 }
@@ -177,6 +180,22 @@ size_t kg_toolfmt_markers(kg_toolfmt_t f, const char **out, size_t cap) {
     return n;
 }
 
+/* gpt-oss's message start: the prompt's generation prompt ends with it, and the model writes
+ * it before each message after its first */
+#define OSS_START "<|start|>assistant"
+
+size_t kg_toolfmt_triggers(kg_toolfmt_t f, const char **text, int32_t *from, size_t cap) {
+    static const char *const oss[] = {OSS_START "<|channel|>commentary to",
+                                      OSS_START "<|channel|>analysis to", OSS_START " to"};
+    size_t n = f == KG_TOOLFMT_GPT_OSS ? sizeof(oss) / sizeof(oss[0]) : 0;
+    n = n < cap ? n : cap;
+    for (size_t i = 0; i < n; i++) {
+        text[i] = oss[i];
+        from[i] = (int32_t)strlen(OSS_START);
+    }
+    return n;
+}
+
 const char *kg_toolfmt_marker(kg_toolfmt_t f) {
     switch (f) {
     case KG_TOOLFMT_HERMES:
@@ -212,7 +231,7 @@ typedef struct wrap_ctx {
     json_t *names;
     int64_t only;
     bool parallel;
-    const char *mode; /* "required", "opened" or "free" (spec_text) */
+    const char *mode; /* "required", "opened", "free" or "header" (spec_text) */
 } wrap_ctx_t;
 
 static int32_t lit(kg_gir_t *g, const char *s) {
@@ -252,9 +271,11 @@ static int32_t one_call(kg_gir_t *g, const wrap_ctx_t *w, int32_t i, int32_t arg
         snprintf(head, sizeof(head), "%s\n", name);
         return kg_gir_seq2(g, lit(g, head), args);
     case KG_TOOLFMT_GPT_OSS:
+        /* the arguments end the grammar: <|call|> is an end-of-generation token, which no
+         * grammar spells (the parse reads a body that ends with the text) */
         snprintf(head, sizeof(head),
                  "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", name);
-        return kg_gir_seq3(g, lit(g, head), args, lit(g, "<|call|>"));
+        return kg_gir_seq2(g, lit(g, head), args);
     case KG_TOOLFMT_KIMI_K2: {
         /* the id's index counts the conversation's calls: any number */
         int32_t index = kg_gir_repeat(g, kg_gir_char_range(g, '0', '9'), 1, 3);
@@ -266,6 +287,29 @@ static int32_t one_call(kg_gir_t *g, const wrap_ctx_t *w, int32_t i, int32_t arg
     default:
         return -1;
     }
+}
+
+/* gpt-oss's auto call of tool i, from its text trigger on (llama.cpp's two header forms): the
+ * recipient in the channel header (`<|channel|>commentary to=functions.N`) or in the role
+ * (` to=functions.N<|channel|>commentary`), on the commentary or analysis channel, an optional
+ * content type (` json`, `<|constrain|>json`), then `<|message|>` and the arguments. */
+static int32_t oss_header_call(kg_gir_t *g, const char *name, int32_t args) {
+    /* the type is `json`; at most 16 characters, so that a model cannot wander off in it
+     * (llama.cpp's grammar takes any length) */
+    uint32_t lo[] = {'-', '0', 'A', '_', 'a'}, hi[] = {'-', '9', 'Z', '_', 'z'};
+    int32_t type = kg_gir_repeat(g, kg_gir_chars(g, lo, hi, 5, false), 1, 16);
+    int32_t spaces = kg_gir_repeat(g, lit(g, " "), 1, KG_GIR_UNBOUNDED);
+    /* a space or <|constrain|> before the type, so that it cannot run on from the name */
+    int32_t lead = kg_gir_alt2(g, kg_gir_seq2(g, spaces, kg_gir_opt(g, lit(g, "<|constrain|>"))),
+                               lit(g, "<|constrain|>"));
+    int32_t constraint = kg_gir_opt(g, kg_gir_seq2(g, lead, type));
+    int32_t channel = kg_gir_seq2(g, lit(g, "<|channel|>"),
+                                  kg_gir_alt2(g, lit(g, "commentary"), lit(g, "analysis")));
+    char to[320];
+    snprintf(to, sizeof(to), " to=functions.%s", name);
+    int32_t in_channel[] = {channel, lit(g, to), constraint, lit(g, "<|message|>"), args};
+    int32_t in_role[] = {lit(g, to), channel, constraint, lit(g, "<|message|>"), args};
+    return kg_gir_alt2(g, kg_gir_seq(g, in_channel, 5), kg_gir_seq(g, in_role, 5));
 }
 
 /* calls: one, or with `sep` between, more */
@@ -308,7 +352,10 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
             /* each tool's arguments once, as a rule: calls share it */
             int32_t rule = kg_gir_rule_new(g, "args");
             kg_gir_define(g, rule, docs[i]);
-            calls[k++] = one_call(g, w, i, kg_gir_ref(g, rule));
+            const char *name = json_string_value(json_array_get(w->names, (size_t)i));
+            calls[k++] = strcmp(w->mode, "header") == 0
+                             ? oss_header_call(g, name, kg_gir_ref(g, rule))
+                             : one_call(g, w, i, kg_gir_ref(g, rule));
         }
     }
     int32_t call = k > 0 ? kg_gir_alt(g, calls, k) : -1;
@@ -318,6 +365,9 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
         return -1;
     }
     bool many = w->parallel;
+    if (strcmp(w->mode, "header") == 0) { /* one call a turn: <|call|> ends it */
+        return call;
+    }
     if (strcmp(w->mode, "opened") == 0) { /* Mistral's calls after [TOOL_CALLS] */
         return kg_gir_seq3(g, lit(g, "["), some(g, call, ", ", many), lit(g, "]"));
     }

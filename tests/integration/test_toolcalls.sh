@@ -24,10 +24,23 @@
 #   - 60 auto jobs on a random model with Mistral Nemo's template, [TOOL_CALLS] a control token:
 #     the lazy grammar starts after it, the marker is kept in the text for the parse, and every
 #     finished call validates.
+#   - gpt-oss (Harmony) with its own template (llama.cpp's openai-gpt-oss-120b.jinja, through
+#     `kgen mkmodel --chat-template-file`) on a random gpt-oss model: 40 required jobs (every
+#     finished call valid), and 60 streamed auto jobs through kgen-worker on the mock cluster,
+#     the lazy grammar started by a text trigger inside the call's header (` to` after the
+#     prompt's `<|start|>assistant`, biased up so that about half call): every finished call
+#     valid, and every token event says its part (headers reasoning, a call's arguments and a
+#     final answer the answer's; the answer tokens join to the text, or to the arguments).
+#   - Functionary v3.2 with its own template on a random llama model, tool_choice auto: one
+#     grammar from the first token, `all` and free text or a call; both come (texts without
+#     calls, calls valid against their schemas).
 set -euo pipefail
-bin="${KG_BIN_DIR:?}"
-tmp=$(mktemp -d "${KG_TEST_TMP:-/tmp}/toolcalls.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+kg_setup toolcalls
+bin=$KG_BIN
+tmp=$T
+templates=$KG_SRC/tests/data/chat/jinja/templates
 
 "$bin/kgen" mkmodel --out "$tmp/m.gguf" --arch qwen2 --n-embd 64 --n-layer 2 --n-head 4 \
     --n-head-kv 2 --n-ff 128 --seed 11 --chat-template qwen2.5 >/dev/null
@@ -355,4 +368,146 @@ for line in open(f"{tmp}/mn.out"):
         n_calls += 1
 assert n_called >= 5, f"only {n_called} of 60 Mistral auto jobs called"
 print(f"Mistral Nemo auto: {n_called} of 60 jobs finished tool_calls, {n_calls} calls valid")
+PY
+
+# gpt-oss: Harmony's markers are tokens of its vocabulary, its call header text between them
+"$bin/kgen" mkmodel --out "$tmp/oss.gguf" --arch gpt-oss --n-embd 64 --n-layer 2 --n-head 4 \
+    --n-head-kv 2 --n-ff 64 --n-expert 4 --n-expert-used 2 --seed 7 \
+    --chat-template-file "$templates/openai-gpt-oss-120b.jinja" >/dev/null
+to_id=$(printf ' to' | "$bin/kgen" tokenize --model "$tmp/oss.gguf" --no-bos)
+[[ "$to_id" =~ ^[0-9]+$ ]] || kg_fail "' to' is not one token of the gpt-oss vocabulary: $to_id"
+python3 - "$tmp" "$to_id" <<'PY'
+import json, sys
+tmp, to_id = sys.argv[1], sys.argv[2]
+T = [{"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"], "additionalProperties": False}},
+     {"name": "ping", "parameters": {"type": "object", "properties": {},
+                                      "additionalProperties": False}}]
+json.dump(T, open(f"{tmp}/oss-tools.json", "w"))
+tools = [{"type": "function", "function": t} for t in T]
+with open(f"{tmp}/oss-required.jsonl", "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"request_id": f"q{i}", "messages": [{"role": "user", "content": f"task {i}"}],
+                            "tools": tools, "tool_choice": "required", "max_tokens": 100,
+                            "temperature": 1.0}) + "\n")
+# auto: ` to` right after the prompt's <|start|>assistant opens a call whose recipient is in the
+# role header (llama.cpp's trigger `^\s+to$`); biased up so that about half the jobs open one
+with open(f"{tmp}/jobs.jsonl", "w") as f:
+    for i in range(60):
+        f.write(json.dumps({"request_id": f"h{i}", "messages": [{"role": "user", "content": f"auto {i}"}],
+                            "tools": tools, "max_tokens": 100, "temperature": 1.0,
+                            "logit_bias": {to_id: 6}}) + "\n")
+PY
+"$bin/kgen" batch --model "$tmp/oss.gguf" --input "$tmp/oss-required.jsonl" \
+    --output "$tmp/oss-required.out" 2>>"$tmp/batch.log"
+kg_bg worker "$bin/kgen-worker" --demo 0 --model "$tmp/oss.gguf" --http-port 0 --threads 2
+kg_wait_log "$T/worker.log" 'partitions assigned' 60
+BROKERS=$(sed -n 's/.*mock cluster up.* brokers=\([^ ]*\).*/\1/p' "$T/worker.log" | head -n 1)
+JOBS=kgen.jobs
+RESULTS=kgen.results
+kg_submit_timed 120
+kg_stop_pid "$(kg_pid worker)" 10
+python3 - "$tmp" <<'PY'
+import collections, json, sys
+import jsonschema
+tmp = sys.argv[1]
+T = {t["name"]: t["parameters"] for t in json.load(open(f"{tmp}/oss-tools.json"))}
+def valid_calls(e):
+    fr, calls = e["finish_reason"], e.get("tool_calls", [])
+    n = 0
+    for i, c in enumerate(calls):
+        if fr == "length" and i == len(calls) - 1:
+            continue  # may be cut
+        jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]])
+        n += 1
+    return n
+n_req = n_req_calls = 0
+for line in open(f"{tmp}/oss-required.out"):
+    e = json.loads(line)
+    assert e["type"] == "done", e
+    assert e["finish_reason"] in ("tool_calls", "length"), (e["request_id"], e["finish_reason"])
+    n_req += e["finish_reason"] == "tool_calls"
+    n_req_calls += valid_calls(e)
+assert n_req >= 30, f"only {n_req} of 40 gpt-oss required jobs ended with calls"
+done, toks = {}, collections.defaultdict(list)
+for e in map(json.loads, open(f"{tmp}/events.jsonl")):
+    if e["type"] == "token":
+        toks[e["request_id"]].append(e)
+    elif e["type"] == "done":
+        done[e["request_id"]] = e
+    else:
+        sys.exit(f"{e['request_id']}: {e}")
+assert len(done) == 60, len(done)
+n_called = n_calls = n_joined = 0
+for rid, e in done.items():
+    n_calls += valid_calls(e)
+    calls = e.get("tool_calls", [])
+    n_called += e["finish_reason"] == "tool_calls"
+    ts = toks[rid]
+    assert [t["index"] for t in ts] == list(range(len(ts))), rid
+    assert all(t.get("part") in ("reasoning", "answer") for t in ts), (rid, ts[:3])
+    part = {p: "".join(t["text"] for t in ts if t["part"] == p) for p in ("reasoning", "answer")}
+    if calls:
+        # the header is markup (reasoning), the arguments the answer's (cut or whole)
+        c = calls[0]["function"]
+        assert part["reasoning"].startswith(" to=functions." + c["name"]), (rid, part)
+        assert part["reasoning"].endswith("<|message|>"), (rid, part)
+        assert part["answer"] == e["text"] + c["arguments"], (rid, part, e["text"])
+        n_joined += 1
+    elif not any(e["text"].startswith(h) for h in ("<|channel|>", " to=")) and "reasoning" not in e:
+        # not in channels: all answer, joined to the text
+        assert part["reasoning"] == "" and part["answer"] == e["text"], (rid, part)
+        n_joined += 1
+assert n_called >= 10, f"only {n_called} of 60 gpt-oss auto jobs called"
+assert n_joined >= 40, f"only {n_joined} of 60 gpt-oss streams checked"
+print(f"gpt-oss: {n_req} of 40 required jobs finished tool_calls ({n_req_calls} calls valid); "
+      f"auto through kgen-worker: {n_called} of 60 called, {n_calls} calls valid, "
+      f"token parts checked on {n_joined} streams")
+PY
+
+# Functionary v3.2: the generation prompt ends in ">>>"; the model names a recipient, `all` (free
+# text) or a tool (its JSON arguments), held by one grammar from the first token
+"$bin/kgen" mkmodel --out "$tmp/fn.gguf" --arch llama --n-embd 64 --n-layer 2 --n-head 4 \
+    --n-head-kv 2 --n-ff 128 --seed 5 \
+    --chat-template-file "$templates/meetkai-functionary-medium-v3.2.jinja" >/dev/null
+python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+T = json.load(open(f"{tmp}/oss-tools.json"))
+with open(f"{tmp}/fn.jsonl", "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"request_id": f"f{i}", "messages": [{"role": "user", "content": f"auto {i}"}],
+                            "tools": [{"type": "function", "function": t} for t in T],
+                            "max_tokens": 80, "temperature": 1.0}) + "\n")
+PY
+"$bin/kgen" render --model "$tmp/fn.gguf" <<<'{"request_id": "r", "messages": [{"role": "user", "content": "x"}], "tools": []}' |
+    tail -c 3 | grep -q '>>>' || kg_fail "Functionary's generation prompt does not end in >>>"
+"$bin/kgen" batch --model "$tmp/fn.gguf" --input "$tmp/fn.jsonl" --output "$tmp/fn.out" \
+    2>>"$tmp/batch.log"
+python3 - "$tmp" <<'PY'
+import json, sys
+import jsonschema
+tmp = sys.argv[1]
+T = {t["name"]: t["parameters"] for t in json.load(open(f"{tmp}/oss-tools.json"))}
+n_text = n_called = n_calls = 0
+for line in open(f"{tmp}/fn.out"):
+    e = json.loads(line)
+    assert e["type"] == "done", e
+    fr, calls = e["finish_reason"], e.get("tool_calls", [])
+    if not calls:
+        # free text: the `all` recipient line is the syntax's, not the answer's
+        assert fr in ("stop", "length") and not e["text"].startswith("all"), (e["request_id"], e)
+        n_text += 1
+        continue
+    assert fr in ("tool_calls", "length") and e["text"] == "", (e["request_id"], e)
+    n_called += fr == "tool_calls"
+    for i, c in enumerate(calls):
+        if fr == "length" and i == len(calls) - 1:
+            continue  # may be cut
+        jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]])
+        n_calls += 1
+assert n_text >= 5 and n_called >= 5, f"Functionary: {n_text} texts, {n_called} calls of 40"
+print(f"Functionary v3.2 auto: {n_text} of 40 answered text, {n_called} called, "
+      f"{n_calls} calls valid")
 PY

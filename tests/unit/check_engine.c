@@ -2369,6 +2369,124 @@ int main(void) {
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 #else
+/* Where a text trigger fires in job j as the engine reads it (the prompt's bytes, then the
+ * output's token by token; the first trigger occurrence ending inside a token whose feed the
+ * grammar takes): the token's index, and `m` advanced by the feed; -1 when none fires. */
+static int32_t text_trigger_at(kg_grammar_t *g,
+                               const int32_t *prompt,
+                               int32_t n_prompt,
+                               const job_out_t *j,
+                               const char *trigger,
+                               size_t from,
+                               kg_matcher_t *m) {
+    uint8_t text[2048];
+    size_t len = 0, n;
+    for (int32_t i = 0; i < n_prompt; i++) {
+        const uint8_t *b = kg_grammar_token_bytes(g, prompt[i], &n);
+        memcpy(text + len, b, n);
+        len += n;
+    }
+    const size_t tl = strlen(trigger);
+    for (int32_t k = 0; k < j->n; k++) {
+        size_t before = len;
+        const uint8_t *b = kg_grammar_token_bytes(g, j->tok[k], &n);
+        memcpy(text + len, b, n);
+        len += n;
+        for (size_t at = 0; at + tl <= len; at++) {
+            if (at + tl > before && memcmp(text + at, trigger, tl) == 0) {
+                kg_matcher_reset(m, g);
+                if (kg_matcher_accept_bytes(m, text + at + from, len - at - from)) {
+                    return k;
+                }
+            }
+        }
+    }
+    return -1;
+}
+
+/* A lazy grammar with a text trigger (gpt-oss's call header): the output is free until its
+ * text, read on from the prompt, holds the trigger ending inside a token; the grammar takes
+ * the text from the trigger's feed point to that token's end, and constrains the rest. A
+ * trigger that spans tokens or begins in the prompt fires; one the grammar refuses ("zaba":
+ * the token after "za" is "ba") does not, and the output stays free. */
+START_TEST(lazy_grammar_text) {
+    kg_gvocab_t *v = fake_vocab();
+    kg_grammar_t *g = fake_grammar(v, KG_CONSTRAINT_REGEX, "ab[0-9]{4}");
+    const int32_t Z = 17, A = 4, B = 5, AB = 39, BA = 40;
+    env_t env;
+    kg_engine_params_t ep = base_params();
+    env_init(&env, &ep, 30);
+    int32_t prompt[6];
+    fill_prompt(prompt, 6, 81);
+    prompt[5] = Z; /* the prompt ends in "z": a first token "ab" completes the trigger */
+    const int32_t NJ = 48;
+    static const kg_logit_bias_t near[5] = {
+        {17, 3.5f}, {4, 4.0f}, {5, 4.0f}, {39, 2.5f}, {40, 3.0f}};
+    static const kg_logit_bias_t first_ab[1] = {{39, 100.0f}};
+    for (int32_t i = 0; i < NJ; i++) {
+        kg_request_t r = make_req((uint64_t)i, prompt, i < 4 ? 6 : 5, 60);
+        r.sampling.temperature = 1.0f;
+        r.sampling.seed = 7000 + (uint64_t)i;
+        r.sampling.logit_bias = i < 4 ? first_ab : near;
+        r.sampling.n_logit_bias = i < 4 ? 1 : 5;
+        r.grammar = g;
+        r.lazy = true;
+        r.n_lazy_texts = 1;
+        r.lazy_texts[0] = "zab";
+        r.lazy_from[0] = 1;
+        submit_ok(&env, &r);
+    }
+    env_run(&env, 20000);
+    kg_matcher_t *m = kg_matcher_new();
+    int n_triggered = 0, n_refused = 0, n_spanning = 0;
+    for (int32_t i = 0; i < NJ; i++) {
+        const job_out_t *j = &env.jobs[i];
+        ck_assert(j->done);
+        int32_t k = text_trigger_at(g, prompt, i < 4 ? 6 : 5, j, "zab", 1, m);
+        if (i < 4) {
+            ck_assert_msg(k == 0 && j->tok[0] == AB, "job %d: the prompt's z did not trigger", i);
+        }
+        for (int32_t t = 0; t + 2 < (k >= 0 ? k : j->n); t++) {
+            n_refused += j->tok[t] == Z && j->tok[t + 1] == A && j->tok[t + 2] == BA;
+        }
+        if (k < 0) {
+            continue;
+        }
+        n_triggered++;
+        n_spanning += k >= 2 && j->tok[k] == B && j->tok[k - 1] == A && j->tok[k - 2] == Z;
+        bool ok = true;
+        for (int32_t t = k + 1; t < j->n && ok; t++) {
+            ok = kg_matcher_accept(m, j->tok[t]);
+        }
+        ck_assert_msg(ok && j->finish == KG_FINISH_STOP && kg_matcher_can_end(m),
+                      "job %d: after the trigger the output is not the grammar's", i);
+    }
+    kg_matcher_free(m);
+    ck_assert_int_gt(n_triggered, 8);
+    ck_assert_int_gt(n_spanning, 0);
+    ck_assert_int_gt(n_refused, 0);
+    /* text triggers: within the limits, and not with lazy_opens */
+    kg_request_t r = make_req(100, prompt, 6, 8);
+    r.grammar = g;
+    r.lazy = true;
+    r.n_lazy_texts = 1;
+    r.lazy_texts[0] = "";
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    r.lazy_texts[0] = "zab";
+    r.lazy_from[0] = 3;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    r.lazy_from[0] = 0;
+    r.lazy_opens = true;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    r.lazy_opens = false;
+    r.n_lazy_texts = KG_ENGINE_MAX_LAZY_TEXTS + 1;
+    ck_assert_int_eq(kg_engine_submit(env.e, &r), KG_ERR_INVALID);
+    env_clear(&env);
+    kg_grammar_unref(g);
+    kg_gvocab_unref(v);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("setup");
@@ -2425,6 +2543,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, grammar_after_thought);
     tcase_add_test(tc, lazy_grammar);
     tcase_add_test(tc, lazy_grammar_opens);
+    tcase_add_test(tc, lazy_grammar_text);
     tcase_add_test(tc, thinking_submit_validation);
     tcase_add_test(tc, constrained_choices);
     suite_add_tcase(s, tc);

@@ -3,8 +3,10 @@
  * token event texts that join to the final text. */
 #include "check_common.h"
 #include "model/kg_gguf.h"
+#include "model/kg_mkmodel.h"
 #include "model/kg_tokenizer.h"
 #include "pipeline/kg_output.h"
+#include "schema/kg_toolcall.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -260,6 +262,107 @@ START_TEST(reasoning_format_none_keeps_the_raw_text) {
 }
 END_TEST
 
+/* gpt-oss's Harmony channels give the tokens their parts (kg_output_harmony), on the vocabulary
+ * of a random gpt-oss model (Harmony's markers whole tokens, as in o200k_harmony): only the
+ * bodies of final and commentary messages are the answer's, every header, end marker and
+ * analysis message the reasoning's; without calls, the answer tokens' texts join to the
+ * answer the parse gives the done event. */
+START_TEST(harmony_parts) {
+    kg_mkmodel_opts_t o = kg_mkmodel_opts_default();
+    char path[4096], err[512];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("harmony"));
+    o.out = path;
+    o.arch = "gpt-oss";
+    o.n_embd = 32;
+    o.n_layer = 1;
+    o.n_head = 4;
+    o.n_head_kv = 2;
+    o.head_dim = 8;
+    o.n_ff = 32;
+    o.n_expert = 4;
+    o.n_expert_used = 2;
+    o.sliding_window = 8;
+    o.ctx = 64;
+    o.have_seed = true;
+    ck_assert_msg(kg_mkmodel_write(&o, NULL, err, sizeof(err)) == KG_OK, "%s", err);
+    kg_gguf_t *og = kg_gguf_open(path, err, sizeof(err));
+    ck_assert_msg(og != NULL, "%s", err);
+    kg_tokenizer_t *ot = kg_tokenizer_new(og, err, sizeof(err));
+    ck_assert_msg(ot != NULL, "%s", err);
+    static const struct {
+        const char *out, *reasoning, *answer, *stop;
+    } cases[] = {
+        {"<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final"
+         "<|message|>Answer.",
+         "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final"
+         "<|message|>",
+         "Answer.", NULL},
+        /* a preamble and a call: its arguments are the answer's, as other syntaxes' calls */
+        {"<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary"
+         " to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+         "<|channel|>commentary<|message|><|end|><|start|>assistant<|channel|>commentary"
+         " to=functions.get_weather <|constrain|>json<|message|>",
+         "Checking.{\"city\": \"Paris\"}", NULL},
+        /* the recipient in the role, and a call in the analysis channel */
+        {" to=functions.f<|channel|>analysis json<|message|>{}",
+         " to=functions.f<|channel|>analysis json<|message|>", "{}", NULL},
+        /* a call's arguments are JSON: an <|end|> one of its strings holds does not end them */
+        {" to=functions.f<|channel|>commentary<|message|>{\"a\": \"x<|end|>\\\"y\"}<|end|>"
+         "<|start|>assistant<|channel|>final<|message|>z",
+         " to=functions.f<|channel|>commentary<|message|><|end|><|start|>assistant<|channel|>final"
+         "<|message|>",
+         "{\"a\": \"x<|end|>\\\"y\"}z", NULL},
+        /* not in channels: all answer */
+        {"Just text.", "", "Just text.", NULL},
+        /* a stop string that cuts a header already scanned: the scan starts over */
+        {"<|channel|>final<|message|>Yes. No.", "<|channel|>final<|message|>", "Yes.", " No"},
+        {"<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>b",
+         "<|channel|>analysis<|message|>a<|end|>", "", "<|start|>assistant<|channel|>final"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int32_t ids[256];
+        int64_t n =
+            kg_tokenizer_encode(ot, cases[i].out, strlen(cases[i].out), false, true, ids, 256);
+        ck_assert(n > 0 && n <= 256);
+        const char *stops[1] = {cases[i].stop};
+        kg_output_t out;
+        kg_output_init(&out, ot, stops, cases[i].stop ? 1 : 0);
+        kg_output_harmony(&out);
+        char by_part[3][512] = {"", "", ""};
+        kg_output_event_t ev[2];
+        for (int64_t k = 0; k <= n; k++) {
+            if (k < n && kg_output_stopped(&out)) {
+                continue;
+            }
+            int m = k < n ? kg_output_push(&out, ids[k], NULL, ev) : kg_output_finish(&out, ev);
+            size_t len;
+            const char *t = kg_output_text(&out, &len);
+            for (int j = 0; j < m; j++) {
+                ck_assert(ev[j].part != KG_PART_NONE);
+                strncat(by_part[ev[j].part], t + ev[j].text_off, ev[j].text_len);
+            }
+        }
+        ck_assert_str_eq(by_part[KG_PART_REASONING], cases[i].reasoning);
+        ck_assert_str_eq(by_part[KG_PART_ANSWER], cases[i].answer);
+        /* the done event's split is the parse's: the text stays whole here */
+        const char *a, *r;
+        size_t al, rl;
+        kg_output_split(&out, &a, &al, &r, &rl);
+        ck_assert_ptr_null(r);
+        if (i != 1 && i != 3) {
+            kg_toolparse_t tp;
+            ck_assert_int_eq(kg_toolcall_parse_answer(KG_TOOLFMT_GPT_OSS, a, al, &tp), KG_OK);
+            ck_assert_str_eq(tp.content, i == 2 ? "" : cases[i].answer);
+            kg_toolparse_clear(&tp);
+        }
+        kg_output_clear(&out);
+    }
+    kg_tokenizer_free(ot);
+    kg_gguf_free(og);
+    remove(path);
+}
+END_TEST
+
 /* A kept control token is written as its text (a call syntax's marker the parse reads);
  * others are written as nothing. */
 START_TEST(keeps_control_markers) {
@@ -304,6 +407,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, stop_prefix_that_never_completes_is_released);
     tcase_add_test(tc, stop_inside_one_token_and_at_start);
     tcase_add_test(tc, keeps_control_markers);
+    tcase_add_test(tc, harmony_parts);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -82,6 +82,32 @@ START_TEST(test_detect) {
 }
 END_TEST
 
+/* Model output is bytes with a length: a NUL a model writes stays in the content and the
+ * reasoning (the done event's text once was cut there). */
+START_TEST(test_nul_bytes) {
+    static const char plain[] = "a\0b";
+    static const char call[] =
+        "a\0b<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+    static const char oss[] = "<|channel|>analysis<|message|>x\0y<|end|><|start|>assistant"
+                              "<|channel|>final<|message|>p\0q";
+    kg_toolparse_t p;
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_HERMES, plain, 3, NULL, &p), KG_OK);
+    ck_assert_uint_eq(p.content_len, 3);
+    ck_assert(memcmp(p.content, plain, 3) == 0);
+    kg_toolparse_clear(&p);
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_HERMES, call, sizeof(call) - 1, NULL, &p), KG_OK);
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert_uint_eq(p.content_len, 3);
+    kg_toolparse_clear(&p);
+    ck_assert_int_eq(kg_toolcall_parse_answer(KG_TOOLFMT_GPT_OSS, oss, sizeof(oss) - 1, &p), KG_OK);
+    ck_assert_uint_eq(p.content_len, 3);
+    ck_assert(memcmp(p.content, "p\0q", 3) == 0);
+    ck_assert_uint_eq(p.reasoning_len, 3);
+    ck_assert(memcmp(p.reasoning, "x\0y", 3) == 0);
+    kg_toolparse_clear(&p);
+}
+END_TEST
+
 START_TEST(test_hermes) {
     kg_toolparse_t p =
         parse(KG_TOOLFMT_HERMES,
@@ -444,11 +470,10 @@ START_TEST(test_required_grammar) {
          "<|START_ACTION|>[\n    {\"tool_call_id\": \"x\", \"tool_name\": \"get_weather\", "
          "\"parameters\": " W_ARGS "}\n]<|END_ACTION|>"},
         {KG_TOOLFMT_FUNCTIONARY, "get_weather\n" W_ARGS, NULL, "get_weather\n{\"town\": \"x\"}"},
+        /* the arguments end it: <|call|> is an end-of-generation token */
         {KG_TOOLFMT_GPT_OSS,
-         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" W_ARGS
-         "<|call|>",
-         NULL,
-         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>[]<|call|>"},
+         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" W_ARGS, NULL,
+         "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>[]"},
         {KG_TOOLFMT_KIMI_K2,
          "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_"
          "argument_begin|>" W_ARGS "<|tool_call_end|><|tool_calls_section_end|>",
@@ -824,6 +849,19 @@ START_TEST(test_auto_grammar) {
          KG_TOOLAUTO_FREE,
          {"all\nIt is sunny.", "get_weather\n" W_ARGS, "all\n"},
          {"It is sunny.", "get_weather\n{\"town\": \"x\"}", "search\n{}"}},
+        /* gpt-oss from its text trigger: the recipient in the channel header or in the role,
+         * commentary or analysis, with or without a content type */
+        {KG_TOOLFMT_GPT_OSS,
+         KG_TOOLAUTO_TEXT,
+         {"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" W_ARGS,
+          " to=functions.get_weather<|channel|>commentary json<|message|>" W_ARGS,
+          "<|channel|>analysis to=functions.get_weather<|message|>" W_ARGS,
+          "<|channel|>commentary to=functions.get_weather<|constrain|>json<|message|>" W_ARGS},
+         {"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": "
+          "7}",
+          "<|channel|>final<|message|>It is sunny.",
+          "<|channel|>commentary to=functions.get_weatherjson<|message|>" W_ARGS,
+          "<|channel|>commentary to=functions.search<|message|>{}"}},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const char *fn = kg_toolfmt_name(cases[i].f);
@@ -852,6 +890,54 @@ START_TEST(test_auto_grammar) {
                                                    KG_TOOLAUTO_FREE, &len, err, sizeof(err)));
     ck_assert_ptr_null(kg_toolcall_auto_constraint(KG_TOOLFMT_GPT_OSS, tools, true,
                                                    KG_TOOLAUTO_MARKER, &len, err, sizeof(err)));
+    ck_assert_ptr_null(kg_toolcall_auto_constraint(KG_TOOLFMT_HERMES, tools, true, KG_TOOLAUTO_TEXT,
+                                                   &len, err, sizeof(err)));
+    /* gpt-oss's text triggers start its grammar: after <|start|>assistant, each one's rest is a
+     * beginning the grammar takes (the engine feeds it from there) */
+    const char *trig[4];
+    int32_t from[4];
+    ck_assert_uint_eq(kg_toolfmt_triggers(KG_TOOLFMT_HERMES, trig, from, 4), 0);
+    size_t n_trig = kg_toolfmt_triggers(KG_TOOLFMT_GPT_OSS, trig, from, 4);
+    ck_assert_uint_eq(n_trig, 3);
+    char *text = kg_toolcall_auto_constraint(KG_TOOLFMT_GPT_OSS, tools, true, KG_TOOLAUTO_TEXT,
+                                             &len, err, sizeof(err));
+    kg_constraint_t k = {.kind = KG_CONSTRAINT_TOOL_CALLS, .text = text, .len = len};
+    kg_gir_t *ir = kg_toolcall_builder(&k, err, sizeof(err), NULL);
+    kg_grammar_t *g = kg_grammar_compile(ir, v, err, sizeof(err));
+    ck_assert_msg(g != NULL, "%s", err);
+    kg_matcher_t *m = kg_matcher_new();
+    for (size_t i = 0; i < n_trig; i++) {
+        ck_assert_int_eq(from[i], (int32_t)strlen("<|start|>assistant"));
+        ck_assert(strncmp(trig[i], "<|start|>assistant", (size_t)from[i]) == 0);
+        kg_matcher_reset(m, g);
+        const char *rest = trig[i] + from[i];
+        ck_assert_msg(kg_matcher_accept_bytes(m, (const uint8_t *)rest, strlen(rest)),
+                      "the grammar refuses [%s]", rest);
+    }
+    /* what the header grammar makes, the parser reads back (after the prompt's
+     * <|start|>assistant, and after an analysis message) */
+    static const char *const back[] = {
+        " to=functions.get_weather<|channel|>commentary json<|message|>" W_ARGS,
+        "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather<|message|>" W_ARGS,
+        /* the grammar lets a string hold <|end|> (a text token): the arguments are read as
+         * JSON, as llama.cpp's parser reads them, not cut there */
+        "<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"P<|end|>\"}"};
+    static const char *const args[] = {W_ARGS, W_ARGS, "{\"city\": \"P<|end|>\"}"};
+    for (size_t i = 0; i < 3; i++) {
+        kg_toolparse_t p;
+        ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_GPT_OSS, back[i], strlen(back[i]), tools, &p),
+                         KG_OK);
+        ck_assert_uint_eq(p.n_calls, 1);
+        ck_assert_str_eq(p.calls[0].name, "get_weather");
+        ck_assert_str_eq(p.calls[0].arguments, args[i]);
+        kg_toolparse_clear(&p);
+    }
+    ck_assert(accepts(g, back[2]));
+    kg_matcher_free(m);
+    kg_grammar_unref(g);
+    kg_gir_free(ir);
+    free(text);
     kg_gvocab_unref(v);
 }
 END_TEST
@@ -861,6 +947,7 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("parse");
     tcase_add_test(tc, test_detect);
     tcase_add_test(tc, test_hermes);
+    tcase_add_test(tc, test_nul_bytes);
     tcase_add_test(tc, test_formats);
     tcase_add_test(tc, test_required_grammar);
     tcase_add_test(tc, test_tagged_grammar);
