@@ -456,17 +456,21 @@ PY
 # ---- reasoning (issue 25 §2): a Qwen3-style thinking model (random weights, <think> and
 # </think> as tokens) thinks, thinking_token_budget closes the thought, and the JSON Schema
 # applies only after </think>: 100 jobs on a template whose prompt opens the thought and 20 on
-# one where the model opens it (a logit bias makes <think> likely), at temperature 1. Every
-# answer validates; reasoning is non-empty wherever a thought opened; reasoning_format none
-# keeps the raw text; OpenAI Batch lines get message.reasoning_content.
+# one where the model opens it (a logit bias makes <think> likely), at temperature 1. The 100
+# bias </think> out, so the budget closes every thought (a random model samples </think> first
+# about once in 367 jobs, which would leave a thought empty by chance, not by a fault); the 20
+# close theirs as they sample. Every answer validates; every one of the 100 thoughts is
+# non-empty; reasoning_format none keeps the raw text; OpenAI Batch lines get
+# message.reasoning_content.
 for t in qwen3 qwen3-thinking; do
     "$bin/kgen" mkmodel --arch qwen3 --out "$tmp/$t.gguf" --n-embd 64 --n-layer 2 --n-head 4 \
         --n-head-kv 2 --n-ff 128 --seed 9 --chat-template "$t" >/dev/null
 done
 open_id=$(printf "<think>" | "$bin/kgen" tokenize --model "$tmp/qwen3.gguf" --no-bos)
-python3 - "$tmp" "$open_id" <<'PY'
+close_id=$(printf "</think>" | "$bin/kgen" tokenize --model "$tmp/qwen3.gguf" --no-bos)
+python3 - "$tmp" "$open_id" "$close_id" <<'PY'
 import json, sys
-tmp, open_id = sys.argv[1], sys.argv[2]
+tmp, open_id, close_id = sys.argv[1], sys.argv[2], sys.argv[3]
 S = [{"type": "object", "properties": {"prime": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
       "required": ["prime", "n"], "additionalProperties": False},
      {"type": "array", "maxItems": 3, "items": {"enum": ["red", "green", 7]}},
@@ -480,7 +484,7 @@ def job(rid, i, **kw):
     return json.dumps(j) + "\n"
 with open(f"{tmp}/think.jsonl", "w") as f:
     for i in range(100):
-        f.write(job(f"think-{i}", i))
+        f.write(job(f"think-{i}", i, logit_bias={close_id: -100}))
     f.write(job("think-raw", 0, reasoning_format="none"))
 with open(f"{tmp}/open.jsonl", "w") as f:
     for i in range(20):
@@ -527,8 +531,7 @@ for e in events:
         fails.append(f"{rid}: no reasoning")
     n_thought += bool(r) and rid.startswith("think-")
 print(f"reasoning jobs: {n_valid} valid answers, {n_thought} non-empty thoughts, of {len(events)}")
-# a thought is empty only when the model samples </think> first (1 in 367 here)
-if n_valid < 100 or n_thought < 95:
+if n_valid < 100 or n_thought < 100:
     fails.append(f"too few: {n_valid} valid, {n_thought} thoughts")
 opened = sum(1 for e in events if e["request_id"].startswith("open-") and e.get("reasoning") is not None)
 if not 0 < opened:
