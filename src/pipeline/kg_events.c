@@ -276,9 +276,14 @@ static bool parse_calls(const kg_job_t *job,
     if (ch->toolfmt == KG_TOOLFMT_NONE) {
         return true;
     }
-    kg_status_t st = job->tools_json && job->tool_choice != KG_TOOL_CHOICE_NONE
-                         ? kg_toolcall_parse(ch->toolfmt, *text, *tlen, job->tools_json, tp)
-                         : kg_toolcall_parse_answer(ch->toolfmt, *text, *tlen, tp);
+    kg_status_t st;
+    if (!job->tools_json || job->tool_choice == KG_TOOL_CHOICE_NONE) {
+        st = kg_toolcall_parse_answer(ch->toolfmt, *text, *tlen, tp);
+    } else if (job->reasoning_format == KG_REASONING_NONE) {
+        st = kg_toolcall_parse_keep_reasoning(ch->toolfmt, *text, *tlen, job->tools_json, tp);
+    } else {
+        st = kg_toolcall_parse(ch->toolfmt, *text, *tlen, job->tools_json, tp);
+    }
     if (st != KG_OK) {
         return false;
     }

@@ -47,8 +47,10 @@ kg_status_t kg_jobrun_start(kg_jobrun_t *r,
         kg_output_keep(&ch->out, r->prep.keep, r->prep.n_keep);
         if (r->prep.think) {
             kg_output_think(&ch->out, r->prep.think_opened);
-        } else if (kg_toolfmt_own_reasoning(r->prep.toolfmt)) {
-            /* gpt-oss, parsed (the done event splits its channels): they give the parts */
+        } else if (kg_toolfmt_own_reasoning(r->prep.toolfmt) &&
+                   job->reasoning_format != KG_REASONING_NONE) {
+            /* gpt-oss, parsed (the done event splits its channels): they give the parts; with
+             * reasoning_format none its analysis stays in the text, and tokens have no part */
             kg_output_harmony(&ch->out);
         }
         if (job->sampling.n_logprobs > 0 && r->prep.n_inputs == 0) {

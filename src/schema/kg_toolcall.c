@@ -662,6 +662,15 @@ static bool parse_gpt_oss(parse_t *p) {
             }
             size_t a0 = v.bad ? body : v.start, a1 = v.bad ? e : v.end;
             kg_tc_add_call_n(p, p->s + n0, n1 - n0, p->s + a0, a1 - a0, NULL, 0);
+        } else if (ch < m && has_at(p, ch + strlen("<|channel|>"), m, "analysis") &&
+                   p->keep_reasoning) {
+            /* reasoning_format none: the analysis message stays in the content, header and
+             * end marker and all (without its <|start|>assistant), as llama.cpp keeps it */
+            size_t end = e;
+            if (has_at(p, e, p->len, "<|end|>")) {
+                end += strlen("<|end|>");
+            }
+            kg_tcbuf_put(&content, p->s + h, end - h);
         } else if (ch < m && has_at(p, ch + strlen("<|channel|>"), m, "analysis")) {
             kg_tc_add_reasoning(p, p->s + body, e - body);
         } else if (ch < m) {
@@ -693,9 +702,10 @@ static kg_status_t parse(kg_toolfmt_t f,
                          size_t len,
                          const char *tools_json,
                          bool no_calls,
+                         bool keep_reasoning,
                          kg_toolparse_t *out) {
     memset(out, 0, sizeof(*out));
-    parse_t p = {text, len, 0, out, tools_json, no_calls, false};
+    parse_t p = {text, len, 0, out, tools_json, no_calls, false, keep_reasoning};
     bool ok = true;
     switch (f) {
     case KG_TOOLFMT_HERMES:
@@ -789,7 +799,12 @@ static kg_status_t parse(kg_toolfmt_t f,
 
 kg_status_t kg_toolcall_parse(
     kg_toolfmt_t f, const char *text, size_t len, const char *tools_json, kg_toolparse_t *out) {
-    return parse(f, text, len, tools_json, false, out);
+    return parse(f, text, len, tools_json, false, false, out);
+}
+
+kg_status_t kg_toolcall_parse_keep_reasoning(
+    kg_toolfmt_t f, const char *text, size_t len, const char *tools_json, kg_toolparse_t *out) {
+    return parse(f, text, len, tools_json, false, true, out);
 }
 
 bool kg_toolfmt_own_reasoning(kg_toolfmt_t f) {
@@ -798,5 +813,6 @@ bool kg_toolfmt_own_reasoning(kg_toolfmt_t f) {
 
 kg_status_t
 kg_toolcall_parse_answer(kg_toolfmt_t f, const char *text, size_t len, kg_toolparse_t *out) {
-    return parse(kg_toolfmt_own_reasoning(f) ? f : KG_TOOLFMT_NONE, text, len, NULL, true, out);
+    return parse(kg_toolfmt_own_reasoning(f) ? f : KG_TOOLFMT_NONE, text, len, NULL, true, false,
+                 out);
 }

@@ -95,6 +95,15 @@ kg_status_t kg_toolcall_parse(kg_toolfmt_t f,
                               const char *tools_json,
                               kg_toolparse_t *out) KG_NODISCARD;
 
+/** kg_toolcall_parse for a job with reasoning_format none: a format's own
+ * reasoning (gpt-oss's analysis messages) stays in the content, markers and
+ * all, as llama.cpp keeps it; calls are parsed as usual. */
+kg_status_t kg_toolcall_parse_keep_reasoning(kg_toolfmt_t f,
+                                             const char *text,
+                                             size_t len,
+                                             const char *tools_json,
+                                             kg_toolparse_t *out) KG_NODISCARD;
+
 /** Whether format f carries its reasoning in markers of its own that only its
  * parse splits out, with tools or without (gpt-oss's Harmony channels; the
  * <think> formats are split by kg_reasoning). */

@@ -56,6 +56,7 @@ typedef struct kg_tcparse {
     const char *tools_json;
     bool no_calls; /* the job has no tools: a call is not the answer's (kg_toolcall_parse_answer) */
     bool oom;
+    bool keep_reasoning; /* reasoning_format none: a format's own reasoning stays in the content */
 } kg_tcparse_t;
 
 char *kg_tc_dup_n(const char *s, size_t n);

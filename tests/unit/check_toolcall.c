@@ -108,6 +108,43 @@ START_TEST(test_nul_bytes) {
 }
 END_TEST
 
+/* reasoning_format none with tools (llama.cpp's gpt-oss parser with reasoning extraction off):
+ * the analysis message stays in the content with its header and end marker, the final message
+ * follows it, and calls are parsed as usual */
+START_TEST(test_keep_reasoning) {
+    static const char tools[] = "[{\"type\":\"function\",\"function\":{\"name\":\"get\","
+                                "\"parameters\":{\"type\":\"object\"}}}]";
+    static const char call[] = "<|channel|>analysis<|message|>think<|end|><|start|>assistant"
+                               "<|channel|>commentary to=functions.get <|constrain|>json"
+                               "<|message|>{\"a\":1}";
+    static const char answer[] = "<|channel|>analysis<|message|>think<|end|><|start|>assistant"
+                                 "<|channel|>final<|message|>done";
+    kg_toolparse_t p;
+    ck_assert_int_eq(
+        kg_toolcall_parse_keep_reasoning(KG_TOOLFMT_GPT_OSS, call, sizeof(call) - 1, tools, &p),
+        KG_OK);
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert_str_eq(p.calls[0].name, "get");
+    ck_assert_str_eq(p.calls[0].arguments, "{\"a\":1}");
+    ck_assert_ptr_null(p.reasoning);
+    ck_assert_str_eq(p.content, "<|channel|>analysis<|message|>think<|end|>");
+    kg_toolparse_clear(&p);
+    ck_assert_int_eq(
+        kg_toolcall_parse_keep_reasoning(KG_TOOLFMT_GPT_OSS, answer, sizeof(answer) - 1, tools, &p),
+        KG_OK);
+    ck_assert_uint_eq(p.n_calls, 0);
+    ck_assert_ptr_null(p.reasoning);
+    ck_assert_str_eq(p.content, "<|channel|>analysis<|message|>think<|end|>done");
+    kg_toolparse_clear(&p);
+    /* the same texts split as usual */
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_GPT_OSS, answer, sizeof(answer) - 1, tools, &p),
+                     KG_OK);
+    ck_assert_str_eq(p.reasoning, "think");
+    ck_assert_str_eq(p.content, "done");
+    kg_toolparse_clear(&p);
+}
+END_TEST
+
 START_TEST(test_hermes) {
     kg_toolparse_t p =
         parse(KG_TOOLFMT_HERMES,
@@ -948,6 +985,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, test_detect);
     tcase_add_test(tc, test_hermes);
     tcase_add_test(tc, test_nul_bytes);
+    tcase_add_test(tc, test_keep_reasoning);
     tcase_add_test(tc, test_formats);
     tcase_add_test(tc, test_required_grammar);
     tcase_add_test(tc, test_tagged_grammar);
