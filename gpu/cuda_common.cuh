@@ -124,14 +124,15 @@ typedef struct kg_cuda_inputs {
     const int32_t *out_row;   /* (cap) token index of output row i */
     const int32_t *tile_tok0; /* (cap) first token of tile i */
     const int32_t *tile_n;    /* (cap) tokens of tile i */
+    const int32_t *seq;       /* (cap) the token's slot (a hybrid's recurrent state) */
     const int32_t *table;     /* compacted block tables of the step's sequences */
 } kg_cuda_inputs_t;
 
-#define KG_CUDA_INPUT_ARRAYS 6 /* per-slot arrays after the header */
+#define KG_CUDA_INPUT_ARRAYS 7 /* per-slot arrays after the header */
 
 /* The inputs packed for `cap` token slots at `base`: header (4 ints),
- * token, pos, tbl_off, out_row, tile_tok0, tile_n (cap each), then the
- * table. */
+ * token, pos, tbl_off, out_row, tile_tok0, tile_n, seq (cap each), then
+ * the table. */
 static inline kg_cuda_inputs_t kg_cuda_inputs_view(const int32_t *base, int32_t cap) {
     kg_cuda_inputs_t in;
     in.hdr = (const kg_cuda_step_hdr_t *)base;
@@ -141,7 +142,8 @@ static inline kg_cuda_inputs_t kg_cuda_inputs_view(const int32_t *base, int32_t 
     in.out_row = in.tbl_off + cap;
     in.tile_tok0 = in.out_row + cap;
     in.tile_n = in.tile_tok0 + cap;
-    in.table = in.tile_n + cap;
+    in.seq = in.tile_n + cap;
+    in.table = in.seq + cap;
     return in;
 }
 

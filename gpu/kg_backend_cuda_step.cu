@@ -118,7 +118,8 @@ static kg_status_t pack_inputs(
     const int32_t T = batch->n_tokens, bs = ctx->block_size;
     int32_t *hdr = ctx->h_in;
     int32_t *token = hdr + 4, *pos = token + cap, *tbl_off = pos + cap, *out_row = tbl_off + cap;
-    int32_t *tile_tok0 = out_row + cap, *tile_n = tile_tok0 + cap, *table = tile_n + cap;
+    int32_t *tile_tok0 = out_row + cap, *tile_n = tile_tok0 + cap, *seqs = tile_n + cap;
+    int32_t *table = seqs + cap;
     kg_status_t st = KG_OK;
     int32_t n_dist = 0, n_out = 0;
     bool multi = false;
@@ -145,6 +146,7 @@ static kg_status_t pack_inputs(
         }
         token[t] = tok;
         pos[t] = p;
+        seqs[t] = seq;
         if (batch->want_logits[t]) {
             if (n_out < cap) {
                 out_row[n_out] = t;
@@ -254,11 +256,11 @@ out:
 }
 
 static __half *k_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + (size_t)(2 * il) * ctx->kv_layer_elems;
+    return ctx->kv + (size_t)(2 * ctx->layers[il].kv_il) * ctx->kv_layer_elems;
 }
 
 static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + (size_t)(2 * il + 1) * ctx->kv_layer_elems;
+    return ctx->kv + (size_t)(2 * ctx->layers[il].kv_il + 1) * ctx->kv_layer_elems;
 }
 
 /* Attention of one layer: graph steps (single) cut their `rows` one-token
@@ -368,37 +370,44 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         KG_TRY(kg_cuda_rope_cache(st, rows, in, ctx->rope_cs + (size_t)r * rope_stride,
                                   &ctx->ropes[r], ctx->rope_freqs));
     }
+    KG_TRY(cuda_rec_reset(ctx, rows)); /* a hybrid's slots that start over */
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
+        const bool attn = ctx->model->layers[il].kind == KG_LAYER_ATTN;
         /* the previous layer's FFN output (after its post-norm) joins the
          * residual here */
         const kg_cuda_residual_t res_ffn = {il > 0 ? ctx->tmp : NULL, NULL,
                                             il > 0 ? ctx->layers[il - 1].ffn_post_norm : NULL,
                                             hp->residual_scale};
         KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_ffn, L->attn_norm,
-                                   ctx->xn, L->wqkv.dt, NULL, KG_CUDA_F32, hp->n_embd,
-                                   hp->norm_eps));
-        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
-        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, L->wqkv.dt, hp->n_embd, ctx->qkv,
-                               n_q + 2 * n_kv, qkv_col, qkv_n));
-        const kg_cuda_qkv_ops_t ops = {L->bqkv,
-                                       L->q_norm,
-                                       L->k_norm,
-                                       hp->norm_eps,
-                                       hp->rope_mode == KG_ROPE_MODE_NEOX,
-                                       hp->q_scale,
-                                       ctx->model->layers[il].no_rope,
-                                       hp->qk_norm_full,
-                                       hp->attn_temp_scale,
-                                       hp->attn_temp_floor};
-        KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv,
-                                  ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
-                                  k_cache(ctx, il), v_cache(ctx, il)));
-        KG_TRY(attention(ctx, il, rows, single));
-        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
-        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, L->wo.dt, n_q, ctx->tmp, hp->n_embd,
-                               zero, &hp->n_embd));
-        /* the attention output (+ bias, post-norm) joins the residual */
+                                   ctx->xn, attn ? L->wqkv.dt : L->rin.dt, NULL, KG_CUDA_F32,
+                                   hp->n_embd, hp->norm_eps));
+        if (!attn) { /* a hybrid's recurrent mixer, into tmp */
+            KG_TRY(cuda_rec_mixer(ctx, il, rows));
+        } else {
+            KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
+            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, L->wqkv.dt, hp->n_embd, ctx->qkv,
+                                   n_q + 2 * n_kv, qkv_col, qkv_n));
+            const kg_cuda_qkv_ops_t ops = {L->bqkv,
+                                           L->q_norm,
+                                           L->k_norm,
+                                           hp->norm_eps,
+                                           hp->rope_mode == KG_ROPE_MODE_NEOX,
+                                           hp->q_scale,
+                                           ctx->model->layers[il].no_rope,
+                                           hp->qk_norm_full,
+                                           hp->attn_temp_scale,
+                                           hp->attn_temp_floor};
+            KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv,
+                                      ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
+                                      k_cache(ctx, il), v_cache(ctx, il)));
+            KG_TRY(attention(ctx, il, rows, single));
+            KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
+            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, L->wo.dt, n_q, ctx->tmp,
+                                   hp->n_embd, zero, &hp->n_embd));
+        }
+        /* the attention (or mixer) output (+ bias, post-norm) joins the
+         * residual */
         const kg_cuda_residual_t res_attn = {ctx->tmp, L->bo, L->attn_post_norm,
                                              hp->residual_scale};
         if (L->moe) {
@@ -641,6 +650,15 @@ kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *
     if (lst != KG_OK) {
         return cuda_mark_dead(ctx, "the LoRA plan's upload");
     }
+    /* a hybrid's states: each token continues its slot, room for every slot
+     * (before the bucket is chosen: growing them drops the graphs) */
+    const kg_status_t rst = cuda_rec_begin(ctx, batch);
+    if (rst == KG_ERR_INVALID) {
+        return rst;
+    }
+    if (rst != KG_OK) {
+        return cuda_mark_dead(ctx, "growing the recurrent states");
+    }
     /* a decode-only step runs as the graph of its bucket (one that wants
      * hidden states eagerly: the graphs norm the logits rows only) */
     int b = -1;
@@ -657,6 +675,7 @@ kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *
     if (device_step(ctx, T, rows, b, n_out, n_ints, n_hid > 0) != KG_OK) {
         return cuda_mark_dead(ctx, "a step");
     }
+    cuda_rec_end(ctx, batch);
     if (n_hid > 0 && cuda_copy_hidden(ctx, batch, ctx->hid) != KG_OK) {
         return cuda_mark_dead(ctx, "reading the hidden states");
     }
@@ -731,7 +750,7 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
     }
     const size_t block = (size_t)ctx->block_size * (size_t)ctx->hp.n_head_kv * ctx->hp.head_dim;
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
-        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems, 2 * ctx->hp.n_layer, block, src,
+        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems, 2 * ctx->n_kv_layers, block, src,
                         dst, n) != KG_OK) {
         return cuda_mark_dead(ctx, "the KV block copy");
     }

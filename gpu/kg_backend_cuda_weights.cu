@@ -288,6 +288,26 @@ upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_
     return KG_OK;
 }
 
+/* A hybrid's recurrent mixer (recurrent.cuh): its in-projection,
+ * out-projection, and the small F32 arrays its kernels read. */
+static kg_status_t
+upload_recurrent(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
+    switch (src->kind) {
+    case KG_LAYER_SHORTCONV:
+        KG_TRY(upload_mat(ctx, s, &src->sc_in_proj, 1, &L->rin));
+        KG_TRY(upload_mat(ctx, s, &src->sc_out_proj, 1, &L->rout));
+        return upload_vec(ctx, src->sc_conv, &L->rconv);
+    case KG_LAYER_FFN: /* no mixer */
+        return KG_OK;
+    case KG_LAYER_DELTANET:
+    case KG_LAYER_MAMBA2:
+    case KG_LAYER_ATTN:
+        break;
+    }
+    KG_LOG_ERROR("cuda", "no CUDA kernels for this recurrent layer kind (%d)", (int)src->kind);
+    return KG_ERR_UNSUPPORTED;
+}
+
 /* Everything of layer il. */
 static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     const kg_layer_weights_t *src = &ctx->model->layers[il];
@@ -295,8 +315,12 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     const kg_gguf_tensor_t *qkv[3] = {src->wq, src->wk, src->wv};
     KG_TRY(upload_vec(ctx, src->attn_norm, &L->attn_norm));
     KG_TRY(upload_vec(ctx, src->ffn_norm, &L->ffn_norm));
-    KG_TRY(upload_mat(ctx, s, qkv, 3, &L->wqkv));
-    KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+    if (src->kind == KG_LAYER_ATTN) {
+        KG_TRY(upload_mat(ctx, s, qkv, 3, &L->wqkv));
+        KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+    } else {
+        KG_TRY(upload_recurrent(ctx, s, src, L));
+    }
     if (src->ffn_gate_inp) {
         KG_TRY(upload_experts(ctx, s, src, L));
     } else {
