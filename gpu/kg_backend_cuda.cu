@@ -131,7 +131,11 @@ static kg_status_t alloc_moe(cuda_ctx_t *ctx, size_t es) {
     KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_u, R * FX * sizeof(float)));
     KG_TRY(dev_alloc(ctx, &ctx->moe_h, R * FX * es));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_y, R * E * sizeof(float)));
-    if (hp->n_expert_shared > 0) {
+    bool shared = false; /* glm4moe's expert_shared_count, qwen35moe's shared expert */
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        shared = shared || ctx->layers[il].n_ff_shexp > 0;
+    }
+    if (shared) {
         KG_TRY(dev_alloc(ctx, (void **)&ctx->shexp, T * E * sizeof(float)));
     }
     KG_CUDA_CHECK(cudaMallocHost((void **)&ctx->moe_stats_h, (4 + X) * sizeof(long long)));
@@ -182,7 +186,9 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     }
 
     KG_TRY(dev_alloc(ctx, (void **)&ctx->x, T * E * 4));
-    KG_TRY(dev_alloc(ctx, (void **)&ctx->qkv, T * (n_q + 2 * n_kv) * 4));
+    /* qwen35's rows hold each head's output gate after v */
+    KG_TRY(dev_alloc(ctx, (void **)&ctx->qkv,
+                     T * (n_q + 2 * n_kv + (hp->attn_out_gate ? n_q : 0)) * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->tmp, T * E * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->gu, T * 2 * F * 4));
     KG_TRY(
@@ -284,7 +290,8 @@ static void cuda_free(kg_backend_t *be) {
                     L->bqkv,          L->bo,      L->q_norm,      L->k_norm,     L->attn_post_norm,
                     L->ffn_post_norm, L->sinks,   L->router_b,    L->exp_gate_b, L->exp_up_b,
                     L->exp_down_b,    L->probs_b, L->attn_norm_b, L->ffn_norm_b, L->up_b,
-                    L->down_b,        L->rconv};
+                    L->down_b,        L->rconv,   L->dt_b,        L->ssm_a,      L->ssm_norm,
+                    L->shexp_gate};
                 for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
                     cudaFree(vecs[i]);
                 }

@@ -65,15 +65,18 @@ typedef struct cuda_layer {
     float *exp_down_b;              /* (n_expert, n_embd) */
     float *probs_b;                 /* (n_expert) selection bias (glm4moe) */
     int32_t n_ff_shexp;             /* FS: the shared expert's width; 0: none */
+    float *shexp_gate;              /* (n_embd) its output gate's weights (qwen35moe), or NULL */
     /* bert (attn_norm and ffn_norm hold its post-norms' weights, wgu its up
      * matrix alone): the post-norms' biases, the FFN's biases (NULL: none) */
     float *attn_norm_b, *ffn_norm_b; /* (n_embd) */
     float *up_b;                     /* (n_ff) */
     float *down_b;                   /* (n_embd) */
     /* a hybrid's recurrent mixer (kind != KG_LAYER_ATTN: no wqkv, wo) */
-    kg_cuda_mat_t rin;  /* LFM2's in_proj (3 n_embd: B | C | x) */
-    kg_cuda_mat_t rout; /* out_proj */
-    float *rconv;       /* (channels, K) the convolution's kernel */
+    kg_cuda_mat_t rin;              /* LFM2's in_proj (3 n_embd: B | C | x); the DeltaNet's
+                                       q|k|v, z, then beta and alpha (or qwen3next's ba) */
+    kg_cuda_mat_t rout;             /* out_proj / ssm_out */
+    float *rconv;                   /* (channels, K) the convolution's kernel */
+    float *dt_b, *ssm_a, *ssm_norm; /* the DeltaNet's (V heads, V heads, d_state) */
 } cuda_layer_t;
 
 typedef enum bucket_state {

@@ -27,6 +27,8 @@ struct cuda_rec {
     int64_t in_w; /* the widest in-projection of the layers */
     void *act;    /* (T, act_w) the out-projection's input, in its type */
     int64_t act_w;
+    float *o;     /* (T, d_inner) the DeltaNet's delta-rule output (NULL: no DeltaNet layer) */
+    float *gates; /* (T, 2 V heads) its beta | g */
 };
 
 static kg_status_t rec_fail(char *errstr, size_t errstr_size, const char *what) {
@@ -113,6 +115,19 @@ cuda_rec_init(cuda_ctx_t *ctx, int32_t n_slots, int32_t n_snaps, char *errstr, s
         return rec_fail(errstr, errstr_size, "allocating the step buffers");
     }
     ctx->scratch_size += T * (size_t)r->in_w * sizeof(float) + T * (size_t)r->act_w * es;
+    bool deltanet = false;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        deltanet = deltanet || model->layers[il].kind == KG_LAYER_DELTANET;
+    }
+    if (deltanet) {
+        const size_t n = T * (size_t)hp->ssm_d_inner * sizeof(float);
+        const size_t ng = T * 2 * (size_t)hp->ssm_dt_rank * sizeof(float);
+        if (cudaMalloc((void **)&r->o, n) != cudaSuccess ||
+            cudaMalloc((void **)&r->gates, ng) != cudaSuccess) {
+            return rec_fail(errstr, errstr_size, "allocating the step buffers");
+        }
+        ctx->scratch_size += n + ng;
+    }
     if (n_slots > 0 && grow(ctx, n_slots) != KG_OK) {
         snprintf(errstr, errstr_size,
                  "cuda backend: allocating the recurrent states of %d slots (%zu MiB) failed",
@@ -143,6 +158,8 @@ void cuda_rec_free(cuda_ctx_t *ctx) {
     cudaFree(r->snap);
     cudaFree(r->in);
     cudaFree(r->act);
+    cudaFree(r->o);
+    cudaFree(r->gates);
     free(r->off);
     free(r->pos);
     free(r->next);
@@ -213,7 +230,16 @@ kg_status_t cuda_rec_mixer(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
         KG_TRY(kg_cuda_shortconv(st, in, r->in, L->rconv, r->state, r->per_slot, r->off[il],
                                  hp->n_embd, hp->shortconv_l_cache, r->act, L->rout.dt));
         break;
-    case KG_LAYER_DELTANET:
+    case KG_LAYER_DELTANET: {
+        const kg_cuda_dn_shape_t sh = {hp->ssm_d_state,   hp->ssm_n_group,
+                                       hp->ssm_dt_rank,   hp->ssm_d_conv,
+                                       hp->ssm_v_grouped, ctx->model->layers[il].ssm_ba != NULL,
+                                       hp->norm_eps};
+        const kg_cuda_dn_layer_t dl = {L->rconv, L->dt_b,     L->ssm_a,  L->ssm_norm,
+                                       r->state, r->per_slot, r->off[il]};
+        KG_TRY(kg_cuda_deltanet(st, rows, in, &sh, &dl, r->in, r->gates, r->o, r->act, L->rout.dt));
+        break;
+    }
     case KG_LAYER_MAMBA2:
     case KG_LAYER_FFN:
     case KG_LAYER_ATTN:

@@ -341,6 +341,10 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xe, ctx->gu, rows));
         KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, L->n_ff_shexp));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->shexp, rows));
+        if (L->shexp_gate) { /* qwen35moe, qwen3next: times sigmoid(gate . x) */
+            KG_TRY(kg_cuda_moe_shexp_gate(st, rows, hdr, L->shexp_gate, ctx->xe, L->exp_gate.dt,
+                                          ctx->shexp, E));
+        }
     }
     return kg_cuda_moe_combine(st, rows, hdr, &ctx->router, &plan, ctx->moe_y,
                                L->n_ff_shexp > 0 ? ctx->shexp : NULL, ctx->tmp, E);
@@ -355,12 +359,14 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
     cudaStream_t st = ctx->stream;
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const kg_cuda_step_hdr_t *hdr = in.hdr;
-    const kg_cuda_rope_shape_t rsh = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
-                                      ctx->block_size};
-    const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
     /* where each adapted projection's delta goes (lora.cu): Q|K|V and
-     * gate|up are fused matrices, one output row each */
+     * gate|up are fused matrices, one output row each; qwen35's rows hold
+     * each head's output gate after v (kg_backend_cuda_weights.cu) */
     const int32_t n_q = hp->n_head * hp->head_dim, n_kv = hp->n_head_kv * hp->head_dim;
+    const int32_t qkv_w = n_q + 2 * n_kv + (hp->attn_out_gate ? n_q : 0);
+    const kg_cuda_rope_shape_t rsh = {hp->n_head, hp->n_head_kv,   hp->head_dim,
+                                      hp->n_rot,  ctx->block_size, qkv_w};
+    const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
     const int32_t qkv_col[3] = {0, n_q, n_q + n_kv}, qkv_n[3] = {n_q, n_kv, n_kv};
     const int32_t gu_col[2] = {0, hp->n_ff}, gu_n[2] = {hp->n_ff, hp->n_ff}, zero[1] = {0};
 
@@ -387,7 +393,7 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         } else {
             KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
             KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, L->wqkv.dt, hp->n_embd, ctx->qkv,
-                                   n_q + 2 * n_kv, qkv_col, qkv_n));
+                                   qkv_w, qkv_col, qkv_n));
             const kg_cuda_qkv_ops_t ops = {L->bqkv,
                                            L->q_norm,
                                            L->k_norm,
@@ -402,6 +408,10 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                       ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
                                       k_cache(ctx, il), v_cache(ctx, il)));
             KG_TRY(attention(ctx, il, rows, single));
+            if (hp->attn_out_gate) { /* qwen35: times sigmoid of the query's gate */
+                KG_TRY(kg_cuda_attn_gate(st, rows, hdr, ctx->qkv + n_q + 2 * n_kv, qkv_w, ctx->att,
+                                         L->wo.dt, n_q));
+            }
             KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
             KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, L->wo.dt, n_q, ctx->tmp,
                                    hp->n_embd, zero, &hp->n_embd));

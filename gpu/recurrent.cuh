@@ -36,3 +36,57 @@ kg_status_t kg_cuda_shortconv(cudaStream_t stream,
                               int32_t L,
                               void *out,
                               kg_cuda_dtype_t dt);
+
+/* The shape of a model's gated DeltaNet layers (cpu_deltanet.c): K heads
+ * (ssm_n_group) and V heads (ssm_dt_rank) of d_state each; conv channels
+ * q | k (K heads each) | v (V heads); v_grouped: V head h reads K head
+ * h / (V / K) (qwen3next), else h mod K (qwen35); ba: the in-projection
+ * gives qwen3next's ssm_ba (per K head its V heads' betas, then their
+ * alphas) in place of beta | alpha. */
+typedef struct kg_cuda_dn_shape {
+    int32_t S, HK, HV, K; /* d_state, K heads, V heads, d_conv */
+    bool v_grouped, ba;
+    float eps; /* norm_eps */
+} kg_cuda_dn_shape_t;
+
+/* A DeltaNet layer's arrays and its state. The buffers: in (rows, CH +
+ * VD + 2 HV) F32, the in-projection's output q|k|v, z, then the gate
+ * inputs; gates (rows, 2 HV) F32, beta | g; o (rows, VD) F32; act (rows,
+ * VD) in dt. */
+typedef struct kg_cuda_dn_layer {
+    const float *conv;     /* (CH, K) */
+    const float *dt_b;     /* (HV) */
+    const float *a;        /* (HV) ssm_a: -exp(A_log) */
+    const float *norm;     /* (S) the gated RMSNorm's weight */
+    float *state;          /* the slots' states */
+    int64_t per_slot, off; /* a slot's floats; the layer's offset in one */
+} kg_cuda_dn_layer_t;
+
+/** One gated DeltaNet layer between its projections, as cpu_deltanet.c:
+ * beta = sigmoid, g = softplus(alpha + dt_bias) * a; the causal conv and
+ * SiLU of every channel (the window in the slot's state); q and k L2-normed
+ * per K head; the delta rule of every V head row by row over the tokens in
+ * batch order (the d_state x d_state matrix in the slot's state); each
+ * head's output RMS-normed, times ssm_norm and silu(z), into act as dt. */
+kg_status_t kg_cuda_deltanet(cudaStream_t stream,
+                             int32_t n_launch,
+                             kg_cuda_inputs_t in,
+                             const kg_cuda_dn_shape_t *sh,
+                             const kg_cuda_dn_layer_t *L,
+                             float *buf,
+                             float *gates,
+                             float *o,
+                             void *act,
+                             kg_cuda_dtype_t dt);
+
+/** qwen35's gated attention: att[t][i] *= sigmoid(gate[t][i]) for rows t <
+ * hdr->n_tokens, gate row t at gate + t * stride (n_q wide), att (rows,
+ * n_q) in dt. */
+kg_status_t kg_cuda_attn_gate(cudaStream_t stream,
+                              int32_t n_launch,
+                              const kg_cuda_step_hdr_t *hdr,
+                              const float *gate,
+                              int64_t stride,
+                              void *att,
+                              kg_cuda_dtype_t dt,
+                              int32_t n_q);
