@@ -291,7 +291,7 @@ static void cuda_free(kg_backend_t *be) {
                     L->ffn_post_norm, L->sinks,   L->router_b,    L->exp_gate_b, L->exp_up_b,
                     L->exp_down_b,    L->probs_b, L->attn_norm_b, L->ffn_norm_b, L->up_b,
                     L->down_b,        L->rconv,   L->dt_b,        L->ssm_a,      L->ssm_norm,
-                    L->shexp_gate};
+                    L->shexp_gate,    L->conv_b,  L->ssm_d};
                 for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
                     cudaFree(vecs[i]);
                 }

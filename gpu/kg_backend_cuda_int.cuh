@@ -76,7 +76,9 @@ typedef struct cuda_layer {
                                        q|k|v, z, then beta and alpha (or qwen3next's ba) */
     kg_cuda_mat_t rout;             /* out_proj / ssm_out */
     float *rconv;                   /* (channels, K) the convolution's kernel */
-    float *dt_b, *ssm_a, *ssm_norm; /* the DeltaNet's (V heads, V heads, d_state) */
+    float *dt_b, *ssm_a, *ssm_norm; /* the DeltaNet's (V heads, V heads, d_state), Mamba-2's
+                                       (heads, heads, d_inner) */
+    float *conv_b, *ssm_d;          /* Mamba-2's conv bias (or NULL) and D (heads) */
 } cuda_layer_t;
 
 typedef enum bucket_state {

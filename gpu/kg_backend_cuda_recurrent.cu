@@ -115,11 +115,12 @@ cuda_rec_init(cuda_ctx_t *ctx, int32_t n_slots, int32_t n_snaps, char *errstr, s
         return rec_fail(errstr, errstr_size, "allocating the step buffers");
     }
     ctx->scratch_size += T * (size_t)r->in_w * sizeof(float) + T * (size_t)r->act_w * es;
-    bool deltanet = false;
+    bool deltanet = false, mamba2 = false;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         deltanet = deltanet || model->layers[il].kind == KG_LAYER_DELTANET;
+        mamba2 = mamba2 || model->layers[il].kind == KG_LAYER_MAMBA2;
     }
-    if (deltanet) {
+    if (deltanet || mamba2) { /* o: the DeltaNet's delta-rule output, or Mamba-2's y */
         const size_t n = T * (size_t)hp->ssm_d_inner * sizeof(float);
         const size_t ng = T * 2 * (size_t)hp->ssm_dt_rank * sizeof(float);
         if (cudaMalloc((void **)&r->o, n) != cudaSuccess ||
@@ -240,7 +241,14 @@ kg_status_t cuda_rec_mixer(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
         KG_TRY(kg_cuda_deltanet(st, rows, in, &sh, &dl, r->in, r->gates, r->o, r->act, L->rout.dt));
         break;
     }
-    case KG_LAYER_MAMBA2:
+    case KG_LAYER_MAMBA2: {
+        const kg_cuda_m2_shape_t sh = {hp->ssm_d_inner, hp->ssm_d_state, hp->ssm_dt_rank,
+                                       hp->ssm_n_group, hp->ssm_d_conv,  hp->norm_eps};
+        const kg_cuda_m2_layer_t ml = {L->rconv,    L->conv_b, L->dt_b,     L->ssm_a,  L->ssm_d,
+                                       L->ssm_norm, r->state,  r->per_slot, r->off[il]};
+        KG_TRY(kg_cuda_mamba2(st, rows, in, &sh, &ml, r->in, r->o, r->act, L->rout.dt));
+        break;
+    }
     case KG_LAYER_FFN:
     case KG_LAYER_ATTN:
         KG_LOG_ERROR("cuda", "layer %d: no CUDA mixer for its kind", (int)il);

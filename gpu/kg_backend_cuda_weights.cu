@@ -338,9 +338,17 @@ upload_recurrent(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cud
         KG_TRY(upload_vec(ctx, src->ssm_a, &L->ssm_a));
         return upload_vec(ctx, src->ssm_norm, &L->ssm_norm);
     }
+    case KG_LAYER_MAMBA2:
+        KG_TRY(upload_mat(ctx, s, &src->ssm_in, 1, &L->rin));
+        KG_TRY(upload_mat(ctx, s, &src->ssm_out, 1, &L->rout));
+        KG_TRY(upload_vec(ctx, src->ssm_conv1d, &L->rconv));
+        KG_TRY(upload_vec(ctx, src->ssm_conv1d_b, &L->conv_b));
+        KG_TRY(upload_vec(ctx, src->ssm_dt_b, &L->dt_b));
+        KG_TRY(upload_vec(ctx, src->ssm_a, &L->ssm_a));
+        KG_TRY(upload_vec(ctx, src->ssm_d, &L->ssm_d));
+        return upload_vec(ctx, src->ssm_norm, &L->ssm_norm);
     case KG_LAYER_FFN: /* no mixer */
         return KG_OK;
-    case KG_LAYER_MAMBA2:
     case KG_LAYER_ATTN:
         break;
     }

@@ -302,3 +302,132 @@ kg_status_t kg_cuda_attn_gate(cudaStream_t stream,
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
+
+// ---- Mamba-2 (cpu_mamba2.c) ----
+
+/* One thread per conv channel (x, B, C), every token in batch order: the
+ * window's sum (kg_conv_step), the bias, SiLU (ggml_ssm_conv, ggml_add,
+ * ggml_silu). */
+__global__ void m2_conv_kernel(kg_cuda_inputs_t in,
+                               kg_cuda_m2_shape_t sh,
+                               const float *__restrict__ conv,
+                               const float *__restrict__ conv_b,
+                               float *buf,
+                               float *state,
+                               int64_t per_slot,
+                               int64_t off) {
+    const int32_t c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int32_t n_conv = sh.DI + 2 * sh.G * sh.DS, K = sh.K;
+    if (c >= n_conv) {
+        return;
+    }
+    const int64_t W = (int64_t)sh.DI + n_conv + sh.H;
+    const int32_t T = in.hdr->n_tokens;
+    const float *k = conv + (int64_t)c * K;
+    const float b = conv_b ? conv_b[c] : 0.0f;
+    for (int32_t t = 0; t < T; t++) {
+        float *x = buf + (int64_t)t * W + sh.DI + c;
+        float *win = state + (int64_t)in.seq[t] * per_slot + off + (int64_t)c * (K - 1);
+        *x = kg_silu(kg_conv_step(win, k, K, *x) + b);
+    }
+}
+
+/* One thread per inner channel ii (head h = ii / head_dim, its group's B
+ * and C), every token in batch order: dt = softplus(dt + dt_bias), dA =
+ * exp(dt A), each of the channel's d_state values s = s dA + B (x dt), y =
+ * sum of s C in ascending order (ggml's scalar ssm_scan), then (y + x D)
+ * silu(z) into y (F32). */
+__global__ void m2_scan_kernel(kg_cuda_inputs_t in,
+                               kg_cuda_m2_shape_t sh,
+                               const float *__restrict__ dt_b,
+                               const float *__restrict__ a,
+                               const float *__restrict__ d,
+                               const float *__restrict__ buf,
+                               float *state,
+                               int64_t per_slot,
+                               int64_t off,
+                               float *y) {
+    const int32_t ii = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ii >= sh.DI) {
+        return;
+    }
+    const int32_t DS = sh.DS, n_conv = sh.DI + 2 * sh.G * sh.DS;
+    const int32_t h = ii / (sh.DI / sh.H), g = h / (sh.H / sh.G);
+    const int64_t W = (int64_t)sh.DI + n_conv + sh.H;
+    const int32_t T = in.hdr->n_tokens;
+    for (int32_t t = 0; t < T; t++) {
+        const float *row = buf + (int64_t)t * W;
+        const float *z = row, *x = row + sh.DI, *B = x + sh.DI + (int64_t)g * DS;
+        const float *C = x + sh.DI + (int64_t)sh.G * DS + (int64_t)g * DS;
+        const float dt = row[sh.DI + n_conv + h] + dt_b[h];
+        const float dt_sp = dt > 20.0f ? dt : logf(1.0f + expf(dt));
+        const float dA = expf(dt_sp * a[h]);
+        const float x_dt = x[ii] * dt_sp;
+        float *si = state + (int64_t)in.seq[t] * per_slot + off + (int64_t)ii * DS;
+        float sum = 0.0f;
+        for (int32_t i0 = 0; i0 < DS; i0++) {
+            const float v = (si[i0] * dA) + (B[i0] * x_dt);
+            sum += v * C[i0];
+            si[i0] = v;
+        }
+        const float xd = x[ii] * d[h];
+        const float yd = sum + xd;
+        y[(int64_t)t * sh.DI + ii] = kg_silu(z[ii]) * yd;
+    }
+}
+
+/* One warp per (token, group): the group's d_inner / G channels RMS-normed
+ * (eps) times its part of ssm_norm, stored as dt. */
+__global__ void m2_norm_kernel(kg_cuda_inputs_t in,
+                               const float *__restrict__ y,
+                               const float *__restrict__ norm,
+                               int32_t DI,
+                               int32_t gs,
+                               float eps,
+                               void *act,
+                               int dt) {
+    const int32_t t = blockIdx.x, g = blockIdx.y;
+    if (t >= in.hdr->n_tokens) {
+        return;
+    }
+    const float *x = y + (int64_t)t * DI + (int64_t)g * gs;
+    const float *w = norm + (int64_t)g * gs;
+    double sum = 0.0;
+    for (int32_t i = threadIdx.x; i < gs; i += 32) {
+        sum += (double)(x[i] * x[i]);
+    }
+    sum = kg_warp_sum_d(sum);
+    const float mean = (float)(sum / (double)gs);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int32_t i = threadIdx.x; i < gs; i += 32) {
+        kg_st(act, (int64_t)t * DI + (int64_t)g * gs + i, (x[i] * scale) * w[i], dt);
+    }
+}
+
+kg_status_t kg_cuda_mamba2(cudaStream_t stream,
+                           int32_t n_launch,
+                           kg_cuda_inputs_t in,
+                           const kg_cuda_m2_shape_t *sh,
+                           const kg_cuda_m2_layer_t *L,
+                           float *buf,
+                           float *y,
+                           void *act,
+                           kg_cuda_dtype_t dt) {
+    if (n_launch <= 0) {
+        return KG_OK;
+    }
+    /* the launch configurations name locals only (cuemu's launch parser
+     * reads a '->' there as a closing bracket) */
+    const int32_t n_conv = sh->DI + 2 * sh->G * sh->DS, DI = sh->DI, G = sh->G;
+    const int64_t conv_floats = (int64_t)(sh->K - 1) * n_conv;
+    m2_conv_kernel<<<(unsigned)((n_conv + 127) / 128), 128, 0, stream>>>(
+        in, *sh, L->conv, L->conv_b, buf, L->state, L->per_slot, L->off);
+    KG_CUDA_CHECK_LAUNCH();
+    m2_scan_kernel<<<(unsigned)((DI + 127) / 128), 128, 0, stream>>>(
+        in, *sh, L->dt_b, L->a, L->d, buf, L->state, L->per_slot, L->off + conv_floats, y);
+    KG_CUDA_CHECK_LAUNCH();
+    m2_norm_kernel<<<dim3((unsigned)n_launch, (unsigned)G), 32, 0, stream>>>(
+        in, y, L->norm, sh->DI, sh->DI / sh->G, sh->eps, act, (int)dt);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}

@@ -90,3 +90,35 @@ kg_status_t kg_cuda_attn_gate(cudaStream_t stream,
                               void *att,
                               kg_cuda_dtype_t dt,
                               int32_t n_q);
+
+/* The shape of a model's Mamba-2 layers (cpu_mamba2.c): n_embd, d_inner,
+ * d_state, heads (ssm_dt_rank), groups, d_conv; the in-projection gives z
+ * (DI) | x, B, C (DI + 2 G DS: the conv channels) | dt (H) per token. */
+typedef struct kg_cuda_m2_shape {
+    int32_t DI, DS, H, G, K;
+    float eps; /* norm_eps */
+} kg_cuda_m2_shape_t;
+
+/* A Mamba-2 layer's arrays and its state. */
+typedef struct kg_cuda_m2_layer {
+    const float *conv, *conv_b; /* (n_conv, K), (n_conv) or NULL */
+    const float *dt_b, *a, *d;  /* (H) each */
+    const float *norm;          /* (DI) */
+    float *state;
+    int64_t per_slot, off;
+} kg_cuda_m2_layer_t;
+
+/** One Mamba-2 mixer between its projections, as cpu_mamba2.c: the
+ * causal conv (+ bias) and SiLU of x, B, C in place in buf (rows, n_proj);
+ * the selective scan of every inner channel over the tokens in batch
+ * order, (y + x D) silu(z) into y (rows, DI) F32; the grouped RMSNorm
+ * times ssm_norm into act (rows, DI) as dt. */
+kg_status_t kg_cuda_mamba2(cudaStream_t stream,
+                           int32_t n_launch,
+                           kg_cuda_inputs_t in,
+                           const kg_cuda_m2_shape_t *sh,
+                           const kg_cuda_m2_layer_t *L,
+                           float *buf,
+                           float *y,
+                           void *act,
+                           kg_cuda_dtype_t dt);

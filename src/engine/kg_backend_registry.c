@@ -38,11 +38,11 @@
  * (gpu/recurrent.cu; per-slot states in device memory), each checked
  * against the CPU backend on the emulator (tests/unit/check_cuda_recurrent.c):
  * LFM2's short convolution, Qwen3.5's and Qwen3-Next's gated DeltaNet
- * (with their gated attention and gated shared expert). Another hybrid
- * (the Mamba-2 ones) is refused by name. */
+ * (with their gated attention and gated shared expert), Granite 4's
+ * Mamba-2. Another hybrid is refused by name. */
 static bool cuda_runs_hybrid(kg_arch_t arch) {
     return arch == KG_ARCH_LFM2 || arch == KG_ARCH_QWEN35 || arch == KG_ARCH_QWEN35MOE ||
-           arch == KG_ARCH_QWEN3NEXT;
+           arch == KG_ARCH_QWEN3NEXT || arch == KG_ARCH_GRANITEHYBRID;
 }
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
@@ -50,7 +50,7 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     if (kg_model_is_recurrent(model) && !cuda_runs_hybrid(model->hp.arch)) {
         snprintf(why, cap,
                  "the cuda backend has no kernels for this %s model's recurrent (hybrid) layers "
-                 "yet (it runs lfm2's, qwen35's, qwen35moe's and qwen3next's)",
+                 "yet (it runs lfm2's, qwen35's, qwen35moe's, qwen3next's and granitehybrid's)",
                  kg_arch_name(model->hp.arch));
         return false;
     }

@@ -78,15 +78,16 @@ static const family_t k_families[] = {
      "--arch qwen3next --n-embd 64 --n-layer 4 --n-head 4 --n-head-kv 2 --n-ff 96 "
      "--n-expert 4 --n-expert-used 2 --n-ff-exp 32 --ctx 256 --seed 76 --type f32",
      true},
+    /* Mamba-2 at layers 0 and 1, attention (NoPE) at 2, Granite's multipliers */
+    {"granitehybrid",
+     "--arch granitehybrid --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 96 "
+     "--ctx 256 --seed 71 --type f32",
+     false},
 };
 #define N_FAMILIES  ((int)(sizeof(k_families) / sizeof(k_families[0])))
 
 /* the hybrids it does not run yet: refused by name */
 static const family_t k_refused[] = {
-    {"granitehybrid",
-     "--arch granitehybrid --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 "
-     "--n-ff 96 --ctx 256 --seed 71 --type f32",
-     false},
     {"nemotron_h",
      "--arch nemotron_h --n-embd 64 --n-layer 4 --n-head 4 --n-head-kv 2 "
      "--n-ff 96 --ctx 256 --seed 72 --type f32",
