@@ -312,6 +312,42 @@ static kg_status_t run_head(cuda_ctx_t *ctx, int32_t row0, int32_t n) {
     return KG_OK;
 }
 
+/* The dense FFN of layer il over `rows` token slots, on xn (in wgu's
+ * type) into tmp: gate|up GEMM, the activation (SwiGLU, GeGLU, or on the
+ * up projection alone apertus's xIELU and nemotron_h's squared ReLU), the
+ * down GEMM, the adapters' deltas after each. */
+static kg_status_t dense_ffn(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const cuda_layer_t *L = &ctx->layers[il];
+    const kg_layer_weights_t *ML = &ctx->model->layers[il];
+    cudaStream_t st = ctx->stream;
+    const kg_cuda_step_hdr_t *hdr = kg_cuda_inputs_view(ctx->d_in, rows).hdr;
+    const int32_t gu_col[2] = {0, hp->n_ff}, gu_n[2] = {hp->n_ff, hp->n_ff}, zero[1] = {0};
+    const bool up_only = hp->ffn_act == KG_FFN_XIELU || hp->ffn_act == KG_FFN_RELU_SQR;
+    KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
+    if (!up_only) {
+        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
+                               2 * hp->n_ff, gu_col, gu_n));
+    } else { /* gu is the up projection alone */
+        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
+                               hp->n_ff, zero, &hp->n_ff));
+    }
+    if (hp->ffn_act == KG_FFN_XIELU) {
+        const float xp[4] = {ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps};
+        KG_TRY(kg_cuda_xielu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff, xp));
+    } else if (hp->ffn_act == KG_FFN_RELU_SQR) {
+        KG_TRY(kg_cuda_relu_sqr(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+    } else if (hp->ffn_act == KG_FFN_GELU) {
+        KG_TRY(
+            kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt, hp->n_ff));
+    } else {
+        KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+    }
+    KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
+    return cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff, ctx->tmp,
+                           hp->n_embd, zero, &hp->n_embd);
+}
+
 /* The mixture-of-experts FFN of layer L over `rows` token slots (cpu's
  * moe_ffn): the router GEMM on xn, route, the grouped layout, the
  * grouped gate, up and down GEMMs (expert biases inside), the gate, and
@@ -350,6 +386,18 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
                                L->n_ff_shexp > 0 ? ctx->shexp : NULL, ctx->tmp, E);
 }
 
+/* What layer il's last block left in tmp, to join the residual at the
+ * next add: its FFN's output (after its post-norm), or for a layer without
+ * FFN (nemotron_h's mixer and attention layers) the mixer's or the
+ * attention's (+ bias, post-norm). */
+static kg_cuda_residual_t block_out(const cuda_ctx_t *ctx, int32_t il) {
+    const cuda_layer_t *L = &ctx->layers[il];
+    if (ctx->model->layers[il].n_ff == 0 && !L->moe) {
+        return kg_cuda_residual_t{ctx->tmp, L->bo, L->attn_post_norm, ctx->hp.residual_scale};
+    }
+    return kg_cuda_residual_t{ctx->tmp, NULL, L->ffn_post_norm, ctx->hp.residual_scale};
+}
+
 /* Every kernel of one step over `rows` token slots (the real count is in
  * the device header) and `out_rows` output rows, plus the head of the first
  * out_cap of them when `head`. Also what a graph captures. */
@@ -359,8 +407,8 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
     cudaStream_t st = ctx->stream;
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const kg_cuda_step_hdr_t *hdr = in.hdr;
-    /* where each adapted projection's delta goes (lora.cu): Q|K|V and
-     * gate|up are fused matrices, one output row each; qwen35's rows hold
+    /* where each adapted projection's delta goes (lora.cu): Q|K|V is one
+     * fused matrix, one output row each (gate|up: dense_ffn); qwen35's rows hold
      * each head's output gate after v (kg_backend_cuda_weights.cu) */
     const int32_t n_q = hp->n_head * hp->head_dim, n_kv = hp->n_head_kv * hp->head_dim;
     const int32_t qkv_w = n_q + 2 * n_kv + (hp->attn_out_gate ? n_q : 0);
@@ -368,7 +416,7 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                       hp->n_rot,  ctx->block_size, qkv_w};
     const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
     const int32_t qkv_col[3] = {0, n_q, n_q + n_kv}, qkv_n[3] = {n_q, n_kv, n_kv};
-    const int32_t gu_col[2] = {0, hp->n_ff}, gu_n[2] = {hp->n_ff, hp->n_ff}, zero[1] = {0};
+    const int32_t zero[1] = {0};
 
     KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, hp->n_embd, hp->embd_scale,
                          ctx->x));
@@ -379,13 +427,22 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
     KG_TRY(cuda_rec_reset(ctx, rows)); /* a hybrid's slots that start over */
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
-        const bool attn = ctx->model->layers[il].kind == KG_LAYER_ATTN;
-        /* the previous layer's FFN output (after its post-norm) joins the
-         * residual here */
-        const kg_cuda_residual_t res_ffn = {il > 0 ? ctx->tmp : NULL, NULL,
-                                            il > 0 ? ctx->layers[il - 1].ffn_post_norm : NULL,
-                                            hp->residual_scale};
-        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_ffn, L->attn_norm,
+        const kg_layer_weights_t *ML = &ctx->model->layers[il];
+        const bool attn = ML->kind == KG_LAYER_ATTN;
+        /* the previous layer's output (its FFN's, after its post-norm)
+         * joins the residual here */
+        const kg_cuda_residual_t res_prev =
+            il > 0 ? block_out(ctx, il - 1) : kg_cuda_residual_t{NULL, NULL, NULL, 0.0f};
+        if (ML->kind == KG_LAYER_FFN) {
+            /* no mixer (nemotron_h's MLP layers): the FFN on the residual
+             * normed by attn_norm (the model's ffn_norm here) */
+            KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_prev, L->ffn_norm,
+                                       ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
+                                       hp->norm_eps));
+            KG_TRY(dense_ffn(ctx, il, rows));
+            continue;
+        }
+        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_prev, L->attn_norm,
                                    ctx->xn, attn ? L->wqkv.dt : L->rin.dt, NULL, KG_CUDA_F32,
                                    hp->n_embd, hp->norm_eps));
         if (!attn) { /* a hybrid's recurrent mixer, into tmp */
@@ -416,6 +473,9 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
             KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, L->wo.dt, n_q, ctx->tmp,
                                    hp->n_embd, zero, &hp->n_embd));
         }
+        if (ML->n_ff == 0) {
+            continue; /* a mixer alone (nemotron_h): block_out adds it next */
+        }
         /* the attention (or mixer) output (+ bias, post-norm) joins the
          * residual */
         const kg_cuda_residual_t res_attn = {ctx->tmp, L->bo, L->attn_post_norm,
@@ -431,34 +491,13 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_attn, L->ffn_norm,
                                    ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                    hp->norm_eps));
-        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
-        if (hp->ffn_act != KG_FFN_XIELU) {
-            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, L->wgu.dt, hp->n_embd,
-                                   ctx->gu, 2 * hp->n_ff, gu_col, gu_n));
-        } else { /* apertus: gu is the up projection alone */
-            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
-                                   hp->n_ff, zero, &hp->n_ff));
-        }
-        if (hp->ffn_act == KG_FFN_XIELU) {
-            const kg_layer_weights_t *ML = &ctx->model->layers[il];
-            const float xp[4] = {ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps};
-            KG_TRY(kg_cuda_xielu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff, xp));
-        } else if (hp->ffn_act == KG_FFN_GELU) {
-            KG_TRY(kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt,
-                                 hp->n_ff));
-        } else {
-            KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
-        }
-        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
-        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff, ctx->tmp,
-                               hp->n_embd, zero, &hp->n_embd));
+        KG_TRY(dense_ffn(ctx, il, rows));
     }
     /* the last residual add and the final norm, only for the rows that want
      * logits; a step that wants hidden states adds it on every row first
      * and norms them all into hid (F32, as the CPU backend's), then the
      * logits rows' norm reads the sums made (the same bits either way) */
-    const kg_cuda_residual_t res_last = {ctx->tmp, NULL, ctx->layers[hp->n_layer - 1].ffn_post_norm,
-                                         hp->residual_scale};
+    const kg_cuda_residual_t res_last = block_out(ctx, hp->n_layer - 1);
     const kg_cuda_residual_t res_none = {NULL, NULL, NULL, 0.0f};
     if (hidden) {
         KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_last, ctx->out_norm,

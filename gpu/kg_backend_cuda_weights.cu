@@ -372,7 +372,7 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     }
     if (src->ffn_gate_inp) {
         KG_TRY(upload_experts(ctx, s, src, L));
-    } else {
+    } else if (src->w_up) { /* (nemotron_h's mixer and attention layers have no FFN) */
         /* gate|up fused, or up alone (apertus's ungated xIELU) */
         const kg_gguf_tensor_t *gu[2] = {src->w_gate, src->w_up};
         KG_TRY(src->w_gate ? upload_mat(ctx, s, gu, 2, &L->wgu)

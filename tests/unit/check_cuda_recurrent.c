@@ -83,14 +83,19 @@ static const family_t k_families[] = {
      "--arch granitehybrid --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 96 "
      "--ctx 256 --seed 71 --type f32",
      false},
+    /* Mamba-2, MLP (squared ReLU, no mixer), Mamba-2, attention (NoPE, no FFN) */
+    {"nemotron_h",
+     "--arch nemotron_h --n-embd 64 --n-layer 4 --n-head 4 --n-head-kv 2 --n-ff 96 --ctx 256 "
+     "--seed 72 --type f32",
+     false},
 };
 #define N_FAMILIES  ((int)(sizeof(k_families) / sizeof(k_families[0])))
 
 /* the hybrids it does not run yet: refused by name */
 static const family_t k_refused[] = {
-    {"nemotron_h",
-     "--arch nemotron_h --n-embd 64 --n-layer 4 --n-head 4 --n-head-kv 2 "
-     "--n-ff 96 --ctx 256 --seed 72 --type f32",
+    {"nemotron_h_moe",
+     "--arch nemotron_h_moe --n-embd 64 --n-layer 4 --n-head 4 --n-head-kv 2 --n-ff 96 "
+     "--n-expert 4 --n-expert-used 2 --n-ff-exp 32 --ctx 256 --seed 73 --type f32",
      false},
 };
 #define N_REFUSED   ((int)(sizeof(k_refused) / sizeof(k_refused[0])))
