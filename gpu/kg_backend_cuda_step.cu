@@ -12,7 +12,10 @@
  * blocks up to its last position) into one pinned buffer, sent with one
  * cudaMemcpyAsync; then on one stream: embedding gather and RoPE angles,
  * per layer add+RMSNorm, QKV GEMM, RoPE + KV store, paged attention, output
- * GEMM, add+RMSNorm, gate|up GEMM, SwiGLU, down GEMM; the final add+RMSNorm
+ * GEMM, add+RMSNorm, gate|up GEMM, SwiGLU, down GEMM (a hybrid's recurrent
+ * layer runs its mixer, kg_backend_cuda_recurrent.cu, in place of the
+ * attention, after zeroing the states of the slots at position 0; a
+ * nemotron_h layer lacks the mixer or the FFN); the final add+RMSNorm
  * of the rows that want logits, and the head GEMM over those rows, out_cap
  * rows at a time: a step with more output rows than the logits buffer
  * holds (--max-batch-size above KGEN_CUDA_MAX_OUTPUTS) runs the head and
