@@ -127,14 +127,15 @@ typedef struct kg_cuda_inputs {
     const int32_t *pos_end;   /* (cap) a non-causal model's (gemma-embedding): one past the last
                                  position of the token's input, which the step holds whole;
                                  read only by such a model's attention */
+    const int32_t *seq;       /* (cap) the token's slot (a hybrid's recurrent state) */
     const int32_t *table;     /* compacted block tables of the step's sequences */
 } kg_cuda_inputs_t;
 
-#define KG_CUDA_INPUT_ARRAYS 7 /* per-slot arrays after the header */
+#define KG_CUDA_INPUT_ARRAYS 8 /* per-slot arrays after the header */
 
 /* The inputs packed for `cap` token slots at `base`: header (4 ints),
- * token, pos, tbl_off, out_row, tile_tok0, tile_n, pos_end (cap each),
- * then the table. */
+ * token, pos, tbl_off, out_row, tile_tok0, tile_n, pos_end, seq (cap
+ * each), then the table. */
 static inline kg_cuda_inputs_t kg_cuda_inputs_view(const int32_t *base, int32_t cap) {
     kg_cuda_inputs_t in;
     in.hdr = (const kg_cuda_step_hdr_t *)base;
@@ -145,7 +146,8 @@ static inline kg_cuda_inputs_t kg_cuda_inputs_view(const int32_t *base, int32_t 
     in.tile_tok0 = in.out_row + cap;
     in.tile_n = in.tile_tok0 + cap;
     in.pos_end = in.tile_n + cap;
-    in.table = in.pos_end + cap;
+    in.seq = in.pos_end + cap;
+    in.table = in.seq + cap;
     return in;
 }
 

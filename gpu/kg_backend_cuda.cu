@@ -131,7 +131,11 @@ static kg_status_t alloc_moe(cuda_ctx_t *ctx, size_t es) {
     KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_u, R * FX * sizeof(float)));
     KG_TRY(dev_alloc(ctx, &ctx->moe_h, R * FX * es));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_y, R * E * sizeof(float)));
-    if (hp->n_expert_shared > 0) {
+    bool shared = false; /* glm4moe's expert_shared_count, qwen35moe's shared expert */
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        shared = shared || ctx->layers[il].n_ff_shexp > 0;
+    }
+    if (shared) {
         KG_TRY(dev_alloc(ctx, (void **)&ctx->shexp, T * E * sizeof(float)));
     }
     KG_CUDA_CHECK(cudaMallocHost((void **)&ctx->moe_stats_h, (4 + X) * sizeof(long long)));
@@ -153,8 +157,9 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     size_t es = 2, F = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
-        const kg_cuda_mat_t *mats[] = {&L->wqkv,   &L->wo,       &L->wgu,    &L->wdown,
-                                       &L->router, &L->exp_gate, &L->exp_up, &L->exp_down};
+        const kg_cuda_mat_t *mats[] = {&L->wqkv,   &L->wo,       &L->wgu,
+                                       &L->wdown,  &L->router,   &L->exp_gate,
+                                       &L->exp_up, &L->exp_down, &L->rin};
         for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++) {
             if (mats[i]->data && mats[i]->dt == KG_CUDA_F32) {
                 es = 4;
@@ -166,16 +171,24 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     }
     const size_t es_head = kg_cuda_dtype_size(ctx->head.dt);
 
-    /* KV pool (none for an encoder: its steps keep nothing) */
+    /* KV pool (none for an encoder: its steps keep nothing), for the
+     * attention layers only (a hybrid's recurrent layers keep states) */
+    ctx->n_kv_layers = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        ctx->layers[il].kv_il =
+            ctx->model->layers[il].kind == KG_LAYER_ATTN ? ctx->n_kv_layers++ : -1;
+    }
     if (!ctx->bert) {
         ctx->kv_layer_elems = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size * n_kv;
-        ctx->kv_size = 2 * ctx->kv_layer_elems * (size_t)hp->n_layer * sizeof(__half);
+        ctx->kv_size = 2 * ctx->kv_layer_elems * (size_t)ctx->n_kv_layers * sizeof(__half);
         KG_CUDA_CHECK(cudaMalloc((void **)&ctx->kv, ctx->kv_size));
         KG_CUDA_CHECK(cudaMemset(ctx->kv, 0, ctx->kv_size));
     }
 
     KG_TRY(dev_alloc(ctx, (void **)&ctx->x, T * E * 4));
-    KG_TRY(dev_alloc(ctx, (void **)&ctx->qkv, T * (n_q + 2 * n_kv) * 4));
+    /* qwen35's rows hold each head's output gate after v */
+    KG_TRY(dev_alloc(ctx, (void **)&ctx->qkv,
+                     T * (n_q + 2 * n_kv + (hp->attn_out_gate ? n_q : 0)) * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->tmp, T * E * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->gu, T * 2 * F * 4));
     KG_TRY(
@@ -252,6 +265,7 @@ static void cuda_free(kg_backend_t *be) {
             cudaStreamSynchronize(ctx->stream);
         }
         cuda_lora_free(ctx);
+        cuda_rec_free(ctx);
         for (int i = 0; i < ctx->n_buckets; i++) {
             if (ctx->buckets[i].exec) {
                 cudaGraphExecDestroy(ctx->buckets[i].exec);
@@ -270,11 +284,14 @@ static void cuda_free(kg_backend_t *be) {
                 free_mat(&L->exp_gate);
                 free_mat(&L->exp_up);
                 free_mat(&L->exp_down);
+                free_mat(&L->rin);
+                free_mat(&L->rout);
                 float *vecs[] = {
                     L->bqkv,          L->bo,      L->q_norm,      L->k_norm,     L->attn_post_norm,
                     L->ffn_post_norm, L->sinks,   L->router_b,    L->exp_gate_b, L->exp_up_b,
                     L->exp_down_b,    L->probs_b, L->attn_norm_b, L->ffn_norm_b, L->up_b,
-                    L->down_b};
+                    L->down_b,        L->rconv,   L->dt_b,        L->ssm_a,      L->ssm_norm,
+                    L->shexp_gate,    L->conv_b,  L->ssm_d};
                 for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
                     cudaFree(vecs[i]);
                 }
@@ -338,6 +355,8 @@ static void cuda_memory(const kg_backend_t *be, kg_backend_memory_t *out) {
     out->weights_size = ctx->weights_size;
     out->kv_size = ctx->kv_size;
     out->scratch_size = ctx->scratch_size;
+    out->state_size = cuda_rec_size(ctx, false);
+    out->snapshot_size = cuda_rec_size(ctx, true);
 }
 
 kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
@@ -496,6 +515,15 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
         snprintf(errstr, errstr_size,
                  "cuda backend: the encoder's RoPE table failed (see the log)");
         goto fail;
+    }
+    if (cuda_rec_init(ctx, params->n_seq_slots, params->n_state_snapshots, errstr, errstr_size) !=
+        KG_OK) {
+        goto fail;
+    }
+    if (ctx->rec) { /* a hybrid: its per-slot states (kg_backend_cuda_recurrent.cu) */
+        be->state_copy = cuda_state_copy;
+        be->state_save = cuda_state_save;
+        be->n_snapshots = params->n_state_snapshots > 0 ? params->n_state_snapshots : 0;
     }
     KG_LOG_INFO("cuda",
                 "backend ready device=\"%s\" sm=%d cc=%d.%d driver_cuda=%d.%d runtime_cuda=%d.%d "

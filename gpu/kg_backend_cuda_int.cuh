@@ -17,6 +17,7 @@
 #include "logits.cuh"
 #include "mask.cuh"
 #include "moe.cuh"
+#include "recurrent.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
@@ -52,6 +53,7 @@ typedef struct cuda_layer {
     float *attn_post_norm, *ffn_post_norm; /* (n_embd) */
     float *sinks;                          /* (n_head) attention sinks */
     int32_t rope;                          /* index into cuda_ctx_t.ropes */
+    int32_t kv_il;                         /* its K/V in the pool's layers; -1: none (recurrent) */
     int32_t n_swa;                         /* window; 0: global */
     /* mixture of experts (moe: no wgu, wdown) */
     bool moe;
@@ -63,12 +65,21 @@ typedef struct cuda_layer {
     float *exp_down_b;              /* (n_expert, n_embd) */
     float *probs_b;                 /* (n_expert) selection bias (glm4moe) */
     int32_t n_ff_shexp;             /* FS: the shared expert's width; 0: none */
+    float *shexp_gate;              /* (n_embd) its output gate's weights (qwen35moe), or NULL */
     /* bert and nomic-bert (attn_norm and ffn_norm hold their post-norms'
      * weights; wgu bert's up matrix alone, nomic-bert's gate|up): the
      * post-norms' biases, the FFN's biases (NULL: none) */
     float *attn_norm_b, *ffn_norm_b; /* (n_embd) */
     float *up_b;                     /* (n_ff) */
     float *down_b;                   /* (n_embd) */
+    /* a hybrid's recurrent mixer (kind != KG_LAYER_ATTN: no wqkv, wo) */
+    kg_cuda_mat_t rin;              /* LFM2's in_proj (3 n_embd: B | C | x); the DeltaNet's
+                                       q|k|v, z, then beta and alpha (or qwen3next's ba) */
+    kg_cuda_mat_t rout;             /* out_proj / ssm_out */
+    float *rconv;                   /* (channels, K) the convolution's kernel */
+    float *dt_b, *ssm_a, *ssm_norm; /* the DeltaNet's (V heads, V heads, d_state), Mamba-2's
+                                       (heads, heads, d_inner) */
+    float *conv_b, *ssm_d;          /* Mamba-2's conv bias (or NULL) and D (heads) */
 } cuda_layer_t;
 
 typedef enum bucket_state {
@@ -84,6 +95,7 @@ typedef struct bucket {
 } bucket_t;
 
 typedef struct cuda_lora cuda_lora_t; /* lora.cu */
+typedef struct cuda_rec cuda_rec_t;   /* kg_backend_cuda_recurrent.cu */
 
 typedef struct cuda_ctx {
     const kg_model_t *model;
@@ -115,6 +127,7 @@ typedef struct cuda_ctx {
     int32_t kv_window;     /* kg_model_kv_window: blocks before it may be freed */
     __half *kv;            /* (n_layer, 2, n_kv_blocks * block_size, n_kv) */
     size_t kv_layer_elems; /* elements of one layer's K (or V) */
+    int32_t n_kv_layers;   /* layers with K/V in the pool (the attention layers) */
 
     /* activations, T = max_tokens rows; 16-bit ones sized for 4-byte elements
      * when any weight is F32 */
@@ -182,6 +195,7 @@ typedef struct cuda_ctx {
 
     size_t weights_size, kv_size, scratch_size;
     cuda_lora_t *lora; /* LoRA adapters (lora.cu), NULL until one is added */
+    cuda_rec_t *rec;   /* a hybrid's recurrent states (kg_backend_cuda_recurrent.cu), or NULL */
 } cuda_ctx_t;
 
 static inline int env_int(const char *name, int def) {
@@ -278,3 +292,36 @@ kg_status_t cuda_lora_apply(cuda_ctx_t *ctx,
                             int32_t stride,
                             const int32_t *col,
                             const int32_t *n_out);
+
+// ---- kg_backend_cuda_recurrent.cu: a hybrid model's recurrent layers ----
+
+/* The states of n_slots slots (params' n_seq_slots; more as steps name
+ * them), n_snaps snapshots, and the layers' step buffers; nothing for a
+ * model without recurrent layers. errstr on failure. */
+kg_status_t
+cuda_rec_init(cuda_ctx_t *ctx, int32_t n_slots, int32_t n_snaps, char *errstr, size_t errstr_size);
+void cuda_rec_free(cuda_ctx_t *ctx);
+
+/* Before a step is packed: each token must continue its slot's state
+ * (position 0 starts it over), else KG_ERR_INVALID with a KG_FAULT_SEQ
+ * fault for that slot; room for batch->n_slots states (growing them drops
+ * the captured graphs, which hold the old buffer). KG_ERR_BACKEND: the
+ * device failed. */
+kg_status_t cuda_rec_begin(cuda_ctx_t *ctx, const kg_step_batch_t *batch);
+
+/* After a step ran: each slot's state has reached its last token. */
+void cuda_rec_end(cuda_ctx_t *ctx, const kg_step_batch_t *batch);
+
+/* In a step (and a graph): zero the states of the tokens at position 0. */
+kg_status_t cuda_rec_reset(cuda_ctx_t *ctx, int32_t rows);
+
+/* Recurrent layer il on ctx->xn (in rin's type) into ctx->tmp (F32). */
+kg_status_t cuda_rec_mixer(cuda_ctx_t *ctx, int32_t il, int32_t rows);
+
+/* The vtable's state_copy and state_save (kg_backend_state_copy, _save,
+ * _restore). */
+kg_status_t cuda_state_copy(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n);
+kg_status_t cuda_state_save(kg_backend_t *be, int32_t slot, int32_t snap, bool restore);
+
+/* Bytes of the states (or of the snapshots) on the device. */
+size_t cuda_rec_size(const cuda_ctx_t *ctx, bool snapshots);

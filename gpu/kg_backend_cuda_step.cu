@@ -12,7 +12,10 @@
  * blocks up to its last position) into one pinned buffer, sent with one
  * cudaMemcpyAsync; then on one stream: embedding gather and RoPE angles,
  * per layer add+RMSNorm, QKV GEMM, RoPE + KV store, paged attention, output
- * GEMM, add+RMSNorm, gate|up GEMM, SwiGLU, down GEMM; the final add+RMSNorm
+ * GEMM, add+RMSNorm, gate|up GEMM, SwiGLU, down GEMM (a hybrid's recurrent
+ * layer runs its mixer, kg_backend_cuda_recurrent.cu, in place of the
+ * attention, after zeroing the states of the slots at position 0; a
+ * nemotron_h layer lacks the mixer or the FFN); the final add+RMSNorm
  * of the rows that want logits, and the head GEMM over those rows, out_cap
  * rows at a time: a step with more output rows than the logits buffer
  * holds (--max-batch-size above KGEN_CUDA_MAX_OUTPUTS) runs the head and
@@ -119,7 +122,8 @@ static kg_status_t pack_inputs(
     int32_t *hdr = ctx->h_in;
     int32_t *token = hdr + 4, *pos = token + cap, *tbl_off = pos + cap, *out_row = tbl_off + cap;
     int32_t *tile_tok0 = out_row + cap, *tile_n = tile_tok0 + cap, *pos_end = tile_n + cap;
-    int32_t *table = pos_end + cap;
+    int32_t *seqs = pos_end + cap;
+    int32_t *table = seqs + cap;
     kg_status_t st = KG_OK;
     int32_t n_dist = 0, n_out = 0;
     bool multi = false;
@@ -146,6 +150,7 @@ static kg_status_t pack_inputs(
         }
         token[t] = tok;
         pos[t] = p;
+        seqs[t] = seq;
         if (batch->want_logits[t]) {
             if (n_out < cap) {
                 out_row[n_out] = t;
@@ -270,11 +275,11 @@ out:
 }
 
 static __half *k_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + (size_t)(2 * il) * ctx->kv_layer_elems;
+    return ctx->kv + (size_t)(2 * ctx->layers[il].kv_il) * ctx->kv_layer_elems;
 }
 
 static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + (size_t)(2 * il + 1) * ctx->kv_layer_elems;
+    return ctx->kv + (size_t)(2 * ctx->layers[il].kv_il + 1) * ctx->kv_layer_elems;
 }
 
 /* Attention of one layer: graph steps (single) cut their `rows` one-token
@@ -327,6 +332,42 @@ static kg_status_t run_head(cuda_ctx_t *ctx, int32_t row0, int32_t n) {
     return KG_OK;
 }
 
+/* The dense FFN of layer il over `rows` token slots, on xn (in wgu's
+ * type) into tmp: gate|up GEMM, the activation (SwiGLU, GeGLU, or on the
+ * up projection alone apertus's xIELU and nemotron_h's squared ReLU), the
+ * down GEMM, the adapters' deltas after each. */
+static kg_status_t dense_ffn(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const cuda_layer_t *L = &ctx->layers[il];
+    const kg_layer_weights_t *ML = &ctx->model->layers[il];
+    cudaStream_t st = ctx->stream;
+    const kg_cuda_step_hdr_t *hdr = kg_cuda_inputs_view(ctx->d_in, rows).hdr;
+    const int32_t gu_col[2] = {0, hp->n_ff}, gu_n[2] = {hp->n_ff, hp->n_ff}, zero[1] = {0};
+    const bool up_only = hp->ffn_act == KG_FFN_XIELU || hp->ffn_act == KG_FFN_RELU_SQR;
+    KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
+    if (!up_only) {
+        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
+                               2 * hp->n_ff, gu_col, gu_n));
+    } else { /* gu is the up projection alone */
+        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
+                               hp->n_ff, zero, &hp->n_ff));
+    }
+    if (hp->ffn_act == KG_FFN_XIELU) {
+        const float xp[4] = {ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps};
+        KG_TRY(kg_cuda_xielu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff, xp));
+    } else if (hp->ffn_act == KG_FFN_RELU_SQR) {
+        KG_TRY(kg_cuda_relu_sqr(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+    } else if (hp->ffn_act == KG_FFN_GELU) {
+        KG_TRY(
+            kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt, hp->n_ff));
+    } else {
+        KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+    }
+    KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
+    return cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff, ctx->tmp,
+                           hp->n_embd, zero, &hp->n_embd);
+}
+
 /* The mixture-of-experts FFN of layer L over `rows` token slots (cpu's
  * moe_ffn): the router GEMM on xn, route, the grouped layout, the
  * grouped gate, up and down GEMMs (expert biases inside), the gate, and
@@ -356,9 +397,25 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xe, ctx->gu, rows));
         KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, L->n_ff_shexp));
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->shexp, rows));
+        if (L->shexp_gate) { /* qwen35moe, qwen3next: times sigmoid(gate . x) */
+            KG_TRY(kg_cuda_moe_shexp_gate(st, rows, hdr, L->shexp_gate, ctx->xe, L->exp_gate.dt,
+                                          ctx->shexp, E));
+        }
     }
     return kg_cuda_moe_combine(st, rows, hdr, &ctx->router, &plan, ctx->moe_y,
                                L->n_ff_shexp > 0 ? ctx->shexp : NULL, ctx->tmp, E);
+}
+
+/* What layer il's last block left in tmp, to join the residual at the
+ * next add: its FFN's output (after its post-norm), or for a layer without
+ * FFN (nemotron_h's mixer and attention layers) the mixer's or the
+ * attention's (+ bias, post-norm). */
+static kg_cuda_residual_t block_out(const cuda_ctx_t *ctx, int32_t il) {
+    const cuda_layer_t *L = &ctx->layers[il];
+    if (ctx->model->layers[il].n_ff == 0 && !L->moe) {
+        return kg_cuda_residual_t{ctx->tmp, L->bo, L->attn_post_norm, ctx->hp.residual_scale};
+    }
+    return kg_cuda_residual_t{ctx->tmp, NULL, L->ffn_post_norm, ctx->hp.residual_scale};
 }
 
 /* Every kernel of one step over `rows` token slots (the real count is in
@@ -370,14 +427,16 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
     cudaStream_t st = ctx->stream;
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const kg_cuda_step_hdr_t *hdr = in.hdr;
-    const kg_cuda_rope_shape_t rsh = {hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_rot,
-                                      ctx->block_size};
-    const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
-    /* where each adapted projection's delta goes (lora.cu): Q|K|V and
-     * gate|up are fused matrices, one output row each */
+    /* where each adapted projection's delta goes (lora.cu): Q|K|V is one
+     * fused matrix, one output row each (gate|up: dense_ffn); qwen35's rows hold
+     * each head's output gate after v (kg_backend_cuda_weights.cu) */
     const int32_t n_q = hp->n_head * hp->head_dim, n_kv = hp->n_head_kv * hp->head_dim;
+    const int32_t qkv_w = n_q + 2 * n_kv + (hp->attn_out_gate ? n_q : 0);
+    const kg_cuda_rope_shape_t rsh = {hp->n_head, hp->n_head_kv,   hp->head_dim,
+                                      hp->n_rot,  ctx->block_size, qkv_w};
+    const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
     const int32_t qkv_col[3] = {0, n_q, n_q + n_kv}, qkv_n[3] = {n_q, n_kv, n_kv};
-    const int32_t gu_col[2] = {0, hp->n_ff}, gu_n[2] = {hp->n_ff, hp->n_ff}, zero[1] = {0};
+    const int32_t zero[1] = {0};
 
     KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, hp->n_embd, hp->embd_scale,
                          ctx->x));
@@ -385,37 +444,60 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         KG_TRY(kg_cuda_rope_cache(st, rows, in, ctx->rope_cs + (size_t)r * rope_stride,
                                   &ctx->ropes[r], ctx->rope_freqs));
     }
+    KG_TRY(cuda_rec_reset(ctx, rows)); /* a hybrid's slots that start over */
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
-        /* the previous layer's FFN output (after its post-norm) joins the
-         * residual here */
-        const kg_cuda_residual_t res_ffn = {il > 0 ? ctx->tmp : NULL, NULL,
-                                            il > 0 ? ctx->layers[il - 1].ffn_post_norm : NULL,
-                                            hp->residual_scale};
-        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_ffn, L->attn_norm,
-                                   ctx->xn, L->wqkv.dt, NULL, KG_CUDA_F32, hp->n_embd,
-                                   hp->norm_eps));
-        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
-        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, L->wqkv.dt, hp->n_embd, ctx->qkv,
-                               n_q + 2 * n_kv, qkv_col, qkv_n));
-        const kg_cuda_qkv_ops_t ops = {L->bqkv,
-                                       L->q_norm,
-                                       L->k_norm,
-                                       hp->norm_eps,
-                                       hp->rope_mode == KG_ROPE_MODE_NEOX,
-                                       hp->q_scale,
-                                       ctx->model->layers[il].no_rope,
-                                       hp->qk_norm_full,
-                                       hp->attn_temp_scale,
-                                       hp->attn_temp_floor};
-        KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv,
-                                  ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
-                                  k_cache(ctx, il), v_cache(ctx, il)));
-        KG_TRY(attention(ctx, il, rows, single));
-        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
-        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, L->wo.dt, n_q, ctx->tmp, hp->n_embd,
-                               zero, &hp->n_embd));
-        /* the attention output (+ bias, post-norm) joins the residual */
+        const kg_layer_weights_t *ML = &ctx->model->layers[il];
+        const bool attn = ML->kind == KG_LAYER_ATTN;
+        /* the previous layer's output (its FFN's, after its post-norm)
+         * joins the residual here */
+        const kg_cuda_residual_t res_prev =
+            il > 0 ? block_out(ctx, il - 1) : kg_cuda_residual_t{NULL, NULL, NULL, 0.0f};
+        if (ML->kind == KG_LAYER_FFN) {
+            /* no mixer (nemotron_h's MLP layers): the FFN on the residual
+             * normed by attn_norm (the model's ffn_norm here) */
+            KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_prev, L->ffn_norm,
+                                       ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
+                                       hp->norm_eps));
+            KG_TRY(dense_ffn(ctx, il, rows));
+            continue;
+        }
+        KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_prev, L->attn_norm,
+                                   ctx->xn, attn ? L->wqkv.dt : L->rin.dt, NULL, KG_CUDA_F32,
+                                   hp->n_embd, hp->norm_eps));
+        if (!attn) { /* a hybrid's recurrent mixer, into tmp */
+            KG_TRY(cuda_rec_mixer(ctx, il, rows));
+        } else {
+            KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
+            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, L->wqkv.dt, hp->n_embd, ctx->qkv,
+                                   qkv_w, qkv_col, qkv_n));
+            const kg_cuda_qkv_ops_t ops = {L->bqkv,
+                                           L->q_norm,
+                                           L->k_norm,
+                                           hp->norm_eps,
+                                           hp->rope_mode == KG_ROPE_MODE_NEOX,
+                                           hp->q_scale,
+                                           ctx->model->layers[il].no_rope,
+                                           hp->qk_norm_full,
+                                           hp->attn_temp_scale,
+                                           hp->attn_temp_floor};
+            KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv,
+                                      ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
+                                      k_cache(ctx, il), v_cache(ctx, il)));
+            KG_TRY(attention(ctx, il, rows, single));
+            if (hp->attn_out_gate) { /* qwen35: times sigmoid of the query's gate */
+                KG_TRY(kg_cuda_attn_gate(st, rows, hdr, ctx->qkv + n_q + 2 * n_kv, qkv_w, ctx->att,
+                                         L->wo.dt, n_q));
+            }
+            KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wo, ctx->att, ctx->tmp, rows));
+            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, L->wo.dt, n_q, ctx->tmp,
+                                   hp->n_embd, zero, &hp->n_embd));
+        }
+        if (ML->n_ff == 0) {
+            continue; /* a mixer alone (nemotron_h): block_out adds it next */
+        }
+        /* the attention (or mixer) output (+ bias, post-norm) joins the
+         * residual */
         const kg_cuda_residual_t res_attn = {ctx->tmp, L->bo, L->attn_post_norm,
                                              hp->residual_scale};
         if (L->moe) {
@@ -429,34 +511,13 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_attn, L->ffn_norm,
                                    ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
                                    hp->norm_eps));
-        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
-        if (hp->ffn_act != KG_FFN_XIELU) {
-            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, L->wgu.dt, hp->n_embd,
-                                   ctx->gu, 2 * hp->n_ff, gu_col, gu_n));
-        } else { /* apertus: gu is the up projection alone */
-            KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
-                                   hp->n_ff, zero, &hp->n_ff));
-        }
-        if (hp->ffn_act == KG_FFN_XIELU) {
-            const kg_layer_weights_t *ML = &ctx->model->layers[il];
-            const float xp[4] = {ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps};
-            KG_TRY(kg_cuda_xielu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff, xp));
-        } else if (hp->ffn_act == KG_FFN_GELU) {
-            KG_TRY(kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt,
-                                 hp->n_ff));
-        } else {
-            KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
-        }
-        KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
-        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff, ctx->tmp,
-                               hp->n_embd, zero, &hp->n_embd));
+        KG_TRY(dense_ffn(ctx, il, rows));
     }
     /* the last residual add and the final norm, only for the rows that want
      * logits; a step that wants hidden states adds it on every row first
      * and norms them all into hid (F32, as the CPU backend's), then the
      * logits rows' norm reads the sums made (the same bits either way) */
-    const kg_cuda_residual_t res_last = {ctx->tmp, NULL, ctx->layers[hp->n_layer - 1].ffn_post_norm,
-                                         hp->residual_scale};
+    const kg_cuda_residual_t res_last = block_out(ctx, hp->n_layer - 1);
     const kg_cuda_residual_t res_none = {NULL, NULL, NULL, 0.0f};
     if (hidden) {
         KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_last, ctx->out_norm,
@@ -658,6 +719,15 @@ kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *
     if (lst != KG_OK) {
         return cuda_mark_dead(ctx, "the LoRA plan's upload");
     }
+    /* a hybrid's states: each token continues its slot, room for every slot
+     * (before the bucket is chosen: growing them drops the graphs) */
+    const kg_status_t rst = cuda_rec_begin(ctx, batch);
+    if (rst == KG_ERR_INVALID) {
+        return rst;
+    }
+    if (rst != KG_OK) {
+        return cuda_mark_dead(ctx, "growing the recurrent states");
+    }
     /* a decode-only step runs as the graph of its bucket (one that wants
      * hidden states eagerly: the graphs norm the logits rows only) */
     int b = -1;
@@ -674,6 +744,7 @@ kg_status_t cuda_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *
     if (device_step(ctx, T, rows, b, n_out, n_ints, n_hid > 0) != KG_OK) {
         return cuda_mark_dead(ctx, "a step");
     }
+    cuda_rec_end(ctx, batch);
     if (n_hid > 0 && cuda_copy_hidden(ctx, batch, ctx->hid) != KG_OK) {
         return cuda_mark_dead(ctx, "reading the hidden states");
     }
@@ -748,7 +819,7 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
     }
     const size_t block = (size_t)ctx->block_size * (size_t)ctx->hp.n_head_kv * ctx->hp.head_dim;
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
-        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems, 2 * ctx->hp.n_layer, block, src,
+        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems, 2 * ctx->n_kv_layers, block, src,
                         dst, n) != KG_OK) {
         return cuda_mark_dead(ctx, "the KV block copy");
     }

@@ -284,8 +284,76 @@ upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_
         KG_TRY(upload_mat_as(ctx, s, sgu, 2, dt_gu, &L->wgu));
         KG_TRY(upload_mat(ctx, s, &src->down_shexp, 1, &L->wdown));
         L->n_ff_shexp = (int32_t)src->gate_shexp->ne[1];
+        KG_TRY(upload_vec(ctx, src->gate_inp_shexp, &L->shexp_gate));
     }
     return KG_OK;
+}
+
+/* qwen35's fused Q|K|V: attn_q holds each head's query then its output
+ * gate (hd rows each, head by head); on the device the queries come first,
+ * then K and V, then the gates (the step's qkv rows: rope_store reads
+ * the first n_q + 2 n_kv, the gate kernel the rest). */
+static kg_status_t
+upload_gated_qkv(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, kg_cuda_mat_t *m) {
+    const kg_hparams_t *hp = &ctx->hp;
+    const kg_gguf_tensor_t *parts[3] = {src->wq, src->wk, src->wv};
+    const int64_t hd = src->head_dim, n_q = (int64_t)hp->n_head * hd;
+    const int64_t n_kv = tensor_rows(src->wk);
+    m->dt = pick_dtype(parts, 3);
+    m->n_in = (int32_t)src->wq->ne[0];
+    m->n_out = (int32_t)(2 * n_q + 2 * n_kv);
+    const size_t row = (size_t)m->n_in * kg_cuda_dtype_size(m->dt);
+    KG_CUDA_CHECK(cudaMalloc(&m->data, (size_t)m->n_out * row));
+    ctx->weights_size += (size_t)m->n_out * row;
+    char *d = (char *)m->data;
+    for (int64_t h = 0; h < hp->n_head; h++) {
+        KG_TRY(upload_rows(ctx, s, src->wq, 2 * h * hd, hd, m->dt, d + (size_t)(h * hd) * row));
+        KG_TRY(upload_rows(ctx, s, src->wq, 2 * h * hd + hd, hd, m->dt,
+                           d + (size_t)(n_q + 2 * n_kv + h * hd) * row));
+    }
+    KG_TRY(upload_rows(ctx, s, src->wk, 0, n_kv, m->dt, d + (size_t)n_q * row));
+    return upload_rows(ctx, s, src->wv, 0, n_kv, m->dt, d + (size_t)(n_q + n_kv) * row);
+}
+
+/* A hybrid's recurrent mixer (recurrent.cuh): its in-projection (the
+ * DeltaNet's four, or qwen3next's three, fused into one GEMM: their rows
+ * side by side in each token's output), out-projection, and the small F32
+ * arrays its kernels read. */
+static kg_status_t
+upload_recurrent(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
+    switch (src->kind) {
+    case KG_LAYER_SHORTCONV:
+        KG_TRY(upload_mat(ctx, s, &src->sc_in_proj, 1, &L->rin));
+        KG_TRY(upload_mat(ctx, s, &src->sc_out_proj, 1, &L->rout));
+        return upload_vec(ctx, src->sc_conv, &L->rconv);
+    case KG_LAYER_DELTANET: {
+        const kg_gguf_tensor_t *sep[4] = {src->ssm_in, src->ssm_gate, src->ssm_beta,
+                                          src->ssm_alpha};
+        const kg_gguf_tensor_t *fused[3] = {src->ssm_in, src->ssm_gate, src->ssm_ba};
+        KG_TRY(src->ssm_ba ? upload_mat(ctx, s, fused, 3, &L->rin)
+                           : upload_mat(ctx, s, sep, 4, &L->rin));
+        KG_TRY(upload_mat(ctx, s, &src->ssm_out, 1, &L->rout));
+        KG_TRY(upload_vec(ctx, src->ssm_conv1d, &L->rconv));
+        KG_TRY(upload_vec(ctx, src->ssm_dt_b, &L->dt_b));
+        KG_TRY(upload_vec(ctx, src->ssm_a, &L->ssm_a));
+        return upload_vec(ctx, src->ssm_norm, &L->ssm_norm);
+    }
+    case KG_LAYER_MAMBA2:
+        KG_TRY(upload_mat(ctx, s, &src->ssm_in, 1, &L->rin));
+        KG_TRY(upload_mat(ctx, s, &src->ssm_out, 1, &L->rout));
+        KG_TRY(upload_vec(ctx, src->ssm_conv1d, &L->rconv));
+        KG_TRY(upload_vec(ctx, src->ssm_conv1d_b, &L->conv_b));
+        KG_TRY(upload_vec(ctx, src->ssm_dt_b, &L->dt_b));
+        KG_TRY(upload_vec(ctx, src->ssm_a, &L->ssm_a));
+        KG_TRY(upload_vec(ctx, src->ssm_d, &L->ssm_d));
+        return upload_vec(ctx, src->ssm_norm, &L->ssm_norm);
+    case KG_LAYER_FFN: /* no mixer */
+        return KG_OK;
+    case KG_LAYER_ATTN:
+        break;
+    }
+    KG_LOG_ERROR("cuda", "no CUDA kernels for this recurrent layer kind (%d)", (int)src->kind);
+    return KG_ERR_UNSUPPORTED;
 }
 
 /* Everything of layer il. */
@@ -295,11 +363,16 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     const kg_gguf_tensor_t *qkv[3] = {src->wq, src->wk, src->wv};
     KG_TRY(upload_vec(ctx, src->attn_norm, &L->attn_norm));
     KG_TRY(upload_vec(ctx, src->ffn_norm, &L->ffn_norm));
-    KG_TRY(upload_mat(ctx, s, qkv, 3, &L->wqkv));
-    KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+    if (src->kind == KG_LAYER_ATTN) {
+        KG_TRY(ctx->hp.attn_out_gate ? upload_gated_qkv(ctx, s, src, &L->wqkv)
+                                     : upload_mat(ctx, s, qkv, 3, &L->wqkv));
+        KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+    } else {
+        KG_TRY(upload_recurrent(ctx, s, src, L));
+    }
     if (src->ffn_gate_inp) {
         KG_TRY(upload_experts(ctx, s, src, L));
-    } else {
+    } else if (src->w_up) { /* (nemotron_h's mixer and attention layers have no FFN) */
         /* gate|up fused, or up alone (apertus's ungated xIELU) */
         const kg_gguf_tensor_t *gu[2] = {src->w_gate, src->w_up};
         KG_TRY(src->w_gate ? upload_mat(ctx, s, gu, 2, &L->wgu)

@@ -226,7 +226,8 @@ kg_status_t kg_cuda_op_rope_store(
     const int32_t T = a->n_tokens;
     const size_t n_q = (size_t)a->n_head * a->head_dim, n_kv = (size_t)a->n_head_kv * a->head_dim;
     const size_t cache = (size_t)a->n_cache_rows * n_kv;
-    const kg_cuda_rope_shape_t sh = {a->n_head, a->n_head_kv, a->head_dim, a->n_rot, a->block_size};
+    const kg_cuda_rope_shape_t sh = {a->n_head, a->n_head_kv,  a->head_dim,
+                                     a->n_rot,  a->block_size, 0};
     kg_cuda_qkv_ops_t ops;
     kg_cuda_rope_t rope;
     memset(&ops, 0, sizeof(ops));

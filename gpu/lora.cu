@@ -412,6 +412,15 @@ kg_status_t cuda_lora_add(
         snprintf(errstr, errstr_size, "cuda backend: the device failed earlier");
         return KG_ERR_BACKEND;
     }
+    if (ctx->hp.attn_out_gate) {
+        /* the device's fused Q rows are regrouped (queries, then gates), an
+         * adapter's Q delta is interleaved like the file's attn_q */
+        snprintf(
+            errstr, errstr_size,
+            "cuda backend: no LoRA adapters on a %s model (gated attention); use --backend cpu",
+            kg_arch_name(ctx->hp.arch));
+        return KG_ERR_UNSUPPORTED;
+    }
     if (lora->n_layer != ctx->hp.n_layer) {
         snprintf(errstr, errstr_size, "cuda backend: adapter for %d layers, the model has %d",
                  lora->n_layer, ctx->hp.n_layer);

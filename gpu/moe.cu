@@ -424,6 +424,43 @@ kg_status_t kg_cuda_moe_combine(cudaStream_t stream,
     return KG_OK;
 }
 
+/* One warp per token. */
+__global__ void moe_shexp_gate_kernel(const kg_cuda_step_hdr_t *hdr,
+                                      const float *__restrict__ w,
+                                      const void *__restrict__ x,
+                                      int dt,
+                                      float *y,
+                                      int32_t n) {
+    const int32_t t = blockIdx.x, lane = threadIdx.x;
+    if (t >= hdr->n_tokens) {
+        return;
+    }
+    float s = 0.0f;
+    for (int32_t i = lane; i < n; i += 32) {
+        s += w[i] * kg_ld(x, (int64_t)t * n + i, dt);
+    }
+    const float g = 1.0f / (1.0f + expf(-kg_warp_sum(s)));
+    for (int32_t i = lane; i < n; i += 32) {
+        y[(int64_t)t * n + i] *= g;
+    }
+}
+
+kg_status_t kg_cuda_moe_shexp_gate(cudaStream_t stream,
+                                   int32_t n_launch,
+                                   const kg_cuda_step_hdr_t *hdr,
+                                   const float *w,
+                                   const void *x,
+                                   kg_cuda_dtype_t dt,
+                                   float *y,
+                                   int32_t n) {
+    if (n_launch <= 0) {
+        return KG_OK;
+    }
+    moe_shexp_gate_kernel<<<(unsigned)n_launch, 32, 0, stream>>>(hdr, w, x, (int)dt, y, n);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
 // ---- the test entry point (moe_ops.h) ----
 
 /* Up to 24 device buffers freed together. */

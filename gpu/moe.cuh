@@ -119,6 +119,18 @@ kg_status_t kg_cuda_moe_act(cudaStream_t stream,
                             int32_t n_ff,
                             int oai);
 
+/** The shared expert's gate (qwen35moe, qwen3next): for token t <
+ * hdr->n_tokens, y[t] (n wide) *= sigmoid(w . x[t]), x (rows, n) in dt,
+ * the dot one float sum (a warp's lanes, then across them). */
+kg_status_t kg_cuda_moe_shexp_gate(cudaStream_t stream,
+                                   int32_t n_launch,
+                                   const kg_cuda_step_hdr_t *hdr,
+                                   const float *w,
+                                   const void *x,
+                                   kg_cuda_dtype_t dt,
+                                   float *y,
+                                   int32_t n);
+
 /** out(n_launch, n) F32 = for token t < hdr->n_tokens, the sum over ranks
  * j in order of w[t][j] * y[slot[t][j]], then + add[t] (n; NULL: none: the
  * shared expert's output). */

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
     }
     const int32_t hd = sh.head_dim, half_hd = hd / 2, half_rot = sh.n_rot / 2;
     const int64_t n_q = (int64_t)sh.n_head * hd, n_kv = (int64_t)sh.n_head_kv * hd;
-    float *src = qkv + (int64_t)t * (n_q + 2 * n_kv);
+    float *src = qkv + (int64_t)t * (sh.stride > 0 ? (int64_t)sh.stride : n_q + 2 * n_kv);
     const float *cs = rope_cs + (int64_t)t * sh.n_rot;
     const int32_t pos = in.pos[t];
     const int64_t row = (int64_t)in.table[in.tbl_off[t] + pos / sh.block_size] * sh.block_size +

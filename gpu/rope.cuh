@@ -28,6 +28,8 @@ kg_status_t kg_cuda_rope_cache(cudaStream_t stream,
 
 typedef struct kg_cuda_rope_shape {
     int32_t n_head, n_head_kv, head_dim, n_rot, block_size;
+    int32_t stride; /* floats from one token's qkv row to the next; 0: n_q + 2 n_kv (qwen35's
+                       rows hold its output gates after v) */
 } kg_cuda_rope_shape_t;
 
 /* What a family adds to the Llama attention inputs; zeros and NULLs: none. */
@@ -46,6 +48,7 @@ typedef struct kg_cuda_qkv_ops {
 } kg_cuda_qkv_ops_t;
 
 /** For t < hdr->n_tokens, with qkv(t) = [q (n_head*hd) | k (n_kv*hd) | v (n_kv*hd)]
+ * (at qkv + t * sh->stride, or t * (n_q + 2 n_kv) when stride is 0)
  * as the CPU backend does it: add the biases, RMSNorm every q and k head
  * (in place in qkv), rotate the first n_rot dims of every q and k head
  * (kg_rope_pair on the pairs of ops->neox's mode; the rest pass through),

@@ -35,13 +35,44 @@
      KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT |               \
      KG_MODEL_FEAT_ENCODER | KG_MODEL_FEAT_BIDIR)
 
+/* The hybrid families whose recurrent layers gpu/ has kernels for
+ * (gpu/recurrent.cu; per-slot states in device memory), each checked
+ * against the CPU backend on the emulator (tests/unit/check_cuda_recurrent.c):
+ * LFM2's short convolution, Qwen3.5's and Qwen3-Next's gated DeltaNet
+ * (with their gated attention and gated shared expert), Granite 4's and
+ * Nemotron-H's Mamba-2 (with Nemotron-H's MLP-only layers and squared
+ * ReLU). Another hybrid (nemotron_h_moe: squared-ReLU experts) is refused
+ * by name. */
+static bool cuda_runs_hybrid(kg_arch_t arch) {
+    return arch == KG_ARCH_LFM2 || arch == KG_ARCH_QWEN35 || arch == KG_ARCH_QWEN35MOE ||
+           arch == KG_ARCH_QWEN3NEXT || arch == KG_ARCH_GRANITEHYBRID || arch == KG_ARCH_NEMOTRON_H;
+}
+
+/* Whether the layers differ from the model's shape only by having no FFN
+ * (nemotron_h's mixer and attention layers, n_ff 0), which the step skips:
+ * kg_model_features calls that a per-layer shape. */
+static bool only_ffn_less_layers(const kg_model_t *model) {
+    const kg_hparams_t *hp = &model->hp;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kg_layer_weights_t *L = &model->layers[il];
+        if (L->head_dim != hp->head_dim || L->n_head_kv != hp->n_head_kv || L->n_rot != hp->n_rot ||
+            (L->n_ff != hp->n_ff && L->n_ff != 0) || L->rope_freqs || L->kv_layer != il) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     uint32_t used = kg_model_features(model);
-    if (kg_model_is_recurrent(model)) {
-        /* the recurrent layers (gpu/ has no kernels for them yet) and
-         * their per-slot states are the CPU backend's only */
+    if (model->hp.arch == KG_ARCH_NEMOTRON_H && only_ffn_less_layers(model)) {
+        used &= ~(uint32_t)KG_MODEL_FEAT_HEAD_PER_LAYER;
+    }
+    if (kg_model_is_recurrent(model) && !cuda_runs_hybrid(model->hp.arch)) {
         snprintf(why, cap,
-                 "the cuda backend does not run this %s model's recurrent (hybrid) layers",
+                 "the cuda backend has no kernels for this %s model's recurrent (hybrid) layers "
+                 "yet (it runs lfm2's, qwen35's, qwen35moe's, qwen3next's, granitehybrid's and "
+                 "nemotron_h's)",
                  kg_arch_name(model->hp.arch));
         return false;
     }
