@@ -258,6 +258,19 @@ groups.append({"format": "lfm2_thinking", "templates": ["LFM2.5-8B-A1B.jinja"], 
   {"name": "reasoning_call", "text": "<think>The user wants the weather.</think>" + lfm(("get_weather", W))},
   {"name": "reasoning_plain", "text": "<think>Easy.</think>It is sunny in Paris."},
  ]})
+def fv31(n, a): return "<function=" + n + ">" + j(a) + "</function>"
+groups.append({"format": "functionary_v3_1", "templates": ["meetkai-functionary-medium-v3.1.jinja"],
+ "outputs": [
+  {"name": "plain", "text": "It is sunny in Paris."},
+  {"name": "one_call", "text": fv31("get_weather", W)},
+  {"name": "parallel", "text": fv31("get_weather", W) + "\n" + fv31("get_weather", W2)},
+  {"name": "content_then_call", "text": "Let me check.\n" + fv31("get_weather", W)},
+  {"name": "nested_unicode", "text": fv31("search", S)},
+  {"name": "python_tag", "text": "<|python_tag|>print(\"hi\")"},
+  {"name": "truncated", "text": "<function=get_weather>{\"city\": \"Par"},
+  {"name": "text_after", "text": fv31("get_weather", W) + " Done."},
+  {"name": "bad_json", "text": "<function=get_weather>{city: Paris}</function>"},
+ ]})
 def gr(*c): return "<|tool_call|>" + j([{"name": n, "arguments": a} for n, a in c])
 groups.append({"format": "granite_3_3", "templates": ["ibm-granite-granite-3.3-2B-Instruct.jinja"],
  "outputs": [

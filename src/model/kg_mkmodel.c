@@ -934,6 +934,8 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
                                  ? KG_MKVOCAB_QWEN_TOOLS
                              : fam->vocab == KG_MKVOCAB_QWEN && tmpl && strstr(tmpl, "[TOOL_CALLS]")
                                  ? KG_MKVOCAB_MISTRAL_TOOLS
+                             : fam->vocab == KG_MKVOCAB_QWEN && tmpl && strstr(tmpl, "<function=")
+                                 ? KG_MKVOCAB_FN_TOOLS
                                  : fam->vocab,
                              o->n_words, g_err, sizeof(g_err));
     if (n_vocab < 0) {

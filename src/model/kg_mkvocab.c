@@ -402,8 +402,8 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     int64_t rc = -1;
     const bool spm = style != KG_MKVOCAB_QWEN && style != KG_MKVOCAB_QWEN3 &&
                      style != KG_MKVOCAB_QWEN_TOOLS && style != KG_MKVOCAB_MISTRAL_TOOLS &&
-                     style != KG_MKVOCAB_GPT_OSS && style != KG_MKVOCAB_GLM &&
-                     style != KG_MKVOCAB_DEEPSEEK;
+                     style != KG_MKVOCAB_FN_TOOLS && style != KG_MKVOCAB_GPT_OSS &&
+                     style != KG_MKVOCAB_GLM && style != KG_MKVOCAB_DEEPSEEK;
     int64_t eot = -1, eom = -1;
     tr.cap = spm ? 512 : 640;
     tr.tok = calloc((size_t)tr.cap, TOK_MAX);
@@ -534,6 +534,10 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
             }
             if (style == KG_MKVOCAB_MISTRAL_TOOLS) {
                 vocab_push(&v, "[TOOL_CALLS]", 12, 0.0f, TT_CONTROL);
+            }
+            if (style == KG_MKVOCAB_FN_TOOLS) {
+                vocab_push(&v, "<function=", 10, 0.0f, TT_USER_DEFINED);
+                vocab_push(&v, "</function>", 11, 0.0f, TT_USER_DEFINED);
             }
         }
         merges = calloc((size_t)tr.n_merge + 1, sizeof(*merges));

@@ -25,6 +25,9 @@ typedef enum kg_mkvocab_style {
     KG_MKVOCAB_MISTRAL_TOOLS, /* KG_MKVOCAB_QWEN plus Mistral's [TOOL_CALLS] (a control token,
                                  as in Mistral's tekken vocabulary): for Mistral Nemo's tool
                                  template */
+    KG_MKVOCAB_FN_TOOLS,      /* KG_MKVOCAB_QWEN plus <function= and </function> (user-defined
+                                 text tokens): for Functionary v3.1's template, so that a
+                                 random model writes its call opening as one token */
 } kg_mkvocab_style_t;
 
 /** Write the tokenizer.* keys of a built-in vocabulary of `style`, with

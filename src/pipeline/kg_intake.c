@@ -47,7 +47,7 @@ static kg_status_t compile_constraint(const kg_intake_limits_t *lim,
  * one token, the answer is free until the model samples it (a text token, as
  * Qwen's <tool_call> is, is the grammar's first; a control token, as
  * Mistral's [TOOL_CALLS] is, opens the grammar that follows it); where the
- * call opens with text inside a header (gpt-oss), the answer is free until
+ * call opens with text (gpt-oss's header, Functionary v3.1's <function=), the answer is free until
  * its text holds a trigger; where the syntax has no marker (Llama 3.x,
  * Functionary), one grammar holds from the first token whose other branch is
  * free text. A format with no grammar of that kind, or a marker that is no

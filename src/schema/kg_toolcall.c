@@ -66,6 +66,12 @@ kg_toolfmt_t kg_toolfmt_detect(const char *t) {
     if (has(t, "<tool_call>")) {
         return KG_TOOLFMT_HERMES;
     }
+    /* Functionary v3.1: a Llama 3.1 template that teaches <function=N>{...}</function> (the
+     * check of llama.cpp's "Functionary 3.1" autoparser patch) */
+    if (has(t, "set has_code_interpreter = tools | selectattr(\"type\", \"equalto\", "
+               "\"code_interpreter\") | list | length > 0")) {
+        return KG_TOOLFMT_FUNCTIONARY_V31;
+    }
     if (has(t, "<|start_header_id|>") && (has(t, "ipython") || has(t, "<|python_tag|>"))) {
         return KG_TOOLFMT_LLAMA3;
     }
@@ -73,10 +79,12 @@ kg_toolfmt_t kg_toolfmt_detect(const char *t) {
 }
 
 const char *kg_toolfmt_name(kg_toolfmt_t f) {
-    static const char *const names[] = {"none",        "hermes",       "qwen3_coder", "llama3",
-                                        "mistral",     "mistral_args", "deepseek_r1", "deepseek_v3",
-                                        "command_r7b", "functionary",  "gpt_oss",     "glm",
-                                        "kimi_k2",     "minimax_m2",   "gemma4",      "lfm2"};
+    static const char *const names[] = {"none",        "hermes",          "qwen3_coder",
+                                        "llama3",      "mistral",         "mistral_args",
+                                        "deepseek_r1", "deepseek_v3",     "command_r7b",
+                                        "functionary", "gpt_oss",         "glm",
+                                        "kimi_k2",     "minimax_m2",      "gemma4",
+                                        "lfm2",        "functionary_v3_1"};
     return (unsigned)f < sizeof(names) / sizeof(names[0]) ? names[f] : "?";
 }
 
@@ -606,6 +614,51 @@ static bool parse_functionary(parse_t *p) {
     return kg_tc_at_end(p);
 }
 
+/* Functionary v3.1 (llama.cpp's autoparser with its "Functionary 3.1" patch): content up to
+ * the first <function=, then calls <function=N>{...}</function> with whitespace between and
+ * nothing after. `<|python_tag|>` code is no call there (that parser has no python tool):
+ * content. */
+static bool parse_functionary_v31(parse_t *p) {
+    const char *open = "<function=";
+    size_t first = kg_tc_find(p, 0, open);
+    if (first == p->len) {
+        return true;
+    }
+    kg_tc_set_content(p, 0, first);
+    p->i = first;
+    while (kg_tc_eat(p, open)) {
+        size_t n0 = p->i;
+        while (!kg_tc_at_end(p) && is_name_char(p->s[p->i])) {
+            p->i++;
+        }
+        size_t n1 = p->i;
+        if (kg_tc_at_end(p)) {
+            return true; /* cut inside the name: no call yet */
+        }
+        if (n1 == n0 || !kg_tc_eat(p, ">")) {
+            return false;
+        }
+        kg_tc_skip_ws(p);
+        if (kg_tc_at_end(p)) {
+            return true; /* cut before the arguments: no call yet */
+        }
+        kg_jspan_t v = kg_tc_value(p);
+        if (v.bad) {
+            return false;
+        }
+        kg_tc_add_call_n(p, p->s + n0, n1 - n0, p->s + v.start, v.end - v.start, NULL, 0);
+        if (v.partial) {
+            return true;
+        }
+        kg_tc_skip_ws(p);
+        if (!kg_tc_eat(p, "</function>")) {
+            return kg_tc_end_or_cut(p, "</function>");
+        }
+        kg_tc_skip_ws(p);
+    }
+    return kg_tc_end_or_cut(p, open);
+}
+
 /* Where a Harmony message's body that goes on from `from` ends: its first <|end|>, <|call|> or
  * <|return|>, or the text's end. */
 static size_t end_of_body(const parse_t *p, size_t from) {
@@ -752,6 +805,9 @@ static kg_status_t parse(kg_toolfmt_t f,
         break;
     case KG_TOOLFMT_LFM2:
         ok = kg_tc_parse_lfm2(&p);
+        break;
+    case KG_TOOLFMT_FUNCTIONARY_V31:
+        ok = parse_functionary_v31(&p);
         break;
     default:
         break;

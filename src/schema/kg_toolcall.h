@@ -56,11 +56,13 @@ typedef enum kg_toolfmt {
     KG_TOOLFMT_KIMI_K2, /* <|tool_calls_section_begin|><|tool_call_begin|>functions.N:I
                            <|tool_call_argument_begin|>A<|tool_call_end|>...<|tool_calls_section_end|>
                          */
-    KG_TOOLFMT_MINIMAX_M2, /* <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V
-                              </parameter>\n...</invoke>\n...</minimax:tool_call> */
-    KG_TOOLFMT_GEMMA4,     /* <|tool_call>call:N{k:<|"|>v<|"|>,n:1}<tool_call|>, repeated */
-    KG_TOOLFMT_LFM2,       /* <|tool_call_start|>[N(k="v", n=1), ...]<|tool_call_end|> */
-    KG_TOOLFMT_LAST = KG_TOOLFMT_LFM2,
+    KG_TOOLFMT_MINIMAX_M2,      /* <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V
+                                   </parameter>\n...</invoke>\n...</minimax:tool_call> */
+    KG_TOOLFMT_GEMMA4,          /* <|tool_call>call:N{k:<|"|>v<|"|>,n:1}<tool_call|>, repeated */
+    KG_TOOLFMT_LFM2,            /* <|tool_call_start|>[N(k="v", n=1), ...]<|tool_call_end|> */
+    KG_TOOLFMT_FUNCTIONARY_V31, /* v3.1 (Llama 3.1 based): <function=N>{...}</function>, repeated
+                                   (<|python_tag|> is no call: content, as llama.cpp has it) */
+    KG_TOOLFMT_LAST = KG_TOOLFMT_FUNCTIONARY_V31,
 } kg_toolfmt_t;
 
 typedef struct kg_toolcall {
@@ -143,9 +145,10 @@ typedef enum kg_toolauto {
                            (Mistral Nemo's [TOOL_CALLS]) */
     KG_TOOLAUTO_FREE,   /* no marker: one grammar from the first token, the calls or free
                            text (Llama 3.x's bare JSON, Functionary's recipient line) */
-    KG_TOOLAUTO_TEXT,   /* lazy: the call opens with text inside a message header, no token
-                           (gpt-oss's `<|channel|>commentary to=`): the grammar starts at a
-                           text trigger (kg_toolfmt_triggers) */
+    KG_TOOLAUTO_TEXT,   /* lazy: the call opens with text, no token (gpt-oss's
+                           `<|channel|>commentary to=` inside a message header, Functionary
+                           v3.1's `<function=`): the grammar starts at a text trigger
+                           (kg_toolfmt_triggers) */
 } kg_toolauto_t;
 
 /** The constraint text of an `auto` call in format f, constrained `how`;
@@ -166,11 +169,13 @@ size_t kg_toolfmt_markers(kg_toolfmt_t f, const char **out, size_t cap);
 
 /** The marker a call opens with in format f, where the call grammar starts
  * with it (so an `auto` job's grammar can wait for it: a lazy grammar), or
- * NULL (Llama 3.x's bare JSON, Functionary's name, gpt-oss's header: kg_toolfmt_triggers). */
+ * NULL (Llama 3.x's bare JSON, Functionary's name; gpt-oss's header and Functionary v3.1's
+ * `<function=`, which are text: kg_toolfmt_triggers). */
 const char *kg_toolfmt_marker(kg_toolfmt_t f);
 
-/** The text triggers of format f's `auto` calls where a call opens with text inside a header
- * (KG_TOOLAUTO_TEXT; gpt-oss: `<|start|>assistant` and then `<|channel|>commentary to`,
+/** The text triggers of format f's `auto` calls where a call opens with text, no token
+ * (KG_TOOLAUTO_TEXT; Functionary v3.1: `<function=`, its grammar from the trigger's first byte;
+ * gpt-oss: `<|start|>assistant` and then `<|channel|>commentary to`,
  * `<|channel|>analysis to` or ` to`, as llama.cpp's grammar triggers for it), each with the
  * byte its grammar starts at (after `<|start|>assistant`, which the prompt's generation prompt
  * or an earlier message wrote): up to `cap` into `text` and `from`; returns how many (0: the

@@ -115,17 +115,18 @@ char *kg_toolcall_auto_constraint(kg_toolfmt_t f,
     /* the marker grammar is the required one: it starts with the marker */
     bool ok = how == KG_TOOLAUTO_MARKER   ? kg_toolfmt_marker(f) != NULL
               : how == KG_TOOLAUTO_OPENED ? f == KG_TOOLFMT_MISTRAL
-              : how == KG_TOOLAUTO_TEXT   ? f == KG_TOOLFMT_GPT_OSS
-                                          : f == KG_TOOLFMT_LLAMA3 || f == KG_TOOLFMT_FUNCTIONARY;
+              : how == KG_TOOLAUTO_TEXT ? f == KG_TOOLFMT_GPT_OSS || f == KG_TOOLFMT_FUNCTIONARY_V31
+                                        : f == KG_TOOLFMT_LLAMA3 || f == KG_TOOLFMT_FUNCTIONARY;
     if (!ok) {
         snprintf(msg, msg_size, "tool_choice: no auto grammar of that kind for %s",
                  kg_toolfmt_name(f));
         return NULL;
     }
-    const char *mode = how == KG_TOOLAUTO_MARKER   ? "required"
-                       : how == KG_TOOLAUTO_OPENED ? "opened"
-                       : how == KG_TOOLAUTO_TEXT   ? "header"
-                                                   : "free";
+    /* Functionary v3.1's trigger is its call's first bytes: the grammar is the required one */
+    const char *mode = how == KG_TOOLAUTO_MARKER || f == KG_TOOLFMT_FUNCTIONARY_V31 ? "required"
+                       : how == KG_TOOLAUTO_OPENED                                  ? "opened"
+                       : how == KG_TOOLAUTO_TEXT                                    ? "header"
+                                                                                    : "free";
     return spec_text(f, tools_json, NULL, parallel, mode, len, msg, msg_size);
 }
 
@@ -183,10 +184,18 @@ size_t kg_toolfmt_markers(kg_toolfmt_t f, const char **out, size_t cap) {
 /* gpt-oss's message start: the prompt's generation prompt ends with it, and the model writes
  * it before each message after its first */
 #define OSS_START "<|start|>assistant"
+/* Functionary v3.1's call opening */
+#define FV31_OPEN "<function="
 
 size_t kg_toolfmt_triggers(kg_toolfmt_t f, const char **text, int32_t *from, size_t cap) {
     static const char *const oss[] = {OSS_START "<|channel|>commentary to",
                                       OSS_START "<|channel|>analysis to", OSS_START " to"};
+    if (f == KG_TOOLFMT_FUNCTIONARY_V31 && cap > 0) {
+        /* llama.cpp's word trigger: `<function=` is text in a Llama 3 vocabulary */
+        text[0] = FV31_OPEN;
+        from[0] = 0;
+        return 1;
+    }
     size_t n = f == KG_TOOLFMT_GPT_OSS ? sizeof(oss) / sizeof(oss[0]) : 0;
     n = n < cap ? n : cap;
     for (size_t i = 0; i < n; i++) {
@@ -270,6 +279,9 @@ static int32_t one_call(kg_gir_t *g, const wrap_ctx_t *w, int32_t i, int32_t arg
     case KG_TOOLFMT_FUNCTIONARY:
         snprintf(head, sizeof(head), "%s\n", name);
         return kg_gir_seq2(g, lit(g, head), args);
+    case KG_TOOLFMT_FUNCTIONARY_V31:
+        snprintf(head, sizeof(head), FV31_OPEN "%s>", name);
+        return kg_gir_seq3(g, lit(g, head), args, lit(g, "</function>"));
     case KG_TOOLFMT_GPT_OSS:
         /* the arguments end the grammar: <|call|> is an end-of-generation token, which no
          * grammar spells (the parse reads a body that ends with the text) */
@@ -388,6 +400,8 @@ wrap(kg_gir_t *g, const int32_t *docs, int32_t n, void *ctx, char *errstr, size_
     case KG_TOOLFMT_COMMAND_R7B:
         return kg_gir_seq3(g, lit(g, "<|START_ACTION|>[\n    "), some(g, call, ",\n    ", many),
                            lit(g, "\n]<|END_ACTION|>"));
+    case KG_TOOLFMT_FUNCTIONARY_V31: /* calls back to back (llama.cpp's: whitespace between) */
+        return some(g, call, "", many);
     case KG_TOOLFMT_KIMI_K2:
         return kg_gir_seq3(g, lit(g, KIMI_SECTION_BEGIN), some(g, call, "", many),
                            lit(g, KIMI_SECTION_END));

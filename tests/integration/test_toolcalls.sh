@@ -540,3 +540,76 @@ assert n_text >= 5 and n_called >= 5, f"Functionary: {n_text} texts, {n_called} 
 print(f"Functionary v3.2 auto: {n_text} of 40 answered text, {n_called} called, "
       f"{n_calls} calls valid")
 PY
+
+# Functionary v3.1: a Llama 3.1 template that teaches <function=NAME>{...}</function>. Required
+# and named jobs: the call grammar from the first token. Auto jobs: free text until the text
+# holds `<function=` (a text trigger: no token opens the call), the grammar from its first byte.
+# On a random qwen2 model, whose built-in vocabulary gains `<function=` as a user-defined text
+# token for this template, so that a random model writes it at all (in one piece: the trigger is
+# matched on the text, however the tokens split it).
+"$bin/kgen" mkmodel --out "$tmp/fv31.gguf" --arch qwen2 --n-embd 64 --n-layer 2 --n-head 4 \
+    --n-head-kv 2 --n-ff 128 --seed 9 \
+    --chat-template-file "$templates/meetkai-functionary-medium-v3.1.jinja" >/dev/null
+open_id=$(printf '<function=' | "$bin/kgen" tokenize --model "$tmp/fv31.gguf" --no-bos)
+[[ "$open_id" =~ ^[0-9]+$ ]] || kg_fail "'<function=' is not one token of the model: $open_id"
+python3 - "$tmp" "$open_id" <<'PY'
+import json, sys
+tmp, open_id = sys.argv[1], sys.argv[2]
+T = json.load(open(f"{tmp}/oss-tools.json"))
+tools = [{"type": "function", "function": t} for t in T]
+with open(f"{tmp}/fv31.jsonl", "w") as f:
+    # required: 20 one call, 10 parallel calls, 10 naming get_weather
+    for i in range(40):
+        choice = "required" if i < 30 else {"type": "function", "function": {"name": "get_weather"}}
+        f.write(json.dumps({"request_id": f"r{i}", "messages": [{"role": "user", "content": f"task {i}"}],
+                            "tools": tools, "tool_choice": choice, "max_tokens": 100,
+                            "parallel_tool_calls": 20 <= i < 30, "temperature": 1.0}) + "\n")
+    for i in range(60):
+        f.write(json.dumps({"request_id": f"a{i}", "messages": [{"role": "user", "content": f"auto {i}"}],
+                            "tools": tools, "max_tokens": 100, "temperature": 1.0,
+                            "parallel_tool_calls": False, "logit_bias": {open_id: 1}}) + "\n")
+PY
+"$bin/kgen" render --model "$tmp/fv31.gguf" <<<'{"request_id": "r", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "ping", "parameters": {}}}]}' |
+    grep -q 'start with <function=' || kg_fail "Functionary v3.1's prompt does not teach <function="
+"$bin/kgen" batch --model "$tmp/fv31.gguf" --input "$tmp/fv31.jsonl" --output "$tmp/fv31.out" \
+    2>>"$tmp/batch.log"
+python3 - "$tmp" <<'PY'
+import json, sys
+import jsonschema
+tmp = sys.argv[1]
+T = {t["name"]: t["parameters"] for t in json.load(open(f"{tmp}/oss-tools.json"))}
+n_req = n_req_calls = n_text = n_called = n_calls = n_before = 0
+for line in open(f"{tmp}/fv31.out"):
+    e = json.loads(line)
+    assert e["type"] == "done", e
+    rid, fr, calls = e["request_id"], e["finish_reason"], e.get("tool_calls", [])
+    for i, c in enumerate(calls):
+        if rid.startswith("r") and int(rid[1:]) >= 30:
+            assert c["function"]["name"] == "get_weather", (rid, c)
+        if fr == "length" and i == len(calls) - 1:
+            continue  # may be cut
+        jsonschema.validate(json.loads(c["function"]["arguments"]), T[c["function"]["name"]])
+        if rid.startswith("r"):
+            n_req_calls += 1
+        else:
+            n_calls += 1
+    # the call syntax is never left in the answer's text
+    assert "<function=" not in e["text"], (rid, e)
+    if rid.startswith("r"):
+        assert fr in ("tool_calls", "length"), (rid, e)
+        assert fr == "length" or calls, (rid, e)
+        n_req += fr == "tool_calls"
+    elif calls:
+        assert fr in ("tool_calls", "length"), (rid, e)
+        n_called += fr == "tool_calls"
+        n_before += e["text"] != ""  # the free text before the call, kept
+    else:
+        assert fr in ("stop", "length"), (rid, e)
+        n_text += e["text"] != ""  # (a random model may end at once)
+assert n_req >= 30, f"only {n_req} of 40 Functionary v3.1 required jobs ended with calls"
+assert n_text >= 5 and n_called >= 5, f"Functionary v3.1 auto: {n_text} texts, {n_called} calls of 60"
+assert n_before >= 3, f"Functionary v3.1 auto: only {n_before} calls after text of their own"
+print(f"Functionary v3.1: {n_req} of 40 required/named jobs finished tool_calls ({n_req_calls} "
+      f"calls valid); auto: {n_text} of 60 answered text, {n_called} called ({n_before} after "
+      f"text of their own), {n_calls} calls valid")
+PY

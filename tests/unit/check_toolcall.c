@@ -50,6 +50,7 @@ START_TEST(test_detect) {
         {"deepseek-ai-DeepSeek-V3.1.jinja", KG_TOOLFMT_DEEPSEEK_V3},
         {"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", KG_TOOLFMT_COMMAND_R7B},
         {"meetkai-functionary-medium-v3.2.jinja", KG_TOOLFMT_FUNCTIONARY},
+        {"meetkai-functionary-medium-v3.1.jinja", KG_TOOLFMT_FUNCTIONARY_V31},
         {"openai-gpt-oss-120b.jinja", KG_TOOLFMT_GPT_OSS},
         {"GLM-4.6.jinja", KG_TOOLFMT_GLM},
         {"GLM-4.7-Flash.jinja", KG_TOOLFMT_GLM},
@@ -244,6 +245,55 @@ START_TEST(test_formats) {
     ck_assert_str_eq(p.content, "Hi");
     ck_assert_str_eq(p.reasoning, "hm");
     kg_toolparse_clear(&p);
+
+    /* Functionary v3.1 (llama.cpp's autoparser, "Functionary 3.1" patch): content before the
+     * calls, several calls with whitespace between, the arguments as written */
+    const char *fv31 = "Let me look.<function=f>{\"a\": 1}</function>\n<function=g> {\"b\": [2]}"
+                       "</function>";
+    ck_assert_int_eq(kg_toolcall_parse(KG_TOOLFMT_FUNCTIONARY_V31, fv31, strlen(fv31), NULL, &p),
+                     KG_OK);
+    ck_assert_uint_eq(p.n_calls, 2);
+    ck_assert_str_eq(p.content, "Let me look.");
+    ck_assert_str_eq(p.calls[0].name, "f");
+    ck_assert_str_eq(p.calls[0].arguments, "{\"a\": 1}");
+    ck_assert_str_eq(p.calls[1].name, "g");
+    ck_assert_str_eq(p.calls[1].arguments, "{\"b\": [2]}");
+    ck_assert(!p.malformed);
+    kg_toolparse_clear(&p);
+    /* no <function=: all content, <|python_tag|> code included (that parser maps no python tool) */
+    p = parse(KG_TOOLFMT_FUNCTIONARY_V31, "<|python_tag|>print(1)");
+    ck_assert_uint_eq(p.n_calls, 0);
+    ck_assert_str_eq(p.content, "<|python_tag|>print(1)");
+    ck_assert(!p.malformed);
+    kg_toolparse_clear(&p);
+    /* cut inside the arguments (max_tokens): the call with what was written */
+    p = parse(KG_TOOLFMT_FUNCTIONARY_V31, "<function=f>{\"a\": [1, ");
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert_str_eq(p.calls[0].arguments, "{\"a\": [1, ");
+    kg_toolparse_clear(&p);
+    /* cut inside the name: no call yet, the content before stands */
+    p = parse(KG_TOOLFMT_FUNCTIONARY_V31, "Hi<function=ge");
+    ck_assert_uint_eq(p.n_calls, 0);
+    ck_assert(!p.malformed);
+    kg_toolparse_clear(&p);
+    /* text after the calls, or arguments that are no JSON: malformed, all content */
+    static const char *const fv31_bad[] = {"<function=f>{}</function> and more",
+                                           "<function=f>not json</function>", "<function=>{}"};
+    for (size_t i = 0; i < 3; i++) {
+        p = parse(KG_TOOLFMT_FUNCTIONARY_V31, fv31_bad[i]);
+        ck_assert_msg(p.malformed && p.n_calls == 0, "[%s]", fv31_bad[i]);
+        ck_assert_str_eq(p.content, fv31_bad[i]);
+        kg_toolparse_clear(&p);
+    }
+    /* its text trigger is the call's first bytes */
+    {
+        const char *tr[2];
+        int32_t fr[2];
+        ck_assert_uint_eq(kg_toolfmt_triggers(KG_TOOLFMT_FUNCTIONARY_V31, tr, fr, 2), 1);
+        ck_assert_str_eq(tr[0], "<function=");
+        ck_assert_int_eq(fr[0], 0);
+        ck_assert_ptr_null(kg_toolfmt_marker(KG_TOOLFMT_FUNCTIONARY_V31));
+    }
 
     /* gpt-oss: an unterminated header is all content */
     p = parse(KG_TOOLFMT_GPT_OSS, "<|channel|>final");
@@ -511,6 +561,9 @@ START_TEST(test_required_grammar) {
         {KG_TOOLFMT_GPT_OSS,
          "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" W_ARGS, NULL,
          "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>[]"},
+        {KG_TOOLFMT_FUNCTIONARY_V31, "<function=get_weather>" W_ARGS "</function>",
+         "<function=get_weather>" W_ARGS "</function><function=search>" S_ARGS "</function>",
+         "<function=get_weather>{\"city\": \"Paris, France\"}</function>"},
         {KG_TOOLFMT_KIMI_K2,
          "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_"
          "argument_begin|>" W_ARGS "<|tool_call_end|><|tool_calls_section_end|>",
@@ -886,6 +939,13 @@ START_TEST(test_auto_grammar) {
          KG_TOOLAUTO_FREE,
          {"all\nIt is sunny.", "get_weather\n" W_ARGS, "all\n"},
          {"It is sunny.", "get_weather\n{\"town\": \"x\"}", "search\n{}"}},
+        /* Functionary v3.1 from its `<function=` trigger on: the required grammar */
+        {KG_TOOLFMT_FUNCTIONARY_V31,
+         KG_TOOLAUTO_TEXT,
+         {"<function=get_weather>" W_ARGS "</function>",
+          "<function=get_weather>" W_ARGS "</function><function=get_weather>" W_ARGS "</function>"},
+         {"It is sunny.", "<function=get_weather>{\"town\": \"x\"}</function>",
+          "<function=search>{}</function>", "<function=get_weather>" W_ARGS}},
         /* gpt-oss from its text trigger: the recipient in the channel header or in the role,
          * commentary or analysis, with or without a content type */
         {KG_TOOLFMT_GPT_OSS,
