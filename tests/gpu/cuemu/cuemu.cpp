@@ -34,6 +34,7 @@ struct fiber {
     char *stack;
     bool done;
     bool started;
+    bool parked;          /* FAST_SWITCH: its body waits at the park for the next block */
     const ebar *wait_bar; /* the barrier it waits at, or null */
     long wait_gen;        /* ... until its generation moves past this */
     unsigned tid;
@@ -118,12 +119,24 @@ void emu_wmma_exchange(const float *mine, int n, float *all) {
     emu_warp_sync();
 }
 
+/* A fiber's body. With FAST_SWITCH it never ends: after a block's thread it
+ * parks, and the next block resumes it at the park with the next thread, so
+ * a fiber is made (getcontext, makecontext, setcontext: two system calls)
+ * once per fiber, not once per thread of every block (the emulator's system
+ * time was a quarter of its run). */
 static void entry() {
+#if FAST_SWITCH
+    for (;;) {
+        (*cur_fn)();
+        cur->done = true;
+        cur->parked = true;
+        if (_setjmp(cur->jb) == 0) {
+            _longjmp(sched_jb, 1);
+        }
+    }
+#else
     (*cur_fn)();
     cur->done = true;
-#if FAST_SWITCH
-    _longjmp(sched_jb, 1);
-#else
     swapcontext(&cur->ctx, &sched);
 #endif
 }
@@ -164,9 +177,12 @@ static void run_block(unsigned n, const std::function<void()> &fn) {
     for (unsigned i = 0; i < n; i++) {
         fiber &f = fibers[i];
         f.done = false;
-        f.started = false;
         f.wait_bar = nullptr;
         f.tid = i;
+        if (f.parked) {
+            continue; /* resumed at its park (FAST_SWITCH), its context made once */
+        }
+        f.started = false;
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack;
         f.ctx.uc_stack.ss_size = STACK;
