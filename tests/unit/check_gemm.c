@@ -114,12 +114,20 @@ START_TEST(pack_storage_types) {
 END_TEST
 
 /* Every type and odd shapes (n, k not multiples of 16 or 8, k across the
- * kernel's K blocks) against a double-precision reference, and bitwise
- * against the fmaf chain and the scalar kernel. */
+ * kernels' K blocks, m across their row tiles and row blocks, panels not a
+ * multiple of the AVX-512 tile's 3) against a double-precision reference,
+ * and bitwise against the fmaf chain and the scalar kernel, with each
+ * kernel this machine runs (_i: scalar, avx2, avx512). */
+static const char *const gemm_kernels[] = {"scalar", "avx2", "avx512"};
+
 START_TEST(matches_reference) {
-    static const int64_t ns[] = {1, 7, 16, 17, 40, 100};
+    static const int64_t ns[] = {1, 7, 16, 17, 40, 50, 100};
     static const int64_t ks[] = {1, 3, 8, 31, 64, 257, 600};
-    static const int64_t ms[] = {1, 2, 5, 7, 13};
+    static const int64_t ms[] = {1, 2, 5, 7, 8, 13, 17, 100};
+    if (!cpu_gemm_set_kernel(gemm_kernels[_i])) {
+        printf("gemm: kernel %s does not run on this machine, not tested\n", gemm_kernels[_i]);
+        return;
+    }
     kg_pool_t *pool = kg_pool_new(2);
     rng_state = 2;
     for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
@@ -171,6 +179,7 @@ START_TEST(matches_reference) {
         }
     }
     kg_pool_free(pool);
+    cpu_gemm_set_kernel("best");
 }
 END_TEST
 
@@ -312,7 +321,7 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("gemm");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, pack_storage_types);
-    tcase_add_test(tc, matches_reference);
+    tcase_add_loop_test(tc, matches_reference, 0, 3);
     tcase_add_test(tc, batch_invariance_f32);
     tcase_add_test(tc, batch_invariance_f16);
     tcase_add_test(tc, batch_invariance_bf16);

@@ -1,5 +1,6 @@
-/* cpu_gemm: weight packing, the AVX2/FMA/F16C register-tile kernels and the
- * portable scalar kernel (see cpu_gemm.h for the design). */
+/* cpu_gemm: weight packing, the AVX2/FMA/F16C register-tile kernels, the
+ * portable scalar kernel and the dispatch to them and to the AVX-512 tiles
+ * of cpu_gemm_avx512.c (see cpu_gemm.h for the design). */
 #include "cpu_gemm.h"
 
 #include <math.h>
@@ -14,6 +15,7 @@
 #include "../../core/kg_log.h"
 #include "../../core/kg_pool.h"
 #include "../../model/kg_quant.h"
+#include "cpu_gemm_int.h"
 
 #define NR CPU_GEMM_PANEL
 
@@ -400,17 +402,69 @@ static void vector_panels(
 
 // ---- driver ----
 
+/* The kernels in use: 0 scalar, 1 AVX2 (every product), 2 AVX-512 for
+ * products of more than 6 rows (AVX2 below: a few rows are bound by
+ * reading W, which the wider registers do not speed up). All give the same
+ * bits. -1: not chosen yet (the best the build and CPU have). */
+static int kernel = -1;
+
+static const char *const kernel_names[] = {"scalar", "avx2", "avx512"};
+
+static bool kernel_runs(int i) {
+#ifdef GEMM_AVX2
+    return i == 0 || i == 1 || (i == 2 && cpu_gemm_avx512_runs());
+#else
+    return i == 0;
+#endif
+}
+
+static int best_kernel(void) {
+    return kernel_runs(2) ? 2 : kernel_runs(1) ? 1 : 0;
+}
+
+static int kernel_in_use(void) {
+    if (kernel < 0) {
+        kernel = best_kernel();
+    }
+    return kernel;
+}
+
+bool cpu_gemm_set_kernel(const char *name) {
+    if (name == NULL || strcmp(name, "best") == 0) {
+        kernel = best_kernel();
+        return true;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(name, kernel_names[i]) == 0 && kernel_runs(i)) {
+            kernel = i;
+            return true;
+        }
+    }
+    return false;
+}
+
+const char *cpu_gemm_kernel_name(void) {
+    return kernel_names[kernel_in_use()];
+}
+
 void cpu_gemm_scalar(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m) {
     scalar_columns(a, w, c, m, 0, w->n);
 }
 
 static void run_panels(
     const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m, int64_t p0, int64_t p1) {
+    const int k = kernel_in_use();
+    if (k == 2 && m > 6) {
+        cpu_gemm_avx512_panels(a, w, c, m, p0, p1);
+        return;
+    }
 #ifdef GEMM_AVX2
-    vector_panels(a, w, c, m, p0, p1);
-#else
-    scalar_columns(a, w, c, m, p0 * NR, p1 * NR < w->n ? p1 * NR : w->n);
+    if (k >= 1) {
+        vector_panels(a, w, c, m, p0, p1);
+        return;
+    }
 #endif
+    scalar_columns(a, w, c, m, p0 * NR, p1 * NR < w->n ? p1 * NR : w->n);
 }
 
 typedef struct gemm_job {
@@ -477,12 +531,4 @@ void cpu_gemm_multi(struct kg_pool *pool,
 void cpu_gemm(
     struct kg_pool *pool, const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m) {
     cpu_gemm_multi(pool, a, m, 1, &w, &c);
-}
-
-const char *cpu_gemm_kernel_name(void) {
-#ifdef GEMM_AVX2
-    return "avx2";
-#else
-    return "scalar";
-#endif
 }

@@ -29,6 +29,9 @@
  * blocks in Goto's order (a K block of 96 rows of A in L2, one panel's K
  * block in L1); decode (m <= 6) streams W once. Threads take tasks of a
  * few panels; products under ~50 us of work stay on the calling thread.
+ * Where the CPU has AVX-512 (cpu_gemm_avx512.c), products of more than 6
+ * rows take tiles of 8 rows x 48 columns in zmm registers instead: twice
+ * the multiply-adds per instruction, the same chains, the same bits.
  * Other machines get the scalar fallback: same bits, much slower (no
  * vectors, a libm fmaf per multiply-add: about 0.5 GFLOP/s). */
 #pragma once
@@ -90,5 +93,12 @@ void cpu_gemm_multi(struct kg_pool *pool,
  * cpu_gemm's bit for bit (tests compare them). */
 void cpu_gemm_scalar(const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m);
 
-/** Name of the compiled kernel: "avx2" or "scalar". */
+/** Choose the kernels: "scalar", "avx2", "avx512" (AVX2 for products of
+ * up to 6 rows), or "best" / NULL for the best this build and CPU run (the
+ * default). All give the same bits; tests and benchmarks compare them.
+ * Returns false, changing nothing, for a name this machine cannot run.
+ * @thread engine, with no product running */
+bool cpu_gemm_set_kernel(const char *name);
+
+/** Name of the kernels in use: "scalar", "avx2" or "avx512". */
 const char *cpu_gemm_kernel_name(void);
