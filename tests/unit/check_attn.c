@@ -8,11 +8,13 @@
  * that do not depend on where the blocks lie. */
 #include "backend/cpu/cpu_attn.h"
 #include "backend/cpu/cpu_attn_flash.h"
+#include "backend/cpu/cpu_expf.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/kg_math.h"
 #include "check_common.h"
 #include "model/kg_quant.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -448,6 +450,50 @@ START_TEST(flash_kernels) {
 }
 END_TEST
 
+/* ggml's vector expf (cpu_expf.h, the bert attention's softmax): the
+ * scalar twin gives the vector's bits on every input class (the
+ * polynomial's range, the |n| > 126 and > 192 branches, -inf, lanes of
+ * several classes in one vector), and the result is within 2 ulp of exp
+ * in double wherever it is a normal float. */
+START_TEST(ggml_expf) {
+    enum { N = 300000 };
+    static const float special[8] = {-INFINITY, 0.0f,    -1.0f,  -87.5f,
+                                     -100.0f,   -150.0f, -1e-8f, 88.0f};
+    for (int64_t i = -1; i < N; i++) {
+        float x[8], one[8];
+        for (int l = 0; l < 8; l++) {
+            /* -200 .. 90 in steps of ~1e-4 (consecutive lanes straddle the
+             * branches' edges), then the special values */
+            x[l] = i < 0 ? special[l] : -200.0f + 290.0f * (float)(i * 8 + l) / (float)(8 * N);
+            one[l] = cpu_v_expf1(x[l]);
+            if (x[l] > -87.0f && x[l] < 88.0f) {
+                const double want = exp((double)x[l]);
+                const double ulp = (double)nextafterf((float)want, INFINITY) - (double)(float)want;
+                if (fabs((double)one[l] - want) > 2.0 * ulp) { /* (Check logs every assert) */
+                    ck_abort_msg("expf(%a) = %a, exp %a", (double)x[l], (double)one[l], want);
+                }
+            }
+            if (!(one[l] >= 0.0f)) {
+                ck_abort_msg("expf(%a) = %a", (double)x[l], (double)one[l]);
+            }
+        }
+        if (i < 0) {
+            ck_assert(one[0] == 0.0f && one[1] == 1.0f);
+        }
+#if defined(__AVX2__) && defined(__FMA__)
+        float vec[8];
+        _mm256_storeu_ps(vec, cpu_v_expf8(_mm256_loadu_ps(x)));
+        for (int l = 0; l < 8; l++) {
+            if (memcmp(&vec[l], &one[l], sizeof(float)) != 0) {
+                ck_abort_msg("expf(%a): vector %a, scalar %a", (double)x[l], (double)vec[l],
+                             (double)one[l]);
+            }
+        }
+#endif
+    }
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("attn");
     TCase *tc = tcase_create("attn");
@@ -456,6 +502,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, placement_does_not_change_bits);
     tcase_add_test(tc, window_and_softcap);
     tcase_add_test(tc, flash_kernels);
+    tcase_add_test(tc, ggml_expf);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -102,14 +102,17 @@ static int32_t run_embed(kg_engine_t *e,
  * for mean and CLS pooling, bert (0, 1) and nomic-bert (2, 3: its RoPE
  * angles are each input's own positions, whatever row the input starts at;
  * Q8_0 for 3, whose activations are quantized per row). The engine packs
- * the longest first: input 38 (55 tokens) starts 56 rows into its step. */
+ * the longest first: input 38 (55 tokens: the one-chunk attention) starts
+ * 56 rows into its step; input 9 (85 tokens: the tiled attention, a full
+ * tile and a masked tail of 21) is checked the same way. */
 START_TEST(batch_invariant) {
     const kg_engine_pool_t pool = _i % 2 == 0 ? KG_ENGINE_POOL_MEAN : KG_ENGINE_POOL_FIRST;
     kg_model_t *m = make_model(_i < 2    ? BERT_ARGS "--seed 41"
                                : _i == 2 ? NOMIC_ARGS "--seed 45"
                                          : NOMIC_ARGS "--seed 45 --type q8_0");
     const int32_t E = m->hp.n_embd, V = m->hp.n_vocab;
-    enum { N = 65, TARGET = 38 };
+    enum { N = 65 };
+    static const int32_t targets[] = {38, 9};
     int32_t lens[N], total = 0;
     for (int32_t i = 0; i < N; i++) {
         lens[i] = 3 + (i * 7919) % 90;
@@ -121,21 +124,27 @@ START_TEST(batch_invariant) {
         x = x * 1103515245u + 12345u;
         ids[k] = (int32_t)((x >> 8) % (uint32_t)V);
     }
-    int32_t at = 0;
-    for (int32_t i = 0; i < TARGET; i++) {
-        at += lens[i];
-    }
-    float *alone = malloc((size_t)E * sizeof(float));
+    float *alone = malloc(2 * (size_t)E * sizeof(float));
     float *rows = malloc((size_t)N * (size_t)E * sizeof(float));
     kg_backend_t *be;
-    kg_engine_t *e = make_engine(m, &be, 128);
-    run_embed(e, ids + at, &lens[TARGET], 1, pool, alone);
-    kg_engine_free(e);
-    kg_backend_free(be);
+    kg_engine_t *e;
+    for (int t = 0; t < 2; t++) {
+        int32_t at = 0;
+        for (int32_t i = 0; i < targets[t]; i++) {
+            at += lens[i];
+        }
+        e = make_engine(m, &be, 128);
+        run_embed(e, ids + at, &lens[targets[t]], 1, pool, alone + (size_t)t * (size_t)E);
+        kg_engine_free(e);
+        kg_backend_free(be);
+    }
     e = make_engine(m, &be, 256);
     const int32_t steps = run_embed(e, ids, lens, N, pool, rows);
     ck_assert_int_lt(steps, N); /* inputs shared steps */
-    ck_assert_mem_eq(alone, rows + (size_t)TARGET * (size_t)E, (size_t)E * sizeof(float));
+    for (int t = 0; t < 2; t++) {
+        ck_assert_mem_eq(alone + (size_t)t * (size_t)E, rows + (size_t)targets[t] * (size_t)E,
+                         (size_t)E * sizeof(float));
+    }
     kg_engine_free(e);
     kg_backend_free(be);
     free(ids);

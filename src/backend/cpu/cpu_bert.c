@@ -37,6 +37,7 @@
 #include "../../model/kg_model_bert.h"
 #include "../../model/kg_quant.h"
 #include "../kg_math.h"
+#include "cpu_expf.h"
 #include "cpu_ops.h"
 
 #include <math.h>
@@ -311,6 +312,133 @@ static inline float round_h(float x) {
     return kg_fp16_to_fp32(kg_fp32_to_fp16(x));
 }
 
+#ifdef BERT_AVX2
+/* The attention's inner loops with several independent chains in
+ * registers: each lane is still one element's chain in the scalar loop's
+ * order, so the bits are the scalar loops', only the FMA latency is hidden
+ * (one chain of 8 keys ran at one FMA per 4 cycles). */
+#define BERT_X8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
+/* sc[p] = (q · kt[., p]) * scale for keys p0 .. p0+nt-1 (nt <= 64): each
+ * key's FMA chain over d in order, 8 keys per register, G registers (G 4
+ * or 8, >= nt / 8) side by side; the lanes past nt are loaded masked (no
+ * read past the keys) and their scores, zeros, are written but not used. */
+static inline __attribute__((always_inline)) void scores_tile(const float *q,
+                                                              const float *kt,
+                                                              int64_t kt_stride,
+                                                              int32_t p0,
+                                                              int32_t nt,
+                                                              int32_t hd,
+                                                              float scale,
+                                                              float *sc,
+                                                              const int G) {
+    __m256i mk[8];
+    for (int i = 0; i < 8; i++) {
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        mk[i] = _mm256_cmpgt_epi32(_mm256_set1_epi32(nt - 8 * i), lane);
+    }
+    const bool full = nt == 8 * G;
+#define BERT_S_DECL(i) __m256 a##i = _mm256_setzero_ps();
+#define BERT_S_FMA(i)                                                                              \
+    if ((i) < G) {                                                                                 \
+        const __m256 k = full ? _mm256_loadu_ps(kr + 8 * (int64_t)(i))                             \
+                              : _mm256_maskload_ps(kr + 8 * (int64_t)(i), mk[i]);                  \
+        a##i = _mm256_fmadd_ps(k, qd, a##i);                                                       \
+    }
+#define BERT_S_STORE(i)                                                                            \
+    if ((i) < G) {                                                                                 \
+        _mm256_storeu_ps(sc + 8 * (int64_t)(i), _mm256_mul_ps(a##i, sv));                          \
+    }
+    BERT_X8(BERT_S_DECL)
+    for (int32_t d = 0; d < hd; d++) {
+        const float *kr = kt + d * kt_stride + p0;
+        const __m256 qd = _mm256_set1_ps(q[d]);
+        BERT_X8(BERT_S_FMA)
+    }
+    const __m256 sv = _mm256_set1_ps(scale);
+    BERT_X8(BERT_S_STORE)
+#undef BERT_S_DECL
+#undef BERT_S_FMA
+#undef BERT_S_STORE
+}
+
+/* out[0..63] = fma(v[p][.], sc[p], out) for p = 0 .. nt-1 in order, the 64
+ * accumulators in 8 registers (through memory, each step waited on a
+ * store and a reload). */
+static inline void vacc64(float *out, const float *v, int64_t stride, const float *sc, int32_t nt) {
+#define BERT_V_DECL(i)  __m256 o##i = _mm256_loadu_ps(out + 8 * (int64_t)(i));
+#define BERT_V_FMA(i)   o##i = _mm256_fmadd_ps(_mm256_loadu_ps(vr + 8 * (int64_t)(i)), w, o##i);
+#define BERT_V_STORE(i) _mm256_storeu_ps(out + 8 * (int64_t)(i), o##i);
+    BERT_X8(BERT_V_DECL)
+    for (int32_t p = 0; p < nt; p++) {
+        const float *vr = v + (int64_t)p * stride;
+        const __m256 w = _mm256_set1_ps(sc[p]);
+        BERT_X8(BERT_V_FMA)
+    }
+    BERT_X8(BERT_V_STORE)
+#undef BERT_V_DECL
+#undef BERT_V_FMA
+#undef BERT_V_STORE
+}
+
+/* The one-chunk kernel's fp16 accumulator over keys 0 .. n-1 for dims
+ * out[0..63], in 8 registers: per key, scaled by ms[p] and rounded when
+ * the maximum moved, then the value row added by FMA and rounded, as
+ * ggml_vec_scale_f16 and ggml_vec_mad_f16 do in memory. */
+static inline void
+vacc64_h(float *out, const float *v, int64_t stride, const float *ms, const float *vs, int32_t n) {
+#define BERT_H_DECL(i)  __m256 o##i = _mm256_loadu_ps(out + 8 * (int64_t)(i));
+#define BERT_H_SCALE(i) o##i = round_h8(_mm256_mul_ps(o##i, msv));
+#define BERT_H_FMA(i)                                                                              \
+    o##i = round_h8(_mm256_fmadd_ps(_mm256_loadu_ps(vr + 8 * (int64_t)(i)), vsv, o##i));
+#define BERT_H_STORE(i) _mm256_storeu_ps(out + 8 * (int64_t)(i), o##i);
+    BERT_X8(BERT_H_DECL)
+    for (int32_t p = 0; p < n; p++) {
+        const float *vr = v + (int64_t)p * stride;
+        if (ms[p] != 1.0f) {
+            const __m256 msv = _mm256_set1_ps(ms[p]);
+            BERT_X8(BERT_H_SCALE)
+        }
+        const __m256 vsv = _mm256_set1_ps(vs[p]);
+        BERT_X8(BERT_H_FMA)
+    }
+    BERT_X8(BERT_H_STORE)
+#undef BERT_H_DECL
+#undef BERT_H_SCALE
+#undef BERT_H_FMA
+#undef BERT_H_STORE
+}
+
+/* The one-chunk kernel's scores for keys p .. p+31 (qh already fp16
+ * values): each an fp16 · fp16 product summed in double in d order, four
+ * groups of eight keys side by side. */
+static inline void
+scores32_f64(const float *qh, const float *kt, int64_t kt_stride, int32_t p, int32_t hd, float *s) {
+#define BERT_X4(X)     X(0) X(1) X(2) X(3)
+#define BERT_D_DECL(i) __m256d l##i = _mm256_setzero_pd(), h##i = _mm256_setzero_pd();
+#define BERT_D_ADD(i)                                                                              \
+    {                                                                                              \
+        const __m256 pr = _mm256_mul_ps(_mm256_loadu_ps(kr + 8 * (int64_t)(i)), qd);               \
+        l##i = _mm256_add_pd(l##i, _mm256_cvtps_pd(_mm256_castps256_ps128(pr)));                   \
+        h##i = _mm256_add_pd(h##i, _mm256_cvtps_pd(_mm256_extractf128_ps(pr, 1)));                 \
+    }
+#define BERT_D_STORE(i)                                                                            \
+    _mm_storeu_ps(s + p + 8 * (int64_t)(i), _mm256_cvtpd_ps(l##i));                                \
+    _mm_storeu_ps(s + p + 8 * (int64_t)(i) + 4, _mm256_cvtpd_ps(h##i));
+    BERT_X4(BERT_D_DECL)
+    for (int32_t d = 0; d < hd; d++) {
+        const float *kr = kt + d * kt_stride + p;
+        const __m256 qd = _mm256_set1_ps(qh[d]);
+        BERT_X4(BERT_D_ADD)
+    }
+    BERT_X4(BERT_D_STORE)
+#undef BERT_D_DECL
+#undef BERT_D_ADD
+#undef BERT_D_STORE
+#undef BERT_X4
+}
+#endif
+
 /* ggml's flash_attn_ext_f16_one_chunk for one query row: q converted to
  * fp16, each score an fp16 · fp16 dot product summed in double (ggml's
  * order for heads under 32 wide, the products summed one by one), then the
@@ -336,6 +464,9 @@ static void attn_one_chunk(const float *q,
     }
     int32_t p = 0;
 #ifdef BERT_AVX2
+    for (; p + 32 <= n; p += 32) {
+        scores32_f64(qh, kt, kt_stride, p, hd, s);
+    }
     for (; p + 8 <= n; p += 8) { /* eight keys' sums side by side, each in order */
         __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
         for (int32_t d = 0; d < hd; d++) {
@@ -355,9 +486,10 @@ static void attn_one_chunk(const float *q,
         }
         s[p] = (float)dot;
     }
-    float M = -INFINITY, S = 0.0f;
+    /* the online softmax's factors first (they depend on the scores
+     * only), then the accumulator in registers; n < BERT_FA_TILE here */
+    float M = -INFINITY, S = 0.0f, ms_p[BERT_FA_TILE], vs_p[BERT_FA_TILE];
     for (p = 0; p < n; p++) {
-        const float *vr = v + (int64_t)p * stride;
         const float sc = s[p] * scale, m_old = M;
         float ms = 1.0f, vs = 1.0f;
         if (sc > M) {
@@ -366,7 +498,20 @@ static void attn_one_chunk(const float *q,
         } else {
             vs = expf(sc - M);
         }
-        int32_t d = 0;
+        ms_p[p] = ms;
+        vs_p[p] = vs;
+        S = S * ms + vs;
+    }
+    int32_t d0 = 0;
+#ifdef BERT_AVX2
+    for (; d0 + 64 <= hd; d0 += 64) {
+        vacc64_h(acc + d0, v + d0, stride, ms_p, vs_p, n);
+    }
+#endif
+    for (p = 0; p < n && d0 < hd; p++) {
+        const float *vr = v + (int64_t)p * stride;
+        const float ms = ms_p[p], vs = vs_p[p];
+        int32_t d = d0;
 #ifdef BERT_AVX2
         const __m256 msv = _mm256_set1_ps(ms), vsv = _mm256_set1_ps(vs);
         for (; d + 8 <= hd; d += 8) {
@@ -381,7 +526,6 @@ static void attn_one_chunk(const float *q,
             const float a = ms != 1.0f ? round_h(acc[d] * ms) : acc[d];
             acc[d] = round_h(fmaf(vr[d], vs, a));
         }
-        S = S * ms + vs;
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
     for (int32_t d = 0; d < hd; d++) {
@@ -389,14 +533,42 @@ static void attn_one_chunk(const float *q,
     }
 }
 
+/* ggml_vec_soft_max_f32's AVX2 form over a tile's scores: sc[p] =
+ * exp(sc[p] - M) by ggml_v_expf, 8 at a time (nt a multiple of 8: the tile
+ * padded with -inf, as ggml pads it, whose exponentials are 0), each 8
+ * summed as its horizontal add does, ((v0 + v4) + (v2 + v6)) + ((v1 + v5)
+ * + (v3 + v7)), into a double in order. Returns the sum. */
+static double softmax_tile(float *sc, int32_t nt, float M) {
+    double sum = 0.0;
+    for (int32_t p = 0; p < nt; p += 8) {
+#ifdef BERT_AVX2
+        const __m256 val = cpu_v_expf8(_mm256_sub_ps(_mm256_loadu_ps(sc + p), _mm256_set1_ps(M)));
+        _mm256_storeu_ps(sc + p, val);
+        __m128 v2 = _mm_add_ps(_mm256_extractf128_ps(val, 1), _mm256_castps256_ps128(val));
+        v2 = _mm_add_ps(v2, _mm_movehl_ps(v2, v2));
+        v2 = _mm_add_ss(v2, _mm_movehdup_ps(v2));
+        sum += (double)_mm_cvtss_f32(v2);
+#else
+        float *v = sc + p;
+        for (int i = 0; i < 8; i++) {
+            v[i] = cpu_v_expf1(v[i] - M);
+        }
+        const float w0 = v[4] + v[0], w1 = v[5] + v[1], w2 = v[6] + v[2], w3 = v[7] + v[3];
+        sum += (double)((w0 + w2) + (w1 + w3));
+#endif
+    }
+    return sum;
+}
+
 /* ggml's flash_attn_ext_tiled for one query row: q in F32, the keys and
  * values (fp16) in tiles of 64; a score is one FMA chain over the head,
  * then scaled; per tile the running maximum moves (the F32 accumulator and
- * the sum scaled by expf of the step), the tile's exponentials are summed
- * in double, and each value row is added to the accumulator by FMA in
- * position order; the output the accumulator over the sum. ggml takes the
- * tile's exponentials from its SIMD expf, kgen from expf (an ulp or so
- * apart). kt, v as for attn_one_chunk; sc: 64 floats of scratch. */
+ * the sum scaled by expf of the step), the tile's exponentials and their
+ * sum are ggml_vec_soft_max_f32's in its AVX2 form (softmax_tile: what a
+ * llama.cpp built for AVX2 computes, bit for bit; its AVX-512 build rounds
+ * the exponentials a little differently), and each value row is added to
+ * the accumulator by FMA in position order; the output the accumulator
+ * over the sum. kt, v as for attn_one_chunk; sc: 64 floats of scratch. */
 static void attn_tiled(const float *q,
                        const float *kt,
                        int64_t kt_stride,
@@ -415,14 +587,12 @@ static void attn_tiled(const float *q,
         const int32_t nt = n - p0 < BERT_FA_TILE ? n - p0 : BERT_FA_TILE;
         int32_t p = 0;
 #ifdef BERT_AVX2
-        for (; p + 8 <= nt; p += 8) { /* eight keys' chains side by side */
-            __m256 a = _mm256_setzero_ps();
-            for (int32_t d = 0; d < hd; d++) {
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(kt + d * kt_stride + p0 + p),
-                                    _mm256_set1_ps(q[d]), a);
-            }
-            _mm256_storeu_ps(sc + p, _mm256_mul_ps(a, _mm256_set1_ps(scale)));
+        if (nt > 32) {
+            scores_tile(q, kt, kt_stride, p0, nt, hd, scale, sc, 8);
+        } else {
+            scores_tile(q, kt, kt_stride, p0, nt, hd, scale, sc, 4);
         }
+        p = nt;
 #endif
         for (; p < nt; p++) {
             float a = 0.0f;
@@ -444,15 +614,20 @@ static void attn_tiled(const float *q,
             S *= ms;
         }
         M = m_new;
-        double sum = 0.0;
-        for (p = 0; p < nt; p++) {
-            sc[p] = expf(sc[p] - M);
-            sum += (double)sc[p];
+        const int32_t nt8 = (nt + 7) / 8 * 8;
+        for (p = nt; p < nt8; p++) {
+            sc[p] = -INFINITY;
         }
-        S = (float)((double)S + sum);
-        for (p = 0; p < nt; p++) {
+        S = (float)((double)S + softmax_tile(sc, nt8, M));
+        int32_t d0 = 0;
+#ifdef BERT_AVX2
+        for (; d0 + 64 <= hd; d0 += 64) {
+            vacc64(out + d0, v + (int64_t)p0 * stride + d0, stride, sc, nt);
+        }
+#endif
+        for (p = 0; p < nt && d0 < hd; p++) {
             const float *vr = v + (int64_t)(p0 + p) * stride;
-            int32_t d = 0;
+            int32_t d = d0;
 #ifdef BERT_AVX2
             const __m256 w = _mm256_set1_ps(sc[p]);
             for (; d + 8 <= hd; d += 8) {
