@@ -296,7 +296,8 @@ static float round_h(float x) {
 
 /* ggml-cpu's two flash attention kernels for one row, element by element
  * (ops.cpp: flash_attn_ext_f16_one_chunk below 64 query rows, as ggml's
- * scalar loops run for these heads; flash_attn_ext_tiled from 64). */
+ * scalar loops run for these heads; flash_attn_ext_tiled from 64, its
+ * softmax in the AVX2 build's form). */
 static void flash_chains(const float *q,
                          const cache_t *c,
                          const int32_t *table,
@@ -365,10 +366,15 @@ static void flash_chains(const float *q,
                 S *= ms;
             }
             M = mn;
+            /* ggml_vec_soft_max_f32's AVX2 form: ggml_v_expf on 8 at a
+             * time, each 8 summed pairwise as its horizontal add does */
             double sum = 0.0;
-            for (int j = 0; j < 64; j++) {
-                e[j] = expf(e[j] - M);
-                sum += (double)e[j];
+            for (int j = 0; j < 64; j += 8) {
+                float *v = e + j;
+                for (int l = 0; l < 8; l++) {
+                    v[l] = cpu_v_expf1(v[l] - M);
+                }
+                sum += (double)(((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])));
             }
             S = (float)((double)S + sum);
             for (int j = 0; j < 64 && t0 + j < n_pos; j++) {

@@ -3,6 +3,7 @@
 #include "cpu_attn_flash.h"
 
 #include "../../model/kg_quant.h"
+#include "cpu_expf.h"
 
 #include <math.h>
 
@@ -268,7 +269,8 @@ static void one_chunk(const float *q,
 
 /* ggml's flash_attn_ext_tiled for one query row: KV tiles of
  * CPU_FLASH_TILE positions from position 0 (llama.cpp's cache cells, which
- * are the positions for an input evaluated alone). sc: CPU_FLASH_TILE
+ * are the positions for an input evaluated alone), the tile's softmax
+ * ggml_vec_soft_max_f32's AVX2 form (cpu_softmax8_sum). sc: CPU_FLASH_TILE
  * floats of scratch. */
 static void tiled(const float *q,
                   const cpu_kv_view_t *kv,
@@ -308,12 +310,17 @@ static void tiled(const float *q,
             S *= ms;
         }
         M = m_new;
-        double sum = 0.0;
-        for (int32_t p = lo; p < hi; p++) {
-            sc[p - t0] = expf(sc[p - t0] - M);
-            sum += (double)sc[p - t0];
+        /* the tile's groups of 8 from t0 that hold [lo, hi), the positions
+         * outside masked to -inf, as ggml's tile holds them (the groups
+         * wholly outside add exact zeros: skipped) */
+        const int32_t g0 = (lo - t0) / 8 * 8, g1 = (hi - t0 + 7) / 8 * 8;
+        for (int32_t i = g0; i < lo - t0; i++) {
+            sc[i] = -INFINITY;
         }
-        S = (float)((double)S + sum);
+        for (int32_t i = hi - t0; i < g1; i++) {
+            sc[i] = -INFINITY;
+        }
+        S = (float)((double)S + cpu_softmax8_sum(sc + g0, g1 - g0, M));
         int32_t c0 = 0;
 #ifdef FLASH_AVX2
         for (; c0 + 8 <= hd; c0 += 8 * V_REGS) {

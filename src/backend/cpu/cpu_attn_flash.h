@@ -26,9 +26,11 @@
  *   - tiled (from 64): q in F32, positions in tiles of 64 from position 0;
  *     a score one FMA chain over the head, then scaled; per tile the
  *     running maximum moves (the F32 accumulator and the sum scaled by expf
- *     of the step), the tile's exponentials summed in double, each value
- *     row added by FMA in position order (ggml takes the exponentials from
- *     its SIMD expf, kgen from expf: an ulp or so apart).
+ *     of the step), the tile's exponentials and their sum those of
+ *     ggml_vec_soft_max_f32 built for AVX2 (ggml_v_expf on 8 positions at a
+ *     time, summed pairwise, into a double: cpu_expf.h; its AVX-512 build
+ *     rounds the exponentials a little differently), each value row added
+ *     by FMA in position order.
  * Positions before p0 (a window) are masked out, as llama.cpp masks them
  * with -inf: the one-chunk kernel skips them, the tiled one gives them no
  * weight. Soft-capping: the score is softcap * tanh(q · k * scale /

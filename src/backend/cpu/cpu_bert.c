@@ -533,38 +533,11 @@ static void attn_one_chunk(const float *q,
     }
 }
 
-/* ggml_vec_soft_max_f32's AVX2 form over a tile's scores: sc[p] =
- * exp(sc[p] - M) by ggml_v_expf, 8 at a time (nt a multiple of 8: the tile
- * padded with -inf, as ggml pads it, whose exponentials are 0), each 8
- * summed as its horizontal add does, ((v0 + v4) + (v2 + v6)) + ((v1 + v5)
- * + (v3 + v7)), into a double in order. Returns the sum. */
-static double softmax_tile(float *sc, int32_t nt, float M) {
-    double sum = 0.0;
-    for (int32_t p = 0; p < nt; p += 8) {
-#ifdef BERT_AVX2
-        const __m256 val = cpu_v_expf8(_mm256_sub_ps(_mm256_loadu_ps(sc + p), _mm256_set1_ps(M)));
-        _mm256_storeu_ps(sc + p, val);
-        __m128 v2 = _mm_add_ps(_mm256_extractf128_ps(val, 1), _mm256_castps256_ps128(val));
-        v2 = _mm_add_ps(v2, _mm_movehl_ps(v2, v2));
-        v2 = _mm_add_ss(v2, _mm_movehdup_ps(v2));
-        sum += (double)_mm_cvtss_f32(v2);
-#else
-        float *v = sc + p;
-        for (int i = 0; i < 8; i++) {
-            v[i] = cpu_v_expf1(v[i] - M);
-        }
-        const float w0 = v[4] + v[0], w1 = v[5] + v[1], w2 = v[6] + v[2], w3 = v[7] + v[3];
-        sum += (double)((w0 + w2) + (w1 + w3));
-#endif
-    }
-    return sum;
-}
-
 /* ggml's flash_attn_ext_tiled for one query row: q in F32, the keys and
  * values (fp16) in tiles of 64; a score is one FMA chain over the head,
  * then scaled; per tile the running maximum moves (the F32 accumulator and
  * the sum scaled by expf of the step), the tile's exponentials and their
- * sum are ggml_vec_soft_max_f32's in its AVX2 form (softmax_tile: what a
+ * sum are ggml_vec_soft_max_f32's in its AVX2 form (cpu_softmax8_sum: what a
  * llama.cpp built for AVX2 computes, bit for bit; its AVX-512 build rounds
  * the exponentials a little differently), and each value row is added to
  * the accumulator by FMA in position order; the output the accumulator
@@ -618,7 +591,7 @@ static void attn_tiled(const float *q,
         for (p = nt; p < nt8; p++) {
             sc[p] = -INFINITY;
         }
-        S = (float)((double)S + softmax_tile(sc, nt8, M));
+        S = (float)((double)S + cpu_softmax8_sum(sc, nt8, M));
         int32_t d0 = 0;
 #ifdef BERT_AVX2
         for (; d0 + 64 <= hd; d0 += 64) {

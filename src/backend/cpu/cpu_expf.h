@@ -80,3 +80,31 @@ static inline float cpu_v_expf1(float x) {
     const float s1 = cpu_bits_f(g + 0x7f000000u), s2 = cpu_bits_f(e - g);
     return fabsf(n) > 192.0f ? s1 * s1 : fmaf(s2, j, s2) * s1;
 }
+
+/* ggml_vec_soft_max_f32's AVX2 form over a flash-attention tile's scores:
+ * sc[p] = exp(sc[p] - M) by ggml_v_expf, 8 at a time (nt a multiple of 8:
+ * the tile padded with -inf, as ggml pads and masks it, whose exponentials
+ * are 0), each 8 summed as its horizontal add does, ((v0 + v4) + (v2 +
+ * v6)) + ((v1 + v5) + (v3 + v7)), into a double in order. Returns the sum.
+ * The scalar build gives the same bits. */
+static inline double cpu_softmax8_sum(float *sc, int32_t nt, float M) {
+    double sum = 0.0;
+    for (int32_t p = 0; p < nt; p += 8) {
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256 val = cpu_v_expf8(_mm256_sub_ps(_mm256_loadu_ps(sc + p), _mm256_set1_ps(M)));
+        _mm256_storeu_ps(sc + p, val);
+        __m128 v2 = _mm_add_ps(_mm256_extractf128_ps(val, 1), _mm256_castps256_ps128(val));
+        v2 = _mm_add_ps(v2, _mm_movehl_ps(v2, v2));
+        v2 = _mm_add_ss(v2, _mm_movehdup_ps(v2));
+        sum += (double)_mm_cvtss_f32(v2);
+#else
+        float *v = sc + p;
+        for (int i = 0; i < 8; i++) {
+            v[i] = cpu_v_expf1(v[i] - M);
+        }
+        const float w0 = v[4] + v[0], w1 = v[5] + v[1], w2 = v[6] + v[2], w3 = v[7] + v[3];
+        sum += (double)((w0 + w2) + (w1 + w3));
+#endif
+    }
+    return sum;
+}
