@@ -76,31 +76,58 @@ static inline void transpose8(__m256 r[8]) {
     r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
-/* col[j] = dimension d + j of eight rows, for j < 16: the fp16 values
- * transposed as 16-bit words (two dimensions' columns per register, one in
- * each 128-bit half), then widened. */
-static inline void columns16(const uint16_t *const k[8], int32_t d, __m256 col[16]) {
-    __m256i r[8];
-    for (int j = 0; j < 8; j++) {
-        r[j] = _mm256_loadu_si256((const __m256i *)(const void *)(k[j] + d));
-    }
-    /* rows in pairs, then fours, then all eight, per word */
-    const __m256i a0 = _mm256_unpacklo_epi16(r[0], r[1]), a1 = _mm256_unpackhi_epi16(r[0], r[1]);
-    const __m256i a2 = _mm256_unpacklo_epi16(r[2], r[3]), a3 = _mm256_unpackhi_epi16(r[2], r[3]);
-    const __m256i a4 = _mm256_unpacklo_epi16(r[4], r[5]), a5 = _mm256_unpackhi_epi16(r[4], r[5]);
-    const __m256i a6 = _mm256_unpacklo_epi16(r[6], r[7]), a7 = _mm256_unpackhi_epi16(r[6], r[7]);
+/* Dimensions d .. d+15 of eight rows into the eight lanes' sums, in
+ * dimension order (dot_one's per lane): the fp16 words transposed (rows
+ * in pairs, then fours, then all eight: register c_j holds dimension d + j
+ * in its low half and d + 8 + j in its high half), each dimension's column
+ * widened and consumed at once, so only the eight transposed registers
+ * stay live (a column array of 16 went through the stack). */
+static inline __attribute__((always_inline)) void chain16(const uint16_t *const k[8],
+                                                          int32_t d,
+                                                          const float *q,
+                                                          dot_mode_t mode,
+                                                          __m256 *acc,
+                                                          __m256d *lo,
+                                                          __m256d *hi) {
+#define FLASH_LOAD(j) _mm256_loadu_si256((const __m256i *)(const void *)(k[j] + d))
+    const __m256i r0 = FLASH_LOAD(0), r1 = FLASH_LOAD(1), r2 = FLASH_LOAD(2), r3 = FLASH_LOAD(3);
+    const __m256i r4 = FLASH_LOAD(4), r5 = FLASH_LOAD(5), r6 = FLASH_LOAD(6), r7 = FLASH_LOAD(7);
+#undef FLASH_LOAD
+    const __m256i a0 = _mm256_unpacklo_epi16(r0, r1), a1 = _mm256_unpackhi_epi16(r0, r1);
+    const __m256i a2 = _mm256_unpacklo_epi16(r2, r3), a3 = _mm256_unpackhi_epi16(r2, r3);
+    const __m256i a4 = _mm256_unpacklo_epi16(r4, r5), a5 = _mm256_unpackhi_epi16(r4, r5);
+    const __m256i a6 = _mm256_unpacklo_epi16(r6, r7), a7 = _mm256_unpackhi_epi16(r6, r7);
     const __m256i b0 = _mm256_unpacklo_epi32(a0, a2), b1 = _mm256_unpackhi_epi32(a0, a2);
     const __m256i b2 = _mm256_unpacklo_epi32(a1, a3), b3 = _mm256_unpackhi_epi32(a1, a3);
     const __m256i b4 = _mm256_unpacklo_epi32(a4, a6), b5 = _mm256_unpackhi_epi32(a4, a6);
     const __m256i b6 = _mm256_unpacklo_epi32(a5, a7), b7 = _mm256_unpackhi_epi32(a5, a7);
-    const __m256i c[8] = {_mm256_unpacklo_epi64(b0, b4), _mm256_unpackhi_epi64(b0, b4),
-                          _mm256_unpacklo_epi64(b1, b5), _mm256_unpackhi_epi64(b1, b5),
-                          _mm256_unpacklo_epi64(b2, b6), _mm256_unpackhi_epi64(b2, b6),
-                          _mm256_unpacklo_epi64(b3, b7), _mm256_unpackhi_epi64(b3, b7)};
-    for (int j = 0; j < 8; j++) {
-        col[j] = _mm256_cvtph_ps(_mm256_castsi256_si128(c[j]));
-        col[8 + j] = _mm256_cvtph_ps(_mm256_extracti128_si256(c[j], 1));
+    const __m256i c0 = _mm256_unpacklo_epi64(b0, b4), c1 = _mm256_unpackhi_epi64(b0, b4);
+    const __m256i c2 = _mm256_unpacklo_epi64(b1, b5), c3 = _mm256_unpackhi_epi64(b1, b5);
+    const __m256i c4 = _mm256_unpacklo_epi64(b2, b6), c5 = _mm256_unpackhi_epi64(b2, b6);
+    const __m256i c6 = _mm256_unpacklo_epi64(b3, b7), c7 = _mm256_unpackhi_epi64(b3, b7);
+#define FLASH_COL(h, j)                                                                            \
+    {                                                                                              \
+        const __m256 col = _mm256_cvtph_ps(h);                                                     \
+        const __m256 qv = _mm256_set1_ps(q[d + (j)]);                                              \
+        if (mode == DOT_DOUBLE) {                                                                  \
+            const __m256 pr = _mm256_mul_ps(col, qv);                                              \
+            *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(pr)));                 \
+            *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps(pr, 1)));               \
+        } else {                                                                                   \
+            *acc = _mm256_fmadd_ps(col, qv, *acc);                                                 \
+        }                                                                                          \
     }
+#define FLASH_LO(c, j) FLASH_COL(_mm256_castsi256_si128(c), j)
+#define FLASH_HI(c, j) FLASH_COL(_mm256_extracti128_si256(c, 1), 8 + (j))
+    // clang-format off
+    FLASH_LO(c0, 0) FLASH_LO(c1, 1) FLASH_LO(c2, 2) FLASH_LO(c3, 3)
+    FLASH_LO(c4, 4) FLASH_LO(c5, 5) FLASH_LO(c6, 6) FLASH_LO(c7, 7)
+    FLASH_HI(c0, 0) FLASH_HI(c1, 1) FLASH_HI(c2, 2) FLASH_HI(c3, 3)
+    FLASH_HI(c4, 4) FLASH_HI(c5, 5) FLASH_HI(c6, 6) FLASH_HI(c7, 7)
+    // clang-format on
+#undef FLASH_COL
+#undef FLASH_LO
+#undef FLASH_HI
 }
 
 /* Eight positions' scores side by side, a lane each: eight dimensions of
@@ -112,18 +139,7 @@ dot8(const float *q, const uint16_t *const k[8], int32_t hd, dot_mode_t mode, fl
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
     int32_t d = 0;
     for (; d + 16 <= hd; d += 16) {
-        __m256 col[16];
-        columns16(k, d, col);
-        for (int j = 0; j < 16; j++) {
-            const __m256 qv = _mm256_set1_ps(q[d + j]);
-            if (mode == DOT_DOUBLE) {
-                const __m256 pr = _mm256_mul_ps(col[j], qv);
-                lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(pr)));
-                hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(pr, 1)));
-            } else {
-                acc = _mm256_fmadd_ps(col[j], qv, acc);
-            }
-        }
+        chain16(k, d, q, mode, &acc, &lo, &hi);
     }
     for (; d + 8 <= hd; d += 8) {
         __m256 r[8];
@@ -159,7 +175,8 @@ dot8(const float *q, const uint16_t *const k[8], int32_t hd, dot_mode_t mode, fl
 
 /* out[c0 .. c0 + 8 nr) += w[p - lo] * V[p][c0 ..] for p in [lo, hi), one
  * FMA chain per element in position order, held in registers over the
- * tile. */
+ * tile: accumulators written out one by one (macros), as compilers keep
+ * an array of vectors in memory rather than unroll its loops. */
 static inline __attribute__((always_inline)) void tile_values(const cpu_kv_view_t *kv,
                                                               int32_t lo,
                                                               int32_t hi,
@@ -167,20 +184,59 @@ static inline __attribute__((always_inline)) void tile_values(const cpu_kv_view_
                                                               int32_t c0,
                                                               int nr,
                                                               float *out) {
-    __m256 acc[V_REGS];
-    for (int64_t r = 0; r < nr; r++) {
-        acc[r] = _mm256_loadu_ps(out + c0 + 8 * r);
+#define FLASH_X8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define FLASH_V_DECL(r)                                                                            \
+    __m256 a##r = (r) < nr ? _mm256_loadu_ps(o + 8 * (int64_t)(r)) : _mm256_setzero_ps();
+#define FLASH_V_FMA(r)                                                                             \
+    if ((r) < nr) {                                                                                \
+        a##r = _mm256_fmadd_ps(load_h8(v + 8 * (int64_t)(r)), wv, a##r);                           \
     }
+#define FLASH_V_STORE(r)                                                                           \
+    if ((r) < nr) {                                                                                \
+        _mm256_storeu_ps(o + 8 * (int64_t)(r), a##r);                                              \
+    }
+    float *o = out + c0;
+    FLASH_X8(FLASH_V_DECL)
     for (int32_t p = lo; p < hi; p++) {
         const uint16_t *v = row_at(kv, kv->v, p) + c0;
         const __m256 wv = _mm256_set1_ps(w[p - lo]);
-        for (int64_t r = 0; r < nr; r++) {
-            acc[r] = _mm256_fmadd_ps(load_h8(v + 8 * r), wv, acc[r]);
-        }
+        FLASH_X8(FLASH_V_FMA)
     }
-    for (int64_t r = 0; r < nr; r++) {
-        _mm256_storeu_ps(out + c0 + 8 * r, acc[r]);
+    FLASH_X8(FLASH_V_STORE)
+#undef FLASH_X8
+#undef FLASH_V_DECL
+#undef FLASH_V_FMA
+#undef FLASH_V_STORE
+}
+#endif
+
+#ifdef FLASH_AVX2
+/* Thirty-two positions' scores (hd a multiple of 16): dot8's arithmetic
+ * per lane, four groups of eight side by side, so that four independent
+ * chains hide the FMA (or double add) latency one chain waits on. */
+static inline __attribute__((always_inline)) void
+dot32(const float *q, const uint16_t *const k[32], int32_t hd, dot_mode_t mode, float *s) {
+#define DOT32_X4(X) X(0) X(1) X(2) X(3)
+#define DOT32_DECL(g)                                                                              \
+    __m256 acc##g = _mm256_setzero_ps();                                                           \
+    __m256d lo##g = _mm256_setzero_pd(), hi##g = _mm256_setzero_pd();
+#define DOT32_GROUP(g) chain16(k + 8 * (int64_t)(g), d, q, mode, &acc##g, &lo##g, &hi##g);
+#define DOT32_STORE(g)                                                                             \
+    if (mode == DOT_DOUBLE) {                                                                      \
+        _mm_storeu_ps(s + 8 * (int64_t)(g), _mm256_cvtpd_ps(lo##g));                               \
+        _mm_storeu_ps(s + 8 * (int64_t)(g) + 4, _mm256_cvtpd_ps(hi##g));                           \
+    } else {                                                                                       \
+        _mm256_storeu_ps(s + 8 * (int64_t)(g), acc##g);                                            \
     }
+    DOT32_X4(DOT32_DECL)
+    for (int32_t d = 0; d < hd; d += 16) {
+        DOT32_X4(DOT32_GROUP)
+    }
+    DOT32_X4(DOT32_STORE)
+#undef DOT32_X4
+#undef DOT32_DECL
+#undef DOT32_GROUP
+#undef DOT32_STORE
 }
 #endif
 
@@ -194,12 +250,34 @@ static inline __attribute__((always_inline)) void dots(const float *q,
                                                        float *s) {
     int32_t p = p0;
 #ifdef FLASH_AVX2
+    for (; hd % 16 == 0 && p + 32 <= p1; p += 32) {
+        const uint16_t *k[32];
+        for (int j = 0; j < 32; j++) {
+            k[j] = row_at(kv, kv->k, p + j);
+        }
+        dot32(q, k, hd, mode, s + (p - p0));
+    }
     for (; p + 8 <= p1; p += 8) {
         const uint16_t *k[8];
         for (int j = 0; j < 8; j++) {
             k[j] = row_at(kv, kv->k, p + j);
         }
         dot8(q, k, hd, mode, s + (p - p0));
+    }
+    if (p < p1) {
+        /* the last positions (under 8) in lanes of dot8 too, the spare
+         * lanes repeating the last row: a lone chain of hd FMAs waits on
+         * each one's latency */
+        const uint16_t *k[8];
+        float s8[8];
+        const int32_t base = p;
+        for (int j = 0; j < 8; j++) {
+            k[j] = row_at(kv, kv->k, base + j < p1 ? base + j : p1 - 1);
+        }
+        dot8(q, k, hd, mode, s8);
+        for (; p < p1; p++) {
+            s[p - p0] = s8[p - base];
+        }
     }
 #endif
     for (; p < p1; p++) {
@@ -304,7 +382,14 @@ static void tiled(const float *q,
         const float m_new = fmaxf(M, tile_max);
         if (m_new > M) {
             const float ms = expf(M - m_new);
-            for (int32_t d = 0; d < hd; d++) {
+            int32_t d = 0;
+#ifdef FLASH_AVX2
+            for (; d + 8 <= hd; d += 8) {
+                _mm256_storeu_ps(out + d,
+                                 _mm256_mul_ps(_mm256_loadu_ps(out + d), _mm256_set1_ps(ms)));
+            }
+#endif
+            for (; d < hd; d++) {
                 out[d] *= ms;
             }
             S *= ms;
