@@ -4,19 +4,20 @@
  * hidden states, the yes/no score), a bert and a nomic-bert encoder (mean
  * pooling of the non-causal forward's last layer; nomic-bert's RoPE and
  * SwiGLU) and gemma-embedding (gemma3's layers run non-causally, windowed
- * ones symmetrically; mean pooling, then the dense projections), F32
- * weights from kgen mkmodel.
- * Every pooled vector within cosine 0.9999 of the CPU's and the rerank
- * scores within 1e-3 (the issue's bound against llama.cpp: fp16 K/V
- * rounding makes relative differences of ~1e-4, as check_cuda's logits
- * NMSE of ~3e-8 for F32 qwen3); an input's vector the same bits alone and among the
- * others on CUDA (batch invariance); a decoder step that wants hidden rows
- * gives the same logits bits as one that does not; a bert step that cuts
- * an input or asks for logits is refused and the backend keeps working, as
- * is a gemma-embedding step that cuts one; a gemma-embedding step whose
- * inputs span several attention splits (their partial results merged)
- * gives the CPU's hidden rows.
- * Runs on a GPU, or on the CPU under scripts/gpu-emulate (tcase "embed").
+ * ones symmetrically; mean pooling, then the dense projections), weights
+ * from kgen mkmodel in F32, F16 and Q8_0 (CUDA keeps F32 and F16 and
+ * widens Q8_0 to BF16, where the CPU quantizes the activations to Q8
+ * blocks as ggml does: the issue's Q8_0 bound, cosine 0.999, applies).
+ * Every pooled vector within cosine 0.9999 (Q8_0: 0.999) of the CPU's and
+ * the rerank scores within 1e-3 (the issue's bound against llama.cpp:
+ * fp16 K/V rounding makes relative differences of ~1e-4, as check_cuda's
+ * logits NMSE of ~3e-8 for F32 qwen3; Q8_0: 2e-2, see compare); an input's
+ * vector the same bits alone and among the others on CUDA (batch invariance); a decoder step that
+ * wants hidden rows gives the same logits bits as one that does not; a bert step that cuts an input
+ * or asks for logits is refused and the backend keeps working, as is a gemma-embedding step that
+ * cuts one; a gemma-embedding step whose inputs span several attention splits (their partial
+ * results merged) gives the CPU's hidden rows. Runs on a GPU, or on the CPU under
+ * scripts/gpu-emulate (tcase "embed").
  *
  * Needs a CUDA device: exits 77 (skipped) when the build has no CUDA
  * backend or no device is visible. */
@@ -62,6 +63,10 @@ int main(void) {
 #define N_IN         9
 #define TARGET       5
 #define COS_BOUND    0.9999
+#define COS_BOUND_Q8 0.999
+
+/* the weight types the comparisons run in (_i of the loop tests) */
+static const char *const types[] = {"f32", "f16", "q8_0"};
 
 static kg_model_t *make_model(const char *args) {
     char path[4096], err[512];
@@ -178,7 +183,15 @@ static void make_inputs(inputs_t *in, int32_t n_vocab) {
 
 /* Every input's pooled vector on the CPU and on CUDA, compared; the
  * target input alone on CUDA, bit for bit. */
-static void compare(const char *args, kg_engine_pool_t pool, bool rerank) {
+static void compare(const char *base_args, int type, kg_engine_pool_t pool, bool rerank) {
+    char args[512];
+    snprintf(args, sizeof(args), "%s --type %s", base_args, types[type]);
+    const double bound = type == 2 ? COS_BOUND_Q8 : COS_BOUND;
+    /* CUDA widens Q8_0 to BF16 (8 significant bits: its d * q values, exact
+     * in F32, are not), so its scores sit further from the CPU's, which
+     * keeps ggml's Q8 arithmetic: up to 1.03e-2 on the emulator. Native
+     * Q8_0 on the GPU (issue 22) would bring them within 1e-3. */
+    const float score_bound = type == 2 ? 2e-2f : 1e-3f;
     kg_model_t *m = make_model(args);
     const int32_t E = m->hp.n_embd;
     inputs_t in;
@@ -204,18 +217,18 @@ static void compare(const char *args, kg_engine_pool_t pool, bool rerank) {
     for (int32_t i = 0; i < N_IN; i++) {
         const float *c = cpu + (size_t)i * E, *g = gpu + (size_t)i * E;
         const double cs = cosine(c, g, E);
-        ck_assert_msg(cs >= COS_BOUND, "%s: input %d: cosine %.8f with the CPU's vector", args, i,
-                      cs);
+        ck_assert_msg(cs >= bound, "%s: input %d: cosine %.8f with the CPU's vector", args, i, cs);
         worst = cs < worst ? cs : worst;
         if (rerank) {
             const float sc = kg_embed_rank_score(m, c), sg = kg_embed_rank_score(m, g);
-            ck_assert_msg(fabsf(sc - sg) <= 1e-3f, "input %d: rerank score %.6f, CPU %.6f", i, sg,
-                          sc);
+            ck_assert_msg(fabsf(sc - sg) <= score_bound,
+                          "%s: input %d: rerank score %.6f, CPU %.6f", args, i, sg, sc);
             worst_score = fabsf(sc - sg) > worst_score ? fabsf(sc - sg) : worst_score;
         }
     }
-    fprintf(stderr, "check_cuda_embed: %s: worst 1 - cosine with the CPU %.1e, rerank score %.1e\n",
-            kg_arch_name(m->hp.arch), 1.0 - worst, (double)worst_score);
+    fprintf(stderr,
+            "check_cuda_embed: %s %s: worst 1 - cosine with the CPU %.1e, rerank score %.1e\n",
+            kg_arch_name(m->hp.arch), types[type], 1.0 - worst, (double)worst_score);
     ck_assert_msg(memcmp(alone, gpu + (size_t)TARGET * E, (size_t)E * sizeof(float)) == 0,
                   "%s: input %d alone gives other bits than among the others", args, TARGET);
     free(cpu);
@@ -226,22 +239,22 @@ static void compare(const char *args, kg_engine_pool_t pool, bool rerank) {
 }
 
 START_TEST(qwen3_last_vs_cpu) {
-    compare(QWEN3_ARGS, KG_ENGINE_POOL_LAST, true);
+    compare(QWEN3_ARGS, _i, KG_ENGINE_POOL_LAST, true);
 }
 END_TEST
 
 START_TEST(bert_mean_vs_cpu) {
-    compare(BERT_ARGS, KG_ENGINE_POOL_MEAN, false);
+    compare(BERT_ARGS, _i, KG_ENGINE_POOL_MEAN, false);
 }
 END_TEST
 
 START_TEST(nomic_mean_vs_cpu) {
-    compare(NOMIC_ARGS, KG_ENGINE_POOL_MEAN, false);
+    compare(NOMIC_ARGS, _i, KG_ENGINE_POOL_MEAN, false);
 }
 END_TEST
 
 START_TEST(gemma_embd_mean_vs_cpu) {
-    compare(GEMMA_EMBD_ARGS, KG_ENGINE_POOL_MEAN, false);
+    compare(GEMMA_EMBD_ARGS, _i, KG_ENGINE_POOL_MEAN, false);
 }
 END_TEST
 
@@ -435,10 +448,10 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("embed");
     tcase_set_tags(tc, "gpu");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, qwen3_last_vs_cpu);
-    tcase_add_test(tc, bert_mean_vs_cpu);
-    tcase_add_test(tc, nomic_mean_vs_cpu);
-    tcase_add_test(tc, gemma_embd_mean_vs_cpu);
+    tcase_add_loop_test(tc, qwen3_last_vs_cpu, 0, 3);
+    tcase_add_loop_test(tc, bert_mean_vs_cpu, 0, 3);
+    tcase_add_loop_test(tc, nomic_mean_vs_cpu, 0, 3);
+    tcase_add_loop_test(tc, gemma_embd_mean_vs_cpu, 0, 3);
     tcase_add_test(tc, gemma_embd_split_step);
     tcase_add_test(tc, qwen3_hidden_step);
     tcase_add_test(tc, bert_refusals);
