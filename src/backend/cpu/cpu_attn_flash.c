@@ -382,16 +382,7 @@ static void tiled(const float *q,
         const float m_new = fmaxf(M, tile_max);
         if (m_new > M) {
             const float ms = expf(M - m_new);
-            int32_t d = 0;
-#ifdef FLASH_AVX2
-            for (; d + 8 <= hd; d += 8) {
-                _mm256_storeu_ps(out + d,
-                                 _mm256_mul_ps(_mm256_loadu_ps(out + d), _mm256_set1_ps(ms)));
-            }
-#endif
-            for (; d < hd; d++) {
-                out[d] *= ms;
-            }
+            cpu_vec_scale_f32(out, hd, ms);
             S *= ms;
         }
         M = m_new;

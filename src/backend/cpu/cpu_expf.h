@@ -108,3 +108,18 @@ static inline double cpu_softmax8_sum(float *sc, int32_t nt, float M) {
     }
     return sum;
 }
+
+/* ggml_vec_scale_f32: x[i] *= s, a flash-attention accumulator rescaled
+ * when the running maximum moves (each element one multiply: the vector
+ * and scalar loops give the same bits). */
+static inline void cpu_vec_scale_f32(float *x, int32_t n, float s) {
+    int32_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(s)));
+    }
+#endif
+    for (; i < n; i++) {
+        x[i] *= s;
+    }
+}
