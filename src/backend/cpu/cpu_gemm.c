@@ -451,9 +451,15 @@ void cpu_gemm_scalar(const float *a, const cpu_gemm_weights_t *w, float *c, int6
     scalar_columns(a, w, c, m, 0, w->n);
 }
 
-static void run_panels(
-    const float *a, const cpu_gemm_weights_t *w, float *c, int64_t m, int64_t p0, int64_t p1) {
-    const int k = kernel_in_use();
+/* Panels [p0, p1) with kernel k (kernel_in_use(), read once per product on
+ * the calling thread, so the pool's threads never touch the choice). */
+static void run_panels(int k,
+                       const float *a,
+                       const cpu_gemm_weights_t *w,
+                       float *c,
+                       int64_t m,
+                       int64_t p0,
+                       int64_t p1) {
     if (k == 2 && m > 6) {
         cpu_gemm_avx512_panels(a, w, c, m, p0, p1);
         return;
@@ -468,6 +474,7 @@ static void run_panels(
 }
 
 typedef struct gemm_job {
+    int kernel; /* kernel_in_use() */
     const float *a;
     int64_t m, panels_per_task;
     int n_w;
@@ -487,7 +494,7 @@ static void gemm_task(void *arg, int64_t task, int thread) {
     const int64_t n_panels = (j->w[i]->n + NR - 1) / NR;
     const int64_t p0 = (task - j->first_task[i]) * j->panels_per_task;
     const int64_t p1 = p0 + j->panels_per_task < n_panels ? p0 + j->panels_per_task : n_panels;
-    run_panels(j->a, j->w[i], j->c[i], j->m, p0, p1);
+    run_panels(j->kernel, j->a, j->w[i], j->c[i], j->m, p0, p1);
 }
 
 void cpu_gemm_multi(struct kg_pool *pool,
@@ -497,7 +504,7 @@ void cpu_gemm_multi(struct kg_pool *pool,
                     const cpu_gemm_weights_t *const *w,
                     float *const *c) {
     KG_ASSERT(n_w >= 1 && n_w <= CPU_GEMM_MULTI_MAX);
-    gemm_job_t j = {.a = a, .m = m, .n_w = n_w, .w = w, .c = c};
+    gemm_job_t j = {.kernel = kernel_in_use(), .a = a, .m = m, .n_w = n_w, .w = w, .c = c};
     int64_t n_panels = 0;
     double macs = 0.0, bytes = 0.0;
     for (int i = 0; i < n_w; i++) {
