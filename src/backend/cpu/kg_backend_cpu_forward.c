@@ -48,6 +48,7 @@
 #include "cpu_lora.h"
 #include "cpu_ops.h"
 #include "cpu_recurrent.h"
+#include "cpu_rows.h"
 #include "kg_backend_cpu_int.h"
 
 #include <math.h>
@@ -84,30 +85,6 @@ static void add_bias(float *x, const cpu_weight_t *b, int64_t T, int64_t n) {
 static void scale_rows(float *x, int64_t n, float s) {
     for (int64_t i = 0; i < n; i++) {
         x[i] *= s; /* ggml_scale */
-    }
-}
-
-/* y = RMSNorm(x) * w, the input norm of a block; a copy when the family
- * has none (olmo2 norms the blocks' outputs instead). */
-static void pre_norm(const float *x, const float *w, float *y, int64_t T, int64_t n, float eps) {
-    if (w) {
-        cpu_rmsnorm_rows(x, w, y, T, n, eps);
-    } else {
-        memcpy(y, x, (size_t)(T * n) * sizeof(float));
-    }
-}
-
-/* x += s * b (granite's ggml_scale of the block output, then ggml_add),
- * or x += b when s is 0. */
-static void add_residual(float *x, const float *b, int64_t n, float s) {
-    if (s != 0.0f) {
-        for (int64_t i = 0; i < n; i++) {
-            x[i] += b[i] * s;
-        }
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        x[i] += b[i];
     }
 }
 
@@ -658,8 +635,7 @@ static void per_layer_add(cpu_ctx_t *ctx, const cpu_layer_t *L, int32_t il, int6
         cpu_geglu(ctx->gelu_table, g, ctx->pl_in + t * NP + (int64_t)il * P, g, P);
     }
     matmul(ctx, &L->pe_proj, ctx->pl_gate, ctx->tmp, T);
-    cpu_rmsnorm_rows(ctx->tmp, L->pe_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
-    add_residual(ctx->x, ctx->tmp, T * E, 0.0f);
+    cpu_rows_residual(ctx, ctx->x, ctx->tmp, L->pe_post_norm.data, T, E, 0.0f, hp->norm_eps);
 }
 
 /* The dense FFN of layer il on ctx->xn (T, n_embd) into ctx->tmp:
@@ -669,13 +645,7 @@ static void dense_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int32_t il, int64_t 
     float *const gate_up_out[2] = {ctx->gate, ctx->up};
     matmul_n(ctx, 2, gate_up, ctx->xn, gate_up_out, T);
     cpu_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, gate_up_out, T);
-    if (ctx->hp.ffn_act == KG_FFN_GELU) {
-        cpu_geglu(ctx->gelu_table, ctx->gate, ctx->up, ctx->gate, T * F);
-    } else {
-        for (int64_t i = 0; i < T * F; i++) {
-            ctx->gate[i] = kg_silu(ctx->gate[i]) * ctx->up[i];
-        }
-    }
+    cpu_rows_glu(ctx, ctx->gate, ctx->up, T, F, ctx->hp.ffn_act == KG_FFN_GELU);
     matmul(ctx, &L->w_down, ctx->gate, ctx->tmp, T);
     cpu_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->gate, &ctx->tmp, T);
 }
@@ -706,6 +676,72 @@ static void gemma4_moe_ffn(cpu_ctx_t *ctx, const cpu_layer_t *L, int32_t il, int
     cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm_2.data, ctx->tmp, T, E, hp->norm_eps);
     for (int64_t i = 0; i < T * E; i++) {
         ctx->tmp[i] = ctx->shexp[i] + ctx->tmp[i]; /* ggml_add(cur_mlp, cur_moe) */
+    }
+}
+
+/* The stage between the Q/K/V GEMMs and attention, on tokens [t0, t0 + T)
+ * (cpu_rows_run): biases (qwen2), the Q/K norms per head (qwen3, gemma3;
+ * over all heads: olmo2) and Gemma 4's V norm, RoPE, the attention
+ * temperature (mistral3) and query scale (gemma, phi3), q rounded to fp16
+ * as ggml converts it for the K matmul, and the K/V rows written to their
+ * blocks. Every op is the token's own, so any split gives the same bits. */
+typedef struct qkv_arg {
+    const cpu_layer_t *L;
+    const kg_layer_weights_t *ML;
+    const kg_step_batch_t *batch;
+    const float *cs; /* the layer's RoPE angles, (T, rope_stride) */
+    int32_t il;
+} qkv_arg_t;
+
+static void qkv_rows(cpu_ctx_t *ctx, const void *p, int64_t t0, int64_t T) {
+    const qkv_arg_t *a = p;
+    const kg_hparams_t *hp = &ctx->hp;
+    const cpu_layer_t *L = a->L;
+    const kg_layer_weights_t *ML = a->ML;
+    const kg_step_batch_t *batch = a->batch;
+    const int32_t hd = ML->head_dim, n_rot = ML->n_rot, bs = ctx->block_size, il = a->il;
+    const int64_t n_q = (int64_t)hp->n_head * hd, n_kv = (int64_t)ML->n_head_kv * hd;
+    const bool own_kv = ML->kv_layer == il;
+    float *q = ctx->q + t0 * n_q, *k = ctx->k + t0 * n_kv, *v = ctx->v + t0 * n_kv;
+    add_bias(q, &L->bq, T, n_q);
+    add_bias(k, &L->bk, T, n_kv);
+    add_bias(v, &L->bv, T, n_kv);
+    if (L->q_norm.data && hp->qk_norm_full) { /* build_norm on (n_q, T): olmo2 */
+        cpu_rmsnorm_rows(q, L->q_norm.data, q, T, n_q, hp->norm_eps);
+        cpu_rmsnorm_rows(k, L->k_norm.data, k, T, n_kv, hp->norm_eps);
+    } else if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
+        cpu_rmsnorm_rows(q, L->q_norm.data, q, T * hp->n_head, hd, hp->norm_eps);
+        if (own_kv) {
+            cpu_rmsnorm_rows(k, L->k_norm.data, k, T * ML->n_head_kv, hd, hp->norm_eps);
+        }
+    }
+    if (hp->v_norm && own_kv) { /* Gemma 4: ggml_rms_norm of each V head, no weight */
+        cpu_rmsnorm_rows(v, NULL, v, T * ML->n_head_kv, hd, hp->norm_eps);
+    }
+    if (!ML->no_rope) {
+        const float *cs = a->cs + t0 * ctx->rope_stride;
+        rope_rows(ctx, q, T, hp->n_head, hd, n_rot, cs);
+        if (own_kv) {
+            rope_rows(ctx, k, T, ML->n_head_kv, hd, n_rot, cs);
+        }
+    }
+    if (hp->attn_temp_scale != 0.0f) { /* mistral3: ggml_mul by the per-token scale */
+        for (int64_t t = 0; t < T; t++) {
+            scale_rows(q + t * n_q, n_q,
+                       kg_attn_temp(hp->attn_temp_scale, hp->attn_temp_floor, batch->pos[t0 + t]));
+        }
+    }
+    if (hp->q_scale != 0.0f) {
+        scale_rows(q, T * n_q, hp->q_scale);
+    }
+    cpu_round_fp16(q, T * n_q); /* ggml converts q to fp16 for the K matmul */
+    for (int64_t t = t0; own_kv && t < t0 + T; t++) {
+        const int32_t pos = batch->pos[t];
+        const int32_t blk =
+            batch->block_table[(int64_t)batch->seq[t] * batch->max_blocks_per_seq + pos / bs];
+        const int64_t row = (int64_t)blk * bs + pos % bs;
+        cpu_fp32_to_fp16(ctx->k + t * n_kv, ctx->k_cache[il] + row * n_kv, n_kv);
+        cpu_fp32_to_fp16(ctx->v + t * n_kv, ctx->v_cache[il] + row * n_kv, n_kv);
     }
 }
 
@@ -781,24 +817,23 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         const cpu_layer_t *L = &ctx->layers[il];
         /* the layer's own shape (Gemma 4's windowed and global layers differ) */
         const kg_layer_weights_t *ML = &ctx->model->layers[il];
-        const int32_t hd = ML->head_dim, n_rot = ML->n_rot;
-        const int64_t n_q = (int64_t)hp->n_head * hd, n_kv = (int64_t)ML->n_head_kv * hd;
-        const int64_t F = ML->n_ff;
+        const int32_t hd = ML->head_dim;
+        const int64_t n_q = (int64_t)hp->n_head * hd, F = ML->n_ff;
         /* a Gemma 4 shared-KV layer computes Q only and reads kv_layer's cache */
         const bool own_kv = ML->kv_layer == il;
         const float *cs = ctx->rope_cs + (int64_t)L->rope * T * ctx->rope_stride;
         if (ML->kind == KG_LAYER_FFN) { /* no mixer: its FFN normed by attn_norm (nemotron_h) */
             goto ffn;
         }
-        pre_norm(ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        cpu_rows_norm(ctx, ctx->x, L->attn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (ML->kind != KG_LAYER_ATTN) { /* a hybrid's recurrent layer (cpu_recurrent.c) */
             cpu_recurrent_mixer(ctx, il, batch);
-            add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
+            cpu_rows_residual(ctx, ctx->x, ctx->tmp, NULL, T, E, hp->residual_scale, 0.0f);
             goto ffn;
         }
         if (L->wkv_a.n_out > 0) { /* deepseek2: no biases, post-norms or LoRA there */
             mla_attention(ctx, L, il, batch, cs);
-            add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
+            cpu_rows_residual(ctx, ctx->x, ctx->tmp, NULL, T, E, hp->residual_scale, 0.0f);
             goto ffn;
         }
         const cpu_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -808,46 +843,8 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         if (ctx->qgate) { /* qwen35: each head's query, then its output gate */
             part_query_gate(ctx->q, ctx->qgate, T * hp->n_head, hd);
         }
-        add_bias(ctx->q, &L->bq, T, n_q);
-        add_bias(ctx->k, &L->bk, T, n_kv);
-        add_bias(ctx->v, &L->bv, T, n_kv);
-        if (L->q_norm.data && hp->qk_norm_full) { /* build_norm on (n_q, T): olmo2 */
-            cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T, n_q, hp->norm_eps);
-            cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T, n_kv, hp->norm_eps);
-        } else if (L->q_norm.data) { /* build_norm on (head_dim, n_head, T) */
-            cpu_rmsnorm_rows(ctx->q, L->q_norm.data, ctx->q, T * hp->n_head, hd, hp->norm_eps);
-            if (own_kv) {
-                cpu_rmsnorm_rows(ctx->k, L->k_norm.data, ctx->k, T * ML->n_head_kv, hd,
-                                 hp->norm_eps);
-            }
-        }
-        if (hp->v_norm && own_kv) { /* Gemma 4: ggml_rms_norm of each V head, no weight */
-            cpu_rmsnorm_rows(ctx->v, NULL, ctx->v, T * ML->n_head_kv, hd, hp->norm_eps);
-        }
-        if (!ML->no_rope) {
-            rope_rows(ctx, ctx->q, T, hp->n_head, hd, n_rot, cs);
-            if (own_kv) {
-                rope_rows(ctx, ctx->k, T, ML->n_head_kv, hd, n_rot, cs);
-            }
-        }
-        if (hp->attn_temp_scale != 0.0f) { /* mistral3: ggml_mul by the per-token scale */
-            for (int64_t t = 0; t < T; t++) {
-                scale_rows(ctx->q + t * n_q, n_q,
-                           kg_attn_temp(hp->attn_temp_scale, hp->attn_temp_floor, batch->pos[t]));
-            }
-        }
-        if (hp->q_scale != 0.0f) {
-            scale_rows(ctx->q, T * n_q, hp->q_scale);
-        }
-        cpu_round_fp16(ctx->q, T * n_q); /* ggml converts q to fp16 for the K matmul */
-        for (int64_t t = 0; own_kv && t < T; t++) {
-            const int32_t pos = batch->pos[t];
-            const int32_t blk =
-                batch->block_table[(int64_t)batch->seq[t] * batch->max_blocks_per_seq + pos / bs];
-            const int64_t row = (int64_t)blk * bs + pos % bs;
-            cpu_fp32_to_fp16(ctx->k + t * n_kv, ctx->k_cache[il] + row * n_kv, n_kv);
-            cpu_fp32_to_fp16(ctx->v + t * n_kv, ctx->v_cache[il] + row * n_kv, n_kv);
-        }
+        const qkv_arg_t qa = {.L = L, .ML = ML, .batch = batch, .cs = cs, .il = il};
+        cpu_rows_run(ctx, T, qkv_rows, &qa);
         attention(ctx, il, batch);
         for (int64_t i = 0; ctx->qgate && i < T * n_q; i++) { /* ggml_sigmoid, ggml_mul */
             ctx->att[i] *= 1.0f / (1.0f + expf(-ctx->qgate[i]));
@@ -855,16 +852,14 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         matmul(ctx, &L->wo, ctx->att, ctx->tmp, T);
         cpu_lora_apply(ctx, il, KG_LORA_O, 1, ctx->att, &ctx->tmp, T);
         add_bias(ctx->tmp, &L->bo, T, E);
-        if (L->attn_post_norm.data) {
-            cpu_rmsnorm_rows(ctx->tmp, L->attn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
-        }
-        add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
+        cpu_rows_residual(ctx, ctx->x, ctx->tmp, L->attn_post_norm.data, T, E, hp->residual_scale,
+                          hp->norm_eps);
 
     ffn:
         if (F == 0) {
             continue; /* a mixer alone (nemotron_h) */
         }
-        pre_norm(ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
+        cpu_rows_norm(ctx, ctx->x, L->ffn_norm.data, ctx->xn, T, E, hp->norm_eps);
         if (L->ffn_pre_norm_2.data) {
             gemma4_moe_ffn(ctx, L, il, F, T);
         } else if (L->moe) {
@@ -889,10 +884,8 @@ kg_status_t cpu_backend_forward(kg_backend_t *be, const kg_step_batch_t *batch, 
         } else {
             dense_ffn(ctx, L, il, F, T);
         }
-        if (L->ffn_post_norm.data) {
-            cpu_rmsnorm_rows(ctx->tmp, L->ffn_post_norm.data, ctx->tmp, T, E, hp->norm_eps);
-        }
-        add_residual(ctx->x, ctx->tmp, T * E, hp->residual_scale);
+        cpu_rows_residual(ctx, ctx->x, ctx->tmp, L->ffn_post_norm.data, T, E, hp->residual_scale,
+                          hp->norm_eps);
         if (L->pe_gate.n_out > 0) {
             per_layer_add(ctx, L, il, T);
         }
