@@ -16,6 +16,7 @@
 #include "../../core/kg_pool.h"
 #include "../../model/kg_quant.h"
 #include "cpu_gemm_int.h"
+#include "cpu_ops.h"
 
 #define NR CPU_GEMM_PANEL
 
@@ -76,6 +77,7 @@ bool cpu_gemm_pack(
     if (!w->panels) {
         goto fail;
     }
+    cpu_advise_huge(w->panels, size); /* fewer faults here, fewer TLB misses in the kernels */
     if (st == KG_GGML_TYPE_F32 && type != KG_GGML_TYPE_F32) {
         rows = malloc((size_t)(NR * k) * sizeof(float));
         if (!rows) {

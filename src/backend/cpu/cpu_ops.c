@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -174,4 +175,17 @@ bool cpu_round_activations(
         break;
     }
     return false;
+}
+
+void cpu_advise_huge(void *p, size_t size) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    const uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1);
+    const uintptr_t hi = ((uintptr_t)p + size) & ~(huge - 1);
+    if (p && hi > lo) {
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* advice: refused is fine */
+    }
+#else
+    (void)p, (void)size;
+#endif
 }

@@ -35,3 +35,10 @@ void cpu_round_fp16(float *x, int64_t n);
 /** fp32 -> fp16 storage and back. */
 void cpu_fp32_to_fp16(const float *x, uint16_t *y, int64_t n);
 void cpu_fp16_to_fp32(const uint16_t *x, float *y, int64_t n);
+
+/** Ask for transparent huge pages over the 2 MiB-aligned interior of
+ * [p, p + size) (THP "madvise" mode; a no-op where the kernel offers none).
+ * For the big buffers touched for the first time while a step runs (the
+ * KV cache as blocks are first handed out, the packed weights at load):
+ * on 4 KiB pages each first write faults, 6% of a Qwen3-0.6B prefill. */
+void cpu_advise_huge(void *p, size_t size);

@@ -588,6 +588,8 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
                      (n_caches * kv_rows * kv_l * sizeof(uint16_t) * (size_t)hp->n_layer) >> 20);
             goto fail;
         }
+        cpu_advise_huge(ctx->k_cache[il], kv_rows * kv_l * sizeof(uint16_t));
+        cpu_advise_huge(ctx->v_cache[il], mla ? 0 : kv_rows * kv_l * sizeof(uint16_t));
         ctx->kv_size += n_caches * kv_rows * kv_l * sizeof(uint16_t);
     }
 
