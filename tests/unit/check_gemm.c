@@ -113,6 +113,30 @@ START_TEST(pack_storage_types) {
 }
 END_TEST
 
+/* Packing over a pool gives the panels the calling thread packs alone, for
+ * every type (the quantized ones through each thread's dequantized rows)
+ * and a matrix of several pack tasks with a partial last panel. */
+START_TEST(pack_on_pool_same_panels) {
+    rng_state = 3;
+    kg_pool_t *pool = kg_pool_new(3);
+    ck_assert_ptr_nonnull(pool);
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        weights_t w;
+        weights_make(&w, types[t], 16 * 37 + 5, 64);
+        cpu_gemm_weights_t pooled;
+        ck_assert(cpu_gemm_pack_on(pool, &pooled, types[t], w.data, 16 * 37 + 5, 64));
+        ck_assert_uint_eq(pooled.size, w.packed.size);
+        ck_assert_int_eq(pooled.type, w.packed.type);
+        if (memcmp(pooled.panels, w.packed.panels, pooled.size) != 0) {
+            ck_abort_msg("type %d: pooled panels differ", (int)types[t]);
+        }
+        cpu_gemm_clear(&pooled);
+        weights_free(&w);
+    }
+    kg_pool_free(pool);
+}
+END_TEST
+
 /* Every type and odd shapes (n, k not multiples of 16 or 8, k across the
  * kernels' K blocks, m across their row tiles and row blocks, panels not a
  * multiple of the AVX-512 tile's 3) against a double-precision reference,
@@ -321,6 +345,7 @@ static Suite *make_suite(void) {
     TCase *tc = tcase_create("gemm");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, pack_storage_types);
+    tcase_add_test(tc, pack_on_pool_same_panels);
     tcase_add_loop_test(tc, matches_reference, 0, 3);
     tcase_add_test(tc, batch_invariance_f32);
     tcase_add_test(tc, batch_invariance_f16);

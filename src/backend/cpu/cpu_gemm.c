@@ -66,21 +66,73 @@ static int bf16_slot(int64_t jj) {
     return jj < 8 ? (int)(2 * jj) : (int)(2 * (jj - 8) + 1);
 }
 
-bool cpu_gemm_pack(
-    cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data, int64_t n, int64_t k) {
+/* Panels per pack task: a few hundred KiB of F32 each, so the threads
+ * share a matrix evenly. */
+#define PACK_PANELS 16
+
+typedef struct pack_job {
+    cpu_gemm_weights_t *w;
+    kg_ggml_type_t type; /* the source's */
+    const void *data;
+    size_t row_size;
+    float *rows; /* (threads, NR * k) dequantized rows of one panel, or NULL */
+} pack_job_t;
+
+static void pack_task(void *arg, int64_t task, int thread) {
+    const pack_job_t *j = arg;
+    const cpu_gemm_weights_t *w = j->w;
+    const int64_t n = w->n, k = w->k, n_panels = (n + NR - 1) / NR;
+    const int64_t p1 = (task + 1) * PACK_PANELS < n_panels ? (task + 1) * PACK_PANELS : n_panels;
+    for (int64_t p = task * PACK_PANELS; p < p1; p++) {
+        const int64_t nc = n - p * NR < NR ? n - p * NR : NR;
+        const char *src = (const char *)j->data + (size_t)(p * NR) * j->row_size;
+        if (w->type == KG_GGML_TYPE_F32) {
+            const float *f = (const float *)(const void *)src;
+            if (j->rows) {
+                float *rows = j->rows + (size_t)thread * (size_t)(NR * k);
+                kg_dequantize(j->type, src, rows, nc * k);
+                f = rows;
+            }
+            float *dst = (float *)w->panels + p * k * NR;
+            for (int64_t jj = 0; jj < nc; jj++) {
+                for (int64_t kk = 0; kk < k; kk++) {
+                    dst[kk * NR + jj] = f[jj * k + kk];
+                }
+            }
+        } else {
+            const uint16_t *h = (const uint16_t *)(const void *)src;
+            uint16_t *dst = (uint16_t *)w->panels + p * k * NR;
+            for (int64_t jj = 0; jj < nc; jj++) {
+                const int64_t slot = w->type == KG_GGML_TYPE_BF16 ? bf16_slot(jj) : jj;
+                for (int64_t kk = 0; kk < k; kk++) {
+                    dst[kk * NR + slot] = h[jj * k + kk];
+                }
+            }
+        }
+    }
+}
+
+bool cpu_gemm_pack_on(struct kg_pool *pool,
+                      cpu_gemm_weights_t *w,
+                      kg_ggml_type_t type,
+                      const void *data,
+                      int64_t n,
+                      int64_t k) {
     memset(w, 0, sizeof(*w));
     const kg_ggml_type_t st = storage_type(type);
-    const int64_t n_panels = (n + NR - 1) / NR;
+    const int64_t n_panels = (n + NR - 1) / NR,
+                  n_tasks = (n_panels + PACK_PANELS - 1) / PACK_PANELS;
+    const int n_threads = pool && n_tasks > 1 ? kg_pool_n_threads(pool) : 1;
     const size_t size = ((size_t)(n_panels * k * NR) * elem_size(st) + 63) / 64 * 64;
-    float *rows = NULL; /* (NR, k) dequantized rows of one panel */
+    pack_job_t j = {.w = w, .type = type, .data = data, .row_size = kg_type_row_size(type, k)};
     w->panels = aligned_alloc(64, size ? size : 64);
     if (!w->panels) {
         goto fail;
     }
     cpu_advise_huge(w->panels, size); /* fewer faults here, fewer TLB misses in the kernels */
     if (st == KG_GGML_TYPE_F32 && type != KG_GGML_TYPE_F32) {
-        rows = malloc((size_t)(NR * k) * sizeof(float));
-        if (!rows) {
+        j.rows = malloc((size_t)n_threads * (size_t)(NR * k) * sizeof(float));
+        if (!j.rows) {
             goto fail;
         }
     }
@@ -92,39 +144,26 @@ bool cpu_gemm_pack(
     w->k = k;
     w->type = st;
     w->size = size;
-    const size_t row_size = kg_type_row_size(type, k);
-    for (int64_t p = 0; p < n_panels; p++) {
-        const int64_t nc = n - p * NR < NR ? n - p * NR : NR;
-        const char *src = (const char *)data + (size_t)(p * NR) * row_size;
-        if (st == KG_GGML_TYPE_F32) {
-            const float *f = (const float *)(const void *)src;
-            if (rows) {
-                kg_dequantize(type, src, rows, nc * k);
-                f = rows;
-            }
-            float *dst = (float *)w->panels + p * k * NR;
-            for (int64_t j = 0; j < nc; j++) {
-                for (int64_t kk = 0; kk < k; kk++) {
-                    dst[kk * NR + j] = f[j * k + kk];
-                }
-            }
-        } else {
-            const uint16_t *h = (const uint16_t *)(const void *)src;
-            uint16_t *dst = (uint16_t *)w->panels + p * k * NR;
-            for (int64_t j = 0; j < nc; j++) {
-                const int64_t slot = st == KG_GGML_TYPE_BF16 ? bf16_slot(j) : j;
-                for (int64_t kk = 0; kk < k; kk++) {
-                    dst[kk * NR + slot] = h[j * k + kk];
-                }
-            }
+    /* on the pool: the transposes, and the first touch of the panels' pages,
+     * were a few seconds of one thread while the others waited at load */
+    if (n_threads > 1) {
+        kg_pool_run(pool, n_tasks, pack_task, &j);
+    } else {
+        for (int64_t t = 0; t < n_tasks; t++) {
+            pack_task(&j, t, 0);
         }
     }
-    free(rows);
+    free(j.rows);
     return true;
 fail:
-    free(rows);
+    free(j.rows);
     cpu_gemm_clear(w);
     return false;
+}
+
+bool cpu_gemm_pack(
+    cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data, int64_t n, int64_t k) {
+    return cpu_gemm_pack_on(NULL, w, type, data, n, k);
 }
 
 void cpu_gemm_clear(cpu_gemm_weights_t *w) {

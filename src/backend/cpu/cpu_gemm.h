@@ -63,6 +63,15 @@ typedef struct cpu_gemm_weights {
 bool cpu_gemm_pack(
     cpu_gemm_weights_t *w, kg_ggml_type_t type, const void *data, int64_t n, int64_t k);
 
+/** cpu_gemm_pack with the panels packed over `pool` (NULL: the calling
+ * thread): the same panels. @thread the pool's owner */
+bool cpu_gemm_pack_on(struct kg_pool *pool,
+                      cpu_gemm_weights_t *w,
+                      kg_ggml_type_t type,
+                      const void *data,
+                      int64_t n,
+                      int64_t k);
+
 /** Free the panels of `w` (a zeroed or cleared `w` is fine). */
 void cpu_gemm_clear(cpu_gemm_weights_t *w);
 

@@ -27,7 +27,7 @@ bool cpu_weight_init(
         return true;
     }
     if (t->n_dims > 1) {
-        if (!cpu_gemm_pack(&w->packed, t->type, t->data, w->n_out, w->n_in)) {
+        if (!cpu_gemm_pack_on(ctx->pool, &w->packed, t->type, t->data, w->n_out, w->n_in)) {
             snprintf(errstr, errstr_size, "cpu backend: out of memory packing '%.*s'",
                      (int)t->name.len, t->name.data);
             return false;
