@@ -136,6 +136,31 @@ static void round_q8_k(const float *x, float *y, int64_t n) {
     }
 }
 
+bool cpu_activations_rounded(kg_ggml_type_t type, int64_t n) {
+    switch (type) {
+    case KG_GGML_TYPE_F16:
+    case KG_GGML_TYPE_BF16:
+        return true;
+    case KG_GGML_TYPE_Q8_0:
+    case KG_GGML_TYPE_Q4_0:
+    case KG_GGML_TYPE_Q4_1:
+    case KG_GGML_TYPE_Q5_0:
+    case KG_GGML_TYPE_Q5_1:
+    case KG_GGML_TYPE_IQ4_NL:
+    case KG_GGML_TYPE_MXFP4:
+        return n % 32 == 0;
+    case KG_GGML_TYPE_Q2_K:
+    case KG_GGML_TYPE_Q3_K:
+    case KG_GGML_TYPE_Q4_K:
+    case KG_GGML_TYPE_Q5_K:
+    case KG_GGML_TYPE_Q6_K:
+    case KG_GGML_TYPE_IQ4_XS:
+        return n % 256 == 0;
+    default:
+        return false;
+    }
+}
+
 bool cpu_round_activations(
     kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows, int64_t n) {
     switch (type) {

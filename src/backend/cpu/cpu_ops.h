@@ -21,6 +21,10 @@ void cpu_rmsnorm_rows(
 bool cpu_round_activations(
     kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows, int64_t n);
 
+/** Whether cpu_round_activations rounds rows of n for weights of `type`
+ * (what it returns), without doing it. */
+bool cpu_activations_rounded(kg_ggml_type_t type, int64_t n);
+
 /** ggml's GELU table: table[h] = fp16(gelu_tanh(fp16 value h)) for every
  * fp16 bit pattern h (ggml_table_gelu_f16). */
 void cpu_gelu_table_init(uint16_t *table);

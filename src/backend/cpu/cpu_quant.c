@@ -166,10 +166,20 @@ static float quant_block_q8_k(const float *x, int8_t *q, int16_t *bsums) {
 }
 
 void cpu_quant_act(cpu_act_kind_t kind, const float *x, int64_t m, int64_t k, cpu_qact_t *a) {
+    cpu_quant_act_rows(kind, x, m, k, a, 0, m);
+}
+
+void cpu_quant_act_rows(cpu_act_kind_t kind,
+                        const float *x,
+                        int64_t m,
+                        int64_t k,
+                        cpu_qact_t *a,
+                        int64_t r0,
+                        int64_t r1) {
     a->kind = kind;
     a->m = m;
     a->k = k;
-    for (int64_t i = 0; i < m; i++) {
+    for (int64_t i = r0; i < r1; i++) {
         const float *xr = x + i * k;
         int8_t *qr = a->qs + i * k;
         uint8_t *ur = a->qu + i * k;

@@ -80,6 +80,17 @@ size_t cpu_qact_size(int64_t max_m, int64_t max_k);
  * a multiple of the kind's block. @thread any */
 void cpu_quant_act(cpu_act_kind_t kind, const float *x, int64_t m, int64_t k, cpu_qact_t *a);
 
+/** Rows [r0, r1) of cpu_quant_act(kind, x, m, k, a): callers that split the
+ * rows among threads get what one call writes (every row's blocks are its
+ * own). @thread any, disjoint rows */
+void cpu_quant_act_rows(cpu_act_kind_t kind,
+                        const float *x,
+                        int64_t m,
+                        int64_t k,
+                        cpu_qact_t *a,
+                        int64_t r0,
+                        int64_t r1);
+
 /** An unpacked panel of CPU_QPANEL weight rows of k elements (see DESIGN). */
 typedef struct cpu_qpanel {
     int64_t k;
