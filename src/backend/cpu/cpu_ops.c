@@ -136,11 +136,15 @@ static void round_q8_k(const float *x, float *y, int64_t n) {
     }
 }
 
-bool cpu_activations_rounded(kg_ggml_type_t type, int64_t n) {
+/* The block of the activations ggml's vec_dot_type gives weights of `type`:
+ * 32 for Q8_0 (Q4_0, Q5_x, IQ4_NL; MXFP4's vec_dot_type is Q8_0 too), 256
+ * for Q8_K (the K-quants, IQ4_XS), 1 for F16 and BF16 (rounded one by one),
+ * 0 for none (F32). */
+static int64_t act_block(kg_ggml_type_t type) {
     switch (type) {
     case KG_GGML_TYPE_F16:
     case KG_GGML_TYPE_BF16:
-        return true;
+        return 1;
     case KG_GGML_TYPE_Q8_0:
     case KG_GGML_TYPE_Q4_0:
     case KG_GGML_TYPE_Q4_1:
@@ -148,58 +152,42 @@ bool cpu_activations_rounded(kg_ggml_type_t type, int64_t n) {
     case KG_GGML_TYPE_Q5_1:
     case KG_GGML_TYPE_IQ4_NL:
     case KG_GGML_TYPE_MXFP4:
-        return n % 32 == 0;
+        return 32;
     case KG_GGML_TYPE_Q2_K:
     case KG_GGML_TYPE_Q3_K:
     case KG_GGML_TYPE_Q4_K:
     case KG_GGML_TYPE_Q5_K:
     case KG_GGML_TYPE_Q6_K:
     case KG_GGML_TYPE_IQ4_XS:
-        return n % 256 == 0;
+        return 256;
     default:
-        return false;
+        return 0;
     }
+}
+
+bool cpu_activations_rounded(kg_ggml_type_t type, int64_t n) {
+    const int64_t b = act_block(type);
+    return b > 0 && n % b == 0;
 }
 
 bool cpu_round_activations(
     kg_ggml_type_t type, const float *x, float *dst, int64_t n_rows, int64_t n) {
-    switch (type) {
-    case KG_GGML_TYPE_F16:
+    if (!cpu_activations_rounded(type, n)) {
+        return false;
+    }
+    if (type == KG_GGML_TYPE_F16) {
         memcpy(dst, x, (size_t)(n_rows * n) * sizeof(float));
         cpu_round_fp16(dst, n_rows * n);
-        return true;
-    case KG_GGML_TYPE_BF16:
+    } else if (type == KG_GGML_TYPE_BF16) {
         for (int64_t i = 0; i < n_rows * n; i++) {
             dst[i] = kg_bf16_to_fp32(kg_fp32_to_bf16(x[i]));
         }
-        return true;
-    case KG_GGML_TYPE_Q8_0:
-    case KG_GGML_TYPE_Q4_0:
-    case KG_GGML_TYPE_Q4_1:
-    case KG_GGML_TYPE_Q5_0:
-    case KG_GGML_TYPE_Q5_1:
-    case KG_GGML_TYPE_IQ4_NL:
-    case KG_GGML_TYPE_MXFP4: /* ggml's vec_dot_type for MXFP4 is Q8_0 */
-        if (n % 32 != 0) {
-            return false;
-        }
+    } else if (act_block(type) == 32) {
         round_q8_0(x, dst, n_rows * n);
-        return true;
-    case KG_GGML_TYPE_Q2_K:
-    case KG_GGML_TYPE_Q3_K:
-    case KG_GGML_TYPE_Q4_K:
-    case KG_GGML_TYPE_Q5_K:
-    case KG_GGML_TYPE_Q6_K:
-    case KG_GGML_TYPE_IQ4_XS:
-        if (n % 256 != 0) {
-            return false;
-        }
+    } else {
         round_q8_k(x, dst, n_rows * n);
-        return true;
-    case KG_GGML_TYPE_F32:
-        break;
     }
-    return false;
+    return true;
 }
 
 void cpu_advise_huge(void *p, size_t size) {
