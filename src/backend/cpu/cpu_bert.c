@@ -39,6 +39,7 @@
 #include "../kg_math.h"
 #include "cpu_expf.h"
 #include "cpu_ops.h"
+#include "cpu_rows.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -656,8 +657,6 @@ typedef enum rows_stage {
     ROWS_FFN_OUT,  /* x = LN(down + bias + x) */
 } rows_stage_t;
 
-#define ROWS_CHUNK 8
-
 /* RoPE on n rows (every head) of x, the first of them batch row t0: row
  * t is position t - run_start[t] of its input (whole inputs from 0). NeoX
  * pairs (i, i + n_rot/2) of each head's first n_rot dims, as ggml_rope_ext
@@ -678,20 +677,16 @@ rope_rows(const cpu_ctx_t *ctx, float *x, int64_t n, const int32_t *run_start, i
 }
 
 typedef struct rows_job {
-    cpu_ctx_t *ctx;
     int32_t il;
     rows_stage_t stage;
-    int64_t T;
 } rows_job_t;
 
-static void rows_task(void *arg, int64_t w, int thread) {
-    (void)thread;
+/* A stage on batch rows [t0, t0 + n) (a cpu_rows_fn). */
+static void rows_stage(cpu_ctx_t *ctx, const void *arg, int64_t t0, int64_t n) {
     const rows_job_t *job = arg;
-    cpu_ctx_t *ctx = job->ctx;
     struct cpu_bert *b = ctx->bert;
     const cpu_layer_t *L = &ctx->layers[job->il];
-    const int64_t E = ctx->hp.n_embd, F = ctx->hp.n_ff, t0 = w * ROWS_CHUNK;
-    const int64_t n = job->T - t0 < ROWS_CHUNK ? job->T - t0 : ROWS_CHUNK;
+    const int64_t E = ctx->hp.n_embd, F = ctx->hp.n_ff;
     const float eps = ctx->hp.norm_eps;
     switch (job->stage) {
     case ROWS_QKV:
@@ -770,15 +765,8 @@ static void rows_task(void *arg, int64_t w, int thread) {
 }
 
 static void rows_run(cpu_ctx_t *ctx, int32_t il, rows_stage_t stage, int64_t T) {
-    rows_job_t job = {.ctx = ctx, .il = il, .stage = stage, .T = T};
-    const int64_t n = (T + ROWS_CHUNK - 1) / ROWS_CHUNK;
-    if (n < 4) { /* waking the pool costs more than a few rows */
-        for (int64_t w = 0; w < n; w++) {
-            rows_task(&job, w, 0);
-        }
-        return;
-    }
-    kg_pool_run(ctx->pool, n, rows_task, &job);
+    const rows_job_t job = {.il = il, .stage = stage};
+    cpu_rows_run(ctx, T, rows_stage, &job);
 }
 
 kg_status_t cpu_bert_forward(kg_backend_t *be, const kg_step_batch_t *batch, float *logits) {

@@ -5,6 +5,7 @@
 #include "cpu_gemm.h"
 #include "cpu_ops.h"
 #include "cpu_quant.h"
+#include "cpu_rows.h"
 #include "kg_backend_cpu_int.h"
 
 /* Whether two weights can share one hand-off: the same float type, or
@@ -16,12 +17,6 @@ static bool same_path(const cpu_weight_t *a, const cpu_weight_t *b) {
     return a->type == b->type;
 }
 
-/* Rows per task when the activations are rounded or quantized over the
- * pool, and the fewest rows worth waking it for. Serial, this took 3-5% of
- * a quantized model's prefill while the other threads waited. */
-#define ACT_ROWS     8
-#define ACT_MIN_ROWS 32
-
 typedef struct act_job {
     const float *in;
     int64_t T, k;
@@ -31,27 +26,25 @@ typedef struct act_job {
     float *xr;
 } act_job_t;
 
-static void act_task(void *p, int64_t task, int thread) {
-    (void)thread;
+static void act_rows(cpu_ctx_t *ctx, const void *p, int64_t r0, int64_t n) {
+    (void)ctx;
     const act_job_t *j = p;
-    const int64_t r0 = task * ACT_ROWS, r1 = r0 + ACT_ROWS < j->T ? r0 + ACT_ROWS : j->T;
     if (j->qa) {
-        cpu_quant_act_rows(j->kind, j->in, j->T, j->k, j->qa, r0, r1);
+        cpu_quant_act_rows(j->kind, j->in, j->T, j->k, j->qa, r0, r0 + n);
     } else {
-        (void)cpu_round_activations(j->type, j->in + r0 * j->k, j->xr + r0 * j->k, r1 - r0, j->k);
+        (void)cpu_round_activations(j->type, j->in + r0 * j->k, j->xr + r0 * j->k, n, j->k);
     }
 }
 
-/* The activations of T rows for the weights, rows split over the pool when
- * there are enough of them (each row's result is its own). */
-static void prepare_act(kg_pool_t *pool, const act_job_t *j) {
-    if (pool && j->T >= ACT_MIN_ROWS) {
-        kg_pool_run(pool, (j->T + ACT_ROWS - 1) / ACT_ROWS, act_task, (void *)j);
-    } else if (j->qa) {
-        cpu_quant_act(j->kind, j->in, j->T, j->k, j->qa);
-    } else {
-        (void)cpu_round_activations(j->type, j->in, j->xr, j->T, j->k);
+/* The activations of T rows for the weights, rounded or quantized over the
+ * pool (cpu_rows_run_on; each row's result is its own). Serial, this took
+ * 3-5% of a quantized model's prefill while the other threads waited. */
+static void prepare_act(cpu_ctx_t *ctx, kg_pool_t *pool, const act_job_t *j) {
+    if (j->qa && j->T == 0) {
+        cpu_quant_act(j->kind, j->in, 0, j->k, j->qa); /* the shape, for the GEMM */
+        return;
     }
+    cpu_rows_run_on(pool, ctx, j->T, act_rows, j);
 }
 
 /* (kg_backend_cpu_int.h says what it computes) */
@@ -82,7 +75,7 @@ void cpu_matmul_n_on(cpu_ctx_t *ctx,
         }
         const act_job_t aj = {
             .in = in, .T = T, .k = ws[0]->n_in, .qa = qa, .kind = ws[0]->q.tr->act};
-        prepare_act(pool, &aj);
+        prepare_act(ctx, pool, &aj);
         if (pool) {
             cpu_qgemm(pool, ctx->qscratch, qa, n, qm, outs);
         } else {
@@ -93,7 +86,7 @@ void cpu_matmul_n_on(cpu_ctx_t *ctx,
     const float *a = in;
     if (cpu_activations_rounded(ws[0]->type, ws[0]->n_in)) {
         const act_job_t aj = {.in = in, .T = T, .k = ws[0]->n_in, .type = ws[0]->type, .xr = xr};
-        prepare_act(pool, &aj);
+        prepare_act(ctx, pool, &aj);
         a = xr;
     }
     cpu_gemm_multi(pool, a, T, n, packed, outs);

@@ -30,16 +30,20 @@ static void rows_task(void *p, int64_t w, int thread) {
     j->fn(j->ctx, j->arg, t0, j->T - t0 < ROWS_CHUNK ? j->T - t0 : ROWS_CHUNK);
 }
 
-void cpu_rows_run(cpu_ctx_t *ctx, int64_t T, cpu_rows_fn fn, const void *arg) {
+void cpu_rows_run_on(kg_pool_t *pool, cpu_ctx_t *ctx, int64_t T, cpu_rows_fn fn, const void *arg) {
     const int64_t n_chunks = (T + ROWS_CHUNK - 1) / ROWS_CHUNK;
-    if (n_chunks < ROWS_MIN_CHUNKS || !ctx->pool) {
+    if (n_chunks < ROWS_MIN_CHUNKS || !pool) {
         if (T > 0) {
             fn(ctx, arg, 0, T);
         }
         return;
     }
     rows_job_t j = {.ctx = ctx, .fn = fn, .arg = arg, .T = T};
-    kg_pool_run(ctx->pool, n_chunks, rows_task, &j);
+    kg_pool_run(pool, n_chunks, rows_task, &j);
+}
+
+void cpu_rows_run(cpu_ctx_t *ctx, int64_t T, cpu_rows_fn fn, const void *arg) {
+    cpu_rows_run_on(ctx->pool, ctx, T, fn, arg);
 }
 
 // ---- norm ----

@@ -13,12 +13,20 @@
 #include <stdint.h>
 
 struct cpu_ctx;
+struct kg_pool;
 
 /** fn(ctx, arg, t0, n): the stage on tokens [t0, t0 + n). */
 typedef void (*cpu_rows_fn)(struct cpu_ctx *ctx, const void *arg, int64_t t0, int64_t n);
 
-/** fn over tokens [0, T) in chunks, on the pool when there are enough of
- * them to pay for waking it, else on the calling thread. @thread engine */
+/** fn over tokens [0, T) in chunks of 8, on pool when there are at least
+ * 4 chunks (fewer do not pay for waking it), else on the calling thread;
+ * pool NULL: on the calling thread (MoE groups running side by side). The
+ * one row-split every row-local stage uses: the decoder's, bert's, the
+ * activations' rounding before a GEMM. @thread engine or a pool task */
+void cpu_rows_run_on(
+    struct kg_pool *pool, struct cpu_ctx *ctx, int64_t T, cpu_rows_fn fn, const void *arg);
+
+/** cpu_rows_run_on over the backend's pool. @thread engine */
 void cpu_rows_run(struct cpu_ctx *ctx, int64_t T, cpu_rows_fn fn, const void *arg);
 
 /** y[t] = RMSNorm(x[t]) * w for T rows of n (cpu_rmsnorm_rows), or a copy
