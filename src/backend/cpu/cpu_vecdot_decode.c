@@ -72,12 +72,22 @@ static inline size_t blk256_size(kg_ggml_type_t type) {
                                        : 136;
 }
 
-/* The madd scale vector of chunk ch from the 16 int16 scales of a
- * superblock (one per 16 elements): lanes 0-7 scale 2 ch, 8-15 scale 2 ch + 1. */
-QV_INLINE __m256i chunk_scale(__m256i sc16, int ch) {
-    const __m256i shuf = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2,
-                                          3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(ch)), shuf);
+/* The 16 int16 scales of a superblock (one per 16 elements, in order)
+ * regrouped for chunk_scale: scales 0, 2, .., 14 in the low lane, 1, 3,
+ * .., 15 in the high one. Two shuffles per superblock, where a
+ * cross-lane permute per chunk (with its index broadcast) took four. */
+QV_INLINE __m256i scales_by_lane(__m256i sc16) {
+    const __m256i evens_odds =
+        _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12,
+                         13, 2, 3, 6, 7, 10, 11, 14, 15);
+    return _mm256_permute4x64_epi64(_mm256_shuffle_epi8(sc16, evens_odds), _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+/* The madd scale vector of chunk ch (32 elements) from scales_by_lane's
+ * vector: int16 lanes 0-7 scale 2 ch, 8-15 scale 2 ch + 1. One in-lane
+ * shuffle; its mask is a constant once the chunk loop is unrolled. */
+QV_INLINE __m256i chunk_scale(__m256i scl, int ch) {
+    return _mm256_shuffle_epi8(scl, _mm256_set1_epi16((short)(2 * ch | (2 * ch + 1) << 8)));
 }
 
 /* 16 bytes, each of the low 8 twice: 8 per-32 values -> 16 per-16 values */
@@ -87,11 +97,37 @@ QV_INLINE __m128i dup8(__m128i v, int from) {
     return _mm_shuffle_epi8(v, from ? hi : lo);
 }
 
+/* A Q4_K/Q5_K superblock's 8 6-bit scales (bytes 0-7) and 8 mins (bytes
+ * 8-15) from its 12 packed bytes at s (ggml's get_scale_min_k4 for j =
+ * 0..7), in vector registers: scale j < 4 is s[j] & 63, its min s[j + 4] &
+ * 63; scale j >= 4 is s[j + 4] & 15 | (s[j - 4] >> 6) << 4, its min
+ * s[j + 4] >> 4 | (s[j] >> 6) << 4. The scalar form, with its 16-byte
+ * reload of four 4-byte stores, took a third of a Q4_K decode. Reads 16
+ * bytes: the 4 after the scales are the block's own (qh or qs). */
+QV_INLINE __m128i k4_scales_mins(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)s);
+    const __m128i lo =
+        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i low_bits = _mm_or_si128(
+        _mm_and_si128(lo,
+                      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+        _mm_and_si128(_mm_srli_epi16(lo, 4),
+                      _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+    const __m128i hi =
+        _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    return _mm_or_si128(low_bits, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
+}
+
 /* K-quants and IQ4_XS: the 8 chunks of 32 weight integers of the
- * superblock at x, their 16 int16 scales (one per 16 elements) and, for
- * the types with mins, the 16 int16 mins (as cpu_quant_unpack). */
-QV_INLINE void
-kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, __m256i *mins16) {
+ * superblock at x, their 16 int16 scales (one per 16 elements), the same
+ * in scales_by_lane's layout (scl) and, for the types with mins, the 16
+ * int16 mins (as cpu_quant_unpack). */
+QV_INLINE void kunpack(const kg_ggml_type_t type,
+                       const uint8_t *x,
+                       __m256i *w,
+                       __m256i *sc16,
+                       __m256i *scl,
+                       __m256i *mins16) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
     switch (type) {
     case KG_GGML_TYPE_Q2_K: {
@@ -107,6 +143,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
         const __m128i m4x = _mm_set1_epi8(0x0f);
         *sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sb, m4x));
         *mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), m4x));
+        *scl = scales_by_lane(*sc16);
         return;
     }
     case KG_GGML_TYPE_Q3_K: {
@@ -135,6 +172,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
                           (int)((aux[1] & k2) | (((aux[2] >> 2) & k1) << 4)),
                           (int)((aux[0] & k2) | ((aux[2] & k1) << 4)));
         *sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(s128, _mm_set1_epi8(32)));
+        *scl = scales_by_lane(*sc16);
         return;
     }
     case KG_GGML_TYPE_Q4_K:
@@ -158,18 +196,11 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
             }
         }
-        /* the 8 6-bit scales to bytes 0-7 and the 8 mins to bytes 8-15 */
-        uint32_t u[4];
-        memcpy(u, x + 4, 12);
-        const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-        u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-        const uint32_t m03 = u[1] & k1;
-        u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-        u[2] = m03;
-        u[0] &= k1;
-        const __m128i sm = _mm_loadu_si128((const __m128i *)(const void *)u);
+        const __m128i sm = k4_scales_mins(x + 4);
         *sc16 = _mm256_cvtepu8_epi16(dup8(sm, 0));
         *mins16 = _mm256_cvtepu8_epi16(dup8(sm, 1));
+        /* one scale per 32: each chunk's, in both lanes (scales_by_lane's layout) */
+        *scl = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         return;
     }
     case KG_GGML_TYPE_Q6_K:
@@ -191,6 +222,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
             }
         }
         *sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(x + 192)));
+        *scl = scales_by_lane(*sc16);
         return;
     default: { /* IQ4_XS */
         const __m256i iq4 = _mm256_broadcastsi128_si256(
@@ -208,6 +240,7 @@ kunpack(const kg_ggml_type_t type, const uint8_t *x, __m256i *w, __m256i *sc16, 
             _pdep_u64(sl, 0x0f0f0f0f0f0f0f0full) | (_pdep_u64(sh, 0x0303030303030303ull) << 4);
         const __m128i l8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)ls), _mm_set1_epi8(32));
         *sc16 = _mm256_cvtepi8_epi16(dup8(l8, 0));
+        *scl = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(l8)); /* one per 32 */
         return;
     }
     }
@@ -229,15 +262,20 @@ QV_INLINE __m256i reduce8_at(const __m256i *p) {
     return _mm256_set_m128i(reduce4(p[4], p[5], p[6], p[7]), reduce4(p[0], p[1], p[2], p[3]));
 }
 
-/* The lane sums of one superblock (unpacked: w, sc16) against 256
- * activations aq with their 16 sums bs, sub-block scales applied. */
-QV_INLINE __m256i kblock_dot(const int nonneg,
+/* The lane sums of one superblock (unpacked: w, sc16, scl) against 256
+ * activations aq with their 16 sums bs, sub-block scales applied. With
+ * VNNI the scale's madd and the add are one vpdpwssd, in two chains (even
+ * and odd chunks) so that its latency overlaps; the sums are exact, so
+ * either way gives the same integers. */
+QV_INLINE __m256i kblock_dot(const int vnni,
+                             const int nonneg,
                              const int offs,
                              const __m256i *w,
                              __m256i sc16,
+                             __m256i scl,
                              const int8_t *aq,
                              const int16_t *bs) {
-    __m256i p = _mm256_setzero_si256();
+    __m256i p = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int ch = 0; ch < 8; ch++) {
         const __m256i av =
@@ -245,7 +283,16 @@ QV_INLINE __m256i kblock_dot(const int nonneg,
         const __m256i t16 = nonneg ? _mm256_maddubs_epi16(w[ch], av)
                                    : _mm256_maddubs_epi16(_mm256_sign_epi8(w[ch], w[ch]),
                                                           _mm256_sign_epi8(av, w[ch]));
-        p = _mm256_add_epi32(p, _mm256_madd_epi16(t16, chunk_scale(sc16, ch)));
+        if (!vnni) {
+            p = _mm256_add_epi32(p, _mm256_madd_epi16(t16, chunk_scale(scl, ch)));
+        } else if (ch % 2 == 0) {
+            p = dpwssd(vnni, p, t16, chunk_scale(scl, ch));
+        } else {
+            p1 = dpwssd(vnni, p1, t16, chunk_scale(scl, ch));
+        }
+    }
+    if (vnni) {
+        p = _mm256_add_epi32(p, p1);
     }
     if (offs) {
         const __m256i bsv = _mm256_load_si256((const __m256i *)(const void *)bs);
@@ -331,6 +378,35 @@ QV_INLINE void fused_phase1(const int vnni,
         }
         return;
     }
+    if (m == 1) {
+        /* decode of one sequence, K-quants: one superblock after another,
+         * without the row loop's branches */
+        for (int64_t g = 0; g < ng; g++) {
+            __m256i pv[8], pm[8];
+            for (int jb = 0; jb < 8; jb++) {
+                const int64_t b = g * 8 + jb;
+                if (b >= nb) {
+                    pv[jb] = pm[jb] = zero;
+                    continue;
+                }
+                const uint8_t *xb = x + (size_t)b * bs;
+                fused_scales(type, xb, doff, min_k, D + b * NP + q, DM + b * NP + q);
+                __m256i w[8], sc16, scl, mins16 = zero;
+                kunpack(type, xb, w, &sc16, &scl, &mins16);
+                pv[jb] = kblock_dot(vnni, nonneg, offs, w, sc16, scl, qs + 256 * b, bsums + 16 * b);
+                pm[jb] =
+                    min_k ? _mm256_madd_epi16(
+                                mins16,
+                                _mm256_load_si256((const __m256i *)(const void *)(bsums + 16 * b)))
+                          : zero;
+            }
+            P[g * NP + q] = reduce8_at(pv);
+            if (min_k) {
+                MP[g * NP + q] = reduce8_at(pm);
+            }
+        }
+        return;
+    }
     /* the group's lane sums of every activation row, reduced at its end */
     __m256i S[FUSED_MAX_ROWS][8], SM[FUSED_MAX_ROWS][8];
     for (int64_t g = 0; g < ng; g++) {
@@ -353,12 +429,13 @@ QV_INLINE void fused_phase1(const int vnni,
                 }
                 continue;
             }
-            __m256i w[8], sc16, mins16 = zero;
-            kunpack(type, xb, w, &sc16, &mins16);
+            __m256i w[8], sc16, scl, mins16 = zero;
+            kunpack(type, xb, w, &sc16, &scl, &mins16);
             if (m == 1) {
                 /* no row loop for the compiler to hoist the scale vectors out of:
                  * they stay in the instruction stream instead of in spills */
-                S[0][jb] = kblock_dot(nonneg, offs, w, sc16, qs + 256 * b, bsums + 16 * b);
+                S[0][jb] =
+                    kblock_dot(vnni, nonneg, offs, w, sc16, scl, qs + 256 * b, bsums + 16 * b);
                 if (min_k) {
                     SM[0][jb] = _mm256_madd_epi16(
                         mins16, _mm256_load_si256((const __m256i *)(const void *)(bsums + 16 * b)));
@@ -367,7 +444,7 @@ QV_INLINE void fused_phase1(const int vnni,
             }
             for (int64_t r = 0; r < m; r++) {
                 const int16_t *bsr = bsums + r * (k / 16) + 16 * b;
-                S[r][jb] = kblock_dot(nonneg, offs, w, sc16, qs + r * k + 256 * b, bsr);
+                S[r][jb] = kblock_dot(vnni, nonneg, offs, w, sc16, scl, qs + r * k + 256 * b, bsr);
                 if (min_k) {
                     SM[r][jb] = _mm256_madd_epi16(
                         mins16, _mm256_load_si256((const __m256i *)(const void *)bsr));
@@ -493,6 +570,12 @@ DEF_FUSED(fused_mxfp4, KG_GGML_TYPE_MXFP4, 32)
 #define DEF_FUSED_K(NAME, TYPE)                                                                    \
     static void NAME(const uint8_t *x, int q, const cpu_qact_t *a, const fused_buf_t *fb) {        \
         fused_phase1(0, TYPE, 256, x, q, a, fb);                                                   \
+    }                                                                                              \
+    static void NAME##_vnni(const uint8_t *x, int q, const cpu_qact_t *a, const fused_buf_t *fb) { \
+        fused_phase1(1, TYPE, 256, x, q, a, fb);                                                   \
+    }                                                                                              \
+    static void NAME##_evex(const uint8_t *x, int q, const cpu_qact_t *a, const fused_buf_t *fb) { \
+        fused_phase1(2, TYPE, 256, x, q, a, fb);                                                   \
     }
 DEF_FUSED_K(fused_q2_k, KG_GGML_TYPE_Q2_K)
 DEF_FUSED_K(fused_q3_k, KG_GGML_TYPE_Q3_K)
@@ -518,17 +601,17 @@ static fused_fn fused_for(kg_ggml_type_t type, int vnni) {
     case KG_GGML_TYPE_MXFP4:
         return vnni == 2 ? fused_mxfp4_evex : vnni ? fused_mxfp4_vnni : fused_mxfp4;
     case KG_GGML_TYPE_Q2_K:
-        return fused_q2_k;
+        return vnni == 2 ? fused_q2_k_evex : vnni ? fused_q2_k_vnni : fused_q2_k;
     case KG_GGML_TYPE_Q3_K:
-        return fused_q3_k;
+        return vnni == 2 ? fused_q3_k_evex : vnni ? fused_q3_k_vnni : fused_q3_k;
     case KG_GGML_TYPE_Q4_K:
-        return fused_q4_k;
+        return vnni == 2 ? fused_q4_k_evex : vnni ? fused_q4_k_vnni : fused_q4_k;
     case KG_GGML_TYPE_Q5_K:
-        return fused_q5_k;
+        return vnni == 2 ? fused_q5_k_evex : vnni ? fused_q5_k_vnni : fused_q5_k;
     case KG_GGML_TYPE_Q6_K:
-        return fused_q6_k;
+        return vnni == 2 ? fused_q6_k_evex : vnni ? fused_q6_k_vnni : fused_q6_k;
     case KG_GGML_TYPE_IQ4_XS:
-        return fused_iq4_xs;
+        return vnni == 2 ? fused_iq4_xs_evex : vnni ? fused_iq4_xs_vnni : fused_iq4_xs;
     default:
         return NULL;
     }

@@ -28,6 +28,18 @@ QV_INLINE __m256i dpbusd(const int vnni, __m256i acc, __m256i u, __m256i sb) {
     return acc;
 }
 
+/* acc + the products of the int16 pairs of a and b, per int32 lane: the
+ * sum _mm256_madd_epi16(a, b) + acc in one instruction (vpdpwssd, which
+ * wraps as the add does; VEX or EVEX as dpbusd). */
+QV_INLINE __m256i dpwssd(const int vnni, __m256i acc, __m256i a, __m256i b) {
+    if (vnni == 2) {
+        __asm__("%{evex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    } else {
+        __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(a), "x"(b));
+    }
+    return acc;
+}
+
 /* The int32 lanes of sum over 4 bytes of w * a (w signed unless nonneg;
  * |w| <= 128, |a| <= 127, so maddubs' int16 pairs never saturate and both
  * paths give the same integers). */
