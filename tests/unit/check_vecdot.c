@@ -226,16 +226,18 @@ START_TEST(every_type_matches_reference) {
      * alone (one sequence's decode, its own unrolled loop). k = 2304: rows
      * of 72 blocks of 32 (9 of 256), nearer a real model's than 256 or 512;
      * k = 800 (32-block types only): 25 blocks, so the decode's last group
-     * of 8 blocks is partial (as 9 of 256 is for the K-quants) */
+     * of 8 blocks is partial (as 9 of 256 is for the K-quants); k = 1536:
+     * 6 superblocks, a decode group of more than 4 but not 8 (at most 4 are
+     * reduced as 4) */
     const int64_t n = 21, m = 23;
     static const int64_t subs[] = {7, 3, 1};
-    static const int64_t ks[] = {256, 512, 2304, 800};
+    static const int64_t ks[] = {256, 512, 2304, 800, 1536};
     kg_pool_t *pool = kg_pool_new(2);
     cpu_qgemm_scratch_t *s = cpu_qgemm_scratch_new(2, 2304);
     ck_assert(pool && s);
     rng_state = 1000;
     for (int ti = 0; ti < N_QTYPES; ti++) {
-        for (int ik = 0; ik < 4; ik++) {
+        for (int ik = 0; ik < (int)(sizeof(ks) / sizeof(ks[0])); ik++) {
             const int64_t k = ks[ik];
             if (k % kg_type_block_elems(qtypes[ti]) != 0) {
                 continue;

@@ -380,15 +380,13 @@ QV_INLINE void fused_phase1(const int vnni,
     }
     if (m == 1) {
         /* decode of one sequence, K-quants: one superblock after another,
-         * without the row loop's branches */
+         * without the row loop's branches; a group of at most 4 (the last
+         * of a row, or a whole row of k <= 1,024) reduced as 4 */
         for (int64_t g = 0; g < ng; g++) {
             __m256i pv[8], pm[8];
-            for (int jb = 0; jb < 8; jb++) {
+            const int nj = nb - g * 8 < 8 ? (int)(nb - g * 8) : 8;
+            for (int jb = 0; jb < nj; jb++) {
                 const int64_t b = g * 8 + jb;
-                if (b >= nb) {
-                    pv[jb] = pm[jb] = zero;
-                    continue;
-                }
                 const uint8_t *xb = x + (size_t)b * bs;
                 fused_scales(type, xb, doff, min_k, D + b * NP + q, DM + b * NP + q);
                 __m256i w[8], sc16, scl, mins16 = zero;
@@ -400,9 +398,17 @@ QV_INLINE void fused_phase1(const int vnni,
                                 _mm256_load_si256((const __m256i *)(const void *)(bsums + 16 * b)))
                           : zero;
             }
-            P[g * NP + q] = reduce8_at(pv);
+            const int n4 = nj <= 4 ? 4 : 8;
+            for (int jb = nj; jb < n4; jb++) {
+                pv[jb] = pm[jb] = zero;
+            }
+            P[g * NP + q] =
+                n4 == 4 ? _mm256_set_m128i(_mm_setzero_si128(), reduce4(pv[0], pv[1], pv[2], pv[3]))
+                        : reduce8_at(pv);
             if (min_k) {
-                MP[g * NP + q] = reduce8_at(pm);
+                MP[g * NP + q] = n4 == 4 ? _mm256_set_m128i(_mm_setzero_si128(),
+                                                            reduce4(pm[0], pm[1], pm[2], pm[3]))
+                                         : reduce8_at(pm);
             }
         }
         return;
