@@ -76,7 +76,13 @@ static bool kernel_runs(int i) {
 #endif
 }
 
+/* The EVEX kernels first where the CPU has the rest of AVX-512 too: with
+ * them one sequence's K-quant decode runs on zmm registers
+ * (cpu_vecdot_decode512.c); the VEX ones next, where only they exist. */
 static int best_kernel(void) {
+    if (kernel_runs(3) && cpu_vecdot_decode512_has(KG_GGML_TYPE_Q4_K)) {
+        return 3;
+    }
     return kernel_runs(2) ? 2 : kernel_runs(3) ? 3 : kernel_runs(1) ? 1 : 0;
 }
 

@@ -97,27 +97,6 @@ QV_INLINE __m128i dup8(__m128i v, int from) {
     return _mm_shuffle_epi8(v, from ? hi : lo);
 }
 
-/* A Q4_K/Q5_K superblock's 8 6-bit scales (bytes 0-7) and 8 mins (bytes
- * 8-15) from its 12 packed bytes at s (ggml's get_scale_min_k4 for j =
- * 0..7), in vector registers: scale j < 4 is s[j] & 63, its min s[j + 4] &
- * 63; scale j >= 4 is s[j + 4] & 15 | (s[j - 4] >> 6) << 4, its min
- * s[j + 4] >> 4 | (s[j] >> 6) << 4. The scalar form, with its 16-byte
- * reload of four 4-byte stores, took a third of a Q4_K decode. Reads 16
- * bytes: the 4 after the scales are the block's own (qh or qs). */
-QV_INLINE __m128i k4_scales_mins(const uint8_t *s) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)s);
-    const __m128i lo =
-        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-    const __m128i low_bits = _mm_or_si128(
-        _mm_and_si128(lo,
-                      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
-        _mm_and_si128(_mm_srli_epi16(lo, 4),
-                      _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
-    const __m128i hi =
-        _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-    return _mm_or_si128(low_bits, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
-}
-
 /* K-quants and IQ4_XS: the 8 chunks of 32 weight integers of the
  * superblock at x, their 16 int16 scales (one per 16 elements), the same
  * in scales_by_lane's layout (scl) and, for the types with mins, the 16
@@ -256,11 +235,6 @@ QV_INLINE void kunpack(const kg_ggml_type_t type,
  * activation row and group, the 8 weight rows' vectors are transposed
  * (lane q for weight row q) and the float chain runs across the 8 outputs,
  * block by block in order. */
-
-/* Lane j: the sum of p[j]'s 8 lanes. */
-QV_INLINE __m256i reduce8_at(const __m256i *p) {
-    return _mm256_set_m128i(reduce4(p[4], p[5], p[6], p[7]), reduce4(p[0], p[1], p[2], p[3]));
-}
 
 /* The lane sums of one superblock (unpacked: w, sc16, scl) against 256
  * activations aq with their 16 sums bs, sub-block scales applied. With
@@ -638,12 +612,20 @@ void cpu_vecdot_decode(int vnni,
     fb.mp = fb.p + a->m * ng * NP;
     fb.d = (uint16_t *)(void *)(fb.mp + (w->tr->min_k ? a->m * ng * NP : 0));
     fb.dm = fb.d + nb * NP;
+    /* one sequence, EVEX kernels: the K-quants' phase 1 on zmm registers */
+    const bool zmm = vnni == 2 && a->m == 1 && cpu_vecdot_decode512_has(w->tr->type);
     for (int64_t p = p0; p < p1; p++) {
         const int64_t r0 = p * NP;
         const int nc = (int)(w->n - r0 < NP ? w->n - r0 : NP);
         for (int q = 0; q < NP; q++) {
             /* missing rows of the last panel repeat the first: computed, not stored */
-            f((const uint8_t *)w->data + (size_t)(r0 + (q < nc ? q : 0)) * w->row_size, q, a, &fb);
+            const uint8_t *x =
+                (const uint8_t *)w->data + (size_t)(r0 + (q < nc ? q : 0)) * w->row_size;
+            if (zmm) {
+                cpu_vecdot_decode512_row(w->tr->type, x, q, a, fb.p, fb.mp, fb.d, fb.dm);
+            } else {
+                f(x, q, a, &fb);
+            }
         }
         fused_phase2(w->tr, off, a, &fb, c + r0, w->n, nc);
     }

@@ -5,6 +5,8 @@
  *   cpu_vecdot_avx2.c    AVX2 tiles on unpacked panels (prefill without VNNI)
  *   cpu_vecdot_decode.c  AVX2 fused decode tiles, straight from the blocks
  *                        (maddubs, or vpdpbusd in its VEX or EVEX form)
+ *   cpu_vecdot_decode512.c  their phase 1 on zmm registers for one sequence
+ *                        and Q4_K/Q5_K/Q6_K (AVX-512 with AVX512-VNNI)
  *   cpu_vecdot_vnni.c    AVX-VNNI and AVX512-VNNI tiles on interleaved panels
  * Their shared AVX2 helpers are in cpu_vecdot_x86.h. */
 #pragma once
@@ -79,6 +81,24 @@ void cpu_vecdot_decode(int vnni,
                        int64_t p0,
                        int64_t p1,
                        float *c);
+
+/* Whether cpu_vecdot_decode512_row runs here for `type` (Q4_K, Q5_K,
+ * Q6_K, in a build with x86-64-v4 on a CPU with AVX-512 F/BW/VL/DQ; the
+ * caller checks AVX512-VNNI, the EVEX kernels). @thread any */
+bool cpu_vecdot_decode512_has(kg_ggml_type_t type);
+
+/* Phase 1 of cpu_vecdot_decode for a single activation row a and the
+ * weight row at x, the panel's lane q: the groups' block sums into p (and
+ * the mins' into mp; __m256i each) and the blocks' fp16 scales into d (dm),
+ * as the AVX2 tiles write them. */
+void cpu_vecdot_decode512_row(kg_ggml_type_t type,
+                              const uint8_t *x,
+                              int q,
+                              const cpu_qact_t *a,
+                              void *p,
+                              void *mp,
+                              uint16_t *d,
+                              uint16_t *dm);
 
 /* The interleaved panel p of the n_rows rows at src (row_size bytes each),
  * for the VNNI tiles (vnni 1: VEX, 2: EVEX). */

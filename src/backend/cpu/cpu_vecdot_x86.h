@@ -58,6 +58,11 @@ QV_INLINE __m128i reduce4(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* Lane j: the sum of p[j]'s 8 lanes. */
+QV_INLINE __m256i reduce8_at(const __m256i *p) {
+    return _mm256_set_m128i(reduce4(p[4], p[5], p[6], p[7]), reduce4(p[0], p[1], p[2], p[3]));
+}
+
 QV_INLINE void transpose8(__m256i *r) {
     const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
     const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
@@ -131,4 +136,25 @@ static inline size_t blk32_size(kg_ggml_type_t type) {
            : type == KG_GGML_TYPE_Q8_0  ? 34
            : type == KG_GGML_TYPE_MXFP4 ? 17
                                         : 18;
+}
+
+/* A Q4_K/Q5_K superblock's 8 6-bit scales (bytes 0-7) and 8 mins (bytes
+ * 8-15) from its 12 packed bytes at s (ggml's get_scale_min_k4 for j =
+ * 0..7), in vector registers: scale j < 4 is s[j] & 63, its min s[j + 4] &
+ * 63; scale j >= 4 is s[j + 4] & 15 | (s[j - 4] >> 6) << 4, its min
+ * s[j + 4] >> 4 | (s[j] >> 6) << 4. The scalar form, with its 16-byte
+ * reload of four 4-byte stores, took a third of a Q4_K decode. Reads 16
+ * bytes: the 4 after the scales are the block's own (qh or qs). */
+QV_INLINE __m128i k4_scales_mins(const uint8_t *s) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(const void *)s);
+    const __m128i lo =
+        _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i low_bits = _mm_or_si128(
+        _mm_and_si128(lo,
+                      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+        _mm_and_si128(_mm_srli_epi16(lo, 4),
+                      _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+    const __m128i hi =
+        _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    return _mm_or_si128(low_bits, _mm_and_si128(_mm_srli_epi16(hi, 2), _mm_set1_epi8(0x30)));
 }
