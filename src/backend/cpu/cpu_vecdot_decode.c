@@ -617,14 +617,14 @@ void cpu_vecdot_decode(int vnni,
     for (int64_t p = p0; p < p1; p++) {
         const int64_t r0 = p * NP;
         const int nc = (int)(w->n - r0 < NP ? w->n - r0 : NP);
-        for (int q = 0; q < NP; q++) {
-            /* missing rows of the last panel repeat the first: computed, not stored */
-            const uint8_t *x =
-                (const uint8_t *)w->data + (size_t)(r0 + (q < nc ? q : 0)) * w->row_size;
-            if (zmm) {
-                cpu_vecdot_decode512_row(w->tr->type, x, q, a, fb.p, fb.mp, fb.d, fb.dm);
-            } else {
-                f(x, q, a, &fb);
+        const uint8_t *x = (const uint8_t *)w->data + (size_t)r0 * w->row_size;
+        if (zmm) {
+            cpu_vecdot_decode512_panel(w->tr->type, x, w->row_size, nc, a, fb.p, fb.mp, fb.d,
+                                       fb.dm);
+        } else {
+            for (int q = 0; q < NP; q++) {
+                /* missing rows of the last panel repeat the first: computed, not stored */
+                f(x + (size_t)(q < nc ? q : 0) * w->row_size, q, a, &fb);
             }
         }
         fused_phase2(w->tr, off, a, &fb, c + r0, w->n, nc);

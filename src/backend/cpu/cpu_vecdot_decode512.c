@@ -194,53 +194,74 @@ QV_INLINE void row_t(const kg_ggml_type_t type,
     }
 }
 
-static void row_q4_k(const uint8_t *x,
-                     int q,
-                     const cpu_qact_t *a,
-                     __m256i *P,
-                     __m256i *MP,
-                     uint16_t *D,
-                     uint16_t *DM) {
-    row_t(KG_GGML_TYPE_Q4_K, x, q, a, P, MP, D, DM);
+/* The panel's NP weight rows from x (row_size bytes apart; rows from nc on
+ * repeat the first, computed and not stored) in one call, so that the
+ * constants are made once a panel and not once a row. */
+QV_INLINE void panel_t(const kg_ggml_type_t type,
+                       const uint8_t *x,
+                       size_t row_size,
+                       int nc,
+                       const cpu_qact_t *a,
+                       __m256i *P,
+                       __m256i *MP,
+                       uint16_t *D,
+                       uint16_t *DM) {
+    for (int q = 0; q < NP; q++) {
+        row_t(type, x + (size_t)(q < nc ? q : 0) * row_size, q, a, P, MP, D, DM);
+    }
 }
 
-static void row_q5_k(const uint8_t *x,
-                     int q,
-                     const cpu_qact_t *a,
-                     __m256i *P,
-                     __m256i *MP,
-                     uint16_t *D,
-                     uint16_t *DM) {
-    row_t(KG_GGML_TYPE_Q5_K, x, q, a, P, MP, D, DM);
+static void panel_q4_k(const uint8_t *x,
+                       size_t rs,
+                       int nc,
+                       const cpu_qact_t *a,
+                       __m256i *P,
+                       __m256i *MP,
+                       uint16_t *D,
+                       uint16_t *DM) {
+    panel_t(KG_GGML_TYPE_Q4_K, x, rs, nc, a, P, MP, D, DM);
 }
 
-static void row_q6_k(const uint8_t *x,
-                     int q,
-                     const cpu_qact_t *a,
-                     __m256i *P,
-                     __m256i *MP,
-                     uint16_t *D,
-                     uint16_t *DM) {
-    row_t(KG_GGML_TYPE_Q6_K, x, q, a, P, MP, D, DM);
+static void panel_q5_k(const uint8_t *x,
+                       size_t rs,
+                       int nc,
+                       const cpu_qact_t *a,
+                       __m256i *P,
+                       __m256i *MP,
+                       uint16_t *D,
+                       uint16_t *DM) {
+    panel_t(KG_GGML_TYPE_Q5_K, x, rs, nc, a, P, MP, D, DM);
 }
 
-void cpu_vecdot_decode512_row(kg_ggml_type_t type,
-                              const uint8_t *x,
-                              int q,
-                              const cpu_qact_t *a,
-                              void *p,
-                              void *mp,
-                              uint16_t *d,
-                              uint16_t *dm) {
+static void panel_q6_k(const uint8_t *x,
+                       size_t rs,
+                       int nc,
+                       const cpu_qact_t *a,
+                       __m256i *P,
+                       __m256i *MP,
+                       uint16_t *D,
+                       uint16_t *DM) {
+    panel_t(KG_GGML_TYPE_Q6_K, x, rs, nc, a, P, MP, D, DM);
+}
+
+void cpu_vecdot_decode512_panel(kg_ggml_type_t type,
+                                const uint8_t *x,
+                                size_t row_size,
+                                int nc,
+                                const cpu_qact_t *a,
+                                void *p,
+                                void *mp,
+                                uint16_t *d,
+                                uint16_t *dm) {
     switch (type) {
     case KG_GGML_TYPE_Q4_K:
-        row_q4_k(x, q, a, p, mp, d, dm);
+        panel_q4_k(x, row_size, nc, a, p, mp, d, dm);
         break;
     case KG_GGML_TYPE_Q5_K:
-        row_q5_k(x, q, a, p, mp, d, dm);
+        panel_q5_k(x, row_size, nc, a, p, mp, d, dm);
         break;
     default:
-        row_q6_k(x, q, a, p, mp, d, dm);
+        panel_q6_k(x, row_size, nc, a, p, mp, d, dm);
         break;
     }
 }

@@ -88,17 +88,19 @@ void cpu_vecdot_decode(int vnni,
 bool cpu_vecdot_decode512_has(kg_ggml_type_t type);
 
 /* Phase 1 of cpu_vecdot_decode for a single activation row a and the
- * weight row at x, the panel's lane q: the groups' block sums into p (and
- * the mins' into mp; __m256i each) and the blocks' fp16 scales into d (dm),
- * as the AVX2 tiles write them. */
-void cpu_vecdot_decode512_row(kg_ggml_type_t type,
-                              const uint8_t *x,
-                              int q,
-                              const cpu_qact_t *a,
-                              void *p,
-                              void *mp,
-                              uint16_t *d,
-                              uint16_t *dm);
+ * panel of NP weight rows at x (row_size bytes apart; rows from nc on
+ * repeat the first): the groups' block sums into p (and the mins' into mp;
+ * __m256i each) and the blocks' fp16 scales into d (dm), as the AVX2 tiles
+ * write them. */
+void cpu_vecdot_decode512_panel(kg_ggml_type_t type,
+                                const uint8_t *x,
+                                size_t row_size,
+                                int nc,
+                                const cpu_qact_t *a,
+                                void *p,
+                                void *mp,
+                                uint16_t *d,
+                                uint16_t *dm);
 
 /* The interleaved panel p of the n_rows rows at src (row_size bytes each),
  * for the VNNI tiles (vnni 1: VEX, 2: EVEX). */
