@@ -59,6 +59,11 @@ const CHAT_FROM_FILE = {
     "llama4": "meta-llama Llama-4-Scout-17B-16E-Instruct (kgen mkmodel --chat-template llama4)",
 };
 const CHAT_CASE = "multi_turn";
+// Models whose second prompt is long: PROMPTS[1] repeated (joined by a space) until it passes
+// `tokens` ids, run in a context of `context` (written as a `context` line). llama4's chunked
+// attention has chunks of 8192 and its NoPE layers' temperature steps at position 8191, both
+// fixed in llama.cpp's code, so only a prompt past 8192 positions crosses them.
+const LONG = {"llama4-long": {tokens: 8300, context: 8704}};
 const N_GEN = 24;
 const CONTEXT = 512;
 
@@ -146,6 +151,14 @@ function chatPrompt(name, model) {
     return c.output.replace(/^<s>/, "");
 }
 
+function longPrompt(model, tokens) {
+    let text = PROMPTS[1];
+    while (model.tokenize(text).length <= tokens) {
+        text += " " + PROMPTS[1];
+    }
+    return text;
+}
+
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
 const tmp = mkdtempSync(join(tmpdir(), "kgen-goldens-"));
 const date = new Date().toISOString().slice(0, 10);
@@ -171,7 +184,12 @@ try {
                 `model ${m.name} ${type} fnv64 ${fnv64(readFileSync(path))}`,
             ];
             const chat = chatPrompt(m.name, model);
-            const prompts = chat == null ? PROMPTS : [...PROMPTS, chat];
+            const long = LONG[m.name];
+            const prompts = long ? [PROMPTS[0], longPrompt(model, long.tokens)]
+                            : chat == null ? PROMPTS : [...PROMPTS, chat];
+            if (long) {
+                lines.push(`context ${long.context}`);
+            }
             for (let p = 0; p < prompts.length; p++) {
                 const special = p >= PROMPTS.length; // the chat prompt: special tokens parsed
                 const input = [
@@ -181,7 +199,8 @@ try {
                 // greedy, one token per step: the logits after the prompt,
                 // each step's top two (so a divergence can be told from a
                 // near-tie), and the logits after the last id
-                const ctx = await model.createContext({contextSize: CONTEXT, flashAttention: false, threads: 2});
+                const ctx = await model.createContext({contextSize: long ? long.context : CONTEXT,
+                                                       flashAttention: false, threads: 2});
                 const seq = ctx.getSequence();
                 const toArray = (map) => {
                     const a = new Array(map.size);
