@@ -7,13 +7,12 @@
  * layer: rmsnorm (none: olmo2), Q/K/V GEMMs (+ biases: qwen2), per-head
  * Q/K RMSNorm (qwen3, gemma3, apertus; over all heads: olmo2), RoPE with
  * the layer's base and scale (normal or NeoX pairs, YaRN, LongRoPE factors;
- * none in a NoPE layer: smollm3), the attention temperature (mistral3), the
- * query scale (gemma, phi3), K/V rows written
- * to their blocks, attention of every token over its own sequence's
- * positions [0, pos], or the last n_swa of them in a windowed layer
- * (a non-causal model, gemma-embedding: over its whole input, which the
- * engine runs in one step, or within n_swa / 2 either side in a windowed
- * layer) (with llama.cpp's soft_max arithmetic, cpu_attn.h; an embedding
+ * none in a NoPE layer: smollm3), Q/K L2 norms after it (llama4), the attention
+ * temperature (mistral3; llama4 on its NoPE layers), the query scale (gemma, phi3), K/V rows
+ * written to their blocks, attention of every token over its own sequence's positions [0, pos], or
+ * the last n_swa of them in a windowed layer (llama4: its chunk) (a non-causal model,
+ * gemma-embedding: over its whole input, which the engine runs in one step, or within n_swa / 2
+ * either side in a windowed layer) (with llama.cpp's soft_max arithmetic, cpu_attn.h; an embedding
  * input's tokens with ggml-cpu's flash attention arithmetic, cpu_attn_flash.h,
  * as llama.cpp computes embeddings) (soft-capped scores: gemma2; granite's attention scale;
  * parallel over tokens x heads; times sigmoid of the query's output gate: qwen35, whose attn_q
@@ -34,8 +33,8 @@
  * groups run side by side, one pool task each), the expert biases and
  * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
  * order (see cpu_moe.h for why a token's bits do not depend on its
- * neighbours); glm4moe's shared expert, a dense SwiGLU FFN on the same
- * input, adds its output to that sum. Gemma 4's MoE layers keep their
+ * neighbours; llama4 weighs each expert's input instead); glm4moe's shared expert, a dense
+ * SwiGLU FFN on the same input, adds its output to that sum. Gemma 4's MoE layers keep their
  * dense MLP beside the experts, each branch with its own norms, and route
  * on a scaled, unweighted RMSNorm of the residual (gemma4_moe_ffn). LoRA adapters add their deltas
  * after the q/k/v, output, gate/up and down GEMMs (cpu_lora.h). Attention sinks (gpt-oss) add one
