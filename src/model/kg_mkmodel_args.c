@@ -440,7 +440,7 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
     const bool moe = strcmp(o->arch, "qwen3moe") == 0 || strcmp(o->arch, "mixtral") == 0 ||
                      strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0 ||
                      strcmp(o->arch, "deepseek2") == 0 || strcmp(o->arch, "qwen35moe") == 0 ||
-                     strcmp(o->arch, "qwen3next") == 0;
+                     strcmp(o->arch, "qwen3next") == 0 || strcmp(o->arch, "llama4") == 0;
     const int64_t n_exp = o->n_expert > 0 ? o->n_expert : 8;
     const int64_t ff_exp = o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
     /* the FFN's weights: dense, or the router and every expert */

@@ -285,7 +285,7 @@ typedef struct kg_hparams {
      * multiplies each chosen expert's input instead of its output, and the logits choose */
     int32_t n_moe_step;
     bool moe_w_before;
-    int32_t n_ff_shexp; /* qwen35moe's and nemotron_h_moe's shared expert width
+    int32_t n_ff_shexp; /* qwen35moe's, nemotron_h_moe's and llama4's shared expert width
                            (expert_shared_feed_forward_length; qwen35moe's default n_ff); 0:
                            n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
 } kg_hparams_t;
