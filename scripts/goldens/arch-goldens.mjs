@@ -50,7 +50,20 @@ const CHAT_TEMPLATES = {
     "nemotron_h": "NVIDIA-Nemotron-Nano-v2.jinja",
     "nemotron_h_moe": "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
 };
+// Families whose real template is not among llama.cpp's models/templates (so not in
+// goldens.json): the same multi_turn conversation rendered from the model file's own
+// tokenizer.chat_template (its models.tsv row writes one) by @huggingface/jinja
+// (transformers' Jinja engine in JavaScript, a node-llama-cpp dependency), with goldens.json's
+// multi_turn context; kgen's render of it is checked against this text by check_arch's input.
+const CHAT_FROM_FILE = {
+    "llama4": "meta-llama Llama-4-Scout-17B-16E-Instruct (kgen mkmodel --chat-template llama4)",
+};
 const CHAT_CASE = "multi_turn";
+// Models whose second prompt is long: PROMPTS[1] repeated (joined by a space) until it passes
+// `tokens` ids, run in a context of `context` (written as a `context` line). llama4's chunked
+// attention has chunks of 8192 and its NoPE layers' temperature steps at position 8191, both
+// fixed in llama.cpp's code, so only a prompt past 8192 positions crosses them.
+const LONG = {"llama4-long": {tokens: 8300, context: 8704}};
 const N_GEN = 24;
 const CONTEXT = 512;
 
@@ -64,7 +77,8 @@ const TOKENIZER_TEXTS = [
     "<|user|>\nQuestion?<|end|>\n<|assistant|>", "<s>[INST] x [/INST]", "UPPER lower MiXeD 99bottles",
     "ab\u0301c \u00a0nbsp", "x=1;y=2;print(x+y)",
 ];
-const TOKENIZER_MODELS = ["llama", "qwen2", "gemma2", "phi3", "gpt-oss", "glm4moe", "deepseek2", "qwen35"];
+const TOKENIZER_MODELS = ["llama", "qwen2", "gemma2", "phi3", "gpt-oss", "glm4moe", "deepseek2", "qwen35",
+                          "llama4"];
 
 function arg(name, def) {
     const i = process.argv.indexOf(name);
@@ -116,7 +130,15 @@ for (const name of only) {
 }
 
 const jinjaGoldens = JSON.parse(readFileSync("tests/data/chat/jinja/goldens.json", "utf8"));
-function chatPrompt(name) {
+const {Template} = await import(pathToFileURL(join(nlc, "@huggingface/jinja/dist/index.js")).href);
+function chatPrompt(name, model) {
+    if (CHAT_FROM_FILE[name]) {
+        const c = jinjaGoldens.cases.find((x) => x.case === CHAT_CASE && x.output != null);
+        const ctx = jinjaGoldens.contexts[c.context];
+        const text = model.fileInfo.metadata.tokenizer.chat_template;
+        const out = new Template(text).render({...ctx});
+        return out.startsWith(ctx.bos_token) ? out.slice(ctx.bos_token.length) : out;
+    }
     const tmpl = CHAT_TEMPLATES[name];
     if (!tmpl) {
         return null;
@@ -127,6 +149,14 @@ function chatPrompt(name) {
         process.exit(2);
     }
     return c.output.replace(/^<s>/, "");
+}
+
+function longPrompt(model, tokens) {
+    let text = PROMPTS[1];
+    while (model.tokenize(text).length <= tokens) {
+        text += " " + PROMPTS[1];
+    }
+    return text;
 }
 
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
@@ -153,8 +183,13 @@ try {
                 `# kgen mkmodel ${mkArgs.join(" ")}`,
                 `model ${m.name} ${type} fnv64 ${fnv64(readFileSync(path))}`,
             ];
-            const chat = chatPrompt(m.name);
-            const prompts = chat == null ? PROMPTS : [...PROMPTS, chat];
+            const chat = chatPrompt(m.name, model);
+            const long = LONG[m.name];
+            const prompts = long ? [PROMPTS[0], longPrompt(model, long.tokens)]
+                            : chat == null ? PROMPTS : [...PROMPTS, chat];
+            if (long) {
+                lines.push(`context ${long.context}`);
+            }
             for (let p = 0; p < prompts.length; p++) {
                 const special = p >= PROMPTS.length; // the chat prompt: special tokens parsed
                 const input = [
@@ -164,7 +199,8 @@ try {
                 // greedy, one token per step: the logits after the prompt,
                 // each step's top two (so a divergence can be told from a
                 // near-tie), and the logits after the last id
-                const ctx = await model.createContext({contextSize: CONTEXT, flashAttention: false, threads: 2});
+                const ctx = await model.createContext({contextSize: long ? long.context : CONTEXT,
+                                                       flashAttention: false, threads: 2});
                 const seq = ctx.getSequence();
                 const toArray = (map) => {
                     const a = new Array(map.size);
@@ -203,7 +239,7 @@ try {
                 await ctx.dispose();
                 lines.push(`prompt ${p} ${JSON.stringify(prompts[p])}`);
                 if (special) {
-                    lines.push(`special ${p} ${CHAT_TEMPLATES[m.name]} ${CHAT_CASE}`);
+                    lines.push(`special ${p} ${CHAT_TEMPLATES[m.name] ?? CHAT_FROM_FILE[m.name]} ${CHAT_CASE}`);
                 }
                 lines.push(`input ${p} ${input.join(" ")}`);
                 lines.push(`ids ${p} ${ids.join(" ")}`);

@@ -76,6 +76,15 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
                  kg_arch_name(model->hp.arch));
         return false;
     }
+    if (model->hp.arch == KG_ARCH_LLAMA4) {
+        /* its chunked attention, Q/K L2 norms, NoPE-only temperature and experts weighted on
+         * their input are the CPU backend's alone (no kernels for them in gpu/) */
+        snprintf(why, cap,
+                 "the cuda backend does not run llama4 yet (chunked attention, Q/K L2 norms, the "
+                 "NoPE layers' temperature, router weights on the experts' input): use the cpu "
+                 "backend");
+        return false;
+    }
     if ((used & KG_MODEL_FEAT_ENCODER) && model->hp.arch != KG_ARCH_BERT &&
         model->hp.arch != KG_ARCH_NOMIC_BERT) {
         /* its encoder step (gpu/kg_backend_cuda_bert.cu) knows those two

@@ -43,7 +43,6 @@
 #include "kg_quant.h"
 #include "kg_quant_mix.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -277,6 +276,11 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
             return false;
         }
     }
+    /* Llama 4's rope_freqs (Llama 3's scaling: divisors 1 up to the factor, by frequency) */
+    if (fam->llama4 &&
+        !add_random(w, o, "rope_freqs.weight", KG_GGML_TYPE_F32, n_rot_of(o) / 2, 1, 4.0f, 3.0f)) {
+        return false;
+    }
     if (fam->gemma4) {
         return kg_mkmodel_gemma4_weights(w, o, n_vocab);
     }
@@ -300,7 +304,8 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
     const int64_t R = o->kv_lora_rank, QL = o->q_lora_rank, rope = n_rot_of(o), MV = o->v_head_dim;
     for (int64_t l = 0; l < n_blocks; l++) {
         const long long L = (long long)l;
-        const bool dense = (fam->glm || fam->mla) && l < o->n_layer_dense;
+        const bool dense = ((fam->glm || fam->mla) && l < o->n_layer_dense) ||
+                           (fam->llama4 && (l + 1) % 2 != 0); /* interleave_moe_layer_step 2 */
         bool ok = fam->no_pre_norms ||
                   KG_ADD(KG_GGML_TYPE_F32, E, 1, 1.0f, 0.1f, "blk.%lld.attn_norm.weight", L);
         if (fam->mla) {
@@ -385,12 +390,13 @@ add_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const family_t *fam
                     KG_ADD(KG_GGML_TYPE_F32, E, X, 0.0f, 0.1f * resid,
                            "blk.%lld.ffn_down_exps.bias", L);
             }
-            if (fam->glm || fam->mla) {
+            if (fam->glm || fam->mla || fam->llama4) {
                 /* the selection bias (DeepSeek V3's e_score_correction_bias):
-                 * large enough to change which experts win; V2-Lite has none */
-                const int64_t FS = o->n_expert_shared * FX;
-                ok = ok && (QL == 0 || KG_ADD(KG_GGML_TYPE_F32, X, 1, 0.0f, 0.3f,
-                                              "blk.%lld.exp_probs_b.bias", L));
+                 * large enough to change which experts win; V2-Lite and llama4 have none */
+                const int64_t FS = fam->llama4 ? FX : o->n_expert_shared * FX;
+                ok = ok &&
+                     (QL == 0 || fam->llama4 ||
+                      KG_ADD(KG_GGML_TYPE_F32, X, 1, 0.0f, 0.3f, "blk.%lld.exp_probs_b.bias", L));
                 if (FS > 0) {
                     ok = ok && KG_ADD(wt, E, FS, 0.0f, fe, "blk.%lld.ffn_gate_shexp.weight", L) &&
                          KG_ADD(wt, FS, E, 0.0f, fan_in_scale(FS) * resid,
@@ -694,6 +700,9 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
     if ((gemma2 || gemma3) && o->rope_base_swa > 0.0f) {
         kg_gguf_writer_set_f32(w, KEY("rope.freq_base_swa"), o->rope_base_swa);
     }
+    if (fam->llama4) { /* Llama 4 Maverick's: a dense layer, then a MoE layer */
+        kg_gguf_writer_set_u32(w, KEY("interleave_moe_layer_step"), 2);
+    }
     if (fam->gemma4) {
         kg_mkmodel_gemma4_hparams(w, o);
     }
@@ -717,32 +726,6 @@ static void write_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, const
 #undef KEY
 }
 
-/* A chat template's Jinja text from a file (at most 1 MiB: Gemma 4's, the longest a model
- * ships, is 16 KiB). Malloc'ed; NULL with a message. */
-static char *read_template(const char *path, char *errstr, size_t errstr_size) {
-    enum { MAX_TEMPLATE = 1 << 20 };
-    FILE *f = fopen(path, "rb");
-    char *text = f ? malloc(MAX_TEMPLATE + 1) : NULL;
-    size_t n = text ? fread(text, 1, MAX_TEMPLATE + 1, f) : 0;
-    bool ok = text && !ferror(f) && n > 0 && n <= MAX_TEMPLATE && !memchr(text, '\0', n);
-    if (!ok) {
-        snprintf(errstr, errstr_size, "--chat-template-file %s: %s", path,
-                 !f                 ? strerror(errno)
-                 : !text            ? "out of memory"
-                 : n == 0           ? "empty or unreadable"
-                 : n > MAX_TEMPLATE ? "over 1 MiB"
-                                    : "not text (a NUL byte)");
-        free(text);
-        text = NULL;
-    } else {
-        text[n] = '\0';
-    }
-    if (f) {
-        fclose(f);
-    }
-    return text;
-}
-
 static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
                                const char *tmpl_text,
                                int64_t *n_vocab_out,
@@ -756,7 +739,7 @@ kg_status_t kg_mkmodel_write(const kg_mkmodel_opts_t *opts,
     if (!opts->chat_template_file) {
         return write_model(opts, NULL, n_vocab_out, errstr, errstr_size);
     }
-    char *text = read_template(opts->chat_template_file, errstr, errstr_size);
+    char *text = kg_mkmodel_read_template(opts->chat_template_file, errstr, errstr_size);
     if (!text) {
         return KG_ERR_IO;
     }

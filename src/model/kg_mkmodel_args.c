@@ -10,6 +10,7 @@
 #include "kg_mkmodel_args.h"
 
 #include "../core/kg_parse.h"
+#include "kg_mkmodel_int.h"
 #include "kg_quant.h"
 #include "kg_quant_mix.h"
 
@@ -313,7 +314,7 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     const bool moe = oss || glm || ds2 || strcmp(arch, "qwen3moe") == 0 ||
                      strcmp(arch, "mixtral") == 0 || (gemma4 && o->n_expert > 0) ||
                      strcmp(arch, "qwen35moe") == 0 || strcmp(arch, "qwen3next") == 0 ||
-                     strcmp(arch, "nemotron_h_moe") == 0;
+                     strcmp(arch, "nemotron_h_moe") == 0 || strcmp(arch, "llama4") == 0;
     if (!glm && (o->n_nextn >= 0 || (!ds2 && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 ||
                                               o->n_expert_groups > 0 || o->n_group_used > 0)))) {
         return bad(errstr, errstr_size,
@@ -367,8 +368,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
-                   "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and "
-                   "qwen3next, and gemma4 with --n-expert");
+                   "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, "
+                   "qwen3next and llama4, and gemma4 with --n-expert");
     }
     if ((strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0) &&
         (o->n_head_kv != o->n_head || o->head_dim * o->n_head != o->n_embd)) {
@@ -439,7 +440,7 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
     const bool moe = strcmp(o->arch, "qwen3moe") == 0 || strcmp(o->arch, "mixtral") == 0 ||
                      strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0 ||
                      strcmp(o->arch, "deepseek2") == 0 || strcmp(o->arch, "qwen35moe") == 0 ||
-                     strcmp(o->arch, "qwen3next") == 0;
+                     strcmp(o->arch, "qwen3next") == 0 || strcmp(o->arch, "llama4") == 0;
     const int64_t n_exp = o->n_expert > 0 ? o->n_expert : 8;
     const int64_t ff_exp = o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
     /* the FFN's weights: dense, or the router and every expert */
@@ -466,4 +467,30 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
              (long long)o->ctx, (double)o->rope_base, kg_ftype_name(o->ftype),
              o->pure ? " (pure)" : "", tied ? "yes" : "no", (unsigned long long)o->seed,
              (long long)params, bytes);
+}
+
+// ---- --chat-template-file ----
+
+char *kg_mkmodel_read_template(const char *path, char *errstr, size_t errstr_size) {
+    enum { MAX_TEMPLATE = 1 << 20 };
+    FILE *f = fopen(path, "rb");
+    char *text = f ? malloc(MAX_TEMPLATE + 1) : NULL;
+    size_t n = text ? fread(text, 1, MAX_TEMPLATE + 1, f) : 0;
+    bool ok = text && !ferror(f) && n > 0 && n <= MAX_TEMPLATE && !memchr(text, '\0', n);
+    if (!ok) {
+        snprintf(errstr, errstr_size, "--chat-template-file %s: %s", path,
+                 !f                 ? strerror(errno)
+                 : !text            ? "out of memory"
+                 : n == 0           ? "empty or unreadable"
+                 : n > MAX_TEMPLATE ? "over 1 MiB"
+                                    : "not text (a NUL byte)");
+        free(text);
+        text = NULL;
+    } else {
+        text[n] = '\0';
+    }
+    if (f) {
+        fclose(f);
+    }
+    return text;
 }

@@ -202,6 +202,18 @@ static const kg_mkmodel_family_t families[] = {
      .vocab = KG_MKVOCAB_QWEN,
      .rms_eps = 1e-5f,
      .mamba2 = true},
+    /* Llama 4: dense and MoE layers in turn (one sigmoid-weighted expert of
+     * --n-expert-used beside a shared one), chunked attention, NoPE with the
+     * temperature on every fourth layer, Q/K L2 norms; llama's RoPE pairs with
+     * rope_freqs; a byte-level BPE with the llama4 pre-tokenizer and Llama 4's
+     * specials */
+    {.arch = "llama4",
+     .gguf_arch = "llama4",
+     .moe = true,
+     .vocab = KG_MKVOCAB_LLAMA4,
+     .rms_eps = 1e-5f,
+     .norm_rope = true,
+     .llama4 = true},
     /* Nemotron 3 (Nano): nemotron_h with experts for its MLPs */
     {.arch = "nemotron_h_moe",
      .gguf_arch = "nemotron_h_moe",

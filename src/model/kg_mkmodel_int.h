@@ -30,6 +30,11 @@ bool kg_mkmodel_random(kg_gguf_writer_t *w,
  * or -1 with err set. */
 int64_t kg_mkmodel_copy_vocab(kg_gguf_writer_t *w, const char *path, char *err, size_t cap);
 
+/** A chat template's Jinja text from a file (--chat-template-file; at most 1 MiB: Gemma 4's,
+ * the longest a model ships, is 16 KiB), in kg_mkmodel_args.c. Malloc'ed; NULL with a
+ * message in errstr. */
+char *kg_mkmodel_read_template(const char *path, char *errstr, size_t errstr_size);
+
 /** llama.cpp's general.file_type for weights of type t. */
 uint32_t kg_mkmodel_file_type(kg_ggml_type_t t);
 
@@ -135,6 +140,7 @@ typedef struct kg_mkmodel_family {
     bool lfm2;           /* short-convolution and attention layers: kg_mkmodel_lfm2.c */
     bool qwen35;         /* gated DeltaNet and gated attention layers: kg_mkmodel_qwen35.c */
     bool mamba2;         /* Mamba-2, attention (and MLP) layers: kg_mkmodel_mamba2.c */
+    bool llama4;         /* dense and MoE layers in turn (a shared expert), rope_freqs */
 } kg_mkmodel_family_t;
 
 /** The family of --arch `arch` (NULL: llama), or NULL when the table has none (bert is written

@@ -754,31 +754,208 @@ static const char *const gemma4_parts[] = {
     "{%- endif -%}\n",
 };
 
+/* Llama 4's template as its publisher ships it (Llama-4-Scout-17B-16E-Instruct's
+ * chat_template, as transformers' Llama4Processor carries it, verbatim): BOS, the system
+ * message and tools, <|header_start|>role<|header_end|> turns ended by <|eot|>, tool calls
+ * between <|python_start|> and <|python_end|>. 4.8 KiB: kept in parts, joined once. */
+static const char *const llama4_parts[] = {
+    "{{- bos_token }}\n"
+    "{%- if custom_tools is defined %}\n"
+    "    {%- set tools = custom_tools %}\n"
+    "{%- endif %}\n"
+    "{%- if not tools_in_user_message is defined %}\n"
+    "    {%- set tools_in_user_message = true %}\n"
+    "{%- endif %}\n"
+    "{%- if not date_string is defined %}\n"
+    "    {%- if strftime_now is defined %}\n"
+    "        {%- set date_string = strftime_now(\"%d %b %Y\") %}\n"
+    "    {%- else %}\n"
+    "        {%- set date_string = \"26 Jul 2024\" %}\n"
+    "    {%- endif %}\n"
+    "{%- endif %}\n"
+    "{%- if not tools is defined %}\n"
+    "    {%- set tools = none %}\n"
+    "{%- endif %}\n"
+    "\n"
+    "{#- This block extracts the system message, so we can slot it into the right place. #}\n"
+    "{%- if messages[0]['role'] == 'system' %}    \n"
+    "    {%- if messages[0]['content'] is string %}\n"
+    "        {%- set system_message = messages[0]['content']|trim %}\n"
+    "    {%- else %}\n"
+    "        {#- FIXME: The processor requires an array, always. #}\n"
+    "        {%- set system_message = messages[0]['content'][0]['text']|trim %}\n"
+    "    {%- endif %}\n"
+    "    {%- set messages = messages[1:] %}\n"
+    "    {%- set user_supplied_system_message = true %}\n"
+    "{%- else %}\n"
+    "    {%- set system_message = \"\" %}\n"
+    "    {%- set user_supplied_system_message = false %}\n"
+    "{%- endif %}\n"
+    "\n"
+    "{#- System message if the user supplied one #}\n"
+    "{%- if user_supplied_system_message %}\n"
+    "    {{- \"<|header_start|>system<|header_end|>\n"
+    "\n"
+    "\" }}\n"
+    "    {%- if tools is not none %}\n"
+    "        {{- \"Environment: ipython\n"
+    "\" }}\n"
+    "    {%- endif %}\n"
+    "    {%- if tools is not none and not tools_in_user_message %}\n"
+    "        {{- \"You have access to the following functions. To call a function, please res"
+    "pond with JSON for a function call.\" }}\n"
+    "        {{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary "
+    "of argument name and its value}.' }}\n"
+    "        {{- \"Do not use variables.\n"
+    "\n"
+    "\" }}\n"
+    "        {%- for t in tools %}\n"
+    "            {{- t | tojson(indent=4) }}\n"
+    "            {{- \"\n"
+    "\n"
+    "\" }}\n"
+    "        {%- endfor %}\n"
+    "    {%- endif %}\n"
+    "    {{- system_message }}\n"
+    "    {{- \"<|eot|>\" }}\n"
+    "{%- endif %}\n"
+    "\n"
+    "{#- Custom tools are passed in a user message with some extra guidance #}\n"
+    "{%- if tools_in_user_message and not tools is none %}\n"
+    "    {#- Extract the first user message so we can plug it in here #}\n"
+    "    {%- if messages | length != 0 %}\n"
+    "        {%- set first_user_message = messages[0]['content']|trim %}\n"
+    "        {%- set messages = messages[1:] %}\n"
+    "    {%- else %}\n"
+    "        {{- raise_exception(\"Cannot put tools in the first user message when there's no"
+    " first user message!\") }}\n"
+    "{%- endif %}\n"
+    "    {{- '<|header_start|>user<|header_end|>\n"
+    "\n"
+    "' -}}\n"
+    "    {{- \"Given the following functions, please respond with a JSON for a function call "
+    "\" }}\n",
+    "    {{- \"with its proper arguments that best answers the given prompt.\n"
+    "\n"
+    "\" }}\n"
+    "    {{- 'Respond in the format {\"name\": function name, \"parameters\": dictionary of a"
+    "rgument name and its value}.' }}\n"
+    "    {{- \"Do not use variables.\n"
+    "\n"
+    "\" }}\n"
+    "    {%- for t in tools %}\n"
+    "        {{- t | tojson(indent=4) }}\n"
+    "        {{- \"\n"
+    "\n"
+    "\" }}\n"
+    "    {%- endfor %}\n"
+    "    {{- first_user_message + \"<|eot|>\"}}\n"
+    "{%- endif %}\n"
+    "\n"
+    "{%- for message in messages %}\n"
+    "    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in m"
+    "essage) %}\n"
+    "    {{- '<|header_start|>' + message['role'] + '<|header_end|>\n"
+    "\n"
+    "' }}\n"
+    "        {%- if message['content'] is string %}\n"
+    "            {{- message['content'] }}\n"
+    "        {%- else %}\n"
+    "            {%- for content in message['content'] %}\n"
+    "                {%- if content['type'] == 'image' %}\n"
+    "                    {{- '<|image|>' }}\n"
+    "                {%- elif content['type'] == 'text' %}\n"
+    "                    {{- content['text'] }}\n"
+    "                {%- endif %}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "        {{- \"<|eot|>\" }}\n"
+    "    {%- elif 'tool_calls' in message and message.tool_calls|length > 0 %}\n"
+    "       {{- '<|header_start|>assistant<|header_end|>\n"
+    "\n"
+    "' -}}\n"
+    "       {{- '<|python_start|>' }}\n"
+    "        {%- if message['content'] is string %}\n"
+    "            {{- message['content'] }}\n"
+    "        {%- else %}\n"
+    "            {%- for content in message['content'] %}\n"
+    "                {%- if content['type'] == 'image' %}\n"
+    "                    {{- '<|image|>' }}\n"
+    "                {%- elif content['type'] == 'text' %}\n"
+    "                    {{- content['text'] }}\n"
+    "                {%- endif %}\n"
+    "            {%- endfor %}\n"
+    "        {%- endif %}\n"
+    "       {{- '<|python_end|>' }}\n"
+    "        {%- for tool_call in message.tool_calls %}\n"
+    "           {{- '{\"name\": \"' + tool_call.function.name + '\", ' }}\n"
+    "           {{- '\"parameters\": ' }}\n"
+    "           {{- tool_call.function.arguments | tojson }}\n"
+    "           {{- \"}\" }}\n"
+    "        {%- endfor %}\n"
+    "       {{- \"<|eot|>\" }}\n"
+    "    {%- elif message.role == \"tool\" or message.role == \"ipython\" %}\n"
+    "        {{- \"<|header_start|>ipython<|header_end|>\n"
+    "\n"
+    "\" }}\n"
+    "        {%- if message.content is mapping or message.content is iterable %}\n"
+    "            {{- message.content | tojson }}\n"
+    "        {%- else %}\n"
+    "            {{- message.content }}\n"
+    "        {%- endif %}\n"
+    "        {{- \"<|eot|>\" }}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n"
+    "    {{- '<|header_start|>assistant<|header_end|>\n"
+    "\n"
+    "' }}\n"
+    "{%- endif %}\n",
+};
+
 static char gemma4_text[17 * 1024];
 static pthread_once_t gemma4_once = PTHREAD_ONCE_INIT;
+static char llama4_text[5 * 1024];
+static pthread_once_t llama4_once = PTHREAD_ONCE_INIT;
 
-static void gemma4_join(void) {
+/* The parts joined into buf (cap bytes): "" if they do not fit, which cannot happen (the parts
+ * are fixed). */
+static void join_parts(const char *const *parts, size_t n_parts, char *buf, size_t cap) {
     size_t n = 0;
-    for (size_t i = 0; i < sizeof(gemma4_parts) / sizeof(gemma4_parts[0]); i++) {
-        const size_t len = strlen(gemma4_parts[i]);
-        if (n + len >= sizeof(gemma4_text)) {
-            gemma4_text[0] = '\0'; /* cannot happen: the parts are fixed */
+    for (size_t i = 0; i < n_parts; i++) {
+        const size_t len = strlen(parts[i]);
+        if (n + len >= cap) {
+            buf[0] = '\0';
             return;
         }
-        memcpy(gemma4_text + n, gemma4_parts[i], len);
+        memcpy(buf + n, parts[i], len);
         n += len;
     }
-    gemma4_text[n] = '\0';
+    buf[n] = '\0';
+}
+
+static void gemma4_join(void) {
+    join_parts(gemma4_parts, sizeof(gemma4_parts) / sizeof(gemma4_parts[0]), gemma4_text,
+               sizeof(gemma4_text));
+}
+
+static void llama4_join(void) {
+    join_parts(llama4_parts, sizeof(llama4_parts) / sizeof(llama4_parts[0]), llama4_text,
+               sizeof(llama4_text));
 }
 
 const char *kg_mkmodel_chat_template(const char *name, const char **names) {
     if (names) {
         *names = "chatml, llama2, llama3, gemma, phi3, phi4, mistral-v7, qwen3, qwen3-thinking, "
-                 "qwen2.5, glm4.6, deepseek-v3.1, gemma4, mistral-nemo";
+                 "qwen2.5, glm4.6, deepseek-v3.1, gemma4, mistral-nemo, llama4";
     }
     if (name && strcmp(name, "gemma4") == 0) {
         pthread_once(&gemma4_once, gemma4_join);
         return gemma4_text[0] ? gemma4_text : NULL;
+    }
+    if (name && strcmp(name, "llama4") == 0) {
+        pthread_once(&llama4_once, llama4_join);
+        return llama4_text[0] ? llama4_text : NULL;
     }
     for (size_t i = 0; name && i < sizeof(chat_templates) / sizeof(chat_templates[0]); i++) {
         if (strcmp(name, chat_templates[i].name) == 0) {

@@ -403,7 +403,8 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
     const bool spm = style != KG_MKVOCAB_QWEN && style != KG_MKVOCAB_QWEN3 &&
                      style != KG_MKVOCAB_QWEN_TOOLS && style != KG_MKVOCAB_MISTRAL_TOOLS &&
                      style != KG_MKVOCAB_FN_TOOLS && style != KG_MKVOCAB_GPT_OSS &&
-                     style != KG_MKVOCAB_GLM && style != KG_MKVOCAB_DEEPSEEK;
+                     style != KG_MKVOCAB_GLM && style != KG_MKVOCAB_DEEPSEEK &&
+                     style != KG_MKVOCAB_LLAMA4;
     int64_t eot = -1, eom = -1;
     tr.cap = spm ? 512 : 640;
     tr.tok = calloc((size_t)tr.cap, TOK_MAX);
@@ -503,6 +504,31 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
             }
 #undef BAR
 #undef SPC
+        } else if (style == KG_MKVOCAB_LLAMA4) {
+            /* Llama 4's added tokens in their order (200000 on in its tokenizer.json), less
+             * the reserved and image ones: <|eot|> ends a turn and is the EOS the converter
+             * writes, <|end_of_text|> ends generation too (llama.cpp finds it by its text) */
+            static const char *l4[] = {"<|begin_of_text|>",
+                                       "<|end_of_text|>",
+                                       "<|fim_prefix|>",
+                                       "<|fim_middle|>",
+                                       "<|fim_suffix|>",
+                                       "<|header_start|>",
+                                       "<|header_end|>",
+                                       "<|eom|>",
+                                       "<|eot|>",
+                                       "<|step|>",
+                                       "<|python_start|>",
+                                       "<|python_end|>",
+                                       "<|finetune_right_pad|>",
+                                       "<|image|>"};
+            int64_t ids[14];
+            for (size_t i = 0; i < sizeof(l4) / sizeof(l4[0]); i++) {
+                ids[i] = vocab_push(&v, l4[i], strlen(l4[i]), 0.0f, TT_CONTROL);
+            }
+            bos = ids[0];
+            eos = ids[8];
+            pad = ids[12];
         } else if (style == KG_MKVOCAB_GLM) {
             /* GLM-4.5's added tokens in their order, as _set_vocab_glm
              * names them: [gMASK] begins every prompt (its template writes
@@ -564,6 +590,7 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
                            : style == KG_MKVOCAB_GPT_OSS  ? "gpt-4o"
                            : style == KG_MKVOCAB_GLM      ? "glm4"
                            : style == KG_MKVOCAB_DEEPSEEK ? "deepseek-v3"
+                           : style == KG_MKVOCAB_LLAMA4   ? "llama4"
                                                           : "qwen2");
     kg_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", v.tokens, (uint64_t)v.n);
     if (spm) {
@@ -595,7 +622,8 @@ static int64_t add_trained_vocab(kg_gguf_writer_t *w,
         kg_gguf_writer_set_u32(w, "tokenizer.ggml.eom_token_id", (uint32_t)eom);
     }
     /* Gemma and Phi-3 add BOS; Qwen and gpt-oss do not */
-    kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", spm || style == KG_MKVOCAB_DEEPSEEK);
+    kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token",
+                            spm || style == KG_MKVOCAB_DEEPSEEK || style == KG_MKVOCAB_LLAMA4);
     kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_eos_token", false);
     if (style == KG_MKVOCAB_GEMMA) {
         kg_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false);

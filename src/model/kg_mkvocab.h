@@ -28,6 +28,9 @@ typedef enum kg_mkvocab_style {
     KG_MKVOCAB_FN_TOOLS,      /* KG_MKVOCAB_QWEN plus <function= and </function> (user-defined
                                  text tokens): for Functionary v3.1's template, so that a
                                  random model writes its call opening as one token */
+    KG_MKVOCAB_LLAMA4,        /* byte-level BPE, tokenizer.ggml.pre = llama4, Llama 4's specials
+                                 after the pieces (<|begin_of_text|> BOS, <|eot|> EOS, the
+                                 header and python tokens), add_bos_token */
 } kg_mkvocab_style_t;
 
 /** Write the tokenizer.* keys of a built-in vocabulary of `style`, with

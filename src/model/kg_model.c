@@ -47,12 +47,14 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_GRANITEHYBRID] = "granitehybrid",
     [KG_ARCH_NEMOTRON_H] = "nemotron_h",
     [KG_ARCH_NEMOTRON_H_MOE] = "nemotron_h_moe",
+    [KG_ARCH_LLAMA4] = "llama4",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
     "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding, "      \
-    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next, granitehybrid, nemotron_h, nemotron_h_moe"
+    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next, granitehybrid, nemotron_h, nemotron_h_moe, "  \
+    "llama4"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -234,8 +236,10 @@ static bool load_layer(loader_t *ld,
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     const bool glm = a == KG_ARCH_GLM4MOE, ds2 = a == KG_ARCH_DEEPSEEK2;
     const bool nemo_moe = a == KG_ARCH_NEMOTRON_H_MOE;
-    /* glm4moe's first n_layer_dense layers have a dense FFN */
-    const bool moe_layer = hp->n_expert > 0 && il >= hp->n_layer_dense;
+    /* glm4moe's first n_layer_dense layers have a dense FFN, llama4's all but every n_moe_step-th
+     */
+    const bool moe_layer = hp->n_expert > 0 && il >= hp->n_layer_dense &&
+                           (hp->n_moe_step == 0 || (il + 1) % hp->n_moe_step == 0);
     bool bad = false;
     char name[96];
 #define KG_T(suffix, ne0, ne1, opt)                                                                \
@@ -377,11 +381,12 @@ ffn:
             L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
             L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);
         }
-        if (glm || ds2 || nemo_moe) {
-            /* optional in DeepSeek V2 files (V3 and Kimi K2 have it);
-             * nemotron_h_moe's shared expert has its own width */
-            const int64_t FS = nemo_moe ? hp->n_ff_shexp : (int64_t)hp->n_expert_shared * FX;
-            L->exp_probs_b = KG_T("exp_probs_b.bias", X, 0, ds2);
+        if (glm || ds2 || nemo_moe || a == KG_ARCH_LLAMA4) {
+            /* optional in DeepSeek V2 files (V3 and Kimi K2 have it), none in llama4's;
+             * nemotron_h_moe's and llama4's shared expert have their own width */
+            const int64_t FS =
+                hp->n_ff_shexp > 0 ? hp->n_ff_shexp : (int64_t)hp->n_expert_shared * FX;
+            L->exp_probs_b = a == KG_ARCH_LLAMA4 ? NULL : KG_T("exp_probs_b.bias", X, 0, ds2);
             if (L->exp_probs_b && kg_type_block_elems(L->exp_probs_b->type) != 1) {
                 snprintf(ld->errstr, ld->errstr_size,
                          "model: blk.%d.exp_probs_b.bias is %s; it must be F32, F16 or BF16",
@@ -685,7 +690,7 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_MISTRAL || hp->arch == KG_ARCH_GRANITE ||
         hp->arch == KG_ARCH_MISTRAL3 || hp->arch == KG_ARCH_APERTUS ||
-        hp->arch == KG_ARCH_GRANITEHYBRID) { /* Llama 3.1's frequency divisors */
+        hp->arch == KG_ARCH_GRANITEHYBRID || hp->arch == KG_ARCH_LLAMA4) { /* Llama 3.1's */
         model->rope_freqs = find_tensor(&ld, "rope_freqs.weight", hp->n_rot / 2, 0, true, &bad);
     }
     if (hp->arch == KG_ARCH_LLAMA || hp->arch == KG_ARCH_PHI3) {

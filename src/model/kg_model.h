@@ -40,7 +40,12 @@
  * DeepSeek V2/V3 (deepseek2) keep GLM's MoE (softmax or sigmoid router,
  * selection bias, groups, shared experts, leading dense layers) and
  * replace the attention with multi-head latent attention: see the MLA
- * fields of kg_hparams_t. */
+ * fields of kg_hparams_t.
+ *
+ * Llama 4 (llama4) interleaves dense and MoE layers (a shared expert beside
+ * one sigmoid-weighted routed expert that scales its input), attends in
+ * chunks on three layers of four and without RoPE (with the attention
+ * temperature) on the fourth, and L2-normalises the RoPE layers' Q/K. */
 #pragma once
 
 #include "kg_gguf.h"
@@ -85,6 +90,7 @@ typedef enum kg_arch {
     KG_ARCH_GRANITEHYBRID,  /* IBM Granite 4 (hybrid): Mamba-2 or attention, then the FFN */
     KG_ARCH_NEMOTRON_H,     /* NVIDIA Nemotron-H (hybrid): each layer Mamba-2, attention or MLP */
     KG_ARCH_NEMOTRON_H_MOE, /* Nemotron 3 (hybrid): nemotron_h with experts for its MLPs */
+    KG_ARCH_LLAMA4,         /* Llama 4: chunked attention, NoPE layers, top-1 sigmoid experts */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -192,6 +198,13 @@ typedef struct kg_hparams {
      * + 1; attn_temp_scale 0 = off */
     float attn_temp_scale;
     int32_t attn_temp_floor; /* llama.cpp's n_attn_temp_floor_scale: the original context */
+    /* Llama 4 (llama4): the temperature on the NoPE layers alone (instead of RoPE), at
+     * position p + 1 (f_attn_temp_offset 1); the windowed layers' window is a chunk, each
+     * token attending to [p - p % n_swa, p] (LLAMA_SWA_TYPE_CHUNKED); the RoPE layers' q and
+     * k RMS-normed per head without a weight after RoPE (use_kq_norm: Llama4TextL2Norm) */
+    bool attn_temp_nope;
+    bool swa_chunked;
+    bool qk_l2_norm;
     kg_ffn_act_t ffn_act;
 
     /* mixture of experts (n_expert 0: a dense model) */
@@ -267,7 +280,12 @@ typedef struct kg_hparams {
     /* DeltaNet V head h reads K head h / (V heads / K heads) (qwen3next: V
      * heads grouped by K head); else h mod K heads (qwen35: tiled) */
     bool ssm_v_grouped;
-    int32_t n_ff_shexp; /* qwen35moe's and nemotron_h_moe's shared expert width
+    /* Llama 4: layer il has experts when (il + 1) % n_moe_step == 0
+     * (interleave_moe_layer_step; 0: every layer past n_layer_dense); the router's weight
+     * multiplies each chosen expert's input instead of its output, and the logits choose */
+    int32_t n_moe_step;
+    bool moe_w_before;
+    int32_t n_ff_shexp; /* qwen35moe's, nemotron_h_moe's and llama4's shared expert width
                            (expert_shared_feed_forward_length; qwen35moe's default n_ff); 0:
                            n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
 } kg_hparams_t;

@@ -489,6 +489,48 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
         kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
         hp->q_scale = 1.0f / sqrtf((float)hp->head_dim);
         break;
+    case KG_ARCH_LLAMA4: {
+        /* llama_model_llama4: LLaMA's RoPE pairs; chunked attention (chunks of 8192, fixed in
+         * code whatever attention.sliding_window says, unless it says 0) on three layers of four
+         * (sliding_window_pattern, period 4), their RoPE base rope.freq_base_swa when given;
+         * every fourth layer without RoPE, with the attention temperature (scale 0.1 over
+         * blocks of 8192 positions, offset 1, fixed in code); interleave_moe_layer_step
+         * required (0: no MoE layer) */
+        hp->rope_mode = KG_ROPE_MODE_NORM;
+        int32_t swa = -1;
+        int32_t step = -1;
+        get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &swa);
+        if (swa == 0) {
+            /* MobileLLM-R1's files: llama.cpp then leaves the NoPE last layer's temperature
+             * unset and stops at its assertion (llm_graph_input_attn_temp) */
+            snprintf(errstr, errstr_size,
+                     "model: %s with attention.sliding_window 0 (no chunks: MobileLLM-R1) is not "
+                     "supported",
+                     arch);
+            return false;
+        }
+        if (!get_i32(g, akey(key, sizeof(key), arch, "interleave_moe_layer_step"), &step) ||
+            step < 0 || step > hp->n_layer) {
+            snprintf(errstr, errstr_size, "model: missing or bad hyperparameter '%s'", key);
+            return false;
+        }
+        hp->n_moe_step = step;
+        hp->n_layer_dense = step == 0 ? hp->n_layer : 0;
+        hp->n_swa = 8192;
+        hp->swa_chunked = true;
+        if (!read_swa_pattern(g, arch, 4, hp->n_layer, is_swa)) {
+            snprintf(errstr, errstr_size,
+                     "model: bad %s.attention.sliding_window_pattern (a period, or %d flags)", arch,
+                     hp->n_layer);
+            return false;
+        }
+        kg_gguf_get_f32(g, akey(key, sizeof(key), arch, "rope.freq_base_swa"), swa_base);
+        *nope_every = 4;
+        hp->attn_temp_scale = 0.1f;
+        hp->attn_temp_floor = 8192;
+        hp->attn_temp_nope = true;
+        break;
+    }
     case KG_ARCH_COUNT_:
         break;
     }
@@ -536,7 +578,8 @@ bool kg_model_read_moe_hparams(
     }
     const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS || a == KG_ARCH_GLM4MOE ||
                           a == KG_ARCH_DEEPSEEK2 || a == KG_ARCH_QWEN35MOE ||
-                          a == KG_ARCH_QWEN3NEXT || a == KG_ARCH_NEMOTRON_H_MOE;
+                          a == KG_ARCH_QWEN3NEXT || a == KG_ARCH_NEMOTRON_H_MOE ||
+                          a == KG_ARCH_LLAMA4;
     if (hp->n_expert == 0) {
         if (moe_arch || hp->n_expert_used != 0) {
             snprintf(errstr, errstr_size,
@@ -550,7 +593,7 @@ bool kg_model_read_moe_hparams(
     if (!moe_arch && a != KG_ARCH_LLAMA && a != KG_ARCH_GEMMA4) {
         snprintf(errstr, errstr_size,
                  "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
-                 "gpt-oss, glm4moe, deepseek2, gemma4, qwen35moe, qwen3next)",
+                 "gpt-oss, glm4moe, deepseek2, gemma4, qwen35moe, qwen3next, llama4)",
                  kg_arch_name(a));
         return false;
     }
@@ -658,6 +701,18 @@ bool kg_model_read_moe_hparams(
         hp->moe_gating = KG_MOE_SOFTMAX;
         hp->moe_norm_w = true;
         hp->moe_w_scale = 0.0f;
+    }
+    if (a == KG_ARCH_LLAMA4) {
+        /* llama_model_llama4's graph: build_moe_ffn with sigmoid gating, the logits choosing,
+         * no renormalisation, no scale (expert_weights_scale is not read for llama4), each
+         * chosen expert's input times its weight; a shared expert as wide as a routed one;
+         * Q/K L2 norms unless the model has 128 experts (Maverick: LLM_TYPE_17B_128E) */
+        hp->moe_gating = KG_MOE_SIGMOID;
+        hp->moe_norm_w = false;
+        hp->moe_w_scale = 0.0f;
+        hp->moe_w_before = true;
+        hp->n_ff_shexp = hp->n_ff_exp;
+        hp->qk_l2_norm = hp->n_expert != 128;
     }
     return true;
 }

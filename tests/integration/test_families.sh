@@ -34,6 +34,7 @@ families=(
     "granitehybrid --n-layer 2"
     "nemotron_h --n-layer 5"
     "nemotron_h_moe --n-layer 5 --n-ff-exp 64 --n-expert 4 --n-expert-used 2"
+    "llama4 --n-layer 4 --n-ff-exp 64 --n-expert 4 --n-expert-used 1 --chat-template llama4"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys

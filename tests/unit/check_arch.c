@@ -24,7 +24,8 @@
 
 #define MAX_GOLDENS 128
 #define MAX_IDS     512
-#define CTX         512 /* the goldens' context (phi3 picks its LongRoPE factors by it) */
+#define CTX         512   /* the goldens' context (phi3 picks its LongRoPE factors by it) */
+#define MAX_CTX     16384 /* a golden's own context (`context N`: llama4-long's 8704) */
 #define BLOCK       16
 
 // ---- golden files ----
@@ -104,9 +105,9 @@ static void find_goldens(void) {
 #define MAX_PROMPTS 3 /* a short one, one past every window, and (hybrids) a multi-turn chat */
 
 typedef struct golden_prompt {
-    char text[1024];
-    bool special; /* the chat prompt: tokenized with special tokens parsed */
-    int32_t input[MAX_IDS], n_input;
+    char *text;              /* owned */
+    bool special;            /* the chat prompt: tokenized with special tokens parsed */
+    int32_t *input, n_input; /* owned */
     int32_t ids[64], n_ids;
     int32_t second[64];         /* llama.cpp's runner-up at each step */
     float margin[64];           /* its logit margin: top minus runner-up */
@@ -118,6 +119,7 @@ typedef struct golden {
     char model[64], type[32];
     uint64_t fnv;
     char args[1024]; /* kgen mkmodel arguments */
+    int32_t ctx;     /* the context llama.cpp ran in (CTX unless a `context` line says) */
     golden_prompt_t p[MAX_PROMPTS];
     int n_prompts;
 } golden_t;
@@ -184,6 +186,7 @@ static void golden_load(const char *file, golden_t *g) {
     char *text = kg_test_read_file(kg_test_data(rel), &len);
     ck_assert_msg(text != NULL, "cannot read %s", rel);
     memset(g, 0, sizeof(*g));
+    g->ctx = CTX;
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         int idx = 0, off = 0;
         if (strncmp(line, "# kgen mkmodel ", 15) == 0) {
@@ -192,13 +195,25 @@ static void golden_load(const char *file, golden_t *g) {
             unsigned long long h = 0;
             ck_assert_int_eq(sscanf(line, "model %63s %31s fnv64 %llx", g->model, g->type, &h), 3);
             g->fnv = h;
+        } else if (sscanf(line, "context %d", &g->ctx) == 1) {
+            ck_assert(g->ctx >= CTX && g->ctx <= MAX_CTX && g->ctx % BLOCK == 0);
         } else if (sscanf(line, "prompt %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
-            ck_assert(parse_json_string(line + off, g->p[idx].text, sizeof(g->p[idx].text)));
+            const size_t cap = strlen(line + off) + 8; /* parse_json_string keeps 4 spare */
+            free(g->p[idx].text);
+            g->p[idx].text = malloc(cap);
+            ck_assert(g->p[idx].text && parse_json_string(line + off, g->p[idx].text, cap));
             g->n_prompts = idx + 1 > g->n_prompts ? idx + 1 : g->n_prompts;
         } else if (sscanf(line, "special %d", &idx) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
             g->p[idx].special = true;
         } else if (sscanf(line, "input %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
-            g->p[idx].n_input = kg_test_parse_ids(line + off, g->p[idx].input, MAX_IDS);
+            int32_t n = 1; /* ids: one more than the spaces */
+            for (const char *c = line + off; *c; c++) {
+                n += *c == ' ';
+            }
+            free(g->p[idx].input);
+            g->p[idx].input = malloc((size_t)n * sizeof(int32_t));
+            ck_assert_ptr_nonnull(g->p[idx].input);
+            g->p[idx].n_input = kg_test_parse_ids(line + off, g->p[idx].input, n);
         } else if (sscanf(line, "ids %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
             g->p[idx].n_ids = kg_test_parse_ids(line + off, g->p[idx].ids, 64);
         } else if (sscanf(line, "second %d %n", &idx, &off) == 1 && idx >= 0 && idx < MAX_PROMPTS) {
@@ -219,7 +234,8 @@ static void golden_load(const char *file, golden_t *g) {
     free(text);
     ck_assert_msg(g->args[0] && g->model[0] && g->n_prompts >= 2, "%s is incomplete", rel);
     for (int p = 0; p < g->n_prompts; p++) {
-        ck_assert_msg(g->p[p].n_input > 0 && g->p[p].logits && g->p[p].logits_end,
+        ck_assert_msg(g->p[p].text && g->p[p].n_input > 0 && g->p[p].n_input < g->ctx - 64 &&
+                          g->p[p].logits && g->p[p].logits_end,
                       "%s: prompt %d is incomplete", rel, p);
     }
 }
@@ -228,6 +244,8 @@ static void golden_clear(golden_t *g) {
     for (int i = 0; i < MAX_PROMPTS; i++) {
         free(g->p[i].logits);
         free(g->p[i].logits_end);
+        free(g->p[i].text);
+        free(g->p[i].input);
     }
 }
 
@@ -255,16 +273,21 @@ static kg_model_t *load_golden_model(const golden_t *g) {
     return m;
 }
 
-static kg_backend_t *make_cpu(const kg_model_t *m, int32_t n_blocks, int32_t max_tokens) {
+static kg_backend_t *
+make_cpu_ctx(const kg_model_t *m, int32_t n_blocks, int32_t max_tokens, int32_t ctx) {
     kg_backend_params_t p = {.n_threads = 2,
                              .n_kv_blocks = n_blocks,
                              .kv_block_size = BLOCK,
                              .max_batch_tokens = max_tokens,
-                             .max_seq_len = CTX};
+                             .max_seq_len = ctx};
     char err[256];
     kg_backend_t *be = kg_backend_cpu_new(m, &p, err, sizeof(err));
     ck_assert_msg(be != NULL, "%s", err);
     return be;
+}
+
+static kg_backend_t *make_cpu(const kg_model_t *m, int32_t n_blocks, int32_t max_tokens) {
+    return make_cpu_ctx(m, n_blocks, max_tokens, CTX);
 }
 
 /* NMSE bound of the logits against llama.cpp's: both sides compute the same
@@ -288,21 +311,24 @@ START_TEST(matches_llama_cpp) {
         const golden_prompt_t *gp = &g.p[p];
         ck_assert_int_eq(gp->n_logits, V);
         /* the tokenizer: BOS as the vocabulary asks, then the prompt */
-        int32_t ids[MAX_IDS];
-        int64_t n = kg_tokenizer_encode(m->tok, gp->text, strlen(gp->text), true, gp->special, ids,
-                                        MAX_IDS);
+        const int32_t C = g.ctx, NB = C / BLOCK;
+        int32_t *ids = malloc((size_t)C * sizeof(int32_t));
+        ck_assert_ptr_nonnull(ids);
+        int64_t n =
+            kg_tokenizer_encode(m->tok, gp->text, strlen(gp->text), true, gp->special, ids, C);
         ck_assert_msg(n == gp->n_input && memcmp(ids, gp->input, (size_t)n * 4) == 0,
                       "%s %s prompt %d: kgen tokenizes to %lld ids, llama.cpp to %d", g.model,
                       g.type, p, (long long)n, gp->n_input);
+        free(ids);
 
         /* prefill in one step, then one token per step */
-        kg_backend_t *be = make_cpu(m, CTX / BLOCK, CTX);
-        int32_t table[CTX / BLOCK];
-        for (int32_t b = 0; b < CTX / BLOCK; b++) {
-            table[b] = CTX / BLOCK - 1 - b; /* out of order on purpose */
+        kg_backend_t *be = make_cpu_ctx(m, NB, C, C);
+        static int32_t table[MAX_CTX / BLOCK];
+        for (int32_t b = 0; b < NB; b++) {
+            table[b] = NB - 1 - b; /* out of order on purpose */
         }
-        static int32_t pos[CTX], seq[CTX];
-        static bool want[CTX];
+        static int32_t pos[MAX_CTX], seq[MAX_CTX];
+        static bool want[MAX_CTX];
         for (int32_t i = 0; i < gp->n_input; i++) {
             pos[i] = i;
             seq[i] = 0;
@@ -315,7 +341,7 @@ START_TEST(matches_llama_cpp) {
                              .want_logits = want,
                              .n_outputs = 1,
                              .n_slots = 1,
-                             .max_blocks_per_seq = CTX / BLOCK,
+                             .max_blocks_per_seq = NB,
                              .block_table = table};
         ck_assert_int_eq(kg_backend_forward(be, &b, logits), KG_OK);
         double e = kg_test_nmse(gp->logits, logits, V);

@@ -270,6 +270,37 @@ static void loads_mistral3(const kg_model_t *m) {
     ck_assert_float_eq(kg_attn_temp(0.1f, 64, 64), (float)(log(2.0) * 0.1f + 1.0));
 }
 
+/* llama4: what llama.cpp fixes in code (chunks of 8192 on layers 0-2 of each 4, NoPE and the
+ * temperature over blocks of 8192 on the fourth), MoE layers 1 and 3 (interleave step 2) with a
+ * shared expert as wide as a routed one, the router's weight on the experts' input, Q/K L2
+ * norms (not 128 experts), rope_freqs; the CUDA backend refuses it by name */
+static void loads_llama4(const kg_model_t *m) {
+    const kg_hparams_t *hp = &m->hp;
+    ck_assert(hp->swa_chunked && hp->attn_temp_nope && hp->qk_l2_norm && hp->moe_w_before);
+    ck_assert_int_eq(hp->rope_mode, KG_ROPE_MODE_NORM);
+    ck_assert_int_eq(hp->moe_gating, KG_MOE_SIGMOID);
+    ck_assert(!hp->moe_norm_w);
+    ck_assert_float_eq(hp->attn_temp_scale, 0.1f);
+    ck_assert_int_eq(hp->attn_temp_floor, 8192);
+    ck_assert_int_eq(hp->n_moe_step, 2);
+    ck_assert_ptr_nonnull(m->rope_freqs);
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kg_layer_weights_t *L = &m->layers[il];
+        ck_assert_int_eq(L->n_swa, il % 4 < 3 ? 8192 : 0);
+        ck_assert(L->no_rope == (il % 4 == 3));
+        ck_assert(!L->ffn_gate_inp == (il % 2 == 0));
+        ck_assert(!L->w_down == (il % 2 == 1));
+        ck_assert(!L->gate_shexp || L->gate_shexp->ne[1] == hp->n_ff_exp);
+    }
+    kg_backend_params_t bp = {
+        .n_threads = 1, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 16};
+    char err[512] = "";
+    ck_assert_ptr_null(kg_backend_new("cuda", m, &bp, err, sizeof(err)));
+#ifdef KG_USE_CUDA
+    ck_assert_msg(strstr(err, "llama4") != NULL, "%s", err);
+#endif
+}
+
 /* seed_oss: NeoX pairs, the biases, its FFN norm from post_attention_norm */
 static void loads_seed_oss(const kg_model_t *m) {
     ck_assert_int_eq(m->hp.rope_mode, KG_ROPE_MODE_NEOX);
@@ -338,6 +369,8 @@ static const struct model_family {
      NULL, loads_mistral3},
     {"seed_oss", "--arch seed_oss --n-layer 1 --head-dim 32 " SMALL, NULL, loads_seed_oss},
     {"apertus", "--arch apertus --n-layer 2 " SMALL, NULL, loads_apertus},
+    {"llama4", "--arch llama4 --n-layer 4 --n-ff-exp 32 --n-expert 4 --n-expert-used 1 " SMALL,
+     NULL, loads_llama4},
 };
 
 /* The row's model, written, edited and loaded. */
@@ -373,6 +406,10 @@ static void set_llama_rot8(kg_gguf_writer_t *w) {
     kg_gguf_writer_set_u32(w, "llama.rope.dimension_count", 8);
 }
 
+static void set_llama4_no_chunks(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "llama4.attention.sliding_window", 0);
+}
+
 START_TEST(refusals_name_what_is_supported) {
     char *src = mk("--arch qwen2 --n-layer 1 " SMALL);
     load_fails(
@@ -391,6 +428,16 @@ START_TEST(refusals_name_what_is_supported) {
                (const char *[]){"rope.dimension_count equal to the head dimension", NULL});
     remove(l);
     free(l);
+    /* llama4: interleave_moe_layer_step is required; sliding_window 0 (MobileLLM-R1, which
+     * llama.cpp's graph cannot run either) is refused by name */
+    char *l4 = mk("--arch llama4 --n-layer 4 --n-ff-exp 32 --n-expert 4 --n-expert-used 1 " SMALL);
+    load_fails(
+        rewrite(l4, (const char *[]){"llama4.interleave_moe_layer_step", NULL}, NULL, NULL, 0),
+        (const char *[]){"llama4.interleave_moe_layer_step", NULL});
+    load_fails(rewrite(l4, NULL, set_llama4_no_chunks, NULL, 0),
+               (const char *[]){"attention.sliding_window 0", NULL});
+    remove(l4);
+    free(l4);
     /* granite's logit_scale is required (llama.cpp's get_key without a default) */
     char *gr = mk("--arch granite --n-layer 1 " SMALL);
     load_fails(rewrite(gr, (const char *[]){"granite.logit_scale", NULL}, NULL, NULL, 0),

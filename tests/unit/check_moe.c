@@ -762,9 +762,9 @@ START_TEST(mkmodel_usage_errors) {
         const char *args, *want;
     } cases[] = {
         {"--arch qwen3 --n-expert 4",
-         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and qwen3next"},
+         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, qwen3next and llama4"},
         {"--arch llama --mxfp4_moe",
-         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and qwen3next"},
+         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, qwen3next and llama4"},
         {"--arch deepseek2", "--n-head-kv must be 1"},
         {"--arch deepseek2 --n-nextn 1", "(deepseek2: all but --n-nextn)"},
         {"--arch glm4moe --kv-lora-rank 8", "are for deepseek2"},

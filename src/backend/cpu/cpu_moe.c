@@ -125,10 +125,10 @@ void cpu_moe_route(cpu_moe_plan_t *p,
         }
         /* the values that choose them: + the selection bias, then the
          * groups' mask */
-        const float *choose = probs;
+        const float *choose = hp->moe_w_before ? lg : probs; /* llama4: the logits */
         if (probs_b || hp->n_expert_groups > 1) {
             for (int32_t e = 0; e < n; e++) {
-                p->sel_v[e] = probs_b ? probs[e] + probs_b[e] : probs[e];
+                p->sel_v[e] = probs_b ? choose[e] + probs_b[e] : choose[e];
             }
             if (hp->n_expert_groups > 1) {
                 mask_groups(p->sel_v, n, hp->n_expert_groups, hp->n_group_used);
@@ -183,6 +183,18 @@ void cpu_moe_route(cpu_moe_plan_t *p,
 void cpu_moe_gather(const cpu_moe_plan_t *p, const float *src, int64_t n, float *dst, int64_t T) {
     for (int64_t r = 0; r < T * p->k; r++) {
         memcpy(dst + r * n, src + (int64_t)p->row_tok[r] * n, (size_t)n * sizeof(float));
+    }
+}
+
+void cpu_moe_gather_weighted(
+    cpu_moe_plan_t *p, const float *src, int64_t n, float *dst, int64_t T) {
+    for (int64_t i = 0; i < T * p->k; i++) {
+        const float *x = src + (i / p->k) * n;
+        float *d = dst + (int64_t)p->slot[i] * n;
+        for (int64_t c = 0; c < n; c++) {
+            d[c] = x[c] * p->w[i]; /* ggml_mul(repeated, weights) */
+        }
+        p->w[i] = 1.0f; /* spent: y * 1 is y, so the combine adds the outputs as they are */
     }
 }
 

@@ -65,6 +65,11 @@ void cpu_moe_route(cpu_moe_plan_t *p,
 /** dst(T * k, n) = the rows of src (T, n) in grouped order. */
 void cpu_moe_gather(const cpu_moe_plan_t *p, const float *src, int64_t n, float *dst, int64_t T);
 
+/** cpu_moe_gather with each row times its token's weight for that expert (llama4's
+ * weight_before_ffn), the weights then set to 1 so cpu_moe_combine adds the experts'
+ * outputs unweighted. */
+void cpu_moe_gather_weighted(cpu_moe_plan_t *p, const float *src, int64_t n, float *dst, int64_t T);
+
 /** out(T, n) = sum over ranks j in order of w[t][j] * y[slot[t][j]]: each
  * product rounded, then added (ggml_mul, then ggml_add of the k views). */
 void cpu_moe_combine(const cpu_moe_plan_t *p, const float *y, int64_t n, float *out, int64_t T);

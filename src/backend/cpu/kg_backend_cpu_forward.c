@@ -7,13 +7,12 @@
  * layer: rmsnorm (none: olmo2), Q/K/V GEMMs (+ biases: qwen2), per-head
  * Q/K RMSNorm (qwen3, gemma3, apertus; over all heads: olmo2), RoPE with
  * the layer's base and scale (normal or NeoX pairs, YaRN, LongRoPE factors;
- * none in a NoPE layer: smollm3), the attention temperature (mistral3), the
- * query scale (gemma, phi3), K/V rows written
- * to their blocks, attention of every token over its own sequence's
- * positions [0, pos], or the last n_swa of them in a windowed layer
- * (a non-causal model, gemma-embedding: over its whole input, which the
- * engine runs in one step, or within n_swa / 2 either side in a windowed
- * layer) (with llama.cpp's soft_max arithmetic, cpu_attn.h; an embedding
+ * none in a NoPE layer: smollm3), Q/K L2 norms after it (llama4), the attention
+ * temperature (mistral3; llama4 on its NoPE layers), the query scale (gemma, phi3), K/V rows
+ * written to their blocks, attention of every token over its own sequence's positions [0, pos], or
+ * the last n_swa of them in a windowed layer (llama4: its chunk) (a non-causal model,
+ * gemma-embedding: over its whole input, which the engine runs in one step, or within n_swa / 2
+ * either side in a windowed layer) (with llama.cpp's soft_max arithmetic, cpu_attn.h; an embedding
  * input's tokens with ggml-cpu's flash attention arithmetic, cpu_attn_flash.h,
  * as llama.cpp computes embeddings) (soft-capped scores: gemma2; granite's attention scale;
  * parallel over tokens x heads; times sigmoid of the query's output gate: qwen35, whose attn_q
@@ -34,8 +33,8 @@
  * groups run side by side, one pool task each), the expert biases and
  * the gate (SwiGLU, or gpt-oss's clamped one), and the weighted sum in rank
  * order (see cpu_moe.h for why a token's bits do not depend on its
- * neighbours); glm4moe's shared expert, a dense SwiGLU FFN on the same
- * input, adds its output to that sum. Gemma 4's MoE layers keep their
+ * neighbours; llama4 weighs each expert's input instead); glm4moe's shared expert, a dense
+ * SwiGLU FFN on the same input, adds its output to that sum. Gemma 4's MoE layers keep their
  * dense MLP beside the experts, each branch with its own norms, and route
  * on a scaled, unweighted RMSNorm of the residual (gemma4_moe_ffn). LoRA adapters add their deltas
  * after the q/k/v, output, gate/up and down GEMMs (cpu_lora.h). Attention sinks (gpt-oss) add one
@@ -155,6 +154,9 @@ static void attention_task(void *arg, int64_t w, int thread) {
     const int32_t h = (int32_t)(w % hp->n_head), g = h / group;
     int32_t n_pos = batch->pos[t] + 1;
     int32_t p0 = n_swa > 0 && n_pos > n_swa ? n_pos - n_swa : 0;
+    if (hp->swa_chunked && n_swa > 0) { /* llama4: the token's own chunk */
+        p0 = batch->pos[t] - batch->pos[t] % n_swa;
+    }
     if (hp->non_causal) {
         /* the whole input, in this step (the engine runs it whole): every
          * position up to its last token's, or within n_swa / 2 either side
@@ -510,7 +512,11 @@ static void moe_experts(cpu_ctx_t *ctx, const cpu_layer_t *L, int64_t T) {
     cpu_moe_plan_t *plan = &ctx->plan;
     kg_moe_stats_t *st = &ctx->moe_stats;
     cpu_moe_route(plan, hp, ctx->moe_logits, L->exp_probs_b.data, T);
-    cpu_moe_gather(plan, ctx->xn, hp->n_embd, ctx->moe_x, T);
+    if (hp->moe_w_before) { /* llama4: each row times its weight, the outputs summed */
+        cpu_moe_gather_weighted(plan, ctx->xn, hp->n_embd, ctx->moe_x, T);
+    } else {
+        cpu_moe_gather(plan, ctx->xn, hp->n_embd, ctx->moe_x, T);
+    }
     int32_t n_active = 0;
     for (int32_t e = 0; e < hp->n_expert; e++) {
         const int32_t n = plan->offset[e + 1] - plan->offset[e];
@@ -724,11 +730,17 @@ static void qkv_rows(cpu_ctx_t *ctx, const void *p, int64_t t0, int64_t T) {
         if (own_kv) {
             rope_rows(ctx, k, T, ML->n_head_kv, hd, n_rot, cs);
         }
+        if (hp->qk_l2_norm) { /* llama4: ggml_rms_norm of each RoPE'd head, no weight */
+            cpu_rmsnorm_rows(q, NULL, q, T * hp->n_head, hd, hp->norm_eps);
+            cpu_rmsnorm_rows(k, NULL, k, T * ML->n_head_kv, hd, hp->norm_eps);
+        }
     }
-    if (hp->attn_temp_scale != 0.0f) { /* mistral3: ggml_mul by the per-token scale */
+    /* mistral3: ggml_mul by the per-token scale; llama4: on the NoPE layers, at pos + 1 */
+    if (hp->attn_temp_scale != 0.0f && (!hp->attn_temp_nope || ML->no_rope)) {
         for (int64_t t = 0; t < T; t++) {
+            const int32_t pos = batch->pos[t0 + t] + (hp->attn_temp_nope ? 1 : 0);
             scale_rows(q + t * n_q, n_q,
-                       kg_attn_temp(hp->attn_temp_scale, hp->attn_temp_floor, batch->pos[t0 + t]));
+                       kg_attn_temp(hp->attn_temp_scale, hp->attn_temp_floor, pos));
         }
     }
     if (hp->q_scale != 0.0f) {
