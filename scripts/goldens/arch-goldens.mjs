@@ -49,6 +49,7 @@ const CHAT_TEMPLATES = {
     "granitehybrid": "ibm-granite-granite-4.0.jinja",
     "nemotron_h": "NVIDIA-Nemotron-Nano-v2.jinja",
     "nemotron_h_moe": "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+    "lfm2moe": "LFM2-8B-A1B.jinja",
 };
 const CHAT_CASE = "multi_turn";
 const N_GEN = 24;

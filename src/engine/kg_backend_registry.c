@@ -41,8 +41,8 @@
  * LFM2's short convolution, Qwen3.5's and Qwen3-Next's gated DeltaNet
  * (with their gated attention and gated shared expert), Granite 4's and
  * Nemotron-H's Mamba-2 (with Nemotron-H's MLP-only layers and squared
- * ReLU). Another hybrid (nemotron_h_moe: squared-ReLU experts) is refused
- * by name. */
+ * ReLU). Another hybrid (nemotron_h_moe: squared-ReLU experts; lfm2moe) is
+ * refused by name. */
 static bool cuda_runs_hybrid(kg_arch_t arch) {
     return arch == KG_ARCH_LFM2 || arch == KG_ARCH_QWEN35 || arch == KG_ARCH_QWEN35MOE ||
            arch == KG_ARCH_QWEN3NEXT || arch == KG_ARCH_GRANITEHYBRID || arch == KG_ARCH_NEMOTRON_H;

@@ -829,6 +829,8 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
                      "nextn blocks");
             return KG_ERR_INVALID;
         }
+    } else if (fam->lfm2 && fam->moe) { /* the rest: kg_mkmodel_lfm2_check */
+        mo.n_layer_dense = mo.n_layer_dense >= 0 ? mo.n_layer_dense : 1;
     } else if (!fam->mla && (mo.n_expert_shared >= 0 || mo.n_layer_dense >= 0 || mo.n_nextn >= 0 ||
                              mo.n_expert_groups > 0)) {
         snprintf(errstr, errstr_size,
@@ -886,6 +888,7 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
     }
     const char *g4 = fam->gemma4   ? kg_mkmodel_gemma4_check(o)
                      : fam->mamba2 ? kg_mkmodel_mamba2_check(o)
+                     : fam->lfm2   ? kg_mkmodel_lfm2_check(o)
                                    : NULL;
     if (g4) {
         snprintf(errstr, errstr_size, "%s", g4);

@@ -313,12 +313,15 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     const bool moe = oss || glm || ds2 || strcmp(arch, "qwen3moe") == 0 ||
                      strcmp(arch, "mixtral") == 0 || (gemma4 && o->n_expert > 0) ||
                      strcmp(arch, "qwen35moe") == 0 || strcmp(arch, "qwen3next") == 0 ||
-                     strcmp(arch, "nemotron_h_moe") == 0;
-    if (!glm && (o->n_nextn >= 0 || (!ds2 && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 ||
-                                              o->n_expert_groups > 0 || o->n_group_used > 0)))) {
+                     strcmp(arch, "nemotron_h_moe") == 0 || strcmp(arch, "lfm2moe") == 0;
+    const bool dense_lead_ok = ds2 || strcmp(arch, "lfm2moe") == 0;
+    if (!glm &&
+        (o->n_nextn >= 0 || (o->n_layer_dense >= 0 && !dense_lead_ok) ||
+         (!ds2 && (o->n_expert_shared >= 0 || o->n_expert_groups > 0 || o->n_group_used > 0)))) {
         return bad(errstr, errstr_size,
                    "--n-expert-shared, --n-dense-lead, --n-nextn, --n-expert-groups and "
-                   "--n-group-used are for glm4moe (deepseek2: all but --n-nextn)");
+                   "--n-group-used are for glm4moe (deepseek2: all but --n-nextn; lfm2moe: "
+                   "--n-dense-lead)");
     }
     if (!qwen35 &&
         (o->ssm_state > 0 || o->ssm_groups > 0 || o->ssm_heads > 0 || o->attn_every > 0)) {
@@ -367,8 +370,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
                  o->ftype == KG_FTYPE_MOSTLY_MXFP4_MOE)) {
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
-                   "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and "
-                   "qwen3next, and gemma4 with --n-expert");
+                   "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, "
+                   "qwen3next, nemotron_h_moe and lfm2moe, and gemma4 with --n-expert");
     }
     if ((strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0) &&
         (o->n_head_kv != o->n_head || o->head_dim * o->n_head != o->n_embd)) {
@@ -439,7 +442,7 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
     const bool moe = strcmp(o->arch, "qwen3moe") == 0 || strcmp(o->arch, "mixtral") == 0 ||
                      strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0 ||
                      strcmp(o->arch, "deepseek2") == 0 || strcmp(o->arch, "qwen35moe") == 0 ||
-                     strcmp(o->arch, "qwen3next") == 0;
+                     strcmp(o->arch, "qwen3next") == 0 || strcmp(o->arch, "lfm2moe") == 0;
     const int64_t n_exp = o->n_expert > 0 ? o->n_expert : 8;
     const int64_t ff_exp = o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
     /* the FFN's weights: dense, or the router and every expert */

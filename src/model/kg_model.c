@@ -47,12 +47,14 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_GRANITEHYBRID] = "granitehybrid",
     [KG_ARCH_NEMOTRON_H] = "nemotron_h",
     [KG_ARCH_NEMOTRON_H_MOE] = "nemotron_h_moe",
+    [KG_ARCH_LFM2MOE] = "lfm2moe",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
     "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding, "      \
-    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next, granitehybrid, nemotron_h, nemotron_h_moe"
+    "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next, granitehybrid, nemotron_h, nemotron_h_moe, "  \
+    "lfm2moe"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -230,11 +232,11 @@ static bool load_layer(loader_t *ld,
     const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED;
     const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED ||
                          a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS || a == KG_ARCH_LFM2 ||
-                         qwen35;
+                         a == KG_ARCH_LFM2MOE || qwen35;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     const bool glm = a == KG_ARCH_GLM4MOE, ds2 = a == KG_ARCH_DEEPSEEK2;
-    const bool nemo_moe = a == KG_ARCH_NEMOTRON_H_MOE;
-    /* glm4moe's first n_layer_dense layers have a dense FFN */
+    const bool nemo_moe = a == KG_ARCH_NEMOTRON_H_MOE, lfm2moe = a == KG_ARCH_LFM2MOE;
+    /* glm4moe's (and lfm2moe's) first n_layer_dense layers have a dense FFN */
     const bool moe_layer = hp->n_expert > 0 && il >= hp->n_layer_dense;
     bool bad = false;
     char name[96];
@@ -377,9 +379,9 @@ ffn:
             L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
             L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);
         }
-        if (glm || ds2 || nemo_moe) {
+        if (glm || ds2 || nemo_moe || lfm2moe) {
             /* optional in DeepSeek V2 files (V3 and Kimi K2 have it);
-             * nemotron_h_moe's shared expert has its own width */
+             * nemotron_h_moe's shared expert has its own width; lfm2moe has none */
             const int64_t FS = nemo_moe ? hp->n_ff_shexp : (int64_t)hp->n_expert_shared * FX;
             L->exp_probs_b = KG_T("exp_probs_b.bias", X, 0, ds2);
             if (L->exp_probs_b && kg_type_block_elems(L->exp_probs_b->type) != 1) {
@@ -657,9 +659,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     model->tok_embd = find_tensor(&ld, "token_embd.weight", E, V, false, &bad);
     /* LFM2's final norm is named token_embd_norm (llama.cpp's
      * LLM_TENSOR_OUTPUT_NORM_LFM2: a converter's naming, kept for its files) */
+    const bool lfm2 = hp->arch == KG_ARCH_LFM2 || hp->arch == KG_ARCH_LFM2MOE;
     model->output_norm =
-        find_tensor(&ld, hp->arch == KG_ARCH_LFM2 ? "token_embd_norm.weight" : "output_norm.weight",
-                    E, 0, false, &bad);
+        find_tensor(&ld, lfm2 ? "token_embd_norm.weight" : "output_norm.weight", E, 0, false, &bad);
     if (bad) {
         goto fail;
     }

@@ -85,6 +85,7 @@ typedef enum kg_arch {
     KG_ARCH_GRANITEHYBRID,  /* IBM Granite 4 (hybrid): Mamba-2 or attention, then the FFN */
     KG_ARCH_NEMOTRON_H,     /* NVIDIA Nemotron-H (hybrid): each layer Mamba-2, attention or MLP */
     KG_ARCH_NEMOTRON_H_MOE, /* Nemotron 3 (hybrid): nemotron_h with experts for its MLPs */
+    KG_ARCH_LFM2MOE,        /* Liquid LFM2-MoE (hybrid): lfm2 with experts after dense layers */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 

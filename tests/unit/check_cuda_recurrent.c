@@ -97,6 +97,10 @@ static const family_t k_refused[] = {
      "--arch nemotron_h_moe --n-embd 64 --n-layer 4 --n-head 4 --n-head-kv 2 --n-ff 96 "
      "--n-expert 4 --n-expert-used 2 --n-ff-exp 32 --ctx 256 --seed 73 --type f32",
      false},
+    {"lfm2moe",
+     "--arch lfm2moe --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 96 "
+     "--n-expert 4 --n-expert-used 2 --n-ff-exp 32 --ctx 256 --seed 81 --type f32",
+     false},
 };
 #define N_REFUSED   ((int)(sizeof(k_refused) / sizeof(k_refused[0])))
 

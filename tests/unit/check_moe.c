@@ -604,6 +604,12 @@ static void glm_groups_all_used(kg_gguf_writer_t *w) {
     kg_gguf_writer_set_u32(w, "glm4moe.expert_group_used_count", 4);
 }
 
+static void lfm2moe_softplus(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "lfm2moe.expert_gating_func", 4);
+}
+
+static const char *const drop_lfm2moe_gating[] = {"lfm2moe.expert_gating_func", NULL};
+static const char *const drop_lfm2moe_dense[] = {"lfm2moe.leading_dense_block_count", NULL};
 static const char *const drop_glm_gating[] = {"glm4moe.expert_gating_func", NULL};
 static const char *const drop_glm_shared[] = {"glm4moe.expert_shared_count", NULL};
 static const char *const drop_glm_nextn[] = {"glm4moe.nextn_predict_layers", NULL};
@@ -671,6 +677,26 @@ START_TEST(loader_refusals) {
     m = load_ok(rewrite(src, drop_glm_gating, glm_softmax, NULL));
     ck_assert_int_eq(m->hp.moe_gating, KG_MOE_SOFTMAX);
     kg_model_free(m);
+    remove(src);
+    free(src);
+
+    /* lfm2moe (layer 0 dense, 1 and 2 experts): the gating function is required, the
+     * selection bias too; without leading_dense_block_count every layer has experts, which
+     * layer 0's dense FFN is not */
+    src = write_model("lfm2moe", 64, 3, 32, 8, 2, NULL);
+    m = load_ok(rewrite(src, NULL, NULL, NULL));
+    ck_assert(m->hp.moe_gating == KG_MOE_SIGMOID && m->hp.moe_norm_w && m->hp.n_layer_dense == 1);
+    ck_assert(!m->layers[0].ffn_gate_inp && m->layers[1].exp_probs_b && m->layers[2].ffn_gate_inp);
+    ck_assert_int_eq(m->layers[2].kind, KG_LAYER_ATTN);
+    kg_model_free(m);
+    load_fails(rewrite(src, drop_lfm2moe_gating, NULL, NULL),
+               (const char *[]){"lfm2moe.expert_gating_func missing", NULL});
+    load_fails(rewrite(src, drop_lfm2moe_gating, lfm2moe_softplus, NULL),
+               (const char *[]){"expert_gating_func missing or 4", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.1.exp_probs_b.bias"),
+               (const char *[]){"missing tensor 'blk.1.exp_probs_b.bias'", NULL});
+    load_fails(rewrite(src, drop_lfm2moe_dense, NULL, NULL),
+               (const char *[]){"missing tensor 'blk.0.", NULL});
     remove(src);
     free(src);
 
@@ -762,11 +788,11 @@ START_TEST(mkmodel_usage_errors) {
         const char *args, *want;
     } cases[] = {
         {"--arch qwen3 --n-expert 4",
-         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and qwen3next"},
+         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, qwen3next"},
         {"--arch llama --mxfp4_moe",
-         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe and qwen3next"},
+         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, qwen3next"},
         {"--arch deepseek2", "--n-head-kv must be 1"},
-        {"--arch deepseek2 --n-nextn 1", "(deepseek2: all but --n-nextn)"},
+        {"--arch deepseek2 --n-nextn 1", "(deepseek2: all but --n-nextn;"},
         {"--arch glm4moe --kv-lora-rank 8", "are for deepseek2"},
         {"--arch qwen3moe --n-expert-shared 1", "are for glm4moe"},
         {"--arch glm4moe --n-expert-groups 4", "come together"},
@@ -776,6 +802,8 @@ START_TEST(mkmodel_usage_errors) {
         {"--arch gpt-oss --n-ff-exp 48 --mxfp4_moe", "multiples of mxfp4's block (32)"},
         {"--arch qwen3moe --n-expert 0", "--n-expert: '0' is not an integer in 1..1024"},
         {"--arch gemma4 --n-expert-used 2", "and gemma4 with --n-expert"},
+        {"--arch lfm2moe --n-expert-shared 1", "(deepseek2: all but --n-nextn; lfm2moe"},
+        {"--arch lfm2moe --n-dense-lead 2", "at most --n-layer leading dense layers"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char cmd[1024];
