@@ -93,13 +93,15 @@ static void usage(FILE *f) {
     fprintf(
         f,
         "  --n-expert N        qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2: expert_count\n"
-        "                      (default 8); gemma4: N experts beside each layer's MLP (26B-A4B)\n"
+        "                      (default 8); gemma4: N experts beside each layer's MLP (26B-A4B);\n"
+        "                      granitehybrid: experts of --n-ff beside a shared expert of\n"
+        "                      2 --n-ff in every layer (4.0-H Tiny, Small)\n"
         "  --n-expert-used K   experts per token, expert_used_count (default 2)\n"
         "  --n-ff-exp F        qwen3moe, gpt-oss, glm4moe, gemma4: each expert's width\n"
         "                      (default --n-ff)\n"
         "  --n-expert-shared S glm4moe: expert_shared_count, a shared expert S x F wide\n"
         "                      (default 1)\n"
-        "  --n-dense-lead D    glm4moe: leading_dense_block_count (default 1)\n"
+        "  --n-dense-lead D    glm4moe, lfm2moe: leading_dense_block_count (default 1)\n"
         "  --n-nextn N         glm4moe: nextn_predict_layers, N next-token-prediction\n"
         "                      blocks after --n-layer (kgen skips them; default 1)\n"
         "  --n-expert-groups G --n-group-used U\n"

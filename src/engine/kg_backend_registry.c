@@ -40,8 +40,8 @@
  * against the CPU backend on the emulator (tests/unit/check_cuda_recurrent.c):
  * LFM2's short convolution (and LFM2-MoE's, its experts moe.cu's),
  * Qwen3.5's and Qwen3-Next's gated DeltaNet (with their gated attention and
- * gated shared expert), Granite 4's and Nemotron-H's Mamba-2 (with
- * Nemotron-H's MLP-only layers and squared ReLU). Another hybrid
+ * gated shared expert), Granite 4's and Nemotron-H's Mamba-2 (with Granite's
+ * experts and shared expert, Nemotron-H's MLP-only layers and squared ReLU). Another hybrid
  * (nemotron_h_moe: squared-ReLU experts) is refused by name. */
 static bool cuda_runs_hybrid(kg_arch_t arch) {
     return arch == KG_ARCH_LFM2 || arch == KG_ARCH_LFM2MOE || arch == KG_ARCH_QWEN35 ||

@@ -791,8 +791,8 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
                  opts->arch);
         return KG_ERR_INVALID;
     }
-    /* Gemma 4 has experts when asked for them (the 26B-A4B), dense otherwise */
-    const bool moe = fam->moe || (fam->gemma4 && opts->n_expert > 0);
+    /* Gemma 4 and Granite 4 have experts when asked for them (26B-A4B; 4.0-H Tiny, Small) */
+    const bool moe = fam->moe || ((fam->gemma4 || fam->mamba2) && opts->n_expert > 0);
     kg_mkmodel_opts_t mo = *opts; /* with the expert defaults filled in */
     const kg_mkmodel_opts_t *o = &mo;
     if (fam->mla) {
@@ -867,8 +867,8 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
     } else if (mo.n_expert > 0 || mo.n_expert_used > 0 || mo.n_ff_exp > 0 || mo.has_expert_type ||
                mo.ftype == KG_FTYPE_MOSTLY_MXFP4_MOE) {
         snprintf(errstr, errstr_size,
-                 "expert options are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2 and "
-                 "gemma4 (with --n-expert), not %s",
+                 "expert options are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, "
+                 "gemma4 and granitehybrid (with --n-expert), not %s",
                  fam->arch);
         return KG_ERR_INVALID;
     }

@@ -370,11 +370,12 @@ ffn:
     if (moe_layer) {
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
         L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
-        if (a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT) {
-            /* the shared expert, gated per token by
-             * sigmoid(ffn_gate_inp_shexp . x) */
+        const bool granite = a == KG_ARCH_GRANITEHYBRID;
+        if (a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT || (granite && hp->n_ff_shexp > 0)) {
+            /* the shared expert, gated per token by sigmoid(ffn_gate_inp_shexp . x) (Granite's:
+             * ungated, llama_model_granite_hybrid's build_layer_ffn) */
             const int64_t FS = hp->n_ff_shexp;
-            L->gate_inp_shexp = KG_T("ffn_gate_inp_shexp.weight", E, 0, false);
+            L->gate_inp_shexp = granite ? NULL : KG_T("ffn_gate_inp_shexp.weight", E, 0, false);
             L->gate_shexp = KG_T("ffn_gate_shexp.weight", E, FS, false);
             L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
             L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);

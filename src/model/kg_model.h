@@ -268,9 +268,10 @@ typedef struct kg_hparams {
     /* DeltaNet V head h reads K head h / (V heads / K heads) (qwen3next: V
      * heads grouped by K head); else h mod K heads (qwen35: tiled) */
     bool ssm_v_grouped;
-    int32_t n_ff_shexp; /* qwen35moe's and nemotron_h_moe's shared expert width
-                           (expert_shared_feed_forward_length; qwen35moe's default n_ff); 0:
-                           n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
+    int32_t n_ff_shexp; /* qwen35moe's, nemotron_h_moe's and granitehybrid's shared expert
+                           width (expert_shared_feed_forward_length; qwen35moe's default n_ff;
+                           granitehybrid's 0: none); 0: n_expert_shared x n_ff_exp (glm4moe,
+                           deepseek2) */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row

@@ -579,11 +579,11 @@ bool kg_model_read_moe_hparams(
         hp->n_ff_exp = 0;
         return true;
     }
-    if (!moe_arch && a != KG_ARCH_LLAMA && a != KG_ARCH_GEMMA4) {
+    if (!moe_arch && a != KG_ARCH_LLAMA && a != KG_ARCH_GEMMA4 && a != KG_ARCH_GRANITEHYBRID) {
         snprintf(errstr, errstr_size,
                  "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
                  "gpt-oss, glm4moe, deepseek2, gemma4, qwen35moe, qwen3next, nemotron_h_moe, "
-                 "lfm2moe)",
+                 "lfm2moe, granitehybrid)",
                  kg_arch_name(a));
         return false;
     }
@@ -595,8 +595,10 @@ bool kg_model_read_moe_hparams(
                  hp->n_expert, hp->n_expert_used);
         return false;
     }
-    if (a == KG_ARCH_LLAMA) {
-        hp->n_ff_exp = hp->n_ff; /* Mixtral: feed_forward_length is each expert's */
+    if (a == KG_ARCH_LLAMA || a == KG_ARCH_GRANITEHYBRID) {
+        /* Mixtral's and Granite's feed_forward_length is each expert's (llama.cpp reads no
+         * expert_feed_forward_length for them) */
+        hp->n_ff_exp = hp->n_ff;
     } else if ((a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GLM4MOE || a == KG_ARCH_DEEPSEEK2 ||
                 a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT) &&
                hp->n_ff_exp == 0) {
@@ -687,6 +689,24 @@ bool kg_model_read_moe_hparams(
     }
     if (a == KG_ARCH_LFM2MOE && !read_lfm2moe(g, arch, hp, errstr, errstr_size)) {
         return false;
+    }
+    if (a == KG_ARCH_GRANITEHYBRID) {
+        /* llama_model_granite_hybrid (Granite 4.0-H Tiny, Small): every layer's FFN experts,
+         * softmax routing, renormalised, no scale (its graph passes these and reads no
+         * expert_weights_scale); the shared expert when expert_shared_feed_forward_length
+         * is there */
+        hp->moe_gating = KG_MOE_SOFTMAX;
+        hp->moe_norm_w = true;
+        hp->moe_w_scale = 0.0f;
+        if (!get_i32_opt(g, arch, "expert_shared_feed_forward_length", &hp->n_ff_shexp, errstr,
+                         errstr_size)) {
+            return false;
+        }
+        if (hp->n_ff_shexp < 0 || hp->n_ff_shexp > (1 << 24)) {
+            snprintf(errstr, errstr_size,
+                     "model: %s.expert_shared_feed_forward_length must be in 0..2^24", arch);
+            return false;
+        }
     }
     if (a == KG_ARCH_GEMMA4) {
         /* llama_model_gemma4's graph passes these to build_moe_ffn as

@@ -35,6 +35,7 @@ families=(
     "nemotron_h --n-layer 5"
     "nemotron_h_moe --n-layer 5 --n-ff-exp 64 --n-expert 4 --n-expert-used 2"
     "lfm2moe --n-layer 4 --n-ff-exp 64 --n-expert 4 --n-expert-used 2"
+    "granitehybrid:moe --n-layer 2 --n-expert 4 --n-expert-used 2"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys

@@ -89,6 +89,12 @@ static const family_t k_families[] = {
      "--arch granitehybrid --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 96 "
      "--ctx 256 --seed 71 --type f32",
      false},
+    /* granitehybrid's layers with experts (softmax router, renormalised) and the ungated
+     * shared expert, Granite's multipliers round both */
+    {"granitehybrid-moe",
+     "--arch granitehybrid --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 32 "
+     "--n-expert 4 --n-expert-used 2 --ctx 256 --seed 91 --type f32",
+     false},
     /* Mamba-2, MLP (squared ReLU, no mixer), Mamba-2, attention (NoPE, no FFN) */
     {"nemotron_h",
      "--arch nemotron_h --n-embd 64 --n-layer 4 --n-head 4 --n-head-kv 2 --n-ff 96 --ctx 256 "

@@ -610,6 +610,8 @@ static void lfm2moe_softplus(kg_gguf_writer_t *w) {
 
 static const char *const drop_lfm2moe_gating[] = {"lfm2moe.expert_gating_func", NULL};
 static const char *const drop_lfm2moe_dense[] = {"lfm2moe.leading_dense_block_count", NULL};
+static const char *const drop_granite_shexp[] = {"granitehybrid.expert_shared_feed_forward_length",
+                                                 NULL};
 static const char *const drop_glm_gating[] = {"glm4moe.expert_gating_func", NULL};
 static const char *const drop_glm_shared[] = {"glm4moe.expert_shared_count", NULL};
 static const char *const drop_glm_nextn[] = {"glm4moe.nextn_predict_layers", NULL};
@@ -697,6 +699,28 @@ START_TEST(loader_refusals) {
                (const char *[]){"missing tensor 'blk.1.exp_probs_b.bias'", NULL});
     load_fails(rewrite(src, drop_lfm2moe_dense, NULL, NULL),
                (const char *[]){"missing tensor 'blk.0.", NULL});
+    remove(src);
+    free(src);
+
+    /* granitehybrid with experts (Granite 4.0-H Tiny): every layer's FFN experts of
+     * feed_forward_length, softmax, renormalised, an ungated shared expert of
+     * expert_shared_feed_forward_length; without that key the shared expert's tensors are
+     * not part of the graph */
+    src = write_model("granitehybrid", 64, 3, 32, 4, 2, NULL);
+    m = load_ok(rewrite(src, NULL, NULL, NULL));
+    ck_assert(m->hp.moe_gating == KG_MOE_SOFTMAX && m->hp.moe_norm_w && m->hp.n_ff_exp == 32 &&
+              m->hp.n_ff_shexp == 64);
+    for (int il = 0; il < 3; il++) {
+        const kg_layer_weights_t *L = &m->layers[il];
+        ck_assert(L->ffn_gate_inp && L->gate_exps && L->gate_shexp && !L->gate_inp_shexp);
+        ck_assert(L->down_shexp->ne[0] == 64 && !L->w_gate);
+    }
+    ck_assert_int_eq(m->layers[2].kind, KG_LAYER_ATTN);
+    kg_model_free(m);
+    load_fails(rewrite(src, drop_granite_shexp, NULL, NULL),
+               (const char *[]){"_shexp.weight' is not part of the granitehybrid graph", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.1.ffn_gate_exps.weight"),
+               (const char *[]){"missing tensor 'blk.1.ffn_gate_exps.weight'", NULL});
     remove(src);
     free(src);
 
@@ -801,7 +825,9 @@ START_TEST(mkmodel_usage_errors) {
         {"--arch qwen3moe --n-expert 4 --n-expert-used 5", "expert_used_count (5)"},
         {"--arch gpt-oss --n-ff-exp 48 --mxfp4_moe", "multiples of mxfp4's block (32)"},
         {"--arch qwen3moe --n-expert 0", "--n-expert: '0' is not an integer in 1..1024"},
-        {"--arch gemma4 --n-expert-used 2", "and gemma4 with --n-expert"},
+        {"--arch gemma4 --n-expert-used 2", "and gemma4 and granitehybrid with --n-expert"},
+        {"--arch granitehybrid --n-expert 4 --n-ff-exp 32", "--n-ff is the experts' width"},
+        {"--arch nemotron_h --n-embd 64 --n-layer 4 --n-expert 4", "are for qwen3moe"},
         {"--arch lfm2moe --n-expert-shared 1", "(deepseek2: all but --n-nextn; lfm2moe"},
         {"--arch lfm2moe --n-dense-lead 2", "at most --n-layer leading dense layers"},
     };
