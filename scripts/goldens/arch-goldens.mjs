@@ -47,8 +47,10 @@ const CHAT_TEMPLATES = {
     "qwen3next": "Qwen3.5-4B.jinja",
     "qwen35-wide": "Qwen3.5-4B.jinja",
     "granitehybrid": "ibm-granite-granite-4.0.jinja",
+    "granitehybrid-moe": "ibm-granite-granite-4.0.jinja",
     "nemotron_h": "NVIDIA-Nemotron-Nano-v2.jinja",
     "nemotron_h_moe": "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja",
+    "lfm2moe": "LFM2-8B-A1B.jinja",
 };
 // Families whose real template is not among llama.cpp's models/templates (so not in
 // goldens.json): the same multi_turn conversation rendered from the model file's own

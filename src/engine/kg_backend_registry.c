@@ -38,14 +38,15 @@
 /* The hybrid families whose recurrent layers gpu/ has kernels for
  * (gpu/recurrent.cu; per-slot states in device memory), each checked
  * against the CPU backend on the emulator (tests/unit/check_cuda_recurrent.c):
- * LFM2's short convolution, Qwen3.5's and Qwen3-Next's gated DeltaNet
- * (with their gated attention and gated shared expert), Granite 4's and
- * Nemotron-H's Mamba-2 (with Nemotron-H's MLP-only layers and squared
- * ReLU). Another hybrid (nemotron_h_moe: squared-ReLU experts) is refused
- * by name. */
+ * LFM2's short convolution (and LFM2-MoE's, its experts moe.cu's),
+ * Qwen3.5's and Qwen3-Next's gated DeltaNet (with their gated attention and
+ * gated shared expert), Granite 4's and Nemotron-H's Mamba-2 (with Granite's
+ * experts and shared expert, Nemotron-H's MLP-only layers and squared ReLU). Another hybrid
+ * (nemotron_h_moe: squared-ReLU experts) is refused by name. */
 static bool cuda_runs_hybrid(kg_arch_t arch) {
-    return arch == KG_ARCH_LFM2 || arch == KG_ARCH_QWEN35 || arch == KG_ARCH_QWEN35MOE ||
-           arch == KG_ARCH_QWEN3NEXT || arch == KG_ARCH_GRANITEHYBRID || arch == KG_ARCH_NEMOTRON_H;
+    return arch == KG_ARCH_LFM2 || arch == KG_ARCH_LFM2MOE || arch == KG_ARCH_QWEN35 ||
+           arch == KG_ARCH_QWEN35MOE || arch == KG_ARCH_QWEN3NEXT ||
+           arch == KG_ARCH_GRANITEHYBRID || arch == KG_ARCH_NEMOTRON_H;
 }
 
 /* Whether the layers differ from the model's shape only by having no FFN
@@ -71,7 +72,8 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     if (kg_model_is_recurrent(model) && !cuda_runs_hybrid(model->hp.arch)) {
         snprintf(why, cap,
                  "the cuda backend has no kernels for this %s model's recurrent (hybrid) layers "
-                 "yet (it runs lfm2's, qwen35's, qwen35moe's, qwen3next's, granitehybrid's and "
+                 "yet (it runs lfm2's, lfm2moe's, qwen35's, qwen35moe's, qwen3next's, "
+                 "granitehybrid's and "
                  "nemotron_h's)",
                  kg_arch_name(model->hp.arch));
         return false;

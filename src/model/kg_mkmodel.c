@@ -774,8 +774,8 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
                  opts->arch);
         return KG_ERR_INVALID;
     }
-    /* Gemma 4 has experts when asked for them (the 26B-A4B), dense otherwise */
-    const bool moe = fam->moe || (fam->gemma4 && opts->n_expert > 0);
+    /* Gemma 4 and Granite 4 have experts when asked for them (26B-A4B; 4.0-H Tiny, Small) */
+    const bool moe = fam->moe || ((fam->gemma4 || fam->mamba2) && opts->n_expert > 0);
     kg_mkmodel_opts_t mo = *opts; /* with the expert defaults filled in */
     const kg_mkmodel_opts_t *o = &mo;
     if (fam->mla) {
@@ -812,6 +812,8 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
                      "nextn blocks");
             return KG_ERR_INVALID;
         }
+    } else if (fam->lfm2 && fam->moe) { /* the rest: kg_mkmodel_lfm2_check */
+        mo.n_layer_dense = mo.n_layer_dense >= 0 ? mo.n_layer_dense : 1;
     } else if (!fam->mla && (mo.n_expert_shared >= 0 || mo.n_layer_dense >= 0 || mo.n_nextn >= 0 ||
                              mo.n_expert_groups > 0)) {
         snprintf(errstr, errstr_size,
@@ -848,8 +850,8 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
     } else if (mo.n_expert > 0 || mo.n_expert_used > 0 || mo.n_ff_exp > 0 || mo.has_expert_type ||
                mo.ftype == KG_FTYPE_MOSTLY_MXFP4_MOE) {
         snprintf(errstr, errstr_size,
-                 "expert options are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2 and "
-                 "gemma4 (with --n-expert), not %s",
+                 "expert options are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, "
+                 "gemma4 and granitehybrid (with --n-expert), not %s",
                  fam->arch);
         return KG_ERR_INVALID;
     }
@@ -869,6 +871,7 @@ static kg_status_t write_model(const kg_mkmodel_opts_t *opts,
     }
     const char *g4 = fam->gemma4   ? kg_mkmodel_gemma4_check(o)
                      : fam->mamba2 ? kg_mkmodel_mamba2_check(o)
+                     : fam->lfm2   ? kg_mkmodel_lfm2_check(o)
                                    : NULL;
     if (g4) {
         snprintf(errstr, errstr_size, "%s", g4);

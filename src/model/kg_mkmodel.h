@@ -15,7 +15,7 @@
 #define KG_MKMODEL_ARCHS                                                                           \
     "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, mixtral, gpt-oss, smollm3, granite, "    \
     "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, nomic-bert, lfm2, "     \
-    "granitehybrid, nemotron_h, nemotron_h_moe, llama4"
+    "granitehybrid, nemotron_h, nemotron_h_moe, llama4, lfm2moe"
 
 typedef struct kg_mkmodel_opts {
     const char *out;        /* the file to write */

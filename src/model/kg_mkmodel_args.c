@@ -310,16 +310,22 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
     const bool glm = strcmp(arch, "glm4moe") == 0;
     const bool qwen35 = strcmp(arch, "qwen35") == 0 || strcmp(arch, "qwen35moe") == 0 ||
                         strcmp(arch, "qwen3next") == 0;
-    /* gemma4: the MoE variant (26B-A4B) when --n-expert asks for experts */
+    /* gemma4, granitehybrid: the MoE variants (26B-A4B; 4.0-H Tiny, Small) when --n-expert
+     * asks for experts */
+    const bool granite_h = strcmp(arch, "granitehybrid") == 0;
     const bool moe = oss || glm || ds2 || strcmp(arch, "qwen3moe") == 0 ||
-                     strcmp(arch, "mixtral") == 0 || (gemma4 && o->n_expert > 0) ||
+                     strcmp(arch, "mixtral") == 0 || ((gemma4 || granite_h) && o->n_expert > 0) ||
                      strcmp(arch, "qwen35moe") == 0 || strcmp(arch, "qwen3next") == 0 ||
-                     strcmp(arch, "nemotron_h_moe") == 0 || strcmp(arch, "llama4") == 0;
-    if (!glm && (o->n_nextn >= 0 || (!ds2 && (o->n_expert_shared >= 0 || o->n_layer_dense >= 0 ||
-                                              o->n_expert_groups > 0 || o->n_group_used > 0)))) {
+                     strcmp(arch, "nemotron_h_moe") == 0 || strcmp(arch, "llama4") == 0 ||
+                     strcmp(arch, "lfm2moe") == 0;
+    const bool dense_lead_ok = ds2 || strcmp(arch, "lfm2moe") == 0;
+    if (!glm &&
+        (o->n_nextn >= 0 || (o->n_layer_dense >= 0 && !dense_lead_ok) ||
+         (!ds2 && (o->n_expert_shared >= 0 || o->n_expert_groups > 0 || o->n_group_used > 0)))) {
         return bad(errstr, errstr_size,
                    "--n-expert-shared, --n-dense-lead, --n-nextn, --n-expert-groups and "
-                   "--n-group-used are for glm4moe (deepseek2: all but --n-nextn)");
+                   "--n-group-used are for glm4moe (deepseek2: all but --n-nextn; lfm2moe: "
+                   "--n-dense-lead)");
     }
     if (!qwen35 &&
         (o->ssm_state > 0 || o->ssm_groups > 0 || o->ssm_heads > 0 || o->attn_every > 0)) {
@@ -369,7 +375,8 @@ kg_mkmodel_args_t kg_mkmodel_parse_args(
         return bad(errstr, errstr_size,
                    "--n-expert, --n-expert-used, --n-ff-exp and --mxfp4_moe "
                    "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, "
-                   "qwen3next and llama4, and gemma4 with --n-expert");
+                   "qwen3next, nemotron_h_moe, lfm2moe and llama4, and gemma4 and granitehybrid "
+                   "with --n-expert");
     }
     if ((strcmp(arch, "bert") == 0 || strcmp(arch, "nomic-bert") == 0) &&
         (o->n_head_kv != o->n_head || o->head_dim * o->n_head != o->n_embd)) {
@@ -440,7 +447,9 @@ void kg_mkmodel_summary(const kg_mkmodel_opts_t *o, int64_t n_vocab, char *buf, 
     const bool moe = strcmp(o->arch, "qwen3moe") == 0 || strcmp(o->arch, "mixtral") == 0 ||
                      strcmp(o->arch, "gpt-oss") == 0 || strcmp(o->arch, "glm4moe") == 0 ||
                      strcmp(o->arch, "deepseek2") == 0 || strcmp(o->arch, "qwen35moe") == 0 ||
-                     strcmp(o->arch, "qwen3next") == 0 || strcmp(o->arch, "llama4") == 0;
+                     strcmp(o->arch, "qwen3next") == 0 || strcmp(o->arch, "llama4") == 0 ||
+                     strcmp(o->arch, "lfm2moe") == 0 ||
+                     (strcmp(o->arch, "granitehybrid") == 0 && o->n_expert > 0);
     const int64_t n_exp = o->n_expert > 0 ? o->n_expert : 8;
     const int64_t ff_exp = o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
     /* the FFN's weights: dense, or the router and every expert */

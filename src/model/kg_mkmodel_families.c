@@ -159,6 +159,15 @@ static const kg_mkmodel_family_t families[] = {
      .vocab = KG_MKVOCAB_QWEN,
      .rms_eps = 1e-5f,
      .lfm2 = true},
+    /* LFM2-MoE (LFM2-8B-A1B): lfm2's layers, experts after the leading dense
+     * ones behind a sigmoid router with a selection bias */
+    {.arch = "lfm2moe",
+     .gguf_arch = "lfm2moe",
+     .moe = true,
+     .qk_norm = true,
+     .vocab = KG_MKVOCAB_QWEN,
+     .rms_eps = 1e-5f,
+     .lfm2 = true},
     /* Qwen3.5: gated DeltaNet and gated attention layers
      * (kg_mkmodel_qwen35.c); Qwen's byte-level BPE with its qwen35
      * pre-tokenizer */

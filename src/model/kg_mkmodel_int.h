@@ -85,11 +85,15 @@ bool kg_mkmodel_gemma4_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, 
 const char *kg_mkmodel_gemma4_check(const kg_mkmodel_opts_t *o);
 
 /** LFM2's keys beyond the generic ones (head_count_kv becomes per layer,
- * 0 for a convolution layer; shortconv.l_cache). */
+ * 0 for a convolution layer; shortconv.l_cache; lfm2moe's router keys). */
 void kg_mkmodel_lfm2_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);
 
-/** LFM2's layers (token_embd, the final norm and output are written). */
+/** LFM2's layers (token_embd, the final norm and output are written; lfm2moe: experts after
+ * the leading dense layers). */
 bool kg_mkmodel_lfm2_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o);
+
+/** Why these options cannot make an lfm2 or lfm2moe model, or NULL. */
+const char *kg_mkmodel_lfm2_check(const kg_mkmodel_opts_t *o);
 
 /** Qwen3.5's keys beyond the generic ones (arch: qwen35, qwen35moe or qwen3next):
  * RoPE dims and sections, the ssm.* sizes, which layers are recurrent. */

@@ -18,6 +18,12 @@
  * (Nemotron-H's "M-M*-" pattern, shortened), feed_forward_length per
  * layer (0 but for the MLP layers, whose FFN is up and down: squared ReLU),
  * attention.layer_norm_epsilon; no RoPE, no ffn_norm.
+ * granitehybrid with --n-expert (Granite 4.0-H Tiny, Small: GraniteHybridModel with
+ * num_local_experts): every layer's FFN experts of --n-ff (feed_forward_length is their
+ * width) behind the F32 router ffn_gate_inp, ffn_gate_exps, ffn_up_exps and ffn_down_exps
+ * (the converter splits input_linear into gate and up), beside a shared SwiGLU expert
+ * twice as wide (ffn_{gate,up,down}_shexp, expert_shared_feed_forward_length, as Tiny's
+ * 1024 beside experts of 512).
  * nemotron_h_moe (Nemotron 3 Nano): nemotron_h whose MLP layers are
  * experts (NemotronHModel with n_routed_experts): the F32 router
  * ffn_gate_inp and its selection bias exp_probs_b, ffn_up_exps and
@@ -47,6 +53,11 @@ static bool is_moe(const kg_mkmodel_opts_t *o) {
     return o->arch && strcmp(o->arch, "nemotron_h_moe") == 0;
 }
 
+/* granitehybrid with experts */
+static bool is_granite_moe(const kg_mkmodel_opts_t *o) {
+    return !is_nemotron(o) && o->n_expert > 0;
+}
+
 /* an expert's width, and the shared expert's (twice it, as Nemotron 3 Nano's) */
 static int64_t ff_exp(const kg_mkmodel_opts_t *o) {
     return o->n_ff_exp > 0 ? o->n_ff_exp : o->n_ff;
@@ -68,6 +79,12 @@ static float fan_in(int64_t n) {
 const char *kg_mkmodel_mamba2_check(const kg_mkmodel_opts_t *o) {
     if (is_moe(o) && (o->n_expert < 2 || o->n_expert_used < 1 || o->n_expert_used > o->n_expert)) {
         return "nemotron_h_moe needs --n-expert (2 or more) and --n-expert-used (1..n-expert)";
+    }
+    if (is_nemotron(o) && !is_moe(o) && o->n_expert > 0) {
+        return "nemotron_h has no experts (nemotron_h_moe has)";
+    }
+    if (is_granite_moe(o) && o->n_ff_exp != o->n_ff) {
+        return "granitehybrid: --n-ff is the experts' width (no --n-ff-exp)";
     }
     if (is_nemotron(o) && o->n_layer < 4) {
         return "nemotron_h needs --n-layer 4 or more (Mamba-2, MLP, Mamba-2, attention, ...)";
@@ -121,6 +138,12 @@ void kg_mkmodel_mamba2_hparams(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o) 
         kg_gguf_writer_set_bool(w, KEY("expert_weights_norm"), true);
         kg_gguf_writer_set_f32(w, KEY("expert_weights_scale"), 2.5f);
         kg_gguf_writer_set_u32(w, KEY("expert_group_count"), 1);
+    }
+    if (is_granite_moe(o)) {
+        kg_gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)o->n_expert);
+        kg_gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)o->n_expert_used);
+        kg_gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
+                               (uint32_t)(2 * o->n_ff));
     }
     if (!is_nemotron(o)) {
         kg_gguf_writer_set_bool(w, KEY("rope.scaling.finetuned"), false);
@@ -176,6 +199,31 @@ static bool moe_layer(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, long long
 #undef KG_ADD3
 }
 
+/* Granite 4's MoE FFN (after its ffn_norm): the F32 router, experts of n_ff with a gate, the
+ * shared SwiGLU expert of 2 n_ff. */
+static bool granite_moe_layer(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o, long long L) {
+    const kg_ggml_type_t wt = o->type, f32 = KG_GGML_TYPE_F32;
+    const kg_ggml_type_t xt = o->has_expert_type ? o->expert_type : wt;
+    const int64_t E = o->n_embd, X = o->n_expert, F = o->n_ff, FS = 2 * F;
+    const float resid = 1.0f / sqrtf(2.0f * (float)o->n_layer);
+    char name[64];
+#define KG_ADD(type, ne0, ne1, center, scale, ...)                                                 \
+    (snprintf(name, sizeof(name), __VA_ARGS__),                                                    \
+     kg_mkmodel_add_random(w, o, name, (type), (ne0), (ne1), (center), (scale)))
+#define KG_ADD3(ne0, ne1, scale, ...)                                                              \
+    (snprintf(name, sizeof(name), __VA_ARGS__),                                                    \
+     kg_mkmodel_add_random3(w, o, name, xt, (ne0), (ne1), X, (scale)))
+    return KG_ADD(f32, E, X, 0.0f, fan_in(E), "blk.%lld.ffn_gate_inp.weight", L) &&
+           KG_ADD3(E, F, fan_in(E), "blk.%lld.ffn_gate_exps.weight", L) &&
+           KG_ADD3(E, F, fan_in(E), "blk.%lld.ffn_up_exps.weight", L) &&
+           KG_ADD3(F, E, fan_in(F) * resid, "blk.%lld.ffn_down_exps.weight", L) &&
+           KG_ADD(wt, E, FS, 0.0f, fan_in(E), "blk.%lld.ffn_gate_shexp.weight", L) &&
+           KG_ADD(wt, E, FS, 0.0f, fan_in(E), "blk.%lld.ffn_up_shexp.weight", L) &&
+           KG_ADD(wt, FS, E, 0.0f, fan_in(FS) * resid, "blk.%lld.ffn_down_shexp.weight", L);
+#undef KG_ADD
+#undef KG_ADD3
+}
+
 bool kg_mkmodel_mamba2_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o) {
     const kg_ggml_type_t wt = o->type, f32 = KG_GGML_TYPE_F32;
     const int64_t E = o->n_embd, hd = o->head_dim, F = o->n_ff;
@@ -204,6 +252,9 @@ bool kg_mkmodel_mamba2_weights(kg_gguf_writer_t *w, const kg_mkmodel_opts_t *o) 
         } else if (nemo && k == M2_MLP) { /* the block is the MLP, normed by attn_norm */
             ok = ok && KG_ADD(wt, E, F, 0.0f, fe, "blk.%lld.ffn_up.weight", L) &&
                  KG_ADD(wt, F, E, 0.0f, fan_in(F) * resid, "blk.%lld.ffn_down.weight", L);
+        } else if (is_granite_moe(o)) {
+            ok = ok && KG_ADD(f32, E, 1, 1.0f, 0.1f, "blk.%lld.ffn_norm.weight", L) &&
+                 granite_moe_layer(w, o, L);
         } else if (!nemo) {
             ok = ok && KG_ADD(f32, E, 1, 1.0f, 0.1f, "blk.%lld.ffn_norm.weight", L) &&
                  KG_ADD(wt, E, F, 0.0f, fe, "blk.%lld.ffn_gate.weight", L) &&

@@ -48,13 +48,14 @@ static const char *const arch_names[KG_ARCH_COUNT_] = {
     [KG_ARCH_NEMOTRON_H] = "nemotron_h",
     [KG_ARCH_NEMOTRON_H_MOE] = "nemotron_h_moe",
     [KG_ARCH_LLAMA4] = "llama4",
+    [KG_ARCH_LFM2MOE] = "lfm2moe",
 };
 
 #define SUPPORTED_ARCHS                                                                            \
     "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, gpt-oss, smollm3, granite, "    \
     "olmo2, mistral3, seed_oss, apertus, glm4moe, deepseek2, bert, gemma4, gemma-embedding, "      \
     "nomic-bert, lfm2, qwen35, qwen35moe, qwen3next, granitehybrid, nemotron_h, nemotron_h_moe, "  \
-    "llama4"
+    "llama4, lfm2moe"
 
 const char *kg_arch_name(kg_arch_t arch) {
     return (int)arch >= 0 && arch < KG_ARCH_COUNT_ ? arch_names[arch] : "unknown";
@@ -232,12 +233,12 @@ static bool load_layer(loader_t *ld,
     const bool gemma = a == KG_ARCH_GEMMA2 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED;
     const bool qk_norm = a == KG_ARCH_QWEN3 || a == KG_ARCH_GEMMA3 || a == KG_ARCH_GEMMA_EMBED ||
                          a == KG_ARCH_QWEN3MOE || a == KG_ARCH_APERTUS || a == KG_ARCH_LFM2 ||
-                         qwen35;
+                         a == KG_ARCH_LFM2MOE || qwen35;
     const bool oss = a == KG_ARCH_GPT_OSS, olmo2 = a == KG_ARCH_OLMO2;
     const bool glm = a == KG_ARCH_GLM4MOE, ds2 = a == KG_ARCH_DEEPSEEK2;
-    const bool nemo_moe = a == KG_ARCH_NEMOTRON_H_MOE;
-    /* glm4moe's first n_layer_dense layers have a dense FFN, llama4's all but every n_moe_step-th
-     */
+    const bool nemo_moe = a == KG_ARCH_NEMOTRON_H_MOE, lfm2moe = a == KG_ARCH_LFM2MOE;
+    /* glm4moe's (and lfm2moe's) first n_layer_dense layers have a dense FFN, llama4's all but
+     * every n_moe_step-th */
     const bool moe_layer = hp->n_expert > 0 && il >= hp->n_layer_dense &&
                            (hp->n_moe_step == 0 || (il + 1) % hp->n_moe_step == 0);
     bool bad = false;
@@ -372,18 +373,20 @@ ffn:
     if (moe_layer) {
         const int64_t X = hp->n_expert, FX = hp->n_ff_exp;
         L->ffn_gate_inp = KG_T("ffn_gate_inp.weight", E, X, false);
-        if (a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT) {
-            /* the shared expert, gated per token by
-             * sigmoid(ffn_gate_inp_shexp . x) */
+        const bool granite = a == KG_ARCH_GRANITEHYBRID;
+        if (a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT || (granite && hp->n_ff_shexp > 0)) {
+            /* the shared expert, gated per token by sigmoid(ffn_gate_inp_shexp . x) (Granite's:
+             * ungated, llama_model_granite_hybrid's build_layer_ffn) */
             const int64_t FS = hp->n_ff_shexp;
-            L->gate_inp_shexp = KG_T("ffn_gate_inp_shexp.weight", E, 0, false);
+            L->gate_inp_shexp = granite ? NULL : KG_T("ffn_gate_inp_shexp.weight", E, 0, false);
             L->gate_shexp = KG_T("ffn_gate_shexp.weight", E, FS, false);
             L->up_shexp = KG_T("ffn_up_shexp.weight", E, FS, false);
             L->down_shexp = KG_T("ffn_down_shexp.weight", FS, E, false);
         }
-        if (glm || ds2 || nemo_moe || a == KG_ARCH_LLAMA4) {
+        if (glm || ds2 || nemo_moe || lfm2moe || a == KG_ARCH_LLAMA4) {
             /* optional in DeepSeek V2 files (V3 and Kimi K2 have it), none in llama4's;
-             * nemotron_h_moe's and llama4's shared expert have their own width */
+             * nemotron_h_moe's and llama4's shared expert have their own width; lfm2moe has
+             * none */
             const int64_t FS =
                 hp->n_ff_shexp > 0 ? hp->n_ff_shexp : (int64_t)hp->n_expert_shared * FX;
             L->exp_probs_b = a == KG_ARCH_LLAMA4 ? NULL : KG_T("exp_probs_b.bias", X, 0, ds2);
@@ -662,9 +665,9 @@ kg_model_load_gguf(kg_gguf_t *gguf, const char *path, char *errstr, size_t errst
     model->tok_embd = find_tensor(&ld, "token_embd.weight", E, V, false, &bad);
     /* LFM2's final norm is named token_embd_norm (llama.cpp's
      * LLM_TENSOR_OUTPUT_NORM_LFM2: a converter's naming, kept for its files) */
+    const bool lfm2 = hp->arch == KG_ARCH_LFM2 || hp->arch == KG_ARCH_LFM2MOE;
     model->output_norm =
-        find_tensor(&ld, hp->arch == KG_ARCH_LFM2 ? "token_embd_norm.weight" : "output_norm.weight",
-                    E, 0, false, &bad);
+        find_tensor(&ld, lfm2 ? "token_embd_norm.weight" : "output_norm.weight", E, 0, false, &bad);
     if (bad) {
         goto fail;
     }

@@ -91,6 +91,7 @@ typedef enum kg_arch {
     KG_ARCH_NEMOTRON_H,     /* NVIDIA Nemotron-H (hybrid): each layer Mamba-2, attention or MLP */
     KG_ARCH_NEMOTRON_H_MOE, /* Nemotron 3 (hybrid): nemotron_h with experts for its MLPs */
     KG_ARCH_LLAMA4,         /* Llama 4: chunked attention, NoPE layers, top-1 sigmoid experts */
+    KG_ARCH_LFM2MOE,        /* Liquid LFM2-MoE (hybrid): lfm2 with experts after dense layers */
     KG_ARCH_COUNT_,
 } kg_arch_t;
 
@@ -285,9 +286,10 @@ typedef struct kg_hparams {
      * multiplies each chosen expert's input instead of its output, and the logits choose */
     int32_t n_moe_step;
     bool moe_w_before;
-    int32_t n_ff_shexp; /* qwen35moe's, nemotron_h_moe's and llama4's shared expert width
-                           (expert_shared_feed_forward_length; qwen35moe's default n_ff); 0:
-                           n_expert_shared x n_ff_exp (glm4moe, deepseek2) */
+    int32_t n_ff_shexp; /* qwen35moe's, nemotron_h_moe's, granitehybrid's and llama4's shared
+                           expert width (expert_shared_feed_forward_length; qwen35moe's default
+                           n_ff; granitehybrid's 0: none); 0: n_expert_shared x n_ff_exp
+                           (glm4moe, deepseek2) */
 } kg_hparams_t;
 
 /* Views into the GGUF mapping. Shapes in ggml order: ne[0] is the row

@@ -254,6 +254,8 @@ bool kg_model_read_arch_hparams(const kg_gguf_t *g,
          * layer is windowed (set once the layer kinds are known) */
         get_i32(g, akey(key, sizeof(key), arch, "attention.sliding_window"), &hp->n_swa);
         break;
+    case KG_ARCH_LFM2MOE: /* llama_model_lfm2moe: NeoX pairs; no window is read */
+        break;
     case KG_ARCH_QWEN3NEXT:
         /* llama_model_qwen3next: qwen35's gated attention with plain NeoX
          * RoPE over rope.dimension_count */
@@ -560,6 +562,35 @@ static bool get_i32_opt(const kg_gguf_t *g,
     return false;
 }
 
+/* llama_model_lfm2moe's router: expert_gating_func is required (1 softmax,
+ * 2 sigmoid: LFM2-8B-A1B's), the selection bias exp_probs_b with it; the
+ * graph renormalises the chosen weights and scales them by nothing
+ * (build_moe_ffn's norm_w true, expert_weights_scale never read, so 0);
+ * the first leading_dense_block_count layers (default 0) are dense. */
+static bool read_lfm2moe(
+    const kg_gguf_t *g, const char *arch, kg_hparams_t *hp, char *errstr, size_t errstr_size) {
+    char key[128];
+    int32_t func = 0;
+    if (!get_i32(g, akey(key, sizeof(key), arch, "expert_gating_func"), &func) || func < 1 ||
+        func > 2) {
+        snprintf(errstr, errstr_size,
+                 "model: %s missing or %d, not supported (1 softmax, 2 sigmoid)", key, func);
+        return false;
+    }
+    hp->moe_gating = func == 1 ? KG_MOE_SOFTMAX : KG_MOE_SIGMOID;
+    hp->moe_norm_w = true;
+    hp->moe_w_scale = 0.0f;
+    if (!get_i32_opt_key(g, akey(key, sizeof(key), arch, "leading_dense_block_count"),
+                         &hp->n_layer_dense) ||
+        hp->n_layer_dense > hp->n_layer) {
+        snprintf(errstr, errstr_size,
+                 "model: %s must be a non-negative integer at most block_count (%d)", key,
+                 hp->n_layer);
+        return false;
+    }
+    return true;
+}
+
 /* The experts (llama_model_base::load_hparams, then each family): the
  * counts for every family (0 experts: dense), the expert width and the
  * router's rule, which llama.cpp fixes per family in code: softmax, top-k,
@@ -579,7 +610,7 @@ bool kg_model_read_moe_hparams(
     const bool moe_arch = a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GPT_OSS || a == KG_ARCH_GLM4MOE ||
                           a == KG_ARCH_DEEPSEEK2 || a == KG_ARCH_QWEN35MOE ||
                           a == KG_ARCH_QWEN3NEXT || a == KG_ARCH_NEMOTRON_H_MOE ||
-                          a == KG_ARCH_LLAMA4;
+                          a == KG_ARCH_LLAMA4 || a == KG_ARCH_LFM2MOE;
     if (hp->n_expert == 0) {
         if (moe_arch || hp->n_expert_used != 0) {
             snprintf(errstr, errstr_size,
@@ -590,10 +621,11 @@ bool kg_model_read_moe_hparams(
         hp->n_ff_exp = 0;
         return true;
     }
-    if (!moe_arch && a != KG_ARCH_LLAMA && a != KG_ARCH_GEMMA4) {
+    if (!moe_arch && a != KG_ARCH_LLAMA && a != KG_ARCH_GEMMA4 && a != KG_ARCH_GRANITEHYBRID) {
         snprintf(errstr, errstr_size,
                  "model: %s with experts is not supported (experts: llama/Mixtral, qwen3moe, "
-                 "gpt-oss, glm4moe, deepseek2, gemma4, qwen35moe, qwen3next, llama4)",
+                 "gpt-oss, glm4moe, deepseek2, gemma4, qwen35moe, qwen3next, nemotron_h_moe, "
+                 "lfm2moe, granitehybrid, llama4)",
                  kg_arch_name(a));
         return false;
     }
@@ -605,8 +637,10 @@ bool kg_model_read_moe_hparams(
                  hp->n_expert, hp->n_expert_used);
         return false;
     }
-    if (a == KG_ARCH_LLAMA) {
-        hp->n_ff_exp = hp->n_ff; /* Mixtral: feed_forward_length is each expert's */
+    if (a == KG_ARCH_LLAMA || a == KG_ARCH_GRANITEHYBRID) {
+        /* Mixtral's and Granite's feed_forward_length is each expert's (llama.cpp reads no
+         * expert_feed_forward_length for them) */
+        hp->n_ff_exp = hp->n_ff;
     } else if ((a == KG_ARCH_QWEN3MOE || a == KG_ARCH_GLM4MOE || a == KG_ARCH_DEEPSEEK2 ||
                 a == KG_ARCH_QWEN35MOE || a == KG_ARCH_QWEN3NEXT) &&
                hp->n_ff_exp == 0) {
@@ -692,6 +726,27 @@ bool kg_model_read_moe_hparams(
                      "model: %s needs expert_shared_feed_forward_length in 1..2^24 and no "
                      "moe_latent_size (Nemotron 3 Super's latent experts are not supported)",
                      arch);
+            return false;
+        }
+    }
+    if (a == KG_ARCH_LFM2MOE && !read_lfm2moe(g, arch, hp, errstr, errstr_size)) {
+        return false;
+    }
+    if (a == KG_ARCH_GRANITEHYBRID) {
+        /* llama_model_granite_hybrid (Granite 4.0-H Tiny, Small): every layer's FFN experts,
+         * softmax routing, renormalised, no scale (its graph passes these and reads no
+         * expert_weights_scale); the shared expert when expert_shared_feed_forward_length
+         * is there */
+        hp->moe_gating = KG_MOE_SOFTMAX;
+        hp->moe_norm_w = true;
+        hp->moe_w_scale = 0.0f;
+        if (!get_i32_opt(g, arch, "expert_shared_feed_forward_length", &hp->n_ff_shexp, errstr,
+                         errstr_size)) {
+            return false;
+        }
+        if (hp->n_ff_shexp < 0 || hp->n_ff_shexp > (1 << 24)) {
+            snprintf(errstr, errstr_size,
+                     "model: %s.expert_shared_feed_forward_length must be in 0..2^24", arch);
             return false;
         }
     }

@@ -7,6 +7,8 @@
  * convolution of length shortconv.l_cache over B * x; C times that;
  * out_proj), the others are attention with Q/K norms; every layer has the
  * SwiGLU FFN. Its state is the last l_cache - 1 inputs of the convolution.
+ * LFM2-MoE (llama_model_lfm2moe, the same graph) has the same layers, its
+ * FFNs experts after leading_dense_block_count dense ones.
  *
  * The Mamba-2 hybrids (granitehybrid, nemotron_h, nemotron_h_moe) are
  * kg_model_mamba2.c's.
@@ -145,7 +147,7 @@ bool kg_model_read_recurrent(const kg_gguf_t *g,
         hp->arch == KG_ARCH_NEMOTRON_H_MOE) {
         return kg_model_read_mamba2(g, arch, hp, kinds, errstr, errstr_size);
     }
-    if (hp->arch != KG_ARCH_LFM2) {
+    if (hp->arch != KG_ARCH_LFM2 && hp->arch != KG_ARCH_LFM2MOE) {
         return true;
     }
     /* LFM2: the short convolution's length, and head_count_kv per layer

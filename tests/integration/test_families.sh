@@ -35,6 +35,8 @@ families=(
     "nemotron_h --n-layer 5"
     "nemotron_h_moe --n-layer 5 --n-ff-exp 64 --n-expert 4 --n-expert-used 2"
     "llama4 --n-layer 4 --n-ff-exp 64 --n-expert 4 --n-expert-used 1 --chat-template llama4"
+    "lfm2moe --n-layer 4 --n-ff-exp 64 --n-expert 4 --n-expert-used 2"
+    "granitehybrid:moe --n-layer 2 --n-expert 4 --n-expert-used 2"
 )
 python3 - "$tmp/jobs.jsonl" <<'PY'
 import json, sys
@@ -50,9 +52,11 @@ ports=()
 names=()
 for fam in "${families[@]}"; do
     read -r -a args <<<"$fam"
-    name=${args[0]}
+    # "arch:variant": another model of the family (granitehybrid:moe is granitehybrid-moe)
+    arch=${args[0]%%:*}
+    name=${args[0]/:/-}
     # the family's flags after the shared shape, so they may override it
-    "$bin/kgen" mkmodel --out "$tmp/$name.gguf" --arch "$name" "${shape[@]}" "${args[@]:1}" >/dev/null
+    "$bin/kgen" mkmodel --out "$tmp/$name.gguf" --arch "$arch" "${shape[@]}" "${args[@]:1}" >/dev/null
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     "$bin/kgen-worker" --demo 0 --model "$tmp/$name.gguf" --backend cpu --http-port "$port" \
         --max-batch-size 4 >"$tmp/$name.out" 2>"$tmp/$name.err" &

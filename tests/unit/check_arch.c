@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_GOLDENS 128
+#define MAX_GOLDENS 192
 #define MAX_IDS     512
 #define CTX         512   /* the goldens' context (phi3 picks its LongRoPE factors by it) */
 #define MAX_CTX     16384 /* a golden's own context (`context N`: llama4-long's 8704) */

@@ -62,6 +62,12 @@ static const family_t k_families[] = {
      "--arch lfm2 --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 96 --ctx 256 "
      "--seed 61 --type f32",
      true},
+    /* lfm2's layers, layer 0's FFN dense, 1 and 2 experts behind the sigmoid router and
+     * its selection bias */
+    {"lfm2moe",
+     "--arch lfm2moe --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 96 "
+     "--n-expert 4 --n-expert-used 2 --n-ff-exp 32 --ctx 256 --seed 81 --type f32",
+     false},
     /* DeltaNet at 0 to 2 (2 K heads, 4 V heads of 16: V head h reads K head h mod 2), gated
      * attention at 3 */
     {"qwen35",
@@ -82,6 +88,12 @@ static const family_t k_families[] = {
     {"granitehybrid",
      "--arch granitehybrid --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 96 "
      "--ctx 256 --seed 71 --type f32",
+     false},
+    /* granitehybrid's layers with experts (softmax router, renormalised) and the ungated
+     * shared expert, Granite's multipliers round both */
+    {"granitehybrid-moe",
+     "--arch granitehybrid --n-embd 64 --n-layer 3 --n-head 4 --n-head-kv 2 --n-ff 32 "
+     "--n-expert 4 --n-expert-used 2 --ctx 256 --seed 91 --type f32",
      false},
     /* Mamba-2, MLP (squared ReLU, no mixer), Mamba-2, attention (NoPE, no FFN) */
     {"nemotron_h",

@@ -604,6 +604,14 @@ static void glm_groups_all_used(kg_gguf_writer_t *w) {
     kg_gguf_writer_set_u32(w, "glm4moe.expert_group_used_count", 4);
 }
 
+static void lfm2moe_softplus(kg_gguf_writer_t *w) {
+    kg_gguf_writer_set_u32(w, "lfm2moe.expert_gating_func", 4);
+}
+
+static const char *const drop_lfm2moe_gating[] = {"lfm2moe.expert_gating_func", NULL};
+static const char *const drop_lfm2moe_dense[] = {"lfm2moe.leading_dense_block_count", NULL};
+static const char *const drop_granite_shexp[] = {"granitehybrid.expert_shared_feed_forward_length",
+                                                 NULL};
 static const char *const drop_glm_gating[] = {"glm4moe.expert_gating_func", NULL};
 static const char *const drop_glm_shared[] = {"glm4moe.expert_shared_count", NULL};
 static const char *const drop_glm_nextn[] = {"glm4moe.nextn_predict_layers", NULL};
@@ -671,6 +679,48 @@ START_TEST(loader_refusals) {
     m = load_ok(rewrite(src, drop_glm_gating, glm_softmax, NULL));
     ck_assert_int_eq(m->hp.moe_gating, KG_MOE_SOFTMAX);
     kg_model_free(m);
+    remove(src);
+    free(src);
+
+    /* lfm2moe (layer 0 dense, 1 and 2 experts): the gating function is required, the
+     * selection bias too; without leading_dense_block_count every layer has experts, which
+     * layer 0's dense FFN is not */
+    src = write_model("lfm2moe", 64, 3, 32, 8, 2, NULL);
+    m = load_ok(rewrite(src, NULL, NULL, NULL));
+    ck_assert(m->hp.moe_gating == KG_MOE_SIGMOID && m->hp.moe_norm_w && m->hp.n_layer_dense == 1);
+    ck_assert(!m->layers[0].ffn_gate_inp && m->layers[1].exp_probs_b && m->layers[2].ffn_gate_inp);
+    ck_assert_int_eq(m->layers[2].kind, KG_LAYER_ATTN);
+    kg_model_free(m);
+    load_fails(rewrite(src, drop_lfm2moe_gating, NULL, NULL),
+               (const char *[]){"lfm2moe.expert_gating_func missing", NULL});
+    load_fails(rewrite(src, drop_lfm2moe_gating, lfm2moe_softplus, NULL),
+               (const char *[]){"expert_gating_func missing or 4", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.1.exp_probs_b.bias"),
+               (const char *[]){"missing tensor 'blk.1.exp_probs_b.bias'", NULL});
+    load_fails(rewrite(src, drop_lfm2moe_dense, NULL, NULL),
+               (const char *[]){"missing tensor 'blk.0.", NULL});
+    remove(src);
+    free(src);
+
+    /* granitehybrid with experts (Granite 4.0-H Tiny): every layer's FFN experts of
+     * feed_forward_length, softmax, renormalised, an ungated shared expert of
+     * expert_shared_feed_forward_length; without that key the shared expert's tensors are
+     * not part of the graph */
+    src = write_model("granitehybrid", 64, 3, 32, 4, 2, NULL);
+    m = load_ok(rewrite(src, NULL, NULL, NULL));
+    ck_assert(m->hp.moe_gating == KG_MOE_SOFTMAX && m->hp.moe_norm_w && m->hp.n_ff_exp == 32 &&
+              m->hp.n_ff_shexp == 64);
+    for (int il = 0; il < 3; il++) {
+        const kg_layer_weights_t *L = &m->layers[il];
+        ck_assert(L->ffn_gate_inp && L->gate_exps && L->gate_shexp && !L->gate_inp_shexp);
+        ck_assert(L->down_shexp->ne[0] == 64 && !L->w_gate);
+    }
+    ck_assert_int_eq(m->layers[2].kind, KG_LAYER_ATTN);
+    kg_model_free(m);
+    load_fails(rewrite(src, drop_granite_shexp, NULL, NULL),
+               (const char *[]){"_shexp.weight' is not part of the granitehybrid graph", NULL});
+    load_fails(rewrite(src, NULL, NULL, "blk.1.ffn_gate_exps.weight"),
+               (const char *[]){"missing tensor 'blk.1.ffn_gate_exps.weight'", NULL});
     remove(src);
     free(src);
 
@@ -762,11 +812,11 @@ START_TEST(mkmodel_usage_errors) {
         const char *args, *want;
     } cases[] = {
         {"--arch qwen3 --n-expert 4",
-         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, qwen3next and llama4"},
+         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, qwen3next"},
         {"--arch llama --mxfp4_moe",
-         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, qwen3next and llama4"},
+         "are for qwen3moe, mixtral, gpt-oss, glm4moe, deepseek2, qwen35moe, qwen3next"},
         {"--arch deepseek2", "--n-head-kv must be 1"},
-        {"--arch deepseek2 --n-nextn 1", "(deepseek2: all but --n-nextn)"},
+        {"--arch deepseek2 --n-nextn 1", "(deepseek2: all but --n-nextn;"},
         {"--arch glm4moe --kv-lora-rank 8", "are for deepseek2"},
         {"--arch qwen3moe --n-expert-shared 1", "are for glm4moe"},
         {"--arch glm4moe --n-expert-groups 4", "come together"},
@@ -775,7 +825,11 @@ START_TEST(mkmodel_usage_errors) {
         {"--arch qwen3moe --n-expert 4 --n-expert-used 5", "expert_used_count (5)"},
         {"--arch gpt-oss --n-ff-exp 48 --mxfp4_moe", "multiples of mxfp4's block (32)"},
         {"--arch qwen3moe --n-expert 0", "--n-expert: '0' is not an integer in 1..1024"},
-        {"--arch gemma4 --n-expert-used 2", "and gemma4 with --n-expert"},
+        {"--arch gemma4 --n-expert-used 2", "and gemma4 and granitehybrid with --n-expert"},
+        {"--arch granitehybrid --n-expert 4 --n-ff-exp 32", "--n-ff is the experts' width"},
+        {"--arch nemotron_h --n-embd 64 --n-layer 4 --n-expert 4", "are for qwen3moe"},
+        {"--arch lfm2moe --n-expert-shared 1", "(deepseek2: all but --n-nextn; lfm2moe"},
+        {"--arch lfm2moe --n-dense-lead 2", "at most --n-layer leading dense layers"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char cmd[1024];
