@@ -344,6 +344,7 @@ QV_INLINE void fused_phase1(const int vnni,
                     continue;
                 }
                 const uint8_t *xb = x + (size_t)b * bs;
+                prefetch_ahead(xb, bs);
                 fused_scales(type, xb, doff, min_m, D + b * NP + q, DM + b * NP + q);
                 const __m256i av = _mm256_load_si256((const __m256i *)(const void *)(qs + 32 * b));
                 pv[jb] = dot_blk32(vnni, nonneg, off, type, xb, av);
@@ -362,6 +363,7 @@ QV_INLINE void fused_phase1(const int vnni,
             for (int jb = 0; jb < nj; jb++) {
                 const int64_t b = g * 8 + jb;
                 const uint8_t *xb = x + (size_t)b * bs;
+                prefetch_ahead(xb, bs);
                 fused_scales(type, xb, doff, min_k, D + b * NP + q, DM + b * NP + q);
                 __m256i w[8], sc16, scl, mins16 = zero;
                 kunpack(type, xb, w, &sc16, &scl, &mins16);
@@ -399,6 +401,7 @@ QV_INLINE void fused_phase1(const int vnni,
                 continue;
             }
             const uint8_t *xb = x + (size_t)b * bs;
+            prefetch_ahead(xb, bs);
             fused_scales(type, xb, doff, min_m || min_k, D + b * NP + q, DM + b * NP + q);
             if (blk == 32) {
                 const __m256i w = off ? u_blk32(type, xb) : w_blk32(type, xb);

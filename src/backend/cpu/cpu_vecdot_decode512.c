@@ -171,6 +171,7 @@ QV_INLINE void row_t(const kg_ggml_type_t type,
         for (int jb = 0; jb < nj; jb++) {
             const int64_t b = g * 8 + jb;
             const uint8_t *xb = x + (size_t)b * bsz;
+            prefetch_ahead(xb, bsz);
             memcpy(D + b * NP + q, xb + doff, 2);
             if (six) {
                 pv[jb] = q6k_super(xb, a->qs + 256 * b, a->bsums + 16 * b);

@@ -14,6 +14,20 @@
 
 #define QV_INLINE static inline __attribute__((always_inline))
 
+/* How far ahead of the block in use the decode tiles prefetch the weights,
+ * in bytes. A decode step streams every weight once from memory, and with
+ * the hardware prefetchers alone (each restarting at every 4 KiB page of
+ * the mapped file) two threads decoding a Q4_K_M Qwen3.5-0.8B shape read
+ * 14 GB/s: 3 KiB ahead took it +19% (1, 2, 3, 4 and 8 KiB tried). */
+#define DECODE_PREFETCH 3072
+
+/* The n bytes at p + DECODE_PREFETCH into the caches, a line at a time. */
+QV_INLINE void prefetch_ahead(const uint8_t *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) {
+        _mm_prefetch((const char *)(p + DECODE_PREFETCH + o), _MM_HINT_T0);
+    }
+}
+
 /* acc + the 4-byte dot products of unsigned u and signed s, per int32
  * lane: vpdpbusd, VEX-encoded (AVX-VNNI, vnni 1) or EVEX-encoded
  * (AVX512-VNNI with AVX512VL, vnni 2). Written as asm so that this file
