@@ -374,18 +374,7 @@ QV_INLINE void fused_phase1(const int vnni,
                                 _mm256_load_si256((const __m256i *)(const void *)(bsums + 16 * b)))
                           : zero;
             }
-            const int n4 = nj <= 4 ? 4 : 8;
-            for (int jb = nj; jb < n4; jb++) {
-                pv[jb] = pm[jb] = zero;
-            }
-            P[g * NP + q] =
-                n4 == 4 ? _mm256_set_m128i(_mm_setzero_si128(), reduce4(pv[0], pv[1], pv[2], pv[3]))
-                        : reduce8_at(pv);
-            if (min_k) {
-                MP[g * NP + q] = n4 == 4 ? _mm256_set_m128i(_mm_setzero_si128(),
-                                                            reduce4(pm[0], pm[1], pm[2], pm[3]))
-                                         : reduce8_at(pm);
-            }
+            group_store(pv, pm, nj, min_k, &P[g * NP + q], &MP[g * NP + q]);
         }
         return;
     }

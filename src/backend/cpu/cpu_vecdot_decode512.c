@@ -164,7 +164,6 @@ QV_INLINE void row_t(const kg_ggml_type_t type,
     const int six = type == KG_GGML_TYPE_Q6_K, five = type == KG_GGML_TYPE_Q5_K;
     const size_t bsz = six ? 210 : five ? 176 : 144, doff = six ? 208 : 0;
     const int64_t nb = a->k / 256, ng = (nb + 7) / 8;
-    const __m256i zero = _mm256_setzero_si256();
     for (int64_t g = 0; g < ng; g++) {
         __m256i pv[8], pm[8];
         const int nj = nb - g * 8 < 8 ? (int)(nb - g * 8) : 8;
@@ -180,18 +179,7 @@ QV_INLINE void row_t(const kg_ggml_type_t type,
                 pv[jb] = k4_super(five, xb, a->qs + 256 * b, a->bsums + 16 * b, &pm[jb]);
             }
         }
-        const int n4 = nj <= 4 ? 4 : 8;
-        for (int jb = nj; jb < n4; jb++) {
-            pv[jb] = pm[jb] = zero;
-        }
-        P[g * NP + q] =
-            n4 == 4 ? _mm256_set_m128i(_mm_setzero_si128(), reduce4(pv[0], pv[1], pv[2], pv[3]))
-                    : reduce8_at(pv);
-        if (!six) {
-            MP[g * NP + q] =
-                n4 == 4 ? _mm256_set_m128i(_mm_setzero_si128(), reduce4(pm[0], pm[1], pm[2], pm[3]))
-                        : reduce8_at(pm);
-        }
+        group_store(pv, pm, nj, !six, &P[g * NP + q], &MP[g * NP + q]);
     }
 }
 
@@ -212,38 +200,15 @@ QV_INLINE void panel_t(const kg_ggml_type_t type,
     }
 }
 
-static void panel_q4_k(const uint8_t *x,
-                       size_t rs,
-                       int nc,
-                       const cpu_qact_t *a,
-                       __m256i *P,
-                       __m256i *MP,
-                       uint16_t *D,
-                       uint16_t *DM) {
-    panel_t(KG_GGML_TYPE_Q4_K, x, rs, nc, a, P, MP, D, DM);
-}
-
-static void panel_q5_k(const uint8_t *x,
-                       size_t rs,
-                       int nc,
-                       const cpu_qact_t *a,
-                       __m256i *P,
-                       __m256i *MP,
-                       uint16_t *D,
-                       uint16_t *DM) {
-    panel_t(KG_GGML_TYPE_Q5_K, x, rs, nc, a, P, MP, D, DM);
-}
-
-static void panel_q6_k(const uint8_t *x,
-                       size_t rs,
-                       int nc,
-                       const cpu_qact_t *a,
-                       __m256i *P,
-                       __m256i *MP,
-                       uint16_t *D,
-                       uint16_t *DM) {
-    panel_t(KG_GGML_TYPE_Q6_K, x, rs, nc, a, P, MP, D, DM);
-}
+/* One function per type, each with its constants folded in. */
+#define DEF_PANEL(NAME, TYPE)                                                                      \
+    static void NAME(const uint8_t *x, size_t rs, int nc, const cpu_qact_t *a, __m256i *P,         \
+                     __m256i *MP, uint16_t *D, uint16_t *DM) {                                     \
+        panel_t(TYPE, x, rs, nc, a, P, MP, D, DM);                                                 \
+    }
+DEF_PANEL(panel_q4_k, KG_GGML_TYPE_Q4_K)
+DEF_PANEL(panel_q5_k, KG_GGML_TYPE_Q5_K)
+DEF_PANEL(panel_q6_k, KG_GGML_TYPE_Q6_K)
 
 void cpu_vecdot_decode512_panel(kg_ggml_type_t type,
                                 const uint8_t *x,

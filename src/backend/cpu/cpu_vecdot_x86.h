@@ -77,6 +77,24 @@ QV_INLINE __m256i reduce8_at(const __m256i *p) {
     return _mm256_set_m128i(reduce4(p[4], p[5], p[6], p[7]), reduce4(p[0], p[1], p[2], p[3]));
 }
 
+/* The decode tiles' group store: the nj (<= 8) block sums pv of a group
+ * (and, with mins, the mins' sums pm) reduced to one vector each, lane j
+ * for block j, into *p (*mp); a group of at most 4 (a row's last, or a
+ * whole row of k <= 1,024 for the K-quants) reduced as 4. pv and pm are
+ * padded with zeros here. */
+QV_INLINE void group_store(__m256i *pv, __m256i *pm, int nj, int mins, __m256i *p, __m256i *mp) {
+    const int n4 = nj <= 4 ? 4 : 8;
+    for (int jb = nj; jb < n4; jb++) {
+        pv[jb] = pm[jb] = _mm256_setzero_si256();
+    }
+    *p = n4 == 4 ? _mm256_set_m128i(_mm_setzero_si128(), reduce4(pv[0], pv[1], pv[2], pv[3]))
+                 : reduce8_at(pv);
+    if (mins) {
+        *mp = n4 == 4 ? _mm256_set_m128i(_mm_setzero_si128(), reduce4(pm[0], pm[1], pm[2], pm[3]))
+                      : reduce8_at(pm);
+    }
+}
+
 QV_INLINE void transpose8(__m256i *r) {
     const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
     const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
