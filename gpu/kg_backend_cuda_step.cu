@@ -383,22 +383,33 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
     KG_TRY(kg_cuda_moe_route(st, rows, hdr, &ctx->router, ctx->moe_logits, L->router_b, L->probs_b,
                              &plan));
     KG_TRY(kg_cuda_moe_align(st, hdr, &ctx->router, &plan));
-    KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_gate.data, L->exp_gate_b, ctx->xe, 1, ctx->moe_g, FX,
-                            E, L->exp_gate.dt));
+    /* nemotron_h_moe's experts have no gate: up, squared ReLU, down */
+    const bool gated = hp->ffn_act != KG_FFN_RELU_SQR;
+    if (gated) {
+        KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_gate.data, L->exp_gate_b, ctx->xe, 1, ctx->moe_g,
+                                FX, E, L->exp_gate.dt));
+    }
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_up.data, L->exp_up_b, ctx->xe, 1, ctx->moe_u, FX, E,
                             L->exp_up.dt));
-    KG_TRY(kg_cuda_moe_act(st, &plan, ctx->moe_g, ctx->moe_u, ctx->moe_h, L->exp_down.dt, FX,
-                           hp->ffn_act == KG_FFN_SWIGLU_OAI));
+    const int act = !gated                             ? KG_CUDA_MOE_ACT_RELU_SQR
+                    : hp->ffn_act == KG_FFN_SWIGLU_OAI ? KG_CUDA_MOE_ACT_OAI
+                                                       : KG_CUDA_MOE_ACT_SWIGLU;
+    KG_TRY(kg_cuda_moe_act(st, &plan, ctx->moe_g, ctx->moe_u, ctx->moe_h, L->exp_down.dt, FX, act));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_down.data, L->exp_down_b, ctx->moe_h, 0, ctx->moe_y,
                             E, FX, L->exp_down.dt));
     if (L->n_ff_shexp > 0) {
-        /* the shared expert (glm4moe): a SwiGLU FFN on the experts' input,
-         * its output added to their weighted sum in combine */
+        /* the shared expert (glm4moe): a SwiGLU FFN on the experts' input
+         * (nemotron_h_moe's: up, squared ReLU, down), its output added to
+         * their weighted sum in combine */
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xe, ctx->gu, rows));
-        KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, L->n_ff_shexp));
+        if (gated) {
+            KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, L->n_ff_shexp));
+        } else {
+            KG_TRY(kg_cuda_relu_sqr(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, L->n_ff_shexp));
+        }
         KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->shexp, rows));
         if (L->shexp_gate) { /* qwen35moe, qwen3next: times sigmoid(gate . x) */
-            KG_TRY(kg_cuda_moe_shexp_gate(st, rows, hdr, L->shexp_gate, ctx->xe, L->exp_gate.dt,
+            KG_TRY(kg_cuda_moe_shexp_gate(st, rows, hdr, L->shexp_gate, ctx->xe, L->exp_up.dt,
                                           ctx->shexp, E));
         }
     }
@@ -453,6 +464,15 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
          * joins the residual here */
         const kg_cuda_residual_t res_prev =
             il > 0 ? block_out(ctx, il - 1) : kg_cuda_residual_t{NULL, NULL, NULL, 0.0f};
+        if (ML->kind == KG_LAYER_FFN && L->moe) {
+            /* no mixer, experts (nemotron_h_moe's MoE layers): the normed
+             * residual twice, for the router and for the experts */
+            KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_prev, L->ffn_norm,
+                                       ctx->xn, L->router.dt, ctx->xe, L->exp_up.dt, hp->n_embd,
+                                       hp->norm_eps));
+            KG_TRY(moe_ffn(ctx, L, rows));
+            continue;
+        }
         if (ML->kind == KG_LAYER_FFN) {
             /* no mixer (nemotron_h's MLP layers): the FFN on the residual
              * normed by attn_norm (the model's ffn_norm here) */
@@ -503,7 +523,7 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
         if (L->moe) {
             /* the normed input twice: for the router, and for the experts */
             KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_attn, L->ffn_norm,
-                                       ctx->xn, L->router.dt, ctx->xe, L->exp_gate.dt, hp->n_embd,
+                                       ctx->xn, L->router.dt, ctx->xe, L->exp_up.dt, hp->n_embd,
                                        hp->norm_eps));
             KG_TRY(moe_ffn(ctx, L, rows));
             continue;

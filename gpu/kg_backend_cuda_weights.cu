@@ -265,11 +265,14 @@ static kg_status_t add_rope(cuda_ctx_t *ctx, float base, float scale, int32_t *i
  * one normed input feeds both) and the expert biases of one layer. */
 static kg_status_t
 upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
-    const kg_gguf_tensor_t *gu[2] = {src->gate_exps, src->up_exps};
-    const kg_cuda_dtype_t dt_gu = pick_dtype(gu, 2);
+    /* nemotron_h_moe's experts have no gate (up alone) */
+    const kg_gguf_tensor_t *gu[2] = {src->up_exps, src->gate_exps};
+    const kg_cuda_dtype_t dt_gu = pick_dtype(gu, src->gate_exps ? 2 : 1);
     L->moe = true;
     KG_TRY(upload_mat(ctx, s, &src->ffn_gate_inp, 1, &L->router));
-    KG_TRY(upload_mat_as(ctx, s, &src->gate_exps, 1, dt_gu, &L->exp_gate));
+    if (src->gate_exps) {
+        KG_TRY(upload_mat_as(ctx, s, &src->gate_exps, 1, dt_gu, &L->exp_gate));
+    }
     KG_TRY(upload_mat_as(ctx, s, &src->up_exps, 1, dt_gu, &L->exp_up));
     KG_TRY(upload_mat(ctx, s, &src->down_exps, 1, &L->exp_down));
     KG_TRY(upload_vec(ctx, src->ffn_gate_inp_b, &L->router_b));
@@ -277,13 +280,15 @@ upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_
     KG_TRY(upload_vec(ctx, src->up_exps_b, &L->exp_up_b));
     KG_TRY(upload_vec(ctx, src->down_exps_b, &L->exp_down_b));
     KG_TRY(upload_vec(ctx, src->exp_probs_b, &L->probs_b));
-    if (src->gate_shexp) {
-        /* the shared expert: gate|up in the experts' type, so it reads the
-         * experts' normed input */
+    if (src->up_shexp) {
+        /* the shared expert: gate|up (up alone without a gate:
+         * nemotron_h_moe) in the experts' type, so it reads the experts'
+         * normed input */
         const kg_gguf_tensor_t *sgu[2] = {src->gate_shexp, src->up_shexp};
-        KG_TRY(upload_mat_as(ctx, s, sgu, 2, dt_gu, &L->wgu));
+        const int n_sgu = src->gate_shexp ? 2 : 1;
+        KG_TRY(upload_mat_as(ctx, s, sgu + 2 - n_sgu, n_sgu, dt_gu, &L->wgu));
         KG_TRY(upload_mat(ctx, s, &src->down_shexp, 1, &L->wdown));
-        L->n_ff_shexp = (int32_t)src->gate_shexp->ne[1];
+        L->n_ff_shexp = (int32_t)src->up_shexp->ne[1];
         KG_TRY(upload_vec(ctx, src->gate_inp_shexp, &L->shexp_gate));
     }
     return KG_OK;

@@ -352,14 +352,16 @@ __global__ void moe_act_kernel(const int32_t *__restrict__ row_tok,
                                void *__restrict__ h,
                                int dt,
                                int32_t n_ff,
-                               int oai,
+                               int act,
                                int64_t total) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         if (row_tok[i / n_ff] < 0) {
             continue;
         }
-        const float v = oai ? kg_swiglu_oai(g[i], u[i], 1.702f, 7.0f) : kg_silu(g[i]) * u[i];
+        const float v = act == KG_CUDA_MOE_ACT_RELU_SQR ? kg_relu_sqr(u[i])
+                        : act == KG_CUDA_MOE_ACT_OAI    ? kg_swiglu_oai(g[i], u[i], 1.702f, 7.0f)
+                                                        : kg_silu(g[i]) * u[i];
         kg_st(h, i, v, dt);
     }
 }
@@ -371,11 +373,11 @@ kg_status_t kg_cuda_moe_act(cudaStream_t stream,
                             void *h,
                             kg_cuda_dtype_t dt,
                             int32_t n_ff,
-                            int oai) {
+                            int act) {
     const int64_t total = (int64_t)plan->rows_cap * n_ff;
     int64_t blocks = (total + 255) / 256;
     blocks = blocks > 65536 ? 65536 : blocks;
-    moe_act_kernel<<<(unsigned)blocks, 256, 0, stream>>>(plan->row_tok, g, u, h, (int)dt, n_ff, oai,
+    moe_act_kernel<<<(unsigned)blocks, 256, 0, stream>>>(plan->row_tok, g, u, h, (int)dt, n_ff, act,
                                                          total);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;

@@ -18,7 +18,8 @@
  *           inputs in order, so a row's result does not depend on what else
  *           shares its expert (batch invariance, as on the CPU); expert
  *           biases added after the chain (ggml_add_id).
- *   act     SwiGLU or gpt-oss's clamped SwiGLU, stored in the down
+ *   act     SwiGLU, gpt-oss's clamped SwiGLU or (no gate: nemotron_h_moe)
+ *           the up projection's squared ReLU, stored in the down
  *           projection's type.
  *   combine the weighted sum of a token's k outputs in rank order, each
  *           product rounded, then added (ggml_mul, then ggml_add of views).
@@ -108,8 +109,13 @@ kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
                              int32_t n_in,
                              kg_cuda_dtype_t dt);
 
-/** h(rows_cap, n_ff) = act(g, u) stored as dt (SwiGLU, or gpt-oss's when
- * oai), for the grouped rows that hold a token. */
+/* The experts' activation (kg_cuda_moe_act). */
+#define KG_CUDA_MOE_ACT_SWIGLU   0 /* silu(g) * u */
+#define KG_CUDA_MOE_ACT_OAI      1 /* gpt-oss's clamped SwiGLU */
+#define KG_CUDA_MOE_ACT_RELU_SQR 2 /* nemotron_h_moe's relu(u)^2: no gate, g unread */
+
+/** h(rows_cap, n_ff) = act(g, u) stored as dt (act: KG_CUDA_MOE_ACT_*), for
+ * the grouped rows that hold a token. */
 kg_status_t kg_cuda_moe_act(cudaStream_t stream,
                             const kg_cuda_moe_plan_t *plan,
                             const float *g,
@@ -117,7 +123,7 @@ kg_status_t kg_cuda_moe_act(cudaStream_t stream,
                             void *h,
                             kg_cuda_dtype_t dt,
                             int32_t n_ff,
-                            int oai);
+                            int act);
 
 /** The shared expert's gate (qwen35moe, qwen3next): for token t <
  * hdr->n_tokens, y[t] (n wide) *= sigmoid(w . x[t]), x (rows, n) in dt,

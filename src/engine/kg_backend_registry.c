@@ -41,12 +41,13 @@
  * LFM2's short convolution (and LFM2-MoE's, its experts moe.cu's),
  * Qwen3.5's and Qwen3-Next's gated DeltaNet (with their gated attention and
  * gated shared expert), Granite 4's and Nemotron-H's Mamba-2 (with Granite's
- * experts and shared expert, Nemotron-H's MLP-only layers and squared ReLU). Another hybrid
- * (nemotron_h_moe: squared-ReLU experts) is refused by name. */
+ * experts and shared expert, Nemotron-H's MLP-only layers and squared ReLU, and
+ * Nemotron-H-MoE's gateless squared-ReLU experts and shared expert, moe.cu's). */
 static bool cuda_runs_hybrid(kg_arch_t arch) {
     return arch == KG_ARCH_LFM2 || arch == KG_ARCH_LFM2MOE || arch == KG_ARCH_QWEN35 ||
            arch == KG_ARCH_QWEN35MOE || arch == KG_ARCH_QWEN3NEXT ||
-           arch == KG_ARCH_GRANITEHYBRID || arch == KG_ARCH_NEMOTRON_H;
+           arch == KG_ARCH_GRANITEHYBRID || arch == KG_ARCH_NEMOTRON_H ||
+           arch == KG_ARCH_NEMOTRON_H_MOE;
 }
 
 /* Whether the layers differ from the model's shape only by having no FFN
@@ -66,15 +67,15 @@ static bool only_ffn_less_layers(const kg_model_t *model) {
 
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     uint32_t used = kg_model_features(model);
-    if (model->hp.arch == KG_ARCH_NEMOTRON_H && only_ffn_less_layers(model)) {
+    if ((model->hp.arch == KG_ARCH_NEMOTRON_H || model->hp.arch == KG_ARCH_NEMOTRON_H_MOE) &&
+        only_ffn_less_layers(model)) {
         used &= ~(uint32_t)KG_MODEL_FEAT_HEAD_PER_LAYER;
     }
     if (kg_model_is_recurrent(model) && !cuda_runs_hybrid(model->hp.arch)) {
         snprintf(why, cap,
                  "the cuda backend has no kernels for this %s model's recurrent (hybrid) layers "
                  "yet (it runs lfm2's, lfm2moe's, qwen35's, qwen35moe's, qwen3next's, "
-                 "granitehybrid's and "
-                 "nemotron_h's)",
+                 "granitehybrid's, nemotron_h's and nemotron_h_moe's)",
                  kg_arch_name(model->hp.arch));
         return false;
     }
