@@ -82,7 +82,7 @@ void cpu_vecdot_decode(int vnni,
                        int64_t p1,
                        float *c);
 
-/* Whether cpu_vecdot_decode512_row runs here for `type` (Q4_K, Q5_K,
+/* Whether cpu_vecdot_decode512_panel runs here for `type` (Q4_K, Q5_K,
  * Q6_K, in a build with x86-64-v4 on a CPU with AVX-512 F/BW/VL/DQ; the
  * caller checks AVX512-VNNI, the EVEX kernels). @thread any */
 bool cpu_vecdot_decode512_has(kg_ggml_type_t type);
