@@ -22,7 +22,8 @@
 #   kg_wait_log FILE REGEX SECS [COUNT]     wait until REGEX matches COUNT (1) lines of FILE
 #   kg_stop_pid PID [SECS]     TERM, wait, then KILL
 #   kg_check_results IN OUT EVENTS [EXPECTED_IDS_FILE]   invariants; prints a summary line
-#   kg_group_lag GROUP TOPIC   sum of LAG over the topic's partitions (ConsumerGroupCommand)
+#   kg_group_lag GROUP TOPIC   sum of LAG over the topic's partitions (kg-admin lag)
+#   kg_lag_zero GROUP TOPIC    true when that lag is 0 (for kg_wait)
 #   kg_free_port               a free TCP port on 127.0.0.1
 #   kg_metric PORT NAME        a worker's /metrics value (kg_metric_ge PORT NAME MIN to wait on)
 #   kg_read_topic TOPIC ISOLATION OUT [headers] [key]   every message of a topic, to its end (kcat)
@@ -161,10 +162,14 @@ kg_tool() {
 }
 
 kg_topic() { # kg_topic NAME PARTITIONS [--config k=v]...
-    local name=$1 parts=$2
+    local name=$1 parts=$2 configs=()
     shift 2
-    kg_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BROKERS" --create \
-        --if-not-exists --topic "$name" --partitions "$parts" --replication-factor 1 "$@" >/dev/null
+    while (($# >= 2)) && [[ $1 == --config ]]; do
+        configs+=("$2")
+        shift 2
+    done
+    (($# == 0)) || kg_fail "kg_topic: unexpected arguments: $*"
+    "$KG_BIN/kg-admin" create-topic "$BROKERS" "$name" "$parts" "${configs[@]}" >/dev/null
 }
 
 # The three topics of a standard run: $JOBS (P partitions), $RESULTS (4), $JOBS.dlq (1).
@@ -383,27 +388,16 @@ kg_rss_kib() { # kg_rss_kib PID FIELD: VmHWM / VmRSS in KiB
     sed -n "s/^$2:[[:space:]]*\([0-9]*\) kB/\1/p" "/proc/$1/status" 2>/dev/null
 }
 
-# Sum of LAG of GROUP over TOPIC's partitions, as ConsumerGroupCommand --describe shows it;
-# "-" (no committed offset) counts as the whole partition.
+# Sum of LAG of GROUP over TOPIC's partitions (end offset minus the committed one; a partition
+# without a committed offset counts whole), or "unknown" when the group committed nothing there.
 kg_group_lag() { # kg_group_lag GROUP TOPIC
-    kg_tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server \
-        "$BROKERS" --describe --group "$1" 2>/dev/null >"$T/describe.txt" || true
-    python3 - "$T/describe.txt" "$2" <<'PY'
-import sys
-lines = [l.split() for l in open(sys.argv[1]) if l.strip()]
-head = next((l for l in lines if "LAG" in l and "PARTITION" in l), None)
-if head is None:
-    print("unknown")
-    sys.exit(0)
-ti, li, ei = head.index("TOPIC"), head.index("LAG"), head.index("LOG-END-OFFSET")
-total, seen = 0, 0
-for l in lines:
-    if l is head or len(l) < len(head) - 3 or l[ti] != sys.argv[2]:
-        continue
-    seen += 1
-    total += int(l[li]) if l[li].isdigit() else int(l[ei])
-print(total if seen else "unknown")
-PY
+    "$KG_BIN/kg-admin" lag "$BROKERS" "$1" "$2" 2>/dev/null || echo unknown
+}
+
+# Whether GROUP's lag on TOPIC is 0 now: for kg_wait, which runs its command again each try
+# (a `test "$(kg_group_lag ...)" = 0` there would expand the lag once, before the first try).
+kg_lag_zero() { # kg_lag_zero GROUP TOPIC
+    [[ "$(kg_group_lag "$1" "$2")" == 0 ]]
 }
 
 # The checks every scenario shares, on kgen-submit's --output (OUT) and --events (EVENTS):

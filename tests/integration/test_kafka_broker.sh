@@ -5,7 +5,9 @@
 # nothing running. Its SASL_PLAINTEXT listener (KGEN_KAFKA_SASL_USERS, PLAIN) lets kgen-worker in
 # with the right password, and with a wrong one the worker exits 1 by itself within --auth-timeout
 # (plus its start-up look-ups), saying why, without claiming its cancel and in-flight topics are
-# missing and without the password in its log. Skips (77) only when java is missing.
+# missing and without the password in its log. kg-admin (the tests' admin calls) agrees with
+# the Kafka CLI on topics, partitions, end offsets and a group's lag. Skips (77) only when java
+# is missing.
 set -euo pipefail
 
 SRC=${KG_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -81,6 +83,30 @@ consume() {
 
 got=$(consume)
 [[ "$got" == "r-$$	$payload" ]] || fail "consumed '$got', expected key r-$$ and '$payload'"
+
+# kg-admin, the integration tests' admin calls without a JVM each, agrees with Kafka's CLI:
+# a topic with a config, created twice; partitions added; end offsets; a group's lag before
+# and after its offsets are committed (by ConsumerGroupCommand --reset-offsets)
+admin=$BIN/kg-admin
+"$admin" create-topic "$bootstrap" "$topic.a" 2 cleanup.policy=compact ||
+    fail "kg-admin create-topic failed"
+"$admin" create-topic "$bootstrap" "$topic.a" 2 || fail "kg-admin create-topic of an existing topic failed"
+"$admin" create-topic "$bootstrap" "$topic.b" 2 no.such.config=1 2>/dev/null &&
+    fail "kg-admin create-topic took an unknown config"
+"$admin" add-partitions "$bootstrap" "$topic.a" 3 || fail "kg-admin add-partitions failed"
+desc=$(tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$bootstrap" --describe \
+    --topic "$topic.a")
+grep -q "PartitionCount: 3" <<<"$desc" || fail "kg-admin's topic does not have 3 partitions: $desc"
+grep -q "cleanup.policy=compact" <<<"$desc" || fail "kg-admin's topic is not compacted: $desc"
+[[ "$("$admin" end-offsets "$bootstrap" "$topic")" == 1 ]] || fail "kg-admin end-offsets is not 1"
+[[ "$("$admin" lag "$bootstrap" "g-admin" "$topic")" == unknown ]] ||
+    fail "kg-admin lag of a group that committed nothing is not 'unknown'"
+tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$bootstrap" \
+    --reset-offsets --to-earliest --execute --group g-admin --topic "$topic" >/dev/null
+[[ "$("$admin" lag "$bootstrap" "g-admin" "$topic")" == 1 ]] || fail "kg-admin lag is not 1"
+tool org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$bootstrap" \
+    --reset-offsets --to-latest --execute --group g-admin --topic "$topic" >/dev/null
+[[ "$("$admin" lag "$bootstrap" "g-admin" "$topic")" == 0 ]] || fail "kg-admin lag is not 0"
 
 # SASL: the right password logs in (the group assigns the topic's 4 partitions), a wrong one
 # ends the worker. Both at once: the wrong one waits out its start-up look-ups (5 s each).

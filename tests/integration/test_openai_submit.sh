@@ -53,8 +53,7 @@ kg_worker w1 --max-batch-size 8 --threads 2 --served-model-name "$NAMES" --http-
 kg_wait_assigned 60 4 w1
 
 jobs_in_topic() { # messages ever produced to $JOBS (sum of the end offsets)
-    kg_tool org.apache.kafka.tools.GetOffsetShell --bootstrap-server "$BROKERS" --topic "$JOBS" \
-        2>/dev/null | awk -F: '{s += $3} END {print s + 0}'
+    "$KG_BIN/kg-admin" end-offsets "$BROKERS" "$JOBS" 2>/dev/null || echo 0
 }
 submit() { # submit NAME IN [flags]: kgen-submit --output-format openai of IN into $T/NAME.*
     local name=$1 in=$2

@@ -87,7 +87,7 @@ kg_wait_exit "$(kg_pid submit)" 60
 grep -q '"request_id":"long-0".*"cancelled"' "$T/results.jsonl" ||
     kg_fail "the long job was not cancelled: $(grep long-0 "$T/results.jsonl")"
 (($(grep -c '"type":"done"' "$T/results.jsonl") == 6)) || kg_fail "not 6 done events"
-kg_wait 30 "group lag 0" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_wait 30 "group lag 0" kg_lag_zero "$GROUP" "$JOBS"
 
 # no ACLs and a wrong password: exit 1, by themselves, saying why
 for name in noacl wrong; do

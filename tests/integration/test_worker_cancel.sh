@@ -119,7 +119,7 @@ assert all(v <= 2 for v in steps.values()), steps
 assert arrival == ["late-0"], arrival
 print("steps after the cancel arrived: " + " ".join(f"{k}={v}" for k, v in sorted(steps.items())))
 PY
-kg_wait 60 "group lag 0" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_wait 60 "group lag 0" kg_lag_zero "$GROUP" "$JOBS"
 kg_stop_pid "$(kg_pid w1)" 30
 grep -q 'msg="stopped" rc=0' "$T/w1.log" || kg_fail "the worker did not stop cleanly"
 kg_finish "cancels of running, waiting and not-yet-sent jobs end in cancelled within one step; Ctrl-C cancels"

@@ -107,7 +107,7 @@ assert extra > 0, "no aborted answers in the log: the kill did not catch an open
 print(f"read_committed: exactly one terminal event for each of {n} jobs; the log also holds "
       f"{extra} terminal events of aborted transactions (invisible to read_committed)")
 PY
-kg_wait 60 "group lag 0" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_wait 60 "group lag 0" kg_lag_zero "$GROUP" "$JOBS"
 kg_note "aborted transactions: $(kg_log_count "$T/w2.log" 'aborted') on w2;" \
     "$(kg_summary jobs_with_2plus_attempts) jobs ran twice"
 kg_stop_pid "$(kg_pid w2)" 30

@@ -66,7 +66,7 @@ c = collections.Counter(json.loads(l)["request_id"] for l in open(sys.argv[1])
 assert len(c) == 9 and set(c.values()) == {1}, c
 print("read_committed: one terminal event for each of the 9 jobs")
 PY
-kg_wait 60 "group lag 0" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_wait 60 "group lag 0" kg_lag_zero "$GROUP" "$JOBS"
 skipped=$(cat "$T/w1.log" "$T/w2.log" | grep -c 'msg="job answered by the previous owner: not run again"')
 answered=$(cat "$T/w1.log" "$T/w2.log" | grep -c 'msg="job done"')
 ((skipped == 8 && answered == 9)) ||

@@ -147,8 +147,8 @@ print(f"an interactive job sent to a batch full of long bulk jobs was answered i
       f"{now[0]['timings']['ttft_ms']} ms to its first token while all ran (text so far: {ran} "
       f"bytes); they ended cancelled")
 PY
-kg_wait 60 "bulk lag 0" test "$(kg_group_lag "$GROUP" lanes.bulk)" = 0
-kg_wait 60 "interactive lag 0" test "$(kg_group_lag "$GROUP" lanes.interactive)" = 0
+kg_wait 60 "bulk lag 0" kg_lag_zero "$GROUP" lanes.bulk
+kg_wait 60 "interactive lag 0" kg_lag_zero "$GROUP" lanes.interactive
 kg_stop_pid "$(kg_pid w1)" 30
 grep -q 'msg="stopped" rc=0' "$T/w1.log" || kg_fail "the worker did not stop cleanly"
 kg_finish "two lanes: both topics answered and committed, interactive jobs jump a bulk backlog and preempt long bulk jobs, a lane's own cancel topic is read"

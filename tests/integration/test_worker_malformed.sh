@@ -7,7 +7,7 @@
 # every message without a usable request_id is in the DLQ (counted with the console consumer,
 # by kgen-error-reason header), every other malformed one has an error event (invalid_job or
 # prompt_too_long), every valid job is done, and the group's committed offsets reach the end
-# of the jobs topic (ConsumerGroupCommand: lag 0) while the worker still runs. Then, on the same
+# of the jobs topic (kg-admin: lag 0) while the worker still runs. Then, on the same
 # broker, embedding, rerank and score jobs through a second worker (see below).
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -151,7 +151,7 @@ assert reasons["too_large"] == 5, reasons
 PY
 
 # Offsets: auto-committed every 5 s, so the lag reaches 0 while the worker still runs.
-kg_wait 40 "group lag 0 on $JOBS" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_wait 40 "group lag 0 on $JOBS" kg_lag_zero "$GROUP" "$JOBS"
 kg_note "group $GROUP: lag 0 on $JOBS (1,100 messages) with the worker up"
 dlq_metric=$(kg_metric "$port" 'kgen_jobs_total{outcome="dead_letter"}')
 kg_note "worker metrics: dead_letter=$dlq_metric; 1100 messages handled in ${ms} ms"
@@ -221,7 +221,7 @@ assert all(0 < x["relevance_score"] < 1 for x in res + by["sc-1"]["results"])
 assert by["emb-bad"]["code"] == "invalid_job" and by["emb-dims"]["code"] == "invalid_job"
 print(f"embed: {n} unit vectors, rerank top 2 of 4, score of 3, 2 bad jobs refused")
 PY
-kg_wait 40 "group lag 0 on $JOBS" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_wait 40 "group lag 0 on $JOBS" kg_lag_zero "$GROUP" "$JOBS"
 kg_stop_pid "$(kg_pid e1)" 30
 grep -q 'msg="stopped" rc=0' "$T/e1.log" || kg_fail "the embedding worker did not stop cleanly"
 kg_note "embed, rerank and score jobs: done, lag 0 ($(($(date +%s) - t_embed)) s)"

@@ -16,8 +16,7 @@ kg_model
 kg_worker w1
 kg_wait_log "$T/w1.log" 'partitions assigned" count=1' 60
 
-kg_tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$BROKERS" --alter --topic "$JOBS" \
-    --partitions 4 >/dev/null
+"$KG_BIN/kg-admin" add-partitions "$BROKERS" "$JOBS" 4
 t0=$(date +%s)
 kg_note "the jobs topic now has 4 partitions"
 # The worker picks them up at its next metadata refresh (a rebalance follows).

@@ -118,6 +118,6 @@ grep -q "\"request_id\": \"$POISON\"" "$T/dlq.txt" || kg_fail "the DLQ copy is n
 # Every offset is committed: nothing is left for a next worker to stall on. (Up to 120 s: the
 # last commits wait on auto-commit and on the group settling after four crashes, which on a
 # loaded 2-core CI machine took over 60 s once; the wait ends as soon as the lag is 0.)
-kg_wait 120 "group lag 0" test "$(kg_group_lag "$GROUP" "$JOBS")" = 0
+kg_wait 120 "group lag 0" kg_lag_zero "$GROUP" "$JOBS"
 kg_note "group lag: $(kg_group_lag "$GROUP" "$JOBS")"
 kg_finish "a poison job is answered after $crashes worker failures; 49 others done; lag 0"
