@@ -1549,11 +1549,15 @@ static void check_arch(const char *name, const char *type, double bound, float t
             n++;
         }
         /* the device ran one step more (the prompt in two chunks) through
-         * each expert layer (glm4moe's leading dense layers have none) */
+         * each expert layer (glm4moe's leading dense layers and llama4's
+         * interleaved ones have none) */
         kg_moe_stats_t sc, sg;
         kg_backend_moe_stats(cpu, &sc);
         kg_backend_moe_stats(gpu, &sg);
-        const int32_t n_moe_layers = m->hp.n_layer - m->hp.n_layer_dense;
+        int32_t n_moe_layers = 0;
+        for (int32_t il = 0; il < m->hp.n_layer; il++) {
+            n_moe_layers += m->layers[il].ffn_gate_inp != NULL;
+        }
         ck_assert_int_eq(sg.n_layer_steps,
                          sc.n_layer_steps +
                              (sc.n_expert > 0 && cut < g.n_input[p] ? n_moe_layers : 0));
@@ -1620,6 +1624,11 @@ static const cuda_family_t k_cuda_families[] = {
     /* sigmoid router with selection bias and groups, shared expert, a
      * leading dense layer, half-head RoPE */
     {"glm4moe", true, NULL, "f32", true, true},
+    /* chunked attention (8192: the goldens' prompts stay in the first chunk, the kernels case
+     * crosses chunks), Q/K L2 norms, a NoPE layer with the temperature at pos + 1, dense and MoE
+     * layers in turn, experts chosen by their logits and weighted on their input, a shared
+     * expert */
+    {"llama4", true, NULL, NULL, true, true},
 };
 
 #define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))
@@ -1715,6 +1724,91 @@ END_TEST
 
 START_TEST(moe_f32_vs_cpu) {
     check_arch(nth_row(row_moe, _i)->name, "f32", 1e-6, 1e-3f);
+}
+END_TEST
+
+/* llama4's chunked attention and its NoPE layer's temperature through whole
+ * steps. The goldens' prompts stay inside the first chunk of 8192 positions
+ * (llama4-long's 8319 ids would take hours on the emulator), so the F32
+ * golden's model with chunks and temperature blocks of 32 instead (both
+ * backends read them from the model): its 127-id prompt crosses three chunk
+ * starts and three temperature steps, prefilled on the device in two chunks
+ * (42 ids, then 85 from inside the second chunk) and on the CPU in one, then
+ * 24 greedy decode steps (graphs) past the fifth chunk's start; every step's
+ * logits within 1e-6 of the CPU's (NMSE) with the same greedy ids, and the
+ * prompt's logits far from those of chunks and blocks of 8192 (so the
+ * change took). */
+START_TEST(llama4_small_chunks_vs_cpu) {
+    const cuda_family_t llama4 = {.name = "llama4"}; /* row_selected reads the name */
+    if (!row_selected(&llama4)) {
+        return; /* KG_CUDA_ARCH_ONLY names other rows */
+    }
+    static arch_golden_t g;
+    arch_golden_load("llama4.f32.golden", &g);
+    kg_model_t *m = arch_model(&g, "llama4 f32");
+    const int32_t V = m->hp.n_vocab, n_prompt = g.n_input[1], cut = n_prompt / 3, n_gen = 24;
+    ck_assert(m->hp.swa_chunked && m->hp.attn_temp_nope && m->hp.n_swa == 8192);
+    ck_assert_int_eq(m->hp.attn_temp_floor, 8192);
+    ck_assert_int_ge(n_prompt, 97);
+    int32_t n_chunked = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        if (m->layers[il].n_swa > 0) {
+            m->layers[il].n_swa = 32;
+            n_chunked++;
+        }
+    }
+    ck_assert_int_eq(n_chunked, 3);
+    m->hp.n_swa = 32;
+    m->hp.attn_temp_floor = 32;
+    float *lc = malloc((size_t)V * 4), *lg = malloc((size_t)V * 4), *lw = malloc((size_t)V * 4);
+    kg_backend_t *cpu = arch_backend("cpu", m), *gpu = arch_backend("cuda", m);
+    ck_assert(kg_backend_is_cuda(gpu));
+    static int32_t tok[ARCH_CTX];
+    memcpy(tok, g.input[1], (size_t)n_prompt * 4);
+    arch_forward(cpu, tok, 0, n_prompt, lc);
+    arch_forward(gpu, tok, 0, cut, lg);
+    arch_forward(gpu, tok, cut, n_prompt - cut, lg);
+    double worst = 0;
+    for (int32_t k = 0, n = n_prompt;; k++, n++) {
+        ck_assert_msg(same_routing(cpu, gpu),
+                      "llama4 chunks of 32, step %d: the experts' loads "
+                      "differ",
+                      k);
+        const double e = nmse(lc, lg, (size_t)V);
+        worst = e > worst ? e : worst;
+        ck_assert_msg(e < 1e-6, "llama4 chunks of 32, step %d: nmse %g", k, e);
+        const int32_t idc = arch_argmax(lc, V), idg = arch_argmax(lg, V);
+        ck_assert_msg(idc == idg, "llama4 chunks of 32, step %d: cuda picks %d, cpu %d", k, idg,
+                      idc);
+        if (k == 0) {
+            memcpy(lw, lc, (size_t)V * 4);
+        }
+        if (k == n_gen) {
+            break;
+        }
+        tok[n] = idc;
+        arch_forward(cpu, tok, n, 1, lc);
+        arch_forward(gpu, tok, n, 1, lg);
+    }
+    kg_backend_free(cpu);
+    kg_backend_free(gpu);
+    /* the model's own chunks and blocks of 8192: the prompt is one chunk, scale 1 */
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        m->layers[il].n_swa = m->layers[il].n_swa > 0 ? 8192 : 0;
+    }
+    m->hp.n_swa = 8192;
+    m->hp.attn_temp_floor = 8192;
+    cpu = arch_backend("cpu", m);
+    arch_forward(cpu, tok, 0, n_prompt, lc);
+    const double moved = nmse(lc, lw, (size_t)V);
+    ck_assert_msg(moved > 1e-3, "chunks of 32 moved the prompt's logits by nmse %g only", moved);
+    fprintf(stderr,
+            "check_cuda: llama4 f32, chunks of 32: cuda against cpu, worst logits nmse %.3g (the "
+            "chunks of 32 against 8192 on the cpu: %.3g)\n",
+            worst, moved);
+    kg_backend_free(cpu);
+    free(lc), free(lg), free(lw);
+    kg_model_free(m);
 }
 END_TEST
 
@@ -2410,6 +2504,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, arch_quant_vs_cpu, 0, n_rows(row_quant));
     tcase_add_loop_test(tc, arch_batch_invariance, 0, n_rows(row_inv));
     tcase_add_loop_test(tc, moe_f32_vs_cpu, 0, n_rows(row_moe));
+    tcase_add_test(tc, llama4_small_chunks_vs_cpu);
     suite_add_tcase(s, tc);
     tc = tcase_create("engine");
     tcase_set_tags(tc, "gpu");
