@@ -1730,9 +1730,10 @@ END_TEST
 
 /* llama4's chunked attention and its NoPE layer's temperature through whole
  * steps. The goldens' prompts stay inside the first chunk of 8192 positions
- * (llama4-long's 8319 ids would take hours on the emulator), so the F32
- * golden's model with chunks and temperature blocks of 32 instead (both
- * backends read them from the model): its 127-id prompt crosses three chunk
+ * (llama4-long's 8319 ids would take an hour or more on the emulator, by an
+ * estimate from the attention's square), so the F32 golden's model with
+ * chunks and temperature blocks of 32 instead (both backends read them
+ * from the model): its 127-id prompt crosses three chunk
  * starts and three temperature steps, prefilled on the device in two chunks
  * (42 ids, then 85 from inside the second chunk) and on the CPU in one, then
  * 24 greedy decode steps (graphs) past the fifth chunk's start; every step's
