@@ -57,6 +57,7 @@ typedef struct attn_args {
     int32_t n_sub;       /* query-head subgroups per KV head */
     float scale, softcap;
     int32_t n_swa;
+    bool chunked;
     bool non_causal;
     const float *sinks; /* (n_head) or NULL */
     const __half *q, *kc, *vc;
@@ -72,13 +73,18 @@ __device__ __host__ __forceinline__ int32_t heads_per_item(int32_t group, int32_
 }
 
 /* The positions token t sees, [*lo, *hi]: causal, up to its own (its last
- * n_swa in a windowed layer); non-causal, its whole input, or within n_swa
- * / 2 either side in a windowed layer (cpu's attention_task). */
+ * n_swa in a windowed layer, or from the start of its chunk of n_swa in a
+ * chunked one); non-causal, its whole input, or within n_swa / 2 either
+ * side in a windowed layer (cpu's attention_task). Either way lo never
+ * falls as pos rises, which the tiles rely on. */
 __device__ __forceinline__ void visible(const attn_args_t &a, int32_t t, int32_t *lo, int32_t *hi) {
     const int32_t p = a.in.pos[t];
     if (!a.non_causal) {
         *hi = p;
         *lo = a.n_swa > 0 && p + 1 > a.n_swa ? p + 1 - a.n_swa : 0;
+        if (a.chunked && a.n_swa > 0) { /* llama4 */
+            *lo = p - p % a.n_swa;
+        }
         return;
     }
     const int32_t half = a.n_swa / 2, end = a.in.pos_end[t];
@@ -428,6 +434,7 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
     a.scale = layer->scale;
     a.softcap = layer->softcap;
     a.n_swa = layer->n_swa;
+    a.chunked = layer->chunked;
     a.non_causal = layer->non_causal;
     a.sinks = layer->sinks;
     a.q = q16;

@@ -22,6 +22,8 @@ typedef struct kg_cuda_attn_layer {
     float scale;        /* scores are multiplied by it (1/sqrt(hd); 1 where q was scaled) */
     float softcap;      /* scores = softcap * tanh(q.k / softcap) * scale; 0: off (gemma2) */
     int32_t n_swa;      /* a token sees its last n_swa positions, itself included; 0: all */
+    bool chunked;       /* with n_swa: a token sees the positions of its own chunk of n_swa
+                           (pos - pos % n_swa to pos) instead (llama4) */
     const float *sinks; /* (n_head) one more logit per head in the softmax's sum (gpt-oss) */
     bool non_causal;    /* a token sees its whole input (in.pos_end), or in a windowed layer the
                            positions within n_swa / 2 either side (gemma-embedding) */

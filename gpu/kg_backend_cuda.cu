@@ -116,6 +116,7 @@ static kg_status_t alloc_moe(cuda_ctx_t *ctx, size_t es) {
     ctx->router.sigmoid = hp->moe_gating == KG_MOE_SIGMOID;
     ctx->router.n_groups = hp->n_expert_groups;
     ctx->router.n_group_used = hp->n_group_used;
+    ctx->router.w_on_input = hp->moe_w_before;
     p->rows_cap = kg_cuda_moe_rows_cap(ctx->max_tokens, hp->n_expert_used, hp->n_expert);
     const size_t R = (size_t)p->rows_cap;
     KG_TRY(dev_alloc(ctx, (void **)&p->sel, T * k * sizeof(int32_t)));
@@ -124,6 +125,9 @@ static kg_status_t alloc_moe(cuda_ctx_t *ctx, size_t es) {
     KG_TRY(dev_alloc(ctx, (void **)&p->offset, (X + 1) * sizeof(int32_t)));
     KG_TRY(dev_alloc(ctx, (void **)&p->row_tok, R * sizeof(int32_t)));
     KG_TRY(dev_alloc(ctx, (void **)&p->tile_expert, R / KG_CUDA_MOE_TILE * sizeof(int32_t)));
+    if (hp->moe_w_before) { /* llama4: the weights go on the gathered rows */
+        KG_TRY(dev_alloc(ctx, (void **)&p->row_w, R * sizeof(float)));
+    }
     KG_TRY(dev_alloc(ctx, (void **)&p->stats, (4 + X) * sizeof(long long)));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->moe_logits, T * X * sizeof(float)));
     KG_TRY(dev_alloc(ctx, &ctx->xe, T * E * es));
@@ -320,7 +324,7 @@ static void cuda_free(kg_backend_t *be) {
                         ctx->h,     ctx->xo,         ctx->d_in,  ctx->blas_ws, mp->sel,
                         mp->w,      mp->slot,        mp->offset, mp->row_tok,  mp->tile_expert,
                         mp->stats,  ctx->moe_logits, ctx->xe,    ctx->moe_g,   ctx->moe_u,
-                        ctx->moe_h, ctx->moe_y,      ctx->shexp};
+                        ctx->moe_h, ctx->moe_y,      ctx->shexp, mp->row_w};
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             cudaFree(bufs[i]);
         }

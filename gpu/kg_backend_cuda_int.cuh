@@ -13,6 +13,7 @@
 #include "gemm.cuh"
 #include "kg_backend_cuda.h"
 #include "kv_copy.cuh"
+#include "llama4.cuh"
 #include "logit_bias.cuh"
 #include "logits.cuh"
 #include "mask.cuh"

@@ -296,6 +296,7 @@ static kg_status_t attention(cuda_ctx_t *ctx, int32_t il, int32_t rows, bool sin
                                            : 1.0f / sqrtf((float)ctx->hp.head_dim);
     lay.softcap = ctx->hp.attn_softcap;
     lay.n_swa = L->n_swa;
+    lay.chunked = ctx->hp.swa_chunked; /* llama4: n_swa is its chunk */
     lay.sinks = L->sinks;
     lay.non_causal = ctx->hp.non_causal;
     if (single) {
@@ -491,18 +492,27 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
             KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
             KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, L->wqkv.dt, hp->n_embd, ctx->qkv,
                                    qkv_w, qkv_col, qkv_n));
+            /* llama4: its RoPE layers' Q/K L2 norms after the rotation (llama4.cu, which
+             * rotates them), its NoPE layers' temperature at pos + 1 */
+            const bool l2 = hp->qk_l2_norm && !ML->no_rope;
+            const float *cs = ctx->rope_cs + (size_t)L->rope * rope_stride;
+            if (l2) {
+                KG_TRY(kg_cuda_rope_l2norm(st, rows, in, &rsh, hp->rope_mode == KG_ROPE_MODE_NEOX,
+                                           ctx->qkv, cs, hp->norm_eps));
+            }
             const kg_cuda_qkv_ops_t ops = {L->bqkv,
                                            L->q_norm,
                                            L->k_norm,
                                            hp->norm_eps,
                                            hp->rope_mode == KG_ROPE_MODE_NEOX,
                                            hp->q_scale,
-                                           ctx->model->layers[il].no_rope,
+                                           ML->no_rope || l2,
                                            hp->qk_norm_full,
-                                           hp->attn_temp_scale,
-                                           hp->attn_temp_floor};
-            KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv,
-                                      ctx->rope_cs + (size_t)L->rope * rope_stride, ctx->q16,
+                                           hp->attn_temp_nope && !ML->no_rope ? 0.0f
+                                                                              : hp->attn_temp_scale,
+                                           hp->attn_temp_floor,
+                                           hp->attn_temp_nope ? 1 : 0};
+            KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv, cs, ctx->q16,
                                       k_cache(ctx, il), v_cache(ctx, il)));
             KG_TRY(attention(ctx, il, rows, single));
             if (hp->attn_out_gate) { /* qwen35: times sigmoid of the query's gate */

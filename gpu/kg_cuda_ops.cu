@@ -4,6 +4,7 @@
 #include "geglu.cuh"
 #include "gemm.cuh"
 #include "kg_cuda_ops.h"
+#include "llama4.cuh"
 #include "logits.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
@@ -267,7 +268,15 @@ kg_status_t kg_cuda_op_rope_store(
     ops.norm_eps = a->norm_eps;
     ops.neox = a->neox;
     ops.q_scale = a->q_scale;
+    ops.no_rope = a->no_rope || a->l2_norm; /* with l2_norm, llama4.cu rotates */
+    ops.temp_scale = a->temp_scale;
+    ops.temp_floor = a->temp_floor;
+    ops.temp_offset = a->temp_offset;
     TRY_OUT(kg_cuda_rope_cache(0, T, in, (float *)dcs, &rope, (const float *)dff));
+    if (a->l2_norm && !a->no_rope) {
+        TRY_OUT(kg_cuda_rope_l2norm(0, T, in, &sh, a->neox, (float *)dqkv, (const float *)dcs,
+                                    a->norm_eps));
+    }
     TRY_OUT(kg_cuda_rope_store(0, T, in, &sh, &ops, (float *)dqkv, (const float *)dcs, (__half *)dq,
                                (__half *)dk, (__half *)dv));
     TRY_OUT(fetch(q_out, dq, (size_t)T * n_q, KG_CUDA_OP_F16));
@@ -300,6 +309,7 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
     lay.scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)a->head_dim);
     lay.softcap = a->softcap;
     lay.n_swa = a->n_swa;
+    lay.chunked = a->chunked;
     lay.sinks = NULL;
     lay.non_causal = false;
     int32_t *t0 = (int32_t *)malloc((size_t)T * sizeof(int32_t) + 4);

@@ -29,8 +29,13 @@ typedef struct kg_cuda_op_attn {
     int32_t n_cache_rows; /* rows of the K/V cache (blocks * block_size) */
 
     /* what a family adds (zeros and NULLs: the Llama graph) */
-    int neox;                     /* NeoX pairs (i, i + n_rot/2) */
-    float q_scale;                /* q *= q_scale after RoPE; 0: not */
+    int neox;         /* NeoX pairs (i, i + n_rot/2) */
+    float q_scale;    /* q *= q_scale after RoPE; 0: not */
+    int no_rope;      /* no rotation (a NoPE layer) */
+    int l2_norm;      /* q and k heads RMSNormed without a weight after RoPE (llama4) */
+    float temp_scale; /* q *= kg_attn_temp(temp_scale, temp_floor, pos + temp_offset)
+                         after RoPE; 0: not (mistral3, llama4's NoPE layers) */
+    int32_t temp_floor, temp_offset;
     const float *bias;            /* (n_q + 2 n_kv) Q|K|V biases */
     const float *q_norm, *k_norm; /* (head_dim) per-head RMSNorm weights */
     float norm_eps;
@@ -40,6 +45,7 @@ typedef struct kg_cuda_op_attn {
     float scale;               /* attention: scores times it; 0: 1 / sqrt(head_dim) */
     float softcap;             /* scores soft-capped first; 0: not */
     int32_t n_swa;             /* window; 0: every position */
+    bool chunked;              /* n_swa is a chunk: pos - pos % n_swa to pos (llama4) */
     const float *sinks;        /* (n_head) sink logits */
 } kg_cuda_op_attn_t;
 
@@ -59,7 +65,8 @@ kg_status_t kg_cuda_op_add_rmsnorm(float *x,
 
 /** RoPE angles of a->pos (with YaRN and frequency factors as a says), the
  * biases and Q/K norms, rotation of q|k in qkv (n_tokens, n_q + 2 n_kv)
- * (normal or NeoX pairs, the first n_rot dims), the query scale, q rounded
+ * (normal or NeoX pairs, the first n_rot dims; none with no_rope), the L2
+ * norms (llama4.cu), the temperature and the query scale, q rounded
  * to fp16 into q_out (n_tokens, n_q); k and v stored as fp16 in the caches
  * (n_cache_rows, n_kv), which are read back as floats (rows the step does
  * not write keep their input values). */

@@ -63,8 +63,8 @@ __device__ __forceinline__ float router_prob(const kg_cuda_moe_router_t &r,
     return expf(x - m) * inv;
 }
 
-/* The value that chooses expert e: its probability plus the selection bias
- * (exp_probs_b; NULL: none). */
+/* The value that chooses expert e: its probability (llama4: its logit)
+ * plus the selection bias (exp_probs_b; NULL: none). */
 __device__ __forceinline__ float router_choice(const kg_cuda_moe_router_t &r,
                                                const float *lg,
                                                const float *bias,
@@ -72,7 +72,7 @@ __device__ __forceinline__ float router_choice(const kg_cuda_moe_router_t &r,
                                                int32_t e,
                                                float m,
                                                float inv) {
-    const float p = router_prob(r, lg, bias, e, m, inv);
+    const float p = r.w_on_input ? router_logit(lg, bias, e) : router_prob(r, lg, bias, e, m, inv);
     return probs_b ? p + probs_b[e] : p;
 }
 
@@ -193,6 +193,8 @@ __global__ void moe_align_kernel(const kg_cuda_step_hdr_t *hdr,
                                  int32_t *__restrict__ row_tok,
                                  int32_t *__restrict__ slot,
                                  int32_t *__restrict__ tile_expert,
+                                 const float *__restrict__ w,
+                                 float *__restrict__ row_w,
                                  int32_t rows_cap,
                                  long long *__restrict__ stats) {
     __shared__ int32_t start[MOE_MAX_EXPERTS + 1];
@@ -230,11 +232,17 @@ __global__ void moe_align_kernel(const kg_cuda_step_hdr_t *hdr,
         for (int32_t i = 0; i < n; i++) { /* token order within the group */
             if (sel[i] == e) {
                 row_tok[row] = i / r.k;
+                if (row_w) {
+                    row_w[row] = w[i];
+                }
                 slot[i] = row++;
             }
         }
         for (; row < start[e + 1]; row++) {
             row_tok[row] = -1;
+            if (row_w) {
+                row_w[row] = 0.0f;
+            }
         }
         for (int32_t tl = start[e] / T; tl < start[e + 1] / T; tl++) {
             tile_expert[tl] = e;
@@ -255,8 +263,8 @@ kg_status_t kg_cuda_moe_align(cudaStream_t stream,
         return KG_ERR_INVALID;
     }
     moe_align_kernel<<<1, 256, 0, stream>>>(hdr, *r, plan->sel, plan->offset, plan->row_tok,
-                                            plan->slot, plan->tile_expert, plan->rows_cap,
-                                            plan->stats);
+                                            plan->slot, plan->tile_expert, plan->w, plan->row_w,
+                                            plan->rows_cap, plan->stats);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
@@ -271,6 +279,7 @@ kg_status_t kg_cuda_moe_align(cudaStream_t stream,
  * each output element runs over the inputs in order from +0. */
 __global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
                                 const int32_t *__restrict__ row_tok,
+                                const float *__restrict__ row_w,
                                 const void *__restrict__ w,
                                 const float *__restrict__ bias,
                                 const void *__restrict__ x,
@@ -298,7 +307,11 @@ __global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
             const int rr = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
             const int32_t tok = row_tok[r0 + rr];
             const int32_t src = tok < 0 ? -1 : (gather ? tok : r0 + rr);
-            xs[rr][kk] = src >= 0 && kk < kn ? kg_ld(x, (int64_t)src * n_in + k0 + kk, dt) : 0.0f;
+            float v = src >= 0 && kk < kn ? kg_ld(x, (int64_t)src * n_in + k0 + kk, dt) : 0.0f;
+            if (row_w && gather && src >= 0) { /* llama4: the row times its weight */
+                v = v * row_w[r0 + rr];
+            }
+            xs[rr][kk] = v;
         }
         for (int i = c; i < GEMM_COLS * GEMM_CHUNK; i += GEMM_COLS) {
             const int cc = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
@@ -338,8 +351,8 @@ kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
                              kg_cuda_dtype_t dt) {
     const dim3 grid((unsigned)((n_out + GEMM_COLS - 1) / GEMM_COLS),
                     (unsigned)(plan->rows_cap / KG_CUDA_MOE_TILE));
-    moe_gemm_kernel<<<grid, GEMM_COLS, 0, stream>>>(plan->tile_expert, plan->row_tok, w, bias, x,
-                                                    gather, y, n_out, n_in, (int)dt);
+    moe_gemm_kernel<<<grid, GEMM_COLS, 0, stream>>>(plan->tile_expert, plan->row_tok, plan->row_w,
+                                                    w, bias, x, gather, y, n_out, n_in, (int)dt);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
@@ -385,6 +398,7 @@ kg_status_t kg_cuda_moe_act(cudaStream_t stream,
 
 __global__ void moe_combine_kernel(const kg_cuda_step_hdr_t *hdr,
                                    int32_t k,
+                                   int unweighted,
                                    const int32_t *__restrict__ slot,
                                    const float *__restrict__ w,
                                    const float *__restrict__ y,
@@ -396,9 +410,11 @@ __global__ void moe_combine_kernel(const kg_cuda_step_hdr_t *hdr,
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < end;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / n, c = i % n;
-        float acc = y[(int64_t)slot[t * k] * n + c] * w[t * k];
+        /* unweighted (llama4): the weight was on the input; y * 1 would be y */
+        float acc = y[(int64_t)slot[t * k] * n + c] * (unweighted ? 1.0f : w[t * k]);
         for (int32_t j = 1; j < k; j++) {
-            const float prod = y[(int64_t)slot[t * k + j] * n + c] * w[t * k + j];
+            const float prod =
+                y[(int64_t)slot[t * k + j] * n + c] * (unweighted ? 1.0f : w[t * k + j]);
             acc = acc + prod;
         }
         out[i] = add ? acc + add[i] : acc;
@@ -420,8 +436,8 @@ kg_status_t kg_cuda_moe_combine(cudaStream_t stream,
     }
     int64_t blocks = (total + 255) / 256;
     blocks = blocks > 65536 ? 65536 : blocks;
-    moe_combine_kernel<<<(unsigned)blocks, 256, 0, stream>>>(hdr, r->k, plan->slot, plan->w, y, add,
-                                                             out, n, total);
+    moe_combine_kernel<<<(unsigned)blocks, 256, 0, stream>>>(hdr, r->k, r->w_on_input, plan->slot,
+                                                             plan->w, y, add, out, n, total);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
@@ -530,8 +546,9 @@ extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
     kg_status_t st = KG_OK;
     const int32_t T = m->n_tokens, E = m->n_embd, F = m->n_ff, X = m->n_expert, k = m->k;
     const kg_cuda_dtype_t dt = (kg_cuda_dtype_t)m->dtype;
-    const kg_cuda_moe_router_t r = {X,          k,          m->top_k_then_softmax, m->norm_w,
-                                    m->w_scale, m->sigmoid, m->n_groups,           m->n_group_used};
+    const kg_cuda_moe_router_t r = {
+        X,          k,           m->top_k_then_softmax, m->norm_w,    m->w_scale,
+        m->sigmoid, m->n_groups, m->n_group_used,       m->w_on_input};
     kg_cuda_moe_plan_t plan;
     memset(&plan, 0, sizeof(plan));
     plan.rows_cap = kg_cuda_moe_rows_cap(T, k, X);
@@ -564,6 +581,9 @@ extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
     MOE_TRY(moe_alloc(&b, (void **)&plan.slot, (size_t)T * k * sizeof(int32_t)));
     MOE_TRY(moe_alloc(&b, (void **)&plan.offset, (size_t)(X + 1) * sizeof(int32_t)));
     MOE_TRY(moe_alloc(&b, (void **)&plan.row_tok, (size_t)R * sizeof(int32_t)));
+    if (m->w_on_input) {
+        MOE_TRY(moe_alloc(&b, (void **)&plan.row_w, (size_t)R * sizeof(float)));
+    }
     MOE_TRY(moe_alloc(&b, (void **)&plan.tile_expert,
                       (size_t)(R / KG_CUDA_MOE_TILE) * sizeof(int32_t)));
     MOE_TRY(moe_alloc(&b, &g, (size_t)R * F * sizeof(float)));

@@ -3,7 +3,8 @@
  *
  *   route   one thread per token: the router's softmax and top-k (or
  *           gpt-oss's top-k of the logits then a softmax over them, or
- *           glm4moe's sigmoid with the selection bias and group limit),
+ *           glm4moe's sigmoid with the selection bias and group limit, or
+ *           llama4's top-k of the logits weighed by their sigmoids),
  *           the renormalisation and scale; the same rules and tie order as
  *           cpu_moe_route, so a token picks the same experts.
  *   align   one block: each expert's rows (token order) laid out after the
@@ -17,12 +18,15 @@
  *           accumulation; each output element is one fmaf chain over the
  *           inputs in order, so a row's result does not depend on what else
  *           shares its expert (batch invariance, as on the CPU); expert
- *           biases added after the chain (ggml_add_id).
+ *           biases added after the chain (ggml_add_id). llama4's gathered
+ *           rows are multiplied by their weight as they are loaded (the
+ *           CPU's cpu_moe_gather_weighted, one rounding).
  *   act     SwiGLU, gpt-oss's clamped SwiGLU or (no gate: nemotron_h_moe)
  *           the up projection's squared ReLU, stored in the down
  *           projection's type.
  *   combine the weighted sum of a token's k outputs in rank order, each
- *           product rounded, then added (ggml_mul, then ggml_add of views).
+ *           product rounded, then added (ggml_mul, then ggml_add of views);
+ *           llama4's outputs unweighted (their weight was on the input).
  *
  * The backend runs them for every expert layer (kg_backend_cuda_step.cu, run_step:
  * the router GEMM through gemm.cu, then route, align, gemm x 3, act,
@@ -48,6 +52,10 @@ typedef struct kg_cuda_moe_router {
     int sigmoid;            /* glm4moe: sigmoid scores (else softmax) */
     int32_t n_groups;       /* group-limited top-k over n_groups groups (<= 1: not), */
     int32_t n_group_used;   /* n_group_used of them kept */
+    /* llama4 (kg_hparams_t.moe_w_before): the logits choose (their sigmoids weigh), each
+     * chosen expert's input row is multiplied by its weight (plan->row_w, in the gate/up
+     * GEMMs' gather) and the outputs are summed unweighted */
+    int w_on_input;
 } kg_cuda_moe_router_t;
 
 /* The grouped layout of one step, device buffers for up to `cap` tokens. */
@@ -58,6 +66,7 @@ typedef struct kg_cuda_moe_plan {
     int32_t *offset;      /* (n_expert + 1) first (padded) row of each expert */
     int32_t *row_tok;     /* (rows_cap) token of each grouped row; -1: padding */
     int32_t *tile_expert; /* (rows_cap / TILE) expert of each row tile; -1: unused */
+    float *row_w;         /* (rows_cap) weight of each grouped row (w_on_input only; else NULL) */
     int32_t rows_cap;     /* kg_cuda_moe_rows_cap of the launch's token count */
     /* the expert load, summed over calls (NULL: not counted): n_layer_steps,
      * n_routed, n_groups, max_group, then (n_expert) rows per expert */
@@ -86,15 +95,17 @@ kg_status_t kg_cuda_moe_route(cudaStream_t stream,
                               const float *probs_b,
                               const kg_cuda_moe_plan_t *plan);
 
-/** The grouped layout of plan->sel: offset, row_tok, slot, tile_expert;
- * and the load in plan->stats when not NULL. */
+/** The grouped layout of plan->sel: offset, row_tok, slot, tile_expert,
+ * row_w (plan->w of each row, 0 for padding) when not NULL; and the load in
+ * plan->stats when not NULL. */
 kg_status_t kg_cuda_moe_align(cudaStream_t stream,
                               const kg_cuda_step_hdr_t *hdr,
                               const kg_cuda_moe_router_t *r,
                               const kg_cuda_moe_plan_t *plan);
 
 /** y(rows_cap, n_out) F32 = the grouped GEMM: grouped row g of expert e is
- * x[row_tok[g]] (gather != 0) or x[g] (type dt, n_in wide) times expert
+ * x[row_tok[g]] (gather != 0; times plan->row_w[g] when that is not NULL)
+ * or x[g] (type dt, n_in wide) times expert
  * e's (n_out, n_in) matrix (w + e * n_out * n_in, type dt), plus
  * bias[e] (n_expert, n_out) F32 when bias is not NULL. Padding rows are
  * not written. */

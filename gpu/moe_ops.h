@@ -19,6 +19,7 @@ typedef struct kg_cuda_op_moe {
     int n_groups, n_group_used; /* group-limited top-k (n_groups <= 1: not) */
     const float *probs_b;       /* (n_expert) selection bias, or NULL */
     int norm_w;                 /* renormalise the k weights */
+    int w_on_input;             /* llama4: chosen by the logits, each input row times its weight */
     float w_scale;              /* then scale them (0 or 1: not) */
     int oai;                    /* gpt-oss's clamped SwiGLU; else SwiGLU */
     int dtype;                  /* KG_CUDA_OP_BF16/F16/F32 (kg_cuda_ops.h): the weights' type, and

@@ -91,8 +91,9 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
      * mode (i, i + n_rot/2) for i < n_rot/2, and the dims past n_rot pass
      * through two at a time; heads 0..n_head-1 are q, the next n_head_kv k */
     const int32_t n_pairs = (sh.n_head + sh.n_head_kv) * half_hd;
-    const float temp =
-        ops.temp_scale != 0.0f ? kg_attn_temp(ops.temp_scale, ops.temp_floor, pos) : 1.0f;
+    const float temp = ops.temp_scale != 0.0f
+                           ? kg_attn_temp(ops.temp_scale, ops.temp_floor, pos + ops.temp_offset)
+                           : 1.0f;
     for (int32_t j = threadIdx.x; j < n_pairs; j += blockDim.x) {
         const int32_t h = j / half_hd, i = j % half_hd;
         int32_t ia = 2 * i, ib = 2 * i + 1;

@@ -42,9 +42,11 @@ typedef struct kg_cuda_qkv_ops {
     float q_scale;    /* q *= q_scale after the rotation; 0: not */
     int no_rope;      /* no rotation in this layer (NoPE) */
     int norm_full;    /* q_norm (n_head*hd) and k_norm (n_kv*hd) norm all heads at once (olmo2) */
-    float temp_scale; /* q *= kg_attn_temp(temp_scale, temp_floor, pos) after the rotation
-                         (mistral3's attention temperature); 0: not */
+    float temp_scale; /* q *= kg_attn_temp(temp_scale, temp_floor, pos + temp_offset) after the
+                         rotation (mistral3's attention temperature; llama4's on its NoPE
+                         layers, offset 1); 0: not */
     int32_t temp_floor;
+    int32_t temp_offset;
 } kg_cuda_qkv_ops_t;
 
 /** For t < hdr->n_tokens, with qkv(t) = [q (n_head*hd) | k (n_kv*hd) | v (n_kv*hd)]

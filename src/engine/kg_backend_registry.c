@@ -20,7 +20,8 @@
  * kernels, and whole forwards of the tests/data/arch models): the dense
  * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN, issue 24's) and the
  * experts (qwen3moe, Mixtral, gpt-oss with its sinks, glm4moe's sigmoid
- * router and shared expert), the bert and nomic-bert encoders, and
+ * router and shared expert), llama4 (chunked attention, Q/K L2 norms, the
+ * NoPE layers' temperature, experts weighted on their input), the bert and nomic-bert encoders, and
  * gemma-embedding's non-causal decoder layers (check_cuda_embed.c).
  * A model that needs anything else is refused for it, and `auto` takes
  * the CPU. */
@@ -77,15 +78,6 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
                  "yet (it runs lfm2's, lfm2moe's, qwen35's, qwen35moe's, qwen3next's, "
                  "granitehybrid's, nemotron_h's and nemotron_h_moe's)",
                  kg_arch_name(model->hp.arch));
-        return false;
-    }
-    if (model->hp.arch == KG_ARCH_LLAMA4) {
-        /* its chunked attention, Q/K L2 norms, NoPE-only temperature and experts weighted on
-         * their input are the CPU backend's alone (no kernels for them in gpu/) */
-        snprintf(why, cap,
-                 "the cuda backend does not run llama4 yet (chunked attention, Q/K L2 norms, the "
-                 "NoPE layers' temperature, router weights on the experts' input): use the cpu "
-                 "backend");
         return false;
     }
     if ((used & KG_MODEL_FEAT_ENCODER) && model->hp.arch != KG_ARCH_BERT &&

@@ -160,10 +160,20 @@ END_TEST
  * out of order. */
 static const int32_t k_table[] = {5, 2, 7, 0, /* seq 1: */ 3, 6, 1, 4};
 
+/* What a family adds to RoPE here (llama4's L2 norms, its NoPE layers'
+ * temperature); zeros: plain. */
+typedef struct rope_extra {
+    bool l2_norm, no_rope;
+    float temp_scale;
+    int32_t temp_floor, temp_offset;
+} rope_extra_t;
+
 /* RoPE + KV store: q rounded to fp16 and k, v in their cache rows, against
  * kg_rope_cache + kg_rope_pair on the host (within 2 fp16 units: the
- * device's cosf/sinf/powf may differ from glibc's in the last bit). */
-static void check_rope(int n_head, int n_kv, int hd, int n_rot) {
+ * device's cosf/sinf/powf may differ from glibc's in the last bit), then
+ * what x adds as the CPU backend does it (qkv_rows: cpu_rmsnorm_rows of
+ * each head without a weight, kg_attn_temp at pos + offset). */
+static void check_rope_x(int n_head, int n_kv, int hd, int n_rot, const rope_extra_t *x) {
     const int T = 6, bs = 4, n_rows = 8 * bs;
     const int32_t pos[6] = {0, 5, 13, 2, 3, 9};
     const int32_t off[6] = {0, 0, 0, 4, 4, 4};
@@ -186,17 +196,32 @@ static void check_rope(int n_head, int n_kv, int hd, int n_rot) {
                            .tbl_off = off,
                            .table = k_table,
                            .n_table = 8,
-                           .n_cache_rows = n_rows};
+                           .n_cache_rows = n_rows,
+                           .norm_eps = 1e-5f,
+                           .no_rope = x->no_rope,
+                           .l2_norm = x->l2_norm,
+                           .temp_scale = x->temp_scale,
+                           .temp_floor = x->temp_floor,
+                           .temp_offset = x->temp_offset};
     ck_assert_int_eq(kg_cuda_op_rope_store(&a, qkv, q, kc, vc), KG_OK);
     bool written[32] = {false};
     for (int t = 0; t < T; t++) {
         float cs[256], row[512];
         kg_rope_cache(pos[t], n_rot, 10000.0f, 1.0f, NULL, cs, cs + n_rot / 2);
         memcpy(row, qkv + (size_t)t * W, (size_t)(nq + nkv) * 4);
-        for (int h = 0; h < n_head + n_kv; h++) {
+        for (int h = 0; h < n_head + n_kv && !x->no_rope; h++) {
             for (int i = 0; i < n_rot / 2; i++) {
                 kg_rope_pair(&row[h * hd + 2 * i], &row[h * hd + 2 * i + 1], cs[i],
                              cs[n_rot / 2 + i]);
+            }
+        }
+        if (x->l2_norm && !x->no_rope) {
+            cpu_rmsnorm_rows(row, NULL, row, n_head + n_kv, hd, 1e-5f);
+        }
+        if (x->temp_scale != 0.0f) {
+            const float temp = kg_attn_temp(x->temp_scale, x->temp_floor, pos[t] + x->temp_offset);
+            for (int i = 0; i < nq; i++) {
+                row[i] = row[i] * temp;
             }
         }
         const int r = k_table[off[t] + pos[t] / bs] * bs + pos[t] % bs;
@@ -223,10 +248,29 @@ static void check_rope(int n_head, int n_kv, int hd, int n_rot) {
     free(qkv), free(q), free(kc), free(vc);
 }
 
+static void check_rope(int n_head, int n_kv, int hd, int n_rot) {
+    const rope_extra_t none = {0};
+    check_rope_x(n_head, n_kv, hd, n_rot, &none);
+}
+
 START_TEST(rope_vs_cpu) {
     check_rope(4, 2, 16, 16);
     check_rope(3, 1, 64, 32); /* partial rotation: n_rot < head_dim */
     check_rope(2, 2, 128, 128);
+}
+END_TEST
+
+/* llama4's attention inputs: its RoPE layers' Q/K L2 norms after the
+ * rotation (llama4.cu), and its NoPE layers' temperature at pos + 1, over
+ * blocks of 4 positions here (8192 in the model) so that the offset moves
+ * the token at position 3 into the next block (its scale 1 without it). */
+START_TEST(rope_llama4_vs_cpu) {
+    const rope_extra_t l2 = {.l2_norm = true};
+    const rope_extra_t nope = {
+        .no_rope = true, .temp_scale = 0.1f, .temp_floor = 4, .temp_offset = 1};
+    check_rope_x(4, 2, 16, 16, &l2);
+    check_rope_x(4, 2, 64, 64, &l2); /* wider heads: two squares per lane */
+    check_rope_x(4, 2, 16, 16, &nope);
 }
 END_TEST
 
@@ -254,10 +298,11 @@ static void att_tokens(int32_t *pos, int32_t *off) {
  * with one tile per token, with tiles shared by consecutive tokens, with
  * the tiles cut into several launches, and alone. */
 /* What a family adds to attention (gemma2's soft-capping and scale,
- * sliding windows, gpt-oss's sinks); zeros: plain. */
+ * sliding windows, llama4's chunks, gpt-oss's sinks); zeros: plain. */
 typedef struct att_extra {
     float scale, softcap;
     int32_t n_swa;
+    bool chunked; /* n_swa is a chunk (llama4) */
     bool sinks;
 } att_extra_t;
 
@@ -290,7 +335,8 @@ check_attention_x(int n_head, int n_kv, int hd, int dt, int32_t split_len, const
                            .n_cache_rows = rows,
                            .scale = x->scale,
                            .softcap = x->softcap,
-                           .n_swa = x->n_swa};
+                           .n_swa = x->n_swa,
+                           .chunked = x->chunked};
     float sinks[64];
     for (int h = 0; h < n_head && x->sinks; h++) {
         sinks[h] = frand() * 2.0f; /* around the scores' range */
@@ -308,7 +354,11 @@ check_attention_x(int n_head, int n_kv, int hd, int dt, int32_t split_len, const
         for (int h = 0; h < n_head; h++) {
             const int g = h / group;
             double m = x->sinks ? sinks[h] : -INFINITY, sum = 0;
-            const int p_lo = x->n_swa > 0 && pos[t] + 1 > x->n_swa ? pos[t] + 1 - x->n_swa : 0;
+            /* the CPU backend's rule (attention_task): the last n_swa positions, or those of
+             * the token's own chunk */
+            const int p_lo = x->n_swa > 0 && x->chunked              ? pos[t] - pos[t] % x->n_swa
+                             : x->n_swa > 0 && pos[t] + 1 > x->n_swa ? pos[t] + 1 - x->n_swa
+                                                                     : 0;
             for (int p = p_lo; p <= pos[t]; p++) {
                 const int r = k_att_table[off[t] + p / AT_BS] * AT_BS + p % AT_BS;
                 double d = 0;
@@ -386,12 +436,17 @@ END_TEST
 
 /* The families' attention: soft-capped scores with gemma2's query scale, a
  * window shorter than the splits and one longer than a split (tokens whose
- * window starts inside, or after, earlier splits and KV tiles), sinks, and
- * all together; against the reference, and batch invariant as above. */
+ * window starts inside, or after, earlier splits and KV tiles), llama4's
+ * chunks (of 24: the run of 70 tokens crosses two chunk starts, neither on a
+ * split or KV tile boundary, so tiles and splits hold rows of two chunks;
+ * of 40 with the decode at 100 in the third chunk), sinks, and all
+ * together; against the reference, and batch invariant as above. */
 START_TEST(attention_extras_vs_reference) {
     const att_extra_t softcap = {.scale = 1.0f, .softcap = 2.0f};
     const att_extra_t win_short = {.n_swa = 5};
     const att_extra_t win_long = {.n_swa = 40};
+    const att_extra_t chunk_short = {.n_swa = 24, .chunked = true};
+    const att_extra_t chunk_long = {.n_swa = 40, .chunked = true};
     const att_extra_t sinks = {.sinks = true};
     const att_extra_t all = {.scale = 0.3f, .softcap = 3.0f, .n_swa = 21, .sinks = true};
     const int32_t split_lens[2] = {0, 32};
@@ -399,6 +454,8 @@ START_TEST(attention_extras_vs_reference) {
         check_attention_x(8, 2, 64, KG_CUDA_OP_F32, split_lens[i], &softcap);
         check_attention_x(8, 2, 64, KG_CUDA_OP_F32, split_lens[i], &win_short);
         check_attention_x(4, 1, 32, KG_CUDA_OP_F32, split_lens[i], &win_long);
+        check_attention_x(8, 2, 64, KG_CUDA_OP_F32, split_lens[i], &chunk_short);
+        check_attention_x(4, 2, 64, KG_CUDA_OP_F32, split_lens[i], &chunk_long);
         check_attention_x(8, 2, 64, KG_CUDA_OP_F32, split_lens[i], &sinks);
         check_attention_x(9, 3, 16, KG_CUDA_OP_F32, split_lens[i], &all);
     }
@@ -1492,11 +1549,15 @@ static void check_arch(const char *name, const char *type, double bound, float t
             n++;
         }
         /* the device ran one step more (the prompt in two chunks) through
-         * each expert layer (glm4moe's leading dense layers have none) */
+         * each expert layer (glm4moe's leading dense layers and llama4's
+         * interleaved ones have none) */
         kg_moe_stats_t sc, sg;
         kg_backend_moe_stats(cpu, &sc);
         kg_backend_moe_stats(gpu, &sg);
-        const int32_t n_moe_layers = m->hp.n_layer - m->hp.n_layer_dense;
+        int32_t n_moe_layers = 0;
+        for (int32_t il = 0; il < m->hp.n_layer; il++) {
+            n_moe_layers += m->layers[il].ffn_gate_inp != NULL;
+        }
         ck_assert_int_eq(sg.n_layer_steps,
                          sc.n_layer_steps +
                              (sc.n_expert > 0 && cut < g.n_input[p] ? n_moe_layers : 0));
@@ -1563,6 +1624,12 @@ static const cuda_family_t k_cuda_families[] = {
     /* sigmoid router with selection bias and groups, shared expert, a
      * leading dense layer, half-head RoPE */
     {"glm4moe", true, NULL, "f32", true, true},
+    /* chunked attention (8192: the goldens' prompts stay in the first chunk; the kernels case
+     * and llama4_small_chunks_vs_cpu cross chunks), Q/K L2 norms, a NoPE layer with the
+     * temperature at pos + 1, dense and MoE layers in turn, experts chosen by their logits and
+     * weighted on their input, a shared expert; its batch invariance on a GPU (it passed once
+     * on cuemu, 2026-12-07: about a minute there) */
+    {"llama4", true, NULL, "f32", true, true},
 };
 
 #define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))
@@ -1658,6 +1725,92 @@ END_TEST
 
 START_TEST(moe_f32_vs_cpu) {
     check_arch(nth_row(row_moe, _i)->name, "f32", 1e-6, 1e-3f);
+}
+END_TEST
+
+/* llama4's chunked attention and its NoPE layer's temperature through whole
+ * steps. The goldens' prompts stay inside the first chunk of 8192 positions
+ * (llama4-long's 8319 ids would take an hour or more on the emulator, by an
+ * estimate from the attention's square), so the F32 golden's model with
+ * chunks and temperature blocks of 32 instead (both backends read them
+ * from the model): its 127-id prompt crosses three chunk
+ * starts and three temperature steps, prefilled on the device in two chunks
+ * (42 ids, then 85 from inside the second chunk) and on the CPU in one, then
+ * 24 greedy decode steps (graphs) past the fifth chunk's start; every step's
+ * logits within 1e-6 of the CPU's (NMSE) with the same greedy ids, and the
+ * prompt's logits far from those of chunks and blocks of 8192 (so the
+ * change took). */
+START_TEST(llama4_small_chunks_vs_cpu) {
+    const cuda_family_t llama4 = {.name = "llama4"}; /* row_selected reads the name */
+    if (!row_selected(&llama4)) {
+        return; /* KG_CUDA_ARCH_ONLY names other rows */
+    }
+    static arch_golden_t g;
+    arch_golden_load("llama4.f32.golden", &g);
+    kg_model_t *m = arch_model(&g, "llama4 f32");
+    const int32_t V = m->hp.n_vocab, n_prompt = g.n_input[1], cut = n_prompt / 3, n_gen = 24;
+    ck_assert(m->hp.swa_chunked && m->hp.attn_temp_nope && m->hp.n_swa == 8192);
+    ck_assert_int_eq(m->hp.attn_temp_floor, 8192);
+    ck_assert_int_ge(n_prompt, 97);
+    int32_t n_chunked = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        if (m->layers[il].n_swa > 0) {
+            m->layers[il].n_swa = 32;
+            n_chunked++;
+        }
+    }
+    ck_assert_int_eq(n_chunked, 3);
+    m->hp.n_swa = 32;
+    m->hp.attn_temp_floor = 32;
+    float *lc = malloc((size_t)V * 4), *lg = malloc((size_t)V * 4), *lw = malloc((size_t)V * 4);
+    kg_backend_t *cpu = arch_backend("cpu", m), *gpu = arch_backend("cuda", m);
+    ck_assert(kg_backend_is_cuda(gpu));
+    static int32_t tok[ARCH_CTX];
+    memcpy(tok, g.input[1], (size_t)n_prompt * 4);
+    arch_forward(cpu, tok, 0, n_prompt, lc);
+    arch_forward(gpu, tok, 0, cut, lg);
+    arch_forward(gpu, tok, cut, n_prompt - cut, lg);
+    double worst = 0;
+    for (int32_t k = 0, n = n_prompt;; k++, n++) {
+        ck_assert_msg(same_routing(cpu, gpu),
+                      "llama4 chunks of 32, step %d: the experts' loads "
+                      "differ",
+                      k);
+        const double e = nmse(lc, lg, (size_t)V);
+        worst = e > worst ? e : worst;
+        ck_assert_msg(e < 1e-6, "llama4 chunks of 32, step %d: nmse %g", k, e);
+        const int32_t idc = arch_argmax(lc, V), idg = arch_argmax(lg, V);
+        ck_assert_msg(idc == idg, "llama4 chunks of 32, step %d: cuda picks %d, cpu %d", k, idg,
+                      idc);
+        if (k == 0) {
+            memcpy(lw, lc, (size_t)V * 4);
+        }
+        if (k == n_gen) {
+            break;
+        }
+        tok[n] = idc;
+        arch_forward(cpu, tok, n, 1, lc);
+        arch_forward(gpu, tok, n, 1, lg);
+    }
+    kg_backend_free(cpu);
+    kg_backend_free(gpu);
+    /* the model's own chunks and blocks of 8192: the prompt is one chunk, scale 1 */
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        m->layers[il].n_swa = m->layers[il].n_swa > 0 ? 8192 : 0;
+    }
+    m->hp.n_swa = 8192;
+    m->hp.attn_temp_floor = 8192;
+    cpu = arch_backend("cpu", m);
+    arch_forward(cpu, tok, 0, n_prompt, lc);
+    const double moved = nmse(lc, lw, (size_t)V);
+    ck_assert_msg(moved > 1e-3, "chunks of 32 moved the prompt's logits by nmse %g only", moved);
+    fprintf(stderr,
+            "check_cuda: llama4 f32, chunks of 32: cuda against cpu, worst logits nmse %.3g (the "
+            "chunks of 32 against 8192 on the cpu: %.3g)\n",
+            worst, moved);
+    kg_backend_free(cpu);
+    free(lc), free(lg), free(lw);
+    kg_model_free(m);
 }
 END_TEST
 
@@ -2307,6 +2460,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, runs_unforked);
     tcase_add_test(tc, rmsnorm_vs_cpu);
     tcase_add_test(tc, rope_vs_cpu);
+    tcase_add_test(tc, rope_llama4_vs_cpu);
     tcase_add_test(tc, attention_vs_reference);
     tcase_add_test(tc, attention_extras_vs_reference);
     tcase_add_test(tc, geglu_vs_cpu);
@@ -2352,6 +2506,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, arch_quant_vs_cpu, 0, n_rows(row_quant));
     tcase_add_loop_test(tc, arch_batch_invariance, 0, n_rows(row_inv));
     tcase_add_loop_test(tc, moe_f32_vs_cpu, 0, n_rows(row_moe));
+    tcase_add_test(tc, llama4_small_chunks_vs_cpu);
     suite_add_tcase(s, tc);
     tc = tcase_create("engine");
     tcase_set_tags(tc, "gpu");

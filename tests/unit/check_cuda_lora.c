@@ -35,12 +35,17 @@ int main(void) {
 #include <string.h>
 
 #define BASE_ARGS  "--n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 --seed 5"
-/* lora_vs_cpu's bases: a llama, and an apertus (up, xIELU, down: its FFN
- * adapted without a gate) */
+/* lora_vs_cpu's bases: a llama, an apertus (up, xIELU, down: its FFN
+ * adapted without a gate), and a llama4 (its attention adapted before the
+ * RoPE layers' L2 norms, its dense layers' FFN; its MoE layers have no
+ * ffn_gate/up/down to adapt, as on the CPU) */
 static const char *const k_bases[] = {
     BASE_ARGS,
     "--arch apertus --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 --n-ff 128 --seed 6",
+    "--arch llama4 --n-embd 64 --n-layer 4 --n-head 4 --n-head-kv 2 --n-ff 128 --n-ff-exp 64 "
+    "--n-expert 4 --n-expert-used 1 --seed 7",
 };
+static const char *const k_base_names[] = {"llama", "apertus", "llama4"};
 #define N_ADAPT    3
 #define N_SEQ      4
 #define MAX_TOK    32
@@ -265,7 +270,7 @@ START_TEST(lora_vs_cpu) {
     fprintf(stderr,
             "check_cuda_lora: %s: worst NMSE against the CPU: base %.3g, f32 %.3g, f16 at 0.5 "
             "%.3g, q8_0 + f32 %.3g\n",
-            _i == 0 ? "llama" : "apertus", worst[0], worst[1], worst[2], worst[3]);
+            k_base_names[_i], worst[0], worst[1], worst[2], worst[3]);
     /* the last step (sequence 0 on the base, decode only) ran as a graph */
     kg_backend_counters_t cnt;
     kg_backend_counters(gpu, &cnt);

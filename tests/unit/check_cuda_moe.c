@@ -3,8 +3,9 @@
  * the same order, weights within 1e-6), the FFN's output matches the CPU
  * path (cpu_gemm over each expert's packed matrix, the same rounding of
  * activations to the weights' type, cpu_moe_combine) within an NMSE bound,
- * for Mixtral/qwen3moe's router and gpt-oss's (biases, clamped SwiGLU), in
- * F32, F16 and BF16; and a token's output is bit for bit the same alone
+ * for Mixtral/qwen3moe's router, gpt-oss's (biases, clamped SwiGLU),
+ * glm4moe's and llama4's (the weights on the experts' input), in F32, F16
+ * and BF16; and a token's output is bit for bit the same alone
  * and among the others (the grouped GEMM's chains do not depend on the
  * group). Runs on a GPU, or on the CPU under scripts/gpu-emulate.
  *
@@ -80,6 +81,7 @@ static kg_hparams_t router_hparams(const kg_cuda_op_moe_t *m) {
     hp.moe_w_scale = m->w_scale;
     hp.n_expert_groups = m->n_groups;
     hp.n_group_used = m->n_group_used;
+    hp.moe_w_before = m->w_on_input != 0;
     return hp;
 }
 
@@ -96,7 +98,11 @@ static void cpu_ffn(const kg_cuda_op_moe_t *m, const float *x, const float *logi
     float *xa = malloc((size_t)(TK * E) * 4), *xr = malloc((size_t)(TK * E) * 4);
     float *g = malloc((size_t)(TK * F) * 4), *u = malloc((size_t)(TK * F) * 4);
     float *hr = malloc((size_t)(TK * F) * 4), *y = malloc((size_t)(TK * E) * 4);
-    cpu_moe_gather(&plan, x, E, xa, T);
+    if (m->w_on_input) { /* llama4: each row times its weight, the outputs summed */
+        cpu_moe_gather_weighted(&plan, x, E, xa, T);
+    } else {
+        cpu_moe_gather(&plan, x, E, xa, T);
+    }
     const kg_ggml_type_t t = ggml_type(m->dtype);
     for (int32_t e = 0; e < X; e++) {
         const int64_t r0 = plan.offset[e], n = plan.offset[e + 1] - r0;
@@ -181,11 +187,17 @@ static void check_ffn(kg_cuda_op_moe_t *m, uint64_t seed) {
     cpu_moe_plan_clear(&plan);
 
     /* the output: the CPU path's, within one rounding of the activation
-     * type (the GPU's expf is not glibc's) */
+     * type (the GPU's expf is not glibc's); llama4's weighted inputs are
+     * rounded twice apart: the CPU rounds x * w to the type, the device
+     * reads x in the type (the experts' normed input) and multiplies by w
+     * in F32 (1.4e-5 seen in BF16) */
     cpu_ffn(m, x, logits, ref);
     const double e = nmse(ref, out, (size_t)T * E);
-    const double bound = m->dtype == KG_CUDA_OP_F32 ? 1e-10 : 1e-5;
+    const double bound = m->dtype == KG_CUDA_OP_F32 ? 1e-10 : m->w_on_input ? 5e-5 : 1e-5;
     ck_assert_msg(e < bound, "dtype %d oai %d: nmse %g >= %g", m->dtype, m->oai, e, bound);
+    if (m->w_on_input) {
+        fprintf(stderr, "check_cuda_moe: weights on the input, dtype %d: nmse %.3g\n", m->dtype, e);
+    }
 
     /* batch invariance: each token alone gives its row's bits */
     kg_cuda_op_moe_t m1 = *m;
@@ -256,6 +268,19 @@ static const struct moe_router {
       .n_group_used = 2,
       .probs_b = k_glm_bias},
      41,
+     true},
+    /* llama4: the logits choose, their sigmoids weigh each chosen expert's
+     * input row, the outputs summed unweighted (k 2 here, where llama4's
+     * files use 1, so the sum runs) */
+    {"llama4, top 2 of 8 logits, weights on the input",
+     {.n_tokens = 10,
+      .n_embd = 64,
+      .n_ff = 40,
+      .n_expert = 8,
+      .k = 2,
+      .sigmoid = 1,
+      .w_on_input = 1},
+     51,
      true},
 };
 

@@ -273,7 +273,8 @@ static void loads_mistral3(const kg_model_t *m) {
 /* llama4: what llama.cpp fixes in code (chunks of 8192 on layers 0-2 of each 4, NoPE and the
  * temperature over blocks of 8192 on the fourth), MoE layers 1 and 3 (interleave step 2) with a
  * shared expert as wide as a routed one, the router's weight on the experts' input, Q/K L2
- * norms (not 128 experts), rope_freqs; the CUDA backend refuses it by name */
+ * norms (not 128 experts), rope_freqs; the CUDA backend's gate lets it through (`cuda` gets as
+ * far as the device: an error naming the device where there is none; check_cuda runs it) */
 static void loads_llama4(const kg_model_t *m) {
     const kg_hparams_t *hp = &m->hp;
     ck_assert(hp->swa_chunked && hp->attn_temp_nope && hp->qk_l2_norm && hp->moe_w_before);
@@ -295,10 +296,14 @@ static void loads_llama4(const kg_model_t *m) {
     kg_backend_params_t bp = {
         .n_threads = 1, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 16};
     char err[512] = "";
-    ck_assert_ptr_null(kg_backend_new("cuda", m, &bp, err, sizeof(err)));
+    kg_backend_t *be = kg_backend_new("cuda", m, &bp, err, sizeof(err));
 #ifdef KG_USE_CUDA
-    ck_assert_msg(strstr(err, "llama4") != NULL, "%s", err);
+    ck_assert_msg(be != NULL || (strstr(err, "llama4") == NULL && strstr(err, "implement") == NULL),
+                  "%s", err);
+#else
+    ck_assert_ptr_null(be);
 #endif
+    kg_backend_free(be);
 }
 
 /* seed_oss: NeoX pairs, the biases, its FFN norm from post_attention_norm */
