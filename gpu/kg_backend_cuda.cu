@@ -197,10 +197,12 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(dev_alloc(ctx, (void **)&ctx->gu, T * 2 * F * 4));
     KG_TRY(
         dev_alloc(ctx, (void **)&ctx->rope_cs, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot * 4));
-    KG_TRY(dev_alloc(ctx, (void **)&ctx->split,
-                     kg_cuda_attention_scratch_size(&ctx->ash, ATT_PAIR_CAP)));
+    if (hp->n_lora_kv == 0) { /* attention.cu's (MLA's latent attention needs neither) */
+        KG_TRY(dev_alloc(ctx, (void **)&ctx->split,
+                         kg_cuda_attention_scratch_size(&ctx->ash, ATT_PAIR_CAP)));
+        KG_TRY(dev_alloc(ctx, (void **)&ctx->q16, T * n_q * 2));
+    }
     KG_TRY(dev_alloc(ctx, (void **)&ctx->logits, (size_t)ctx->out_cap * (size_t)hp->n_vocab * 4));
-    KG_TRY(dev_alloc(ctx, (void **)&ctx->q16, T * n_q * 2));
     KG_TRY(dev_alloc(ctx, &ctx->xn, T * E * es));
     KG_TRY(dev_alloc(ctx, &ctx->att, T * n_q * es));
     KG_TRY(dev_alloc(ctx, &ctx->h, T * F * es));
