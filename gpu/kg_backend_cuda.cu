@@ -7,7 +7,9 @@
  * DESIGN
  * KV pool. F16 in device memory, the CPU backend's layout: per layer K and
  * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim); none for
- * a bert encoder, which keeps nothing between steps.
+ * a bert encoder, which keeps nothing between steps; deepseek2's latent
+ * attention keeps one plane per layer, its latent rows (head_dim =
+ * kv_lora_rank + rope dims, kg_backend_cuda_mla.cu).
  *
  * Buffers. Every activation buffer is allocated here at start for
  * max_batch_tokens tokens (see kg_backend_cuda_step.cu), so a step makes
@@ -182,9 +184,11 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
         ctx->layers[il].kv_il =
             ctx->model->layers[il].kind == KG_LAYER_ATTN ? ctx->n_kv_layers++ : -1;
     }
+    ctx->kv_caches = hp->n_lora_kv > 0 ? 1 : 2; /* MLA: the latent rows are K and V */
     if (!ctx->bert) {
         ctx->kv_layer_elems = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size * n_kv;
-        ctx->kv_size = 2 * ctx->kv_layer_elems * (size_t)ctx->n_kv_layers * sizeof(__half);
+        ctx->kv_size = (size_t)ctx->kv_caches * ctx->kv_layer_elems * (size_t)ctx->n_kv_layers *
+                       sizeof(__half);
         KG_CUDA_CHECK(cudaMalloc((void **)&ctx->kv, ctx->kv_size));
         KG_CUDA_CHECK(cudaMemset(ctx->kv, 0, ctx->kv_size));
     }
@@ -197,10 +201,12 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     KG_TRY(dev_alloc(ctx, (void **)&ctx->gu, T * 2 * F * 4));
     KG_TRY(
         dev_alloc(ctx, (void **)&ctx->rope_cs, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot * 4));
-    KG_TRY(dev_alloc(ctx, (void **)&ctx->split,
-                     kg_cuda_attention_scratch_size(&ctx->ash, ATT_PAIR_CAP)));
+    if (hp->n_lora_kv == 0) { /* attention.cu's (MLA's latent attention needs neither) */
+        KG_TRY(dev_alloc(ctx, (void **)&ctx->split,
+                         kg_cuda_attention_scratch_size(&ctx->ash, ATT_PAIR_CAP)));
+        KG_TRY(dev_alloc(ctx, (void **)&ctx->q16, T * n_q * 2));
+    }
     KG_TRY(dev_alloc(ctx, (void **)&ctx->logits, (size_t)ctx->out_cap * (size_t)hp->n_vocab * 4));
-    KG_TRY(dev_alloc(ctx, (void **)&ctx->q16, T * n_q * 2));
     KG_TRY(dev_alloc(ctx, &ctx->xn, T * E * es));
     KG_TRY(dev_alloc(ctx, &ctx->att, T * n_q * es));
     KG_TRY(dev_alloc(ctx, &ctx->h, T * F * es));
@@ -270,6 +276,7 @@ static void cuda_free(kg_backend_t *be) {
         }
         cuda_lora_free(ctx);
         cuda_rec_free(ctx);
+        cuda_mla_free(ctx);
         for (int i = 0; i < ctx->n_buckets; i++) {
             if (ctx->buckets[i].exec) {
                 cudaGraphExecDestroy(ctx->buckets[i].exec);
@@ -406,8 +413,12 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
                  "cuda backend: KV blocks, block size and batch tokens must be > 0");
         goto fail;
     }
-    if (hp->head_dim % 8 != 0 || hp->head_dim > 256 || hp->n_rot % 2 != 0 ||
-        hp->n_rot > hp->head_dim || hp->n_head % hp->n_head_kv != 0) {
+    if (hp->n_lora_kv > 0) { /* deepseek2: mla.cu's kernels, not attention.cu's */
+        if (cuda_mla_check(hp, errstr, errstr_size) != KG_OK) {
+            goto fail;
+        }
+    } else if (hp->head_dim % 8 != 0 || hp->head_dim > 256 || hp->n_rot % 2 != 0 ||
+               hp->n_rot > hp->head_dim || hp->n_head % hp->n_head_kv != 0) {
         snprintf(errstr, errstr_size,
                  "cuda backend: unsupported attention shape (head_dim %d, n_rot %d, heads %d/%d; "
                  "head_dim must be a multiple of 8 up to 256)",
@@ -513,6 +524,11 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
         snprintf(errstr, errstr_size,
                  "cuda backend: allocating the KV pool (%zu MiB) and buffers failed (see the log)",
                  ctx->kv_size >> 20);
+        goto fail;
+    }
+    if (hp->n_lora_kv > 0 && cuda_mla_init(ctx) != KG_OK) {
+        snprintf(errstr, errstr_size,
+                 "cuda backend: allocating the latent attention's buffers failed (see the log)");
         goto fail;
     }
     if (ctx->bert && cuda_bert_init(ctx) != KG_OK) {

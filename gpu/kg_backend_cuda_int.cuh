@@ -17,6 +17,7 @@
 #include "logit_bias.cuh"
 #include "logits.cuh"
 #include "mask.cuh"
+#include "mla.cuh"
 #include "moe.cuh"
 #include "recurrent.cuh"
 #include "rmsnorm.cuh"
@@ -81,6 +82,12 @@ typedef struct cuda_layer {
     float *dt_b, *ssm_a, *ssm_norm; /* the DeltaNet's (V heads, V heads, d_state), Mamba-2's
                                        (heads, heads, d_inner) */
     float *conv_b, *ssm_d;          /* Mamba-2's conv bias (or NULL) and D (heads) */
+    /* multi-head latent attention (deepseek2, kg_backend_cuda_mla.cu): wqkv
+     * holds attn_q_a (or attn_q) then attn_kv_a_mqa; wq_b NULL without
+     * q_lora_rank; k_b and v_b stack one matrix per head */
+    kg_cuda_mat_t wq_b;          /* (n_head * mla_k, n_lora_q) */
+    kg_cuda_mat_t k_b, v_b;      /* (n_head * n_lora_kv, nope), (n_head * mla_v, n_lora_kv) */
+    float *q_a_norm, *kv_a_norm; /* (n_lora_q), (n_lora_kv) */
 } cuda_layer_t;
 
 typedef enum bucket_state {
@@ -97,6 +104,7 @@ typedef struct bucket {
 
 typedef struct cuda_lora cuda_lora_t; /* lora.cu */
 typedef struct cuda_rec cuda_rec_t;   /* kg_backend_cuda_recurrent.cu */
+typedef struct cuda_mla cuda_mla_t;   /* kg_backend_cuda_mla.cu */
 
 typedef struct cuda_ctx {
     const kg_model_t *model;
@@ -126,7 +134,8 @@ typedef struct cuda_ctx {
     uint16_t *gelu_table;  /* (65536) fp16 GELU of every fp16 input (GeGLU models) */
     int32_t max_seq_len;   /* picks LongRoPE's factors, as the CPU backend does */
     int32_t kv_window;     /* kg_model_kv_window: blocks before it may be freed */
-    __half *kv;            /* (n_layer, 2, n_kv_blocks * block_size, n_kv) */
+    __half *kv;            /* (n_layer, kv_caches, n_kv_blocks * block_size, n_kv) */
+    int32_t kv_caches;     /* planes per layer: K and V (2), or MLA's latent rows alone (1) */
     size_t kv_layer_elems; /* elements of one layer's K (or V) */
     int32_t n_kv_layers;   /* layers with K/V in the pool (the attention layers) */
 
@@ -197,6 +206,7 @@ typedef struct cuda_ctx {
     size_t weights_size, kv_size, scratch_size;
     cuda_lora_t *lora; /* LoRA adapters (lora.cu), NULL until one is added */
     cuda_rec_t *rec;   /* a hybrid's recurrent states (kg_backend_cuda_recurrent.cu), or NULL */
+    cuda_mla_t *mla;   /* deepseek2's latent attention buffers (kg_backend_cuda_mla.cu), or NULL */
 } cuda_ctx_t;
 
 static inline int env_int(const char *name, int def) {
@@ -326,3 +336,19 @@ kg_status_t cuda_state_save(kg_backend_t *be, int32_t slot, int32_t snap, bool r
 
 /* Bytes of the states (or of the snapshots) on the device. */
 size_t cuda_rec_size(const cuda_ctx_t *ctx, bool snapshots);
+
+// ---- kg_backend_cuda_mla.cu: deepseek2's multi-head latent attention ----
+
+/* KG_OK when the latent attention's shape fits mla.cu's kernels, else
+ * KG_ERR_UNSUPPORTED with one line in errstr. */
+kg_status_t cuda_mla_check(const kg_hparams_t *hp, char *errstr, size_t errstr_size);
+
+/* Its step buffers, once the weights and the step's buffers are there. */
+kg_status_t cuda_mla_init(cuda_ctx_t *ctx);
+
+/* Its buffers and the layers' MLA weights (nothing for another model). */
+void cuda_mla_free(cuda_ctx_t *ctx);
+
+/* Layer il's latent attention on ctx->xn (in wqkv's type) into ctx->tmp
+ * (F32), its latent rows stored in the pool. */
+kg_status_t cuda_mla_attention(cuda_ctx_t *ctx, int32_t il, int32_t rows);

@@ -275,11 +275,11 @@ out:
 }
 
 static __half *k_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + (size_t)(2 * ctx->layers[il].kv_il) * ctx->kv_layer_elems;
+    return ctx->kv + (size_t)(ctx->kv_caches * ctx->layers[il].kv_il) * ctx->kv_layer_elems;
 }
 
 static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + (size_t)(2 * ctx->layers[il].kv_il + 1) * ctx->kv_layer_elems;
+    return ctx->kv + (size_t)(ctx->kv_caches * ctx->layers[il].kv_il + 1) * ctx->kv_layer_elems;
 }
 
 /* Attention of one layer: graph steps (single) cut their `rows` one-token
@@ -488,6 +488,8 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                    hp->n_embd, hp->norm_eps));
         if (!attn) { /* a hybrid's recurrent mixer, into tmp */
             KG_TRY(cuda_rec_mixer(ctx, il, rows));
+        } else if (ctx->mla) { /* deepseek2's latent attention, into tmp */
+            KG_TRY(cuda_mla_attention(ctx, il, rows));
         } else {
             KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, ctx->qkv, rows));
             KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_Q, 3, ctx->xn, L->wqkv.dt, hp->n_embd, ctx->qkv,
@@ -849,8 +851,8 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
     }
     const size_t block = (size_t)ctx->block_size * (size_t)ctx->hp.n_head_kv * ctx->hp.head_dim;
     if (cudaSetDevice(ctx->device) != cudaSuccess ||
-        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems, 2 * ctx->n_kv_layers, block, src,
-                        dst, n) != KG_OK) {
+        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems,
+                        ctx->kv_caches * ctx->n_kv_layers, block, src, dst, n) != KG_OK) {
         return cuda_mark_dead(ctx, "the KV block copy");
     }
     return KG_OK;

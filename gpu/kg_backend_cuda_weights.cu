@@ -361,6 +361,41 @@ upload_recurrent(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cud
     return KG_ERR_UNSUPPORTED;
 }
 
+/* deepseek2's latent attention (kg_backend_cuda_mla.cu): attn_q_a (or
+ * V2-Lite's attn_q) and attn_kv_a_mqa side by side in wqkv (one GEMM on
+ * the normed input), attn_q_b, the norms, and k_b and v_b with one
+ * matrix per head stacked (head h's rows after head h - 1's). */
+static kg_status_t
+upload_mla(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
+    const int32_t H = ctx->hp.n_head;
+    const kg_gguf_tensor_t *a[2] = {src->wq_a ? src->wq_a : src->wq, src->wkv_a_mqa};
+    KG_TRY(upload_mat(ctx, s, a, 2, &L->wqkv));
+    KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+    if (src->wq_a) {
+        KG_TRY(upload_mat(ctx, s, &src->wq_b, 1, &L->wq_b));
+        KG_TRY(upload_vec(ctx, src->q_a_norm, &L->q_a_norm));
+    }
+    KG_TRY(upload_vec(ctx, src->kv_a_norm, &L->kv_a_norm));
+    const kg_gguf_tensor_t **heads = (const kg_gguf_tensor_t **)malloc((size_t)H * sizeof(*heads));
+    if (!heads) {
+        KG_LOG_ERROR("cuda", "out of host memory");
+        return KG_ERR_NOMEM;
+    }
+    kg_status_t st = KG_OK;
+    for (int32_t h = 0; h < H; h++) {
+        heads[h] = &src->k_b[h];
+    }
+    st = upload_mat(ctx, s, heads, H, &L->k_b);
+    for (int32_t h = 0; st == KG_OK && h < H; h++) {
+        heads[h] = &src->v_b[h];
+    }
+    if (st == KG_OK) {
+        st = upload_mat(ctx, s, heads, H, &L->v_b);
+    }
+    free(heads);
+    return st;
+}
+
 /* Everything of layer il. */
 static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     const kg_layer_weights_t *src = &ctx->model->layers[il];
@@ -368,7 +403,9 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     const kg_gguf_tensor_t *qkv[3] = {src->wq, src->wk, src->wv};
     KG_TRY(upload_vec(ctx, src->attn_norm, &L->attn_norm));
     KG_TRY(upload_vec(ctx, src->ffn_norm, &L->ffn_norm));
-    if (src->kind == KG_LAYER_ATTN) {
+    if (src->wkv_a_mqa) {
+        KG_TRY(upload_mla(ctx, s, src, L));
+    } else if (src->kind == KG_LAYER_ATTN) {
         KG_TRY(ctx->hp.attn_out_gate ? upload_gated_qkv(ctx, s, src, &L->wqkv)
                                      : upload_mat(ctx, s, qkv, 3, &L->wqkv));
         KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));

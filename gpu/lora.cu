@@ -421,6 +421,15 @@ kg_status_t cuda_lora_add(
             kg_arch_name(ctx->hp.arch));
         return KG_ERR_UNSUPPORTED;
     }
+    if (ctx->mla) {
+        /* the CPU backend adapts no MLA projection, only the dense layers'
+         * FFNs; the CUDA backend's LoRA is not checked on this graph */
+        snprintf(errstr, errstr_size,
+                 "cuda backend: no LoRA adapters on a %s model (multi-head latent attention); "
+                 "use --backend cpu",
+                 kg_arch_name(ctx->hp.arch));
+        return KG_ERR_UNSUPPORTED;
+    }
     if (lora->n_layer != ctx->hp.n_layer) {
         snprintf(errstr, errstr_size, "cuda backend: adapter for %d layers, the model has %d",
                  lora->n_layer, ctx->hp.n_layer);

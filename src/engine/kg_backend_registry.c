@@ -20,8 +20,9 @@
  * kernels, and whole forwards of the tests/data/arch models): the dense
  * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN, issue 24's) and the
  * experts (qwen3moe, Mixtral, gpt-oss with its sinks, glm4moe's sigmoid
- * router and shared expert), llama4 (chunked attention, Q/K L2 norms, the
- * NoPE layers' temperature, experts weighted on their input), the bert and nomic-bert encoders, and
+ * router and shared expert, deepseek2's latent attention), llama4 (chunked attention, Q/K L2
+ * norms, the NoPE layers' temperature, experts weighted on their input), the bert and
+ * nomic-bert encoders, and
  * gemma-embedding's non-causal decoder layers (check_cuda_embed.c).
  * A model that needs anything else is refused for it, and `auto` takes
  * the CPU. */
@@ -34,7 +35,7 @@
      KG_MODEL_FEAT_ATTN_SINKS | KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES |                        \
      KG_MODEL_FEAT_NO_PRE_NORM | KG_MODEL_FEAT_QK_NORM_FULL | KG_MODEL_FEAT_ATTN_TEMP |            \
      KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT |               \
-     KG_MODEL_FEAT_ENCODER | KG_MODEL_FEAT_BIDIR)
+     KG_MODEL_FEAT_ENCODER | KG_MODEL_FEAT_BIDIR | KG_MODEL_FEAT_MLA)
 
 /* The hybrid families whose recurrent layers gpu/ has kernels for
  * (gpu/recurrent.cu; per-slot states in device memory), each checked

@@ -41,6 +41,7 @@ int main(void) {
 #include "backend/kg_math.h"
 #include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
+#include "model/kg_lora.h"
 #include "model/kg_model.h"
 #include "model/kg_quant.h"
 #include "model/kg_sampler.h"
@@ -1451,6 +1452,30 @@ arch_forward(kg_backend_t *be, const int32_t *tok, int32_t t0, int32_t n, float 
     ck_assert_int_eq(kg_backend_forward(be, &b, logits), KG_OK);
 }
 
+/* Whether the two backends' expert loads differ by one token's choice:
+ * the same rows routed, one expert with one row more, one with one less. */
+static bool one_choice_apart(const kg_backend_t *cpu, const kg_backend_t *gpu) {
+    kg_moe_stats_t sc, sg;
+    kg_backend_moe_stats(cpu, &sc);
+    kg_backend_moe_stats(gpu, &sg);
+    int64_t moved = 0;
+    for (int32_t e = 0; sc.n_expert == sg.n_expert && e < sc.n_expert; e++) {
+        const int64_t d = sc.n_per_expert[e] - sg.n_per_expert[e];
+        moved += d < 0 ? -d : d;
+    }
+    return sc.n_expert == sg.n_expert && sc.n_routed == sg.n_routed && moved == 2;
+}
+
+/* The F32 prompts whose prefill holds a router near-tie that two correct
+ * backends may break apart: deepseek2's long prompt, where one ulp of the
+ * CPU's own SiLU exponential already sends a token to another expert
+ * (docs/PERFORMANCE.md, "Tried and left"; tests/data/arch/README.md). There
+ * one token's choice may differ, no more; the logits are compared up to
+ * there (the short prompt is compared whole). */
+static bool router_tie(const char *label, int p) {
+    return strcmp(label, "deepseek2 f32") == 0 && p == 1;
+}
+
 /* bound: of the logits' NMSE against the CPU's; tie: a logit margin below
  * which the greedy pick may go either way (check_arch's for the type) */
 /* Whether the two backends' expert loads so far are the same: rows in
@@ -1509,7 +1534,8 @@ static void check_arch(const char *name, const char *type, double bound, float t
                  * are not the CPU's (Q8 blocks): a router near-tie may send
                  * a token to another expert, which moves the logits far;
                  * F32 routes alike everywhere, and the prefill must too */
-                ck_assert_msg(strcmp(type, "f32") != 0 && k > 0,
+                const bool flip = k == 0 && router_tie(label, p) && one_choice_apart(cpu, gpu);
+                ck_assert_msg((strcmp(type, "f32") != 0 && k > 0) || flip,
                               "%s prompt %d step %d: the experts' loads differ", label, p, k);
                 fprintf(stderr,
                         "check_cuda: %s prompt %d step %d: a token took another expert (a "
@@ -1630,6 +1656,12 @@ static const cuda_family_t k_cuda_families[] = {
      * weighted on their input, a shared expert; its batch invariance on a GPU (it passed once
      * on cuemu, 2026-12-07: about a minute there) */
     {"llama4", true, NULL, "f32", true, true},
+    /* multi-head latent attention (mla.cu: the latent KV rows, absorbed
+     * queries), compressed queries, YaRN's mscale in the scores; DeepSeek
+     * V3's router (sigmoid, selection bias, groups), shared expert */
+    {"deepseek2", true, NULL, "f32", true, true},
+    /* V2-Lite's shape: queries straight from attn_q, softmax router */
+    {"deepseek2-lite", true, NULL, NULL, true, true},
 };
 
 #define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))
@@ -1810,6 +1842,85 @@ START_TEST(llama4_small_chunks_vs_cpu) {
             worst, moved);
     kg_backend_free(cpu);
     free(lc), free(lg), free(lw);
+    kg_model_free(m);
+}
+END_TEST
+
+/* One token at position `pos` of slot 0, whose blocks are `table`, into
+ * logits. */
+static void
+mla_decode(kg_backend_t *be, int32_t tok, int32_t pos, const int32_t *table, float *lg) {
+    const int32_t seq = 0;
+    const bool want = true;
+    kg_step_batch_t b = {.n_tokens = 1,
+                         .token = &tok,
+                         .pos = &pos,
+                         .seq = &seq,
+                         .want_logits = &want,
+                         .n_outputs = 1,
+                         .n_slots = 1,
+                         .max_blocks_per_seq = 2,
+                         .block_table = table};
+    ck_assert_int_eq(kg_backend_forward(be, &b, lg), KG_OK);
+}
+
+/* deepseek2 on CUDA caches the latent alone: (kv_lora_rank + rope dims) x
+ * layers x fp16 per token, as the CPU backend (check_mla.c), in the
+ * allocation the memory report gives and in the engine's metric; a block
+ * copy (forks, the prefix cache) moves those rows: a decode reading the
+ * copy gives the bits of one reading the original, and one reading a block
+ * never written does not; a LoRA adapter is refused by name. */
+START_TEST(mla_latent_cache) {
+    static arch_golden_t g;
+    arch_golden_load("deepseek2.f32.golden", &g);
+    kg_model_t *m = arch_model(&g, "deepseek2 f32");
+    const kg_hparams_t *hp = &m->hp;
+    const size_t want = (size_t)(hp->n_lora_kv + hp->n_rot) * (size_t)hp->n_layer * 2;
+    ck_assert_uint_eq(want, (size_t)(128 + 32) * 3 * 2);
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m), want);
+    kg_backend_t *gpu = arch_backend("cuda", m);
+    kg_backend_memory_t mem;
+    kg_backend_memory(gpu, &mem);
+    ck_assert_uint_eq(mem.kv_size, want * ARCH_CTX); /* ARCH_CTX / ARCH_BLOCK blocks */
+    char err[512] = "";
+    kg_engine_params_t ep = kg_engine_params_default(m, 0);
+    ep.max_batch_size = 1;
+    ep.max_batch_tokens = ARCH_CTX;
+    ep.max_seq_len = ARCH_CTX;
+    ep.kv_block_size = ARCH_BLOCK;
+    ep.n_kv_blocks = ARCH_CTX / ARCH_BLOCK;
+    kg_engine_t *e = kg_engine_new(gpu, &ep, err, sizeof(err));
+    ck_assert_msg(e != NULL, "engine: %s", err);
+    kg_engine_stats_t st;
+    kg_engine_stats(e, &st);
+    ck_assert_int_eq(st.kv_bytes_per_token, (int64_t)want);
+    kg_engine_free(e);
+
+    /* the prompt (in block table[0] = 3 of arch_forward's table), then
+     * block 3 copied to 5 */
+    const int32_t V = hp->n_vocab, n = g.n_input[0];
+    ck_assert_int_lt(n, ARCH_BLOCK);
+    float *l0 = malloc((size_t)V * 4), *l1 = malloc((size_t)V * 4), *l2 = malloc((size_t)V * 4);
+    arch_forward(gpu, g.input[0], 0, n, l0);
+    const int32_t src = 3, dst = 5;
+    ck_assert_int_eq(kg_backend_kv_copy(gpu, &src, &dst, 1), KG_OK);
+    const int32_t tok = arch_argmax(l0, V);
+    const int32_t t_orig[2] = {3, 4}, t_copy[2] = {5, 4}, t_none[2] = {9, 4};
+    mla_decode(gpu, tok, n, t_orig, l0);
+    mla_decode(gpu, tok, n, t_copy, l1);
+    mla_decode(gpu, tok, n, t_none, l2);
+    ck_assert_mem_eq(l0, l1, (size_t)V * 4);
+    ck_assert(memcmp(l0, l2, (size_t)V * 4) != 0);
+    free(l0), free(l1), free(l2);
+
+    kg_lora_t lora;
+    memset(&lora, 0, sizeof(lora));
+    lora.n_layer = hp->n_layer;
+    int32_t id = -1;
+    err[0] = '\0';
+    ck_assert_int_eq(kg_backend_lora_add(gpu, &lora, &id, err, sizeof(err)), KG_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err, "no LoRA adapters on a deepseek2 model") != NULL, "%s", err);
+    kg_backend_free(gpu);
     kg_model_free(m);
 }
 END_TEST
@@ -2507,6 +2618,12 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, arch_batch_invariance, 0, n_rows(row_inv));
     tcase_add_loop_test(tc, moe_f32_vs_cpu, 0, n_rows(row_moe));
     tcase_add_test(tc, llama4_small_chunks_vs_cpu);
+    for (int r = 0; r < N_CUDA_FAMILIES; r++) { /* with deepseek2's row */
+        if (strcmp(k_cuda_families[r].name, "deepseek2") == 0 &&
+            row_selected(&k_cuda_families[r])) {
+            tcase_add_test(tc, mla_latent_cache);
+        }
+    }
     suite_add_tcase(s, tc);
     tc = tcase_create("engine");
     tcase_set_tags(tc, "gpu");
