@@ -54,6 +54,9 @@ typedef struct cuda_layer {
     float *sinks;                          /* (n_head) attention sinks */
     int32_t rope;                          /* index into cuda_ctx_t.ropes */
     int32_t kv_il;                         /* its K/V in the pool's layers; -1: none (recurrent) */
+    size_t kv_off, kv_plane;               /* the K plane it reads starts at kv + kv_off, V at
+                                              kv_off + kv_plane (elements): its own, or a Gemma 4
+                                              shared-KV layer's source's */
     int32_t n_swa;                         /* window; 0: global */
     /* mixture of experts (moe: no wgu, wdown) */
     bool moe;
@@ -96,6 +99,8 @@ typedef struct bucket {
 
 typedef struct cuda_lora cuda_lora_t; /* lora.cu */
 typedef struct cuda_rec cuda_rec_t;   /* kg_backend_cuda_recurrent.cu */
+typedef struct cuda_g4 cuda_g4_t;     /* kg_backend_cuda_gemma4.cu */
+typedef struct stage stage_t;         /* kg_backend_cuda_weights.cu: the upload's staging */
 
 typedef struct cuda_ctx {
     const kg_model_t *model;
@@ -128,6 +133,8 @@ typedef struct cuda_ctx {
     __half *kv;            /* (n_layer, 2, n_kv_blocks * block_size, n_kv) */
     size_t kv_layer_elems; /* elements of one layer's K (or V) */
     int32_t n_kv_layers;   /* layers with K/V in the pool (the attention layers) */
+    int32_t max_rot;       /* the largest RoPE's n_rot: rope_cs holds max_tokens * max_rot
+                              floats per RoPE */
 
     /* activations, T = max_tokens rows; 16-bit ones sized for 4-byte elements
      * when any weight is F32 */
@@ -196,6 +203,7 @@ typedef struct cuda_ctx {
     size_t weights_size, kv_size, scratch_size;
     cuda_lora_t *lora; /* LoRA adapters (lora.cu), NULL until one is added */
     cuda_rec_t *rec;   /* a hybrid's recurrent states (kg_backend_cuda_recurrent.cu), or NULL */
+    cuda_g4_t *g4;     /* Gemma 4's weights and buffers (kg_backend_cuda_gemma4.cu), or NULL */
 } cuda_ctx_t;
 
 static inline int env_int(const char *name, int def) {
@@ -232,6 +240,16 @@ kg_status_t cuda_check_type(const kg_gguf_tensor_t *t, char *errstr, size_t errs
 
 /* Every weight to the device (ctx->layers and the head). */
 kg_status_t cuda_upload_weights(cuda_ctx_t *ctx);
+
+/* One device matrix from the row-concatenation of `parts` (same n_in), in
+ * the type their GGUF types give (kg_cuda_weight_dtype; BF16 when they
+ * differ); and a small F32 vector (t NULL leaves *out NULL). */
+kg_status_t cuda_upload_mat(cuda_ctx_t *ctx,
+                            stage_t *s,
+                            const kg_gguf_tensor_t *const *parts,
+                            int n_parts,
+                            kg_cuda_mat_t *m);
+kg_status_t cuda_upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float **out);
 
 // ---- kg_backend_cuda_step.cu: the vtable's slots ----
 
@@ -325,3 +343,23 @@ kg_status_t cuda_state_save(kg_backend_t *be, int32_t slot, int32_t snap, bool r
 
 /* Bytes of the states (or of the snapshots) on the device. */
 size_t cuda_rec_size(const cuda_ctx_t *ctx, bool snapshots);
+
+// ---- kg_backend_cuda_gemma4.cu: what Gemma 4 adds to a gemma3 layer ----
+
+/* Its weights beside ctx->layers' (the per-layer inputs, each layer's
+ * per-layer gate and output scale, the MoE layers' router and experts)
+ * and their step buffers for max_tokens tokens, into ctx->g4. */
+kg_status_t cuda_g4_upload(cuda_ctx_t *ctx, stage_t *s);
+void cuda_g4_free(cuda_ctx_t *ctx);
+
+/* In a step, after the embeddings: every token's per-layer inputs. */
+kg_status_t cuda_g4_inputs(cuda_ctx_t *ctx, int32_t rows);
+
+/* Layer il's MoE block, the dense MLP's output in tmp: the experts beside
+ * it, both normed and summed into tmp. */
+kg_status_t cuda_g4_moe(cuda_ctx_t *ctx, int32_t il, int32_t rows);
+
+/* The end of layer il, its FFN's output in tmp: the residual join, the
+ * per-layer input and the output scale, all into x (the next layer's
+ * first norm adds nothing: block_out). */
+kg_status_t cuda_g4_layer_end(cuda_ctx_t *ctx, int32_t il, int32_t rows);

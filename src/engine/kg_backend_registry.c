@@ -20,8 +20,10 @@
  * kernels, and whole forwards of the tests/data/arch models): the dense
  * families (qwen2, qwen3, gemma2, gemma3, phi3, YaRN, issue 24's) and the
  * experts (qwen3moe, Mixtral, gpt-oss with its sinks, glm4moe's sigmoid
- * router and shared expert), the bert and nomic-bert encoders, and
- * gemma-embedding's non-causal decoder layers (check_cuda_embed.c).
+ * router and shared expert), the bert and nomic-bert encoders,
+ * gemma-embedding's non-causal decoder layers (check_cuda_embed.c), and
+ * Gemma 4's per-layer shapes, shared K/V, per-layer inputs, V norm and MoE
+ * blocks (gpu/kg_backend_cuda_gemma4.cu).
  * A model that needs anything else is refused for it, and `auto` takes
  * the CPU. */
 #define KG_CUDA_FEATURES                                                                           \
@@ -33,7 +35,8 @@
      KG_MODEL_FEAT_ATTN_SINKS | KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES |                        \
      KG_MODEL_FEAT_NO_PRE_NORM | KG_MODEL_FEAT_QK_NORM_FULL | KG_MODEL_FEAT_ATTN_TEMP |            \
      KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT |               \
-     KG_MODEL_FEAT_ENCODER | KG_MODEL_FEAT_BIDIR)
+     KG_MODEL_FEAT_ENCODER | KG_MODEL_FEAT_BIDIR | KG_MODEL_FEAT_HEAD_PER_LAYER |                  \
+     KG_MODEL_FEAT_KV_SHARED | KG_MODEL_FEAT_PER_LAYER_EMBD | KG_MODEL_FEAT_V_NORM)
 
 /* The hybrid families whose recurrent layers gpu/ has kernels for
  * (gpu/recurrent.cu; per-slot states in device memory), each checked
@@ -96,6 +99,17 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
                  "the cuda backend runs the bert and nomic-bert encoders only, not this %s model",
                  kg_arch_name(model->hp.arch));
         return false;
+    }
+    for (int32_t il = 0; il < model->hp.n_layer; il++) {
+        if (model->layers[il].head_dim > 256) {
+            /* gpu/attention.cu's kernels hold a head in shared memory: up to
+             * 256 dims (Gemma 4's global layers have 512) */
+            snprintf(why, cap,
+                     "the cuda backend's attention takes heads of up to 256 dims; layer %d of this "
+                     "%s model has %d",
+                     (int)il, kg_arch_name(model->hp.arch), model->layers[il].head_dim);
+            return false;
+        }
     }
     const uint32_t missing = used & ~(uint32_t)KG_CUDA_FEATURES;
     char names[256];

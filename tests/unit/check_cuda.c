@@ -1563,6 +1563,11 @@ static const cuda_family_t k_cuda_families[] = {
     /* sigmoid router with selection bias and groups, shared expert, a
      * leading dense layer, half-head RoPE */
     {"glm4moe", true, NULL, "f32", true, true},
+    /* per-layer head sizes, K/V heads and RoPE (proportional on the global
+     * layers), V's norm, shared K/V layers, per-layer inputs, output scales */
+    {"gemma4", false, NULL, "f32", true, true},
+    /* its MoE layers: the dense MLP beside GeGLU experts, each branch normed */
+    {"gemma4-moe", true, NULL, "f32", true, true},
 };
 
 #define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))
