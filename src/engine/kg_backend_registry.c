@@ -53,27 +53,11 @@ static bool cuda_runs_hybrid(kg_arch_t arch) {
            arch == KG_ARCH_NEMOTRON_H_MOE;
 }
 
-/* Whether the layers differ from the model's shape only by having no FFN
- * (nemotron_h's mixer and attention layers, n_ff 0), which the step skips:
- * kg_model_features calls that a per-layer shape. */
-static bool only_ffn_less_layers(const kg_model_t *model) {
-    const kg_hparams_t *hp = &model->hp;
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        const kg_layer_weights_t *L = &model->layers[il];
-        if (L->head_dim != hp->head_dim || L->n_head_kv != hp->n_head_kv || L->n_rot != hp->n_rot ||
-            (L->n_ff != hp->n_ff && L->n_ff != 0) || L->rope_freqs || L->kv_layer != il) {
-            return false;
-        }
-    }
-    return true;
-}
-
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
-    uint32_t used = kg_model_features(model);
-    if ((model->hp.arch == KG_ARCH_NEMOTRON_H || model->hp.arch == KG_ARCH_NEMOTRON_H_MOE) &&
-        only_ffn_less_layers(model)) {
-        used &= ~(uint32_t)KG_MODEL_FEAT_HEAD_PER_LAYER;
-    }
+    /* (per-layer shapes, KG_MODEL_FEAT_HEAD_PER_LAYER, cover nemotron_h's
+     * layers without an FFN as well as Gemma 4's: the step takes each
+     * layer's own shape) */
+    const uint32_t used = kg_model_features(model);
     if (kg_model_is_recurrent(model) && !cuda_runs_hybrid(model->hp.arch)) {
         snprintf(why, cap,
                  "the cuda backend has no kernels for this %s model's recurrent (hybrid) layers "
