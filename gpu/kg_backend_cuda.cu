@@ -197,7 +197,6 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
         }
     }
     if (!ctx->bert) {
-        ctx->kv_layer_elems = kv_rows * n_kv;
         ctx->kv_size = kv_elems * sizeof(__half);
         KG_CUDA_CHECK(cudaMalloc((void **)&ctx->kv, ctx->kv_size));
         KG_CUDA_CHECK(cudaMemset(ctx->kv, 0, ctx->kv_size));

@@ -127,14 +127,15 @@ typedef struct cuda_ctx {
     float *rope_freqs;     /* (n_rot / 2) frequency factors (rope_freqs or LongRoPE's) or NULL */
     kg_cuda_rope_t *ropes; /* (n_ropes) the distinct RoPEs of the layers */
     int32_t n_ropes;
-    uint16_t *gelu_table;  /* (65536) fp16 GELU of every fp16 input (GeGLU models) */
-    int32_t max_seq_len;   /* picks LongRoPE's factors, as the CPU backend does */
-    int32_t kv_window;     /* kg_model_kv_window: blocks before it may be freed */
-    __half *kv;            /* (n_layer, 2, n_kv_blocks * block_size, n_kv) */
-    size_t kv_layer_elems; /* elements of one layer's K (or V) */
-    int32_t n_kv_layers;   /* layers with K/V in the pool (the attention layers) */
-    int32_t max_rot;       /* the largest RoPE's n_rot: rope_cs holds max_tokens * max_rot
-                              floats per RoPE */
+    uint16_t *gelu_table; /* (65536) fp16 GELU of every fp16 input (GeGLU models) */
+    int32_t max_seq_len;  /* picks LongRoPE's factors, as the CPU backend does */
+    int32_t kv_window;    /* kg_model_kv_window: blocks before it may be freed */
+    __half *kv;           /* per layer that keeps K/V: its K, then its V, each
+                             (n_kv_blocks * block_size, n_head_kv * head_dim) of its own
+                             shape (cuda_layer_t's kv_off, kv_plane) */
+    int32_t n_kv_layers;  /* layers with K/V of their own in the pool */
+    int32_t max_rot;      /* the largest RoPE's n_rot: rope_cs holds max_tokens * max_rot
+                             floats per RoPE */
 
     /* activations, T = max_tokens rows; 16-bit ones sized for 4-byte elements
      * when any weight is F32 */
