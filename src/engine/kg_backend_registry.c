@@ -87,7 +87,7 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
     for (int32_t il = 0; il < model->hp.n_layer; il++) {
         if (model->layers[il].head_dim > 256) {
             /* gpu/attention.cu's kernels hold a head in shared memory: up to
-             * 256 dims (Gemma 4's global layers have 512) */
+             * 256 dims (a Gemma 4 file's global key_length may be wider) */
             snprintf(why, cap,
                      "the cuda backend's attention takes heads of up to 256 dims; layer %d of this "
                      "%s model has %d",
