@@ -24,17 +24,7 @@ __global__ void geglu_kernel(const kg_cuda_step_hdr_t *hdr,
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < end;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / n_ff, f = i % n_ff;
-        const float x = gu[t * 2 * n_ff + f], u = gu[t * 2 * n_ff + n_ff + f];
-        float v;
-        if (x <= -10.0f) {
-            v = 0.0f;
-        } else if (x >= 10.0f) {
-            v = x * u;
-        } else {
-            const uint16_t g = table[__half_as_ushort(__float2half_rn(x))];
-            v = __half2float(__ushort_as_half(g)) * u;
-        }
-        kg_st(h, i, v, dt);
+        kg_st(h, i, kg_cuda_geglu1(table, gu[t * 2 * n_ff + f], gu[t * 2 * n_ff + n_ff + f]), dt);
     }
 }
 

@@ -9,6 +9,18 @@
  * cpu_gelu_table_init's, built on the host. */
 void kg_cuda_gelu_table_fill(uint16_t *table);
 
+/** GeGLU of one element as cpu_geglu computes it: 0 for x <= -10, x * u
+ * for x >= 10, else the table entry of x rounded to fp16, times u. */
+__device__ __forceinline__ float kg_cuda_geglu1(const uint16_t *table, float x, float u) {
+    if (x <= -10.0f) {
+        return 0.0f;
+    }
+    if (x >= 10.0f) {
+        return x * u;
+    }
+    return __half2float(__ushort_as_half(table[__half_as_ushort(__float2half_rn(x))])) * u;
+}
+
 /** For rows t < hdr->n_tokens: h[t][f] = GeGLU(gu[t][f], gu[t][n_ff + f])
  * as cpu_geglu computes it (0 below -10, x * up above 10, else the table
  * entry of x rounded to fp16, times up), stored as dt. gu is

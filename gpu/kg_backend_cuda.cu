@@ -6,10 +6,12 @@
  *
  * DESIGN
  * KV pool. F16 in device memory, the CPU backend's layout: per layer K and
- * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim); none for
- * a bert encoder, which keeps nothing between steps; deepseek2's latent
- * attention keeps one plane per layer, its latent rows (head_dim =
- * kv_lora_rank + rope dims, kg_backend_cuda_mla.cu).
+ * V of (n_kv_blocks * kv_block_size rows, n_head_kv * head_dim), each
+ * layer's own shape (Gemma 4's windowed and global layers differ) and none
+ * for a Gemma 4 shared-KV layer, which reads its source layer's planes;
+ * deepseek2's latent attention keeps one plane per layer, its latent rows
+ * (head_dim = kv_lora_rank + rope dims, kg_backend_cuda_mla.cu); none for
+ * a bert encoder, which keeps nothing between steps.
  *
  * Buffers. Every activation buffer is allocated here at start for
  * max_batch_tokens tokens (see kg_backend_cuda_step.cu), so a step makes
@@ -156,13 +158,16 @@ static kg_status_t alloc_moe(cuda_ctx_t *ctx, size_t es) {
 static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     const kg_hparams_t *hp = &ctx->hp;
     const size_t T = (size_t)ctx->max_tokens, E = (size_t)hp->n_embd;
-    const size_t n_q = (size_t)hp->n_head * hp->head_dim,
-                 n_kv = (size_t)hp->n_head_kv * hp->head_dim;
     /* 16-bit activations unless some GEMM reads F32; the dense FFN's width
-     * (0 when every layer has experts) */
-    size_t es = 2, F = 0;
+     * (0 when every layer has experts); the widest layer's Q and K/V rows */
+    size_t es = 2, F = 0, n_q = 0, n_kv = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
+        const kg_layer_weights_t *ML = &ctx->model->layers[il];
+        const size_t lq = (size_t)hp->n_head * (size_t)ML->head_dim;
+        const size_t lkv = (size_t)ML->n_head_kv * (size_t)ML->head_dim;
+        n_q = lq > n_q ? lq : n_q;
+        n_kv = lkv > n_kv ? lkv : n_kv;
         const kg_cuda_mat_t *mats[] = {&L->wqkv,   &L->wo,       &L->wgu,
                                        &L->wdown,  &L->router,   &L->exp_gate,
                                        &L->exp_up, &L->exp_down, &L->rin};
@@ -171,8 +176,9 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
                 es = 4;
             }
         }
-        /* the shared expert runs in the dense FFN's buffers */
-        const size_t FL = L->moe ? (size_t)L->n_ff_shexp : (size_t)hp->n_ff;
+        /* the shared expert runs in the dense FFN's buffers (Gemma 4's MoE
+         * layers keep their dense MLP beside the experts) */
+        const size_t FL = L->moe && !ctx->g4 ? (size_t)L->n_ff_shexp : (size_t)ML->n_ff;
         F = FL > F ? FL : F;
     }
     const size_t es_head = kg_cuda_dtype_size(ctx->head.dt);
@@ -180,15 +186,25 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
     /* KV pool (none for an encoder: its steps keep nothing), for the
      * attention layers only (a hybrid's recurrent layers keep states) */
     ctx->n_kv_layers = 0;
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        ctx->layers[il].kv_il =
-            ctx->model->layers[il].kind == KG_LAYER_ATTN ? ctx->n_kv_layers++ : -1;
-    }
     ctx->kv_caches = hp->n_lora_kv > 0 ? 1 : 2; /* MLA: the latent rows are K and V */
+    size_t kv_elems = 0;
+    const size_t kv_rows = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kg_layer_weights_t *ML = &ctx->model->layers[il];
+        cuda_layer_t *L = &ctx->layers[il];
+        const bool own = ML->kind == KG_LAYER_ATTN && ML->kv_layer == il;
+        L->kv_il = own ? ctx->n_kv_layers++ : -1;
+        if (own) {
+            L->kv_plane = kv_rows * (size_t)ML->n_head_kv * (size_t)ML->head_dim;
+            L->kv_off = kv_elems;
+            kv_elems += (size_t)ctx->kv_caches * L->kv_plane;
+        } else if (ML->kind == KG_LAYER_ATTN) { /* Gemma 4: an earlier layer's K/V */
+            L->kv_plane = ctx->layers[ML->kv_layer].kv_plane;
+            L->kv_off = ctx->layers[ML->kv_layer].kv_off;
+        }
+    }
     if (!ctx->bert) {
-        ctx->kv_layer_elems = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size * n_kv;
-        ctx->kv_size = (size_t)ctx->kv_caches * ctx->kv_layer_elems * (size_t)ctx->n_kv_layers *
-                       sizeof(__half);
+        ctx->kv_size = kv_elems * sizeof(__half);
         KG_CUDA_CHECK(cudaMalloc((void **)&ctx->kv, ctx->kv_size));
         KG_CUDA_CHECK(cudaMemset(ctx->kv, 0, ctx->kv_size));
     }
@@ -199,8 +215,8 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
                      T * (n_q + 2 * n_kv + (hp->attn_out_gate ? n_q : 0)) * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->tmp, T * E * 4));
     KG_TRY(dev_alloc(ctx, (void **)&ctx->gu, T * 2 * F * 4));
-    KG_TRY(
-        dev_alloc(ctx, (void **)&ctx->rope_cs, (size_t)ctx->n_ropes * T * (size_t)hp->n_rot * 4));
+    KG_TRY(dev_alloc(ctx, (void **)&ctx->rope_cs,
+                     (size_t)ctx->n_ropes * T * (size_t)ctx->max_rot * 4));
     if (hp->n_lora_kv == 0) { /* attention.cu's (MLA's latent attention needs neither) */
         KG_TRY(dev_alloc(ctx, (void **)&ctx->split,
                          kg_cuda_attention_scratch_size(&ctx->ash, ATT_PAIR_CAP)));
@@ -277,6 +293,7 @@ static void cuda_free(kg_backend_t *be) {
         cuda_lora_free(ctx);
         cuda_rec_free(ctx);
         cuda_mla_free(ctx);
+        cuda_g4_free(ctx);
         for (int i = 0; i < ctx->n_buckets; i++) {
             if (ctx->buckets[i].exec) {
                 cudaGraphExecDestroy(ctx->buckets[i].exec);
@@ -323,6 +340,9 @@ static void cuda_free(kg_backend_t *be) {
             cudaFree(ctx->hid);
         }
         cudaFree(ctx->rope_freqs);
+        for (int32_t r = 0; ctx->ropes && r < ctx->n_ropes; r++) {
+            cudaFree(ctx->ropes[r].freqs);
+        }
         cudaFree(ctx->gelu_table);
         cudaFree(ctx->kv);
         const kg_cuda_moe_plan_t *mp = &ctx->moe_plan;
@@ -413,24 +433,37 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
                  "cuda backend: KV blocks, block size and batch tokens must be > 0");
         goto fail;
     }
-    if (hp->n_lora_kv > 0) { /* deepseek2: mla.cu's kernels, not attention.cu's */
-        if (cuda_mla_check(hp, errstr, errstr_size) != KG_OK) {
-            goto fail;
-        }
-    } else if (hp->head_dim % 8 != 0 || hp->head_dim > 256 || hp->n_rot % 2 != 0 ||
-               hp->n_rot > hp->head_dim || hp->n_head % hp->n_head_kv != 0) {
-        snprintf(errstr, errstr_size,
-                 "cuda backend: unsupported attention shape (head_dim %d, n_rot %d, heads %d/%d; "
-                 "head_dim must be a multiple of 8 up to 256)",
-                 hp->head_dim, hp->n_rot, hp->n_head, hp->n_head_kv);
-        goto fail;
+    if (hp->n_lora_kv > 0 && cuda_mla_check(hp, errstr, errstr_size) != KG_OK) {
+        goto fail; /* deepseek2: mla.cu's kernels, not attention.cu's */
     }
+    /* every layer's own shape (Gemma 4's windowed and global layers
+     * differ): ash has the largest head for the scratch; a prefill tile
+     * holds the tokens that fit every layer's tile (prefill_qt); the
+     * latent attention's shape is cuda_mla_check's */
     ctx->ash.n_head = hp->n_head;
     ctx->ash.n_head_kv = hp->n_head_kv;
     ctx->ash.head_dim = hp->head_dim;
     ctx->ash.block_size = ctx->block_size;
+    ctx->prefill_qt = 0;
+    for (int32_t il = 0; il < hp->n_layer && hp->n_lora_kv == 0; il++) {
+        const kg_layer_weights_t *ML = &model->layers[il];
+        if (ML->head_dim % 8 != 0 || ML->head_dim > 256 || ML->n_rot % 2 != 0 ||
+            ML->n_rot > ML->head_dim || hp->n_head % ML->n_head_kv != 0) {
+            snprintf(errstr, errstr_size,
+                     "cuda backend: unsupported attention shape in layer %d (head_dim %d, n_rot "
+                     "%d, heads %d/%d; head_dim must be a multiple of 8 up to 256)",
+                     (int)il, ML->head_dim, ML->n_rot, hp->n_head, ML->n_head_kv);
+            goto fail;
+        }
+        const kg_cuda_attn_shape_t lsh = {hp->n_head, ML->n_head_kv, ML->head_dim, ctx->block_size};
+        const int32_t qt = kg_cuda_attention_tile_tokens(&lsh, kg_cuda_attention_prefill_rt(&lsh));
+        ctx->prefill_qt = ctx->prefill_qt == 0 || qt < ctx->prefill_qt ? qt : ctx->prefill_qt;
+        ctx->ash.head_dim = ML->head_dim > ctx->ash.head_dim ? ML->head_dim : ctx->ash.head_dim;
+    }
     ctx->prefill_rt = kg_cuda_attention_prefill_rt(&ctx->ash);
-    ctx->prefill_qt = kg_cuda_attention_tile_tokens(&ctx->ash, ctx->prefill_rt);
+    if (ctx->prefill_qt == 0) { /* MLA */
+        ctx->prefill_qt = kg_cuda_attention_tile_tokens(&ctx->ash, ctx->prefill_rt);
+    }
     ctx->out_cap = env_int("KGEN_CUDA_MAX_OUTPUTS", MAX_OUTPUTS);
     ctx->out_cap = ctx->out_cap < 1 ? 1 : ctx->out_cap;
     ctx->out_cap = ctx->out_cap > ctx->max_tokens ? ctx->max_tokens : ctx->out_cap;

@@ -56,6 +56,9 @@ typedef struct cuda_layer {
     float *sinks;                          /* (n_head) attention sinks */
     int32_t rope;                          /* index into cuda_ctx_t.ropes */
     int32_t kv_il;                         /* its K/V in the pool's layers; -1: none (recurrent) */
+    size_t kv_off, kv_plane;               /* the K plane it reads starts at kv + kv_off, V at
+                                              kv_off + kv_plane (elements): its own, or a Gemma 4
+                                              shared-KV layer's source's */
     int32_t n_swa;                         /* window; 0: global */
     /* mixture of experts (moe: no wgu, wdown) */
     bool moe;
@@ -105,6 +108,8 @@ typedef struct bucket {
 typedef struct cuda_lora cuda_lora_t; /* lora.cu */
 typedef struct cuda_rec cuda_rec_t;   /* kg_backend_cuda_recurrent.cu */
 typedef struct cuda_mla cuda_mla_t;   /* kg_backend_cuda_mla.cu */
+typedef struct cuda_g4 cuda_g4_t;     /* kg_backend_cuda_gemma4.cu */
+typedef struct stage stage_t;         /* kg_backend_cuda_weights.cu: the upload's staging */
 
 typedef struct cuda_ctx {
     const kg_model_t *model;
@@ -131,13 +136,17 @@ typedef struct cuda_ctx {
     float *rope_freqs;     /* (n_rot / 2) frequency factors (rope_freqs or LongRoPE's) or NULL */
     kg_cuda_rope_t *ropes; /* (n_ropes) the distinct RoPEs of the layers */
     int32_t n_ropes;
-    uint16_t *gelu_table;  /* (65536) fp16 GELU of every fp16 input (GeGLU models) */
-    int32_t max_seq_len;   /* picks LongRoPE's factors, as the CPU backend does */
-    int32_t kv_window;     /* kg_model_kv_window: blocks before it may be freed */
-    __half *kv;            /* (n_layer, kv_caches, n_kv_blocks * block_size, n_kv) */
-    int32_t kv_caches;     /* planes per layer: K and V (2), or MLA's latent rows alone (1) */
-    size_t kv_layer_elems; /* elements of one layer's K (or V) */
-    int32_t n_kv_layers;   /* layers with K/V in the pool (the attention layers) */
+    uint16_t *gelu_table; /* (65536) fp16 GELU of every fp16 input (GeGLU models) */
+    int32_t max_seq_len;  /* picks LongRoPE's factors, as the CPU backend does */
+    int32_t kv_window;    /* kg_model_kv_window: blocks before it may be freed */
+    __half *kv;           /* per layer that keeps K/V: its K, then its V, each
+                             (n_kv_blocks * block_size, n_head_kv * head_dim) of its own
+                             shape (cuda_layer_t's kv_off, kv_plane); MLA's latent rows
+                             alone (kv_caches 1) */
+    int32_t kv_caches;    /* planes per layer: K and V (2), or MLA's latent rows alone (1) */
+    int32_t n_kv_layers;  /* layers with K/V of their own in the pool */
+    int32_t max_rot;      /* the largest RoPE's n_rot: rope_cs holds max_tokens * max_rot
+                             floats per RoPE */
 
     /* activations, T = max_tokens rows; 16-bit ones sized for 4-byte elements
      * when any weight is F32 */
@@ -207,6 +216,7 @@ typedef struct cuda_ctx {
     cuda_lora_t *lora; /* LoRA adapters (lora.cu), NULL until one is added */
     cuda_rec_t *rec;   /* a hybrid's recurrent states (kg_backend_cuda_recurrent.cu), or NULL */
     cuda_mla_t *mla;   /* deepseek2's latent attention buffers (kg_backend_cuda_mla.cu), or NULL */
+    cuda_g4_t *g4;     /* Gemma 4's weights and buffers (kg_backend_cuda_gemma4.cu), or NULL */
 } cuda_ctx_t;
 
 static inline int env_int(const char *name, int def) {
@@ -243,6 +253,16 @@ kg_status_t cuda_check_type(const kg_gguf_tensor_t *t, char *errstr, size_t errs
 
 /* Every weight to the device (ctx->layers and the head). */
 kg_status_t cuda_upload_weights(cuda_ctx_t *ctx);
+
+/* One device matrix from the row-concatenation of `parts` (same n_in), in
+ * the type their GGUF types give (kg_cuda_weight_dtype; BF16 when they
+ * differ); and a small F32 vector (t NULL leaves *out NULL). */
+kg_status_t cuda_upload_mat(cuda_ctx_t *ctx,
+                            stage_t *s,
+                            const kg_gguf_tensor_t *const *parts,
+                            int n_parts,
+                            kg_cuda_mat_t *m);
+kg_status_t cuda_upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float **out);
 
 // ---- kg_backend_cuda_step.cu: the vtable's slots ----
 
@@ -352,3 +372,23 @@ void cuda_mla_free(cuda_ctx_t *ctx);
 /* Layer il's latent attention on ctx->xn (in wqkv's type) into ctx->tmp
  * (F32), its latent rows stored in the pool. */
 kg_status_t cuda_mla_attention(cuda_ctx_t *ctx, int32_t il, int32_t rows);
+
+// ---- kg_backend_cuda_gemma4.cu: what Gemma 4 adds to a gemma3 layer ----
+
+/* Its weights beside ctx->layers' (the per-layer inputs, each layer's
+ * per-layer gate and output scale, the MoE layers' router and experts)
+ * and their step buffers for max_tokens tokens, into ctx->g4. */
+kg_status_t cuda_g4_upload(cuda_ctx_t *ctx, stage_t *s);
+void cuda_g4_free(cuda_ctx_t *ctx);
+
+/* In a step, after the embeddings: every token's per-layer inputs. */
+kg_status_t cuda_g4_inputs(cuda_ctx_t *ctx, int32_t rows);
+
+/* Layer il's MoE block, the dense MLP's output in tmp: the experts beside
+ * it, both normed and summed into tmp. */
+kg_status_t cuda_g4_moe(cuda_ctx_t *ctx, int32_t il, int32_t rows);
+
+/* The end of layer il, its FFN's output in tmp: the residual join, the
+ * per-layer input and the output scale, all into x (the next layer's
+ * first norm adds nothing: block_out). */
+kg_status_t cuda_g4_layer_end(cuda_ctx_t *ctx, int32_t il, int32_t rows);

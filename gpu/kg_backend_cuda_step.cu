@@ -234,7 +234,7 @@ static kg_status_t pack_inputs(
         }
         /* attention tiles and launch groups */
         ctx->plan.rt = single || !multi ? 1 : ctx->prefill_rt;
-        const int32_t qt = single ? 1 : kg_cuda_attention_tile_tokens(&ctx->ash, ctx->plan.rt);
+        const int32_t qt = single || ctx->plan.rt == 1 ? 1 : ctx->prefill_qt;
         const int32_t group_tok = ATT_PAIR_CAP / ctx->plan.max_splits;
         int32_t n_tiles = 0;
         ctx->n_groups = 0;
@@ -274,12 +274,14 @@ out:
     return st;
 }
 
+/* The K and V planes layer il reads (a Gemma 4 shared-KV layer's are an
+ * earlier layer's). */
 static __half *k_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + (size_t)(ctx->kv_caches * ctx->layers[il].kv_il) * ctx->kv_layer_elems;
+    return ctx->kv + ctx->layers[il].kv_off;
 }
 
 static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + (size_t)(ctx->kv_caches * ctx->layers[il].kv_il + 1) * ctx->kv_layer_elems;
+    return ctx->kv + ctx->layers[il].kv_off + ctx->layers[il].kv_plane;
 }
 
 /* Attention of one layer: graph steps (single) cut their `rows` one-token
@@ -288,12 +290,19 @@ static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
 static kg_status_t attention(cuda_ctx_t *ctx, int32_t il, int32_t rows, bool single) {
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const cuda_layer_t *L = &ctx->layers[il];
+    const kg_layer_weights_t *ML = &ctx->model->layers[il];
+    /* the layer's own shape (Gemma 4's windowed and global layers differ);
+     * a prefill launch takes its own rows per tile, every tile holding at
+     * most prefill_qt tokens, which fit every layer's */
+    const kg_cuda_attn_shape_t ash = {ctx->hp.n_head, ML->n_head_kv, ML->head_dim, ctx->block_size};
+    kg_cuda_attn_plan_t lplan = ctx->plan;
+    lplan.rt = lplan.rt == 1 ? 1 : kg_cuda_attention_prefill_rt(&ash);
     /* llama scales the scores (by attention.scale where granite's file gives
      * one); gemma and phi3 scaled q already */
     kg_cuda_attn_layer_t lay;
     lay.scale = ctx->hp.q_scale != 0.0f    ? 1.0f
                 : ctx->hp.kq_scale != 0.0f ? ctx->hp.kq_scale
-                                           : 1.0f / sqrtf((float)ctx->hp.head_dim);
+                                           : 1.0f / sqrtf((float)ML->head_dim);
     lay.softcap = ctx->hp.attn_softcap;
     lay.n_swa = L->n_swa;
     lay.chunked = ctx->hp.swa_chunked; /* llama4: n_swa is its chunk */
@@ -305,14 +314,14 @@ static kg_status_t attention(cuda_ctx_t *ctx, int32_t il, int32_t rows, bool sin
         const int32_t group = ATT_PAIR_CAP / plan.max_splits;
         for (int32_t t0 = 0; t0 < rows; t0 += group) {
             const int32_t n = rows - t0 < group ? rows - t0 : group;
-            KG_TRY(kg_cuda_attention(ctx->stream, in, &ctx->ash, &plan, &lay, t0, n, t0, n,
-                                     ctx->q16, k_cache(ctx, il), v_cache(ctx, il), ctx->split,
-                                     ctx->att, L->wo.dt));
+            KG_TRY(kg_cuda_attention(ctx->stream, in, &ash, &plan, &lay, t0, n, t0, n, ctx->q16,
+                                     k_cache(ctx, il), v_cache(ctx, il), ctx->split, ctx->att,
+                                     L->wo.dt));
         }
         return KG_OK;
     }
     for (int32_t g = 0; g < ctx->n_groups; g++) {
-        KG_TRY(kg_cuda_attention(ctx->stream, in, &ctx->ash, &ctx->plan, &lay, ctx->grp_tile0[g],
+        KG_TRY(kg_cuda_attention(ctx->stream, in, &ash, &lplan, &lay, ctx->grp_tile0[g],
                                  ctx->grp_ntiles[g], ctx->grp_tok0[g], ctx->grp_ntok[g], ctx->q16,
                                  k_cache(ctx, il), v_cache(ctx, il), ctx->split, ctx->att,
                                  L->wo.dt));
@@ -343,30 +352,30 @@ static kg_status_t dense_ffn(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
     const kg_layer_weights_t *ML = &ctx->model->layers[il];
     cudaStream_t st = ctx->stream;
     const kg_cuda_step_hdr_t *hdr = kg_cuda_inputs_view(ctx->d_in, rows).hdr;
-    const int32_t gu_col[2] = {0, hp->n_ff}, gu_n[2] = {hp->n_ff, hp->n_ff}, zero[1] = {0};
+    const int32_t F = ML->n_ff; /* the layer's own width (Gemma 4's may differ) */
+    const int32_t gu_col[2] = {0, F}, gu_n[2] = {F, F}, zero[1] = {0};
     const bool up_only = hp->ffn_act == KG_FFN_XIELU || hp->ffn_act == KG_FFN_RELU_SQR;
     KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wgu, ctx->xn, ctx->gu, rows));
     if (!up_only) {
         KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_GATE, 2, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
-                               2 * hp->n_ff, gu_col, gu_n));
+                               2 * F, gu_col, gu_n));
     } else { /* gu is the up projection alone */
-        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu,
-                               hp->n_ff, zero, &hp->n_ff));
+        KG_TRY(cuda_lora_apply(ctx, il, KG_LORA_UP, 1, ctx->xn, L->wgu.dt, hp->n_embd, ctx->gu, F,
+                               zero, &F));
     }
     if (hp->ffn_act == KG_FFN_XIELU) {
         const float xp[4] = {ML->xielu_an, ML->xielu_ap, ML->xielu_beta, ML->xielu_eps};
-        KG_TRY(kg_cuda_xielu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff, xp));
+        KG_TRY(kg_cuda_xielu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, F, xp));
     } else if (hp->ffn_act == KG_FFN_RELU_SQR) {
-        KG_TRY(kg_cuda_relu_sqr(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+        KG_TRY(kg_cuda_relu_sqr(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, F));
     } else if (hp->ffn_act == KG_FFN_GELU) {
-        KG_TRY(
-            kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt, hp->n_ff));
+        KG_TRY(kg_cuda_geglu(st, rows, hdr, ctx->gu, ctx->gelu_table, ctx->h, L->wdown.dt, F));
     } else {
-        KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, hp->n_ff));
+        KG_TRY(kg_cuda_swiglu(st, rows, hdr, ctx->gu, ctx->h, L->wdown.dt, F));
     }
     KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wdown, ctx->h, ctx->tmp, rows));
-    return cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, hp->n_ff, ctx->tmp,
-                           hp->n_embd, zero, &hp->n_embd);
+    return cuda_lora_apply(ctx, il, KG_LORA_DOWN, 1, ctx->h, L->wdown.dt, F, ctx->tmp, hp->n_embd,
+                           zero, &hp->n_embd);
 }
 
 /* The mixture-of-experts FFN of layer L over `rows` token slots (cpu's
@@ -424,6 +433,9 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
  * attention's (+ bias, post-norm). */
 static kg_cuda_residual_t block_out(const cuda_ctx_t *ctx, int32_t il) {
     const cuda_layer_t *L = &ctx->layers[il];
+    if (ctx->g4) { /* Gemma 4's layers join the residual themselves (cuda_g4_layer_end) */
+        return kg_cuda_residual_t{NULL, NULL, NULL, 0.0f};
+    }
     if (ctx->model->layers[il].n_ff == 0 && !L->moe) {
         return kg_cuda_residual_t{ctx->tmp, L->bo, L->attn_post_norm, ctx->hp.residual_scale};
     }
@@ -439,28 +451,38 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
     cudaStream_t st = ctx->stream;
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const kg_cuda_step_hdr_t *hdr = in.hdr;
-    /* where each adapted projection's delta goes (lora.cu): Q|K|V is one
-     * fused matrix, one output row each (gate|up: dense_ffn); qwen35's rows hold
-     * each head's output gate after v (kg_backend_cuda_weights.cu) */
-    const int32_t n_q = hp->n_head * hp->head_dim, n_kv = hp->n_head_kv * hp->head_dim;
-    const int32_t qkv_w = n_q + 2 * n_kv + (hp->attn_out_gate ? n_q : 0);
-    const kg_cuda_rope_shape_t rsh = {hp->n_head, hp->n_head_kv,   hp->head_dim,
-                                      hp->n_rot,  ctx->block_size, qkv_w};
-    const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)hp->n_rot;
-    const int32_t qkv_col[3] = {0, n_q, n_q + n_kv}, qkv_n[3] = {n_q, n_kv, n_kv};
+    const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)ctx->max_rot;
     const int32_t zero[1] = {0};
 
     KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, hp->n_embd, hp->embd_scale,
                          ctx->x));
     for (int32_t r = 0; r < ctx->n_ropes; r++) {
         KG_TRY(kg_cuda_rope_cache(st, rows, in, ctx->rope_cs + (size_t)r * rope_stride,
-                                  &ctx->ropes[r], ctx->rope_freqs));
+                                  &ctx->ropes[r],
+                                  ctx->ropes[r].freqs ? ctx->ropes[r].freqs : ctx->rope_freqs));
+    }
+    if (ctx->g4) {
+        KG_TRY(cuda_g4_inputs(ctx, rows)); /* Gemma 4's per-layer inputs */
     }
     KG_TRY(cuda_rec_reset(ctx, rows)); /* a hybrid's slots that start over */
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const cuda_layer_t *L = &ctx->layers[il];
         const kg_layer_weights_t *ML = &ctx->model->layers[il];
         const bool attn = ML->kind == KG_LAYER_ATTN;
+        /* the layer's own attention shape (Gemma 4's windowed and global
+         * layers differ); a Gemma 4 shared-KV layer computes its queries
+         * alone and stores nothing (rope_store with no K/V heads); where each
+         * adapted projection's delta goes (lora.cu): Q|K|V is one fused
+         * matrix, one output row each (gate|up: dense_ffn); qwen35's rows
+         * hold each head's output gate after v (kg_backend_cuda_weights.cu) */
+        const bool own_kv = ML->kv_layer == il;
+        const int32_t n_q = hp->n_head * ML->head_dim;
+        const int32_t n_kv = own_kv ? ML->n_head_kv * ML->head_dim : 0;
+        const int32_t qkv_w = n_q + 2 * n_kv + (hp->attn_out_gate ? n_q : 0);
+        const kg_cuda_rope_shape_t rsh = {hp->n_head,      own_kv ? ML->n_head_kv : 0,
+                                          ML->head_dim,    ML->n_rot,
+                                          ctx->block_size, qkv_w};
+        const int32_t qkv_col[3] = {0, n_q, n_q + n_kv}, qkv_n[3] = {n_q, n_kv, n_kv};
         /* the previous layer's output (its FFN's, after its post-norm)
          * joins the residual here */
         const kg_cuda_residual_t res_prev =
@@ -513,7 +535,8 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                            hp->attn_temp_nope && !ML->no_rope ? 0.0f
                                                                               : hp->attn_temp_scale,
                                            hp->attn_temp_floor,
-                                           hp->attn_temp_nope ? 1 : 0};
+                                           hp->attn_temp_nope ? 1 : 0,
+                                           hp->v_norm};
             KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv, cs, ctx->q16,
                                       k_cache(ctx, il), v_cache(ctx, il)));
             KG_TRY(attention(ctx, il, rows, single));
@@ -532,6 +555,19 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
          * residual */
         const kg_cuda_residual_t res_attn = {ctx->tmp, L->bo, L->attn_post_norm,
                                              hp->residual_scale};
+        if (ctx->g4) {
+            /* Gemma 4: the dense MLP (beside the experts in a MoE layer),
+             * then the layer's end (kg_backend_cuda_gemma4.cu) */
+            KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_attn, L->ffn_norm,
+                                       ctx->xn, L->wgu.dt, NULL, KG_CUDA_F32, hp->n_embd,
+                                       hp->norm_eps));
+            KG_TRY(dense_ffn(ctx, il, rows));
+            if (L->moe) {
+                KG_TRY(cuda_g4_moe(ctx, il, rows));
+            }
+            KG_TRY(cuda_g4_layer_end(ctx, il, rows));
+            continue;
+        }
         if (L->moe) {
             /* the normed input twice: for the router, and for the experts */
             KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &res_attn, L->ffn_norm,
@@ -849,11 +885,24 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
             return KG_ERR_INVALID;
         }
     }
-    const size_t block = (size_t)ctx->block_size * (size_t)ctx->hp.n_head_kv * ctx->hp.head_dim;
-    if (cudaSetDevice(ctx->device) != cudaSuccess ||
-        kg_cuda_kv_copy(ctx->stream, ctx->kv, ctx->kv_layer_elems,
-                        ctx->kv_caches * ctx->n_kv_layers, block, src, dst, n) != KG_OK) {
+    if (cudaSetDevice(ctx->device) != cudaSuccess) {
         return cuda_mark_dead(ctx, "the KV block copy");
+    }
+    /* each layer that keeps K/V, by its own row width (Gemma 4's layers
+     * differ; its shared-KV layers keep none: their source's blocks are
+     * copied) */
+    for (int32_t il = 0; il < ctx->hp.n_layer; il++) {
+        const cuda_layer_t *L = &ctx->layers[il];
+        const kg_layer_weights_t *ML = &ctx->model->layers[il];
+        if (L->kv_il < 0) {
+            continue;
+        }
+        const size_t block = (size_t)ctx->block_size * (size_t)ML->n_head_kv * ML->head_dim;
+        if (kg_cuda_kv_copy(ctx->stream, ctx->kv + L->kv_off, L->kv_plane, ctx->kv_caches, block, src,
+                            dst, n) !=
+            KG_OK) {
+            return cuda_mark_dead(ctx, "the KV block copy");
+        }
     }
     return KG_OK;
 }

@@ -68,12 +68,12 @@ static kg_cuda_dtype_t pick_dtype(const kg_gguf_tensor_t *const *parts, int n) {
 
 /* Staging for uploads: two pinned buffers so the conversion of one chunk
  * overlaps the copy of the previous one. */
-typedef struct stage {
+struct stage {
     void *buf[2];
     cudaEvent_t ev[2];
     float *f32; /* host scratch for dequantized rows */
     int cur;
-} stage_t;
+};
 
 static kg_status_t stage_init(stage_t *s) {
     memset(s, 0, sizeof(*s));
@@ -232,12 +232,27 @@ static kg_status_t upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float 
     return t ? upload_vec_parts(ctx, &t, 1, out) : KG_OK;
 }
 
-/* The index of the RoPE (base, scale) in ctx->ropes, added when new (the
- * CPU backend's add_rope). */
-static kg_status_t add_rope(cuda_ctx_t *ctx, float base, float scale, int32_t *index) {
+kg_status_t cuda_upload_mat(cuda_ctx_t *ctx,
+                            stage_t *s,
+                            const kg_gguf_tensor_t *const *parts,
+                            int n_parts,
+                            kg_cuda_mat_t *m) {
+    return upload_mat(ctx, s, parts, n_parts, m);
+}
+
+kg_status_t cuda_upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float **out) {
+    return upload_vec(ctx, t, out);
+}
+
+/* The index of layer src's RoPE (base, scale, dims and divisors) in
+ * ctx->ropes, added when new (the CPU backend's add_rope); Gemma 4's global
+ * layers have their own dims and divisors (rope_freqs, *freqs). */
+static kg_status_t add_rope(cuda_ctx_t *ctx, const kg_layer_weights_t *src, int32_t *index) {
     const kg_hparams_t *hp = &ctx->hp;
+    const float base = src->rope_base, scale = src->rope_scale;
     for (int32_t r = 0; r < ctx->n_ropes; r++) {
-        if (ctx->ropes[r].base == base && ctx->ropes[r].freq_scale == scale) {
+        if (ctx->ropes[r].base == base && ctx->ropes[r].freq_scale == scale &&
+            ctx->ropes[r].n_rot == src->n_rot && ctx->ropes[r].freqs_src == src->rope_freqs) {
             *index = r;
             return KG_OK;
         }
@@ -250,15 +265,18 @@ static kg_status_t add_rope(cuda_ctx_t *ctx, float base, float scale, int32_t *i
     }
     ctx->ropes = grown;
     kg_cuda_rope_t *r = &ctx->ropes[ctx->n_ropes];
-    r->n_rot = hp->n_rot;
+    r->n_rot = src->n_rot;
     r->base = base;
     r->freq_scale = scale;
     r->ext_factor = hp->yarn_ext_factor;
     r->attn_factor = hp->yarn_attn_factor;
-    kg_rope_yarn_corr_dims(hp->n_rot, hp->n_ctx_orig, base, hp->yarn_beta_fast, hp->yarn_beta_slow,
+    kg_rope_yarn_corr_dims(src->n_rot, hp->n_ctx_orig, base, hp->yarn_beta_fast, hp->yarn_beta_slow,
                            r->corr_dims);
+    r->freqs = NULL;
+    r->freqs_src = src->rope_freqs;
     *index = ctx->n_ropes++;
-    return KG_OK;
+    ctx->max_rot = src->n_rot > ctx->max_rot ? src->n_rot : ctx->max_rot;
+    return upload_vec(ctx, src->rope_freqs, &r->freqs);
 }
 
 /* The router, the experts' stacked matrices (gate and up in one type, so
@@ -406,15 +424,19 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     if (src->wkv_a_mqa) {
         KG_TRY(upload_mla(ctx, s, src, L));
     } else if (src->kind == KG_LAYER_ATTN) {
-        KG_TRY(ctx->hp.attn_out_gate ? upload_gated_qkv(ctx, s, src, &L->wqkv)
-                                     : upload_mat(ctx, s, qkv, 3, &L->wqkv));
+        /* a Gemma 4 shared-KV layer computes its queries alone */
+        KG_TRY(ctx->hp.attn_out_gate
+                   ? upload_gated_qkv(ctx, s, src, &L->wqkv)
+                   : upload_mat(ctx, s, qkv, src->kv_layer == il ? 3 : 1, &L->wqkv));
         KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
     } else {
         KG_TRY(upload_recurrent(ctx, s, src, L));
     }
-    if (src->ffn_gate_inp) {
+    if (src->ffn_gate_inp && ctx->hp.arch != KG_ARCH_GEMMA4) {
         KG_TRY(upload_experts(ctx, s, src, L));
-    } else if (src->w_up) { /* (nemotron_h's mixer and attention layers have no FFN) */
+    } else if (src->w_up) {
+        /* (Gemma 4's experts beside it: cuda_g4_upload) */ /* (nemotron_h's mixer and attention
+                                                               layers have no FFN) */
         /* gate|up fused, or up alone (apertus's ungated xIELU) */
         const kg_gguf_tensor_t *gu[2] = {src->w_gate, src->w_up};
         KG_TRY(src->w_gate ? upload_mat(ctx, s, gu, 2, &L->wgu)
@@ -441,7 +463,7 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
         KG_TRY(upload_vec(ctx, bl->ffn_up_b, &L->up_b));
         KG_TRY(upload_vec(ctx, bl->ffn_down_b, &L->down_b));
     }
-    return add_rope(ctx, src->rope_base, src->rope_scale, &L->rope);
+    return add_rope(ctx, src, &L->rope);
 }
 
 /* bert's embeddings' parts beside tok_embd: positions and token types
@@ -484,6 +506,9 @@ kg_status_t cuda_upload_weights(cuda_ctx_t *ctx) {
     }
     if (st == KG_OK) { /* rope_freqs, or LongRoPE's factors for this context */
         st = upload_vec(ctx, kg_model_rope_factors(model, ctx->max_seq_len), &ctx->rope_freqs);
+    }
+    if (st == KG_OK && hp->arch == KG_ARCH_GEMMA4) {
+        st = cuda_g4_upload(ctx, &s);
     }
     if (st == KG_OK && hp->ffn_act == KG_FFN_GELU) {
         uint16_t *table = (uint16_t *)malloc(65536 * sizeof(uint16_t));

@@ -232,6 +232,7 @@ kg_status_t kg_cuda_op_rope_store(
     kg_cuda_qkv_ops_t ops;
     kg_cuda_rope_t rope;
     memset(&ops, 0, sizeof(ops));
+    memset(&rope, 0, sizeof(rope));
     rope.n_rot = a->n_rot;
     rope.base = a->rope_base;
     rope.freq_scale = a->rope_scale;

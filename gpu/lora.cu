@@ -430,6 +430,16 @@ kg_status_t cuda_lora_add(
                  kg_arch_name(ctx->hp.arch));
         return KG_ERR_UNSUPPORTED;
     }
+    if (ctx->g4) {
+        /* lora.cu takes one Q/K/V and FFN shape for every layer; Gemma 4's
+         * windowed and global layers differ, and its shared-KV layers have
+         * no K/V projection (the CPU backend takes no adapter there either) */
+        snprintf(errstr, errstr_size,
+                 "cuda backend: no LoRA adapters on a %s model (per-layer head sizes and shared "
+                 "K/V layers); neither backend runs them",
+                 kg_arch_name(ctx->hp.arch));
+        return KG_ERR_UNSUPPORTED;
+    }
     if (lora->n_layer != ctx->hp.n_layer) {
         snprintf(errstr, errstr_size, "cuda backend: adapter for %d layers, the model has %d",
                  lora->n_layer, ctx->hp.n_layer);

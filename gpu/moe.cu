@@ -1,6 +1,7 @@
 /* moe: the mixture-of-experts kernels (see moe.cuh). Built with
  * --fmad=false so the router's and the combination's products round as the
  * C code's do; the grouped GEMM's chains call fmaf explicitly. */
+#include "geglu.cuh"
 #include "kg_cuda_ops.h"
 #include "moe.cuh"
 #include "moe_ops.h"
@@ -366,15 +367,17 @@ __global__ void moe_act_kernel(const int32_t *__restrict__ row_tok,
                                int dt,
                                int32_t n_ff,
                                int act,
+                               const uint16_t *__restrict__ table,
                                int64_t total) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         if (row_tok[i / n_ff] < 0) {
             continue;
         }
-        const float v = act == KG_CUDA_MOE_ACT_RELU_SQR ? kg_relu_sqr(u[i])
-                        : act == KG_CUDA_MOE_ACT_OAI    ? kg_swiglu_oai(g[i], u[i], 1.702f, 7.0f)
-                                                        : kg_silu(g[i]) * u[i];
+        const float v = act == KG_CUDA_MOE_ACT_GEGLU      ? kg_cuda_geglu1(table, g[i], u[i])
+                        : act == KG_CUDA_MOE_ACT_RELU_SQR ? kg_relu_sqr(u[i])
+                        : act == KG_CUDA_MOE_ACT_OAI      ? kg_swiglu_oai(g[i], u[i], 1.702f, 7.0f)
+                                                          : kg_silu(g[i]) * u[i];
         kg_st(h, i, v, dt);
     }
 }
@@ -391,7 +394,24 @@ kg_status_t kg_cuda_moe_act(cudaStream_t stream,
     int64_t blocks = (total + 255) / 256;
     blocks = blocks > 65536 ? 65536 : blocks;
     moe_act_kernel<<<(unsigned)blocks, 256, 0, stream>>>(plan->row_tok, g, u, h, (int)dt, n_ff, act,
-                                                         total);
+                                                         (const uint16_t *)NULL, total);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
+kg_status_t kg_cuda_moe_act_geglu(cudaStream_t stream,
+                                  const kg_cuda_moe_plan_t *plan,
+                                  const float *g,
+                                  const float *u,
+                                  const uint16_t *table,
+                                  void *h,
+                                  kg_cuda_dtype_t dt,
+                                  int32_t n_ff) {
+    const int64_t total = (int64_t)plan->rows_cap * n_ff;
+    int64_t blocks = (total + 255) / 256;
+    blocks = blocks > 65536 ? 65536 : blocks;
+    moe_act_kernel<<<(unsigned)blocks, 256, 0, stream>>>(plan->row_tok, g, u, h, (int)dt, n_ff,
+                                                         KG_CUDA_MOE_ACT_GEGLU, table, total);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }

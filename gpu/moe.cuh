@@ -124,6 +124,7 @@ kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
 #define KG_CUDA_MOE_ACT_SWIGLU   0 /* silu(g) * u */
 #define KG_CUDA_MOE_ACT_OAI      1 /* gpt-oss's clamped SwiGLU */
 #define KG_CUDA_MOE_ACT_RELU_SQR 2 /* nemotron_h_moe's relu(u)^2: no gate, g unread */
+#define KG_CUDA_MOE_ACT_GEGLU    3 /* Gemma 4's gelu(g) * u: kg_cuda_moe_act_geglu */
 
 /** h(rows_cap, n_ff) = act(g, u) stored as dt (act: KG_CUDA_MOE_ACT_*), for
  * the grouped rows that hold a token. */
@@ -135,6 +136,17 @@ kg_status_t kg_cuda_moe_act(cudaStream_t stream,
                             kg_cuda_dtype_t dt,
                             int32_t n_ff,
                             int act);
+
+/** kg_cuda_moe_act with KG_CUDA_MOE_ACT_GEGLU: GELU read from `table`
+ * (kg_cuda_gelu_table_fill's, on the device), as cpu_geglu. */
+kg_status_t kg_cuda_moe_act_geglu(cudaStream_t stream,
+                                  const kg_cuda_moe_plan_t *plan,
+                                  const float *g,
+                                  const float *u,
+                                  const uint16_t *table,
+                                  void *h,
+                                  kg_cuda_dtype_t dt,
+                                  int32_t n_ff);
 
 /** The shared expert's gate (qwen35moe, qwen3next): for token t <
  * hdr->n_tokens, y[t] (n wide) *= sigmoid(w . x[t]), x (rows, n) in dt,

@@ -64,15 +64,19 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
         }
         __syncthreads();
     }
-    if (ops.q_norm) {
-        /* a unit is a head, or with norm_full all of q, then all of k */
+    if (ops.q_norm || ops.v_norm) {
+        /* a unit is a head, or with norm_full all of q, then all of k; then
+         * with v_norm each v head (no weight: ggml_rms_norm alone) */
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-        const int32_t n_units = ops.norm_full ? 2 : sh.n_head + sh.n_head_kv;
+        const int32_t n_qk = !ops.q_norm ? 0 : ops.norm_full ? 2 : sh.n_head + sh.n_head_kv;
+        const int32_t n_units = n_qk + (ops.v_norm ? sh.n_head_kv : 0);
         for (int32_t h = warp; h < n_units; h += n_warps) {
-            const bool is_q = ops.norm_full ? h == 0 : h < sh.n_head;
-            const int64_t width = !ops.norm_full ? hd : is_q ? n_q : n_kv;
-            float *x = src + (ops.norm_full ? (is_q ? 0 : n_q) : (int64_t)h * hd);
-            const float *w = is_q ? ops.q_norm : ops.k_norm;
+            const bool is_v = h >= n_qk;
+            const bool is_q = !is_v && (ops.norm_full ? h == 0 : h < sh.n_head);
+            const int64_t width = is_v || !ops.norm_full ? hd : is_q ? n_q : n_kv;
+            float *x = is_v ? src + n_q + n_kv + (int64_t)(h - n_qk) * hd
+                            : src + (ops.norm_full ? (is_q ? 0 : n_q) : (int64_t)h * hd);
+            const float *w = is_v ? NULL : is_q ? ops.q_norm : ops.k_norm;
             double sum = 0.0;
             for (int64_t e = lane; e < width; e += 32) {
                 sum += (double)(x[e] * x[e]);
@@ -81,7 +85,7 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
             const float mean = (float)(sum / (double)width);
             const float scale = 1.0f / sqrtf(mean + ops.norm_eps);
             for (int64_t e = lane; e < width; e += 32) {
-                x[e] = (x[e] * scale) * w[e];
+                x[e] = w ? (x[e] * scale) * w[e] : x[e] * scale;
             }
         }
         __syncthreads();

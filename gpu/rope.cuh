@@ -13,6 +13,9 @@ typedef struct kg_cuda_rope {
     float base, freq_scale;
     float ext_factor, attn_factor; /* YaRN (0 and 1: plain RoPE, the same bits) */
     float corr_dims[2];            /* YaRN's blend range for this base */
+    float *freqs;          /* (n_rot / 2) its own divisors on the device (Gemma 4's global layers'
+                              rope_freqs), or NULL: the model's */
+    const void *freqs_src; /* the tensor they came from (layers share them) */
 } kg_cuda_rope_t;
 
 /** rope_cs[t] = cos | sin of every pair at position pos[t] (n_rot floats:
@@ -47,15 +50,17 @@ typedef struct kg_cuda_qkv_ops {
                          layers, offset 1); 0: not */
     int32_t temp_floor;
     int32_t temp_offset;
+    int v_norm; /* RMSNorm of every v head without a weight, after the q and k norms (Gemma 4) */
 } kg_cuda_qkv_ops_t;
 
 /** For t < hdr->n_tokens, with qkv(t) = [q (n_head*hd) | k (n_kv*hd) | v (n_kv*hd)]
  * (at qkv + t * sh->stride, or t * (n_q + 2 n_kv) when stride is 0)
  * as the CPU backend does it: add the biases, RMSNorm every q and k head
- * (in place in qkv), rotate the first n_rot dims of every q and k head
+ * (and v head: ops->v_norm) in place in qkv, rotate the first n_rot dims of every q and k head
  * (kg_rope_pair on the pairs of ops->neox's mode; the rest pass through),
  * scale q, write q as fp16 into q16 (t, n_head*hd), and k, v as fp16 into
- * row table[tbl_off[t] + pos/bs]*bs + pos%bs of k_cache, v_cache. */
+ * row table[tbl_off[t] + pos/bs]*bs + pos%bs of k_cache, v_cache. With
+ * sh->n_head_kv 0 (a Gemma 4 shared-KV layer) only q: nothing is stored. */
 kg_status_t kg_cuda_rope_store(cudaStream_t stream,
                                int32_t n_launch,
                                kg_cuda_inputs_t in,

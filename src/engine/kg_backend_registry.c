@@ -22,8 +22,9 @@
  * experts (qwen3moe, Mixtral, gpt-oss with its sinks, glm4moe's sigmoid
  * router and shared expert, deepseek2's latent attention), llama4 (chunked attention, Q/K L2
  * norms, the NoPE layers' temperature, experts weighted on their input), the bert and
- * nomic-bert encoders, and
- * gemma-embedding's non-causal decoder layers (check_cuda_embed.c).
+ * nomic-bert encoders, gemma-embedding's non-causal decoder layers (check_cuda_embed.c), and
+ * Gemma 4's per-layer shapes, shared K/V, per-layer inputs, V norm and MoE
+ * blocks (gpu/kg_backend_cuda_gemma4.cu).
  * A model that needs anything else is refused for it, and `auto` takes
  * the CPU. */
 #define KG_CUDA_FEATURES                                                                           \
@@ -35,7 +36,9 @@
      KG_MODEL_FEAT_ATTN_SINKS | KG_MODEL_FEAT_NOPE | KG_MODEL_FEAT_SCALES |                        \
      KG_MODEL_FEAT_NO_PRE_NORM | KG_MODEL_FEAT_QK_NORM_FULL | KG_MODEL_FEAT_ATTN_TEMP |            \
      KG_MODEL_FEAT_XIELU | KG_MODEL_FEAT_MOE_SIGMOID | KG_MODEL_FEAT_SHARED_EXPERT |               \
-     KG_MODEL_FEAT_ENCODER | KG_MODEL_FEAT_BIDIR | KG_MODEL_FEAT_MLA)
+     KG_MODEL_FEAT_ENCODER | KG_MODEL_FEAT_BIDIR | KG_MODEL_FEAT_MLA |                             \
+     KG_MODEL_FEAT_HEAD_PER_LAYER | KG_MODEL_FEAT_KV_SHARED | KG_MODEL_FEAT_PER_LAYER_EMBD |       \
+     KG_MODEL_FEAT_V_NORM)
 
 /* The hybrid families whose recurrent layers gpu/ has kernels for
  * (gpu/recurrent.cu; per-slot states in device memory), each checked
@@ -52,27 +55,11 @@ static bool cuda_runs_hybrid(kg_arch_t arch) {
            arch == KG_ARCH_NEMOTRON_H_MOE;
 }
 
-/* Whether the layers differ from the model's shape only by having no FFN
- * (nemotron_h's mixer and attention layers, n_ff 0), which the step skips:
- * kg_model_features calls that a per-layer shape. */
-static bool only_ffn_less_layers(const kg_model_t *model) {
-    const kg_hparams_t *hp = &model->hp;
-    for (int32_t il = 0; il < hp->n_layer; il++) {
-        const kg_layer_weights_t *L = &model->layers[il];
-        if (L->head_dim != hp->head_dim || L->n_head_kv != hp->n_head_kv || L->n_rot != hp->n_rot ||
-            (L->n_ff != hp->n_ff && L->n_ff != 0) || L->rope_freqs || L->kv_layer != il) {
-            return false;
-        }
-    }
-    return true;
-}
-
 static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
-    uint32_t used = kg_model_features(model);
-    if ((model->hp.arch == KG_ARCH_NEMOTRON_H || model->hp.arch == KG_ARCH_NEMOTRON_H_MOE) &&
-        only_ffn_less_layers(model)) {
-        used &= ~(uint32_t)KG_MODEL_FEAT_HEAD_PER_LAYER;
-    }
+    /* (per-layer shapes, KG_MODEL_FEAT_HEAD_PER_LAYER, cover nemotron_h's
+     * layers without an FFN as well as Gemma 4's: the step takes each
+     * layer's own shape) */
+    const uint32_t used = kg_model_features(model);
     if (kg_model_is_recurrent(model) && !cuda_runs_hybrid(model->hp.arch)) {
         snprintf(why, cap,
                  "the cuda backend has no kernels for this %s model's recurrent (hybrid) layers "
@@ -89,6 +76,18 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
                  "the cuda backend runs the bert and nomic-bert encoders only, not this %s model",
                  kg_arch_name(model->hp.arch));
         return false;
+    }
+    /* (a latent attention's rows are mla.cu's, whose limits cuda_mla_check gives) */
+    for (int32_t il = 0; il < model->hp.n_layer && model->hp.n_lora_kv == 0; il++) {
+        if (model->layers[il].head_dim > 256) {
+            /* gpu/attention.cu's kernels hold a head in shared memory: up to
+             * 256 dims (a Gemma 4 file's global key_length may be wider) */
+            snprintf(why, cap,
+                     "the cuda backend's attention takes heads of up to 256 dims; layer %d of this "
+                     "%s model has %d",
+                     (int)il, kg_arch_name(model->hp.arch), model->layers[il].head_dim);
+            return false;
+        }
     }
     const uint32_t missing = used & ~(uint32_t)KG_CUDA_FEATURES;
     char names[256];

@@ -1662,6 +1662,11 @@ static const cuda_family_t k_cuda_families[] = {
     {"deepseek2", true, NULL, "f32", true, true},
     /* V2-Lite's shape: queries straight from attn_q, softmax router */
     {"deepseek2-lite", true, NULL, NULL, true, true},
+    /* per-layer head sizes, K/V heads and RoPE (proportional on the global
+     * layers), V's norm, shared K/V layers, per-layer inputs, output scales */
+    {"gemma4", false, NULL, "f32", true, true},
+    /* its MoE layers: the dense MLP beside GeGLU experts, each branch normed */
+    {"gemma4-moe", true, NULL, "f32", true, true},
 };
 
 #define N_CUDA_FAMILIES ((int)(sizeof(k_cuda_families) / sizeof(k_cuda_families[0])))
@@ -2474,7 +2479,7 @@ typedef struct choice_out {
     int64_t n_forks, n_prefill;
 } choice_out_t;
 
-/* stories260K in an engine on `be`: n = 3 greedy choices of one prompt with
+/* A model (stories260K, gemma4) in an engine on `be`: n = 3 greedy choices of one prompt with
  * token `banned` banned, and one more request with a +100 bias. */
 static void run_choices(kg_backend_t *be, const kg_model_t *m, int32_t banned, choice_out_t *o) {
     char err[256];
@@ -2533,8 +2538,9 @@ static void run_choices(kg_backend_t *be, const kg_model_t *m, int32_t banned, c
     kg_engine_free(e);
 }
 
-START_TEST(engine_choices_vs_cpu) {
-    kg_model_t *m = load(kg_test_data("models/stories260K.gguf"));
+/* run_choices on both backends: the same tokens, the prompt prefilled once
+ * and its KV blocks copied to the other two choices (cuda_kv_copy). */
+static void check_choices(kg_model_t *m) {
     kg_backend_t *cpu = make_backend("cpu", m, 32), *gpu = make_backend("cuda", m, 32);
     ck_assert(kg_backend_has_kv_copy(gpu));
     choice_out_t oc, og;
@@ -2559,6 +2565,25 @@ START_TEST(engine_choices_vs_cpu) {
     }
     kg_backend_free(cpu);
     kg_backend_free(gpu);
+}
+
+START_TEST(engine_choices_vs_cpu) {
+    kg_model_t *m = load(kg_test_data("models/stories260K.gguf"));
+    check_choices(m);
+    kg_model_free(m);
+}
+END_TEST
+
+/* Gemma 4's KV pool: layers of two row widths, the last two reading the
+ * first two's blocks; a fork copies each layer that keeps K/V by its own
+ * width (and none for the shared layers). */
+START_TEST(engine_choices_gemma4) {
+    static arch_golden_t g;
+    arch_golden_load("gemma4.f32.golden", &g);
+    kg_model_t *m = arch_model(&g, "gemma4 f32");
+    ck_assert_int_lt(m->hp.n_layer_kv, m->hp.n_layer);
+    ck_assert_int_ne(m->layers[0].head_dim, m->layers[1].head_dim);
+    check_choices(m);
     kg_model_free(m);
 }
 END_TEST
@@ -2638,6 +2663,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, kv_copy_vs_cpu);
     tcase_add_test(tc, logit_bias_vs_cpu);
     tcase_add_test(tc, engine_choices_vs_cpu);
+    tcase_add_test(tc, engine_choices_gemma4);
     suite_add_tcase(s, tc);
 #ifdef KG_CUEMU
     tc = tcase_create("faults");

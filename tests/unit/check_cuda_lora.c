@@ -7,7 +7,8 @@
  * A sequence gives the same bits alone (with only its adapters in the
  * step) as among the others (batch invariance). An adapter removed frees
  * its memory, a step naming it fails for that sequence only, and the same
- * adapter added again under its id gives the same bits. Runs on a GPU, or
+ * adapter added again under its id gives the same bits; a gemma4 model's
+ * adapters are refused by name. Runs on a GPU, or
  * on the CPU under scripts/gpu-emulate (tcase "lora").
  *
  * Needs a CUDA device: exits 77 (skipped) when the build has no CUDA
@@ -406,6 +407,37 @@ START_TEST(lora_remove_and_reload) {
 }
 END_TEST
 
+/* Gemma 4 takes no adapters (lora.cu has one Q/K/V and FFN shape for
+ * every layer, and its shared-KV layers no K/V projection; the CPU backend
+ * takes none either): adding one is refused with a message naming it. */
+START_TEST(lora_refused_gemma4) {
+    char base[4096], path[4096], err[512] = "";
+    snprintf(base, sizeof(base), "%s.gguf", kg_test_tmp_path("cuda-lora-gemma4"));
+    ck_assert(kg_test_mkmodel(base, "--arch gemma4 --n-embd 64 --n-layer 4 --n-head 4 "
+                                    "--n-head-kv 2 --head-dim 16 --n-ff 128 --swa-pattern 2 "
+                                    "--sliding-window 8 --n-embd-per-layer 16 --n-kv-shared 2 "
+                                    "--seed 5") == 0);
+    kg_model_t *m = kg_model_load(base, err, sizeof(err));
+    ck_assert_msg(m != NULL, "%s", err);
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("cuda-lora-gemma4-a"));
+    make_lora(base, path, "--rank 4 --type f32 --seed 11");
+    kg_lora_t *l = kg_lora_load(path, m, err, sizeof(err));
+    ck_assert_msg(l != NULL, "%s", err);
+    remove(path);
+    remove(base);
+    kg_backend_params_t p = {
+        .n_threads = 2, .n_kv_blocks = 8, .kv_block_size = BLOCK, .max_batch_tokens = MAX_TOK};
+    kg_backend_t *be = kg_backend_cuda_new(m, &p, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    int32_t id = -1;
+    ck_assert_int_eq(kg_backend_lora_add(be, l, &id, err, sizeof(err)), KG_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err, "no LoRA adapters on a gemma4 model") != NULL, "%s", err);
+    kg_backend_free(be);
+    kg_lora_free(l);
+    kg_model_free(m);
+}
+END_TEST
+
 static Suite *make_suite(void) {
     Suite *s = suite_create("cuda_lora");
     TCase *tc = tcase_create("lora");
@@ -414,6 +446,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, lora_vs_cpu, 0, (int)(sizeof(k_bases) / sizeof(k_bases[0])));
     tcase_add_test(tc, lora_batch_invariance);
     tcase_add_test(tc, lora_remove_and_reload);
+    tcase_add_test(tc, lora_refused_gemma4);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -597,10 +597,14 @@ START_TEST(gemma4_layers) {
     ck_assert(!kg_backend_has_lora(be));
     kg_backend_free(be);
     be = kg_backend_new("cuda", m, &p, err, sizeof(err));
-    ck_assert_ptr_null(be); /* no CUDA build here, or its gate names what it lacks */
 #ifdef KG_USE_CUDA
-    ck_assert_msg(strstr(err, "kv_shared") != NULL, "%s", err);
+    /* the CUDA backend runs it (check_cuda's gemma4 rows): where it cannot
+     * start, that is for want of a device, not a refusal of the model */
+    ck_assert_msg(be != NULL || strstr(err, "does not implement") == NULL, "%s", err);
+#else
+    ck_assert_ptr_null(be); /* no CUDA build here */
 #endif
+    kg_backend_free(be);
     kg_model_free(m);
     load_fails(
         rewrite(src, (const char *[]){"gemma4.attention.key_length_swa", NULL}, NULL, NULL, 0),

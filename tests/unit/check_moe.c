@@ -1083,8 +1083,9 @@ static const char *const drop_g4_ffexp[] = {"gemma4.expert_feed_forward_length",
  * keeps the dense MLP; llama.cpp's literal routing (softmax, renormalised,
  * scale 1) whatever the file says; the same experts stored apart give the
  * same logits bit for bit, and without the per-expert scales other ones;
- * a file short of a piece is refused by name; the CUDA backend refuses it
- * (Gemma 4's bit). llama.cpp agreement is check_arch's gemma4-moe. */
+ * a file short of a piece is refused by name; the CUDA backend takes it
+ * (check_cuda's gemma4-moe row). llama.cpp agreement is check_arch's
+ * gemma4-moe. */
 START_TEST(gemma4_experts) {
     char *src = write_model("gemma4", 64, 2, 32, 8, 2, NULL);
     kg_model_t *m = load_ok(rewrite(src, NULL, NULL, NULL));
@@ -1113,10 +1114,14 @@ START_TEST(gemma4_experts) {
         .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 16, .max_batch_tokens = 16};
     char err[512] = "";
     kg_backend_t *be = kg_backend_new("cuda", m, &p, err, sizeof(err));
-    ck_assert_ptr_null(be);
 #ifdef KG_USE_CUDA
-    ck_assert_msg(strstr(err, "v_norm") != NULL, "%s", err);
+    /* the CUDA backend runs it (check_cuda's gemma4-moe row): where it
+     * cannot start, that is for want of a device, not a refusal */
+    ck_assert_msg(be != NULL || strstr(err, "does not implement") == NULL, "%s", err);
+#else
+    ck_assert_ptr_null(be); /* no CUDA build here */
 #endif
+    kg_backend_free(be);
     float *merged = gemma4_logits(m);
     const size_t bytes = (size_t)4 * (size_t)hp->n_vocab * sizeof(float);
 
