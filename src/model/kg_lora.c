@@ -124,16 +124,6 @@ static bool add_tensor(kg_lora_t *lora,
                  path, name);
         return false;
     }
-    if ((kg_model_features(base) & KG_MODEL_FEAT_MLA) && p <= KG_LORA_O) {
-        /* the latent attention's projections (attn_q or attn_q_a/b, attn_kv_a_mqa, attn_k_b,
-         * attn_v_b) are not the four a LoRA pair names, and attn_q and attn_output go through
-         * its own path: a pair there would load and change nothing */
-        snprintf(errstr, errstr_size,
-                 "lora: %s: tensor '%s': kgen adapts no attention projection of a %s model "
-                 "(multi-head latent attention); its adapters may change the dense layers' FFN",
-                 path, name, kg_arch_name(base->hp.arch));
-        return false;
-    }
     if (il >= lora->n_layer || !base_weight(base, il, p)) {
         snprintf(errstr, errstr_size,
                  "lora: %s: tensor '%s' does not exist in the base model (wrong base?)", path,

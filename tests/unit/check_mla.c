@@ -9,8 +9,6 @@
 #include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
 #include "model/kg_gguf_writer.h"
-#include "model/kg_lora.h"
-#include "model/kg_mklora.h"
 #include "model/kg_model.h"
 
 #include <stdio.h>
@@ -208,42 +206,6 @@ START_TEST(heads_side_by_side_or_in_turn_give_the_same_bits) {
 }
 END_TEST
 
-/* kgen mkmodel --lora --base BASE --out OUT --rank 4 --seed 3 --targets TARGETS, in process;
- * false when the base has none of the targets. */
-static bool make_lora(const char *base, const char *out, const char *targets) {
-    char *argv[] = {"mkmodel", "--lora", "--base", (char *)base, "--out",     (char *)out,
-                    "--rank",  "4",      "--seed", "3",          "--targets", (char *)targets};
-    kg_mklora_opts_t o;
-    char err[512];
-    ck_assert_msg(kg_mklora_parse_args((int)(sizeof(argv) / sizeof(argv[0])), argv, &o, err,
-                                       sizeof(err)) == 0,
-                  "%s", err);
-    return kg_mklora_write(&o, NULL, err, sizeof(err)) == KG_OK;
-}
-
-/* A LoRA pair on the latent attention's output (or any attention projection) is refused by
- * name when the adapter loads: the latent path applies none, so it would load and change
- * nothing; pairs on the leading dense layer's FFN load. */
-START_TEST(lora_on_the_latent_attention_is_refused) {
-    char path[4096], ad[4096], err[512];
-    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("mla-lora-base"));
-    snprintf(ad, sizeof(ad), "%s.gguf", kg_test_tmp_path("mla-lora"));
-    ck_assert_int_eq(kg_test_mkmodel(path, DS2_ARGS " --n-dense-lead 1"), 0);
-    kg_model_t *m = load(path);
-    ck_assert(make_lora(path, ad, "o"));
-    kg_lora_t *l = kg_lora_load(ad, m, err, sizeof(err));
-    ck_assert_ptr_null(l);
-    ck_assert_msg(strstr(err, "attn_output") && strstr(err, "multi-head latent attention"), "%s",
-                  err);
-    ck_assert(make_lora(path, ad, "gate,up,down"));
-    l = kg_lora_load(ad, m, err, sizeof(err));
-    ck_assert_msg(l != NULL, "%s", err);
-    ck_assert_int_eq(l->n_pairs, 3); /* the one dense layer's FFN */
-    kg_lora_free(l);
-    kg_model_free(m);
-}
-END_TEST
-
 START_TEST(every_backend_keeps_the_latent) {
     /* the CUDA backend runs MLA too (gpu/kg_backend_cuda_mla.cu, checked
      * against this backend on the emulator by check_cuda): --backend auto
@@ -283,7 +245,6 @@ static Suite *mla_suite(void) {
     tcase_add_test(tc, dense_model_keeps_both_caches);
     tcase_add_test(tc, loader_refuses_what_it_cannot_run_latent);
     tcase_add_test(tc, every_backend_keeps_the_latent);
-    tcase_add_test(tc, lora_on_the_latent_attention_is_refused);
     tcase_add_test(tc, heads_side_by_side_or_in_turn_give_the_same_bits);
     suite_add_tcase(s, tc);
     return s;
