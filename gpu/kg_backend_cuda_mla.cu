@@ -148,7 +148,8 @@ kg_status_t cuda_mla_attention(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
     const kg_cuda_inputs_t in = kg_cuda_inputs_view(ctx->d_in, rows);
     const int32_t H = hp->n_head, R = hp->n_lora_kv, D = R + hp->n_rot, K = hp->mla_k;
     const int32_t MV = hp->mla_v, w1 = L->wqkv.n_out;
-    const float *cs = ctx->rope_cs + (size_t)L->rope * (size_t)ctx->max_tokens * (size_t)ctx->max_rot;
+    const float *cs =
+        ctx->rope_cs + (size_t)L->rope * (size_t)ctx->max_tokens * (size_t)ctx->max_rot;
     __half *cache = ctx->kv + L->kv_off;
     const bool q_lora = L->wq_b.data != NULL;
     /* the compressed query (or the whole one) and the latent row, one GEMM */

@@ -898,9 +898,8 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
             continue;
         }
         const size_t block = (size_t)ctx->block_size * (size_t)ML->n_head_kv * ML->head_dim;
-        if (kg_cuda_kv_copy(ctx->stream, ctx->kv + L->kv_off, L->kv_plane, ctx->kv_caches, block, src,
-                            dst, n) !=
-            KG_OK) {
+        if (kg_cuda_kv_copy(ctx->stream, ctx->kv + L->kv_off, L->kv_plane, ctx->kv_caches, block,
+                            src, dst, n) != KG_OK) {
             return cuda_mark_dead(ctx, "the KV block copy");
         }
     }
