@@ -173,12 +173,21 @@ void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out) {
 kg_status_t kg_backend_lora_add(
     kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size) {
     if (!be->lora_add) {
-        snprintf(errstr, errstr_size,
-                 "the %s backend does not run LoRA adapters (the cpu and cuda ones do)",
-                 be->iface.name);
+        kg_backend_no_lora_why(be, errstr, errstr_size);
         return KG_ERR_UNSUPPORTED;
     }
     return be->lora_add(be, lora, id, errstr, errstr_size);
+}
+
+void kg_backend_no_lora_why(const kg_backend_t *be, char *errstr, size_t errstr_size) {
+    if (be->no_lora_why) {
+        snprintf(errstr, errstr_size, "the %s backend runs no LoRA adapters on this model (%s)",
+                 be->iface.name, be->no_lora_why);
+    } else {
+        snprintf(errstr, errstr_size,
+                 "the %s backend does not run LoRA adapters (the cpu and cuda ones do)",
+                 be->iface.name);
+    }
 }
 
 bool kg_backend_has_lora(const kg_backend_t *be) {

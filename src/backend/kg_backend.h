@@ -259,6 +259,10 @@ void kg_backend_moe_stats(const kg_backend_t *be, kg_moe_stats_t *out);
 KG_NODISCARD kg_status_t kg_backend_lora_add(
     kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size);
 
+/** Why kg_backend_lora_add cannot succeed here, one line into errstr: the backend runs no
+ * adapters, or none on this model (naming what of it). @thread any */
+void kg_backend_no_lora_why(const kg_backend_t *be, char *errstr, size_t errstr_size);
+
 /** Whether kg_backend_lora_add can succeed here (the backend runs adapters). */
 bool kg_backend_has_lora(const kg_backend_t *be);
 

@@ -33,6 +33,9 @@ struct kg_backend {
     kg_status_t (*lora_add)(
         kg_backend_t *be, const kg_lora_t *lora, int32_t *id, char *errstr, size_t errstr_size);
     void (*lora_remove)(kg_backend_t *be, int32_t id);
+    /* with lora_add NULL, why this model takes no adapters here ("multi-head latent
+     * attention"), for the refusal; NULL: the backend runs none at all */
+    const char *no_lora_why;
     /* a recurrent model's backend: kg_backend_state_copy (NULL: the model
      * has no recurrent layer) */
     kg_status_t (*state_copy)(kg_backend_t *be, const int32_t *src, const int32_t *dst, int32_t n);

@@ -202,9 +202,9 @@ kg_status_t kg_loras_load(kg_loras_t *l,
     l->model = model;
     if ((l->dir || l->n > 0) && !kg_backend_has_lora(be)) {
         /* refused now rather than on every job naming one */
-        snprintf(errstr, errstr_size,
-                 "%s: the %s backend does not run LoRA adapters (the cpu and cuda ones do)",
-                 l->dir ? "--lora-dir" : "--lora", kg_backend_name(be));
+        char why[256];
+        kg_backend_no_lora_why(be, why, sizeof(why));
+        snprintf(errstr, errstr_size, "%s: %s", l->dir ? "--lora-dir" : "--lora", why);
         return KG_ERR_UNSUPPORTED;
     }
     l->adapters = kg_adapters_new(be, max_loras);

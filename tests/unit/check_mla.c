@@ -9,6 +9,7 @@
 #include "engine/kg_backend_registry.h"
 #include "engine/kg_engine.h"
 #include "model/kg_gguf_writer.h"
+#include "model/kg_lora.h"
 #include "model/kg_model.h"
 
 #include <stdio.h>
@@ -206,6 +207,32 @@ START_TEST(heads_side_by_side_or_in_turn_give_the_same_bits) {
 }
 END_TEST
 
+/* Neither backend runs LoRA adapters on the latent attention (the CPU's adapter deltas take
+ * one Q/K/V shape, and the latent path applies none): an adapter is refused saying so, not with
+ * "this backend runs no adapters". */
+START_TEST(lora_refused_naming_the_latent_attention) {
+    const char *path = kg_test_tmp_path("mla-lora.gguf");
+    ck_assert_int_eq(kg_test_mkmodel(path, DS2_ARGS), 0);
+    kg_model_t *m = load(path);
+    kg_backend_params_t bp = {
+        .n_threads = 1, .n_kv_blocks = 4, .kv_block_size = 16, .max_batch_tokens = 16};
+    char err[512] = "";
+    kg_backend_t *be = kg_backend_new("cpu", m, &bp, err, sizeof(err));
+    ck_assert_msg(be != NULL, "%s", err);
+    ck_assert(!kg_backend_has_lora(be));
+    kg_lora_t lora;
+    memset(&lora, 0, sizeof(lora));
+    lora.n_layer = m->hp.n_layer;
+    int32_t id = -1;
+    ck_assert_int_eq(kg_backend_lora_add(be, &lora, &id, err, sizeof(err)), KG_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err, "cpu backend runs no LoRA adapters on this model") &&
+                      strstr(err, "multi-head latent attention"),
+                  "%s", err);
+    kg_backend_free(be);
+    kg_model_free(m);
+}
+END_TEST
+
 START_TEST(every_backend_keeps_the_latent) {
     /* the CUDA backend runs MLA too (gpu/kg_backend_cuda_mla.cu, checked
      * against this backend on the emulator by check_cuda): --backend auto
@@ -245,6 +272,7 @@ static Suite *mla_suite(void) {
     tcase_add_test(tc, dense_model_keeps_both_caches);
     tcase_add_test(tc, loader_refuses_what_it_cannot_run_latent);
     tcase_add_test(tc, every_backend_keeps_the_latent);
+    tcase_add_test(tc, lora_refused_naming_the_latent_attention);
     tcase_add_test(tc, heads_side_by_side_or_in_turn_give_the_same_bits);
     suite_add_tcase(s, tc);
     return s;

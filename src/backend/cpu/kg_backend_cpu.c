@@ -404,6 +404,9 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         !(kg_model_features(model) & (KG_MODEL_FEAT_HEAD_PER_LAYER | KG_MODEL_FEAT_KV_SHARED));
     be->lora_add = lora_ok ? cpu_lora_add : NULL;
     be->lora_remove = lora_ok ? cpu_lora_remove : NULL;
+    be->no_lora_why = lora_ok                   ? NULL
+                      : model->hp.n_lora_kv > 0 ? "multi-head latent attention"
+                                                : "per-layer head sizes and shared K/V layers";
     be->hidden = true;
     const kg_hparams_t *hp = &model->hp;
     ctx->model = model;
@@ -430,6 +433,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         be->kv_copy = NULL;
         be->lora_add = NULL;
         be->lora_remove = NULL;
+        be->no_lora_why = "an encoder";
         return be;
     }
 
@@ -704,6 +708,7 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         /* adapters: cpu_lora has no deltas for the recurrent projections */
         be->lora_add = NULL;
         be->lora_remove = NULL;
+        be->no_lora_why = "recurrent (hybrid) layers";
     }
     KG_LOG_DEBUG("cpu", "backend ready threads=%d weights_mib=%zu kv_mib=%zu", ctx->n_threads,
                  ctx->weights_size >> 20, ctx->kv_size >> 20);
