@@ -337,12 +337,18 @@ int kg_worker_run(kg_worker_t *w) {
         }
         kg_worker_poll_cancels(w);
         kg_worker_check_backpressure(w);
-        /* consumer: messages and rebalances; short timeout so completions flow */
+        /* consumer: messages and rebalances. It waits (5 ms) only while no job is in the
+         * worker: with jobs running, the wait is for the engine's completions below, which wake
+         * it as they come; waiting here instead held every completion up to 5 ms, and under a
+         * backlog (the partitions paused, nothing to take) drained 64 of them per 5 ms, which
+         * both capped the engine's speed and kept an interactive job's first token queued
+         * behind hundreds of bulk completions (scripts/bench-lanes) */
+        const int consumer_wait = w->jobs.n_inflight == 0 && !w->intake.held_head ? 5 : 0;
         int n_taken = 0;
         rd_kafka_message_t *rkm;
         while (n_taken < POLL_BATCH && !w->life.fatal && !w->parts.fall_back &&
-               (rkm = rd_kafka_consumer_poll(
-                    w->parts.consumer, n_taken == 0 && !w->intake.held_head ? 5 : 0)) != NULL) {
+               (rkm = rd_kafka_consumer_poll(w->parts.consumer,
+                                             n_taken == 0 ? consumer_wait : 0)) != NULL) {
             n_taken++;
             if (rkm->err == RD_KAFKA_RESP_ERR__FATAL) {
                 on_fatal(w, w->parts.consumer);

@@ -225,14 +225,22 @@ static void on_completion(kg_worker_t *w, const kg_runner_event_t *re) {
 
 void kg_worker_drain_engine_events(kg_worker_t *w, int timeout_ms) {
     kg_runner_event_t evs[POLL_BATCH];
-    int n = kg_runner_poll(w->runner, evs, POLL_BATCH, timeout_ms);
-    for (int i = 0; i < n; i++) {
-        if (evs[i].kind == KG_RUNNER_FATAL) {
-            kg_worker_fatal(
-                w, "the backend failed; running jobs are not committed and will be redelivered");
-            continue;
+    /* every completion queued so far, in batches (a bound keeps the consumer served if the
+     * engine outpaces this thread): a batch a loop left the rest to wait a whole loop */
+    for (int batch = 0; batch < 64; batch++) {
+        int n = kg_runner_poll(w->runner, evs, POLL_BATCH, batch == 0 ? timeout_ms : 0);
+        for (int i = 0; i < n; i++) {
+            if (evs[i].kind == KG_RUNNER_FATAL) {
+                kg_worker_fatal(
+                    w,
+                    "the backend failed; running jobs are not committed and will be redelivered");
+                continue;
+            }
+            on_completion_scoped(w, &evs[i]);
         }
-        on_completion_scoped(w, &evs[i]);
+        if (n < POLL_BATCH) {
+            break;
+        }
     }
 }
 

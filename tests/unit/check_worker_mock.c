@@ -404,9 +404,10 @@ START_TEST(test_request_errors) {
     int n_events;
     start_warm(&f, &n_events);
     /* the jobs first, so the Produce errors hit the worker's event producer:
-     * long ones, and the errors go in once their first events are out, while
-     * the worker still has thousands of tokens to stream */
-    produce_jobs_of(&f, 8, 32, 200);
+     * long ones (1,000 tokens: 200 were all streamed before the errors went in once the
+     * worker's loop stopped waiting on the consumer), and the errors go in once their first
+     * events are out, while the worker still has thousands of tokens to stream */
+    produce_jobs_of(&f, 8, 32, 1000);
     rd_kafka_flush(f.producer, 5000);
     collect_until(&f, 40, 60, &n_events, 8);
     ck_assert_msg(f.max_job >= 8, "no event of the second batch within 60 s");
