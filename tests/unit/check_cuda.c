@@ -1878,6 +1878,80 @@ START_TEST(llama4_small_chunks_vs_cpu) {
 }
 END_TEST
 
+/* Gemma 4's global layers with 512-dim heads (the global key_length, HF's
+ * global_head_dim; attention.cu's variant whose V takes K's shared-memory
+ * tile): the F32 golden's model made with --head-dim 256 instead of 64
+ * (windowed layers 256, global ones 512), its 125-id prompt (past the
+ * windows of 32) prefilled on the device in two chunks and on the CPU in
+ * one, then 8 greedy decode steps (graphs), the device's attention cut in
+ * splits of 32 positions; every step's logits within 4e-6 of the CPU's
+ * (NMSE: check_arch's F32 bound with GeGLU) and the same greedy ids where
+ * the CPU's margin is not a near-tie (1e-3). */
+START_TEST(gemma4_heads_512_vs_cpu) {
+    const cuda_family_t gemma4 = {.name = "gemma4"}; /* row_selected reads the name */
+    if (!row_selected(&gemma4)) {
+        return; /* KG_CUDA_ARCH_ONLY names other rows */
+    }
+    static arch_golden_t g;
+    arch_golden_load("gemma4.f32.golden", &g);
+    char args[1100];
+    const char *hd = strstr(g.args, "--head-dim 64 ");
+    ck_assert_ptr_nonnull(hd);
+    snprintf(args, sizeof(args), "%.*s--head-dim 256 %s", (int)(hd - g.args), g.args,
+             hd + strlen("--head-dim 64 "));
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("gemma4-512"));
+    ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
+    kg_model_t *m = load(path);
+    remove(path);
+    int32_t n_512 = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        ck_assert_int_eq(m->layers[il].head_dim, m->layers[il].n_swa > 0 ? 256 : 512);
+        n_512 += m->layers[il].head_dim == 512;
+    }
+    ck_assert_int_ge(n_512, 2);
+    const int32_t V = m->hp.n_vocab, n_prompt = g.n_input[1], cut = n_prompt / 3, n_gen = 8;
+    float *lc = malloc((size_t)V * 4), *lg = malloc((size_t)V * 4);
+    setenv("KGEN_CUDA_ATTN_SPLIT", "32", 1);
+    kg_backend_t *cpu = arch_backend("cpu", m), *gpu = arch_backend("cuda", m);
+    ck_assert(kg_backend_is_cuda(gpu));
+    static int32_t tok[ARCH_CTX];
+    memcpy(tok, g.input[1], (size_t)n_prompt * 4);
+    arch_forward(cpu, tok, 0, n_prompt, lc);
+    arch_forward(gpu, tok, 0, cut, lg);
+    arch_forward(gpu, tok, cut, n_prompt - cut, lg);
+    double worst = 0;
+    for (int32_t k = 0, n = n_prompt;; k++, n++) {
+        const double e = nmse(lc, lg, (size_t)V);
+        worst = e > worst ? e : worst;
+        ck_assert_msg(e < 4e-6, "gemma4 512-dim heads, step %d: nmse %g", k, e);
+        const int32_t idc = arch_argmax(lc, V), idg = arch_argmax(lg, V);
+        float second = -INFINITY;
+        for (int32_t i = 0; i < V; i++) {
+            second = i != idc && lc[i] > second ? lc[i] : second;
+        }
+        ck_assert_msg(idc == idg || lc[idc] - second < 1e-3f,
+                      "gemma4 512-dim heads, step %d: cuda picks %d, cpu %d (margin %g)", k, idg,
+                      idc, (double)(lc[idc] - second));
+        if (k == n_gen) {
+            break;
+        }
+        tok[n] = idc;
+        arch_forward(cpu, tok, n, 1, lc);
+        arch_forward(gpu, tok, n, 1, lg);
+    }
+    unsetenv("KGEN_CUDA_ATTN_SPLIT");
+    fprintf(stderr,
+            "check_cuda: gemma4 f32 with 512-dim global heads: cuda against cpu, worst logits "
+            "nmse %.3g\n",
+            worst);
+    kg_backend_free(cpu);
+    kg_backend_free(gpu);
+    free(lc), free(lg);
+    kg_model_free(m);
+}
+END_TEST
+
 /* One token at position `pos` of slot 0, whose blocks are `table`, into
  * logits. */
 static void
@@ -2671,6 +2745,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, arch_batch_invariance, 0, n_rows(row_inv));
     tcase_add_loop_test(tc, moe_f32_vs_cpu, 0, n_rows(row_moe));
     tcase_add_test(tc, llama4_small_chunks_vs_cpu);
+    tcase_add_test(tc, gemma4_heads_512_vs_cpu);
     for (int r = 0; r < N_CUDA_FAMILIES; r++) { /* with deepseek2's row */
         if (strcmp(k_cuda_families[r].name, "deepseek2") == 0 &&
             row_selected(&k_cuda_families[r])) {
