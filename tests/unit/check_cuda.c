@@ -937,6 +937,41 @@ static kg_model_t *load(const char *path) {
     return m;
 }
 
+/* The head widths the CUDA backend takes: a Gemma 4 file whose global
+ * heads are 512 wide runs on it under `auto`; one whose global heads are
+ * 1024 wide (beyond attention.cu's variants) goes to the CPU under `auto`,
+ * and `cuda` refuses it, naming the layer and both widths. */
+START_TEST(attention_head_width_selection) {
+    const int hds[2] = {256, 512}; /* --head-dim: the windowed layers'; global ones twice */
+    for (int i = 0; i < 2; i++) {
+        char args[512], path[4096];
+        snprintf(args, sizeof(args),
+                 "--arch gemma4 --n-embd 64 --n-layer 2 --n-head 2 --n-head-kv 2 --head-dim %d "
+                 "--n-ff 64 --ctx 64 --sliding-window 16 --swa-pattern 2 --seed 1 --type f32",
+                 hds[i]);
+        snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("gemma4-width"));
+        ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
+        kg_model_t *m = load(path);
+        remove(path);
+        ck_assert_int_eq(m->layers[1].head_dim, 2 * hds[i]);
+        kg_backend_params_t bp = {
+            .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 4, .max_batch_tokens = 8};
+        char err[512] = "";
+        kg_backend_t *be = kg_backend_new("auto", m, &bp, err, sizeof(err));
+        ck_assert_msg(be != NULL, "%s", err);
+        ck_assert_str_eq(kg_backend_name(be), i == 0 ? "cuda" : "cpu");
+        kg_backend_free(be);
+        if (i == 1) {
+            ck_assert_ptr_null(kg_backend_new("cuda", m, &bp, err, sizeof(err)));
+            ck_assert_msg(strstr(err, "heads of up to 512 dims; layer 1") != NULL &&
+                              strstr(err, "has 1024") != NULL,
+                          "%s", err);
+        }
+        kg_model_free(m);
+    }
+}
+END_TEST
+
 static kg_backend_t *make_backend(const char *name, const kg_model_t *m, int max_tokens) {
     char err[512] = "";
     kg_backend_params_t p = {
@@ -2701,6 +2736,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, attention_vs_reference);
     tcase_add_test(tc, attention_extras_vs_reference);
     tcase_add_test(tc, attention_512_vs_reference);
+    tcase_add_test(tc, attention_head_width_selection);
     tcase_add_test(tc, geglu_vs_cpu);
     tcase_add_test(tc, logits_post_vs_cpu);
     tcase_add_test(tc, weights_convert);
