@@ -8,7 +8,8 @@
  * every K/V load (GQA) and a prefill tile shares them between its tokens
  * too (query tiling). A split is the positions [s * split_len, (s + 1) *
  * split_len) of the sequence; the item walks them in KV tiles of 32
- * positions (16 for head_dim > 128): K and V into shared memory, S = Q K^T
+ * positions (16 for head_dim > 128): K and V into shared memory (for 512-dim
+ * heads, one tile: V replaces K once S is done), S = Q K^T
  * on tensor cores (WMMA 16x16x16, fp16 in, f32 out), the online softmax
  * per row in f32 (one warp per row, a lane per position), then O = O *
  * alpha + P V on tensor cores, O staying in accumulator fragments (rows are
@@ -98,9 +99,15 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
     constexpr int NCF = HDMAX / 16;                            /* column fragments of O */
     constexpr int OF = (RT * NCF + ATT_WARPS - 1) / ATT_WARPS; /* O fragments per warp */
     constexpr int SF = (RT * (KT / 16) + ATT_WARPS - 1) / ATT_WARPS;
+    /* 512-dim heads: q, K and V tiles of 16 KiB each would pass the 48 KiB
+     * of static shared memory, so V takes K's tile once the scores are
+     * computed (v_s is then an unused row) */
+    constexpr bool KV_ONE_TILE = HDMAX > 256;
+    static_assert(!KV_ONE_TILE || (RT == 1 && KT == 16), "512-dim heads: RT 1, KT 16 only");
     __shared__ __align__(32) __half q_s[R][HDMAX];
     __shared__ __align__(32) __half k_s[KT][HDMAX];
-    __shared__ __align__(32) __half v_s[KT][HDMAX];
+    __shared__ __align__(32) __half v_s[KV_ONE_TILE ? 1 : KT][HDMAX];
+    __half(*const vt)[HDMAX] = KV_ONE_TILE ? k_s : v_s; /* V's tile */
     __shared__ __align__(32) float s_s[R][KT];
     __shared__ __align__(32) __half p_s[R][KT];
     __shared__ float m_s[R];
@@ -162,7 +169,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
     }
     for (int i = tid; i < KT * HDMAX; i += ATT_THREADS) {
         k_s[i / HDMAX][i % HDMAX] = __float2half_rn(0.0f);
-        v_s[i / HDMAX][i % HDMAX] = __float2half_rn(0.0f);
+        vt[i / HDMAX][i % HDMAX] = __float2half_rn(0.0f);
     }
     /* row and column numbers of each accumulator element, for the rescale
      * and the output (s_s is free until the first tile) */
@@ -188,7 +195,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
 
     for (int32_t p0 = p_first; p0 < p_end; p0 += KT) {
         /* 1. K and V rows of positions p0 .. p0 + KT - 1 (zeros past p_end
-         * and before the window) */
+         * and before the window; V after step 2 where it takes K's tile).
+         * Columns hd .. hd16 stay the zeros written above. */
         const int32_t chunks = hd / 8;
         for (int i = tid; i < KT * chunks; i += ATT_THREADS) {
             const int pi = i / chunks, c = i % chunks;
@@ -198,10 +206,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
                 const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
                 const int64_t off = row * n_kv_dim + (int64_t)g * hd + c * 8;
                 kv = *(const uint4 *)(a.kc + off);
-                vv = *(const uint4 *)(a.vc + off);
+                if (!KV_ONE_TILE) {
+                    vv = *(const uint4 *)(a.vc + off);
+                }
             }
             *(uint4 *)&k_s[pi][c * 8] = kv;
-            *(uint4 *)&v_s[pi][c * 8] = vv;
+            if (!KV_ONE_TILE) {
+                *(uint4 *)&v_s[pi][c * 8] = vv;
+            }
         }
         __syncthreads();
 
@@ -224,6 +236,18 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
             }
         }
         __syncthreads();
+        if (KV_ONE_TILE) { /* every warp is done with K: V into its tile */
+            for (int i = tid; i < KT * chunks; i += ATT_THREADS) {
+                const int pi = i / chunks, c = i % chunks;
+                const int32_t p = p0 + pi;
+                uint4 vv = make_uint4(0u, 0u, 0u, 0u);
+                if (p < p_end && p >= ws) {
+                    const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
+                    vv = *(const uint4 *)(a.vc + row * n_kv_dim + (int64_t)g * hd + c * 8);
+                }
+                *(uint4 *)&vt[pi][c * 8] = vv;
+            }
+        }
 
         /* 3. online softmax, one warp per row, a lane per position */
         for (int r = warp; r < R; r += ATT_WARPS) {
@@ -272,7 +296,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
                     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fp;
                     wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fv;
                     wmma::load_matrix_sync(fp, &p_s[rf * 16][kk], KT);
-                    wmma::load_matrix_sync(fv, &v_s[kk][cf * 16], HDMAX);
+                    wmma::load_matrix_sync(fv, &vt[kk][cf * 16], HDMAX);
                     wmma::mma_sync(o[j], fp, fv, o[j]);
                 }
             }
@@ -382,7 +406,8 @@ int32_t kg_cuda_attention_split_len(int32_t max_ctx) {
 }
 
 int32_t kg_cuda_attention_prefill_rt(const kg_cuda_attn_shape_t *sh) {
-    return ((sh->head_dim + 15) & ~15) > 128 ? 2 : 4;
+    const int32_t hd16 = (sh->head_dim + 15) & ~15;
+    return hd16 > 256 ? 1 : hd16 > 128 ? 2 : 4; /* 512: q's tile alone is 16 KiB a 16 rows */
 }
 
 int32_t kg_cuda_attention_tile_tokens(const kg_cuda_attn_shape_t *sh, int32_t rt) {
@@ -454,6 +479,8 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
     } else if (hd16 <= 256) {
         st = plan->rt == 1 ? launch<1, 256, 16>(stream, &a, n_tiles)
                            : launch<2, 256, 16>(stream, &a, n_tiles);
+    } else if (hd16 <= 512 && plan->rt == 1) {
+        st = launch<1, 512, 16>(stream, &a, n_tiles);
     }
     if (st != KG_OK) {
         return st;

@@ -445,22 +445,30 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     ctx->ash.head_dim = hp->head_dim;
     ctx->ash.block_size = ctx->block_size;
     ctx->prefill_qt = 0;
+    ctx->prefill_rt = 0;
     for (int32_t il = 0; il < hp->n_layer && hp->n_lora_kv == 0; il++) {
         const kg_layer_weights_t *ML = &model->layers[il];
-        if (ML->head_dim % 8 != 0 || ML->head_dim > 256 || ML->n_rot % 2 != 0 ||
+        const int32_t max_hd = ctx->bert ? 256 : 512; /* bert.cu's; attention.cu's */
+        if (ML->head_dim % 8 != 0 || ML->head_dim > max_hd || ML->n_rot % 2 != 0 ||
             ML->n_rot > ML->head_dim || hp->n_head % ML->n_head_kv != 0) {
             snprintf(errstr, errstr_size,
                      "cuda backend: unsupported attention shape in layer %d (head_dim %d, n_rot "
-                     "%d, heads %d/%d; head_dim must be a multiple of 8 up to 256)",
-                     (int)il, ML->head_dim, ML->n_rot, hp->n_head, ML->n_head_kv);
+                     "%d, heads %d/%d; head_dim must be a multiple of 8 up to %d)",
+                     (int)il, ML->head_dim, ML->n_rot, hp->n_head, ML->n_head_kv, (int)max_hd);
             goto fail;
         }
         const kg_cuda_attn_shape_t lsh = {hp->n_head, ML->n_head_kv, ML->head_dim, ctx->block_size};
-        const int32_t qt = kg_cuda_attention_tile_tokens(&lsh, kg_cuda_attention_prefill_rt(&lsh));
+        const int32_t rt = kg_cuda_attention_prefill_rt(&lsh);
+        const int32_t qt = kg_cuda_attention_tile_tokens(&lsh, rt);
         ctx->prefill_qt = ctx->prefill_qt == 0 || qt < ctx->prefill_qt ? qt : ctx->prefill_qt;
+        /* the largest: a prefill step's rt above 1 tiles its tokens; each
+         * layer then takes its own (a 512-dim layer's is 1) */
+        ctx->prefill_rt = rt > ctx->prefill_rt ? rt : ctx->prefill_rt;
         ctx->ash.head_dim = ML->head_dim > ctx->ash.head_dim ? ML->head_dim : ctx->ash.head_dim;
     }
-    ctx->prefill_rt = kg_cuda_attention_prefill_rt(&ctx->ash);
+    if (ctx->prefill_rt == 0) { /* MLA */
+        ctx->prefill_rt = kg_cuda_attention_prefill_rt(&ctx->ash);
+    }
     if (ctx->prefill_qt == 0) { /* MLA */
         ctx->prefill_qt = kg_cuda_attention_tile_tokens(&ctx->ash, ctx->prefill_rt);
     }

@@ -78,14 +78,16 @@ static bool cuda_runs(const kg_model_t *model, char *why, size_t cap) {
         return false;
     }
     /* (a latent attention's rows are mla.cu's, whose limits cuda_mla_check gives) */
+    /* gpu/attention.cu's kernels hold a head in shared memory: up to 512
+     * dims (Gemma 4's global layers); the encoders' bert.cu up to 256 */
+    const int32_t max_hd = kg_model_embed_only(model) ? 256 : 512;
     for (int32_t il = 0; il < model->hp.n_layer && model->hp.n_lora_kv == 0; il++) {
-        if (model->layers[il].head_dim > 256) {
-            /* gpu/attention.cu's kernels hold a head in shared memory: up to
-             * 256 dims (a Gemma 4 file's global key_length may be wider) */
+        if (model->layers[il].head_dim > max_hd) {
             snprintf(why, cap,
-                     "the cuda backend's attention takes heads of up to 256 dims; layer %d of this "
+                     "the cuda backend's attention takes heads of up to %d dims; layer %d of this "
                      "%s model has %d",
-                     (int)il, kg_arch_name(model->hp.arch), model->layers[il].head_dim);
+                     (int)max_hd, (int)il, kg_arch_name(model->hp.arch),
+                     model->layers[il].head_dim);
             return false;
         }
     }

@@ -307,7 +307,8 @@ typedef struct att_extra {
     bool sinks;
 } att_extra_t;
 
-static void
+/* returns the worst token's NMSE */
+static double
 check_attention_x(int n_head, int n_kv, int hd, int dt, int32_t split_len, const att_extra_t *x) {
     int32_t pos[AT_T], off[AT_T];
     att_tokens(pos, off);
@@ -350,7 +351,7 @@ check_attention_x(int n_head, int n_kv, int hd, int dt, int32_t split_len, const
         out[c] = malloc((size_t)AT_T * nq * 4);
         ck_assert_int_eq(kg_cuda_op_attention(&a, q, kc, vc, &cuts[c], out[c], dt), KG_OK);
     }
-    double *s = malloc(128 * sizeof(double));
+    double *s = malloc(128 * sizeof(double)), worst = 0;
     for (int t = 0; t < AT_T; t++) {
         for (int h = 0; h < n_head; h++) {
             const int g = h / group;
@@ -386,6 +387,7 @@ check_attention_x(int n_head, int n_kv, int hd, int dt, int32_t split_len, const
             }
         }
         const double e = nmse(ref + t * nq, out[0] + t * nq, (size_t)nq);
+        worst = e > worst ? e : worst;
         const double bound = dt == KG_CUDA_OP_F32 ? 2e-6 : 1e-4;
         ck_assert_msg(e < bound, "heads %d/%d hd %d %s split_len %d token %d (pos %d): nmse %g",
                       n_head, n_kv, hd, dt_name(dt), split_len, t, pos[t], e);
@@ -413,6 +415,7 @@ check_attention_x(int n_head, int n_kv, int hd, int dt, int32_t split_len, const
     for (int c = 0; c < 3; c++) {
         free(out[c]);
     }
+    return worst;
 }
 
 static void check_attention(int n_head, int n_kv, int hd, int dt, int32_t split_len) {
@@ -461,6 +464,30 @@ START_TEST(attention_extras_vs_reference) {
         check_attention_x(9, 3, 16, KG_CUDA_OP_F32, split_lens[i], &all);
     }
     check_attention_x(8, 2, 64, KG_CUDA_OP_BF16, 32, &all);
+}
+END_TEST
+
+/* 512-dim heads (Gemma 4's global layers; V takes K's shared-memory tile
+ * there): GQA (4 tokens a tile), causal and windowed (a window longer than
+ * a split and than a KV tile of 16), one split and up to 4, a head of 504
+ * (its last 8 columns padding), bf16 output; against the reference, and
+ * batch invariant as above. */
+START_TEST(attention_512_vs_reference) {
+    const att_extra_t plain = {0};
+    const att_extra_t win = {.n_swa = 40};
+    const att_extra_t all = {.scale = 0.1f, .softcap = 5.0f, .n_swa = 21, .sinks = true};
+    const int32_t split_lens[2] = {0, 32};
+    double worst = 0;
+    for (int i = 0; i < 2; i++) {
+        worst = fmax(worst, check_attention_x(8, 2, 512, KG_CUDA_OP_F32, split_lens[i], &plain));
+        worst = fmax(worst, check_attention_x(8, 2, 512, KG_CUDA_OP_F32, split_lens[i], &win));
+    }
+    worst = fmax(worst, check_attention_x(4, 2, 504, KG_CUDA_OP_F32, 32, &all));
+    const double bf16 = check_attention_x(8, 1, 512, KG_CUDA_OP_BF16, 32, &win);
+    fprintf(stderr,
+            "check_cuda: attention with 512-dim heads: worst token nmse %.3g (f32), %.3g "
+            "(bf16)\n",
+            worst, bf16);
 }
 END_TEST
 
@@ -909,6 +936,41 @@ static kg_model_t *load(const char *path) {
     ck_assert_msg(m != NULL, "%s", err);
     return m;
 }
+
+/* The head widths the CUDA backend takes: a Gemma 4 file whose global
+ * heads are 512 wide runs on it under `auto`; one whose global heads are
+ * 1024 wide (beyond attention.cu's variants) goes to the CPU under `auto`,
+ * and `cuda` refuses it, naming the layer and both widths. */
+START_TEST(attention_head_width_selection) {
+    const int hds[2] = {256, 512}; /* --head-dim: the windowed layers'; global ones twice */
+    for (int i = 0; i < 2; i++) {
+        char args[512], path[4096];
+        snprintf(args, sizeof(args),
+                 "--arch gemma4 --n-embd 64 --n-layer 2 --n-head 2 --n-head-kv 2 --head-dim %d "
+                 "--n-ff 64 --ctx 64 --sliding-window 16 --swa-pattern 2 --seed 1 --type f32",
+                 hds[i]);
+        snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("gemma4-width"));
+        ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
+        kg_model_t *m = load(path);
+        remove(path);
+        ck_assert_int_eq(m->layers[1].head_dim, 2 * hds[i]);
+        kg_backend_params_t bp = {
+            .n_threads = 1, .n_kv_blocks = 8, .kv_block_size = 4, .max_batch_tokens = 8};
+        char err[512] = "";
+        kg_backend_t *be = kg_backend_new("auto", m, &bp, err, sizeof(err));
+        ck_assert_msg(be != NULL, "%s", err);
+        ck_assert_str_eq(kg_backend_name(be), i == 0 ? "cuda" : "cpu");
+        kg_backend_free(be);
+        if (i == 1) {
+            ck_assert_ptr_null(kg_backend_new("cuda", m, &bp, err, sizeof(err)));
+            ck_assert_msg(strstr(err, "heads of up to 512 dims; layer 1") != NULL &&
+                              strstr(err, "has 1024") != NULL,
+                          "%s", err);
+        }
+        kg_model_free(m);
+    }
+}
+END_TEST
 
 static kg_backend_t *make_backend(const char *name, const kg_model_t *m, int max_tokens) {
     char err[512] = "";
@@ -1851,6 +1913,80 @@ START_TEST(llama4_small_chunks_vs_cpu) {
 }
 END_TEST
 
+/* Gemma 4's global layers with 512-dim heads (the global key_length, HF's
+ * global_head_dim; attention.cu's variant whose V takes K's shared-memory
+ * tile): the F32 golden's model made with --head-dim 256 instead of 64
+ * (windowed layers 256, global ones 512), its 125-id prompt (past the
+ * windows of 32) prefilled on the device in two chunks and on the CPU in
+ * one, then 8 greedy decode steps (graphs), the device's attention cut in
+ * splits of 32 positions; every step's logits within 4e-6 of the CPU's
+ * (NMSE: check_arch's F32 bound with GeGLU) and the same greedy ids where
+ * the CPU's margin is not a near-tie (1e-3). */
+START_TEST(gemma4_heads_512_vs_cpu) {
+    const cuda_family_t gemma4 = {.name = "gemma4"}; /* row_selected reads the name */
+    if (!row_selected(&gemma4)) {
+        return; /* KG_CUDA_ARCH_ONLY names other rows */
+    }
+    static arch_golden_t g;
+    arch_golden_load("gemma4.f32.golden", &g);
+    char args[1100];
+    const char *hd = strstr(g.args, "--head-dim 64 ");
+    ck_assert_ptr_nonnull(hd);
+    snprintf(args, sizeof(args), "%.*s--head-dim 256 %s", (int)(hd - g.args), g.args,
+             hd + strlen("--head-dim 64 "));
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("gemma4-512"));
+    ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
+    kg_model_t *m = load(path);
+    remove(path);
+    int32_t n_512 = 0;
+    for (int32_t il = 0; il < m->hp.n_layer; il++) {
+        ck_assert_int_eq(m->layers[il].head_dim, m->layers[il].n_swa > 0 ? 256 : 512);
+        n_512 += m->layers[il].head_dim == 512;
+    }
+    ck_assert_int_ge(n_512, 2);
+    const int32_t V = m->hp.n_vocab, n_prompt = g.n_input[1], cut = n_prompt / 3, n_gen = 8;
+    float *lc = malloc((size_t)V * 4), *lg = malloc((size_t)V * 4);
+    setenv("KGEN_CUDA_ATTN_SPLIT", "32", 1);
+    kg_backend_t *cpu = arch_backend("cpu", m), *gpu = arch_backend("cuda", m);
+    ck_assert(kg_backend_is_cuda(gpu));
+    static int32_t tok[ARCH_CTX];
+    memcpy(tok, g.input[1], (size_t)n_prompt * 4);
+    arch_forward(cpu, tok, 0, n_prompt, lc);
+    arch_forward(gpu, tok, 0, cut, lg);
+    arch_forward(gpu, tok, cut, n_prompt - cut, lg);
+    double worst = 0;
+    for (int32_t k = 0, n = n_prompt;; k++, n++) {
+        const double e = nmse(lc, lg, (size_t)V);
+        worst = e > worst ? e : worst;
+        ck_assert_msg(e < 4e-6, "gemma4 512-dim heads, step %d: nmse %g", k, e);
+        const int32_t idc = arch_argmax(lc, V), idg = arch_argmax(lg, V);
+        float second = -INFINITY;
+        for (int32_t i = 0; i < V; i++) {
+            second = i != idc && lc[i] > second ? lc[i] : second;
+        }
+        ck_assert_msg(idc == idg || lc[idc] - second < 1e-3f,
+                      "gemma4 512-dim heads, step %d: cuda picks %d, cpu %d (margin %g)", k, idg,
+                      idc, (double)(lc[idc] - second));
+        if (k == n_gen) {
+            break;
+        }
+        tok[n] = idc;
+        arch_forward(cpu, tok, n, 1, lc);
+        arch_forward(gpu, tok, n, 1, lg);
+    }
+    unsetenv("KGEN_CUDA_ATTN_SPLIT");
+    fprintf(stderr,
+            "check_cuda: gemma4 f32 with 512-dim global heads: cuda against cpu, worst logits "
+            "nmse %.3g\n",
+            worst);
+    kg_backend_free(cpu);
+    kg_backend_free(gpu);
+    free(lc), free(lg);
+    kg_model_free(m);
+}
+END_TEST
+
 /* One token at position `pos` of slot 0, whose blocks are `table`, into
  * logits. */
 static void
@@ -2599,6 +2735,8 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, rope_llama4_vs_cpu);
     tcase_add_test(tc, attention_vs_reference);
     tcase_add_test(tc, attention_extras_vs_reference);
+    tcase_add_test(tc, attention_512_vs_reference);
+    tcase_add_test(tc, attention_head_width_selection);
     tcase_add_test(tc, geglu_vs_cpu);
     tcase_add_test(tc, logits_post_vs_cpu);
     tcase_add_test(tc, weights_convert);
@@ -2643,6 +2781,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, arch_batch_invariance, 0, n_rows(row_inv));
     tcase_add_loop_test(tc, moe_f32_vs_cpu, 0, n_rows(row_moe));
     tcase_add_test(tc, llama4_small_chunks_vs_cpu);
+    tcase_add_test(tc, gemma4_heads_512_vs_cpu);
     for (int r = 0; r < N_CUDA_FAMILIES; r++) { /* with deepseek2's row */
         if (strcmp(k_cuda_families[r].name, "deepseek2") == 0 &&
             row_selected(&k_cuda_families[r])) {
