@@ -14,11 +14,19 @@
  * Three configurations: skinny (rows <= 16: decode of small batches; a
  * 16 x 32 tile, six 64-deep stages in flight), mid (<= 64 rows) and large
  * (128 x 128 tiles for prefill).
+ * Native quantized weights (qblocks.cuh: a GGUF file's blocks as they are)
+ * go through the same kernels: the W side of a stage is not copied but
+ * expanded, 8 weights a thread, into the same BF16 shared tile the copy
+ * would have filled, with the upload's own arithmetic; the X side and the
+ * tensor-core chain are unchanged, so the result has the BF16 matrix's
+ * bits. A stage's block loads are issued before the current stage's
+ * multiplies and expanded after them, so their latency overlaps the MMAs.
  * F32 weights (tiny test models) use a SIMT kernel whose every output is one
  * FMA chain over k in order. Nothing is split over k, which costs decode
  * some parallelism at very small output counts; the roofline check in
  * scripts/gpu-check measures what that costs against cuBLAS. */
 #include "gemm.cuh"
+#include "qblocks.cuh"
 
 #include <cuda_pipeline.h>
 #include <mma.h>
@@ -91,10 +99,73 @@ __device__ __forceinline__ void stage8(uint16_t *dst,
     }
 }
 
-template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES>
+/* The W side of a native matrix: each thread's pieces of one stage,
+ * loaded (global memory) and later expanded into shared memory. */
+template <int QT, int BN, int BK, int NT> struct wq_stage {
+    static constexpr int PER = (BN * BK / 8 + NT - 1) / NT; /* pieces per thread */
+    qpiece<QT> p[PER];
+    bool in[PER];
+
+    __device__ __forceinline__ void load(const uint8_t *body,
+                                         const uint8_t *tail,
+                                         int tid,
+                                         int32_t n0,
+                                         int32_t N,
+                                         int32_t k0,
+                                         int32_t K) {
+        constexpr kg_cuda_qlayout_t L = kg_cuda_qlayout(QT);
+        const int64_t nb = K / L.elems; /* blocks a row */
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int v = tid + i * NT;
+            const int r = v / (BK / 8), k = k0 + (v % (BK / 8)) * 8;
+            in[i] = v < BN * BK / 8 && n0 + r < N && k < K;
+            if (in[i]) {
+                p[i].load(body, tail, (int64_t)(n0 + r) * nb + k / L.elems, k % L.elems);
+            }
+        }
+    }
+    __device__ __forceinline__ void store(uint16_t (*sb)[BK + PAD], int tid, int32_t k0) const {
+        constexpr kg_cuda_qlayout_t L = kg_cuda_qlayout(QT);
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
+            const int v = tid + i * NT;
+            if (v >= BN * BK / 8) {
+                continue;
+            }
+            const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
+            float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (in[i]) {
+                p[i].expand((k0 + c) % L.elems, f);
+            }
+            uint4 u;
+            u.x = (uint32_t)kg_q_bf16(f[0]) | (uint32_t)kg_q_bf16(f[1]) << 16;
+            u.y = (uint32_t)kg_q_bf16(f[2]) | (uint32_t)kg_q_bf16(f[3]) << 16;
+            u.z = (uint32_t)kg_q_bf16(f[4]) | (uint32_t)kg_q_bf16(f[5]) << 16;
+            u.w = (uint32_t)kg_q_bf16(f[6]) | (uint32_t)kg_q_bf16(f[7]) << 16;
+            *(uint4 *)&sb[r][c] = u;
+        }
+    }
+};
+
+/* No quantized side (QT 0): nothing to load or expand. */
+template <int BN, int BK, int NT> struct wq_stage<0, BN, BK, NT> {
+    __device__ __forceinline__ void
+    load(const uint8_t *, const uint8_t *, int, int32_t, int32_t, int32_t, int32_t) {
+    }
+    __device__ __forceinline__ void store(uint16_t (*)[BK + PAD], int, int32_t) const {
+    }
+};
+
+/* QT: 0 for a 16-bit W (w), else the GGUF type of a native W (wq: bodies,
+ * wt: tails) */
+template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES, int QT>
 __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *__restrict__ w,
+                                                               const uint8_t *__restrict__ wq,
+                                                               const uint8_t *__restrict__ wt,
                                                                const uint16_t *__restrict__ x,
                                                                float *__restrict__ y,
+                                                               int32_t ldy,
                                                                int32_t M,
                                                                int32_t N,
                                                                int32_t K) {
@@ -102,6 +173,7 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
     constexpr int VA = BM * BK / 8, VB = BN * BK / 8; /* 16-byte pieces per stage */
     __shared__ __align__(32) uint16_t sa[STAGES][BM][LD];
     __shared__ __align__(32) uint16_t sb[STAGES][BN][LD];
+    wq_stage<QT, BN, BK, NT> wnext; /* a native W's next stage, between load and store */
 
     const int tid = threadIdx.x, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
@@ -124,9 +196,13 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
             const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
             stage8(&sa[buf][r][c], x, m0 + r, M, k0 + c, K, vec);
         }
-        for (int v = tid; v < VB; v += NT) {
-            const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
-            stage8(&sb[buf][r][c], w, n0 + r, N, k0 + c, K, vec);
+        if (QT == 0) {
+            for (int v = tid; v < VB; v += NT) {
+                const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
+                stage8(&sb[buf][r][c], w, n0 + r, N, k0 + c, K, vec);
+            }
+        } else {
+            wnext.load(wq, wt, tid, n0, N, k0, K);
         }
     };
 
@@ -135,6 +211,7 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < n_stages) {
             issue(s, s);
+            wnext.store(sb[s], tid, s * BK);
         }
         __pipeline_commit();
     }
@@ -142,7 +219,8 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
         const int buf = s % STAGES;
         __pipeline_wait_prior(STAGES - 2); /* stage s has landed (this thread's part) */
         __syncthreads();                   /* ... everybody's; buffer s - 1 is free */
-        if (s + STAGES - 1 < n_stages) {
+        const bool next = s + STAGES - 1 < n_stages;
+        if (next) {
             issue(s + STAGES - 1, (s + STAGES - 1) % STAGES);
         }
         __pipeline_commit();
@@ -165,6 +243,10 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
                 }
             }
         }
+        if (next) { /* a native W's stage s + STAGES - 1, loaded above; the next
+                       __syncthreads publishes it */
+            wnext.store(sb[(s + STAGES - 1) % STAGES], tid, (s + STAGES - 1) * BK);
+        }
     }
     __pipeline_wait_prior(0);
     __syncthreads(); /* shared memory is free for the edge patches */
@@ -173,6 +255,8 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
      * and aligned; the edges through a per-warp patch of shared memory
      * (stage 0 of sa, unused now) */
     float *patch = (float *)&sa[0][0][0] + warp * 256;
+    /* whole pieces go straight out when every row of Y starts 32-byte aligned */
+    const bool aligned = ldy % 8 == 0 && ((uintptr_t)y & 31) == 0;
 #pragma unroll
     for (int i = 0; i < MF; i++) {
 #pragma unroll
@@ -181,8 +265,9 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
             if (r >= M || c >= N) {
                 continue; /* the whole warp skips together */
             }
-            if (r + 16 <= M && c + 16 <= N && N % 8 == 0) {
-                wmma::store_matrix_sync(y + (int64_t)r * N + c, acc[i][j], N, wmma::mem_row_major);
+            if (r + 16 <= M && c + 16 <= N && aligned) {
+                wmma::store_matrix_sync(y + (int64_t)r * ldy + c, acc[i][j], ldy,
+                                        wmma::mem_row_major);
             } else {
                 wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
                 /* each lane reads what the others stored: store_matrix_sync
@@ -192,7 +277,7 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
                 for (int e = tid & 31; e < 256; e += 32) {
                     const int32_t rr = r + e / 16, cc = c + e % 16;
                     if (rr < M && cc < N) {
-                        y[(int64_t)rr * N + cc] = patch[e];
+                        y[(int64_t)rr * ldy + cc] = patch[e];
                     }
                 }
                 __syncwarp();
@@ -201,15 +286,24 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
     }
 }
 
-template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES>
-static kg_status_t
-launch_mma(cudaStream_t stream, const kg_cuda_mat_t *w, const void *x, float *y, int32_t rows) {
+template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES, int QT>
+static kg_status_t launch_mma(cudaStream_t stream,
+                              const kg_cuda_mat_t *w,
+                              const void *x,
+                              float *y,
+                              int32_t ldy,
+                              int32_t rows) {
     constexpr int BM = 16 * MF * WM, BN = 16 * NF * WN;
     /* the patch for the edges lives in stage 0 of sa */
     static_assert(BM * (BK + PAD) >= WM * WN * 256 * 2, "edge patch does not fit");
     const dim3 grid((unsigned)((w->n_out + BN - 1) / BN), (unsigned)((rows + BM - 1) / BM));
-    mma_gemm_kernel<T, WM, WN, MF, NF, BK, STAGES><<<grid, WM * WN * 32, 0, stream>>>(
-        (const uint16_t *)w->data, (const uint16_t *)x, y, rows, w->n_out, w->n_in);
+    const uint8_t *wq = (const uint8_t *)w->data, *wt = NULL;
+    if (QT != 0) { /* the tails follow the bodies */
+        const kg_cuda_qlayout_t L = kg_cuda_qlayout(QT);
+        wt = wq + (size_t)w->n_out * (size_t)(w->n_in / L.elems) * (size_t)L.body;
+    }
+    mma_gemm_kernel<T, WM, WN, MF, NF, BK, STAGES, QT><<<grid, WM * WN * 32, 0, stream>>>(
+        (const uint16_t *)w->data, wq, wt, (const uint16_t *)x, y, ldy, rows, w->n_out, w->n_in);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
@@ -217,16 +311,84 @@ launch_mma(cudaStream_t stream, const kg_cuda_mat_t *w, const void *x, float *y,
 /* Configurations (all under 48 KiB of shared memory): decode wants many
  * weight bytes in flight per block (6 stages of 64 k), prefill wants big
  * tiles (128 x 128, double-buffered). */
-template <class T>
-static kg_status_t
-gemm_16(cudaStream_t stream, const kg_cuda_mat_t *w, const void *x, float *y, int32_t rows) {
+template <class T, int QT>
+static kg_status_t gemm_16(cudaStream_t stream,
+                           const kg_cuda_mat_t *w,
+                           const void *x,
+                           float *y,
+                           int32_t ldy,
+                           int32_t rows) {
     if (rows <= 16) {
-        return launch_mma<T, 1, 2, 1, 1, 64, 6>(stream, w, x, y, rows); /* 16 x 32, 2 warps */
+        return launch_mma<T, 1, 2, 1, 1, 64, 6, QT>(stream, w, x, y, ldy,
+                                                    rows); /* 16 x 32, 2 warps */
     }
     if (rows <= 64) {
-        return launch_mma<T, 2, 2, 2, 1, 64, 3>(stream, w, x, y, rows); /* 64 x 32, 4 warps */
+        return launch_mma<T, 2, 2, 2, 1, 64, 3, QT>(stream, w, x, y, ldy,
+                                                    rows); /* 64 x 32, 4 warps */
     }
-    return launch_mma<T, 2, 4, 4, 2, 32, 2>(stream, w, x, y, rows); /* 128 x 128, 8 warps */
+    return launch_mma<T, 2, 4, 4, 2, 32, 2, QT>(stream, w, x, y, ldy,
+                                                rows); /* 128 x 128, 8 warps */
+}
+
+/* A BF16 or native matrix (or segment) into y's columns, rows ldy apart:
+ * native blocks expand into BF16 tiles. */
+static kg_status_t gemm_bf16_or_native(cudaStream_t stream,
+                                       const kg_cuda_mat_t *w,
+                                       const void *x,
+                                       float *y,
+                                       int32_t ldy,
+                                       int32_t rows) {
+    switch (w->qtype) {
+    case 0:
+        return gemm_16<__nv_bfloat16, 0>(stream, w, x, y, ldy, rows);
+    case KG_GGML_TYPE_Q8_0:
+        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q8_0>(stream, w, x, y, ldy, rows);
+    case KG_GGML_TYPE_Q4_0:
+        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q4_0>(stream, w, x, y, ldy, rows);
+    case KG_GGML_TYPE_IQ4_NL:
+        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_IQ4_NL>(stream, w, x, y, ldy, rows);
+    case KG_GGML_TYPE_Q4_K:
+        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q4_K>(stream, w, x, y, ldy, rows);
+    case KG_GGML_TYPE_Q5_K:
+        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q5_K>(stream, w, x, y, ldy, rows);
+    case KG_GGML_TYPE_Q6_K:
+        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q6_K>(stream, w, x, y, ldy, rows);
+    case KG_GGML_TYPE_IQ4_XS:
+        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_IQ4_XS>(stream, w, x, y, ldy, rows);
+    case KG_GGML_TYPE_MXFP4:
+        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_MXFP4>(stream, w, x, y, ldy, rows);
+    default:
+        return KG_ERR_INVALID;
+    }
+}
+
+const void *kg_cuda_mat_tail(const kg_cuda_mat_t *m) {
+    if (m->qtype == 0) {
+        return NULL;
+    }
+    const kg_cuda_qlayout_t L = kg_cuda_qlayout(m->qtype);
+    return (const char *)m->data + (size_t)m->n_out * (size_t)(m->n_in / L.elems) * (size_t)L.body;
+}
+
+kg_cuda_mat_t kg_cuda_mat_seg(const kg_cuda_mat_t *m, int i) {
+    kg_cuda_mat_t s;
+    memset(&s, 0, sizeof(s));
+    s.data = (char *)m->data + m->seg[i].offset;
+    s.n_out = m->seg[i].n_out;
+    s.n_in = m->n_in;
+    s.dt = m->dt;
+    s.qtype = m->seg[i].qtype;
+    return s;
+}
+
+bool kg_cuda_gemm_native(int type, int32_t n_in) {
+    const kg_cuda_qlayout_t L = kg_cuda_qlayout(type);
+    return L.elems > 0 && n_in > 0 && n_in % L.elems == 0;
+}
+
+size_t kg_cuda_native_size(int type, int32_t n_out, int32_t n_in) {
+    const kg_cuda_qlayout_t L = kg_cuda_qlayout(type);
+    return L.elems > 0 ? (size_t)n_out * (size_t)(n_in / L.elems) * (size_t)(L.body + L.tail) : 0;
 }
 
 // ---- F32 weights: SIMT, one FMA chain per output ----
@@ -292,6 +454,26 @@ kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
     if (rows <= 0) {
         return KG_OK;
     }
+    if (w->qtype != 0 || w->n_seg > 0) {
+        /* cuBLAS has no GGUF blocks: the upload expands them in that mode */
+        if (blas->mode != KG_CUDA_GEMM_MMA || w->dt != KG_CUDA_BF16) {
+            return KG_ERR_INVALID;
+        }
+        if (w->n_seg == 0) {
+            return kg_cuda_gemm_native(w->qtype, w->n_in)
+                       ? gemm_bf16_or_native(stream, w, x, y, w->n_out, rows)
+                       : KG_ERR_INVALID;
+        }
+        /* a segment's columns are the same chains as in one matrix */
+        for (int i = 0; i < w->n_seg; i++) {
+            const kg_cuda_mat_t seg = kg_cuda_mat_seg(w, i);
+            if (seg.qtype != 0 && !kg_cuda_gemm_native(seg.qtype, seg.n_in)) {
+                return KG_ERR_INVALID;
+            }
+            KG_TRY(gemm_bf16_or_native(stream, &seg, x, y + w->seg[i].row0, w->n_out, rows));
+        }
+        return KG_OK;
+    }
     if (blas->mode == KG_CUDA_GEMM_CUBLAS) {
         /* Row-major Y = X·W^T is column-major Y^T = W·X^T: W (n_in x n_out
          * col-major) transposed, X^T (n_in x rows col-major) as is. */
@@ -313,9 +495,9 @@ kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
         return KG_OK;
     }
     case KG_CUDA_F16:
-        return gemm_16<__half>(stream, w, x, y, rows);
+        return gemm_16<__half, 0>(stream, w, x, y, w->n_out, rows);
     case KG_CUDA_BF16:
-        return gemm_16<__nv_bfloat16>(stream, w, x, y, rows);
+        return gemm_16<__nv_bfloat16, 0>(stream, w, x, y, w->n_out, rows);
     }
     return KG_ERR_INVALID;
 }

@@ -20,11 +20,39 @@ extern "C" {
 #include "../src/model/kg_gguf.h"
 }
 
+#define KG_CUDA_MAT_SEGS 4 /* qwen35's gated Q|K|V: queries, K, V, gates */
+
 typedef struct kg_cuda_mat {
-    void *data; /* (n_out, n_in) row-major, element type dt */
+    void *data; /* (n_out, n_in) row-major, element type dt; a native matrix: its
+                   blocks' bodies, then their tails (qblocks.cuh) */
     int32_t n_out, n_in;
-    kg_cuda_dtype_t dt;
+    kg_cuda_dtype_t dt; /* the elements', and the activation's, type (BF16 when native) */
+    int32_t qtype;      /* 0: elements of dt; else the GGUF block type (kg_ggml_type_t) kept
+                           on the device, read by kg_cuda_gemm only */
+    /* A fused matrix (Q|K|V, gate|up) whose parts have different types
+     * (Q4_K_M's Q6_K attn_v beside Q4_K Q and K): n_seg row ranges stored
+     * one after another from data, each in its own form (a native type's
+     * blocks, or BF16), dt BF16 and qtype 0 for the whole; 0 otherwise. */
+    int32_t n_seg;
+    struct {
+        int32_t row0, n_out, qtype;
+        size_t offset; /* bytes from data */
+    } seg[KG_CUDA_MAT_SEGS];
 } kg_cuda_mat_t;
+
+/** Where a native matrix's tails start (NULL for one of elements). */
+const void *kg_cuda_mat_tail(const kg_cuda_mat_t *m);
+
+/** Segment i of m as a matrix of its own. */
+kg_cuda_mat_t kg_cuda_mat_seg(const kg_cuda_mat_t *m, int i);
+
+/** Whether kg_cuda_gemm's MMA kernels read GGUF blocks of `type` as they are
+ * (Q8_0, Q4_0, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS, MXFP4) for a matrix of n_in
+ * columns (a whole number of blocks a row). */
+bool kg_cuda_gemm_native(int type, int32_t n_in);
+
+/** Device bytes of a native (n_out, n_in) matrix of `type`: the file's. */
+size_t kg_cuda_native_size(int type, int32_t n_out, int32_t n_in);
 
 /** The device type of a matrix of GGUF type `type` alone: F32 and F16 stay
  * (F32: exact parity with the CPU on test models), every other type is
@@ -61,7 +89,9 @@ kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas,
                               size_t errstr_size);
 void kg_cuda_blas_clear(kg_cuda_blas_t *blas);
 
-/** y(rows, w->n_out) = x(rows, w->n_in) · w^T on `stream`. */
+/** y(rows, w->n_out) = x(rows, w->n_in) · w^T on `stream`. A native matrix
+ * (w->qtype) needs the MMA mode; its result has the bits of the same
+ * product on the BF16 matrix kg_cuda_weight_convert makes of its blocks. */
 kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
                          cudaStream_t stream,
                          const kg_cuda_mat_t *w,

@@ -555,12 +555,16 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
         snprintf(errstr, errstr_size, "cuda backend: out of memory");
         goto fail;
     }
+    /* quantized GEMM weights stay GGUF blocks unless cuBLAS runs the GEMMs
+     * or KGEN_CUDA_NATIVE_QUANT=0 asks for the BF16 expansion */
+    ctx->native_q = ctx->blas.mode == KG_CUDA_GEMM_MMA && env_int("KGEN_CUDA_NATIVE_QUANT", 1) != 0;
     if (cuda_upload_weights(ctx) != KG_OK) {
         snprintf(errstr, errstr_size,
                  "cuda backend: uploading the weights failed (%zu MiB so far; see the log)",
                  ctx->weights_size >> 20);
         goto fail;
     }
+    cuda_log_weight_types(ctx);
     if (alloc_buffers(ctx) != KG_OK) {
         snprintf(errstr, errstr_size,
                  "cuda backend: allocating the KV pool (%zu MiB) and buffers failed (see the log)",

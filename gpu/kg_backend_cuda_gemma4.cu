@@ -192,13 +192,13 @@ kg_status_t cuda_g4_moe(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
     KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &none, G->pre_norm_2, ctx->xe,
                                L->exp_up.dt, NULL, KG_CUDA_F32, E, hp->norm_eps));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_gate.data, NULL, ctx->xe, 1, ctx->moe_g, FX, E,
-                            L->exp_gate.dt));
+                            L->exp_gate.dt, 0, NULL));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_up.data, NULL, ctx->xe, 1, ctx->moe_u, FX, E,
-                            L->exp_up.dt));
+                            L->exp_up.dt, 0, NULL));
     KG_TRY(kg_cuda_moe_act_geglu(st, &plan, ctx->moe_g, ctx->moe_u, ctx->gelu_table, ctx->moe_h,
                                  L->exp_down.dt, FX));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_down.data, NULL, ctx->moe_h, 0, ctx->moe_y, E, FX,
-                            L->exp_down.dt));
+                            L->exp_down.dt, 0, NULL));
     if (G->exp_s) {
         KG_TRY(kg_cuda_g4_expert_scale(st, &plan, ctx->moe_y, G->exp_s, E));
     }

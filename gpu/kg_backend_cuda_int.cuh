@@ -213,6 +213,13 @@ typedef struct cuda_ctx {
     kg_backend_counters_t cnt; /* updated with __atomic builtins, read from any thread */
 
     size_t weights_size, kv_size, scratch_size;
+    /* GEMM matrices of quantized types: kept as GGUF blocks (native_q: the
+     * MMA mode and KGEN_CUDA_NATIVE_QUANT unset or 1) or expanded to BF16;
+     * the types of each (bit t: kg_ggml_type_t t) and their device bytes,
+     * for the startup log */
+    bool native_q;
+    uint64_t native_types, expanded_types;
+    size_t native_bytes, expanded_bytes;
     cuda_lora_t *lora; /* LoRA adapters (lora.cu), NULL until one is added */
     cuda_rec_t *rec;   /* a hybrid's recurrent states (kg_backend_cuda_recurrent.cu), or NULL */
     cuda_mla_t *mla;   /* deepseek2's latent attention buffers (kg_backend_cuda_mla.cu), or NULL */
@@ -253,6 +260,9 @@ kg_status_t cuda_check_type(const kg_gguf_tensor_t *t, char *errstr, size_t errs
 
 /* Every weight to the device (ctx->layers and the head). */
 kg_status_t cuda_upload_weights(cuda_ctx_t *ctx);
+/** One log line on the quantized GEMM matrices: the types kept as GGUF
+ * blocks and those expanded to BF16 (why, and their MiB). */
+void cuda_log_weight_types(const cuda_ctx_t *ctx);
 
 /* One device matrix from the row-concatenation of `parts` (same n_in), in
  * the type their GGUF types give (kg_cuda_weight_dtype; BF16 when they

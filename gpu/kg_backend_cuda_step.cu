@@ -397,16 +397,18 @@ static kg_status_t moe_ffn(cuda_ctx_t *ctx, const cuda_layer_t *L, int32_t rows)
     const bool gated = hp->ffn_act != KG_FFN_RELU_SQR;
     if (gated) {
         KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_gate.data, L->exp_gate_b, ctx->xe, 1, ctx->moe_g,
-                                FX, E, L->exp_gate.dt));
+                                FX, E, L->exp_gate.dt, L->exp_gate.qtype,
+                                kg_cuda_mat_tail(&L->exp_gate)));
     }
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_up.data, L->exp_up_b, ctx->xe, 1, ctx->moe_u, FX, E,
-                            L->exp_up.dt));
+                            L->exp_up.dt, L->exp_up.qtype, kg_cuda_mat_tail(&L->exp_up)));
     const int act = !gated                             ? KG_CUDA_MOE_ACT_RELU_SQR
                     : hp->ffn_act == KG_FFN_SWIGLU_OAI ? KG_CUDA_MOE_ACT_OAI
                                                        : KG_CUDA_MOE_ACT_SWIGLU;
     KG_TRY(kg_cuda_moe_act(st, &plan, ctx->moe_g, ctx->moe_u, ctx->moe_h, L->exp_down.dt, FX, act));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_down.data, L->exp_down_b, ctx->moe_h, 0, ctx->moe_y,
-                            E, FX, L->exp_down.dt));
+                            E, FX, L->exp_down.dt, L->exp_down.qtype,
+                            kg_cuda_mat_tail(&L->exp_down)));
     if (L->n_ff_shexp > 0) {
         /* the shared expert (glm4moe): a SwiGLU FFN on the experts' input
          * (nemotron_h_moe's: up, squared ReLU, down), its output added to
@@ -454,8 +456,8 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
     const size_t rope_stride = (size_t)ctx->max_tokens * (size_t)ctx->max_rot;
     const int32_t zero[1] = {0};
 
-    KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, hp->n_embd, hp->embd_scale,
-                         ctx->x));
+    KG_TRY(kg_cuda_embed(st, rows, in, ctx->emb.data, ctx->emb.dt, ctx->emb.qtype, hp->n_embd,
+                         ctx->emb.n_out, hp->embd_scale, ctx->x));
     for (int32_t r = 0; r < ctx->n_ropes; r++) {
         KG_TRY(kg_cuda_rope_cache(st, rows, in, ctx->rope_cs + (size_t)r * rope_stride,
                                   &ctx->ropes[r],

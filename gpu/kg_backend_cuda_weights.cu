@@ -8,13 +8,17 @@
  * (n_q + 2 n_kv, n_embd) matrix and gate|up into one (2 n_ff, n_embd)
  * matrix, so a step runs 4 GEMMs per layer. A matrix is stored BF16 unless
  * all its parts are F16 (kept F16) or F32 (kept F32: tiny test models and
- * exact parity with the CPU backend, which computes those in F32); Q8_0,
- * Q4_0 and K-quants are dequantized with kg_dequantize on the host and
- * converted to BF16. The activation entering a GEMM is written in the
+ * exact parity with the CPU backend, which computes those in F32). A
+ * matrix only kg_cuda_gemm reads keeps its GGUF blocks when its type has
+ * a native kernel (qblocks.cuh: the file's bytes; parts of different types
+ * as segments); the other quantized matrices (embeddings, experts, routers,
+ * types without a kernel) are dequantized with kg_dequantize on the host
+ * and converted to BF16. The activation entering a GEMM is written in the
  * weight's type by the kernel that produces it, as the CPU backend rounds
  * activations to the weight type. Norm weights are F32. A tied head reuses
  * the embedding matrix. */
 #include "kg_backend_cuda_int.cuh"
+#include "qblocks.cuh"
 
 #include <string.h>
 
@@ -123,11 +127,49 @@ kg_status_t cuda_check_type(const kg_gguf_tensor_t *t, char *errstr, size_t errs
     const char *name = kg_ggml_type_name(t->type);
     snprintf(errstr, errstr_size,
              "cuda backend: tensor '%.*s' has type %s (%d), which the CUDA backend cannot "
-             "convert (it runs the types kgen's dequantizer reads, converted to BF16 at upload)",
+             "convert (it runs the types kgen's dequantizer reads, as GGUF blocks or in BF16)",
              (int)t->name.len, t->name.data, name && name[0] != '?' ? name : "unknown",
              (int)t->type);
     KG_LOG_ERROR("cuda", "%s", errstr);
     return KG_ERR_UNSUPPORTED;
+}
+
+/* Rows [r0, r0 + n_rows) of tensor t, of a native type, into rows from
+ * dst_row of the native matrix m: bodies and tails split in the staging
+ * buffer, each copied to its array. */
+static kg_status_t upload_rows_native(cuda_ctx_t *ctx,
+                                      stage_t *s,
+                                      const kg_gguf_tensor_t *t,
+                                      int64_t r0,
+                                      int64_t n_rows,
+                                      const kg_cuda_mat_t *m,
+                                      int64_t dst_row) {
+    const kg_cuda_qlayout_t L = kg_cuda_qlayout(m->qtype);
+    const int64_t nb = m->n_in / L.elems; /* blocks a row */
+    const size_t src_row = kg_type_row_size(t->type, m->n_in);
+    const int64_t per_chunk =
+        (int64_t)(STAGE_SIZE / src_row) > 0 ? (int64_t)(STAGE_SIZE / src_row) : 1;
+    char *bodies = (char *)m->data;
+    char *tails = bodies + (size_t)m->n_out * (size_t)nb * (size_t)L.body;
+    for (int64_t r = 0; r < n_rows; r += per_chunk) {
+        const int64_t nr = n_rows - r < per_chunk ? n_rows - r : per_chunk;
+        const int64_t blocks = nr * nb, first = (dst_row + r) * nb;
+        char *buf = (char *)s->buf[s->cur];
+        KG_CUDA_CHECK(cudaEventSynchronize(s->ev[s->cur])); /* its previous copy is done */
+        kg_cuda_qsplit(m->qtype, (const char *)t->data + (size_t)(r0 + r) * src_row, blocks, buf,
+                       buf + (size_t)blocks * (size_t)L.body);
+        KG_CUDA_CHECK(cudaMemcpyAsync(bodies + (size_t)first * (size_t)L.body, buf,
+                                      (size_t)blocks * (size_t)L.body, cudaMemcpyHostToDevice,
+                                      ctx->stream));
+        if (L.tail > 0) {
+            KG_CUDA_CHECK(cudaMemcpyAsync(
+                tails + (size_t)first * (size_t)L.tail, buf + (size_t)blocks * (size_t)L.body,
+                (size_t)blocks * (size_t)L.tail, cudaMemcpyHostToDevice, ctx->stream));
+        }
+        KG_CUDA_CHECK(cudaEventRecord(s->ev[s->cur], ctx->stream));
+        s->cur ^= 1;
+    }
+    return KG_OK;
 }
 
 /* Copy `n_rows` rows of tensor t (starting at row r0) into device memory
@@ -160,32 +202,142 @@ static kg_status_t upload_rows(cuda_ctx_t *ctx,
     return KG_OK;
 }
 
+/* Rows [r0, r0 + n_rows) of t into m from row dst_row, in m's form (its
+ * blocks, or elements of m->dt; a segmented matrix: the segment holding
+ * those rows, which come from one part). */
+static kg_status_t put_rows(cuda_ctx_t *ctx,
+                            stage_t *s,
+                            const kg_gguf_tensor_t *t,
+                            int64_t r0,
+                            int64_t n_rows,
+                            const kg_cuda_mat_t *m,
+                            int64_t dst_row) {
+    for (int i = 0; i < m->n_seg; i++) {
+        if (dst_row >= m->seg[i].row0 && dst_row < m->seg[i].row0 + m->seg[i].n_out) {
+            const kg_cuda_mat_t seg = kg_cuda_mat_seg(m, i);
+            return put_rows(ctx, s, t, r0, n_rows, &seg, dst_row - m->seg[i].row0);
+        }
+    }
+    if (m->qtype != 0) {
+        return upload_rows_native(ctx, s, t, r0, n_rows, m, dst_row);
+    }
+    const size_t row = (size_t)m->n_in * kg_cuda_dtype_size(m->dt);
+    return upload_rows(ctx, s, t, r0, n_rows, m->dt, (char *)m->data + (size_t)dst_row * row);
+}
+
+/* The rows of a matrix come in runs, each from one tensor: run i has
+ * rows[i] rows of GGUF type types[i]. */
+typedef struct runs {
+    int n;
+    int types[KG_CUDA_MAT_SEGS];
+    int64_t rows[KG_CUDA_MAT_SEGS];
+} runs_t;
+
+static bool is_quantized(int type) {
+    return type != KG_GGML_TYPE_F32 && type != KG_GGML_TYPE_F16 && type != KG_GGML_TYPE_BF16;
+}
+
+/* m's form for its runs (m->dt and n_in set): a matrix only kg_cuda_gemm
+ * reads (gemm), in BF16, with native blocks allowed (the MMA kernels,
+ * KGEN_CUDA_NATIVE_QUANT) keeps its runs' blocks: one native type for all,
+ * or segments (adjacent runs of one form merged), each native or BF16;
+ * anything else is elements of dt. Then allocate it and count it. */
+static kg_status_t alloc_mat(cuda_ctx_t *ctx, const runs_t *r, bool gemm, kg_cuda_mat_t *m) {
+    m->qtype = 0;
+    m->n_seg = 0;
+    m->n_out = 0;
+    int q[KG_CUDA_MAT_SEGS];
+    bool any = false, same = true;
+    for (int i = 0; i < r->n; i++) {
+        m->n_out += (int32_t)r->rows[i];
+        q[i] = kg_cuda_gemm_native(r->types[i], m->n_in) ? r->types[i] : 0;
+        any = any || q[i] != 0;
+        same = same && q[i] == q[0];
+    }
+    size_t size = (size_t)m->n_out * (size_t)m->n_in * kg_cuda_dtype_size(m->dt);
+    const size_t bf16_row = (size_t)m->n_in * 2;
+    if (gemm && ctx->native_q && m->dt == KG_CUDA_BF16 && any) {
+        if (same) {
+            m->qtype = q[0];
+            size = kg_cuda_native_size(q[0], m->n_out, m->n_in);
+        } else {
+            size = 0;
+            for (int i = 0, row0 = 0; i < r->n; row0 += (int32_t)r->rows[i], i++) {
+                if (m->n_seg > 0 && m->seg[m->n_seg - 1].qtype == q[i]) {
+                    m->seg[m->n_seg - 1].n_out += (int32_t)r->rows[i];
+                } else {
+                    m->seg[m->n_seg].row0 = row0;
+                    m->seg[m->n_seg].n_out = (int32_t)r->rows[i];
+                    m->seg[m->n_seg].qtype = q[i];
+                    m->seg[m->n_seg].offset = 0;
+                    m->n_seg++;
+                }
+            }
+            for (int i = 0; i < m->n_seg; i++) {
+                m->seg[i].offset = size;
+                size += m->seg[i].qtype != 0
+                            ? kg_cuda_native_size(m->seg[i].qtype, m->seg[i].n_out, m->n_in)
+                            : (size_t)m->seg[i].n_out * bf16_row;
+            }
+        }
+    }
+    KG_CUDA_CHECK(cudaMalloc(&m->data, size));
+    ctx->weights_size += size;
+    for (int i = 0; i < r->n; i++) { /* what the log line says of each run */
+        const size_t native = m->qtype != 0 || (m->n_seg > 0 && q[i] != 0)
+                                  ? kg_cuda_native_size(q[i], (int32_t)r->rows[i], m->n_in)
+                                  : 0;
+        if (native > 0) {
+            ctx->native_types |= 1ull << (q[i] & 63);
+            ctx->native_bytes += native;
+        } else if (r->types[i] >= 0 && is_quantized(r->types[i]) && m->dt == KG_CUDA_BF16) {
+            ctx->expanded_types |= 1ull << (r->types[i] & 63);
+            ctx->expanded_bytes += (size_t)r->rows[i] * bf16_row;
+        }
+    }
+    return KG_OK;
+}
+
 /* One device matrix of type dt from the row-concatenation of `parts`
- * (same n_in). */
+ * (same n_in); gemm: read by kg_cuda_gemm alone, so it may keep native
+ * types' blocks. */
+static kg_status_t upload_mat_in(cuda_ctx_t *ctx,
+                                 stage_t *s,
+                                 const kg_gguf_tensor_t *const *parts,
+                                 int n_parts,
+                                 kg_cuda_dtype_t dt,
+                                 bool gemm,
+                                 kg_cuda_mat_t *m) {
+    runs_t r;
+    memset(&r, 0, sizeof(r));
+    m->dt = dt;
+    m->n_in = (int32_t)parts[0]->ne[0];
+    /* more parts than segments (deepseek2's k_b, a part per head): one
+     * run, of their type if they share one (else -1: no native form) */
+    r.n = n_parts <= KG_CUDA_MAT_SEGS ? n_parts : 1;
+    for (int i = 0; i < n_parts; i++) {
+        const int k = i < r.n ? i : 0;
+        const int type = (int)parts[i]->type;
+        r.types[k] = i == k || r.types[k] == type ? type : -1;
+        r.rows[k] += tensor_rows(parts[i]);
+    }
+    KG_TRY(alloc_mat(ctx, &r, gemm, m));
+    int64_t row = 0;
+    for (int i = 0; i < n_parts; i++) {
+        const int64_t rows = tensor_rows(parts[i]);
+        KG_TRY(put_rows(ctx, s, parts[i], 0, rows, m, row));
+        row += rows;
+    }
+    return KG_OK;
+}
+
 static kg_status_t upload_mat_as(cuda_ctx_t *ctx,
                                  stage_t *s,
                                  const kg_gguf_tensor_t *const *parts,
                                  int n_parts,
                                  kg_cuda_dtype_t dt,
                                  kg_cuda_mat_t *m) {
-    m->dt = dt;
-    m->n_in = (int32_t)parts[0]->ne[0];
-    m->n_out = 0;
-    for (int i = 0; i < n_parts; i++) {
-        m->n_out += (int32_t)tensor_rows(parts[i]);
-    }
-    const size_t es = kg_cuda_dtype_size(m->dt);
-    const size_t size = (size_t)m->n_out * (size_t)m->n_in * es;
-    KG_CUDA_CHECK(cudaMalloc(&m->data, size));
-    ctx->weights_size += size;
-    int64_t row = 0;
-    for (int i = 0; i < n_parts; i++) {
-        const int64_t rows = tensor_rows(parts[i]);
-        KG_TRY(upload_rows(ctx, s, parts[i], 0, rows, m->dt,
-                           (char *)m->data + (size_t)row * (size_t)m->n_in * es));
-        row += rows;
-    }
-    return KG_OK;
+    return upload_mat_in(ctx, s, parts, n_parts, dt, false, m);
 }
 
 /* One device matrix from the row-concatenation of `parts`, in the type
@@ -196,6 +348,17 @@ static kg_status_t upload_mat(cuda_ctx_t *ctx,
                               int n_parts,
                               kg_cuda_mat_t *m) {
     return upload_mat_as(ctx, s, parts, n_parts, pick_dtype(parts, n_parts), m);
+}
+
+/* upload_mat for a matrix only kg_cuda_gemm (and embed.cu's gather) reads:
+ * projections, FFNs, the head, the token embeddings; a native type keeps
+ * its blocks. */
+static kg_status_t upload_gemm(cuda_ctx_t *ctx,
+                               stage_t *s,
+                               const kg_gguf_tensor_t *const *parts,
+                               int n_parts,
+                               kg_cuda_mat_t *m) {
+    return upload_mat_in(ctx, s, parts, n_parts, pick_dtype(parts, n_parts), true, m);
 }
 
 /* A small F32 vector from the concatenation of `parts` (norm weights, rope
@@ -288,11 +451,12 @@ upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_
     const kg_cuda_dtype_t dt_gu = pick_dtype(gu, src->gate_exps ? 2 : 1);
     L->moe = true;
     KG_TRY(upload_mat(ctx, s, &src->ffn_gate_inp, 1, &L->router));
+    /* moe.cu reads native blocks too */
     if (src->gate_exps) {
-        KG_TRY(upload_mat_as(ctx, s, &src->gate_exps, 1, dt_gu, &L->exp_gate));
+        KG_TRY(upload_mat_in(ctx, s, &src->gate_exps, 1, dt_gu, true, &L->exp_gate));
     }
-    KG_TRY(upload_mat_as(ctx, s, &src->up_exps, 1, dt_gu, &L->exp_up));
-    KG_TRY(upload_mat(ctx, s, &src->down_exps, 1, &L->exp_down));
+    KG_TRY(upload_mat_in(ctx, s, &src->up_exps, 1, dt_gu, true, &L->exp_up));
+    KG_TRY(upload_gemm(ctx, s, &src->down_exps, 1, &L->exp_down));
     KG_TRY(upload_vec(ctx, src->ffn_gate_inp_b, &L->router_b));
     KG_TRY(upload_vec(ctx, src->gate_exps_b, &L->exp_gate_b));
     KG_TRY(upload_vec(ctx, src->up_exps_b, &L->exp_up_b));
@@ -304,8 +468,8 @@ upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_
          * normed input */
         const kg_gguf_tensor_t *sgu[2] = {src->gate_shexp, src->up_shexp};
         const int n_sgu = src->gate_shexp ? 2 : 1;
-        KG_TRY(upload_mat_as(ctx, s, sgu + 2 - n_sgu, n_sgu, dt_gu, &L->wgu));
-        KG_TRY(upload_mat(ctx, s, &src->down_shexp, 1, &L->wdown));
+        KG_TRY(upload_mat_in(ctx, s, sgu + 2 - n_sgu, n_sgu, dt_gu, true, &L->wgu));
+        KG_TRY(upload_gemm(ctx, s, &src->down_shexp, 1, &L->wdown));
         L->n_ff_shexp = (int32_t)src->up_shexp->ne[1];
         KG_TRY(upload_vec(ctx, src->gate_inp_shexp, &L->shexp_gate));
     }
@@ -324,18 +488,17 @@ upload_gated_qkv(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, kg_
     const int64_t n_kv = tensor_rows(src->wk);
     m->dt = pick_dtype(parts, 3);
     m->n_in = (int32_t)src->wq->ne[0];
-    m->n_out = (int32_t)(2 * n_q + 2 * n_kv);
-    const size_t row = (size_t)m->n_in * kg_cuda_dtype_size(m->dt);
-    KG_CUDA_CHECK(cudaMalloc(&m->data, (size_t)m->n_out * row));
-    ctx->weights_size += (size_t)m->n_out * row;
-    char *d = (char *)m->data;
+    const runs_t r = {
+        4,
+        {(int)src->wq->type, (int)src->wk->type, (int)src->wv->type, (int)src->wq->type},
+        {n_q, n_kv, n_kv, n_q}};
+    KG_TRY(alloc_mat(ctx, &r, true, m));
     for (int64_t h = 0; h < hp->n_head; h++) {
-        KG_TRY(upload_rows(ctx, s, src->wq, 2 * h * hd, hd, m->dt, d + (size_t)(h * hd) * row));
-        KG_TRY(upload_rows(ctx, s, src->wq, 2 * h * hd + hd, hd, m->dt,
-                           d + (size_t)(n_q + 2 * n_kv + h * hd) * row));
+        KG_TRY(put_rows(ctx, s, src->wq, 2 * h * hd, hd, m, h * hd));
+        KG_TRY(put_rows(ctx, s, src->wq, 2 * h * hd + hd, hd, m, n_q + 2 * n_kv + h * hd));
     }
-    KG_TRY(upload_rows(ctx, s, src->wk, 0, n_kv, m->dt, d + (size_t)n_q * row));
-    return upload_rows(ctx, s, src->wv, 0, n_kv, m->dt, d + (size_t)(n_q + n_kv) * row);
+    KG_TRY(put_rows(ctx, s, src->wk, 0, n_kv, m, n_q));
+    return put_rows(ctx, s, src->wv, 0, n_kv, m, n_q + n_kv);
 }
 
 /* A hybrid's recurrent mixer (recurrent.cuh): its in-projection (the
@@ -346,24 +509,24 @@ static kg_status_t
 upload_recurrent(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
     switch (src->kind) {
     case KG_LAYER_SHORTCONV:
-        KG_TRY(upload_mat(ctx, s, &src->sc_in_proj, 1, &L->rin));
-        KG_TRY(upload_mat(ctx, s, &src->sc_out_proj, 1, &L->rout));
+        KG_TRY(upload_gemm(ctx, s, &src->sc_in_proj, 1, &L->rin));
+        KG_TRY(upload_gemm(ctx, s, &src->sc_out_proj, 1, &L->rout));
         return upload_vec(ctx, src->sc_conv, &L->rconv);
     case KG_LAYER_DELTANET: {
         const kg_gguf_tensor_t *sep[4] = {src->ssm_in, src->ssm_gate, src->ssm_beta,
                                           src->ssm_alpha};
         const kg_gguf_tensor_t *fused[3] = {src->ssm_in, src->ssm_gate, src->ssm_ba};
-        KG_TRY(src->ssm_ba ? upload_mat(ctx, s, fused, 3, &L->rin)
-                           : upload_mat(ctx, s, sep, 4, &L->rin));
-        KG_TRY(upload_mat(ctx, s, &src->ssm_out, 1, &L->rout));
+        KG_TRY(src->ssm_ba ? upload_gemm(ctx, s, fused, 3, &L->rin)
+                           : upload_gemm(ctx, s, sep, 4, &L->rin));
+        KG_TRY(upload_gemm(ctx, s, &src->ssm_out, 1, &L->rout));
         KG_TRY(upload_vec(ctx, src->ssm_conv1d, &L->rconv));
         KG_TRY(upload_vec(ctx, src->ssm_dt_b, &L->dt_b));
         KG_TRY(upload_vec(ctx, src->ssm_a, &L->ssm_a));
         return upload_vec(ctx, src->ssm_norm, &L->ssm_norm);
     }
     case KG_LAYER_MAMBA2:
-        KG_TRY(upload_mat(ctx, s, &src->ssm_in, 1, &L->rin));
-        KG_TRY(upload_mat(ctx, s, &src->ssm_out, 1, &L->rout));
+        KG_TRY(upload_gemm(ctx, s, &src->ssm_in, 1, &L->rin));
+        KG_TRY(upload_gemm(ctx, s, &src->ssm_out, 1, &L->rout));
         KG_TRY(upload_vec(ctx, src->ssm_conv1d, &L->rconv));
         KG_TRY(upload_vec(ctx, src->ssm_conv1d_b, &L->conv_b));
         KG_TRY(upload_vec(ctx, src->ssm_dt_b, &L->dt_b));
@@ -387,10 +550,10 @@ static kg_status_t
 upload_mla(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
     const int32_t H = ctx->hp.n_head;
     const kg_gguf_tensor_t *a[2] = {src->wq_a ? src->wq_a : src->wq, src->wkv_a_mqa};
-    KG_TRY(upload_mat(ctx, s, a, 2, &L->wqkv));
-    KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+    KG_TRY(upload_gemm(ctx, s, a, 2, &L->wqkv));
+    KG_TRY(upload_gemm(ctx, s, &src->wo, 1, &L->wo));
     if (src->wq_a) {
-        KG_TRY(upload_mat(ctx, s, &src->wq_b, 1, &L->wq_b));
+        KG_TRY(upload_gemm(ctx, s, &src->wq_b, 1, &L->wq_b));
         KG_TRY(upload_vec(ctx, src->q_a_norm, &L->q_a_norm));
     }
     KG_TRY(upload_vec(ctx, src->kv_a_norm, &L->kv_a_norm));
@@ -427,8 +590,8 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
         /* a Gemma 4 shared-KV layer computes its queries alone */
         KG_TRY(ctx->hp.attn_out_gate
                    ? upload_gated_qkv(ctx, s, src, &L->wqkv)
-                   : upload_mat(ctx, s, qkv, src->kv_layer == il ? 3 : 1, &L->wqkv));
-        KG_TRY(upload_mat(ctx, s, &src->wo, 1, &L->wo));
+                   : upload_gemm(ctx, s, qkv, src->kv_layer == il ? 3 : 1, &L->wqkv));
+        KG_TRY(upload_gemm(ctx, s, &src->wo, 1, &L->wo));
     } else {
         KG_TRY(upload_recurrent(ctx, s, src, L));
     }
@@ -439,9 +602,9 @@ static kg_status_t upload_layer(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
                                                                layers have no FFN) */
         /* gate|up fused, or up alone (apertus's ungated xIELU) */
         const kg_gguf_tensor_t *gu[2] = {src->w_gate, src->w_up};
-        KG_TRY(src->w_gate ? upload_mat(ctx, s, gu, 2, &L->wgu)
-                           : upload_mat(ctx, s, &src->w_up, 1, &L->wgu));
-        KG_TRY(upload_mat(ctx, s, &src->w_down, 1, &L->wdown));
+        KG_TRY(src->w_gate ? upload_gemm(ctx, s, gu, 2, &L->wgu)
+                           : upload_gemm(ctx, s, &src->w_up, 1, &L->wgu));
+        KG_TRY(upload_gemm(ctx, s, &src->w_down, 1, &L->wdown));
     }
     if (src->bq) { /* the model has all three or none */
         const kg_gguf_tensor_t *b[3] = {src->bq, src->bk, src->bv};
@@ -492,13 +655,16 @@ kg_status_t cuda_upload_weights(cuda_ctx_t *ctx) {
         st = upload_vec(ctx, model->output_b, &ctx->out_b);
     }
     if (st == KG_OK) {
-        st = upload_mat(ctx, &s, &model->tok_embd, 1, &ctx->emb);
+        /* embed.cu gathers rows of native blocks too (bert's embedding
+         * kernel reads elements) */
+        st = ctx->bert ? upload_mat(ctx, &s, &model->tok_embd, 1, &ctx->emb)
+                       : upload_gemm(ctx, &s, &model->tok_embd, 1, &ctx->emb);
     }
     if (st == KG_OK) {
         if (model->output == model->tok_embd) {
             ctx->head = ctx->emb;
         } else if (model->output) { /* an encoder has no LM head */
-            st = upload_mat(ctx, &s, &model->output, 1, &ctx->head);
+            st = upload_gemm(ctx, &s, &model->output, 1, &ctx->head);
         }
     }
     if (st == KG_OK && ctx->bert) {
@@ -532,4 +698,37 @@ kg_status_t cuda_upload_weights(cuda_ctx_t *ctx) {
         KG_CUDA_CHECK(cudaStreamSynchronize(ctx->stream));
     }
     return st;
+}
+
+/* "Q4_K Q6_K" from a type mask */
+static void type_names(uint64_t mask, char *out, size_t size) {
+    size_t n = 0;
+    out[0] = '\0';
+    for (int t = 0; t < 64 && n + 1 < size; t++) {
+        if (mask >> t & 1) {
+            const int w = snprintf(out + n, size - n, "%s%s", n ? " " : "",
+                                   kg_ggml_type_name((kg_ggml_type_t)t));
+            n += w > 0 ? (size_t)w : 0;
+        }
+    }
+}
+
+void cuda_log_weight_types(const cuda_ctx_t *ctx) {
+    char kept[160], expanded[160];
+    type_names(ctx->native_types, kept, sizeof(kept));
+    type_names(ctx->expanded_types, expanded, sizeof(expanded));
+    if (ctx->native_types) {
+        KG_LOG_INFO("cuda", "weights: GEMM matrices kept as GGUF blocks: %s, %.1f MiB", kept,
+                    (double)ctx->native_bytes / 1048576.0);
+    }
+    if (ctx->expanded_types) {
+        KG_LOG_INFO("cuda",
+                    "weights: quantized matrices expanded to BF16 at load: %s, %.1f MiB (%s)",
+                    expanded, (double)ctx->expanded_bytes / 1048576.0,
+                    !ctx->native_q ? (ctx->blas.mode == KG_CUDA_GEMM_CUBLAS
+                                          ? "cuBLAS GEMMs read no GGUF blocks"
+                                          : "native blocks turned off by KGEN_CUDA_NATIVE_QUANT")
+                                   : "experts, routers, latent heads, encoder embeddings, or "
+                                     "a type without a native kernel");
+    }
 }

@@ -6,6 +6,7 @@
 #include "kg_cuda_ops.h"
 #include "llama4.cuh"
 #include "logits.cuh"
+#include "qblocks.cuh"
 #include "rmsnorm.cuh"
 #include "rope.cuh"
 #include "sample.cuh"
@@ -460,6 +461,7 @@ kg_status_t kg_cuda_op_gemm(const float *w,
     kg_cuda_mat_t m;
     void *dw = NULL, *dx = NULL, *dy = NULL, *ws = NULL;
     memset(&blas, 0, sizeof(blas));
+    memset(&m, 0, sizeof(m));
     TRY_OUT(dalloc(&dp, &ws, (size_t)4 << 20));
     TRY_OUT(kg_cuda_blas_init(&blas, cublas ? KG_CUDA_GEMM_CUBLAS : KG_CUDA_GEMM_MMA, 0, ws,
                               (size_t)4 << 20, errstr, errstr_size));
@@ -474,6 +476,59 @@ kg_status_t kg_cuda_op_gemm(const float *w,
     TRY_OUT(fetch(y, dy, (size_t)rows * n_out, KG_CUDA_OP_F32));
 out:
     kg_cuda_blas_clear(&blas);
+    dfree(&dp);
+    return st;
+}
+
+kg_status_t kg_cuda_op_gemm_quant(int type,
+                                  const void *blocks,
+                                  const float *x,
+                                  float *y,
+                                  int32_t rows,
+                                  int32_t n_out,
+                                  int32_t n_in,
+                                  bool native) {
+    if (!kg_cuda_gemm_native(type, n_in)) {
+        return KG_ERR_UNSUPPORTED;
+    }
+    dev_pool_t dp = {{NULL}, 0};
+    kg_status_t st = KG_OK;
+    kg_cuda_blas_t blas;
+    kg_cuda_mat_t m;
+    const size_t n = (size_t)n_out * (size_t)n_in;
+    const size_t qsize = kg_cuda_native_size(type, n_out, n_in);
+    const kg_cuda_qlayout_t L = kg_cuda_qlayout(type);
+    void *dw = NULL, *dx = NULL, *dy = NULL;
+    /* host: the split blocks (native), or the BF16 expansion and its f32 scratch */
+    char *host = (char *)malloc(native ? qsize : n * 2);
+    float *f32 = native ? NULL : (float *)malloc(n * sizeof(float));
+    memset(&blas, 0, sizeof(blas));
+    memset(&m, 0, sizeof(m));
+    if (!host || (!native && !f32)) {
+        st = KG_ERR_NOMEM;
+        goto out;
+    }
+    TRY_OUT(kg_cuda_blas_init(&blas, KG_CUDA_GEMM_MMA, 0, NULL, 0, NULL, 0));
+    if (native) {
+        const int64_t n_blocks = (int64_t)n_out * (n_in / L.elems);
+        kg_cuda_qsplit(type, blocks, n_blocks, host, host + n_blocks * L.body);
+        TRY_OUT(dup(&dp, &dw, host, qsize));
+        m.qtype = type;
+    } else {
+        kg_cuda_weight_convert((kg_ggml_type_t)type, blocks, (int64_t)n, KG_CUDA_BF16, host, f32);
+        TRY_OUT(dup(&dp, &dw, host, n * 2));
+    }
+    TRY_OUT(put(&dp, &dx, x, (size_t)rows * n_in, KG_CUDA_OP_BF16));
+    TRY_OUT(dalloc(&dp, &dy, (size_t)rows * n_out * sizeof(float)));
+    m.data = dw;
+    m.n_out = n_out;
+    m.n_in = n_in;
+    m.dt = KG_CUDA_BF16;
+    TRY_OUT(kg_cuda_gemm(&blas, 0, &m, dx, (float *)dy, rows));
+    TRY_OUT(fetch(y, dy, (size_t)rows * n_out, KG_CUDA_OP_F32));
+out:
+    free(host);
+    free(f32);
     dfree(&dp);
     return st;
 }

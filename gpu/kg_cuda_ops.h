@@ -124,6 +124,20 @@ kg_status_t kg_cuda_op_gemm(const float *w,
                             char *errstr,
                             size_t errstr_size);
 
+/** y (rows, n_out) = x (rows, n_in, rounded to BF16) · w^T for w given as
+ * GGUF blocks of `type` (n_out rows of n_in elements): native, kept as
+ * blocks on the device (qblocks.cuh); else expanded to BF16 as the upload
+ * does for types it keeps no blocks of. KG_ERR_UNSUPPORTED for a type (or
+ * n_in) with no native kernel. */
+kg_status_t kg_cuda_op_gemm_quant(int type,
+                                  const void *blocks,
+                                  const float *x,
+                                  float *y,
+                                  int32_t rows,
+                                  int32_t n_out,
+                                  int32_t n_in,
+                                  bool native);
+
 /** The device sampler on host logits (rows, n_vocab), reqs[i] for row i. */
 kg_status_t kg_cuda_op_sample(const float *logits,
                               int32_t rows,

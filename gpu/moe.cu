@@ -2,14 +2,17 @@
  * --fmad=false so the router's and the combination's products round as the
  * C code's do; the grouped GEMM's chains call fmaf explicitly. */
 #include "geglu.cuh"
+#include "gemm.cuh"
 #include "kg_cuda_ops.h"
 #include "moe.cuh"
 #include "moe_ops.h"
+#include "qblocks.cuh"
 
 #include <string.h>
 
 extern "C" {
 #include "../src/model/kg_quant.h"
+#include "../src/model/kg_quantize.h"
 }
 
 /* The most experts the align kernel lays out (kg_model's KG_MOE_MAX_EXPERTS). */
@@ -276,12 +279,16 @@ kg_status_t kg_cuda_moe_align(cudaStream_t stream,
  * column blockIdx.x * GEMM_COLS + c of the tile's KG_CUDA_MOE_TILE rows.
  * The tile's inputs and the expert's weights go through shared memory a
  * chunk of GEMM_CHUNK inputs at a time (weights loaded row-contiguous,
- * so a warp reads 32 consecutive elements of one weight row); the chain of
- * each output element runs over the inputs in order from +0. */
+ * so a warp reads 32 consecutive elements of one weight row; a native
+ * matrix's (QT: its GGUF type) 8 weights a thread, expanded as the upload
+ * would have stored them); the chain of each output element runs over the
+ * inputs in order from +0. */
+template <int QT>
 __global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
                                 const int32_t *__restrict__ row_tok,
                                 const float *__restrict__ row_w,
                                 const void *__restrict__ w,
+                                const uint8_t *__restrict__ w_tail,
                                 const float *__restrict__ bias,
                                 const void *__restrict__ x,
                                 int gather,
@@ -314,11 +321,32 @@ __global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
             }
             xs[rr][kk] = v;
         }
-        for (int i = c; i < GEMM_COLS * GEMM_CHUNK; i += GEMM_COLS) {
-            const int cc = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
-            const int32_t oc = (int32_t)blockIdx.x * GEMM_COLS + cc;
-            ws[cc][kk] =
-                oc < n_out && kk < kn ? kg_ld(w, wbase + (int64_t)oc * n_in + k0 + kk, dt) : 0.0f;
+        if constexpr (QT == 0) {
+            for (int i = c; i < GEMM_COLS * GEMM_CHUNK; i += GEMM_COLS) {
+                const int cc = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
+                const int32_t oc = (int32_t)blockIdx.x * GEMM_COLS + cc;
+                ws[cc][kk] = oc < n_out && kk < kn
+                                 ? kg_ld(w, wbase + (int64_t)oc * n_in + k0 + kk, dt)
+                                 : 0.0f;
+            }
+        } else { /* n_in is whole blocks, so kn is a multiple of 8 */
+            constexpr kg_cuda_qlayout_t L = kg_cuda_qlayout(QT);
+            for (int i = c; i < GEMM_COLS * GEMM_CHUNK / 8; i += GEMM_COLS) {
+                const int cc = i / (GEMM_CHUNK / 8), kk = (i % (GEMM_CHUNK / 8)) * 8;
+                const int32_t oc = (int32_t)blockIdx.x * GEMM_COLS + cc;
+                float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                if (oc < n_out && kk < kn) {
+                    const int64_t k = k0 + kk, row = (int64_t)e * n_out + oc;
+                    qpiece<QT> p;
+                    p.load((const uint8_t *)w, w_tail, row * (n_in / L.elems) + k / L.elems,
+                           (int)(k % L.elems));
+                    p.expand((int)(k % L.elems), f);
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    ws[cc][kk + j] = __uint_as_float((uint32_t)kg_q_bf16(f[j]) << 16);
+                }
+            }
         }
         __syncthreads();
         for (int32_t kk = 0; kk < kn; kk++) {
@@ -340,6 +368,26 @@ __global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
     }
 }
 
+template <int QT>
+static kg_status_t moe_gemm_launch(cudaStream_t stream,
+                                   dim3 grid,
+                                   const kg_cuda_moe_plan_t *plan,
+                                   const void *w,
+                                   const uint8_t *w_tail,
+                                   const float *bias,
+                                   const void *x,
+                                   int gather,
+                                   float *y,
+                                   int32_t n_out,
+                                   int32_t n_in,
+                                   kg_cuda_dtype_t dt) {
+    moe_gemm_kernel<QT><<<grid, GEMM_COLS, 0, stream>>>(plan->tile_expert, plan->row_tok,
+                                                        plan->row_w, w, w_tail, bias, x, gather, y,
+                                                        n_out, n_in, (int)dt);
+    KG_CUDA_CHECK_LAUNCH();
+    return KG_OK;
+}
+
 kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
                              const kg_cuda_moe_plan_t *plan,
                              const void *w,
@@ -349,13 +397,42 @@ kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
                              float *y,
                              int32_t n_out,
                              int32_t n_in,
-                             kg_cuda_dtype_t dt) {
+                             kg_cuda_dtype_t dt,
+                             int qtype,
+                             const void *w_tail) {
     const dim3 grid((unsigned)((n_out + GEMM_COLS - 1) / GEMM_COLS),
                     (unsigned)(plan->rows_cap / KG_CUDA_MOE_TILE));
-    moe_gemm_kernel<<<grid, GEMM_COLS, 0, stream>>>(plan->tile_expert, plan->row_tok, plan->row_w,
-                                                    w, bias, x, gather, y, n_out, n_in, (int)dt);
-    KG_CUDA_CHECK_LAUNCH();
-    return KG_OK;
+    const uint8_t *t = (const uint8_t *)w_tail;
+    switch (qtype) {
+    case 0:
+        return moe_gemm_launch<0>(stream, grid, plan, w, t, bias, x, gather, y, n_out, n_in, dt);
+    case KG_GGML_TYPE_Q8_0:
+        return moe_gemm_launch<KG_GGML_TYPE_Q8_0>(stream, grid, plan, w, t, bias, x, gather, y,
+                                                  n_out, n_in, dt);
+    case KG_GGML_TYPE_Q4_0:
+        return moe_gemm_launch<KG_GGML_TYPE_Q4_0>(stream, grid, plan, w, t, bias, x, gather, y,
+                                                  n_out, n_in, dt);
+    case KG_GGML_TYPE_IQ4_NL:
+        return moe_gemm_launch<KG_GGML_TYPE_IQ4_NL>(stream, grid, plan, w, t, bias, x, gather, y,
+                                                    n_out, n_in, dt);
+    case KG_GGML_TYPE_Q4_K:
+        return moe_gemm_launch<KG_GGML_TYPE_Q4_K>(stream, grid, plan, w, t, bias, x, gather, y,
+                                                  n_out, n_in, dt);
+    case KG_GGML_TYPE_Q5_K:
+        return moe_gemm_launch<KG_GGML_TYPE_Q5_K>(stream, grid, plan, w, t, bias, x, gather, y,
+                                                  n_out, n_in, dt);
+    case KG_GGML_TYPE_Q6_K:
+        return moe_gemm_launch<KG_GGML_TYPE_Q6_K>(stream, grid, plan, w, t, bias, x, gather, y,
+                                                  n_out, n_in, dt);
+    case KG_GGML_TYPE_IQ4_XS:
+        return moe_gemm_launch<KG_GGML_TYPE_IQ4_XS>(stream, grid, plan, w, t, bias, x, gather, y,
+                                                    n_out, n_in, dt);
+    case KG_GGML_TYPE_MXFP4:
+        return moe_gemm_launch<KG_GGML_TYPE_MXFP4>(stream, grid, plan, w, t, bias, x, gather, y,
+                                                   n_out, n_in, dt);
+    default:
+        return KG_ERR_INVALID;
+    }
 }
 
 // ---- activation and combination ----
@@ -514,6 +591,50 @@ static kg_status_t moe_alloc(moe_bufs_t *b, void **d, size_t size) {
     return KG_OK;
 }
 
+/* Host floats (rows of n_in) quantized to GGUF `qtype` (kg_quantize, as a
+ * file would hold them) into a new device buffer: native, split into
+ * bodies and tails (*tail set); else expanded to BF16 as the upload does
+ * for types it keeps no blocks of. */
+static kg_status_t moe_put_quant(moe_bufs_t *b,
+                                 void **d,
+                                 const void **tail,
+                                 const float *h,
+                                 int64_t rows,
+                                 int32_t n_in,
+                                 int qtype,
+                                 bool native) {
+    const size_t row = kg_type_row_size((kg_ggml_type_t)qtype, n_in), n = (size_t)rows * n_in;
+    uint8_t *q = (uint8_t *)malloc(row * (size_t)rows);
+    uint8_t *out = (uint8_t *)malloc(native ? row * (size_t)rows : n * 2);
+    float *f = (float *)malloc(n * sizeof(float));
+    kg_status_t st = q && out && f ? KG_OK : KG_ERR_NOMEM;
+    for (int64_t r = 0; st == KG_OK && r < rows; r++) {
+        if (!kg_quantize((kg_ggml_type_t)qtype, h + r * n_in, q + row * r, n_in)) {
+            st = KG_ERR_INVALID;
+        }
+    }
+    const kg_cuda_qlayout_t L = kg_cuda_qlayout(qtype);
+    const int64_t blocks = L.elems > 0 ? (int64_t)(n / (size_t)L.elems) : 0;
+    if (st == KG_OK && native) {
+        kg_cuda_qsplit(qtype, q, blocks, out, out + blocks * L.body);
+    } else if (st == KG_OK) {
+        kg_dequantize((kg_ggml_type_t)qtype, q, f, (int64_t)n);
+        for (size_t i = 0; i < n; i++) {
+            ((uint16_t *)out)[i] = kg_fp32_to_bf16(f[i]);
+        }
+    }
+    const size_t size = native ? row * (size_t)rows : n * 2;
+    if (st == KG_OK) {
+        st = moe_alloc(b, d, size);
+    }
+    if (st == KG_OK && cudaMemcpy(*d, out, size, cudaMemcpyHostToDevice) != cudaSuccess) {
+        st = KG_ERR_BACKEND;
+    }
+    *tail = native && st == KG_OK ? (const char *)*d + blocks * L.body : NULL;
+    free(q), free(out), free(f);
+    return st;
+}
+
 /* Host floats into a new device buffer of type dt (rounded to it). */
 static kg_status_t moe_put(moe_bufs_t *b, void **d, const float *h, size_t n, int dt) {
     const size_t es = dt == KG_CUDA_OP_F32 ? 4 : 2;
@@ -577,17 +698,27 @@ extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
     void *hdr = NULL, *dx = NULL, *dl = NULL, *dg = NULL, *du = NULL, *dd = NULL, *gb = NULL,
          *ub = NULL, *db = NULL, *g = NULL, *u = NULL, *h = NULL, *y = NULL, *dout = NULL,
          *pb = NULL;
+    const void *tg = NULL, *tu = NULL, *td = NULL; /* native blocks' tails */
+    const int qt = m->qtype != 0 && m->native ? m->qtype : 0;
     if (k < 1 || k > KG_CUDA_MOE_MAX_K || k > X || X > MOE_MAX_EXPERTS || T < 1 ||
-        m->n_groups > KG_CUDA_MOE_MAX_GROUPS) {
+        m->n_groups > KG_CUDA_MOE_MAX_GROUPS ||
+        (m->qtype != 0 && (dt != KG_CUDA_BF16 || !kg_cuda_gemm_native(m->qtype, E) ||
+                           !kg_cuda_gemm_native(m->qtype, F)))) {
         return KG_ERR_INVALID;
     }
     MOE_TRY(moe_alloc(&b, &hdr, sizeof(hdr_h)));
     MOE_CUDA(cudaMemcpy(hdr, hdr_h, sizeof(hdr_h), cudaMemcpyHostToDevice));
     MOE_TRY(moe_put(&b, &dx, x, (size_t)T * E, m->dtype));
     MOE_TRY(moe_put(&b, &dl, logits, (size_t)T * X, KG_CUDA_OP_F32));
-    MOE_TRY(moe_put(&b, &dg, m->gate, (size_t)X * F * E, m->dtype));
-    MOE_TRY(moe_put(&b, &du, m->up, (size_t)X * F * E, m->dtype));
-    MOE_TRY(moe_put(&b, &dd, m->down, (size_t)X * E * F, m->dtype));
+    if (m->qtype != 0) {
+        MOE_TRY(moe_put_quant(&b, &dg, &tg, m->gate, (int64_t)X * F, E, m->qtype, m->native));
+        MOE_TRY(moe_put_quant(&b, &du, &tu, m->up, (int64_t)X * F, E, m->qtype, m->native));
+        MOE_TRY(moe_put_quant(&b, &dd, &td, m->down, (int64_t)X * E, F, m->qtype, m->native));
+    } else {
+        MOE_TRY(moe_put(&b, &dg, m->gate, (size_t)X * F * E, m->dtype));
+        MOE_TRY(moe_put(&b, &du, m->up, (size_t)X * F * E, m->dtype));
+        MOE_TRY(moe_put(&b, &dd, m->down, (size_t)X * E * F, m->dtype));
+    }
     if (m->gate_b) {
         MOE_TRY(moe_put(&b, &gb, m->gate_b, (size_t)X * F, KG_CUDA_OP_F32));
         MOE_TRY(moe_put(&b, &ub, m->up_b, (size_t)X * F, KG_CUDA_OP_F32));
@@ -616,10 +747,13 @@ extern "C" kg_status_t kg_cuda_op_moe_ffn(const kg_cuda_op_moe_t *m,
         const kg_cuda_step_hdr_t *dh = (const kg_cuda_step_hdr_t *)hdr;
         MOE_TRY(kg_cuda_moe_route(0, T, dh, &r, (const float *)dl, NULL, (const float *)pb, &plan));
         MOE_TRY(kg_cuda_moe_align(0, dh, &r, &plan));
-        MOE_TRY(kg_cuda_moe_gemm(0, &plan, dg, (const float *)gb, dx, 1, (float *)g, F, E, dt));
-        MOE_TRY(kg_cuda_moe_gemm(0, &plan, du, (const float *)ub, dx, 1, (float *)u, F, E, dt));
+        MOE_TRY(
+            kg_cuda_moe_gemm(0, &plan, dg, (const float *)gb, dx, 1, (float *)g, F, E, dt, qt, tg));
+        MOE_TRY(
+            kg_cuda_moe_gemm(0, &plan, du, (const float *)ub, dx, 1, (float *)u, F, E, dt, qt, tu));
         MOE_TRY(kg_cuda_moe_act(0, &plan, (const float *)g, (const float *)u, h, dt, F, m->oai));
-        MOE_TRY(kg_cuda_moe_gemm(0, &plan, dd, (const float *)db, h, 0, (float *)y, E, F, dt));
+        MOE_TRY(
+            kg_cuda_moe_gemm(0, &plan, dd, (const float *)db, h, 0, (float *)y, E, F, dt, qt, td));
         MOE_TRY(kg_cuda_moe_combine(0, T, dh, &r, &plan, (const float *)y, NULL, (float *)dout, E));
     }
     MOE_CUDA(cudaStreamSynchronize(0));

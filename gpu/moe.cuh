@@ -106,9 +106,11 @@ kg_status_t kg_cuda_moe_align(cudaStream_t stream,
 /** y(rows_cap, n_out) F32 = the grouped GEMM: grouped row g of expert e is
  * x[row_tok[g]] (gather != 0; times plan->row_w[g] when that is not NULL)
  * or x[g] (type dt, n_in wide) times expert
- * e's (n_out, n_in) matrix (w + e * n_out * n_in, type dt), plus
- * bias[e] (n_expert, n_out) F32 when bias is not NULL. Padding rows are
- * not written. */
+ * e's (n_out, n_in) matrix (w + e * n_out * n_in, type dt; or, qtype not
+ * 0, rows e * n_out.. of a native matrix of GGUF blocks, bodies at w and
+ * tails at w_tail: qblocks.cuh, each weight read as the BF16 value the
+ * expansion would have stored), plus bias[e] (n_expert, n_out) F32 when
+ * bias is not NULL. Padding rows are not written. */
 kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
                              const kg_cuda_moe_plan_t *plan,
                              const void *w,
@@ -118,7 +120,9 @@ kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
                              float *y,
                              int32_t n_out,
                              int32_t n_in,
-                             kg_cuda_dtype_t dt);
+                             kg_cuda_dtype_t dt,
+                             int qtype,
+                             const void *w_tail);
 
 /* The experts' activation (kg_cuda_moe_act). */
 #define KG_CUDA_MOE_ACT_SWIGLU   0 /* silu(g) * u */

@@ -26,6 +26,10 @@ typedef struct kg_cuda_op_moe {
                                    the activations entering each GEMM are rounded to it */
     const float *gate, *up;     /* (n_expert, n_ff, n_embd): expert e's (n_ff, n_embd) matrices */
     const float *down;          /* (n_expert, n_embd, n_ff) */
+    int qtype; /* 0, or a GGUF block type (kg_ggml_type_t) with a native kernel: the expert
+                  matrices quantized to it (kg_quantize), then kept as blocks on the device
+                  (native) or expanded to BF16 as the upload does (dtype must be BF16) */
+    int native;
     const float *gate_b, *up_b; /* (n_expert, n_ff) expert biases, or NULL */
     const float *down_b;        /* (n_expert, n_embd), or NULL */
 } kg_cuda_op_moe_t;

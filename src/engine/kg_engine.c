@@ -523,6 +523,7 @@ void kg_engine_stats(const kg_engine_t *e, kg_engine_stats_t *out) {
     out->kv_bytes_per_token = kv_rows > 0 ? (int64_t)mem.kv_size / kv_rows : 0;
     out->state_bytes = (int64_t)mem.state_size;
     out->snapshot_bytes = (int64_t)mem.snapshot_size;
+    out->weight_bytes = (int64_t)mem.weights_size;
     kg_backend_moe_stats(e->be, &out->moe);
 }
 

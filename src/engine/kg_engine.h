@@ -286,6 +286,10 @@ typedef struct kg_engine_stats {
     /* a hybrid model's recurrent states, every slot's (0: attention only) */
     int64_t state_bytes;
     int64_t snapshot_bytes; /* its prefix cache's saved states (kg_engine_state.c) */
+    /* the backend's weights in its memory (the GPU's for CUDA: quantized
+     * GEMM weights as their GGUF blocks, the rest expanded; LoRA adapters
+     * while loaded) */
+    int64_t weight_bytes;
     int64_t n_steps;
     int64_t n_prefill_tokens; /* tokens computed as prefill (including recomputation) */
     int64_t n_decode_tokens;

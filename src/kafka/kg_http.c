@@ -183,6 +183,10 @@ char *kg_http_metrics_text(kg_worker_t *w, size_t *len) {
           "KV cache bytes one cached token takes over all layers (the backend's allocation; "
           "multi-head latent attention: its latent row).",
           (double)atomic_load(&g->kv_bytes_per_token));
+    gauge(f, "kgen_device_weight_bytes",
+          "Bytes the model's weights take in the backend's memory (the GPU's for CUDA, where "
+          "quantized GEMM weights stay GGUF blocks; LoRA adapters while loaded).",
+          (double)atomic_load(&g->weight_bytes));
     gauge(f, "kgen_recurrent_state_bytes",
           "Bytes of recurrent state a hybrid model's sequence slots hold, all slots (0: "
           "attention only).",

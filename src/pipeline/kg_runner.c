@@ -74,6 +74,7 @@ static void update_gauges(kg_runner_t *r) {
     atomic_store(&g->kv_blocks_cached, s.kv_blocks_cached);
     atomic_store(&g->kv_bytes_per_token, s.kv_bytes_per_token);
     atomic_store(&g->state_bytes, s.state_bytes);
+    atomic_store(&g->weight_bytes, s.weight_bytes);
     atomic_store(&g->snapshot_bytes, s.snapshot_bytes);
     atomic_store(&g->n_state_saves, s.n_state_saves);
     atomic_store(&g->n_state_restores, s.n_state_restores);

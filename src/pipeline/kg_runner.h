@@ -48,6 +48,7 @@ typedef struct kg_runner_gauges {
     _Atomic int32_t last_batch_tokens;
     _Atomic int64_t kv_bytes_per_token; /* kg_engine_stats_t's */
     _Atomic int64_t state_bytes;        /* kg_engine_stats_t's */
+    _Atomic int64_t weight_bytes;       /* kg_engine_stats_t's */
     _Atomic int64_t snapshot_bytes, n_state_saves, n_state_restores;
     _Atomic int64_t n_grammar_masks, grammar_mask_ns, n_grammar_forced_tokens;
     kg_histogram_t step; /* duration of each step */

@@ -89,6 +89,9 @@ for r in rows:
     assert 1 <= n <= 8 and (n == 8 or r["finish_reason"] == "stop"), (name, r)
 print(f"{name}: 2 jobs served")
 PY
+    # the weights' bytes in the backend's memory: present and non-zero for every family
+    wb=$(curl -s "http://127.0.0.1:${ports[$i]}/metrics" | awk '$1 == "kgen_device_weight_bytes" {print $2}')
+    [[ "$wb" =~ ^[0-9.e+]+$ && "$wb" != 0 ]] || { echo "$name: kgen_device_weight_bytes is '$wb'"; exit 1; }
     if [[ "$name" == deepseek2 ]]; then
         # multi-head latent attention caches (kv_lora_rank 32 + rope dims 16) x 2 layers x fp16
         bpt=$(curl -s "http://127.0.0.1:${ports[$i]}/metrics" |

@@ -44,6 +44,7 @@ int main(void) {
 #include "model/kg_lora.h"
 #include "model/kg_model.h"
 #include "model/kg_quant.h"
+#include "model/kg_quantize.h"
 #include "model/kg_sampler.h"
 #include "model/kg_tokenizer.h"
 
@@ -668,6 +669,67 @@ START_TEST(gemm_vs_reference) {
 }
 END_TEST
 
+/* GGUF blocks kept on the device (qblocks.cuh): for every native type, the
+ * product with the blocks expanded in the GEMM's load path has the bits of
+ * the same product on the BF16 matrix the upload used to make (so native
+ * weights change no job's tokens), for 1 to 130 rows (all three
+ * configurations), with partial stages (n_in 96: a 64-wide stage and half
+ * of one) and edge tiles (n_out 100); and a row's bits do not depend on the
+ * row count. */
+START_TEST(gemm_native_blocks) {
+    const int types[7] = {KG_GGML_TYPE_Q8_0,  KG_GGML_TYPE_Q4_0, KG_GGML_TYPE_IQ4_NL,
+                          KG_GGML_TYPE_Q4_K,  KG_GGML_TYPE_Q5_K, KG_GGML_TYPE_Q6_K,
+                          KG_GGML_TYPE_IQ4_XS};
+    const int row_counts[5] = {1, 9, 17, 65, 130};
+    for (int ti = 0; ti < 7; ti++) {
+        const int type = types[ti];
+        const int bs = (int)kg_type_block_elems((kg_ggml_type_t)type);
+        const int n_ins[2] = {bs == 32 ? 96 : 256, bs == 32 ? 320 : 768};
+        for (int ii = 0; ii < 2; ii++) {
+            const int n_in = n_ins[ii], n_out = ii == 0 ? 100 : 96;
+            seed(700 + (uint64_t)(ti * 2 + ii));
+            float *w = rand_vec((size_t)n_out * n_in, 1.0f);
+            for (int i = 0; i < n_out * n_in; i += 37) {
+                w[i] *= 9.0f; /* outliers: scales and mins of every size */
+            }
+            const size_t row = kg_type_row_size((kg_ggml_type_t)type, n_in);
+            uint8_t *q = malloc(row * (size_t)n_out);
+            for (int r = 0; r < n_out; r++) {
+                ck_assert(
+                    kg_quantize((kg_ggml_type_t)type, w + (size_t)r * n_in, q + row * r, n_in));
+            }
+            float *x = rand_vec((size_t)130 * n_in, 1.0f);
+            float *y = malloc((size_t)130 * n_out * 4), *ye = malloc((size_t)130 * n_out * 4);
+            float *y1 = malloc((size_t)n_out * 4);
+            for (int ri = 0; ri < 5; ri++) {
+                const int rows = row_counts[ri];
+                ck_assert_int_eq(kg_cuda_op_gemm_quant(type, q, x, y, rows, n_out, n_in, true),
+                                 KG_OK);
+                ck_assert_int_eq(kg_cuda_op_gemm_quant(type, q, x, ye, rows, n_out, n_in, false),
+                                 KG_OK);
+                for (size_t i = 0; i < (size_t)rows * n_out; i++) {
+                    ck_assert_msg(memcmp(&y[i], &ye[i], 4) == 0,
+                                  "%s n_in %d rows %d [%zu][%zu]: native %a, expanded %a",
+                                  kg_ggml_type_name((kg_ggml_type_t)type), n_in, rows, i / n_out,
+                                  i % n_out, (double)y[i], (double)ye[i]);
+                }
+                if (ri == 0) {
+                    memcpy(y1, y, (size_t)n_out * 4);
+                }
+                ck_assert_msg(memcmp(y, y1, (size_t)n_out * 4) == 0,
+                              "%s n_in %d: row 0 differs with %d rows",
+                              kg_ggml_type_name((kg_ggml_type_t)type), n_in, rows);
+            }
+            free(w), free(q), free(x), free(y), free(ye), free(y1);
+        }
+    }
+    /* a type without a native kernel is refused, not misread */
+    float one = 1.0f;
+    ck_assert_int_eq(kg_cuda_op_gemm_quant(KG_GGML_TYPE_Q3_K, &one, &one, &one, 1, 1, 256, true),
+                     KG_ERR_UNSUPPORTED);
+}
+END_TEST
+
 // ---- sampler ----
 
 /* One parameter set of the sampler tests. */
@@ -1180,6 +1242,70 @@ static const struct step_shape {
 
 START_TEST(step_vs_cpu) {
     check_steps(&k_step_shapes[_i].o, k_step_shapes[_i].bound);
+}
+END_TEST
+
+/* Quantized GEMM weights kept as GGUF blocks (qblocks.cuh) through whole
+ * steps: the logits have the bits of the same backend with
+ * KGEN_CUDA_NATIVE_QUANT=0 (every matrix expanded to BF16 at load) in
+ * prefill chunks, a continuation and graph decode steps, for a Q4_K_M
+ * model (Q4_K and Q6_K matrices), Q5_K_M, IQ4_XS and Q8_0 (_i); the
+ * native backend's matrices (embeddings and head included) take exactly
+ * the file's bytes. */
+static const char *const k_native_types[] = {"q4_k_m", "q5_k_m", "iq4_xs", "q8_0"};
+
+START_TEST(step_native_blocks) {
+    kg_test_model_opts_t o = {.n_embd = 256,
+                              .n_layer = 2,
+                              .n_head = 4,
+                              .n_head_kv = 2,
+                              .n_ff = 512,
+                              .type = k_native_types[_i],
+                              .seed = 16 + (uint64_t)_i};
+    kg_model_t *m = load(kg_test_make_model(&o));
+    const int V = m->hp.n_vocab;
+    kg_backend_t *nat = make_backend("cuda", m, 32);
+    setenv("KGEN_CUDA_NATIVE_QUANT", "0", 1);
+    kg_backend_t *exp = make_backend("cuda", m, 32);
+    unsetenv("KGEN_CUDA_NATIVE_QUANT");
+    kg_backend_memory_t mn, me;
+    kg_backend_memory(nat, &mn);
+    kg_backend_memory(exp, &me);
+    /* every matrix, the token embeddings too, takes its file bytes
+     * instead of 2 a weight, Q4_K_M's mixed Q|K|V (Q6_K V) as well */
+    size_t saved = 0;
+    for (int64_t i = 0; i < kg_gguf_n_tensors(m->gguf); i++) {
+        const kg_gguf_tensor_t *t = kg_gguf_tensor(m->gguf, i);
+        if (t->n_dims >= 2 && t->type != KG_GGML_TYPE_F32) {
+            saved += (size_t)(t->ne[0] * t->ne[1]) * 2 - t->size;
+        }
+    }
+    ck_assert_msg(saved > 0 && me.weights_size - mn.weights_size == saved,
+                  "%s: %zu vs %zu bytes, %zu saved", o.type, mn.weights_size, me.weights_size,
+                  saved);
+    float *ln = malloc((size_t)32 * V * 4), *le = malloc((size_t)32 * V * 4);
+    step_t s;
+    const chunk_t s1[2] = {{0, 0, 7}, {1, 0, 5}};
+    const chunk_t s2[3] = {{0, 7, 1}, {1, 5, 5}, {2, 0, 3}};
+    for (int k = 0; k < 6; k++) {
+        if (k == 0) {
+            build_step(&s, s1, 2, true);
+        } else if (k == 1) {
+            build_step(&s, s2, 3, true);
+        } else { /* decodes: the graph of bucket 4 warmed up, captured, replayed */
+            const chunk_t d[3] = {{0, 6 + k, 1}, {1, 8 + k, 1}, {2, 1 + k, 1}};
+            build_step(&s, d, 3, false);
+        }
+        kg_step_batch_t b = as_batch(&s);
+        ck_assert_int_eq(kg_backend_forward(nat, &b, ln), KG_OK);
+        ck_assert_int_eq(kg_backend_forward(exp, &b, le), KG_OK);
+        ck_assert_msg(memcmp(ln, le, (size_t)s.n_outputs * V * 4) == 0,
+                      "%s step %d: native logits differ from the expanded ones", o.type, k);
+    }
+    free(ln), free(le);
+    kg_backend_free(nat);
+    kg_backend_free(exp);
+    kg_model_free(m);
 }
 END_TEST
 
@@ -2742,6 +2868,7 @@ static Suite *make_suite(void) {
     tcase_add_test(tc, weights_convert);
     tcase_add_test(tc, swiglu_vs_cpu);
     tcase_add_test(tc, gemm_vs_reference);
+    tcase_add_test(tc, gemm_native_blocks);
     suite_add_tcase(s, tc);
     tc = tcase_create("sampler");
     tcase_set_tags(tc, "gpu");
@@ -2759,12 +2886,15 @@ static Suite *make_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, step_vs_cpu, 0, 1);
     tcase_add_test(tc, step_head_in_chunks);
+    tcase_add_loop_test(tc, step_native_blocks, 0, 1);
     suite_add_tcase(s, tc);
     tc = tcase_create("steps");
     tcase_set_tags(tc, "gpu");
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, step_vs_cpu, 1,
                         (int)(sizeof(k_step_shapes) / sizeof(k_step_shapes[0])));
+    tcase_add_loop_test(tc, step_native_blocks, 1,
+                        (int)(sizeof(k_native_types) / sizeof(k_native_types[0])));
     tcase_add_test(tc, step_many_shared_tables);
     tcase_add_test(tc, stories260k_greedy_vs_cpu);
     suite_add_tcase(s, tc);

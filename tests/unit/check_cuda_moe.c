@@ -299,6 +299,82 @@ START_TEST(router_vs_cpu) {
 }
 END_TEST
 
+/* Expert matrices kept as GGUF blocks (qblocks.cuh) in the grouped GEMM:
+ * the FFN's output, route and weights have the bits of the same matrices
+ * expanded to BF16 (as the upload did), for each native type (_i), with
+ * gpt-oss's router and biases for MXFP4 (its experts' type); each token
+ * alone gives its row's bits. */
+static const int k_native_expert_types[] = {KG_GGML_TYPE_MXFP4, KG_GGML_TYPE_Q4_K,
+                                            KG_GGML_TYPE_Q6_K,  KG_GGML_TYPE_Q8_0,
+                                            KG_GGML_TYPE_Q5_K,  KG_GGML_TYPE_IQ4_XS};
+
+START_TEST(native_expert_blocks) {
+    const int qt = k_native_expert_types[_i];
+    const bool k_quant = kg_type_block_elems((kg_ggml_type_t)qt) == 256;
+    kg_cuda_op_moe_t m = {.n_tokens = 11,
+                          .n_embd = k_quant ? 256 : 64,
+                          .n_ff = k_quant ? 256 : 96, /* 96: a partial column tile */
+                          .n_expert = 6,
+                          .k = 3,
+                          .norm_w = 1,
+                          .dtype = KG_CUDA_OP_BF16,
+                          .qtype = qt};
+    if (qt == KG_GGML_TYPE_MXFP4) {
+        m.top_k_then_softmax = 1;
+        m.oai = 1;
+        m.norm_w = 0;
+    }
+    g_rng = 77 + (uint64_t)_i;
+    const int32_t T = m.n_tokens, E = m.n_embd, F = m.n_ff, X = m.n_expert, k = m.k;
+    float *x = rand_vec((size_t)T * E, 1.0f), *logits = rand_vec((size_t)T * X, 3.0f);
+    float *gate = rand_vec((size_t)X * F * E, sqrtf(3.0f / (float)E));
+    float *up = rand_vec((size_t)X * F * E, sqrtf(3.0f / (float)E));
+    float *down = rand_vec((size_t)X * E * F, sqrtf(3.0f / (float)F));
+    float *gb = rand_vec((size_t)X * F, 0.5f), *ub = rand_vec((size_t)X * F, 0.5f);
+    float *db = rand_vec((size_t)X * E, 0.1f);
+    m.gate = gate, m.up = up, m.down = down;
+    if (m.oai) {
+        m.gate_b = gb, m.up_b = ub, m.down_b = db;
+    }
+    float *on = malloc((size_t)T * E * 4), *oe = malloc((size_t)T * E * 4);
+    float *wn = malloc((size_t)T * k * 4), *we = malloc((size_t)T * k * 4),
+          *one = malloc((size_t)E * 4);
+    int32_t *sn = malloc((size_t)T * k * 4), *se = malloc((size_t)T * k * 4), sel1[8];
+    float w1[8];
+    m.native = 1;
+    ck_assert_int_eq(kg_cuda_op_moe_ffn(&m, x, logits, on, sn, wn), KG_OK);
+    m.native = 0;
+    ck_assert_int_eq(kg_cuda_op_moe_ffn(&m, x, logits, oe, se, we), KG_OK);
+    ck_assert_mem_eq(sn, se, (size_t)T * k * 4);
+    ck_assert_mem_eq(wn, we, (size_t)T * k * 4);
+    for (int32_t i = 0; i < T * E; i++) {
+        ck_assert_msg(memcmp(&on[i], &oe[i], 4) == 0, "%s [%d][%d]: native %a, expanded %a",
+                      kg_ggml_type_name((kg_ggml_type_t)qt), i / E, i % E, (double)on[i],
+                      (double)oe[i]);
+    }
+    double mag = 0;
+    for (int32_t i = 0; i < T * E; i++) {
+        mag += fabs(on[i]);
+    }
+    ck_assert(mag > 0); /* the experts ran */
+    kg_cuda_op_moe_t m1 = m;
+    m1.native = 1;
+    m1.n_tokens = 1;
+    for (int32_t t = 0; t < T; t += 5) {
+        ck_assert_int_eq(
+            kg_cuda_op_moe_ffn(&m1, x + (size_t)t * E, logits + (size_t)t * X, one, sel1, w1),
+            KG_OK);
+        ck_assert_mem_eq(one, on + (size_t)t * E, (size_t)E * 4);
+    }
+    /* a shape the type's blocks do not divide is refused */
+    kg_cuda_op_moe_t bad = m;
+    bad.n_ff = k_quant ? 96 : 40;
+    ck_assert_int_eq(kg_cuda_op_moe_ffn(&bad, x, logits, oe, se, we), KG_ERR_INVALID);
+    free(x), free(logits), free(gate), free(up), free(down), free(gb), free(ub), free(db);
+    free(on), free(oe), free(wn), free(we), free(one), free(sn), free(se);
+}
+END_TEST
+
 START_TEST(refuses_too_many_experts_per_token) {
     float dummy[4] = {0};
     int32_t sel[4];
@@ -315,6 +391,8 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, router_vs_cpu, 0,
                         (int)(sizeof(k_moe_routers) / sizeof(k_moe_routers[0])));
     tcase_add_test(tc, refuses_too_many_experts_per_token);
+    tcase_add_loop_test(tc, native_expert_blocks, 0,
+                        (int)(sizeof(k_native_expert_types) / sizeof(k_native_expert_types[0])));
     suite_add_tcase(s, tc);
     return s;
 }

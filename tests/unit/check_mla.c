@@ -67,6 +67,9 @@ START_TEST(kv_cache_holds_the_latent) {
     kg_engine_stats_t st;
     kg_engine_stats(e, &st);
     ck_assert_int_eq(st.kv_bytes_per_token, (int64_t)want); /* what the metric exports */
+    /* kgen_device_weight_bytes: the backend's weights */
+    ck_assert(mem.weights_size > 0);
+    ck_assert_int_eq(st.weight_bytes, (int64_t)mem.weights_size);
     kg_engine_free(e);
     kg_backend_free(be);
 

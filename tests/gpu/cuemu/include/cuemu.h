@@ -250,6 +250,9 @@ struct __nv_bfloat16 {
 struct float2 {
     float x, y;
 };
+struct uint2 {
+    unsigned x, y;
+};
 struct uint4 {
     unsigned x, y, z, w;
 };
