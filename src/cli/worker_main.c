@@ -9,6 +9,7 @@
 #include "kafka/kg_worker.h"
 #include "model/kg_model.h"
 #include "schema/kg_codec.h"
+#include "worker_dry_run.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -84,6 +85,10 @@ int main(int argc, char **argv) {
     model = kg_model_load(cfg.model, err, sizeof(err));
     if (!model) {
         fprintf(stderr, "kgen-worker: %s\n", err);
+        goto out;
+    }
+    if (cfg.dry_run) { /* the memory plan, then out: no Kafka, no backend */
+        rc = kg_worker_dry_run(&cfg, model, stdout);
         goto out;
     }
     w = kg_worker_new(&cfg, model, err, sizeof(err));

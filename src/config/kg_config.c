@@ -149,6 +149,12 @@ static const opt_t options[] = {
      "run on librdkafka's in-process mock cluster with N sample jobs (0 = until a signal)"},
     {"print-config", OPT_BOOL, OFF(print_config), "false", 0, 0, "Operations",
      "print the effective configuration (secrets redacted) and exit"},
+    {"dry-run", OPT_BOOL, OFF(dry_run), "false", 0, 0, "Operations",
+     "load the model, print what its weights and the KV pool these flags size take on the "
+     "CUDA backend's GPU and on the CPU, and exit (no Kafka, no GPU needed)"},
+    {"device-memory", OPT_INT, OFF(device_memory_mib), "0", 0, 1 << 30, "Operations",
+     "with --dry-run: the GPU memory in MiB to check the plan against; exit 1 when the weights "
+     "and the KV pool do not fit (0 = no check)"},
 };
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
 

@@ -68,6 +68,8 @@ typedef struct kg_config {
     double auth_timeout_s; /* 0 = retry a failing login for ever */
     int64_t demo;          /* -1 = off */
     bool print_config;
+    bool dry_run;              /* print the model's memory plan and exit */
+    int64_t device_memory_mib; /* with dry_run: the GPU memory to check it against (0: none) */
     /* librdkafka passthrough, in the order given */
     int n_kafka_props;
     char *kafka_keys[KG_CONFIG_MAX_KAFKA_PROPS];

@@ -26,7 +26,8 @@ for want in "1. build" "2. check_cuda (unforked)" "3. compute-sanitizer memcheck
     "-DKGEN_CUDA=ON" "check_cuda_errors" "--tool memcheck" "--tool racecheck" "--tool synccheck" \
     "CK_RUN_CASE=short" "kgen-bandwidth 2048" "kgen-parity --model" "--contexts 4096" \
     "--n-vocab 128256" "--bf16" "--f16" "--q8_0" "-npl 1\\,8\\,32\\,96\\,128\\,256" "-npp 4096" \
-    "KGEN_CUDA_GEMM=cublas" "dry run: nothing was run"; do
+    "KGEN_CUDA_GEMM=cublas" "dry run: nothing was run" "6c. Llama-3.1-8B shape, Q4_K_M and Q8_0" \
+    "--type q4_k_m" "-npl 1\\,8 --json"; do
     grep -qF -- "$want" <<<"$out" || fail "--dry-run does not mention '$want'"
 done
 [[ ! -e "$tmp/build" ]] || fail "--dry-run created $tmp/build"
@@ -41,6 +42,8 @@ cat >"$res" <<'EOF'
 {"kind":"decode","shape":"Llama-3.2-1B","mode":"mma","dims":[2048,16,32,8,8192,128256],"npp":512,"ntg":64,"pp":512,"tg":64,"b":128,"n_kv":73728,"t_pp":0.5,"speed_pp":1,"t_tg":0.128,"speed_tg":64000.0,"t":1,"speed":1}
 {"kind":"decode","shape":"Llama-3.1-8B","mode":"mma","dims":[4096,32,32,8,14336,128256],"npp":512,"ntg":64,"pp":512,"tg":64,"b":1,"n_kv":576,"t_pp":0.02,"speed_pp":1,"t_tg":0.4,"speed_tg":160.0,"t":1,"speed":1}
 {"kind":"ttft","shape":"Llama-3.1-8B","mode":"mma","prompt":512,"pp":512,"tg":1,"b":1,"t_pp":0.015,"t_tg":0,"speed_tg":0}
+{"kind":"qdecode","shape":"Llama-3.1-8B","type":"q4_k_m","pp":512,"tg":64,"b":1,"speed_tg":432.0}
+{"kind":"qdecode","shape":"Llama-3.1-8B","type":"q8_0","pp":512,"tg":64,"b":1,"speed_tg":240.0}
 EOF
 out=$("$src/scripts/gpu-check" --report "$res") || fail "--report exited $? on a passing file"
 for want in "| check_cuda | pass |" "| compute-sanitizer memcheck | clean |" "| parity bf16" \
@@ -48,7 +51,10 @@ for want in "| check_cuda | pass |" "| compute-sanitizer memcheck | clean |" "| 
     "goal: 1B decode at B = 128 >= 60k tok/s: 64000.0: met" \
     "goal: 8B decode at B = 1 >= 200 tok/s: 160.0: NOT met" \
     "goal: 8B TTFT at 512 tokens <= 16 ms: 15.0: met" \
-    "goal: 8B decode at B = 128 >= 14k tok/s: not measured"; do
+    "goal: 8B decode at B = 128 >= 14k tok/s: not measured" \
+    "| Llama-3.1-8B q4_k_m | mma | 1 | 432 | 2.70x BF16 |" \
+    "goal: 8B Q4_K_M decode at B = 1 >= 2.5x BF16: 2.7: met" \
+    "goal: 8B Q8_0 decode at B = 1 >= 1.6x BF16: 1.5: NOT met"; do
     grep -qF -- "$want" <<<"$out" || fail "--report lacks '$want'; got:
 $out"
 done

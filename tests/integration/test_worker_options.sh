@@ -2,7 +2,8 @@
 # test_worker_options: --http-address binds the metrics port to one address (the kernel's table of
 # listening sockets shows 127.0.0.1, not 0.0.0.0, and /healthz answers there), the default still
 # listens on every interface, a bad address is a startup error (exit 2), two jobs topics (lanes)
-# may share a --dlq-topic but not an --inflight-topic, and --print-config works without --model.
+# may share a --dlq-topic but not an --inflight-topic, --print-config works without --model, and
+# --dry-run prints the memory plan (exit 1 when --device-memory is too small).
 # On the demo's mock cluster: no broker needed.
 set -euo pipefail
 # shellcheck source=lib.sh
@@ -55,4 +56,22 @@ grep -q "inflight-topic names one topic; with several jobs topics leave it empty
 grep -q '^model=$' "$T/config.txt" || kg_fail "--print-config without --model: $(head -3 "$T/config.txt")"
 grep -q '^kafka.sasl.password=\[redacted\]$' "$T/config.txt" || kg_fail "a secret was printed"
 grep -q '^http-address=0.0.0.0$' "$T/config.txt" || kg_fail "no http-address in --print-config"
-kg_finish "--http-address binds one address; lanes share a DLQ, not a journal; --print-config needs no model"
+# --dry-run: the memory plan of a Q4_K_M model, no Kafka: its matrices stay GGUF blocks on the
+# GPU (1.00x the file), the KV pool as the flags size it; --device-memory too small exits 1
+"$KG_BIN/kgen" mkmodel --out "$T/q4km.gguf" --n-embd 256 --n-layer 2 --n-head 4 --n-head-kv 2 \
+    --n-ff 512 --seed 3 --type q4_k_m >/dev/null
+"$KG_BIN/kgen-worker" --model "$T/q4km.gguf" --dry-run --max-batch-size 4 --ctx 512 \
+    --device-memory 64 >"$T/plan.txt" || kg_fail "--dry-run: $(cat "$T/plan.txt")"
+grep -q '^cuda        weights .* (1.00x the file; ' "$T/plan.txt" || kg_fail "plan: $(cat "$T/plan.txt")"
+# 2 layers x 2 (K, V) x 2 heads x 64 dims x 2 bytes = 1 KiB a token; 4 x 512 tokens and the
+# engine's admission headroom
+grep -q '^kv cache    .* x 1.0 KiB a token (4 sequences, context 512)$' "$T/plan.txt" ||
+    kg_fail "plan: $(cat "$T/plan.txt")"
+grep -q '^device      64.0 MiB: fits' "$T/plan.txt" || kg_fail "plan: $(cat "$T/plan.txt")"
+rc=0
+"$KG_BIN/kgen-worker" --model "$T/q4km.gguf" --dry-run --device-memory 1 >"$T/plan2.txt" \
+    2>"$T/plan2.err" || rc=$?
+((rc == 1)) || kg_fail "--dry-run --device-memory 1 exited $rc (want 1)"
+grep -q "do not fit in --device-memory 1 MiB" "$T/plan2.err" || kg_fail "$(cat "$T/plan2.err")"
+kg_note "--dry-run: $(grep '^cuda        weights' "$T/plan.txt")"
+kg_finish "--http-address binds one address; lanes share a DLQ, not a journal; --print-config needs no model; --dry-run plans memory"

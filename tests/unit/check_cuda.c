@@ -40,6 +40,7 @@ int main(void) {
 #include "backend/kg_backend.h"
 #include "backend/kg_math.h"
 #include "engine/kg_backend_registry.h"
+#include "engine/kg_device_plan.h"
 #include "engine/kg_engine.h"
 #include "model/kg_lora.h"
 #include "model/kg_model.h"
@@ -1283,6 +1284,11 @@ START_TEST(step_native_blocks) {
     ck_assert_msg(saved > 0 && me.weights_size - mn.weights_size == saved,
                   "%s: %zu vs %zu bytes, %zu saved", o.type, mn.weights_size, me.weights_size,
                   saved);
+    /* kgen-worker --dry-run's plan (kg_device_plan) is the backend's own count */
+    kg_device_plan_t pn, pe;
+    ck_assert(kg_device_plan_model(m, true, &pn) && kg_device_plan_model(m, false, &pe));
+    ck_assert_uint_eq(pn.weight_bytes, mn.weights_size);
+    ck_assert_uint_eq(pe.weight_bytes, me.weights_size);
     float *ln = malloc((size_t)32 * V * 4), *le = malloc((size_t)32 * V * 4);
     step_t s;
     const chunk_t s1[2] = {{0, 0, 7}, {1, 0, 5}};
