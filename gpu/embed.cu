@@ -77,36 +77,17 @@ kg_status_t kg_cuda_embed(cudaStream_t stream,
                           int64_t n_vocab,
                           float scale,
                           float *x) {
-    switch (qtype) {
-    case 0:
+    if (qtype == 0) {
         embed_kernel<<<n_launch, 256, 0, stream>>>(in, emb, (int)dt, n_embd, scale, x);
         KG_CUDA_CHECK_LAUNCH();
         return KG_OK;
-    case KG_GGML_TYPE_Q8_0:
-        return embed_blocks<KG_GGML_TYPE_Q8_0>(stream, n_launch, in, emb, n_embd, n_vocab, scale,
-                                               x);
-    case KG_GGML_TYPE_Q4_0:
-        return embed_blocks<KG_GGML_TYPE_Q4_0>(stream, n_launch, in, emb, n_embd, n_vocab, scale,
-                                               x);
-    case KG_GGML_TYPE_IQ4_NL:
-        return embed_blocks<KG_GGML_TYPE_IQ4_NL>(stream, n_launch, in, emb, n_embd, n_vocab, scale,
-                                                 x);
-    case KG_GGML_TYPE_Q4_K:
-        return embed_blocks<KG_GGML_TYPE_Q4_K>(stream, n_launch, in, emb, n_embd, n_vocab, scale,
-                                               x);
-    case KG_GGML_TYPE_Q5_K:
-        return embed_blocks<KG_GGML_TYPE_Q5_K>(stream, n_launch, in, emb, n_embd, n_vocab, scale,
-                                               x);
-    case KG_GGML_TYPE_Q6_K:
-        return embed_blocks<KG_GGML_TYPE_Q6_K>(stream, n_launch, in, emb, n_embd, n_vocab, scale,
-                                               x);
-    case KG_GGML_TYPE_IQ4_XS:
-        return embed_blocks<KG_GGML_TYPE_IQ4_XS>(stream, n_launch, in, emb, n_embd, n_vocab, scale,
-                                                 x);
-    case KG_GGML_TYPE_MXFP4:
-        return embed_blocks<KG_GGML_TYPE_MXFP4>(stream, n_launch, in, emb, n_embd, n_vocab, scale,
-                                                x);
-    default:
-        return KG_ERR_INVALID;
     }
+    return kg_q_dispatch(qtype, [&](auto qt) {
+        constexpr int QT = decltype(qt)::value;
+        if constexpr (QT == 0) {
+            return KG_ERR_INVALID; /* handled above */
+        } else {
+            return embed_blocks<QT>(stream, n_launch, in, emb, n_embd, n_vocab, scale, x);
+        }
+    });
 }

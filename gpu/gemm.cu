@@ -46,6 +46,17 @@ kg_status_t kg_cuda_blas_init(kg_cuda_blas_t *blas,
     memset(blas, 0, sizeof(*blas));
     blas->mode = mode;
     if (mode != KG_CUDA_GEMM_CUBLAS) {
+        const cudaError_t err =
+            cudaMalloc((void **)&blas->part,
+                       (size_t)KG_CUDA_GEMM_PART_ROWS * KG_CUDA_GEMM_PART_COLS * sizeof(float));
+        if (err != cudaSuccess) {
+            blas->part = NULL;
+            if (errstr) {
+                snprintf(errstr, errstr_size, "the GEMM's slice partials: %s",
+                         cudaGetErrorName(err));
+            }
+            return KG_ERR_BACKEND;
+        }
         return KG_OK;
     }
     if (!kg_cublas_load(&blas->api, errstr, errstr_size)) {
@@ -69,6 +80,25 @@ void kg_cuda_blas_clear(kg_cuda_blas_t *blas) {
         blas->api->destroy(blas->handle);
     }
     blas->handle = NULL;
+    cudaFree(blas->part);
+    blas->part = NULL;
+}
+
+int32_t kg_cuda_gemm_slice(int32_t n_out, int32_t n_in) {
+    const int32_t whole = (n_in + 63) / 64 * 64;
+    if (n_out <= 0 || n_in <= 0) {
+        return whole > 0 ? whole : 64;
+    }
+    const int32_t tiles = (n_out + 31) / 32; /* the decode configuration's column blocks */
+    int32_t s = (264 + tiles - 1) / tiles;
+    s = s < n_in / 256 ? s : n_in / 256;
+    s = s < KG_CUDA_GEMM_PART_COLS / n_out ? s : KG_CUDA_GEMM_PART_COLS / n_out;
+    s = s < 16 ? s : 16;
+    if (s <= 1) {
+        return whole;
+    }
+    const int32_t len = (n_in + s - 1) / s;
+    return (len + 63) / 64 * 64;
 }
 
 // ---- tensor-core GEMM (16-bit weights) ----
@@ -158,8 +188,14 @@ template <int BN, int BK, int NT> struct wq_stage<0, BN, BK, NT> {
 };
 
 /* QT: 0 for a 16-bit W (w), else the GGUF type of a native W (wq: bodies,
- * wt: tails) */
-template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES, int QT>
+ * wt: tails). K is cut into slices of `slice` (a multiple of 64, so of BK;
+ * kg_cuda_gemm_slice: a property of the weight's shape), each slice's chain
+ * starting from zero. SPLIT: block z computes slice z alone and writes it to
+ * y + z * M * ldy (the partials, summed in order by slice_sum_kernel; one
+ * slice: straight to Y). Otherwise the block runs the slices in turn and
+ * adds each to a running total (tot = 0; tot += slice), the sum
+ * slice_sum_kernel makes: the same bits either way. */
+template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES, int QT, bool SPLIT>
 __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *__restrict__ w,
                                                                const uint8_t *__restrict__ wq,
                                                                const uint8_t *__restrict__ wt,
@@ -168,7 +204,8 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
                                                                int32_t ldy,
                                                                int32_t M,
                                                                int32_t N,
-                                                               int32_t K) {
+                                                               int32_t K,
+                                                               int32_t slice) {
     constexpr int BM = 16 * MF * WM, BN = 16 * NF * WN, NT = WM * WN * 32, LD = BK + PAD;
     constexpr int VA = BM * BK / 8, VB = BN * BK / 8; /* 16-byte pieces per stage */
     __shared__ __align__(32) uint16_t sa[STAGES][BM][LD];
@@ -179,19 +216,44 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
     const int wm = warp / WN, wn = warp % WN;
     const int32_t m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const bool vec = K % 8 == 0;
-    const int32_t n_stages = (K + BK - 1) / BK;
+    /* this block's stages [s0, s0 + n_stages): one slice (SPLIT), or all */
+    const int32_t all_stages = (K + BK - 1) / BK, per_slice = slice / BK;
+    const int32_t s0 = SPLIT ? (int32_t)blockIdx.z * per_slice : 0;
+    const int32_t n_stages = SPLIT ? min(per_slice, all_stages - s0) : all_stages;
+    if (SPLIT) {
+        y += (int64_t)blockIdx.z * M * ldy;
+    }
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[MF][NF];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> tot[SPLIT ? 1 : MF][SPLIT ? 1 : NF];
 #pragma unroll
     for (int i = 0; i < MF; i++) {
 #pragma unroll
         for (int j = 0; j < NF; j++) {
             wmma::fill_fragment(acc[i][j], 0.0f);
+            if (!SPLIT) {
+                wmma::fill_fragment(tot[i][j], 0.0f);
+            }
         }
     }
-    /* stage s of X and W into buffer buf */
+    /* tot += acc, acc = 0: the end of a slice (fragments of one type hold the
+     * same (row, column) at the same index) */
+    auto close_slice = [&]() {
+#pragma unroll
+        for (int i = 0; i < MF; i++) {
+#pragma unroll
+            for (int j = 0; j < NF; j++) {
+#pragma unroll
+                for (int e = 0; e < acc[i][j].num_elements; e++) {
+                    tot[SPLIT ? 0 : i][SPLIT ? 0 : j].x[e] += acc[i][j].x[e];
+                }
+                wmma::fill_fragment(acc[i][j], 0.0f);
+            }
+        }
+    };
+    /* stage s0 + s of X and W into buffer buf */
     auto issue = [&](int32_t s, int buf) {
-        const int32_t k0 = s * BK;
+        const int32_t k0 = (s0 + s) * BK;
         for (int v = tid; v < VA; v += NT) {
             const int r = v / (BK / 8), c = (v % (BK / 8)) * 8;
             stage8(&sa[buf][r][c], x, m0 + r, M, k0 + c, K, vec);
@@ -211,7 +273,7 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < n_stages) {
             issue(s, s);
-            wnext.store(sb[s], tid, s * BK);
+            wnext.store(sb[s], tid, (s0 + s) * BK);
         }
         __pipeline_commit();
     }
@@ -224,8 +286,11 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
             issue(s + STAGES - 1, (s + STAGES - 1) % STAGES);
         }
         __pipeline_commit();
+        if (!SPLIT && s > 0 && s % per_slice == 0) {
+            close_slice(); /* stage s starts a slice */
+        }
         /* the same k steps in every configuration: k0 + kk < K, ascending */
-        const int kk_end = min(BK, K - s * BK);
+        const int kk_end = min(BK, K - (s0 + s) * BK);
         for (int kk = 0; kk < kk_end; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[MF];
 #pragma unroll
@@ -245,8 +310,11 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
         }
         if (next) { /* a native W's stage s + STAGES - 1, loaded above; the next
                        __syncthreads publishes it */
-            wnext.store(sb[(s + STAGES - 1) % STAGES], tid, (s + STAGES - 1) * BK);
+            wnext.store(sb[(s + STAGES - 1) % STAGES], tid, (s0 + s + STAGES - 1) * BK);
         }
+    }
+    if (!SPLIT) {
+        close_slice(); /* the last slice; tot holds the sum now */
     }
     __pipeline_wait_prior(0);
     __syncthreads(); /* shared memory is free for the edge patches */
@@ -255,6 +323,15 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
      * and aligned; the edges through a per-warp patch of shared memory
      * (stage 0 of sa, unused now) */
     float *patch = (float *)&sa[0][0][0] + warp * 256;
+    /* what a block writes: its slice (SPLIT) or the total */
+    auto result = [&](int i,
+                      int j) -> const wmma::fragment<wmma::accumulator, 16, 16, 16, float> & {
+        if constexpr (SPLIT) {
+            return acc[i][j];
+        } else {
+            return tot[i][j];
+        }
+    };
     /* whole pieces go straight out when every row of Y starts 32-byte aligned */
     const bool aligned = ldy % 8 == 0 && ((uintptr_t)y & 31) == 0;
 #pragma unroll
@@ -266,10 +343,10 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
                 continue; /* the whole warp skips together */
             }
             if (r + 16 <= M && c + 16 <= N && aligned) {
-                wmma::store_matrix_sync(y + (int64_t)r * ldy + c, acc[i][j], ldy,
+                wmma::store_matrix_sync(y + (int64_t)r * ldy + c, result(i, j), ldy,
                                         wmma::mem_row_major);
             } else {
-                wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
+                wmma::store_matrix_sync(patch, result(i, j), 16, wmma::mem_row_major);
                 /* each lane reads what the others stored: store_matrix_sync
                  * is no memory barrier (compute-sanitizer racecheck on an
                  * H200 reported the read-after-write) */
@@ -286,8 +363,28 @@ __global__ void __launch_bounds__(WM *WN * 32) mma_gemm_kernel(const uint16_t *_
     }
 }
 
-template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES, int QT>
-static kg_status_t launch_mma(cudaStream_t stream,
+/* y[r][c] (rows ldy apart) = the sum of the slices' partials (n_slices
+ * planes of M x N) in slice order from 0: the running total's order */
+__global__ void slice_sum_kernel(const float *__restrict__ part,
+                                 int32_t n_slices,
+                                 int32_t M,
+                                 int32_t N,
+                                 float *__restrict__ y,
+                                 int32_t ldy) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)M * N) {
+        return;
+    }
+    float t = 0.0f;
+    for (int32_t s = 0; s < n_slices; s++) {
+        t += part[(int64_t)s * M * N + i];
+    }
+    y[(i / N) * ldy + i % N] = t;
+}
+
+template <class T, int WM, int WN, int MF, int NF, int BK, int STAGES, int QT, bool SPLIT>
+static kg_status_t launch_mma(const kg_cuda_blas_t *blas,
+                              cudaStream_t stream,
                               const kg_cuda_mat_t *w,
                               const void *x,
                               float *y,
@@ -296,15 +393,32 @@ static kg_status_t launch_mma(cudaStream_t stream,
     constexpr int BM = 16 * MF * WM, BN = 16 * NF * WN;
     /* the patch for the edges lives in stage 0 of sa */
     static_assert(BM * (BK + PAD) >= WM * WN * 256 * 2, "edge patch does not fit");
-    const dim3 grid((unsigned)((w->n_out + BN - 1) / BN), (unsigned)((rows + BM - 1) / BM));
+    static_assert(64 % BK == 0, "slices are multiples of 64: of every configuration's stage");
+    const int32_t slice = kg_cuda_gemm_slice(w->n_out, w->n_in);
+    const int32_t n_slices = (w->n_in + slice - 1) / slice;
+    /* several slices of a split launch go to the partials (rows <= 16) */
+    const bool parts = SPLIT && n_slices > 1;
+    if (parts && (rows > KG_CUDA_GEMM_PART_ROWS || !blas->part ||
+                  (int64_t)n_slices * w->n_out > KG_CUDA_GEMM_PART_COLS)) {
+        return KG_ERR_INVALID; /* kg_cuda_gemm_slice keeps within the workspace */
+    }
+    const dim3 grid((unsigned)((w->n_out + BN - 1) / BN), (unsigned)((rows + BM - 1) / BM),
+                    SPLIT ? (unsigned)n_slices : 1u);
     const uint8_t *wq = (const uint8_t *)w->data, *wt = NULL;
     if (QT != 0) { /* the tails follow the bodies */
         const kg_cuda_qlayout_t L = kg_cuda_qlayout(QT);
         wt = wq + (size_t)w->n_out * (size_t)(w->n_in / L.elems) * (size_t)L.body;
     }
-    mma_gemm_kernel<T, WM, WN, MF, NF, BK, STAGES, QT><<<grid, WM * WN * 32, 0, stream>>>(
-        (const uint16_t *)w->data, wq, wt, (const uint16_t *)x, y, ldy, rows, w->n_out, w->n_in);
+    mma_gemm_kernel<T, WM, WN, MF, NF, BK, STAGES, QT, SPLIT><<<grid, WM * WN * 32, 0, stream>>>(
+        (const uint16_t *)w->data, wq, wt, (const uint16_t *)x, parts ? blas->part : y,
+        parts ? w->n_out : ldy, rows, w->n_out, w->n_in, slice);
     KG_CUDA_CHECK_LAUNCH();
+    if (parts) {
+        const int64_t n = (int64_t)rows * w->n_out;
+        slice_sum_kernel<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(blas->part, n_slices,
+                                                                          rows, w->n_out, y, ldy);
+        KG_CUDA_CHECK_LAUNCH();
+    }
     return KG_OK;
 }
 
@@ -312,54 +426,35 @@ static kg_status_t launch_mma(cudaStream_t stream,
  * weight bytes in flight per block (6 stages of 64 k), prefill wants big
  * tiles (128 x 128, double-buffered). */
 template <class T, int QT>
-static kg_status_t gemm_16(cudaStream_t stream,
+static kg_status_t gemm_16(const kg_cuda_blas_t *blas,
+                           cudaStream_t stream,
                            const kg_cuda_mat_t *w,
                            const void *x,
                            float *y,
                            int32_t ldy,
                            int32_t rows) {
-    if (rows <= 16) {
-        return launch_mma<T, 1, 2, 1, 1, 64, 6, QT>(stream, w, x, y, ldy,
-                                                    rows); /* 16 x 32, 2 warps */
+    if (rows <= 16) { /* 16 x 32, 2 warps, the slices over blocks */
+        return launch_mma<T, 1, 2, 1, 1, 64, 6, QT, true>(blas, stream, w, x, y, ldy, rows);
     }
-    if (rows <= 64) {
-        return launch_mma<T, 2, 2, 2, 1, 64, 3, QT>(stream, w, x, y, ldy,
-                                                    rows); /* 64 x 32, 4 warps */
+    if (rows <= 64) { /* 64 x 32, 4 warps */
+        return launch_mma<T, 2, 2, 2, 1, 64, 3, QT, false>(blas, stream, w, x, y, ldy, rows);
     }
-    return launch_mma<T, 2, 4, 4, 2, 32, 2, QT>(stream, w, x, y, ldy,
-                                                rows); /* 128 x 128, 8 warps */
+    /* 128 x 128, 8 warps */
+    return launch_mma<T, 2, 4, 4, 2, 32, 2, QT, false>(blas, stream, w, x, y, ldy, rows);
 }
 
 /* A BF16 or native matrix (or segment) into y's columns, rows ldy apart:
  * native blocks expand into BF16 tiles. */
-static kg_status_t gemm_bf16_or_native(cudaStream_t stream,
+static kg_status_t gemm_bf16_or_native(const kg_cuda_blas_t *blas,
+                                       cudaStream_t stream,
                                        const kg_cuda_mat_t *w,
                                        const void *x,
                                        float *y,
                                        int32_t ldy,
                                        int32_t rows) {
-    switch (w->qtype) {
-    case 0:
-        return gemm_16<__nv_bfloat16, 0>(stream, w, x, y, ldy, rows);
-    case KG_GGML_TYPE_Q8_0:
-        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q8_0>(stream, w, x, y, ldy, rows);
-    case KG_GGML_TYPE_Q4_0:
-        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q4_0>(stream, w, x, y, ldy, rows);
-    case KG_GGML_TYPE_IQ4_NL:
-        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_IQ4_NL>(stream, w, x, y, ldy, rows);
-    case KG_GGML_TYPE_Q4_K:
-        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q4_K>(stream, w, x, y, ldy, rows);
-    case KG_GGML_TYPE_Q5_K:
-        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q5_K>(stream, w, x, y, ldy, rows);
-    case KG_GGML_TYPE_Q6_K:
-        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_Q6_K>(stream, w, x, y, ldy, rows);
-    case KG_GGML_TYPE_IQ4_XS:
-        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_IQ4_XS>(stream, w, x, y, ldy, rows);
-    case KG_GGML_TYPE_MXFP4:
-        return gemm_16<__nv_bfloat16, KG_GGML_TYPE_MXFP4>(stream, w, x, y, ldy, rows);
-    default:
-        return KG_ERR_INVALID;
-    }
+    return kg_q_dispatch(w->qtype, [&](auto qt) {
+        return gemm_16<__nv_bfloat16, decltype(qt)::value>(blas, stream, w, x, y, ldy, rows);
+    });
 }
 
 const void *kg_cuda_mat_tail(const kg_cuda_mat_t *m) {
@@ -461,7 +556,7 @@ kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
         }
         if (w->n_seg == 0) {
             return kg_cuda_gemm_native(w->qtype, w->n_in)
-                       ? gemm_bf16_or_native(stream, w, x, y, w->n_out, rows)
+                       ? gemm_bf16_or_native(blas, stream, w, x, y, w->n_out, rows)
                        : KG_ERR_INVALID;
         }
         /* a segment's columns are the same chains as in one matrix */
@@ -470,7 +565,7 @@ kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
             if (seg.qtype != 0 && !kg_cuda_gemm_native(seg.qtype, seg.n_in)) {
                 return KG_ERR_INVALID;
             }
-            KG_TRY(gemm_bf16_or_native(stream, &seg, x, y + w->seg[i].row0, w->n_out, rows));
+            KG_TRY(gemm_bf16_or_native(blas, stream, &seg, x, y + w->seg[i].row0, w->n_out, rows));
         }
         return KG_OK;
     }
@@ -495,9 +590,9 @@ kg_status_t kg_cuda_gemm(const kg_cuda_blas_t *blas,
         return KG_OK;
     }
     case KG_CUDA_F16:
-        return gemm_16<__half, 0>(stream, w, x, y, w->n_out, rows);
+        return gemm_16<__half, 0>(blas, stream, w, x, y, w->n_out, rows);
     case KG_CUDA_BF16:
-        return gemm_16<__nv_bfloat16, 0>(stream, w, x, y, w->n_out, rows);
+        return gemm_16<__nv_bfloat16, 0>(blas, stream, w, x, y, w->n_out, rows);
     }
     return KG_ERR_INVALID;
 }

@@ -5,10 +5,11 @@
  * Batch invariance: a job's logits must not depend on what shares its step
  * (README, design notes). So by default every product goes through one
  * kernel family (gemm.cu) whose configurations differ only in how output
- * tiles are spread over warps and blocks: each output element is always
- * the same chain of 16-wide tensor-core steps over k in ascending order
- * (16-bit weights) or of FMAs over k in order (F32 weights), never split
- * over k, whatever the row count. cuBLAS picks algorithms (and split-K) by
+ * tiles and K slices are spread over warps and blocks: each output element
+ * is always the same sum, in slice order, of the same chains of 16-wide
+ * tensor-core steps over k ascending within each slice (16-bit weights;
+ * the slices are the weight's, kg_cuda_gemm_slice), or one chain of FMAs
+ * over k in order (F32 weights), whatever the row count. cuBLAS picks algorithms (and split-K) by
  * shape, so a row's result changes with the number of rows; it stays
  * available as KGEN_CUDA_GEMM=cublas (faster prefill on Hopper, not
  * batch-invariant). */
@@ -70,8 +71,23 @@ typedef enum kg_cuda_gemm_mode {
     KG_CUDA_GEMM_CUBLAS,  /* cuBLAS GemmEx */
 } kg_cuda_gemm_mode_t;
 
+/* The partial sums of a decode GEMM's K slices (rows <= 16): at most
+ * PART_COLS slices x output columns (kg_cuda_gemm_slice keeps to it). */
+#define KG_CUDA_GEMM_PART_ROWS 16
+#define KG_CUDA_GEMM_PART_COLS 16384
+
+/** The K slice of a (n_out, n_in) weight: a multiple of 64 elements, the
+ * same for every call on that weight whatever its row count (a property
+ * of the weight, so a row's bits never depend on its batch). Slices make
+ * decode (<= 16 rows) launch about 264 blocks (two waves of an H100's or
+ * H200's 132 SMs) where the column tiles alone are fewer, each slice at
+ * least 256 weights long, at most 16 of them and slices x n_out <=
+ * KG_CUDA_GEMM_PART_COLS; n_in rounded up to 64 (one slice) otherwise. */
+int32_t kg_cuda_gemm_slice(int32_t n_out, int32_t n_in);
+
 typedef struct kg_cuda_blas {
     kg_cuda_gemm_mode_t mode;
+    float *part; /* MMA mode: the slices' partials (PART_ROWS x PART_COLS floats) */
     const kg_cublas_api_t *api; /* KG_CUDA_GEMM_CUBLAS only */
     kg_cublas_handle_t handle;
 } kg_cuda_blas_t;

@@ -403,36 +403,10 @@ kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
     const dim3 grid((unsigned)((n_out + GEMM_COLS - 1) / GEMM_COLS),
                     (unsigned)(plan->rows_cap / KG_CUDA_MOE_TILE));
     const uint8_t *t = (const uint8_t *)w_tail;
-    switch (qtype) {
-    case 0:
-        return moe_gemm_launch<0>(stream, grid, plan, w, t, bias, x, gather, y, n_out, n_in, dt);
-    case KG_GGML_TYPE_Q8_0:
-        return moe_gemm_launch<KG_GGML_TYPE_Q8_0>(stream, grid, plan, w, t, bias, x, gather, y,
-                                                  n_out, n_in, dt);
-    case KG_GGML_TYPE_Q4_0:
-        return moe_gemm_launch<KG_GGML_TYPE_Q4_0>(stream, grid, plan, w, t, bias, x, gather, y,
-                                                  n_out, n_in, dt);
-    case KG_GGML_TYPE_IQ4_NL:
-        return moe_gemm_launch<KG_GGML_TYPE_IQ4_NL>(stream, grid, plan, w, t, bias, x, gather, y,
+    return kg_q_dispatch(qtype, [&](auto qt) {
+        return moe_gemm_launch<decltype(qt)::value>(stream, grid, plan, w, t, bias, x, gather, y,
                                                     n_out, n_in, dt);
-    case KG_GGML_TYPE_Q4_K:
-        return moe_gemm_launch<KG_GGML_TYPE_Q4_K>(stream, grid, plan, w, t, bias, x, gather, y,
-                                                  n_out, n_in, dt);
-    case KG_GGML_TYPE_Q5_K:
-        return moe_gemm_launch<KG_GGML_TYPE_Q5_K>(stream, grid, plan, w, t, bias, x, gather, y,
-                                                  n_out, n_in, dt);
-    case KG_GGML_TYPE_Q6_K:
-        return moe_gemm_launch<KG_GGML_TYPE_Q6_K>(stream, grid, plan, w, t, bias, x, gather, y,
-                                                  n_out, n_in, dt);
-    case KG_GGML_TYPE_IQ4_XS:
-        return moe_gemm_launch<KG_GGML_TYPE_IQ4_XS>(stream, grid, plan, w, t, bias, x, gather, y,
-                                                    n_out, n_in, dt);
-    case KG_GGML_TYPE_MXFP4:
-        return moe_gemm_launch<KG_GGML_TYPE_MXFP4>(stream, grid, plan, w, t, bias, x, gather, y,
-                                                   n_out, n_in, dt);
-    default:
-        return KG_ERR_INVALID;
-    }
+    });
 }
 
 // ---- activation and combination ----

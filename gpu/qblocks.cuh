@@ -140,9 +140,9 @@ template <> struct qpiece<KG_GGML_TYPE_Q8_0> {
     }
 };
 
-/* Q4_0 and IQ4_NL: element j < 16 is the low nibble of byte j, j >= 16 the
- * high nibble of byte j - 16 */
-template <> struct qpiece<KG_GGML_TYPE_Q4_0> {
+/* Q4_0 and IQ4_NL (body: qs[16], tail: d): element j < 16 is the low
+ * nibble of byte j, j >= 16 the high nibble of byte j - 16 */
+struct qpiece_nib32 {
     uint2 q;
     uint32_t d;
     __device__ __forceinline__ void
@@ -150,6 +150,9 @@ template <> struct qpiece<KG_GGML_TYPE_Q4_0> {
         q = *(const uint2 *)(body + blk * 16 + (e & 15));
         d = *(const uint16_t *)(tail + blk * 2);
     }
+};
+
+template <> struct qpiece<KG_GGML_TYPE_Q4_0> : qpiece_nib32 {
     __device__ __forceinline__ void expand(int e, float y[8]) const {
         const float df = kg_q_half(d);
         const int sh = e >= 16 ? 4 : 0;
@@ -160,14 +163,7 @@ template <> struct qpiece<KG_GGML_TYPE_Q4_0> {
     }
 };
 
-template <> struct qpiece<KG_GGML_TYPE_IQ4_NL> {
-    uint2 q;
-    uint32_t d;
-    __device__ __forceinline__ void
-    load(const uint8_t *body, const uint8_t *tail, int64_t blk, int e) {
-        q = *(const uint2 *)(body + blk * 16 + (e & 15));
-        d = *(const uint16_t *)(tail + blk * 2);
-    }
+template <> struct qpiece<KG_GGML_TYPE_IQ4_NL> : qpiece_nib32 {
     __device__ __forceinline__ void expand(int e, float y[8]) const {
         const float df = kg_q_half(d);
         const int sh = e >= 16 ? 4 : 0;
@@ -303,3 +299,34 @@ template <> struct qpiece<KG_GGML_TYPE_MXFP4> {
         }
     }
 };
+
+/* A native type as a compile-time value, for kg_q_dispatch's callbacks. */
+template <int QT> struct kg_qt { static constexpr int value = QT; };
+
+/** f(kg_qt<T>{}) for the native type T == qtype (f(kg_qt<0>{}) for 0): the
+ * one switch from a matrix's run-time type to the kernels' template
+ * argument; KG_ERR_INVALID for a type without a native kernel. */
+template <class F> kg_status_t kg_q_dispatch(int qtype, F &&f) {
+    switch (qtype) {
+    case 0:
+        return f(kg_qt<0>{});
+    case KG_GGML_TYPE_Q8_0:
+        return f(kg_qt<KG_GGML_TYPE_Q8_0>{});
+    case KG_GGML_TYPE_Q4_0:
+        return f(kg_qt<KG_GGML_TYPE_Q4_0>{});
+    case KG_GGML_TYPE_IQ4_NL:
+        return f(kg_qt<KG_GGML_TYPE_IQ4_NL>{});
+    case KG_GGML_TYPE_Q4_K:
+        return f(kg_qt<KG_GGML_TYPE_Q4_K>{});
+    case KG_GGML_TYPE_Q5_K:
+        return f(kg_qt<KG_GGML_TYPE_Q5_K>{});
+    case KG_GGML_TYPE_Q6_K:
+        return f(kg_qt<KG_GGML_TYPE_Q6_K>{});
+    case KG_GGML_TYPE_IQ4_XS:
+        return f(kg_qt<KG_GGML_TYPE_IQ4_XS>{});
+    case KG_GGML_TYPE_MXFP4:
+        return f(kg_qt<KG_GGML_TYPE_MXFP4>{});
+    default:
+        return KG_ERR_INVALID;
+    }
+}

@@ -602,11 +602,13 @@ END_TEST
  * (KGEN_CUDA_GEMM=cublas) only the accuracy is checked, when it loads. */
 START_TEST(gemm_vs_reference) {
     const int row_counts[8] = {1, 3, 9, 16, 17, 64, 65, 130};
-    const int n_ins[3] = {256, 96, 100}; /* 100: not a multiple of 8 (no 16-byte loads) */
+    /* 100: not a multiple of 8 (no 16-byte loads); 1536: six K slices (kg_cuda_gemm_slice),
+     * over blocks for <= 16 rows and in turn beyond, in BF16 */
+    const int n_ins[4] = {256, 96, 100, 1536};
     const int n_outs[2] = {96, 100};     /* 100: not a multiple of 16 (edge tiles) */
     char err[512] = "";
     for (int dt = 0; dt < 3; dt++) {
-        for (int ii = 0; ii < 3; ii++) {
+        for (int ii = 0; ii < (dt == KG_CUDA_OP_BF16 ? 4 : 3); ii++) {
             for (int oi = 0; oi < 2; oi++) {
                 const int n_in = n_ins[ii], n_out = n_outs[oi];
                 seed(40 + (uint64_t)(dt * 10 + ii * 3 + oi));
