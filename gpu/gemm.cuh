@@ -87,7 +87,7 @@ int32_t kg_cuda_gemm_slice(int32_t n_out, int32_t n_in);
 
 typedef struct kg_cuda_blas {
     kg_cuda_gemm_mode_t mode;
-    float *part; /* MMA mode: the slices' partials (PART_ROWS x PART_COLS floats) */
+    float *part;                /* MMA mode: the slices' partials (PART_ROWS x PART_COLS floats) */
     const kg_cublas_api_t *api; /* KG_CUDA_GEMM_CUBLAS only */
     kg_cublas_handle_t handle;
 } kg_cuda_blas_t;
