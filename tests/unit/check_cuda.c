@@ -605,7 +605,7 @@ START_TEST(gemm_vs_reference) {
     /* 100: not a multiple of 8 (no 16-byte loads); 1536: six K slices (kg_cuda_gemm_slice),
      * over blocks for <= 16 rows and in turn beyond, in BF16 */
     const int n_ins[4] = {256, 96, 100, 1536};
-    const int n_outs[2] = {96, 100};     /* 100: not a multiple of 16 (edge tiles) */
+    const int n_outs[2] = {96, 100}; /* 100: not a multiple of 16 (edge tiles) */
     char err[512] = "";
     for (int dt = 0; dt < 3; dt++) {
         for (int ii = 0; ii < (dt == KG_CUDA_OP_BF16 ? 4 : 3); ii++) {
