@@ -274,6 +274,9 @@ static kg_status_t alloc_mat(cuda_ctx_t *ctx, const runs_t *r, bool gemm, kg_cud
                 }
             }
             for (int i = 0; i < m->n_seg; i++) {
+                /* each segment 16-byte aligned for its loads (the sizes of
+                 * real shapes are multiples already: rows of 8 or 16) */
+                size = (size + 15) / 16 * 16;
                 m->seg[i].offset = size;
                 size += m->seg[i].qtype != 0
                             ? kg_cuda_native_size(m->seg[i].qtype, m->seg[i].n_out, m->n_in)

@@ -527,6 +527,7 @@ kg_status_t kg_cuda_op_gemm_quant(int type,
     TRY_OUT(kg_cuda_gemm(&blas, 0, &m, dx, (float *)dy, rows));
     TRY_OUT(fetch(y, dy, (size_t)rows * n_out, KG_CUDA_OP_F32));
 out:
+    kg_cuda_blas_clear(&blas);
     free(host);
     free(f32);
     dfree(&dp);

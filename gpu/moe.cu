@@ -8,7 +8,10 @@
 #include "moe_ops.h"
 #include "qblocks.cuh"
 
+#include <mma.h>
 #include <string.h>
+
+using namespace nvcuda;
 
 extern "C" {
 #include "../src/model/kg_quant.h"
@@ -275,27 +278,23 @@ kg_status_t kg_cuda_moe_align(cudaStream_t stream,
 
 // ---- grouped GEMM ----
 
-/* Block (column tile, row tile): GEMM_COLS threads, thread c owns output
- * column blockIdx.x * GEMM_COLS + c of the tile's KG_CUDA_MOE_TILE rows.
- * The tile's inputs and the expert's weights go through shared memory a
- * chunk of GEMM_CHUNK inputs at a time (weights loaded row-contiguous,
- * so a warp reads 32 consecutive elements of one weight row; a native
- * matrix's (QT: its GGUF type) 8 weights a thread, expanded as the upload
- * would have stored them); the chain of each output element runs over the
- * inputs in order from +0. */
-template <int QT>
+/* F32 experts (test models, exact parity with the CPU): block (column tile,
+ * row tile), GEMM_COLS threads, thread c owns output column blockIdx.x *
+ * GEMM_COLS + c of the tile's KG_CUDA_MOE_TILE rows. The tile's inputs and
+ * the expert's weights go through shared memory a chunk of GEMM_CHUNK
+ * inputs at a time (weights loaded row-contiguous, so a warp reads 32
+ * consecutive elements of one weight row); the chain of each output
+ * element runs over the inputs in order from +0. */
 __global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
                                 const int32_t *__restrict__ row_tok,
                                 const float *__restrict__ row_w,
-                                const void *__restrict__ w,
-                                const uint8_t *__restrict__ w_tail,
+                                const float *__restrict__ w,
                                 const float *__restrict__ bias,
-                                const void *__restrict__ x,
+                                const float *__restrict__ x,
                                 int gather,
                                 float *__restrict__ y,
                                 int32_t n_out,
-                                int32_t n_in,
-                                int dt) {
+                                int32_t n_in) {
     const int32_t tile = (int32_t)blockIdx.y, e = tile_expert[tile];
     if (e < 0) {
         return; /* past the last expert's rows: the whole block leaves */
@@ -315,38 +314,16 @@ __global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
             const int rr = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
             const int32_t tok = row_tok[r0 + rr];
             const int32_t src = tok < 0 ? -1 : (gather ? tok : r0 + rr);
-            float v = src >= 0 && kk < kn ? kg_ld(x, (int64_t)src * n_in + k0 + kk, dt) : 0.0f;
+            float v = src >= 0 && kk < kn ? x[(int64_t)src * n_in + k0 + kk] : 0.0f;
             if (row_w && gather && src >= 0) { /* llama4: the row times its weight */
                 v = v * row_w[r0 + rr];
             }
             xs[rr][kk] = v;
         }
-        if constexpr (QT == 0) {
-            for (int i = c; i < GEMM_COLS * GEMM_CHUNK; i += GEMM_COLS) {
-                const int cc = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
-                const int32_t oc = (int32_t)blockIdx.x * GEMM_COLS + cc;
-                ws[cc][kk] = oc < n_out && kk < kn
-                                 ? kg_ld(w, wbase + (int64_t)oc * n_in + k0 + kk, dt)
-                                 : 0.0f;
-            }
-        } else { /* n_in is whole blocks, so kn is a multiple of 8 */
-            constexpr kg_cuda_qlayout_t L = kg_cuda_qlayout(QT);
-            for (int i = c; i < GEMM_COLS * GEMM_CHUNK / 8; i += GEMM_COLS) {
-                const int cc = i / (GEMM_CHUNK / 8), kk = (i % (GEMM_CHUNK / 8)) * 8;
-                const int32_t oc = (int32_t)blockIdx.x * GEMM_COLS + cc;
-                float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                if (oc < n_out && kk < kn) {
-                    const int64_t k = k0 + kk, row = (int64_t)e * n_out + oc;
-                    qpiece<QT> p;
-                    p.load((const uint8_t *)w, w_tail, row * (n_in / L.elems) + k / L.elems,
-                           (int)(k % L.elems));
-                    p.expand((int)(k % L.elems), f);
-                }
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    ws[cc][kk + j] = __uint_as_float((uint32_t)kg_q_bf16(f[j]) << 16);
-                }
-            }
+        for (int i = c; i < GEMM_COLS * GEMM_CHUNK; i += GEMM_COLS) {
+            const int cc = i / GEMM_CHUNK, kk = i % GEMM_CHUNK;
+            const int32_t oc = (int32_t)blockIdx.x * GEMM_COLS + cc;
+            ws[cc][kk] = oc < n_out && kk < kn ? w[wbase + (int64_t)oc * n_in + k0 + kk] : 0.0f;
         }
         __syncthreads();
         for (int32_t kk = 0; kk < kn; kk++) {
@@ -368,22 +345,144 @@ __global__ void moe_gemm_kernel(const int32_t *__restrict__ tile_expert,
     }
 }
 
+/* 16-bit or native (QT: its GGUF type) experts, on tensor cores: block
+ * (column tile of MMA_COLS, row tile of KG_CUDA_MOE_TILE rows of one
+ * expert), one warp per 16 columns, each a 16 x 16 fragment whose rows 8-15
+ * are zero; k in stages of MMA_K through shared memory, the inputs rounded
+ * to T (llama4's gathered rows times their weight first, as the CPU rounds
+ * x * w), a native matrix's weights expanded 8 a thread as the upload would
+ * have stored them. Each output is the chain of 16-wide steps over k
+ * ascending whatever the group: a row's result does not depend on the
+ * rows beside it. */
+#define MMA_COLS 32
+#define MMA_K    64
+#define MMA_LD   (MMA_K + 8) /* halves a shared row: 16 bytes of padding keep WMMA's ldm legal */
+
+__device__ __forceinline__ uint16_t moe_to16(float v, bool f16) {
+    return f16 ? __half_as_ushort(__float2half_rn(v))
+               : __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+template <class T, int QT>
+__global__ void __launch_bounds__(MMA_COLS * 2)
+    moe_mma_kernel(const int32_t *__restrict__ tile_expert,
+                   const int32_t *__restrict__ row_tok,
+                   const float *__restrict__ row_w,
+                   const void *__restrict__ w,
+                   const uint8_t *__restrict__ w_tail,
+                   const float *__restrict__ bias,
+                   const void *__restrict__ x,
+                   int gather,
+                   float *__restrict__ y,
+                   int32_t n_out,
+                   int32_t n_in,
+                   int dt) {
+    constexpr int NT = MMA_COLS * 2; /* 2 warps */
+    const int32_t tile = (int32_t)blockIdx.y, e = tile_expert[tile];
+    if (e < 0) {
+        return;
+    }
+    __shared__ __align__(32) uint16_t xs[16][MMA_LD];
+    __shared__ __align__(32) uint16_t ws[MMA_COLS][MMA_LD];
+    __shared__ __align__(32) float patch[2][256];
+    const int tid = (int)threadIdx.x, warp = tid >> 5;
+    const int32_t r0 = tile * KG_CUDA_MOE_TILE, n0 = (int32_t)blockIdx.x * MMA_COLS;
+    const bool f16 = dt == KG_CUDA_F16;
+    for (int i = tid; i < (16 - KG_CUDA_MOE_TILE) * MMA_LD; i += NT) { /* rows 8-15: zero */
+        xs[KG_CUDA_MOE_TILE + i / MMA_LD][i % MMA_LD] = 0;
+    }
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int32_t k0 = 0; k0 < n_in; k0 += MMA_K) {
+        const int32_t kn = n_in - k0 < MMA_K ? n_in - k0 : MMA_K;
+        for (int i = tid; i < KG_CUDA_MOE_TILE * MMA_K; i += NT) {
+            const int rr = i / MMA_K, kk = i % MMA_K;
+            const int32_t tok = row_tok[r0 + rr];
+            const int32_t src = tok < 0 ? -1 : (gather ? tok : r0 + rr);
+            float v = src >= 0 && kk < kn ? kg_ld(x, (int64_t)src * n_in + k0 + kk, dt) : 0.0f;
+            if (row_w && gather && src >= 0) { /* llama4: the row times its weight */
+                v = v * row_w[r0 + rr];
+            }
+            xs[rr][kk] = moe_to16(v, f16);
+        }
+        if constexpr (QT == 0) {
+            const uint16_t *w16 = (const uint16_t *)w;
+            for (int i = tid; i < MMA_COLS * MMA_K; i += NT) {
+                const int cc = i / MMA_K, kk = i % MMA_K;
+                const int32_t oc = n0 + cc;
+                ws[cc][kk] = oc < n_out && kk < kn ? w16[((int64_t)e * n_out + oc) * n_in + k0 + kk]
+                                                   : (uint16_t)0;
+            }
+        } else { /* n_in is whole blocks, so kn is a multiple of 8 */
+            constexpr kg_cuda_qlayout_t L = kg_cuda_qlayout(QT);
+            for (int i = tid; i < MMA_COLS * MMA_K / 8; i += NT) {
+                const int cc = i / (MMA_K / 8), kk = (i % (MMA_K / 8)) * 8;
+                const int32_t oc = n0 + cc;
+                float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                if (oc < n_out && kk < kn) {
+                    const int64_t k = k0 + kk, row = (int64_t)e * n_out + oc;
+                    qpiece<QT> p;
+                    p.load((const uint8_t *)w, w_tail, row * (n_in / L.elems) + k / L.elems,
+                           (int)(k % L.elems));
+                    p.expand((int)(k % L.elems), f);
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    ws[cc][kk + j] = kg_q_bf16(f[j]);
+                }
+            }
+        }
+        __syncthreads();
+        for (int kk = 0; kk < kn; kk += 16) { /* past kn: zeros, the same steps for every row */
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+            wmma::load_matrix_sync(fa, (const T *)&xs[0][kk], MMA_LD);
+            wmma::load_matrix_sync(fb, (const T *)&ws[warp * 16][kk], MMA_LD);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        __syncthreads();
+    }
+    wmma::store_matrix_sync(patch[warp], acc, 16, wmma::mem_row_major);
+    __syncwarp(); /* each lane reads what the others stored */
+    for (int i = tid & 31; i < KG_CUDA_MOE_TILE * 16; i += 32) {
+        const int r = i / 16;
+        const int32_t col = n0 + warp * 16 + i % 16;
+        if (col < n_out && row_tok[r0 + r] >= 0) {
+            const float v = patch[warp][i];
+            y[(int64_t)(r0 + r) * n_out + col] = bias ? v + bias[(int64_t)e * n_out + col] : v;
+        }
+    }
+}
+
 template <int QT>
-static kg_status_t moe_gemm_launch(cudaStream_t stream,
-                                   dim3 grid,
-                                   const kg_cuda_moe_plan_t *plan,
-                                   const void *w,
-                                   const uint8_t *w_tail,
-                                   const float *bias,
-                                   const void *x,
-                                   int gather,
-                                   float *y,
-                                   int32_t n_out,
-                                   int32_t n_in,
-                                   kg_cuda_dtype_t dt) {
-    moe_gemm_kernel<QT><<<grid, GEMM_COLS, 0, stream>>>(plan->tile_expert, plan->row_tok,
-                                                        plan->row_w, w, w_tail, bias, x, gather, y,
-                                                        n_out, n_in, (int)dt);
+static kg_status_t moe_mma_launch(cudaStream_t stream,
+                                  const kg_cuda_moe_plan_t *plan,
+                                  const void *w,
+                                  const uint8_t *w_tail,
+                                  const float *bias,
+                                  const void *x,
+                                  int gather,
+                                  float *y,
+                                  int32_t n_out,
+                                  int32_t n_in,
+                                  kg_cuda_dtype_t dt) {
+    const dim3 grid((unsigned)((n_out + MMA_COLS - 1) / MMA_COLS),
+                    (unsigned)(plan->rows_cap / KG_CUDA_MOE_TILE));
+    if constexpr (QT == 0) {
+        if (dt == KG_CUDA_F16) {
+            moe_mma_kernel<__half, 0><<<grid, MMA_COLS * 2, 0, stream>>>(
+                plan->tile_expert, plan->row_tok, plan->row_w, w, w_tail, bias, x, gather, y, n_out,
+                n_in, (int)dt);
+            KG_CUDA_CHECK_LAUNCH();
+            return KG_OK;
+        }
+    }
+    if (dt != KG_CUDA_BF16) {
+        return KG_ERR_INVALID; /* blocks expand to BF16 */
+    }
+    moe_mma_kernel<__nv_bfloat16, QT>
+        <<<grid, MMA_COLS * 2, 0, stream>>>(plan->tile_expert, plan->row_tok, plan->row_w, w,
+                                            w_tail, bias, x, gather, y, n_out, n_in, (int)dt);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }
@@ -400,12 +499,22 @@ kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
                              kg_cuda_dtype_t dt,
                              int qtype,
                              const void *w_tail) {
-    const dim3 grid((unsigned)((n_out + GEMM_COLS - 1) / GEMM_COLS),
-                    (unsigned)(plan->rows_cap / KG_CUDA_MOE_TILE));
+    if (dt == KG_CUDA_F32) {
+        if (qtype != 0) {
+            return KG_ERR_INVALID;
+        }
+        const dim3 grid((unsigned)((n_out + GEMM_COLS - 1) / GEMM_COLS),
+                        (unsigned)(plan->rows_cap / KG_CUDA_MOE_TILE));
+        moe_gemm_kernel<<<grid, GEMM_COLS, 0, stream>>>(plan->tile_expert, plan->row_tok,
+                                                        plan->row_w, (const float *)w, bias,
+                                                        (const float *)x, gather, y, n_out, n_in);
+        KG_CUDA_CHECK_LAUNCH();
+        return KG_OK;
+    }
     const uint8_t *t = (const uint8_t *)w_tail;
     return kg_q_dispatch(qtype, [&](auto qt) {
-        return moe_gemm_launch<decltype(qt)::value>(stream, grid, plan, w, t, bias, x, gather, y,
-                                                    n_out, n_in, dt);
+        return moe_mma_launch<decltype(qt)::value>(stream, plan, w, t, bias, x, gather, y, n_out,
+                                                   n_in, dt);
     });
 }
 

@@ -110,7 +110,9 @@ kg_status_t kg_cuda_moe_align(cudaStream_t stream,
  * 0, rows e * n_out.. of a native matrix of GGUF blocks, bodies at w and
  * tails at w_tail: qblocks.cuh, each weight read as the BF16 value the
  * expansion would have stored), plus bias[e] (n_expert, n_out) F32 when
- * bias is not NULL. Padding rows are not written. */
+ * bias is not NULL. Padding rows are not written. F32 experts run as F32
+ * FMA chains (the CPU's arithmetic), 16-bit and native ones on tensor
+ * cores (inputs rounded to the weights' 16-bit type). */
 kg_status_t kg_cuda_moe_gemm(cudaStream_t stream,
                              const kg_cuda_moe_plan_t *plan,
                              const void *w,

@@ -188,9 +188,9 @@ static void check_ffn(kg_cuda_op_moe_t *m, uint64_t seed) {
 
     /* the output: the CPU path's, within one rounding of the activation
      * type (the GPU's expf is not glibc's); llama4's weighted inputs are
-     * rounded twice apart: the CPU rounds x * w to the type, the device
-     * reads x in the type (the experts' normed input) and multiplies by w
-     * in F32 (1.4e-5 seen in BF16) */
+     * rounded twice on the device: the experts' normed input is stored in
+     * the type, then x * w is rounded to it for the tensor cores, where the
+     * CPU rounds x * w once (1.6e-5 seen in BF16) */
     cpu_ffn(m, x, logits, ref);
     const double e = nmse(ref, out, (size_t)T * E);
     const double bound = m->dtype == KG_CUDA_OP_F32 ? 1e-10 : m->w_on_input ? 5e-5 : 1e-5;
