@@ -3,6 +3,7 @@
  * the norms sum squares in double, as cpu_rmsnorm_rows does. */
 #include "geglu.cuh"
 #include "gemma4.cuh"
+#include "qblocks.cuh"
 
 #define G4_THREADS 256
 
@@ -19,11 +20,16 @@ template <typename F> __device__ __forceinline__ float inv_rms(F v, int32_t n, f
     return 1.0f / sqrtf((float)(sum / (double)n) + eps);
 }
 
-/* grid (tokens, layers): one P-wide slice per block */
+/* grid (tokens, layers): one P-wide slice per block. The token table is
+ * elements of dt (QT 0), or a native type's GGUF blocks read 8 weights a
+ * thread, each the BF16 value the expansion would have stored (P a
+ * multiple of 8). */
+template <int QT>
 __global__ void __launch_bounds__(G4_THREADS) pl_inputs_kernel(kg_cuda_inputs_t in,
                                                                float *__restrict__ pl_in,
                                                                const float *__restrict__ norm_w,
                                                                const void *__restrict__ emb,
+                                                               const uint8_t *__restrict__ tail,
                                                                int dt,
                                                                int32_t n_layer,
                                                                int32_t P,
@@ -41,10 +47,29 @@ __global__ void __launch_bounds__(G4_THREADS) pl_inputs_kernel(kg_cuda_inputs_t 
      * its RMSNorm over the layer's slice */
     const float scale = inv_rms([&](int32_t e) { return s[e] * proj_scale; }, P, eps);
     const int64_t row = (int64_t)in.token[t] * NP + (int64_t)l * P;
-    for (int32_t e = threadIdx.x; e < P; e += blockDim.x) {
+    /* s[e] from the token table's value at row + e */
+    auto join = [&](int32_t e, float tv) {
         const float v = ((s[e] * proj_scale) * scale) * norm_w[e];
-        const float tok = kg_ld(emb, row + e, dt) * tok_scale;
+        const float tok = tv * tok_scale;
         s[e] = (v + tok) * in_scale;
+    };
+    if constexpr (QT == 0) {
+        for (int32_t e = threadIdx.x; e < P; e += blockDim.x) {
+            join(e, kg_ld(emb, row + e, dt));
+        }
+    } else {
+        constexpr kg_cuda_qlayout_t L = kg_cuda_qlayout(QT);
+        for (int32_t e = threadIdx.x * 8; e < P; e += blockDim.x * 8) {
+            const int64_t i = row + e; /* whole rows of blocks: i / elems is the block */
+            qpiece<QT> p;
+            p.load((const uint8_t *)emb, tail, i / L.elems, (int)(i % L.elems));
+            float f[8];
+            p.expand((int)(i % L.elems), f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                join(e + j, __uint_as_float((uint32_t)kg_q_bf16(f[j]) << 16));
+            }
+        }
     }
 }
 
@@ -55,6 +80,8 @@ kg_status_t kg_cuda_g4_pl_inputs(cudaStream_t stream,
                                  const float *norm_w,
                                  const void *emb,
                                  kg_cuda_dtype_t dt,
+                                 int qtype,
+                                 const void *emb_tail,
                                  int32_t n_layer,
                                  int32_t P,
                                  float proj_scale,
@@ -64,10 +91,18 @@ kg_status_t kg_cuda_g4_pl_inputs(cudaStream_t stream,
     if (n_launch <= 0) {
         return KG_OK;
     }
-    pl_inputs_kernel<<<dim3((unsigned)n_launch, (unsigned)n_layer), G4_THREADS, 0, stream>>>(
-        in, pl_in, norm_w, emb, (int)dt, n_layer, P, proj_scale, tok_scale, in_scale, eps);
-    KG_CUDA_CHECK_LAUNCH();
-    return KG_OK;
+    if (qtype != 0 && P % 8 != 0) {
+        return KG_ERR_INVALID; /* the upload expands such a table */
+    }
+    const dim3 grid((unsigned)n_launch, (unsigned)n_layer);
+    const uint8_t *tail = (const uint8_t *)emb_tail;
+    return kg_q_dispatch(qtype, [&](auto qt) {
+        pl_inputs_kernel<decltype(qt)::value>
+            <<<grid, G4_THREADS, 0, stream>>>(in, pl_in, norm_w, emb, tail, (int)dt, n_layer, P,
+                                              proj_scale, tok_scale, in_scale, eps);
+        KG_CUDA_CHECK_LAUNCH();
+        return KG_OK;
+    });
 }
 
 __global__ void pl_gate_kernel(const kg_cuda_step_hdr_t *hdr,

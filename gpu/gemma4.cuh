@@ -15,7 +15,9 @@
  * s = pl_in[t][l * P, (l + 1) * P) (F32, the per_layer_model_proj GEMM's
  * output): s = s * proj_scale, RMS-normed with weight norm_w (P), then
  * (s + emb[token[t]][l * P + i] * tok_scale) * in_scale, in place. emb is
- * the (n_vocab, n_layer * P) per-layer token embeddings of type dt. */
+ * the (n_vocab, n_layer * P) per-layer token embeddings of type dt, or
+ * (qtype not 0) a native type's GGUF blocks, tails at emb_tail (qblocks.cuh;
+ * P a multiple of 8), each weight the BF16 value the expansion stores. */
 kg_status_t kg_cuda_g4_pl_inputs(cudaStream_t stream,
                                  int32_t n_launch,
                                  kg_cuda_inputs_t in,
@@ -23,6 +25,8 @@ kg_status_t kg_cuda_g4_pl_inputs(cudaStream_t stream,
                                  const float *norm_w,
                                  const void *emb,
                                  kg_cuda_dtype_t dt,
+                                 int qtype,
+                                 const void *emb_tail,
                                  int32_t n_layer,
                                  int32_t P,
                                  float proj_scale,

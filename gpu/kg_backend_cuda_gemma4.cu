@@ -98,8 +98,8 @@ kg_status_t cuda_g4_upload(cuda_ctx_t *ctx, stage_t *s) {
         cuda_g4_layer_t *G = &g->layers[il];
         G->out_scale = src->out_scale;
         if (g->P > 0) {
-            KG_TRY(cuda_upload_mat(ctx, s, &src->pe_gate, 1, &G->pe_gate));
-            KG_TRY(cuda_upload_mat(ctx, s, &src->pe_proj, 1, &G->pe_proj));
+            KG_TRY(cuda_upload_gemm(ctx, s, &src->pe_gate, 1, &G->pe_gate));
+            KG_TRY(cuda_upload_gemm(ctx, s, &src->pe_proj, 1, &G->pe_proj));
             KG_TRY(cuda_upload_vec(ctx, src->pe_post_norm, &G->pe_post_norm));
         }
         if (src->ffn_gate_inp) {
@@ -113,8 +113,11 @@ kg_status_t cuda_g4_upload(cuda_ctx_t *ctx, stage_t *s) {
         KG_TRY(g4_alloc(ctx, (void **)&g->dense, T * E * sizeof(float)));
     }
     if (g->P > 0) {
-        KG_TRY(cuda_upload_mat(ctx, s, &model->pl_model_proj, 1, &g->pl_proj));
-        KG_TRY(cuda_upload_mat(ctx, s, &model->pl_tok_embd, 1, &g->pl_tok));
+        KG_TRY(cuda_upload_gemm(ctx, s, &model->pl_model_proj, 1, &g->pl_proj));
+        /* the per-layer token table (the largest matrix of the small Gemma 4
+         * files) keeps its blocks where gemma4.cu reads them 8 at a time */
+        KG_TRY(g->P % 8 == 0 ? cuda_upload_gemm(ctx, s, &model->pl_tok_embd, 1, &g->pl_tok)
+                             : cuda_upload_mat(ctx, s, &model->pl_tok_embd, 1, &g->pl_tok));
         KG_TRY(cuda_upload_vec(ctx, model->pl_proj_norm, &g->pl_norm));
         KG_TRY(g4_alloc(ctx, (void **)&g->pl_in, T * NP * sizeof(float)));
         KG_TRY(g4_alloc(ctx, (void **)&g->pl_gate, T * (size_t)g->P * sizeof(float)));
@@ -163,8 +166,9 @@ kg_status_t cuda_g4_inputs(cuda_ctx_t *ctx, int32_t rows) {
                                g->pl_proj.dt, NULL, KG_CUDA_F32, hp->n_embd, hp->norm_eps));
     KG_TRY(kg_cuda_gemm(&ctx->blas, st, &g->pl_proj, g->xin, g->pl_in, rows));
     return kg_cuda_g4_pl_inputs(st, rows, in, g->pl_in, g->pl_norm, g->pl_tok.data, g->pl_tok.dt,
-                                hp->n_layer, g->P, 1.0f / sqrtf((float)hp->n_embd),
-                                sqrtf((float)g->P), 1.0f / sqrtf(2.0f), hp->norm_eps);
+                                g->pl_tok.qtype, kg_cuda_mat_tail(&g->pl_tok), hp->n_layer, g->P,
+                                1.0f / sqrtf((float)hp->n_embd), sqrtf((float)g->P),
+                                1.0f / sqrtf(2.0f), hp->norm_eps);
 }
 
 kg_status_t cuda_g4_moe(cuda_ctx_t *ctx, int32_t il, int32_t rows) {

@@ -272,6 +272,13 @@ kg_status_t cuda_upload_mat(cuda_ctx_t *ctx,
                             const kg_gguf_tensor_t *const *parts,
                             int n_parts,
                             kg_cuda_mat_t *m);
+/** cuda_upload_mat for a matrix only kg_cuda_gemm or a block-aware gather
+ * reads: a native type keeps its GGUF blocks (qblocks.cuh). */
+kg_status_t cuda_upload_gemm(cuda_ctx_t *ctx,
+                             stage_t *s,
+                             const kg_gguf_tensor_t *const *parts,
+                             int n_parts,
+                             kg_cuda_mat_t *m);
 kg_status_t cuda_upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float **out);
 
 // ---- kg_backend_cuda_step.cu: the vtable's slots ----

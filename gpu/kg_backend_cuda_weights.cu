@@ -9,14 +9,16 @@
  * matrix, so a step runs 4 GEMMs per layer. A matrix is stored BF16 unless
  * all its parts are F16 (kept F16) or F32 (kept F32: tiny test models and
  * exact parity with the CPU backend, which computes those in F32). A
- * matrix only kg_cuda_gemm reads keeps its GGUF blocks when its type has
- * a native kernel (qblocks.cuh: the file's bytes; parts of different types
- * as segments); the other quantized matrices (embeddings, experts, routers,
- * types without a kernel) are dequantized with kg_dequantize on the host
- * and converted to BF16. The activation entering a GEMM is written in the
- * weight's type by the kernel that produces it, as the CPU backend rounds
- * activations to the weight type. Norm weights are F32. A tied head reuses
- * the embedding matrix. */
+ * matrix only kg_cuda_gemm, moe.cu or an embedding gather reads keeps its
+ * GGUF blocks when its type has a native kernel (qblocks.cuh: the file's
+ * bytes; parts of different types as segments); the other quantized
+ * matrices (routers, deepseek2's per-head latent matrices, bert's
+ * embeddings, Gemma 4's experts, types without a kernel) are dequantized
+ * with kg_dequantize on the host and converted to BF16. The activation
+ * entering a GEMM is written in the weight's type by the kernel that
+ * produces it, as the CPU backend rounds activations to the weight type
+ * (BF16 for blocks). Norm weights are F32. A tied head reuses the
+ * embedding matrix. */
 #include "kg_backend_cuda_int.cuh"
 #include "qblocks.cuh"
 
@@ -406,6 +408,14 @@ kg_status_t cuda_upload_mat(cuda_ctx_t *ctx,
     return upload_mat(ctx, s, parts, n_parts, m);
 }
 
+kg_status_t cuda_upload_gemm(cuda_ctx_t *ctx,
+                             stage_t *s,
+                             const kg_gguf_tensor_t *const *parts,
+                             int n_parts,
+                             kg_cuda_mat_t *m) {
+    return upload_gemm(ctx, s, parts, n_parts, m);
+}
+
 kg_status_t cuda_upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float **out) {
     return upload_vec(ctx, t, out);
 }
@@ -725,13 +735,13 @@ void cuda_log_weight_types(const cuda_ctx_t *ctx) {
                     (double)ctx->native_bytes / 1048576.0);
     }
     if (ctx->expanded_types) {
-        KG_LOG_INFO("cuda",
-                    "weights: quantized matrices expanded to BF16 at load: %s, %.1f MiB (%s)",
-                    expanded, (double)ctx->expanded_bytes / 1048576.0,
-                    !ctx->native_q ? (ctx->blas.mode == KG_CUDA_GEMM_CUBLAS
-                                          ? "cuBLAS GEMMs read no GGUF blocks"
-                                          : "native blocks turned off by KGEN_CUDA_NATIVE_QUANT")
-                                   : "experts, routers, latent heads, encoder embeddings, or "
-                                     "a type without a native kernel");
+        KG_LOG_INFO(
+            "cuda", "weights: quantized matrices expanded to BF16 at load: %s, %.1f MiB (%s)",
+            expanded, (double)ctx->expanded_bytes / 1048576.0,
+            !ctx->native_q ? (ctx->blas.mode == KG_CUDA_GEMM_CUBLAS
+                                  ? "cuBLAS GEMMs read no GGUF blocks"
+                                  : "native blocks turned off by KGEN_CUDA_NATIVE_QUANT")
+                           : "routers, latent heads, encoder embeddings, Gemma 4's experts, or "
+                             "a type without a native kernel");
     }
 }

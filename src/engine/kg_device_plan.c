@@ -40,6 +40,9 @@ uint64_t kg_device_plan_tensor(const kg_gguf_tensor_t *t, int flags, bool *kept)
     if (kept) {
         *kept = false;
     }
+    if (name_ends(t, "layer_output_scale.weight")) {
+        return 0; /* Gemma 4's per-layer scalar: kept on the host */
+    }
     if (t->n_dims < 2) {
         return (uint64_t)n * 4; /* norms, biases, rope factors: F32 */
     }
@@ -59,6 +62,23 @@ uint64_t kg_device_plan_tensor(const kg_gguf_tensor_t *t, int flags, bool *kept)
     return (uint64_t)n * (t->type == KG_GGML_TYPE_F32 ? 4 : 2);
 }
 
+/* Whether the table has a tensor named like t but with `suffix` for t's
+ * last `len` characters ("blk.3.attn_k.weight" -> "blk.3.attn_v.weight"). */
+static bool has_sibling(const kg_gguf_tensor_t *const *t,
+                        int64_t n,
+                        const kg_gguf_tensor_t *of,
+                        size_t len,
+                        const char *suffix) {
+    const size_t stem = of->name.len - len, sl = strlen(suffix);
+    for (int64_t i = 0; i < n; i++) {
+        if (t[i]->name.len == stem + sl && memcmp(t[i]->name.data, of->name.data, stem) == 0 &&
+            memcmp(t[i]->name.data + stem, suffix, sl) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 void kg_device_plan_tensors(const kg_gguf_tensor_t *const *t,
                             int64_t n,
                             int flags,
@@ -66,7 +86,13 @@ void kg_device_plan_tensors(const kg_gguf_tensor_t *const *t,
     memset(out, 0, sizeof(*out));
     for (int64_t i = 0; i < n; i++) {
         bool kept;
-        const uint64_t b = kg_device_plan_tensor(t[i], flags, &kept);
+        uint64_t b = kg_device_plan_tensor(t[i], flags, &kept);
+        /* a layer whose values are its keys (Gemma 4's global layers: no
+         * attn_v) holds K's rows twice in its fused Q|K|V */
+        if (name_ends(t[i], "attn_k.weight") &&
+            !has_sibling(t, n, t[i], strlen("attn_k.weight"), "attn_v.weight")) {
+            b *= 2;
+        }
         int64_t elems = 1;
         for (uint32_t d = 0; d < t[i]->n_dims; d++) {
             elems *= t[i]->ne[d];

@@ -7,7 +7,9 @@
  * GGUF blocks when their type has a native kernel (gpu/qblocks.cuh), and
  * expands the rest: routers, deepseek2's per-head k_b/v_b and an encoder's
  * embeddings to BF16 when quantized; F16/BF16 stay 2 bytes a weight, F32
- * 4; 1-D tensors (norms, biases) become F32. kg_device_plan_tensor mirrors
+ * 4; 1-D tensors (norms, biases) become F32 (Gemma 4's per-layer output
+ * scale stays on the host); a layer whose values are its keys (no attn_v)
+ * holds K twice. kg_device_plan_tensor and kg_device_plan_tensors mirror
  * those rules; check_cuda's step_native_blocks holds it to the backend's
  * own count on the emulator, so the two cannot drift apart silently. */
 #pragma once

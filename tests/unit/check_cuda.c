@@ -2056,6 +2056,73 @@ END_TEST
  * splits of 32 positions; every step's logits within 4e-6 of the CPU's
  * (NMSE: check_arch's F32 bound with GeGLU) and the same greedy ids where
  * the CPU's margin is not a near-tie (1e-3). */
+/* The model of golden g's kgen mkmodel arguments with `from` (which they
+ * must hold) replaced by `to`; `tag` names the temporary file. */
+static kg_model_t *
+arch_model_args(const arch_golden_t *g, const char *from, const char *to, const char *tag) {
+    char args[1100];
+    const char *at = strstr(g->args, from);
+    ck_assert_msg(at != NULL, "'%s' not in %s", from, g->args);
+    snprintf(args, sizeof(args), "%.*s%s%s", (int)(at - g->args), g->args, to, at + strlen(from));
+    static char path[4096];
+    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path(tag));
+    ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
+    kg_model_t *m = load(path);
+    remove(path);
+    return m;
+}
+
+/* Gemma 4's own matrices as GGUF blocks (the per-layer token table,
+ * gathered 8 weights a thread by gemma4.cu, its projection, each layer's
+ * input gate and projection): a Q8_0 gemma4 model's logits equal those of
+ * KGEN_CUDA_NATIVE_QUANT=0 bit for bit through a prompt prefilled in two
+ * chunks and 6 greedy decode steps, and both backends' weights equal
+ * kgen-worker --dry-run's plan. */
+START_TEST(gemma4_native_blocks) {
+    const cuda_family_t gemma4 = {.name = "gemma4"};
+    if (!row_selected(&gemma4)) {
+        return;
+    }
+    static arch_golden_t g;
+    arch_golden_load("gemma4.f32.golden", &g);
+    kg_model_t *m = arch_model_args(&g, "--type f32", "--type q8_0", "gemma4-q8");
+    ck_assert_int_eq(m->pl_tok_embd->type, KG_GGML_TYPE_Q8_0);
+    const int32_t V = m->hp.n_vocab, n_prompt = g.n_input[1], cut = n_prompt / 3;
+    kg_backend_t *nat = arch_backend("cuda", m);
+    setenv("KGEN_CUDA_NATIVE_QUANT", "0", 1);
+    kg_backend_t *exp = arch_backend("cuda", m);
+    unsetenv("KGEN_CUDA_NATIVE_QUANT");
+    kg_backend_memory_t mn, me;
+    kg_backend_memory(nat, &mn);
+    kg_backend_memory(exp, &me);
+    kg_device_plan_t pn, pe;
+    ck_assert(kg_device_plan_model(m, true, &pn) && kg_device_plan_model(m, false, &pe));
+    ck_assert_uint_eq(pn.weight_bytes, mn.weights_size);
+    ck_assert_uint_eq(pe.weight_bytes, me.weights_size);
+    ck_assert(mn.weights_size < me.weights_size);
+    float *ln = malloc((size_t)V * 4), *le = malloc((size_t)V * 4);
+    static int32_t tok[ARCH_CTX];
+    memcpy(tok, g.input[1], (size_t)n_prompt * 4);
+    arch_forward(nat, tok, 0, cut, ln);
+    arch_forward(exp, tok, 0, cut, le);
+    arch_forward(nat, tok, cut, n_prompt - cut, ln);
+    arch_forward(exp, tok, cut, n_prompt - cut, le);
+    for (int32_t k = 0, n = n_prompt;; k++, n++) {
+        ck_assert_msg(memcmp(ln, le, (size_t)V * 4) == 0, "gemma4 q8_0 step %d: logits differ", k);
+        if (k == 6) {
+            break;
+        }
+        tok[n] = arch_argmax(ln, V);
+        arch_forward(nat, tok, n, 1, ln);
+        arch_forward(exp, tok, n, 1, le);
+    }
+    kg_backend_free(nat);
+    kg_backend_free(exp);
+    free(ln), free(le);
+    kg_model_free(m);
+}
+END_TEST
+
 START_TEST(gemma4_heads_512_vs_cpu) {
     const cuda_family_t gemma4 = {.name = "gemma4"}; /* row_selected reads the name */
     if (!row_selected(&gemma4)) {
@@ -2063,16 +2130,7 @@ START_TEST(gemma4_heads_512_vs_cpu) {
     }
     static arch_golden_t g;
     arch_golden_load("gemma4.f32.golden", &g);
-    char args[1100];
-    const char *hd = strstr(g.args, "--head-dim 64 ");
-    ck_assert_ptr_nonnull(hd);
-    snprintf(args, sizeof(args), "%.*s--head-dim 256 %s", (int)(hd - g.args), g.args,
-             hd + strlen("--head-dim 64 "));
-    static char path[4096];
-    snprintf(path, sizeof(path), "%s.gguf", kg_test_tmp_path("gemma4-512"));
-    ck_assert_msg(kg_test_mkmodel(path, args) == 0, "kgen mkmodel %s failed", args);
-    kg_model_t *m = load(path);
-    remove(path);
+    kg_model_t *m = arch_model_args(&g, "--head-dim 64 ", "--head-dim 256 ", "gemma4-512");
     int32_t n_512 = 0;
     for (int32_t il = 0; il < m->hp.n_layer; il++) {
         ck_assert_int_eq(m->layers[il].head_dim, m->layers[il].n_swa > 0 ? 256 : 512);
@@ -2920,6 +2978,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, moe_f32_vs_cpu, 0, n_rows(row_moe));
     tcase_add_test(tc, llama4_small_chunks_vs_cpu);
     tcase_add_test(tc, gemma4_heads_512_vs_cpu);
+    tcase_add_test(tc, gemma4_native_blocks);
     for (int r = 0; r < N_CUDA_FAMILIES; r++) { /* with deepseek2's row */
         if (strcmp(k_cuda_families[r].name, "deepseek2") == 0 &&
             row_selected(&k_cuda_families[r])) {
