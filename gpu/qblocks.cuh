@@ -8,9 +8,8 @@
  * by row) and after them the tails (the 2-byte scale that some formats put
  * first or last, which leaves their blocks only 2-byte aligned: Q8_0,
  * Q4_0, IQ4_NL, Q6_K; MXFP4's 1-byte exponent). Formats whose blocks are
- * already 8-byte multiples
- * (Q4_K 144, Q5_K 176, IQ4_XS 136) have no tail. The device takes exactly
- * the file's bytes.
+ * already 8-byte multiples (Q4_K 144, Q5_K 176, IQ4_XS 136) have no tail.
+ * The device takes exactly the file's bytes.
  *
  * A GEMM stages 8 consecutive weights at a time (gemm.cu): qpiece<T>
  * loads what those 8 need (one 8-byte load of quants, the block's scales)
