@@ -61,7 +61,8 @@ typedef struct attn_args {
     bool chunked;
     bool non_causal;
     const float *sinks; /* (n_head) or NULL */
-    const __half *q, *kc, *vc;
+    const __half *q;
+    kg_cuda_kv_t kv; /* the layer's K and V planes, f16 or Q8_0 (kv_cache.cuh) */
     float *part_acc; /* (n_tok, n_head, max_splits, hd) */
     float *part_ml;  /* (n_tok, n_head, max_splits, 2) */
     void *out;
@@ -204,10 +205,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
             uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
             if (p < p_end && p >= ws) {
                 const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
-                const int64_t off = row * n_kv_dim + (int64_t)g * hd + c * 8;
-                kv = *(const uint4 *)(a.kc + off);
+                const int64_t e = (int64_t)g * hd + c * 8;
+                kv = kg_kv_load8(a.kv, a.kv.k, row, bs, n_kv_dim, e);
                 if (!KV_ONE_TILE) {
-                    vv = *(const uint4 *)(a.vc + off);
+                    vv = kg_kv_load8(a.kv, a.kv.v, row, bs, n_kv_dim, e);
                 }
             }
             *(uint4 *)&k_s[pi][c * 8] = kv;
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(attn_args_t a) {
                 uint4 vv = make_uint4(0u, 0u, 0u, 0u);
                 if (p < p_end && p >= ws) {
                     const int64_t row = (int64_t)table[p / bs] * bs + p % bs;
-                    vv = *(const uint4 *)(a.vc + row * n_kv_dim + (int64_t)g * hd + c * 8);
+                    vv = kg_kv_load8(a.kv, a.kv.v, row, bs, n_kv_dim, (int64_t)g * hd + c * 8);
                 }
                 *(uint4 *)&vt[pi][c * 8] = vv;
             }
@@ -438,8 +439,7 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
                               int32_t tok0,
                               int32_t n_tok,
                               const __half *q16,
-                              const __half *k_cache,
-                              const __half *v_cache,
+                              kg_cuda_kv_t kv,
                               float *scratch,
                               void *out,
                               kg_cuda_dtype_t dt) {
@@ -463,8 +463,7 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
     a.non_causal = layer->non_causal;
     a.sinks = layer->sinks;
     a.q = q16;
-    a.kc = k_cache;
-    a.vc = v_cache;
+    a.kv = kv;
     a.part_acc = scratch;
     a.part_ml = scratch + (size_t)n_tok * sh->n_head * plan->max_splits * sh->head_dim;
     a.out = out;

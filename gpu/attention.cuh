@@ -1,8 +1,9 @@
-/* attention: paged attention over the fp16 KV pool, one kernel family for
+/* attention: paged attention over the KV pool (f16 or Q8_0 rows), one kernel family for
  * prefill chunks and decode tokens alike. */
 #pragma once
 
 #include "cuda_common.cuh"
+#include "kv_cache.cuh"
 
 typedef struct kg_cuda_attn_shape {
     int32_t n_head, n_head_kv, head_dim, block_size;
@@ -51,8 +52,9 @@ size_t kg_cuda_attention_scratch_size(const kg_cuda_attn_shape_t *sh, int32_t pa
  * (soft-capped first when the layer says so), a sink logit joining the
  * softmax's max and sum when the layer has sinks, for the tokens of tiles
  * tile0 .. tile0 + n_tiles - 1 (those below hdr->n_tiles), whose first
- * token is tok0. q16 is (rows, n_head*hd) fp16; k_cache and v_cache (rows
- * of the pool, n_head_kv*hd) fp16. The tiles' tokens times
+ * token is tok0. q16 is (rows, n_head*hd) fp16; kv the layer's K and V
+ * planes (rows of the pool, n_head_kv*hd), f16 or Q8_0 (kv_cache.cuh: Q8_0
+ * rows are expanded to fp16 as they are loaded). The tiles' tokens times
  * plan->max_splits must fit `scratch` (kg_cuda_attention_scratch_size). */
 kg_status_t kg_cuda_attention(cudaStream_t stream,
                               kg_cuda_inputs_t in,
@@ -64,8 +66,7 @@ kg_status_t kg_cuda_attention(cudaStream_t stream,
                               int32_t tok0,
                               int32_t n_tok,
                               const __half *q16,
-                              const __half *k_cache,
-                              const __half *v_cache,
+                              kg_cuda_kv_t kv,
                               float *scratch,
                               void *out,
                               kg_cuda_dtype_t dt);

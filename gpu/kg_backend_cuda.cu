@@ -187,24 +187,25 @@ static kg_status_t alloc_buffers(cuda_ctx_t *ctx) {
      * attention layers only (a hybrid's recurrent layers keep states) */
     ctx->n_kv_layers = 0;
     ctx->kv_caches = hp->n_lora_kv > 0 ? 1 : 2; /* MLA: the latent rows are K and V */
-    size_t kv_elems = 0;
-    const size_t kv_rows = (size_t)ctx->n_kv_blocks * (size_t)ctx->block_size;
+    size_t kv_bytes = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
         const kg_layer_weights_t *ML = &ctx->model->layers[il];
         cuda_layer_t *L = &ctx->layers[il];
         const bool own = ML->kind == KG_LAYER_ATTN && ML->kv_layer == il;
         L->kv_il = own ? ctx->n_kv_layers++ : -1;
         if (own) {
-            L->kv_plane = kv_rows * (size_t)ML->n_head_kv * (size_t)ML->head_dim;
-            L->kv_off = kv_elems;
-            kv_elems += (size_t)ctx->kv_caches * L->kv_plane;
+            L->kv_plane = (size_t)ctx->n_kv_blocks *
+                          kg_kv_block_bytes(ctx->kv_type == KG_KV_Q8_0, ctx->block_size,
+                                            (int64_t)ML->n_head_kv * ML->head_dim);
+            L->kv_off = kv_bytes;
+            kv_bytes += (size_t)ctx->kv_caches * L->kv_plane;
         } else if (ML->kind == KG_LAYER_ATTN) { /* Gemma 4: an earlier layer's K/V */
             L->kv_plane = ctx->layers[ML->kv_layer].kv_plane;
             L->kv_off = ctx->layers[ML->kv_layer].kv_off;
         }
     }
     if (!ctx->bert) {
-        ctx->kv_size = kv_elems * sizeof(__half);
+        ctx->kv_size = kv_bytes;
         KG_CUDA_CHECK(cudaMalloc((void **)&ctx->kv, ctx->kv_size));
         KG_CUDA_CHECK(cudaMemset(ctx->kv, 0, ctx->kv_size));
     }
@@ -436,6 +437,23 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     if (hp->n_lora_kv > 0 && cuda_mla_check(hp, errstr, errstr_size) != KG_OK) {
         goto fail; /* deepseek2: mla.cu's kernels, not attention.cu's */
     }
+    ctx->kv_type = params->kv_type;
+    if (ctx->kv_type == KG_KV_Q8_0 && hp->n_lora_kv > 0) {
+        snprintf(errstr, errstr_size,
+                 "cuda backend: --kv-type q8_0: multi-head latent attention keeps its latent "
+                 "cache in f16");
+        goto fail;
+    }
+    for (int32_t il = 0; il < hp->n_layer && ctx->kv_type == KG_KV_Q8_0; il++) {
+        const kg_layer_weights_t *ML = &model->layers[il];
+        if (ML->kind == KG_LAYER_ATTN && ML->head_dim % 32 != 0) {
+            snprintf(errstr, errstr_size,
+                     "cuda backend: --kv-type q8_0 needs heads of a multiple of 32 dims (Q8_0 "
+                     "blocks of 32 values); layer %d has %d",
+                     (int)il, ML->head_dim);
+            goto fail;
+        }
+    }
     /* every layer's own shape (Gemma 4's windowed and global layers
      * differ): ash has the largest head for the scratch; a prefill tile
      * holds the tokens that fit every layer's tile (prefill_qt); the
@@ -592,14 +610,14 @@ kg_backend_t *kg_backend_cuda_new(const kg_model_t *model,
     }
     KG_LOG_INFO("cuda",
                 "backend ready device=\"%s\" sm=%d cc=%d.%d driver_cuda=%d.%d runtime_cuda=%d.%d "
-                "weights_mib=%zu kv_mib=%zu scratch_mib=%zu gemm=%s cublas=%s graphs=%d "
+                "weights_mib=%zu kv_mib=%zu kv_type=%s scratch_mib=%zu gemm=%s cublas=%s graphs=%d "
                 "graph_buckets=%d max_outputs=%d",
                 prop.name, ctx->n_sm, prop.major, prop.minor, probe.driver_version / 1000,
                 (probe.driver_version % 1000) / 10, probe.runtime_version / 1000,
                 (probe.runtime_version % 1000) / 10, ctx->weights_size >> 20, ctx->kv_size >> 20,
-                ctx->scratch_size >> 20, ctx->blas.mode == KG_CUDA_GEMM_CUBLAS ? "cublas" : "mma",
-                blas_desc, ctx->use_graphs ? 1 : 0, ctx->use_graphs ? ctx->n_buckets : 0,
-                ctx->out_cap);
+                kg_kv_type_name(ctx->kv_type), ctx->scratch_size >> 20,
+                ctx->blas.mode == KG_CUDA_GEMM_CUBLAS ? "cublas" : "mma", blas_desc,
+                ctx->use_graphs ? 1 : 0, ctx->use_graphs ? ctx->n_buckets : 0, ctx->out_cap);
     return be;
 fail:
     cuda_free(be);

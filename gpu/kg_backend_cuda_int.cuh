@@ -57,7 +57,7 @@ typedef struct cuda_layer {
     int32_t rope;                          /* index into cuda_ctx_t.ropes */
     int32_t kv_il;                         /* its K/V in the pool's layers; -1: none (recurrent) */
     size_t kv_off, kv_plane;               /* the K plane it reads starts at kv + kv_off, V at
-                                              kv_off + kv_plane (elements): its own, or a Gemma 4
+                                              kv_off + kv_plane (bytes): its own, or a Gemma 4
                                               shared-KV layer's source's */
     int32_t n_swa;                         /* window; 0: global */
     /* mixture of experts (moe: no wgu, wdown) */
@@ -139,10 +139,12 @@ typedef struct cuda_ctx {
     uint16_t *gelu_table; /* (65536) fp16 GELU of every fp16 input (GeGLU models) */
     int32_t max_seq_len;  /* picks LongRoPE's factors, as the CPU backend does */
     int32_t kv_window;    /* kg_model_kv_window: blocks before it may be freed */
-    __half *kv;           /* per layer that keeps K/V: its K, then its V, each
+    uint8_t *kv;          /* per layer that keeps K/V: its K, then its V, each
                              (n_kv_blocks * block_size, n_head_kv * head_dim) of its own
-                             shape (cuda_layer_t's kv_off, kv_plane); MLA's latent rows
-                             alone (kv_caches 1) */
+                             shape (cuda_layer_t's kv_off, kv_plane, in bytes) in kv_type's
+                             layout (kv_cache.cuh); MLA's latent rows alone (kv_caches 1,
+                             f16) */
+    kg_kv_type_t kv_type; /* --kv-type */
     int32_t kv_caches;    /* planes per layer: K and V (2), or MLA's latent rows alone (1) */
     int32_t n_kv_layers;  /* layers with K/V of their own in the pool */
     int32_t max_rot;      /* the largest RoPE's n_rot: rope_cs holds max_tokens * max_rot

@@ -150,7 +150,7 @@ kg_status_t cuda_mla_attention(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
     const int32_t MV = hp->mla_v, w1 = L->wqkv.n_out;
     const float *cs =
         ctx->rope_cs + (size_t)L->rope * (size_t)ctx->max_tokens * (size_t)ctx->max_rot;
-    __half *cache = ctx->kv + L->kv_off;
+    __half *cache = (__half *)(ctx->kv + L->kv_off); /* f16 always (cuda_create) */
     const bool q_lora = L->wq_b.data != NULL;
     /* the compressed query (or the whole one) and the latent row, one GEMM */
     KG_TRY(kg_cuda_gemm(&ctx->blas, st, &L->wqkv, ctx->xn, m->g1, rows));

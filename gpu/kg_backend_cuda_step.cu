@@ -276,12 +276,13 @@ out:
 
 /* The K and V planes layer il reads (a Gemma 4 shared-KV layer's are an
  * earlier layer's). */
-static __half *k_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + ctx->layers[il].kv_off;
-}
-
-static __half *v_cache(const cuda_ctx_t *ctx, int32_t il) {
-    return ctx->kv + ctx->layers[il].kv_off + ctx->layers[il].kv_plane;
+static kg_cuda_kv_t layer_kv(const cuda_ctx_t *ctx, int32_t il) {
+    const cuda_layer_t *L = &ctx->layers[il];
+    kg_cuda_kv_t kv;
+    kv.k = ctx->kv + L->kv_off;
+    kv.v = ctx->kv + L->kv_off + L->kv_plane;
+    kv.q8 = ctx->kv_type == KG_KV_Q8_0;
+    return kv;
 }
 
 /* Attention of one layer: graph steps (single) cut their `rows` one-token
@@ -315,16 +316,14 @@ static kg_status_t attention(cuda_ctx_t *ctx, int32_t il, int32_t rows, bool sin
         for (int32_t t0 = 0; t0 < rows; t0 += group) {
             const int32_t n = rows - t0 < group ? rows - t0 : group;
             KG_TRY(kg_cuda_attention(ctx->stream, in, &ash, &plan, &lay, t0, n, t0, n, ctx->q16,
-                                     k_cache(ctx, il), v_cache(ctx, il), ctx->split, ctx->att,
-                                     L->wo.dt));
+                                     layer_kv(ctx, il), ctx->split, ctx->att, L->wo.dt));
         }
         return KG_OK;
     }
     for (int32_t g = 0; g < ctx->n_groups; g++) {
         KG_TRY(kg_cuda_attention(ctx->stream, in, &ash, &lplan, &lay, ctx->grp_tile0[g],
                                  ctx->grp_ntiles[g], ctx->grp_tok0[g], ctx->grp_ntok[g], ctx->q16,
-                                 k_cache(ctx, il), v_cache(ctx, il), ctx->split, ctx->att,
-                                 L->wo.dt));
+                                 layer_kv(ctx, il), ctx->split, ctx->att, L->wo.dt));
     }
     return KG_OK;
 }
@@ -540,7 +539,7 @@ run_step(cuda_ctx_t *ctx, int32_t rows, int32_t out_rows, bool single, bool head
                                            hp->attn_temp_nope ? 1 : 0,
                                            hp->v_norm};
             KG_TRY(kg_cuda_rope_store(st, rows, in, &rsh, &ops, ctx->qkv, cs, ctx->q16,
-                                      k_cache(ctx, il), v_cache(ctx, il)));
+                                      layer_kv(ctx, il)));
             KG_TRY(attention(ctx, il, rows, single));
             if (hp->attn_out_gate) { /* qwen35: times sigmoid of the query's gate */
                 KG_TRY(kg_cuda_attn_gate(st, rows, hdr, ctx->qkv + n_q + 2 * n_kv, qkv_w, ctx->att,
@@ -899,7 +898,8 @@ kg_status_t cuda_kv_copy(kg_backend_t *be, const int32_t *src, const int32_t *ds
         if (L->kv_il < 0) {
             continue;
         }
-        const size_t block = (size_t)ctx->block_size * (size_t)ML->n_head_kv * ML->head_dim;
+        const size_t block = kg_kv_block_bytes(ctx->kv_type == KG_KV_Q8_0, ctx->block_size,
+                                               (int64_t)ML->n_head_kv * ML->head_dim);
         if (kg_cuda_kv_copy(ctx->stream, ctx->kv + L->kv_off, L->kv_plane, ctx->kv_caches, block,
                             src, dst, n) != KG_OK) {
             return cuda_mark_dead(ctx, "the KV block copy");

@@ -280,7 +280,7 @@ kg_status_t kg_cuda_op_rope_store(
                                     a->norm_eps));
     }
     TRY_OUT(kg_cuda_rope_store(0, T, in, &sh, &ops, (float *)dqkv, (const float *)dcs, (__half *)dq,
-                               (__half *)dk, (__half *)dv));
+                               kg_cuda_kv_t{dk, dv, 0}));
     TRY_OUT(fetch(q_out, dq, (size_t)T * n_q, KG_CUDA_OP_F16));
     TRY_OUT(fetch(k_cache, dk, cache, KG_CUDA_OP_F16));
     TRY_OUT(fetch(v_cache, dv, cache, KG_CUDA_OP_F16));
@@ -349,8 +349,8 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
                 ntok += tn[g1++];
             }
             TRY_OUT(kg_cuda_attention(0, in, &sh, &plan, &lay, g0, g1 - g0, t0[g0], ntok,
-                                      (const __half *)dq, (const __half *)dk, (const __half *)dv,
-                                      (float *)dscr, dout, (kg_cuda_dtype_t)dtype));
+                                      (const __half *)dq, kg_cuda_kv_t{dk, dv, 0}, (float *)dscr,
+                                      dout, (kg_cuda_dtype_t)dtype));
             g0 = g1;
         }
     }

@@ -14,16 +14,17 @@ kv_copy_kernel(uint16_t *kv, size_t plane_elems, size_t block_elems, size_t from
 }
 
 kg_status_t kg_cuda_kv_copy(cudaStream_t stream,
-                            __half *kv,
-                            size_t plane_elems,
+                            uint8_t *kv,
+                            size_t plane_bytes,
                             int32_t n_planes,
-                            size_t block_elems,
+                            size_t block_bytes,
                             const int32_t *src,
                             const int32_t *dst,
                             int32_t n) {
-    if (n_planes <= 0 || block_elems == 0) {
+    if (n_planes <= 0 || block_bytes == 0) {
         return KG_OK;
     }
+    const size_t plane_elems = plane_bytes / 2, block_elems = block_bytes / 2;
     size_t bx = (block_elems + 255) / 256;
     bx = bx > 1024 ? 1024 : bx;
     for (int32_t i = 0; i < n; i++) {
@@ -44,11 +45,11 @@ extern "C" kg_status_t kg_cuda_op_kv_copy(uint16_t *kv,
                                           int32_t n) {
     const size_t plane = (size_t)n_blocks * (size_t)block_elems;
     const size_t bytes = plane * (size_t)n_planes * sizeof(uint16_t);
-    __half *d = NULL;
+    uint8_t *d = NULL;
     kg_status_t st = KG_OK;
     KG_CUDA_CHECK(cudaMalloc((void **)&d, bytes));
     if (cudaMemcpy(d, kv, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
-        kg_cuda_kv_copy(0, d, plane, n_planes, (size_t)block_elems, src, dst, n) != KG_OK ||
+        kg_cuda_kv_copy(0, d, plane * 2, n_planes, (size_t)block_elems * 2, src, dst, n) != KG_OK ||
         cudaMemcpy(kv, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
         st = KG_ERR_BACKEND;
     }

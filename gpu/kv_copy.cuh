@@ -5,15 +5,16 @@
 
 #include "cuda_common.cuh"
 
-/** On `stream`: for i < n, the `block_elems` halves of block src[i] of each
- * of the `n_planes` planes of `kv` (a plane every `plane_elems` halves: K
- * and V of every layer) into block dst[i]. src/dst are host arrays; their
- * values travel as kernel arguments, so nothing is allocated. */
+/** On `stream`: for i < n, the `block_bytes` bytes (even: f16 rows or
+ * Q8_0 blocks, kv_cache.cuh) of block src[i] of each of the `n_planes`
+ * planes of `kv` (a plane every `plane_bytes`: K and V of a layer) into
+ * block dst[i]. src/dst are host arrays; their values travel as kernel
+ * arguments, so nothing is allocated. */
 kg_status_t kg_cuda_kv_copy(cudaStream_t stream,
-                            __half *kv,
-                            size_t plane_elems,
+                            uint8_t *kv,
+                            size_t plane_bytes,
                             int32_t n_planes,
-                            size_t block_elems,
+                            size_t block_bytes,
                             const int32_t *src,
                             const int32_t *dst,
                             int32_t n);

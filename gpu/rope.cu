@@ -41,8 +41,7 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
                                                                   float *__restrict__ qkv,
                                                                   const float *__restrict__ rope_cs,
                                                                   __half *__restrict__ q16,
-                                                                  __half *__restrict__ k_cache,
-                                                                  __half *__restrict__ v_cache) {
+                                                                  kg_cuda_kv_t kv) {
     const int32_t t = blockIdx.x;
     if (t >= in.hdr->n_tokens) {
         return;
@@ -121,14 +120,32 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(kg_cuda_inputs
             __half *dst = q16 + (int64_t)t * n_q + (int64_t)h * hd;
             dst[ia] = __float2half_rn(a);
             dst[ib] = __float2half_rn(b);
+        } else if (kv.q8) { /* quantized below, a block of 32 at a time */
+            src[(int64_t)h * hd + ia] = a;
+            src[(int64_t)h * hd + ib] = b;
         } else {
-            __half *dst = k_cache + row * n_kv + (int64_t)(h - sh.n_head) * hd;
+            __half *dst = (__half *)kv.k + row * n_kv + (int64_t)(h - sh.n_head) * hd;
             dst[ia] = __float2half_rn(a);
             dst[ib] = __float2half_rn(b);
         }
     }
-    for (int64_t e = threadIdx.x; e < n_kv; e += blockDim.x) {
-        v_cache[row * n_kv + e] = __float2half_rn(src[n_q + n_kv + e]);
+    if (!kv.q8) {
+        for (int64_t e = threadIdx.x; e < n_kv; e += blockDim.x) {
+            ((__half *)kv.v)[row * n_kv + e] = __float2half_rn(src[n_q + n_kv + e]);
+        }
+        return;
+    }
+    /* 3. Q8_0: the rotated k and v rows, a warp per block of 32 (k's
+     * blocks, then v's: they follow each other in src) */
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int32_t kb = (int32_t)(n_kv / 32);
+    for (int32_t b = warp; b < 2 * kb; b += n_warps) {
+        void *plane = b < kb ? kv.k : kv.v;
+        const int32_t bb = b < kb ? b : b - kb;
+        kg_kv_q8_store32(src[n_q + (int64_t)b * 32 + lane], lane,
+                         kg_kv_q8_vals(plane, row, sh.block_size, n_kv) + bb * 32,
+                         kg_kv_q8_scales(plane, row, sh.block_size, n_kv) + bb);
     }
 }
 
@@ -140,13 +157,11 @@ kg_status_t kg_cuda_rope_store(cudaStream_t stream,
                                float *qkv,
                                const float *rope_cs,
                                __half *q16,
-                               __half *k_cache,
-                               __half *v_cache) {
+                               kg_cuda_kv_t kv) {
     if (n_launch <= 0) {
         return KG_OK;
     }
-    rope_store_kernel<<<n_launch, ROPE_THREADS, 0, stream>>>(in, *sh, *ops, qkv, rope_cs, q16,
-                                                             k_cache, v_cache);
+    rope_store_kernel<<<n_launch, ROPE_THREADS, 0, stream>>>(in, *sh, *ops, qkv, rope_cs, q16, kv);
     KG_CUDA_CHECK_LAUNCH();
     return KG_OK;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "cuda_common.cuh"
+#include "kv_cache.cuh"
 
 /* One RoPE of the model (llama.cpp's rope_ext arguments): the layers that
  * share a base and scale share one. */
@@ -58,8 +59,9 @@ typedef struct kg_cuda_qkv_ops {
  * as the CPU backend does it: add the biases, RMSNorm every q and k head
  * (and v head: ops->v_norm) in place in qkv, rotate the first n_rot dims of every q and k head
  * (kg_rope_pair on the pairs of ops->neox's mode; the rest pass through),
- * scale q, write q as fp16 into q16 (t, n_head*hd), and k, v as fp16 into
- * row table[tbl_off[t] + pos/bs]*bs + pos%bs of k_cache, v_cache. With
+ * scale q, write q as fp16 into q16 (t, n_head*hd), and k, v into row
+ * table[tbl_off[t] + pos/bs]*bs + pos%bs of kv's planes, as fp16 or as
+ * Q8_0 blocks (kv_cache.cuh; q8 writes the rotated k back into qkv). With
  * sh->n_head_kv 0 (a Gemma 4 shared-KV layer) only q: nothing is stored. */
 kg_status_t kg_cuda_rope_store(cudaStream_t stream,
                                int32_t n_launch,
@@ -69,5 +71,4 @@ kg_status_t kg_cuda_rope_store(cudaStream_t stream,
                                float *qkv,
                                const float *rope_cs,
                                __half *q16,
-                               __half *k_cache,
-                               __half *v_cache);
+                               kg_cuda_kv_t kv);

@@ -200,13 +200,29 @@ void kg_backend_lora_remove(kg_backend_t *be, int32_t id) {
     }
 }
 
-size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
+const char *kg_kv_type_name(kg_kv_type_t t) {
+    return t == KG_KV_Q8_0 ? "q8_0" : "f16";
+}
+
+kg_status_t kg_kv_type_parse(const char *s, kg_kv_type_t *t) {
+    if (s && strcmp(s, "f16") == 0) {
+        *t = KG_KV_F16;
+    } else if (s && strcmp(s, "q8_0") == 0) {
+        *t = KG_KV_Q8_0;
+    } else {
+        return KG_ERR_INVALID;
+    }
+    return KG_OK;
+}
+
+size_t kg_backend_kv_bytes_per_token(const kg_model_t *model, kg_kv_type_t type) {
     const kg_hparams_t *hp = &model->hp;
-    /* K and V, fp16, per layer (the CPU backend's layout; CUDA's is the same
-     * size), each layer's own shape; a layer reading another's K/V (Gemma
-     * 4's shared layers) has none; multi-head latent attention caches one
-     * latent row (head_dim = kv_lora_rank + rope dims, n_head_kv 1) whose
-     * first dims are the values: K only */
+    /* K and V per layer, each layer's own shape (fp16: the CPU backend's
+     * layout, CUDA's the same size; Q8_0: 34 bytes per 32 values, the CUDA
+     * backend's blocks); a layer reading another's K/V (Gemma 4's shared
+     * layers) has none; multi-head latent attention caches one latent row
+     * (head_dim = kv_lora_rank + rope dims, n_head_kv 1) whose first dims are
+     * the values: K only */
     const size_t n_caches = hp->n_lora_kv > 0 ? 1 : 2;
     size_t n = 0;
     for (int32_t il = 0; il < hp->n_layer; il++) {
@@ -214,7 +230,10 @@ size_t kg_backend_kv_bytes_per_token(const kg_model_t *model) {
         /* a recurrent layer keeps a state per sequence instead
          * (kg_backend_state_bytes_per_seq) */
         if (L->kv_layer == il && L->kind == KG_LAYER_ATTN) {
-            n += n_caches * (size_t)L->n_head_kv * (size_t)L->head_dim * sizeof(uint16_t);
+            const size_t row = (size_t)L->n_head_kv * (size_t)L->head_dim;
+            /* (rows of a multiple of 32 values, as the backend requires;
+             * rounded up so no shape sizes to 0) */
+            n += n_caches * (type == KG_KV_Q8_0 ? (row + 31) / 32 * 34 : row * sizeof(uint16_t));
         }
     }
     return n;

@@ -72,10 +72,24 @@ typedef struct kg_step_batch {
     const int32_t *flash_len; /* (n_tokens) or NULL */
 } kg_step_batch_t;
 
+/* How the KV pool stores K and V (--kv-type). */
+typedef enum kg_kv_type {
+    KG_KV_F16 = 0, /* fp16, llama.cpp's default (every backend) */
+    KG_KV_Q8_0,    /* GGUF's Q8_0 blocks: 32 int8 values and an fp16 scale (34 bytes for 64),
+                      each token's rows quantized alone (CUDA backend) */
+} kg_kv_type_t;
+
+/** "f16" or "q8_0". */
+const char *kg_kv_type_name(kg_kv_type_t t);
+
+/** KG_OK and *t for "f16" or "q8_0"; KG_ERR_INVALID otherwise. */
+KG_NODISCARD kg_status_t kg_kv_type_parse(const char *s, kg_kv_type_t *t);
+
 typedef struct kg_backend_params {
     int32_t n_threads;         /* CPU threads; <= 0 means all cores */
     int32_t n_kv_blocks;       /* blocks in the KV pool */
     int32_t kv_block_size;     /* tokens per block */
+    kg_kv_type_t kv_type;      /* the pool's element type (a backend refuses one it lacks) */
     int32_t max_batch_tokens;  /* most tokens in one step */
     int32_t max_seq_len;       /* per-sequence context (picks LongRoPE's short or long factors,
                                   as llama.cpp's n_ctx_seq does); <= 0: the model's n_ctx_train */
@@ -269,8 +283,9 @@ bool kg_backend_has_lora(const kg_backend_t *be);
 /** Forget adapter `id` (no running sequence may use it). @thread engine */
 void kg_backend_lora_remove(kg_backend_t *be, int32_t id);
 
-/** Bytes of KV cache one token takes in this backend (to size the pool). */
-size_t kg_backend_kv_bytes_per_token(const kg_model_t *model);
+/** Bytes of KV cache one token takes when the pool holds `type` (to size
+ * the pool; every backend lays its pool out at this size). */
+size_t kg_backend_kv_bytes_per_token(const kg_model_t *model, kg_kv_type_t type);
 
 /** Check that every tensor of `model` has one of the n_types types in
  * `types`: KG_OK, or KG_ERR_UNSUPPORTED with errstr naming the backend, the

@@ -31,6 +31,8 @@ const char kg_cli_engine_help[] =
     "  --ctx N                context per sequence (default: the model's, at most 4096)\n"
     "  --kv-memory MIB        KV pool size (default: max-batch-size full contexts)\n"
     "  --kv-block-size N      tokens per KV block (default 16)\n"
+    "  --kv-type f16|q8_0     K/V element type (default f16; q8_0: cuda backend, 1.88x the\n"
+    "                         tokens in the same --kv-memory)\n"
     "  --prefix-cache[=BOOL]  share KV blocks of common prompt prefixes (default true);\n"
     "                         --no-prefix-cache is --prefix-cache=false\n";
 
@@ -79,6 +81,12 @@ int kg_cli_engine_option(int id,
     switch (id) {
     case KG_CLI_O_BACKEND:
         *backend = arg;
+        return 1;
+    case KG_CLI_O_KV_TYPE:
+        if (kg_kv_type_parse(arg, &o->kv_type) != KG_OK) {
+            fprintf(stderr, "%s: --kv-type: expected f16 or q8_0, got '%s'\n", prog, arg);
+            return -1;
+        }
         return 1;
     case KG_CLI_O_PREFIX_CACHE:
         if (arg && !kg_cli_parse_bool(arg, &o->prefix_cache)) {

@@ -28,6 +28,7 @@ enum {
     KG_CLI_O_CTX,
     KG_CLI_O_KV_MEMORY,
     KG_CLI_O_KV_BLOCK_SIZE,
+    KG_CLI_O_KV_TYPE,
     KG_CLI_O_PREFIX_CACHE,
     KG_CLI_O_NO_PREFIX_CACHE,
 };
@@ -39,6 +40,7 @@ enum {
         {"ctx", required_argument, 0, KG_CLI_O_CTX},                                               \
         {"kv-memory", required_argument, 0, KG_CLI_O_KV_MEMORY},                                   \
         {"kv-block-size", required_argument, 0, KG_CLI_O_KV_BLOCK_SIZE},                           \
+        {"kv-type", required_argument, 0, KG_CLI_O_KV_TYPE},                                       \
         {"prefix-cache", optional_argument, 0, KG_CLI_O_PREFIX_CACHE}, {                           \
         "no-prefix-cache", no_argument, 0, KG_CLI_O_NO_PREFIX_CACHE                                \
     }

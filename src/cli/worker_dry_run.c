@@ -38,6 +38,11 @@ int kg_worker_dry_run(const kg_config_t *cfg, const kg_model_t *model, FILE *out
     o.ctx = cfg->ctx;
     o.kv_block_size = cfg->kv_block_size;
     o.kv_memory_mib = cfg->kv_memory_mib;
+    if (kg_kv_type_parse(cfg->kv_type, &o.kv_type) != KG_OK) {
+        fprintf(stderr, "kgen-worker --dry-run: --kv-type: expected f16 or q8_0, got '%s'\n",
+                cfg->kv_type);
+        return 2;
+    }
     o.prefix_cache = cfg->prefix_cache;
     o.threads = cfg->threads;
     kg_engine_params_t ep;
@@ -56,7 +61,7 @@ int kg_worker_dry_run(const kg_config_t *cfg, const kg_model_t *model, FILE *out
         fprintf(stderr, "kgen-worker --dry-run: out of memory\n");
         return 2;
     }
-    const uint64_t per_token = kg_backend_kv_bytes_per_token(model);
+    const uint64_t per_token = kg_backend_kv_bytes_per_token(model, o.kv_type);
     const uint64_t kv_tokens = (uint64_t)ep.n_kv_blocks * (uint64_t)ep.kv_block_size;
     const uint64_t kv = kv_tokens * per_token;
     char a[32], b[32], c[32];
@@ -71,18 +76,23 @@ int kg_worker_dry_run(const kg_config_t *cfg, const kg_model_t *model, FILE *out
             native ? "" : ", KGEN_CUDA_NATIVE_QUANT=0 or cuBLAS",
             size_str(px.weight_bytes, c, sizeof(c)));
     fprintf(out,
-            "kv cache    %s: %d blocks of %d tokens x %.1f KiB a token (%d sequences, "
+            "kv cache    %s of %s: %d blocks of %d tokens x %.1f KiB a token (%d sequences, "
             "context %d%s)\n",
-            size_str(kv, a, sizeof(a)), ep.n_kv_blocks, ep.kv_block_size,
-            (double)per_token / 1024.0, ep.max_batch_size, ep.max_seq_len,
+            size_str(kv, a, sizeof(a)), kg_kv_type_name(o.kv_type), ep.n_kv_blocks,
+            ep.kv_block_size, (double)per_token / 1024.0, ep.max_batch_size, ep.max_seq_len,
             clamped ? ", cut to what the pool holds" : "");
     const uint64_t total = p.weight_bytes + kv;
     fprintf(out,
             "cuda total  %s (weights + kv cache; the step's buffers and the CUDA context come on "
             "top)\n",
             size_str(total, a, sizeof(a)));
-    fprintf(out, "cpu         weights %s (the file, mapped) + kv cache %s\n",
-            size_str(p.file_bytes, a, sizeof(a)), size_str(kv, b, sizeof(b)));
+    if (o.kv_type == KG_KV_F16) {
+        fprintf(out, "cpu         weights %s (the file, mapped) + kv cache %s\n",
+                size_str(p.file_bytes, a, sizeof(a)), size_str(kv, b, sizeof(b)));
+    } else {
+        fprintf(out, "cpu         --kv-type %s: the cpu backend keeps K/V in f16 only\n",
+                kg_kv_type_name(o.kv_type));
+    }
     if (cfg->device_memory_mib > 0) {
         const uint64_t dev = (uint64_t)cfg->device_memory_mib << 20;
         if (total > dev) {

@@ -118,6 +118,10 @@ static const opt_t options[] = {
     {"kv-memory", OPT_INT, OFF(kv_memory_mib), "0", 0, 1 << 30, "Engine",
      "KV cache pool in MiB (0 = enough for max-batch-size full contexts)"},
     {"kv-block-size", OPT_INT, OFF(kv_block_size), "16", 1, 1024, "Engine", "tokens per KV block"},
+    {"kv-type", OPT_STR, OFF(kv_type), "f16", 0, 0, "Engine",
+     "how K and V are stored: f16, or q8_0 (cuda backend: GGUF's Q8_0 blocks, 34 bytes per 32 "
+     "values, so --kv-memory holds 1.88x the tokens; logits within the NMSE bound of "
+     "gpu/README.md)"},
     {"ctx", OPT_INT, OFF(ctx), "0", 0, 1 << 24, "Engine",
      "context per sequence, prompt + output (0 = the model's, at most 4096)"},
     {"max-prompt-tokens", OPT_INT, OFF(max_prompt_tokens), "0", 0, 1 << 24, "Limits",
@@ -527,6 +531,17 @@ kg_status_t kg_config_parse(
         strcmp(cfg->backend, "cuda") != 0) {
         snprintf(errstr, errstr_size, "--backend: expected auto, cpu or cuda, got '%s'",
                  cfg->backend);
+        return KG_ERR_INVALID;
+    }
+    /* kg_kv_type_parse's names (the backend layer's; config sits below it) */
+    if (strcmp(cfg->kv_type, "f16") != 0 && strcmp(cfg->kv_type, "q8_0") != 0) {
+        snprintf(errstr, errstr_size, "--kv-type: expected f16 or q8_0, got '%s'", cfg->kv_type);
+        return KG_ERR_INVALID;
+    }
+    if (strcmp(cfg->kv_type, "f16") != 0 && strcmp(cfg->backend, "cpu") == 0) {
+        snprintf(errstr, errstr_size,
+                 "--kv-type %s needs the cuda backend (the cpu backend keeps K/V in f16)",
+                 cfg->kv_type);
         return KG_ERR_INVALID;
     }
     if (strcmp(cfg->group_protocol, "auto") != 0 && strcmp(cfg->group_protocol, "consumer") != 0 &&

@@ -52,6 +52,7 @@ typedef struct kg_config {
     int64_t max_batch_tokens;
     int64_t kv_memory_mib;
     int64_t kv_block_size;
+    char *kv_type;
     int64_t ctx;
     int64_t max_prompt_tokens;
     int64_t max_tokens_limit;

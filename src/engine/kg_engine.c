@@ -543,7 +543,8 @@ kg_engine_params_t kg_engine_params_default(const kg_model_t *model, size_t kv_m
     p.non_causal = kg_model_non_causal(model);
     size_t n_blocks;
     if (kv_memory_size > 0) {
-        size_t block_bytes = kg_backend_kv_bytes_per_token(model) * (size_t)p.kv_block_size;
+        size_t block_bytes =
+            kg_backend_kv_bytes_per_token(model, KG_KV_F16) * (size_t)p.kv_block_size;
         n_blocks = block_bytes > 0 ? kv_memory_size / block_bytes : 0;
     } else {
         size_t n_tok = (size_t)p.max_batch_size * (size_t)p.max_seq_len;

@@ -45,7 +45,7 @@ kg_status_t kg_engine_size(const kg_model_t *model,
     const int64_t bs = p.kv_block_size;
     int64_t n_blocks;
     if (o->kv_memory_mib > 0) {
-        int64_t block_bytes = (int64_t)kg_backend_kv_bytes_per_token(model) * bs;
+        int64_t block_bytes = (int64_t)kg_backend_kv_bytes_per_token(model, o->kv_type) * bs;
         n_blocks = ((int64_t)o->kv_memory_mib << 20) / block_bytes;
     } else {
         /* every slot at full context, plus the headroom admission keeps
@@ -76,6 +76,7 @@ kg_status_t kg_engine_size(const kg_model_t *model,
     bp->n_threads = (int32_t)o->threads;
     bp->n_kv_blocks = p.n_kv_blocks;
     bp->kv_block_size = p.kv_block_size;
+    bp->kv_type = o->kv_type;
     bp->max_batch_tokens = p.max_batch_tokens;
     bp->max_seq_len = p.max_seq_len;
     bp->n_seq_slots = p.max_batch_size;

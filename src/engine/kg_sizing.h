@@ -23,6 +23,7 @@ typedef struct kg_engine_options {
     int64_t kv_block_size;    /* --kv-block-size: tokens per KV block (default 16) */
     int64_t kv_memory_mib;    /* --kv-memory: KV pool in MiB (default: max_batch_size full
                                  contexts at once) */
+    kg_kv_type_t kv_type;     /* --kv-type: the pool's element type (default f16) */
     bool prefix_cache;        /* --prefix-cache (kg_engine_options_default: true) */
     int64_t threads;          /* --threads: CPU threads (default all cores) */
 } kg_engine_options_t;

@@ -199,6 +199,10 @@ kg_worker_new(const kg_config_t *cfg, const kg_model_t *model, char *errstr, siz
     so.engine.ctx = cfg->ctx;
     so.engine.kv_block_size = cfg->kv_block_size;
     so.engine.kv_memory_mib = cfg->kv_memory_mib;
+    if (kg_kv_type_parse(cfg->kv_type, &so.engine.kv_type) != KG_OK) {
+        snprintf(errstr, errstr_size, "--kv-type: expected f16 or q8_0, got '%s'", cfg->kv_type);
+        goto fail;
+    }
     so.engine.prefix_cache = cfg->prefix_cache;
     so.engine.threads = cfg->threads;
     so.grammar_bytes = KG_GRAMMAR_CACHE_DEFAULT_BYTES;

@@ -68,6 +68,14 @@ grep -q '^cuda        weights .* (1.00x the file; ' "$T/plan.txt" || kg_fail "pl
 grep -q '^kv cache    .* x 1.0 KiB a token (4 sequences, context 512)$' "$T/plan.txt" ||
     kg_fail "plan: $(cat "$T/plan.txt")"
 grep -q '^device      64.0 MiB: fits' "$T/plan.txt" || kg_fail "plan: $(cat "$T/plan.txt")"
+# --kv-type q8_0 with --kv-memory: 34 bytes per 32 values (544 B a token), so the same 16 MiB
+# hold 1.88x the blocks: 16 MiB / (16 x 544 B) = 1927 blocks (f16: 1024)
+"$KG_BIN/kgen-worker" --model "$T/q4km.gguf" --dry-run --kv-memory 16 --kv-type q8_0 \
+    >"$T/plan_q8.txt" || kg_fail "--dry-run --kv-type q8_0: $(cat "$T/plan_q8.txt")"
+grep -q '^kv cache    .* of q8_0: 1927 blocks of 16 tokens x 0.5 KiB a token' "$T/plan_q8.txt" ||
+    kg_fail "plan: $(cat "$T/plan_q8.txt")"
+grep -q '^cpu         --kv-type q8_0: the cpu backend keeps K/V in f16 only$' "$T/plan_q8.txt" ||
+    kg_fail "plan: $(cat "$T/plan_q8.txt")"
 rc=0
 "$KG_BIN/kgen-worker" --model "$T/q4km.gguf" --dry-run --device-memory 1 >"$T/plan2.txt" \
     2>"$T/plan2.err" || rc=$?

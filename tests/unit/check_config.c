@@ -134,6 +134,8 @@ START_TEST(bad_input_is_an_error) {
         {3, {"w", "-X", "novalue"}, "key=value"},
         {3, {"w", "--backend", "tpu"}, "backend"},
         {3, {"w", "--log-format", "xml"}, "log-format"},
+        {4, {"w", "--demo", "1", "--kv-type=q4_0"}, "expected f16 or q8_0"},
+        {4, {"w", "--backend=cpu", "--demo=1", "--kv-type=q8_0"}, "needs the cuda backend"},
         {1, {"w"}, "--model is required"},
         {3, {"w", "--drain-timeout", "nan"}, "drain-timeout"},
         {2, {"w", "--model"}, "needs a value"},

@@ -1037,14 +1037,22 @@ START_TEST(attention_head_width_selection) {
 }
 END_TEST
 
-static kg_backend_t *make_backend(const char *name, const kg_model_t *m, int max_tokens) {
+static kg_backend_t *
+make_backend_kv(const char *name, const kg_model_t *m, int max_tokens, kg_kv_type_t kv_type) {
     char err[512] = "";
-    kg_backend_params_t p = {
-        .n_threads = 2, .n_kv_blocks = 32, .kv_block_size = 4, .max_batch_tokens = max_tokens};
+    kg_backend_params_t p = {.n_threads = 2,
+                             .n_kv_blocks = 32,
+                             .kv_block_size = 4,
+                             .kv_type = kv_type,
+                             .max_batch_tokens = max_tokens};
     kg_backend_t *be = strcmp(name, "cpu") == 0 ? kg_backend_cpu_new(m, &p, err, sizeof(err))
                                                 : kg_backend_cuda_new(m, &p, err, sizeof(err));
     ck_assert_msg(be != NULL, "%s backend: %s", name, err);
     return be;
+}
+
+static kg_backend_t *make_backend(const char *name, const kg_model_t *m, int max_tokens) {
+    return make_backend_kv(name, m, max_tokens, KG_KV_F16);
 }
 
 /* A step: `n` tokens as (seq, first position, count, wants logits of its last). */
@@ -1320,6 +1328,107 @@ START_TEST(step_native_blocks) {
     free(ln), free(le);
     kg_backend_free(nat);
     kg_backend_free(exp);
+    kg_model_free(m);
+}
+END_TEST
+
+/* --kv-type q8_0 (kv_cache.cuh): K and V as Q8_0 blocks. Against the f16
+ * pool on the same steps: logits within KV_Q8_NMSE of them (and not equal:
+ * the blocks are used), a pool of 34/64 the bytes, a sequence's logits
+ * alone equal to its rows among the others (batch invariance), and a block
+ * copy (n choices) that gives a copied sequence the source's next logits
+ * bit for bit. Refused where it cannot run: the CPU backend, a head width
+ * that is no multiple of 32. */
+#define KV_Q8_NMSE 2e-4
+START_TEST(step_kv_q8_0) {
+    kg_test_model_opts_t o = {.n_embd = 256,
+                              .n_layer = 2,
+                              .n_head = 4,
+                              .n_head_kv = 2,
+                              .n_ff = 256,
+                              .type = "f16",
+                              .seed = 31};
+    kg_model_t *m = load(kg_test_make_model(&o));
+    const int V = m->hp.n_vocab;
+    kg_backend_t *f16 = make_backend("cuda", m, 32);
+    kg_backend_t *q8 = make_backend_kv("cuda", m, 32, KG_KV_Q8_0);
+    kg_backend_t *solo = make_backend_kv("cuda", m, 32, KG_KV_Q8_0);
+    kg_backend_memory_t mf, mq;
+    kg_backend_memory(f16, &mf);
+    kg_backend_memory(q8, &mq);
+    ck_assert_uint_eq(mq.kv_size, 32 * 4 * kg_backend_kv_bytes_per_token(m, KG_KV_Q8_0));
+    ck_assert_uint_eq(mq.kv_size * 64, mf.kv_size * 34);
+    char err[256] = "";
+    kg_backend_params_t bp = {.n_threads = 1,
+                              .n_kv_blocks = 8,
+                              .kv_block_size = 4,
+                              .kv_type = KG_KV_Q8_0,
+                              .max_batch_tokens = 8};
+    ck_assert_ptr_null(kg_backend_cpu_new(m, &bp, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "--kv-type q8_0") != NULL, "%s", err);
+
+    float *lf = malloc((size_t)32 * V * 4), *lq = malloc((size_t)32 * V * 4);
+    float *ls = malloc((size_t)32 * V * 4);
+    step_t s, s0;
+    const chunk_t s1[2] = {{0, 0, 7}, {1, 0, 5}};
+    const chunk_t s2[3] = {{0, 7, 1}, {1, 5, 5}, {2, 0, 3}};
+    double worst = 0.0;
+    bool differ = false;
+    for (int k = 0; k < 8; k++) {
+        if (k == 0) {
+            build_step(&s, s1, 2, true);
+            build_step(&s0, s1, 1, true);
+        } else if (k == 1) {
+            build_step(&s, s2, 3, true);
+            build_step(&s0, s2, 1, true);
+        } else { /* decodes: the graph of bucket 4 warmed up, captured, replayed */
+            const chunk_t d[3] = {{0, 6 + k, 1}, {1, 8 + k, 1}, {2, 1 + k, 1}};
+            build_step(&s, d, 3, false);
+            build_step(&s0, d, 1, false);
+        }
+        kg_step_batch_t b = as_batch(&s), b0 = as_batch(&s0);
+        ck_assert_int_eq(kg_backend_forward(f16, &b, lf), KG_OK);
+        ck_assert_int_eq(kg_backend_forward(q8, &b, lq), KG_OK);
+        ck_assert_int_eq(kg_backend_forward(solo, &b0, ls), KG_OK);
+        for (int r = 0; r < s.n_outputs; r++) {
+            const double e = nmse(lf + (size_t)r * V, lq + (size_t)r * V, (size_t)V);
+            worst = e > worst ? e : worst;
+            ck_assert_msg(e < KV_Q8_NMSE, "step %d row %d: nmse %g against the f16 pool", k, r, e);
+        }
+        differ |= memcmp(lf, lq, (size_t)s.n_outputs * V * 4) != 0;
+        /* sequence 0's rows come first in both */
+        ck_assert_msg(memcmp(ls, lq, (size_t)s0.n_outputs * V * 4) == 0,
+                      "step %d: sequence 0 alone differs from its rows among the others", k);
+    }
+    ck_assert_msg(differ, "the q8_0 pool gave the f16 pool's logits: nothing was quantized");
+    fprintf(stderr, "step_kv_q8_0: worst logit nmse against the f16 pool %.3g\n", worst);
+
+    /* a fork: sequence 0's first two blocks (positions 0-7) copied to
+     * sequence 1's, then both decode position 8 with the same token */
+    const int32_t from[2] = {k_step_table[0], k_step_table[1]};
+    const int32_t to[2] = {k_step_table[8], k_step_table[9]};
+    ck_assert_int_eq(kg_backend_kv_copy(solo, from, to, 2), KG_OK);
+    memset(&s, 0, sizeof(s));
+    s.n_tokens = s.n_outputs = 2;
+    s.token[0] = s.token[1] = 42;
+    s.pos[0] = s.pos[1] = 8;
+    s.seq[1] = 1;
+    s.want[0] = s.want[1] = true;
+    kg_step_batch_t b = as_batch(&s);
+    ck_assert_int_eq(kg_backend_forward(solo, &b, ls), KG_OK);
+    ck_assert_msg(memcmp(ls, ls + V, (size_t)V * 4) == 0, "the copied blocks decode differently");
+    free(lf), free(lq), free(ls);
+    kg_backend_free(f16);
+    kg_backend_free(q8);
+    kg_backend_free(solo);
+    kg_model_free(m);
+
+    /* 8-dim heads (stories260K's shape) cannot hold a 32-value block */
+    kg_test_model_opts_t narrow = {
+        .n_embd = 64, .n_layer = 1, .n_head = 8, .n_head_kv = 8, .n_ff = 96, .seed = 32};
+    m = load(kg_test_make_model(&narrow));
+    ck_assert_ptr_null(kg_backend_cuda_new(m, &bp, err, sizeof(err)));
+    ck_assert_msg(strstr(err, "multiple of 32") != NULL, "%s", err);
     kg_model_free(m);
 }
 END_TEST
@@ -2217,7 +2326,7 @@ START_TEST(mla_latent_cache) {
     const kg_hparams_t *hp = &m->hp;
     const size_t want = (size_t)(hp->n_lora_kv + hp->n_rot) * (size_t)hp->n_layer * 2;
     ck_assert_uint_eq(want, (size_t)(128 + 32) * 3 * 2);
-    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m), want);
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m, KG_KV_F16), want);
     kg_backend_t *gpu = arch_backend("cuda", m);
     kg_backend_memory_t mem;
     kg_backend_memory(gpu, &mem);
@@ -2960,6 +3069,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, step_vs_cpu, 0, 1);
     tcase_add_test(tc, step_head_in_chunks);
     tcase_add_loop_test(tc, step_native_blocks, 0, 1);
+    tcase_add_test(tc, step_kv_q8_0);
     suite_add_tcase(s, tc);
     tc = tcase_create("steps");
     tcase_set_tags(tc, "gpu");

@@ -1739,7 +1739,7 @@ START_TEST(params_default_from_model) {
         ck_assert(kg_tokenizer_is_eog(model->tok, p.eog[i]));
     }
     ck_assert(kg_tokenizer_is_eog(model->tok, kg_tokenizer_eos(model->tok)));
-    size_t per_block = kg_backend_kv_bytes_per_token(model) * 16;
+    size_t per_block = kg_backend_kv_bytes_per_token(model, KG_KV_F16) * 16;
     p = kg_engine_params_default(model, per_block * 100 + per_block / 2);
     ck_assert_int_eq(p.n_kv_blocks, 100);
     kg_model_free(model);
@@ -2329,7 +2329,7 @@ START_TEST(sizing_from_options) {
     /* a pool smaller than one context cuts the context to what it holds */
     o = kg_engine_options_default();
     o.kv_memory_mib = 1;
-    size_t per_block = kg_backend_kv_bytes_per_token(model) * 16;
+    size_t per_block = kg_backend_kv_bytes_per_token(model, KG_KV_F16) * 16;
     int64_t blocks = (1 << 20) / (int64_t)per_block;
     ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
     ck_assert_int_eq(ep.n_kv_blocks, blocks);
@@ -2337,6 +2337,17 @@ START_TEST(sizing_from_options) {
         ck_assert(clamped);
         ck_assert_int_eq(ep.max_seq_len, blocks * 16);
     }
+    ck_assert_int_eq(bp.kv_type, KG_KV_F16);
+    /* --kv-type q8_0: the same MiB hold 64/34 the tokens (a 32-value row:
+     * 34 bytes instead of 64), and the backend is told */
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(model, KG_KV_Q8_0) * 64,
+                      kg_backend_kv_bytes_per_token(model, KG_KV_F16) * 34);
+    o.kv_type = KG_KV_Q8_0;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert_int_eq(ep.n_kv_blocks,
+                     (1 << 20) / (int64_t)(kg_backend_kv_bytes_per_token(model, KG_KV_Q8_0) * 16));
+    ck_assert_int_gt(ep.n_kv_blocks, blocks);
+    ck_assert_int_eq(bp.kv_type, KG_KV_Q8_0);
 
     /* options that cannot work together */
     o = kg_engine_options_default();

@@ -41,7 +41,7 @@ START_TEST(kv_cache_holds_the_latent) {
     ck_assert(kg_model_features(m) & KG_MODEL_FEAT_MLA);
     /* (kv_lora_rank + rope dims) x layers x fp16 */
     const size_t want = (size_t)(128 + 32) * 3 * 2;
-    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m), want);
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m, KG_KV_F16), want);
     /* full heads would cache K (4 x 96) and V (4 x 64) per layer: 5x more */
     ck_assert_uint_eq((size_t)(4 * 96 + 4 * 64) * 3 * 2, 4 * want);
 
@@ -88,7 +88,7 @@ START_TEST(dense_model_keeps_both_caches) {
                      0);
     kg_model_t *m = load(path);
     ck_assert(!(kg_model_features(m) & KG_MODEL_FEAT_MLA));
-    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m), (size_t)2 * 2 * 2 * 16 * 2);
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m, KG_KV_F16), (size_t)2 * 2 * 2 * 16 * 2);
     kg_model_free(m);
 }
 END_TEST

@@ -583,7 +583,7 @@ START_TEST(gemma4_layers) {
     ck_assert_int_eq(L[2].n_ff, 128);
     ck_assert(m->pl_tok_embd != NULL && L[3].pe_gate != NULL);
     /* K and V in fp16 of layers 0 (1 x 16) and 1 (1 x 32) only */
-    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m), 2 * 2 * (16 + 32));
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_token(m, KG_KV_F16), 2 * 2 * (16 + 32));
     const uint32_t f = kg_model_features(m);
     ck_assert(f & KG_MODEL_FEAT_HEAD_PER_LAYER);
     ck_assert(f & KG_MODEL_FEAT_KV_SHARED);

@@ -417,6 +417,13 @@ kg_backend_t *kg_backend_cpu_new(const kg_model_t *model,
         snprintf(errstr, errstr_size, "cpu backend: cannot start %d threads", ctx->n_threads);
         goto fail;
     }
+    if (params->kv_type != KG_KV_F16) {
+        snprintf(errstr, errstr_size,
+                 "cpu backend: --kv-type %s is a cuda backend option (the cpu backend keeps K/V "
+                 "in f16)",
+                 kg_kv_type_name(params->kv_type));
+        goto fail;
+    }
     ctx->n_kv_blocks = params->n_kv_blocks;
     ctx->block_size = params->kv_block_size;
     ctx->max_tokens = params->max_batch_tokens;
