@@ -22,9 +22,12 @@
  * Prints one JSON object; exits 1 when the NMSE bound is exceeded or a
  * greedy pick differs without a near tie, 2 on a setup error.
  *
+ * --kv-type q8_0 gives the CUDA backend a Q8_0 KV pool (the CPU keeps
+ * f16): the NMSE is then the quantized cache's error as well.
+ *
  * usage: kgen-parity --model FILE [--contexts 4096,1500,700,300,97]
  *        [--gen 16] [--chunk 512] [--nmse-max 1e-3] [--margin 8]
- *        [--min-sampled-agree 0.95] [--threads N] [--seed S] */
+ *        [--min-sampled-agree 0.95] [--threads N] [--seed S] [--kv-type f16|q8_0] */
 #include "backend/kg_backend.h"
 #include "core/kg_clock.h"
 #include "core/kg_log.h"
@@ -59,6 +62,7 @@ typedef struct opts {
     int32_t gen, chunk, threads;
     double nmse_max, margin, min_agree;
     uint64_t seed;
+    kg_kv_type_t kv_type; /* the CUDA backend's pool */
 } opts_t;
 
 static int parse_list(const char *s, int32_t *out, int max) {
@@ -75,7 +79,7 @@ static int parse_list(const char *s, int32_t *out, int max) {
 static int usage(void) {
     fprintf(stderr, "usage: kgen-parity --model FILE [--contexts L1,L2,...] [--gen N] "
                     "[--chunk T] [--nmse-max X] [--margin K] [--min-sampled-agree F] "
-                    "[--threads N] [--seed S]\n");
+                    "[--threads N] [--seed S] [--kv-type f16|q8_0]\n");
     return 2;
 }
 
@@ -136,6 +140,10 @@ int main(int argc, char **argv) {
             o.threads = atoi(v);
         } else if (!strcmp(a, "--seed")) {
             o.seed = strtoull(v, NULL, 10);
+        } else if (!strcmp(a, "--kv-type")) {
+            if (kg_kv_type_parse(v, &o.kv_type) != KG_OK) {
+                return usage();
+            }
         } else {
             return usage();
         }
@@ -193,6 +201,7 @@ int main(int argc, char **argv) {
                               .kv_block_size = BS,
                               .max_batch_tokens = o.chunk};
     kg_backend_t *cpu = kg_backend_new("cpu", m, &bp, err, sizeof(err));
+    bp.kv_type = o.kv_type;
     kg_backend_t *gpu = cpu ? kg_backend_new("cuda", m, &bp, err, sizeof(err)) : NULL;
     if (!cpu || !gpu) {
         fprintf(stderr, "kgen-parity: %s\n", err);
@@ -341,18 +350,18 @@ int main(int argc, char **argv) {
     }
     const double agree = sampled_rows > 0 ? (double)sampled_equal / (double)sampled_rows : 1.0;
     const bool ok = nmse_max <= o.nmse_max && greedy_fail == 0 && agree >= o.min_agree;
-    printf("{\"model\":\"%s\",\"rows\":%lld,\"steps\":%lld,\"mixed_steps\":%lld,"
+    printf("{\"model\":\"%s\",\"kv_type\":\"%s\",\"rows\":%lld,\"steps\":%lld,\"mixed_steps\":%lld,"
            "\"prefill_tokens\":%lld,\"decode_tokens\":%lld,\"max_context\":%d,\"seqs\":%d,"
            "\"nmse_max\":%.3g,\"nmse_mean\":%.3g,\"nmse_bound\":%.3g,\"greedy_rows\":%lld,"
            "\"greedy_equal\":%lld,\"greedy_fail\":%lld,\"sampled_rows\":%lld,"
            "\"sampled_equal\":%lld,\"sampled_equal_e2e\":%lld,\"cpu_s\":%.2f,\"cuda_s\":%.2f,"
            "\"ok\":%s,\"first_fail\":\"%s\"}\n",
-           o.model, (long long)rows, (long long)steps, (long long)mixed_steps,
-           (long long)prefill_tokens, (long long)decode_tokens, max_ctx, o.n_seqs, nmse_max,
-           rows ? nmse_sum / (double)rows : 0.0, o.nmse_max, (long long)greedy_rows,
-           (long long)greedy_equal, (long long)greedy_fail, (long long)sampled_rows,
-           (long long)sampled_equal, (long long)sampled_e2e, t_cpu, t_gpu, ok ? "true" : "false",
-           first_fail);
+           o.model, kg_kv_type_name(o.kv_type), (long long)rows, (long long)steps,
+           (long long)mixed_steps, (long long)prefill_tokens, (long long)decode_tokens, max_ctx,
+           o.n_seqs, nmse_max, rows ? nmse_sum / (double)rows : 0.0, o.nmse_max,
+           (long long)greedy_rows, (long long)greedy_equal, (long long)greedy_fail,
+           (long long)sampled_rows, (long long)sampled_equal, (long long)sampled_e2e, t_cpu, t_gpu,
+           ok ? "true" : "false", first_fail);
     for (int s = 0; s < o.n_seqs; s++) {
         free(seqs[s].tokens);
     }

@@ -21,13 +21,15 @@ fail() {
 out=$(PATH=/usr/bin:/bin "$src/scripts/gpu-check" --dry-run "$tmp/build") || fail "--dry-run exited $?"
 for want in "1. build" "2. check_cuda (unforked)" "3. compute-sanitizer memcheck" \
     "4. read bandwidth" "5. parity" "6a. throughput, Llama-3.2-1B" "6b. throughput, Llama-3.1-8B" \
-    "7. parity at the Llama-3.2-1B shape, F16 and Q8_0" "8. compute-sanitizer racecheck and synccheck" \
+    "7. parity at the Llama-3.2-1B shape, F16 and Q8_0; BF16 with --kv-type q8_0" \
+    "--nmse-max 2e-3 --kv-type q8_0" "8. compute-sanitizer racecheck and synccheck" \
     "9. Llama-3.2-1B with KGEN_CUDA_GEMM=cublas" "report" \
     "-DKGEN_CUDA=ON" "check_cuda_errors" "--tool memcheck" "--tool racecheck" "--tool synccheck" \
     "CK_RUN_CASE=short" "kgen-bandwidth 2048" "kgen-parity --model" "--contexts 4096" \
     "--n-vocab 128256" "--bf16" "--f16" "--q8_0" "-npl 1\\,8\\,32\\,96\\,128\\,256" "-npp 4096" \
     "KGEN_CUDA_GEMM=cublas" "dry run: nothing was run" "6c. Llama-3.1-8B shape, Q4_K_M and Q8_0" \
-    "--type q4_k_m" "-npl 1\\,8 --json"; do
+    "--type q4_k_m" "-npl 1\\,8 --json" "6d. Llama-3.2-1B shape (BF16), --kv-type f16 and q8_0" \
+    "--kv-type q8_0 -npp 2048 -ntg 32 -npl 32 --json"; do
     grep -qF -- "$want" <<<"$out" || fail "--dry-run does not mention '$want'"
 done
 [[ ! -e "$tmp/build" ]] || fail "--dry-run created $tmp/build"
@@ -44,6 +46,8 @@ cat >"$res" <<'EOF'
 {"kind":"ttft","shape":"Llama-3.1-8B","mode":"mma","prompt":512,"pp":512,"tg":1,"b":1,"t_pp":0.015,"t_tg":0,"speed_tg":0}
 {"kind":"qdecode","shape":"Llama-3.1-8B","type":"q4_k_m","pp":512,"tg":64,"b":1,"speed_tg":432.0}
 {"kind":"qdecode","shape":"Llama-3.1-8B","type":"q8_0","pp":512,"tg":64,"b":1,"speed_tg":240.0}
+{"kind":"kvdecode","shape":"Llama-3.2-1B","kv_type":"f16","pp":2048,"tg":32,"b":32,"speed_tg":10000.0}
+{"kind":"kvdecode","shape":"Llama-3.2-1B","kv_type":"q8_0","pp":2048,"tg":32,"b":32,"speed_tg":13500.0}
 EOF
 out=$("$src/scripts/gpu-check" --report "$res") || fail "--report exited $? on a passing file"
 for want in "| check_cuda | pass |" "| compute-sanitizer memcheck | clean |" "| parity bf16" \
@@ -54,7 +58,8 @@ for want in "| check_cuda | pass |" "| compute-sanitizer memcheck | clean |" "| 
     "goal: 8B decode at B = 128 >= 14k tok/s: not measured" \
     "| Llama-3.1-8B q4_k_m | mma | 1 | 432 | 2.70x BF16 |" \
     "goal: 8B Q4_K_M decode at B = 1 >= 2.5x BF16: 2.7: met" \
-    "goal: 8B Q8_0 decode at B = 1 >= 1.6x BF16: 1.5: NOT met"; do
+    "goal: 8B Q8_0 decode at B = 1 >= 1.6x BF16: 1.5: NOT met" \
+    "| Llama-3.2-1B kv q8_0 (ctx 2048) | mma | 32 | 13500 | 1.35x f16 KV |"; do
     grep -qF -- "$want" <<<"$out" || fail "--report lacks '$want'; got:
 $out"
 done
