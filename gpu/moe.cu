@@ -700,11 +700,8 @@ static kg_status_t moe_put_quant(moe_bufs_t *b,
     const int64_t blocks = L.elems > 0 ? (int64_t)(n / (size_t)L.elems) : 0;
     if (st == KG_OK && native) {
         kg_cuda_qsplit(qtype, q, blocks, out, out + blocks * L.body);
-    } else if (st == KG_OK) {
-        kg_dequantize((kg_ggml_type_t)qtype, q, f, (int64_t)n);
-        for (size_t i = 0; i < n; i++) {
-            ((uint16_t *)out)[i] = kg_fp32_to_bf16(f[i]);
-        }
+    } else if (st == KG_OK) { /* the upload's own expansion */
+        kg_cuda_weight_convert((kg_ggml_type_t)qtype, q, (int64_t)n, KG_CUDA_BF16, out, f);
     }
     const size_t size = native ? row * (size_t)rows : n * 2;
     if (st == KG_OK) {
