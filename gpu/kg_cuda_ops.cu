@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "../src/model/kg_quant.h"
+#include "../src/model/kg_quantize.h"
 }
 
 // ---- helpers ----
@@ -113,6 +114,65 @@ static kg_status_t put(dev_pool_t *dp, void **d, const float *x, size_t n, int d
     const kg_status_t st = dup(dp, d, h, n * esize(dt));
     free(h);
     return st;
+}
+
+/* A K or V cache of `rows` rows of n_kv floats onto the device: fp16 rows,
+ * or (q8) the backend's Q8_0 layout (kv_cache.cuh) of kg_quantize's
+ * blocks, ggml's reference quantizer: d, then 32 values. */
+static kg_status_t
+put_kv(dev_pool_t *dp, void **d, const float *x, int32_t rows, int32_t n_kv, int32_t bs, int q8) {
+    if (!q8) {
+        return put(dp, d, x, (size_t)rows * n_kv, KG_CUDA_OP_F16);
+    }
+    const int32_t nb = n_kv / 32;
+    const size_t bb = kg_kv_block_bytes(1, bs, n_kv);
+    uint8_t *h = (uint8_t *)calloc((size_t)(rows / bs) * bb + 1, 1);
+    uint8_t *blk = (uint8_t *)malloc((size_t)nb * 34 + 1);
+    kg_status_t st = h && blk ? KG_OK : KG_ERR_NOMEM;
+    for (int32_t r = 0; st == KG_OK && r < rows; r++) {
+        if (!kg_quantize(KG_GGML_TYPE_Q8_0, x + (size_t)r * n_kv, blk, n_kv)) {
+            st = KG_ERR_INVALID;
+            break;
+        }
+        uint8_t *base = h + (size_t)(r / bs) * bb;
+        for (int32_t b = 0; b < nb; b++) {
+            memcpy(base + (size_t)(r % bs) * n_kv + (size_t)b * 32, blk + (size_t)b * 34 + 2, 32);
+            memcpy(base + (size_t)bs * n_kv + ((size_t)(r % bs) * nb + b) * 2, blk + (size_t)b * 34,
+                   2);
+        }
+    }
+    if (st == KG_OK) {
+        st = dup(dp, d, h, (size_t)(rows / bs) * bb);
+    }
+    free(h), free(blk);
+    return st;
+}
+
+/* put_kv's inverse: the cache's values as floats (Q8_0: d x q). */
+static kg_status_t
+fetch_kv(float *x, const void *d, int32_t rows, int32_t n_kv, int32_t bs, int q8) {
+    if (!q8) {
+        return fetch(x, d, (size_t)rows * n_kv, KG_CUDA_OP_F16);
+    }
+    const int32_t nb = n_kv / 32;
+    const size_t bb = kg_kv_block_bytes(1, bs, n_kv), size = (size_t)(rows / bs) * bb;
+    uint8_t *h = (uint8_t *)malloc(size + 1);
+    if (!h) {
+        return KG_ERR_NOMEM;
+    }
+    const cudaError_t err = cudaMemcpy(h, d, size, cudaMemcpyDeviceToHost);
+    for (int32_t r = 0; err == cudaSuccess && r < rows; r++) {
+        const uint8_t *base = h + (size_t)(r / bs) * bb;
+        for (int32_t i = 0; i < n_kv; i++) {
+            uint16_t dh;
+            memcpy(&dh, base + (size_t)bs * n_kv + ((size_t)(r % bs) * nb + i / 32) * 2, 2);
+            const int8_t q = (int8_t)base[(size_t)(r % bs) * n_kv + i];
+            x[(size_t)r * n_kv + i] = kg_fp16_to_fp32(dh) * (float)q;
+        }
+    }
+    free(h);
+    KG_CUDA_CHECK(err);
+    return KG_OK;
 }
 
 /* Step inputs for the attention-shaped ops: header, pos, tbl_off, tiles,
@@ -227,7 +287,6 @@ kg_status_t kg_cuda_op_rope_store(
          *dkn = NULL, *dff = NULL;
     const int32_t T = a->n_tokens;
     const size_t n_q = (size_t)a->n_head * a->head_dim, n_kv = (size_t)a->n_head_kv * a->head_dim;
-    const size_t cache = (size_t)a->n_cache_rows * n_kv;
     const kg_cuda_rope_shape_t sh = {a->n_head, a->n_head_kv,  a->head_dim,
                                      a->n_rot,  a->block_size, 0};
     kg_cuda_qkv_ops_t ops;
@@ -252,8 +311,8 @@ kg_status_t kg_cuda_op_rope_store(
     TRY_OUT(dup(&dp, &dqkv, qkv, (size_t)T * (n_q + 2 * n_kv) * sizeof(float)));
     TRY_OUT(dalloc(&dp, &dcs, (size_t)T * a->n_rot * sizeof(float)));
     TRY_OUT(dalloc(&dp, &dq, (size_t)T * n_q * 2));
-    TRY_OUT(put(&dp, &dk, k_cache, cache, KG_CUDA_OP_F16));
-    TRY_OUT(put(&dp, &dv, v_cache, cache, KG_CUDA_OP_F16));
+    TRY_OUT(put_kv(&dp, &dk, k_cache, a->n_cache_rows, (int32_t)n_kv, a->block_size, a->kv_q8));
+    TRY_OUT(put_kv(&dp, &dv, v_cache, a->n_cache_rows, (int32_t)n_kv, a->block_size, a->kv_q8));
     if (a->bias) {
         TRY_OUT(dup(&dp, &db, a->bias, (n_q + 2 * n_kv) * sizeof(float)));
     }
@@ -280,10 +339,10 @@ kg_status_t kg_cuda_op_rope_store(
                                     a->norm_eps));
     }
     TRY_OUT(kg_cuda_rope_store(0, T, in, &sh, &ops, (float *)dqkv, (const float *)dcs, (__half *)dq,
-                               kg_cuda_kv_t{dk, dv, 0}));
+                               kg_cuda_kv_t{dk, dv, a->kv_q8}));
     TRY_OUT(fetch(q_out, dq, (size_t)T * n_q, KG_CUDA_OP_F16));
-    TRY_OUT(fetch(k_cache, dk, cache, KG_CUDA_OP_F16));
-    TRY_OUT(fetch(v_cache, dv, cache, KG_CUDA_OP_F16));
+    TRY_OUT(fetch_kv(k_cache, dk, a->n_cache_rows, (int32_t)n_kv, a->block_size, a->kv_q8));
+    TRY_OUT(fetch_kv(v_cache, dv, a->n_cache_rows, (int32_t)n_kv, a->block_size, a->kv_q8));
 out:
     free(t0);
     free(tn);
@@ -304,7 +363,6 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
     void *dq = NULL, *dk = NULL, *dv = NULL, *dscr = NULL, *dout = NULL, *dsinks = NULL;
     const int32_t T = a->n_tokens;
     const size_t n_q = (size_t)a->n_head * a->head_dim, n_kv = (size_t)a->n_head_kv * a->head_dim;
-    const size_t cache = (size_t)a->n_cache_rows * n_kv;
     const kg_cuda_attn_shape_t sh = {a->n_head, a->n_head_kv, a->head_dim, a->block_size};
     kg_cuda_attn_plan_t plan;
     kg_cuda_attn_layer_t lay;
@@ -331,8 +389,8 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
     TRY_OUT(put_inputs(&dp, a, cut->tiles, kg_cuda_attention_tile_tokens(&sh, plan.rt), &in, t0, tn,
                        &n_tiles));
     TRY_OUT(put(&dp, &dq, q, (size_t)T * n_q, KG_CUDA_OP_F16));
-    TRY_OUT(put(&dp, &dk, k_cache, cache, KG_CUDA_OP_F16));
-    TRY_OUT(put(&dp, &dv, v_cache, cache, KG_CUDA_OP_F16));
+    TRY_OUT(put_kv(&dp, &dk, k_cache, a->n_cache_rows, (int32_t)n_kv, a->block_size, a->kv_q8));
+    TRY_OUT(put_kv(&dp, &dv, v_cache, a->n_cache_rows, (int32_t)n_kv, a->block_size, a->kv_q8));
     TRY_OUT(dalloc(&dp, &dscr, kg_cuda_attention_scratch_size(&sh, T * plan.max_splits)));
     TRY_OUT(dalloc(&dp, &dout, (size_t)T * n_q * esize(dtype)));
     if (a->sinks) {
@@ -349,7 +407,8 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
                 ntok += tn[g1++];
             }
             TRY_OUT(kg_cuda_attention(0, in, &sh, &plan, &lay, g0, g1 - g0, t0[g0], ntok,
-                                      (const __half *)dq, kg_cuda_kv_t{dk, dv, 0}, (float *)dscr,
+                                      (const __half *)dq, kg_cuda_kv_t{dk, dv, a->kv_q8},
+                                      (float *)dscr,
                                       dout, (kg_cuda_dtype_t)dtype));
             g0 = g1;
         }

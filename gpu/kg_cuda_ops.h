@@ -47,6 +47,9 @@ typedef struct kg_cuda_op_attn {
     int32_t n_swa;             /* window; 0: every position */
     bool chunked;              /* n_swa is a chunk: pos - pos % n_swa to pos (llama4) */
     const float *sinks;        /* (n_head) sink logits */
+    int kv_q8;                 /* the caches as the backend's Q8_0 blocks (--kv-type q8_0):
+                                  the ops quantize them with kg_quantize on the way in and
+                                  hand back d x q; n_head_kv * head_dim a multiple of 32 */
 } kg_cuda_op_attn_t;
 
 /** x (rows, n) += add (when not NULL: + add_b, then RMSNorm'd with add_w,
