@@ -46,8 +46,9 @@ static kg_status_t g4_alloc(cuda_ctx_t *ctx, void **p, size_t bytes) {
 }
 
 /* A MoE layer's router and experts (llama_model_gemma4's tensors): gate
- * and up from the per-expert views (merged ffn_gate_up_exps or apart), one
- * type for both so that one normed input feeds them. */
+ * and up stacked from the per-expert views (merged ffn_gate_up_exps or
+ * apart), one type for both so that one normed input feeds them; the
+ * experts keep their GGUF blocks where moe.cu reads the type. */
 static kg_status_t upload_experts(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
     const kg_layer_weights_t *src = &ctx->model->layers[il];
     cuda_layer_t *L = &ctx->layers[il];
@@ -62,20 +63,12 @@ static kg_status_t upload_experts(cuda_ctx_t *ctx, stage_t *s, int32_t il) {
         gu[e] = &src->exp_gate[e];
         gu[X + e] = &src->exp_up[e];
     }
-    kg_status_t st = cuda_upload_mat(ctx, s, gu, 2 * X, &L->exp_gate);
-    /* the stacked gate|up as two matrices: experts' gate rows, then up rows */
-    if (st == KG_OK) {
-        const size_t half = (size_t)X * (size_t)ctx->hp.n_ff_exp * (size_t)ctx->hp.n_embd;
-        L->exp_up = L->exp_gate;
-        L->exp_up.data = (char *)L->exp_gate.data + half * kg_cuda_dtype_size(L->exp_gate.dt);
-        L->exp_gate.n_out /= 2;
-        L->exp_up.n_out = L->exp_gate.n_out;
-    }
+    const kg_status_t st = cuda_upload_gate_up(ctx, s, gu, gu + X, X, &L->exp_gate, &L->exp_up);
     free(gu);
     KG_TRY(st);
     L->moe = true;
     KG_TRY(cuda_upload_mat(ctx, s, &src->ffn_gate_inp, 1, &L->router));
-    KG_TRY(cuda_upload_mat(ctx, s, &src->down_exps, 1, &L->exp_down));
+    KG_TRY(cuda_upload_gemm(ctx, s, &src->down_exps, 1, &L->exp_down));
     KG_TRY(cuda_upload_vec(ctx, src->ffn_gate_inp_s, &G->router_s));
     KG_TRY(cuda_upload_vec(ctx, src->down_exps_s, &G->exp_s));
     KG_TRY(cuda_upload_vec(ctx, src->ffn_pre_norm_2, &G->pre_norm_2));
@@ -138,8 +131,6 @@ void cuda_g4_free(cuda_ctx_t *ctx) {
         for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
             cudaFree(bufs[i]);
         }
-        /* exp_up is the second half of exp_gate's allocation (freed with it) */
-        ctx->layers[il].exp_up.data = NULL;
     }
     void *bufs[] = {g->pl_proj.data, g->pl_tok.data, g->pl_norm, g->pl_in,
                     g->pl_gate,      g->pl_h,        g->xin,     g->dense};
@@ -196,13 +187,13 @@ kg_status_t cuda_g4_moe(cuda_ctx_t *ctx, int32_t il, int32_t rows) {
     KG_TRY(kg_cuda_add_rmsnorm(st, rows, hdr, false, NULL, ctx->x, &none, G->pre_norm_2, ctx->xe,
                                L->exp_up.dt, NULL, KG_CUDA_F32, E, hp->norm_eps));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_gate.data, NULL, ctx->xe, 1, ctx->moe_g, FX, E,
-                            L->exp_gate.dt, 0, NULL));
+                            L->exp_gate.dt, L->exp_gate.qtype, kg_cuda_mat_tail(&L->exp_gate)));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_up.data, NULL, ctx->xe, 1, ctx->moe_u, FX, E,
-                            L->exp_up.dt, 0, NULL));
+                            L->exp_up.dt, L->exp_up.qtype, kg_cuda_mat_tail(&L->exp_up)));
     KG_TRY(kg_cuda_moe_act_geglu(st, &plan, ctx->moe_g, ctx->moe_u, ctx->gelu_table, ctx->moe_h,
                                  L->exp_down.dt, FX));
     KG_TRY(kg_cuda_moe_gemm(st, &plan, L->exp_down.data, NULL, ctx->moe_h, 0, ctx->moe_y, E, FX,
-                            L->exp_down.dt, 0, NULL));
+                            L->exp_down.dt, L->exp_down.qtype, kg_cuda_mat_tail(&L->exp_down)));
     if (G->exp_s) {
         KG_TRY(kg_cuda_g4_expert_scale(st, &plan, ctx->moe_y, G->exp_s, E));
     }

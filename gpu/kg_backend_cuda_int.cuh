@@ -281,6 +281,16 @@ kg_status_t cuda_upload_gemm(cuda_ctx_t *ctx,
                              const kg_gguf_tensor_t *const *parts,
                              int n_parts,
                              kg_cuda_mat_t *m);
+/** The experts' gate and up matrices, each the row-concatenation of its
+ * n_parts (gate NULL: up alone), in one type (so one normed input feeds
+ * both) and read by moe.cu only: native types keep their GGUF blocks. */
+kg_status_t cuda_upload_gate_up(cuda_ctx_t *ctx,
+                                stage_t *s,
+                                const kg_gguf_tensor_t *const *gate,
+                                const kg_gguf_tensor_t *const *up,
+                                int n_parts,
+                                kg_cuda_mat_t *g,
+                                kg_cuda_mat_t *u);
 kg_status_t cuda_upload_vec(cuda_ctx_t *ctx, const kg_gguf_tensor_t *t, float **out);
 
 // ---- kg_backend_cuda_step.cu: the vtable's slots ----

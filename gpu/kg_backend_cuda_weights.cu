@@ -455,20 +455,42 @@ static kg_status_t add_rope(cuda_ctx_t *ctx, const kg_layer_weights_t *src, int3
     return upload_vec(ctx, src->rope_freqs, &r->freqs);
 }
 
+kg_status_t cuda_upload_gate_up(cuda_ctx_t *ctx,
+                                stage_t *s,
+                                const kg_gguf_tensor_t *const *gate,
+                                const kg_gguf_tensor_t *const *up,
+                                int n_parts,
+                                kg_cuda_mat_t *g,
+                                kg_cuda_mat_t *u) {
+    const int n = gate ? 2 * n_parts : n_parts;
+    const kg_gguf_tensor_t **all = (const kg_gguf_tensor_t **)malloc((size_t)n * sizeof(*all));
+    if (!all) {
+        KG_LOG_ERROR("cuda", "out of host memory");
+        return KG_ERR_NOMEM;
+    }
+    for (int i = 0; i < n_parts; i++) {
+        all[i] = up[i];
+        if (gate) {
+            all[n_parts + i] = gate[i];
+        }
+    }
+    const kg_cuda_dtype_t dt = pick_dtype(all, n);
+    free(all);
+    if (gate) {
+        KG_TRY(upload_mat_in(ctx, s, gate, n_parts, dt, true, g));
+    }
+    return upload_mat_in(ctx, s, up, n_parts, dt, true, u);
+}
+
 /* The router, the experts' stacked matrices (gate and up in one type, so
  * one normed input feeds both) and the expert biases of one layer. */
 static kg_status_t
 upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_layer_t *L) {
-    /* nemotron_h_moe's experts have no gate (up alone) */
-    const kg_gguf_tensor_t *gu[2] = {src->up_exps, src->gate_exps};
-    const kg_cuda_dtype_t dt_gu = pick_dtype(gu, src->gate_exps ? 2 : 1);
     L->moe = true;
     KG_TRY(upload_mat(ctx, s, &src->ffn_gate_inp, 1, &L->router));
-    /* moe.cu reads native blocks too */
-    if (src->gate_exps) {
-        KG_TRY(upload_mat_in(ctx, s, &src->gate_exps, 1, dt_gu, true, &L->exp_gate));
-    }
-    KG_TRY(upload_mat_in(ctx, s, &src->up_exps, 1, dt_gu, true, &L->exp_up));
+    /* nemotron_h_moe's experts have no gate (up alone) */
+    KG_TRY(cuda_upload_gate_up(ctx, s, src->gate_exps ? &src->gate_exps : NULL, &src->up_exps, 1,
+                               &L->exp_gate, &L->exp_up));
     KG_TRY(upload_gemm(ctx, s, &src->down_exps, 1, &L->exp_down));
     KG_TRY(upload_vec(ctx, src->ffn_gate_inp_b, &L->router_b));
     KG_TRY(upload_vec(ctx, src->gate_exps_b, &L->exp_gate_b));
@@ -481,7 +503,7 @@ upload_experts(cuda_ctx_t *ctx, stage_t *s, const kg_layer_weights_t *src, cuda_
          * normed input */
         const kg_gguf_tensor_t *sgu[2] = {src->gate_shexp, src->up_shexp};
         const int n_sgu = src->gate_shexp ? 2 : 1;
-        KG_TRY(upload_mat_in(ctx, s, sgu + 2 - n_sgu, n_sgu, dt_gu, true, &L->wgu));
+        KG_TRY(upload_mat_in(ctx, s, sgu + 2 - n_sgu, n_sgu, L->exp_up.dt, true, &L->wgu));
         KG_TRY(upload_gemm(ctx, s, &src->down_shexp, 1, &L->wdown));
         L->n_ff_shexp = (int32_t)src->up_shexp->ne[1];
         KG_TRY(upload_vec(ctx, src->gate_inp_shexp, &L->shexp_gate));

@@ -48,11 +48,10 @@ uint64_t kg_device_plan_tensor(const kg_gguf_tensor_t *t, int flags, bool *kept)
     }
     /* read element by element, so never blocks: the routers (upload_mat),
      * deepseek2's per-head latent matrices (mla.cu), an encoder's embeddings
-     * (bert.cu), Gemma 4's experts */
+     * (bert.cu) */
     const bool elements = name_ends(t, "ffn_gate_inp.weight") || name_ends(t, "attn_k_b.weight") ||
                           name_ends(t, "attn_v_b.weight") ||
-                          ((flags & KG_PLAN_ENCODER) && name_ends(t, "token_embd.weight")) ||
-                          ((flags & KG_PLAN_EXPANDED_EXPERTS) && name_ends(t, "_exps.weight"));
+                          ((flags & KG_PLAN_ENCODER) && name_ends(t, "token_embd.weight"));
     if ((flags & KG_PLAN_NATIVE) && !elements && kg_device_plan_native(t->type, t->ne[0])) {
         if (kept) {
             *kept = true;
@@ -115,8 +114,7 @@ bool kg_device_plan_model(const kg_model_t *m, bool native, kg_device_plan_t *ou
     for (int64_t i = 0; i < n; i++) {
         t[i] = kg_gguf_tensor(m->gguf, i);
     }
-    const int flags = (native ? KG_PLAN_NATIVE : 0) | (m->bert ? KG_PLAN_ENCODER : 0) |
-                      (m->hp.arch == KG_ARCH_GEMMA4 ? KG_PLAN_EXPANDED_EXPERTS : 0);
+    const int flags = (native ? KG_PLAN_NATIVE : 0) | (m->bert ? KG_PLAN_ENCODER : 0);
     kg_device_plan_tensors(t, n, flags, out);
     free(t);
     return true;

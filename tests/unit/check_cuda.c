@@ -2277,7 +2277,8 @@ arch_model_args(const arch_golden_t *g, const char *from, const char *to, const 
 
 /* Gemma 4's own matrices as GGUF blocks (the per-layer token table,
  * gathered 8 weights a thread by gemma4.cu, its projection, each layer's
- * input gate and projection): a Q8_0 gemma4 model's logits equal those of
+ * input gate and projection; in the MoE shape (_i 1) the experts, gate and
+ * up stacked from per-expert views): a Q8_0 gemma4 model's logits equal those of
  * KGEN_CUDA_NATIVE_QUANT=0 bit for bit through a prompt prefilled in two
  * chunks and 6 greedy decode steps (2 on the emulator: every decode step
  * reads the same blocks, and a fibre-emulated step of two gemma4 backends
@@ -2288,15 +2289,24 @@ arch_model_args(const arch_golden_t *g, const char *from, const char *to, const 
 #else
 #define G4_NATIVE_DECODES 6
 #endif
+static const char *const k_g4_native[] = {"gemma4", "gemma4-moe"};
 START_TEST(gemma4_native_blocks) {
-    const cuda_family_t gemma4 = {.name = "gemma4"};
-    if (!row_selected(&gemma4)) {
+    const cuda_family_t fam = {.name = k_g4_native[_i]};
+    if (!row_selected(&fam)) {
         return;
     }
     static arch_golden_t g;
-    arch_golden_load("gemma4.f32.golden", &g);
-    kg_model_t *m = arch_model_args(&g, "--type f32", "--type q8_0", "gemma4-q8");
-    ck_assert_int_eq(m->pl_tok_embd->type, KG_GGML_TYPE_Q8_0);
+    char file[64], tag[64];
+    snprintf(file, sizeof(file), "%s.f32.golden", fam.name);
+    snprintf(tag, sizeof(tag), "%s-q8", fam.name);
+    arch_golden_load(file, &g);
+    kg_model_t *m = arch_model_args(&g, "--type f32", "--type q8_0", tag);
+    if (m->pl_tok_embd) {
+        ck_assert_int_eq(m->pl_tok_embd->type, KG_GGML_TYPE_Q8_0);
+    } else { /* the MoE shape: its experts' gate and up (stacked from views) and down */
+        ck_assert_int_gt(m->hp.n_expert, 0);
+        ck_assert_int_eq(m->layers[0].down_exps->type, KG_GGML_TYPE_Q8_0);
+    }
     const int32_t V = m->hp.n_vocab, n_prompt = g.n_input[1], cut = n_prompt / 3;
     kg_backend_t *nat = arch_backend("cuda", m);
     setenv("KGEN_CUDA_NATIVE_QUANT", "0", 1);
@@ -2318,7 +2328,8 @@ START_TEST(gemma4_native_blocks) {
     arch_forward(nat, tok, cut, n_prompt - cut, ln);
     arch_forward(exp, tok, cut, n_prompt - cut, le);
     for (int32_t k = 0, n = n_prompt;; k++, n++) {
-        ck_assert_msg(memcmp(ln, le, (size_t)V * 4) == 0, "gemma4 q8_0 step %d: logits differ", k);
+        ck_assert_msg(memcmp(ln, le, (size_t)V * 4) == 0, "%s q8_0 step %d: logits differ",
+                      fam.name, k);
         if (k == G4_NATIVE_DECODES) {
             break;
         }
@@ -3237,7 +3248,7 @@ static Suite *make_suite(void) {
     tcase_add_loop_test(tc, moe_f32_vs_cpu, 0, n_rows(row_moe));
     tcase_add_test(tc, llama4_small_chunks_vs_cpu);
     tcase_add_test(tc, gemma4_heads_512_vs_cpu);
-    tcase_add_test(tc, gemma4_native_blocks);
+    tcase_add_loop_test(tc, gemma4_native_blocks, 0, 2);
     tcase_add_test(tc, gemma4_kv_q8_0);
     for (int r = 0; r < N_CUDA_FAMILIES; r++) { /* with deepseek2's row */
         if (strcmp(k_cuda_families[r].name, "deepseek2") == 0 &&
