@@ -408,8 +408,7 @@ kg_status_t kg_cuda_op_attention(const kg_cuda_op_attn_t *a,
             }
             TRY_OUT(kg_cuda_attention(0, in, &sh, &plan, &lay, g0, g1 - g0, t0[g0], ntok,
                                       (const __half *)dq, kg_cuda_kv_t{dk, dv, a->kv_q8},
-                                      (float *)dscr,
-                                      dout, (kg_cuda_dtype_t)dtype));
+                                      (float *)dscr, dout, (kg_cuda_dtype_t)dtype));
             g0 = g1;
         }
     }
