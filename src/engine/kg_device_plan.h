@@ -26,8 +26,8 @@
 bool kg_device_plan_native(kg_ggml_type_t type, int64_t n_in);
 
 /* What of a model changes the rules (kg_device_plan_tensor's flags). */
-#define KG_PLAN_NATIVE           1 /* blocks allowed: not KGEN_CUDA_NATIVE_QUANT=0, not cuBLAS */
-#define KG_PLAN_ENCODER          2 /* a bert model: its embeddings are read element by element */
+#define KG_PLAN_NATIVE  1 /* blocks allowed: not KGEN_CUDA_NATIVE_QUANT=0, not cuBLAS */
+#define KG_PLAN_ENCODER 2 /* a bert model: its embeddings are read element by element */
 
 /** Device bytes of tensor t on the CUDA backend under `flags`; *kept says
  * whether it stays GGUF blocks (may be NULL). */
