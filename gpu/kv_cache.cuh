@@ -6,8 +6,12 @@
  * q8_0: GGUF's Q8_0 blocks (32 int8 values q, one fp16 scale d; a value is
  * d * q), kept apart so every load stays aligned: a pool block of bs rows
  * is bs * n_kv bytes of values (row by row), then the rows' bs * n_kv / 32
- * scales. A pool block is then one contiguous run (kv_copy copies it
- * whole) of bs * n_kv / 32 * 34 bytes, 1.88x fewer than f16's. n_kv is a
+ * scales, padded to 16 bytes so that the next block's values start
+ * aligned (no padding when bs * n_kv / 32 is a multiple of 8, as with the
+ * default 16-token blocks). A pool block is then one contiguous run
+ * (kv_copy copies it whole) of about bs * n_kv / 32 * 34 bytes, 1.88x fewer
+ * than f16's; kg_backend_kv_bytes_per_block restates the size for the
+ * engine's sizing (check_cuda's step_kv_q8_0 holds them equal). n_kv is a
  * multiple of 32, and so is head_dim (the backend checks), so a 32-value
  * block never straddles two heads.
  *
@@ -27,7 +31,8 @@ typedef struct kg_cuda_kv {
 
 /** Bytes of one pool block of `bs` rows of n_kv values. */
 __host__ __device__ __forceinline__ size_t kg_kv_block_bytes(int q8, int32_t bs, int64_t n_kv) {
-    return q8 ? (size_t)bs * (size_t)(n_kv / 32) * 34 : (size_t)bs * (size_t)n_kv * 2;
+    return q8 ? ((size_t)bs * (size_t)(n_kv / 32) * 34 + 15) / 16 * 16
+              : (size_t)bs * (size_t)n_kv * 2;
 }
 
 /** Q8_0: the first value byte of pool row `row` (block row / bs). */

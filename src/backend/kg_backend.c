@@ -238,3 +238,21 @@ size_t kg_backend_kv_bytes_per_token(const kg_model_t *model, kg_kv_type_t type)
     }
     return n;
 }
+
+size_t
+kg_backend_kv_bytes_per_block(const kg_model_t *model, kg_kv_type_t type, int32_t block_size) {
+    if (type != KG_KV_Q8_0) {
+        return kg_backend_kv_bytes_per_token(model, type) * (size_t)block_size;
+    }
+    const kg_hparams_t *hp = &model->hp;
+    const size_t n_caches = hp->n_lora_kv > 0 ? 1 : 2, bs = (size_t)block_size;
+    size_t n = 0;
+    for (int32_t il = 0; il < hp->n_layer; il++) {
+        const kg_layer_weights_t *L = &model->layers[il];
+        if (L->kv_layer == il && L->kind == KG_LAYER_ATTN) {
+            const size_t row = (size_t)L->n_head_kv * (size_t)L->head_dim;
+            n += n_caches * ((bs * ((row + 31) / 32) * 34 + 15) / 16 * 16); /* kg_kv_block_bytes */
+        }
+    }
+    return n;
+}

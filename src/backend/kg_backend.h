@@ -287,6 +287,13 @@ void kg_backend_lora_remove(kg_backend_t *be, int32_t id);
  * the pool; every backend lays its pool out at this size). */
 size_t kg_backend_kv_bytes_per_token(const kg_model_t *model, kg_kv_type_t type);
 
+/** Bytes of one pool block of `block_size` tokens, every layer's K and V:
+ * block_size x kg_backend_kv_bytes_per_token, but for Q8_0 each layer's
+ * plane pads a block to 16 bytes (gpu/kv_cache.cuh's layout: aligned
+ * loads), which only odd block sizes of narrow models need. */
+size_t
+kg_backend_kv_bytes_per_block(const kg_model_t *model, kg_kv_type_t type, int32_t block_size);
+
 /** Check that every tensor of `model` has one of the n_types types in
  * `types`: KG_OK, or KG_ERR_UNSUPPORTED with errstr naming the backend, the
  * first tensor that has another type, that type, and the types the backend

@@ -61,9 +61,9 @@ int kg_worker_dry_run(const kg_config_t *cfg, const kg_model_t *model, FILE *out
         fprintf(stderr, "kgen-worker --dry-run: out of memory\n");
         return 2;
     }
-    const uint64_t per_token = kg_backend_kv_bytes_per_token(model, o.kv_type);
-    const uint64_t kv_tokens = (uint64_t)ep.n_kv_blocks * (uint64_t)ep.kv_block_size;
-    const uint64_t kv = kv_tokens * per_token;
+    const uint64_t per_block = kg_backend_kv_bytes_per_block(model, o.kv_type, ep.kv_block_size);
+    const uint64_t per_token = per_block / (uint64_t)ep.kv_block_size;
+    const uint64_t kv = (uint64_t)ep.n_kv_blocks * per_block;
     char a[32], b[32], c[32];
     fprintf(out, "model       %s: %s, %.3f B weights, %s of tensors in the file\n", cfg->model,
             kg_arch_name(model->hp.arch), (double)p.n_params / 1e9,

@@ -45,7 +45,8 @@ kg_status_t kg_engine_size(const kg_model_t *model,
     const int64_t bs = p.kv_block_size;
     int64_t n_blocks;
     if (o->kv_memory_mib > 0) {
-        int64_t block_bytes = (int64_t)kg_backend_kv_bytes_per_token(model, o->kv_type) * bs;
+        int64_t block_bytes =
+            (int64_t)kg_backend_kv_bytes_per_block(model, o->kv_type, (int32_t)bs);
         n_blocks = ((int64_t)o->kv_memory_mib << 20) / block_bytes;
     } else {
         /* every slot at full context, plus the headroom admission keeps

@@ -1439,6 +1439,7 @@ START_TEST(step_kv_q8_0) {
     kg_backend_memory(f16, &mf);
     kg_backend_memory(q8, &mq);
     ck_assert_uint_eq(mq.kv_size, 32 * 4 * kg_backend_kv_bytes_per_token(m, KG_KV_Q8_0));
+    ck_assert_uint_eq(mq.kv_size, 32 * kg_backend_kv_bytes_per_block(m, KG_KV_Q8_0, 4));
     ck_assert_uint_eq(mq.kv_size * 64, mf.kv_size * 34);
     char err[256] = "";
     kg_backend_params_t bp = {.n_threads = 1,
@@ -1448,6 +1449,17 @@ START_TEST(step_kv_q8_0) {
                               .max_batch_tokens = 8};
     ck_assert_ptr_null(kg_backend_cpu_new(m, &bp, err, sizeof(err)));
     ck_assert_msg(strstr(err, "--kv-type q8_0") != NULL, "%s", err);
+    /* 1-token blocks: 128 values and 8 scales (136 bytes) pad to 144, so the
+     * next block's values start 16-byte aligned; the sizing knows */
+    kg_backend_params_t b1 = bp;
+    b1.kv_block_size = 1;
+    kg_backend_t *one = kg_backend_cuda_new(m, &b1, err, sizeof(err));
+    ck_assert_msg(one != NULL, "%s", err);
+    kg_backend_memory_t m1;
+    kg_backend_memory(one, &m1);
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_block(m, KG_KV_Q8_0, 1), 2 * 2 * 144);
+    ck_assert_uint_eq(m1.kv_size, 8 * kg_backend_kv_bytes_per_block(m, KG_KV_Q8_0, 1));
+    kg_backend_free(one);
 
     float *lf = malloc((size_t)32 * V * 4), *lq = malloc((size_t)32 * V * 4);
     float *ls = malloc((size_t)32 * V * 4);
