@@ -44,9 +44,11 @@ kg_status_t kg_engine_size(const kg_model_t *model,
 
     const int64_t bs = p.kv_block_size;
     int64_t n_blocks;
-    if (o->kv_memory_mib > 0) {
-        int64_t block_bytes =
-            (int64_t)kg_backend_kv_bytes_per_block(model, o->kv_type, (int32_t)bs);
+    /* 0 for a file whose layers are all recurrent: no KV, so --kv-memory
+     * cannot size anything (and must not divide by it) */
+    const int64_t block_bytes =
+        (int64_t)kg_backend_kv_bytes_per_block(model, o->kv_type, (int32_t)bs);
+    if (o->kv_memory_mib > 0 && block_bytes > 0) {
         n_blocks = ((int64_t)o->kv_memory_mib << 20) / block_bytes;
     } else {
         /* every slot at full context, plus the headroom admission keeps

@@ -2349,6 +2349,23 @@ START_TEST(sizing_from_options) {
     ck_assert_int_gt(ep.n_kv_blocks, blocks);
     ck_assert_int_eq(bp.kv_type, KG_KV_Q8_0);
 
+    /* a file whose layers are all recurrent keeps no KV: --kv-memory sizes
+     * nothing (once a division by zero) and the default count stands */
+    kg_layer_kind_t kinds[64];
+    ck_assert_int_le(model->hp.n_layer, 64);
+    for (int32_t il = 0; il < model->hp.n_layer; il++) {
+        kinds[il] = model->layers[il].kind;
+        model->layers[il].kind = KG_LAYER_MAMBA2;
+    }
+    ck_assert_uint_eq(kg_backend_kv_bytes_per_block(model, KG_KV_Q8_0, 16), 0);
+    o = kg_engine_options_default();
+    o.kv_memory_mib = 1;
+    ck_assert_int_eq(kg_engine_size(model, &o, &ep, &bp, &clamped, err, sizeof(err)), KG_OK);
+    ck_assert_int_gt(ep.n_kv_blocks, 0);
+    for (int32_t il = 0; il < model->hp.n_layer; il++) {
+        model->layers[il].kind = kinds[il];
+    }
+
     /* options that cannot work together */
     o = kg_engine_options_default();
     o.max_batch_size = 32;
